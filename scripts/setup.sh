@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what loom needs from Debian's packages (non-interactive, as root).
+# Installs only what is missing, so a second run is fast.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
+      libcmocka-dev libjansson-dev libinih-dev python3-torch python3-numpy bible-kjv)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,40 @@
+/* loom <command> [options]: the thin entry point that dispatches to each command. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cmd_data.h"
+#include "cli/cmd_train.h"
+#include "core/cpu_boot.h"
+
+#define LOOM_VERSION "0.1.0"
+
+static void usage(FILE *f) {
+    fprintf(f, "loom %s: train transformer language models\n\n"
+               "usage: loom <command> [options]\n\n"
+               "commands:\n"
+               "  train     train a model (loom train --help)\n"
+               "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+               "  version   print the version\n",
+            LOOM_VERSION);
+}
+
+int main(int argc, char **argv) {
+    loom_cpu_boot(argv); /* may re-exec once with OPENBLAS_CORETYPE set */
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("loom %s\n", LOOM_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "loom: unknown command '%s' (expected train, data, version)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,273 @@
+#include "cli/train_options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY } opt_type;
+
+typedef struct {
+    const char *key;
+    opt_type type;
+    size_t offset; /* into loom_train_options */
+    size_t size;   /* for strings */
+    const char *help;
+} opt_def;
+
+#define M(field) offsetof(loom_train_options, model.field)
+#define TR(field) offsetof(loom_train_options, train.field)
+#define S(field) offsetof(loom_train_options, field)
+
+static const opt_def OPTS[] = {
+    {"model", OPT_STRING, S(preset), 64, "preset: gpt2-tiny, gpt2-small, llama-tiny, llama-100m"},
+    {"family", OPT_FAMILY, M(family), 0, "gpt2 | llama"},
+    {"n-layer", OPT_INT, M(n_layer), 0, "transformer blocks"},
+    {"n-head", OPT_INT, M(n_head), 0, "attention (query) heads"},
+    {"n-kv-head", OPT_INT, M(n_kv_head), 0, "key/value heads (llama: divides n-head)"},
+    {"d-model", OPT_INT, M(d_model), 0, "model width"},
+    {"d-ff", OPT_INT, M(d_ff), 0, "MLP hidden width"},
+    {"vocab-size", OPT_INT, M(vocab_size), 0, "vocabulary size"},
+    {"seq-len", OPT_INT, M(seq_len), 0, "sequence length T"},
+    {"norm-eps", OPT_FLOAT, M(norm_eps), 0, "LayerNorm/RMSNorm epsilon"},
+    {"rope-theta", OPT_FLOAT, M(rope_theta), 0, "RoPE base (llama)"},
+    {"data", OPT_STRING, TR(data), LOOM_PATH_MAX, "token shard file or glob (llm.c format)"},
+    {"micro-batch", OPT_INT, TR(micro_batch), 0, "sequences per forward/backward"},
+    {"global-batch", OPT_INT, TR(global_batch), 0, "sequences per optimizer step"},
+    {"steps", OPT_INT, TR(steps), 0, "optimizer steps"},
+    {"lr", OPT_FLOAT, TR(lr), 0, "peak learning rate"},
+    {"min-lr", OPT_FLOAT, TR(min_lr), 0, "final learning rate of the cosine decay"},
+    {"warmup-steps", OPT_INT, TR(warmup_steps), 0, "linear warmup steps"},
+    {"weight-decay", OPT_FLOAT, TR(adamw.weight_decay), 0, "AdamW decay (matrices only)"},
+    {"grad-clip", OPT_FLOAT, TR(adamw.grad_clip), 0, "global gradient norm clip (0 = off)"},
+    {"beta1", OPT_FLOAT, TR(adamw.beta1), 0, "AdamW beta1"},
+    {"beta2", OPT_FLOAT, TR(adamw.beta2), 0, "AdamW beta2"},
+    {"adam-eps", OPT_FLOAT, TR(adamw.eps), 0, "AdamW epsilon"},
+    {"seed", OPT_U64, TR(seed), 0, "seed of initialisation and data order"},
+    {"threads", OPT_INT, TR(threads), 0, "threads (0 = cores / ranks per node)"},
+    {"log-every", OPT_INT, TR(log_every), 0, "progress line every N steps"},
+    {"metrics", OPT_STRING, TR(metrics), LOOM_PATH_MAX, "JSON-lines metrics file"},
+    {"dump-dir", OPT_STRING, TR(dump_dir), LOOM_PATH_MAX, "dump tensors (reference tests)"},
+};
+#define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
+
+/* A key = value pair with where it came from, for error messages. */
+typedef struct {
+    const opt_def *def;
+    char value[LOOM_PATH_MAX];
+    char origin[LOOM_PATH_MAX + 32];
+} setting;
+
+typedef struct {
+    setting *items;
+    int n, cap;
+} setting_list;
+
+static const opt_def *find_opt(const char *key) {
+    for (int i = 0; i < N_OPTS; i++)
+        if (strcmp(OPTS[i].key, key) == 0) return &OPTS[i];
+    return NULL;
+}
+
+static int push(setting_list *l, const opt_def *def, const char *value, const char *origin) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        setting *items = realloc(l->items, (size_t)cap * sizeof *items);
+        if (!items) return -1;
+        l->items = items;
+        l->cap = cap;
+    }
+    setting *s = &l->items[l->n++];
+    s->def = def;
+    snprintf(s->value, sizeof s->value, "%s", value);
+    snprintf(s->origin, sizeof s->origin, "%s", origin);
+    return 0;
+}
+
+static loom_status apply(loom_train_options *o, const setting *s, loom_error *err) {
+    char *base = (char *)o + s->def->offset;
+    const char *v = s->value;
+    char *end = NULL;
+    errno = 0;
+    switch (s->def->type) {
+    case OPT_INT: {
+        long x = strtol(v, &end, 10);
+        if (!*v || *end || errno || x < -2147483647L || x > 2147483647L)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected an integer",
+                                  s->origin, v);
+        *(int *)base = (int)x;
+        break;
+    }
+    case OPT_FLOAT: {
+        float x = strtof(v, &end);
+        if (!*v || *end || errno)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a number", s->origin,
+                                  v);
+        *(float *)base = x;
+        break;
+    }
+    case OPT_U64: {
+        unsigned long long x = strtoull(v, &end, 10);
+        if (!*v || *end || errno || v[0] == '-')
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "%s '%s': expected a non-negative integer", s->origin, v);
+        *(uint64_t *)base = x;
+        break;
+    }
+    case OPT_STRING:
+        if (strlen(v) >= s->def->size)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s: value too long (max %zu)", s->origin,
+                                  s->def->size - 1);
+        snprintf(base, s->def->size, "%s", v);
+        break;
+    case OPT_FAMILY:
+        if (strcmp(v, "gpt2") == 0)
+            *(loom_family *)base = LOOM_FAMILY_GPT2;
+        else if (strcmp(v, "llama") == 0)
+            *(loom_family *)base = LOOM_FAMILY_LLAMA;
+        else
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2 or llama",
+                                  s->origin, v);
+        break;
+    }
+    return LOOM_OK;
+}
+
+typedef struct {
+    setting_list *list;
+    const char *path;
+    char bad_key[128]; /* set when the handler rejects a key; ini_parse returns its line */
+} ini_ctx;
+
+/* Debian's inih passes no line number to handlers: a rejected key stops the parse and
+ * ini_parse returns its line; accepted values are named by file and key. */
+static int on_ini(void *user, const char *section, const char *name, const char *value) {
+    (void)section; /* sections only group keys; names are unique */
+    ini_ctx *c = user;
+    char key[128];
+    snprintf(key, sizeof key, "%s", name);
+    for (char *p = key; *p; p++)
+        if (*p == '_') *p = '-';
+    const opt_def *def = find_opt(key);
+    if (!def) {
+        snprintf(c->bad_key, sizeof c->bad_key, "%s", name);
+        return 0;
+    }
+    char origin[LOOM_PATH_MAX + 32];
+    snprintf(origin, sizeof origin, "%s: %s", c->path, name);
+    return push(c->list, def, value, origin) == 0;
+}
+
+static loom_status read_config(setting_list *file, const char *path, loom_error *err) {
+    ini_ctx ctx = {file, path, ""};
+    int rc = ini_parse(path, on_ini, &ctx);
+    if (rc == -1)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--config '%s': cannot open: %s", path,
+                              strerror(errno));
+    if (rc == -2) return loom_error_set(err, LOOM_ERR_NOMEM, "--config '%s': out of memory", path);
+    if (rc != 0 && ctx.bad_key[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--config '%s': line %d: unknown key '%s' (see loom train --help)",
+                              path, rc, ctx.bad_key);
+    if (rc != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--config '%s': line %d: expected 'key = value' or '[section]'",
+                              path, rc);
+    return LOOM_OK;
+}
+
+static loom_status parse_flags(setting_list *flags, char *config, int *help, int argc, char **argv,
+                               loom_error *err) {
+    struct option longopts[N_OPTS + 3];
+    for (int i = 0; i < N_OPTS; i++) longopts[i] = (struct option){OPTS[i].key, 1, NULL, i};
+    longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
+    longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
+    longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
+    optind = 0; /* GNU: full reinitialisation */
+    opterr = 0;
+    int c, idx;
+    while ((c = getopt_long(argc, argv, ":h", longopts, &idx)) != -1) {
+        if (c == 'h') {
+            *help = 1;
+        } else if (c == 1000) {
+            snprintf(config, LOOM_PATH_MAX, "%s", optarg);
+        } else if (c == ':') {
+            return loom_error_set(err, LOOM_ERR_INPUT, "loom train: option '%s' needs a value",
+                                  argv[optind - 1]);
+        } else if (c == '?') {
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "loom train: unknown option '%s' (see loom train --help)",
+                                  argv[optind - 1]);
+        } else {
+            char origin[96];
+            snprintf(origin, sizeof origin, "--%s", OPTS[c].key);
+            if (push(flags, &OPTS[c], optarg, origin))
+                return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (optind < argc)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom train: unexpected argument '%s' (options are --key value)",
+                              argv[optind]);
+    return LOOM_OK;
+}
+
+static loom_status apply_all(loom_train_options *o, const setting_list *file,
+                             const setting_list *flags, loom_error *err) {
+    /* The preset first (the flag's over the file's), then every other key in order. */
+    const setting *preset = NULL;
+    for (int i = 0; i < file->n; i++)
+        if (strcmp(file->items[i].def->key, "model") == 0) preset = &file->items[i];
+    for (int i = 0; i < flags->n; i++)
+        if (strcmp(flags->items[i].def->key, "model") == 0) preset = &flags->items[i];
+    loom_status st;
+    if (preset && (st = apply(o, preset, err))) return st;
+    if (loom_model_preset(&o->model, o->preset, NULL) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': unknown preset (expected one of %s)",
+                              preset ? preset->origin : "--model", o->preset,
+                              loom_model_preset_names());
+    const setting_list *lists[2] = {file, flags};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lists[l]->n; i++)
+            if (strcmp(lists[l]->items[i].def->key, "model") != 0)
+                if ((st = apply(o, &lists[l]->items[i], err))) return st;
+    return LOOM_OK;
+}
+
+loom_status loom_train_options_parse(loom_train_options *o, int argc, char **argv,
+                                     loom_error *err) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->preset, sizeof o->preset, "gpt2-tiny");
+    loom_train_config_defaults(&o->train);
+    setting_list file = {0}, flags = {0};
+    char config[LOOM_PATH_MAX] = "";
+    loom_status st = parse_flags(&flags, config, &o->help, argc, argv, err);
+    if (!st && !o->help && config[0]) st = read_config(&file, config, err);
+    if (!st && !o->help) st = apply_all(o, &file, &flags, err);
+    free(file.items);
+    free(flags.items);
+    return st;
+}
+
+void loom_train_options_print(const loom_train_options *o, FILE *f) {
+    for (int i = 0; i < N_OPTS; i++) {
+        const opt_def *d = &OPTS[i];
+        const char *base = (const char *)o + d->offset;
+        fprintf(f, "%s = ", d->key);
+        switch (d->type) {
+        case OPT_INT: fprintf(f, "%d\n", *(const int *)base); break;
+        case OPT_FLOAT: fprintf(f, "%g\n", (double)*(const float *)base); break;
+        case OPT_U64: fprintf(f, "%" PRIu64 "\n", *(const uint64_t *)base); break;
+        case OPT_STRING: fprintf(f, "%s\n", base); break;
+        case OPT_FAMILY: fprintf(f, "%s\n", loom_family_name(*(const loom_family *)base)); break;
+        }
+    }
+}
+
+void loom_train_options_usage(FILE *f) {
+    fprintf(f, "usage: loom train [--config FILE] [--key value ...]\n\n"
+               "Keys (also valid in a --config file as 'key = value'; flags win):\n");
+    for (int i = 0; i < N_OPTS; i++) fprintf(f, "  --%-14s %s\n", OPTS[i].key, OPTS[i].help);
+}

@@ -1,0 +1,43 @@
+#include "core/cpu_boot.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+const char *loom_cpu_blas_coretype(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    return NULL;
+}
+
+void loom_cpu_boot(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE") || getenv("LOOM_BOOTED")) return;
+    const char *core = loom_cpu_blas_coretype();
+    if (!core) return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    setenv("LOOM_BOOTED", "1", 1); /* never loop, even if exec'ing ourselves misbehaves */
+    /* Idle OpenMP threads sleep instead of spinning, so they do not steal the cores
+     * OpenBLAS's threads need between the two kinds of work. */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the kernel OpenBLAS chose. */
+}
+
+int loom_cpu_default_threads(void) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    long ranks = local ? atol(local) : 1;
+    if (cores < 1) cores = 1;
+    if (ranks < 1) ranks = 1;
+    long t = cores / ranks;
+    return t < 1 ? 1 : (int)t;
+}
+
+void loom_cpu_set_threads(int threads) {
+    openblas_set_num_threads(threads);
+    omp_set_num_threads(threads);
+}

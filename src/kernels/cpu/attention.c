@@ -1,0 +1,148 @@
+/* Causal scaled-dot-product attention (GQA) on OpenBLAS. Per (batch, head) the T x T
+ * scores are materialised in scratch, one row block at a time: a block of rows
+ * [r0, r1) only needs key columns [0, r1), so the fully masked upper triangle beyond
+ * the block is never computed. Q, K, V are read in place from the strided qkv rows.
+ * Only out and the row log-sum-exp are saved; backward recomputes P from lse.
+ * sgemm is always called outside OpenMP regions (OpenBLAS threads it itself). */
+#include "kernels/kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+
+#define LOOM_ATTN_BLOCK 64
+
+size_t loom_attention_scratch_floats(int T) {
+    return 2 * (size_t)T * T;
+}
+
+/* Strided views of one (batch, query head) slice. */
+typedef struct {
+    const float *q, *k, *v; /* rows of stride R */
+    size_t R, OC;           /* qkv row stride, out row stride */
+} attn_view;
+
+static attn_view attn_view_make(const float *qkv, int b, int h, int T, int H, int KV, int hd) {
+    attn_view a;
+    a.R = (size_t)(H + 2 * KV) * hd;
+    a.OC = (size_t)H * hd;
+    int kvh = h / (H / KV);
+    const float *base = qkv + (size_t)b * T * a.R;
+    a.q = base + (size_t)h * hd;
+    a.k = base + (size_t)(H + kvh) * hd;
+    a.v = base + (size_t)(H + KV + kvh) * hd;
+    return a;
+}
+
+/* First column past the computed part of row i (end of i's row block). */
+static int block_end(int i, int T) {
+    int e = (i / LOOM_ATTN_BLOCK + 1) * LOOM_ATTN_BLOCK;
+    return e < T ? e : T;
+}
+
+/* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T for every row block. */
+static void scores(float *S, const attn_view *a, int T, int hd, float scale) {
+    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
+        int r1 = block_end(r0, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, scale,
+                    a->q + r0 * a->R, (int)a->R, a->k, (int)a->R, 0.0f, S + (size_t)r0 * T, T);
+    }
+}
+
+/* Causal softmax of each row in place; lse[i] saved. Masked entries inside the
+ * computed block are zeroed so the P @ V block GEMMs can read them. */
+static void softmax_rows(float *S, float *lse, int T) {
+#pragma omp parallel for
+    for (int i = 0; i < T; i++) {
+        float *restrict row = S + (size_t)i * T;
+        float m = row[0];
+        for (int j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
+        double sum = 0.0;
+        for (int j = 0; j <= i; j++) {
+            float e = expf(row[j] - m);
+            row[j] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j <= i; j++) row[j] *= inv;
+        for (int j = i + 1, e = block_end(i, T); j < e; j++) row[j] = 0.0f;
+        lse[i] = (float)((double)m + log(sum));
+    }
+}
+
+void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B, int T,
+                            int H, int KV, int hd) {
+    float scale = (float)(1.0 / sqrt((double)hd));
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
+            float *o = out + (size_t)b * T * a.OC + (size_t)h * hd;
+            scores(scratch, &a, T, hd, scale);
+            softmax_rows(scratch, lse + ((size_t)b * H + h) * T, T);
+            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
+                int r1 = block_end(r0, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, 1.0f,
+                            scratch + (size_t)r0 * T, T, a.v, (int)a.R, 0.0f, o + r0 * a.OC,
+                            (int)a.OC);
+            }
+        }
+    }
+}
+
+/* Given S (scaled scores) in P and dP = dO V^T: P = exp(S - lse) and
+ * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
+static void softmax_backward_rows(float *P, float *dP, const float *lse, const float *dout,
+                                  const float *out, size_t OC, int T, int hd, float scale) {
+#pragma omp parallel for
+    for (int i = 0; i < T; i++) {
+        float *restrict p = P + (size_t)i * T;
+        float *restrict dp = dP + (size_t)i * T;
+        const float *restrict dy = dout + i * OC;
+        const float *restrict y = out + i * OC;
+        double D = 0.0;
+        for (int c = 0; c < hd; c++) D += (double)dy[c] * y[c];
+        float Df = (float)D, l = lse[i];
+        for (int j = 0; j <= i; j++) {
+            p[j] = expf(p[j] - l);
+            dp[j] = scale * p[j] * (dp[j] - Df);
+        }
+        for (int j = i + 1, e = block_end(i, T); j < e; j++) p[j] = dp[j] = 0.0f;
+    }
+}
+
+void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int H, int KV,
+                             int hd) {
+    float scale = (float)(1.0 / sqrt((double)hd));
+    float *P = scratch, *dS = scratch + (size_t)T * T;
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
+            /* The same offsets applied to dqkv give the gradient slices. */
+            float *dq = dqkv + (a.q - qkv), *dk = dqkv + (a.k - qkv), *dv = dqkv + (a.v - qkv);
+            size_t ooff = (size_t)b * T * a.OC + (size_t)h * hd;
+            const float *dy = dout + ooff;
+            int R = (int)a.R, OC = (int)a.OC;
+            scores(P, &a, T, hd, scale);
+            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) { /* dP = dO V^T */
+                int r1 = block_end(r0, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f,
+                            dy + r0 * a.OC, OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
+            }
+            softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd,
+                                  scale);
+            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
+                int r1 = block_end(r0, T), rb = r1 - r0;
+                const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
+                /* dV[0:r1] += P_blk^T dO_blk */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, Pb, T,
+                            dy + r0 * a.OC, OC, 1.0f, dv, R);
+                /* dQ_blk += dS_blk K[0:r1] (scale already folded into dS) */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, r1, 1.0f, dSb, T,
+                            a.k, R, 1.0f, dq + r0 * a.R, R);
+                /* dK[0:r1] += dS_blk^T Q_blk */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, dSb, T,
+                            a.q + r0 * a.R, R, 1.0f, dk, R);
+            }
+        }
+    }
+}

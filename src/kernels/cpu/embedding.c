@@ -1,0 +1,45 @@
+/* Token + position embedding lookup and its scatter-add backward. */
+#include "kernels/kernels.h"
+
+/* Channels per task in the backward: tasks own disjoint channel slices of dwte, so
+ * repeated tokens never race and the accumulation order is deterministic. */
+#define LOOM_EMB_COLS 64
+
+void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C) {
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        float *restrict o = out + (size_t)bt * C;
+        const float *restrict e = wte + (size_t)tokens[bt] * C;
+        if (wpe) {
+            const float *restrict p = wpe + (size_t)(bt % T) * C;
+            for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+        } else {
+            for (int c = 0; c < C; c++) o[c] = e[c];
+        }
+    }
+}
+
+void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int B, int T, int C) {
+    int nblocks = (C + LOOM_EMB_COLS - 1) / LOOM_EMB_COLS;
+#pragma omp parallel for
+    for (int blk = 0; blk < nblocks; blk++) {
+        int c0 = blk * LOOM_EMB_COLS;
+        int nc = C - c0 < LOOM_EMB_COLS ? C - c0 : LOOM_EMB_COLS;
+        for (int bt = 0; bt < B * T; bt++) {
+            float *restrict d = dwte + (size_t)tokens[bt] * C + c0;
+            const float *restrict g = dout + (size_t)bt * C + c0;
+            for (int j = 0; j < nc; j++) d[j] += g[j];
+        }
+    }
+    if (!dwpe) return;
+#pragma omp parallel for
+    for (int t = 0; t < T; t++) {
+        float *restrict d = dwpe + (size_t)t * C;
+        for (int b = 0; b < B; b++) {
+            const float *restrict g = dout + ((size_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) d[c] += g[c];
+        }
+    }
+}

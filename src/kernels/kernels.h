@@ -1,0 +1,105 @@
+/* The kernel contract: every op of the transformer as a forward/backward pair over
+ * plain row-major fp32 buffers with explicit shapes (llm.c style). The CPU backend
+ * (kernels/cpu/) implements it with OpenBLAS for GEMMs and OpenMP-parallel C loops
+ * for the rest; a CUDA backend implements the same contract.
+ *
+ * Conventions:
+ *  - N = rows = B*T tokens; C = model width; buffers are row-major.
+ *  - Backward functions ACCUMULATE (+=) into every gradient they write (dinp, dweight,
+ *    dbias), so residual branches and gradient accumulation need no extra adds.
+ *    The one exception is loom_rope_backward, which works in place (documented there).
+ *  - Kernels never allocate; scratch space is passed in by the caller.
+ *  - Linear weights are stored [out_features, in_features] (PyTorch nn.Linear layout).
+ */
+#ifndef LOOM_KERNELS_H
+#define LOOM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- linear: out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be NULL) ---- */
+void loom_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int IC, int OC);
+/* dinp[N,IC] += dout[N,OC] @ weight[OC,IC] */
+void loom_linear_backward_input(float *dinp, const float *dout, const float *weight, int N,
+                                int IC, int OC);
+/* dweight[OC,IC] += dout^T @ inp; dbias[OC] += column sums of dout (dbias may be NULL) */
+void loom_linear_backward_weight(float *dweight, float *dbias, const float *dout,
+                                 const float *inp, int N, int IC, int OC);
+
+/* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wpe may be NULL) ---- */
+void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte,
+                            const float *wpe, int B, int T, int C);
+/* dwte[tok] += dout; dwpe[t] += sum over b of dout (dwpe may be NULL) */
+void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                             int B, int T, int C);
+
+/* ---- LayerNorm over the last dim; mean/rstd [N] saved for backward ---- */
+void loom_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps);
+void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+
+/* ---- RMSNorm: out = inp * rsqrt(mean(inp^2) + eps) * weight; rstd [N] saved ---- */
+void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                          int C, float eps);
+void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+/* ---- GELU, tanh approximation (GPT-2), elementwise over n values ---- */
+void loom_gelu_forward(float *out, const float *inp, size_t n);
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* ---- SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up ---- */
+void loom_swiglu_forward(float *out, const float *inp, int N, int F);
+void loom_swiglu_backward(float *dinp, const float *dout, const float *inp, int N, int F);
+
+/* ---- residual add: out[i] = a[i] + b[i] (out may alias a or b) ---- */
+void loom_add(float *out, const float *a, const float *b, size_t n);
+
+/* ---- Attention input layout ----
+ * qkv[B, T, (H + 2*KV) * hd]: per token, H query heads, then KV key heads, then KV
+ * value heads, each hd wide. Query head h uses key/value head h / (H / KV) (grouped-
+ * query attention; KV divides H). out[B, T, H*hd]. */
+
+/* RoPE (Hugging Face Llama convention, "rotate_half": dims i and i + hd/2 form a pair,
+ * angle = t * theta^(-2i/hd), t = 0..T-1) applied IN PLACE to the query and key heads of
+ * qkv; value heads untouched. hd must be even. */
+void loom_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, float theta);
+/* IN PLACE on dqkv: rotates the query/key gradients back by the inverse rotation. */
+void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float theta);
+
+/* Causal scaled-dot-product attention, scale 1/sqrt(hd). Saves only out and the
+ * per-row log-sum-exp lse[B, H, T]; the T x T scores are recomputed in backward, so
+ * activation memory is O(T) per head, not O(T^2). scratch: caller-provided,
+ * loom_attention_scratch_floats(T) floats, reused across layers. */
+size_t loom_attention_scratch_floats(int T);
+void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B,
+                            int T, int H, int KV, int hd);
+/* dqkv[B,T,(H+2KV)*hd] += gradient w.r.t. qkv (queries, keys, values). */
+void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int H, int KV,
+                             int hd);
+
+/* ---- fused softmax + cross-entropy over V classes ----
+ * losses[N] = logsumexp(logits[n]) - logits[n][targets[n]].
+ * In the _backward variant logits[N,V] is overwritten in place with
+ * dlogits = (softmax(logits) - onehot(target)) * dloss (dloss is the weight of each
+ * row's loss in the total, e.g. 1 / global token count). */
+void loom_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+                               int V);
+void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
+                                        int N, int V, float dloss);
+
+/* ---- AdamW (PyTorch's torch.optim.AdamW semantics, decoupled weight decay) ----
+ * param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * param -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). t >= 1. */
+void loom_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int t);
+
+/* ---- sum of squares in double (for global-norm gradient clipping) and scaling ---- */
+double loom_sum_squares(const float *x, size_t n);
+void loom_scale(float *x, float s, size_t n);
+
+#endif

@@ -1,0 +1,129 @@
+#include "model/params.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/philox.h"
+
+typedef struct {
+    loom_param_table *t;
+    int capacity;
+} builder;
+
+static size_t add(builder *b, const char *name, int64_t rows, int64_t cols, loom_init_kind init,
+                  float std) {
+    loom_param_table *t = b->t;
+    loom_param *p = &t->params[t->n_params++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 0;
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->offset = t->total;
+    p->init = init;
+    p->init_std = std;
+    p->decay = p->ndim >= 2;
+    t->total += p->numel;
+    return p->offset;
+}
+
+loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, loom_error *err) {
+    memset(t, 0, sizeof *t);
+    const int L = c->n_layer, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    const int hd = C / c->n_head, Hq = c->n_head * hd, Hkv = c->n_kv_head * hd;
+    const int capacity = 8 + 16 * L;
+    t->params = calloc((size_t)capacity, sizeof *t->params);
+    t->blocks = calloc((size_t)L, sizeof *t->blocks);
+    if (!t->params || !t->blocks) {
+        loom_params_free(t);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "parameter registry: out of memory");
+    }
+    t->n_layer = L;
+    builder b = {t, capacity};
+    (void)b.capacity;
+    /* GPT-2 init (also used for Llama): N(0, 0.02), residual projections scaled by
+     * 1/sqrt(2L) as in GPT-2's paper; norms start at one, biases at zero. */
+    const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
+    char n[LOOM_PARAM_NAME_MAX];
+    const int gpt2 = c->family == LOOM_FAMILY_GPT2;
+    t->wpe = t->normf_b = LOOM_NO_PARAM;
+    if (gpt2) {
+        t->wte = add(&b, "transformer.wte.weight", V, C, LOOM_INIT_NORMAL, std);
+        t->wpe = add(&b, "transformer.wpe.weight", c->seq_len, C, LOOM_INIT_NORMAL, std);
+    } else {
+        t->wte = add(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std);
+    }
+    for (int l = 0; l < L; l++) {
+        loom_block_params *k = &t->blocks[l];
+        k->norm1_b = k->qkv_b = k->attn_out_b = k->norm2_b = k->fc_b = k->proj_b = LOOM_NO_PARAM;
+#define ADD(suffix, rows, cols, init, s)                                                         \
+    (snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix),     \
+     add(&b, n, rows, cols, init, s))
+        if (gpt2) {
+            k->norm1_w = ADD("ln_1.weight", C, 0, LOOM_INIT_ONES, 0);
+            k->norm1_b = ADD("ln_1.bias", C, 0, LOOM_INIT_ZEROS, 0);
+            k->qkv_w = ADD("attn.c_attn.weight", 3 * C, C, LOOM_INIT_NORMAL, std);
+            k->qkv_b = ADD("attn.c_attn.bias", 3 * C, 0, LOOM_INIT_ZEROS, 0);
+            k->attn_out_w = ADD("attn.c_proj.weight", C, C, LOOM_INIT_NORMAL, proj_std);
+            k->attn_out_b = ADD("attn.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
+            k->norm2_w = ADD("ln_2.weight", C, 0, LOOM_INIT_ONES, 0);
+            k->norm2_b = ADD("ln_2.bias", C, 0, LOOM_INIT_ZEROS, 0);
+            k->fc_w = ADD("mlp.c_fc.weight", F, C, LOOM_INIT_NORMAL, std);
+            k->fc_b = ADD("mlp.c_fc.bias", F, 0, LOOM_INIT_ZEROS, 0);
+            k->proj_w = ADD("mlp.c_proj.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+            k->proj_b = ADD("mlp.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        } else {
+            k->norm1_w = ADD("input_layernorm.weight", C, 0, LOOM_INIT_ONES, 0);
+            k->qkv_w = ADD("self_attn.q_proj.weight", Hq, C, LOOM_INIT_NORMAL, std);
+            ADD("self_attn.k_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std);
+            ADD("self_attn.v_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std);
+            k->attn_out_w = ADD("self_attn.o_proj.weight", C, Hq, LOOM_INIT_NORMAL, proj_std);
+            k->norm2_w = ADD("post_attention_layernorm.weight", C, 0, LOOM_INIT_ONES, 0);
+            k->fc_w = ADD("mlp.gate_proj.weight", F, C, LOOM_INIT_NORMAL, std);
+            ADD("mlp.up_proj.weight", F, C, LOOM_INIT_NORMAL, std);
+            k->proj_w = ADD("mlp.down_proj.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+        }
+#undef ADD
+    }
+    if (gpt2) {
+        t->normf_w = add(&b, "transformer.ln_f.weight", C, 0, LOOM_INIT_ONES, 0);
+        t->normf_b = add(&b, "transformer.ln_f.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        t->lm_head = t->wte; /* tied */
+    } else {
+        t->normf_w = add(&b, "model.norm.weight", C, 0, LOOM_INIT_ONES, 0);
+        t->lm_head = add(&b, "lm_head.weight", V, C, LOOM_INIT_NORMAL, std);
+    }
+    return LOOM_OK;
+}
+
+void loom_params_free(loom_param_table *t) {
+    free(t->params);
+    free(t->blocks);
+    memset(t, 0, sizeof *t);
+}
+
+void loom_params_init(const loom_param_table *t, float *params, uint64_t seed) {
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        float *w = params + p->offset;
+        if (p->init == LOOM_INIT_ONES) {
+            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+        } else if (p->init == LOOM_INIT_ZEROS) {
+            memset(w, 0, p->numel * sizeof *w);
+        } else {
+            const uint32_t stream = loom_hash_name(p->name);
+            const double s = p->init_std;
+#pragma omp parallel for schedule(static)
+            for (size_t j = 0; j < p->numel; j++)
+                w[j] = (float)(s * loom_philox_normal(seed, stream, (uint64_t)j));
+        }
+    }
+}
+
+int loom_params_find(const loom_param_table *t, const char *name) {
+    for (int i = 0; i < t->n_params; i++)
+        if (strcmp(t->params[i].name, name) == 0) return i;
+    return -1;
+}

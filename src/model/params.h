@@ -1,0 +1,60 @@
+/* The parameter registry: every parameter described once (Hugging Face name, global
+ * shape, where it lives in the flat buffer, how it is initialised, whether it decays).
+ * Parameters, gradients and optimizer moments are flat buffers of `total` floats
+ * laid out identically, so one offset addresses a tensor in all of them. */
+#ifndef LOOM_MODEL_PARAMS_H
+#define LOOM_MODEL_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/config.h"
+
+#define LOOM_PARAM_NAME_MAX 96
+#define LOOM_NO_PARAM ((size_t)-1)
+
+typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ONES, LOOM_INIT_ZEROS } loom_init_kind;
+
+typedef struct {
+    char name[LOOM_PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[2];
+    size_t offset; /* in floats, into the flat buffers */
+    size_t numel;
+    loom_init_kind init;
+    float init_std;
+    int decay; /* 1: weight decay applies (matrices); 0: norms and biases */
+} loom_param;
+
+/* Offsets (in floats) of one transformer block's tensors; LOOM_NO_PARAM when the family
+ * has none. Llama's q/k/v (and gate/up) are registered back to back so that they form
+ * one [(H+2KV)*hd, C] (resp. [2F, C]) matrix and run as one GEMM, like GPT-2's c_attn. */
+typedef struct {
+    size_t norm1_w, norm1_b;
+    size_t qkv_w, qkv_b;
+    size_t attn_out_w, attn_out_b;
+    size_t norm2_w, norm2_b;
+    size_t fc_w, fc_b;   /* [F, C] (gelu) or [2F, C] = [gate; up] (swiglu) */
+    size_t proj_w, proj_b; /* [C, F] */
+} loom_block_params;
+
+typedef struct {
+    loom_param *params;
+    int n_params;
+    size_t total;
+    size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
+    loom_block_params *blocks;                  /* n_layer entries */
+    int n_layer;
+} loom_param_table;
+
+loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg,
+                              loom_error *err);
+void loom_params_free(loom_param_table *table);
+/* Initialises every parameter from Philox keyed by (seed, name hash, element index):
+ * any slice of a tensor can be initialised on its own with the same values. */
+void loom_params_init(const loom_param_table *table, float *params, uint64_t seed);
+/* Index of the parameter named `name`, or -1. */
+int loom_params_find(const loom_param_table *table, const char *name);
+
+#endif

@@ -1,0 +1,55 @@
+/* The transformer (both families, one code path): forward and backward over the flat
+ * parameter/gradient buffers, with every activation planned at start-up in one arena. */
+#ifndef LOOM_MODEL_TRANSFORMER_H
+#define LOOM_MODEL_TRANSFORMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+
+/* Activations of one block, kept from forward for backward. */
+typedef struct {
+    float *norm1, *norm1_mean, *norm1_rstd; /* [N,C], [N], [N] (mean unused by RMSNorm) */
+    float *qkv;                             /* [N, (H+2KV)*hd], after RoPE */
+    float *att, *lse;                       /* [N, H*hd], [B*H*T] */
+    float *res1;                            /* [N,C] residual after attention */
+    float *norm2, *norm2_mean, *norm2_rstd;
+    float *fc;  /* [N, F] or [N, 2F] pre-activation */
+    float *act; /* [N, F] */
+    float *res2; /* [N,C] block output */
+} loom_block_acts;
+
+typedef struct {
+    loom_model_config cfg;
+    loom_param_table table;
+    int B, T; /* micro-batch shape the arena is planned for */
+    float *arena;
+    size_t arena_floats;
+    float *embed;                   /* [N,C] */
+    loom_block_acts *blocks;        /* n_layer */
+    float *normf, *normf_mean, *normf_rstd;
+    float *logits;                  /* [N,V]; holds dlogits after the loss */
+    float *losses;                  /* [N] */
+    /* backward scratch, shared by all blocks */
+    float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
+    int32_t *inputs, *targets;      /* [N] each */
+} loom_model;
+
+/* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */
+loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B, int T,
+                              loom_error *err);
+void loom_model_destroy(loom_model *m);
+size_t loom_model_activation_bytes(const loom_model *m);
+
+/* Forward over m->inputs; fills m->logits; returns nothing (no loss). */
+void loom_model_forward(loom_model *m, const float *params);
+/* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with
+ * weight dloss per token; returns the sum of the per-token losses. */
+double loom_model_loss_and_dlogits(loom_model *m, float dloss);
+/* Backward from dlogits: grads += d(sum of weighted losses)/d params. */
+void loom_model_backward(loom_model *m, const float *params, float *grads);
+
+#endif

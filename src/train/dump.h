@@ -1,0 +1,18 @@
+/* Tensor dumps for the reference tests (tests/reference/): parameters, gradients,
+ * logits and the token batches, as safetensors files with Hugging Face names. */
+#ifndef LOOM_TRAIN_DUMP_H
+#define LOOM_TRAIN_DUMP_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/params.h"
+
+/* Every parameter's tensor of `flat` (params or grads) to DIR/FILE. */
+loom_status loom_dump_flat(const char *dir, const char *file, const loom_param_table *t,
+                           const float *flat, loom_error *err);
+/* One tensor of dims[0..ndim) to DIR/FILE under `name`. */
+loom_status loom_dump_tensor(const char *dir, const char *file, const char *name, int is_int,
+                             const void *data, int ndim, const int64_t *dims, loom_error *err);
+
+#endif

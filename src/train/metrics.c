@@ -1,0 +1,36 @@
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+loom_status loom_metrics_open(loom_metrics *mx, const char *path, loom_error *err) {
+    mx->file = NULL;
+    if (!path || !path[0]) return LOOM_OK;
+    mx->file = fopen(path, "w");
+    if (!mx->file)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--metrics '%s': cannot open for writing: %s",
+                              path, strerror(errno));
+    return LOOM_OK;
+}
+
+loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loom_error *err) {
+    if (!mx->file) return LOOM_OK;
+    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I}", "step", s->step, "loss", s->loss,
+                          "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s",
+                          s->tokens_per_s, "step_ms", s->step_ms, "tokens",
+                          (json_int_t)s->tokens_seen);
+    char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10))
+                   : NULL;
+    json_decref(o);
+    int ok = line && fprintf(mx->file, "%s\n", line) > 0 && fflush(mx->file) == 0;
+    free(line);
+    if (!ok) return loom_error_set(err, LOOM_ERR_IO, "metrics: write failed: %s", strerror(errno));
+    return LOOM_OK;
+}
+
+void loom_metrics_close(loom_metrics *mx) {
+    if (mx->file) fclose(mx->file);
+    mx->file = NULL;
+}

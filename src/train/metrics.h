@@ -1,0 +1,25 @@
+/* Per-step metrics as JSON lines (one object per step), flushed every line so a crash
+ * loses nothing already reported. */
+#ifndef LOOM_TRAIN_METRICS_H
+#define LOOM_TRAIN_METRICS_H
+
+#include <stdio.h>
+
+#include "core/error.h"
+
+typedef struct {
+    int step;
+    double loss, lr, grad_norm, tokens_per_s, step_ms;
+    long long tokens_seen;
+} loom_step_metrics;
+
+typedef struct {
+    FILE *file;
+} loom_metrics;
+
+/* path "" -> a sink that writes nothing. */
+loom_status loom_metrics_open(loom_metrics *mx, const char *path, loom_error *err);
+loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loom_error *err);
+void loom_metrics_close(loom_metrics *mx);
+
+#endif

@@ -1,0 +1,38 @@
+/* The training loop (one process): data -> forward -> loss -> backward, accumulated over
+ * micro-batches, then clipping, the LR schedule and AdamW. */
+#ifndef LOOM_TRAIN_TRAINER_H
+#define LOOM_TRAIN_TRAINER_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "train/optimizer.h"
+
+#define LOOM_PATH_MAX 1024
+
+typedef struct {
+    char data[LOOM_PATH_MAX]; /* glob of token shards */
+    int micro_batch;          /* sequences per forward/backward */
+    int global_batch;         /* sequences per optimizer step */
+    int steps;
+    int warmup_steps;
+    float lr, min_lr;
+    loom_adamw_config adamw;
+    uint64_t seed;
+    int threads;
+    int log_every;
+    char metrics[LOOM_PATH_MAX];  /* JSON lines, one per step; "" = none */
+    char dump_dir[LOOM_PATH_MAX]; /* tensors for reference tests; "" = none */
+} loom_train_config;
+
+/* Defaults (nanoGPT/llm.c-like). */
+void loom_train_config_defaults(loom_train_config *tc);
+/* Checks values; messages name the flag. */
+loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err);
+/* Trains; progress on stderr. Returns LOOM_ERR_INPUT for bad data, LOOM_ERR_STATE if the
+ * loss becomes non-finite. */
+loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
+                           loom_error *err);
+
+#endif
