@@ -1,5 +1,6 @@
 /* loom data bytes: turns any file into byte-level token shards (vocab 256). */
 #include "cli/cmd_data.h"
+#include "core/fs.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -48,32 +49,6 @@ static int read_all(const char *path, unsigned char **data, size_t *n) {
     }
     *data = buf;
     *n = len;
-    return 0;
-}
-
-/* mkdir -p: creates every missing component of dir. */
-static int make_dirs(const char *dir) {
-    char *p = strdup(dir);
-    if (!p) return -1;
-    for (char *s = p + 1;; s++) {
-        if (*s == '/' || *s == '\0') {
-            char c = *s;
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                free(p);
-                return -1;
-            }
-            *s = c;
-            if (c == '\0') break;
-        }
-    }
-    free(p);
-    struct stat st;
-    if (stat(dir, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
     return 0;
 }
 
@@ -171,7 +146,7 @@ static int cmd_bytes(int argc, char **argv) {
     if (n_train == 0) {
         fprintf(stderr, "loom data: --input '%s': empty input, expected at least 1 byte\n", input);
         rc = 2;
-    } else if (make_dirs(out) != 0) {
+    } else if (loom_mkdir_p(out) != 0) {
         fprintf(stderr, "loom data: --out '%s': cannot create directory: %s\n", out,
                 strerror(errno));
         rc = 2;

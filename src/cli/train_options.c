@@ -233,6 +233,12 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
         for (int i = 0; i < lists[l]->n; i++)
             if (strcmp(lists[l]->items[i].def->key, "model") != 0)
                 if ((st = apply(o, &lists[l]->items[i], err))) return st;
+    /* GPT-2 has no grouped-query attention: unless given, key/value heads follow --n-head. */
+    int kv_given = 0;
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lists[l]->n; i++)
+            kv_given |= strcmp(lists[l]->items[i].def->key, "n-kv-head") == 0;
+    if (!kv_given && o->model.family == LOOM_FAMILY_GPT2) o->model.n_kv_head = o->model.n_head;
     return LOOM_OK;
 }
 

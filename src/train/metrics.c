@@ -1,5 +1,7 @@
 #include "train/metrics.h"
 
+#include "core/fs.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -8,6 +10,7 @@
 loom_status loom_metrics_open(loom_metrics *mx, const char *path, loom_error *err) {
     mx->file = NULL;
     if (!path || !path[0]) return LOOM_OK;
+    loom_mkdir_parent(path); /* fopen reports what still fails */
     mx->file = fopen(path, "w");
     if (!mx->file)
         return loom_error_set(err, LOOM_ERR_INPUT, "--metrics '%s': cannot open for writing: %s",

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
+#include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
 #include "train/dump.h"
@@ -195,7 +195,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
             (long long)r.data.total_tokens);
     if (tc->dump_dir[0]) {
-        if (mkdir(tc->dump_dir, 0755) != 0 && errno != EEXIST) {
+        if (loom_mkdir_p(tc->dump_dir) != 0) {
             run_free(&r);
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
                                   tc->dump_dir, strerror(errno));

@@ -16,6 +16,10 @@ Error measures, per tensor (every named tensor must exist in both, same shape):
   gets an O(lr) update whose size is decided by rounding. The norm measure is
   insensitive to such isolated elements but still catches any systematic error
   (a wrong decay, bias correction or schedule moves every element).
+  Excluded from it: GPT-2's key bias (rows C..2C of attn.c_attn.bias). Its exact
+  gradient is zero (adding q.b_k to a whole row of scores does not change the
+  softmax), so its gradient is pure rounding noise, which AdamW turns into O(lr)
+  updates: the final values there are noise in any implementation.
 Scalars (loss, lr, grad norm per step): |loom - ref| / |ref|.
 
 Usage: /usr/bin/python3 tests/reference/test_vs_torch.py --loom build/loom [--seed S]
@@ -85,7 +89,9 @@ def draw_config(rng, index):
         lr=lr, min_lr=lr * rng.choice([0.0, 0.1]), warmup_steps=rng.randint(0, 4),
         weight_decay=rng.choice([0.01, 0.1, 0.3]), grad_clip=clip,
         beta1=rng.choice([0.9, 0.8]), beta2=rng.choice([0.95, 0.999]),
-        adam_eps=rng.choice([1e-8, 1e-6]))
+        # eps >= 1e-6 on purpose: with 1e-8, elements whose gradient is at fp32 rounding
+        # level get O(lr) updates whose sign depends on rounding, in any fp32 code.
+        adam_eps=rng.choice([1e-6, 1e-5]))
     return model, train, rng.randint(1, 2**31 - 1)
 
 
@@ -221,6 +227,18 @@ def compare_named(report, check, loom_t, ref_t, tol, measure=rel_tensor):
     report.add(check, err, where, tol, f" ({len(errs)} tensors)")
 
 
+def without_null_directions(tensors, m):
+    """Copy of tensors with the gradient-free GPT-2 key bias zeroed (see docstring)."""
+    out = dict(tensors)
+    if m.family == "gpt2":
+        C = m.d_model
+        for name in tensors:
+            if name.endswith("attn.c_attn.bias"):
+                out[name] = np.array(tensors[name], dtype=np.float64)
+                out[name][C:2 * C] = 0.0
+    return out
+
+
 def check_token_rows(rows, shard):
     """Every dumped sequence must be a contiguous window of the shard."""
     blob = shard.astype("<u2").tobytes()
@@ -311,7 +329,8 @@ def run_config(args, index, m, t, loom_seed, workdir):
         report.add(check, err, f"step {step}: loom {float(metrics[step - 1][key]):.8g} "
                                f"ref {hist[step - 1][key]:.8g}", TOL[check])
     final_r = {n: p.detach().numpy() for n, p in model.named_parameters()}
-    compare_named(report, "final params", final_l, final_r, TOL["final"], rel_norm)
+    compare_named(report, "final params", without_null_directions(final_l, m),
+                  without_null_directions(final_r, m), TOL["final"], rel_norm)
 
     clipped = sum(1 for h in hist if t.grad_clip > 0 and h["grad_norm"] > t.grad_clip)
     print(f"  losses ref: {hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}; "

@@ -59,8 +59,10 @@ static void test_adamw(void **state) {
             rp[i] -= lr / (1.0 - pow(b1, t)) * rm[i] / denom;
         }
         loom_adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t);
-        tk_check("adamw param", p, rp, n, 1e-6, 3e-7);
-        tk_check("adamw m", m, rm, n, 1e-5, 1e-8); /* m can cancel */
+        /* absolute slack: float rounding of O(1) (param) and O(0.1) (m) terms that can
+         * cancel, accumulated over the steps */
+        tk_check("adamw param", p, rp, n, 1e-6, 5e-7);
+        tk_check("adamw m", m, rm, n, 1e-5, 5e-8);
         tk_check("adamw v", v, rv, n, 1e-5, 1e-12);
         free(g);
     }

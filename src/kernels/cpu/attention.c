@@ -3,11 +3,15 @@
  * [r0, r1) only needs key columns [0, r1), so the fully masked upper triangle beyond
  * the block is never computed. Q, K, V are read in place from the strided qkv rows.
  * Only out and the row log-sum-exp are saved; backward recomputes P from lse.
- * sgemm is always called outside OpenMP regions (OpenBLAS threads it itself). */
+ * Threading comes from OpenBLAS alone: the row loops between GEMMs are serial
+ * (vectorised), because alternating short OpenMP regions with threaded sgemm calls
+ * makes the two thread pools' spin-waits fight over the cores. */
 #include "kernels/kernels.h"
 
 #include <cblas.h>
 #include <math.h>
+
+#include "vecmath.h"
 
 #define LOOM_ATTN_BLOCK 64
 
@@ -51,17 +55,11 @@ static void scores(float *S, const attn_view *a, int T, int hd, float scale) {
 /* Causal softmax of each row in place; lse[i] saved. Masked entries inside the
  * computed block are zeroed so the P @ V block GEMMs can read them. */
 static void softmax_rows(float *S, float *lse, int T) {
-#pragma omp parallel for
     for (int i = 0; i < T; i++) {
         float *restrict row = S + (size_t)i * T;
-        float m = row[0];
-        for (int j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
-        double sum = 0.0;
-        for (int j = 0; j <= i; j++) {
-            float e = expf(row[j] - m);
-            row[j] = e;
-            sum += e;
-        }
+        float m = loom_max_f32(row, i + 1);
+        for (int j = 0; j <= i; j++) row[j] = loom_expf(row[j] - m);
+        double sum = loom_sum_f64(row, i + 1);
         float inv = (float)(1.0 / sum);
         for (int j = 0; j <= i; j++) row[j] *= inv;
         for (int j = i + 1, e = block_end(i, T); j < e; j++) row[j] = 0.0f;
@@ -92,7 +90,6 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
  * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
 static void softmax_backward_rows(float *P, float *dP, const float *lse, const float *dout,
                                   const float *out, size_t OC, int T, int hd, float scale) {
-#pragma omp parallel for
     for (int i = 0; i < T; i++) {
         float *restrict p = P + (size_t)i * T;
         float *restrict dp = dP + (size_t)i * T;
@@ -102,7 +99,7 @@ static void softmax_backward_rows(float *P, float *dP, const float *lse, const f
         for (int c = 0; c < hd; c++) D += (double)dy[c] * y[c];
         float Df = (float)D, l = lse[i];
         for (int j = 0; j <= i; j++) {
-            p[j] = expf(p[j] - l);
+            p[j] = loom_expf(p[j] - l);
             dp[j] = scale * p[j] * (dp[j] - Df);
         }
         for (int j = i + 1, e = block_end(i, T); j < e; j++) p[j] = dp[j] = 0.0f;

@@ -4,20 +4,23 @@
 
 #include <math.h>
 
-static float row_max(const float *x, int V) {
-    float m = x[0];
-    for (int j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
-    return m;
-}
+#include "vecmath.h"
+
+#define LOOM_CE_CHUNK 256
 
 void loom_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *restrict x = logits + (size_t)n * V;
-        float m = row_max(x, V);
+        float m = loom_max_f32(x, V);
         double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += expf(x[j] - m);
+        for (int j0 = 0; j0 < V; j0 += LOOM_CE_CHUNK) { /* chunked so exp vectorises */
+            float e[LOOM_CE_CHUNK];
+            int nj = V - j0 < LOOM_CE_CHUNK ? V - j0 : LOOM_CE_CHUNK;
+            for (int j = 0; j < nj; j++) e[j] = loom_expf(x[j0 + j] - m);
+            sum += loom_sum_f64(e, nj);
+        }
         losses[n] = (float)((double)m + log(sum) - (double)x[targets[n]]);
     }
 }
@@ -29,13 +32,9 @@ void loom_crossentropy_forward_backward(float *losses, float *logits, const int3
         float *restrict x = logits + (size_t)n * V;
         int tgt = targets[n];
         float xt = x[tgt];
-        float m = row_max(x, V);
-        double sum = 0.0;
-        for (int j = 0; j < V; j++) { /* store exp in place; normalised below */
-            float e = expf(x[j] - m);
-            x[j] = e;
-            sum += e;
-        }
+        float m = loom_max_f32(x, V);
+        for (int j = 0; j < V; j++) x[j] = loom_expf(x[j] - m); /* normalised below */
+        double sum = loom_sum_f64(x, V);
         losses[n] = (float)((double)m + log(sum) - (double)xt);
         float s = (float)(dloss / sum);
         for (int j = 0; j < V; j++) x[j] *= s;

@@ -1,0 +1,55 @@
+/* Small vectorisable math helpers for the CPU kernels. libm's expf is an opaque call
+ * that blocks auto-vectorisation, and plain float sum reductions are not vectorised
+ * without -ffast-math; these helpers keep softmax-style loops SIMD-friendly. */
+#ifndef LOOM_KERNELS_CPU_VECMATH_H
+#define LOOM_KERNELS_CPU_VECMATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* expf via range reduction x = n ln2 + r and a Cephes degree-6 polynomial; relative
+ * error ~1e-7 over the clamped range. Inputs below -87 return exp(-87) (~1.6e-38)
+ * instead of 0, which is negligible inside softmax sums that include exp(0) = 1. */
+static inline float loom_expf(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float t = x * 1.44269504088896341f + shifter;
+    float n = t - shifter;
+    int32_t ni;
+    memcpy(&ni, &t, sizeof ni);
+    ni -= 0x4B400000; /* low mantissa bits of t hold n */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.0f;
+    int32_t bits = (ni + 127) << 23; /* 2^n; n is in [-126, 127] after the clamp */
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return e * s;
+}
+
+/* Sum in double with eight independent partial sums, so the loop vectorises. */
+static inline double loom_sum_f64(const float *x, int n) {
+    double part[8] = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) part[k] += x[j + k];
+    double s = 0.0;
+    for (; j < n; j++) s += x[j];
+    for (int k = 0; k < 8; k++) s += part[k];
+    return s;
+}
+
+static inline float loom_max_f32(const float *x, int n) {
+    float m = x[0];
+    for (int j = 1; j < n; j++) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+#endif

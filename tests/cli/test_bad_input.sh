@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Bad input gets one clear error line naming the flag/file and what was expected, exit
+# code 2, never a crash. Usage: test_bad_input.sh PATH_TO_LOOM
+set -u
+LOOM=${1:?usage: test_bad_input.sh PATH_TO_LOOM}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+# A valid small shard (uint16 tokens < 256) written by loom itself.
+head -c 20000 /dev/urandom > "$TMP/text.bin"
+"$LOOM" data bytes --input "$TMP/text.bin" --out "$TMP/ok" --val-fraction 0 2>/dev/null ||
+    { echo "FAIL: could not write the valid shard"; exit 1; }
+GOOD="$TMP/ok/train_000000.bin"
+BASE=(--model gpt2-tiny --vocab-size 256 --seq-len 16 --n-layer 1 --d-model 32 --n-head 2 --d-ff 64 --steps 1 --micro-batch 2 --global-batch 2)
+
+# expect NAME EXPECTED_SUBSTRING -- loom args...
+expect() {
+    local name=$1 want=$2
+    shift 3
+    "$LOOM" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    local last
+    last=$(tail -n 1 "$TMP/err")
+    if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$last" && ! grep -qiE "sanitizer|segmentation|core dumped" "$TMP/err"; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1))
+        echo "FAIL: $name: exit $rc, last stderr line: '$last' (expected exit 2 and '$want')"
+    fi
+}
+
+python3 - "$TMP" <<'PY'
+import struct, sys, os
+d = sys.argv[1]
+def shard(name, magic=20240520, version=1, count=None, tokens=range(100), extra=b"", cut=0, fmt="H"):
+    toks = list(tokens)
+    n = len(toks) if count is None else count
+    head = struct.pack("<256i", magic, version, n, *([0] * 253))
+    body = struct.pack("<%d%s" % (len(toks), fmt), *toks) + extra
+    data = head + body
+    if cut: data = data[:-cut]
+    open(os.path.join(d, name), "wb").write(data)
+shard("bad_magic.bin", magic=0x1234)
+shard("bad_version.bin", version=7)
+shard("truncated.bin", cut=10)
+shard("trailing.bin", extra=b"xyz")
+shard("big_token.bin", tokens=[1, 2, 3] + [300] + list(range(96)))
+shard("too_short.bin", tokens=range(5))
+open(os.path.join(d, "short_header.bin"), "wb").write(b"\0" * 100)
+open(os.path.join(d, "bad_key.ini"), "w").write("[model]\nn_layer = 2\nbogus_key = 3\n")
+open(os.path.join(d, "bad_line.ini"), "w").write("n_layer = 2\nthis is not a pair\n")
+PY
+
+expect "unknown flag" "'--bogus'" -- train "${BASE[@]}" --data "$GOOD" --bogus 1
+expect "missing value" "needs a value" -- train "${BASE[@]}" --data
+expect "unknown preset" "--model 'gpt9'" -- train --model gpt9 --data "$GOOD"
+expect "bad number" "--lr 'abc': expected a number" -- train "${BASE[@]}" --data "$GOOD" --lr abc
+expect "bad integer" "--steps '1.5': expected an integer" -- train "${BASE[@]}" --data "$GOOD" --steps 1.5
+expect "bad family" "expected gpt2 or llama" -- train "${BASE[@]}" --data "$GOOD" --family bert
+expect "n_head vs d_model" "--n-head 3: must divide --d-model 32" -- train "${BASE[@]}" --data "$GOOD" --n-head 3
+expect "n_kv_head vs n_head" "--n-kv-head 3: must divide --n-head 4" -- train "${BASE[@]}" --data "$GOOD" --family llama --n-head 4 --n-kv-head 3
+expect "gpt2 gqa" "--n-kv-head 1" -- train "${BASE[@]}" --data "$GOOD" --n-kv-head 1
+expect "zero layers" "--n-layer 0" -- train "${BASE[@]}" --data "$GOOD" --n-layer 0
+expect "batch split" "--global-batch 3" -- train "${BASE[@]}" --data "$GOOD" --global-batch 3
+expect "no data flag" "--data: required" -- train "${BASE[@]}"
+expect "missing file" "no file matches" -- train "${BASE[@]}" --data "$TMP/nope_*.bin"
+expect "bad magic" "bad_magic.bin" -- train "${BASE[@]}" --data "$TMP/bad_magic.bin"
+expect "bad version" "bad_version.bin" -- train "${BASE[@]}" --data "$TMP/bad_version.bin"
+expect "short header" "short_header.bin" -- train "${BASE[@]}" --data "$TMP/short_header.bin"
+expect "truncated" "truncated.bin" -- train "${BASE[@]}" --data "$TMP/truncated.bin"
+expect "trailing bytes" "trailing.bin" -- train "${BASE[@]}" --data "$TMP/trailing.bin"
+expect "token >= vocab" "position 3" -- train "${BASE[@]}" --data "$TMP/big_token.bin"
+expect "too few tokens" "too_short.bin" -- train "${BASE[@]}" --data "$TMP/too_short.bin"
+expect "config missing" "--config '$TMP/none.ini': cannot open" -- train --config "$TMP/none.ini"
+expect "config bad key" "line 3: unknown key 'bogus_key'" -- train --config "$TMP/bad_key.ini"
+expect "config bad line" "line 2" -- train --config "$TMP/bad_line.ini"
+expect "unknown command" "unknown command 'fly'" -- fly
+expect "data: missing input" "loom data" -- data bytes --input "$TMP/none.txt" --out "$TMP/x"
+
+# The config file works and flags override it (the effective config is printed).
+printf '[model]\nmodel = gpt2-tiny\nn_layer = 3\n[train]\nlr = 0.5\n' > "$TMP/good.ini"
+if "$LOOM" train --config "$TMP/good.ini" --lr 0.25 "${BASE[@]:4}" --data "$GOOD" 2>"$TMP/err" >/dev/null &&
+   grep -qx "lr = 0.25" "$TMP/err" && grep -qx "n-layer = 1" "$TMP/err"; then
+    pass=$((pass + 1))
+else
+    fail=$((fail + 1)); echo "FAIL: config + flag override"; cat "$TMP/err"
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
