@@ -294,44 +294,49 @@ def make_optimizer(model, tc):
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.adam_eps)
 
 
-def train(model, tc, tokens, on_step=None):
-    """Replicate loom's training loop on tokens [steps, global_batch, T+1].
+def train_step(model, opt, tc, batch, s, on_step=None):
+    """One optimizer step (0-based step s) on batch [global_batch, T+1] (long).
 
-    Returns a list of per-step dicts {loss, lr, grad_norm}. on_step(s, info) is called
-    after backward and before clipping, with info = {"logits0": logits of micro-batch 0},
-    so that callers can snapshot step-1 gradients and logits.
+    on_step(s, info) runs after backward and before clipping, with
+    info = {"logits0": logits of micro-batch 0}, so callers can snapshot raw gradients.
+    Returns {loss, lr, grad_norm} with grad_norm measured before clipping.
     """
     G, M = tc.global_batch, tc.micro_batch
     assert G % M == 0, "global batch must be a multiple of the micro-batch"
+    n_tokens = G * (batch.shape[1] - 1)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    opt.zero_grad(set_to_none=False)
+    loss_sum, logits0 = 0.0, None
+    for k in range(G // M):
+        mb = batch[k * M:(k + 1) * M]
+        logits = model(mb[:, :-1])
+        # Sum over the micro-batch, divided by the global token count: each
+        # micro-batch is weighted by its token share of the global mean.
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                               mb[:, 1:].reshape(-1), reduction="sum") / n_tokens
+        loss.backward()
+        loss_sum += loss.item()
+        if k == 0:
+            logits0 = logits.detach()
+    if on_step is not None:
+        on_step(s, {"logits0": logits0})
+    if tc.grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip).item()
+    else:
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+    lr = lr_at(tc, s)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    return {"loss": loss_sum, "lr": lr, "grad_norm": norm}
+
+
+def train(model, tc, tokens, on_step=None):
+    """Replicate loom's training loop on tokens [steps, global_batch, T+1].
+
+    Returns a list of per-step dicts {loss, lr, grad_norm}; on_step as in train_step.
+    """
     tokens = torch.as_tensor(tokens).long()
-    assert tokens.shape[0] >= tc.steps and tokens.shape[1] == G
-    n_tokens = G * (tokens.shape[2] - 1)
-    params = list(model.parameters())
+    assert tokens.shape[0] >= tc.steps and tokens.shape[1] == tc.global_batch
     opt = make_optimizer(model, tc)
-    history = []
-    for s in range(tc.steps):
-        opt.zero_grad(set_to_none=False)
-        loss_sum, logits0 = 0.0, None
-        for k in range(G // M):
-            mb = tokens[s, k * M:(k + 1) * M]
-            logits = model(mb[:, :-1])
-            # Sum over the micro-batch, divided by the global token count: each
-            # micro-batch is weighted by its token share of the global mean.
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                   mb[:, 1:].reshape(-1), reduction="sum") / n_tokens
-            loss.backward()
-            loss_sum += loss.item()
-            if k == 0:
-                logits0 = logits.detach()
-        if on_step is not None:
-            on_step(s, {"logits0": logits0})
-        if tc.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip).item()
-        else:
-            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
-        lr = lr_at(tc, s)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        opt.step()
-        history.append({"loss": loss_sum, "lr": lr, "grad_norm": norm})
-    return history
+    return [train_step(model, opt, tc, tokens[s], s, on_step) for s in range(tc.steps)]

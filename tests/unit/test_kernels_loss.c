@@ -3,6 +3,7 @@
 #include "test_kernels_util.h"
 
 #include "kernels/kernels.h"
+#include "kernels/cpu/vecmath.h"
 
 static void check_crossentropy(int N, int V) {
     float *logits = tk_rand((size_t)N * V, 6);
@@ -69,11 +70,38 @@ static void test_adamw(void **state) {
     free(p), free(m), free(v), free(rp), free(rm), free(rv);
 }
 
+/* The vectorisable exp behind softmax, cross-entropy, GELU and SwiGLU. */
+static void test_vecmath(void **state) {
+    (void)state;
+    tk_reseed(13);
+    const int n = 20001;
+    float *x = tk_alloc(n), *got = tk_alloc(n);
+    double *ref = tk_dalloc(n);
+    for (int i = 0; i < n; i++) {
+        x[i] = (float)tk_uniform(-87.0, 88.0);
+        got[i] = loom_expf(x[i]);
+        ref[i] = exp(x[i]);
+    }
+    tk_check("loom_expf", got, ref, n, 5e-7, 0);
+    /* clamped outside [-87, 88]: tiny for -inf-like inputs, finite for huge ones */
+    assert_true(loom_expf(-1e30f) <= 2e-38f && loom_expf(-1e30f) >= 0.0f);
+    assert_true(isfinite(loom_expf(1e30f)) && loom_expf(1e30f) > 1e38f);
+    assert_true(loom_expf(0.0f) == 1.0f);
+    for (int i = 0; i < n; i++) x[i] = (float)tk_uniform(-50, 50);
+    double s = 0, m = -INFINITY;
+    for (int i = 0; i < n; i++) s += x[i], m = fmax(m, x[i]);
+    double sum_ref[2] = {s, m};
+    float sum_got[2] = {(float)loom_sum_f64(x, n), loom_max_f32(x, n)};
+    tk_check("loom_sum_f64/loom_max_f32", sum_got, sum_ref, 2, 1e-7, 1e-6);
+    free(x), free(got), free(ref);
+}
+
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_vecmath),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

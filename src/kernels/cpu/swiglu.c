@@ -1,7 +1,7 @@
 /* SwiGLU: each row of inp is [gate | up] (2F wide); out = silu(gate) * up. */
 #include "kernels/kernels.h"
 
-#include <math.h>
+#include "vecmath.h"
 
 void loom_swiglu_forward(float *out, const float *inp, int N, int F) {
 #pragma omp parallel for
@@ -9,7 +9,7 @@ void loom_swiglu_forward(float *out, const float *inp, int N, int F) {
         const float *restrict g = inp + (size_t)n * 2 * F;
         const float *restrict u = g + F;
         float *restrict o = out + (size_t)n * F;
-        for (int f = 0; f < F; f++) o[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+        for (int f = 0; f < F; f++) o[f] = g[f] / (1.0f + loom_expf(-g[f])) * u[f];
     }
 }
 
@@ -22,10 +22,11 @@ void loom_swiglu_backward(float *dinp, const float *dout, const float *inp, int 
         float *restrict dg = dinp + (size_t)n * 2 * F;
         float *restrict du = dg + F;
         for (int f = 0; f < F; f++) {
-            float sig = 1.0f / (1.0f + expf(-g[f]));
+            float e = loom_expf(-g[f]);
+            float sig = 1.0f / (1.0f + e), one_minus_sig = e * sig; /* no cancellation */
             float silu = g[f] * sig;
             /* d silu/dg = sig * (1 + g * (1 - sig)) */
-            dg[f] += dy[f] * u[f] * sig * (1.0f + g[f] * (1.0f - sig));
+            dg[f] += dy[f] * u[f] * sig * (1.0f + g[f] * one_minus_sig);
             du[f] += dy[f] * silu;
         }
     }

@@ -8,11 +8,17 @@
 #include <string.h>
 
 /* expf via range reduction x = n ln2 + r and a Cephes degree-6 polynomial; relative
- * error ~1e-7 over the clamped range. Inputs below -87 return exp(-87) (~1.6e-38)
- * instead of 0, which is negligible inside softmax sums that include exp(0) = 1. */
+ * error ~1e-7. x is clamped to [-87, 88]: inputs below -87 return exp(-87) (~1.6e-38)
+ * instead of 0, negligible inside softmax sums that include exp(0) = 1. The clamp is
+ * done on the bit pattern because float compares block if-conversion (and so
+ * vectorisation) under the default -ftrapping-math. */
 static inline float loom_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
+    uint32_t ux;
+    memcpy(&ux, &x, sizeof ux);
+    ux = ux > 0xC2AE0000u ? 0xC2AE0000u : ux; /* x < -87 (sign bit set, larger magnitude) */
+    int32_t ix = (int32_t)ux;
+    ix = ix > 0x42B00000 ? 0x42B00000 : ix; /* x > 88 */
+    memcpy(&x, &ix, sizeof x);
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float t = x * 1.44269504088896341f + shifter;
     float n = t - shifter;
@@ -46,9 +52,16 @@ static inline double loom_sum_f64(const float *x, int n) {
     return s;
 }
 
+/* Maximum of n >= 1 values, eight running maxima so the loop vectorises. */
 static inline float loom_max_f32(const float *x, int n) {
+    float part[8];
+    for (int k = 0; k < 8; k++) part[k] = x[0];
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) part[k] = x[j + k] > part[k] ? x[j + k] : part[k];
     float m = x[0];
-    for (int j = 1; j < n; j++) m = x[j] > m ? x[j] : m;
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
+    for (int k = 0; k < 8; k++) m = part[k] > m ? part[k] : m;
     return m;
 }
 
