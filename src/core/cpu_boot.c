@@ -20,9 +20,6 @@ void loom_cpu_boot(char **argv) {
     if (!core) return;
     setenv("OPENBLAS_CORETYPE", core, 1);
     setenv("LOOM_BOOTED", "1", 1); /* never loop, even if exec'ing ourselves misbehaves */
-    /* Idle OpenMP threads sleep instead of spinning, so they do not steal the cores
-     * OpenBLAS's threads need between the two kinds of work. */
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     execv("/proc/self/exe", argv);
     /* exec failed: carry on with the kernel OpenBLAS chose. */
 }

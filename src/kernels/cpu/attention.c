@@ -3,20 +3,23 @@
  * [r0, r1) only needs key columns [0, r1), so the fully masked upper triangle beyond
  * the block is never computed. Q, K, V are read in place from the strided qkv rows.
  * Only out and the row log-sum-exp are saved; backward recomputes P from lse.
- * Threading comes from OpenBLAS alone: the row loops between GEMMs are serial
- * (vectorised), because alternating short OpenMP regions with threaded sgemm calls
- * makes the two thread pools' spin-waits fight over the cores. */
+ * Threading: OpenMP over (batch, head) tasks, each with its own scratch; loom links the
+ * OpenMP build of OpenBLAS, which runs an sgemm called inside a parallel region on the
+ * calling thread, so the many small GEMMs never pay for thread hand-offs. Backward
+ * tasks own one key/value head (all its query heads), so no two tasks write the same
+ * dK/dV rows and the result does not depend on the thread count. */
 #include "kernels/kernels.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 
 #include "vecmath.h"
 
 #define LOOM_ATTN_BLOCK 64
 
 size_t loom_attention_scratch_floats(int T) {
-    return 2 * (size_t)T * T;
+    return 2 * (size_t)T * T * (size_t)omp_get_max_threads();
 }
 
 /* Strided views of one (batch, query head) slice. */
@@ -70,18 +73,18 @@ static void softmax_rows(float *S, float *lse, int T) {
 void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B, int T,
                             int H, int KV, int hd) {
     float scale = (float)(1.0 / sqrt((double)hd));
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
-            float *o = out + (size_t)b * T * a.OC + (size_t)h * hd;
-            scores(scratch, &a, T, hd, scale);
-            softmax_rows(scratch, lse + ((size_t)b * H + h) * T, T);
-            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
-                int r1 = block_end(r0, T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, 1.0f,
-                            scratch + (size_t)r0 * T, T, a.v, (int)a.R, 0.0f, o + r0 * a.OC,
-                            (int)a.OC);
-            }
+#pragma omp parallel for schedule(dynamic)
+    for (int bh = 0; bh < B * H; bh++) {
+        int b = bh / H, h = bh % H;
+        float *S = scratch + 2 * (size_t)T * T * omp_get_thread_num();
+        attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
+        float *o = out + (size_t)b * T * a.OC + (size_t)h * hd;
+        scores(S, &a, T, hd, scale);
+        softmax_rows(S, lse + ((size_t)b * H + h) * T, T);
+        for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
+            int r1 = block_end(r0, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, 1.0f,
+                        S + (size_t)r0 * T, T, a.v, (int)a.R, 0.0f, o + r0 * a.OC, (int)a.OC);
         }
     }
 }
@@ -106,40 +109,49 @@ static void softmax_backward_rows(float *P, float *dP, const float *lse, const f
     }
 }
 
+/* Backward of one (batch, query head); accumulates into its dQ and its group's dK, dV. */
+static void backward_head(float *dqkv, float *P, float *dS, const float *dout, const float *qkv,
+                          const float *out, const float *lse, int b, int h, int T, int H, int KV,
+                          int hd, float scale) {
+    attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
+    /* The same offsets applied to dqkv give the gradient slices. */
+    float *dq = dqkv + (a.q - qkv), *dk = dqkv + (a.k - qkv), *dv = dqkv + (a.v - qkv);
+    size_t ooff = (size_t)b * T * a.OC + (size_t)h * hd;
+    const float *dy = dout + ooff;
+    int R = (int)a.R, OC = (int)a.OC;
+    scores(P, &a, T, hd, scale);
+    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) { /* dP = dO V^T */
+        int r1 = block_end(r0, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f,
+                    dy + r0 * a.OC, OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
+    }
+    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd,
+                          scale);
+    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
+        int r1 = block_end(r0, T), rb = r1 - r0;
+        const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
+        /* dV[0:r1] += P_blk^T dO_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, Pb, T,
+                    dy + r0 * a.OC, OC, 1.0f, dv, R);
+        /* dQ_blk += dS_blk K[0:r1] (scale already folded into dS) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, r1, 1.0f, dSb, T, a.k, R,
+                    1.0f, dq + r0 * a.R, R);
+        /* dK[0:r1] += dS_blk^T Q_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, dSb, T,
+                    a.q + r0 * a.R, R, 1.0f, dk, R);
+    }
+}
+
 void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *out, const float *lse, int B, int T, int H, int KV,
                              int hd) {
     float scale = (float)(1.0 / sqrt((double)hd));
-    float *P = scratch, *dS = scratch + (size_t)T * T;
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < H; h++) {
-            attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
-            /* The same offsets applied to dqkv give the gradient slices. */
-            float *dq = dqkv + (a.q - qkv), *dk = dqkv + (a.k - qkv), *dv = dqkv + (a.v - qkv);
-            size_t ooff = (size_t)b * T * a.OC + (size_t)h * hd;
-            const float *dy = dout + ooff;
-            int R = (int)a.R, OC = (int)a.OC;
-            scores(P, &a, T, hd, scale);
-            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) { /* dP = dO V^T */
-                int r1 = block_end(r0, T);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f,
-                            dy + r0 * a.OC, OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
-            }
-            softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd,
-                                  scale);
-            for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
-                int r1 = block_end(r0, T), rb = r1 - r0;
-                const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
-                /* dV[0:r1] += P_blk^T dO_blk */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, Pb, T,
-                            dy + r0 * a.OC, OC, 1.0f, dv, R);
-                /* dQ_blk += dS_blk K[0:r1] (scale already folded into dS) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, r1, 1.0f, dSb, T,
-                            a.k, R, 1.0f, dq + r0 * a.R, R);
-                /* dK[0:r1] += dS_blk^T Q_blk */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, dSb, T,
-                            a.q + r0 * a.R, R, 1.0f, dk, R);
-            }
-        }
+    const int group = H / KV; /* query heads per key/value head */
+#pragma omp parallel for schedule(dynamic)
+    for (int bg = 0; bg < B * KV; bg++) {
+        int b = bg / KV, g = bg % KV;
+        float *P = scratch + 2 * (size_t)T * T * omp_get_thread_num(), *dS = P + (size_t)T * T;
+        for (int h = g * group; h < (g + 1) * group; h++)
+            backward_head(dqkv, P, dS, dout, qkv, out, lse, b, h, T, H, KV, hd, scale);
     }
 }
