@@ -40,6 +40,8 @@ int loom_cmd_train(int argc, char **argv) {
     }
     if (o.train.threads == 0) o.train.threads = loom_cpu_default_threads();
     loom_cpu_set_threads(o.train.threads);
+    fprintf(stderr, "loom train: OpenBLAS kernel %s, %d thread(s)\n", loom_cpu_blas_corename(),
+            o.train.threads);
     fprintf(stderr, "loom train: effective configuration (usable as --config):\n");
     loom_train_options_print(&o, stderr);
     st = loom_train_run(&o.model, &o.train, &err);

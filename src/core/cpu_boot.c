@@ -38,3 +38,5 @@ void loom_cpu_set_threads(int threads) {
     openblas_set_num_threads(threads);
     omp_set_num_threads(threads);
 }
+
+const char *loom_cpu_blas_corename(void) { return openblas_get_corename(); }

@@ -12,6 +12,8 @@ const char *loom_cpu_blas_coretype(void);
 void loom_cpu_boot(char **argv);
 /* Threads to use when --threads is 0: online cores / ranks on this node. */
 int loom_cpu_default_threads(void);
+/* The kernel OpenBLAS is running ("SkylakeX", "Prescott", ...). */
+const char *loom_cpu_blas_corename(void);
 /* Applies the thread count to OpenBLAS and OpenMP. */
 void loom_cpu_set_threads(int threads);
 

@@ -54,5 +54,18 @@ PY
     check "$family: same seed, identical losses" [ "$(losses "$TMP/$family.a.jsonl")" = "$(losses "$TMP/$family.b.jsonl")" ]
     check "$family: other seed, other losses" [ "$(losses "$TMP/$family.a.jsonl")" != "$(losses "$TMP/$family.c.jsonl")" ]
 done
+# The same run under mpirun (one rank) is bitwise the same as without it.
+if command -v mpirun >/dev/null; then
+    mpirun --allow-run-as-root -n 1 "$LOOM" "${args[@]}" --seed "$SEED" --metrics "$TMP/mpi.jsonl" 2>/dev/null
+    check "mpirun -n 1: identical losses" [ "$(losses "$TMP/llama.a.jsonl")" = "$(losses "$TMP/mpi.jsonl")" ]
+fi
+
+# loom picks OpenBLAS's fast kernel by itself on AVX-512 machines (SkylakeX), and leaves
+# a user's choice alone.
+if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
+    check "fast OpenBLAS kernel chosen" grep -q "kernel SkylakeX" <(env -u OPENBLAS_CORETYPE "$LOOM" version)
+fi
+check "user's OPENBLAS_CORETYPE kept" grep -q "kernel Haswell" <(OPENBLAS_CORETYPE=Haswell "$LOOM" version)
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
