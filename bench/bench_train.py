@@ -3,7 +3,7 @@
 
 Runs, in one go: bench/sgemm_peak (the machine's fp32 GEMM ceiling), then for each
 configuration `loom train` and the PyTorch reference (tests/reference/torch_model.py,
-fp32, same threads). Steady-state tokens/s skips the first --warmup steps. Model FLOPs
+fp32, same threads). Steady-state tokens/s: median step after --warmup steps. Model FLOPs
 per token = 6 * (parameters in matmuls, incl. the lm head) + 12 * L * T * C.
 The last line of output is one JSON object (see bench/README.md).
 
@@ -51,8 +51,9 @@ def write_shard(path, vocab, n_tokens, seed):
 
 
 def steady_tokens_per_s(tokens_per_step, step_seconds):
-    """Tokens over time of the measured steps (a harmonic mean of per-step rates)."""
-    return tokens_per_step * len(step_seconds) / sum(step_seconds)
+    """Tokens per second of the median measured step: on a shared machine a step that
+    another process slowed down should not decide the result."""
+    return tokens_per_step / float(np.median(step_seconds))
 
 
 def run_loom(args, preset, m, micro, glob_batch, steps, workdir):
@@ -74,7 +75,7 @@ def run_loom(args, preset, m, micro, glob_batch, steps, workdir):
     measured = rows[args.warmup:]
     if not measured:
         sys.exit("loom: no steps left after warm-up; raise --steps")
-    # loom's own tokens/s per step; steady state = total tokens / total time.
+    # Step times from loom's own tokens/s per step.
     secs = [glob_batch * m.seq_len / r["tokens_per_s"] for r in measured]
     n_params = None
     found = re.search(r"(\d+) parameters", proc.stdout + proc.stderr)
@@ -120,6 +121,15 @@ def torch_worker(spec_json):
     print(json.dumps({"step_seconds": secs, "n_params": n_params}))
 
 
+def sgemm_peak(args):
+    out = subprocess.run([os.path.abspath(args.sgemm_peak)], capture_output=True, text=True,
+                         env=fast_blas_env(args.threads), check=True).stdout
+    peak = json.loads(out.strip().splitlines()[-1])
+    print(f"sgemm peak: {peak['sgemm_gflops']:.1f} GFLOP/s on {peak['threads']} threads",
+          flush=True)
+    return peak
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,11 +151,7 @@ def main():
     args.loom = os.path.abspath(args.loom)
 
     t_start = time.time()
-    out = subprocess.run([os.path.abspath(args.sgemm_peak)], capture_output=True, text=True,
-                         env=fast_blas_env(args.threads), check=True).stdout
-    peak = json.loads(out.strip().splitlines()[-1])
-    print(f"sgemm peak: {peak['sgemm_gflops']:.1f} GFLOP/s on {peak['threads']} threads",
-          flush=True)
+    peak = sgemm_peak(args)
 
     result = {"sgemm_gflops": peak["sgemm_gflops"], "threads": args.threads, "configs": {}}
     for name, (preset, m, micro, glob_batch, measured) in CONFIGS.items():
@@ -177,6 +183,11 @@ def main():
             "loom_frac_sgemm_peak": round(loom_gflops / peak["sgemm_gflops"], 3),
             "params": torch_params,
         }
+    # Measured again at the end, best kept: a busy neighbour only ever lowers it.
+    again = sgemm_peak(args)
+    result["sgemm_gflops"] = max(peak["sgemm_gflops"], again["sgemm_gflops"])
+    for r in result["configs"].values():
+        r["loom_frac_sgemm_peak"] = round(r["loom_gflops"] / result["sgemm_gflops"], 3)
     result["wall_s"] = round(time.time() - t_start, 1)
     print()
     print(json.dumps(result))

@@ -22,6 +22,14 @@ Error measures, per tensor (every named tensor must exist in both, same shape):
   updates: the final values there are noise in any implementation.
 Scalars (loss, lr, grad norm per step): |loom - ref| / |ref|.
 
+Conditioning: the later-step checks (losses, grad norms, final weights) can be
+ill-conditioned in some drawn configurations (e.g. zero-initialised biases whose
+elements hover around zero while Adam takes sign-like steps), where even PyTorch in
+fp32 misses the float64 answer by more than the tolerance. So the reference is also
+run in fp32, and for those checks each tolerance is max(tol, FP32_SLACK * error of
+fp32 PyTorch): loom must be about as close to the exact answer as PyTorch fp32 is.
+The step-1 checks (logits, loss, gradients) keep their fixed tolerances.
+
 Usage: /usr/bin/python3 tests/reference/test_vs_torch.py --loom build/loom [--seed S]
        [--configs N] [--keep]
 Exit status 0 when every check passes, 1 otherwise (with the seed and loom command).
@@ -42,6 +50,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_model  # noqa: E402
 import safetensors_io  # noqa: E402
 import torch  # noqa: E402
 import torch_model as tm  # noqa: E402
@@ -49,6 +58,7 @@ import torch_model as tm  # noqa: E402
 STEPS = 10
 TOL = {"logits": 1e-4, "loss1": 1e-5, "grads": 1e-4, "losses": 1e-5, "lr": 1e-6,
        "grad_norm": 1e-4, "final": 1e-4}
+FP32_SLACK = 5.0  # see "Conditioning" above
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 
 
@@ -83,7 +93,7 @@ def draw_config(rng, index):
     lr = 10 ** rng.uniform(-3, -2.3)
     # Clipping: mostly a small threshold (tiny models start near grad norm ~1, so this
     # clips some or all steps); sometimes disabled to test the --grad-clip 0 path.
-    clip = 0.0 if rng.random() < 0.2 else round(10 ** rng.uniform(-1.3, 0.2), 4)
+    clip = 0.0 if rng.random() < 0.2 else round(10 ** rng.uniform(-0.8, 0.3), 4)
     train = tm.TrainConfig(
         steps=STEPS, micro_batch=micro, global_batch=micro * rng.randint(1, 3),
         lr=lr, min_lr=lr * rng.choice([0.0, 0.1]), warmup_steps=rng.randint(0, 4),
@@ -201,7 +211,7 @@ class Report:
         for name, err, where, tol, note in self.rows:
             status = "ok" if err <= tol else "FAIL"
             e = f"{err:.3e}" if math.isfinite(err) else "inf"
-            print(f"  {name:<12} {e:>13} {tol:>8.0e}  {status:<6}  {where}{note}")
+            print(f"  {name:<12} {e:>13} {tol:>8.1e}  {status:<6}  {where}{note}")
 
 
 def worst(pairs):
@@ -210,7 +220,9 @@ def worst(pairs):
     return pairs[key], key
 
 
-def compare_named(report, check, loom_t, ref_t, tol, measure=rel_tensor):
+def compare_named(report, check, loom_t, ref_t, tol, measure=rel_tensor, fp32_t=None):
+    """Per-tensor comparison; with fp32_t, each tensor's tolerance is raised to
+    FP32_SLACK times the fp32 PyTorch error where that is larger."""
     names_l, names_r = set(loom_t), set(ref_t)
     if names_l != names_r:
         report.fail(check, f"tensor names differ: only in loom {sorted(names_l - names_r)}, "
@@ -223,8 +235,11 @@ def compare_named(report, check, loom_t, ref_t, tol, measure=rel_tensor):
                            f"{list(ref_t[n].shape)} in reference")
         return
     errs = {n: measure(loom_t[n], ref_t[n]) for n in ref_t}
-    err, where = worst(errs)
-    report.add(check, err, where, tol, f" ({len(errs)} tensors)")
+    tols = {n: tol for n in ref_t}
+    if fp32_t is not None:
+        tols = {n: max(tol, FP32_SLACK * measure(fp32_t[n], ref_t[n])) for n in ref_t}
+    _, where = worst({n: errs[n] / tols[n] for n in ref_t})
+    report.add(check, errs[where], where, tols[where], f" ({len(errs)} tensors)")
 
 
 def without_null_directions(tensors, m):
@@ -254,7 +269,7 @@ def check_token_rows(rows, shard):
 
 # ---------------------------------------------------------------- one configuration
 
-def run_config(args, index, m, t, loom_seed, workdir):
+def run_config(args, m, t, loom_seed, workdir):
     report = Report()
     rng = random.Random(loom_seed)
     data = os.path.join(workdir, "shard_000.bin")
@@ -317,6 +332,10 @@ def run_config(args, index, m, t, loom_seed, workdir):
             snap["grads"] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
 
     hist = tm.train(model, t, tokens, on_step)
+    # The same in fp32: a measure of how well-conditioned the later-step checks are.
+    model32 = tm.build_model(m, torch.float32)
+    tm.load_params(model32, init)
+    hist32 = tm.train(model32, t, tokens)
 
     report.add("logits", rel_tensor(logits_l, snap["logits"]),
                f"shape {list(logits_l.shape)}", TOL["logits"])
@@ -324,13 +343,18 @@ def run_config(args, index, m, t, loom_seed, workdir):
                f"loom {metrics[0]['loss']:.8f} ref {hist[0]['loss']:.8f}", TOL["loss1"])
     compare_named(report, "grads step1", grads_l, snap["grads"], TOL["grads"])
     for key, check in (("loss", "losses"), ("lr", "lr"), ("grad_norm", "grad_norm")):
-        errs = {s + 1: rel_scalar(float(metrics[s][key]), hist[s][key]) for s in range(t.steps)}
-        err, step = worst(errs)
-        report.add(check, err, f"step {step}: loom {float(metrics[step - 1][key]):.8g} "
-                               f"ref {hist[step - 1][key]:.8g}", TOL[check])
+        errs = [rel_scalar(float(metrics[s][key]), hist[s][key]) for s in range(t.steps)]
+        tols = [TOL[check] if key == "lr" else
+                max(TOL[check], FP32_SLACK * rel_scalar(hist32[s][key], hist[s][key]))
+                for s in range(t.steps)]
+        s = max(range(t.steps), key=lambda i: errs[i] / tols[i])
+        report.add(check, errs[s], f"step {s + 1}: loom {float(metrics[s][key]):.8g} "
+                                   f"ref {hist[s][key]:.8g}", tols[s])
     final_r = {n: p.detach().numpy() for n, p in model.named_parameters()}
+    final_32 = {n: p.detach().numpy() for n, p in model32.named_parameters()}
     compare_named(report, "final params", without_null_directions(final_l, m),
-                  without_null_directions(final_r, m), TOL["final"], rel_norm)
+                  without_null_directions(final_r, m), TOL["final"], rel_norm,
+                  without_null_directions(final_32, m))
 
     clipped = sum(1 for h in hist if t.grad_clip > 0 and h["grad_norm"] > t.grad_clip)
     print(f"  losses ref: {hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}; "
@@ -343,7 +367,7 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--loom", required=True, help="path to the loom binary")
     ap.add_argument("--seed", type=int, default=None, help="draw seed (random if omitted)")
-    ap.add_argument("--configs", type=int, default=6, help="configurations to draw")
+    ap.add_argument("--configs", type=int, default=8, help="configurations to draw")
     ap.add_argument("--only", type=int, default=None, help="run only configuration #i")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
     args = ap.parse_args()
@@ -354,9 +378,14 @@ def main():
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randint(1, 10**9)
     torch.set_num_threads(2)
+    # The comparison means nothing if the reference is wrong: check it first (~2 s).
+    print("reference self-check (check_torch_model.py):")
+    if check_torch_model.main() != 0:
+        print("the PyTorch reference failed its own self-check; not comparing")
+        return 1
     rng = random.Random(seed)
-    print(f"test_vs_torch: seed {seed}, {args.configs} configurations, {STEPS} steps each")
-    failures, t_start = [], time.time()
+    print(f"\ntest_vs_torch: seed {seed}, {args.configs} configurations, {STEPS} steps each")
+    failures, ran, t_start = [], 0, time.time()
     for i in range(args.configs):
         m, t, loom_seed = draw_config(rng, i)  # draw all, so --only reproduces config i
         if args.only is not None and i != args.only:
@@ -364,7 +393,8 @@ def main():
         print(f"\n[config {i}] {describe(m, t)}")
         workdir = tempfile.mkdtemp(prefix=f"loom_ref_{i}_")
         t0 = time.time()
-        report, cmd, loom_s = run_config(args, i, m, t, loom_seed, workdir)
+        report, cmd, loom_s = run_config(args, m, t, loom_seed, workdir)
+        ran += 1
         report.print()
         print(f"  time: loom {loom_s:.1f} s, total {time.time() - t0:.1f} s")
         if report.ok and not args.keep:
@@ -374,8 +404,7 @@ def main():
         if not report.ok:
             failures.append((i, cmd))
 
-    print(f"\n{args.configs - len(failures) if args.only is None else 1 - len(failures)} "
-          f"passed, {len(failures)} failed, {time.time() - t_start:.1f} s (seed {seed})")
+    print(f"\n{ran - len(failures)} passed, {len(failures)} failed, {time.time() - t_start:.1f} s (seed {seed})")
     if failures:
         me = os.path.abspath(__file__)
         for i, cmd in failures:

@@ -6,7 +6,7 @@ Linear weights are [out, in] as in nn.Linear. Nothing here depends on loom's cod
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -50,16 +50,6 @@ class Config:
     def flops_per_token(self):
         """6 * matmul params (forward + backward) + attention scores/values (12*L*T*C)."""
         return 6 * self.matmul_params() + 12 * self.n_layer * self.seq_len * self.d_model
-
-
-PRESETS = {
-    "gpt2-small": Config("gpt2", 12, 12, 12, 768, 3072, 50257, 1024),
-    "llama-100m": Config("llama", 12, 12, 4, 768, 2048, 32000, 1024),
-}
-
-
-def preset(name, **overrides):
-    return replace(PRESETS[name], **overrides).validate()
 
 
 # ---------------------------------------------------------------- shared pieces
