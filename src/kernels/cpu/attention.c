@@ -57,7 +57,7 @@ static void scores(float *S, const attn_view *a, int T, int hd, float scale) {
 
 /* Causal softmax of each row in place; lse[i] saved. Masked entries inside the
  * computed block are zeroed so the P @ V block GEMMs can read them. */
-static void softmax_rows(float *S, float *lse, int T) {
+LOOM_SIMD static void softmax_rows(float *S, float *lse, int T) {
     for (int i = 0; i < T; i++) {
         float *restrict row = S + (size_t)i * T;
         float m = loom_max_f32(row, i + 1);
@@ -91,7 +91,7 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
 
 /* Given S (scaled scores) in P and dP = dO V^T: P = exp(S - lse) and
  * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
-static void softmax_backward_rows(float *P, float *dP, const float *lse, const float *dout,
+LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *lse, const float *dout,
                                   const float *out, size_t OC, int T, int hd, float scale) {
     for (int i = 0; i < T; i++) {
         float *restrict p = P + (size_t)i * T;

@@ -8,11 +8,10 @@
 
 #define LOOM_CE_CHUNK 256
 
-void loom_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
-                               int V) {
-#pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        const float *restrict x = logits + (size_t)n * V;
+LOOM_SIMD static void forward_rows(float *losses, const float *logits, const int32_t *targets,
+                                   int V, size_t lo, size_t hi) {
+    for (size_t n = lo; n < hi; n++) {
+        const float *restrict x = logits + n * V;
         float m = loom_max_f32(x, V);
         double sum = 0.0;
         for (int j0 = 0; j0 < V; j0 += LOOM_CE_CHUNK) { /* chunked so exp vectorises */
@@ -25,11 +24,10 @@ void loom_crossentropy_forward(float *losses, const float *logits, const int32_t
     }
 }
 
-void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
-                                        int V, float dloss) {
-#pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        float *restrict x = logits + (size_t)n * V;
+LOOM_SIMD static void forward_backward_rows(float *losses, float *logits, const int32_t *targets,
+                                            int V, float dloss, size_t lo, size_t hi) {
+    for (size_t n = lo; n < hi; n++) {
+        float *restrict x = logits + n * V;
         int tgt = targets[n];
         float xt = x[tgt];
         float m = loom_max_f32(x, V);
@@ -39,5 +37,25 @@ void loom_crossentropy_forward_backward(float *losses, float *logits, const int3
         float s = (float)(dloss / sum);
         for (int j = 0; j < V; j++) x[j] *= s;
         x[tgt] -= dloss;
+    }
+}
+
+void loom_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
+                               int V) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        loom_thread_range((size_t)N, &lo, &hi);
+        forward_rows(losses, logits, targets, V, lo, hi);
+    }
+}
+
+void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
+                                        int V, float dloss) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        loom_thread_range((size_t)N, &lo, &hi);
+        forward_backward_rows(losses, logits, targets, V, dloss, lo, hi);
     }
 }

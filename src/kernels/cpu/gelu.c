@@ -8,18 +8,18 @@
 #define LOOM_GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define LOOM_GELU_K 0.044715f
 
-void loom_gelu_forward(float *out, const float *inp, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
+LOOM_SIMD static void gelu_forward_range(float *restrict out, const float *restrict inp, size_t lo,
+                                         size_t hi) {
+    for (size_t i = lo; i < hi; i++) {
         float x = inp[i];
         float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);
         out[i] = x / (1.0f + loom_expf(-2.0f * u));
     }
 }
 
-void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
+LOOM_SIMD static void gelu_backward_range(float *restrict dinp, const float *restrict inp,
+                                          const float *restrict dout, size_t lo, size_t hi) {
+    for (size_t i = lo; i < hi; i++) {
         float x = inp[i];
         float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);
         float e = loom_expf(-2.0f * u);
@@ -27,5 +27,23 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t
         /* d/dx: 0.5 (1 + tanh u) + 0.5 x sech^2(u) u', with 1 - tanh^2 = 4 sig (1 - sig) */
         float du = LOOM_GELU_S * (1.0f + 3.0f * LOOM_GELU_K * x * x);
         dinp[i] += (sig + 2.0f * x * sig * one_minus_sig * du) * dout[i];
+    }
+}
+
+void loom_gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        loom_thread_range(n, &lo, &hi);
+        gelu_forward_range(out, inp, lo, hi);
+    }
+}
+
+void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        loom_thread_range(n, &lo, &hi);
+        gelu_backward_range(dinp, inp, dout, lo, hi);
     }
 }

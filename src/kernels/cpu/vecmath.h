@@ -4,15 +4,32 @@
 #ifndef LOOM_KERNELS_CPU_VECMATH_H
 #define LOOM_KERNELS_CPU_VECMATH_H
 
+#include <omp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Hot elementwise/row loops are compiled three times (AVX-512, AVX2+FMA, baseline) and
+ * the best one for the CPU is picked when the program loads (GCC function multi-
+ * versioning), since the build itself targets baseline x86-64. OpenMP-outlined loop
+ * bodies do not inherit the clones, so the loops live in LOOM_SIMD functions over a
+ * [lo, hi) range and the public kernels split the range across threads with
+ * loom_thread_range (static, equal split: results do not depend on timing). */
+#define LOOM_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* This thread's share [lo, hi) of n items inside an OpenMP parallel region. */
+static inline void loom_thread_range(size_t n, size_t *lo, size_t *hi) {
+    size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
+}
 
 /* expf via range reduction x = n ln2 + r and a Cephes degree-6 polynomial; relative
  * error ~1e-7. x is clamped to [-87, 88]: inputs below -87 return exp(-87) (~1.6e-38)
  * instead of 0, negligible inside softmax sums that include exp(0) = 1. The clamp is
  * done on the bit pattern because float compares block if-conversion (and so
  * vectorisation) under the default -ftrapping-math. */
-static inline float loom_expf(float x) {
+static inline __attribute__((always_inline)) float loom_expf(float x) {
     uint32_t ux;
     memcpy(&ux, &x, sizeof ux);
     ux = ux > 0xC2AE0000u ? 0xC2AE0000u : ux; /* x < -87 (sign bit set, larger magnitude) */
@@ -41,7 +58,7 @@ static inline float loom_expf(float x) {
 }
 
 /* Sum in double with eight independent partial sums, so the loop vectorises. */
-static inline double loom_sum_f64(const float *x, int n) {
+static inline __attribute__((always_inline)) double loom_sum_f64(const float *x, int n) {
     double part[8] = {0};
     int j = 0;
     for (; j + 8 <= n; j += 8)
@@ -53,7 +70,7 @@ static inline double loom_sum_f64(const float *x, int n) {
 }
 
 /* Maximum of n >= 1 values, eight running maxima so the loop vectorises. */
-static inline float loom_max_f32(const float *x, int n) {
+static inline __attribute__((always_inline)) float loom_max_f32(const float *x, int n) {
     float part[8];
     for (int k = 0; k < 8; k++) part[k] = x[0];
     int j = 0;
