@@ -21,8 +21,8 @@ static long parse_arg(const char *s, const char *what, long lo, long hi) {
     char *end = NULL;
     long v = strtol(s, &end, 10);
     if (end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "sgemm_peak: %s must be an integer in [%ld, %ld], got '%s'\n", what,
-                lo, hi, s);
+        fprintf(stderr, "sgemm_peak: %s must be an integer in [%ld, %ld], got '%s'\n", what, lo, hi,
+                s);
         exit(2);
     }
     return v;
@@ -52,8 +52,8 @@ int main(int argc, char **argv) {
     double best = 1e30;
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up (thread pool, page faults) */
         double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                    c, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
         double dt = now_s() - t0;
         if (r >= 0 && dt < best) best = dt;
     }

@@ -23,8 +23,7 @@ static char *build_header(const loom_tensor_view *tensors, int n) {
         size_t bytes = tensor_bytes(t);
         json_t *entry = json_pack("{s:s, s:o, s:[I,I]}", "dtype",
                                   t->dtype == LOOM_DTYPE_F32 ? "F32" : "I32", "shape", shape,
-                                  "data_offsets", (json_int_t)offset,
-                                  (json_int_t)(offset + bytes));
+                                  "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes));
         json_object_set_new(root, t->name, entry);
         offset += bytes;
     }

@@ -32,8 +32,9 @@ int loom_cmd_train(int argc, char **argv) {
     if (world.size > 1) {
         /* Multi-rank layouts (--dp/--tp/--pp/--ep) are their own issues. */
         if (world.rank == 0)
-            fprintf(stderr, "loom train: launched with %d ranks, but this build trains on one "
-                            "process only (run without mpirun or with -n 1)\n",
+            fprintf(stderr,
+                    "loom train: launched with %d ranks, but this build trains on one "
+                    "process only (run without mpirun or with -n 1)\n",
                     world.size);
         loom_world_finalize(&world);
         return 2;

@@ -9,12 +9,13 @@
 #define LOOM_VERSION "0.1.0"
 
 static void usage(FILE *f) {
-    fprintf(f, "loom %s: train transformer language models\n\n"
-               "usage: loom <command> [options]\n\n"
-               "commands:\n"
-               "  train     train a model (loom train --help)\n"
-               "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
-               "  version   print the version\n",
+    fprintf(f,
+            "loom %s: train transformer language models\n\n"
+            "usage: loom <command> [options]\n\n"
+            "commands:\n"
+            "  train     train a model (loom train --help)\n"
+            "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+            "  version   print the version\n",
             LOOM_VERSION);
 }
 

@@ -95,24 +95,23 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
     case OPT_INT: {
         long x = strtol(v, &end, 10);
         if (!*v || *end || errno || x < -2147483647L || x > 2147483647L)
-            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected an integer",
-                                  s->origin, v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected an integer", s->origin,
+                                  v);
         *(int *)base = (int)x;
         break;
     }
     case OPT_FLOAT: {
         float x = strtof(v, &end);
         if (!*v || *end || errno)
-            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a number", s->origin,
-                                  v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a number", s->origin, v);
         *(float *)base = x;
         break;
     }
     case OPT_U64: {
         unsigned long long x = strtoull(v, &end, 10);
         if (!*v || *end || errno || v[0] == '-')
-            return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "%s '%s': expected a non-negative integer", s->origin, v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a non-negative integer",
+                                  s->origin, v);
         *(uint64_t *)base = x;
         break;
     }
@@ -128,8 +127,8 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
         else if (strcmp(v, "llama") == 0)
             *(loom_family *)base = LOOM_FAMILY_LLAMA;
         else
-            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2 or llama",
-                                  s->origin, v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2 or llama", s->origin,
+                                  v);
         break;
     }
     return LOOM_OK;
@@ -173,8 +172,8 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
                               path, rc, ctx.bad_key);
     if (rc != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--config '%s': line %d: expected 'key = value' or '[section]'",
-                              path, rc);
+                              "--config '%s': line %d: expected 'key = value' or '[section]'", path,
+                              rc);
     return LOOM_OK;
 }
 
@@ -263,11 +262,21 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
         const char *base = (const char *)o + d->offset;
         fprintf(f, "%s = ", d->key);
         switch (d->type) {
-        case OPT_INT: fprintf(f, "%d\n", *(const int *)base); break;
-        case OPT_FLOAT: fprintf(f, "%g\n", (double)*(const float *)base); break;
-        case OPT_U64: fprintf(f, "%" PRIu64 "\n", *(const uint64_t *)base); break;
-        case OPT_STRING: fprintf(f, "%s\n", base); break;
-        case OPT_FAMILY: fprintf(f, "%s\n", loom_family_name(*(const loom_family *)base)); break;
+        case OPT_INT:
+            fprintf(f, "%d\n", *(const int *)base);
+            break;
+        case OPT_FLOAT:
+            fprintf(f, "%g\n", (double)*(const float *)base);
+            break;
+        case OPT_U64:
+            fprintf(f, "%" PRIu64 "\n", *(const uint64_t *)base);
+            break;
+        case OPT_STRING:
+            fprintf(f, "%s\n", base);
+            break;
+        case OPT_FAMILY:
+            fprintf(f, "%s\n", loom_family_name(*(const loom_family *)base));
+            break;
         }
     }
 }

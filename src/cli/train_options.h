@@ -18,8 +18,7 @@ typedef struct {
 
 /* Parses argv (argv[0] = "train"). LOOM_ERR_INPUT with a message naming the flag, file
  * or key on any bad input. */
-loom_status loom_train_options_parse(loom_train_options *o, int argc, char **argv,
-                                     loom_error *err);
+loom_status loom_train_options_parse(loom_train_options *o, int argc, char **argv, loom_error *err);
 /* Writes the effective configuration as `key = value` lines (a valid --config file). */
 void loom_train_options_print(const loom_train_options *o, FILE *f);
 void loom_train_options_usage(FILE *f);

@@ -39,4 +39,6 @@ void loom_cpu_set_threads(int threads) {
     omp_set_num_threads(threads);
 }
 
-const char *loom_cpu_blas_corename(void) { return openblas_get_corename(); }
+const char *loom_cpu_blas_corename(void) {
+    return openblas_get_corename();
+}

@@ -26,7 +26,9 @@ loom_philox_block loom_philox4x32(const uint32_t counter[4], const uint32_t key[
     return out;
 }
 
-double loom_philox_uniform(uint32_t bits) { return ((double)bits + 0.5) / 4294967296.0; }
+double loom_philox_uniform(uint32_t bits) {
+    return ((double)bits + 0.5) / 4294967296.0;
+}
 
 double loom_philox_normal(uint64_t seed, uint32_t stream_id, uint64_t index) {
     uint32_t counter[4] = {(uint32_t)index, (uint32_t)(index >> 32), 0, 0};

@@ -25,11 +25,11 @@
 
 typedef struct {
     char *path;
-    void *map;           /* whole file, mmap'd read-only */
+    void *map; /* whole file, mmap'd read-only */
     size_t map_bytes;
-    int token_bytes;     /* 2 or 4 */
+    int token_bytes; /* 2 or 4 */
     int64_t n_tokens;
-    int64_t n_windows;   /* max(0, n_tokens - seq_len) */
+    int64_t n_windows;    /* max(0, n_tokens - seq_len) */
     int64_t first_window; /* global index of this shard's first window */
 } loom_shard;
 

@@ -21,15 +21,15 @@
 void loom_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                          int N, int IC, int OC);
 /* dinp[N,IC] += dout[N,OC] @ weight[OC,IC] */
-void loom_linear_backward_input(float *dinp, const float *dout, const float *weight, int N,
-                                int IC, int OC);
+void loom_linear_backward_input(float *dinp, const float *dout, const float *weight, int N, int IC,
+                                int OC);
 /* dweight[OC,IC] += dout^T @ inp; dbias[OC] += column sums of dout (dbias may be NULL) */
-void loom_linear_backward_weight(float *dweight, float *dbias, const float *dout,
-                                 const float *inp, int N, int IC, int OC);
+void loom_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
+                                 int N, int IC, int OC);
 
 /* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wpe may be NULL) ---- */
-void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte,
-                            const float *wpe, int B, int T, int C);
+void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
 /* dwte[tok] += dout; dwpe[t] += sum over b of dout (dwpe may be NULL) */
 void loom_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                              int B, int T, int C);
@@ -75,8 +75,8 @@ void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float 
  * activation memory is O(T) per head, not O(T^2). scratch: caller-provided,
  * loom_attention_scratch_floats(T) floats, reused across layers. */
 size_t loom_attention_scratch_floats(int T);
-void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B,
-                            int T, int H, int KV, int hd);
+void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B, int T,
+                            int H, int KV, int hd);
 /* dqkv[B,T,(H+2KV)*hd] += gradient w.r.t. qkv (queries, keys, values). */
 void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *out, const float *lse, int B, int T, int H, int KV,
@@ -89,8 +89,8 @@ void loom_attention_backward(float *dqkv, float *scratch, const float *dout, con
  * row's loss in the total, e.g. 1 / global token count). */
 void loom_crossentropy_forward(float *losses, const float *logits, const int32_t *targets, int N,
                                int V);
-void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets,
-                                        int N, int V, float dloss);
+void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
+                                        int V, float dloss);
 
 /* ---- AdamW (PyTorch's torch.optim.AdamW semantics, decoupled weight decay) ----
  * param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -17,9 +17,13 @@ static const preset PRESETS[] = {
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 
-const char *loom_model_preset_names(void) { return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m"; }
+const char *loom_model_preset_names(void) {
+    return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m";
+}
 
-const char *loom_family_name(loom_family f) { return f == LOOM_FAMILY_GPT2 ? "gpt2" : "llama"; }
+const char *loom_family_name(loom_family f) {
+    return f == LOOM_FAMILY_GPT2 ? "gpt2" : "llama";
+}
 
 loom_status loom_model_preset(loom_model_config *cfg, const char *name, loom_error *err) {
     for (int i = 0; i < N_PRESETS; i++) {
@@ -36,9 +40,9 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
     struct {
         const char *flag;
         int value;
-    } positive[] = {{"--n-layer", c->n_layer},       {"--n-head", c->n_head},
-                    {"--n-kv-head", c->n_kv_head},   {"--d-model", c->d_model},
-                    {"--d-ff", c->d_ff},             {"--vocab-size", c->vocab_size},
+    } positive[] = {{"--n-layer", c->n_layer},     {"--n-head", c->n_head},
+                    {"--n-kv-head", c->n_kv_head}, {"--d-model", c->d_model},
+                    {"--d-ff", c->d_ff},           {"--vocab-size", c->vocab_size},
                     {"--seq-len", c->seq_len}};
     for (size_t i = 0; i < sizeof positive / sizeof positive[0]; i++)
         if (positive[i].value <= 0)
@@ -65,7 +69,6 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
     if (!(c->norm_eps > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--norm-eps %g: expected > 0", c->norm_eps);
     if (c->family == LOOM_FAMILY_LLAMA && !(c->rope_theta > 0.0f))
-        return loom_error_set(err, LOOM_ERR_INPUT, "--rope-theta %g: expected > 0",
-                              c->rope_theta);
+        return loom_error_set(err, LOOM_ERR_INPUT, "--rope-theta %g: expected > 0", c->rope_theta);
     return LOOM_OK;
 }

@@ -15,7 +15,7 @@ typedef struct {
     int d_model;
     int d_ff;
     int vocab_size;
-    int seq_len;   /* T: the context length trained on (learned positions for GPT-2) */
+    int seq_len; /* T: the context length trained on (learned positions for GPT-2) */
     float norm_eps;
     float rope_theta;
 } loom_model_config;

@@ -58,8 +58,8 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, l
     for (int l = 0; l < L; l++) {
         loom_block_params *k = &t->blocks[l];
         k->norm1_b = k->qkv_b = k->attn_out_b = k->norm2_b = k->fc_b = k->proj_b = LOOM_NO_PARAM;
-#define ADD(suffix, rows, cols, init, s)                                                         \
-    (snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix),     \
+#define ADD(suffix, rows, cols, init, s)                                                           \
+    (snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix),       \
      add(&b, n, rows, cols, init, s))
         if (gpt2) {
             k->norm1_w = ADD("ln_1.weight", C, 0, LOOM_INIT_ONES, 0);

@@ -35,7 +35,7 @@ typedef struct {
     size_t qkv_w, qkv_b;
     size_t attn_out_w, attn_out_b;
     size_t norm2_w, norm2_b;
-    size_t fc_w, fc_b;   /* [F, C] (gelu) or [2F, C] = [gate; up] (swiglu) */
+    size_t fc_w, fc_b;     /* [F, C] (gelu) or [2F, C] = [gate; up] (swiglu) */
     size_t proj_w, proj_b; /* [C, F] */
 } loom_block_params;
 

@@ -5,8 +5,12 @@
 
 #include "kernels/kernels.h"
 
-static int is_gpt2(const loom_model *m) { return m->cfg.family == LOOM_FAMILY_GPT2; }
-static int head_dim(const loom_model_config *c) { return c->d_model / c->n_head; }
+static int is_gpt2(const loom_model *m) {
+    return m->cfg.family == LOOM_FAMILY_GPT2;
+}
+static int head_dim(const loom_model_config *c) {
+    return c->d_model / c->n_head;
+}
 static int qkv_width(const loom_model_config *c) {
     return (c->n_head + 2 * c->n_kv_head) * head_dim(c);
 }
@@ -100,7 +104,9 @@ void loom_model_destroy(loom_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-size_t loom_model_activation_bytes(const loom_model *m) { return m->arena_floats * sizeof(float); }
+size_t loom_model_activation_bytes(const loom_model *m) {
+    return m->arena_floats * sizeof(float);
+}
 
 /* Norm of the block's family: LayerNorm with bias (GPT-2) or RMSNorm (Llama). */
 static void norm_forward(const loom_model *m, float *out, float *mean, float *rstd,
@@ -111,9 +117,9 @@ static void norm_forward(const loom_model *m, float *out, float *mean, float *rs
         loom_rmsnorm_forward(out, rstd, inp, w, N, m->cfg.d_model, m->cfg.norm_eps);
 }
 
-static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db,
-                          const float *dout, const float *inp, const float *w, const float *mean,
-                          const float *rstd, int N) {
+static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N) {
     if (is_gpt2(m))
         loom_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.d_model);
     else
@@ -156,8 +162,8 @@ void loom_model_forward(loom_model *m, const float *p) {
         loom_add(a->res2, a->res2, a->res1, (size_t)N * C);
         x = a->res2;
     }
-    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w,
-                 cat(p, t->normf_b), N);
+    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
+                 N);
     loom_linear_forward(m->logits, m->normf, p + t->lm_head, NULL, N, C, c->vocab_size);
 }
 
@@ -183,8 +189,8 @@ void loom_model_backward(loom_model *m, const float *p, float *g) {
     loom_linear_backward_input(m->dnorm, m->logits, p + t->lm_head, N, C, c->vocab_size);
     loom_linear_backward_weight(g + t->lm_head, NULL, m->logits, m->normf, N, C, c->vocab_size);
     memset(m->dres, 0, NC * sizeof(float));
-    norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), m->dnorm, x_last,
-                  p + t->normf_w, m->normf_mean, m->normf_rstd, N);
+    norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), m->dnorm, x_last, p + t->normf_w,
+                  m->normf_mean, m->normf_rstd, N);
 
     /* m->dres holds d(block output); each block turns it into d(block input). */
     for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -208,8 +214,8 @@ void loom_model_backward(loom_model *m, const float *p, float *g) {
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
         memset(m->datt, 0, (size_t)N * A * sizeof(float));
         loom_linear_backward_input(m->datt, m->dres, p + k->attn_out_w, N, A, C);
-        loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), m->dres, a->att, N,
-                                    A, C);
+        loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), m->dres, a->att, N, A,
+                                    C);
         memset(m->dqkv, 0, (size_t)N * QKV * sizeof(float));
         loom_attention_backward(m->dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T, H,
                                 KV, hd);

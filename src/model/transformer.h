@@ -17,8 +17,8 @@ typedef struct {
     float *att, *lse;                       /* [N, H*hd], [B*H*T] */
     float *res1;                            /* [N,C] residual after attention */
     float *norm2, *norm2_mean, *norm2_rstd;
-    float *fc;  /* [N, F] or [N, 2F] pre-activation */
-    float *act; /* [N, F] */
+    float *fc;   /* [N, F] or [N, 2F] pre-activation */
+    float *act;  /* [N, F] */
     float *res2; /* [N,C] block output */
 } loom_block_acts;
 
@@ -28,14 +28,14 @@ typedef struct {
     int B, T; /* micro-batch shape the arena is planned for */
     float *arena;
     size_t arena_floats;
-    float *embed;                   /* [N,C] */
-    loom_block_acts *blocks;        /* n_layer */
+    float *embed;            /* [N,C] */
+    loom_block_acts *blocks; /* n_layer */
     float *normf, *normf_mean, *normf_rstd;
-    float *logits;                  /* [N,V]; holds dlogits after the loss */
-    float *losses;                  /* [N] */
+    float *logits; /* [N,V]; holds dlogits after the loss */
+    float *losses; /* [N] */
     /* backward scratch, shared by all blocks */
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
-    int32_t *inputs, *targets;      /* [N] each */
+    int32_t *inputs, *targets; /* [N] each */
 } loom_model;
 
 /* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */

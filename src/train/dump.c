@@ -11,8 +11,8 @@ loom_status loom_dump_flat(const char *dir, const char *file, const loom_param_t
     if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "dump: out of memory");
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        views[i] = (loom_tensor_view){p->name, LOOM_DTYPE_F32, p->ndim,
-                                      {p->shape[0], p->shape[1]}, flat + p->offset};
+        views[i] = (loom_tensor_view){
+            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, flat + p->offset};
     }
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, file);

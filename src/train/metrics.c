@@ -21,11 +21,10 @@ loom_status loom_metrics_open(loom_metrics *mx, const char *path, loom_error *er
 loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loom_error *err) {
     if (!mx->file) return LOOM_OK;
     json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I}", "step", s->step, "loss", s->loss,
-                          "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s",
-                          s->tokens_per_s, "step_ms", s->step_ms, "tokens",
-                          (json_int_t)s->tokens_seen);
-    char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10))
-                   : NULL;
+                          "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s", s->tokens_per_s,
+                          "step_ms", s->step_ms, "tokens", (json_int_t)s->tokens_seen);
+    char *line =
+        o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);
     int ok = line && fprintf(mx->file, "%s\n", line) > 0 && fflush(mx->file) == 0;
     free(line);

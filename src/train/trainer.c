@@ -73,7 +73,7 @@ typedef struct {
     loom_dataset data;
     loom_model model;
     float *params, *grads, *m, *v;
-    int32_t *batch;      /* [global_batch, T+1] */
+    int32_t *batch;        /* [global_batch, T+1] */
     int32_t *dump_batches; /* [steps, global_batch, T+1] when dumping */
     loom_metrics metrics;
 } run_state;
@@ -131,8 +131,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         }
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
-            return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)",
-                                  step + 1, loss);
+            return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
+                                  loss);
         if (dumping && step == 0 &&
             (st = loom_dump_flat(tc->dump_dir, "grads_step1.safetensors", t, r->grads, err)))
             return st;
@@ -142,17 +142,18 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         loom_adamw_step(t, r->params, r->grads, r->m, r->v, lr, &tc->adamw, step + 1);
         double ms = now_ms() - t0;
         tokens_seen += (long long)G * T;
-        loom_step_metrics sm = {step + 1, loss, lr, norm, (double)G * T / (ms * 1e-3), ms,
-                                tokens_seen};
+        loom_step_metrics sm = {step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3),
+                                ms,       tokens_seen};
         if ((st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (tc->log_every > 0 && ((step + 1) % tc->log_every == 0 || step + 1 == tc->steps))
-            fprintf(stderr, "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
+            fprintf(stderr,
+                    "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
                     step + 1, tc->steps, loss, lr, norm, ms, sm.tokens_per_s);
     }
     if (dumping) {
         int64_t dims[3] = {tc->steps, G, T + 1};
-        if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1,
-                                   r->dump_batches, 3, dims, err)) ||
+        if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,
+                                   3, dims, err)) ||
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", t, r->params, err)))
             return st;
     }
@@ -179,8 +180,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     r.v = calloc(P, sizeof(float));
     r.batch = malloc((size_t)tc->global_batch * (T + 1) * sizeof(int32_t));
     if (tc->dump_dir[0])
-        r.dump_batches =
-            malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
+        r.dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
     if (!r.params || !r.grads || !r.m || !r.v || !r.batch || (tc->dump_dir[0] && !r.dump_batches)) {
         run_free(&r);
         return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters (x4 buffers)",
@@ -200,8 +200,8 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
                                   tc->dump_dir, strerror(errno));
         }
-        if ((st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", &r.model.table,
-                                 r.params, err))) {
+        if ((st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", &r.model.table, r.params,
+                                 err))) {
             run_free(&r);
             return st;
         }

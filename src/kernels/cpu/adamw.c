@@ -11,8 +11,8 @@ typedef struct {
 } adamw_coeffs;
 
 LOOM_SIMD static void update_range(float *restrict param, const float *restrict grad,
-                                   float *restrict m, float *restrict v, adamw_coeffs c,
-                                   size_t lo, size_t hi) {
+                                   float *restrict m, float *restrict v, adamw_coeffs c, size_t lo,
+                                   size_t hi) {
     for (size_t i = lo; i < hi; i++) {
         float g = grad[i];
         float p = param[i] * c.decay;

@@ -91,8 +91,9 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
 
 /* Given S (scaled scores) in P and dP = dO V^T: P = exp(S - lse) and
  * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
-LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *lse, const float *dout,
-                                  const float *out, size_t OC, int T, int hd, float scale) {
+LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *lse,
+                                            const float *dout, const float *out, size_t OC, int T,
+                                            int hd, float scale) {
     for (int i = 0; i < T; i++) {
         float *restrict p = P + (size_t)i * T;
         float *restrict dp = dP + (size_t)i * T;
@@ -122,11 +123,10 @@ static void backward_head(float *dqkv, float *P, float *dS, const float *dout, c
     scores(P, &a, T, hd, scale);
     for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) { /* dP = dO V^T */
         int r1 = block_end(r0, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f,
-                    dy + r0 * a.OC, OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f, dy + r0 * a.OC,
+                    OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
     }
-    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd,
-                          scale);
+    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd, scale);
     for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
         int r1 = block_end(r0, T), rb = r1 - r0;
         const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
