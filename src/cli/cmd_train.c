@@ -1,9 +1,11 @@
 #include "cli/cmd_train.h"
 
+#include <mpi.h>
 #include <stdio.h>
 
 #include "cli/train_options.h"
 #include "comm/world.h"
+#include "parallel/mesh.h"
 #include "core/cpu_boot.h"
 #include "train/trainer.h"
 
@@ -29,27 +31,41 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
-    if (world.size > 1) {
-        /* Multi-rank layouts (--dp/--tp/--pp/--ep) are their own issues. */
+    loom_mesh mesh;
+    if ((st = loom_mesh_create(&mesh, &world, o.train.layout, &err))) {
+        if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
+        loom_world_finalize(&world);
+        return st == LOOM_ERR_INPUT ? 2 : 1;
+    }
+    const loom_layout *l = &o.train.layout;
+    if (l->tp > 1 || l->pp > 1 || l->ep > 1) {
+        /* The mesh is built for every dimension; the layers that use tp, pp and ep are
+         * their own issues. */
         if (world.rank == 0)
-            fprintf(stderr,
-                    "loom train: launched with %d ranks, but this build trains on one "
-                    "process only (run without mpirun or with -n 1)\n",
-                    world.size);
+            fprintf(stderr, "loom train: --tp/--pp/--ep > 1: only data parallelism (--dp) is "
+                            "implemented so far\n");
+        loom_mesh_free(&mesh);
         loom_world_finalize(&world);
         return 2;
     }
     if (o.train.threads == 0) o.train.threads = loom_cpu_default_threads();
     loom_cpu_set_threads(o.train.threads);
-    fprintf(stderr, "loom train: OpenBLAS kernel %s, %d thread(s)\n", loom_cpu_blas_corename(),
-            o.train.threads);
-    fprintf(stderr, "loom train: effective configuration (usable as --config):\n");
-    loom_train_options_print(&o, stderr);
-    st = loom_train_run(&o.model, &o.train, &err);
-    loom_world_finalize(&world);
-    if (st) {
-        fprintf(stderr, "loom train: %s\n", err.msg);
-        return st == LOOM_ERR_INPUT ? 2 : 1;
+    if (world.rank == 0) {
+        fprintf(stderr, "loom train: %d rank(s), OpenBLAS kernel %s, %d thread(s) per rank\n",
+                world.size, loom_cpu_blas_corename(), o.train.threads);
+        fprintf(stderr, "loom train: effective configuration (usable as --config):\n");
+        loom_train_options_print(&o, stderr);
     }
-    return 0;
+    st = loom_train_run(&o.model, &o.train, &mesh, &err);
+    if (st) {
+        if (world.size > 1)
+            fprintf(stderr, "loom train: rank %d: %s\n", world.rank, err.msg);
+        else
+            fprintf(stderr, "loom train: %s\n", err.msg);
+        /* Ranks may be waiting in a collective for this one: end the whole job. */
+        if (world.size > 1) MPI_Abort(MPI_COMM_WORLD, st == LOOM_ERR_INPUT ? 2 : 1);
+    }
+    loom_mesh_free(&mesh);
+    loom_world_finalize(&world);
+    return st == LOOM_OK ? 0 : st == LOOM_ERR_INPUT ? 2 : 1;
 }

@@ -50,6 +50,12 @@ static const opt_def OPTS[] = {
     {"log-every", OPT_INT, TR(log_every), 0, "progress line every N steps"},
     {"metrics", OPT_STRING, TR(metrics), LOOM_PATH_MAX, "JSON-lines metrics file"},
     {"dump-dir", OPT_STRING, TR(dump_dir), LOOM_PATH_MAX, "dump tensors (reference tests)"},
+    {"dp", OPT_INT, TR(layout.dp), 0, "data-parallel ranks"},
+    {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (not implemented yet)"},
+    {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
+    {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks, divides dp (not implemented yet)"},
+    {"zero", OPT_INT, TR(zero), 0, "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads)"},
+    {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

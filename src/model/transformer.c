@@ -176,7 +176,8 @@ double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
     return sum;
 }
 
-void loom_model_backward(loom_model *m, const float *p, float *g) {
+loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
+                                void *ctx) {
     const loom_model_config *c = &m->cfg;
     const int B = m->B, T = m->T, N = B * T, C = c->d_model, F = c->d_ff, hd = head_dim(c);
     const int H = c->n_head, KV = c->n_kv_head, A = H * hd, QKV = qkv_width(c), FC = fc_width(c);
@@ -191,6 +192,8 @@ void loom_model_backward(loom_model *m, const float *p, float *g) {
     memset(m->dres, 0, NC * sizeof(float));
     norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), m->dnorm, x_last, p + t->normf_w,
                   m->normf_mean, m->normf_rstd, N);
+    /* Everything after the last block (final norm, an untied head) is final now. */
+    loom_status st = ready ? ready(ctx, t->normf_w, t->total) : LOOM_OK;
 
     /* m->dres holds d(block output); each block turns it into d(block input). */
     for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -225,6 +228,10 @@ void loom_model_backward(loom_model *m, const float *p, float *g) {
         loom_linear_backward_weight(g + k->qkv_w, at(g, k->qkv_b), m->dqkv, a->norm1, N, C, QKV);
         norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), m->dnorm, x, p + k->norm1_w,
                       a->norm1_mean, a->norm1_rstd, N);
+        size_t end = l + 1 < c->n_layer ? t->blocks[l + 1].norm1_w : t->normf_w;
+        if (ready && !st) st = ready(ctx, k->norm1_w, end);
     }
     loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
+    if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
+    return st;
 }

@@ -49,7 +49,14 @@ void loom_model_forward(loom_model *m, const float *params);
 /* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with
  * weight dloss per token; returns the sum of the per-token losses. */
 double loom_model_loss_and_dlogits(loom_model *m, float dloss);
-/* Backward from dlogits: grads += d(sum of weighted losses)/d params. */
-void loom_model_backward(loom_model *m, const float *params, float *grads);
+/* Called during backward whenever the gradients of the flat range [begin, end) are
+ * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
+ * data parallelism reduce a bucket while backward computes earlier layers. */
+typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
+
+/* Backward from dlogits: grads += d(sum of weighted losses)/d params. `ready` may be
+ * NULL; its first error stops the calls and is returned. */
+loom_status loom_model_backward(loom_model *m, const float *params, float *grads,
+                                loom_grads_ready_fn ready, void *ctx);
 
 #endif

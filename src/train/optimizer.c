@@ -1,25 +1,22 @@
 #include "train/optimizer.h"
 
-#include <math.h>
-
 #include "kernels/kernels.h"
 
-double loom_grad_norm(const loom_param_table *t, const float *grads) {
-    return sqrt(loom_sum_squares(grads, t->total));
-}
-
-void loom_grad_clip(const loom_param_table *t, float *grads, double norm, float max_norm) {
+void loom_grad_clip(float *grads, size_t n, double norm, float max_norm) {
     if (max_norm <= 0.0f) return;
     double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) loom_scale(grads, (float)coef, t->total);
+    if (coef < 1.0) loom_scale(grads, (float)coef, n);
 }
 
 void loom_adamw_step(const loom_param_table *t, float *params, const float *grads, float *m,
-                     float *v, float lr, const loom_adamw_config *c, int step) {
+                     float *v, size_t lo, size_t hi, float lr, const loom_adamw_config *c,
+                     int step) {
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        loom_adamw_update(params + p->offset, grads + p->offset, m + p->offset, v + p->offset,
-                          p->numel, lr, c->beta1, c->beta2, c->eps,
-                          p->decay ? c->weight_decay : 0.0f, step);
+        size_t a = p->offset > lo ? p->offset : lo;
+        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a >= b) continue;
+        loom_adamw_update(params + a, grads + (a - lo), m + (a - lo), v + (a - lo), b - a, lr,
+                          c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f, step);
     }
 }

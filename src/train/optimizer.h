@@ -9,14 +9,16 @@ typedef struct {
     float beta1, beta2, eps, weight_decay, grad_clip;
 } loom_adamw_config;
 
-/* Global L2 norm of all gradients (accumulated in double). */
-double loom_grad_norm(const loom_param_table *t, const float *grads);
-/* Scales the gradients so their norm is at most max_norm, as
+/* Scales n gradients so the global norm is at most max_norm, as
  * torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6), capped at 1).
  * max_norm <= 0 disables clipping. */
-void loom_grad_clip(const loom_param_table *t, float *grads, double norm, float max_norm);
-/* One AdamW step (t = 1-based step count) on every parameter. */
+void loom_grad_clip(float *grads, size_t n, double norm, float max_norm);
+/* One AdamW step (step = 1-based count) on the flat range [lo, hi) of the parameters:
+ * params is the whole flat buffer; grads, m and v hold only the range (their element 0
+ * is parameter element lo). [0, total) updates everything; a ZeRO shard updates its own
+ * range. Each tensor keeps its own weight-decay rule inside the range. */
 void loom_adamw_step(const loom_param_table *t, float *params, const float *grads, float *m,
-                     float *v, float lr, const loom_adamw_config *cfg, int step);
+                     float *v, size_t lo, size_t hi, float lr, const loom_adamw_config *cfg,
+                     int step);
 
 #endif

@@ -10,6 +10,7 @@
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
+#include "parallel/zero.h"
 #include "train/dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -26,6 +27,9 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->seed = 1337;
     tc->threads = 0; /* 0: all cores */
     tc->log_every = 1;
+    tc->layout = (loom_layout){1, 1, 1, 1};
+    tc->zero = 0;
+    tc->bucket_mb = 25.0f;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -57,6 +61,18 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (!(tc->adamw.grad_clip >= 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--grad-clip %g: expected >= 0 (0 = off)",
                               tc->adamw.grad_clip);
+    const int dp = tc->layout.dp;
+    if (dp >= 1 && tc->global_batch % (dp * tc->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--global-batch %d: must be a multiple of --dp %d x --micro-batch %d "
+                              "(each data-parallel rank takes an equal slice)",
+                              tc->global_batch, dp, tc->micro_batch);
+    if (tc->zero < 0 || tc->zero > 2)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--zero %d: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)",
+                              tc->zero);
+    if (!(tc->bucket_mb > 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
     return LOOM_OK;
@@ -72,25 +88,25 @@ static double now_ms(void) {
 typedef struct {
     loom_dataset data;
     loom_model model;
-    float *params, *grads, *m, *v;
-    int32_t *batch;        /* [global_batch, T+1] */
-    int32_t *dump_batches; /* [steps, global_batch, T+1] when dumping */
+    loom_zero zero;
+    float *params, *grads;
+    int32_t *batch;        /* this rank's slice of the step: [G/dp, T+1] */
+    int32_t *dump_batches; /* [steps, G, T+1] on rank 0 when dumping */
     loom_metrics metrics;
 } run_state;
 
 static void run_free(run_state *r) {
     loom_dataset_close(&r->data);
     loom_model_destroy(&r->model);
+    loom_zero_free(&r->zero);
     free(r->params);
     free(r->grads);
-    free(r->m);
-    free(r->v);
     free(r->batch);
     free(r->dump_batches);
     loom_metrics_close(&r->metrics);
 }
 
-/* Splits sequences [first, first+M) of the step's batch into inputs and targets. */
+/* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
 static void load_micro_batch(loom_model *mod, const int32_t *batch, int first, int M, int T) {
     for (int b = 0; b < M; b++) {
         const int32_t *seq = batch + (size_t)(first + b) * (T + 1);
@@ -100,57 +116,74 @@ static void load_micro_batch(loom_model *mod, const int32_t *batch, int first, i
 }
 
 static loom_status train_loop(run_state *r, const loom_model_config *mc,
-                              const loom_train_config *tc, loom_error *err) {
+                              const loom_train_config *tc, loom_mesh *mesh, loom_error *err) {
     loom_model *mod = &r->model;
     const loom_param_table *t = &mod->table;
     const int T = mc->seq_len, M = tc->micro_batch, G = tc->global_batch, V = mc->vocab_size;
-    const int accum = G / M;
+    const int dp = mesh->layout.dp, per_rank = G / dp, accum = per_rank / M;
+    const int lead = mesh->rank == 0;
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
     long long tokens_seen = 0;
     for (int step = 0; step < tc->steps; step++) {
         double t0 = now_ms();
-        loom_dataset_sample(&r->data, tc->seed, step, 0, G, r->batch);
-        if (dumping)
-            memcpy(r->dump_batches + (size_t)step * G * (T + 1), r->batch,
-                   (size_t)G * (T + 1) * sizeof(int32_t));
+        /* This rank's slice of the step's global batch (layout-independent order). */
+        loom_dataset_sample(&r->data, tc->seed, step, (int64_t)mesh->dp_rank * per_rank, per_rank,
+                            r->batch);
+        if (dumping && lead)
+            loom_dataset_sample(&r->data, tc->seed, step, 0, G,
+                                r->dump_batches + (size_t)step * G * (T + 1));
         memset(r->grads, 0, t->total * sizeof(float));
         double loss_sum = 0.0;
         for (int k = 0; k < accum; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
             loom_model_forward(mod, r->params);
-            if (dumping && step == 0 && k == 0) {
+            if (dumping && lead && step == 0 && k == 0) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
                                            mod->logits, 3, dims, err)))
                     return st;
             }
             loss_sum += loom_model_loss_and_dlogits(mod, dloss);
-            loom_model_backward(mod, r->params, r->grads);
+            /* The last micro-batch's backward reduces gradients as they become final. */
+            loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
+            int last = k + 1 == accum;
+            if (last) loom_zero_begin_reduction(&r->zero);
+            if ((st = loom_model_backward(mod, r->params, r->grads,
+                                          last ? loom_zero_grads_ready : NULL, &ready)))
+                return st;
         }
+        if ((st = loom_zero_finish_reduction(&r->zero, r->grads, err)) ||
+            (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err)))
+            return st;
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
             return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
                                   loss);
-        if (dumping && step == 0 &&
-            (st = loom_dump_flat(tc->dump_dir, "grads_step1.safetensors", t, r->grads, err)))
-            return st;
-        double norm = loom_grad_norm(t, r->grads);
-        loom_grad_clip(t, r->grads, norm, tc->adamw.grad_clip);
+        if (dumping && step == 0) {
+            if ((st = loom_zero_gather_grads(&r->zero, r->grads, err))) return st;
+            if (lead &&
+                (st = loom_dump_flat(tc->dump_dir, "grads_step1.safetensors", t, r->grads, err)))
+                return st;
+        }
+        double norm;
+        if ((st = loom_zero_grad_norm(&r->zero, r->grads, &norm, err))) return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
-        loom_adamw_step(t, r->params, r->grads, r->m, r->v, lr, &tc->adamw, step + 1);
+        if ((st = loom_zero_optimizer_step(&r->zero, r->params, r->grads, norm, lr, &tc->adamw,
+                                           step + 1, err)))
+            return st;
         double ms = now_ms() - t0;
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3),
                                 ms,       tokens_seen};
-        if ((st = loom_metrics_write(&r->metrics, &sm, err))) return st;
-        if (tc->log_every > 0 && ((step + 1) % tc->log_every == 0 || step + 1 == tc->steps))
+        if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
+        if (lead && tc->log_every > 0 && ((step + 1) % tc->log_every == 0 || step + 1 == tc->steps))
             fprintf(stderr,
                     "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
                     step + 1, tc->steps, loss, lr, norm, ms, sm.tokens_per_s);
     }
-    if (dumping) {
+    if (dumping && lead) {
         int64_t dims[3] = {tc->steps, G, T + 1};
         if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,
                                    3, dims, err)) ||
@@ -161,40 +194,47 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
 }
 
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
-                           loom_error *err) {
+                           loom_mesh *mesh, loom_error *err) {
     loom_status st;
     if ((st = loom_model_config_validate(mc, err)) || (st = loom_train_config_validate(tc, err)))
         return st;
     run_state r;
     memset(&r, 0, sizeof r);
-    const int T = mc->seq_len;
+    const int T = mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
+    const int lead = mesh->rank == 0;
     if ((st = loom_dataset_open(&r.data, tc->data, mc->vocab_size, T, err)) ||
-        (st = loom_model_create(&r.model, mc, tc->micro_batch, T, err))) {
+        (st = loom_model_create(&r.model, mc, tc->micro_batch, T, err)) ||
+        (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
     }
     const size_t P = r.model.table.total;
     r.params = calloc(P, sizeof(float));
     r.grads = calloc(P, sizeof(float));
-    r.m = calloc(P, sizeof(float));
-    r.v = calloc(P, sizeof(float));
-    r.batch = malloc((size_t)tc->global_batch * (T + 1) * sizeof(int32_t));
-    if (tc->dump_dir[0])
+    r.batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
+    if (tc->dump_dir[0] && lead)
         r.dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
-    if (!r.params || !r.grads || !r.m || !r.v || !r.batch || (tc->dump_dir[0] && !r.dump_batches)) {
+    if (!r.params || !r.grads || !r.batch || (tc->dump_dir[0] && lead && !r.dump_batches)) {
         run_free(&r);
-        return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters (x4 buffers)",
-                              P);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters", P);
     }
     loom_params_init(&r.model.table, r.params, tc->seed);
-    fprintf(stderr,
-            "loom: %s model, %zu parameters (%.1f MiB x4 for params, grads, AdamW m, v); "
-            "activations %.1f MiB for micro-batch %d x %d\n",
-            loom_family_name(mc->family), P, P * 4.0 / (1 << 20),
-            loom_model_activation_bytes(&r.model) / (double)(1 << 20), tc->micro_batch, T);
-    fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
-            (long long)r.data.total_tokens);
-    if (tc->dump_dir[0]) {
+    if (lead) {
+        const double MiB = 1 << 20;
+        fprintf(stderr, "loom: %s model, %zu parameters; layout dp %d (ZeRO-%d)\n",
+                loom_family_name(mc->family), P, mesh->layout.dp, r.zero.stage);
+        if (tc->zero > 0 && mesh->layout.dp == 1)
+            fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
+                    tc->zero);
+        fprintf(stderr,
+                "loom: memory per rank: params %.1f MiB, grads %.1f MiB, optimizer state "
+                "(+ reduced grad shard) %.1f MiB, activations %.1f MiB (micro-batch %d x %d)\n",
+                P * 4 / MiB, P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
+                loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
+        fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
+                (long long)r.data.total_tokens);
+    }
+    if (tc->dump_dir[0] && lead) {
         if (loom_mkdir_p(tc->dump_dir) != 0) {
             run_free(&r);
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
@@ -206,7 +246,8 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
     }
-    if (!(st = loom_metrics_open(&r.metrics, tc->metrics, err))) st = train_loop(&r, mc, tc, err);
+    if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
+        st = train_loop(&r, mc, tc, mesh, err);
     run_free(&r);
     return st;
 }

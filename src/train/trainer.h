@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "parallel/mesh.h"
 #include "train/optimizer.h"
 
 #define LOOM_PATH_MAX 1024
@@ -24,15 +25,19 @@ typedef struct {
     int log_every;
     char metrics[LOOM_PATH_MAX];  /* JSON lines, one per step; "" = none */
     char dump_dir[LOOM_PATH_MAX]; /* tensors for reference tests; "" = none */
+    loom_layout layout;           /* --dp --tp --pp --ep */
+    int zero;                     /* ZeRO stage 0-2 over the data-parallel group */
+    float bucket_mb;              /* gradient bucket size for overlapped reduction */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
 void loom_train_config_defaults(loom_train_config *tc);
-/* Checks values; messages name the flag. */
+/* Checks values (including the split of the batch over data-parallel ranks); messages
+ * name the flag. */
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err);
-/* Trains; progress on stderr. Returns LOOM_ERR_INPUT for bad data, LOOM_ERR_STATE if the
- * loss becomes non-finite. */
+/* Trains on the mesh (every rank calls it); progress, metrics and dumps from rank 0.
+ * Returns LOOM_ERR_INPUT for bad data, LOOM_ERR_STATE if the loss becomes non-finite. */
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
-                           loom_error *err);
+                           loom_mesh *mesh, loom_error *err);
 
 #endif

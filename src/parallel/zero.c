@@ -1,0 +1,176 @@
+#include "parallel/zero.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
+static size_t snap_to_row(const loom_param_table *t, size_t target) {
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        if (target < p->offset || target >= p->offset + p->numel) continue;
+        size_t row = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
+        size_t k = (target - p->offset + row / 2) / row;
+        return p->offset + k * row;
+    }
+    return t->total;
+}
+
+loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                             double bucket_mb, loom_error *err) {
+    memset(z, 0, sizeof *z);
+    z->dp = dp;
+    z->stage = dp->size > 1 ? stage : 0; /* one replica: nothing to shard */
+    z->table = table;
+    z->total = table->total;
+    if (table->total > (size_t)0x7fffffff)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "model has %zu parameters: more than 2^31 per collective",
+                              table->total);
+    const int R = dp->size;
+    z->shard_counts = calloc((size_t)R, sizeof(int));
+    z->shard_displs = calloc((size_t)R, sizeof(int));
+    z->max_buckets = table->n_layer + 2;
+    z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
+    if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
+    size_t prev = 0;
+    for (int r = 0; r < R; r++) {
+        size_t end = r + 1 == R ? z->total : snap_to_row(table, z->total * (r + 1) / R);
+        if (end < prev) end = prev;
+        z->shard_displs[r] = (int)prev;
+        z->shard_counts[r] = (int)(end - prev);
+        prev = end;
+    }
+    z->lo = (size_t)z->shard_displs[dp->rank];
+    z->hi = z->lo + (size_t)z->shard_counts[dp->rank];
+    if (z->stage == 0) {
+        z->lo = 0;
+        z->hi = z->total;
+    }
+    size_t n = z->hi - z->lo;
+    z->m = calloc(n ? n : 1, sizeof(float));
+    z->v = calloc(n ? n : 1, sizeof(float));
+    if (z->stage == 2) z->grad_shard = calloc(n ? n : 1, sizeof(float));
+    if (!z->m || !z->v || (z->stage == 2 && !z->grad_shard)) goto nomem;
+    for (int b = 0; b < z->max_buckets; b++) {
+        z->buckets[b].counts = calloc((size_t)R, sizeof(int));
+        if (!z->buckets[b].counts) goto nomem;
+    }
+    z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
+    if (z->bucket_floats < 1) z->bucket_floats = 1;
+    return LOOM_OK;
+nomem:
+    loom_zero_free(z);
+    return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
+}
+
+void loom_zero_free(loom_zero *z) {
+    if (z->buckets)
+        for (int b = 0; b < z->max_buckets; b++) free(z->buckets[b].counts);
+    free(z->buckets);
+    free(z->shard_counts);
+    free(z->shard_displs);
+    free(z->m);
+    free(z->v);
+    free(z->grad_shard);
+    memset(z, 0, sizeof *z);
+}
+
+size_t loom_zero_state_bytes(const loom_zero *z) {
+    size_t n = z->hi - z->lo;
+    return (2 + (z->stage == 2)) * n * sizeof(float);
+}
+
+void loom_zero_begin_reduction(loom_zero *z) {
+    z->n_buckets = 0;
+    z->pending_begin = z->pending_end = z->total;
+    z->step_wait_ms = 0.0;
+}
+
+/* Starts the collective of [begin, end). */
+static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,
+                               loom_error *err) {
+    if (begin == end || z->dp->size == 1) return LOOM_OK;
+    if (z->n_buckets == z->max_buckets)
+        return loom_error_set(err, LOOM_ERR_STATE, "ZeRO: more buckets than layers");
+    loom_zero_bucket *b = &z->buckets[z->n_buckets++];
+    b->begin = begin;
+    b->end = end;
+    if (z->stage < 2)
+        return loom_comm_iallreduce_sum(z->dp, grads + begin, end - begin, &b->handle, err);
+    /* Each rank receives the part of [begin, end) inside its shard. */
+    size_t mine = 0;
+    for (int r = 0; r < z->dp->size; r++) {
+        size_t lo = (size_t)z->shard_displs[r], hi = lo + (size_t)z->shard_counts[r];
+        size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
+        b->counts[r] = a < e ? (int)(e - a) : 0;
+        if (r == z->dp->rank) mine = a < e ? a - z->lo : 0;
+    }
+    return loom_comm_ireduce_scatter_sum(z->dp, grads + begin, z->grad_shard + mine, b->counts,
+                                         &b->handle, err);
+}
+
+loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
+    loom_zero_ready_ctx *c = ctx;
+    loom_zero *z = c->zero;
+    /* Ranges arrive in decreasing order: extend the pending run downwards. */
+    if (end != z->pending_begin)
+        return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
+    z->pending_begin = begin;
+    loom_status st = LOOM_OK;
+    if (z->pending_end - z->pending_begin >= z->bucket_floats) {
+        st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
+        z->pending_end = z->pending_begin;
+    }
+    /* Give MPI a chance to move the buckets in flight while backward goes on. */
+    for (int b = 0; b < z->n_buckets && !st; b++) {
+        int done;
+        st = loom_comm_test(&z->buckets[b].handle, &done, c->err);
+    }
+    return st;
+}
+
+loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err) {
+    loom_status st = send_bucket(z, grads, z->pending_begin, z->pending_end, err);
+    z->pending_end = z->pending_begin;
+    double t0 = loom_comm_now_ms();
+    for (int b = 0; b < z->n_buckets && !st; b++) st = loom_comm_wait(&z->buckets[b].handle, err);
+    z->step_wait_ms = loom_comm_now_ms() - t0;
+    if (!st && z->stage == 2 && z->dp->size == 1)
+        memcpy(z->grad_shard, grads, z->total * sizeof(float));
+    return st;
+}
+
+/* This rank's reduced gradients: the shard (stage 2) or the whole buffer's range. */
+static float *reduced_grads(loom_zero *z, float *grads) {
+    return z->stage == 2 ? z->grad_shard : grads + z->lo;
+}
+
+loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err) {
+    if (z->stage < 2) { /* every rank has the whole reduced gradient */
+        *norm = sqrt(loom_sum_squares(grads, z->total));
+        return LOOM_OK;
+    }
+    double sq = loom_sum_squares(z->grad_shard, z->hi - z->lo);
+    loom_status st = loom_comm_allreduce_sum_f64(z->dp, &sq, 1, err);
+    *norm = sqrt(sq);
+    return st;
+}
+
+loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *grads, double norm,
+                                     float lr, const loom_adamw_config *cfg, int step,
+                                     loom_error *err) {
+    float *g = reduced_grads(z, grads);
+    loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
+    loom_adamw_step(z->table, params, g, z->m, z->v, z->lo, z->hi, lr, cfg, step);
+    if (z->stage == 0) return LOOM_OK;
+    return loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
+}
+
+loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
+    if (z->stage < 2) return LOOM_OK;
+    memcpy(grads + z->lo, z->grad_shard, (z->hi - z->lo) * sizeof(float));
+    return loom_comm_allgatherv(z->dp, grads, z->shard_counts, z->shard_displs, err);
+}

@@ -1,0 +1,73 @@
+/* Data parallelism with ZeRO stages 0-2 over the flat buffers.
+ *
+ * Every rank holds the full parameters and a full local gradient buffer (micro-batches
+ * accumulate into it). Shards are ranges of the flat buffer, one per data-parallel rank,
+ * with boundaries snapped to whole rows of the tensor they fall in.
+ *   stage 0: gradients all-reduced; every rank runs AdamW on everything.
+ *   stage 1: gradients all-reduced; AdamW state (m, v) only for the rank's shard; the
+ *            updated shards are all-gathered into every rank's parameters.
+ *   stage 2: gradients reduce-scattered: a rank keeps only its shard's summed gradient;
+ *            otherwise as stage 1.
+ * Overlap: during the last micro-batch's backward, model/transformer.c reports each flat
+ * range whose gradients are final; ranges are merged into buckets of --bucket-mb and
+ * their collective starts at once, while backward goes on with earlier layers; MPI is
+ * given a chance to progress them at every layer boundary. */
+#ifndef LOOM_PARALLEL_ZERO_H
+#define LOOM_PARALLEL_ZERO_H
+
+#include "comm/comm.h"
+#include "model/params.h"
+#include "train/optimizer.h"
+
+typedef struct {
+    size_t begin, end;
+    loom_comm_handle handle;
+    int *counts; /* reduce-scatter: floats of [begin, end) each rank receives */
+} loom_zero_bucket;
+
+typedef struct {
+    loom_comm *dp;
+    int stage;
+    const loom_param_table *table;
+    size_t total;
+    int *shard_counts, *shard_displs; /* per rank: its shard [displ, displ + count) */
+    size_t lo, hi;                    /* this rank's shard */
+    float *m, *v;                     /* AdamW state: whole buffer (stage 0) or the shard */
+    float *grad_shard;                /* stage 2: the reduced gradient of the shard */
+    size_t bucket_floats;
+    loom_zero_bucket *buckets;
+    int n_buckets, max_buckets;
+    size_t pending_begin, pending_end; /* final but not yet sent */
+    double step_wait_ms;               /* time blocked waiting for gradients, this step */
+} loom_zero;
+
+loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                             double bucket_mb, loom_error *err);
+void loom_zero_free(loom_zero *z);
+
+/* Bytes of optimizer state and reduced gradients held by this rank. */
+size_t loom_zero_state_bytes(const loom_zero *z);
+
+/* Before the last micro-batch's backward. */
+void loom_zero_begin_reduction(loom_zero *z);
+/* The loom_grads_ready_fn for model backward; ctx is a loom_zero_ready_ctx. */
+typedef struct {
+    loom_zero *zero;
+    float *grads;
+    loom_error *err;
+} loom_zero_ready_ctx;
+loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
+/* After backward: sends what is left and waits for every bucket. */
+loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
+
+/* Global gradient norm (after the reduction), identical on every rank. */
+loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err);
+/* Clipping, AdamW on this rank's part, and the all-gather of updated parameters. */
+loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *grads, double norm,
+                                     float lr, const loom_adamw_config *cfg, int step,
+                                     loom_error *err);
+/* Makes `grads` hold the full reduced gradient on every rank (for dumps; stage 2 only
+ * needs work). */
+loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
+
+#endif
