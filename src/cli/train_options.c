@@ -54,7 +54,8 @@ static const opt_def OPTS[] = {
     {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (not implemented yet)"},
     {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks, divides dp (not implemented yet)"},
-    {"zero", OPT_INT, TR(zero), 0, "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads)"},
+    {"zero", OPT_INT, TR(zero), 0,
+     "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])

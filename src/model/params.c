@@ -104,22 +104,31 @@ void loom_params_free(loom_param_table *t) {
     memset(t, 0, sizeof *t);
 }
 
-void loom_params_init(const loom_param_table *t, float *params, uint64_t seed) {
+void loom_params_init_range(const loom_param_table *t, float *dst, size_t lo, size_t hi,
+                            uint64_t seed) {
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        float *w = params + p->offset;
+        size_t a = p->offset > lo ? p->offset : lo;
+        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a >= b) continue;
+        float *w = dst + (a - lo);
+        const size_t first = a - p->offset, n = b - a; /* element index inside the tensor */
         if (p->init == LOOM_INIT_ONES) {
-            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+            for (size_t j = 0; j < n; j++) w[j] = 1.0f;
         } else if (p->init == LOOM_INIT_ZEROS) {
-            memset(w, 0, p->numel * sizeof *w);
+            memset(w, 0, n * sizeof *w);
         } else {
             const uint32_t stream = loom_hash_name(p->name);
             const double s = p->init_std;
 #pragma omp parallel for schedule(static)
-            for (size_t j = 0; j < p->numel; j++)
-                w[j] = (float)(s * loom_philox_normal(seed, stream, (uint64_t)j));
+            for (size_t j = 0; j < n; j++)
+                w[j] = (float)(s * loom_philox_normal(seed, stream, (uint64_t)(first + j)));
         }
     }
+}
+
+void loom_params_init(const loom_param_table *t, float *params, uint64_t seed) {
+    loom_params_init_range(t, params, 0, t->total, seed);
 }
 
 int loom_params_find(const loom_param_table *t, const char *name) {

@@ -54,6 +54,10 @@ void loom_params_free(loom_param_table *table);
 /* Initialises every parameter from Philox keyed by (seed, name hash, element index):
  * any slice of a tensor can be initialised on its own with the same values. */
 void loom_params_init(const loom_param_table *table, float *params, uint64_t seed);
+/* The same values for the flat range [lo, hi) only, written to dst[0 .. hi-lo): a shard
+ * initialises exactly its own elements. */
+void loom_params_init_range(const loom_param_table *table, float *dst, size_t lo, size_t hi,
+                            uint64_t seed);
 /* Index of the parameter named `name`, or -1. */
 int loom_params_find(const loom_param_table *table, const char *name);
 

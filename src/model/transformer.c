@@ -134,7 +134,14 @@ static const float *cat(const float *flat, size_t offset) {
     return offset == LOOM_NO_PARAM ? NULL : flat + offset;
 }
 
-void loom_model_forward(loom_model *m, const float *p) {
+/* Runs a hook if set. */
+static loom_status hook(const loom_model *m, int after, int layer, int backward) {
+    const loom_block_hooks *h = &m->hooks;
+    loom_status (*fn)(void *, int, int) = after ? h->after_block : h->before_block;
+    return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
+}
+
+loom_status loom_model_forward(loom_model *m, const float *p) {
     const loom_model_config *c = &m->cfg;
     const int B = m->B, T = m->T, N = B * T, C = c->d_model, F = c->d_ff, hd = head_dim(c);
     const int H = c->n_head, KV = c->n_kv_head, A = H * hd;
@@ -144,6 +151,8 @@ void loom_model_forward(loom_model *m, const float *p) {
     for (int l = 0; l < c->n_layer; l++) {
         const loom_block_params *k = &t->blocks[l];
         loom_block_acts *a = &m->blocks[l];
+        loom_status st = hook(m, 0, l, 0);
+        if (st) return st;
         norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
                      cat(p, k->norm1_b), N);
         loom_linear_forward(a->qkv, a->norm1, p + k->qkv_w, cat(p, k->qkv_b), N, C, qkv_width(c));
@@ -161,10 +170,12 @@ void loom_model_forward(loom_model *m, const float *p) {
         loom_linear_forward(a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), N, F, C);
         loom_add(a->res2, a->res2, a->res1, (size_t)N * C);
         x = a->res2;
+        if ((st = hook(m, 1, l, 0))) return st;
     }
     norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
                  N);
     loom_linear_forward(m->logits, m->normf, p + t->lm_head, NULL, N, C, c->vocab_size);
+    return LOOM_OK;
 }
 
 double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
@@ -200,6 +211,8 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         const loom_block_params *k = &t->blocks[l];
         const loom_block_acts *a = &m->blocks[l];
         const float *x = l > 0 ? m->blocks[l - 1].res2 : m->embed;
+        if (!st) st = hook(m, 0, l, 1);
+        if (st) return st;
         /* res2 = res1 + act @ proj^T */
         memset(m->dact, 0, (size_t)N * F * sizeof(float));
         loom_linear_backward_input(m->dact, m->dres, p + k->proj_w, N, F, C);
@@ -230,6 +243,7 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
                       a->norm1_mean, a->norm1_rstd, N);
         size_t end = l + 1 < c->n_layer ? t->blocks[l + 1].norm1_w : t->normf_w;
         if (ready && !st) st = ready(ctx, k->norm1_w, end);
+        if (!st) st = hook(m, 1, l, 1);
     }
     loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);

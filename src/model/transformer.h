@@ -22,8 +22,18 @@ typedef struct {
     float *res2; /* [N,C] block output */
 } loom_block_acts;
 
+/* Called around every block's forward and backward (backward = 0 or 1): where fully
+ * sharded data parallelism gathers a block's parameters just before use, prefetches
+ * the next one and frees them after. Any field may be NULL. */
+typedef struct {
+    loom_status (*before_block)(void *ctx, int layer, int backward);
+    loom_status (*after_block)(void *ctx, int layer, int backward);
+    void *ctx;
+} loom_block_hooks;
+
 typedef struct {
     loom_model_config cfg;
+    loom_block_hooks hooks;
     loom_param_table table;
     int B, T; /* micro-batch shape the arena is planned for */
     float *arena;
@@ -44,8 +54,8 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 
-/* Forward over m->inputs; fills m->logits; returns nothing (no loss). */
-void loom_model_forward(loom_model *m, const float *params);
+/* Forward over m->inputs; fills m->logits (no loss). Fails only if a hook fails. */
+loom_status loom_model_forward(loom_model *m, const float *params);
 /* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with
  * weight dloss per token; returns the sum of the per-token losses. */
 double loom_model_loss_and_dlogits(loom_model *m, float dloss);

@@ -52,8 +52,8 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     size_t n = z->hi - z->lo;
     z->m = calloc(n ? n : 1, sizeof(float));
     z->v = calloc(n ? n : 1, sizeof(float));
-    if (z->stage == 2) z->grad_shard = calloc(n ? n : 1, sizeof(float));
-    if (!z->m || !z->v || (z->stage == 2 && !z->grad_shard)) goto nomem;
+    if (z->stage >= 2) z->grad_shard = calloc(n ? n : 1, sizeof(float));
+    if (!z->m || !z->v || (z->stage >= 2 && !z->grad_shard)) goto nomem;
     for (int b = 0; b < z->max_buckets; b++) {
         z->buckets[b].counts = calloc((size_t)R, sizeof(int));
         if (!z->buckets[b].counts) goto nomem;
@@ -80,7 +80,7 @@ void loom_zero_free(loom_zero *z) {
 
 size_t loom_zero_state_bytes(const loom_zero *z) {
     size_t n = z->hi - z->lo;
-    return (2 + (z->stage == 2)) * n * sizeof(float);
+    return (2 + (z->stage >= 2)) * n * sizeof(float);
 }
 
 void loom_zero_begin_reduction(loom_zero *z) {
@@ -138,14 +138,14 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     double t0 = loom_comm_now_ms();
     for (int b = 0; b < z->n_buckets && !st; b++) st = loom_comm_wait(&z->buckets[b].handle, err);
     z->step_wait_ms = loom_comm_now_ms() - t0;
-    if (!st && z->stage == 2 && z->dp->size == 1)
+    if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));
     return st;
 }
 
 /* This rank's reduced gradients: the shard (stage 2) or the whole buffer's range. */
 static float *reduced_grads(loom_zero *z, float *grads) {
-    return z->stage == 2 ? z->grad_shard : grads + z->lo;
+    return z->stage >= 2 ? z->grad_shard : grads + z->lo;
 }
 
 loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err) {
@@ -159,13 +159,14 @@ loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, 
     return st;
 }
 
-loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *grads, double norm,
-                                     float lr, const loom_adamw_config *cfg, int step,
+loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
+                                     double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
     float *g = reduced_grads(z, grads);
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
-    loom_adamw_step(z->table, params, g, z->m, z->v, z->lo, z->hi, lr, cfg, step);
-    if (z->stage == 0) return LOOM_OK;
+    loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
+                    step);
+    if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
     return loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
 }
 

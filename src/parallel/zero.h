@@ -8,6 +8,7 @@
  *            updated shards are all-gathered into every rank's parameters.
  *   stage 2: gradients reduce-scattered: a rank keeps only its shard's summed gradient;
  *            otherwise as stage 1.
+ *   stage 3: as stage 2, and the parameters are sharded too (parallel/fsdp.h).
  * Overlap: during the last micro-batch's backward, model/transformer.c reports each flat
  * range whose gradients are final; ranges are merged into buckets of --bucket-mb and
  * their collective starts at once, while backward goes on with earlier layers; MPI is
@@ -62,9 +63,11 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
 
 /* Global gradient norm (after the reduction), identical on every rank. */
 loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err);
-/* Clipping, AdamW on this rank's part, and the all-gather of updated parameters. */
-loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *grads, double norm,
-                                     float lr, const loom_adamw_config *cfg, int step,
+/* Clipping, AdamW on this rank's part, and the all-gather of updated parameters into
+ * params. With stage 3 pass the rank's parameter shard: it is updated and nothing is
+ * gathered (parallel/fsdp.h gathers before the next use); else shard is NULL. */
+loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
+                                     double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err);
 /* Makes `grads` hold the full reduced gradient on every rank (for dumps; stage 2 only
  * needs work). */

@@ -20,9 +20,10 @@ loom_status loom_metrics_open(loom_metrics *mx, const char *path, loom_error *er
 
 loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loom_error *err) {
     if (!mx->file) return LOOM_OK;
-    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I}", "step", s->step, "loss", s->loss,
-                          "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s", s->tokens_per_s,
-                          "step_ms", s->step_ms, "tokens", (json_int_t)s->tokens_seen);
+    json_t *o = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:I, s:f}", "step", s->step, "loss",
+                          s->loss, "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s",
+                          s->tokens_per_s, "step_ms", s->step_ms, "tokens",
+                          (json_int_t)s->tokens_seen, "grad_wait_ms", s->grad_wait_ms);
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

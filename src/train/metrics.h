@@ -10,6 +10,7 @@
 typedef struct {
     int step;
     double loss, lr, grad_norm, tokens_per_s, step_ms;
+    double grad_wait_ms; /* data parallel: time blocked on gradient reduction after backward */
     long long tokens_seen;
 } loom_step_metrics;
 

@@ -16,7 +16,7 @@ void loom_adamw_step(const loom_param_table *t, float *params, const float *grad
         size_t a = p->offset > lo ? p->offset : lo;
         size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
         if (a >= b) continue;
-        loom_adamw_update(params + a, grads + (a - lo), m + (a - lo), v + (a - lo), b - a, lr,
-                          c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f, step);
+        loom_adamw_update(params + (a - lo), grads + (a - lo), m + (a - lo), v + (a - lo), b - a,
+                          lr, c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f, step);
     }
 }

@@ -14,9 +14,9 @@ typedef struct {
  * max_norm <= 0 disables clipping. */
 void loom_grad_clip(float *grads, size_t n, double norm, float max_norm);
 /* One AdamW step (step = 1-based count) on the flat range [lo, hi) of the parameters:
- * params is the whole flat buffer; grads, m and v hold only the range (their element 0
- * is parameter element lo). [0, total) updates everything; a ZeRO shard updates its own
- * range. Each tensor keeps its own weight-decay rule inside the range. */
+ * params, grads, m and v hold only the range (their element 0 is flat element lo).
+ * [0, total) updates everything; a ZeRO shard updates its own range. Each tensor keeps
+ * its own weight-decay rule inside the range. */
 void loom_adamw_step(const loom_param_table *t, float *params, const float *grads, float *m,
                      float *v, size_t lo, size_t hi, float lr, const loom_adamw_config *cfg,
                      int step);

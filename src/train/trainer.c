@@ -10,6 +10,7 @@
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
+#include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "train/dump.h"
 #include "train/metrics.h"
@@ -67,10 +68,8 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               "--global-batch %d: must be a multiple of --dp %d x --micro-batch %d "
                               "(each data-parallel rank takes an equal slice)",
                               tc->global_batch, dp, tc->micro_batch);
-    if (tc->zero < 0 || tc->zero > 2)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--zero %d: expected 0, 1 or 2 (ZeRO-3 is not implemented yet)",
-                              tc->zero);
+    if (tc->zero < 0 || tc->zero > 3)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
     if (tc->threads < 0)
@@ -89,6 +88,8 @@ typedef struct {
     loom_dataset data;
     loom_model model;
     loom_zero zero;
+    loom_fsdp fsdp; /* ZeRO-3 only: params is then fsdp.view */
+    int sharded_params;
     float *params, *grads;
     int32_t *batch;        /* this rank's slice of the step: [G/dp, T+1] */
     int32_t *dump_batches; /* [steps, G, T+1] on rank 0 when dumping */
@@ -98,8 +99,11 @@ typedef struct {
 static void run_free(run_state *r) {
     loom_dataset_close(&r->data);
     loom_model_destroy(&r->model);
+    if (r->sharded_params)
+        loom_fsdp_free(&r->fsdp);
+    else
+        free(r->params);
     loom_zero_free(&r->zero);
-    free(r->params);
     free(r->grads);
     free(r->batch);
     free(r->dump_batches);
@@ -138,7 +142,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double loss_sum = 0.0;
         for (int k = 0; k < accum; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
-            loom_model_forward(mod, r->params);
+            if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
+            if ((st = loom_model_forward(mod, r->params))) return st;
             if (dumping && lead && step == 0 && k == 0) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
@@ -170,19 +175,23 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = loom_zero_grad_norm(&r->zero, r->grads, &norm, err))) return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
-        if ((st = loom_zero_optimizer_step(&r->zero, r->params, r->grads, norm, lr, &tc->adamw,
-                                           step + 1, err)))
+        if ((st = loom_zero_optimizer_step(&r->zero, r->params,
+                                           r->sharded_params ? r->fsdp.shard : NULL, r->grads, norm,
+                                           lr, &tc->adamw, step + 1, err)))
             return st;
+        if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
         double ms = now_ms() - t0;
         tokens_seen += (long long)G * T;
-        loom_step_metrics sm = {step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3),
-                                ms,       tokens_seen};
+        loom_step_metrics sm = {
+            step + 1,   loss, lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
+            tokens_seen};
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (lead && tc->log_every > 0 && ((step + 1) % tc->log_every == 0 || step + 1 == tc->steps))
             fprintf(stderr,
                     "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
                     step + 1, tc->steps, loss, lr, norm, ms, sm.tokens_per_s);
     }
+    if (dumping && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err))) return st;
     if (dumping && lead) {
         int64_t dims[3] = {tc->steps, G, T + 1};
         if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,
@@ -209,7 +218,19 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         return st;
     }
     const size_t P = r.model.table.total;
-    r.params = calloc(P, sizeof(float));
+    r.sharded_params = r.zero.stage == 3;
+    if (r.sharded_params) {
+        if ((st = loom_fsdp_create(&r.fsdp, &r.zero, tc->seed, err))) {
+            r.sharded_params = 0;
+            run_free(&r);
+            return st;
+        }
+        r.params = r.fsdp.view;
+        r.fsdp.err = err;
+        r.model.hooks = (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r.fsdp};
+    } else {
+        r.params = calloc(P, sizeof(float));
+    }
     r.grads = calloc(P, sizeof(float));
     r.batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
     if (tc->dump_dir[0] && lead)
@@ -218,7 +239,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters", P);
     }
-    loom_params_init(&r.model.table, r.params, tc->seed);
+    if (!r.sharded_params) loom_params_init(&r.model.table, r.params, tc->seed);
     if (lead) {
         const double MiB = 1 << 20;
         fprintf(stderr, "loom: %s model, %zu parameters; layout dp %d (ZeRO-%d)\n",
@@ -226,13 +247,20 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
+        size_t param_bytes = r.sharded_params ? loom_fsdp_resident_bytes(&r.fsdp) : P * 4;
         fprintf(stderr,
-                "loom: memory per rank: params %.1f MiB, grads %.1f MiB, optimizer state "
+                "loom: memory per rank: params %.1f MiB%s, grads %.1f MiB, optimizer state "
                 "(+ reduced grad shard) %.1f MiB, activations %.1f MiB (micro-batch %d x %d)\n",
-                P * 4 / MiB, P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
+                param_bytes / MiB, r.sharded_params ? " (shard + gathered blocks, at most)" : "",
+                P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
                 loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
         fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
                 (long long)r.data.total_tokens);
+    }
+    /* Every rank takes part in gathering sharded parameters; rank 0 writes. */
+    if (tc->dump_dir[0] && r.sharded_params && (st = loom_fsdp_gather_all(&r.fsdp, err))) {
+        run_free(&r);
+        return st;
     }
     if (tc->dump_dir[0] && lead) {
         if (loom_mkdir_p(tc->dump_dir) != 0) {
@@ -246,6 +274,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
     }
+    if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
     run_free(&r);

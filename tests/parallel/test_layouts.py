@@ -2,7 +2,7 @@
 """Invariant 1 and 2 for data parallelism: every layout computes the same function.
 
 For both model families, trains 20 steps on one process, then under mpirun with
-dp in {2, 4} x ZeRO stage in {0, 1, 2} from the same seed and data, and checks that
+dp in {2, 4} x ZeRO stage in {0, 1, 2, 3} from the same seed and data, and checks that
 every per-step loss and every final weight equals the single-process run (relative
 error <= 1e-5), and that the same layout run twice gives bitwise-identical losses and
 weights. Usage: test_layouts.py --loom PATH [--seed S]
@@ -94,7 +94,7 @@ def main():
             ref_losses, ref_params = train("single", 1, [])
             print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
             for dp in (2, 4):
-                for zero in (0, 1, 2):
+                for zero in (0, 1, 2, 3):
                     name = f"dp{dp}_zero{zero}"
                     got_losses, got_params = train(name, dp, ["--dp", str(dp), "--zero", str(zero)])
                     loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
@@ -107,20 +107,20 @@ def main():
                     print(f"  {name:12s} losses rel err {loss_err:.2e}  weights rel err "
                           f"{w_err:.2e} ({w_name})  {'ok' if ok else 'FAIL'}")
             # The same layout twice: bitwise the same run.
-            a_losses, a_params = train("dp2_zero2_again", 2, ["--dp", "2", "--zero", "2"])
-            b_losses, b_params = losses(os.path.join(tmp, f"{family}_dp2_zero2.jsonl")), \
-                safetensors_io.load(os.path.join(tmp, f"{family}_dp2_zero2",
+            a_losses, a_params = train("dp2_zero3_again", 2, ["--dp", "2", "--zero", "3"])
+            b_losses, b_params = losses(os.path.join(tmp, f"{family}_dp2_zero3.jsonl")), \
+                safetensors_io.load(os.path.join(tmp, f"{family}_dp2_zero3",
                                                  "params_final.safetensors"))
             same = a_losses == b_losses and all(np.array_equal(a_params[k], b_params[k])
                                                 for k in a_params)
             failures += not same
-            print(f"  dp2_zero2 twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+            print(f"  dp2_zero3 twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     finally:
         if failures:
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    total = 2 * 7
+    total = 2 * 9
     print(f"{total - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 

@@ -1,0 +1,136 @@
+#include "parallel/fsdp.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <stdint.h>
+#include <unistd.h>
+
+static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t begin, size_t end) {
+    const int R = z->dp->size;
+    r->begin = begin;
+    r->end = end;
+    r->counts = calloc((size_t)R, sizeof(int));
+    r->displs = calloc((size_t)R, sizeof(int));
+    if (!r->counts || !r->displs) return LOOM_ERR_NOMEM;
+    for (int q = 0; q < R; q++) {
+        size_t lo = (size_t)z->shard_displs[q], hi = lo + (size_t)z->shard_counts[q];
+        size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
+        r->counts[q] = a < e ? (int)(e - a) : 0;
+        r->displs[q] = a < e ? (int)(a - begin) : 0;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_error *err) {
+    memset(f, 0, sizeof *f);
+    f->zero = z;
+    const loom_param_table *t = z->table;
+    const int L = t->n_layer;
+    f->n_ranges = L + 2;
+    f->ranges = calloc((size_t)f->n_ranges, sizeof *f->ranges);
+    f->shard = calloc(z->hi - z->lo ? z->hi - z->lo : 1, sizeof(float));
+    long page = sysconf(_SC_PAGESIZE);
+    f->view_bytes = (t->total * sizeof(float) + (size_t)page - 1) / (size_t)page * (size_t)page;
+    /* Anonymous mapping: untouched pages cost nothing, released ones go back. */
+    f->view = mmap(NULL, f->view_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (f->view == MAP_FAILED) f->view = NULL;
+    loom_status st = f->ranges && f->shard && f->view ? LOOM_OK : LOOM_ERR_NOMEM;
+    for (int i = 0; i < f->n_ranges && !st; i++) {
+        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : t->normf_w;
+        size_t end = i == 0   ? t->blocks[0].norm1_w
+                     : i < L  ? t->blocks[i].norm1_w
+                     : i == L ? t->normf_w
+                              : t->total;
+        st = range_init(&f->ranges[i], z, begin, end);
+    }
+    if (st) {
+        loom_fsdp_free(f);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO-3: out of memory");
+    }
+    loom_params_init_range(t, f->shard, z->lo, z->hi, seed);
+    return LOOM_OK;
+}
+
+void loom_fsdp_free(loom_fsdp *f) {
+    if (f->ranges)
+        for (int i = 0; i < f->n_ranges; i++) {
+            free(f->ranges[i].counts);
+            free(f->ranges[i].displs);
+        }
+    free(f->ranges);
+    free(f->shard);
+    if (f->view) munmap(f->view, f->view_bytes);
+    memset(f, 0, sizeof *f);
+}
+
+/* Starts the all-gather of range i (own part copied in first). */
+static loom_status start(loom_fsdp *f, int i, loom_error *err) {
+    loom_fsdp_range *r = &f->ranges[i];
+    if (r->state != 0) return LOOM_OK;
+    const loom_zero *z = f->zero;
+    size_t a = z->lo > r->begin ? z->lo : r->begin, e = z->hi < r->end ? z->hi : r->end;
+    if (a < e) memcpy(f->view + a, f->shard + (a - z->lo), (e - a) * sizeof(float));
+    r->state = 1;
+    return loom_comm_iallgatherv(z->dp, f->view + r->begin, r->counts, r->displs, &r->handle, err);
+}
+
+static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
+    loom_status st = start(f, i, err);
+    if (!st && f->ranges[i].state == 1) st = loom_comm_wait(&f->ranges[i].handle, err);
+    if (!st) f->ranges[i].state = 2;
+    return st;
+}
+
+/* Hands the whole pages inside range i back to the kernel. */
+static void release(loom_fsdp *f, int i) {
+    loom_fsdp_range *r = &f->ranges[i];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(f->view + r->begin), e = (uintptr_t)(f->view + r->end);
+    a = (a + page - 1) / page * page;
+    e = e / page * page;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    r->state = 0;
+}
+
+loom_status loom_fsdp_before_block(void *ctx, int layer, int backward) {
+    loom_fsdp *f = ctx;
+    int i = layer + 1, next = backward ? i - 1 : i + 1;
+    loom_status st = ensure(f, i, f->err);
+    /* Prefetch the block that runs next while this one computes. */
+    if (!st && next >= 1 && next <= f->n_ranges - 2) st = start(f, next, f->err);
+    return st;
+}
+
+loom_status loom_fsdp_after_block(void *ctx, int layer, int backward) {
+    (void)backward;
+    release(ctx, layer + 1);
+    return LOOM_OK;
+}
+
+loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err) {
+    loom_status st = ensure(f, 0, err);
+    return st ? st : ensure(f, f->n_ranges - 1, err);
+}
+
+void loom_fsdp_invalidate(loom_fsdp *f) {
+    for (int i = 0; i < f->n_ranges; i++) release(f, i);
+}
+
+loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < f->n_ranges && !st; i++) st = ensure(f, i, err);
+    return st;
+}
+
+size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
+    size_t biggest = 0;
+    for (int i = 1; i + 1 < f->n_ranges; i++) {
+        size_t n = f->ranges[i].end - f->ranges[i].begin;
+        if (n > biggest) biggest = n;
+    }
+    const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
+    size_t n = (f->zero->hi - f->zero->lo) + (head->end - head->begin) + (tail->end - tail->begin) +
+               2 * biggest;
+    return n * sizeof(float);
+}

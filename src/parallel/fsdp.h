@@ -1,0 +1,49 @@
+/* ZeRO stage 3 (fully sharded data parallelism): each rank keeps only its shard of the
+ * parameters (the same row-aligned ranges as the optimizer state, parallel/zero.h).
+ * The model still reads one flat parameter buffer, a *view* mapped at start-up whose
+ * physical pages exist only while a range is gathered: a block's parameters are
+ * all-gathered just before its forward or backward, the next block's gather is started
+ * right away (prefetch, in flight while this block computes), and after use the range's
+ * pages are handed back to the kernel (madvise MADV_DONTNEED), so resident parameter
+ * memory is the shard plus about two blocks. The embedding range (head) and what follows
+ * the last block (tail) stay gathered for the whole step: GPT-2's tied head needs the
+ * embedding again at the end. */
+#ifndef LOOM_PARALLEL_FSDP_H
+#define LOOM_PARALLEL_FSDP_H
+
+#include "parallel/zero.h"
+
+typedef struct {
+    size_t begin, end;
+    loom_comm_handle handle;
+    int *counts, *displs; /* per rank: its part of [begin, end), relative to begin */
+    int state;            /* 0 released, 1 in flight, 2 resident */
+} loom_fsdp_range;
+
+typedef struct {
+    loom_zero *zero;
+    float *view; /* the flat parameter buffer the model reads (mmap'd) */
+    size_t view_bytes;
+    float *shard;            /* this rank's parameters [zero->lo, zero->hi) */
+    loom_fsdp_range *ranges; /* 0: head, 1..L: blocks, L+1: tail */
+    int n_ranges;
+    loom_error *err; /* where hook failures are described */
+} loom_fsdp;
+
+/* Allocates the view and the shard and initialises the shard from the seed. */
+loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *zero, uint64_t seed, loom_error *err);
+void loom_fsdp_free(loom_fsdp *f);
+
+/* Hooks for loom_model (ctx = the loom_fsdp). */
+loom_status loom_fsdp_before_block(void *ctx, int layer, int backward);
+loom_status loom_fsdp_after_block(void *ctx, int layer, int backward);
+/* Before a micro-batch's forward: the head and tail ranges. */
+loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err);
+/* After the optimizer updated the shard: every gathered copy is stale. */
+void loom_fsdp_invalidate(loom_fsdp *f);
+/* Gathers everything into the view (dumps, checkpoints); loom_fsdp_invalidate after. */
+loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err);
+/* Parameter bytes resident at most (shard + head + tail + two blocks). */
+size_t loom_fsdp_resident_bytes(const loom_fsdp *f);
+
+#endif
