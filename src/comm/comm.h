@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 typedef struct {
     MPI_Comm mpi; /* MPI_COMM_NULL when size == 1 without MPI */
@@ -22,6 +23,7 @@ typedef struct {
      * hidden), and total lifetime of non-blocking operations (start to completion) */
     double blocked_ms, inflight_ms;
     uint64_t bytes;
+    loom_trace *trace; /* NULL: no trace; else each completed operation becomes a span */
 } loom_comm;
 
 typedef struct {
@@ -30,6 +32,7 @@ typedef struct {
     uint64_t seq;
     double start_ms;
     int active;
+    const char *op;
 } loom_comm_handle;
 
 /* Wraps an MPI communicator (duplicated, so loom's traffic is its own). */
@@ -67,5 +70,10 @@ loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_test(loom_comm_handle *h, int *done, loom_error *err);
 
 double loom_comm_now_ms(void);
+
+/* Gathers every rank's trace to rank 0, which writes the merged Chrome trace to path
+ * (collective: every rank calls it). */
+loom_status loom_comm_write_trace(loom_comm *c, const loom_trace *t, const char *path,
+                                  loom_error *err);
 
 #endif

@@ -146,6 +146,7 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
     const int B = m->B, T = m->T, N = B * T, C = c->d_model, F = c->d_ff, hd = head_dim(c);
     const int H = c->n_head, KV = c->n_kv_head, A = H * hd;
     const loom_param_table *t = &m->table;
+    loom_trace_begin(m->trace, "forward", "compute");
     loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), B, T, C);
     const float *x = m->embed;
     for (int l = 0; l < c->n_layer; l++) {
@@ -153,6 +154,7 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
         loom_block_acts *a = &m->blocks[l];
         loom_status st = hook(m, 0, l, 0);
         if (st) return st;
+        loom_trace_begin(m->trace, "block", "forward");
         norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
                      cat(p, k->norm1_b), N);
         loom_linear_forward(a->qkv, a->norm1, p + k->qkv_w, cat(p, k->qkv_b), N, C, qkv_width(c));
@@ -170,11 +172,13 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
         loom_linear_forward(a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), N, F, C);
         loom_add(a->res2, a->res2, a->res1, (size_t)N * C);
         x = a->res2;
+        loom_trace_end(m->trace);
         if ((st = hook(m, 1, l, 0))) return st;
     }
     norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
                  N);
     loom_linear_forward(m->logits, m->normf, p + t->lm_head, NULL, N, C, c->vocab_size);
+    loom_trace_end(m->trace);
     return LOOM_OK;
 }
 
@@ -196,6 +200,7 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
     const size_t NC = (size_t)N * C;
     const float *x_last = c->n_layer > 0 ? m->blocks[c->n_layer - 1].res2 : m->embed;
 
+    loom_trace_begin(m->trace, "backward", "compute");
     /* logits = normf @ lm_head^T */
     memset(m->dnorm, 0, NC * sizeof(float));
     loom_linear_backward_input(m->dnorm, m->logits, p + t->lm_head, N, C, c->vocab_size);
@@ -212,7 +217,11 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         const loom_block_acts *a = &m->blocks[l];
         const float *x = l > 0 ? m->blocks[l - 1].res2 : m->embed;
         if (!st) st = hook(m, 0, l, 1);
-        if (st) return st;
+        if (st) {
+            loom_trace_end(m->trace);
+            return st;
+        }
+        loom_trace_begin(m->trace, "block", "backward");
         /* res2 = res1 + act @ proj^T */
         memset(m->dact, 0, (size_t)N * F * sizeof(float));
         loom_linear_backward_input(m->dact, m->dres, p + k->proj_w, N, F, C);
@@ -242,10 +251,12 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), m->dnorm, x, p + k->norm1_w,
                       a->norm1_mean, a->norm1_rstd, N);
         size_t end = l + 1 < c->n_layer ? t->blocks[l + 1].norm1_w : t->normf_w;
+        loom_trace_end(m->trace);
         if (ready && !st) st = ready(ctx, k->norm1_w, end);
         if (!st) st = hook(m, 1, l, 1);
     }
     loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
+    loom_trace_end(m->trace);
     return st;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -34,6 +35,7 @@ typedef struct {
 typedef struct {
     loom_model_config cfg;
     loom_block_hooks hooks;
+    loom_trace *trace; /* NULL or where forward/backward spans go */
     loom_param_table table;
     int B, T; /* micro-batch shape the arena is planned for */
     float *arena;

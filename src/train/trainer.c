@@ -94,6 +94,7 @@ typedef struct {
     int32_t *batch;        /* this rank's slice of the step: [G/dp, T+1] */
     int32_t *dump_batches; /* [steps, G, T+1] on rank 0 when dumping */
     loom_metrics metrics;
+    loom_trace *trace;
 } run_state;
 
 static void run_free(run_state *r) {
@@ -108,6 +109,7 @@ static void run_free(run_state *r) {
     free(r->batch);
     free(r->dump_batches);
     loom_metrics_close(&r->metrics);
+    loom_trace_close(r->trace);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -132,6 +134,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     long long tokens_seen = 0;
     for (int step = 0; step < tc->steps; step++) {
         double t0 = now_ms();
+        loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         loom_dataset_sample(&r->data, tc->seed, step, (int64_t)mesh->dp_rank * per_rank, per_rank,
                             r->batch);
@@ -159,9 +162,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                           last ? loom_zero_grads_ready : NULL, &ready)))
                 return st;
         }
-        if ((st = loom_zero_finish_reduction(&r->zero, r->grads, err)) ||
-            (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err)))
-            return st;
+        loom_trace_begin(r->trace, "gradient wait", "comm");
+        st = loom_zero_finish_reduction(&r->zero, r->grads, err);
+        loom_trace_end(r->trace);
+        if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
             return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
@@ -175,11 +179,14 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = loom_zero_grad_norm(&r->zero, r->grads, &norm, err))) return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+        loom_trace_begin(r->trace, "optimizer", "train");
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
                                            r->sharded_params ? r->fsdp.shard : NULL, r->grads, norm,
                                            lr, &tc->adamw, step + 1, err)))
             return st;
         if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
+        loom_trace_end(r->trace); /* optimizer */
+        loom_trace_end(r->trace); /* step */
         double ms = now_ms() - t0;
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {
@@ -275,8 +282,25 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         }
     }
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
+    if (tc->trace[0]) {
+        /* Ranks open their traces together so their clocks start within a barrier. */
+        const int accum = tc->global_batch / mesh->layout.dp / tc->micro_batch;
+        size_t events = (size_t)tc->steps * (accum * (4 * mc->n_layer + 16) + 64) + 1024;
+        if (!(st = loom_comm_barrier(&mesh->world, err)))
+            st = loom_trace_open(&r.trace, mesh->rank, events, err);
+        if (st) {
+            run_free(&r);
+            return st;
+        }
+        r.model.trace = mesh->dp.trace = mesh->world.trace = r.trace;
+    }
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
+    if (!st && r.trace) {
+        mesh->dp.trace = mesh->world.trace = NULL;
+        st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);
+        if (!st && lead) fprintf(stderr, "loom: trace written to %s\n", tc->trace);
+    }
     run_free(&r);
     return st;
 }

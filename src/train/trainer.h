@@ -28,6 +28,7 @@ typedef struct {
     loom_layout layout;           /* --dp --tp --pp --ep */
     int zero;                     /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;              /* gradient bucket size for overlapped reduction */
+    char trace[LOOM_PATH_MAX];    /* Chrome trace JSON of every rank; "" = none */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Data-parallel weak scaling of `loom train` on this machine (bench/README.md).
+
+1 rank x 1 thread versus `mpirun -n 2` x 1 thread (--dp 2) at the same per-rank batch
+(the global batch doubles), GPT-2 124M on random tokens, for --zero 0, 1, 2; each 2-rank
+run twice: with overlap (--bucket-mb 25, buckets reduced during backward) and without
+(--bucket-mb 100000: one bucket, sent after backward ends, so the whole reduction is
+exposed). Figures come from the --metrics JSON lines (median over the measured steps):
+
+  efficiency[z]      = tokens/s (2 ranks, overlap) / (2 x tokens/s (1 rank))
+  hidden_fraction[z] = 1 - grad_wait_ms (overlap) / grad_wait_ms (no overlap)
+
+The last line of output is one JSON object with every figure.
+Usage: bench_dp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 7]
+                   [--warmup 2]
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+OVERLAP_MB = 25.0  # loom's default
+NO_OVERLAP_MB = 100000.0  # larger than the model: one bucket, sent after backward
+ZERO_STAGES = (0, 1, 2)  # ZeRO-3 is not implemented
+
+
+def write_random_shard(path, n_tokens, vocab, seed):
+    """llm.c shard: 256 int32 header [20240520, 1, n_tokens, 0...], then uint16 tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, n_tokens]
+    tokens = np.random.default_rng(seed).integers(0, vocab, n_tokens).astype("<u2")
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+def mpirun_prefix(n):
+    cmd = ["mpirun", "-n", str(n), "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def run_loom(args, data, tmp, name, ranks, zero, bucket_mb):
+    metrics = os.path.join(tmp, f"{name}.jsonl")
+    per_rank = args.micro_batch
+    cmd = [args.loom, "train", "--model", args.model, "--seq-len", str(args.seq_len),
+           "--micro-batch", str(args.micro_batch), "--global-batch", str(per_rank * ranks),
+           "--steps", str(args.steps), "--threads", "1", "--data", data, "--metrics", metrics,
+           "--log-every", "0", "--seed", "1234"]
+    if ranks > 1:
+        cmd = mpirun_prefix(ranks) + cmd + ["--dp", str(ranks), "--zero", str(zero),
+                                            "--bucket-mb", f"{bucket_mb:g}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.run_timeout)
+    if p.returncode != 0:
+        print(f"FAIL: {name}: exit {p.returncode}\n{p.stderr[-3000:]}", flush=True)
+        sys.exit(1)
+    rows = [json.loads(line) for line in open(metrics)]
+    measured = [r for r in rows if r["step"] > args.warmup]
+    if not measured:
+        print(f"FAIL: {name}: no steps after the {args.warmup} warm-up steps", flush=True)
+        sys.exit(1)
+    step_ms = statistics.median(r["step_ms"] for r in measured)
+    tokens_per_step = rows[0]["tokens"]  # cumulative: the first row is one step's tokens
+    res = {
+        "ranks": ranks, "zero": zero if ranks > 1 else None,
+        "bucket_mb": bucket_mb if ranks > 1 else None,
+        "tokens_per_step": tokens_per_step,
+        "step_ms": round(step_ms, 1),
+        "tokens_per_s": round(tokens_per_step / (step_ms * 1e-3), 2),
+        "grad_wait_ms": round(statistics.median(r["grad_wait_ms"] for r in measured), 1),
+        "step_ms_all": [round(r["step_ms"], 1) for r in rows],
+        "wall_s": round(time.time() - t0, 1),
+    }
+    print(f"  {name}: median step {res['step_ms']:.0f} ms, {res['tokens_per_s']:.1f} tok/s, "
+          f"grad wait {res['grad_wait_ms']:.0f} ms (steps: {res['step_ms_all']}, "
+          f"{res['wall_s']:.0f} s)", flush=True)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--loom", default="build/loom")
+    ap.add_argument("--model", default="gpt2-small")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch", type=int, default=2, help="= the per-rank batch")
+    ap.add_argument("--steps", type=int, default=7, help="steps per run, warm-up included")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps not measured")
+    ap.add_argument("--run-timeout", type=float, default=240.0, help="seconds per loom run")
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        ap.error("--steps must exceed --warmup")
+    t_start = time.time()
+    tmp = tempfile.mkdtemp(prefix="loom_bench_dp_")
+    data = os.path.join(tmp, "random.bin")
+    write_random_shard(data, 1 << 18, 50257, 7)
+    print(f"bench_dp: {args.model}, T={args.seq_len}, per-rank batch {args.micro_batch}, "
+          f"{args.steps} steps ({args.warmup} warm-up), 1 thread per rank; cores: "
+          f"{os.cpu_count()}, load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+
+    runs = {}
+    # The 1-rank baseline runs first and last; its figure is the median over both runs'
+    # measured steps, so a drift in machine load during the benchmark is shared.
+    runs["1rank_a"] = run_loom(args, data, tmp, "1rank_a", 1, 0, OVERLAP_MB)
+    for z in ZERO_STAGES:
+        runs[f"2rank_zero{z}_overlap"] = run_loom(args, data, tmp, f"2rank_zero{z}_overlap", 2, z,
+                                                  OVERLAP_MB)
+        runs[f"2rank_zero{z}_no_overlap"] = run_loom(args, data, tmp, f"2rank_zero{z}_no_overlap",
+                                                     2, z, NO_OVERLAP_MB)
+    runs["1rank_b"] = run_loom(args, data, tmp, "1rank_b", 1, 0, OVERLAP_MB)
+
+    base_steps = [ms for key in ("1rank_a", "1rank_b")
+                  for ms in runs[key]["step_ms_all"][args.warmup:]]
+    base_ms = statistics.median(base_steps)
+    base_tps = runs["1rank_a"]["tokens_per_step"] / (base_ms * 1e-3)
+
+    efficiency, efficiency_no_overlap, hidden, exposed = {}, {}, {}, {}
+    for z in ZERO_STAGES:
+        ov, no = runs[f"2rank_zero{z}_overlap"], runs[f"2rank_zero{z}_no_overlap"]
+        efficiency[f"zero{z}"] = round(ov["tokens_per_s"] / (2 * base_tps), 3)
+        efficiency_no_overlap[f"zero{z}"] = round(no["tokens_per_s"] / (2 * base_tps), 3)
+        hidden[f"zero{z}"] = (round(1 - ov["grad_wait_ms"] / no["grad_wait_ms"], 3)
+                              if no["grad_wait_ms"] > 0 else None)
+        exposed[f"zero{z}"] = {"with_overlap_ms": ov["grad_wait_ms"],
+                               "without_overlap_ms": no["grad_wait_ms"]}
+
+    print("\nzero | tok/s 2 ranks (overlap / none) | efficiency | exposed ms (overlap / none) "
+          "| hidden")
+    for z in ZERO_STAGES:
+        ov, no = runs[f"2rank_zero{z}_overlap"], runs[f"2rank_zero{z}_no_overlap"]
+        h = hidden[f"zero{z}"]
+        print(f"  {z}  | {ov['tokens_per_s']:8.1f} / {no['tokens_per_s']:8.1f}     "
+              f"|   {efficiency[f'zero{z}']:.3f}    | {ov['grad_wait_ms']:7.0f} / "
+              f"{no['grad_wait_ms']:7.0f}      | {'-' if h is None else f'{h:.3f}'}")
+    print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over both baseline runs)")
+    load_end = os.getloadavg()[0]
+
+    out = {
+        "model": args.model, "seq_len": args.seq_len, "per_rank_batch": args.micro_batch,
+        "steps": args.steps, "warmup": args.warmup, "threads_per_rank": 1,
+        "tokens_per_s": {"1rank": round(base_tps, 2),
+                         **{k: v["tokens_per_s"] for k, v in runs.items() if k.startswith("2")},
+                         "1rank_a": runs["1rank_a"]["tokens_per_s"],
+                         "1rank_b": runs["1rank_b"]["tokens_per_s"]},
+        "efficiency": efficiency,
+        "efficiency_no_overlap": efficiency_no_overlap,
+        "hidden_fraction": hidden,
+        "exposed_ms": exposed,
+        "load_avg_end": round(load_end, 2),
+        "wall_s": round(time.time() - t_start, 1),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
