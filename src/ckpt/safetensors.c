@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static size_t tensor_bytes(const loom_tensor_view *t) {
@@ -13,8 +16,15 @@ static size_t tensor_bytes(const loom_tensor_view *t) {
     return n;
 }
 
-static char *build_header(const loom_tensor_view *tensors, int n) {
+static char *build_header(const loom_tensor_view *tensors, int n, const char *const *meta_keys,
+                          const char *const *meta_values, int n_meta) {
     json_t *root = json_object();
+    if (n_meta > 0) {
+        json_t *meta = json_object();
+        for (int i = 0; i < n_meta; i++)
+            json_object_set_new(meta, meta_keys[i], json_string(meta_values[i]));
+        json_object_set_new(root, "__metadata__", meta);
+    }
     size_t offset = 0;
     for (int i = 0; i < n; i++) {
         const loom_tensor_view *t = &tensors[i];
@@ -34,7 +44,14 @@ static char *build_header(const loom_tensor_view *tensors, int n) {
 
 loom_status loom_safetensors_write(const char *path, const loom_tensor_view *tensors, int n,
                                    loom_error *err) {
-    char *header = build_header(tensors, n);
+    return loom_safetensors_write_meta(path, tensors, n, NULL, NULL, 0, err);
+}
+
+loom_status loom_safetensors_write_meta(const char *path, const loom_tensor_view *tensors, int n,
+                                        const char *const *meta_keys,
+                                        const char *const *meta_values, int n_meta,
+                                        loom_error *err) {
+    char *header = build_header(tensors, n, meta_keys, meta_values, n_meta);
     if (!header) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: cannot build header", path);
     size_t len = strlen(header);
     size_t padded = (len + 7) & ~(size_t)7; /* data starts 8-byte aligned */
@@ -62,4 +79,94 @@ loom_status loom_safetensors_write(const char *path, const loom_tensor_view *ten
                               strerror(saved_errno ? saved_errno : errno));
     }
     return LOOM_OK;
+}
+
+static loom_status bad(loom_safetensors *f, loom_error *err, const char *what) {
+    loom_status st = loom_error_set(err, LOOM_ERR_INPUT, "%s: not a valid safetensors file: %s",
+                                    f->path ? f->path : "?", what);
+    loom_safetensors_close(f);
+    return st;
+}
+
+loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_error *err) {
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        loom_status st =
+            loom_error_set(err, LOOM_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+        loom_safetensors_close(f);
+        return st;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_size < 8) {
+        close(fd);
+        return bad(f, err, "shorter than its 8-byte header length");
+    }
+    f->map_bytes = (size_t)sb.st_size;
+    f->map = mmap(NULL, f->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return bad(f, err, "cannot be mapped");
+    }
+    uint64_t hlen;
+    memcpy(&hlen, f->map, 8);
+    if (hlen > f->map_bytes - 8) return bad(f, err, "header length beyond the end of the file");
+    json_error_t jerr;
+    f->header = json_loadb((const char *)f->map + 8, (size_t)hlen, 0, &jerr);
+    if (!f->header || !json_is_object((json_t *)f->header)) return bad(f, err, "header is not a JSON object");
+    f->data = (const uint8_t *)f->map + 8 + hlen;
+    f->data_bytes = f->map_bytes - 8 - (size_t)hlen;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)f->header, key, v) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        json_t *off = json_object_get(v, "data_offsets");
+        json_int_t a = json_integer_value(json_array_get(off, 0));
+        json_int_t b = json_integer_value(json_array_get(off, 1));
+        if (!json_is_string(json_object_get(v, "dtype")) || !json_is_array(json_object_get(v, "shape")) ||
+            json_array_size(off) != 2 || a < 0 || b < a || (size_t)b > f->data_bytes)
+            return bad(f, err, "a tensor entry has bad dtype, shape or data_offsets");
+    }
+    return LOOM_OK;
+}
+
+void loom_safetensors_close(loom_safetensors *f) {
+    if (f->header) json_decref((json_t *)f->header);
+    if (f->map) munmap(f->map, f->map_bytes);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
+                                     const float **data, loom_error *err) {
+    json_t *v = json_object_get((json_t *)f->header, name);
+    if (!v)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: no tensor '%s'", f->path, name);
+    const char *dtype = json_string_value(json_object_get(v, "dtype"));
+    if (strcmp(dtype, "F32") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is %s (expected F32)", f->path,
+                              name, dtype);
+    json_t *shape = json_object_get(v, "shape");
+    size_t n = 1;
+    for (size_t i = 0; i < json_array_size(shape); i++)
+        n *= (size_t)json_integer_value(json_array_get(shape, i));
+    json_t *off = json_object_get(v, "data_offsets");
+    size_t a = (size_t)json_integer_value(json_array_get(off, 0));
+    size_t b = (size_t)json_integer_value(json_array_get(off, 1));
+    if (n != numel || b - a != numel * sizeof(float))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s: tensor '%s' has %zu elements (%zu bytes); expected %zu",
+                              f->path, name, n, b - a, numel);
+    if (a % sizeof(float) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is not 4-byte aligned",
+                              f->path, name);
+    *data = (const float *)(f->data + a);
+    return LOOM_OK;
+}
+
+const char *loom_safetensors_meta(const loom_safetensors *f, const char *key) {
+    json_t *meta = json_object_get((json_t *)f->header, "__metadata__");
+    return json_string_value(json_object_get(meta, key));
 }

@@ -19,8 +19,31 @@ typedef struct {
 } loom_tensor_view;
 
 /* Writes the tensors to path (through path.tmp + rename, so a reader never sees half a
- * file). */
+ * file), with optional string metadata (the format's "__metadata__"; n_meta may be 0). */
 loom_status loom_safetensors_write(const char *path, const loom_tensor_view *tensors, int n,
                                    loom_error *err);
+loom_status loom_safetensors_write_meta(const char *path, const loom_tensor_view *tensors, int n,
+                                        const char *const *meta_keys,
+                                        const char *const *meta_values, int n_meta,
+                                        loom_error *err);
+
+/* A safetensors file opened for reading (mmap'd; every entry validated at open). */
+typedef struct {
+    char *path;
+    void *map;
+    size_t map_bytes;
+    const uint8_t *data; /* start of the data section */
+    size_t data_bytes;
+    void *header; /* parsed JSON header (jansson) */
+} loom_safetensors;
+
+loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_error *err);
+void loom_safetensors_close(loom_safetensors *f);
+/* The F32 tensor `name` with exactly `numel` elements, or an error naming the file, the
+ * tensor and what was found. */
+loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
+                                     const float **data, loom_error *err);
+/* A metadata string, or NULL. */
+const char *loom_safetensors_meta(const loom_safetensors *f, const char *key);
 
 #endif

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cmd_data.h"
+#include "cli/cmd_generate.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
@@ -38,6 +40,6 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "loom: unknown command '%s' (expected train, data, tokenizer, version)\n", cmd);
+    fprintf(stderr, "loom: unknown command '%s' (expected train, data, generate, tokenizer, version)\n", cmd);
     return 2;
 }

@@ -57,6 +57,8 @@ static const opt_def OPTS[] = {
     {"zero", OPT_INT, TR(zero), 0,
      "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
+    {"save-weights", OPT_STRING, TR(save_weights), LOOM_PATH_MAX,
+     "write the final weights (safetensors + config) for loom generate"},
     {"trace", OPT_STRING, TR(trace), LOOM_PATH_MAX, "Chrome/Perfetto trace file (all ranks)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])

@@ -67,6 +67,8 @@ void loom_add(float *out, const float *a, const float *b, size_t n);
  * angle = t * theta^(-2i/hd), t = 0..T-1) applied IN PLACE to the query and key heads of
  * qkv; value heads untouched. hd must be even. */
 void loom_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, float theta);
+/* The same with positions pos0 .. pos0+T-1 (incremental decoding with a KV cache). */
+void loom_rope_forward_at(float *qkv, int B, int T, int H, int KV, int hd, float theta, int pos0);
 /* IN PLACE on dqkv: rotates the query/key gradients back by the inverse rotation. */
 void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float theta);
 

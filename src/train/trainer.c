@@ -10,6 +10,7 @@
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
+#include "model/weights.h"
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "train/dump.h"
@@ -198,7 +199,14 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                     "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
                     step + 1, tc->steps, loss, lr, norm, ms, sm.tokens_per_s);
     }
-    if (dumping && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err))) return st;
+    const int saving = tc->save_weights[0] != 0;
+    if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
+        return st;
+    if (saving && lead) {
+        loom_mkdir_parent(tc->save_weights);
+        if ((st = loom_weights_save(tc->save_weights, mc, t, r->params, err))) return st;
+        fprintf(stderr, "loom: weights written to %s\n", tc->save_weights);
+    }
     if (dumping && lead) {
         int64_t dims[3] = {tc->steps, G, T + 1};
         if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,

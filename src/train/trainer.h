@@ -29,6 +29,7 @@ typedef struct {
     int zero;                     /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;              /* gradient bucket size for overlapped reduction */
     char trace[LOOM_PATH_MAX];    /* Chrome trace JSON of every rank; "" = none */
+    char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

@@ -54,6 +54,23 @@ PY
     check "$family: same seed, identical losses" [ "$(losses "$TMP/$family.a.jsonl")" = "$(losses "$TMP/$family.b.jsonl")" ]
     check "$family: other seed, other losses" [ "$(losses "$TMP/$family.a.jsonl")" != "$(losses "$TMP/$family.c.jsonl")" ]
 done
+# Weights for generate: saved at the end, sampled deterministically for a seed, and bad
+# input refused with one line and exit 2.
+"$LOOM" "${args[@]}" --seed "$SEED" --save-weights "$TMP/w.safetensors" 2>/dev/null
+gen=(generate --weights "$TMP/w.safetensors" --prompt "In the beginning" --max-tokens 12)
+out1=$("$LOOM" "${gen[@]}" --seed 5 2>&1)
+out2=$("$LOOM" "${gen[@]}" --seed 5 2>&1)
+check "generate: same seed, same text" test -n "$out1" -a "$out1" = "$out2"
+check "generate: continues the prompt" grep -q "^In the beginning" <<<"$out1"
+long=$(head -c 200 /dev/zero | tr '\0' a)
+"$LOOM" generate --weights "$TMP/w.safetensors" --prompt "$long" >/dev/null 2>"$TMP/gerr"
+rc=$?
+check "generate: prompt longer than the context" test $rc -eq 2 -a "$(grep -c "longer than the model's context of 32" "$TMP/gerr")" = 1
+head -c 100 /dev/urandom > "$TMP/junk.safetensors"
+"$LOOM" generate --weights "$TMP/junk.safetensors" --prompt hi >/dev/null 2>"$TMP/gerr"
+rc=$?
+check "generate: malformed weights file" test $rc -eq 2 -a "$(grep -c "junk.safetensors" "$TMP/gerr")" = 1
+
 # The same run under mpirun (one rank) is bitwise the same as without it.
 if command -v mpirun >/dev/null; then
     mpirun --allow-run-as-root -n 1 "$LOOM" "${args[@]}" --seed "$SEED" --metrics "$TMP/mpi.jsonl" 2>/dev/null

@@ -9,7 +9,8 @@
 #define LOOM_ROPE_CHUNK 64
 
 /* sign = +1 rotates by +angle (forward); sign = -1 applies the transpose (backward). */
-static void rope_apply(float *x, int B, int T, int H, int KV, int hd, float theta, float sign) {
+static void rope_apply(float *x, int B, int T, int H, int KV, int hd, float theta, float sign,
+                       int pos0) {
     int half = hd / 2;
     int row = (H + 2 * KV) * hd;
     int heads = H + KV; /* query heads then key heads are contiguous */
@@ -21,7 +22,7 @@ static void rope_apply(float *x, int B, int T, int H, int KV, int hd, float thet
             for (int k = 0; k < ni; k++) {
                 /* Angles in double: t * inv_freq reaches ~T radians. */
                 double inv_freq = pow((double)theta, -2.0 * (i0 + k) / hd);
-                double ang = (double)t * inv_freq;
+                double ang = (double)(pos0 + t) * inv_freq;
                 cs[k] = (float)cos(ang);
                 sn[k] = sign * (float)sin(ang);
             }
@@ -42,10 +43,14 @@ static void rope_apply(float *x, int B, int T, int H, int KV, int hd, float thet
 }
 
 void loom_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, float theta) {
-    rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f);
+    rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f, 0);
 }
 
 void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float theta) {
     /* The rotation is orthogonal, so its transpose is the rotation by -angle. */
-    rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f);
+    rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f, 0);
+}
+
+void loom_rope_forward_at(float *qkv, int B, int T, int H, int KV, int hd, float theta, int pos0) {
+    rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f, pos0);
 }

@@ -1,0 +1,172 @@
+#include "model/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
+                                  const loom_param_table *t, const float *params,
+                                  loom_error *err) {
+    memset(g, 0, sizeof *g);
+    g->cfg = *c;
+    g->table = t;
+    g->params = params;
+    g->max_len = c->seq_len;
+    const int hd = c->d_model / c->n_head, C = c->d_model;
+    const size_t kv = (size_t)c->n_kv_head * hd, QKV = (size_t)(c->n_head + 2 * c->n_kv_head) * hd;
+    const size_t FC = c->family == LOOM_FAMILY_GPT2 ? (size_t)c->d_ff : 2 * (size_t)c->d_ff;
+    const size_t cache = (size_t)c->n_layer * g->max_len * kv;
+    g->k_cache = malloc(cache * sizeof(float));
+    g->v_cache = malloc(cache * sizeof(float));
+    g->x = malloc(C * sizeof(float));
+    g->norm = malloc(C * sizeof(float));
+    g->qkv = malloc(QKV * sizeof(float));
+    g->att = malloc((size_t)c->n_head * hd * sizeof(float));
+    g->res = malloc(C * sizeof(float));
+    g->fc = malloc(FC * sizeof(float));
+    g->act = malloc((size_t)c->d_ff * sizeof(float));
+    g->logits = malloc((size_t)c->vocab_size * sizeof(float));
+    g->scores = malloc((size_t)g->max_len * sizeof(float));
+    if (!g->k_cache || !g->v_cache || !g->x || !g->norm || !g->qkv || !g->att || !g->res ||
+        !g->fc || !g->act || !g->logits || !g->scores) {
+        loom_generator_free(g);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "generate: out of memory for the KV cache");
+    }
+    return LOOM_OK;
+}
+
+void loom_generator_free(loom_generator *g) {
+    free(g->k_cache);
+    free(g->v_cache);
+    free(g->x);
+    free(g->norm);
+    free(g->qkv);
+    free(g->att);
+    free(g->res);
+    free(g->fc);
+    free(g->act);
+    free(g->logits);
+    free(g->scores);
+    memset(g, 0, sizeof *g);
+}
+
+static const float *opt(const float *p, size_t offset) {
+    return offset == LOOM_NO_PARAM ? NULL : p + offset;
+}
+
+static void norm(loom_generator *g, float *out, const float *in, size_t w, size_t b) {
+    const loom_model_config *c = &g->cfg;
+    if (c->family == LOOM_FAMILY_GPT2)
+        loom_layernorm_forward(out, &g->mean, &g->rstd, in, g->params + w, opt(g->params, b), 1,
+                               c->d_model, c->norm_eps);
+    else
+        loom_rmsnorm_forward(out, &g->rstd, in, g->params + w, 1, c->d_model, c->norm_eps);
+}
+
+/* One query head against the cached keys/values 0..pos of its key/value head. */
+static void attend(loom_generator *g, int layer, int h, int pos) {
+    const loom_model_config *c = &g->cfg;
+    const int hd = c->d_model / c->n_head, kv = c->n_kv_head * hd;
+    const int g_kv = h / (c->n_head / c->n_kv_head);
+    const float *q = g->qkv + (size_t)h * hd;
+    const float *K = g->k_cache + (size_t)layer * g->max_len * kv + (size_t)g_kv * hd;
+    const float *Vc = g->v_cache + (size_t)layer * g->max_len * kv + (size_t)g_kv * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    double m = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+        double s = 0.0;
+        for (int d = 0; d < hd; d++) s += (double)q[d] * K[(size_t)j * kv + d];
+        g->scores[j] = (float)(s * scale);
+        if (g->scores[j] > m) m = g->scores[j];
+    }
+    double sum = 0.0;
+    for (int j = 0; j <= pos; j++) sum += (g->scores[j] = (float)exp(g->scores[j] - m));
+    float *o = g->att + (size_t)h * hd;
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int j = 0; j <= pos; j++) {
+        float p = (float)(g->scores[j] / sum);
+        for (int d = 0; d < hd; d++) o[d] += p * Vc[(size_t)j * kv + d];
+    }
+}
+
+void loom_generator_step(loom_generator *g, int32_t token, int pos) {
+    const loom_model_config *c = &g->cfg;
+    const loom_param_table *t = g->table;
+    const float *p = g->params;
+    const int C = c->d_model, F = c->d_ff, hd = C / c->n_head, H = c->n_head, KV = c->n_kv_head;
+    const int A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
+    const int gpt2 = c->family == LOOM_FAMILY_GPT2, FC = gpt2 ? F : 2 * F;
+    for (int i = 0; i < C; i++)
+        g->x[i] = p[t->wte + (size_t)token * C + i] + (gpt2 ? p[t->wpe + (size_t)pos * C + i] : 0.0f);
+    for (int l = 0; l < c->n_layer; l++) {
+        const loom_block_params *k = &t->blocks[l];
+        norm(g, g->norm, g->x, k->norm1_w, k->norm1_b);
+        loom_linear_forward(g->qkv, g->norm, p + k->qkv_w, opt(p, k->qkv_b), 1, C, QKV);
+        if (!gpt2) loom_rope_forward_at(g->qkv, 1, 1, H, KV, hd, c->rope_theta, pos);
+        size_t at = ((size_t)l * g->max_len + pos) * kv;
+        memcpy(g->k_cache + at, g->qkv + A, kv * sizeof(float));
+        memcpy(g->v_cache + at, g->qkv + A + kv, kv * sizeof(float));
+        for (int h = 0; h < H; h++) attend(g, l, h, pos);
+        loom_linear_forward(g->res, g->att, p + k->attn_out_w, opt(p, k->attn_out_b), 1, A, C);
+        loom_add(g->x, g->x, g->res, C);
+        norm(g, g->norm, g->x, k->norm2_w, k->norm2_b);
+        loom_linear_forward(g->fc, g->norm, p + k->fc_w, opt(p, k->fc_b), 1, C, FC);
+        if (gpt2)
+            loom_gelu_forward(g->act, g->fc, F);
+        else
+            loom_swiglu_forward(g->act, g->fc, 1, F);
+        loom_linear_forward(g->res, g->act, p + k->proj_w, opt(p, k->proj_b), 1, F, C);
+        loom_add(g->x, g->x, g->res, C);
+    }
+    norm(g, g->norm, g->x, t->normf_w, t->normf_b);
+    loom_linear_forward(g->logits, g->norm, p + t->lm_head, NULL, 1, C, c->vocab_size);
+}
+
+/* Descending order of logits, for top-k / top-p. */
+static int by_logit_desc(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    float x = l[*(const int *)a], y = l[*(const int *)b];
+    return (x < y) - (x > y);
+}
+
+int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->temperature <= 0.0f) return best;
+    /* Softmax at the temperature, then keep the top-k and the smallest set whose mass
+     * reaches top-p (both over the sorted order), renormalise and draw. */
+    int *order = malloc((size_t)V * sizeof *order);
+    if (!order) return best;
+    double m = logits[best], sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        logits[i] = (float)exp((logits[i] - m) / s->temperature);
+        sum += logits[i];
+        order[i] = i;
+    }
+    qsort_r(order, (size_t)V, sizeof *order, by_logit_desc, logits);
+    int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double mass = 0.0;
+    for (int i = 0; i < keep; i++) {
+        mass += logits[order[i]] / sum;
+        if (s->top_p < 1.0f && mass >= s->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    double kept = 0.0;
+    for (int i = 0; i < keep; i++) kept += logits[order[i]];
+    double target = u * kept, acc = 0.0;
+    int32_t tok = order[keep - 1];
+    for (int i = 0; i < keep; i++) {
+        acc += logits[order[i]];
+        if (acc > target) {
+            tok = order[i];
+            break;
+        }
+    }
+    free(order);
+    return tok;
+}

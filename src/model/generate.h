@@ -1,0 +1,40 @@
+/* Autoregressive decoding with a KV cache: one token at a time, each step attends to the
+ * cached keys and values of every earlier position (no recomputation), for both
+ * families. Sampling: temperature, top-k, top-p (nucleus). */
+#ifndef LOOM_MODEL_GENERATE_H
+#define LOOM_MODEL_GENERATE_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+
+typedef struct {
+    loom_model_config cfg;
+    const loom_param_table *table;
+    const float *params;
+    int max_len;            /* positions the cache holds (cfg.seq_len) */
+    float *k_cache, *v_cache; /* [n_layer][max_len][n_kv_head * head_dim] */
+    float *x, *norm, *qkv, *att, *res, *fc, *act, *logits, *scores;
+    float mean, rstd;
+} loom_generator;
+
+loom_status loom_generator_create(loom_generator *g, const loom_model_config *cfg,
+                                  const loom_param_table *table, const float *params,
+                                  loom_error *err);
+void loom_generator_free(loom_generator *g);
+/* Feeds `token` at position pos (0 <= pos < max_len, positions in order from 0);
+ * g->logits then holds the next-token logits (vocab_size). */
+void loom_generator_step(loom_generator *g, int32_t token, int pos);
+
+typedef struct {
+    float temperature; /* 0: greedy (argmax) */
+    int top_k;         /* 0: off */
+    float top_p;       /* 1: off */
+} loom_sampling;
+
+/* Draws a token from logits (overwritten: used as scratch) with uniform u in [0, 1). */
+int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u);
+
+#endif

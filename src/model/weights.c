@@ -1,0 +1,112 @@
+#include "model/weights.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/safetensors.h"
+
+#define N_META 11
+
+loom_status loom_weights_save(const char *path, const loom_model_config *c,
+                              const loom_param_table *t, const float *params, loom_error *err) {
+    char vals[N_META][32];
+    const char *keys[N_META] = {"format",     "family", "n_layer",  "n_head",
+                                "n_kv_head",  "d_model", "d_ff",    "vocab_size",
+                                "seq_len",    "norm_eps", "rope_theta"};
+    snprintf(vals[0], 32, "loom-weights-1");
+    snprintf(vals[1], 32, "%s", loom_family_name(c->family));
+    snprintf(vals[2], 32, "%d", c->n_layer);
+    snprintf(vals[3], 32, "%d", c->n_head);
+    snprintf(vals[4], 32, "%d", c->n_kv_head);
+    snprintf(vals[5], 32, "%d", c->d_model);
+    snprintf(vals[6], 32, "%d", c->d_ff);
+    snprintf(vals[7], 32, "%d", c->vocab_size);
+    snprintf(vals[8], 32, "%d", c->seq_len);
+    snprintf(vals[9], 32, "%.9g", (double)c->norm_eps);
+    snprintf(vals[10], 32, "%.9g", (double)c->rope_theta);
+    const char *values[N_META];
+    for (int i = 0; i < N_META; i++) values[i] = vals[i];
+    loom_tensor_view *views = calloc((size_t)t->n_params, sizeof *views);
+    if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        views[i] = (loom_tensor_view){p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]},
+                                      params + p->offset};
+    }
+    loom_status st = loom_safetensors_write_meta(path, views, t->n_params, keys, values, N_META, err);
+    free(views);
+    return st;
+}
+
+/* Integer metadata field `key`; an error names the file and the field. */
+static loom_status meta_int(const loom_safetensors *f, const char *key, int *out, loom_error *err) {
+    const char *v = loom_safetensors_meta(f, key);
+    char *end = NULL;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x <= 0 || x > (1L << 30))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s: metadata '%s' is %s (expected a positive integer; is this a "
+                              "file written by loom train --save-weights?)",
+                              f->path, key, v ? v : "missing");
+    *out = (int)x;
+    return LOOM_OK;
+}
+
+static loom_status meta_float(const loom_safetensors *f, const char *key, float *out,
+                              loom_error *err) {
+    const char *v = loom_safetensors_meta(f, key);
+    char *end = NULL;
+    float x = v ? strtof(v, &end) : 0.0f;
+    if (!v || !*v || *end)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: metadata '%s' is %s (expected a number)",
+                              f->path, key, v ? v : "missing");
+    *out = x;
+    return LOOM_OK;
+}
+
+loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param_table *t,
+                              float **params, loom_error *err) {
+    memset(t, 0, sizeof *t);
+    *params = NULL;
+    loom_safetensors f;
+    loom_status st = loom_safetensors_open(&f, path, err);
+    if (st) return st;
+    const char *family = loom_safetensors_meta(&f, "family");
+    memset(c, 0, sizeof *c);
+    if (!family || (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0)) {
+        st = loom_error_set(err, LOOM_ERR_INPUT,
+                            "%s: metadata 'family' is %s (expected gpt2 or llama)", path,
+                            family ? family : "missing");
+    } else {
+        c->family = strcmp(family, "gpt2") == 0 ? LOOM_FAMILY_GPT2 : LOOM_FAMILY_LLAMA;
+        if (!(st = meta_int(&f, "n_layer", &c->n_layer, err)) &&
+            !(st = meta_int(&f, "n_head", &c->n_head, err)) &&
+            !(st = meta_int(&f, "n_kv_head", &c->n_kv_head, err)) &&
+            !(st = meta_int(&f, "d_model", &c->d_model, err)) &&
+            !(st = meta_int(&f, "d_ff", &c->d_ff, err)) &&
+            !(st = meta_int(&f, "vocab_size", &c->vocab_size, err)) &&
+            !(st = meta_int(&f, "seq_len", &c->seq_len, err)) &&
+            !(st = meta_float(&f, "norm_eps", &c->norm_eps, err)) &&
+            !(st = meta_float(&f, "rope_theta", &c->rope_theta, err)) &&
+            (st = loom_model_config_validate(c, err)))
+            loom_error_prefix(err, "%s", path);
+    }
+    if (!st) st = loom_params_build(t, c, err);
+    if (!st && !(*params = malloc(t->total * sizeof(float))))
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; !st && i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        const float *src;
+        if (!(st = loom_safetensors_get_f32(&f, p->name, p->numel, &src, err)))
+            memcpy(*params + p->offset, src, p->numel * sizeof(float));
+    }
+    loom_safetensors_close(&f);
+    if (st) {
+        free(*params);
+        *params = NULL;
+        loom_params_free(t);
+    }
+    return st;
+}

@@ -1,0 +1,19 @@
+/* A model's final weights as one safetensors file with Hugging Face names; the model
+ * configuration travels in the file's metadata, so `loom generate` needs nothing else.
+ * (Checkpoints with optimizer state and run state are ckpt/'s business.) */
+#ifndef LOOM_MODEL_WEIGHTS_H
+#define LOOM_MODEL_WEIGHTS_H
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+
+loom_status loom_weights_save(const char *path, const loom_model_config *cfg,
+                              const loom_param_table *table, const float *params,
+                              loom_error *err);
+/* Reads the configuration and every parameter; *params is malloc'd (table->total floats)
+ * and *table built for it. Errors name the file and the missing or malformed field. */
+loom_status loom_weights_load(const char *path, loom_model_config *cfg, loom_param_table *table,
+                              float **params, loom_error *err);
+
+#endif
