@@ -115,7 +115,8 @@ loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_er
     if (hlen > f->map_bytes - 8) return bad(f, err, "header length beyond the end of the file");
     json_error_t jerr;
     f->header = json_loadb((const char *)f->map + 8, (size_t)hlen, 0, &jerr);
-    if (!f->header || !json_is_object((json_t *)f->header)) return bad(f, err, "header is not a JSON object");
+    if (!f->header || !json_is_object((json_t *)f->header))
+        return bad(f, err, "header is not a JSON object");
     f->data = (const uint8_t *)f->map + 8 + hlen;
     f->data_bytes = f->map_bytes - 8 - (size_t)hlen;
     const char *key;
@@ -125,8 +126,9 @@ loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_er
         json_t *off = json_object_get(v, "data_offsets");
         json_int_t a = json_integer_value(json_array_get(off, 0));
         json_int_t b = json_integer_value(json_array_get(off, 1));
-        if (!json_is_string(json_object_get(v, "dtype")) || !json_is_array(json_object_get(v, "shape")) ||
-            json_array_size(off) != 2 || a < 0 || b < a || (size_t)b > f->data_bytes)
+        if (!json_is_string(json_object_get(v, "dtype")) ||
+            !json_is_array(json_object_get(v, "shape")) || json_array_size(off) != 2 || a < 0 ||
+            b < a || (size_t)b > f->data_bytes)
             return bad(f, err, "a tensor entry has bad dtype, shape or data_offsets");
     }
     return LOOM_OK;
@@ -142,8 +144,7 @@ void loom_safetensors_close(loom_safetensors *f) {
 loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
                                      const float **data, loom_error *err) {
     json_t *v = json_object_get((json_t *)f->header, name);
-    if (!v)
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: no tensor '%s'", f->path, name);
+    if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: no tensor '%s'", f->path, name);
     const char *dtype = json_string_value(json_object_get(v, "dtype"));
     if (strcmp(dtype, "F32") != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is %s (expected F32)", f->path,
@@ -157,11 +158,11 @@ loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name
     size_t b = (size_t)json_integer_value(json_array_get(off, 1));
     if (n != numel || b - a != numel * sizeof(float))
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s: tensor '%s' has %zu elements (%zu bytes); expected %zu",
-                              f->path, name, n, b - a, numel);
+                              "%s: tensor '%s' has %zu elements (%zu bytes); expected %zu", f->path,
+                              name, n, b - a, numel);
     if (a % sizeof(float) != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is not 4-byte aligned",
-                              f->path, name);
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is not 4-byte aligned", f->path,
+                              name);
     *data = (const float *)(f->data + a);
     return LOOM_OK;
 }

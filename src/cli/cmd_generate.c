@@ -46,10 +46,11 @@ int loom_cmd_generate(int argc, char **argv) {
     unsigned long long seed = 1337;
     loom_sampling s = {0.8f, 0, 1.0f};
     static const struct option opts[] = {
-        {"weights", 1, NULL, 'w'},     {"prompt", 1, NULL, 'p'}, {"tokenizer", 1, NULL, 't'},
-        {"max-tokens", 1, NULL, 'n'},  {"temperature", 1, NULL, 'T'}, {"top-k", 1, NULL, 'k'},
-        {"top-p", 1, NULL, 'P'},       {"seed", 1, NULL, 's'},   {"help", 0, NULL, 'h'},
-        {0, 0, 0, 0}};
+        {"weights", 1, NULL, 'w'},     {"prompt", 1, NULL, 'p'},
+        {"tokenizer", 1, NULL, 't'},   {"max-tokens", 1, NULL, 'n'},
+        {"temperature", 1, NULL, 'T'}, {"top-k", 1, NULL, 'k'},
+        {"top-p", 1, NULL, 'P'},       {"seed", 1, NULL, 's'},
+        {"help", 0, NULL, 'h'},        {0, 0, 0, 0}};
     optind = 0;
     opterr = 0;
     int c;
@@ -57,9 +58,15 @@ int loom_cmd_generate(int argc, char **argv) {
     char msg[1200];
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
-        case 'w': weights = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 't': tok_name = optarg; break;
+        case 'w':
+            weights = optarg;
+            break;
+        case 'p':
+            prompt = optarg;
+            break;
+        case 't':
+            tok_name = optarg;
+            break;
         case 'n':
             max_tokens = (int)strtol(optarg, &end, 10);
             if (*end || max_tokens < 0) return fail("--max-tokens: expected an integer >= 0");
@@ -80,7 +87,9 @@ int loom_cmd_generate(int argc, char **argv) {
             seed = strtoull(optarg, &end, 10);
             if (*end) return fail("--seed: expected a non-negative integer");
             break;
-        case 'h': usage(stdout); return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
         default:
             snprintf(msg, sizeof msg, "unknown option or missing value '%s' (see --help)",
                      argv[optind - 1]);

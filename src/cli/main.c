@@ -40,6 +40,8 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "loom: unknown command '%s' (expected train, data, generate, tokenizer, version)\n", cmd);
+    fprintf(stderr,
+            "loom: unknown command '%s' (expected train, data, generate, tokenizer, version)\n",
+            cmd);
     return 2;
 }

@@ -59,6 +59,9 @@ static const opt_def OPTS[] = {
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
     {"save-weights", OPT_STRING, TR(save_weights), LOOM_PATH_MAX,
      "write the final weights (safetensors + config) for loom generate"},
+    {"val-data", OPT_STRING, TR(val_data), LOOM_PATH_MAX, "validation shards (file or glob)"},
+    {"eval-every", OPT_INT, TR(eval_every), 0, "validation loss every N steps (0 = off)"},
+    {"eval-batches", OPT_INT, TR(eval_batches), 0, "global batches per evaluation"},
     {"trace", OPT_STRING, TR(trace), LOOM_PATH_MAX, "Chrome/Perfetto trace file (all ranks)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])

@@ -7,8 +7,7 @@
 #include "kernels/kernels.h"
 
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
-                                  const loom_param_table *t, const float *params,
-                                  loom_error *err) {
+                                  const loom_param_table *t, const float *params, loom_error *err) {
     memset(g, 0, sizeof *g);
     g->cfg = *c;
     g->table = t;
@@ -99,7 +98,8 @@ void loom_generator_step(loom_generator *g, int32_t token, int pos) {
     const int A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
     const int gpt2 = c->family == LOOM_FAMILY_GPT2, FC = gpt2 ? F : 2 * F;
     for (int i = 0; i < C; i++)
-        g->x[i] = p[t->wte + (size_t)token * C + i] + (gpt2 ? p[t->wpe + (size_t)pos * C + i] : 0.0f);
+        g->x[i] =
+            p[t->wte + (size_t)token * C + i] + (gpt2 ? p[t->wpe + (size_t)pos * C + i] : 0.0f);
     for (int l = 0; l < c->n_layer; l++) {
         const loom_block_params *k = &t->blocks[l];
         norm(g, g->norm, g->x, k->norm1_w, k->norm1_b);

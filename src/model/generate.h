@@ -14,7 +14,7 @@ typedef struct {
     loom_model_config cfg;
     const loom_param_table *table;
     const float *params;
-    int max_len;            /* positions the cache holds (cfg.seq_len) */
+    int max_len;              /* positions the cache holds (cfg.seq_len) */
     float *k_cache, *v_cache; /* [n_layer][max_len][n_kv_head * head_dim] */
     float *x, *norm, *qkv, *att, *res, *fc, *act, *logits, *scores;
     float mean, rstd;

@@ -182,6 +182,14 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
     return LOOM_OK;
 }
 
+double loom_model_loss(loom_model *m) {
+    const int N = m->B * m->T;
+    loom_crossentropy_forward(m->losses, m->logits, m->targets, N, m->cfg.vocab_size);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->losses[i];
+    return sum;
+}
+
 double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
     const int N = m->B * m->T;
     loom_crossentropy_forward_backward(m->losses, m->logits, m->targets, N, m->cfg.vocab_size,

@@ -61,6 +61,8 @@ loom_status loom_model_forward(loom_model *m, const float *params);
 /* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with
  * weight dloss per token; returns the sum of the per-token losses. */
 double loom_model_loss_and_dlogits(loom_model *m, float dloss);
+/* Loss only (evaluation): the sum of the per-token losses; logits are left as they are. */
+double loom_model_loss(loom_model *m);
 /* Called during backward whenever the gradients of the flat range [begin, end) are
  * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
  * data parallelism reduce a bucket while backward computes earlier layers. */

@@ -12,9 +12,9 @@
 loom_status loom_weights_save(const char *path, const loom_model_config *c,
                               const loom_param_table *t, const float *params, loom_error *err) {
     char vals[N_META][32];
-    const char *keys[N_META] = {"format",     "family", "n_layer",  "n_head",
-                                "n_kv_head",  "d_model", "d_ff",    "vocab_size",
-                                "seq_len",    "norm_eps", "rope_theta"};
+    const char *keys[N_META] = {"format",    "family",   "n_layer",   "n_head",
+                                "n_kv_head", "d_model",  "d_ff",      "vocab_size",
+                                "seq_len",   "norm_eps", "rope_theta"};
     snprintf(vals[0], 32, "loom-weights-1");
     snprintf(vals[1], 32, "%s", loom_family_name(c->family));
     snprintf(vals[2], 32, "%d", c->n_layer);
@@ -32,10 +32,11 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
     if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        views[i] = (loom_tensor_view){p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]},
-                                      params + p->offset};
+        views[i] = (loom_tensor_view){
+            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, params + p->offset};
     }
-    loom_status st = loom_safetensors_write_meta(path, views, t->n_params, keys, values, N_META, err);
+    loom_status st =
+        loom_safetensors_write_meta(path, views, t->n_params, keys, values, N_META, err);
     free(views);
     return st;
 }

@@ -9,8 +9,7 @@
 #include "model/params.h"
 
 loom_status loom_weights_save(const char *path, const loom_model_config *cfg,
-                              const loom_param_table *table, const float *params,
-                              loom_error *err);
+                              const loom_param_table *table, const float *params, loom_error *err);
 /* Reads the configuration and every parameter; *params is malloc'd (table->total floats)
  * and *table built for it. Errors name the file and the missing or malformed field. */
 loom_status loom_weights_load(const char *path, loom_model_config *cfg, loom_param_table *table,

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
                           s->loss, "lr", s->lr, "grad_norm", s->grad_norm, "tokens_per_s",
                           s->tokens_per_s, "step_ms", s->step_ms, "tokens",
                           (json_int_t)s->tokens_seen, "grad_wait_ms", s->grad_wait_ms);
+    if (o && isfinite(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

@@ -11,6 +11,7 @@ typedef struct {
     int step;
     double loss, lr, grad_norm, tokens_per_s, step_ms;
     double grad_wait_ms; /* data parallel: time blocked on gradient reduction after backward */
+    double val_loss;     /* NaN when this step did not evaluate */
     long long tokens_seen;
 } loom_step_metrics;
 

@@ -202,8 +202,10 @@ loom_status loom_tb_scalar(loom_tb_writer *w, const char *tag, int64_t step, dou
 
 loom_status loom_tb_flush(loom_tb_writer *w, loom_error *err) {
     if (!w) return LOOM_OK;
-    if (fflush(w->file) != 0)
+    if (fflush(w->file) != 0) {
+        w->failed = 1; /* part of a record may have reached the file */
         return loom_error_set(err, LOOM_ERR_IO, "%s: flush failed: %s", w->path, strerror(errno));
+    }
     return LOOM_OK;
 }
 

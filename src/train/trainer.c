@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/fs.h"
 #include "data/dataset.h"
@@ -32,6 +33,8 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->layout = (loom_layout){1, 1, 1, 1};
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
+    tc->eval_every = 0;
+    tc->eval_batches = 4;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -73,6 +76,14 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
+    if (tc->eval_every < 0 || tc->eval_batches < 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--eval-every %d / --eval-batches %d: expected >= 0 and >= 1",
+                              tc->eval_every, tc->eval_batches);
+    if (tc->eval_every > 0 && !tc->val_data[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--eval-every %d: needs --val-data (validation shards)",
+                              tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
     return LOOM_OK;
@@ -86,7 +97,7 @@ static double now_ms(void) {
 
 /* Everything a run owns, so one function can free it on every path. */
 typedef struct {
-    loom_dataset data;
+    loom_dataset data, val;
     loom_model model;
     loom_zero zero;
     loom_fsdp fsdp; /* ZeRO-3 only: params is then fsdp.view */
@@ -100,6 +111,7 @@ typedef struct {
 
 static void run_free(run_state *r) {
     loom_dataset_close(&r->data);
+    loom_dataset_close(&r->val);
     loom_model_destroy(&r->model);
     if (r->sharded_params)
         loom_fsdp_free(&r->fsdp);
@@ -122,6 +134,53 @@ static void load_micro_batch(loom_model *mod, const int32_t *batch, int first, i
     }
 }
 
+/* Validation loss over a fixed set of eval_batches global batches (the same sequences at
+ * every evaluation, whatever the layout), averaged over all their tokens. */
+static loom_status evaluate(run_state *r, const loom_model_config *mc, const loom_train_config *tc,
+                            loom_mesh *mesh, double *val_loss, loom_error *err) {
+    loom_model *mod = &r->model;
+    const int T = mc->seq_len, M = tc->micro_batch, G = tc->global_batch;
+    const int per_rank = G / mesh->layout.dp, accum = per_rank / M;
+    double sum = 0.0;
+    loom_status st;
+    loom_trace_begin(r->trace, "evaluate", "train");
+    for (int b = 0; b < tc->eval_batches; b++) {
+        /* Step index -1 - b: a stream of batches disjoint from any training step's. */
+        loom_dataset_sample(&r->val, tc->seed, -1 - (int64_t)b, (int64_t)mesh->dp_rank * per_rank,
+                            per_rank, r->batch);
+        for (int k = 0; k < accum; k++) {
+            load_micro_batch(mod, r->batch, k * M, M, T);
+            if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
+            if ((st = loom_model_forward(mod, r->params))) return st;
+            sum += loom_model_loss(mod);
+        }
+    }
+    loom_trace_end(r->trace);
+    if ((st = loom_comm_allreduce_sum_f64(&mesh->dp, &sum, 1, err))) return st;
+    *val_loss = sum / ((double)tc->eval_batches * G * T);
+    return LOOM_OK;
+}
+
+/* Progress: one line redrawn in place on a terminal, plain lines every log_every steps
+ * otherwise (and always for the last step and evaluations). */
+static void report(const loom_train_config *tc, const loom_step_metrics *sm, double elapsed_ms) {
+    int step = sm->step, last = step == tc->steps;
+    double eta_s = elapsed_ms / step * (tc->steps - step) * 1e-3;
+    char val[48] = "";
+    if (isfinite(sm->val_loss)) snprintf(val, sizeof val, " | val %.4f", sm->val_loss);
+    char line[256];
+    snprintf(line, sizeof line,
+             "step %5d/%d | loss %.4f%s | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s | "
+             "ETA %dm%02ds",
+             step, tc->steps, sm->loss, val, sm->lr, sm->grad_norm, sm->step_ms, sm->tokens_per_s,
+             (int)eta_s / 60, (int)eta_s % 60);
+    int keep = tc->log_every > 0 && (step % tc->log_every == 0 || last || val[0]);
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\r%s\033[K%s", line, keep ? "\n" : "");
+    else if (keep)
+        fprintf(stderr, "%s\n", line);
+}
+
 static loom_status train_loop(run_state *r, const loom_model_config *mc,
                               const loom_train_config *tc, loom_mesh *mesh, loom_error *err) {
     loom_model *mod = &r->model;
@@ -133,6 +192,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
     long long tokens_seen = 0;
+    const double run_start = now_ms();
     for (int step = 0; step < tc->steps; step++) {
         double t0 = now_ms();
         loom_trace_begin(r->trace, "step", "train");
@@ -191,13 +251,13 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double ms = now_ms() - t0;
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {
-            step + 1,   loss, lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
-            tokens_seen};
+            step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
+            NAN,      tokens_seen};
+        if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
+            (st = evaluate(r, mc, tc, mesh, &sm.val_loss, err)))
+            return st;
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
-        if (lead && tc->log_every > 0 && ((step + 1) % tc->log_every == 0 || step + 1 == tc->steps))
-            fprintf(stderr,
-                    "step %5d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f ms | %.0f tok/s\n",
-                    step + 1, tc->steps, loss, lr, norm, ms, sm.tokens_per_s);
+        if (lead) report(tc, &sm, now_ms() - run_start);
     }
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
@@ -227,6 +287,8 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     const int T = mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
     const int lead = mesh->rank == 0;
     if ((st = loom_dataset_open(&r.data, tc->data, mc->vocab_size, T, err)) ||
+        (tc->val_data[0] &&
+         (st = loom_dataset_open(&r.val, tc->val_data, mc->vocab_size, T, err))) ||
         (st = loom_model_create(&r.model, mc, tc->micro_batch, T, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);

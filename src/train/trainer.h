@@ -23,13 +23,16 @@ typedef struct {
     uint64_t seed;
     int threads;
     int log_every;
-    char metrics[LOOM_PATH_MAX];  /* JSON lines, one per step; "" = none */
-    char dump_dir[LOOM_PATH_MAX]; /* tensors for reference tests; "" = none */
-    loom_layout layout;           /* --dp --tp --pp --ep */
-    int zero;                     /* ZeRO stage 0-2 over the data-parallel group */
-    float bucket_mb;              /* gradient bucket size for overlapped reduction */
-    char trace[LOOM_PATH_MAX];    /* Chrome trace JSON of every rank; "" = none */
+    char metrics[LOOM_PATH_MAX];      /* JSON lines, one per step; "" = none */
+    char dump_dir[LOOM_PATH_MAX];     /* tensors for reference tests; "" = none */
+    loom_layout layout;               /* --dp --tp --pp --ep */
+    int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
+    float bucket_mb;                  /* gradient bucket size for overlapped reduction */
+    char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
     char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
+    char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */
+    int eval_every;                   /* evaluate every N steps (and after the last) */
+    int eval_batches;                 /* global batches per evaluation (fixed set) */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

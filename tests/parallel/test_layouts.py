@@ -3,7 +3,7 @@
 
 For both model families, trains 20 steps on one process, then under mpirun with
 dp in {2, 4} x ZeRO stage in {0, 1, 2, 3} from the same seed and data, and checks that
-every per-step loss and every final weight equals the single-process run (relative
+every per-step loss, the validation losses and every final weight equal the single-process run (relative
 error <= 1e-5), and that the same layout run twice gives bitwise-identical losses and
 weights. Usage: test_layouts.py --loom PATH [--seed S]
 """
@@ -47,7 +47,9 @@ def run(cmd, what):
 
 
 def losses(path):
-    return [json.loads(line)["loss"] for line in open(path)]
+    """Training loss of every step, then the validation losses (every 10 steps)."""
+    rows = [json.loads(line) for line in open(path)]
+    return [r["loss"] for r in rows] + [r["val_loss"] for r in rows if "val_loss" in r]
 
 
 def rel_err(a, b):
@@ -82,7 +84,8 @@ def main():
                     "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
                     "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
                     "--seed", str(seed), "--log-every", "0", "--threads", "1",
-                    "--data", data, "--bucket-mb", "0.02"]
+                    "--data", data, "--bucket-mb", "0.02", "--val-data", data,
+                    "--eval-every", "10", "--eval-batches", "2"]
 
             def train(name, ranks, extra):
                 out = os.path.join(tmp, f"{family}_{name}")

@@ -17,8 +17,8 @@
 static unsigned seed_value;
 
 static void check_family(loom_family family) {
-    loom_model_config c = {family, 2, 4, family == LOOM_FAMILY_GPT2 ? 4 : 2, 24, 40, 53, 11,
-                           1e-5f, 10000.0f};
+    loom_model_config c = {family, 2,     4,       family == LOOM_FAMILY_GPT2 ? 4 : 2, 24, 40, 53,
+                           11,     1e-5f, 10000.0f};
     loom_model m;
     loom_error err = {0};
     assert_int_equal(loom_model_create(&m, &c, 1, c.seq_len, &err), LOOM_OK);
@@ -43,8 +43,9 @@ static void check_family(loom_family family) {
         double rel = sqrt(num / den);
         if (rel > worst) worst = rel;
     }
-    if (worst > 1e-5) printf("seed %u: %s decode vs forward rel err %g\n", seed_value,
-                             loom_family_name(family), worst);
+    if (worst > 1e-5)
+        printf("seed %u: %s decode vs forward rel err %g\n", seed_value, loom_family_name(family),
+               worst);
     assert_true(worst <= 1e-5);
     loom_generator_free(&g);
     free(params);
