@@ -1,4 +1,5 @@
-/* loom data bytes: turns any file into byte-level token shards (vocab 256). */
+/* loom data bytes: any file -> byte-level token shards (vocab 256);
+ * loom data prepare: text documents -> BPE token shards (data/prepare.h). */
 #include "cli/cmd_data.h"
 #include "core/fs.h"
 
@@ -10,11 +11,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
 
 static const char usage[] =
-    "usage: loom data bytes --input FILE|- --out DIR [--val-fraction F] [--token-bytes 2|4]\n"
+    "usage: loom data prepare --input FILE|GLOB|- [--input ...] --tokenizer gpt2|DIR --out DIR\n"
+    "                         [--val-fraction F] [--shard-tokens N]\n"
+    "                         [--doc-separator blank-line|file]\n"
+    "  Encodes text documents with a BPE tokenizer into DIR/train_NNNNNN.bin and\n"
+    "  DIR/val_NNNNNN.bin (llm.c shards, uint16 tokens when the vocabulary fits, else\n"
+    "  uint32), each document preceded by <|endoftext|>. Globs are expanded in sorted\n"
+    "  order; - is stdin. --doc-separator file (default): each file is one document;\n"
+    "  blank-line: documents are separated by one or more empty lines. --shard-tokens:\n"
+    "  at most N tokens per shard (default 100000000). --val-fraction F (default 0.005):\n"
+    "  document k (k = 1, 2, ... in input order) goes to val when floor(k*F) >\n"
+    "  floor((k-1)*F), i.e. every (1/F)-th document; the first is always train. The\n"
+    "  input is streamed: memory does not grow with the input or shard size.\n"
+    "       loom data bytes --input FILE|- --out DIR [--val-fraction F] [--token-bytes 2|4]\n"
     "  Writes DIR/train_000000.bin and DIR/val_000000.bin with one token per input byte\n"
     "  (vocab 256); the last F of the bytes (default 0.01) become the validation shard.\n";
 
@@ -170,9 +186,169 @@ static int cmd_bytes(int argc, char **argv) {
     return rc;
 }
 
+/* Progress on stderr: redrawn with \r on a terminal (10 per second), else a line every 10 s. */
+typedef struct {
+    int tty, drawn;
+    double last;
+} progress_state;
+
+static void show_progress(void *ctx, const loom_prepare_stats *s) {
+    progress_state *p = ctx;
+    if (s->seconds - p->last < (p->tty ? 0.1 : 10.0)) return;
+    p->last = s->seconds;
+    double mb = (double)s->bytes_read / 1e6, rate = s->seconds > 0 ? mb / s->seconds : 0;
+    char total[64] = "";
+    if (s->bytes_total > 0)
+        snprintf(total, sizeof total, " / %.1f MB (%.0f%%)", (double)s->bytes_total / 1e6,
+                 100.0 * (double)s->bytes_read / (double)s->bytes_total);
+    fprintf(stderr, "%sloom data: %.1f MB%s, %.1f MB/s, %lld documents, %lld tokens%s",
+            p->tty ? "\r" : "", mb, total, rate, (long long)s->n_docs,
+            (long long)(s->train_tokens + s->val_tokens), p->tty ? "\033[K" : "\n");
+    p->drawn = p->tty;
+}
+
+static void print_split(const char *out, const char *split, int64_t tokens, int shards) {
+    char first[4096], last[4096];
+    if (shards == 0) {
+        fprintf(stderr, "loom data: %s: 0 tokens, no shard written\n", split);
+        return;
+    }
+    loom_prepare_shard_path(first, sizeof first, out, split, 0);
+    loom_prepare_shard_path(last, sizeof last, out, split, shards - 1);
+    fprintf(stderr, "loom data: %s: %lld tokens in %d shard%s: %s%s%s\n", split, (long long)tokens,
+            shards, shards == 1 ? "" : "s", first, shards > 1 ? " .. " : "",
+            shards > 1 ? last : "");
+}
+
+static int cmd_prepare(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"input", required_argument, NULL, 'i'},
+        {"out", required_argument, NULL, 'o'},
+        {"tokenizer", required_argument, NULL, 't'},
+        {"val-fraction", required_argument, NULL, 'v'},
+        {"shard-tokens", required_argument, NULL, 's'},
+        {"doc-separator", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    loom_prepare_options o = {.val_fraction = 0.005, .shard_tokens = 100000000};
+    const char *tokenizer = NULL;
+    const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
+    if (!inputs) {
+        fprintf(stderr, "loom data: out of memory\n");
+        return 2;
+    }
+    o.inputs = inputs;
+    optind = 0;
+    opterr = 0;
+    int c, rc = -1;
+    while (rc < 0 && (c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        char *end = NULL;
+        errno = 0;
+        switch (c) {
+        case 'i':
+            inputs[o.n_inputs++] = optarg;
+            break;
+        case 'o':
+            o.out_dir = optarg;
+            break;
+        case 't':
+            tokenizer = optarg;
+            break;
+        case 'v':
+            o.val_fraction = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(o.val_fraction >= 0 && o.val_fraction < 1)) {
+                fprintf(stderr, "loom data: --val-fraction '%s': expected a number in [0, 1)\n",
+                        optarg);
+                rc = 2;
+            }
+            break;
+        case 's':
+            o.shard_tokens = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end || o.shard_tokens < 1 ||
+                o.shard_tokens > INT32_MAX) {
+                fprintf(stderr,
+                        "loom data: --shard-tokens '%s': expected an integer from 1 to %d\n",
+                        optarg, INT32_MAX);
+                rc = 2;
+            }
+            break;
+        case 'd':
+            if (strcmp(optarg, "file") == 0)
+                o.doc_sep = LOOM_DOC_SEP_FILE;
+            else if (strcmp(optarg, "blank-line") == 0)
+                o.doc_sep = LOOM_DOC_SEP_BLANK_LINE;
+            else {
+                fprintf(stderr, "loom data: --doc-separator '%s': expected blank-line or file\n",
+                        optarg);
+                rc = 2;
+            }
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            rc = 0;
+            break;
+        case ':':
+            fprintf(stderr, "loom data: option '%s' needs a value\n", argv[optind - 1]);
+            rc = 2;
+            break;
+        default:
+            fprintf(stderr, "loom data: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            rc = 2;
+        }
+    }
+    if (rc < 0 && optind < argc) {
+        fprintf(stderr, "loom data: unexpected argument '%s'\n", argv[optind]);
+        rc = 2;
+    }
+    if (rc < 0 && (!o.n_inputs || !tokenizer || !o.out_dir)) {
+        fprintf(stderr, "loom data: %s is required\n",
+                !o.n_inputs  ? "--input"
+                : !tokenizer ? "--tokenizer"
+                             : "--out");
+        rc = 2;
+    }
+    loom_tokenizer *tok = NULL;
+    loom_error err = {0};
+    if (rc < 0 && loom_tokenizer_load(&tok, tokenizer, &err) != LOOM_OK) {
+        fprintf(stderr, "loom data: %s\n", err.msg);
+        rc = 2;
+    }
+    if (rc < 0) {
+        progress_state ps = {.tty = isatty(2)};
+        o.progress = show_progress;
+        o.progress_ctx = &ps;
+        loom_prepare_stats s;
+        loom_status st = loom_prepare_run(tok, &o, &s, &err);
+        if (ps.drawn) fputc('\n', stderr);
+        if (st != LOOM_OK) {
+            fprintf(stderr, "loom data: %s\n", err.msg);
+            rc = 2;
+        } else {
+            double mb = (double)s.bytes_read / 1e6;
+            fprintf(stderr,
+                    "loom data: %lld documents (%lld train, %lld val) from %lld file(s), %.2f MB "
+                    "in %.2f s (%.1f MB/s)\n",
+                    (long long)s.n_docs, (long long)(s.n_docs - s.n_val_docs),
+                    (long long)s.n_val_docs, (long long)s.n_files, mb, s.seconds,
+                    s.seconds > 0 ? mb / s.seconds : 0.0);
+            print_split(o.out_dir, "train", s.train_tokens, s.train_shards);
+            print_split(o.out_dir, "val", s.val_tokens, s.val_shards);
+            if (s.stale_removed)
+                fprintf(stderr, "loom data: removed %d shard file(s) of an earlier run\n",
+                        s.stale_removed);
+            rc = 0;
+        }
+    }
+    loom_tokenizer_free(tok);
+    free(inputs);
+    return rc;
+}
+
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "loom data: expected a subcommand (bytes); see 'loom data --help'\n");
+        fprintf(stderr,
+                "loom data: expected a subcommand (bytes, prepare); see 'loom data --help'\n");
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -180,6 +356,7 @@ int loom_cmd_data(int argc, char **argv) {
         return 0;
     }
     if (strcmp(argv[1], "bytes") == 0) return cmd_bytes(argc - 1, argv + 1);
-    fprintf(stderr, "loom data: unknown subcommand '%s' (expected: bytes)\n", argv[1]);
+    if (strcmp(argv[1], "prepare") == 0) return cmd_prepare(argc - 1, argv + 1);
+    fprintf(stderr, "loom data: unknown subcommand '%s' (expected: bytes, prepare)\n", argv[1]);
     return 2;
 }

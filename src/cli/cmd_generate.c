@@ -141,14 +141,15 @@ int loom_cmd_generate(int argc, char **argv) {
         goto done;
     }
     fwrite(prompt, 1, strlen(prompt), stdout);
-    int pos = 0;
+    int pos = 0; /* the next position to feed */
     for (; pos < (int)ids.n; pos++) loom_generator_step(&g, ids.ids[pos], pos);
-    for (int i = 0; i < max_tokens && pos < cfg.seq_len; i++, pos++) {
+    for (int i = 0; i < max_tokens; i++) {
         double u = loom_philox_uniform((uint32_t)loom_philox_u64(seed, GEN_STREAM, (uint64_t)i, 0));
         int32_t next = loom_sample(g.logits, cfg.vocab_size, &s, u);
         if (next >= vocab) break; /* a padding id the tokenizer cannot print */
         emit(tok, next);
-        if (pos + 1 < cfg.seq_len) loom_generator_step(&g, next, pos + 1);
+        if (pos == cfg.seq_len) break; /* the context is full */
+        loom_generator_step(&g, next, pos++);
     }
     fputc('\n', stdout);
 done:

@@ -4,6 +4,7 @@
 
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
+#include "cli/cmd_plot.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
@@ -40,8 +42,9 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr,
-            "loom: unknown command '%s' (expected train, data, generate, tokenizer, version)\n",
-            cmd);
+    fprintf(
+        stderr,
+        "loom: unknown command '%s' (expected train, data, generate, plot, tokenizer, version)\n",
+        cmd);
     return 2;
 }

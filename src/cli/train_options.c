@@ -62,6 +62,7 @@ static const opt_def OPTS[] = {
     {"val-data", OPT_STRING, TR(val_data), LOOM_PATH_MAX, "validation shards (file or glob)"},
     {"eval-every", OPT_INT, TR(eval_every), 0, "validation loss every N steps (0 = off)"},
     {"eval-batches", OPT_INT, TR(eval_batches), 0, "global batches per evaluation"},
+    {"tensorboard", OPT_STRING, TR(tensorboard), LOOM_PATH_MAX, "TensorBoard event file folder"},
     {"trace", OPT_STRING, TR(trace), LOOM_PATH_MAX, "Chrome/Perfetto trace file (all ranks)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])

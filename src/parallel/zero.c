@@ -120,6 +120,9 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
     z->pending_begin = begin;
     loom_status st = LOOM_OK;
+    /* Starting a collective can itself take long (OpenMPI may do much of the work inside
+     * MPI_Iallreduce): that time blocks backward too, so it counts as exposed. */
+    double t0 = loom_comm_now_ms();
     if (z->pending_end - z->pending_begin >= z->bucket_floats) {
         st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
         z->pending_end = z->pending_begin;
@@ -129,15 +132,16 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         int done;
         st = loom_comm_test(&z->buckets[b].handle, &done, c->err);
     }
+    z->step_wait_ms += loom_comm_now_ms() - t0;
     return st;
 }
 
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err) {
+    double t0 = loom_comm_now_ms();
     loom_status st = send_bucket(z, grads, z->pending_begin, z->pending_end, err);
     z->pending_end = z->pending_begin;
-    double t0 = loom_comm_now_ms();
     for (int b = 0; b < z->n_buckets && !st; b++) st = loom_comm_wait(&z->buckets[b].handle, err);
-    z->step_wait_ms = loom_comm_now_ms() - t0;
+    z->step_wait_ms += loom_comm_now_ms() - t0;
     if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));
     return st;

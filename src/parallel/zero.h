@@ -39,7 +39,8 @@ typedef struct {
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;
     size_t pending_begin, pending_end; /* final but not yet sent */
-    double step_wait_ms;               /* time blocked waiting for gradients, this step */
+    double step_wait_ms;               /* this step: time spent inside gradient-communication calls
+                                          (starting, testing, waiting): the part not hidden */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,

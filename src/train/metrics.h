@@ -10,7 +10,8 @@
 typedef struct {
     int step;
     double loss, lr, grad_norm, tokens_per_s, step_ms;
-    double grad_wait_ms; /* data parallel: time blocked on gradient reduction after backward */
+    double grad_wait_ms; /* data parallel: time inside gradient-communication calls (start,
+                            progress, wait), i.e. the reduction time not hidden by compute */
     double val_loss;     /* NaN when this step did not evaluate */
     long long tokens_seen;
 } loom_step_metrics;

@@ -17,6 +17,7 @@
 #include "train/dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
+#include "train/tensorboard.h"
 
 void loom_train_config_defaults(loom_train_config *tc) {
     memset(tc, 0, sizeof *tc);
@@ -106,6 +107,7 @@ typedef struct {
     int32_t *batch;        /* this rank's slice of the step: [G/dp, T+1] */
     int32_t *dump_batches; /* [steps, G, T+1] on rank 0 when dumping */
     loom_metrics metrics;
+    loom_tb_writer *tb; /* rank 0, with --tensorboard */
     loom_trace *trace;
 } run_state;
 
@@ -123,6 +125,7 @@ static void run_free(run_state *r) {
     free(r->dump_batches);
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
+    loom_tb_close(r->tb);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -159,6 +162,24 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
     if ((st = loom_comm_allreduce_sum_f64(&mesh->dp, &sum, 1, err))) return st;
     *val_loss = sum / ((double)tc->eval_batches * G * T);
     return LOOM_OK;
+}
+
+/* The step's scalars as TensorBoard summaries (train/..., val/loss). */
+static loom_status write_tensorboard(loom_tb_writer *tb, const loom_step_metrics *sm,
+                                     loom_error *err) {
+    struct {
+        const char *tag;
+        double value;
+    } scalars[] = {{"train/loss", sm->loss},
+                   {"train/lr", sm->lr},
+                   {"train/grad_norm", sm->grad_norm},
+                   {"train/tokens_per_s", sm->tokens_per_s},
+                   {"val/loss", sm->val_loss}};
+    loom_status st = LOOM_OK;
+    for (size_t i = 0; i < sizeof scalars / sizeof scalars[0] && !st; i++)
+        if (isfinite(scalars[i].value))
+            st = loom_tb_scalar(tb, scalars[i].tag, sm->step, scalars[i].value, err);
+    return st ? st : loom_tb_flush(tb, err);
 }
 
 /* Progress: one line redrawn in place on a terminal, plain lines every log_every steps
@@ -257,6 +278,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             (st = evaluate(r, mc, tc, mesh, &sm.val_loss, err)))
             return st;
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
+        if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, now_ms() - run_start);
     }
     const int saving = tc->save_weights[0] != 0;
@@ -363,6 +385,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
         r.model.trace = mesh->dp.trace = mesh->world.trace = r.trace;
+    }
+    if (lead && tc->tensorboard[0]) {
+        if ((st = loom_tb_open(&r.tb, tc->tensorboard, err))) {
+            run_free(&r);
+            return st;
+        }
+        fprintf(stderr, "loom: TensorBoard events in %s\n", loom_tb_path(r.tb));
     }
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);

@@ -31,6 +31,7 @@ typedef struct {
     char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
     char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
     char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */
+    char tensorboard[LOOM_PATH_MAX];  /* TensorBoard event files go here; "" = none */
     int eval_every;                   /* evaluate every N steps (and after the last) */
     int eval_batches;                 /* global batches per evaluation (fixed set) */
 } loom_train_config;
