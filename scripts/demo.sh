@@ -1,13 +1,50 @@
 #!/usr/bin/env bash
-# README command 1: install what is missing, build, and train the demo model on the
-# byte-level King James Bible (Debian's bible-kjv), printing progress.
+# README command 1: the whole journey on the embedded default corpus, the King James
+# Bible (Debian's bible-kjv): install what is missing, build, learn a 4096-token BPE,
+# tokenize into shards, train a small GPT-2 for a few minutes (progress on the terminal),
+# plot the loss curves and print a generated sample. Extra arguments go to `loom train`
+# (e.g. --steps 50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+say() { printf '\n== %s\n' "$*"; }
+
+say "1/6 install what is missing and build"
 bash scripts/setup.sh
-bash scripts/build.sh
-if [ ! -f data/kjv/train_000000.bin ]; then
-    bible 'gen1:1-rev22:21' | ./build/loom data bytes --input - --out data/kjv
+bash scripts/build.sh >/dev/null
+LOOM=./build/loom
+
+mkdir -p data/kjv runs/demo
+if [ ! -s data/kjv/kjv.txt ]; then
+    bible 'gen1:1-rev22:21' > data/kjv/kjv.txt
 fi
-mkdir -p runs/demo
-./build/loom train --config configs/demo.ini "$@"
-echo "demo: metrics in runs/demo/metrics.jsonl"
+say "2/6 learn a byte-level BPE of 4096 tokens from the Bible (data/kjv/tok)"
+if [ ! -s data/kjv/tok/vocab.bpe ]; then
+    $LOOM tokenizer train --input data/kjv/kjv.txt --vocab-size 4096 --out data/kjv/tok
+else
+    echo "data/kjv/tok already there"
+fi
+say "3/6 tokenize into llm.c shards: paragraphs are documents, 2% of them validation"
+$LOOM data prepare --input data/kjv/kjv.txt --tokenizer data/kjv/tok --out data/kjv/bpe \
+    --doc-separator blank-line --val-fraction 0.02
+
+say "4/6 train a 4-layer GPT-2 (configs/demo.ini; a few minutes on 2 cores)"
+$LOOM train --config configs/demo.ini "$@"
+
+say "5/6 plot the loss curves"
+$LOOM plot runs/demo/metrics.jsonl -o runs/demo/loss.png --title "loom demo: GPT-2 on the KJV Bible"
+
+say "6/6 generate from the trained model"
+$LOOM generate --weights runs/demo/weights.safetensors --tokenizer data/kjv/tok \
+    --prompt "And God said" --max-tokens 120 --temperature 0.8 --top-k 40 --seed 1
+
+cat <<'DONE'
+
+== where things are
+  runs/demo/metrics.jsonl          one JSON object per step (loss, val_loss, lr, tokens/s, ...)
+  runs/demo/loss.png               training and validation loss, tokens/s
+  runs/demo/tensorboard/           TensorBoard event files (tensorboard --logdir runs/demo/tensorboard)
+  runs/demo/weights.safetensors    the trained weights (Hugging Face names, config in metadata)
+  data/kjv/tok/                    the BPE (encoder.json + vocab.bpe, GPT-2 format)
+  data/kjv/bpe/                    the token shards (llm.c format)
+More text: ./build/loom generate --weights runs/demo/weights.safetensors --tokenizer data/kjv/tok --prompt "..."
+DONE
