@@ -28,7 +28,7 @@ import numpy as np
 
 OVERLAP_MB = 25.0  # loom's default
 NO_OVERLAP_MB = 100000.0  # larger than the model: one bucket, sent after backward
-ZERO_STAGES = (0, 1, 2)  # ZeRO-3 is not implemented
+ZERO_STAGES = (0, 1, 2)  # stages whose exposed communication is compared; ZeRO-3 below
 
 
 def write_random_shard(path, n_tokens, vocab, seed):
@@ -117,6 +117,9 @@ def main():
                                                   OVERLAP_MB)
         runs[f"2rank_zero{z}_no_overlap"] = run_loom(args, data, tmp, f"2rank_zero{z}_no_overlap",
                                                      2, z, NO_OVERLAP_MB)
+    # ZeRO-3 (parameters gathered per block, twice per step) against ZeRO-0, with overlap.
+    runs["2rank_zero3_overlap"] = run_loom(args, data, tmp, "2rank_zero3_overlap", 2, 3,
+                                           OVERLAP_MB)
     runs["1rank_b"] = run_loom(args, data, tmp, "1rank_b", 1, 0, OVERLAP_MB)
 
     base_steps = [ms for key in ("1rank_a", "1rank_b")
@@ -156,6 +159,8 @@ def main():
         "efficiency_no_overlap": efficiency_no_overlap,
         "hidden_fraction": hidden,
         "exposed_ms": exposed,
+        "zero3_vs_zero0": round(runs["2rank_zero3_overlap"]["tokens_per_s"] /
+                                runs["2rank_zero0_overlap"]["tokens_per_s"], 3),
         "load_avg_end": round(load_end, 2),
         "wall_s": round(time.time() - t_start, 1),
     }
