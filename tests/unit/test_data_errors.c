@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_common.h"
+
 #include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,31 +19,6 @@
 #include <unistd.h>
 
 #include "data/dataset.h"
-
-static uint64_t g_rng;
-
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-static int setup_dir(void **state) {
-    char *dir = strdup("/tmp/loom_test_data_XXXXXX");
-    if (!dir || !mkdtemp(dir)) return -1;
-    *state = dir;
-    return 0;
-}
-static int teardown_dir(void **state) {
-    nftw(*state, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    free(*state);
-    return 0;
-}
 
 /* Writes a raw file: a header with the given fields (if header_bytes > 0, truncated
  * to header_bytes) followed by body_bytes bytes of token data (u16 value 1s). */

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_common.h"
+
 #include <dirent.h>
 #include <float.h>
 #include <ftw.h>
@@ -23,32 +25,10 @@
 #include "core/crc32c.h"
 #include "train/tensorboard.h"
 
-static uint64_t g_seed, g_rng;
+static uint64_t g_seed;
 
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 static double rnd_unit(void) {
     return (double)(rnd() >> 11) / 9007199254740992.0;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-static int setup_dir(void **state) {
-    char *dir = strdup("/tmp/loom_test_tb_XXXXXX");
-    if (!dir || !mkdtemp(dir)) return -1;
-    *state = dir;
-    return 0;
-}
-static int teardown_dir(void **state) {
-    nftw(*state, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    free(*state);
-    return 0;
 }
 
 /* ---- an independent reader ---- */
