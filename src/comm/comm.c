@@ -1,5 +1,7 @@
 #include "comm/comm.h"
 
+#include "core/clock.h"
+
 #include <limits.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -7,9 +9,7 @@
 #include <time.h>
 
 double loom_comm_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+    return loom_now_ms();
 }
 
 static loom_status mpi_fail(loom_comm *c, int rc, const char *op, loom_error *err) {

@@ -1,6 +1,8 @@
 /* loom data prepare: documents -> tokens -> train/val shards, streaming (see prepare.h). */
 #include "data/prepare.h"
 
+#include "core/clock.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -231,9 +233,7 @@ static loom_status feed_lines(prep *p, const unsigned char *b, size_t n, loom_er
 }
 
 static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return loom_now_ms() * 1e-3;
 }
 
 static loom_status read_input(prep *p, const loom_prepare_options *o, const char *path,

@@ -28,15 +28,22 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
     snprintf(vals[10], 32, "%.9g", (double)c->rope_theta);
     const char *values[N_META];
     for (int i = 0; i < N_META; i++) values[i] = vals[i];
+    return loom_params_write_safetensors(path, t, params, keys, values, N_META, err);
+}
+
+loom_status loom_params_write_safetensors(const char *path, const loom_param_table *t,
+                                          const float *flat, const char *const *meta_keys,
+                                          const char *const *meta_values, int n_meta,
+                                          loom_error *err) {
     loom_tensor_view *views = calloc((size_t)t->n_params, sizeof *views);
     if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
         views[i] = (loom_tensor_view){
-            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, params + p->offset};
+            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, flat + p->offset};
     }
     loom_status st =
-        loom_safetensors_write_meta(path, views, t->n_params, keys, values, N_META, err);
+        loom_safetensors_write_meta(path, views, t->n_params, meta_keys, meta_values, n_meta, err);
     free(views);
     return st;
 }

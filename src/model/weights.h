@@ -8,6 +8,13 @@
 #include "model/config.h"
 #include "model/params.h"
 
+/* Every parameter of the flat buffer (params, grads, ...) as one safetensors file under
+ * its Hugging Face name, with optional metadata (n_meta may be 0). */
+loom_status loom_params_write_safetensors(const char *path, const loom_param_table *table,
+                                          const float *flat, const char *const *meta_keys,
+                                          const char *const *meta_values, int n_meta,
+                                          loom_error *err);
+
 loom_status loom_weights_save(const char *path, const loom_model_config *cfg,
                               const loom_param_table *table, const float *params, loom_error *err);
 /* Reads the configuration and every parameter; *params is malloc'd (table->total floats)

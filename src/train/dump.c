@@ -4,21 +4,13 @@
 #include <stdlib.h>
 
 #include "ckpt/safetensors.h"
+#include "model/weights.h"
 
 loom_status loom_dump_flat(const char *dir, const char *file, const loom_param_table *t,
                            const float *flat, loom_error *err) {
-    loom_tensor_view *views = calloc((size_t)t->n_params, sizeof *views);
-    if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "dump: out of memory");
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        views[i] = (loom_tensor_view){
-            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, flat + p->offset};
-    }
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    loom_status st = loom_safetensors_write(path, views, t->n_params, err);
-    free(views);
-    return st;
+    return loom_params_write_safetensors(path, t, flat, NULL, NULL, 0, err);
 }
 
 loom_status loom_dump_tensor(const char *dir, const char *file, const char *name, int is_int,

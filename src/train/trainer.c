@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
@@ -88,12 +89,6 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
     return LOOM_OK;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -213,9 +208,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
     long long tokens_seen = 0;
-    const double run_start = now_ms();
+    const double run_start = loom_now_ms();
     for (int step = 0; step < tc->steps; step++) {
-        double t0 = now_ms();
+        double t0 = loom_now_ms();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         loom_dataset_sample(&r->data, tc->seed, step, (int64_t)mesh->dp_rank * per_rank, per_rank,
@@ -269,7 +264,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
-        double ms = now_ms() - t0;
+        double ms = loom_now_ms() - t0;
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {
             step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
@@ -279,7 +274,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             return st;
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
-        if (lead) report(tc, &sm, now_ms() - run_start);
+        if (lead) report(tc, &sm, loom_now_ms() - run_start);
     }
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))

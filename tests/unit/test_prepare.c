@@ -410,7 +410,7 @@ static int setup_tokenizer(void **state) {
 static int teardown_tokenizer(void **state) {
     (void)state;
     loom_tokenizer_free(g_tok);
-    nftw(g_tok_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(g_tok_dir, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }
 

@@ -11,36 +11,12 @@
 #include <time.h>
 
 #include "data/tokenizer_impl.h"
-
-static uint64_t g_rng;
-
-static inline uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "test_common.h"
 
 static inline void seed_rng(void) {
     const char *s = getenv("LOOM_TEST_SEED");
     g_rng = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %" PRIu64 " (LOOM_TEST_SEED overrides)\n", g_rng);
-}
-
-static inline int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-static inline int setup_dir(void **state) {
-    char *dir = strdup("/tmp/loom_test_tok_XXXXXX");
-    if (!dir || !mkdtemp(dir)) return -1;
-    *state = dir;
-    return 0;
-}
-static inline int teardown_dir(void **state) {
-    nftw(*state, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    free(*state);
-    return 0;
 }
 
 static inline void write_text(const char *dir, const char *name, const char *text) {

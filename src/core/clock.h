@@ -1,0 +1,8 @@
+/* The one monotonic clock loom times everything with (steps, collectives, progress). */
+#ifndef LOOM_CORE_CLOCK_H
+#define LOOM_CORE_CLOCK_H
+
+/* CLOCK_MONOTONIC in milliseconds. */
+double loom_now_ms(void);
+
+#endif
