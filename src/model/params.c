@@ -25,6 +25,12 @@ static size_t add(builder *b, const char *name, int64_t rows, int64_t cols, loom
     p->init = init;
     p->init_std = std;
     p->decay = p->ndim >= 2;
+    p->global_shape[0] = p->shape[0];
+    p->global_shape[1] = p->shape[1];
+    p->tp_dim = -1; /* replicated until tensor parallelism places it */
+    p->tp_parts = 1;
+    p->tp_rank = 0;
+    p->tp_size = 1;
     t->total += p->numel;
     return p->offset;
 }
@@ -122,13 +128,30 @@ void loom_params_init_range(const loom_param_table *t, float *dst, size_t lo, si
             const double s = p->init_std;
 #pragma omp parallel for schedule(static)
             for (size_t j = 0; j < n; j++)
-                w[j] = (float)(s * loom_philox_normal(seed, stream, (uint64_t)(first + j)));
+                w[j] = (float)(s * loom_philox_normal(
+                                       seed, stream,
+                                       (uint64_t)loom_param_global_index(p, (int64_t)(first + j))));
         }
     }
 }
 
 void loom_params_init(const loom_param_table *t, float *params, uint64_t seed) {
     loom_params_init_range(t, params, 0, t->total, seed);
+}
+
+int64_t loom_param_global_index(const loom_param *p, int64_t local) {
+    if (p->tp_dim < 0 || p->tp_size == 1) return local;
+    const int64_t cols = p->ndim == 2 ? p->shape[1] : 1;
+    const int64_t gcols = p->ndim == 2 ? p->global_shape[1] : 1;
+    int64_t r = local / cols, c = local % cols; /* local row and column */
+    if (p->tp_dim == 0) {
+        const int64_t part = p->shape[0] / p->tp_parts, gpart = p->global_shape[0] / p->tp_parts;
+        r = (r / part) * gpart + (int64_t)p->tp_rank * part + r % part;
+    } else {
+        const int64_t part = cols / p->tp_parts, gpart = gcols / p->tp_parts;
+        c = (c / part) * gpart + (int64_t)p->tp_rank * part + c % part;
+    }
+    return r * gcols + c;
 }
 
 int loom_params_find(const loom_param_table *t, const char *name) {

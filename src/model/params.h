@@ -19,7 +19,15 @@ typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ONES, LOOM_INIT_ZEROS } loom_init_kin
 typedef struct {
     char name[LOOM_PARAM_NAME_MAX];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[2]; /* this rank's (local) shape */
+    /* Placement across the tensor-parallel group. tp_dim -1: replicated, shape ==
+     * global_shape. Else shape[tp_dim] = global_shape[tp_dim] / tp_size and this rank
+     * holds slice tp_rank of that dim; with tp_parts > 1 (a fused matrix such as GPT-2's
+     * c_attn = [q; k; v]) the dim is made of tp_parts equal blocks and the rank holds its
+     * slice of each block, back to back. Checkpoints and initialisation map local
+     * elements to global ones with loom_param_global_index. */
+    int64_t global_shape[2];
+    int tp_dim, tp_parts, tp_rank, tp_size;
     size_t offset; /* in floats, into the flat buffers */
     size_t numel;
     loom_init_kind init;
@@ -58,6 +66,8 @@ void loom_params_init(const loom_param_table *table, float *params, uint64_t see
  * initialises exactly its own elements. */
 void loom_params_init_range(const loom_param_table *table, float *dst, size_t lo, size_t hi,
                             uint64_t seed);
+/* Row-major index in the global tensor of local element `local` of p. */
+int64_t loom_param_global_index(const loom_param *p, int64_t local);
 /* Index of the parameter named `name`, or -1. */
 int loom_params_find(const loom_param_table *table, const char *name);
 
