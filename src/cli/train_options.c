@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY } opt_type;
+typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL } opt_type;
 
 typedef struct {
     const char *key;
@@ -51,7 +51,9 @@ static const opt_def OPTS[] = {
     {"metrics", OPT_STRING, TR(metrics), LOOM_PATH_MAX, "JSON-lines metrics file"},
     {"dump-dir", OPT_STRING, TR(dump_dir), LOOM_PATH_MAX, "dump tensors (reference tests)"},
     {"dp", OPT_INT, TR(layout.dp), 0, "data-parallel ranks"},
-    {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (not implemented yet)"},
+    {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (Megatron: heads, MLP, vocabulary)"},
+    {"sequence-parallel", OPT_BOOL, TR(sequence_parallel), 0,
+     "with --tp: split norms/residuals along the sequence (flag, or 0/1 in a config)"},
     {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks, divides dp (not implemented yet)"},
     {"zero", OPT_INT, TR(zero), 0,
@@ -135,6 +137,15 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
                                   s->def->size - 1);
         snprintf(base, s->def->size, "%s", v);
         break;
+    case OPT_BOOL:
+        if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0)
+            *(int *)base = 1;
+        else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0)
+            *(int *)base = 0;
+        else
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected 0, 1, true or false",
+                                  s->origin, v);
+        break;
     case OPT_FAMILY:
         if (strcmp(v, "gpt2") == 0)
             *(loom_family *)base = LOOM_FAMILY_GPT2;
@@ -194,7 +205,9 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
 static loom_status parse_flags(setting_list *flags, char *config, int *help, int argc, char **argv,
                                loom_error *err) {
     struct option longopts[N_OPTS + 3];
-    for (int i = 0; i < N_OPTS; i++) longopts[i] = (struct option){OPTS[i].key, 1, NULL, i};
+    /* A boolean is a bare flag (--sequence-parallel) or --key=0|1. */
+    for (int i = 0; i < N_OPTS; i++)
+        longopts[i] = (struct option){OPTS[i].key, OPTS[i].type == OPT_BOOL ? 2 : 1, NULL, i};
     longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
     longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
     longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
@@ -216,7 +229,7 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
         } else {
             char origin[96];
             snprintf(origin, sizeof origin, "--%s", OPTS[c].key);
-            if (push(flags, &OPTS[c], optarg, origin))
+            if (push(flags, &OPTS[c], optarg ? optarg : "1", origin))
                 return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
         }
     }
@@ -277,6 +290,7 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
         fprintf(f, "%s = ", d->key);
         switch (d->type) {
         case OPT_INT:
+        case OPT_BOOL:
             fprintf(f, "%d\n", *(const int *)base);
             break;
         case OPT_FLOAT:

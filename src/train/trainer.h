@@ -34,6 +34,7 @@ typedef struct {
     char tensorboard[LOOM_PATH_MAX];  /* TensorBoard event files go here; "" = none */
     int eval_every;                   /* evaluate every N steps (and after the last) */
     int eval_batches;                 /* global batches per evaluation (fixed set) */
+    int sequence_parallel;            /* with --tp > 1: Megatron sequence parallelism */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
