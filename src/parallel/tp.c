@@ -160,7 +160,7 @@ loom_status loom_tp_gather_flat(loom_tp *tp, const loom_param_table *local, cons
     }
     memcpy(all + (size_t)tp->rank * P, flat, P * sizeof(float));
     loom_status st = loom_comm_allgatherv(tp->comm, all, counts, displs, err);
-    if (!st && tp->rank == 0) {
+    if (!st && global_flat) {
         for (int i = 0; i < local->n_params; i++) {
             loom_param p = local->params[i];
             const loom_param *gp = &global->params[i];

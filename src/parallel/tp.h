@@ -78,7 +78,7 @@ loom_status loom_tp_grad_norm(loom_tp *tp, loom_zero *z, const float *grads, dou
 
 /* Gathers the TP shards of a flat buffer laid out by `local` into the unsharded flat
  * buffer laid out by `global` (a tp_size 1 registry of the same model), on rank 0 of
- * the group (global_flat may be NULL elsewhere). Collective over the group. */
+ * the group, where global_flat is not NULL (NULL: take part only). Collective. */
 loom_status loom_tp_gather_flat(loom_tp *tp, const loom_param_table *local, const float *flat,
                                 const loom_param_table *global, float *global_flat,
                                 loom_error *err);
