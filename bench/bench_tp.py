@@ -58,9 +58,9 @@ def run_loom(args, data, tmp, name, ranks, threads, extra):
     res = {"ranks": ranks, "threads": threads, "step_ms": round(step_ms, 1),
            "tokens_per_s": round(rows[0]["tokens"] / (step_ms * 1e-3), 2),
            "activations_mib": act, "final_loss": rows[-1]["loss"]}
-    m = re.search(r"tensor-parallel communication: ([\d.]+) MiB per step", p.stderr)
+    m = re.search(r"tensor-parallel communication: [\d.]+ MiB \((\d+) bytes\) per step", p.stderr)
     if m:
-        res["tp_bytes_per_step"] = round(float(m.group(1)) * (1 << 20))
+        res["tp_bytes_per_step"] = int(m.group(1))
     print(json.dumps({name: res}), flush=True)
     return res
 

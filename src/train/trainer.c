@@ -310,8 +310,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
     }
     if (lead && r->tp.size > 1)
-        fprintf(stderr, "loom: tensor-parallel communication: %.2f MiB per step per rank\n",
-                (double)mesh->tp.bytes / tc->steps / (1 << 20));
+        fprintf(stderr,
+                "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
+                (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
         return st;
