@@ -8,8 +8,9 @@
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
+#include "core/version.h"
 
-#define LOOM_VERSION "0.1.0"
+#include "core/version.h"
 
 static void usage(FILE *f) {
     fprintf(f,

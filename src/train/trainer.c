@@ -15,6 +15,7 @@
 #include "model/weights.h"
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
+#include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -88,7 +89,7 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
-    return LOOM_OK;
+    return loom_checkpointing_validate(tc, err);
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -104,6 +105,8 @@ typedef struct {
     loom_metrics metrics;
     loom_tb_writer *tb; /* rank 0, with --tensorboard */
     loom_trace *trace;
+    loom_checkpointing ckpt;
+    int start_step; /* steps already done (resumed from a checkpoint) */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -121,6 +124,7 @@ static void run_free(run_state *r) {
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
+    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -207,9 +211,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
-    long long tokens_seen = 0;
+    long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
-    for (int step = 0; step < tc->steps; step++) {
+    int step = r->start_step, stop = 0;
+    for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
@@ -275,7 +280,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
+        if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
     }
+    if ((st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop) return st;
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
         return st;
@@ -367,6 +374,12 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             run_free(&r);
             return st;
         }
+    }
+    if ((st = loom_checkpointing_open(
+             &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
+             r.sharded_params ? r.fsdp.shard : NULL, &r.start_step, err))) {
+        run_free(&r);
+        return st;
     }
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
     if (tc->trace[0]) {
