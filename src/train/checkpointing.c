@@ -104,8 +104,13 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
     } else {
         loom_ckpt_buffer b[LOOM_CKPT_KINDS];
         held_buffers(c, b);
-        st = loom_ckpt_load(dir, &m, c->zero->table, b, NULL, err);
+        loom_ckpt_load_stats stats = {0};
+        double t0 = loom_now_ms();
+        st = loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
         *step = m.step;
+        if (!st && c->mesh->rank == 0)
+            fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
+                    (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);
         if (!st && m.seed != c->tc->seed && c->mesh->rank == 0)
             fprintf(stderr,
                     "loom: warning: %s was saved with --seed %llu, this run uses %llu (the data "
@@ -384,6 +389,8 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
                 "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f), "
                 "waited for the previous save %d time(s), %d failed\n",
                 c->saves, c->stall_ms_last, c->stall_ms_max, c->waits, c->failures);
+        fprintf(stderr, "loom: last checkpoint write (rank 0, background): %llu bytes in %.1f ms\n",
+                (unsigned long long)c->writer.written_bytes, c->writer.write_ms);
         if (c->failures == failures && c->saves > 0)
             fprintf(stderr, "loom: checkpoint written to %s\n", c->flight_dir);
     }
