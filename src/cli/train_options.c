@@ -66,6 +66,16 @@ static const opt_def OPTS[] = {
     {"eval-batches", OPT_INT, TR(eval_batches), 0, "global batches per evaluation"},
     {"tensorboard", OPT_STRING, TR(tensorboard), LOOM_PATH_MAX, "TensorBoard event file folder"},
     {"trace", OPT_STRING, TR(trace), LOOM_PATH_MAX, "Chrome/Perfetto trace file (all ranks)"},
+    {"ckpt-dir", OPT_STRING, TR(ckpt_dir), LOOM_PATH_MAX, "checkpoint folder (durable tier)"},
+    {"ckpt-every", OPT_INT, TR(ckpt_every), 0, "checkpoint every N steps (and at the end)"},
+    {"ckpt-keep", OPT_INT, TR(ckpt_keep), 0, "complete checkpoints kept per folder (0 = all)"},
+    {"ckpt-fast-dir", OPT_STRING, TR(ckpt_fast_dir), LOOM_PATH_MAX,
+     "fast checkpoint tier, e.g. /dev/shm/NAME"},
+    {"ckpt-fast-every", OPT_INT, TR(ckpt_fast_every), 0, "fast-tier checkpoint every M steps"},
+    {"resume", OPT_STRING, TR(resume), LOOM_PATH_MAX,
+     "auto (newest valid checkpoint, else start fresh) or a checkpoint/folder path"},
+    {"init-from", OPT_STRING, TR(init_from), LOOM_PATH_MAX,
+     "start from weights in a safetensors file (loom ckpt export, --save-weights)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

@@ -16,6 +16,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
+#include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -89,7 +90,7 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
-    return LOOM_OK;
+    return loom_checkpointing_validate(tc, err);
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -108,6 +109,8 @@ typedef struct {
     loom_tp tp;                    /* the tensor-parallel group's layers (one rank: trivial) */
     loom_param_table global_table; /* tp > 1: the unsharded registry, for weights and dumps */
     float *global_flat;            /* tp > 1, rank 0: a gathered flat buffer */
+    loom_checkpointing ckpt;
+    int start_step; /* steps already done (resumed from a checkpoint) */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -141,6 +144,7 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
     *out = r->global_flat;
     return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
                                err);
+    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -230,9 +234,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
-    long long tokens_seen = 0;
+    long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
-    for (int step = 0; step < tc->steps; step++) {
+    int step = r->start_step, stop = 0;
+    for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
@@ -308,11 +313,13 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
+        if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
     }
     if (lead && r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
                 (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if ((st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop) return st;
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
         return st;
@@ -434,6 +441,12 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             run_free(&r);
             return st;
         }
+    }
+    if ((st = loom_checkpointing_open(
+             &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
+             r.sharded_params ? r.fsdp.shard : NULL, &r.start_step, err))) {
+        run_free(&r);
+        return st;
     }
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
     if (tc->trace[0]) {
