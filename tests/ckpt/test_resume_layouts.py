@@ -2,7 +2,7 @@
 """Checkpoint resume across layouts (invariants 1 and 2 through a checkpoint).
 
 For both families: an uninterrupted single-process run of 20 steps is the reference.
-For each (A, B) pair of layouts (dp x ZeRO stage), layout A trains 20 steps saving a
+For each (A, B) pair of layouts (dp x ZeRO stage x tensor parallel), layout A trains 20 steps saving a
 checkpoint at step 10; layout B resumes from that step-10 checkpoint and runs to 20. The
 resumed losses (steps 11-20, validation at 20) and final weights must equal the
 reference to <= 1e-5 relative; when A == B they must equal A's own uninterrupted run
@@ -26,8 +26,16 @@ import safetensors_io  # noqa: E402
 from test_layouts import MPIRUN, comparable, rel_err, write_text_shard  # noqa: E402
 
 TOL = 1e-5
-PAIRS = [((1, 0), (2, 1)), ((2, 0), (4, 3)), ((4, 2), (1, 0)), ((2, 3), (2, 3)),
-         ((4, 1), (2, 2)), ((1, 0), (1, 0))]
+# (dp, zero, tp): world size dp x tp
+PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
+         ((2, 3, 1), (2, 3, 1)), ((4, 1, 1), (2, 2, 1)), ((1, 0, 1), (1, 0, 1)),
+         ((1, 0, 2), (2, 1, 1)), ((2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2)),
+         ((2, 1, 2), (2, 1, 2))]
+
+
+def layout_name(layout):
+    dp, zero, tp = layout
+    return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "")
 
 
 def run(cmd, what):
@@ -66,23 +74,25 @@ def main():
                     "--eval-every", "10", "--eval-batches", "2"]
 
             def train(name, layout, extra):
-                dp, zero = layout
+                dp, zero, tp = layout
                 out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + ["--dp", str(dp), "--zero", str(zero), "--metrics", out + ".jsonl",
-                              "--dump-dir", out] + extra
-                log = run((MPIRUN + ["-n", str(dp)] if dp > 1 else []) + cmd, f"{family} {name}")
+                cmd = base + ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
+                              "--metrics", out + ".jsonl", "--dump-dir", out] + extra
+                n = dp * tp
+                log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{family} {name}")
                 return losses(out + ".jsonl"), safetensors_io.load(
                     os.path.join(out, "params_final.safetensors")), log
 
-            ref_l, ref_w, _ = train("reference", (1, 0), [])
+            ref_l, ref_w, _ = train("reference", (1, 0, 1), [])
             for a, b in PAIRS:
-                ck = os.path.join(tmp, f"{family}_ck_{a[0]}_{a[1]}")
+                an = layout_name(a)
+                ck = os.path.join(tmp, f"{family}_ck_{an}")
                 if not os.path.isdir(ck):
-                    train(f"a_dp{a[0]}_z{a[1]}", a, ["--ckpt-dir", ck, "--ckpt-every", "10"])
-                a_l, a_w = losses(os.path.join(tmp, f"{family}_a_dp{a[0]}_z{a[1]}.jsonl")), \
-                    safetensors_io.load(os.path.join(tmp, f"{family}_a_dp{a[0]}_z{a[1]}",
+                    train(f"a_{an}", a, ["--ckpt-dir", ck, "--ckpt-every", "10"])
+                a_l, a_w = losses(os.path.join(tmp, f"{family}_a_{an}.jsonl")), \
+                    safetensors_io.load(os.path.join(tmp, f"{family}_a_{an}",
                                                      "params_final.safetensors"))
-                name = f"dp{a[0]}z{a[1]}->dp{b[0]}z{b[1]}"
+                name = f"{an}->{layout_name(b)}"
                 got_l, got_w, log = train("b_" + name.replace(">", ""), b,
                                           ["--resume", os.path.join(ck, "step_00000010")])
                 if "resumed from" not in log:
