@@ -126,6 +126,43 @@ void loom_crossentropy_shard_backward(float *probs, const int32_t *targets, cons
 void loom_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int t);
 
+/* ---- mixture-of-experts routing (kernels/cpu/moe_route.c) ----
+ * Router: probs[N,E] = softmax(logits[N,E]); idx[N,K] the K largest probabilities per
+ * row in decreasing order (ties: lower expert index first); w[N,K] those probabilities
+ * renormalised to sum 1 (Mixtral: softmax, then top-k, then renormalise);
+ * lse[N] = logsumexp of the row (router z-loss). E <= 1024. */
+void loom_moe_router_forward(float *probs, int32_t *idx, float *w, float *lse, const float *logits,
+                             int N, int E, int K);
+/* Capacity: assignments (token t, slot j) are visited slot-major (every token's first
+ * choice, in token order, then every second choice, ...); pos[t*K+j] = the
+ * assignment's row among its expert's kept rows, or -1 when the expert already holds
+ * cap rows (cap <= 0: no limit). load[E] counts all assignments, kept[E] the kept ones
+ * (both overwritten). Returns the number dropped. */
+int loom_moe_capacity(int32_t *pos, int32_t *load, int32_t *kept, const int32_t *idx, int N, int K,
+                      int E, int cap);
+/* Dispatch layout: expert e's kept rows start at row offs[e]; the row of (t, j) is
+ * offs[idx] + pos. send[row] = x[t] for every kept assignment. */
+void loom_moe_permute(float *send, const float *x, const int32_t *idx, const int32_t *pos,
+                      const int32_t *offs, int N, int K, int C);
+/* out[t] = sum over kept j (in slot order) of w[t,j] * ret[row(t, j)] (overwrites out). */
+void loom_moe_combine(float *out, const float *ret, const float *w, const int32_t *idx,
+                      const int32_t *pos, const int32_t *offs, int N, int K, int C);
+/* Backward of the combine: dret[row(t, j)] = w[t,j] * dout[t]; dw[t,j] = <dout[t],
+ * ret[row(t, j)]> (0 for a dropped assignment). */
+void loom_moe_combine_backward(float *dret, float *dw, const float *dout, const float *ret,
+                               const float *w, const int32_t *idx, const int32_t *pos,
+                               const int32_t *offs, int N, int K, int C);
+/* dx[t] += sum over kept j (in slot order) of dsend[row(t, j)]. */
+void loom_moe_unpermute_add(float *dx, const float *dsend, const int32_t *idx, const int32_t *pos,
+                            const int32_t *offs, int N, int K, int C);
+/* Router backward: dlogits[N,E] (overwritten) from dw[N,K] (the gradient of the
+ * renormalised weights), plus dprob[e] added to d(probs[t,e]) for every token (the
+ * load-balancing loss) and z * 2 * lse[t] * probs[t,e] (the z-loss, z its weight per
+ * token). */
+void loom_moe_router_backward(float *dlogits, const float *probs, const int32_t *idx,
+                              const float *w, const float *dw, const float *lse, const float *dprob,
+                              float z, int N, int E, int K);
+
 /* ---- sum of squares in double (for global-norm gradient clipping) and scaling ---- */
 double loom_sum_squares(const float *x, size_t n);
 void loom_scale(float *x, float s, size_t n);

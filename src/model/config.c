@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "model/moe_config.h"
+
 typedef struct {
     const char *name;
     loom_model_config cfg;
@@ -10,10 +12,18 @@ typedef struct {
 /* Sizes follow GPT-2 (124M = gpt2-small) and Llama conventions; d_ff of the Llama
  * presets is a multiple of 32 near 8/3 * d_model. */
 static const preset PRESETS[] = {
-    {"gpt2-tiny", {LOOM_FAMILY_GPT2, 4, 4, 4, 128, 512, 50257, 256, 1e-5f, 10000.0f}},
-    {"gpt2-small", {LOOM_FAMILY_GPT2, 12, 12, 12, 768, 3072, 50257, 1024, 1e-5f, 10000.0f}},
-    {"llama-tiny", {LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256, 1e-5f, 10000.0f}},
-    {"llama-100m", {LOOM_FAMILY_LLAMA, 8, 12, 4, 768, 2048, 32000, 1024, 1e-5f, 10000.0f}},
+    {"gpt2-tiny",
+     {LOOM_FAMILY_GPT2, 4, 4, 4, 128, 512, 50257, 256, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
+      0.0f}},
+    {"gpt2-small",
+     {LOOM_FAMILY_GPT2, 12, 12, 12, 768, 3072, 50257, 1024, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f,
+      0.01f, 0.0f}},
+    {"llama-tiny",
+     {LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
+      0.0f}},
+    {"llama-100m",
+     {LOOM_FAMILY_LLAMA, 8, 12, 4, 768, 2048, 32000, 1024, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
+      0.0f}},
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 
@@ -70,5 +80,9 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
         return loom_error_set(err, LOOM_ERR_INPUT, "--norm-eps %g: expected > 0", c->norm_eps);
     if (c->family == LOOM_FAMILY_LLAMA && !(c->rope_theta > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--rope-theta %g: expected > 0", c->rope_theta);
-    return LOOM_OK;
+    return loom_model_config_validate_moe(c, err);
+}
+
+int loom_model_layer_is_moe(const loom_model_config *c, int layer) {
+    return c->n_experts > 0 && layer % c->moe_every == c->moe_every - 1;
 }

@@ -11,6 +11,7 @@ typedef struct {
     loom_param_table *t;
     int capacity;
     int tp_rank, tp_size;
+    int ep_rank, ep_size;
 } builder;
 
 /* Registers a tensor of global shape [rows, cols] (cols 0: a vector), sharded over the
@@ -36,6 +37,9 @@ static size_t add_placed(builder *b, const char *name, int64_t rows, int64_t col
     p->init_std = std;
     p->decay = p->ndim >= 2;
     p->sp_partial = 0;
+    p->expert = -1;
+    p->ep_rank = b->ep_rank;
+    p->ep_size = b->ep_size;
     t->total += p->numel;
     return p->offset;
 }
@@ -76,12 +80,71 @@ loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error 
 
 loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, int tp_rank,
                               int tp_size, loom_error *err) {
+    return loom_params_build_ep(t, c, tp_rank, tp_size, 0, 1, err);
+}
+
+/* One expert's feed-forward tensors under `prefix` (Mixtral w1/w3/w2 for Llama, c_fc and
+ * c_proj with biases for GPT-2), tagged with global expert index e (-1: shared). */
+static loom_expert_params add_expert(builder *b, const char *prefix, int gpt2, int e, int C, int F,
+                                     float std, float proj_std) {
+    loom_expert_params x = {LOOM_NO_PARAM, LOOM_NO_PARAM, LOOM_NO_PARAM, LOOM_NO_PARAM};
+    char n[LOOM_PARAM_NAME_MAX];
+    const int first = b->t->n_params;
+#define EXP(suffix, rows, cols, init, s)                                                           \
+    (snprintf(n, sizeof n, "%s.%s", prefix, suffix), add(b, n, rows, cols, init, s))
+    if (gpt2) {
+        x.fc_w = EXP("c_fc.weight", F, C, LOOM_INIT_NORMAL, std);
+        x.fc_b = EXP("c_fc.bias", F, 0, LOOM_INIT_ZEROS, 0);
+        x.proj_w = EXP("c_proj.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+        x.proj_b = EXP("c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
+    } else {
+        x.fc_w = EXP("w1.weight", F, C, LOOM_INIT_NORMAL, std);
+        EXP("w3.weight", F, C, LOOM_INIT_NORMAL, std);
+        x.proj_w = EXP("w2.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+    }
+#undef EXP
+    for (int i = first; i < b->t->n_params; i++) b->t->params[i].expert = e;
+    return x;
+}
+
+/* A mixture-of-experts block's tensors: router, this rank's experts, shared expert. */
+static void add_moe(builder *b, loom_block_params *k, const loom_model_config *c, int l, int gpt2,
+                    float std, float proj_std) {
+    const int C = c->d_model, F = c->d_ff, E = c->n_experts;
+    char base[LOOM_PARAM_NAME_MAX], n[LOOM_PARAM_NAME_MAX + 32];
+    snprintf(base, sizeof base, gpt2 ? "transformer.h.%d.moe" : "model.layers.%d.block_sparse_moe",
+             l);
+    k->moe = 1;
+    k->fc_w = k->fc_b = k->proj_w = k->proj_b = LOOM_NO_PARAM;
+    snprintf(n, sizeof n, "%s.gate.weight", base);
+    k->gate_w = add(b, n, E, C, LOOM_INIT_NORMAL, std);
+    const loom_param_table *t = b->t;
+    for (int j = 0; j < t->n_local_experts; j++) {
+        const int e = t->expert_first + j;
+        snprintf(n, sizeof n, "%s.experts.%d", base, e);
+        size_t start = t->total;
+        loom_expert_params x = add_expert(b, n, gpt2, e, C, F, std, proj_std);
+        if (j == 0) k->expert0 = x;
+        k->expert_stride = t->total - start;
+    }
+    k->shared = (loom_expert_params){LOOM_NO_PARAM, LOOM_NO_PARAM, LOOM_NO_PARAM, LOOM_NO_PARAM};
+    if (c->shared_expert) {
+        snprintf(n, sizeof n, "%s.shared_expert", base);
+        k->shared = add_expert(b, n, gpt2, -1, C, F, std, proj_std);
+    }
+}
+
+loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                                 int tp_size, int ep_rank, int ep_size, loom_error *err) {
     memset(t, 0, sizeof *t);
+    if (c->n_experts > 0 && (ep_size < 1 || c->n_experts % ep_size != 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ep %d: must divide --n-experts %d", ep_size,
+                              c->n_experts);
     loom_status st = loom_params_check_tp(c, tp_size, err);
     if (st) return st;
     const int L = c->n_layer, C = c->d_model, F = c->d_ff, V = c->vocab_size;
     const int hd = C / c->n_head, Hq = c->n_head * hd, Hkv = c->n_kv_head * hd;
-    const int capacity = 8 + 16 * L;
+    const int capacity = 8 + L * (16 + 4 * (c->n_experts > 0 ? c->n_experts : 0) + 8);
     t->params = calloc((size_t)capacity, sizeof *t->params);
     t->blocks = calloc((size_t)L, sizeof *t->blocks);
     if (!t->params || !t->blocks) {
@@ -89,7 +152,11 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, i
         return loom_error_set(err, LOOM_ERR_NOMEM, "parameter registry: out of memory");
     }
     t->n_layer = L;
-    builder b = {t, capacity, tp_rank, tp_size};
+    t->ep_rank = ep_rank;
+    t->ep_size = ep_size;
+    t->n_local_experts = c->n_experts > 0 ? c->n_experts / ep_size : 0;
+    t->expert_first = ep_rank * t->n_local_experts;
+    builder b = {t, capacity, tp_rank, tp_size, ep_rank, ep_size};
     (void)b.capacity;
     /* GPT-2 init (also used for Llama): N(0, 0.02), residual projections scaled by
      * 1/sqrt(2L) as in GPT-2's paper; norms start at one, biases at zero. */
@@ -124,6 +191,10 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, i
             k->attn_out_b = ADD("attn.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
             k->norm2_w = NORM("ln_2.weight", C, LOOM_INIT_ONES);
             k->norm2_b = NORM("ln_2.bias", C, LOOM_INIT_ZEROS);
+            if (loom_model_layer_is_moe(c, l)) {
+                add_moe(&b, k, c, l, 1, std, proj_std);
+                continue;
+            }
             k->fc_w = COL("mlp.c_fc.weight", F, C, LOOM_INIT_NORMAL, std, 1);
             k->fc_b = COL("mlp.c_fc.bias", F, 0, LOOM_INIT_ZEROS, 0, 1);
             k->proj_w = ROW("mlp.c_proj.weight", C, F, proj_std);
@@ -135,6 +206,10 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, i
             COL("self_attn.v_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std, 1);
             k->attn_out_w = ROW("self_attn.o_proj.weight", C, Hq, proj_std);
             k->norm2_w = NORM("post_attention_layernorm.weight", C, LOOM_INIT_ONES);
+            if (loom_model_layer_is_moe(c, l)) {
+                add_moe(&b, k, c, l, 0, std, proj_std);
+                continue;
+            }
             k->fc_w = COL("mlp.gate_proj.weight", F, C, LOOM_INIT_NORMAL, std, 1);
             COL("mlp.up_proj.weight", F, C, LOOM_INIT_NORMAL, std, 1);
             k->proj_w = ROW("mlp.down_proj.weight", C, F, proj_std);

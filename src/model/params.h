@@ -36,7 +36,20 @@ typedef struct {
     /* 1 for norm weights/biases: replicated over TP, but with sequence parallelism each
      * rank's gradient is a partial sum over its rows (all-reduced over tp before use). */
     int sp_partial;
+    /* Placement across the expert-parallel group: expert is the global index of the
+     * expert this tensor belongs to (-1: not an expert tensor, replicated over ep), held
+     * by rank ep_rank of a group of ep_size (expert / (n_experts / ep_size) == ep_rank).
+     * The name carries the global index, so shapes and offsets are the same on every ep
+     * rank while the contents differ. */
+    int expert, ep_rank, ep_size;
 } loom_param;
+
+/* Offsets of one expert's (or the shared expert's) feed-forward tensors: fc [FC, C]
+ * (GPT-2 c_fc, F rows; Llama w1 then w3 back to back, 2F rows = [gate; up]) and proj
+ * [C, F]; biases only for GPT-2 (LOOM_NO_PARAM otherwise, or for a missing expert). */
+typedef struct {
+    size_t fc_w, fc_b, proj_w, proj_b;
+} loom_expert_params;
 
 /* Offsets (in floats) of one transformer block's tensors; LOOM_NO_PARAM when the family
  * has none. Llama's q/k/v (and gate/up) are registered back to back so that they form
@@ -48,6 +61,13 @@ typedef struct {
     size_t norm2_w, norm2_b;
     size_t fc_w, fc_b;     /* [F, C] (gelu) or [2F, C] = [gate; up] (swiglu) */
     size_t proj_w, proj_b; /* [C, F] */
+    /* Mixture of experts (moe 1; the dense MLP fields are then LOOM_NO_PARAM): the router
+     * [E, C], this rank's local expert j at expert0 + j * expert_stride (same layout),
+     * and the optional shared expert. */
+    int moe;
+    size_t gate_w;
+    loom_expert_params expert0, shared;
+    size_t expert_stride;
 } loom_block_params;
 
 typedef struct {
@@ -57,6 +77,8 @@ typedef struct {
     size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
     loom_block_params *blocks;                  /* n_layer entries */
     int n_layer;
+    int ep_rank, ep_size; /* expert-parallel placement (1 group of one: all here) */
+    int expert_first, n_local_experts;
 } loom_param_table;
 
 /* Registers the tensors as rank tp_rank of a tensor-parallel group of tp_size holds them
@@ -69,6 +91,10 @@ loom_status loom_params_build(loom_param_table *table, const loom_model_config *
 /* The divisibility tensor parallelism over tp ranks needs (n_head, n_kv_head, d_ff,
  * vocab_size); the message names the flag. */
 loom_status loom_params_check_tp(const loom_model_config *cfg, int tp, loom_error *err);
+/* The same as rank ep_rank of an expert-parallel group of ep_size: only experts
+ * [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) are registered here. */
+loom_status loom_params_build_ep(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
+                                 int tp_size, int ep_rank, int ep_size, loom_error *err);
 void loom_params_free(loom_param_table *table);
 /* Initialises every parameter from Philox keyed by (seed, name hash, element index):
  * any slice of a tensor can be initialised on its own with the same values. */

@@ -69,8 +69,9 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
         a->norm2 = carve(cv, Ns * C);
         a->norm2_mean = carve(cv, Ns);
         a->norm2_rstd = carve(cv, Ns);
-        a->fc = carve(cv, N * FC);
-        a->act = carve(cv, N * F);
+        const size_t mlp = loom_model_layer_is_moe(c, l) ? 0 : N; /* MoE: model/moe.c */
+        a->fc = carve(cv, mlp * FC);
+        a->act = carve(cv, mlp * F);
         a->res2 = carve(cv, Ns * C);
     }
     m->normf = carve(cv, Ns * C);
@@ -105,6 +106,11 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
 
 loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_error *err) {
+    return loom_model_create_ep(m, cfg, B, T, tp, NULL, err);
+}
+
+loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                 loom_tp *tp, loom_comm *ep, loom_error *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->tp = tp;
@@ -118,8 +124,14 @@ loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, in
     if (tp && tp->size > 1 && (tp->rows != B * T || tp->width != cfg->d_model))
         return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
                               tp->rows, tp->width);
-    if ((st = loom_params_build(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1, err)))
+    if (cfg->n_experts > 0 && tp && tp->size > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--tp %d: not with --n-experts yet", tp->size);
+    if ((st = loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
+                                   ep ? ep->rank : 0, ep ? ep->size : 1, err)) ||
+        (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err))) {
+        loom_model_destroy(m);
         return st;
+    }
     m->Ns = dims_of(m, seq_parallel(m)).Ns;
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
     carver sizing = {NULL, 0};
@@ -140,6 +152,7 @@ loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, in
 }
 
 void loom_model_destroy(loom_model *m) {
+    loom_moe_destroy(m->moe);
     free(m->arena);
     free(m->blocks);
     free(m->inputs);
@@ -257,7 +270,9 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
                          cat(p, k->norm2_b), Ns);
             st = tp_gather(m, a->norm2, &in);
         }
-        if (!st) {
+        if (!st && k->moe) {
+            st = loom_moe_forward(m->moe, l, p, in, a->res2);
+        } else if (!st) {
             loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
             if (is_gpt2(m))
                 loom_gelu_forward(a->act, a->fc, (size_t)N * d.F);
@@ -291,7 +306,8 @@ loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double
         loom_crossentropy_forward_backward(m->losses, m->logits, m->targets, N, d.V, dloss);
     else
         loom_crossentropy_forward(m->losses, m->logits, m->targets, N, d.V);
-    double s = 0.0;
+    double s = loom_moe_loss_sum(m->moe, dloss, backward); /* 0 without MoE */
+    if (!backward) s = 0.0;                                /* evaluation: cross-entropy only */
     for (int i = 0; i < N; i++) s += m->losses[i];
     *sum = s;
     return st;
@@ -341,7 +357,10 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         }
         loom_trace_begin(m->trace, "block", "backward");
         /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full) */
-        if (!(st = tp_gather(m, m->dres, &dy))) {
+        if (k->moe) {
+            if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm)))
+                dn = m->dnorm;
+        } else if (!(st = tp_gather(m, m->dres, &dy))) {
             memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
             loom_linear_backward_input(m->dact, dy, p + k->proj_w, N, d.F, C);
             loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), dy, a->act, N, d.F, C);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "model/config.h"
+#include "model/moe.h"
 #include "model/params.h"
 #include "parallel/tp.h"
 
@@ -56,6 +57,7 @@ typedef struct {
     /* backward scratch, shared by all blocks */
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */
+    loom_moe *moe;             /* NULL for a dense model (model/moe.h) */
 } loom_model;
 
 /* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */
@@ -65,6 +67,10 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
  * outlive the model and be created for rows B*T and width d_model. */
 loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_error *err);
+/* The same with expert parallelism: this rank holds its share of the experts of the
+ * group ep (NULL or size 1: all of them); tokens are dispatched over ep. */
+loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                 loom_tp *tp, loom_comm *ep, loom_error *err);
 /* Activation bytes the arena would need with sequence parallelism on or off (for the
  * start-up report). */
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);

@@ -53,6 +53,7 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
         loom_comm_self(&m->tp, "tp");
         loom_comm_self(&m->pp, "pp");
         loom_comm_self(&m->ep, "ep");
+        loom_comm_self(&m->edp, "edp");
         return LOOM_OK;
     }
     const int pp_i = m->pp_rank, dp_i = m->dp_rank, tp_i = m->tp_rank;
@@ -61,7 +62,9 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
         (st = split(&m->tp, &m->world, pp_i * l.dp + dp_i, tp_i, "tp", err)) ||
         (st = split(&m->pp, &m->world, dp_i * l.tp + tp_i, pp_i, "pp", err)) ||
         (st = split(&m->ep, &m->world, (pp_i * l.tp + tp_i) * (l.dp / l.ep) + dp_i / l.ep,
-                    dp_i % l.ep, "ep", err))) {
+                    dp_i % l.ep, "ep", err)) ||
+        (st = split(&m->edp, &m->world, (pp_i * l.tp + tp_i) * l.ep + dp_i % l.ep, dp_i / l.ep,
+                    "edp", err))) {
         loom_mesh_free(m);
         return st;
     }
@@ -69,6 +72,7 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
 }
 
 void loom_mesh_free(loom_mesh *m) {
+    loom_comm_free(&m->edp);
     loom_comm_free(&m->ep);
     loom_comm_free(&m->pp);
     loom_comm_free(&m->tp);

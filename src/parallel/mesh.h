@@ -18,6 +18,7 @@ typedef struct {
     int rank, size;
     int dp_rank, tp_rank, pp_rank, ep_rank;
     loom_comm world, dp, tp, pp, ep;
+    loom_comm edp; /* the dp ranks with this rank's ep rank: replicas of the same experts */
 } loom_mesh;
 
 /* Checks the layout against the world (messages name the flags) and builds the

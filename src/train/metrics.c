@@ -26,6 +26,12 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
                           s->tokens_per_s, "step_ms", s->step_ms, "tokens",
                           (json_int_t)s->tokens_seen, "grad_wait_ms", s->grad_wait_ms);
     if (o && isfinite(s->val_loss)) json_object_set_new(o, "val_loss", json_real(s->val_loss));
+    if (o && s->has_moe) {
+        json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "load_min", s->moe.load_min,
+                              "load_max", s->moe.load_max, "load_mean", s->moe.load_mean, "dropped",
+                              s->moe.dropped, "aux_loss", s->moe.aux_loss, "z_loss", s->moe.z_loss);
+        if (m) json_object_set_new(o, "moe", m);
+    }
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "model/moe.h"
 
 typedef struct {
     int step;
@@ -14,6 +15,8 @@ typedef struct {
                             progress, wait), i.e. the reduction time not hidden by compute */
     double val_loss;     /* NaN when this step did not evaluate */
     long long tokens_seen;
+    int has_moe; /* 1: the router statistics below are reported */
+    loom_moe_stats moe;
 } loom_step_metrics;
 
 typedef struct {

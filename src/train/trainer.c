@@ -11,8 +11,10 @@
 #include "core/clock.h"
 #include "core/fs.h"
 #include "data/dataset.h"
+#include "model/moe_config.h"
 #include "model/transformer.h"
 #include "model/weights.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
@@ -110,6 +112,7 @@ typedef struct {
     loom_param_table global_table; /* tp > 1: the unsharded registry, for weights and dumps */
     float *global_flat;            /* tp > 1, rank 0: a gathered flat buffer */
     loom_checkpointing ckpt;
+    loom_mesh *mesh;
     int start_step; /* steps already done (resumed from a checkpoint) */
 } run_state;
 
@@ -139,9 +142,12 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
                                const float **out, loom_error *err) {
     *table = &r->model.table;
     *out = flat;
-    if (r->tp.size == 1) return LOOM_OK;
+    if (r->tp.size == 1 && r->mesh->ep.size == 1) return LOOM_OK;
     *table = &r->global_table;
     *out = r->global_flat;
+    if (r->mesh->ep.size > 1) /* expert parallelism: gather the experts (model/moe.h) */
+        return loom_ep_gather_flat(&r->model.table, flat, &r->global_table, r->global_flat,
+                                   &r->mesh->ep, err);
     return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
                                err);
     loom_checkpointing_close(&r->ckpt);
@@ -233,6 +239,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const int lead = mesh->rank == 0;
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
+    const int ep_on = mesh->ep.size > 1; /* expert parallelism: parallel/ep.h reduces (ZeRO-0) */
     loom_status st;
     long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
@@ -265,7 +272,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
              * (with sequence parallelism the norm gradients over tp first). */
             loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
             loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
-            const int sp = r->tp.sequence_parallel, last = k + 1 == accum;
+            const int sp = r->tp.sequence_parallel, last = k + 1 == accum && !ep_on;
             if (last) loom_zero_begin_reduction(&r->zero);
             if ((st = loom_model_backward(mod, r->params, r->grads,
                                           !last ? NULL
@@ -276,6 +283,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         }
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
+        if (!st && ep_on) st = loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
         double loss = loss_sum / ((double)G * T);
@@ -292,7 +300,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                 return st;
         }
         double norm;
-        if ((st = loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err))) return st;
+        if ((st = ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
+                        : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+            return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_trace_begin(r->trace, "optimizer", "train");
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
@@ -304,9 +314,19 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         loom_trace_end(r->trace); /* step */
         double ms = loom_now_ms() - t0;
         tokens_seen += (long long)G * T;
-        loom_step_metrics sm = {
-            step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
-            NAN,      tokens_seen};
+        loom_step_metrics sm = {step + 1,
+                                loss,
+                                lr,
+                                norm,
+                                (double)G * T / (ms * 1e-3),
+                                ms,
+                                r->zero.step_wait_ms,
+                                NAN,
+                                tokens_seen,
+                                0,
+                                {0, 0, 0, 0, 0, 0}};
+        if (mod->moe && (st = loom_moe_step_stats(mod->moe, &mesh->dp, &sm.moe, err))) return st;
+        sm.has_moe = mod->moe != NULL;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
             (st = evaluate(r, mc, tc, mesh, &sm.val_loss, err)))
             return st;
@@ -348,6 +368,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         return st;
     run_state r;
     memset(&r, 0, sizeof r);
+    r.mesh = mesh;
     const int T = mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
     const int lead = mesh->rank == 0;
     if ((st = loom_dataset_open(&r.data, tc->data, mc->vocab_size, T, err)) ||
@@ -357,7 +378,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                                err)) ||
         (st = loom_tp_create(&r.tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
                              mc->d_model, err)) ||
-        (r.tp.err = err, st = loom_model_create_tp(&r.model, mc, tc->micro_batch, T, &r.tp, err)) ||
+        (st = loom_moe_validate_layout(mc, mesh->layout.ep, mesh->layout.dp, tc->zero,
+                                       mesh->layout.tp, mesh->layout.pp, err)) ||
+        (r.tp.err = err,
+         st = loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
@@ -377,9 +401,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         r.params = calloc(P, sizeof(float));
     }
     r.grads = calloc(P, sizeof(float));
-    if (r.tp.size > 1 && !(st = loom_params_build(&r.global_table, mc, 0, 1, err)) && lead)
+    const int gathered = r.tp.size > 1 || mesh->ep.size > 1;
+    if (gathered && !(st = loom_params_build(&r.global_table, mc, 0, 1, err)) && lead)
         r.global_flat = malloc(r.global_table.total * sizeof(float));
-    if (st || (r.tp.size > 1 && lead && !r.global_flat)) {
+    if (st || (gathered && lead && !r.global_flat)) {
         run_free(&r);
         return st ? st : loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
     }
@@ -396,8 +421,16 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         fprintf(
             stderr,
             "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d\n",
-            loom_family_name(mc->family), r.tp.size > 1 ? r.global_table.total : P, P,
-            mesh->layout.dp, r.zero.stage, mesh->layout.tp);
+            loom_family_name(mc->family), gathered ? r.global_table.total : P, P, mesh->layout.dp,
+            r.zero.stage, mesh->layout.tp);
+        if (mc->n_experts > 0)
+            fprintf(stderr,
+                    "loom: mixture of experts: %d experts, top-%d, every %d layer(s)%s, capacity "
+                    "factor %g%s, expert parallel %d (%d experts per rank), buffers %.1f MiB\n",
+                    mc->n_experts, mc->top_k, mc->moe_every, mc->shared_expert ? " + shared" : "",
+                    (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
+                    mesh->layout.ep, mc->n_experts / mesh->layout.ep,
+                    loom_moe_bytes(r.model.moe) / MiB);
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);

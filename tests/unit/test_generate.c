@@ -17,8 +17,11 @@
 static unsigned seed_value;
 
 static void check_family(loom_family family) {
-    loom_model_config c = {family, 2,     4,       family == LOOM_FAMILY_GPT2 ? 4 : 2, 24, 40, 53,
-                           11,     1e-5f, 10000.0f};
+    loom_model_config c = {family, 2,        4,    family == LOOM_FAMILY_GPT2 ? 4 : 2,
+                           24,     40,       53,   11,
+                           1e-5f,  10000.0f, 0,    2,
+                           1,      0,        0.0f, 0.0f,
+                           0.0f};
     loom_model m;
     loom_error err = {0};
     assert_int_equal(loom_model_create(&m, &c, 1, c.seq_len, &err), LOOM_OK);

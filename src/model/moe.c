@@ -1,0 +1,399 @@
+#include "model/moe.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* What one MoE layer keeps from forward for backward. */
+typedef struct {
+    int32_t *idx, *pos;    /* [N*K] chosen experts, row among the expert's kept rows or -1 */
+    float *w;              /* [N*K] renormalised combine weights */
+    float *probs, *lse;    /* [N*E], [N] */
+    int32_t *offs;         /* [E] first dispatch row of each expert */
+    int32_t *load;         /* [E] assignments before dropping */
+    int32_t *kept;         /* [E] */
+    float *ret;            /* [N*K, C] expert outputs, dispatch order */
+    int n_send;            /* kept assignments = rows sent */
+    int32_t *rows;         /* [ep * EL] rows from source s for local expert j */
+    float *xin, *h, *act;  /* expert side, expert-major: [R, C], [R, FC], [R, F] */
+    float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
+    double aux, zsum;
+    int dropped;
+} moe_layer;
+
+struct loom_moe {
+    loom_model_config cfg;
+    const loom_param_table *table;
+    int N, C, F, FC, E, K, EL, ep, cap, gpt2, R;
+    loom_comm *comm;
+    loom_error *err;
+    moe_layer *layers; /* n_layer; only MoE layers have buffers */
+    size_t bytes;
+    /* scratch shared by all layers */
+    float *logits, *dw, *send, *recv, *ex, *exd, *dact, *dh;
+    float *cnt_send, *cnt_recv; /* [E], [ep * EL] row counts as floats */
+    int *sc, *sd, *rc, *rd;     /* all-to-all-v counts and displacements, [ep] each */
+    float dloss;
+    double loss_term; /* this forward's aux and z terms times their token weights */
+    /* step statistics (this rank) */
+    double *step_load; /* [E + 4]: loads, dropped, aux, z, tokens */
+};
+
+static void *grab(loom_moe *m, size_t bytes) {
+    m->bytes += bytes;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+void loom_moe_destroy(loom_moe *m) {
+    if (!m) return;
+    if (m->layers)
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            moe_layer *L = &m->layers[l];
+            free(L->idx), free(L->pos), free(L->w), free(L->probs), free(L->lse);
+            free(L->offs), free(L->load), free(L->kept), free(L->ret), free(L->rows);
+            free(L->xin), free(L->h), free(L->act), free(L->sh_fc), free(L->sh_act);
+        }
+    free(m->layers);
+    free(m->logits), free(m->dw), free(m->send), free(m->recv), free(m->ex), free(m->exd);
+    free(m->dact), free(m->dh), free(m->cnt_send), free(m->cnt_recv);
+    free(m->sc), free(m->sd), free(m->rc), free(m->rd), free(m->step_load);
+    free(m);
+}
+
+loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
+                            const loom_param_table *table, int N, loom_comm *ep, loom_error *err) {
+    *out = NULL;
+    if (cfg->n_experts == 0) return LOOM_OK;
+    loom_moe *m = calloc(1, sizeof *m);
+    if (!m) return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: out of memory");
+    m->cfg = *cfg;
+    m->table = table;
+    m->comm = ep && ep->size > 1 ? ep : NULL;
+    m->err = err;
+    m->N = N;
+    m->C = cfg->d_model;
+    m->F = cfg->d_ff;
+    m->gpt2 = cfg->family == LOOM_FAMILY_GPT2;
+    m->FC = m->gpt2 ? m->F : 2 * m->F;
+    m->E = cfg->n_experts;
+    m->K = cfg->top_k;
+    m->ep = m->comm ? m->comm->size : 1;
+    m->EL = m->E / m->ep;
+    m->cap =
+        cfg->capacity_factor > 0 ? (int)ceil((double)cfg->capacity_factor * N * m->K / m->E) : 0;
+    /* Rows a rank can receive: each source sends at most min(K, EL) rows per token to
+     * it, and with a capacity at most cap per expert. */
+    const int per_token = m->K < m->EL ? m->K : m->EL;
+    long R = (long)m->ep * N * per_token;
+    if (m->cap > 0 && (long)m->ep * m->EL * m->cap < R) R = (long)m->ep * m->EL * m->cap;
+    if (R < N) R = N;
+    if (R * (long)(m->FC > m->C ? m->FC : m->C) > 0x7fffffffL) {
+        loom_moe_destroy(m);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "MoE: %ld expert rows per rank: too many for one collective", R);
+    }
+    m->R = (int)R;
+    const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
+    const size_t Rs = (size_t)R, ep_n = (size_t)m->ep;
+    m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
+    int ok = m->layers != NULL;
+    for (int l = 0; ok && l < cfg->n_layer; l++) {
+        if (!loom_model_layer_is_moe(cfg, l)) continue;
+        moe_layer *L = &m->layers[l];
+        L->idx = grab(m, NK * 4), L->pos = grab(m, NK * 4), L->w = grab(m, NK * 4);
+        L->probs = grab(m, (size_t)N * E * 4), L->lse = grab(m, (size_t)N * 4);
+        L->offs = grab(m, E * 4), L->load = grab(m, E * 4), L->kept = grab(m, E * 4);
+        L->ret = grab(m, NK * C * 4), L->rows = grab(m, ep_n * m->EL * 4);
+        L->xin = grab(m, Rs * C * 4), L->h = grab(m, Rs * FC * 4), L->act = grab(m, Rs * F * 4);
+        ok = L->idx && L->pos && L->w && L->probs && L->lse && L->offs && L->load && L->kept &&
+             L->ret && L->rows && L->xin && L->h && L->act;
+        if (ok && cfg->shared_expert) {
+            L->sh_fc = grab(m, (size_t)N * FC * 4), L->sh_act = grab(m, (size_t)N * F * 4);
+            ok = L->sh_fc && L->sh_act;
+        }
+    }
+    if (ok) {
+        m->logits = grab(m, (size_t)N * E * 4), m->dw = grab(m, NK * 4);
+        m->send = grab(m, NK * C * 4), m->recv = grab(m, Rs * C * 4);
+        m->ex = grab(m, Rs * C * 4), m->exd = grab(m, Rs * C * 4);
+        m->dact = grab(m, Rs * F * 4), m->dh = grab(m, Rs * FC * 4);
+        m->cnt_send = grab(m, E * 4), m->cnt_recv = grab(m, ep_n * m->EL * 4);
+        m->sc = grab(m, ep_n * 4), m->sd = grab(m, ep_n * 4);
+        m->rc = grab(m, ep_n * 4), m->rd = grab(m, ep_n * 4);
+        m->step_load = grab(m, (E + 4) * 8);
+        ok = m->logits && m->dw && m->send && m->recv && m->ex && m->exd && m->dact && m->dh &&
+             m->cnt_send && m->cnt_recv && m->sc && m->sd && m->rc && m->rd && m->step_load;
+    }
+    if (!ok) {
+        double mib = (double)m->bytes / (1 << 20);
+        loom_moe_destroy(m);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: cannot allocate %.1f MiB of buffers", mib);
+    }
+    *out = m;
+    return LOOM_OK;
+}
+
+size_t loom_moe_bytes(const loom_moe *m) {
+    return m ? m->bytes : 0;
+}
+
+void loom_moe_set_error(loom_moe *m, loom_error *err) {
+    if (m) m->err = err;
+}
+
+/* Source-major [s][j][rows] <-> expert-major [j][s][rows] (rows[s * EL + j]). */
+static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const float *src,
+                    int to_expert_major) {
+    const size_t C = (size_t)m->C;
+    size_t src_row = 0;
+    for (int s = 0; s < m->ep; s++)
+        for (int j = 0; j < m->EL; j++) {
+            /* expert-major row of block (s, j): all earlier experts, then earlier sources */
+            size_t em = 0;
+            for (int jj = 0; jj < m->EL; jj++)
+                for (int ss = 0; ss < m->ep; ss++)
+                    if (jj < j || (jj == j && ss < s)) em += (size_t)rows[ss * m->EL + jj];
+            const size_t n = (size_t)rows[s * m->EL + j] * C;
+            if (to_expert_major)
+                memcpy(dst + em * C, src + src_row * C, n * sizeof(float));
+            else
+                memcpy(dst + src_row * C, src + em * C, n * sizeof(float));
+            src_row += (size_t)rows[s * m->EL + j];
+        }
+}
+
+/* The all-to-all-v counts of layer L in rows x C floats: what this rank sends to each
+ * rank (by expert owner) and receives from each (by source). */
+static void set_counts(loom_moe *m, const moe_layer *L) {
+    int sent = 0, got = 0;
+    for (int r = 0; r < m->ep; r++) {
+        int n = 0, g = 0;
+        for (int j = 0; j < m->EL; j++) {
+            n += L->kept[r * m->EL + j];
+            g += L->rows[r * m->EL + j];
+        }
+        m->sc[r] = n * m->C, m->sd[r] = sent * m->C;
+        m->rc[r] = g * m->C, m->rd[r] = got * m->C;
+        sent += n, got += g;
+    }
+}
+
+/* Rows in dispatch order (send) -> expert-major rows on the owners (dst). */
+static loom_status dispatch(loom_moe *m, const moe_layer *L, const float *send, float *dst) {
+    if (!m->comm) {
+        memcpy(dst, send, (size_t)L->n_send * m->C * sizeof(float));
+        return LOOM_OK;
+    }
+    loom_status st =
+        loom_comm_alltoallv(m->comm, send, m->sc, m->sd, m->recv, m->rc, m->rd, m->err);
+    if (!st) reorder(m, L->rows, dst, m->recv, 1);
+    return st;
+}
+
+/* Expert-major rows (src) -> back to the tokens' ranks in dispatch order (out). */
+static loom_status combine_back(loom_moe *m, const moe_layer *L, const float *src, float *out) {
+    if (!m->comm) {
+        memcpy(out, src, (size_t)L->n_send * m->C * sizeof(float));
+        return LOOM_OK;
+    }
+    reorder(m, L->rows, m->recv, src, 0);
+    return loom_comm_alltoallv(m->comm, m->recv, m->rc, m->rd, out, m->sc, m->sd, m->err);
+}
+
+/* Local expert j's rows [r0, r0 + n) in the expert-major buffers. */
+static int expert_rows(const loom_moe *m, const moe_layer *L, int j, int *r0) {
+    int start = 0, n = 0;
+    for (int jj = 0; jj <= j; jj++)
+        for (int s = 0; s < m->ep; s++) {
+            if (jj < j)
+                start += L->rows[s * m->EL + jj];
+            else
+                n += L->rows[s * m->EL + jj];
+        }
+    *r0 = start;
+    return n;
+}
+
+static const float *cp(const float *flat, size_t off) {
+    return off == LOOM_NO_PARAM ? NULL : flat + off;
+}
+static float *gp(float *flat, size_t off) {
+    return off == LOOM_NO_PARAM ? NULL : flat + off;
+}
+
+/* One feed-forward expert over n rows: h = x @ fc^T (+b), act, y = act @ proj^T (+b). */
+static void ffn_forward(const loom_moe *m, const loom_expert_params *e, const float *p,
+                        const float *x, float *h, float *act, float *y, int n) {
+    if (n == 0) return;
+    loom_linear_forward(h, x, p + e->fc_w, cp(p, e->fc_b), n, m->C, m->FC);
+    if (m->gpt2)
+        loom_gelu_forward(act, h, (size_t)n * m->F);
+    else
+        loom_swiglu_forward(act, h, n, m->F);
+    loom_linear_forward(y, act, p + e->proj_w, cp(p, e->proj_b), n, m->F, m->C);
+}
+
+/* Backward of ffn_forward: dx += d/dx, weight gradients accumulate. */
+static void ffn_backward(loom_moe *m, const loom_expert_params *e, const float *p, float *g,
+                         const float *x, const float *h, const float *act, const float *dy,
+                         float *dx, int n) {
+    if (n == 0) return;
+    memset(m->dact, 0, (size_t)n * m->F * sizeof(float));
+    loom_linear_backward_input(m->dact, dy, p + e->proj_w, n, m->F, m->C);
+    loom_linear_backward_weight(g + e->proj_w, gp(g, e->proj_b), dy, act, n, m->F, m->C);
+    memset(m->dh, 0, (size_t)n * m->FC * sizeof(float));
+    if (m->gpt2)
+        loom_gelu_backward(m->dh, h, m->dact, (size_t)n * m->F);
+    else
+        loom_swiglu_backward(m->dh, m->dact, h, n, m->F);
+    loom_linear_backward_weight(g + e->fc_w, gp(g, e->fc_b), m->dh, x, n, m->C, m->FC);
+    loom_linear_backward_input(dx, m->dh, p + e->fc_w, n, m->C, m->FC);
+}
+
+static loom_expert_params local_expert(const loom_block_params *k, int j) {
+    const size_t d = (size_t)j * k->expert_stride;
+    loom_expert_params e = k->expert0;
+    e.fc_w += d;
+    e.proj_w += d;
+    if (e.fc_b != LOOM_NO_PARAM) e.fc_b += d;
+    if (e.proj_b != LOOM_NO_PARAM) e.proj_b += d;
+    return e;
+}
+
+loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float *x, float *out) {
+    moe_layer *L = &m->layers[layer];
+    const loom_block_params *k = &m->table->blocks[layer];
+    const int N = m->N, C = m->C, E = m->E, K = m->K;
+    int first = 0;
+    while (!loom_model_layer_is_moe(&m->cfg, first)) first++;
+    if (layer == first) m->loss_term = 0.0;
+    loom_linear_forward(m->logits, x, p + k->gate_w, NULL, N, C, E);
+    loom_moe_router_forward(L->probs, L->idx, L->w, L->lse, m->logits, N, E, K);
+    L->dropped = loom_moe_capacity(L->pos, L->load, L->kept, L->idx, N, K, E, m->cap);
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        L->offs[e] = n;
+        n += L->kept[e];
+    }
+    L->n_send = n;
+    loom_moe_permute(m->send, x, L->idx, L->pos, L->offs, N, K, C);
+    loom_status st = LOOM_OK;
+    if (m->comm) { /* row counts per (source, local expert) */
+        for (int e = 0; e < E; e++) m->cnt_send[e] = (float)L->kept[e];
+        int *one = m->sc, *dis = m->sd;
+        for (int r = 0; r < m->ep; r++) one[r] = m->EL, dis[r] = r * m->EL;
+        st = loom_comm_alltoallv(m->comm, m->cnt_send, one, dis, m->cnt_recv, one, dis, m->err);
+        for (int i = 0; i < m->ep * m->EL; i++) L->rows[i] = (int32_t)m->cnt_recv[i];
+    } else {
+        memcpy(L->rows, L->kept, (size_t)E * sizeof(int32_t));
+    }
+    if (st) return st;
+    set_counts(m, L);
+    if ((st = dispatch(m, L, m->send, L->xin))) return st;
+    /* Grouped expert computation: one GEMM per local expert and projection. */
+    for (int j = 0; j < m->EL; j++) {
+        int r0;
+        const int rows = expert_rows(m, L, j, &r0);
+        const loom_expert_params e = local_expert(k, j);
+        ffn_forward(m, &e, p, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+                    L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, rows);
+    }
+    if ((st = combine_back(m, L, m->ex, L->ret))) return st;
+    loom_moe_combine(out, L->ret, L->w, L->idx, L->pos, L->offs, N, K, C);
+    if (m->cfg.shared_expert) {
+        ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, m->send, N);
+        loom_add(out, out, m->send, (size_t)N * C);
+    }
+    /* Auxiliary losses of this micro-batch (double: order-independent enough, and they
+     * are sums over a fixed order anyway). */
+    double aux = 0.0, z = 0.0;
+    for (int e = 0; e < E; e++) {
+        double P = 0.0;
+        for (int t = 0; t < N; t++) P += L->probs[(size_t)t * E + e];
+        aux += (double)L->load[e] / ((double)N * K) * (P / N);
+    }
+    for (int t = 0; t < N; t++) z += (double)L->lse[t] * L->lse[t];
+    L->aux = aux * E;
+    L->zsum = z;
+    m->loss_term += (double)m->cfg.aux_loss_coef * L->aux * N + (double)m->cfg.z_loss_coef * z;
+    return LOOM_OK;
+}
+
+loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, const float *x,
+                              const float *dy, float *dx) {
+    moe_layer *L = &m->layers[layer];
+    const loom_block_params *k = &m->table->blocks[layer];
+    const int N = m->N, C = m->C, E = m->E, K = m->K;
+    set_counts(m, L);
+    loom_moe_combine_backward(m->send, m->dw, dy, L->ret, L->w, L->idx, L->pos, L->offs, N, K, C);
+    loom_status st = dispatch(m, L, m->send, m->ex);
+    if (st) return st;
+    memset(m->exd, 0, (size_t)m->R * C * sizeof(float));
+    for (int j = 0; j < m->EL; j++) {
+        int r0;
+        const int rows = expert_rows(m, L, j, &r0);
+        const loom_expert_params e = local_expert(k, j);
+        ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+                     L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, m->exd + (size_t)r0 * C,
+                     rows);
+    }
+    if ((st = combine_back(m, L, m->exd, m->send))) return st;
+    memset(dx, 0, (size_t)N * C * sizeof(float));
+    loom_moe_unpermute_add(dx, m->send, L->idx, L->pos, L->offs, N, K, C);
+    /* Router: d(aux term)/d probs[t,e] = aux_coef * dloss * N * E * f_e / N. */
+    float dprob[1024];
+    const double a = (double)m->cfg.aux_loss_coef * m->dloss * E / ((double)N * K);
+    for (int e = 0; e < E; e++) dprob[e] = (float)(a * L->load[e]);
+    loom_moe_router_backward(m->logits, L->probs, L->idx, L->w, m->dw, L->lse, dprob,
+                             m->cfg.z_loss_coef * m->dloss, N, E, K);
+    loom_linear_backward_weight(g + k->gate_w, NULL, m->logits, x, N, C, E);
+    loom_linear_backward_input(dx, m->logits, p + k->gate_w, N, C, E);
+    if (m->cfg.shared_expert) ffn_backward(m, &k->shared, p, g, x, L->sh_fc, L->sh_act, dy, dx, N);
+    return LOOM_OK;
+}
+
+double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {
+    if (!m) return 0.0;
+    if (training) {
+        m->dloss = dloss;
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
+            const moe_layer *L = &m->layers[l];
+            for (int e = 0; e < m->E; e++) m->step_load[e] += L->load[e];
+            m->step_load[m->E] += L->dropped;
+            m->step_load[m->E + 1] += L->aux;
+            m->step_load[m->E + 2] += L->zsum;
+        }
+        m->step_load[m->E + 3] += m->N; /* tokens */
+    }
+    return m->loss_term;
+}
+
+loom_status loom_moe_step_stats(loom_moe *m, loom_comm *dp, loom_moe_stats *out, loom_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!m) return LOOM_OK;
+    const int E = m->E;
+    loom_status st = loom_comm_allreduce_sum_f64(dp, m->step_load, E + 4, err);
+    if (st) return st;
+    int n_moe = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) n_moe += loom_model_layer_is_moe(&m->cfg, l);
+    const double tokens = m->step_load[E + 3], groups = tokens / m->N;
+    /* load: assignments per token of one layer (so the mean is K/E) */
+    const double per = tokens * n_moe;
+    out->load_min = out->load_max = m->step_load[0] / per;
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) {
+        const double f = m->step_load[e] / per;
+        out->load_min = f < out->load_min ? f : out->load_min;
+        out->load_max = f > out->load_max ? f : out->load_max;
+        sum += f;
+    }
+    out->load_mean = sum / E;
+    out->dropped = m->step_load[E];
+    out->aux_loss = m->step_load[E + 1] / groups;
+    out->z_loss = m->step_load[E + 2] / tokens;
+    memset(m->step_load, 0, (size_t)(E + 4) * sizeof(double));
+    return LOOM_OK;
+}

@@ -1,0 +1,67 @@
+/* Mixture-of-experts feed-forward block (in place of the dense MLP of a layer), with
+ * expert parallelism over the mesh's ep group.
+ *
+ * Router: logits = x @ gate^T [N, E]; softmax; top-k; the k probabilities renormalised
+ * to sum 1 (Mixtral). Capacity (--capacity-factor cf > 0): per micro-batch of N local
+ * tokens, every expert keeps at most ceil(cf * N * K / E) assignments, visited
+ * slot-major (first choices of all tokens in token order, then second choices, ...);
+ * a dropped assignment contributes nothing (the token keeps its residual). The
+ * decision is made on the rank that owns the tokens, before dispatch, over exactly the
+ * micro-batch one process would see: every layout with the same --micro-batch drops the
+ * same assignments. cf 0: dropless (all-to-all-v with any counts).
+ *
+ * Dispatch: kept rows are laid out expert by expert (expert e's rows from offs[e]);
+ * the rows of the experts a rank owns go to it with one all-to-all-v (row counts
+ * exchanged first); the receiver places them expert-major ([local expert][source
+ * rank][rows]: a fixed order, whatever the arrival order), runs one GEMM per expert
+ * and per projection, and the outputs return by the inverse all-to-all-v.
+ *
+ * Losses added to the training loss (documented in docs/ARCHITECTURE.md):
+ *   aux = E * sum_e f_e * P_e per MoE layer and micro-batch, f_e = assignments to e
+ *   (before dropping) / (N * K), P_e = mean router probability of e; the training loss
+ *   adds aux_loss_coef * (sum over MoE layers of aux) averaged over micro-batches;
+ *   z-loss: z_loss_coef * mean over tokens of sum over MoE layers of logsumexp^2. */
+#ifndef LOOM_MODEL_MOE_H
+#define LOOM_MODEL_MOE_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+
+typedef struct loom_moe loom_moe;
+
+/* Router statistics of one step over all ranks, MoE layers and micro-batches. */
+typedef struct {
+    double load_min, load_max, load_mean; /* per expert: assignments / tokens (mean = K/E) */
+    double dropped;                       /* assignments dropped by the capacity */
+    double aux_loss, z_loss;              /* unweighted, as they enter the loss */
+} loom_moe_stats;
+
+/* For micro-batches of N tokens; ep: the expert-parallel group (NULL: one rank). The
+ * table must have been built for this rank's place in ep (loom_params_build_ep). */
+loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
+                            const loom_param_table *table, int N, loom_comm *ep, loom_error *err);
+void loom_moe_destroy(loom_moe *moe);
+/* Bytes of activations and scratch held (for the start-up report). */
+size_t loom_moe_bytes(const loom_moe *moe);
+/* Where failures of the ep collectives inside forward/backward are reported. */
+void loom_moe_set_error(loom_moe *moe, loom_error *err);
+
+/* out[N, C] = the MoE block of `layer` applied to x[N, C] (saves what backward needs). */
+loom_status loom_moe_forward(loom_moe *moe, int layer, const float *params, const float *x,
+                             float *out);
+/* dx[N, C] = d/dx (overwritten); parameter gradients accumulate into grads. dloss: the
+ * weight of one token's loss (as in loom_model_loss_sum). */
+loom_status loom_moe_backward(loom_moe *moe, int layer, const float *params, float *grads,
+                              const float *x, const float *dy, float *dx);
+/* The auxiliary losses of the last forward, as a sum over its tokens (aux_coef * aux * N
+ * + z_coef * sum of lse^2, over the MoE layers); with `training` also records the
+ * router statistics and dloss for backward. */
+double loom_moe_loss_sum(loom_moe *moe, float dloss, int training);
+/* The step's statistics summed over `dp` (collective), then reset. */
+loom_status loom_moe_step_stats(loom_moe *moe, loom_comm *dp, loom_moe_stats *out, loom_error *err);
+
+#endif

@@ -1,0 +1,72 @@
+#include "parallel/ep.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
+                                 loom_comm *edp, loom_error *err) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < t->n_params && !st;) {
+        const int expert = t->params[i].expert >= 0;
+        int j = i;
+        while (j < t->n_params && (t->params[j].expert >= 0) == expert) j++;
+        const size_t lo = t->params[i].offset,
+                     hi = t->params[j - 1].offset + t->params[j - 1].numel;
+        st = loom_comm_allreduce_sum(expert ? edp : dp, grads + lo, hi - lo, err);
+        i = j;
+    }
+    return st;
+}
+
+loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
+                              double *norm, loom_error *err) {
+    double sq[2] = {0.0, 0.0}; /* dense, experts */
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        sq[p->expert >= 0] += loom_sum_squares(grads + p->offset, p->numel);
+    }
+    loom_status st = loom_comm_allreduce_sum_f64(ep, &sq[1], 1, err);
+    *norm = sqrt(sq[0] + sq[1]);
+    return st;
+}
+
+loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat,
+                                const loom_param_table *global, float *global_flat, loom_comm *ep,
+                                loom_error *err) {
+    const int R = ep->size;
+    int *counts = calloc((size_t)R, sizeof(int)), *displs = calloc((size_t)R, sizeof(int));
+    float *buf = NULL;
+    loom_status st = LOOM_OK;
+    if (!counts || !displs) st = loom_error_set(err, LOOM_ERR_NOMEM, "ep gather: out of memory");
+    for (int i = 0; i < global->n_params && !st && global_flat; i++) {
+        const loom_param *g = &global->params[i];
+        if (g->expert >= 0) continue;
+        const int li = loom_params_find(local, g->name);
+        if (li < 0) return loom_error_set(err, LOOM_ERR_STATE, "ep gather: %s missing", g->name);
+        memcpy(global_flat + g->offset, flat + local->params[li].offset, g->numel * sizeof(float));
+    }
+    /* Each layer's experts are contiguous: this rank's block of n_local experts, and in
+     * the global table all n_experts in order. */
+    for (int l = 0; l < local->n_layer && !st; l++) {
+        const loom_block_params *k = &local->blocks[l], *gk = &global->blocks[l];
+        if (!k->moe) continue;
+        const size_t block = (size_t)local->n_local_experts * k->expert_stride;
+        const size_t all = block * (size_t)R;
+        if (!buf) buf = malloc(all * sizeof(float));
+        if (!buf) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "ep gather: out of memory");
+            break;
+        }
+        for (int r = 0; r < R; r++) counts[r] = (int)block, displs[r] = (int)(block * r);
+        memcpy(buf + block * (size_t)ep->rank, flat + k->expert0.fc_w, block * sizeof(float));
+        st = loom_comm_allgatherv(ep, buf, counts, displs, err);
+        if (!st && global_flat) memcpy(global_flat + gk->expert0.fc_w, buf, all * sizeof(float));
+    }
+    free(buf);
+    free(counts);
+    free(displs);
+    return st;
+}

@@ -1,0 +1,30 @@
+/* Expert parallelism's data-parallel side. With --ep N a data-parallel group of dp ranks
+ * is cut into dp/N expert-parallel groups of N consecutive ranks; rank i of each holds
+ * the same experts, so an expert tensor's gradient is summed over the dp/N ranks with
+ * the same ep rank (the mesh's edp group) and a dense tensor's over all dp ranks. The
+ * flat buffers have the same layout on every rank (expert tensors at the same offsets
+ * hold different experts), so AdamW runs unchanged over the whole local buffer
+ * (ZeRO-0). */
+#ifndef LOOM_PARALLEL_EP_H
+#define LOOM_PARALLEL_EP_H
+
+#include "comm/comm.h"
+#include "core/error.h"
+#include "model/params.h"
+
+/* Sums the gradients over their replicas: dense tensors over dp, expert tensors over
+ * edp (runs of neighbouring tensors of one kind go as one all-reduce). */
+loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
+                                 loom_comm *edp, loom_error *err);
+/* Global gradient norm (after the reduction): dense tensors counted once, expert
+ * tensors summed over the ep group. */
+loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
+                              double *norm, loom_error *err);
+/* Gathers a flat buffer laid out by `local` (this rank's experts) into `global_flat`
+ * laid out by `global` (ep_size 1: every expert) where global_flat is not NULL; every
+ * rank of the ep group takes part. */
+loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat,
+                                const loom_param_table *global, float *global_flat, loom_comm *ep,
+                                loom_error *err);
+
+#endif
