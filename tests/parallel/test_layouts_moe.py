@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Invariants 1 and 2 for mixture-of-experts layers and expert parallelism.
+
+For both families (GPT-2 with GELU experts and a shared expert; Llama with SwiGLU
+experts and MoE in every second layer), trains 20 steps on one process, then under mpirun
+with ep in {2, 4} at dp = ep and dp = 2 * ep (where that fits in 8 ranks), in both
+capacity modes (capacity factor 1.0: tokens are dropped; 0: dropless), from the same seed
+and data. Checks that every per-step loss and every final weight (the experts gathered
+from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
+model, <= 1e-4 per tensor, as test_layouts_tp.py), that the initial weights are bitwise
+the unsharded ones, that the router statistics (dropped assignments, load) are the same
+as one process's, and that one layout run twice is bitwise identical.
+
+Why the layouts drop the same tokens: capacity is decided per micro-batch on the rank
+that owns the tokens, before dispatch, and a data-parallel rank's micro-batch is exactly
+one of the single process's micro-batches (same --micro-batch), so the same assignments
+are kept everywhere. Usage: test_layouts_moe.py --loom PATH [--seed S]
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import safetensors_io  # noqa: E402
+from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
+
+D_MODEL = 32
+# (name, ranks, extra flags)
+LAYOUTS = [
+    ("dp2", 2, ["--dp", "2"]),
+    ("ep2_dp2", 2, ["--dp", "2", "--ep", "2"]),
+    ("ep2_dp4", 4, ["--dp", "4", "--ep", "2"]),
+    ("ep4_dp4", 4, ["--dp", "4", "--ep", "4"]),
+    ("ep4_dp8", 8, ["--dp", "8", "--ep", "4"]),
+]
+
+
+def moe_stats(path):
+    with open(path) as f:
+        return [json.loads(line)["moe"] for line in f if line.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"seed {seed}")
+    tmp = tempfile.mkdtemp(prefix="loom_layouts_moe_")
+    failures = checks = 0
+    try:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        for family, cf in (("gpt2", "1.0"), ("llama", "0"), ("gpt2", "0"), ("llama", "1.0")):
+            base = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                    "--seq-len", "16", "--n-layer", "2", "--d-model", str(D_MODEL),
+                    "--n-head", "4", "--n-kv-head", "2" if family == "llama" else "4",
+                    "--d-ff", "48", "--n-experts", "8", "--top-k", "2",
+                    "--capacity-factor", cf, "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001",
+                    "--micro-batch", "2", "--global-batch", "16", "--steps", "20",
+                    "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
+                    "--seed", str(seed), "--log-every", "0", "--threads", "1",
+                    "--data", data]
+            base += ["--shared-expert"] if family == "gpt2" else ["--moe-every", "2"]
+            tag = f"{family}_cf{cf}"
+
+            def train(name, ranks, extra):
+                out = os.path.join(tmp, f"{tag}_{name}")
+                cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
+                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{tag} {name}")
+                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
+                return (losses(out + ".jsonl"), load("params_final.safetensors"),
+                        load("params_init.safetensors"), moe_stats(out + ".jsonl"))
+
+            ref_losses, ref_params, ref_init, ref_stats = train("single", 1, [])
+            dropped = sum(s["dropped"] for s in ref_stats)
+            print(f"{tag}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}, "
+                  f"{dropped:.0f} assignments dropped over 20 steps")
+            if cf != "0" and dropped == 0:
+                print("  FAIL: the capacity factor dropped nothing (the test would not test it)")
+                failures += 1
+            for name, ranks, extra in LAYOUTS:
+                got_losses, got_params, got_init, got_stats = train(name, ranks, extra)
+                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
+                w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
+                                             comparable(k, ref_params[k], D_MODEL)), k)
+                                    for k in ref_params)
+                names = sorted(ref_params)
+                all_err = rel_err(np.concatenate([comparable(k, got_params[k], D_MODEL).ravel()
+                                                  for k in names]),
+                                  np.concatenate([comparable(k, ref_params[k], D_MODEL).ravel()
+                                                  for k in names]))
+                init_same = set(got_init) == set(ref_init) and all(
+                    np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
+                # Routing of step 1 starts from identical weights: identical statistics.
+                stats_same = got_stats[0]["dropped"] == ref_stats[0]["dropped"] and abs(
+                    got_stats[0]["load_max"] - ref_stats[0]["load_max"]) < 1e-12
+                ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and all_err <= TOL
+                      and w_err <= 10 * TOL and set(got_params) == set(ref_params)
+                      and init_same and stats_same)
+                failures += not ok
+                checks += 1
+                print(f"  {name:10s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
+                      f"worst tensor {w_err:.2e} ({w_name})  init "
+                      f"{'identical' if init_same else 'DIFFERS'}  router stats "
+                      f"{'same' if stats_same else 'DIFFER'}  {'ok' if ok else 'FAIL'}")
+            again = train("ep2_dp2_again", 2, ["--dp", "2", "--ep", "2"])
+            first = os.path.join(tmp, f"{tag}_ep2_dp2")
+            b_params = safetensors_io.load(os.path.join(first, "params_final.safetensors"))
+            same = again[0] == losses(first + ".jsonl") and all(
+                np.array_equal(again[1][k], b_params[k]) for k in again[1])
+            failures += not same
+            checks += 1
+            print(f"  ep2_dp2 twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    finally:
+        if failures:
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{checks - failures} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
