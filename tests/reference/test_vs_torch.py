@@ -102,14 +102,26 @@ def draw_config(rng, index):
         # eps >= 1e-6 on purpose: with 1e-8, elements whose gradient is at fp32 rounding
         # level get O(lr) updates whose sign depends on rounding, in any fp32 code.
         adam_eps=rng.choice([1e-6, 1e-5]))
-    return model, train, rng.randint(1, 2**31 - 1)
+    loom_seed = rng.randint(1, 2**31 - 1)
+    if index % 4 >= 2:  # mixture of experts (drawn last: the dense draws stay as they were)
+        model.n_experts = rng.randint(2, 6)
+        model.top_k = rng.randint(1, min(3, model.n_experts))
+        model.moe_every = rng.randint(1, model.n_layer)
+        model.shared_expert = rng.random() < 0.5
+        model.capacity_factor = rng.choice([0.0, 0.75, 1.0, 1.25])
+        model.aux_loss_coef = rng.choice([0.0, 0.01, 0.1])
+        model.z_loss_coef = rng.choice([0.0, 0.001, 0.01])
+    return model, train, loom_seed
 
 
 def describe(m, t):
+    moe = (f" | MoE E{m.n_experts} K{m.top_k} every{m.moe_every}"
+           f"{' shared' if m.shared_expert else ''} cf{m.capacity_factor} "
+           f"aux{m.aux_loss_coef} z{m.z_loss_coef}" if m.n_experts else "")
     return (f"{m.family} L{m.n_layer} H{m.n_head} KV{m.n_kv_head} C{m.d_model} "
             f"hd{m.head_dim} F{m.d_ff} V{m.vocab_size} T{m.seq_len} | M{t.micro_batch} "
             f"G{t.global_batch} lr{t.lr:.2e} min{t.min_lr:.1e} wu{t.warmup_steps} "
-            f"wd{t.weight_decay} clip{t.grad_clip} b{t.beta1}/{t.beta2} eps{t.adam_eps}")
+            f"wd{t.weight_decay} clip{t.grad_clip} b{t.beta1}/{t.beta2} eps{t.adam_eps}" + moe)
 
 
 # ---------------------------------------------------------------- data and loom run
@@ -140,6 +152,10 @@ def loom_command(loom, m, t, seed, data, out):
            "--norm-eps", m.norm_eps]
     if m.family == "llama":
         cmd += ["--n-kv-head", m.n_kv_head, "--rope-theta", m.rope_theta]
+    if m.n_experts:
+        cmd += ["--n-experts", m.n_experts, "--top-k", m.top_k, "--moe-every", m.moe_every,
+                f"--shared-expert={int(m.shared_expert)}", "--capacity-factor", m.capacity_factor,
+                "--aux-loss-coef", m.aux_loss_coef, "--z-loss-coef", m.z_loss_coef]
     cmd += ["--data", data, "--micro-batch", t.micro_batch, "--global-batch", t.global_batch,
             "--steps", t.steps, "--lr", repr(t.lr), "--min-lr", repr(t.min_lr),
             "--warmup-steps", t.warmup_steps, "--weight-decay", t.weight_decay,

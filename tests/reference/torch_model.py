@@ -8,6 +8,7 @@ Linear weights are [out, in] as in nn.Linear. Nothing here depends on loom's cod
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -25,6 +26,17 @@ class Config:
     seq_len: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    # mixture of experts (n_experts 0: dense MLP everywhere)
+    n_experts: int = 0
+    top_k: int = 2
+    moe_every: int = 1
+    shared_expert: bool = False
+    capacity_factor: float = 0.0
+    aux_loss_coef: float = 0.0
+    z_loss_coef: float = 0.0
+
+    def is_moe(self, layer):
+        return self.n_experts > 0 and layer % self.moe_every == self.moe_every - 1
 
     @property
     def head_dim(self):
@@ -116,16 +128,19 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = GPT2Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = GPT2MLP(cfg)
+        if cfg.is_moe(layer):
+            self.moe = MoE(cfg, GPT2MLP)
+        else:
+            self.mlp = GPT2MLP(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        return x + (self.moe if hasattr(self, "moe") else self.mlp)(self.ln_2(x))
 
 
 class GPT2(nn.Module):
@@ -135,7 +150,7 @@ class GPT2(nn.Module):
         self.transformer = nn.Module()
         self.transformer.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.transformer.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.transformer.h = nn.ModuleList(GPT2Block(cfg) for _ in range(cfg.n_layer))
+        self.transformer.h = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg.n_layer))
         self.transformer.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, idx):
@@ -185,16 +200,20 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer=0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        if cfg.is_moe(layer):
+            self.block_sparse_moe = MoE(cfg, MixtralExpert)
+        else:
+            self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ff = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return x + ff(self.post_attention_layernorm(x))
 
 
 class Llama(nn.Module):
@@ -203,7 +222,7 @@ class Llama(nn.Module):
         self.cfg = cfg
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.model.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.n_layer))
+        self.model.layers = nn.ModuleList(LlamaBlock(cfg, i) for i in range(cfg.n_layer))
         self.model.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
@@ -213,6 +232,75 @@ class Llama(nn.Module):
         for block in self.model.layers:
             x = block(x, cos, sin)
         return self.lm_head(self.model.norm(x))
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+class MixtralExpert(nn.Module):
+    """Hugging Face Mixtral's expert: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """loom's MoE block: softmax router, top-k renormalised, per-micro-batch capacity
+    ceil(cf * N * K / E) with slot-major dropping, optional shared expert; after forward,
+    aux_terms holds aux_coef * aux * N + z_coef * sum of lse^2 (see model/moe.h)."""
+
+    def __init__(self, cfg, expert_cls):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(expert_cls(cfg) for _ in range(cfg.n_experts))
+        if cfg.shared_expert:
+            self.shared_expert = expert_cls(cfg)
+        self.aux_terms = 0.0
+
+    def forward(self, x):
+        cfg, shape = self.cfg, x.shape
+        E, K = cfg.n_experts, cfg.top_k
+        xf = x.reshape(-1, shape[-1])
+        N = xf.shape[0]
+        logits = self.gate(xf)
+        probs = logits.softmax(-1)
+        top_p, top_i = probs.topk(K, dim=-1)
+        w = top_p / top_p.sum(-1, keepdim=True)
+        keep = torch.ones(N, K, dtype=torch.bool)
+        if cfg.capacity_factor > 0:
+            cf = float(np.float32(cfg.capacity_factor))
+            cap = math.ceil(cf * N * K / E)
+            kept = [0] * E
+            for j in range(K):  # slot-major: all first choices in token order, then ...
+                for t in range(N):
+                    e = int(top_i[t, j])
+                    if kept[e] < cap:
+                        kept[e] += 1
+                    else:
+                        keep[t, j] = False
+        out = torch.zeros_like(xf)
+        for e in range(E):
+            t, j = torch.nonzero((top_i == e) & keep, as_tuple=True)
+            if t.numel():
+                out = out.index_add(0, t, w[t, j, None] * self.experts[e](xf[t]))
+        if cfg.shared_expert:
+            out = out + self.shared_expert(xf)
+        load = torch.stack([(top_i == e).sum() for e in range(E)]).to(probs.dtype)
+        aux = E * (load / (N * K) * probs.mean(0)).sum()
+        z = (torch.logsumexp(logits, -1) ** 2).sum()
+        self.aux_terms = cfg.aux_loss_coef * aux * N + cfg.z_loss_coef * z
+        return out.reshape(shape)
+
+
+def aux_terms(model):
+    """Sum of the MoE blocks' auxiliary terms of the last forward (0 without MoE)."""
+    return sum(m.aux_terms for m in model.modules() if isinstance(m, MoE))
 
 
 def build_model(cfg, dtype=torch.float32):
@@ -302,8 +390,9 @@ def train_step(model, opt, tc, batch, s, on_step=None):
         logits = model(mb[:, :-1])
         # Sum over the micro-batch, divided by the global token count: each
         # micro-batch is weighted by its token share of the global mean.
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                               mb[:, 1:].reshape(-1), reduction="sum") / n_tokens
+        loss = (F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                mb[:, 1:].reshape(-1), reduction="sum")
+                + aux_terms(model)) / n_tokens
         loss.backward()
         loss_sum += loss.item()
         if k == 0:
