@@ -44,14 +44,14 @@ loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp,
                               "pipeline-parallel yet",
                               pp, c->n_experts);
     if (ep == 1) return LOOM_OK;
-    if (c->n_experts == 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--ep %d: needs a mixture-of-experts model (--n-experts E)", ep);
     if (dp % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--ep %d: must divide --dp %d (expert-parallel groups are carved "
                               "out of the data-parallel group)",
                               ep, dp);
+    if (c->n_experts == 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--ep %d: needs a mixture-of-experts model (--n-experts E)", ep);
     if (c->n_experts % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--ep %d: must divide --n-experts %d (each rank holds n_experts/ep "

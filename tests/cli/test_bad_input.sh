@@ -79,6 +79,16 @@ expect "config bad line" "line 2" -- train --config "$TMP/bad_line.ini"
 expect "dp vs world size" "--dp 2 x --tp 1 x --pp 1 = 2 ranks, but the job has 1" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --global-batch 4
 expect "batch split over dp" "--global-batch 2: must be a multiple of --dp 2 x --micro-batch 2" -- train "${BASE[@]}" --data "$GOOD" --dp 2
 expect "ep divides dp" "--ep 2: must divide --dp 1" -- train "${BASE[@]}" --data "$GOOD" --ep 2
+expect "moe ep divides dp" "--ep 2: must divide --dp 1" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --ep 2
+expect "moe ep divides experts" "--ep 2: must divide --n-experts 3" -- train "${BASE[@]}" --data "$GOOD" --n-experts 3 --dp 2 --ep 2 --global-batch 4
+expect "moe top-k" "--top-k 5: expected 1 <= top-k <= --n-experts 4" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --top-k 5
+expect "moe capacity" "--capacity-factor -1: expected >= 0 (0 = dropless)" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --capacity-factor -1
+expect "moe experts" "--n-experts -2: expected >= 0" -- train "${BASE[@]}" --data "$GOOD" --n-experts -2
+expect "moe every" "--moe-every 0: expected 1 <= moe-every <= --n-layer" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --moe-every 0
+expect "moe ep needs experts" "--ep 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --ep 2 --global-batch 4
+expect "moe ep zero" "--zero 1 with --ep 2: expert parallelism supports ZeRO-0 only" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --zero 1
+expect "moe tp" "--tp 2 with --n-experts 4: mixture-of-experts layers do not run tensor-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2
+expect "moe ep ckpt" "checkpoints of expert-parallel runs are not supported yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --ckpt-dir "$TMP/ck"
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0
 expect "tp vs n_head" "--n-head 2: must be divisible by --tp 4" -- train "${BASE[@]}" --data "$GOOD" --tp 4
