@@ -371,6 +371,34 @@ double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {
     return m->loss_term;
 }
 
+int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
+    const int N = m->N, E = m->E, K = m->K;
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
+        const moe_layer *L = &m->layers[l];
+        if (idx) memcpy(idx + (size_t)n * N * K, L->idx, (size_t)N * K * sizeof(int32_t));
+        for (int t = 0; gap && t < N; t++) {
+            const float *p = L->probs + (size_t)t * E;
+            const int32_t *ix = L->idx + (size_t)t * K;
+            float next = -1.0f; /* the best expert not chosen */
+            for (int e = 0; e < E; e++) {
+                int chosen = 0;
+                for (int j = 0; j < K; j++) chosen |= ix[j] == e;
+                if (!chosen && p[e] > next) next = p[e];
+            }
+            double g = 1.0;
+            for (int j = 0; j < K; j++) {
+                const double a = p[ix[j]], b = j + 1 < K ? p[ix[j + 1]] : next;
+                if (b >= 0 && a > 0 && (a - b) / a < g) g = (a - b) / a;
+            }
+            gap[(size_t)n * N + t] = (float)g;
+        }
+        n++;
+    }
+    return n;
+}
+
 loom_status loom_moe_step_stats(loom_moe *m, loom_comm *dp, loom_moe_stats *out, loom_error *err) {
     memset(out, 0, sizeof *out);
     if (!m) return LOOM_OK;

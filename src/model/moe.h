@@ -61,6 +61,12 @@ loom_status loom_moe_backward(loom_moe *moe, int layer, const float *params, flo
  * + z_coef * sum of lse^2, over the MoE layers); with `training` also records the
  * router statistics and dloss for backward. */
 double loom_moe_loss_sum(loom_moe *moe, float dloss, int training);
+/* The routing decisions of the last forward (for the layout tests, which compare them
+ * across layouts): idx[n_moe][N][K] the chosen experts in choice order, gap[n_moe][N]
+ * each token's margin, the smallest relative gap (p_j - p_{j+1}) / p_j between
+ * consecutive router probabilities of its top K+1 (how close a choice, or the order of
+ * two, is to flipping under rounding). Returns n_moe (MoE layers). */
+int loom_moe_routes(const loom_moe *moe, int32_t *idx, float *gap);
 /* The step's statistics summed over `dp` (collective), then reset. */
 loom_status loom_moe_step_stats(loom_moe *moe, loom_comm *dp, loom_moe_stats *out, loom_error *err);
 

@@ -20,6 +20,7 @@
 #include "parallel/zero.h"
 #include "train/checkpointing.h"
 #include "train/dump.h"
+#include "train/route_dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/tensorboard.h"
@@ -110,8 +111,9 @@ typedef struct {
     loom_fsdp fsdp; /* ZeRO-3 only: params is then fsdp.view */
     int sharded_params;
     float *params, *grads;
-    int32_t *batch;        /* this rank's slice of the step: [G/dp, T+1] */
-    int32_t *dump_batches; /* [steps, G, T+1] on rank 0 when dumping */
+    int32_t *batch;         /* this rank's slice of the step: [G/dp, T+1] */
+    int32_t *dump_batches;  /* [steps, G, T+1] on rank 0 when dumping */
+    loom_route_dump routes; /* MoE router decisions when dumping (every rank) */
     loom_metrics metrics;
     loom_tb_writer *tb; /* rank 0, with --tensorboard */
     loom_trace *trace;
@@ -135,6 +137,7 @@ static void run_free(run_state *r) {
     free(r->grads);
     free(r->batch);
     free(r->dump_batches);
+    loom_route_dump_free(&r->routes);
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
@@ -266,6 +269,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
+            loom_route_dump_record(&r->routes, mod->moe, step, accum, k);
             if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
@@ -365,6 +369,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }
+    if (dumping && (st = loom_route_dump_write(&r->routes, tc->dump_dir, mesh->dp_rank, err)))
+        return st;
     return LOOM_OK;
 }
 
@@ -473,6 +479,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     const loom_param_table *it = &r.model.table;
     const float *ip = r.params;
     if (tc->dump_dir[0] && (st = export_flat(&r, r.params, &it, &ip, err))) {
+        run_free(&r);
+        return st;
+    }
+    if (tc->dump_dir[0] && (st = loom_route_dump_open(&r.routes, mc, tc->micro_batch * T, tc->steps,
+                                                      per_rank / tc->micro_batch, err))) {
         run_free(&r);
         return st;
     }
