@@ -52,6 +52,13 @@ typedef struct {
 loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
                                     const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
                                     loom_error *err);
+/* The same for pieces planned by the caller (loom_ckpt_plan_range with skip_tp_replicas
+ * and LOOM_CKPT_CHUNK_FLOATS, over any set of ranges: expert parallelism writes dense
+ * tensors by dp shard and expert tensors by edp shard); takes the plan (emptied), also
+ * on failure. */
+loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_param_table *t,
+                                            const loom_ckpt_buffer src[LOOM_CKPT_KINDS],
+                                            loom_ckpt_plan *plan, int rank, loom_error *err);
 void loom_ckpt_writer_destroy(loom_ckpt_writer *w);
 /* Copies the pieces into the staging buffer (training thread; the writer must be idle). */
 void loom_ckpt_writer_stage(loom_ckpt_writer *w);

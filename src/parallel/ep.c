@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_writer.h"
 #include "kernels/kernels.h"
 
 loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
@@ -68,5 +69,43 @@ loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat
     free(buf);
     free(counts);
     free(displs);
+    return st;
+}
+
+loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t,
+                                 loom_ckpt_kind kind, size_t dense_lo, size_t dense_hi, int q,
+                                 int edp_size, loom_error *err) {
+    size_t experts = 0;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].expert >= 0) experts += t->params[i].numel;
+    const size_t x_lo = experts * (size_t)q / (size_t)edp_size,
+                 x_hi = experts * (size_t)(q + 1) / (size_t)edp_size;
+    /* Flat ranges to write, merged when adjacent (fewer, larger pieces). */
+    size_t run_lo = 0, run_hi = 0, x = 0;
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < t->n_params && !st; i++) {
+        const loom_param *p = &t->params[i];
+        size_t a, b;
+        if (p->expert >= 0) { /* elements [x, x + numel) of the expert order */
+            a = x > x_lo ? x : x_lo;
+            b = x + p->numel < x_hi ? x + p->numel : x_hi;
+            a = a - x + p->offset, b = b - x + p->offset;
+            x += p->numel;
+        } else {
+            a = p->offset > dense_lo ? p->offset : dense_lo;
+            b = p->offset + p->numel < dense_hi ? p->offset + p->numel : dense_hi;
+        }
+        if (a >= b) continue;
+        if (a != run_hi && run_hi > run_lo) {
+            st =
+                loom_ckpt_plan_range(plan, t, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
+            run_lo = a;
+        } else if (run_hi == run_lo) {
+            run_lo = a;
+        }
+        run_hi = b;
+    }
+    if (!st && run_hi > run_lo)
+        st = loom_ckpt_plan_range(plan, t, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
     return st;
 }

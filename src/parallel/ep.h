@@ -8,6 +8,7 @@
 #ifndef LOOM_PARALLEL_EP_H
 #define LOOM_PARALLEL_EP_H
 
+#include "ckpt/ckpt_plan.h"
 #include "comm/comm.h"
 #include "core/error.h"
 #include "model/params.h"
@@ -26,5 +27,12 @@ loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loo
 loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat,
                                 const loom_param_table *global, float *global_flat, loom_comm *ep,
                                 loom_error *err);
+/* The checkpoint pieces of buffer `kind` this rank writes so that every element of the
+ * model is written exactly once: dense tensors within [dense_lo, dense_hi) (its dp shard:
+ * every dp rank holds them) and its share q of edp_size (its edp rank) of the expert
+ * tensors, counted in flat order (the ranks of one edp group hold the same experts). */
+loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t,
+                                 loom_ckpt_kind kind, size_t dense_lo, size_t dense_hi, int q,
+                                 int edp_size, loom_error *err);
 
 #endif

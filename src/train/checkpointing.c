@@ -12,6 +12,7 @@
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
 #include "core/version.h"
+#include "parallel/ep.h"
 
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) {
@@ -58,6 +59,26 @@ static void written_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM
     const int r = c->mesh->dp_rank;
     const size_t lo = (size_t)z->shard_displs[r], hi = lo + (size_t)z->shard_counts[r];
     for (int k = 0; k < LOOM_CKPT_KINDS; k++) b[k].lo = lo, b[k].hi = hi;
+}
+
+/* The writer of written_buffers' ranges; with expert parallelism the expert tensors
+ * (different on each ep rank) are shared out over edp instead (parallel/ep.h). */
+static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS];
+    written_buffers(c, b);
+    const loom_mesh *mesh = c->mesh;
+    if (mesh->ep.size == 1)
+        return loom_ckpt_writer_create(&c->writer, c->zero->table, b, mesh->rank, err);
+    loom_ckpt_plan plan = {0};
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
+        st = loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
+                                  mesh->edp.rank, mesh->edp.size, err);
+    if (st) {
+        loom_ckpt_plan_free(&plan);
+        return st;
+    }
+    return loom_ckpt_writer_create_planned(&c->writer, c->zero->table, b, &plan, mesh->rank, err);
 }
 
 /* Fresh state (after a failed load attempt): initial parameters, zero moments. */
@@ -249,9 +270,7 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     c->last_saved = *start_step > 0 ? *start_step : -1;
     c->enabled = tc->ckpt_dir[0] || tc->ckpt_fast_dir[0];
     if (!c->enabled) return LOOM_OK;
-    loom_ckpt_buffer b[LOOM_CKPT_KINDS];
-    written_buffers(c, b);
-    if ((st = loom_ckpt_writer_create(&c->writer, zero->table, b, mesh->rank, err))) return st;
+    if ((st = create_writer(c, err))) return st;
     c->writer_ready = 1;
     g_stop_signal = 0;
     struct sigaction sa;

@@ -93,13 +93,6 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
-    if (tc->layout.ep > 1 &&
-        (tc->ckpt_dir[0] || tc->ckpt_fast_dir[0] || tc->resume[0] || tc->init_from[0]))
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--ep %d with --ckpt-dir/--ckpt-fast-dir/--resume/--init-from: "
-                              "checkpoints of expert-parallel runs are not supported yet (train "
-                              "with --ep 1 to checkpoint a mixture-of-experts model)",
-                              tc->layout.ep);
     return loom_checkpointing_validate(tc, err);
 }
 

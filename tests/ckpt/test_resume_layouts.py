@@ -6,7 +6,15 @@ For each (A, B) pair of layouts (dp x ZeRO stage x tensor parallel), layout A tr
 checkpoint at step 10; layout B resumes from that step-10 checkpoint and runs to 20. The
 resumed losses (steps 11-20, validation at 20) and final weights must equal the
 reference to <= 1e-5 relative; when A == B they must equal A's own uninterrupted run
-bitwise. Usage: test_resume_layouts.py --loom PATH [--seed S]
+bitwise.
+
+Mixture of experts (Llama with SwiGLU experts in every second layer, capacity factor 1):
+MOE_PAIRS add the expert-parallel degree, (dp, zero, tp, ep); each expert tensor is
+written once (dense tensors by dp shard, experts by edp shard) and loaded into any ep. As
+in tests/parallel/test_layouts_moe.py, a routing decision that differs from the reference
+(checked on A's steps 1-10 and B's steps 11-20) is accepted only as a near tie: the losses
+are then compared up to it and the pair runs again with another seed (at most MAX_SEEDS).
+Usage: test_resume_layouts.py --loom PATH [--seed S]
 """
 import argparse
 import json
@@ -23,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
 import safetensors_io  # noqa: E402
+from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
 from test_layouts import MPIRUN, comparable, rel_err, write_text_shard  # noqa: E402
 
 TOL = 1e-5
@@ -31,11 +40,19 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
          ((2, 3, 1), (2, 3, 1)), ((4, 1, 1), (2, 2, 1)), ((1, 0, 1), (1, 0, 1)),
          ((1, 0, 2), (2, 1, 1)), ((2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2)),
          ((2, 1, 2), (2, 1, 2))]
+# (dp, zero, tp, ep): expert parallel <-> one process, ep 1 <-> ep 2, ep 4 -> ZeRO-3 at ep 1,
+# same layout bitwise, and ep 1 with ZeRO
+MOE_PAIRS = [((2, 0, 1, 2), (1, 0, 1, 1)), ((2, 0, 1, 1), (4, 0, 1, 2)),
+             ((4, 0, 1, 4), (2, 3, 1, 1)), ((4, 0, 1, 2), (4, 0, 1, 2)),
+             ((1, 0, 1, 1), (2, 1, 1, 1))]
+MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
+       "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]
+MAX_SEEDS = 4
 
 
 def layout_name(layout):
-    dp, zero, tp = layout
-    return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "")
+    dp, zero, tp, ep = (tuple(layout) + (1,))[:4]
+    return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
 
 
 def run(cmd, what):
@@ -51,6 +68,19 @@ def losses(path):
     return [r["loss"] for r in rows] + [r["val_loss"] for r in rows if "val_loss" in r]
 
 
+def written_once(step_dir):
+    """Every tensor's chunks add up to exactly its size (no element written twice or not
+    at all: with ep each expert is written by one rank of its edp group)."""
+    with open(os.path.join(step_dir, "manifest.json")) as f:
+        m = json.load(f)
+    bad = [t["name"] for t in m["tensors"]
+           if sum(int(np.prod(c["length"])) for c in t["chunks"]) != int(np.prod(t["shape"]))]
+    n_exp = sum("experts" in t["name"] for t in m["tensors"])
+    print(f"  {step_dir}: {len(m['tensors'])} tensors ({n_exp} expert tensors), "
+          f"{'each written once' if not bad else 'FAIL: not written exactly once: ' + bad[0]}")
+    return not bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -63,62 +93,99 @@ def main():
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
-        for family in ("gpt2", "llama"):
-            base = [args.loom, "train", "--family", family, "--vocab-size", "256",
-                    "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
-                    "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
-                    "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
-                    "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
-                    "--seed", str(seed), "--log-every", "0", "--threads", "1",
-                    "--data", data, "--bucket-mb", "0.02", "--val-data", data,
-                    "--eval-every", "10", "--eval-batches", "2"]
+        for family, moe in (("gpt2", False), ("llama", False), ("llama", True)):
+            tag = family + ("_moe" if moe else "")
 
-            def train(name, layout, extra):
-                dp, zero, tp = layout
-                out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
-                              "--metrics", out + ".jsonl", "--dump-dir", out] + extra
+            def train(name, layout, extra, run_seed):
+                dp, zero, tp, ep = (tuple(layout) + (1,))[:4]
+                out = os.path.join(tmp, f"{tag}_s{run_seed}_{name}")
+                cmd = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                       "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
+                       "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
+                       "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
+                       "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
+                       "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
+                       "--data", data, "--bucket-mb", "0.02", "--val-data", data,
+                       "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
+                cmd += ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
+                        "--metrics", out + ".jsonl", "--dump-dir", out] + extra
+                cmd += ["--ep", str(ep)] if ep > 1 else []
                 n = dp * tp
-                log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{family} {name}")
-                return losses(out + ".jsonl"), safetensors_io.load(
-                    os.path.join(out, "params_final.safetensors")), log
+                log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{tag} {name}")
+                return (losses(out + ".jsonl"),
+                        safetensors_io.load(os.path.join(out, "params_final.safetensors")), log,
+                        routes(out, dp, 20) if moe else None)
 
-            ref_l, ref_w, _ = train("reference", (1, 0, 1), [])
-            for a, b in PAIRS:
-                an = layout_name(a)
-                ck = os.path.join(tmp, f"{family}_ck_{an}")
-                if not os.path.isdir(ck):
-                    train(f"a_{an}", a, ["--ckpt-dir", ck, "--ckpt-every", "10"])
-                a_l, a_w = losses(os.path.join(tmp, f"{family}_a_{an}.jsonl")), \
-                    safetensors_io.load(os.path.join(tmp, f"{family}_a_{an}",
-                                                     "params_final.safetensors"))
-                name = f"{an}->{layout_name(b)}"
-                got_l, got_w, log = train("b_" + name.replace(">", ""), b,
-                                          ["--resume", os.path.join(ck, "step_00000010")])
-                if "resumed from" not in log:
-                    print(f"  {name}: FAIL: did not resume\n{log[-2000:]}")
-                    failures += 1
-                    continue
-                want = ref_l[10:20] + ref_l[21:]  # steps 11-20, validation at step 20
-                loss_err = max(abs(x - y) / abs(y) for x, y in zip(got_l, want))
-                w_err, w_name = max((rel_err(comparable(k, got_w[k], 48),
-                                             comparable(k, ref_w[k], 48)), k) for k in ref_w)
-                ok = len(got_l) == len(want) and loss_err <= TOL and w_err <= TOL
-                msg = f"losses rel err {loss_err:.2e}, weights {w_err:.2e} ({w_name})"
-                if a == b:  # same layout: bitwise what A computed without stopping
-                    same = got_l == a_l[10:20] + a_l[21:] and all(
-                        np.array_equal(got_w[k], a_w[k]) for k in a_w)
-                    ok = ok and same
-                    msg += ", bitwise identical to the uninterrupted run" if same else \
-                        ", FAIL: not bitwise identical to the uninterrupted run"
-                failures += not ok
-                print(f"  {family} {name:18s} {msg}  {'ok' if ok else 'FAIL'}")
+            refs = {}
+            for a, b in MOE_PAIRS if moe else PAIRS:
+                for attempt in range(MAX_SEEDS if moe else 1):
+                    run_seed = seed + attempt
+                    if run_seed not in refs:
+                        refs[run_seed] = train("reference", (1, 0, 1), [], run_seed)
+                    ref_l, ref_w, _, ref_r = refs[run_seed]
+                    an = layout_name(a)
+                    ck = os.path.join(tmp, f"{tag}_s{run_seed}_ck_{an}")
+                    if not os.path.isdir(ck):
+                        train(f"a_{an}", a, ["--ckpt-dir", ck, "--ckpt-every", "10"], run_seed)
+                        if moe and not written_once(os.path.join(ck, "step_00000010")):
+                            failures += 1
+                    a_out = os.path.join(tmp, f"{tag}_s{run_seed}_a_{an}")
+                    a_l = losses(a_out + ".jsonl")
+                    a_w = safetensors_io.load(os.path.join(a_out, "params_final.safetensors"))
+                    a_r = routes(a_out, a[0], 20) if moe else None
+                    name = f"{an}->{layout_name(b)}"
+                    got_l, got_w, log, got_r = train("b_" + name.replace(">", ""), b,
+                                                     ["--resume",
+                                                      os.path.join(ck, "step_00000010")],
+                                                     run_seed)
+                    if "resumed from" not in log:
+                        print(f"  {name}: FAIL: did not resume\n{log[-2000:]}")
+                        failures += 1
+                        break
+                    want = ref_l[10:20] + ref_l[21:]  # steps 11-20, validation at step 20
+                    errs = [abs(x - y) / abs(y) for x, y in zip(got_l, want)]
+                    w_err, w_name = max((rel_err(comparable(k, got_w[k], 48),
+                                                 comparable(k, ref_w[k], 48)), k) for k in ref_w)
+                    same = None
+                    if a == b:  # same layout: bitwise what A computed without stopping
+                        same = got_l == a_l[10:20] + a_l[21:] and all(
+                            np.array_equal(got_w[k], a_w[k]) for k in a_w)
+                    # A's decisions before the save, then B's after it, against the reference.
+                    flip = moe and (first_flip(ref_r, a_r, 0, 10) or first_flip(ref_r, got_r, 10))
+                    if flip:
+                        s, flips = flip
+                        before = [abs(x - y) / abs(y) for x, y in zip(a_l[:10], ref_l[:10])]
+                        before = max(before[:s] + errs[:max(s - 10, 0)], default=0.0)
+                        ok = near_tie(flips) and before <= TOL and same is not False
+                        print(f"  {tag} {name:18s} seed {run_seed}: routing differs first at step "
+                              f"{s + 1} ({describe(flips)}): "
+                              f"{'near tie' if near_tie(flips) else 'NOT A NEAR TIE'}; losses "
+                              f"before it rel err {before:.2e}"
+                              f"{', bitwise identical to the uninterrupted run' if same else ''}"
+                              f"  {'ok, again with another seed' if ok else 'FAIL'}")
+                        if not ok:
+                            failures += 1
+                            break
+                        if attempt + 1 == MAX_SEEDS:
+                            print(f"  {tag} {name}: FAIL: a routing flip at each of {MAX_SEEDS} "
+                                  "seeds")
+                            failures += 1
+                        continue
+                    ok = len(got_l) == len(want) and max(errs) <= TOL and w_err <= TOL
+                    msg = f"losses rel err {max(errs):.2e}, weights {w_err:.2e} ({w_name})"
+                    if same is not None:
+                        ok = ok and same
+                        msg += ", bitwise identical to the uninterrupted run" if same else \
+                            ", FAIL: not bitwise identical to the uninterrupted run"
+                    failures += not ok
+                    print(f"  {tag} {name:18s} {msg}  {'ok' if ok else 'FAIL'}")
+                    break
     finally:
         if failures:
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{2 * len(PAIRS) - failures} passed, {failures} failed")
+    print(f"{2 * len(PAIRS) + len(MOE_PAIRS) - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 
 

@@ -88,7 +88,6 @@ expect "moe every" "--moe-every 0: expected 1 <= moe-every <= --n-layer" -- trai
 expect "moe ep needs experts" "--ep 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --ep 2 --global-batch 4
 expect "moe ep zero" "--zero 1 with --ep 2: expert parallelism supports ZeRO-0 only" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --zero 1
 expect "moe tp" "--tp 2 with --n-experts 4: mixture-of-experts layers do not run tensor-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2
-expect "moe ep ckpt" "checkpoints of expert-parallel runs are not supported yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --ckpt-dir "$TMP/ck"
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0
 expect "tp vs n_head" "--n-head 2: must be divisible by --tp 4" -- train "${BASE[@]}" --data "$GOOD" --tp 4

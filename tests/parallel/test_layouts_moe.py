@@ -46,6 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import safetensors_io  # noqa: E402
+from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
 from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
 
 D_MODEL = 32
@@ -60,45 +61,12 @@ LAYOUTS = [
 
 
 STEPS = 20
-FLIP_MARGIN = 1e-5  # relative gap of two router probabilities that counts as a tie
 MAX_SEEDS = 4       # seeds tried per layout and configuration for a flip-free run
 
 
 def moe_stats(path):
     with open(path) as f:
         return [json.loads(line)["moe"] for line in f if line.strip()]
-
-
-def routes(out, dp):
-    """Decisions [steps, global micro-batch, MoE layer, token, K] and margins (without K)
-    from the dp ranks' dumps; rank r's micro-batch k of a step is global r * accum + k."""
-    per = [safetensors_io.load(os.path.join(out, f"routes_dp{r}.safetensors")) for r in range(dp)]
-
-    def stack(key):
-        parts = [t[key].reshape(STEPS, -1, *t[key].shape[1:]) for t in per]
-        return np.concatenate(parts, axis=1)
-    return stack("idx"), stack("gap")
-
-
-def first_flip(ref, got):
-    """None if every decision is the same; else (step, [(micro-batch, layer, token, ref
-    choice, ref margin, got choice, got margin)]) for the first step that differs, with
-    the differing tokens of the first differing MoE layer of each micro-batch (later
-    layers of that micro-batch see inputs changed by the flip)."""
-    (ri, rg), (gi, gg) = ref, got
-    diff = (ri != gi).any(axis=-1)  # [steps, mb, layer, token]
-    steps = np.flatnonzero(diff.any(axis=(1, 2, 3)))
-    if len(steps) == 0:
-        return None
-    s = int(steps[0])
-    flips = []
-    for mb in np.flatnonzero(diff[s].any(axis=(1, 2))):
-        layer = int(np.flatnonzero(diff[s, mb].any(axis=1))[0])
-        for t in np.flatnonzero(diff[s, mb, layer]):
-            flips.append((int(mb), layer, int(t), ri[s, mb, layer, t].tolist(),
-                          float(rg[s, mb, layer, t]), gi[s, mb, layer, t].tolist(),
-                          float(gg[s, mb, layer, t])))
-    return s, flips
 
 
 def main():
@@ -135,7 +103,7 @@ def main():
                 dp = int(extra[extra.index("--dp") + 1]) if "--dp" in extra else 1
                 return (losses(out + ".jsonl"), load("params_final.safetensors"),
                         load("params_init.safetensors"), moe_stats(out + ".jsonl"),
-                        routes(out, dp))
+                        routes(out, dp, STEPS))
 
             pending = LAYOUTS
             for attempt in range(MAX_SEEDS):
@@ -162,16 +130,12 @@ def main():
                     flip = first_flip(ref_routes, got_routes)
                     if flip is not None:
                         s, flips = flip
-                        near = all(rm < FLIP_MARGIN and gm < FLIP_MARGIN
-                                   for _, _, _, _, rm, _, gm in flips)
+                        near = near_tie(flips)
                         before = max(errs[:s], default=0.0)
                         ok = (near and before <= TOL and len(got_losses) == len(ref_losses)
                               and init_same and (stats_same or s == 0))
-                        desc = "; ".join(f"micro-batch {mb} MoE layer {ly} token {t}: {rc} "
-                                         f"(margin {rm:.1e}) here {gc} (margin {gm:.1e})"
-                                         for mb, ly, t, rc, rm, gc, gm in flips[:4])
                         print(f"  {name:10s} routing differs first at step {s + 1} "
-                              f"({len(flips)} token(s)): one process {desc}; "
+                              f"({len(flips)} token(s)): {describe(flips)}; "
                               f"{'near tie' if near else 'NOT A NEAR TIE'}; losses of steps "
                               f"1..{s} rel err {before:.2e}  "
                               f"{'ok, again with another seed' if ok else 'FAIL'}")
