@@ -93,17 +93,7 @@ static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, l
 loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
                                     const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
                                     loom_error *err) {
-    loom_ckpt_plan plan = {0};
-    loom_status st = LOOM_OK;
-    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
-        st = loom_ckpt_plan_range(&plan, t, (loom_ckpt_kind)k, src[k].lo, src[k].hi, 1,
-                                  LOOM_CKPT_CHUNK_FLOATS, err);
-    if (st) {
-        loom_ckpt_plan_free(&plan);
-        memset(w, 0, sizeof *w);
-        return st;
-    }
-    return loom_ckpt_writer_create_planned(w, t, src, &plan, rank, err);
+    return loom_ckpt_writer_create_planned(w, t, src, NULL, rank, err);
 }
 
 loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_param_table *t,
@@ -111,10 +101,18 @@ loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_para
                                             loom_ckpt_plan *plan, int rank, loom_error *err) {
     memset(w, 0, sizeof *w);
     w->rank = rank;
-    for (int k = 0; k < LOOM_CKPT_KINDS; k++) w->src[k] = src[k];
-    w->plan = *plan;
-    memset(plan, 0, sizeof *plan);
-    loom_status st = build_image(w, t, err);
+    loom_status st = LOOM_OK;
+    if (plan) { /* taken over */
+        w->plan = *plan;
+        memset(plan, 0, sizeof *plan);
+    }
+    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++) {
+        w->src[k] = src[k];
+        if (!plan)
+            st = loom_ckpt_plan_range(&w->plan, t, (loom_ckpt_kind)k, src[k].lo, src[k].hi, 1,
+                                      LOOM_CKPT_CHUNK_FLOATS, err);
+    }
+    if (!st) st = build_image(w, t, err);
     if (st) {
         loom_ckpt_writer_destroy(w);
         return st;
