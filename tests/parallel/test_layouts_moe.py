@@ -141,8 +141,8 @@ def main():
                               f"{'ok, again with another seed' if ok else 'FAIL'}")
                         failures += not ok
                         checks += 1
-                        n_flips += 1
                         if ok:
+                            n_flips += 1
                             flipped.append((name, ranks, extra))
                         continue
                     loss_err = max(errs)
