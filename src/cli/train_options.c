@@ -64,6 +64,8 @@ static const opt_def OPTS[] = {
      "with --tp: split norms/residuals along the sequence (flag, or 0/1 in a config)"},
     {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks (MoE): divides dp and n-experts"},
+    {"moe-chunks", OPT_INT, TR(moe_chunks), 0,
+     "MoE: token chunks per micro-batch whose all-to-all overlaps expert compute (1 = none)"},
     {"zero", OPT_INT, TR(zero), 0,
      "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},

@@ -155,6 +155,21 @@ loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "alltoallv", err);
 }
 
+loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *send_counts,
+                                 const int *send_displs, float *recv, const int *recv_counts,
+                                 const int *recv_displs, loom_comm_handle *h, loom_error *err) {
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) total += (size_t)send_counts[r];
+    if (begin_op(c, h, "alltoallv", total * 4)) {
+        memmove(recv + recv_displs[0], send + send_displs[0],
+                (size_t)send_counts[0] * sizeof(float));
+        return LOOM_OK;
+    }
+    int rc = MPI_Ialltoallv(send, send_counts, send_displs, MPI_FLOAT, recv, recv_counts,
+                            recv_displs, MPI_FLOAT, c->mpi, &h->req);
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "ialltoallv", err);
+}
+
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err) {
     if (begin(c, NULL, bytes)) return LOOM_OK;
     if (too_big(bytes)) return loom_error_set(err, LOOM_ERR_STATE, "bcast: too large");

@@ -57,6 +57,11 @@ loom_status loom_comm_iallgatherv(loom_comm *c, float *buf, const int *counts, c
 loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send_counts,
                                 const int *send_displs, float *recv, const int *recv_counts,
                                 const int *recv_displs, loom_error *err);
+/* Non-blocking all-to-all-v: the count and displacement arrays and both buffers must stay
+ * untouched until h completes (MPI reads them while the operation is in flight). */
+loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *send_counts,
+                                 const int *send_displs, float *recv, const int *recv_counts,
+                                 const int *recv_displs, loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err);
 loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err);

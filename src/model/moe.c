@@ -11,12 +11,12 @@ typedef struct {
     int32_t *idx, *pos;    /* [N*K] chosen experts, row among the expert's kept rows or -1 */
     float *w;              /* [N*K] renormalised combine weights */
     float *probs, *lse;    /* [N*E], [N] */
-    int32_t *offs;         /* [E] first dispatch row of each expert */
+    int32_t *row;          /* [N*K] dispatch row of each assignment, -1: dropped */
     int32_t *load;         /* [E] assignments before dropping */
     int32_t *kept;         /* [E] */
+    int32_t *ccnt;         /* [chunks][E] kept rows per chunk and expert (sent) */
     float *ret;            /* [N*K, C] expert outputs, dispatch order */
-    int n_send;            /* kept assignments = rows sent */
-    int32_t *rows;         /* [ep * EL] rows from source s for local expert j */
+    int32_t *rows;         /* [chunks][ep][EL] rows received from source s for local expert j */
     float *xin, *h, *act;  /* expert side, expert-major: [R, C], [R, FC], [R, F] */
     float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
     double aux, zsum;
@@ -27,14 +27,19 @@ struct loom_moe {
     loom_model_config cfg;
     const loom_param_table *table;
     int N, C, F, FC, E, K, EL, ep, cap, gpt2, R;
+    int chunks;                /* token chunks whose all-to-all overlaps another's experts */
+    int32_t *chunk_of;         /* [N] chunk of each token */
+    int32_t *zoffs;            /* [E] zeros: the kernels address rows as offs[e] + row */
+    int *sb, *rb;              /* [chunks + 1] first row of each chunk: sent, received */
+    loom_comm_handle *hd, *hc; /* [chunks] dispatch and combine in flight */
     loom_comm *comm;
     loom_error *err;
     moe_layer *layers; /* n_layer; only MoE layers have buffers */
-    size_t bytes;
+    size_t bytes, chunk_bytes;
     /* scratch shared by all layers */
     float *logits, *dw, *send, *recv, *ex, *exd, *dact, *dh;
-    float *cnt_send, *cnt_recv; /* [E], [ep * EL] row counts as floats */
-    int *sc, *sd, *rc, *rd;     /* all-to-all-v counts and displacements, [ep] each */
+    float *cnt_send, *cnt_recv; /* [ep][chunks][EL] row counts as floats, sent and received */
+    int *sc, *sd, *rc, *rd;     /* all-to-all-v counts and displacements, [chunks][ep] each */
     float dloss;
     double loss_term; /* this forward's aux and z terms times their token weights */
     /* step statistics (this rank) */
@@ -52,14 +57,44 @@ void loom_moe_destroy(loom_moe *m) {
         for (int l = 0; l < m->cfg.n_layer; l++) {
             moe_layer *L = &m->layers[l];
             free(L->idx), free(L->pos), free(L->w), free(L->probs), free(L->lse);
-            free(L->offs), free(L->load), free(L->kept), free(L->ret), free(L->rows);
+            free(L->row), free(L->load), free(L->kept), free(L->ccnt), free(L->ret), free(L->rows);
             free(L->xin), free(L->h), free(L->act), free(L->sh_fc), free(L->sh_act);
         }
     free(m->layers);
     free(m->logits), free(m->dw), free(m->send), free(m->recv), free(m->ex), free(m->exd);
     free(m->dact), free(m->dh), free(m->cnt_send), free(m->cnt_recv);
     free(m->sc), free(m->sd), free(m->rc), free(m->rd), free(m->step_load);
+    free(m->chunk_of), free(m->zoffs), free(m->sb), free(m->rb), free(m->hd), free(m->hc);
     free(m);
+}
+
+/* (Re)allocates what depends on the chunk count; 0 when out of memory. */
+static int alloc_chunks(loom_moe *m, int chunks) {
+    const size_t CH = (size_t)chunks, E = (size_t)m->E, ep = (size_t)m->ep;
+    m->bytes -= m->chunk_bytes;
+    const size_t before = m->bytes;
+    int ok = 1;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        moe_layer *L = &m->layers[l];
+        if (!L->idx) continue;
+        free(L->ccnt), free(L->rows);
+        L->ccnt = grab(m, CH * E * 4), L->rows = grab(m, CH * E * 4);
+        ok = ok && L->ccnt && L->rows;
+    }
+    free(m->cnt_send), free(m->cnt_recv), free(m->sc), free(m->sd), free(m->rc), free(m->rd);
+    free(m->sb), free(m->rb), free(m->hd), free(m->hc);
+    m->cnt_send = grab(m, CH * E * 4), m->cnt_recv = grab(m, CH * E * 4);
+    m->sc = grab(m, CH * ep * 4), m->sd = grab(m, CH * ep * 4);
+    m->rc = grab(m, CH * ep * 4), m->rd = grab(m, CH * ep * 4);
+    m->sb = grab(m, (CH + 1) * sizeof(int)), m->rb = grab(m, (CH + 1) * sizeof(int));
+    m->hd = grab(m, CH * sizeof(loom_comm_handle)), m->hc = grab(m, CH * sizeof(loom_comm_handle));
+    m->chunk_bytes = m->bytes - before;
+    m->chunks = chunks;
+    for (int c = 0; c < chunks; c++) /* tokens [c * N / chunks, (c + 1) * N / chunks) */
+        for (long t = (long)c * m->N / chunks; t < (long)(c + 1) * m->N / chunks; t++)
+            m->chunk_of[t] = c;
+    return ok && m->cnt_send && m->cnt_recv && m->sc && m->sd && m->rc && m->rd && m->sb && m->rb &&
+           m->hd && m->hc;
 }
 
 loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
@@ -81,6 +116,7 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     m->K = cfg->top_k;
     m->ep = m->comm ? m->comm->size : 1;
     m->EL = m->E / m->ep;
+    m->chunks = 1;
     m->cap =
         cfg->capacity_factor > 0 ? (int)ceil((double)cfg->capacity_factor * N * m->K / m->E) : 0;
     /* Rows a rank can receive: each source sends at most min(K, EL) rows per token to
@@ -96,7 +132,7 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     }
     m->R = (int)R;
     const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
-    const size_t Rs = (size_t)R, ep_n = (size_t)m->ep;
+    const size_t Rs = (size_t)R;
     m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
     int ok = m->layers != NULL;
     for (int l = 0; ok && l < cfg->n_layer; l++) {
@@ -104,11 +140,11 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         moe_layer *L = &m->layers[l];
         L->idx = grab(m, NK * 4), L->pos = grab(m, NK * 4), L->w = grab(m, NK * 4);
         L->probs = grab(m, (size_t)N * E * 4), L->lse = grab(m, (size_t)N * 4);
-        L->offs = grab(m, E * 4), L->load = grab(m, E * 4), L->kept = grab(m, E * 4);
-        L->ret = grab(m, NK * C * 4), L->rows = grab(m, ep_n * m->EL * 4);
+        L->row = grab(m, NK * 4), L->load = grab(m, E * 4), L->kept = grab(m, E * 4);
+        L->ret = grab(m, NK * C * 4);
         L->xin = grab(m, Rs * C * 4), L->h = grab(m, Rs * FC * 4), L->act = grab(m, Rs * F * 4);
-        ok = L->idx && L->pos && L->w && L->probs && L->lse && L->offs && L->load && L->kept &&
-             L->ret && L->rows && L->xin && L->h && L->act;
+        ok = L->idx && L->pos && L->w && L->probs && L->lse && L->row && L->load && L->kept &&
+             L->ret && L->xin && L->h && L->act;
         if (ok && cfg->shared_expert) {
             L->sh_fc = grab(m, (size_t)N * FC * 4), L->sh_act = grab(m, (size_t)N * F * 4);
             ok = L->sh_fc && L->sh_act;
@@ -119,12 +155,10 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         m->send = grab(m, NK * C * 4), m->recv = grab(m, Rs * C * 4);
         m->ex = grab(m, Rs * C * 4), m->exd = grab(m, Rs * C * 4);
         m->dact = grab(m, Rs * F * 4), m->dh = grab(m, Rs * FC * 4);
-        m->cnt_send = grab(m, E * 4), m->cnt_recv = grab(m, ep_n * m->EL * 4);
-        m->sc = grab(m, ep_n * 4), m->sd = grab(m, ep_n * 4);
-        m->rc = grab(m, ep_n * 4), m->rd = grab(m, ep_n * 4);
         m->step_load = grab(m, (E + 4) * 8);
+        m->chunk_of = grab(m, (size_t)N * 4), m->zoffs = grab(m, E * 4);
         ok = m->logits && m->dw && m->send && m->recv && m->ex && m->exd && m->dact && m->dh &&
-             m->cnt_send && m->cnt_recv && m->sc && m->sd && m->rc && m->rd && m->step_load;
+             m->step_load && m->chunk_of && m->zoffs && alloc_chunks(m, 1);
     }
     if (!ok) {
         double mib = (double)m->bytes / (1 << 20);
@@ -132,6 +166,18 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: cannot allocate %.1f MiB of buffers", mib);
     }
     *out = m;
+    return LOOM_OK;
+}
+
+loom_status loom_moe_set_chunks(loom_moe *m, int chunks, loom_error *err) {
+    if (!m || chunks == m->chunks) return LOOM_OK;
+    if (chunks < 1 || chunks > m->N)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--moe-chunks %d: expected 1 <= chunks <= the %d tokens of a "
+                              "micro-batch",
+                              chunks, m->N);
+    if (!alloc_chunks(m, chunks))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: out of memory for %d chunks", chunks);
     return LOOM_OK;
 }
 
@@ -143,7 +189,7 @@ void loom_moe_set_error(loom_moe *m, loom_error *err) {
     if (m) m->err = err;
 }
 
-/* Source-major [s][j][rows] <-> expert-major [j][s][rows] (rows[s * EL + j]). */
+/* Source-major [s][j][rows] <-> expert-major [j][s][rows] of one chunk (rows[s * EL + j]). */
 static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const float *src,
                     int to_expert_major) {
     const size_t C = (size_t)m->C;
@@ -164,55 +210,137 @@ static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const fl
         }
 }
 
-/* The all-to-all-v counts of layer L in rows x C floats: what this rank sends to each
- * rank (by expert owner) and receives from each (by source). */
-static void set_counts(loom_moe *m, const moe_layer *L) {
-    int sent = 0, got = 0;
-    for (int r = 0; r < m->ep; r++) {
-        int n = 0, g = 0;
-        for (int j = 0; j < m->EL; j++) {
-            n += L->kept[r * m->EL + j];
-            g += L->rows[r * m->EL + j];
+/* Dispatch rows: chunk by chunk, within a chunk expert by expert (so the rows for one
+ * rank are contiguous), within an expert in the capacity's slot-major order; with one
+ * chunk, row = the expert's first row + its position (pos). Also the per-chunk counts. */
+static void set_rows(loom_moe *m, moe_layer *L) {
+    const int N = m->N, K = m->K, E = m->E;
+    memset(L->ccnt, 0, (size_t)m->chunks * E * sizeof(int32_t));
+    for (int j = 0; j < K; j++)
+        for (int t = 0; t < N; t++) {
+            const int a = t * K + j;
+            L->row[a] = L->pos[a] < 0 ? -1 : L->ccnt[m->chunk_of[t] * E + L->idx[a]]++;
         }
-        m->sc[r] = n * m->C, m->sd[r] = sent * m->C;
-        m->rc[r] = g * m->C, m->rd[r] = got * m->C;
-        sent += n, got += g;
+    int32_t *base = (int32_t *)m->cnt_recv; /* scratch [chunks][E] first rows */
+    int n = 0;
+    for (int c = 0; c < m->chunks * E; c++) base[c] = n, n += L->ccnt[c];
+    for (int a = 0; a < N * K; a++)
+        if (L->row[a] >= 0) L->row[a] += base[m->chunk_of[a / K] * E + L->idx[a]];
+}
+
+/* Chunk c's all-to-all-v counts in rows x C floats: what this rank sends to each rank (by
+ * expert owner) and receives from each (by source), displacements within the chunk; and
+ * the chunks' first rows sent (sb) and received (rb). */
+static void set_counts(loom_moe *m, const moe_layer *L) {
+    m->sb[0] = m->rb[0] = 0;
+    for (int c = 0; c < m->chunks; c++) {
+        int sent = 0, got = 0;
+        int *sc = m->sc + c * m->ep, *sd = m->sd + c * m->ep;
+        int *rc = m->rc + c * m->ep, *rd = m->rd + c * m->ep;
+        for (int r = 0; r < m->ep; r++) {
+            int n = 0, g = 0;
+            for (int j = 0; j < m->EL; j++) {
+                n += L->ccnt[c * m->E + r * m->EL + j];
+                g += L->rows[(c * m->ep + r) * m->EL + j];
+            }
+            sc[r] = n * m->C, sd[r] = sent * m->C;
+            rc[r] = g * m->C, rd[r] = got * m->C;
+            sent += n, got += g;
+        }
+        m->sb[c + 1] = m->sb[c] + sent, m->rb[c + 1] = m->rb[c] + got;
     }
 }
 
-/* Rows in dispatch order (send) -> expert-major rows on the owners (dst). */
-static loom_status dispatch(loom_moe *m, const moe_layer *L, const float *send, float *dst) {
+/* Row counts per (chunk, source, local expert): one all-to-all-v before the chunks. */
+static loom_status exchange_counts(loom_moe *m, moe_layer *L) {
+    const int CH = m->chunks, EL = m->EL;
     if (!m->comm) {
-        memcpy(dst, send, (size_t)L->n_send * m->C * sizeof(float));
+        memcpy(L->rows, L->ccnt, (size_t)CH * m->E * sizeof(int32_t));
         return LOOM_OK;
     }
+    for (int r = 0; r < m->ep; r++)
+        for (int c = 0; c < CH; c++)
+            for (int j = 0; j < EL; j++)
+                m->cnt_send[(r * CH + c) * EL + j] = (float)L->ccnt[c * m->E + r * EL + j];
+    int *one = m->sc, *dis = m->sd; /* free until set_counts */
+    for (int r = 0; r < m->ep; r++) one[r] = CH * EL, dis[r] = r * CH * EL;
     loom_status st =
-        loom_comm_alltoallv(m->comm, send, m->sc, m->sd, m->recv, m->rc, m->rd, m->err);
-    if (!st) reorder(m, L->rows, dst, m->recv, 1);
+        loom_comm_alltoallv(m->comm, m->cnt_send, one, dis, m->cnt_recv, one, dis, m->err);
+    for (int s = 0; s < m->ep; s++)
+        for (int c = 0; c < CH; c++)
+            for (int j = 0; j < EL; j++)
+                L->rows[(c * m->ep + s) * EL + j] = (int32_t)m->cnt_recv[(s * CH + c) * EL + j];
     return st;
 }
 
-/* Expert-major rows (src) -> back to the tokens' ranks in dispatch order (out). */
-static loom_status combine_back(loom_moe *m, const moe_layer *L, const float *src, float *out) {
+/* Starts chunk c's rows in dispatch order (send) towards their experts' owners (into
+ * m->recv, source-major). */
+static loom_status start_dispatch(loom_moe *m, int c, const float *send) {
+    const size_t C = (size_t)m->C;
     if (!m->comm) {
-        memcpy(out, src, (size_t)L->n_send * m->C * sizeof(float));
+        memcpy(m->recv + m->rb[c] * C, send + m->sb[c] * C,
+               (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
         return LOOM_OK;
     }
-    reorder(m, L->rows, m->recv, src, 0);
-    return loom_comm_alltoallv(m->comm, m->recv, m->rc, m->rd, out, m->sc, m->sd, m->err);
+    const int o = c * m->ep;
+    return loom_comm_ialltoallv(m->comm, send + m->sb[c] * C, m->sc + o, m->sd + o,
+                                m->recv + m->rb[c] * C, m->rc + o, m->rd + o, &m->hd[c], m->err);
 }
 
-/* Local expert j's rows [r0, r0 + n) in the expert-major buffers. */
-static int expert_rows(const loom_moe *m, const moe_layer *L, int j, int *r0) {
+/* Completes chunk c's dispatch and places its rows expert-major into dst. */
+static loom_status finish_dispatch(loom_moe *m, const moe_layer *L, int c, float *dst) {
+    loom_status st = m->comm ? loom_comm_wait(&m->hd[c], m->err) : LOOM_OK;
+    const size_t off = (size_t)m->rb[c] * m->C;
+    if (!st) reorder(m, L->rows + c * m->ep * m->EL, dst + off, m->recv + off, 1);
+    return st;
+}
+
+/* Starts chunk c's expert-major rows (src) back to the tokens' ranks, dispatch order
+ * (out); m->recv's chunk c region (consumed by finish_dispatch) is the send buffer. */
+static loom_status start_combine(loom_moe *m, const moe_layer *L, int c, const float *src,
+                                 float *out) {
+    const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
+    reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0);
+    if (!m->comm) {
+        memcpy(out + m->sb[c] * C, m->recv + off,
+               (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
+        return LOOM_OK;
+    }
+    const int o = c * m->ep;
+    return loom_comm_ialltoallv(m->comm, m->recv + off, m->rc + o, m->rd + o, out + m->sb[c] * C,
+                                m->sc + o, m->sd + o, &m->hc[c], m->err);
+}
+
+/* Lets MPI progress the exchanges in flight (between expert GEMMs). */
+static loom_status poke(loom_moe *m, int c) {
+    int done;
+    loom_status st = LOOM_OK;
+    if (m->comm && c + 1 < m->chunks) st = loom_comm_test(&m->hd[c + 1], &done, m->err);
+    if (!st && m->comm && c > 0) st = loom_comm_test(&m->hc[c - 1], &done, m->err);
+    return st;
+}
+
+static loom_status finish_combines(loom_moe *m) {
+    loom_status st = LOOM_OK;
+    for (int c = 0; c < m->chunks && m->comm; c++) {
+        loom_status s2 = loom_comm_wait(&m->hc[c], m->err);
+        st = st ? st : s2;
+    }
+    return st;
+}
+
+/* Local expert j's rows [r0, r0 + n) within chunk c's expert-major rows. */
+static int expert_rows(const loom_moe *m, const moe_layer *L, int c, int j, int *r0) {
+    const int32_t *rows = L->rows + c * m->ep * m->EL;
     int start = 0, n = 0;
     for (int jj = 0; jj <= j; jj++)
         for (int s = 0; s < m->ep; s++) {
             if (jj < j)
-                start += L->rows[s * m->EL + jj];
+                start += rows[s * m->EL + jj];
             else
-                n += L->rows[s * m->EL + jj];
+                n += rows[s * m->EL + jj];
         }
-    *r0 = start;
+    *r0 = m->rb[c] + start;
     return n;
 }
 
@@ -272,36 +400,31 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     loom_linear_forward(m->logits, x, p + k->gate_w, NULL, N, C, E);
     loom_moe_router_forward(L->probs, L->idx, L->w, L->lse, m->logits, N, E, K);
     L->dropped = loom_moe_capacity(L->pos, L->load, L->kept, L->idx, N, K, E, m->cap);
-    int n = 0;
-    for (int e = 0; e < E; e++) {
-        L->offs[e] = n;
-        n += L->kept[e];
-    }
-    L->n_send = n;
-    loom_moe_permute(m->send, x, L->idx, L->pos, L->offs, N, K, C);
-    loom_status st = LOOM_OK;
-    if (m->comm) { /* row counts per (source, local expert) */
-        for (int e = 0; e < E; e++) m->cnt_send[e] = (float)L->kept[e];
-        int *one = m->sc, *dis = m->sd;
-        for (int r = 0; r < m->ep; r++) one[r] = m->EL, dis[r] = r * m->EL;
-        st = loom_comm_alltoallv(m->comm, m->cnt_send, one, dis, m->cnt_recv, one, dis, m->err);
-        for (int i = 0; i < m->ep * m->EL; i++) L->rows[i] = (int32_t)m->cnt_recv[i];
-    } else {
-        memcpy(L->rows, L->kept, (size_t)E * sizeof(int32_t));
-    }
+    set_rows(m, L);
+    loom_moe_permute(m->send, x, L->idx, L->row, m->zoffs, N, K, C);
+    loom_status st = exchange_counts(m, L);
     if (st) return st;
     set_counts(m, L);
-    if ((st = dispatch(m, L, m->send, L->xin))) return st;
-    /* Grouped expert computation: one GEMM per local expert and projection. */
-    for (int j = 0; j < m->EL; j++) {
-        int r0;
-        const int rows = expert_rows(m, L, j, &r0);
-        const loom_expert_params e = local_expert(k, j);
-        ffn_forward(m, &e, p, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
-                    L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, rows);
+    /* Chunk c + 1's dispatch and chunk c - 1's combine are in flight while chunk c's
+     * experts run: one GEMM per local expert and projection (grouped computation). The
+     * collectives start in the same order on every rank. */
+    if ((st = start_dispatch(m, 0, m->send))) return st;
+    for (int c = 0; c < m->chunks && !st; c++) {
+        if ((st = finish_dispatch(m, L, c, L->xin))) break;
+        if (c + 1 < m->chunks && (st = start_dispatch(m, c + 1, m->send))) break;
+        for (int j = 0; j < m->EL && !st; j++) {
+            int r0;
+            const int rows = expert_rows(m, L, c, j, &r0);
+            const loom_expert_params e = local_expert(k, j);
+            ffn_forward(m, &e, p, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+                        L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, rows);
+            st = poke(m, c);
+        }
+        if (!st) st = start_combine(m, L, c, m->ex, L->ret);
     }
-    if ((st = combine_back(m, L, m->ex, L->ret))) return st;
-    loom_moe_combine(out, L->ret, L->w, L->idx, L->pos, L->offs, N, K, C);
+    loom_status fin = finish_combines(m);
+    if (st || (st = fin)) return st;
+    loom_moe_combine(out, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     if (m->cfg.shared_expert) {
         ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, m->send, N);
         loom_add(out, out, m->send, (size_t)N * C);
@@ -327,21 +450,30 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
     const loom_block_params *k = &m->table->blocks[layer];
     const int N = m->N, C = m->C, E = m->E, K = m->K;
     set_counts(m, L);
-    loom_moe_combine_backward(m->send, m->dw, dy, L->ret, L->w, L->idx, L->pos, L->offs, N, K, C);
-    loom_status st = dispatch(m, L, m->send, m->ex);
-    if (st) return st;
+    loom_moe_combine_backward(m->send, m->dw, dy, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     memset(m->exd, 0, (size_t)m->R * C * sizeof(float));
-    for (int j = 0; j < m->EL; j++) {
-        int r0;
-        const int rows = expert_rows(m, L, j, &r0);
-        const loom_expert_params e = local_expert(k, j);
-        ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
-                     L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, m->exd + (size_t)r0 * C,
-                     rows);
+    /* The same pipeline as forward: the output gradients go to the experts, the input
+     * gradients come back (into m->send, whose chunk c was sent before). */
+    loom_status st = start_dispatch(m, 0, m->send);
+    if (st) return st;
+    for (int c = 0; c < m->chunks && !st; c++) {
+        if ((st = finish_dispatch(m, L, c, m->ex))) break;
+        if (c + 1 < m->chunks && (st = start_dispatch(m, c + 1, m->send))) break;
+        for (int j = 0; j < m->EL && !st; j++) {
+            int r0;
+            const int rows = expert_rows(m, L, c, j, &r0);
+            const loom_expert_params e = local_expert(k, j);
+            ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+                         L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C,
+                         m->exd + (size_t)r0 * C, rows);
+            st = poke(m, c);
+        }
+        if (!st) st = start_combine(m, L, c, m->exd, m->send);
     }
-    if ((st = combine_back(m, L, m->exd, m->send))) return st;
+    loom_status fin = finish_combines(m);
+    if (st || (st = fin)) return st;
     memset(dx, 0, (size_t)N * C * sizeof(float));
-    loom_moe_unpermute_add(dx, m->send, L->idx, L->pos, L->offs, N, K, C);
+    loom_moe_unpermute_add(dx, m->send, L->idx, L->row, m->zoffs, N, K, C);
     /* Router: d(aux term)/d probs[t,e] = aux_coef * dloss * N * E * f_e / N. */
     float dprob[1024];
     const double a = (double)m->cfg.aux_loss_coef * m->dloss * E / ((double)N * K);

@@ -45,6 +45,11 @@ typedef struct {
 loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
                             const loom_param_table *table, int N, loom_comm *ep, loom_error *err);
 void loom_moe_destroy(loom_moe *moe);
+/* Splits the local tokens of a micro-batch into `chunks` token ranges (default 1): chunk
+ * c + 1's dispatch and chunk c - 1's combine are in flight (non-blocking all-to-all-v)
+ * while chunk c's experts compute. The same function for any count (only the order of
+ * the expert weight-gradient sums changes). */
+loom_status loom_moe_set_chunks(loom_moe *moe, int chunks, loom_error *err);
 /* Bytes of activations and scratch held (for the start-up report). */
 size_t loom_moe_bytes(const loom_moe *moe);
 /* Where failures of the ep collectives inside forward/backward are reported. */

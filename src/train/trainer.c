@@ -42,6 +42,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->bucket_mb = 25.0f;
     tc->eval_every = 0;
     tc->eval_batches = 4;
+    tc->moe_chunks = 1;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -131,6 +132,7 @@ static void run_free(run_state *r) {
     free(r->batch);
     free(r->dump_batches);
     loom_route_dump_free(&r->routes);
+    loom_checkpointing_close(&r->ckpt); /* joins the writer thread */
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
@@ -153,7 +155,6 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
                                    &r->mesh->ep, err);
     return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
                                err);
-    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -343,6 +344,12 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         fprintf(stderr,
                 "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
                 (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if (lead && mesh->ep.size > 1) /* the all-to-all time not hidden behind expert compute */
+        fprintf(stderr,
+                "loom: expert-parallel all-to-all: %.3f ms blocked per step (%.3f ms in flight), "
+                "%d chunk(s)\n",
+                mesh->ep.blocked_ms / (step - r->start_step),
+                mesh->ep.inflight_ms / (step - r->start_step), tc->moe_chunks);
     if ((st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop) return st;
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
@@ -388,6 +395,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                                        mesh->layout.tp, mesh->layout.pp, err)) ||
         (r.tp.err = err,
          st = loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep, err)) ||
+        (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
