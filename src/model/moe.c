@@ -170,6 +170,10 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
 }
 
 loom_status loom_moe_set_chunks(loom_moe *m, int chunks, loom_error *err) {
+    if (!m && chunks != 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--moe-chunks %d: needs a mixture-of-experts model (--n-experts E)",
+                              chunks);
     if (!m || chunks == m->chunks) return LOOM_OK;
     if (chunks < 1 || chunks > m->N)
         return loom_error_set(err, LOOM_ERR_INPUT,
