@@ -48,7 +48,7 @@ void loom_moe_destroy(loom_moe *moe);
 /* Splits the local tokens of a micro-batch into `chunks` token ranges (default 1): chunk
  * c + 1's dispatch and chunk c - 1's combine are in flight (non-blocking all-to-all-v)
  * while chunk c's experts compute. The same function for any count (only the order of
- * the expert weight-gradient sums changes). */
+ * the expert weight-gradient sums changes). moe NULL (a dense model): chunks must be 1. */
 loom_status loom_moe_set_chunks(loom_moe *moe, int chunks, loom_error *err);
 /* Bytes of activations and scratch held (for the start-up report). */
 size_t loom_moe_bytes(const loom_moe *moe);
