@@ -40,9 +40,9 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->layout = (loom_layout){1, 1, 1, 1};
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
+    tc->moe_chunks = 1;
     tc->eval_every = 0;
     tc->eval_batches = 4;
-    tc->moe_chunks = 1;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {

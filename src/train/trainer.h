@@ -28,6 +28,7 @@ typedef struct {
     loom_layout layout;               /* --dp --tp --pp --ep */
     int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;                  /* gradient bucket size for overlapped reduction */
+    int moe_chunks;                   /* MoE all-to-all chunks (model/moe.h) */
     char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
     char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
     char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */
@@ -43,7 +44,6 @@ typedef struct {
     int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
-    int moe_chunks; /* MoE: token chunks whose all-to-all overlaps expert compute (model/moe.h) */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

@@ -9,7 +9,7 @@ reference to <= 1e-5 relative; when A == B they must equal A's own uninterrupted
 bitwise.
 
 Mixture of experts (Llama with SwiGLU experts in every second layer, capacity factor 1):
-MOE_PAIRS add the expert-parallel degree, (dp, zero, tp, ep); each expert tensor is
+MOE_PAIRS add the expert-parallel degree, (dp, zero, tp, pp, ep); each expert tensor is
 written once (dense tensors by dp shard, experts by edp shard) and loaded into any ep. As
 in tests/parallel/test_layouts_moe.py, a routing decision that differs from the reference
 (checked on A's steps 1-10 and B's steps 11-20) is accepted only as a near tie: the losses
@@ -40,18 +40,23 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
          ((2, 3, 1), (2, 3, 1)), ((4, 1, 1), (2, 2, 1)), ((1, 0, 1), (1, 0, 1)),
          ((1, 0, 2), (2, 1, 1)), ((2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2)),
          ((2, 1, 2), (2, 1, 2))]
-# (dp, zero, tp, ep): expert parallel <-> one process, ep 1 <-> ep 2, ep 4 -> ZeRO-3 at ep 1,
-# same layout bitwise, and ep 1 with ZeRO
-MOE_PAIRS = [((2, 0, 1, 2), (1, 0, 1, 1)), ((2, 0, 1, 1), (4, 0, 1, 2)),
-             ((4, 0, 1, 4), (2, 3, 1, 1)), ((4, 0, 1, 2), (4, 0, 1, 2)),
-             ((1, 0, 1, 1), (2, 1, 1, 1))]
+# (dp, zero, tp, pp, ep): expert parallel <-> one process, ep 1 <-> ep 2, ep 4 -> ZeRO-3 at
+# ep 1, same layout bitwise, and ep 1 with ZeRO
+MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
+             ((4, 0, 1, 1, 4), (2, 3, 1)), ((4, 0, 1, 1, 2), (4, 0, 1, 1, 2)),
+             ((1, 0, 1), (2, 1, 1))]
 MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
        "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]
 MAX_SEEDS = 4
 
 
+def unpack(layout):
+    """(dp, zero, tp, pp, ep), pp and ep 1 when left out."""
+    return (tuple(layout) + (1, 1))[:5]
+
+
 def layout_name(layout):
-    dp, zero, tp, ep = (tuple(layout) + (1,))[:4]
+    dp, zero, tp, _, ep = unpack(layout)
     return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
 
 
@@ -97,7 +102,7 @@ def main():
             tag = family + ("_moe" if moe else "")
 
             def train(name, layout, extra, run_seed):
-                dp, zero, tp, ep = (tuple(layout) + (1,))[:4]
+                dp, zero, tp, _, ep = unpack(layout)
                 out = os.path.join(tmp, f"{tag}_s{run_seed}_{name}")
                 cmd = [args.loom, "train", "--family", family, "--vocab-size", "256",
                        "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
