@@ -263,7 +263,6 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
-            loom_route_dump_record(&r->routes, mod->moe, step, accum, k);
             if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
@@ -273,6 +272,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             double s;
             if ((st = loom_model_loss_sum(mod, dloss, 1, &s))) return st;
             loss_sum += s;
+            loom_route_dump_record(&r->routes, mod->moe, step, accum, k);
             /* The last micro-batch's backward reduces gradients as they become final
              * (with sequence parallelism the norm gradients over tp first). */
             loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
