@@ -36,11 +36,13 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
     f->view = mmap(NULL, f->view_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (f->view == MAP_FAILED) f->view = NULL;
     loom_status st = f->ranges && f->shard && f->view ? LOOM_OK : LOOM_ERR_NOMEM;
+    /* A pipeline stage without the head: the tail range is empty. */
+    const size_t tail = t->normf_w == LOOM_NO_PARAM ? t->total : t->normf_w;
     for (int i = 0; i < f->n_ranges && !st; i++) {
-        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : t->normf_w;
+        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : tail;
         size_t end = i == 0   ? t->blocks[0].norm1_w
                      : i < L  ? t->blocks[i].norm1_w
-                     : i == L ? t->normf_w
+                     : i == L ? tail
                               : t->total;
         st = range_init(&f->ranges[i], z, begin, end);
     }
