@@ -6,6 +6,7 @@
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
 #include "cli/cmd_plot.h"
+#include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -20,6 +21,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train     train a model (loom train --help)\n"
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
+            "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
             "  version   print the version\n",
             LOOM_VERSION);
@@ -33,6 +35,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "pp-schedule") == 0) return loom_cmd_pp_schedule(argc - 1, argv + 1);
     if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);

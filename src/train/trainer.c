@@ -16,6 +16,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
+#include "pipeline/pipeline.h"
 #include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/metrics.h"
@@ -39,6 +40,8 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->bucket_mb = 25.0f;
     tc->eval_every = 0;
     tc->eval_batches = 4;
+    snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+    tc->virtual_stages = 1;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -110,10 +113,13 @@ typedef struct {
     loom_param_table global_table; /* tp > 1: the unsharded registry, for weights and dumps */
     float *global_flat;            /* tp > 1, rank 0: a gathered flat buffer */
     loom_checkpointing ckpt;
-    int start_step; /* steps already done (resumed from a checkpoint) */
+    int start_step;     /* steps already done (resumed from a checkpoint) */
+    loom_pipeline pipe; /* --pp > 1: the stage's schedule, slots and buffers */
+    int pipelined;
 } run_state;
 
 static void run_free(run_state *r) {
+    if (r->pipelined) loom_pipeline_free(&r->pipe);
     loom_dataset_close(&r->data);
     loom_dataset_close(&r->val);
     loom_model_destroy(&r->model);
@@ -139,11 +145,16 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
                                const float **out, loom_error *err) {
     *table = &r->model.table;
     *out = flat;
-    if (r->tp.size == 1) return LOOM_OK;
-    *table = &r->global_table;
-    *out = r->global_flat;
-    return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
-                               err);
+    loom_status st = LOOM_OK;
+    if (r->tp.size > 1) {
+        *table = &r->global_table;
+        *out = r->global_flat;
+        st = loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
+                                 err);
+    }
+    /* pipeline stages: the whole model on world rank 0 */
+    if (!st && r->pipelined) st = loom_pipeline_export(&r->pipe, *table, *out, table, out, err);
+    return st;
     loom_checkpointing_close(&r->ckpt);
 }
 
@@ -170,7 +181,14 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
         loom_dataset_sample(&r->val, tc->seed, -1 - (int64_t)b, (int64_t)mesh->dp_rank * per_rank,
                             per_rank, r->batch);
-        for (int k = 0; k < accum; k++) {
+        if (r->pipelined) {
+            double s;
+            if ((st = loom_pipeline_forward_loss(&r->pipe, r->params, r->batch,
+                                                 r->sharded_params ? &r->fsdp : NULL, &s, err)))
+                return st;
+            sum += s;
+        }
+        for (int k = 0; k < accum && !r->pipelined; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             double s;
@@ -248,11 +266,15 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 r->dump_batches + (size_t)step * G * (T + 1));
         memset(r->grads, 0, t->total * sizeof(float));
         double loss_sum = 0.0;
-        for (int k = 0; k < accum; k++) {
+        if (r->pipelined &&
+            (st = loom_pipeline_step(&r->pipe, r->params, r->grads, r->batch, dloss, &r->zero,
+                                     &r->tp, r->sharded_params ? &r->fsdp : NULL, &loss_sum, err)))
+            return st;
+        for (int k = 0; k < accum && !r->pipelined; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
-            if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1) {
+            if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1 && !r->pipelined) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
                                            mod->logits, 3, dims, err)))
@@ -292,7 +314,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                 return st;
         }
         double norm;
-        if ((st = loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err))) return st;
+        if ((st = r->pipelined
+                      ? loom_pipeline_grad_norm(&r->pipe, &r->tp, &r->zero, r->grads, &norm, err)
+                      : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+            return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_trace_begin(r->trace, "optimizer", "train");
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
@@ -357,7 +382,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                                err)) ||
         (st = loom_tp_create(&r.tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
                              mc->d_model, err)) ||
-        (r.tp.err = err, st = loom_model_create_tp(&r.model, mc, tc->micro_batch, T, &r.tp, err)) ||
+        (r.tp.err = err, r.pipelined = mesh->layout.pp > 1,
+         st = r.pipelined ? loom_pipeline_create(&r.pipe, mc, tc, mesh, &r.tp, &r.model, err)
+                          : loom_model_create_tp(&r.model, mc, tc->micro_batch, T, &r.tp, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
@@ -377,9 +404,14 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         r.params = calloc(P, sizeof(float));
     }
     r.grads = calloc(P, sizeof(float));
-    if (r.tp.size > 1 && !(st = loom_params_build(&r.global_table, mc, 0, 1, err)) && lead)
+    /* the unsharded registry of this stage (the whole model without pipelining) */
+    const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r.pipelined || lead);
+    if (r.tp.size > 1 &&
+        !(st = loom_params_build_stage(&r.global_table, mc, 0, 1,
+                                       r.pipelined ? &r.pipe.layers : NULL, err)) &&
+        tp_lead)
         r.global_flat = malloc(r.global_table.total * sizeof(float));
-    if (st || (r.tp.size > 1 && lead && !r.global_flat)) {
+    if (st || (r.tp.size > 1 && tp_lead && !r.global_flat)) {
         run_free(&r);
         return st ? st : loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
     }
@@ -395,9 +427,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         const double MiB = 1 << 20;
         fprintf(
             stderr,
-            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d\n",
+            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d x "
+            "pp %d\n",
             loom_family_name(mc->family), r.tp.size > 1 ? r.global_table.total : P, P,
-            mesh->layout.dp, r.zero.stage, mesh->layout.tp);
+            mesh->layout.dp, r.zero.stage, mesh->layout.tp, mesh->layout.pp);
+        if (r.pipelined) loom_pipeline_report(&r.pipe, stderr);
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
