@@ -135,15 +135,15 @@ loom_status loom_pp_schedule_build(loom_pp_schedule *s, loom_pp_kind kind, int p
     }
     if (kind == LOOM_PP_ZB) build_zb(w, n, pp, m);
     for (int r = 0; r < pp && kind != LOOM_PP_ZB; r++) {
-        if (kind == LOOM_PP_GPIPE || kind == LOOM_PP_FORWARD_ONLY) {
+        if (kind == LOOM_PP_GPIPE) {
             for (int i = 0; i < m; i++) push(w[r], &n[r], LOOM_PP_F, 0, i);
-            for (int i = 0; i < m && kind == LOOM_PP_GPIPE; i++) push(w[r], &n[r], LOOM_PP_B, 0, i);
+            for (int i = 0; i < m; i++) push(w[r], &n[r], LOOM_PP_B, 0, i);
             continue;
         }
         /* 1F1B (v = 1) and Megatron's interleaved order: forward k runs chunk (k / pp) % v
          * of micro-batch (k / (pp v)) pp + k % pp; backwards visit the chunks reversed. */
         int warm = kind == LOOM_PP_1F1B ? pp - r - 1 : (pp - r - 1) * 2 + (v - 1) * pp;
-        if (warm > total) warm = total;
+        if (warm > total || kind == LOOM_PP_FORWARD_ONLY) warm = total; /* forwards only */
 #define FWD(k) push(w[r], &n[r], LOOM_PP_F, ((k) / pp) % v, ((k) / (pp * v)) * pp + (k) % pp)
 #define BWD(k)                                                                                     \
     push(w[r], &n[r], LOOM_PP_B, v - 1 - ((k) / pp) % v, ((k) / (pp * v)) * pp + (k) % pp)
@@ -152,7 +152,7 @@ loom_status loom_pp_schedule_build(loom_pp_schedule *s, loom_pp_kind kind, int p
             FWD(warm + k);
             BWD(k);
         }
-        for (int k = total - warm; k < total; k++) BWD(k);
+        for (int k = total - warm; k < total && kind != LOOM_PP_FORWARD_ONLY; k++) BWD(k);
 #undef FWD
 #undef BWD
     }

@@ -2,7 +2,7 @@
 """Checkpoint resume across layouts (invariants 1 and 2 through a checkpoint).
 
 For both families: an uninterrupted single-process run of 20 steps is the reference.
-For each (A, B) pair of layouts (dp x ZeRO stage x tensor parallel), layout A trains 20 steps saving a
+For each (A, B) pair of layouts (dp x ZeRO stage x tensor parallel x pipeline stages), layout A trains 20 steps saving a
 checkpoint at step 10; layout B resumes from that step-10 checkpoint and runs to 20. The
 resumed losses (steps 11-20, validation at 20) and final weights must equal the
 reference to <= 1e-5 relative; when A == B they must equal A's own uninterrupted run
@@ -30,12 +30,14 @@ TOL = 1e-5
 PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
          ((2, 3, 1), (2, 3, 1)), ((4, 1, 1), (2, 2, 1)), ((1, 0, 1), (1, 0, 1)),
          ((1, 0, 2), (2, 1, 1)), ((2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2)),
-         ((2, 1, 2), (2, 1, 2))]
+         ((2, 1, 2), (2, 1, 2)),
+         # pipeline parallelism (dp, zero, tp, pp): stage-local shards merge into one manifest
+         ((1, 0, 1, 2), (2, 1, 1)), ((2, 2, 1), (1, 0, 1, 2)), ((1, 0, 1, 2), (1, 0, 1, 2))]
 
 
 def layout_name(layout):
-    dp, zero, tp = layout
-    return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "")
+    dp, zero, tp, pp = (tuple(layout) + (1,))[:4]
+    return f"dp{dp}z{zero}" + (f"tp{tp}" if tp > 1 else "") + (f"pp{pp}" if pp > 1 else "")
 
 
 def run(cmd, what):
@@ -74,11 +76,11 @@ def main():
                     "--eval-every", "10", "--eval-batches", "2"]
 
             def train(name, layout, extra):
-                dp, zero, tp = layout
+                dp, zero, tp, pp = (tuple(layout) + (1,))[:4]
                 out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
+                cmd = base + ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp), "--pp", str(pp),
                               "--metrics", out + ".jsonl", "--dump-dir", out] + extra
-                n = dp * tp
+                n = dp * tp * pp
                 log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{family} {name}")
                 return losses(out + ".jsonl"), safetensors_io.load(
                     os.path.join(out, "params_final.safetensors")), log
