@@ -91,7 +91,15 @@ static loom_status forward(loom_cuda_ctx *ctx, T *out, const T *inp, const T *we
         fill_bias_kernel<<<grid_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
         return LOOM_OK;
     }
-    return lt_forward(ctx, out, inp, weight, bias, N, IC, OC, type, err);
+    if (lt_forward(ctx, out, inp, weight, bias, N, IC, OC, type, err) == LOOM_OK) return LOOM_OK;
+    /* No Lt algorithm for this shape/type (e.g. odd leading dimensions in bf16): seed out
+     * with the bias and accumulate one cublasGemmEx onto it, as the CPU kernel does. */
+    fill_bias_kernel<<<grid_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
+    const float one = 1.0f;
+    cublasStatus_t st = cublasGemmEx((cublasHandle_t)ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC,
+                                     &one, weight, type, IC, inp, type, IC, &one, out, type, OC,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? LOOM_OK : blas_fail(err, "forward", (int)st, N, IC, OC);
 }
 
 /* dinp[IC x N] += W[IC x OC] x dout[OC x N] (column-major views). */
