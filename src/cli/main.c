@@ -5,6 +5,7 @@
 #include "cli/cmd_ckpt.h"
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
+#include "cli/cmd_gpu.h"
 #include "cli/cmd_plot.h"
 #include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_tokenizer.h"
@@ -23,6 +24,7 @@ static void usage(FILE *f) {
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
             "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+            "  gpu-info  CUDA devices found, or why there are none\n"
             "  version   print the version\n",
             LOOM_VERSION);
 }
@@ -41,6 +43,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
+    if (strcmp(cmd, "gpu-info") == 0) return loom_cmd_gpu_info(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
         return 0;
