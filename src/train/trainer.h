@@ -34,6 +34,8 @@ typedef struct {
     char tensorboard[LOOM_PATH_MAX];  /* TensorBoard event files go here; "" = none */
     int eval_every;                   /* evaluate every N steps (and after the last) */
     int eval_batches;                 /* global batches per evaluation (fixed set) */
+    char skip_steps[LOOM_PATH_MAX];   /* batches never trained on (train/batch_skip.h) */
+    char inject[LOOM_PATH_MAX];       /* faults to inject (core/fault.h); cli arms them */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

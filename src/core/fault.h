@@ -1,0 +1,63 @@
+/* Fault injection, so that every failure path of the supervisor is tested. A fault is
+ * `KIND@STEP[:RANK[:ARG]][+]`, given by `loom train --inject` (repeatable) or the
+ * LOOM_INJECT environment variable (comma-separated); RANK defaults to 0.
+ *   crash@S             SIGKILL itself at the start of step S
+ *   hang@S              stop forever in the first collective of step S (keeps beating)
+ *   slow@S[:R[:F]]      from step S on, stretch each step's compute to F times (default 3)
+ *   nan@S               the loss of step S becomes NaN
+ *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
+ *   kill-during-save@S  SIGKILL itself while the checkpoint of step S is being written
+ * The supervisor restarts jobs with the same command line, so a fault fires only on the
+ * first attempt (LOOM_FT_ATTEMPT unset or 0) unless it ends with '+' (every attempt),
+ * which models a rank that fails again and again. Faults are off unless given. */
+#ifndef LOOM_CORE_FAULT_H
+#define LOOM_CORE_FAULT_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef enum {
+    LOOM_FAULT_CRASH,
+    LOOM_FAULT_HANG,
+    LOOM_FAULT_SLOW,
+    LOOM_FAULT_NAN,
+    LOOM_FAULT_CORRUPT_CKPT,
+    LOOM_FAULT_KILL_DURING_SAVE,
+    LOOM_FAULT_KIND_COUNT
+} loom_fault_kind;
+
+typedef struct {
+    loom_fault_kind kind;
+    int64_t step;
+    int rank;
+    double arg; /* slow: the factor */
+    int every;  /* '+': fires on every attempt */
+} loom_fault;
+
+#define LOOM_FAULT_MAX 16
+
+typedef struct {
+    loom_fault items[LOOM_FAULT_MAX];
+    int n;
+} loom_fault_list;
+
+/* Appends the comma-separated specs of `text` (what names its origin in messages, e.g.
+ * "--inject" or "LOOM_INJECT"); LOOM_ERR_INPUT naming the spec on bad input. */
+loom_status loom_fault_parse(loom_fault_list *list, const char *text, const char *what,
+                             loom_error *err);
+const char *loom_fault_kind_name(loom_fault_kind k);
+
+/* LOOM_FT_ATTEMPT (set by the supervisor): 0 when unset or not a number >= 0. */
+int loom_fault_attempt_from_env(void);
+/* Arms the faults meant for this rank and attempt (the process-wide injection state). */
+void loom_fault_arm(const loom_fault_list *list, int rank, int attempt);
+
+/* Hooks, cheap when nothing is armed. */
+void loom_fault_on_step(int64_t step);                              /* a step starts: crash */
+void loom_fault_at_collective(void);                                /* comm: hang */
+void loom_fault_after_compute(double *loss_sum, double compute_ms); /* slow, nan */
+int loom_fault_armed(loom_fault_kind kind, int64_t step);           /* ckpt writer asks */
+void loom_fault_kill_self(const char *why);                         /* SIGKILL, after a log line */
+
+#endif
