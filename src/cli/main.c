@@ -5,6 +5,7 @@
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
 #include "cli/cmd_plot.h"
+#include "cli/cmd_run.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
             "usage: loom <command> [options]\n\n"
             "commands:\n"
             "  train     train a model (loom train --help)\n"
+            "  run       train under the supervisor: restarts on failures (loom run --help)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
             "  version   print the version\n",
             LOOM_VERSION);
@@ -30,6 +32,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0) return loom_cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
@@ -42,9 +45,9 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(
-        stderr,
-        "loom: unknown command '%s' (expected train, data, generate, plot, tokenizer, version)\n",
-        cmd);
+    fprintf(stderr,
+            "loom: unknown command '%s' (expected train, run, data, generate, plot, tokenizer, "
+            "version)\n",
+            cmd);
     return 2;
 }

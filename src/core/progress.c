@@ -23,7 +23,7 @@ typedef struct {
 } ring_slot;
 
 static struct {
-    _Atomic int64_t steps_done;
+    _Atomic int64_t steps_done, nonfinite_step, start_step;
     _Atomic int phase;
     _Atomic int n_comms;
     comm_slot comms[LOOM_PROGRESS_COMMS];
@@ -60,7 +60,12 @@ void loom_progress_phase(loom_phase p) {
     atomic_store_explicit(&g.phase, (int)p, memory_order_relaxed);
 }
 
+void loom_progress_nonfinite(int64_t step) {
+    atomic_store(&g.nonfinite_step, step);
+}
+
 void loom_progress_set_step(int64_t step) {
+    atomic_store(&g.start_step, step);
     atomic_store(&g.steps_done, step);
 }
 
@@ -126,6 +131,8 @@ static void copy_op(char *dst, const char *op) {
 void loom_progress_read(loom_progress_snapshot *s) {
     memset(s, 0, sizeof *s);
     s->steps_done = atomic_load_explicit(&g.steps_done, memory_order_acquire);
+    s->nonfinite_step = atomic_load_explicit(&g.nonfinite_step, memory_order_relaxed);
+    s->start_step = atomic_load_explicit(&g.start_step, memory_order_relaxed);
     s->phase = (loom_phase)atomic_load_explicit(&g.phase, memory_order_relaxed);
     s->n_comms = atomic_load_explicit(&g.n_comms, memory_order_acquire);
     const int64_t now = now_us();

@@ -41,7 +41,9 @@ typedef struct {
 } loom_progress_step;
 
 typedef struct {
-    int64_t steps_done; /* last step completed (or restored from a checkpoint) */
+    int64_t steps_done;     /* last step completed (or restored from a checkpoint) */
+    int64_t nonfinite_step; /* a step whose loss was non-finite on this rank (0: none) */
+    int64_t start_step;     /* steps already done when this run's loop started (resume) */
     loom_phase phase;
     int n_comms;
     loom_progress_comm comms[LOOM_PROGRESS_COMMS];
@@ -56,6 +58,8 @@ void loom_progress_phase(loom_phase p);
 /* A step finished: its number, loss and wall time; the time spent blocked in
  * communication since the previous step is subtracted to give the compute time. */
 void loom_progress_step_done(int64_t step, double loss, double wall_ms);
+/* This rank's own loss of `step` (before any reduction) was NaN/inf. */
+void loom_progress_nonfinite(int64_t step);
 /* Training starts (or resumes) after `step` completed steps. */
 void loom_progress_set_step(int64_t step);
 /* Communication: an operation starts (blocking: the caller waits in it at once), the

@@ -61,6 +61,8 @@ void loom_beat_fill(loom_beat *b, const uint8_t token[LOOM_BEAT_TOKEN_BYTES], in
     b->seq = seq + 1;
     b->phase = (int32_t)s.phase;
     b->steps_done = s.steps_done;
+    b->nonfinite_step = s.nonfinite_step;
+    b->start_step = s.start_step;
     snprintf(b->host, sizeof b->host, "%s", host);
     b->n_comms = s.n_comms;
     for (int i = 0; i < s.n_comms; i++) {

@@ -33,7 +33,7 @@ typedef struct {
     int32_t rank, world, attempt, pid;
     uint32_t seq; /* beats sent by this rank so far */
     int32_t phase, n_comms, n_recent;
-    int64_t steps_done;
+    int64_t steps_done, nonfinite_step, start_step;
     char host[64];
     loom_beat_comm comms[LOOM_PROGRESS_COMMS];
     int64_t recent_step[LOOM_BEAT_RECENT];

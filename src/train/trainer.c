@@ -216,6 +216,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const double run_start = loom_now_ms();
     loom_batch_skip skip;
     if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
+    loom_progress_set_step(0);
     for (int step = 0; step < tc->steps; step++) {
         double t0 = loom_now_ms();
         loom_fault_on_step(step + 1);
@@ -250,7 +251,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                           last ? loom_zero_grads_ready : NULL, &ready)))
                 return st;
         }
-        loom_fault_after_compute(&loss_sum, loom_now_ms() - t0); /* slow, nan */
+        loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
+        if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
         loom_trace_end(r->trace);
