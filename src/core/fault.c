@@ -8,8 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *KINDS[LOOM_FAULT_KIND_COUNT] = {"crash", "hang",         "slow",
-                                                   "nan",   "corrupt-ckpt", "kill-during-save"};
+static const char *KINDS[LOOM_FAULT_KIND_COUNT] = {
+    "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike"};
 
 const char *loom_fault_kind_name(loom_fault_kind k) {
     return k >= 0 && k < LOOM_FAULT_KIND_COUNT ? KINDS[k] : "unknown";
@@ -18,7 +18,7 @@ const char *loom_fault_kind_name(loom_fault_kind k) {
 static loom_status bad(loom_error *err, const char *what, const char *spec, const char *why) {
     return loom_error_set(err, LOOM_ERR_INPUT,
                           "%s '%s': %s (expected KIND@STEP[:RANK[:ARG]][+], KIND one of crash, "
-                          "hang, slow, nan, corrupt-ckpt, kill-during-save)",
+                          "hang, slow, nan, spike, corrupt-ckpt, kill-during-save)",
                           what, spec, why);
 }
 
@@ -175,5 +175,10 @@ void loom_fault_after_compute(double *loss_sum, double compute_ms) {
     if (find(LOOM_FAULT_NAN, current_step, 0)) {
         fprintf(stderr, "loom: fault injection: NaN loss at step %lld\n", (long long)current_step);
         *loss_sum = NAN;
+    }
+    if (find(LOOM_FAULT_SPIKE, current_step, 0)) {
+        fprintf(stderr, "loom: fault injection: loss spike at step %lld\n",
+                (long long)current_step);
+        *loss_sum *= 100.0;
     }
 }

@@ -5,6 +5,7 @@
  *   hang@S              stop forever in the first collective of step S (keeps beating)
  *   slow@S[:R[:F]]      from step S on, stretch each step's compute to F times (default 3)
  *   nan@S               the loss of step S becomes NaN
+ *   spike@S             this rank's loss of step S is reported 100x (gradients untouched)
  *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
  *   kill-during-save@S  SIGKILL itself while the checkpoint of step S is being written
  * The supervisor restarts jobs with the same command line, so a fault fires only on the
@@ -24,6 +25,7 @@ typedef enum {
     LOOM_FAULT_NAN,
     LOOM_FAULT_CORRUPT_CKPT,
     LOOM_FAULT_KILL_DURING_SAVE,
+    LOOM_FAULT_SPIKE,
     LOOM_FAULT_KIND_COUNT
 } loom_fault_kind;
 
@@ -56,7 +58,7 @@ void loom_fault_arm(const loom_fault_list *list, int rank, int attempt);
 /* Hooks, cheap when nothing is armed. */
 void loom_fault_on_step(int64_t step);                              /* a step starts: crash */
 void loom_fault_at_collective(void);                                /* comm: hang */
-void loom_fault_after_compute(double *loss_sum, double compute_ms); /* slow, nan */
+void loom_fault_after_compute(double *loss_sum, double compute_ms); /* slow, nan, spike */
 int loom_fault_armed(loom_fault_kind kind, int64_t step);           /* ckpt writer asks */
 void loom_fault_kill_self(const char *why);                         /* SIGKILL, after a log line */
 

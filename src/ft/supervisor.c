@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -200,7 +202,8 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
 static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *f) {
     const loom_run_config *c = s->cfg;
     const double launch_ms = loom_now_ms();
-    double last_straggler_check = launch_ms, last_print = launch_ms;
+    double last_print = launch_ms;
+    int64_t straggler_step = 0;
     int all_seen = 0, training = 0;
     int64_t spike_checked = 0, printed_step = 0;
     failure_log *pending =
@@ -253,6 +256,13 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
                 pending = NULL;
             }
         }
+        /* Losses first: a job that spiked and then finished is still rolled back. */
+        int64_t step = loom_monitor_step(&s->mon);
+        if (step > spike_checked) {
+            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f))
+                return 1;
+            spike_checked = step;
+        }
         /* A rank on this host that died: seen at once, before the launcher notices. */
         for (int r = 0; r < s->world; r++) {
             const loom_rank_state *rs = &s->mon.ranks[r];
@@ -289,12 +299,6 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
         if (loom_detect_hang(&s->mon, hb_ms, f)) return 1;
         if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
             return 1;
-        int64_t step = loom_monitor_step(&s->mon);
-        if (step > spike_checked) {
-            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f))
-                return 1;
-            spike_checked = step;
-        }
         if (c->step_timeout_s > 0 && training) {
             double latest = 0;
             for (int r = 0; r < s->world; r++)
@@ -311,7 +315,15 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
                 return 1;
             }
         }
-        if (now - last_straggler_check >= 500) {
+        /* Stragglers: judged once per step that every rank has reported. */
+        int64_t common = INT64_MAX;
+        for (int r = 0; r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            int64_t last = rs->hist_n ? rs->hist_step[(rs->hist_n - 1) % LOOM_MONITOR_HISTORY] : 0;
+            if (last < common) common = last;
+        }
+        if (common > straggler_step) {
+            straggler_step = common;
             loom_straggler st[16];
             int n = loom_detect_stragglers(&s->mon, c->straggler_factor, st, 16);
             loom_error e;
@@ -320,7 +332,6 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
             for (int i = 0; i < n; i++)
                 event(s, "straggler", "\"rank\": %d, \"slowdown\": %.3f", st[i].rank,
                       st[i].slowdown);
-            last_straggler_check = now;
         }
         if (step >= printed_step + print_every || (now - last_print > 30e3 && step > 0)) {
             double loss = step <= s->mon.max_steps ? s->mon.loss[step] : NAN;
