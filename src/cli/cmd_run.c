@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/train_options.h"
+#include "core/fault.h"
 #include "ft/run_config.h"
 #include "ft/supervisor.h"
 
@@ -33,6 +34,13 @@ int loom_cmd_run(int argc, char **argv) {
     if ((st = loom_train_options_parse(&o, train_argc + 1, targv, &err)) ||
         (st = loom_model_config_validate(&o.model, &err)) ||
         (st = loom_train_config_validate(&o.train, &err))) {
+        fprintf(stderr, "loom run: train options: %s\n", err.msg);
+        free(targv);
+        return 2;
+    }
+    loom_fault_list faults = {0}; /* the ranks check again; a typo should not need a launch */
+    if ((st = loom_fault_parse(&faults, o.train.inject, "--inject", &err)) ||
+        (st = loom_fault_parse(&faults, getenv("LOOM_INJECT"), "LOOM_INJECT", &err))) {
         fprintf(stderr, "loom run: train options: %s\n", err.msg);
         free(targv);
         return 2;

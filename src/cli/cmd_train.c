@@ -40,7 +40,7 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
-    loom_fault_arm(&faults, world.rank, loom_fault_attempt_from_env());
+    loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;

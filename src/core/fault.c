@@ -16,10 +16,11 @@ const char *loom_fault_kind_name(loom_fault_kind k) {
 }
 
 static loom_status bad(loom_error *err, const char *what, const char *spec, const char *why) {
-    return loom_error_set(err, LOOM_ERR_INPUT,
-                          "%s '%s': %s (expected KIND@STEP[:RANK[:ARG]][+], KIND one of crash, "
-                          "hang, slow, nan, spike, corrupt-ckpt, kill-during-save)",
-                          what, spec, why);
+    return loom_error_set(
+        err, LOOM_ERR_INPUT,
+        "%s '%s': %s (expected KIND@STEP[:RANK[:ARG]][+|/ATTEMPT], KIND one of crash, "
+        "hang, slow, nan, spike, corrupt-ckpt, kill-during-save)",
+        what, spec, why);
 }
 
 static int parse_int(const char *s, const char *end, long long *out) {
@@ -48,6 +49,16 @@ static loom_status parse_one(loom_fault *f, const char *spec, const char *what, 
     if (end > p && end[-1] == '+') {
         f->every = 1;
         end--;
+    }
+    const char *slash = NULL;
+    for (const char *q = p; q < end; q++)
+        if (*q == '/') slash = q;
+    if (slash) {
+        long long a;
+        if (parse_int(slash + 1, end, &a) || a > 1 << 20)
+            return bad(err, what, spec, "ATTEMPT must be an integer >= 0");
+        f->attempt = (int)a;
+        end = slash;
     }
     const char *fields[3] = {p, NULL, NULL}, *ends[3] = {end, NULL, NULL};
     int nf = 1;
@@ -113,6 +124,18 @@ int loom_fault_attempt_from_env(void) {
     return (int)v;
 }
 
+int loom_fault_slot_of(int rank) {
+    const char *p = getenv("LOOM_FT_SLOTS");
+    for (int r = 0; p && *p; r++) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0) return rank;
+        if (r == rank) return (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return rank;
+}
+
 /* The armed faults of this process (set once before training starts). */
 static loom_fault_list armed;
 static int64_t current_step;
@@ -121,7 +144,7 @@ void loom_fault_arm(const loom_fault_list *list, int rank, int attempt) {
     armed.n = 0;
     for (int i = 0; i < list->n; i++) {
         const loom_fault *f = &list->items[i];
-        if (f->rank == rank && (attempt == 0 || f->every)) armed.items[armed.n++] = *f;
+        if (f->rank == rank && (f->every || attempt == f->attempt)) armed.items[armed.n++] = *f;
     }
 }
 

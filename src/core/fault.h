@@ -1,5 +1,5 @@
 /* Fault injection, so that every failure path of the supervisor is tested. A fault is
- * `KIND@STEP[:RANK[:ARG]][+]`, given by `loom train --inject` (repeatable) or the
+ * `KIND@STEP[:RANK[:ARG]][+|/ATTEMPT]`, given by `loom train --inject` (repeatable) or the
  * LOOM_INJECT environment variable (comma-separated); RANK defaults to 0.
  *   crash@S             SIGKILL itself at the start of step S
  *   hang@S              stop forever in the first collective of step S (keeps beating)
@@ -9,8 +9,9 @@
  *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
  *   kill-during-save@S  SIGKILL itself while the checkpoint of step S is being written
  * The supervisor restarts jobs with the same command line, so a fault fires only on the
- * first attempt (LOOM_FT_ATTEMPT unset or 0) unless it ends with '+' (every attempt),
- * which models a rank that fails again and again. Faults are off unless given. */
+ * first attempt (LOOM_FT_ATTEMPT unset or 0) unless it ends with '+' (every attempt,
+ * a rank that fails again and again) or '/A' (only attempt A: a later, different
+ * failure). Faults are off unless given. */
 #ifndef LOOM_CORE_FAULT_H
 #define LOOM_CORE_FAULT_H
 
@@ -33,8 +34,9 @@ typedef struct {
     loom_fault_kind kind;
     int64_t step;
     int rank;
-    double arg; /* slow: the factor */
-    int every;  /* '+': fires on every attempt */
+    double arg;  /* slow: the factor */
+    int every;   /* '+': fires on every attempt */
+    int attempt; /* the attempt it fires on (when not every) */
 } loom_fault;
 
 #define LOOM_FAULT_MAX 16
@@ -52,6 +54,11 @@ const char *loom_fault_kind_name(loom_fault_kind k);
 
 /* LOOM_FT_ATTEMPT (set by the supervisor): 0 when unset or not a number >= 0. */
 int loom_fault_attempt_from_env(void);
+/* The slot (the rank's place in the original world: a machine, in effect) of a rank.
+ * After an elastic shrink the supervisor renumbers the ranks and passes LOOM_FT_SLOTS
+ * (comma-separated, by new rank); faults name slots, so a fault of an excluded slot
+ * never fires again. Without it, the slot is the rank. */
+int loom_fault_slot_of(int rank);
 /* Arms the faults meant for this rank and attempt (the process-wide injection state). */
 void loom_fault_arm(const loom_fault_list *list, int rank, int attempt);
 

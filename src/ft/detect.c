@@ -165,10 +165,12 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
     for (int r = 0; r < m->world; r++) {
         loom_rank_state *s = &m->ranks[r];
         if (isnan(med[r])) continue;
+        /* The job's typical rank: the median over all ranks (one slow rank cannot move
+         * it; with two ranks, the other one). */
         double others[m->world];
         int n = 0;
         for (int q = 0; q < m->world; q++)
-            if (q != r && !isnan(med[q])) others[n++] = med[q];
+            if ((q != r || have >= 3) && !isnan(med[q])) others[n++] = med[q];
         double base = median(others, n);
         /* A floor of 1 ms keeps scheduler noise on tiny steps from counting. */
         if (med[r] > factor * base && med[r] - base > 1.0)

@@ -45,7 +45,8 @@ typedef struct {
     char host[64];
     int world, dp, attempt;
     loom_batch_skip skip;
-    int *blame; /* failures per rank since the last shrink */
+    int *blame; /* failures per slot (original rank) */
+    int *slots; /* slot of each current rank */
     failure_log *log;
     int n_log;
     double start_ms;
@@ -118,8 +119,8 @@ static int build_argv(sup *s, const char *loom_exe, char **train_argv, int train
         }
         ARG("--output-filename");
         ARG("%s/ranks", attempt_dir);
-        const char *vars[] = {"LOOM_FT_ADDR", "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT", "LOOM_INJECT",
-                              "LOOM_FT_INTERVAL_MS"};
+        const char *vars[] = {"LOOM_FT_ADDR",  "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT",
+                              "LOOM_FT_SLOTS", "LOOM_INJECT",   "LOOM_FT_INTERVAL_MS"};
         for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
             if (getenv(vars[i])) {
                 ARG("-x");
@@ -381,11 +382,13 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     snprintf(path, sizeof path, "%s/events.jsonl", cfg->run_dir);
     s.events = fopen(path, "w");
     s.blame = calloc((size_t)cfg->ranks, sizeof *s.blame);
+    s.slots = calloc((size_t)cfg->ranks, sizeof *s.slots);
     s.log = calloc((size_t)cfg->max_restarts + 2, sizeof *s.log);
-    if (!s.blame || !s.log) {
+    if (!s.blame || !s.slots || !s.log) {
         st = loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
         goto done;
     }
+    for (int r = 0; r < s.world; r++) s.slots[r] = r;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
@@ -400,6 +403,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         char attempt[16];
         snprintf(attempt, sizeof attempt, "%d", s.attempt);
         setenv("LOOM_FT_ATTEMPT", attempt, 1);
+        char slots[LOOM_RUN_PATH] = "";
+        for (int r = 0, n = 0; r < s.world && n < (int)sizeof slots - 12; r++)
+            n += snprintf(slots + n, sizeof slots - n, "%s%d", r ? "," : "", s.slots[r]);
+        setenv("LOOM_FT_SLOTS", slots, 1);
         static char store[MAX_ARGS][LOOM_RUN_PATH + 64];
         char *argv[MAX_ARGS + 1];
         int argc = build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, argv, store);
@@ -460,10 +467,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             loom_batch_skip_parse(&s.skip, list, err); /* sorts */
             snprintf(skipped, sizeof skipped, ", skipping batch %lld", (long long)batch);
         }
-        if (f.rank >= 0 && f.rank < s.world) s.blame[f.rank]++;
+        const int slot = f.rank >= 0 && f.rank < s.world ? s.slots[f.rank] : -1;
+        if (slot >= 0) s.blame[slot]++;
         int shrink = 0;
-        if (cfg->elastic && f.rank >= 0 && f.rank < s.world &&
-            s.blame[f.rank] >= cfg->exclude_after) {
+        if (cfg->elastic && slot >= 0 && s.blame[slot] >= cfg->exclude_after) {
             int dp = fit_dp(job, s.world - 1);
             if (dp >= cfg->min_ranks && dp >= 1) shrink = dp;
         }
@@ -502,16 +509,19 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         }
         if (shrink) {
             fprintf(stderr,
-                    "loom run: elastic: rank %d failed %d times; shrinking %d -> %d ranks\n",
-                    f.rank, s.blame[f.rank], s.world, shrink);
+                    "loom run: elastic: rank %d (slot %d) failed %d times: excluded; %d -> %d "
+                    "ranks\n",
+                    f.rank, slot, s.blame[slot], s.world, shrink);
+            /* Drop the failing slot, keep the first healthy ones (renumbered in order). */
+            for (int r = f.rank; r + 1 < s.world; r++) s.slots[r] = s.slots[r + 1];
             s.world = s.dp = shrink;
-            memset(s.blame, 0, (size_t)cfg->ranks * sizeof *s.blame);
         }
         st = LOOM_OK;
     }
 done:
     if (s.events) fclose(s.events);
     free(s.blame);
+    free(s.slots);
     free(s.log);
     loom_monitor_close(&s.mon);
     return st;

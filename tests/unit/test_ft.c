@@ -213,6 +213,13 @@ static void test_fault_parse(void **state) {
     loom_fault_arm(&l, rank, 1);
     assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step), 0);
     assert_int_equal(loom_fault_armed(LOOM_FAULT_SLOW, step), 1);
+    loom_fault_list later = {0};
+    assert_int_equal(loom_fault_parse(&later, "crash@4:2/3", "LOOM_INJECT", &err), LOOM_OK);
+    loom_fault_arm(&later, 2, 0);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, 4), 0);
+    loom_fault_arm(&later, 2, 3);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, 4), 1);
+    assert_int_equal(loom_fault_parse(&later, "crash@4/x", "LOOM_INJECT", &err), LOOM_ERR_INPUT);
     loom_fault_arm(&l, rank + 1, 0);
     assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step), 0);
     loom_fault_list none = {0};
