@@ -181,8 +181,10 @@ void loom_fault_on_step(int64_t step) {
 
 void loom_fault_at_collective(void) {
     if (armed.n == 0 || !find(LOOM_FAULT_HANG, current_step, 0)) return;
-    fprintf(stderr, "loom: fault injection: hang at step %lld (pid %d)\n", (long long)current_step,
-            (int)getpid());
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    fprintf(stderr, "loom: fault injection: hang at step %lld (pid %d, at %.6f)\n",
+            (long long)current_step, (int)getpid(), ts.tv_sec + ts.tv_nsec * 1e-9);
     fflush(stderr);
     for (;;) pause(); /* the heartbeat thread keeps beating; only a signal ends this */
 }

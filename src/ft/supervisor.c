@@ -209,6 +209,7 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
     int64_t spike_checked = 0, printed_step = 0;
     failure_log *pending =
         s->n_log && !s->log[s->n_log - 1].recovered ? &s->log[s->n_log - 1] : NULL;
+    failure_log *catching_up = NULL; /* until the steps lost to the failure are redone */
     const int64_t print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
     struct pollfd pfd = {s->mon.fd, POLLIN, 0};
     for (;;) {
@@ -254,8 +255,13 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
                         (long long)(pending->max_step > pending->resumed_at
                                         ? pending->max_step - pending->resumed_at
                                         : 0));
+                catching_up = pending;
                 pending = NULL;
             }
+        }
+        if (catching_up && loom_monitor_step(&s->mon) > catching_up->max_step) {
+            event(s, "caught_up", "\"step\": %lld", (long long)loom_monitor_step(&s->mon));
+            catching_up = NULL;
         }
         /* Losses first: a job that spiked and then finished is still rolled back. */
         int64_t step = loom_monitor_step(&s->mon);
