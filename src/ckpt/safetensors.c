@@ -16,8 +16,8 @@ static size_t tensor_bytes(const loom_tensor_view *t) {
     return n;
 }
 
-static char *build_header(const loom_tensor_view *tensors, int n, const char *const *meta_keys,
-                          const char *const *meta_values, int n_meta) {
+char *loom_safetensors_header(const loom_tensor_view *tensors, int n, const char *const *meta_keys,
+                              const char *const *meta_values, int n_meta) {
     json_t *root = json_object();
     if (n_meta > 0) {
         json_t *meta = json_object();
@@ -51,7 +51,7 @@ loom_status loom_safetensors_write_meta(const char *path, const loom_tensor_view
                                         const char *const *meta_keys,
                                         const char *const *meta_values, int n_meta,
                                         loom_error *err) {
-    char *header = build_header(tensors, n, meta_keys, meta_values, n_meta);
+    char *header = loom_safetensors_header(tensors, n, meta_keys, meta_values, n_meta);
     if (!header) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: cannot build header", path);
     size_t len = strlen(header);
     size_t padded = (len + 7) & ~(size_t)7; /* data starts 8-byte aligned */
@@ -127,9 +127,26 @@ loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_er
         json_int_t a = json_integer_value(json_array_get(off, 0));
         json_int_t b = json_integer_value(json_array_get(off, 1));
         if (!json_is_string(json_object_get(v, "dtype")) ||
-            !json_is_array(json_object_get(v, "shape")) || json_array_size(off) != 2 || a < 0 ||
-            b < a || (size_t)b > f->data_bytes)
+            !json_is_array(json_object_get(v, "shape")) || json_array_size(off) != 2 ||
+            !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1)) ||
+            a < 0 || b < a || (uint64_t)b > f->data_bytes)
             return bad(f, err, "a tensor entry has bad dtype, shape or data_offsets");
+        /* Shape entries non-negative and small enough that their product cannot overflow;
+         * 4-byte dtypes must fill their byte range exactly. */
+        json_t *shape = json_object_get(v, "shape");
+        uint64_t numel = 1;
+        for (size_t d = 0; d < json_array_size(shape); d++) {
+            json_t *s = json_array_get(shape, d);
+            json_int_t x = json_integer_value(s);
+            if (!json_is_integer(s) || x < 0 || x > ((json_int_t)1 << 40) ||
+                (x > 0 && numel > ((uint64_t)1 << 50) / (uint64_t)x))
+                return bad(f, err, "a tensor entry has a negative or huge shape");
+            numel *= (uint64_t)x;
+        }
+        const char *dtype = json_string_value(json_object_get(v, "dtype"));
+        if ((strcmp(dtype, "F32") == 0 || strcmp(dtype, "I32") == 0) &&
+            numel * 4 != (uint64_t)(b - a))
+            return bad(f, err, "a tensor's shape disagrees with its data_offsets");
     }
     return LOOM_OK;
 }

@@ -27,6 +27,12 @@ loom_status loom_safetensors_write_meta(const char *path, const loom_tensor_view
                                         const char *const *meta_values, int n_meta,
                                         loom_error *err);
 
+/* The JSON header for tensors (data offsets back to back in the given order; data is not
+ * read), malloc'd; NULL when out of memory. The file is then: 8-byte length of the header
+ * padded to a multiple of 8 with spaces, the padded header, the tensors' bytes. */
+char *loom_safetensors_header(const loom_tensor_view *tensors, int n, const char *const *meta_keys,
+                              const char *const *meta_values, int n_meta);
+
 /* A safetensors file opened for reading (mmap'd; every entry validated at open). */
 typedef struct {
     char *path;

@@ -51,6 +51,8 @@ int loom_cmd_run(int argc, char **argv) {
     job.micro_batch = o.train.micro_batch;
     job.steps = o.train.steps;
     snprintf(job.skip_steps, sizeof job.skip_steps, "%s", o.train.skip_steps);
+    snprintf(job.ckpt_dirs[0], sizeof job.ckpt_dirs[0], "%s", o.train.ckpt_dir);
+    snprintf(job.ckpt_dirs[1], sizeof job.ckpt_dirs[1], "%s", o.train.ckpt_fast_dir);
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {

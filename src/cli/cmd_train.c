@@ -7,6 +7,7 @@
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
+#include "parallel/tp.h"
 #include "core/cpu_boot.h"
 #include "core/fault.h"
 #include "ft/heartbeat.h"
@@ -25,7 +26,9 @@ int loom_cmd_train(int argc, char **argv) {
         return 0;
     }
     if ((st = loom_model_config_validate(&o.model, &err)) ||
-        (st = loom_train_config_validate(&o.train, &err))) {
+        (st = loom_train_config_validate(&o.train, &err)) ||
+        (st = loom_tp_validate(&o.model, o.train.layout.tp, o.train.sequence_parallel,
+                               o.train.micro_batch * o.model.seq_len, &err))) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }
@@ -50,12 +53,12 @@ int loom_cmd_train(int argc, char **argv) {
         return st == LOOM_ERR_INPUT ? 2 : 1;
     }
     const loom_layout *l = &o.train.layout;
-    if (l->tp > 1 || l->pp > 1 || l->ep > 1) {
-        /* The mesh is built for every dimension; the layers that use tp, pp and ep are
-         * their own issues. */
+    if (l->pp > 1 || l->ep > 1) {
+        /* The mesh is built for every dimension; the layers that use pp and ep are their
+         * own issues. */
         if (world.rank == 0)
-            fprintf(stderr, "loom train: --tp/--pp/--ep > 1: only data parallelism (--dp) is "
-                            "implemented so far\n");
+            fprintf(stderr, "loom train: --pp/--ep > 1: only data and tensor parallelism (--dp, "
+                            "--tp) are implemented so far\n");
         loom_mesh_free(&mesh);
         loom_world_finalize(&world);
         return 2;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cmd_ckpt.h"
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
 #include "cli/cmd_plot.h"
@@ -9,8 +10,9 @@
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
+#include "core/version.h"
 
-#define LOOM_VERSION "0.1.0"
+#include "core/version.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -19,6 +21,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train     train a model (loom train --help)\n"
             "  run       train under the supervisor: restarts on failures (loom run --help)\n"
+            "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
             "  version   print the version\n",
             LOOM_VERSION);
@@ -33,6 +36,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return loom_cmd_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);

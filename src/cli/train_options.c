@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_LIST } opt_type;
+typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL, OPT_LIST } opt_type;
 
 typedef struct {
     const char *key;
@@ -51,7 +51,9 @@ static const opt_def OPTS[] = {
     {"metrics", OPT_STRING, TR(metrics), LOOM_PATH_MAX, "JSON-lines metrics file"},
     {"dump-dir", OPT_STRING, TR(dump_dir), LOOM_PATH_MAX, "dump tensors (reference tests)"},
     {"dp", OPT_INT, TR(layout.dp), 0, "data-parallel ranks"},
-    {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (not implemented yet)"},
+    {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (Megatron: heads, MLP, vocabulary)"},
+    {"sequence-parallel", OPT_BOOL, TR(sequence_parallel), 0,
+     "with --tp: split norms/residuals along the sequence (flag, or 0/1 in a config)"},
     {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks, divides dp (not implemented yet)"},
     {"zero", OPT_INT, TR(zero), 0,
@@ -64,6 +66,16 @@ static const opt_def OPTS[] = {
     {"eval-batches", OPT_INT, TR(eval_batches), 0, "global batches per evaluation"},
     {"tensorboard", OPT_STRING, TR(tensorboard), LOOM_PATH_MAX, "TensorBoard event file folder"},
     {"trace", OPT_STRING, TR(trace), LOOM_PATH_MAX, "Chrome/Perfetto trace file (all ranks)"},
+    {"ckpt-dir", OPT_STRING, TR(ckpt_dir), LOOM_PATH_MAX, "checkpoint folder (durable tier)"},
+    {"ckpt-every", OPT_INT, TR(ckpt_every), 0, "checkpoint every N steps (and at the end)"},
+    {"ckpt-keep", OPT_INT, TR(ckpt_keep), 0, "complete checkpoints kept per folder (0 = all)"},
+    {"ckpt-fast-dir", OPT_STRING, TR(ckpt_fast_dir), LOOM_PATH_MAX,
+     "fast checkpoint tier, e.g. /dev/shm/NAME"},
+    {"ckpt-fast-every", OPT_INT, TR(ckpt_fast_every), 0, "fast-tier checkpoint every M steps"},
+    {"resume", OPT_STRING, TR(resume), LOOM_PATH_MAX,
+     "auto (newest valid checkpoint, else start fresh) or a checkpoint/folder path"},
+    {"init-from", OPT_STRING, TR(init_from), LOOM_PATH_MAX,
+     "start from weights in a safetensors file (loom ckpt export, --save-weights)"},
     {"skip-steps", OPT_STRING, TR(skip_steps), LOOM_PATH_MAX,
      "batches never trained on, e.g. 5,9 (step s uses the s-th batch not listed)"},
     {"inject", OPT_LIST, TR(inject), LOOM_PATH_MAX,
@@ -146,6 +158,15 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
                                   s->def->size - 1);
         snprintf(base, s->def->size, "%s", v);
         break;
+    case OPT_BOOL:
+        if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0)
+            *(int *)base = 1;
+        else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0)
+            *(int *)base = 0;
+        else
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected 0, 1, true or false",
+                                  s->origin, v);
+        break;
     case OPT_FAMILY:
         if (strcmp(v, "gpt2") == 0)
             *(loom_family *)base = LOOM_FAMILY_GPT2;
@@ -205,7 +226,9 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
 static loom_status parse_flags(setting_list *flags, char *config, int *help, int argc, char **argv,
                                loom_error *err) {
     struct option longopts[N_OPTS + 3];
-    for (int i = 0; i < N_OPTS; i++) longopts[i] = (struct option){OPTS[i].key, 1, NULL, i};
+    /* A boolean is a bare flag (--sequence-parallel) or --key=0|1. */
+    for (int i = 0; i < N_OPTS; i++)
+        longopts[i] = (struct option){OPTS[i].key, OPTS[i].type == OPT_BOOL ? 2 : 1, NULL, i};
     longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
     longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
     longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
@@ -227,7 +250,7 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
         } else {
             char origin[96];
             snprintf(origin, sizeof origin, "--%s", OPTS[c].key);
-            if (push(flags, &OPTS[c], optarg, origin))
+            if (push(flags, &OPTS[c], optarg ? optarg : "1", origin))
                 return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
         }
     }
@@ -288,6 +311,7 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
         fprintf(f, "%s = ", d->key);
         switch (d->type) {
         case OPT_INT:
+        case OPT_BOOL:
             fprintf(f, "%d\n", *(const int *)base);
             break;
         case OPT_FLOAT:

@@ -169,6 +169,33 @@ void loom_fault_kill_self(const char *why) {
     kill(getpid(), SIGKILL);
 }
 
+void loom_fault_in_save(const char *step_dir, const char *data_file) {
+    const char *s = strrchr(step_dir, '/');
+    s = s ? s + 1 : step_dir;
+    long long step;
+    if (armed.n == 0 || strncmp(s, "step_", 5) != 0 || parse_int(s + 5, s + strlen(s), &step))
+        return;
+    char why[96];
+    if (find(LOOM_FAULT_KILL_DURING_SAVE, step, 0)) {
+        snprintf(why, sizeof why, "kill during the save of step %lld", step);
+        loom_fault_kill_self(why);
+    }
+    if (!find(LOOM_FAULT_CORRUPT_CKPT, step, 0)) return;
+    FILE *fp = fopen(data_file, "r+b");
+    if (!fp) return;
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    for (long off = size / 2; off < size && off < size / 2 + 64; off++) { /* inside the data */
+        fseek(fp, off, SEEK_SET);
+        int c = fgetc(fp);
+        fseek(fp, off, SEEK_SET);
+        fputc(c ^ 0x5a, fp);
+    }
+    fclose(fp);
+    fprintf(stderr, "loom: fault injection: corrupted %s (checkpoint of step %lld)\n", data_file,
+            step);
+}
+
 void loom_fault_on_step(int64_t step) {
     current_step = step;
     if (armed.n == 0) return;

@@ -66,7 +66,13 @@ void loom_fault_arm(const loom_fault_list *list, int rank, int attempt);
 void loom_fault_on_step(int64_t step);                              /* a step starts: crash */
 void loom_fault_at_collective(void);                                /* comm: hang */
 void loom_fault_after_compute(double *loss_sum, double compute_ms); /* slow, nan, spike */
-int loom_fault_armed(loom_fault_kind kind, int64_t step);           /* ckpt writer asks */
-void loom_fault_kill_self(const char *why);                         /* SIGKILL, after a log line */
+int loom_fault_armed(loom_fault_kind kind, int64_t step);
+/* Checkpoint writer (its thread), after this rank's data file of step_dir is written:
+ * kill-during-save (SIGKILL before the checkpoint can be committed) and corrupt-ckpt
+ * (flips bytes inside the tensor data, so the checksums no longer match). The step is
+ * read from the folder name (DIR/step_NNNNNNNN), as the write runs after the training
+ * thread moved on. */
+void loom_fault_in_save(const char *step_dir, const char *data_file);
+void loom_fault_kill_self(const char *why); /* SIGKILL, after a log line */
 
 #endif

@@ -18,6 +18,7 @@
 #include "ft/detect.h"
 #include "ft/launch.h"
 #include "ft/monitor.h"
+#include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
 
 #define MAX_ARGS 512
@@ -145,6 +146,26 @@ static int build_argv(sup *s, const char *loom_exe, char **train_argv, int train
     argv[n] = NULL;
 #undef ARG
     return n;
+}
+
+/* Rolling back past a bad step: checkpoints of that step or later hold its update, so
+ * they are set aside (renamed, kept for inspection) and --resume auto finds an older one. */
+static int set_aside_checkpoints(const loom_run_job *j, int64_t from_step, int attempt) {
+    int moved = 0;
+    for (int t = 0; t < 2; t++) {
+        if (!j->ckpt_dirs[t][0]) continue;
+        loom_ckpt_entry *list = NULL;
+        int n = loom_ckpt_list(j->ckpt_dirs[t], &list, 0);
+        for (int i = 0; i < n; i++) {
+            if (list[i].step < from_step) continue;
+            char to[sizeof list[i].path + 64];
+            snprintf(to, sizeof to, "%s/rolled_back_a%d_step_%08lld", j->ckpt_dirs[t], attempt,
+                     (long long)list[i].step);
+            if (rename(list[i].path, to) == 0) moved++;
+        }
+        free(list);
+    }
+    return moved;
 }
 
 /* The largest data-parallel size <= ranks that splits the global batch evenly. */
@@ -473,6 +494,14 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             loom_batch_skip_parse(&s.skip, list, err); /* sorts */
             snprintf(skipped, sizeof skipped, ", skipping batch %lld", (long long)batch);
         }
+        const int rolled_back =
+            (f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && f.step > 0
+                ? set_aside_checkpoints(job, f.step, s.attempt)
+                : 0;
+        if (rolled_back)
+            fprintf(stderr,
+                    "loom run: %d checkpoint(s) of step >= %lld set aside (rolled_back_*)\n",
+                    rolled_back, (long long)f.step);
         const int slot = f.rank >= 0 && f.rank < s.world ? s.slots[f.rank] : -1;
         if (slot >= 0) s.blame[slot]++;
         int shrink = 0;

@@ -94,6 +94,32 @@ void loom_crossentropy_forward(float *losses, const float *logits, const int32_t
 void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
                                         int V, float dloss);
 
+/* ---- vocabulary-parallel pieces (tensor parallelism): this rank holds rows
+ * [v0, v0 + V) of the embedding / output head, and logits[N, V] are columns [v0, v0 + V)
+ * of the full logits. Summed over the ranks (and with the global row maxima), they give
+ * exactly what the unsharded kernels give. ---- */
+/* out[bt] = wte[tok - v0] if this shard owns tok, else 0; + wpe[t] when wpe != NULL. */
+void loom_embedding_forward_shard(float *out, const int32_t *tokens, const float *wte,
+                                  const float *wpe, int v0, int V, int B, int T, int C);
+/* dwte[tok - v0] += dout for owned tokens; dwpe[t] += sum over b of dout (may be NULL). */
+void loom_embedding_backward_shard(float *dwte, float *dwpe, const float *dout,
+                                   const int32_t *tokens, int v0, int V, int B, int T, int C);
+/* maxes[n] = max over the shard's columns of row n. */
+void loom_crossentropy_shard_max(float *maxes, const float *logits, int N, int V);
+/* sums[n] = sum_j exp(logits[n][j] - maxes[n]) (maxes: the global row maxima);
+ * target_logit[n] = logits[n][targets[n] - v0] if owned, else 0. */
+void loom_crossentropy_shard_sums(double *sums, double *target_logit, const float *logits,
+                                  const int32_t *targets, const float *maxes, int N, int V, int v0);
+/* The same, and logits are replaced by exp(logits - maxes) (for the backward). */
+void loom_crossentropy_shard_exp(double *sums, double *target_logit, float *logits,
+                                 const int32_t *targets, const float *maxes, int N, int V, int v0);
+/* losses[n] = maxes[n] + log(sums[n]) - target_logit[n] (global sums and target logits). */
+void loom_crossentropy_shard_losses(float *losses, const float *maxes, const double *sums,
+                                    const double *target_logit, int N);
+/* probs (the exponentials of _exp) become dlogits = (probs / sums - onehot) * dloss. */
+void loom_crossentropy_shard_backward(float *probs, const int32_t *targets, const double *sums,
+                                      int N, int V, int v0, float dloss);
+
 /* ---- AdamW (PyTorch's torch.optim.AdamW semantics, decoupled weight decay) ----
  * param *= 1 - lr * weight_decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * param -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). t >= 1. */

@@ -10,33 +10,75 @@
 typedef struct {
     loom_param_table *t;
     int capacity;
+    int tp_rank, tp_size;
 } builder;
 
-static size_t add(builder *b, const char *name, int64_t rows, int64_t cols, loom_init_kind init,
-                  float std) {
+/* Registers a tensor of global shape [rows, cols] (cols 0: a vector), sharded over the
+ * tensor-parallel group along tp_dim (-1: replicated) in tp_parts fused blocks. */
+static size_t add_placed(builder *b, const char *name, int64_t rows, int64_t cols,
+                         loom_init_kind init, float std, int tp_dim, int tp_parts) {
     loom_param_table *t = b->t;
     loom_param *p = &t->params[t->n_params++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = cols > 0 ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols > 0 ? cols : 0;
-    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->global_shape[0] = rows;
+    p->global_shape[1] = cols > 0 ? cols : 0;
+    p->tp_dim = b->tp_size > 1 ? tp_dim : -1;
+    p->tp_parts = tp_parts;
+    p->tp_rank = b->tp_rank;
+    p->tp_size = b->tp_size;
+    p->shape[0] = p->global_shape[0];
+    p->shape[1] = p->global_shape[1];
+    if (p->tp_dim >= 0) p->shape[p->tp_dim] /= b->tp_size;
+    p->numel = (size_t)p->shape[0] * (size_t)(cols > 0 ? p->shape[1] : 1);
     p->offset = t->total;
     p->init = init;
     p->init_std = std;
     p->decay = p->ndim >= 2;
-    p->global_shape[0] = p->shape[0];
-    p->global_shape[1] = p->shape[1];
-    p->tp_dim = -1; /* replicated until tensor parallelism places it */
-    p->tp_parts = 1;
-    p->tp_rank = 0;
-    p->tp_size = 1;
+    p->sp_partial = 0;
     t->total += p->numel;
     return p->offset;
 }
 
-loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, loom_error *err) {
+static size_t add(builder *b, const char *name, int64_t rows, int64_t cols, loom_init_kind init,
+                  float std) {
+    return add_placed(b, name, rows, cols, init, std, -1, 1);
+}
+
+/* A norm weight or bias: replicated, but with sequence parallelism each rank's gradient
+ * covers only its rows of the sequence. */
+static size_t add_norm(builder *b, const char *name, int64_t n, loom_init_kind init) {
+    size_t off = add(b, name, n, 0, init, 0);
+    b->t->params[b->t->n_params - 1].sp_partial = 1;
+    return off;
+}
+
+loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error *err) {
+    if (tp <= 1) return LOOM_OK;
+    struct {
+        const char *flag, *why;
+        int value;
+    } split[] = {
+        {"--n-head", "attention heads are split over the tensor-parallel group", c->n_head},
+        {"--n-kv-head", "key/value heads are split too (not replicated)", c->n_kv_head},
+        {"--d-ff", "the MLP hidden width is split", c->d_ff},
+        {"--vocab-size", "embedding and output rows are split by vocabulary", c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+        if (split[i].value % tp != 0) {
+            const int up = (split[i].value + tp - 1) / tp * tp;
+            return loom_error_set(
+                err, LOOM_ERR_INPUT, "%s %d: must be divisible by --tp %d (%s; e.g. %s %d)",
+                split[i].flag, split[i].value, tp, split[i].why, split[i].flag, up);
+        }
+    return LOOM_OK;
+}
+
+loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                              int tp_size, loom_error *err) {
     memset(t, 0, sizeof *t);
+    loom_status st = loom_params_check_tp(c, tp_size, err);
+    if (st) return st;
     const int L = c->n_layer, C = c->d_model, F = c->d_ff, V = c->vocab_size;
     const int hd = C / c->n_head, Hq = c->n_head * hd, Hkv = c->n_kv_head * hd;
     const int capacity = 8 + 16 * L;
@@ -47,7 +89,7 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, l
         return loom_error_set(err, LOOM_ERR_NOMEM, "parameter registry: out of memory");
     }
     t->n_layer = L;
-    builder b = {t, capacity};
+    builder b = {t, capacity, tp_rank, tp_size};
     (void)b.capacity;
     /* GPT-2 init (also used for Llama): N(0, 0.02), residual projections scaled by
      * 1/sqrt(2L) as in GPT-2's paper; norms start at one, biases at zero. */
@@ -56,50 +98,60 @@ loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, l
     const int gpt2 = c->family == LOOM_FAMILY_GPT2;
     t->wpe = t->normf_b = LOOM_NO_PARAM;
     if (gpt2) {
-        t->wte = add(&b, "transformer.wte.weight", V, C, LOOM_INIT_NORMAL, std);
+        t->wte = add_placed(&b, "transformer.wte.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
         t->wpe = add(&b, "transformer.wpe.weight", c->seq_len, C, LOOM_INIT_NORMAL, std);
     } else {
-        t->wte = add(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std);
+        t->wte = add_placed(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
     for (int l = 0; l < L; l++) {
         loom_block_params *k = &t->blocks[l];
         k->norm1_b = k->qkv_b = k->attn_out_b = k->norm2_b = k->fc_b = k->proj_b = LOOM_NO_PARAM;
-#define ADD(suffix, rows, cols, init, s)                                                           \
-    (snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix),       \
-     add(&b, n, rows, cols, init, s))
+/* COL: column-parallel (output rows split), ROW: row-parallel (input columns split). */
+#define NAME(suffix)                                                                               \
+    snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix)
+#define ADD(suffix, rows, cols, init, s) (NAME(suffix), add(&b, n, rows, cols, init, s))
+#define NORM(suffix, rows, init) (NAME(suffix), add_norm(&b, n, rows, init))
+#define COL(suffix, rows, cols, init, s, parts)                                                    \
+    (NAME(suffix), add_placed(&b, n, rows, cols, init, s, 0, parts))
+#define ROW(suffix, rows, cols, s)                                                                 \
+    (NAME(suffix), add_placed(&b, n, rows, cols, LOOM_INIT_NORMAL, s, 1, 1))
         if (gpt2) {
-            k->norm1_w = ADD("ln_1.weight", C, 0, LOOM_INIT_ONES, 0);
-            k->norm1_b = ADD("ln_1.bias", C, 0, LOOM_INIT_ZEROS, 0);
-            k->qkv_w = ADD("attn.c_attn.weight", 3 * C, C, LOOM_INIT_NORMAL, std);
-            k->qkv_b = ADD("attn.c_attn.bias", 3 * C, 0, LOOM_INIT_ZEROS, 0);
-            k->attn_out_w = ADD("attn.c_proj.weight", C, C, LOOM_INIT_NORMAL, proj_std);
+            k->norm1_w = NORM("ln_1.weight", C, LOOM_INIT_ONES);
+            k->norm1_b = NORM("ln_1.bias", C, LOOM_INIT_ZEROS);
+            k->qkv_w = COL("attn.c_attn.weight", 3 * C, C, LOOM_INIT_NORMAL, std, 3);
+            k->qkv_b = COL("attn.c_attn.bias", 3 * C, 0, LOOM_INIT_ZEROS, 0, 3);
+            k->attn_out_w = ROW("attn.c_proj.weight", C, C, proj_std);
             k->attn_out_b = ADD("attn.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
-            k->norm2_w = ADD("ln_2.weight", C, 0, LOOM_INIT_ONES, 0);
-            k->norm2_b = ADD("ln_2.bias", C, 0, LOOM_INIT_ZEROS, 0);
-            k->fc_w = ADD("mlp.c_fc.weight", F, C, LOOM_INIT_NORMAL, std);
-            k->fc_b = ADD("mlp.c_fc.bias", F, 0, LOOM_INIT_ZEROS, 0);
-            k->proj_w = ADD("mlp.c_proj.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+            k->norm2_w = NORM("ln_2.weight", C, LOOM_INIT_ONES);
+            k->norm2_b = NORM("ln_2.bias", C, LOOM_INIT_ZEROS);
+            k->fc_w = COL("mlp.c_fc.weight", F, C, LOOM_INIT_NORMAL, std, 1);
+            k->fc_b = COL("mlp.c_fc.bias", F, 0, LOOM_INIT_ZEROS, 0, 1);
+            k->proj_w = ROW("mlp.c_proj.weight", C, F, proj_std);
             k->proj_b = ADD("mlp.c_proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
         } else {
-            k->norm1_w = ADD("input_layernorm.weight", C, 0, LOOM_INIT_ONES, 0);
-            k->qkv_w = ADD("self_attn.q_proj.weight", Hq, C, LOOM_INIT_NORMAL, std);
-            ADD("self_attn.k_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std);
-            ADD("self_attn.v_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std);
-            k->attn_out_w = ADD("self_attn.o_proj.weight", C, Hq, LOOM_INIT_NORMAL, proj_std);
-            k->norm2_w = ADD("post_attention_layernorm.weight", C, 0, LOOM_INIT_ONES, 0);
-            k->fc_w = ADD("mlp.gate_proj.weight", F, C, LOOM_INIT_NORMAL, std);
-            ADD("mlp.up_proj.weight", F, C, LOOM_INIT_NORMAL, std);
-            k->proj_w = ADD("mlp.down_proj.weight", C, F, LOOM_INIT_NORMAL, proj_std);
+            k->norm1_w = NORM("input_layernorm.weight", C, LOOM_INIT_ONES);
+            k->qkv_w = COL("self_attn.q_proj.weight", Hq, C, LOOM_INIT_NORMAL, std, 1);
+            COL("self_attn.k_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std, 1);
+            COL("self_attn.v_proj.weight", Hkv, C, LOOM_INIT_NORMAL, std, 1);
+            k->attn_out_w = ROW("self_attn.o_proj.weight", C, Hq, proj_std);
+            k->norm2_w = NORM("post_attention_layernorm.weight", C, LOOM_INIT_ONES);
+            k->fc_w = COL("mlp.gate_proj.weight", F, C, LOOM_INIT_NORMAL, std, 1);
+            COL("mlp.up_proj.weight", F, C, LOOM_INIT_NORMAL, std, 1);
+            k->proj_w = ROW("mlp.down_proj.weight", C, F, proj_std);
         }
 #undef ADD
+#undef NORM
+#undef COL
+#undef ROW
+#undef NAME
     }
     if (gpt2) {
-        t->normf_w = add(&b, "transformer.ln_f.weight", C, 0, LOOM_INIT_ONES, 0);
-        t->normf_b = add(&b, "transformer.ln_f.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        t->normf_w = add_norm(&b, "transformer.ln_f.weight", C, LOOM_INIT_ONES);
+        t->normf_b = add_norm(&b, "transformer.ln_f.bias", C, LOOM_INIT_ZEROS);
         t->lm_head = t->wte; /* tied */
     } else {
-        t->normf_w = add(&b, "model.norm.weight", C, 0, LOOM_INIT_ONES, 0);
-        t->lm_head = add(&b, "lm_head.weight", V, C, LOOM_INIT_NORMAL, std);
+        t->normf_w = add_norm(&b, "model.norm.weight", C, LOOM_INIT_ONES);
+        t->lm_head = add_placed(&b, "lm_head.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
     return LOOM_OK;
 }

@@ -33,6 +33,9 @@ typedef struct {
     loom_init_kind init;
     float init_std;
     int decay; /* 1: weight decay applies (matrices); 0: norms and biases */
+    /* 1 for norm weights/biases: replicated over TP, but with sequence parallelism each
+     * rank's gradient is a partial sum over its rows (all-reduced over tp before use). */
+    int sp_partial;
 } loom_param;
 
 /* Offsets (in floats) of one transformer block's tensors; LOOM_NO_PARAM when the family
@@ -56,8 +59,16 @@ typedef struct {
     int n_layer;
 } loom_param_table;
 
-loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg,
-                              loom_error *err);
+/* Registers the tensors as rank tp_rank of a tensor-parallel group of tp_size holds them
+ * (tp_size 1: everything whole). Megatron placement: q/k/v, c_fc, gate/up and the
+ * vocabulary rows of the embedding and head are column-parallel (tp_dim 0; GPT-2's fused
+ * c_attn with tp_parts 3); attention/MLP output projections row-parallel (tp_dim 1); norms
+ * and the biases of row-parallel layers replicated. */
+loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
+                              int tp_size, loom_error *err);
+/* The divisibility tensor parallelism over tp ranks needs (n_head, n_kv_head, d_ff,
+ * vocab_size); the message names the flag. */
+loom_status loom_params_check_tp(const loom_model_config *cfg, int tp, loom_error *err);
 void loom_params_free(loom_param_table *table);
 /* Initialises every parameter from Philox keyed by (seed, name hash, element index):
  * any slice of a tensor can be initialised on its own with the same values. */

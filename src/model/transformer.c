@@ -8,14 +8,35 @@
 static int is_gpt2(const loom_model *m) {
     return m->cfg.family == LOOM_FAMILY_GPT2;
 }
-static int head_dim(const loom_model_config *c) {
-    return c->d_model / c->n_head;
+
+/* Shapes on this rank: heads, MLP columns and vocabulary rows are split by tensor
+ * parallelism; the residual stream has Ns rows (N/tp with sequence parallelism). */
+typedef struct {
+    int tp, rank, N, Ns, C, hd, H, KV, A, QKV, F, FC, V, v0;
+} dims;
+
+static dims dims_of(const loom_model *m, int sequence_parallel) {
+    const loom_model_config *c = &m->cfg;
+    dims d;
+    d.tp = m->tp ? m->tp->size : 1;
+    d.rank = m->tp ? m->tp->rank : 0;
+    d.N = m->B * m->T;
+    d.Ns = sequence_parallel && d.tp > 1 ? d.N / d.tp : d.N;
+    d.C = c->d_model;
+    d.hd = c->d_model / c->n_head;
+    d.H = c->n_head / d.tp;
+    d.KV = c->n_kv_head / d.tp;
+    d.A = d.H * d.hd;
+    d.QKV = (d.H + 2 * d.KV) * d.hd;
+    d.F = c->d_ff / d.tp;
+    d.FC = c->family == LOOM_FAMILY_GPT2 ? d.F : 2 * d.F;
+    d.V = c->vocab_size / d.tp;
+    d.v0 = d.rank * d.V;
+    return d;
 }
-static int qkv_width(const loom_model_config *c) {
-    return (c->n_head + 2 * c->n_kv_head) * head_dim(c);
-}
-static int fc_width(const loom_model_config *c) {
-    return c->family == LOOM_FAMILY_GPT2 ? c->d_ff : 2 * c->d_ff;
+
+static int seq_parallel(const loom_model *m) {
+    return m->tp && m->tp->size > 1 && m->tp->sequence_parallel;
 }
 
 /* Carves the arena twice: first with base NULL to size it, then for real. */
@@ -30,45 +51,63 @@ static float *carve(carver *cv, size_t floats) {
     return p;
 }
 
-static void plan(loom_model *m, carver *cv) {
+static void plan(loom_model *m, carver *cv, int sequence_parallel) {
     const loom_model_config *c = &m->cfg;
-    const size_t N = (size_t)m->B * m->T, C = c->d_model, F = c->d_ff;
-    const size_t QKV = qkv_width(c), FC = fc_width(c), A = (size_t)c->n_head * head_dim(c);
-    m->embed = carve(cv, N * C);
+    const dims d = dims_of(m, sequence_parallel);
+    const size_t N = (size_t)d.N, Ns = (size_t)d.Ns, C = d.C, F = d.F;
+    const size_t QKV = d.QKV, FC = d.FC, A = d.A;
+    m->embed = carve(cv, Ns * C);
     for (int l = 0; l < c->n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
-        a->norm1 = carve(cv, N * C);
-        a->norm1_mean = carve(cv, N);
-        a->norm1_rstd = carve(cv, N);
+        a->norm1 = carve(cv, Ns * C);
+        a->norm1_mean = carve(cv, Ns);
+        a->norm1_rstd = carve(cv, Ns);
         a->qkv = carve(cv, N * QKV);
         a->att = carve(cv, N * A);
-        a->lse = carve(cv, (size_t)m->B * c->n_head * m->T);
-        a->res1 = carve(cv, N * C);
-        a->norm2 = carve(cv, N * C);
-        a->norm2_mean = carve(cv, N);
-        a->norm2_rstd = carve(cv, N);
+        a->lse = carve(cv, (size_t)m->B * d.H * m->T);
+        a->res1 = carve(cv, Ns * C);
+        a->norm2 = carve(cv, Ns * C);
+        a->norm2_mean = carve(cv, Ns);
+        a->norm2_rstd = carve(cv, Ns);
         a->fc = carve(cv, N * FC);
         a->act = carve(cv, N * F);
-        a->res2 = carve(cv, N * C);
+        a->res2 = carve(cv, Ns * C);
     }
-    m->normf = carve(cv, N * C);
-    m->normf_mean = carve(cv, N);
-    m->normf_rstd = carve(cv, N);
-    m->logits = carve(cv, N * (size_t)c->vocab_size);
+    m->normf = carve(cv, Ns * C);
+    m->normf_mean = carve(cv, Ns);
+    m->normf_rstd = carve(cv, Ns);
+    m->logits = carve(cv, N * (size_t)d.V);
     m->losses = carve(cv, N);
-    m->dres = carve(cv, N * C);
+    m->dres = carve(cv, Ns * C);
     m->dnorm = carve(cv, N * C);
     m->dqkv = carve(cv, N * QKV);
     m->datt = carve(cv, N * A);
     m->dfc = carve(cv, N * FC);
     m->dact = carve(cv, N * F);
+    m->full = sequence_parallel && d.tp > 1 ? carve(cv, N * C) : NULL;
     m->att_scratch = carve(cv, loom_attention_scratch_floats(m->T));
+}
+
+size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
+    loom_model copy = *m; /* plan() writes pointers: let it write into a copy */
+    copy.blocks = calloc((size_t)m->cfg.n_layer, sizeof *copy.blocks);
+    if (!copy.blocks) return 0;
+    carver sizing = {NULL, 0};
+    plan(&copy, &sizing, sequence_parallel);
+    free(copy.blocks);
+    return sizing.used * sizeof(float);
 }
 
 loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B, int T,
                               loom_error *err) {
+    return loom_model_create_tp(m, cfg, B, T, NULL, err);
+}
+
+loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                 loom_tp *tp, loom_error *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
+    m->tp = tp;
     m->B = B;
     m->T = T;
     loom_status st = loom_model_config_validate(cfg, err);
@@ -76,10 +115,15 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
     if (T > cfg->seq_len)
         return loom_error_set(err, LOOM_ERR_INPUT, "sequence length %d exceeds --seq-len %d", T,
                               cfg->seq_len);
-    if ((st = loom_params_build(&m->table, cfg, err))) return st;
+    if (tp && tp->size > 1 && (tp->rows != B * T || tp->width != cfg->d_model))
+        return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
+                              tp->rows, tp->width);
+    if ((st = loom_params_build(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1, err)))
+        return st;
+    m->Ns = dims_of(m, seq_parallel(m)).Ns;
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
     carver sizing = {NULL, 0};
-    if (m->blocks) plan(m, &sizing);
+    if (m->blocks) plan(m, &sizing, seq_parallel(m));
     m->arena_floats = sizing.used;
     m->arena = m->blocks ? aligned_alloc(64, m->arena_floats * sizeof(float)) : NULL;
     m->inputs = malloc((size_t)B * T * sizeof *m->inputs);
@@ -91,7 +135,7 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
                               (double)sizing.used * 4 / (1 << 20), B, T);
     }
     carver real = {m->arena, 0};
-    plan(m, &real);
+    plan(m, &real, seq_parallel(m));
     return LOOM_OK;
 }
 
@@ -141,83 +185,149 @@ static loom_status hook(const loom_model *m, int after, int layer, int backward)
     return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
 }
 
+/* Tensor-parallel plumbing (no-ops on one rank). */
+static loom_status tp_gather(const loom_model *m, const float *local, const float **inp) {
+    if (!seq_parallel(m)) {
+        *inp = local;
+        return LOOM_OK;
+    }
+    return loom_tp_gather(m->tp, local, m->full, inp);
+}
+
+static loom_status tp_reduce(const loom_model *m, float *partial, float *out) {
+    return m->tp && m->tp->size > 1 ? loom_tp_reduce(m->tp, partial, out) : LOOM_OK;
+}
+
+/* Row-parallel linear: out[Ns, C] = sum over ranks of inp[N, IC] @ w^T, + bias once. */
+static loom_status row_forward(loom_model *m, const dims *d, float *out, const float *inp,
+                               const float *w, const float *b, int IC) {
+    float *part = seq_parallel(m) ? m->dnorm : out;
+    loom_linear_forward(part, inp, w, d->rank == 0 ? b : NULL, d->N, IC, d->C);
+    return tp_reduce(m, part, out);
+}
+
+/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input;
+ * *dinp = this rank's rows of d(input), summed over the ranks. */
+static loom_status column_backward(loom_model *m, const dims *d, const float *dout, const float *w,
+                                   float *dw, float *db, const float *inp_local, int OC,
+                                   const float **dinp) {
+    memset(m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
+    loom_linear_backward_input(m->dnorm, dout, w, d->N, d->C, OC);
+    const float *inp;
+    loom_status st = tp_gather(m, inp_local, &inp);
+    if (st) return st;
+    loom_linear_backward_weight(dw, db, dout, inp, d->N, d->C, OC);
+    float *out = seq_parallel(m) ? m->full : m->dnorm;
+    *dinp = out;
+    return tp_reduce(m, m->dnorm, out);
+}
+
 loom_status loom_model_forward(loom_model *m, const float *p) {
     const loom_model_config *c = &m->cfg;
-    const int B = m->B, T = m->T, N = B * T, C = c->d_model, F = c->d_ff, hd = head_dim(c);
-    const int H = c->n_head, KV = c->n_kv_head, A = H * hd;
+    const dims d = dims_of(m, seq_parallel(m));
+    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_param_table *t = &m->table;
+    loom_status st = LOOM_OK;
     loom_trace_begin(m->trace, "forward", "compute");
-    loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), B, T, C);
-    const float *x = m->embed;
-    for (int l = 0; l < c->n_layer; l++) {
+    if (d.tp == 1) {
+        loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), B, T, C);
+    } else { /* vocabulary-parallel: each rank looks up its rows; positions once */
+        float *part = seq_parallel(m) ? m->dnorm : m->embed;
+        loom_embedding_forward_shard(part, m->inputs, p + t->wte,
+                                     d.rank == 0 ? cat(p, t->wpe) : NULL, d.v0, d.V, B, T, C);
+        st = tp_reduce(m, part, m->embed);
+    }
+    const float *x = m->embed, *in;
+    for (int l = 0; l < c->n_layer && !st; l++) {
         const loom_block_params *k = &t->blocks[l];
         loom_block_acts *a = &m->blocks[l];
-        loom_status st = hook(m, 0, l, 0);
-        if (st) return st;
+        if ((st = hook(m, 0, l, 0))) break;
         loom_trace_begin(m->trace, "block", "forward");
         norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
-                     cat(p, k->norm1_b), N);
-        loom_linear_forward(a->qkv, a->norm1, p + k->qkv_w, cat(p, k->qkv_b), N, C, qkv_width(c));
-        if (!is_gpt2(m)) loom_rope_forward(a->qkv, B, T, H, KV, hd, c->rope_theta);
-        loom_attention_forward(a->att, a->lse, a->qkv, m->att_scratch, B, T, H, KV, hd);
-        loom_linear_forward(a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), N, A, C);
-        loom_add(a->res1, a->res1, x, (size_t)N * C);
-        norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
-                     cat(p, k->norm2_b), N);
-        loom_linear_forward(a->fc, a->norm2, p + k->fc_w, cat(p, k->fc_b), N, C, fc_width(c));
-        if (is_gpt2(m))
-            loom_gelu_forward(a->act, a->fc, (size_t)N * F);
-        else
-            loom_swiglu_forward(a->act, a->fc, N, F);
-        loom_linear_forward(a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), N, F, C);
-        loom_add(a->res2, a->res2, a->res1, (size_t)N * C);
+                     cat(p, k->norm1_b), Ns);
+        if (!(st = tp_gather(m, a->norm1, &in))) {
+            loom_linear_forward(a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
+            if (!is_gpt2(m)) loom_rope_forward(a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
+            loom_attention_forward(a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H, d.KV, hd);
+            st = row_forward(m, &d, a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), d.A);
+        }
+        if (!st) {
+            loom_add(a->res1, a->res1, x, (size_t)Ns * C);
+            norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
+                         cat(p, k->norm2_b), Ns);
+            st = tp_gather(m, a->norm2, &in);
+        }
+        if (!st) {
+            loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
+            if (is_gpt2(m))
+                loom_gelu_forward(a->act, a->fc, (size_t)N * d.F);
+            else
+                loom_swiglu_forward(a->act, a->fc, N, d.F);
+            st = row_forward(m, &d, a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), d.F);
+        }
+        if (!st) loom_add(a->res2, a->res2, a->res1, (size_t)Ns * C);
         x = a->res2;
         loom_trace_end(m->trace);
-        if ((st = hook(m, 1, l, 0))) return st;
+        if (!st) st = hook(m, 1, l, 0);
     }
-    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
-                 N);
-    loom_linear_forward(m->logits, m->normf, p + t->lm_head, NULL, N, C, c->vocab_size);
+    if (!st) {
+        norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w,
+                     cat(p, t->normf_b), Ns);
+        st = tp_gather(m, m->normf, &in);
+    }
+    if (!st) loom_linear_forward(m->logits, in, p + t->lm_head, NULL, N, C, d.V);
     loom_trace_end(m->trace);
-    return LOOM_OK;
+    return st;
+}
+
+loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
+    const dims d = dims_of(m, 0);
+    const int N = d.N;
+    loom_status st = LOOM_OK;
+    if (d.tp > 1)
+        st = loom_tp_crossentropy(m->tp, m->losses, m->logits, m->targets, d.V, d.v0, dloss,
+                                  backward);
+    else if (backward)
+        loom_crossentropy_forward_backward(m->losses, m->logits, m->targets, N, d.V, dloss);
+    else
+        loom_crossentropy_forward(m->losses, m->logits, m->targets, N, d.V);
+    double s = 0.0;
+    for (int i = 0; i < N; i++) s += m->losses[i];
+    *sum = s;
+    return st;
 }
 
 double loom_model_loss(loom_model *m) {
-    const int N = m->B * m->T;
-    loom_crossentropy_forward(m->losses, m->logits, m->targets, N, m->cfg.vocab_size);
     double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses[i];
+    loom_model_loss_sum(m, 0.0f, 0, &sum); /* cannot fail on one rank */
     return sum;
 }
 
 double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
-    const int N = m->B * m->T;
-    loom_crossentropy_forward_backward(m->losses, m->logits, m->targets, N, m->cfg.vocab_size,
-                                       dloss);
     double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses[i];
+    loom_model_loss_sum(m, dloss, 1, &sum);
     return sum;
 }
 
 loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
                                 void *ctx) {
     const loom_model_config *c = &m->cfg;
-    const int B = m->B, T = m->T, N = B * T, C = c->d_model, F = c->d_ff, hd = head_dim(c);
-    const int H = c->n_head, KV = c->n_kv_head, A = H * hd, QKV = qkv_width(c), FC = fc_width(c);
+    const dims d = dims_of(m, seq_parallel(m));
+    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_param_table *t = &m->table;
-    const size_t NC = (size_t)N * C;
     const float *x_last = c->n_layer > 0 ? m->blocks[c->n_layer - 1].res2 : m->embed;
+    const float *dn, *dy;
 
     loom_trace_begin(m->trace, "backward", "compute");
     /* logits = normf @ lm_head^T */
-    memset(m->dnorm, 0, NC * sizeof(float));
-    loom_linear_backward_input(m->dnorm, m->logits, p + t->lm_head, N, C, c->vocab_size);
-    loom_linear_backward_weight(g + t->lm_head, NULL, m->logits, m->normf, N, C, c->vocab_size);
-    memset(m->dres, 0, NC * sizeof(float));
-    norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), m->dnorm, x_last, p + t->normf_w,
-                  m->normf_mean, m->normf_rstd, N);
+    loom_status st =
+        column_backward(m, &d, m->logits, p + t->lm_head, g + t->lm_head, NULL, m->normf, d.V, &dn);
+    memset(m->dres, 0, (size_t)Ns * C * sizeof(float));
+    if (!st)
+        norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), dn, x_last, p + t->normf_w,
+                      m->normf_mean, m->normf_rstd, Ns);
     /* Everything after the last block (final norm, an untied head) is final now. */
-    loom_status st = ready ? ready(ctx, t->normf_w, t->total) : LOOM_OK;
+    if (!st && ready) st = ready(ctx, t->normf_w, t->total);
 
     /* m->dres holds d(block output); each block turns it into d(block input). */
     for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -230,40 +340,50 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
             return st;
         }
         loom_trace_begin(m->trace, "block", "backward");
-        /* res2 = res1 + act @ proj^T */
-        memset(m->dact, 0, (size_t)N * F * sizeof(float));
-        loom_linear_backward_input(m->dact, m->dres, p + k->proj_w, N, F, C);
-        loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), m->dres, a->act, N, F, C);
-        memset(m->dfc, 0, (size_t)N * FC * sizeof(float));
-        if (is_gpt2(m))
-            loom_gelu_backward(m->dfc, a->fc, m->dact, (size_t)N * F);
-        else
-            loom_swiglu_backward(m->dfc, m->dact, a->fc, N, F);
-        memset(m->dnorm, 0, NC * sizeof(float));
-        loom_linear_backward_input(m->dnorm, m->dfc, p + k->fc_w, N, C, FC);
-        loom_linear_backward_weight(g + k->fc_w, at(g, k->fc_b), m->dfc, a->norm2, N, C, FC);
-        norm_backward(m, m->dres, g + k->norm2_w, at(g, k->norm2_b), m->dnorm, a->res1,
-                      p + k->norm2_w, a->norm2_mean, a->norm2_rstd, N);
-        /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
-        memset(m->datt, 0, (size_t)N * A * sizeof(float));
-        loom_linear_backward_input(m->datt, m->dres, p + k->attn_out_w, N, A, C);
-        loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), m->dres, a->att, N, A,
-                                    C);
-        memset(m->dqkv, 0, (size_t)N * QKV * sizeof(float));
-        loom_attention_backward(m->dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T, H,
-                                KV, hd);
-        if (!is_gpt2(m)) loom_rope_backward(m->dqkv, B, T, H, KV, hd, c->rope_theta);
-        memset(m->dnorm, 0, NC * sizeof(float));
-        loom_linear_backward_input(m->dnorm, m->dqkv, p + k->qkv_w, N, C, QKV);
-        loom_linear_backward_weight(g + k->qkv_w, at(g, k->qkv_b), m->dqkv, a->norm1, N, C, QKV);
-        norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), m->dnorm, x, p + k->norm1_w,
-                      a->norm1_mean, a->norm1_rstd, N);
+        /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full) */
+        if (!(st = tp_gather(m, m->dres, &dy))) {
+            memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
+            loom_linear_backward_input(m->dact, dy, p + k->proj_w, N, d.F, C);
+            loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), dy, a->act, N, d.F, C);
+            memset(m->dfc, 0, (size_t)N * d.FC * sizeof(float));
+            if (is_gpt2(m))
+                loom_gelu_backward(m->dfc, a->fc, m->dact, (size_t)N * d.F);
+            else
+                loom_swiglu_backward(m->dfc, m->dact, a->fc, N, d.F);
+            st = column_backward(m, &d, m->dfc, p + k->fc_w, g + k->fc_w, at(g, k->fc_b), a->norm2,
+                                 d.FC, &dn);
+        }
+        if (!st) {
+            norm_backward(m, m->dres, g + k->norm2_w, at(g, k->norm2_b), dn, a->res1,
+                          p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
+            /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
+            st = tp_gather(m, m->dres, &dy);
+        }
+        if (!st) {
+            memset(m->datt, 0, (size_t)N * d.A * sizeof(float));
+            loom_linear_backward_input(m->datt, dy, p + k->attn_out_w, N, d.A, C);
+            loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), dy, a->att, N, d.A,
+                                        C);
+            memset(m->dqkv, 0, (size_t)N * d.QKV * sizeof(float));
+            loom_attention_backward(m->dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T,
+                                    d.H, d.KV, hd);
+            if (!is_gpt2(m)) loom_rope_backward(m->dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
+            st = column_backward(m, &d, m->dqkv, p + k->qkv_w, g + k->qkv_w, at(g, k->qkv_b),
+                                 a->norm1, d.QKV, &dn);
+        }
+        if (!st)
+            norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), dn, x, p + k->norm1_w,
+                          a->norm1_mean, a->norm1_rstd, Ns);
         size_t end = l + 1 < c->n_layer ? t->blocks[l + 1].norm1_w : t->normf_w;
         loom_trace_end(m->trace);
         if (ready && !st) st = ready(ctx, k->norm1_w, end);
         if (!st) st = hook(m, 1, l, 1);
     }
-    loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
+    if (!st && d.tp == 1) {
+        loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
+    } else if (!st && !(st = tp_gather(m, m->dres, &dy))) {
+        loom_embedding_backward_shard(g + t->wte, at(g, t->wpe), dy, m->inputs, d.v0, d.V, B, T, C);
+    }
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
     loom_trace_end(m->trace);
     return st;

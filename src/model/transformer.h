@@ -10,6 +10,7 @@
 #include "core/trace.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "parallel/tp.h"
 
 /* Activations of one block, kept from forward for backward. */
 typedef struct {
@@ -38,6 +39,13 @@ typedef struct {
     loom_trace *trace; /* NULL or where forward/backward spans go */
     loom_param_table table;
     int B, T; /* micro-batch shape the arena is planned for */
+    /* Tensor parallelism: NULL or a group of one = the whole model here. Else this rank
+     * holds H/tp heads, d_ff/tp MLP columns and vocab/tp rows (parallel/tp.h); with
+     * sequence parallelism the residual stream (embed, res1, res2, norm outputs, dres)
+     * holds only Ns = N/tp rows. */
+    loom_tp *tp;
+    int Ns;      /* rows of the residual stream here */
+    float *full; /* [N,C] gather target (sequence parallelism only) */
     float *arena;
     size_t arena_floats;
     float *embed;            /* [N,C] */
@@ -53,6 +61,13 @@ typedef struct {
 /* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */
 loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B, int T,
                               loom_error *err);
+/* The same as one rank of a tensor-parallel group (tp NULL: loom_model_create). tp must
+ * outlive the model and be created for rows B*T and width d_model. */
+loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                 loom_tp *tp, loom_error *err);
+/* Activation bytes the arena would need with sequence parallelism on or off (for the
+ * start-up report). */
+size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 
@@ -63,6 +78,9 @@ loom_status loom_model_forward(loom_model *m, const float *params);
 double loom_model_loss_and_dlogits(loom_model *m, float dloss);
 /* Loss only (evaluation): the sum of the per-token losses; logits are left as they are. */
 double loom_model_loss(loom_model *m);
+/* Both of the above for any layout (vocabulary-parallel with tensor parallelism):
+ * backward 0 is loom_model_loss, 1 loom_model_loss_and_dlogits; the sum goes to *sum. */
+loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum);
 /* Called during backward whenever the gradients of the flat range [begin, end) are
  * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
  * data parallelism reduce a bucket while backward computes earlier layers. */

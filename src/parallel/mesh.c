@@ -7,6 +7,11 @@ loom_status loom_layout_validate(loom_layout l, int world_size, loom_error *err)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--dp %d --tp %d --pp %d --ep %d: every size must be >= 1", l.dp,
                               l.tp, l.pp, l.ep);
+    if (l.tp > world_size)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--tp %d: larger than the job's %d rank(s) (a tensor-parallel group "
+                              "needs --tp ranks; launch with mpirun -n %d or more)",
+                              l.tp, world_size, l.tp);
     if ((long)l.dp * l.tp * l.pp != world_size)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--dp %d x --tp %d x --pp %d = %ld ranks, but the job has %d "

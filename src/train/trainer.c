@@ -16,8 +16,10 @@
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "parallel/fsdp.h"
+#include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "train/batch_skip.h"
+#include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -92,7 +94,8 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
     loom_batch_skip skip;
-    return loom_batch_skip_parse(&skip, tc->skip_steps, err);
+    loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
+    return st ? st : loom_checkpointing_validate(tc, err);
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -108,6 +111,11 @@ typedef struct {
     loom_metrics metrics;
     loom_tb_writer *tb; /* rank 0, with --tensorboard */
     loom_trace *trace;
+    loom_tp tp;                    /* the tensor-parallel group's layers (one rank: trivial) */
+    loom_param_table global_table; /* tp > 1: the unsharded registry, for weights and dumps */
+    float *global_flat;            /* tp > 1, rank 0: a gathered flat buffer */
+    loom_checkpointing ckpt;
+    int start_step; /* steps already done (resumed from a checkpoint) */
 } run_state;
 
 static void run_free(run_state *r) {
@@ -125,6 +133,23 @@ static void run_free(run_state *r) {
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
+    loom_tp_free(&r->tp);
+    loom_params_free(&r->global_table);
+    free(r->global_flat);
+}
+
+/* A flat buffer as unsharded tensors: itself on one rank, else gathered over the
+ * tensor-parallel group into r->global_flat on its rank 0 (every rank calls this). */
+static loom_status export_flat(run_state *r, const float *flat, const loom_param_table **table,
+                               const float **out, loom_error *err) {
+    *table = &r->model.table;
+    *out = flat;
+    if (r->tp.size == 1) return LOOM_OK;
+    *table = &r->global_table;
+    *out = r->global_flat;
+    return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
+                               err);
+    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -154,8 +179,11 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
         for (int k = 0; k < accum; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
-            if ((st = loom_model_forward(mod, r->params))) return st;
-            sum += loom_model_loss(mod);
+            double s;
+            if ((st = loom_model_forward(mod, r->params)) ||
+                (st = loom_model_loss_sum(mod, 0.0f, 0, &s)))
+                return st;
+            sum += s;
         }
     }
     loom_trace_end(r->trace);
@@ -212,12 +240,13 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
-    long long tokens_seen = 0;
+    long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
     loom_batch_skip skip;
     if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
-    loom_progress_set_step(0);
-    for (int step = 0; step < tc->steps; step++) {
+    int step = r->start_step, stop = 0;
+    loom_progress_set_step(step);
+    for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
         loom_fault_on_step(step + 1);
         loom_trace_begin(r->trace, "step", "train");
@@ -235,20 +264,27 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loom_progress_phase(LOOM_PHASE_FORWARD);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
-            if (dumping && lead && step == 0 && k == 0) {
+            if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
                                            mod->logits, 3, dims, err)))
                     return st;
             }
-            loss_sum += loom_model_loss_and_dlogits(mod, dloss);
-            /* The last micro-batch's backward reduces gradients as they become final. */
+            double s;
+            if ((st = loom_model_loss_sum(mod, dloss, 1, &s))) return st;
+            loss_sum += s;
+            /* The last micro-batch's backward reduces gradients as they become final
+             * (with sequence parallelism the norm gradients over tp first). */
             loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
-            int last = k + 1 == accum;
+            loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
+            const int sp = r->tp.sequence_parallel, last = k + 1 == accum;
             if (last) loom_zero_begin_reduction(&r->zero);
             loom_progress_phase(LOOM_PHASE_BACKWARD);
             if ((st = loom_model_backward(mod, r->params, r->grads,
-                                          last ? loom_zero_grads_ready : NULL, &ready)))
+                                          !last ? NULL
+                                          : sp  ? loom_tp_grads_ready
+                                                : loom_zero_grads_ready,
+                                          sp ? (void *)&tp_ready : (void *)&ready)))
                 return st;
         }
         loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
@@ -262,13 +298,16 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
                                   loss);
         if (dumping && step == 0) {
-            if ((st = loom_zero_gather_grads(&r->zero, r->grads, err))) return st;
-            if (lead &&
-                (st = loom_dump_flat(tc->dump_dir, "grads_step1.safetensors", t, r->grads, err)))
+            const loom_param_table *et;
+            const float *eg;
+            if ((st = loom_zero_gather_grads(&r->zero, r->grads, err)) ||
+                (st = export_flat(r, r->grads, &et, &eg, err)))
+                return st;
+            if (lead && (st = loom_dump_flat(tc->dump_dir, "grads_step1.safetensors", et, eg, err)))
                 return st;
         }
         double norm;
-        if ((st = loom_zero_grad_norm(&r->zero, r->grads, &norm, err))) return st;
+        if ((st = loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err))) return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_trace_begin(r->trace, "optimizer", "train");
         loom_progress_phase(LOOM_PHASE_OPTIMIZER);
@@ -291,20 +330,29 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
+        if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
     }
+    if (lead && r->tp.size > 1)
+        fprintf(stderr,
+                "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
+                (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if ((st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop) return st;
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
         return st;
+    const loom_param_table *et = t;
+    const float *ep = r->params;
+    if ((dumping || saving) && (st = export_flat(r, r->params, &et, &ep, err))) return st;
     if (saving && lead) {
         loom_mkdir_parent(tc->save_weights);
-        if ((st = loom_weights_save(tc->save_weights, mc, t, r->params, err))) return st;
+        if ((st = loom_weights_save(tc->save_weights, mc, et, ep, err))) return st;
         fprintf(stderr, "loom: weights written to %s\n", tc->save_weights);
     }
     if (dumping && lead) {
         int64_t dims[3] = {tc->steps, G, T + 1};
         if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,
                                    3, dims, err)) ||
-            (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", t, r->params, err)))
+            (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }
     return LOOM_OK;
@@ -322,7 +370,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     if ((st = loom_dataset_open(&r.data, tc->data, mc->vocab_size, T, err)) ||
         (tc->val_data[0] &&
          (st = loom_dataset_open(&r.val, tc->val_data, mc->vocab_size, T, err))) ||
-        (st = loom_model_create(&r.model, mc, tc->micro_batch, T, err)) ||
+        (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, tc->micro_batch * T,
+                               err)) ||
+        (st = loom_tp_create(&r.tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
+                             mc->d_model, err)) ||
+        (r.tp.err = err, st = loom_model_create_tp(&r.model, mc, tc->micro_batch, T, &r.tp, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
@@ -342,6 +394,12 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         r.params = calloc(P, sizeof(float));
     }
     r.grads = calloc(P, sizeof(float));
+    if (r.tp.size > 1 && !(st = loom_params_build(&r.global_table, mc, 0, 1, err)) && lead)
+        r.global_flat = malloc(r.global_table.total * sizeof(float));
+    if (st || (r.tp.size > 1 && lead && !r.global_flat)) {
+        run_free(&r);
+        return st ? st : loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
+    }
     r.batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
     if (tc->dump_dir[0] && lead)
         r.dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
@@ -352,8 +410,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     if (!r.sharded_params) loom_params_init(&r.model.table, r.params, tc->seed);
     if (lead) {
         const double MiB = 1 << 20;
-        fprintf(stderr, "loom: %s model, %zu parameters; layout dp %d (ZeRO-%d)\n",
-                loom_family_name(mc->family), P, mesh->layout.dp, r.zero.stage);
+        fprintf(
+            stderr,
+            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d\n",
+            loom_family_name(mc->family), r.tp.size > 1 ? r.global_table.total : P, P,
+            mesh->layout.dp, r.zero.stage, mesh->layout.tp);
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
@@ -364,6 +425,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                 param_bytes / MiB, r.sharded_params ? " (shard + gathered blocks, at most)" : "",
                 P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
                 loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
+        if (r.tp.size > 1)
+            fprintf(stderr,
+                    "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
+                    "parallelism, %.1f MiB without\n",
+                    r.tp.size, r.tp.sequence_parallel ? " (sequence parallel)" : "",
+                    loom_model_plan_bytes(&r.model, 1) / MiB,
+                    loom_model_plan_bytes(&r.model, 0) / MiB);
         fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
                 (long long)r.data.total_tokens);
     }
@@ -378,11 +446,25 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
                                   tc->dump_dir, strerror(errno));
         }
-        if ((st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", &r.model.table, r.params,
-                                 err))) {
+    }
+    const loom_param_table *it = &r.model.table;
+    const float *ip = r.params;
+    if (tc->dump_dir[0] && (st = export_flat(&r, r.params, &it, &ip, err))) {
+        run_free(&r);
+        return st;
+    }
+    if (tc->dump_dir[0] && lead) {
+        if ((st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", it, ip, err))) {
             run_free(&r);
             return st;
         }
+    }
+    loom_progress_phase(LOOM_PHASE_CKPT); /* resume: loading */
+    if ((st = loom_checkpointing_open(
+             &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
+             r.sharded_params ? r.fsdp.shard : NULL, &r.start_step, err))) {
+        run_free(&r);
+        return st;
     }
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
     if (tc->trace[0]) {
@@ -395,7 +477,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             run_free(&r);
             return st;
         }
-        r.model.trace = mesh->dp.trace = mesh->world.trace = r.trace;
+        r.model.trace = mesh->dp.trace = mesh->tp.trace = mesh->world.trace = r.trace;
     }
     if (lead && tc->tensorboard[0]) {
         if ((st = loom_tb_open(&r.tb, tc->tensorboard, err))) {
@@ -407,7 +489,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
     if (!st && r.trace) {
-        mesh->dp.trace = mesh->world.trace = NULL;
+        mesh->dp.trace = mesh->tp.trace = mesh->world.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);
         if (!st && lead) fprintf(stderr, "loom: trace written to %s\n", tc->trace);
     }

@@ -34,6 +34,15 @@ typedef struct {
     char tensorboard[LOOM_PATH_MAX];  /* TensorBoard event files go here; "" = none */
     int eval_every;                   /* evaluate every N steps (and after the last) */
     int eval_batches;                 /* global batches per evaluation (fixed set) */
+    int sequence_parallel;            /* with --tp > 1: Megatron sequence parallelism */
+    /* checkpoints (train/checkpointing.h) */
+    char ckpt_dir[LOOM_PATH_MAX];      /* durable tier; "" = none */
+    int ckpt_every;                    /* save every N steps (0: only at the end) */
+    int ckpt_keep;                     /* complete checkpoints kept per tier (0 = all) */
+    char ckpt_fast_dir[LOOM_PATH_MAX]; /* fast tier (node-local memory); "" = none */
+    int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
+    char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
+    char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
     char skip_steps[LOOM_PATH_MAX];   /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];       /* faults to inject (core/fault.h); cli arms them */
 } loom_train_config;

@@ -81,6 +81,13 @@ expect "batch split over dp" "--global-batch 2: must be a multiple of --dp 2 x -
 expect "ep divides dp" "--ep 2: must divide --dp 1" -- train "${BASE[@]}" --data "$GOOD" --ep 2
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0
+expect "tp vs n_head" "--n-head 2: must be divisible by --tp 4" -- train "${BASE[@]}" --data "$GOOD" --tp 4
+expect "tp vs n_kv_head" "--n-kv-head 1: must be divisible by --tp 2" -- train "${BASE[@]}" --data "$GOOD" --family llama --n-head 4 --n-kv-head 1 --tp 2
+expect "tp vs d_ff" "--d-ff 63: must be divisible by --tp 2" -- train "${BASE[@]}" --data "$GOOD" --d-ff 63 --tp 2
+expect "tp vs vocab" "--vocab-size 257: must be divisible by --tp 2 (embedding and output rows are split by vocabulary; e.g. --vocab-size 258)" -- train "${BASE[@]}" --data "$GOOD" --vocab-size 257 --tp 2
+expect "tp vs world" "--tp 2: larger than the job's 1 rank(s)" -- train "${BASE[@]}" --data "$GOOD" --tp 2
+expect "sp rows" "--sequence-parallel: --micro-batch x --seq-len = 16 tokens must be divisible by --tp 3" -- train "${BASE[@]}" --data "$GOOD" --d-model 48 --n-head 3 --d-ff 96 --vocab-size 258 --micro-batch 1 --global-batch 1 --tp 3 --sequence-parallel
+expect "sp value" "--sequence-parallel 'maybe': expected 0, 1, true or false" -- train "${BASE[@]}" --data "$GOOD" --sequence-parallel=maybe
 expect "unknown command" "unknown command 'fly'" -- fly
 expect "data: missing input" "loom data" -- data bytes --input "$TMP/none.txt" --out "$TMP/x"
 

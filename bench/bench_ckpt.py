@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""Checkpoint speed for the 124M GPT-2 model (params + AdamW m, v = 1.49 GB).
+
+Trains 3 steps with a checkpoint after steps 1 and 2 and the final one at 3 (the
+sequence length is cut to 64 so a step stays short on a small machine; the parameter
+count is still 124M less 0.7M of position rows). Measured in the same run on the same
+filesystem: the training stall per save (copy into the staging buffer), the background
+write bandwidth against a plain sequential write+fsync of the same byte count (Python,
+64 MiB blocks), the load bandwidth of --resume against a sequential read of the data
+file, and the load time when resharding (checkpoint saved with dp 2 / ZeRO-1, loaded by
+one process) against the same-layout load (saved by one process). Both reads are from
+the page cache (the files were just written), like the baselines. Last line: JSON.
+Usage: bench_ckpt.py --loom PATH [--dir DIR]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "parallel"))
+from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+
+
+def grab(pattern, text, what):
+    m = re.findall(pattern, text)
+    if not m:
+        sys.exit(f"bench_ckpt: no '{what}' in the log:\n{text[-3000:]}")
+    return m[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir)")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="loom_bench_ckpt_", dir=args.dir)
+    load0 = os.getloadavg()
+    try:
+        data = os.path.join(root, "train.bin")
+        write_text_shard(data, 1)
+        base = [args.loom, "train", "--model", "gpt2-small", "--seq-len", "64", "--micro-batch",
+                "1", "--global-batch", "2", "--data", data, "--log-every", "1", "--threads",
+                "2", "--steps", "3"]
+        ck1 = os.path.join(root, "ck1")
+        p = subprocess.run(base + ["--ckpt-dir", ck1, "--ckpt-every", "1"], capture_output=True,
+                           text=True)
+        if p.returncode:
+            sys.exit(p.stderr[-3000:])
+        log = p.stderr
+        stall_ms = float(grab(r"training stall per save ([\d.]+) ms", log, "stall"))
+        stall_max = float(grab(r"\(max ([\d.]+)\)", log, "stall max"))
+        step_ms = [float(x) for x in re.findall(r"\| (\d+) ms \|", log)]
+        wbytes, wms = grab(r"write \(rank 0, background\): (\d+) bytes in ([\d.]+) ms", log,
+                           "write")
+        wbytes, wms = int(wbytes), float(wms)
+        # Baseline: sequential write + fsync of the same bytes, same filesystem.
+        block = os.urandom(64 << 20)
+        path = os.path.join(root, "seq.bin")
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            left = wbytes
+            while left > 0:
+                n = min(left, len(block))
+                f.write(block[:n])
+                left -= n
+            f.flush()
+            os.fsync(f.fileno())
+        seq_write_s = time.perf_counter() - t0
+        os.unlink(path)
+        data_file = os.path.join(ck1, "step_00000003", "rank_00000.safetensors")
+        t0 = time.perf_counter()
+        with open(data_file, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+        seq_read_s = time.perf_counter() - t0
+        # Same-layout load (saved by one process, loaded by one process).
+        resume = base + ["--steps", "3", "--resume", os.path.join(ck1, "step_00000003")]
+        p = subprocess.run(resume, capture_output=True, text=True)
+        rbytes, rms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", p.stderr, "load")
+        rbytes, rms = int(rbytes), float(rms)
+        # Saved with dp 2 / ZeRO-1 (two files, other chunk boundaries), loaded by one process.
+        ck2 = os.path.join(root, "ck2")
+        p2 = subprocess.run(MPIRUN + ["-n", "2"] + base[:-2] + ["--steps", "1", "--dp", "2",
+                                                               "--zero", "1", "--threads", "1",
+                                                               "--ckpt-dir", ck2],
+                            capture_output=True, text=True)
+        if p2.returncode:
+            sys.exit(p2.stderr[-3000:])
+        p3 = subprocess.run(base + ["--steps", "1", "--resume",
+                                    os.path.join(ck2, "step_00000001")],
+                            capture_output=True, text=True)
+        sbytes, sms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", p3.stderr,
+                           "resharded load")
+        sms = float(sms)
+        step = sorted(step_ms)[len(step_ms) // 2] if step_ms else float("nan")
+        out = {
+            "model": "gpt2-small (124M), seq_len 64",
+            "checkpoint_bytes": wbytes,
+            "step_ms_median": step,
+            "stall_ms_per_save": stall_ms,
+            "stall_ms_max": stall_max,
+            "stall_fraction_of_step": stall_ms / step,
+            "save_bw_MBps": wbytes / wms / 1e3,
+            "seq_write_bw_MBps": wbytes / seq_write_s / 1e6,
+            "save_vs_seq_write": (wbytes / wms / 1e3) / (wbytes / seq_write_s / 1e6),
+            "load_bw_MBps": rbytes / rms / 1e3,
+            "seq_read_bw_MBps": os.path.getsize(data_file) / seq_read_s / 1e6,
+            "load_vs_seq_read": (rbytes / rms / 1e3) / (os.path.getsize(data_file) / seq_read_s / 1e6),
+            "load_ms_same_layout": rms,
+            "load_ms_resharded_dp2z1_to_dp1": sms,
+            "reshard_vs_same_layout": sms / rms,
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+            "filesystem_dir": root,
+        }
+        print(json.dumps(out))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+#include "ckpt/ckpt_loader.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ckpt/safetensors.h"
+
+typedef struct {
+    int *fd;
+    uint64_t *size;
+    int n;
+} file_set;
+
+static void files_close(file_set *fs) {
+    for (int i = 0; i < fs->n; i++)
+        if (fs->fd[i] >= 0) close(fs->fd[i]);
+    free(fs->fd);
+    free(fs->size);
+    memset(fs, 0, sizeof *fs);
+}
+
+static loom_status files_open(file_set *fs, const char *dir, const loom_ckpt_manifest *m,
+                              const char *used, loom_error *err) {
+    fs->n = m->n_files;
+    fs->fd = malloc((size_t)(fs->n ? fs->n : 1) * sizeof *fs->fd);
+    fs->size = calloc((size_t)(fs->n ? fs->n : 1), sizeof *fs->size);
+    if (!fs->fd || !fs->size) {
+        fs->n = 0;
+        return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    for (int i = 0; i < fs->n; i++) fs->fd[i] = -1;
+    for (int i = 0; i < fs->n; i++) {
+        if (used && !used[i]) continue;
+        char path[1700];
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[i]);
+        struct stat sb;
+        if ((fs->fd[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fs->fd[i], &sb) != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s: cannot open: %s", path,
+                                  strerror(errno));
+        fs->size[i] = (uint64_t)sb.st_size;
+    }
+    return LOOM_OK;
+}
+
+/* Reads chunk c of tensor `name` into buf and checks its checksum. */
+static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
+                              const char *name, const loom_ckpt_chunk *c, void *buf,
+                              loom_error *err) {
+    const char *file = m->files[c->file];
+    if (c->byte_offset > fs->size[c->file] || c->bytes > fs->size[c->file] - c->byte_offset)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s/%s: tensor '%s': chunk bytes [%" PRIu64 ", %" PRIu64
+                              ") beyond the end of the file (%" PRIu64 " bytes; truncated?)",
+                              dir, file, name, c->byte_offset, c->byte_offset + c->bytes,
+                              fs->size[c->file]);
+    uint64_t done = 0;
+    while (done < c->bytes) {
+        ssize_t k = pread(fs->fd[c->file], (char *)buf + done, c->bytes - done,
+                          (off_t)(c->byte_offset + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
+                                  k < 0 ? strerror(errno) : "unexpected end of file");
+        done += (uint64_t)k;
+    }
+    uint64_t sum = XXH3_64bits(buf, c->bytes);
+    if (sum != c->checksum)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s/%s: tensor '%s' chunk at [%" PRId64 ", %" PRId64
+                              "]: checksum mismatch (xxh3 %016" PRIx64 ", manifest says %016" PRIx64
+                              "): the file is corrupt",
+                              dir, file, name, c->off[0], c->off[1], sum, c->checksum);
+    return LOOM_OK;
+}
+
+typedef struct {
+    int tensor, chunk;
+} job;
+
+loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_param_table *t,
+                           const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
+                           loom_error *err) {
+    loom_ckpt_plan plan = {0};
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
+        if (dst[k].data)
+            st = loom_ckpt_plan_range(&plan, t, (loom_ckpt_kind)k, dst[k].lo, dst[k].hi, 0, 0, err);
+    int *ptensor = calloc((size_t)(plan.n ? plan.n : 1), sizeof *ptensor);
+    int64_t *covered = calloc((size_t)(plan.n ? plan.n : 1), sizeof *covered);
+    char *used = calloc((size_t)(m->n_files ? m->n_files : 1), 1);
+    job *jobs = NULL;
+    int n_jobs = 0, cap_jobs = 0;
+    file_set fs = {0};
+    size_t max_bytes = 0;
+    if (!st && (!ptensor || !covered || !used))
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+    /* Every wanted tensor must be in the checkpoint with the model's shape. */
+    for (int i = 0; i < plan.n && !st; i++) {
+        const loom_param *p = &t->params[plan.items[i].param];
+        char name[224];
+        loom_ckpt_tensor_name(name, sizeof name, plan.items[i].kind, p->name);
+        const loom_ckpt_tensor *ct = loom_ckpt_manifest_find(m, name);
+        int64_t gs1 = p->ndim == 2 ? p->global_shape[1] : 0;
+        if (!ct)
+            st =
+                loom_error_set(err, LOOM_ERR_INPUT, "%s: checkpoint has no tensor '%s'", dir, name);
+        else if (ct->ndim != p->ndim || ct->shape[0] != p->global_shape[0] || ct->shape[1] != gs1)
+            st = loom_error_set(
+                err, LOOM_ERR_INPUT,
+                "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64
+                "] (%d-D) in the checkpoint; the model expects [%" PRId64 ", %" PRId64 "] (%d-D)",
+                dir, name, ct->shape[0], ct->shape[1], ct->ndim, p->global_shape[0], gs1, p->ndim);
+        else
+            ptensor[i] = (int)(ct - m->tensors);
+    }
+    /* The chunks that intersect a wanted piece. */
+    for (int ti = 0; ti < m->n_tensors && !st; ti++) {
+        const loom_ckpt_tensor *ct = &m->tensors[ti];
+        for (int c = 0; c < ct->n_chunks && !st; c++) {
+            const loom_ckpt_box cb = {{ct->chunks[c].off[0], ct->chunks[c].off[1]},
+                                      {ct->chunks[c].len[0], ct->chunks[c].len[1]}};
+            int hit = 0;
+            loom_ckpt_box ib;
+            for (int i = 0; i < plan.n && !hit; i++)
+                hit = ptensor[i] == ti && loom_ckpt_box_intersect(&cb, &plan.items[i].box, &ib);
+            if (!hit) continue;
+            if (n_jobs == cap_jobs) {
+                cap_jobs = cap_jobs ? 2 * cap_jobs : 256;
+                job *j = realloc(jobs, (size_t)cap_jobs * sizeof *j);
+                if (!j) {
+                    st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+                    break;
+                }
+                jobs = j;
+            }
+            jobs[n_jobs++] = (job){ti, c};
+            used[ct->chunks[c].file] = 1;
+            if (ct->chunks[c].bytes > max_bytes) max_bytes = ct->chunks[c].bytes;
+        }
+    }
+    if (!st) st = files_open(&fs, dir, m, used, err);
+    uint64_t bytes = 0;
+    if (!st) {
+        loom_status first = LOOM_OK;
+        loom_error first_err = {0};
+#pragma omp parallel reduction(+ : bytes)
+        {
+            void *buf = malloc(max_bytes ? max_bytes : 1);
+            loom_error e = {0};
+#pragma omp for schedule(dynamic, 1)
+            for (int j = 0; j < n_jobs; j++) {
+                if (first) continue; /* stop early after an error */
+                const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
+                const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
+                loom_status s = buf ? read_chunk(dir, m, &fs, ct->name, c, buf, &e)
+                                    : loom_error_set(&e, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+                if (s) {
+#pragma omp critical
+                    if (!first) first = s, first_err = e;
+                    continue;
+                }
+                bytes += c->bytes;
+                const loom_ckpt_box cb = {{c->off[0], c->off[1]}, {c->len[0], c->len[1]}};
+                for (int i = 0; i < plan.n; i++) {
+                    const loom_ckpt_piece *q = &plan.items[i];
+                    loom_ckpt_box ib;
+                    if (ptensor[i] != jobs[j].tensor || !loom_ckpt_box_intersect(&cb, &q->box, &ib))
+                        continue;
+                    const loom_ckpt_buffer *b = &dst[q->kind];
+                    for (int64_t g = ib.off[0]; g < ib.off[0] + ib.len[0]; g++) {
+                        const float *src = (const float *)buf + (g - cb.off[0]) * cb.len[1] +
+                                           (ib.off[1] - cb.off[1]);
+                        size_t f = q->local + (size_t)((g - q->box.off[0]) * q->stride +
+                                                       (ib.off[1] - q->box.off[1]));
+                        memcpy(b->data + (f - b->base), src, (size_t)ib.len[1] * sizeof(float));
+                    }
+#pragma omp atomic
+                    covered[i] += loom_ckpt_box_volume(&ib);
+                }
+            }
+            free(buf);
+        }
+        if (first) {
+            st = first;
+            if (err) *err = first_err;
+        }
+    }
+    for (int i = 0; i < plan.n && !st; i++)
+        if (covered[i] != loom_ckpt_box_volume(&plan.items[i].box))
+            st = loom_error_set(err, LOOM_ERR_INPUT,
+                                "%s: tensor '%s' is not fully covered by the checkpoint's chunks",
+                                dir, t->params[plan.items[i].param].name);
+    if (stats) {
+        stats->bytes_read = bytes;
+        stats->chunks_read = n_jobs;
+    }
+    files_close(&fs);
+    free(jobs);
+    free(used);
+    free(covered);
+    free(ptensor);
+    loom_ckpt_plan_free(&plan);
+    return st;
+}
+
+loom_status loom_ckpt_verify(const char *dir, const loom_ckpt_manifest *m, uint64_t *bytes,
+                             loom_error *err) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < m->n_files && !st; i++) {
+        char path[1700];
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[i]);
+        loom_safetensors f;
+        if (!(st = loom_safetensors_open(&f, path, err))) loom_safetensors_close(&f);
+    }
+    file_set fs = {0};
+    if (!st) st = files_open(&fs, dir, m, NULL, err);
+    size_t max_bytes = 0;
+    for (int ti = 0; ti < m->n_tensors; ti++)
+        for (int c = 0; c < m->tensors[ti].n_chunks; c++)
+            if (m->tensors[ti].chunks[c].bytes > max_bytes)
+                max_bytes = m->tensors[ti].chunks[c].bytes;
+    void *buf = st ? NULL : malloc(max_bytes ? max_bytes : 1);
+    if (!st && !buf) st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+    uint64_t total = 0;
+    for (int ti = 0; ti < m->n_tensors && !st; ti++)
+        for (int c = 0; c < m->tensors[ti].n_chunks && !st; c++) {
+            st = read_chunk(dir, m, &fs, m->tensors[ti].name, &m->tensors[ti].chunks[c], buf, err);
+            total += m->tensors[ti].chunks[c].bytes;
+        }
+    free(buf);
+    files_close(&fs);
+    if (bytes) *bytes = total;
+    return st;
+}

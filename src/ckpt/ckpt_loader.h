@@ -1,0 +1,32 @@
+/* Loading a checkpoint into any layout: the rank plans the pieces it owns now (whatever
+ * dp, ZeRO stage, tensor-parallel placement or world size), intersects them with the
+ * saved chunks of the same tensors, and reads (pread) only the chunks that intersect,
+ * each verified against its checksum before its overlap is copied in. Chunks are at
+ * most 4 MiB, so the over-read at shard boundaries is bounded. Every byte range is
+ * checked against the file's size first: a bad manifest never causes an out-of-bounds
+ * read. */
+#ifndef LOOM_CKPT_CKPT_LOADER_H
+#define LOOM_CKPT_CKPT_LOADER_H
+
+#include <stdint.h>
+
+#include "ckpt/ckpt_plan.h"
+#include "ckpt/manifest.h"
+#include "core/error.h"
+
+typedef struct {
+    uint64_t bytes_read;
+    int chunks_read;
+} loom_ckpt_load_stats;
+
+/* dst[k]: where this rank holds buffer k ([lo, hi) of the flat layout); data NULL: not
+ * loaded. Errors name the file, the tensor and what was expected. */
+loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_param_table *t,
+                           const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
+                           loom_error *err);
+/* Reads every chunk of every file and checks its checksum; every data file must also be
+ * a valid safetensors file. */
+loom_status loom_ckpt_verify(const char *dir, const loom_ckpt_manifest *m, uint64_t *bytes,
+                             loom_error *err);
+
+#endif

@@ -1,0 +1,313 @@
+#include "ckpt/ckpt_writer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ckpt/ckpt_commit.h"
+#include "core/fault.h"
+#include "ckpt/safetensors.h"
+#include "core/clock.h"
+#include "core/fs.h"
+
+void loom_ckpt_data_name(char *out, size_t size, int rank) {
+    snprintf(out, size, "rank_%05d.safetensors", rank);
+}
+
+void loom_ckpt_index_name(char *out, size_t size, int rank) {
+    snprintf(out, size, "rank_%05d.index.json", rank);
+}
+
+static void *thread_main(void *arg);
+
+static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, loom_error *err) {
+    const int n = w->plan.n;
+    loom_tensor_view *views = calloc((size_t)(n ? n : 1), sizeof *views);
+    char(*keys)[256] = calloc((size_t)(n ? n : 1), sizeof *keys);
+    w->names = calloc((size_t)(n ? n : 1), sizeof *w->names);
+    w->dims = calloc((size_t)(n ? n : 1), sizeof *w->dims);
+    w->gshape = calloc((size_t)(n ? n : 1), sizeof *w->gshape);
+    w->file_offset = calloc((size_t)(n ? n : 1), sizeof *w->file_offset);
+    w->checksum = calloc((size_t)(n ? n : 1), sizeof *w->checksum);
+    if (!views || !keys || !w->names || !w->dims || !w->gshape || !w->file_offset || !w->checksum) {
+        free(views);
+        free(keys);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint writer: out of memory");
+    }
+    uint64_t data = 0;
+    for (int i = 0; i < n; i++) {
+        const loom_ckpt_piece *q = &w->plan.items[i];
+        const loom_param *p = &t->params[q->param];
+        loom_ckpt_tensor_name(w->names[i], sizeof w->names[i], q->kind, p->name);
+        w->dims[i][0] = p->ndim;
+        w->gshape[i][0] = p->global_shape[0];
+        w->gshape[i][1] = p->ndim == 2 ? p->global_shape[1] : 0;
+        /* The safetensors key names the box: NAME[r0:r1,c0:c1] */
+        const loom_ckpt_box *b = &q->box;
+        if (p->ndim == 2)
+            snprintf(keys[i], sizeof keys[i], "%s[%lld:%lld,%lld:%lld]", w->names[i],
+                     (long long)b->off[0], (long long)(b->off[0] + b->len[0]), (long long)b->off[1],
+                     (long long)(b->off[1] + b->len[1]));
+        else
+            snprintf(keys[i], sizeof keys[i], "%s[%lld:%lld]", w->names[i], (long long)b->off[0],
+                     (long long)(b->off[0] + b->len[0]));
+        views[i].name = keys[i];
+        views[i].dtype = LOOM_DTYPE_F32;
+        views[i].ndim = p->ndim;
+        views[i].shape[0] = b->len[0];
+        views[i].shape[1] = b->len[1];
+        w->file_offset[i] = data; /* relative to the data section for now */
+        data += (uint64_t)loom_ckpt_box_volume(b) * 4;
+    }
+    char rank[16];
+    snprintf(rank, sizeof rank, "%d", w->rank);
+    const char *mk[2] = {"format", "rank"}, *mv[2] = {"loom-checkpoint-shard-1", rank};
+    char *header = loom_safetensors_header(views, n, mk, mv, 2);
+    free(views);
+    free(keys);
+    if (!header) return loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint writer: out of memory");
+    size_t len = strlen(header), padded = (len + 7) & ~(size_t)7;
+    w->image_bytes = 8 + padded + data;
+    w->image = malloc(w->image_bytes);
+    if (!w->image) {
+        free(header);
+        return loom_error_set(err, LOOM_ERR_NOMEM,
+                              "checkpoint writer: cannot allocate a %zu-byte staging buffer",
+                              w->image_bytes);
+    }
+    /* Touch every page now, so the first save does not pay for page faults. */
+    memset(w->image, 0, w->image_bytes);
+    uint64_t hlen = padded;
+    memcpy(w->image, &hlen, 8);
+    memcpy(w->image + 8, header, len);
+    memset(w->image + 8 + len, ' ', padded - len);
+    free(header);
+    for (int i = 0; i < n; i++) w->file_offset[i] += 8 + padded;
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
+                                    const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
+                                    loom_error *err) {
+    memset(w, 0, sizeof *w);
+    w->rank = rank;
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++) {
+        w->src[k] = src[k];
+        st = loom_ckpt_plan_range(&w->plan, t, (loom_ckpt_kind)k, src[k].lo, src[k].hi, 1,
+                                  LOOM_CKPT_CHUNK_FLOATS, err);
+    }
+    if (!st) st = build_image(w, t, err);
+    if (st) {
+        loom_ckpt_writer_destroy(w);
+        return st;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, thread_main, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        loom_ckpt_writer_destroy(w);
+        return loom_error_set(err, LOOM_ERR_IO, "checkpoint writer: cannot start a thread");
+    }
+    w->thread_started = 1;
+    return LOOM_OK;
+}
+
+void loom_ckpt_writer_destroy(loom_ckpt_writer *w) {
+    if (w->thread_started) {
+        pthread_mutex_lock(&w->mu);
+        while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
+        w->job = -1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+    }
+    loom_ckpt_manifest_free(&w->run);
+    loom_ckpt_plan_free(&w->plan);
+    free(w->names);
+    free(w->dims);
+    free(w->gshape);
+    free(w->file_offset);
+    free(w->checksum);
+    free(w->image);
+    memset(w, 0, sizeof *w);
+}
+
+void loom_ckpt_writer_stage(loom_ckpt_writer *w) {
+    const int n = w->plan.n;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        const loom_ckpt_piece *q = &w->plan.items[i];
+        const loom_ckpt_buffer *b = &w->src[q->kind];
+        float *dst = (float *)(w->image + w->file_offset[i]);
+        const size_t cols = (size_t)q->box.len[1];
+        for (int64_t r = 0; r < q->box.len[0]; r++)
+            memcpy(dst + (size_t)r * cols, b->data + (q->local + (size_t)(r * q->stride) - b->base),
+                   cols * sizeof(float));
+    }
+}
+
+static loom_status submit(loom_ckpt_writer *w, int job, loom_error *err) {
+    pthread_mutex_lock(&w->mu);
+    if (w->busy) {
+        pthread_mutex_unlock(&w->mu);
+        return loom_error_set(err, LOOM_ERR_STATE, "checkpoint writer: a job is still running");
+    }
+    w->job = job;
+    w->busy = 1;
+    w->failed = 0;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return LOOM_OK;
+}
+
+loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, const char *dir, loom_error *err) {
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    return submit(w, 1, err);
+}
+
+loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, const char *tier,
+                                          int keep, int world_size, loom_ckpt_manifest *run,
+                                          loom_error *err) {
+    pthread_mutex_lock(&w->mu);
+    int busy = w->busy;
+    pthread_mutex_unlock(&w->mu);
+    if (busy)
+        return loom_error_set(err, LOOM_ERR_STATE, "checkpoint writer: a job is still running");
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    snprintf(w->tier, sizeof w->tier, "%s", tier);
+    w->keep = keep;
+    w->world_size = world_size;
+    loom_ckpt_manifest_free(&w->run);
+    w->run = *run;
+    memset(run, 0, sizeof *run);
+    return submit(w, 2, err);
+}
+
+int loom_ckpt_writer_idle(loom_ckpt_writer *w) {
+    pthread_mutex_lock(&w->mu);
+    int idle = !w->busy;
+    pthread_mutex_unlock(&w->mu);
+    return idle;
+}
+
+loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w, loom_error *err) {
+    pthread_mutex_lock(&w->mu);
+    while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
+    int failed = w->failed;
+    pthread_mutex_unlock(&w->mu);
+    if (failed && err) *err = w->job_err;
+    return failed ? w->job_err.code : LOOM_OK;
+}
+
+/* Writes n bytes to path through path.tmp: write, fsync, rename. */
+static loom_status write_file(const char *path, const void *data, size_t n, loom_error *err) {
+    char tmp[LOOM_CKPT_PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const uint8_t *p = data;
+    size_t done = 0;
+    int e = 0;
+    while (done < n) {
+        size_t len = n - done < ((size_t)64 << 20) ? n - done : ((size_t)64 << 20);
+        ssize_t k = write(fd, p + done, len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            e = k < 0 ? errno : ENOSPC;
+            break;
+        }
+        done += (size_t)k;
+    }
+    if (!e && fsync(fd) != 0) e = errno;
+    if (close(fd) != 0 && !e) e = errno;
+    if (!e && rename(tmp, path) != 0) e = errno;
+    if (e) {
+        unlink(tmp);
+        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", path, strerror(e));
+    }
+    return LOOM_OK;
+}
+
+static loom_status write_index(loom_ckpt_writer *w, const char *data_name, loom_error *err) {
+    loom_ckpt_manifest idx;
+    memset(&idx, 0, sizeof idx);
+    loom_status st = LOOM_OK;
+    if (loom_ckpt_manifest_add_file(&idx, data_name) != 0)
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint index: out of memory");
+    for (int i = 0; i < w->plan.n && !st; i++) {
+        const loom_ckpt_piece *q = &w->plan.items[i];
+        loom_ckpt_chunk c = {0,
+                             {q->box.off[0], q->box.off[1]},
+                             {q->box.len[0], q->box.len[1]},
+                             w->file_offset[i],
+                             (uint64_t)loom_ckpt_box_volume(&q->box) * 4,
+                             w->checksum[i]};
+        st = loom_ckpt_manifest_add_chunk(&idx, w->names[i], w->dims[i][0], w->gshape[i], &c, err);
+    }
+    char *text = st ? NULL : loom_ckpt_manifest_dump(&idx, 1);
+    loom_ckpt_manifest_free(&idx);
+    if (st) return st;
+    if (!text) return loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint index: out of memory");
+    char name[64], path[LOOM_CKPT_PATH_MAX];
+    loom_ckpt_index_name(name, sizeof name, w->rank);
+    snprintf(path, sizeof path, "%s/%s", w->dir, name);
+    st = write_file(path, text, strlen(text), err);
+    free(text);
+    return st;
+}
+
+static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
+    double t0 = loom_now_ms();
+    if (loom_mkdir_p(w->dir) != 0)
+        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", w->dir, strerror(errno));
+    if (w->rank == 0) { /* a stale manifest of the same step must not survive a rewrite */
+        char m[LOOM_CKPT_PATH_MAX + 16];
+        snprintf(m, sizeof m, "%s/manifest.json", w->dir);
+        unlink(m);
+    }
+    for (int i = 0; i < w->plan.n; i++)
+        w->checksum[i] = XXH3_64bits(w->image + w->file_offset[i],
+                                     (size_t)loom_ckpt_box_volume(&w->plan.items[i].box) * 4);
+    char name[64], path[LOOM_CKPT_PATH_MAX];
+    loom_ckpt_data_name(name, sizeof name, w->rank);
+    snprintf(path, sizeof path, "%s/%s", w->dir, name);
+    loom_status st = write_file(path, w->image, w->image_bytes, err);
+    if (!st) st = write_index(w, name, err);
+    if (!st) loom_fault_in_save(w->dir, path); /* injected faults (off unless asked for) */
+    w->written_bytes = w->image_bytes;
+    w->write_ms = loom_now_ms() - t0;
+    return st;
+}
+
+static void *thread_main(void *arg) {
+    loom_ckpt_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->job == 0) pthread_cond_wait(&w->cv, &w->mu);
+        int job = w->job;
+        if (job < 0) break;
+        pthread_mutex_unlock(&w->mu);
+        loom_error e = {0};
+        loom_status st =
+            job == 1 ? run_write(w, &e)
+                     : loom_ckpt_commit(w->dir, w->tier, w->keep, w->world_size, &w->run, &e);
+        pthread_mutex_lock(&w->mu);
+        w->job_err = e;
+        w->failed = st != LOOM_OK;
+        w->job = 0;
+        w->busy = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}

@@ -1,0 +1,73 @@
+/* Asynchronous checkpoint writing for one rank. At creation the rank's pieces (its ZeRO
+ * shard of params, m and v) are planned once, the data file's safetensors header is
+ * built and a host staging buffer holding the whole file image is allocated and touched
+ * (so a save never allocates or faults pages). A save is then: stage (the training
+ * thread copies its pieces into the buffer: the only stall), start (a background thread
+ * checksums each chunk, writes rank_NNNNN.safetensors through a .tmp file, fsyncs it,
+ * renames it, and writes the chunk index rank_NNNNN.index.json the same way), and poll
+ * or wait. Rank 0's thread also runs the commit (ckpt/ckpt_commit.h) once every rank's
+ * write has finished. One job at a time. */
+#ifndef LOOM_CKPT_CKPT_WRITER_H
+#define LOOM_CKPT_CKPT_WRITER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "ckpt/ckpt_plan.h"
+#include "ckpt/manifest.h"
+#include "core/error.h"
+
+#define LOOM_CKPT_PATH_MAX 1400
+#define LOOM_CKPT_CHUNK_FLOATS ((size_t)1 << 20) /* 4 MiB chunks */
+
+typedef struct {
+    int rank;
+    loom_ckpt_buffer src[LOOM_CKPT_KINDS]; /* what this rank writes: [lo, hi) of each */
+    loom_ckpt_plan plan;
+    char (*names)[224];    /* tensor name per piece */
+    int (*dims)[3];        /* per piece: ndim, and whether the name is a param (unused) */
+    int64_t (*gshape)[2];  /* per piece: global shape as saved */
+    uint64_t *file_offset; /* per piece: byte offset in the data file */
+    uint64_t *checksum;    /* per piece, filled by the thread */
+    uint8_t *image;        /* the data file: header then data */
+    size_t image_bytes;
+    /* the background thread */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int thread_started;
+    int job; /* 0 none, 1 write, 2 commit, -1 quit */
+    int busy, failed;
+    loom_error job_err;
+    char dir[LOOM_CKPT_PATH_MAX];  /* step directory of the job */
+    char tier[LOOM_CKPT_PATH_MAX]; /* commit: the folder holding step directories */
+    int keep, world_size;
+    loom_ckpt_manifest run; /* commit: run state (no files or tensors) */
+    double write_ms;        /* last write job: wall time */
+    uint64_t written_bytes; /* last write job */
+} loom_ckpt_writer;
+
+/* src[k]: the buffer to save from and, in lo/hi, the flat range this rank writes. Tensors
+ * replicated over tensor parallelism are written by TP rank 0 only. */
+loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
+                                    const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
+                                    loom_error *err);
+void loom_ckpt_writer_destroy(loom_ckpt_writer *w);
+/* Copies the pieces into the staging buffer (training thread; the writer must be idle). */
+void loom_ckpt_writer_stage(loom_ckpt_writer *w);
+/* Starts writing the staged image into step directory dir (created if needed). */
+loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, const char *dir, loom_error *err);
+/* Rank 0: starts the commit of dir (world_size ranks' indexes) in the thread; run holds
+ * the run state (moved into the writer: the caller must not free it). */
+loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, const char *tier,
+                                          int keep, int world_size, loom_ckpt_manifest *run,
+                                          loom_error *err);
+/* Non-blocking: 1 when no job is running. */
+int loom_ckpt_writer_idle(loom_ckpt_writer *w);
+/* Blocks until idle; the last job's result (its error in err). */
+loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w, loom_error *err);
+/* Data file and index names of a rank. */
+void loom_ckpt_data_name(char *out, size_t size, int rank);
+void loom_ckpt_index_name(char *out, size_t size, int rank);
+
+#endif

@@ -1,0 +1,141 @@
+/* loom ckpt: inspect (run state, layout, tensors), verify (every checksum, exit 2 on the
+ * first bad chunk, naming file and tensor), export (the parameters as one safetensors
+ * file with Hugging Face names and the model config, like --save-weights). DIR is a step
+ * folder or a tier folder (then its newest complete checkpoint). */
+#include "cli/cmd_ckpt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/ckpt_dir.h"
+#include "ckpt/ckpt_loader.h"
+#include "ckpt/manifest.h"
+#include "model/weights.h"
+
+static int fail(const char *msg) {
+    fprintf(stderr, "loom ckpt: %s\n", msg);
+    return 2;
+}
+
+/* A step folder with a manifest: DIR itself, else DIR's newest such step folder. */
+static int resolve(const char *dir, char *out, size_t size) {
+    char m[1500];
+    struct stat sb;
+    snprintf(m, sizeof m, "%s/manifest.json", dir);
+    if (stat(m, &sb) == 0) {
+        snprintf(out, size, "%s", dir);
+        return 0;
+    }
+    loom_ckpt_entry *list = NULL;
+    int n = loom_ckpt_list(dir, &list, 0), found = -1;
+    for (int i = 0; i < n && found < 0; i++) {
+        snprintf(m, sizeof m, "%s/manifest.json", list[i].path);
+        if (stat(m, &sb) == 0) found = i;
+    }
+    if (found >= 0) snprintf(out, size, "%s", list[found].path);
+    free(list);
+    return found >= 0 ? 0 : -1;
+}
+
+static void inspect(const char *dir, const loom_ckpt_manifest *m) {
+    const loom_ckpt_layout *l = &m->layout;
+    printf("checkpoint %s\n  loom %s, step %lld, tokens seen %lld, seed %llu\n", dir, m->version,
+           (long long)m->step, (long long)m->tokens_seen, (unsigned long long)m->seed);
+    printf("  layout at save: dp %d, tp %d, pp %d, ep %d, ZeRO-%d, %d rank(s)\n", l->dp, l->tp,
+           l->pp, l->ep, l->zero, l->world_size);
+    printf("  model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d, T %d\n",
+           loom_family_name(m->model.family), m->model.n_layer, m->model.d_model, m->model.n_head,
+           m->model.n_kv_head, m->model.d_ff, m->model.vocab_size, m->model.seq_len);
+    uint64_t total = 0;
+    int chunks = 0;
+    printf("  %-48s %-16s %7s %12s\n", "tensor", "shape", "chunks", "bytes");
+    for (int i = 0; i < m->n_tensors; i++) {
+        const loom_ckpt_tensor *t = &m->tensors[i];
+        uint64_t b = 0;
+        for (int k = 0; k < t->n_chunks; k++) b += t->chunks[k].bytes;
+        char shape[48];
+        if (t->ndim == 2)
+            snprintf(shape, sizeof shape, "[%lld, %lld]", (long long)t->shape[0],
+                     (long long)t->shape[1]);
+        else
+            snprintf(shape, sizeof shape, "[%lld]", (long long)t->shape[0]);
+        printf("  %-48s %-16s %7d %12llu\n", t->name, shape, t->n_chunks, (unsigned long long)b);
+        total += b;
+        chunks += t->n_chunks;
+    }
+    printf("  %d tensors, %d chunks, %.1f MiB in %d file(s)\n", m->n_tensors, chunks,
+           (double)total / (1 << 20), m->n_files);
+}
+
+static int export_weights(const char *dir, const loom_ckpt_manifest *m, const char *out) {
+    loom_param_table t;
+    loom_error err = {0};
+    if (loom_params_build(&t, &m->model, 0, 1, &err)) return fail(err.msg);
+    float *params = malloc(t.total * sizeof(float));
+    if (!params) {
+        loom_params_free(&t);
+        return fail("out of memory");
+    }
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, t.total}, {0}, {0}};
+    loom_status st = loom_ckpt_load(dir, m, &t, b, NULL, &err);
+    if (!st) st = loom_weights_save(out, &m->model, &t, params, &err);
+    free(params);
+    loom_params_free(&t);
+    if (st) return fail(err.msg);
+    fprintf(stderr, "loom ckpt: step %lld exported to %s\n", (long long)m->step, out);
+    return 0;
+}
+
+int loom_cmd_ckpt(int argc, char **argv) {
+    const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
+                        "safetensors -o FILE";
+    if (argc < 3) return fail(usage);
+    const char *cmd = argv[1], *arg = argv[2], *out = NULL, *format = "safetensors";
+    for (int i = 3; i < argc; i++) {
+        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
+            out = argv[++i];
+        else if (strcmp(argv[i], "--format") == 0 && i + 1 < argc)
+            format = argv[++i];
+        else {
+            char msg[256];
+            snprintf(msg, sizeof msg, "unexpected argument '%s' (%s)", argv[i], usage);
+            return fail(msg);
+        }
+    }
+    char dir[1400];
+    if (resolve(arg, dir, sizeof dir) != 0) {
+        char msg[1500];
+        snprintf(msg, sizeof msg, "%s: no checkpoint (no manifest.json, no complete step_* folder)",
+                 arg);
+        return fail(msg);
+    }
+    char path[1500];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    loom_ckpt_manifest m;
+    loom_error err = {0};
+    if (loom_ckpt_manifest_load(&m, path, 0, &err)) return fail(err.msg);
+    int rc = 0;
+    if (strcmp(cmd, "inspect") == 0) {
+        inspect(dir, &m);
+    } else if (strcmp(cmd, "verify") == 0) {
+        uint64_t bytes = 0;
+        if (loom_ckpt_verify(dir, &m, &bytes, &err))
+            rc = fail(err.msg);
+        else
+            printf("%s: ok (%d files, %llu bytes, every checksum matches)\n", dir, m.n_files,
+                   (unsigned long long)bytes);
+    } else if (strcmp(cmd, "export") == 0) {
+        if (strcmp(format, "safetensors") != 0)
+            rc = fail("--format: only safetensors is supported");
+        else if (!out)
+            rc = fail("export: -o FILE is required");
+        else
+            rc = export_weights(dir, &m, out);
+    } else {
+        rc = fail(usage);
+    }
+    loom_ckpt_manifest_free(&m);
+    return rc;
+}

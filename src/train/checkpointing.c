@@ -1,0 +1,412 @@
+#include "train/checkpointing.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/ckpt_dir.h"
+#include "ckpt/ckpt_loader.h"
+#include "ckpt/safetensors.h"
+#include "core/clock.h"
+#include "core/version.h"
+
+static volatile sig_atomic_t g_stop_signal;
+static void on_stop_signal(int sig) {
+    g_stop_signal = sig;
+}
+
+loom_status loom_checkpointing_validate(const loom_train_config *tc, loom_error *err) {
+    if (tc->ckpt_every < 0 || tc->ckpt_fast_every < 0 || tc->ckpt_keep < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--ckpt-every %d / --ckpt-fast-every %d / --ckpt-keep %d: expected "
+                              ">= 0",
+                              tc->ckpt_every, tc->ckpt_fast_every, tc->ckpt_keep);
+    if (tc->ckpt_every > 0 && !tc->ckpt_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-every %d: needs --ckpt-dir",
+                              tc->ckpt_every);
+    if (tc->ckpt_fast_every > 0 && !tc->ckpt_fast_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-fast-every %d: needs --ckpt-fast-dir",
+                              tc->ckpt_fast_every);
+    if (strcmp(tc->resume, "auto") == 0 && !tc->ckpt_dir[0] && !tc->ckpt_fast_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume auto: needs --ckpt-dir or --ckpt-fast-dir to search");
+    if (tc->resume[0] && tc->init_from[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--resume and --init-from: give only one");
+    return LOOM_OK;
+}
+
+/* The buffers this rank holds, and in lo/hi the range it owns of each. */
+static void held_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
+    const loom_zero *z = c->zero;
+    if (c->param_shard)
+        b[0] = (loom_ckpt_buffer){c->param_shard, z->lo, z->lo, z->hi};
+    else
+        b[0] = (loom_ckpt_buffer){c->params, 0, 0, z->total};
+    const size_t base = z->stage == 0 ? 0 : z->lo;
+    b[1] = (loom_ckpt_buffer){z->m, base, z->lo, z->hi};
+    b[2] = (loom_ckpt_buffer){z->v, base, z->lo, z->hi};
+}
+
+/* What this rank writes: its dp shard (row-snapped, computed even for ZeRO-0, so a
+ * replicated buffer is written once with bytes balanced over the replicas). */
+static void written_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
+    held_buffers(c, b);
+    const loom_zero *z = c->zero;
+    const int r = c->mesh->dp_rank;
+    const size_t lo = (size_t)z->shard_displs[r], hi = lo + (size_t)z->shard_counts[r];
+    for (int k = 0; k < LOOM_CKPT_KINDS; k++) b[k].lo = lo, b[k].hi = hi;
+}
+
+/* Fresh state (after a failed load attempt): initial parameters, zero moments. */
+static void reset_state(loom_checkpointing *c) {
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS];
+    held_buffers(c, b);
+    loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
+                           c->tc->seed);
+    size_t n = c->zero->stage == 0 ? c->zero->total : c->zero->hi - c->zero->lo;
+    memset(c->zero->m, 0, n * sizeof(float));
+    memset(c->zero->v, 0, n * sizeof(float));
+}
+
+static json_t *train_json(const loom_train_config *tc) {
+    return json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:s}",
+                     "micro_batch", tc->micro_batch, "global_batch", tc->global_batch, "steps",
+                     tc->steps, "warmup_steps", tc->warmup_steps, "lr", (double)tc->lr, "min_lr",
+                     (double)tc->min_lr, "beta1", (double)tc->adamw.beta1, "beta2",
+                     (double)tc->adamw.beta2, "adam_eps", (double)tc->adamw.eps, "weight_decay",
+                     (double)tc->adamw.weight_decay, "grad_clip", (double)tc->adamw.grad_clip,
+                     "data", tc->data, "val_data", tc->val_data);
+}
+
+static int same_model(const loom_model_config *a, const loom_model_config *b) {
+    return a->family == b->family && a->n_layer == b->n_layer && a->n_head == b->n_head &&
+           a->n_kv_head == b->n_kv_head && a->d_model == b->d_model && a->d_ff == b->d_ff &&
+           a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
+}
+
+/* One attempt: manifest, model check, load. Collective result: every rank agrees. */
+static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step,
+                            loom_error *err) {
+    char path[LOOM_CKPT_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    loom_ckpt_manifest m;
+    loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
+    if (st) return st;
+    if (!same_model(&m.model, c->mc)) {
+        st = loom_error_set(err, LOOM_ERR_INPUT,
+                            "%s: saved for a different model (%s, %d layers, d_model %d, vocab %d, "
+                            "T %d)",
+                            path, loom_family_name(m.model.family), m.model.n_layer,
+                            m.model.d_model, m.model.vocab_size, m.model.seq_len);
+    } else {
+        loom_ckpt_buffer b[LOOM_CKPT_KINDS];
+        held_buffers(c, b);
+        loom_ckpt_load_stats stats = {0};
+        double t0 = loom_now_ms();
+        st = loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
+        *step = m.step;
+        if (!st && c->mesh->rank == 0)
+            fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
+                    (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);
+        if (!st && m.seed != c->tc->seed && c->mesh->rank == 0)
+            fprintf(stderr,
+                    "loom: warning: %s was saved with --seed %llu, this run uses %llu (the data "
+                    "order differs from the saved run's)\n",
+                    dir, (unsigned long long)m.seed, (unsigned long long)c->tc->seed);
+    }
+    loom_ckpt_manifest_free(&m);
+    return st;
+}
+
+/* Candidates newest first: a step folder itself, or the step folders of tier folders. */
+static int candidates(const loom_train_config *tc, loom_ckpt_entry **list) {
+    int n = 0;
+    if (strcmp(tc->resume, "auto") != 0) {
+        char m[LOOM_PATH_MAX + 16];
+        snprintf(m, sizeof m, "%s/manifest.json", tc->resume);
+        struct stat sb;
+        if (stat(m, &sb) == 0) {
+            *list = calloc(1, sizeof **list);
+            if (!*list) return -1;
+            snprintf((*list)[0].path, sizeof(*list)[0].path, "%s", tc->resume);
+            return 1;
+        }
+        return loom_ckpt_list(tc->resume, list, 0);
+    }
+    if (tc->ckpt_dir[0]) n = loom_ckpt_list(tc->ckpt_dir, list, n);
+    if (n >= 0 && tc->ckpt_fast_dir[0]) n = loom_ckpt_list(tc->ckpt_fast_dir, list, n);
+    /* newest first across both tiers (stable insertion sort: few entries) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && (*list)[j].step > (*list)[j - 1].step; j--) {
+            loom_ckpt_entry t = (*list)[j];
+            (*list)[j] = (*list)[j - 1];
+            (*list)[j - 1] = t;
+        }
+    return n;
+}
+
+static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *err) {
+    const int lead = c->mesh->rank == 0;
+    loom_ckpt_entry *list = NULL;
+    int n = lead ? candidates(c->tc, &list) : 0;
+    double nd = n;
+    loom_status st = loom_comm_bcast(&c->mesh->world, &nd, sizeof nd, 0, err);
+    if (st) return st;
+    n = (int)nd;
+    if (n < 0) return loom_error_set(err, LOOM_ERR_NOMEM, "--resume: out of memory");
+    const int explicit_path = strcmp(c->tc->resume, "auto") != 0;
+    for (int i = 0; i < n; i++) {
+        char dir[LOOM_CKPT_PATH_MAX] = "";
+        if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
+        if ((st = loom_comm_bcast(&c->mesh->world, dir, sizeof dir, 0, err))) break;
+        int64_t step = 0;
+        loom_error e = {0};
+        loom_status ls = try_load(c, dir, &step, &e);
+        double v[2] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls};
+        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 2, err))) break;
+        if (v[0] == 0) {
+            *start_step = (int)step;
+            if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
+            free(list);
+            return LOOM_OK;
+        }
+        if (ls)
+            fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
+                    e.msg);
+        reset_state(c);
+        if (explicit_path && n == 1) {
+            free(list);
+            return loom_error_set(err, ls ? ls : LOOM_ERR_INPUT, "--resume %s: %s", c->tc->resume,
+                                  ls ? e.msg : "another rank could not load it");
+        }
+    }
+    free(list);
+    if (st) return st;
+    if (explicit_path)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--resume %s: no valid checkpoint there",
+                              c->tc->resume);
+    if (lead)
+        fprintf(stderr, "loom: --resume auto: no valid checkpoint in %s%s%s: starting fresh\n",
+                c->tc->ckpt_dir, c->tc->ckpt_dir[0] && c->tc->ckpt_fast_dir[0] ? " or " : "",
+                c->tc->ckpt_fast_dir);
+    return LOOM_OK;
+}
+
+/* --init-from: every parameter this rank holds from a safetensors file of global tensors
+ * under Hugging Face names; optimizer state starts at zero. */
+static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
+    loom_safetensors f;
+    loom_status st = loom_safetensors_open(&f, c->tc->init_from, err);
+    if (st) return st;
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS];
+    held_buffers(c, b);
+    loom_ckpt_plan plan = {0};
+    const loom_param_table *t = c->zero->table;
+    st = loom_ckpt_plan_range(&plan, t, LOOM_CKPT_PARAMS, b[0].lo, b[0].hi, 0, 0, err);
+    for (int i = 0; i < plan.n && !st; i++) {
+        const loom_ckpt_piece *q = &plan.items[i];
+        const loom_param *p = &t->params[q->param];
+        const float *src;
+        int64_t g[2];
+        loom_ckpt_param_global_2d(p, g);
+        if ((st = loom_safetensors_get_f32(&f, p->name, (size_t)(g[0] * g[1]), &src, err))) break;
+        for (int64_t r = 0; r < q->box.len[0]; r++)
+            memcpy(b[0].data + (q->local + (size_t)(r * q->stride) - b[0].base),
+                   src + (q->box.off[0] + r) * g[1] + q->box.off[1],
+                   (size_t)q->box.len[1] * sizeof(float));
+    }
+    loom_ckpt_plan_free(&plan);
+    loom_safetensors_close(&f);
+    if (!st && c->mesh->rank == 0)
+        fprintf(stderr, "loom: parameters from %s (optimizer state fresh)\n", c->tc->init_from);
+    return st ? loom_error_prefix(err, "--init-from") : LOOM_OK;
+}
+
+loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_config *mc,
+                                    const loom_train_config *tc, loom_mesh *mesh, loom_zero *zero,
+                                    float *params, float *param_shard, int *start_step,
+                                    loom_error *err) {
+    memset(c, 0, sizeof *c);
+    c->mc = mc;
+    c->tc = tc;
+    c->mesh = mesh;
+    c->zero = zero;
+    c->params = params;
+    c->param_shard = param_shard;
+    c->last_saved = -1;
+    *start_step = 0;
+    loom_status st = LOOM_OK;
+    if (tc->init_from[0]) st = import_weights(c, err);
+    if (!st && tc->resume[0]) st = resume(c, start_step, err);
+    /* The per-step collective result decides, so a failure on one rank fails all. */
+    double bad = st != LOOM_OK;
+    loom_status cs = loom_comm_allreduce_sum_f64(&mesh->world, &bad, 1, err);
+    if (st || cs) return st ? st : cs;
+    if (bad > 0) return loom_error_set(err, LOOM_ERR_INPUT, "another rank failed to load");
+    c->last_saved = *start_step > 0 ? *start_step : -1;
+    c->enabled = tc->ckpt_dir[0] || tc->ckpt_fast_dir[0];
+    if (!c->enabled) return LOOM_OK;
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS];
+    written_buffers(c, b);
+    if ((st = loom_ckpt_writer_create(&c->writer, zero->table, b, mesh->rank, err))) return st;
+    c->writer_ready = 1;
+    g_stop_signal = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    return LOOM_OK;
+}
+
+/* Every rank's write is done (sum of done flags known): rank 0 commits in the background. */
+static loom_status write_finished(loom_checkpointing *c, int failed, loom_error *err) {
+    c->in_flight = 0;
+    loom_error e = {0};
+    loom_status own = loom_ckpt_writer_wait(&c->writer, &e);
+    if (own) fprintf(stderr, "loom: rank %d: checkpoint write failed: %s\n", c->mesh->rank, e.msg);
+    if (failed) {
+        c->failures++;
+        if (c->mesh->rank == 0)
+            fprintf(stderr,
+                    "loom: checkpoint %s not committed (a rank's write failed); the "
+                    "previous checkpoint stays the newest\n",
+                    c->flight_dir);
+        return LOOM_OK;
+    }
+    if (c->mesh->rank != 0) return LOOM_OK;
+    loom_ckpt_manifest run;
+    memset(&run, 0, sizeof run);
+    const loom_train_config *tc = c->tc;
+    const loom_layout *l = &c->mesh->layout;
+    run.step = c->flight_step;
+    run.tokens_seen = c->flight_step * (int64_t)tc->global_batch * c->mc->seq_len;
+    run.seed = tc->seed;
+    run.layout = (loom_ckpt_layout){l->dp, l->tp, l->pp, l->ep, c->zero->stage, c->mesh->size};
+    run.model = *c->mc;
+    snprintf(run.version, sizeof run.version, "%s", LOOM_VERSION);
+    run.train = train_json(tc);
+    const int keep = tc->ckpt_keep;
+    return loom_ckpt_writer_start_commit(&c->writer, c->flight_dir, c->flight_tier, keep,
+                                         c->mesh->size, &run, err);
+}
+
+/* Rank 0: the previous commit's outcome (reported, never fatal: the previous checkpoint
+ * stays the newest valid one). */
+static void report_commit(loom_checkpointing *c) {
+    if (c->mesh->rank != 0) return;
+    loom_error e = {0};
+    if (loom_ckpt_writer_wait(&c->writer, &e)) {
+        c->failures++;
+        fprintf(stderr, "loom: checkpoint commit failed: %s\n", e.msg);
+    }
+}
+
+/* Sums (stop, done, failed) over the world. */
+static loom_status exchange(loom_checkpointing *c, double v[3], loom_error *err) {
+    v[0] = g_stop_signal != 0;
+    v[1] = c->in_flight && loom_ckpt_writer_idle(&c->writer);
+    v[2] = v[1] && c->writer.failed;
+    return loom_comm_allreduce_sum_f64(&c->mesh->world, v, 3, err);
+}
+
+/* Waits for the save in flight (every rank) and starts its commit. */
+static loom_status drain_write(loom_checkpointing *c, loom_error *err) {
+    if (!c->in_flight) return LOOM_OK;
+    loom_ckpt_writer_wait(&c->writer, NULL);
+    double v[3];
+    loom_status st = exchange(c, v, err);
+    if (st) return st;
+    return write_finished(c, v[2] > 0, err);
+}
+
+static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_error *err) {
+    double t0 = loom_now_ms();
+    if (c->in_flight || !loom_ckpt_writer_idle(&c->writer)) {
+        c->waits++;
+        if (c->mesh->rank == 0)
+            fprintf(stderr,
+                    "loom: step %d: the previous checkpoint is still being written; "
+                    "waiting for it\n",
+                    step);
+    }
+    loom_status st = drain_write(c, err);
+    if (st) return st;
+    report_commit(c); /* rank 0: the commit must finish before the buffer is reused */
+    double t1 = loom_now_ms();
+    c->wait_ms_total += t1 - t0;
+    loom_ckpt_writer_stage(&c->writer);
+    loom_ckpt_step_dir(c->flight_dir, sizeof c->flight_dir, tier, step);
+    snprintf(c->flight_tier, sizeof c->flight_tier, "%s", tier);
+    if ((st = loom_ckpt_writer_start(&c->writer, c->flight_dir, err))) return st;
+    c->in_flight = 1;
+    c->flight_step = step;
+    c->last_saved = step;
+    c->saves++;
+    c->stall_ms_last = loom_now_ms() - t1;
+    if (c->stall_ms_last > c->stall_ms_max) c->stall_ms_max = c->stall_ms_last;
+    return LOOM_OK;
+}
+
+loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err) {
+    *stop = 0;
+    if (!c->enabled) return LOOM_OK;
+    double v[3];
+    loom_status st = exchange(c, v, err);
+    if (st) return st;
+    if (c->in_flight && v[1] == c->mesh->size && (st = write_finished(c, v[2] > 0, err))) return st;
+    if (v[0] > 0) {
+        *stop = 1;
+        if (c->mesh->rank == 0)
+            fprintf(stderr, "loom: stop requested (signal) after step %d: saving, then exiting\n",
+                    step);
+        return LOOM_OK;
+    }
+    const loom_train_config *tc = c->tc;
+    if (step == tc->steps) return LOOM_OK; /* the final save follows */
+    if (tc->ckpt_dir[0] && tc->ckpt_every > 0 && step % tc->ckpt_every == 0)
+        return save(c, step, tc->ckpt_dir, err);
+    if (tc->ckpt_fast_dir[0] && tc->ckpt_fast_every > 0 && step % tc->ckpt_fast_every == 0)
+        return save(c, step, tc->ckpt_fast_dir, err);
+    return LOOM_OK;
+}
+
+loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err) {
+    if (!c->enabled) return LOOM_OK;
+    loom_status st = LOOM_OK;
+    const int failures = c->failures;
+    if (c->last_saved != step)
+        st = save(c, step, c->tc->ckpt_dir[0] ? c->tc->ckpt_dir : c->tc->ckpt_fast_dir, err);
+    if (!st) st = drain_write(c, err);
+    if (st) return st;
+    report_commit(c);
+    if (c->mesh->rank == 0) {
+        fprintf(stderr,
+                "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f), "
+                "waited for the previous save %d time(s), %d failed\n",
+                c->saves, c->stall_ms_last, c->stall_ms_max, c->waits, c->failures);
+        fprintf(stderr, "loom: last checkpoint write (rank 0, background): %llu bytes in %.1f ms\n",
+                (unsigned long long)c->writer.written_bytes, c->writer.write_ms);
+        if (c->failures == failures && c->saves > 0)
+            fprintf(stderr, "loom: checkpoint written to %s\n", c->flight_dir);
+    }
+    double bad = c->failures > failures;
+    if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, &bad, 1, err))) return st;
+    if (bad > 0)
+        return loom_error_set(err, LOOM_ERR_IO, "the final checkpoint %s was not committed",
+                              c->flight_dir);
+    return LOOM_OK;
+}
+
+void loom_checkpointing_close(loom_checkpointing *c) {
+    if (c->writer_ready) loom_ckpt_writer_destroy(&c->writer);
+    if (c->enabled) {
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+    }
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,51 @@
+/* What the trainer calls for checkpoints (ckpt/ does the work): resume or import at the
+ * start, a cheap per-step call that starts asynchronous saves and commits finished ones,
+ * and a final save. Every rank calls every function (they contain collectives over the
+ * world communicator, in the same order on all ranks).
+ * Per step, while checkpointing is on, the ranks sum three numbers over the world: a stop
+ * request (SIGTERM/SIGINT, whose handler only sets a flag), "my write is done", "my write
+ * failed". When every rank's write is done, rank 0's background thread commits the
+ * manifest; training never waits for it unless the next save comes first. */
+#ifndef LOOM_TRAIN_CHECKPOINTING_H
+#define LOOM_TRAIN_CHECKPOINTING_H
+
+#include "ckpt/ckpt_writer.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "parallel/mesh.h"
+#include "parallel/zero.h"
+#include "train/trainer.h"
+
+typedef struct {
+    const loom_model_config *mc;
+    const loom_train_config *tc;
+    loom_mesh *mesh;
+    loom_zero *zero;
+    float *params;      /* every parameter (ZeRO 0-2), or NULL */
+    float *param_shard; /* ZeRO-3: this rank's parameter shard, or NULL */
+    int enabled;        /* a tier is configured */
+    loom_ckpt_writer writer;
+    int writer_ready;
+    int in_flight; /* a write started and not yet known complete on every rank */
+    int64_t flight_step;
+    char flight_dir[LOOM_CKPT_PATH_MAX], flight_tier[LOOM_PATH_MAX];
+    int last_saved; /* step of the last save started (-1: none) */
+    int saves, waits, failures;
+    double stall_ms_last, stall_ms_max, wait_ms_total;
+} loom_checkpointing;
+
+/* Checks the checkpoint flags (messages name them). */
+loom_status loom_checkpointing_validate(const loom_train_config *tc, loom_error *err);
+/* After the parameters are initialised: applies --init-from or --resume (the buffers are
+ * overwritten) and sets *start_step (0 when starting fresh). */
+loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_config *mc,
+                                    const loom_train_config *tc, loom_mesh *mesh, loom_zero *zero,
+                                    float *params, float *param_shard, int *start_step,
+                                    loom_error *err);
+/* After optimizer step `step` (1-based). *stop = 1 when a signal asked every rank to stop. */
+loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err);
+/* The final checkpoint at `step` (unless already saved) and every pending commit. */
+loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err);
+void loom_checkpointing_close(loom_checkpointing *c);
+
+#endif
