@@ -162,6 +162,10 @@ void loom_progress_read(loom_progress_snapshot *s) {
     }
 }
 
+loom_phase loom_progress_current_phase(void) {
+    return (loom_phase)atomic_load_explicit(&g.phase, memory_order_relaxed);
+}
+
 int64_t loom_progress_steps_done(void) {
     return atomic_load_explicit(&g.steps_done, memory_order_acquire);
 }

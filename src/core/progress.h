@@ -71,5 +71,6 @@ void loom_progress_comm_done(const char *comm);
 /* Reader (any thread). */
 void loom_progress_read(loom_progress_snapshot *s);
 int64_t loom_progress_steps_done(void);
+loom_phase loom_progress_current_phase(void);
 
 #endif

@@ -177,7 +177,7 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
             s->straggler_hits++;
         else
             s->straggler_hits = 0;
-        if (s->straggler_hits >= 5 && !s->straggler_reported && found < max) {
+        if (s->straggler_hits >= 8 && !s->straggler_reported && found < max) {
             s->straggler_reported = 1;
             loom_straggler *o = &out[found++];
             o->rank = r;

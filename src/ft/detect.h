@@ -61,7 +61,7 @@ int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, 
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
                            loom_failure *f);
 /* Ranks whose median compute time over the last 8 steps is > factor x the median of
- * the others', five steps in a row; each rank is reported once per attempt. */
+ * the others', eight steps in a row; each rank is reported once per attempt. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
 
 /* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)

@@ -42,13 +42,20 @@ static void *beat_loop(void *arg) {
     (void)arg;
     const struct timespec poll = {0, 20 * 1000 * 1000};
     int64_t last_steps = -1;
+    loom_phase last_phase = LOOM_PHASE_COUNT;
     double last_sent = 0;
     while (!atomic_load(&hb.stop)) {
         int64_t steps = loom_progress_steps_done();
         double now = loom_now_ms();
-        if (steps != last_steps || now - last_sent >= hb.interval_ms) {
+        /* At once after a step, and when leaving the start-up/loading phases. */
+        loom_phase phase = loom_progress_current_phase();
+        int phase_news =
+            phase != last_phase && (last_phase == LOOM_PHASE_INIT ||
+                                    last_phase == LOOM_PHASE_CKPT || phase == LOOM_PHASE_CKPT);
+        if (steps != last_steps || phase_news || now - last_sent >= hb.interval_ms) {
             send_beat();
             last_steps = steps;
+            last_phase = phase;
             last_sent = now;
         }
         nanosleep(&poll, NULL);
@@ -118,6 +125,12 @@ void loom_heartbeat_stop(int failed, const char *msg) {
     loom_beat_fill(&hb.beat, hb.token, hb.rank, hb.world, hb.attempt, hb.host);
     if (failed && msg) snprintf(hb.beat.msg, sizeof hb.beat.msg, "%s", msg);
     for (int i = 0; i < 3; i++) (void)send(hb.fd, &hb.beat, sizeof hb.beat, 0);
+    if (failed) {
+        /* The caller ends the job next (MPI_Abort): give the other ranks' last beats, which
+         * may name the culprit (e.g. whose own loss was NaN), a moment to leave first. */
+        const struct timespec pause = {0, 150 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
     close(hb.fd);
     hb.fd = -1;
 }

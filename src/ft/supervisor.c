@@ -50,6 +50,7 @@ typedef struct {
     int *slots; /* slot of each current rank */
     failure_log *log;
     int n_log;
+    json_t *rejected; /* checkpoints a rank refused to load (checksum, missing file) */
     double start_ms;
 } sup;
 
@@ -87,6 +88,29 @@ static void skip_list_text(const loom_batch_skip *k, char *out, size_t size) {
     out[0] = 0;
     for (int i = 0; i < k->n && n + 24 < size; i++)
         n += (size_t)snprintf(out + n, size - n, "%s%lld", i ? "," : "", (long long)k->batches[i]);
+}
+
+/* Checkpoints the ranks of an attempt refused ("loom: rank R: checkpoint DIR not usable:
+ * why", from the resume code), for summary.json. */
+static void scan_rejected(sup *s, const char *attempt_dir) {
+    for (int r = 0; r < s->world; r++) {
+        char path[LOOM_RUN_PATH + 64], line[2048];
+        rank_log(s, attempt_dir, r, path, sizeof path);
+        FILE *fp = fopen(path, "r");
+        while (fp && fgets(line, sizeof line, fp)) {
+            int rank;
+            if (!strstr(line, " not usable: ") || sscanf(line, "loom: rank %d:", &rank) != 1)
+                continue;
+            line[strcspn(line, "\n")] = 0;
+            json_t *o = json_object();
+            json_object_set_new(o, "attempt", json_integer(s->attempt));
+            json_object_set_new(o, "rank", json_integer(rank));
+            json_object_set_new(o, "line", json_string(line));
+            json_array_append_new(s->rejected, o);
+            fprintf(stderr, "loom run: %s\n", line);
+        }
+        if (fp) fclose(fp);
+    }
 }
 
 /* The launcher's command line for this attempt (argv strings live in store). */
@@ -205,6 +229,7 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
     json_object_set_new(j, "final_ranks", json_integer(s->world));
     json_object_set_new(j, "failures", fails);
     json_object_set_new(j, "wasted_steps", json_integer(wasted));
+    json_object_set_new(j, "rejected_checkpoints", json_incref(s->rejected));
     json_object_set_new(j, "recovery_s_total", json_real(recovery));
     json_object_set_new(j, "wall_s", json_real((loom_now_ms() - s->start_ms) * 1e-3));
     json_object_set_new(j, "heartbeats_accepted", json_integer(s->mon.accepted));
@@ -227,6 +252,7 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
     double last_print = launch_ms;
     int64_t straggler_step = 0;
     int all_seen = 0, training = 0;
+    double dead_since = -1;
     int64_t spike_checked = 0, printed_step = 0;
     failure_log *pending =
         s->n_log && !s->log[s->n_log - 1].recovered ? &s->log[s->n_log - 1] : NULL;
@@ -298,9 +324,21 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
                 rs->beat.phase == LOOM_PHASE_DONE || rs->beat.phase == LOOM_PHASE_FAILED)
                 continue;
             if (loom_pid_dead(rs->beat.pid)) {
-                /* Let a failing rank's last beat (its reason) arrive before judging. */
+                /* A rank that died can be the victim of another's error (MPI_Abort kills
+                 * the job): wait a moment for failure reports before calling it a crash. */
+                if (dead_since < 0) dead_since = now;
+                if (now - dead_since < 200 && !loom_launch_poll(l)) break;
                 loom_monitor_drain(&s->mon, loom_now_ms());
-                if (s->mon.ranks[r].beat.phase == LOOM_PHASE_FAILED) break;
+                int reported = 0;
+                for (int q = 0; q < s->world; q++)
+                    reported |= s->mon.ranks[q].beat.phase == LOOM_PHASE_FAILED ||
+                                s->mon.ranks[q].beat.nonfinite_step > 0;
+                if (reported) {
+                    char log[LOOM_RUN_PATH + 32];
+                    snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+                    loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
+                    return 1;
+                }
                 memset(f, 0, sizeof *f);
                 f->kind = LOOM_FAIL_CRASH;
                 f->rank = r;
@@ -381,6 +419,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     s.world = cfg->ranks;
     s.dp = cfg->ranks;
     s.start_ms = loom_now_ms();
+    s.rejected = json_array();
     *exit_code = 1;
     loom_status st;
     if ((st = loom_batch_skip_parse(&s.skip, job->skip_steps, err))) return st;
@@ -449,6 +488,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         event(&s, "launch", "\"ranks\": %d, \"dp\": %d", s.world, s.dp);
         loom_failure f;
         int outcome = watch(&s, &l, attempt_dir, &f);
+        if (outcome != 1) scan_rejected(&s, attempt_dir);
         if (outcome == 0) {
             event(&s, "done", NULL);
             write_summary(&s, "finished", "every step done");
@@ -477,6 +517,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         event(&s, "stopped", "\"teardown_s\": %.3f, \"launcher_status\": %d", teardown * 1e-3,
               l.status);
         if (!f.exit_status) f.exit_status = l.status;
+        scan_rejected(&s, attempt_dir);
         if (f.kind == LOOM_FAIL_CRASH && f.rank < 0) { /* learn who from the launcher */
             loom_failure g;
             snprintf(path, sizeof path, "%s/launcher.log", attempt_dir);
@@ -557,6 +598,7 @@ done:
     if (s.events) fclose(s.events);
     free(s.blame);
     free(s.slots);
+    json_decref(s.rejected);
     free(s.log);
     loom_monitor_close(&s.mon);
     return st;
