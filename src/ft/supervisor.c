@@ -251,7 +251,7 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
     const double launch_ms = loom_now_ms();
     double last_print = launch_ms;
     int64_t straggler_step = 0;
-    int all_seen = 0, training = 0;
+    int all_seen = 0, loading = 0, training = 0;
     double dead_since = -1;
     int64_t spike_checked = 0, printed_step = 0;
     failure_log *pending =
@@ -270,6 +270,15 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
             if (n == s->world) {
                 all_seen = 1;
                 event(s, "all_ranks_beating", "\"after_s\": %.3f", (now - launch_ms) * 1e-3);
+            }
+        }
+        if (!loading) { /* every rank is past start-up: loading a checkpoint, or training */
+            int n = 0;
+            for (int r = 0; r < s->world; r++)
+                n += s->mon.ranks[r].seen && s->mon.ranks[r].beat.phase != LOOM_PHASE_INIT;
+            if (n == s->world) {
+                loading = 1;
+                event(s, "loading", NULL);
             }
         }
         if (!training) {
