@@ -69,6 +69,11 @@ void loom_progress_set_step(int64_t step) {
     atomic_store(&g.steps_done, step);
 }
 
+void loom_progress_step_begin(void) {
+    /* Waits between two steps (evaluation, checkpoint votes) are not this step's. */
+    g.blocked_at_last_step = atomic_load_explicit(&g.blocked_us, memory_order_relaxed);
+}
+
 void loom_progress_step_done(int64_t step, double loss, double wall_ms) {
     int64_t blocked = atomic_load_explicit(&g.blocked_us, memory_order_relaxed);
     double compute = wall_ms - (double)(blocked - g.blocked_at_last_step) * 1e-3;

@@ -55,6 +55,8 @@ const char *loom_phase_name(loom_phase p);
 
 /* Writers (the training thread). */
 void loom_progress_phase(loom_phase p);
+/* A step starts (its wall time is measured from here by the caller). */
+void loom_progress_step_begin(void);
 /* A step finished: its number, loss and wall time; the time spent blocked in
  * communication since the previous step is subtracted to give the compute time. */
 void loom_progress_step_done(int64_t step, double loss, double wall_ms);

@@ -172,8 +172,8 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
         for (int q = 0; q < m->world; q++)
             if ((q != r || have >= 3) && !isnan(med[q])) others[n++] = med[q];
         double base = median(others, n);
-        /* A floor of 1 ms keeps scheduler noise on tiny steps from counting. */
-        if (med[r] > factor * base && med[r] - base > 1.0)
+        /* A floor of 2 ms keeps scheduler noise on tiny steps from counting. */
+        if (base > 0 && med[r] > factor * base && med[r] - base > 2.0)
             s->straggler_hits++;
         else
             s->straggler_hits = 0;

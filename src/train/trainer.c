@@ -249,6 +249,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
         loom_fault_on_step(step + 1);
+        loom_progress_step_begin();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;

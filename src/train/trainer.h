@@ -43,8 +43,8 @@ typedef struct {
     int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
-    char skip_steps[LOOM_PATH_MAX];   /* batches never trained on (train/batch_skip.h) */
-    char inject[LOOM_PATH_MAX];       /* faults to inject (core/fault.h); cli arms them */
+    char skip_steps[LOOM_PATH_MAX];    /* batches never trained on (train/batch_skip.h) */
+    char inject[LOOM_PATH_MAX];        /* faults to inject (core/fault.h); cli arms them */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
