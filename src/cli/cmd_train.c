@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/train_options.h"
 #include "comm/world.h"
@@ -9,6 +10,8 @@
 #include "parallel/tp.h"
 #include "pipeline/pipeline.h"
 #include "core/cpu_boot.h"
+#include "core/fault.h"
+#include "ft/heartbeat.h"
 #include "train/trainer.h"
 
 int loom_cmd_train(int argc, char **argv) {
@@ -31,11 +34,20 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }
+    loom_fault_list faults = {0};
+    if ((st = loom_fault_parse(&faults, o.train.inject, "--inject", &err)) ||
+        (st = loom_fault_parse(&faults, getenv("LOOM_INJECT"), "LOOM_INJECT", &err))) {
+        fprintf(stderr, "loom train: %s\n", err.msg);
+        return 2;
+    }
     loom_world world;
     if ((st = loom_world_init(&world, &argc, &argv, &err))) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
+    loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
+    if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
+        fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
     if ((st = loom_mesh_create(&mesh, &world, o.train.layout, &err))) {
         if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
@@ -60,6 +72,7 @@ int loom_cmd_train(int argc, char **argv) {
         loom_train_options_print(&o, stderr);
     }
     st = loom_train_run(&o.model, &o.train, &mesh, &err);
+    loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         if (world.size > 1)
             fprintf(stderr, "loom train: rank %d: %s\n", world.rank, err.msg);

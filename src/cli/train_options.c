@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL } opt_type;
+typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL, OPT_LIST } opt_type;
 
 typedef struct {
     const char *key;
@@ -84,6 +84,10 @@ static const opt_def OPTS[] = {
      "auto (newest valid checkpoint, else start fresh) or a checkpoint/folder path"},
     {"init-from", OPT_STRING, TR(init_from), LOOM_PATH_MAX,
      "start from weights in a safetensors file (loom ckpt export, --save-weights)"},
+    {"skip-steps", OPT_STRING, TR(skip_steps), LOOM_PATH_MAX,
+     "batches never trained on, e.g. 5,9 (step s uses the s-th batch not listed)"},
+    {"inject", OPT_LIST, TR(inject), LOOM_PATH_MAX,
+     "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 
@@ -149,6 +153,13 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
         *(uint64_t *)base = x;
         break;
     }
+    case OPT_LIST: /* repeated flags accumulate, comma-separated */
+        if (strlen(base) + strlen(v) + 2 > s->def->size)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s: values too long (max %zu)", s->origin,
+                                  s->def->size - 1);
+        if (base[0]) strcat(base, ",");
+        strcat(base, v);
+        break;
     case OPT_STRING:
         if (strlen(v) >= s->def->size)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s: value too long (max %zu)", s->origin,
@@ -318,6 +329,7 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
             fprintf(f, "%" PRIu64 "\n", *(const uint64_t *)base);
             break;
         case OPT_STRING:
+        case OPT_LIST:
             fprintf(f, "%s\n", base);
             break;
         case OPT_FAMILY:

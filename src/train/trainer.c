@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/fault.h"
+#include "core/progress.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/transformer.h"
@@ -17,6 +19,7 @@
 #include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"
+#include "train/batch_skip.h"
 #include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/metrics.h"
@@ -93,7 +96,9 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
-    return loom_checkpointing_validate(tc, err);
+    loom_batch_skip skip;
+    loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
+    return st ? st : loom_checkpointing_validate(tc, err);
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -177,6 +182,7 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
     double sum = 0.0;
     loom_status st;
     loom_trace_begin(r->trace, "evaluate", "train");
+    loom_progress_phase(LOOM_PHASE_EVAL);
     for (int b = 0; b < tc->eval_batches; b++) {
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
         loom_dataset_sample(&r->val, tc->seed, -1 - (int64_t)b, (int64_t)mesh->dp_rank * per_rank,
@@ -254,15 +260,21 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     loom_status st;
     long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
+    loom_batch_skip skip;
+    if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
     int step = r->start_step, stop = 0;
+    loom_progress_set_step(step);
     for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
+        loom_fault_on_step(step + 1);
+        loom_progress_step_begin();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
-        loom_dataset_sample(&r->data, tc->seed, step, (int64_t)mesh->dp_rank * per_rank, per_rank,
+        const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
+        loom_dataset_sample(&r->data, tc->seed, batch, (int64_t)mesh->dp_rank * per_rank, per_rank,
                             r->batch);
         if (dumping && lead)
-            loom_dataset_sample(&r->data, tc->seed, step, 0, G,
+            loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
         memset(r->grads, 0, t->total * sizeof(float));
         double loss_sum = 0.0;
@@ -272,6 +284,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             return st;
         for (int k = 0; k < accum && !r->pipelined; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
+            loom_progress_phase(LOOM_PHASE_FORWARD);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
             if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1 && !r->pipelined) {
@@ -289,6 +302,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
             const int sp = r->tp.sequence_parallel, last = k + 1 == accum;
             if (last) loom_zero_begin_reduction(&r->zero);
+            loom_progress_phase(LOOM_PHASE_BACKWARD);
             if ((st = loom_model_backward(mod, r->params, r->grads,
                                           !last ? NULL
                                           : sp  ? loom_tp_grads_ready
@@ -296,6 +310,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                           sp ? (void *)&tp_ready : (void *)&ready)))
                 return st;
         }
+        loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
+        if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
         loom_trace_end(r->trace);
@@ -320,6 +336,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_trace_begin(r->trace, "optimizer", "train");
+        loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
                                            r->sharded_params ? r->fsdp.shard : NULL, r->grads, norm,
                                            lr, &tc->adamw, step + 1, err)))
@@ -328,6 +345,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
         double ms = loom_now_ms() - t0;
+        loom_progress_step_done(step + 1, loss, ms);
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {
             step + 1, loss,       lr, norm, (double)G * T / (ms * 1e-3), ms, r->zero.step_wait_ms,
@@ -476,6 +494,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
     }
+    loom_progress_phase(LOOM_PHASE_CKPT); /* resume: loading */
     if ((st = loom_checkpointing_open(
              &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
              r.sharded_params ? r.fsdp.shard : NULL, &r.start_step, err))) {

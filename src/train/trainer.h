@@ -44,10 +44,12 @@ typedef struct {
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
     /* pipeline parallelism (--pp > 1, src/pipeline/) */
-    char pp_schedule[16];         /* gpipe | 1f1b | interleaved | zb */
-    int virtual_stages;           /* model chunks per pipeline rank (interleaved) */
-    char pp_layers[256];          /* "" = even split, else layers per (virtual) stage */
-    char pp_stats[LOOM_PATH_MAX]; /* per-rank pipeline timers (JSON lines); "" = none */
+    char pp_schedule[16];           /* gpipe | 1f1b | interleaved | zb */
+    int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
+    char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
+    char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
+    char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
+    char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
