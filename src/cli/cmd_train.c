@@ -3,6 +3,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "cli/startup_watchdog.h"
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
@@ -27,12 +28,17 @@ int loom_cmd_train(int argc, char **argv) {
         return 2;
     }
     loom_world world;
+    loom_startup_watchdog watchdog; /* until every rank is in (the mesh is built) */
+    loom_startup_watchdog_arm(&watchdog, o.train.startup_timeout);
     if ((st = loom_world_init(&world, &argc, &argv, &err))) {
+        loom_startup_watchdog_disarm(&watchdog);
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
     loom_mesh mesh;
-    if ((st = loom_mesh_create(&mesh, &world, o.train.layout, &err))) {
+    st = loom_mesh_create(&mesh, &world, o.train.layout, &err);
+    loom_startup_watchdog_disarm(&watchdog);
+    if (st) {
         if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
         loom_world_finalize(&world);
         return st == LOOM_ERR_INPUT ? 2 : 1;

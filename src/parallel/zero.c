@@ -32,7 +32,12 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     const int R = dp->size;
     z->shard_counts = calloc((size_t)R, sizeof(int));
     z->shard_displs = calloc((size_t)R, sizeof(int));
-    z->max_buckets = table->n_layer + 2;
+    z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
+    if (z->bucket_floats < 1) z->bucket_floats = 1;
+    if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
+    /* Each posted range (at most one per layer, plus head and tail) splits into
+     * partitions of at most bucket_floats. */
+    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 3;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
     size_t prev = 0;
@@ -58,15 +63,18 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
         z->buckets[b].counts = calloc((size_t)R, sizeof(int));
         if (!z->buckets[b].counts) goto nomem;
     }
-    z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
-    if (z->bucket_floats < 1) z->bucket_floats = 1;
-    return LOOM_OK;
+    /* Queue room: every bucket of a step, plus ZeRO-3's gathers (head, blocks, tail). */
+    loom_status st =
+        loom_comm_engine_start(&z->engine, dp, z->max_buckets + table->n_layer + 2, err);
+    if (st) loom_zero_free(z);
+    return st;
 nomem:
     loom_zero_free(z);
     return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
 }
 
 void loom_zero_free(loom_zero *z) {
+    loom_comm_engine_stop(&z->engine);
     if (z->buckets)
         for (int b = 0; b < z->max_buckets; b++) free(z->buckets[b].counts);
     free(z->buckets);
@@ -89,17 +97,21 @@ void loom_zero_begin_reduction(loom_zero *z) {
     z->step_wait_ms = 0.0;
 }
 
-/* Starts the collective of [begin, end). */
-static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,
-                               loom_error *err) {
-    if (begin == end || z->dp->size == 1) return LOOM_OK;
+/* Posts the collective of one partition [begin, end). */
+static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size_t end,
+                                  loom_error *err) {
     if (z->n_buckets == z->max_buckets)
-        return loom_error_set(err, LOOM_ERR_STATE, "ZeRO: more buckets than layers");
+        return loom_error_set(err, LOOM_ERR_STATE, "ZeRO: more buckets than planned");
     loom_zero_bucket *b = &z->buckets[z->n_buckets++];
     b->begin = begin;
     b->end = end;
-    if (z->stage < 2)
-        return loom_comm_iallreduce_sum(z->dp, grads + begin, end - begin, &b->handle, err);
+    loom_comm_op *op = &b->op;
+    if (z->stage < 2) {
+        op->kind = LOOM_OP_ALLREDUCE;
+        op->buf = grads + begin;
+        op->count = end - begin;
+        return loom_comm_engine_post(&z->engine, op, err);
+    }
     /* Each rank receives the part of [begin, end) inside its shard. */
     size_t mine = 0;
     for (int r = 0; r < z->dp->size; r++) {
@@ -108,8 +120,23 @@ static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t 
         b->counts[r] = a < e ? (int)(e - a) : 0;
         if (r == z->dp->rank) mine = a < e ? a - z->lo : 0;
     }
-    return loom_comm_ireduce_scatter_sum(z->dp, grads + begin, z->grad_shard + mine, b->counts,
-                                         &b->handle, err);
+    op->kind = LOOM_OP_REDUCE_SCATTER;
+    op->send = grads + begin;
+    op->recv = z->grad_shard + mine;
+    op->counts = b->counts;
+    return loom_comm_engine_post(&z->engine, op, err);
+}
+
+/* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
+ * order backward finishes them in), so partitions are posted in one order everywhere. */
+static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,
+                               loom_error *err) {
+    if (begin == end || z->dp->size == 1) return LOOM_OK;
+    size_t n = end - begin, parts = (n + z->bucket_floats - 1) / z->bucket_floats;
+    loom_status st = LOOM_OK;
+    for (size_t k = parts; k-- > 0 && !st;)
+        st = post_partition(z, grads, begin + n * k / parts, begin + n * (k + 1) / parts, err);
+    return st;
 }
 
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
@@ -120,17 +147,18 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
     z->pending_begin = begin;
     loom_status st = LOOM_OK;
-    /* Starting a collective can itself take long (OpenMPI may do much of the work inside
-     * MPI_Iallreduce): that time blocks backward too, so it counts as exposed. */
+    /* Posting is cheap with the engine thread; without one (no MPI_THREAD_MULTIPLE) it
+     * starts the collective here, which can itself take long: that blocks backward, so
+     * the time counts as exposed either way. */
     double t0 = loom_comm_now_ms();
     if (z->pending_end - z->pending_begin >= z->bucket_floats) {
         st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
         z->pending_end = z->pending_begin;
     }
-    /* Give MPI a chance to move the buckets in flight while backward goes on. */
-    for (int b = 0; b < z->n_buckets && !st; b++) {
+    /* Without a thread, give MPI a chance to move the buckets while backward goes on. */
+    for (int b = 0; b < z->n_buckets && !st && !z->engine.threaded; b++) {
         int done;
-        st = loom_comm_test(&z->buckets[b].handle, &done, c->err);
+        st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
     return st;
@@ -140,7 +168,10 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     double t0 = loom_comm_now_ms();
     loom_status st = send_bucket(z, grads, z->pending_begin, z->pending_end, err);
     z->pending_end = z->pending_begin;
-    for (int b = 0; b < z->n_buckets && !st; b++) st = loom_comm_wait(&z->buckets[b].handle, err);
+    for (int b = 0; b < z->n_buckets; b++) {
+        loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
+        if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
+    }
     z->step_wait_ms += loom_comm_now_ms() - t0;
     if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));

@@ -10,24 +10,31 @@
  *            otherwise as stage 1.
  *   stage 3: as stage 2, and the parameters are sharded too (parallel/fsdp.h).
  * Overlap: during the last micro-batch's backward, model/transformer.c reports each flat
- * range whose gradients are final; ranges are merged into buckets of --bucket-mb and
- * their collective starts at once, while backward goes on with earlier layers; MPI is
- * given a chance to progress them at every layer boundary. */
+ * range whose gradients are final; ranges are merged until they reach --bucket-mb and
+ * then posted to the communication engine (comm/engine.h), whose thread starts and
+ * drives the collectives while backward goes on with earlier layers. A range larger
+ * than a bucket (the embedding: 38M floats on GPT-2 124M) is split into partitions of
+ * at most --bucket-mb, each its own collective: completions are finer-grained, MPI's
+ * temporary buffers stay bucket-sized, and no single monolithic collective is left.
+ * Issue order is the order gradients become final (output side first), the same on
+ * every rank, as MPI requires for collectives on one communicator. */
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
 
 #include "comm/comm.h"
+#include "comm/engine.h"
 #include "model/params.h"
 #include "train/optimizer.h"
 
 typedef struct {
     size_t begin, end;
-    loom_comm_handle handle;
+    loom_comm_op op;
     int *counts; /* reduce-scatter: floats of [begin, end) each rank receives */
 } loom_zero_bucket;
 
 typedef struct {
     loom_comm *dp;
+    loom_comm_engine engine; /* issues the non-blocking collectives (gradients, ZeRO-3 gathers) */
     int stage;
     const loom_param_table *table;
     size_t total;

@@ -35,6 +35,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->layout = (loom_layout){1, 1, 1, 1};
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
+    tc->startup_timeout = 60.0f;
     tc->eval_every = 0;
     tc->eval_batches = 4;
 }
@@ -78,6 +79,9 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
+    if (!(tc->startup_timeout > 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--startup-timeout %g: expected > 0 (seconds)",
+                              tc->startup_timeout);
     if (tc->eval_every < 0 || tc->eval_batches < 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--eval-every %d / --eval-batches %d: expected >= 0 and >= 1",
