@@ -143,7 +143,9 @@ size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
         if (n > biggest) biggest = n;
     }
     const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
+    /* A block in use and the next one prefetched (one when there is only one). */
+    size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
     size_t n = (f->zero->hi - f->zero->lo) + (head->end - head->begin) + (tail->end - tail->begin) +
-               2 * biggest;
+               blocks * biggest;
     return n * sizeof(float);
 }

@@ -86,9 +86,13 @@ void loom_zero_free(loom_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
-size_t loom_zero_state_bytes(const loom_zero *z) {
-    size_t n = z->hi - z->lo;
-    return (2 + (z->stage >= 2)) * n * sizeof(float);
+void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
+    const size_t n = z->hi - z->lo, f = sizeof(float);
+    m->shard_floats = n;
+    m->params = (z->stage == 3 ? n : z->total) * f;
+    m->grads_local = z->total * f;
+    m->grads_shard = z->stage >= 2 ? n * f : 0;
+    m->optimizer = 2 * n * f;
 }
 
 void loom_zero_begin_reduction(loom_zero *z) {

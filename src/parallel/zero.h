@@ -54,8 +54,20 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
                              double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);
 
-/* Bytes of optimizer state and reduced gradients held by this rank. */
-size_t loom_zero_state_bytes(const loom_zero *z);
+/* Bytes held per rank, by ZeRO's formulas (fp32; P parameters, N ranks, shard s ~ P/N
+ * snapped to rows): stage 0: params 4P, grads 4P, optimizer 8P; stage 1: optimizer 8s;
+ * stage 2: + a reduced gradient shard 4s; stage 3: params 4s (+ the gathered working
+ * set, parallel/fsdp.h). Every stage also keeps the full local gradient buffer (4P):
+ * backward accumulates into it across micro-batches and the bucket collectives read
+ * their send data from it (see docs/ARCHITECTURE.md, "Data parallelism"). */
+typedef struct {
+    size_t params;       /* persistent parameters: all (stages 0-2) or the shard (3) */
+    size_t grads_local;  /* the local accumulation buffer */
+    size_t grads_shard;  /* stage >= 2: the reduced gradient of the shard */
+    size_t optimizer;    /* AdamW m and v */
+    size_t shard_floats; /* this rank's shard (the whole buffer at stage 0) */
+} loom_zero_memory;
+void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
 
 /* Before the last micro-batch's backward. */
 void loom_zero_begin_reduction(loom_zero *z);

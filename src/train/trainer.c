@@ -345,13 +345,19 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
-        size_t param_bytes = r.sharded_params ? loom_fsdp_resident_bytes(&r.fsdp) : P * 4;
+        loom_zero_memory zm;
+        loom_zero_memory_of(&r.zero, &zm);
+        char gathered[64] = "";
+        if (r.sharded_params)
+            snprintf(gathered, sizeof gathered, " + %.3f MiB gathered at most",
+                     (loom_fsdp_resident_bytes(&r.fsdp) - zm.params) / MiB);
         fprintf(stderr,
-                "loom: memory per rank: params %.1f MiB%s, grads %.1f MiB, optimizer state "
-                "(+ reduced grad shard) %.1f MiB, activations %.1f MiB (micro-batch %d x %d)\n",
-                param_bytes / MiB, r.sharded_params ? " (shard + gathered blocks, at most)" : "",
-                P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
-                loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
+                "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
+                "+ %.3f MiB (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
+                "%.3f MiB (micro-batch %d x %d)\n",
+                zm.params / MiB, gathered, zm.grads_local / MiB, zm.grads_shard / MiB,
+                zm.optimizer / MiB, loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch,
+                T);
         fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r.data.n_shards,
                 (long long)r.data.total_tokens);
     }
