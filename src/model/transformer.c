@@ -263,7 +263,8 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         if (ready && !st) st = ready(ctx, k->norm1_w, end);
         if (!st) st = hook(m, 1, l, 1);
     }
-    loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
+    if (!(ready && m->defer_embedding_grad))
+        loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
     loom_trace_end(m->trace);
     return st;

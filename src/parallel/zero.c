@@ -35,9 +35,9 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
     if (z->bucket_floats < 1) z->bucket_floats = 1;
     if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
-    /* Each posted range (at most one per layer, plus head and tail) splits into
-     * partitions of at most bucket_floats. */
-    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 3;
+    /* Each posted range (at most one per layer, plus tail, wte and the rest of the
+     * head) splits into partitions of at most bucket_floats. */
+    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
     size_t prev = 0;
@@ -73,8 +73,13 @@ nomem:
     return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
 }
 
+loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {
+    return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
+}
+
 void loom_zero_free(loom_zero *z) {
     loom_comm_engine_stop(&z->engine);
+    loom_embed_grad_free(&z->embed);
     if (z->buckets)
         for (int b = 0; b < z->max_buckets; b++) free(z->buckets[b].counts);
     free(z->buckets);
@@ -149,8 +154,17 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     /* Ranges arrive in decreasing order: extend the pending run downwards. */
     if (end != z->pending_begin)
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
-    z->pending_begin = begin;
+    const int first = end == z->total, embed = z->embed.enabled;
     loom_status st = LOOM_OK;
+    if (embed && begin == 0) {
+        /* The embedding backward is left to us: d(wpe) here, the wte rows as data. The
+         * dense wte range went out at the start of backward. */
+        st = loom_embed_grad_post(&z->embed, &z->engine, z->dp->rank, c->grads, c->d_embed,
+                                  c->tokens, c->err);
+        if (st) return st;
+        begin = z->embed.wte_end;
+    }
+    z->pending_begin = begin;
     /* Posting is cheap with the engine thread; without one (no MPI_THREAD_MULTIPLE) it
      * starts the collective here, which can itself take long: that blocks backward, so
      * the time counts as exposed either way. */
@@ -159,6 +173,8 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
         z->pending_end = z->pending_begin;
     }
+    /* The dense wte range is final once the head's backward is done (the first call). */
+    if (!st && embed && first) st = send_bucket(z, c->grads, 0, z->embed.wte_end, c->err);
     /* Without a thread, give MPI a chance to move the buckets while backward goes on. */
     for (int b = 0; b < z->n_buckets && !st && !z->engine.threaded; b++) {
         int done;
@@ -175,6 +191,13 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
+    }
+    if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
+        loom_status w =
+            z->stage >= 2
+                ? loom_embed_grad_apply(&z->embed, &z->engine, z->grad_shard, z->lo, z->hi, err)
+                : loom_embed_grad_apply(&z->embed, &z->engine, grads, 0, z->total, err);
+        if (!st) st = w;
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
     if (!st && z->stage >= 2 && z->dp->size == 1)

@@ -23,6 +23,7 @@
 
 #include "comm/comm.h"
 #include "comm/engine.h"
+#include "parallel/embed_grad.h"
 #include "model/params.h"
 #include "train/optimizer.h"
 
@@ -46,6 +47,7 @@ typedef struct {
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;
     size_t pending_begin, pending_end; /* final but not yet sent */
+    loom_embed_grad embed;             /* the wte gradient's dense part early, rows at the end */
     double step_wait_ms;               /* this step: time spent inside gradient-communication calls
                                           (starting, testing, waiting): the part not hidden */
 } loom_zero;
@@ -76,7 +78,13 @@ typedef struct {
     loom_zero *zero;
     float *grads;
     loom_error *err;
+    const float *d_embed;  /* with zero->embed.enabled: d(embedding output) [N, C] */
+    const int32_t *tokens; /* and the micro-batch's tokens [N] */
 } loom_zero_ready_ctx;
+/* Plans the split reduction of the embedding gradient (parallel/embed_grad.h) for
+ * micro-batches of n_tokens; when zero->embed.enabled the model must leave the
+ * embedding backward of the last micro-batch to ZeRO (loom_model.defer_embedding_grad). */
+loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err);
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);

@@ -236,7 +236,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             }
             loss_sum += loom_model_loss_and_dlogits(mod, dloss);
             /* The last micro-batch's backward reduces gradients as they become final. */
-            loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
+            loom_zero_ready_ctx ready = {&r->zero, r->grads, err, mod->dres, mod->inputs};
             int last = k + 1 == accum;
             if (last) loom_zero_begin_reduction(&r->zero);
             if ((st = loom_model_backward(mod, r->params, r->grads,
@@ -315,6 +315,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
+    if ((st = loom_zero_plan_embedding(&r.zero, tc->micro_batch * T, T, err))) {
+        run_free(&r);
+        return st;
+    }
+    r.model.defer_embedding_grad = r.zero.embed.enabled;
     const size_t P = r.model.table.total;
     r.sharded_params = r.zero.stage == 3;
     if (r.sharded_params) {
