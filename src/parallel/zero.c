@@ -74,6 +74,8 @@ nomem:
 }
 
 loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {
+    /* One bucket for the whole model asks for no overlap: everything after backward. */
+    if (z->bucket_floats >= z->total) return LOOM_OK;
     return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
 }
 

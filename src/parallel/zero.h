@@ -82,8 +82,9 @@ typedef struct {
     const int32_t *tokens; /* and the micro-batch's tokens [N] */
 } loom_zero_ready_ctx;
 /* Plans the split reduction of the embedding gradient (parallel/embed_grad.h) for
- * micro-batches of n_tokens; when zero->embed.enabled the model must leave the
- * embedding backward of the last micro-batch to ZeRO (loom_model.defer_embedding_grad). */
+ * micro-batches of n_tokens (not when one bucket holds the whole model: no overlap); when
+ * zero->embed.enabled the model must leave the embedding backward of the last micro-batch to ZeRO
+ * (loom_model.defer_embedding_grad). */
 loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err);
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
