@@ -90,11 +90,7 @@ static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
 /* Hands the whole pages inside range i back to the kernel. */
 static void release(loom_fsdp *f, int i) {
     loom_fsdp_range *r = &f->ranges[i];
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(f->view + r->begin), e = (uintptr_t)(f->view + r->end);
-    a = (a + page - 1) / page * page;
-    e = e / page * page;
-    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    loom_zero_release_pages(f->view, r->begin, r->end);
     r->state = 0;
 }
 

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
 
@@ -102,6 +104,64 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     m->optimizer = 2 * n * f;
 }
 
+float *loom_zero_grads_alloc(loom_zero *z) {
+    if (z->stage < 2) return calloc(z->total ? z->total : 1, sizeof(float));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;
+    z->page_map = malloc(z->grads_bytes / page);
+    void *p =
+        mmap(NULL, z->grads_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED || !z->page_map ? NULL : p;
+}
+
+void loom_zero_grads_free(loom_zero *z, float *grads) {
+    free(z->page_map);
+    z->page_map = NULL;
+    if (!grads) return;
+    if (z->stage < 2)
+        free(grads);
+    else
+        munmap(grads, z->grads_bytes);
+}
+
+void loom_zero_release_pages(float *base, size_t begin, size_t end) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(base + begin), e = (uintptr_t)(base + end);
+    a = (a + page - 1) / page * page;
+    e = e / page * page;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+void loom_zero_grads_clear(loom_zero *z, float *grads) {
+    if (z->stage < 2)
+        memset(grads, 0, z->total * sizeof(float));
+    else
+        madvise(grads, z->grads_bytes, MADV_DONTNEED);
+}
+
+size_t loom_zero_grads_resident(const loom_zero *z, const float *grads) {
+    if (z->stage < 2 || !z->page_map) return z->total * sizeof(float);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = z->grads_bytes / page, resident = 0;
+    if (mincore((void *)grads, z->grads_bytes, z->page_map) != 0) return z->grads_bytes;
+    for (size_t i = 0; i < n; i++) resident += z->page_map[i] & 1;
+    return resident * page;
+}
+
+/* The local gradient pages resident now, kept as the step's high-water mark. */
+static void sample_resident(loom_zero *z, const float *grads) {
+    if (z->stage < 2) return;
+    size_t r = loom_zero_grads_resident(z, grads);
+    if (r > z->grads_peak) z->grads_peak = r;
+}
+
+/* Stage >= 2: bucket b's reduced part is in grad_shard, its local pages can go. */
+static void release_bucket(loom_zero *z, float *grads, int b) {
+    loom_zero_bucket *k = &z->buckets[b];
+    if (z->stage < 2 || k->released) return;
+    loom_zero_release_pages(grads, k->begin, k->end);
+    k->released = 1;
+}
+
 void loom_zero_begin_reduction(loom_zero *z) {
     z->n_buckets = 0;
     z->pending_begin = z->pending_end = z->total;
@@ -116,6 +176,7 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
     loom_zero_bucket *b = &z->buckets[z->n_buckets++];
     b->begin = begin;
     b->end = end;
+    b->released = 0;
     loom_comm_op *op = &b->op;
     if (z->stage < 2) {
         op->kind = LOOM_OP_ALLREDUCE;
@@ -158,6 +219,7 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
     const int first = end == z->total, embed = z->embed.enabled;
     loom_status st = LOOM_OK;
+    sample_resident(z, c->grads);
     if (embed && begin == 0) {
         /* The embedding backward is left to us: d(wpe) here, the wte rows as data. The
          * dense wte range went out at the start of backward. */
@@ -177,22 +239,30 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     }
     /* The dense wte range is final once the head's backward is done (the first call). */
     if (!st && embed && first) st = send_bucket(z, c->grads, 0, z->embed.wte_end, c->err);
-    /* Without a thread, give MPI a chance to move the buckets while backward goes on. */
-    for (int b = 0; b < z->n_buckets && !st && !z->engine.threaded; b++) {
+    /* Without a thread, give MPI a chance to move the buckets while backward goes on;
+     * stage >= 2 hands back the local pages of buckets already reduced. */
+    for (int b = 0; b < z->n_buckets && !st; b++) {
+        if (z->engine.threaded && (z->stage < 2 || z->buckets[b].released)) continue;
         int done;
         st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
+        if (!st && done && z->stage >= 2) {
+            st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
+            release_bucket(z, c->grads, b);
+        }
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
     return st;
 }
 
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err) {
+    sample_resident(z, grads);
     double t0 = loom_comm_now_ms();
     loom_status st = send_bucket(z, grads, z->pending_begin, z->pending_end, err);
     z->pending_end = z->pending_begin;
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
+        release_bucket(z, grads, b);
     }
     if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
         loom_status w =
@@ -202,6 +272,7 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
         if (!st) st = w;
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
+    if (z->stage >= 2) z->grads_after = loom_zero_grads_resident(z, grads);
     if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));
     return st;

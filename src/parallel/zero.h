@@ -30,7 +30,8 @@
 typedef struct {
     size_t begin, end;
     loom_comm_op op;
-    int *counts; /* reduce-scatter: floats of [begin, end) each rank receives */
+    int *counts;  /* reduce-scatter: floats of [begin, end) each rank receives */
+    int released; /* stage >= 2: its local gradient pages went back to the kernel */
 } loom_zero_bucket;
 
 typedef struct {
@@ -48,8 +49,12 @@ typedef struct {
     int n_buckets, max_buckets;
     size_t pending_begin, pending_end; /* final but not yet sent */
     loom_embed_grad embed;             /* the wte gradient's dense part early, rows at the end */
-    double step_wait_ms;               /* this step: time spent inside gradient-communication calls
-                                          (starting, testing, waiting): the part not hidden */
+    size_t grads_bytes;                /* the local gradient buffer's mapping (stage >= 2) */
+    unsigned char *page_map;           /* mincore's answer, one byte a page */
+    size_t grads_peak;   /* most local gradient bytes resident at a layer boundary so far */
+    size_t grads_after;  /* ... and once the last reduction was done (edge pages only) */
+    double step_wait_ms; /* this step: time spent inside gradient-communication calls
+                            (starting, testing, waiting): the part not hidden */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
@@ -70,6 +75,22 @@ typedef struct {
     size_t shard_floats; /* this rank's shard (the whole buffer at stage 0) */
 } loom_zero_memory;
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
+
+/* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
+ * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
+ * reduce-scatter completes, since the reduced values live in grad_shard; clearing it for
+ * the next step hands back every page too (the kernel zero-fills a page on its next
+ * touch). Resident local gradients are then what backward has written and not yet had
+ * reduced; with accumulation the micro-batches before the last still fill all of it.
+ * Stages 0, 1 read the all-reduced gradient back from it: a plain zeroed allocation. */
+float *loom_zero_grads_alloc(loom_zero *z);
+void loom_zero_grads_free(loom_zero *z, float *grads);
+void loom_zero_grads_clear(loom_zero *z, float *grads);
+/* Bytes of the local gradient buffer resident now (mincore; stage >= 2), else all. The
+ * high-water mark over the layer boundaries of every reduction is z->grads_peak. */
+size_t loom_zero_grads_resident(const loom_zero *z, const float *grads);
+/* Hands the whole pages inside [begin, end) of base back to the kernel. */
+void loom_zero_release_pages(float *base, size_t begin, size_t end);
 
 /* Before the last micro-batch's backward. */
 void loom_zero_begin_reduction(loom_zero *z);

@@ -118,8 +118,8 @@ static void run_free(run_state *r) {
         loom_fsdp_free(&r->fsdp);
     else
         free(r->params);
+    loom_zero_grads_free(&r->zero, r->grads);
     loom_zero_free(&r->zero);
-    free(r->grads);
     free(r->batch);
     free(r->dump_batches);
     loom_metrics_close(&r->metrics);
@@ -222,7 +222,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (dumping && lead)
             loom_dataset_sample(&r->data, tc->seed, step, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
-        memset(r->grads, 0, t->total * sizeof(float));
+        loom_zero_grads_clear(&r->zero, r->grads);
         double loss_sum = 0.0;
         for (int k = 0; k < accum; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
@@ -334,7 +334,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     } else {
         r.params = calloc(P, sizeof(float));
     }
-    r.grads = calloc(P, sizeof(float));
+    r.grads = loom_zero_grads_alloc(&r.zero);
     r.batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
     if (tc->dump_dir[0] && lead)
         r.dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
@@ -405,6 +405,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     }
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
+    if (!st && lead && r.zero.stage >= 2)
+        fprintf(stderr,
+                "loom: local gradients resident at the last micro-batch's layer boundaries: at "
+                "most %.3f of %.3f MiB, %.3f MiB after the reduction (ZeRO-%d hands each "
+                "bucket's pages back once reduced)\n",
+                r.zero.grads_peak / 1048576.0, P * 4 / 1048576.0, r.zero.grads_after / 1048576.0,
+                r.zero.stage);
     if (!st && r.trace) {
         mesh->dp.trace = mesh->world.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);

@@ -7,6 +7,9 @@ checks, with P the parameter count the run prints and N the data-parallel size:
   params      4P (stages 0-2), 4P/N (stage 3)
   grads       4P local accumulation buffer (every stage), + 4P/N reduced shard (2, 3)
   optimizer   8P (stage 0), 8P/N (stages 1-3)
+and, for stages 2 and 3, that the end-of-run line on resident local gradients (mincore
+high-water mark) shows what accumulation wrote: 4P, less the rows of an untied
+embedding (Llama) that no token touched.
 A shard is P/N snapped to whole rows, so "P/N" is allowed to be off by at most one row
 of the widest tensor (or one whole 1-D tensor) plus the report's rounding (0.001 MiB).
 Usage: test_memory_report.py --loom PATH [--seed S]
@@ -23,6 +26,8 @@ import numpy as np
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 MIB = 1 << 20
+RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
+                      r"most ([\d.]+) of ([\d.]+) MiB, ([\d.]+) MiB after the reduction")
 LINE = re.compile(r"memory per rank: params ([\d.]+) MiB(?: \+ ([\d.]+) MiB gathered at most)?, "
                   r"grads ([\d.]+) MiB \(local accumulation\) \+ ([\d.]+) MiB \(reduced shard\), "
                   r"optimizer ([\d.]+) MiB")
@@ -39,8 +44,11 @@ def report(cmd):
         print(f"FAIL: no memory line in\n{p.stderr[-2000:]}")
         sys.exit(1)
     vals = [float(x) * MIB if x is not None else 0.0 for x in m.groups()]
-    return int(n.group(1)), dict(zip(("params", "gathered", "grads", "grad_shard", "optimizer"),
-                                      vals))
+    got = dict(zip(("params", "gathered", "grads", "grad_shard", "optimizer"), vals))
+    r = RESIDENT.search(p.stderr)
+    got["resident"] = float(r.group(1)) * MIB if r else None
+    got["after"] = float(r.group(3)) * MIB if r else None
+    return int(n.group(1)), got
 
 
 def main():
@@ -100,6 +108,28 @@ def main():
                 tol = 0.0011 * MIB if v in (0, 4 * P, 8 * P) else slack * (2 if k == "optimizer"
                                                                             else 1)
                 check(k, got[k], v, tol)
+            if zero >= 2:
+                # Stages 2, 3 hand back each bucket's local gradient pages once reduced;
+                # with accumulation (here 6 / dp micro-batches) the first micro-batches
+                # write every gradient except, for an untied embedding (Llama), the rows
+                # of tokens not seen: the high-water mark (mincore) lies in between.
+                untouched = 4 * V * C if family == "llama" else 0
+                lo, hi = 4 * P - untouched - 8192, 4 * P + 4096 + 0.0011 * MIB
+                r = got["resident"]
+                ok = r is not None and lo <= r <= hi
+                failures += not ok
+                print(f"  resident local grads: reported {'-' if r is None else f'{r / MIB:.3f}'}"
+                      f" MiB, expected in [{lo / MIB:.3f}, {hi / MIB:.3f}]"
+                      f"{'' if ok else '  <-- MISMATCH'}")
+                # Once reduced, only pages shared by two buckets (their edges) stay.
+                after, edges = got["after"], 2 * 4096 * (P // 16384 + L + 8)
+                ok = after is not None and after <= edges + 0.0011 * MIB
+                failures += not ok
+                print(f"  resident after the reduction: {after} bytes (at most {edges})"
+                      f"{'' if ok else '  <-- MISMATCH'}")
+            elif got["resident"] is not None:
+                failures += 1
+                print("  a 'local gradients resident' line at a stage that keeps them")
             if zero == 3:
                 # Gathered at most: the embedding range, the tail and two blocks, which
                 # is everything (4P) when there are at most two blocks.
