@@ -79,8 +79,9 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
-    if (!(tc->startup_timeout > 0))
-        return loom_error_set(err, LOOM_ERR_INPUT, "--startup-timeout %g: expected > 0 (seconds)",
+    if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--startup-timeout %g: expected seconds in (0, 86400]",
                               tc->startup_timeout);
     if (tc->eval_every < 0 || tc->eval_batches < 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
