@@ -65,9 +65,10 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
         z->buckets[b].counts = calloc((size_t)R, sizeof(int));
         if (!z->buckets[b].counts) goto nomem;
     }
-    /* Queue room: every bucket of a step, plus ZeRO-3's gathers (head, blocks, tail). */
+    /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
+     * gathers (head, blocks, tail). */
     loom_status st =
-        loom_comm_engine_start(&z->engine, dp, z->max_buckets + table->n_layer + 2, err);
+        loom_comm_engine_start(&z->engine, dp, z->max_buckets + 1 + table->n_layer + 2, err);
     if (st) loom_zero_free(z);
     return st;
 nomem:
