@@ -177,7 +177,7 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
     loom_zero_bucket *b = &z->buckets[z->n_buckets++];
     b->begin = begin;
     b->end = end;
-    b->released = 0;
+    b->released = b->reduced = 0;
     loom_comm_op *op = &b->op;
     if (z->stage < 2) {
         op->kind = LOOM_OP_ALLREDUCE;
@@ -241,17 +241,21 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     /* The dense wte range is final once the head's backward is done (the first call). */
     if (!st && embed && first) st = send_bucket(z, c->grads, 0, z->embed.wte_end, c->err);
     /* Without a thread, give MPI a chance to move the buckets while backward goes on;
-     * stage >= 2 hands back the local pages of buckets already reduced. */
+     * stage >= 2 notes the buckets already reduced. */
+    int reduced = 0;
     for (int b = 0; b < z->n_buckets && !st; b++) {
         if (z->engine.threaded && (z->stage < 2 || z->buckets[b].released)) continue;
         int done;
         st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
         if (!st && done && z->stage >= 2) {
             st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
-            release_bucket(z, c->grads, b);
+            z->buckets[b].reduced = reduced = 1;
         }
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
+    /* Handing pages back is memory work, not communication: outside the wait timer. */
+    for (int b = 0; b < z->n_buckets && reduced; b++)
+        if (z->buckets[b].reduced) release_bucket(z, c->grads, b);
     return st;
 }
 
@@ -263,7 +267,6 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        release_bucket(z, grads, b);
     }
     if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
         loom_status w =
@@ -273,6 +276,7 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
         if (!st) st = w;
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
+    for (int b = 0; b < z->n_buckets; b++) release_bucket(z, grads, b); /* untimed */
     if (z->stage >= 2) z->grads_after = loom_zero_grads_resident(z, grads);
     if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));

@@ -31,7 +31,8 @@ typedef struct {
     size_t begin, end;
     loom_comm_op op;
     int *counts;  /* reduce-scatter: floats of [begin, end) each rank receives */
-    int released; /* stage >= 2: its local gradient pages went back to the kernel */
+    int reduced;  /* stage >= 2: its reduce-scatter is complete */
+    int released; /* ... and its local gradient pages went back to the kernel */
 } loom_zero_bucket;
 
 typedef struct {
