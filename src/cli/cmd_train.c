@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cli/startup_watchdog.h"
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
@@ -41,7 +42,10 @@ int loom_cmd_train(int argc, char **argv) {
         return 2;
     }
     loom_world world;
+    loom_startup_watchdog watchdog; /* until every rank is in (the mesh is built) */
+    loom_startup_watchdog_arm(&watchdog, o.train.startup_timeout);
     if ((st = loom_world_init(&world, &argc, &argv, &err))) {
+        loom_startup_watchdog_disarm(&watchdog);
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
@@ -49,7 +53,9 @@ int loom_cmd_train(int argc, char **argv) {
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
-    if ((st = loom_mesh_create(&mesh, &world, o.train.layout, &err))) {
+    st = loom_mesh_create(&mesh, &world, o.train.layout, &err);
+    loom_startup_watchdog_disarm(&watchdog);
+    if (st) {
         if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
         loom_world_finalize(&world);
         return st == LOOM_ERR_INPUT ? 2 : 1;

@@ -67,6 +67,8 @@ static const opt_def OPTS[] = {
     {"zero", OPT_INT, TR(zero), 0,
      "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
+    {"startup-timeout", OPT_FLOAT, TR(startup_timeout), 0,
+     "seconds every rank has to start before the job stops (names missing ranks)"},
     {"save-weights", OPT_STRING, TR(save_weights), LOOM_PATH_MAX,
      "write the final weights (safetensors + config) for loom generate"},
     {"val-data", OPT_STRING, TR(val_data), LOOM_PATH_MAX, "validation shards (file or glob)"},

@@ -1,13 +1,15 @@
 #include "core/progress.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "core/clock.h"
 
-/* One slot per communicator name, claimed on first use by the training thread (the only
- * writer), published with n_comms. Strings are stored as pointers to the callers' string
- * literals, so a store is one word. */
+/* One slot per communicator name, claimed on first use (under claim_lock: the training
+ * thread and the communication engine's thread both start operations) and published
+ * with n_comms; after that each slot has one writer, the thread driving that communicator. Strings
+ * are stored as pointers to the callers' string literals, so a store is one word. */
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
     _Atomic uint64_t started;
@@ -89,14 +91,26 @@ void loom_progress_step_done(int64_t step, double loss, double wall_ms) {
     atomic_store_explicit(&g.steps_done, step, memory_order_release);
 }
 
-static comm_slot *slot_of(const char *comm) {
-    int n = atomic_load_explicit(&g.n_comms, memory_order_relaxed);
+static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static comm_slot *find_slot(const char *comm, int n) {
     for (int i = 0; i < n; i++)
         if (strncmp(g.comms[i].name, comm, LOOM_PROGRESS_NAME - 1) == 0) return &g.comms[i];
-    if (n == LOOM_PROGRESS_COMMS) return NULL; /* more names than slots: not tracked */
-    comm_slot *s = &g.comms[n];
-    strncpy(s->name, comm, LOOM_PROGRESS_NAME - 1);
-    atomic_store_explicit(&g.n_comms, n + 1, memory_order_release);
+    return NULL;
+}
+
+static comm_slot *slot_of(const char *comm) {
+    comm_slot *s = find_slot(comm, atomic_load_explicit(&g.n_comms, memory_order_acquire));
+    if (s) return s;
+    pthread_mutex_lock(&claim_lock);
+    int n = atomic_load_explicit(&g.n_comms, memory_order_relaxed);
+    s = find_slot(comm, n);              /* claimed by the other thread meanwhile? */
+    if (!s && n < LOOM_PROGRESS_COMMS) { /* more names than slots: not tracked */
+        s = &g.comms[n];
+        strncpy(s->name, comm, LOOM_PROGRESS_NAME - 1);
+        atomic_store_explicit(&g.n_comms, n + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&claim_lock);
     return s;
 }
 

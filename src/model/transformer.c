@@ -507,7 +507,9 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
         size_t end = l + 1 < L ? t->blocks[l + 1].norm1_w : t->normf_w;
         if (ready && !st) st = ready(ctx, t->blocks[l].norm1_w, end);
     }
-    if (!st) st = embed_backward(m, &d, g);
+    /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
+     * d(embedding output), left in m->dres, into the embeddings' gradients. */
+    if (!st && !(ready && m->defer_embedding_grad)) st = embed_backward(m, &d, g);
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
     loom_trace_end(m->trace);
     return st;

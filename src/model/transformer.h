@@ -59,6 +59,9 @@ typedef struct {
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */
     int split_backward;        /* 1: backward in B (input) and W (weight) parts */
+    /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
+     * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
+    int defer_embedding_grad;
 } loom_model;
 
 /* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */

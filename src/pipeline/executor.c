@@ -245,7 +245,7 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     x.next_report = pl->v - 1;
     /* Gradients go to data parallelism's buckets as each chunk finishes (through the
      * norm-gradient reduction of sequence parallelism first). */
-    loom_zero_ready_ctx ready = {zero, grads, err};
+    loom_zero_ready_ctx ready = {zero, grads, err, NULL, NULL}; /* no embedding split */
     loom_tp_ready_ctx tp_ready = {tp, &pl->slots[0]->table, grads, loom_zero_grads_ready, &ready};
     const int sp = tp->sequence_parallel;
     x.ready = sp ? loom_tp_grads_ready : loom_zero_grads_ready;

@@ -41,6 +41,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->layout = (loom_layout){1, 1, 1, 1};
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
+    tc->startup_timeout = 60.0f;
     tc->eval_every = 0;
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
@@ -86,6 +87,10 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
+    if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--startup-timeout %g: expected seconds in (0, 86400]",
+                              tc->startup_timeout);
     if (tc->eval_every < 0 || tc->eval_batches < 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--eval-every %d / --eval-batches %d: expected >= 0 and >= 1",
@@ -132,8 +137,8 @@ static void run_free(run_state *r) {
         loom_fsdp_free(&r->fsdp);
     else
         free(r->params);
+    loom_zero_grads_free(&r->zero, r->grads);
     loom_zero_free(&r->zero);
-    free(r->grads);
     free(r->batch);
     free(r->dump_batches);
     loom_metrics_close(&r->metrics);
@@ -276,7 +281,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (dumping && lead)
             loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
-        memset(r->grads, 0, t->total * sizeof(float));
+        loom_zero_grads_clear(&r->zero, r->grads);
         double loss_sum = 0.0;
         if (r->pipelined &&
             (st = loom_pipeline_step(&r->pipe, r->params, r->grads, r->batch, dloss, &r->zero,
@@ -298,7 +303,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loss_sum += s;
             /* The last micro-batch's backward reduces gradients as they become final
              * (with sequence parallelism the norm gradients over tp first). */
-            loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
+            loom_zero_ready_ctx ready = {&r->zero, r->grads, err, mod->dres, mod->inputs};
             loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
             const int sp = r->tp.sequence_parallel, last = k + 1 == accum;
             if (last) loom_zero_begin_reduction(&r->zero);
@@ -407,6 +412,12 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
+    /* The embedding split needs the whole model's backward in one place (not pipelined). */
+    if (!r.pipelined && (st = loom_zero_plan_embedding(&r.zero, tc->micro_batch * T, T, err))) {
+        run_free(&r);
+        return st;
+    }
+    r.model.defer_embedding_grad = r.zero.embed.enabled;
     const size_t P = r.model.table.total;
     r.sharded_params = r.zero.stage == 3;
     if (r.sharded_params) {
@@ -421,7 +432,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     } else {
         r.params = calloc(P, sizeof(float));
     }
-    r.grads = calloc(P, sizeof(float));
+    r.grads = loom_zero_grads_alloc(&r.zero);
     /* the unsharded registry of this stage (the whole model without pipelining) */
     const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r.pipelined || lead);
     if (r.tp.size > 1 &&
@@ -453,13 +464,19 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
-        size_t param_bytes = r.sharded_params ? loom_fsdp_resident_bytes(&r.fsdp) : P * 4;
+        loom_zero_memory zm;
+        loom_zero_memory_of(&r.zero, &zm);
+        char gathered[64] = "";
+        if (r.sharded_params)
+            snprintf(gathered, sizeof gathered, " + %.3f MiB gathered at most",
+                     (loom_fsdp_resident_bytes(&r.fsdp) - zm.params) / MiB);
         fprintf(stderr,
-                "loom: memory per rank: params %.1f MiB%s, grads %.1f MiB, optimizer state "
-                "(+ reduced grad shard) %.1f MiB, activations %.1f MiB (micro-batch %d x %d)\n",
-                param_bytes / MiB, r.sharded_params ? " (shard + gathered blocks, at most)" : "",
-                P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
-                loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
+                "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
+                "+ %.3f MiB (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
+                "%.3f MiB (micro-batch %d x %d)\n",
+                zm.params / MiB, gathered, zm.grads_local / MiB, zm.grads_shard / MiB,
+                zm.optimizer / MiB, loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch,
+                T);
         if (r.tp.size > 1)
             fprintf(stderr,
                     "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
@@ -523,6 +540,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     }
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
+    if (!st && lead && r.zero.stage >= 2)
+        fprintf(stderr,
+                "loom: local gradients resident at the last micro-batch's layer boundaries: at "
+                "most %.3f of %.3f MiB, %.3f MiB after the reduction (ZeRO-%d hands each "
+                "bucket's pages back once reduced)\n",
+                r.zero.grads_peak / 1048576.0, P * 4 / 1048576.0, r.zero.grads_after / 1048576.0,
+                r.zero.stage);
     if (!st && r.trace) {
         mesh->dp.trace = mesh->tp.trace = mesh->world.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);

@@ -28,6 +28,7 @@ typedef struct {
     loom_layout layout;               /* --dp --tp --pp --ep */
     int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;                  /* gradient bucket size for overlapped reduction */
+    float startup_timeout;            /* s: every rank must start within this */
     char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
     char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
     char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */

@@ -79,6 +79,7 @@ expect "config bad line" "line 2" -- train --config "$TMP/bad_line.ini"
 expect "dp vs world size" "--dp 2 x --tp 1 x --pp 1 = 2 ranks, but the job has 1" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --global-batch 4
 expect "batch split over dp" "--global-batch 2: must be a multiple of --dp 2 x --micro-batch 2" -- train "${BASE[@]}" --data "$GOOD" --dp 2
 expect "ep divides dp" "--ep 2: must divide --dp 1" -- train "${BASE[@]}" --data "$GOOD" --ep 2
+expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0
 expect "tp vs n_head" "--n-head 2: must be divisible by --tp 4" -- train "${BASE[@]}" --data "$GOOD" --tp 4
