@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/progress.h"
+
 /* Polling backoff of the engine thread while operations are in flight: short right
  * after something happened (the next round of a collective is usually ready soon),
  * growing while nothing does, so a wait on a slower rank costs almost no CPU. */
@@ -35,9 +37,25 @@ static void sleep_us(long us) {
     nanosleep(&ts, NULL);
 }
 
+/* For hang diagnosis (core/progress.h): the engine is waiting for its oldest operation in
+ * flight; `shown` is the sequence number recorded so far (0: none). */
+static uint64_t show_oldest(loom_comm_engine *e, uint64_t shown) {
+    const loom_comm_op *oldest = NULL;
+    for (int i = 0; i < e->n_running; i++)
+        if (!oldest || e->running[i]->h.seq < oldest->h.seq) oldest = e->running[i];
+    if (!oldest) {
+        if (shown) loom_progress_comm_done(e->comm.name);
+        return 0;
+    }
+    if (oldest->h.seq != shown)
+        loom_progress_comm_inflight(e->comm.name, oldest->h.seq, oldest->h.op);
+    return oldest->h.seq;
+}
+
 static void *engine_main(void *arg) {
     loom_comm_engine *e = arg;
     long poll_us = POLL_MIN_US;
+    uint64_t shown = 0;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         int progressed = 0;
@@ -55,6 +73,7 @@ static void *engine_main(void *arg) {
             else
                 e->running[e->n_running++] = op;
             progressed = 1;
+            shown = 0; /* starting an operation clears what was shown */
             pthread_mutex_lock(&e->mu);
         }
         if (e->n_running == 0) {
@@ -77,6 +96,7 @@ static void *engine_main(void *arg) {
                 i++;
             }
         }
+        shown = show_oldest(e, shown);
         if (progressed) {
             pthread_mutex_lock(&e->mu);
             pthread_cond_broadcast(&e->done);

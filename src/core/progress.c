@@ -17,6 +17,7 @@ typedef struct {
     _Atomic uint64_t waiting_seq;
     _Atomic(const char *) waiting_op;
     _Atomic int64_t wait_start_us;
+    _Atomic int wait_blocks; /* the wait blocks the training thread (counted in blocked_us) */
 } comm_slot;
 
 typedef struct {
@@ -125,19 +126,29 @@ void loom_progress_comm_start(const char *comm, uint64_t seq, const char *op, in
     if (blocking) loom_progress_comm_wait(comm, seq, op);
 }
 
-void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op) {
+static void record_wait(const char *comm, uint64_t seq, const char *op, int blocks) {
     comm_slot *s = slot_of(comm);
     if (!s) return;
+    atomic_store_explicit(&s->wait_blocks, blocks, memory_order_relaxed);
     atomic_store_explicit(&s->wait_start_us, now_us(), memory_order_relaxed);
     atomic_store_explicit(&s->waiting_op, op, memory_order_relaxed);
     atomic_store_explicit(&s->waiting_seq, seq, memory_order_release);
+}
+
+void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op) {
+    record_wait(comm, seq, op, 1);
+}
+
+void loom_progress_comm_inflight(const char *comm, uint64_t seq, const char *op) {
+    record_wait(comm, seq, op, 0);
 }
 
 void loom_progress_comm_done(const char *comm) {
     comm_slot *s = slot_of(comm);
     if (!s || !atomic_load_explicit(&s->waiting_seq, memory_order_relaxed)) return;
     int64_t dt = now_us() - atomic_load_explicit(&s->wait_start_us, memory_order_relaxed);
-    atomic_fetch_add_explicit(&g.blocked_us, dt, memory_order_relaxed);
+    if (atomic_load_explicit(&s->wait_blocks, memory_order_relaxed))
+        atomic_fetch_add_explicit(&g.blocked_us, dt, memory_order_relaxed);
     atomic_store_explicit(&s->waiting_seq, 0, memory_order_release);
 }
 

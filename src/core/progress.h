@@ -69,6 +69,10 @@ void loom_progress_set_step(int64_t step);
 void loom_progress_comm_start(const char *comm, uint64_t seq, const char *op, int blocking);
 void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op);
 void loom_progress_comm_done(const char *comm);
+/* Like comm_wait, for a thread that only drives non-blocking operations (the
+ * communication engine: it waits for the oldest one in flight). Shown in heartbeats as a
+ * wait, but not counted as time the training thread was blocked. */
+void loom_progress_comm_inflight(const char *comm, uint64_t seq, const char *op);
 
 /* Reader (any thread). */
 void loom_progress_read(loom_progress_snapshot *s);
