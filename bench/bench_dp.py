@@ -5,7 +5,9 @@
 (the global batch doubles), GPT-2 124M on random tokens, for --zero 0, 1, 2; each 2-rank
 run twice: with overlap (--bucket-mb 25, buckets reduced during backward) and without
 (--bucket-mb 100000: one bucket, sent after backward ends, so the whole reduction is
-exposed). Figures come from the --metrics JSON lines (median over the measured steps):
+exposed). All configurations run interleaved for --rounds rounds (machine load drifts;
+other jobs may share the cores: the load average is recorded). Figures come from the
+--metrics JSON lines (median over the measured steps of every round):
 
   efficiency[z]      = tokens/s (2 ranks, overlap) / (2 x tokens/s (1 rank))
   hidden_fraction[z] = 1 - grad_wait_ms (overlap) / grad_wait_ms (no overlap)
@@ -80,6 +82,8 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb):
         "tokens_per_s": round(tokens_per_step / (step_ms * 1e-3), 2),
         "grad_wait_ms": round(statistics.median(r["grad_wait_ms"] for r in measured), 1),
         "step_ms_all": [round(r["step_ms"], 1) for r in rows],
+        "measured_step_ms": [r["step_ms"] for r in measured],
+        "measured_wait_ms": [r["grad_wait_ms"] for r in measured],
         "wall_s": round(time.time() - t0, 1),
     }
     print(f"  {name}: median step {res['step_ms']:.0f} ms, {res['tokens_per_s']:.1f} tok/s, "
@@ -94,7 +98,8 @@ def main():
     ap.add_argument("--model", default="gpt2-small")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--micro-batch", type=int, default=2, help="= the per-rank batch")
-    ap.add_argument("--steps", type=int, default=7, help="steps per run, warm-up included")
+    ap.add_argument("--steps", type=int, default=6, help="steps per run, warm-up included")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all configs")
     ap.add_argument("--warmup", type=int, default=2, help="first steps not measured")
     ap.add_argument("--run-timeout", type=float, default=240.0, help="seconds per loom run")
     args = ap.parse_args()
@@ -108,24 +113,31 @@ def main():
           f"{args.steps} steps ({args.warmup} warm-up), 1 thread per rank; cores: "
           f"{os.cpu_count()}, load average at start: {os.getloadavg()[0]:.2f}", flush=True)
 
-    runs = {}
-    # The 1-rank baseline runs first and last; its figure is the median over both runs'
-    # measured steps, so a drift in machine load during the benchmark is shared.
-    runs["1rank_a"] = run_loom(args, data, tmp, "1rank_a", 1, 0, OVERLAP_MB)
+    # Configurations run interleaved, round after round, so a change in machine load
+    # (other jobs share the cores) hits every configuration alike; each figure is the
+    # median over all measured steps of all rounds.
+    configs = [("1rank", 1, 0, OVERLAP_MB)]
     for z in ZERO_STAGES:
-        runs[f"2rank_zero{z}_overlap"] = run_loom(args, data, tmp, f"2rank_zero{z}_overlap", 2, z,
-                                                  OVERLAP_MB)
-        runs[f"2rank_zero{z}_no_overlap"] = run_loom(args, data, tmp, f"2rank_zero{z}_no_overlap",
-                                                     2, z, NO_OVERLAP_MB)
-    # ZeRO-3 (parameters gathered per block, twice per step) against ZeRO-0, with overlap.
-    runs["2rank_zero3_overlap"] = run_loom(args, data, tmp, "2rank_zero3_overlap", 2, 3,
-                                           OVERLAP_MB)
-    runs["1rank_b"] = run_loom(args, data, tmp, "1rank_b", 1, 0, OVERLAP_MB)
-
-    base_steps = [ms for key in ("1rank_a", "1rank_b")
-                  for ms in runs[key]["step_ms_all"][args.warmup:]]
-    base_ms = statistics.median(base_steps)
-    base_tps = runs["1rank_a"]["tokens_per_step"] / (base_ms * 1e-3)
+        configs += [(f"2rank_zero{z}_overlap", 2, z, OVERLAP_MB),
+                    (f"2rank_zero{z}_no_overlap", 2, z, NO_OVERLAP_MB)]
+    configs.append(("2rank_zero3_overlap", 2, 3, OVERLAP_MB))
+    per_round = {name: [] for name, *_ in configs}
+    load = [os.getloadavg()[0]]
+    for rnd in range(args.rounds):
+        for name, ranks, zero, mb in configs:
+            per_round[name].append(run_loom(args, data, tmp, f"{name}_r{rnd}", ranks, zero, mb))
+            load.append(os.getloadavg()[0])
+    runs = {}
+    for name, res in per_round.items():
+        step_ms = statistics.median(ms for r in res for ms in r["measured_step_ms"])
+        tps = res[0]["tokens_per_step"] / (step_ms * 1e-3)
+        runs[name] = {"tokens_per_s": round(tps, 2), "step_ms": step_ms,
+                      "tokens_per_step": res[0]["tokens_per_step"],
+                      "grad_wait_ms": round(statistics.median(
+                          w for r in res for w in r["measured_wait_ms"]), 1),
+                      "per_round_tokens_per_s": [r["tokens_per_s"] for r in res]}
+    base_tps = runs["1rank"]["tokens_per_s"]
+    base_ms = runs["1rank"]["step_ms"]
 
     efficiency, efficiency_no_overlap, hidden, exposed = {}, {}, {}, {}
     for z in ZERO_STAGES:
@@ -145,23 +157,25 @@ def main():
         print(f"  {z}  | {ov['tokens_per_s']:8.1f} / {no['tokens_per_s']:8.1f}     "
               f"|   {efficiency[f'zero{z}']:.3f}    | {ov['grad_wait_ms']:7.0f} / "
               f"{no['grad_wait_ms']:7.0f}      | {'-' if h is None else f'{h:.3f}'}")
-    print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over both baseline runs)")
+    print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over all rounds)")
     load_end = os.getloadavg()[0]
 
     out = {
         "model": args.model, "seq_len": args.seq_len, "per_rank_batch": args.micro_batch,
         "steps": args.steps, "warmup": args.warmup, "threads_per_rank": 1,
-        "tokens_per_s": {"1rank": round(base_tps, 2),
-                         **{k: v["tokens_per_s"] for k, v in runs.items() if k.startswith("2")},
-                         "1rank_a": runs["1rank_a"]["tokens_per_s"],
-                         "1rank_b": runs["1rank_b"]["tokens_per_s"]},
+        "rounds": args.rounds,
+        "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
+        "tokens_per_s_per_round": {k: v["per_round_tokens_per_s"] for k, v in runs.items()},
         "efficiency": efficiency,
         "efficiency_no_overlap": efficiency_no_overlap,
         "hidden_fraction": hidden,
         "exposed_ms": exposed,
         "zero3_vs_zero0": round(runs["2rank_zero3_overlap"]["tokens_per_s"] /
                                 runs["2rank_zero0_overlap"]["tokens_per_s"], 3),
+        "load_avg_start": round(load[0], 2),
+        "load_avg_max": round(max(load), 2),
         "load_avg_end": round(load_end, 2),
+        "note": "other jobs shared the 2 cores (see load_avg_*): compare ratios of this run",
         "wall_s": round(time.time() - t_start, 1),
     }
     print(json.dumps(out))

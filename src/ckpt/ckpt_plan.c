@@ -92,6 +92,7 @@ loom_status loom_ckpt_plan_range(loom_ckpt_plan *plan, const loom_param_table *t
     for (int i = 0; i < t->n_params && !st; i++) {
         const loom_param *p = &t->params[i];
         if (skip_tp_replicas && p->tp_dim < 0 && p->tp_size > 1 && p->tp_rank != 0) continue;
+        if (skip_tp_replicas && p->replica) continue; /* its owner stage writes it */
         size_t a = p->offset > lo ? p->offset : lo;
         size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
         if (a >= b) continue;

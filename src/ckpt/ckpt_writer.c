@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "ckpt/ckpt_commit.h"
+#include "core/fault.h"
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
 #include "core/fs.h"
@@ -293,6 +294,7 @@ static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
     snprintf(path, sizeof path, "%s/%s", w->dir, name);
     loom_status st = write_file(path, w->image, w->image_bytes, err);
     if (!st) st = write_index(w, name, err);
+    if (!st) loom_fault_in_save(w->dir, path); /* injected faults (off unless asked for) */
     w->written_bytes = w->image_bytes;
     w->write_ms = loom_now_ms() - t0;
     return st;

@@ -2,13 +2,18 @@
 
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 
+#include "cli/startup_watchdog.h"
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
 #include "model/moe_config.h"
 #include "parallel/tp.h"
+#include "pipeline/pipeline.h"
 #include "core/cpu_boot.h"
+#include "core/fault.h"
+#include "ft/heartbeat.h"
 #include "train/trainer.h"
 
 int loom_cmd_train(int argc, char **argv) {
@@ -28,31 +33,35 @@ int loom_cmd_train(int argc, char **argv) {
         (st = loom_tp_validate(&o.model, o.train.layout.tp, o.train.sequence_parallel,
                                o.train.micro_batch * o.model.seq_len, &err)) ||
         (st = loom_moe_validate_layout(&o.model, o.train.layout.ep, o.train.layout.dp, o.train.zero,
-                                       o.train.layout.tp, o.train.layout.pp, &err))) {
+                                       o.train.layout.tp, o.train.layout.pp, &err)) ||
+        (st = loom_pipeline_validate(&o.model, &o.train, o.train.layout.dp, &err))) {
+        fprintf(stderr, "loom train: %s\n", err.msg);
+        return 2;
+    }
+    loom_fault_list faults = {0};
+    if ((st = loom_fault_parse(&faults, o.train.inject, "--inject", &err)) ||
+        (st = loom_fault_parse(&faults, getenv("LOOM_INJECT"), "LOOM_INJECT", &err))) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }
     loom_world world;
+    loom_startup_watchdog watchdog; /* until every rank is in (the mesh is built) */
+    loom_startup_watchdog_arm(&watchdog, o.train.startup_timeout);
     if ((st = loom_world_init(&world, &argc, &argv, &err))) {
+        loom_startup_watchdog_disarm(&watchdog);
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 1;
     }
+    loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
+    if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
+        fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
-    if ((st = loom_mesh_create(&mesh, &world, o.train.layout, &err))) {
+    st = loom_mesh_create(&mesh, &world, o.train.layout, &err);
+    loom_startup_watchdog_disarm(&watchdog);
+    if (st) {
         if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
         loom_world_finalize(&world);
         return st == LOOM_ERR_INPUT ? 2 : 1;
-    }
-    const loom_layout *l = &o.train.layout;
-    if (l->pp > 1) {
-        /* The mesh is built for every dimension; the layers that use pp are their own
-         * issue. */
-        if (world.rank == 0)
-            fprintf(stderr, "loom train: --pp > 1: only data, tensor and expert parallelism "
-                            "(--dp, --tp, --ep) are implemented so far\n");
-        loom_mesh_free(&mesh);
-        loom_world_finalize(&world);
-        return 2;
     }
     if (o.train.threads == 0) o.train.threads = loom_cpu_default_threads();
     loom_cpu_set_threads(o.train.threads);
@@ -63,6 +72,7 @@ int loom_cmd_train(int argc, char **argv) {
         loom_train_options_print(&o, stderr);
     }
     st = loom_train_run(&o.model, &o.train, &mesh, &err);
+    loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         if (world.size > 1)
             fprintf(stderr, "loom train: rank %d: %s\n", world.rank, err.msg);

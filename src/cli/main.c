@@ -5,7 +5,10 @@
 #include "cli/cmd_ckpt.h"
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
+#include "cli/cmd_gpu.h"
 #include "cli/cmd_plot.h"
+#include "cli/cmd_pp_schedule.h"
+#include "cli/cmd_run.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -19,8 +22,11 @@ static void usage(FILE *f) {
             "usage: loom <command> [options]\n\n"
             "commands:\n"
             "  train     train a model (loom train --help)\n"
+            "  run       train under the supervisor: restarts on failures (loom run --help)\n"
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
+            "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+            "  gpu-info  CUDA devices found, or why there are none\n"
             "  version   print the version\n",
             LOOM_VERSION);
 }
@@ -33,11 +39,14 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "pp-schedule") == 0) return loom_cmd_pp_schedule(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0) return loom_cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
+    if (strcmp(cmd, "gpu-info") == 0) return loom_cmd_gpu_info(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
         return 0;
@@ -46,9 +55,9 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(
-        stderr,
-        "loom: unknown command '%s' (expected train, data, generate, plot, tokenizer, version)\n",
-        cmd);
+    fprintf(stderr,
+            "loom: unknown command '%s' (expected train, run, data, generate, plot, tokenizer, "
+            "version)\n",
+            cmd);
     return 2;
 }

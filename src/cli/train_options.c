@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL } opt_type;
+typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL, OPT_LIST } opt_type;
 
 typedef struct {
     const char *key;
@@ -64,11 +64,21 @@ static const opt_def OPTS[] = {
     {"tp", OPT_INT, TR(layout.tp), 0, "tensor-parallel ranks (Megatron: heads, MLP, vocabulary)"},
     {"sequence-parallel", OPT_BOOL, TR(sequence_parallel), 0,
      "with --tp: split norms/residuals along the sequence (flag, or 0/1 in a config)"},
-    {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (not implemented yet)"},
+    {"pp", OPT_INT, TR(layout.pp), 0, "pipeline stages (layers split over them)"},
+    {"pp-schedule", OPT_STRING, TR(pp_schedule), 16,
+     "pipeline schedule: gpipe, 1f1b, interleaved, zb"},
+    {"virtual-stages", OPT_INT, TR(virtual_stages), 0,
+     "model chunks per pipeline rank (interleaved)"},
+    {"pp-layers", OPT_STRING, TR(pp_layers), 256,
+     "layers per pipeline stage, e.g. 3,5 (pp x virtual-stages counts; default even)"},
+    {"pp-stats", OPT_STRING, TR(pp_stats), LOOM_PATH_MAX,
+     "per-rank pipeline timers, JSON lines in FILE.rankN (benchmarks)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks (MoE): divides dp and n-experts"},
     {"zero", OPT_INT, TR(zero), 0,
      "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
+    {"startup-timeout", OPT_FLOAT, TR(startup_timeout), 0,
+     "seconds every rank has to start before the job stops (names missing ranks)"},
     {"save-weights", OPT_STRING, TR(save_weights), LOOM_PATH_MAX,
      "write the final weights (safetensors + config) for loom generate"},
     {"val-data", OPT_STRING, TR(val_data), LOOM_PATH_MAX, "validation shards (file or glob)"},
@@ -86,6 +96,10 @@ static const opt_def OPTS[] = {
      "auto (newest valid checkpoint, else start fresh) or a checkpoint/folder path"},
     {"init-from", OPT_STRING, TR(init_from), LOOM_PATH_MAX,
      "start from weights in a safetensors file (loom ckpt export, --save-weights)"},
+    {"skip-steps", OPT_STRING, TR(skip_steps), LOOM_PATH_MAX,
+     "batches never trained on, e.g. 5,9 (step s uses the s-th batch not listed)"},
+    {"inject", OPT_LIST, TR(inject), LOOM_PATH_MAX,
+     "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 
@@ -151,6 +165,13 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
         *(uint64_t *)base = x;
         break;
     }
+    case OPT_LIST: /* repeated flags accumulate, comma-separated */
+        if (strlen(base) + strlen(v) + 2 > s->def->size)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s: values too long (max %zu)", s->origin,
+                                  s->def->size - 1);
+        if (base[0]) strcat(base, ",");
+        strcat(base, v);
+        break;
     case OPT_STRING:
         if (strlen(v) >= s->def->size)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s: value too long (max %zu)", s->origin,
@@ -320,6 +341,7 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
             fprintf(f, "%" PRIu64 "\n", *(const uint64_t *)base);
             break;
         case OPT_STRING:
+        case OPT_LIST:
             fprintf(f, "%s\n", base);
             break;
         case OPT_FAMILY:

@@ -1,6 +1,8 @@
 #include "comm/comm.h"
 
 #include "core/clock.h"
+#include "core/fault.h"
+#include "core/progress.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -71,9 +73,12 @@ static int begin(loom_comm *c, loom_comm_handle *h, size_t bytes) {
     return c->size == 1;
 }
 
+/* h == NULL: a blocking operation (the caller waits in it at once). */
 static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t bytes) {
+    loom_fault_at_collective(); /* an injected hang stops before entering */
     int local = begin(c, h, bytes);
-    h->op = op;
+    if (h) h->op = op;
+    if (!local) loom_progress_comm_start(c->name, c->seq, op, h == NULL);
     return local;
 }
 
@@ -82,10 +87,11 @@ static void blocked(loom_comm *c, const char *op, double t0) {
     c->blocked_ms += dt;
     c->inflight_ms += dt;
     trace_op(c, op, c->seq, t0, t1);
+    loom_progress_comm_done(c->name);
 }
 
 loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom_error *err) {
-    if (begin(c, NULL, count * 4) || count == 0) return LOOM_OK;
+    if (begin_op(c, NULL, "allreduce", count * 4) || count == 0) return LOOM_OK;
     if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "allreduce: count too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi);
@@ -94,7 +100,7 @@ loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom
 }
 
 loom_status loom_comm_allreduce_sum_f64(loom_comm *c, double *buf, int count, loom_error *err) {
-    if (begin(c, NULL, (size_t)count * 8) || count == 0) return LOOM_OK;
+    if (begin_op(c, NULL, "allreduce", (size_t)count * 8) || count == 0) return LOOM_OK;
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_SUM, c->mpi);
     blocked(c, "allreduce", t0);
@@ -143,7 +149,7 @@ loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send
                                 const int *recv_displs, loom_error *err) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)send_counts[r];
-    if (begin(c, NULL, total * 4)) {
+    if (begin_op(c, NULL, "alltoallv", total * 4)) {
         memmove(recv + recv_displs[0], send + send_displs[0],
                 (size_t)send_counts[0] * sizeof(float));
         return LOOM_OK;
@@ -171,7 +177,7 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
 }
 
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err) {
-    if (begin(c, NULL, bytes)) return LOOM_OK;
+    if (begin_op(c, NULL, "bcast", bytes)) return LOOM_OK;
     if (too_big(bytes)) return loom_error_set(err, LOOM_ERR_STATE, "bcast: too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi);
@@ -196,7 +202,7 @@ loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, in
 }
 
 loom_status loom_comm_barrier(loom_comm *c, loom_error *err) {
-    if (begin(c, NULL, 0)) return LOOM_OK;
+    if (begin_op(c, NULL, "barrier", 0)) return LOOM_OK;
     double t0 = loom_comm_now_ms();
     int rc = MPI_Barrier(c->mpi);
     blocked(c, "barrier", t0);
@@ -206,7 +212,9 @@ loom_status loom_comm_barrier(loom_comm *c, loom_error *err) {
 loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err) {
     if (!h->active) return LOOM_OK;
     double t0 = loom_comm_now_ms();
+    loom_progress_comm_wait(h->comm->name, h->seq, h->op);
     int rc = MPI_Wait(&h->req, MPI_STATUS_IGNORE);
+    loom_progress_comm_done(h->comm->name);
     double t1 = loom_comm_now_ms();
     h->comm->blocked_ms += t1 - t0;
     h->comm->inflight_ms += t1 - h->start_ms;

@@ -5,7 +5,7 @@
 
 /* Launchers announce themselves in the environment; without one, skip MPI (an MPI
  * singleton would fork a runtime daemon for nothing). */
-static int launched_by_mpi(void) {
+int loom_world_launched(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") ||
            getenv("SLURM_PROCID");
 }
@@ -14,9 +14,9 @@ loom_status loom_world_init(loom_world *w, int *argc, char ***argv, loom_error *
     w->rank = 0;
     w->size = 1;
     w->mpi = 0;
-    if (!launched_by_mpi()) return LOOM_OK;
+    if (!loom_world_launched()) return LOOM_OK;
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return loom_error_set(err, LOOM_ERR_STATE, "MPI_Init_thread failed");
     w->mpi = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &w->rank);

@@ -10,6 +10,8 @@ typedef struct {
     int mpi; /* 1 when MPI was initialised by loom_world_init */
 } loom_world;
 
+/* 1 when an MPI launcher (mpirun, srun) started this process. */
+int loom_world_launched(void);
 loom_status loom_world_init(loom_world *w, int *argc, char ***argv, loom_error *err);
 void loom_world_finalize(loom_world *w);
 

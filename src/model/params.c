@@ -40,6 +40,7 @@ static size_t add_placed(builder *b, const char *name, int64_t rows, int64_t col
     p->expert = -1;
     p->ep_rank = b->ep_rank;
     p->ep_size = b->ep_size;
+    p->replica = 0;
     t->total += p->numel;
     return p->offset;
 }
@@ -78,9 +79,23 @@ loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error 
     return LOOM_OK;
 }
 
+static loom_status build_table(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                               int tp_size, int ep_rank, int ep_size, const loom_layer_set *set,
+                               loom_error *err);
+
 loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, int tp_rank,
                               int tp_size, loom_error *err) {
-    return loom_params_build_ep(t, c, tp_rank, tp_size, 0, 1, err);
+    return loom_params_build_stage(t, c, tp_rank, tp_size, NULL, err);
+}
+
+loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                                 int tp_size, int ep_rank, int ep_size, loom_error *err) {
+    return build_table(t, c, tp_rank, tp_size, ep_rank, ep_size, NULL, err);
+}
+
+loom_status loom_params_build_stage(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                                    int tp_size, const loom_layer_set *set, loom_error *err) {
+    return build_table(t, c, tp_rank, tp_size, 0, 1, set, err);
 }
 
 /* One expert's feed-forward tensors under `prefix` (Mixtral w1/w3/w2 for Llama, c_fc and
@@ -134,12 +149,16 @@ static void add_moe(builder *b, loom_block_params *k, const loom_model_config *c
     }
 }
 
-loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
-                                 int tp_size, int ep_rank, int ep_size, loom_error *err) {
+/* Rank tp_rank of tp_size, ep_rank of ep_size, holding the layer set (NULL: all). */
+static loom_status build_table(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                               int tp_size, int ep_rank, int ep_size, const loom_layer_set *set,
+                               loom_error *err) {
     memset(t, 0, sizeof *t);
     if (c->n_experts > 0 && (ep_size < 1 || c->n_experts % ep_size != 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--ep %d: must divide --n-experts %d", ep_size,
                               c->n_experts);
+    loom_layer_set whole = {1, {0}, {c->n_layer}, 1, 1};
+    if (!set) set = &whole;
     loom_status st = loom_params_check_tp(c, tp_size, err);
     if (st) return st;
     const int L = c->n_layer, C = c->d_model, F = c->d_ff, V = c->vocab_size;
@@ -147,11 +166,16 @@ loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c
     const int capacity = 8 + L * (16 + 4 * (c->n_experts > 0 ? c->n_experts : 0) + 8);
     t->params = calloc((size_t)capacity, sizeof *t->params);
     t->blocks = calloc((size_t)L, sizeof *t->blocks);
-    if (!t->params || !t->blocks) {
+    t->layer_ids = calloc((size_t)L + 1, sizeof *t->layer_ids);
+    if (!t->params || !t->blocks || !t->layer_ids) {
         loom_params_free(t);
         return loom_error_set(err, LOOM_ERR_NOMEM, "parameter registry: out of memory");
     }
-    t->n_layer = L;
+    t->n_layer = 0;
+    for (int ch = 0; ch < set->n_chunks; ch++)
+        for (int l = set->lo[ch]; l < set->hi[ch]; l++) t->layer_ids[t->n_layer++] = l;
+    t->has_embed = set->first;
+    t->has_head = set->last;
     t->ep_rank = ep_rank;
     t->ep_size = ep_size;
     t->n_local_experts = c->n_experts > 0 ? c->n_experts / ep_size : 0;
@@ -163,15 +187,20 @@ loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c
     const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)L);
     char n[LOOM_PARAM_NAME_MAX];
     const int gpt2 = c->family == LOOM_FAMILY_GPT2;
-    t->wpe = t->normf_b = LOOM_NO_PARAM;
-    if (gpt2) {
+    t->wte = t->wpe = t->normf_w = t->normf_b = t->lm_head = LOOM_NO_PARAM;
+    if (gpt2 && (set->first || set->last)) {
+        /* The last stage's copy of the tied embedding comes first too, so that its range
+         * is reported last in backward, as on the first stage. */
         t->wte = add_placed(&b, "transformer.wte.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
-        t->wpe = add(&b, "transformer.wpe.weight", c->seq_len, C, LOOM_INIT_NORMAL, std);
-    } else {
+        t->params[t->n_params - 1].replica = !set->first;
+        if (set->first)
+            t->wpe = add(&b, "transformer.wpe.weight", c->seq_len, C, LOOM_INIT_NORMAL, std);
+    } else if (set->first) {
         t->wte = add_placed(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
-    for (int l = 0; l < L; l++) {
-        loom_block_params *k = &t->blocks[l];
+    for (int i = 0; i < t->n_layer; i++) {
+        loom_block_params *k = &t->blocks[i];
+        const int l = t->layer_ids[i];
         k->norm1_b = k->qkv_b = k->attn_out_b = k->norm2_b = k->fc_b = k->proj_b = LOOM_NO_PARAM;
 /* COL: column-parallel (output rows split), ROW: row-parallel (input columns split). */
 #define NAME(suffix)                                                                               \
@@ -220,7 +249,9 @@ loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c
 #undef ROW
 #undef NAME
     }
-    if (gpt2) {
+    if (!set->last) {
+        /* no final norm or head on this stage */
+    } else if (gpt2) {
         t->normf_w = add_norm(&b, "transformer.ln_f.weight", C, LOOM_INIT_ONES);
         t->normf_b = add_norm(&b, "transformer.ln_f.bias", C, LOOM_INIT_ZEROS);
         t->lm_head = t->wte; /* tied */
@@ -234,6 +265,7 @@ loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c
 void loom_params_free(loom_param_table *t) {
     free(t->params);
     free(t->blocks);
+    free(t->layer_ids);
     memset(t, 0, sizeof *t);
 }
 

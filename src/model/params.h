@@ -42,6 +42,9 @@ typedef struct {
      * The name carries the global index, so shapes and offsets are the same on every ep
      * rank while the contents differ. */
     int expert, ep_rank, ep_size;
+    /* 1 for a copy that another pipeline stage also holds (GPT-2's tied embedding on the
+     * last stage): trained identically there, written to checkpoints by its owner only. */
+    int replica;
 } loom_param;
 
 /* Offsets of one expert's (or the shared expert's) feed-forward tensors: fc [FC, C]
@@ -76,10 +79,21 @@ typedef struct {
     size_t total;
     size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
     loom_block_params *blocks;                  /* n_layer entries */
-    int n_layer;
-    int ep_rank, ep_size; /* expert-parallel placement (1 group of one: all here) */
+    int n_layer;             /* blocks held here (all of them, or a pipeline stage's) */
+    int *layer_ids;          /* n_layer entries: block i here is global layer layer_ids[i] */
+    int has_embed, has_head; /* holds the embedding (first stage) / final norm + head (last) */
+    int ep_rank, ep_size;    /* expert-parallel placement (1 group of one: all here) */
     int expert_first, n_local_experts;
 } loom_param_table;
+
+/* The blocks a pipeline rank holds: n_chunks ranges [lo[c], hi[c]) of global layers (one
+ * per model chunk, increasing), and whether it holds the embedding and the head. */
+#define LOOM_MAX_CHUNKS 16
+typedef struct {
+    int n_chunks;
+    int lo[LOOM_MAX_CHUNKS], hi[LOOM_MAX_CHUNKS];
+    int first, last;
+} loom_layer_set;
 
 /* Registers the tensors as rank tp_rank of a tensor-parallel group of tp_size holds them
  * (tp_size 1: everything whole). Megatron placement: q/k/v, c_fc, gate/up and the
@@ -88,6 +102,12 @@ typedef struct {
  * and the biases of row-parallel layers replicated. */
 loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
                               int tp_size, loom_error *err);
+/* The same for a pipeline stage: only the tensors of `layers` (blocks in local order,
+ * under their global names; GPT-2's tied embedding also on the last stage, as a replica).
+ * layers NULL: the whole model. */
+loom_status loom_params_build_stage(loom_param_table *table, const loom_model_config *cfg,
+                                    int tp_rank, int tp_size, const loom_layer_set *layers,
+                                    loom_error *err);
 /* The divisibility tensor parallelism over tp ranks needs (n_head, n_kv_head, d_ff,
  * vocab_size); the message names the flag. */
 loom_status loom_params_check_tp(const loom_model_config *cfg, int tp, loom_error *err);

@@ -52,12 +52,11 @@ static float *carve(carver *cv, size_t floats) {
 }
 
 static void plan(loom_model *m, carver *cv, int sequence_parallel) {
-    const loom_model_config *c = &m->cfg;
     const dims d = dims_of(m, sequence_parallel);
     const size_t N = (size_t)d.N, Ns = (size_t)d.Ns, C = d.C, F = d.F;
     const size_t QKV = d.QKV, FC = d.FC, A = d.A;
     m->embed = carve(cv, Ns * C);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l < m->table.n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
         a->norm1 = carve(cv, Ns * C);
         a->norm1_mean = carve(cv, Ns);
@@ -69,10 +68,17 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
         a->norm2 = carve(cv, Ns * C);
         a->norm2_mean = carve(cv, Ns);
         a->norm2_rstd = carve(cv, Ns);
-        const size_t mlp = loom_model_layer_is_moe(c, l) ? 0 : N; /* MoE: model/moe.c */
+        /* MoE: the experts' activations live in model/moe.c */
+        const size_t mlp = loom_model_layer_is_moe(&m->cfg, m->table.layer_ids[l]) ? 0 : N;
         a->fc = carve(cv, mlp * FC);
         a->act = carve(cv, mlp * F);
         a->res2 = carve(cv, Ns * C);
+        /* split backward (zero-bubble W): the linears' output gradients, kept for W */
+        const int split = m->split_backward;
+        a->d_res2 = split && mlp ? carve(cv, N * C) : NULL;
+        a->d_fc = split && mlp ? carve(cv, N * FC) : NULL;
+        a->d_res1 = split ? carve(cv, N * C) : NULL;
+        a->d_qkv = split ? carve(cv, N * QKV) : NULL;
     }
     m->normf = carve(cv, Ns * C);
     m->normf_mean = carve(cv, Ns);
@@ -106,12 +112,34 @@ loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B
 
 loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_error *err) {
-    return loom_model_create_ep(m, cfg, B, T, tp, NULL, err);
+    return loom_model_create_stage(m, cfg, B, T, tp, NULL, 0, err);
 }
+
+static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                loom_comm *ep, loom_error *err);
 
 loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_comm *ep, loom_error *err) {
+    return create_model(m, cfg, B, T, tp, NULL, 0, ep, err);
+}
+
+loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                    loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                    loom_error *err) {
+    return create_model(m, cfg, B, T, tp, layers, split_backward, NULL, err);
+}
+
+static int whole_model(const loom_model_config *cfg, const loom_layer_set *layers) {
+    return !layers || (layers->n_chunks == 1 && layers->lo[0] == 0 &&
+                       layers->hi[0] == cfg->n_layer && layers->first && layers->last);
+}
+
+static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                loom_comm *ep, loom_error *err) {
     memset(m, 0, sizeof *m);
+    m->split_backward = split_backward;
     m->cfg = *cfg;
     m->tp = tp;
     m->B = B;
@@ -126,9 +154,14 @@ loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, in
                               tp->rows, tp->width);
     if (cfg->n_experts > 0 && tp && tp->size > 1)
         return loom_error_set(err, LOOM_ERR_INPUT, "--tp %d: not with --n-experts yet", tp->size);
-    if ((st = loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                   ep ? ep->rank : 0, ep ? ep->size : 1, err)) ||
-        (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err))) {
+    if (cfg->n_experts > 0 && !whole_model(cfg, layers))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--pp: not with --n-experts yet");
+    /* ep only for a whole model (MoE runs without pipelining) */
+    st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
+                                          layers, err)
+                : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
+                                       ep ? ep->rank : 0, ep ? ep->size : 1, err);
+    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err))) {
         loom_model_destroy(m);
         return st;
     }
@@ -235,64 +268,106 @@ static loom_status column_backward(loom_model *m, const dims *d, const float *do
     return tp_reduce(m, m->dnorm, out);
 }
 
-loom_status loom_model_forward(loom_model *m, const float *p) {
-    const loom_model_config *c = &m->cfg;
-    const dims d = dims_of(m, seq_parallel(m));
-    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
+/* Embedding of m->inputs into m->embed (first pipeline stage). */
+static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    loom_trace_begin(m->trace, "forward", "compute");
-    if (d.tp == 1) {
-        loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), B, T, C);
-    } else { /* vocabulary-parallel: each rank looks up its rows; positions once */
-        float *part = seq_parallel(m) ? m->dnorm : m->embed;
-        loom_embedding_forward_shard(part, m->inputs, p + t->wte,
-                                     d.rank == 0 ? cat(p, t->wpe) : NULL, d.v0, d.V, B, T, C);
-        st = tp_reduce(m, part, m->embed);
+    if (d->tp == 1) {
+        loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), m->B, m->T, d->C);
+        return LOOM_OK;
     }
-    const float *x = m->embed, *in;
-    for (int l = 0; l < c->n_layer && !st; l++) {
-        const loom_block_params *k = &t->blocks[l];
-        loom_block_acts *a = &m->blocks[l];
-        if ((st = hook(m, 0, l, 0))) break;
-        loom_trace_begin(m->trace, "block", "forward");
-        norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
-                     cat(p, k->norm1_b), Ns);
-        if (!(st = tp_gather(m, a->norm1, &in))) {
-            loom_linear_forward(a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
-            if (!is_gpt2(m)) loom_rope_forward(a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
-            loom_attention_forward(a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H, d.KV, hd);
-            st = row_forward(m, &d, a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), d.A);
-        }
-        if (!st) {
-            loom_add(a->res1, a->res1, x, (size_t)Ns * C);
-            norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
-                         cat(p, k->norm2_b), Ns);
-            st = tp_gather(m, a->norm2, &in);
-        }
-        if (!st && k->moe) {
-            st = loom_moe_forward(m->moe, l, p, in, a->res2);
-        } else if (!st) {
-            loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
-            if (is_gpt2(m))
-                loom_gelu_forward(a->act, a->fc, (size_t)N * d.F);
-            else
-                loom_swiglu_forward(a->act, a->fc, N, d.F);
-            st = row_forward(m, &d, a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), d.F);
-        }
-        if (!st) loom_add(a->res2, a->res2, a->res1, (size_t)Ns * C);
-        x = a->res2;
-        loom_trace_end(m->trace);
-        if (!st) st = hook(m, 1, l, 0);
+    /* vocabulary-parallel: each rank looks up its rows; positions once */
+    float *part = seq_parallel(m) ? m->dnorm : m->embed;
+    loom_embedding_forward_shard(part, m->inputs, p + t->wte, d->rank == 0 ? cat(p, t->wpe) : NULL,
+                                 d->v0, d->V, m->B, m->T, d->C);
+    return tp_reduce(m, part, m->embed);
+}
+
+/* Block l (local index) from input x; its output is m->blocks[l].res2. */
+static loom_status block_forward(loom_model *m, const dims *dd, const float *p, int l,
+                                 const float *x) {
+    const loom_model_config *c = &m->cfg;
+    const dims d = *dd;
+    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
+    const loom_block_params *k = &m->table.blocks[l];
+    loom_block_acts *a = &m->blocks[l];
+    const float *in;
+    loom_status st = hook(m, 0, l, 0);
+    if (st) return st;
+    loom_trace_begin(m->trace, "block", "forward");
+    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, cat(p, k->norm1_b),
+                 Ns);
+    if (!(st = tp_gather(m, a->norm1, &in))) {
+        loom_linear_forward(a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
+        if (!is_gpt2(m)) loom_rope_forward(a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
+        loom_attention_forward(a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H, d.KV, hd);
+        st = row_forward(m, &d, a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
-        norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w,
-                     cat(p, t->normf_b), Ns);
-        st = tp_gather(m, m->normf, &in);
+        loom_add(a->res1, a->res1, x, (size_t)Ns * C);
+        norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
+                     cat(p, k->norm2_b), Ns);
+        st = tp_gather(m, a->norm2, &in);
     }
-    if (!st) loom_linear_forward(m->logits, in, p + t->lm_head, NULL, N, C, d.V);
+    if (!st && k->moe) {
+        st = loom_moe_forward(m->moe, l, p, in, a->res2);
+    } else if (!st) {
+        loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
+        if (is_gpt2(m))
+            loom_gelu_forward(a->act, a->fc, (size_t)N * d.F);
+        else
+            loom_swiglu_forward(a->act, a->fc, N, d.F);
+        st = row_forward(m, &d, a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), d.F);
+    }
+    if (!st) loom_add(a->res2, a->res2, a->res1, (size_t)Ns * C);
+    loom_trace_end(m->trace);
+    return st ? st : hook(m, 1, l, 0);
+}
+
+/* Final norm and logits from the last block's output x. */
+static loom_status head_forward(loom_model *m, const dims *d, const float *p, const float *x) {
+    const loom_param_table *t = &m->table;
+    const float *in;
+    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
+                 d->Ns);
+    loom_status st = tp_gather(m, m->normf, &in);
+    if (!st) loom_linear_forward(m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
+    return st;
+}
+
+loom_status loom_model_forward(loom_model *m, const float *p) {
+    const dims d = dims_of(m, seq_parallel(m));
+    loom_trace_begin(m->trace, "forward", "compute");
+    loom_status st = embed_forward(m, &d, p);
+    const float *x = m->embed;
+    for (int l = 0; l < m->table.n_layer && !st; l++) {
+        st = block_forward(m, &d, p, l, x);
+        x = m->blocks[l].res2;
+    }
+    if (!st) st = head_forward(m, &d, p, x);
     loom_trace_end(m->trace);
     return st;
+}
+
+loom_status loom_model_embed_forward(loom_model *m, const float *p) {
+    const dims d = dims_of(m, seq_parallel(m));
+    return embed_forward(m, &d, p);
+}
+
+loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
+                                      const float **out) {
+    const dims d = dims_of(m, seq_parallel(m));
+    loom_status st = LOOM_OK;
+    for (int l = lo; l < hi && !st; l++) {
+        st = block_forward(m, &d, p, l, x);
+        x = m->blocks[l].res2;
+    }
+    *out = x;
+    return st;
+}
+
+loom_status loom_model_head_forward(loom_model *m, const float *p, const float *x) {
+    const dims d = dims_of(m, seq_parallel(m));
+    return head_forward(m, &d, p, x);
 }
 
 loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
@@ -325,85 +400,190 @@ double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
     return sum;
 }
 
-loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
-                                void *ctx) {
-    const loom_model_config *c = &m->cfg;
-    const dims d = dims_of(m, seq_parallel(m));
-    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
-    const loom_param_table *t = &m->table;
-    const float *x_last = c->n_layer > 0 ? m->blocks[c->n_layer - 1].res2 : m->embed;
-    const float *dn, *dy;
+/* Column-parallel weight gradient (the W half of column_backward). */
+static loom_status column_weight(loom_model *m, const dims *d, const float *dout, float *dw,
+                                 float *db, const float *inp_local, int OC) {
+    const float *inp;
+    loom_status st = tp_gather(m, inp_local, &inp);
+    if (!st) loom_linear_backward_weight(dw, db, dout, inp, d->N, d->C, OC);
+    return st;
+}
 
-    loom_trace_begin(m->trace, "backward", "compute");
-    /* logits = normf @ lm_head^T */
-    loom_status st =
-        column_backward(m, &d, m->logits, p + t->lm_head, g + t->lm_head, NULL, m->normf, d.V, &dn);
-    memset(m->dres, 0, (size_t)Ns * C * sizeof(float));
+/* Column-parallel input gradient (the B half): *dinp = d(input), summed over the ranks. */
+static loom_status column_input(loom_model *m, const dims *d, const float *dout, const float *w,
+                                int OC, const float **dinp) {
+    memset(m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
+    loom_linear_backward_input(m->dnorm, dout, w, d->N, d->C, OC);
+    float *out = seq_parallel(m) ? m->full : m->dnorm;
+    *dinp = out;
+    return tp_reduce(m, m->dnorm, out);
+}
+
+/* Head backward from dlogits: m->dres = d(x), the last block's output. With split backward
+ * the head's weight gradient waits for head_backward_weight. */
+static loom_status head_backward(loom_model *m, const dims *d, const float *p, float *g,
+                                 const float *x_last) {
+    const loom_param_table *t = &m->table;
+    const float *dn;
+    loom_status st = m->split_backward ? column_input(m, d, m->logits, p + t->lm_head, d->V, &dn)
+                                       : column_backward(m, d, m->logits, p + t->lm_head,
+                                                         g + t->lm_head, NULL, m->normf, d->V, &dn);
+    memset(m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), dn, x_last, p + t->normf_w,
-                      m->normf_mean, m->normf_rstd, Ns);
-    /* Everything after the last block (final norm, an untied head) is final now. */
-    if (!st && ready) st = ready(ctx, t->normf_w, t->total);
+                      m->normf_mean, m->normf_rstd, d->Ns);
+    return st;
+}
 
-    /* m->dres holds d(block output); each block turns it into d(block input). */
-    for (int l = c->n_layer - 1; l >= 0; l--) {
-        const loom_block_params *k = &t->blocks[l];
-        const loom_block_acts *a = &m->blocks[l];
-        const float *x = l > 0 ? m->blocks[l - 1].res2 : m->embed;
-        if (!st) st = hook(m, 0, l, 1);
-        if (st) {
-            loom_trace_end(m->trace);
-            return st;
-        }
-        loom_trace_begin(m->trace, "block", "backward");
-        /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full) */
-        if (k->moe) {
-            if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm)))
-                dn = m->dnorm;
-        } else if (!(st = tp_gather(m, m->dres, &dy))) {
-            memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
-            loom_linear_backward_input(m->dact, dy, p + k->proj_w, N, d.F, C);
+/* Block l backward from m->dres = d(output) to m->dres = d(input x). With split backward
+ * only the input gradients (B): the output gradients each linear's weight gradient needs
+ * are kept in the block's activations for block_backward_weight (W). Norm parameter
+ * gradients come with B (they are a by-product of the norm's input gradient). */
+static loom_status block_backward(loom_model *m, const dims *dd, const float *p, float *g, int l,
+                                  const float *x) {
+    const loom_model_config *c = &m->cfg;
+    const dims d = *dd;
+    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
+    const loom_block_params *k = &m->table.blocks[l];
+    loom_block_acts *a = &m->blocks[l];
+    const int split = m->split_backward;
+    float *dfc = split ? a->d_fc : m->dfc, *dqkv = split ? a->d_qkv : m->dqkv;
+    const float *dn, *dy;
+    loom_status st = hook(m, 0, l, 1);
+    if (st) return st;
+    loom_trace_begin(m->trace, "block", "backward");
+    /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: the
+     * experts' weight gradients come with B also under split backward. */
+    if (k->moe) {
+        if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
+    } else if (!(st = tp_gather(m, m->dres, &dy))) {
+        memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
+        loom_linear_backward_input(m->dact, dy, p + k->proj_w, N, d.F, C);
+        if (split)
+            memcpy(a->d_res2, dy, (size_t)N * C * sizeof(float));
+        else
             loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), dy, a->act, N, d.F, C);
-            memset(m->dfc, 0, (size_t)N * d.FC * sizeof(float));
-            if (is_gpt2(m))
-                loom_gelu_backward(m->dfc, a->fc, m->dact, (size_t)N * d.F);
-            else
-                loom_swiglu_backward(m->dfc, m->dact, a->fc, N, d.F);
-            st = column_backward(m, &d, m->dfc, p + k->fc_w, g + k->fc_w, at(g, k->fc_b), a->norm2,
-                                 d.FC, &dn);
-        }
-        if (!st) {
-            norm_backward(m, m->dres, g + k->norm2_w, at(g, k->norm2_b), dn, a->res1,
-                          p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
-            /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
-            st = tp_gather(m, m->dres, &dy);
-        }
-        if (!st) {
-            memset(m->datt, 0, (size_t)N * d.A * sizeof(float));
-            loom_linear_backward_input(m->datt, dy, p + k->attn_out_w, N, d.A, C);
+        memset(dfc, 0, (size_t)N * d.FC * sizeof(float));
+        if (is_gpt2(m))
+            loom_gelu_backward(dfc, a->fc, m->dact, (size_t)N * d.F);
+        else
+            loom_swiglu_backward(dfc, m->dact, a->fc, N, d.F);
+        st = split ? column_input(m, &d, dfc, p + k->fc_w, d.FC, &dn)
+                   : column_backward(m, &d, dfc, p + k->fc_w, g + k->fc_w, at(g, k->fc_b), a->norm2,
+                                     d.FC, &dn);
+    }
+    if (!st) {
+        norm_backward(m, m->dres, g + k->norm2_w, at(g, k->norm2_b), dn, a->res1, p + k->norm2_w,
+                      a->norm2_mean, a->norm2_rstd, Ns);
+        /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
+        st = tp_gather(m, m->dres, &dy);
+    }
+    if (!st) {
+        memset(m->datt, 0, (size_t)N * d.A * sizeof(float));
+        loom_linear_backward_input(m->datt, dy, p + k->attn_out_w, N, d.A, C);
+        if (split)
+            memcpy(a->d_res1, dy, (size_t)N * C * sizeof(float));
+        else
             loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), dy, a->att, N, d.A,
                                         C);
-            memset(m->dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-            loom_attention_backward(m->dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T,
-                                    d.H, d.KV, hd);
-            if (!is_gpt2(m)) loom_rope_backward(m->dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
-            st = column_backward(m, &d, m->dqkv, p + k->qkv_w, g + k->qkv_w, at(g, k->qkv_b),
-                                 a->norm1, d.QKV, &dn);
-        }
-        if (!st)
-            norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), dn, x, p + k->norm1_w,
-                          a->norm1_mean, a->norm1_rstd, Ns);
-        size_t end = l + 1 < c->n_layer ? t->blocks[l + 1].norm1_w : t->normf_w;
-        loom_trace_end(m->trace);
-        if (ready && !st) st = ready(ctx, k->norm1_w, end);
-        if (!st) st = hook(m, 1, l, 1);
+        memset(dqkv, 0, (size_t)N * d.QKV * sizeof(float));
+        loom_attention_backward(dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T, d.H,
+                                d.KV, hd);
+        if (!is_gpt2(m)) loom_rope_backward(dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
+        st = split ? column_input(m, &d, dqkv, p + k->qkv_w, d.QKV, &dn)
+                   : column_backward(m, &d, dqkv, p + k->qkv_w, g + k->qkv_w, at(g, k->qkv_b),
+                                     a->norm1, d.QKV, &dn);
     }
-    if (!st && d.tp == 1) {
-        loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, B, T, C);
-    } else if (!st && !(st = tp_gather(m, m->dres, &dy))) {
-        loom_embedding_backward_shard(g + t->wte, at(g, t->wpe), dy, m->inputs, d.v0, d.V, B, T, C);
+    if (!st)
+        norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), dn, x, p + k->norm1_w,
+                      a->norm1_mean, a->norm1_rstd, Ns);
+    loom_trace_end(m->trace);
+    return st ? st : hook(m, 1, l, 1);
+}
+
+/* W of block l: the weight gradients of its four linears from what B kept. */
+static loom_status block_backward_weight(loom_model *m, const dims *d, float *g, int l) {
+    const loom_block_params *k = &m->table.blocks[l];
+    const loom_block_acts *a = &m->blocks[l];
+    const int N = d->N, C = d->C;
+    loom_trace_begin(m->trace, "block", "backward-weight");
+    loom_status st = LOOM_OK;
+    if (!k->moe) { /* MoE: done in B */
+        loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
+        st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
     }
+    if (!st)
+        loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), a->d_res1, a->att, N,
+                                    d->A, C);
+    if (!st) st = column_weight(m, d, a->d_qkv, g + k->qkv_w, at(g, k->qkv_b), a->norm1, d->QKV);
+    loom_trace_end(m->trace);
+    return st;
+}
+
+/* Embedding gradient from m->dres = d(embed). */
+static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
+    const loom_param_table *t = &m->table;
+    const float *dy;
+    loom_status st = LOOM_OK;
+    if (d->tp == 1)
+        loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, m->B, m->T, d->C);
+    else if (!(st = tp_gather(m, m->dres, &dy)))
+        loom_embedding_backward_shard(g + t->wte, at(g, t->wpe), dy, m->inputs, d->v0, d->V, m->B,
+                                      m->T, d->C);
+    return st;
+}
+
+loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
+                                void *ctx) {
+    const dims d = dims_of(m, seq_parallel(m));
+    const loom_param_table *t = &m->table;
+    const int L = t->n_layer;
+    const float *x_last = L > 0 ? m->blocks[L - 1].res2 : m->embed;
+    loom_trace_begin(m->trace, "backward", "compute");
+    loom_status st = head_backward(m, &d, p, g, x_last);
+    /* Everything after the last block (final norm, an untied head) is final now. */
+    if (!st && ready) st = ready(ctx, t->normf_w, t->total);
+    /* m->dres holds d(block output); each block turns it into d(block input). */
+    for (int l = L - 1; l >= 0 && !st; l--) {
+        st = block_backward(m, &d, p, g, l, l > 0 ? m->blocks[l - 1].res2 : m->embed);
+        size_t end = l + 1 < L ? t->blocks[l + 1].norm1_w : t->normf_w;
+        if (ready && !st) st = ready(ctx, t->blocks[l].norm1_w, end);
+    }
+    /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
+     * d(embedding output), left in m->dres, into the embeddings' gradients. */
+    if (!st && !(ready && m->defer_embedding_grad)) st = embed_backward(m, &d, g);
     if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
     loom_trace_end(m->trace);
     return st;
+}
+
+loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, const float *x) {
+    const dims d = dims_of(m, seq_parallel(m));
+    return head_backward(m, &d, p, g, x);
+}
+
+loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
+                                       const float *x) {
+    const dims d = dims_of(m, seq_parallel(m));
+    loom_status st = LOOM_OK;
+    for (int l = hi - 1; l >= lo && !st; l--)
+        st = block_backward(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+    return st;
+}
+
+loom_status loom_model_blocks_backward_weight(loom_model *m, float *g, int lo, int hi) {
+    const dims d = dims_of(m, seq_parallel(m));
+    loom_status st = LOOM_OK;
+    for (int l = hi - 1; l >= lo && !st; l--) st = block_backward_weight(m, &d, g, l);
+    return st;
+}
+
+loom_status loom_model_head_backward_weight(loom_model *m, float *g) {
+    const dims d = dims_of(m, seq_parallel(m));
+    return column_weight(m, &d, m->logits, g + m->table.lm_head, NULL, m->normf, d.V);
+}
+
+loom_status loom_model_embed_backward(loom_model *m, float *g) {
+    const dims d = dims_of(m, seq_parallel(m));
+    return embed_backward(m, &d, g);
 }

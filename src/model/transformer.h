@@ -23,6 +23,8 @@ typedef struct {
     float *fc;   /* [N, F] or [N, 2F] pre-activation */
     float *act;  /* [N, F] */
     float *res2; /* [N,C] block output */
+    /* split backward only (else NULL): output gradients of proj, fc, attn_out, qkv */
+    float *d_res2, *d_fc, *d_res1, *d_qkv;
 } loom_block_acts;
 
 /* Called around every block's forward and backward (backward = 0 or 1): where fully
@@ -58,6 +60,10 @@ typedef struct {
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */
     loom_moe *moe;             /* NULL for a dense model (model/moe.h) */
+    int split_backward;        /* 1: backward in B (input) and W (weight) parts */
+    /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
+     * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
+    int defer_embedding_grad;
 } loom_model;
 
 /* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */
@@ -96,5 +102,32 @@ typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
  * NULL; its first error stops the calls and is returned. */
 loom_status loom_model_backward(loom_model *m, const float *params, float *grads,
                                 loom_grads_ready_fn ready, void *ctx);
+
+/* Pipeline stages (src/pipeline/): a model holding only `layers` (its registry has only
+ * those tensors, under their global names; layers NULL = all), and the pieces of forward
+ * and backward a stage runs. Layer indices lo..hi are local (table.layer_ids maps them to
+ * global ones). split_backward 1 splits block and head backward into B (input gradients,
+ * sent upstream at once) and W (weight gradients, later), keeping what W needs. */
+loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                    loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                    loom_error *err);
+/* m->inputs -> m->embed. */
+loom_status loom_model_embed_forward(loom_model *m, const float *params);
+/* Blocks [lo, hi) from input x (kept: backward reads it again); *out = the output. */
+loom_status loom_model_blocks_forward(loom_model *m, const float *params, int lo, int hi,
+                                      const float *x, const float **out);
+/* Final norm and logits from the last block's output x. */
+loom_status loom_model_head_forward(loom_model *m, const float *params, const float *x);
+/* From dlogits to m->dres = d(x) (x: the last block's output). */
+loom_status loom_model_head_backward(loom_model *m, const float *params, float *grads,
+                                     const float *x);
+/* m->dres = d(output of block hi-1) -> m->dres = d(x), x the input of block lo. */
+loom_status loom_model_blocks_backward(loom_model *m, const float *params, float *grads, int lo,
+                                       int hi, const float *x);
+/* W parts (split_backward models, after the matching B). */
+loom_status loom_model_blocks_backward_weight(loom_model *m, float *grads, int lo, int hi);
+loom_status loom_model_head_backward_weight(loom_model *m, float *grads);
+/* Embedding gradient from m->dres = d(embed). */
+loom_status loom_model_embed_backward(loom_model *m, float *grads);
 
 #endif

@@ -36,11 +36,13 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
     f->view = mmap(NULL, f->view_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (f->view == MAP_FAILED) f->view = NULL;
     loom_status st = f->ranges && f->shard && f->view ? LOOM_OK : LOOM_ERR_NOMEM;
+    /* A pipeline stage without the head: the tail range is empty. */
+    const size_t tail = t->normf_w == LOOM_NO_PARAM ? t->total : t->normf_w;
     for (int i = 0; i < f->n_ranges && !st; i++) {
-        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : t->normf_w;
+        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : tail;
         size_t end = i == 0   ? t->blocks[0].norm1_w
                      : i < L  ? t->blocks[i].norm1_w
-                     : i == L ? t->normf_w
+                     : i == L ? tail
                               : t->total;
         st = range_init(&f->ranges[i], z, begin, end);
     }
@@ -72,12 +74,17 @@ static loom_status start(loom_fsdp *f, int i, loom_error *err) {
     size_t a = z->lo > r->begin ? z->lo : r->begin, e = z->hi < r->end ? z->hi : r->end;
     if (a < e) memcpy(f->view + a, f->shard + (a - z->lo), (e - a) * sizeof(float));
     r->state = 1;
-    return loom_comm_iallgatherv(z->dp, f->view + r->begin, r->counts, r->displs, &r->handle, err);
+    r->op.kind = LOOM_OP_ALLGATHERV;
+    r->op.buf = f->view + r->begin;
+    r->op.counts = r->counts;
+    r->op.displs = r->displs;
+    return loom_comm_engine_post(&f->zero->engine, &r->op, err);
 }
 
 static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
     loom_status st = start(f, i, err);
-    if (!st && f->ranges[i].state == 1) st = loom_comm_wait(&f->ranges[i].handle, err);
+    if (!st && f->ranges[i].state == 1)
+        st = loom_comm_engine_wait(&f->zero->engine, &f->ranges[i].op, err);
     if (!st) f->ranges[i].state = 2;
     return st;
 }
@@ -85,11 +92,7 @@ static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
 /* Hands the whole pages inside range i back to the kernel. */
 static void release(loom_fsdp *f, int i) {
     loom_fsdp_range *r = &f->ranges[i];
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(f->view + r->begin), e = (uintptr_t)(f->view + r->end);
-    a = (a + page - 1) / page * page;
-    e = e / page * page;
-    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    loom_zero_release_pages(f->view, r->begin, r->end);
     r->state = 0;
 }
 
@@ -97,20 +100,28 @@ loom_status loom_fsdp_before_block(void *ctx, int layer, int backward) {
     loom_fsdp *f = ctx;
     int i = layer + 1, next = backward ? i - 1 : i + 1;
     loom_status st = ensure(f, i, f->err);
-    /* Prefetch the block that runs next while this one computes. */
-    if (!st && next >= 1 && next <= f->n_ranges - 2) st = start(f, next, f->err);
+    /* Prefetch what runs next while this block computes: the next block, or after the
+     * last block in forward the tail (a no-op when it is still resident). */
+    if (!st && next >= 1 && next <= f->n_ranges - 1 - backward) st = start(f, next, f->err);
     return st;
 }
 
 loom_status loom_fsdp_after_block(void *ctx, int layer, int backward) {
-    (void)backward;
-    release(ctx, layer + 1);
+    loom_fsdp *f = ctx;
+    release(f, layer + 1);
+    /* The final norm and head run next in forward. */
+    if (!backward && layer + 2 == f->n_ranges - 1) return ensure(f, f->n_ranges - 1, f->err);
     return LOOM_OK;
 }
 
 loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err) {
-    loom_status st = ensure(f, 0, err);
-    return st ? st : ensure(f, f->n_ranges - 1, err);
+    /* Input first: the embedding, and block 0 right behind it. */
+    loom_status st = start(f, 0, err);
+    if (!st && f->n_ranges > 2) st = start(f, 1, err);
+    if (!st) st = ensure(f, 0, err);
+    /* No blocks: nothing prefetches the tail. */
+    if (!st && f->n_ranges == 2) st = ensure(f, 1, err);
+    return st;
 }
 
 void loom_fsdp_invalidate(loom_fsdp *f) {
@@ -130,7 +141,9 @@ size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
         if (n > biggest) biggest = n;
     }
     const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
+    /* A block in use and the next one prefetched (one when there is only one). */
+    size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
     size_t n = (f->zero->hi - f->zero->lo) + (head->end - head->begin) + (tail->end - tail->begin) +
-               2 * biggest;
+               blocks * biggest;
     return n * sizeof(float);
 }

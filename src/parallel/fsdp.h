@@ -7,7 +7,12 @@
  * pages are handed back to the kernel (madvise MADV_DONTNEED), so resident parameter
  * memory is the shard plus about two blocks. The embedding range (head) and what follows
  * the last block (tail) stay gathered for the whole step: GPT-2's tied head needs the
- * embedding again at the end. */
+ * embedding again at the end.
+ *
+ * Gathers go through the ZeRO communication engine (comm/engine.h), in the order the
+ * forward needs them, input first: head, block 0 (prefetched with the head), then each
+ * block's successor while it computes, and the tail (final norm, an untied lm_head)
+ * while the last block computes; backward prefetches blocks in reverse. */
 #ifndef LOOM_PARALLEL_FSDP_H
 #define LOOM_PARALLEL_FSDP_H
 
@@ -15,7 +20,7 @@
 
 typedef struct {
     size_t begin, end;
-    loom_comm_handle handle;
+    loom_comm_op op;
     int *counts, *displs; /* per rank: its part of [begin, end), relative to begin */
     int state;            /* 0 released, 1 in flight, 2 resident */
 } loom_fsdp_range;

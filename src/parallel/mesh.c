@@ -12,6 +12,11 @@ loom_status loom_layout_validate(loom_layout l, int world_size, loom_error *err)
                               "--tp %d: larger than the job's %d rank(s) (a tensor-parallel group "
                               "needs --tp ranks; launch with mpirun -n %d or more)",
                               l.tp, world_size, l.tp);
+    if (l.pp > world_size)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--pp %d: larger than the job's %d rank(s) (each pipeline stage "
+                              "needs its own ranks; launch with mpirun -n %d or more)",
+                              l.pp, world_size, l.pp);
     if ((long)l.dp * l.tp * l.pp != world_size)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--dp %d x --tp %d x --pp %d = %ld ranks, but the job has %d "

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/kernels.h"
 
@@ -32,7 +34,12 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     const int R = dp->size;
     z->shard_counts = calloc((size_t)R, sizeof(int));
     z->shard_displs = calloc((size_t)R, sizeof(int));
-    z->max_buckets = table->n_layer + 2;
+    z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
+    if (z->bucket_floats < 1) z->bucket_floats = 1;
+    if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
+    /* Each posted range (at most one per layer, plus tail, wte and the rest of the
+     * head) splits into partitions of at most bucket_floats. */
+    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
     size_t prev = 0;
@@ -58,15 +65,26 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
         z->buckets[b].counts = calloc((size_t)R, sizeof(int));
         if (!z->buckets[b].counts) goto nomem;
     }
-    z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
-    if (z->bucket_floats < 1) z->bucket_floats = 1;
-    return LOOM_OK;
+    /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
+     * gathers (head, blocks, tail). */
+    loom_status st =
+        loom_comm_engine_start(&z->engine, dp, z->max_buckets + 1 + table->n_layer + 2, err);
+    if (st) loom_zero_free(z);
+    return st;
 nomem:
     loom_zero_free(z);
     return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
 }
 
+loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {
+    /* One bucket for the whole model asks for no overlap: everything after backward. */
+    if (z->bucket_floats >= z->total) return LOOM_OK;
+    return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
+}
+
 void loom_zero_free(loom_zero *z) {
+    loom_comm_engine_stop(&z->engine);
+    loom_embed_grad_free(&z->embed);
     if (z->buckets)
         for (int b = 0; b < z->max_buckets; b++) free(z->buckets[b].counts);
     free(z->buckets);
@@ -78,9 +96,71 @@ void loom_zero_free(loom_zero *z) {
     memset(z, 0, sizeof *z);
 }
 
-size_t loom_zero_state_bytes(const loom_zero *z) {
-    size_t n = z->hi - z->lo;
-    return (2 + (z->stage >= 2)) * n * sizeof(float);
+void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
+    const size_t n = z->hi - z->lo, f = sizeof(float);
+    m->shard_floats = n;
+    m->params = (z->stage == 3 ? n : z->total) * f;
+    m->grads_local = z->total * f;
+    m->grads_shard = z->stage >= 2 ? n * f : 0;
+    m->optimizer = 2 * n * f;
+}
+
+float *loom_zero_grads_alloc(loom_zero *z) {
+    if (z->stage < 2) return calloc(z->total ? z->total : 1, sizeof(float));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;
+    z->page_map = malloc(z->grads_bytes / page);
+    void *p =
+        mmap(NULL, z->grads_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED || !z->page_map ? NULL : p;
+}
+
+void loom_zero_grads_free(loom_zero *z, float *grads) {
+    free(z->page_map);
+    z->page_map = NULL;
+    if (!grads) return;
+    if (z->stage < 2)
+        free(grads);
+    else
+        munmap(grads, z->grads_bytes);
+}
+
+void loom_zero_release_pages(float *base, size_t begin, size_t end) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(base + begin), e = (uintptr_t)(base + end);
+    a = (a + page - 1) / page * page;
+    e = e / page * page;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+void loom_zero_grads_clear(loom_zero *z, float *grads) {
+    if (z->stage < 2)
+        memset(grads, 0, z->total * sizeof(float));
+    else
+        madvise(grads, z->grads_bytes, MADV_DONTNEED);
+}
+
+size_t loom_zero_grads_resident(const loom_zero *z, const float *grads) {
+    if (z->stage < 2 || !z->page_map) return z->total * sizeof(float);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = z->grads_bytes / page, resident = 0;
+    if (mincore((void *)grads, z->grads_bytes, z->page_map) != 0) return z->grads_bytes;
+    for (size_t i = 0; i < n; i++) resident += z->page_map[i] & 1;
+    return resident * page;
+}
+
+/* The local gradient pages resident now, kept as the step's high-water mark. */
+static void sample_resident(loom_zero *z, const float *grads) {
+    if (z->stage < 2) return;
+    size_t r = loom_zero_grads_resident(z, grads);
+    if (r > z->grads_peak) z->grads_peak = r;
+}
+
+/* Stage >= 2: bucket b's reduced part is in grad_shard, its local pages can go. */
+static void release_bucket(loom_zero *z, float *grads, int b) {
+    loom_zero_bucket *k = &z->buckets[b];
+    if (z->stage < 2 || k->released) return;
+    loom_zero_release_pages(grads, k->begin, k->end);
+    k->released = 1;
 }
 
 void loom_zero_begin_reduction(loom_zero *z) {
@@ -89,17 +169,22 @@ void loom_zero_begin_reduction(loom_zero *z) {
     z->step_wait_ms = 0.0;
 }
 
-/* Starts the collective of [begin, end). */
-static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,
-                               loom_error *err) {
-    if (begin == end || z->dp->size == 1) return LOOM_OK;
+/* Posts the collective of one partition [begin, end). */
+static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size_t end,
+                                  loom_error *err) {
     if (z->n_buckets == z->max_buckets)
-        return loom_error_set(err, LOOM_ERR_STATE, "ZeRO: more buckets than layers");
+        return loom_error_set(err, LOOM_ERR_STATE, "ZeRO: more buckets than planned");
     loom_zero_bucket *b = &z->buckets[z->n_buckets++];
     b->begin = begin;
     b->end = end;
-    if (z->stage < 2)
-        return loom_comm_iallreduce_sum(z->dp, grads + begin, end - begin, &b->handle, err);
+    b->released = b->reduced = 0;
+    loom_comm_op *op = &b->op;
+    if (z->stage < 2) {
+        op->kind = LOOM_OP_ALLREDUCE;
+        op->buf = grads + begin;
+        op->count = end - begin;
+        return loom_comm_engine_post(&z->engine, op, err);
+    }
     /* Each rank receives the part of [begin, end) inside its shard. */
     size_t mine = 0;
     for (int r = 0; r < z->dp->size; r++) {
@@ -108,8 +193,23 @@ static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t 
         b->counts[r] = a < e ? (int)(e - a) : 0;
         if (r == z->dp->rank) mine = a < e ? a - z->lo : 0;
     }
-    return loom_comm_ireduce_scatter_sum(z->dp, grads + begin, z->grad_shard + mine, b->counts,
-                                         &b->handle, err);
+    op->kind = LOOM_OP_REDUCE_SCATTER;
+    op->send = grads + begin;
+    op->recv = z->grad_shard + mine;
+    op->counts = b->counts;
+    return loom_comm_engine_post(&z->engine, op, err);
+}
+
+/* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
+ * order backward finishes them in), so partitions are posted in one order everywhere. */
+static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,
+                               loom_error *err) {
+    if (begin == end || z->dp->size == 1) return LOOM_OK;
+    size_t n = end - begin, parts = (n + z->bucket_floats - 1) / z->bucket_floats;
+    loom_status st = LOOM_OK;
+    for (size_t k = parts; k-- > 0 && !st;)
+        st = post_partition(z, grads, begin + n * k / parts, begin + n * (k + 1) / parts, err);
+    return st;
 }
 
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
@@ -118,30 +218,66 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     /* Ranges arrive in decreasing order: extend the pending run downwards. */
     if (end != z->pending_begin)
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
-    z->pending_begin = begin;
+    const int first = end == z->total, embed = z->embed.enabled;
     loom_status st = LOOM_OK;
-    /* Starting a collective can itself take long (OpenMPI may do much of the work inside
-     * MPI_Iallreduce): that time blocks backward too, so it counts as exposed. */
+    sample_resident(z, c->grads);
+    if (embed && begin == 0) {
+        /* The embedding backward is left to us: d(wpe) here, the wte rows as data. The
+         * dense wte range went out at the start of backward. */
+        st = loom_embed_grad_post(&z->embed, &z->engine, z->dp->rank, c->grads, c->d_embed,
+                                  c->tokens, c->err);
+        if (st) return st;
+        begin = z->embed.wte_end;
+    }
+    z->pending_begin = begin;
+    /* Posting is cheap with the engine thread; without one (no MPI_THREAD_MULTIPLE) it
+     * starts the collective here, which can itself take long: that blocks backward, so
+     * the time counts as exposed either way. */
     double t0 = loom_comm_now_ms();
     if (z->pending_end - z->pending_begin >= z->bucket_floats) {
         st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
         z->pending_end = z->pending_begin;
     }
-    /* Give MPI a chance to move the buckets in flight while backward goes on. */
+    /* The dense wte range is final once the head's backward is done (the first call). */
+    if (!st && embed && first) st = send_bucket(z, c->grads, 0, z->embed.wte_end, c->err);
+    /* Without a thread, give MPI a chance to move the buckets while backward goes on;
+     * stage >= 2 notes the buckets already reduced. */
+    int reduced = 0;
     for (int b = 0; b < z->n_buckets && !st; b++) {
+        if (z->engine.threaded && (z->stage < 2 || z->buckets[b].released)) continue;
         int done;
-        st = loom_comm_test(&z->buckets[b].handle, &done, c->err);
+        st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
+        if (!st && done && z->stage >= 2) {
+            st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
+            z->buckets[b].reduced = reduced = 1;
+        }
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
+    /* Handing pages back is memory work, not communication: outside the wait timer. */
+    for (int b = 0; b < z->n_buckets && reduced; b++)
+        if (z->buckets[b].reduced) release_bucket(z, c->grads, b);
     return st;
 }
 
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err) {
+    sample_resident(z, grads);
     double t0 = loom_comm_now_ms();
     loom_status st = send_bucket(z, grads, z->pending_begin, z->pending_end, err);
     z->pending_end = z->pending_begin;
-    for (int b = 0; b < z->n_buckets && !st; b++) st = loom_comm_wait(&z->buckets[b].handle, err);
+    for (int b = 0; b < z->n_buckets; b++) {
+        loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
+        if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
+    }
+    if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
+        loom_status w =
+            z->stage >= 2
+                ? loom_embed_grad_apply(&z->embed, &z->engine, z->grad_shard, z->lo, z->hi, err)
+                : loom_embed_grad_apply(&z->embed, &z->engine, grads, 0, z->total, err);
+        if (!st) st = w;
+    }
     z->step_wait_ms += loom_comm_now_ms() - t0;
+    for (int b = 0; b < z->n_buckets; b++) release_bucket(z, grads, b); /* untimed */
+    if (z->stage >= 2) z->grads_after = loom_zero_grads_resident(z, grads);
     if (!st && z->stage >= 2 && z->dp->size == 1)
         memcpy(z->grad_shard, grads, z->total * sizeof(float));
     return st;

@@ -10,24 +10,34 @@
  *            otherwise as stage 1.
  *   stage 3: as stage 2, and the parameters are sharded too (parallel/fsdp.h).
  * Overlap: during the last micro-batch's backward, model/transformer.c reports each flat
- * range whose gradients are final; ranges are merged into buckets of --bucket-mb and
- * their collective starts at once, while backward goes on with earlier layers; MPI is
- * given a chance to progress them at every layer boundary. */
+ * range whose gradients are final; ranges are merged until they reach --bucket-mb and
+ * then posted to the communication engine (comm/engine.h), whose thread starts and
+ * drives the collectives while backward goes on with earlier layers. A range larger
+ * than a bucket (the embedding: 38M floats on GPT-2 124M) is split into partitions of
+ * at most --bucket-mb, each its own collective: completions are finer-grained, MPI's
+ * temporary buffers stay bucket-sized, and no single monolithic collective is left.
+ * Issue order is the order gradients become final (output side first), the same on
+ * every rank, as MPI requires for collectives on one communicator. */
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
 
 #include "comm/comm.h"
+#include "comm/engine.h"
+#include "parallel/embed_grad.h"
 #include "model/params.h"
 #include "train/optimizer.h"
 
 typedef struct {
     size_t begin, end;
-    loom_comm_handle handle;
-    int *counts; /* reduce-scatter: floats of [begin, end) each rank receives */
+    loom_comm_op op;
+    int *counts;  /* reduce-scatter: floats of [begin, end) each rank receives */
+    int reduced;  /* stage >= 2: its reduce-scatter is complete */
+    int released; /* ... and its local gradient pages went back to the kernel */
 } loom_zero_bucket;
 
 typedef struct {
     loom_comm *dp;
+    loom_comm_engine engine; /* issues the non-blocking collectives (gradients, ZeRO-3 gathers) */
     int stage;
     const loom_param_table *table;
     size_t total;
@@ -39,16 +49,49 @@ typedef struct {
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;
     size_t pending_begin, pending_end; /* final but not yet sent */
-    double step_wait_ms;               /* this step: time spent inside gradient-communication calls
-                                          (starting, testing, waiting): the part not hidden */
+    loom_embed_grad embed;             /* the wte gradient's dense part early, rows at the end */
+    size_t grads_bytes;                /* the local gradient buffer's mapping (stage >= 2) */
+    unsigned char *page_map;           /* mincore's answer, one byte a page */
+    size_t grads_peak;   /* most local gradient bytes resident at a layer boundary so far */
+    size_t grads_after;  /* ... and once the last reduction was done (edge pages only) */
+    double step_wait_ms; /* this step: time spent inside gradient-communication calls
+                            (starting, testing, waiting): the part not hidden */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                              double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);
 
-/* Bytes of optimizer state and reduced gradients held by this rank. */
-size_t loom_zero_state_bytes(const loom_zero *z);
+/* Bytes held per rank, by ZeRO's formulas (fp32; P parameters, N ranks, shard s ~ P/N
+ * snapped to rows): stage 0: params 4P, grads 4P, optimizer 8P; stage 1: optimizer 8s;
+ * stage 2: + a reduced gradient shard 4s; stage 3: params 4s (+ the gathered working
+ * set, parallel/fsdp.h). Every stage also keeps the full local gradient buffer (4P):
+ * backward accumulates into it across micro-batches and the bucket collectives read
+ * their send data from it (see docs/ARCHITECTURE.md, "Data parallelism"). */
+typedef struct {
+    size_t params;       /* persistent parameters: all (stages 0-2) or the shard (3) */
+    size_t grads_local;  /* the local accumulation buffer */
+    size_t grads_shard;  /* stage >= 2: the reduced gradient of the shard */
+    size_t optimizer;    /* AdamW m and v */
+    size_t shard_floats; /* this rank's shard (the whole buffer at stage 0) */
+} loom_zero_memory;
+void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
+
+/* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
+ * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
+ * reduce-scatter completes, since the reduced values live in grad_shard; clearing it for
+ * the next step hands back every page too (the kernel zero-fills a page on its next
+ * touch). Resident local gradients are then what backward has written and not yet had
+ * reduced; with accumulation the micro-batches before the last still fill all of it.
+ * Stages 0, 1 read the all-reduced gradient back from it: a plain zeroed allocation. */
+float *loom_zero_grads_alloc(loom_zero *z);
+void loom_zero_grads_free(loom_zero *z, float *grads);
+void loom_zero_grads_clear(loom_zero *z, float *grads);
+/* Bytes of the local gradient buffer resident now (mincore; stage >= 2), else all. The
+ * high-water mark over the layer boundaries of every reduction is z->grads_peak. */
+size_t loom_zero_grads_resident(const loom_zero *z, const float *grads);
+/* Hands the whole pages inside [begin, end) of base back to the kernel. */
+void loom_zero_release_pages(float *base, size_t begin, size_t end);
 
 /* Before the last micro-batch's backward. */
 void loom_zero_begin_reduction(loom_zero *z);
@@ -57,7 +100,14 @@ typedef struct {
     loom_zero *zero;
     float *grads;
     loom_error *err;
+    const float *d_embed;  /* with zero->embed.enabled: d(embedding output) [N, C] */
+    const int32_t *tokens; /* and the micro-batch's tokens [N] */
 } loom_zero_ready_ctx;
+/* Plans the split reduction of the embedding gradient (parallel/embed_grad.h) for
+ * micro-batches of n_tokens (not when one bucket holds the whole model: no overlap); when
+ * zero->embed.enabled the model must leave the embedding backward of the last micro-batch to ZeRO
+ * (loom_model.defer_embedding_grad). */
+loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err);
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);

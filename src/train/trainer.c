@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/fault.h"
+#include "core/progress.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/moe_config.h"
@@ -18,6 +20,8 @@
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
+#include "pipeline/pipeline.h"
+#include "train/batch_skip.h"
 #include "train/checkpointing.h"
 #include "train/dump.h"
 #include "train/route_dump.h"
@@ -41,8 +45,11 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
     tc->moe_chunks = 1;
+    tc->startup_timeout = 60.0f;
     tc->eval_every = 0;
     tc->eval_batches = 4;
+    snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+    tc->virtual_stages = 1;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -84,6 +91,10 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
+    if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--startup-timeout %g: expected seconds in (0, 86400]",
+                              tc->startup_timeout);
     if (tc->eval_every < 0 || tc->eval_batches < 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--eval-every %d / --eval-batches %d: expected >= 0 and >= 1",
@@ -94,7 +105,9 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
-    return loom_checkpointing_validate(tc, err);
+    loom_batch_skip skip;
+    loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
+    return st ? st : loom_checkpointing_validate(tc, err);
 }
 
 /* Everything a run owns, so one function can free it on every path. */
@@ -116,10 +129,14 @@ typedef struct {
     float *global_flat;            /* tp > 1, rank 0: a gathered flat buffer */
     loom_checkpointing ckpt;
     loom_mesh *mesh;
-    int start_step; /* steps already done (resumed from a checkpoint) */
+    int start_step;     /* steps already done (resumed from a checkpoint) */
+    loom_pipeline pipe; /* --pp > 1: the stage's schedule, slots and buffers */
+    int pipelined;
 } run_state;
 
 static void run_free(run_state *r) {
+    loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
+    if (r->pipelined) loom_pipeline_free(&r->pipe);
     loom_dataset_close(&r->data);
     loom_dataset_close(&r->val);
     loom_model_destroy(&r->model);
@@ -127,12 +144,11 @@ static void run_free(run_state *r) {
         loom_fsdp_free(&r->fsdp);
     else
         free(r->params);
+    loom_zero_grads_free(&r->zero, r->grads);
     loom_zero_free(&r->zero);
-    free(r->grads);
     free(r->batch);
     free(r->dump_batches);
     loom_route_dump_free(&r->routes);
-    loom_checkpointing_close(&r->ckpt); /* joins the writer thread */
     loom_metrics_close(&r->metrics);
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
@@ -147,14 +163,21 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
                                const float **out, loom_error *err) {
     *table = &r->model.table;
     *out = flat;
-    if (r->tp.size == 1 && r->mesh->ep.size == 1) return LOOM_OK;
-    *table = &r->global_table;
-    *out = r->global_flat;
-    if (r->mesh->ep.size > 1) /* expert parallelism: gather the experts (model/moe.h) */
-        return loom_ep_gather_flat(&r->model.table, flat, &r->global_table, r->global_flat,
-                                   &r->mesh->ep, err);
-    return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
-                               err);
+    loom_status st = LOOM_OK;
+    if (r->mesh->ep.size > 1) { /* expert parallelism: gather the experts (model/moe.h) */
+        *table = &r->global_table;
+        *out = r->global_flat;
+        st = loom_ep_gather_flat(&r->model.table, flat, &r->global_table, r->global_flat,
+                                 &r->mesh->ep, err);
+    } else if (r->tp.size > 1) {
+        *table = &r->global_table;
+        *out = r->global_flat;
+        st = loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
+                                 err);
+    }
+    /* pipeline stages: the whole model on world rank 0 */
+    if (!st && r->pipelined) st = loom_pipeline_export(&r->pipe, *table, *out, table, out, err);
+    return st;
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
@@ -176,11 +199,19 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
     double sum = 0.0;
     loom_status st;
     loom_trace_begin(r->trace, "evaluate", "train");
+    loom_progress_phase(LOOM_PHASE_EVAL);
     for (int b = 0; b < tc->eval_batches; b++) {
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
         loom_dataset_sample(&r->val, tc->seed, -1 - (int64_t)b, (int64_t)mesh->dp_rank * per_rank,
                             per_rank, r->batch);
-        for (int k = 0; k < accum; k++) {
+        if (r->pipelined) {
+            double s;
+            if ((st = loom_pipeline_forward_loss(&r->pipe, r->params, r->batch,
+                                                 r->sharded_params ? &r->fsdp : NULL, &s, err)))
+                return st;
+            sum += s;
+        }
+        for (int k = 0; k < accum && !r->pipelined; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             double s;
@@ -247,23 +278,34 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     loom_status st;
     long long tokens_seen = (long long)r->start_step * G * T;
     const double run_start = loom_now_ms();
+    loom_batch_skip skip;
+    if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
     int step = r->start_step, stop = 0;
+    loom_progress_set_step(step);
     for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
+        loom_fault_on_step(step + 1);
+        loom_progress_step_begin();
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
-        loom_dataset_sample(&r->data, tc->seed, step, (int64_t)mesh->dp_rank * per_rank, per_rank,
+        const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
+        loom_dataset_sample(&r->data, tc->seed, batch, (int64_t)mesh->dp_rank * per_rank, per_rank,
                             r->batch);
         if (dumping && lead)
-            loom_dataset_sample(&r->data, tc->seed, step, 0, G,
+            loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
-        memset(r->grads, 0, t->total * sizeof(float));
+        loom_zero_grads_clear(&r->zero, r->grads);
         double loss_sum = 0.0;
-        for (int k = 0; k < accum; k++) {
+        if (r->pipelined &&
+            (st = loom_pipeline_step(&r->pipe, r->params, r->grads, r->batch, dloss, &r->zero,
+                                     &r->tp, r->sharded_params ? &r->fsdp : NULL, &loss_sum, err)))
+            return st;
+        for (int k = 0; k < accum && !r->pipelined; k++) {
             load_micro_batch(mod, r->batch, k * M, M, T);
+            loom_progress_phase(LOOM_PHASE_FORWARD);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
-            if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1) {
+            if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1 && !r->pipelined) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
                                            mod->logits, 3, dims, err)))
@@ -275,10 +317,11 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loom_route_dump_record(&r->routes, mod->moe, step, accum, k);
             /* The last micro-batch's backward reduces gradients as they become final
              * (with sequence parallelism the norm gradients over tp first). */
-            loom_zero_ready_ctx ready = {&r->zero, r->grads, err};
+            loom_zero_ready_ctx ready = {&r->zero, r->grads, err, mod->dres, mod->inputs};
             loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
             const int sp = r->tp.sequence_parallel, last = k + 1 == accum && !ep_on;
             if (last) loom_zero_begin_reduction(&r->zero);
+            loom_progress_phase(LOOM_PHASE_BACKWARD);
             if ((st = loom_model_backward(mod, r->params, r->grads,
                                           !last ? NULL
                                           : sp  ? loom_tp_grads_ready
@@ -286,6 +329,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                           sp ? (void *)&tp_ready : (void *)&ready)))
                 return st;
         }
+        loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
+        if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
         if (!st && ep_on) st = loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
@@ -305,11 +350,14 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                 return st;
         }
         double norm;
-        if ((st = ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
-                        : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+        if ((st = r->pipelined
+                      ? loom_pipeline_grad_norm(&r->pipe, &r->tp, &r->zero, r->grads, &norm, err)
+                  : ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
+                          : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_trace_begin(r->trace, "optimizer", "train");
+        loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
                                            r->sharded_params ? r->fsdp.shard : NULL, r->grads, norm,
                                            lr, &tc->adamw, step + 1, err)))
@@ -318,6 +366,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
         double ms = loom_now_ms() - t0;
+        loom_progress_step_done(step + 1, loss, ms);
         tokens_seen += (long long)G * T;
         loom_step_metrics sm = {step + 1,
                                 loss,
@@ -393,13 +442,23 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                              mc->d_model, err)) ||
         (st = loom_moe_validate_layout(mc, mesh->layout.ep, mesh->layout.dp, tc->zero,
                                        mesh->layout.tp, mesh->layout.pp, err)) ||
-        (r.tp.err = err,
-         st = loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep, err)) ||
+        (r.tp.err = err, r.pipelined = mesh->layout.pp > 1,
+         st = r.pipelined ? loom_pipeline_create(&r.pipe, mc, tc, mesh, &r.tp, &r.model, err)
+                          : loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep,
+                                                 err)) ||
         (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);
         return st;
     }
+    /* The embedding split needs the whole model's backward in one place (not pipelined)
+     * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h). */
+    if (!r.pipelined && mesh->ep.size == 1 &&
+        (st = loom_zero_plan_embedding(&r.zero, tc->micro_batch * T, T, err))) {
+        run_free(&r);
+        return st;
+    }
+    r.model.defer_embedding_grad = r.zero.embed.enabled;
     const size_t P = r.model.table.total;
     r.sharded_params = r.zero.stage == 3;
     if (r.sharded_params) {
@@ -414,11 +473,16 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     } else {
         r.params = calloc(P, sizeof(float));
     }
-    r.grads = calloc(P, sizeof(float));
+    r.grads = loom_zero_grads_alloc(&r.zero);
+    /* the unsharded registry of this stage (the whole model without pipelining) */
     const int gathered = r.tp.size > 1 || mesh->ep.size > 1;
-    if (gathered && !(st = loom_params_build(&r.global_table, mc, 0, 1, err)) && lead)
+    const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r.pipelined || lead);
+    if (gathered &&
+        !(st = loom_params_build_stage(&r.global_table, mc, 0, 1,
+                                       r.pipelined ? &r.pipe.layers : NULL, err)) &&
+        tp_lead)
         r.global_flat = malloc(r.global_table.total * sizeof(float));
-    if (st || (gathered && lead && !r.global_flat)) {
+    if (st || (gathered && tp_lead && !r.global_flat)) {
         run_free(&r);
         return st ? st : loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
     }
@@ -434,9 +498,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         const double MiB = 1 << 20;
         fprintf(
             stderr,
-            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d\n",
+            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d x "
+            "pp %d\n",
             loom_family_name(mc->family), gathered ? r.global_table.total : P, P, mesh->layout.dp,
-            r.zero.stage, mesh->layout.tp);
+            r.zero.stage, mesh->layout.tp, mesh->layout.pp);
+        if (r.pipelined) loom_pipeline_report(&r.pipe, stderr);
         if (mc->n_experts > 0)
             fprintf(stderr,
                     "loom: mixture of experts: %d experts, top-%d, every %d layer(s)%s, capacity "
@@ -448,13 +514,19 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
-        size_t param_bytes = r.sharded_params ? loom_fsdp_resident_bytes(&r.fsdp) : P * 4;
+        loom_zero_memory zm;
+        loom_zero_memory_of(&r.zero, &zm);
+        char gathered[64] = "";
+        if (r.sharded_params)
+            snprintf(gathered, sizeof gathered, " + %.3f MiB gathered at most",
+                     (loom_fsdp_resident_bytes(&r.fsdp) - zm.params) / MiB);
         fprintf(stderr,
-                "loom: memory per rank: params %.1f MiB%s, grads %.1f MiB, optimizer state "
-                "(+ reduced grad shard) %.1f MiB, activations %.1f MiB (micro-batch %d x %d)\n",
-                param_bytes / MiB, r.sharded_params ? " (shard + gathered blocks, at most)" : "",
-                P * 4 / MiB, loom_zero_state_bytes(&r.zero) / MiB,
-                loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
+                "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
+                "+ %.3f MiB (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
+                "%.3f MiB (micro-batch %d x %d)\n",
+                zm.params / MiB, gathered, zm.grads_local / MiB, zm.grads_shard / MiB,
+                zm.optimizer / MiB, loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch,
+                T);
         if (r.tp.size > 1)
             fprintf(stderr,
                     "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
@@ -494,6 +566,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
     }
+    loom_progress_phase(LOOM_PHASE_CKPT); /* resume: loading */
     if ((st = loom_checkpointing_open(
              &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
              r.sharded_params ? r.fsdp.shard : NULL, &r.start_step, err))) {
@@ -522,6 +595,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     }
     if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
         st = train_loop(&r, mc, tc, mesh, err);
+    if (!st && lead && r.zero.stage >= 2)
+        fprintf(stderr,
+                "loom: local gradients resident at the last micro-batch's layer boundaries: at "
+                "most %.3f of %.3f MiB, %.3f MiB after the reduction (ZeRO-%d hands each "
+                "bucket's pages back once reduced)\n",
+                r.zero.grads_peak / 1048576.0, P * 4 / 1048576.0, r.zero.grads_after / 1048576.0,
+                r.zero.stage);
     if (!st && r.trace) {
         mesh->dp.trace = mesh->tp.trace = mesh->world.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);

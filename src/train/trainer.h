@@ -29,6 +29,7 @@ typedef struct {
     int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;                  /* gradient bucket size for overlapped reduction */
     int moe_chunks;                   /* MoE all-to-all chunks (model/moe.h) */
+    float startup_timeout;            /* s: every rank must start within this */
     char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
     char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
     char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */
@@ -44,6 +45,13 @@ typedef struct {
     int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
+    /* pipeline parallelism (--pp > 1, src/pipeline/) */
+    char pp_schedule[16];           /* gpipe | 1f1b | interleaved | zb */
+    int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
+    char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
+    char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
+    char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
+    char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

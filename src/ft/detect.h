@@ -1,0 +1,79 @@
+/* Failure detection and diagnosis: the rules that turn the supervisor's view of the job
+ * (ft/monitor.h) into a failure record, and the record written as diagnosis.json plus a
+ * human summary. */
+#ifndef LOOM_FT_DETECT_H
+#define LOOM_FT_DETECT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/error.h"
+#include "ft/monitor.h"
+
+typedef enum {
+    LOOM_FAIL_NONE = 0,
+    LOOM_FAIL_CRASH,     /* a rank died (signal) */
+    LOOM_FAIL_EXIT,      /* a rank or the launcher exited with an error */
+    LOOM_FAIL_HEARTBEAT, /* a rank's heartbeats stopped */
+    LOOM_FAIL_HANG,      /* a collective waited on for longer than the timeout */
+    LOOM_FAIL_STALL,     /* no step for --step-timeout */
+    LOOM_FAIL_NONFINITE, /* the loss became NaN/inf */
+    LOOM_FAIL_SPIKE,     /* the loss jumped by more than --loss-spike-factor */
+    LOOM_FAIL_STARTUP,   /* some rank never beat after the launch */
+    LOOM_FAIL_KIND_COUNT
+} loom_fail_kind;
+
+#define LOOM_FAIL_LIST 64
+
+typedef struct {
+    loom_fail_kind kind;
+    int attempt;
+    int rank; /* -1: not known */
+    char host[64];
+    int64_t step; /* the step that failed (steps_done + 1), or the spiking step */
+    double loss, baseline_loss;
+    int exit_status;
+    char detail[512];
+    /* hang: the collective, who never entered it and who waits in it */
+    char comm[LOOM_PROGRESS_NAME], op[LOOM_PROGRESS_OP];
+    uint64_t seq;
+    double waited_s;
+    int culprits[LOOM_FAIL_LIST], n_culprits;
+    int waiting[LOOM_FAIL_LIST], n_waiting;
+    double detected_ms;
+} loom_failure;
+
+typedef struct {
+    int rank;
+    char host[64];
+    double compute_ms, others_ms, slowdown;
+} loom_straggler;
+
+const char *loom_fail_kind_name(loom_fail_kind k);
+
+/* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). */
+int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f);
+/* A rank silent for >= timeout_ms, or (startup) never heard of. */
+int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, double timeout_ms,
+                        double startup_ms, loom_failure *f);
+/* The first step in (from, to] whose loss is non-finite or > factor x the median of
+ * the up to 10 steps before it (at least 5 known). */
+int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
+                           loom_failure *f);
+/* Ranks whose median compute time over the last 8 steps is > factor x the median of
+ * the others', eight steps in a row; each rank is reported once per attempt. */
+int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
+
+/* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)
+ * and the launcher's log (who was killed by which signal). */
+void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launcher_log,
+                      loom_failure *f);
+
+/* Writes diagnosis.json into dir (and the attempt's folder) and prints the summary to
+ * stderr and dir/diagnosis.txt; log_of(rank) names a rank's log file. */
+loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const char *attempt_dir,
+                                 const char *rank_log, const char *recovery, loom_error *err);
+loom_status loom_stragglers_write(const loom_straggler *s, int n, const char *dir, int attempt,
+                                  loom_error *err);
+
+#endif

@@ -1,0 +1,44 @@
+/* `loom run` settings: the supervisor's own flags and what it needs to know about the
+ * training job it runs (from the train options, parsed by the command line). */
+#ifndef LOOM_FT_RUN_CONFIG_H
+#define LOOM_FT_RUN_CONFIG_H
+
+#include <stdio.h>
+
+#include "core/error.h"
+
+#define LOOM_RUN_PATH 1024
+
+typedef struct {
+    int ranks;                  /* -n */
+    char hosts[LOOM_RUN_PATH];  /* --hosts (mpirun --host), "" = this host only */
+    char bind[256];             /* --bind: the heartbeat socket's address */
+    int max_restarts;           /* --max-restarts */
+    double heartbeat_timeout_s; /* a silent rank, or a collective waited on this long: failed */
+    double step_timeout_s;      /* no step anywhere for this long: a hang (0 = off) */
+    double startup_timeout_s;   /* every rank must beat within this after launch */
+    double grace_s;             /* SIGTERM, then SIGKILL after this */
+    int elastic;                /* --elastic: shrink the world around a failing rank */
+    int min_ranks;              /* --min-ranks */
+    int exclude_after;          /* failures of one rank before it is excluded (elastic) */
+    double loss_spike_factor;   /* 0 = off */
+    double straggler_factor;    /* compute time x this vs the others' median: a straggler */
+    int skip_bad_batches;       /* roll back past a spiking/non-finite step's batch */
+    char run_dir[LOOM_RUN_PATH];
+    char launcher[16]; /* "mpirun" or "srun" (auto: srun inside a Slurm allocation) */
+} loom_run_config;
+
+/* What the supervisor needs to know of the train command (cli fills it). */
+typedef struct {
+    int dp, global_batch, micro_batch, steps;
+    char skip_steps[LOOM_RUN_PATH];
+    char ckpt_dirs[2][LOOM_RUN_PATH]; /* --ckpt-dir, --ckpt-fast-dir ("" = none) */
+} loom_run_job;
+
+/* Parses argv up to "--" (argv[0] = "run"); *child_index = the index after "--".
+ * LOOM_ERR_INPUT naming the flag on bad input, or when the train command is missing. */
+loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int *child_index,
+                                  int *help, loom_error *err);
+void loom_run_config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,614 @@
+#include "ft/supervisor.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/fs.h"
+#include "ft/detect.h"
+#include "ft/launch.h"
+#include "ft/monitor.h"
+#include "ckpt/ckpt_dir.h"
+#include "train/batch_skip.h"
+
+#define MAX_ARGS 512
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) {
+    interrupted = sig;
+}
+
+/* One failure and what its recovery cost (for summary.json). */
+typedef struct {
+    loom_failure f;
+    int64_t max_step;   /* the furthest step reached before the failure */
+    double teardown_ms; /* detection -> every rank stopped */
+    double restart_ms;  /* detection -> first step completed after the restart */
+    int64_t resumed_at; /* steps already done when the restarted job trained again */
+    int recovered;
+} failure_log;
+
+typedef struct {
+    const loom_run_config *cfg;
+    const loom_run_job *job;
+    loom_monitor mon;
+    FILE *events;
+    char host[64];
+    int world, dp, attempt;
+    loom_batch_skip skip;
+    int *blame; /* failures per slot (original rank) */
+    int *slots; /* slot of each current rank */
+    failure_log *log;
+    int n_log;
+    json_t *rejected; /* checkpoints a rank refused to load (checksum, missing file) */
+    double start_ms;
+} sup;
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* events.jsonl: what happened when (wall clock), for the benchmark and for people. */
+static void event(sup *s, const char *what, const char *fmt, ...) {
+    if (!s->events) return;
+    fprintf(s->events, "{\"t\": %.6f, \"attempt\": %d, \"event\": \"%s\"", wall_s(), s->attempt,
+            what);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(", ", s->events);
+        vfprintf(s->events, fmt, ap);
+        va_end(ap);
+    }
+    fputs("}\n", s->events);
+    fflush(s->events);
+}
+
+static void rank_log(const sup *s, const char *attempt_dir, int rank, char *out, size_t size) {
+    if (strcmp(s->cfg->launcher, "srun") == 0)
+        snprintf(out, size, "%s/rank_%d.log", attempt_dir, rank);
+    else /* mpirun --output-filename DIR writes DIR/1/rank.N/{stdout,stderr} */
+        snprintf(out, size, "%s/ranks/1/rank.%d/stderr", attempt_dir, rank);
+}
+
+static void skip_list_text(const loom_batch_skip *k, char *out, size_t size) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; i < k->n && n + 24 < size; i++)
+        n += (size_t)snprintf(out + n, size - n, "%s%lld", i ? "," : "", (long long)k->batches[i]);
+}
+
+/* Checkpoints the ranks of an attempt refused ("loom: rank R: checkpoint DIR not usable:
+ * why", from the resume code), for summary.json. */
+static void scan_rejected(sup *s, const char *attempt_dir) {
+    for (int r = 0; r < s->world; r++) {
+        char path[LOOM_RUN_PATH + 64], line[2048];
+        rank_log(s, attempt_dir, r, path, sizeof path);
+        FILE *fp = fopen(path, "r");
+        while (fp && fgets(line, sizeof line, fp)) {
+            int rank;
+            if (!strstr(line, " not usable: ") || sscanf(line, "loom: rank %d:", &rank) != 1)
+                continue;
+            line[strcspn(line, "\n")] = 0;
+            json_t *o = json_object();
+            json_object_set_new(o, "attempt", json_integer(s->attempt));
+            json_object_set_new(o, "rank", json_integer(rank));
+            json_object_set_new(o, "line", json_string(line));
+            json_array_append_new(s->rejected, o);
+            fprintf(stderr, "loom run: %s\n", line);
+        }
+        if (fp) fclose(fp);
+    }
+}
+
+/* The launcher's command line for this attempt (argv strings live in store). */
+static int build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
+                      const char *attempt_dir, char **argv, char store[][LOOM_RUN_PATH + 64]) {
+    int n = 0, k = 0;
+#define ARG(...) (snprintf(store[k], sizeof store[k], __VA_ARGS__), argv[n++] = store[k++])
+    const loom_run_config *c = s->cfg;
+    if (strcmp(c->launcher, "srun") == 0) {
+        ARG("srun");
+        ARG("-n");
+        ARG("%d", s->world);
+        ARG("--kill-on-bad-exit=1");
+        ARG("--export=ALL");
+        ARG("--output=%s/rank_%%t.log", attempt_dir);
+    } else {
+        ARG("mpirun");
+        ARG("-n");
+        ARG("%d", s->world);
+        if (geteuid() == 0) ARG("--allow-run-as-root");
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (!c->hosts[0] && s->world > cores) {
+            ARG("--oversubscribe");
+            ARG("--mca");
+            ARG("mpi_yield_when_idle");
+            ARG("1");
+        }
+        if (c->hosts[0]) {
+            ARG("--host");
+            ARG("%s", c->hosts);
+        }
+        ARG("--output-filename");
+        ARG("%s/ranks", attempt_dir);
+        const char *vars[] = {"LOOM_FT_ADDR",  "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT",
+                              "LOOM_FT_SLOTS", "LOOM_INJECT",   "LOOM_FT_INTERVAL_MS"};
+        for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+            if (getenv(vars[i])) {
+                ARG("-x");
+                ARG("%s", vars[i]);
+            }
+    }
+    ARG("%s", loom_exe);
+    ARG("train");
+    for (int i = 0; i < train_argc && n < MAX_ARGS - 12; i++) argv[n++] = train_argv[i];
+    /* Flags given later win: the supervisor's layout, skip list and resume. */
+    ARG("--dp");
+    ARG("%d", s->dp);
+    if (s->skip.n) {
+        ARG("--skip-steps");
+        skip_list_text(&s->skip, store[k], sizeof store[k]);
+        argv[n++] = store[k++];
+    }
+    if (s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0])) {
+        ARG("--resume");
+        ARG("auto");
+    }
+    argv[n] = NULL;
+#undef ARG
+    return n;
+}
+
+/* Rolling back past a bad step: checkpoints of that step or later hold its update, so
+ * they are set aside (renamed, kept for inspection) and --resume auto finds an older one. */
+static int set_aside_checkpoints(const loom_run_job *j, int64_t from_step, int attempt) {
+    int moved = 0;
+    for (int t = 0; t < 2; t++) {
+        if (!j->ckpt_dirs[t][0]) continue;
+        loom_ckpt_entry *list = NULL;
+        int n = loom_ckpt_list(j->ckpt_dirs[t], &list, 0);
+        for (int i = 0; i < n; i++) {
+            if (list[i].step < from_step) continue;
+            char to[sizeof list[i].path + 64];
+            snprintf(to, sizeof to, "%s/rolled_back_a%d_step_%08lld", j->ckpt_dirs[t], attempt,
+                     (long long)list[i].step);
+            if (rename(list[i].path, to) == 0) moved++;
+        }
+        free(list);
+    }
+    return moved;
+}
+
+/* The largest data-parallel size <= ranks that splits the global batch evenly. */
+static int fit_dp(const loom_run_job *j, int ranks) {
+    for (int d = ranks; d >= 1; d--)
+        if (j->global_batch % (d * j->micro_batch) == 0) return d;
+    return 0;
+}
+
+static void write_summary(sup *s, const char *outcome, const char *why) {
+    json_t *j = json_object(), *fails = json_array();
+    double recovery = 0;
+    int64_t wasted = 0;
+    for (int i = 0; i < s->n_log; i++) {
+        failure_log *l = &s->log[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "attempt", json_integer(l->f.attempt));
+        json_object_set_new(o, "kind", json_string(loom_fail_kind_name(l->f.kind)));
+        json_object_set_new(o, "rank", l->f.rank >= 0 ? json_integer(l->f.rank) : json_null());
+        json_object_set_new(o, "step", json_integer(l->f.step));
+        json_object_set_new(o, "max_step_before", json_integer(l->max_step));
+        json_object_set_new(o, "teardown_s", json_real(l->teardown_ms * 1e-3));
+        if (l->recovered) {
+            int64_t replayed = l->max_step - l->resumed_at;
+            if (replayed < 0) replayed = 0;
+            json_object_set_new(o, "resumed_at_step", json_integer(l->resumed_at));
+            json_object_set_new(o, "replayed_steps", json_integer(replayed));
+            json_object_set_new(o, "recovery_s", json_real(l->restart_ms * 1e-3));
+            wasted += replayed;
+            recovery += l->restart_ms * 1e-3;
+        }
+        json_array_append_new(fails, o);
+    }
+    json_object_set_new(j, "outcome", json_string(outcome));
+    json_object_set_new(j, "why", json_string(why));
+    json_object_set_new(j, "attempts", json_integer(s->attempt + 1));
+    json_object_set_new(j, "final_ranks", json_integer(s->world));
+    json_object_set_new(j, "failures", fails);
+    json_object_set_new(j, "wasted_steps", json_integer(wasted));
+    json_object_set_new(j, "rejected_checkpoints", json_incref(s->rejected));
+    json_object_set_new(j, "recovery_s_total", json_real(recovery));
+    json_object_set_new(j, "wall_s", json_real((loom_now_ms() - s->start_ms) * 1e-3));
+    json_object_set_new(j, "heartbeats_accepted", json_integer(s->mon.accepted));
+    json_object_set_new(j, "datagrams_rejected", json_integer(s->mon.rejected));
+    char path[LOOM_RUN_PATH + 32];
+    snprintf(path, sizeof path, "%s/summary.json", s->cfg->run_dir);
+    json_dump_file(j, path, JSON_INDENT(2));
+    json_decref(j);
+    fprintf(stderr,
+            "loom run: %s after %d attempt(s): %d failure(s), %lld step(s) replayed, %.1f s "
+            "spent recovering (%s)\n",
+            outcome, s->attempt + 1, s->n_log, (long long)wasted, recovery, path);
+}
+
+/* Watches one attempt until it ends or fails. Returns 0 (finished), 1 (failure in *f),
+ * 2 (interrupted). */
+static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *f) {
+    const loom_run_config *c = s->cfg;
+    const double launch_ms = loom_now_ms();
+    double last_print = launch_ms;
+    int64_t straggler_step = 0;
+    int all_seen = 0, loading = 0, training = 0;
+    double dead_since = -1;
+    int64_t spike_checked = 0, printed_step = 0;
+    failure_log *pending =
+        s->n_log && !s->log[s->n_log - 1].recovered ? &s->log[s->n_log - 1] : NULL;
+    failure_log *catching_up = NULL; /* until the steps lost to the failure are redone */
+    const int64_t print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
+    struct pollfd pfd = {s->mon.fd, POLLIN, 0};
+    for (;;) {
+        poll(&pfd, 1, 50);
+        double now = loom_now_ms();
+        loom_monitor_drain(&s->mon, now);
+        if (interrupted) return 2;
+        if (!all_seen) {
+            int n = 0;
+            for (int r = 0; r < s->world; r++) n += s->mon.ranks[r].seen;
+            if (n == s->world) {
+                all_seen = 1;
+                event(s, "all_ranks_beating", "\"after_s\": %.3f", (now - launch_ms) * 1e-3);
+            }
+        }
+        if (!loading) { /* every rank is past start-up: loading a checkpoint, or training */
+            int n = 0;
+            for (int r = 0; r < s->world; r++)
+                n += s->mon.ranks[r].seen && s->mon.ranks[r].beat.phase != LOOM_PHASE_INIT;
+            if (n == s->world) {
+                loading = 1;
+                event(s, "loading", NULL);
+            }
+        }
+        if (!training) {
+            int n = 0;
+            for (int r = 0; r < s->world; r++)
+                n += s->mon.ranks[r].seen && s->mon.ranks[r].beat.phase != LOOM_PHASE_INIT &&
+                     s->mon.ranks[r].beat.phase != LOOM_PHASE_CKPT;
+            if (n == s->world) {
+                training = 1;
+                event(s, "training", "\"steps_done\": %lld", (long long)loom_monitor_step(&s->mon));
+            }
+        }
+        /* The first step completed after a restart closes the previous failure's record. */
+        for (int r = 0; pending && r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            if (rs->hist_n > 0) {
+                pending->recovered = 1;
+                pending->resumed_at = rs->beat.start_step;
+                pending->restart_ms = now - pending->f.detected_ms;
+                event(s, "first_step_after_restart",
+                      "\"step\": %lld, \"recovery_s\": %.3f, \"replayed_steps\": %lld",
+                      (long long)rs->hist_step[0], pending->restart_ms * 1e-3,
+                      (long long)(pending->max_step > pending->resumed_at
+                                      ? pending->max_step - pending->resumed_at
+                                      : 0));
+                fprintf(stderr,
+                        "loom run: recovered: step %lld done %.1f s after the failure was "
+                        "detected (%lld step(s) to replay)\n",
+                        (long long)rs->hist_step[0], pending->restart_ms * 1e-3,
+                        (long long)(pending->max_step > pending->resumed_at
+                                        ? pending->max_step - pending->resumed_at
+                                        : 0));
+                catching_up = pending;
+                pending = NULL;
+            }
+        }
+        if (catching_up && loom_monitor_step(&s->mon) > catching_up->max_step) {
+            event(s, "caught_up", "\"step\": %lld", (long long)loom_monitor_step(&s->mon));
+            catching_up = NULL;
+        }
+        /* Losses first: a job that spiked and then finished is still rolled back. */
+        int64_t step = loom_monitor_step(&s->mon);
+        if (step > spike_checked) {
+            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f))
+                return 1;
+            spike_checked = step;
+        }
+        /* A rank on this host that died: seen at once, before the launcher notices. */
+        for (int r = 0; r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            if (!rs->seen || strcmp(rs->beat.host, s->host) != 0 ||
+                rs->beat.phase == LOOM_PHASE_DONE || rs->beat.phase == LOOM_PHASE_FAILED)
+                continue;
+            if (loom_pid_dead(rs->beat.pid)) {
+                /* A rank that died can be the victim of another's error (MPI_Abort kills
+                 * the job): wait a moment for failure reports before calling it a crash. */
+                if (dead_since < 0) dead_since = now;
+                if (now - dead_since < 200 && !loom_launch_poll(l)) break;
+                loom_monitor_drain(&s->mon, loom_now_ms());
+                int reported = 0;
+                for (int q = 0; q < s->world; q++)
+                    reported |= s->mon.ranks[q].beat.phase == LOOM_PHASE_FAILED ||
+                                s->mon.ranks[q].beat.nonfinite_step > 0;
+                if (reported) {
+                    char log[LOOM_RUN_PATH + 32];
+                    snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+                    loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
+                    return 1;
+                }
+                memset(f, 0, sizeof *f);
+                f->kind = LOOM_FAIL_CRASH;
+                f->rank = r;
+                /* Its last beat may be older than its last step: no rank can be past the
+                 * step the dead one never finished. */
+                f->step = loom_monitor_step(&s->mon) + 1;
+                snprintf(f->host, sizeof f->host, "%s", rs->beat.host);
+                snprintf(f->detail, sizeof f->detail,
+                         "rank %d (pid %d on %s) died without a word (no error report) during "
+                         "step %lld",
+                         r, rs->beat.pid, rs->beat.host, (long long)f->step);
+                return 1;
+            }
+        }
+        if (loom_launch_poll(l)) {
+            loom_monitor_drain(&s->mon, loom_now_ms());
+            if (l->status == 0) return 0;
+            char log[LOOM_RUN_PATH + 32];
+            snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+            loom_detect_exit(&s->mon, l->status, log, f);
+            return 1;
+        }
+        const double hb_ms = c->heartbeat_timeout_s * 1e3;
+        if (loom_detect_hang(&s->mon, hb_ms, f)) return 1;
+        if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
+            return 1;
+        if (c->step_timeout_s > 0 && training) {
+            double latest = 0;
+            for (int r = 0; r < s->world; r++)
+                if (s->mon.ranks[r].steps_changed_ms > latest)
+                    latest = s->mon.ranks[r].steps_changed_ms;
+            if (now - latest >= c->step_timeout_s * 1e3) {
+                memset(f, 0, sizeof *f);
+                f->kind = LOOM_FAIL_STALL;
+                f->rank = -1;
+                f->step = step + 1;
+                snprintf(f->detail, sizeof f->detail,
+                         "no rank completed a step for %.0f s (none is waiting in a collective)",
+                         c->step_timeout_s);
+                return 1;
+            }
+        }
+        /* Stragglers: judged once per step that every rank has reported. */
+        int64_t common = INT64_MAX;
+        for (int r = 0; r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            int64_t last = rs->hist_n ? rs->hist_step[(rs->hist_n - 1) % LOOM_MONITOR_HISTORY] : 0;
+            if (last < common) common = last;
+        }
+        if (common > straggler_step) {
+            straggler_step = common;
+            loom_straggler st[16];
+            int n = loom_detect_stragglers(&s->mon, c->straggler_factor, st, 16);
+            loom_error e;
+            if (n && loom_stragglers_write(st, n, c->run_dir, s->attempt, &e))
+                fprintf(stderr, "%s\n", e.msg);
+            for (int i = 0; i < n; i++)
+                event(s, "straggler", "\"rank\": %d, \"slowdown\": %.3f", st[i].rank,
+                      st[i].slowdown);
+        }
+        if (step >= printed_step + print_every || (now - last_print > 30e3 && step > 0)) {
+            double loss = step <= s->mon.max_steps ? s->mon.loss[step] : NAN;
+            fprintf(stderr, "loom run: step %lld/%d loss %.4f (attempt %d, %d ranks)\n",
+                    (long long)step, s->job->steps, loss, s->attempt, s->world);
+            printed_step = step;
+            last_print = now;
+        }
+    }
+}
+
+loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *job,
+                                const char *loom_exe, char **train_argv, int train_argc,
+                                int *exit_code, loom_error *err) {
+    sup s;
+    memset(&s, 0, sizeof s);
+    s.cfg = cfg;
+    s.job = job;
+    s.world = cfg->ranks;
+    s.dp = cfg->ranks;
+    s.start_ms = loom_now_ms();
+    s.rejected = json_array();
+    *exit_code = 1;
+    loom_status st;
+    if ((st = loom_batch_skip_parse(&s.skip, job->skip_steps, err))) return st;
+    if (job->dp != 1 && job->dp != cfg->ranks)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --dp %d with -n %d: every rank is a data-parallel "
+                              "replica (give --dp %d, or leave it out)",
+                              job->dp, cfg->ranks, cfg->ranks);
+    if (!fit_dp(job, s.world) || job->global_batch % (s.world * job->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --global-batch %d: must be a multiple of -n %d x "
+                              "--micro-batch %d",
+                              job->global_batch, s.world, job->micro_batch);
+    if (loom_mkdir_p(cfg->run_dir) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
+                              cfg->run_dir, strerror(errno));
+    if (gethostname(s.host, sizeof s.host) != 0) snprintf(s.host, sizeof s.host, "?");
+    s.host[sizeof s.host - 1] = 0;
+    /* Ranks on other hosts reach this host by name; alone, loopback. */
+    if ((st = loom_monitor_open(&s.mon, cfg->bind, cfg->hosts[0] ? s.host : "", job->steps, err)))
+        return st;
+    char hex[33], path[LOOM_RUN_PATH + 64];
+    loom_beat_token_hex(s.mon.token, hex);
+    setenv("LOOM_FT_ADDR", s.mon.addr, 1);
+    setenv("LOOM_FT_TOKEN", hex, 1);
+    snprintf(path, sizeof path, "%s/events.jsonl", cfg->run_dir);
+    s.events = fopen(path, "w");
+    s.blame = calloc((size_t)cfg->ranks, sizeof *s.blame);
+    s.slots = calloc((size_t)cfg->ranks, sizeof *s.slots);
+    s.log = calloc((size_t)cfg->max_restarts + 2, sizeof *s.log);
+    if (!s.blame || !s.slots || !s.log) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
+        goto done;
+    }
+    for (int r = 0; r < s.world; r++) s.slots[r] = r;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "loom run: %d rank(s) via %s, heartbeats on %s, run folder %s\n", s.world,
+            cfg->launcher, s.mon.addr, cfg->run_dir);
+    for (s.attempt = 0;; s.attempt++) {
+        char attempt_dir[LOOM_RUN_PATH + 32];
+        snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", cfg->run_dir, s.attempt);
+        loom_mkdir_p(attempt_dir);
+        char attempt[16];
+        snprintf(attempt, sizeof attempt, "%d", s.attempt);
+        setenv("LOOM_FT_ATTEMPT", attempt, 1);
+        char slots[LOOM_RUN_PATH] = "";
+        for (int r = 0, n = 0; r < s.world && n < (int)sizeof slots - 12; r++)
+            n += snprintf(slots + n, sizeof slots - n, "%s%d", r ? "," : "", s.slots[r]);
+        setenv("LOOM_FT_SLOTS", slots, 1);
+        static char store[MAX_ARGS][LOOM_RUN_PATH + 64];
+        char *argv[MAX_ARGS + 1];
+        int argc = build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, argv, store);
+        snprintf(path, sizeof path, "%s/command.txt", attempt_dir);
+        FILE *cmd = fopen(path, "w");
+        for (int i = 0; cmd && i < argc; i++)
+            fprintf(cmd, "%s%s", argv[i], i + 1 < argc ? " " : "\n");
+        if (cmd) fclose(cmd);
+        if ((st = loom_monitor_reset(&s.mon, s.world, s.attempt, err))) goto done;
+        loom_launch l;
+        snprintf(path, sizeof path, "%s/launcher.log", attempt_dir);
+        if ((st = loom_launch_start(&l, argv, path, err))) goto done;
+        event(&s, "launch", "\"ranks\": %d, \"dp\": %d", s.world, s.dp);
+        loom_failure f;
+        int outcome = watch(&s, &l, attempt_dir, &f);
+        if (outcome != 1) scan_rejected(&s, attempt_dir);
+        if (outcome == 0) {
+            event(&s, "done", NULL);
+            write_summary(&s, "finished", "every step done");
+            *exit_code = 0;
+            goto done;
+        }
+        pid_t pids[s.world > 0 ? s.world : 1];
+        int np = 0;
+        for (int r = 0; r < s.world; r++)
+            if (s.mon.ranks[r].seen && strcmp(s.mon.ranks[r].beat.host, s.host) == 0)
+                pids[np++] = s.mon.ranks[r].beat.pid;
+        if (outcome == 2) {
+            fprintf(stderr, "loom run: interrupted: stopping the job (SIGTERM, then SIGKILL)\n");
+            loom_launch_stop(&l, cfg->grace_s, pids, np);
+            write_summary(&s, "interrupted", "signal to the supervisor");
+            *exit_code = 128 + (int)interrupted;
+            goto done;
+        }
+        f.attempt = s.attempt;
+        f.detected_ms = loom_now_ms();
+        const int64_t max_step = loom_monitor_step(&s.mon);
+        event(&s, "failure_detected", "\"kind\": \"%s\", \"rank\": %d, \"step\": %lld",
+              loom_fail_kind_name(f.kind), f.rank, (long long)f.step);
+        loom_launch_stop(&l, cfg->grace_s, pids, np);
+        double teardown = loom_now_ms() - f.detected_ms;
+        event(&s, "stopped", "\"teardown_s\": %.3f, \"launcher_status\": %d", teardown * 1e-3,
+              l.status);
+        if (!f.exit_status) f.exit_status = l.status;
+        scan_rejected(&s, attempt_dir);
+        if (f.kind == LOOM_FAIL_CRASH && f.rank < 0) { /* learn who from the launcher */
+            loom_failure g;
+            snprintf(path, sizeof path, "%s/launcher.log", attempt_dir);
+            loom_detect_exit(&s.mon, l.status, path, &g);
+            if (g.rank >= 0) f = g;
+        }
+        /* Recovery plan. */
+        char recovery[512], skipped[64] = "";
+        if ((f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && cfg->skip_bad_batches &&
+            f.step > 0 && s.skip.n < LOOM_SKIP_MAX) {
+            int64_t batch = loom_batch_skip_batch_of(&s.skip, f.step);
+            s.skip.batches[s.skip.n++] = batch;
+            char list[LOOM_RUN_PATH];
+            skip_list_text(&s.skip, list, sizeof list);
+            loom_batch_skip_parse(&s.skip, list, err); /* sorts */
+            snprintf(skipped, sizeof skipped, ", skipping batch %lld", (long long)batch);
+        }
+        const int rolled_back =
+            (f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && f.step > 0
+                ? set_aside_checkpoints(job, f.step, s.attempt)
+                : 0;
+        if (rolled_back)
+            fprintf(stderr,
+                    "loom run: %d checkpoint(s) of step >= %lld set aside (rolled_back_*)\n",
+                    rolled_back, (long long)f.step);
+        const int slot = f.rank >= 0 && f.rank < s.world ? s.slots[f.rank] : -1;
+        if (slot >= 0) s.blame[slot]++;
+        int shrink = 0;
+        if (cfg->elastic && slot >= 0 && s.blame[slot] >= cfg->exclude_after) {
+            int dp = fit_dp(job, s.world - 1);
+            if (dp >= cfg->min_ranks && dp >= 1) shrink = dp;
+        }
+        const int ckpt = job->ckpt_dirs[0][0] || job->ckpt_dirs[1][0];
+        const int give_up = s.attempt >= cfg->max_restarts;
+        if (give_up)
+            snprintf(recovery, sizeof recovery, "none: --max-restarts %d exhausted",
+                     cfg->max_restarts);
+        else
+            snprintf(recovery, sizeof recovery, "restart %d of %d with %d rank(s)%s, %s%s",
+                     s.attempt + 1, cfg->max_restarts, shrink ? shrink : s.world,
+                     shrink ? " (elastic: the failing rank is excluded)" : "",
+                     ckpt ? "from the newest valid checkpoint" : "from step 0 (no --ckpt-dir)",
+                     skipped);
+        char log[LOOM_RUN_PATH + 64];
+        rank_log(&s, attempt_dir, f.rank >= 0 ? f.rank : 0, log, sizeof log);
+        if ((st = loom_diagnosis_write(&f, cfg->run_dir, attempt_dir, log, recovery, err)))
+            fprintf(stderr, "%s\n", err->msg);
+        failure_log *fl = &s.log[s.n_log++];
+        memset(fl, 0, sizeof *fl);
+        fl->f = f;
+        fl->max_step = max_step;
+        fl->teardown_ms = teardown;
+        if (give_up) {
+            char why[700];
+            snprintf(why, sizeof why,
+                     "gave up: --max-restarts %d exhausted; last failure: %s of rank %d at step "
+                     "%lld (%s/diagnosis.json)",
+                     cfg->max_restarts, loom_fail_kind_name(f.kind), f.rank, (long long)f.step,
+                     cfg->run_dir);
+            fprintf(stderr, "loom run: %s\n", why);
+            write_summary(&s, "gave_up", why);
+            *exit_code = 1;
+            st = LOOM_OK;
+            goto done;
+        }
+        if (shrink) {
+            fprintf(stderr,
+                    "loom run: elastic: rank %d (slot %d) failed %d times: excluded; %d -> %d "
+                    "ranks\n",
+                    f.rank, slot, s.blame[slot], s.world, shrink);
+            /* Drop the failing slot, keep the first healthy ones (renumbered in order). */
+            for (int r = f.rank; r + 1 < s.world; r++) s.slots[r] = s.slots[r + 1];
+            s.world = s.dp = shrink;
+        }
+        st = LOOM_OK;
+    }
+done:
+    if (s.events) fclose(s.events);
+    free(s.blame);
+    free(s.slots);
+    json_decref(s.rejected);
+    free(s.log);
+    loom_monitor_close(&s.mon);
+    return st;
+}

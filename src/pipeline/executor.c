@@ -1,0 +1,278 @@
+/* Runs a rank's action list: the pipelined forward/backward of one step (or forward only
+ * for validation). */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/clock.h"
+#include "pipeline/pipeline.h"
+
+static double thread_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Message buffer of (gradient?, chunk, micro-batch). */
+static float *buf_of(const loom_pipeline *pl, float *base, int grad, int chunk, int mb) {
+    return base + (((size_t)grad * pl->v + chunk) * pl->m + mb) * pl->act_floats;
+}
+static size_t msg_index(const loom_pipeline *pl, int grad, int chunk, int mb) {
+    return ((size_t)grad * pl->v + chunk) * pl->m + mb;
+}
+
+/* Inputs and targets of micro-batch mb (sequences [mb M, (mb+1) M) of the rank's slice). */
+static void load_tokens(loom_model *mod, const int32_t *batch, int mb, int M, int T) {
+    for (int b = 0; b < M; b++) {
+        const int32_t *seq = batch + (size_t)(mb * M + b) * (T + 1);
+        memcpy(mod->inputs + (size_t)b * T, seq, (size_t)T * sizeof(int32_t));
+        memcpy(mod->targets + (size_t)b * T, seq + 1, (size_t)T * sizeof(int32_t));
+    }
+}
+
+typedef struct {
+    loom_pipeline *pl;
+    const loom_pp_schedule *s;
+    const int *slot_of;
+    const float *params;
+    float *grads;
+    const int32_t *batch;
+    float dloss;
+    int backward;
+    double loss_sum;
+    /* gradient readiness (training) */
+    loom_grads_ready_fn ready;
+    void *ready_ctx;
+    int left[LOOM_MAX_CHUNKS]; /* final B/W still to run per chunk */
+    int next_report;           /* chunks report in decreasing order */
+    loom_error *err;
+} step_ctx;
+
+/* The tied embedding: the first and last stage swap their gradients and both add the
+ * other's (a + b == b + a bitwise, so both copies stay identical). */
+static loom_status reduce_tied(step_ctx *x) {
+    loom_pipeline *pl = x->pl;
+    const loom_param *p = &pl->slots[0]->table.params[0];
+    loom_comm_handle hs, hr;
+    float *g = x->grads + p->offset;
+    loom_status st =
+        loom_comm_irecv(pl->comm, pl->tied, p->numel, pl->tied_peer, 9000, &hr, x->err);
+    if (!st) st = loom_comm_isend(pl->comm, g, p->numel, pl->tied_peer, 9000, &hs, x->err);
+    if (!st) st = loom_comm_wait(&hr, x->err);
+    if (!st) st = loom_comm_wait(&hs, x->err);
+    for (size_t i = 0; i < p->numel && !st; i++) g[i] += pl->tied[i];
+    return st;
+}
+
+/* Chunk c's gradients are final: its flat ranges, from the top down. */
+static loom_status report_chunk(step_ctx *x, int c) {
+    const loom_param_table *t = &x->pl->slots[0]->table;
+    const int L = t->n_layer;
+    loom_status st = LOOM_OK;
+    if (c == x->pl->v - 1 && t->has_head) st = x->ready(x->ready_ctx, t->normf_w, t->total);
+    for (int l = x->pl->chunk_hi[c] - 1; l >= x->pl->chunk_lo[c] && !st; l--) {
+        size_t end = l + 1 < L ? t->blocks[l + 1].norm1_w : t->has_head ? t->normf_w : t->total;
+        st = x->ready(x->ready_ctx, t->blocks[l].norm1_w, end);
+    }
+    if (c == 0 && !st) {
+        if (x->pl->tied_peer >= 0) st = reduce_tied(x);
+        if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].norm1_w);
+    }
+    return st;
+}
+
+static loom_status chunk_done(step_ctx *x, int c) {
+    x->left[c]--;
+    return LOOM_OK;
+}
+
+/* Reports the chunks that are complete. Run before the next compute (never between a
+ * backward and its send: the tied-embedding swap waits for the other end). */
+static loom_status report_ready(step_ctx *x) {
+    loom_status st = LOOM_OK;
+    if (!x->ready) return LOOM_OK;
+    while (x->next_report >= 0 && x->left[x->next_report] == 0 && !st)
+        st = report_chunk(x, x->next_report--);
+    return st;
+}
+
+static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
+    loom_pipeline *pl = x->pl;
+    loom_model *mod = pl->slots[x->slot_of[a->mb]];
+    const int vs = a->chunk * pl->pp + rank, lo = pl->chunk_lo[a->chunk],
+              hi = pl->chunk_hi[a->chunk];
+    const float *in = vs == 0 ? mod->embed : buf_of(pl, pl->recv_buf, 0, a->chunk, a->mb);
+    const float *out = mod->blocks[hi - 1].res2;
+    loom_status st = LOOM_OK;
+    if (a->op == LOOM_PP_F) {
+        if (a->chunk == 0) load_tokens(mod, x->batch, a->mb, pl->tc->micro_batch, pl->mc->seq_len);
+        if (vs == 0) st = loom_model_embed_forward(mod, x->params);
+        if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
+        if (!st && vs == pl->S - 1) {
+            double s = 0;
+            if (!(st = loom_model_head_forward(mod, x->params, out)))
+                st = loom_model_loss_sum(mod, x->dloss, x->backward, &s);
+            x->loss_sum += s;
+        } else if (!st) {
+            memcpy(buf_of(pl, pl->send_buf, 0, a->chunk, a->mb), out,
+                   pl->act_floats * sizeof(float));
+        }
+        return st;
+    }
+    const int split = x->s->split;
+    if (a->op == LOOM_PP_B) {
+        if (vs == pl->S - 1)
+            st = loom_model_head_backward(mod, x->params, x->grads, out);
+        else
+            memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, a->chunk, a->mb),
+                   pl->act_floats * sizeof(float));
+        if (!st) st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in);
+        if (!st && vs > 0)
+            memcpy(buf_of(pl, pl->send_buf, 1, a->chunk, a->mb), mod->dres,
+                   pl->act_floats * sizeof(float));
+        if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->grads);
+        return st || split ? st : chunk_done(x, a->chunk);
+    }
+    /* W: the weight gradients B left for later */
+    st = loom_model_blocks_backward_weight(mod, x->grads, lo, hi);
+    if (!st && vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
+    if (!st && vs == 0) st = loom_model_embed_backward(mod, x->grads);
+    return st ? st : chunk_done(x, a->chunk);
+}
+
+static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
+    loom_pipeline *pl = x->pl;
+    const loom_pp_schedule *s = x->s;
+    const int r = pl->rank, n = s->n[r];
+    const loom_pp_action *acts = s->acts[r];
+    loom_error *err = x->err;
+    loom_status st = LOOM_OK;
+    for (int k = 1; k < pl->n_slots; k++) { /* hooks and trace are set after creation */
+        pl->slots[k]->hooks = pl->slots[0]->hooks;
+        pl->slots[k]->trace = pl->slots[0]->trace;
+    }
+    if (fsdp && (st = loom_fsdp_begin_micro_batch(fsdp, err))) return st;
+    /* Every receive of the step is posted now, into its own buffer. */
+    for (int j = 0; j < n && !st; j++) {
+        const loom_pp_action *a = &acts[j];
+        if (a->op != LOOM_PP_RECV_ACT && a->op != LOOM_PP_RECV_GRAD) continue;
+        const int grad = a->op == LOOM_PP_RECV_GRAD;
+        st = loom_comm_irecv(pl->comm, buf_of(pl, pl->recv_buf, grad, a->chunk, a->mb),
+                             pl->act_floats, a->peer, loom_pp_message_tag(s, r, a),
+                             &pl->recv_h[msg_index(pl, grad, a->chunk, a->mb)], err);
+    }
+    double busy_wall = 0, busy_cpu = 0, t_start = loom_now_ms();
+    for (int j = 0; j < n && !st; j++) {
+        const loom_pp_action *a = &acts[j];
+        const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
+        loom_comm_handle *h = NULL;
+        switch (a->op) {
+        case LOOM_PP_RECV_ACT:
+        case LOOM_PP_RECV_GRAD:
+            st = loom_comm_wait(&pl->recv_h[msg_index(pl, grad, a->chunk, a->mb)], err);
+            break;
+        case LOOM_PP_SEND_ACT:
+        case LOOM_PP_SEND_GRAD:
+            h = &pl->send_h[msg_index(pl, grad, a->chunk, a->mb)];
+            st = loom_comm_isend(pl->comm, buf_of(pl, pl->send_buf, grad, a->chunk, a->mb),
+                                 pl->act_floats, a->peer, loom_pp_message_tag(s, r, a), h, err);
+            break;
+        default: {
+            if ((st = report_ready(x))) break;
+            double w0 = loom_now_ms(), c0 = thread_cpu_ms();
+            loom_trace_begin(pl->slots[0]->trace,
+                             a->op == LOOM_PP_F   ? "pp forward"
+                             : a->op == LOOM_PP_B ? "pp backward"
+                                                  : "pp weight-grad",
+                             "compute");
+            st = run_compute(x, a, r);
+            loom_trace_end(pl->slots[0]->trace);
+            const double c = thread_cpu_ms() - c0;
+            busy_cpu += c;
+            busy_wall += loom_now_ms() - w0;
+            if (s == &pl->train) pl->act_cpu_ms[j] = c;
+        }
+        }
+        /* let MPI move the sends in flight */
+        for (int q = 0; q < j && !st && (a->op <= LOOM_PP_W); q++) {
+            const loom_pp_action *b = &acts[q];
+            if (b->op != LOOM_PP_SEND_ACT && b->op != LOOM_PP_SEND_GRAD) continue;
+            int done;
+            loom_comm_handle *sh =
+                &pl->send_h[msg_index(pl, b->op == LOOM_PP_SEND_GRAD, b->chunk, b->mb)];
+            if (sh->active) st = loom_comm_test(sh, &done, err);
+        }
+    }
+    if (!st) st = report_ready(x);
+    for (int j = 0; j < n && !st; j++) {
+        const loom_pp_action *a = &acts[j];
+        if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD)
+            st = loom_comm_wait(
+                &pl->send_h[msg_index(pl, a->op == LOOM_PP_SEND_GRAD, a->chunk, a->mb)], err);
+    }
+    const double span = loom_now_ms() - t_start;
+    if (!st && pl->stats && s == &pl->train) {
+        fprintf(pl->stats,
+                "{\"step\": %d, \"stage\": %d, \"schedule\": \"%s\", \"pp\": %d, \"m\": %d, "
+                "\"v\": %d, \"start_ms\": %.4f, \"span_ms\": %.4f, \"busy_wall_ms\": %.4f, "
+                "\"busy_cpu_ms\": %.4f, \"cpu_ms\": [",
+                pl->step, r, loom_pp_kind_name(s->kind), pl->pp, s->m, s->v, t_start, span,
+                busy_wall, busy_cpu);
+        for (int j = 0; j < n; j++)
+            fprintf(pl->stats, "%s%.4f", j ? ", " : "",
+                    acts[j].op <= LOOM_PP_W ? pl->act_cpu_ms[j] : 0.0);
+        fprintf(pl->stats, "]}\n");
+        fflush(pl->stats);
+    }
+    return st;
+}
+
+loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
+                               const int32_t *batch, float dloss, loom_zero *zero, loom_tp *tp,
+                               loom_fsdp *fsdp, double *loss_sum, loom_error *err) {
+    step_ctx x;
+    memset(&x, 0, sizeof x);
+    x.pl = pl;
+    x.s = &pl->train;
+    x.slot_of = pl->slot_train;
+    x.params = params;
+    x.grads = grads;
+    x.batch = batch;
+    x.dloss = dloss;
+    x.backward = 1;
+    x.err = err;
+    for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
+    x.next_report = pl->v - 1;
+    /* Gradients go to data parallelism's buckets as each chunk finishes (through the
+     * norm-gradient reduction of sequence parallelism first). */
+    loom_zero_ready_ctx ready = {zero, grads, err, NULL, NULL}; /* no embedding split */
+    loom_tp_ready_ctx tp_ready = {tp, &pl->slots[0]->table, grads, loom_zero_grads_ready, &ready};
+    const int sp = tp->sequence_parallel;
+    x.ready = sp ? loom_tp_grads_ready : loom_zero_grads_ready;
+    x.ready_ctx = sp ? (void *)&tp_ready : (void *)&ready;
+    loom_zero_begin_reduction(zero);
+    loom_status st = LOOM_OK;
+    if (pl->stats) st = loom_comm_barrier(&pl->mesh->world, err); /* a common start */
+    if (!st) st = run_list(&x, fsdp);
+    pl->step++;
+    /* The loss lives on the last stage: sum over the pipeline group (others add 0). */
+    if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
+    *loss_sum = x.loss_sum;
+    return st;
+}
+
+loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
+                                       loom_fsdp *fsdp, double *loss_sum, loom_error *err) {
+    step_ctx x;
+    memset(&x, 0, sizeof x);
+    x.pl = pl;
+    x.s = &pl->eval;
+    x.slot_of = pl->slot_eval;
+    x.params = params;
+    x.batch = batch;
+    x.err = err;
+    loom_status st = run_list(&x, fsdp);
+    if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
+    *loss_sum = x.loss_sum;
+    return st;
+}

@@ -1,0 +1,84 @@
+/* Pipeline parallelism: the layers are split into pp x v virtual stages (v model chunks
+ * per pipeline rank, virtual stage s = chunk * pp + rank); the first holds the
+ * embedding, the last the final norm, head and loss. A rank's model registry holds only
+ * its own tensors under their global names (GPT-2's tied embedding also on the last rank,
+ * as a replica whose gradient is summed with the first rank's before the optimizer).
+ * One training step runs the rank's action list (pipeline/schedule.h): every receive is
+ * posted at the start, every send right after its compute, all non-blocking. Each
+ * micro-batch in flight has its own activation arena (a loom_model "slot"), as many as
+ * the schedule holds at once on this rank. */
+#ifndef LOOM_PIPELINE_PIPELINE_H
+#define LOOM_PIPELINE_PIPELINE_H
+
+#include <stdio.h>
+
+#include "model/transformer.h"
+#include "parallel/fsdp.h"
+#include "parallel/mesh.h"
+#include "parallel/tp.h"
+#include "parallel/zero.h"
+#include "pipeline/schedule.h"
+#include "train/trainer.h"
+
+typedef struct {
+    const loom_model_config *mc;
+    const loom_train_config *tc;
+    loom_mesh *mesh;
+    loom_comm *comm; /* the pipeline group */
+    int pp, rank, v, S, m;
+    loom_pp_schedule train, eval;
+    int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS]; /* layers per virtual stage */
+    loom_layer_set layers;
+    int chunk_lo[LOOM_MAX_CHUNKS], chunk_hi[LOOM_MAX_CHUNKS]; /* local layer ranges */
+    loom_model **slots;                                       /* slots[0] is the trainer's model */
+    int n_slots;
+    int *slot_train, *slot_eval; /* slot of each micro-batch */
+    size_t act_floats;           /* floats of one activation/gradient message */
+    float *recv_buf, *send_buf;  /* [2 (activation, gradient)][v][m][act_floats] */
+    loom_comm_handle *recv_h, *send_h;
+    float *tied;   /* [wte numel]: the other stage's copy of the tied embedding gradient */
+    int tied_peer; /* -1: none */
+    FILE *stats;
+    double *act_cpu_ms; /* per action of the training list */
+    int step;
+    loom_param_table full_table; /* world rank 0: the whole model (exports) */
+    float *full_flat;
+} loom_pipeline;
+
+/* Checks --pp, --pp-layers, --virtual-stages and --pp-schedule against the model and the
+ * micro-batch count (messages name the flag). Also called before MPI starts. */
+loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train_config *tc, int dp,
+                                   loom_error *err);
+/* Builds the schedules, the stage's model (into *model: slot 0, the one the trainer sees)
+ * and the extra slots and message buffers. */
+loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
+                                 const loom_train_config *tc, loom_mesh *mesh, loom_tp *tp,
+                                 loom_model *model, loom_error *err);
+void loom_pipeline_free(loom_pipeline *pl);
+/* The layers pipeline rank `rank` holds. */
+void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *out);
+/* Activation bytes of all slots, and a line for the start-up report. */
+void loom_pipeline_report(const loom_pipeline *pl, FILE *f);
+
+/* One step's forward and backward over this rank's micro-batches (batch: the rank's
+ * dp slice, [G/dp, T+1]); gradients accumulate into grads, data-parallel buckets start as
+ * each chunk's gradients become final (loom_zero_begin_reduction done here; the caller
+ * finishes the reduction). *loss_sum: the sum of the token losses of this dp slice,
+ * the same on every stage. fsdp NULL unless ZeRO-3. */
+loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
+                               const int32_t *batch, float dloss, loom_zero *zero, loom_tp *tp,
+                               loom_fsdp *fsdp, double *loss_sum, loom_error *err);
+/* Forward only (validation): *loss_sum as above, no gradients. */
+loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
+                                       loom_fsdp *fsdp, double *loss_sum, loom_error *err);
+/* The global gradient norm over every stage (the tied replica counted once). */
+loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
+                                    const float *grads, double *norm, loom_error *err);
+/* Gathers the stages' unsharded tensors (stage table `st`, flat `sflat`: valid on the
+ * stage's TP rank 0) into the whole model on world rank 0 (*out_t, *out_f; NULL
+ * elsewhere). Collective over every rank. */
+loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st, const float *sflat,
+                                 const loom_param_table **out_t, const float **out_f,
+                                 loom_error *err);
+
+#endif

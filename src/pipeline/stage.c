@@ -1,0 +1,295 @@
+/* Pipeline stages: the layer split, the stage's model slots and buffers, the gradient
+ * norm over stages and the gathering of the whole model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "pipeline/pipeline.h"
+
+/* Layers per virtual stage from --pp-layers or an even split. */
+static loom_status split_layers(const loom_model_config *mc, const loom_train_config *tc, int pp,
+                                int v, int *counts, loom_error *err) {
+    const int S = pp * v, L = mc->n_layer;
+    if (S > L)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--pp %d x --virtual-stages %d = %d stages: more than --n-layer %d "
+                              "(each stage needs at least one layer)",
+                              pp, v, S, L);
+    if (!tc->pp_layers[0]) {
+        if (L % S != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--n-layer %d: not divisible by --pp %d x --virtual-stages %d = "
+                                  "%d stages (give --pp-layers with %d counts)",
+                                  L, pp, v, S, S);
+        for (int s = 0; s < S; s++) counts[s] = L / S;
+        return LOOM_OK;
+    }
+    int n = 0, sum = 0;
+    const char *c = tc->pp_layers;
+    while (*c) {
+        char *end;
+        long x = strtol(c, &end, 10);
+        if (end == c || x < 1 || n == S || (*end && *end != ','))
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--pp-layers '%s': expected %d positive counts separated by "
+                                  "commas (one per stage: --pp %d x --virtual-stages %d)",
+                                  tc->pp_layers, S, pp, v);
+        counts[n++] = (int)x;
+        sum += (int)x;
+        c = *end ? end + 1 : end;
+    }
+    if (n != S || sum != L)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--pp-layers '%s': %d count(s) summing to %d; expected %d counts "
+                              "(--pp %d x --virtual-stages %d) summing to --n-layer %d",
+                              tc->pp_layers, n, sum, S, pp, v, L);
+    return LOOM_OK;
+}
+
+loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train_config *tc, int dp,
+                                   loom_error *err) {
+    const int pp = tc->layout.pp, v = tc->virtual_stages;
+    loom_pp_kind kind;
+    loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
+    if (st || pp <= 1) {
+        if (!st && v != 1)
+            return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: needs --pp > 1", v);
+        return st;
+    }
+    if (v < 1 || v > LOOM_MAX_CHUNKS)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: expected 1..%d", v,
+                              LOOM_MAX_CHUNKS);
+    int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS];
+    if (pp > LOOM_PP_MAX_STAGES)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--pp %d: at most %d", pp, LOOM_PP_MAX_STAGES);
+    if ((st = split_layers(mc, tc, pp, v, counts, err))) return st;
+    const int m = dp >= 1 ? tc->global_batch / dp / tc->micro_batch : 0;
+    return loom_pp_schedule_check(kind, pp, m, v, err);
+}
+
+void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *out) {
+    memset(out, 0, sizeof *out);
+    out->n_chunks = pl->v;
+    out->first = rank == 0;
+    out->last = rank == pl->pp - 1;
+    for (int c = 0; c < pl->v; c++) {
+        const int vs = c * pl->pp + rank;
+        int lo = 0;
+        for (int s = 0; s < vs; s++) lo += pl->counts[s];
+        out->lo[c] = lo;
+        out->hi[c] = lo + pl->counts[vs];
+    }
+}
+
+/* Slot of each micro-batch: taken at its first F, given back after its last B (W). */
+static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of) {
+    const int last_op = s->kind == LOOM_PP_FORWARD_ONLY ? LOOM_PP_F
+                        : s->split                      ? LOOM_PP_W
+                                                        : LOOM_PP_B;
+    int *left = calloc((size_t)s->m, sizeof *left), *busy = calloc(256, sizeof *busy), most = 0;
+    if (!left || !busy) {
+        free(left);
+        free(busy);
+        return -1;
+    }
+    for (int i = 0; i < s->m; i++) slot_of[i] = -1;
+    for (int j = 0; j < s->n[rank]; j++) {
+        const loom_pp_action *a = &s->acts[rank][j];
+        if (a->op == LOOM_PP_F && slot_of[a->mb] < 0) {
+            int k = 0;
+            while (busy[k]) k++;
+            busy[k] = 1;
+            slot_of[a->mb] = k;
+            left[a->mb] = s->v;
+            if (k + 1 > most) most = k + 1;
+        }
+        if ((int)a->op == last_op && --left[a->mb] == 0) busy[slot_of[a->mb]] = 0;
+    }
+    free(left);
+    free(busy);
+    return most;
+}
+
+loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
+                                 const loom_train_config *tc, loom_mesh *mesh, loom_tp *tp,
+                                 loom_model *model, loom_error *err) {
+    memset(pl, 0, sizeof *pl);
+    pl->mc = mc;
+    pl->tc = tc;
+    pl->mesh = mesh;
+    pl->comm = &mesh->pp;
+    pl->pp = mesh->layout.pp;
+    pl->rank = mesh->pp_rank;
+    pl->v = tc->virtual_stages;
+    pl->S = pl->pp * pl->v;
+    pl->m = tc->global_batch / mesh->layout.dp / tc->micro_batch;
+    pl->tied_peer = -1;
+    loom_pp_kind kind;
+    loom_status st;
+    if ((st = loom_pipeline_validate(mc, tc, mesh->layout.dp, err)) ||
+        (st = loom_pp_kind_parse(tc->pp_schedule, &kind, err)) ||
+        (st = split_layers(mc, tc, pl->pp, pl->v, pl->counts, err)) ||
+        (st = loom_pp_schedule_build(&pl->train, kind, pl->pp, pl->m, pl->v, err)) ||
+        (st = loom_pp_schedule_build(&pl->eval, LOOM_PP_FORWARD_ONLY, pl->pp, pl->m, pl->v, err)))
+        return st;
+    loom_pipeline_layers_of(pl, pl->rank, &pl->layers);
+    for (int c = 0, lo = 0; c < pl->v; c++) {
+        pl->chunk_lo[c] = lo;
+        lo += pl->layers.hi[c] - pl->layers.lo[c];
+        pl->chunk_hi[c] = lo;
+    }
+    pl->slot_train = malloc(sizeof(int) * (size_t)pl->m);
+    pl->slot_eval = malloc(sizeof(int) * (size_t)pl->m);
+    if (!pl->slot_train || !pl->slot_eval) goto nomem;
+    int n_train = assign_slots(&pl->train, pl->rank, pl->slot_train);
+    int n_eval = assign_slots(&pl->eval, pl->rank, pl->slot_eval);
+    if (n_train < 0 || n_eval < 0) goto nomem;
+    pl->n_slots = n_train > n_eval ? n_train : n_eval;
+    pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
+    if (!pl->slots) goto nomem;
+    pl->slots[0] = model;
+    for (int k = 1; k < pl->n_slots; k++)
+        if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
+    for (int k = 0; k < pl->n_slots; k++)
+        if ((st = loom_model_create_stage(pl->slots[k], mc, tc->micro_batch, mc->seq_len, tp,
+                                          &pl->layers, pl->train.split, err)))
+            return st;
+    pl->act_floats = (size_t)model->Ns * mc->d_model;
+    const size_t msgs = 2 * (size_t)pl->v * pl->m;
+    pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
+    pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
+    pl->recv_h = calloc(msgs, sizeof *pl->recv_h);
+    pl->send_h = calloc(msgs, sizeof *pl->send_h);
+    pl->act_cpu_ms = calloc((size_t)pl->train.n[pl->rank] + 1, sizeof(double));
+    if (!pl->recv_buf || !pl->send_buf || !pl->recv_h || !pl->send_h || !pl->act_cpu_ms) goto nomem;
+    const loom_param_table *t = &model->table;
+    if (mc->family == LOOM_FAMILY_GPT2 && pl->pp > 1 && (pl->layers.first || pl->layers.last)) {
+        pl->tied_peer = pl->layers.first ? pl->pp - 1 : 0;
+        pl->tied = malloc(t->params[0].numel * sizeof(float));
+        if (!pl->tied) goto nomem;
+    }
+    if (tc->pp_stats[0]) {
+        char path[LOOM_PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s.rank%d", tc->pp_stats, mesh->rank);
+        if (!(pl->stats = fopen(path, "w")))
+            return loom_error_set(err, LOOM_ERR_INPUT, "--pp-stats '%s': cannot create", path);
+    }
+    return LOOM_OK;
+nomem:
+    return loom_error_set(err, LOOM_ERR_NOMEM, "pipeline: out of memory for buffers");
+}
+
+void loom_pipeline_free(loom_pipeline *pl) {
+    for (int k = 1; k < pl->n_slots && pl->slots; k++)
+        if (pl->slots[k]) {
+            loom_model_destroy(pl->slots[k]);
+            free(pl->slots[k]);
+        }
+    free(pl->slots);
+    free(pl->slot_train);
+    free(pl->slot_eval);
+    free(pl->recv_buf);
+    free(pl->send_buf);
+    free(pl->recv_h);
+    free(pl->send_h);
+    free(pl->act_cpu_ms);
+    free(pl->tied);
+    free(pl->full_flat);
+    loom_params_free(&pl->full_table);
+    loom_pp_schedule_free(&pl->train);
+    loom_pp_schedule_free(&pl->eval);
+    if (pl->stats) fclose(pl->stats);
+    memset(pl, 0, sizeof *pl);
+}
+
+void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
+    const double MiB = 1 << 20;
+    const double one = (double)loom_model_activation_bytes(pl->slots[0]);
+    fprintf(f,
+            "loom: pipeline %d stages x %d chunk(s), schedule %s, %d micro-batches per step; "
+            "stage 0: layers",
+            pl->pp, pl->v, loom_pp_kind_name(pl->train.kind), pl->m);
+    for (int c = 0; c < pl->layers.n_chunks; c++)
+        fprintf(f, " [%d, %d)", pl->layers.lo[c], pl->layers.hi[c]);
+    fprintf(f,
+            ", %d micro-batch(es) in flight (activations %d x %.1f MiB = %.1f MiB; "
+            "message buffers %.1f MiB)\n",
+            pl->n_slots, pl->n_slots, one / MiB, pl->n_slots * one / MiB,
+            4.0 * pl->v * pl->m * pl->act_floats * sizeof(float) / MiB);
+}
+
+loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
+                                    const float *grads, double *norm, loom_error *err) {
+    loom_status st = loom_tp_grad_norm(tp, z, grads, norm, err);
+    if (st) return st;
+    double sq = *norm * *norm;
+    const loom_param *p = &z->table->params[0];
+    if (pl->tied_peer >= 0 && p->replica) { /* counted on the first stage */
+        const int sharded = z->stage >= 2;
+        const size_t lo = sharded ? z->lo : 0, hi = sharded ? z->hi : z->total;
+        const float *g = sharded ? z->grad_shard : grads;
+        size_t a = p->offset > lo ? p->offset : lo;
+        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        double r = a < b ? loom_sum_squares(g + (a - lo), b - a) : 0.0;
+        if (sharded) st = loom_comm_allreduce_sum_f64(z->dp, &r, 1, err);
+        if (!st && tp && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp->comm, &r, 1, err);
+        sq -= r;
+    }
+    if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &sq, 1, err);
+    *norm = sqrt(sq > 0 ? sq : 0);
+    return st;
+}
+
+/* Copies every tensor of (t, flat) that the whole model `full` has into full_flat (the
+ * replica is skipped: its owner's copy is the same). */
+static void copy_by_name(const loom_param_table *t, const float *flat, const loom_param_table *full,
+                         float *full_flat) {
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        int j = loom_params_find(full, p->name);
+        if (j >= 0 && !p->replica)
+            memcpy(full_flat + full->params[j].offset, flat + p->offset, p->numel * sizeof(float));
+    }
+}
+
+loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st_table,
+                                 const float *sflat, const loom_param_table **out_t,
+                                 const float **out_f, loom_error *err) {
+    *out_t = st_table;
+    *out_f = NULL;
+    loom_mesh *mesh = pl->mesh;
+    if (mesh->dp_rank != 0 || mesh->tp_rank != 0) return LOOM_OK;
+    loom_status st = LOOM_OK;
+    if (pl->rank != 0) { /* one message with the stage's flat buffer */
+        loom_comm_handle h;
+        if (!(st = loom_comm_isend(pl->comm, sflat, st_table->total, 0, 9001, &h, err)))
+            st = loom_comm_wait(&h, err);
+        return st;
+    }
+    if (!pl->full_flat) {
+        if ((st = loom_params_build(&pl->full_table, pl->mc, 0, 1, err))) return st;
+        if (!(pl->full_flat = malloc(pl->full_table.total * sizeof(float))))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "pipeline: cannot gather the weights");
+    }
+    copy_by_name(st_table, sflat, &pl->full_table, pl->full_flat);
+    for (int r = 1; r < pl->pp && !st; r++) {
+        loom_layer_set set;
+        loom_param_table t;
+        loom_pipeline_layers_of(pl, r, &set);
+        if ((st = loom_params_build_stage(&t, pl->mc, 0, 1, &set, err))) break;
+        float *buf = malloc(t.total * sizeof(float));
+        loom_comm_handle h;
+        if (!buf) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "pipeline: cannot gather the weights");
+        } else if (!(st = loom_comm_irecv(pl->comm, buf, t.total, r, 9001, &h, err)) &&
+                   !(st = loom_comm_wait(&h, err))) {
+            copy_by_name(&t, buf, &pl->full_table, pl->full_flat);
+        }
+        free(buf);
+        loom_params_free(&t);
+    }
+    *out_t = &pl->full_table;
+    *out_f = pl->full_flat;
+    return st;
+}

@@ -1,0 +1,324 @@
+#!/usr/bin/python3
+"""loom run end to end: each injected fault under the supervisor with 4 ranks.
+
+Every case trains a tiny GPT-2 under `loom run -n 4` with a fault injected at a random
+step and rank (seed printed; --seed repeats), lets the supervisor detect, diagnose and
+recover, and checks: the job finishes on its own; the diagnosis names the injected rank
+(and, for a hang, the collective); the final weights are bitwise those of a fault-free
+run of the same layout (crash, hang, nan; kill-during-save and corrupt-ckpt once
+checkpoints exist), or of a fault-free run without the skipped batch (nan/spike with
+--skip-bad-batches); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
+the straggler report names the rank. Usage: test_ft.py --loom PATH --case NAME [--seed S]
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from test_layouts import write_text_shard  # noqa: E402
+import safetensors_io  # noqa: E402
+
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+STEPS = 24
+
+
+class Case:
+    def __init__(self, loom, tmp, seed):
+        self.loom, self.tmp, self.seed = loom, tmp, seed
+        self.data = os.path.join(tmp, "train.bin")
+        write_text_shard(self.data, seed)
+        self.train = ["--vocab-size", "256", "--seq-len", "24", "--n-layer", "2", "--d-model",
+                      "48", "--n-head", "4", "--d-ff", "96", "--micro-batch", "2",
+                      "--global-batch", "8", "--steps", str(STEPS), "--lr", "3e-3",
+                      "--warmup-steps", "3", "--seed", str(seed), "--threads", "1",
+                      "--log-every", "0", "--data", self.data, "--bucket-mb", "0.01"]
+        self.n = 0
+
+    def reference(self, ranks, extra=()):
+        """A fault-free run under plain mpirun: its weights and per-step losses."""
+        self.n += 1
+        out = os.path.join(self.tmp, f"ref{self.n}")
+        cmd = MPIRUN + ["-n", str(ranks), self.loom, "train"] + self.train + [
+            "--dp", str(ranks), "--save-weights", out + ".safetensors",
+            "--metrics", out + ".jsonl"] + list(extra)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0, f"reference run failed:\n{p.stderr[-2000:]}")
+        return out + ".safetensors", losses(out + ".jsonl")
+
+    def supervised(self, run_args, train_extra=(), expect_rc=0, env=None, ckpt_every=0):
+        self.n += 1
+        run_dir = os.path.join(self.tmp, f"run{self.n}")
+        weights = os.path.join(run_dir, "weights.safetensors")
+        if ckpt_every:
+            train_extra = list(train_extra) + ["--ckpt-dir", os.path.join(run_dir, "ckpt"),
+                                               "--ckpt-every", str(ckpt_every)]
+        cmd = [self.loom, "run", "-n", "4", "--run-dir", run_dir] + list(run_args) + [
+            "--"] + self.train + ["--save-weights", weights,
+                                  "--metrics", os.path.join(run_dir, "metrics.jsonl")] + list(
+            train_extra)
+        t0 = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, **(env or {})))
+        print(f"  $ {' '.join(cmd[1:8])} ... {' '.join(train_extra)}  -> exit {p.returncode} "
+              f"in {time.time() - t0:.1f} s")
+        check(p.returncode == expect_rc,
+              f"loom run exited {p.returncode}, expected {expect_rc}:\n{p.stderr[-3000:]}")
+        return run_dir, weights, p.stderr
+
+
+FAILED = []
+
+
+def check(ok, what):
+    if not ok:
+        FAILED.append(what)
+        print(f"FAIL: {what}")
+        raise SystemExit(1)
+
+
+def losses(path):
+    return [json.loads(line)["loss"] for line in open(path)]
+
+
+def same_bits(a, b):
+    return open(a, "rb").read() == open(b, "rb").read()
+
+
+def diagnosis(run_dir, attempt=0):
+    return json.load(open(os.path.join(run_dir, f"attempt_{attempt}", "diagnosis.json")))
+
+
+def summary(run_dir):
+    return json.load(open(os.path.join(run_dir, "summary.json")))
+
+
+def case_crash(c, rng):
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    ref, _ = c.reference(4)
+    run_dir, w, _ = c.supervised([], ["--inject", f"crash@{step}:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "crash" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected crash of rank {rank}")
+    check(d["step"] == step, f"diagnosis step {d['step']}, expected {step}")
+    check(any("crash at step" in line for line in d["log_tail"]), "log tail lacks the crash line")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+    s = summary(run_dir)
+    check(s["attempts"] == 2, "expected exactly one restart")
+    f = s["failures"][0]
+    print(f"  resumed at step {f['resumed_at_step']}, {f['replayed_steps']} step(s) replayed")
+    check(f["resumed_at_step"] >= step - 9, f"resumed at step {f['resumed_at_step']}: the "
+          f"checkpoints (every 4 steps) were not used")
+
+
+def case_hang(c, rng):
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    ref, _ = c.reference(4)
+    run_dir, w, err = c.supervised(["--heartbeat-timeout", "2", "--grace", "1"],
+                                   ["--inject", f"hang@{step}:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "hang" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected hang of rank {rank}")
+    col = d["collective"]
+    check(col["culprits"] == [rank], f"culprits {col['culprits']}, expected [{rank}]")
+    check(sorted(col["waiting"]) == [r for r in range(4) if r != rank],
+          f"waiting ranks {col['waiting']}")
+    # dp: the training thread's own collectives; dp.bg: the gradient buckets, which the
+    # communication engine's thread drives (comm/engine.h).
+    check(col["communicator"] in ("dp", "dp.bg") and col["op"] and col["seq"] > 0,
+          f"collective {col}")
+    check(2.0 <= col["waited_s"] <= 4.0, f"hang detected after {col['waited_s']} s (timeout 2)")
+    check("never entered" in err, "the summary on stderr does not name the culprit")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
+def case_nan(c, rng):
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    ref, _ = c.reference(4)
+    run_dir, w, _ = c.supervised([], ["--inject", f"nan@{step}:{rank}"])
+    d = diagnosis(run_dir)
+    check(d["kind"] == "nonfinite_loss" and d["rank"] == rank and d["step"] == step,
+          f"diagnosis {d['kind']} rank {d['rank']} step {d['step']}, expected rank {rank} "
+          f"step {step}")
+    check(d["nonfinite"]["culprits"] == [rank], f"culprits {d['nonfinite']['culprits']}")
+    check(same_bits(w, ref), "retrying the batch should give the fault-free weights")
+    # With --skip-bad-batches the batch is dropped: the weights are those of --skip-steps.
+    ref_skip, _ = c.reference(4, ["--skip-steps", str(step)])
+    run_dir, w, _ = c.supervised(["--skip-bad-batches"], ["--inject", f"nan@{step}:{rank}"],
+                                 ckpt_every=4)
+    check(same_bits(w, ref_skip), f"weights differ from a fault-free --skip-steps {step} run")
+    check(f"--skip-steps {step}" in open(os.path.join(run_dir, "attempt_1", "command.txt")).read(),
+          "the restart does not skip the batch")
+
+
+def case_spike(c, rng):
+    step, rank = rng.randint(8, STEPS - 2), rng.randrange(4)
+    ref_skip, _ = c.reference(4, ["--skip-steps", str(step)])
+    run_dir, w, _ = c.supervised(["--loss-spike-factor", "3", "--skip-bad-batches"],
+                                 ["--inject", f"spike@{step}:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "loss_spike" and d["step"] == step,
+          f"diagnosis {d['kind']} step {d['step']}, expected loss_spike at {step}")
+    check(d["loss"] > 3 * d["baseline_loss"], f"spike {d['loss']} vs {d['baseline_loss']}")
+    check(same_bits(w, ref_skip), f"weights differ from a fault-free --skip-steps {step} run")
+
+
+def case_slow(c, rng):
+    rank = rng.randrange(4)
+    c.train[c.train.index("--steps") + 1] = "60"
+    c.train[c.train.index("--d-model") + 1] = "96"
+    c.train[c.train.index("--seq-len") + 1] = "48"
+    run_dir, _, err = c.supervised(["--straggler-factor", "2"], ["--inject", f"slow@2:{rank}:5"])
+    path = os.path.join(run_dir, "stragglers.jsonl")
+    check(os.path.exists(path), f"no straggler reported:\n{err[-2000:]}")
+    rows = [json.loads(line) for line in open(path)]
+    check([r["rank"] for r in rows] == [rank], f"stragglers {rows}, expected rank {rank} only")
+    check(rows[0]["slowdown"] >= 2, f"slowdown {rows[0]['slowdown']}")
+    check(summary(run_dir)["attempts"] == 1, "a straggler must not cause a restart")
+    check(f"STRAGGLER: rank {rank}" in err, "no straggler line on stderr")
+
+
+def case_elastic(c, rng):
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    _, ref_losses = c.reference(4)
+    run_dir, _, err = c.supervised(["--elastic", "--exclude-after", "2"],
+                                   ["--inject", f"crash@{step}:{rank}+"], ckpt_every=4)
+    s = summary(run_dir)
+    check(s["final_ranks"] == 2 and s["attempts"] == 3,
+          f"expected 2 failures then 2 ranks, got {s['attempts']} attempts, "
+          f"{s['final_ranks']} ranks")
+    check(all(f["rank"] == rank for f in s["failures"]), f"failures {s['failures']}")
+    check("--dp 2" in open(os.path.join(run_dir, "attempt_2", "command.txt")).read(),
+          "the shrunk restart does not run --dp 2")
+    got = losses(os.path.join(run_dir, "metrics.jsonl"))
+    check(len(got) >= 1, "no losses after the restart")
+    first = STEPS - len(got)  # the restarted job's steps are the last len(got)
+    err_max = max(abs(a - b) / abs(b) for a, b in zip(got, ref_losses[first:]))
+    print(f"  elastic 4 -> 2 ranks: {len(got)} losses after the restart, max rel err {err_max:.2e}")
+    check(err_max <= 1e-5, f"losses after the shrink differ by {err_max:.2e} (> 1e-5)")
+
+
+def case_soak(c, rng):
+    """Random crashes (each on its own attempt) until the time budget is spent."""
+    ref, _ = c.reference(4)
+    budget, rounds, t0 = 60.0, 0, time.time()
+    while time.time() - t0 < budget - 20:
+        k = rng.randint(1, 4)
+        specs = [f"crash@{rng.randint(1, STEPS)}:{rng.randrange(4)}/{a}" for a in range(k)]
+        print(f"  round {rounds}: LOOM_INJECT={','.join(specs)}")
+        run_dir, w, _ = c.supervised(["--max-restarts", str(k)], [],
+                                     env={"LOOM_INJECT": ",".join(specs)},
+                                     ckpt_every=rng.choice([0, 2, 5]))
+        s = summary(run_dir)
+        # A crash scheduled before the step a restart resumes from never fires, and then
+        # the job simply finishes: each failure must be its attempt's crash, in order.
+        ranks = [int(x.split(":")[1].split("/")[0]) for x in specs]
+        check(s["outcome"] == "finished" and 1 <= s["attempts"] <= k + 1,
+              f"{s['outcome']} after {s['attempts']} attempts for {specs}")
+        check([(f["attempt"], f["kind"], f["rank"]) for f in s["failures"]] ==
+              [(a, "crash", ranks[a]) for a in range(s["attempts"] - 1)],
+              f"failures {s['failures']} for {specs}")
+        check(same_bits(w, ref), f"weights differ from the fault-free run after {specs}")
+        rounds += 1
+    print(f"  {rounds} soak rounds in {time.time() - t0:.0f} s")
+
+
+def case_kill_during_save(c, rng):
+    """Killed while writing checkpoint 12: that checkpoint never becomes valid; the
+    restart resumes from step 8 and ends bitwise like the fault-free run."""
+    rank = rng.randrange(4)
+    ref, _ = c.reference(4)
+    run_dir, w, _ = c.supervised([], ["--inject", f"kill-during-save@12:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "crash" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected crash of rank {rank}")
+    check(any("kill during the save of step 12" in line for line in d["log_tail"]),
+          "the log tail lacks the kill line")
+    f = summary(run_dir)["failures"][0]
+    check(f["resumed_at_step"] == 8, f"resumed at step {f['resumed_at_step']}, expected 8 "
+          "(checkpoint 12 was being written)")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
+def case_corrupt_ckpt(c, rng):
+    """Checkpoint 12 is damaged on disk after it was committed; a crash at step 15 makes
+    the restart try it: the checksums reject it and the one of step 8 is used."""
+    rank = rng.randrange(4)
+    ref, _ = c.reference(4)
+    crash_rank = rng.randrange(4)
+    run_dir, w, _ = c.supervised([], ["--inject", f"corrupt-ckpt@12:{rank}",
+                                      "--inject", f"crash@15:{crash_rank}"], ckpt_every=4)
+    s = summary(run_dir)
+    check(s["failures"][0]["resumed_at_step"] == 8,
+          f"resumed at step {s['failures'][0]['resumed_at_step']}, expected 8 (12 is corrupt)")
+    rejected = s.get("rejected_checkpoints", [])
+    check(any(r["rank"] == rank and "step_00000012" in r["line"] for r in rejected),
+          f"the summary does not name rank {rank} rejecting checkpoint 12: {rejected}")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
+def case_bad_input(c, rng):
+    def rc_of(args, env=None):
+        p = subprocess.run([c.loom, "run"] + args, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **(env or {})))
+        return p.returncode, p.stderr
+
+    rc, err = rc_of(["-n", "2", "--", "--data", c.data, "--inject", "explode@3"])
+    check(rc == 2 and "'explode@3': unknown kind" in err and err.count("\n") == 1,
+          f"unknown kind: exit {rc}: {err}")
+    rc, err = rc_of(["-n", "2", "--", "--data", c.data], {"LOOM_INJECT": "crash@x"})
+    check(rc == 2 and "LOOM_INJECT 'crash@x'" in err, f"bad LOOM_INJECT: exit {rc}: {err}")
+    rc, err = rc_of(["-n", "2"])
+    check(rc == 2 and "missing the train command" in err, f"no train command: exit {rc}: {err}")
+    rc, err = rc_of(["-n", "2", "--"])
+    check(rc == 2 and "missing the train command" in err, f"empty train command: {rc}: {err}")
+    rc, err = rc_of(["-n", "2", "--frobnicate", "--", "--data", c.data])
+    check(rc == 2 and "unknown option '--frobnicate'" in err, f"unknown flag: {rc}: {err}")
+    rc, err = rc_of(["-n", "3", "--", "--data", c.data, "--global-batch", "8"])
+    check(rc == 2 and "--global-batch 8" in err, f"batch not divisible: {rc}: {err}")
+    # A rank that fails on every attempt: restarts run out, with a message that says so.
+    rank = rng.randrange(4)
+    run_dir, _, err = c.supervised(["--max-restarts", "1"], ["--inject", f"crash@3:{rank}+"],
+                                   expect_rc=1)
+    check("--max-restarts 1 exhausted" in err, f"no exhaustion message:\n{err[-1500:]}")
+    check(summary(run_dir)["outcome"] == "gave_up", "summary outcome is not gave_up")
+
+
+CASES = {name[5:]: f for name, f in globals().items() if name.startswith("case_")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"case {args.case}, seed {seed} (--seed {seed} repeats it)")
+    tmp = tempfile.mkdtemp(prefix=f"loom_ft_{args.case}_")
+    ok = False
+    try:
+        CASES[args.case](Case(os.path.abspath(args.loom), tmp, seed), random.Random(seed))
+        ok = True
+    except SystemExit:
+        pass
+    finally:
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp} (seed {seed})")
+    print("ok" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""Invariant 1 for pipeline parallelism: every schedule computes the same function.
+
+For both families (8 layers, Llama with 4 query / 2 key-value heads), trains on one
+process, then under mpirun with pp in {2, 4} x every schedule (gpipe, 1f1b, interleaved
+with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 1 and ZeRO 3)
+and pp 2 x tp 2 (sequence parallel), from the same seed and data. Checks that every
+per-step loss, the validation losses and the final weights (gathered from the stages to
+rank 0 by --dump-dir and --save-weights) equal the single-process run: whole-model
+relative error <= 1e-5, every tensor <= 1e-4 (the criterion of test_layouts_tp.py), and
+the initial weights bitwise. Usage: test_layouts_pp.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import safetensors_io  # noqa: E402
+from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
+
+D_MODEL = 32
+# (name, ranks, extra flags)
+LAYOUTS = [
+    ("pp2_gpipe", 2, ["--pp", "2", "--pp-schedule", "gpipe"]),
+    ("pp2_1f1b", 2, ["--pp", "2", "--pp-schedule", "1f1b"]),
+    ("pp2_interleaved", 2, ["--pp", "2", "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
+    ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+    ("pp2_uneven", 2, ["--pp", "2", "--pp-layers", "3,5"]),
+    ("pp4_gpipe", 4, ["--pp", "4", "--pp-schedule", "gpipe"]),
+    ("pp4_1f1b", 4, ["--pp", "4", "--pp-schedule", "1f1b"]),
+    ("pp4_interleaved", 4, ["--pp", "4", "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
+    ("pp4_zb", 4, ["--pp", "4", "--pp-schedule", "zb"]),
+    ("pp2_dp2_zero1_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule", "zb"]),
+    ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"]),
+    ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule", "zb"]),
+    ("pp2_tp2_interleaved", 4, ["--pp", "2", "--tp", "2", "--pp-schedule", "interleaved",
+                                "--virtual-stages", "2"]),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"seed {seed}")
+    tmp = tempfile.mkdtemp(prefix="loom_layouts_pp_")
+    failures = checks = 0
+    try:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        for family in ("gpt2", "llama"):
+            base = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                    "--seq-len", "16", "--n-layer", "8", "--d-model", str(D_MODEL),
+                    "--n-head", "4", "--n-kv-head", "2" if family == "llama" else "4",
+                    "--d-ff", "64", "--micro-batch", "2", "--global-batch", "16", "--steps", "8",
+                    "--lr", "3e-3", "--warmup-steps", "2", "--grad-clip", "0.5",
+                    "--seed", str(seed), "--log-every", "0", "--threads", "1",
+                    "--data", data, "--bucket-mb", "0.01", "--val-data", data,
+                    "--eval-every", "4", "--eval-batches", "1"]
+
+            def train(name, ranks, extra):
+                out = os.path.join(tmp, f"{family}_{name}")
+                cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
+                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{family} {name}")
+                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
+                return (losses(out + ".jsonl"), load("params_final.safetensors"),
+                        load("params_init.safetensors"))
+
+            ref_losses, ref_params, ref_init = train("single", 1, [])
+            print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
+            for name, ranks, extra in LAYOUTS:
+                weights = os.path.join(tmp, f"{family}_{name}.safetensors")
+                got_losses, got_params, got_init = train(name, ranks,
+                                                         extra + ["--save-weights", weights])
+                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
+                names = sorted(ref_params)
+                same_names = set(got_params) == set(ref_params)
+                w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
+                                             comparable(k, ref_params[k], D_MODEL)), k)
+                                    for k in names) if same_names else (1.0, "missing tensors")
+                all_err = rel_err(np.concatenate([got_params[k].ravel() for k in names]),
+                                  np.concatenate([ref_params[k].ravel() for k in names])) \
+                    if same_names else 1.0
+                init_same = set(got_init) == set(ref_init) and all(
+                    np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
+                saved = safetensors_io.load(weights)
+                saved_same = set(saved) == set(got_params) and all(
+                    np.array_equal(saved[k], got_params[k]) for k in saved)
+                ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and all_err <= TOL
+                      and w_err <= 10 * TOL and same_names and init_same and saved_same)
+                failures += not ok
+                checks += 1
+                print(f"  {name:20s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
+                      f"worst tensor {w_err:.2e} ({w_name})  init "
+                      f"{'identical' if init_same else 'DIFFERS'}  saved "
+                      f"{'= final' if saved_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
+    finally:
+        if failures:
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{checks - failures} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+#!/usr/bin/python3
+"""The start-up memory report matches ZeRO's formulas (fp32 training, AdamW).
+
+For a random small GPT-2 or Llama shape, runs one step on one process and under mpirun
+with dp in {2, 3} x ZeRO stage in {0, 1, 2, 3}, parses rank 0's "memory per rank" line and
+checks, with P the parameter count the run prints and N the data-parallel size:
+  params      4P (stages 0-2), 4P/N (stage 3)
+  grads       4P local accumulation buffer (every stage), + 4P/N reduced shard (2, 3)
+  optimizer   8P (stage 0), 8P/N (stages 1-3)
+and, for stages 2 and 3, that the end-of-run line on resident local gradients (mincore
+high-water mark) shows what accumulation wrote: 4P, less the rows of an untied
+embedding (Llama) that no token touched.
+A shard is P/N snapped to whole rows, so "P/N" is allowed to be off by at most one row
+of the widest tensor (or one whole 1-D tensor) plus the report's rounding (0.001 MiB).
+Usage: test_memory_report.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+MIB = 1 << 20
+RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
+                      r"most ([\d.]+) of ([\d.]+) MiB, ([\d.]+) MiB after the reduction")
+LINE = re.compile(r"memory per rank: params ([\d.]+) MiB(?: \+ ([\d.]+) MiB gathered at most)?, "
+                  r"grads ([\d.]+) MiB \(local accumulation\) \+ ([\d.]+) MiB \(reduced shard\), "
+                  r"optimizer ([\d.]+) MiB")
+
+
+def report(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"FAIL: exit {p.returncode}\n$ {' '.join(cmd)}\n{p.stderr[-2000:]}")
+        sys.exit(1)
+    m = LINE.search(p.stderr)
+    n = re.search(r"model, (\d+) parameters", p.stderr)
+    if not m or not n:
+        print(f"FAIL: no memory line in\n{p.stderr[-2000:]}")
+        sys.exit(1)
+    vals = [float(x) * MIB if x is not None else 0.0 for x in m.groups()]
+    got = dict(zip(("params", "gathered", "grads", "grad_shard", "optimizer"), vals))
+    r = RESIDENT.search(p.stderr)
+    got["resident"] = float(r.group(1)) * MIB if r else None
+    got["after"] = float(r.group(3)) * MIB if r else None
+    return int(n.group(1)), got
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"seed {seed} (rerun with --seed {seed})")
+    family = rng.choice(["gpt2", "llama"])
+    heads = rng.choice([2, 4])
+    C = heads * rng.choice([16, 24, 32])
+    F = C * rng.choice([2, 3, 4])
+    V = rng.randrange(1000, 3000)
+    L = rng.randrange(1, 5)
+    T = 16
+    tmp = tempfile.mkdtemp(prefix="loom_memreport_")
+    data = os.path.join(tmp, "tokens.bin")
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, 4096]
+    with open(data, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.random.default_rng(seed).integers(0, V, 4096).astype("<u2").tobytes())
+    base = [args.loom, "train", "--family", family, "--vocab-size", str(V), "--seq-len", str(T),
+            "--n-layer", str(L), "--d-model", str(C), "--n-head", str(heads), "--n-kv-head",
+            str(heads // 2 if family == "llama" else heads), "--d-ff", str(F), "--micro-batch",
+            "1", "--global-batch", "6", "--steps", "1", "--threads", "1", "--log-every", "0",
+            "--data", data]
+    print(f"{family}: L={L} C={C} F={F} V={V}")
+    # One row of the widest tensor, or a whole 1-D tensor (biases of c_attn are 3C).
+    slack = 4 * max(3 * C, F, C) + 0.0011 * MIB
+    P, one = report(base)
+    exact = {"params": 4 * P, "gathered": 0, "grads": 4 * P, "grad_shard": 0, "optimizer": 8 * P}
+    failures = 0
+
+    def check(what, got, want, tol):
+        nonlocal failures
+        ok = abs(got - want) <= tol
+        failures += not ok
+        print(f"  {what}: reported {got / MIB:.3f} MiB, formula {want / MIB:.3f} MiB"
+              f"{'' if ok else '  <-- MISMATCH'}")
+
+    print("dp 1")
+    for k, v in exact.items():
+        check(k, one[k], v, 0.0011 * MIB)
+    for dp in (2, 3):
+        for zero in (0, 1, 2, 3):
+            print(f"dp {dp} zero {zero}")
+            _, got = report(MPIRUN + ["-n", str(dp)] + base + ["--dp", str(dp), "--zero",
+                                                               str(zero)])
+            shard = 4 * P / dp
+            want = {"params": 4 * P if zero < 3 else shard, "grads": 4 * P,
+                    "grad_shard": shard if zero >= 2 else 0,
+                    "optimizer": 8 * P if zero == 0 else 2 * shard}
+            for k, v in want.items():
+                tol = 0.0011 * MIB if v in (0, 4 * P, 8 * P) else slack * (2 if k == "optimizer"
+                                                                            else 1)
+                check(k, got[k], v, tol)
+            if zero >= 2:
+                # Stages 2, 3 hand back each bucket's local gradient pages once reduced;
+                # with accumulation (here 6 / dp micro-batches) the first micro-batches
+                # write every gradient except, for an untied embedding (Llama), the rows
+                # of tokens not seen: the high-water mark (mincore) lies in between.
+                untouched = 4 * V * C if family == "llama" else 0
+                lo, hi = 4 * P - untouched - 8192, 4 * P + 4096 + 0.0011 * MIB
+                r = got["resident"]
+                ok = r is not None and lo <= r <= hi
+                failures += not ok
+                print(f"  resident local grads: reported {'-' if r is None else f'{r / MIB:.3f}'}"
+                      f" MiB, expected in [{lo / MIB:.3f}, {hi / MIB:.3f}]"
+                      f"{'' if ok else '  <-- MISMATCH'}")
+                # Once reduced, only pages shared by two buckets (their edges) stay.
+                after, edges = got["after"], 2 * 4096 * (P // 16384 + L + 8)
+                ok = after is not None and after <= edges + 0.0011 * MIB
+                failures += not ok
+                print(f"  resident after the reduction: {after} bytes (at most {edges})"
+                      f"{'' if ok else '  <-- MISMATCH'}")
+            elif got["resident"] is not None:
+                failures += 1
+                print("  a 'local gradients resident' line at a stage that keeps them")
+            if zero == 3:
+                # Gathered at most: the embedding range, the tail and two blocks, which
+                # is everything (4P) when there are at most two blocks.
+                full = 4 * P if L <= 2 else None
+                if full is not None:
+                    check("gathered", got["gathered"], full, 0.0011 * MIB)
+                elif not 0 < got["gathered"] < 4 * P:
+                    failures += 1
+                    print(f"  gathered {got['gathered'] / MIB:.3f} MiB: expected in (0, 4P)")
+    print(f"{'FAIL' if failures else 'OK'}: {failures} mismatch(es)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

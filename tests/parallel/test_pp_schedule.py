@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""The printed pipeline schedules (`loom pp-schedule`) obey the dependency order.
+
+For every schedule and a random sample of (pp, micro-batches, virtual stages), parses the
+action lists and checks, independently of loom's own simulator: each (chunk, micro-batch)
+has its F, B (and W when split) exactly once per stage; no B before its F, no W before
+its B; every receive has exactly one matching send on the peer; executing the lists with
+blocking receives and non-blocking sends terminates (no deadlock), so every send comes
+before its matching receive completes; 1F1B holds at most pp micro-batches on stage 0;
+the simulated bubble is below 1F1B's for zb and the theoretical one for gpipe/1f1b.
+Bad input (micro-batches < pp, virtual stages without interleaved) exits 2 naming the flag.
+Usage: test_pp_schedule.py --loom PATH [--seed S]
+"""
+import argparse
+import random
+import re
+import subprocess
+import sys
+
+TOKEN = re.compile(r"^(F|B|W)(\d+)(?:\.(\d+))?$|^(sa|ra|sg|rg)(\d+)(?:\.(\d+))?([<>])(\d+)$")
+
+
+def parse(text):
+    stages, bubble, flight = {}, None, None
+    section = None
+    for line in text.splitlines():
+        if line.startswith("bubble"):
+            bubble = [float(x) for x in line.split(":")[1].split()]
+        elif line.startswith("max micro-batches in flight"):
+            flight = [int(x) for x in line.split(":")[1].split()]
+        elif line.startswith("actions:"):
+            section = "actions"
+        elif section == "actions" and line.startswith("stage"):
+            head, rest = line.split(":", 1)
+            acts = []
+            for tok in rest.split():
+                m = TOKEN.match(tok)
+                if not m:
+                    raise ValueError(f"unparsable action {tok!r}")
+                if m.group(1):
+                    acts.append((m.group(1), int(m.group(2)), int(m.group(3) or 0), None))
+                else:
+                    acts.append((m.group(4), int(m.group(5)), int(m.group(6) or 0), int(m.group(8))))
+            stages[int(head.split()[1])] = acts
+    return stages, bubble, flight
+
+
+def check(stages, pp, m, v, split):
+    errs = []
+    S = pp * v
+    for r, acts in stages.items():
+        seen = {}
+        for i, (op, mb, ch, _) in enumerate(acts):
+            if op in "FBW":
+                key = (op, ch, mb)
+                if key in seen:
+                    errs.append(f"stage {r}: {op}{mb}.{ch} twice")
+                seen[key] = i
+        for ch in range(v):
+            for mb in range(m):
+                f, b, w = seen.get(("F", ch, mb)), seen.get(("B", ch, mb)), seen.get(("W", ch, mb))
+                if f is None or b is None or (split and w is None) or (not split and w is not None):
+                    errs.append(f"stage {r}: chunk {ch} micro-batch {mb}: missing or extra F/B/W")
+                    continue
+                if b < f:
+                    errs.append(f"stage {r}: B{mb}.{ch} before its F")
+                if split and w < b:
+                    errs.append(f"stage {r}: W{mb}.{ch} before its B")
+    # message matching: (kind, sender, receiver, receiving virtual stage, mb)
+    sends, recvs = {}, {}
+    for r, acts in stages.items():
+        for op, mb, ch, peer in acts:
+            vs = ch * pp + r
+            if op in ("sa", "sg"):
+                to_vs = vs + 1 if op == "sa" else vs - 1
+                if not 0 <= to_vs < S or to_vs % pp != peer:
+                    errs.append(f"stage {r}: {op}{mb}.{ch} to the wrong rank {peer}")
+                key = (op[1], r, peer, to_vs, mb)
+                sends[key] = sends.get(key, 0) + 1
+            elif op in ("ra", "rg"):
+                key = (op[1], peer, r, vs, mb)
+                recvs[key] = recvs.get(key, 0) + 1
+    if sends != recvs or any(c != 1 for c in sends.values()):
+        errs.append("sends and receives do not match one to one")
+    # run: a receive blocks until its send was executed; sends never block
+    ptr = {r: 0 for r in stages}
+    posted = set()
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in stages.items():
+            while ptr[r] < len(acts):
+                op, mb, ch, peer = acts[ptr[r]]
+                if op in ("ra", "rg"):
+                    key = (op[1], peer, r, ch * pp + r, mb)
+                    if key not in posted:
+                        break
+                elif op in ("sa", "sg"):
+                    to_vs = ch * pp + r + (1 if op == "sa" else -1)
+                    posted.add((op[1], r, peer, to_vs, mb))
+                ptr[r] += 1
+                progress = True
+    if any(ptr[r] < len(a) for r, a in stages.items()):
+        errs.append("deadlock: " + ", ".join(f"stage {r} stuck at {stages[r][ptr[r]]}"
+                                              for r in stages if ptr[r] < len(stages[r])))
+    return errs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    cases = [(k, p, m, 1) for k in ("gpipe", "1f1b", "zb") for p in (2, 4) for m in (4, 8, 16)]
+    cases += [("interleaved", p, m, v) for p in (2, 4) for m in (4, 8, 16) for v in (2, 3)
+              if m % p == 0]
+    for _ in range(12):  # random shapes too
+        k = rng.choice(["gpipe", "1f1b", "zb", "interleaved"])
+        p = rng.randint(2, 8)
+        v = rng.randint(2, 4) if k == "interleaved" else 1
+        m = p * rng.randint(1, 4) if k == "interleaved" else rng.randint(p if k != "gpipe" else 1, 20)
+        cases.append((k, p, m, v))
+    failures = 0
+    bubbles = {}
+    for kind, pp, m, v in cases:
+        cmd = [args.loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m), "--schedule",
+               kind, "--virtual-stages", str(v)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"FAIL: {' '.join(cmd)}: exit {p.returncode}: {p.stderr}")
+            failures += 1
+            continue
+        stages, bubble, flight = parse(p.stdout)
+        errs = check(stages, pp, m, v, kind == "zb") if len(stages) == pp else ["stages missing"]
+        theory = (pp - 1) / (v * m + pp - 1)
+        if kind in ("gpipe", "1f1b") and abs(bubble[0] - theory) > 1e-3:
+            errs.append(f"bubble {bubble[0]:.3f} != theory {theory:.3f}")
+        if kind == "interleaved" and bubble[0] > theory + 1e-3:
+            errs.append(f"bubble {bubble[0]:.3f} above theory {theory:.3f}")
+        if kind == "1f1b" and flight[0] > pp:
+            errs.append(f"stage 0 holds {flight[0]} micro-batches (> pp {pp})")
+        bubbles[(kind, pp, m, v)] = bubble[0]
+        failures += bool(errs)
+        for e in errs:
+            print(f"FAIL {kind} pp {pp} m {m} v {v}: {e}")
+    for (kind, pp, m, v), b in bubbles.items():
+        if kind == "zb" and ("1f1b", pp, m, 1) in bubbles and not b < bubbles[("1f1b", pp, m, 1)]:
+            print(f"FAIL zb pp {pp} m {m}: bubble {b:.3f} not below 1f1b's")
+            failures += 1
+    for bad, flag in ((["--pp", "4", "--micro-batches", "2", "--schedule", "1f1b"], "--pp"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b",
+                        "--virtual-stages", "2"], "--virtual-stages"),
+                      (["--pp", "2", "--micro-batches", "3", "--schedule", "interleaved",
+                        "--virtual-stages", "2"], "--pp"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "zbx"], "--pp-schedule")):
+        p = subprocess.run([args.loom, "pp-schedule"] + bad, capture_output=True, text=True)
+        lines = p.stderr.strip().splitlines()
+        if p.returncode != 2 or len(lines) != 1 or flag not in lines[0]:
+            print(f"FAIL bad input {bad}: exit {p.returncode}, {p.stderr!r}")
+            failures += 1
+    print(f"{len(cases)} schedules checked, {failures} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

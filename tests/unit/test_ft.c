@@ -1,0 +1,270 @@
+/* Fault-tolerance building blocks: the heartbeat record and its authentication (a
+ * forged or malformed datagram is ignored, also through the supervisor's socket), the
+ * progress record, fault specs and their arming, the skipped-batch order. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "core/fault.h"
+#include "core/progress.h"
+#include "ft/beat.h"
+#include "ft/monitor.h"
+#include "train/batch_skip.h"
+#include "test_common.h"
+
+static void random_token(uint8_t t[LOOM_BEAT_TOKEN_BYTES]) {
+    for (int i = 0; i < LOOM_BEAT_TOKEN_BYTES; i++) t[i] = (uint8_t)rnd();
+}
+
+static void test_beat_token(void **state) {
+    (void)state;
+    uint8_t a[LOOM_BEAT_TOKEN_BYTES], b[LOOM_BEAT_TOKEN_BYTES];
+    loom_error err;
+    assert_int_equal(loom_beat_token_new(a, &err), LOOM_OK);
+    char hex[33];
+    loom_beat_token_hex(a, hex);
+    assert_int_equal(strlen(hex), 32);
+    assert_int_equal(loom_beat_token_parse(b, hex, &err), LOOM_OK);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(loom_beat_token_parse(b, "abc", &err), LOOM_ERR_INPUT);
+    hex[5] = 'g';
+    assert_int_equal(loom_beat_token_parse(b, hex, &err), LOOM_ERR_INPUT);
+}
+
+static void test_beat_accept(void **state) {
+    (void)state;
+    uint8_t token[LOOM_BEAT_TOKEN_BYTES], other[LOOM_BEAT_TOKEN_BYTES];
+    random_token(token);
+    memcpy(other, token, sizeof other);
+    other[rnd() % LOOM_BEAT_TOKEN_BYTES] ^= (uint8_t)(1u << (rnd() % 8));
+    const int world = 2 + (int)(rnd() % 30), rank = (int)(rnd() % (uint64_t)world);
+    loom_beat b = {0}, got;
+    loom_beat_fill(&b, token, rank, world, 0, "host-a");
+    assert_int_equal(loom_beat_accept(&b, sizeof b, token, &got), 1);
+    assert_int_equal(got.rank, rank);
+    assert_string_equal(got.host, "host-a");
+    /* Without the token, truncated, padded: ignored. */
+    assert_int_equal(loom_beat_accept(&b, sizeof b, other, &got), 0);
+    assert_int_equal(loom_beat_accept(&b, sizeof b - 1, token, &got), 0);
+    unsigned char big[sizeof b + 8];
+    memcpy(big, &b, sizeof b);
+    assert_int_equal(loom_beat_accept(big, sizeof big, token, &got), 0);
+    /* Out-of-range fields: ignored. */
+    loom_beat bad = b;
+    bad.rank = world;
+    assert_int_equal(loom_beat_accept(&bad, sizeof bad, token, &got), 0);
+    bad = b;
+    bad.n_comms = LOOM_PROGRESS_COMMS + 1;
+    assert_int_equal(loom_beat_accept(&bad, sizeof bad, token, &got), 0);
+    /* Unterminated strings come out terminated. */
+    bad = b;
+    memset(bad.host, 'x', sizeof bad.host);
+    memset(bad.msg, 'y', sizeof bad.msg);
+    assert_int_equal(loom_beat_accept(&bad, sizeof bad, token, &got), 1);
+    assert_int_equal(strlen(got.host), sizeof got.host - 1);
+    assert_int_equal(strlen(got.msg), sizeof got.msg - 1);
+    /* Random bytes of the right size never pass (the token is 128 bits). */
+    for (int i = 0; i < 1000; i++) {
+        unsigned char junk[sizeof b];
+        for (size_t k = 0; k < sizeof junk; k++) junk[k] = (unsigned char)rnd();
+        assert_int_equal(loom_beat_accept(junk, sizeof junk, token, &got), 0);
+    }
+}
+
+static int udp_to(const char *addr) {
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0) return -1;
+    int fd = socket(res->ai_family, SOCK_DGRAM, 0);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static void drain_until(loom_monitor *m, int64_t accepted, int64_t rejected) {
+    for (int i = 0; i < 200 && (m->accepted < accepted || m->rejected < rejected); i++) {
+        loom_monitor_drain(m, 0);
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Through the supervisor's socket: a forged beat (another token) claiming a hang is
+ * ignored and changes nothing; the genuine one is taken. */
+static void test_monitor_ignores_forged(void **state) {
+    (void)state;
+    loom_monitor m;
+    loom_error err;
+    assert_int_equal(loom_monitor_open(&m, "127.0.0.1", "", 10, &err), LOOM_OK);
+    assert_int_equal(loom_monitor_reset(&m, 4, 0, &err), LOOM_OK);
+    int fd = udp_to(m.addr);
+    assert_true(fd >= 0);
+    uint8_t forged_token[LOOM_BEAT_TOKEN_BYTES];
+    random_token(forged_token);
+    loom_beat b = {0};
+    loom_beat_fill(&b, forged_token, 1, 4, 0, "evil");
+    b.n_comms = 1;
+    snprintf(b.comms[0].name, sizeof b.comms[0].name, "dp");
+    b.comms[0].waiting_seq = 7;
+    b.comms[0].waited_ms = 1e9;
+    assert_int_equal(send(fd, &b, sizeof b, 0), (ssize_t)sizeof b);
+    unsigned char junk[64 + rnd() % 1500];
+    for (size_t k = 0; k < sizeof junk; k++) junk[k] = (unsigned char)rnd();
+    assert_int_equal(send(fd, junk, sizeof junk, 0), (ssize_t)sizeof junk);
+    drain_until(&m, 0, 2);
+    assert_int_equal(m.rejected, 2);
+    assert_int_equal(m.accepted, 0);
+    for (int r = 0; r < 4; r++) assert_int_equal(m.ranks[r].seen, 0);
+    loom_beat good = {0};
+    loom_beat_fill(&good, m.token, 2, 4, 0, "good");
+    assert_int_equal(send(fd, &good, sizeof good, 0), (ssize_t)sizeof good);
+    /* A beat of another attempt (a straggling old process) is ignored too. */
+    loom_beat old = {0};
+    loom_beat_fill(&old, m.token, 3, 4, 5, "old");
+    assert_int_equal(send(fd, &old, sizeof old, 0), (ssize_t)sizeof old);
+    drain_until(&m, 1, 3);
+    assert_int_equal(m.accepted, 1);
+    assert_int_equal(m.rejected, 3);
+    assert_int_equal(m.ranks[2].seen, 1);
+    assert_int_equal(m.ranks[3].seen, 0);
+    close(fd);
+    loom_monitor_close(&m);
+}
+
+static void test_progress(void **state) {
+    (void)state;
+    loom_progress_set_step(0);
+    const int steps = 3 + (int)(rnd() % 20);
+    double loss[64];
+    for (int s = 1; s <= steps; s++) {
+        loss[s] = 1.0 + (double)(rnd() % 1000) / 100.0;
+        loom_progress_phase(LOOM_PHASE_FORWARD);
+        loom_progress_comm_start("dp", (uint64_t)s, "allreduce", 0);
+        loom_progress_comm_wait("dp", (uint64_t)s, "allreduce");
+        loom_progress_comm_done("dp");
+        loom_progress_step_done(s, loss[s], 10.0 + s);
+    }
+    loom_progress_comm_start("world", 99, "bcast", 1); /* blocking: waiting at once */
+    loom_progress_snapshot snap;
+    loom_progress_read(&snap);
+    assert_int_equal(snap.steps_done, steps);
+    assert_int_equal(snap.phase, LOOM_PHASE_FORWARD);
+    int n = steps < LOOM_PROGRESS_RING - 1 ? steps : LOOM_PROGRESS_RING - 1;
+    assert_int_equal(snap.n_recent, n);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(snap.recent[i].step, steps - i);
+        assert_true(snap.recent[i].loss == loss[steps - i]);
+        /* compute = wall - blocked, never more than the wall time */
+        assert_true(snap.recent[i].compute_ms <= 10.0 + (steps - i) + 1e-9);
+    }
+    int dp = -1, world = -1;
+    for (int i = 0; i < snap.n_comms; i++) {
+        if (!strcmp(snap.comms[i].name, "dp")) dp = i;
+        if (!strcmp(snap.comms[i].name, "world")) world = i;
+    }
+    assert_true(dp >= 0 && world >= 0);
+    assert_int_equal(snap.comms[dp].started, steps);
+    assert_int_equal(snap.comms[dp].waiting_seq, 0);
+    assert_int_equal(snap.comms[world].waiting_seq, 99);
+    assert_string_equal(snap.comms[world].waiting_op, "bcast");
+    loom_progress_comm_done("world");
+}
+
+static void test_fault_parse(void **state) {
+    (void)state;
+    loom_fault_list l = {0};
+    loom_error err;
+    int step = 1 + (int)(rnd() % 1000), rank = (int)(rnd() % 64);
+    char spec[256];
+    snprintf(spec, sizeof spec, "crash@%d:%d,hang@%d,slow@%d:%d:2.5+,nan@3", step, rank, step + 1,
+             step, rank);
+    assert_int_equal(loom_fault_parse(&l, spec, "--inject", &err), LOOM_OK);
+    assert_int_equal(l.n, 4);
+    assert_int_equal(l.items[0].kind, LOOM_FAULT_CRASH);
+    assert_int_equal(l.items[0].step, step);
+    assert_int_equal(l.items[0].rank, rank);
+    assert_int_equal(l.items[1].rank, 0);
+    assert_true(l.items[2].arg == 2.5 && l.items[2].every);
+    const char *bad[] = {"boom@3",     "crash",     "crash@0",       "crash@x",
+                         "crash@3:-1", "nan@3:1:2", "crash@3:1:2:4", "slow@3:1:0.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        loom_fault_list b = {0};
+        assert_int_equal(loom_fault_parse(&b, bad[i], "--inject", &err), LOOM_ERR_INPUT);
+        assert_non_null(strstr(err.msg, bad[i]));
+    }
+    /* Arming: only this rank's faults, and after a restart only the '+' ones. */
+    loom_fault_arm(&l, rank, 0);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step), 1);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step + 1), 0);
+    loom_fault_arm(&l, rank, 1);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step), 0);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_SLOW, step), 1);
+    loom_fault_list later = {0};
+    assert_int_equal(loom_fault_parse(&later, "crash@4:2/3", "LOOM_INJECT", &err), LOOM_OK);
+    loom_fault_arm(&later, 2, 0);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, 4), 0);
+    loom_fault_arm(&later, 2, 3);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, 4), 1);
+    assert_int_equal(loom_fault_parse(&later, "crash@4/x", "LOOM_INJECT", &err), LOOM_ERR_INPUT);
+    loom_fault_arm(&l, rank + 1, 0);
+    assert_int_equal(loom_fault_armed(LOOM_FAULT_CRASH, step), 0);
+    loom_fault_list none = {0};
+    loom_fault_arm(&none, 0, 0);
+}
+
+/* Step s trains on the s-th batch not in the list: against counting it out. */
+static void test_batch_skip(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 200; trial++) {
+        char list[512] = "";
+        int n = (int)(rnd() % 8), len = 0, skipped[200] = {0};
+        for (int i = 0; i < n; i++) {
+            int b = 1 + (int)(rnd() % 60);
+            skipped[b] = 1;
+            len += snprintf(list + len, sizeof list - len, "%s%d", i ? "," : "", b);
+        }
+        loom_batch_skip k;
+        loom_error err;
+        assert_int_equal(loom_batch_skip_parse(&k, list, &err), LOOM_OK);
+        int b = 0;
+        for (int s = 1; s <= 100; s++) {
+            do b++;
+            while (skipped[b]);
+            assert_int_equal(loom_batch_skip_batch_of(&k, s), b);
+        }
+    }
+    loom_batch_skip k;
+    loom_error err;
+    assert_int_equal(loom_batch_skip_parse(&k, "3,x", &err), LOOM_ERR_INPUT);
+    assert_int_equal(loom_batch_skip_parse(&k, "0", &err), LOOM_ERR_INPUT);
+}
+
+int main(void) {
+    const char *env = getenv("LOOM_TEST_SEED");
+    unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
+    printf("test_ft: seed %u (LOOM_TEST_SEED to repeat)\n", seed);
+    g_rng = seed;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_beat_token),
+        cmocka_unit_test(test_beat_accept),
+        cmocka_unit_test(test_monitor_ignores_forged),
+        cmocka_unit_test(test_progress),
+        cmocka_unit_test(test_fault_parse),
+        cmocka_unit_test(test_batch_skip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
