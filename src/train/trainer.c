@@ -129,6 +129,7 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
+    loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
     if (r->pipelined) loom_pipeline_free(&r->pipe);
     loom_dataset_close(&r->data);
     loom_dataset_close(&r->val);
@@ -165,7 +166,6 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
     /* pipeline stages: the whole model on world rank 0 */
     if (!st && r->pipelined) st = loom_pipeline_export(&r->pipe, *table, *out, table, out, err);
     return st;
-    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
