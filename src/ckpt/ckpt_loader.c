@@ -49,17 +49,26 @@ static loom_status files_open(file_set *fs, const char *dir, const loom_ckpt_man
     return LOOM_OK;
 }
 
+/* Chunk c's byte range inside its (open) file. Checked for every chunk before a read
+ * buffer is sized, so a manifest's byte counts never decide an allocation on their own. */
+static loom_status chunk_in_file(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
+                                 const char *name, const loom_ckpt_chunk *c, loom_error *err) {
+    if (c->byte_offset > fs->size[c->file] || c->bytes > fs->size[c->file] - c->byte_offset)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s/%s: tensor '%s': chunk bytes [%" PRIu64 ", %" PRIu64
+                              ") beyond the end of the file (%" PRIu64 " bytes; truncated?)",
+                              dir, m->files[c->file], name, c->byte_offset,
+                              c->byte_offset + c->bytes, fs->size[c->file]);
+    return LOOM_OK;
+}
+
 /* Reads chunk c of tensor `name` into buf and checks its checksum. */
 static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
                               const char *name, const loom_ckpt_chunk *c, void *buf,
                               loom_error *err) {
     const char *file = m->files[c->file];
-    if (c->byte_offset > fs->size[c->file] || c->bytes > fs->size[c->file] - c->byte_offset)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s/%s: tensor '%s': chunk bytes [%" PRIu64 ", %" PRIu64
-                              ") beyond the end of the file (%" PRIu64 " bytes; truncated?)",
-                              dir, file, name, c->byte_offset, c->byte_offset + c->bytes,
-                              fs->size[c->file]);
+    loom_status st = chunk_in_file(dir, m, fs, name, c, err);
+    if (st) return st;
     uint64_t done = 0;
     while (done < c->bytes) {
         ssize_t k = pread(fs->fd[c->file], (char *)buf + done, c->bytes - done,
@@ -142,10 +151,15 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
             }
             jobs[n_jobs++] = (job){ti, c};
             used[ct->chunks[c].file] = 1;
-            if (ct->chunks[c].bytes > max_bytes) max_bytes = ct->chunks[c].bytes;
         }
     }
     if (!st) st = files_open(&fs, dir, m, used, err);
+    for (int j = 0; j < n_jobs && !st; j++) {
+        const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
+        const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
+        st = chunk_in_file(dir, m, &fs, ct->name, c, err);
+        if (c->bytes > max_bytes) max_bytes = c->bytes;
+    }
     uint64_t bytes = 0;
     if (!st) {
         loom_status first = LOOM_OK;
@@ -222,10 +236,12 @@ loom_status loom_ckpt_verify(const char *dir, const loom_ckpt_manifest *m, uint6
     file_set fs = {0};
     if (!st) st = files_open(&fs, dir, m, NULL, err);
     size_t max_bytes = 0;
-    for (int ti = 0; ti < m->n_tensors; ti++)
-        for (int c = 0; c < m->tensors[ti].n_chunks; c++)
-            if (m->tensors[ti].chunks[c].bytes > max_bytes)
-                max_bytes = m->tensors[ti].chunks[c].bytes;
+    for (int ti = 0; ti < m->n_tensors && !st; ti++)
+        for (int c = 0; c < m->tensors[ti].n_chunks && !st; c++) {
+            const loom_ckpt_chunk *ch = &m->tensors[ti].chunks[c];
+            st = chunk_in_file(dir, m, &fs, m->tensors[ti].name, ch, err);
+            if (ch->bytes > max_bytes) max_bytes = ch->bytes;
+        }
     void *buf = st ? NULL : malloc(max_bytes ? max_bytes : 1);
     if (!st && !buf) st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
     uint64_t total = 0;
