@@ -76,6 +76,8 @@ static const opt_def OPTS[] = {
      "auto (newest valid checkpoint, else start fresh) or a checkpoint/folder path"},
     {"init-from", OPT_STRING, TR(init_from), LOOM_PATH_MAX,
      "start from weights in a safetensors file (loom ckpt export, --save-weights)"},
+    {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
+     "resume even if the checkpoint was saved with another --seed (the data order changes)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

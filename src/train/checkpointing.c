@@ -87,15 +87,27 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
            a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
 }
 
-/* One attempt: manifest, model check, load. Collective result: every rank agrees. */
-static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step,
+/* One attempt: manifest, model check, load. Collective result: every rank agrees.
+ * *wrong_seed: the checkpoint is fine but was saved with another --seed (not loaded). */
+static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
                             loom_error *err) {
     char path[LOOM_CKPT_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     loom_ckpt_manifest m;
     loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
     if (st) return st;
-    if (!same_model(&m.model, c->mc)) {
+    /* The seed decides initialisation and the data order (a pure function of (seed,
+     * step)): another seed would silently continue on a different stream of batches, so
+     * the run state of the checkpoint wins unless the user says otherwise. */
+    *wrong_seed = m.seed != c->tc->seed && !c->tc->resume_ignore_seed;
+    if (*wrong_seed) {
+        st = loom_error_set(err, LOOM_ERR_INPUT,
+                            "--seed %llu: %s was saved with --seed %llu (the seed decides the "
+                            "data order); use --seed %llu, or --resume-ignore-seed to continue "
+                            "with another data order",
+                            (unsigned long long)c->tc->seed, path, (unsigned long long)m.seed,
+                            (unsigned long long)m.seed);
+    } else if (!same_model(&m.model, c->mc)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "%s: saved for a different model (%s, %d layers, d_model %d, vocab %d, "
                             "T %d)",
@@ -113,8 +125,8 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
                     (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);
         if (!st && m.seed != c->tc->seed && c->mesh->rank == 0)
             fprintf(stderr,
-                    "loom: warning: %s was saved with --seed %llu, this run uses %llu (the data "
-                    "order differs from the saved run's)\n",
+                    "loom: warning: %s was saved with --seed %llu, this run uses %llu "
+                    "(--resume-ignore-seed: the data order differs from the saved run's)\n",
                     dir, (unsigned long long)m.seed, (unsigned long long)c->tc->seed);
     }
     loom_ckpt_manifest_free(&m);
@@ -163,10 +175,17 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
         if ((st = loom_comm_bcast(&c->mesh->world, dir, sizeof dir, 0, err))) break;
         int64_t step = 0;
+        int wrong_seed = 0;
         loom_error e = {0};
-        loom_status ls = try_load(c, dir, &step, &e);
-        double v[2] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls};
-        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 2, err))) break;
+        loom_status ls = try_load(c, dir, &step, &wrong_seed, &e);
+        double v[3] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls, wrong_seed};
+        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 3, err))) break;
+        if (v[2] > 0) { /* not a damaged checkpoint: no older one is tried */
+            free(list);
+            return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
+                              : loom_error_set(err, LOOM_ERR_INPUT,
+                                               "--seed: another rank found a different seed");
+        }
         if (v[0] == 0) {
             *start_step = (int)step;
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);

@@ -43,6 +43,7 @@ typedef struct {
     int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
+    int resume_ignore_seed;            /* resume a checkpoint saved with another --seed */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
