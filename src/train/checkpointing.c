@@ -298,6 +298,12 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
         return LOOM_OK;
     }
     if (c->mesh->rank != 0) return LOOM_OK;
+    const loom_ckpt_writer *w = &c->writer;
+    fprintf(stderr,
+            "loom: checkpoint step %lld written (rank 0, background): staging copy + checksums "
+            "%.1f ms; %llu bytes in %.1f ms (write %.1f, fsync %.1f)\n",
+            (long long)c->flight_step, w->stage_ms, (unsigned long long)w->written_bytes,
+            w->write_ms, w->data_write_ms, w->fsync_ms);
     loom_ckpt_manifest run;
     memset(&run, 0, sizeof run);
     const loom_train_config *tc = c->tc;
@@ -335,6 +341,7 @@ static loom_status exchange(loom_checkpointing *c, double v[3], loom_error *err)
 
 /* Waits for the save in flight (every rank) and starts its commit. */
 static loom_status drain_write(loom_checkpointing *c, loom_error *err) {
+    c->staging = 0;
     if (!c->in_flight) return LOOM_OK;
     loom_ckpt_writer_wait(&c->writer, NULL);
     double v[3];
@@ -358,17 +365,29 @@ static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_
     report_commit(c); /* rank 0: the commit must finish before the buffer is reused */
     double t1 = loom_now_ms();
     c->wait_ms_total += t1 - t0;
-    loom_ckpt_writer_stage(&c->writer);
     loom_ckpt_step_dir(c->flight_dir, sizeof c->flight_dir, tier, step);
     snprintf(c->flight_tier, sizeof c->flight_tier, "%s", tier);
     if ((st = loom_ckpt_writer_start(&c->writer, c->flight_dir, err))) return st;
     c->in_flight = 1;
+    c->staging = 1;
     c->flight_step = step;
     c->last_saved = step;
     c->saves++;
-    c->stall_ms_last = loom_now_ms() - t1;
-    if (c->stall_ms_last > c->stall_ms_max) c->stall_ms_max = c->stall_ms_last;
+    c->stall_ms_pending = loom_now_ms() - t1;
     return LOOM_OK;
+}
+
+void loom_checkpointing_before_update(loom_checkpointing *c) {
+    if (!c->staging) return;
+    c->staging = 0;
+    const double stall = c->stall_ms_pending + loom_ckpt_writer_wait_staged(&c->writer);
+    c->stall_ms_last = stall;
+    c->stall_ms_total += stall;
+    c->stalls++;
+    if (stall > c->stall_ms_max) c->stall_ms_max = stall;
+    if (c->mesh->rank == 0)
+        fprintf(stderr, "loom: checkpoint step %lld: training stall %.1f ms\n",
+                (long long)c->flight_step, stall);
 }
 
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err) {
@@ -404,12 +423,18 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
     if (st) return st;
     report_commit(c);
     if (c->mesh->rank == 0) {
+        const loom_ckpt_writer *w = &c->writer;
         fprintf(stderr,
-                "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f), "
-                "waited for the previous save %d time(s), %d failed\n",
-                c->saves, c->stall_ms_last, c->stall_ms_max, c->waits, c->failures);
-        fprintf(stderr, "loom: last checkpoint write (rank 0, background): %llu bytes in %.1f ms\n",
-                (unsigned long long)c->writer.written_bytes, c->writer.write_ms);
+                "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f, over "
+                "%d saves before an update), waited for the previous save %d time(s) (%.1f "
+                "ms), %d failed\n",
+                c->saves, c->stalls ? c->stall_ms_total / c->stalls : 0.0, c->stall_ms_max,
+                c->stalls, c->waits, c->wait_ms_total, c->failures);
+        fprintf(stderr,
+                "loom: last checkpoint write (rank 0, background): staging copy + checksums "
+                "%.1f ms; %llu bytes in %.1f ms (write %.1f, fsync %.1f)\n",
+                w->stage_ms, (unsigned long long)w->written_bytes, w->write_ms, w->data_write_ms,
+                w->fsync_ms);
         if (c->failures == failures && c->saves > 0)
             fprintf(stderr, "loom: checkpoint written to %s\n", c->flight_dir);
     }

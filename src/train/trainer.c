@@ -294,6 +294,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err))) return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+        loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
         loom_trace_begin(r->trace, "optimizer", "train");
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,
                                            r->sharded_params ? r->fsdp.shard : NULL, r->grads, norm,
