@@ -1,12 +1,17 @@
 #!/usr/bin/python3
 """Checkpoint speed for the 124M GPT-2 model (params + AdamW m, v = 1.49 GB).
 
-Trains 3 steps with a checkpoint after steps 1 and 2 and the final one at 3 (the
+Trains 5 steps with a checkpoint after steps 2 and 4 and the final one at 5 (the
 sequence length is cut to 64 so a step stays short on a small machine; the parameter
 count is still 124M less 0.7M of position rows). Measured in the same run on the same
-filesystem: the training stall per save (copy into the staging buffer), the background
-write bandwidth against a plain sequential write+fsync of the same byte count (Python,
-64 MiB blocks), the load bandwidth of --resume against a sequential read of the data
+filesystem: the training stall per save (the writer thread copies the weights during the
+next step's forward/backward; the stall is the wait for that copy before the optimizer
+step, plus any wait for the previous save, reported separately), the step time of the
+steps that overlapped a save (3, 5) against those that did not (2, 4) and against the
+same steps rerun without checkpointing (the background copy's and write's cost to
+compute), the background write bandwidth of the final save (data file write + fsync +
+index, after staging) against a plain sequential write+fsync of the same byte count
+(Python, 64 MiB blocks; before and after the run, mean), the load bandwidth of --resume against a sequential read of the data
 file, and the load time when resharding (checkpoint saved with dp 2 / ZeRO-1, loaded by
 one process) against the same-layout load (saved by one process). Both reads are from
 the page cache (the files were just written), like the baselines. Last line: JSON.
@@ -34,6 +39,23 @@ def grab(pattern, text, what):
     return m[-1]
 
 
+def seq_write(root, nbytes):
+    """Plain sequential write + fsync of nbytes (64 MiB blocks) on root's filesystem: MB/s."""
+    block = memoryview(os.urandom(64 << 20))
+    path = os.path.join(root, "seq.bin")
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+        os.fsync(f.fileno())
+    s = time.perf_counter() - t0
+    os.unlink(path)
+    return nbytes / s / 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -46,44 +68,48 @@ def main():
         write_text_shard(data, 1)
         base = [args.loom, "train", "--model", "gpt2-small", "--seq-len", "64", "--micro-batch",
                 "1", "--global-batch", "2", "--data", data, "--log-every", "1", "--threads",
-                "2", "--steps", "3"]
+                "2", "--steps", "5"]
+        ckpt_bytes = 1484518816  # checked against the log below
+        seq_before = seq_write(root, ckpt_bytes)
         ck1 = os.path.join(root, "ck1")
-        p = subprocess.run(base + ["--ckpt-dir", ck1, "--ckpt-every", "1"], capture_output=True,
+        # Saves after steps 2 and 4 (their copies overlap steps 3 and 5) and the final one.
+        p = subprocess.run(base + ["--ckpt-dir", ck1, "--ckpt-every", "2"], capture_output=True,
                            text=True)
         if p.returncode:
             sys.exit(p.stderr[-3000:])
         log = p.stderr
-        stall_ms = float(grab(r"training stall per save ([\d.]+) ms", log, "stall"))
-        stall_max = float(grab(r"\(max ([\d.]+)\)", log, "stall max"))
+        stall_ms, stall_max, stalls, waits, wait_ms = grab(
+            r"training stall per save ([\d.]+) ms \(max ([\d.]+), over (\d+) saves before an "
+            r"update\), waited for the previous save (\d+) time\(s\) and for its commit \d+ "
+            r"time\(s\) \(([\d.]+) ms in all\)", log, "stall")
+        stall_ms, stall_max, wait_ms = float(stall_ms), float(stall_max), float(wait_ms)
+        per_save = [float(x) for x in re.findall(r"checkpoint step \d+: training stall ([\d.]+) ms",
+                                                 log)]
         step_ms = [float(x) for x in re.findall(r"\| (\d+) ms \|", log)]
-        wbytes, wms = grab(r"write \(rank 0, background\): (\d+) bytes in ([\d.]+) ms", log,
-                           "write")
-        wbytes, wms = int(wbytes), float(wms)
-        # Baseline: sequential write + fsync of the same bytes, same filesystem.
-        block = os.urandom(64 << 20)
-        path = os.path.join(root, "seq.bin")
-        t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            left = wbytes
-            while left > 0:
-                n = min(left, len(block))
-                f.write(block[:n])
-                left -= n
-            f.flush()
-            os.fsync(f.fileno())
-        seq_write_s = time.perf_counter() - t0
-        os.unlink(path)
-        data_file = os.path.join(ck1, "step_00000003", "rank_00000.safetensors")
+        writes = re.findall(r"staging copy \+ checksums ([\d.]+) ms; (\d+) bytes in ([\d.]+) ms "
+                            r"\(write ([\d.]+), fsync ([\d.]+)\)", log)
+        if not writes:
+            sys.exit(f"bench_ckpt: no 'write' in the log:\n{log[-3000:]}")
+        stage_ms = [float(w[0]) for w in writes]
+        _, wbytes, wms, wwrite, wfsync = writes[-1]
+        wbytes, wms, wwrite, wfsync = int(wbytes), float(wms), float(wwrite), float(wfsync)
+        # Baseline: sequential write + fsync of the same bytes, same filesystem, before the
+        # training run and after it (the machine is shared: both reported, mean used).
+        seq_after = seq_write(root, wbytes)
+        seq_bw = (seq_before * ckpt_bytes / wbytes + seq_after) / 2
+        data_file = os.path.join(ck1, "step_00000002", "rank_00000.safetensors")
         t0 = time.perf_counter()
         with open(data_file, "rb", buffering=0) as f:
             while f.read(64 << 20):
                 pass
         seq_read_s = time.perf_counter() - t0
-        # Same-layout load (saved by one process, loaded by one process).
-        resume = base + ["--steps", "3", "--resume", os.path.join(ck1, "step_00000003")]
+        # Same-layout load (saved by one process, loaded by one process); steps 3-5 again
+        # without checkpointing: the step time a save's background copy and write cost.
+        resume = base + ["--resume", os.path.join(ck1, "step_00000002")]
         p = subprocess.run(resume, capture_output=True, text=True)
         rbytes, rms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", p.stderr, "load")
         rbytes, rms = int(rbytes), float(rms)
+        plain_ms = [float(x) for x in re.findall(r"\| (\d+) ms \|", p.stderr)]
         # Saved with dp 2 / ZeRO-1 (two files, other chunk boundaries), loaded by one process.
         ck2 = os.path.join(root, "ck2")
         p2 = subprocess.run(MPIRUN + ["-n", "2"] + base[:-2] + ["--steps", "1", "--dp", "2",
@@ -103,12 +129,24 @@ def main():
             "model": "gpt2-small (124M), seq_len 64",
             "checkpoint_bytes": wbytes,
             "step_ms_median": step,
+            "step_ms_each": step_ms,
+            "step_ms_overlapping_a_save_3_5": [step_ms[2], step_ms[4]],
+            "step_ms_without_save_2_4": [step_ms[1], step_ms[3]],
+            "step_ms_3_4_5_rerun_without_ckpt": plain_ms,
             "stall_ms_per_save": stall_ms,
+            "stall_ms_each": per_save,
             "stall_ms_max": stall_max,
             "stall_fraction_of_step": stall_ms / step,
+            "saves_fenced": int(stalls),
+            "waits_for_previous_save": int(waits),
+            "wait_ms_total": wait_ms,
+            "background_stage_ms_each": stage_ms,
+            "save_write_ms": wwrite,
+            "save_fsync_ms": wfsync,
             "save_bw_MBps": wbytes / wms / 1e3,
-            "seq_write_bw_MBps": wbytes / seq_write_s / 1e6,
-            "save_vs_seq_write": (wbytes / wms / 1e3) / (wbytes / seq_write_s / 1e6),
+            "seq_write_bw_MBps": seq_bw,
+            "seq_write_bw_MBps_before_after": [seq_before, seq_after],
+            "save_vs_seq_write": (wbytes / wms / 1e3) / seq_bw,
             "load_bw_MBps": rbytes / rms / 1e3,
             "seq_read_bw_MBps": os.path.getsize(data_file) / seq_read_s / 1e6,
             "load_vs_seq_read": (rbytes / rms / 1e3) / (os.path.getsize(data_file) / seq_read_s / 1e6),

@@ -45,6 +45,7 @@ static loom_status files_open(file_set *fs, const char *dir, const loom_ckpt_man
             return loom_error_set(err, LOOM_ERR_INPUT, "%s: cannot open: %s", path,
                                   strerror(errno));
         fs->size[i] = (uint64_t)sb.st_size;
+        (void)posix_fadvise(fs->fd[i], 0, 0, POSIX_FADV_SEQUENTIAL); /* larger readahead */
     }
     return LOOM_OK;
 }

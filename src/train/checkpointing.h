@@ -33,7 +33,7 @@ typedef struct {
     char flight_dir[LOOM_CKPT_PATH_MAX], flight_tier[LOOM_PATH_MAX];
     int last_saved; /* step of the last save started (-1: none) */
     int staging;    /* the save in flight may still be copying the buffers */
-    int saves, waits, failures, stalls;
+    int saves, waits, commit_waits, failures, stalls;
     double stall_ms_pending, stall_ms_last, stall_ms_max, stall_ms_total, wait_ms_total;
 } loom_checkpointing;
 
