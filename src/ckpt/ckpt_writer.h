@@ -3,8 +3,9 @@
  * built and a host staging buffer holding the whole file image is allocated and touched
  * (so a save never allocates or faults pages). A save (start) runs in a background
  * thread: stage (copy the pieces into the buffer, checksumming each row while it is in
- * cache), then write rank_NNNNN.safetensors through a .tmp file in large blocks with
- * writeback started behind each, fsync, rename, and write the chunk index
+ * cache), then write rank_NNNNN.safetensors through a .tmp file (O_DIRECT from the
+ * aligned staging buffer where the filesystem takes it, else buffered in large blocks
+ * with writeback started behind each), fsync, rename, and write the chunk index
  * rank_NNNNN.index.json the same way. The training thread may keep computing while the
  * copy runs, but must call wait_staged before it next changes the saved buffers (the
  * optimizer step): that wait is the training stall (CheckFreq's pipelined snapshot).
@@ -47,12 +48,14 @@ typedef struct {
     char dir[LOOM_CKPT_PATH_MAX];  /* step directory of the job */
     char tier[LOOM_CKPT_PATH_MAX]; /* commit: the folder holding step directories */
     int keep, world_size;
-    loom_ckpt_manifest run; /* commit: run state (no files or tensors) */
-    double stage_ms;        /* last write job: staging copy + checksums */
-    double write_ms;        /* last write job: wall time after staging (files, index) */
-    double data_write_ms;   /* of which write() of the data file */
-    double fsync_ms;        /* of which its fsync */
-    uint64_t written_bytes; /* last write job */
+    loom_ckpt_manifest run;            /* commit: run state (no files or tensors) */
+    double stage_ms;                   /* last write job: staging copy + checksums */
+    double write_ms;                   /* last write job: wall time after staging (files, index) */
+    double data_write_ms;              /* of which write() of the data file */
+    double fsync_ms;                   /* of which its fsync */
+    double stage_cpu_ms, write_cpu_ms; /* the thread's CPU time in staging / writing */
+    int direct_io;                     /* the data file went out with O_DIRECT */
+    uint64_t written_bytes;            /* last write job */
 } loom_ckpt_writer;
 
 /* src[k]: the buffer to save from and, in lo/hi, the flat range this rank writes. Tensors

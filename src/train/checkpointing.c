@@ -301,9 +301,10 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
     const loom_ckpt_writer *w = &c->writer;
     fprintf(stderr,
             "loom: checkpoint step %lld written (rank 0, background): staging copy + checksums "
-            "%.1f ms; %llu bytes in %.1f ms (write %.1f, fsync %.1f)\n",
-            (long long)c->flight_step, w->stage_ms, (unsigned long long)w->written_bytes,
-            w->write_ms, w->data_write_ms, w->fsync_ms);
+            "%.1f ms (cpu %.1f); %llu bytes in %.1f ms (write %.1f, fsync %.1f; cpu %.1f)%s\n",
+            (long long)c->flight_step, w->stage_ms, w->stage_cpu_ms,
+            (unsigned long long)w->written_bytes, w->write_ms, w->data_write_ms, w->fsync_ms,
+            w->write_cpu_ms, w->direct_io ? " direct I/O" : "");
     loom_ckpt_manifest run;
     memset(&run, 0, sizeof run);
     const loom_train_config *tc = c->tc;
@@ -424,18 +425,12 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
     if (st) return st;
     report_commit(c);
     if (c->mesh->rank == 0) {
-        const loom_ckpt_writer *w = &c->writer;
         fprintf(stderr,
                 "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f, over "
                 "%d saves before an update), waited for the previous save %d time(s) and for "
                 "its commit %d time(s) (%.1f ms in all), %d failed\n",
                 c->saves, c->stalls ? c->stall_ms_total / c->stalls : 0.0, c->stall_ms_max,
                 c->stalls, c->waits, c->commit_waits, c->wait_ms_total, c->failures);
-        fprintf(stderr,
-                "loom: last checkpoint write (rank 0, background): staging copy + checksums "
-                "%.1f ms; %llu bytes in %.1f ms (write %.1f, fsync %.1f)\n",
-                w->stage_ms, (unsigned long long)w->written_bytes, w->write_ms, w->data_write_ms,
-                w->fsync_ms);
         if (c->failures == failures && c->saves > 0)
             fprintf(stderr, "loom: checkpoint written to %s\n", c->flight_dir);
     }
