@@ -64,6 +64,7 @@ static loom_status chunk_in_file(const char *dir, const loom_ckpt_manifest *m, c
 }
 
 #define READ_BLOCK ((size_t)512 << 10) /* cache-sized: read, hash and scatter while hot */
+#define PREFETCH 8                     /* chunks (<= 4 MiB each) read ahead of the current one */
 
 /* Where the rows of a chunk go: this rank's pieces of the same tensor (NULL: verify only). */
 typedef struct {
@@ -223,7 +224,13 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
             loom_error e = {0};
 #pragma omp for schedule(dynamic, 1)
             for (int j = 0; j < n_jobs; j++) {
-                if (first) continue; /* stop early after an error */
+                if (first) continue;         /* stop early after an error */
+                if (j + PREFETCH < n_jobs) { /* the disk reads ahead while this one is done */
+                    const loom_ckpt_chunk *a =
+                        &m->tensors[jobs[j + PREFETCH].tensor].chunks[jobs[j + PREFETCH].chunk];
+                    (void)posix_fadvise(fs.fd[a->file], (off_t)a->byte_offset, (off_t)a->bytes,
+                                        POSIX_FADV_WILLNEED);
+                }
                 const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
                 const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
                 const scatter_ctx sc = {&plan, ptensor, jobs[j].tensor, dst, covered};
