@@ -70,10 +70,11 @@ def drop_cache(paths):
 
 
 def seq_read(path):
-    """Plain sequential read of a file (64 MiB blocks): MB/s."""
+    """Plain sequential read of a file (64 MiB blocks into one reused, touched buffer): MB/s."""
+    buf = bytearray(64 << 20)
     t0 = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
-        while f.read(64 << 20):
+        while f.readinto(buf):
             pass
     return os.path.getsize(path) / (time.perf_counter() - t0) / 1e6
 
