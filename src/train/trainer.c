@@ -114,6 +114,7 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *r) {
+    loom_checkpointing_close(&r->ckpt); /* first: joins the writer thread reading the buffers */
     loom_dataset_close(&r->data);
     loom_dataset_close(&r->val);
     loom_model_destroy(&r->model);
@@ -144,7 +145,6 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
     *out = r->global_flat;
     return loom_tp_gather_flat(&r->tp, &r->model.table, flat, &r->global_table, r->global_flat,
                                err);
-    loom_checkpointing_close(&r->ckpt);
 }
 
 /* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
