@@ -1,15 +1,25 @@
 #!/usr/bin/python3
 """Checkpoint speed for the 124M GPT-2 model (params + AdamW m, v = 1.49 GB).
 
-Trains 3 steps with a checkpoint after steps 1 and 2 and the final one at 3 (the
+Trains 5 steps with a checkpoint after steps 2 and 4 and the final one at 5 (the
 sequence length is cut to 64 so a step stays short on a small machine; the parameter
 count is still 124M less 0.7M of position rows). Measured in the same run on the same
-filesystem: the training stall per save (copy into the staging buffer), the background
-write bandwidth against a plain sequential write+fsync of the same byte count (Python,
-64 MiB blocks), the load bandwidth of --resume against a sequential read of the data
-file, and the load time when resharding (checkpoint saved with dp 2 / ZeRO-1, loaded by
-one process) against the same-layout load (saved by one process). Both reads are from
-the page cache (the files were just written), like the baselines. Last line: JSON.
+filesystem:
+- the training stall per save: the writer thread copies the weights during the next
+  step's forward/backward; the stall is the wait for that copy before the optimizer
+  step, plus any wait for the previous save or its commit (also reported apart);
+- the step times of the steps that overlapped a save (3, 5) against those that did not
+  (2, 4) and against the same steps rerun without checkpointing (the background copy's
+  and write's cost to compute), with the writer thread's CPU time per phase;
+- the background write bandwidth of the final save (data file write + fsync + index,
+  after staging) against a plain sequential write+fsync of the same byte count (Python,
+  64 MiB blocks; before and after the run, mean);
+- the load bandwidth of --resume against a sequential read of the data file, and the
+  load time when resharding (saved with dp 2 / ZeRO-1, loaded by one process) against
+  the same-layout load (saved by one process). Loads are measured cold (the files' pages
+  dropped with posix_fadvise first, as after a restart; O_DIRECT saves leave nothing
+  cached anyway) and warm (page cache), each against a sequential read in the same state.
+The machine may be shared: the load average before and after is recorded. Last line: JSON.
 Usage: bench_ckpt.py --loom PATH [--dir DIR]
 """
 import argparse
@@ -34,6 +44,46 @@ def grab(pattern, text, what):
     return m[-1]
 
 
+def seq_write(root, nbytes):
+    """Plain sequential write + fsync of nbytes (64 MiB blocks) on root's filesystem: MB/s."""
+    block = memoryview(os.urandom(64 << 20))
+    path = os.path.join(root, "seq.bin")
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+        os.fsync(f.fileno())
+    s = time.perf_counter() - t0
+    os.unlink(path)
+    return nbytes / s / 1e6
+
+
+def drop_cache(paths):
+    """Drops the files' (clean) pages from the page cache: the next read is from disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def seq_read(path):
+    """Plain sequential read of a file (64 MiB blocks into one reused, touched buffer): MB/s."""
+    buf = bytearray(64 << 20)
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+    return os.path.getsize(path) / (time.perf_counter() - t0) / 1e6
+
+
+def loaded(log, what):
+    b, ms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", log, what)
+    return int(b), float(ms)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -46,44 +96,55 @@ def main():
         write_text_shard(data, 1)
         base = [args.loom, "train", "--model", "gpt2-small", "--seq-len", "64", "--micro-batch",
                 "1", "--global-batch", "2", "--data", data, "--log-every", "1", "--threads",
-                "2", "--steps", "3"]
+                "2", "--steps", "5"]
+        ckpt_bytes = 1484518816  # checked against the log below
+        seq_before = seq_write(root, ckpt_bytes)
         ck1 = os.path.join(root, "ck1")
-        p = subprocess.run(base + ["--ckpt-dir", ck1, "--ckpt-every", "1"], capture_output=True,
+        # Saves after steps 2 and 4 (their copies overlap steps 3 and 5) and the final one.
+        p = subprocess.run(base + ["--ckpt-dir", ck1, "--ckpt-every", "2"], capture_output=True,
                            text=True)
         if p.returncode:
             sys.exit(p.stderr[-3000:])
         log = p.stderr
-        stall_ms = float(grab(r"training stall per save ([\d.]+) ms", log, "stall"))
-        stall_max = float(grab(r"\(max ([\d.]+)\)", log, "stall max"))
+        stall_ms, stall_max, stalls, waits, wait_ms = grab(
+            r"training stall per save ([\d.]+) ms \(max ([\d.]+), over (\d+) saves before an "
+            r"update\), waited for the previous save (\d+) time\(s\) and for its commit \d+ "
+            r"time\(s\) \(([\d.]+) ms in all\)", log, "stall")
+        stall_ms, stall_max, wait_ms = float(stall_ms), float(stall_max), float(wait_ms)
+        per_save = [float(x) for x in re.findall(r"checkpoint step \d+: training stall ([\d.]+) ms",
+                                                 log)]
         step_ms = [float(x) for x in re.findall(r"\| (\d+) ms \|", log)]
-        wbytes, wms = grab(r"write \(rank 0, background\): (\d+) bytes in ([\d.]+) ms", log,
-                           "write")
-        wbytes, wms = int(wbytes), float(wms)
-        # Baseline: sequential write + fsync of the same bytes, same filesystem.
-        block = os.urandom(64 << 20)
-        path = os.path.join(root, "seq.bin")
-        t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            left = wbytes
-            while left > 0:
-                n = min(left, len(block))
-                f.write(block[:n])
-                left -= n
-            f.flush()
-            os.fsync(f.fileno())
-        seq_write_s = time.perf_counter() - t0
-        os.unlink(path)
-        data_file = os.path.join(ck1, "step_00000003", "rank_00000.safetensors")
-        t0 = time.perf_counter()
-        with open(data_file, "rb", buffering=0) as f:
-            while f.read(64 << 20):
-                pass
-        seq_read_s = time.perf_counter() - t0
-        # Same-layout load (saved by one process, loaded by one process).
-        resume = base + ["--steps", "3", "--resume", os.path.join(ck1, "step_00000003")]
-        p = subprocess.run(resume, capture_output=True, text=True)
-        rbytes, rms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", p.stderr, "load")
-        rbytes, rms = int(rbytes), float(rms)
+        writes = re.findall(r"staging copy \+ checksums ([\d.]+) ms \(cpu ([\d.]+)\); (\d+) bytes "
+                            r"in ([\d.]+) ms \(write ([\d.]+), fsync ([\d.]+); cpu ([\d.]+)\)", log)
+        if not writes:
+            sys.exit(f"bench_ckpt: no 'write' in the log:\n{log[-3000:]}")
+        stage_ms = [float(w[0]) for w in writes]
+        stage_cpu = [float(w[1]) for w in writes]
+        write_wall = [float(w[3]) for w in writes]
+        write_cpu = [float(w[6]) for w in writes]
+        _, _, wbytes, wms, wwrite, wfsync, _ = writes[-1]
+        wbytes, wms, wwrite, wfsync = int(wbytes), float(wms), float(wwrite), float(wfsync)
+        # Baseline: sequential write + fsync of the same bytes, same filesystem, before the
+        # training run and after it (the machine is shared: both reported, mean used).
+        seq_after = seq_write(root, wbytes)
+        seq_bw = (seq_before * ckpt_bytes / wbytes + seq_after) / 2
+        # Loads, cold (the files' pages dropped from the page cache first: O_DIRECT saves do
+        # not leave them there anyway) and warm (just read), each against a sequential read
+        # of the same file in the same state.
+        data_file = os.path.join(ck1, "step_00000002", "rank_00000.safetensors")
+        drop_cache([data_file])
+        seq_cold = seq_read(data_file)
+        drop_cache([data_file])
+        # Same-layout load (saved by one process, loaded by one process); steps 3-5 again
+        # without checkpointing: the step time a save's background copy and write cost.
+        p = subprocess.run(base + ["--resume", os.path.join(ck1, "step_00000002")],
+                           capture_output=True, text=True)
+        rbytes, rms = loaded(p.stderr, "load")
+        plain_ms = [float(x) for x in re.findall(r"\| (\d+) ms \|", p.stderr)]
+        seq_warm = seq_read(data_file)
+        _, rms_warm = loaded(subprocess.run(
+            base + ["--steps", "2", "--resume", os.path.join(ck1, "step_00000002")],
+            capture_output=True, text=True).stderr, "warm load")
         # Saved with dp 2 / ZeRO-1 (two files, other chunk boundaries), loaded by one process.
         ck2 = os.path.join(root, "ck2")
         p2 = subprocess.run(MPIRUN + ["-n", "2"] + base[:-2] + ["--steps", "1", "--dp", "2",
@@ -92,29 +153,51 @@ def main():
                             capture_output=True, text=True)
         if p2.returncode:
             sys.exit(p2.stderr[-3000:])
-        p3 = subprocess.run(base + ["--steps", "1", "--resume",
-                                    os.path.join(ck2, "step_00000001")],
-                            capture_output=True, text=True)
-        sbytes, sms = grab(r"loaded (\d+) bytes \(\d+ chunks\) in ([\d.]+) ms", p3.stderr,
-                           "resharded load")
-        sms = float(sms)
+        step1 = os.path.join(ck2, "step_00000001")
+        drop_cache([os.path.join(step1, f) for f in os.listdir(step1)
+                    if f.endswith(".safetensors")])
+        reshard = base + ["--steps", "1", "--resume", step1]
+        _, sms = loaded(subprocess.run(reshard, capture_output=True, text=True).stderr,
+                        "resharded load")
+        _, sms_warm = loaded(subprocess.run(reshard, capture_output=True, text=True).stderr,
+                             "resharded warm load")
         step = sorted(step_ms)[len(step_ms) // 2] if step_ms else float("nan")
         out = {
             "model": "gpt2-small (124M), seq_len 64",
             "checkpoint_bytes": wbytes,
             "step_ms_median": step,
+            "step_ms_each": step_ms,
+            "step_ms_overlapping_a_save_3_5": [step_ms[2], step_ms[4]],
+            "step_ms_without_save_2_4": [step_ms[1], step_ms[3]],
+            "step_ms_3_4_5_rerun_without_ckpt": plain_ms,
             "stall_ms_per_save": stall_ms,
+            "stall_ms_each": per_save,
             "stall_ms_max": stall_max,
             "stall_fraction_of_step": stall_ms / step,
+            "saves_fenced": int(stalls),
+            "waits_for_previous_save": int(waits),
+            "wait_ms_total": wait_ms,
+            "background_stage_ms_each": stage_ms,
+            "background_stage_cpu_ms_each": stage_cpu,
+            "background_write_ms_each": write_wall,
+            "background_write_cpu_ms_each": write_cpu,
+            "save_write_ms": wwrite,
+            "save_fsync_ms": wfsync,
             "save_bw_MBps": wbytes / wms / 1e3,
-            "seq_write_bw_MBps": wbytes / seq_write_s / 1e6,
-            "save_vs_seq_write": (wbytes / wms / 1e3) / (wbytes / seq_write_s / 1e6),
-            "load_bw_MBps": rbytes / rms / 1e3,
-            "seq_read_bw_MBps": os.path.getsize(data_file) / seq_read_s / 1e6,
-            "load_vs_seq_read": (rbytes / rms / 1e3) / (os.path.getsize(data_file) / seq_read_s / 1e6),
-            "load_ms_same_layout": rms,
-            "load_ms_resharded_dp2z1_to_dp1": sms,
-            "reshard_vs_same_layout": sms / rms,
+            "seq_write_bw_MBps": seq_bw,
+            "seq_write_bw_MBps_before_after": [seq_before, seq_after],
+            "save_vs_seq_write": (wbytes / wms / 1e3) / seq_bw,
+            "load_bw_MBps_cold": rbytes / rms / 1e3,
+            "seq_read_bw_MBps_cold": seq_cold,
+            "load_vs_seq_read_cold": (rbytes / rms / 1e3) / seq_cold,
+            "load_bw_MBps_warm": rbytes / rms_warm / 1e3,
+            "seq_read_bw_MBps_warm": seq_warm,
+            "load_vs_seq_read_warm": (rbytes / rms_warm / 1e3) / seq_warm,
+            "load_ms_same_layout_cold_warm": [rms, rms_warm],
+            "load_ms_resharded_dp2z1_to_dp1_cold_warm": [sms, sms_warm],
+            "reshard_vs_same_layout_cold": sms / rms,
+            "reshard_vs_same_layout_warm": sms_warm / rms_warm,
+            "direct_io": "direct I/O" in log,
             "loadavg_before": load0,
             "loadavg_after": os.getloadavg(),
             "filesystem_dir": root,

@@ -45,32 +45,94 @@ static loom_status files_open(file_set *fs, const char *dir, const loom_ckpt_man
             return loom_error_set(err, LOOM_ERR_INPUT, "%s: cannot open: %s", path,
                                   strerror(errno));
         fs->size[i] = (uint64_t)sb.st_size;
+        (void)posix_fadvise(fs->fd[i], 0, 0, POSIX_FADV_SEQUENTIAL); /* larger readahead */
     }
     return LOOM_OK;
 }
 
-/* Reads chunk c of tensor `name` into buf and checks its checksum. */
-static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
-                              const char *name, const loom_ckpt_chunk *c, void *buf,
-                              loom_error *err) {
-    const char *file = m->files[c->file];
+/* Chunk c's byte range inside its (open) file. Checked for every chunk before a read
+ * buffer is sized, so a manifest's byte counts never decide an allocation on their own. */
+static loom_status chunk_in_file(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
+                                 const char *name, const loom_ckpt_chunk *c, loom_error *err) {
     if (c->byte_offset > fs->size[c->file] || c->bytes > fs->size[c->file] - c->byte_offset)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "%s/%s: tensor '%s': chunk bytes [%" PRIu64 ", %" PRIu64
                               ") beyond the end of the file (%" PRIu64 " bytes; truncated?)",
-                              dir, file, name, c->byte_offset, c->byte_offset + c->bytes,
-                              fs->size[c->file]);
-    uint64_t done = 0;
-    while (done < c->bytes) {
-        ssize_t k = pread(fs->fd[c->file], (char *)buf + done, c->bytes - done,
-                          (off_t)(c->byte_offset + done));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
-                                  k < 0 ? strerror(errno) : "unexpected end of file");
-        done += (uint64_t)k;
+                              dir, m->files[c->file], name, c->byte_offset,
+                              c->byte_offset + c->bytes, fs->size[c->file]);
+    return LOOM_OK;
+}
+
+#define READ_BLOCK ((size_t)512 << 10) /* cache-sized: read, hash and scatter while hot */
+#define PREFETCH 8                     /* chunks (<= 4 MiB each) read ahead of the current one */
+
+/* Where the rows of a chunk go: this rank's pieces of the same tensor (NULL: verify only). */
+typedef struct {
+    const loom_ckpt_plan *plan;
+    const int *ptensor; /* per piece: its tensor's index in the manifest */
+    int tensor;
+    const loom_ckpt_buffer *dst;
+    int64_t *covered; /* per piece: elements copied */
+} scatter_ctx;
+
+/* Copies rows [g0, g0 + nr) of chunk box cb (src: those rows, contiguous) into every piece
+ * they intersect. */
+static void scatter_rows(const scatter_ctx *s, const loom_ckpt_box *cb, int64_t g0, int64_t nr,
+                         const float *src) {
+    const loom_ckpt_box bb = {{g0, cb->off[1]}, {nr, cb->len[1]}};
+    for (int i = 0; i < s->plan->n; i++) {
+        const loom_ckpt_piece *q = &s->plan->items[i];
+        loom_ckpt_box ib;
+        if (s->ptensor[i] != s->tensor || !loom_ckpt_box_intersect(&bb, &q->box, &ib)) continue;
+        const loom_ckpt_buffer *b = &s->dst[q->kind];
+        for (int64_t g = ib.off[0]; g < ib.off[0] + ib.len[0]; g++) {
+            const float *from = src + (g - g0) * cb->len[1] + (ib.off[1] - cb->off[1]);
+            size_t f =
+                q->local + (size_t)((g - q->box.off[0]) * q->stride + (ib.off[1] - q->box.off[1]));
+            memcpy(b->data + (f - b->base), from, (size_t)ib.len[1] * sizeof(float));
+        }
+#pragma omp atomic
+        s->covered[i] += loom_ckpt_box_volume(&ib);
     }
-    uint64_t sum = XXH3_64bits(buf, c->bytes);
+}
+
+/* The read buffer a chunk needs: READ_BLOCK, or one row when a row is larger. */
+static size_t block_bytes(const loom_ckpt_chunk *c) {
+    size_t row = (size_t)c->len[1] * sizeof(float);
+    return row > READ_BLOCK ? row : READ_BLOCK;
+}
+
+/* Reads chunk c of tensor `name` in row-aligned blocks through buf (block_bytes(c)),
+ * checksumming each block and (when s) scattering it while it is in cache; the checksum
+ * is compared at the end (on a mismatch the destination holds unverified data: the
+ * caller discards it). */
+static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
+                              const char *name, const loom_ckpt_chunk *c, void *buf,
+                              XXH3_state_t *h, const scatter_ctx *s, loom_error *err) {
+    const char *file = m->files[c->file];
+    loom_status st = chunk_in_file(dir, m, fs, name, c, err);
+    if (st) return st;
+    const loom_ckpt_box cb = {{c->off[0], c->off[1]}, {c->len[0], c->len[1]}};
+    const uint64_t row = (uint64_t)c->len[1] * sizeof(float);
+    const uint64_t rows_per_block = block_bytes(c) / row;
+    XXH3_64bits_reset(h);
+    for (uint64_t r0 = 0; r0 < (uint64_t)c->len[0]; r0 += rows_per_block) {
+        const uint64_t nr =
+            (uint64_t)c->len[0] - r0 < rows_per_block ? (uint64_t)c->len[0] - r0 : rows_per_block;
+        const uint64_t n = nr * row, at = c->byte_offset + r0 * row;
+        uint64_t done = 0;
+        while (done < n) {
+            ssize_t k = pread(fs->fd[c->file], (char *)buf + done, n - done, (off_t)(at + done));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0)
+                return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
+                                      k < 0 ? strerror(errno) : "unexpected end of file");
+            done += (uint64_t)k;
+        }
+        XXH3_64bits_update(h, buf, n);
+        if (s) scatter_rows(s, &cb, c->off[0] + (int64_t)r0, (int64_t)nr, buf);
+    }
+    uint64_t sum = XXH3_64bits_digest(h);
     if (sum != c->checksum)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "%s/%s: tensor '%s' chunk at [%" PRId64 ", %" PRId64
@@ -142,10 +204,15 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
             }
             jobs[n_jobs++] = (job){ti, c};
             used[ct->chunks[c].file] = 1;
-            if (ct->chunks[c].bytes > max_bytes) max_bytes = ct->chunks[c].bytes;
         }
     }
     if (!st) st = files_open(&fs, dir, m, used, err);
+    for (int j = 0; j < n_jobs && !st; j++) {
+        const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
+        const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
+        st = chunk_in_file(dir, m, &fs, ct->name, c, err);
+        if (block_bytes(c) > max_bytes) max_bytes = block_bytes(c);
+    }
     uint64_t bytes = 0;
     if (!st) {
         loom_status first = LOOM_OK;
@@ -153,13 +220,22 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
 #pragma omp parallel reduction(+ : bytes)
         {
             void *buf = malloc(max_bytes ? max_bytes : 1);
+            XXH3_state_t *h = XXH3_createState();
             loom_error e = {0};
 #pragma omp for schedule(dynamic, 1)
             for (int j = 0; j < n_jobs; j++) {
-                if (first) continue; /* stop early after an error */
+                if (first) continue;         /* stop early after an error */
+                if (j + PREFETCH < n_jobs) { /* the disk reads ahead while this one is done */
+                    const loom_ckpt_chunk *a =
+                        &m->tensors[jobs[j + PREFETCH].tensor].chunks[jobs[j + PREFETCH].chunk];
+                    (void)posix_fadvise(fs.fd[a->file], (off_t)a->byte_offset, (off_t)a->bytes,
+                                        POSIX_FADV_WILLNEED);
+                }
                 const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
                 const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
-                loom_status s = buf ? read_chunk(dir, m, &fs, ct->name, c, buf, &e)
+                const scatter_ctx sc = {&plan, ptensor, jobs[j].tensor, dst, covered};
+                loom_status s = buf && h
+                                    ? read_chunk(dir, m, &fs, ct->name, c, buf, h, &sc, &e)
                                     : loom_error_set(&e, LOOM_ERR_NOMEM, "%s: out of memory", dir);
                 if (s) {
 #pragma omp critical
@@ -167,24 +243,8 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
                     continue;
                 }
                 bytes += c->bytes;
-                const loom_ckpt_box cb = {{c->off[0], c->off[1]}, {c->len[0], c->len[1]}};
-                for (int i = 0; i < plan.n; i++) {
-                    const loom_ckpt_piece *q = &plan.items[i];
-                    loom_ckpt_box ib;
-                    if (ptensor[i] != jobs[j].tensor || !loom_ckpt_box_intersect(&cb, &q->box, &ib))
-                        continue;
-                    const loom_ckpt_buffer *b = &dst[q->kind];
-                    for (int64_t g = ib.off[0]; g < ib.off[0] + ib.len[0]; g++) {
-                        const float *src = (const float *)buf + (g - cb.off[0]) * cb.len[1] +
-                                           (ib.off[1] - cb.off[1]);
-                        size_t f = q->local + (size_t)((g - q->box.off[0]) * q->stride +
-                                                       (ib.off[1] - q->box.off[1]));
-                        memcpy(b->data + (f - b->base), src, (size_t)ib.len[1] * sizeof(float));
-                    }
-#pragma omp atomic
-                    covered[i] += loom_ckpt_box_volume(&ib);
-                }
             }
+            XXH3_freeState(h);
             free(buf);
         }
         if (first) {
@@ -222,18 +282,23 @@ loom_status loom_ckpt_verify(const char *dir, const loom_ckpt_manifest *m, uint6
     file_set fs = {0};
     if (!st) st = files_open(&fs, dir, m, NULL, err);
     size_t max_bytes = 0;
-    for (int ti = 0; ti < m->n_tensors; ti++)
-        for (int c = 0; c < m->tensors[ti].n_chunks; c++)
-            if (m->tensors[ti].chunks[c].bytes > max_bytes)
-                max_bytes = m->tensors[ti].chunks[c].bytes;
+    for (int ti = 0; ti < m->n_tensors && !st; ti++)
+        for (int c = 0; c < m->tensors[ti].n_chunks && !st; c++) {
+            const loom_ckpt_chunk *ch = &m->tensors[ti].chunks[c];
+            st = chunk_in_file(dir, m, &fs, m->tensors[ti].name, ch, err);
+            if (block_bytes(ch) > max_bytes) max_bytes = block_bytes(ch);
+        }
     void *buf = st ? NULL : malloc(max_bytes ? max_bytes : 1);
-    if (!st && !buf) st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+    XXH3_state_t *h = st ? NULL : XXH3_createState();
+    if (!st && (!buf || !h)) st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
     uint64_t total = 0;
     for (int ti = 0; ti < m->n_tensors && !st; ti++)
         for (int c = 0; c < m->tensors[ti].n_chunks && !st; c++) {
-            st = read_chunk(dir, m, &fs, m->tensors[ti].name, &m->tensors[ti].chunks[c], buf, err);
+            st = read_chunk(dir, m, &fs, m->tensors[ti].name, &m->tensors[ti].chunks[c], buf, h,
+                            NULL, err);
             total += m->tensors[ti].chunks[c].bytes;
         }
+    XXH3_freeState(h);
     free(buf);
     files_close(&fs);
     if (bytes) *bytes = total;

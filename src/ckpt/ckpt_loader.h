@@ -1,10 +1,13 @@
 /* Loading a checkpoint into any layout: the rank plans the pieces it owns now (whatever
  * dp, ZeRO stage, tensor-parallel placement or world size), intersects them with the
- * saved chunks of the same tensors, and reads (pread) only the chunks that intersect,
- * each verified against its checksum before its overlap is copied in. Chunks are at
- * most 4 MiB, so the over-read at shard boundaries is bounded. Every byte range is
+ * saved chunks of the same tensors, and reads (pread) only the chunks that intersect.
+ * A chunk is read in cache-sized row blocks: each block is checksummed (streaming XXH3)
+ * and its overlap copied in while it is in cache; the chunk's checksum is compared at its
+ * end, and any mismatch fails the whole load (the destination then holds unverified data
+ * and must be discarded: the trainer resets it and tries an older checkpoint). Chunks
+ * are at most 4 MiB, so the over-read at shard boundaries is bounded. Every byte range is
  * checked against the file's size first: a bad manifest never causes an out-of-bounds
- * read. */
+ * read or sizes an allocation. */
 #ifndef LOOM_CKPT_CKPT_LOADER_H
 #define LOOM_CKPT_CKPT_LOADER_H
 

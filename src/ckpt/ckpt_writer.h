@@ -1,12 +1,16 @@
 /* Asynchronous checkpoint writing for one rank. At creation the rank's pieces (its ZeRO
  * shard of params, m and v) are planned once, the data file's safetensors header is
  * built and a host staging buffer holding the whole file image is allocated and touched
- * (so a save never allocates or faults pages). A save is then: stage (the training
- * thread copies its pieces into the buffer: the only stall), start (a background thread
- * checksums each chunk, writes rank_NNNNN.safetensors through a .tmp file, fsyncs it,
- * renames it, and writes the chunk index rank_NNNNN.index.json the same way), and poll
- * or wait. Rank 0's thread also runs the commit (ckpt/ckpt_commit.h) once every rank's
- * write has finished. One job at a time. */
+ * (so a save never allocates or faults pages). A save (start) runs in a background
+ * thread: stage (copy the pieces into the buffer, checksumming each row while it is in
+ * cache), then write rank_NNNNN.safetensors through a .tmp file (O_DIRECT from the
+ * aligned staging buffer where the filesystem takes it, else buffered in large blocks
+ * with writeback started behind each), fsync, rename, and write the chunk index
+ * rank_NNNNN.index.json the same way. The training thread may keep computing while the
+ * copy runs, but must call wait_staged before it next changes the saved buffers (the
+ * optimizer step): that wait is the training stall (CheckFreq's pipelined snapshot).
+ * Rank 0's thread also runs the commit (ckpt/ckpt_commit.h) once every rank's write has
+ * finished. One job at a time. */
 #ifndef LOOM_CKPT_CKPT_WRITER_H
 #define LOOM_CKPT_CKPT_WRITER_H
 
@@ -29,6 +33,7 @@ typedef struct {
     int64_t (*gshape)[2];  /* per piece: global shape as saved */
     uint64_t *file_offset; /* per piece: byte offset in the data file */
     uint64_t *checksum;    /* per piece, filled by the thread */
+    void *hash;            /* XXH3 streaming state (the thread's) */
     uint8_t *image;        /* the data file: header then data */
     size_t image_bytes;
     /* the background thread */
@@ -38,13 +43,19 @@ typedef struct {
     int thread_started;
     int job; /* 0 none, 1 write, 2 commit, -1 quit */
     int busy, failed;
+    int staged; /* the last write job's staging copy is complete */
     loom_error job_err;
     char dir[LOOM_CKPT_PATH_MAX];  /* step directory of the job */
     char tier[LOOM_CKPT_PATH_MAX]; /* commit: the folder holding step directories */
     int keep, world_size;
-    loom_ckpt_manifest run; /* commit: run state (no files or tensors) */
-    double write_ms;        /* last write job: wall time */
-    uint64_t written_bytes; /* last write job */
+    loom_ckpt_manifest run;            /* commit: run state (no files or tensors) */
+    double stage_ms;                   /* last write job: staging copy + checksums */
+    double write_ms;                   /* last write job: wall time after staging (files, index) */
+    double data_write_ms;              /* of which write() of the data file */
+    double fsync_ms;                   /* of which its fsync */
+    double stage_cpu_ms, write_cpu_ms; /* the thread's CPU time in staging / writing */
+    int direct_io;                     /* the data file went out with O_DIRECT */
+    uint64_t written_bytes;            /* last write job */
 } loom_ckpt_writer;
 
 /* src[k]: the buffer to save from and, in lo/hi, the flat range this rank writes. Tensors
@@ -60,10 +71,12 @@ loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_para
                                             const loom_ckpt_buffer src[LOOM_CKPT_KINDS],
                                             loom_ckpt_plan *plan, int rank, loom_error *err);
 void loom_ckpt_writer_destroy(loom_ckpt_writer *w);
-/* Copies the pieces into the staging buffer (training thread; the writer must be idle). */
-void loom_ckpt_writer_stage(loom_ckpt_writer *w);
-/* Starts writing the staged image into step directory dir (created if needed). */
+/* Starts a save into step directory dir (created if needed): the thread stages the
+ * buffers, then writes. */
 loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, const char *dir, loom_error *err);
+/* Blocks until the staging copy of the save started last is complete (immediately when
+ * it is, or when none is pending); the ms waited. Call before changing the buffers. */
+double loom_ckpt_writer_wait_staged(loom_ckpt_writer *w);
 /* Rank 0: starts the commit of dir (world_size ranks' indexes) in the thread; run holds
  * the run state (moved into the writer: the caller must not free it). */
 loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, const char *tier,

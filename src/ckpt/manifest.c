@@ -3,12 +3,14 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_DIM ((int64_t)1 << 40)    /* per dimension */
 #define MAX_BYTES ((uint64_t)1 << 50) /* per chunk or file offset */
+#define MAX_NUMEL ((int64_t)1 << 48)  /* per tensor: its F32 bytes stay below MAX_BYTES */
 #define MAX_MANIFEST_BYTES ((size_t)256 << 20)
 
 void loom_ckpt_manifest_free(loom_ckpt_manifest *m) {
@@ -253,10 +255,13 @@ static loom_status parse_model(const ctx *c, json_t *j, loom_model_config *mc) {
         *ints[i].dst = (int)x;
     }
     json_t *eps = json_object_get(j, "norm_eps"), *theta = json_object_get(j, "rope_theta");
-    if (!json_is_number(eps) || !json_is_number(theta))
-        return bad(c, "%s", "model: norm_eps and rope_theta must be numbers");
-    mc->norm_eps = (float)json_number_value(eps);
-    mc->rope_theta = (float)json_number_value(theta);
+    /* As floats: finite and positive (a huge double would become inf). */
+    float e = json_is_number(eps) ? (float)json_number_value(eps) : 0.0f;
+    float th = json_is_number(theta) ? (float)json_number_value(theta) : 0.0f;
+    if (!(isfinite(e) && e > 0.0f && isfinite(th) && th > 0.0f))
+        return bad(c, "%s", "model: norm_eps and rope_theta must be positive finite numbers");
+    mc->norm_eps = e;
+    mc->rope_theta = th;
     return LOOM_OK;
 }
 
@@ -317,6 +322,9 @@ static loom_status parse_root(const ctx *c, json_t *root, loom_ckpt_manifest *m,
         int64_t s2[2];
         if ((ndim != 1 && ndim != 2) || !get_dims(shape, ndim, 1, s2) || !json_is_array(chunks))
             return bad(c, "tensor '%s': needs a shape of 1 or 2 positive sizes and chunks", name);
+        /* Bounded numel: chunk volumes (within the shape) and their sums cannot overflow. */
+        if (s2[0] > MAX_NUMEL / s2[1])
+            return bad(c, "tensor '%s': shape has more than 2^48 elements", name);
         if (loom_ckpt_manifest_find(m, name)) return bad(c, "tensor '%s' is listed twice", name);
         int64_t sh[2] = {s2[0], ndim == 2 ? s2[1] : 0};
         size_t k;

@@ -160,7 +160,8 @@ void loom_safetensors_close(loom_safetensors *f) {
 
 loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
                                      const float **data, loom_error *err) {
-    json_t *v = json_object_get((json_t *)f->header, name);
+    /* "__metadata__" is not a tensor entry (open validated only the tensor entries). */
+    json_t *v = strcmp(name, "__metadata__") == 0 ? NULL : json_object_get(f->header, name);
     if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: no tensor '%s'", f->path, name);
     const char *dtype = json_string_value(json_object_get(v, "dtype"));
     if (strcmp(dtype, "F32") != 0)
@@ -177,9 +178,12 @@ loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "%s: tensor '%s' has %zu elements (%zu bytes); expected %zu", f->path,
                               name, n, b - a, numel);
-    if (a % sizeof(float) != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is not 4-byte aligned", f->path,
-                              name);
+    /* The data section starts after a header whose length the file chooses. */
+    if ((uintptr_t)(f->data + a) % sizeof(float) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s: tensor '%s' is not 4-byte aligned in the file (header length "
+                              "not padded to a multiple of 8?)",
+                              f->path, name);
     *data = (const float *)(f->data + a);
     return LOOM_OK;
 }

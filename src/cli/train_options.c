@@ -100,6 +100,8 @@ static const opt_def OPTS[] = {
      "batches never trained on, e.g. 5,9 (step s uses the s-th batch not listed)"},
     {"inject", OPT_LIST, TR(inject), LOOM_PATH_MAX,
      "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
+    {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
+     "resume even if the checkpoint was saved with another --seed (the data order changes)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

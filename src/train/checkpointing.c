@@ -108,15 +108,27 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
            a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
 }
 
-/* One attempt: manifest, model check, load. Collective result: every rank agrees. */
-static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step,
+/* One attempt: manifest, model check, load. Collective result: every rank agrees.
+ * *wrong_seed: the checkpoint is fine but was saved with another --seed (not loaded). */
+static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
                             loom_error *err) {
     char path[LOOM_CKPT_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     loom_ckpt_manifest m;
     loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
     if (st) return st;
-    if (!same_model(&m.model, c->mc)) {
+    /* The seed decides initialisation and the data order (a pure function of (seed,
+     * step)): another seed would silently continue on a different stream of batches, so
+     * the run state of the checkpoint wins unless the user says otherwise. */
+    *wrong_seed = m.seed != c->tc->seed && !c->tc->resume_ignore_seed;
+    if (*wrong_seed) {
+        st = loom_error_set(err, LOOM_ERR_INPUT,
+                            "--seed %llu: %s was saved with --seed %llu (the seed decides the "
+                            "data order); use --seed %llu, or --resume-ignore-seed to continue "
+                            "with another data order",
+                            (unsigned long long)c->tc->seed, path, (unsigned long long)m.seed,
+                            (unsigned long long)m.seed);
+    } else if (!same_model(&m.model, c->mc)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "%s: saved for a different model (%s, %d layers, d_model %d, vocab %d, "
                             "T %d)",
@@ -134,8 +146,8 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
                     (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);
         if (!st && m.seed != c->tc->seed && c->mesh->rank == 0)
             fprintf(stderr,
-                    "loom: warning: %s was saved with --seed %llu, this run uses %llu (the data "
-                    "order differs from the saved run's)\n",
+                    "loom: warning: %s was saved with --seed %llu, this run uses %llu "
+                    "(--resume-ignore-seed: the data order differs from the saved run's)\n",
                     dir, (unsigned long long)m.seed, (unsigned long long)c->tc->seed);
     }
     loom_ckpt_manifest_free(&m);
@@ -184,10 +196,17 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
         if ((st = loom_comm_bcast(&c->mesh->world, dir, sizeof dir, 0, err))) break;
         int64_t step = 0;
+        int wrong_seed = 0;
         loom_error e = {0};
-        loom_status ls = try_load(c, dir, &step, &e);
-        double v[2] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls};
-        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 2, err))) break;
+        loom_status ls = try_load(c, dir, &step, &wrong_seed, &e);
+        double v[3] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls, wrong_seed};
+        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 3, err))) break;
+        if (v[2] > 0) { /* not a damaged checkpoint: no older one is tried */
+            free(list);
+            return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
+                              : loom_error_set(err, LOOM_ERR_INPUT,
+                                               "--seed: another rank found a different seed");
+        }
         if (v[0] == 0) {
             *start_step = (int)step;
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
@@ -298,6 +317,13 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
         return LOOM_OK;
     }
     if (c->mesh->rank != 0) return LOOM_OK;
+    const loom_ckpt_writer *w = &c->writer;
+    fprintf(stderr,
+            "loom: checkpoint step %lld written (rank 0, background): staging copy + checksums "
+            "%.1f ms (cpu %.1f); %llu bytes in %.1f ms (write %.1f, fsync %.1f; cpu %.1f)%s\n",
+            (long long)c->flight_step, w->stage_ms, w->stage_cpu_ms,
+            (unsigned long long)w->written_bytes, w->write_ms, w->data_write_ms, w->fsync_ms,
+            w->write_cpu_ms, w->direct_io ? " direct I/O" : "");
     loom_ckpt_manifest run;
     memset(&run, 0, sizeof run);
     const loom_train_config *tc = c->tc;
@@ -335,6 +361,7 @@ static loom_status exchange(loom_checkpointing *c, double v[3], loom_error *err)
 
 /* Waits for the save in flight (every rank) and starts its commit. */
 static loom_status drain_write(loom_checkpointing *c, loom_error *err) {
+    c->staging = 0;
     if (!c->in_flight) return LOOM_OK;
     loom_ckpt_writer_wait(&c->writer, NULL);
     double v[3];
@@ -345,7 +372,8 @@ static loom_status drain_write(loom_checkpointing *c, loom_error *err) {
 
 static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_error *err) {
     double t0 = loom_now_ms();
-    if (c->in_flight || !loom_ckpt_writer_idle(&c->writer)) {
+    if (!c->in_flight && !loom_ckpt_writer_idle(&c->writer)) c->commit_waits++; /* rank 0 */
+    if (c->in_flight) {
         c->waits++;
         if (c->mesh->rank == 0)
             fprintf(stderr,
@@ -358,17 +386,29 @@ static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_
     report_commit(c); /* rank 0: the commit must finish before the buffer is reused */
     double t1 = loom_now_ms();
     c->wait_ms_total += t1 - t0;
-    loom_ckpt_writer_stage(&c->writer);
     loom_ckpt_step_dir(c->flight_dir, sizeof c->flight_dir, tier, step);
     snprintf(c->flight_tier, sizeof c->flight_tier, "%s", tier);
     if ((st = loom_ckpt_writer_start(&c->writer, c->flight_dir, err))) return st;
     c->in_flight = 1;
+    c->staging = 1;
     c->flight_step = step;
     c->last_saved = step;
     c->saves++;
-    c->stall_ms_last = loom_now_ms() - t1;
-    if (c->stall_ms_last > c->stall_ms_max) c->stall_ms_max = c->stall_ms_last;
+    c->stall_ms_pending = loom_now_ms() - t0; /* the waits above count as stall too */
     return LOOM_OK;
+}
+
+void loom_checkpointing_before_update(loom_checkpointing *c) {
+    if (!c->staging) return;
+    c->staging = 0;
+    const double stall = c->stall_ms_pending + loom_ckpt_writer_wait_staged(&c->writer);
+    c->stall_ms_last = stall;
+    c->stall_ms_total += stall;
+    c->stalls++;
+    if (stall > c->stall_ms_max) c->stall_ms_max = stall;
+    if (c->mesh->rank == 0)
+        fprintf(stderr, "loom: checkpoint step %lld: training stall %.1f ms\n",
+                (long long)c->flight_step, stall);
 }
 
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err) {
@@ -405,11 +445,11 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
     report_commit(c);
     if (c->mesh->rank == 0) {
         fprintf(stderr,
-                "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f), "
-                "waited for the previous save %d time(s), %d failed\n",
-                c->saves, c->stall_ms_last, c->stall_ms_max, c->waits, c->failures);
-        fprintf(stderr, "loom: last checkpoint write (rank 0, background): %llu bytes in %.1f ms\n",
-                (unsigned long long)c->writer.written_bytes, c->writer.write_ms);
+                "loom: checkpoints: %d saved, training stall per save %.1f ms (max %.1f, over "
+                "%d saves before an update), waited for the previous save %d time(s) and for "
+                "its commit %d time(s) (%.1f ms in all), %d failed\n",
+                c->saves, c->stalls ? c->stall_ms_total / c->stalls : 0.0, c->stall_ms_max,
+                c->stalls, c->waits, c->commit_waits, c->wait_ms_total, c->failures);
         if (c->failures == failures && c->saves > 0)
             fprintf(stderr, "loom: checkpoint written to %s\n", c->flight_dir);
     }

@@ -5,7 +5,9 @@
  * Per step, while checkpointing is on, the ranks sum three numbers over the world: a stop
  * request (SIGTERM/SIGINT, whose handler only sets a flag), "my write is done", "my write
  * failed". When every rank's write is done, rank 0's background thread commits the
- * manifest; training never waits for it unless the next save comes first. */
+ * manifest; training never waits for it unless the next save comes first.
+ * A save's staging copy runs in the writer's thread during the next step's forward and
+ * backward; loom_checkpointing_before_update (before the optimizer step) waits for it. */
 #ifndef LOOM_TRAIN_CHECKPOINTING_H
 #define LOOM_TRAIN_CHECKPOINTING_H
 
@@ -30,8 +32,9 @@ typedef struct {
     int64_t flight_step;
     char flight_dir[LOOM_CKPT_PATH_MAX], flight_tier[LOOM_PATH_MAX];
     int last_saved; /* step of the last save started (-1: none) */
-    int saves, waits, failures;
-    double stall_ms_last, stall_ms_max, wait_ms_total;
+    int staging;    /* the save in flight may still be copying the buffers */
+    int saves, waits, commit_waits, failures, stalls;
+    double stall_ms_pending, stall_ms_last, stall_ms_max, stall_ms_total, wait_ms_total;
 } loom_checkpointing;
 
 /* Checks the checkpoint flags (messages name them). */
@@ -44,6 +47,9 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
                                     loom_error *err);
 /* After optimizer step `step` (1-based). *stop = 1 when a signal asked every rank to stop. */
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err);
+/* Before the buffers change (the optimizer step): waits until a save started at the
+ * previous step has copied them (the copy overlaps this step's forward and backward). */
+void loom_checkpointing_before_update(loom_checkpointing *c);
 /* The final checkpoint at `step` (unless already saved) and every pending commit. */
 loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err);
 void loom_checkpointing_close(loom_checkpointing *c);

@@ -356,6 +356,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                           : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+        loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
         loom_trace_begin(r->trace, "optimizer", "train");
         loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         if ((st = loom_zero_optimizer_step(&r->zero, r->params,

@@ -52,6 +52,7 @@ typedef struct {
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
+    int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

@@ -5,7 +5,8 @@ file. Cases: SIGKILL of the process in the middle of writing its data file; a fl
 byte in a data file (also `loom ckpt verify`, exit 2); a truncated manifest; a full disk
 during a save (a small tmpfs when mounting is permitted, else RLIMIT_FSIZE, which fails
 the write the same way: EFBIG instead of ENOSPC); bad manifests (paths outside the
-folder, overlapping chunks, holes, wrong dtype, shape disagreeing with the model).
+folder, overlapping chunks, holes, wrong dtype, shape disagreeing with the model); a
+resume with another --seed (an error naming both seeds, unless --resume-ignore-seed).
 Usage: test_faults.py --loom PATH [--seed S]
 """
 import argparse
@@ -200,6 +201,23 @@ def main():
         v = subprocess.run([args.loom, "ckpt", "verify", ck], capture_output=True, text=True)
         check(v.returncode == 2 and "beyond the end of the file" in v.stderr,
               f"byte offset beyond the file: refused (exit {v.returncode})")
+        # Another --seed: refused (the data order would change), unless overridden.
+        other = str(seed + 1)
+        for resume in (os.path.join(good, "step_00000010"), "auto"):
+            r = subprocess.run(base + ["--steps", "12", "--seed", other, "--ckpt-dir", good,
+                                       "--resume", resume], capture_output=True, text=True)
+            check(r.returncode == 2 and f"--seed {other}" in r.stderr and
+                  f"--seed {seed}" in r.stderr and "--resume-ignore-seed" in r.stderr and
+                  "starting fresh" not in r.stderr,
+                  f"--resume {os.path.basename(resume)} with another --seed: refused, both "
+                  f"seeds named (exit {r.returncode})")
+        ck = os.path.join(tmp, "seed_override")
+        shutil.copytree(good, ck)
+        r = subprocess.run(base + ["--steps", "22", "--seed", other, "--ckpt-dir", ck,
+                                   "--resume", "auto", "--resume-ignore-seed"],
+                           capture_output=True, text=True)
+        check(r.returncode == 0 and "resumed from" in r.stderr and "warning" in r.stderr,
+              f"--resume-ignore-seed: resumed with a warning (exit {r.returncode})")
         # Shape that disagrees with the model: resume a 2-layer checkpoint into 3 layers.
         r = subprocess.run(base + ["--steps", "12", "--resume", os.path.join(good, "step_00000010"),
                                    "--d-ff", "192"], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-/* Helpers shared by the tokenizer fuzz targets: scratch files under $TMPDIR and the
+/* Helpers shared by the tokenizer fuzz targets (scratch files: fuzz_util.h): the
  * round-trip / heap-vs-scan oracle. Any failed check aborts, which libFuzzer reports as
  * a crash with the input saved. */
 #ifndef LOOM_FUZZ_COMMON_H
@@ -11,26 +11,7 @@
 #include <unistd.h>
 
 #include "data/tokenizer_impl.h"
-
-static inline void fuzz_die(const char *what, const loom_error *err) {
-    fprintf(stderr, "fuzz check failed: %s%s%s\n", what, err ? ": " : "", err ? err->msg : "");
-    abort();
-}
-
-/* A fresh folder under $TMPDIR (run_fuzz.sh points it at a scratch dir, tmpfs where it
- * can, and removes it afterwards: libFuzzer may exit without running atexit handlers). */
-static inline void fuzz_make_dir(char *dir, size_t cap, const char *tag) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, cap, "%s/loom_fuzz_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", tag);
-    if (!mkdtemp(dir)) fuzz_die("mkdtemp", NULL);
-}
-
-/* Unlinks first: ext4 flushes a truncated-and-rewritten file on close (auto_da_alloc). */
-static inline void fuzz_write(const char *path, const void *data, size_t n) {
-    unlink(path);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) fuzz_die(path, NULL);
-}
+#include "fuzz_util.h"
 
 /* The JSON string of a token's alphabet spelling ('"' and '\\' are spelled as themselves). */
 static inline void fuzz_json_token(loom_byte_buf *out, const char *bytes, size_t n) {

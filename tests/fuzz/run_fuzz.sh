@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the tokenizer fuzz targets with clang + libFuzzer (ASan, UBSan) and runs each for a
-# bounded time on a copy of its seed corpus.
+# Builds fuzz targets with clang + libFuzzer (ASan, UBSan) and runs each for a bounded time
+# on a copy of its seed corpus (tests/fuzz/corpus_TARGET).
 #   tests/fuzz/run_fuzz.sh [target...]   (default: load encode)
+# Targets: load, encode (tokenizer: fuzz_tokenizer_TARGET.c), ckpt_manifest,
+#          ckpt_safetensors (checkpoint readers: fuzz_TARGET.c).
 # Env: LOOM_FUZZ_SECONDS (default 20 per target), LOOM_FUZZ_KEEP=1 keeps the work dir,
 #      CC (default clang), LOOM_FUZZ_GPT2_DIR (default third_party/gpt2 when present).
 # Exit: 0 clean, 1 a crash/leak/UB/timeout was found (input path + hexdump printed),
@@ -25,8 +27,8 @@ if [ -z "$rt" ] || [ ! -f "$rt" ]; then
     echo "SKIP: no libFuzzer runtime (libclang_rt.fuzzer) for $cc"
     exit 77
 fi
-if ! deps=$(pkg-config --cflags --libs jansson libpcre2-8 2>/dev/null); then
-    echo "SKIP: pkg-config cannot find jansson and libpcre2-8"
+if ! deps=$(pkg-config --cflags --libs jansson libpcre2-8 libxxhash 2>/dev/null); then
+    echo "SKIP: pkg-config cannot find jansson, libpcre2-8 and libxxhash"
     exit 77
 fi
 
@@ -47,12 +49,21 @@ export TMPDIR="$scratch" # the targets' scratch files
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 
-sources=("$root"/src/data/tokenizer*.c "$root/src/core/error.c")
 found=
 for t in "${targets[@]}"; do
-    src="$root/tests/fuzz/fuzz_tokenizer_$t.c"
+    case $t in
+    ckpt_*)
+        name="fuzz_$t"
+        sources=("$root"/src/ckpt/manifest.c "$root"/src/ckpt/safetensors.c
+            "$root"/src/ckpt/ckpt_loader.c "$root"/src/ckpt/ckpt_plan.c
+            "$root"/src/model/config.c "$root/src/core/error.c") ;;
+    *)
+        name="fuzz_tokenizer_$t"
+        sources=("$root"/src/data/tokenizer*.c "$root/src/core/error.c") ;;
+    esac
+    src="$root/tests/fuzz/$name.c"
     [ -f "$src" ] || { echo "no such target: $t ($src)"; exit 2; }
-    bin="$work/fuzz_tokenizer_$t"
+    bin="$work/$name"
     # shellcheck disable=SC2086 # deps is a flag list
     if ! "$cc" -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
@@ -65,7 +76,7 @@ for t in "${targets[@]}"; do
     cp "$root/tests/fuzz/corpus_$t/"* "$corpus/"
     # error/timeout exit codes set explicitly: libFuzzer's default error code is 77, which
     # ctest would take for "skipped".
-    echo "== fuzz_tokenizer_$t for ${secs}s (corpus copy in $corpus)"
+    echo "== $name for ${secs}s (corpus copy in $corpus)"
     "$bin" "$corpus" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=20 -max_len=8192 \
         -error_exitcode=1 -timeout_exitcode=1 -print_final_stats=1 \
         -artifact_prefix="$work/artifacts_$t/" >"$work/log_$t" 2>&1
@@ -74,7 +85,7 @@ for t in "${targets[@]}"; do
     crashes=("$work/artifacts_$t"/*)
     if [ $rc -ne 0 ] || [ -e "${crashes[0]}" ]; then
         found=1
-        echo "FOUND by fuzz_tokenizer_$t (exit $rc); log: $work/log_$t"
+        echo "FOUND by $name (exit $rc); log: $work/log_$t"
         grep -E 'ERROR|SUMMARY|runtime error|fuzz check failed' "$work/log_$t" | head -20
         for c in "${crashes[@]}"; do
             [ -e "$c" ] || continue

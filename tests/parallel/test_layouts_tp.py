@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import safetensors_io  # noqa: E402
-from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
+from test_layouts import MPIRUN, TOL, losses, run, weights_error, write_text_shard  # noqa: E402
 
 D_MODEL = 48
 # (name, ranks, extra flags)
@@ -86,14 +86,7 @@ def main():
                 got_losses, got_params, got_init = train(name, ranks,
                                                          extra + ["--save-weights", weights])
                 loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
-                w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
-                                             comparable(k, ref_params[k], D_MODEL)), k)
-                                    for k in ref_params)
-                names = sorted(ref_params)
-                all_err = rel_err(np.concatenate([comparable(k, got_params[k], D_MODEL).ravel()
-                                                  for k in names]),
-                                  np.concatenate([comparable(k, ref_params[k], D_MODEL).ravel()
-                                                  for k in names]))
+                all_err, w_err, w_name = weights_error(got_params, ref_params, D_MODEL)
                 init_same = set(got_init) == set(ref_init) and all(
                     np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
                 saved = safetensors_io.load(weights)
