@@ -248,9 +248,12 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
 static loom_status parse_flags(setting_list *flags, char *config, int *help, int argc, char **argv,
                                loom_error *err) {
     struct option longopts[N_OPTS + 3];
-    /* A boolean is a bare flag (--sequence-parallel) or --key=0|1. */
+    /* A boolean is a bare flag (--sequence-parallel) or --key=0|1. Option i returns
+     * OPT_VAL + i: small values would collide with getopt's ':', '?' and 'h'. */
+    enum { OPT_VAL = 2000 };
     for (int i = 0; i < N_OPTS; i++)
-        longopts[i] = (struct option){OPTS[i].key, OPTS[i].type == OPT_BOOL ? 2 : 1, NULL, i};
+        longopts[i] =
+            (struct option){OPTS[i].key, OPTS[i].type == OPT_BOOL ? 2 : 1, NULL, OPT_VAL + i};
     longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
     longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
     longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
@@ -269,10 +272,11 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "loom train: unknown option '%s' (see loom train --help)",
                                   argv[optind - 1]);
-        } else {
+        } else if (c >= OPT_VAL && c < OPT_VAL + N_OPTS) {
+            const opt_def *d = &OPTS[c - OPT_VAL];
             char origin[96];
-            snprintf(origin, sizeof origin, "--%s", OPTS[c].key);
-            if (push(flags, &OPTS[c], optarg ? optarg : "1", origin))
+            snprintf(origin, sizeof origin, "--%s", d->key);
+            if (push(flags, d, optarg ? optarg : "1", origin))
                 return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
         }
     }

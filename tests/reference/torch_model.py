@@ -397,6 +397,11 @@ def train_step(model, opt, tc, batch, s, on_step=None):
         loss_sum += loss.item()
         if k == 0:
             logits0 = logits.detach()
+    # An expert that received no token has no gradient yet: loom's is zero (and AdamW
+    # still decays it), so make torch's a zero tensor too instead of skipping it.
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     if on_step is not None:
         on_step(s, {"logits0": logits0})
     if tc.grad_clip > 0:
