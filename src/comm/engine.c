@@ -213,7 +213,9 @@ loom_status loom_comm_engine_wait(loom_comm_engine *e, loom_comm_op *op, loom_er
         while (atomic_load_explicit(&op->state, memory_order_acquire) != LOOM_OP_DONE)
             pthread_cond_wait(&e->done, &e->mu);
         pthread_mutex_unlock(&e->mu);
-        e->comm.blocked_ms += loom_comm_now_ms() - t0;
+        const double waited_ms = loom_comm_now_ms() - t0;
+        e->comm.blocked_ms += waited_ms;
+        loom_progress_blocked_us((int64_t)(waited_ms * 1e3)); /* not compute (stragglers) */
     }
     atomic_store_explicit(&op->state, LOOM_OP_IDLE, memory_order_relaxed);
     return op_result(e, op, err);

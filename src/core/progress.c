@@ -139,6 +139,10 @@ void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op) {
     record_wait(comm, seq, op, 1);
 }
 
+void loom_progress_blocked_us(int64_t us) {
+    atomic_fetch_add_explicit(&g.blocked_us, us, memory_order_relaxed);
+}
+
 void loom_progress_comm_inflight(const char *comm, uint64_t seq, const char *op) {
     record_wait(comm, seq, op, 0);
 }

@@ -73,6 +73,9 @@ void loom_progress_comm_done(const char *comm);
  * communication engine: it waits for the oldest one in flight). Shown in heartbeats as a
  * wait, but not counted as time the training thread was blocked. */
 void loom_progress_comm_inflight(const char *comm, uint64_t seq, const char *op);
+/* The training thread was blocked for us microseconds waiting for communication that
+ * another thread drives (the engine's operations): subtracted from compute time. */
+void loom_progress_blocked_us(int64_t us);
 
 /* Reader (any thread). */
 void loom_progress_read(loom_progress_snapshot *s);
