@@ -1,63 +1,14 @@
-/* Vocabulary-parallel pieces: a rank holds rows [v0, v0 + V) of the embedding/head, so
- * it looks up only the tokens it owns and sees only columns [v0, v0 + V) of the logits.
+/* Vocabulary-parallel loss pieces: a rank holds rows [v0, v0 + V) of the embedding/head,
+ * so it sees only columns [v0, v0 + V) of the logits (its embedding lookups are the shard
+ * kernels of embedding.c).
  * The caller combines the per-rank partial results (sums, maxima) across the group; the
  * arithmetic per element is the same as the unsharded kernels', so one rank (v0 = 0, V =
  * full vocabulary) gives their results exactly. */
 #include "kernels/kernels.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "vecmath.h"
-
-void loom_embedding_forward_shard(float *out, const int32_t *tokens, const float *wte,
-                                  const float *wpe, int v0, int V, int B, int T, int C) {
-#pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        float *restrict o = out + (size_t)bt * C;
-        const int tok = tokens[bt] - v0;
-        const float *restrict p = wpe ? wpe + (size_t)(bt % T) * C : NULL;
-        if (tok >= 0 && tok < V) {
-            const float *restrict e = wte + (size_t)tok * C;
-            if (p)
-                for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
-            else
-                for (int c = 0; c < C; c++) o[c] = e[c];
-        } else if (p) {
-            for (int c = 0; c < C; c++) o[c] = p[c];
-        } else {
-            memset(o, 0, (size_t)C * sizeof *o);
-        }
-    }
-}
-
-#define LOOM_EMB_COLS 64
-
-void loom_embedding_backward_shard(float *dwte, float *dwpe, const float *dout,
-                                   const int32_t *tokens, int v0, int V, int B, int T, int C) {
-    int nblocks = (C + LOOM_EMB_COLS - 1) / LOOM_EMB_COLS;
-#pragma omp parallel for
-    for (int blk = 0; blk < nblocks; blk++) { /* disjoint channel slices: no races */
-        int c0 = blk * LOOM_EMB_COLS;
-        int nc = C - c0 < LOOM_EMB_COLS ? C - c0 : LOOM_EMB_COLS;
-        for (int bt = 0; bt < B * T; bt++) {
-            const int tok = tokens[bt] - v0;
-            if (tok < 0 || tok >= V) continue;
-            float *restrict d = dwte + (size_t)tok * C + c0;
-            const float *restrict g = dout + (size_t)bt * C + c0;
-            for (int j = 0; j < nc; j++) d[j] += g[j];
-        }
-    }
-    if (!dwpe) return;
-#pragma omp parallel for
-    for (int t = 0; t < T; t++) {
-        float *restrict d = dwpe + (size_t)t * C;
-        for (int b = 0; b < B; b++) {
-            const float *restrict g = dout + ((size_t)b * T + t) * C;
-            for (int c = 0; c < C; c++) d[c] += g[c];
-        }
-    }
-}
 
 LOOM_SIMD static void max_rows(float *maxes, const float *logits, int V, size_t lo, size_t hi) {
     for (size_t n = lo; n < hi; n++) maxes[n] = loom_max_f32(logits + n * V, V);
