@@ -71,6 +71,8 @@ static const opt_def OPTS[] = {
      "model chunks per pipeline rank (interleaved)"},
     {"pp-layers", OPT_STRING, TR(pp_layers), 256,
      "layers per pipeline stage, e.g. 3,5 (pp x virtual-stages counts; default even)"},
+    {"recompute", OPT_BOOL, TR(recompute), 0,
+     "activation recomputation: keep each layer's input only, redo its forward in backward"},
     {"pp-stats", OPT_STRING, TR(pp_stats), LOOM_PATH_MAX,
      "per-rank pipeline timers, JSON lines in FILE.rankN (benchmarks)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks (MoE): divides dp and n-experts"},

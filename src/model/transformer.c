@@ -51,27 +51,42 @@ static float *carve(carver *cv, size_t floats) {
     return p;
 }
 
+/* A block's forward activations except its output (res2); mlp: rows of the dense MLP's
+ * (0 for an MoE layer). */
+static void carve_block(const loom_model *m, const dims *d, carver *cv, loom_block_acts *a,
+                        size_t mlp) {
+    const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
+    a->norm1 = carve(cv, Ns * C);
+    a->norm1_mean = carve(cv, Ns);
+    a->norm1_rstd = carve(cv, Ns);
+    a->qkv = carve(cv, N * d->QKV);
+    a->att = carve(cv, N * d->A);
+    a->lse = carve(cv, (size_t)m->B * d->H * m->T);
+    a->res1 = carve(cv, Ns * C);
+    a->norm2 = carve(cv, Ns * C);
+    a->norm2_mean = carve(cv, Ns);
+    a->norm2_rstd = carve(cv, Ns);
+    a->fc = carve(cv, mlp * d->FC);
+    a->act = carve(cv, mlp * d->F);
+}
+
 static void plan(loom_model *m, carver *cv, int sequence_parallel) {
     const dims d = dims_of(m, sequence_parallel);
     const size_t N = (size_t)d.N, Ns = (size_t)d.Ns, C = d.C, F = d.F;
     const size_t QKV = d.QKV, FC = d.FC, A = d.A;
     m->embed = carve(cv, Ns * C);
+    /* recomputation: one block's activations for all layers (refilled before backward) */
+    loom_block_acts shared;
+    memset(&shared, 0, sizeof shared);
+    if (m->recompute && m->table.n_layer > 0) carve_block(m, &d, cv, &shared, N);
     for (int l = 0; l < m->table.n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
-        a->norm1 = carve(cv, Ns * C);
-        a->norm1_mean = carve(cv, Ns);
-        a->norm1_rstd = carve(cv, Ns);
-        a->qkv = carve(cv, N * QKV);
-        a->att = carve(cv, N * A);
-        a->lse = carve(cv, (size_t)m->B * d.H * m->T);
-        a->res1 = carve(cv, Ns * C);
-        a->norm2 = carve(cv, Ns * C);
-        a->norm2_mean = carve(cv, Ns);
-        a->norm2_rstd = carve(cv, Ns);
         /* MoE: the experts' activations live in model/moe.c */
         const size_t mlp = loom_model_layer_is_moe(&m->cfg, m->table.layer_ids[l]) ? 0 : N;
-        a->fc = carve(cv, mlp * FC);
-        a->act = carve(cv, mlp * F);
+        if (m->recompute)
+            *a = shared;
+        else
+            carve_block(m, &d, cv, a, mlp);
         a->res2 = carve(cv, Ns * C);
         /* split backward (zero-bubble W): the linears' output gradients, kept for W */
         const int split = m->split_backward;
@@ -116,8 +131,8 @@ loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, in
 }
 
 static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                loom_tp *tp, const loom_layer_set *layers, int split_backward,
-                                loom_comm *ep, loom_error *err);
+                                loom_tp *tp, const loom_layer_set *layers, int flags, loom_comm *ep,
+                                loom_error *err);
 
 loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_comm *ep, loom_error *err) {
@@ -125,9 +140,24 @@ loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, in
 }
 
 loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                    loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                    loom_tp *tp, const loom_layer_set *layers, int flags,
                                     loom_error *err) {
-    return create_model(m, cfg, B, T, tp, layers, split_backward, NULL, err);
+    return create_model(m, cfg, B, T, tp, layers, flags, NULL, err);
+}
+
+/* Sizes the arena for the current plan, allocates it and carves the pointers. */
+static loom_status allocate_arena(loom_model *m, loom_error *err) {
+    carver sizing = {NULL, 0};
+    plan(m, &sizing, seq_parallel(m));
+    m->arena_floats = sizing.used;
+    m->arena = aligned_alloc(64, m->arena_floats * sizeof(float));
+    if (!m->arena)
+        return loom_error_set(err, LOOM_ERR_NOMEM,
+                              "activations: cannot allocate %.1f MiB for micro-batch %d x %d",
+                              (double)sizing.used * 4 / (1 << 20), m->B, m->T);
+    carver real = {m->arena, 0};
+    plan(m, &real, seq_parallel(m));
+    return LOOM_OK;
 }
 
 static int whole_model(const loom_model_config *cfg, const loom_layer_set *layers) {
@@ -136,10 +166,11 @@ static int whole_model(const loom_model_config *cfg, const loom_layer_set *layer
 }
 
 static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                loom_tp *tp, const loom_layer_set *layers, int split_backward,
-                                loom_comm *ep, loom_error *err) {
+                                loom_tp *tp, const loom_layer_set *layers, int flags, loom_comm *ep,
+                                loom_error *err) {
     memset(m, 0, sizeof *m);
-    m->split_backward = split_backward;
+    m->split_backward = (flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
+    m->recompute = (flags & LOOM_MODEL_RECOMPUTE) != 0;
     m->cfg = *cfg;
     m->tp = tp;
     m->B = B;
@@ -165,23 +196,30 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
         loom_model_destroy(m);
         return st;
     }
+    if (m->recompute && cfg->n_experts > 0) {
+        loom_model_destroy(m);
+        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
+    }
     m->Ns = dims_of(m, seq_parallel(m)).Ns;
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
-    carver sizing = {NULL, 0};
-    if (m->blocks) plan(m, &sizing, seq_parallel(m));
-    m->arena_floats = sizing.used;
-    m->arena = m->blocks ? aligned_alloc(64, m->arena_floats * sizeof(float)) : NULL;
     m->inputs = malloc((size_t)B * T * sizeof *m->inputs);
     m->targets = malloc((size_t)B * T * sizeof *m->targets);
-    if (!m->arena || !m->inputs || !m->targets) {
+    if (!m->blocks || !m->inputs || !m->targets) {
         loom_model_destroy(m);
-        return loom_error_set(err, LOOM_ERR_NOMEM,
-                              "activations: cannot allocate %.1f MiB for micro-batch %d x %d",
-                              (double)sizing.used * 4 / (1 << 20), B, T);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
     }
-    carver real = {m->arena, 0};
-    plan(m, &real, seq_parallel(m));
-    return LOOM_OK;
+    if ((st = allocate_arena(m, err))) loom_model_destroy(m);
+    return st;
+}
+
+loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
+    if (on && m->cfg.n_experts > 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
+    if (m->recompute == (on != 0)) return LOOM_OK;
+    m->recompute = on != 0;
+    free(m->arena);
+    m->arena = NULL;
+    return allocate_arena(m, err);
 }
 
 void loom_model_destroy(loom_model *m) {
@@ -282,18 +320,18 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     return tp_reduce(m, part, m->embed);
 }
 
-/* Block l (local index) from input x; its output is m->blocks[l].res2. */
-static loom_status block_forward(loom_model *m, const dims *dd, const float *p, int l,
-                                 const float *x) {
+/* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
+ * caller has the block's parameters (recomputation runs it again inside backward). */
+static loom_status block_forward_body(loom_model *m, const dims *dd, const float *p, int l,
+                                      const float *x, const char *what) {
     const loom_model_config *c = &m->cfg;
     const dims d = *dd;
     const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
     const float *in;
-    loom_status st = hook(m, 0, l, 0);
-    if (st) return st;
-    loom_trace_begin(m->trace, "block", "forward");
+    loom_status st = LOOM_OK;
+    loom_trace_begin(m->trace, "block", what);
     norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, cat(p, k->norm1_b),
                  Ns);
     if (!(st = tp_gather(m, a->norm1, &in))) {
@@ -320,6 +358,13 @@ static loom_status block_forward(loom_model *m, const dims *dd, const float *p, 
     }
     if (!st) loom_add(a->res2, a->res2, a->res1, (size_t)Ns * C);
     loom_trace_end(m->trace);
+    return st;
+}
+
+static loom_status block_forward(loom_model *m, const dims *d, const float *p, int l,
+                                 const float *x) {
+    loom_status st = hook(m, 0, l, 0);
+    if (!st) st = block_forward_body(m, d, p, l, x, "forward");
     return st ? st : hook(m, 1, l, 0);
 }
 
@@ -450,6 +495,8 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     float *dfc = split ? a->d_fc : m->dfc, *dqkv = split ? a->d_qkv : m->dqkv;
     const float *dn, *dy;
     loom_status st = hook(m, 0, l, 1);
+    /* recomputation: the block's activations again, from its kept input */
+    if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, "recompute");
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
     /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: the
@@ -501,13 +548,16 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     return st ? st : hook(m, 1, l, 1);
 }
 
-/* W of block l: the weight gradients of its four linears from what B kept. */
-static loom_status block_backward_weight(loom_model *m, const dims *d, float *g, int l) {
+/* W of block l: the weight gradients of its four linears from what B kept (with
+ * recomputation, the linears' inputs are recomputed from the block's input x first). */
+static loom_status block_backward_weight(loom_model *m, const dims *d, const float *p, float *g,
+                                         int l, const float *x) {
     const loom_block_params *k = &m->table.blocks[l];
     const loom_block_acts *a = &m->blocks[l];
     const int N = d->N, C = d->C;
+    loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, "recompute") : LOOM_OK;
+    if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
-    loom_status st = LOOM_OK;
     if (!k->moe) { /* MoE: done in B */
         loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
         st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
@@ -571,10 +621,12 @@ loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, 
     return st;
 }
 
-loom_status loom_model_blocks_backward_weight(loom_model *m, float *g, int lo, int hi) {
+loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
+                                              int hi, const float *x) {
     const dims d = dims_of(m, seq_parallel(m));
     loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) st = block_backward_weight(m, &d, g, l);
+    for (int l = hi - 1; l >= lo && !st; l--)
+        st = block_backward_weight(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
     return st;
 }
 

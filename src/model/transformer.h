@@ -61,6 +61,11 @@ typedef struct {
     int32_t *inputs, *targets; /* [N] each */
     loom_moe *moe;             /* NULL for a dense model (model/moe.h) */
     int split_backward;        /* 1: backward in B (input) and W (weight) parts */
+    /* 1: activation recomputation: the arena keeps only each block's output (the next
+     * block's input) per layer, the other activations are one block's worth shared by
+     * all layers, refilled by re-running the block's forward right before its backward
+     * (and before W under split backward). Same kernels, same order: bitwise identical. */
+    int recompute;
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;
@@ -77,6 +82,8 @@ loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, in
  * group ep (NULL or size 1: all of them); tokens are dispatched over ep. */
 loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
                                  loom_tp *tp, loom_comm *ep, loom_error *err);
+/* Turns activation recomputation on or off and plans the arena again (before use). */
+loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err);
 /* Activation bytes the arena would need with sequence parallelism on or off (for the
  * start-up report). */
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);
@@ -106,10 +113,13 @@ loom_status loom_model_backward(loom_model *m, const float *params, float *grads
 /* Pipeline stages (src/pipeline/): a model holding only `layers` (its registry has only
  * those tensors, under their global names; layers NULL = all), and the pieces of forward
  * and backward a stage runs. Layer indices lo..hi are local (table.layer_ids maps them to
- * global ones). split_backward 1 splits block and head backward into B (input gradients,
- * sent upstream at once) and W (weight gradients, later), keeping what W needs. */
+ * global ones). LOOM_MODEL_SPLIT_BACKWARD splits block and head backward into B (input
+ * gradients, sent upstream at once) and W (weight gradients, later), keeping what W needs;
+ * LOOM_MODEL_RECOMPUTE plans the arena for recomputation (see `recompute`). */
+#define LOOM_MODEL_SPLIT_BACKWARD 1
+#define LOOM_MODEL_RECOMPUTE 2
 loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                    loom_tp *tp, const loom_layer_set *layers, int split_backward,
+                                    loom_tp *tp, const loom_layer_set *layers, int flags,
                                     loom_error *err);
 /* m->inputs -> m->embed. */
 loom_status loom_model_embed_forward(loom_model *m, const float *params);
@@ -124,8 +134,10 @@ loom_status loom_model_head_backward(loom_model *m, const float *params, float *
 /* m->dres = d(output of block hi-1) -> m->dres = d(x), x the input of block lo. */
 loom_status loom_model_blocks_backward(loom_model *m, const float *params, float *grads, int lo,
                                        int hi, const float *x);
-/* W parts (split_backward models, after the matching B). */
-loom_status loom_model_blocks_backward_weight(loom_model *m, float *grads, int lo, int hi);
+/* W parts (split_backward models, after the matching B); x: the input of block lo, as
+ * for B (recomputation runs the blocks' forward again). */
+loom_status loom_model_blocks_backward_weight(loom_model *m, const float *params, float *grads,
+                                              int lo, int hi, const float *x);
 loom_status loom_model_head_backward_weight(loom_model *m, float *grads);
 /* Embedding gradient from m->dres = d(embed). */
 loom_status loom_model_embed_backward(loom_model *m, float *grads);

@@ -134,7 +134,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         return st || split ? st : chunk_done(x, a->chunk);
     }
     /* W: the weight gradients B left for later */
-    st = loom_model_blocks_backward_weight(mod, x->grads, lo, hi);
+    st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in);
     if (!st && vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->grads);
     return st ? st : chunk_done(x, a->chunk);

@@ -52,6 +52,8 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
     const int pp = tc->layout.pp, v = tc->virtual_stages;
     loom_pp_kind kind;
     loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
+    if (!st && tc->recompute && mc->n_experts > 0) /* with or without pipelining */
+        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
     if (st || pp <= 1) {
         if (!st && v != 1)
             return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: needs --pp > 1", v);
@@ -65,6 +67,11 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
         return loom_error_set(err, LOOM_ERR_INPUT, "--pp %d: at most %d", pp, LOOM_PP_MAX_STAGES);
     if ((st = split_layers(mc, tc, pp, v, counts, err))) return st;
     const int m = dp >= 1 ? tc->global_batch / dp / tc->micro_batch : 0;
+    /* W recomputes a block's forward after ZeRO-3 has released its parameters */
+    if (tc->recompute && kind == LOOM_PP_ZB && tc->zero == 3)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--recompute with --pp-schedule zb: not with --zero 3 yet (use "
+                              "--zero 1 or 2, or another schedule)");
     return loom_pp_schedule_check(kind, pp, m, v, err);
 }
 
@@ -153,7 +160,10 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
         if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
     for (int k = 0; k < pl->n_slots; k++)
         if ((st = loom_model_create_stage(pl->slots[k], mc, tc->micro_batch, mc->seq_len, tp,
-                                          &pl->layers, pl->train.split, err)))
+                                          &pl->layers,
+                                          (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
+                                              (tc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
+                                          err)))
             return st;
     pl->act_floats = (size_t)model->Ns * mc->d_model;
     const size_t msgs = 2 * (size_t)pl->v * pl->m;
@@ -213,9 +223,10 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
     for (int c = 0; c < pl->layers.n_chunks; c++)
         fprintf(f, " [%d, %d)", pl->layers.lo[c], pl->layers.hi[c]);
     fprintf(f,
-            ", %d micro-batch(es) in flight (activations %d x %.1f MiB = %.1f MiB; "
+            ", %d micro-batch(es) in flight (activations%s %d x %.3f MiB = %.3f MiB; "
             "message buffers %.1f MiB)\n",
-            pl->n_slots, pl->n_slots, one / MiB, pl->n_slots * one / MiB,
+            pl->n_slots, pl->slots[0]->recompute ? " with recomputation" : "", pl->n_slots,
+            one / MiB, pl->n_slots * one / MiB,
             4.0 * pl->v * pl->m * pl->act_floats * sizeof(float) / MiB);
 }
 

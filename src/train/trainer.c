@@ -447,6 +447,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
          st = r.pipelined ? loom_pipeline_create(&r.pipe, mc, tc, mesh, &r.tp, &r.model, err)
                           : loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep,
                                                  err)) ||
+        (st = loom_model_set_recompute(&r.model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
         run_free(&r);

@@ -50,6 +50,7 @@ typedef struct {
     int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
     char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
+    int recompute;                  /* keep only each layer's input, recompute in backward */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */

@@ -4,7 +4,9 @@
 For both families (8 layers, Llama with 4 query / 2 key-value heads), trains on one
 process, then under mpirun with pp in {2, 4} x every schedule (gpipe, 1f1b, interleaved
 with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 1 and ZeRO 3)
-and pp 2 x tp 2 (sequence parallel), from the same seed and data. Checks that every
+and pp 2 x tp 2 (sequence parallel), from the same seed and data; and with --recompute
+(one process, pp 2 with 1f1b and zb, with ZeRO-3, with tp 2 + sequence parallelism),
+which must also be bitwise the same layout without recomputation. Checks that every
 per-step loss, the validation losses and the final weights (gathered from the stages to
 rank 0 by --dump-dir and --save-weights) equal the single-process run: whole-model
 relative error <= 1e-5, every tensor <= 1e-4 (the criterion of test_layouts_tp.py), and
@@ -42,6 +44,14 @@ LAYOUTS = [
     ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule", "zb"]),
     ("pp2_tp2_interleaved", 4, ["--pp", "2", "--tp", "2", "--pp-schedule", "interleaved",
                                 "--virtual-stages", "2"]),
+    # activation recomputation: bitwise the run without it (4th field), and equivalent
+    ("single_recompute", 1, ["--recompute"], "single"),
+    ("pp2_1f1b_recompute", 2, ["--pp", "2", "--pp-schedule", "1f1b", "--recompute"], "pp2_1f1b"),
+    ("pp2_zb_recompute", 2, ["--pp", "2", "--pp-schedule", "zb", "--recompute"], "pp2_zb"),
+    ("pp2_dp2_zero3_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--recompute"],
+     "pp2_dp2_zero3"),
+    ("pp2_tp2_sp_zb_recompute", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel",
+                                    "--pp-schedule", "zb", "--recompute"], "pp2_tp2_sp_zb"),
 ]
 
 
@@ -77,10 +87,17 @@ def main():
 
             ref_losses, ref_params, ref_init = train("single", 1, [])
             print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
-            for name, ranks, extra in LAYOUTS:
+            done = {"single": (ref_losses, ref_params)}
+            for name, ranks, extra, *same_as in LAYOUTS:
                 weights = os.path.join(tmp, f"{family}_{name}.safetensors")
                 got_losses, got_params, got_init = train(name, ranks,
                                                          extra + ["--save-weights", weights])
+                done[name] = (got_losses, got_params)
+                bitwise = True
+                if same_as:  # the same layout without recomputation: bitwise equal
+                    want_losses, want_params = done[same_as[0]]
+                    bitwise = got_losses == want_losses and set(got_params) == set(want_params) \
+                        and all(np.array_equal(got_params[k], want_params[k]) for k in want_params)
                 loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
                 names = sorted(ref_params)
                 same_names = set(got_params) == set(ref_params)
@@ -96,13 +113,16 @@ def main():
                 saved_same = set(saved) == set(got_params) and all(
                     np.array_equal(saved[k], got_params[k]) for k in saved)
                 ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and all_err <= TOL
-                      and w_err <= 10 * TOL and same_names and init_same and saved_same)
+                      and w_err <= 10 * TOL and same_names and init_same and saved_same
+                      and bitwise)
                 failures += not ok
                 checks += 1
-                print(f"  {name:20s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
+                print(f"  {name:24s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
                       f"worst tensor {w_err:.2e} ({w_name})  init "
                       f"{'identical' if init_same else 'DIFFERS'}  saved "
-                      f"{'= final' if saved_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
+                      f"{'= final' if saved_same else 'DIFFERS'}"
+                      + (f"  {'bitwise =' if bitwise else 'NOT bitwise'} {same_as[0]}"
+                         if same_as else "") + f"  {'ok' if ok else 'FAIL'}")
     finally:
         if failures:
             print(f"kept {tmp} (seed {seed})")
