@@ -60,55 +60,31 @@ static void push(work *w, int *n, loom_pp_op op, int chunk, int mb) {
     (*n)++;
 }
 
-/* ZB-H1 by list scheduling with unit times: a free stage runs, in this order of
- * preference, the oldest W if more than pp - rank - 1 are deferred, a ready B, a ready F
- * while fewer than pp - rank micro-batches wait for their B (1F1B's limit), else the
- * oldest pending W (filling what would be bubble). */
+/* ZB-H1 (Qi et al. 2023, handcrafted): stage r runs 1F1B's warm-up of pp - r - 1
+ * forwards, then r F/B pairs with their W deferred, then F/B/W triples until the
+ * forwards are done, B/W pairs for the remaining backwards, and the r deferred W's last,
+ * where 1F1B's cooldown would idle. A micro-batch is held from F to W: at most pp on every
+ * stage (warm-up + deferred = pp - 1, plus the one in the steady state), 1F1B's stage-0
+ * bound. Needs m >= pp (checked). */
 static void build_zb(work **w, int *n, int pp, int m) {
-    int nf[LOOM_PP_MAX_STAGES] = {0}, nb[LOOM_PP_MAX_STAGES] = {0}, nw[LOOM_PP_MAX_STAGES] = {0};
-    /* done_f[r][i] / done_b[r][i]: time step at which it finished (-1: not yet) */
-    int *done_f = malloc(sizeof(int) * (size_t)pp * m), *done_b = malloc(sizeof(int) * pp * m);
-    for (int i = 0; i < pp * m; i++) done_f[i] = done_b[i] = -1;
-    int remaining = 3 * pp * m;
-    for (int t = 0; remaining > 0; t++) {
-        for (int r = 0; r < pp; r++) {
-            int did = 0;
-            /* at most pp - rank - 1 W deferred: beyond that the oldest W runs first */
-            if (nb[r] - nw[r] > pp - 1 && done_b[r * m + nw[r]] <= t) {
-                push(w[r], &n[r], LOOM_PP_W, 0, nw[r]);
-                nw[r]++;
-                did = 1;
-            }
-            if (!did && nb[r] < nf[r]) { /* B of micro-batch nb[r] ready? */
-                const int i = nb[r];
-                int dep = r == pp - 1 ? done_f[r * m + i] : done_b[(r + 1) * m + i];
-                if (dep >= 0 && dep <= t) {
-                    push(w[r], &n[r], LOOM_PP_B, 0, i);
-                    done_b[r * m + i] = t + 1;
-                    nb[r]++;
-                    did = 1;
-                }
-            }
-            if (!did && nf[r] < m && nf[r] - nb[r] < pp - r) {
-                const int i = nf[r];
-                int dep = r == 0 ? 0 : done_f[(r - 1) * m + i];
-                if (dep >= 0 && dep <= t) {
-                    push(w[r], &n[r], LOOM_PP_F, 0, i);
-                    done_f[r * m + i] = t + 1;
-                    nf[r]++;
-                    did = 1;
-                }
-            }
-            if (!did && nw[r] < nb[r] && done_b[r * m + nw[r]] <= t) {
-                push(w[r], &n[r], LOOM_PP_W, 0, nw[r]);
-                nw[r]++;
-                did = 1;
-            }
-            remaining -= did;
+    for (int r = 0; r < pp; r++) {
+        int f = 0, b = 0, wt = 0;
+        for (int k = 0; k < pp - r - 1 && f < m; k++) push(w[r], &n[r], LOOM_PP_F, 0, f++);
+        for (int k = 0; k < r && f < m; k++) {
+            push(w[r], &n[r], LOOM_PP_F, 0, f++);
+            push(w[r], &n[r], LOOM_PP_B, 0, b++);
         }
+        while (f < m) {
+            push(w[r], &n[r], LOOM_PP_F, 0, f++);
+            push(w[r], &n[r], LOOM_PP_B, 0, b++);
+            push(w[r], &n[r], LOOM_PP_W, 0, wt++);
+        }
+        while (b < m) {
+            push(w[r], &n[r], LOOM_PP_B, 0, b++);
+            push(w[r], &n[r], LOOM_PP_W, 0, wt++);
+        }
+        while (wt < m) push(w[r], &n[r], LOOM_PP_W, 0, wt++);
     }
-    free(done_f);
-    free(done_b);
 }
 
 loom_status loom_pp_schedule_build(loom_pp_schedule *s, loom_pp_kind kind, int pp, int m, int v,

@@ -7,9 +7,9 @@
  *   gpipe: all forwards, then all backwards.
  *   1f1b:  warm-up of pp - rank - 1 forwards, then one forward / one backward.
  *   interleaved: Megatron's interleaved 1F1B (m a multiple of pp).
- *   zb:    ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): 1F1B's order and
- *          memory limit, with W split off and deferred into the bubbles (built by list
- *          scheduling with unit F/B/W times). */
+ *   zb:    ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"), the handcrafted
+ *          schedule: 1F1B's warm-up, then F/B with stage r's first r W's deferred into
+ *          the cooldown; at most pp micro-batches held per stage (1F1B's stage-0 bound). */
 #ifndef LOOM_PIPELINE_SCHEDULE_H
 #define LOOM_PIPELINE_SCHEDULE_H
 

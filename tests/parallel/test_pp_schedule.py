@@ -6,8 +6,10 @@ action lists and checks, independently of loom's own simulator: each (chunk, mic
 has its F, B (and W when split) exactly once per stage; no B before its F, no W before
 its B; every receive has exactly one matching send on the peer; executing the lists with
 blocking receives and non-blocking sends terminates (no deadlock), so every send comes
-before its matching receive completes; 1F1B holds at most pp micro-batches on stage 0;
-the simulated bubble is below 1F1B's for zb and the theoretical one for gpipe/1f1b.
+before its matching receive completes; 1F1B holds at most pp micro-batches on stage 0,
+zb (ZB-H1) at most pp on every stage; the bubble (loom's simulation, and a unit-time
+replay here) is the theoretical one for gpipe/1f1b, (p-1)/(3m+p-1) for zb (F = B = W),
+below 1F1B's.
 Bad input (micro-batches < pp, virtual stages without interleaved) exits 2 naming the flag.
 Usage: test_pp_schedule.py --loom PATH [--seed S]
 """
@@ -106,6 +108,36 @@ def check(stages, pp, m, v, split):
     return errs
 
 
+def unit_bubble(stages, pp, split):
+    """Stage 0's idle fraction replaying the lists with F = B = W = 1 (B = 2 when W is
+    inside it), moves free: computed here, independently of loom's simulator."""
+    clock = {r: 0.0 for r in stages}
+    busy = {r: 0.0 for r in stages}
+    ptr = {r: 0 for r in stages}
+    sent = {}
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in stages.items():
+            while ptr[r] < len(acts):
+                op, mb, ch, peer = acts[ptr[r]]
+                vs = ch * pp + r
+                if op in ("ra", "rg"):
+                    if (op[1], vs, mb) not in sent:
+                        break
+                    clock[r] = max(clock[r], sent[(op[1], vs, mb)])
+                elif op in ("sa", "sg"):
+                    sent[(op[1], vs + (1 if op == "sa" else -1), mb)] = clock[r]
+                else:
+                    d = 2.0 if op == "B" and not split else 1.0
+                    clock[r] += d
+                    busy[r] += d
+                ptr[r] += 1
+                progress = True
+    span = max(clock.values())
+    return 1 - busy[0] / span
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -142,6 +174,16 @@ def main():
             errs.append(f"bubble {bubble[0]:.3f} above theory {theory:.3f}")
         if kind == "1f1b" and flight[0] > pp:
             errs.append(f"stage 0 holds {flight[0]} micro-batches (> pp {pp})")
+        if kind == "zb" and max(flight) > pp:  # ZB-H1: 1F1B's bound, on every stage
+            errs.append(f"zb holds {flight} micro-batches per stage (> pp {pp})")
+        if kind == "zb" and not errs:  # ZB-H1 at F = B = W: (p-1)/(3m+p-1), a third of 1F1B's
+            zb_theory = (pp - 1) / (3 * m + pp - 1)
+            mine = unit_bubble(stages, pp, True)
+            if abs(mine - zb_theory) > 1e-9 or abs(bubble[0] - zb_theory) > 1e-3:
+                errs.append(f"zb bubble {mine:.4f} (loom: {bubble[0]:.3f}) != ZB-H1's "
+                            f"{zb_theory:.4f}")
+        if kind in ("gpipe", "1f1b") and not errs and abs(unit_bubble(stages, pp, False) - theory) > 1e-9:
+            errs.append(f"replayed bubble != theory {theory:.4f}")
         bubbles[(kind, pp, m, v)] = bubble[0]
         failures += bool(errs)
         for e in errs:
