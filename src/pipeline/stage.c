@@ -7,7 +7,41 @@
 #include "kernels/kernels.h"
 #include "pipeline/pipeline.h"
 
-/* Layers per virtual stage from --pp-layers or an even split. */
+/* Multiply-adds per token of a block's forward and of the head's (final norm, logits and
+ * loss), the model's compute the partition balances (backward scales the same way). */
+static double block_cost(const loom_model_config *mc) {
+    const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len;
+    const double qkv = C * (mc->n_head + 2.0 * mc->n_kv_head) * hd;
+    const double mlp = (mc->family == LOOM_FAMILY_GPT2 ? 2.0 : 3.0) * C * mc->d_ff;
+    return qkv + C * C + T * C /* causal attention: QK^T and PV over T/2 keys */ + mlp;
+}
+static double head_cost(const loom_model_config *mc) {
+    return (double)mc->d_model * mc->vocab_size + 4.0 * mc->vocab_size; /* logits, softmax */
+}
+
+/* The default split (no --pp-layers): one layer per stage, then each further layer to the
+ * stage with the least work after taking it (the first on ties), counting the head's
+ * work on the last stage (as Megatron's --account-for-loss-in-pipeline-split does; the
+ * embedding is a lookup and counts nothing). Minimises the slowest stage; even when the
+ * layers divide evenly and the head is cheaper than one layer. */
+static void balance_layers(const loom_model_config *mc, int S, int *counts) {
+    const double layer = block_cost(mc), head = head_cost(mc) / layer; /* in layers */
+    for (int s = 0; s < S; s++) counts[s] = 1;
+    for (int left = mc->n_layer - S; left > 0; left--) {
+        int best = 0;
+        double best_load = 0;
+        for (int s = 0; s < S; s++) {
+            const double load = counts[s] + 1 + (s == S - 1 ? head : 0.0);
+            if (s == 0 || load < best_load - 1e-9) {
+                best = s;
+                best_load = load;
+            }
+        }
+        counts[best]++;
+    }
+}
+
+/* Layers per virtual stage from --pp-layers or the balanced split. */
 static loom_status split_layers(const loom_model_config *mc, const loom_train_config *tc, int pp,
                                 int v, int *counts, loom_error *err) {
     const int S = pp * v, L = mc->n_layer;
@@ -17,12 +51,7 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
                               "(each stage needs at least one layer)",
                               pp, v, S, L);
     if (!tc->pp_layers[0]) {
-        if (L % S != 0)
-            return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "--n-layer %d: not divisible by --pp %d x --virtual-stages %d = "
-                                  "%d stages (give --pp-layers with %d counts)",
-                                  L, pp, v, S, S);
-        for (int s = 0; s < S; s++) counts[s] = L / S;
+        balance_layers(mc, S, counts);
         return LOOM_OK;
     }
     int n = 0, sum = 0;
@@ -218,8 +247,11 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
     const double one = (double)loom_model_activation_bytes(pl->slots[0]);
     fprintf(f,
             "loom: pipeline %d stages x %d chunk(s), schedule %s, %d micro-batches per step; "
-            "stage 0: layers",
-            pl->pp, pl->v, loom_pp_kind_name(pl->train.kind), pl->m);
+            "layers per stage %s",
+            pl->pp, pl->v, loom_pp_kind_name(pl->train.kind), pl->m,
+            pl->tc->pp_layers[0] ? "(--pp-layers)" : "(balanced, head counted)");
+    for (int s = 0; s < pl->S; s++) fprintf(f, "%s%d", s ? "," : " ", pl->counts[s]);
+    fprintf(f, "; stage 0: layers");
     for (int c = 0; c < pl->layers.n_chunks; c++)
         fprintf(f, " [%d, %d)", pl->layers.lo[c], pl->layers.hi[c]);
     fprintf(f,
