@@ -19,8 +19,8 @@ static double head_cost(const loom_model_config *mc) {
     return (double)mc->d_model * mc->vocab_size + 4.0 * mc->vocab_size; /* logits, softmax */
 }
 
-/* The default split (no --pp-layers): one layer per stage, then each further layer to the
- * stage with the least work after taking it (the first on ties), counting the head's
+/* The default split without --pp-layers and interleaving: one layer per stage, then each further
+ * layer to the stage with the least work after taking it (the first on ties), counting the head's
  * work on the last stage (as Megatron's --account-for-loss-in-pipeline-split does; the
  * embedding is a lookup and counts nothing). Minimises the slowest stage; even when the
  * layers divide evenly and the head is cheaper than one layer. */
@@ -41,7 +41,8 @@ static void balance_layers(const loom_model_config *mc, int S, int *counts) {
     }
 }
 
-/* Layers per virtual stage from --pp-layers or the balanced split. */
+/* Layers per virtual stage from --pp-layers, the balanced split (v = 1) or an even one
+ * (interleaved). */
 static loom_status split_layers(const loom_model_config *mc, const loom_train_config *tc, int pp,
                                 int v, int *counts, loom_error *err) {
     const int S = pp * v, L = mc->n_layer;
@@ -50,8 +51,18 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
                               "--pp %d x --virtual-stages %d = %d stages: more than --n-layer %d "
                               "(each stage needs at least one layer)",
                               pp, v, S, L);
-    if (!tc->pp_layers[0]) {
+    if (!tc->pp_layers[0] && v == 1) {
         balance_layers(mc, S, counts);
+        return LOOM_OK;
+    }
+    if (!tc->pp_layers[0]) { /* interleaved: equal chunks, as Megatron's */
+        if (L % S != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--n-layer %d: not divisible by --pp %d x --virtual-stages %d = "
+                                  "%d model chunks (interleaved splits evenly; give --pp-layers "
+                                  "with %d counts)",
+                                  L, pp, v, S, S);
+        for (int s = 0; s < S; s++) counts[s] = L / S;
         return LOOM_OK;
     }
     int n = 0, sum = 0;

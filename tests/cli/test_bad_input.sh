@@ -91,6 +91,8 @@ expect "moe chunks dense" "--moe-chunks 2: needs a mixture-of-experts model" -- 
 expect "moe ep zero" "--zero 1 with --ep 2: expert parallelism supports ZeRO-0 only" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --zero 1
 expect "moe tp" "--tp 2 with --n-experts 4: mixture-of-experts layers do not run tensor-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2
 expect "moe pp" "--pp 2 with --n-experts 4: mixture-of-experts layers do not run pipeline-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2
+expect "pp chunks divide layers" "--n-layer 6: not divisible by --pp 2 x --virtual-stages 2 = 4 model chunks" -- train "${BASE[@]}" --data "$GOOD" --n-layer 6 --pp 2 --pp-schedule interleaved --virtual-stages 2 --global-batch 4
+expect "pp more stages than layers" "--pp 2 x --virtual-stages 1 = 2 stages: more than --n-layer 1" -- train "${BASE[@]}" --data "$GOOD" --pp 2 --global-batch 4
 expect "recompute moe" "--recompute: not with --n-experts yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --recompute
 expect "recompute zb zero3" "--recompute with --pp-schedule zb: not with --zero 3 yet" -- train "${BASE[@]}" --data "$GOOD" --n-layer 2 --pp 2 --dp 2 --zero 3 --pp-schedule zb --recompute --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
