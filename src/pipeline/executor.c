@@ -13,12 +13,12 @@ static double thread_cpu_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* Message buffer of (gradient?, chunk, micro-batch). */
-static float *buf_of(const loom_pipeline *pl, float *base, int grad, int chunk, int mb) {
-    return base + (((size_t)grad * pl->v + chunk) * pl->m + mb) * pl->act_floats;
+/* The message buffers of a slot: (gradient?, slot, chunk). */
+static size_t msg_index(const loom_pipeline *pl, int grad, int slot, int chunk) {
+    return ((size_t)grad * pl->n_slots + slot) * pl->v + chunk;
 }
-static size_t msg_index(const loom_pipeline *pl, int grad, int chunk, int mb) {
-    return ((size_t)grad * pl->v + chunk) * pl->m + mb;
+static float *buf_of(const loom_pipeline *pl, float *base, int grad, int slot, int chunk) {
+    return base + msg_index(pl, grad, slot, chunk) * pl->act_floats;
 }
 
 /* Inputs and targets of micro-batch mb (sequences [mb M, (mb+1) M) of the rank's slice). */
@@ -33,7 +33,7 @@ static void load_tokens(loom_model *mod, const int32_t *batch, int mb, int M, in
 typedef struct {
     loom_pipeline *pl;
     const loom_pp_schedule *s;
-    const int *slot_of;
+    const int *slot_of, *post_after;
     const float *params;
     float *grads;
     const int32_t *batch;
@@ -96,12 +96,23 @@ static loom_status report_ready(step_ctx *x) {
     return st;
 }
 
+/* The slot's outgoing buffer (gradient?, chunk), once its previous message has left:
+ * that one belonged to the slot's previous micro-batch, whose receiver has (activations:
+ * its backward came back) or has posted (gradients) the matching receive. */
+static loom_status send_buffer(step_ctx *x, int grad, int slot, int chunk, float **buf) {
+    loom_pipeline *pl = x->pl;
+    *buf = buf_of(pl, pl->send_buf, grad, slot, chunk);
+    return loom_comm_wait(&pl->send_h[msg_index(pl, grad, slot, chunk)], x->err);
+}
+
 static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     loom_pipeline *pl = x->pl;
-    loom_model *mod = pl->slots[x->slot_of[a->mb]];
+    const int slot = x->slot_of[a->mb];
+    loom_model *mod = pl->slots[slot];
     const int vs = a->chunk * pl->pp + rank, lo = pl->chunk_lo[a->chunk],
               hi = pl->chunk_hi[a->chunk];
-    const float *in = vs == 0 ? mod->embed : buf_of(pl, pl->recv_buf, 0, a->chunk, a->mb);
+    const float *in = vs == 0 ? mod->embed : buf_of(pl, pl->recv_buf, 0, slot, a->chunk);
+    float *send;
     const float *out = mod->blocks[hi - 1].res2;
     loom_status st = LOOM_OK;
     if (a->op == LOOM_PP_F) {
@@ -113,9 +124,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
             if (!(st = loom_model_head_forward(mod, x->params, out)))
                 st = loom_model_loss_sum(mod, x->dloss, x->backward, &s);
             x->loss_sum += s;
-        } else if (!st) {
-            memcpy(buf_of(pl, pl->send_buf, 0, a->chunk, a->mb), out,
-                   pl->act_floats * sizeof(float));
+        } else if (!st && !(st = send_buffer(x, 0, slot, a->chunk, &send))) {
+            memcpy(send, out, pl->act_floats * sizeof(float));
         }
         return st;
     }
@@ -124,12 +134,11 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (vs == pl->S - 1)
             st = loom_model_head_backward(mod, x->params, x->grads, out);
         else
-            memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, a->chunk, a->mb),
+            memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, slot, a->chunk),
                    pl->act_floats * sizeof(float));
         if (!st) st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in);
-        if (!st && vs > 0)
-            memcpy(buf_of(pl, pl->send_buf, 1, a->chunk, a->mb), mod->dres,
-                   pl->act_floats * sizeof(float));
+        if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send)))
+            memcpy(send, mod->dres, pl->act_floats * sizeof(float));
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->grads);
         return st || split ? st : chunk_done(x, a->chunk);
     }
@@ -138,6 +147,23 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     if (!st && vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->grads);
     return st ? st : chunk_done(x, a->chunk);
+}
+
+/* Posts every receive of micro-batch mb into its slot's buffers. */
+static loom_status post_receives(step_ctx *x, int mb) {
+    loom_pipeline *pl = x->pl;
+    const loom_pp_schedule *s = x->s;
+    const int r = pl->rank, slot = x->slot_of[mb];
+    loom_status st = LOOM_OK;
+    for (int j = 0; j < s->n[r] && !st; j++) {
+        const loom_pp_action *a = &s->acts[r][j];
+        if (a->mb != mb || (a->op != LOOM_PP_RECV_ACT && a->op != LOOM_PP_RECV_GRAD)) continue;
+        const int grad = a->op == LOOM_PP_RECV_GRAD;
+        st = loom_comm_irecv(pl->comm, buf_of(pl, pl->recv_buf, grad, slot, a->chunk),
+                             pl->act_floats, a->peer, loom_pp_message_tag(s, r, a),
+                             &pl->recv_h[msg_index(pl, grad, slot, a->chunk)], x->err);
+    }
+    return st;
 }
 
 static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
@@ -152,29 +178,25 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
         pl->slots[k]->trace = pl->slots[0]->trace;
     }
     if (fsdp && (st = loom_fsdp_begin_micro_batch(fsdp, err))) return st;
-    /* Every receive of the step is posted now, into its own buffer. */
-    for (int j = 0; j < n && !st; j++) {
-        const loom_pp_action *a = &acts[j];
-        if (a->op != LOOM_PP_RECV_ACT && a->op != LOOM_PP_RECV_GRAD) continue;
-        const int grad = a->op == LOOM_PP_RECV_GRAD;
-        st = loom_comm_irecv(pl->comm, buf_of(pl, pl->recv_buf, grad, a->chunk, a->mb),
-                             pl->act_floats, a->peer, loom_pp_message_tag(s, r, a),
-                             &pl->recv_h[msg_index(pl, grad, a->chunk, a->mb)], err);
-    }
+    /* The receives of the micro-batches whose slots are free at the start. */
+    for (int i = 0; i < s->m && !st; i++)
+        if (x->post_after[i] < 0) st = post_receives(x, i);
+    const size_t n_msgs = 2 * (size_t)pl->n_slots * pl->v;
     double busy_wall = 0, busy_cpu = 0, t_start = loom_now_ms();
     for (int j = 0; j < n && !st; j++) {
         const loom_pp_action *a = &acts[j];
         const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
+        const int slot = x->slot_of[a->mb];
         loom_comm_handle *h = NULL;
         switch (a->op) {
         case LOOM_PP_RECV_ACT:
         case LOOM_PP_RECV_GRAD:
-            st = loom_comm_wait(&pl->recv_h[msg_index(pl, grad, a->chunk, a->mb)], err);
+            st = loom_comm_wait(&pl->recv_h[msg_index(pl, grad, slot, a->chunk)], err);
             break;
         case LOOM_PP_SEND_ACT:
         case LOOM_PP_SEND_GRAD:
-            h = &pl->send_h[msg_index(pl, grad, a->chunk, a->mb)];
-            st = loom_comm_isend(pl->comm, buf_of(pl, pl->send_buf, grad, a->chunk, a->mb),
+            h = &pl->send_h[msg_index(pl, grad, slot, a->chunk)];
+            st = loom_comm_isend(pl->comm, buf_of(pl, pl->send_buf, grad, slot, a->chunk),
                                  pl->act_floats, a->peer, loom_pp_message_tag(s, r, a), h, err);
             break;
         default: {
@@ -191,25 +213,19 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
             busy_cpu += c;
             busy_wall += loom_now_ms() - w0;
             if (s == &pl->train) pl->act_cpu_ms[j] = c;
+            /* a slot freed here: its next micro-batch's receives */
+            for (int i = 0; i < s->m && !st; i++)
+                if (x->post_after[i] == j) st = post_receives(x, i);
         }
         }
         /* let MPI move the sends in flight */
-        for (int q = 0; q < j && !st && (a->op <= LOOM_PP_W); q++) {
-            const loom_pp_action *b = &acts[q];
-            if (b->op != LOOM_PP_SEND_ACT && b->op != LOOM_PP_SEND_GRAD) continue;
+        for (size_t q = 0; q < n_msgs && !st && a->op <= LOOM_PP_W; q++) {
             int done;
-            loom_comm_handle *sh =
-                &pl->send_h[msg_index(pl, b->op == LOOM_PP_SEND_GRAD, b->chunk, b->mb)];
-            if (sh->active) st = loom_comm_test(sh, &done, err);
+            if (pl->send_h[q].active) st = loom_comm_test(&pl->send_h[q], &done, err);
         }
     }
     if (!st) st = report_ready(x);
-    for (int j = 0; j < n && !st; j++) {
-        const loom_pp_action *a = &acts[j];
-        if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD)
-            st = loom_comm_wait(
-                &pl->send_h[msg_index(pl, a->op == LOOM_PP_SEND_GRAD, a->chunk, a->mb)], err);
-    }
+    for (size_t q = 0; q < n_msgs && !st; q++) st = loom_comm_wait(&pl->send_h[q], err);
     const double span = loom_now_ms() - t_start;
     if (!st && pl->stats && s == &pl->train) {
         fprintf(pl->stats,
@@ -235,6 +251,7 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     x.pl = pl;
     x.s = &pl->train;
     x.slot_of = pl->slot_train;
+    x.post_after = pl->post_train;
     x.params = params;
     x.grads = grads;
     x.batch = batch;
@@ -268,6 +285,7 @@ loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, c
     x.pl = pl;
     x.s = &pl->eval;
     x.slot_of = pl->slot_eval;
+    x.post_after = pl->post_eval;
     x.params = params;
     x.batch = batch;
     x.err = err;

@@ -3,10 +3,13 @@
  * embedding, the last the final norm, head and loss. A rank's model registry holds only
  * its own tensors under their global names (GPT-2's tied embedding also on the last rank,
  * as a replica whose gradient is summed with the first rank's before the optimizer).
- * One training step runs the rank's action list (pipeline/schedule.h): every receive is
- * posted at the start, every send right after its compute, all non-blocking. Each
- * micro-batch in flight has its own activation arena (a loom_model "slot"), as many as
- * the schedule holds at once on this rank. */
+ * One training step runs the rank's action list (pipeline/schedule.h): each send right
+ * after its compute, all non-blocking. Each micro-batch in flight has its own activation
+ * arena (a loom_model "slot"), as many as the schedule holds at once on this rank, and
+ * the slot's message buffers (per chunk: activation and gradient, in and out): a
+ * micro-batch's receives are posted as soon as its slot is free (the action that
+ * released the previous occupant; the step's start for the first), so message memory
+ * grows with the micro-batches in flight, not with the micro-batches per step. */
 #ifndef LOOM_PIPELINE_PIPELINE_H
 #define LOOM_PIPELINE_PIPELINE_H
 
@@ -33,9 +36,12 @@ typedef struct {
     loom_model **slots;                                       /* slots[0] is the trainer's model */
     int n_slots;
     int *slot_train, *slot_eval; /* slot of each micro-batch */
-    size_t act_floats;           /* floats of one activation/gradient message */
-    float *recv_buf, *send_buf;  /* [2 (activation, gradient)][v][m][act_floats] */
-    loom_comm_handle *recv_h, *send_h;
+    /* per micro-batch: index of the action after which its receives are posted (the one
+     * that freed its slot; -1: at the step's start) */
+    int *post_train, *post_eval;
+    size_t act_floats;                 /* floats of one activation/gradient message */
+    float *recv_buf, *send_buf;        /* [2 (activation, gradient)][n_slots][v][act_floats] */
+    loom_comm_handle *recv_h, *send_h; /* one per buffer */
     float *tied;   /* [wte numel]: the other stage's copy of the tied embedding gradient */
     int tied_peer; /* -1: none */
     FILE *stats;

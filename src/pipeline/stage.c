@@ -129,17 +129,22 @@ void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *
     }
 }
 
-/* Slot of each micro-batch: taken at its first F, given back after its last B (W). */
-static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of) {
+/* Slot of each micro-batch: taken at its first F, given back after its last B (W);
+ * post_after: the index of the action that gave that slot back (-1: never used). */
+static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *post_after) {
     const int last_op = s->kind == LOOM_PP_FORWARD_ONLY ? LOOM_PP_F
                         : s->split                      ? LOOM_PP_W
                                                         : LOOM_PP_B;
-    int *left = calloc((size_t)s->m, sizeof *left), *busy = calloc(256, sizeof *busy), most = 0;
-    if (!left || !busy) {
+    /* at most m slots (one per micro-batch) */
+    int *left = calloc((size_t)s->m, sizeof *left), *busy = calloc((size_t)s->m, sizeof *busy);
+    int *freed = malloc((size_t)s->m * sizeof *freed), most = 0;
+    if (!left || !busy || !freed) {
         free(left);
         free(busy);
+        free(freed);
         return -1;
     }
+    for (int k = 0; k < s->m; k++) freed[k] = -1;
     for (int i = 0; i < s->m; i++) slot_of[i] = -1;
     for (int j = 0; j < s->n[rank]; j++) {
         const loom_pp_action *a = &s->acts[rank][j];
@@ -148,13 +153,18 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of) {
             while (busy[k]) k++;
             busy[k] = 1;
             slot_of[a->mb] = k;
+            post_after[a->mb] = freed[k];
             left[a->mb] = s->v;
             if (k + 1 > most) most = k + 1;
         }
-        if ((int)a->op == last_op && --left[a->mb] == 0) busy[slot_of[a->mb]] = 0;
+        if ((int)a->op == last_op && --left[a->mb] == 0) {
+            busy[slot_of[a->mb]] = 0;
+            freed[slot_of[a->mb]] = j;
+        }
     }
     free(left);
     free(busy);
+    free(freed);
     return most;
 }
 
@@ -188,9 +198,11 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
     }
     pl->slot_train = malloc(sizeof(int) * (size_t)pl->m);
     pl->slot_eval = malloc(sizeof(int) * (size_t)pl->m);
-    if (!pl->slot_train || !pl->slot_eval) goto nomem;
-    int n_train = assign_slots(&pl->train, pl->rank, pl->slot_train);
-    int n_eval = assign_slots(&pl->eval, pl->rank, pl->slot_eval);
+    pl->post_train = malloc(sizeof(int) * (size_t)pl->m);
+    pl->post_eval = malloc(sizeof(int) * (size_t)pl->m);
+    if (!pl->slot_train || !pl->slot_eval || !pl->post_train || !pl->post_eval) goto nomem;
+    int n_train = assign_slots(&pl->train, pl->rank, pl->slot_train, pl->post_train);
+    int n_eval = assign_slots(&pl->eval, pl->rank, pl->slot_eval, pl->post_eval);
     if (n_train < 0 || n_eval < 0) goto nomem;
     pl->n_slots = n_train > n_eval ? n_train : n_eval;
     pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
@@ -206,7 +218,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                           err)))
             return st;
     pl->act_floats = (size_t)model->Ns * mc->d_model;
-    const size_t msgs = 2 * (size_t)pl->v * pl->m;
+    const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
     pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->recv_h = calloc(msgs, sizeof *pl->recv_h);
@@ -239,6 +251,8 @@ void loom_pipeline_free(loom_pipeline *pl) {
     free(pl->slots);
     free(pl->slot_train);
     free(pl->slot_eval);
+    free(pl->post_train);
+    free(pl->post_eval);
     free(pl->recv_buf);
     free(pl->send_buf);
     free(pl->recv_h);
@@ -270,7 +284,7 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             "message buffers %.1f MiB)\n",
             pl->n_slots, pl->slots[0]->recompute ? " with recomputation" : "", pl->n_slots,
             one / MiB, pl->n_slots * one / MiB,
-            4.0 * pl->v * pl->m * pl->act_floats * sizeof(float) / MiB);
+            4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
 }
 
 loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
