@@ -22,7 +22,7 @@ layers split evenly (8,8 / 4,4,4,4; v 2: 4 x 4 / 8 x 2). "stage_imbalance" (slow
 stage's busy time over the mean, -1) is reported per cell; the rest is noise from the
 other jobs on the machine (thread CPU time still grows when a core is shared: caches).
 BENCH_PP_LAYERS / BENCH_PP_VOCAB / BENCH_PP_STEPS / BENCH_PP_CELLS (a substring of the
-cell names) override, to repeat the study.
+cell names) / BENCH_PP_FLAGS (more train flags) override, to repeat the study.
 
 Measured bubble ("cpu"): each compute action's thread CPU time
 (CLOCK_THREAD_CPUTIME_ID, median over the timed steps) replayed through the stage's
@@ -55,6 +55,7 @@ STEPS = int(os.environ.get("BENCH_PP_STEPS", "6"))  # the first is not timed
 N_LAYER = os.environ.get("BENCH_PP_LAYERS", "16")
 VOCAB = os.environ.get("BENCH_PP_VOCAB", "128")
 CELLS = os.environ.get("BENCH_PP_CELLS", "")
+FLAGS = os.environ.get("BENCH_PP_FLAGS", "").split()  # extra loom train flags
 
 
 def replay(stages, pp, durs):
@@ -106,7 +107,7 @@ def main():
                                 "--global-batch", str(2 * m), "--steps", str(STEPS),
                                 "--threads", "1", "--log-every", "0", "--data", data,
                                 "--pp", str(pp), "--pp-schedule", kind, "--virtual-stages",
-                                str(v), "--pp-stats", stats]
+                                str(v), "--pp-stats", stats] + FLAGS
                 p = subprocess.run(cmd, capture_output=True, text=True)
                 if p.returncode != 0:
                     print(f"FAIL {' '.join(cmd)}\n{p.stderr[-2000:]}")
