@@ -596,8 +596,7 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
     /* m->dres holds d(block output); each block turns it into d(block input). */
     for (int l = L - 1; l >= 0 && !st; l--) {
         st = block_backward(m, &d, p, g, l, l > 0 ? m->blocks[l - 1].res2 : m->embed);
-        size_t end = l + 1 < L ? t->blocks[l + 1].norm1_w : t->normf_w;
-        if (ready && !st) st = ready(ctx, t->blocks[l].norm1_w, end);
+        if (ready && !st) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
     }
     /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
      * d(embedding output), left in m->dres, into the embeddings' gradients. */
@@ -612,21 +611,32 @@ loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, co
     return head_backward(m, &d, p, g, x);
 }
 
+size_t loom_model_block_range_end(const loom_param_table *t, int l) {
+    return l + 1 < t->n_layer ? t->blocks[l + 1].norm1_w : t->has_head ? t->normf_w : t->total;
+}
+
 loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
-                                       const float *x) {
+                                       const float *x, loom_grads_ready_fn ready, void *ctx) {
     const dims d = dims_of(m, seq_parallel(m));
+    const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--)
+    for (int l = hi - 1; l >= lo && !st; l--) {
         st = block_backward(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!st && ready) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+    }
     return st;
 }
 
 loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
-                                              int hi, const float *x) {
+                                              int hi, const float *x, loom_grads_ready_fn ready,
+                                              void *ctx) {
     const dims d = dims_of(m, seq_parallel(m));
+    const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--)
+    for (int l = hi - 1; l >= lo && !st; l--) {
         st = block_backward_weight(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!st && ready) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+    }
     return st;
 }
 

@@ -131,13 +131,19 @@ loom_status loom_model_head_forward(loom_model *m, const float *params, const fl
 /* From dlogits to m->dres = d(x) (x: the last block's output). */
 loom_status loom_model_head_backward(loom_model *m, const float *params, float *grads,
                                      const float *x);
-/* m->dres = d(output of block hi-1) -> m->dres = d(x), x the input of block lo. */
+/* m->dres = d(output of block hi-1) -> m->dres = d(x), x the input of block lo. ready
+ * (may be NULL): called with each block's flat range right after its backward (for the
+ * last micro-batch: the range is final then). */
 loom_status loom_model_blocks_backward(loom_model *m, const float *params, float *grads, int lo,
-                                       int hi, const float *x);
+                                       int hi, const float *x, loom_grads_ready_fn ready,
+                                       void *ctx);
 /* W parts (split_backward models, after the matching B); x: the input of block lo, as
- * for B (recomputation runs the blocks' forward again). */
+ * for B (recomputation runs the blocks' forward again); ready as above, after each W. */
 loom_status loom_model_blocks_backward_weight(loom_model *m, const float *params, float *grads,
-                                              int lo, int hi, const float *x);
+                                              int lo, int hi, const float *x,
+                                              loom_grads_ready_fn ready, void *ctx);
+/* End of block l's flat range (its parameters are [blocks[l].norm1_w, this)). */
+size_t loom_model_block_range_end(const loom_param_table *t, int l);
 loom_status loom_model_head_backward_weight(loom_model *m, float *grads);
 /* Embedding gradient from m->dres = d(embed). */
 loom_status loom_model_embed_backward(loom_model *m, float *grads);

@@ -43,8 +43,9 @@ typedef struct {
     /* gradient readiness (training) */
     loom_grads_ready_fn ready;
     void *ready_ctx;
-    int left[LOOM_MAX_CHUNKS]; /* final B/W still to run per chunk */
-    int next_report;           /* chunks report in decreasing order */
+    int left[LOOM_MAX_CHUNKS];  /* final B/W still to run per chunk */
+    int early[LOOM_MAX_CHUNKS]; /* head and layers reported during the chunk's last B/W */
+    int next_report;            /* chunks report in decreasing order */
     loom_error *err;
 } step_ctx;
 
@@ -64,16 +65,15 @@ static loom_status reduce_tied(step_ctx *x) {
     return st;
 }
 
-/* Chunk c's gradients are final: its flat ranges, from the top down. */
+/* Chunk c's gradients are final: its flat ranges, from the top down (the head's and the
+ * layers' unless its last backward reported them already). */
 static loom_status report_chunk(step_ctx *x, int c) {
     const loom_param_table *t = &x->pl->slots[0]->table;
-    const int L = t->n_layer;
     loom_status st = LOOM_OK;
-    if (c == x->pl->v - 1 && t->has_head) st = x->ready(x->ready_ctx, t->normf_w, t->total);
-    for (int l = x->pl->chunk_hi[c] - 1; l >= x->pl->chunk_lo[c] && !st; l--) {
-        size_t end = l + 1 < L ? t->blocks[l + 1].norm1_w : t->has_head ? t->normf_w : t->total;
-        st = x->ready(x->ready_ctx, t->blocks[l].norm1_w, end);
-    }
+    if (c == x->pl->v - 1 && t->has_head && !x->early[c])
+        st = x->ready(x->ready_ctx, t->normf_w, t->total);
+    for (int l = x->pl->chunk_hi[c] - 1; l >= x->pl->chunk_lo[c] && !st && !x->early[c]; l--)
+        st = x->ready(x->ready_ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
     if (c == 0 && !st) {
         if (x->pl->tied_peer >= 0) st = reduce_tied(x);
         if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].norm1_w);
@@ -130,22 +130,38 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         return st;
     }
     const int split = x->s->split;
+    /* The chunk's last backward (W when split), every higher chunk reported: the head's
+     * and each layer's range go to data parallelism as soon as they are final, so the
+     * reduction overlaps the rest of this backward (the embedding's waits: the tied
+     * swap blocks, never before a send). */
+    const int final = x->ready && x->left[a->chunk] == 1 && x->next_report == a->chunk &&
+                      (a->op == LOOM_PP_W) == split;
+    loom_grads_ready_fn ready = final ? x->ready : NULL;
+    const loom_param_table *t = &mod->table;
     if (a->op == LOOM_PP_B) {
         if (vs == pl->S - 1)
             st = loom_model_head_backward(mod, x->params, x->grads, out);
         else
             memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, slot, a->chunk),
                    pl->act_floats * sizeof(float));
-        if (!st) st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in);
+        if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->normf_w, t->total);
+        if (!st)
+            st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in, ready,
+                                            x->ready_ctx);
         if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send)))
             memcpy(send, mod->dres, pl->act_floats * sizeof(float));
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->grads);
+        x->early[a->chunk] |= final;
         return st || split ? st : chunk_done(x, a->chunk);
     }
-    /* W: the weight gradients B left for later */
-    st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in);
-    if (!st && vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
+    /* W: the weight gradients B left for later, the head's first (ranges go top down) */
+    if (vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
+    if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->normf_w, t->total);
+    if (!st)
+        st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in, ready,
+                                               x->ready_ctx);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->grads);
+    x->early[a->chunk] |= final;
     return st ? st : chunk_done(x, a->chunk);
 }
 
