@@ -108,7 +108,7 @@ loom_status loom_fsdp_before_block(void *ctx, int layer, int backward) {
 
 loom_status loom_fsdp_after_block(void *ctx, int layer, int backward) {
     loom_fsdp *f = ctx;
-    release(f, layer + 1);
+    if (!f->keep_blocks) release(f, layer + 1);
     /* The final norm and head run next in forward. */
     if (!backward && layer + 2 == f->n_ranges - 1) return ensure(f, f->n_ranges - 1, f->err);
     return LOOM_OK;
@@ -143,6 +143,11 @@ size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
     const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
     /* A block in use and the next one prefetched (one when there is only one). */
     size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
+    if (f->keep_blocks) {
+        size_t all = 0;
+        for (int i = 0; i < f->n_ranges; i++) all += f->ranges[i].end - f->ranges[i].begin;
+        return ((f->zero->hi - f->zero->lo) + all) * sizeof(float);
+    }
     size_t n = (f->zero->hi - f->zero->lo) + (head->end - head->begin) + (tail->end - tail->begin) +
                blocks * biggest;
     return n * sizeof(float);

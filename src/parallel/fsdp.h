@@ -32,6 +32,10 @@ typedef struct {
     float *shard;            /* this rank's parameters [zero->lo, zero->hi) */
     loom_fsdp_range *ranges; /* 0: head, 1..L: blocks, L+1: tail */
     int n_ranges;
+    /* 1: a gathered block stays until loom_fsdp_invalidate (the optimizer step): pipeline
+     * stages run every block once per micro-batch, so they gather each block once per
+     * step instead of m times, holding the stage's whole parameters during the step */
+    int keep_blocks;
     loom_error *err; /* where hook failures are described */
 } loom_fsdp;
 
@@ -48,7 +52,8 @@ loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err);
 void loom_fsdp_invalidate(loom_fsdp *f);
 /* Gathers everything into the view (dumps, checkpoints); loom_fsdp_invalidate after. */
 loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err);
-/* Parameter bytes resident at most (shard + head + tail + two blocks). */
+/* Parameter bytes resident at most (shard + head + tail + two blocks; with keep_blocks
+ * the shard and every range). */
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f);
 
 #endif

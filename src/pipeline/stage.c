@@ -107,11 +107,6 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
         return loom_error_set(err, LOOM_ERR_INPUT, "--pp %d: at most %d", pp, LOOM_PP_MAX_STAGES);
     if ((st = split_layers(mc, tc, pp, v, counts, err))) return st;
     const int m = dp >= 1 ? tc->global_batch / dp / tc->micro_batch : 0;
-    /* W recomputes a block's forward after ZeRO-3 has released its parameters */
-    if (tc->recompute && kind == LOOM_PP_ZB && tc->zero == 3)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--recompute with --pp-schedule zb: not with --zero 3 yet (use "
-                              "--zero 1 or 2, or another schedule)");
     return loom_pp_schedule_check(kind, pp, m, v, err);
 }
 

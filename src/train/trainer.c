@@ -471,6 +471,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         }
         r.params = r.fsdp.view;
         r.fsdp.err = err;
+        r.fsdp.keep_blocks = r.pipelined; /* once per step, not per micro-batch */
         r.model.hooks = (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r.fsdp};
     } else {
         r.params = calloc(P, sizeof(float));

@@ -94,7 +94,6 @@ expect "moe pp" "--pp 2 with --n-experts 4: mixture-of-experts layers do not run
 expect "pp chunks divide layers" "--n-layer 6: not divisible by --pp 2 x --virtual-stages 2 = 4 model chunks" -- train "${BASE[@]}" --data "$GOOD" --n-layer 6 --pp 2 --pp-schedule interleaved --virtual-stages 2 --global-batch 4
 expect "pp more stages than layers" "--pp 2 x --virtual-stages 1 = 2 stages: more than --n-layer 1" -- train "${BASE[@]}" --data "$GOOD" --pp 2 --global-batch 4
 expect "recompute moe" "--recompute: not with --n-experts yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --recompute
-expect "recompute zb zero3" "--recompute with --pp-schedule zb: not with --zero 3 yet" -- train "${BASE[@]}" --data "$GOOD" --n-layer 2 --pp 2 --dp 2 --zero 3 --pp-schedule zb --recompute --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0

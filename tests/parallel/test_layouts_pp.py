@@ -5,7 +5,8 @@ For both families (8 layers, Llama with 4 query / 2 key-value heads), trains on 
 process, then under mpirun with pp in {2, 4} x every schedule (gpipe, 1f1b, interleaved
 with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 1 and ZeRO 3)
 and pp 2 x tp 2 (sequence parallel), from the same seed and data; and with --recompute
-(one process, pp 2 with 1f1b and zb, with ZeRO-3, with tp 2 + sequence parallelism),
+(one process, pp 2 with 1f1b and zb, with ZeRO-3 (1f1b and zb), with tp 2 + sequence
+parallelism),
 which must also be bitwise the same layout without recomputation. Checks that every
 per-step loss, the validation losses and the final weights (gathered from the stages to
 rank 0 by --dump-dir and --save-weights) equal the single-process run: whole-model
@@ -50,6 +51,9 @@ LAYOUTS = [
     ("pp2_zb_recompute", 2, ["--pp", "2", "--pp-schedule", "zb", "--recompute"], "pp2_zb"),
     ("pp2_dp2_zero3_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--recompute"],
      "pp2_dp2_zero3"),
+    ("pp2_dp2_zero3_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--pp-schedule", "zb"]),
+    ("pp2_dp2_zero3_zb_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--pp-schedule",
+                                       "zb", "--recompute"], "pp2_dp2_zero3_zb"),
     ("pp2_tp2_sp_zb_recompute", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel",
                                     "--pp-schedule", "zb", "--recompute"], "pp2_tp2_sp_zb"),
 ]
@@ -117,7 +121,7 @@ def main():
                       and bitwise)
                 failures += not ok
                 checks += 1
-                print(f"  {name:24s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
+                print(f"  {name:27s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
                       f"worst tensor {w_err:.2e} ({w_name})  init "
                       f"{'identical' if init_same else 'DIFFERS'}  saved "
                       f"{'= final' if saved_same else 'DIFFERS'}"
