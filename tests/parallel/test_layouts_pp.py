@@ -5,8 +5,8 @@ For both families (8 layers, Llama with 4 query / 2 key-value heads), trains on 
 process, then under mpirun with pp in {2, 4} x every schedule (gpipe, 1f1b, interleaved
 with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 1 and ZeRO 3)
 and pp 2 x tp 2 (sequence parallel), from the same seed and data; and with --recompute
-(one process, pp 2 with 1f1b and zb, with ZeRO-3 (1f1b and zb), with tp 2 + sequence
-parallelism),
+(one process, dp 2 ZeRO-3 without pp, pp 2 with 1f1b and zb, with ZeRO-3 (1f1b and zb),
+with tp 2 + sequence parallelism),
 which must also be bitwise the same layout without recomputation. Checks that every
 per-step loss, the validation losses and the final weights (gathered from the stages to
 rank 0 by --dump-dir and --save-weights) equal the single-process run: whole-model
@@ -47,6 +47,8 @@ LAYOUTS = [
                                 "--virtual-stages", "2"]),
     # activation recomputation: bitwise the run without it (4th field), and equivalent
     ("single_recompute", 1, ["--recompute"], "single"),
+    ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),  # recomputation under ZeRO-3's hooks
+    ("dp2_zero3_recompute", 2, ["--dp", "2", "--zero", "3", "--recompute"], "dp2_zero3"),
     ("pp2_1f1b_recompute", 2, ["--pp", "2", "--pp-schedule", "1f1b", "--recompute"], "pp2_1f1b"),
     ("pp2_zb_recompute", 2, ["--pp", "2", "--pp-schedule", "zb", "--recompute"], "pp2_zb"),
     ("pp2_dp2_zero3_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--recompute"],
