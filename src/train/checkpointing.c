@@ -12,6 +12,7 @@
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
 #include "core/version.h"
+#include "model/moe_config.h"
 #include "parallel/ep.h"
 
 static volatile sig_atomic_t g_stop_signal;
@@ -109,7 +110,8 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
 }
 
 /* One attempt: manifest, model check, load. Collective result: every rank agrees.
- * *wrong_seed: the checkpoint is fine but was saved with another --seed (not loaded). */
+ * *wrong_seed: the checkpoint is fine but was saved with another --seed or other MoE
+ * settings (not loaded, and no older checkpoint is tried). */
 static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
                             loom_error *err) {
     char path[LOOM_CKPT_PATH_MAX + 16];
@@ -134,6 +136,9 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
                             "T %d)",
                             path, loom_family_name(m.model.family), m.model.n_layer,
                             m.model.d_model, m.model.vocab_size, m.model.seq_len);
+    } else if (loom_moe_config_check_same(&m.model, c->mc, path, err)) {
+        *wrong_seed = 1; /* a setting to change, not a damaged checkpoint */
+        st = LOOM_ERR_INPUT;
     } else {
         loom_ckpt_buffer b[LOOM_CKPT_KINDS];
         held_buffers(c, b);
@@ -205,7 +210,8 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
             free(list);
             return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
                               : loom_error_set(err, LOOM_ERR_INPUT,
-                                               "--seed: another rank found a different seed");
+                                               "--resume: another rank refused the checkpoint's "
+                                               "settings");
         }
         if (v[0] == 0) {
             *start_step = (int)step;
