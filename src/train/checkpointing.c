@@ -14,6 +14,7 @@
 #include "core/version.h"
 #include "model/moe_config.h"
 #include "parallel/ep.h"
+#include "parallel/ep_zero.h"
 
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) {
@@ -73,8 +74,10 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_plan plan = {0};
     loom_status st = LOOM_OK;
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
-        st = loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
-                                  mesh->edp.rank, mesh->edp.size, err);
+        st = c->zero->experts /* ZeRO 1-2: each rank writes its shard */
+                 ? loom_ep_zero_plan_written(c->zero, &plan, (loom_ckpt_kind)k, err)
+                 : loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
+                                        mesh->edp.rank, mesh->edp.size, err);
     if (st) {
         loom_ckpt_plan_free(&plan);
         return st;
@@ -89,6 +92,10 @@ static void reset_state(loom_checkpointing *c) {
     loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
                            c->tc->seed);
     size_t n = c->zero->stage == 0 ? c->zero->total : c->zero->hi - c->zero->lo;
+    if (c->zero->experts) {
+        loom_ep_zero_clear_state(c->zero);
+        return;
+    }
     memset(c->zero->m, 0, n * sizeof(float));
     memset(c->zero->v, 0, n * sizeof(float));
 }
@@ -144,7 +151,8 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
         held_buffers(c, b);
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
-        st = loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
+        st = c->zero->experts ? loom_ep_zero_load(c->zero, dir, &m, b[0].data, &stats, err)
+                              : loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
         *step = m.step;
         if (!st && c->mesh->rank == 0)
             fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",

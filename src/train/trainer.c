@@ -17,6 +17,7 @@
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "parallel/ep.h"
+#include "parallel/ep_zero.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
@@ -333,7 +334,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
-        if (!st && ep_on) st = loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
+        if (!st && ep_on)
+            st = r->zero.experts ? loom_ep_zero_reduce(&r->zero, r->grads, err)
+                                 : loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
         double loss = loss_sum / ((double)G * T);
@@ -352,8 +355,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = r->pipelined
                       ? loom_pipeline_grad_norm(&r->pipe, &r->tp, &r->zero, r->grads, &norm, err)
-                  : ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
-                          : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+                  : r->zero.experts ? loom_ep_zero_grad_norm(&r->zero, r->grads, &norm, err)
+                  : ep_on           ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
+                                    : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
@@ -448,7 +452,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                           : loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep,
                                                  err)) ||
         (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
-        (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
+        (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err)) ||
+        (mesh->ep.size > 1 && r.zero.stage > 0 &&
+         (st = loom_ep_zero_attach(&r.zero, &mesh->edp, err)))) {
         run_free(&r);
         return st;
     }

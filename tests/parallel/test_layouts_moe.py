@@ -61,6 +61,10 @@ LAYOUTS = [
     # chunked all-to-all overlapping expert compute (--moe-chunks): the same function
     ("ep2_dp4_ch3", 4, ["--dp", "4", "--ep", "2", "--moe-chunks", "3"]),
     ("ep4_dp4_ch32", 4, ["--dp", "4", "--ep", "4", "--moe-chunks", "32"]),
+    # ZeRO with ep (parallel/ep_zero.h): dense state sharded over dp, experts' over edp
+    ("ep2_dp4_z1", 4, ["--dp", "4", "--ep", "2", "--zero", "1"]),
+    ("ep2_dp4_z2", 4, ["--dp", "4", "--ep", "2", "--zero", "2"]),
+    ("ep4_dp4_z2", 4, ["--dp", "4", "--ep", "4", "--zero", "2"]),
 ]
 
 
