@@ -55,7 +55,7 @@ static void ep_free(loom_ep_zero *e) {
     if (!e) return;
     free(e->kind_start);
     for (int k = 0; k < 2; k++) free(e->counts[k]), free(e->displs[k]);
-    free(e->own), free(e->pack), free(e->recv);
+    free(e->own), free(e->pack), free(e->recv), free(e->gcounts), free(e->gdispls);
     free(e);
 }
 
@@ -110,7 +110,9 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
         }
     }
     const size_t most = e->kind_total[0] > e->kind_total[1] ? e->kind_total[0] : e->kind_total[1];
-    ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float)));
+    ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float))) &&
+         (e->gcounts = calloc((size_t)z->dp->size, sizeof(int))) &&
+         (e->gdispls = calloc((size_t)z->dp->size, sizeof(int)));
     if (ok && e->stage >= 2) {
         size_t mine = 0;
         for (int k = 0; k < 2; k++)
@@ -189,16 +191,52 @@ loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err) {
     return st;
 }
 
-loom_status loom_ep_zero_step(loom_zero *z, float *params, float *grads, double norm, float lr,
-                              const loom_adamw_config *cfg, int step, loom_error *err) {
+loom_status loom_ep_zero_step(loom_zero *z, float *params, float *shard, float *grads, double norm,
+                              float lr, const loom_adamw_config *cfg, int step, loom_error *err) {
     const loom_ep_zero *e = z->experts;
+    float *w = shard ? shard : params;
     for (int i = 0; i < e->n_own; i++) {
         const size_t lo = e->own[i].lo, hi = e->own[i].hi;
         loom_grad_clip(grads + lo, hi - lo, norm, cfg->grad_clip);
-        loom_adamw_step(e->table, params + lo, grads + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg,
-                        step);
+        loom_adamw_step(e->table, w + lo, grads + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg, step);
     }
-    return loom_ep_zero_gather(z, params, err);
+    return shard ? LOOM_OK : loom_ep_zero_gather(z, params, err); /* ZeRO-3: before use */
+}
+
+void loom_ep_zero_init_shard(const loom_zero *z, float *shard, uint64_t seed) {
+    const loom_ep_zero *e = z->experts;
+    for (int i = 0; i < e->n_own; i++)
+        loom_params_init_range(e->table, shard + e->own[i].lo, e->own[i].lo, e->own[i].hi, seed);
+}
+
+loom_status loom_ep_zero_gather_range(loom_zero *z, float *shard, float *view, size_t begin,
+                                      size_t end, loom_error *err) {
+    loom_ep_zero *e = z->experts;
+    const loom_param_table *t = e->table;
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < 2 && !st; k++) {
+        /* The range's elements of kind k are one piece [kb, ke) of the kind's sequence. */
+        size_t kb = e->kind_total[k], ke = 0;
+        for (int i = 0; i < t->n_params; i++) {
+            const loom_param *p = &t->params[i];
+            if (kind_of(p) != k || p->offset < begin || p->offset >= end) continue;
+            kb = e->kind_start[i] < kb ? e->kind_start[i] : kb;
+            ke = e->kind_start[i] + p->numel > ke ? e->kind_start[i] + p->numel : ke;
+        }
+        if (kb >= ke) continue; /* the same on every rank: equal layouts */
+        loom_comm *g = e->group[k];
+        for (int r = 0; r < g->size; r++) {
+            const size_t lo = (size_t)e->displs[k][r], hi = lo + (size_t)e->counts[k][r];
+            const size_t a = lo > kb ? lo : kb, b = hi < ke ? hi : ke;
+            e->gcounts[r] = a < b ? (int)(b - a) : 0;
+            e->gdispls[r] = a < b ? (int)(a - kb) : 0;
+        }
+        const size_t a = (size_t)e->gdispls[g->rank] + kb;
+        copy_segment(e, k, a, a + (size_t)e->gcounts[g->rank], shard, e->pack + (a - kb), 0);
+        if (g->size > 1) st = loom_comm_allgatherv(g, e->pack, e->gcounts, e->gdispls, err);
+        if (!st) copy_segment(e, k, kb, ke, view, e->pack, 1);
+    }
+    return st;
 }
 
 void loom_ep_zero_clear_state(loom_zero *z) {
@@ -225,10 +263,12 @@ loom_status loom_ep_zero_load(const loom_zero *z, const char *dir, const loom_ck
     const loom_ep_zero *e = z->experts;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, z->total}, {0}, {0}};
     loom_ckpt_load_stats s = {0}, sum = {0};
-    loom_status st = loom_ckpt_load(dir, m, e->table, b, &s, err);
+    loom_status st = e->stage == 3 ? LOOM_OK : loom_ckpt_load(dir, m, e->table, b, &s, err);
     sum = s;
     b[0].data = NULL;
     for (int i = 0; i < e->n_own && !st; i++) {
+        /* ZeRO-3: the parameters are a shard too */
+        if (e->stage == 3) b[0] = (loom_ckpt_buffer){params, 0, e->own[i].lo, e->own[i].hi};
         b[1] = (loom_ckpt_buffer){z->m, 0, e->own[i].lo, e->own[i].hi};
         b[2] = (loom_ckpt_buffer){z->v, 0, e->own[i].lo, e->own[i].hi};
         s = (loom_ckpt_load_stats){0};

@@ -46,8 +46,9 @@ typedef struct loom_ep_zero {
     loom_ep_range *own;         /* this rank's shard as flat ranges, in flat order */
     int n_own;
     size_t own_floats;
-    float *pack, *recv; /* a kind's whole sequence; the rank's segment (stage 2) */
-    size_t map_bytes;   /* of z->m and z->v */
+    float *pack, *recv;     /* a kind's whole sequence; the rank's segment (stage 2) */
+    int *gcounts, *gdispls; /* ZeRO-3 gathers: each group rank's part of a range */
+    size_t map_bytes;       /* of z->m and z->v */
 } loom_ep_zero;
 
 /* Turns z (created by loom_zero_create over dp with stage 1 or 2) into the sharding
@@ -60,8 +61,16 @@ void loom_ep_zero_detach(loom_zero *z);
  * (stage 1: every gradient). */
 loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err);
 loom_status loom_ep_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err);
-loom_status loom_ep_zero_step(loom_zero *z, float *params, float *grads, double norm, float lr,
-                              const loom_adamw_config *cfg, int step, loom_error *err);
+/* Clipping and AdamW on the shard's ranges of params (stages 1-2: then all-gathered) or,
+ * with ZeRO-3, of shard (full layout, only the shard's ranges valid; nothing gathered). */
+loom_status loom_ep_zero_step(loom_zero *z, float *params, float *shard, float *grads, double norm,
+                              float lr, const loom_adamw_config *cfg, int step, loom_error *err);
+/* ZeRO-3 (parallel/fsdp.c): initialises the shard's ranges of a full-layout shard. */
+void loom_ep_zero_init_shard(const loom_zero *z, float *shard, uint64_t seed);
+/* ZeRO-3: flat range [begin, end) of the parameters into view, each kind's part
+ * all-gathered over its group from the owners' shards (blocking). */
+loom_status loom_ep_zero_gather_range(loom_zero *z, float *shard, float *view, size_t begin,
+                                      size_t end, loom_error *err);
 /* Every element of flat (laid out as the parameters) from the rank that owns it: makes a
  * stage-2 gradient buffer whole (dumps). */
 loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err);

@@ -304,7 +304,7 @@ loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, 
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
-    if (z->experts) return loom_ep_zero_step(z, params, grads, norm, lr, cfg, step, err);
+    if (z->experts) return loom_ep_zero_step(z, params, shard, grads, norm, lr, cfg, step, err);
     float *g = reduced_grads(z, grads);
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
     loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,

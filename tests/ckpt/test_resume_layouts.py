@@ -46,12 +46,13 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
 # (dp, zero, tp, pp, ep): expert parallel <-> one process, ep 1 <-> ep 2, ep 4 -> ZeRO-3 at
 # ep 1, same layout bitwise, and ep 1 with ZeRO; ZeRO 1-2 with ep (state sharded per kind,
 # parallel/ep_zero.h): ep2 dp4 ZeRO-2 -> ep2 dp2 ZeRO-1, same layout bitwise, dp 2 -> ep 4
-# ZeRO-2
+# ZeRO-2, ep2 dp4 ZeRO-3 -> ep2 dp2 ZeRO-3, and ep2 dp2 ZeRO-3 twice bitwise
 MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
              ((4, 0, 1, 1, 4), (2, 3, 1)), ((4, 0, 1, 1, 2), (4, 0, 1, 1, 2)),
              ((1, 0, 1), (2, 1, 1)),
              ((4, 2, 1, 1, 2), (2, 1, 1, 1, 2)), ((4, 1, 1, 1, 2), (4, 1, 1, 1, 2)),
-             ((2, 0, 1), (4, 2, 1, 1, 4))]
+             ((2, 0, 1), (4, 2, 1, 1, 4)), ((4, 3, 1, 1, 2), (2, 3, 1, 1, 2)),
+             ((2, 3, 1, 1, 2), (2, 3, 1, 1, 2))]
 MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
        "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]
 MAX_SEEDS = 4

@@ -88,7 +88,6 @@ expect "moe every" "--moe-every 0: expected 1 <= moe-every <= --n-layer" -- trai
 expect "moe ep needs experts" "--ep 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --ep 2 --global-batch 4
 expect "moe chunks" "--moe-chunks 0: expected 1 <= chunks <= the 32 tokens of a micro-batch" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --moe-chunks 0
 expect "moe chunks dense" "--moe-chunks 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --moe-chunks 2
-expect "moe ep zero" "--zero 3 with --ep 2: expert parallelism supports ZeRO 0-2" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --zero 3
 expect "moe tp" "--tp 2 with --n-experts 4: mixture-of-experts layers do not run tensor-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2
 expect "moe pp" "--pp 2 with --n-experts 4: mixture-of-experts layers do not run pipeline-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0

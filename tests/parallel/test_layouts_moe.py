@@ -5,8 +5,9 @@ For both families (GPT-2 with GELU experts and a shared expert; Llama with SwiGL
 experts and MoE in every second layer), trains 20 steps on one process, then under mpirun
 with ep in {2, 4} at dp = ep and dp = 2 * ep (where that fits in 8 ranks), in both
 capacity modes (capacity factor 1.0: tokens are dropped; 0: dropless), and with the
-all-to-all split into 3 and 32 (one token each) chunks, from the same seed
-and data. Checks that every per-step loss and every final weight (the experts gathered
+all-to-all split into 3 and 32 (one token each) chunks, and with ZeRO 1-3 over ep
+(ep2 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), from the same
+seed and data. Checks that every per-step loss and every final weight (the experts gathered
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
 model, <= 1e-4 per tensor, as test_layouts_tp.py), that the initial weights are bitwise
 the unsharded ones, that the router statistics (dropped assignments, load) are the same
@@ -65,6 +66,8 @@ LAYOUTS = [
     ("ep2_dp4_z1", 4, ["--dp", "4", "--ep", "2", "--zero", "1"]),
     ("ep2_dp4_z2", 4, ["--dp", "4", "--ep", "2", "--zero", "2"]),
     ("ep4_dp4_z2", 4, ["--dp", "4", "--ep", "4", "--zero", "2"]),
+    ("ep2_dp4_z3", 4, ["--dp", "4", "--ep", "2", "--zero", "3"]),
+    ("ep2_dp2_z3", 2, ["--dp", "2", "--ep", "2", "--zero", "3"]),
 ]
 
 
