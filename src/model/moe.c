@@ -21,6 +21,7 @@ typedef struct {
     float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
     double aux, zsum;
     int dropped;
+    int fresh; /* forward ran since the last loom_moe_loss_sum */
 } moe_layer;
 
 struct loom_moe {
@@ -54,7 +55,7 @@ static void *grab(loom_moe *m, size_t bytes) {
 void loom_moe_destroy(loom_moe *m) {
     if (!m) return;
     if (m->layers)
-        for (int l = 0; l < m->cfg.n_layer; l++) {
+        for (int l = 0; l < m->table->n_layer; l++) {
             moe_layer *L = &m->layers[l];
             free(L->idx), free(L->pos), free(L->w), free(L->probs), free(L->lse);
             free(L->row), free(L->load), free(L->kept), free(L->ccnt), free(L->ret), free(L->rows);
@@ -74,7 +75,7 @@ static int alloc_chunks(loom_moe *m, int chunks) {
     m->bytes -= m->chunk_bytes;
     const size_t before = m->bytes;
     int ok = 1;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
+    for (int l = 0; l < m->table->n_layer; l++) {
         moe_layer *L = &m->layers[l];
         if (!L->idx) continue;
         free(L->ccnt), free(L->rows);
@@ -133,10 +134,11 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     m->R = (int)R;
     const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
     const size_t Rs = (size_t)R;
-    m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
+    /* Indexed by the table's blocks (a pipeline stage holds some layers). */
+    m->layers = calloc((size_t)table->n_layer, sizeof *m->layers);
     int ok = m->layers != NULL;
-    for (int l = 0; ok && l < cfg->n_layer; l++) {
-        if (!loom_model_layer_is_moe(cfg, l)) continue;
+    for (int l = 0; ok && l < table->n_layer; l++) {
+        if (!table->blocks[l].moe) continue;
         moe_layer *L = &m->layers[l];
         L->idx = grab(m, NK * 4), L->pos = grab(m, NK * 4), L->w = grab(m, NK * 4);
         L->probs = grab(m, (size_t)N * E * 4), L->lse = grab(m, (size_t)N * 4);
@@ -398,9 +400,6 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     moe_layer *L = &m->layers[layer];
     const loom_block_params *k = &m->table->blocks[layer];
     const int N = m->N, C = m->C, E = m->E, K = m->K;
-    int first = 0;
-    while (!loom_model_layer_is_moe(&m->cfg, first)) first++;
-    if (layer == first) m->loss_term = 0.0;
     loom_linear_forward(m->logits, x, p + k->gate_w, NULL, N, C, E);
     loom_moe_router_forward(L->probs, L->idx, L->w, L->lse, m->logits, N, E, K);
     L->dropped = loom_moe_capacity(L->pos, L->load, L->kept, L->idx, N, K, E, m->cap);
@@ -444,6 +443,7 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     for (int t = 0; t < N; t++) z += (double)L->lse[t] * L->lse[t];
     L->aux = aux * E;
     L->zsum = z;
+    L->fresh = 1;
     m->loss_term += (double)m->cfg.aux_loss_coef * L->aux * N + (double)m->cfg.z_loss_coef * z;
     return LOOM_OK;
 }
@@ -492,26 +492,35 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
 
 double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {
     if (!m) return 0.0;
-    if (training) {
-        m->dloss = dloss;
-        for (int l = 0; l < m->cfg.n_layer; l++) {
-            if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
-            const moe_layer *L = &m->layers[l];
-            for (int e = 0; e < m->E; e++) m->step_load[e] += L->load[e];
-            m->step_load[m->E] += L->dropped;
-            m->step_load[m->E + 1] += L->aux;
-            m->step_load[m->E + 2] += L->zsum;
-        }
-        m->step_load[m->E + 3] += m->N; /* tokens */
+    /* The layers that ran since the last call (a pipeline stage's chunk, or all). */
+    if (training) m->dloss = dloss;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        moe_layer *L = &m->layers[l];
+        if (!L->fresh) continue;
+        L->fresh = 0;
+        if (!training) continue;
+        for (int e = 0; e < m->E; e++) m->step_load[e] += L->load[e];
+        m->step_load[m->E] += L->dropped;
+        m->step_load[m->E + 1] += L->aux;
+        m->step_load[m->E + 2] += L->zsum;
+        m->step_load[m->E + 3] += m->N; /* token-layers */
     }
-    return m->loss_term;
+    const double s = m->loss_term;
+    m->loss_term = 0.0;
+    return s;
+}
+
+void loom_moe_stats_add(loom_moe *dst, loom_moe *src) {
+    if (!dst || !src || dst == src) return;
+    for (int i = 0; i < dst->E + 4; i++) dst->step_load[i] += src->step_load[i];
+    memset(src->step_load, 0, (size_t)(src->E + 4) * sizeof(double));
 }
 
 int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
     const int N = m->N, E = m->E, K = m->K;
     int n = 0;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        if (!m->table->blocks[l].moe) continue;
         const moe_layer *L = &m->layers[l];
         if (idx) memcpy(idx + (size_t)n * N * K, L->idx, (size_t)N * K * sizeof(int32_t));
         for (int t = 0; gap && t < N; t++) {
@@ -541,11 +550,10 @@ loom_status loom_moe_step_stats(loom_moe *m, loom_comm *dp, loom_moe_stats *out,
     const int E = m->E;
     loom_status st = loom_comm_allreduce_sum_f64(dp, m->step_load, E + 4, err);
     if (st) return st;
-    int n_moe = 0;
+    int n_moe = 0; /* of the whole model: the sums may come from every pipeline stage */
     for (int l = 0; l < m->cfg.n_layer; l++) n_moe += loom_model_layer_is_moe(&m->cfg, l);
-    const double tokens = m->step_load[E + 3], groups = tokens / m->N;
+    const double per = m->step_load[E + 3], tokens = per / n_moe, groups = tokens / m->N;
     /* load: assignments per token of one layer (so the mean is K/E) */
-    const double per = tokens * n_moe;
     out->load_min = out->load_max = m->step_load[0] / per;
     double sum = 0.0;
     for (int e = 0; e < E; e++) {

@@ -39,11 +39,11 @@ loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp,
                               "--tp %d with --n-experts %d: mixture-of-experts layers do not run "
                               "tensor-parallel yet (use --ep and --dp)",
                               tp, c->n_experts);
-    if (c->n_experts > 0 && pp > 1)
+    if (c->n_experts > 0 && pp > 1 && ep > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--pp %d with --n-experts %d: mixture-of-experts layers do not run "
-                              "pipeline-parallel yet",
-                              pp, c->n_experts);
+                              "--pp %d with --ep %d: expert parallelism inside pipeline stages "
+                              "is not done yet (MoE with --pp runs every expert on every rank)",
+                              pp, ep);
     if (ep == 1) return LOOM_OK;
     if (dp % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,

@@ -130,11 +130,6 @@ loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg,
     return create_model(m, cfg, B, T, tp, layers, split_backward, NULL, err);
 }
 
-static int whole_model(const loom_model_config *cfg, const loom_layer_set *layers) {
-    return !layers || (layers->n_chunks == 1 && layers->lo[0] == 0 &&
-                       layers->hi[0] == cfg->n_layer && layers->first && layers->last);
-}
-
 static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
                                 loom_tp *tp, const loom_layer_set *layers, int split_backward,
                                 loom_comm *ep, loom_error *err) {
@@ -154,9 +149,7 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
                               tp->rows, tp->width);
     if (cfg->n_experts > 0 && tp && tp->size > 1)
         return loom_error_set(err, LOOM_ERR_INPUT, "--tp %d: not with --n-experts yet", tp->size);
-    if (cfg->n_experts > 0 && !whole_model(cfg, layers))
-        return loom_error_set(err, LOOM_ERR_INPUT, "--pp: not with --n-experts yet");
-    /* ep only for a whole model (MoE runs without pipelining) */
+    /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
     st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                           layers, err)
                 : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,

@@ -384,7 +384,12 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 tokens_seen,
                                 0,
                                 {0, 0, 0, 0, 0, 0}};
-        if (mod->moe && (st = loom_moe_step_stats(mod->moe, &mesh->dp, &sm.moe, err))) return st;
+        /* MoE with --pp: every slot's and every stage's layers (world = pp x dp) */
+        for (int i = 1; mod->moe && r->pipelined && i < r->pipe.n_slots; i++)
+            loom_moe_stats_add(mod->moe, r->pipe.slots[i]->moe);
+        if (mod->moe && (st = loom_moe_step_stats(mod->moe, r->pipelined ? &mesh->world : &mesh->dp,
+                                                  &sm.moe, err)))
+            return st;
         sm.has_moe = mod->moe != NULL;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
             (st = evaluate(r, mc, tc, mesh, &sm.val_loss, err)))
@@ -562,8 +567,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
-    if (tc->dump_dir[0] && (st = loom_route_dump_open(&r.routes, mc, tc->micro_batch * T, tc->steps,
-                                                      per_rank / tc->micro_batch, err))) {
+    /* Routes are recorded by the whole-model loop only (not with --pp). */
+    if (tc->dump_dir[0] && !r.pipelined &&
+        (st = loom_route_dump_open(&r.routes, mc, tc->micro_batch * T, tc->steps,
+                                   per_rank / tc->micro_batch, err))) {
         run_free(&r);
         return st;
     }
