@@ -55,6 +55,13 @@ size_t loom_moe_bytes(const loom_moe *moe);
 /* Where failures of the ep collectives inside forward/backward are reported. */
 void loom_moe_set_error(loom_moe *moe, loom_error *err);
 
+/* Split backward (zero-bubble schedules): loom_moe_backward then computes the input
+ * gradient only and keeps the expert-side output and hidden gradients, the router's
+ * logit gradient and the shared expert's; loom_moe_backward_weight adds the weight
+ * gradients from them (in B's order: the same sums bitwise). */
+loom_status loom_moe_set_split(loom_moe *moe, loom_error *err);
+void loom_moe_backward_weight(loom_moe *moe, int layer, float *grads, const float *x);
+
 /* out[N, C] = the MoE block of `layer` applied to x[N, C] (saves what backward needs). */
 loom_status loom_moe_forward(loom_moe *moe, int layer, const float *params, const float *x,
                              float *out);

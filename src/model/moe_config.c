@@ -34,11 +34,11 @@ loom_status loom_model_config_validate_moe(const loom_model_config *c, loom_erro
 loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp, int zero, int tp,
                                      int pp, loom_error *err) {
     if (ep < 1) return loom_error_set(err, LOOM_ERR_INPUT, "--ep %d: expected >= 1", ep);
-    if (c->n_experts > 0 && tp > 1)
+    if (c->n_experts > 0 && tp > 1 && ep > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tp %d with --n-experts %d: mixture-of-experts layers do not run "
-                              "tensor-parallel yet (use --ep and --dp)",
-                              tp, c->n_experts);
+                              "--tp %d with --ep %d: expert parallelism with tensor parallelism is "
+                              "not done yet (MoE with --tp replicates the experts over tp)",
+                              tp, ep);
     if (c->n_experts > 0 && pp > 1 && ep > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--pp %d with --ep %d: expert parallelism inside pipeline stages "

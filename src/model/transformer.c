@@ -147,14 +147,19 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
     if (tp && tp->size > 1 && (tp->rows != B * T || tp->width != cfg->d_model))
         return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
                               tp->rows, tp->width);
-    if (cfg->n_experts > 0 && tp && tp->size > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT, "--tp %d: not with --n-experts yet", tp->size);
+    /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
+     * micro-batch (its input and output are whole there without sequence parallelism). */
+    if (cfg->n_experts > 0 && tp && tp->sequence_parallel)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--sequence-parallel with --n-experts: not done yet (MoE blocks "
+                              "with --tp run without it)");
     /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
     st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                           layers, err)
                 : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                        ep ? ep->rank : 0, ep ? ep->size : 1, err);
-    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err))) {
+    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err)) ||
+        (split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);
         return st;
     }
@@ -445,8 +450,8 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     loom_status st = hook(m, 0, l, 1);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
-    /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: the
-     * experts' weight gradients come with B also under split backward. */
+    /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: under
+     * split backward its weight gradients wait for W too (model/moe.h). */
     if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
     } else if (!(st = tp_gather(m, m->dres, &dy))) {
@@ -501,7 +506,9 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, float *g,
     const int N = d->N, C = d->C;
     loom_trace_begin(m->trace, "block", "backward-weight");
     loom_status st = LOOM_OK;
-    if (!k->moe) { /* MoE: done in B */
+    if (k->moe) { /* the experts', router's and shared expert's, from what B kept */
+        loom_moe_backward_weight(m->moe, l, g, a->norm2);
+    } else {
         loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
         st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
     }

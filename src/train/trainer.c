@@ -428,7 +428,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }
-    if (dumping && (st = loom_route_dump_write(&r->routes, tc->dump_dir, mesh->dp_rank, err)))
+    /* one file per dp rank: its tp ranks route alike (MoE blocks replicated over tp) */
+    if (dumping && mesh->tp_rank == 0 &&
+        (st = loom_route_dump_write(&r->routes, tc->dump_dir, mesh->dp_rank, err)))
         return st;
     return LOOM_OK;
 }

@@ -88,7 +88,7 @@ expect "moe every" "--moe-every 0: expected 1 <= moe-every <= --n-layer" -- trai
 expect "moe ep needs experts" "--ep 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --ep 2 --global-batch 4
 expect "moe chunks" "--moe-chunks 0: expected 1 <= chunks <= the 32 tokens of a micro-batch" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --moe-chunks 0
 expect "moe chunks dense" "--moe-chunks 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --moe-chunks 2
-expect "moe tp" "--tp 2 with --n-experts 4: mixture-of-experts layers do not run tensor-parallel yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2
+expect "moe tp ep" "--tp 2 with --ep 2: expert parallelism with tensor parallelism is not done yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2 --dp 2 --ep 2 --global-batch 8
 expect "moe pp ep" "--pp 2 with --ep 2: expert parallelism inside pipeline stages is not done yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2 --dp 2 --ep 2 --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4

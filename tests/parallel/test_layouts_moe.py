@@ -7,7 +7,8 @@ with ep in {2, 4} at dp = ep and dp = 2 * ep (where that fits in 8 ranks), in bo
 capacity modes (capacity factor 1.0: tokens are dropped; 0: dropless), and with the
 all-to-all split into 3 and 32 (one token each) chunks, with ZeRO 1-3 over ep (ep2
 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), and pipelined (pp2
-1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed), from the same
+1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed), and with
+tensor parallelism (tp2, tp2 x dp2 ZeRO-1: MoE blocks replicated over tp), from the same
 seed and data. Checks that every per-step loss and every final weight (the experts gathered
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
 model, <= 1e-4 per tensor, as test_layouts_tp.py), that the initial weights are bitwise
@@ -73,6 +74,10 @@ LAYOUTS = [
     # no MoE layer (--moe-every 2). No route dumps with --pp: see PP_NOTE.
     ("pp2", 2, ["--pp", "2"]),
     ("pp2_dp2_z1_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule", "zb"]),
+    # with tensor parallelism: the MoE block replicated over tp (each tp rank runs it on
+    # the whole micro-batch), attention and dense MLPs sharded
+    ("tp2", 2, ["--tp", "2"]),
+    ("tp2_dp2_z1", 4, ["--tp", "2", "--dp", "2", "--zero", "1"]),
 ]
 # PP_NOTE: with --pp loom dumps no routing decisions (train/route_dump.h records the
 # whole-model loop), so a pipelined layout is compared strictly; if it fails and the
