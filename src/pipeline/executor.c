@@ -114,9 +114,11 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
                 st = loom_model_loss_sum(mod, x->dloss, x->backward, &s);
             x->loss_sum += s;
         } else if (!st) {
-            /* MoE layers of this chunk: their aux/z terms (the last stage's come with the
-             * loss); the sum over stages is the pipeline group's all-reduce at the end. */
-            x->loss_sum += loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
+            /* MoE layers of this chunk: their aux/z terms in training (the last stage's
+             * come with the loss; evaluation is cross-entropy only); the sum over stages
+             * is the pipeline group's all-reduce at the end. */
+            const double aux = loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
+            if (x->backward) x->loss_sum += aux;
             memcpy(buf_of(pl, pl->send_buf, 0, a->chunk, a->mb), out,
                    pl->act_floats * sizeof(float));
         }

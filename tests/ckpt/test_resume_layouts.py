@@ -47,14 +47,15 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
 # ep 1, same layout bitwise, and ep 1 with ZeRO; ZeRO 1-2 with ep (state sharded per kind,
 # parallel/ep_zero.h): ep2 dp4 ZeRO-2 -> ep2 dp2 ZeRO-1, same layout bitwise, dp 2 -> ep 4
 # ZeRO-2, ep2 dp4 ZeRO-3 -> ep2 dp2 ZeRO-3, and ep2 dp2 ZeRO-3 twice bitwise; MoE in
-# pipeline stages: pp2 -> dp2 ZeRO-1, pp2 dp2 ZeRO-1 twice bitwise; with tensor
+# pipeline stages: dp2 ZeRO-1 -> pp2 (its validation loss too), pp2 dp2 ZeRO-1 twice
+# bitwise; with tensor
 # parallelism (MoE replicated over tp): tp2 dp2 ZeRO-1 -> one process
 MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
              ((4, 0, 1, 1, 4), (2, 3, 1)), ((4, 0, 1, 1, 2), (4, 0, 1, 1, 2)),
              ((1, 0, 1), (2, 1, 1)),
              ((4, 2, 1, 1, 2), (2, 1, 1, 1, 2)), ((4, 1, 1, 1, 2), (4, 1, 1, 1, 2)),
              ((2, 0, 1), (4, 2, 1, 1, 4)), ((4, 3, 1, 1, 2), (2, 3, 1, 1, 2)),
-             ((2, 3, 1, 1, 2), (2, 3, 1, 1, 2)), ((1, 0, 1, 2), (2, 1, 1)),
+             ((2, 3, 1, 1, 2), (2, 3, 1, 1, 2)), ((2, 1, 1), (1, 0, 1, 2)),
              ((2, 1, 1, 2), (2, 1, 1, 2)), ((2, 1, 2), (1, 0, 1))]
 MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
        "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]

@@ -13,7 +13,8 @@ seed and data. Checks that every per-step loss and every final weight (the exper
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
 model, <= 1e-4 per tensor, as test_layouts_tp.py), that the initial weights are bitwise
 the unsharded ones, that the router statistics (dropped assignments, load) are the same
-as one process's, and that one layout run twice is bitwise identical.
+as one process's, that the validation losses (cross-entropy only: no stage may add its
+aux terms) are too, and that one layout run twice is bitwise identical.
 
 Why the layouts drop the same tokens: capacity is decided per micro-batch on the rank
 that owns the tokens, before dispatch, and a data-parallel rank's micro-batch is exactly
@@ -117,7 +118,9 @@ def main():
                        "--z-loss-coef", "0.001", "--micro-batch", "2", "--global-batch", "16",
                        "--steps", str(STEPS), "--lr", "3e-3", "--warmup-steps", "3",
                        "--grad-clip", "0.5", "--seed", str(run_seed), "--log-every", "0",
-                       "--threads", "1", "--data", data]
+                       "--threads", "1", "--data", data,
+                       # validation (cross-entropy only) at steps 10 and 20, compared too
+                       "--val-data", data, "--eval-every", "10", "--eval-batches", "2"]
                 return cmd + (["--shared-expert"] if family == "gpt2" else ["--moe-every", "2"])
             tag = f"{family}_cf{cf}"
 
