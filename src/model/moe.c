@@ -579,6 +579,10 @@ void loom_moe_stats_add(loom_moe *dst, loom_moe *src) {
     memset(src->step_load, 0, (size_t)(src->E + 4) * sizeof(double));
 }
 
+void loom_moe_stats_clear(loom_moe *m) {
+    if (m) memset(m->step_load, 0, (size_t)(m->E + 4) * sizeof(double));
+}
+
 int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
     const int N = m->N, E = m->E, K = m->K;
     int n = 0;

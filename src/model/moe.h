@@ -78,6 +78,8 @@ double loom_moe_loss_sum(loom_moe *moe, float dloss, int training);
 /* Adds src's step statistics to dst's and clears src's (pipeline slots: one model per
  * micro-batch in flight). */
 void loom_moe_stats_add(loom_moe *dst, loom_moe *src);
+/* Drops the step statistics gathered so far (a tp replica's: counted once, by tp rank 0). */
+void loom_moe_stats_clear(loom_moe *moe);
 /* The routing decisions of the last forward (for the layout tests, which compare them
  * across layouts): idx[n_moe][N][K] the chosen experts in choice order, gap[n_moe][N]
  * each token's margin, the smallest relative gap (p_j - p_{j+1}) / p_j between

@@ -92,6 +92,7 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
     m->dfc = carve(cv, N * FC);
     m->dact = carve(cv, N * F);
     m->full = sequence_parallel && d.tp > 1 ? carve(cv, N * C) : NULL;
+    m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? carve(cv, N * C) : NULL;
     m->att_scratch = carve(cv, loom_attention_scratch_floats(m->T));
 }
 
@@ -148,11 +149,7 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
         return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
                               tp->rows, tp->width);
     /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
-     * micro-batch (its input and output are whole there without sequence parallelism). */
-    if (cfg->n_experts > 0 && tp && tp->sequence_parallel)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--sequence-parallel with --n-experts: not done yet (MoE blocks "
-                              "with --tp run without it)");
+     * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
     /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
     st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                           layers, err)
@@ -306,7 +303,10 @@ static loom_status block_forward(loom_model *m, const dims *dd, const float *p, 
                      cat(p, k->norm2_b), Ns);
         st = tp_gather(m, a->norm2, &in);
     }
-    if (!st && k->moe) {
+    if (!st && k->moe && m->moe_full) {
+        st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
+        memcpy(a->res2, m->moe_full + (size_t)d.rank * Ns * C, (size_t)Ns * C * sizeof(float));
+    } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
         loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
@@ -452,7 +452,15 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     loom_trace_begin(m->trace, "block", "backward");
     /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: under
      * split backward its weight gradients wait for W too (model/moe.h). */
-    if (k->moe) {
+    if (k->moe && m->moe_full) { /* sequence parallel: the whole dy and x, this slice of dx */
+        const float *x = NULL;
+        if (!(st = tp_gather(m, m->dres, &dy))) {
+            memcpy(m->moe_full, dy, (size_t)N * C * sizeof(float));
+            st = tp_gather(m, a->norm2, &x);
+        }
+        if (!st && !(st = loom_moe_backward(m->moe, l, p, g, x, m->moe_full, m->dnorm)))
+            dn = m->dnorm + (size_t)d.rank * Ns * C;
+    } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
     } else if (!(st = tp_gather(m, m->dres, &dy))) {
         memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
@@ -507,7 +515,8 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, float *g,
     loom_trace_begin(m->trace, "block", "backward-weight");
     loom_status st = LOOM_OK;
     if (k->moe) { /* the experts', router's and shared expert's, from what B kept */
-        loom_moe_backward_weight(m->moe, l, g, a->norm2);
+        const float *x;
+        if (!(st = tp_gather(m, a->norm2, &x))) loom_moe_backward_weight(m->moe, l, g, x);
     } else {
         loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
         st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);

@@ -384,9 +384,11 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 tokens_seen,
                                 0,
                                 {0, 0, 0, 0, 0, 0}};
-        /* MoE with --pp: every slot's and every stage's layers (world = pp x dp) */
+        /* MoE with --pp: every slot's and every stage's layers over the world, the tp
+         * replicas of a block counted once */
         for (int i = 1; mod->moe && r->pipelined && i < r->pipe.n_slots; i++)
             loom_moe_stats_add(mod->moe, r->pipe.slots[i]->moe);
+        if (r->pipelined && mesh->tp_rank != 0) loom_moe_stats_clear(mod->moe);
         if (mod->moe && (st = loom_moe_step_stats(mod->moe, r->pipelined ? &mesh->world : &mesh->dp,
                                                   &sm.moe, err)))
             return st;

@@ -8,8 +8,8 @@ capacity modes (capacity factor 1.0: tokens are dropped; 0: dropless), and with 
 all-to-all split into 3 and 32 (one token each) chunks, with ZeRO 1-3 over ep (ep2
 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), and pipelined (pp2
 1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed), and with
-tensor parallelism (tp2, tp2 x dp2 ZeRO-1: MoE blocks replicated over tp), from the same
-seed and data. Checks that every per-step loss and every final weight (the experts gathered
+tensor parallelism (tp2, tp2 x dp2 ZeRO-1, tp2 sequence-parallel, pp2 x tp2
+sequence-parallel zero-bubble: MoE blocks replicated over tp), from the same seed and data. Checks that every per-step loss and every final weight (the experts gathered
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
 model, <= 1e-4 per tensor, as test_layouts_tp.py), that the initial weights are bitwise
 the unsharded ones, that the router statistics (dropped assignments, load) are the same
@@ -79,6 +79,11 @@ LAYOUTS = [
     # the whole micro-batch), attention and dense MLPs sharded
     ("tp2", 2, ["--tp", "2"]),
     ("tp2_dp2_z1", 4, ["--tp", "2", "--dp", "2", "--zero", "1"]),
+    # ... with sequence parallelism (the block on the gathered micro-batch, its slice
+    # kept), also pipelined with the split backward (W gathers the block's input)
+    ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule",
+                          "zb"]),
 ]
 # PP_NOTE: with --pp loom dumps no routing decisions (train/route_dump.h records the
 # whole-model loop), so a pipelined layout is compared strictly; if it fails and the
