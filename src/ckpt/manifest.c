@@ -110,11 +110,20 @@ loom_status loom_ckpt_manifest_merge(loom_ckpt_manifest *dst, const loom_ckpt_ma
 /* ---- serialisation ---- */
 
 static json_t *model_json(const loom_model_config *c) {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "family",
-                     loom_family_name(c->family), "n_layer", c->n_layer, "n_head", c->n_head,
-                     "n_kv_head", c->n_kv_head, "d_model", c->d_model, "d_ff", c->d_ff,
-                     "vocab_size", c->vocab_size, "seq_len", c->seq_len, "norm_eps",
-                     (double)c->norm_eps, "rope_theta", (double)c->rope_theta);
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "family",
+                          loom_family_name(c->family), "n_layer", c->n_layer, "n_head", c->n_head,
+                          "n_kv_head", c->n_kv_head, "d_model", c->d_model, "d_ff", c->d_ff,
+                          "vocab_size", c->vocab_size, "seq_len", c->seq_len, "norm_eps",
+                          (double)c->norm_eps, "rope_theta", (double)c->rope_theta);
+    /* Mixture of experts: recorded only for MoE models (a dense manifest is unchanged). */
+    if (j && c->n_experts > 0)
+        json_object_set_new(
+            j, "moe",
+            json_pack("{s:i, s:i, s:i, s:b, s:f, s:f, s:f}", "n_experts", c->n_experts, "top_k",
+                      c->top_k, "moe_every", c->moe_every, "shared_expert", c->shared_expert,
+                      "capacity_factor", (double)c->capacity_factor, "aux_loss_coef",
+                      (double)c->aux_loss_coef, "z_loss_coef", (double)c->z_loss_coef));
+    return j;
 }
 
 static json_t *dims_json(int ndim, const int64_t v[2]) {
@@ -236,6 +245,35 @@ static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, c
     return LOOM_OK;
 }
 
+/* model.moe (absent: a dense model). */
+static loom_status parse_moe(const ctx *c, json_t *j, loom_model_config *mc) {
+    mc->n_experts = 0;
+    if (!j) return LOOM_OK;
+    int64_t e, k, every;
+    json_t *shared = json_object_get(j, "shared_expert");
+    const char *fkeys[3] = {"capacity_factor", "aux_loss_coef", "z_loss_coef"};
+    float *fdst[3] = {&mc->capacity_factor, &mc->aux_loss_coef, &mc->z_loss_coef};
+    if (!json_is_object(j) || !get_int(json_object_get(j, "n_experts"), 1, 1024, &e) ||
+        !get_int(json_object_get(j, "top_k"), 1, e, &k) ||
+        !get_int(json_object_get(j, "moe_every"), 1, mc->n_layer, &every) ||
+        !json_is_boolean(shared))
+        return bad(c, "%s",
+                   "model.moe: needs n_experts (1..1024), top_k (1..n_experts), moe_every "
+                   "(1..n_layer), shared_expert (true/false)");
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(j, fkeys[i]);
+        float x = json_is_number(v) ? (float)json_number_value(v) : -1.0f;
+        if (!(isfinite(x) && x >= 0.0f))
+            return bad(c, "model.moe: '%s' must be a number >= 0", fkeys[i]);
+        *fdst[i] = x;
+    }
+    mc->n_experts = (int)e;
+    mc->top_k = (int)k;
+    mc->moe_every = (int)every;
+    mc->shared_expert = json_is_true(shared);
+    return LOOM_OK;
+}
+
 static loom_status parse_model(const ctx *c, json_t *j, loom_model_config *mc) {
     const char *family = json_string_value(json_object_get(j, "family"));
     if (!json_is_object(j) || !family ||
@@ -262,7 +300,7 @@ static loom_status parse_model(const ctx *c, json_t *j, loom_model_config *mc) {
         return bad(c, "%s", "model: norm_eps and rope_theta must be positive finite numbers");
     mc->norm_eps = e;
     mc->rope_theta = th;
-    return LOOM_OK;
+    return parse_moe(c, json_object_get(j, "moe"), mc);
 }
 
 static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifest *m) {

@@ -48,6 +48,12 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m) {
     printf("  model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d, T %d\n",
            loom_family_name(m->model.family), m->model.n_layer, m->model.d_model, m->model.n_head,
            m->model.n_kv_head, m->model.d_ff, m->model.vocab_size, m->model.seq_len);
+    const loom_model_config *c = &m->model;
+    if (c->n_experts > 0)
+        printf("  mixture of experts: %d experts, top-%d, every %d layer(s)%s, capacity factor "
+               "%g, aux-loss-coef %g, z-loss-coef %g\n",
+               c->n_experts, c->top_k, c->moe_every, c->shared_expert ? ", shared expert" : "",
+               (double)c->capacity_factor, (double)c->aux_loss_coef, (double)c->z_loss_coef);
     uint64_t total = 0;
     int chunks = 0;
     printf("  %-48s %-16s %7s %12s\n", "tensor", "shape", "chunks", "bytes");

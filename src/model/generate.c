@@ -33,7 +33,9 @@ loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
         loom_generator_free(g);
         return loom_error_set(err, LOOM_ERR_NOMEM, "generate: out of memory for the KV cache");
     }
-    return LOOM_OK;
+    loom_status st = loom_moe_create(&g->moe, c, t, 1, NULL, err);
+    if (st) loom_generator_free(g);
+    return st;
 }
 
 void loom_generator_free(loom_generator *g) {
@@ -48,6 +50,7 @@ void loom_generator_free(loom_generator *g) {
     free(g->act);
     free(g->logits);
     free(g->scores);
+    loom_moe_destroy(g->moe);
     memset(g, 0, sizeof *g);
 }
 
@@ -112,6 +115,12 @@ void loom_generator_step(loom_generator *g, int32_t token, int pos) {
         loom_linear_forward(g->res, g->att, p + k->attn_out_w, opt(p, k->attn_out_b), 1, A, C);
         loom_add(g->x, g->x, g->res, C);
         norm(g, g->norm, g->x, k->norm2_w, k->norm2_b);
+        if (k->moe) {
+            /* One rank, no collective: cannot fail. */
+            (void)loom_moe_forward(g->moe, l, p, g->norm, g->res);
+            loom_add(g->x, g->x, g->res, C);
+            continue;
+        }
         loom_linear_forward(g->fc, g->norm, p + k->fc_w, opt(p, k->fc_b), 1, C, FC);
         if (gpt2)
             loom_gelu_forward(g->act, g->fc, F);

@@ -1,6 +1,9 @@
 /* Autoregressive decoding with a KV cache: one token at a time, each step attends to the
  * cached keys and values of every earlier position (no recomputation), for both
- * families. Sampling: temperature, top-k, top-p (nucleus). */
+ * families. Mixture-of-experts layers run the training block (model/moe.h) on the one
+ * token, all experts local: the same router, top-k and experts; a capacity of
+ * ceil(cf * K / E) >= 1 per expert never drops one token's assignments, so decoding is
+ * dropless. Sampling: temperature, top-k, top-p (nucleus). */
 #ifndef LOOM_MODEL_GENERATE_H
 #define LOOM_MODEL_GENERATE_H
 
@@ -8,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/moe.h"
 #include "model/params.h"
 
 typedef struct {
@@ -18,6 +22,7 @@ typedef struct {
     float *k_cache, *v_cache; /* [n_layer][max_len][n_kv_head * head_dim] */
     float *x, *norm, *qkv, *att, *res, *fc, *act, *logits, *scores;
     float mean, rstd;
+    loom_moe *moe; /* MoE layers: the training block for one token (NULL: dense) */
 } loom_generator;
 
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *cfg,

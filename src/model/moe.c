@@ -21,6 +21,11 @@ typedef struct {
     float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
     double aux, zsum;
     int dropped;
+    int fresh; /* forward ran since the last loom_moe_loss_sum */
+    /* split backward (loom_moe_set_split): what B keeps for W */
+    float *w_dy, *w_dh;       /* expert side [R, C] output and [R, FC] hidden gradients */
+    float *w_dlogits;         /* [N, E] */
+    float *w_sh_dy, *w_sh_dh; /* shared expert [N, C], [N, FC] */
 } moe_layer;
 
 struct loom_moe {
@@ -28,6 +33,7 @@ struct loom_moe {
     const loom_param_table *table;
     int N, C, F, FC, E, K, EL, ep, cap, gpt2, R;
     int chunks;                /* token chunks whose all-to-all overlaps another's experts */
+    int split;                 /* backward leaves the weight gradients to W */
     int32_t *chunk_of;         /* [N] chunk of each token */
     int32_t *zoffs;            /* [E] zeros: the kernels address rows as offs[e] + row */
     int *sb, *rb;              /* [chunks + 1] first row of each chunk: sent, received */
@@ -54,11 +60,12 @@ static void *grab(loom_moe *m, size_t bytes) {
 void loom_moe_destroy(loom_moe *m) {
     if (!m) return;
     if (m->layers)
-        for (int l = 0; l < m->cfg.n_layer; l++) {
+        for (int l = 0; l < m->table->n_layer; l++) {
             moe_layer *L = &m->layers[l];
             free(L->idx), free(L->pos), free(L->w), free(L->probs), free(L->lse);
             free(L->row), free(L->load), free(L->kept), free(L->ccnt), free(L->ret), free(L->rows);
             free(L->xin), free(L->h), free(L->act), free(L->sh_fc), free(L->sh_act);
+            free(L->w_dy), free(L->w_dh), free(L->w_dlogits), free(L->w_sh_dy), free(L->w_sh_dh);
         }
     free(m->layers);
     free(m->logits), free(m->dw), free(m->send), free(m->recv), free(m->ex), free(m->exd);
@@ -74,7 +81,7 @@ static int alloc_chunks(loom_moe *m, int chunks) {
     m->bytes -= m->chunk_bytes;
     const size_t before = m->bytes;
     int ok = 1;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
+    for (int l = 0; l < m->table->n_layer; l++) {
         moe_layer *L = &m->layers[l];
         if (!L->idx) continue;
         free(L->ccnt), free(L->rows);
@@ -133,10 +140,11 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     m->R = (int)R;
     const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
     const size_t Rs = (size_t)R;
-    m->layers = calloc((size_t)cfg->n_layer, sizeof *m->layers);
+    /* Indexed by the table's blocks (a pipeline stage holds some layers). */
+    m->layers = calloc((size_t)table->n_layer, sizeof *m->layers);
     int ok = m->layers != NULL;
-    for (int l = 0; ok && l < cfg->n_layer; l++) {
-        if (!loom_model_layer_is_moe(cfg, l)) continue;
+    for (int l = 0; ok && l < table->n_layer; l++) {
+        if (!table->blocks[l].moe) continue;
         moe_layer *L = &m->layers[l];
         L->idx = grab(m, NK * 4), L->pos = grab(m, NK * 4), L->w = grab(m, NK * 4);
         L->probs = grab(m, (size_t)N * E * 4), L->lse = grab(m, (size_t)N * 4);
@@ -182,6 +190,26 @@ loom_status loom_moe_set_chunks(loom_moe *m, int chunks, loom_error *err) {
                               chunks, m->N);
     if (!alloc_chunks(m, chunks))
         return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: out of memory for %d chunks", chunks);
+    return LOOM_OK;
+}
+
+loom_status loom_moe_set_split(loom_moe *m, loom_error *err) {
+    if (!m || m->split) return LOOM_OK;
+    const size_t R = (size_t)m->R, N = (size_t)m->N, C = (size_t)m->C, FC = (size_t)m->FC;
+    int ok = 1;
+    for (int l = 0; l < m->table->n_layer && ok; l++) {
+        moe_layer *L = &m->layers[l];
+        if (!L->idx) continue;
+        L->w_dy = grab(m, R * C * 4), L->w_dh = grab(m, R * FC * 4);
+        L->w_dlogits = grab(m, N * (size_t)m->E * 4);
+        ok = L->w_dy && L->w_dh && L->w_dlogits;
+        if (ok && m->cfg.shared_expert) {
+            L->w_sh_dy = grab(m, N * C * 4), L->w_sh_dh = grab(m, N * FC * 4);
+            ok = L->w_sh_dy && L->w_sh_dh;
+        }
+    }
+    if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: out of memory for split backward");
+    m->split = 1;
     return LOOM_OK;
 }
 
@@ -367,21 +395,33 @@ static void ffn_forward(const loom_moe *m, const loom_expert_params *e, const fl
     loom_linear_forward(y, act, p + e->proj_w, cp(p, e->proj_b), n, m->F, m->C);
 }
 
-/* Backward of ffn_forward: dx += d/dx, weight gradients accumulate. */
+/* The weight gradients of ffn_forward from its output gradient dy and hidden one dh. */
+static void ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, const float *x,
+                       const float *act, const float *dy, const float *dh, int n) {
+    if (n == 0) return;
+    loom_linear_backward_weight(g + e->proj_w, gp(g, e->proj_b), dy, act, n, m->F, m->C);
+    loom_linear_backward_weight(g + e->fc_w, gp(g, e->fc_b), dh, x, n, m->C, m->FC);
+}
+
+/* Backward of ffn_forward: dx += d/dx; weight gradients accumulate, or with keep_dy /
+ * keep_dh (split backward) dy and the hidden gradient are kept there for W. */
 static void ffn_backward(loom_moe *m, const loom_expert_params *e, const float *p, float *g,
                          const float *x, const float *h, const float *act, const float *dy,
-                         float *dx, int n) {
+                         float *dx, int n, float *keep_dy, float *keep_dh) {
     if (n == 0) return;
     memset(m->dact, 0, (size_t)n * m->F * sizeof(float));
     loom_linear_backward_input(m->dact, dy, p + e->proj_w, n, m->F, m->C);
-    loom_linear_backward_weight(g + e->proj_w, gp(g, e->proj_b), dy, act, n, m->F, m->C);
-    memset(m->dh, 0, (size_t)n * m->FC * sizeof(float));
+    float *dh = keep_dh ? keep_dh : m->dh;
+    memset(dh, 0, (size_t)n * m->FC * sizeof(float));
     if (m->gpt2)
-        loom_gelu_backward(m->dh, h, m->dact, (size_t)n * m->F);
+        loom_gelu_backward(dh, h, m->dact, (size_t)n * m->F);
     else
-        loom_swiglu_backward(m->dh, m->dact, h, n, m->F);
-    loom_linear_backward_weight(g + e->fc_w, gp(g, e->fc_b), m->dh, x, n, m->C, m->FC);
-    loom_linear_backward_input(dx, m->dh, p + e->fc_w, n, m->C, m->FC);
+        loom_swiglu_backward(dh, m->dact, h, n, m->F);
+    if (keep_dy)
+        memcpy(keep_dy, dy, (size_t)n * m->C * sizeof(float));
+    else
+        ffn_weight(m, e, g, x, act, dy, dh, n);
+    loom_linear_backward_input(dx, dh, p + e->fc_w, n, m->C, m->FC);
 }
 
 static loom_expert_params local_expert(const loom_block_params *k, int j) {
@@ -398,9 +438,6 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     moe_layer *L = &m->layers[layer];
     const loom_block_params *k = &m->table->blocks[layer];
     const int N = m->N, C = m->C, E = m->E, K = m->K;
-    int first = 0;
-    while (!loom_model_layer_is_moe(&m->cfg, first)) first++;
-    if (layer == first) m->loss_term = 0.0;
     loom_linear_forward(m->logits, x, p + k->gate_w, NULL, N, C, E);
     loom_moe_router_forward(L->probs, L->idx, L->w, L->lse, m->logits, N, E, K);
     L->dropped = loom_moe_capacity(L->pos, L->load, L->kept, L->idx, N, K, E, m->cap);
@@ -444,6 +481,7 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     for (int t = 0; t < N; t++) z += (double)L->lse[t] * L->lse[t];
     L->aux = aux * E;
     L->zsum = z;
+    L->fresh = 1;
     m->loss_term += (double)m->cfg.aux_loss_coef * L->aux * N + (double)m->cfg.z_loss_coef * z;
     return LOOM_OK;
 }
@@ -469,7 +507,8 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
             const loom_expert_params e = local_expert(k, j);
             ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
                          L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C,
-                         m->exd + (size_t)r0 * C, rows);
+                         m->exd + (size_t)r0 * C, rows, m->split ? L->w_dy + (size_t)r0 * C : NULL,
+                         m->split ? L->w_dh + (size_t)r0 * m->FC : NULL);
             st = poke(m, c);
         }
         if (!st) st = start_combine(m, L, c, m->exd, m->send);
@@ -484,34 +523,71 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
     for (int e = 0; e < E; e++) dprob[e] = (float)(a * L->load[e]);
     loom_moe_router_backward(m->logits, L->probs, L->idx, L->w, m->dw, L->lse, dprob,
                              m->cfg.z_loss_coef * m->dloss, N, E, K);
-    loom_linear_backward_weight(g + k->gate_w, NULL, m->logits, x, N, C, E);
+    if (m->split)
+        memcpy(L->w_dlogits, m->logits, (size_t)N * E * sizeof(float));
+    else
+        loom_linear_backward_weight(g + k->gate_w, NULL, m->logits, x, N, C, E);
     loom_linear_backward_input(dx, m->logits, p + k->gate_w, N, C, E);
-    if (m->cfg.shared_expert) ffn_backward(m, &k->shared, p, g, x, L->sh_fc, L->sh_act, dy, dx, N);
+    if (m->cfg.shared_expert)
+        ffn_backward(m, &k->shared, p, g, x, L->sh_fc, L->sh_act, dy, dx, N, L->w_sh_dy,
+                     L->w_sh_dh);
     return LOOM_OK;
+}
+
+void loom_moe_backward_weight(loom_moe *m, int layer, float *g, const float *x) {
+    const moe_layer *L = &m->layers[layer];
+    const loom_block_params *k = &m->table->blocks[layer];
+    const size_t C = (size_t)m->C, FC = (size_t)m->FC, F = (size_t)m->F;
+    set_counts(m, L); /* the row offsets of this layer (shared scratch) */
+    /* B's order of the sums (chunk, then local expert): the same gradients bitwise. */
+    for (int c = 0; c < m->chunks; c++)
+        for (int j = 0; j < m->EL; j++) {
+            int r0;
+            const int rows = expert_rows(m, L, c, j, &r0);
+            const loom_expert_params e = local_expert(k, j);
+            ffn_weight(m, &e, g, L->xin + (size_t)r0 * C, L->act + (size_t)r0 * F,
+                       L->w_dy + (size_t)r0 * C, L->w_dh + (size_t)r0 * FC, rows);
+        }
+    loom_linear_backward_weight(g + k->gate_w, NULL, L->w_dlogits, x, m->N, m->C, m->E);
+    if (m->cfg.shared_expert)
+        ffn_weight(m, &k->shared, g, x, L->sh_act, L->w_sh_dy, L->w_sh_dh, m->N);
 }
 
 double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {
     if (!m) return 0.0;
-    if (training) {
-        m->dloss = dloss;
-        for (int l = 0; l < m->cfg.n_layer; l++) {
-            if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
-            const moe_layer *L = &m->layers[l];
-            for (int e = 0; e < m->E; e++) m->step_load[e] += L->load[e];
-            m->step_load[m->E] += L->dropped;
-            m->step_load[m->E + 1] += L->aux;
-            m->step_load[m->E + 2] += L->zsum;
-        }
-        m->step_load[m->E + 3] += m->N; /* tokens */
+    /* The layers that ran since the last call (a pipeline stage's chunk, or all). */
+    if (training) m->dloss = dloss;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        moe_layer *L = &m->layers[l];
+        if (!L->fresh) continue;
+        L->fresh = 0;
+        if (!training) continue;
+        for (int e = 0; e < m->E; e++) m->step_load[e] += L->load[e];
+        m->step_load[m->E] += L->dropped;
+        m->step_load[m->E + 1] += L->aux;
+        m->step_load[m->E + 2] += L->zsum;
+        m->step_load[m->E + 3] += m->N; /* token-layers */
     }
-    return m->loss_term;
+    const double s = m->loss_term;
+    m->loss_term = 0.0;
+    return s;
+}
+
+void loom_moe_stats_add(loom_moe *dst, loom_moe *src) {
+    if (!dst || !src || dst == src) return;
+    for (int i = 0; i < dst->E + 4; i++) dst->step_load[i] += src->step_load[i];
+    memset(src->step_load, 0, (size_t)(src->E + 4) * sizeof(double));
+}
+
+void loom_moe_stats_clear(loom_moe *m) {
+    if (m) memset(m->step_load, 0, (size_t)(m->E + 4) * sizeof(double));
 }
 
 int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
     const int N = m->N, E = m->E, K = m->K;
     int n = 0;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        if (!loom_model_layer_is_moe(&m->cfg, l)) continue;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        if (!m->table->blocks[l].moe) continue;
         const moe_layer *L = &m->layers[l];
         if (idx) memcpy(idx + (size_t)n * N * K, L->idx, (size_t)N * K * sizeof(int32_t));
         for (int t = 0; gap && t < N; t++) {
@@ -541,11 +617,10 @@ loom_status loom_moe_step_stats(loom_moe *m, loom_comm *dp, loom_moe_stats *out,
     const int E = m->E;
     loom_status st = loom_comm_allreduce_sum_f64(dp, m->step_load, E + 4, err);
     if (st) return st;
-    int n_moe = 0;
+    int n_moe = 0; /* of the whole model: the sums may come from every pipeline stage */
     for (int l = 0; l < m->cfg.n_layer; l++) n_moe += loom_model_layer_is_moe(&m->cfg, l);
-    const double tokens = m->step_load[E + 3], groups = tokens / m->N;
+    const double per = m->step_load[E + 3], tokens = per / n_moe, groups = tokens / m->N;
     /* load: assignments per token of one layer (so the mean is K/E) */
-    const double per = tokens * n_moe;
     out->load_min = out->load_max = m->step_load[0] / per;
     double sum = 0.0;
     for (int e = 0; e < E; e++) {

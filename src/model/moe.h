@@ -55,6 +55,13 @@ size_t loom_moe_bytes(const loom_moe *moe);
 /* Where failures of the ep collectives inside forward/backward are reported. */
 void loom_moe_set_error(loom_moe *moe, loom_error *err);
 
+/* Split backward (zero-bubble schedules): loom_moe_backward then computes the input
+ * gradient only and keeps the expert-side output and hidden gradients, the router's
+ * logit gradient and the shared expert's; loom_moe_backward_weight adds the weight
+ * gradients from them (in B's order: the same sums bitwise). */
+loom_status loom_moe_set_split(loom_moe *moe, loom_error *err);
+void loom_moe_backward_weight(loom_moe *moe, int layer, float *grads, const float *x);
+
 /* out[N, C] = the MoE block of `layer` applied to x[N, C] (saves what backward needs). */
 loom_status loom_moe_forward(loom_moe *moe, int layer, const float *params, const float *x,
                              float *out);
@@ -62,17 +69,25 @@ loom_status loom_moe_forward(loom_moe *moe, int layer, const float *params, cons
  * weight of one token's loss (as in loom_model_loss_sum). */
 loom_status loom_moe_backward(loom_moe *moe, int layer, const float *params, float *grads,
                               const float *x, const float *dy, float *dx);
-/* The auxiliary losses of the last forward, as a sum over its tokens (aux_coef * aux * N
- * + z_coef * sum of lse^2, over the MoE layers); with `training` also records the
- * router statistics and dloss for backward. */
+/* The auxiliary losses of the MoE layers whose forward ran since the last call (all of
+ * them for a whole model; a pipeline stage calls it after each chunk), as a sum over the
+ * tokens (aux_coef * aux * N + z_coef * sum of lse^2, over those layers), consumed: a
+ * second call returns 0. With `training` also records their router statistics and
+ * dloss for backward. */
 double loom_moe_loss_sum(loom_moe *moe, float dloss, int training);
+/* Adds src's step statistics to dst's and clears src's (pipeline slots: one model per
+ * micro-batch in flight). */
+void loom_moe_stats_add(loom_moe *dst, loom_moe *src);
+/* Drops the step statistics gathered so far (a tp replica's: counted once, by tp rank 0). */
+void loom_moe_stats_clear(loom_moe *moe);
 /* The routing decisions of the last forward (for the layout tests, which compare them
  * across layouts): idx[n_moe][N][K] the chosen experts in choice order, gap[n_moe][N]
  * each token's margin, the smallest relative gap (p_j - p_{j+1}) / p_j between
  * consecutive router probabilities of its top K+1 (how close a choice, or the order of
  * two, is to flipping under rounding). Returns n_moe (MoE layers). */
 int loom_moe_routes(const loom_moe *moe, int32_t *idx, float *gap);
-/* The step's statistics summed over `dp` (collective), then reset. */
+/* The step's statistics summed over `dp` (collective; with pipelining the world, so every
+ * stage's layers count), then reset. */
 loom_status loom_moe_step_stats(loom_moe *moe, loom_comm *dp, loom_moe_stats *out, loom_error *err);
 
 #endif

@@ -1,6 +1,7 @@
 #include "model/moe_config.h"
 
 #include <math.h>
+#include <stddef.h>
 
 loom_status loom_model_config_validate_moe(const loom_model_config *c, loom_error *err) {
     if (c->n_experts < 0)
@@ -33,16 +34,16 @@ loom_status loom_model_config_validate_moe(const loom_model_config *c, loom_erro
 loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp, int zero, int tp,
                                      int pp, loom_error *err) {
     if (ep < 1) return loom_error_set(err, LOOM_ERR_INPUT, "--ep %d: expected >= 1", ep);
-    if (c->n_experts > 0 && tp > 1)
+    if (c->n_experts > 0 && tp > 1 && ep > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tp %d with --n-experts %d: mixture-of-experts layers do not run "
-                              "tensor-parallel yet (use --ep and --dp)",
-                              tp, c->n_experts);
-    if (c->n_experts > 0 && pp > 1)
+                              "--tp %d with --ep %d: expert parallelism with tensor parallelism is "
+                              "not done yet (MoE with --tp replicates the experts over tp)",
+                              tp, ep);
+    if (c->n_experts > 0 && pp > 1 && ep > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--pp %d with --n-experts %d: mixture-of-experts layers do not run "
-                              "pipeline-parallel yet",
-                              pp, c->n_experts);
+                              "--pp %d with --ep %d: expert parallelism inside pipeline stages "
+                              "is not done yet (MoE with --pp runs every expert on every rank)",
+                              pp, ep);
     if (ep == 1) return LOOM_OK;
     if (dp % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
@@ -57,10 +58,39 @@ loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp,
                               "--ep %d: must divide --n-experts %d (each rank holds n_experts/ep "
                               "experts)",
                               ep, c->n_experts);
-    if (zero > 0)
+    (void)zero; /* every stage: parallel/ep_zero.h */
+    return LOOM_OK;
+}
+
+loom_status loom_moe_config_check_same(const loom_model_config *s, const loom_model_config *g,
+                                       const char *origin, loom_error *err) {
+    const char *tail = "(mixture-of-experts settings must match the saved model)";
+    if (s->n_experts != g->n_experts)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--zero %d with --ep %d: expert parallelism supports ZeRO-0 only "
-                              "(expert and dense parameters are reduced over different groups)",
-                              zero, ep);
+                              "--n-experts %d: %s was saved with --n-experts %d %s", g->n_experts,
+                              origin, s->n_experts, tail);
+    if (s->n_experts == 0) return LOOM_OK;
+    const struct {
+        const char *flag;
+        int saved, given;
+    } ints[] = {{"--top-k", s->top_k, g->top_k},
+                {"--moe-every", s->moe_every, g->moe_every},
+                {"--shared-expert", s->shared_expert, g->shared_expert}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].saved != ints[i].given)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s %d: %s was saved with %s %d %s",
+                                  ints[i].flag, ints[i].given, origin, ints[i].flag, ints[i].saved,
+                                  tail);
+    const struct {
+        const char *flag;
+        float saved, given;
+    } floats[] = {{"--capacity-factor", s->capacity_factor, g->capacity_factor},
+                  {"--aux-loss-coef", s->aux_loss_coef, g->aux_loss_coef},
+                  {"--z-loss-coef", s->z_loss_coef, g->z_loss_coef}};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+        if (floats[i].saved != floats[i].given)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s %g: %s was saved with %s %g %s",
+                                  floats[i].flag, (double)floats[i].given, origin, floats[i].flag,
+                                  (double)floats[i].saved, tail);
     return LOOM_OK;
 }

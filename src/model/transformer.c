@@ -107,6 +107,7 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
     m->dfc = carve(cv, N * FC);
     m->dact = carve(cv, N * F);
     m->full = sequence_parallel && d.tp > 1 ? carve(cv, N * C) : NULL;
+    m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? carve(cv, N * C) : NULL;
     m->att_scratch = carve(cv, loom_attention_scratch_floats(m->T));
 }
 
@@ -160,11 +161,6 @@ static loom_status allocate_arena(loom_model *m, loom_error *err) {
     return LOOM_OK;
 }
 
-static int whole_model(const loom_model_config *cfg, const loom_layer_set *layers) {
-    return !layers || (layers->n_chunks == 1 && layers->lo[0] == 0 &&
-                       layers->hi[0] == cfg->n_layer && layers->first && layers->last);
-}
-
 static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
                                 loom_tp *tp, const loom_layer_set *layers, int flags, loom_comm *ep,
                                 loom_error *err) {
@@ -183,16 +179,15 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
     if (tp && tp->size > 1 && (tp->rows != B * T || tp->width != cfg->d_model))
         return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
                               tp->rows, tp->width);
-    if (cfg->n_experts > 0 && tp && tp->size > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT, "--tp %d: not with --n-experts yet", tp->size);
-    if (cfg->n_experts > 0 && !whole_model(cfg, layers))
-        return loom_error_set(err, LOOM_ERR_INPUT, "--pp: not with --n-experts yet");
-    /* ep only for a whole model (MoE runs without pipelining) */
+    /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
+     * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
+    /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
     st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                           layers, err)
                 : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
                                        ep ? ep->rank : 0, ep ? ep->size : 1, err);
-    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err))) {
+    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err)) ||
+        (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);
         return st;
     }
@@ -346,7 +341,10 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
                      cat(p, k->norm2_b), Ns);
         st = tp_gather(m, a->norm2, &in);
     }
-    if (!st && k->moe) {
+    if (!st && k->moe && m->moe_full) {
+        st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
+        memcpy(a->res2, m->moe_full + (size_t)d.rank * Ns * C, (size_t)Ns * C * sizeof(float));
+    } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
         loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
@@ -499,9 +497,17 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, "recompute");
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
-    /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: the
-     * experts' weight gradients come with B also under split backward. */
-    if (k->moe) {
+    /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: under
+     * split backward its weight gradients wait for W too (model/moe.h). */
+    if (k->moe && m->moe_full) { /* sequence parallel: the whole dy and x, this slice of dx */
+        const float *xn = NULL;
+        if (!(st = tp_gather(m, m->dres, &dy))) {
+            memcpy(m->moe_full, dy, (size_t)N * C * sizeof(float));
+            st = tp_gather(m, a->norm2, &xn);
+        }
+        if (!st && !(st = loom_moe_backward(m->moe, l, p, g, xn, m->moe_full, m->dnorm)))
+            dn = m->dnorm + (size_t)d.rank * Ns * C;
+    } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
     } else if (!(st = tp_gather(m, m->dres, &dy))) {
         memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
@@ -558,7 +564,10 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, "recompute") : LOOM_OK;
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
-    if (!k->moe) { /* MoE: done in B */
+    if (k->moe) { /* the experts', router's and shared expert's, from what B kept */
+        const float *xn;
+        if (!(st = tp_gather(m, a->norm2, &xn))) loom_moe_backward_weight(m->moe, l, g, xn);
+    } else {
         loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
         st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
     }

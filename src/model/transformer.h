@@ -47,8 +47,9 @@ typedef struct {
      * sequence parallelism the residual stream (embed, res1, res2, norm outputs, dres)
      * holds only Ns = N/tp rows. */
     loom_tp *tp;
-    int Ns;      /* rows of the residual stream here */
-    float *full; /* [N,C] gather target (sequence parallelism only) */
+    int Ns;          /* rows of the residual stream here */
+    float *full;     /* [N,C] gather target (sequence parallelism only) */
+    float *moe_full; /* [N,C] MoE with sequence parallelism: whole output / output gradient */
     float *arena;
     size_t arena_floats;
     float *embed;            /* [N,C] */

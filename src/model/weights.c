@@ -8,13 +8,15 @@
 #include "ckpt/safetensors.h"
 
 #define N_META 11
+#define N_MOE_META 7 /* written only for MoE models */
 
 loom_status loom_weights_save(const char *path, const loom_model_config *c,
                               const loom_param_table *t, const float *params, loom_error *err) {
-    char vals[N_META][32];
-    const char *keys[N_META] = {"format",    "family",   "n_layer",   "n_head",
-                                "n_kv_head", "d_model",  "d_ff",      "vocab_size",
-                                "seq_len",   "norm_eps", "rope_theta"};
+    char vals[N_META + N_MOE_META][32];
+    const char *keys[N_META + N_MOE_META] = {
+        "format", "family",     "n_layer",       "n_head",          "n_kv_head",     "d_model",
+        "d_ff",   "vocab_size", "seq_len",       "norm_eps",        "rope_theta",    "n_experts",
+        "top_k",  "moe_every",  "shared_expert", "capacity_factor", "aux_loss_coef", "z_loss_coef"};
     snprintf(vals[0], 32, "loom-weights-1");
     snprintf(vals[1], 32, "%s", loom_family_name(c->family));
     snprintf(vals[2], 32, "%d", c->n_layer);
@@ -26,9 +28,17 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
     snprintf(vals[8], 32, "%d", c->seq_len);
     snprintf(vals[9], 32, "%.9g", (double)c->norm_eps);
     snprintf(vals[10], 32, "%.9g", (double)c->rope_theta);
-    const char *values[N_META];
-    for (int i = 0; i < N_META; i++) values[i] = vals[i];
-    return loom_params_write_safetensors(path, t, params, keys, values, N_META, err);
+    snprintf(vals[11], 32, "%d", c->n_experts);
+    snprintf(vals[12], 32, "%d", c->top_k);
+    snprintf(vals[13], 32, "%d", c->moe_every);
+    snprintf(vals[14], 32, "%d", c->shared_expert);
+    snprintf(vals[15], 32, "%.9g", (double)c->capacity_factor);
+    snprintf(vals[16], 32, "%.9g", (double)c->aux_loss_coef);
+    snprintf(vals[17], 32, "%.9g", (double)c->z_loss_coef);
+    const int n = N_META + (c->n_experts > 0 ? N_MOE_META : 0);
+    const char *values[N_META + N_MOE_META];
+    for (int i = 0; i < n; i++) values[i] = vals[i];
+    return loom_params_write_safetensors(path, t, params, keys, values, n, err);
 }
 
 loom_status loom_params_write_safetensors(const char *path, const loom_param_table *t,
@@ -74,6 +84,26 @@ static loom_status meta_float(const loom_safetensors *f, const char *key, float 
     return LOOM_OK;
 }
 
+/* The MoE fields (absent: a dense model, as files before they were written). */
+static loom_status meta_moe(const loom_safetensors *f, loom_model_config *c, loom_error *err) {
+    if (!loom_safetensors_meta(f, "n_experts")) return LOOM_OK;
+    loom_status st;
+    if ((st = meta_int(f, "n_experts", &c->n_experts, err)) ||
+        (st = meta_int(f, "top_k", &c->top_k, err)) ||
+        (st = meta_int(f, "moe_every", &c->moe_every, err)) ||
+        (st = meta_float(f, "capacity_factor", &c->capacity_factor, err)) ||
+        (st = meta_float(f, "aux_loss_coef", &c->aux_loss_coef, err)) ||
+        (st = meta_float(f, "z_loss_coef", &c->z_loss_coef, err)))
+        return st;
+    const char *sh = loom_safetensors_meta(f, "shared_expert");
+    if (!sh || (strcmp(sh, "0") != 0 && strcmp(sh, "1") != 0))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s: metadata 'shared_expert' is %s (expected 0 or 1)", f->path,
+                              sh ? sh : "missing");
+    c->shared_expert = sh[0] == '1';
+    return LOOM_OK;
+}
+
 loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param_table *t,
                               float **params, loom_error *err) {
     memset(t, 0, sizeof *t);
@@ -98,7 +128,7 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
             !(st = meta_int(&f, "seq_len", &c->seq_len, err)) &&
             !(st = meta_float(&f, "norm_eps", &c->norm_eps, err)) &&
             !(st = meta_float(&f, "rope_theta", &c->rope_theta, err)) &&
-            (st = loom_model_config_validate(c, err)))
+            !(st = meta_moe(&f, c, err)) && (st = loom_model_config_validate(c, err)))
             loom_error_prefix(err, "%s", path);
     }
     if (!st) st = loom_params_build(t, c, 0, 1, err);

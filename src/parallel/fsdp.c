@@ -1,5 +1,7 @@
 #include "parallel/fsdp.h"
 
+#include "parallel/ep_zero.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -50,7 +52,10 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
         loom_fsdp_free(f);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO-3: out of memory");
     }
-    loom_params_init_range(t, f->shard, z->lo, z->hi, seed);
+    if (z->experts) /* --ep: the shard is full-layout, valid on its ranges (parallel/ep_zero.h) */
+        loom_ep_zero_init_shard(z, f->shard, seed);
+    else
+        loom_params_init_range(t, f->shard, z->lo, z->hi, seed);
     return LOOM_OK;
 }
 
@@ -70,6 +75,10 @@ void loom_fsdp_free(loom_fsdp *f) {
 static loom_status start(loom_fsdp *f, int i, loom_error *err) {
     loom_fsdp_range *r = &f->ranges[i];
     if (r->state != 0) return LOOM_OK;
+    if (f->zero->experts) { /* dense part over dp, experts over edp: blocking, no prefetch */
+        r->state = 2;
+        return loom_ep_zero_gather_range(f->zero, f->shard, f->view, r->begin, r->end, err);
+    }
     const loom_zero *z = f->zero;
     size_t a = z->lo > r->begin ? z->lo : r->begin, e = z->hi < r->end ? z->hi : r->end;
     if (a < e) memcpy(f->view + a, f->shard + (a - z->lo), (e - a) * sizeof(float));
@@ -143,12 +152,13 @@ size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
     const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
     /* A block in use and the next one prefetched (one when there is only one). */
     size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
+    const size_t shard =
+        f->zero->experts ? f->zero->experts->own_floats : f->zero->hi - f->zero->lo;
     if (f->keep_blocks) {
         size_t all = 0;
         for (int i = 0; i < f->n_ranges; i++) all += f->ranges[i].end - f->ranges[i].begin;
-        return ((f->zero->hi - f->zero->lo) + all) * sizeof(float);
+        return (shard + all) * sizeof(float);
     }
-    size_t n = (f->zero->hi - f->zero->lo) + (head->end - head->begin) + (tail->end - tail->begin) +
-               blocks * biggest;
+    size_t n = shard + (head->end - head->begin) + (tail->end - tail->begin) + blocks * biggest;
     return n * sizeof(float);
 }

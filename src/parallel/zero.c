@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "kernels/kernels.h"
+#include "parallel/ep_zero.h"
 
 /* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
 static size_t snap_to_row(const loom_param_table *t, size_t target) {
@@ -83,6 +84,7 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
 }
 
 void loom_zero_free(loom_zero *z) {
+    loom_ep_zero_detach(z);
     loom_comm_engine_stop(&z->engine);
     loom_embed_grad_free(&z->embed);
     if (z->buckets)
@@ -97,11 +99,11 @@ void loom_zero_free(loom_zero *z) {
 }
 
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
-    const size_t n = z->hi - z->lo, f = sizeof(float);
+    const size_t n = z->experts ? z->experts->own_floats : z->hi - z->lo, f = sizeof(float);
     m->shard_floats = n;
     m->params = (z->stage == 3 ? n : z->total) * f;
     m->grads_local = z->total * f;
-    m->grads_shard = z->stage >= 2 ? n * f : 0;
+    m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0; /* ep: reduced in place */
     m->optimizer = 2 * n * f;
 }
 
@@ -302,6 +304,7 @@ loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, 
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
+    if (z->experts) return loom_ep_zero_step(z, params, shard, grads, norm, lr, cfg, step, err);
     float *g = reduced_grads(z, grads);
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
     loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
@@ -312,6 +315,7 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
+    if (z->experts) return loom_ep_zero_gather(z, grads, err);
     memcpy(grads + z->lo, z->grad_shard, (z->hi - z->lo) * sizeof(float));
     return loom_comm_allgatherv(z->dp, grads, z->shard_counts, z->shard_displs, err);
 }

@@ -56,6 +56,7 @@ typedef struct {
     size_t grads_after;  /* ... and once the last reduction was done (edge pages only) */
     double step_wait_ms; /* this step: time spent inside gradient-communication calls
                             (starting, testing, waiting): the part not hidden */
+    struct loom_ep_zero *experts; /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,

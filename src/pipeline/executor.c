@@ -125,6 +125,11 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
                 st = loom_model_loss_sum(mod, x->dloss, x->backward, &s);
             x->loss_sum += s;
         } else if (!st && !(st = send_buffer(x, 0, slot, a->chunk, &send))) {
+            /* MoE layers of this chunk: their aux/z terms in training (the last stage's
+             * come with the loss; evaluation is cross-entropy only); the sum over stages
+             * is the pipeline group's all-reduce at the end. */
+            const double aux = loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
+            if (x->backward) x->loss_sum += aux;
             memcpy(send, out, pl->act_floats * sizeof(float));
         }
         return st;

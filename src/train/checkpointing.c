@@ -12,7 +12,9 @@
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
 #include "core/version.h"
+#include "model/moe_config.h"
 #include "parallel/ep.h"
+#include "parallel/ep_zero.h"
 
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) {
@@ -72,8 +74,10 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_plan plan = {0};
     loom_status st = LOOM_OK;
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
-        st = loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
-                                  mesh->edp.rank, mesh->edp.size, err);
+        st = c->zero->experts /* ZeRO 1-2: each rank writes its shard */
+                 ? loom_ep_zero_plan_written(c->zero, &plan, (loom_ckpt_kind)k, err)
+                 : loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
+                                        mesh->edp.rank, mesh->edp.size, err);
     if (st) {
         loom_ckpt_plan_free(&plan);
         return st;
@@ -88,6 +92,10 @@ static void reset_state(loom_checkpointing *c) {
     loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
                            c->tc->seed);
     size_t n = c->zero->stage == 0 ? c->zero->total : c->zero->hi - c->zero->lo;
+    if (c->zero->experts) {
+        loom_ep_zero_clear_state(c->zero);
+        return;
+    }
     memset(c->zero->m, 0, n * sizeof(float));
     memset(c->zero->v, 0, n * sizeof(float));
 }
@@ -109,7 +117,8 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
 }
 
 /* One attempt: manifest, model check, load. Collective result: every rank agrees.
- * *wrong_seed: the checkpoint is fine but was saved with another --seed (not loaded). */
+ * *wrong_seed: the checkpoint is fine but was saved with another --seed or other MoE
+ * settings (not loaded, and no older checkpoint is tried). */
 static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
                             loom_error *err) {
     char path[LOOM_CKPT_PATH_MAX + 16];
@@ -134,12 +143,16 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
                             "T %d)",
                             path, loom_family_name(m.model.family), m.model.n_layer,
                             m.model.d_model, m.model.vocab_size, m.model.seq_len);
+    } else if (loom_moe_config_check_same(&m.model, c->mc, path, err)) {
+        *wrong_seed = 1; /* a setting to change, not a damaged checkpoint */
+        st = LOOM_ERR_INPUT;
     } else {
         loom_ckpt_buffer b[LOOM_CKPT_KINDS];
         held_buffers(c, b);
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
-        st = loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
+        st = c->zero->experts ? loom_ep_zero_load(c->zero, dir, &m, b[0].data, &stats, err)
+                              : loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
         *step = m.step;
         if (!st && c->mesh->rank == 0)
             fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
@@ -205,7 +218,8 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
             free(list);
             return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
                               : loom_error_set(err, LOOM_ERR_INPUT,
-                                               "--seed: another rank found a different seed");
+                                               "--resume: another rank refused the checkpoint's "
+                                               "settings");
         }
         if (v[0] == 0) {
             *start_step = (int)step;

@@ -17,6 +17,7 @@
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "parallel/ep.h"
+#include "parallel/ep_zero.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
 #include "parallel/zero.h"
@@ -333,7 +334,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
-        if (!st && ep_on) st = loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
+        if (!st && ep_on)
+            st = r->zero.experts ? loom_ep_zero_reduce(&r->zero, r->grads, err)
+                                 : loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
         double loss = loss_sum / ((double)G * T);
@@ -352,8 +355,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = r->pipelined
                       ? loom_pipeline_grad_norm(&r->pipe, &r->tp, &r->zero, r->grads, &norm, err)
-                  : ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
-                          : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+                  : r->zero.experts ? loom_ep_zero_grad_norm(&r->zero, r->grads, &norm, err)
+                  : ep_on           ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
+                                    : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
@@ -380,7 +384,14 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 tokens_seen,
                                 0,
                                 {0, 0, 0, 0, 0, 0}};
-        if (mod->moe && (st = loom_moe_step_stats(mod->moe, &mesh->dp, &sm.moe, err))) return st;
+        /* MoE with --pp: every slot's and every stage's layers over the world, the tp
+         * replicas of a block counted once */
+        for (int i = 1; mod->moe && r->pipelined && i < r->pipe.n_slots; i++)
+            loom_moe_stats_add(mod->moe, r->pipe.slots[i]->moe);
+        if (r->pipelined && mesh->tp_rank != 0) loom_moe_stats_clear(mod->moe);
+        if (mod->moe && (st = loom_moe_step_stats(mod->moe, r->pipelined ? &mesh->world : &mesh->dp,
+                                                  &sm.moe, err)))
+            return st;
         sm.has_moe = mod->moe != NULL;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
             (st = evaluate(r, mc, tc, mesh, &sm.val_loss, err)))
@@ -419,7 +430,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }
-    if (dumping && (st = loom_route_dump_write(&r->routes, tc->dump_dir, mesh->dp_rank, err)))
+    /* one file per dp rank: its tp ranks route alike (MoE blocks replicated over tp) */
+    if (dumping && mesh->tp_rank == 0 &&
+        (st = loom_route_dump_write(&r->routes, tc->dump_dir, mesh->dp_rank, err)))
         return st;
     return LOOM_OK;
 }
@@ -449,7 +462,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                                                  err)) ||
         (st = loom_model_set_recompute(&r.model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
-        (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err))) {
+        (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err)) ||
+        (mesh->ep.size > 1 && r.zero.stage > 0 &&
+         (st = loom_ep_zero_attach(&r.zero, &mesh->edp, err)))) {
         run_free(&r);
         return st;
     }
@@ -558,8 +573,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
-    if (tc->dump_dir[0] && (st = loom_route_dump_open(&r.routes, mc, tc->micro_batch * T, tc->steps,
-                                                      per_rank / tc->micro_batch, err))) {
+    /* Routes are recorded by the whole-model loop only (not with --pp). */
+    if (tc->dump_dir[0] && !r.pipelined &&
+        (st = loom_route_dump_open(&r.routes, mc, tc->micro_batch * T, tc->steps,
+                                   per_rank / tc->micro_batch, err))) {
         run_free(&r);
         return st;
     }

@@ -16,12 +16,23 @@
 
 static unsigned seed_value;
 
-static void check_family(loom_family family) {
+/* n_experts 0: dense. MoE: every layer or every 2nd, shared expert, dropless or a
+ * capacity generous enough that the training forward (11 tokens) drops nothing. */
+static void check_family(loom_family family, int n_experts) {
     loom_model_config c = {family, 2,        4,    family == LOOM_FAMILY_GPT2 ? 4 : 2,
                            24,     40,       53,   11,
                            1e-5f,  10000.0f, 0,    2,
                            1,      0,        0.0f, 0.0f,
                            0.0f};
+    if (n_experts) {
+        c.n_experts = n_experts;
+        c.top_k = 1 + (int)(seed_value % 2);
+        c.moe_every = 1 + (int)(seed_value / 2 % 2);
+        c.shared_expert = (int)(seed_value / 4 % 2);
+        c.capacity_factor = seed_value / 8 % 2 ? 0.0f : (float)n_experts; /* never drops */
+        c.aux_loss_coef = 0.01f;
+        c.z_loss_coef = 0.001f;
+    }
     loom_model m;
     loom_error err = {0};
     assert_int_equal(loom_model_create(&m, &c, 1, c.seq_len, &err), LOOM_OK);
@@ -50,8 +61,8 @@ static void check_family(loom_family family) {
      * one row at a time), so they agree to fp32 noise, not bitwise: 1e-4, the tolerance
      * the reference tests use for gradients. */
     if (worst > 1e-4 || getenv("LOOM_PRINT_ERR"))
-        printf("seed %u: %s decode vs forward rel err %g\n", seed_value, loom_family_name(family),
-               worst);
+        printf("seed %u: %s (%d experts) decode vs forward rel err %g\n", seed_value,
+               loom_family_name(family), n_experts, worst);
     assert_true(worst <= 1e-4);
     loom_generator_free(&g);
     free(params);
@@ -60,12 +71,18 @@ static void check_family(loom_family family) {
 
 static void test_decode_matches_forward_gpt2(void **state) {
     (void)state;
-    check_family(LOOM_FAMILY_GPT2);
+    check_family(LOOM_FAMILY_GPT2, 0);
 }
 
 static void test_decode_matches_forward_llama(void **state) {
     (void)state;
-    check_family(LOOM_FAMILY_LLAMA);
+    check_family(LOOM_FAMILY_LLAMA, 0);
+}
+
+static void test_decode_matches_forward_moe(void **state) {
+    (void)state;
+    check_family(LOOM_FAMILY_GPT2, 4);
+    check_family(LOOM_FAMILY_LLAMA, 3);
 }
 
 static void test_sampling(void **state) {
@@ -101,6 +118,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_matches_forward_gpt2),
         cmocka_unit_test(test_decode_matches_forward_llama),
+        cmocka_unit_test(test_decode_matches_forward_moe),
         cmocka_unit_test(test_sampling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
