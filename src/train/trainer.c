@@ -19,6 +19,7 @@
 #include "parallel/ep.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
+#include "comm/world.h"
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"
 #include "train/batch_skip.h"
@@ -286,6 +287,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double t0 = loom_now_ms();
         loom_fault_on_step(step + 1);
         loom_progress_step_begin();
+        loom_zero_step_begin(&r->zero);
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
@@ -366,6 +368,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
+        loom_zero_step_end(&r->zero);
         double ms = loom_now_ms() - t0;
         loom_progress_step_done(step + 1, loss, ms);
         tokens_seen += (long long)G * T;
@@ -379,7 +382,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 NAN,
                                 tokens_seen,
                                 0,
-                                {0, 0, 0, 0, 0, 0}};
+                                {0, 0, 0, 0, 0, 0},
+                                r->pipelined ? NULL : &r->zero.times}; /* pipelined: per action */
         if (mod->moe && (st = loom_moe_step_stats(mod->moe, &mesh->dp, &sm.moe, err))) return st;
         sm.has_moe = mod->moe != NULL;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
@@ -512,6 +516,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                     (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
                     mesh->layout.ep, mc->n_experts / mesh->layout.ep,
                     loom_moe_bytes(r.model.moe) / MiB);
+        if (mesh->layout.dp > 1 && !r.zero.engine.threaded) /* comm/engine.h */
+            fprintf(stderr,
+                    "loom: communication engine: no thread (MPI provides %s): collectives "
+                    "progress from the training thread\n",
+                    loom_world_thread_level_name(loom_world_thread_level()));
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);
