@@ -16,7 +16,7 @@ other jobs may share the cores: the load average is recorded). Figures come from
                        in it, the optimizer, the ZeRO-1/2 parameter all-gather, the
                        communication engine thread's CPU (MPI's copies and sums, on the
                        same cores), the exposed gradient wait; cpu_demand is the CPU one
-                       rank needs per step (compute CPU + optimizer + gather + engine):
+                       rank needs per step (compute CPU + optimizer CPU + gather + engine):
                        with 2 ranks on 2 cores it bounds the step time from below;
   efficiency_cpu_demand[z] = cpu_demand (1 rank) / cpu_demand (2 ranks, overlap)
 
@@ -114,7 +114,8 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
     return res
 
 
-BREAKDOWN = ("compute_ms", "compute_cpu_ms", "optimizer_ms", "param_gather_ms", "engine_cpu_ms")
+BREAKDOWN = ("compute_ms", "compute_cpu_ms", "optimizer_ms", "optimizer_cpu_ms",
+             "param_gather_ms", "engine_cpu_ms")
 
 
 def breakdown(rows, waits):
@@ -124,7 +125,7 @@ def breakdown(rows, waits):
         return None
     out = {k[:-3]: round(statistics.median(r[k] for r in rows), 1) for k in BREAKDOWN}
     out["grad_wait"] = round(statistics.median(waits), 1)
-    out["cpu_demand"] = round(out["compute_cpu"] + out["optimizer"] + out["param_gather"] +
+    out["cpu_demand"] = round(out["compute_cpu"] + out["optimizer_cpu"] + out["param_gather"] +
                               out["engine_cpu"], 1)
     return out
 
@@ -200,13 +201,15 @@ def main():
               f"|   {efficiency[f'zero{z}']:.3f}    | {ov['grad_wait_ms']:7.0f} / "
               f"{no['grad_wait_ms']:7.0f}      | {'-' if h is None else f'{h:.3f}'}")
     print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over all rounds)")
-    print("\nms per step (rank 0)   | step | compute (cpu) | optimizer | param gather | engine cpu "
-          "| wait | cpu demand")
+    print("\nms per step (rank 0)   | step | compute (cpu) | optimizer (cpu) | param gather | "
+          "engine cpu | wait | cpu demand")
     for name, r in runs.items():
         b = r["breakdown_ms"]
         if b:
-            print(f"  {name:25s} {r['step_ms']:6.0f} | {b['compute']:6.0f} ({b['compute_cpu']:5.0f})"
-                  f" | {b['optimizer']:6.0f} | {b['param_gather']:6.0f} | {b['engine_cpu']:6.0f} | "
+            print(f"  {name:25s} {r['step_ms']:6.0f} | {b['compute']:6.0f} "
+                  f"({b['compute_cpu']:5.0f})"
+                  f" | {b['optimizer']:6.0f} ({b['optimizer_cpu']:5.0f}) | "
+                  f"{b['param_gather']:6.0f} | {b['engine_cpu']:6.0f} | "
                   f"{b['grad_wait']:5.0f} | {b['cpu_demand']:6.0f}")
     load_end = os.getloadavg()[0]
 

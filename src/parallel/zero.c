@@ -331,12 +331,13 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
     float *g = reduced_grads(z, grads);
-    double t0 = loom_now_ms();
+    double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
     loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
                     step);
     double t1 = loom_now_ms();
     z->times.optimizer_ms = t1 - t0;
+    z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
     loom_status st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
     z->times.param_gather_ms = loom_now_ms() - t1;

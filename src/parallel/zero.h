@@ -38,12 +38,13 @@ typedef struct {
 /* Where this rank's step time went (ms), for --metrics: what data parallelism costs
  * beyond the exposed wait (bench/bench_dp.py reports it). */
 typedef struct {
-    double compute_ms;      /* step start to the end of backward (forward, backward, posting) */
-    double compute_cpu_ms;  /* ... the training thread's CPU time in it (less: it was
-                               waiting for a core, or for a wait inside backward) */
-    double optimizer_ms;    /* clipping and AdamW on this rank's part */
-    double param_gather_ms; /* stages 1, 2: the all-gather of the updated parameters */
-    double engine_cpu_ms;   /* the communication engine thread's CPU time this step */
+    double compute_ms;       /* step start to the end of backward (forward, backward, posting) */
+    double compute_cpu_ms;   /* ... the training thread's CPU time in it (less: it was
+                                waiting for a core, or for a wait inside backward) */
+    double optimizer_ms;     /* clipping and AdamW on this rank's part */
+    double optimizer_cpu_ms; /* ... the training thread's CPU time in it */
+    double param_gather_ms;  /* stages 1, 2: the all-gather of the updated parameters */
+    double engine_cpu_ms;    /* the communication engine thread's CPU time this step */
 } loom_zero_step_times;
 
 typedef struct {
