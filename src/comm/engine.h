@@ -20,7 +20,8 @@
  *
  * Needs MPI_THREAD_MULTIPLE (the compute thread still makes other MPI calls on other
  * communicators). Without it (or on a size-1 communicator) the engine has no thread:
- * posting starts the operation at once and polling tests it, as a plain loop would. */
+ * posting starts the operation at once and polling tests it, as a plain loop would.
+ * LOOM_MPI_THREAD=funneled (comm/world.c) asks MPI for less, to run that path. */
 #ifndef LOOM_COMM_ENGINE_H
 #define LOOM_COMM_ENGINE_H
 
