@@ -11,6 +11,14 @@ other jobs may share the cores: the load average is recorded). Figures come from
 
   efficiency[z]      = tokens/s (2 ranks, overlap) / (2 x tokens/s (1 rank))
   hidden_fraction[z] = 1 - grad_wait_ms (overlap) / grad_wait_ms (no overlap)
+  breakdown_ms[cfg]  = where rank 0's step goes (the metrics' "dp" object, medians):
+                       compute (forward + backward, wall) and the training thread's CPU
+                       in it, the optimizer, the ZeRO-1/2 parameter all-gather, the
+                       communication engine thread's CPU (MPI's copies and sums, on the
+                       same cores), the exposed gradient wait; cpu_demand is the CPU one
+                       rank needs per step (compute CPU + optimizer CPU + gather + engine):
+                       with 2 ranks on 2 cores it bounds the step time from below;
+  efficiency_cpu_demand[z] = cpu_demand (1 rank) / cpu_demand (2 ranks, overlap)
 
 The last line of output is one JSON object with every figure.
 Usage: bench_dp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 7]
@@ -97,12 +105,29 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
         "step_ms_all": [round(r["step_ms"], 1) for r in rows],
         "measured_step_ms": [r["step_ms"] for r in measured],
         "measured_wait_ms": [r["grad_wait_ms"] for r in measured],
+        "measured_dp": [r["dp"] for r in measured if "dp" in r],
         "wall_s": round(time.time() - t0, 1),
     }
     print(f"  {name}: median step {res['step_ms']:.0f} ms, {res['tokens_per_s']:.1f} tok/s, "
           f"grad wait {res['grad_wait_ms']:.0f} ms (steps: {res['step_ms_all']}, "
           f"{res['wall_s']:.0f} s)", flush=True)
     return res
+
+
+BREAKDOWN = ("compute_ms", "compute_cpu_ms", "optimizer_ms", "optimizer_cpu_ms",
+             "param_gather_ms", "engine_cpu_ms")
+
+
+def breakdown(rows, waits):
+    """Medians of the per-step "dp" figures of --metrics (rank 0), and the CPU one rank
+    needs per step."""
+    if not rows:
+        return None
+    out = {k[:-3]: round(statistics.median(r[k] for r in rows), 1) for k in BREAKDOWN}
+    out["grad_wait"] = round(statistics.median(waits), 1)
+    out["cpu_demand"] = round(out["compute_cpu"] + out["optimizer_cpu"] + out["param_gather"] +
+                              out["engine_cpu"], 1)
+    return out
 
 
 def main():
@@ -150,7 +175,9 @@ def main():
                       "tokens_per_step": res[0]["tokens_per_step"],
                       "grad_wait_ms": round(statistics.median(
                           w for r in res for w in r["measured_wait_ms"]), 1),
-                      "per_round_tokens_per_s": [r["tokens_per_s"] for r in res]}
+                      "per_round_tokens_per_s": [r["tokens_per_s"] for r in res],
+                      "breakdown_ms": breakdown([d for r in res for d in r["measured_dp"]],
+                                                [w for r in res for w in r["measured_wait_ms"]])}
     base_tps = runs["1rank"]["tokens_per_s"]
     base_ms = runs["1rank"]["step_ms"]
 
@@ -174,6 +201,16 @@ def main():
               f"|   {efficiency[f'zero{z}']:.3f}    | {ov['grad_wait_ms']:7.0f} / "
               f"{no['grad_wait_ms']:7.0f}      | {'-' if h is None else f'{h:.3f}'}")
     print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over all rounds)")
+    print("\nms per step (rank 0)   | step | compute (cpu) | optimizer (cpu) | param gather | "
+          "engine cpu | wait | cpu demand")
+    for name, r in runs.items():
+        b = r["breakdown_ms"]
+        if b:
+            print(f"  {name:25s} {r['step_ms']:6.0f} | {b['compute']:6.0f} "
+                  f"({b['compute_cpu']:5.0f})"
+                  f" | {b['optimizer']:6.0f} ({b['optimizer_cpu']:5.0f}) | "
+                  f"{b['param_gather']:6.0f} | {b['engine_cpu']:6.0f} | "
+                  f"{b['grad_wait']:5.0f} | {b['cpu_demand']:6.0f}")
     load_end = os.getloadavg()[0]
 
     out = {
@@ -192,6 +229,13 @@ def main():
         "efficiency_no_overlap": efficiency_no_overlap,
         "hidden_fraction": hidden,
         "exposed_ms": exposed,
+        "breakdown_ms": {k: v["breakdown_ms"] for k, v in runs.items()},
+        # 1 rank's CPU per step over a 2-rank config's (per rank): the efficiency the CPU
+        # work alone allows, less sensitive to other jobs than the step times
+        "efficiency_cpu_demand": {
+            f"zero{z}": round(runs["1rank"]["breakdown_ms"]["cpu_demand"] /
+                              runs[f"2rank_zero{z}_overlap"]["breakdown_ms"]["cpu_demand"], 3)
+            for z in ZERO_STAGES},
         "zero3_vs_zero0": round(runs["2rank_zero3_overlap"]["tokens_per_s"] /
                                 runs["2rank_zero0_overlap"]["tokens_per_s"], 3),
         "load_avg_start": round(load[0], 2),

@@ -50,7 +50,7 @@ int loom_cmd_train(int argc, char **argv) {
     if ((st = loom_world_init(&world, &argc, &argv, &err))) {
         loom_startup_watchdog_disarm(&watchdog);
         fprintf(stderr, "loom train: %s\n", err.msg);
-        return 1;
+        return st == LOOM_ERR_INPUT ? 2 : 1;
     }
     loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */

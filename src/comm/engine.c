@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/world.h"
 #include "core/progress.h"
 
 /* Polling backoff of the engine thread while operations are in flight: short right
@@ -123,9 +124,7 @@ loom_status loom_comm_engine_start(loom_comm_engine *e, loom_comm *parent, int q
     snprintf(name, sizeof name, "%.12s.bg", parent->name);
     loom_status st = loom_comm_from_mpi(&e->comm, parent->mpi, name, err);
     if (st) return st;
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
-    if (provided < MPI_THREAD_MULTIPLE) return LOOM_OK; /* no thread: caller-driven */
+    if (loom_world_thread_level() < MPI_THREAD_MULTIPLE) return LOOM_OK; /* caller-driven */
     e->q_cap = queue_cap + 1;
     e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
     e->running = calloc((size_t)e->q_cap, sizeof *e->running);
@@ -190,6 +189,14 @@ loom_status loom_comm_engine_post(loom_comm_engine *e, loom_comm_op *op, loom_er
     pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->mu);
     return LOOM_OK;
+}
+
+double loom_comm_engine_cpu_ms(const loom_comm_engine *e) {
+    clockid_t id;
+    struct timespec ts;
+    if (!e->threaded || pthread_getcpuclockid(e->thread, &id) != 0 || clock_gettime(id, &ts) != 0)
+        return 0.0;
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 static loom_status op_result(loom_comm_engine *e, loom_comm_op *op, loom_error *err) {

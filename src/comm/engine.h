@@ -20,7 +20,8 @@
  *
  * Needs MPI_THREAD_MULTIPLE (the compute thread still makes other MPI calls on other
  * communicators). Without it (or on a size-1 communicator) the engine has no thread:
- * posting starts the operation at once and polling tests it, as a plain loop would. */
+ * posting starts the operation at once and polling tests it, as a plain loop would.
+ * LOOM_MPI_THREAD=funneled (comm/world.c) asks MPI for less, to run that path. */
 #ifndef LOOM_COMM_ENGINE_H
 #define LOOM_COMM_ENGINE_H
 
@@ -79,6 +80,9 @@ void loom_comm_engine_stop(loom_comm_engine *e);
 loom_status loom_comm_engine_post(loom_comm_engine *e, loom_comm_op *op, loom_error *err);
 /* Blocks until op is complete (the time counts as exposed). */
 loom_status loom_comm_engine_wait(loom_comm_engine *e, loom_comm_op *op, loom_error *err);
+/* CPU time the engine thread has used since it started, in ms (0 without a thread):
+ * MPI's shared-memory copies and reductions run there, on the cores compute uses. */
+double loom_comm_engine_cpu_ms(const loom_comm_engine *e);
 /* *done = 1 once op is complete; without a thread this lets MPI progress it. */
 loom_status loom_comm_engine_test(loom_comm_engine *e, loom_comm_op *op, int *done,
                                   loom_error *err);

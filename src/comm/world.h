@@ -14,5 +14,8 @@ typedef struct {
 int loom_world_launched(void);
 loom_status loom_world_init(loom_world *w, int *argc, char ***argv, loom_error *err);
 void loom_world_finalize(loom_world *w);
+/* The thread level MPI provides (MPI_THREAD_SINGLE when MPI is not initialised). */
+int loom_world_thread_level(void);
+const char *loom_world_thread_level_name(int level);
 
 #endif

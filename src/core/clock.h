@@ -4,5 +4,7 @@
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double loom_now_ms(void);
+/* CPU time of the calling thread in milliseconds (CLOCK_THREAD_CPUTIME_ID). */
+double loom_thread_cpu_ms(void);
 
 #endif

@@ -34,9 +34,9 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
     f->shard = calloc(z->hi - z->lo ? z->hi - z->lo : 1, sizeof(float));
     long page = sysconf(_SC_PAGESIZE);
     f->view_bytes = (t->total * sizeof(float) + (size_t)page - 1) / (size_t)page * (size_t)page;
-    /* Anonymous mapping: untouched pages cost nothing, released ones go back. */
-    f->view = mmap(NULL, f->view_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (f->view == MAP_FAILED) f->view = NULL;
+    /* Anonymous mapping: untouched pages cost nothing, released ones go back; huge pages
+     * where the kernel allows, since every block's pages are faulted in again each step. */
+    f->view = loom_zero_map_huge(f->view_bytes);
     loom_status st = f->ranges && f->shard && f->view ? LOOM_OK : LOOM_ERR_NOMEM;
     /* A pipeline stage without the head: the tail range is empty. */
     const size_t tail = t->normf_w == LOOM_NO_PARAM ? t->total : t->normf_w;

@@ -6,7 +6,8 @@
  *   stage 0: gradients all-reduced; every rank runs AdamW on everything.
  *   stage 1: gradients all-reduced; AdamW state (m, v) only for the rank's shard; the
  *            updated shards are all-gathered into every rank's parameters.
- *   stage 2: gradients reduce-scattered: a rank keeps only its shard's summed gradient;
+ *   stage 2: gradients reduced per bucket, a rank keeping only its shard's summed part
+ *            (an all-reduce, whose other part is dropped: see post_partition in zero.c);
  *            otherwise as stage 1.
  *   stage 3: as stage 2, and the parameters are sharded too (parallel/fsdp.h).
  * Overlap: during the last micro-batch's backward, model/transformer.c reports each flat
@@ -30,10 +31,21 @@
 typedef struct {
     size_t begin, end;
     loom_comm_op op;
-    int *counts;  /* reduce-scatter: floats of [begin, end) each rank receives */
-    int reduced;  /* stage >= 2: its reduce-scatter is complete */
+    int reduced;  /* stage >= 2: its all-reduce is complete, the shard's part kept */
     int released; /* ... and its local gradient pages went back to the kernel */
 } loom_zero_bucket;
+
+/* Where this rank's step time went (ms), for --metrics: what data parallelism costs
+ * beyond the exposed wait (bench/bench_dp.py reports it). */
+typedef struct {
+    double compute_ms;       /* step start to the end of backward (forward, backward, posting) */
+    double compute_cpu_ms;   /* ... the training thread's CPU time in it (less: it was
+                                waiting for a core, or for a wait inside backward) */
+    double optimizer_ms;     /* clipping and AdamW on this rank's part */
+    double optimizer_cpu_ms; /* ... the training thread's CPU time in it */
+    double param_gather_ms;  /* stages 1, 2: the all-gather of the updated parameters */
+    double engine_cpu_ms;    /* the communication engine thread's CPU time this step */
+} loom_zero_step_times;
 
 typedef struct {
     loom_comm *dp;
@@ -52,10 +64,12 @@ typedef struct {
     loom_embed_grad embed;             /* the wte gradient's dense part early, rows at the end */
     size_t grads_bytes;                /* the local gradient buffer's mapping (stage >= 2) */
     unsigned char *page_map;           /* mincore's answer, one byte a page */
-    size_t grads_peak;   /* most local gradient bytes resident at a layer boundary so far */
-    size_t grads_after;  /* ... and once the last reduction was done (edge pages only) */
-    double step_wait_ms; /* this step: time spent inside gradient-communication calls
-                            (starting, testing, waiting): the part not hidden */
+    size_t grads_peak;          /* most local gradient bytes resident at a layer boundary so far */
+    size_t grads_after;         /* ... and once the last reduction was done (edge pages only) */
+    double step_wait_ms;        /* this step: time spent inside gradient-communication calls
+                                   (starting, testing, waiting): the part not hidden */
+    loom_zero_step_times times; /* this step so far */
+    double step_t0_ms, step_cpu0_ms, engine_cpu0_ms;
     struct loom_ep_zero *experts; /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
 } loom_zero;
 
@@ -80,19 +94,26 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
 
 /* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
  * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
- * reduce-scatter completes, since the reduced values live in grad_shard; clearing it for
+ * reduction completes, since the reduced values live in grad_shard; clearing it for
  * the next step hands back every page too (the kernel zero-fills a page on its next
  * touch). Resident local gradients are then what backward has written and not yet had
  * reduced; with accumulation the micro-batches before the last still fill all of it.
  * Stages 0, 1 read the all-reduced gradient back from it: a plain zeroed allocation. */
 float *loom_zero_grads_alloc(loom_zero *z);
 void loom_zero_grads_free(loom_zero *z, float *grads);
+/* An anonymous mapping of `bytes` (a multiple of the page size) that asks for transparent
+ * huge pages; munmap(p, bytes) frees it. NULL when out of memory. */
+float *loom_zero_map_huge(size_t bytes);
 void loom_zero_grads_clear(loom_zero *z, float *grads);
 /* Bytes of the local gradient buffer resident now (mincore; stage >= 2), else all. The
  * high-water mark over the layer boundaries of every reduction is z->grads_peak. */
 size_t loom_zero_grads_resident(const loom_zero *z, const float *grads);
 /* Hands the whole pages inside [begin, end) of base back to the kernel. */
 void loom_zero_release_pages(float *base, size_t begin, size_t end);
+
+/* At a step's start and end: z->times covers what happened in between. */
+void loom_zero_step_begin(loom_zero *z);
+void loom_zero_step_end(loom_zero *z);
 
 /* Before the last micro-batch's backward. */
 void loom_zero_begin_reduction(loom_zero *z);

@@ -2,16 +2,9 @@
  * for validation). */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/clock.h"
 #include "pipeline/pipeline.h"
-
-static double thread_cpu_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 /* The message buffers of a slot: (gradient?, slot, chunk). */
 static size_t msg_index(const loom_pipeline *pl, int grad, int slot, int chunk) {
@@ -222,7 +215,7 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
             break;
         default: {
             if ((st = report_ready(x))) break;
-            double w0 = loom_now_ms(), c0 = thread_cpu_ms();
+            double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
             loom_trace_begin(pl->slots[0]->trace,
                              a->op == LOOM_PP_F   ? "pp forward"
                              : a->op == LOOM_PP_B ? "pp backward"
@@ -230,7 +223,7 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
                              "compute");
             st = run_compute(x, a, r);
             loom_trace_end(pl->slots[0]->trace);
-            const double c = thread_cpu_ms() - c0;
+            const double c = loom_thread_cpu_ms() - c0;
             busy_cpu += c;
             busy_wall += loom_now_ms() - w0;
             if (s == &pl->train) pl->act_cpu_ms[j] = c;

@@ -32,6 +32,14 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
                               s->moe.dropped, "aux_loss", s->moe.aux_loss, "z_loss", s->moe.z_loss);
         if (m) json_object_set_new(o, "moe", m);
     }
+    if (o && s->dp) {
+        const loom_zero_step_times *d = s->dp;
+        json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms", d->compute_ms,
+                              "compute_cpu_ms", d->compute_cpu_ms, "optimizer_ms", d->optimizer_ms,
+                              "optimizer_cpu_ms", d->optimizer_cpu_ms, "param_gather_ms",
+                              d->param_gather_ms, "engine_cpu_ms", d->engine_cpu_ms);
+        if (m) json_object_set_new(o, "dp", m);
+    }
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

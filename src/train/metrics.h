@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/moe.h"
+#include "parallel/zero.h"
 
 typedef struct {
     int step;
@@ -17,6 +18,7 @@ typedef struct {
     long long tokens_seen;
     int has_moe; /* 1: the router statistics below are reported */
     loom_moe_stats moe;
+    const loom_zero_step_times *dp; /* data parallel: where the step's time went, or NULL */
 } loom_step_metrics;
 
 typedef struct {

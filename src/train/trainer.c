@@ -20,6 +20,7 @@
 #include "parallel/ep_zero.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
+#include "comm/world.h"
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"
 #include "train/batch_skip.h"
@@ -287,6 +288,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double t0 = loom_now_ms();
         loom_fault_on_step(step + 1);
         loom_progress_step_begin();
+        loom_zero_step_begin(&r->zero);
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
@@ -370,6 +372,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
+        loom_zero_step_end(&r->zero);
         double ms = loom_now_ms() - t0;
         loom_progress_step_done(step + 1, loss, ms);
         tokens_seen += (long long)G * T;
@@ -383,7 +386,8 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                 NAN,
                                 tokens_seen,
                                 0,
-                                {0, 0, 0, 0, 0, 0}};
+                                {0, 0, 0, 0, 0, 0},
+                                r->pipelined ? NULL : &r->zero.times}; /* pipelined: per action */
         /* MoE with --pp: every slot's and every stage's layers over the world, the tp
          * replicas of a block counted once */
         for (int i = 1; mod->moe && r->pipelined && i < r->pipe.n_slots; i++)
@@ -529,6 +533,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                     (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
                     mesh->layout.ep, mc->n_experts / mesh->layout.ep,
                     loom_moe_bytes(r.model.moe) / MiB);
+        if (mesh->layout.dp > 1 && !r.zero.engine.threaded) /* comm/engine.h */
+            fprintf(stderr,
+                    "loom: communication engine: no thread (MPI provides %s): collectives "
+                    "progress from the training thread\n",
+                    loom_world_thread_level_name(loom_world_thread_level()));
         if (tc->zero > 0 && mesh->layout.dp == 1)
             fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
                     tc->zero);

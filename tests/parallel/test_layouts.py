@@ -5,7 +5,9 @@ For both model families, trains 20 steps on one process, then under mpirun with
 dp in {2, 4} x ZeRO stage in {0, 1, 2, 3} from the same seed and data, and checks that
 every per-step loss, the validation losses and every final weight equal the single-process run (relative
 error <= 1e-5), and that the same layout run twice gives bitwise-identical losses and
-weights. Usage: test_layouts.py --loom PATH [--seed S]
+weights. Two more layouts run with LOOM_MPI_THREAD=funneled (MPI gives less than
+MPI_THREAD_MULTIPLE): the communication engine then has no thread and its collectives
+progress from the training thread; they must say so and compute the same function. Usage: test_layouts.py --loom PATH [--seed S]
 """
 import argparse
 import json
@@ -44,6 +46,7 @@ def run(cmd, what):
     if p.returncode != 0:
         print(f"FAIL: {what}: exit {p.returncode}\n$ {' '.join(cmd)}\n{p.stderr[-3000:]}")
         sys.exit(1)
+    return p.stderr
 
 
 def losses(path):
@@ -102,28 +105,36 @@ def main():
                     "--data", data, "--bucket-mb", "0.02", "--val-data", data,
                     "--eval-every", "10", "--eval-batches", "2"]
 
-            def train(name, ranks, extra):
+            def train(name, ranks, extra, mpi_env=()):
                 out = os.path.join(tmp, f"{family}_{name}")
                 cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{family} {name}")
+                launch = MPIRUN + [a for kv in mpi_env for a in ("-x", kv)] + ["-n", str(ranks)]
+                stderr = run((launch if ranks > 1 else []) + cmd, f"{family} {name}")
+                train.stderr = stderr
                 return losses(out + ".jsonl"), safetensors_io.load(
                     os.path.join(out, "params_final.safetensors"))
 
             ref_losses, ref_params = train("single", 1, [])
             print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
-            for dp in (2, 4):
-                for zero in (0, 1, 2, 3):
-                    name = f"dp{dp}_zero{zero}"
-                    got_losses, got_params = train(name, dp, ["--dp", str(dp), "--zero", str(zero)])
-                    loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
-                    w_err, w_name = max((rel_err(comparable(k, got_params[k], 48),
-                                                 comparable(k, ref_params[k], 48)), k)
-                                        for k in ref_params)
-                    ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and w_err <= TOL
-                          and set(got_params) == set(ref_params))
-                    failures += not ok
-                    print(f"  {name:12s} losses rel err {loss_err:.2e}  weights rel err "
-                          f"{w_err:.2e} ({w_name})  {'ok' if ok else 'FAIL'}")
+            # The last two: MPI asked for less than MPI_THREAD_MULTIPLE, so the communication
+            # engine has no thread and collectives progress from the training thread.
+            cases = [(dp, zero, False) for dp in (2, 4) for zero in (0, 1, 2, 3)]
+            for dp, zero, funneled in cases + [(2, 0, True), (4, 3, True)]:
+                name = f"dp{dp}_zero{zero}" + ("_funneled" if funneled else "")
+                got_losses, got_params = train(name, dp, ["--dp", str(dp), "--zero", str(zero)],
+                                               ["LOOM_MPI_THREAD=funneled"] if funneled else [])
+                # the engine said which way it progresses
+                fallback = "communication engine: no thread" in train.stderr
+                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
+                w_err, w_name = max((rel_err(comparable(k, got_params[k], 48),
+                                             comparable(k, ref_params[k], 48)), k)
+                                    for k in ref_params)
+                ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and w_err <= TOL
+                      and set(got_params) == set(ref_params) and fallback == funneled)
+                failures += not ok
+                print(f"  {name:20s} losses rel err {loss_err:.2e}  weights rel err "
+                      f"{w_err:.2e} ({w_name})  {'ok' if ok else 'FAIL'}"
+                      f"{'' if fallback == funneled else ' (engine mode wrong)'}")
             # The same layout twice: bitwise the same run.
             a_losses, a_params = train("dp2_zero3_again", 2, ["--dp", "2", "--zero", "3"])
             b_losses, b_params = losses(os.path.join(tmp, f"{family}_dp2_zero3.jsonl")), \
@@ -138,7 +149,7 @@ def main():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    total = 2 * 9
+    total = 2 * 11
     print(f"{total - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 
