@@ -11,6 +11,7 @@
 #include "ckpt/ckpt_loader.h"
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
+#include "core/timeline.h"
 #include "core/version.h"
 #include "parallel/ep.h"
 
@@ -209,6 +210,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         }
         if (v[0] == 0) {
             *start_step = (int)step;
+            c->loaded = 1;
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
             free(list);
             return LOOM_OK;
@@ -286,6 +288,7 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     loom_status cs = loom_comm_allreduce_sum_f64(&mesh->world, &bad, 1, err);
     if (st || cs) return st ? st : cs;
     if (bad > 0) return loom_error_set(err, LOOM_ERR_INPUT, "another rank failed to load");
+    loom_timeline_mark("ckpt_load");
     c->last_saved = *start_step > 0 ? *start_step : -1;
     c->enabled = tc->ckpt_dir[0] || tc->ckpt_fast_dir[0];
     if (!c->enabled) return LOOM_OK;
