@@ -47,6 +47,7 @@ int loom_cmd_run(int argc, char **argv) {
     }
     loom_run_job job = {0};
     job.dp = o.train.layout.dp;
+    job.model_ranks = o.train.layout.tp * o.train.layout.pp;
     job.global_batch = o.train.global_batch;
     job.micro_batch = o.train.micro_batch;
     job.steps = o.train.steps;

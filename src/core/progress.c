@@ -12,6 +12,7 @@
  * are stored as pointers to the callers' string literals, so a store is one word. */
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    _Atomic int group_first, group_size;
     _Atomic uint64_t started;
     _Atomic(const char *) started_op;
     _Atomic uint64_t waiting_seq;
@@ -109,6 +110,7 @@ static comm_slot *slot_of(const char *comm) {
     if (!s && n < LOOM_PROGRESS_COMMS) { /* more names than slots: not tracked */
         s = &g.comms[n];
         strncpy(s->name, comm, LOOM_PROGRESS_NAME - 1);
+        atomic_store_explicit(&s->group_first, -1, memory_order_relaxed);
         atomic_store_explicit(&g.n_comms, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&claim_lock);
@@ -156,6 +158,13 @@ void loom_progress_comm_done(const char *comm) {
     atomic_store_explicit(&s->waiting_seq, 0, memory_order_release);
 }
 
+void loom_progress_comm_group(const char *comm, int first_world_rank, int size) {
+    comm_slot *s = slot_of(comm);
+    if (!s) return;
+    atomic_store_explicit(&s->group_size, size, memory_order_relaxed);
+    atomic_store_explicit(&s->group_first, first_world_rank, memory_order_release);
+}
+
 static void copy_op(char *dst, const char *op) {
     size_t n = op ? strnlen(op, LOOM_PROGRESS_OP - 1) : 0;
     if (n) memcpy(dst, op, n);
@@ -174,6 +183,8 @@ void loom_progress_read(loom_progress_snapshot *s) {
         comm_slot *c = &g.comms[i];
         loom_progress_comm *o = &s->comms[i];
         memcpy(o->name, c->name, LOOM_PROGRESS_NAME);
+        o->group_first = atomic_load_explicit(&c->group_first, memory_order_acquire);
+        o->group_size = atomic_load_explicit(&c->group_size, memory_order_relaxed);
         o->started = atomic_load_explicit(&c->started, memory_order_acquire);
         copy_op(o->started_op, atomic_load_explicit(&c->started_op, memory_order_relaxed));
         o->waiting_seq = atomic_load_explicit(&c->waiting_seq, memory_order_acquire);

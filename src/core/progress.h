@@ -20,7 +20,7 @@ typedef enum {
     LOOM_PHASE_COUNT
 } loom_phase;
 
-#define LOOM_PROGRESS_COMMS 6 /* world, dp, tp, pp, ep + one spare */
+#define LOOM_PROGRESS_COMMS 8 /* world, dp, tp, pp, ep, edp + the engines' */
 #define LOOM_PROGRESS_RING 16 /* recent steps kept for the reader (steps can be ms long) */
 #define LOOM_PROGRESS_NAME 8
 #define LOOM_PROGRESS_OP 16
@@ -28,6 +28,9 @@ typedef enum {
 /* A snapshot of one communicator, as the reader sees it. */
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    /* Which instance of the name: several groups share one (two "tp" groups under tp 2
+     * x dp 2); a group is known by the world rank of its rank 0. -1: not known. */
+    int32_t group_first, group_size;
     uint64_t started; /* sequence number of the last operation started */
     char started_op[LOOM_PROGRESS_OP];
     uint64_t waiting_seq; /* operation being waited for (0: not waiting) */
@@ -69,6 +72,8 @@ void loom_progress_set_step(int64_t step);
 void loom_progress_comm_start(const char *comm, uint64_t seq, const char *op, int blocking);
 void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op);
 void loom_progress_comm_done(const char *comm);
+/* The group this rank's communicator `comm` is (world rank of its rank 0, its size). */
+void loom_progress_comm_group(const char *comm, int first_world_rank, int size);
 /* Like comm_wait, for a thread that only drives non-blocking operations (the
  * communication engine: it waits for the oldest one in flight). Shown in heartbeats as a
  * wait, but not counted as time the training thread was blocked. */

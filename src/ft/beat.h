@@ -13,13 +13,14 @@
 #include "core/progress.h"
 
 #define LOOM_BEAT_MAGIC 0x4c4f4f4du /* "LOOM" */
-#define LOOM_BEAT_VERSION 1
+#define LOOM_BEAT_VERSION 2
 #define LOOM_BEAT_TOKEN_BYTES 16
 #define LOOM_BEAT_RECENT 8
 #define LOOM_BEAT_MSG 160
 
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    int32_t group_first, group_size; /* the instance: world rank of its rank 0 (-1: ?) */
     char started_op[LOOM_PROGRESS_OP];
     char waiting_op[LOOM_PROGRESS_OP];
     uint64_t started, waiting_seq;

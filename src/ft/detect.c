@@ -22,58 +22,127 @@ static void set_rank(loom_failure *f, const loom_monitor *m, int rank) {
     }
 }
 
-static const loom_beat_comm *find_comm(const loom_beat *b, const char *name) {
+/* Rank's instance of communicator `name`: the one whose rank 0 is world rank `first`
+ * (any instance when first < 0). NULL when the rank has no such group. */
+static const loom_beat_comm *find_comm(const loom_beat *b, const char *name, int first) {
     for (int i = 0; i < b->n_comms; i++)
-        if (strcmp(b->comms[i].name, name) == 0) return &b->comms[i];
+        if (strcmp(b->comms[i].name, name) == 0 && (first < 0 || b->comms[i].group_first == first))
+            return &b->comms[i];
     return NULL;
 }
 
-int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f) {
-    int who = -1;
-    const loom_beat_comm *worst = NULL;
+static int waits_somewhere(const loom_rank_state *s) {
+    for (int i = 0; s->seen && i < s->beat.n_comms; i++)
+        if (s->beat.comms[i].waiting_seq) return 1;
+    return 0;
+}
+
+/* Members, waiting ranks and culprits of the collective w names (comm, group, seq). */
+static void analyse_wait(const loom_monitor *m, loom_wait_record *w) {
+    int unknown[LOOM_FAIL_LIST], n_unknown = 0;
     for (int r = 0; r < m->world; r++) {
         const loom_rank_state *s = &m->ranks[r];
-        if (!s->seen) continue;
-        for (int i = 0; i < s->beat.n_comms; i++) {
-            const loom_beat_comm *c = &s->beat.comms[i];
-            if (c->waiting_seq && c->waited_ms >= timeout_ms &&
-                (!worst || c->waited_ms > worst->waited_ms)) {
-                worst = c;
-                who = r;
-            }
+        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, w->comm, w->comm_first) : NULL;
+        if (!c) {
+            /* Not seen, or never used this name: it may be a member. */
+            if ((!s->seen || !find_comm(&s->beat, w->comm, -1)) && n_unknown < LOOM_FAIL_LIST)
+                unknown[n_unknown++] = r;
+            continue;
         }
+        if (w->n_members < LOOM_FAIL_LIST) w->members[w->n_members++] = r;
+        if (c->waiting_seq && w->n_waiting < LOOM_FAIL_LIST)
+            w->waiting[w->n_waiting++] = r;
+        else if (c->started < w->seq && w->n_culprits < LOOM_FAIL_LIST)
+            w->culprits[w->n_culprits++] = r;
     }
-    if (!worst) return 0;
+    if (w->comm_first < 0 || w->n_members < w->comm_size)
+        for (int i = 0; i < n_unknown && w->n_culprits < LOOM_FAIL_LIST; i++)
+            w->culprits[w->n_culprits++] = unknown[i];
+    int n = snprintf(w->group, sizeof w->group, "%s{", w->comm);
+    for (int i = 0; i < w->n_members && n < (int)sizeof w->group - 16; i++)
+        n += snprintf(w->group + n, sizeof w->group - n, "%s%d", i ? "," : "", w->members[i]);
+    if (w->n_members < w->comm_size && n < (int)sizeof w->group - 8)
+        n += snprintf(w->group + n, sizeof w->group - n, "%s...", w->n_members ? "," : "");
+    snprintf(w->group + n, sizeof w->group - n, "}");
+}
+
+/* A culprit of w that is not itself waiting in some collective (-1: none). */
+static int root_culprit(const loom_monitor *m, const loom_wait_record *w) {
+    for (int i = 0; i < w->n_culprits; i++)
+        if (!waits_somewhere(&m->ranks[w->culprits[i]])) return w->culprits[i];
+    return -1;
+}
+
+int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f) {
+    double longest = 0;
+    for (int r = 0; r < m->world; r++)
+        for (int i = 0; m->ranks[r].seen && i < m->ranks[r].beat.n_comms; i++) {
+            const loom_beat_comm *c = &m->ranks[r].beat.comms[i];
+            if (c->waiting_seq && c->waited_ms > longest) longest = c->waited_ms;
+        }
+    if (longest < timeout_ms) return 0;
     memset(f, 0, sizeof *f);
     f->kind = LOOM_FAIL_HANG;
-    snprintf(f->comm, sizeof f->comm, "%s", worst->name);
-    snprintf(f->op, sizeof f->op, "%s", worst->waiting_op);
-    f->seq = worst->waiting_seq;
-    f->waited_s = worst->waited_ms * 1e-3;
-    /* Culprits: ranks of that communicator that never started the operation. */
-    for (int r = 0; r < m->world; r++) {
-        const loom_rank_state *s = &m->ranks[r];
-        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, f->comm) : NULL;
-        if (c && c->waiting_seq && f->n_waiting < LOOM_FAIL_LIST)
-            f->waiting[f->n_waiting++] = r;
-        else if ((!c || c->started < f->seq) && f->n_culprits < LOOM_FAIL_LIST)
-            f->culprits[f->n_culprits++] = r;
-    }
-    set_rank(f, m, f->n_culprits ? f->culprits[0] : who);
-    if (f->n_culprits) {
-        const loom_rank_state *s = &m->ranks[f->culprits[0]];
-        const loom_beat_comm *c = find_comm(&s->beat, f->comm);
+    /* Every distinct collective waited in: (communicator instance, sequence number). */
+    for (int r = 0; r < m->world; r++)
+        for (int i = 0; m->ranks[r].seen && i < m->ranks[r].beat.n_comms; i++) {
+            const loom_beat_comm *c = &m->ranks[r].beat.comms[i];
+            if (!c->waiting_seq) continue;
+            int k = 0;
+            while (k < f->n_waits &&
+                   !(strcmp(f->waits[k].comm, c->name) == 0 &&
+                     f->waits[k].comm_first == c->group_first && f->waits[k].seq == c->waiting_seq))
+                k++;
+            if (k == f->n_waits) {
+                if (k == LOOM_FAIL_WAITS) continue;
+                loom_wait_record *w = &f->waits[f->n_waits++];
+                snprintf(w->comm, sizeof w->comm, "%s", c->name);
+                snprintf(w->op, sizeof w->op, "%s", c->waiting_op);
+                w->comm_first = c->group_first;
+                w->comm_size = c->group_size;
+                w->seq = c->waiting_seq;
+            }
+            if (c->waited_ms * 1e-3 > f->waits[k].waited_s)
+                f->waits[k].waited_s = c->waited_ms * 1e-3;
+        }
+    for (int k = 0; k < f->n_waits; k++) analyse_wait(m, &f->waits[k]);
+    /* longest first (insertion sort: a few entries) */
+    for (int i = 1; i < f->n_waits; i++)
+        for (int j = i; j > 0 && f->waits[j].waited_s > f->waits[j - 1].waited_s; j--) {
+            loom_wait_record t = f->waits[j];
+            f->waits[j] = f->waits[j - 1];
+            f->waits[j - 1] = t;
+        }
+    int pick = 0, root = -1;
+    for (int k = 0; k < f->n_waits && root < 0; k++)
+        if ((root = root_culprit(m, &f->waits[k])) >= 0) pick = k;
+    const loom_wait_record *w = &f->waits[pick];
+    f->hung = *w;
+    snprintf(f->comm, sizeof f->comm, "%s", w->comm);
+    snprintf(f->op, sizeof f->op, "%s", w->op);
+    f->seq = w->seq;
+    f->waited_s = w->waited_s;
+    memcpy(f->culprits, w->culprits, sizeof f->culprits);
+    f->n_culprits = w->n_culprits;
+    memcpy(f->waiting, w->waiting, sizeof f->waiting);
+    f->n_waiting = w->n_waiting;
+    int who = root >= 0 ? root : w->n_culprits ? w->culprits[0] : w->n_waiting ? w->waiting[0] : -1;
+    set_rank(f, m, who);
+    if (w->n_culprits) {
+        const loom_rank_state *s = &m->ranks[who];
+        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, w->comm, w->comm_first) : NULL;
         snprintf(f->detail, sizeof f->detail,
-                 "%s #%llu on '%s' waited on for %.1f s by %d rank(s); rank %d never entered it "
-                 "(its last operation on '%s' is #%llu, phase %s, step %lld)",
-                 f->op, (unsigned long long)f->seq, f->comm, f->waited_s, f->n_waiting,
-                 f->culprits[0], f->comm, (unsigned long long)(c ? c->started : 0),
-                 loom_phase_name((loom_phase)s->beat.phase), (long long)s->beat.steps_done + 1);
+                 "%s #%llu on %s waited on for %.1f s by %d rank(s); rank %d never entered it "
+                 "(its last operation on '%s' is #%llu, phase %s, step %lld)%s",
+                 w->op, (unsigned long long)w->seq, w->group, w->waited_s, w->n_waiting, who,
+                 w->comm, (unsigned long long)(c ? c->started : 0),
+                 loom_phase_name((loom_phase)s->beat.phase), (long long)s->beat.steps_done + 1,
+                 root < 0 ? " and waits in another collective itself (a cycle?)" : "");
     } else {
         snprintf(f->detail, sizeof f->detail,
-                 "%s #%llu on '%s' waited on for %.1f s; every rank entered it (a stuck "
+                 "%s #%llu on %s waited on for %.1f s; every rank entered it (a stuck "
                  "transport?)",
-                 f->op, (unsigned long long)f->seq, f->comm, f->waited_s);
+                 w->op, (unsigned long long)w->seq, w->group, w->waited_s);
     }
     return 1;
 }

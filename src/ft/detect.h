@@ -24,6 +24,21 @@ typedef enum {
 } loom_fail_kind;
 
 #define LOOM_FAIL_LIST 64
+#define LOOM_FAIL_WAITS 8
+
+/* One collective some rank waits in: its communicator instance (a name is shared by
+ * several groups, e.g. the two "tp" groups of tp 2 x dp 2; a group is known by the world
+ * rank of its rank 0), who waits in it and who never entered it. */
+typedef struct {
+    char comm[LOOM_PROGRESS_NAME], op[LOOM_PROGRESS_OP];
+    int comm_first, comm_size; /* -1 / 0: not known */
+    char group[96];            /* "tp{2,3}": name and member ranks */
+    uint64_t seq;
+    double waited_s;
+    int members[LOOM_FAIL_LIST], n_members; /* as far as the beats tell */
+    int culprits[LOOM_FAIL_LIST], n_culprits;
+    int waiting[LOOM_FAIL_LIST], n_waiting;
+} loom_wait_record;
 
 typedef struct {
     loom_fail_kind kind;
@@ -40,6 +55,9 @@ typedef struct {
     double waited_s;
     int culprits[LOOM_FAIL_LIST], n_culprits;
     int waiting[LOOM_FAIL_LIST], n_waiting;
+    loom_wait_record hung;                   /* the collective named (as above) */
+    loom_wait_record waits[LOOM_FAIL_WAITS]; /* every collective waited in, longest first */
+    int n_waits;
     double detected_ms;
 } loom_failure;
 
@@ -51,7 +69,10 @@ typedef struct {
 
 const char *loom_fail_kind_name(loom_fail_kind k);
 
-/* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). */
+/* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). Culprits
+ * that wait in another collective are victims too: the collective named is the longest
+ * waited-on one with a culprit that waits in nothing (the root of the chain); every
+ * collective waited in is listed in f->waits. */
 int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f);
 /* A rank silent for >= timeout_ms, or (startup) never heard of. */
 int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, double timeout_ms,

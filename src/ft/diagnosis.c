@@ -42,6 +42,33 @@ static json_t *rank_list(const int *r, int n) {
     return a;
 }
 
+/* The communicator instance of a wait record, into object o. */
+static void group_json(json_t *o, const loom_wait_record *w) {
+    json_object_set_new(o, "group", json_string(w->group));
+    json_object_set_new(o, "group_first_rank",
+                        w->comm_first >= 0 ? json_integer(w->comm_first) : json_null());
+    json_object_set_new(o, "group_size", json_integer(w->comm_size));
+    json_object_set_new(o, "group_ranks", rank_list(w->members, w->n_members));
+}
+
+/* Every collective waited in when the hang was detected (the victims' too). */
+static json_t *waits_json(const loom_failure *f) {
+    json_t *a = json_array();
+    for (int i = 0; i < f->n_waits; i++) {
+        const loom_wait_record *w = &f->waits[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "communicator", json_string(w->comm));
+        group_json(o, w);
+        json_object_set_new(o, "op", json_string(w->op));
+        json_object_set_new(o, "seq", json_integer((json_int_t)w->seq));
+        json_object_set_new(o, "waited_s", json_real(round(w->waited_s * 1e3) / 1e3));
+        json_object_set_new(o, "waiting", rank_list(w->waiting, w->n_waiting));
+        json_object_set_new(o, "culprits", rank_list(w->culprits, w->n_culprits));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 static json_t *number_or_null(double x) {
     return isfinite(x) ? json_real(x) : json_null();
 }
@@ -80,6 +107,7 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         json_t *h = json_object();
         if (f->kind == LOOM_FAIL_HANG) {
             json_object_set_new(h, "communicator", json_string(f->comm));
+            group_json(h, &f->hung);
             json_object_set_new(h, "op", json_string(f->op));
             json_object_set_new(h, "seq", json_integer((json_int_t)f->seq));
             json_object_set_new(h, "waited_s", json_real(round(f->waited_s * 1e3) / 1e3));
@@ -87,6 +115,7 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         }
         json_object_set_new(h, "culprits", rank_list(f->culprits, f->n_culprits));
         json_object_set_new(j, f->kind == LOOM_FAIL_HANG ? "collective" : "nonfinite", h);
+        if (f->kind == LOOM_FAIL_HANG) json_object_set_new(j, "waits", waits_json(f));
     }
     json_object_set_new(j, "log", json_string(rank_log ? rank_log : ""));
     json_object_set_new(j, "log_tail", log_tail(rank_log));
@@ -106,13 +135,25 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
     n +=
         snprintf(text + n, sizeof text - n, " at step %lld\n  %s\n", (long long)f->step, f->detail);
     if (f->kind == LOOM_FAIL_HANG) {
-        n += snprintf(text + n, sizeof text - n, "  culprits (never entered):");
+        n += snprintf(text + n, sizeof text - n,
+                      "  group %s; culprits (never entered):", f->hung.group);
         for (int i = 0; i < f->n_culprits; i++)
             n += snprintf(text + n, sizeof text - n, " %d", f->culprits[i]);
         n += snprintf(text + n, sizeof text - n, "; waiting in it:");
         for (int i = 0; i < f->n_waiting; i++)
             n += snprintf(text + n, sizeof text - n, " %d", f->waiting[i]);
         n += snprintf(text + n, sizeof text - n, "\n");
+        for (int k = 0; k < f->n_waits && n < (int)sizeof text - 300; k++) {
+            const loom_wait_record *w = &f->waits[k];
+            n += snprintf(text + n, sizeof text - n, "  waits: %s #%llu on %s for %.1f s by", w->op,
+                          (unsigned long long)w->seq, w->group, w->waited_s);
+            for (int i = 0; i < w->n_waiting && i < 16; i++)
+                n += snprintf(text + n, sizeof text - n, " %d", w->waiting[i]);
+            n += snprintf(text + n, sizeof text - n, "; never entered by");
+            for (int i = 0; i < w->n_culprits && i < 16; i++)
+                n += snprintf(text + n, sizeof text - n, " %d", w->culprits[i]);
+            n += snprintf(text + n, sizeof text - n, "\n");
+        }
     }
     json_t *tail = json_object_get(j, "log_tail");
     size_t nt = json_array_size(tail);

@@ -31,6 +31,7 @@ typedef struct {
 /* What the supervisor needs to know of the train command (cli fills it). */
 typedef struct {
     int dp, global_batch, micro_batch, steps;
+    int model_ranks; /* ranks of one model replica: --tp x --pp (the rest is --dp) */
     char skip_steps[LOOM_RUN_PATH];
     char ckpt_dirs[2][LOOM_RUN_PATH]; /* --ckpt-dir, --ckpt-fast-dir ("" = none) */
 } loom_run_job;

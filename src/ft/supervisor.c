@@ -425,23 +425,34 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     memset(&s, 0, sizeof s);
     s.cfg = cfg;
     s.job = job;
+    const int mr = job->model_ranks > 0 ? job->model_ranks : 1;
     s.world = cfg->ranks;
-    s.dp = cfg->ranks;
+    s.dp = cfg->ranks / mr;
     s.start_ms = loom_now_ms();
     s.rejected = json_array();
     *exit_code = 1;
     loom_status st;
     if ((st = loom_batch_skip_parse(&s.skip, job->skip_steps, err))) return st;
-    if (job->dp != 1 && job->dp != cfg->ranks)
+    if (cfg->ranks % mr != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --dp %d with -n %d: every rank is a data-parallel "
-                              "replica (give --dp %d, or leave it out)",
-                              job->dp, cfg->ranks, cfg->ranks);
-    if (!fit_dp(job, s.world) || job->global_batch % (s.world * job->micro_batch) != 0)
+                              "loom run: -n %d: must be a multiple of --tp x --pp = %d (one "
+                              "model replica)",
+                              cfg->ranks, mr);
+    if (job->dp != 1 && job->dp != s.dp)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --global-batch %d: must be a multiple of -n %d x "
+                              "loom run: --dp %d with -n %d: the ranks not in --tp x --pp = %d "
+                              "are data-parallel replicas (give --dp %d, or leave it out)",
+                              job->dp, cfg->ranks, mr, s.dp);
+    if (!fit_dp(job, s.dp) || job->global_batch % (s.dp * job->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --global-batch %d: must be a multiple of --dp %d x "
                               "--micro-batch %d",
-                              job->global_batch, s.world, job->micro_batch);
+                              job->global_batch, s.dp, job->micro_batch);
+    if (cfg->elastic && mr > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --elastic with --tp x --pp = %d: shrinking drops one "
+                              "data-parallel rank at a time, so it needs --tp 1 --pp 1",
+                              mr);
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));

@@ -7,7 +7,8 @@ recover, and checks: the job finishes on its own; the diagnosis names the inject
 (and, for a hang, the collective); the final weights are bitwise those of a fault-free
 run of the same layout (crash, hang, nan; kill-during-save and corrupt-ckpt once
 checkpoints exist), or of a fault-free run without the skipped batch (nan/spike with
---skip-bad-batches); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
+--skip-bad-batches); a hang under --tp 2 --dp 2: the diagnosis names the communicator
+instance (the hung rank's tp group of the two, its culprit and its waiting rank); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
 the straggler report names the rank. Usage: test_ft.py --loom PATH --case NAME [--seed S]
 """
 import argparse
@@ -138,6 +139,39 @@ def case_hang(c, rng):
           f"collective {col}")
     check(2.0 <= col["waited_s"] <= 4.0, f"hang detected after {col['waited_s']} s (timeout 2)")
     check("never entered" in err, "the summary on stderr does not name the culprit")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
+def case_hang_tp(c, rng):
+    """--tp 2 --dp 2: two groups named "tp" ({0,1} and {2,3}); the hung rank's partner
+    waits in its tp group while the other group's ranks go on to the gradient reduction.
+    The diagnosis must name the hung rank's group, not the other one."""
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    layout = ["--tp", "2", "--dp", "2"]
+    ref, _ = c.reference(4, layout)
+    run_dir, w, err = c.supervised(["--heartbeat-timeout", "2", "--grace", "1"],
+                                   ["--tp", "2", "--inject", f"hang@{step}:{rank}"],
+                                   ckpt_every=4)
+    d = diagnosis(run_dir)
+    col = d["collective"]
+    group = [rank - rank % 2, rank - rank % 2 + 1]
+    partner = group[1 - rank % 2]
+    check(d["kind"] == "hang" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected hang of rank {rank}")
+    check(rank in col["culprits"], f"collective {col}: rank {rank} is not a culprit")
+    # Every collective waited in, each in its own group instance (tp: {0,1} and {2,3};
+    # dp and dp.bg: {0,2} and {1,3}); among them the hung rank's tp group, where its
+    # partner waits for it.
+    groups = {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]], "dp.bg": [[0, 2], [1, 3]]}
+    for wt in d["waits"]:
+        check(sorted(wt["group_ranks"]) in groups.get(wt["communicator"], []) and
+              wt["group_first_rank"] == min(wt["group_ranks"]) and wt["group_size"] == 2 and
+              set(wt["waiting"] + wt["culprits"]) <= set(wt["group_ranks"]),
+              f"wait {wt}: not one group of the tp 2 x dp 2 layout")
+    tp = [x for x in d["waits"] if x["communicator"] == "tp" and x["group_ranks"] == group]
+    check(len(tp) == 1 and tp[0]["culprits"] == [rank] and tp[0]["waiting"] == [partner],
+          f"waits {d['waits']}: expected tp{group} waited in by [{partner}], culprit [{rank}]")
+    check(f"on tp{{{group[0]},{group[1]}}}" in err, "the summary on stderr lacks the tp group")
     check(same_bits(w, ref), "final weights differ from the fault-free run")
 
 
