@@ -23,7 +23,7 @@ typedef struct {
 
 typedef struct {
     _Atomic int64_t step;
-    _Atomic uint64_t loss_bits, compute_bits; /* doubles, as bits */
+    _Atomic uint64_t loss_bits, compute_bits, local_bits; /* doubles, as bits */
 } ring_slot;
 
 static struct {
@@ -35,6 +35,7 @@ static struct {
     ring_slot ring[LOOM_PROGRESS_RING];
     _Atomic int64_t blocked_us; /* total time blocked in communication */
     int64_t blocked_at_last_step;
+    double local_loss; /* of the step in progress (training thread only) */
 } g;
 
 static const char *PHASES[LOOM_PHASE_COUNT] = {"init", "forward",    "backward", "optimizer",
@@ -64,6 +65,10 @@ void loom_progress_phase(loom_phase p) {
     atomic_store_explicit(&g.phase, (int)p, memory_order_relaxed);
 }
 
+void loom_progress_local_loss(double loss) {
+    g.local_loss = loss;
+}
+
 void loom_progress_nonfinite(int64_t step) {
     atomic_store(&g.nonfinite_step, step);
 }
@@ -88,6 +93,7 @@ void loom_progress_step_done(int64_t step, double loss, double wall_ms) {
     atomic_store_explicit(&r->loss_bits, bits_of(loss), memory_order_relaxed);
     atomic_store_explicit(&r->compute_bits, bits_of(compute > 0 ? compute : 0),
                           memory_order_relaxed);
+    atomic_store_explicit(&r->local_bits, bits_of(g.local_loss), memory_order_relaxed);
     atomic_store_explicit(&r->step, step, memory_order_release);
     atomic_store_explicit(&g.n_steps, n + 1, memory_order_release);
     atomic_store_explicit(&g.steps_done, step, memory_order_release);
@@ -201,7 +207,8 @@ void loom_progress_read(loom_progress_snapshot *s) {
         int64_t step = atomic_load_explicit(&r->step, memory_order_acquire);
         loom_progress_step e = {
             step, double_of(atomic_load_explicit(&r->loss_bits, memory_order_relaxed)),
-            double_of(atomic_load_explicit(&r->compute_bits, memory_order_relaxed))};
+            double_of(atomic_load_explicit(&r->compute_bits, memory_order_relaxed)),
+            double_of(atomic_load_explicit(&r->local_bits, memory_order_relaxed))};
         if (atomic_load_explicit(&r->step, memory_order_acquire) != step || step < 0) break;
         s->recent[s->n_recent++] = e;
     }

@@ -41,6 +41,7 @@ typedef struct {
 typedef struct {
     int64_t step; /* 1-based step number */
     double loss, compute_ms;
+    double local_loss; /* this rank's own mean loss over its slice of the batch */
 } loom_progress_step;
 
 typedef struct {
@@ -63,6 +64,9 @@ void loom_progress_step_begin(void);
 /* A step finished: its number, loss and wall time; the time spent blocked in
  * communication since the previous step is subtracted to give the compute time. */
 void loom_progress_step_done(int64_t step, double loss, double wall_ms);
+/* This rank's own mean loss of the step in progress (before the reduction), recorded
+ * with the step at step_done (a spike of the global loss can then be traced to a rank). */
+void loom_progress_local_loss(double loss);
 /* This rank's own loss of `step` (before any reduction) was NaN/inf. */
 void loom_progress_nonfinite(int64_t step);
 /* Training starts (or resumes) after `step` completed steps. */

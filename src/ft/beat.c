@@ -81,6 +81,7 @@ void loom_beat_fill(loom_beat *b, const uint8_t token[LOOM_BEAT_TOKEN_BYTES], in
         b->recent_step[i] = s.recent[i].step;
         b->recent_loss[i] = s.recent[i].loss;
         b->recent_compute_ms[i] = s.recent[i].compute_ms;
+        b->recent_local_loss[i] = s.recent[i].local_loss;
     }
 }
 

@@ -39,7 +39,8 @@ typedef struct {
     loom_beat_comm comms[LOOM_PROGRESS_COMMS];
     int64_t recent_step[LOOM_BEAT_RECENT];
     double recent_loss[LOOM_BEAT_RECENT], recent_compute_ms[LOOM_BEAT_RECENT];
-    char msg[LOOM_BEAT_MSG]; /* the error of a failed rank's last beat */
+    double recent_local_loss[LOOM_BEAT_RECENT]; /* this rank's own, before the reduction */
+    char msg[LOOM_BEAT_MSG];                    /* the error of a failed rank's last beat */
 } loom_beat;
 
 /* Token: 16 random bytes (getrandom), passed to ranks as 32 hex digits. */

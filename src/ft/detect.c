@@ -187,6 +187,44 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f) {
+    const int64_t s = f->step;
+    f->n_culprits = 0;
+    double ratio[LOOM_FAIL_LIST];
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *rs = &m->ranks[r];
+        double own = NAN, prev[10];
+        int n = 0;
+        for (int i = 0; i < rs->hist_n && i < LOOM_MONITOR_HISTORY; i++) {
+            int k = (rs->hist_n - 1 - i) % LOOM_MONITOR_HISTORY;
+            if (rs->hist_step[k] == s) own = rs->hist_local_loss[k];
+            if (rs->hist_step[k] < s && rs->hist_step[k] >= s - 10 &&
+                isfinite(rs->hist_local_loss[k]) && n < 10)
+                prev[n++] = rs->hist_local_loss[k];
+        }
+        if (!isfinite(own) || n < 5) continue;
+        double base = median(prev, n);
+        if (!(base > 0) || !(own > factor * base) || f->n_culprits == LOOM_FAIL_LIST) continue;
+        int i = f->n_culprits++;
+        for (; i > 0 && ratio[i - 1] < own / base; i--) { /* insertion: largest first */
+            f->culprits[i] = f->culprits[i - 1];
+            ratio[i] = ratio[i - 1];
+        }
+        f->culprits[i] = r;
+        ratio[i] = own / base;
+        if (i == 0) {
+            f->rank_loss = own;
+            f->rank_baseline = base;
+        }
+    }
+    size_t len = strlen(f->detail);
+    if (f->n_culprits && len < sizeof f->detail)
+        snprintf(f->detail + len, sizeof f->detail - len,
+                 "; rank %d's own loss %.4f is %.1fx its median %.4f (its slice of the batch)",
+                 f->culprits[0], f->rank_loss, f->rank_loss / f->rank_baseline, f->rank_baseline);
+    return f->n_culprits;
+}
+
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
                            loom_failure *f) {
     if (to > m->max_steps) to = m->max_steps;
@@ -208,8 +246,10 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
         f->loss = loss;
         f->baseline_loss = base;
         snprintf(f->detail, sizeof f->detail,
-                 "loss %.4f at step %lld is %.1fx the median %.4f of the %d steps before", loss,
-                 (long long)s, loss / base, base, n);
+                 "loss %.4f at step %lld is %.1fx the median %.4f of the %d steps before; the "
+                 "loss is global (the mean over every rank's slice of the batch), so no rank "
+                 "failed",
+                 loss, (long long)s, loss / base, base, n);
         return 1;
     }
     return 0;

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 #include "ft/monitor.h"
 
@@ -47,6 +49,10 @@ typedef struct {
     char host[64];
     int64_t step; /* the step that failed (steps_done + 1), or the spiking step */
     double loss, baseline_loss;
+    /* spike: the loss is global (the mean over every rank's slice of the batch); the
+     * ranks whose own loss spiked are the culprits, the first one's own loss here */
+    double rank_loss, rank_baseline;
+    int64_t batch; /* spike / non-finite: the step's batch (data order, 1-based; 0: ?) */
     int exit_status;
     char detail[512];
     /* hang: the collective, who never entered it and who waits in it */
@@ -81,6 +87,10 @@ int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, 
  * the up to 10 steps before it (at least 5 known). */
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
                            loom_failure *f);
+/* After a spike of step f->step (once every rank has reported that step): the ranks
+ * whose own loss is > factor x the median of their own previous (up to 10, at least 5)
+ * steps, into f->culprits (largest jump first) and f->detail. */
+int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f);
 /* Ranks whose median compute time over the last 8 steps is > factor x the median of
  * the others', eight steps in a row; each rank is reported once per attempt. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
@@ -93,7 +103,8 @@ void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launch
 /* Writes diagnosis.json into dir (and the attempt's folder) and prints the summary to
  * stderr and dir/diagnosis.txt; log_of(rank) names a rank's log file. */
 loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const char *attempt_dir,
-                                 const char *rank_log, const char *recovery, loom_error *err);
+                                 const char *rank_log, const char *recovery, json_t *batch,
+                                 loom_error *err);
 loom_status loom_stragglers_write(const loom_straggler *s, int n, const char *dir, int attempt,
                                   loom_error *err);
 

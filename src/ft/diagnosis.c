@@ -87,7 +87,8 @@ static loom_status dump(json_t *j, const char *path, loom_error *err) {
 }
 
 loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const char *attempt_dir,
-                                 const char *rank_log, const char *recovery, loom_error *err) {
+                                 const char *rank_log, const char *recovery, json_t *batch,
+                                 loom_error *err) {
     char when[32];
     iso_now(when, sizeof when);
     json_t *j = json_object();
@@ -103,6 +104,19 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         json_object_set_new(j, "loss", number_or_null(f->loss));
         json_object_set_new(j, "baseline_loss", number_or_null(f->baseline_loss));
     }
+    if (f->kind == LOOM_FAIL_SPIKE) {
+        json_t *sp = json_object();
+        json_object_set_new(sp, "scope",
+                            json_string("global: the mean over every rank's slice of the batch "
+                                        "(no rank failed)"));
+        json_object_set_new(sp, "culprits", rank_list(f->culprits, f->n_culprits));
+        if (f->n_culprits) {
+            json_object_set_new(sp, "culprit_loss", number_or_null(f->rank_loss));
+            json_object_set_new(sp, "culprit_baseline", number_or_null(f->rank_baseline));
+        }
+        json_object_set_new(j, "spike", sp);
+    }
+    if (batch) json_object_set_new(j, "batch", batch);
     if (f->kind == LOOM_FAIL_HANG || f->kind == LOOM_FAIL_NONFINITE) {
         json_t *h = json_object();
         if (f->kind == LOOM_FAIL_HANG) {
@@ -126,7 +140,7 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
     snprintf(path, sizeof path, "%s/diagnosis.json", dir);
     if (!st) st = dump(j, path, err);
     /* The human summary: the same facts in a few lines. */
-    char text[4096];
+    char text[8192];
     int n = snprintf(text, sizeof text, "loom run: FAILURE (attempt %d): %s", f->attempt,
                      loom_fail_kind_name(f->kind));
     if (f->rank >= 0)
@@ -162,6 +176,20 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         for (size_t i = nt > 5 ? nt - 5 : 0; i < nt && n < (int)sizeof text - 200; i++)
             n += snprintf(text + n, sizeof text - n, "    | %s\n",
                           json_string_value(json_array_get(tail, i)));
+    }
+    json_t *seqs = batch ? json_object_get(batch, "sequences") : NULL;
+    if (seqs && n < (int)sizeof text - 400) {
+        n += snprintf(text + n, sizeof text - n, "  batch %lld of the data order:",
+                      (long long)json_integer_value(json_object_get(batch, "index")));
+        for (size_t i = 0; i < json_array_size(seqs) && i < 4; i++) {
+            json_t *q = json_array_get(seqs, i);
+            n += snprintf(text + n, sizeof text - n, "%s seq %lld (dp rank %lld) at token %lld",
+                          i ? "," : "", (long long)json_integer_value(json_object_get(q, "seq")),
+                          (long long)json_integer_value(json_object_get(q, "dp_rank")),
+                          (long long)json_integer_value(json_object_get(q, "token_offset")));
+        }
+        n += snprintf(text + n, sizeof text - n, "%s (diagnosis.json lists all)\n",
+                      json_array_size(seqs) > 4 ? ", ..." : "");
     }
     if (n < (int)sizeof text - 100)
         snprintf(text + n, sizeof text - n, "  recovery: %s\n", recovery);

@@ -15,6 +15,7 @@
 
 #include "core/clock.h"
 #include "core/fs.h"
+#include "ft/batch_info.h"
 #include "ft/detect.h"
 #include "ft/launch.h"
 #include "ft/monitor.h"
@@ -244,6 +245,27 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
             outcome, s->attempt + 1, s->n_log, (long long)wasted, recovery, path);
 }
 
+/* The ranks whose own loss spiked: their beats of the step may come a moment after the
+ * first one (waits up to 1 s for every rank to report it). */
+static void spike_ranks(sup *s, loom_failure *f) {
+    const double until = loom_now_ms() + 1000;
+    for (;;) {
+        int behind = 0;
+        for (int r = 0; r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            const int64_t last =
+                rs->hist_n ? rs->hist_step[(rs->hist_n - 1) % LOOM_MONITOR_HISTORY] : 0;
+            behind += last < f->step && rs->beat.phase != LOOM_PHASE_DONE &&
+                      rs->beat.phase != LOOM_PHASE_FAILED;
+        }
+        if (!behind || loom_now_ms() >= until) break;
+        struct pollfd pfd = {s->mon.fd, POLLIN, 0};
+        poll(&pfd, 1, 20);
+        loom_monitor_drain(&s->mon, loom_now_ms());
+    }
+    loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
+}
+
 /* Watches one attempt until it ends or fails. Returns 0 (finished), 1 (failure in *f),
  * 2 (interrupted). */
 static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *f) {
@@ -322,8 +344,10 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
         /* Losses first: a job that spiked and then finished is still rolled back. */
         int64_t step = loom_monitor_step(&s->mon);
         if (step > spike_checked) {
-            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f))
+            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f)) {
+                if (f->kind == LOOM_FAIL_SPIKE) spike_ranks(s, f);
                 return 1;
+            }
             spike_checked = step;
         }
         /* A rank on this host that died: seen at once, before the launcher notices. */
@@ -545,6 +569,8 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             if (g.rank >= 0) f = g;
         }
         /* Recovery plan. */
+        if ((f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && f.step > 0)
+            f.batch = loom_batch_skip_batch_of(&s.skip, f.step);
         char recovery[512], skipped[64] = "";
         if ((f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && cfg->skip_bad_batches &&
             f.step > 0 && s.skip.n < LOOM_SKIP_MAX) {
@@ -583,7 +609,13 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                      skipped);
         char log[LOOM_RUN_PATH + 64];
         rank_log(&s, attempt_dir, f.rank >= 0 ? f.rank : 0, log, sizeof log);
-        if ((st = loom_diagnosis_write(&f, cfg->run_dir, attempt_dir, log, recovery, err)))
+        json_t *batch = NULL;
+        if (f.batch > 0) {
+            loom_error be = {0};
+            if (!(batch = loom_batch_info(job, f.batch, s.dp, &be)))
+                fprintf(stderr, "loom run: the bad batch's sequences are not named: %s\n", be.msg);
+        }
+        if ((st = loom_diagnosis_write(&f, cfg->run_dir, attempt_dir, log, recovery, batch, err)))
             fprintf(stderr, "%s\n", err->msg);
         failure_log *fl = &s.log[s.n_log++];
         memset(fl, 0, sizeof *fl);

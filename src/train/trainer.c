@@ -340,6 +340,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         }
         loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
+        loom_progress_local_loss(loss_sum / ((double)per_rank * T));
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
         if (!st && ep_on) st = loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);

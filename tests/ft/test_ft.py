@@ -204,6 +204,22 @@ def case_spike(c, rng):
           f"diagnosis {d['kind']} step {d['step']}, expected loss_spike at {step}")
     check(d["loss"] > 3 * d["baseline_loss"], f"spike {d['loss']} vs {d['baseline_loss']}")
     check(same_bits(w, ref_skip), f"weights differ from a fault-free --skip-steps {step} run")
+    # The loss is global: no rank failed, but the rank whose own loss jumped is named.
+    check(d["rank"] is None and "global" in d["spike"]["scope"], f"spike diagnosis {d}")
+    check(d["spike"]["culprits"] == [rank], f"spike culprits {d['spike']['culprits']}, "
+          f"expected [{rank}] (its own loss was multiplied)")
+    # The skipped batch's sequences are where the data is: a fault-free run's dump of the
+    # tokens of that step must equal the data file at the offsets the diagnosis names.
+    b = d["batch"]
+    check(b["index"] == step and len(b["sequences"]) == 8, f"batch {b}")
+    dump = os.path.join(c.tmp, "dump")
+    c.reference(4, ["--dump-dir", dump])
+    tokens = safetensors_io.load(os.path.join(dump, "tokens.safetensors"))["tokens"]
+    for q in b["sequences"]:
+        data = np.fromfile(q["file"], dtype="<u2", offset=1024)
+        got = data[q["token_offset"]:q["token_offset"] + q["tokens"]]
+        check(q["dp_rank"] == q["seq"] // 2 and np.array_equal(got, tokens[step - 1, q["seq"]]),
+              f"sequence {q}: not the tokens step {step} trained on")
 
 
 def case_slow(c, rng):
