@@ -18,11 +18,10 @@
 #include "ft/batch_info.h"
 #include "ft/detect.h"
 #include "ft/launch.h"
+#include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
-
-#define MAX_ARGS 512
 
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) {
@@ -78,10 +77,7 @@ static void event(sup *s, const char *what, const char *fmt, ...) {
 }
 
 static void rank_log(const sup *s, const char *attempt_dir, int rank, char *out, size_t size) {
-    if (strcmp(s->cfg->launcher, "srun") == 0)
-        snprintf(out, size, "%s/rank_%d.log", attempt_dir, rank);
-    else /* mpirun --output-filename DIR writes DIR/1/rank.N/{stdout,stderr} */
-        snprintf(out, size, "%s/ranks/1/rank.%d/stderr", attempt_dir, rank);
+    loom_launch_rank_log(s->cfg->launcher, attempt_dir, rank, out, size);
 }
 
 static void skip_list_text(const loom_batch_skip *k, char *out, size_t size) {
@@ -114,63 +110,26 @@ static void scan_rejected(sup *s, const char *attempt_dir) {
     }
 }
 
-/* The launcher's command line for this attempt (argv strings live in store). */
-static int build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
-                      const char *attempt_dir, char **argv, char store[][LOOM_RUN_PATH + 64]) {
-    int n = 0, k = 0;
-#define ARG(...) (snprintf(store[k], sizeof store[k], __VA_ARGS__), argv[n++] = store[k++])
-    const loom_run_config *c = s->cfg;
-    if (strcmp(c->launcher, "srun") == 0) {
-        ARG("srun");
-        ARG("-n");
-        ARG("%d", s->world);
-        ARG("--kill-on-bad-exit=1");
-        ARG("--export=ALL");
-        ARG("--output=%s/rank_%%t.log", attempt_dir);
-    } else {
-        ARG("mpirun");
-        ARG("-n");
-        ARG("%d", s->world);
-        if (geteuid() == 0) ARG("--allow-run-as-root");
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!c->hosts[0] && s->world > cores) {
-            ARG("--oversubscribe");
-            ARG("--mca");
-            ARG("mpi_yield_when_idle");
-            ARG("1");
-        }
-        if (c->hosts[0]) {
-            ARG("--host");
-            ARG("%s", c->hosts);
-        }
-        ARG("--output-filename");
-        ARG("%s/ranks", attempt_dir);
-        const char *vars[] = {"LOOM_FT_ADDR",  "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT",
-                              "LOOM_FT_SLOTS", "LOOM_INJECT",   "LOOM_FT_INTERVAL_MS"};
-        for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
-            if (getenv(vars[i])) {
-                ARG("-x");
-                ARG("%s", vars[i]);
-            }
-    }
-    ARG("%s", loom_exe);
-    ARG("train");
-    for (int i = 0; i < train_argc && n < MAX_ARGS - 12; i++) argv[n++] = train_argv[i];
-    /* Flags given later win: the supervisor's layout, skip list and resume. */
-    ARG("--dp");
-    ARG("%d", s->dp);
-    if (s->skip.n) {
-        ARG("--skip-steps");
-        skip_list_text(&s->skip, store[k], sizeof store[k]);
-        argv[n++] = store[k++];
-    }
-    if (s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0])) {
-        ARG("--resume");
-        ARG("auto");
-    }
-    argv[n] = NULL;
-#undef ARG
-    return n;
+/* The launcher's command line for this attempt (ft/launch_argv.h). */
+static void build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
+                       const char *attempt_dir, loom_launch_cmd *cmd) {
+    char skips[LOOM_RUN_PATH];
+    skip_list_text(&s->skip, skips, sizeof skips);
+    const loom_launch_spec spec = {
+        .launcher = s->cfg->launcher,
+        .hosts = s->cfg->hosts,
+        .world = s->world,
+        .dp = s->dp,
+        .attempt_dir = attempt_dir,
+        .loom_exe = loom_exe,
+        .train_argv = train_argv,
+        .train_argc = train_argc,
+        .skip_list = skips,
+        .resume = s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0]),
+        .as_root = geteuid() == 0,
+        .cores = sysconf(_SC_NPROCESSORS_ONLN),
+    };
+    loom_launch_cmd_build(cmd, &spec);
 }
 
 /* Rolling back past a bad step: checkpoints of that step or later hold its update, so
@@ -517,9 +476,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         for (int r = 0, n = 0; r < s.world && n < (int)sizeof slots - 12; r++)
             n += snprintf(slots + n, sizeof slots - n, "%s%d", r ? "," : "", s.slots[r]);
         setenv("LOOM_FT_SLOTS", slots, 1);
-        static char store[MAX_ARGS][LOOM_RUN_PATH + 64];
-        char *argv[MAX_ARGS + 1];
-        int argc = build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, argv, store);
+        static loom_launch_cmd cmdline;
+        build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, &cmdline);
+        char **argv = cmdline.argv;
+        const int argc = cmdline.argc;
         snprintf(path, sizeof path, "%s/command.txt", attempt_dir);
         FILE *cmd = fopen(path, "w");
         for (int i = 0; cmd && i < argc; i++)
