@@ -23,7 +23,7 @@ typedef struct {
 
 typedef struct {
     _Atomic int64_t step;
-    _Atomic uint64_t loss_bits, compute_bits, local_bits; /* doubles, as bits */
+    _Atomic uint64_t loss_bits, compute_bits, local_bits, blocked_bits; /* doubles, as bits */
 } ring_slot;
 
 static struct {
@@ -94,6 +94,8 @@ void loom_progress_step_done(int64_t step, double loss, double wall_ms) {
     atomic_store_explicit(&r->compute_bits, bits_of(compute > 0 ? compute : 0),
                           memory_order_relaxed);
     atomic_store_explicit(&r->local_bits, bits_of(g.local_loss), memory_order_relaxed);
+    atomic_store_explicit(&r->blocked_bits, bits_of(compute > 0 ? wall_ms - compute : wall_ms),
+                          memory_order_relaxed);
     atomic_store_explicit(&r->step, step, memory_order_release);
     atomic_store_explicit(&g.n_steps, n + 1, memory_order_release);
     atomic_store_explicit(&g.steps_done, step, memory_order_release);
@@ -208,7 +210,8 @@ void loom_progress_read(loom_progress_snapshot *s) {
         loom_progress_step e = {
             step, double_of(atomic_load_explicit(&r->loss_bits, memory_order_relaxed)),
             double_of(atomic_load_explicit(&r->compute_bits, memory_order_relaxed)),
-            double_of(atomic_load_explicit(&r->local_bits, memory_order_relaxed))};
+            double_of(atomic_load_explicit(&r->local_bits, memory_order_relaxed)),
+            double_of(atomic_load_explicit(&r->blocked_bits, memory_order_relaxed))};
         if (atomic_load_explicit(&r->step, memory_order_acquire) != step || step < 0) break;
         s->recent[s->n_recent++] = e;
     }

@@ -42,6 +42,7 @@ typedef struct {
     int64_t step; /* 1-based step number */
     double loss, compute_ms;
     double local_loss; /* this rank's own mean loss over its slice of the batch */
+    double blocked_ms; /* of the step's wall time, blocked in communication */
 } loom_progress_step;
 
 typedef struct {

@@ -82,6 +82,7 @@ void loom_beat_fill(loom_beat *b, const uint8_t token[LOOM_BEAT_TOKEN_BYTES], in
         b->recent_loss[i] = s.recent[i].loss;
         b->recent_compute_ms[i] = s.recent[i].compute_ms;
         b->recent_local_loss[i] = s.recent[i].local_loss;
+        b->recent_blocked_ms[i] = s.recent[i].blocked_ms;
     }
 }
 

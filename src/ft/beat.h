@@ -40,6 +40,7 @@ typedef struct {
     int64_t recent_step[LOOM_BEAT_RECENT];
     double recent_loss[LOOM_BEAT_RECENT], recent_compute_ms[LOOM_BEAT_RECENT];
     double recent_local_loss[LOOM_BEAT_RECENT]; /* this rank's own, before the reduction */
+    double recent_blocked_ms[LOOM_BEAT_RECENT]; /* waiting for communication */
     char msg[LOOM_BEAT_MSG];                    /* the error of a failed rank's last beat */
 } loom_beat;
 

@@ -257,16 +257,19 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
 
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max) {
     enum { W = 8 };
-    double med[m->world > 0 ? m->world : 1];
+    double med[m->world > 0 ? m->world : 1], blk[m->world > 0 ? m->world : 1];
     int have = 0;
     for (int r = 0; r < m->world; r++) {
         loom_rank_state *s = &m->ranks[r];
-        med[r] = NAN;
+        med[r] = blk[r] = NAN;
         if (s->hist_n < W) continue;
-        double v[W];
-        for (int i = 0; i < W; i++)
+        double v[W], b[W];
+        for (int i = 0; i < W; i++) {
             v[i] = s->hist_compute[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
+            b[i] = s->hist_blocked[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
+        }
         med[r] = median(v, W);
+        blk[r] = median(b, W);
         have++;
     }
     int found = 0;
@@ -276,13 +279,17 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
         if (isnan(med[r])) continue;
         /* The job's typical rank: the median over all ranks (one slow rank cannot move
          * it; with two ranks, the other one). */
-        double others[m->world];
+        double others[m->world], others_blk[m->world];
         int n = 0;
         for (int q = 0; q < m->world; q++)
-            if ((q != r || have >= 3) && !isnan(med[q])) others[n++] = med[q];
-        double base = median(others, n);
+            if ((q != r || have >= 3) && !isnan(med[q])) {
+                others_blk[n] = blk[q];
+                others[n++] = med[q];
+            }
+        double base = median(others, n), base_blk = median(others_blk, n);
         /* A floor of 2 ms keeps scheduler noise on tiny steps from counting. */
-        if (base > 0 && med[r] > factor * base && med[r] - base > 2.0)
+        if (base > 0 && med[r] > factor * base && med[r] - base > 2.0 &&
+            (have >= 3 || blk[r] < base_blk))
             s->straggler_hits++;
         else
             s->straggler_hits = 0;
@@ -294,6 +301,8 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
             o->compute_ms = med[r];
             o->others_ms = base;
             o->slowdown = base > 0 ? med[r] / base : INFINITY;
+            o->blocked_ms = blk[r];
+            o->others_blocked_ms = base_blk;
         }
     }
     return found;

@@ -71,6 +71,7 @@ typedef struct {
     int rank;
     char host[64];
     double compute_ms, others_ms, slowdown;
+    double blocked_ms, others_blocked_ms; /* waiting per step: the slow rank waits least */
 } loom_straggler;
 
 const char *loom_fail_kind_name(loom_fail_kind k);
@@ -92,7 +93,10 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
  * steps, into f->culprits (largest jump first) and f->detail. */
 int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f);
 /* Ranks whose median compute time over the last 8 steps is > factor x the median of
- * the others', eight steps in a row; each rank is reported once per attempt. */
+ * the others', eight steps in a row; each rank is reported once per attempt. With two
+ * ranks (the median of the others is the other one) the rank must also wait less than
+ * the other: the slow rank computes more and the fast one waits for it, so a rank whose
+ * compute time only looks long (waits counted as compute) is not blamed. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
 
 /* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)

@@ -218,12 +218,16 @@ loom_status loom_stragglers_write(const loom_straggler *s, int n, const char *di
     for (int i = 0; i < n; i++) {
         fprintf(stderr,
                 "loom run: STRAGGLER: rank %d on %s computes %.1f ms per step, %.2fx the others' "
-                "%.1f ms (reported, not restarted)\n",
-                s[i].rank, s[i].host, s[i].compute_ms, s[i].slowdown, s[i].others_ms);
+                "%.1f ms, and waits %.1f ms for communication (the others %.1f ms; reported, "
+                "not restarted)\n",
+                s[i].rank, s[i].host, s[i].compute_ms, s[i].slowdown, s[i].others_ms,
+                s[i].blocked_ms, s[i].others_blocked_ms);
         fprintf(fp,
                 "{\"attempt\": %d, \"rank\": %d, \"host\": \"%s\", \"compute_ms\": %.3f, "
-                "\"others_ms\": %.3f, \"slowdown\": %.3f}\n",
-                attempt, s[i].rank, s[i].host, s[i].compute_ms, s[i].others_ms, s[i].slowdown);
+                "\"others_ms\": %.3f, \"slowdown\": %.3f, \"blocked_ms\": %.3f, "
+                "\"others_blocked_ms\": %.3f}\n",
+                attempt, s[i].rank, s[i].host, s[i].compute_ms, s[i].others_ms, s[i].slowdown,
+                s[i].blocked_ms, s[i].others_blocked_ms);
     }
     fclose(fp);
     return LOOM_OK;
