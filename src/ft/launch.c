@@ -85,12 +85,6 @@ static void wait_until(loom_launch *l, double deadline_ms) {
     while (!loom_launch_poll(l) && loom_now_ms() < deadline_ms) nanosleep(&tick, NULL);
 }
 
-void loom_launch_kill(loom_launch *l, double grace_s, const pid_t *rank_pids, int n) {
-    for (int i = 0; i < n; i++)
-        if (rank_pids[i] > 0) kill(rank_pids[i], SIGKILL);
-    loom_launch_stop(l, grace_s, rank_pids, n);
-}
-
 void loom_launch_stop(loom_launch *l, double grace_s, const pid_t *rank_pids, int n) {
     if (loom_launch_poll(l)) {
         /* Ranks of a launcher that already ended may linger a moment; never wait long. */

@@ -22,11 +22,6 @@ int loom_launch_poll(loom_launch *l);
 /* SIGTERM to the launcher (it forwards to the ranks), SIGKILL to its process group and
  * the given rank pids (this host's) after grace_s; returns when the launcher is reaped. */
 void loom_launch_stop(loom_launch *l, double grace_s, const pid_t *rank_pids, int n);
-/* After a failure, when nothing of the job is worth saving: SIGKILL to the given rank
- * pids at once (a rank blocked in a collective would not leave on SIGTERM, and mpirun
- * waits odls_base_sigkill_timeout, 1 s, before it kills them), then loom_launch_stop,
- * whose SIGTERM lets the launcher end the ranks of other hosts. */
-void loom_launch_kill(loom_launch *l, double grace_s, const pid_t *rank_pids, int n);
 /* 1 if pid is gone or a zombie (a rank that died, on this host). */
 int loom_pid_dead(pid_t pid);
 

@@ -516,7 +516,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         const int64_t max_step = loom_monitor_step(&s.mon);
         event(&s, "failure_detected", "\"kind\": \"%s\", \"rank\": %d, \"step\": %lld",
               loom_fail_kind_name(f.kind), f.rank, (long long)f.step);
-        loom_launch_kill(&l, cfg->grace_s, pids, np);
+        loom_launch_stop(&l, cfg->grace_s, pids, np);
         double teardown = loom_now_ms() - f.detected_ms;
         event(&s, "stopped", "\"teardown_s\": %.3f, \"launcher_status\": %d", teardown * 1e-3,
               l.status);
