@@ -62,10 +62,10 @@ def injected_at(run_dir, rank, what):
     return float(m.group(1))
 
 
-def timeline(run_dir, attempt):
-    """Rank 0's start-up line ("loom: rank 0 start-up (ms): part ms, ...; total ms (t0 WALL)")
-    and its checkpoint read ("loaded B bytes (C chunks) in MS ms")."""
-    path = os.path.join(run_dir, f"attempt_{attempt}", "ranks", "1", "rank.0", "stderr")
+def timeline(run_dir, attempt, rank=0):
+    """A rank's start-up line ("loom: rank R start-up (ms): part ms, ...; total ms (t0 WALL)")
+    and rank 0's checkpoint read ("loaded B bytes (C chunks) in MS ms")."""
+    path = os.path.join(run_dir, f"attempt_{attempt}", "ranks", "1", f"rank.{rank}", "stderr")
     text = open(path).read()
     m = re.search(r"start-up \(ms\): (.*); total ([\d.]+) \(t0 ([\d.]+)\)", text)
     if not m:
@@ -114,6 +114,7 @@ def crash(loom, root, data):
     breakdown = {
         "stopped_to_exec_s": round(restart["t0"] - stopped, 3),
         "restart_rank0_ms": restart["parts_ms"],
+        "restart_rank1_ms": timeline(run_dir, 1, 1)["parts_ms"],
         "first_launch_rank0_ms": first_launch["parts_ms"],
         "checkpoint_read": restart.get("checkpoint_read"),
     }

@@ -84,6 +84,7 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
 
 /* Fresh state (after a failed load attempt): initial parameters, zero moments. */
 static void reset_state(loom_checkpointing *c) {
+    c->reset = 1;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
     loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
@@ -192,6 +193,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
     n = (int)nd;
     if (n < 0) return loom_error_set(err, LOOM_ERR_NOMEM, "--resume: out of memory");
     const int explicit_path = strcmp(c->tc->resume, "auto") != 0;
+    int tried = 0;
     for (int i = 0; i < n; i++) {
         char dir[LOOM_CKPT_PATH_MAX] = "";
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
@@ -218,14 +220,18 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (ls)
             fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
                     e.msg);
-        reset_state(c);
+        /* A failed load may have written part of the buffers; the next one that loads
+         * overwrites all of them, so the fresh state is made only if none does (below). */
+        tried = 1;
         if (explicit_path && n == 1) {
+            reset_state(c);
             free(list);
             return loom_error_set(err, ls ? ls : LOOM_ERR_INPUT, "--resume %s: %s", c->tc->resume,
                                   ls ? e.msg : "another rank could not load it");
         }
     }
     free(list);
+    if (tried) reset_state(c);
     if (st) return st;
     if (explicit_path)
         return loom_error_set(err, LOOM_ERR_INPUT, "--resume %s: no valid checkpoint there",

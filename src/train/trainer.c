@@ -402,8 +402,12 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
         if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
         if (early < 2) STEP_MARK(early, "rest");
-        if (lead && (early == 1 || (early == 0 && step + 1 == tc->steps)))
-            loom_timeline_print(stderr, "rank 0");
+        if ((lead || getenv("LOOM_FT_ADDR")) && /* every rank under loom run: own logs */
+            (early == 1 || (early == 0 && step + 1 == tc->steps))) {
+            char who[32];
+            snprintf(who, sizeof who, "rank %d", mesh->rank);
+            loom_timeline_print(stderr, who);
+        }
     }
     if (lead && r->tp.size > 1)
         fprintf(stderr,
@@ -597,7 +601,8 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
-    if (init_later && !r.ckpt.loaded) loom_params_init(&r.model.table, r.params, tc->seed);
+    if (init_later && !r.ckpt.loaded && !r.ckpt.reset)
+        loom_params_init(&r.model.table, r.params, tc->seed);
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
     loom_timeline_mark("ckpt_open");
     if (tc->trace[0]) {
