@@ -3,12 +3,16 @@
 stays short on a small machine), and the heartbeats' cost.
 
 1. Crash: 2 ranks, a checkpoint after every step in the memory tier (/dev/shm, keep 2),
-   rank 1 SIGKILLs itself at the start of step 4. From the rank's own log line (its wall time just before the kill) and the
-   supervisor's events.jsonl: death -> detection, detection -> every rank stopped
+   rank 1 SIGKILLs itself at the start of step 4. From the rank's own log line (its wall
+   time just before the kill) and the supervisor's events.jsonl: death -> detection, detection -> every rank stopped
    (teardown), -> the new ranks past start-up (relaunch: mpirun, MPI init, model
-   allocation and initialisation), -> checkpoint opened and loaded (load: includes
-   allocating and touching the writer's staging buffer, the size of a checkpoint), ->
-   the steps lost redone (replay), and death to the first new step.
+   allocation; a resuming rank initialises no weights), -> checkpoint opened and loaded
+   (load: includes the first touch of the weights and optimizer state it fills, and the
+   first step's batch and gradient clearing, until a rank enters the forward), ->
+   the steps lost redone (replay), and death to the first new step. "breakdown": rank 0's
+   start-up timeline of the restart and of the first launch (MPI init, allocation,
+   initialisation, checkpoint load, the parts of the first two steps: loom train prints
+   it), and the checkpoint's read rate.
 2. Hang: rank 1 stops before a collective of step 2 with --heartbeat-timeout 3: hang ->
    detection (target: timeout + 1 s). --max-restarts 0, so the job ends there.
 3. Heartbeat overhead: the same training with and without heartbeats (a socket of this
@@ -58,6 +62,23 @@ def injected_at(run_dir, rank, what):
     return float(m.group(1))
 
 
+def timeline(run_dir, attempt, rank=0):
+    """A rank's start-up line ("loom: rank R start-up (ms): part ms, ...; total ms (t0 WALL)")
+    and rank 0's checkpoint read ("loaded B bytes (C chunks) in MS ms")."""
+    path = os.path.join(run_dir, f"attempt_{attempt}", "ranks", "1", f"rank.{rank}", "stderr")
+    text = open(path).read()
+    m = re.search(r"start-up \(ms\): (.*); total ([\d.]+) \(t0 ([\d.]+)\)", text)
+    if not m:
+        sys.exit(f"bench_ft: no start-up line in {path}")
+    parts = {k: float(v) for k, v in (p.rsplit(" ", 1) for p in m.group(1).split(", "))}
+    out = {"parts_ms": parts, "total_ms": float(m.group(2)), "t0": float(m.group(3))}
+    r = re.search(r"rank 0 loaded (\d+) bytes \((\d+) chunks\) in ([\d.]+) ms", text)
+    if r:
+        out["checkpoint_read"] = {"bytes": int(r.group(1)), "ms": float(r.group(3)),
+                                  "gb_per_s": round(int(r.group(1)) / float(r.group(3)) / 1e6, 3)}
+    return out
+
+
 def supervised(loom, run_dir, run_args, train, timeout=900):
     cmd = [loom, "run", "-n", "2", "--run-dir", run_dir] + run_args + ["--"] + train
     t0 = time.time()
@@ -86,6 +107,17 @@ def crash(loom, root, data):
     caught = first(ev, "caught_up", 1)["t"]
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     f = s["failures"][0]
+    # Where the time from the relaunch to the first new step goes, by rank 0's own clock
+    # (its parts follow each other; a part may include waiting for the other rank), and
+    # the same for the first launch (no checkpoint to load) for comparison.
+    first_launch, restart = timeline(run_dir, 0), timeline(run_dir, 1)
+    breakdown = {
+        "stopped_to_exec_s": round(restart["t0"] - stopped, 3),
+        "restart_rank0_ms": restart["parts_ms"],
+        "restart_rank1_ms": timeline(run_dir, 1, 1)["parts_ms"],
+        "first_launch_rank0_ms": first_launch["parts_ms"],
+        "checkpoint_read": restart.get("checkpoint_read"),
+    }
     return {
         "death_to_detection_s": round(det - death, 3),
         "teardown_s": round(stopped - det, 3),
@@ -99,6 +131,7 @@ def crash(loom, root, data):
         "death_to_first_new_step_minus_load_and_replay_s": round(
             (caught - death) - (training - loading) - (caught - training), 3),
         "wall_s": round(wall, 1),
+        "breakdown": breakdown,
     }
 
 

@@ -85,8 +85,10 @@ static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, l
                               "checkpoint writer: cannot allocate a %zu-byte staging buffer",
                               w->image_bytes);
     }
-    /* Touch every page now, so the first save does not pay for page faults. */
-    memset(w->image, 0, w->image_bytes);
+    /* Only the header now: the writer thread touches the data pages when it starts (off
+     * the path of a restart to its first step), so the first save does not pay for page
+     * faults unless it comes before that is done. */
+    w->data_start = 8 + padded;
     uint64_t hlen = padded;
     memcpy(w->image, &hlen, 8);
     memcpy(w->image + 8, header, len);
@@ -391,6 +393,7 @@ static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
 
 static void *thread_main(void *arg) {
     loom_ckpt_writer *w = arg;
+    memset(w->image + w->data_start, 0, w->image_bytes - w->data_start);
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (w->job == 0) pthread_cond_wait(&w->cv, &w->mu);

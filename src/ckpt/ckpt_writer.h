@@ -1,7 +1,9 @@
 /* Asynchronous checkpoint writing for one rank. At creation the rank's pieces (its ZeRO
  * shard of params, m and v) are planned once, the data file's safetensors header is
- * built and a host staging buffer holding the whole file image is allocated and touched
- * (so a save never allocates or faults pages). A save (start) runs in a background
+ * built and a host staging buffer holding the whole file image is allocated; the
+ * background thread touches its pages first thing (so a save never allocates, and faults
+ * no pages unless it starts before that is done; creation stays off the path from a
+ * restart to the first step). A save (start) runs in a background
  * thread: stage (copy the pieces into the buffer, checksumming each row while it is in
  * cache), then write rank_NNNNN.safetensors through a .tmp file (O_DIRECT from the
  * aligned staging buffer where the filesystem takes it, else buffered in large blocks
@@ -36,6 +38,7 @@ typedef struct {
     void *hash;            /* XXH3 streaming state (the thread's) */
     uint8_t *image;        /* the data file: header then data */
     size_t image_bytes;
+    size_t data_start; /* the header's end */
     /* the background thread */
     pthread_t thread;
     pthread_mutex_t mu;

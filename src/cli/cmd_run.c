@@ -47,6 +47,11 @@ int loom_cmd_run(int argc, char **argv) {
     }
     loom_run_job job = {0};
     job.dp = o.train.layout.dp;
+    job.model_ranks = o.train.layout.tp * o.train.layout.pp;
+    snprintf(job.data, sizeof job.data, "%s", o.train.data);
+    job.vocab_size = o.model.vocab_size;
+    job.seq_len = o.model.seq_len;
+    job.seed = o.train.seed;
     job.global_batch = o.train.global_batch;
     job.micro_batch = o.train.micro_batch;
     job.steps = o.train.steps;

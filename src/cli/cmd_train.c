@@ -13,10 +13,12 @@
 #include "pipeline/pipeline.h"
 #include "core/cpu_boot.h"
 #include "core/fault.h"
+#include "core/timeline.h"
 #include "ft/heartbeat.h"
 #include "train/trainer.h"
 
 int loom_cmd_train(int argc, char **argv) {
+    loom_timeline_mark("exec");
     loom_error err = {0};
     loom_train_options o;
     loom_status st = loom_train_options_parse(&o, argc, argv, &err);
@@ -44,6 +46,7 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }
+    loom_timeline_mark("options");
     loom_world world;
     loom_startup_watchdog watchdog; /* until every rank is in (the mesh is built) */
     loom_startup_watchdog_arm(&watchdog, o.train.startup_timeout);
@@ -52,12 +55,14 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return st == LOOM_ERR_INPUT ? 2 : 1;
     }
+    loom_timeline_mark("mpi_init");
     loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
     st = loom_mesh_create(&mesh, &world, o.train.layout, &err);
     loom_startup_watchdog_disarm(&watchdog);
+    loom_timeline_mark("mesh");
     if (st) {
         if (world.rank == 0) fprintf(stderr, "loom train: %s\n", err.msg);
         loom_world_finalize(&world);

@@ -35,6 +35,17 @@ loom_status loom_comm_from_mpi(loom_comm *c, MPI_Comm mpi, const char *name, loo
     MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->mpi, &c->rank);
     MPI_Comm_size(c->mpi, &c->size);
+    /* The world rank of its rank 0: the same on every member, different for each group. */
+    MPI_Group g, world;
+    int zero = 0;
+    c->first_world = -1;
+    if (MPI_Comm_group(c->mpi, &g) == MPI_SUCCESS) {
+        if (MPI_Comm_group(MPI_COMM_WORLD, &world) == MPI_SUCCESS) {
+            MPI_Group_translate_ranks(g, 1, &zero, world, &c->first_world);
+            MPI_Group_free(&world);
+        }
+        MPI_Group_free(&g);
+    }
     return LOOM_OK;
 }
 
@@ -78,6 +89,10 @@ static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t by
     loom_fault_at_collective(); /* an injected hang stops before entering */
     int local = begin(c, h, bytes);
     if (h) h->op = op;
+    if (!local && !c->group_shown) {
+        c->group_shown = 1;
+        loom_progress_comm_group(c->name, c->first_world, c->size);
+    }
     if (!local) loom_progress_comm_start(c->name, c->seq, op, h == NULL);
     return local;
 }

@@ -17,8 +17,10 @@
 typedef struct {
     MPI_Comm mpi; /* MPI_COMM_NULL when size == 1 without MPI */
     int rank, size;
-    char name[16]; /* "world", "dp", "tp", "pp", "ep" */
-    uint64_t seq;  /* operations started so far */
+    char name[16];   /* "world", "dp", "tp", "pp", "ep" */
+    int first_world; /* world rank of its rank 0 (names the group in heartbeats), -1: ? */
+    int group_shown; /* first_world was passed to the progress record */
+    uint64_t seq;    /* operations started so far */
     /* timers: total time inside blocking calls and waits (communication that was NOT
      * hidden), and total lifetime of non-blocking operations (start to completion) */
     double blocked_ms, inflight_ms;

@@ -12,6 +12,7 @@
  * are stored as pointers to the callers' string literals, so a store is one word. */
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    _Atomic int group_first, group_size;
     _Atomic uint64_t started;
     _Atomic(const char *) started_op;
     _Atomic uint64_t waiting_seq;
@@ -22,7 +23,7 @@ typedef struct {
 
 typedef struct {
     _Atomic int64_t step;
-    _Atomic uint64_t loss_bits, compute_bits; /* doubles, as bits */
+    _Atomic uint64_t loss_bits, compute_bits, local_bits, blocked_bits; /* doubles, as bits */
 } ring_slot;
 
 static struct {
@@ -34,6 +35,7 @@ static struct {
     ring_slot ring[LOOM_PROGRESS_RING];
     _Atomic int64_t blocked_us; /* total time blocked in communication */
     int64_t blocked_at_last_step;
+    double local_loss; /* of the step in progress (training thread only) */
 } g;
 
 static const char *PHASES[LOOM_PHASE_COUNT] = {"init", "forward",    "backward", "optimizer",
@@ -63,6 +65,10 @@ void loom_progress_phase(loom_phase p) {
     atomic_store_explicit(&g.phase, (int)p, memory_order_relaxed);
 }
 
+void loom_progress_local_loss(double loss) {
+    g.local_loss = loss;
+}
+
 void loom_progress_nonfinite(int64_t step) {
     atomic_store(&g.nonfinite_step, step);
 }
@@ -87,6 +93,9 @@ void loom_progress_step_done(int64_t step, double loss, double wall_ms) {
     atomic_store_explicit(&r->loss_bits, bits_of(loss), memory_order_relaxed);
     atomic_store_explicit(&r->compute_bits, bits_of(compute > 0 ? compute : 0),
                           memory_order_relaxed);
+    atomic_store_explicit(&r->local_bits, bits_of(g.local_loss), memory_order_relaxed);
+    atomic_store_explicit(&r->blocked_bits, bits_of(compute > 0 ? wall_ms - compute : wall_ms),
+                          memory_order_relaxed);
     atomic_store_explicit(&r->step, step, memory_order_release);
     atomic_store_explicit(&g.n_steps, n + 1, memory_order_release);
     atomic_store_explicit(&g.steps_done, step, memory_order_release);
@@ -109,6 +118,7 @@ static comm_slot *slot_of(const char *comm) {
     if (!s && n < LOOM_PROGRESS_COMMS) { /* more names than slots: not tracked */
         s = &g.comms[n];
         strncpy(s->name, comm, LOOM_PROGRESS_NAME - 1);
+        atomic_store_explicit(&s->group_first, -1, memory_order_relaxed);
         atomic_store_explicit(&g.n_comms, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&claim_lock);
@@ -156,6 +166,13 @@ void loom_progress_comm_done(const char *comm) {
     atomic_store_explicit(&s->waiting_seq, 0, memory_order_release);
 }
 
+void loom_progress_comm_group(const char *comm, int first_world_rank, int size) {
+    comm_slot *s = slot_of(comm);
+    if (!s) return;
+    atomic_store_explicit(&s->group_size, size, memory_order_relaxed);
+    atomic_store_explicit(&s->group_first, first_world_rank, memory_order_release);
+}
+
 static void copy_op(char *dst, const char *op) {
     size_t n = op ? strnlen(op, LOOM_PROGRESS_OP - 1) : 0;
     if (n) memcpy(dst, op, n);
@@ -174,6 +191,8 @@ void loom_progress_read(loom_progress_snapshot *s) {
         comm_slot *c = &g.comms[i];
         loom_progress_comm *o = &s->comms[i];
         memcpy(o->name, c->name, LOOM_PROGRESS_NAME);
+        o->group_first = atomic_load_explicit(&c->group_first, memory_order_acquire);
+        o->group_size = atomic_load_explicit(&c->group_size, memory_order_relaxed);
         o->started = atomic_load_explicit(&c->started, memory_order_acquire);
         copy_op(o->started_op, atomic_load_explicit(&c->started_op, memory_order_relaxed));
         o->waiting_seq = atomic_load_explicit(&c->waiting_seq, memory_order_acquire);
@@ -190,7 +209,9 @@ void loom_progress_read(loom_progress_snapshot *s) {
         int64_t step = atomic_load_explicit(&r->step, memory_order_acquire);
         loom_progress_step e = {
             step, double_of(atomic_load_explicit(&r->loss_bits, memory_order_relaxed)),
-            double_of(atomic_load_explicit(&r->compute_bits, memory_order_relaxed))};
+            double_of(atomic_load_explicit(&r->compute_bits, memory_order_relaxed)),
+            double_of(atomic_load_explicit(&r->local_bits, memory_order_relaxed)),
+            double_of(atomic_load_explicit(&r->blocked_bits, memory_order_relaxed))};
         if (atomic_load_explicit(&r->step, memory_order_acquire) != step || step < 0) break;
         s->recent[s->n_recent++] = e;
     }

@@ -20,7 +20,7 @@ typedef enum {
     LOOM_PHASE_COUNT
 } loom_phase;
 
-#define LOOM_PROGRESS_COMMS 6 /* world, dp, tp, pp, ep + one spare */
+#define LOOM_PROGRESS_COMMS 8 /* world, dp, tp, pp, ep, edp + the engines' */
 #define LOOM_PROGRESS_RING 16 /* recent steps kept for the reader (steps can be ms long) */
 #define LOOM_PROGRESS_NAME 8
 #define LOOM_PROGRESS_OP 16
@@ -28,6 +28,9 @@ typedef enum {
 /* A snapshot of one communicator, as the reader sees it. */
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    /* Which instance of the name: several groups share one (two "tp" groups under tp 2
+     * x dp 2); a group is known by the world rank of its rank 0. -1: not known. */
+    int32_t group_first, group_size;
     uint64_t started; /* sequence number of the last operation started */
     char started_op[LOOM_PROGRESS_OP];
     uint64_t waiting_seq; /* operation being waited for (0: not waiting) */
@@ -38,6 +41,8 @@ typedef struct {
 typedef struct {
     int64_t step; /* 1-based step number */
     double loss, compute_ms;
+    double local_loss; /* this rank's own mean loss over its slice of the batch */
+    double blocked_ms; /* of the step's wall time, blocked in communication */
 } loom_progress_step;
 
 typedef struct {
@@ -60,6 +65,9 @@ void loom_progress_step_begin(void);
 /* A step finished: its number, loss and wall time; the time spent blocked in
  * communication since the previous step is subtracted to give the compute time. */
 void loom_progress_step_done(int64_t step, double loss, double wall_ms);
+/* This rank's own mean loss of the step in progress (before the reduction), recorded
+ * with the step at step_done (a spike of the global loss can then be traced to a rank). */
+void loom_progress_local_loss(double loss);
 /* This rank's own loss of `step` (before any reduction) was NaN/inf. */
 void loom_progress_nonfinite(int64_t step);
 /* Training starts (or resumes) after `step` completed steps. */
@@ -69,6 +77,8 @@ void loom_progress_set_step(int64_t step);
 void loom_progress_comm_start(const char *comm, uint64_t seq, const char *op, int blocking);
 void loom_progress_comm_wait(const char *comm, uint64_t seq, const char *op);
 void loom_progress_comm_done(const char *comm);
+/* The group this rank's communicator `comm` is (world rank of its rank 0, its size). */
+void loom_progress_comm_group(const char *comm, int first_world_rank, int size);
 /* Like comm_wait, for a thread that only drives non-blocking operations (the
  * communication engine: it waits for the oldest one in flight). Shown in heartbeats as a
  * wait, but not counted as time the training thread was blocked. */

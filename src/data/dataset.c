@@ -203,15 +203,21 @@ static const loom_shard *find_shard(const loom_dataset *ds, int64_t w) {
     return &ds->shards[lo];
 }
 
+const loom_shard *loom_dataset_locate(const loom_dataset *ds, uint64_t seed, int64_t step,
+                                      int64_t seq, int64_t *token_offset) {
+    uint64_t r = loom_philox_u64(seed, LOOM_DATA_STREAM, (uint64_t)step, (uint32_t)seq);
+    int64_t w = (int64_t)(r % (uint64_t)ds->total_windows);
+    const loom_shard *sh = find_shard(ds, w);
+    *token_offset = w - sh->first_window;
+    return sh;
+}
+
 void loom_dataset_sample(const loom_dataset *ds, uint64_t seed, int64_t step, int64_t first_seq,
                          int n_seqs, int32_t *out) {
     const int64_t len = (int64_t)ds->seq_len + 1;
     for (int i = 0; i < n_seqs; i++) {
-        int64_t g = first_seq + i;
-        uint64_t r = loom_philox_u64(seed, LOOM_DATA_STREAM, (uint64_t)step, (uint32_t)g);
-        int64_t w = (int64_t)(r % (uint64_t)ds->total_windows);
-        const loom_shard *sh = find_shard(ds, w);
-        int64_t start = w - sh->first_window;
+        int64_t start;
+        const loom_shard *sh = loom_dataset_locate(ds, seed, step, first_seq + i, &start);
         const char *base = (const char *)sh->map + LOOM_SHARD_HEADER_BYTES;
         int32_t *dst = out + (int64_t)i * len;
         if (sh->token_bytes == 2) {

@@ -53,6 +53,11 @@ void loom_dataset_close(loom_dataset *ds);
 void loom_dataset_sample(const loom_dataset *ds, uint64_t seed, int64_t step, int64_t first_seq,
                          int n_seqs, int32_t *out);
 
+/* Where sequence `seq` of step `step` comes from (the window sample() reads): the shard
+ * and the index of its first token in that shard's token array. */
+const loom_shard *loom_dataset_locate(const loom_dataset *ds, uint64_t seed, int64_t step,
+                                      int64_t seq, int64_t *token_offset);
+
 /* Writes one shard file (magic chosen by token_bytes: 2 -> 20240520, 4 -> 20240801). */
 loom_status loom_shard_write(const char *path, const int32_t *tokens, int64_t n_tokens,
                              int token_bytes, loom_error *err);

@@ -68,6 +68,8 @@ void loom_beat_fill(loom_beat *b, const uint8_t token[LOOM_BEAT_TOKEN_BYTES], in
     for (int i = 0; i < s.n_comms; i++) {
         loom_beat_comm *c = &b->comms[i];
         memcpy(c->name, s.comms[i].name, sizeof c->name);
+        c->group_first = s.comms[i].group_first;
+        c->group_size = s.comms[i].group_size;
         memcpy(c->started_op, s.comms[i].started_op, sizeof c->started_op);
         memcpy(c->waiting_op, s.comms[i].waiting_op, sizeof c->waiting_op);
         c->started = s.comms[i].started;
@@ -79,6 +81,8 @@ void loom_beat_fill(loom_beat *b, const uint8_t token[LOOM_BEAT_TOKEN_BYTES], in
         b->recent_step[i] = s.recent[i].step;
         b->recent_loss[i] = s.recent[i].loss;
         b->recent_compute_ms[i] = s.recent[i].compute_ms;
+        b->recent_local_loss[i] = s.recent[i].local_loss;
+        b->recent_blocked_ms[i] = s.recent[i].blocked_ms;
     }
 }
 

@@ -13,13 +13,14 @@
 #include "core/progress.h"
 
 #define LOOM_BEAT_MAGIC 0x4c4f4f4du /* "LOOM" */
-#define LOOM_BEAT_VERSION 1
+#define LOOM_BEAT_VERSION 2
 #define LOOM_BEAT_TOKEN_BYTES 16
 #define LOOM_BEAT_RECENT 8
 #define LOOM_BEAT_MSG 160
 
 typedef struct {
     char name[LOOM_PROGRESS_NAME];
+    int32_t group_first, group_size; /* the instance: world rank of its rank 0 (-1: ?) */
     char started_op[LOOM_PROGRESS_OP];
     char waiting_op[LOOM_PROGRESS_OP];
     uint64_t started, waiting_seq;
@@ -38,7 +39,9 @@ typedef struct {
     loom_beat_comm comms[LOOM_PROGRESS_COMMS];
     int64_t recent_step[LOOM_BEAT_RECENT];
     double recent_loss[LOOM_BEAT_RECENT], recent_compute_ms[LOOM_BEAT_RECENT];
-    char msg[LOOM_BEAT_MSG]; /* the error of a failed rank's last beat */
+    double recent_local_loss[LOOM_BEAT_RECENT]; /* this rank's own, before the reduction */
+    double recent_blocked_ms[LOOM_BEAT_RECENT]; /* waiting for communication */
+    char msg[LOOM_BEAT_MSG];                    /* the error of a failed rank's last beat */
 } loom_beat;
 
 /* Token: 16 random bytes (getrandom), passed to ranks as 32 hex digits. */

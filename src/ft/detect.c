@@ -22,58 +22,127 @@ static void set_rank(loom_failure *f, const loom_monitor *m, int rank) {
     }
 }
 
-static const loom_beat_comm *find_comm(const loom_beat *b, const char *name) {
+/* Rank's instance of communicator `name`: the one whose rank 0 is world rank `first`
+ * (any instance when first < 0). NULL when the rank has no such group. */
+static const loom_beat_comm *find_comm(const loom_beat *b, const char *name, int first) {
     for (int i = 0; i < b->n_comms; i++)
-        if (strcmp(b->comms[i].name, name) == 0) return &b->comms[i];
+        if (strcmp(b->comms[i].name, name) == 0 && (first < 0 || b->comms[i].group_first == first))
+            return &b->comms[i];
     return NULL;
 }
 
-int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f) {
-    int who = -1;
-    const loom_beat_comm *worst = NULL;
+static int waits_somewhere(const loom_rank_state *s) {
+    for (int i = 0; s->seen && i < s->beat.n_comms; i++)
+        if (s->beat.comms[i].waiting_seq) return 1;
+    return 0;
+}
+
+/* Members, waiting ranks and culprits of the collective w names (comm, group, seq). */
+static void analyse_wait(const loom_monitor *m, loom_wait_record *w) {
+    int unknown[LOOM_FAIL_LIST], n_unknown = 0;
     for (int r = 0; r < m->world; r++) {
         const loom_rank_state *s = &m->ranks[r];
-        if (!s->seen) continue;
-        for (int i = 0; i < s->beat.n_comms; i++) {
-            const loom_beat_comm *c = &s->beat.comms[i];
-            if (c->waiting_seq && c->waited_ms >= timeout_ms &&
-                (!worst || c->waited_ms > worst->waited_ms)) {
-                worst = c;
-                who = r;
-            }
+        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, w->comm, w->comm_first) : NULL;
+        if (!c) {
+            /* Not seen, or never used this name: it may be a member. */
+            if ((!s->seen || !find_comm(&s->beat, w->comm, -1)) && n_unknown < LOOM_FAIL_LIST)
+                unknown[n_unknown++] = r;
+            continue;
         }
+        if (w->n_members < LOOM_FAIL_LIST) w->members[w->n_members++] = r;
+        if (c->waiting_seq && w->n_waiting < LOOM_FAIL_LIST)
+            w->waiting[w->n_waiting++] = r;
+        else if (c->started < w->seq && w->n_culprits < LOOM_FAIL_LIST)
+            w->culprits[w->n_culprits++] = r;
     }
-    if (!worst) return 0;
+    if (w->comm_first < 0 || w->n_members < w->comm_size)
+        for (int i = 0; i < n_unknown && w->n_culprits < LOOM_FAIL_LIST; i++)
+            w->culprits[w->n_culprits++] = unknown[i];
+    int n = snprintf(w->group, sizeof w->group, "%s{", w->comm);
+    for (int i = 0; i < w->n_members && n < (int)sizeof w->group - 16; i++)
+        n += snprintf(w->group + n, sizeof w->group - n, "%s%d", i ? "," : "", w->members[i]);
+    if (w->n_members < w->comm_size && n < (int)sizeof w->group - 8)
+        n += snprintf(w->group + n, sizeof w->group - n, "%s...", w->n_members ? "," : "");
+    snprintf(w->group + n, sizeof w->group - n, "}");
+}
+
+/* A culprit of w that is not itself waiting in some collective (-1: none). */
+static int root_culprit(const loom_monitor *m, const loom_wait_record *w) {
+    for (int i = 0; i < w->n_culprits; i++)
+        if (!waits_somewhere(&m->ranks[w->culprits[i]])) return w->culprits[i];
+    return -1;
+}
+
+int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f) {
+    double longest = 0;
+    for (int r = 0; r < m->world; r++)
+        for (int i = 0; m->ranks[r].seen && i < m->ranks[r].beat.n_comms; i++) {
+            const loom_beat_comm *c = &m->ranks[r].beat.comms[i];
+            if (c->waiting_seq && c->waited_ms > longest) longest = c->waited_ms;
+        }
+    if (longest < timeout_ms) return 0;
     memset(f, 0, sizeof *f);
     f->kind = LOOM_FAIL_HANG;
-    snprintf(f->comm, sizeof f->comm, "%s", worst->name);
-    snprintf(f->op, sizeof f->op, "%s", worst->waiting_op);
-    f->seq = worst->waiting_seq;
-    f->waited_s = worst->waited_ms * 1e-3;
-    /* Culprits: ranks of that communicator that never started the operation. */
-    for (int r = 0; r < m->world; r++) {
-        const loom_rank_state *s = &m->ranks[r];
-        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, f->comm) : NULL;
-        if (c && c->waiting_seq && f->n_waiting < LOOM_FAIL_LIST)
-            f->waiting[f->n_waiting++] = r;
-        else if ((!c || c->started < f->seq) && f->n_culprits < LOOM_FAIL_LIST)
-            f->culprits[f->n_culprits++] = r;
-    }
-    set_rank(f, m, f->n_culprits ? f->culprits[0] : who);
-    if (f->n_culprits) {
-        const loom_rank_state *s = &m->ranks[f->culprits[0]];
-        const loom_beat_comm *c = find_comm(&s->beat, f->comm);
+    /* Every distinct collective waited in: (communicator instance, sequence number). */
+    for (int r = 0; r < m->world; r++)
+        for (int i = 0; m->ranks[r].seen && i < m->ranks[r].beat.n_comms; i++) {
+            const loom_beat_comm *c = &m->ranks[r].beat.comms[i];
+            if (!c->waiting_seq) continue;
+            int k = 0;
+            while (k < f->n_waits &&
+                   !(strcmp(f->waits[k].comm, c->name) == 0 &&
+                     f->waits[k].comm_first == c->group_first && f->waits[k].seq == c->waiting_seq))
+                k++;
+            if (k == f->n_waits) {
+                if (k == LOOM_FAIL_WAITS) continue;
+                loom_wait_record *w = &f->waits[f->n_waits++];
+                snprintf(w->comm, sizeof w->comm, "%s", c->name);
+                snprintf(w->op, sizeof w->op, "%s", c->waiting_op);
+                w->comm_first = c->group_first;
+                w->comm_size = c->group_size;
+                w->seq = c->waiting_seq;
+            }
+            if (c->waited_ms * 1e-3 > f->waits[k].waited_s)
+                f->waits[k].waited_s = c->waited_ms * 1e-3;
+        }
+    for (int k = 0; k < f->n_waits; k++) analyse_wait(m, &f->waits[k]);
+    /* longest first (insertion sort: a few entries) */
+    for (int i = 1; i < f->n_waits; i++)
+        for (int j = i; j > 0 && f->waits[j].waited_s > f->waits[j - 1].waited_s; j--) {
+            loom_wait_record t = f->waits[j];
+            f->waits[j] = f->waits[j - 1];
+            f->waits[j - 1] = t;
+        }
+    int pick = 0, root = -1;
+    for (int k = 0; k < f->n_waits && root < 0; k++)
+        if ((root = root_culprit(m, &f->waits[k])) >= 0) pick = k;
+    const loom_wait_record *w = &f->waits[pick];
+    f->hung = *w;
+    snprintf(f->comm, sizeof f->comm, "%s", w->comm);
+    snprintf(f->op, sizeof f->op, "%s", w->op);
+    f->seq = w->seq;
+    f->waited_s = w->waited_s;
+    memcpy(f->culprits, w->culprits, sizeof f->culprits);
+    f->n_culprits = w->n_culprits;
+    memcpy(f->waiting, w->waiting, sizeof f->waiting);
+    f->n_waiting = w->n_waiting;
+    int who = root >= 0 ? root : w->n_culprits ? w->culprits[0] : w->n_waiting ? w->waiting[0] : -1;
+    set_rank(f, m, who);
+    if (w->n_culprits) {
+        const loom_rank_state *s = &m->ranks[who];
+        const loom_beat_comm *c = s->seen ? find_comm(&s->beat, w->comm, w->comm_first) : NULL;
         snprintf(f->detail, sizeof f->detail,
-                 "%s #%llu on '%s' waited on for %.1f s by %d rank(s); rank %d never entered it "
-                 "(its last operation on '%s' is #%llu, phase %s, step %lld)",
-                 f->op, (unsigned long long)f->seq, f->comm, f->waited_s, f->n_waiting,
-                 f->culprits[0], f->comm, (unsigned long long)(c ? c->started : 0),
-                 loom_phase_name((loom_phase)s->beat.phase), (long long)s->beat.steps_done + 1);
+                 "%s #%llu on %s waited on for %.1f s by %d rank(s); rank %d never entered it "
+                 "(its last operation on '%s' is #%llu, phase %s, step %lld)%s",
+                 w->op, (unsigned long long)w->seq, w->group, w->waited_s, w->n_waiting, who,
+                 w->comm, (unsigned long long)(c ? c->started : 0),
+                 loom_phase_name((loom_phase)s->beat.phase), (long long)s->beat.steps_done + 1,
+                 root < 0 ? " and waits in another collective itself (a cycle?)" : "");
     } else {
         snprintf(f->detail, sizeof f->detail,
-                 "%s #%llu on '%s' waited on for %.1f s; every rank entered it (a stuck "
+                 "%s #%llu on %s waited on for %.1f s; every rank entered it (a stuck "
                  "transport?)",
-                 f->op, (unsigned long long)f->seq, f->comm, f->waited_s);
+                 w->op, (unsigned long long)w->seq, w->group, w->waited_s);
     }
     return 1;
 }
@@ -118,6 +187,44 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f) {
+    const int64_t s = f->step;
+    f->n_culprits = 0;
+    double ratio[LOOM_FAIL_LIST];
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *rs = &m->ranks[r];
+        double own = NAN, prev[10];
+        int n = 0;
+        for (int i = 0; i < rs->hist_n && i < LOOM_MONITOR_HISTORY; i++) {
+            int k = (rs->hist_n - 1 - i) % LOOM_MONITOR_HISTORY;
+            if (rs->hist_step[k] == s) own = rs->hist_local_loss[k];
+            if (rs->hist_step[k] < s && rs->hist_step[k] >= s - 10 &&
+                isfinite(rs->hist_local_loss[k]) && n < 10)
+                prev[n++] = rs->hist_local_loss[k];
+        }
+        if (!isfinite(own) || n < 5) continue;
+        double base = median(prev, n);
+        if (!(base > 0) || !(own > factor * base) || f->n_culprits == LOOM_FAIL_LIST) continue;
+        int i = f->n_culprits++;
+        for (; i > 0 && ratio[i - 1] < own / base; i--) { /* insertion: largest first */
+            f->culprits[i] = f->culprits[i - 1];
+            ratio[i] = ratio[i - 1];
+        }
+        f->culprits[i] = r;
+        ratio[i] = own / base;
+        if (i == 0) {
+            f->rank_loss = own;
+            f->rank_baseline = base;
+        }
+    }
+    size_t len = strlen(f->detail);
+    if (f->n_culprits && len < sizeof f->detail)
+        snprintf(f->detail + len, sizeof f->detail - len,
+                 "; rank %d's own loss %.4f is %.1fx its median %.4f (its slice of the batch)",
+                 f->culprits[0], f->rank_loss, f->rank_loss / f->rank_baseline, f->rank_baseline);
+    return f->n_culprits;
+}
+
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
                            loom_failure *f) {
     if (to > m->max_steps) to = m->max_steps;
@@ -139,8 +246,10 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
         f->loss = loss;
         f->baseline_loss = base;
         snprintf(f->detail, sizeof f->detail,
-                 "loss %.4f at step %lld is %.1fx the median %.4f of the %d steps before", loss,
-                 (long long)s, loss / base, base, n);
+                 "loss %.4f at step %lld is %.1fx the median %.4f of the %d steps before; the "
+                 "loss is global (the mean over every rank's slice of the batch), so no rank "
+                 "failed",
+                 loss, (long long)s, loss / base, base, n);
         return 1;
     }
     return 0;
@@ -148,16 +257,19 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
 
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max) {
     enum { W = 8 };
-    double med[m->world > 0 ? m->world : 1];
+    double med[m->world > 0 ? m->world : 1], blk[m->world > 0 ? m->world : 1];
     int have = 0;
     for (int r = 0; r < m->world; r++) {
         loom_rank_state *s = &m->ranks[r];
-        med[r] = NAN;
+        med[r] = blk[r] = NAN;
         if (s->hist_n < W) continue;
-        double v[W];
-        for (int i = 0; i < W; i++)
+        double v[W], b[W];
+        for (int i = 0; i < W; i++) {
             v[i] = s->hist_compute[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
+            b[i] = s->hist_blocked[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
+        }
         med[r] = median(v, W);
+        blk[r] = median(b, W);
         have++;
     }
     int found = 0;
@@ -167,13 +279,17 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
         if (isnan(med[r])) continue;
         /* The job's typical rank: the median over all ranks (one slow rank cannot move
          * it; with two ranks, the other one). */
-        double others[m->world];
+        double others[m->world], others_blk[m->world];
         int n = 0;
         for (int q = 0; q < m->world; q++)
-            if ((q != r || have >= 3) && !isnan(med[q])) others[n++] = med[q];
-        double base = median(others, n);
+            if ((q != r || have >= 3) && !isnan(med[q])) {
+                others_blk[n] = blk[q];
+                others[n++] = med[q];
+            }
+        double base = median(others, n), base_blk = median(others_blk, n);
         /* A floor of 2 ms keeps scheduler noise on tiny steps from counting. */
-        if (base > 0 && med[r] > factor * base && med[r] - base > 2.0)
+        if (base > 0 && med[r] > factor * base && med[r] - base > 2.0 &&
+            (have >= 3 || blk[r] < base_blk))
             s->straggler_hits++;
         else
             s->straggler_hits = 0;
@@ -185,6 +301,8 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
             o->compute_ms = med[r];
             o->others_ms = base;
             o->slowdown = base > 0 ? med[r] / base : INFINITY;
+            o->blocked_ms = blk[r];
+            o->others_blocked_ms = base_blk;
         }
     }
     return found;

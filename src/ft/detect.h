@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 #include "ft/monitor.h"
 
@@ -24,6 +26,21 @@ typedef enum {
 } loom_fail_kind;
 
 #define LOOM_FAIL_LIST 64
+#define LOOM_FAIL_WAITS 8
+
+/* One collective some rank waits in: its communicator instance (a name is shared by
+ * several groups, e.g. the two "tp" groups of tp 2 x dp 2; a group is known by the world
+ * rank of its rank 0), who waits in it and who never entered it. */
+typedef struct {
+    char comm[LOOM_PROGRESS_NAME], op[LOOM_PROGRESS_OP];
+    int comm_first, comm_size; /* -1 / 0: not known */
+    char group[96];            /* "tp{2,3}": name and member ranks */
+    uint64_t seq;
+    double waited_s;
+    int members[LOOM_FAIL_LIST], n_members; /* as far as the beats tell */
+    int culprits[LOOM_FAIL_LIST], n_culprits;
+    int waiting[LOOM_FAIL_LIST], n_waiting;
+} loom_wait_record;
 
 typedef struct {
     loom_fail_kind kind;
@@ -32,6 +49,10 @@ typedef struct {
     char host[64];
     int64_t step; /* the step that failed (steps_done + 1), or the spiking step */
     double loss, baseline_loss;
+    /* spike: the loss is global (the mean over every rank's slice of the batch); the
+     * ranks whose own loss spiked are the culprits, the first one's own loss here */
+    double rank_loss, rank_baseline;
+    int64_t batch; /* spike / non-finite: the step's batch (data order, 1-based; 0: ?) */
     int exit_status;
     char detail[512];
     /* hang: the collective, who never entered it and who waits in it */
@@ -40,6 +61,9 @@ typedef struct {
     double waited_s;
     int culprits[LOOM_FAIL_LIST], n_culprits;
     int waiting[LOOM_FAIL_LIST], n_waiting;
+    loom_wait_record hung;                   /* the collective named (as above) */
+    loom_wait_record waits[LOOM_FAIL_WAITS]; /* every collective waited in, longest first */
+    int n_waits;
     double detected_ms;
 } loom_failure;
 
@@ -47,11 +71,15 @@ typedef struct {
     int rank;
     char host[64];
     double compute_ms, others_ms, slowdown;
+    double blocked_ms, others_blocked_ms; /* waiting per step: the slow rank waits least */
 } loom_straggler;
 
 const char *loom_fail_kind_name(loom_fail_kind k);
 
-/* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). */
+/* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). Culprits
+ * that wait in another collective are victims too: the collective named is the longest
+ * waited-on one with a culprit that waits in nothing (the root of the chain); every
+ * collective waited in is listed in f->waits. */
 int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f);
 /* A rank silent for >= timeout_ms, or (startup) never heard of. */
 int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, double timeout_ms,
@@ -60,8 +88,15 @@ int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, 
  * the up to 10 steps before it (at least 5 known). */
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,
                            loom_failure *f);
+/* After a spike of step f->step (once every rank has reported that step): the ranks
+ * whose own loss is > factor x the median of their own previous (up to 10, at least 5)
+ * steps, into f->culprits (largest jump first) and f->detail. */
+int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f);
 /* Ranks whose median compute time over the last 8 steps is > factor x the median of
- * the others', eight steps in a row; each rank is reported once per attempt. */
+ * the others', eight steps in a row; each rank is reported once per attempt. With two
+ * ranks (the median of the others is the other one) the rank must also wait less than
+ * the other: the slow rank computes more and the fast one waits for it, so a rank whose
+ * compute time only looks long (waits counted as compute) is not blamed. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
 
 /* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)
@@ -72,7 +107,8 @@ void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launch
 /* Writes diagnosis.json into dir (and the attempt's folder) and prints the summary to
  * stderr and dir/diagnosis.txt; log_of(rank) names a rank's log file. */
 loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const char *attempt_dir,
-                                 const char *rank_log, const char *recovery, loom_error *err);
+                                 const char *rank_log, const char *recovery, json_t *batch,
+                                 loom_error *err);
 loom_status loom_stragglers_write(const loom_straggler *s, int n, const char *dir, int attempt,
                                   loom_error *err);
 

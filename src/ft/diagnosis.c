@@ -42,6 +42,33 @@ static json_t *rank_list(const int *r, int n) {
     return a;
 }
 
+/* The communicator instance of a wait record, into object o. */
+static void group_json(json_t *o, const loom_wait_record *w) {
+    json_object_set_new(o, "group", json_string(w->group));
+    json_object_set_new(o, "group_first_rank",
+                        w->comm_first >= 0 ? json_integer(w->comm_first) : json_null());
+    json_object_set_new(o, "group_size", json_integer(w->comm_size));
+    json_object_set_new(o, "group_ranks", rank_list(w->members, w->n_members));
+}
+
+/* Every collective waited in when the hang was detected (the victims' too). */
+static json_t *waits_json(const loom_failure *f) {
+    json_t *a = json_array();
+    for (int i = 0; i < f->n_waits; i++) {
+        const loom_wait_record *w = &f->waits[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "communicator", json_string(w->comm));
+        group_json(o, w);
+        json_object_set_new(o, "op", json_string(w->op));
+        json_object_set_new(o, "seq", json_integer((json_int_t)w->seq));
+        json_object_set_new(o, "waited_s", json_real(round(w->waited_s * 1e3) / 1e3));
+        json_object_set_new(o, "waiting", rank_list(w->waiting, w->n_waiting));
+        json_object_set_new(o, "culprits", rank_list(w->culprits, w->n_culprits));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 static json_t *number_or_null(double x) {
     return isfinite(x) ? json_real(x) : json_null();
 }
@@ -60,7 +87,8 @@ static loom_status dump(json_t *j, const char *path, loom_error *err) {
 }
 
 loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const char *attempt_dir,
-                                 const char *rank_log, const char *recovery, loom_error *err) {
+                                 const char *rank_log, const char *recovery, json_t *batch,
+                                 loom_error *err) {
     char when[32];
     iso_now(when, sizeof when);
     json_t *j = json_object();
@@ -76,10 +104,24 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         json_object_set_new(j, "loss", number_or_null(f->loss));
         json_object_set_new(j, "baseline_loss", number_or_null(f->baseline_loss));
     }
+    if (f->kind == LOOM_FAIL_SPIKE) {
+        json_t *sp = json_object();
+        json_object_set_new(sp, "scope",
+                            json_string("global: the mean over every rank's slice of the batch "
+                                        "(no rank failed)"));
+        json_object_set_new(sp, "culprits", rank_list(f->culprits, f->n_culprits));
+        if (f->n_culprits) {
+            json_object_set_new(sp, "culprit_loss", number_or_null(f->rank_loss));
+            json_object_set_new(sp, "culprit_baseline", number_or_null(f->rank_baseline));
+        }
+        json_object_set_new(j, "spike", sp);
+    }
+    if (batch) json_object_set_new(j, "batch", batch);
     if (f->kind == LOOM_FAIL_HANG || f->kind == LOOM_FAIL_NONFINITE) {
         json_t *h = json_object();
         if (f->kind == LOOM_FAIL_HANG) {
             json_object_set_new(h, "communicator", json_string(f->comm));
+            group_json(h, &f->hung);
             json_object_set_new(h, "op", json_string(f->op));
             json_object_set_new(h, "seq", json_integer((json_int_t)f->seq));
             json_object_set_new(h, "waited_s", json_real(round(f->waited_s * 1e3) / 1e3));
@@ -87,6 +129,7 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         }
         json_object_set_new(h, "culprits", rank_list(f->culprits, f->n_culprits));
         json_object_set_new(j, f->kind == LOOM_FAIL_HANG ? "collective" : "nonfinite", h);
+        if (f->kind == LOOM_FAIL_HANG) json_object_set_new(j, "waits", waits_json(f));
     }
     json_object_set_new(j, "log", json_string(rank_log ? rank_log : ""));
     json_object_set_new(j, "log_tail", log_tail(rank_log));
@@ -97,7 +140,7 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
     snprintf(path, sizeof path, "%s/diagnosis.json", dir);
     if (!st) st = dump(j, path, err);
     /* The human summary: the same facts in a few lines. */
-    char text[4096];
+    char text[8192];
     int n = snprintf(text, sizeof text, "loom run: FAILURE (attempt %d): %s", f->attempt,
                      loom_fail_kind_name(f->kind));
     if (f->rank >= 0)
@@ -106,13 +149,25 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
     n +=
         snprintf(text + n, sizeof text - n, " at step %lld\n  %s\n", (long long)f->step, f->detail);
     if (f->kind == LOOM_FAIL_HANG) {
-        n += snprintf(text + n, sizeof text - n, "  culprits (never entered):");
+        n += snprintf(text + n, sizeof text - n,
+                      "  group %s; culprits (never entered):", f->hung.group);
         for (int i = 0; i < f->n_culprits; i++)
             n += snprintf(text + n, sizeof text - n, " %d", f->culprits[i]);
         n += snprintf(text + n, sizeof text - n, "; waiting in it:");
         for (int i = 0; i < f->n_waiting; i++)
             n += snprintf(text + n, sizeof text - n, " %d", f->waiting[i]);
         n += snprintf(text + n, sizeof text - n, "\n");
+        for (int k = 0; k < f->n_waits && n < (int)sizeof text - 300; k++) {
+            const loom_wait_record *w = &f->waits[k];
+            n += snprintf(text + n, sizeof text - n, "  waits: %s #%llu on %s for %.1f s by", w->op,
+                          (unsigned long long)w->seq, w->group, w->waited_s);
+            for (int i = 0; i < w->n_waiting && i < 16; i++)
+                n += snprintf(text + n, sizeof text - n, " %d", w->waiting[i]);
+            n += snprintf(text + n, sizeof text - n, "; never entered by");
+            for (int i = 0; i < w->n_culprits && i < 16; i++)
+                n += snprintf(text + n, sizeof text - n, " %d", w->culprits[i]);
+            n += snprintf(text + n, sizeof text - n, "\n");
+        }
     }
     json_t *tail = json_object_get(j, "log_tail");
     size_t nt = json_array_size(tail);
@@ -121,6 +176,20 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         for (size_t i = nt > 5 ? nt - 5 : 0; i < nt && n < (int)sizeof text - 200; i++)
             n += snprintf(text + n, sizeof text - n, "    | %s\n",
                           json_string_value(json_array_get(tail, i)));
+    }
+    json_t *seqs = batch ? json_object_get(batch, "sequences") : NULL;
+    if (seqs && n < (int)sizeof text - 400) {
+        n += snprintf(text + n, sizeof text - n, "  batch %lld of the data order:",
+                      (long long)json_integer_value(json_object_get(batch, "index")));
+        for (size_t i = 0; i < json_array_size(seqs) && i < 4; i++) {
+            json_t *q = json_array_get(seqs, i);
+            n += snprintf(text + n, sizeof text - n, "%s seq %lld (dp rank %lld) at token %lld",
+                          i ? "," : "", (long long)json_integer_value(json_object_get(q, "seq")),
+                          (long long)json_integer_value(json_object_get(q, "dp_rank")),
+                          (long long)json_integer_value(json_object_get(q, "token_offset")));
+        }
+        n += snprintf(text + n, sizeof text - n, "%s (diagnosis.json lists all)\n",
+                      json_array_size(seqs) > 4 ? ", ..." : "");
     }
     if (n < (int)sizeof text - 100)
         snprintf(text + n, sizeof text - n, "  recovery: %s\n", recovery);
@@ -149,12 +218,16 @@ loom_status loom_stragglers_write(const loom_straggler *s, int n, const char *di
     for (int i = 0; i < n; i++) {
         fprintf(stderr,
                 "loom run: STRAGGLER: rank %d on %s computes %.1f ms per step, %.2fx the others' "
-                "%.1f ms (reported, not restarted)\n",
-                s[i].rank, s[i].host, s[i].compute_ms, s[i].slowdown, s[i].others_ms);
+                "%.1f ms, and waits %.1f ms for communication (the others %.1f ms; reported, "
+                "not restarted)\n",
+                s[i].rank, s[i].host, s[i].compute_ms, s[i].slowdown, s[i].others_ms,
+                s[i].blocked_ms, s[i].others_blocked_ms);
         fprintf(fp,
                 "{\"attempt\": %d, \"rank\": %d, \"host\": \"%s\", \"compute_ms\": %.3f, "
-                "\"others_ms\": %.3f, \"slowdown\": %.3f}\n",
-                attempt, s[i].rank, s[i].host, s[i].compute_ms, s[i].others_ms, s[i].slowdown);
+                "\"others_ms\": %.3f, \"slowdown\": %.3f, \"blocked_ms\": %.3f, "
+                "\"others_blocked_ms\": %.3f}\n",
+                attempt, s[i].rank, s[i].host, s[i].compute_ms, s[i].others_ms, s[i].slowdown,
+                s[i].blocked_ms, s[i].others_blocked_ms);
     }
     fclose(fp);
     return LOOM_OK;

@@ -76,6 +76,8 @@ static void record(loom_monitor *m, loom_rank_state *r, const loom_beat *b) {
         if (s <= last) continue;
         r->hist_step[r->hist_n % LOOM_MONITOR_HISTORY] = s;
         r->hist_compute[r->hist_n % LOOM_MONITOR_HISTORY] = b->recent_compute_ms[i];
+        r->hist_local_loss[r->hist_n % LOOM_MONITOR_HISTORY] = b->recent_local_loss[i];
+        r->hist_blocked[r->hist_n % LOOM_MONITOR_HISTORY] = b->recent_blocked_ms[i];
         r->hist_n++;
         last = s;
         if (s >= 1 && s <= m->max_steps) m->loss[s] = b->recent_loss[i];

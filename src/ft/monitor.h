@@ -18,8 +18,10 @@ typedef struct {
     double steps_changed_ms;
     int64_t hist_step[LOOM_MONITOR_HISTORY];
     double hist_compute[LOOM_MONITOR_HISTORY];
-    int hist_n;         /* entries written (ring) */
-    int straggler_hits; /* consecutive checks out of line */
+    double hist_local_loss[LOOM_MONITOR_HISTORY]; /* the rank's own loss of hist_step */
+    double hist_blocked[LOOM_MONITOR_HISTORY];    /* ms blocked in communication */
+    int hist_n;                                   /* entries written (ring) */
+    int straggler_hits;                           /* consecutive checks out of line */
     int straggler_reported;
 } loom_rank_state;
 

@@ -3,6 +3,7 @@
 #ifndef LOOM_FT_RUN_CONFIG_H
 #define LOOM_FT_RUN_CONFIG_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/error.h"
@@ -31,6 +32,10 @@ typedef struct {
 /* What the supervisor needs to know of the train command (cli fills it). */
 typedef struct {
     int dp, global_batch, micro_batch, steps;
+    int model_ranks;          /* ranks of one model replica: --tp x --pp (the rest is --dp) */
+    char data[LOOM_RUN_PATH]; /* --data, --vocab-size, --seq-len, --seed: to name a bad */
+    int vocab_size, seq_len;  /* batch's sequences in the diagnosis (ft/batch_info.h) */
+    uint64_t seed;
     char skip_steps[LOOM_RUN_PATH];
     char ckpt_dirs[2][LOOM_RUN_PATH]; /* --ckpt-dir, --ckpt-fast-dir ("" = none) */
 } loom_run_job;

@@ -15,13 +15,13 @@
 
 #include "core/clock.h"
 #include "core/fs.h"
+#include "ft/batch_info.h"
 #include "ft/detect.h"
 #include "ft/launch.h"
+#include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
-
-#define MAX_ARGS 512
 
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) {
@@ -77,10 +77,7 @@ static void event(sup *s, const char *what, const char *fmt, ...) {
 }
 
 static void rank_log(const sup *s, const char *attempt_dir, int rank, char *out, size_t size) {
-    if (strcmp(s->cfg->launcher, "srun") == 0)
-        snprintf(out, size, "%s/rank_%d.log", attempt_dir, rank);
-    else /* mpirun --output-filename DIR writes DIR/1/rank.N/{stdout,stderr} */
-        snprintf(out, size, "%s/ranks/1/rank.%d/stderr", attempt_dir, rank);
+    loom_launch_rank_log(s->cfg->launcher, attempt_dir, rank, out, size);
 }
 
 static void skip_list_text(const loom_batch_skip *k, char *out, size_t size) {
@@ -113,63 +110,26 @@ static void scan_rejected(sup *s, const char *attempt_dir) {
     }
 }
 
-/* The launcher's command line for this attempt (argv strings live in store). */
-static int build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
-                      const char *attempt_dir, char **argv, char store[][LOOM_RUN_PATH + 64]) {
-    int n = 0, k = 0;
-#define ARG(...) (snprintf(store[k], sizeof store[k], __VA_ARGS__), argv[n++] = store[k++])
-    const loom_run_config *c = s->cfg;
-    if (strcmp(c->launcher, "srun") == 0) {
-        ARG("srun");
-        ARG("-n");
-        ARG("%d", s->world);
-        ARG("--kill-on-bad-exit=1");
-        ARG("--export=ALL");
-        ARG("--output=%s/rank_%%t.log", attempt_dir);
-    } else {
-        ARG("mpirun");
-        ARG("-n");
-        ARG("%d", s->world);
-        if (geteuid() == 0) ARG("--allow-run-as-root");
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!c->hosts[0] && s->world > cores) {
-            ARG("--oversubscribe");
-            ARG("--mca");
-            ARG("mpi_yield_when_idle");
-            ARG("1");
-        }
-        if (c->hosts[0]) {
-            ARG("--host");
-            ARG("%s", c->hosts);
-        }
-        ARG("--output-filename");
-        ARG("%s/ranks", attempt_dir);
-        const char *vars[] = {"LOOM_FT_ADDR",  "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT",
-                              "LOOM_FT_SLOTS", "LOOM_INJECT",   "LOOM_FT_INTERVAL_MS"};
-        for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
-            if (getenv(vars[i])) {
-                ARG("-x");
-                ARG("%s", vars[i]);
-            }
-    }
-    ARG("%s", loom_exe);
-    ARG("train");
-    for (int i = 0; i < train_argc && n < MAX_ARGS - 12; i++) argv[n++] = train_argv[i];
-    /* Flags given later win: the supervisor's layout, skip list and resume. */
-    ARG("--dp");
-    ARG("%d", s->dp);
-    if (s->skip.n) {
-        ARG("--skip-steps");
-        skip_list_text(&s->skip, store[k], sizeof store[k]);
-        argv[n++] = store[k++];
-    }
-    if (s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0])) {
-        ARG("--resume");
-        ARG("auto");
-    }
-    argv[n] = NULL;
-#undef ARG
-    return n;
+/* The launcher's command line for this attempt (ft/launch_argv.h). */
+static void build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
+                       const char *attempt_dir, loom_launch_cmd *cmd) {
+    char skips[LOOM_RUN_PATH];
+    skip_list_text(&s->skip, skips, sizeof skips);
+    const loom_launch_spec spec = {
+        .launcher = s->cfg->launcher,
+        .hosts = s->cfg->hosts,
+        .world = s->world,
+        .dp = s->dp,
+        .attempt_dir = attempt_dir,
+        .loom_exe = loom_exe,
+        .train_argv = train_argv,
+        .train_argc = train_argc,
+        .skip_list = skips,
+        .resume = s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0]),
+        .as_root = geteuid() == 0,
+        .cores = sysconf(_SC_NPROCESSORS_ONLN),
+    };
+    loom_launch_cmd_build(cmd, &spec);
 }
 
 /* Rolling back past a bad step: checkpoints of that step or later hold its update, so
@@ -242,6 +202,27 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
             "loom run: %s after %d attempt(s): %d failure(s), %lld step(s) replayed, %.1f s "
             "spent recovering (%s)\n",
             outcome, s->attempt + 1, s->n_log, (long long)wasted, recovery, path);
+}
+
+/* The ranks whose own loss spiked: their beats of the step may come a moment after the
+ * first one (waits up to 1 s for every rank to report it). */
+static void spike_ranks(sup *s, loom_failure *f) {
+    const double until = loom_now_ms() + 1000;
+    for (;;) {
+        int behind = 0;
+        for (int r = 0; r < s->world; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            const int64_t last =
+                rs->hist_n ? rs->hist_step[(rs->hist_n - 1) % LOOM_MONITOR_HISTORY] : 0;
+            behind += last < f->step && rs->beat.phase != LOOM_PHASE_DONE &&
+                      rs->beat.phase != LOOM_PHASE_FAILED;
+        }
+        if (!behind || loom_now_ms() >= until) break;
+        struct pollfd pfd = {s->mon.fd, POLLIN, 0};
+        poll(&pfd, 1, 20);
+        loom_monitor_drain(&s->mon, loom_now_ms());
+    }
+    loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
 }
 
 /* Watches one attempt until it ends or fails. Returns 0 (finished), 1 (failure in *f),
@@ -322,8 +303,10 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
         /* Losses first: a job that spiked and then finished is still rolled back. */
         int64_t step = loom_monitor_step(&s->mon);
         if (step > spike_checked) {
-            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f))
+            if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f)) {
+                if (f->kind == LOOM_FAIL_SPIKE) spike_ranks(s, f);
                 return 1;
+            }
             spike_checked = step;
         }
         /* A rank on this host that died: seen at once, before the launcher notices. */
@@ -425,23 +408,34 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     memset(&s, 0, sizeof s);
     s.cfg = cfg;
     s.job = job;
+    const int mr = job->model_ranks > 0 ? job->model_ranks : 1;
     s.world = cfg->ranks;
-    s.dp = cfg->ranks;
+    s.dp = cfg->ranks / mr;
     s.start_ms = loom_now_ms();
     s.rejected = json_array();
     *exit_code = 1;
     loom_status st;
     if ((st = loom_batch_skip_parse(&s.skip, job->skip_steps, err))) return st;
-    if (job->dp != 1 && job->dp != cfg->ranks)
+    if (cfg->ranks % mr != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --dp %d with -n %d: every rank is a data-parallel "
-                              "replica (give --dp %d, or leave it out)",
-                              job->dp, cfg->ranks, cfg->ranks);
-    if (!fit_dp(job, s.world) || job->global_batch % (s.world * job->micro_batch) != 0)
+                              "loom run: -n %d: must be a multiple of --tp x --pp = %d (one "
+                              "model replica)",
+                              cfg->ranks, mr);
+    if (job->dp != 1 && job->dp != s.dp)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --global-batch %d: must be a multiple of -n %d x "
+                              "loom run: --dp %d with -n %d: the ranks not in --tp x --pp = %d "
+                              "are data-parallel replicas (give --dp %d, or leave it out)",
+                              job->dp, cfg->ranks, mr, s.dp);
+    if (!fit_dp(job, s.dp) || job->global_batch % (s.dp * job->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --global-batch %d: must be a multiple of --dp %d x "
                               "--micro-batch %d",
-                              job->global_batch, s.world, job->micro_batch);
+                              job->global_batch, s.dp, job->micro_batch);
+    if (cfg->elastic && mr > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --elastic with --tp x --pp = %d: shrinking drops one "
+                              "data-parallel rank at a time, so it needs --tp 1 --pp 1",
+                              mr);
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));
@@ -482,9 +476,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         for (int r = 0, n = 0; r < s.world && n < (int)sizeof slots - 12; r++)
             n += snprintf(slots + n, sizeof slots - n, "%s%d", r ? "," : "", s.slots[r]);
         setenv("LOOM_FT_SLOTS", slots, 1);
-        static char store[MAX_ARGS][LOOM_RUN_PATH + 64];
-        char *argv[MAX_ARGS + 1];
-        int argc = build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, argv, store);
+        static loom_launch_cmd cmdline;
+        build_argv(&s, loom_exe, train_argv, train_argc, attempt_dir, &cmdline);
+        char **argv = cmdline.argv;
+        const int argc = cmdline.argc;
         snprintf(path, sizeof path, "%s/command.txt", attempt_dir);
         FILE *cmd = fopen(path, "w");
         for (int i = 0; cmd && i < argc; i++)
@@ -534,6 +529,8 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             if (g.rank >= 0) f = g;
         }
         /* Recovery plan. */
+        if ((f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && f.step > 0)
+            f.batch = loom_batch_skip_batch_of(&s.skip, f.step);
         char recovery[512], skipped[64] = "";
         if ((f.kind == LOOM_FAIL_SPIKE || f.kind == LOOM_FAIL_NONFINITE) && cfg->skip_bad_batches &&
             f.step > 0 && s.skip.n < LOOM_SKIP_MAX) {
@@ -572,7 +569,13 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                      skipped);
         char log[LOOM_RUN_PATH + 64];
         rank_log(&s, attempt_dir, f.rank >= 0 ? f.rank : 0, log, sizeof log);
-        if ((st = loom_diagnosis_write(&f, cfg->run_dir, attempt_dir, log, recovery, err)))
+        json_t *batch = NULL;
+        if (f.batch > 0) {
+            loom_error be = {0};
+            if (!(batch = loom_batch_info(job, f.batch, s.dp, &be)))
+                fprintf(stderr, "loom run: the bad batch's sequences are not named: %s\n", be.msg);
+        }
+        if ((st = loom_diagnosis_write(&f, cfg->run_dir, attempt_dir, log, recovery, batch, err)))
             fprintf(stderr, "%s\n", err->msg);
         failure_log *fl = &s.log[s.n_log++];
         memset(fl, 0, sizeof *fl);

@@ -11,6 +11,7 @@
 #include "ckpt/ckpt_loader.h"
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
+#include "core/timeline.h"
 #include "core/version.h"
 #include "model/moe_config.h"
 #include "parallel/ep.h"
@@ -87,6 +88,7 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
 
 /* Fresh state (after a failed load attempt): initial parameters, zero moments. */
 static void reset_state(loom_checkpointing *c) {
+    c->reset = 1;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
     loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
@@ -204,6 +206,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
     n = (int)nd;
     if (n < 0) return loom_error_set(err, LOOM_ERR_NOMEM, "--resume: out of memory");
     const int explicit_path = strcmp(c->tc->resume, "auto") != 0;
+    int tried = 0;
     for (int i = 0; i < n; i++) {
         char dir[LOOM_CKPT_PATH_MAX] = "";
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
@@ -223,6 +226,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         }
         if (v[0] == 0) {
             *start_step = (int)step;
+            c->loaded = 1;
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
             free(list);
             return LOOM_OK;
@@ -230,14 +234,18 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (ls)
             fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
                     e.msg);
-        reset_state(c);
+        /* A failed load may have written part of the buffers; the next one that loads
+         * overwrites all of them, so the fresh state is made only if none does (below). */
+        tried = 1;
         if (explicit_path && n == 1) {
+            reset_state(c);
             free(list);
             return loom_error_set(err, ls ? ls : LOOM_ERR_INPUT, "--resume %s: %s", c->tc->resume,
                                   ls ? e.msg : "another rank could not load it");
         }
     }
     free(list);
+    if (tried) reset_state(c);
     if (st) return st;
     if (explicit_path)
         return loom_error_set(err, LOOM_ERR_INPUT, "--resume %s: no valid checkpoint there",
@@ -300,6 +308,7 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     loom_status cs = loom_comm_allreduce_sum_f64(&mesh->world, &bad, 1, err);
     if (st || cs) return st ? st : cs;
     if (bad > 0) return loom_error_set(err, LOOM_ERR_INPUT, "another rank failed to load");
+    loom_timeline_mark("ckpt_load");
     c->last_saved = *start_step > 0 ? *start_step : -1;
     c->enabled = tc->ckpt_dir[0] || tc->ckpt_fast_dir[0];
     if (!c->enabled) return LOOM_OK;

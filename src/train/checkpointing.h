@@ -26,6 +26,8 @@ typedef struct {
     float *params;      /* every parameter (ZeRO 0-2), or NULL */
     float *param_shard; /* ZeRO-3: this rank's parameter shard, or NULL */
     int enabled;        /* a tier is configured */
+    int loaded;         /* the training state came from a checkpoint (--resume) */
+    int reset;          /* a failed load was undone: the state is the initial one */
     loom_ckpt_writer writer;
     int writer_ready;
     int in_flight; /* a write started and not yet known complete on every rank */

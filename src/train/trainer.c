@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/fault.h"
 #include "core/progress.h"
+#include "core/timeline.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "model/moe_config.h"
@@ -267,6 +268,8 @@ static void report(const loom_train_config *tc, const loom_step_metrics *sm, dou
         fprintf(stderr, "%s\n", line);
 }
 
+#define STEP_MARK(i, part) loom_timeline_mark((i) == 0 ? "step1_" part : "step2_" part)
+
 static loom_status train_loop(run_state *r, const loom_model_config *mc,
                               const loom_train_config *tc, loom_mesh *mesh, loom_error *err) {
     loom_model *mod = &r->model;
@@ -286,6 +289,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
     loom_progress_set_step(step);
     for (; step < tc->steps && !stop; step++) {
         double t0 = loom_now_ms();
+        /* The first two steps' parts go into the start-up timeline (the second one as the
+         * steady state to compare the first with). */
+        const int early = step - r->start_step;
         loom_fault_on_step(step + 1);
         loom_progress_step_begin();
         loom_zero_step_begin(&r->zero);
@@ -298,6 +304,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
         loom_zero_grads_clear(&r->zero, r->grads);
+        if (early < 2) STEP_MARK(early, "data_and_grad_clear");
         double loss_sum = 0.0;
         if (r->pipelined &&
             (st = loom_pipeline_step(&r->pipe, r->params, r->grads, r->batch, dloss, &r->zero,
@@ -308,6 +315,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             loom_progress_phase(LOOM_PHASE_FORWARD);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
             if ((st = loom_model_forward(mod, r->params))) return st;
+            if (early < 2 && k == 0) STEP_MARK(early, "forward");
             if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1 && !r->pipelined) {
                 int64_t dims[3] = {M, T, V};
                 if ((st = loom_dump_tensor(tc->dump_dir, "logits_step1.safetensors", "logits", 0,
@@ -331,9 +339,11 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                                 : loom_zero_grads_ready,
                                           sp ? (void *)&tp_ready : (void *)&ready)))
                 return st;
+            if (early < 2 && k == 0) STEP_MARK(early, "backward");
         }
         loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
+        loom_progress_local_loss(loss_sum / ((double)per_rank * T));
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_zero_finish_reduction(&r->zero, r->grads, err);
         if (!st && ep_on)
@@ -341,6 +351,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                  : loom_ep_reduce_grads(t, r->grads, &mesh->dp, &mesh->edp, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
+        if (early < 2) STEP_MARK(early, "grad_reduce");
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
             return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
@@ -370,6 +381,7 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                                            lr, &tc->adamw, step + 1, err)))
             return st;
         if (r->sharded_params) loom_fsdp_invalidate(&r->fsdp);
+        if (early < 2) STEP_MARK(early, "optimizer");
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
         loom_zero_step_end(&r->zero);
@@ -404,6 +416,13 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
         if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
+        if (early < 2) STEP_MARK(early, "rest");
+        if ((lead || getenv("LOOM_FT_ADDR")) && /* every rank under loom run: own logs */
+            (early == 1 || (early == 0 && step + 1 == tc->steps))) {
+            char who[32];
+            snprintf(who, sizeof who, "rank %d", mesh->rank);
+            loom_timeline_print(stderr, who);
+        }
     }
     if (lead && r->tp.size > 1)
         fprintf(stderr,
@@ -451,6 +470,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     r.mesh = mesh;
     const int T = mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
     const int lead = mesh->rank == 0;
+    loom_timeline_mark("train_setup");
     if ((st = loom_dataset_open(&r.data, tc->data, mc->vocab_size, T, err)) ||
         (tc->val_data[0] &&
          (st = loom_dataset_open(&r.val, tc->val_data, mc->vocab_size, T, err))) ||
@@ -479,6 +499,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
+    loom_timeline_mark("data_model_zero_create");
     r.model.defer_embedding_grad = r.zero.embed.enabled;
     const size_t P = r.model.table.total;
     r.sharded_params = r.zero.stage == 3;
@@ -515,7 +536,12 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters", P);
     }
-    if (!r.sharded_params) loom_params_init(&r.model.table, r.params, tc->seed);
+    loom_timeline_mark("params_grads_alloc");
+    /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
+     * loaded (seconds for a 124M model, on the path from a failure to the first step). */
+    const int init_later = !r.sharded_params && tc->resume[0] && !tc->dump_dir[0];
+    if (!r.sharded_params && !init_later) loom_params_init(&r.model.table, r.params, tc->seed);
+    loom_timeline_mark("params_init");
     if (lead) {
         const double MiB = 1 << 20;
         fprintf(
@@ -595,6 +621,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
             return st;
         }
     }
+    loom_timeline_mark("report_and_dumps");
     loom_progress_phase(LOOM_PHASE_CKPT); /* resume: loading */
     if ((st = loom_checkpointing_open(
              &r.ckpt, mc, tc, mesh, &r.zero, r.sharded_params ? NULL : r.params,
@@ -602,7 +629,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         run_free(&r);
         return st;
     }
+    if (init_later && !r.ckpt.loaded && !r.ckpt.reset)
+        loom_params_init(&r.model.table, r.params, tc->seed);
     if (r.sharded_params) loom_fsdp_invalidate(&r.fsdp);
+    loom_timeline_mark("ckpt_open");
     if (tc->trace[0]) {
         /* Ranks open their traces together so their clocks start within a barrier. */
         const int accum = tc->global_batch / mesh->layout.dp / tc->micro_batch;
@@ -622,8 +652,10 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         }
         fprintf(stderr, "loom: TensorBoard events in %s\n", loom_tb_path(r.tb));
     }
-    if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err)))
+    if (!(st = loom_metrics_open(&r.metrics, lead ? tc->metrics : "", err))) {
+        loom_timeline_mark("trace_tb_metrics");
         st = train_loop(&r, mc, tc, mesh, err);
+    }
     if (!st && lead && r.zero.stage >= 2)
         fprintf(stderr,
                 "loom: local gradients resident at the last micro-batch's layer boundaries: at "

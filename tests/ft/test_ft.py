@@ -7,7 +7,8 @@ recover, and checks: the job finishes on its own; the diagnosis names the inject
 (and, for a hang, the collective); the final weights are bitwise those of a fault-free
 run of the same layout (crash, hang, nan; kill-during-save and corrupt-ckpt once
 checkpoints exist), or of a fault-free run without the skipped batch (nan/spike with
---skip-bad-batches); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
+--skip-bad-batches); a hang under --tp 2 --dp 2: the diagnosis names the communicator
+instance (the hung rank's tp group of the two, its culprit and its waiting rank); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
 the straggler report names the rank. Usage: test_ft.py --loom PATH --case NAME [--seed S]
 """
 import argparse
@@ -55,14 +56,15 @@ class Case:
         check(p.returncode == 0, f"reference run failed:\n{p.stderr[-2000:]}")
         return out + ".safetensors", losses(out + ".jsonl")
 
-    def supervised(self, run_args, train_extra=(), expect_rc=0, env=None, ckpt_every=0):
+    def supervised(self, run_args, train_extra=(), expect_rc=0, env=None, ckpt_every=0,
+                   ranks=4):
         self.n += 1
         run_dir = os.path.join(self.tmp, f"run{self.n}")
         weights = os.path.join(run_dir, "weights.safetensors")
         if ckpt_every:
             train_extra = list(train_extra) + ["--ckpt-dir", os.path.join(run_dir, "ckpt"),
                                                "--ckpt-every", str(ckpt_every)]
-        cmd = [self.loom, "run", "-n", "4", "--run-dir", run_dir] + list(run_args) + [
+        cmd = [self.loom, "run", "-n", str(ranks), "--run-dir", run_dir] + list(run_args) + [
             "--"] + self.train + ["--save-weights", weights,
                                   "--metrics", os.path.join(run_dir, "metrics.jsonl")] + list(
             train_extra)
@@ -141,6 +143,39 @@ def case_hang(c, rng):
     check(same_bits(w, ref), "final weights differ from the fault-free run")
 
 
+def case_hang_tp(c, rng):
+    """--tp 2 --dp 2: two groups named "tp" ({0,1} and {2,3}); the hung rank's partner
+    waits in its tp group while the other group's ranks go on to the gradient reduction.
+    The diagnosis must name the hung rank's group, not the other one."""
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    layout = ["--tp", "2", "--dp", "2"]
+    ref, _ = c.reference(4, layout)
+    run_dir, w, err = c.supervised(["--heartbeat-timeout", "2", "--grace", "1"],
+                                   ["--tp", "2", "--inject", f"hang@{step}:{rank}"],
+                                   ckpt_every=4)
+    d = diagnosis(run_dir)
+    col = d["collective"]
+    group = [rank - rank % 2, rank - rank % 2 + 1]
+    partner = group[1 - rank % 2]
+    check(d["kind"] == "hang" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected hang of rank {rank}")
+    check(rank in col["culprits"], f"collective {col}: rank {rank} is not a culprit")
+    # Every collective waited in, each in its own group instance (tp: {0,1} and {2,3};
+    # dp and dp.bg: {0,2} and {1,3}); among them the hung rank's tp group, where its
+    # partner waits for it.
+    groups = {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]], "dp.bg": [[0, 2], [1, 3]]}
+    for wt in d["waits"]:
+        check(sorted(wt["group_ranks"]) in groups.get(wt["communicator"], []) and
+              wt["group_first_rank"] == min(wt["group_ranks"]) and wt["group_size"] == 2 and
+              set(wt["waiting"] + wt["culprits"]) <= set(wt["group_ranks"]),
+              f"wait {wt}: not one group of the tp 2 x dp 2 layout")
+    tp = [x for x in d["waits"] if x["communicator"] == "tp" and x["group_ranks"] == group]
+    check(len(tp) == 1 and tp[0]["culprits"] == [rank] and tp[0]["waiting"] == [partner],
+          f"waits {d['waits']}: expected tp{group} waited in by [{partner}], culprit [{rank}]")
+    check(f"on tp{{{group[0]},{group[1]}}}" in err, "the summary on stderr lacks the tp group")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
 def case_nan(c, rng):
     step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
     ref, _ = c.reference(4)
@@ -170,21 +205,45 @@ def case_spike(c, rng):
           f"diagnosis {d['kind']} step {d['step']}, expected loss_spike at {step}")
     check(d["loss"] > 3 * d["baseline_loss"], f"spike {d['loss']} vs {d['baseline_loss']}")
     check(same_bits(w, ref_skip), f"weights differ from a fault-free --skip-steps {step} run")
+    # The loss is global: no rank failed, but the rank whose own loss jumped is named.
+    check(d["rank"] is None and "global" in d["spike"]["scope"], f"spike diagnosis {d}")
+    check(d["spike"]["culprits"] == [rank], f"spike culprits {d['spike']['culprits']}, "
+          f"expected [{rank}] (its own loss was multiplied)")
+    # The skipped batch's sequences are where the data is: a fault-free run's dump of the
+    # tokens of that step must equal the data file at the offsets the diagnosis names.
+    b = d["batch"]
+    check(b["index"] == step and len(b["sequences"]) == 8, f"batch {b}")
+    dump = os.path.join(c.tmp, "dump")
+    c.reference(4, ["--dump-dir", dump])
+    tokens = safetensors_io.load(os.path.join(dump, "tokens.safetensors"))["tokens"]
+    for q in b["sequences"]:
+        data = np.fromfile(q["file"], dtype="<u2", offset=1024)
+        got = data[q["token_offset"]:q["token_offset"] + q["tokens"]]
+        check(q["dp_rank"] == q["seq"] // 2 and np.array_equal(got, tokens[step - 1, q["seq"]]),
+              f"sequence {q}: not the tokens step {step} trained on")
 
 
-def case_slow(c, rng):
-    rank = rng.randrange(4)
+def case_slow(c, rng, ranks=4):
+    rank = rng.randrange(ranks)
     c.train[c.train.index("--steps") + 1] = "60"
     c.train[c.train.index("--d-model") + 1] = "96"
     c.train[c.train.index("--seq-len") + 1] = "48"
-    run_dir, _, err = c.supervised(["--straggler-factor", "2"], ["--inject", f"slow@2:{rank}:5"])
+    run_dir, _, err = c.supervised(["--straggler-factor", "2"], ["--inject", f"slow@2:{rank}:5"],
+                                   ranks=ranks)
     path = os.path.join(run_dir, "stragglers.jsonl")
     check(os.path.exists(path), f"no straggler reported:\n{err[-2000:]}")
     rows = [json.loads(line) for line in open(path)]
     check([r["rank"] for r in rows] == [rank], f"stragglers {rows}, expected rank {rank} only")
     check(rows[0]["slowdown"] >= 2, f"slowdown {rows[0]['slowdown']}")
+    print(f"  straggler: {rows[0]}")
     check(summary(run_dir)["attempts"] == 1, "a straggler must not cause a restart")
     check(f"STRAGGLER: rank {rank}" in err, "no straggler line on stderr")
+
+
+def case_slow2(c, rng):
+    """Two ranks: no third one to take a median over; the slow rank computes more and
+    waits less than the other, which waits for it."""
+    case_slow(c, rng, ranks=2)
 
 
 def case_elastic(c, rng):

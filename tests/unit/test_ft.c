@@ -16,6 +16,7 @@
 #include "core/fault.h"
 #include "core/progress.h"
 #include "ft/beat.h"
+#include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "train/batch_skip.h"
 #include "test_common.h"
@@ -253,6 +254,101 @@ static void test_batch_skip(void **state) {
     assert_int_equal(loom_batch_skip_parse(&k, "0", &err), LOOM_ERR_INPUT);
 }
 
+static int index_of(const loom_launch_cmd *c, const char *arg, int from) {
+    for (int i = from; i < c->argc; i++)
+        if (strcmp(c->argv[i], arg) == 0) return i;
+    return -1;
+}
+
+/* The launcher's command line: srun (the Slurm path, which cannot run here) and mpirun,
+ * for random layouts, hosts and train options. */
+static void test_launch_cmd(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 100; trial++) {
+        const int srun = trial % 2, world = 1 + (int)(rnd() % 64), hosts = rnd() % 2;
+        char host_list[64] = "", dir[64], exe[32], skips[32] = "", args[8][16];
+        char *train[8];
+        if (hosts) snprintf(host_list, sizeof host_list, "n%d,n%d", (int)(rnd() % 9), 10);
+        snprintf(dir, sizeof dir, "/runs/r%d/attempt_%d", (int)(rnd() % 1000), trial);
+        snprintf(exe, sizeof exe, "/opt/loom%d", (int)(rnd() % 100));
+        const int n_train = (int)(rnd() % 8);
+        for (int i = 0; i < n_train; i++) {
+            snprintf(args[i], sizeof args[i], "--opt%d", (int)(rnd() % 1000));
+            train[i] = args[i];
+        }
+        if (rnd() % 2) snprintf(skips, sizeof skips, "%d,%d", (int)(rnd() % 50) + 1, 77);
+        const int resume = rnd() % 2, dp = 1 + (int)(rnd() % world);
+        const long cores = 1 + (long)(rnd() % 32);
+        if (rnd() % 2)
+            setenv("LOOM_FT_TOKEN", "00112233445566778899aabbccddeeff", 1);
+        else
+            unsetenv("LOOM_FT_TOKEN");
+        loom_launch_spec spec = {
+            srun ? "srun" : "mpirun", host_list, world, dp, dir, exe, train, n_train, skips, resume,
+            (int)(rnd() % 2),         cores};
+        static loom_launch_cmd c;
+        loom_launch_cmd_build(&c, &spec);
+        char want[160];
+        assert_null(c.argv[c.argc]);
+        assert_string_equal(c.argv[0], srun ? "srun" : "mpirun");
+        assert_string_equal(c.argv[1], "-n");
+        assert_int_equal(atoi(c.argv[2]), world);
+        /* then loom train, the user's options in order, the supervisor's after them */
+        int at = index_of(&c, exe, 3);
+        assert_true(at > 0);
+        assert_string_equal(c.argv[at + 1], "train");
+        for (int i = 0; i < n_train; i++) assert_ptr_equal(c.argv[at + 2 + i], train[i]);
+        int p = at + 2 + n_train;
+        assert_string_equal(c.argv[p], "--dp");
+        assert_int_equal(atoi(c.argv[p + 1]), dp);
+        p += 2;
+        if (skips[0]) {
+            assert_string_equal(c.argv[p], "--skip-steps");
+            assert_string_equal(c.argv[p + 1], skips);
+            p += 2;
+        }
+        if (resume) {
+            assert_string_equal(c.argv[p], "--resume");
+            assert_string_equal(c.argv[p + 1], "auto");
+            p += 2;
+        }
+        assert_int_equal(p, c.argc);
+        int r = (int)(rnd() % (unsigned)world);
+        char log[256];
+        loom_launch_rank_log(spec.launcher, dir, r, log, sizeof log);
+        if (srun) {
+            /* every rank's output where the supervisor reads it: --output's %t is the rank */
+            assert_true(index_of(&c, "--kill-on-bad-exit=1", 3) > 0 &&
+                        index_of(&c, "--export=ALL", 3) > 0);
+            snprintf(want, sizeof want, "--output=%s/rank_%%t.log", dir);
+            assert_true(index_of(&c, want, 3) > 0 && index_of(&c, want, 3) < at);
+            snprintf(want, sizeof want, "%s/rank_%d.log", dir, r);
+            assert_string_equal(log, want);
+            snprintf(want, sizeof want, "--nodelist=%s", host_list);
+            assert_int_equal(index_of(&c, want, 3) > 0, hosts);
+            assert_int_equal(index_of(&c, "-x", 3), -1); /* mpirun's flags never */
+            assert_int_equal(index_of(&c, "--oversubscribe", 3), -1);
+            assert_int_equal(index_of(&c, "--allow-run-as-root", 3), -1);
+        } else {
+            snprintf(want, sizeof want, "%s/ranks", dir);
+            int o = index_of(&c, "--output-filename", 3);
+            assert_true(o > 0 && o < at);
+            assert_string_equal(c.argv[o + 1], want);
+            snprintf(want, sizeof want, "%s/ranks/1/rank.%d/stderr", dir, r);
+            assert_string_equal(log, want);
+            assert_int_equal(index_of(&c, "--allow-run-as-root", 3) > 0, spec.as_root);
+            assert_int_equal(index_of(&c, "--oversubscribe", 3) > 0, !hosts && world > cores);
+            int h = index_of(&c, "--host", 3);
+            assert_int_equal(h > 0, hosts);
+            if (hosts) assert_string_equal(c.argv[h + 1], host_list);
+            int x = index_of(&c, "LOOM_FT_TOKEN", 3);
+            assert_int_equal(x > 0, getenv("LOOM_FT_TOKEN") != NULL);
+            if (x > 0) assert_string_equal(c.argv[x - 1], "-x");
+        }
+    }
+    unsetenv("LOOM_FT_TOKEN");
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -265,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_progress),
         cmocka_unit_test(test_fault_parse),
         cmocka_unit_test(test_batch_skip),
+        cmocka_unit_test(test_launch_cmd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

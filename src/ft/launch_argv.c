@@ -1,0 +1,72 @@
+#include "ft/launch_argv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void loom_launch_rank_log(const char *launcher, const char *attempt_dir, int rank, char *out,
+                          size_t size) {
+    if (strcmp(launcher, "srun") == 0) /* --output DIR/rank_%t.log: %t is the task (rank) */
+        snprintf(out, size, "%s/rank_%d.log", attempt_dir, rank);
+    else /* mpirun --output-filename DIR writes DIR/1/rank.N/{stdout,stderr} */
+        snprintf(out, size, "%s/ranks/1/rank.%d/stderr", attempt_dir, rank);
+}
+
+void loom_launch_cmd_build(loom_launch_cmd *c, const loom_launch_spec *s) {
+    int n = 0, k = 0;
+#define ARG(...)                                                                                   \
+    (k < LOOM_LAUNCH_OWN_ARGS                                                                      \
+         ? (snprintf(c->store[k], sizeof c->store[k], __VA_ARGS__), c->argv[n++] = c->store[k++])  \
+         : NULL)
+    const int hosts = s->hosts && s->hosts[0];
+    if (strcmp(s->launcher, "srun") == 0) {
+        ARG("srun");
+        ARG("-n");
+        ARG("%d", s->world);
+        ARG("--kill-on-bad-exit=1"); /* one rank's death ends the step: the supervisor sees it */
+        ARG("--export=ALL");
+        if (hosts) ARG("--nodelist=%s", s->hosts);
+        ARG("--output=%s/rank_%%t.log", s->attempt_dir);
+    } else {
+        ARG("mpirun");
+        ARG("-n");
+        ARG("%d", s->world);
+        if (s->as_root) ARG("--allow-run-as-root");
+        if (!hosts && s->world > s->cores) {
+            ARG("--oversubscribe");
+            ARG("--mca");
+            ARG("mpi_yield_when_idle");
+            ARG("1");
+        }
+        if (hosts) {
+            ARG("--host");
+            ARG("%s", s->hosts);
+        }
+        ARG("--output-filename");
+        ARG("%s/ranks", s->attempt_dir);
+        const char *vars[] = {"LOOM_FT_ADDR",  "LOOM_FT_TOKEN", "LOOM_FT_ATTEMPT",
+                              "LOOM_FT_SLOTS", "LOOM_INJECT",   "LOOM_FT_INTERVAL_MS"};
+        for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+            if (getenv(vars[i])) {
+                ARG("-x");
+                ARG("%s", vars[i]);
+            }
+    }
+    ARG("%s", s->loom_exe);
+    ARG("train");
+    for (int i = 0; i < s->train_argc && n < LOOM_LAUNCH_MAX_ARGS - 12; i++)
+        c->argv[n++] = s->train_argv[i];
+    ARG("--dp");
+    ARG("%d", s->dp);
+    if (s->skip_list && s->skip_list[0]) {
+        ARG("--skip-steps");
+        ARG("%s", s->skip_list);
+    }
+    if (s->resume) {
+        ARG("--resume");
+        ARG("auto");
+    }
+#undef ARG
+    c->argv[n] = NULL;
+    c->argc = n;
+}
