@@ -9,15 +9,7 @@
 # Usage: test_moe_ckpt.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_moe_ckpt.sh PATH_TO_LOOM}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() { # NAME CONDITION...
-    local name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/check_lib.sh"
 for _ in $(seq 20); do cat "$0"; done > "$TMP/text.txt"
 "$LOOM" data bytes --input "$TMP/text.txt" --out "$TMP/data" --val-fraction 0 2>/dev/null
 SEED=${LOOM_TEST_SEED:-$RANDOM}
@@ -85,5 +77,4 @@ PY
     done
     check "$family: greedy text from export = from --save-weights" cmp -s "$TMP/gen.x" "$TMP/gen.w"
 done
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish test_moe_ckpt

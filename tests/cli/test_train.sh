@@ -4,15 +4,7 @@
 # Usage: test_train.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_train.sh PATH_TO_LOOM}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-check() { # NAME CONDITION...
-    local name=$1
-    shift
-    if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/check_lib.sh"
 
 # Real English text: a slice of the King James Bible when the package is there, else
 # this script repeated (still text with structure to learn).
@@ -92,5 +84,4 @@ if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512dq /proc/cpuinfo && grep -q
 fi
 check "user's OPENBLAS_CORETYPE kept" grep -q "kernel Haswell" <(OPENBLAS_CORETYPE=Haswell "$LOOM" version)
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish test_train
