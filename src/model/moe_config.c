@@ -39,11 +39,7 @@ loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp,
                               "--tp %d with --ep %d: expert parallelism with tensor parallelism is "
                               "not done yet (MoE with --tp replicates the experts over tp)",
                               tp, ep);
-    if (c->n_experts > 0 && pp > 1 && ep > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--pp %d with --ep %d: expert parallelism inside pipeline stages "
-                              "is not done yet (MoE with --pp runs every expert on every rank)",
-                              pp, ep);
+    (void)pp; /* ep groups are carved out of each stage's dp group */
     if (ep == 1) return LOOM_OK;
     if (dp % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,

@@ -146,6 +146,12 @@ loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg,
     return create_model(m, cfg, B, T, tp, layers, flags, NULL, err);
 }
 
+loom_status loom_model_create_stage_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                       loom_tp *tp, const loom_layer_set *layers, int flags,
+                                       loom_comm *ep, loom_error *err) {
+    return create_model(m, cfg, B, T, tp, layers, flags, ep, err);
+}
+
 /* Sizes the arena for the current plan, allocates it and carves the pointers. */
 static loom_status allocate_arena(loom_model *m, loom_error *err) {
     carver sizing = {NULL, 0};
@@ -181,11 +187,8 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
                               tp->rows, tp->width);
     /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
      * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
-    /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
-    st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                          layers, err)
-                : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                       ep ? ep->rank : 0, ep ? ep->size : 1, err);
+    st = loom_params_build_stage_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
+                                    ep ? ep->rank : 0, ep ? ep->size : 1, layers, err);
     if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err)) ||
         (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);

@@ -81,6 +81,11 @@ static loom_status report_chunk(step_ctx *x, int c) {
     return st;
 }
 
+static loom_status ready_nowhere(void *ctx, size_t begin, size_t end) {
+    (void)ctx, (void)begin, (void)end;
+    return LOOM_OK;
+}
+
 static loom_status chunk_done(step_ctx *x, int c) {
     x->left[c]--;
     return LOOM_OK;
@@ -288,6 +293,9 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     const int sp = tp->sequence_parallel;
     x.ready = sp ? loom_tp_grads_ready : loom_zero_grads_ready;
     x.ready_ctx = sp ? (void *)&tp_ready : (void *)&ready;
+    /* expert parallelism reduces after the step (parallel/ep.h): ranges go nowhere, but
+     * the chunks are still reported (the tied-embedding swap) */
+    if (pl->mesh->ep.size > 1) x.ready = ready_nowhere;
     loom_zero_begin_reduction(zero);
     loom_status st = LOOM_OK;
     if (pl->stats) st = loom_comm_barrier(&pl->mesh->world, err); /* a common start */
