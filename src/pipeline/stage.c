@@ -94,8 +94,6 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
     const int pp = tc->layout.pp, v = tc->virtual_stages;
     loom_pp_kind kind;
     loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
-    if (!st && tc->recompute && mc->n_experts > 0) /* with or without pipelining */
-        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
     if (st || pp <= 1) {
         if (!st && v != 1)
             return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: needs --pp > 1", v);

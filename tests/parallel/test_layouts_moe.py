@@ -9,7 +9,8 @@ all-to-all split into 3 and 32 (one token each) chunks, with ZeRO 1-3 over ep (e
 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), and pipelined (pp2
 1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed; with ep
 inside the stages: pp2 ep2 dp2 1F1B, pp2 ep2 dp4 ZeRO-2 zero-bubble, pp2 ep2 dp2
-ZeRO-3), and with
+ZeRO-3), with --recompute (one process, ep2 dp2, pp2 x dp2 zero-bubble, pp2 ep2 dp2,
+tp2 sequence-parallel: each also bitwise its run without it), and with
 tensor parallelism (tp2, tp2 x dp2 ZeRO-1, tp2 sequence-parallel, pp2 x tp2
 sequence-parallel zero-bubble: MoE blocks replicated over tp), from the same seed and data. Checks that every per-step loss and every final weight (the experts gathered
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
@@ -93,6 +94,16 @@ LAYOUTS = [
     ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule",
                           "zb"]),
+    # activation recomputation (MoE blocks keep their own state: the recomputation stops
+    # at the MoE input, no routing or all-to-all again): bitwise the run without it (4th
+    # field), and equivalent to one process
+    ("single_recompute", 1, ["--recompute"], "single"),
+    ("ep2_dp2_recompute", 2, ["--dp", "2", "--ep", "2", "--recompute"], "ep2_dp2"),
+    ("pp2_dp2_z1_zb_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule",
+                                    "zb", "--recompute"], "pp2_dp2_z1_zb"),
+    ("pp2_ep2_dp2_recompute", 4, ["--pp", "2", "--dp", "2", "--ep", "2", "--recompute"],
+     "pp2_ep2_dp2"),
+    ("tp2_sp_recompute", 2, ["--tp", "2", "--sequence-parallel", "--recompute"], "tp2_sp"),
 ]
 # PP_NOTE: with --pp loom dumps no routing decisions (train/route_dump.h records the
 # whole-model loop), so a pipelined layout is compared strictly; if it fails and the
@@ -163,9 +174,24 @@ def main():
                     print("  FAIL: the capacity factor dropped nothing (the test would not test it)")
                     failures += 1
                 flipped = []
-                for name, ranks, extra in pending:
+                for entry in pending:
+                    name, ranks, extra = entry[:3]
                     got_losses, got_params, got_init, got_stats, got_routes = train(
                         name, ranks, extra, run_seed)
+                    if len(entry) > 3:  # bitwise the run of layout entry[3] (same seed)
+                        base_out = os.path.join(tmp, f"{tag}_{entry[3]}_s{run_seed}")
+                        if not os.path.exists(base_out + ".jsonl"):
+                            train(*next(x[:3] for x in LAYOUTS if x[0] == entry[3]), run_seed)
+                        b_params = safetensors_io.load(
+                            os.path.join(base_out, "params_final.safetensors"))
+                        same = (got_losses == losses(base_out + ".jsonl")
+                                and set(got_params) == set(b_params)
+                                and all(np.array_equal(got_params[k], b_params[k])
+                                        for k in b_params))
+                        failures += not same
+                        checks += 1
+                        print(f"  {name:10s} vs {entry[3]}: "
+                              f"{'bitwise identical' if same else 'FAIL: runs differ'}")
                     errs = [abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses)]
                     init_same = set(got_init) == set(ref_init) and all(
                         np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
@@ -188,7 +214,7 @@ def main():
                         checks += 1
                         if ok:
                             n_flips += 1
-                            flipped.append((name, ranks, extra))
+                            flipped.append(entry)
                         continue
                     loss_err = max(errs)
                     w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
@@ -213,7 +239,7 @@ def main():
                                   f"{margin:.1e}) by then: a possible flip, again with another "
                                   "seed")
                             n_flips += 1
-                            flipped.append((name, ranks, extra))
+                            flipped.append(entry)
                             continue
                     failures += not ok
                     checks += 1
