@@ -282,26 +282,23 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
 }
 
-/* Expert parallelism (tp 1): the stage's norm as without pipelining (parallel/ep.h), and
- * the squares of the tied replica's gradient as it counted them. */
+/* Expert parallelism: the stage's norm as without pipelining (parallel/ep.h), and the
+ * squares of the tied replica's gradient as it counted them (every tp rank has a slice). */
 static loom_status ep_stage_norm(loom_pipeline *pl, loom_zero *z, const float *grads, double *sq,
                                  double *tied, loom_error *err) {
     const loom_param *p = &z->table->params[0];
+    loom_comm *tp = &pl->mesh->tp;
     const int has_tied = pl->tied_peer >= 0 && p->replica;
     double n = 0.0, r = 0.0;
-    loom_status st = z->experts ? loom_ep_zero_grad_norm(z, grads, &n, err)
-                                : loom_ep_grad_norm(z->table, grads, &pl->mesh->ep, &n, err);
+    loom_status st = z->experts ? loom_ep_zero_grad_norm(z, grads, tp, &n, err)
+                                : loom_ep_grad_norm(z->table, grads, &pl->mesh->ep, tp, &n, err);
     if (!st && has_tied && z->experts) { /* its pieces in the rank's shard, over dp */
-        for (int i = 0; i < z->experts->n_own; i++) {
-            const loom_ep_range *o = &z->experts->own[i];
-            const size_t a = o->lo > p->offset ? o->lo : p->offset;
-            const size_t b = o->hi < p->offset + p->numel ? o->hi : p->offset + p->numel;
-            if (a < b) r += loom_sum_squares(grads + a, b - a);
-        }
+        r = loom_ep_zero_sum_squares(z, grads, p->offset, p->offset + p->numel, tp);
         st = loom_comm_allreduce_sum_f64(z->dp, &r, 1, err);
-    } else if (has_tied) { /* dense: counted once, unsharded */
+    } else if (has_tied) { /* dense: counted once over dp, unsharded */
         r = loom_sum_squares(grads + p->offset, p->numel);
     }
+    if (!st && has_tied && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &r, 1, err);
     *sq = n * n;
     *tied = r;
     return st;

@@ -51,7 +51,8 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
 # bitwise; with tensor
 # parallelism (MoE replicated over tp): tp2 dp2 ZeRO-1 -> one process; expert
 # parallelism inside pipeline stages: pp2 ep2 dp2 -> one process, one process -> pp2 ep2
-# dp2 ZeRO-2
+# dp2 ZeRO-2; with tensor parallelism: tp2 ep2 dp2 ZeRO-1 -> one process, one process ->
+# pp2 tp2 ep2 dp2 ZeRO-3 (8 ranks)
 MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
              ((4, 0, 1, 1, 4), (2, 3, 1)), ((4, 0, 1, 1, 2), (4, 0, 1, 1, 2)),
              ((1, 0, 1), (2, 1, 1)),
@@ -59,7 +60,8 @@ MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
              ((2, 0, 1), (4, 2, 1, 1, 4)), ((4, 3, 1, 1, 2), (2, 3, 1, 1, 2)),
              ((2, 3, 1, 1, 2), (2, 3, 1, 1, 2)), ((2, 1, 1), (1, 0, 1, 2)),
              ((2, 1, 1, 2), (2, 1, 1, 2)), ((2, 1, 2), (1, 0, 1)),
-             ((2, 0, 1, 2, 2), (1, 0, 1)), ((1, 0, 1), (2, 2, 1, 2, 2))]
+             ((2, 0, 1, 2, 2), (1, 0, 1)), ((1, 0, 1), (2, 2, 1, 2, 2)),
+             ((2, 1, 2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2, 2, 2))]
 MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
        "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]
 MAX_SEEDS = 4

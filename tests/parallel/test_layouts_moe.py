@@ -9,7 +9,8 @@ all-to-all split into 3 and 32 (one token each) chunks, with ZeRO 1-3 over ep (e
 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), and pipelined (pp2
 1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed; with ep
 inside the stages: pp2 ep2 dp2 1F1B, pp2 ep2 dp4 ZeRO-2 zero-bubble, pp2 ep2 dp2
-ZeRO-3), with --recompute (one process, ep2 dp2, pp2 x dp2 zero-bubble, pp2 ep2 dp2,
+ZeRO-3; with ep and tp: tp2 ep2 dp2, tp2 sequence-parallel ep2 dp2 ZeRO-2, tp2 ep2
+dp2 ZeRO-3, pp2 tp2 ep2 dp2 zero-bubble), with --recompute (one process, ep2 dp2, pp2 x dp2 zero-bubble, pp2 ep2 dp2,
 tp2 sequence-parallel: each also bitwise its run without it), and with
 tensor parallelism (tp2, tp2 x dp2 ZeRO-1, tp2 sequence-parallel, pp2 x tp2
 sequence-parallel zero-bubble: MoE blocks replicated over tp), from the same seed and data. Checks that every per-step loss and every final weight (the experts gathered
@@ -94,6 +95,14 @@ LAYOUTS = [
     ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule",
                           "zb"]),
+    # expert parallelism with tensor parallelism: ep groups per tp rank (the MoE block
+    # replicated over tp, each tp rank's exchange among its dp peers' same tp rank)
+    ("tp2_ep2_dp2", 4, ["--tp", "2", "--dp", "2", "--ep", "2"]),
+    ("tp2_sp_ep2_dp2_z2", 4, ["--tp", "2", "--sequence-parallel", "--dp", "2", "--ep", "2",
+                              "--zero", "2"]),
+    ("tp2_ep2_dp2_z3", 4, ["--tp", "2", "--dp", "2", "--ep", "2", "--zero", "3"]),
+    ("pp2_tp2_ep2_dp2_zb", 8, ["--pp", "2", "--tp", "2", "--dp", "2", "--ep", "2",
+                               "--pp-schedule", "zb"]),
     # activation recomputation (MoE blocks keep their own state: the recomputation stops
     # at the MoE input, no routing or all-to-all again): bitwise the run without it (4th
     # field), and equivalent to one process
