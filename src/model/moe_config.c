@@ -34,16 +34,7 @@ loom_status loom_model_config_validate_moe(const loom_model_config *c, loom_erro
 loom_status loom_moe_validate_layout(const loom_model_config *c, int ep, int dp, int zero, int tp,
                                      int pp, loom_error *err) {
     if (ep < 1) return loom_error_set(err, LOOM_ERR_INPUT, "--ep %d: expected >= 1", ep);
-    if (c->n_experts > 0 && tp > 1 && ep > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tp %d with --ep %d: expert parallelism with tensor parallelism is "
-                              "not done yet (MoE with --tp replicates the experts over tp)",
-                              tp, ep);
-    if (c->n_experts > 0 && pp > 1 && ep > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--pp %d with --ep %d: expert parallelism inside pipeline stages "
-                              "is not done yet (MoE with --pp runs every expert on every rank)",
-                              pp, ep);
+    (void)pp, (void)tp; /* ep groups: in each stage's dp group, per tp rank */
     if (ep == 1) return LOOM_OK;
     if (dp % ep != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,

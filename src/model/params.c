@@ -98,6 +98,12 @@ loom_status loom_params_build_stage(loom_param_table *t, const loom_model_config
     return build_table(t, c, tp_rank, tp_size, 0, 1, set, err);
 }
 
+loom_status loom_params_build_stage_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
+                                       int tp_size, int ep_rank, int ep_size,
+                                       const loom_layer_set *set, loom_error *err) {
+    return build_table(t, c, tp_rank, tp_size, ep_rank, ep_size, set, err);
+}
+
 /* One expert's feed-forward tensors under `prefix` (Mixtral w1/w3/w2 for Llama, c_fc and
  * c_proj with biases for GPT-2), tagged with global expert index e (-1: shared). */
 static loom_expert_params add_expert(builder *b, const char *prefix, int gpt2, int e, int C, int F,

@@ -115,6 +115,11 @@ loom_status loom_params_check_tp(const loom_model_config *cfg, int tp, loom_erro
  * [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) are registered here. */
 loom_status loom_params_build_ep(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
                                  int tp_size, int ep_rank, int ep_size, loom_error *err);
+/* Both: a pipeline stage's layers with only this ep rank's experts (layers NULL: the
+ * whole model). */
+loom_status loom_params_build_stage_ep(loom_param_table *table, const loom_model_config *cfg,
+                                       int tp_rank, int tp_size, int ep_rank, int ep_size,
+                                       const loom_layer_set *layers, loom_error *err);
 void loom_params_free(loom_param_table *table);
 /* Initialises every parameter from Philox keyed by (seed, name hash, element index):
  * any slice of a tensor can be initialised on its own with the same values. */

@@ -146,6 +146,12 @@ loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg,
     return create_model(m, cfg, B, T, tp, layers, flags, NULL, err);
 }
 
+loom_status loom_model_create_stage_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                       loom_tp *tp, const loom_layer_set *layers, int flags,
+                                       loom_comm *ep, loom_error *err) {
+    return create_model(m, cfg, B, T, tp, layers, flags, ep, err);
+}
+
 /* Sizes the arena for the current plan, allocates it and carves the pointers. */
 static loom_status allocate_arena(loom_model *m, loom_error *err) {
     carver sizing = {NULL, 0};
@@ -181,19 +187,12 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
                               tp->rows, tp->width);
     /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
      * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
-    /* ep only for a whole model (a pipeline stage's MoE layers hold every expert) */
-    st = layers ? loom_params_build_stage(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                          layers, err)
-                : loom_params_build_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                       ep ? ep->rank : 0, ep ? ep->size : 1, err);
+    st = loom_params_build_stage_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
+                                    ep ? ep->rank : 0, ep ? ep->size : 1, layers, err);
     if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err)) ||
         (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);
         return st;
-    }
-    if (m->recompute && cfg->n_experts > 0) {
-        loom_model_destroy(m);
-        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
     }
     m->Ns = dims_of(m, seq_parallel(m)).Ns;
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
@@ -208,8 +207,6 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
 }
 
 loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
-    if (on && m->cfg.n_experts > 0)
-        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
     if (m->recompute == (on != 0)) return LOOM_OK;
     m->recompute = on != 0;
     free(m->arena);
@@ -316,9 +313,13 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
 }
 
 /* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
- * caller has the block's parameters (recomputation runs it again inside backward). */
+ * caller has the block's parameters (recomputation runs it again inside backward).
+ * Recomputing an MoE block stops at the MoE block's input (norm2): the MoE block keeps
+ * its own forward state per layer (routing, dispatched rows, expert activations), so
+ * neither the router nor the all-to-all runs again (the kept res2 stays as it is, and
+ * statistics and aux terms are not counted twice). */
 static loom_status block_forward_body(loom_model *m, const dims *dd, const float *p, int l,
-                                      const float *x, const char *what) {
+                                      const float *x, int recomputing) {
     const loom_model_config *c = &m->cfg;
     const dims d = *dd;
     const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
@@ -326,7 +327,7 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     loom_block_acts *a = &m->blocks[l];
     const float *in;
     loom_status st = LOOM_OK;
-    loom_trace_begin(m->trace, "block", what);
+    loom_trace_begin(m->trace, "block", recomputing ? "recompute" : "forward");
     norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, cat(p, k->norm1_b),
                  Ns);
     if (!(st = tp_gather(m, a->norm1, &in))) {
@@ -339,6 +340,10 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
         loom_add(a->res1, a->res1, x, (size_t)Ns * C);
         norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
                      cat(p, k->norm2_b), Ns);
+        if (recomputing && k->moe) { /* backward gathers norm2 itself */
+            loom_trace_end(m->trace);
+            return st;
+        }
         st = tp_gather(m, a->norm2, &in);
     }
     if (!st && k->moe && m->moe_full) {
@@ -362,7 +367,7 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
 static loom_status block_forward(loom_model *m, const dims *d, const float *p, int l,
                                  const float *x) {
     loom_status st = hook(m, 0, l, 0);
-    if (!st) st = block_forward_body(m, d, p, l, x, "forward");
+    if (!st) st = block_forward_body(m, d, p, l, x, 0);
     return st ? st : hook(m, 1, l, 0);
 }
 
@@ -494,7 +499,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     const float *dn, *dy;
     loom_status st = hook(m, 0, l, 1);
     /* recomputation: the block's activations again, from its kept input */
-    if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, "recompute");
+    if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, 1);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
     /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: under
@@ -561,7 +566,7 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     const loom_block_params *k = &m->table.blocks[l];
     const loom_block_acts *a = &m->blocks[l];
     const int N = d->N, C = d->C;
-    loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, "recompute") : LOOM_OK;
+    loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
     if (k->moe) { /* the experts', router's and shared expert's, from what B kept */

@@ -122,6 +122,10 @@ loom_status loom_model_backward(loom_model *m, const float *params, float *grads
 loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
                                     loom_tp *tp, const loom_layer_set *layers, int flags,
                                     loom_error *err);
+/* The same with the stage's MoE layers holding this rank's experts of ep (NULL: all). */
+loom_status loom_model_create_stage_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
+                                       loom_tp *tp, const loom_layer_set *layers, int flags,
+                                       loom_comm *ep, loom_error *err);
 /* m->inputs -> m->embed. */
 loom_status loom_model_embed_forward(loom_model *m, const float *params);
 /* Blocks [lo, hi) from input x (kept: backward reads it again); *out = the output. */

@@ -22,15 +22,22 @@ loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_c
     return st;
 }
 
+int loom_ep_counted_here(const loom_param *p, const loom_comm *tp) {
+    return p->tp_dim >= 0 || !tp || tp->rank == 0;
+}
+
 loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
-                              double *norm, loom_error *err) {
+                              loom_comm *tp, double *norm, loom_error *err) {
     double sq[2] = {0.0, 0.0}; /* dense, experts */
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        sq[p->expert >= 0] += loom_sum_squares(grads + p->offset, p->numel);
+        if (loom_ep_counted_here(p, tp))
+            sq[p->expert >= 0] += loom_sum_squares(grads + p->offset, p->numel);
     }
     loom_status st = loom_comm_allreduce_sum_f64(ep, &sq[1], 1, err);
-    *norm = sqrt(sq[0] + sq[1]);
+    double total = sq[0] + sq[1];
+    if (!st && tp && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &total, 1, err);
+    *norm = sqrt(total);
     return st;
 }
 
@@ -107,5 +114,25 @@ loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t
     }
     if (!st && run_hi > run_lo)
         st = loom_ckpt_plan_range(plan, t, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
+    return st;
+}
+
+loom_status loom_ep_tp_gather_flat(loom_tp *tp, loom_comm *ep, const loom_param_table *local,
+                                   const float *flat, const loom_param_table *global,
+                                   float *global_flat, const loom_model_config *mc,
+                                   const loom_layer_set *layers, loom_error *err) {
+    /* tp first (into this ep rank's experts, tensors whole), then ep on tp rank 0 */
+    loom_param_table mid;
+    loom_status st =
+        loom_params_build_stage_ep(&mid, mc, 0, 1, local->ep_rank, local->ep_size, layers, err);
+    if (st) return st;
+    float *mid_flat = tp->rank == 0 ? malloc(mid.total * sizeof(float)) : NULL;
+    if (tp->rank == 0 && !mid_flat)
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "ep gather: out of memory");
+    if (!st) st = loom_tp_gather_flat(tp, local, flat, &mid, mid_flat, err);
+    if (!st && tp->rank == 0)
+        st = loom_ep_gather_flat(&mid, mid_flat, global, global_flat, ep, err);
+    free(mid_flat);
+    loom_params_free(&mid);
     return st;
 }

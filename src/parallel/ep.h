@@ -12,15 +12,21 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "model/params.h"
+#include "parallel/tp.h"
 
 /* Sums the gradients over their replicas: dense tensors over dp, expert tensors over
  * edp (runs of neighbouring tensors of one kind go as one all-reduce). */
 loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
                                  loom_comm *edp, loom_error *err);
 /* Global gradient norm (after the reduction): dense tensors counted once, expert
- * tensors summed over the ep group. */
+ * tensors summed over the ep group; with tp (NULL or size 1: none) shards summed over
+ * it, replicated tensors (the experts too) counted on tp rank 0. */
 loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
-                              double *norm, loom_error *err);
+                              loom_comm *tp, double *norm, loom_error *err);
+/* Whether p's squares count on this tp rank for a norm: tensor-parallel shards always,
+ * replicated tensors (the experts too: the MoE block is replicated over tp) on tp rank 0
+ * only (tp NULL: always). */
+int loom_ep_counted_here(const loom_param *p, const loom_comm *tp);
 /* Gathers a flat buffer laid out by `local` (this rank's experts) into `global_flat`
  * laid out by `global` (ep_size 1: every expert) where global_flat is not NULL; every
  * rank of the ep group takes part. */
@@ -34,5 +40,14 @@ loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat
 loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t,
                                  loom_ckpt_kind kind, size_t dense_lo, size_t dense_hi, int q,
                                  int edp_size, loom_error *err);
+
+/* export_flat with both tp and ep: shards gathered over tp (on tp rank 0: this ep
+ * rank's experts, tensors whole), then experts over ep among tp ranks 0, into
+ * global_flat (tp 1, ep 1; layers NULL: the whole model) where not NULL. Every rank of
+ * the tp group takes part. */
+loom_status loom_ep_tp_gather_flat(loom_tp *tp, loom_comm *ep, const loom_param_table *local,
+                                   const float *flat, const loom_param_table *global,
+                                   float *global_flat, const loom_model_config *mc,
+                                   const loom_layer_set *layers, loom_error *err);
 
 #endif

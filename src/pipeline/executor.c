@@ -74,6 +74,11 @@ static loom_status report_chunk(step_ctx *x, int c) {
     return st;
 }
 
+static loom_status ready_nowhere(void *ctx, size_t begin, size_t end) {
+    (void)ctx, (void)begin, (void)end;
+    return LOOM_OK;
+}
+
 static loom_status chunk_done(step_ctx *x, int c) {
     x->left[c]--;
     return LOOM_OK;
@@ -277,9 +282,14 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     /* Gradients go to data parallelism's buckets as each chunk finishes (through the
      * norm-gradient reduction of sequence parallelism first). */
     loom_zero_ready_ctx ready = {zero, grads, err, NULL, NULL}; /* no embedding split */
-    loom_tp_ready_ctx tp_ready = {tp, &pl->slots[0]->table, grads, loom_zero_grads_ready, &ready};
+    /* expert parallelism reduces after the step (parallel/ep.h): ranges go nowhere (but
+     * sequence parallelism's norm gradients over tp), the chunks are still reported (the
+     * tied-embedding swap) */
+    const int ep = pl->mesh->ep.size > 1;
+    loom_tp_ready_ctx tp_ready = {tp, &pl->slots[0]->table, grads,
+                                  ep ? ready_nowhere : loom_zero_grads_ready, &ready};
     const int sp = tp->sequence_parallel;
-    x.ready = sp ? loom_tp_grads_ready : loom_zero_grads_ready;
+    x.ready = sp ? loom_tp_grads_ready : ep ? ready_nowhere : loom_zero_grads_ready;
     x.ready_ctx = sp ? (void *)&tp_ready : (void *)&ready;
     loom_zero_begin_reduction(zero);
     loom_status st = LOOM_OK;

@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "parallel/ep.h"
+#include "parallel/ep_zero.h"
 #include "pipeline/pipeline.h"
 
 /* Multiply-adds per token of a block's forward and of the head's (final norm, logits and
@@ -92,8 +94,6 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
     const int pp = tc->layout.pp, v = tc->virtual_stages;
     loom_pp_kind kind;
     loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
-    if (!st && tc->recompute && mc->n_experts > 0) /* with or without pipelining */
-        return loom_error_set(err, LOOM_ERR_INPUT, "--recompute: not with --n-experts yet");
     if (st || pp <= 1) {
         if (!st && v != 1)
             return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: needs --pp > 1", v);
@@ -206,11 +206,11 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
     for (int k = 1; k < pl->n_slots; k++)
         if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
     for (int k = 0; k < pl->n_slots; k++)
-        if ((st = loom_model_create_stage(pl->slots[k], mc, tc->micro_batch, mc->seq_len, tp,
-                                          &pl->layers,
-                                          (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
-                                              (tc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
-                                          err)))
+        if ((st = loom_model_create_stage_ep(pl->slots[k], mc, tc->micro_batch, mc->seq_len, tp,
+                                             &pl->layers,
+                                             (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
+                                                 (tc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
+                                             &mesh->ep, err)))
             return st;
     pl->act_floats = (size_t)model->Ns * mc->d_model;
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
@@ -282,8 +282,38 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
 }
 
+/* Expert parallelism: the stage's norm as without pipelining (parallel/ep.h), and the
+ * squares of the tied replica's gradient as it counted them (every tp rank has a slice). */
+static loom_status ep_stage_norm(loom_pipeline *pl, loom_zero *z, const float *grads, double *sq,
+                                 double *tied, loom_error *err) {
+    const loom_param *p = &z->table->params[0];
+    loom_comm *tp = &pl->mesh->tp;
+    const int has_tied = pl->tied_peer >= 0 && p->replica;
+    double n = 0.0, r = 0.0;
+    loom_status st = z->experts ? loom_ep_zero_grad_norm(z, grads, tp, &n, err)
+                                : loom_ep_grad_norm(z->table, grads, &pl->mesh->ep, tp, &n, err);
+    if (!st && has_tied && z->experts) { /* its pieces in the rank's shard, over dp */
+        r = loom_ep_zero_sum_squares(z, grads, p->offset, p->offset + p->numel, tp);
+        st = loom_comm_allreduce_sum_f64(z->dp, &r, 1, err);
+    } else if (has_tied) { /* dense: counted once over dp, unsharded */
+        r = loom_sum_squares(grads + p->offset, p->numel);
+    }
+    if (!st && has_tied && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &r, 1, err);
+    *sq = n * n;
+    *tied = r;
+    return st;
+}
+
 loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
                                     const float *grads, double *norm, loom_error *err) {
+    if (pl->mesh->ep.size > 1) {
+        double sq, r;
+        loom_status st = ep_stage_norm(pl, z, grads, &sq, &r, err);
+        sq -= r;
+        if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &sq, 1, err);
+        *norm = sqrt(sq > 0 ? sq : 0);
+        return st;
+    }
     loom_status st = loom_tp_grad_norm(tp, z, grads, norm, err);
     if (st) return st;
     double sq = *norm * *norm;

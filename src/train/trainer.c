@@ -167,7 +167,13 @@ static loom_status export_flat(run_state *r, const float *flat, const loom_param
     *table = &r->model.table;
     *out = flat;
     loom_status st = LOOM_OK;
-    if (r->mesh->ep.size > 1) { /* expert parallelism: gather the experts (model/moe.h) */
+    if (r->mesh->ep.size > 1 && r->tp.size > 1) { /* both: over tp, then over ep */
+        *table = &r->global_table;
+        *out = r->global_flat;
+        st = loom_ep_tp_gather_flat(&r->tp, &r->mesh->ep, &r->model.table, flat, &r->global_table,
+                                    r->global_flat, &r->model.cfg,
+                                    r->pipelined ? &r->pipe.layers : NULL, err);
+    } else if (r->mesh->ep.size > 1) { /* expert parallelism: gather the experts (model/moe.h) */
         *table = &r->global_table;
         *out = r->global_flat;
         st = loom_ep_gather_flat(&r->model.table, flat, &r->global_table, r->global_flat,
@@ -330,13 +336,17 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
              * (with sequence parallelism the norm gradients over tp first). */
             loom_zero_ready_ctx ready = {&r->zero, r->grads, err, mod->dres, mod->inputs};
             loom_tp_ready_ctx tp_ready = {&r->tp, t, r->grads, loom_zero_grads_ready, &ready};
-            const int sp = r->tp.sequence_parallel, last = k + 1 == accum && !ep_on;
+            /* (with ep the buckets wait for parallel/ep.h after backward; sequence
+             * parallelism's norm gradients still reduce over tp here) */
+            const int sp = r->tp.sequence_parallel, final = k + 1 == accum, last = final && !ep_on;
+            if (ep_on) tp_ready.next = NULL;
             if (last) loom_zero_begin_reduction(&r->zero);
             loom_progress_phase(LOOM_PHASE_BACKWARD);
             if ((st = loom_model_backward(mod, r->params, r->grads,
-                                          !last ? NULL
-                                          : sp  ? loom_tp_grads_ready
-                                                : loom_zero_grads_ready,
+                                          !final ? NULL
+                                          : sp   ? loom_tp_grads_ready
+                                          : last ? loom_zero_grads_ready
+                                                 : NULL,
                                           sp ? (void *)&tp_ready : (void *)&ready)))
                 return st;
             if (early < 2 && k == 0) STEP_MARK(early, "backward");
@@ -368,9 +378,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         double norm;
         if ((st = r->pipelined
                       ? loom_pipeline_grad_norm(&r->pipe, &r->tp, &r->zero, r->grads, &norm, err)
-                  : r->zero.experts ? loom_ep_zero_grad_norm(&r->zero, r->grads, &norm, err)
-                  : ep_on           ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &norm, err)
-                                    : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
+                  : r->zero.experts
+                      ? loom_ep_zero_grad_norm(&r->zero, r->grads, &mesh->tp, &norm, err)
+                  : ep_on ? loom_ep_grad_norm(t, r->grads, &mesh->ep, &mesh->tp, &norm, err)
+                          : loom_tp_grad_norm(&r->tp, &r->zero, r->grads, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
         loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */

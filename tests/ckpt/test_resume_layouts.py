@@ -49,14 +49,19 @@ PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
 # ZeRO-2, ep2 dp4 ZeRO-3 -> ep2 dp2 ZeRO-3, and ep2 dp2 ZeRO-3 twice bitwise; MoE in
 # pipeline stages: dp2 ZeRO-1 -> pp2 (its validation loss too), pp2 dp2 ZeRO-1 twice
 # bitwise; with tensor
-# parallelism (MoE replicated over tp): tp2 dp2 ZeRO-1 -> one process
+# parallelism (MoE replicated over tp): tp2 dp2 ZeRO-1 -> one process; expert
+# parallelism inside pipeline stages: pp2 ep2 dp2 -> one process, one process -> pp2 ep2
+# dp2 ZeRO-2; with tensor parallelism: tp2 ep2 dp2 ZeRO-1 -> one process, one process ->
+# pp2 tp2 ep2 dp2 ZeRO-3 (8 ranks)
 MOE_PAIRS = [((2, 0, 1, 1, 2), (1, 0, 1)), ((2, 0, 1), (4, 0, 1, 1, 2)),
              ((4, 0, 1, 1, 4), (2, 3, 1)), ((4, 0, 1, 1, 2), (4, 0, 1, 1, 2)),
              ((1, 0, 1), (2, 1, 1)),
              ((4, 2, 1, 1, 2), (2, 1, 1, 1, 2)), ((4, 1, 1, 1, 2), (4, 1, 1, 1, 2)),
              ((2, 0, 1), (4, 2, 1, 1, 4)), ((4, 3, 1, 1, 2), (2, 3, 1, 1, 2)),
              ((2, 3, 1, 1, 2), (2, 3, 1, 1, 2)), ((2, 1, 1), (1, 0, 1, 2)),
-             ((2, 1, 1, 2), (2, 1, 1, 2)), ((2, 1, 2), (1, 0, 1))]
+             ((2, 1, 1, 2), (2, 1, 1, 2)), ((2, 1, 2), (1, 0, 1)),
+             ((2, 0, 1, 2, 2), (1, 0, 1)), ((1, 0, 1), (2, 2, 1, 2, 2)),
+             ((2, 1, 2, 1, 2), (1, 0, 1)), ((1, 0, 1), (2, 3, 2, 2, 2))]
 MOE = ["--n-experts", "8", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "1.0",
        "--aux-loss-coef", "0.01", "--z-loss-coef", "0.001"]
 MAX_SEEDS = 4

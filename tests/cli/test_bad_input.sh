@@ -90,9 +90,7 @@ expect "moe chunks" "--moe-chunks 0: expected 1 <= chunks <= the 32 tokens of a 
 expect "moe chunks dense" "--moe-chunks 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --moe-chunks 2
 expect "pp chunks divide layers" "--n-layer 6: not divisible by --pp 2 x --virtual-stages 2 = 4 model chunks" -- train "${BASE[@]}" --data "$GOOD" --n-layer 6 --pp 2 --pp-schedule interleaved --virtual-stages 2 --global-batch 4
 expect "pp more stages than layers" "--pp 2 x --virtual-stages 1 = 2 stages: more than --n-layer 1" -- train "${BASE[@]}" --data "$GOOD" --pp 2 --global-batch 4
-expect "recompute moe" "--recompute: not with --n-experts yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --recompute
-expect "moe tp ep" "--tp 2 with --ep 2: expert parallelism with tensor parallelism is not done yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --tp 2 --dp 2 --ep 2 --global-batch 8
-expect "moe pp ep" "--pp 2 with --ep 2: expert parallelism inside pipeline stages is not done yet" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2 --dp 2 --ep 2 --global-batch 8
+expect "moe pp ep divides stage dp" "--ep 4: must divide --dp 2" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2 --dp 2 --ep 4 --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0

@@ -7,7 +7,11 @@ with ep in {2, 4} at dp = ep and dp = 2 * ep (where that fits in 8 ranks), in bo
 capacity modes (capacity factor 1.0: tokens are dropped; 0: dropless), and with the
 all-to-all split into 3 and 32 (one token each) chunks, with ZeRO 1-3 over ep (ep2
 dp4 ZeRO-1/2/3, ep4 dp4 ZeRO-2, ep2 dp2 ZeRO-3: parallel/ep_zero.h), and pipelined (pp2
-1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed), and with
+1F1B, pp2 x dp2 ZeRO-1 zero-bubble: the aux losses of every stage summed; with ep
+inside the stages: pp2 ep2 dp2 1F1B, pp2 ep2 dp4 ZeRO-2 zero-bubble, pp2 ep2 dp2
+ZeRO-3; with ep and tp: tp2 ep2 dp2, tp2 sequence-parallel ep2 dp2 ZeRO-2, tp2 ep2
+dp2 ZeRO-3, pp2 tp2 ep2 dp2 zero-bubble), with --recompute (one process, ep2 dp2, pp2 x dp2 zero-bubble, pp2 ep2 dp2,
+tp2 sequence-parallel: each also bitwise its run without it), and with
 tensor parallelism (tp2, tp2 x dp2 ZeRO-1, tp2 sequence-parallel, pp2 x tp2
 sequence-parallel zero-bubble: MoE blocks replicated over tp), from the same seed and data. Checks that every per-step loss and every final weight (the experts gathered
 from their ranks) equal the single-process run (relative error <= 1e-5 for the whole
@@ -36,6 +40,7 @@ runs; else it is a bug and fails), the losses of the steps before s must still a
 seeds): each layout must pass the full comparison, weights included, at one seed.
 
 Usage: test_layouts_moe.py --loom PATH [--seed S]
+(LOOM_LAYOUTS=name,name runs only those layouts, without the twice-bitwise check.)
 """
 import argparse
 import json
@@ -75,6 +80,12 @@ LAYOUTS = [
     # no MoE layer (--moe-every 2). No route dumps with --pp: see PP_NOTE.
     ("pp2", 2, ["--pp", "2"]),
     ("pp2_dp2_z1_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule", "zb"]),
+    # expert parallelism inside pipeline stages: ep groups carved out of each stage's dp
+    # group, the stage's experts split over them (GPT-2: the tied embedding's norm too)
+    ("pp2_ep2_dp2", 4, ["--pp", "2", "--dp", "2", "--ep", "2"]),
+    ("pp2_ep2_dp4_z2_zb", 8, ["--pp", "2", "--dp", "4", "--ep", "2", "--zero", "2",
+                              "--pp-schedule", "zb"]),
+    ("pp2_ep2_dp2_z3", 4, ["--pp", "2", "--dp", "2", "--ep", "2", "--zero", "3"]),
     # with tensor parallelism: the MoE block replicated over tp (each tp rank runs it on
     # the whole micro-batch), attention and dense MLPs sharded
     ("tp2", 2, ["--tp", "2"]),
@@ -84,6 +95,24 @@ LAYOUTS = [
     ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule",
                           "zb"]),
+    # expert parallelism with tensor parallelism: ep groups per tp rank (the MoE block
+    # replicated over tp, each tp rank's exchange among its dp peers' same tp rank)
+    ("tp2_ep2_dp2", 4, ["--tp", "2", "--dp", "2", "--ep", "2"]),
+    ("tp2_sp_ep2_dp2_z2", 4, ["--tp", "2", "--sequence-parallel", "--dp", "2", "--ep", "2",
+                              "--zero", "2"]),
+    ("tp2_ep2_dp2_z3", 4, ["--tp", "2", "--dp", "2", "--ep", "2", "--zero", "3"]),
+    ("pp2_tp2_ep2_dp2_zb", 8, ["--pp", "2", "--tp", "2", "--dp", "2", "--ep", "2",
+                               "--pp-schedule", "zb"]),
+    # activation recomputation (MoE blocks keep their own state: the recomputation stops
+    # at the MoE input, no routing or all-to-all again): bitwise the run without it (4th
+    # field), and equivalent to one process
+    ("single_recompute", 1, ["--recompute"], "single"),
+    ("ep2_dp2_recompute", 2, ["--dp", "2", "--ep", "2", "--recompute"], "ep2_dp2"),
+    ("pp2_dp2_z1_zb_recompute", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule",
+                                    "zb", "--recompute"], "pp2_dp2_z1_zb"),
+    ("pp2_ep2_dp2_recompute", 4, ["--pp", "2", "--dp", "2", "--ep", "2", "--recompute"],
+     "pp2_ep2_dp2"),
+    ("tp2_sp_recompute", 2, ["--tp", "2", "--sequence-parallel", "--recompute"], "tp2_sp"),
 ]
 # PP_NOTE: with --pp loom dumps no routing decisions (train/route_dump.h records the
 # whole-model loop), so a pipelined layout is compared strictly; if it fails and the
@@ -106,6 +135,8 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    only = os.environ.get("LOOM_LAYOUTS")  # while developing: a comma-separated subset
+    layouts = [x for x in LAYOUTS if not only or x[0] in only.split(",")]
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"seed {seed}")
     tmp = tempfile.mkdtemp(prefix="loom_layouts_moe_")
@@ -139,7 +170,7 @@ def main():
                         load("params_init.safetensors"), moe_stats(out + ".jsonl"),
                         None if "--pp" in extra else routes(out, dp, STEPS))
 
-            pending = LAYOUTS
+            pending = layouts
             for attempt in range(MAX_SEEDS):
                 run_seed = seed + attempt
                 ref_losses, ref_params, ref_init, ref_stats, ref_routes = train(
@@ -152,9 +183,24 @@ def main():
                     print("  FAIL: the capacity factor dropped nothing (the test would not test it)")
                     failures += 1
                 flipped = []
-                for name, ranks, extra in pending:
+                for entry in pending:
+                    name, ranks, extra = entry[:3]
                     got_losses, got_params, got_init, got_stats, got_routes = train(
                         name, ranks, extra, run_seed)
+                    if len(entry) > 3:  # bitwise the run of layout entry[3] (same seed)
+                        base_out = os.path.join(tmp, f"{tag}_{entry[3]}_s{run_seed}")
+                        if not os.path.exists(base_out + ".jsonl"):
+                            train(*next(x[:3] for x in LAYOUTS if x[0] == entry[3]), run_seed)
+                        b_params = safetensors_io.load(
+                            os.path.join(base_out, "params_final.safetensors"))
+                        same = (got_losses == losses(base_out + ".jsonl")
+                                and set(got_params) == set(b_params)
+                                and all(np.array_equal(got_params[k], b_params[k])
+                                        for k in b_params))
+                        failures += not same
+                        checks += 1
+                        print(f"  {name:10s} vs {entry[3]}: "
+                              f"{'bitwise identical' if same else 'FAIL: runs differ'}")
                     errs = [abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses)]
                     init_same = set(got_init) == set(ref_init) and all(
                         np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
@@ -177,7 +223,7 @@ def main():
                         checks += 1
                         if ok:
                             n_flips += 1
-                            flipped.append((name, ranks, extra))
+                            flipped.append(entry)
                         continue
                     loss_err = max(errs)
                     w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
@@ -202,7 +248,7 @@ def main():
                                   f"{margin:.1e}) by then: a possible flip, again with another "
                                   "seed")
                             n_flips += 1
-                            flipped.append((name, ranks, extra))
+                            flipped.append(entry)
                             continue
                     failures += not ok
                     checks += 1
@@ -211,7 +257,7 @@ def main():
                           f"rel err {all_err:.2e}, worst tensor {w_err:.2e} ({w_name})  init "
                           f"{'identical' if init_same else 'DIFFERS'}  router stats "
                           f"{'same' if stats_same else 'DIFFER'}  {'ok' if ok else 'FAIL'}")
-                if attempt == 0:  # (the chunked layout: non-blocking exchanges in flight)
+                if attempt == 0 and not only:  # (the chunked layout: non-blocking exchanges in flight)
                     again = train("ep2_dp4_ch3_again", 4, LAYOUTS[5][2], run_seed)
                     first = os.path.join(tmp, f"{tag}_ep2_dp4_ch3_s{run_seed}")
                     b_params = safetensors_io.load(os.path.join(first, "params_final.safetensors"))
