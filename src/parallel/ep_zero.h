@@ -19,8 +19,8 @@
  *     all-gathered over its group (packed, then unpacked into the flat parameters).
  *   norm: squares of the rank's segments, summed over dp (every element once).
  * The function equals one process's: AdamW is elementwise, only summation orders of the
- * reductions differ. ZeRO-3 with ep > 1 is not done (parallel/fsdp.c gathers one
- * contiguous range per block over dp). */
+ * reductions differ. ZeRO-3 with ep > 1 keeps this shard layout; parallel/fsdp.c gathers
+ * each block per kind (dense over dp, experts over edp), without prefetch. */
 #ifndef LOOM_PARALLEL_EP_ZERO_H
 #define LOOM_PARALLEL_EP_ZERO_H
 
