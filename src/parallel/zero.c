@@ -61,8 +61,7 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     size_t n = z->hi - z->lo;
     z->m = calloc(n ? n : 1, sizeof(float));
     z->v = calloc(n ? n : 1, sizeof(float));
-    if (z->stage >= 2) z->grad_shard = calloc(n ? n : 1, sizeof(float));
-    if (!z->m || !z->v || (z->stage >= 2 && !z->grad_shard)) goto nomem;
+    if (!z->m || !z->v) goto nomem; /* stage >= 2: grad_shard is set by grads_alloc */
     /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
      * gathers (head, blocks, tail). */
     loom_status st =
@@ -89,7 +88,6 @@ void loom_zero_free(loom_zero *z) {
     free(z->shard_displs);
     free(z->m);
     free(z->v);
-    free(z->grad_shard);
     memset(z, 0, sizeof *z);
 }
 
@@ -98,7 +96,9 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     m->shard_floats = n;
     m->params = (z->stage == 3 ? n : z->total) * f;
     m->grads_local = z->total * f;
-    m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0; /* ep: reduced in place */
+    /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
+     * place as well, counted with the optimizer's shard) */
+    m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0;
     m->optimizer = 2 * n * f;
 }
 
@@ -126,12 +126,17 @@ float *loom_zero_grads_alloc(loom_zero *z) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;
     z->page_map = malloc(z->grads_bytes / page);
-    return z->page_map ? loom_zero_map_huge(z->grads_bytes) : NULL;
+    float *grads = z->page_map ? loom_zero_map_huge(z->grads_bytes) : NULL;
+    /* The shard's reduced gradient stays where the in-place all-reduce leaves it (its
+     * pages are never handed back): no copy, no second buffer. --ep keeps its own. */
+    if (grads && !z->experts) z->grad_shard = grads + z->lo;
+    return grads;
 }
 
 void loom_zero_grads_free(loom_zero *z, float *grads) {
     free(z->page_map);
     z->page_map = NULL;
+    if (!z->experts) z->grad_shard = NULL;
     if (!grads) return;
     if (z->stage < 2)
         free(grads);
@@ -169,11 +174,13 @@ static void sample_resident(loom_zero *z, const float *grads) {
     if (r > z->grads_peak) z->grads_peak = r;
 }
 
-/* Stage >= 2: bucket b's reduced part is in grad_shard, its local pages can go. */
+/* Stage >= 2: bucket b is reduced; its local pages outside this rank's shard can go. */
 static void release_bucket(loom_zero *z, float *grads, int b) {
     loom_zero_bucket *k = &z->buckets[b];
     if (z->stage < 2 || k->released) return;
-    loom_zero_release_pages(grads, k->begin, k->end);
+    const size_t a = k->begin, e = k->end; /* [a, e) less [lo, hi) */
+    if (a < z->lo) loom_zero_release_pages(grads, a, e < z->lo ? e : z->lo);
+    if (e > z->hi) loom_zero_release_pages(grads, a > z->hi ? a : z->hi, e);
     k->released = 1;
 }
 
@@ -216,14 +223,10 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
     return loom_comm_engine_post(&z->engine, op, err);
 }
 
-/* Stage >= 2, bucket b's all-reduce complete: the part inside this rank's shard goes to
- * grad_shard (before the embedding rows are added there), the rest is not needed. */
-static void keep_shard(loom_zero *z, const float *grads, int b) {
-    loom_zero_bucket *k = &z->buckets[b];
-    if (z->stage < 2 || k->reduced) return;
-    size_t a = k->begin > z->lo ? k->begin : z->lo, e = k->end < z->hi ? k->end : z->hi;
-    if (a < e) memcpy(z->grad_shard + (a - z->lo), grads + a, (e - a) * sizeof(float));
-    k->reduced = 1;
+/* Stage >= 2, bucket b's all-reduce complete: the part inside this rank's shard is
+ * where grad_shard points (the embedding rows are added there next), the rest can go. */
+static void keep_shard(loom_zero *z, int b) {
+    if (z->stage >= 2) z->buckets[b].reduced = 1;
 }
 
 /* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
@@ -275,7 +278,7 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
         if (!st && done && z->stage >= 2) {
             st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
-            if (!st) keep_shard(z, c->grads, b);
+            if (!st) keep_shard(z, b);
             reduced = 1;
         }
     }
@@ -296,7 +299,7 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        if (!w) keep_shard(z, grads, b);
+        if (!w) keep_shard(z, b);
     }
     if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
         loom_status w =
@@ -308,8 +311,6 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     z->step_wait_ms += loom_comm_now_ms() - t0;
     for (int b = 0; b < z->n_buckets; b++) release_bucket(z, grads, b); /* untimed */
     if (z->stage >= 2) z->grads_after = loom_zero_grads_resident(z, grads);
-    if (!st && z->stage >= 2 && z->dp->size == 1)
-        memcpy(z->grad_shard, grads, z->total * sizeof(float));
     return st;
 }
 
@@ -350,6 +351,5 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
     if (z->experts) return loom_ep_zero_gather(z, grads, err);
-    memcpy(grads + z->lo, z->grad_shard, (z->hi - z->lo) * sizeof(float));
     return loom_comm_allgatherv(z->dp, grads, z->shard_counts, z->shard_displs, err);
 }

@@ -56,7 +56,8 @@ typedef struct {
     int *shard_counts, *shard_displs; /* per rank: its shard [displ, displ + count) */
     size_t lo, hi;                    /* this rank's shard */
     float *m, *v;                     /* AdamW state: whole buffer (stage 0) or the shard */
-    float *grad_shard;                /* stage 2: the reduced gradient of the shard */
+    float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
+                          buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
     size_t bucket_floats;
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;
@@ -64,10 +65,10 @@ typedef struct {
     loom_embed_grad embed;             /* the wte gradient's dense part early, rows at the end */
     size_t grads_bytes;                /* the local gradient buffer's mapping (stage >= 2) */
     unsigned char *page_map;           /* mincore's answer, one byte a page */
-    size_t grads_peak;          /* most local gradient bytes resident at a layer boundary so far */
-    size_t grads_after;         /* ... and once the last reduction was done (edge pages only) */
-    double step_wait_ms;        /* this step: time spent inside gradient-communication calls
-                                   (starting, testing, waiting): the part not hidden */
+    size_t grads_peak;   /* most local gradient bytes resident at a layer boundary so far */
+    size_t grads_after;  /* ... and once the last reduction was done (the shard + edge pages) */
+    double step_wait_ms; /* this step: time spent inside gradient-communication calls
+                            (starting, testing, waiting): the part not hidden */
     loom_zero_step_times times; /* this step so far */
     double step_t0_ms, step_cpu0_ms, engine_cpu0_ms;
     struct loom_ep_zero *experts; /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
@@ -86,7 +87,7 @@ void loom_zero_free(loom_zero *z);
 typedef struct {
     size_t params;       /* persistent parameters: all (stages 0-2) or the shard (3) */
     size_t grads_local;  /* the local accumulation buffer */
-    size_t grads_shard;  /* stage >= 2: the reduced gradient of the shard */
+    size_t grads_shard;  /* stage >= 2: the part of grads_local that stays (the shard) */
     size_t optimizer;    /* AdamW m and v */
     size_t shard_floats; /* this rank's shard (the whole buffer at stage 0) */
 } loom_zero_memory;
@@ -94,7 +95,8 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
 
 /* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
  * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
- * reduction completes, since the reduced values live in grad_shard; clearing it for
+ * reduction completes, except the shard's own [lo, hi), where the reduced values stay
+ * (grad_shard points there); clearing it for
  * the next step hands back every page too (the kernel zero-fills a page on its next
  * touch). Resident local gradients are then what backward has written and not yet had
  * reduced; with accumulation the micro-batches before the last still fill all of it.

@@ -584,13 +584,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         if (r.sharded_params)
             snprintf(gathered, sizeof gathered, " + %.3f MiB gathered at most",
                      (loom_fsdp_resident_bytes(&r.fsdp) - zm.params) / MiB);
-        fprintf(stderr,
-                "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
-                "+ %.3f MiB (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
-                "%.3f MiB (micro-batch %d x %d)\n",
-                zm.params / MiB, gathered, zm.grads_local / MiB, zm.grads_shard / MiB,
-                zm.optimizer / MiB, loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch,
-                T);
+        fprintf(
+            stderr,
+            "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
+            "of which %.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
+            "%.3f MiB (micro-batch %d x %d)\n",
+            zm.params / MiB, gathered, zm.grads_local / MiB, zm.grads_shard / MiB,
+            zm.optimizer / MiB, loom_model_activation_bytes(&r.model) / MiB, tc->micro_batch, T);
         if (r.tp.size > 1)
             fprintf(stderr,
                     "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
@@ -671,7 +671,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         fprintf(stderr,
                 "loom: local gradients resident at the last micro-batch's layer boundaries: at "
                 "most %.3f of %.3f MiB, %.3f MiB after the reduction (ZeRO-%d hands each "
-                "bucket's pages back once reduced)\n",
+                "bucket's pages outside its shard back once reduced)\n",
                 r.zero.grads_peak / 1048576.0, P * 4 / 1048576.0, r.zero.grads_after / 1048576.0,
                 r.zero.stage);
     if (!st && r.trace) {
