@@ -15,6 +15,8 @@ written once (dense tensors by dp shard, experts by edp shard) and loaded into a
 in tests/parallel/test_layouts_moe.py, a routing decision that differs from the reference
 (checked on A's steps 1-10 and B's steps 11-20) is accepted only as a near tie: the losses
 are then compared up to it and the pair runs again with another seed (at most MAX_SEEDS).
+A pipelined side dumps no routes: if such a pair differs and the single process had a near
+tie by the first differing step, it runs again with another seed too.
 Usage: test_resume_layouts.py --loom PATH [--seed S]
 """
 import argparse
@@ -32,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
 import safetensors_io  # noqa: E402
-from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
+from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 from test_layouts import MPIRUN, weights_error, write_text_shard  # noqa: E402
 
 TOL = 1e-5
@@ -205,6 +207,19 @@ def main():
                         ok = ok and same
                         msg += ", bitwise identical to the uninterrupted run" if same else \
                             ", FAIL: not bitwise identical to the uninterrupted run"
+                    if not ok and moe and (a_r is None or got_r is None) and same is not False:
+                        # a pipelined side dumps no routes (PP_NOTE in test_layouts_moe.py):
+                        # a near tie in the reference by the first differing step may be a
+                        # flip that cannot be seen from that side; again with another seed
+                        seq = [abs(x - y) / abs(y) for x, y in zip(a_l[:10], ref_l[:10])] + errs
+                        bad = [i for i, e in enumerate(seq) if e > TOL]
+                        upto = bad[0] + 1 if bad else 20
+                        margin = float(ref_r[1][:upto].min())
+                        if margin < FLIP_MARGIN and attempt + 1 < MAX_SEEDS:
+                            print(f"  {tag} {name:18s} seed {run_seed}: {msg}; the single "
+                                  f"process had a near tie (margin {margin:.1e}) by step "
+                                  f"{upto}: a possible flip, again with another seed")
+                            continue
                     failures += not ok
                     print(f"  {tag} {name:18s} {msg}  {'ok' if ok else 'FAIL'}")
                     break
