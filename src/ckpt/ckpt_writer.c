@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -179,20 +178,12 @@ static void stage_piece(loom_ckpt_writer *w, int i, XXH3_state_t *h) {
     w->checksum[i] = XXH3_64bits_digest(h);
 }
 
-/* CPU time of the calling thread (ms): how much of a phase's wall time was work. */
-static double thread_cpu_ms(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0.0;
-    return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
-           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-3;
-}
-
 /* The staging copy (background thread): afterwards the training buffers may change. */
 static void stage(loom_ckpt_writer *w) {
-    double t0 = loom_now_ms(), c0 = thread_cpu_ms();
+    double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
     for (int i = 0; i < w->plan.n; i++) stage_piece(w, i, w->hash);
     w->stage_ms = loom_now_ms() - t0;
-    w->stage_cpu_ms = thread_cpu_ms() - c0;
+    w->stage_cpu_ms = loom_thread_cpu_ms() - c0;
     pthread_mutex_lock(&w->mu);
     w->staged = 1;
     pthread_cond_broadcast(&w->cv);
@@ -368,7 +359,7 @@ static loom_status write_index(loom_ckpt_writer *w, const char *data_name, loom_
  * update the buffers again), the data file, the chunk index. */
 static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
     stage(w);
-    double t0 = loom_now_ms(), c0 = thread_cpu_ms();
+    double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
     if (loom_mkdir_p(w->dir) != 0)
         return loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", w->dir, strerror(errno));
     if (w->rank == 0) { /* a stale manifest of the same step must not survive a rewrite */
@@ -387,7 +378,7 @@ static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
     if (!st) loom_fault_in_save(w->dir, path); /* injected faults (off unless asked for) */
     w->written_bytes = w->image_bytes;
     w->write_ms = loom_now_ms() - t0;
-    w->write_cpu_ms = thread_cpu_ms() - c0;
+    w->write_cpu_ms = loom_thread_cpu_ms() - c0;
     return st;
 }
 
