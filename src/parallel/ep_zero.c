@@ -14,19 +14,6 @@ static int kind_of(const loom_param *p) {
     return p->expert >= 0;
 }
 
-/* A segment boundary of kind k's sequence near `target`, snapped to a whole row. */
-static size_t snap(const loom_ep_zero *e, int k, size_t target) {
-    const loom_param_table *t = e->table;
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        const size_t s = e->kind_start[i];
-        if (kind_of(p) != k || target < s || target >= s + p->numel) continue;
-        const size_t row = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
-        return s + (target - s + row / 2) / row * row;
-    }
-    return e->kind_total[k];
-}
-
 /* Copies [a, b) of kind k's sequence between the flat buffer and buf (buf[0] = element
  * a): to_flat 0 packs, 1 unpacks. */
 static void copy_segment(const loom_ep_zero *e, int k, size_t a, size_t b, float *flat, float *buf,
@@ -100,14 +87,9 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
         e->counts[k] = calloc((size_t)R, sizeof(int));
         e->displs[k] = calloc((size_t)R, sizeof(int));
         ok = e->counts[k] && e->displs[k];
-        size_t prev = 0;
-        for (int r = 0; ok && r < R; r++) {
-            size_t end = r + 1 == R ? e->kind_total[k] : snap(e, k, e->kind_total[k] * (r + 1) / R);
-            if (end < prev) end = prev;
-            e->displs[k][r] = (int)prev;
-            e->counts[k][r] = (int)(end - prev);
-            prev = end;
-        }
+        if (ok)
+            loom_zero_split_rows(t, e->kind_start, k, e->kind_total[k], R, e->counts[k],
+                                 e->displs[k]);
     }
     const size_t most = e->kind_total[0] > e->kind_total[1] ? e->kind_total[0] : e->kind_total[1];
     ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float))) &&

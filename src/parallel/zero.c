@@ -11,15 +11,29 @@
 #include "parallel/ep_zero.h"
 
 /* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
-static size_t snap_to_row(const loom_param_table *t, size_t target) {
+static size_t snap_to_row(const loom_param_table *t, const size_t *start, int kind, size_t total,
+                          size_t target) {
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        if (target < p->offset || target >= p->offset + p->numel) continue;
-        size_t row = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
-        size_t k = (target - p->offset + row / 2) / row;
-        return p->offset + k * row;
+        const size_t s = start ? start[i] : p->offset;
+        if ((kind >= 0 && (p->expert >= 0) != kind) || target < s || target >= s + p->numel)
+            continue;
+        const size_t row = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
+        return s + (target - s + row / 2) / row * row;
     }
-    return t->total;
+    return total;
+}
+
+void loom_zero_split_rows(const loom_param_table *t, const size_t *start, int kind, size_t total,
+                          int R, int *counts, int *displs) {
+    size_t prev = 0;
+    for (int r = 0; r < R; r++) {
+        size_t end = r + 1 == R ? total : snap_to_row(t, start, kind, total, total * (r + 1) / R);
+        if (end < prev) end = prev;
+        displs[r] = (int)prev;
+        counts[r] = (int)(end - prev);
+        prev = end;
+    }
 }
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
@@ -44,14 +58,7 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
-    size_t prev = 0;
-    for (int r = 0; r < R; r++) {
-        size_t end = r + 1 == R ? z->total : snap_to_row(table, z->total * (r + 1) / R);
-        if (end < prev) end = prev;
-        z->shard_displs[r] = (int)prev;
-        z->shard_counts[r] = (int)(end - prev);
-        prev = end;
-    }
+    loom_zero_split_rows(table, NULL, -1, z->total, R, z->shard_counts, z->shard_displs);
     z->lo = (size_t)z->shard_displs[dp->rank];
     z->hi = z->lo + (size_t)z->shard_counts[dp->rank];
     if (z->stage == 0) {
