@@ -1,28 +1,30 @@
 #!/usr/bin/python3
 """Pipeline bubble per schedule: measured next to theory.
 
-Trains a small GPT-2 (16 layers, d_model 128, vocabulary 128, T 64, micro-batch 2, one
+Trains a small GPT-2 (16 layers, d_model 256, vocabulary 128, T 64, micro-batch 2, one
 thread per rank) with --pp-stats for every schedule (gpipe, 1f1b, interleaved with v = 2,
 zb) at pp 2 and 4 and m = 4, 8, 16 micro-batches, and reads each stage's recorded timers.
 
-Why this model (it was 8 layers, vocabulary 256): the theory assumes equal stages, and
-the last stage also runs the final norm, head and loss. With 8 layers x vocabulary 256
-the head was ~1/6 of a layer's multiply-adds; measured, the last stage's F was ~10%
-slower at pp 4 (2 layers a stage), and since no split of 8 whole layers evens that out,
-the imbalance alone took the m = 16 cells past 1.25x (excess idle ~ imbalance x
-m/(m+p-1): at m = 16 the theory leaves only 0.25 x 1/17 of the step for it at pp 2).
-The diagnostic replays below showed it: "bubble_stage_means" (each stage's mean F/B/W)
-reproduces the measured bubble, "bubble_uniform" (one mean for all stages) the theory;
-micro-batch-to-micro-batch variation added nothing. A model whose head costs a whole
-layer (vocabulary 1536, split 8,7 by the head-aware default) did not work either: a
-big head GEMM runs faster per multiply-add than a block, so that last stage came out
-~5-10% lighter. So the bench measures the schedules on stages that are the same code:
-the text is ASCII (vocabulary 128 holds it), the head is 1/12 of a layer, and 16
-layers split evenly (8,8 / 4,4,4,4; v 2: 4 x 4 / 8 x 2). "stage_imbalance" (slowest
-stage's busy time over the mean, -1) is reported per cell; the rest is noise from the
-other jobs on the machine (thread CPU time still grows when a core is shared: caches).
-BENCH_PP_LAYERS / BENCH_PP_VOCAB / BENCH_PP_STEPS / BENCH_PP_CELLS (a substring of the
-cell names) / BENCH_PP_FLAGS (more train flags) override, to repeat the study.
+Why this model: the theory assumes equal stages, and at m = 16 the 1.25x target leaves
+room for only ~1.5% (1f1b pp 2) or ~0.8% (zb pp 2) imbalance between stages (excess idle
+~ imbalance x m/(m+p-1)). So the stages run the same code: 16 layers split evenly (8,8 /
+4,4,4,4; v 2: 4 x 4 / 8 x 2), ASCII text in a vocabulary of 128 (the last stage's head is
+1/24 of a layer; with 8 layers x vocabulary 256 it was 1/6 and made the last stage ~10%
+slower at pp 4). And the layers are wide enough that the caches do not decide it: at
+d_model 128 the stage with more micro-batches in flight is slower. In 1f1b stage 0
+alternates between its pp activation slots, while the last stage reuses one slot whose
+data are still in L2 (2 MiB a core here) when its B follows its F and its next F its B;
+stage 0's F was ~3% and its B ~5% slower. Forcing the last stage to alternate two slots
+(a temporary patch) made it as slow as stage 0, and --recompute (B refills its
+activations right before use) evened the stages. That advantage is about a cache's worth
+of data per action, a smaller share of an action's time the wider the layer: at d_model
+128, 1f1b pp 2 m 16 went past 1.25x in 3 of 4 runs (1.16-1.36, imbalance 1-3%), at
+d_model 256 (~3.7x the time per action) it stayed within (imbalance <= 1.3%). With
+unequal stages the bubble can also fall below the theory (interleaved, when the last
+stage is the faster one). "stage_imbalance" (slowest stage's busy time over the mean,
+-1) is reported per cell. BENCH_PP_LAYERS / BENCH_PP_DMODEL / BENCH_PP_VOCAB /
+BENCH_PP_STEPS / BENCH_PP_CELLS (a substring of the cell names) / BENCH_PP_FLAGS (more
+train flags) override, to repeat the study.
 
 Measured bubble ("cpu"): each compute action's thread CPU time
 (CLOCK_THREAD_CPUTIME_ID, median over the timed steps) replayed through the stage's
@@ -37,7 +39,6 @@ a third of 1F1B's idle time). Last line: one JSON object.
 """
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -51,9 +52,10 @@ from test_pp_schedule import parse  # noqa: E402
 
 LOOM = os.environ.get("LOOM", os.path.join(HERE, "..", "build", "loom"))
 STEPS = int(os.environ.get("BENCH_PP_STEPS", "6"))  # the first is not timed
-# model overrides (to study the stage balance): layers, vocabulary; cells: a substring
+# model overrides (to study the stage balance): layers, vocabulary, width; cells: a substring
 N_LAYER = os.environ.get("BENCH_PP_LAYERS", "16")
 VOCAB = os.environ.get("BENCH_PP_VOCAB", "128")
+D_MODEL = int(os.environ.get("BENCH_PP_DMODEL", "256"))
 CELLS = os.environ.get("BENCH_PP_CELLS", "")
 FLAGS = os.environ.get("BENCH_PP_FLAGS", "").split()  # extra loom train flags
 
@@ -102,8 +104,8 @@ def main():
                     continue
                 stats = os.path.join(tmp, f"{kind}_{pp}_{m}")
                 cmd = MPIRUN + ["-n", str(pp), LOOM, "train", "--family", "gpt2", "--vocab-size",
-                                VOCAB, "--seq-len", "64", "--n-layer", N_LAYER, "--d-model", "128",
-                                "--n-head", "4", "--d-ff", "512", "--micro-batch", "2",
+                                VOCAB, "--seq-len", "64", "--n-layer", N_LAYER, "--d-model", str(D_MODEL),
+                                "--n-head", "4", "--d-ff", str(4 * D_MODEL), "--micro-batch", "2",
                                 "--global-batch", str(2 * m), "--steps", str(STEPS),
                                 "--threads", "1", "--log-every", "0", "--data", data,
                                 "--pp", str(pp), "--pp-schedule", kind, "--virtual-stages",
@@ -191,14 +193,12 @@ def main():
         "explanation": "the replay with each stage's mean F/B/W reproduces the measured "
                        "bubble and the replay with one mean for all stages the theory, so "
                        "the excess is the stages' imbalance (stage_imbalance: slowest "
-                       "stage's busy time over the mean - 1). Its likely sources (not proven): in "
-                       "1f1b stage 0's backward reads activations another forward has "
-                       "evicted from cache (the last stage's follows its forward; stage 0's "
-                       "B was 7-11% slower in 3 runs, equal in gpipe, the gap gone with "
-                       "--recompute in 1 run); the other jobs on the machine (loadavg). At m = 16, 1.25x leaves ~1.5% imbalance (1f1b "
-                       "pp 2) or ~0.8% (zb pp 2). See docs/ARCHITECTURE.md, pipeline."}
+                       "stage's busy time over the mean - 1): caches (the stage with more "
+                       "micro-batches in flight finds less of them in L2; small at d_model "
+                       "256, 3-5% at 128) and the other jobs on the machine (loadavg). "
+                       "See docs/ARCHITECTURE.md, pipeline."}
     print(json.dumps({"timing": "thread CPU time replayed through the action lists; wall at pp 2",
-                      "model": f"gpt2 L{N_LAYER} C128 V{VOCAB} T64 micro-batch 2, 1 thread/rank",
+                      "model": f"gpt2 L{N_LAYER} C{D_MODEL} V{VOCAB} T64 micro-batch 2, 1 thread/rank",
                       "results": results, "all_within_1.25x_theory": within,
                       "zb_below_1f1b": zb_below, "residual": residual,
                       "loadavg": os.getloadavg(),
