@@ -3,8 +3,10 @@
 
 For both families (8 layers, Llama with 4 query / 2 key-value heads), trains on one
 process, then under mpirun with pp in {2, 4} x every schedule (gpipe, 1f1b, interleaved
-with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 1 and ZeRO 3)
-and pp 2 x tp 2 (sequence parallel), from the same seed and data; and with --recompute
+with 2 virtual stages, zb), pp 2 with uneven --pp-layers, pp 2 x dp 2 (ZeRO 0, 1 and 3)
+and pp 2 x tp 2 (with and without sequence parallelism), and on 8 ranks pp 4 x dp 2
+(ZeRO 2 and 3), pp 4 x tp 2 and pp 2 x dp 2 x tp 2 (every schedule appears with dp and
+with tp), from the same seed and data; and with --recompute
 (one process, dp 2 ZeRO-3 without pp, pp 2 with 1f1b and zb, with ZeRO-3 (1f1b and zb),
 with tp 2 + sequence parallelism),
 which must also be bitwise the same layout without recomputation. Checks that every
@@ -45,6 +47,18 @@ LAYOUTS = [
     ("pp2_tp2_sp_zb", 4, ["--pp", "2", "--tp", "2", "--sequence-parallel", "--pp-schedule", "zb"]),
     ("pp2_tp2_interleaved", 4, ["--pp", "2", "--tp", "2", "--pp-schedule", "interleaved",
                                 "--virtual-stages", "2"]),
+    ("pp2_dp2_gpipe", 4, ["--pp", "2", "--dp", "2", "--pp-schedule", "gpipe"]),
+    ("pp2_tp2_1f1b", 4, ["--pp", "2", "--tp", "2", "--pp-schedule", "1f1b"]),
+    # 8 ranks: pp 4 with dp 2 or tp 2, and pp 2 x dp 2 x tp 2
+    ("pp4_dp2_zero2_1f1b", 8, ["--pp", "4", "--dp", "2", "--zero", "2", "--pp-schedule", "1f1b"]),
+    ("pp4_dp2_zero3_zb", 8, ["--pp", "4", "--dp", "2", "--zero", "3", "--pp-schedule", "zb"]),
+    ("pp4_tp2_sp_interleaved", 8, ["--pp", "4", "--tp", "2", "--sequence-parallel",
+                                   "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
+    ("pp4_tp2_gpipe", 8, ["--pp", "4", "--tp", "2", "--pp-schedule", "gpipe"]),
+    ("pp2_dp2_tp2_sp_zero1_zb", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
+                                    "--zero", "1", "--pp-schedule", "zb"]),
+    ("pp2_dp2_tp2_zero3_interleaved", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3",
+                                          "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
     # activation recomputation: bitwise the run without it (4th field), and equivalent
     ("single_recompute", 1, ["--recompute"], "single"),
     ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),  # recomputation under ZeRO-3's hooks
