@@ -9,15 +9,21 @@ blocking receives and non-blocking sends terminates (no deadlock), so every send
 before its matching receive completes; 1F1B holds at most pp micro-batches on stage 0,
 zb (ZB-H1) at most pp on every stage; the bubble (loom's simulation, and a unit-time
 replay here) is the theoretical one for gpipe/1f1b, (p-1)/(3m+p-1) for zb (F = B = W),
-below 1F1B's.
+below 1F1B's; and `loom train` allocates on stage 0 exactly the activation slots the
+schedule holds in flight (pp for 1f1b and zb, m for gpipe), as its start-up line says.
 Bad input (micro-batches < pp, virtual stages without interleaved) exits 2 naming the flag.
 Usage: test_pp_schedule.py --loom PATH [--seed S]
 """
 import argparse
+import os
 import random
 import re
 import subprocess
 import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_layouts import MPIRUN, write_text_shard  # noqa: E402
 
 TOKEN = re.compile(r"^(F|B|W)(\d+)(?:\.(\d+))?$|^(sa|ra|sg|rg)(\d+)(?:\.(\d+))?([<>])(\d+)$")
 
@@ -138,6 +144,43 @@ def unit_bubble(stages, pp, split):
     return 1 - busy[0] / span
 
 
+FLIGHT_LINE = re.compile(r"stage 0: layers.*?, (\d+) micro-batch\(es\) in flight \(activations "
+                         r"(\d+) x ([\d.]+) MiB = ([\d.]+) MiB")
+
+
+def check_trainer_slots(loom, seed):
+    """The trainer's stage 0 holds the schedule's in-flight count of activation slots."""
+    errs = []
+    with tempfile.TemporaryDirectory(prefix="loom_pp_slots_") as tmp:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        pp, m = 4, 8
+        for kind, v, want in (("gpipe", 1, m), ("1f1b", 1, pp), ("zb", 1, pp),
+                              ("interleaved", 2, None)):
+            sched = subprocess.run([loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m),
+                                    "--schedule", kind, "--virtual-stages", str(v)],
+                                   capture_output=True, text=True, check=True).stdout
+            flight = parse(sched)[2][0]
+            cmd = MPIRUN + ["-n", str(pp), loom, "train", "--family", "gpt2", "--vocab-size", "128",
+                            "--seq-len", "16", "--n-layer", "8", "--d-model", "32", "--n-head", "2",
+                            "--micro-batch", "1", "--global-batch", str(m), "--steps", "1",
+                            "--threads", "1", "--data", data, "--pp", str(pp), "--pp-schedule", kind,
+                            "--virtual-stages", str(v), "--seed", str(seed)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            found = FLIGHT_LINE.search(p.stdout + p.stderr)
+            if p.returncode != 0 or not found:
+                errs.append(f"{kind}: exit {p.returncode}, no in-flight line: {p.stderr[-500:]}")
+                continue
+            slots, times, one, total = (int(found[1]), int(found[2]), float(found[3]),
+                                        float(found[4]))
+            if slots != flight or (want is not None and slots != want) or times != slots:
+                errs.append(f"{kind} pp {pp} m {m}: stage 0 allocates {slots} slots, the schedule "
+                            f"holds {flight} in flight (expected {want})")
+            if abs(slots * one - total) > 2e-3:
+                errs.append(f"{kind}: activations {slots} x {one} MiB != {total} MiB")
+    return errs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -203,6 +246,9 @@ def main():
         if p.returncode != 2 or len(lines) != 1 or flag not in lines[0]:
             print(f"FAIL bad input {bad}: exit {p.returncode}, {p.stderr!r}")
             failures += 1
+    for e in check_trainer_slots(args.loom, seed):
+        print(f"FAIL trainer slots: {e}")
+        failures += 1
     print(f"{len(cases)} schedules checked, {failures} failure(s)")
     sys.exit(1 if failures else 0)
 
