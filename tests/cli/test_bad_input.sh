@@ -90,6 +90,8 @@ expect "moe chunks" "--moe-chunks 0: expected 1 <= chunks <= the 32 tokens of a 
 expect "moe chunks dense" "--moe-chunks 2: needs a mixture-of-experts model" -- train "${BASE[@]}" --data "$GOOD" --moe-chunks 2
 expect "pp chunks divide layers" "--n-layer 6: not divisible by --pp 2 x --virtual-stages 2 = 4 model chunks" -- train "${BASE[@]}" --data "$GOOD" --n-layer 6 --pp 2 --pp-schedule interleaved --virtual-stages 2 --global-batch 4
 expect "pp more stages than layers" "--pp 2 x --virtual-stages 1 = 2 stages: more than --n-layer 1" -- train "${BASE[@]}" --data "$GOOD" --pp 2 --global-batch 4
+expect "pp 1f1b micro-batches below pp" "--pp-schedule 1f1b: 1 micro-batch(es) per step, fewer than --pp 2" -- train "${BASE[@]}" --data "$GOOD" --n-layer 4 --pp 2 --pp-schedule 1f1b
+expect "pp zb micro-batches below pp" "--pp-schedule zb: 1 micro-batch(es) per step, fewer than --pp 2" -- train "${BASE[@]}" --data "$GOOD" --n-layer 4 --pp 2 --pp-schedule zb
 expect "moe pp ep divides stage dp" "--ep 4: must divide --dp 2" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2 --dp 2 --ep 4 --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
