@@ -16,10 +16,11 @@ alternates between its pp activation slots, while the last stage reuses one slot
 data are still in L2 (2 MiB a core here) when its B follows its F and its next F its B;
 stage 0's F was ~3% and its B ~5% slower. Forcing the last stage to alternate two slots
 (a temporary patch) made it as slow as stage 0, and --recompute (B refills its
-activations right before use) evened the stages. That advantage is about a cache's worth
-of data per action, a smaller share of an action's time the wider the layer: at d_model
-128, 1f1b pp 2 m 16 went past 1.25x in 3 of 4 runs (1.16-1.36, imbalance 1-3%), at
-d_model 256 (~3.7x the time per action) it stayed within (imbalance <= 1.3%). With
+activations right before use) evened the stages. More layers per stage did not dilute it
+(32 layers: the same ~5% on B), wider layers did: the extra memory traffic grows with
+d_model, the work with its square. At d_model 128, 1f1b pp 2 m 16 went past 1.25x in 3
+of 4 runs (1.16-1.36, imbalance 1-3%); at d_model 256 (~3.7x the time per action) every
+cell stayed within in 3 runs (imbalance <= 1.5%). With
 unequal stages the bubble can also fall below the theory (interleaved, when the last
 stage is the faster one). "stage_imbalance" (slowest stage's busy time over the mean,
 -1) is reported per cell. BENCH_PP_LAYERS / BENCH_PP_DMODEL / BENCH_PP_VOCAB /
