@@ -288,12 +288,18 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
             }
         double base = median(others, n), base_blk = median(others_blk, n);
         /* A floor of 2 ms keeps scheduler noise on tiny steps from counting. */
+        /* Out of line for W steps, counted in steps, not in checks: the supervisor
+         * checks when every rank has reported a new step, which can be every few
+         * steps when steps are short or the machine is busy. */
+        const int64_t step = s->hist_step[(s->hist_n - 1) % LOOM_MONITOR_HISTORY];
         if (base > 0 && med[r] > factor * base && med[r] - base > 2.0 &&
-            (have >= 3 || blk[r] < base_blk))
-            s->straggler_hits++;
-        else
-            s->straggler_hits = 0;
-        if (s->straggler_hits >= 8 && !s->straggler_reported && found < max) {
+            (have >= 3 || blk[r] < base_blk)) {
+            if (!s->straggler_since) s->straggler_since = step;
+        } else {
+            s->straggler_since = 0;
+        }
+        if (s->straggler_since && step - s->straggler_since + 1 >= W && !s->straggler_reported &&
+            found < max) {
             s->straggler_reported = 1;
             loom_straggler *o = &out[found++];
             o->rank = r;

@@ -21,7 +21,7 @@ typedef struct {
     double hist_local_loss[LOOM_MONITOR_HISTORY]; /* the rank's own loss of hist_step */
     double hist_blocked[LOOM_MONITOR_HISTORY];    /* ms blocked in communication */
     int hist_n;                                   /* entries written (ring) */
-    int straggler_hits;                           /* consecutive checks out of line */
+    int64_t straggler_since; /* first step of the current out-of-line run (0: in line) */
     int straggler_reported;
 } loom_rank_state;
 
