@@ -5,10 +5,6 @@
 
 #include "core/clock.h"
 
-/* Gathers in flight ahead of the range the forward waits for: one block computing hides
- * the next one's gather; two keep the wire busy across a short block. */
-#define PREFETCH 2
-
 loom_status loom_param_gather_validate(int zero, loom_layout layout, loom_error *err) {
     if (zero != 1 && zero != 2)
         return loom_error_set(err, LOOM_ERR_INPUT,
@@ -53,7 +49,6 @@ loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *
     }
     g->zero = z;
     g->params = params;
-    g->next_post = g->n_ranges; /* the initial parameters are complete everywhere */
     z->overlap = g;
     return LOOM_OK;
 nomem:
@@ -75,42 +70,34 @@ void loom_param_gather_free(loom_param_gather *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* Posts the stale ranges before `upto` (in range order: the same on every rank). */
-static loom_status post_until(loom_param_gather *g, int upto, loom_error *err) {
-    if (upto > g->n_ranges) upto = g->n_ranges;
-    loom_status st = LOOM_OK;
-    for (; g->next_post < upto && !st; g->next_post++) {
-        loom_param_gather_range *r = &g->ranges[g->next_post];
-        r->state = 2;
-        st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
+loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err) {
+    loom_param_gather_range *r = &g->ranges[i];
+    r->state = 2;
+    loom_status st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
+    /* Without an engine thread, MPI moves the gathers in flight only when called. */
+    for (int k = 0; !st && !g->zero->engine.threaded && k < i; k++) {
+        int done;
+        if (g->ranges[k].state == 2)
+            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
     }
     return st;
 }
 
-/* Range i complete; posts the ranges PREFETCH past it first. The time counts as the
- * step's exposed parameter wait. */
+/* Range i complete; the time counts as the step's exposed parameter wait. */
 static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
     if (!g->zero || i >= g->n_ranges) return LOOM_OK;
     loom_param_gather_range *r = &g->ranges[i];
+    if (r->state != 2) return LOOM_OK;
     double t0 = loom_now_ms();
-    loom_status st = post_until(g, i + 1 + PREFETCH, err);
-    if (!st && r->state == 2) st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
+    loom_status st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
     if (!st) r->state = 0;
-    /* Without an engine thread, MPI moves the prefetched gathers only when called. */
-    for (int k = i + 1; !st && !g->zero->engine.threaded && k < g->next_post; k++) {
+    for (int k = i + 1; !st && !g->zero->engine.threaded && k < g->n_ranges; k++) {
         int done;
         if (g->ranges[k].state == 2)
             st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
     }
     g->zero->times.param_wait_ms += loom_now_ms() - t0;
     return st;
-}
-
-loom_status loom_param_gather_start(loom_param_gather *g, loom_error *err) {
-    if (!g->zero) return LOOM_OK;
-    for (int i = 0; i < g->n_ranges; i++) g->ranges[i].state = 1;
-    g->next_post = 0;
-    return post_until(g, 1 + PREFETCH, err);
 }
 
 loom_status loom_param_gather_begin_micro_batch(loom_param_gather *g, loom_error *err) {
@@ -135,7 +122,7 @@ loom_status loom_param_gather_after_block(void *ctx, int layer, int backward) {
 
 loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err) {
     if (!g || !g->zero) return LOOM_OK;
-    loom_status st = post_until(g, g->n_ranges, err);
+    loom_status st = LOOM_OK;
     for (int i = 0; i < g->n_ranges; i++) {
         loom_param_gather_range *r = &g->ranges[i];
         if (r->state != 2) continue;

@@ -6,12 +6,12 @@
  * hook points, in forward order: the embedding range (wte, wpe: GPT-2's tied head reads
  * wte too), each block, the tail (final norm, an untied lm_head). Each range is one
  * in-place all-gatherv on the ZeRO communication engine (comm/engine.h, the engine the
- * gradient buckets use). The optimizer step posts the first few ranges; the forward
- * waits for a range just before the first code that reads it (the embedding, a block's
- * before_block hook, the last block's after_block for the tail) and posts the range
- * PREFETCH ahead, so about PREFETCH gathers are in flight while a block computes:
- * posting them all at once would have them share the wire, and the embedding (first
- * needed) would arrive about last.
+ * gradient buckets use). The optimizer step runs AdamW range by range in that order and
+ * posts each range's gather as soon as this rank's part of it is updated, so the
+ * embedding (needed first, 31% of GPT-2 124M) travels while the optimizer works on the
+ * rest, and the gathers are spread over the optimizer's time rather than started all at
+ * once. The forward waits for a range just before the first code that reads it (the
+ * embedding, a block's before_block hook, the last block's after_block for the tail).
  *
  * The values gathered are the same as the blocking gather's (copies only), so runs are
  * bitwise identical with and without the flag. Anything else that reads parameters
@@ -29,7 +29,7 @@ typedef struct {
     size_t begin, end;
     loom_comm_op op;
     int *counts, *displs; /* per rank: its part of [begin, end), relative to begin */
-    int state;            /* 0 complete, 1 stale (not posted), 2 in flight */
+    int state;            /* 0 complete, 2 in flight */
 } loom_param_gather_range;
 
 typedef struct loom_param_gather {
@@ -37,7 +37,6 @@ typedef struct loom_param_gather {
     float *params;
     loom_param_gather_range *ranges; /* 0: embedding, 1..L: blocks, L+1: tail */
     int n_ranges;
-    int next_post;   /* first range not yet posted since the optimizer step */
     loom_error *err; /* where hook failures are described */
 } loom_param_gather;
 
@@ -53,8 +52,9 @@ loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *
 /* Waits for everything in flight (errors ignored: for exit paths) and detaches. */
 void loom_param_gather_free(loom_param_gather *g);
 
-/* After the optimizer updated this rank's shard: every range is stale; posts the first. */
-loom_status loom_param_gather_start(loom_param_gather *g, loom_error *err);
+/* Range i's part of this rank's shard is updated: starts its all-gather (the optimizer
+ * step calls it for every range, in range order: the same order on every rank). */
+loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err);
 /* Before a micro-batch's forward: the embedding range. */
 loom_status loom_param_gather_begin_micro_batch(loom_param_gather *g, loom_error *err);
 /* Hooks for loom_model (ctx = the loom_param_gather). */
