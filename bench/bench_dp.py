@@ -32,6 +32,7 @@ Usage: bench_dp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -84,8 +85,13 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1, extra=()):
             for c in range(copies)]
     procs = [subprocess.Popen(cmd + ["--metrics", m], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, env=env) for m in outs]
+    waits = {}
     for p in procs:
         _, stderr = p.communicate(timeout=args.run_timeout)
+        # --overlap-param-gather: every rank's mean wait (rank 0's is also in --metrics)
+        for rank, ms in re.findall(r"rank (\d+): --overlap-param-gather: the forward waited "
+                                   r"([0-9.]+) ms per step", stderr):
+            waits[f"rank{rank}"] = float(ms)
         if p.returncode != 0:
             print(f"FAIL: {name}: exit {p.returncode}\n{stderr[-3000:]}", flush=True)
             sys.exit(1)
@@ -112,6 +118,7 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1, extra=()):
         "measured_step_ms": [r["step_ms"] for r in measured],
         "measured_wait_ms": [r["grad_wait_ms"] for r in measured],
         "measured_dp": [r["dp"] for r in measured if "dp" in r],
+        "param_wait_per_rank": waits,
         "wall_s": round(time.time() - t0, 1),
     }
     print(f"  {name}: median step {res['step_ms']:.0f} ms, {res['tokens_per_s']:.1f} tok/s, "
@@ -187,6 +194,7 @@ def main():
                       "grad_wait_ms": round(statistics.median(
                           w for r in res for w in r["measured_wait_ms"]), 1),
                       "per_round_tokens_per_s": [r["tokens_per_s"] for r in res],
+                      "param_wait_per_rank": [r["param_wait_per_rank"] for r in res],
                       "breakdown_ms": breakdown([d for r in res for d in r["measured_dp"]],
                                                 [w for r in res for w in r["measured_wait_ms"]])}
     base_tps = runs["1rank"]["tokens_per_s"]
@@ -234,7 +242,10 @@ def main():
             "exposed_ms_with": round(bo["param_gather"] + bo["param_wait"], 1),
             "step_ms_without": no["step_ms"], "step_ms_with": ov["step_ms"],
             "engine_cpu_ms_without": bn["engine_cpu"], "engine_cpu_ms_with": bo["engine_cpu"],
-            "tokens_per_s_ratio": round(ov["tokens_per_s"] / no["tokens_per_s"], 3)}
+            "tokens_per_s_ratio": round(ov["tokens_per_s"] / no["tokens_per_s"], 3),
+            # per round, each rank's mean wait over all steps after the first (warm-up
+            # included): rank 1 waits for the embedding range, which rank 0 owns
+            "param_wait_ms_per_rank_per_round": ov["param_wait_per_rank"]}
 
     out = {
         "model": args.model, "seq_len": args.seq_len, "per_rank_batch": args.micro_batch,

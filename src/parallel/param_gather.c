@@ -1,5 +1,6 @@
 #include "parallel/param_gather.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,11 @@ void loom_param_gather_free(loom_param_gather *g) {
 
 loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err) {
     loom_param_gather_range *r = &g->ranges[i];
+    if (i == 0) { /* a new step's gathers: the last step's waits are complete */
+        const double w = g->zero->times.param_wait_ms;
+        if (g->steps > 0 && w > g->wait_max_ms) g->wait_max_ms = w;
+        g->steps++;
+    }
     r->state = 2;
     loom_status st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
     /* Without an engine thread, MPI moves the gathers in flight only when called. */
@@ -97,7 +103,17 @@ static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
             st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
     }
     g->zero->times.param_wait_ms += loom_now_ms() - t0;
+    g->wait_ms += loom_now_ms() - t0;
     return st;
+}
+
+void loom_param_gather_report(const loom_param_gather *g, int rank) {
+    const int waited = g->steps - 1; /* the forwards after a step's gathers */
+    if (!g->zero || waited < 1) return;
+    fprintf(stderr,
+            "loom: rank %d: --overlap-param-gather: the forward waited %.1f ms per step for "
+            "parameters (most %.1f ms), over %d step(s)\n",
+            rank, g->wait_ms / waited, g->wait_max_ms, waited);
 }
 
 loom_status loom_param_gather_begin_micro_batch(loom_param_gather *g, loom_error *err) {

@@ -38,6 +38,9 @@ typedef struct loom_param_gather {
     loom_param_gather_range *ranges; /* 0: embedding, 1..L: blocks, L+1: tail */
     int n_ranges;
     loom_error *err; /* where hook failures are described */
+    double wait_ms;  /* the forwards' waits so far (every rank: rank 0's are in --metrics) */
+    double wait_max_ms;
+    int steps; /* optimizer steps that posted the ranges */
 } loom_param_gather;
 
 /* Refuses --overlap-param-gather where it does not apply (messages name the flags):
@@ -60,6 +63,8 @@ loom_status loom_param_gather_begin_micro_batch(loom_param_gather *g, loom_error
 /* Hooks for loom_model (ctx = the loom_param_gather). */
 loom_status loom_param_gather_before_block(void *ctx, int layer, int backward);
 loom_status loom_param_gather_after_block(void *ctx, int layer, int backward);
+/* One stderr line per rank (attached only): the mean and worst per-step wait. */
+void loom_param_gather_report(const loom_param_gather *g, int rank);
 /* Every range complete (before anything else reads the parameters). NULL g: no-op. */
 loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err);
 

@@ -690,6 +690,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         loom_timeline_mark("trace_tb_metrics");
         st = train_loop(&r, mc, tc, mesh, err);
     }
+    if (!st) loom_param_gather_report(&r.pg, mesh->rank);
     if (!st && lead && r.zero.stage >= 2)
         fprintf(stderr,
                 "loom: local gradients resident at the last micro-batch's layer boundaries: at "
