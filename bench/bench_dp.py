@@ -19,6 +19,11 @@ other jobs may share the cores: the load average is recorded). Figures come from
                        rank needs per step (compute CPU + optimizer CPU + gather + engine):
                        with 2 ranks on 2 cores it bounds the step time from below;
   efficiency_cpu_demand[z] = cpu_demand (1 rank) / cpu_demand (2 ranks, overlap)
+  overlap_param_gather[z] (z = 1, 2) = the same overlap run with --overlap-param-gather
+                       against it: the parameter gather's exposed ms per step
+                       (param_gather + param_wait: the blocking all-gather without the
+                       flag; posting + the next forward's waits with it), step times,
+                       engine CPU and the tokens/s ratio
 
 The last line of output is one JSON object with every figure.
 Usage: bench_dp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 7]
@@ -27,6 +32,7 @@ Usage: bench_dp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -39,6 +45,7 @@ import numpy as np
 OVERLAP_MB = 25.0  # loom's default
 NO_OVERLAP_MB = 100000.0  # larger than the model: one bucket, sent after backward
 ZERO_STAGES = (0, 1, 2)  # stages whose exposed communication is compared; ZeRO-3 below
+PARAM_GATHER_STAGES = (1, 2)  # also run with --overlap-param-gather
 
 
 def write_random_shard(path, n_tokens, vocab, seed):
@@ -58,7 +65,7 @@ def mpirun_prefix(n):
     return cmd
 
 
-def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
+def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1, extra=()):
     """One loom run of `ranks` ranks; with copies=2 two independent 1-rank runs at the same
     time (the machine's ceiling for two ranks: they share the cores' memory bandwidth and
     caches but never communicate), reported as their summed tokens/s."""
@@ -70,7 +77,7 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
            "--log-every", "0", "--seed", "1234"]
     if ranks > 1:
         cmd = mpirun_prefix(ranks) + cmd + ["--dp", str(ranks), "--zero", str(zero),
-                                            "--bucket-mb", f"{bucket_mb:g}"]
+                                            "--bucket-mb", f"{bucket_mb:g}"] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     print(f"$ {shlex.join(cmd)}" + (f" (x{copies} at once)" if copies > 1 else ""), flush=True)
     t0 = time.time()
@@ -78,8 +85,13 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
             for c in range(copies)]
     procs = [subprocess.Popen(cmd + ["--metrics", m], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, env=env) for m in outs]
+    waits = {}
     for p in procs:
         _, stderr = p.communicate(timeout=args.run_timeout)
+        # --overlap-param-gather: every rank's mean wait (rank 0's is also in --metrics)
+        for rank, ms in re.findall(r"rank (\d+): --overlap-param-gather: the forward waited "
+                                   r"([0-9.]+) ms per step", stderr):
+            waits[f"rank{rank}"] = float(ms)
         if p.returncode != 0:
             print(f"FAIL: {name}: exit {p.returncode}\n{stderr[-3000:]}", flush=True)
             sys.exit(1)
@@ -106,6 +118,7 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
         "measured_step_ms": [r["step_ms"] for r in measured],
         "measured_wait_ms": [r["grad_wait_ms"] for r in measured],
         "measured_dp": [r["dp"] for r in measured if "dp" in r],
+        "param_wait_per_rank": waits,
         "wall_s": round(time.time() - t0, 1),
     }
     print(f"  {name}: median step {res['step_ms']:.0f} ms, {res['tokens_per_s']:.1f} tok/s, "
@@ -115,7 +128,7 @@ def run_loom(args, data, tmp, name, ranks, zero, bucket_mb, copies=1):
 
 
 BREAKDOWN = ("compute_ms", "compute_cpu_ms", "optimizer_ms", "optimizer_cpu_ms",
-             "param_gather_ms", "engine_cpu_ms")
+             "param_gather_ms", "param_wait_ms", "engine_cpu_ms")
 
 
 def breakdown(rows, waits):
@@ -123,7 +136,7 @@ def breakdown(rows, waits):
     needs per step."""
     if not rows:
         return None
-    out = {k[:-3]: round(statistics.median(r[k] for r in rows), 1) for k in BREAKDOWN}
+    out = {k[:-3]: round(statistics.median(r.get(k, 0.0) for r in rows), 1) for k in BREAKDOWN}
     out["grad_wait"] = round(statistics.median(waits), 1)
     out["cpu_demand"] = round(out["compute_cpu"] + out["optimizer_cpu"] + out["param_gather"] +
                               out["engine_cpu"], 1)
@@ -159,13 +172,18 @@ def main():
         configs += [(f"2rank_zero{z}_overlap", 2, z, OVERLAP_MB),
                     (f"2rank_zero{z}_no_overlap", 2, z, NO_OVERLAP_MB)]
     configs.append(("2rank_zero3_overlap", 2, 3, OVERLAP_MB))
+    # --overlap-param-gather: the ZeRO-1/2 parameter all-gather per block, waited for in
+    # the next forward (param_wait is then its exposed part, param_gather only posting)
+    for z in PARAM_GATHER_STAGES:
+        configs.append((f"2rank_zero{z}_overlap_param_gather", 2, z, OVERLAP_MB))
     per_round = {name: [] for name, *_ in configs}
     load = [os.getloadavg()[0]]
     for rnd in range(args.rounds):
         for name, ranks, zero, mb in configs:
             copies = 2 if name == "2x1rank_at_once" else 1
+            extra = ["--overlap-param-gather"] if name.endswith("_overlap_param_gather") else []
             per_round[name].append(run_loom(args, data, tmp, f"{name}_r{rnd}", ranks, zero, mb,
-                                            copies))
+                                            copies, extra))
             load.append(os.getloadavg()[0])
     runs = {}
     for name, res in per_round.items():
@@ -176,6 +194,7 @@ def main():
                       "grad_wait_ms": round(statistics.median(
                           w for r in res for w in r["measured_wait_ms"]), 1),
                       "per_round_tokens_per_s": [r["tokens_per_s"] for r in res],
+                      "param_wait_per_rank": [r["param_wait_per_rank"] for r in res],
                       "breakdown_ms": breakdown([d for r in res for d in r["measured_dp"]],
                                                 [w for r in res for w in r["measured_wait_ms"]])}
     base_tps = runs["1rank"]["tokens_per_s"]
@@ -201,17 +220,32 @@ def main():
               f"|   {efficiency[f'zero{z}']:.3f}    | {ov['grad_wait_ms']:7.0f} / "
               f"{no['grad_wait_ms']:7.0f}      | {'-' if h is None else f'{h:.3f}'}")
     print(f"1 rank: {base_tps:.1f} tok/s (median step {base_ms:.0f} ms over all rounds)")
-    print("\nms per step (rank 0)   | step | compute (cpu) | optimizer (cpu) | param gather | "
-          "engine cpu | wait | cpu demand")
+    print("\nms per step (rank 0)   | step | compute (cpu) | optimizer (cpu) | param gather "
+          "(wait) | engine cpu | wait | cpu demand")
     for name, r in runs.items():
         b = r["breakdown_ms"]
         if b:
             print(f"  {name:25s} {r['step_ms']:6.0f} | {b['compute']:6.0f} "
                   f"({b['compute_cpu']:5.0f})"
                   f" | {b['optimizer']:6.0f} ({b['optimizer_cpu']:5.0f}) | "
-                  f"{b['param_gather']:6.0f} | {b['engine_cpu']:6.0f} | "
+                  f"{b['param_gather']:6.0f} ({b['param_wait']:4.0f}) | {b['engine_cpu']:6.0f} | "
                   f"{b['grad_wait']:5.0f} | {b['cpu_demand']:6.0f}")
     load_end = os.getloadavg()[0]
+    # The parameter gather's exposed time per step (rank 0): the blocking all-gather
+    # without the flag; with it, the posting plus the forward's waits for ranges.
+    param_gather = {}
+    for z in PARAM_GATHER_STAGES:
+        no, ov = runs[f"2rank_zero{z}_overlap"], runs[f"2rank_zero{z}_overlap_param_gather"]
+        bn, bo = no["breakdown_ms"], ov["breakdown_ms"]
+        param_gather[f"zero{z}"] = {
+            "exposed_ms_without": round(bn["param_gather"] + bn["param_wait"], 1),
+            "exposed_ms_with": round(bo["param_gather"] + bo["param_wait"], 1),
+            "step_ms_without": no["step_ms"], "step_ms_with": ov["step_ms"],
+            "engine_cpu_ms_without": bn["engine_cpu"], "engine_cpu_ms_with": bo["engine_cpu"],
+            "tokens_per_s_ratio": round(ov["tokens_per_s"] / no["tokens_per_s"], 3),
+            # per round, each rank's mean wait over all steps after the first (warm-up
+            # included): rank 1 waits for the embedding range, which rank 0 owns
+            "param_wait_ms_per_rank_per_round": ov["param_wait_per_rank"]}
 
     out = {
         "model": args.model, "seq_len": args.seq_len, "per_rank_batch": args.micro_batch,
@@ -236,6 +270,7 @@ def main():
             f"zero{z}": round(runs["1rank"]["breakdown_ms"]["cpu_demand"] /
                               runs[f"2rank_zero{z}_overlap"]["breakdown_ms"]["cpu_demand"], 3)
             for z in ZERO_STAGES},
+        "overlap_param_gather": param_gather,
         "zero3_vs_zero0": round(runs["2rank_zero3_overlap"]["tokens_per_s"] /
                                 runs["2rank_zero0_overlap"]["tokens_per_s"], 3),
         "load_avg_start": round(load[0], 2),

@@ -8,6 +8,7 @@
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
+#include "parallel/param_gather.h"
 #include "model/moe_config.h"
 #include "parallel/tp.h"
 #include "pipeline/pipeline.h"
@@ -36,7 +37,9 @@ int loom_cmd_train(int argc, char **argv) {
                                o.train.micro_batch * o.model.seq_len, &err)) ||
         (st = loom_moe_validate_layout(&o.model, o.train.layout.ep, o.train.layout.dp, o.train.zero,
                                        o.train.layout.tp, o.train.layout.pp, &err)) ||
-        (st = loom_pipeline_validate(&o.model, &o.train, o.train.layout.dp, &err))) {
+        (st = loom_pipeline_validate(&o.model, &o.train, o.train.layout.dp, &err)) ||
+        (o.train.overlap_param_gather &&
+         (st = loom_param_gather_validate(o.train.zero, o.train.layout, &err)))) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }

@@ -79,6 +79,8 @@ static const opt_def OPTS[] = {
     {"zero", OPT_INT, TR(zero), 0,
      "ZeRO stage over dp: 0, 1 (optimizer state), 2 (+grads), 3 (+params)"},
     {"bucket-mb", OPT_FLOAT, TR(bucket_mb), 0, "gradient bucket size (MiB) for overlap"},
+    {"overlap-param-gather", OPT_BOOL, TR(overlap_param_gather), 0,
+     "ZeRO 1, 2: all-gather updated params per block during the next forward"},
     {"startup-timeout", OPT_FLOAT, TR(startup_timeout), 0,
      "seconds every rank has to start before the job stops (names missing ranks)"},
     {"save-weights", OPT_STRING, TR(save_weights), LOOM_PATH_MAX,

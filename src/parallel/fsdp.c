@@ -15,12 +15,7 @@ static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t beg
     r->counts = calloc((size_t)R, sizeof(int));
     r->displs = calloc((size_t)R, sizeof(int));
     if (!r->counts || !r->displs) return LOOM_ERR_NOMEM;
-    for (int q = 0; q < R; q++) {
-        size_t lo = (size_t)z->shard_displs[q], hi = lo + (size_t)z->shard_counts[q];
-        size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
-        r->counts[q] = a < e ? (int)(e - a) : 0;
-        r->displs[q] = a < e ? (int)(a - begin) : 0;
-    }
+    loom_zero_range_parts(z, begin, end, r->counts, r->displs);
     return LOOM_OK;
 }
 

@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "kernels/kernels.h"
 #include "parallel/ep_zero.h"
+#include "parallel/param_gather.h"
 
 /* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
 static size_t snap_to_row(const loom_param_table *t, const size_t *start, int kind, size_t total,
@@ -33,6 +34,15 @@ void loom_zero_split_rows(const loom_param_table *t, const size_t *start, int ki
         displs[r] = (int)prev;
         counts[r] = (int)(end - prev);
         prev = end;
+    }
+}
+
+void loom_zero_range_parts(const loom_zero *z, size_t begin, size_t end, int *counts, int *displs) {
+    for (int q = 0; q < z->dp->size; q++) {
+        size_t lo = (size_t)z->shard_displs[q], hi = lo + (size_t)z->shard_counts[q];
+        size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
+        counts[q] = a < e ? (int)(e - a) : 0;
+        displs[q] = a < e ? (int)(a - begin) : 0;
     }
 }
 
@@ -337,20 +347,50 @@ loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, 
     return st;
 }
 
+/* --overlap-param-gather: AdamW range by range in forward order, each range's gather
+ * posted once this rank's part of it is updated (parallel/param_gather.h). Elementwise,
+ * so the same values as one call over the shard. */
+static loom_status step_and_post(loom_zero *z, float *params, float *g, float lr,
+                                 const loom_adamw_config *cfg, int step, loom_error *err) {
+    loom_param_gather *pg = z->overlap;
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < pg->n_ranges && !st; i++) {
+        const loom_param_gather_range *r = &pg->ranges[i];
+        const size_t a = r->begin > z->lo ? r->begin : z->lo, e = r->end < z->hi ? r->end : z->hi;
+        if (a < e)
+            loom_adamw_step(z->table, params + a, g + (a - z->lo), z->m + (a - z->lo),
+                            z->v + (a - z->lo), a, e, lr, cfg, step);
+        double t0 = loom_now_ms();
+        st = loom_param_gather_post(pg, i, err);
+        z->times.param_gather_ms += loom_now_ms() - t0;
+    }
+    return st;
+}
+
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
     if (z->experts) return loom_ep_zero_step(z, params, shard, grads, norm, lr, cfg, step, err);
     float *g = reduced_grads(z, grads);
+    /* The previous gather must be complete before the shard changes (the forward has
+     * waited for every range already: a no-op unless a step had no forward). */
+    loom_status st = loom_param_gather_wait_all(z->overlap, err);
+    if (st) return st;
     double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
+    if (z->overlap) { /* the gathers' posting counts as param_gather_ms, inside optimizer */
+        st = step_and_post(z, params, g, lr, cfg, step, err);
+        z->times.optimizer_ms = loom_now_ms() - t0 - z->times.param_gather_ms;
+        z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
+        return st;
+    }
     loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
                     step);
     double t1 = loom_now_ms();
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
-    loom_status st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
+    st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
     z->times.param_gather_ms = loom_now_ms() - t1;
     return st;
 }

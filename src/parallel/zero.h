@@ -43,7 +43,10 @@ typedef struct {
                                 waiting for a core, or for a wait inside backward) */
     double optimizer_ms;     /* clipping and AdamW on this rank's part */
     double optimizer_cpu_ms; /* ... the training thread's CPU time in it */
-    double param_gather_ms;  /* stages 1, 2: the all-gather of the updated parameters */
+    double param_gather_ms;  /* stages 1, 2: the all-gather of the updated parameters
+                                (--overlap-param-gather: only posting its first ranges) */
+    double param_wait_ms;    /* --overlap-param-gather: this step's forward waiting for the
+                                gather posted by the previous step's optimizer (exposed) */
     double engine_cpu_ms;    /* the communication engine thread's CPU time this step */
 } loom_zero_step_times;
 
@@ -71,7 +74,8 @@ typedef struct {
                             (starting, testing, waiting): the part not hidden */
     loom_zero_step_times times; /* this step so far */
     double step_t0_ms, step_cpu0_ms, engine_cpu0_ms;
-    struct loom_ep_zero *experts; /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
+    struct loom_ep_zero *experts;      /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
+    struct loom_param_gather *overlap; /* --overlap-param-gather (parallel/param_gather.h) */
 } loom_zero;
 
 /* Splits a sequence of tensors into R shards [displs[r], displs[r] + counts[r]) of about
@@ -80,6 +84,9 @@ typedef struct {
  * dense ones, 1 the experts (the sequences of parallel/ep_zero.h). */
 void loom_zero_split_rows(const loom_param_table *t, const size_t *start, int kind, size_t total,
                           int R, int *counts, int *displs);
+/* Each rank's part of the flat range [begin, end) of the shards: counts[r] floats at
+ * displs[r] relative to begin (0, 0 where rank r's shard misses the range). */
+void loom_zero_range_parts(const loom_zero *z, size_t begin, size_t end, int *counts, int *displs);
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                              double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);
@@ -145,8 +152,9 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
 /* Global gradient norm (after the reduction), identical on every rank. */
 loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err);
 /* Clipping, AdamW on this rank's part, and the all-gather of updated parameters into
- * params. With stage 3 pass the rank's parameter shard: it is updated and nothing is
- * gathered (parallel/fsdp.h gathers before the next use); else shard is NULL. */
+ * params (with z->overlap: only started, parallel/param_gather.h). With stage 3 pass the rank's
+ * parameter shard: it is updated and nothing is gathered (parallel/fsdp.h gathers before the next
+ * use); else shard is NULL. */
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err);

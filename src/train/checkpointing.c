@@ -457,6 +457,13 @@ loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, 
     return LOOM_OK;
 }
 
+int loom_checkpointing_saves_at(const loom_checkpointing *c, int step) {
+    const loom_train_config *tc = c->tc;
+    if (!c->enabled || step == tc->steps) return 0;
+    return (tc->ckpt_dir[0] && tc->ckpt_every > 0 && step % tc->ckpt_every == 0) ||
+           (tc->ckpt_fast_dir[0] && tc->ckpt_fast_every > 0 && step % tc->ckpt_fast_every == 0);
+}
+
 loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err) {
     if (!c->enabled) return LOOM_OK;
     loom_status st = LOOM_OK;

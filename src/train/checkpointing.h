@@ -49,6 +49,8 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
                                     loom_error *err);
 /* After optimizer step `step` (1-based). *stop = 1 when a signal asked every rank to stop. */
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err);
+/* 1 when loom_checkpointing_step(c, step) starts a save (it reads the buffers). */
+int loom_checkpointing_saves_at(const loom_checkpointing *c, int step);
 /* Before the buffers change (the optimizer step): waits until a save started at the
  * previous step has copied them (the copy overlaps this step's forward and backward). */
 void loom_checkpointing_before_update(loom_checkpointing *c);

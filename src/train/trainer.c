@@ -20,6 +20,7 @@
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
 #include "parallel/fsdp.h"
+#include "parallel/param_gather.h"
 #include "parallel/tp.h"
 #include "comm/world.h"
 #include "parallel/zero.h"
@@ -118,7 +119,8 @@ typedef struct {
     loom_dataset data, val;
     loom_model model;
     loom_zero zero;
-    loom_fsdp fsdp; /* ZeRO-3 only: params is then fsdp.view */
+    loom_fsdp fsdp;       /* ZeRO-3 only: params is then fsdp.view */
+    loom_param_gather pg; /* --overlap-param-gather (ZeRO 1, 2) */
     int sharded_params;
     float *params, *grads;
     int32_t *batch;         /* this rank's slice of the step: [G/dp, T+1] */
@@ -139,6 +141,7 @@ typedef struct {
 
 static void run_free(run_state *r) {
     loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
+    loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
     if (r->pipelined) loom_pipeline_free(&r->pipe);
     loom_dataset_close(&r->data);
     loom_dataset_close(&r->val);
@@ -206,7 +209,8 @@ static loom_status evaluate(run_state *r, const loom_model_config *mc, const loo
     const int T = mc->seq_len, M = tc->micro_batch, G = tc->global_batch;
     const int per_rank = G / mesh->layout.dp, accum = per_rank / M;
     double sum = 0.0;
-    loom_status st;
+    loom_status st = loom_param_gather_wait_all(&r->pg, err);
+    if (st) return st;
     loom_trace_begin(r->trace, "evaluate", "train");
     loom_progress_phase(LOOM_PHASE_EVAL);
     for (int b = 0; b < tc->eval_batches; b++) {
@@ -320,7 +324,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
             load_micro_batch(mod, r->batch, k * M, M, T);
             loom_progress_phase(LOOM_PHASE_FORWARD);
             if (r->sharded_params && (st = loom_fsdp_begin_micro_batch(&r->fsdp, err))) return st;
-            if ((st = loom_model_forward(mod, r->params))) return st;
+            if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
+                (st = loom_model_forward(mod, r->params)))
+                return st;
             if (early < 2 && k == 0) STEP_MARK(early, "forward");
             if (dumping && lead && step == 0 && k == 0 && r->tp.size == 1 && !r->pipelined) {
                 int64_t dims[3] = {M, T, V};
@@ -426,7 +432,10 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
-        if ((st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err))) return st;
+        if ((loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
+             (st = loom_param_gather_wait_all(&r->pg, err))) ||
+            (st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err)))
+            return st;
         if (early < 2) STEP_MARK(early, "rest");
         if ((lead || getenv("LOOM_FT_ADDR")) && /* every rank under loom run: own logs */
             (early == 1 || (early == 0 && step + 1 == tc->steps))) {
@@ -445,7 +454,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
                 "%d chunk(s)\n",
                 mesh->ep.blocked_ms / (step - r->start_step),
                 mesh->ep.inflight_ms / (step - r->start_step), tc->moe_chunks);
-    if ((st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop) return st;
+    if ((st = loom_param_gather_wait_all(&r->pg, err)) ||
+        (st = loom_checkpointing_finish(&r->ckpt, step, err)) || stop)
+        return st;
     const int saving = tc->save_weights[0] != 0;
     if ((dumping || saving) && r->sharded_params && (st = loom_fsdp_gather_all(&r->fsdp, err)))
         return st;
@@ -474,7 +485,9 @@ static loom_status train_loop(run_state *r, const loom_model_config *mc,
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
                            loom_mesh *mesh, loom_error *err) {
     loom_status st;
-    if ((st = loom_model_config_validate(mc, err)) || (st = loom_train_config_validate(tc, err)))
+    if ((st = loom_model_config_validate(mc, err)) || (st = loom_train_config_validate(tc, err)) ||
+        (tc->overlap_param_gather &&
+         (st = loom_param_gather_validate(tc->zero, mesh->layout, err))))
         return st;
     run_state r;
     memset(&r, 0, sizeof r);
@@ -526,6 +539,15 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         r.model.hooks = (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r.fsdp};
     } else {
         r.params = calloc(P, sizeof(float));
+        if (r.params && tc->overlap_param_gather) {
+            if ((st = loom_param_gather_create(&r.pg, &r.zero, r.params, err))) {
+                run_free(&r);
+                return st;
+            }
+            r.pg.err = err;
+            r.model.hooks = (loom_block_hooks){loom_param_gather_before_block,
+                                               loom_param_gather_after_block, &r.pg};
+        }
     }
     r.grads = loom_zero_grads_alloc(&r.zero);
     /* the unsharded registry of this stage (the whole model without pipelining) */
@@ -576,8 +598,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                     "progress from the training thread\n",
                     loom_world_thread_level_name(loom_world_thread_level()));
         if (tc->zero > 0 && mesh->layout.dp == 1)
-            fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)\n",
-                    tc->zero);
+            fprintf(stderr,
+                    "loom: --zero %d with one data-parallel rank shards nothing (no-op)%s\n",
+                    tc->zero, tc->overlap_param_gather ? ", --overlap-param-gather too" : "");
         loom_zero_memory zm;
         loom_zero_memory_of(&r.zero, &zm);
         char gathered[64] = "";
@@ -667,6 +690,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         loom_timeline_mark("trace_tb_metrics");
         st = train_loop(&r, mc, tc, mesh, err);
     }
+    if (!st) loom_param_gather_report(&r.pg, mesh->rank);
     if (!st && lead && r.zero.stage >= 2)
         fprintf(stderr,
                 "loom: local gradients resident at the last micro-batch's layer boundaries: at "

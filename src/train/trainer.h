@@ -28,6 +28,7 @@ typedef struct {
     loom_layout layout;               /* --dp --tp --pp --ep */
     int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;                  /* gradient bucket size for overlapped reduction */
+    int overlap_param_gather;         /* ZeRO 1, 2: gather params during the next forward */
     int moe_chunks;                   /* MoE all-to-all chunks (model/moe.h) */
     float startup_timeout;            /* s: every rank must start within this */
     char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */

@@ -95,6 +95,10 @@ expect "pp zb micro-batches below pp" "--pp-schedule zb: 1 micro-batch(es) per s
 expect "moe pp ep divides stage dp" "--ep 4: must divide --dp 2" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --pp 2 --dp 2 --ep 4 --global-batch 8
 expect "startup timeout" "--startup-timeout 0: expected seconds in (0, 86400]" -- train "${BASE[@]}" --data "$GOOD" --startup-timeout 0
 expect "zero stage" "--zero 4: expected 0, 1, 2 or 3" -- train "${BASE[@]}" --data "$GOOD" --zero 4
+expect "overlap param gather zero 0" "--overlap-param-gather: needs --zero 1 or 2 (got --zero 0" -- train "${BASE[@]}" --data "$GOOD" --overlap-param-gather
+expect "overlap param gather zero 3" "--overlap-param-gather: needs --zero 1 or 2 (got --zero 3" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --global-batch 4 --zero 3 --overlap-param-gather
+expect "overlap param gather pp" "--overlap-param-gather: not supported with --pp 2" -- train "${BASE[@]}" --data "$GOOD" --n-layer 4 --pp 2 --dp 2 --global-batch 8 --zero 1 --overlap-param-gather
+expect "overlap param gather ep" "--overlap-param-gather: not supported with --ep 2" -- train "${BASE[@]}" --data "$GOOD" --n-experts 4 --dp 2 --ep 2 --global-batch 4 --zero 2 --overlap-param-gather
 expect "bad size" "every size must be >= 1" -- train "${BASE[@]}" --data "$GOOD" --tp 0
 expect "tp vs n_head" "--n-head 2: must be divisible by --tp 4" -- train "${BASE[@]}" --data "$GOOD" --tp 4
 expect "tp vs n_kv_head" "--n-kv-head 1: must be divisible by --tp 2" -- train "${BASE[@]}" --data "$GOOD" --family llama --n-head 4 --n-kv-head 1 --tp 2

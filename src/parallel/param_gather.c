@@ -1,0 +1,150 @@
+#include "parallel/param_gather.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+
+loom_status loom_param_gather_validate(int zero, loom_layout layout, loom_error *err) {
+    if (zero != 1 && zero != 2)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--overlap-param-gather: needs --zero 1 or 2 (got --zero %d: stage 0 "
+                              "gathers nothing, stage 3 gathers per block already)",
+                              zero);
+    if (layout.pp > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--overlap-param-gather: not supported with --pp %d (pipeline stages "
+                              "gather after their own schedule)",
+                              layout.pp);
+    if (layout.ep > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--overlap-param-gather: not supported with --ep %d (the experts' "
+                              "shards are gathered over their own group)",
+                              layout.ep);
+    return LOOM_OK;
+}
+
+loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *params,
+                                     loom_error *err) {
+    memset(g, 0, sizeof *g);
+    if (z->stage == 0 || z->stage == 3 || z->experts || z->dp->size == 1) return LOOM_OK;
+    const loom_param_table *t = z->table;
+    const int L = t->n_layer, R = z->dp->size;
+    g->n_ranges = L + 2;
+    g->ranges = calloc((size_t)g->n_ranges, sizeof *g->ranges);
+    if (!g->ranges) goto nomem;
+    const size_t first = L > 0 ? t->blocks[0].norm1_w : t->normf_w;
+    for (int i = 0; i < g->n_ranges; i++) {
+        loom_param_gather_range *r = &g->ranges[i];
+        r->begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : t->normf_w;
+        r->end = i == 0 ? first : i < L ? t->blocks[i].norm1_w : i == L ? t->normf_w : t->total;
+        r->counts = calloc((size_t)R, sizeof(int));
+        r->displs = calloc((size_t)R, sizeof(int));
+        if (!r->counts || !r->displs) goto nomem;
+        loom_zero_range_parts(z, r->begin, r->end, r->counts, r->displs);
+        r->op.kind = LOOM_OP_ALLGATHERV;
+        r->op.buf = params + r->begin;
+        r->op.counts = r->counts;
+        r->op.displs = r->displs;
+    }
+    g->zero = z;
+    g->params = params;
+    z->overlap = g;
+    return LOOM_OK;
+nomem:
+    loom_param_gather_free(g);
+    return loom_error_set(err, LOOM_ERR_NOMEM, "--overlap-param-gather: out of memory");
+}
+
+void loom_param_gather_free(loom_param_gather *g) {
+    if (g->zero) {
+        loom_error ignored;
+        loom_param_gather_wait_all(g, &ignored); /* no buffer stays in MPI's hands */
+        g->zero->overlap = NULL;
+    }
+    for (int i = 0; g->ranges && i < g->n_ranges; i++) {
+        free(g->ranges[i].counts);
+        free(g->ranges[i].displs);
+    }
+    free(g->ranges);
+    memset(g, 0, sizeof *g);
+}
+
+loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err) {
+    loom_param_gather_range *r = &g->ranges[i];
+    if (i == 0) { /* a new step's gathers: the last step's waits are complete */
+        const double w = g->zero->times.param_wait_ms;
+        if (g->steps > 0 && w > g->wait_max_ms) g->wait_max_ms = w;
+        g->steps++;
+    }
+    r->state = 2;
+    loom_status st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
+    /* Without an engine thread, MPI moves the gathers in flight only when called. */
+    for (int k = 0; !st && !g->zero->engine.threaded && k < i; k++) {
+        int done;
+        if (g->ranges[k].state == 2)
+            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
+    }
+    return st;
+}
+
+/* Range i complete; the time counts as the step's exposed parameter wait. */
+static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
+    if (!g->zero || i >= g->n_ranges) return LOOM_OK;
+    loom_param_gather_range *r = &g->ranges[i];
+    if (r->state != 2) return LOOM_OK;
+    double t0 = loom_now_ms();
+    loom_status st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
+    if (!st) r->state = 0;
+    for (int k = i + 1; !st && !g->zero->engine.threaded && k < g->n_ranges; k++) {
+        int done;
+        if (g->ranges[k].state == 2)
+            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
+    }
+    g->zero->times.param_wait_ms += loom_now_ms() - t0;
+    g->wait_ms += loom_now_ms() - t0;
+    return st;
+}
+
+void loom_param_gather_report(const loom_param_gather *g, int rank) {
+    const int waited = g->steps - 1; /* the forwards after a step's gathers */
+    if (!g->zero || waited < 1) return;
+    fprintf(stderr,
+            "loom: rank %d: --overlap-param-gather: the forward waited %.1f ms per step for "
+            "parameters (most %.1f ms), over %d step(s)\n",
+            rank, g->wait_ms / waited, g->wait_max_ms, waited);
+}
+
+loom_status loom_param_gather_begin_micro_batch(loom_param_gather *g, loom_error *err) {
+    loom_status st = ensure(g, 0, err);
+    /* No blocks: no hook waits for the tail. */
+    if (!st && g->zero && g->n_ranges == 2) st = ensure(g, 1, err);
+    return st;
+}
+
+loom_status loom_param_gather_before_block(void *ctx, int layer, int backward) {
+    loom_param_gather *g = ctx;
+    (void)backward; /* backward follows a forward that waited for every range */
+    return ensure(g, layer + 1, g->err);
+}
+
+loom_status loom_param_gather_after_block(void *ctx, int layer, int backward) {
+    loom_param_gather *g = ctx;
+    /* The final norm and head run next in forward. */
+    if (!backward && layer + 2 == g->n_ranges - 1) return ensure(g, g->n_ranges - 1, g->err);
+    return LOOM_OK;
+}
+
+loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err) {
+    if (!g || !g->zero) return LOOM_OK;
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < g->n_ranges; i++) {
+        loom_param_gather_range *r = &g->ranges[i];
+        if (r->state != 2) continue;
+        loom_status w = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
+        if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
+        r->state = 0;
+    }
+    return st;
+}
