@@ -4,7 +4,8 @@ split per block and waited for in the next forward gathers the same values, so a
 must be bitwise the run without the flag, and the same function as one process.
 
 For both families, with validation every 10 steps (evaluation waits for every range),
-20 steps of dp2 ZeRO-1, dp2 ZeRO-2 and dp4 ZeRO-2, each with and without the flag:
+20 steps of dp2 ZeRO-1, dp2 ZeRO-2, dp4 ZeRO-2 and dp2 x tp2 (sequence parallel) ZeRO-2,
+each with and without the flag:
 per-step and validation losses and final weights bitwise equal, and within 1e-5 of one
 process (and --metrics rows carry dp.param_wait_ms). Then (GPT-2) dp2 ZeRO-1 with the flag under LOOM_MPI_THREAD=funneled (engine
 without its thread) must equal the threaded run without the flag bitwise, and a dp2
@@ -69,11 +70,14 @@ def main():
             ref_l, ref_w = train("single", 1, [])
             print(f"{family}: single process, loss {ref_l[0]:.4f} -> {ref_l[-1]:.4f}")
             plain = {}
-            for dp, zero in ((2, 1), (2, 2), (4, 2)):
+            for dp, tp, zero in ((2, 1, 1), (2, 1, 2), (4, 1, 2), (2, 2, 2)):
                 layout = ["--dp", str(dp), "--zero", str(zero)]
                 name = f"dp{dp}_zero{zero}"
-                plain[name] = train(name, dp, layout)
-                got_l, got_w = train(name + "_overlap", dp, layout + [FLAG])
+                if tp > 1:  # the gathered ranges are then each tp rank's slices
+                    layout += ["--tp", str(tp), "--sequence-parallel"]
+                    name = f"dp{dp}_tp{tp}_sp_zero{zero}"
+                plain[name] = train(name, dp * tp, layout)
+                got_l, got_w = train(name + "_overlap", dp * tp, layout + [FLAG])
                 # the dp breakdown reports the forward's exposed wait for the gather
                 rows = [json.loads(x) for x in open(os.path.join(tmp, f"{family}_{name}_overlap"
                                                                  ".jsonl"))]
