@@ -30,6 +30,8 @@ import safetensors_io  # noqa: E402
 from test_layouts import MPIRUN, TOL, losses, run, weights_error, write_text_shard  # noqa: E402
 
 FLAG = "--overlap-param-gather"
+# (dp, tp, zero) run with and without the flag, for both families
+LAYOUTS = ((2, 1, 1), (2, 1, 2), (4, 1, 2), (2, 2, 2))
 
 
 def bitwise(a, b):
@@ -71,7 +73,7 @@ def main():
             ref_l, ref_w = train("single", 1, [])
             print(f"{family}: single process, loss {ref_l[0]:.4f} -> {ref_l[-1]:.4f}")
             plain = {}
-            for dp, tp, zero in ((2, 1, 1), (2, 1, 2), (4, 1, 2), (2, 2, 2)):
+            for dp, tp, zero in LAYOUTS:
                 layout = ["--dp", str(dp), "--zero", str(zero)]
                 name = f"dp{dp}_zero{zero}"
                 if tp > 1:  # the gathered ranges are then each tp rank's slices
@@ -126,7 +128,8 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"{checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures or checks != 8 else 0)
+    # every layout for both families, then funneled and checkpoint resume (GPT-2)
+    sys.exit(1 if failures or checks != 2 * len(LAYOUTS) + 2 else 0)
 
 
 if __name__ == "__main__":
