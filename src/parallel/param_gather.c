@@ -78,12 +78,12 @@ loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err)
         if (g->steps > 0 && w > g->wait_max_ms) g->wait_max_ms = w;
         g->steps++;
     }
-    r->state = 2;
+    r->in_flight = 1;
     loom_status st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
     /* Without an engine thread, MPI moves the gathers in flight only when called. */
     for (int k = 0; !st && !g->zero->engine.threaded && k < i; k++) {
         int done;
-        if (g->ranges[k].state == 2)
+        if (g->ranges[k].in_flight)
             st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
     }
     return st;
@@ -93,13 +93,13 @@ loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err)
 static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
     if (!g->zero || i >= g->n_ranges) return LOOM_OK;
     loom_param_gather_range *r = &g->ranges[i];
-    if (r->state != 2) return LOOM_OK;
+    if (!r->in_flight) return LOOM_OK;
     double t0 = loom_now_ms();
     loom_status st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
-    if (!st) r->state = 0;
+    if (!st) r->in_flight = 0;
     for (int k = i + 1; !st && !g->zero->engine.threaded && k < g->n_ranges; k++) {
         int done;
-        if (g->ranges[k].state == 2)
+        if (g->ranges[k].in_flight)
             st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
     }
     g->zero->times.param_wait_ms += loom_now_ms() - t0;
@@ -141,10 +141,10 @@ loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err) {
     loom_status st = LOOM_OK;
     for (int i = 0; i < g->n_ranges; i++) {
         loom_param_gather_range *r = &g->ranges[i];
-        if (r->state != 2) continue;
+        if (!r->in_flight) continue;
         loom_status w = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        r->state = 0;
+        r->in_flight = 0;
     }
     return st;
 }

@@ -29,7 +29,7 @@ typedef struct {
     size_t begin, end;
     loom_comm_op op;
     int *counts, *displs; /* per rank: its part of [begin, end), relative to begin */
-    int state;            /* 0 complete, 2 in flight */
+    int in_flight;        /* 1: posted, not yet waited for */
 } loom_param_gather_range;
 
 typedef struct loom_param_gather {
