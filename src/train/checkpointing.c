@@ -434,6 +434,17 @@ void loom_checkpointing_before_update(loom_checkpointing *c) {
                 (long long)c->flight_step, stall);
 }
 
+/* Where the periodic save after step `step` goes (--ckpt-dir first), or NULL: none, or
+ * the last step, whose save loom_checkpointing_finish makes. */
+static const char *periodic_dir(const loom_checkpointing *c, int step) {
+    const loom_train_config *tc = c->tc;
+    if (step == tc->steps) return NULL;
+    if (tc->ckpt_dir[0] && tc->ckpt_every > 0 && step % tc->ckpt_every == 0) return tc->ckpt_dir;
+    if (tc->ckpt_fast_dir[0] && tc->ckpt_fast_every > 0 && step % tc->ckpt_fast_every == 0)
+        return tc->ckpt_fast_dir;
+    return NULL;
+}
+
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err) {
     *stop = 0;
     if (!c->enabled) return LOOM_OK;
@@ -448,20 +459,12 @@ loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, 
                     step);
         return LOOM_OK;
     }
-    const loom_train_config *tc = c->tc;
-    if (step == tc->steps) return LOOM_OK; /* the final save follows */
-    if (tc->ckpt_dir[0] && tc->ckpt_every > 0 && step % tc->ckpt_every == 0)
-        return save(c, step, tc->ckpt_dir, err);
-    if (tc->ckpt_fast_dir[0] && tc->ckpt_fast_every > 0 && step % tc->ckpt_fast_every == 0)
-        return save(c, step, tc->ckpt_fast_dir, err);
-    return LOOM_OK;
+    const char *dir = periodic_dir(c, step);
+    return dir ? save(c, step, dir, err) : LOOM_OK;
 }
 
 int loom_checkpointing_saves_at(const loom_checkpointing *c, int step) {
-    const loom_train_config *tc = c->tc;
-    if (!c->enabled || step == tc->steps) return 0;
-    return (tc->ckpt_dir[0] && tc->ckpt_every > 0 && step % tc->ckpt_every == 0) ||
-           (tc->ckpt_fast_dir[0] && tc->ckpt_fast_every > 0 && step % tc->ckpt_fast_every == 0);
+    return c->enabled && periodic_dir(c, step) != NULL;
 }
 
 loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err) {
