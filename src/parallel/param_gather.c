@@ -71,6 +71,17 @@ void loom_param_gather_free(loom_param_gather *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* Without an engine thread, MPI moves the gathers in flight only when called: test each. */
+static loom_status progress(loom_param_gather *g, loom_error *err) {
+    loom_status st = LOOM_OK;
+    for (int k = 0; !st && !g->zero->engine.threaded && k < g->n_ranges; k++) {
+        int done;
+        if (g->ranges[k].in_flight)
+            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
+    }
+    return st;
+}
+
 loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err) {
     loom_param_gather_range *r = &g->ranges[i];
     if (i == 0) { /* a new step's gathers: the last step's waits are complete */
@@ -80,13 +91,7 @@ loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err)
     }
     r->in_flight = 1;
     loom_status st = loom_comm_engine_post(&g->zero->engine, &r->op, err);
-    /* Without an engine thread, MPI moves the gathers in flight only when called. */
-    for (int k = 0; !st && !g->zero->engine.threaded && k < i; k++) {
-        int done;
-        if (g->ranges[k].in_flight)
-            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
-    }
-    return st;
+    return st ? st : progress(g, err);
 }
 
 /* Range i complete; the time counts as the step's exposed parameter wait. */
@@ -96,14 +101,13 @@ static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
     if (!r->in_flight) return LOOM_OK;
     double t0 = loom_now_ms();
     loom_status st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
-    if (!st) r->in_flight = 0;
-    for (int k = i + 1; !st && !g->zero->engine.threaded && k < g->n_ranges; k++) {
-        int done;
-        if (g->ranges[k].in_flight)
-            st = loom_comm_engine_test(&g->zero->engine, &g->ranges[k].op, &done, err);
+    if (!st) {
+        r->in_flight = 0;
+        st = progress(g, err);
     }
-    g->zero->times.param_wait_ms += loom_now_ms() - t0;
-    g->wait_ms += loom_now_ms() - t0;
+    const double waited = loom_now_ms() - t0;
+    g->zero->times.param_wait_ms += waited;
+    g->wait_ms += waited;
     return st;
 }
 

@@ -44,7 +44,7 @@ typedef struct {
     double optimizer_ms;     /* clipping and AdamW on this rank's part */
     double optimizer_cpu_ms; /* ... the training thread's CPU time in it */
     double param_gather_ms;  /* stages 1, 2: the all-gather of the updated parameters
-                                (--overlap-param-gather: only posting its first ranges) */
+                                (--overlap-param-gather: only posting the ranges) */
     double param_wait_ms;    /* --overlap-param-gather: this step's forward waiting for the
                                 gather posted by the previous step's optimizer (exposed) */
     double engine_cpu_ms;    /* the communication engine thread's CPU time this step */
