@@ -10,7 +10,7 @@
 #include "parallel/mesh.h"
 #include "parallel/param_gather.h"
 #include "model/moe_config.h"
-#include "parallel/tp.h"
+#include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
 #include "core/cpu_boot.h"
 #include "core/fault.h"

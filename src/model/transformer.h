@@ -11,7 +11,7 @@
 #include "model/config.h"
 #include "model/moe.h"
 #include "model/params.h"
-#include "parallel/tp.h"
+#include "tp/tp.h"
 
 /* Activations of one block, kept from forward for backward. */
 typedef struct {

@@ -12,7 +12,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "model/params.h"
-#include "parallel/tp.h"
+#include "parallel/tp_shards.h"
 
 /* Sums the gradients over their replicas: dense tensors over dp, expert tensors over
  * edp (runs of neighbouring tensors of one kind go as one all-reduce). */

@@ -30,7 +30,7 @@
 #include "core/error.h"
 #include "model/params.h"
 #include "parallel/zero.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 typedef struct {
     size_t lo, hi; /* flat range */

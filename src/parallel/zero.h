@@ -26,7 +26,7 @@
 #include "comm/engine.h"
 #include "parallel/embed_grad.h"
 #include "model/params.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 typedef struct {
     size_t begin, end;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
 
 /* The message buffers of a slot: (gradient?, slot, chunk). */

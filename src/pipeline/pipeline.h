@@ -18,7 +18,7 @@
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
-#include "parallel/tp.h"
+#include "tp/tp.h"
 #include "parallel/zero.h"
 #include "pipeline/schedule.h"
 #include "train/trainer.h"

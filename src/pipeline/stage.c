@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
+#include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
 
 /* Multiply-adds per token of a block's forward and of the head's (final norm, logits and

@@ -21,7 +21,7 @@
 #include "parallel/ep_zero.h"
 #include "parallel/fsdp.h"
 #include "parallel/param_gather.h"
-#include "parallel/tp.h"
+#include "parallel/tp_shards.h"
 #include "comm/world.h"
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "parallel/mesh.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 #define LOOM_PATH_MAX 1024
 

@@ -1,5 +1,5 @@
 /* Tensor parallelism (Megatron-LM) and sequence parallelism (Megatron-SP): the
- * collectives the sharded layers need, over the tensor-parallel group of the mesh.
+ * collectives the sharded layers of the model call, over the tensor-parallel group.
  *
  * Without sequence parallelism every rank holds all N = B*T rows of the residual stream;
  * a column-parallel layer's input is used as it is, a row-parallel layer's partial output
@@ -9,17 +9,19 @@
  * residual stream (norms, residual adds and their activations are split by tp); the
  * all-reduces become an all-gather before each column-parallel layer and a
  * reduce-scatter after each row-parallel one, and norm-parameter gradients are
- * partial sums over the rank's rows, all-reduced once at the end of backward.
+ * partial sums over the rank's rows, all-reduced once at the end of backward
+ * (parallel/grad_sync.h).
  *
- * The model calls these with its own buffers; kernels know nothing of this. */
-#ifndef LOOM_PARALLEL_TP_H
-#define LOOM_PARALLEL_TP_H
+ * This layer sits below model/ (src/LAYERS): it knows the group and the buffers' shapes,
+ * nothing of the registry; the registry's side of tensor parallelism (validation,
+ * gathering shards into whole tensors) is parallel/tp_shards.h. */
+#ifndef LOOM_TP_TP_H
+#define LOOM_TP_TP_H
+
+#include <stdint.h>
 
 #include "comm/comm.h"
 #include "core/error.h"
-#include "model/config.h"
-#include "model/params.h"
-#include "parallel/zero.h"
 
 typedef struct {
     loom_comm *comm; /* the tensor-parallel group */
@@ -34,10 +36,6 @@ typedef struct {
     loom_error *err;              /* where failures inside forward/backward are reported */
 } loom_tp;
 
-/* Checks what --tp N (and --sequence-parallel) need of the model and the micro-batch of
- * `rows` = micro_batch * seq_len tokens; the message names the flag. */
-loom_status loom_tp_validate(const loom_model_config *cfg, int tp, int sequence_parallel, int rows,
-                             loom_error *err);
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
                            loom_error *err);
 void loom_tp_free(loom_tp *tp);
@@ -57,30 +55,5 @@ loom_status loom_tp_gather(loom_tp *tp, const float *local, float *full, const f
  * weight dloss per token. */
 loom_status loom_tp_crossentropy(loom_tp *tp, float *losses, float *logits, const int32_t *targets,
                                  int V, int v0, float dloss, int backward);
-
-/* The loom_grads_ready_fn of the last micro-batch with sequence parallelism: all-reduces
- * the partial gradients of the norm parameters (sp_partial) inside [begin, end) over tp,
- * then passes the range on to `next` (data parallelism's bucketing). */
-typedef struct {
-    loom_tp *tp;
-    const loom_param_table *table;
-    float *grads;
-    loom_status (*next)(void *ctx, size_t begin, size_t end);
-    void *next_ctx;
-} loom_tp_ready_ctx;
-loom_status loom_tp_grads_ready(void *ctx, size_t begin, size_t end);
-
-/* Global gradient norm with tensor parallelism: sharded tensors summed over the tp
- * group, replicated ones counted once; over dp as loom_zero_grad_norm does (which it is
- * when the group has one rank). */
-loom_status loom_tp_grad_norm(loom_tp *tp, loom_zero *z, const float *grads, double *norm,
-                              loom_error *err);
-
-/* Gathers the TP shards of a flat buffer laid out by `local` into the unsharded flat
- * buffer laid out by `global` (a tp_size 1 registry of the same model), on rank 0 of
- * the group, where global_flat is not NULL (NULL: take part only). Collective. */
-loom_status loom_tp_gather_flat(loom_tp *tp, const loom_param_table *local, const float *flat,
-                                const loom_param_table *global, float *global_flat,
-                                loom_error *err);
 
 #endif

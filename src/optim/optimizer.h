@@ -1,7 +1,7 @@
 /* AdamW over the flat buffers, with weight decay only on tensors the registry marks
  * (matrices), and global-norm gradient clipping. */
-#ifndef LOOM_TRAIN_OPTIMIZER_H
-#define LOOM_TRAIN_OPTIMIZER_H
+#ifndef LOOM_OPTIM_OPTIMIZER_H
+#define LOOM_OPTIM_OPTIMIZER_H
 
 #include "model/params.h"
 
