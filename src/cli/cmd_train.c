@@ -22,6 +22,7 @@ int loom_cmd_train(int argc, char **argv) {
     loom_timeline_mark("exec");
     loom_error err = {0};
     loom_train_options o;
+    loom_pp_config pc;
     loom_status st = loom_train_options_parse(&o, argc, argv, &err);
     if (st) {
         fprintf(stderr, "loom train: %s\n", err.msg);
@@ -37,7 +38,8 @@ int loom_cmd_train(int argc, char **argv) {
                                o.train.micro_batch * o.model.seq_len, &err)) ||
         (st = loom_moe_validate_layout(&o.model, o.train.layout.ep, o.train.layout.dp, o.train.zero,
                                        o.train.layout.tp, o.train.layout.pp, &err)) ||
-        (st = loom_pipeline_validate(&o.model, &o.train, o.train.layout.dp, &err)) ||
+        (loom_train_config_pipeline(&o.train, &pc),
+         st = loom_pipeline_validate(&o.model, &pc, o.train.layout.dp, &err)) ||
         (o.train.overlap_param_gather &&
          (st = loom_param_gather_validate(o.train.zero, o.train.layout, &err)))) {
         fprintf(stderr, "loom train: %s\n", err.msg);

@@ -265,6 +265,14 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
         t->normf_w = add_norm(&b, "model.norm.weight", C, LOOM_INIT_ONES);
         t->lm_head = add_placed(&b, "lm_head.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
+    /* Each element of the model counted once in the global gradient norm: a tp shard on
+     * its rank, a tp-replicated tensor (norms, row-parallel biases, MoE blocks) on tp
+     * rank 0, a pipeline stage's tied copy never (its owner counts it). Data-parallel
+     * replicas are the gradient-sync strategy's to tell apart (parallel/grad_sync.h). */
+    for (int i = 0; i < t->n_params; i++) {
+        loom_param *p = &t->params[i];
+        p->counted_in_norm = !p->replica && (p->tp_dim >= 0 || p->tp_rank == 0);
+    }
     return LOOM_OK;
 }
 

@@ -45,6 +45,9 @@ typedef struct {
     /* 1 for a copy that another pipeline stage also holds (GPT-2's tied embedding on the
      * last stage): trained identically there, written to checkpoints by its owner only. */
     int replica;
+    /* 1 where this rank's copy counts in the global gradient norm (set by the builder:
+     * tp shards always, tp-replicated tensors on tp rank 0, tied copies never). */
+    int counted_in_norm;
 } loom_param;
 
 /* Offsets of one expert's (or the shared expert's) feed-forward tensors: fc [FC, C]

@@ -22,25 +22,6 @@ loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_c
     return st;
 }
 
-int loom_ep_counted_here(const loom_param *p, const loom_comm *tp) {
-    return p->tp_dim >= 0 || !tp || tp->rank == 0;
-}
-
-loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
-                              loom_comm *tp, double *norm, loom_error *err) {
-    double sq[2] = {0.0, 0.0}; /* dense, experts */
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        if (loom_ep_counted_here(p, tp))
-            sq[p->expert >= 0] += loom_sum_squares(grads + p->offset, p->numel);
-    }
-    loom_status st = loom_comm_allreduce_sum_f64(ep, &sq[1], 1, err);
-    double total = sq[0] + sq[1];
-    if (!st && tp && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &total, 1, err);
-    *norm = sqrt(total);
-    return st;
-}
-
 loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat,
                                 const loom_param_table *global, float *global_flat, loom_comm *ep,
                                 loom_error *err) {

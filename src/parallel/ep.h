@@ -18,15 +18,6 @@
  * edp (runs of neighbouring tensors of one kind go as one all-reduce). */
 loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
                                  loom_comm *edp, loom_error *err);
-/* Global gradient norm (after the reduction): dense tensors counted once, expert
- * tensors summed over the ep group; with tp (NULL or size 1: none) shards summed over
- * it, replicated tensors (the experts too) counted on tp rank 0. */
-loom_status loom_ep_grad_norm(const loom_param_table *t, const float *grads, loom_comm *ep,
-                              loom_comm *tp, double *norm, loom_error *err);
-/* Whether p's squares count on this tp rank for a norm: tensor-parallel shards always,
- * replicated tensors (the experts too: the MoE block is replicated over tp) on tp rank 0
- * only (tp NULL: always). */
-int loom_ep_counted_here(const loom_param *p, const loom_comm *tp);
 /* Gathers a flat buffer laid out by `local` (this rank's experts) into `global_flat`
  * laid out by `global` (ep_size 1: every expert) where global_flat is not NULL; every
  * rank of the ep group takes part. */

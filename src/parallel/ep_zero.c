@@ -148,36 +148,6 @@ loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err) {
     return st;
 }
 
-double loom_ep_zero_sum_squares(const loom_zero *z, const float *grads, size_t lo, size_t hi,
-                                const loom_comm *tp) {
-    const loom_ep_zero *e = z->experts;
-    const loom_param_table *t = e->table;
-    double sq = 0.0;
-    int i = 0;
-    for (int r = 0; r < e->n_own; r++) { /* both in flat order */
-        const size_t rlo = e->own[r].lo > lo ? e->own[r].lo : lo;
-        const size_t rhi = e->own[r].hi < hi ? e->own[r].hi : hi;
-        if (rlo >= rhi) continue;
-        while (i < t->n_params && t->params[i].offset + t->params[i].numel <= rlo) i++;
-        for (int j = i; j < t->n_params && t->params[j].offset < rhi; j++) {
-            const loom_param *p = &t->params[j];
-            const size_t a = p->offset > rlo ? p->offset : rlo;
-            const size_t b = p->offset + p->numel < rhi ? p->offset + p->numel : rhi;
-            if (a < b && loom_ep_counted_here(p, tp)) sq += loom_sum_squares(grads + a, b - a);
-        }
-    }
-    return sq;
-}
-
-loom_status loom_ep_zero_grad_norm(loom_zero *z, const float *grads, loom_comm *tp, double *norm,
-                                   loom_error *err) {
-    double sq = loom_ep_zero_sum_squares(z, grads, 0, z->total, tp);
-    loom_status st = loom_comm_allreduce_sum_f64(z->dp, &sq, 1, err);
-    if (!st && tp && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &sq, 1, err);
-    *norm = sqrt(sq);
-    return st;
-}
-
 loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err) {
     loom_ep_zero *e = z->experts;
     loom_status st = LOOM_OK;

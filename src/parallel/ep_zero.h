@@ -60,13 +60,6 @@ void loom_ep_zero_detach(loom_zero *z);
 /* After backward (all micro-batches): the shard's gradients summed over their replicas
  * (stage 1: every gradient). */
 loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err);
-/* Squares of the rank's shard (over tp: replicated tensors on tp rank 0 only; tp NULL:
- * no tp), summed over dp and tp. */
-loom_status loom_ep_zero_grad_norm(loom_zero *z, const float *grads, loom_comm *tp, double *norm,
-                                   loom_error *err);
-/* This rank's part of those squares within the flat range [lo, hi), not reduced. */
-double loom_ep_zero_sum_squares(const loom_zero *z, const float *grads, size_t lo, size_t hi,
-                                const loom_comm *tp);
 /* Clipping and AdamW on the shard's ranges of params (stages 1-2: then all-gathered) or,
  * with ZeRO-3, of shard (full layout, only the shard's ranges valid; nothing gathered). */
 loom_status loom_ep_zero_step(loom_zero *z, float *params, float *shard, float *grads, double norm,

@@ -19,40 +19,6 @@ loom_status loom_tp_validate(const loom_model_config *cfg, int tp, int sequence_
     return LOOM_OK;
 }
 
-loom_status loom_tp_grads_ready(void *ctx, size_t begin, size_t end) {
-    loom_tp_ready_ctx *c = ctx;
-    const loom_param_table *t = c->table;
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        if (!p->sp_partial || p->offset < begin || p->offset >= end) continue;
-        loom_status st =
-            loom_comm_allreduce_sum(c->tp->comm, c->grads + p->offset, p->numel, c->tp->err);
-        if (st) return st;
-    }
-    return c->next ? c->next(c->next_ctx, begin, end) : LOOM_OK;
-}
-
-loom_status loom_tp_grad_norm(loom_tp *tp, loom_zero *z, const float *grads, double *norm,
-                              loom_error *err) {
-    if (!tp || tp->size == 1) return loom_zero_grad_norm(z, grads, norm, err);
-    /* This rank's reduced gradients: the whole buffer (stages 0, 1) or its shard. */
-    const int sharded = z->stage >= 2;
-    const size_t lo = sharded ? z->lo : 0, hi = sharded ? z->hi : z->total;
-    const float *g = sharded ? z->grad_shard : grads;
-    double sq = 0.0;
-    for (int i = 0; i < z->table->n_params; i++) {
-        const loom_param *p = &z->table->params[i];
-        if (p->tp_dim < 0 && tp->rank != 0) continue; /* replicated: counted once */
-        size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (a < b) sq += loom_sum_squares(g + (a - lo), b - a);
-    }
-    loom_status st = sharded ? loom_comm_allreduce_sum_f64(z->dp, &sq, 1, err) : LOOM_OK;
-    if (!st) st = loom_comm_allreduce_sum_f64(tp->comm, &sq, 1, err);
-    *norm = sqrt(sq);
-    return st;
-}
-
 loom_status loom_tp_gather_flat(loom_tp *tp, const loom_param_table *local, const float *flat,
                                 const loom_param_table *global, float *global_flat,
                                 loom_error *err) {

@@ -7,31 +7,12 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/params.h"
-#include "parallel/zero.h"
 #include "tp/tp.h"
 
 /* Checks what --tp N (and --sequence-parallel) need of the model and the micro-batch of
  * `rows` = micro_batch * seq_len tokens; the message names the flag. */
 loom_status loom_tp_validate(const loom_model_config *cfg, int tp, int sequence_parallel, int rows,
                              loom_error *err);
-/* The loom_grads_ready_fn of the last micro-batch with sequence parallelism: all-reduces
- * the partial gradients of the norm parameters (sp_partial) inside [begin, end) over tp,
- * then passes the range on to `next` (data parallelism's bucketing). */
-typedef struct {
-    loom_tp *tp;
-    const loom_param_table *table;
-    float *grads;
-    loom_status (*next)(void *ctx, size_t begin, size_t end);
-    void *next_ctx;
-} loom_tp_ready_ctx;
-loom_status loom_tp_grads_ready(void *ctx, size_t begin, size_t end);
-
-/* Global gradient norm with tensor parallelism: sharded tensors summed over the tp
- * group, replicated ones counted once; over dp as loom_zero_grad_norm does (which it is
- * when the group has one rank). */
-loom_status loom_tp_grad_norm(loom_tp *tp, loom_zero *z, const float *grads, double *norm,
-                              loom_error *err);
-
 /* Gathers the TP shards of a flat buffer laid out by `local` into the unsharded flat
  * buffer laid out by `global` (a tp_size 1 registry of the same model), on rank 0 of
  * the group, where global_flat is not NULL (NULL: take part only). Collective. */

@@ -336,17 +336,6 @@ static float *reduced_grads(loom_zero *z, float *grads) {
     return z->stage >= 2 ? z->grad_shard : grads + z->lo;
 }
 
-loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err) {
-    if (z->stage < 2) { /* every rank has the whole reduced gradient */
-        *norm = sqrt(loom_sum_squares(grads, z->total));
-        return LOOM_OK;
-    }
-    double sq = loom_sum_squares(z->grad_shard, z->hi - z->lo);
-    loom_status st = loom_comm_allreduce_sum_f64(z->dp, &sq, 1, err);
-    *norm = sqrt(sq);
-    return st;
-}
-
 /* --overlap-param-gather: AdamW range by range in forward order, each range's gather
  * posted once this rank's part of it is updated (parallel/param_gather.h). Elementwise,
  * so the same values as one call over the shard. */

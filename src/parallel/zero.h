@@ -149,8 +149,6 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
 
-/* Global gradient norm (after the reduction), identical on every rank. */
-loom_status loom_zero_grad_norm(loom_zero *z, const float *grads, double *norm, loom_error *err);
 /* Clipping, AdamW on this rank's part, and the all-gather of updated parameters into
  * params (with z->overlap: only started, parallel/param_gather.h). With stage 3 pass the rank's
  * parameter shard: it is updated and nothing is gathered (parallel/fsdp.h gathers before the next

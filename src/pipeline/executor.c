@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "core/clock.h"
-#include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
 
 /* The message buffers of a slot: (gradient?, slot, chunk). */
@@ -75,11 +74,6 @@ static loom_status report_chunk(step_ctx *x, int c) {
     return st;
 }
 
-static loom_status ready_nowhere(void *ctx, size_t begin, size_t end) {
-    (void)ctx, (void)begin, (void)end;
-    return LOOM_OK;
-}
-
 static loom_status chunk_done(step_ctx *x, int c) {
     x->left[c]--;
     return LOOM_OK;
@@ -115,7 +109,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     const float *out = mod->blocks[hi - 1].res2;
     loom_status st = LOOM_OK;
     if (a->op == LOOM_PP_F) {
-        if (a->chunk == 0) load_tokens(mod, x->batch, a->mb, pl->tc->micro_batch, pl->mc->seq_len);
+        if (a->chunk == 0) load_tokens(mod, x->batch, a->mb, pl->cfg.micro_batch, pl->mc->seq_len);
         if (vs == 0) st = loom_model_embed_forward(mod, x->params);
         if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
         if (!st && vs == pl->S - 1) {
@@ -264,7 +258,7 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
 }
 
 loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
-                               const int32_t *batch, float dloss, loom_zero *zero, loom_tp *tp,
+                               const int32_t *batch, float dloss, loom_grad_sync *sync,
                                loom_fsdp *fsdp, double *loss_sum, loom_error *err) {
     step_ctx x;
     memset(&x, 0, sizeof x);
@@ -280,19 +274,11 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     x.err = err;
     for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
     x.next_report = pl->v - 1;
-    /* Gradients go to data parallelism's buckets as each chunk finishes (through the
-     * norm-gradient reduction of sequence parallelism first). */
-    loom_zero_ready_ctx ready = {zero, grads, err, NULL, NULL}; /* no embedding split */
-    /* expert parallelism reduces after the step (parallel/ep.h): ranges go nowhere (but
-     * sequence parallelism's norm gradients over tp), the chunks are still reported (the
-     * tied-embedding swap) */
-    const int ep = pl->mesh->ep.size > 1;
-    loom_tp_ready_ctx tp_ready = {tp, &pl->slots[0]->table, grads,
-                                  ep ? ready_nowhere : loom_zero_grads_ready, &ready};
-    const int sp = tp->sequence_parallel;
-    x.ready = sp ? loom_tp_grads_ready : ep ? ready_nowhere : loom_zero_grads_ready;
-    x.ready_ctx = sp ? (void *)&tp_ready : (void *)&ready;
-    loom_zero_begin_reduction(zero);
+    /* Gradients go to the gradient sync as each chunk finishes (every chunk is reported,
+     * also where the strategy reduces after backward: the tied-embedding swap). */
+    x.ready = loom_grad_sync_ready;
+    x.ready_ctx = sync;
+    loom_grad_sync_begin(sync);
     loom_status st = LOOM_OK;
     if (pl->stats) st = loom_comm_barrier(&pl->mesh->world, err); /* a common start */
     if (!st) st = run_list(&x, fsdp);

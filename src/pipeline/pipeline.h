@@ -17,15 +17,26 @@
 
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
+#include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
 #include "tp/tp.h"
 #include "parallel/zero.h"
 #include "pipeline/schedule.h"
-#include "train/trainer.h"
+
+/* What a pipeline needs of the training run's flags (train/ fills it in). */
+typedef struct {
+    int pp;             /* --pp: pipeline ranks */
+    int virtual_stages; /* --virtual-stages: model chunks per rank (interleaved) */
+    char schedule[16];  /* --pp-schedule: gpipe | 1f1b | interleaved | zb */
+    char layers[256];   /* --pp-layers: layers per (virtual) stage; "" = balanced */
+    char stats[1024];   /* --pp-stats: per-rank timers (JSON lines); "" = none */
+    int recompute;      /* --recompute */
+    int micro_batch, global_batch;
+} loom_pp_config;
 
 typedef struct {
     const loom_model_config *mc;
-    const loom_train_config *tc;
+    loom_pp_config cfg;
     loom_mesh *mesh;
     loom_comm *comm; /* the pipeline group */
     int pp, rank, v, S, m;
@@ -53,12 +64,12 @@ typedef struct {
 
 /* Checks --pp, --pp-layers, --virtual-stages and --pp-schedule against the model and the
  * micro-batch count (messages name the flag). Also called before MPI starts. */
-loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train_config *tc, int dp,
+loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_pp_config *cfg, int dp,
                                    loom_error *err);
 /* Builds the schedules, the stage's model (into *model: slot 0, the one the trainer sees)
  * and the extra slots and message buffers. */
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
-                                 const loom_train_config *tc, loom_mesh *mesh, loom_tp *tp,
+                                 const loom_pp_config *cfg, loom_mesh *mesh, loom_tp *tp,
                                  loom_model *model, loom_error *err);
 void loom_pipeline_free(loom_pipeline *pl);
 /* The layers pipeline rank `rank` holds. */
@@ -67,19 +78,16 @@ void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *
 void loom_pipeline_report(const loom_pipeline *pl, FILE *f);
 
 /* One step's forward and backward over this rank's micro-batches (batch: the rank's
- * dp slice, [G/dp, T+1]); gradients accumulate into grads, data-parallel buckets start as
- * each chunk's gradients become final (loom_zero_begin_reduction done here; the caller
- * finishes the reduction). *loss_sum: the sum of the token losses of this dp slice,
- * the same on every stage. fsdp NULL unless ZeRO-3. */
+ * dp slice, [G/dp, T+1]); gradients accumulate into grads and go to the gradient sync
+ * (loom_grad_sync_begin done here, the caller finishes it) as each chunk's become final.
+ * *loss_sum: the sum of the token losses of this dp slice, the same on every stage.
+ * fsdp NULL unless ZeRO-3. */
 loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
-                               const int32_t *batch, float dloss, loom_zero *zero, loom_tp *tp,
+                               const int32_t *batch, float dloss, loom_grad_sync *sync,
                                loom_fsdp *fsdp, double *loss_sum, loom_error *err);
 /* Forward only (validation): *loss_sum as above, no gradients. */
 loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
                                        loom_fsdp *fsdp, double *loss_sum, loom_error *err);
-/* The global gradient norm over every stage (the tied replica counted once). */
-loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
-                                    const float *grads, double *norm, loom_error *err);
 /* Gathers the stages' unsharded tensors (stage table `st`, flat `sflat`: valid on the
  * stage's TP rank 0) into the whole model on world rank 0 (*out_t, *out_f; NULL
  * elsewhere). Collective over every rank. */

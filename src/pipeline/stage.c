@@ -7,7 +7,6 @@
 #include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
-#include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
 
 /* Multiply-adds per token of a block's forward and of the head's (final norm, logits and
@@ -46,7 +45,7 @@ static void balance_layers(const loom_model_config *mc, int S, int *counts) {
 
 /* Layers per virtual stage from --pp-layers, the balanced split (v = 1) or an even one
  * (interleaved). */
-static loom_status split_layers(const loom_model_config *mc, const loom_train_config *tc, int pp,
+static loom_status split_layers(const loom_model_config *mc, const loom_pp_config *pc, int pp,
                                 int v, int *counts, loom_error *err) {
     const int S = pp * v, L = mc->n_layer;
     if (S > L)
@@ -54,11 +53,11 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
                               "--pp %d x --virtual-stages %d = %d stages: more than --n-layer %d "
                               "(each stage needs at least one layer)",
                               pp, v, S, L);
-    if (!tc->pp_layers[0] && v == 1) {
+    if (!pc->layers[0] && v == 1) {
         balance_layers(mc, S, counts);
         return LOOM_OK;
     }
-    if (!tc->pp_layers[0]) { /* interleaved: equal chunks, as Megatron's */
+    if (!pc->layers[0]) { /* interleaved: equal chunks, as Megatron's */
         if (L % S != 0)
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "--n-layer %d: not divisible by --pp %d x --virtual-stages %d = "
@@ -69,7 +68,7 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
         return LOOM_OK;
     }
     int n = 0, sum = 0;
-    const char *c = tc->pp_layers;
+    const char *c = pc->layers;
     while (*c) {
         char *end;
         long x = strtol(c, &end, 10);
@@ -77,7 +76,7 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "--pp-layers '%s': expected %d positive counts separated by "
                                   "commas (one per stage: --pp %d x --virtual-stages %d)",
-                                  tc->pp_layers, S, pp, v);
+                                  pc->layers, S, pp, v);
         counts[n++] = (int)x;
         sum += (int)x;
         c = *end ? end + 1 : end;
@@ -86,15 +85,15 @@ static loom_status split_layers(const loom_model_config *mc, const loom_train_co
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--pp-layers '%s': %d count(s) summing to %d; expected %d counts "
                               "(--pp %d x --virtual-stages %d) summing to --n-layer %d",
-                              tc->pp_layers, n, sum, S, pp, v, L);
+                              pc->layers, n, sum, S, pp, v, L);
     return LOOM_OK;
 }
 
-loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train_config *tc, int dp,
+loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_pp_config *pc, int dp,
                                    loom_error *err) {
-    const int pp = tc->layout.pp, v = tc->virtual_stages;
+    const int pp = pc->pp, v = pc->virtual_stages;
     loom_pp_kind kind;
-    loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
+    loom_status st = loom_pp_kind_parse(pc->schedule, &kind, err);
     if (st || pp <= 1) {
         if (!st && v != 1)
             return loom_error_set(err, LOOM_ERR_INPUT, "--virtual-stages %d: needs --pp > 1", v);
@@ -106,8 +105,8 @@ loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_train
     int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS];
     if (pp > LOOM_PP_MAX_STAGES)
         return loom_error_set(err, LOOM_ERR_INPUT, "--pp %d: at most %d", pp, LOOM_PP_MAX_STAGES);
-    if ((st = split_layers(mc, tc, pp, v, counts, err))) return st;
-    const int m = dp >= 1 ? tc->global_batch / dp / tc->micro_batch : 0;
+    if ((st = split_layers(mc, pc, pp, v, counts, err))) return st;
+    const int m = dp >= 1 ? pc->global_batch / dp / pc->micro_batch : 0;
     return loom_pp_schedule_check(kind, pp, m, v, err);
 }
 
@@ -165,24 +164,24 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *
 }
 
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
-                                 const loom_train_config *tc, loom_mesh *mesh, loom_tp *tp,
+                                 const loom_pp_config *pc, loom_mesh *mesh, loom_tp *tp,
                                  loom_model *model, loom_error *err) {
     memset(pl, 0, sizeof *pl);
     pl->mc = mc;
-    pl->tc = tc;
+    pl->cfg = *pc;
     pl->mesh = mesh;
     pl->comm = &mesh->pp;
     pl->pp = mesh->layout.pp;
     pl->rank = mesh->pp_rank;
-    pl->v = tc->virtual_stages;
+    pl->v = pc->virtual_stages;
     pl->S = pl->pp * pl->v;
-    pl->m = tc->global_batch / mesh->layout.dp / tc->micro_batch;
+    pl->m = pc->global_batch / mesh->layout.dp / pc->micro_batch;
     pl->tied_peer = -1;
     loom_pp_kind kind;
     loom_status st;
-    if ((st = loom_pipeline_validate(mc, tc, mesh->layout.dp, err)) ||
-        (st = loom_pp_kind_parse(tc->pp_schedule, &kind, err)) ||
-        (st = split_layers(mc, tc, pl->pp, pl->v, pl->counts, err)) ||
+    if ((st = loom_pipeline_validate(mc, pc, mesh->layout.dp, err)) ||
+        (st = loom_pp_kind_parse(pc->schedule, &kind, err)) ||
+        (st = split_layers(mc, pc, pl->pp, pl->v, pl->counts, err)) ||
         (st = loom_pp_schedule_build(&pl->train, kind, pl->pp, pl->m, pl->v, err)) ||
         (st = loom_pp_schedule_build(&pl->eval, LOOM_PP_FORWARD_ONLY, pl->pp, pl->m, pl->v, err)))
         return st;
@@ -207,10 +206,10 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
     for (int k = 1; k < pl->n_slots; k++)
         if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
     for (int k = 0; k < pl->n_slots; k++)
-        if ((st = loom_model_create_stage_ep(pl->slots[k], mc, tc->micro_batch, mc->seq_len, tp,
+        if ((st = loom_model_create_stage_ep(pl->slots[k], mc, pc->micro_batch, mc->seq_len, tp,
                                              &pl->layers,
                                              (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
-                                                 (tc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
+                                                 (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
                                              &mesh->ep, err)))
             return st;
     pl->act_floats = (size_t)model->Ns * mc->d_model;
@@ -227,9 +226,9 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
         pl->tied = malloc(t->params[0].numel * sizeof(float));
         if (!pl->tied) goto nomem;
     }
-    if (tc->pp_stats[0]) {
-        char path[LOOM_PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s.rank%d", tc->pp_stats, mesh->rank);
+    if (pc->stats[0]) {
+        char path[sizeof pc->stats + 32];
+        snprintf(path, sizeof path, "%s.rank%d", pc->stats, mesh->rank);
         if (!(pl->stats = fopen(path, "w")))
             return loom_error_set(err, LOOM_ERR_INPUT, "--pp-stats '%s': cannot create", path);
     }
@@ -270,7 +269,7 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             "loom: pipeline %d stages x %d chunk(s), schedule %s, %d micro-batches per step; "
             "layers per stage %s",
             pl->pp, pl->v, loom_pp_kind_name(pl->train.kind), pl->m,
-            pl->tc->pp_layers[0] ? "(--pp-layers)" : "(balanced, head counted)");
+            pl->cfg.layers[0] ? "(--pp-layers)" : "(balanced, head counted)");
     for (int s = 0; s < pl->S; s++) fprintf(f, "%s%d", s ? "," : " ", pl->counts[s]);
     fprintf(f, "; stage 0: layers");
     for (int c = 0; c < pl->layers.n_chunks; c++)
@@ -281,58 +280,6 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             pl->n_slots, pl->slots[0]->recompute ? " with recomputation" : "", pl->n_slots,
             one / MiB, pl->n_slots * one / MiB,
             4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
-}
-
-/* Expert parallelism: the stage's norm as without pipelining (parallel/ep.h), and the
- * squares of the tied replica's gradient as it counted them (every tp rank has a slice). */
-static loom_status ep_stage_norm(loom_pipeline *pl, loom_zero *z, const float *grads, double *sq,
-                                 double *tied, loom_error *err) {
-    const loom_param *p = &z->table->params[0];
-    loom_comm *tp = &pl->mesh->tp;
-    const int has_tied = pl->tied_peer >= 0 && p->replica;
-    double n = 0.0, r = 0.0;
-    loom_status st = z->experts ? loom_ep_zero_grad_norm(z, grads, tp, &n, err)
-                                : loom_ep_grad_norm(z->table, grads, &pl->mesh->ep, tp, &n, err);
-    if (!st && has_tied && z->experts) { /* its pieces in the rank's shard, over dp */
-        r = loom_ep_zero_sum_squares(z, grads, p->offset, p->offset + p->numel, tp);
-        st = loom_comm_allreduce_sum_f64(z->dp, &r, 1, err);
-    } else if (has_tied) { /* dense: counted once over dp, unsharded */
-        r = loom_sum_squares(grads + p->offset, p->numel);
-    }
-    if (!st && has_tied && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp, &r, 1, err);
-    *sq = n * n;
-    *tied = r;
-    return st;
-}
-
-loom_status loom_pipeline_grad_norm(loom_pipeline *pl, loom_tp *tp, loom_zero *z,
-                                    const float *grads, double *norm, loom_error *err) {
-    if (pl->mesh->ep.size > 1) {
-        double sq, r;
-        loom_status st = ep_stage_norm(pl, z, grads, &sq, &r, err);
-        sq -= r;
-        if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &sq, 1, err);
-        *norm = sqrt(sq > 0 ? sq : 0);
-        return st;
-    }
-    loom_status st = loom_tp_grad_norm(tp, z, grads, norm, err);
-    if (st) return st;
-    double sq = *norm * *norm;
-    const loom_param *p = &z->table->params[0];
-    if (pl->tied_peer >= 0 && p->replica) { /* counted on the first stage */
-        const int sharded = z->stage >= 2;
-        const size_t lo = sharded ? z->lo : 0, hi = sharded ? z->hi : z->total;
-        const float *g = sharded ? z->grad_shard : grads;
-        size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        double r = a < b ? loom_sum_squares(g + (a - lo), b - a) : 0.0;
-        if (sharded) st = loom_comm_allreduce_sum_f64(z->dp, &r, 1, err);
-        if (!st && tp && tp->size > 1) st = loom_comm_allreduce_sum_f64(tp->comm, &r, 1, err);
-        sq -= r;
-    }
-    if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &sq, 1, err);
-    *norm = sqrt(sq > 0 ? sq : 0);
-    return st;
 }
 
 /* Copies every tensor of (t, flat) that the whole model `full` has into full_flat (the

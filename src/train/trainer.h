@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "parallel/mesh.h"
+#include "pipeline/pipeline.h"
 #include "optim/optimizer.h"
 
 #define LOOM_PATH_MAX 1024
@@ -62,6 +63,8 @@ void loom_train_config_defaults(loom_train_config *tc);
 /* Checks values (including the split of the batch over data-parallel ranks); messages
  * name the flag. */
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err);
+/* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
+void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 /* Trains on the mesh (every rank calls it); progress, metrics and dumps from rank 0.
  * Returns LOOM_ERR_INPUT for bad data, LOOM_ERR_STATE if the loss becomes non-finite. */
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,

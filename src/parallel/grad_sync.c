@@ -1,0 +1,190 @@
+#include "parallel/grad_sync.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "parallel/ep.h"
+#include "parallel/ep_zero.h"
+
+/* ---- the strategies ---- */
+
+static loom_status dense_range_ready(loom_grad_sync *s, size_t begin, size_t end) {
+    return loom_zero_grads_ready(&s->bucket_ctx, begin, end);
+}
+
+static loom_status dense_after_backward(loom_grad_sync *s) {
+    (void)s;
+    return LOOM_OK;
+}
+
+/* Expert parallelism reduces after backward (parallel/ep.h): a range only waits. */
+static loom_status experts_range_ready(loom_grad_sync *s, size_t begin, size_t end) {
+    (void)s, (void)begin, (void)end;
+    return LOOM_OK;
+}
+
+static loom_status experts_after_backward(loom_grad_sync *s) {
+    if (s->zero->experts) return loom_ep_zero_reduce(s->zero, s->grads, s->err);
+    return loom_ep_reduce_grads(s->table, s->grads, &s->mesh->dp, &s->mesh->edp, s->err);
+}
+
+static const loom_grad_sync_ops dense_ops = {LOOM_GRAD_SYNC_DENSE, "dense", dense_range_ready,
+                                             dense_after_backward};
+static const loom_grad_sync_ops experts_ops = {LOOM_GRAD_SYNC_EXPERTS, "experts",
+                                               experts_range_ready, experts_after_backward};
+
+/* ---- the norm's runs ---- */
+
+static void add_run(loom_flat_run *runs, int *n, size_t lo, size_t hi) {
+    if (lo >= hi) return;
+    if (*n > 0 && runs[*n - 1].hi == lo)
+        runs[*n - 1].hi = hi;
+    else
+        runs[(*n)++] = (loom_flat_run){lo, hi};
+}
+
+/* The flat ranges whose reduced gradient this rank holds and counts (one owner for
+ * every element over the data-parallel replicas), in flat order; *n of them. */
+static loom_flat_run *owned_ranges(const loom_grad_sync *s, int *n) {
+    const loom_zero *z = s->zero;
+    const loom_param_table *t = s->table;
+    loom_flat_run *own = calloc((size_t)t->n_params + 1, sizeof *own);
+    *n = 0;
+    if (!own) return NULL;
+    if (z->experts) { /* ZeRO 1-3 with --ep: the rank's dense and expert segments */
+        const loom_ep_zero *e = z->experts;
+        free(own);
+        own = calloc((size_t)e->n_own + 1, sizeof *own);
+        for (int r = 0; own && r < e->n_own; r++) add_run(own, n, e->own[r].lo, e->own[r].hi);
+    } else if (s->ops->kind == LOOM_GRAD_SYNC_EXPERTS) {
+        /* ZeRO-0 with --ep: dense tensors are replicated over dp, experts over edp; the
+         * first replica of each counts */
+        for (int i = 0; i < t->n_params; i++) {
+            const loom_param *p = &t->params[i];
+            const int first = p->expert >= 0 ? s->mesh->edp.rank == 0 : s->mesh->dp.rank == 0;
+            if (first) add_run(own, n, p->offset, p->offset + p->numel);
+        }
+    } else if (z->stage >= 2) { /* the rank's shard */
+        add_run(own, n, z->lo, z->hi);
+    } else if (s->mesh->dp.rank == 0) { /* every replica holds it all: the first counts */
+        add_run(own, n, 0, z->total);
+    }
+    return own;
+}
+
+static loom_status plan_norm(loom_grad_sync *s, loom_error *err) {
+    int n_own;
+    loom_flat_run *own = owned_ranges(s, &n_own);
+    const loom_param_table *t = s->table;
+    s->norm_runs = calloc((size_t)t->n_params + (size_t)n_own + 1, sizeof *s->norm_runs);
+    if (!own || !s->norm_runs) {
+        free(own);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "gradient norm: out of memory");
+    }
+    s->n_norm_runs = 0;
+    int r = 0; /* both lists are in flat order */
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        if (!p->counted_in_norm) continue;
+        const size_t plo = p->offset, phi = p->offset + p->numel;
+        while (r < n_own && own[r].hi <= plo) r++;
+        for (int k = r; k < n_own && own[k].lo < phi; k++) {
+            const size_t a = own[k].lo > plo ? own[k].lo : plo;
+            const size_t b = own[k].hi < phi ? own[k].hi : phi;
+            add_run(s->norm_runs, &s->n_norm_runs, a, b);
+        }
+    }
+    free(own);
+    return LOOM_OK;
+}
+
+/* ---- the object ---- */
+
+loom_status loom_grad_sync_create(loom_grad_sync *s, const loom_grad_sync_options *o,
+                                  loom_error *err) {
+    memset(s, 0, sizeof *s);
+    s->ops = o->mesh->ep.size > 1 ? &experts_ops : &dense_ops;
+    s->table = o->table;
+    s->mesh = o->mesh;
+    s->zero = o->zero;
+    s->fsdp = o->fsdp;
+    s->tp = o->tp;
+    s->params = o->params;
+    s->grads = o->grads;
+    s->err = o->err;
+    s->bucket_ctx = (loom_zero_ready_ctx){o->zero, o->grads, o->err, o->d_embed, o->tokens};
+    return plan_norm(s, err);
+}
+
+void loom_grad_sync_free(loom_grad_sync *s) {
+    free(s->norm_runs);
+    memset(s, 0, sizeof *s);
+}
+
+void loom_grad_sync_step_begin(loom_grad_sync *s) {
+    loom_zero_step_begin(s->zero);
+    loom_zero_grads_clear(s->zero, s->grads);
+}
+
+void loom_grad_sync_begin(loom_grad_sync *s) {
+    loom_zero_begin_reduction(s->zero);
+}
+
+/* Sequence parallelism: the norm parameters' gradients are partial sums over this rank's
+ * rows; summed over tp once final (before any bucket reads them). */
+static loom_status reduce_norm_grads(loom_grad_sync *s, size_t begin, size_t end) {
+    if (!s->tp->sequence_parallel) return LOOM_OK;
+    const loom_param_table *t = s->table;
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        if (!p->sp_partial || p->offset < begin || p->offset >= end) continue;
+        loom_status st =
+            loom_comm_allreduce_sum(s->tp->comm, s->grads + p->offset, p->numel, s->tp->err);
+        if (st) return st;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_grad_sync_ready(void *ctx, size_t begin, size_t end) {
+    loom_grad_sync *s = ctx;
+    loom_status st = reduce_norm_grads(s, begin, end);
+    return st ? st : s->ops->range_ready(s, begin, end);
+}
+
+loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err) {
+    loom_status st = loom_zero_finish_reduction(s->zero, s->grads, err);
+    return st ? st : s->ops->reduce_after_backward(s);
+}
+
+loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {
+    double sq = 0.0;
+    for (int i = 0; i < s->n_norm_runs; i++)
+        sq += loom_sum_squares(s->grads + s->norm_runs[i].lo,
+                               s->norm_runs[i].hi - s->norm_runs[i].lo);
+    loom_status st = loom_comm_allreduce_sum_f64(&s->mesh->world, &sq, 1, err);
+    *norm = sqrt(sq);
+    return st;
+}
+
+loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
+                                const loom_adamw_config *cfg, int step, loom_error *err) {
+    loom_status st = loom_zero_optimizer_step(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL,
+                                              s->grads, norm, lr, cfg, step, err);
+    if (s->fsdp) loom_fsdp_invalidate(s->fsdp);
+    return st;
+}
+
+void loom_grad_sync_step_end(loom_grad_sync *s) {
+    loom_zero_step_end(s->zero);
+}
+
+loom_status loom_grad_sync_gather_grads(loom_grad_sync *s, loom_error *err) {
+    return loom_zero_gather_grads(s->zero, s->grads, err);
+}
+
+const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n) {
+    *n = s->n_norm_runs;
+    return s->norm_runs;
+}

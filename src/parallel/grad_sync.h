@@ -1,0 +1,113 @@
+/* Gradient synchronisation: one object, chosen at setup, that turns each rank's local
+ * gradients into what the optimizer needs, whatever the layout:
+ *   ready(range)  during the last micro-batch's backward, a flat range is final:
+ *                 sequence parallelism's partial norm gradients are summed over tp, then
+ *                 the range goes to data parallelism's buckets (dense) or waits (experts);
+ *   finish()      after backward: every bucket reduced; expert tensors summed over their
+ *                 replicas (edp) by the expert strategy;
+ *   norm()        the global gradient norm, one function for every layout (below);
+ *   step()        clipping, AdamW on this rank's part, the parameters made whole again.
+ *
+ * The strategies (the first field of loom_grad_sync's table decides):
+ *   dense       ZeRO 0-3 over dp (parallel/zero.h, parallel/fsdp.h), buckets overlapped
+ *               with backward;
+ *   experts     --ep > 1: dense tensors over dp and expert tensors over edp after backward
+ *               (ZeRO-0: parallel/ep.h; ZeRO 1-3: parallel/ep_zero.h).
+ *
+ * The norm. Every element of the model is counted exactly once over the world: the
+ * registry says which tensors count on this rank (loom_param.counted_in_norm: tp shards,
+ * tp replicas on tp rank 0, no pipeline tied copy), and the strategy which part of the
+ * flat buffer this rank holds reduced (its ZeRO shard, its expert-sharded ranges, or, where
+ * every data-parallel rank holds the whole reduced gradient, everything on the first
+ * replica only). At setup these become a list of flat runs (maximal contiguous ranges);
+ * norm() sums the squares of each run and all-reduces one double over the world. */
+#ifndef LOOM_PARALLEL_GRAD_SYNC_H
+#define LOOM_PARALLEL_GRAD_SYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/params.h"
+#include "optim/optimizer.h"
+#include "parallel/fsdp.h"
+#include "parallel/mesh.h"
+#include "parallel/zero.h"
+#include "tp/tp.h"
+
+typedef enum { LOOM_GRAD_SYNC_DENSE, LOOM_GRAD_SYNC_EXPERTS } loom_grad_sync_kind;
+
+typedef struct {
+    size_t lo, hi;
+} loom_flat_run;
+
+typedef struct loom_grad_sync loom_grad_sync;
+
+/* What differs between the strategies; the rest is shared code in grad_sync.c. */
+typedef struct {
+    loom_grad_sync_kind kind;
+    const char *name;
+    /* a final range after the norm gradients' tp reduction */
+    loom_status (*range_ready)(loom_grad_sync *s, size_t begin, size_t end);
+    /* after backward, once the buckets are done */
+    loom_status (*reduce_after_backward)(loom_grad_sync *s);
+} loom_grad_sync_ops;
+
+struct loom_grad_sync {
+    const loom_grad_sync_ops *ops;
+    const loom_param_table *table;
+    loom_mesh *mesh;
+    loom_zero *zero;
+    loom_fsdp *fsdp; /* ZeRO-3: the parameter shards (params is then fsdp->view), or NULL */
+    loom_tp *tp;     /* the tensor-parallel group (size 1: none) */
+    float *params, *grads;
+    loom_zero_ready_ctx bucket_ctx; /* the dense buckets' context (zero.h) */
+    loom_flat_run *norm_runs;       /* this rank's counted, reduced runs, in flat order */
+    int n_norm_runs;
+    loom_error *err; /* where failures inside backward's callbacks are described */
+};
+
+typedef struct {
+    const loom_param_table *table;
+    loom_mesh *mesh;
+    loom_zero *zero; /* created over mesh->dp (ep_zero attached with --ep and ZeRO > 0) */
+    loom_fsdp *fsdp; /* ZeRO-3, or NULL */
+    loom_tp *tp;
+    float *params, *grads;
+    /* the embedding split of the dense buckets (zero->embed.enabled): d(embedding
+     * output) and the micro-batch's tokens, the model's buffers; else NULL */
+    const float *d_embed;
+    const int32_t *tokens;
+    loom_error *err;
+} loom_grad_sync_options;
+
+/* Picks the strategy for the layout (experts with mesh->ep.size > 1) and plans the norm's
+ * runs. */
+loom_status loom_grad_sync_create(loom_grad_sync *s, const loom_grad_sync_options *o,
+                                  loom_error *err);
+void loom_grad_sync_free(loom_grad_sync *s);
+
+/* A step's start: timers, and the local gradients cleared for accumulation. */
+void loom_grad_sync_step_begin(loom_grad_sync *s);
+/* Before the last micro-batch's backward: buckets empty, ready for ranges. */
+void loom_grad_sync_begin(loom_grad_sync *s);
+/* The loom_grads_ready_fn of the last micro-batch's backward (ctx: the loom_grad_sync). */
+loom_status loom_grad_sync_ready(void *ctx, size_t begin, size_t end);
+/* After backward: every gradient this rank needs is reduced. */
+loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err);
+/* The global gradient norm, the same on every rank. */
+loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err);
+/* Clipping to cfg->grad_clip with that norm, AdamW (step: 1-based) on this rank's part,
+ * and the parameters whole again (all-gathered, or, with ZeRO-3, gathered before the next
+ * use). */
+loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
+                                const loom_adamw_config *cfg, int step, loom_error *err);
+/* Step end: the timers of zero->times complete. */
+void loom_grad_sync_step_end(loom_grad_sync *s);
+/* Makes grads hold the whole reduced gradient on every rank (dumps). */
+loom_status loom_grad_sync_gather_grads(loom_grad_sync *s, loom_error *err);
+
+/* The runs the norm sums on this rank (for tests and the memory/plan tools). */
+const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n);
+
+#endif

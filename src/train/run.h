@@ -1,0 +1,82 @@
+/* Everything one training run owns (train/trainer.c's loop reads it), built once at setup
+ * by train/setup.c: the layout and the device are decided there, so the loop does not
+ * branch on them. */
+#ifndef LOOM_TRAIN_RUN_H
+#define LOOM_TRAIN_RUN_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "core/trace.h"
+#include "data/dataset.h"
+#include "model/transformer.h"
+#include "parallel/fsdp.h"
+#include "parallel/grad_sync.h"
+#include "parallel/mesh.h"
+#include "parallel/param_gather.h"
+#include "parallel/zero.h"
+#include "pipeline/pipeline.h"
+#include "train/checkpointing.h"
+#include "train/metrics.h"
+#include "train/route_dump.h"
+#include "train/step.h"
+#include "train/tensorboard.h"
+#include "train/trainer.h"
+
+/* How a flat buffer becomes whole tensors for exports and dumps (chosen at setup). */
+typedef enum {
+    LOOM_EXPORT_LOCAL, /* one rank holds every tensor whole */
+    LOOM_EXPORT_TP,    /* tensor-parallel shards gathered over tp */
+    LOOM_EXPORT_EP,    /* experts gathered over ep */
+    LOOM_EXPORT_EP_TP  /* both: over tp, then over ep */
+} loom_export_kind;
+
+typedef struct {
+    const loom_model_config *mc;
+    const loom_train_config *tc;
+    loom_mesh *mesh;
+    loom_dataset data, val;
+    loom_model model;
+    loom_zero zero;
+    loom_fsdp fsdp;       /* ZeRO-3 only: params is then fsdp.view */
+    loom_param_gather pg; /* --overlap-param-gather (ZeRO 1, 2) */
+    loom_fsdp *sharded;   /* &fsdp with ZeRO-3, else NULL */
+    float *params, *grads;
+    loom_grad_sync sync;
+    loom_step_runner runner;
+    int32_t *batch;         /* this rank's slice of the step: [G/dp, T+1] */
+    int32_t *dump_batches;  /* [steps, G, T+1] on rank 0 when dumping */
+    loom_route_dump routes; /* MoE router decisions when dumping (every rank) */
+    loom_metrics metrics;
+    loom_tb_writer *tb; /* rank 0, with --tensorboard */
+    loom_trace *trace;
+    loom_tp tp; /* the tensor-parallel group's layers (one rank: trivial) */
+    loom_export_kind export_kind;
+    loom_param_table global_table; /* tp or ep > 1: the unsharded registry, for exports */
+    float *global_flat;            /* ... and on its gathering rank a flat buffer for it */
+    loom_checkpointing ckpt;
+    int start_step;                       /* steps already done (resumed from a checkpoint) */
+    loom_pipeline pipe;                   /* --pp > 1: the stage's schedule, slots and buffers */
+    loom_pipeline *pipelined;             /* &pipe with --pp > 1, else NULL */
+    const loom_zero_step_times *dp_times; /* per-step data-parallel breakdown for --metrics
+                                             (NULL when pipelined: timed per action) */
+} loom_run;
+
+/* Builds the run (data, model, layout, buffers, checkpoint resume, trace, metrics); on
+ * failure everything built so far is freed. */
+loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                           loom_mesh *mesh, loom_error *err);
+void loom_run_free(loom_run *r);
+
+/* Start-up report (rank 0): model, layout, memory per rank, data. */
+void loom_run_report_startup(const loom_run *r);
+/* End of run: what the layout's communication cost (rank 0), steps run. */
+void loom_run_report_end(const loom_run *r, int steps_run);
+
+/* A flat buffer as unsharded tensors: itself on one rank, else gathered into
+ * r->global_flat (every rank calls this; *out is valid on the gathering rank); pipeline
+ * stages: the whole model on world rank 0. */
+loom_status loom_run_export_flat(loom_run *r, const float *flat, const loom_param_table **table,
+                                 const float **out, loom_error *err);
+
+#endif

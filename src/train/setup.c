@@ -1,0 +1,256 @@
+/* A training run's setup: every choice that depends on the layout is made here, once. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/world.h"
+#include "core/fs.h"
+#include "core/progress.h"
+#include "core/timeline.h"
+#include "model/moe_config.h"
+#include "parallel/ep_zero.h"
+#include "parallel/tp_shards.h"
+#include "train/dump.h"
+#include "train/run.h"
+
+void loom_run_free(loom_run *r) {
+    loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
+    loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
+    if (r->pipelined) loom_pipeline_free(r->pipelined);
+    loom_dataset_close(&r->data);
+    loom_dataset_close(&r->val);
+    loom_model_destroy(&r->model);
+    if (r->sharded)
+        loom_fsdp_free(r->sharded);
+    else
+        free(r->params);
+    loom_grad_sync_free(&r->sync);
+    loom_zero_grads_free(&r->zero, r->grads);
+    loom_zero_free(&r->zero);
+    free(r->batch);
+    free(r->dump_batches);
+    loom_route_dump_free(&r->routes);
+    loom_metrics_close(&r->metrics);
+    loom_trace_close(r->trace);
+    loom_tb_close(r->tb);
+    loom_tp_free(&r->tp);
+    loom_params_free(&r->global_table);
+    free(r->global_flat);
+}
+
+/* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
+static loom_status build_model(loom_run *r, loom_error *err) {
+    const loom_model_config *mc = r->mc;
+    const loom_train_config *tc = r->tc;
+    loom_mesh *mesh = r->mesh;
+    const int T = mc->seq_len;
+    loom_status st;
+    if ((st = loom_dataset_open(&r->data, tc->data, mc->vocab_size, T, err)) ||
+        (tc->val_data[0] &&
+         (st = loom_dataset_open(&r->val, tc->val_data, mc->vocab_size, T, err))) ||
+        (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, tc->micro_batch * T,
+                               err)) ||
+        (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
+                             mc->d_model, err)) ||
+        (st = loom_moe_validate_layout(mc, mesh->layout.ep, mesh->layout.dp, tc->zero,
+                                       mesh->layout.tp, mesh->layout.pp, err)))
+        return st;
+    r->tp.err = err;
+    if (mesh->layout.pp > 1) {
+        loom_pp_config pc;
+        loom_train_config_pipeline(tc, &pc);
+        if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, &r->model, err))) return st;
+        r->pipelined = &r->pipe;
+    } else if ((st = loom_model_create_ep(&r->model, mc, tc->micro_batch, T, &r->tp, &mesh->ep,
+                                          err))) {
+        return st;
+    }
+    if ((st = loom_model_set_recompute(&r->model, tc->recompute, err)) ||
+        (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
+        (st = loom_zero_create(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb,
+                               err)) ||
+        (mesh->ep.size > 1 && r->zero.stage > 0 &&
+         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))))
+        return st;
+    /* The embedding split needs the whole model's backward in one place (not pipelined)
+     * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h). */
+    if (!r->pipelined && mesh->ep.size == 1 &&
+        (st = loom_zero_plan_embedding(&r->zero, tc->micro_batch * T, T, err)))
+        return st;
+    r->model.defer_embedding_grad = r->zero.embed.enabled;
+    return LOOM_OK;
+}
+
+/* Parameters (whole, or ZeRO-3's shards behind a gathered view), gradients, the step's
+ * batch, and the unsharded registry exports gather into. */
+static loom_status build_buffers(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    loom_mesh *mesh = r->mesh;
+    const size_t P = r->model.table.total;
+    const int T = r->mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
+    const int lead = mesh->rank == 0;
+    loom_status st;
+    if (r->zero.stage == 3) {
+        if ((st = loom_fsdp_create(&r->fsdp, &r->zero, tc->seed, err))) return st;
+        r->sharded = &r->fsdp;
+        r->params = r->fsdp.view;
+        r->fsdp.err = err;
+        r->fsdp.keep_blocks = r->pipelined != NULL; /* once per step, not per micro-batch */
+        r->model.hooks =
+            (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r->fsdp};
+    } else {
+        r->params = calloc(P, sizeof(float));
+        if (r->params && tc->overlap_param_gather) {
+            if ((st = loom_param_gather_create(&r->pg, &r->zero, r->params, err))) return st;
+            r->pg.err = err;
+            r->model.hooks = (loom_block_hooks){loom_param_gather_before_block,
+                                                loom_param_gather_after_block, &r->pg};
+        }
+    }
+    r->grads = loom_zero_grads_alloc(&r->zero);
+    /* the unsharded registry of this stage (the whole model without pipelining) */
+    const int tp = r->tp.size > 1, ep = mesh->ep.size > 1;
+    r->export_kind = ep && tp ? LOOM_EXPORT_EP_TP
+                     : ep     ? LOOM_EXPORT_EP
+                     : tp     ? LOOM_EXPORT_TP
+                              : LOOM_EXPORT_LOCAL;
+    const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r->pipelined || lead);
+    if (r->export_kind != LOOM_EXPORT_LOCAL) {
+        if ((st = loom_params_build_stage(&r->global_table, r->mc, 0, 1,
+                                          r->pipelined ? &r->pipe.layers : NULL, err)))
+            return st;
+        if (tp_lead && !(r->global_flat = malloc(r->global_table.total * sizeof(float))))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
+    }
+    r->batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
+    if (tc->dump_dir[0] && lead)
+        r->dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
+    if (!r->params || !r->grads || !r->batch || (tc->dump_dir[0] && lead && !r->dump_batches))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters", P);
+    return LOOM_OK;
+}
+
+/* The gradient-sync strategy and the step's runner for this layout. */
+static loom_status build_step(loom_run *r, loom_error *err) {
+    loom_model *mod = &r->model;
+    const loom_train_config *tc = r->tc;
+    const int embed = r->zero.embed.enabled;
+    loom_grad_sync_options so = {&mod->table,
+                                 r->mesh,
+                                 &r->zero,
+                                 r->sharded,
+                                 &r->tp,
+                                 r->params,
+                                 r->grads,
+                                 embed ? mod->dres : NULL,
+                                 embed ? mod->inputs : NULL,
+                                 err};
+    loom_status st = loom_grad_sync_create(&r->sync, &so, err);
+    if (st) return st;
+    const int lead = r->mesh->rank == 0;
+    /* logits of the first micro-batch: one process's whole-vocabulary logits only */
+    const int dump_logits = tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined;
+    loom_step_runner_options ro = {mod,
+                                   r->pipelined,
+                                   &r->sync,
+                                   r->sharded,
+                                   &r->pg,
+                                   r->mesh,
+                                   r->params,
+                                   r->grads,
+                                   tc->micro_batch,
+                                   r->mc->seq_len,
+                                   tc->global_batch / r->mesh->layout.dp,
+                                   &r->routes,
+                                   dump_logits ? tc->dump_dir : NULL};
+    loom_step_runner_init(&r->runner, &ro);
+    r->dp_times = r->pipelined ? NULL : &r->zero.times;
+    return LOOM_OK;
+}
+
+/* The first dumps of a reference run (--dump-dir): initial weights, routing file. */
+static loom_status open_dumps(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    const int lead = r->mesh->rank == 0, per_rank = tc->global_batch / r->mesh->layout.dp;
+    loom_status st;
+    if (!tc->dump_dir[0]) return LOOM_OK;
+    /* Every rank takes part in gathering sharded parameters; rank 0 writes. */
+    if (r->sharded && (st = loom_fsdp_gather_all(r->sharded, err))) return st;
+    if (lead && loom_mkdir_p(tc->dump_dir) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
+                              tc->dump_dir, strerror(errno));
+    const loom_param_table *it;
+    const float *ip;
+    if ((st = loom_run_export_flat(r, r->params, &it, &ip, err))) return st;
+    /* Routes are recorded by the whole-model runner only (not with --pp). */
+    if (!r->pipelined &&
+        (st = loom_route_dump_open(&r->routes, r->mc, tc->micro_batch * r->mc->seq_len, tc->steps,
+                                   per_rank / tc->micro_batch, err)))
+        return st;
+    if (lead && (st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", it, ip, err)))
+        return st;
+    return LOOM_OK;
+}
+
+static loom_status open_outputs(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    loom_mesh *mesh = r->mesh;
+    const int lead = mesh->rank == 0;
+    loom_status st;
+    if (tc->trace[0]) {
+        /* Ranks open their traces together so their clocks start within a barrier. */
+        const int accum = tc->global_batch / mesh->layout.dp / tc->micro_batch;
+        size_t events = (size_t)tc->steps * (accum * (4 * r->mc->n_layer + 16) + 64) + 1024;
+        if ((st = loom_comm_barrier(&mesh->world, err)) ||
+            (st = loom_trace_open(&r->trace, mesh->rank, events, err)))
+            return st;
+        r->model.trace = mesh->dp.trace = mesh->tp.trace = mesh->world.trace = r->trace;
+    }
+    if (lead && tc->tensorboard[0]) {
+        if ((st = loom_tb_open(&r->tb, tc->tensorboard, err))) return st;
+        fprintf(stderr, "loom: TensorBoard events in %s\n", loom_tb_path(r->tb));
+    }
+    return loom_metrics_open(&r->metrics, lead ? tc->metrics : "", err);
+}
+
+static loom_status setup(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    loom_status st;
+    loom_timeline_mark("train_setup");
+    if ((st = build_model(r, err))) return st;
+    loom_timeline_mark("data_model_zero_create");
+    if ((st = build_buffers(r, err)) || (st = build_step(r, err))) return st;
+    loom_timeline_mark("params_grads_alloc");
+    /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
+     * loaded (seconds for a 124M model, on the path from a failure to the first step). */
+    const int init_later = !r->sharded && tc->resume[0] && !tc->dump_dir[0];
+    if (!r->sharded && !init_later) loom_params_init(&r->model.table, r->params, tc->seed);
+    loom_timeline_mark("params_init");
+    if (r->mesh->rank == 0) loom_run_report_startup(r);
+    if ((st = open_dumps(r, err))) return st;
+    loom_timeline_mark("report_and_dumps");
+    loom_progress_phase(LOOM_PHASE_CKPT); /* resume: loading */
+    if ((st = loom_checkpointing_open(&r->ckpt, r->mc, tc, r->mesh, &r->zero,
+                                      r->sharded ? NULL : r->params,
+                                      r->sharded ? r->sharded->shard : NULL, &r->start_step, err)))
+        return st;
+    if (init_later && !r->ckpt.loaded && !r->ckpt.reset)
+        loom_params_init(&r->model.table, r->params, tc->seed);
+    if (r->sharded) loom_fsdp_invalidate(r->sharded);
+    loom_timeline_mark("ckpt_open");
+    if ((st = open_outputs(r, err))) return st;
+    loom_timeline_mark("trace_tb_metrics");
+    return LOOM_OK;
+}
+
+loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                           loom_mesh *mesh, loom_error *err) {
+    memset(r, 0, sizeof *r);
+    r->mc = mc;
+    r->tc = tc;
+    r->mesh = mesh;
+    loom_status st = setup(r, err);
+    if (st) loom_run_free(r);
+    return st;
+}

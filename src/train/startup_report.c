@@ -1,0 +1,72 @@
+/* What rank 0 says about a run at its start and its end. */
+#include <stdio.h>
+
+#include "comm/world.h"
+#include "train/run.h"
+
+void loom_run_report_startup(const loom_run *r) {
+    const loom_model_config *mc = r->mc;
+    const loom_train_config *tc = r->tc;
+    const loom_mesh *mesh = r->mesh;
+    const double MiB = 1 << 20;
+    const size_t P = r->model.table.total;
+    const int gathered = r->export_kind != LOOM_EXPORT_LOCAL;
+    fprintf(stderr,
+            "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d x "
+            "pp %d\n",
+            loom_family_name(mc->family), gathered ? r->global_table.total : P, P, mesh->layout.dp,
+            r->zero.stage, mesh->layout.tp, mesh->layout.pp);
+    if (r->pipelined) loom_pipeline_report(r->pipelined, stderr);
+    if (mc->n_experts > 0)
+        fprintf(stderr,
+                "loom: mixture of experts: %d experts, top-%d, every %d layer(s)%s, capacity "
+                "factor %g%s, expert parallel %d (%d experts per rank), buffers %.1f MiB\n",
+                mc->n_experts, mc->top_k, mc->moe_every, mc->shared_expert ? " + shared" : "",
+                (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
+                mesh->layout.ep, mc->n_experts / mesh->layout.ep,
+                loom_moe_bytes(r->model.moe) / MiB);
+    if (mesh->layout.dp > 1 && !r->zero.engine.threaded) /* comm/engine.h */
+        fprintf(stderr,
+                "loom: communication engine: no thread (MPI provides %s): collectives "
+                "progress from the training thread\n",
+                loom_world_thread_level_name(loom_world_thread_level()));
+    if (tc->zero > 0 && mesh->layout.dp == 1)
+        fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)%s\n",
+                tc->zero, tc->overlap_param_gather ? ", --overlap-param-gather too" : "");
+    loom_zero_memory zm;
+    loom_zero_memory_of(&r->zero, &zm);
+    char held[64] = "";
+    if (r->sharded)
+        snprintf(held, sizeof held, " + %.3f MiB gathered at most",
+                 (loom_fsdp_resident_bytes(r->sharded) - zm.params) / MiB);
+    fprintf(stderr,
+            "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
+            "of which %.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
+            "%.3f MiB (micro-batch %d x %d)\n",
+            zm.params / MiB, held, zm.grads_local / MiB, zm.grads_shard / MiB, zm.optimizer / MiB,
+            loom_model_activation_bytes(&r->model) / MiB, tc->micro_batch, mc->seq_len);
+    if (r->tp.size > 1)
+        fprintf(stderr,
+                "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
+                "parallelism, %.1f MiB without\n",
+                r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "",
+                loom_model_plan_bytes(&r->model, 1) / MiB,
+                loom_model_plan_bytes(&r->model, 0) / MiB);
+    fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r->data.n_shards,
+            (long long)r->data.total_tokens);
+}
+
+void loom_run_report_end(const loom_run *r, int steps_run) {
+    const loom_mesh *mesh = r->mesh;
+    const loom_train_config *tc = r->tc;
+    if (mesh->rank != 0 || steps_run <= 0) return;
+    if (r->tp.size > 1)
+        fprintf(stderr,
+                "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
+                (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if (mesh->ep.size > 1) /* the all-to-all time not hidden behind expert compute */
+        fprintf(stderr,
+                "loom: expert-parallel all-to-all: %.3f ms blocked per step (%.3f ms in flight), "
+                "%d chunk(s)\n",
+                mesh->ep.blocked_ms / steps_run, mesh->ep.inflight_ms / steps_run, tc->moe_chunks);
+}

@@ -1,0 +1,128 @@
+#include "train/step.h"
+
+#include <string.h>
+
+#include "core/progress.h"
+#include "core/timeline.h"
+#include "train/dump.h"
+
+#define STEP_MARK(i, part) loom_timeline_mark((i) == 0 ? "step1_" part : "step2_" part)
+
+/* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
+static void load_micro_batch(loom_model *mod, const int32_t *batch, int first, int M, int T) {
+    for (int b = 0; b < M; b++) {
+        const int32_t *seq = batch + (size_t)(first + b) * (T + 1);
+        memcpy(mod->inputs + (size_t)b * T, seq, (size_t)T * sizeof(int32_t));
+        memcpy(mod->targets + (size_t)b * T, seq + 1, (size_t)T * sizeof(int32_t));
+    }
+}
+
+/* ---- the whole model on this rank ---- */
+
+static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
+                                          int step, int early, double *loss_sum, loom_error *err) {
+    loom_model *mod = r->model;
+    const int M = r->micro_batch, T = r->seq_len;
+    loom_status st;
+    *loss_sum = 0.0;
+    for (int k = 0; k < r->accum; k++) {
+        load_micro_batch(mod, batch, k * M, M, T);
+        loom_progress_phase(LOOM_PHASE_FORWARD);
+        if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
+        if ((st = loom_param_gather_begin_micro_batch(r->pg, err)) ||
+            (st = loom_model_forward(mod, r->params)))
+            return st;
+        if (early >= 0 && k == 0) STEP_MARK(early, "forward");
+        if (r->dump_logits_dir && step == 0 && k == 0) {
+            int64_t dims[3] = {M, T, mod->cfg.vocab_size};
+            if ((st = loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits", 0,
+                                       mod->logits, 3, dims, err)))
+                return st;
+        }
+        double s;
+        if ((st = loom_model_loss_sum(mod, dloss, 1, &s))) return st;
+        *loss_sum += s;
+        loom_route_dump_record(r->routes, mod->moe, step, r->accum, k);
+        /* The last micro-batch's backward hands each range to the gradient sync as soon
+         * as it is final. */
+        const int final = k + 1 == r->accum;
+        if (final) loom_grad_sync_begin(r->sync);
+        loom_progress_phase(LOOM_PHASE_BACKWARD);
+        if ((st = loom_model_backward(mod, r->params, r->grads, final ? loom_grad_sync_ready : NULL,
+                                      r->sync)))
+            return st;
+        if (early >= 0 && k == 0) STEP_MARK(early, "backward");
+    }
+    return LOOM_OK;
+}
+
+static loom_status whole_forward_loss(loom_step_runner *r, const int32_t *batch, double *loss_sum,
+                                      loom_error *err) {
+    loom_model *mod = r->model;
+    loom_status st;
+    *loss_sum = 0.0;
+    for (int k = 0; k < r->accum; k++) {
+        load_micro_batch(mod, batch, k * r->micro_batch, r->micro_batch, r->seq_len);
+        if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
+        double s;
+        if ((st = loom_model_forward(mod, r->params)) ||
+            (st = loom_model_loss_sum(mod, 0.0f, 0, &s)))
+            return st;
+        *loss_sum += s;
+    }
+    return LOOM_OK;
+}
+
+/* The dp ranks route distinct tokens; tp ranks of one dp rank route the same ones. */
+static loom_status whole_moe_stats(loom_step_runner *r, loom_moe_stats *out, loom_error *err) {
+    if (!r->model->moe) return LOOM_OK;
+    return loom_moe_step_stats(r->model->moe, &r->mesh->dp, out, err);
+}
+
+static const loom_step_runner_ops whole_ops = {"whole model", whole_forward_backward,
+                                               whole_forward_loss, whole_moe_stats};
+
+/* ---- a pipeline stage ---- */
+
+static loom_status stage_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
+                                          int step, int early, double *loss_sum, loom_error *err) {
+    (void)step, (void)early; /* a stage's parts are timed per action (--pp-stats) */
+    return loom_pipeline_step(r->pipe, r->params, r->grads, batch, dloss, r->sync, r->fsdp,
+                              loss_sum, err);
+}
+
+static loom_status stage_forward_loss(loom_step_runner *r, const int32_t *batch, double *loss_sum,
+                                      loom_error *err) {
+    return loom_pipeline_forward_loss(r->pipe, r->params, batch, r->fsdp, loss_sum, err);
+}
+
+/* Every slot's and every stage's layers over the world, the tp replicas of a block
+ * counted once. */
+static loom_status stage_moe_stats(loom_step_runner *r, loom_moe_stats *out, loom_error *err) {
+    loom_moe *moe = r->model->moe;
+    if (!moe) return LOOM_OK;
+    for (int i = 1; i < r->pipe->n_slots; i++) loom_moe_stats_add(moe, r->pipe->slots[i]->moe);
+    if (r->mesh->tp_rank != 0) loom_moe_stats_clear(moe);
+    return loom_moe_step_stats(moe, &r->mesh->world, out, err);
+}
+
+static const loom_step_runner_ops stage_ops = {"pipeline stage", stage_forward_backward,
+                                               stage_forward_loss, stage_moe_stats};
+
+void loom_step_runner_init(loom_step_runner *r, const loom_step_runner_options *o) {
+    memset(r, 0, sizeof *r);
+    r->ops = o->pipe ? &stage_ops : &whole_ops;
+    r->model = o->model;
+    r->pipe = o->pipe;
+    r->sync = o->sync;
+    r->fsdp = o->fsdp;
+    r->pg = o->pg;
+    r->mesh = o->mesh;
+    r->params = o->params;
+    r->grads = o->grads;
+    r->micro_batch = o->micro_batch;
+    r->seq_len = o->seq_len;
+    r->accum = o->per_rank / o->micro_batch;
+    r->routes = o->routes;
+    r->dump_logits_dir = o->dump_logits_dir;
+}

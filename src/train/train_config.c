@@ -1,0 +1,101 @@
+/* The training configuration: defaults, validation (messages name the flag), and the
+ * part of it the pipeline reads. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train/batch_skip.h"
+#include "train/checkpointing.h"
+#include "train/trainer.h"
+
+void loom_train_config_defaults(loom_train_config *tc) {
+    memset(tc, 0, sizeof *tc);
+    tc->micro_batch = 4;
+    tc->global_batch = 4;
+    tc->steps = 100;
+    tc->warmup_steps = 10;
+    tc->lr = 6e-4f;
+    tc->min_lr = 6e-5f;
+    tc->adamw = (loom_adamw_config){0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    tc->seed = 1337;
+    tc->threads = 0; /* 0: all cores */
+    tc->log_every = 1;
+    tc->layout = (loom_layout){1, 1, 1, 1};
+    tc->zero = 0;
+    tc->bucket_mb = 25.0f;
+    tc->moe_chunks = 1;
+    tc->startup_timeout = 60.0f;
+    tc->eval_every = 0;
+    tc->eval_batches = 4;
+    snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+    tc->virtual_stages = 1;
+}
+
+loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
+    if (!tc->data[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--data: required (a file or glob of token shards, llm.c format)");
+    if (tc->micro_batch <= 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--micro-batch %d: expected > 0",
+                              tc->micro_batch);
+    if (tc->global_batch <= 0 || tc->global_batch % tc->micro_batch != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--global-batch %d: expected a positive multiple of --micro-batch %d",
+                              tc->global_batch, tc->micro_batch);
+    if (tc->steps <= 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--steps %d: expected > 0", tc->steps);
+    if (tc->warmup_steps < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--warmup-steps %d: expected >= 0",
+                              tc->warmup_steps);
+    if (!(tc->lr >= 0.0f) || !(tc->min_lr >= 0.0f))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--lr/--min-lr: expected >= 0");
+    if (!(tc->adamw.beta1 >= 0 && tc->adamw.beta1 < 1) ||
+        !(tc->adamw.beta2 >= 0 && tc->adamw.beta2 < 1))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--beta1/--beta2: expected in [0, 1)");
+    if (!(tc->adamw.eps > 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--adam-eps %g: expected > 0", tc->adamw.eps);
+    if (!(tc->adamw.weight_decay >= 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--weight-decay %g: expected >= 0",
+                              tc->adamw.weight_decay);
+    if (!(tc->adamw.grad_clip >= 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--grad-clip %g: expected >= 0 (0 = off)",
+                              tc->adamw.grad_clip);
+    const int dp = tc->layout.dp;
+    if (dp >= 1 && tc->global_batch % (dp * tc->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--global-batch %d: must be a multiple of --dp %d x --micro-batch %d "
+                              "(each data-parallel rank takes an equal slice)",
+                              tc->global_batch, dp, tc->micro_batch);
+    if (tc->zero < 0 || tc->zero > 3)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
+    if (!(tc->bucket_mb > 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
+    if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--startup-timeout %g: expected seconds in (0, 86400]",
+                              tc->startup_timeout);
+    if (tc->eval_every < 0 || tc->eval_batches < 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--eval-every %d / --eval-batches %d: expected >= 0 and >= 1",
+                              tc->eval_every, tc->eval_batches);
+    if (tc->eval_every > 0 && !tc->val_data[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--eval-every %d: needs --val-data (validation shards)",
+                              tc->eval_every);
+    if (tc->threads < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
+    loom_batch_skip skip;
+    loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
+    return st ? st : loom_checkpointing_validate(tc, err);
+}
+
+void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc) {
+    memset(pc, 0, sizeof *pc);
+    pc->pp = tc->layout.pp;
+    pc->virtual_stages = tc->virtual_stages;
+    snprintf(pc->schedule, sizeof pc->schedule, "%s", tc->pp_schedule);
+    snprintf(pc->layers, sizeof pc->layers, "%s", tc->pp_layers);
+    snprintf(pc->stats, sizeof pc->stats, "%s", tc->pp_stats);
+    pc->recompute = tc->recompute;
+    pc->micro_batch = tc->micro_batch;
+    pc->global_batch = tc->global_batch;
+}
