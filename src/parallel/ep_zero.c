@@ -118,6 +118,7 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
     free(z->m), free(z->v), free(z->grad_shard);
     z->m = m, z->v = v, z->grad_shard = NULL;
     z->lo = 0, z->hi = z->total;
+    z->shard_floats = e->own_floats;
     z->experts = e;
     return LOOM_OK;
 }

@@ -147,8 +147,7 @@ size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
     const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
     /* A block in use and the next one prefetched (one when there is only one). */
     size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
-    const size_t shard =
-        f->zero->experts ? f->zero->experts->own_floats : f->zero->hi - f->zero->lo;
+    const size_t shard = f->zero->shard_floats;
     if (f->keep_blocks) {
         size_t all = 0;
         for (int i = 0; i < f->n_ranges; i++) all += f->ranges[i].end - f->ranges[i].begin;

@@ -35,6 +35,33 @@ static const loom_grad_sync_ops dense_ops = {LOOM_GRAD_SYNC_DENSE, "dense", dens
 static const loom_grad_sync_ops experts_ops = {LOOM_GRAD_SYNC_EXPERTS, "experts",
                                                experts_range_ready, experts_after_backward};
 
+/* ---- the optimizer update and the gradient gather ---- */
+
+static loom_status zero_update(loom_grad_sync *s, double norm, float lr,
+                               const loom_adamw_config *cfg, int step, loom_error *err) {
+    return loom_zero_optimizer_step(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL, s->grads,
+                                    norm, lr, cfg, step, err);
+}
+
+static loom_status overlapped_update(loom_grad_sync *s, double norm, float lr,
+                                     const loom_adamw_config *cfg, int step, loom_error *err) {
+    return loom_param_gather_optimizer_step(s->pg, s->grads, norm, lr, cfg, step, err);
+}
+
+static loom_status segments_update(loom_grad_sync *s, double norm, float lr,
+                                   const loom_adamw_config *cfg, int step, loom_error *err) {
+    return loom_ep_zero_step(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL, s->grads, norm,
+                             lr, cfg, step, err);
+}
+
+static loom_status zero_gather(loom_grad_sync *s, loom_error *err) {
+    return loom_zero_gather_grads(s->zero, s->grads, err);
+}
+
+static loom_status segments_gather(loom_grad_sync *s, loom_error *err) {
+    return loom_ep_zero_gather(s->zero, s->grads, err);
+}
+
 /* ---- the norm's runs ---- */
 
 static void add_run(loom_flat_run *runs, int *n, size_t lo, size_t hi) {
@@ -110,7 +137,12 @@ loom_status loom_grad_sync_create(loom_grad_sync *s, const loom_grad_sync_option
     s->mesh = o->mesh;
     s->zero = o->zero;
     s->fsdp = o->fsdp;
+    s->pg = o->pg;
     s->tp = o->tp;
+    s->update = o->zero->experts   ? segments_update
+                : o->zero->overlap ? overlapped_update
+                                   : zero_update;
+    s->gather = o->zero->experts ? segments_gather : zero_gather;
     s->params = o->params;
     s->grads = o->grads;
     s->err = o->err;
@@ -170,8 +202,7 @@ loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err
 
 loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
                                 const loom_adamw_config *cfg, int step, loom_error *err) {
-    loom_status st = loom_zero_optimizer_step(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL,
-                                              s->grads, norm, lr, cfg, step, err);
+    loom_status st = s->update(s, norm, lr, cfg, step, err);
     if (s->fsdp) loom_fsdp_invalidate(s->fsdp);
     return st;
 }
@@ -181,7 +212,7 @@ void loom_grad_sync_step_end(loom_grad_sync *s) {
 }
 
 loom_status loom_grad_sync_gather_grads(loom_grad_sync *s, loom_error *err) {
-    return loom_zero_gather_grads(s->zero, s->grads, err);
+    return s->gather(s, err);
 }
 
 const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n) {

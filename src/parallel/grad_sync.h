@@ -32,6 +32,7 @@
 #include "optim/optimizer.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/param_gather.h"
 #include "parallel/zero.h"
 #include "tp/tp.h"
 
@@ -58,9 +59,15 @@ struct loom_grad_sync {
     const loom_param_table *table;
     loom_mesh *mesh;
     loom_zero *zero;
-    loom_fsdp *fsdp; /* ZeRO-3: the parameter shards (params is then fsdp->view), or NULL */
-    loom_tp *tp;     /* the tensor-parallel group (size 1: none) */
+    loom_fsdp *fsdp;       /* ZeRO-3: the parameter shards (params is then fsdp->view), or NULL */
+    loom_param_gather *pg; /* --overlap-param-gather, attached to zero (zero->overlap) */
+    loom_tp *tp;           /* the tensor-parallel group (size 1: none) */
     float *params, *grads;
+    /* the optimizer update (chosen at setup: ZeRO's, the experts' segments', or ranges with
+     * their gathers overlapped) and the gather of a whole gradient (dumps) */
+    loom_status (*update)(loom_grad_sync *s, double norm, float lr, const loom_adamw_config *cfg,
+                          int step, loom_error *err);
+    loom_status (*gather)(loom_grad_sync *s, loom_error *err);
     loom_zero_ready_ctx bucket_ctx; /* the dense buckets' context (zero.h) */
     loom_flat_run *norm_runs;       /* this rank's counted, reduced runs, in flat order */
     int n_norm_runs;
@@ -72,6 +79,7 @@ typedef struct {
     loom_mesh *mesh;
     loom_zero *zero; /* created over mesh->dp (ep_zero attached with --ep and ZeRO > 0) */
     loom_fsdp *fsdp; /* ZeRO-3, or NULL */
+    loom_param_gather *pg;
     loom_tp *tp;
     float *params, *grads;
     /* the embedding split of the dense buckets (zero->embed.enabled): d(embedding

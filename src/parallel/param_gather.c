@@ -152,3 +152,32 @@ loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err) {
     }
     return st;
 }
+
+/* AdamW range by range in forward order, each range's gather posted once this rank's
+ * part of it is updated. Elementwise, so the same values as one call over the shard. */
+loom_status loom_param_gather_optimizer_step(loom_param_gather *g, float *grads, double norm,
+                                             float lr, const loom_adamw_config *cfg, int step,
+                                             loom_error *err) {
+    loom_zero *z = g->zero;
+    float *params = g->params, *gr = loom_zero_reduced_grads(z, grads);
+    /* The previous gather must be complete before the shard changes (the forward has
+     * waited for every range already: a no-op unless a step had no forward). */
+    loom_status st = loom_param_gather_wait_all(g, err);
+    if (st) return st;
+    double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
+    loom_grad_clip(gr, z->hi - z->lo, norm, cfg->grad_clip);
+    for (int i = 0; i < g->n_ranges && !st; i++) {
+        const loom_param_gather_range *r = &g->ranges[i];
+        const size_t a = r->begin > z->lo ? r->begin : z->lo, e = r->end < z->hi ? r->end : z->hi;
+        if (a < e)
+            loom_adamw_step(z->table, params + a, gr + (a - z->lo), z->m + (a - z->lo),
+                            z->v + (a - z->lo), a, e, lr, cfg, step);
+        double t1 = loom_now_ms();
+        st = loom_param_gather_post(g, i, err);
+        z->times.param_gather_ms += loom_now_ms() - t1;
+    }
+    /* the gathers' posting counts as param_gather_ms, inside the optimizer's time */
+    z->times.optimizer_ms = loom_now_ms() - t0 - z->times.param_gather_ms;
+    z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
+    return st;
+}

@@ -48,7 +48,7 @@ typedef struct loom_param_gather {
  * no-op (nothing is gathered). */
 loom_status loom_param_gather_validate(int zero, loom_layout layout, loom_error *err);
 
-/* Attaches to z (loom_zero_optimizer_step then posts instead of gathering) for the
+/* Attaches to z (the gradient sync then steps with loom_param_gather_optimizer_step) for the
  * flat buffer `params`; nothing is attached when z gathers nothing (stage 0, dp 1). */
 loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *params,
                                      loom_error *err);
@@ -67,5 +67,12 @@ loom_status loom_param_gather_after_block(void *ctx, int layer, int backward);
 void loom_param_gather_report(const loom_param_gather *g, int rank);
 /* Every range complete (before anything else reads the parameters). NULL g: no-op. */
 loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err);
+
+/* The optimizer step with the overlap: clipping, then AdamW on this rank's part range by
+ * range in forward order, each range's all-gather posted as soon as its part is updated
+ * (instead of loom_zero_optimizer_step's blocking gather). */
+loom_status loom_param_gather_optimizer_step(loom_param_gather *g, float *grads, double norm,
+                                             float lr, const loom_adamw_config *cfg, int step,
+                                             loom_error *err);
 
 #endif

@@ -8,8 +8,6 @@
 
 #include "core/clock.h"
 #include "kernels/kernels.h"
-#include "parallel/ep_zero.h"
-#include "parallel/param_gather.h"
 
 /* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
 static size_t snap_to_row(const loom_param_table *t, const size_t *start, int kind, size_t total,
@@ -78,6 +76,7 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     size_t n = z->hi - z->lo;
     z->m = calloc(n ? n : 1, sizeof(float));
     z->v = calloc(n ? n : 1, sizeof(float));
+    z->shard_floats = n;
     if (!z->m || !z->v) goto nomem; /* stage >= 2: grad_shard is set by grads_alloc */
     /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
      * gathers (head, blocks, tail). */
@@ -97,7 +96,6 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
 }
 
 void loom_zero_free(loom_zero *z) {
-    loom_ep_zero_detach(z);
     loom_comm_engine_stop(&z->engine);
     loom_embed_grad_free(&z->embed);
     free(z->buckets);
@@ -109,7 +107,7 @@ void loom_zero_free(loom_zero *z) {
 }
 
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
-    const size_t n = z->experts ? z->experts->own_floats : z->hi - z->lo, f = sizeof(float);
+    const size_t n = z->shard_floats, f = sizeof(float);
     m->shard_floats = n;
     m->params = (z->stage == 3 ? n : z->total) * f;
     m->grads_local = z->total * f;
@@ -331,61 +329,28 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     return st;
 }
 
-/* This rank's reduced gradients: the shard (stage 2) or the whole buffer's range. */
-static float *reduced_grads(loom_zero *z, float *grads) {
+float *loom_zero_reduced_grads(loom_zero *z, float *grads) {
     return z->stage >= 2 ? z->grad_shard : grads + z->lo;
-}
-
-/* --overlap-param-gather: AdamW range by range in forward order, each range's gather
- * posted once this rank's part of it is updated (parallel/param_gather.h). Elementwise,
- * so the same values as one call over the shard. */
-static loom_status step_and_post(loom_zero *z, float *params, float *g, float lr,
-                                 const loom_adamw_config *cfg, int step, loom_error *err) {
-    loom_param_gather *pg = z->overlap;
-    loom_status st = LOOM_OK;
-    for (int i = 0; i < pg->n_ranges && !st; i++) {
-        const loom_param_gather_range *r = &pg->ranges[i];
-        const size_t a = r->begin > z->lo ? r->begin : z->lo, e = r->end < z->hi ? r->end : z->hi;
-        if (a < e)
-            loom_adamw_step(z->table, params + a, g + (a - z->lo), z->m + (a - z->lo),
-                            z->v + (a - z->lo), a, e, lr, cfg, step);
-        double t0 = loom_now_ms();
-        st = loom_param_gather_post(pg, i, err);
-        z->times.param_gather_ms += loom_now_ms() - t0;
-    }
-    return st;
 }
 
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err) {
-    if (z->experts) return loom_ep_zero_step(z, params, shard, grads, norm, lr, cfg, step, err);
-    float *g = reduced_grads(z, grads);
-    /* The previous gather must be complete before the shard changes (the forward has
-     * waited for every range already: a no-op unless a step had no forward). */
-    loom_status st = loom_param_gather_wait_all(z->overlap, err);
-    if (st) return st;
+    float *g = loom_zero_reduced_grads(z, grads);
     double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
     loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
-    if (z->overlap) { /* the gathers' posting counts as param_gather_ms, inside optimizer */
-        st = step_and_post(z, params, g, lr, cfg, step, err);
-        z->times.optimizer_ms = loom_now_ms() - t0 - z->times.param_gather_ms;
-        z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
-        return st;
-    }
     loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
                     step);
     double t1 = loom_now_ms();
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
-    st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
+    loom_status st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
     z->times.param_gather_ms = loom_now_ms() - t1;
     return st;
 }
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
-    if (z->experts) return loom_ep_zero_gather(z, grads, err);
     return loom_comm_allgatherv(z->dp, grads, z->shard_counts, z->shard_displs, err);
 }

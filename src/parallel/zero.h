@@ -58,6 +58,7 @@ typedef struct {
     size_t total;
     int *shard_counts, *shard_displs; /* per rank: its shard [displ, displ + count) */
     size_t lo, hi;                    /* this rank's shard */
+    size_t shard_floats;              /* its optimizer state's floats (--ep: the segments') */
     float *m, *v;                     /* AdamW state: whole buffer (stage 0) or the shard */
     float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
                           buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
@@ -149,15 +150,18 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
 
+/* This rank's reduced gradients, element 0 = flat element lo: the shard (stage >= 2) or
+ * the whole buffer's range. */
+float *loom_zero_reduced_grads(loom_zero *z, float *grads);
 /* Clipping, AdamW on this rank's part, and the all-gather of updated parameters into
- * params (with z->overlap: only started, parallel/param_gather.h). With stage 3 pass the rank's
- * parameter shard: it is updated and nothing is gathered (parallel/fsdp.h gathers before the next
- * use); else shard is NULL. */
+ * params. With stage 3 pass the rank's parameter shard: it is updated and nothing is
+ * gathered (parallel/fsdp.h gathers before the next use); else shard is NULL. (With
+ * --ep: parallel/ep_zero.h's step; with --overlap-param-gather: parallel/param_gather.h's.) */
 loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, float *grads,
                                      double norm, float lr, const loom_adamw_config *cfg, int step,
                                      loom_error *err);
 /* Makes `grads` hold the full reduced gradient on every rank (for dumps; stage 2 only
- * needs work). */
+ * needs work; --ep: loom_ep_zero_gather). */
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
 
 #endif

@@ -22,26 +22,6 @@ static void on_stop_signal(int sig) {
     g_stop_signal = sig;
 }
 
-loom_status loom_checkpointing_validate(const loom_train_config *tc, loom_error *err) {
-    if (tc->ckpt_every < 0 || tc->ckpt_fast_every < 0 || tc->ckpt_keep < 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--ckpt-every %d / --ckpt-fast-every %d / --ckpt-keep %d: expected "
-                              ">= 0",
-                              tc->ckpt_every, tc->ckpt_fast_every, tc->ckpt_keep);
-    if (tc->ckpt_every > 0 && !tc->ckpt_dir[0])
-        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-every %d: needs --ckpt-dir",
-                              tc->ckpt_every);
-    if (tc->ckpt_fast_every > 0 && !tc->ckpt_fast_dir[0])
-        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-fast-every %d: needs --ckpt-fast-dir",
-                              tc->ckpt_fast_every);
-    if (strcmp(tc->resume, "auto") == 0 && !tc->ckpt_dir[0] && !tc->ckpt_fast_dir[0])
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--resume auto: needs --ckpt-dir or --ckpt-fast-dir to search");
-    if (tc->resume[0] && tc->init_from[0])
-        return loom_error_set(err, LOOM_ERR_INPUT, "--resume and --init-from: give only one");
-    return LOOM_OK;
-}
-
 /* The buffers this rank holds, and in lo/hi the range it owns of each. */
 static void held_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
     const loom_zero *z = c->zero;

@@ -16,7 +16,7 @@
 #include "model/config.h"
 #include "parallel/mesh.h"
 #include "parallel/zero.h"
-#include "train/trainer.h"
+#include "train/train_config.h"
 
 typedef struct {
     const loom_model_config *mc;
@@ -39,8 +39,6 @@ typedef struct {
     double stall_ms_pending, stall_ms_last, stall_ms_max, stall_ms_total, wait_ms_total;
 } loom_checkpointing;
 
-/* Checks the checkpoint flags (messages name them). */
-loom_status loom_checkpointing_validate(const loom_train_config *tc, loom_error *err);
 /* After the parameters are initialised: applies --init-from or --resume (the buffers are
  * overwritten) and sets *start_step (0 when starting fresh). */
 loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_config *mc,

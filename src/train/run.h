@@ -21,7 +21,7 @@
 #include "train/route_dump.h"
 #include "train/step.h"
 #include "train/tensorboard.h"
-#include "train/trainer.h"
+#include "train/train_config.h"
 
 /* How a flat buffer becomes whole tensors for exports and dumps (chosen at setup). */
 typedef enum {

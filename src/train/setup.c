@@ -27,6 +27,7 @@ void loom_run_free(loom_run *r) {
         free(r->params);
     loom_grad_sync_free(&r->sync);
     loom_zero_grads_free(&r->zero, r->grads);
+    loom_ep_zero_detach(&r->zero);
     loom_zero_free(&r->zero);
     free(r->batch);
     free(r->dump_batches);
@@ -140,6 +141,7 @@ static loom_status build_step(loom_run *r, loom_error *err) {
                                  r->mesh,
                                  &r->zero,
                                  r->sharded,
+                                 &r->pg,
                                  &r->tp,
                                  r->params,
                                  r->grads,

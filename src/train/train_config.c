@@ -4,8 +4,28 @@
 #include <string.h>
 
 #include "train/batch_skip.h"
-#include "train/checkpointing.h"
-#include "train/trainer.h"
+#include "train/train_config.h"
+
+/* The checkpoint and resume flags. */
+static loom_status validate_checkpointing(const loom_train_config *tc, loom_error *err) {
+    if (tc->ckpt_every < 0 || tc->ckpt_fast_every < 0 || tc->ckpt_keep < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--ckpt-every %d / --ckpt-fast-every %d / --ckpt-keep %d: expected "
+                              ">= 0",
+                              tc->ckpt_every, tc->ckpt_fast_every, tc->ckpt_keep);
+    if (tc->ckpt_every > 0 && !tc->ckpt_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-every %d: needs --ckpt-dir",
+                              tc->ckpt_every);
+    if (tc->ckpt_fast_every > 0 && !tc->ckpt_fast_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-fast-every %d: needs --ckpt-fast-dir",
+                              tc->ckpt_fast_every);
+    if (strcmp(tc->resume, "auto") == 0 && !tc->ckpt_dir[0] && !tc->ckpt_fast_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume auto: needs --ckpt-dir or --ckpt-fast-dir to search");
+    if (tc->resume[0] && tc->init_from[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--resume and --init-from: give only one");
+    return LOOM_OK;
+}
 
 void loom_train_config_defaults(loom_train_config *tc) {
     memset(tc, 0, sizeof *tc);
@@ -85,7 +105,7 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
     loom_batch_skip skip;
     loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
-    return st ? st : loom_checkpointing_validate(tc, err);
+    return st ? st : validate_checkpointing(tc, err);
 }
 
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc) {

@@ -1,70 +1,13 @@
-/* The training loop (one process): data -> forward -> loss -> backward, accumulated over
- * micro-batches, then clipping, the LR schedule and AdamW. */
+/* The training loop (every rank): data -> forward/backward (accumulated over
+ * micro-batches) -> gradient sync -> norm -> clipping, the LR schedule and AdamW. */
 #ifndef LOOM_TRAIN_TRAINER_H
 #define LOOM_TRAIN_TRAINER_H
-
-#include <stdint.h>
 
 #include "core/error.h"
 #include "model/config.h"
 #include "parallel/mesh.h"
-#include "pipeline/pipeline.h"
-#include "optim/optimizer.h"
+#include "train/train_config.h"
 
-#define LOOM_PATH_MAX 1024
-
-typedef struct {
-    char data[LOOM_PATH_MAX]; /* glob of token shards */
-    int micro_batch;          /* sequences per forward/backward */
-    int global_batch;         /* sequences per optimizer step */
-    int steps;
-    int warmup_steps;
-    float lr, min_lr;
-    loom_adamw_config adamw;
-    uint64_t seed;
-    int threads;
-    int log_every;
-    char metrics[LOOM_PATH_MAX];      /* JSON lines, one per step; "" = none */
-    char dump_dir[LOOM_PATH_MAX];     /* tensors for reference tests; "" = none */
-    loom_layout layout;               /* --dp --tp --pp --ep */
-    int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
-    float bucket_mb;                  /* gradient bucket size for overlapped reduction */
-    int overlap_param_gather;         /* ZeRO 1, 2: gather params during the next forward */
-    int moe_chunks;                   /* MoE all-to-all chunks (model/moe.h) */
-    float startup_timeout;            /* s: every rank must start within this */
-    char trace[LOOM_PATH_MAX];        /* Chrome trace JSON of every rank; "" = none */
-    char save_weights[LOOM_PATH_MAX]; /* final weights (safetensors) for generate; "" = none */
-    char val_data[LOOM_PATH_MAX];     /* validation shards; "" = no evaluation */
-    char tensorboard[LOOM_PATH_MAX];  /* TensorBoard event files go here; "" = none */
-    int eval_every;                   /* evaluate every N steps (and after the last) */
-    int eval_batches;                 /* global batches per evaluation (fixed set) */
-    int sequence_parallel;            /* with --tp > 1: Megatron sequence parallelism */
-    /* checkpoints (train/checkpointing.h) */
-    char ckpt_dir[LOOM_PATH_MAX];      /* durable tier; "" = none */
-    int ckpt_every;                    /* save every N steps (0: only at the end) */
-    int ckpt_keep;                     /* complete checkpoints kept per tier (0 = all) */
-    char ckpt_fast_dir[LOOM_PATH_MAX]; /* fast tier (node-local memory); "" = none */
-    int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
-    char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
-    char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
-    /* pipeline parallelism (--pp > 1, src/pipeline/) */
-    char pp_schedule[16];           /* gpipe | 1f1b | interleaved | zb */
-    int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
-    char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
-    char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
-    int recompute;                  /* keep only each layer's input, recompute in backward */
-    char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
-    char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
-    int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
-} loom_train_config;
-
-/* Defaults (nanoGPT/llm.c-like). */
-void loom_train_config_defaults(loom_train_config *tc);
-/* Checks values (including the split of the batch over data-parallel ranks); messages
- * name the flag. */
-loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err);
-/* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
-void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 /* Trains on the mesh (every rank calls it); progress, metrics and dumps from rank 0.
  * Returns LOOM_ERR_INPUT for bad data, LOOM_ERR_STATE if the loss becomes non-finite. */
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
