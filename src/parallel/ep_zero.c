@@ -9,6 +9,7 @@
 #include "ckpt/ckpt_writer.h"
 #include "kernels/kernels.h"
 #include "parallel/ep.h"
+#include "parallel/shard_geometry.h"
 
 static int kind_of(const loom_param *p) {
     return p->expert >= 0;
@@ -88,8 +89,8 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
         e->displs[k] = calloc((size_t)R, sizeof(int));
         ok = e->counts[k] && e->displs[k];
         if (ok)
-            loom_zero_split_rows(t, e->kind_start, k, e->kind_total[k], R, e->counts[k],
-                                 e->displs[k]);
+            loom_shard_split_rows(t, e->kind_start, k ? LOOM_SHARD_EXPERTS : LOOM_SHARD_DENSE,
+                                  e->kind_total[k], R, e->counts[k], e->displs[k]);
     }
     const size_t most = e->kind_total[0] > e->kind_total[1] ? e->kind_total[0] : e->kind_total[1];
     ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float))) &&

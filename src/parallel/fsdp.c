@@ -1,6 +1,7 @@
 #include "parallel/fsdp.h"
 
 #include "parallel/ep_zero.h"
+#include "parallel/shard_geometry.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,8 @@ static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t beg
     r->counts = calloc((size_t)R, sizeof(int));
     r->displs = calloc((size_t)R, sizeof(int));
     if (!r->counts || !r->displs) return LOOM_ERR_NOMEM;
-    loom_zero_range_parts(z, begin, end, r->counts, r->displs);
+    loom_shard_range_parts(z->shard_counts, z->shard_displs, z->dp->size, begin, end, r->counts,
+                           r->displs);
     return LOOM_OK;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "parallel/shard_geometry.h"
 
 loom_status loom_param_gather_validate(int zero, loom_layout layout, loom_error *err) {
     if (zero != 1 && zero != 2)
@@ -42,7 +43,8 @@ loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *
         r->counts = calloc((size_t)R, sizeof(int));
         r->displs = calloc((size_t)R, sizeof(int));
         if (!r->counts || !r->displs) goto nomem;
-        loom_zero_range_parts(z, r->begin, r->end, r->counts, r->displs);
+        loom_shard_range_parts(z->shard_counts, z->shard_displs, z->dp->size, r->begin, r->end,
+                               r->counts, r->displs);
         r->op.kind = LOOM_OP_ALLGATHERV;
         r->op.buf = params + r->begin;
         r->op.counts = r->counts;

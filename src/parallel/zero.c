@@ -8,41 +8,7 @@
 
 #include "core/clock.h"
 #include "kernels/kernels.h"
-
-/* Shard boundary near `target`, snapped to a whole row of the tensor it falls in. */
-static size_t snap_to_row(const loom_param_table *t, const size_t *start, int kind, size_t total,
-                          size_t target) {
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        const size_t s = start ? start[i] : p->offset;
-        if ((kind >= 0 && (p->expert >= 0) != kind) || target < s || target >= s + p->numel)
-            continue;
-        const size_t row = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
-        return s + (target - s + row / 2) / row * row;
-    }
-    return total;
-}
-
-void loom_zero_split_rows(const loom_param_table *t, const size_t *start, int kind, size_t total,
-                          int R, int *counts, int *displs) {
-    size_t prev = 0;
-    for (int r = 0; r < R; r++) {
-        size_t end = r + 1 == R ? total : snap_to_row(t, start, kind, total, total * (r + 1) / R);
-        if (end < prev) end = prev;
-        displs[r] = (int)prev;
-        counts[r] = (int)(end - prev);
-        prev = end;
-    }
-}
-
-void loom_zero_range_parts(const loom_zero *z, size_t begin, size_t end, int *counts, int *displs) {
-    for (int q = 0; q < z->dp->size; q++) {
-        size_t lo = (size_t)z->shard_displs[q], hi = lo + (size_t)z->shard_counts[q];
-        size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
-        counts[q] = a < e ? (int)(e - a) : 0;
-        displs[q] = a < e ? (int)(a - begin) : 0;
-    }
-}
+#include "parallel/shard_geometry.h"
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                              double bucket_mb, loom_error *err) {
@@ -66,7 +32,8 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
-    loom_zero_split_rows(table, NULL, -1, z->total, R, z->shard_counts, z->shard_displs);
+    loom_shard_split_rows(table, NULL, LOOM_SHARD_ALL, z->total, R, z->shard_counts,
+                          z->shard_displs);
     z->lo = (size_t)z->shard_displs[dp->rank];
     z->hi = z->lo + (size_t)z->shard_counts[dp->rank];
     if (z->stage == 0) {

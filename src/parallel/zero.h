@@ -79,15 +79,6 @@ typedef struct {
     struct loom_param_gather *overlap; /* --overlap-param-gather (parallel/param_gather.h) */
 } loom_zero;
 
-/* Splits a sequence of tensors into R shards [displs[r], displs[r] + counts[r]) of about
- * total / R elements each, boundaries snapped to whole rows of the tensor they fall in:
- * tensor i starts at start[i] (NULL: its flat offset); kind -1 takes every tensor, 0 the
- * dense ones, 1 the experts (the sequences of parallel/ep_zero.h). */
-void loom_zero_split_rows(const loom_param_table *t, const size_t *start, int kind, size_t total,
-                          int R, int *counts, int *displs);
-/* Each rank's part of the flat range [begin, end) of the shards: counts[r] floats at
- * displs[r] relative to begin (0, 0 where rank r's shard misses the range). */
-void loom_zero_range_parts(const loom_zero *z, size_t begin, size_t end, int *counts, int *displs);
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                              double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);

@@ -1,0 +1,35 @@
+/* Shard geometry: how a sequence of tensors is cut into one contiguous shard per rank,
+ * and which part of a flat range each rank's shard holds. The leaf every sharded buffer
+ * builds on (ZeRO's dense shards, the experts' segments of parallel/ep_zero.h, the
+ * overlapped gathers of parallel/param_gather.h, ZeRO-3's gathers of parallel/fsdp.h).
+ * Boundaries fall on whole rows of the tensor they land in (veScale-FSDP's rule), so a
+ * row is never split between ranks. */
+#ifndef LOOM_PARALLEL_SHARD_GEOMETRY_H
+#define LOOM_PARALLEL_SHARD_GEOMETRY_H
+
+#include <stddef.h>
+
+#include "model/params.h"
+
+/* Which tensors a sequence takes. */
+typedef enum {
+    LOOM_SHARD_ALL,     /* every tensor, in flat order */
+    LOOM_SHARD_DENSE,   /* the tensors that are not experts' */
+    LOOM_SHARD_EXPERTS, /* the experts' tensors */
+} loom_shard_kind;
+
+/* Whether tensor p belongs to sequences of `kind`. */
+int loom_shard_takes(loom_shard_kind kind, const loom_param *p);
+
+/* Splits the sequence of kind's tensors (total elements) into R shards [displs[r],
+ * displs[r] + counts[r]) of about total / R elements each, boundaries snapped to whole
+ * rows: tensor i starts at position start[i] of the sequence (NULL: its flat offset). */
+void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
+                           size_t total, int R, int *counts, int *displs);
+
+/* Each of R shards' part (shards: shard_counts/shard_displs) of the range [begin, end):
+ * counts[r] elements at displs[r] relative to begin (0, 0 where shard r misses it). */
+void loom_shard_range_parts(const int *shard_counts, const int *shard_displs, int R, size_t begin,
+                            size_t end, int *counts, int *displs);
+
+#endif
