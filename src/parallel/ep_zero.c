@@ -19,30 +19,13 @@ static int kind_of(const loom_param *p) {
  * a): to_flat 0 packs, 1 unpacks. */
 static void copy_segment(const loom_ep_zero *e, int k, size_t a, size_t b, float *flat, float *buf,
                          int to_flat) {
-    const loom_param_table *t = e->table;
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        const size_t s = e->kind_start[i];
-        if (kind_of(p) != k) continue;
-        const size_t lo = s > a ? s : a, hi = s + p->numel < b ? s + p->numel : b;
-        if (lo >= hi) continue;
-        float *f = flat + p->offset + (lo - s), *q = buf + (lo - a);
-        memcpy(to_flat ? f : q, to_flat ? q : f, (hi - lo) * sizeof(float));
-    }
-}
-
-static size_t seg_lo(const loom_ep_zero *e, int k) {
-    return (size_t)e->displs[k][e->group[k]->rank];
-}
-
-static size_t seg_hi(const loom_ep_zero *e, int k) {
-    return seg_lo(e, k) + (size_t)e->counts[k][e->group[k]->rank];
+    loom_shard_layout_copy(&e->seg[k], a, b, flat, buf,
+                           to_flat ? LOOM_SHARD_UNPACK : LOOM_SHARD_PACK);
 }
 
 static void ep_free(loom_ep_zero *e) {
     if (!e) return;
-    free(e->kind_start);
-    for (int k = 0; k < 2; k++) free(e->counts[k]), free(e->displs[k]);
+    for (int k = 0; k < 2; k++) loom_shard_layout_free(&e->seg[k]);
     free(e->own), free(e->pack), free(e->recv), free(e->gcounts), free(e->gdispls);
     free(e);
 }
@@ -55,7 +38,7 @@ static int build_own(loom_ep_zero *e) {
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
         const int k = kind_of(p);
-        const size_t s = e->kind_start[i], a = seg_lo(e, k), b = seg_hi(e, k);
+        const size_t s = loom_shard_layout_start(&e->seg[k], i), a = e->seg[k].lo, b = e->seg[k].hi;
         const size_t lo = s > a ? s : a, hi = s + p->numel < b ? s + p->numel : b;
         if (lo >= hi) continue;
         const loom_ep_range r = {p->offset + (lo - s), p->offset + (hi - s)};
@@ -73,33 +56,17 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
     loom_ep_zero *e = calloc(1, sizeof *e);
     if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO with --ep: out of memory");
     e->table = t;
-    e->group[0] = z->dp;
-    e->group[1] = edp;
     e->stage = z->stage;
-    e->kind_start = calloc((size_t)t->n_params + 1, sizeof(size_t));
-    int ok = e->kind_start != NULL;
-    for (int i = 0; ok && i < t->n_params; i++) {
-        const int k = kind_of(&t->params[i]);
-        e->kind_start[i] = e->kind_total[k];
-        e->kind_total[k] += t->params[i].numel;
-    }
-    for (int k = 0; ok && k < 2; k++) {
-        const int R = e->group[k]->size;
-        e->counts[k] = calloc((size_t)R, sizeof(int));
-        e->displs[k] = calloc((size_t)R, sizeof(int));
-        ok = e->counts[k] && e->displs[k];
-        if (ok)
-            loom_shard_split_rows(t, e->kind_start, k ? LOOM_SHARD_EXPERTS : LOOM_SHARD_DENSE,
-                                  e->kind_total[k], R, e->counts[k], e->displs[k]);
-    }
-    const size_t most = e->kind_total[0] > e->kind_total[1] ? e->kind_total[0] : e->kind_total[1];
+    int ok = !loom_shard_layout_init(&e->seg[0], t, LOOM_SHARD_DENSE, z->dp, NULL) &&
+             !loom_shard_layout_init(&e->seg[1], t, LOOM_SHARD_EXPERTS, edp, NULL);
+    const size_t most = e->seg[0].total > e->seg[1].total ? e->seg[0].total : e->seg[1].total;
     ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float))) &&
          (e->gcounts = calloc((size_t)z->dp->size, sizeof(int))) &&
          (e->gdispls = calloc((size_t)z->dp->size, sizeof(int)));
     if (ok && e->stage >= 2) {
         size_t mine = 0;
         for (int k = 0; k < 2; k++)
-            mine = seg_hi(e, k) - seg_lo(e, k) > mine ? seg_hi(e, k) - seg_lo(e, k) : mine;
+            mine = e->seg[k].hi - e->seg[k].lo > mine ? e->seg[k].hi - e->seg[k].lo : mine;
         ok = (e->recv = malloc((mine ? mine : 1) * sizeof(float))) != NULL;
     }
     /* Full-layout moments: untouched pages of an anonymous mapping are never resident. */
@@ -136,16 +103,17 @@ void loom_ep_zero_detach(loom_zero *z) {
 
 loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err) {
     loom_ep_zero *e = z->experts;
-    if (e->stage < 2) return loom_ep_reduce_grads(e->table, grads, e->group[0], e->group[1], err);
+    if (e->stage < 2)
+        return loom_ep_reduce_grads(e->table, grads, e->seg[0].group, e->seg[1].group, err);
     loom_status st = LOOM_OK;
     for (int k = 0; k < 2 && !st; k++) {
-        loom_comm *g = e->group[k];
-        if (g->size == 1 || e->kind_total[k] == 0) continue;
+        loom_comm *g = e->seg[k].group;
+        if (g->size == 1 || e->seg[k].total == 0) continue;
         loom_comm_handle h;
-        copy_segment(e, k, 0, e->kind_total[k], grads, e->pack, 0);
-        if (!(st = loom_comm_ireduce_scatter_sum(g, e->pack, e->recv, e->counts[k], &h, err)) &&
+        copy_segment(e, k, 0, e->seg[k].total, grads, e->pack, 0);
+        if (!(st = loom_comm_ireduce_scatter_sum(g, e->pack, e->recv, e->seg[k].counts, &h, err)) &&
             !(st = loom_comm_wait(&h, err)))
-            copy_segment(e, k, seg_lo(e, k), seg_hi(e, k), grads, e->recv, 1);
+            copy_segment(e, k, e->seg[k].lo, e->seg[k].hi, grads, e->recv, 1);
     }
     return st;
 }
@@ -154,12 +122,12 @@ loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err) {
     loom_ep_zero *e = z->experts;
     loom_status st = LOOM_OK;
     for (int k = 0; k < 2 && !st; k++) {
-        loom_comm *g = e->group[k];
-        if (g->size == 1 || e->kind_total[k] == 0) continue;
-        const size_t a = seg_lo(e, k);
-        copy_segment(e, k, a, seg_hi(e, k), flat, e->pack + a, 0);
-        if (!(st = loom_comm_allgatherv(g, e->pack, e->counts[k], e->displs[k], err)))
-            copy_segment(e, k, 0, e->kind_total[k], flat, e->pack, 1);
+        loom_comm *g = e->seg[k].group;
+        if (g->size == 1 || e->seg[k].total == 0) continue;
+        const size_t a = e->seg[k].lo;
+        copy_segment(e, k, a, e->seg[k].hi, flat, e->pack + a, 0);
+        if (!(st = loom_comm_allgatherv(g, e->pack, e->seg[k].counts, e->seg[k].displs, err)))
+            copy_segment(e, k, 0, e->seg[k].total, flat, e->pack, 1);
     }
     return st;
 }
@@ -189,21 +157,18 @@ loom_status loom_ep_zero_gather_range(loom_zero *z, float *shard, float *view, s
     loom_status st = LOOM_OK;
     for (int k = 0; k < 2 && !st; k++) {
         /* The range's elements of kind k are one piece [kb, ke) of the kind's sequence. */
-        size_t kb = e->kind_total[k], ke = 0;
+        const loom_shard_layout *l = &e->seg[k];
+        size_t kb = l->total, ke = 0;
         for (int i = 0; i < t->n_params; i++) {
             const loom_param *p = &t->params[i];
             if (kind_of(p) != k || p->offset < begin || p->offset >= end) continue;
-            kb = e->kind_start[i] < kb ? e->kind_start[i] : kb;
-            ke = e->kind_start[i] + p->numel > ke ? e->kind_start[i] + p->numel : ke;
+            const size_t s = loom_shard_layout_start(l, i);
+            kb = s < kb ? s : kb;
+            ke = s + p->numel > ke ? s + p->numel : ke;
         }
         if (kb >= ke) continue; /* the same on every rank: equal layouts */
-        loom_comm *g = e->group[k];
-        for (int r = 0; r < g->size; r++) {
-            const size_t lo = (size_t)e->displs[k][r], hi = lo + (size_t)e->counts[k][r];
-            const size_t a = lo > kb ? lo : kb, b = hi < ke ? hi : ke;
-            e->gcounts[r] = a < b ? (int)(b - a) : 0;
-            e->gdispls[r] = a < b ? (int)(a - kb) : 0;
-        }
+        loom_comm *g = l->group;
+        loom_shard_layout_parts(l, kb, ke, e->gcounts, e->gdispls);
         const size_t a = (size_t)e->gdispls[g->rank] + kb;
         copy_segment(e, k, a, a + (size_t)e->gcounts[g->rank], shard, e->pack + (a - kb), 0);
         if (g->size > 1) st = loom_comm_allgatherv(g, e->pack, e->gcounts, e->gdispls, err);

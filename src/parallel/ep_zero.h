@@ -29,6 +29,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "model/params.h"
+#include "parallel/shard_geometry.h"
 #include "parallel/zero.h"
 #include "optim/optimizer.h"
 
@@ -38,12 +39,9 @@ typedef struct {
 
 typedef struct loom_ep_zero {
     const loom_param_table *table;
-    loom_comm *group[2]; /* dense: dp, experts: edp */
+    loom_shard_layout seg[2]; /* the two sharded sequences: 0 dense over dp, 1 experts over edp */
     int stage;
-    size_t kind_total[2];
-    size_t *kind_start;         /* [n_params] position of the tensor in its kind's sequence */
-    int *counts[2], *displs[2]; /* per group rank: its segment of the kind's sequence */
-    loom_ep_range *own;         /* this rank's shard as flat ranges, in flat order */
+    loom_ep_range *own; /* this rank's shard as flat ranges, in flat order */
     int n_own;
     size_t own_floats;
     float *pack, *recv;     /* a kind's whole sequence; the rank's segment (stage 2) */

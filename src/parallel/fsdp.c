@@ -16,8 +16,7 @@ static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t beg
     r->counts = calloc((size_t)R, sizeof(int));
     r->displs = calloc((size_t)R, sizeof(int));
     if (!r->counts || !r->displs) return LOOM_ERR_NOMEM;
-    loom_shard_range_parts(z->shard_counts, z->shard_displs, z->dp->size, begin, end, r->counts,
-                           r->displs);
+    loom_shard_layout_parts(&z->shards, begin, end, r->counts, r->displs);
     return LOOM_OK;
 }
 

@@ -43,8 +43,7 @@ loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *
         r->counts = calloc((size_t)R, sizeof(int));
         r->displs = calloc((size_t)R, sizeof(int));
         if (!r->counts || !r->displs) goto nomem;
-        loom_shard_range_parts(z->shard_counts, z->shard_displs, z->dp->size, r->begin, r->end,
-                               r->counts, r->displs);
+        loom_shard_layout_parts(&z->shards, r->begin, r->end, r->counts, r->displs);
         r->op.kind = LOOM_OP_ALLGATHERV;
         r->op.buf = params + r->begin;
         r->op.counts = r->counts;

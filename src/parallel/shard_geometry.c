@@ -1,5 +1,8 @@
 #include "parallel/shard_geometry.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 int loom_shard_takes(loom_shard_kind kind, const loom_param *p) {
     switch (kind) {
     case LOOM_SHARD_DENSE:
@@ -44,5 +47,63 @@ void loom_shard_range_parts(const int *shard_counts, const int *shard_displs, in
         size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
         counts[q] = a < e ? (int)(e - a) : 0;
         displs[q] = a < e ? (int)(a - begin) : 0;
+    }
+}
+
+loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table *t,
+                                   loom_shard_kind kind, loom_comm *group, loom_error *err) {
+    memset(l, 0, sizeof *l);
+    l->table = t;
+    l->kind = kind;
+    l->group = group;
+    const size_t R = (size_t)group->size;
+    l->counts = calloc(R, sizeof(int));
+    l->displs = calloc(R, sizeof(int));
+    if (kind != LOOM_SHARD_ALL) l->start = calloc((size_t)t->n_params + 1, sizeof(size_t));
+    if (!l->counts || !l->displs || (kind != LOOM_SHARD_ALL && !l->start)) {
+        loom_shard_layout_free(l);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "shards: out of memory");
+    }
+    if (kind == LOOM_SHARD_ALL) {
+        l->total = t->total;
+    } else {
+        for (int i = 0; i < t->n_params; i++) {
+            if (!loom_shard_takes(kind, &t->params[i])) continue;
+            l->start[i] = l->total;
+            l->total += t->params[i].numel;
+        }
+    }
+    loom_shard_split_rows(t, l->start, kind, l->total, group->size, l->counts, l->displs);
+    l->lo = (size_t)l->displs[group->rank];
+    l->hi = l->lo + (size_t)l->counts[group->rank];
+    return LOOM_OK;
+}
+
+void loom_shard_layout_free(loom_shard_layout *l) {
+    free(l->counts);
+    free(l->displs);
+    free(l->start);
+    memset(l, 0, sizeof *l);
+}
+
+void loom_shard_layout_parts(const loom_shard_layout *l, size_t begin, size_t end, int *counts,
+                             int *displs) {
+    loom_shard_range_parts(l->counts, l->displs, l->group->size, begin, end, counts, displs);
+}
+
+void loom_shard_layout_copy(const loom_shard_layout *l, size_t a, size_t b, float *flat, float *buf,
+                            loom_shard_copy dir) {
+    const loom_param_table *t = l->table;
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        if (!loom_shard_takes(l->kind, p)) continue;
+        const size_t s = loom_shard_layout_start(l, i);
+        const size_t lo = s > a ? s : a, hi = s + p->numel < b ? s + p->numel : b;
+        if (lo >= hi) continue;
+        float *f = flat + p->offset + (lo - s), *q = buf + (lo - a);
+        if (dir == LOOM_SHARD_UNPACK)
+            memcpy(f, q, (hi - lo) * sizeof(float));
+        else
+            memcpy(q, f, (hi - lo) * sizeof(float));
     }
 }

@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include "comm/comm.h"
+#include "core/error.h"
 #include "model/params.h"
 
 /* Which tensors a sequence takes. */
@@ -31,5 +33,37 @@ void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_
  * counts[r] elements at displs[r] relative to begin (0, 0 where shard r misses it). */
 void loom_shard_range_parts(const int *shard_counts, const int *shard_displs, int R, size_t begin,
                             size_t end, int *counts, int *displs);
+
+/* One sharded buffer's geometry: the sequence of kind's tensors (in flat order) cut into
+ * one row-snapped segment per rank of group. ZeRO's dense shards are one instance (every
+ * tensor over dp), ZeRO with experts two (the dense tensors over dp, the expert tensors
+ * over edp: parallel/ep_zero.h), as Megatron builds its expert-parallel buffers from the
+ * same buffer class as the dense ones. */
+typedef struct {
+    const loom_param_table *table;
+    loom_shard_kind kind;
+    loom_comm *group;
+    size_t total;         /* elements in the sequence */
+    size_t *start;        /* [n_params]: each tensor's position in it (kind ALL: NULL, the
+                             flat offset) */
+    int *counts, *displs; /* per group rank: its segment */
+    size_t lo, hi;        /* this rank's segment */
+} loom_shard_layout;
+
+loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table *t,
+                                   loom_shard_kind kind, loom_comm *group, loom_error *err);
+void loom_shard_layout_free(loom_shard_layout *l);
+/* Where tensor i starts in the sequence. */
+static inline size_t loom_shard_layout_start(const loom_shard_layout *l, int i) {
+    return l->start ? l->start[i] : l->table->params[i].offset;
+}
+/* Each group rank's part of sequence positions [begin, end) (loom_shard_range_parts). */
+void loom_shard_layout_parts(const loom_shard_layout *l, size_t begin, size_t end, int *counts,
+                             int *displs);
+typedef enum { LOOM_SHARD_PACK, LOOM_SHARD_UNPACK } loom_shard_copy;
+/* Copies sequence positions [a, b) between a flat buffer (laid out by the registry) and
+ * buf (buf[0] = position a): PACK flat -> buf, UNPACK buf -> flat. */
+void loom_shard_layout_copy(const loom_shard_layout *l, size_t a, size_t b, float *flat, float *buf,
+                            loom_shard_copy dir);
 
 #endif

@@ -21,9 +21,6 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "model has %zu parameters: more than 2^31 per collective",
                               table->total);
-    const int R = dp->size;
-    z->shard_counts = calloc((size_t)R, sizeof(int));
-    z->shard_displs = calloc((size_t)R, sizeof(int));
     z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
     if (z->bucket_floats < 1) z->bucket_floats = 1;
     if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
@@ -31,11 +28,10 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
      * head) splits into partitions of at most bucket_floats. */
     z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
-    if (!z->shard_counts || !z->shard_displs || !z->buckets) goto nomem;
-    loom_shard_split_rows(table, NULL, LOOM_SHARD_ALL, z->total, R, z->shard_counts,
-                          z->shard_displs);
-    z->lo = (size_t)z->shard_displs[dp->rank];
-    z->hi = z->lo + (size_t)z->shard_counts[dp->rank];
+    if (!z->buckets || loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err))
+        goto nomem;
+    z->lo = z->shards.lo;
+    z->hi = z->shards.hi;
     if (z->stage == 0) {
         z->lo = 0;
         z->hi = z->total;
@@ -66,8 +62,7 @@ void loom_zero_free(loom_zero *z) {
     loom_comm_engine_stop(&z->engine);
     loom_embed_grad_free(&z->embed);
     free(z->buckets);
-    free(z->shard_counts);
-    free(z->shard_displs);
+    loom_shard_layout_free(&z->shards);
     free(z->m);
     free(z->v);
     memset(z, 0, sizeof *z);
@@ -312,12 +307,12 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
-    loom_status st = loom_comm_allgatherv(z->dp, params, z->shard_counts, z->shard_displs, err);
+    loom_status st = loom_comm_allgatherv(z->dp, params, z->shards.counts, z->shards.displs, err);
     z->times.param_gather_ms = loom_now_ms() - t1;
     return st;
 }
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
-    return loom_comm_allgatherv(z->dp, grads, z->shard_counts, z->shard_displs, err);
+    return loom_comm_allgatherv(z->dp, grads, z->shards.counts, z->shards.displs, err);
 }

@@ -25,6 +25,7 @@
 #include "comm/comm.h"
 #include "comm/engine.h"
 #include "parallel/embed_grad.h"
+#include "parallel/shard_geometry.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 
@@ -56,12 +57,12 @@ typedef struct {
     int stage;
     const loom_param_table *table;
     size_t total;
-    int *shard_counts, *shard_displs; /* per rank: its shard [displ, displ + count) */
-    size_t lo, hi;                    /* this rank's shard */
-    size_t shard_floats;              /* its optimizer state's floats (--ep: the segments') */
-    float *m, *v;                     /* AdamW state: whole buffer (stage 0) or the shard */
-    float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
-                          buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
+    loom_shard_layout shards; /* every rank's shard of the flat buffer (over dp) */
+    size_t lo, hi;            /* this rank's shard */
+    size_t shard_floats;      /* its optimizer state's floats (--ep: the segments') */
+    float *m, *v;             /* AdamW state: whole buffer (stage 0) or the shard */
+    float *grad_shard;        /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
+                                 buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
     size_t bucket_floats;
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;

@@ -40,7 +40,7 @@ static void written_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM
     held_buffers(c, b);
     const loom_zero *z = c->zero;
     const int r = c->mesh->dp_rank;
-    const size_t lo = (size_t)z->shard_displs[r], hi = lo + (size_t)z->shard_counts[r];
+    const size_t lo = (size_t)z->shards.displs[r], hi = lo + (size_t)z->shards.counts[r];
     for (int k = 0; k < LOOM_CKPT_KINDS; k++) b[k].lo = lo, b[k].hi = hi;
 }
 
