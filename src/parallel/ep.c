@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "ckpt/ckpt_writer.h"
-#include "kernels/kernels.h"
 
 loom_status loom_ep_reduce_grads(const loom_param_table *t, float *grads, loom_comm *dp,
                                  loom_comm *edp, loom_error *err) {

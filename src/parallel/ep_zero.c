@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_writer.h"
-#include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/shard_geometry.h"
 

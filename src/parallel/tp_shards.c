@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
 
 loom_status loom_tp_validate(const loom_model_config *cfg, int tp, int sequence_parallel, int rows,
                              loom_error *err) {

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "core/clock.h"
-#include "kernels/kernels.h"
 #include "parallel/shard_geometry.h"
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,

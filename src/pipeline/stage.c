@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
 #include "pipeline/pipeline.h"
