@@ -505,9 +505,13 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         (st = loom_moe_validate_layout(mc, mesh->layout.ep, mesh->layout.dp, tc->zero,
                                        mesh->layout.tp, mesh->layout.pp, err)) ||
         (r.tp.err = err, r.pipelined = mesh->layout.pp > 1,
-         st = r.pipelined ? loom_pipeline_create(&r.pipe, mc, tc, mesh, &r.tp, &r.model, err)
-                          : loom_model_create_ep(&r.model, mc, tc->micro_batch, T, &r.tp, &mesh->ep,
-                                                 err)) ||
+         st = r.pipelined
+                  ? loom_pipeline_create(&r.pipe, mc, tc, mesh, &r.tp, &r.model, err)
+                  : loom_model_create(
+                        &r.model,
+                        &(loom_model_options){
+                            .cfg = mc, .B = tc->micro_batch, .T = T, .tp = &r.tp, .ep = &mesh->ep},
+                        err)) ||
         (st = loom_model_set_recompute(&r.model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r.model.moe, tc->moe_chunks, err)) ||
         (st = loom_zero_create(&r.zero, &mesh->dp, tc->zero, &r.model.table, tc->bucket_mb, err)) ||
@@ -554,8 +558,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     const int gathered = r.tp.size > 1 || mesh->ep.size > 1;
     const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r.pipelined || lead);
     if (gathered &&
-        !(st = loom_params_build_stage(&r.global_table, mc, 0, 1,
-                                       r.pipelined ? &r.pipe.layers : NULL, err)) &&
+        !(st = loom_params_build(
+              &r.global_table, mc,
+              &(loom_params_options){.layers = r.pipelined ? &r.pipe.layers : NULL}, err)) &&
         tp_lead)
         r.global_flat = malloc(r.global_table.total * sizeof(float));
     if (st || (gathered && tp_lead && !r.global_flat)) {

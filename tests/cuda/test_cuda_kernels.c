@@ -212,23 +212,19 @@ static void test_linear(int N, int IC, int OC, int with_bias, int bf) {
         void *dB = with_bias ? up(b, OC, bf) : NULL, *dDY = up(dy, (size_t)N * OC, bf);
         void *dOut = poisoned((size_t)N * OC, bf), *dDX = up(dx0, (size_t)N * IC, bf);
         float *dDW = up(dw0, (size_t)OC * IC, 0), *dDB = up(db0, OC, 0);
-        loom_status st;
         if (bf) {
-            st = loom_cuda_linear_forward_bf16(&g_ctx, dOut, dX, dW, dB, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_input_bf16(&g_ctx, dDX, dDY, dW, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_weight_bf16(&g_ctx, dDW, with_bias ? dDB : NULL, dDY,
-                                                           dX, N, IC, OC, &err);
+            loom_cuda_linear_forward_bf16(&g_ctx, dOut, dX, dW, dB, N, IC, OC);
+            loom_cuda_linear_backward_input_bf16(&g_ctx, dDX, dDY, dW, N, IC, OC);
+            loom_cuda_linear_backward_weight_bf16(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX, N,
+                                                  IC, OC);
         } else {
-            st = loom_cuda_linear_forward(&g_ctx, dOut, dX, dW, dB, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_input(&g_ctx, dDX, dDY, dW, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_weight(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX,
-                                                      N, IC, OC, &err);
+            loom_cuda_linear_forward(&g_ctx, dOut, dX, dW, dB, N, IC, OC);
+            loom_cuda_linear_backward_input(&g_ctx, dDX, dDY, dW, N, IC, OC);
+            loom_cuda_linear_backward_weight(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX, N, IC,
+                                             OC);
         }
-        if (st != LOOM_OK) fatal("linear", &err);
+        /* the GEMMs' first failure is the context's sticky error */
+        if (loom_cuda_ctx_status(&g_ctx, 1, &err) != LOOM_OK) fatal("linear", &err);
         float *g;
         NAME(nm, "linear forward", bf);
         check(nm, g = down(dOut, (size_t)N * OC, bf), out, (size_t)N * OC, TOL(bf));
