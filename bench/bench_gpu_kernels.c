@@ -63,8 +63,8 @@ int main(int argc, char **argv) {
             cudaEventRecord(e0, ctx.stream);
             for (int r = 0; r < (warm ? reps : 2); r++) {
                 if (phase == 0) {
-                    if (loom_cuda_linear_forward_bf16(&ctx, C, A, W, NULL, G, G, G, &err) !=
-                        LOOM_OK) {
+                    loom_cuda_linear_forward_bf16(&ctx, C, A, W, NULL, G, G, G);
+                    if (loom_cuda_ctx_status(&ctx, 0, &err) != LOOM_OK) {
                         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
                         return 1;
                     }

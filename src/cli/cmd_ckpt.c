@@ -78,7 +78,7 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m) {
 static int export_weights(const char *dir, const loom_ckpt_manifest *m, const char *out) {
     loom_param_table t;
     loom_error err = {0};
-    if (loom_params_build(&t, &m->model, 0, 1, &err)) return fail(err.msg);
+    if (loom_params_build(&t, &m->model, NULL, &err)) return fail(err.msg);
     float *params = malloc(t.total * sizeof(float));
     if (!params) {
         loom_params_free(&t);

@@ -4,8 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
-
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
                                   const loom_param_table *t, const float *params, loom_error *err) {
     memset(g, 0, sizeof *g);
@@ -13,43 +11,47 @@ loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
     g->table = t;
     g->params = params;
     g->max_len = c->seq_len;
+    /* The decoder runs on the host (attend() below loops over the KV cache, and
+     * loom_sample reads the logits): the CPU backend, whose memory is host memory. */
+    g->be = loom_backend_cpu();
     const int hd = c->d_model / c->n_head, C = c->d_model;
     const size_t kv = (size_t)c->n_kv_head * hd, QKV = (size_t)(c->n_head + 2 * c->n_kv_head) * hd;
     const size_t FC = c->family == LOOM_FAMILY_GPT2 ? (size_t)c->d_ff : 2 * (size_t)c->d_ff;
     const size_t cache = (size_t)c->n_layer * g->max_len * kv;
-    g->k_cache = malloc(cache * sizeof(float));
-    g->v_cache = malloc(cache * sizeof(float));
-    g->x = malloc(C * sizeof(float));
-    g->norm = malloc(C * sizeof(float));
-    g->qkv = malloc(QKV * sizeof(float));
-    g->att = malloc((size_t)c->n_head * hd * sizeof(float));
-    g->res = malloc(C * sizeof(float));
-    g->fc = malloc(FC * sizeof(float));
-    g->act = malloc((size_t)c->d_ff * sizeof(float));
-    g->logits = malloc((size_t)c->vocab_size * sizeof(float));
-    g->scores = malloc((size_t)g->max_len * sizeof(float));
+    g->k_cache = loom_backend_alloc(g->be, cache * sizeof(float));
+    g->v_cache = loom_backend_alloc(g->be, cache * sizeof(float));
+    g->x = loom_backend_alloc(g->be, C * sizeof(float));
+    g->norm = loom_backend_alloc(g->be, C * sizeof(float));
+    g->qkv = loom_backend_alloc(g->be, QKV * sizeof(float));
+    g->att = loom_backend_alloc(g->be, (size_t)c->n_head * hd * sizeof(float));
+    g->res = loom_backend_alloc(g->be, C * sizeof(float));
+    g->fc = loom_backend_alloc(g->be, FC * sizeof(float));
+    g->act = loom_backend_alloc(g->be, (size_t)c->d_ff * sizeof(float));
+    g->logits = loom_backend_alloc(g->be, (size_t)c->vocab_size * sizeof(float));
+    g->scores = loom_backend_alloc(g->be, (size_t)g->max_len * sizeof(float));
     if (!g->k_cache || !g->v_cache || !g->x || !g->norm || !g->qkv || !g->att || !g->res ||
         !g->fc || !g->act || !g->logits || !g->scores) {
         loom_generator_free(g);
         return loom_error_set(err, LOOM_ERR_NOMEM, "generate: out of memory for the KV cache");
     }
-    loom_status st = loom_moe_create(&g->moe, c, t, 1, NULL, err);
+    loom_status st = loom_moe_create(&g->moe, c, t, 1, NULL, g->be, err);
     if (st) loom_generator_free(g);
     return st;
 }
 
 void loom_generator_free(loom_generator *g) {
-    free(g->k_cache);
-    free(g->v_cache);
-    free(g->x);
-    free(g->norm);
-    free(g->qkv);
-    free(g->att);
-    free(g->res);
-    free(g->fc);
-    free(g->act);
-    free(g->logits);
-    free(g->scores);
+    if (!g->be) g->be = loom_backend_cpu(); /* freed twice, or never created */
+    loom_backend_free(g->be, g->k_cache);
+    loom_backend_free(g->be, g->v_cache);
+    loom_backend_free(g->be, g->x);
+    loom_backend_free(g->be, g->norm);
+    loom_backend_free(g->be, g->qkv);
+    loom_backend_free(g->be, g->att);
+    loom_backend_free(g->be, g->res);
+    loom_backend_free(g->be, g->fc);
+    loom_backend_free(g->be, g->act);
+    loom_backend_free(g->be, g->logits);
+    loom_backend_free(g->be, g->scores);
     loom_moe_destroy(g->moe);
     memset(g, 0, sizeof *g);
 }
@@ -61,10 +63,11 @@ static const float *opt(const float *p, size_t offset) {
 static void norm(loom_generator *g, float *out, const float *in, size_t w, size_t b) {
     const loom_model_config *c = &g->cfg;
     if (c->family == LOOM_FAMILY_GPT2)
-        loom_layernorm_forward(out, &g->mean, &g->rstd, in, g->params + w, opt(g->params, b), 1,
-                               c->d_model, c->norm_eps);
+        loom_backend_layernorm_forward(g->be, out, &g->mean, &g->rstd, in, g->params + w,
+                                       opt(g->params, b), 1, c->d_model, c->norm_eps);
     else
-        loom_rmsnorm_forward(out, &g->rstd, in, g->params + w, 1, c->d_model, c->norm_eps);
+        loom_backend_rmsnorm_forward(g->be, out, &g->rstd, in, g->params + w, 1, c->d_model,
+                                     c->norm_eps);
 }
 
 /* One query head against the cached keys/values 0..pos of its key/value head. */
@@ -100,37 +103,41 @@ void loom_generator_step(loom_generator *g, int32_t token, int pos) {
     const int C = c->d_model, F = c->d_ff, hd = C / c->n_head, H = c->n_head, KV = c->n_kv_head;
     const int A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
     const int gpt2 = c->family == LOOM_FAMILY_GPT2, FC = gpt2 ? F : 2 * F;
-    for (int i = 0; i < C; i++)
-        g->x[i] =
-            p[t->wte + (size_t)token * C + i] + (gpt2 ? p[t->wpe + (size_t)pos * C + i] : 0.0f);
+    /* one token at position pos: the lookup with wpe shifted to row pos */
+    loom_backend_embedding_forward(g->be, g->x, &token, p + t->wte,
+                                   gpt2 ? p + t->wpe + (size_t)pos * C : NULL, 1, 1, C);
     for (int l = 0; l < c->n_layer; l++) {
         const loom_block_params *k = &t->blocks[l];
         norm(g, g->norm, g->x, k->norm1_w, k->norm1_b);
-        loom_linear_forward(g->qkv, g->norm, p + k->qkv_w, opt(p, k->qkv_b), 1, C, QKV);
-        if (!gpt2) loom_rope_forward_at(g->qkv, 1, 1, H, KV, hd, c->rope_theta, pos);
+        loom_backend_linear_forward(g->be, g->qkv, g->norm, p + k->qkv_w, opt(p, k->qkv_b), 1, C,
+                                    QKV);
+        if (!gpt2) loom_backend_rope_forward_at(g->be, g->qkv, 1, 1, H, KV, hd, c->rope_theta, pos);
         size_t at = ((size_t)l * g->max_len + pos) * kv;
-        memcpy(g->k_cache + at, g->qkv + A, kv * sizeof(float));
-        memcpy(g->v_cache + at, g->qkv + A + kv, kv * sizeof(float));
+        loom_backend_copy(g->be, g->k_cache + at, g->qkv + A, kv * sizeof(float));
+        loom_backend_copy(g->be, g->v_cache + at, g->qkv + A + kv, kv * sizeof(float));
         for (int h = 0; h < H; h++) attend(g, l, h, pos);
-        loom_linear_forward(g->res, g->att, p + k->attn_out_w, opt(p, k->attn_out_b), 1, A, C);
-        loom_add(g->x, g->x, g->res, C);
+        loom_backend_linear_forward(g->be, g->res, g->att, p + k->attn_out_w, opt(p, k->attn_out_b),
+                                    1, A, C);
+        loom_backend_add(g->be, g->x, g->x, g->res, C);
         norm(g, g->norm, g->x, k->norm2_w, k->norm2_b);
         if (k->moe) {
             /* One rank, no collective: cannot fail. */
             (void)loom_moe_forward(g->moe, l, p, g->norm, g->res);
-            loom_add(g->x, g->x, g->res, C);
+            loom_backend_add(g->be, g->x, g->x, g->res, C);
             continue;
         }
-        loom_linear_forward(g->fc, g->norm, p + k->fc_w, opt(p, k->fc_b), 1, C, FC);
+        loom_backend_linear_forward(g->be, g->fc, g->norm, p + k->fc_w, opt(p, k->fc_b), 1, C, FC);
         if (gpt2)
-            loom_gelu_forward(g->act, g->fc, F);
+            loom_backend_gelu_forward(g->be, g->act, g->fc, F);
         else
-            loom_swiglu_forward(g->act, g->fc, 1, F);
-        loom_linear_forward(g->res, g->act, p + k->proj_w, opt(p, k->proj_b), 1, F, C);
-        loom_add(g->x, g->x, g->res, C);
+            loom_backend_swiglu_forward(g->be, g->act, g->fc, 1, F);
+        loom_backend_linear_forward(g->be, g->res, g->act, p + k->proj_w, opt(p, k->proj_b), 1, F,
+                                    C);
+        loom_backend_add(g->be, g->x, g->x, g->res, C);
     }
     norm(g, g->norm, g->x, t->normf_w, t->normf_b);
-    loom_linear_forward(g->logits, g->norm, p + t->lm_head, NULL, 1, C, c->vocab_size);
+    loom_backend_linear_forward(g->be, g->logits, g->norm, p + t->lm_head, NULL, 1, C,
+                                c->vocab_size);
 }
 
 /* Descending order of logits, for top-k / top-p. */

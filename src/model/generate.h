@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -23,6 +24,9 @@ typedef struct {
     float *x, *norm, *qkv, *att, *res, *fc, *act, *logits, *scores;
     float mean, rstd;
     loom_moe *moe; /* MoE layers: the training block for one token (NULL: dense) */
+    /* The CPU backend: every op and buffer goes through it; the attention over the cache
+     * is a host loop (one query row), and mean/rstd are host fields. */
+    const loom_backend *be;
 } loom_generator;
 
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *cfg,

@@ -28,6 +28,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -40,10 +41,12 @@ typedef struct {
     double aux_loss, z_loss;              /* unweighted, as they enter the loss */
 } loom_moe_stats;
 
-/* For micro-batches of N tokens; ep: the expert-parallel group (NULL: one rank). The
- * table must have been built for this rank's place in ep (loom_params_build_ep). */
+/* For micro-batches of N tokens; ep: the expert-parallel group (NULL: one rank); be:
+ * where its ops run and its tensors live (NULL: loom_backend_cpu()). The table must have
+ * been built for this rank's place in ep (loom_params_build's ep_rank, ep_size). */
 loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
-                            const loom_param_table *table, int N, loom_comm *ep, loom_error *err);
+                            const loom_param_table *table, int N, loom_comm *ep,
+                            const loom_backend *be, loom_error *err);
 void loom_moe_destroy(loom_moe *moe);
 /* Splits the local tokens of a micro-batch into `chunks` token ranges (default 1): chunk
  * c + 1's dispatch and chunk c - 1's combine are in flight (non-blocking all-to-all-v)

@@ -83,25 +83,12 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
                                int tp_size, int ep_rank, int ep_size, const loom_layer_set *set,
                                loom_error *err);
 
-loom_status loom_params_build(loom_param_table *t, const loom_model_config *c, int tp_rank,
-                              int tp_size, loom_error *err) {
-    return loom_params_build_stage(t, c, tp_rank, tp_size, NULL, err);
-}
-
-loom_status loom_params_build_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
-                                 int tp_size, int ep_rank, int ep_size, loom_error *err) {
-    return build_table(t, c, tp_rank, tp_size, ep_rank, ep_size, NULL, err);
-}
-
-loom_status loom_params_build_stage(loom_param_table *t, const loom_model_config *c, int tp_rank,
-                                    int tp_size, const loom_layer_set *set, loom_error *err) {
-    return build_table(t, c, tp_rank, tp_size, 0, 1, set, err);
-}
-
-loom_status loom_params_build_stage_ep(loom_param_table *t, const loom_model_config *c, int tp_rank,
-                                       int tp_size, int ep_rank, int ep_size,
-                                       const loom_layer_set *set, loom_error *err) {
-    return build_table(t, c, tp_rank, tp_size, ep_rank, ep_size, set, err);
+loom_status loom_params_build(loom_param_table *t, const loom_model_config *c,
+                              const loom_params_options *o, loom_error *err) {
+    const loom_params_options none = {0};
+    if (!o) o = &none;
+    return build_table(t, c, o->tp_rank, o->tp_size > 0 ? o->tp_size : 1, o->ep_rank,
+                       o->ep_size > 0 ? o->ep_size : 1, o->layers, err);
 }
 
 /* One expert's feed-forward tensors under `prefix` (Mixtral w1/w3/w2 for Llama, c_fc and

@@ -98,31 +98,29 @@ typedef struct {
     int first, last;
 } loom_layer_set;
 
-/* Registers the tensors as rank tp_rank of a tensor-parallel group of tp_size holds them
- * (tp_size 1: everything whole). Megatron placement: q/k/v, c_fc, gate/up and the
- * vocabulary rows of the embedding and head are column-parallel (tp_dim 0; GPT-2's fused
- * c_attn with tp_parts 3); attention/MLP output projections row-parallel (tp_dim 1); norms
- * and the biases of row-parallel layers replicated. */
-loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
-                              int tp_size, loom_error *err);
-/* The same for a pipeline stage: only the tensors of `layers` (blocks in local order,
- * under their global names; GPT-2's tied embedding also on the last stage, as a replica).
- * layers NULL: the whole model. */
-loom_status loom_params_build_stage(loom_param_table *table, const loom_model_config *cfg,
-                                    int tp_rank, int tp_size, const loom_layer_set *layers,
-                                    loom_error *err);
+/* Where this rank sits: rank tp_rank of a tensor-parallel group of tp_size, rank
+ * ep_rank of an expert-parallel group of ep_size, holding the blocks of `layers`.
+ * Zero-initialised fields mean "none / the whole model" (sizes 0 count as 1, layers
+ * NULL: every layer, the embedding and the head). */
+typedef struct {
+    int tp_rank, tp_size;
+    int ep_rank, ep_size;
+    const loom_layer_set *layers;
+} loom_params_options;
+
+/* Registers the tensors as this rank holds them (opts NULL: everything whole).
+ * Tensor parallelism, Megatron placement: q/k/v, c_fc, gate/up and the vocabulary rows
+ * of the embedding and head are column-parallel (tp_dim 0; GPT-2's fused c_attn with
+ * tp_parts 3); attention/MLP output projections row-parallel (tp_dim 1); norms and the
+ * biases of row-parallel layers replicated. Expert parallelism: only experts
+ * [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) are registered here. A pipeline
+ * stage: only the tensors of `layers` (blocks in local order, under their global names;
+ * GPT-2's tied embedding also on the last stage, as a replica). */
+loom_status loom_params_build(loom_param_table *table, const loom_model_config *cfg,
+                              const loom_params_options *opts, loom_error *err);
 /* The divisibility tensor parallelism over tp ranks needs (n_head, n_kv_head, d_ff,
  * vocab_size); the message names the flag. */
 loom_status loom_params_check_tp(const loom_model_config *cfg, int tp, loom_error *err);
-/* The same as rank ep_rank of an expert-parallel group of ep_size: only experts
- * [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) are registered here. */
-loom_status loom_params_build_ep(loom_param_table *table, const loom_model_config *cfg, int tp_rank,
-                                 int tp_size, int ep_rank, int ep_size, loom_error *err);
-/* Both: a pipeline stage's layers with only this ep rank's experts (layers NULL: the
- * whole model). */
-loom_status loom_params_build_stage_ep(loom_param_table *table, const loom_model_config *cfg,
-                                       int tp_rank, int tp_size, int ep_rank, int ep_size,
-                                       const loom_layer_set *layers, loom_error *err);
 void loom_params_free(loom_param_table *table);
 /* Initialises every parameter from Philox keyed by (seed, name hash, element index):
  * any slice of a tensor can be initialised on its own with the same values. */

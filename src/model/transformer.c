@@ -3,8 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
-
 static int is_gpt2(const loom_model *m) {
     return m->cfg.family == LOOM_FAMILY_GPT2;
 }
@@ -39,15 +37,20 @@ static int seq_parallel(const loom_model *m) {
     return m->tp && m->tp->size > 1 && m->tp->sequence_parallel;
 }
 
-/* Carves the arena twice: first with base NULL to size it, then for real. */
+/* Carves the arena twice: first without one to size it, then from the backend arena.
+ * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
+ * pass and the arena's bump allocation agree piece by piece. */
 typedef struct {
-    float *base;
-    size_t used;
+    const loom_backend *be;
+    loom_backend_arena *arena; /* NULL: sizing */
+    size_t used;               /* bytes */
 } carver;
 
 static float *carve(carver *cv, size_t floats) {
-    float *p = cv->base ? cv->base + cv->used : NULL;
-    cv->used += (floats + 15) & ~(size_t)15; /* 64-byte aligned pieces */
+    const size_t bytes = loom_backend_piece_bytes(cv->be, floats * sizeof(float));
+    /* the arena was sized by the same pieces: the allocation cannot fail */
+    float *p = cv->arena ? loom_backend_arena_alloc(cv->arena, bytes, "activations", NULL) : NULL;
+    cv->used += bytes;
     return p;
 }
 
@@ -108,71 +111,44 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
     m->dact = carve(cv, N * F);
     m->full = sequence_parallel && d.tp > 1 ? carve(cv, N * C) : NULL;
     m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? carve(cv, N * C) : NULL;
-    m->att_scratch = carve(cv, loom_attention_scratch_floats(m->T));
+    m->att_scratch = carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
 }
 
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
     loom_model copy = *m; /* plan() writes pointers: let it write into a copy */
     copy.blocks = calloc((size_t)m->cfg.n_layer, sizeof *copy.blocks);
     if (!copy.blocks) return 0;
-    carver sizing = {NULL, 0};
+    carver sizing = {m->be, NULL, 0};
     plan(&copy, &sizing, sequence_parallel);
     free(copy.blocks);
-    return sizing.used * sizeof(float);
+    return sizing.used;
 }
 
-loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B, int T,
-                              loom_error *err) {
-    return loom_model_create_tp(m, cfg, B, T, NULL, err);
-}
-
-loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                 loom_tp *tp, loom_error *err) {
-    return loom_model_create_stage(m, cfg, B, T, tp, NULL, 0, err);
-}
-
-static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                loom_tp *tp, const loom_layer_set *layers, int flags, loom_comm *ep,
-                                loom_error *err);
-
-loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                 loom_tp *tp, loom_comm *ep, loom_error *err) {
-    return create_model(m, cfg, B, T, tp, NULL, 0, ep, err);
-}
-
-loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                    loom_tp *tp, const loom_layer_set *layers, int flags,
-                                    loom_error *err) {
-    return create_model(m, cfg, B, T, tp, layers, flags, NULL, err);
-}
-
-loom_status loom_model_create_stage_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                       loom_tp *tp, const loom_layer_set *layers, int flags,
-                                       loom_comm *ep, loom_error *err) {
-    return create_model(m, cfg, B, T, tp, layers, flags, ep, err);
-}
-
-/* Sizes the arena for the current plan, allocates it and carves the pointers. */
+/* Sizes the arena for the current plan, allocates it on the backend and carves it. */
 static loom_status allocate_arena(loom_model *m, loom_error *err) {
-    carver sizing = {NULL, 0};
+    carver sizing = {m->be, NULL, 0};
     plan(m, &sizing, seq_parallel(m));
-    m->arena_floats = sizing.used;
-    m->arena = aligned_alloc(64, m->arena_floats * sizeof(float));
-    if (!m->arena)
+    m->arena_floats = sizing.used / sizeof(float);
+    if (loom_backend_arena_create(&m->arena, m->be, sizing.used, "activations", NULL))
         return loom_error_set(err, LOOM_ERR_NOMEM,
                               "activations: cannot allocate %.1f MiB for micro-batch %d x %d",
-                              (double)sizing.used * 4 / (1 << 20), m->B, m->T);
-    carver real = {m->arena, 0};
+                              (double)sizing.used / (1 << 20), m->B, m->T);
+    carver real = {m->be, &m->arena, 0};
     plan(m, &real, seq_parallel(m));
     return LOOM_OK;
 }
 
-static loom_status create_model(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                loom_tp *tp, const loom_layer_set *layers, int flags, loom_comm *ep,
-                                loom_error *err) {
+loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_error *err) {
     memset(m, 0, sizeof *m);
-    m->split_backward = (flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
-    m->recompute = (flags & LOOM_MODEL_RECOMPUTE) != 0;
+    m->be = o->backend ? o->backend : loom_backend_cpu();
+    m->arena.be = m->be;
+    if (!o->cfg) return loom_error_set(err, LOOM_ERR_INPUT, "model: no configuration");
+    const loom_model_config *cfg = o->cfg;
+    const int B = o->B, T = o->T;
+    loom_tp *tp = o->tp;
+    loom_comm *ep = o->ep;
+    m->split_backward = (o->flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
+    m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
     m->cfg = *cfg;
     m->tp = tp;
     m->B = B;
@@ -187,18 +163,25 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
                               tp->rows, tp->width);
     /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
      * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
-    st = loom_params_build_stage_ep(&m->table, cfg, tp ? tp->rank : 0, tp ? tp->size : 1,
-                                    ep ? ep->rank : 0, ep ? ep->size : 1, layers, err);
-    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, err)) ||
+    const loom_params_options po = {.tp_rank = tp ? tp->rank : 0,
+                                    .tp_size = tp ? tp->size : 1,
+                                    .ep_rank = ep ? ep->rank : 0,
+                                    .ep_size = ep ? ep->size : 1,
+                                    .layers = o->layers};
+    st = loom_params_build(&m->table, cfg, &po, err);
+    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, m->be, err)) ||
         (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);
         return st;
     }
     m->Ns = dims_of(m, seq_parallel(m)).Ns;
+    /* host metadata: the per-layer activation pointers and the host copy of the losses */
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
-    m->inputs = malloc((size_t)B * T * sizeof *m->inputs);
-    m->targets = malloc((size_t)B * T * sizeof *m->targets);
-    if (!m->blocks || !m->inputs || !m->targets) {
+    m->losses_host = malloc((size_t)B * T * sizeof *m->losses_host);
+    /* tokens the embedding and the loss read: backend memory */
+    m->inputs = loom_backend_alloc(m->be, (size_t)B * T * sizeof *m->inputs);
+    m->targets = loom_backend_alloc(m->be, (size_t)B * T * sizeof *m->targets);
+    if (!m->blocks || !m->losses_host || !m->inputs || !m->targets) {
         loom_model_destroy(m);
         return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
     }
@@ -209,17 +192,19 @@ static loom_status create_model(loom_model *m, const loom_model_config *cfg, int
 loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
     if (m->recompute == (on != 0)) return LOOM_OK;
     m->recompute = on != 0;
-    free(m->arena);
-    m->arena = NULL;
+    loom_backend_arena_destroy(&m->arena);
     return allocate_arena(m, err);
 }
 
 void loom_model_destroy(loom_model *m) {
     loom_moe_destroy(m->moe);
-    free(m->arena);
+    if (m->be) {
+        loom_backend_arena_destroy(&m->arena);
+        loom_backend_free(m->be, m->inputs);
+        loom_backend_free(m->be, m->targets);
+    }
     free(m->blocks);
-    free(m->inputs);
-    free(m->targets);
+    free(m->losses_host);
     loom_params_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -232,18 +217,20 @@ size_t loom_model_activation_bytes(const loom_model *m) {
 static void norm_forward(const loom_model *m, float *out, float *mean, float *rstd,
                          const float *inp, const float *w, const float *b, int N) {
     if (is_gpt2(m))
-        loom_layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.d_model, m->cfg.norm_eps);
+        loom_backend_layernorm_forward(m->be, out, mean, rstd, inp, w, b, N, m->cfg.d_model,
+                                       m->cfg.norm_eps);
     else
-        loom_rmsnorm_forward(out, rstd, inp, w, N, m->cfg.d_model, m->cfg.norm_eps);
+        loom_backend_rmsnorm_forward(m->be, out, rstd, inp, w, N, m->cfg.d_model, m->cfg.norm_eps);
 }
 
 static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean, const float *rstd,
                           int N) {
     if (is_gpt2(m))
-        loom_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.d_model);
+        loom_backend_layernorm_backward(m->be, dinp, dw, db, dout, inp, w, mean, rstd, N,
+                                        m->cfg.d_model);
     else
-        loom_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.d_model);
+        loom_backend_rmsnorm_backward(m->be, dinp, dw, dout, inp, w, rstd, N, m->cfg.d_model);
 }
 
 /* Pointer to a tensor in a flat buffer, NULL when the family has none. */
@@ -278,7 +265,7 @@ static loom_status tp_reduce(const loom_model *m, float *partial, float *out) {
 static loom_status row_forward(loom_model *m, const dims *d, float *out, const float *inp,
                                const float *w, const float *b, int IC) {
     float *part = seq_parallel(m) ? m->dnorm : out;
-    loom_linear_forward(part, inp, w, d->rank == 0 ? b : NULL, d->N, IC, d->C);
+    loom_backend_linear_forward(m->be, part, inp, w, d->rank == 0 ? b : NULL, d->N, IC, d->C);
     return tp_reduce(m, part, out);
 }
 
@@ -287,12 +274,12 @@ static loom_status row_forward(loom_model *m, const dims *d, float *out, const f
 static loom_status column_backward(loom_model *m, const dims *d, const float *dout, const float *w,
                                    float *dw, float *db, const float *inp_local, int OC,
                                    const float **dinp) {
-    memset(m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
-    loom_linear_backward_input(m->dnorm, dout, w, d->N, d->C, OC);
+    loom_backend_memset(m->be, m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
+    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, d->N, d->C, OC);
     const float *inp;
     loom_status st = tp_gather(m, inp_local, &inp);
     if (st) return st;
-    loom_linear_backward_weight(dw, db, dout, inp, d->N, d->C, OC);
+    loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, d->N, d->C, OC);
     float *out = seq_parallel(m) ? m->full : m->dnorm;
     *dinp = out;
     return tp_reduce(m, m->dnorm, out);
@@ -302,13 +289,15 @@ static loom_status column_backward(loom_model *m, const dims *d, const float *do
 static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;
     if (d->tp == 1) {
-        loom_embedding_forward(m->embed, m->inputs, p + t->wte, cat(p, t->wpe), m->B, m->T, d->C);
+        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, cat(p, t->wpe), m->B,
+                                       m->T, d->C);
         return LOOM_OK;
     }
     /* vocabulary-parallel: each rank looks up its rows; positions once */
     float *part = seq_parallel(m) ? m->dnorm : m->embed;
-    loom_embedding_forward_shard(part, m->inputs, p + t->wte, d->rank == 0 ? cat(p, t->wpe) : NULL,
-                                 d->v0, d->V, m->B, m->T, d->C);
+    loom_backend_embedding_forward_shard(m->be, part, m->inputs, p + t->wte,
+                                         d->rank == 0 ? cat(p, t->wpe) : NULL, d->v0, d->V, m->B,
+                                         m->T, d->C);
     return tp_reduce(m, part, m->embed);
 }
 
@@ -331,13 +320,15 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, cat(p, k->norm1_b),
                  Ns);
     if (!(st = tp_gather(m, a->norm1, &in))) {
-        loom_linear_forward(a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
-        if (!is_gpt2(m)) loom_rope_forward(a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
-        loom_attention_forward(a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H, d.KV, hd);
+        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
+        if (!is_gpt2(m))
+            loom_backend_rope_forward(m->be, a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
+        loom_backend_attention_forward(m->be, a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H,
+                                       d.KV, hd);
         st = row_forward(m, &d, a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
-        loom_add(a->res1, a->res1, x, (size_t)Ns * C);
+        loom_backend_add(m->be, a->res1, a->res1, x, (size_t)Ns * C);
         norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
                      cat(p, k->norm2_b), Ns);
         if (recomputing && k->moe) { /* backward gathers norm2 itself */
@@ -348,18 +339,19 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     }
     if (!st && k->moe && m->moe_full) {
         st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
-        memcpy(a->res2, m->moe_full + (size_t)d.rank * Ns * C, (size_t)Ns * C * sizeof(float));
+        loom_backend_copy(m->be, a->res2, m->moe_full + (size_t)d.rank * Ns * C,
+                          (size_t)Ns * C * sizeof(float));
     } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
-        loom_linear_forward(a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
+        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
         if (is_gpt2(m))
-            loom_gelu_forward(a->act, a->fc, (size_t)N * d.F);
+            loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)N * d.F);
         else
-            loom_swiglu_forward(a->act, a->fc, N, d.F);
+            loom_backend_swiglu_forward(m->be, a->act, a->fc, N, d.F);
         st = row_forward(m, &d, a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), d.F);
     }
-    if (!st) loom_add(a->res2, a->res2, a->res1, (size_t)Ns * C);
+    if (!st) loom_backend_add(m->be, a->res2, a->res2, a->res1, (size_t)Ns * C);
     loom_trace_end(m->trace);
     return st;
 }
@@ -378,7 +370,8 @@ static loom_status head_forward(loom_model *m, const dims *d, const float *p, co
     norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
                  d->Ns);
     loom_status st = tp_gather(m, m->normf, &in);
-    if (!st) loom_linear_forward(m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
+    if (!st)
+        loom_backend_linear_forward(m->be, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
     return st;
 }
 
@@ -426,12 +419,15 @@ loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double
         st = loom_tp_crossentropy(m->tp, m->losses, m->logits, m->targets, d.V, d.v0, dloss,
                                   backward);
     else if (backward)
-        loom_crossentropy_forward_backward(m->losses, m->logits, m->targets, N, d.V, dloss);
+        loom_backend_crossentropy_forward_backward(m->be, m->losses, m->logits, m->targets, N, d.V,
+                                                   dloss);
     else
-        loom_crossentropy_forward(m->losses, m->logits, m->targets, N, d.V);
+        loom_backend_crossentropy_forward(m->be, m->losses, m->logits, m->targets, N, d.V);
     double s = loom_moe_loss_sum(m->moe, dloss, backward); /* 0 without MoE */
     if (!backward) s = 0.0;                                /* evaluation: cross-entropy only */
-    for (int i = 0; i < N; i++) s += m->losses[i];
+    /* the sum runs on the host, in token order */
+    loom_backend_copy_to_host(m->be, m->losses_host, m->losses, (size_t)N * sizeof(float));
+    for (int i = 0; i < N; i++) s += m->losses_host[i];
     *sum = s;
     return st;
 }
@@ -453,15 +449,15 @@ static loom_status column_weight(loom_model *m, const dims *d, const float *dout
                                  float *db, const float *inp_local, int OC) {
     const float *inp;
     loom_status st = tp_gather(m, inp_local, &inp);
-    if (!st) loom_linear_backward_weight(dw, db, dout, inp, d->N, d->C, OC);
+    if (!st) loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, d->N, d->C, OC);
     return st;
 }
 
 /* Column-parallel input gradient (the B half): *dinp = d(input), summed over the ranks. */
 static loom_status column_input(loom_model *m, const dims *d, const float *dout, const float *w,
                                 int OC, const float **dinp) {
-    memset(m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
-    loom_linear_backward_input(m->dnorm, dout, w, d->N, d->C, OC);
+    loom_backend_memset(m->be, m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
+    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, d->N, d->C, OC);
     float *out = seq_parallel(m) ? m->full : m->dnorm;
     *dinp = out;
     return tp_reduce(m, m->dnorm, out);
@@ -476,7 +472,7 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
     loom_status st = m->split_backward ? column_input(m, d, m->logits, p + t->lm_head, d->V, &dn)
                                        : column_backward(m, d, m->logits, p + t->lm_head,
                                                          g + t->lm_head, NULL, m->normf, d->V, &dn);
-    memset(m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
+    loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), dn, x_last, p + t->normf_w,
                       m->normf_mean, m->normf_rstd, d->Ns);
@@ -507,7 +503,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     if (k->moe && m->moe_full) { /* sequence parallel: the whole dy and x, this slice of dx */
         const float *xn = NULL;
         if (!(st = tp_gather(m, m->dres, &dy))) {
-            memcpy(m->moe_full, dy, (size_t)N * C * sizeof(float));
+            loom_backend_copy(m->be, m->moe_full, dy, (size_t)N * C * sizeof(float));
             st = tp_gather(m, a->norm2, &xn);
         }
         if (!st && !(st = loom_moe_backward(m->moe, l, p, g, xn, m->moe_full, m->dnorm)))
@@ -515,17 +511,18 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
     } else if (!(st = tp_gather(m, m->dres, &dy))) {
-        memset(m->dact, 0, (size_t)N * d.F * sizeof(float));
-        loom_linear_backward_input(m->dact, dy, p + k->proj_w, N, d.F, C);
+        loom_backend_memset(m->be, m->dact, 0, (size_t)N * d.F * sizeof(float));
+        loom_backend_linear_backward_input(m->be, m->dact, dy, p + k->proj_w, N, d.F, C);
         if (split)
-            memcpy(a->d_res2, dy, (size_t)N * C * sizeof(float));
+            loom_backend_copy(m->be, a->d_res2, dy, (size_t)N * C * sizeof(float));
         else
-            loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), dy, a->act, N, d.F, C);
-        memset(dfc, 0, (size_t)N * d.FC * sizeof(float));
+            loom_backend_linear_backward_weight(m->be, g + k->proj_w, at(g, k->proj_b), dy, a->act,
+                                                N, d.F, C);
+        loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
-            loom_gelu_backward(dfc, a->fc, m->dact, (size_t)N * d.F);
+            loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
-            loom_swiglu_backward(dfc, m->dact, a->fc, N, d.F);
+            loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
         st = split ? column_input(m, &d, dfc, p + k->fc_w, d.FC, &dn)
                    : column_backward(m, &d, dfc, p + k->fc_w, g + k->fc_w, at(g, k->fc_b), a->norm2,
                                      d.FC, &dn);
@@ -537,17 +534,18 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         st = tp_gather(m, m->dres, &dy);
     }
     if (!st) {
-        memset(m->datt, 0, (size_t)N * d.A * sizeof(float));
-        loom_linear_backward_input(m->datt, dy, p + k->attn_out_w, N, d.A, C);
+        loom_backend_memset(m->be, m->datt, 0, (size_t)N * d.A * sizeof(float));
+        loom_backend_linear_backward_input(m->be, m->datt, dy, p + k->attn_out_w, N, d.A, C);
         if (split)
-            memcpy(a->d_res1, dy, (size_t)N * C * sizeof(float));
+            loom_backend_copy(m->be, a->d_res1, dy, (size_t)N * C * sizeof(float));
         else
-            loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), dy, a->att, N, d.A,
-                                        C);
-        memset(dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-        loom_attention_backward(dqkv, m->att_scratch, m->datt, a->qkv, a->att, a->lse, B, T, d.H,
-                                d.KV, hd);
-        if (!is_gpt2(m)) loom_rope_backward(dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
+            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, at(g, k->attn_out_b), dy,
+                                                a->att, N, d.A, C);
+        loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
+        loom_backend_attention_backward(m->be, dqkv, m->att_scratch, m->datt, a->qkv, a->att,
+                                        a->lse, B, T, d.H, d.KV, hd);
+        if (!is_gpt2(m))
+            loom_backend_rope_backward(m->be, dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
         st = split ? column_input(m, &d, dqkv, p + k->qkv_w, d.QKV, &dn)
                    : column_backward(m, &d, dqkv, p + k->qkv_w, g + k->qkv_w, at(g, k->qkv_b),
                                      a->norm1, d.QKV, &dn);
@@ -573,12 +571,13 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
         const float *xn;
         if (!(st = tp_gather(m, a->norm2, &xn))) loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        loom_linear_backward_weight(g + k->proj_w, at(g, k->proj_b), a->d_res2, a->act, N, d->F, C);
+        loom_backend_linear_backward_weight(m->be, g + k->proj_w, at(g, k->proj_b), a->d_res2,
+                                            a->act, N, d->F, C);
         st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
     }
     if (!st)
-        loom_linear_backward_weight(g + k->attn_out_w, at(g, k->attn_out_b), a->d_res1, a->att, N,
-                                    d->A, C);
+        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, at(g, k->attn_out_b),
+                                            a->d_res1, a->att, N, d->A, C);
     if (!st) st = column_weight(m, d, a->d_qkv, g + k->qkv_w, at(g, k->qkv_b), a->norm1, d->QKV);
     loom_trace_end(m->trace);
     return st;
@@ -590,10 +589,11 @@ static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
     const float *dy;
     loom_status st = LOOM_OK;
     if (d->tp == 1)
-        loom_embedding_backward(g + t->wte, at(g, t->wpe), m->dres, m->inputs, m->B, m->T, d->C);
+        loom_backend_embedding_backward(m->be, g + t->wte, at(g, t->wpe), m->dres, m->inputs, m->B,
+                                        m->T, d->C);
     else if (!(st = tp_gather(m, m->dres, &dy)))
-        loom_embedding_backward_shard(g + t->wte, at(g, t->wpe), dy, m->inputs, d->v0, d->V, m->B,
-                                      m->T, d->C);
+        loom_backend_embedding_backward_shard(m->be, g + t->wte, at(g, t->wpe), dy, m->inputs,
+                                              d->v0, d->V, m->B, m->T, d->C);
     return st;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -50,13 +51,17 @@ typedef struct {
     int Ns;          /* rows of the residual stream here */
     float *full;     /* [N,C] gather target (sequence parallelism only) */
     float *moe_full; /* [N,C] MoE with sequence parallelism: whole output / output gradient */
-    float *arena;
+    /* Where the kernels run and the tensors live (loom_backend_cpu() by default): every
+     * op and every activation, token and loss buffer goes through it. */
+    const loom_backend *be;
+    loom_backend_arena arena; /* the activations, carved at set-up */
     size_t arena_floats;
     float *embed;            /* [N,C] */
     loom_block_acts *blocks; /* n_layer */
     float *normf, *normf_mean, *normf_rstd;
-    float *logits; /* [N,V]; holds dlogits after the loss */
-    float *losses; /* [N] */
+    float *logits;      /* [N,V]; holds dlogits after the loss */
+    float *losses;      /* [N] */
+    float *losses_host; /* [N] host copy the loss sum reads (host memory) */
     /* backward scratch, shared by all blocks */
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */
@@ -72,17 +77,33 @@ typedef struct {
     int defer_embedding_grad;
 } loom_model;
 
-/* Builds the registry and plans the arena for micro-batch B x T (T <= cfg.seq_len). */
-loom_status loom_model_create(loom_model *m, const loom_model_config *cfg, int B, int T,
-                              loom_error *err);
-/* The same as one rank of a tensor-parallel group (tp NULL: loom_model_create). tp must
- * outlive the model and be created for rows B*T and width d_model. */
-loom_status loom_model_create_tp(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                 loom_tp *tp, loom_error *err);
-/* The same with expert parallelism: this rank holds its share of the experts of the
- * group ep (NULL or size 1: all of them); tokens are dispatched over ep. */
-loom_status loom_model_create_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                 loom_tp *tp, loom_comm *ep, loom_error *err);
+/* Pipeline stages (src/pipeline/) and zero-bubble schedules: LOOM_MODEL_SPLIT_BACKWARD
+ * splits block and head backward into B (input gradients, sent upstream at once) and W
+ * (weight gradients, later), keeping what W needs; LOOM_MODEL_RECOMPUTE plans the arena
+ * for recomputation (see `recompute`). */
+#define LOOM_MODEL_SPLIT_BACKWARD 1
+#define LOOM_MODEL_RECOMPUTE 2
+
+/* What a model is built for. Zero-initialised fields mean "none / the whole model". */
+typedef struct {
+    const loom_model_config *cfg; /* required */
+    int B, T;                     /* micro-batch the arena is planned for (T <= cfg->seq_len) */
+    /* Tensor parallelism: NULL or a group of one = the whole model here. tp must outlive
+     * the model and be created for rows B*T and width d_model. */
+    loom_tp *tp;
+    /* Expert parallelism: this rank holds its share of the experts of ep (NULL or size 1:
+     * all of them); tokens are dispatched over ep. */
+    loom_comm *ep;
+    /* A pipeline stage: only these layers (the registry has only their tensors, under
+     * their global names; table.layer_ids maps local block indices to global ones).
+     * NULL: all layers. */
+    const loom_layer_set *layers;
+    int flags;                   /* LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_RECOMPUTE */
+    const loom_backend *backend; /* NULL: loom_backend_cpu(); must outlive the model */
+} loom_model_options;
+
+/* Builds the registry and plans the arena for micro-batch B x T. */
+loom_status loom_model_create(loom_model *m, const loom_model_options *opts, loom_error *err);
 /* Turns activation recomputation on or off and plans the arena again (before use). */
 loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err);
 /* Activation bytes the arena would need with sequence parallelism on or off (for the
@@ -111,21 +132,8 @@ typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
 loom_status loom_model_backward(loom_model *m, const float *params, float *grads,
                                 loom_grads_ready_fn ready, void *ctx);
 
-/* Pipeline stages (src/pipeline/): a model holding only `layers` (its registry has only
- * those tensors, under their global names; layers NULL = all), and the pieces of forward
- * and backward a stage runs. Layer indices lo..hi are local (table.layer_ids maps them to
- * global ones). LOOM_MODEL_SPLIT_BACKWARD splits block and head backward into B (input
- * gradients, sent upstream at once) and W (weight gradients, later), keeping what W needs;
- * LOOM_MODEL_RECOMPUTE plans the arena for recomputation (see `recompute`). */
-#define LOOM_MODEL_SPLIT_BACKWARD 1
-#define LOOM_MODEL_RECOMPUTE 2
-loom_status loom_model_create_stage(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                    loom_tp *tp, const loom_layer_set *layers, int flags,
-                                    loom_error *err);
-/* The same with the stage's MoE layers holding this rank's experts of ep (NULL: all). */
-loom_status loom_model_create_stage_ep(loom_model *m, const loom_model_config *cfg, int B, int T,
-                                       loom_tp *tp, const loom_layer_set *layers, int flags,
-                                       loom_comm *ep, loom_error *err);
+/* The pieces of forward and backward a pipeline stage runs. Layer indices lo..hi are
+ * local (table.layer_ids maps them to global ones). */
 /* m->inputs -> m->embed. */
 loom_status loom_model_embed_forward(loom_model *m, const float *params);
 /* Blocks [lo, hi) from input x (kept: backward reads it again); *out = the output. */

@@ -131,7 +131,7 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
             !(st = meta_moe(&f, c, err)) && (st = loom_model_config_validate(c, err)))
             loom_error_prefix(err, "%s", path);
     }
-    if (!st) st = loom_params_build(t, c, 0, 1, err);
+    if (!st) st = loom_params_build(t, c, NULL, err);
     if (!st && !(*params = malloc(t->total * sizeof(float))))
         st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; !st && i < t->n_params; i++) {

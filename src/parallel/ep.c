@@ -103,8 +103,11 @@ loom_status loom_ep_tp_gather_flat(loom_tp *tp, loom_comm *ep, const loom_param_
                                    const loom_layer_set *layers, loom_error *err) {
     /* tp first (into this ep rank's experts, tensors whole), then ep on tp rank 0 */
     loom_param_table mid;
-    loom_status st =
-        loom_params_build_stage_ep(&mid, mc, 0, 1, local->ep_rank, local->ep_size, layers, err);
+    loom_status st = loom_params_build(&mid, mc,
+                                       &(loom_params_options){.ep_rank = local->ep_rank,
+                                                              .ep_size = local->ep_size,
+                                                              .layers = layers},
+                                       err);
     if (st) return st;
     float *mid_flat = tp->rank == 0 ? malloc(mid.total * sizeof(float)) : NULL;
     if (tp->rank == 0 && !mid_flat)

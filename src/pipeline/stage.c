@@ -205,11 +205,17 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
     for (int k = 1; k < pl->n_slots; k++)
         if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
     for (int k = 0; k < pl->n_slots; k++)
-        if ((st = loom_model_create_stage_ep(pl->slots[k], mc, pc->micro_batch, mc->seq_len, tp,
-                                             &pl->layers,
-                                             (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
-                                                 (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0),
-                                             &mesh->ep, err)))
+        if ((st = loom_model_create(
+                 pl->slots[k],
+                 &(loom_model_options){.cfg = mc,
+                                       .B = pc->micro_batch,
+                                       .T = mc->seq_len,
+                                       .tp = tp,
+                                       .ep = &mesh->ep,
+                                       .layers = &pl->layers,
+                                       .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
+                                                (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0)},
+                 err)))
             return st;
     pl->act_floats = (size_t)model->Ns * mc->d_model;
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
@@ -308,7 +314,7 @@ loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st_t
         return st;
     }
     if (!pl->full_flat) {
-        if ((st = loom_params_build(&pl->full_table, pl->mc, 0, 1, err))) return st;
+        if ((st = loom_params_build(&pl->full_table, pl->mc, NULL, err))) return st;
         if (!(pl->full_flat = malloc(pl->full_table.total * sizeof(float))))
             return loom_error_set(err, LOOM_ERR_NOMEM, "pipeline: cannot gather the weights");
     }
@@ -317,7 +323,8 @@ loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st_t
         loom_layer_set set;
         loom_param_table t;
         loom_pipeline_layers_of(pl, r, &set);
-        if ((st = loom_params_build_stage(&t, pl->mc, 0, 1, &set, err))) break;
+        if ((st = loom_params_build(&t, pl->mc, &(loom_params_options){.layers = &set}, err)))
+            break;
         float *buf = malloc(t.total * sizeof(float));
         loom_comm_handle h;
         if (!buf) {

@@ -63,8 +63,11 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         loom_train_config_pipeline(tc, &pc);
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, &r->model, err))) return st;
         r->pipelined = &r->pipe;
-    } else if ((st = loom_model_create_ep(&r->model, mc, tc->micro_batch, T, &r->tp, &mesh->ep,
-                                          err))) {
+    } else if ((st = loom_model_create(
+                    &r->model,
+                    &(loom_model_options){
+                        .cfg = mc, .B = tc->micro_batch, .T = T, .tp = &r->tp, .ep = &mesh->ep},
+                    err))) {
         return st;
     }
     if ((st = loom_model_set_recompute(&r->model, tc->recompute, err)) ||
@@ -118,8 +121,9 @@ static loom_status build_buffers(loom_run *r, loom_error *err) {
                               : LOOM_EXPORT_LOCAL;
     const int tp_lead = mesh->tp_rank == 0 && mesh->dp_rank == 0 && (r->pipelined || lead);
     if (r->export_kind != LOOM_EXPORT_LOCAL) {
-        if ((st = loom_params_build_stage(&r->global_table, r->mc, 0, 1,
-                                          r->pipelined ? &r->pipe.layers : NULL, err)))
+        if ((st = loom_params_build(
+                 &r->global_table, r->mc,
+                 &(loom_params_options){.layers = r->pipelined ? &r->pipe.layers : NULL}, err)))
             return st;
         if (tp_lead && !(r->global_flat = malloc(r->global_table.total * sizeof(float))))
             return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");

@@ -3,7 +3,9 @@
  * exactly what the GPU sees). Outputs that a kernel overwrites are poisoned with NaN bytes
  * before each call; outputs that it accumulates into (+=) start from the same random
  * values on both sides, so the += contract is checked too. AdamW is also compared with
- * the CPU kernel (same operation order; built with LOOM_TEST_CPU_KERNELS).
+ * the CPU kernel (same operation order; built with LOOM_TEST_CPU_KERNELS). The backend
+ * table (kernels/backend.h): the CUDA backend's memory functions, streams and events, a
+ * few ops against the CPU backend's, and the sticky error of an op it does not implement.
  *
  * Error measure: max |gpu - ref| / max |ref| over the tensor (NaN fails). Tolerances:
  * fp32 2e-5 (1e-4 for attention), bf16 2e-2.
@@ -18,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/backend.h"
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #ifdef LOOM_TEST_CPU_KERNELS
 #include "kernels/kernels.h"
@@ -212,23 +216,19 @@ static void test_linear(int N, int IC, int OC, int with_bias, int bf) {
         void *dB = with_bias ? up(b, OC, bf) : NULL, *dDY = up(dy, (size_t)N * OC, bf);
         void *dOut = poisoned((size_t)N * OC, bf), *dDX = up(dx0, (size_t)N * IC, bf);
         float *dDW = up(dw0, (size_t)OC * IC, 0), *dDB = up(db0, OC, 0);
-        loom_status st;
         if (bf) {
-            st = loom_cuda_linear_forward_bf16(&g_ctx, dOut, dX, dW, dB, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_input_bf16(&g_ctx, dDX, dDY, dW, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_weight_bf16(&g_ctx, dDW, with_bias ? dDB : NULL, dDY,
-                                                           dX, N, IC, OC, &err);
+            loom_cuda_linear_forward_bf16(&g_ctx, dOut, dX, dW, dB, N, IC, OC);
+            loom_cuda_linear_backward_input_bf16(&g_ctx, dDX, dDY, dW, N, IC, OC);
+            loom_cuda_linear_backward_weight_bf16(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX, N,
+                                                  IC, OC);
         } else {
-            st = loom_cuda_linear_forward(&g_ctx, dOut, dX, dW, dB, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_input(&g_ctx, dDX, dDY, dW, N, IC, OC, &err);
-            if (st == LOOM_OK)
-                st = loom_cuda_linear_backward_weight(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX,
-                                                      N, IC, OC, &err);
+            loom_cuda_linear_forward(&g_ctx, dOut, dX, dW, dB, N, IC, OC);
+            loom_cuda_linear_backward_input(&g_ctx, dDX, dDY, dW, N, IC, OC);
+            loom_cuda_linear_backward_weight(&g_ctx, dDW, with_bias ? dDB : NULL, dDY, dX, N, IC,
+                                             OC);
         }
-        if (st != LOOM_OK) fatal("linear", &err);
+        /* the GEMMs' first failure is the context's sticky error */
+        if (loom_cuda_ctx_status(&g_ctx, 1, &err) != LOOM_OK) fatal("linear", &err);
         float *g;
         NAME(nm, "linear forward", bf);
         check(nm, g = down(dOut, (size_t)N * OC, bf), out, (size_t)N * OC, TOL(bf));
@@ -764,6 +764,85 @@ static void test_arena(void) {
     check_true("arena: report", strstr(line, "peak") != NULL);
 }
 
+#ifdef LOOM_TEST_CPU_KERNELS
+/* The CUDA backend table against the CPU one: arena, copies, memset, a stream waiting
+ * on an event, linear / RMSNorm / sum of squares through both tables, then an op the
+ * CUDA backend does not implement leaves its sticky error. */
+static void test_backend_table(void) {
+    loom_error err = {0};
+    loom_backend *cu = NULL;
+    if (loom_backend_cuda_create(&cu, 0, &err) != LOOM_OK) fatal("cuda backend", &err);
+    const loom_backend *cpu = loom_backend_cpu();
+    check_true("backend: kind and name", cu->device == LOOM_DEVICE_CUDA &&
+                                             strcmp(cu->name, "cuda:0") == 0 && cu->align == 256);
+    const int N = 37, IC = 53, OC = 29;
+    const size_t nx = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+    loom_backend_arena a;
+    if (loom_backend_arena_create(&a, cu, (size_t)1 << 20, "backend test", &err) != LOOM_OK)
+        fatal("backend arena", &err);
+    float *x = hrand(nx, -1, 1, 0), *w = hrand(nw, -1, 1, 0), *b = hrand(OC, -1, 1, 0);
+    float *dx = loom_backend_arena_alloc(&a, nx * 4, "x", &err);
+    float *dw = loom_backend_arena_alloc(&a, nw * 4, "w", &err);
+    float *db = loom_backend_arena_alloc(&a, OC * 4, "b", &err);
+    float *dout = loom_backend_arena_alloc(&a, no * 4, "out", &err);
+    float *dcopy = loom_backend_arena_alloc(&a, no * 4, "copy", &err);
+    check_true("backend: arena pieces 256-byte aligned", dx && dw && db && dout && dcopy &&
+                                                             (uintptr_t)dw % 256 == 0 &&
+                                                             (uintptr_t)dcopy % 256 == 0);
+    loom_backend_copy_to_device(cu, dx, x, nx * 4);
+    loom_backend_copy_to_device(cu, dw, w, nw * 4);
+    loom_backend_copy_to_device(cu, db, b, OC * 4);
+    loom_backend_memset(cu, dout, 0xFF, no * 4); /* poisoned: the op overwrites */
+    loom_backend_linear_forward(cu, dout, dx, dw, db, N, IC, OC);
+    /* the copy on a second stream, after an event recorded behind the GEMM */
+    loom_backend_stream *s2 = NULL;
+    loom_backend_event *ev = NULL;
+    if (loom_backend_stream_create(cu, &s2, &err) || loom_backend_event_create(cu, &ev, &err))
+        fatal("stream/event", &err);
+    loom_backend_event_record(cu, ev, NULL);
+    loom_backend_stream_wait_event(cu, s2, ev);
+    loom_backend_copy(cu, dcopy, dout, no * 4);
+    loom_backend_synchronize(cu);
+    float *got = malloc(no * 4), *want = malloc(no * 4);
+    loom_backend_copy_to_host(cu, got, dcopy, no * 4);
+    loom_backend_linear_forward(cpu, want, x, w, b, N, IC, OC);
+    double *ref = dzeros(no);
+    for (size_t i = 0; i < no; i++) ref[i] = want[i];
+    check("backend: linear_forward cuda vs cpu table", got, ref, no, TOL32);
+    /* RMSNorm and the sum of squares (returned to the host) */
+    float *g = hrand(IC, 0.5f, 1.5f, 0), *rs = malloc((size_t)N * 4);
+    float *gotn = malloc(nx * 4), *norm = malloc(nx * 4);
+    float *dg = loom_backend_arena_alloc(&a, IC * 4, "g", &err);
+    float *drs = loom_backend_arena_alloc(&a, (size_t)N * 4, "rstd", &err);
+    float *dn = loom_backend_arena_alloc(&a, nx * 4, "norm", &err);
+    check_true("backend: arena holds the norm buffers", dg && drs && dn);
+    loom_backend_copy_to_device(cu, dg, g, IC * 4);
+    loom_backend_rmsnorm_forward(cu, dn, drs, dx, dg, N, IC, 1e-5f);
+    loom_backend_copy_to_host(cu, gotn, dn, nx * 4);
+    loom_backend_rmsnorm_forward(cpu, norm, rs, x, g, N, IC, 1e-5f);
+    double *rn = dzeros(nx);
+    for (size_t i = 0; i < nx; i++) rn[i] = norm[i];
+    check("backend: rmsnorm_forward cuda vs cpu table", gotn, rn, nx, TOL32);
+    const double q = loom_backend_sum_squares(cu, dx, nx),
+                 qc = loom_backend_sum_squares(cpu, x, nx);
+    check_true("backend: sum_squares", fabs(q - qc) <= 1e-9 * qc);
+    check_true("backend: no error so far", loom_backend_status(cu, &err) == LOOM_OK);
+    /* an op without a CUDA kernel: a sticky error naming it, the first one kept */
+    loom_backend_crossentropy_shard_max(cu, dout, dx, N, IC);
+    loom_backend_moe_permute(cu, dout, dx, NULL, NULL, NULL, N, 1, IC);
+    loom_error e2 = {0};
+    check_true("backend: refused op is a sticky error naming it",
+               loom_backend_status(cu, &e2) == LOOM_ERR_STATE &&
+                   strstr(e2.msg, "not implemented on cuda: crossentropy_shard_max") != NULL);
+    loom_backend_event_destroy(cu, ev);
+    loom_backend_stream_destroy(cu, s2);
+    loom_backend_arena_destroy(&a);
+    loom_backend_cuda_destroy(cu);
+    free(x), free(w), free(b), free(got), free(want), free(ref), free(g), free(rs), free(norm);
+    free(rn), free(gotn);
+}
+#endif
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -808,6 +887,9 @@ int main(void) {
     test_adamw(100003);
     test_clip_and_convert(1000003);
     test_arena();
+#ifdef LOOM_TEST_CPU_KERNELS
+    test_backend_table();
+#endif
 
     char line[256];
     loom_cuda_arena_report(&g_arena, line, sizeof line);

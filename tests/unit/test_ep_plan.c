@@ -25,7 +25,7 @@ static void check_layout(loom_family family, int dp, int ep) {
     cfg.n_experts = 8, cfg.top_k = 2, cfg.moe_every = 1 + (int)(rnd() % 2);
     cfg.shared_expert = (int)(rnd() % 2);
     loom_param_table global;
-    assert_int_equal(loom_params_build(&global, &cfg, 0, 1, NULL), LOOM_OK);
+    assert_int_equal(loom_params_build(&global, &cfg, NULL, NULL), LOOM_OK);
     const uint64_t seed = rnd();
     float *gflat = malloc(global.total * sizeof(float));
     loom_params_init(&global, gflat, seed);
@@ -33,7 +33,10 @@ static void check_layout(loom_family family, int dp, int ep) {
     for (int i = 0; i < global.n_params; i++) hits[i] = calloc(global.params[i].numel, sizeof(int));
     for (int r = 0; r < dp; r++) {
         loom_param_table t; /* ep groups are consecutive dp ranks (parallel/mesh.c) */
-        assert_int_equal(loom_params_build_ep(&t, &cfg, 0, 1, r % ep, ep, NULL), LOOM_OK);
+        assert_int_equal(loom_params_build(&t, &cfg,
+                                           &(loom_params_options){.ep_rank = r % ep, .ep_size = ep},
+                                           NULL),
+                         LOOM_OK);
         float *flat = malloc(t.total * sizeof(float));
         loom_params_init(&t, flat, seed);
         /* any dense partition over dp works: an uneven one */

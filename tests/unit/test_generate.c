@@ -35,7 +35,9 @@ static void check_family(loom_family family, int n_experts) {
     }
     loom_model m;
     loom_error err = {0};
-    assert_int_equal(loom_model_create(&m, &c, 1, c.seq_len, &err), LOOM_OK);
+    assert_int_equal(
+        loom_model_create(&m, &(loom_model_options){.cfg = &c, .B = 1, .T = c.seq_len}, &err),
+        LOOM_OK);
     float *params = malloc(m.table.total * sizeof(float));
     loom_params_init(&m.table, params, seed_value);
     /* Larger weights than the init so the logits differ clearly between positions. */

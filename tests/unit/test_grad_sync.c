@@ -47,9 +47,14 @@ static void sim_create(sim_rank *s, const loom_model_config *cfg, int dp_rank, i
                        int tp, int ep, const loom_layer_set *layers, int stage) {
     memset(s, 0, sizeof *s);
     const int ep_rank = dp_rank % ep; /* ep groups: consecutive dp ranks (parallel/mesh.c) */
-    assert_int_equal(
-        loom_params_build_stage_ep(&s->table, cfg, tp_rank, tp, ep_rank, ep, layers, NULL),
-        LOOM_OK);
+    assert_int_equal(loom_params_build(&s->table, cfg,
+                                       &(loom_params_options){.tp_rank = tp_rank,
+                                                              .tp_size = tp,
+                                                              .ep_rank = ep_rank,
+                                                              .ep_size = ep,
+                                                              .layers = layers},
+                                       NULL),
+                     LOOM_OK);
     s->mesh.layout = (loom_layout){dp, tp, 1, ep};
     s->mesh.dp.rank = dp_rank, s->mesh.dp.size = dp;
     s->mesh.ep.rank = ep_rank, s->mesh.ep.size = ep;
@@ -97,7 +102,7 @@ static void check_layout(loom_family family, int moe, int dp, int tp, int pp, in
     loom_model_config cfg;
     random_config(&cfg, family, moe);
     loom_param_table global;
-    assert_int_equal(loom_params_build(&global, &cfg, 0, 1, NULL), LOOM_OK);
+    assert_int_equal(loom_params_build(&global, &cfg, NULL, NULL), LOOM_OK);
     int **hits = calloc((size_t)global.n_params, sizeof *hits);
     for (int i = 0; i < global.n_params; i++) hits[i] = calloc(global.params[i].numel, sizeof(int));
     const int per = cfg.n_layer / pp;
@@ -147,7 +152,7 @@ static void test_one_process(void **state) {
         loom_model_config cfg;
         random_config(&cfg, f ? LOOM_FAMILY_LLAMA : LOOM_FAMILY_GPT2, 0);
         loom_param_table t;
-        assert_int_equal(loom_params_build(&t, &cfg, 0, 1, NULL), LOOM_OK);
+        assert_int_equal(loom_params_build(&t, &cfg, NULL, NULL), LOOM_OK);
         loom_mesh mesh;
         memset(&mesh, 0, sizeof mesh);
         mesh.layout = (loom_layout){1, 1, 1, 1};

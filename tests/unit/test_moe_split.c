@@ -38,9 +38,14 @@ static void check(loom_family family, int variant) {
     const int B = 2, chunks = 1 + (int)(seed_value % 3);
     loom_model whole, split;
     loom_error err = {0};
-    assert_int_equal(loom_model_create(&whole, &c, B, c.seq_len, &err), LOOM_OK);
-    assert_int_equal(loom_model_create_stage(&split, &c, B, c.seq_len, NULL, NULL,
-                                             LOOM_MODEL_SPLIT_BACKWARD, &err),
+    assert_int_equal(
+        loom_model_create(&whole, &(loom_model_options){.cfg = &c, .B = B, .T = c.seq_len}, &err),
+        LOOM_OK);
+    assert_int_equal(loom_model_create(
+                         &split,
+                         &(loom_model_options){
+                             .cfg = &c, .B = B, .T = c.seq_len, .flags = LOOM_MODEL_SPLIT_BACKWARD},
+                         &err),
                      LOOM_OK);
     assert_int_equal(loom_moe_set_chunks(whole.moe, chunks, &err), LOOM_OK);
     assert_int_equal(loom_moe_set_chunks(split.moe, chunks, &err), LOOM_OK);

@@ -92,3 +92,13 @@ loom_status loom_cuda_ctx_create(loom_cuda_ctx *ctx, int device, loom_error *err
     }
     return LOOM_OK;
 }
+
+loom_status loom_cuda_ctx_status(loom_cuda_ctx *ctx, int sync, loom_error *err) {
+    if (ctx->status == LOOM_OK) {
+        cudaError_t e = sync ? cudaStreamSynchronize(ctx->stream) : cudaSuccess;
+        if (e == cudaSuccess) e = cudaGetLastError();
+        if (e != cudaSuccess) ctx->status = cuda_fail(&ctx->error, e, "CUDA");
+    }
+    if (ctx->status != LOOM_OK && err) *err = ctx->error;
+    return ctx->status;
+}

@@ -2,9 +2,11 @@
  * progress: compiled and linked in CI, verified on a GPU only by scripts/gpu_check.sh).
  *
  * Same shapes, layouts and accumulate (+=) conventions as the CPU kernels; every call
- * is asynchronous on the given stream and never allocates. Launch errors are collected
- * by loom_cuda_check (cudaGetLastError), so kernels return void like the CPU contract;
- * GEMMs return the cuBLAS status as a loom_status.
+ * is asynchronous on the given stream (or ctx's) and never allocates; every op returns
+ * void like the CPU contract. Launch errors are collected by loom_cuda_check
+ * (cudaGetLastError); GEMM (cuBLAS) failures stay in the context as its sticky first
+ * error (loom_cuda_ctx_status). kernels/cuda/backend_cuda.c puts these behind the
+ * backend table of kernels/backend.h (loom_backend_cuda_create).
  *
  * Precision: the plain names take fp32 buffers. The _bf16 variants take bf16
  * activations (loom_bf16, the bits of __nv_bfloat16) and keep everything that is a
@@ -46,10 +48,16 @@ typedef struct {
     void *blaslt; /* cublasLtHandle_t */
     void *workspace;
     size_t workspace_bytes;
+    /* The first failure of an op on this context (LOOM_OK: none), kept until read. */
+    loom_status status;
+    loom_error error;
 } loom_cuda_ctx;
 
 loom_status loom_cuda_ctx_create(loom_cuda_ctx *ctx, int device, loom_error *err);
 void loom_cuda_ctx_destroy(loom_cuda_ctx *ctx);
+/* The sticky first error of ctx's ops, and launch/asynchronous errors (cudaGetLastError,
+ * after synchronizing ctx's stream when sync); copied to err. */
+loom_status loom_cuda_ctx_status(loom_cuda_ctx *ctx, int sync, loom_error *err);
 /* Reports the first pending launch/asynchronous error (after synchronizing when sync). */
 loom_status loom_cuda_check(const char *what, int sync, loom_error *err);
 
@@ -73,27 +81,25 @@ void loom_cuda_arena_report(const loom_cuda_arena *a, char *buf, size_t len);
 void loom_cuda_f32_to_bf16(loom_bf16 *out, const float *inp, size_t n, cudaStream_t s);
 void loom_cuda_bf16_to_f32(float *out, const loom_bf16 *inp, size_t n, cudaStream_t s);
 
-/* ---- linear (cuBLAS / cuBLASLt): weight [OC, IC]; shapes as kernels.h ---- */
-loom_status loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp,
-                                     const float *weight, const float *bias, int N, int IC, int OC,
-                                     loom_error *err);
-loom_status loom_cuda_linear_backward_input(loom_cuda_ctx *ctx, float *dinp, const float *dout,
-                                            const float *weight, int N, int IC, int OC,
-                                            loom_error *err);
-loom_status loom_cuda_linear_backward_weight(loom_cuda_ctx *ctx, float *dweight, float *dbias,
-                                             const float *dout, const float *inp, int N, int IC,
-                                             int OC, loom_error *err);
+/* ---- linear (cuBLAS / cuBLASLt): weight [OC, IC]; shapes as kernels.h ----
+ * The first cuBLAS failure is kept in ctx (sticky: loom_cuda_ctx_status). */
+void loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp, const float *weight,
+                              const float *bias, int N, int IC, int OC);
+void loom_cuda_linear_backward_input(loom_cuda_ctx *ctx, float *dinp, const float *dout,
+                                     const float *weight, int N, int IC, int OC);
+void loom_cuda_linear_backward_weight(loom_cuda_ctx *ctx, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, int N, int IC, int OC);
 /* bf16 inputs/weights (the bf16 copy of the fp32 master weights), fp32 accumulation;
  * out/dinp bf16, dweight/dbias fp32 (+=), bias bf16 (may be NULL). */
-loom_status loom_cuda_linear_forward_bf16(loom_cuda_ctx *ctx, loom_bf16 *out, const loom_bf16 *inp,
-                                          const loom_bf16 *weight, const loom_bf16 *bias, int N,
-                                          int IC, int OC, loom_error *err);
-loom_status loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
-                                                 const loom_bf16 *dout, const loom_bf16 *weight,
-                                                 int N, int IC, int OC, loom_error *err);
-loom_status loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
-                                                  const loom_bf16 *dout, const loom_bf16 *inp,
-                                                  int N, int IC, int OC, loom_error *err);
+void loom_cuda_linear_forward_bf16(loom_cuda_ctx *ctx, loom_bf16 *out, const loom_bf16 *inp,
+                                   const loom_bf16 *weight, const loom_bf16 *bias, int N, int IC,
+                                   int OC);
+void loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
+                                          const loom_bf16 *dout, const loom_bf16 *weight, int N,
+                                          int IC, int OC);
+void loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
+                                           const loom_bf16 *dout, const loom_bf16 *inp, int N,
+                                           int IC, int OC);
 
 /* ---- embedding (vocabulary shard [v0, v0 + V); v0 = 0, V = vocab: unsharded) ---- */
 void loom_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,

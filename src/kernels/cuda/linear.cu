@@ -135,39 +135,54 @@ static loom_status backward_weight(loom_cuda_ctx *ctx, float *dweight, float *db
     return LOOM_OK;
 }
 
+/* The first failure stays in the context (sticky); later calls still run. */
+static void keep(loom_cuda_ctx *ctx, loom_status st, const loom_error *e) {
+    if (st != LOOM_OK && ctx->status == LOOM_OK) {
+        ctx->status = st;
+        ctx->error = *e;
+    }
+}
+
 extern "C" {
 
-loom_status loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp,
-                                     const float *weight, const float *bias, int N, int IC, int OC,
-                                     loom_error *err) {
-    return forward(ctx, out, inp, weight, bias, N, IC, OC, CUDA_R_32F, err);
+void loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp,
+                              const float *weight, const float *bias, int N, int IC, int OC) {
+    loom_error e;
+    keep(ctx, forward(ctx, out, inp, weight, bias, N, IC, OC, CUDA_R_32F, &e), &e);
 }
-loom_status loom_cuda_linear_backward_input(loom_cuda_ctx *ctx, float *dinp, const float *dout,
-                                            const float *weight, int N, int IC, int OC,
-                                            loom_error *err) {
-    return backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_32F, err);
+void loom_cuda_linear_backward_input(loom_cuda_ctx *ctx, float *dinp, const float *dout,
+                                     const float *weight, int N, int IC, int OC) {
+    loom_error e;
+    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_32F, &e), &e);
 }
-loom_status loom_cuda_linear_backward_weight(loom_cuda_ctx *ctx, float *dweight, float *dbias,
-                                             const float *dout, const float *inp, int N, int IC,
-                                             int OC, loom_error *err) {
-    return backward_weight(ctx, dweight, dbias, dout, inp, N, IC, OC, CUDA_R_32F, err);
+void loom_cuda_linear_backward_weight(loom_cuda_ctx *ctx, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, int N, int IC, int OC) {
+    loom_error e;
+    keep(ctx, backward_weight(ctx, dweight, dbias, dout, inp, N, IC, OC, CUDA_R_32F, &e), &e);
 }
-loom_status loom_cuda_linear_forward_bf16(loom_cuda_ctx *ctx, loom_bf16 *out, const loom_bf16 *inp,
-                                          const loom_bf16 *weight, const loom_bf16 *bias, int N,
-                                          int IC, int OC, loom_error *err) {
-    return forward(ctx, as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), N, IC, OC,
-                   CUDA_R_16BF, err);
+void loom_cuda_linear_forward_bf16(loom_cuda_ctx *ctx, loom_bf16 *out, const loom_bf16 *inp,
+                                   const loom_bf16 *weight, const loom_bf16 *bias, int N, int IC,
+                                   int OC) {
+    loom_error e;
+    keep(ctx,
+         forward(ctx, as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), N, IC, OC,
+                 CUDA_R_16BF, &e),
+         &e);
 }
-loom_status loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
-                                                 const loom_bf16 *dout, const loom_bf16 *weight,
-                                                 int N, int IC, int OC, loom_error *err) {
-    return backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_16BF, err);
+void loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
+                                          const loom_bf16 *dout, const loom_bf16 *weight, int N,
+                                          int IC, int OC) {
+    loom_error e;
+    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_16BF, &e), &e);
 }
-loom_status loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
-                                                  const loom_bf16 *dout, const loom_bf16 *inp,
-                                                  int N, int IC, int OC, loom_error *err) {
-    return backward_weight(ctx, dweight, dbias, as_bf16(dout), as_bf16(inp), N, IC, OC, CUDA_R_16BF,
-                           err);
+void loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
+                                           const loom_bf16 *dout, const loom_bf16 *inp, int N,
+                                           int IC, int OC) {
+    loom_error e;
+    keep(ctx,
+         backward_weight(ctx, dweight, dbias, as_bf16(dout), as_bf16(inp), N, IC, OC, CUDA_R_16BF,
+                         &e),
+         &e);
 }
 
 } /* extern "C" */

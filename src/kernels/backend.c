@@ -1,0 +1,51 @@
+/* The backend arena: bump allocation over one mem_alloc of the backend, the same on
+ * every device (only the allocation and the alignment come from the table). */
+#include "kernels/backend.h"
+
+#include <string.h>
+
+size_t loom_backend_piece_bytes(const loom_backend *be, size_t bytes) {
+    const size_t a = be->align ? be->align : 1;
+    return (bytes + a - 1) / a * a;
+}
+
+loom_status loom_backend_arena_create(loom_backend_arena *a, const loom_backend *be, size_t bytes,
+                                      const char *what, loom_error *err) {
+    memset(a, 0, sizeof *a);
+    a->be = be;
+    a->base = loom_backend_alloc(be, bytes);
+    if (!a->base)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "%s: cannot allocate %.1f MiB on %s", what,
+                              (double)bytes / (1 << 20), be->name);
+    a->size = bytes;
+    return LOOM_OK;
+}
+
+void loom_backend_arena_destroy(loom_backend_arena *a) {
+    if (a->base) loom_backend_free(a->be, a->base);
+    const loom_backend *be = a->be;
+    memset(a, 0, sizeof *a);
+    a->be = be;
+}
+
+void *loom_backend_arena_alloc(loom_backend_arena *a, size_t bytes, const char *what,
+                               loom_error *err) {
+    const size_t at = loom_backend_piece_bytes(a->be, a->used);
+    if (at > a->size || bytes > a->size - at) {
+        loom_error_set(err, LOOM_ERR_NOMEM, "arena on %s: %s needs %zu bytes, %zu of %zu left",
+                       a->be->name, what, bytes, a->size - (a->used < a->size ? a->used : a->size),
+                       a->size);
+        return NULL;
+    }
+    a->used = at + bytes;
+    if (a->used > a->peak) a->peak = a->used;
+    return a->base + at;
+}
+
+size_t loom_backend_arena_mark(const loom_backend_arena *a) {
+    return a->used;
+}
+
+void loom_backend_arena_release(loom_backend_arena *a, size_t mark) {
+    if (mark <= a->used) a->used = mark;
+}

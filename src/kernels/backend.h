@@ -1,0 +1,439 @@
+/* The backend table: a device's memory and every op of kernels/kernels.h behind one
+ * struct of function pointers (redis's connection->type, ggml's ggml_backend_i; not a
+ * graph). Code above kernels/ holds a `const loom_backend *` and calls the thin wrappers
+ * loom_backend_<op>(be, ...) below; which device runs them is decided once, when the
+ * backend is chosen.
+ *
+ * Contract of the ops: the names, shapes, layouts and the accumulate (+=) rule of
+ * kernels/kernels.h, on buffers of the backend's memory (mem_alloc / an arena). Ops
+ * return what the CPU kernel returns; a backend whose ops can fail (CUDA: launch and
+ * cuBLAS errors, ops it does not implement) keeps the FIRST failure inside the backend
+ * (sticky) and reports it through loom_backend_status, so calls need no error argument.
+ *
+ * Implementations: kernels/cpu/backend_cpu.c (loom_backend_cpu(): today's CPU kernels,
+ * the same functions, so results are bitwise those of direct calls) and
+ * kernels/cuda/backend_cuda.c (CUDA builds; loom_backend_cuda_create). */
+#ifndef LOOM_KERNELS_BACKEND_H
+#define LOOM_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+typedef enum { LOOM_DEVICE_CPU, LOOM_DEVICE_CUDA } loom_device_kind;
+
+typedef struct loom_backend loom_backend;
+/* Opaque handles: a second stream (for copies or collectives next to the compute
+ * stream) and an event recorded on one stream and waited on by another. On the CPU
+ * every op has finished when it returns, so a recorded event is complete at once and a
+ * wait returns immediately: the calls are real (objects are created, recorded, waited
+ * on) but trivially synchronous. */
+typedef struct loom_backend_stream loom_backend_stream;
+typedef struct loom_backend_event loom_backend_event;
+
+typedef struct {
+    /* ---- memory: raw allocation (NULL when out of memory), memset, copies ---- */
+    void *(*mem_alloc)(const loom_backend *be, size_t bytes); /* be->align aligned */
+    void (*mem_free)(const loom_backend *be, void *p);        /* NULL: nothing */
+    void (*mem_set)(const loom_backend *be, void *p, int value, size_t bytes);
+    void (*copy_to_device)(const loom_backend *be, void *dst, const void *host_src, size_t bytes);
+    /* Complete when it returns (host_dst may be read at once). */
+    void (*copy_to_host)(const loom_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy_device)(const loom_backend *be, void *dst, const void *src, size_t bytes);
+    /* Waits for everything issued so far. */
+    void (*synchronize)(const loom_backend *be);
+    /* ---- overlap: a second stream and events (stream NULL: the compute stream) ---- */
+    loom_status (*stream_create)(const loom_backend *be, loom_backend_stream **out,
+                                 loom_error *err);
+    void (*stream_destroy)(const loom_backend *be, loom_backend_stream *s);
+    loom_status (*event_create)(const loom_backend *be, loom_backend_event **out, loom_error *err);
+    void (*event_destroy)(const loom_backend *be, loom_backend_event *e);
+    void (*event_record)(const loom_backend *be, loom_backend_event *e, loom_backend_stream *s);
+    /* Work issued on s after this call waits for e (the host does not wait). */
+    void (*stream_wait_event)(const loom_backend *be, loom_backend_stream *s,
+                              loom_backend_event *e);
+    /* The host waits for e. */
+    void (*event_synchronize)(const loom_backend *be, loom_backend_event *e);
+    /* The first failure since creation (LOOM_OK: none); copied to err when there is one. */
+    loom_status (*status)(const loom_backend *be, loom_error *err);
+
+    /* ---- ops of kernels/kernels.h, same names, same contract ---- */
+    void (*linear_forward)(const loom_backend *be, float *out, const float *inp,
+                           const float *weight, const float *bias, int N, int IC, int OC);
+    void (*linear_backward_input)(const loom_backend *be, float *dinp, const float *dout,
+                                  const float *weight, int N, int IC, int OC);
+    void (*linear_backward_weight)(const loom_backend *be, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, int N, int IC, int OC);
+    void (*embedding_forward)(const loom_backend *be, float *out, const int32_t *tokens,
+                              const float *wte, const float *wpe, int B, int T, int C);
+    void (*embedding_backward)(const loom_backend *be, float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C);
+    void (*layernorm_forward)(const loom_backend *be, float *out, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int N,
+                              int C, float eps);
+    void (*layernorm_backward)(const loom_backend *be, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int N, int C);
+    void (*rmsnorm_forward)(const loom_backend *be, float *out, float *rstd, const float *inp,
+                            const float *weight, int N, int C, float eps);
+    void (*rmsnorm_backward)(const loom_backend *be, float *dinp, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd, int N,
+                             int C);
+    void (*gelu_forward)(const loom_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_backward)(const loom_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n);
+    void (*swiglu_forward)(const loom_backend *be, float *out, const float *inp, int N, int F);
+    void (*swiglu_backward)(const loom_backend *be, float *dinp, const float *dout,
+                            const float *inp, int N, int F);
+    void (*add)(const loom_backend *be, float *out, const float *a, const float *b, size_t n);
+    void (*rope_forward)(const loom_backend *be, float *qkv, int B, int T, int H, int KV, int hd,
+                         float theta);
+    void (*rope_forward_at)(const loom_backend *be, float *qkv, int B, int T, int H, int KV, int hd,
+                            float theta, int pos0);
+    void (*rope_backward)(const loom_backend *be, float *dqkv, int B, int T, int H, int KV, int hd,
+                          float theta);
+    /* Floats of attention scratch for a micro-batch B x T with H heads here (the CPU
+     * kernels need T's worth, the CUDA backward B*H*T). */
+    size_t (*attention_scratch_floats)(const loom_backend *be, int B, int T, int H);
+    void (*attention_forward)(const loom_backend *be, float *out, float *lse, const float *qkv,
+                              float *scratch, int B, int T, int H, int KV, int hd);
+    void (*attention_backward)(const loom_backend *be, float *dqkv, float *scratch,
+                               const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int H, int KV, int hd);
+    void (*crossentropy_forward)(const loom_backend *be, float *losses, const float *logits,
+                                 const int32_t *targets, int N, int V);
+    void (*crossentropy_forward_backward)(const loom_backend *be, float *losses, float *logits,
+                                          const int32_t *targets, int N, int V, float dloss);
+    /* vocabulary-parallel pieces */
+    void (*embedding_forward_shard)(const loom_backend *be, float *out, const int32_t *tokens,
+                                    const float *wte, const float *wpe, int v0, int V, int B, int T,
+                                    int C);
+    void (*embedding_backward_shard)(const loom_backend *be, float *dwte, float *dwpe,
+                                     const float *dout, const int32_t *tokens, int v0, int V, int B,
+                                     int T, int C);
+    void (*crossentropy_shard_max)(const loom_backend *be, float *maxes, const float *logits, int N,
+                                   int V);
+    void (*crossentropy_shard_sums)(const loom_backend *be, double *sums, double *target_logit,
+                                    const float *logits, const int32_t *targets, const float *maxes,
+                                    int N, int V, int v0);
+    void (*crossentropy_shard_exp)(const loom_backend *be, double *sums, double *target_logit,
+                                   float *logits, const int32_t *targets, const float *maxes, int N,
+                                   int V, int v0);
+    void (*crossentropy_shard_losses)(const loom_backend *be, float *losses, const float *maxes,
+                                      const double *sums, const double *target_logit, int N);
+    void (*crossentropy_shard_backward)(const loom_backend *be, float *probs,
+                                        const int32_t *targets, const double *sums, int N, int V,
+                                        int v0, float dloss);
+    void (*adamw_update)(const loom_backend *be, float *param, const float *grad, float *m,
+                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t);
+    /* mixture-of-experts routing pieces */
+    void (*moe_router_forward)(const loom_backend *be, float *probs, int32_t *idx, float *w,
+                               float *lse, const float *logits, int N, int E, int K);
+    int (*moe_capacity)(const loom_backend *be, int32_t *pos, int32_t *load, int32_t *kept,
+                        const int32_t *idx, int N, int K, int E, int cap);
+    void (*moe_permute)(const loom_backend *be, float *send, const float *x, const int32_t *idx,
+                        const int32_t *pos, const int32_t *offs, int N, int K, int C);
+    void (*moe_combine)(const loom_backend *be, float *out, const float *ret, const float *w,
+                        const int32_t *idx, const int32_t *pos, const int32_t *offs, int N, int K,
+                        int C);
+    void (*moe_combine_backward)(const loom_backend *be, float *dret, float *dw, const float *dout,
+                                 const float *ret, const float *w, const int32_t *idx,
+                                 const int32_t *pos, const int32_t *offs, int N, int K, int C);
+    void (*moe_unpermute_add)(const loom_backend *be, float *dx, const float *dsend,
+                              const int32_t *idx, const int32_t *pos, const int32_t *offs, int N,
+                              int K, int C);
+    void (*moe_router_backward)(const loom_backend *be, float *dlogits, const float *probs,
+                                const int32_t *idx, const float *w, const float *dw,
+                                const float *lse, const float *dprob, float z, int N, int E, int K);
+    /* global-norm clipping: the sum of squares (returned to the host) and scaling */
+    double (*sum_squares)(const loom_backend *be, const float *x, size_t n);
+    void (*scale)(const loom_backend *be, float *x, float s, size_t n);
+} loom_backend_ops;
+
+struct loom_backend {
+    const loom_backend_ops *ops;
+    void *ctx; /* the implementation's own state (CUDA: device context, stream, error) */
+    loom_device_kind device;
+    const char *name; /* "cpu", "cuda:0" */
+    size_t align;     /* alignment of mem_alloc and of every arena piece, bytes */
+};
+
+/* The CPU backend (kernels/cpu/): one static object, never freed; its ops cannot fail. */
+const loom_backend *loom_backend_cpu(void);
+
+/* ---- arena: one mem_alloc at set-up, carved by bump allocation (kernels/backend.c) ----
+ * So the step loop never allocates (cudaMalloc synchronizes the device). Scratch scopes
+ * release back to a mark; peak is the high-water mark. */
+typedef struct {
+    const loom_backend *be;
+    char *base;
+    size_t size, used, peak;
+} loom_backend_arena;
+
+/* The bytes one piece of `bytes` takes in an arena of be (rounded up to be->align). */
+size_t loom_backend_piece_bytes(const loom_backend *be, size_t bytes);
+loom_status loom_backend_arena_create(loom_backend_arena *a, const loom_backend *be, size_t bytes,
+                                      const char *what, loom_error *err);
+void loom_backend_arena_destroy(loom_backend_arena *a);
+/* be->align aligned; NULL with LOOM_ERR_NOMEM naming what did not fit. */
+void *loom_backend_arena_alloc(loom_backend_arena *a, size_t bytes, const char *what,
+                               loom_error *err);
+size_t loom_backend_arena_mark(const loom_backend_arena *a);
+void loom_backend_arena_release(loom_backend_arena *a, size_t mark);
+
+/* ---- call-site wrappers: loom_backend_<op>(be, ...) ---- */
+static inline void *loom_backend_alloc(const loom_backend *be, size_t bytes) {
+    return be->ops->mem_alloc(be, bytes);
+}
+static inline void loom_backend_free(const loom_backend *be, void *p) {
+    be->ops->mem_free(be, p);
+}
+static inline void loom_backend_memset(const loom_backend *be, void *p, int v, size_t bytes) {
+    be->ops->mem_set(be, p, v, bytes);
+}
+static inline void loom_backend_copy_to_device(const loom_backend *be, void *dst, const void *src,
+                                               size_t bytes) {
+    be->ops->copy_to_device(be, dst, src, bytes);
+}
+static inline void loom_backend_copy_to_host(const loom_backend *be, void *dst, const void *src,
+                                             size_t bytes) {
+    be->ops->copy_to_host(be, dst, src, bytes);
+}
+static inline void loom_backend_copy(const loom_backend *be, void *dst, const void *src,
+                                     size_t bytes) {
+    be->ops->copy_device(be, dst, src, bytes);
+}
+static inline void loom_backend_synchronize(const loom_backend *be) {
+    be->ops->synchronize(be);
+}
+static inline loom_status loom_backend_stream_create(const loom_backend *be,
+                                                     loom_backend_stream **out, loom_error *err) {
+    return be->ops->stream_create(be, out, err);
+}
+static inline void loom_backend_stream_destroy(const loom_backend *be, loom_backend_stream *s) {
+    be->ops->stream_destroy(be, s);
+}
+static inline loom_status loom_backend_event_create(const loom_backend *be,
+                                                    loom_backend_event **out, loom_error *err) {
+    return be->ops->event_create(be, out, err);
+}
+static inline void loom_backend_event_destroy(const loom_backend *be, loom_backend_event *e) {
+    be->ops->event_destroy(be, e);
+}
+static inline void loom_backend_event_record(const loom_backend *be, loom_backend_event *e,
+                                             loom_backend_stream *s) {
+    be->ops->event_record(be, e, s);
+}
+static inline void loom_backend_stream_wait_event(const loom_backend *be, loom_backend_stream *s,
+                                                  loom_backend_event *e) {
+    be->ops->stream_wait_event(be, s, e);
+}
+static inline void loom_backend_event_synchronize(const loom_backend *be, loom_backend_event *e) {
+    be->ops->event_synchronize(be, e);
+}
+static inline loom_status loom_backend_status(const loom_backend *be, loom_error *err) {
+    return be->ops->status(be, err);
+}
+
+static inline void loom_backend_linear_forward(const loom_backend *be, float *out, const float *inp,
+                                               const float *weight, const float *bias, int N,
+                                               int IC, int OC) {
+    be->ops->linear_forward(be, out, inp, weight, bias, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_input(const loom_backend *be, float *dinp,
+                                                      const float *dout, const float *weight, int N,
+                                                      int IC, int OC) {
+    be->ops->linear_backward_input(be, dinp, dout, weight, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_weight(const loom_backend *be, float *dweight,
+                                                       float *dbias, const float *dout,
+                                                       const float *inp, int N, int IC, int OC) {
+    be->ops->linear_backward_weight(be, dweight, dbias, dout, inp, N, IC, OC);
+}
+static inline void loom_backend_embedding_forward(const loom_backend *be, float *out,
+                                                  const int32_t *tokens, const float *wte,
+                                                  const float *wpe, int B, int T, int C) {
+    be->ops->embedding_forward(be, out, tokens, wte, wpe, B, T, C);
+}
+static inline void loom_backend_embedding_backward(const loom_backend *be, float *dwte, float *dwpe,
+                                                   const float *dout, const int32_t *tokens, int B,
+                                                   int T, int C) {
+    be->ops->embedding_backward(be, dwte, dwpe, dout, tokens, B, T, C);
+}
+static inline void loom_backend_layernorm_forward(const loom_backend *be, float *out, float *mean,
+                                                  float *rstd, const float *inp,
+                                                  const float *weight, const float *bias, int N,
+                                                  int C, float eps) {
+    be->ops->layernorm_forward(be, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+static inline void loom_backend_layernorm_backward(const loom_backend *be, float *dinp,
+                                                   float *dweight, float *dbias, const float *dout,
+                                                   const float *inp, const float *weight,
+                                                   const float *mean, const float *rstd, int N,
+                                                   int C) {
+    be->ops->layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+static inline void loom_backend_rmsnorm_forward(const loom_backend *be, float *out, float *rstd,
+                                                const float *inp, const float *weight, int N, int C,
+                                                float eps) {
+    be->ops->rmsnorm_forward(be, out, rstd, inp, weight, N, C, eps);
+}
+static inline void loom_backend_rmsnorm_backward(const loom_backend *be, float *dinp,
+                                                 float *dweight, const float *dout,
+                                                 const float *inp, const float *weight,
+                                                 const float *rstd, int N, int C) {
+    be->ops->rmsnorm_backward(be, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+static inline void loom_backend_gelu_forward(const loom_backend *be, float *out, const float *inp,
+                                             size_t n) {
+    be->ops->gelu_forward(be, out, inp, n);
+}
+static inline void loom_backend_gelu_backward(const loom_backend *be, float *dinp, const float *inp,
+                                              const float *dout, size_t n) {
+    be->ops->gelu_backward(be, dinp, inp, dout, n);
+}
+static inline void loom_backend_swiglu_forward(const loom_backend *be, float *out, const float *inp,
+                                               int N, int F) {
+    be->ops->swiglu_forward(be, out, inp, N, F);
+}
+static inline void loom_backend_swiglu_backward(const loom_backend *be, float *dinp,
+                                                const float *dout, const float *inp, int N, int F) {
+    be->ops->swiglu_backward(be, dinp, dout, inp, N, F);
+}
+static inline void loom_backend_add(const loom_backend *be, float *out, const float *a,
+                                    const float *b, size_t n) {
+    be->ops->add(be, out, a, b, n);
+}
+static inline void loom_backend_rope_forward(const loom_backend *be, float *qkv, int B, int T,
+                                             int H, int KV, int hd, float theta) {
+    be->ops->rope_forward(be, qkv, B, T, H, KV, hd, theta);
+}
+static inline void loom_backend_rope_forward_at(const loom_backend *be, float *qkv, int B, int T,
+                                                int H, int KV, int hd, float theta, int pos0) {
+    be->ops->rope_forward_at(be, qkv, B, T, H, KV, hd, theta, pos0);
+}
+static inline void loom_backend_rope_backward(const loom_backend *be, float *dqkv, int B, int T,
+                                              int H, int KV, int hd, float theta) {
+    be->ops->rope_backward(be, dqkv, B, T, H, KV, hd, theta);
+}
+static inline size_t loom_backend_attention_scratch_floats(const loom_backend *be, int B, int T,
+                                                           int H) {
+    return be->ops->attention_scratch_floats(be, B, T, H);
+}
+static inline void loom_backend_attention_forward(const loom_backend *be, float *out, float *lse,
+                                                  const float *qkv, float *scratch, int B, int T,
+                                                  int H, int KV, int hd) {
+    be->ops->attention_forward(be, out, lse, qkv, scratch, B, T, H, KV, hd);
+}
+static inline void loom_backend_attention_backward(const loom_backend *be, float *dqkv,
+                                                   float *scratch, const float *dout,
+                                                   const float *qkv, const float *out,
+                                                   const float *lse, int B, int T, int H, int KV,
+                                                   int hd) {
+    be->ops->attention_backward(be, dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
+static inline void loom_backend_crossentropy_forward(const loom_backend *be, float *losses,
+                                                     const float *logits, const int32_t *targets,
+                                                     int N, int V) {
+    be->ops->crossentropy_forward(be, losses, logits, targets, N, V);
+}
+static inline void loom_backend_crossentropy_forward_backward(const loom_backend *be, float *losses,
+                                                              float *logits, const int32_t *targets,
+                                                              int N, int V, float dloss) {
+    be->ops->crossentropy_forward_backward(be, losses, logits, targets, N, V, dloss);
+}
+static inline void loom_backend_embedding_forward_shard(const loom_backend *be, float *out,
+                                                        const int32_t *tokens, const float *wte,
+                                                        const float *wpe, int v0, int V, int B,
+                                                        int T, int C) {
+    be->ops->embedding_forward_shard(be, out, tokens, wte, wpe, v0, V, B, T, C);
+}
+static inline void loom_backend_embedding_backward_shard(const loom_backend *be, float *dwte,
+                                                         float *dwpe, const float *dout,
+                                                         const int32_t *tokens, int v0, int V,
+                                                         int B, int T, int C) {
+    be->ops->embedding_backward_shard(be, dwte, dwpe, dout, tokens, v0, V, B, T, C);
+}
+static inline void loom_backend_crossentropy_shard_max(const loom_backend *be, float *maxes,
+                                                       const float *logits, int N, int V) {
+    be->ops->crossentropy_shard_max(be, maxes, logits, N, V);
+}
+static inline void loom_backend_crossentropy_shard_sums(const loom_backend *be, double *sums,
+                                                        double *target_logit, const float *logits,
+                                                        const int32_t *targets, const float *maxes,
+                                                        int N, int V, int v0) {
+    be->ops->crossentropy_shard_sums(be, sums, target_logit, logits, targets, maxes, N, V, v0);
+}
+static inline void loom_backend_crossentropy_shard_exp(const loom_backend *be, double *sums,
+                                                       double *target_logit, float *logits,
+                                                       const int32_t *targets, const float *maxes,
+                                                       int N, int V, int v0) {
+    be->ops->crossentropy_shard_exp(be, sums, target_logit, logits, targets, maxes, N, V, v0);
+}
+static inline void loom_backend_crossentropy_shard_losses(const loom_backend *be, float *losses,
+                                                          const float *maxes, const double *sums,
+                                                          const double *target_logit, int N) {
+    be->ops->crossentropy_shard_losses(be, losses, maxes, sums, target_logit, N);
+}
+static inline void loom_backend_crossentropy_shard_backward(const loom_backend *be, float *probs,
+                                                            const int32_t *targets,
+                                                            const double *sums, int N, int V,
+                                                            int v0, float dloss) {
+    be->ops->crossentropy_shard_backward(be, probs, targets, sums, N, V, v0, dloss);
+}
+static inline void loom_backend_adamw_update(const loom_backend *be, float *param,
+                                             const float *grad, float *m, float *v, size_t n,
+                                             float lr, float beta1, float beta2, float eps,
+                                             float weight_decay, int t) {
+    be->ops->adamw_update(be, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+}
+static inline void loom_backend_moe_router_forward(const loom_backend *be, float *probs,
+                                                   int32_t *idx, float *w, float *lse,
+                                                   const float *logits, int N, int E, int K) {
+    be->ops->moe_router_forward(be, probs, idx, w, lse, logits, N, E, K);
+}
+static inline int loom_backend_moe_capacity(const loom_backend *be, int32_t *pos, int32_t *load,
+                                            int32_t *kept, const int32_t *idx, int N, int K, int E,
+                                            int cap) {
+    return be->ops->moe_capacity(be, pos, load, kept, idx, N, K, E, cap);
+}
+static inline void loom_backend_moe_permute(const loom_backend *be, float *send, const float *x,
+                                            const int32_t *idx, const int32_t *pos,
+                                            const int32_t *offs, int N, int K, int C) {
+    be->ops->moe_permute(be, send, x, idx, pos, offs, N, K, C);
+}
+static inline void loom_backend_moe_combine(const loom_backend *be, float *out, const float *ret,
+                                            const float *w, const int32_t *idx, const int32_t *pos,
+                                            const int32_t *offs, int N, int K, int C) {
+    be->ops->moe_combine(be, out, ret, w, idx, pos, offs, N, K, C);
+}
+static inline void loom_backend_moe_combine_backward(const loom_backend *be, float *dret, float *dw,
+                                                     const float *dout, const float *ret,
+                                                     const float *w, const int32_t *idx,
+                                                     const int32_t *pos, const int32_t *offs, int N,
+                                                     int K, int C) {
+    be->ops->moe_combine_backward(be, dret, dw, dout, ret, w, idx, pos, offs, N, K, C);
+}
+static inline void loom_backend_moe_unpermute_add(const loom_backend *be, float *dx,
+                                                  const float *dsend, const int32_t *idx,
+                                                  const int32_t *pos, const int32_t *offs, int N,
+                                                  int K, int C) {
+    be->ops->moe_unpermute_add(be, dx, dsend, idx, pos, offs, N, K, C);
+}
+static inline void loom_backend_moe_router_backward(const loom_backend *be, float *dlogits,
+                                                    const float *probs, const int32_t *idx,
+                                                    const float *w, const float *dw,
+                                                    const float *lse, const float *dprob, float z,
+                                                    int N, int E, int K) {
+    be->ops->moe_router_backward(be, dlogits, probs, idx, w, dw, lse, dprob, z, N, E, K);
+}
+static inline double loom_backend_sum_squares(const loom_backend *be, const float *x, size_t n) {
+    return be->ops->sum_squares(be, x, n);
+}
+static inline void loom_backend_scale(const loom_backend *be, float *x, float s, size_t n) {
+    be->ops->scale(be, x, s, n);
+}
+
+#endif

@@ -1,0 +1,427 @@
+/* The CUDA backend table (kernels/cuda/backend_cuda.h): every op of kernels/backend.h
+ * on the context's stream, the kernels of kernels_cuda.h underneath. Failures (CUDA
+ * calls, cuBLAS, ops not implemented here) are kept as the context's sticky first error
+ * and reported by the table's status op. */
+#include "kernels/cuda/backend_cuda.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+#define LOOM_CUDA_ALIGN 256 /* cudaMalloc's alignment: vector loads and cuBLAS like it */
+
+typedef struct {
+    loom_backend be; /* first: the backend is the state */
+    loom_cuda_ctx cuda;
+    double *sumsq; /* device: the result, then LOOM_CUDA_SUMSQ_BLOCKS partial sums */
+    char name[32];
+} cuda_state;
+
+struct loom_backend_stream {
+    cudaStream_t s;
+};
+struct loom_backend_event {
+    cudaEvent_t e;
+};
+
+static cuda_state *state(const loom_backend *be) {
+    return (cuda_state *)be->ctx;
+}
+static cudaStream_t stream(const loom_backend *be) {
+    return state(be)->cuda.stream;
+}
+static cudaStream_t stream_of(const loom_backend *be, const loom_backend_stream *s) {
+    return s ? s->s : stream(be);
+}
+
+/* Keeps the first failure (sticky). */
+static void fail(const loom_backend *be, loom_status code, const char *fmt, const char *what,
+                 const char *why) {
+    loom_cuda_ctx *c = &state(be)->cuda;
+    if (c->status != LOOM_OK) return;
+    c->status = loom_error_set(&c->error, code, fmt, what, why);
+}
+static void check(const loom_backend *be, cudaError_t e, const char *what) {
+    if (e != cudaSuccess) fail(be, LOOM_ERR_STATE, "%s: %s", what, cudaGetErrorString(e));
+}
+static void refuse(const loom_backend *be, const char *op) {
+    fail(be, LOOM_ERR_STATE, "not implemented on %s: %s", "cuda", op);
+}
+
+/* ---- memory, streams, events ---- */
+static void *cu_alloc(const loom_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is the caller's NULL, not sticky */
+        return NULL;
+    }
+    (void)be;
+    return p;
+}
+static void cu_free(const loom_backend *be, void *p) {
+    if (p) check(be, cudaFree(p), "cudaFree");
+}
+static void cu_memset(const loom_backend *be, void *p, int v, size_t bytes) {
+    check(be, cudaMemsetAsync(p, v, bytes, stream(be)), "cudaMemsetAsync");
+}
+static void cu_to_device(const loom_backend *be, void *dst, const void *src, size_t bytes) {
+    check(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(be)),
+          "copy to device");
+}
+static void cu_to_host(const loom_backend *be, void *dst, const void *src, size_t bytes) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(be));
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream(be));
+    check(be, e, "copy to host");
+}
+static void cu_copy(const loom_backend *be, void *dst, const void *src, size_t bytes) {
+    check(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(be)),
+          "copy on device");
+}
+static void cu_synchronize(const loom_backend *be) {
+    check(be, cudaStreamSynchronize(stream(be)), "cudaStreamSynchronize");
+}
+static loom_status cu_stream_create(const loom_backend *be, loom_backend_stream **out,
+                                    loom_error *err) {
+    (void)be;
+    *out = calloc(1, sizeof **out);
+    if (!*out) return loom_error_set(err, LOOM_ERR_NOMEM, "cuda stream: out of memory");
+    cudaError_t e = cudaStreamCreateWithFlags(&(*out)->s, cudaStreamNonBlocking);
+    if (e == cudaSuccess) return LOOM_OK;
+    free(*out);
+    *out = NULL;
+    return loom_error_set(err, LOOM_ERR_STATE, "cudaStreamCreate: %s", cudaGetErrorString(e));
+}
+static void cu_stream_destroy(const loom_backend *be, loom_backend_stream *s) {
+    if (!s) return;
+    check(be, cudaStreamDestroy(s->s), "cudaStreamDestroy");
+    free(s);
+}
+static loom_status cu_event_create(const loom_backend *be, loom_backend_event **out,
+                                   loom_error *err) {
+    (void)be;
+    *out = calloc(1, sizeof **out);
+    if (!*out) return loom_error_set(err, LOOM_ERR_NOMEM, "cuda event: out of memory");
+    cudaError_t e = cudaEventCreateWithFlags(&(*out)->e, cudaEventDisableTiming);
+    if (e == cudaSuccess) return LOOM_OK;
+    free(*out);
+    *out = NULL;
+    return loom_error_set(err, LOOM_ERR_STATE, "cudaEventCreate: %s", cudaGetErrorString(e));
+}
+static void cu_event_destroy(const loom_backend *be, loom_backend_event *e) {
+    if (!e) return;
+    check(be, cudaEventDestroy(e->e), "cudaEventDestroy");
+    free(e);
+}
+static void cu_event_record(const loom_backend *be, loom_backend_event *e, loom_backend_stream *s) {
+    check(be, cudaEventRecord(e->e, stream_of(be, s)), "cudaEventRecord");
+}
+static void cu_stream_wait_event(const loom_backend *be, loom_backend_stream *s,
+                                 loom_backend_event *e) {
+    check(be, cudaStreamWaitEvent(stream_of(be, s), e->e, 0), "cudaStreamWaitEvent");
+}
+static void cu_event_synchronize(const loom_backend *be, loom_backend_event *e) {
+    check(be, cudaEventSynchronize(e->e), "cudaEventSynchronize");
+}
+static loom_status cu_status(const loom_backend *be, loom_error *err) {
+    return loom_cuda_ctx_status(&state(be)->cuda, 0, err);
+}
+
+/* ---- ops ---- */
+static void linear_forward(const loom_backend *be, float *out, const float *inp,
+                           const float *weight, const float *bias, int N, int IC, int OC) {
+    loom_cuda_linear_forward(&state(be)->cuda, out, inp, weight, bias, N, IC, OC);
+}
+static void linear_backward_input(const loom_backend *be, float *dinp, const float *dout,
+                                  const float *weight, int N, int IC, int OC) {
+    loom_cuda_linear_backward_input(&state(be)->cuda, dinp, dout, weight, N, IC, OC);
+}
+static void linear_backward_weight(const loom_backend *be, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, int N, int IC, int OC) {
+    loom_cuda_linear_backward_weight(&state(be)->cuda, dweight, dbias, dout, inp, N, IC, OC);
+}
+/* The unsharded embedding is the shard [0, INT_MAX): every token owned. */
+static void embedding_forward(const loom_backend *be, float *out, const int32_t *tokens,
+                              const float *wte, const float *wpe, int B, int T, int C) {
+    loom_cuda_embedding_forward(out, tokens, wte, wpe, 0, INT_MAX, B, T, C, stream(be));
+}
+static void embedding_backward(const loom_backend *be, float *dwte, float *dwpe, const float *dout,
+                               const int32_t *tokens, int B, int T, int C) {
+    loom_cuda_embedding_backward(dwte, dwpe, dout, tokens, 0, INT_MAX, B, T, C, stream(be));
+}
+static void layernorm_forward(const loom_backend *be, float *out, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int N,
+                              int C, float eps) {
+    loom_cuda_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps, stream(be));
+}
+static void layernorm_backward(const loom_backend *be, float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               const float *mean, const float *rstd, int N, int C) {
+    loom_cuda_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                                 stream(be));
+}
+static void rmsnorm_forward(const loom_backend *be, float *out, float *rstd, const float *inp,
+                            const float *weight, int N, int C, float eps) {
+    loom_cuda_rmsnorm_forward(out, rstd, inp, weight, N, C, eps, stream(be));
+}
+static void rmsnorm_backward(const loom_backend *be, float *dinp, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const float *rstd, int N,
+                             int C) {
+    loom_cuda_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, stream(be));
+}
+static void gelu_forward(const loom_backend *be, float *out, const float *inp, size_t n) {
+    loom_cuda_gelu_forward(out, inp, n, stream(be));
+}
+static void gelu_backward(const loom_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n) {
+    loom_cuda_gelu_backward(dinp, inp, dout, n, stream(be));
+}
+static void swiglu_forward(const loom_backend *be, float *out, const float *inp, int N, int F) {
+    loom_cuda_swiglu_forward(out, inp, N, F, stream(be));
+}
+static void swiglu_backward(const loom_backend *be, float *dinp, const float *dout,
+                            const float *inp, int N, int F) {
+    loom_cuda_swiglu_backward(dinp, dout, inp, N, F, stream(be));
+}
+static void add(const loom_backend *be, float *out, const float *a, const float *b, size_t n) {
+    loom_cuda_add(out, a, b, n, stream(be));
+}
+static void rope_forward(const loom_backend *be, float *qkv, int B, int T, int H, int KV, int hd,
+                         float theta) {
+    loom_cuda_rope_forward(qkv, B, T, H, KV, hd, theta, 0, stream(be));
+}
+static void rope_forward_at(const loom_backend *be, float *qkv, int B, int T, int H, int KV, int hd,
+                            float theta, int pos0) {
+    loom_cuda_rope_forward(qkv, B, T, H, KV, hd, theta, pos0, stream(be));
+}
+static void rope_backward(const loom_backend *be, float *dqkv, int B, int T, int H, int KV, int hd,
+                          float theta) {
+    loom_cuda_rope_backward(dqkv, B, T, H, KV, hd, theta, stream(be));
+}
+static size_t attention_scratch_floats(const loom_backend *be, int B, int T, int H) {
+    (void)be;
+    return loom_cuda_attention_scratch_floats(B, T, H);
+}
+static int attention_fits(const loom_backend *be, int hd) {
+    if (hd <= LOOM_CUDA_ATTN_MAX_HD) return 1;
+    fail(be, LOOM_ERR_INPUT, "%s: head dimension above %s", "cuda attention", "256");
+    return 0;
+}
+/* The fused kernel keeps no T x T scores: the forward needs no scratch. */
+static void attention_forward(const loom_backend *be, float *out, float *lse, const float *qkv,
+                              float *scratch, int B, int T, int H, int KV, int hd) {
+    (void)scratch;
+    if (attention_fits(be, hd))
+        loom_cuda_attention_forward(out, lse, qkv, B, T, H, KV, hd, stream(be));
+}
+static void attention_backward(const loom_backend *be, float *dqkv, float *scratch,
+                               const float *dout, const float *qkv, const float *out,
+                               const float *lse, int B, int T, int H, int KV, int hd) {
+    if (attention_fits(be, hd))
+        loom_cuda_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd,
+                                     stream(be));
+}
+static void crossentropy_forward(const loom_backend *be, float *losses, const float *logits,
+                                 const int32_t *targets, int N, int V) {
+    loom_cuda_crossentropy_forward(losses, logits, targets, N, V, stream(be));
+}
+static void crossentropy_forward_backward(const loom_backend *be, float *losses, float *logits,
+                                          const int32_t *targets, int N, int V, float dloss) {
+    loom_cuda_crossentropy_forward_backward(losses, logits, targets, N, V, dloss, stream(be));
+}
+static void embedding_forward_shard(const loom_backend *be, float *out, const int32_t *tokens,
+                                    const float *wte, const float *wpe, int v0, int V, int B, int T,
+                                    int C) {
+    loom_cuda_embedding_forward(out, tokens, wte, wpe, v0, V, B, T, C, stream(be));
+}
+static void embedding_backward_shard(const loom_backend *be, float *dwte, float *dwpe,
+                                     const float *dout, const int32_t *tokens, int v0, int V, int B,
+                                     int T, int C) {
+    loom_cuda_embedding_backward(dwte, dwpe, dout, tokens, v0, V, B, T, C, stream(be));
+}
+/* ---- not implemented on CUDA yet: the sticky error says which op ---- */
+static void crossentropy_shard_max(const loom_backend *be, float *maxes, const float *logits, int N,
+                                   int V) {
+    (void)maxes, (void)logits, (void)N, (void)V;
+    refuse(be, "crossentropy_shard_max");
+}
+static void crossentropy_shard_sums(const loom_backend *be, double *sums, double *target_logit,
+                                    const float *logits, const int32_t *targets, const float *maxes,
+                                    int N, int V, int v0) {
+    (void)sums, (void)target_logit, (void)logits, (void)targets, (void)maxes, (void)N, (void)V;
+    (void)v0;
+    refuse(be, "crossentropy_shard_sums");
+}
+static void crossentropy_shard_exp(const loom_backend *be, double *sums, double *target_logit,
+                                   float *logits, const int32_t *targets, const float *maxes, int N,
+                                   int V, int v0) {
+    (void)sums, (void)target_logit, (void)logits, (void)targets, (void)maxes, (void)N, (void)V;
+    (void)v0;
+    refuse(be, "crossentropy_shard_exp");
+}
+static void crossentropy_shard_losses(const loom_backend *be, float *losses, const float *maxes,
+                                      const double *sums, const double *target_logit, int N) {
+    (void)losses, (void)maxes, (void)sums, (void)target_logit, (void)N;
+    refuse(be, "crossentropy_shard_losses");
+}
+static void crossentropy_shard_backward(const loom_backend *be, float *probs,
+                                        const int32_t *targets, const double *sums, int N, int V,
+                                        int v0, float dloss) {
+    (void)probs, (void)targets, (void)sums, (void)N, (void)V, (void)v0, (void)dloss;
+    refuse(be, "crossentropy_shard_backward");
+}
+static void moe_router_forward(const loom_backend *be, float *probs, int32_t *idx, float *w,
+                               float *lse, const float *logits, int N, int E, int K) {
+    (void)probs, (void)idx, (void)w, (void)lse, (void)logits, (void)N, (void)E, (void)K;
+    refuse(be, "moe_router_forward");
+}
+static int moe_capacity(const loom_backend *be, int32_t *pos, int32_t *load, int32_t *kept,
+                        const int32_t *idx, int N, int K, int E, int cap) {
+    (void)pos, (void)load, (void)kept, (void)idx, (void)N, (void)K, (void)E, (void)cap;
+    refuse(be, "moe_capacity");
+    return 0;
+}
+static void moe_permute(const loom_backend *be, float *send, const float *x, const int32_t *idx,
+                        const int32_t *pos, const int32_t *offs, int N, int K, int C) {
+    (void)send, (void)x, (void)idx, (void)pos, (void)offs, (void)N, (void)K, (void)C;
+    refuse(be, "moe_permute");
+}
+static void moe_combine(const loom_backend *be, float *out, const float *ret, const float *w,
+                        const int32_t *idx, const int32_t *pos, const int32_t *offs, int N, int K,
+                        int C) {
+    (void)out, (void)ret, (void)w, (void)idx, (void)pos, (void)offs, (void)N, (void)K, (void)C;
+    refuse(be, "moe_combine");
+}
+static void moe_combine_backward(const loom_backend *be, float *dret, float *dw, const float *dout,
+                                 const float *ret, const float *w, const int32_t *idx,
+                                 const int32_t *pos, const int32_t *offs, int N, int K, int C) {
+    (void)dret, (void)dw, (void)dout, (void)ret, (void)w, (void)idx, (void)pos, (void)offs;
+    (void)N, (void)K, (void)C;
+    refuse(be, "moe_combine_backward");
+}
+static void moe_unpermute_add(const loom_backend *be, float *dx, const float *dsend,
+                              const int32_t *idx, const int32_t *pos, const int32_t *offs, int N,
+                              int K, int C) {
+    (void)dx, (void)dsend, (void)idx, (void)pos, (void)offs, (void)N, (void)K, (void)C;
+    refuse(be, "moe_unpermute_add");
+}
+static void moe_router_backward(const loom_backend *be, float *dlogits, const float *probs,
+                                const int32_t *idx, const float *w, const float *dw,
+                                const float *lse, const float *dprob, float z, int N, int E,
+                                int K) {
+    (void)dlogits, (void)probs, (void)idx, (void)w, (void)dw, (void)lse, (void)dprob, (void)z;
+    (void)N, (void)E, (void)K;
+    refuse(be, "moe_router_backward");
+}
+/* ---- optimizer and clipping ---- */
+static void adamw_update(const loom_backend *be, float *param, const float *grad, float *m,
+                         float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t) {
+    loom_cuda_adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                           stream(be));
+}
+/* Fixed block partition on the device, the total copied back (synchronous). */
+static double sum_squares(const loom_backend *be, const float *x, size_t n) {
+    cuda_state *S = state(be);
+    double out = 0.0;
+    loom_cuda_sum_squares(S->sumsq, S->sumsq + 1, x, n, stream(be));
+    cu_to_host(be, &out, S->sumsq, sizeof out);
+    return out;
+}
+static void scale(const loom_backend *be, float *x, float s, size_t n) {
+    loom_cuda_scale(x, s, n, stream(be));
+}
+
+static const loom_backend_ops cuda_ops = {
+    .mem_alloc = cu_alloc,
+    .mem_free = cu_free,
+    .mem_set = cu_memset,
+    .copy_to_device = cu_to_device,
+    .copy_to_host = cu_to_host,
+    .copy_device = cu_copy,
+    .synchronize = cu_synchronize,
+    .stream_create = cu_stream_create,
+    .stream_destroy = cu_stream_destroy,
+    .event_create = cu_event_create,
+    .event_destroy = cu_event_destroy,
+    .event_record = cu_event_record,
+    .stream_wait_event = cu_stream_wait_event,
+    .event_synchronize = cu_event_synchronize,
+    .status = cu_status,
+    .linear_forward = linear_forward,
+    .linear_backward_input = linear_backward_input,
+    .linear_backward_weight = linear_backward_weight,
+    .embedding_forward = embedding_forward,
+    .embedding_backward = embedding_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .add = add,
+    .rope_forward = rope_forward,
+    .rope_forward_at = rope_forward_at,
+    .rope_backward = rope_backward,
+    .attention_scratch_floats = attention_scratch_floats,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_forward_backward = crossentropy_forward_backward,
+    .embedding_forward_shard = embedding_forward_shard,
+    .embedding_backward_shard = embedding_backward_shard,
+    .crossentropy_shard_max = crossentropy_shard_max,
+    .crossentropy_shard_sums = crossentropy_shard_sums,
+    .crossentropy_shard_exp = crossentropy_shard_exp,
+    .crossentropy_shard_losses = crossentropy_shard_losses,
+    .crossentropy_shard_backward = crossentropy_shard_backward,
+    .adamw_update = adamw_update,
+    .moe_router_forward = moe_router_forward,
+    .moe_capacity = moe_capacity,
+    .moe_permute = moe_permute,
+    .moe_combine = moe_combine,
+    .moe_combine_backward = moe_combine_backward,
+    .moe_unpermute_add = moe_unpermute_add,
+    .moe_router_backward = moe_router_backward,
+    .sum_squares = sum_squares,
+    .scale = scale,
+};
+
+loom_status loom_backend_cuda_create(loom_backend **out, int device, loom_error *err) {
+    *out = NULL;
+    cuda_state *S = calloc(1, sizeof *S);
+    if (!S) return loom_error_set(err, LOOM_ERR_NOMEM, "cuda backend: out of memory");
+    loom_status st = loom_cuda_ctx_create(&S->cuda, device, err);
+    if (st) {
+        free(S);
+        return st;
+    }
+    cudaError_t e = cudaMalloc((void **)&S->sumsq, (1 + LOOM_CUDA_SUMSQ_BLOCKS) * sizeof(double));
+    if (e != cudaSuccess) {
+        loom_cuda_ctx_destroy(&S->cuda);
+        free(S);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "cuda backend scratch: %s",
+                              cudaGetErrorString(e));
+    }
+    snprintf(S->name, sizeof S->name, "cuda:%d", device);
+    S->be.ops = &cuda_ops;
+    S->be.ctx = S;
+    S->be.device = LOOM_DEVICE_CUDA;
+    S->be.name = S->name;
+    S->be.align = LOOM_CUDA_ALIGN;
+    *out = &S->be;
+    return LOOM_OK;
+}
+
+void loom_backend_cuda_destroy(loom_backend *be) {
+    if (!be) return;
+    cuda_state *S = state(be);
+    if (S->sumsq) cudaFree(S->sumsq);
+    loom_cuda_ctx_destroy(&S->cuda);
+    free(S);
+}

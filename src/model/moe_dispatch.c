@@ -1,0 +1,161 @@
+/* MoE dispatch: the dispatch rows of each assignment, the all-to-all-v counts, the
+ * chunked exchange of rows to the experts' owners and back (non-blocking, so a chunk's
+ * experts run while the next chunk travels), and the source/expert-major reorder. */
+#include <string.h>
+
+#include "model/moe_impl.h"
+
+/* Source-major [s][j][rows] <-> expert-major [j][s][rows] of one chunk (rows[s * EL + j]). */
+static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const float *src,
+                    int to_expert_major) {
+    const size_t C = (size_t)m->C;
+    size_t src_row = 0;
+    for (int s = 0; s < m->ep; s++)
+        for (int j = 0; j < m->EL; j++) {
+            /* expert-major row of block (s, j): all earlier experts, then earlier sources */
+            size_t em = 0;
+            for (int jj = 0; jj < m->EL; jj++)
+                for (int ss = 0; ss < m->ep; ss++)
+                    if (jj < j || (jj == j && ss < s)) em += (size_t)rows[ss * m->EL + jj];
+            const size_t n = (size_t)rows[s * m->EL + j] * C;
+            if (to_expert_major)
+                loom_backend_copy(m->be, dst + em * C, src + src_row * C, n * sizeof(float));
+            else
+                loom_backend_copy(m->be, dst + src_row * C, src + em * C, n * sizeof(float));
+            src_row += (size_t)rows[s * m->EL + j];
+        }
+}
+
+/* Dispatch rows: chunk by chunk, within a chunk expert by expert (so the rows for one
+ * rank are contiguous), within an expert in the capacity's slot-major order; with one
+ * chunk, row = the expert's first row + its position (pos). Also the per-chunk counts. */
+void loom_moe_set_rows(loom_moe *m, moe_layer *L) {
+    const int N = m->N, K = m->K, E = m->E;
+    memset(L->ccnt, 0, (size_t)m->chunks * E * sizeof(int32_t));
+    for (int j = 0; j < K; j++)
+        for (int t = 0; t < N; t++) {
+            const int a = t * K + j;
+            L->row[a] = L->pos[a] < 0 ? -1 : L->ccnt[m->chunk_of[t] * E + L->idx[a]]++;
+        }
+    int32_t *base = (int32_t *)m->cnt_recv; /* scratch [chunks][E] first rows */
+    int n = 0;
+    for (int c = 0; c < m->chunks * E; c++) base[c] = n, n += L->ccnt[c];
+    for (int a = 0; a < N * K; a++)
+        if (L->row[a] >= 0) L->row[a] += base[m->chunk_of[a / K] * E + L->idx[a]];
+}
+
+/* Chunk c's all-to-all-v counts in rows x C floats: what this rank sends to each rank (by
+ * expert owner) and receives from each (by source), displacements within the chunk; and
+ * the chunks' first rows sent (sb) and received (rb). */
+void loom_moe_set_counts(loom_moe *m, const moe_layer *L) {
+    m->sb[0] = m->rb[0] = 0;
+    for (int c = 0; c < m->chunks; c++) {
+        int sent = 0, got = 0;
+        int *sc = m->sc + c * m->ep, *sd = m->sd + c * m->ep;
+        int *rc = m->rc + c * m->ep, *rd = m->rd + c * m->ep;
+        for (int r = 0; r < m->ep; r++) {
+            int n = 0, g = 0;
+            for (int j = 0; j < m->EL; j++) {
+                n += L->ccnt[c * m->E + r * m->EL + j];
+                g += L->rows[(c * m->ep + r) * m->EL + j];
+            }
+            sc[r] = n * m->C, sd[r] = sent * m->C;
+            rc[r] = g * m->C, rd[r] = got * m->C;
+            sent += n, got += g;
+        }
+        m->sb[c + 1] = m->sb[c] + sent, m->rb[c + 1] = m->rb[c] + got;
+    }
+}
+
+/* Row counts per (chunk, source, local expert): one all-to-all-v before the chunks. */
+loom_status loom_moe_exchange_counts(loom_moe *m, moe_layer *L) {
+    const int CH = m->chunks, EL = m->EL;
+    if (!m->comm) {
+        memcpy(L->rows, L->ccnt, (size_t)CH * m->E * sizeof(int32_t));
+        return LOOM_OK;
+    }
+    for (int r = 0; r < m->ep; r++)
+        for (int c = 0; c < CH; c++)
+            for (int j = 0; j < EL; j++)
+                m->cnt_send[(r * CH + c) * EL + j] = (float)L->ccnt[c * m->E + r * EL + j];
+    int *one = m->sc, *dis = m->sd; /* free until set_counts */
+    for (int r = 0; r < m->ep; r++) one[r] = CH * EL, dis[r] = r * CH * EL;
+    loom_status st =
+        loom_comm_alltoallv(m->comm, m->cnt_send, one, dis, m->cnt_recv, one, dis, m->err);
+    for (int s = 0; s < m->ep; s++)
+        for (int c = 0; c < CH; c++)
+            for (int j = 0; j < EL; j++)
+                L->rows[(c * m->ep + s) * EL + j] = (int32_t)m->cnt_recv[(s * CH + c) * EL + j];
+    return st;
+}
+
+/* Starts chunk c's rows in dispatch order (send) towards their experts' owners (into
+ * m->recv, source-major). */
+loom_status loom_moe_dispatch_start(loom_moe *m, int c, const float *send) {
+    const size_t C = (size_t)m->C;
+    if (!m->comm) {
+        loom_backend_copy(m->be, m->recv + m->rb[c] * C, send + m->sb[c] * C,
+                          (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
+        return LOOM_OK;
+    }
+    const int o = c * m->ep;
+    return loom_comm_ialltoallv(m->comm, send + m->sb[c] * C, m->sc + o, m->sd + o,
+                                m->recv + m->rb[c] * C, m->rc + o, m->rd + o, &m->hd[c], m->err);
+}
+
+/* Completes chunk c's dispatch and places its rows expert-major into dst. */
+loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, float *dst) {
+    loom_status st = m->comm ? loom_comm_wait(&m->hd[c], m->err) : LOOM_OK;
+    const size_t off = (size_t)m->rb[c] * m->C;
+    if (!st) reorder(m, L->rows + c * m->ep * m->EL, dst + off, m->recv + off, 1);
+    return st;
+}
+
+/* Starts chunk c's expert-major rows (src) back to the tokens' ranks, dispatch order
+ * (out); m->recv's chunk c region (consumed by finish_dispatch) is the send buffer. */
+loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,
+                                   float *out) {
+    const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
+    reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0);
+    if (!m->comm) {
+        loom_backend_copy(m->be, out + m->sb[c] * C, m->recv + off,
+                          (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
+        return LOOM_OK;
+    }
+    const int o = c * m->ep;
+    return loom_comm_ialltoallv(m->comm, m->recv + off, m->rc + o, m->rd + o, out + m->sb[c] * C,
+                                m->sc + o, m->sd + o, &m->hc[c], m->err);
+}
+
+/* Lets MPI progress the exchanges in flight (between expert GEMMs). */
+loom_status loom_moe_poke(loom_moe *m, int c) {
+    int done;
+    loom_status st = LOOM_OK;
+    if (m->comm && c + 1 < m->chunks) st = loom_comm_test(&m->hd[c + 1], &done, m->err);
+    if (!st && m->comm && c > 0) st = loom_comm_test(&m->hc[c - 1], &done, m->err);
+    return st;
+}
+
+loom_status loom_moe_combines_finish(loom_moe *m) {
+    loom_status st = LOOM_OK;
+    for (int c = 0; c < m->chunks && m->comm; c++) {
+        loom_status s2 = loom_comm_wait(&m->hc[c], m->err);
+        st = st ? st : s2;
+    }
+    return st;
+}
+
+/* Local expert j's rows [r0, r0 + n) within chunk c's expert-major rows. */
+int loom_moe_expert_rows(const loom_moe *m, const moe_layer *L, int c, int j, int *r0) {
+    const int32_t *rows = L->rows + c * m->ep * m->EL;
+    int start = 0, n = 0;
+    for (int jj = 0; jj <= j; jj++)
+        for (int s = 0; s < m->ep; s++) {
+            if (jj < j)
+                start += rows[s * m->EL + jj];
+            else
+                n += rows[s * m->EL + jj];
+        }
+    *r0 = m->rb[c] + start;
+    return n;
+}

@@ -1,0 +1,77 @@
+/* MoE router: gate logits, softmax top-k with renormalised weights, the capacity
+ * decision and the dispatch rows; the load-balancing and z losses; the router's
+ * backward; and the routing decisions the layout tests compare (loom_moe_routes). */
+#include <string.h>
+
+#include "model/moe_impl.h"
+
+void loom_moe_route(loom_moe *m, moe_layer *L, const loom_block_params *k, const float *p,
+                    const float *x) {
+    const int N = m->N, C = m->C, E = m->E, K = m->K;
+    loom_backend_linear_forward(m->be, m->logits, x, p + k->gate_w, NULL, N, C, E);
+    loom_backend_moe_router_forward(m->be, L->probs, L->idx, L->w, L->lse, m->logits, N, E, K);
+    L->dropped =
+        loom_backend_moe_capacity(m->be, L->pos, L->load, L->kept, L->idx, N, K, E, m->cap);
+    loom_moe_set_rows(m, L);
+}
+
+void loom_moe_router_losses(loom_moe *m, moe_layer *L) {
+    const int N = m->N, E = m->E, K = m->K;
+    /* Auxiliary losses of this micro-batch (double: order-independent enough, and they
+     * are sums over a fixed order anyway). */
+    double aux = 0.0, z = 0.0;
+    for (int e = 0; e < E; e++) {
+        double P = 0.0;
+        for (int t = 0; t < N; t++) P += L->probs[(size_t)t * E + e];
+        aux += (double)L->load[e] / ((double)N * K) * (P / N);
+    }
+    for (int t = 0; t < N; t++) z += (double)L->lse[t] * L->lse[t];
+    L->aux = aux * E;
+    L->zsum = z;
+    L->fresh = 1;
+    m->loss_term += (double)m->cfg.aux_loss_coef * L->aux * N + (double)m->cfg.z_loss_coef * z;
+}
+
+void loom_moe_router_backward_into(loom_moe *m, moe_layer *L, const loom_block_params *k,
+                                   const float *p, float *g, const float *x, float *dx) {
+    const int N = m->N, C = m->C, E = m->E, K = m->K;
+    /* Router: d(aux term)/d probs[t,e] = aux_coef * dloss * N * E * f_e / N. */
+    float dprob[1024];
+    const double a = (double)m->cfg.aux_loss_coef * m->dloss * E / ((double)N * K);
+    for (int e = 0; e < E; e++) dprob[e] = (float)(a * L->load[e]);
+    loom_backend_moe_router_backward(m->be, m->logits, L->probs, L->idx, L->w, m->dw, L->lse, dprob,
+                                     m->cfg.z_loss_coef * m->dloss, N, E, K);
+    if (m->split)
+        loom_backend_copy(m->be, L->w_dlogits, m->logits, (size_t)N * E * sizeof(float));
+    else
+        loom_backend_linear_backward_weight(m->be, g + k->gate_w, NULL, m->logits, x, N, C, E);
+    loom_backend_linear_backward_input(m->be, dx, m->logits, p + k->gate_w, N, C, E);
+}
+
+int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
+    const int N = m->N, E = m->E, K = m->K;
+    int n = 0;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        if (!m->table->blocks[l].moe) continue;
+        const moe_layer *L = &m->layers[l];
+        if (idx) memcpy(idx + (size_t)n * N * K, L->idx, (size_t)N * K * sizeof(int32_t));
+        for (int t = 0; gap && t < N; t++) {
+            const float *p = L->probs + (size_t)t * E;
+            const int32_t *ix = L->idx + (size_t)t * K;
+            float next = -1.0f; /* the best expert not chosen */
+            for (int e = 0; e < E; e++) {
+                int chosen = 0;
+                for (int j = 0; j < K; j++) chosen |= ix[j] == e;
+                if (!chosen && p[e] > next) next = p[e];
+            }
+            double g = 1.0;
+            for (int j = 0; j < K; j++) {
+                const double a = p[ix[j]], b = j + 1 < K ? p[ix[j + 1]] : next;
+                if (b >= 0 && a > 0 && (a - b) / a < g) g = (a - b) / a;
+            }
+            gap[(size_t)n * N + t] = (float)g;
+        }
+        n++;
+    }
+    return n;
+}
