@@ -137,8 +137,9 @@ loom_status loom_ep_zero_step(loom_zero *z, float *params, float *shard, float *
     float *w = shard ? shard : params;
     for (int i = 0; i < e->n_own; i++) {
         const size_t lo = e->own[i].lo, hi = e->own[i].hi;
-        loom_grad_clip(grads + lo, hi - lo, norm, cfg->grad_clip);
-        loom_adamw_step(e->table, w + lo, grads + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg, step);
+        loom_grad_clip(z->be, grads + lo, hi - lo, norm, cfg->grad_clip);
+        loom_adamw_step(z->be, e->table, w + lo, grads + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg,
+                        step);
     }
     return shard ? LOOM_OK : loom_ep_zero_gather(z, params, err); /* ZeRO-3: before use */
 }

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
 
@@ -193,8 +192,8 @@ loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err) {
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {
     double sq = 0.0;
     for (int i = 0; i < s->n_norm_runs; i++)
-        sq += loom_sum_squares(s->grads + s->norm_runs[i].lo,
-                               s->norm_runs[i].hi - s->norm_runs[i].lo);
+        sq += loom_backend_sum_squares(s->zero->be, s->grads + s->norm_runs[i].lo,
+                                       s->norm_runs[i].hi - s->norm_runs[i].lo);
     loom_status st = loom_comm_allreduce_sum_f64(&s->mesh->world, &sq, 1, err);
     *norm = sqrt(sq);
     return st;

@@ -166,12 +166,12 @@ loom_status loom_param_gather_optimizer_step(loom_param_gather *g, float *grads,
     loom_status st = loom_param_gather_wait_all(g, err);
     if (st) return st;
     double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-    loom_grad_clip(gr, z->hi - z->lo, norm, cfg->grad_clip);
+    loom_grad_clip(z->be, gr, z->hi - z->lo, norm, cfg->grad_clip);
     for (int i = 0; i < g->n_ranges && !st; i++) {
         const loom_param_gather_range *r = &g->ranges[i];
         const size_t a = r->begin > z->lo ? r->begin : z->lo, e = r->end < z->hi ? r->end : z->hi;
         if (a < e)
-            loom_adamw_step(z->table, params + a, gr + (a - z->lo), z->m + (a - z->lo),
+            loom_adamw_step(z->be, z->table, params + a, gr + (a - z->lo), z->m + (a - z->lo),
                             z->v + (a - z->lo), a, e, lr, cfg, step);
         double t1 = loom_now_ms();
         st = loom_param_gather_post(g, i, err);

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 loom_status loom_tp_validate(const loom_model_config *cfg, int tp, int sequence_parallel, int rows,
                              loom_error *err) {
     if (tp <= 1) return LOOM_OK;

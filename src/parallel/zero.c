@@ -13,6 +13,7 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
                              double bucket_mb, loom_error *err) {
     memset(z, 0, sizeof *z);
     z->dp = dp;
+    z->be = loom_backend_cpu();          /* the flat buffers and optimizer state live on the host */
     z->stage = dp->size > 1 ? stage : 0; /* one replica: nothing to shard */
     z->table = table;
     z->total = table->total;
@@ -299,9 +300,9 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
                                      loom_error *err) {
     float *g = loom_zero_reduced_grads(z, grads);
     double t0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-    loom_grad_clip(g, z->hi - z->lo, norm, cfg->grad_clip);
-    loom_adamw_step(z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi, lr, cfg,
-                    step);
+    loom_grad_clip(z->be, g, z->hi - z->lo, norm, cfg->grad_clip);
+    loom_adamw_step(z->be, z->table, shard ? shard : params + z->lo, g, z->m, z->v, z->lo, z->hi,
+                    lr, cfg, step);
     double t1 = loom_now_ms();
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;

@@ -53,6 +53,7 @@ typedef struct {
 
 typedef struct {
     loom_comm *dp;
+    const loom_backend *be;  /* where the buffers live and AdamW runs */
     loom_comm_engine engine; /* issues the non-blocking collectives (gradients, ZeRO-3 gathers) */
     int stage;
     const loom_param_table *table;

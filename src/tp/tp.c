@@ -3,12 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
-
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
                            loom_error *err) {
     memset(tp, 0, sizeof *tp);
     tp->comm = comm;
+    tp->be = loom_backend_cpu();
     tp->rank = comm->rank;
     tp->size = comm->size;
     tp->sequence_parallel = sequence_parallel && comm->size > 1;
@@ -69,7 +68,7 @@ loom_status loom_tp_crossentropy(loom_tp *tp, float *losses, float *logits, cons
                                  int V, int v0, float dloss, int backward) {
     const int N = tp->rows;
     float *mine = tp->maxes + (size_t)tp->rank * N;
-    loom_crossentropy_shard_max(mine, logits, N, V);
+    loom_backend_crossentropy_shard_max(tp->be, mine, logits, N, V);
     loom_status st =
         loom_comm_allgatherv(tp->comm, tp->maxes, tp->row_counts, tp->row_displs, tp->err);
     if (st) return st;
@@ -81,11 +80,14 @@ loom_status loom_tp_crossentropy(loom_tp *tp, float *losses, float *logits, cons
         }
     double *sums = tp->sums, *target_logit = tp->sums + N;
     if (backward)
-        loom_crossentropy_shard_exp(sums, target_logit, logits, targets, tp->maxes, N, V, v0);
+        loom_backend_crossentropy_shard_exp(tp->be, sums, target_logit, logits, targets, tp->maxes,
+                                            N, V, v0);
     else
-        loom_crossentropy_shard_sums(sums, target_logit, logits, targets, tp->maxes, N, V, v0);
+        loom_backend_crossentropy_shard_sums(tp->be, sums, target_logit, logits, targets, tp->maxes,
+                                             N, V, v0);
     if ((st = loom_comm_allreduce_sum_f64(tp->comm, tp->sums, 2 * N, tp->err))) return st;
-    loom_crossentropy_shard_losses(losses, tp->maxes, sums, target_logit, N);
-    if (backward) loom_crossentropy_shard_backward(logits, targets, sums, N, V, v0, dloss);
+    loom_backend_crossentropy_shard_losses(tp->be, losses, tp->maxes, sums, target_logit, N);
+    if (backward)
+        loom_backend_crossentropy_shard_backward(tp->be, logits, targets, sums, N, V, v0, dloss);
     return LOOM_OK;
 }

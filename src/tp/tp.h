@@ -21,10 +21,12 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "kernels/backend.h"
 #include "core/error.h"
 
 typedef struct {
-    loom_comm *comm; /* the tensor-parallel group */
+    loom_comm *comm;        /* the tensor-parallel group */
+    const loom_backend *be; /* where the loss pieces run (the model's; loom_tp_create: CPU) */
     int rank, size;
     int sequence_parallel;
     int rows, width;              /* N tokens per micro-batch, C model width */

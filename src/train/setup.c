@@ -70,6 +70,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
                     err))) {
         return st;
     }
+    r->tp.be = r->model.be; /* the vocabulary-parallel loss runs where the logits are */
     if ((st = loom_model_set_recompute(&r->model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
         (st = loom_zero_create(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb,
