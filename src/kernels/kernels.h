@@ -1,7 +1,8 @@
 /* The kernel contract: every op of the transformer as a forward/backward pair over
  * plain row-major fp32 buffers with explicit shapes (llm.c style). The CPU backend
  * (kernels/cpu/) implements it with OpenBLAS for GEMMs and OpenMP-parallel C loops
- * for the rest; a CUDA backend implements the same contract.
+ * for the rest; a CUDA backend implements the same contract. Code above kernels/ calls
+ * these through the backend table of kernels/backend.h (loom_backend_cpu() points here).
  *
  * Conventions:
  *  - N = rows = B*T tokens; C = model width; buffers are row-major.

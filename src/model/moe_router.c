@@ -1,7 +1,6 @@
 /* MoE router: gate logits, softmax top-k with renormalised weights, the capacity
  * decision and the dispatch rows; the load-balancing and z losses; the router's
  * backward; and the routing decisions the layout tests compare (loom_moe_routes). */
-#include <string.h>
 
 #include "model/moe_impl.h"
 
@@ -54,7 +53,9 @@ int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
     for (int l = 0; l < m->table->n_layer; l++) {
         if (!m->table->blocks[l].moe) continue;
         const moe_layer *L = &m->layers[l];
-        if (idx) memcpy(idx + (size_t)n * N * K, L->idx, (size_t)N * K * sizeof(int32_t));
+        if (idx) /* to the caller's host buffer */
+            loom_backend_copy_to_host(m->be, idx + (size_t)n * N * K, L->idx,
+                                      (size_t)N * K * sizeof(int32_t));
         for (int t = 0; gap && t < N; t++) {
             const float *p = L->probs + (size_t)t * E;
             const int32_t *ix = L->idx + (size_t)t * K;
