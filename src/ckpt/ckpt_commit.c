@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_dir.h"
-#include "ckpt/ckpt_writer.h"
 
 loom_status loom_ckpt_write_atomic(const char *path, const char *text, loom_error *err) {
     char tmp[LOOM_CKPT_PATH_MAX + 8];

@@ -12,6 +12,14 @@ void loom_ckpt_step_dir(char *out, size_t size, const char *dir, int64_t step) {
     snprintf(out, size, "%s/step_%08lld", dir, (long long)step);
 }
 
+void loom_ckpt_data_name(char *out, size_t size, int rank) {
+    snprintf(out, size, "rank_%05d.safetensors", rank);
+}
+
+void loom_ckpt_index_name(char *out, size_t size, int rank) {
+    snprintf(out, size, "rank_%05d.index.json", rank);
+}
+
 static int newest_first(const void *a, const void *b) {
     const loom_ckpt_entry *x = a, *y = b;
     return x->step < y->step ? 1 : x->step > y->step ? -1 : strcmp(x->path, y->path);

@@ -146,7 +146,7 @@ typedef struct {
     int tensor, chunk;
 } job;
 
-loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_param_table *t,
+loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_ckpt_descs *t,
                            const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
                            loom_error *err) {
     loom_ckpt_plan plan = {0};
@@ -165,7 +165,7 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
     /* Every wanted tensor must be in the checkpoint with the model's shape. */
     for (int i = 0; i < plan.n && !st; i++) {
-        const loom_param *p = &t->params[plan.items[i].param];
+        const loom_ckpt_desc *p = &t->items[plan.items[i].tensor];
         char name[224];
         loom_ckpt_tensor_name(name, sizeof name, plan.items[i].kind, p->name);
         const loom_ckpt_tensor *ct = loom_ckpt_manifest_find(m, name);
@@ -256,7 +256,7 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         if (covered[i] != loom_ckpt_box_volume(&plan.items[i].box))
             st = loom_error_set(err, LOOM_ERR_INPUT,
                                 "%s: tensor '%s' is not fully covered by the checkpoint's chunks",
-                                dir, t->params[plan.items[i].param].name);
+                                dir, t->items[plan.items[i].tensor].name);
     if (stats) {
         stats->bytes_read = bytes;
         stats->chunks_read = n_jobs;

@@ -22,9 +22,9 @@ typedef struct {
     int chunks_read;
 } loom_ckpt_load_stats;
 
-/* dst[k]: where this rank holds buffer k ([lo, hi) of the flat layout); data NULL: not
- * loaded. Errors name the file, the tensor and what was expected. */
-loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_param_table *t,
+/* t: the tensors this rank holds; dst[k]: where it holds buffer k ([lo, hi) of the flat layout);
+ * data NULL: not loaded. Errors name the file, the tensor and what was expected. */
+loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_ckpt_descs *t,
                            const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
                            loom_error *err);
 /* Reads every chunk of every file and checks its checksum; every data file must also be

@@ -25,9 +25,10 @@ int loom_ckpt_box_intersect(const loom_ckpt_box *a, const loom_ckpt_box *b, loom
     return 1;
 }
 
-void loom_ckpt_param_global_2d(const loom_param *p, int64_t out[2]) {
-    out[0] = p->global_shape[0];
-    out[1] = p->ndim == 2 ? p->global_shape[1] : 1;
+void loom_ckpt_descs_free(loom_ckpt_descs *d) {
+    free(d->items);
+    d->items = NULL;
+    d->n = 0;
 }
 
 static loom_status push(loom_ckpt_plan *plan, const loom_ckpt_piece *piece, loom_error *err) {
@@ -59,44 +60,42 @@ static loom_status push_split(loom_ckpt_plan *plan, loom_ckpt_piece piece, size_
     return st;
 }
 
-/* Local box rows [r0, r1) x columns [c0, c1) of p -> one global box per fused part. */
-static loom_status push_local_box(loom_ckpt_plan *plan, int pi, const loom_param *p,
+/* Local box rows [r0, r1) x columns [c0, c1) of d -> one global box per block. */
+static loom_status push_local_box(loom_ckpt_plan *plan, int di, const loom_ckpt_desc *d,
                                   loom_ckpt_kind kind, int64_t r0, int64_t r1, int64_t c0,
                                   int64_t c1, size_t max_floats, loom_error *err) {
-    const int64_t cols = p->ndim == 2 ? p->shape[1] : 1;
-    const int split = p->tp_dim >= 0 && p->tp_size > 1;
-    const int dim = split ? p->tp_dim : 0, parts = split ? p->tp_parts : 1;
+    const int64_t cols = d->local_shape[1];
+    const int dim = d->dim, parts = d->parts;
     const int64_t lo[2] = {r0, c0}, hi[2] = {r1, c1};
-    const int64_t local_dim = dim == 0 ? p->shape[0] : cols;
-    const int64_t part = local_dim / parts;
-    const int64_t gpart = split ? (dim == 0 ? p->global_shape[0] : p->global_shape[1]) / parts : 0;
+    const int64_t part = d->local_shape[dim] / parts;
     loom_status st = LOOM_OK;
     for (int j = 0; j < parts && !st; j++) {
         int64_t a = lo[dim] > j * part ? lo[dim] : j * part;
         int64_t b = hi[dim] < (j + 1) * part ? hi[dim] : (j + 1) * part;
         if (a >= b) continue;
-        loom_ckpt_piece q = {pi, kind, {{r0, c0}, {r1 - r0, c1 - c0}}, 0, cols};
-        q.box.off[dim] = split ? j * gpart + (int64_t)p->tp_rank * part + (a - j * part) : a;
+        loom_ckpt_piece q = {di, kind, {{r0, c0}, {r1 - r0, c1 - c0}}, 0, cols};
+        for (int e = 0; e < 2; e++) q.box.off[e] += d->origin[e];
+        q.box.off[dim] = d->origin[dim] + j * d->part_step + (a - j * part);
         q.box.len[dim] = b - a;
         int64_t lr = dim == 0 ? a : r0, lc = dim == 1 ? a : c0;
-        q.local = p->offset + (size_t)(lr * cols + lc);
+        q.local = d->offset + (size_t)(lr * cols + lc);
         st = push_split(plan, q, max_floats, err);
     }
     return st;
 }
 
-loom_status loom_ckpt_plan_range(loom_ckpt_plan *plan, const loom_param_table *t,
-                                 loom_ckpt_kind kind, size_t lo, size_t hi, int skip_tp_replicas,
+loom_status loom_ckpt_plan_range(loom_ckpt_plan *plan, const loom_ckpt_descs *d,
+                                 loom_ckpt_kind kind, size_t lo, size_t hi, int written_only,
                                  size_t max_floats, loom_error *err) {
     loom_status st = LOOM_OK;
-    for (int i = 0; i < t->n_params && !st; i++) {
-        const loom_param *p = &t->params[i];
-        if (skip_tp_replicas && p->tp_dim < 0 && p->tp_size > 1 && p->tp_rank != 0) continue;
-        if (skip_tp_replicas && p->replica) continue; /* its owner stage writes it */
+    for (int i = 0; i < d->n && !st; i++) {
+        const loom_ckpt_desc *p = &d->items[i];
+        if (written_only && !p->written) continue;
+        const int64_t cols = p->local_shape[1];
+        const size_t numel = (size_t)(p->local_shape[0] * cols);
         size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        size_t b = p->offset + numel < hi ? p->offset + numel : hi;
         if (a >= b) continue;
-        const int64_t cols = p->ndim == 2 ? p->shape[1] : 1;
         int64_t e0 = (int64_t)(a - p->offset), e1 = (int64_t)(b - p->offset);
         int64_t r0 = e0 / cols, c0 = e0 % cols, r1 = e1 / cols, c1 = e1 % cols;
         if (r0 == r1) { /* inside one row */

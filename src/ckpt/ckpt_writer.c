@@ -11,22 +11,14 @@
 #include <xxhash.h>
 
 #include "ckpt/ckpt_commit.h"
-#include "core/fault.h"
 #include "ckpt/safetensors.h"
+#include "core/fault.h"
 #include "core/clock.h"
 #include "core/fs.h"
 
-void loom_ckpt_data_name(char *out, size_t size, int rank) {
-    snprintf(out, size, "rank_%05d.safetensors", rank);
-}
-
-void loom_ckpt_index_name(char *out, size_t size, int rank) {
-    snprintf(out, size, "rank_%05d.index.json", rank);
-}
-
 static void *thread_main(void *arg);
 
-static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, loom_error *err) {
+static loom_status build_image(loom_ckpt_writer *w, const loom_ckpt_descs *t, loom_error *err) {
     const int n = w->plan.n;
     loom_tensor_view *views = calloc((size_t)(n ? n : 1), sizeof *views);
     char(*keys)[256] = calloc((size_t)(n ? n : 1), sizeof *keys);
@@ -43,7 +35,7 @@ static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, l
     uint64_t data = 0;
     for (int i = 0; i < n; i++) {
         const loom_ckpt_piece *q = &w->plan.items[i];
-        const loom_param *p = &t->params[q->param];
+        const loom_ckpt_desc *p = &t->items[q->tensor];
         loom_ckpt_tensor_name(w->names[i], sizeof w->names[i], q->kind, p->name);
         w->dims[i][0] = p->ndim;
         w->gshape[i][0] = p->global_shape[0];
@@ -97,13 +89,13 @@ static loom_status build_image(loom_ckpt_writer *w, const loom_param_table *t, l
     return LOOM_OK;
 }
 
-loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
+loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_ckpt_descs *t,
                                     const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
                                     loom_error *err) {
     return loom_ckpt_writer_create_planned(w, t, src, NULL, rank, err);
 }
 
-loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_param_table *t,
+loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_ckpt_descs *t,
                                             const loom_ckpt_buffer src[LOOM_CKPT_KINDS],
                                             loom_ckpt_plan *plan, int rank, loom_error *err) {
     memset(w, 0, sizeof *w);
@@ -143,7 +135,7 @@ void loom_ckpt_writer_destroy(loom_ckpt_writer *w) {
     if (w->thread_started) {
         pthread_mutex_lock(&w->mu);
         while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
-        w->job = -1;
+        w->job = LOOM_CKPT_JOB_QUIT;
         pthread_cond_broadcast(&w->cv);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->thread, NULL);
@@ -198,7 +190,7 @@ double loom_ckpt_writer_wait_staged(loom_ckpt_writer *w) {
     return loom_now_ms() - t0;
 }
 
-static loom_status submit(loom_ckpt_writer *w, int job, loom_error *err) {
+static loom_status submit(loom_ckpt_writer *w, loom_ckpt_job job, loom_error *err) {
     pthread_mutex_lock(&w->mu);
     if (w->busy) {
         pthread_mutex_unlock(&w->mu);
@@ -207,7 +199,7 @@ static loom_status submit(loom_ckpt_writer *w, int job, loom_error *err) {
     w->job = job;
     w->busy = 1;
     w->failed = 0;
-    if (job == 1) w->staged = 0;
+    if (job == LOOM_CKPT_JOB_WRITE) w->staged = 0;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return LOOM_OK;
@@ -215,7 +207,7 @@ static loom_status submit(loom_ckpt_writer *w, int job, loom_error *err) {
 
 loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, const char *dir, loom_error *err) {
     snprintf(w->dir, sizeof w->dir, "%s", dir);
-    return submit(w, 1, err);
+    return submit(w, LOOM_CKPT_JOB_WRITE, err);
 }
 
 loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, const char *tier,
@@ -233,7 +225,7 @@ loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, 
     loom_ckpt_manifest_free(&w->run);
     w->run = *run;
     memset(run, 0, sizeof *run);
-    return submit(w, 2, err);
+    return submit(w, LOOM_CKPT_JOB_COMMIT, err);
 }
 
 int loom_ckpt_writer_idle(loom_ckpt_writer *w) {
@@ -387,18 +379,18 @@ static void *thread_main(void *arg) {
     memset(w->image + w->data_start, 0, w->image_bytes - w->data_start);
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (w->job == 0) pthread_cond_wait(&w->cv, &w->mu);
-        int job = w->job;
-        if (job < 0) break;
+        while (w->job == LOOM_CKPT_JOB_NONE) pthread_cond_wait(&w->cv, &w->mu);
+        const loom_ckpt_job job = w->job;
+        if (job == LOOM_CKPT_JOB_QUIT) break;
         pthread_mutex_unlock(&w->mu);
         loom_error e = {0};
-        loom_status st =
-            job == 1 ? run_write(w, &e)
-                     : loom_ckpt_commit(w->dir, w->tier, w->keep, w->world_size, &w->run, &e);
+        loom_status st = job == LOOM_CKPT_JOB_WRITE ? run_write(w, &e)
+                                                    : loom_ckpt_commit(w->dir, w->tier, w->keep,
+                                                                       w->world_size, &w->run, &e);
         pthread_mutex_lock(&w->mu);
         w->job_err = e;
         w->failed = st != LOOM_OK;
-        w->job = 0;
+        w->job = LOOM_CKPT_JOB_NONE;
         w->busy = 0;
         pthread_cond_broadcast(&w->cv);
     }

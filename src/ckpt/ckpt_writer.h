@@ -19,12 +19,20 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_plan.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 
-#define LOOM_CKPT_PATH_MAX 1400
 #define LOOM_CKPT_CHUNK_FLOATS ((size_t)1 << 20) /* 4 MiB chunks */
+
+/* What the background thread is asked to do next. */
+typedef enum {
+    LOOM_CKPT_JOB_NONE,   /* idle: waiting for a job */
+    LOOM_CKPT_JOB_WRITE,  /* stage and write this rank's files */
+    LOOM_CKPT_JOB_COMMIT, /* rank 0: merge the indexes into the manifest */
+    LOOM_CKPT_JOB_QUIT    /* destroy: the thread exits */
+} loom_ckpt_job;
 
 typedef struct {
     int rank;
@@ -44,7 +52,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int thread_started;
-    int job; /* 0 none, 1 write, 2 commit, -1 quit */
+    loom_ckpt_job job;
     int busy, failed;
     int staged; /* the last write job's staging copy is complete */
     loom_error job_err;
@@ -61,16 +69,17 @@ typedef struct {
     uint64_t written_bytes;            /* last write job */
 } loom_ckpt_writer;
 
-/* src[k]: the buffer to save from and, in lo/hi, the flat range this rank writes. Tensors
- * replicated over tensor parallelism are written by TP rank 0 only. */
-loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_param_table *t,
+/* t: the tensors in the buffers (kept only during the call). src[k]: the buffer to save
+ * from and, in lo/hi, the flat range this rank writes; tensors whose descriptor is not
+ * `written` are left out (another rank writes them). */
+loom_status loom_ckpt_writer_create(loom_ckpt_writer *w, const loom_ckpt_descs *t,
                                     const loom_ckpt_buffer src[LOOM_CKPT_KINDS], int rank,
                                     loom_error *err);
-/* The same for pieces planned by the caller (loom_ckpt_plan_range with skip_tp_replicas
+/* The same for pieces planned by the caller (loom_ckpt_plan_range with written_only
  * and LOOM_CKPT_CHUNK_FLOATS, over any set of ranges: expert parallelism writes dense
  * tensors by dp shard and expert tensors by edp shard); takes the plan (emptied), also
  * on failure. */
-loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_param_table *t,
+loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_ckpt_descs *t,
                                             const loom_ckpt_buffer src[LOOM_CKPT_KINDS],
                                             loom_ckpt_plan *plan, int rank, loom_error *err);
 void loom_ckpt_writer_destroy(loom_ckpt_writer *w);
@@ -89,8 +98,5 @@ loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, 
 int loom_ckpt_writer_idle(loom_ckpt_writer *w);
 /* Blocks until idle; the last job's result (its error in err). */
 loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w, loom_error *err);
-/* Data file and index names of a rank. */
-void loom_ckpt_data_name(char *out, size_t size, int rank);
-void loom_ckpt_index_name(char *out, size_t size, int rank);
 
 #endif

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +20,7 @@ void loom_ckpt_manifest_free(loom_ckpt_manifest *m) {
         free(m->tensors[i].chunks);
     }
     free(m->tensors);
+    if (m->model) json_decref((json_t *)m->model);
     if (m->train) json_decref((json_t *)m->train);
     memset(m, 0, sizeof *m);
 }
@@ -109,23 +109,6 @@ loom_status loom_ckpt_manifest_merge(loom_ckpt_manifest *dst, const loom_ckpt_ma
 
 /* ---- serialisation ---- */
 
-static json_t *model_json(const loom_model_config *c) {
-    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "family",
-                          loom_family_name(c->family), "n_layer", c->n_layer, "n_head", c->n_head,
-                          "n_kv_head", c->n_kv_head, "d_model", c->d_model, "d_ff", c->d_ff,
-                          "vocab_size", c->vocab_size, "seq_len", c->seq_len, "norm_eps",
-                          (double)c->norm_eps, "rope_theta", (double)c->rope_theta);
-    /* Mixture of experts: recorded only for MoE models (a dense manifest is unchanged). */
-    if (j && c->n_experts > 0)
-        json_object_set_new(
-            j, "moe",
-            json_pack("{s:i, s:i, s:i, s:b, s:f, s:f, s:f}", "n_experts", c->n_experts, "top_k",
-                      c->top_k, "moe_every", c->moe_every, "shared_expert", c->shared_expert,
-                      "capacity_factor", (double)c->capacity_factor, "aux_loss_coef",
-                      (double)c->aux_loss_coef, "z_loss_coef", (double)c->z_loss_coef));
-    return j;
-}
-
 static json_t *dims_json(int ndim, const int64_t v[2]) {
     json_t *a = json_array();
     for (int d = 0; d < ndim; d++) json_array_append_new(a, json_integer(v[d]));
@@ -151,7 +134,7 @@ char *loom_ckpt_manifest_dump(const loom_ckpt_manifest *m, int index) {
                             json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "dp", l->dp, "tp", l->tp,
                                       "pp", l->pp, "ep", l->ep, "zero", l->zero, "world_size",
                                       l->world_size));
-        json_object_set_new(root, "model", model_json(&m->model));
+        if (m->model) json_object_set(root, "model", (json_t *)m->model);
         if (m->train) json_object_set(root, "train", (json_t *)m->train);
     }
     json_t *files = json_array();
@@ -245,64 +228,6 @@ static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, c
     return LOOM_OK;
 }
 
-/* model.moe (absent: a dense model). */
-static loom_status parse_moe(const ctx *c, json_t *j, loom_model_config *mc) {
-    mc->n_experts = 0;
-    if (!j) return LOOM_OK;
-    int64_t e, k, every;
-    json_t *shared = json_object_get(j, "shared_expert");
-    const char *fkeys[3] = {"capacity_factor", "aux_loss_coef", "z_loss_coef"};
-    float *fdst[3] = {&mc->capacity_factor, &mc->aux_loss_coef, &mc->z_loss_coef};
-    if (!json_is_object(j) || !get_int(json_object_get(j, "n_experts"), 1, 1024, &e) ||
-        !get_int(json_object_get(j, "top_k"), 1, e, &k) ||
-        !get_int(json_object_get(j, "moe_every"), 1, mc->n_layer, &every) ||
-        !json_is_boolean(shared))
-        return bad(c, "%s",
-                   "model.moe: needs n_experts (1..1024), top_k (1..n_experts), moe_every "
-                   "(1..n_layer), shared_expert (true/false)");
-    for (int i = 0; i < 3; i++) {
-        json_t *v = json_object_get(j, fkeys[i]);
-        float x = json_is_number(v) ? (float)json_number_value(v) : -1.0f;
-        if (!(isfinite(x) && x >= 0.0f))
-            return bad(c, "model.moe: '%s' must be a number >= 0", fkeys[i]);
-        *fdst[i] = x;
-    }
-    mc->n_experts = (int)e;
-    mc->top_k = (int)k;
-    mc->moe_every = (int)every;
-    mc->shared_expert = json_is_true(shared);
-    return LOOM_OK;
-}
-
-static loom_status parse_model(const ctx *c, json_t *j, loom_model_config *mc) {
-    const char *family = json_string_value(json_object_get(j, "family"));
-    if (!json_is_object(j) || !family ||
-        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0))
-        return bad(c, "%s", "model: needs family gpt2 or llama");
-    mc->family = strcmp(family, "gpt2") == 0 ? LOOM_FAMILY_GPT2 : LOOM_FAMILY_LLAMA;
-    struct {
-        const char *key;
-        int *dst;
-    } ints[] = {{"n_layer", &mc->n_layer}, {"n_head", &mc->n_head}, {"n_kv_head", &mc->n_kv_head},
-                {"d_model", &mc->d_model}, {"d_ff", &mc->d_ff},     {"vocab_size", &mc->vocab_size},
-                {"seq_len", &mc->seq_len}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        int64_t x;
-        if (!get_int(json_object_get(j, ints[i].key), 1, 1 << 30, &x))
-            return bad(c, "model: '%s' must be a positive integer", ints[i].key);
-        *ints[i].dst = (int)x;
-    }
-    json_t *eps = json_object_get(j, "norm_eps"), *theta = json_object_get(j, "rope_theta");
-    /* As floats: finite and positive (a huge double would become inf). */
-    float e = json_is_number(eps) ? (float)json_number_value(eps) : 0.0f;
-    float th = json_is_number(theta) ? (float)json_number_value(theta) : 0.0f;
-    if (!(isfinite(e) && e > 0.0f && isfinite(th) && th > 0.0f))
-        return bad(c, "%s", "model: norm_eps and rope_theta must be positive finite numbers");
-    mc->norm_eps = e;
-    mc->rope_theta = th;
-    return parse_moe(c, json_object_get(j, "moe"), mc);
-}
-
 static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifest *m) {
     const char *version = json_string_value(json_object_get(root, "loom_version"));
     const char *seed = json_string_value(json_object_get(root, "seed"));
@@ -322,9 +247,11 @@ static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifes
         (loom_ckpt_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5]};
     snprintf(m->version, sizeof m->version, "%s", version);
     m->seed = strtoull(seed, NULL, 10);
-    json_t *train = json_object_get(root, "train");
+    json_t *model = json_object_get(root, "model"), *train = json_object_get(root, "train");
+    if (!json_is_object(model)) return bad(c, "%s", "needs a 'model' object");
+    m->model = json_incref(model);
     if (json_is_object(train)) m->train = json_incref(train);
-    return parse_model(c, json_object_get(root, "model"), &m->model);
+    return LOOM_OK;
 }
 
 static loom_status parse_root(const ctx *c, json_t *root, loom_ckpt_manifest *m, int index) {

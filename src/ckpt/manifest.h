@@ -1,7 +1,8 @@
 /* The checkpoint manifest (manifest.json): every global tensor (name, dtype, global
  * shape) with the chunks that hold it (box in the global tensor, data file, byte offset,
- * byte count, XXH3-64 checksum), and the run state at save time. The same structure,
- * without run state, is each rank's chunk index (rank_NNNNN.index.json) that rank 0
+ * byte count, XXH3-64 checksum), and the run state at save time (step, seed, layout, and
+ * the model and training configurations as JSON objects the caller makes and reads). The same
+ * structure, without run state, is each rank's chunk index (rank_NNNNN.index.json) that rank 0
  * merges into the manifest. Parsing validates everything a reader relies on: file names
  * inside the directory, boxes inside their tensor, byte counts matching boxes, and (for
  * a manifest) chunks covering each tensor exactly once. */
@@ -12,7 +13,6 @@
 #include <stdint.h>
 
 #include "core/error.h"
-#include "model/config.h"
 
 #define LOOM_CKPT_FORMAT "loom-checkpoint-1"
 #define LOOM_CKPT_INDEX_FORMAT "loom-checkpoint-index-1"
@@ -39,9 +39,10 @@ typedef struct {
     int64_t step, tokens_seen;
     uint64_t seed;
     loom_ckpt_layout layout;
-    loom_model_config model;
     char version[32];
-    void *train; /* the training configuration at save time (jansson object), or NULL */
+    /* The model and training configurations at save time (jansson objects, written and
+     * read by the caller: model/config_json.h for the model); the model's is required. */
+    void *model, *train;
     char **files;
     int n_files, files_cap;
     loom_ckpt_tensor *tensors;

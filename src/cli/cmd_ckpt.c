@@ -12,7 +12,9 @@
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_loader.h"
 #include "ckpt/manifest.h"
+#include "model/config_json.h"
 #include "model/weights.h"
+#include "train/ckpt_tensors.h"
 
 static int fail(const char *msg) {
     fprintf(stderr, "loom ckpt: %s\n", msg);
@@ -39,16 +41,15 @@ static int resolve(const char *dir, char *out, size_t size) {
     return found >= 0 ? 0 : -1;
 }
 
-static void inspect(const char *dir, const loom_ckpt_manifest *m) {
+static void inspect(const char *dir, const loom_ckpt_manifest *m, const loom_model_config *c) {
     const loom_ckpt_layout *l = &m->layout;
     printf("checkpoint %s\n  loom %s, step %lld, tokens seen %lld, seed %llu\n", dir, m->version,
            (long long)m->step, (long long)m->tokens_seen, (unsigned long long)m->seed);
     printf("  layout at save: dp %d, tp %d, pp %d, ep %d, ZeRO-%d, %d rank(s)\n", l->dp, l->tp,
            l->pp, l->ep, l->zero, l->world_size);
     printf("  model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d, T %d\n",
-           loom_family_name(m->model.family), m->model.n_layer, m->model.d_model, m->model.n_head,
-           m->model.n_kv_head, m->model.d_ff, m->model.vocab_size, m->model.seq_len);
-    const loom_model_config *c = &m->model;
+           loom_family_name(c->family), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
+           c->vocab_size, c->seq_len);
     if (c->n_experts > 0)
         printf("  mixture of experts: %d experts, top-%d, every %d layer(s)%s, capacity factor "
                "%g, aux-loss-coef %g, z-loss-coef %g\n",
@@ -75,19 +76,27 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m) {
            (double)total / (1 << 20), m->n_files);
 }
 
-static int export_weights(const char *dir, const loom_ckpt_manifest *m, const char *out) {
+static int export_weights(const char *dir, const loom_ckpt_manifest *m, const loom_model_config *mc,
+                          const char *out) {
     loom_param_table t;
     loom_error err = {0};
-    if (loom_params_build(&t, &m->model, NULL, &err)) return fail(err.msg);
+    if (loom_params_build(&t, mc, NULL, &err)) return fail(err.msg);
+    loom_ckpt_descs ct;
+    if (loom_ckpt_tensors_describe(&ct, &t, &err)) {
+        loom_params_free(&t);
+        return fail(err.msg);
+    }
     float *params = malloc(t.total * sizeof(float));
     if (!params) {
+        loom_ckpt_descs_free(&ct);
         loom_params_free(&t);
         return fail("out of memory");
     }
     loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, t.total}, {0}, {0}};
-    loom_status st = loom_ckpt_load(dir, m, &t, b, NULL, &err);
-    if (!st) st = loom_weights_save(out, &m->model, &t, params, &err);
+    loom_status st = loom_ckpt_load(dir, m, &ct, b, NULL, &err);
+    if (!st) st = loom_weights_save(out, mc, &t, params, &err);
     free(params);
+    loom_ckpt_descs_free(&ct);
     loom_params_free(&t);
     if (st) return fail(err.msg);
     fprintf(stderr, "loom ckpt: step %lld exported to %s\n", (long long)m->step, out);
@@ -122,9 +131,14 @@ int loom_cmd_ckpt(int argc, char **argv) {
     loom_ckpt_manifest m;
     loom_error err = {0};
     if (loom_ckpt_manifest_load(&m, path, 0, &err)) return fail(err.msg);
+    loom_model_config mc;
+    if (loom_model_config_from_json(&mc, m.model, path, &err)) {
+        loom_ckpt_manifest_free(&m);
+        return fail(err.msg);
+    }
     int rc = 0;
     if (strcmp(cmd, "inspect") == 0) {
-        inspect(dir, &m);
+        inspect(dir, &m, &mc);
     } else if (strcmp(cmd, "verify") == 0) {
         uint64_t bytes = 0;
         if (loom_ckpt_verify(dir, &m, &bytes, &err))
@@ -138,7 +152,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
         else if (!out)
             rc = fail("export: -o FILE is required");
         else
-            rc = export_weights(dir, &m, out);
+            rc = export_weights(dir, &m, &mc, out);
     } else {
         rc = fail(usage);
     }

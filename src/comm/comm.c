@@ -57,6 +57,8 @@ void loom_comm_self(loom_comm *c, const char *name) {
 }
 
 void loom_comm_free(loom_comm *c) {
+    if (c->device == LOOM_COMM_CUDA) c->ops->free(c);
+    c->device = LOOM_COMM_HOST, c->ops = NULL, c->impl = NULL;
     if (c->mpi != MPI_COMM_NULL) MPI_Comm_free(&c->mpi);
     c->mpi = MPI_COMM_NULL;
 }
@@ -106,6 +108,8 @@ static void blocked(loom_comm *c, const char *op, double t0) {
 }
 
 loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->allreduce_sum(c, buf, count, LOOM_COMM_F32, NULL, err);
     if (begin_op(c, NULL, "allreduce", count * 4) || count == 0) return LOOM_OK;
     if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "allreduce: count too large");
     double t0 = loom_comm_now_ms();
@@ -115,6 +119,8 @@ loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom
 }
 
 loom_status loom_comm_allreduce_sum_f64(loom_comm *c, double *buf, int count, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->allreduce_sum(c, buf, (size_t)count, LOOM_COMM_F64, NULL, err);
     if (begin_op(c, NULL, "allreduce", (size_t)count * 8) || count == 0) return LOOM_OK;
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_SUM, c->mpi);
@@ -124,6 +130,8 @@ loom_status loom_comm_allreduce_sum_f64(loom_comm *c, double *buf, int count, lo
 
 loom_status loom_comm_iallreduce_sum(loom_comm *c, float *buf, size_t count, loom_comm_handle *h,
                                      loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->allreduce_sum(c, buf, count, LOOM_COMM_F32, h, err);
     if (begin_op(c, h, "allreduce", count * 4)) return LOOM_OK;
     if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "iallreduce: count too large");
     int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi, &h->req);
@@ -132,6 +140,8 @@ loom_status loom_comm_iallreduce_sum(loom_comm *c, float *buf, size_t count, loo
 
 loom_status loom_comm_ireduce_scatter_sum(loom_comm *c, const float *send, float *recv,
                                           const int *counts, loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->reduce_scatter_sum(c, send, recv, counts, h, err);
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
     if (begin_op(c, h, "reduce_scatter", total * 4)) {
@@ -144,6 +154,7 @@ loom_status loom_comm_ireduce_scatter_sum(loom_comm *c, const float *send, float
 
 loom_status loom_comm_iallgatherv(loom_comm *c, float *buf, const int *counts, const int *displs,
                                   loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA) return c->ops->allgatherv(c, buf, counts, displs, h, err);
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
     if (begin_op(c, h, "allgatherv", total * 4)) return LOOM_OK;
@@ -162,6 +173,9 @@ loom_status loom_comm_allgatherv(loom_comm *c, float *buf, const int *counts, co
 loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send_counts,
                                 const int *send_displs, float *recv, const int *recv_counts,
                                 const int *recv_displs, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                 NULL, err);
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)send_counts[r];
     if (begin_op(c, NULL, "alltoallv", total * 4)) {
@@ -179,6 +193,9 @@ loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send
 loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *send_counts,
                                  const int *send_displs, float *recv, const int *recv_counts,
                                  const int *recv_displs, loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                 h, err);
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)send_counts[r];
     if (begin_op(c, h, "alltoallv", total * 4)) {
@@ -192,6 +209,7 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
 }
 
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA) return c->ops->bcast(c, buf, bytes, root, NULL, err);
     if (begin_op(c, NULL, "bcast", bytes)) return LOOM_OK;
     if (too_big(bytes)) return loom_error_set(err, LOOM_ERR_STATE, "bcast: too large");
     double t0 = loom_comm_now_ms();
@@ -202,6 +220,8 @@ loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loo
 
 loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->send(c, buf, count, peer, h, err); /* NCCL: no tags (matched in order) */
     if (begin_op(c, h, "send", count * 4))
         return loom_error_set(err, LOOM_ERR_STATE, "isend on a communicator of size 1");
     int rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, c->mpi, &h->req);
@@ -210,12 +230,22 @@ loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int pe
 
 loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA) return c->ops->recv(c, buf, count, peer, h, err);
     if (begin_op(c, h, "recv", count * 4))
         return loom_error_set(err, LOOM_ERR_STATE, "irecv on a communicator of size 1");
     int rc = MPI_Irecv(buf, (int)count, MPI_FLOAT, peer, tag, c->mpi, &h->req);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "irecv", err);
 }
 
+loom_status loom_comm_iallreduce_sum_bf16(loom_comm *c, void *buf, size_t count,
+                                          loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return c->ops->allreduce_sum(c, buf, count, LOOM_COMM_BF16, h, err);
+    return loom_error_set(err, LOOM_ERR_STATE, "bf16 all-reduce on %s: device communicators only",
+                          c->name);
+}
+
+/* A host barrier (also on a device communicator: over its bootstrap MPI communicator). */
 loom_status loom_comm_barrier(loom_comm *c, loom_error *err) {
     if (begin_op(c, NULL, "barrier", 0)) return LOOM_OK;
     double t0 = loom_comm_now_ms();
@@ -226,6 +256,7 @@ loom_status loom_comm_barrier(loom_comm *c, loom_error *err) {
 
 loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err) {
     if (!h->active) return LOOM_OK;
+    if (h->comm->device == LOOM_COMM_CUDA) return h->comm->ops->wait(h, err);
     double t0 = loom_comm_now_ms();
     loom_progress_comm_wait(h->comm->name, h->seq, h->op);
     int rc = MPI_Wait(&h->req, MPI_STATUS_IGNORE);
@@ -241,6 +272,7 @@ loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err) {
 loom_status loom_comm_test(loom_comm_handle *h, int *done, loom_error *err) {
     *done = 1;
     if (!h->active) return LOOM_OK;
+    if (h->comm->device == LOOM_COMM_CUDA) return h->comm->ops->test(h, done, err);
     int rc = MPI_Test(&h->req, done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) return mpi_fail(h->comm, rc, "test", err);
     if (*done) {

@@ -1,6 +1,8 @@
 /* The communication API: collectives and point-to-point over one communicator, blocking
- * and non-blocking (handles), with an MPI backend (an NCCL backend can implement the
- * same calls). Every operation gets the communicator's next sequence number and its
+ * and non-blocking (handles), for both transports: MPI on host buffers (here) and NCCL
+ * on CUDA device buffers (comm/comm_nccl.h, CUDA builds), chosen by where the buffers
+ * live (loom_comm_device) when the communicator is set up; callers make the same calls
+ * either way. Every operation gets the communicator's next sequence number and its
  * time is recorded, so a hang can be located ("rank 3 never entered collective #812 on
  * dp") and stragglers measured. A communicator of size 1 needs no MPI at all: every
  * operation is then a local no-op (or a copy), so one process runs without mpirun. */
@@ -14,8 +16,19 @@
 #include "core/error.h"
 #include "core/trace.h"
 
-typedef struct {
-    MPI_Comm mpi; /* MPI_COMM_NULL when size == 1 without MPI */
+/* Where a communicator's buffers live, and so which transport carries them. */
+typedef enum {
+    LOOM_COMM_HOST, /* host memory: MPI (nothing at all for size 1) */
+    LOOM_COMM_CUDA  /* CUDA device memory: NCCL (loom_comm_use_nccl) */
+} loom_comm_device;
+
+typedef struct loom_comm_ops loom_comm_ops;
+
+typedef struct loom_comm {
+    loom_comm_device device;
+    const loom_comm_ops *ops; /* device CUDA: the transport (NULL: MPI, below) */
+    void *impl;               /* the transport's state (NCCL communicator, stream, events) */
+    MPI_Comm mpi; /* MPI_COMM_NULL when size == 1 without MPI; bootstraps a device one */
     int rank, size;
     char name[16];   /* "world", "dp", "tp", "pp", "ep" */
     int first_world; /* world rank of its rank 0 (names the group in heartbeats), -1: ? */
@@ -28,14 +41,41 @@ typedef struct {
     loom_trace *trace; /* NULL: no trace; else each completed operation becomes a span */
 } loom_comm;
 
-typedef struct {
+typedef struct loom_comm_handle {
     loom_comm *comm;
-    MPI_Request req;
+    MPI_Request req; /* host */
+    void *event;     /* device: the completion event (cudaEvent_t) */
     uint64_t seq;
     double start_ms;
     int active;
     const char *op;
 } loom_comm_handle;
+
+/* The element types of a transport's sums. */
+typedef enum { LOOM_COMM_F32, LOOM_COMM_F64, LOOM_COMM_BF16 } loom_comm_dtype;
+
+/* What a device transport implements (comm_nccl.c). h NULL: a blocking call (complete on
+ * return); otherwise h is filled and completed by wait/test. Counts as in the calls below. */
+struct loom_comm_ops {
+    loom_status (*allreduce_sum)(loom_comm *c, void *buf, size_t count, loom_comm_dtype type,
+                                 loom_comm_handle *h, loom_error *err);
+    loom_status (*reduce_scatter_sum)(loom_comm *c, const float *send, float *recv,
+                                      const int *counts, loom_comm_handle *h, loom_error *err);
+    loom_status (*allgatherv)(loom_comm *c, float *buf, const int *counts, const int *displs,
+                              loom_comm_handle *h, loom_error *err);
+    loom_status (*alltoallv)(loom_comm *c, const float *send, const int *send_counts,
+                             const int *send_displs, float *recv, const int *recv_counts,
+                             const int *recv_displs, loom_comm_handle *h, loom_error *err);
+    loom_status (*bcast)(loom_comm *c, void *buf, size_t bytes, int root, loom_comm_handle *h,
+                         loom_error *err);
+    loom_status (*send)(loom_comm *c, const float *buf, size_t count, int peer, loom_comm_handle *h,
+                        loom_error *err);
+    loom_status (*recv)(loom_comm *c, float *buf, size_t count, int peer, loom_comm_handle *h,
+                        loom_error *err);
+    loom_status (*wait)(loom_comm_handle *h, loom_error *err);
+    loom_status (*test)(loom_comm_handle *h, int *done, loom_error *err);
+    void (*free)(loom_comm *c);
+};
 
 /* Wraps an MPI communicator (duplicated, so loom's traffic is its own). */
 loom_status loom_comm_from_mpi(loom_comm *c, MPI_Comm mpi, const char *name, loom_error *err);
@@ -48,6 +88,10 @@ loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom
 loom_status loom_comm_allreduce_sum_f64(loom_comm *c, double *buf, int count, loom_error *err);
 loom_status loom_comm_iallreduce_sum(loom_comm *c, float *buf, size_t count, loom_comm_handle *h,
                                      loom_error *err);
+/* bf16 buffers (loom_bf16 bit patterns) summed in bf16: device communicators only
+ * (LOOM_ERR_STATE on the host). */
+loom_status loom_comm_iallreduce_sum_bf16(loom_comm *c, void *buf, size_t count,
+                                          loom_comm_handle *h, loom_error *err);
 /* send holds sum(counts) floats laid out by rank; rank r receives counts[r] summed floats. */
 loom_status loom_comm_ireduce_scatter_sum(loom_comm *c, const float *send, float *recv,
                                           const int *counts, loom_comm_handle *h, loom_error *err);
@@ -71,7 +115,8 @@ loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, in
                             loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_barrier(loom_comm *c, loom_error *err);
 
-/* Completes h (blocking; the time spent here counts as blocked). */
+/* Completes h (blocking; the time spent here counts as blocked). On a device communicator
+ * with a stream (loom_comm_use_nccl) the stream waits instead and the host goes on. */
 loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err);
 /* Lets MPI progress h; *done = 1 once complete. Cheap; call it between compute. */
 loom_status loom_comm_test(loom_comm_handle *h, int *done, loom_error *err);

@@ -36,7 +36,8 @@ typedef enum {
     LOOM_OP_ALLGATHERV      /* in place: buf, counts, displs as loom_comm_iallgatherv */
 } loom_comm_op_kind;
 
-enum { LOOM_OP_IDLE, LOOM_OP_QUEUED, LOOM_OP_RUNNING, LOOM_OP_DONE };
+/* Where an operation is in its life (op->state). */
+typedef enum { LOOM_OP_IDLE, LOOM_OP_QUEUED, LOOM_OP_RUNNING, LOOM_OP_DONE } loom_comm_op_state;
 
 /* One operation, owned by the caller; its arrays must stay valid until it completes. */
 typedef struct {
@@ -50,7 +51,7 @@ typedef struct {
     loom_comm_handle h; /* seq, post time, MPI request */
     double start_ms, end_ms;
     int rc;
-    atomic_int state;
+    atomic_int state; /* a loom_comm_op_state (atomic: the engine thread sets it) */
 } loom_comm_op;
 
 typedef struct {

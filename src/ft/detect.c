@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "ft/launch.h"
+
 static const char *KINDS[LOOM_FAIL_KIND_COUNT] = {"none",           "crash",      "exit",
                                                   "heartbeat_lost", "hang",       "no_progress",
                                                   "nonfinite_loss", "loss_spike", "startup"};
@@ -175,6 +177,54 @@ int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, 
         }
     }
     return 0;
+}
+
+int loom_detect_dead_rank(const loom_monitor *m, const char *host) {
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen || strcmp(s->beat.host, host) != 0 || s->beat.phase == LOOM_PHASE_DONE ||
+            s->beat.phase == LOOM_PHASE_FAILED)
+            continue;
+        if (loom_pid_dead(s->beat.pid)) return r;
+    }
+    return -1;
+}
+
+int loom_detect_reported(const loom_monitor *m) {
+    int reported = 0;
+    for (int r = 0; r < m->world; r++)
+        reported |=
+            m->ranks[r].beat.phase == LOOM_PHASE_FAILED || m->ranks[r].beat.nonfinite_step > 0;
+    return reported;
+}
+
+void loom_detect_crash(const loom_monitor *m, int rank, loom_failure *f) {
+    const loom_rank_state *s = &m->ranks[rank];
+    memset(f, 0, sizeof *f);
+    f->kind = LOOM_FAIL_CRASH;
+    f->rank = rank;
+    /* Its last beat may be older than its last step: no rank can be past the step the
+     * dead one never finished. */
+    f->step = loom_monitor_step(m) + 1;
+    snprintf(f->host, sizeof f->host, "%s", s->beat.host);
+    snprintf(f->detail, sizeof f->detail,
+             "rank %d (pid %d on %s) died without a word (no error report) during step %lld", rank,
+             s->beat.pid, s->beat.host, (long long)f->step);
+}
+
+int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f) {
+    double latest = 0;
+    for (int r = 0; r < m->world; r++)
+        if (m->ranks[r].steps_changed_ms > latest) latest = m->ranks[r].steps_changed_ms;
+    if (now_ms - latest < timeout_ms) return 0;
+    memset(f, 0, sizeof *f);
+    f->kind = LOOM_FAIL_STALL;
+    f->rank = -1;
+    f->step = loom_monitor_step(m) + 1;
+    snprintf(f->detail, sizeof f->detail,
+             "no rank completed a step for %.0f s (none is waiting in a collective)",
+             timeout_ms * 1e-3);
+    return 1;
 }
 
 static int cmp_double(const void *a, const void *b) {

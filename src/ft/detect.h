@@ -84,6 +84,16 @@ int loom_detect_hang(const loom_monitor *m, double timeout_ms, loom_failure *f);
 /* A rank silent for >= timeout_ms, or (startup) never heard of. */
 int loom_detect_silence(const loom_monitor *m, double now_ms, double launch_ms, double timeout_ms,
                         double startup_ms, loom_failure *f);
+/* A rank on `host` (this machine) whose process is gone although it never reported
+ * finishing or failing: its index, or -1. */
+int loom_detect_dead_rank(const loom_monitor *m, const char *host);
+/* 1 when some rank reported a failure or a non-finite loss (a dead rank may then be the
+ * victim of that error, not a crash of its own). */
+int loom_detect_reported(const loom_monitor *m);
+/* Fills f for rank `rank` that died without a report (kind CRASH). */
+void loom_detect_crash(const loom_monitor *m, int rank, loom_failure *f);
+/* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */
+int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f);
 /* The first step in (from, to] whose loss is non-finite or > factor x the median of
  * the up to 10 steps before it (at least 5 known). */
 int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, int64_t to,

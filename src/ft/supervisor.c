@@ -225,9 +225,15 @@ static void spike_ranks(sup *s, loom_failure *f) {
     loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
 }
 
-/* Watches one attempt until it ends or fails. Returns 0 (finished), 1 (failure in *f),
- * 2 (interrupted). */
-static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *f) {
+/* How an attempt ended. */
+typedef enum {
+    ATTEMPT_FINISHED,   /* every step done */
+    ATTEMPT_FAILED,     /* a failure, described in *f */
+    ATTEMPT_INTERRUPTED /* a signal to the supervisor */
+} attempt_outcome;
+
+/* Watches one attempt until it ends or fails (the rules: ft/detect.h). */
+static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *f) {
     const loom_run_config *c = s->cfg;
     const double launch_ms = loom_now_ms();
     double last_print = launch_ms;
@@ -244,7 +250,7 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
         poll(&pfd, 1, 50);
         double now = loom_now_ms();
         loom_monitor_drain(&s->mon, now);
-        if (interrupted) return 2;
+        if (interrupted) return ATTEMPT_INTERRUPTED;
         if (!all_seen) {
             int n = 0;
             for (int r = 0; r < s->world; r++) n += s->mon.ranks[r].seen;
@@ -305,74 +311,43 @@ static int watch(sup *s, loom_launch *l, const char *attempt_dir, loom_failure *
         if (step > spike_checked) {
             if (loom_detect_loss_spike(&s->mon, c->loss_spike_factor, spike_checked, step, f)) {
                 if (f->kind == LOOM_FAIL_SPIKE) spike_ranks(s, f);
-                return 1;
+                return ATTEMPT_FAILED;
             }
             spike_checked = step;
         }
         /* A rank on this host that died: seen at once, before the launcher notices. */
-        for (int r = 0; r < s->world; r++) {
-            const loom_rank_state *rs = &s->mon.ranks[r];
-            if (!rs->seen || strcmp(rs->beat.host, s->host) != 0 ||
-                rs->beat.phase == LOOM_PHASE_DONE || rs->beat.phase == LOOM_PHASE_FAILED)
-                continue;
-            if (loom_pid_dead(rs->beat.pid)) {
-                /* A rank that died can be the victim of another's error (MPI_Abort kills
-                 * the job): wait a moment for failure reports before calling it a crash. */
-                if (dead_since < 0) dead_since = now;
-                if (now - dead_since < 200 && !loom_launch_poll(l)) break;
+        const int dead = loom_detect_dead_rank(&s->mon, s->host);
+        if (dead >= 0) {
+            /* A rank that died can be the victim of another's error (MPI_Abort kills the
+             * job): wait a moment for failure reports before calling it a crash. */
+            if (dead_since < 0) dead_since = now;
+            if (now - dead_since >= 200 || loom_launch_poll(l)) {
                 loom_monitor_drain(&s->mon, loom_now_ms());
-                int reported = 0;
-                for (int q = 0; q < s->world; q++)
-                    reported |= s->mon.ranks[q].beat.phase == LOOM_PHASE_FAILED ||
-                                s->mon.ranks[q].beat.nonfinite_step > 0;
-                if (reported) {
-                    char log[LOOM_RUN_PATH + 32];
-                    snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
-                    loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
-                    return 1;
+                if (!loom_detect_reported(&s->mon)) {
+                    loom_detect_crash(&s->mon, dead, f);
+                    return ATTEMPT_FAILED;
                 }
-                memset(f, 0, sizeof *f);
-                f->kind = LOOM_FAIL_CRASH;
-                f->rank = r;
-                /* Its last beat may be older than its last step: no rank can be past the
-                 * step the dead one never finished. */
-                f->step = loom_monitor_step(&s->mon) + 1;
-                snprintf(f->host, sizeof f->host, "%s", rs->beat.host);
-                snprintf(f->detail, sizeof f->detail,
-                         "rank %d (pid %d on %s) died without a word (no error report) during "
-                         "step %lld",
-                         r, rs->beat.pid, rs->beat.host, (long long)f->step);
-                return 1;
+                char log[LOOM_RUN_PATH + 32];
+                snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+                loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
+                return ATTEMPT_FAILED;
             }
         }
         if (loom_launch_poll(l)) {
             loom_monitor_drain(&s->mon, loom_now_ms());
-            if (l->status == 0) return 0;
+            if (l->status == 0) return ATTEMPT_FINISHED;
             char log[LOOM_RUN_PATH + 32];
             snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
             loom_detect_exit(&s->mon, l->status, log, f);
-            return 1;
+            return ATTEMPT_FAILED;
         }
         const double hb_ms = c->heartbeat_timeout_s * 1e3;
-        if (loom_detect_hang(&s->mon, hb_ms, f)) return 1;
+        if (loom_detect_hang(&s->mon, hb_ms, f)) return ATTEMPT_FAILED;
         if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
-            return 1;
-        if (c->step_timeout_s > 0 && training) {
-            double latest = 0;
-            for (int r = 0; r < s->world; r++)
-                if (s->mon.ranks[r].steps_changed_ms > latest)
-                    latest = s->mon.ranks[r].steps_changed_ms;
-            if (now - latest >= c->step_timeout_s * 1e3) {
-                memset(f, 0, sizeof *f);
-                f->kind = LOOM_FAIL_STALL;
-                f->rank = -1;
-                f->step = step + 1;
-                snprintf(f->detail, sizeof f->detail,
-                         "no rank completed a step for %.0f s (none is waiting in a collective)",
-                         c->step_timeout_s);
-                return 1;
-            }
-        }
+            return ATTEMPT_FAILED;
+        if (c->step_timeout_s > 0 && training &&
+            loom_detect_stall(&s->mon, now, c->step_timeout_s * 1e3, f))
+            return ATTEMPT_FAILED;
         /* Stragglers: judged once per step that every rank has reported. */
         int64_t common = INT64_MAX;
         for (int r = 0; r < s->world; r++) {
@@ -491,9 +466,9 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         if ((st = loom_launch_start(&l, argv, path, err))) goto done;
         event(&s, "launch", "\"ranks\": %d, \"dp\": %d", s.world, s.dp);
         loom_failure f;
-        int outcome = watch(&s, &l, attempt_dir, &f);
-        if (outcome != 1) scan_rejected(&s, attempt_dir);
-        if (outcome == 0) {
+        const attempt_outcome outcome = watch(&s, &l, attempt_dir, &f);
+        if (outcome != ATTEMPT_FAILED) scan_rejected(&s, attempt_dir);
+        if (outcome == ATTEMPT_FINISHED) {
             event(&s, "done", NULL);
             write_summary(&s, "finished", "every step done");
             *exit_code = 0;
@@ -504,7 +479,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         for (int r = 0; r < s.world; r++)
             if (s.mon.ranks[r].seen && strcmp(s.mon.ranks[r].beat.host, s.host) == 0)
                 pids[np++] = s.mon.ranks[r].beat.pid;
-        if (outcome == 2) {
+        if (outcome == ATTEMPT_INTERRUPTED) {
             fprintf(stderr, "loom run: interrupted: stopping the job (SIGTERM, then SIGKILL)\n");
             loom_launch_stop(&l, cfg->grace_s, pids, np);
             write_summary(&s, "interrupted", "signal to the supervisor");

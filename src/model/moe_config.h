@@ -1,13 +1,12 @@
-/* Checks of the mixture-of-experts settings of a model configuration and of how they
- * combine with the parallel layout; every message names the flag. */
+/* How the mixture-of-experts settings of a model configuration combine with the parallel
+ * layout, and whether they match a saved model's (the settings themselves are checked by
+ * loom_model_config_validate); every message names the flag. */
 #ifndef LOOM_MODEL_MOE_CONFIG_H
 #define LOOM_MODEL_MOE_CONFIG_H
 
 #include "core/error.h"
 #include "model/config.h"
 
-/* --n-experts, --top-k, --moe-every, --capacity-factor, --aux-loss-coef, --z-loss-coef. */
-loom_status loom_model_config_validate_moe(const loom_model_config *cfg, loom_error *err);
 /* --ep N with this model, data-parallel size, ZeRO stage and tensor parallelism. */
 loom_status loom_moe_validate_layout(const loom_model_config *cfg, int ep, int dp, int zero, int tp,
                                      int pp, loom_error *err);

@@ -60,8 +60,8 @@ loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat
 }
 
 loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t,
-                                 loom_ckpt_kind kind, size_t dense_lo, size_t dense_hi, int q,
-                                 int edp_size, loom_error *err) {
+                                 const loom_ckpt_descs *ct, loom_ckpt_kind kind, size_t dense_lo,
+                                 size_t dense_hi, int q, int edp_size, loom_error *err) {
     size_t experts = 0;
     for (int i = 0; i < t->n_params; i++)
         if (t->params[i].expert >= 0) experts += t->params[i].numel;
@@ -84,8 +84,8 @@ loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t
         }
         if (a >= b) continue;
         if (a != run_hi && run_hi > run_lo) {
-            st =
-                loom_ckpt_plan_range(plan, t, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
+            st = loom_ckpt_plan_range(plan, ct, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS,
+                                      err);
             run_lo = a;
         } else if (run_hi == run_lo) {
             run_lo = a;
@@ -93,7 +93,7 @@ loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t
         run_hi = b;
     }
     if (!st && run_hi > run_lo)
-        st = loom_ckpt_plan_range(plan, t, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
+        st = loom_ckpt_plan_range(plan, ct, kind, run_lo, run_hi, 1, LOOM_CKPT_CHUNK_FLOATS, err);
     return st;
 }
 

@@ -27,10 +27,11 @@ loom_status loom_ep_gather_flat(const loom_param_table *local, const float *flat
 /* The checkpoint pieces of buffer `kind` this rank writes so that every element of the
  * model is written exactly once: dense tensors within [dense_lo, dense_hi) (its dp shard:
  * every dp rank holds them) and its share q of edp_size (its edp rank) of the expert
- * tensors, counted in flat order (the ranks of one edp group hold the same experts). */
+ * tensors, counted in flat order (the ranks of one edp group hold the same experts); ct:
+ * t's checkpoint descriptors. */
 loom_status loom_ep_plan_written(loom_ckpt_plan *plan, const loom_param_table *t,
-                                 loom_ckpt_kind kind, size_t dense_lo, size_t dense_hi, int q,
-                                 int edp_size, loom_error *err);
+                                 const loom_ckpt_descs *ct, loom_ckpt_kind kind, size_t dense_lo,
+                                 size_t dense_hi, int q, int edp_size, loom_error *err);
 
 /* export_flat with both tp and ep: shards gathered over tp (on tp rank 0: this ep
  * rank's experts, tensors whole), then experts over ep among tp ranks 0, into

@@ -186,22 +186,23 @@ void loom_ep_zero_clear_state(loom_zero *z) {
     }
 }
 
-loom_status loom_ep_zero_plan_written(const loom_zero *z, loom_ckpt_plan *plan, loom_ckpt_kind kind,
-                                      loom_error *err) {
+loom_status loom_ep_zero_plan_written(const loom_zero *z, const loom_ckpt_descs *ct,
+                                      loom_ckpt_plan *plan, loom_ckpt_kind kind, loom_error *err) {
     const loom_ep_zero *e = z->experts;
     loom_status st = LOOM_OK;
     for (int i = 0; i < e->n_own && !st; i++)
-        st = loom_ckpt_plan_range(plan, e->table, kind, e->own[i].lo, e->own[i].hi, 1,
+        st = loom_ckpt_plan_range(plan, ct, kind, e->own[i].lo, e->own[i].hi, 1,
                                   LOOM_CKPT_CHUNK_FLOATS, err);
     return st;
 }
 
-loom_status loom_ep_zero_load(const loom_zero *z, const char *dir, const loom_ckpt_manifest *m,
-                              float *params, loom_ckpt_load_stats *stats, loom_error *err) {
+loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, const char *dir,
+                              const loom_ckpt_manifest *m, float *params,
+                              loom_ckpt_load_stats *stats, loom_error *err) {
     const loom_ep_zero *e = z->experts;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, z->total}, {0}, {0}};
     loom_ckpt_load_stats s = {0}, sum = {0};
-    loom_status st = e->stage == 3 ? LOOM_OK : loom_ckpt_load(dir, m, e->table, b, &s, err);
+    loom_status st = e->stage == 3 ? LOOM_OK : loom_ckpt_load(dir, m, ct, b, &s, err);
     sum = s;
     b[0].data = NULL;
     for (int i = 0; i < e->n_own && !st; i++) {
@@ -210,7 +211,7 @@ loom_status loom_ep_zero_load(const loom_zero *z, const char *dir, const loom_ck
         b[1] = (loom_ckpt_buffer){z->m, 0, e->own[i].lo, e->own[i].hi};
         b[2] = (loom_ckpt_buffer){z->v, 0, e->own[i].lo, e->own[i].hi};
         s = (loom_ckpt_load_stats){0};
-        st = loom_ckpt_load(dir, m, e->table, b, &s, err);
+        st = loom_ckpt_load(dir, m, ct, b, &s, err);
         sum.bytes_read += s.bytes_read;
         sum.chunks_read += s.chunks_read;
     }

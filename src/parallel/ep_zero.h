@@ -75,12 +75,13 @@ loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err);
 void loom_ep_zero_clear_state(loom_zero *z);
 
 /* The checkpoint pieces of buffer `kind` this rank writes: its shard (every element of
- * the model once over all ranks). */
-loom_status loom_ep_zero_plan_written(const loom_zero *z, loom_ckpt_plan *plan, loom_ckpt_kind kind,
-                                      loom_error *err);
+ * the model once over all ranks); ct: the table's checkpoint descriptors. */
+loom_status loom_ep_zero_plan_written(const loom_zero *z, const loom_ckpt_descs *ct,
+                                      loom_ckpt_plan *plan, loom_ckpt_kind kind, loom_error *err);
 /* Loads the parameters (params: every element this rank holds) and the shard's moments
  * (a read per range of the shard, so untouched state stays unmapped). */
-loom_status loom_ep_zero_load(const loom_zero *z, const char *dir, const loom_ckpt_manifest *m,
-                              float *params, loom_ckpt_load_stats *stats, loom_error *err);
+loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, const char *dir,
+                              const loom_ckpt_manifest *m, float *params,
+                              loom_ckpt_load_stats *stats, loom_error *err);
 
 #endif

@@ -13,9 +13,11 @@
 #include "core/clock.h"
 #include "core/timeline.h"
 #include "core/version.h"
+#include "model/config_json.h"
 #include "model/moe_config.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
+#include "train/ckpt_tensors.h"
 
 static volatile sig_atomic_t g_stop_signal;
 static void on_stop_signal(int sig) {
@@ -51,19 +53,19 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
     written_buffers(c, b);
     const loom_mesh *mesh = c->mesh;
     if (mesh->ep.size == 1)
-        return loom_ckpt_writer_create(&c->writer, c->zero->table, b, mesh->rank, err);
+        return loom_ckpt_writer_create(&c->writer, &c->tensors, b, mesh->rank, err);
     loom_ckpt_plan plan = {0};
     loom_status st = LOOM_OK;
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
         st = c->zero->experts /* ZeRO 1-2: each rank writes its shard */
-                 ? loom_ep_zero_plan_written(c->zero, &plan, (loom_ckpt_kind)k, err)
-                 : loom_ep_plan_written(&plan, c->zero->table, (loom_ckpt_kind)k, b[k].lo, b[k].hi,
-                                        mesh->edp.rank, mesh->edp.size, err);
+                 ? loom_ep_zero_plan_written(c->zero, &c->tensors, &plan, (loom_ckpt_kind)k, err)
+                 : loom_ep_plan_written(&plan, c->zero->table, &c->tensors, (loom_ckpt_kind)k,
+                                        b[k].lo, b[k].hi, mesh->edp.rank, mesh->edp.size, err);
     if (st) {
         loom_ckpt_plan_free(&plan);
         return st;
     }
-    return loom_ckpt_writer_create_planned(&c->writer, c->zero->table, b, &plan, mesh->rank, err);
+    return loom_ckpt_writer_create_planned(&c->writer, &c->tensors, b, &plan, mesh->rank, err);
 }
 
 /* Fresh state (after a failed load attempt): initial parameters, zero moments. */
@@ -108,6 +110,11 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
     loom_ckpt_manifest m;
     loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
     if (st) return st;
+    loom_model_config saved;
+    if ((st = loom_model_config_from_json(&saved, m.model, path, err))) {
+        loom_ckpt_manifest_free(&m);
+        return st;
+    }
     /* The seed decides initialisation and the data order (a pure function of (seed,
      * step)): another seed would silently continue on a different stream of batches, so
      * the run state of the checkpoint wins unless the user says otherwise. */
@@ -119,13 +126,13 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
                             "with another data order",
                             (unsigned long long)c->tc->seed, path, (unsigned long long)m.seed,
                             (unsigned long long)m.seed);
-    } else if (!same_model(&m.model, c->mc)) {
+    } else if (!same_model(&saved, c->mc)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "%s: saved for a different model (%s, %d layers, d_model %d, vocab %d, "
                             "T %d)",
-                            path, loom_family_name(m.model.family), m.model.n_layer,
-                            m.model.d_model, m.model.vocab_size, m.model.seq_len);
-    } else if (loom_moe_config_check_same(&m.model, c->mc, path, err)) {
+                            path, loom_family_name(saved.family), saved.n_layer, saved.d_model,
+                            saved.vocab_size, saved.seq_len);
+    } else if (loom_moe_config_check_same(&saved, c->mc, path, err)) {
         *wrong_seed = 1; /* a setting to change, not a damaged checkpoint */
         st = LOOM_ERR_INPUT;
     } else {
@@ -133,8 +140,9 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
         held_buffers(c, b);
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
-        st = c->zero->experts ? loom_ep_zero_load(c->zero, dir, &m, b[0].data, &stats, err)
-                              : loom_ckpt_load(dir, &m, c->zero->table, b, &stats, err);
+        st = c->zero->experts
+                 ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data, &stats, err)
+                 : loom_ckpt_load(dir, &m, &c->tensors, b, &stats, err);
         *step = m.step;
         if (!st && c->mesh->rank == 0)
             fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
@@ -246,14 +254,12 @@ static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
     loom_ckpt_plan plan = {0};
-    const loom_param_table *t = c->zero->table;
-    st = loom_ckpt_plan_range(&plan, t, LOOM_CKPT_PARAMS, b[0].lo, b[0].hi, 0, 0, err);
+    st = loom_ckpt_plan_range(&plan, &c->tensors, LOOM_CKPT_PARAMS, b[0].lo, b[0].hi, 0, 0, err);
     for (int i = 0; i < plan.n && !st; i++) {
         const loom_ckpt_piece *q = &plan.items[i];
-        const loom_param *p = &t->params[q->param];
+        const loom_ckpt_desc *p = &c->tensors.items[q->tensor];
         const float *src;
-        int64_t g[2];
-        loom_ckpt_param_global_2d(p, g);
+        const int64_t *g = p->global_shape;
         if ((st = loom_safetensors_get_f32(&f, p->name, (size_t)(g[0] * g[1]), &src, err))) break;
         for (int64_t r = 0; r < q->box.len[0]; r++)
             memcpy(b[0].data + (q->local + (size_t)(r * q->stride) - b[0].base),
@@ -280,8 +286,8 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     c->param_shard = param_shard;
     c->last_saved = -1;
     *start_step = 0;
-    loom_status st = LOOM_OK;
-    if (tc->init_from[0]) st = import_weights(c, err);
+    loom_status st = loom_ckpt_tensors_describe(&c->tensors, zero->table, err);
+    if (!st && tc->init_from[0]) st = import_weights(c, err);
     if (!st && tc->resume[0]) st = resume(c, start_step, err);
     /* The per-step collective result decides, so a failure on one rank fails all. */
     double bad = st != LOOM_OK;
@@ -335,7 +341,7 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
     run.tokens_seen = c->flight_step * (int64_t)tc->global_batch * c->mc->seq_len;
     run.seed = tc->seed;
     run.layout = (loom_ckpt_layout){l->dp, l->tp, l->pp, l->ep, c->zero->stage, c->mesh->size};
-    run.model = *c->mc;
+    run.model = loom_model_config_to_json(c->mc);
     snprintf(run.version, sizeof run.version, "%s", LOOM_VERSION);
     run.train = train_json(tc);
     const int keep = tc->ckpt_keep;
@@ -476,6 +482,7 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
 
 void loom_checkpointing_close(loom_checkpointing *c) {
     if (c->writer_ready) loom_ckpt_writer_destroy(&c->writer);
+    loom_ckpt_descs_free(&c->tensors);
     if (c->enabled) {
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);

@@ -28,6 +28,8 @@ typedef struct {
     int enabled;        /* a tier is configured */
     int loaded;         /* the training state came from a checkpoint (--resume) */
     int reset;          /* a failed load was undone: the state is the initial one */
+    /* the registry as ckpt/ sees it (train/ckpt_tensors.h) */
+    loom_ckpt_descs tensors;
     loom_ckpt_writer writer;
     int writer_ready;
     int in_flight; /* a write started and not yet known complete on every rank */

@@ -1,7 +1,8 @@
-/* The NCCL backend (src/comm/comm_nccl.c) on device buffers: every collective on random
- * data of odd sizes, checked against sums computed locally in double (every rank
- * regenerates every other rank's input from (seed, rank)), with both kinds of wait (a
- * consumer stream, and the host). One rank per GPU:
+/* The NCCL transport (src/comm/comm_nccl.c) behind loom_comm on device buffers: every
+ * collective through the same loom_comm_* calls as on the host, on random data of odd
+ * sizes, checked against sums computed locally in double (every rank regenerates every
+ * other rank's input from (seed, rank)), with both kinds of wait (a compute stream, and
+ * the host). One rank per GPU:
  *
  *   test_nccl                 (one process, no MPI)
  *   mpirun -n R test_nccl     (R <= number of GPUs)
@@ -103,10 +104,11 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (g_rank == 0) printf("test_nccl: seed %llu, %d ranks\n", (unsigned long long)g_seed, g_size);
-    loom_nccl_comm nc;
-    must(loom_nccl_init(&nc, &comm, g_rank, &err), &err);
+    cudaSetDevice(g_rank);
     cudaStream_t compute;
     cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    must(loom_comm_use_nccl(&comm, g_rank, compute, &err), &err);
+    check("a device communicator", comm.device == LOOM_COMM_CUDA);
 
     /* all-reduce, odd count; waited on by a consumer stream */
     const size_t n = 100003;
@@ -117,15 +119,16 @@ int main(int argc, char **argv) {
         for (int r = 0; r < g_size; r++) want[i] += value(r, i, 1);
     }
     float *d = dev_from(h, n);
-    loom_nccl_handle hd;
+    loom_comm_handle hd;
     uint64_t seq0 = comm.seq;
-    must(loom_nccl_iallreduce_sum(&nc, d, n, compute, &hd, &err), &err);
-    must(loom_nccl_wait(&hd, compute, &err), &err);
+    must(loom_comm_iallreduce_sum(&comm, d, n, &hd, &err), &err);
+    must(loom_comm_wait(&hd, &err), &err); /* the compute stream waits */
     float *got = host_from(d, n);
     check("allreduce sum", close_to(got, want, n, 1e-5));
     check("allreduce bookkeeping: one sequence number, bytes counted",
           comm.seq == seq0 + 1 && comm.bytes >= n * 4);
     free(got);
+    loom_comm_nccl_set_stream(&comm, NULL); /* from here on the host waits */
 
     /* reduce-scatter: equal and unequal shards; host wait */
     for (int uneven = 0; uneven <= 1; uneven++) {
@@ -139,8 +142,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < counts[g_rank]; i++)
             for (int r = 0; r < g_size; r++) w[i] += value(r, off + i, 2 + uneven);
         float *ds = dev_from(hs, total), *dr = dev_from(hs, counts[g_rank]);
-        must(loom_nccl_ireduce_scatter_sum(&nc, ds, dr, counts, compute, &hd, &err), &err);
-        must(loom_nccl_wait(&hd, NULL, &err), &err);
+        must(loom_comm_ireduce_scatter_sum(&comm, ds, dr, counts, &hd, &err), &err);
+        must(loom_comm_wait(&hd, &err), &err);
         got = host_from(dr, counts[g_rank]);
         check(uneven ? "reduce_scatter (unequal shards)" : "reduce_scatter",
               close_to(got, w, counts[g_rank], 1e-5));
@@ -164,9 +167,9 @@ int main(int argc, char **argv) {
                 hg[displs[r] + i] = r == g_rank ? value(r, i, 5) : NAN; /* poisoned */
             }
         float *dg = dev_from(hg, total);
-        must(loom_nccl_iallgatherv(&nc, dg, counts, displs, compute, &hd, &err), &err);
+        must(loom_comm_iallgatherv(&comm, dg, counts, displs, &hd, &err), &err);
         int done = 0;
-        while (!done) must(loom_nccl_test(&hd, &done, &err), &err);
+        while (!done) must(loom_comm_test(&hd, &done, &err), &err);
         got = host_from(dg, total);
         check(uneven ? "allgatherv (unequal)" : "allgatherv", close_to(got, w, total, 0.0));
         free(got), free(hg), free(w), cudaFree(dg);
@@ -181,8 +184,7 @@ int main(int argc, char **argv) {
             hb[i] = g_rank == g_size - 1 ? (float)w[i] : NAN;
         }
         float *db = dev_from(hb, 333);
-        must(loom_nccl_ibcast(&nc, db, 333 * 4, g_size - 1, compute, &hd, &err), &err);
-        must(loom_nccl_wait(&hd, NULL, &err), &err);
+        must(loom_comm_bcast(&comm, db, 333 * 4, g_size - 1, &err), &err); /* blocking */
         got = host_from(db, 333);
         check("bcast", close_to(got, w, 333, 0.0));
         free(got), free(hb), cudaFree(db);
@@ -204,8 +206,8 @@ int main(int argc, char **argv) {
             for (int i = 0; i < rc[p]; i++) w[rd[p] + i] = value(p, off + i, 7);
         }
         float *ds = dev_from(hs, st), *dr = dev_from(hs, rt);
-        must(loom_nccl_ialltoallv(&nc, ds, sc, sd, dr, rc, rd, compute, &hd, &err), &err);
-        must(loom_nccl_wait(&hd, NULL, &err), &err);
+        must(loom_comm_ialltoallv(&comm, ds, sc, sd, dr, rc, rd, &hd, &err), &err);
+        must(loom_comm_wait(&hd, &err), &err);
         got = host_from(dr, rt);
         check("alltoallv", close_to(got, w, rt, 0.0));
         free(got), free(hs), free(w), cudaFree(ds), cudaFree(dr);
@@ -227,8 +229,8 @@ int main(int argc, char **argv) {
         void *db = NULL;
         cudaMalloc(&db, m * 2);
         cudaMemcpy(db, hb, m * 2, cudaMemcpyHostToDevice);
-        must(loom_nccl_iallreduce_sum_bf16(&nc, db, m, compute, &hd, &err), &err);
-        must(loom_nccl_wait(&hd, NULL, &err), &err);
+        must(loom_comm_iallreduce_sum_bf16(&comm, db, m, &hd, &err), &err);
+        must(loom_comm_wait(&hd, &err), &err);
         cudaMemcpy(hb, db, m * 2, cudaMemcpyDeviceToHost);
         for (size_t i = 0; i < m; i++) {
             uint32_t u = (uint32_t)hb[i] << 16;
@@ -246,30 +248,41 @@ int main(int argc, char **argv) {
         double *w = calloc(m, sizeof(double));
         for (size_t i = 0; i < m; i++) hs[i] = value(g_rank, i, 9), w[i] = value(prev, i, 9);
         float *ds = dev_from(hs, m), *dr = dev_from(hs, m);
-        loom_nccl_handle hs_, hr_;
+        loom_comm_handle hs_, hr_;
         /* NCCL send/recv pairs must be issued in a group or in a matching order: even
          * ranks send first, odd ranks receive first. */
         if (g_rank % 2 == 0) {
-            must(loom_nccl_isend(&nc, ds, m, next, compute, &hs_, &err), &err);
-            must(loom_nccl_irecv(&nc, dr, m, prev, compute, &hr_, &err), &err);
+            must(loom_comm_isend(&comm, ds, m, next, 0, &hs_, &err), &err);
+            must(loom_comm_irecv(&comm, dr, m, prev, 0, &hr_, &err), &err);
         } else {
-            must(loom_nccl_irecv(&nc, dr, m, prev, compute, &hr_, &err), &err);
-            must(loom_nccl_isend(&nc, ds, m, next, compute, &hs_, &err), &err);
+            must(loom_comm_irecv(&comm, dr, m, prev, 0, &hr_, &err), &err);
+            must(loom_comm_isend(&comm, ds, m, next, 0, &hs_, &err), &err);
         }
-        must(loom_nccl_wait(&hs_, NULL, &err), &err);
-        must(loom_nccl_wait(&hr_, NULL, &err), &err);
+        must(loom_comm_wait(&hs_, &err), &err);
+        must(loom_comm_wait(&hr_, &err), &err);
         got = host_from(dr, m);
         check("send/recv ring", close_to(got, w, m, 0.0));
         free(got), free(hs), free(w), cudaFree(ds), cudaFree(dr);
     }
 
     free(h), free(want), cudaFree(d);
+    /* a blocking f64 sum (on the device) */
+    {
+        double hv[3] = {g_rank, 1.0, -0.5 * g_rank}, *dv = NULL;
+        cudaMalloc((void **)&dv, sizeof hv);
+        cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice);
+        must(loom_comm_allreduce_sum_f64(&comm, dv, 3, &err), &err);
+        cudaMemcpy(hv, dv, sizeof hv, cudaMemcpyDeviceToHost);
+        const double tri = 0.5 * g_size * (g_size - 1);
+        check("allreduce sum f64", hv[0] == tri && hv[1] == g_size && hv[2] == -0.5 * tri);
+        cudaFree(dv);
+    }
+
+    loom_comm_free(&comm); /* the NCCL communicator goes with it */
     cudaStreamDestroy(compute);
-    loom_nccl_free(&nc);
     long totals[2] = {g_passed, g_failed};
     if (world.mpi) MPI_Allreduce(MPI_IN_PLACE, totals, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0) printf("%ld passed, %ld failed\n", totals[0], totals[1]);
-    loom_comm_free(&comm);
     loom_world_finalize(&world);
     return totals[1] ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 /* libFuzzer target: checkpoint manifests. The input is split at its first 0 byte into
  * manifest.json (before) and a data file rank_00000.safetensors (after), written to a
  * scratch step folder. The manifest is parsed as a manifest and as a rank index; a parse
- * that succeeds must dump and parse again to the same tensors and chunks, and then
+ * that succeeds must dump and parse again to the same tensors and chunks, its model
+ * object is read as a model configuration (model/config_json.h), and then
  * `verify` runs against the data file (every byte range checked against the file before
  * any read). Error statuses are fine (with a message); crashes, leaks, UB, reads out of
  * bounds and huge allocations are not. Built and run by tests/fuzz/run_fuzz.sh. */
@@ -14,6 +15,7 @@
 #include "ckpt/ckpt_loader.h"
 #include "ckpt/manifest.h"
 #include "fuzz_util.h"
+#include "model/config_json.h"
 
 static char dir[PATH_MAX], manifest_path[PATH_MAX + 32], data_path[PATH_MAX + 32];
 
@@ -52,7 +54,8 @@ static void check(const char *text, size_t n, int index) {
     loom_error err = {0};
     if (loom_ckpt_manifest_parse(&m, text, n, index, manifest_path, &err) != LOOM_OK) {
         if (!err.msg[0]) fuzz_die("failed parse without a message", NULL);
-        if (m.n_tensors || m.n_files || m.train) fuzz_die("failed parse left state", NULL);
+        if (m.n_tensors || m.n_files || m.model || m.train)
+            fuzz_die("failed parse left state", NULL);
         return;
     }
     char *dumped = loom_ckpt_manifest_dump(&m, index);
@@ -62,6 +65,13 @@ static void check(const char *text, size_t n, int index) {
     same_manifest(&m, &again);
     loom_ckpt_manifest_free(&again);
     free(dumped);
+    if (!index) { /* the model configuration, as the trainer and `loom ckpt` read it */
+        loom_model_config mc;
+        loom_error merr = {0};
+        if (loom_model_config_from_json(&mc, m.model, manifest_path, &merr) != LOOM_OK &&
+            !merr.msg[0])
+            fuzz_die("a bad model configuration without a message", NULL);
+    }
     if (!index) { /* the reader on top of it: bounds before reads, checksums */
         uint64_t bytes = 0;
         loom_error verr = {0};

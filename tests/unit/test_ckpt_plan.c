@@ -1,4 +1,5 @@
-/* Checkpoint planning with tensor-parallel placements built by hand: every piece a rank
+/* Checkpoint planning with tensor-parallel placements built by hand and described for
+ * ckpt/ by train/ckpt_tensors.h: every piece a rank
  * plans must hold exactly the global elements its box names, the TP ranks' pieces must
  * tile each global tensor exactly once, and any flat sub-range (partial rows) must plan
  * exactly its own elements. Also the manifest's dump/parse round trip and refusals. */
@@ -12,6 +13,7 @@
 #include "ckpt/ckpt_plan.h"
 #include "ckpt/manifest.h"
 #include "test_common.h"
+#include "train/ckpt_tensors.h"
 
 /* One 2-D parameter of global shape [R, C] placed on `tp` ranks along dim with parts. */
 static void make_table(loom_param_table *t, loom_param *p, int64_t R, int64_t C, int dim, int parts,
@@ -45,10 +47,12 @@ static void check_placement(int dim, int parts, int tp) {
         float *local = malloc(p.numel * sizeof(float));
         for (size_t i = 0; i < p.numel; i++)
             local[i] = (float)loom_param_global_index(&p, (int64_t)i);
+        loom_ckpt_descs d;
+        assert_int_equal(loom_ckpt_tensors_describe(&d, &t, NULL), LOOM_OK);
         loom_ckpt_plan plan = {0};
         size_t max_floats = 1 + rnd() % 9; /* force row splits too */
         assert_int_equal(
-            loom_ckpt_plan_range(&plan, &t, LOOM_CKPT_ADAM_M, 0, t.total, 1, max_floats, NULL),
+            loom_ckpt_plan_range(&plan, &d, LOOM_CKPT_ADAM_M, 0, t.total, 1, max_floats, NULL),
             LOOM_OK);
         for (int i = 0; i < plan.n; i++) {
             const loom_ckpt_piece *q = &plan.items[i];
@@ -64,7 +68,7 @@ static void check_placement(int dim, int parts, int tp) {
         /* a random sub-range: exactly its own elements */
         size_t lo = rnd() % t.total, hi = lo + rnd() % (t.total - lo + 1);
         loom_ckpt_plan sub = {0};
-        assert_int_equal(loom_ckpt_plan_range(&sub, &t, LOOM_CKPT_PARAMS, lo, hi, 0, 0, NULL),
+        assert_int_equal(loom_ckpt_plan_range(&sub, &d, LOOM_CKPT_PARAMS, lo, hi, 0, 0, NULL),
                          LOOM_OK);
         int64_t vol = 0;
         for (int i = 0; i < sub.n; i++) {
@@ -80,6 +84,7 @@ static void check_placement(int dim, int parts, int tp) {
         assert_int_equal(vol, (int64_t)(hi - lo));
         loom_ckpt_plan_free(&sub);
         loom_ckpt_plan_free(&plan);
+        loom_ckpt_descs_free(&d);
         free(local);
     }
     for (int64_t g = 0; g < R * C; g++) assert_int_equal(hits[g], 1);
@@ -105,16 +110,20 @@ static void test_replicated_written_once(void **state) {
     for (int rank = 0; rank < 3; rank++) {
         make_table(&t, &p, 4, 5, -1, 1, rank, 3);
         p.shape[0] = 4, p.shape[1] = 5, p.numel = 20, t.total = 20;
+        loom_ckpt_descs d;
+        assert_int_equal(loom_ckpt_tensors_describe(&d, &t, NULL), LOOM_OK);
+        assert_int_equal(d.items[0].written, rank == 0);
         loom_ckpt_plan plan = {0};
-        assert_int_equal(loom_ckpt_plan_range(&plan, &t, LOOM_CKPT_PARAMS, 0, 20, 1, 0, NULL),
+        assert_int_equal(loom_ckpt_plan_range(&plan, &d, LOOM_CKPT_PARAMS, 0, 20, 1, 0, NULL),
                          LOOM_OK);
         assert_int_equal(plan.n, rank == 0 ? 1 : 0);
         loom_ckpt_plan_free(&plan);
         /* but every rank loads it */
-        assert_int_equal(loom_ckpt_plan_range(&plan, &t, LOOM_CKPT_PARAMS, 0, 20, 0, 0, NULL),
+        assert_int_equal(loom_ckpt_plan_range(&plan, &d, LOOM_CKPT_PARAMS, 0, 20, 0, 0, NULL),
                          LOOM_OK);
         assert_int_equal(plan.n, 1);
         loom_ckpt_plan_free(&plan);
+        loom_ckpt_descs_free(&d);
     }
 }
 

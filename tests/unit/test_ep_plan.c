@@ -14,6 +14,7 @@
 #include "model/params.h"
 #include "parallel/ep.h"
 #include "test_common.h"
+#include "train/ckpt_tensors.h"
 
 static void check_layout(loom_family family, int dp, int ep) {
     loom_model_config cfg;
@@ -41,13 +42,15 @@ static void check_layout(loom_family family, int dp, int ep) {
         loom_params_init(&t, flat, seed);
         /* any dense partition over dp works: an uneven one */
         const size_t lo = t.total * (size_t)r / (size_t)dp, hi = t.total * (size_t)(r + 1) / dp;
+        loom_ckpt_descs ct;
+        assert_int_equal(loom_ckpt_tensors_describe(&ct, &t, NULL), LOOM_OK);
         loom_ckpt_plan plan = {0};
         assert_int_equal(
-            loom_ep_plan_written(&plan, &t, LOOM_CKPT_PARAMS, lo, hi, r / ep, dp / ep, NULL),
+            loom_ep_plan_written(&plan, &t, &ct, LOOM_CKPT_PARAMS, lo, hi, r / ep, dp / ep, NULL),
             LOOM_OK);
         for (int i = 0; i < plan.n; i++) {
             const loom_ckpt_piece *q = &plan.items[i];
-            const loom_param *p = &t.params[q->param];
+            const loom_param *p = &t.params[q->tensor];
             const int gi = loom_params_find(&global, p->name);
             assert_true(gi >= 0);
             const loom_param *g = &global.params[gi];
@@ -61,6 +64,7 @@ static void check_layout(loom_family family, int dp, int ep) {
                 }
         }
         loom_ckpt_plan_free(&plan);
+        loom_ckpt_descs_free(&ct);
         free(flat);
         loom_params_free(&t);
     }

@@ -1,0 +1,103 @@
+#include "model/config_json.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *origin;
+    loom_error *err;
+} ctx;
+
+static loom_status bad(const ctx *c, const char *fmt, const char *what) {
+    char msg[512];
+    snprintf(msg, sizeof msg, fmt, what);
+    return loom_error_set(c->err, LOOM_ERR_INPUT, "%s: invalid model configuration: %s", c->origin,
+                          msg);
+}
+
+static int get_int(const json_t *v, int64_t lo, int64_t hi, int64_t *out) {
+    if (!json_is_integer(v)) return 0;
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) return 0;
+    *out = x;
+    return 1;
+}
+
+json_t *loom_model_config_to_json(const loom_model_config *c) {
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f}", "family",
+                          loom_family_name(c->family), "n_layer", c->n_layer, "n_head", c->n_head,
+                          "n_kv_head", c->n_kv_head, "d_model", c->d_model, "d_ff", c->d_ff,
+                          "vocab_size", c->vocab_size, "seq_len", c->seq_len, "norm_eps",
+                          (double)c->norm_eps, "rope_theta", (double)c->rope_theta);
+    /* Mixture of experts: recorded only for MoE models (a dense manifest is unchanged). */
+    if (j && c->n_experts > 0)
+        json_object_set_new(
+            j, "moe",
+            json_pack("{s:i, s:i, s:i, s:b, s:f, s:f, s:f}", "n_experts", c->n_experts, "top_k",
+                      c->top_k, "moe_every", c->moe_every, "shared_expert", c->shared_expert,
+                      "capacity_factor", (double)c->capacity_factor, "aux_loss_coef",
+                      (double)c->aux_loss_coef, "z_loss_coef", (double)c->z_loss_coef));
+    return j;
+}
+
+/* model.moe (absent: a dense model). */
+static loom_status parse_moe(const ctx *c, const json_t *j, loom_model_config *mc) {
+    mc->n_experts = 0;
+    if (!j) return LOOM_OK;
+    int64_t e, k, every;
+    json_t *shared = json_object_get(j, "shared_expert");
+    const char *fkeys[3] = {"capacity_factor", "aux_loss_coef", "z_loss_coef"};
+    float *fdst[3] = {&mc->capacity_factor, &mc->aux_loss_coef, &mc->z_loss_coef};
+    if (!json_is_object(j) || !get_int(json_object_get(j, "n_experts"), 1, 1024, &e) ||
+        !get_int(json_object_get(j, "top_k"), 1, e, &k) ||
+        !get_int(json_object_get(j, "moe_every"), 1, mc->n_layer, &every) ||
+        !json_is_boolean(shared))
+        return bad(c, "%s",
+                   "model.moe: needs n_experts (1..1024), top_k (1..n_experts), moe_every "
+                   "(1..n_layer), shared_expert (true/false)");
+    for (int i = 0; i < 3; i++) {
+        json_t *v = json_object_get(j, fkeys[i]);
+        float x = json_is_number(v) ? (float)json_number_value(v) : -1.0f;
+        if (!(isfinite(x) && x >= 0.0f))
+            return bad(c, "model.moe: '%s' must be a number >= 0", fkeys[i]);
+        *fdst[i] = x;
+    }
+    mc->n_experts = (int)e;
+    mc->top_k = (int)k;
+    mc->moe_every = (int)every;
+    mc->shared_expert = json_is_true(shared);
+    return LOOM_OK;
+}
+
+loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, const char *origin,
+                                        loom_error *err) {
+    const ctx cx = {origin, err}, *c = &cx;
+    memset(mc, 0, sizeof *mc);
+    const char *family = json_string_value(json_object_get(j, "family"));
+    if (!json_is_object(j) || !family ||
+        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0))
+        return bad(c, "%s", "model: needs family gpt2 or llama");
+    mc->family = strcmp(family, "gpt2") == 0 ? LOOM_FAMILY_GPT2 : LOOM_FAMILY_LLAMA;
+    struct {
+        const char *key;
+        int *dst;
+    } ints[] = {{"n_layer", &mc->n_layer}, {"n_head", &mc->n_head}, {"n_kv_head", &mc->n_kv_head},
+                {"d_model", &mc->d_model}, {"d_ff", &mc->d_ff},     {"vocab_size", &mc->vocab_size},
+                {"seq_len", &mc->seq_len}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t x;
+        if (!get_int(json_object_get(j, ints[i].key), 1, 1 << 30, &x))
+            return bad(c, "model: '%s' must be a positive integer", ints[i].key);
+        *ints[i].dst = (int)x;
+    }
+    json_t *eps = json_object_get(j, "norm_eps"), *theta = json_object_get(j, "rope_theta");
+    /* As floats: finite and positive (a huge double would become inf). */
+    float e = json_is_number(eps) ? (float)json_number_value(eps) : 0.0f;
+    float th = json_is_number(theta) ? (float)json_number_value(theta) : 0.0f;
+    if (!(isfinite(e) && e > 0.0f && isfinite(th) && th > 0.0f))
+        return bad(c, "%s", "model: norm_eps and rope_theta must be positive finite numbers");
+    mc->norm_eps = e;
+    mc->rope_theta = th;
+    return parse_moe(c, json_object_get(j, "moe"), mc);
+}
