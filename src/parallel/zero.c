@@ -316,3 +316,25 @@ loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) 
     if (z->stage < 2) return LOOM_OK;
     return loom_comm_allgatherv(z->dp, grads, z->shards.counts, z->shards.displs, err);
 }
+
+void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
+                            loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
+    if (param_shard)
+        b[0] = (loom_ckpt_buffer){param_shard, z->lo, z->lo, z->hi};
+    else
+        b[0] = (loom_ckpt_buffer){params, 0, 0, z->total};
+    const size_t base = z->stage == 0 ? 0 : z->lo;
+    b[1] = (loom_ckpt_buffer){z->m, base, z->lo, z->hi};
+    b[2] = (loom_ckpt_buffer){z->v, base, z->lo, z->hi};
+}
+
+void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
+    *lo = (size_t)z->shards.displs[r];
+    *hi = *lo + (size_t)z->shards.counts[r];
+}
+
+void loom_zero_clear_state(loom_zero *z) {
+    const size_t n = z->stage == 0 ? z->total : z->hi - z->lo;
+    memset(z->m, 0, n * sizeof(float));
+    memset(z->v, 0, n * sizeof(float));
+}

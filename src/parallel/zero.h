@@ -22,6 +22,7 @@
 #ifndef LOOM_PARALLEL_ZERO_H
 #define LOOM_PARALLEL_ZERO_H
 
+#include "ckpt/ckpt_plan.h"
 #include "comm/comm.h"
 #include "comm/engine.h"
 #include "parallel/embed_grad.h"
@@ -156,5 +157,26 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
 /* Makes `grads` hold the full reduced gradient on every rank (for dumps; stage 2 only
  * needs work; --ep: loom_ep_zero_gather). */
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
+
+/* ---- what checkpoints see of ZeRO (train/checkpointing.c): accessors, not fields ---- */
+/* The buffers this rank holds, each with the range it owns: the parameters (whole, or
+ * with ZeRO-3 the rank's shard param_shard, else NULL) and AdamW's m and v. */
+void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
+                            loom_ckpt_buffer b[LOOM_CKPT_KINDS]);
+/* Data-parallel rank r's row-snapped shard [*lo, *hi) of the flat buffer (also at ZeRO-0,
+ * where it balances the bytes replicas write). */
+void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi);
+/* Zero moments for a fresh start (the rank's part of m and v). */
+void loom_zero_clear_state(loom_zero *z);
+static inline int loom_zero_stage(const loom_zero *z) {
+    return z->stage;
+}
+static inline const loom_param_table *loom_zero_table(const loom_zero *z) {
+    return z->table;
+}
+/* 1 with ZeRO 1-3 and --ep: the state is the experts' segments (parallel/ep_zero.h). */
+static inline int loom_zero_has_expert_segments(const loom_zero *z) {
+    return z->experts != NULL;
+}
 
 #endif

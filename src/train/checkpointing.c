@@ -26,23 +26,15 @@ static void on_stop_signal(int sig) {
 
 /* The buffers this rank holds, and in lo/hi the range it owns of each. */
 static void held_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
-    const loom_zero *z = c->zero;
-    if (c->param_shard)
-        b[0] = (loom_ckpt_buffer){c->param_shard, z->lo, z->lo, z->hi};
-    else
-        b[0] = (loom_ckpt_buffer){c->params, 0, 0, z->total};
-    const size_t base = z->stage == 0 ? 0 : z->lo;
-    b[1] = (loom_ckpt_buffer){z->m, base, z->lo, z->hi};
-    b[2] = (loom_ckpt_buffer){z->v, base, z->lo, z->hi};
+    loom_zero_held_buffers(c->zero, c->params, c->param_shard, b);
 }
 
 /* What this rank writes: its dp shard (row-snapped, computed even for ZeRO-0, so a
  * replicated buffer is written once with bytes balanced over the replicas). */
 static void written_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
     held_buffers(c, b);
-    const loom_zero *z = c->zero;
-    const int r = c->mesh->dp_rank;
-    const size_t lo = (size_t)z->shards.displs[r], hi = lo + (size_t)z->shards.counts[r];
+    size_t lo, hi;
+    loom_zero_shard_of(c->zero, c->mesh->dp_rank, &lo, &hi);
     for (int k = 0; k < LOOM_CKPT_KINDS; k++) b[k].lo = lo, b[k].hi = hi;
 }
 
@@ -57,10 +49,11 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_plan plan = {0};
     loom_status st = LOOM_OK;
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
-        st = c->zero->experts /* ZeRO 1-2: each rank writes its shard */
+        st = loom_zero_has_expert_segments(c->zero) /* ZeRO 1-2: each rank writes its shard */
                  ? loom_ep_zero_plan_written(c->zero, &c->tensors, &plan, (loom_ckpt_kind)k, err)
-                 : loom_ep_plan_written(&plan, c->zero->table, &c->tensors, (loom_ckpt_kind)k,
-                                        b[k].lo, b[k].hi, mesh->edp.rank, mesh->edp.size, err);
+                 : loom_ep_plan_written(&plan, loom_zero_table(c->zero), &c->tensors,
+                                        (loom_ckpt_kind)k, b[k].lo, b[k].hi, mesh->edp.rank,
+                                        mesh->edp.size, err);
     if (st) {
         loom_ckpt_plan_free(&plan);
         return st;
@@ -73,15 +66,12 @@ static void reset_state(loom_checkpointing *c) {
     c->reset = 1;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
-    loom_params_init_range(c->zero->table, b[0].data + (b[0].lo - b[0].base), b[0].lo, b[0].hi,
-                           c->tc->seed);
-    size_t n = c->zero->stage == 0 ? c->zero->total : c->zero->hi - c->zero->lo;
-    if (c->zero->experts) {
+    loom_params_init_range(loom_zero_table(c->zero), b[0].data + (b[0].lo - b[0].base), b[0].lo,
+                           b[0].hi, c->tc->seed);
+    if (loom_zero_has_expert_segments(c->zero))
         loom_ep_zero_clear_state(c->zero);
-        return;
-    }
-    memset(c->zero->m, 0, n * sizeof(float));
-    memset(c->zero->v, 0, n * sizeof(float));
+    else
+        loom_zero_clear_state(c->zero);
 }
 
 static json_t *train_json(const loom_train_config *tc) {
@@ -140,7 +130,7 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
         held_buffers(c, b);
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
-        st = c->zero->experts
+        st = loom_zero_has_expert_segments(c->zero)
                  ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data, &stats, err)
                  : loom_ckpt_load(dir, &m, &c->tensors, b, &stats, err);
         *step = m.step;
@@ -286,7 +276,7 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     c->param_shard = param_shard;
     c->last_saved = -1;
     *start_step = 0;
-    loom_status st = loom_ckpt_tensors_describe(&c->tensors, zero->table, err);
+    loom_status st = loom_ckpt_tensors_describe(&c->tensors, loom_zero_table(zero), err);
     if (!st && tc->init_from[0]) st = import_weights(c, err);
     if (!st && tc->resume[0]) st = resume(c, start_step, err);
     /* The per-step collective result decides, so a failure on one rank fails all. */
@@ -340,7 +330,8 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
     run.step = c->flight_step;
     run.tokens_seen = c->flight_step * (int64_t)tc->global_batch * c->mc->seq_len;
     run.seed = tc->seed;
-    run.layout = (loom_ckpt_layout){l->dp, l->tp, l->pp, l->ep, c->zero->stage, c->mesh->size};
+    run.layout =
+        (loom_ckpt_layout){l->dp, l->tp, l->pp, l->ep, loom_zero_stage(c->zero), c->mesh->size};
     run.model = loom_model_config_to_json(c->mc);
     snprintf(run.version, sizeof run.version, "%s", LOOM_VERSION);
     run.train = train_json(tc);
