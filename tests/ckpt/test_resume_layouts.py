@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (MPIRUN, TOL, losses, run, safetensors_io, same_tensors,  # noqa: E402
+from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
@@ -104,24 +104,19 @@ def main():
 
             def train(name, layout, extra, run_seed):
                 dp, zero, tp, pp, ep = unpack(layout)
-                out = os.path.join(tmp, f"{tag}_s{run_seed}_{name}")
-                cmd = [args.loom, "train", "--family", family, "--vocab-size", "256",
-                       "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
-                       "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
-                       "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
-                       "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
-                       "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
-                       "--data", data, "--bucket-mb", "0.02", "--val-data", data,
-                       "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
-                cmd += ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
-                        "--pp", str(pp),
-                        "--metrics", out + ".jsonl", "--dump-dir", out] + extra
-                cmd += ["--ep", str(ep)] if ep > 1 else []
-                n = dp * tp * pp
-                log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{tag} {name}")
-                return (losses(out + ".jsonl"),
-                        safetensors_io.load(os.path.join(out, "params_final.safetensors")), log,
-                        routes(out, dp, 20) if moe and pp == 1 else None)
+                base = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                        "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
+                        "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
+                        "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
+                        "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
+                        "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
+                        "--data", data, "--bucket-mb", "0.02", "--val-data", data,
+                        "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
+                flags = ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp), "--pp", str(pp)]
+                flags += extra + (["--ep", str(ep)] if ep > 1 else [])
+                got = Layouts(base, tmp, f"{tag}_s{run_seed}_").run(name, dp * tp * pp, flags)
+                return (got.losses, got.params, got.stderr,
+                        routes(got.out, dp, 20) if moe and pp == 1 else None)
 
             refs = {}
             for a, b in MOE_PAIRS if moe else PAIRS:

@@ -50,7 +50,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (MPIRUN, TOL, losses, run, safetensors_io, same_tensors, seed_of,  # noqa: E402
+from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
@@ -155,14 +155,11 @@ def main():
             tag = f"{family}_cf{cf}"
 
             def train(name, ranks, extra, run_seed):
-                out = os.path.join(tmp, f"{tag}_{name}_s{run_seed}")
-                cmd = base(run_seed) + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{tag} {name}")
-                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
+                got = Layouts(base(run_seed), tmp, f"{tag}_").run(f"{name}_s{run_seed}", ranks,
+                                                                   extra)
                 dp = int(extra[extra.index("--dp") + 1]) if "--dp" in extra else 1
-                return (losses(out + ".jsonl"), load("params_final.safetensors"),
-                        load("params_init.safetensors"), moe_stats(out + ".jsonl"),
-                        None if "--pp" in extra else routes(out, dp, STEPS))
+                return (got.losses, got.params, got.init, moe_stats(got.out + ".jsonl"),
+                        None if "--pp" in extra else routes(got.out, dp, STEPS))
 
             pending = layouts
             for attempt in range(MAX_SEEDS):
