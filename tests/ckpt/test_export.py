@@ -21,7 +21,6 @@ Usage: test_export.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -31,12 +30,12 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
+sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 import safetensors_io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_model as tm  # noqa: E402
-from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, run, seed_of, write_text_shard  # noqa: E402
 
 TOL = 1e-5
 MASK32, MASK64 = (1 << 32) - 1, (1 << 64) - 1
@@ -72,14 +71,6 @@ def windows(tokens, T, seed, step, n):
     return np.stack(rows)
 
 
-def run(cmd, what):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        print(f"FAIL: {what}: exit {p.returncode}\n$ {' '.join(cmd)}\n{p.stderr[-3000:]}")
-        sys.exit(1)
-    return p.stderr
-
-
 def metrics(path):
     return [json.loads(line) for line in open(path)]
 
@@ -97,8 +88,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_export_")
     failures = 0
 

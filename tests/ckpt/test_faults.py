@@ -21,9 +21,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
-from test_layouts import write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import seed_of, write_text_shard  # noqa: E402
 
 failures = 0
 
@@ -39,8 +38,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_faults_")
     try:

@@ -15,9 +15,7 @@
 Usage: test_recovery.py --loom PATH [--seed S]
 """
 import argparse
-import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -25,13 +23,8 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
-import safetensors_io  # noqa: E402
-from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import MPIRUN, losses, safetensors_io, same_tensors, seed_of, write_text_shard  # noqa: E402,E501
 
 failures = 0
 
@@ -42,16 +35,8 @@ def check(ok, what):
     print(f"  {what}: {'ok' if ok else 'FAIL'}")
 
 
-def losses(path):
-    return [json.loads(line)["loss"] for line in open(path)]
-
-
 def weights(out):
     return safetensors_io.load(os.path.join(out, "params_final.safetensors"))
-
-
-def same_weights(a, b):
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def resumed_step(log):
@@ -90,8 +75,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_recovery_")
     shm = tempfile.mkdtemp(prefix="loom_ckpt_fast_", dir="/dev/shm")
     tag = f"{os.getpid()}_{seed}"
@@ -123,7 +107,7 @@ def main():
         out, p = train("tiers", 20, tiers)
         have = sorted(os.listdir(ck)) + sorted(os.listdir(fast))
         check(p.returncode == 0 and losses(out + ".jsonl") == ref_l and
-              same_weights(weights(out), ref_w),
+              same_tensors(weights(out), ref_w),
               "saving to both tiers does not change the run (bitwise)")
         want = ["latest", "step_00000010", "step_00000020", "latest", "step_00000003",
                 "step_00000006", "step_00000009", "step_00000012", "step_00000015",
@@ -132,7 +116,7 @@ def main():
         shutil.rmtree(os.path.join(ck, "step_00000020"))  # died before the final save
         out, p = train("tiers_resume18", 20, tiers + ["--resume", "auto"])
         check(resumed_step(p.stderr) == 18 and fast in p.stderr and
-              losses(out + ".jsonl") == ref_l[18:] and same_weights(weights(out), ref_w),
+              losses(out + ".jsonl") == ref_l[18:] and same_tensors(weights(out), ref_w),
               f"newest is fast 18: resumed step {resumed_step(p.stderr)}, bitwise")
         # Corrupt fast 18 and 15 (flip a data byte), remove durable 20 again: fast 12 is the
         # newest valid one; then with fast 12-18 gone (the resumed run rewrote 15 and 18),
@@ -147,14 +131,14 @@ def main():
                 fh.write(bytes([b[0] ^ 0x10]))
         out, p = train("tiers_resume12", 20, tiers + ["--resume", "auto"])
         check(resumed_step(p.stderr) == 12 and "checksum" in p.stderr and
-              losses(out + ".jsonl") == ref_l[12:] and same_weights(weights(out), ref_w),
+              losses(out + ".jsonl") == ref_l[12:] and same_tensors(weights(out), ref_w),
               f"fast 18, 15 corrupt: resumed step {resumed_step(p.stderr)} (fast 12), bitwise")
         shutil.rmtree(os.path.join(ck, "step_00000020"))
         for s in (18, 15, 12):
             shutil.rmtree(os.path.join(fast, f"step_{s:08d}"))
         out, p = train("tiers_resume10", 20, tiers + ["--resume", "auto"])
         check(resumed_step(p.stderr) == 10 and losses(out + ".jsonl") == ref_l[10:] and
-              same_weights(weights(out), ref_w),
+              same_tensors(weights(out), ref_w),
               f"newest valid is durable 10: resumed step {resumed_step(p.stderr)}, bitwise")
 
         # ---- 2. stop signals: save, exit 0, resume bitwise
@@ -197,7 +181,7 @@ def main():
                   f"{name}: exit {proc.returncode} after step {stop}, checkpoint saved")
             out2, p = train(name + "_resume", steps, ["--resume", "auto"] + extra, n)
             check(resumed_step(p.stderr) == stop and losses(out2 + ".jsonl") == ref_l[stop:] and
-                  same_weights(weights(out2), ref_w),
+                  same_tensors(weights(out2), ref_w),
                   f"{name}: resumed step {resumed_step(p.stderr)}, bitwise to step {steps}")
 
         # ---- 3. SIGKILL of one rank in the middle of a save

@@ -22,22 +22,17 @@ Usage: test_resume_layouts.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
-import safetensors_io  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
+                      seed_of, weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
-from test_layouts import MPIRUN, weights_error, write_text_shard  # noqa: E402
 
-TOL = 1e-5
 # (dp, zero, tp[, pp]): world size dp x tp x pp
 PAIRS = [((1, 0, 1), (2, 1, 1)), ((2, 0, 1), (4, 3, 1)), ((4, 2, 1), (1, 0, 1)),
          ((2, 3, 1), (2, 3, 1)), ((4, 1, 1), (2, 2, 1)), ((1, 0, 1), (1, 0, 1)),
@@ -80,19 +75,6 @@ def layout_name(layout):
             + (f"ep{ep}" if ep > 1 else ""))
 
 
-def run(cmd, what):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        print(f"FAIL: {what}: exit {p.returncode}\n$ {' '.join(cmd)}\n{p.stderr[-3000:]}")
-        sys.exit(1)
-    return p.stderr
-
-
-def losses(path):
-    rows = [json.loads(line) for line in open(path)]
-    return [r["loss"] for r in rows] + [r["val_loss"] for r in rows if "val_loss" in r]
-
-
 def written_once(step_dir):
     """Every tensor's chunks add up to exactly its size (no element written twice or not
     at all: with ep each expert is written by one rank of its edp group)."""
@@ -111,8 +93,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_layouts_")
     failures = 0
     try:
@@ -123,24 +104,19 @@ def main():
 
             def train(name, layout, extra, run_seed):
                 dp, zero, tp, pp, ep = unpack(layout)
-                out = os.path.join(tmp, f"{tag}_s{run_seed}_{name}")
-                cmd = [args.loom, "train", "--family", family, "--vocab-size", "256",
-                       "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
-                       "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
-                       "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
-                       "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
-                       "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
-                       "--data", data, "--bucket-mb", "0.02", "--val-data", data,
-                       "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
-                cmd += ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp),
-                        "--pp", str(pp),
-                        "--metrics", out + ".jsonl", "--dump-dir", out] + extra
-                cmd += ["--ep", str(ep)] if ep > 1 else []
-                n = dp * tp * pp
-                log = run((MPIRUN + ["-n", str(n)] if n > 1 else []) + cmd, f"{tag} {name}")
-                return (losses(out + ".jsonl"),
-                        safetensors_io.load(os.path.join(out, "params_final.safetensors")), log,
-                        routes(out, dp, 20) if moe and pp == 1 else None)
+                base = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                        "--seq-len", "24", "--n-layer", "2", "--d-model", "48", "--n-head", "4",
+                        "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "96",
+                        "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
+                        "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
+                        "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
+                        "--data", data, "--bucket-mb", "0.02", "--val-data", data,
+                        "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
+                flags = ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp), "--pp", str(pp)]
+                flags += extra + (["--ep", str(ep)] if ep > 1 else [])
+                got = Layouts(base, tmp, f"{tag}_s{run_seed}_").run(name, dp * tp * pp, flags)
+                return (got.losses, got.params, got.stderr,
+                        routes(got.out, dp, 20) if moe and pp == 1 else None)
 
             refs = {}
             for a, b in MOE_PAIRS if moe else PAIRS:
@@ -175,8 +151,7 @@ def main():
                     all_err, w_err, w_name = weights_error(got_w, ref_w, 48)
                     same = None
                     if a == b:  # same layout: bitwise what A computed without stopping
-                        same = got_l == a_l[10:20] + a_l[21:] and all(
-                            np.array_equal(got_w[k], a_w[k]) for k in a_w)
+                        same = got_l == a_l[10:20] + a_l[21:] and same_tensors(got_w, a_w)
                     # A's decisions before the save, then B's after it, against the reference.
                     flip = moe and ((a_r is not None and first_flip(ref_r, a_r, 0, 10)) or
                                     (got_r is not None and first_flip(ref_r, got_r, 10)))

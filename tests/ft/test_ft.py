@@ -23,13 +23,9 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "parallel"))
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from test_layouts import write_text_shard  # noqa: E402
-import safetensors_io  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import MPIRUN, losses, safetensors_io, write_text_shard  # noqa: E402
 
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 STEPS = 24
 
 
@@ -86,10 +82,6 @@ def check(ok, what):
         FAILED.append(what)
         print(f"FAIL: {what}")
         raise SystemExit(1)
-
-
-def losses(path):
-    return [json.loads(line)["loss"] for line in open(path)]
 
 
 def same_bits(a, b):

@@ -45,19 +45,14 @@ Usage: test_layouts_moe.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-import safetensors_io  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
-from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -137,8 +132,7 @@ def main():
     args = ap.parse_args()
     only = os.environ.get("LOOM_LAYOUTS")  # while developing: a comma-separated subset
     layouts = [x for x in LAYOUTS if not only or x[0] in only.split(",")]
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_moe_")
     failures = checks = n_flips = 0
     try:
@@ -161,14 +155,11 @@ def main():
             tag = f"{family}_cf{cf}"
 
             def train(name, ranks, extra, run_seed):
-                out = os.path.join(tmp, f"{tag}_{name}_s{run_seed}")
-                cmd = base(run_seed) + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{tag} {name}")
-                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
+                got = Layouts(base(run_seed), tmp, f"{tag}_").run(f"{name}_s{run_seed}", ranks,
+                                                                   extra)
                 dp = int(extra[extra.index("--dp") + 1]) if "--dp" in extra else 1
-                return (losses(out + ".jsonl"), load("params_final.safetensors"),
-                        load("params_init.safetensors"), moe_stats(out + ".jsonl"),
-                        None if "--pp" in extra else routes(out, dp, STEPS))
+                return (got.losses, got.params, got.init, moe_stats(got.out + ".jsonl"),
+                        None if "--pp" in extra else routes(got.out, dp, STEPS))
 
             pending = layouts
             for attempt in range(MAX_SEEDS):
@@ -194,16 +185,13 @@ def main():
                         b_params = safetensors_io.load(
                             os.path.join(base_out, "params_final.safetensors"))
                         same = (got_losses == losses(base_out + ".jsonl")
-                                and set(got_params) == set(b_params)
-                                and all(np.array_equal(got_params[k], b_params[k])
-                                        for k in b_params))
+                                and same_tensors(got_params, b_params))
                         failures += not same
                         checks += 1
                         print(f"  {name:10s} vs {entry[3]}: "
                               f"{'bitwise identical' if same else 'FAIL: runs differ'}")
                     errs = [abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses)]
-                    init_same = set(got_init) == set(ref_init) and all(
-                        np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
+                    init_same = same_tensors(got_init, ref_init)
                     # Routing of step 1 starts from identical weights: identical statistics.
                     stats_same = got_stats[0]["dropped"] == ref_stats[0]["dropped"] and abs(
                         got_stats[0]["load_max"] - ref_stats[0]["load_max"]) < 1e-12
@@ -226,15 +214,7 @@ def main():
                             flipped.append(entry)
                         continue
                     loss_err = max(errs)
-                    w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
-                                                 comparable(k, ref_params[k], D_MODEL)), k)
-                                        for k in ref_params)
-                    names = sorted(ref_params)
-                    all_err = rel_err(
-                        np.concatenate([comparable(k, got_params[k], D_MODEL).ravel()
-                                        for k in names]),
-                        np.concatenate([comparable(k, ref_params[k], D_MODEL).ravel()
-                                        for k in names]))
+                    all_err, w_err, w_name = weights_error(got_params, ref_params, D_MODEL)
                     ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL
                           and all_err <= TOL and w_err <= 10 * TOL
                           and set(got_params) == set(ref_params) and init_same and stats_same)
@@ -261,8 +241,7 @@ def main():
                     again = train("ep2_dp4_ch3_again", 4, LAYOUTS[5][2], run_seed)
                     first = os.path.join(tmp, f"{tag}_ep2_dp4_ch3_s{run_seed}")
                     b_params = safetensors_io.load(os.path.join(first, "params_final.safetensors"))
-                    same = again[0] == losses(first + ".jsonl") and all(
-                        np.array_equal(again[1][k], b_params[k]) for k in again[1])
+                    same = again[0] == losses(first + ".jsonl") and same_tensors(again[1], b_params)
                     failures += not same
                     checks += 1
                     print(f"  ep2_dp4_ch3 twice: "

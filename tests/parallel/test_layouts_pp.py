@@ -17,18 +17,13 @@ the initial weights bitwise. Usage: test_layouts_pp.py --loom PATH [--seed S]
 """
 import argparse
 import os
-import random
 import shutil
 import sys
 import tempfile
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-import safetensors_io  # noqa: E402
-from test_layouts import MPIRUN, TOL, comparable, losses, rel_err, run, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
+                      seed_of, weights_error, write_text_shard)
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -80,8 +75,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_pp_")
     failures = checks = 0
     try:
@@ -97,51 +91,31 @@ def main():
                     "--data", data, "--bucket-mb", "0.01", "--val-data", data,
                     "--eval-every", "4", "--eval-batches", "1"]
 
-            def train(name, ranks, extra):
-                out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{family} {name}")
-                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
-                return (losses(out + ".jsonl"), load("params_final.safetensors"),
-                        load("params_init.safetensors"))
-
-            ref_losses, ref_params, ref_init = train("single", 1, [])
-            print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
-            done = {"single": (ref_losses, ref_params)}
+            layouts = Layouts(base, tmp, f"{family}_")
+            ref = layouts.run("single", 1)
+            print(f"{family}: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
             for name, ranks, extra, *same_as in LAYOUTS:
                 weights = os.path.join(tmp, f"{family}_{name}.safetensors")
-                got_losses, got_params, got_init = train(name, ranks,
-                                                         extra + ["--save-weights", weights])
-                done[name] = (got_losses, got_params)
-                bitwise = True
-                if same_as:  # the same layout without recomputation: bitwise equal
-                    want_losses, want_params = done[same_as[0]]
-                    bitwise = got_losses == want_losses and set(got_params) == set(want_params) \
-                        and all(np.array_equal(got_params[k], want_params[k]) for k in want_params)
-                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
-                names = sorted(ref_params)
-                same_names = set(got_params) == set(ref_params)
-                w_err, w_name = max((rel_err(comparable(k, got_params[k], D_MODEL),
-                                             comparable(k, ref_params[k], D_MODEL)), k)
-                                    for k in names) if same_names else (1.0, "missing tensors")
-                all_err = rel_err(np.concatenate([got_params[k].ravel() for k in names]),
-                                  np.concatenate([ref_params[k].ravel() for k in names])) \
-                    if same_names else 1.0
-                init_same = set(got_init) == set(ref_init) and all(
-                    np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
-                saved = safetensors_io.load(weights)
-                saved_same = set(saved) == set(got_params) and all(
-                    np.array_equal(saved[k], got_params[k]) for k in saved)
-                ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and all_err <= TOL
+                got = layouts.run(name, ranks, extra + ["--save-weights", weights])
+                # the same layout without recomputation: bitwise equal
+                same = bitwise(got, layouts.runs[same_as[0]]) if same_as else True
+                loss_err = loss_error(got.losses, ref.losses)
+                same_names = set(got.params) == set(ref.params)
+                # whole model over the raw tensors (GPT-2's key bias included)
+                all_err, w_err, w_name = weights_error(got.params, ref.params, D_MODEL,
+                                                       whole_raw=True)
+                init_same = same_tensors(got.init, ref.init)
+                saved_same = same_tensors(safetensors_io.load(weights), got.params)
+                ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
                       and w_err <= 10 * TOL and same_names and init_same and saved_same
-                      and bitwise)
+                      and same)
                 failures += not ok
                 checks += 1
                 print(f"  {name:27s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
                       f"worst tensor {w_err:.2e} ({w_name})  init "
                       f"{'identical' if init_same else 'DIFFERS'}  saved "
                       f"{'= final' if saved_same else 'DIFFERS'}"
-                      + (f"  {'bitwise =' if bitwise else 'NOT bitwise'} {same_as[0]}"
+                      + (f"  {'bitwise =' if same else 'NOT bitwise'} {same_as[0]}"
                          if same_as else "") + f"  {'ok' if ok else 'FAIL'}")
     finally:
         if failures:

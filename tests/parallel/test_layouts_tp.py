@@ -22,18 +22,13 @@ small bias, moves the whole-model error far above 1e-5.
 """
 import argparse
 import os
-import random
 import shutil
 import sys
 import tempfile
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-import safetensors_io  # noqa: E402
-from test_layouts import MPIRUN, TOL, losses, run, weights_error, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
+                      seed_of, weights_error, write_text_shard)
 
 D_MODEL = 48
 # (name, ranks, extra flags)
@@ -53,8 +48,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_tp_")
     failures = checks = 0
     try:
@@ -71,41 +65,27 @@ def main():
                     "--data", data, "--bucket-mb", "0.02", "--val-data", data,
                     "--eval-every", "10", "--eval-batches", "2"]
 
-            def train(name, ranks, extra):
-                out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                run((MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + cmd, f"{family} {name}")
-                load = lambda f: safetensors_io.load(os.path.join(out, f))  # noqa: E731
-                return (losses(out + ".jsonl"), load("params_final.safetensors"),
-                        load("params_init.safetensors"))
-
-            ref_losses, ref_params, ref_init = train("single", 1, [])
-            print(f"{family}: single process, loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
+            layouts = Layouts(base, tmp, f"{family}_")
+            ref = layouts.run("single", 1)
+            print(f"{family}: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
             for name, ranks, extra in LAYOUTS:
                 weights = os.path.join(tmp, f"{family}_{name}.safetensors")
-                got_losses, got_params, got_init = train(name, ranks,
-                                                         extra + ["--save-weights", weights])
-                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses))
-                all_err, w_err, w_name = weights_error(got_params, ref_params, D_MODEL)
-                init_same = set(got_init) == set(ref_init) and all(
-                    np.array_equal(got_init[k], ref_init[k]) for k in ref_init)
-                saved = safetensors_io.load(weights)
-                saved_same = set(saved) == set(got_params) and all(
-                    np.array_equal(saved[k], got_params[k]) for k in saved)
-                ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL and all_err <= TOL
+                got = layouts.run(name, ranks, extra + ["--save-weights", weights])
+                loss_err = loss_error(got.losses, ref.losses)
+                all_err, w_err, w_name = weights_error(got.params, ref.params, D_MODEL)
+                init_same = same_tensors(got.init, ref.init)
+                saved_same = same_tensors(safetensors_io.load(weights), got.params)
+                ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
                       and w_err <= 10 * TOL
-                      and set(got_params) == set(ref_params) and init_same and saved_same)
+                      and set(got.params) == set(ref.params) and init_same and saved_same)
                 failures += not ok
                 checks += 1
                 print(f"  {name:18s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
                       f"worst tensor {w_err:.2e} ({w_name})  init {'identical' if init_same else 'DIFFERS'}  saved "
                       f"{'= final' if saved_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
             # The same layout twice: bitwise the same run.
-            a = train("tp2_sp_again", 2, ["--tp", "2", "--sequence-parallel"])
-            b_losses = losses(os.path.join(tmp, f"{family}_tp2_sp.jsonl"))
-            b_params = safetensors_io.load(os.path.join(tmp, f"{family}_tp2_sp",
-                                                        "params_final.safetensors"))
-            same = a[0] == b_losses and all(np.array_equal(a[1][k], b_params[k]) for k in a[1])
+            again = layouts.run("tp2_sp_again", 2, ["--tp", "2", "--sequence-parallel"])
+            same = bitwise(again, layouts.runs["tp2_sp"])
             failures += not same
             checks += 1
             print(f"  tp2_sp twice: {'bitwise identical' if same else 'FAIL: runs differ'}")

@@ -25,7 +25,9 @@ import tempfile
 
 import numpy as np
 
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import MPIRUN  # noqa: E402
+
 MIB = 1 << 20
 RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
                       r"most ([\d.]+) of ([\d.]+) MiB, ([\d.]+) MiB after the reduction")

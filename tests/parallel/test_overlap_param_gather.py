@@ -15,29 +15,18 @@ gather) and one resumed from it must end bitwise as the uninterrupted run.
 Usage: test_overlap_param_gather.py --loom PATH [--seed S]
 """
 import argparse
-import json
 import os
-import random
 import shutil
 import sys
 import tempfile
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-import safetensors_io  # noqa: E402
-from test_layouts import MPIRUN, TOL, losses, run, weights_error, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
 
 FLAG = "--overlap-param-gather"
 # (dp, tp, zero) run with and without the flag, for both families
 LAYOUTS = ((2, 1, 1), (2, 1, 2), (4, 1, 2), (2, 2, 2))
-
-
-def bitwise(a, b):
-    la, wa = a
-    lb, wb = b
-    return la == lb and set(wa) == set(wb) and all(np.array_equal(wa[k], wb[k]) for k in wa)
 
 
 def main():
@@ -45,8 +34,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}")
+    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_overlap_pg_")
     failures = checks = 0
     try:
@@ -62,16 +50,9 @@ def main():
                     "--data", data, "--bucket-mb", "0.02", "--val-data", data,
                     "--eval-every", "10", "--eval-batches", "2"]
 
-            def train(name, ranks, extra, mpi_env=()):
-                out = os.path.join(tmp, f"{family}_{name}")
-                cmd = base + extra + ["--metrics", out + ".jsonl", "--dump-dir", out]
-                launch = MPIRUN + [a for kv in mpi_env for a in ("-x", kv)] + ["-n", str(ranks)]
-                train.stderr = run((launch if ranks > 1 else []) + cmd, f"{family} {name}")
-                return losses(out + ".jsonl"), safetensors_io.load(
-                    os.path.join(out, "params_final.safetensors"))
-
-            ref_l, ref_w = train("single", 1, [])
-            print(f"{family}: single process, loss {ref_l[0]:.4f} -> {ref_l[-1]:.4f}")
+            layouts = Layouts(base, tmp, f"{family}_")
+            ref = layouts.run("single", 1)
+            print(f"{family}: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
             plain = {}
             for dp, tp, zero in LAYOUTS:
                 layout = ["--dp", str(dp), "--zero", str(zero)]
@@ -79,18 +60,16 @@ def main():
                 if tp > 1:  # the gathered ranges are then each tp rank's slices
                     layout += ["--tp", str(tp), "--sequence-parallel"]
                     name = f"dp{dp}_tp{tp}_sp_zero{zero}"
-                plain[name] = train(name, dp * tp, layout)
-                got_l, got_w = train(name + "_overlap", dp * tp, layout + [FLAG])
+                plain[name] = layouts.run(name, dp * tp, layout)
+                got = layouts.run(name + "_overlap", dp * tp, layout + [FLAG])
                 # the dp breakdown reports the forward's exposed wait for the gather
-                rows = [json.loads(x) for x in open(os.path.join(tmp, f"{family}_{name}_overlap"
-                                                                 ".jsonl"))]
-                waits = all(r["dp"]["param_wait_ms"] >= 0 for r in rows)
-                same = waits and bitwise(plain[name], (got_l, got_w))
-                loss_err = max(abs(a - b) / abs(b) for a, b in zip(got_l, ref_l))
-                # the layouts' criterion (test_layouts.weights_error): whole model, worst tensor
-                w_err, w_worst, w_name = weights_error(got_w, ref_w, 48)
-                ok = (same and len(got_l) == len(ref_l) and loss_err <= TOL and w_err <= TOL
-                      and w_worst <= 10 * TOL)
+                waits = all(r["dp"]["param_wait_ms"] >= 0 for r in got.rows)
+                same = waits and bitwise(plain[name], got)
+                loss_err = loss_error(got.losses, ref.losses)
+                # the layouts' criterion (loomtest.weights_error): whole model, worst tensor
+                w_err, w_worst, w_name = weights_error(got.params, ref.params, 48)
+                ok = (same and len(got.losses) == len(ref.losses) and loss_err <= TOL
+                      and w_err <= TOL and w_worst <= 10 * TOL)
                 checks += 1
                 failures += not ok
                 print(f"  {name} {FLAG}: {'bitwise = without' if same else 'DIFFERS from without'}"
@@ -101,9 +80,9 @@ def main():
             if family != "gpt2":
                 continue
             # The engine without its thread: the gathers progress from the training thread.
-            got = train("dp2_zero1_overlap_funneled", 2, ["--dp", "2", "--zero", "1", FLAG],
-                        ["LOOM_MPI_THREAD=funneled"])
-            fallback = "communication engine: no thread" in train.stderr
+            got = layouts.run("dp2_zero1_overlap_funneled", 2, ["--dp", "2", "--zero", "1", FLAG],
+                              ["LOOM_MPI_THREAD=funneled"])
+            fallback = "communication engine: no thread" in got.stderr
             ok = fallback and bitwise(plain["dp2_zero1"], got)
             checks += 1
             failures += not ok
@@ -112,12 +91,13 @@ def main():
             # Checkpoint at step 10 with gathers in flight, and a resume from it.
             ck = os.path.join(tmp, "ck")
             layout = ["--dp", "2", "--zero", "2", FLAG]
-            full = train("ckpt_full", 2, layout + ["--ckpt-dir", ck, "--ckpt-every", "10"])
-            res = train("ckpt_resumed", 2, layout + ["--resume", os.path.join(ck, "step_00000010")])
-            resumed = "resumed from" in train.stderr
+            full = layouts.run("ckpt_full", 2, layout + ["--ckpt-dir", ck, "--ckpt-every", "10"])
+            res = layouts.run("ckpt_resumed", 2,
+                              layout + ["--resume", os.path.join(ck, "step_00000010")])
+            resumed = "resumed from" in res.stderr
             # steps 11-20 and the validation at step 20 (the one at step 10 is not redone)
-            ok = (resumed and res[0] == full[0][10:20] + full[0][21:] and bitwise(
-                (None, full[1]), (None, res[1])) and bitwise(plain["dp2_zero2"], full))
+            ok = (resumed and res.losses == full.losses[10:20] + full.losses[21:]
+                  and same_tensors(full.params, res.params) and bitwise(plain["dp2_zero2"], full))
             checks += 1
             failures += not ok
             print(f"  dp2_zero2 {FLAG} checkpoint at 10 + resume (resumed: {resumed}): "
