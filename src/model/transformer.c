@@ -285,6 +285,16 @@ static loom_status column_backward(loom_model *m, const dims *d, const float *do
     return tp_reduce(m, m->dnorm, out);
 }
 
+void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first) {
+    const int T = m->T;
+    const size_t row = (size_t)T * sizeof(int32_t);
+    for (int b = 0; b < m->B; b++) {
+        const int32_t *seq = batch + (size_t)(first + b) * (T + 1);
+        loom_backend_copy_to_device(m->be, m->inputs + (size_t)b * T, seq, row);
+        loom_backend_copy_to_device(m->be, m->targets + (size_t)b * T, seq + 1, row);
+    }
+}
+
 /* Embedding of m->inputs into m->embed (first pipeline stage). */
 static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;

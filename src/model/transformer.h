@@ -112,6 +112,9 @@ size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 
+/* Sequences [first, first + B) of batch ([*, T+1] host tokens, each window's inputs then
+ * its next-token targets) into m->inputs and m->targets (backend memory). */
+void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first);
 /* Forward over m->inputs; fills m->logits (no loss). Fails only if a hook fails. */
 loom_status loom_model_forward(loom_model *m, const float *params);
 /* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with

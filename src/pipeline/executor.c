@@ -14,15 +14,6 @@ static float *buf_of(const loom_pipeline *pl, float *base, int grad, int slot, i
     return base + msg_index(pl, grad, slot, chunk) * pl->act_floats;
 }
 
-/* Inputs and targets of micro-batch mb (sequences [mb M, (mb+1) M) of the rank's slice). */
-static void load_tokens(loom_model *mod, const int32_t *batch, int mb, int M, int T) {
-    for (int b = 0; b < M; b++) {
-        const int32_t *seq = batch + (size_t)(mb * M + b) * (T + 1);
-        memcpy(mod->inputs + (size_t)b * T, seq, (size_t)T * sizeof(int32_t));
-        memcpy(mod->targets + (size_t)b * T, seq + 1, (size_t)T * sizeof(int32_t));
-    }
-}
-
 typedef struct {
     loom_pipeline *pl;
     const loom_pp_schedule *s;
@@ -109,7 +100,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     const float *out = mod->blocks[hi - 1].res2;
     loom_status st = LOOM_OK;
     if (a->op == LOOM_PP_F) {
-        if (a->chunk == 0) load_tokens(mod, x->batch, a->mb, pl->cfg.micro_batch, pl->mc->seq_len);
+        if (a->chunk == 0) loom_model_load_tokens(mod, x->batch, a->mb * pl->cfg.micro_batch);
         if (vs == 0) st = loom_model_embed_forward(mod, x->params);
         if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
         if (!st && vs == pl->S - 1) {

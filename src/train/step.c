@@ -6,17 +6,6 @@
 #include "core/timeline.h"
 #include "train/dump.h"
 
-#define STEP_MARK(i, part) loom_timeline_mark((i) == 0 ? "step1_" part : "step2_" part)
-
-/* Splits sequences [first, first+M) of the rank's slice into inputs and targets. */
-static void load_micro_batch(loom_model *mod, const int32_t *batch, int first, int M, int T) {
-    for (int b = 0; b < M; b++) {
-        const int32_t *seq = batch + (size_t)(first + b) * (T + 1);
-        memcpy(mod->inputs + (size_t)b * T, seq, (size_t)T * sizeof(int32_t));
-        memcpy(mod->targets + (size_t)b * T, seq + 1, (size_t)T * sizeof(int32_t));
-    }
-}
-
 /* ---- the whole model on this rank ---- */
 
 static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
@@ -26,13 +15,13 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
     loom_status st;
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
-        load_micro_batch(mod, batch, k * M, M, T);
+        loom_model_load_tokens(mod, batch, k * M);
         loom_progress_phase(LOOM_PHASE_FORWARD);
         if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
         if ((st = loom_param_gather_begin_micro_batch(r->pg, err)) ||
             (st = loom_model_forward(mod, r->params)))
             return st;
-        if (early >= 0 && k == 0) STEP_MARK(early, "forward");
+        if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "forward");
         if (r->dump_logits_dir && step == 0 && k == 0) {
             int64_t dims[3] = {M, T, mod->cfg.vocab_size};
             if ((st = loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits", 0,
@@ -51,7 +40,7 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
         if ((st = loom_model_backward(mod, r->params, r->grads, final ? loom_grad_sync_ready : NULL,
                                       r->sync)))
             return st;
-        if (early >= 0 && k == 0) STEP_MARK(early, "backward");
+        if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "backward");
     }
     return LOOM_OK;
 }
@@ -62,7 +51,7 @@ static loom_status whole_forward_loss(loom_step_runner *r, const int32_t *batch,
     loom_status st;
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
-        load_micro_batch(mod, batch, k * r->micro_batch, r->micro_batch, r->seq_len);
+        loom_model_load_tokens(mod, batch, k * r->micro_batch);
         if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
         double s;
         if ((st = loom_model_forward(mod, r->params)) ||

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/timeline.h"
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
@@ -18,6 +19,10 @@
 #include "parallel/param_gather.h"
 #include "pipeline/pipeline.h"
 #include "train/route_dump.h"
+
+/* The first two steps' parts go into the start-up timeline (core/timeline.h): early is
+ * the step's index in this run (0 or 1), part a string literal. */
+#define LOOM_STEP_MARK(early, part) loom_timeline_mark((early) == 0 ? "step1_" part : "step2_" part)
 
 typedef struct loom_step_runner loom_step_runner;
 

@@ -18,8 +18,6 @@
 #include "train/run.h"
 #include "train/schedule.h"
 
-#define STEP_MARK(i, part) loom_timeline_mark((i) == 0 ? "step1_" part : "step2_" part)
-
 /* Validation loss over a fixed set of eval_batches global batches (the same sequences at
  * every evaluation, whatever the layout), averaged over all their tokens. */
 static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
@@ -128,7 +126,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if (dumping && lead)
             loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
                                 r->dump_batches + (size_t)step * G * (T + 1));
-        if (early >= 0) STEP_MARK(early, "data_and_grad_clear");
+        if (early >= 0) LOOM_STEP_MARK(early, "data_and_grad_clear");
         double loss_sum;
         if ((st = loom_step_forward_backward(&r->runner, r->batch, dloss, step, early, &loss_sum,
                                              err)))
@@ -140,7 +138,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         st = loom_grad_sync_finish(&r->sync, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
-        if (early >= 0) STEP_MARK(early, "grad_reduce");
+        if (early >= 0) LOOM_STEP_MARK(early, "grad_reduce");
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
             return loom_error_set(err, LOOM_ERR_STATE, "step %d: loss is %f (non-finite)", step + 1,
@@ -153,7 +151,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_begin(r->trace, "optimizer", "train");
         loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         if ((st = loom_grad_sync_step(&r->sync, norm, lr, &tc->adamw, step + 1, err))) return st;
-        if (early >= 0) STEP_MARK(early, "optimizer");
+        if (early >= 0) LOOM_STEP_MARK(early, "optimizer");
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
         loom_grad_sync_step_end(&r->sync);
@@ -183,7 +181,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
              (st = loom_param_gather_wait_all(&r->pg, err))) ||
             (st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err)))
             return st;
-        if (early >= 0) STEP_MARK(early, "rest");
+        if (early >= 0) LOOM_STEP_MARK(early, "rest");
         if ((lead || getenv("LOOM_FT_ADDR")) && /* every rank under loom run: own logs */
             (early == 1 || (early == 0 && step + 1 == tc->steps))) {
             char who[32];
