@@ -76,14 +76,12 @@ static void add_run(loom_flat_run *runs, int *n, size_t lo, size_t hi) {
 static loom_flat_run *owned_ranges(const loom_grad_sync *s, int *n) {
     const loom_zero *z = s->zero;
     const loom_param_table *t = s->table;
-    loom_flat_run *own = calloc((size_t)t->n_params + 1, sizeof *own);
+    const loom_ep_zero *e = z->experts;
+    loom_flat_run *own = calloc((size_t)(e ? e->n_own : t->n_params) + 1, sizeof *own);
     *n = 0;
     if (!own) return NULL;
-    if (z->experts) { /* ZeRO 1-3 with --ep: the rank's dense and expert segments */
-        const loom_ep_zero *e = z->experts;
-        free(own);
-        own = calloc((size_t)e->n_own + 1, sizeof *own);
-        for (int r = 0; own && r < e->n_own; r++) add_run(own, n, e->own[r].lo, e->own[r].hi);
+    if (e) { /* ZeRO 1-3 with --ep: the rank's dense and expert segments */
+        for (int r = 0; r < e->n_own; r++) add_run(own, n, e->own[r].lo, e->own[r].hi);
     } else if (s->ops->kind == LOOM_GRAD_SYNC_EXPERTS) {
         /* ZeRO-0 with --ep: dense tensors are replicated over dp, experts over edp; the
          * first replica of each counts */
