@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_field.h"
+
 #define MAX_DIM ((int64_t)1 << 40)    /* per dimension */
 #define MAX_BYTES ((uint64_t)1 << 50) /* per chunk or file offset */
 #define MAX_NUMEL ((int64_t)1 << 48)  /* per tensor: its F32 bytes stay below MAX_BYTES */
@@ -178,14 +180,6 @@ static loom_status bad(const ctx *c, const char *fmt, const char *what) {
                           msg);
 }
 
-static int get_int(json_t *v, int64_t lo, int64_t hi, int64_t *out) {
-    if (!json_is_integer(v)) return 0;
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi) return 0;
-    *out = x;
-    return 1;
-}
-
 /* A file name that stays inside the checkpoint directory: no '/', not "." or "..". */
 static int safe_name(const char *s) {
     size_t n = strlen(s);
@@ -197,7 +191,7 @@ static int get_dims(json_t *a, int ndim, int64_t lo, int64_t out[2]) {
     out[0] = 0;
     out[1] = ndim == 2 ? 0 : 1;
     for (int d = 0; d < ndim; d++)
-        if (!get_int(json_array_get(a, (size_t)d), lo, MAX_DIM, &out[d])) return 0;
+        if (!loom_json_int_in(json_array_get(a, (size_t)d), lo, MAX_DIM, &out[d])) return 0;
     return 1;
 }
 
@@ -205,9 +199,10 @@ static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, c
                                int ndim, const int64_t shape2[2], loom_ckpt_chunk *out) {
     int64_t file, bo, bytes;
     const char *sum = json_string_value(json_object_get(j, "xxh3"));
-    if (!json_is_object(j) || !get_int(json_object_get(j, "file"), 0, m->n_files - 1, &file) ||
-        !get_int(json_object_get(j, "byte_offset"), 0, (int64_t)MAX_BYTES, &bo) ||
-        !get_int(json_object_get(j, "bytes"), 1, (int64_t)MAX_BYTES, &bytes) ||
+    if (!json_is_object(j) ||
+        !loom_json_int_in(json_object_get(j, "file"), 0, m->n_files - 1, &file) ||
+        !loom_json_int_in(json_object_get(j, "byte_offset"), 0, (int64_t)MAX_BYTES, &bo) ||
+        !loom_json_int_in(json_object_get(j, "bytes"), 1, (int64_t)MAX_BYTES, &bytes) ||
         !get_dims(json_object_get(j, "offset"), ndim, 0, out->off) ||
         !get_dims(json_object_get(j, "length"), ndim, 1, out->len) || !sum || strlen(sum) != 16 ||
         strspn(sum, "0123456789abcdef") != 16)
@@ -235,13 +230,13 @@ static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifes
     int64_t v[6];
     const char *keys[6] = {"dp", "tp", "pp", "ep", "zero", "world_size"};
     if (!version || !seed || !*seed || strspn(seed, "0123456789") != strlen(seed) ||
-        !get_int(json_object_get(root, "step"), 0, INT32_MAX, &m->step) ||
-        !get_int(json_object_get(root, "tokens_seen"), 0, INT64_MAX, &m->tokens_seen) ||
+        !loom_json_int_in(json_object_get(root, "step"), 0, INT32_MAX, &m->step) ||
+        !loom_json_int_in(json_object_get(root, "tokens_seen"), 0, INT64_MAX, &m->tokens_seen) ||
         !json_is_object(l))
         return bad(c, "%s",
                    "needs loom_version, step, tokens_seen, seed (a decimal string), layout");
     for (int i = 0; i < 6; i++)
-        if (!get_int(json_object_get(l, keys[i]), i == 4 ? 0 : 1, 1 << 20, &v[i]))
+        if (!loom_json_int_in(json_object_get(l, keys[i]), i == 4 ? 0 : 1, 1 << 20, &v[i]))
             return bad(c, "layout: '%s' must be a positive integer", keys[i]);
     m->layout =
         (loom_ckpt_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5]};

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/json_field.h"
+
 typedef struct {
     const char *origin;
     loom_error *err;
@@ -14,14 +16,6 @@ static loom_status bad(const ctx *c, const char *fmt, const char *what) {
     snprintf(msg, sizeof msg, fmt, what);
     return loom_error_set(c->err, LOOM_ERR_INPUT, "%s: invalid model configuration: %s", c->origin,
                           msg);
-}
-
-static int get_int(const json_t *v, int64_t lo, int64_t hi, int64_t *out) {
-    if (!json_is_integer(v)) return 0;
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi) return 0;
-    *out = x;
-    return 1;
 }
 
 json_t *loom_model_config_to_json(const loom_model_config *c) {
@@ -49,9 +43,9 @@ static loom_status parse_moe(const ctx *c, const json_t *j, loom_model_config *m
     json_t *shared = json_object_get(j, "shared_expert");
     const char *fkeys[3] = {"capacity_factor", "aux_loss_coef", "z_loss_coef"};
     float *fdst[3] = {&mc->capacity_factor, &mc->aux_loss_coef, &mc->z_loss_coef};
-    if (!json_is_object(j) || !get_int(json_object_get(j, "n_experts"), 1, 1024, &e) ||
-        !get_int(json_object_get(j, "top_k"), 1, e, &k) ||
-        !get_int(json_object_get(j, "moe_every"), 1, mc->n_layer, &every) ||
+    if (!json_is_object(j) || !loom_json_int_in(json_object_get(j, "n_experts"), 1, 1024, &e) ||
+        !loom_json_int_in(json_object_get(j, "top_k"), 1, e, &k) ||
+        !loom_json_int_in(json_object_get(j, "moe_every"), 1, mc->n_layer, &every) ||
         !json_is_boolean(shared))
         return bad(c, "%s",
                    "model.moe: needs n_experts (1..1024), top_k (1..n_experts), moe_every "
@@ -87,7 +81,7 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
                 {"seq_len", &mc->seq_len}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         int64_t x;
-        if (!get_int(json_object_get(j, ints[i].key), 1, 1 << 30, &x))
+        if (!loom_json_int_in(json_object_get(j, ints[i].key), 1, 1 << 30, &x))
             return bad(c, "model: '%s' must be a positive integer", ints[i].key);
         *ints[i].dst = (int)x;
     }
