@@ -61,8 +61,8 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
+        r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, &r->model, err))) return st;
-        r->pipelined = &r->pipe;
     } else if ((st = loom_model_create(
                     &r->model,
                     &(loom_model_options){
