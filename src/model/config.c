@@ -11,27 +11,36 @@ typedef struct {
 /* Sizes follow GPT-2 (124M = gpt2-small) and Llama conventions; d_ff of the Llama
  * presets is a multiple of 32 near 8/3 * d_model. */
 static const preset PRESETS[] = {
-    {"gpt2-tiny",
-     {LOOM_FAMILY_GPT2, 4, 4, 4, 128, 512, 50257, 256, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
-      0.0f}},
-    {"gpt2-small",
-     {LOOM_FAMILY_GPT2, 12, 12, 12, 768, 3072, 50257, 1024, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f,
-      0.01f, 0.0f}},
-    {"llama-tiny",
-     {LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
-      0.0f}},
-    {"llama-100m",
-     {LOOM_FAMILY_LLAMA, 8, 12, 4, 768, 2048, 32000, 1024, 1e-5f, 10000.0f, 0, 2, 1, 0, 0.0f, 0.01f,
-      0.0f}},
+#define LM(fam, L, H, KV, C, F, V, T)                                                              \
+    {.family = fam, .n_layer = L, .n_head = H, .n_kv_head = KV, .d_model = C, .d_ff = F,           \
+     .vocab_size = V, .seq_len = T, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .top_k = 2,         \
+     .moe_every = 1, .aux_loss_coef = 0.01f}
+    {"gpt2-tiny", LM(LOOM_FAMILY_GPT2, 4, 4, 4, 128, 512, 50257, 256)},
+    {"gpt2-small", LM(LOOM_FAMILY_GPT2, 12, 12, 12, 768, 3072, 50257, 1024)},
+    {"llama-tiny", LM(LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256)},
+    {"llama-100m", LM(LOOM_FAMILY_LLAMA, 8, 12, 4, 768, 2048, 32000, 1024)},
+#undef LM
+    /* DiT (Peebles & Xie) sized for Fashion-MNIST's 28 x 28 gray images and 10 classes:
+     * dit-tiny 49 tokens of 4 x 4 patches, dit-small DiT-S's width on 196 tokens of 2 x 2. */
+    {"dit-tiny",
+     {.family = LOOM_FAMILY_DIT, .n_layer = 4, .n_head = 4, .n_kv_head = 4, .d_model = 128,
+      .d_ff = 512, .vocab_size = 1, .seq_len = 49, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
+      .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1, .height = 28,
+      .width = 28, .patch = 4, .patch_t = 1, .n_classes = 10}},
+    {"dit-small",
+     {.family = LOOM_FAMILY_DIT, .n_layer = 12, .n_head = 6, .n_kv_head = 6, .d_model = 384,
+      .d_ff = 1536, .vocab_size = 1, .seq_len = 196, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
+      .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1, .height = 28,
+      .width = 28, .patch = 2, .patch_t = 1, .n_classes = 10}},
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 
 const char *loom_model_preset_names(void) {
-    return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m";
+    return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small";
 }
 
 const char *loom_family_name(loom_family f) {
-    return f == LOOM_FAMILY_GPT2 ? "gpt2" : "llama";
+    return f == LOOM_FAMILY_GPT2 ? "gpt2" : f == LOOM_FAMILY_LLAMA ? "llama" : "dit";
 }
 
 loom_status loom_model_preset(loom_model_config *cfg, const char *name, loom_error *err) {
@@ -74,6 +83,61 @@ static loom_status validate_moe(const loom_model_config *c, loom_error *err) {
     return LOOM_OK;
 }
 
+int loom_model_dit_tokens(const loom_model_config *c) {
+    if (c->patch <= 0 || c->patch_t <= 0) return 0;
+    return (c->frames / c->patch_t) * (c->height / c->patch) * (c->width / c->patch);
+}
+
+int loom_model_dit_sample_floats(const loom_model_config *c) {
+    return c->frames * c->channels * c->height * c->width;
+}
+
+int loom_model_dit_patch_floats(const loom_model_config *c) {
+    return c->patch_t * c->patch * c->patch * c->channels;
+}
+
+/* --channels, --frames, --height, --width, --patch, --patch-t, --n-classes. */
+static loom_status validate_dit(const loom_model_config *c, loom_error *err) {
+    struct {
+        const char *flag;
+        int value, max;
+    } range[] = {{"--channels", c->channels, 4},     {"--frames", c->frames, 4096},
+                 {"--height", c->height, 1 << 14},   {"--width", c->width, 1 << 14},
+                 {"--patch", c->patch, 64},          {"--patch-t", c->patch_t, 64},
+                 {"--n-classes", c->n_classes, 1 << 20}};
+    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++)
+        if (range[i].value < 1 || range[i].value > range[i].max)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s %d: expected 1..%d (dit family)",
+                                  range[i].flag, range[i].value, range[i].max);
+    if (c->height % c->patch != 0 || c->width % c->patch != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--patch %d: must divide the image size %d x %d (--height, --width)",
+                              c->patch, c->height, c->width);
+    if (c->frames % c->patch_t != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--patch-t %d: must divide --frames %d",
+                              c->patch_t, c->frames);
+    const int video = c->frames / c->patch_t > 1, unit = video ? 16 : 4;
+    if (c->d_model % unit != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--d-model %d: must be a multiple of %d for the %s sin-cos positions",
+                              c->d_model, unit, video ? "3-D (video)" : "2-D");
+    if (c->n_kv_head != c->n_head)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--n-kv-head %d: the dit family has no grouped-query attention "
+                              "(expected n_kv_head == n_head == %d)",
+                              c->n_kv_head, c->n_head);
+    if (c->n_experts != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--n-experts %d: the dit family has dense MLPs only (expected 0)",
+                              c->n_experts);
+    if (c->seq_len != loom_model_dit_tokens(c))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--seq-len %d: a dit's sequence is its %d patch tokens "
+                              "(frames/patch_t x height/patch x width/patch)",
+                              c->seq_len, loom_model_dit_tokens(c));
+    return LOOM_OK;
+}
+
 loom_status loom_model_config_validate(const loom_model_config *c, loom_error *err) {
     struct {
         const char *flag;
@@ -102,6 +166,10 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--n-head %d: head dim %d must be even for RoPE (llama family)",
                               c->n_head, c->d_model / c->n_head);
+    if (c->family == LOOM_FAMILY_DIT) {
+        loom_status st = validate_dit(c, err);
+        if (st) return st;
+    }
     if (c->vocab_size > (1 << 30))
         return loom_error_set(err, LOOM_ERR_INPUT, "--vocab-size %d: too large", c->vocab_size);
     if (!(c->norm_eps > 0.0f))

@@ -1,11 +1,12 @@
-/* Model configuration: one description for both families (GPT-2 and Llama), presets,
- * and validation with errors that name the offending flag. */
+/* Model configuration: one description for every family (the GPT-2 and Llama language
+ * models, the DiT diffusion transformer), presets, and validation with errors that name
+ * the offending flag. */
 #ifndef LOOM_MODEL_CONFIG_H
 #define LOOM_MODEL_CONFIG_H
 
 #include "core/error.h"
 
-typedef enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1 } loom_family;
+typedef enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1, LOOM_FAMILY_DIT = 2 } loom_family;
 
 typedef struct {
     loom_family family;
@@ -26,6 +27,11 @@ typedef struct {
     float capacity_factor; /* capacity ceil(cf * N * K / E) per expert; 0: dropless */
     float aux_loss_coef;   /* Switch/GShard load-balancing loss weight */
     float z_loss_coef;     /* router z-loss weight */
+    /* Diffusion transformer (family dit, model/dit.h): samples of `frames` x `channels` x
+     * `height` x `width` pixels cut into patch_t x patch x patch patches, one token each
+     * (seq_len is then the token count, loom_model_dit_tokens); n_classes labels plus the
+     * null class of classifier-free guidance. */
+    int channels, frames, height, width, patch, patch_t, n_classes;
 } loom_model_config;
 
 /* Fills cfg from a preset name; LOOM_ERR_INPUT naming --model for unknown names. */
@@ -35,6 +41,12 @@ const char *loom_model_preset_names(void);
 /* Shape checks; the message names the flag to change. */
 loom_status loom_model_config_validate(const loom_model_config *cfg, loom_error *err);
 const char *loom_family_name(loom_family f);
+/* Patch tokens of one dit sample: (frames / patch_t) * (height / patch) * (width / patch). */
+int loom_model_dit_tokens(const loom_model_config *cfg);
+/* Floats of one dit sample (frames * channels * height * width) and of one patch's
+ * prediction (patch_t * patch * patch * channels). */
+int loom_model_dit_sample_floats(const loom_model_config *cfg);
+int loom_model_dit_patch_floats(const loom_model_config *cfg);
 /* 1 when layer l of cfg is a mixture-of-experts block. */
 int loom_model_layer_is_moe(const loom_model_config *cfg, int layer);
 

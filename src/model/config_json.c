@@ -32,7 +32,33 @@ json_t *loom_model_config_to_json(const loom_model_config *c) {
                       c->top_k, "moe_every", c->moe_every, "shared_expert", c->shared_expert,
                       "capacity_factor", (double)c->capacity_factor, "aux_loss_coef",
                       (double)c->aux_loss_coef, "z_loss_coef", (double)c->z_loss_coef));
+    /* Diffusion transformer: the sample shape, patches and classes. */
+    if (j && c->family == LOOM_FAMILY_DIT)
+        json_object_set_new(j, "dit",
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "channels", c->channels,
+                                      "frames", c->frames, "height", c->height, "width", c->width,
+                                      "patch", c->patch, "patch_t", c->patch_t, "n_classes",
+                                      c->n_classes));
     return j;
+}
+
+/* model.dit (family dit only). */
+static loom_status parse_dit(const ctx *c, const json_t *j, loom_model_config *mc) {
+    if (mc->family != LOOM_FAMILY_DIT) return LOOM_OK;
+    struct {
+        const char *key;
+        int *dst;
+    } ints[] = {{"channels", &mc->channels}, {"frames", &mc->frames},   {"height", &mc->height},
+                {"width", &mc->width},       {"patch", &mc->patch},     {"patch_t", &mc->patch_t},
+                {"n_classes", &mc->n_classes}};
+    if (!json_is_object(j)) return bad(c, "%s", "model.dit: missing (family dit)");
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t x;
+        if (!loom_json_int_in(json_object_get(j, ints[i].key), 1, 1 << 20, &x))
+            return bad(c, "model.dit: '%s' must be a positive integer", ints[i].key);
+        *ints[i].dst = (int)x;
+    }
+    return LOOM_OK;
 }
 
 /* model.moe (absent: a dense model). */
@@ -70,9 +96,12 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
     memset(mc, 0, sizeof *mc);
     const char *family = json_string_value(json_object_get(j, "family"));
     if (!json_is_object(j) || !family ||
-        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0))
-        return bad(c, "%s", "model: needs family gpt2 or llama");
-    mc->family = strcmp(family, "gpt2") == 0 ? LOOM_FAMILY_GPT2 : LOOM_FAMILY_LLAMA;
+        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 &&
+         strcmp(family, "dit") != 0))
+        return bad(c, "%s", "model: needs family gpt2, llama or dit");
+    mc->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
+                 : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA
+                                                : LOOM_FAMILY_DIT;
     struct {
         const char *key;
         int *dst;
@@ -93,5 +122,6 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
         return bad(c, "%s", "model: norm_eps and rope_theta must be positive finite numbers");
     mc->norm_eps = e;
     mc->rope_theta = th;
-    return parse_moe(c, json_object_get(j, "moe"), mc);
+    loom_status st = parse_moe(c, json_object_get(j, "moe"), mc);
+    return st ? st : parse_dit(c, json_object_get(j, "dit"), mc);
 }

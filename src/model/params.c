@@ -58,6 +58,83 @@ static size_t add_norm(builder *b, const char *name, int64_t n, loom_init_kind i
     return off;
 }
 
+/* A replicated DiT tensor whose gradient, with sequence parallelism, each rank computes
+ * from its own rows only (the conditioning path, patch embedding, final layer). */
+static size_t add_rows_partial(builder *b, const char *name, int64_t rows, int64_t cols,
+                               loom_init_kind init, float std) {
+    size_t off = add(b, name, rows, cols, init, std);
+    b->t->params[b->t->n_params - 1].sp_partial = 1;
+    return off;
+}
+
+/* xavier_uniform's bound for a [fan_out, fan_in] matrix. */
+static float xavier(int64_t fan_in, int64_t fan_out) {
+    return sqrtf(6.0f / (float)(fan_in + fan_out));
+}
+
+/* The DiT's tensors (facebookresearch/DiT names and initialisation: model/dit.h): the
+ * embedders on the first stage, the blocks, the final layer on the last. Attention and
+ * MLP are Megatron-sharded as GPT-2's; everything else is replicated over tp. */
+static void add_dit(builder *b, const loom_model_config *c, const loom_layer_set *set) {
+    loom_param_table *t = b->t;
+    loom_dit_params *d = &t->dit;
+    const int C = c->d_model, F = c->d_ff, K = c->n_classes;
+    const int P = loom_model_dit_patch_floats(c); /* in and out: pt * p * p * channels */
+    d->x_embed_w = d->x_embed_b = d->t_fc1_w = d->t_fc1_b = d->t_fc2_w = d->t_fc2_b =
+        d->y_table = d->final_ada_w = d->final_ada_b = d->final_w = d->final_b = LOOM_NO_PARAM;
+    if (set->first) {
+        d->x_embed_w = add_rows_partial(b, "x_embedder.proj.weight", C, P, LOOM_INIT_UNIFORM,
+                                        xavier(P, C));
+        d->x_embed_b = add_rows_partial(b, "x_embedder.proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        d->t_fc1_w = add_rows_partial(b, "t_embedder.mlp.0.weight", C, LOOM_DIT_FREQ_DIM,
+                                      LOOM_INIT_NORMAL, 0.02f);
+        d->t_fc1_b = add_rows_partial(b, "t_embedder.mlp.0.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        d->t_fc2_w = add_rows_partial(b, "t_embedder.mlp.2.weight", C, C, LOOM_INIT_NORMAL, 0.02f);
+        d->t_fc2_b = add_rows_partial(b, "t_embedder.mlp.2.bias", C, 0, LOOM_INIT_ZEROS, 0);
+        d->y_table = add_rows_partial(b, "y_embedder.embedding_table.weight", K + 1, C,
+                                      LOOM_INIT_NORMAL, 0.02f);
+    }
+    char n[LOOM_PARAM_NAME_MAX];
+    for (int i = 0; i < t->n_layer; i++) {
+        loom_block_params *k = &t->blocks[i];
+        const int l = t->layer_ids[i];
+        k->norm1_w = k->norm1_b = k->norm2_w = k->norm2_b = LOOM_NO_PARAM;
+        k->gate_w = LOOM_NO_PARAM;
+        k->begin = t->total;
+#define NAME(suffix) snprintf(n, sizeof n, "blocks.%d.%s", l, suffix)
+        NAME("adaLN_modulation.1.weight");
+        k->ada_w = add_rows_partial(b, n, 6 * C, C, LOOM_INIT_ZEROS, 0);
+        NAME("adaLN_modulation.1.bias");
+        k->ada_b = add_rows_partial(b, n, 6 * C, 0, LOOM_INIT_ZEROS, 0);
+        NAME("attn.qkv.weight");
+        k->qkv_w = add_placed(b, n, 3 * C, C, LOOM_INIT_UNIFORM, xavier(C, 3 * C), 0, 3);
+        NAME("attn.qkv.bias");
+        k->qkv_b = add_placed(b, n, 3 * C, 0, LOOM_INIT_ZEROS, 0, 0, 3);
+        NAME("attn.proj.weight");
+        k->attn_out_w = add_placed(b, n, C, C, LOOM_INIT_UNIFORM, xavier(C, C), 1, 1);
+        NAME("attn.proj.bias");
+        k->attn_out_b = add(b, n, C, 0, LOOM_INIT_ZEROS, 0);
+        NAME("mlp.fc1.weight");
+        k->fc_w = add_placed(b, n, F, C, LOOM_INIT_UNIFORM, xavier(C, F), 0, 1);
+        NAME("mlp.fc1.bias");
+        k->fc_b = add_placed(b, n, F, 0, LOOM_INIT_ZEROS, 0, 0, 1);
+        NAME("mlp.fc2.weight");
+        k->proj_w = add_placed(b, n, C, F, LOOM_INIT_UNIFORM, xavier(F, C), 1, 1);
+        NAME("mlp.fc2.bias");
+        k->proj_b = add(b, n, C, 0, LOOM_INIT_ZEROS, 0);
+#undef NAME
+    }
+    t->head_begin = t->total;
+    if (set->last) {
+        d->final_ada_w =
+            add_rows_partial(b, "final_layer.adaLN_modulation.1.weight", 2 * C, C, LOOM_INIT_ZEROS, 0);
+        d->final_ada_b =
+            add_rows_partial(b, "final_layer.adaLN_modulation.1.bias", 2 * C, 0, LOOM_INIT_ZEROS, 0);
+        d->final_w = add_rows_partial(b, "final_layer.linear.weight", P, C, LOOM_INIT_ZEROS, 0);
+        d->final_b = add_rows_partial(b, "final_layer.linear.bias", P, 0, LOOM_INIT_ZEROS, 0);
+    }
+}
+
 loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error *err) {
     if (tp <= 1) return LOOM_OK;
     struct {
@@ -69,7 +146,9 @@ loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error 
         {"--d-ff", "the MLP hidden width is split", c->d_ff},
         {"--vocab-size", "embedding and output rows are split by vocabulary", c->vocab_size},
     };
-    for (size_t i = 0; i < sizeof split / sizeof split[0]; i++)
+    /* a dit has no vocabulary: its embedding and head are replicated */
+    const size_t n_split = sizeof split / sizeof split[0] - (c->family == LOOM_FAMILY_DIT);
+    for (size_t i = 0; i < n_split; i++)
         if (split[i].value % tp != 0) {
             const int up = (split[i].value + tp - 1) / tp * tp;
             return loom_error_set(
@@ -181,7 +260,9 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     char n[LOOM_PARAM_NAME_MAX];
     const int gpt2 = c->family == LOOM_FAMILY_GPT2;
     t->wte = t->wpe = t->normf_w = t->normf_b = t->lm_head = LOOM_NO_PARAM;
-    if (gpt2 && (set->first || set->last)) {
+    if (c->family == LOOM_FAMILY_DIT) {
+        add_dit(&b, c, set);
+    } else if (gpt2 && (set->first || set->last)) {
         /* The last stage's copy of the tied embedding comes first too, so that its range
          * is reported last in backward, as on the first stage. */
         t->wte = add_placed(&b, "transformer.wte.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
@@ -191,10 +272,12 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     } else if (set->first) {
         t->wte = add_placed(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
-    for (int i = 0; i < t->n_layer; i++) {
+    for (int i = 0; i < t->n_layer && c->family != LOOM_FAMILY_DIT; i++) {
         loom_block_params *k = &t->blocks[i];
         const int l = t->layer_ids[i];
         k->norm1_b = k->qkv_b = k->attn_out_b = k->norm2_b = k->fc_b = k->proj_b = LOOM_NO_PARAM;
+        k->ada_w = k->ada_b = LOOM_NO_PARAM;
+        k->begin = t->total;
 /* COL: column-parallel (output rows split), ROW: row-parallel (input columns split). */
 #define NAME(suffix)                                                                               \
     snprintf(n, sizeof n, "%s%d.%s", gpt2 ? "transformer.h." : "model.layers.", l, suffix)
@@ -242,8 +325,9 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
 #undef ROW
 #undef NAME
     }
-    if (!set->last) {
-        /* no final norm or head on this stage */
+    if (c->family != LOOM_FAMILY_DIT) t->head_begin = t->total;
+    if (!set->last || c->family == LOOM_FAMILY_DIT) {
+        /* no final norm or head on this stage (a dit's final layer: add_dit) */
     } else if (gpt2) {
         t->normf_w = add_norm(&b, "transformer.ln_f.weight", C, LOOM_INIT_ONES);
         t->normf_b = add_norm(&b, "transformer.ln_f.bias", C, LOOM_INIT_ZEROS);
@@ -283,6 +367,15 @@ void loom_params_init_range(const loom_param_table *t, float *dst, size_t lo, si
             for (size_t j = 0; j < n; j++) w[j] = 1.0f;
         } else if (p->init == LOOM_INIT_ZEROS) {
             memset(w, 0, n * sizeof *w);
+        } else if (p->init == LOOM_INIT_UNIFORM) {
+            const uint32_t stream = loom_hash_name(p->name);
+            const double a = p->init_std;
+#pragma omp parallel for schedule(static)
+            for (size_t j = 0; j < n; j++) {
+                const uint64_t g = (uint64_t)loom_param_global_index(p, (int64_t)(first + j));
+                const uint32_t bits = (uint32_t)(loom_philox_u64(seed, stream, g, 0) >> 32);
+                w[j] = (float)(a * (2.0 * loom_philox_uniform(bits) - 1.0));
+            }
         } else {
             const uint32_t stream = loom_hash_name(p->name);
             const double s = p->init_std;

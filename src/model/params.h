@@ -13,8 +13,11 @@
 
 #define LOOM_PARAM_NAME_MAX 96
 #define LOOM_NO_PARAM ((size_t)-1)
+/* Width of the DiT's sinusoidal timestep features (frequency_embedding_size). */
+#define LOOM_DIT_FREQ_DIM 256
 
-typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ONES, LOOM_INIT_ZEROS } loom_init_kind;
+/* NORMAL: N(0, init_std^2); UNIFORM: U(-init_std, init_std) (xavier_uniform's bound). */
+typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ONES, LOOM_INIT_ZEROS, LOOM_INIT_UNIFORM } loom_init_kind;
 
 typedef struct {
     char name[LOOM_PARAM_NAME_MAX];
@@ -61,6 +64,7 @@ typedef struct {
  * has none. Llama's q/k/v (and gate/up) are registered back to back so that they form
  * one [(H+2KV)*hd, C] (resp. [2F, C]) matrix and run as one GEMM, like GPT-2's c_attn. */
 typedef struct {
+    size_t begin; /* the block's flat range starts here (its first tensor) */
     size_t norm1_w, norm1_b;
     size_t qkv_w, qkv_b;
     size_t attn_out_w, attn_out_b;
@@ -74,13 +78,27 @@ typedef struct {
     size_t gate_w;
     loom_expert_params expert0, shared;
     size_t expert_stride;
+    /* DiT: the block's adaLN modulation [6C, C] (norms have no parameters) */
+    size_t ada_w, ada_b;
 } loom_block_params;
+
+/* Offsets of a DiT's tensors outside the blocks (model/dit.h); LOOM_NO_PARAM when this
+ * rank holds none (a pipeline stage without the embedding or the head). */
+typedef struct {
+    size_t x_embed_w, x_embed_b;              /* patch embedding [C, P_in] */
+    size_t t_fc1_w, t_fc1_b, t_fc2_w, t_fc2_b; /* timestep MLP [C, 256], [C, C] */
+    size_t y_table;                           /* class embedding [n_classes + 1, C] */
+    size_t final_ada_w, final_ada_b;          /* final adaLN [2C, C] */
+    size_t final_w, final_b;                  /* final linear [P_out, C] */
+} loom_dit_params;
 
 typedef struct {
     loom_param *params;
     int n_params;
     size_t total;
     size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
+    size_t head_begin; /* the head's flat range [head_begin, total) (total: no head here) */
+    loom_dit_params dit;
     loom_block_params *blocks;                  /* n_layer entries */
     int n_layer;             /* blocks held here (all of them, or a pipeline stage's) */
     int *layer_ids;          /* n_layer entries: block i here is global layer layer_ids[i] */

@@ -616,16 +616,16 @@ loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_gr
     loom_trace_begin(m->trace, "backward", "compute");
     loom_status st = head_backward(m, &d, p, g, x_last);
     /* Everything after the last block (final norm, an untied head) is final now. */
-    if (!st && ready) st = ready(ctx, t->normf_w, t->total);
+    if (!st && ready) st = ready(ctx, t->head_begin, t->total);
     /* m->dres holds d(block output); each block turns it into d(block input). */
     for (int l = L - 1; l >= 0 && !st; l--) {
         st = block_backward(m, &d, p, g, l, l > 0 ? m->blocks[l - 1].res2 : m->embed);
-        if (ready && !st) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+        if (ready && !st) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     }
     /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
      * d(embedding output), left in m->dres, into the embeddings' gradients. */
     if (!st && !(ready && m->defer_embedding_grad)) st = embed_backward(m, &d, g);
-    if (ready && !st) st = ready(ctx, 0, t->blocks[0].norm1_w);
+    if (ready && !st) st = ready(ctx, 0, t->n_layer > 0 ? t->blocks[0].begin : t->head_begin);
     loom_trace_end(m->trace);
     return st;
 }
@@ -636,7 +636,7 @@ loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, co
 }
 
 size_t loom_model_block_range_end(const loom_param_table *t, int l) {
-    return l + 1 < t->n_layer ? t->blocks[l + 1].norm1_w : t->has_head ? t->normf_w : t->total;
+    return l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
 }
 
 loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
@@ -646,7 +646,7 @@ loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, 
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
         st = block_backward(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     }
     return st;
 }
@@ -659,7 +659,7 @@ loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, flo
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
         st = block_backward_weight(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     }
     return st;
 }

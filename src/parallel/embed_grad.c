@@ -6,7 +6,7 @@
 loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,
                                  int n_tokens, int seq_len, loom_error *err) {
     memset(eg, 0, sizeof *eg);
-    size_t head_end = t->n_layer > 0 ? t->blocks[0].norm1_w : t->normf_w;
+    size_t head_end = t->n_layer > 0 ? t->blocks[0].begin : t->head_begin;
     int w = -1;
     for (int i = 0; i < t->n_params; i++)
         if (t->params[i].offset == t->wte) w = i;

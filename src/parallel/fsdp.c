@@ -35,11 +35,11 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
     f->view = loom_zero_map_huge(f->view_bytes);
     loom_status st = f->ranges && f->shard && f->view ? LOOM_OK : LOOM_ERR_NOMEM;
     /* A pipeline stage without the head: the tail range is empty. */
-    const size_t tail = t->normf_w == LOOM_NO_PARAM ? t->total : t->normf_w;
+    const size_t tail = t->head_begin;
     for (int i = 0; i < f->n_ranges && !st; i++) {
-        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : tail;
-        size_t end = i == 0   ? t->blocks[0].norm1_w
-                     : i < L  ? t->blocks[i].norm1_w
+        size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].begin : tail;
+        size_t end = i == 0   ? t->blocks[0].begin
+                     : i < L  ? t->blocks[i].begin
                      : i == L ? tail
                               : t->total;
         st = range_init(&f->ranges[i], z, begin, end);

@@ -35,11 +35,11 @@ loom_status loom_param_gather_create(loom_param_gather *g, loom_zero *z, float *
     g->n_ranges = L + 2;
     g->ranges = calloc((size_t)g->n_ranges, sizeof *g->ranges);
     if (!g->ranges) goto nomem;
-    const size_t first = L > 0 ? t->blocks[0].norm1_w : t->normf_w;
+    const size_t first = L > 0 ? t->blocks[0].begin : t->head_begin;
     for (int i = 0; i < g->n_ranges; i++) {
         loom_param_gather_range *r = &g->ranges[i];
-        r->begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].norm1_w : t->normf_w;
-        r->end = i == 0 ? first : i < L ? t->blocks[i].norm1_w : i == L ? t->normf_w : t->total;
+        r->begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].begin : t->head_begin;
+        r->end = i == 0 ? first : i < L ? t->blocks[i].begin : i == L ? t->head_begin : t->total;
         r->counts = calloc((size_t)R, sizeof(int));
         r->displs = calloc((size_t)R, sizeof(int));
         if (!r->counts || !r->displs) goto nomem;

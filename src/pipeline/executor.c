@@ -55,12 +55,12 @@ static loom_status report_chunk(step_ctx *x, int c) {
     const loom_param_table *t = &x->pl->slots[0]->table;
     loom_status st = LOOM_OK;
     if (c == x->pl->v - 1 && t->has_head && !x->early[c])
-        st = x->ready(x->ready_ctx, t->normf_w, t->total);
+        st = x->ready(x->ready_ctx, t->head_begin, t->total);
     for (int l = x->pl->chunk_hi[c] - 1; l >= x->pl->chunk_lo[c] && !st && !x->early[c]; l--)
-        st = x->ready(x->ready_ctx, t->blocks[l].norm1_w, loom_model_block_range_end(t, l));
+        st = x->ready(x->ready_ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     if (c == 0 && !st) {
         if (x->pl->tied_peer >= 0) st = reduce_tied(x);
-        if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].norm1_w);
+        if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].begin);
     }
     return st;
 }
@@ -133,7 +133,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         else
             memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, slot, a->chunk),
                    pl->act_floats * sizeof(float));
-        if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->normf_w, t->total);
+        if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->head_begin, t->total);
         if (!st)
             st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in, ready,
                                             x->ready_ctx);
@@ -145,7 +145,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     }
     /* W: the weight gradients B left for later, the head's first (ranges go top down) */
     if (vs == pl->S - 1) st = loom_model_head_backward_weight(mod, x->grads);
-    if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->normf_w, t->total);
+    if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->head_begin, t->total);
     if (!st)
         st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in, ready,
                                                x->ready_ctx);

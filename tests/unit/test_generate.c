@@ -19,11 +19,18 @@ static unsigned seed_value;
 /* n_experts 0: dense. MoE: every layer or every 2nd, shared expert, dropless or a
  * capacity generous enough that the training forward (11 tokens) drops nothing. */
 static void check_family(loom_family family, int n_experts) {
-    loom_model_config c = {family, 2,        4,    family == LOOM_FAMILY_GPT2 ? 4 : 2,
-                           24,     40,       53,   11,
-                           1e-5f,  10000.0f, 0,    2,
-                           1,      0,        0.0f, 0.0f,
-                           0.0f};
+    loom_model_config c = {.family = family,
+                           .n_layer = 2,
+                           .n_head = 4,
+                           .n_kv_head = family == LOOM_FAMILY_GPT2 ? 4 : 2,
+                           .d_model = 24,
+                           .d_ff = 40,
+                           .vocab_size = 53,
+                           .seq_len = 11,
+                           .norm_eps = 1e-5f,
+                           .rope_theta = 10000.0f,
+                           .top_k = 2,
+                           .moe_every = 1};
     if (n_experts) {
         c.n_experts = n_experts;
         c.top_k = 1 + (int)(seed_value % 2);
