@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *const KIND_PREFIX[LOOM_CKPT_KINDS] = {"", "optim.m/", "optim.v/"};
+static const char *const KIND_PREFIX[LOOM_CKPT_KINDS] = {"", "optim.m/", "optim.v/", "ema/"};
 
 void loom_ckpt_tensor_name(char *out, size_t size, loom_ckpt_kind kind, const char *param) {
     snprintf(out, size, "%s%s", KIND_PREFIX[kind], param);

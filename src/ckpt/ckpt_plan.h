@@ -16,9 +16,16 @@
 
 #include "core/error.h"
 
-/* The three flat buffers a checkpoint holds, laid out like the parameters. */
-typedef enum { LOOM_CKPT_PARAMS = 0, LOOM_CKPT_ADAM_M = 1, LOOM_CKPT_ADAM_V = 2 } loom_ckpt_kind;
-#define LOOM_CKPT_KINDS 3
+/* The flat buffers a checkpoint holds, laid out like the parameters: the parameters,
+ * AdamW's moments and (with --ema-decay) the exponential moving average of the weights.
+ * A buffer whose data is NULL is not part of the checkpoint. */
+typedef enum {
+    LOOM_CKPT_PARAMS = 0,
+    LOOM_CKPT_ADAM_M = 1,
+    LOOM_CKPT_ADAM_V = 2,
+    LOOM_CKPT_EMA = 3
+} loom_ckpt_kind;
+#define LOOM_CKPT_KINDS 4
 
 typedef struct {
     int64_t off[2], len[2]; /* rows, columns (a 1-D tensor: columns 0, 1) */

@@ -107,7 +107,7 @@ loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_ckpt
     }
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++) {
         w->src[k] = src[k];
-        if (!plan)
+        if (!plan && src[k].data)
             st = loom_ckpt_plan_range(&w->plan, t, (loom_ckpt_kind)k, src[k].lo, src[k].hi, 1,
                                       LOOM_CKPT_CHUNK_FLOATS, err);
     }

@@ -10,11 +10,12 @@
 
 typedef enum { LOOM_DTYPE_F32, LOOM_DTYPE_I32 } loom_dtype;
 
+#define LOOM_TENSOR_MAX_DIMS 6
 typedef struct {
     const char *name;
     loom_dtype dtype;
     int ndim;
-    int64_t shape[4];
+    int64_t shape[LOOM_TENSOR_MAX_DIMS];
     const void *data; /* numel * 4 bytes, little-endian */
 } loom_tensor_view;
 

@@ -7,7 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_U64, OPT_STRING, OPT_FAMILY, OPT_BOOL, OPT_LIST } opt_type;
+typedef enum {
+    OPT_INT,
+    OPT_FLOAT,
+    OPT_U64,
+    OPT_STRING,
+    OPT_FAMILY,
+    OPT_BOOL,
+    OPT_LIST,
+    OPT_T_SAMPLING
+} opt_type;
 
 typedef struct {
     const char *key;
@@ -22,8 +31,9 @@ typedef struct {
 #define S(field) offsetof(loom_train_options, field)
 
 static const opt_def OPTS[] = {
-    {"model", OPT_STRING, S(preset), 64, "preset: gpt2-tiny, gpt2-small, llama-tiny, llama-100m"},
-    {"family", OPT_FAMILY, M(family), 0, "gpt2 | llama"},
+    {"model", OPT_STRING, S(preset), 64,
+     "preset: gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small"},
+    {"family", OPT_FAMILY, M(family), 0, "gpt2 | llama | dit"},
     {"n-layer", OPT_INT, M(n_layer), 0, "transformer blocks"},
     {"n-head", OPT_INT, M(n_head), 0, "attention (query) heads"},
     {"n-kv-head", OPT_INT, M(n_kv_head), 0, "key/value heads (llama: divides n-head)"},
@@ -41,6 +51,21 @@ static const opt_def OPTS[] = {
      "MoE expert capacity ceil(cf*N*K/E) per micro-batch (0 = dropless)"},
     {"aux-loss-coef", OPT_FLOAT, M(aux_loss_coef), 0, "MoE load-balancing loss weight"},
     {"z-loss-coef", OPT_FLOAT, M(z_loss_coef), 0, "MoE router z-loss weight"},
+    {"channels", OPT_INT, M(channels), 0, "dit: image channels (1 gray, 3 RGB)"},
+    {"frames", OPT_INT, M(frames), 0, "dit: frames per sample (1 = images)"},
+    {"height", OPT_INT, M(height), 0, "dit: image height (pixels)"},
+    {"width", OPT_INT, M(width), 0, "dit: image width (pixels)"},
+    {"patch", OPT_INT, M(patch), 0, "dit: patch size p (p x p pixels per token)"},
+    {"patch-t", OPT_INT, M(patch_t), 0, "dit: frames per patch (video)"},
+    {"n-classes", OPT_INT, M(n_classes), 0, "dit: classes (plus the null class for guidance)"},
+    {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
+     "dit: flow-matching times, logit-normal (SD3) | uniform"},
+    {"class-dropout", OPT_FLOAT, TR(flow.class_dropout), 0,
+     "dit: probability of the null class (classifier-free guidance)"},
+    {"ema-decay", OPT_FLOAT, TR(ema_decay), 0,
+     "moving average of the weights after each step (0 = off; DiT: 0.9999)"},
+    {"save-ema", OPT_STRING, TR(save_ema), LOOM_PATH_MAX,
+     "write the moving average's weights (safetensors) at the end"},
     {"moe-chunks", OPT_INT, TR(moe_chunks), 0,
      "MoE: token chunks per micro-batch whose all-to-all overlaps expert compute (1 = none)"},
     {"data", OPT_STRING, TR(data), LOOM_PATH_MAX, "token shard file or glob (llm.c format)"},
@@ -198,9 +223,16 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
             *(loom_family *)base = LOOM_FAMILY_GPT2;
         else if (strcmp(v, "llama") == 0)
             *(loom_family *)base = LOOM_FAMILY_LLAMA;
+        else if (strcmp(v, "dit") == 0)
+            *(loom_family *)base = LOOM_FAMILY_DIT;
         else
-            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2 or llama", s->origin,
-                                  v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2, llama or dit",
+                                  s->origin, v);
+        break;
+    case OPT_T_SAMPLING:
+        if (loom_t_sampling_parse(v, (loom_t_sampling *)base, NULL) != LOOM_OK)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "%s '%s': expected logit-normal or uniform", s->origin, v);
         break;
     }
     return LOOM_OK;
@@ -315,7 +347,14 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
     for (int l = 0; l < 2; l++)
         for (int i = 0; i < lists[l]->n; i++)
             kv_given |= strcmp(lists[l]->items[i].def->key, "n-kv-head") == 0;
-    if (!kv_given && o->model.family == LOOM_FAMILY_GPT2) o->model.n_kv_head = o->model.n_head;
+    if (!kv_given && o->model.family != LOOM_FAMILY_LLAMA) o->model.n_kv_head = o->model.n_head;
+    /* A dit's sequence is its patch tokens (checked against an explicit --seq-len). */
+    int seq_given = 0;
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < lists[l]->n; i++)
+            seq_given |= strcmp(lists[l]->items[i].def->key, "seq-len") == 0;
+    if (o->model.family == LOOM_FAMILY_DIT && !seq_given)
+        o->model.seq_len = loom_model_dit_tokens(&o->model);
     return LOOM_OK;
 }
 
@@ -356,6 +395,9 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
             break;
         case OPT_FAMILY:
             fprintf(f, "%s\n", loom_family_name(*(const loom_family *)base));
+            break;
+        case OPT_T_SAMPLING:
+            fprintf(f, "%s\n", loom_t_sampling_name(*(const loom_t_sampling *)base));
             break;
         }
     }

@@ -1,5 +1,7 @@
 #include "model/transformer.h"
 
+#include "model/model_impl.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,51 +35,30 @@ static dims dims_of(const loom_model *m, int sequence_parallel) {
     return d;
 }
 
-static int seq_parallel(const loom_model *m) {
-    return m->tp && m->tp->size > 1 && m->tp->sequence_parallel;
-}
-
-/* Carves the arena twice: first without one to size it, then from the backend arena.
- * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
- * pass and the arena's bump allocation agree piece by piece. */
-typedef struct {
-    const loom_backend *be;
-    loom_backend_arena *arena; /* NULL: sizing */
-    size_t used;               /* bytes */
-} carver;
-
-static float *carve(carver *cv, size_t floats) {
-    const size_t bytes = loom_backend_piece_bytes(cv->be, floats * sizeof(float));
-    /* the arena was sized by the same pieces: the allocation cannot fail */
-    float *p = cv->arena ? loom_backend_arena_alloc(cv->arena, bytes, "activations", NULL) : NULL;
-    cv->used += bytes;
-    return p;
-}
-
 /* A block's forward activations except its output (res2); mlp: rows of the dense MLP's
  * (0 for an MoE layer). */
-static void carve_block(const loom_model *m, const dims *d, carver *cv, loom_block_acts *a,
+static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loom_block_acts *a,
                         size_t mlp) {
     const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
-    a->norm1 = carve(cv, Ns * C);
-    a->norm1_mean = carve(cv, Ns);
-    a->norm1_rstd = carve(cv, Ns);
-    a->qkv = carve(cv, N * d->QKV);
-    a->att = carve(cv, N * d->A);
-    a->lse = carve(cv, (size_t)m->B * d->H * m->T);
-    a->res1 = carve(cv, Ns * C);
-    a->norm2 = carve(cv, Ns * C);
-    a->norm2_mean = carve(cv, Ns);
-    a->norm2_rstd = carve(cv, Ns);
-    a->fc = carve(cv, mlp * d->FC);
-    a->act = carve(cv, mlp * d->F);
+    a->norm1 = loom_carve(cv, Ns * C);
+    a->norm1_mean = loom_carve(cv, Ns);
+    a->norm1_rstd = loom_carve(cv, Ns);
+    a->qkv = loom_carve(cv, N * d->QKV);
+    a->att = loom_carve(cv, N * d->A);
+    a->lse = loom_carve(cv, (size_t)m->B * d->H * m->T);
+    a->res1 = loom_carve(cv, Ns * C);
+    a->norm2 = loom_carve(cv, Ns * C);
+    a->norm2_mean = loom_carve(cv, Ns);
+    a->norm2_rstd = loom_carve(cv, Ns);
+    a->fc = loom_carve(cv, mlp * d->FC);
+    a->act = loom_carve(cv, mlp * d->F);
 }
 
-static void plan(loom_model *m, carver *cv, int sequence_parallel) {
+static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     const dims d = dims_of(m, sequence_parallel);
     const size_t N = (size_t)d.N, Ns = (size_t)d.Ns, C = d.C, F = d.F;
     const size_t QKV = d.QKV, FC = d.FC, A = d.A;
-    m->embed = carve(cv, Ns * C);
+    m->embed = loom_carve(cv, Ns * C);
     /* recomputation: one block's activations for all layers (refilled before backward) */
     loom_block_acts shared;
     memset(&shared, 0, sizeof shared);
@@ -90,52 +71,36 @@ static void plan(loom_model *m, carver *cv, int sequence_parallel) {
             *a = shared;
         else
             carve_block(m, &d, cv, a, mlp);
-        a->res2 = carve(cv, Ns * C);
+        a->res2 = loom_carve(cv, Ns * C);
         /* split backward (zero-bubble W): the linears' output gradients, kept for W */
         const int split = m->split_backward;
-        a->d_res2 = split && mlp ? carve(cv, N * C) : NULL;
-        a->d_fc = split && mlp ? carve(cv, N * FC) : NULL;
-        a->d_res1 = split ? carve(cv, N * C) : NULL;
-        a->d_qkv = split ? carve(cv, N * QKV) : NULL;
+        a->d_res2 = split && mlp ? loom_carve(cv, N * C) : NULL;
+        a->d_fc = split && mlp ? loom_carve(cv, N * FC) : NULL;
+        a->d_res1 = split ? loom_carve(cv, N * C) : NULL;
+        a->d_qkv = split ? loom_carve(cv, N * QKV) : NULL;
     }
-    m->normf = carve(cv, Ns * C);
-    m->normf_mean = carve(cv, Ns);
-    m->normf_rstd = carve(cv, Ns);
-    m->logits = carve(cv, N * (size_t)d.V);
-    m->losses = carve(cv, N);
-    m->dres = carve(cv, Ns * C);
-    m->dnorm = carve(cv, N * C);
-    m->dqkv = carve(cv, N * QKV);
-    m->datt = carve(cv, N * A);
-    m->dfc = carve(cv, N * FC);
-    m->dact = carve(cv, N * F);
-    m->full = sequence_parallel && d.tp > 1 ? carve(cv, N * C) : NULL;
-    m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? carve(cv, N * C) : NULL;
-    m->att_scratch = carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
+    m->normf = loom_carve(cv, Ns * C);
+    m->normf_mean = loom_carve(cv, Ns);
+    m->normf_rstd = loom_carve(cv, Ns);
+    m->logits = loom_carve(cv, N * (size_t)d.V);
+    m->losses = loom_carve(cv, N);
+    m->dres = loom_carve(cv, Ns * C);
+    m->dnorm = loom_carve(cv, N * C);
+    m->dqkv = loom_carve(cv, N * QKV);
+    m->datt = loom_carve(cv, N * A);
+    m->dfc = loom_carve(cv, N * FC);
+    m->dact = loom_carve(cv, N * F);
+    m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
+    m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
+    m->att_scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
 }
 
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
-    loom_model copy = *m; /* plan() writes pointers: let it write into a copy */
-    copy.blocks = calloc((size_t)m->cfg.n_layer, sizeof *copy.blocks);
-    if (!copy.blocks) return 0;
-    carver sizing = {m->be, NULL, 0};
-    plan(&copy, &sizing, sequence_parallel);
-    free(copy.blocks);
-    return sizing.used;
+    return m->ops->plan_bytes(m, sequence_parallel);
 }
 
-/* Sizes the arena for the current plan, allocates it on the backend and carves it. */
-static loom_status allocate_arena(loom_model *m, loom_error *err) {
-    carver sizing = {m->be, NULL, 0};
-    plan(m, &sizing, seq_parallel(m));
-    m->arena_floats = sizing.used / sizeof(float);
-    if (loom_backend_arena_create(&m->arena, m->be, sizing.used, "activations", NULL))
-        return loom_error_set(err, LOOM_ERR_NOMEM,
-                              "activations: cannot allocate %.1f MiB for micro-batch %d x %d",
-                              (double)sizing.used / (1 << 20), m->B, m->T);
-    carver real = {m->be, &m->arena, 0};
-    plan(m, &real, seq_parallel(m));
-    return LOOM_OK;
+static size_t lm_plan_bytes(const loom_model *m, int sequence_parallel) {
+    return loom_model_arena_plan_bytes(m, plan, sequence_parallel);
 }
 
 loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_error *err) {
@@ -174,7 +139,8 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
         loom_model_destroy(m);
         return st;
     }
-    m->Ns = dims_of(m, seq_parallel(m)).Ns;
+    m->ops = &lm_ops;
+    m->Ns = dims_of(m, loom_model_seq_parallel(m)).Ns;
     /* host metadata: the per-layer activation pointers and the host copy of the losses */
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
     m->losses_host = malloc((size_t)B * T * sizeof *m->losses_host);
@@ -185,7 +151,10 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
         loom_model_destroy(m);
         return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
     }
-    if ((st = allocate_arena(m, err))) loom_model_destroy(m);
+    /* a dit brings its own table, conditioning and arena plan (model/dit.c) */
+    st = cfg->family == LOOM_FAMILY_DIT ? loom_dit_attach(m, err)
+                                        : loom_model_arena_allocate(m, m->ops->plan, err);
+    if (st) loom_model_destroy(m);
     return st;
 }
 
@@ -193,11 +162,12 @@ loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
     if (m->recompute == (on != 0)) return LOOM_OK;
     m->recompute = on != 0;
     loom_backend_arena_destroy(&m->arena);
-    return allocate_arena(m, err);
+    return loom_model_arena_allocate(m, m->ops->plan, err);
 }
 
 void loom_model_destroy(loom_model *m) {
     loom_moe_destroy(m->moe);
+    loom_dit_detach(m);
     if (m->be) {
         loom_backend_arena_destroy(&m->arena);
         loom_backend_free(m->be, m->inputs);
@@ -233,14 +203,6 @@ static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db
         loom_backend_rmsnorm_backward(m->be, dinp, dw, dout, inp, w, rstd, N, m->cfg.d_model);
 }
 
-/* Pointer to a tensor in a flat buffer, NULL when the family has none. */
-static float *at(float *flat, size_t offset) {
-    return offset == LOOM_NO_PARAM ? NULL : flat + offset;
-}
-static const float *cat(const float *flat, size_t offset) {
-    return offset == LOOM_NO_PARAM ? NULL : flat + offset;
-}
-
 /* Runs a hook if set. */
 static loom_status hook(const loom_model *m, int after, int layer, int backward) {
     const loom_block_hooks *h = &m->hooks;
@@ -248,44 +210,7 @@ static loom_status hook(const loom_model *m, int after, int layer, int backward)
     return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
 }
 
-/* Tensor-parallel plumbing (no-ops on one rank). */
-static loom_status tp_gather(const loom_model *m, const float *local, const float **inp) {
-    if (!seq_parallel(m)) {
-        *inp = local;
-        return LOOM_OK;
-    }
-    return loom_tp_gather(m->tp, local, m->full, inp);
-}
-
-static loom_status tp_reduce(const loom_model *m, float *partial, float *out) {
-    return m->tp && m->tp->size > 1 ? loom_tp_reduce(m->tp, partial, out) : LOOM_OK;
-}
-
-/* Row-parallel linear: out[Ns, C] = sum over ranks of inp[N, IC] @ w^T, + bias once. */
-static loom_status row_forward(loom_model *m, const dims *d, float *out, const float *inp,
-                               const float *w, const float *b, int IC) {
-    float *part = seq_parallel(m) ? m->dnorm : out;
-    loom_backend_linear_forward(m->be, part, inp, w, d->rank == 0 ? b : NULL, d->N, IC, d->C);
-    return tp_reduce(m, part, out);
-}
-
-/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input;
- * *dinp = this rank's rows of d(input), summed over the ranks. */
-static loom_status column_backward(loom_model *m, const dims *d, const float *dout, const float *w,
-                                   float *dw, float *db, const float *inp_local, int OC,
-                                   const float **dinp) {
-    loom_backend_memset(m->be, m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
-    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, d->N, d->C, OC);
-    const float *inp;
-    loom_status st = tp_gather(m, inp_local, &inp);
-    if (st) return st;
-    loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, d->N, d->C, OC);
-    float *out = seq_parallel(m) ? m->full : m->dnorm;
-    *dinp = out;
-    return tp_reduce(m, m->dnorm, out);
-}
-
-void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first) {
+static void lm_load_batch(loom_model *m, const int32_t *batch, int first) {
     const int T = m->T;
     const size_t row = (size_t)T * sizeof(int32_t);
     for (int b = 0; b < m->B; b++) {
@@ -299,16 +224,16 @@ void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first) {
 static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;
     if (d->tp == 1) {
-        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, cat(p, t->wpe), m->B,
+        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, loom_cat(p, t->wpe), m->B,
                                        m->T, d->C);
         return LOOM_OK;
     }
     /* vocabulary-parallel: each rank looks up its rows; positions once */
-    float *part = seq_parallel(m) ? m->dnorm : m->embed;
+    float *part = loom_model_seq_parallel(m) ? m->dnorm : m->embed;
     loom_backend_embedding_forward_shard(m->be, part, m->inputs, p + t->wte,
-                                         d->rank == 0 ? cat(p, t->wpe) : NULL, d->v0, d->V, m->B,
+                                         d->rank == 0 ? loom_cat(p, t->wpe) : NULL, d->v0, d->V, m->B,
                                          m->T, d->C);
-    return tp_reduce(m, part, m->embed);
+    return loom_model_tp_reduce(m, part, m->embed);
 }
 
 /* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
@@ -327,25 +252,25 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     const float *in;
     loom_status st = LOOM_OK;
     loom_trace_begin(m->trace, "block", recomputing ? "recompute" : "forward");
-    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, cat(p, k->norm1_b),
+    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, loom_cat(p, k->norm1_b),
                  Ns);
-    if (!(st = tp_gather(m, a->norm1, &in))) {
-        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, cat(p, k->qkv_b), N, C, d.QKV);
+    if (!(st = loom_model_tp_gather(m, a->norm1, &in))) {
+        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
         if (!is_gpt2(m))
             loom_backend_rope_forward(m->be, a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
         loom_backend_attention_forward(m->be, a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H,
                                        d.KV, hd);
-        st = row_forward(m, &d, a->res1, a->att, p + k->attn_out_w, cat(p, k->attn_out_b), d.A);
+        st = loom_model_row_forward(m, a->res1, a->att, p + k->attn_out_w, loom_cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
         loom_backend_add(m->be, a->res1, a->res1, x, (size_t)Ns * C);
         norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
-                     cat(p, k->norm2_b), Ns);
+                     loom_cat(p, k->norm2_b), Ns);
         if (recomputing && k->moe) { /* backward gathers norm2 itself */
             loom_trace_end(m->trace);
             return st;
         }
-        st = tp_gather(m, a->norm2, &in);
+        st = loom_model_tp_gather(m, a->norm2, &in);
     }
     if (!st && k->moe && m->moe_full) {
         st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
@@ -354,12 +279,12 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
-        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, cat(p, k->fc_b), N, C, d.FC);
+        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, loom_cat(p, k->fc_b), N, C, d.FC);
         if (is_gpt2(m))
             loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)N * d.F);
         else
             loom_backend_swiglu_forward(m->be, a->act, a->fc, N, d.F);
-        st = row_forward(m, &d, a->res2, a->act, p + k->proj_w, cat(p, k->proj_b), d.F);
+        st = loom_model_row_forward(m, a->res2, a->act, p + k->proj_w, loom_cat(p, k->proj_b), d.F);
     }
     if (!st) loom_backend_add(m->be, a->res2, a->res2, a->res1, (size_t)Ns * C);
     loom_trace_end(m->trace);
@@ -377,36 +302,23 @@ static loom_status block_forward(loom_model *m, const dims *d, const float *p, i
 static loom_status head_forward(loom_model *m, const dims *d, const float *p, const float *x) {
     const loom_param_table *t = &m->table;
     const float *in;
-    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, cat(p, t->normf_b),
+    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, loom_cat(p, t->normf_b),
                  d->Ns);
-    loom_status st = tp_gather(m, m->normf, &in);
+    loom_status st = loom_model_tp_gather(m, m->normf, &in);
     if (!st)
         loom_backend_linear_forward(m->be, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
     return st;
 }
 
-loom_status loom_model_forward(loom_model *m, const float *p) {
-    const dims d = dims_of(m, seq_parallel(m));
-    loom_trace_begin(m->trace, "forward", "compute");
-    loom_status st = embed_forward(m, &d, p);
-    const float *x = m->embed;
-    for (int l = 0; l < m->table.n_layer && !st; l++) {
-        st = block_forward(m, &d, p, l, x);
-        x = m->blocks[l].res2;
-    }
-    if (!st) st = head_forward(m, &d, p, x);
-    loom_trace_end(m->trace);
-    return st;
-}
 
-loom_status loom_model_embed_forward(loom_model *m, const float *p) {
-    const dims d = dims_of(m, seq_parallel(m));
+static loom_status lm_embed_forward(loom_model *m, const float *p) {
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     return embed_forward(m, &d, p);
 }
 
-loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
+static loom_status lm_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
                                       const float **out) {
-    const dims d = dims_of(m, seq_parallel(m));
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     loom_status st = LOOM_OK;
     for (int l = lo; l < hi && !st; l++) {
         st = block_forward(m, &d, p, l, x);
@@ -416,12 +328,12 @@ loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int
     return st;
 }
 
-loom_status loom_model_head_forward(loom_model *m, const float *p, const float *x) {
-    const dims d = dims_of(m, seq_parallel(m));
+static loom_status lm_head_forward(loom_model *m, const float *p, const float *x) {
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     return head_forward(m, &d, p, x);
 }
 
-loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
+static loom_status lm_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
     const dims d = dims_of(m, 0);
     const int N = d.N;
     loom_status st = LOOM_OK;
@@ -454,37 +366,18 @@ double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
     return sum;
 }
 
-/* Column-parallel weight gradient (the W half of column_backward). */
-static loom_status column_weight(loom_model *m, const dims *d, const float *dout, float *dw,
-                                 float *db, const float *inp_local, int OC) {
-    const float *inp;
-    loom_status st = tp_gather(m, inp_local, &inp);
-    if (!st) loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, d->N, d->C, OC);
-    return st;
-}
-
-/* Column-parallel input gradient (the B half): *dinp = d(input), summed over the ranks. */
-static loom_status column_input(loom_model *m, const dims *d, const float *dout, const float *w,
-                                int OC, const float **dinp) {
-    loom_backend_memset(m->be, m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
-    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, d->N, d->C, OC);
-    float *out = seq_parallel(m) ? m->full : m->dnorm;
-    *dinp = out;
-    return tp_reduce(m, m->dnorm, out);
-}
-
 /* Head backward from dlogits: m->dres = d(x), the last block's output. With split backward
  * the head's weight gradient waits for head_backward_weight. */
 static loom_status head_backward(loom_model *m, const dims *d, const float *p, float *g,
                                  const float *x_last) {
     const loom_param_table *t = &m->table;
     const float *dn;
-    loom_status st = m->split_backward ? column_input(m, d, m->logits, p + t->lm_head, d->V, &dn)
-                                       : column_backward(m, d, m->logits, p + t->lm_head,
+    loom_status st = m->split_backward ? loom_model_column_input(m, m->logits, p + t->lm_head, d->V, &dn)
+                                       : loom_model_column_backward(m, m->logits, p + t->lm_head,
                                                          g + t->lm_head, NULL, m->normf, d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
-        norm_backward(m, m->dres, g + t->normf_w, at(g, t->normf_b), dn, x_last, p + t->normf_w,
+        norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last, p + t->normf_w,
                       m->normf_mean, m->normf_rstd, d->Ns);
     return st;
 }
@@ -512,36 +405,36 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
      * split backward its weight gradients wait for W too (model/moe.h). */
     if (k->moe && m->moe_full) { /* sequence parallel: the whole dy and x, this slice of dx */
         const float *xn = NULL;
-        if (!(st = tp_gather(m, m->dres, &dy))) {
+        if (!(st = loom_model_tp_gather(m, m->dres, &dy))) {
             loom_backend_copy(m->be, m->moe_full, dy, (size_t)N * C * sizeof(float));
-            st = tp_gather(m, a->norm2, &xn);
+            st = loom_model_tp_gather(m, a->norm2, &xn);
         }
         if (!st && !(st = loom_moe_backward(m->moe, l, p, g, xn, m->moe_full, m->dnorm)))
             dn = m->dnorm + (size_t)d.rank * Ns * C;
     } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
-    } else if (!(st = tp_gather(m, m->dres, &dy))) {
+    } else if (!(st = loom_model_tp_gather(m, m->dres, &dy))) {
         loom_backend_memset(m->be, m->dact, 0, (size_t)N * d.F * sizeof(float));
         loom_backend_linear_backward_input(m->be, m->dact, dy, p + k->proj_w, N, d.F, C);
         if (split)
             loom_backend_copy(m->be, a->d_res2, dy, (size_t)N * C * sizeof(float));
         else
-            loom_backend_linear_backward_weight(m->be, g + k->proj_w, at(g, k->proj_b), dy, a->act,
+            loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), dy, a->act,
                                                 N, d.F, C);
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
-        st = split ? column_input(m, &d, dfc, p + k->fc_w, d.FC, &dn)
-                   : column_backward(m, &d, dfc, p + k->fc_w, g + k->fc_w, at(g, k->fc_b), a->norm2,
+        st = split ? loom_model_column_input(m, dfc, p + k->fc_w, d.FC, &dn)
+                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b), a->norm2,
                                      d.FC, &dn);
     }
     if (!st) {
-        norm_backward(m, m->dres, g + k->norm2_w, at(g, k->norm2_b), dn, a->res1, p + k->norm2_w,
+        norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1, p + k->norm2_w,
                       a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
-        st = tp_gather(m, m->dres, &dy);
+        st = loom_model_tp_gather(m, m->dres, &dy);
     }
     if (!st) {
         loom_backend_memset(m->be, m->datt, 0, (size_t)N * d.A * sizeof(float));
@@ -549,19 +442,19 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         if (split)
             loom_backend_copy(m->be, a->d_res1, dy, (size_t)N * C * sizeof(float));
         else
-            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, at(g, k->attn_out_b), dy,
+            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b), dy,
                                                 a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         loom_backend_attention_backward(m->be, dqkv, m->att_scratch, m->datt, a->qkv, a->att,
                                         a->lse, B, T, d.H, d.KV, hd);
         if (!is_gpt2(m))
             loom_backend_rope_backward(m->be, dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
-        st = split ? column_input(m, &d, dqkv, p + k->qkv_w, d.QKV, &dn)
-                   : column_backward(m, &d, dqkv, p + k->qkv_w, g + k->qkv_w, at(g, k->qkv_b),
+        st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d.QKV, &dn)
+                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),
                                      a->norm1, d.QKV, &dn);
     }
     if (!st)
-        norm_backward(m, m->dres, g + k->norm1_w, at(g, k->norm1_b), dn, x, p + k->norm1_w,
+        norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
                       a->norm1_mean, a->norm1_rstd, Ns);
     loom_trace_end(m->trace);
     return st ? st : hook(m, 1, l, 1);
@@ -579,16 +472,16 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     loom_trace_begin(m->trace, "block", "backward-weight");
     if (k->moe) { /* the experts', router's and shared expert's, from what B kept */
         const float *xn;
-        if (!(st = tp_gather(m, a->norm2, &xn))) loom_moe_backward_weight(m->moe, l, g, xn);
+        if (!(st = loom_model_tp_gather(m, a->norm2, &xn))) loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        loom_backend_linear_backward_weight(m->be, g + k->proj_w, at(g, k->proj_b), a->d_res2,
+        loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), a->d_res2,
                                             a->act, N, d->F, C);
-        st = column_weight(m, d, a->d_fc, g + k->fc_w, at(g, k->fc_b), a->norm2, d->FC);
+        st = loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
     }
     if (!st)
-        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, at(g, k->attn_out_b),
+        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
                                             a->d_res1, a->att, N, d->A, C);
-    if (!st) st = column_weight(m, d, a->d_qkv, g + k->qkv_w, at(g, k->qkv_b), a->norm1, d->QKV);
+    if (!st) st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1, d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
@@ -599,39 +492,17 @@ static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
     const float *dy;
     loom_status st = LOOM_OK;
     if (d->tp == 1)
-        loom_backend_embedding_backward(m->be, g + t->wte, at(g, t->wpe), m->dres, m->inputs, m->B,
+        loom_backend_embedding_backward(m->be, g + t->wte, loom_at(g, t->wpe), m->dres, m->inputs, m->B,
                                         m->T, d->C);
-    else if (!(st = tp_gather(m, m->dres, &dy)))
-        loom_backend_embedding_backward_shard(m->be, g + t->wte, at(g, t->wpe), dy, m->inputs,
+    else if (!(st = loom_model_tp_gather(m, m->dres, &dy)))
+        loom_backend_embedding_backward_shard(m->be, g + t->wte, loom_at(g, t->wpe), dy, m->inputs,
                                               d->v0, d->V, m->B, m->T, d->C);
     return st;
 }
 
-loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
-                                void *ctx) {
-    const dims d = dims_of(m, seq_parallel(m));
-    const loom_param_table *t = &m->table;
-    const int L = t->n_layer;
-    const float *x_last = L > 0 ? m->blocks[L - 1].res2 : m->embed;
-    loom_trace_begin(m->trace, "backward", "compute");
-    loom_status st = head_backward(m, &d, p, g, x_last);
-    /* Everything after the last block (final norm, an untied head) is final now. */
-    if (!st && ready) st = ready(ctx, t->head_begin, t->total);
-    /* m->dres holds d(block output); each block turns it into d(block input). */
-    for (int l = L - 1; l >= 0 && !st; l--) {
-        st = block_backward(m, &d, p, g, l, l > 0 ? m->blocks[l - 1].res2 : m->embed);
-        if (ready && !st) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
-     * d(embedding output), left in m->dres, into the embeddings' gradients. */
-    if (!st && !(ready && m->defer_embedding_grad)) st = embed_backward(m, &d, g);
-    if (ready && !st) st = ready(ctx, 0, t->n_layer > 0 ? t->blocks[0].begin : t->head_begin);
-    loom_trace_end(m->trace);
-    return st;
-}
 
-loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, const float *x) {
-    const dims d = dims_of(m, seq_parallel(m));
+static loom_status lm_head_backward(loom_model *m, const float *p, float *g, const float *x) {
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     return head_backward(m, &d, p, g, x);
 }
 
@@ -639,9 +510,9 @@ size_t loom_model_block_range_end(const loom_param_table *t, int l) {
     return l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
 }
 
-loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
+static loom_status lm_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
                                        const float *x, loom_grads_ready_fn ready, void *ctx) {
-    const dims d = dims_of(m, seq_parallel(m));
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
@@ -651,10 +522,10 @@ loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, 
     return st;
 }
 
-loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
+static loom_status lm_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
                                               int hi, const float *x, loom_grads_ready_fn ready,
                                               void *ctx) {
-    const dims d = dims_of(m, seq_parallel(m));
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
@@ -664,12 +535,135 @@ loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, flo
     return st;
 }
 
-loom_status loom_model_head_backward_weight(loom_model *m, float *g) {
-    const dims d = dims_of(m, seq_parallel(m));
-    return column_weight(m, &d, m->logits, g + m->table.lm_head, NULL, m->normf, d.V);
+static loom_status lm_head_backward_weight(loom_model *m, float *g) {
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
+    return loom_model_column_weight(m, m->logits, g + m->table.lm_head, NULL, m->normf, d.V);
 }
 
-loom_status loom_model_embed_backward(loom_model *m, float *g) {
-    const dims d = dims_of(m, seq_parallel(m));
+static loom_status lm_embed_backward(loom_model *m, const float *p, float *g) {
+    (void)p; /* the embeddings' gradients need no parameters */
+    const dims d = dims_of(m, loom_model_seq_parallel(m));
     return embed_backward(m, &d, g);
+}
+
+static const loom_model_ops lm_ops = {
+    .plan = plan,
+    .plan_bytes = lm_plan_bytes,
+    .load_batch = lm_load_batch,
+    .embed_forward = lm_embed_forward,
+    .blocks_forward = lm_blocks_forward,
+    .head_forward = lm_head_forward,
+    .loss_sum = lm_loss_sum,
+    .head_backward = lm_head_backward,
+    .blocks_backward = lm_blocks_backward,
+    .blocks_backward_weight = lm_blocks_backward_weight,
+    .head_backward_weight = lm_head_backward_weight,
+    .embed_backward = lm_embed_backward,
+};
+
+/* ---- the family-independent model: forward, backward and the pipeline's pieces
+ * through the family's table ---- */
+
+void loom_model_load_batch(loom_model *m, const int32_t *batch, int first) {
+    m->ops->load_batch(m, batch, first);
+}
+
+loom_status loom_model_embed_forward(loom_model *m, const float *p) {
+    return m->ops->embed_forward(m, p);
+}
+
+loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
+                                      const float **out) {
+    return m->ops->blocks_forward(m, p, lo, hi, x, out);
+}
+
+loom_status loom_model_head_forward(loom_model *m, const float *p, const float *x) {
+    return m->ops->head_forward(m, p, x);
+}
+
+loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
+    return m->ops->loss_sum(m, dloss, backward, sum);
+}
+
+loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, const float *x) {
+    return m->ops->head_backward(m, p, g, x);
+}
+
+loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
+                                       const float *x, loom_grads_ready_fn ready, void *ctx) {
+    return m->ops->blocks_backward(m, p, g, lo, hi, x, ready, ctx);
+}
+
+loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
+                                              int hi, const float *x, loom_grads_ready_fn ready,
+                                              void *ctx) {
+    return m->ops->blocks_backward_weight(m, p, g, lo, hi, x, ready, ctx);
+}
+
+loom_status loom_model_head_backward_weight(loom_model *m, float *g) {
+    return m->ops->head_backward_weight(m, g);
+}
+
+loom_status loom_model_embed_backward(loom_model *m, const float *p, float *g) {
+    return m->ops->embed_backward(m, p, g);
+}
+
+loom_status loom_model_forward(loom_model *m, const float *p) {
+    loom_trace_begin(m->trace, "forward", "compute");
+    const float *x = m->embed;
+    loom_status st = loom_model_embed_forward(m, p);
+    if (!st) st = loom_model_blocks_forward(m, p, 0, m->table.n_layer, m->embed, &x);
+    if (!st) st = loom_model_head_forward(m, p, x);
+    loom_trace_end(m->trace);
+    return st;
+}
+
+loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
+                                void *ctx) {
+    const loom_param_table *t = &m->table;
+    const int L = t->n_layer;
+    const float *x_last = L > 0 ? m->blocks[L - 1].res2 : m->embed;
+    loom_trace_begin(m->trace, "backward", "compute");
+    loom_status st = loom_model_head_backward(m, p, g, x_last);
+    /* Everything after the last block (the final norm, an untied head) is final now. */
+    if (!st && ready) st = ready(ctx, t->head_begin, t->total);
+    /* m->dres holds d(block output); each block turns it into d(block input). */
+    if (!st) st = loom_model_blocks_backward(m, p, g, 0, L, m->embed, ready, ctx);
+    /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
+     * d(embedding output), left in m->dres, into the embeddings' gradients. */
+    if (!st && !(ready && m->defer_embedding_grad)) st = loom_model_embed_backward(m, p, g);
+    if (ready && !st) st = ready(ctx, 0, L > 0 ? t->blocks[0].begin : t->head_begin);
+    loom_trace_end(m->trace);
+    return st;
+}
+
+size_t loom_model_stream_floats(const loom_model *m) {
+    return (size_t)m->Ns * m->cfg.d_model + m->cond_floats;
+}
+
+void loom_model_stream_send(loom_model *m, const float *x, float *buf) {
+    const size_t n = (size_t)m->Ns * m->cfg.d_model;
+    loom_backend_copy(m->be, buf, x, n * sizeof(float));
+    if (m->cond_floats) loom_backend_copy(m->be, buf + n, m->cond, m->cond_floats * sizeof(float));
+}
+
+void loom_model_stream_receive(loom_model *m, const float *buf) {
+    const size_t n = (size_t)m->Ns * m->cfg.d_model;
+    if (m->cond_floats) loom_backend_copy(m->be, m->cond, buf + n, m->cond_floats * sizeof(float));
+}
+
+void loom_model_grad_stream_send(loom_model *m, float *buf) {
+    const size_t n = (size_t)m->Ns * m->cfg.d_model;
+    loom_backend_copy(m->be, buf, m->dres, n * sizeof(float));
+    if (m->cond_floats) loom_backend_copy(m->be, buf + n, m->dcond, m->cond_floats * sizeof(float));
+}
+
+void loom_model_grad_stream_receive(loom_model *m, const float *buf) {
+    const size_t n = (size_t)m->Ns * m->cfg.d_model;
+    loom_backend_copy(m->be, m->dres, buf, n * sizeof(float));
+    if (m->cond_floats) loom_backend_copy(m->be, m->dcond, buf + n, m->cond_floats * sizeof(float));
+}
+
+int loom_model_record_words(const loom_model_config *c) {
+    return c->family == LOOM_FAMILY_DIT ? 2 + 2 * loom_model_dit_sample_floats(c) : c->seq_len + 1;
 }

@@ -37,7 +37,40 @@ typedef struct {
     void *ctx;
 } loom_block_hooks;
 
+typedef struct loom_model loom_model;
+/* Called during backward whenever the gradients of the flat range [begin, end) are
+ * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
+ * data parallelism reduce a bucket while backward computes earlier layers. */
+typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
+struct loom_carver;    /* model/model_impl.h */
+typedef struct loom_dit loom_dit; /* model/dit.c: a DiT's inputs, conditioning, activations */
+
+/* The pieces of forward and backward one family implements (transformer.c: the language
+ * models; dit.c: the diffusion transformer). The model's public functions below call
+ * them through m->ops, chosen when the model is created. Shapes and contracts: the
+ * loom_model_* functions of the same names. */
 typedef struct {
+    void (*plan)(loom_model *m, struct loom_carver *cv, int sequence_parallel);
+    size_t (*plan_bytes)(const loom_model *m, int sequence_parallel);
+    void (*load_batch)(loom_model *m, const int32_t *batch, int first);
+    loom_status (*embed_forward)(loom_model *m, const float *params);
+    loom_status (*blocks_forward)(loom_model *m, const float *params, int lo, int hi,
+                                  const float *x, const float **out);
+    loom_status (*head_forward)(loom_model *m, const float *params, const float *x);
+    loom_status (*loss_sum)(loom_model *m, float dloss, int backward, double *sum);
+    loom_status (*head_backward)(loom_model *m, const float *params, float *grads,
+                                 const float *x);
+    loom_status (*blocks_backward)(loom_model *m, const float *params, float *grads, int lo,
+                                   int hi, const float *x, loom_grads_ready_fn ready, void *ctx);
+    loom_status (*blocks_backward_weight)(loom_model *m, const float *params, float *grads, int lo,
+                                          int hi, const float *x, loom_grads_ready_fn ready,
+                                          void *ctx);
+    loom_status (*head_backward_weight)(loom_model *m, float *grads);
+    loom_status (*embed_backward)(loom_model *m, const float *params, float *grads);
+} loom_model_ops;
+
+struct loom_model {
+    const loom_model_ops *ops; /* the family's forward/backward */
     loom_model_config cfg;
     loom_block_hooks hooks;
     loom_trace *trace; /* NULL or where forward/backward spans go */
@@ -75,7 +108,12 @@ typedef struct {
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;
-} loom_model;
+    /* What travels between pipeline stages with the residual stream (cond_floats 0: none):
+     * a DiT's conditioning silu(c) [B, C] every block reads, and its gradient. */
+    float *cond, *dcond;
+    size_t cond_floats;
+    loom_dit *dit; /* NULL unless family dit */
+};
 
 /* Pipeline stages (src/pipeline/) and zero-bubble schedules: LOOM_MODEL_SPLIT_BACKWARD
  * splits block and head backward into B (input gradients, sent upstream at once) and W
@@ -112,9 +150,13 @@ size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 
-/* Sequences [first, first + B) of batch ([*, T+1] host tokens, each window's inputs then
- * its next-token targets) into m->inputs and m->targets (backend memory). */
-void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first);
+/* int32 words of one record of a batch (data/batch_source.h): a language model's window
+ * of T+1 tokens; a dit's flow-matching sample (model/dit.h). */
+int loom_model_record_words(const loom_model_config *cfg);
+/* Records [first, first + B) of batch (host, loom_model_record_words each) into the
+ * model's inputs (backend memory): a language model's tokens and next-token targets, a
+ * dit's noised patches, times, labels and velocity targets. */
+void loom_model_load_batch(loom_model *m, const int32_t *batch, int first);
 /* Forward over m->inputs; fills m->logits (no loss). Fails only if a hook fails. */
 loom_status loom_model_forward(loom_model *m, const float *params);
 /* Loss of m->targets given m->logits: fills m->losses and turns logits into dlogits with
@@ -125,10 +167,6 @@ double loom_model_loss(loom_model *m);
 /* Both of the above for any layout (vocabulary-parallel with tensor parallelism):
  * backward 0 is loom_model_loss, 1 loom_model_loss_and_dlogits; the sum goes to *sum. */
 loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum);
-/* Called during backward whenever the gradients of the flat range [begin, end) are
- * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
- * data parallelism reduce a bucket while backward computes earlier layers. */
-typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
 
 /* Backward from dlogits: grads += d(sum of weighted losses)/d params. `ready` may be
  * NULL; its first error stops the calls and is returned. */
@@ -158,10 +196,18 @@ loom_status loom_model_blocks_backward(loom_model *m, const float *params, float
 loom_status loom_model_blocks_backward_weight(loom_model *m, const float *params, float *grads,
                                               int lo, int hi, const float *x,
                                               loom_grads_ready_fn ready, void *ctx);
-/* End of block l's flat range (its parameters are [blocks[l].norm1_w, this)). */
+/* The message between pipeline stages: the residual stream's Ns x C floats (block output
+ * x forward, m->dres backward), then m->cond / m->dcond. A receiving stage reads x in
+ * place from the buffer; receive copies the rest. */
+size_t loom_model_stream_floats(const loom_model *m);
+void loom_model_stream_send(loom_model *m, const float *x, float *buf);
+void loom_model_stream_receive(loom_model *m, const float *buf);
+void loom_model_grad_stream_send(loom_model *m, float *buf);
+void loom_model_grad_stream_receive(loom_model *m, const float *buf);
+/* End of block l's flat range (its parameters are [blocks[l].begin, this)). */
 size_t loom_model_block_range_end(const loom_param_table *t, int l);
 loom_status loom_model_head_backward_weight(loom_model *m, float *grads);
 /* Embedding gradient from m->dres = d(embed). */
-loom_status loom_model_embed_backward(loom_model *m, float *grads);
+loom_status loom_model_embed_backward(loom_model *m, const float *params, float *grads);
 
 #endif

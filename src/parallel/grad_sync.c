@@ -200,6 +200,7 @@ loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err
 loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
                                 const loom_adamw_config *cfg, int step, loom_error *err) {
     loom_status st = s->update(s, norm, lr, cfg, step, err);
+    if (!st) loom_zero_ema_update(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL);
     if (s->fsdp) loom_fsdp_invalidate(s->fsdp);
     return st;
 }

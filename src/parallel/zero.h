@@ -63,6 +63,8 @@ typedef struct {
     size_t lo, hi;            /* this rank's shard */
     size_t shard_floats;      /* its optimizer state's floats (--ep: the segments') */
     float *m, *v;             /* AdamW state: whole buffer (stage 0) or the shard */
+    float *ema;               /* --ema-decay: the weights' moving average, laid out as m */
+    float ema_decay;
     float *grad_shard;        /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
                                  buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
     size_t bucket_floats;
@@ -158,9 +160,21 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
  * needs work; --ep: loom_ep_zero_gather). */
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
 
+/* ---- the exponential moving average of the weights (--ema-decay; DiT's EMA) ----
+ * Held like AdamW's moments: the whole buffer at stage 0, this rank's shard at 1-3, so
+ * checkpoints save and reshard it as they do m and v. Not with --ep's expert segments. */
+loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err);
+/* ema = the parameters this rank owns (params: the whole buffer, or shard at ZeRO-3). */
+void loom_zero_ema_reset(loom_zero *z, const float *params, const float *shard);
+/* After each optimizer step: ema = decay * ema + (1 - decay) * params on the owned range. */
+void loom_zero_ema_update(loom_zero *z, const float *params, const float *shard);
+/* The whole average into full [total] on every data-parallel rank (collective over dp). */
+loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err);
+
 /* ---- what checkpoints see of ZeRO (train/checkpointing.c): accessors, not fields ---- */
 /* The buffers this rank holds, each with the range it owns: the parameters (whole, or
- * with ZeRO-3 the rank's shard param_shard, else NULL) and AdamW's m and v. */
+ * with ZeRO-3 the rank's shard param_shard, else NULL), AdamW's m and v, and the moving
+ * average (data NULL without --ema-decay). */
 void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
                             loom_ckpt_buffer b[LOOM_CKPT_KINDS]);
 /* Data-parallel rank r's row-snapped shard [*lo, *hi) of the flat buffer (also at ZeRO-0,

@@ -100,8 +100,9 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     const float *out = mod->blocks[hi - 1].res2;
     loom_status st = LOOM_OK;
     if (a->op == LOOM_PP_F) {
-        if (a->chunk == 0) loom_model_load_tokens(mod, x->batch, a->mb * pl->cfg.micro_batch);
+        if (a->chunk == 0) loom_model_load_batch(mod, x->batch, a->mb * pl->cfg.micro_batch);
         if (vs == 0) st = loom_model_embed_forward(mod, x->params);
+        if (vs > 0) loom_model_stream_receive(mod, in); /* a dit's conditioning */
         if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
         if (!st && vs == pl->S - 1) {
             double s = 0;
@@ -114,7 +115,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
              * is the pipeline group's all-reduce at the end. */
             const double aux = loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
             if (x->backward) x->loss_sum += aux;
-            memcpy(send, out, pl->act_floats * sizeof(float));
+            loom_model_stream_send(mod, out, send);
         }
         return st;
     }
@@ -131,15 +132,14 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (vs == pl->S - 1)
             st = loom_model_head_backward(mod, x->params, x->grads, out);
         else
-            memcpy(mod->dres, buf_of(pl, pl->recv_buf, 1, slot, a->chunk),
-                   pl->act_floats * sizeof(float));
+            loom_model_grad_stream_receive(mod, buf_of(pl, pl->recv_buf, 1, slot, a->chunk));
         if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->head_begin, t->total);
         if (!st)
             st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in, ready,
                                             x->ready_ctx);
         if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send)))
-            memcpy(send, mod->dres, pl->act_floats * sizeof(float));
-        if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->grads);
+            loom_model_grad_stream_send(mod, send);
+        if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->params, x->grads);
         x->early[a->chunk] |= final;
         return st || split ? st : chunk_done(x, a->chunk);
     }
@@ -149,7 +149,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     if (!st)
         st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in, ready,
                                                x->ready_ctx);
-    if (!st && vs == 0) st = loom_model_embed_backward(mod, x->grads);
+    if (!st && vs == 0) st = loom_model_embed_backward(mod, x->params, x->grads);
     x->early[a->chunk] |= final;
     return st ? st : chunk_done(x, a->chunk);
 }

@@ -217,7 +217,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                                 (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0)},
                  err)))
             return st;
-    pl->act_floats = (size_t)model->Ns * mc->d_model;
+    pl->act_floats = loom_model_stream_floats(model);
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
     pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));

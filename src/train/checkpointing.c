@@ -49,7 +49,8 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_plan plan = {0};
     loom_status st = LOOM_OK;
     for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
-        st = loom_zero_has_expert_segments(c->zero) /* ZeRO 1-2: each rank writes its shard */
+        st = !b[k].data ? LOOM_OK /* not kept (the average without --ema-decay) */
+             : loom_zero_has_expert_segments(c->zero) /* ZeRO 1-2: each rank writes its shard */
                  ? loom_ep_zero_plan_written(c->zero, &c->tensors, &plan, (loom_ckpt_kind)k, err)
                  : loom_ep_plan_written(&plan, loom_zero_table(c->zero), &c->tensors,
                                         (loom_ckpt_kind)k, b[k].lo, b[k].hi, mesh->edp.rank,
@@ -64,6 +65,7 @@ static loom_status create_writer(loom_checkpointing *c, loom_error *err) {
 /* Fresh state (after a failed load attempt): initial parameters, zero moments. */
 static void reset_state(loom_checkpointing *c) {
     c->reset = 1;
+    c->ema_loaded = 0;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
     loom_params_init_range(loom_zero_table(c->zero), b[0].data + (b[0].lo - b[0].base), b[0].lo,
@@ -87,7 +89,18 @@ static json_t *train_json(const loom_train_config *tc) {
 static int same_model(const loom_model_config *a, const loom_model_config *b) {
     return a->family == b->family && a->n_layer == b->n_layer && a->n_head == b->n_head &&
            a->n_kv_head == b->n_kv_head && a->d_model == b->d_model && a->d_ff == b->d_ff &&
-           a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
+           a->vocab_size == b->vocab_size && a->seq_len == b->seq_len &&
+           a->channels == b->channels && a->frames == b->frames && a->height == b->height &&
+           a->width == b->width && a->patch == b->patch && a->patch_t == b->patch_t &&
+           a->n_classes == b->n_classes;
+}
+
+/* 1 when the checkpoint holds the weights' moving average (saved with --ema-decay). */
+static int has_ema(const loom_checkpointing *c, const loom_ckpt_manifest *m) {
+    char name[224];
+    if (c->tensors.n == 0) return 0;
+    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_EMA, c->tensors.items[0].name);
+    return loom_ckpt_manifest_find(m, name) != NULL;
 }
 
 /* One attempt: manifest, model check, load. Collective result: every rank agrees.
@@ -128,12 +141,15 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
     } else {
         loom_ckpt_buffer b[LOOM_CKPT_KINDS];
         held_buffers(c, b);
+        /* saved without the average: it starts from the loaded weights (setup.c) */
+        if (!has_ema(c, &m)) b[LOOM_CKPT_EMA].data = NULL;
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
         st = loom_zero_has_expert_segments(c->zero)
                  ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data, &stats, err)
                  : loom_ckpt_load(dir, &m, &c->tensors, b, &stats, err);
         *step = m.step;
+        c->ema_loaded = !st && b[LOOM_CKPT_EMA].data != NULL;
         if (!st && c->mesh->rank == 0)
             fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
                     (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);

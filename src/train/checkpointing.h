@@ -28,6 +28,7 @@ typedef struct {
     int enabled;        /* a tier is configured */
     int loaded;         /* the training state came from a checkpoint (--resume) */
     int reset;          /* a failed load was undone: the state is the initial one */
+    int ema_loaded;     /* the moving average came from the checkpoint too */
     /* the registry as ckpt/ sees it (train/ckpt_tensors.h) */
     loom_ckpt_descs tensors;
     loom_ckpt_writer writer;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "model/config.h"
 #include "model/params.h"
 
 /* Every parameter's tensor of `flat` (params or grads) to DIR/FILE. */
@@ -14,5 +15,12 @@ loom_status loom_dump_flat(const char *dir, const char *file, const loom_param_t
 /* One tensor of dims[0..ndim) to DIR/FILE under `name`. */
 loom_status loom_dump_tensor(const char *dir, const char *file, const char *name, int is_int,
                              const void *data, int ndim, const int64_t *dims, loom_error *err);
+
+/* A dit's flow-matching records of every step (data/flow_batch.h) as DIR/flow_batch.safetensors:
+ * "x0" and "noise" [steps, G, F, C, H, W], "t" [steps, G], "labels" [steps, G] (int32,
+ * after class dropout). */
+loom_status loom_dump_flow_batches(const char *dir, const loom_model_config *mc,
+                                   const int32_t *records, int steps, int global_batch,
+                                   loom_error *err);
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
-#include "data/dataset.h"
+#include "data/batch_source.h"
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
@@ -35,7 +35,7 @@ typedef struct {
     const loom_model_config *mc;
     const loom_train_config *tc;
     loom_mesh *mesh;
-    loom_dataset data, val;
+    loom_batch_source data, val; /* training and validation batches */
     loom_model model;
     loom_zero zero;
     loom_fsdp fsdp;       /* ZeRO-3 only: params is then fsdp.view */
@@ -44,8 +44,8 @@ typedef struct {
     float *params, *grads;
     loom_grad_sync sync;
     loom_step_runner runner;
-    int32_t *batch;         /* this rank's slice of the step: [G/dp, T+1] */
-    int32_t *dump_batches;  /* [steps, G, T+1] on rank 0 when dumping */
+    int32_t *batch;         /* this rank's slice of the step: [G/dp, record words] */
+    int32_t *dump_batches;  /* [steps, G, record words] on rank 0 when dumping */
     loom_route_dump routes; /* MoE router decisions when dumping (every rank) */
     loom_metrics metrics;
     loom_tb_writer *tb; /* rank 0, with --tensorboard */

@@ -18,8 +18,8 @@ void loom_run_free(loom_run *r) {
     loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
     loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
     if (r->pipelined) loom_pipeline_free(r->pipelined);
-    loom_dataset_close(&r->data);
-    loom_dataset_close(&r->val);
+    loom_batch_source_close(&r->data);
+    loom_batch_source_close(&r->val);
     loom_model_destroy(&r->model);
     if (r->sharded)
         loom_fsdp_free(r->sharded);
@@ -40,6 +40,44 @@ void loom_run_free(loom_run *r) {
     free(r->global_flat);
 }
 
+/* A dit's image shards must hold samples of the model's shape and classes. */
+static loom_status check_images(const loom_batch_source *s, const char *flag, const char *glob,
+                                const loom_model_config *mc, loom_error *err) {
+    const loom_image_dataset *d = &s->images;
+    if (d->frames == mc->frames && d->channels == mc->channels && d->height == mc->height &&
+        d->width == mc->width && d->n_classes == mc->n_classes)
+        return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "%s '%s': samples are %d x %d x %d x %d (frames x channels x height x "
+                          "width) with %d classes, the model expects %d x %d x %d x %d with %d "
+                          "(set --frames %d --channels %d --height %d --width %d --n-classes %d)",
+                          flag, glob, d->frames, d->channels, d->height, d->width, d->n_classes,
+                          mc->frames, mc->channels, mc->height, mc->width, mc->n_classes,
+                          d->frames, d->channels, d->height, d->width, d->n_classes);
+}
+
+/* Training and validation batches: token windows for a language model, flow-matching
+ * records of image/clip shards for a dit. */
+static loom_status open_data(loom_run *r, loom_error *err) {
+    const loom_model_config *mc = r->mc;
+    const loom_train_config *tc = r->tc;
+    const char *globs[2] = {tc->data, tc->val_data}, *flags[2] = {"--data", "--val-data"};
+    loom_batch_source *dst[2] = {&r->data, &r->val};
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < 2 && !st; i++) {
+        if (!globs[i][0]) continue;
+        if (mc->family != LOOM_FAMILY_DIT) {
+            st = loom_batch_source_open_tokens(dst[i], globs[i], mc->vocab_size, mc->seq_len, err);
+        } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &tc->flow, err))) {
+            st = check_images(dst[i], flags[i], globs[i], mc, err);
+        } else {
+            loom_error prefixed = *err;
+            st = loom_error_set(err, st, "%s: %s", flags[i], prefixed.msg);
+        }
+    }
+    return st;
+}
+
 /* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
 static loom_status build_model(loom_run *r, loom_error *err) {
     const loom_model_config *mc = r->mc;
@@ -47,9 +85,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     loom_mesh *mesh = r->mesh;
     const int T = mc->seq_len;
     loom_status st;
-    if ((st = loom_dataset_open(&r->data, tc->data, mc->vocab_size, T, err)) ||
-        (tc->val_data[0] &&
-         (st = loom_dataset_open(&r->val, tc->val_data, mc->vocab_size, T, err))) ||
+    if ((st = open_data(r, err)) ||
         (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, tc->micro_batch * T,
                                err)) ||
         (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
@@ -76,7 +112,8 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = loom_zero_create(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb,
                                err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 &&
-         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))))
+         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))) ||
+        (tc->ema_decay > 0.0f && (st = loom_zero_ema_enable(&r->zero, tc->ema_decay, err))))
         return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h). */
@@ -93,7 +130,7 @@ static loom_status build_buffers(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_mesh *mesh = r->mesh;
     const size_t P = r->model.table.total;
-    const int T = r->mc->seq_len, per_rank = tc->global_batch / mesh->layout.dp;
+    const int per_rank = tc->global_batch / mesh->layout.dp;
     const int lead = mesh->rank == 0;
     loom_status st;
     if (r->zero.stage == 3) {
@@ -129,9 +166,10 @@ static loom_status build_buffers(loom_run *r, loom_error *err) {
         if (tp_lead && !(r->global_flat = malloc(r->global_table.total * sizeof(float))))
             return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate the weights' gather");
     }
-    r->batch = malloc((size_t)per_rank * (T + 1) * sizeof(int32_t));
+    const size_t words = (size_t)loom_model_record_words(r->mc);
+    r->batch = malloc((size_t)per_rank * words * sizeof(int32_t));
     if (tc->dump_dir[0] && lead)
-        r->dump_batches = malloc((size_t)tc->steps * tc->global_batch * (T + 1) * sizeof(int32_t));
+        r->dump_batches = malloc((size_t)tc->steps * tc->global_batch * words * sizeof(int32_t));
     if (!r->params || !r->grads || !r->batch || (tc->dump_dir[0] && lead && !r->dump_batches))
         return loom_error_set(err, LOOM_ERR_NOMEM, "cannot allocate %zu parameters", P);
     return LOOM_OK;
@@ -244,6 +282,9 @@ static loom_status setup(loom_run *r, loom_error *err) {
         return st;
     if (init_later && !r->ckpt.loaded && !r->ckpt.reset)
         loom_params_init(&r->model.table, r->params, tc->seed);
+    /* The moving average starts at the weights the run starts from, unless it was loaded. */
+    if (!r->ckpt.ema_loaded)
+        loom_zero_ema_reset(&r->zero, r->params, r->sharded ? r->sharded->shard : NULL);
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;

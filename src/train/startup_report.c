@@ -52,8 +52,18 @@ void loom_run_report_startup(const loom_run *r) {
                 r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "",
                 loom_model_plan_bytes(&r->model, 1) / MiB,
                 loom_model_plan_bytes(&r->model, 0) / MiB);
-    fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data, r->data.n_shards,
-            (long long)r->data.total_tokens);
+    if (r->data.kind == LOOM_BATCH_FLOW)
+        fprintf(stderr,
+                "loom: data %s: %d file(s), %lld samples of %d x %d x %d x %d, %d classes "
+                "(flow matching: t %s, class dropout %g%s)\n",
+                tc->data, r->data.images.n_shards, (long long)r->data.images.n,
+                r->data.images.frames, r->data.images.channels, r->data.images.height,
+                r->data.images.width, r->data.images.n_classes,
+                loom_t_sampling_name(tc->flow.t_sampling), (double)tc->flow.class_dropout,
+                tc->ema_decay > 0 ? ", EMA of the weights" : "");
+    else
+        fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data,
+                r->data.tokens.n_shards, (long long)r->data.tokens.total_tokens);
 }
 
 void loom_run_report_end(const loom_run *r, int steps_run) {

@@ -1,12 +1,37 @@
 #include "train/step.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "model/dit.h"
 
 #include "core/progress.h"
 #include "core/timeline.h"
 #include "train/dump.h"
 
 /* ---- the whole model on this rank ---- */
+
+/* The first micro-batch's output for the reference tests: a language model's logits, a
+ * dit's prediction as samples. */
+static loom_status dump_output(loom_step_runner *r, loom_error *err) {
+    loom_model *mod = r->model;
+    const loom_model_config *c = &mod->cfg;
+    const int M = r->micro_batch, T = r->seq_len;
+    if (!mod->dit) {
+        int64_t dims[3] = {M, T, c->vocab_size};
+        return loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits", 0,
+                                mod->logits, 3, dims, err);
+    }
+    const size_t n = (size_t)M * loom_model_dit_sample_floats(c);
+    float *pred = malloc(n * sizeof *pred);
+    if (!pred) return loom_error_set(err, LOOM_ERR_NOMEM, "--dump-dir: out of memory");
+    loom_dit_prediction(mod, pred);
+    int64_t dims[5] = {M, c->frames, c->channels, c->height, c->width};
+    loom_status st = loom_dump_tensor(r->dump_logits_dir, "pred_step1.safetensors", "pred", 0, pred,
+                                      5, dims, err);
+    free(pred);
+    return st;
+}
 
 static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
                                           int step, int early, double *loss_sum, loom_error *err) {
@@ -15,19 +40,14 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
     loom_status st;
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
-        loom_model_load_tokens(mod, batch, k * M);
+        loom_model_load_batch(mod, batch, k * M);
         loom_progress_phase(LOOM_PHASE_FORWARD);
         if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
         if ((st = loom_param_gather_begin_micro_batch(r->pg, err)) ||
             (st = loom_model_forward(mod, r->params)))
             return st;
         if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "forward");
-        if (r->dump_logits_dir && step == 0 && k == 0) {
-            int64_t dims[3] = {M, T, mod->cfg.vocab_size};
-            if ((st = loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits", 0,
-                                       mod->logits, 3, dims, err)))
-                return st;
-        }
+        if (r->dump_logits_dir && step == 0 && k == 0 && (st = dump_output(r, err))) return st;
         double s;
         if ((st = loom_model_loss_sum(mod, dloss, 1, &s))) return st;
         *loss_sum += s;
@@ -51,7 +71,7 @@ static loom_status whole_forward_loss(loom_step_runner *r, const int32_t *batch,
     loom_status st;
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
-        loom_model_load_tokens(mod, batch, k * r->micro_batch);
+        loom_model_load_batch(mod, batch, k * r->micro_batch);
         if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
         double s;
         if ((st = loom_model_forward(mod, r->params)) ||

@@ -48,12 +48,14 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
     tc->virtual_stages = 1;
+    tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f};
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
     if (!tc->data[0])
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--data: required (a file or glob of token shards, llm.c format)");
+                              "--data: required (a file or glob of token shards, llm.c format, or "
+                              "of image shards for a dit)");
     if (tc->micro_batch <= 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--micro-batch %d: expected > 0",
                               tc->micro_batch);
@@ -103,6 +105,15 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->eval_every);
     if (tc->threads < 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--threads %d: expected >= 0", tc->threads);
+    if (!(tc->flow.class_dropout >= 0.0f && tc->flow.class_dropout < 1.0f))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--class-dropout %g: expected in [0, 1)",
+                              (double)tc->flow.class_dropout);
+    if (!(tc->ema_decay >= 0.0f && tc->ema_decay < 1.0f))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ema-decay %g: expected in [0, 1) (0 = off)",
+                              (double)tc->ema_decay);
+    if (tc->save_ema[0] && tc->ema_decay == 0.0f)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--save-ema %s: needs --ema-decay > 0",
+                              tc->save_ema);
     loom_batch_skip skip;
     loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
     return st ? st : validate_checkpointing(tc, err);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "data/flow_batch.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"
@@ -55,6 +56,10 @@ typedef struct {
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
+    /* diffusion transformers (family dit) */
+    loom_flow_options flow;        /* --t-sampling, --class-dropout */
+    float ema_decay;               /* --ema-decay: moving average of the weights (0 = off) */
+    char save_ema[LOOM_PATH_MAX];  /* the average's final weights (safetensors); "" = none */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

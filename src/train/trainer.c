@@ -31,7 +31,7 @@ static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
     loom_progress_phase(LOOM_PHASE_EVAL);
     for (int b = 0; b < tc->eval_batches; b++) {
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
-        loom_dataset_sample(&r->val, tc->seed, -1 - (int64_t)b,
+        loom_batch_source_sample(&r->val, tc->seed, -1 - (int64_t)b,
                             (int64_t)r->mesh->dp_rank * per_rank, per_rank, r->batch);
         double s;
         if ((st = loom_step_forward_loss(&r->runner, r->batch, &s, err))) return st;
@@ -121,11 +121,11 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
-        loom_dataset_sample(&r->data, tc->seed, batch, (int64_t)mesh->dp_rank * per_rank, per_rank,
-                            r->batch);
+        loom_batch_source_sample(&r->data, tc->seed, batch, (int64_t)mesh->dp_rank * per_rank,
+                                 per_rank, r->batch);
         if (dumping && lead)
-            loom_dataset_sample(&r->data, tc->seed, batch, 0, G,
-                                r->dump_batches + (size_t)step * G * (T + 1));
+            loom_batch_source_sample(&r->data, tc->seed, batch, 0, G,
+                                     r->dump_batches + (size_t)step * G * r->data.record_words);
         if (early >= 0) LOOM_STEP_MARK(early, "data_and_grad_clear");
         double loss_sum;
         if ((st = loom_step_forward_backward(&r->runner, r->batch, dloss, step, early, &loss_sum,
@@ -195,12 +195,34 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     return loom_checkpointing_finish(&r->ckpt, step, err);
 }
 
+/* The moving average of the weights, whole: --save-ema and the reference dump. */
+static loom_status write_ema(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    const int lead = r->mesh->rank == 0;
+    float *full = malloc(r->model.table.total * sizeof(float));
+    if (!full) return loom_error_set(err, LOOM_ERR_NOMEM, "--save-ema: out of memory");
+    const loom_param_table *et;
+    const float *ep;
+    loom_status st = loom_zero_ema_gather(&r->zero, full, err);
+    if (!st) st = loom_run_export_flat(r, full, &et, &ep, err);
+    if (!st && lead && tc->save_ema[0]) {
+        loom_mkdir_parent(tc->save_ema);
+        if (!(st = loom_weights_save(tc->save_ema, r->mc, et, ep, err)))
+            fprintf(stderr, "loom: moving-average weights written to %s\n", tc->save_ema);
+    }
+    if (!st && lead && tc->dump_dir[0])
+        st = loom_dump_flat(tc->dump_dir, "ema_final.safetensors", et, ep, err);
+    free(full);
+    return st;
+}
+
 /* After the last step: the weights file (--save-weights) and the reference dumps. */
 static loom_status write_outputs(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     const int lead = r->mesh->rank == 0, dumping = tc->dump_dir[0] != 0;
-    const int saving = tc->save_weights[0] != 0;
+    const int saving = tc->save_weights[0] != 0, averaging = r->zero.ema != NULL;
     loom_status st;
+    if (averaging && (dumping || tc->save_ema[0]) && (st = write_ema(r, err))) return st;
     if (!dumping && !saving) return LOOM_OK;
     if (r->sharded && (st = loom_fsdp_gather_all(r->sharded, err))) return st;
     const loom_param_table *et;
@@ -213,8 +235,11 @@ static loom_status write_outputs(loom_run *r, loom_error *err) {
     }
     if (dumping && lead) {
         int64_t dims[3] = {tc->steps, tc->global_batch, r->mc->seq_len + 1};
-        if ((st = loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1, r->dump_batches,
-                                   3, dims, err)) ||
+        if ((st = r->mc->family == LOOM_FAMILY_DIT
+                      ? loom_dump_flow_batches(tc->dump_dir, r->mc, r->dump_batches, tc->steps,
+                                               tc->global_batch, err)
+                      : loom_dump_tensor(tc->dump_dir, "tokens.safetensors", "tokens", 1,
+                                         r->dump_batches, 3, dims, err)) ||
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }

@@ -1,0 +1,65 @@
+/* Internal to model/: what the families' forward/backward share (transformer.c for the
+ * language models, dit.c for the diffusion transformer): the arena carver that plans
+ * activations, and the Megatron linear layers over the tensor-parallel group. */
+#ifndef LOOM_MODEL_MODEL_IMPL_H
+#define LOOM_MODEL_MODEL_IMPL_H
+
+#include <stddef.h>
+
+#include "model/transformer.h"
+
+/* Carves the arena twice: first without one to size it, then from the backend arena.
+ * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
+ * pass and the arena's bump allocation agree piece by piece. */
+typedef struct {
+    const loom_backend *be;
+    loom_backend_arena *arena; /* NULL: sizing */
+    size_t used;               /* bytes */
+} loom_carver;
+
+float *loom_carve(loom_carver *cv, size_t floats);
+/* Sizes the arena with plan(m, sizing, sequence_parallel), allocates it on the backend
+ * and carves it with the same plan. */
+loom_status loom_model_arena_allocate(loom_model *m, void (*plan)(loom_model *, loom_carver *, int),
+                                      loom_error *err);
+/* The bytes plan() would carve, without touching m. */
+size_t loom_model_arena_plan_bytes(const loom_model *m,
+                                   void (*plan)(loom_model *, loom_carver *, int),
+                                   int sequence_parallel);
+
+/* 1 when the residual stream is split over tp (sequence parallelism on, tp > 1). */
+int loom_model_seq_parallel(const loom_model *m);
+/* The residual stream's local rows gathered into m->full (sequence parallelism; else
+ * *inp = local). */
+loom_status loom_model_tp_gather(const loom_model *m, const float *local, const float **inp);
+/* Partial sums over tp: all-reduced (out = partial) or reduce-scattered to this rank's
+ * rows (sequence parallelism); nothing on one rank. */
+loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out);
+/* Row-parallel linear: out[Ns, C] = the sum over ranks of inp[N, IC] @ w^T, + bias once
+ * (m->dnorm is the partial sum's scratch with sequence parallelism). */
+loom_status loom_model_row_forward(loom_model *m, float *out, const float *inp, const float *w,
+                                   const float *b, int IC);
+/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input;
+ * *dinp = this rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
+loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
+                                       float *db, const float *inp_local, int OC,
+                                       const float **dinp);
+/* Its two halves for split backward: the weight gradient (W) and the input gradient (B). */
+loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
+                                     const float *inp_local, int OC);
+loom_status loom_model_column_input(loom_model *m, const float *dout, const float *w, int OC,
+                                    const float **dinp);
+
+/* Pointer to a tensor in a flat buffer, NULL when the family has none. */
+static inline float *loom_at(float *flat, size_t offset) {
+    return offset == LOOM_NO_PARAM ? NULL : flat + offset;
+}
+static inline const float *loom_cat(const float *flat, size_t offset) {
+    return offset == LOOM_NO_PARAM ? NULL : flat + offset;
+}
+
+/* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
+loom_status loom_dit_attach(loom_model *m, loom_error *err);
+void loom_dit_detach(loom_model *m);
+
+#endif
