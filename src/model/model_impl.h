@@ -11,7 +11,7 @@
 /* Carves the arena twice: first without one to size it, then from the backend arena.
  * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
  * pass and the arena's bump allocation agree piece by piece. */
-typedef struct {
+typedef struct loom_carver {
     const loom_backend *be;
     loom_backend_arena *arena; /* NULL: sizing */
     size_t used;               /* bytes */

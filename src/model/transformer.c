@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const loom_model_ops lm_ops; /* the language models' table (the end of this file) */
+
 static int is_gpt2(const loom_model *m) {
     return m->cfg.family == LOOM_FAMILY_GPT2;
 }

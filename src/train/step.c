@@ -36,7 +36,7 @@ static loom_status dump_output(loom_step_runner *r, loom_error *err) {
 static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
                                           int step, int early, double *loss_sum, loom_error *err) {
     loom_model *mod = r->model;
-    const int M = r->micro_batch, T = r->seq_len;
+    const int M = r->micro_batch;
     loom_status st;
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
