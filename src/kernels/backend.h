@@ -75,6 +75,11 @@ typedef struct {
     void (*layernorm_backward)(const loom_backend *be, float *dinp, float *dweight, float *dbias,
                                const float *dout, const float *inp, const float *weight,
                                const float *mean, const float *rstd, int N, int C);
+    void (*layernorm_plain_forward)(const loom_backend *be, float *out, float *mean, float *rstd,
+                                    const float *inp, int N, int C, float eps);
+    void (*layernorm_plain_backward)(const loom_backend *be, float *dinp, const float *dout,
+                                     const float *inp, const float *mean, const float *rstd, int N,
+                                     int C);
     void (*rmsnorm_forward)(const loom_backend *be, float *out, float *rstd, const float *inp,
                             const float *weight, int N, int C, float eps);
     void (*rmsnorm_backward)(const loom_backend *be, float *dinp, float *dweight, const float *dout,
@@ -82,6 +87,9 @@ typedef struct {
                              int C);
     void (*gelu_forward)(const loom_backend *be, float *out, const float *inp, size_t n);
     void (*gelu_backward)(const loom_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n);
+    void (*silu_forward)(const loom_backend *be, float *out, const float *inp, size_t n);
+    void (*silu_backward)(const loom_backend *be, float *dinp, const float *inp, const float *dout,
                           size_t n);
     void (*swiglu_forward)(const loom_backend *be, float *out, const float *inp, int N, int F);
     void (*swiglu_backward)(const loom_backend *be, float *dinp, const float *dout,
@@ -101,10 +109,34 @@ typedef struct {
     void (*attention_backward)(const loom_backend *be, float *dqkv, float *scratch,
                                const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int H, int KV, int hd);
+    void (*attention_bidir_forward)(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, float *scratch, int B, int T, int H, int KV,
+                                    int hd);
+    void (*attention_bidir_backward)(const loom_backend *be, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int H, int KV, int hd);
     void (*crossentropy_forward)(const loom_backend *be, float *losses, const float *logits,
                                  const int32_t *targets, int N, int V);
     void (*crossentropy_forward_backward)(const loom_backend *be, float *losses, float *logits,
                                           const int32_t *targets, int N, int V, float dloss);
+    void (*mse_forward)(const loom_backend *be, float *losses, const float *pred,
+                        const float *target, int N, int P);
+    void (*mse_forward_backward)(const loom_backend *be, float *losses, float *pred,
+                                 const float *target, int N, int P, float dloss);
+    /* diffusion transformer (DiT) pieces: per-sample modulation, positions, timesteps */
+    void (*modulate_forward)(const loom_backend *be, float *out, const float *x, const float *shift,
+                             const float *scale, int ld, int N, int C, int T, int row0);
+    void (*modulate_backward)(const loom_backend *be, float *dx, float *dshift, float *dscale,
+                              const float *dout, const float *x, const float *scale, int ld, int N,
+                              int C, int T, int row0);
+    void (*gate_add_forward)(const loom_backend *be, float *out, const float *res, const float *y,
+                             const float *gate, int ld, int N, int C, int T, int row0);
+    void (*gate_add_backward)(const loom_backend *be, float *dy, float *dgate, const float *dout,
+                              const float *y, const float *gate, int ld, int N, int C, int T,
+                              int row0);
+    void (*add_position)(const loom_backend *be, float *x, const float *pos, int N, int C, int T,
+                         int row0);
+    void (*timestep_embedding)(const loom_backend *be, float *out, const float *t, int B, int dim);
     /* vocabulary-parallel pieces */
     void (*embedding_forward_shard)(const loom_backend *be, float *out, const int32_t *tokens,
                                     const float *wte, const float *wpe, int v0, int V, int B, int T,
@@ -275,6 +307,17 @@ static inline void loom_backend_layernorm_backward(const loom_backend *be, float
                                                    int C) {
     be->ops->layernorm_backward(be, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
+static inline void loom_backend_layernorm_plain_forward(const loom_backend *be, float *out,
+                                                        float *mean, float *rstd, const float *inp,
+                                                        int N, int C, float eps) {
+    be->ops->layernorm_plain_forward(be, out, mean, rstd, inp, N, C, eps);
+}
+static inline void loom_backend_layernorm_plain_backward(const loom_backend *be, float *dinp,
+                                                         const float *dout, const float *inp,
+                                                         const float *mean, const float *rstd,
+                                                         int N, int C) {
+    be->ops->layernorm_plain_backward(be, dinp, dout, inp, mean, rstd, N, C);
+}
 static inline void loom_backend_rmsnorm_forward(const loom_backend *be, float *out, float *rstd,
                                                 const float *inp, const float *weight, int N, int C,
                                                 float eps) {
@@ -293,6 +336,14 @@ static inline void loom_backend_gelu_forward(const loom_backend *be, float *out,
 static inline void loom_backend_gelu_backward(const loom_backend *be, float *dinp, const float *inp,
                                               const float *dout, size_t n) {
     be->ops->gelu_backward(be, dinp, inp, dout, n);
+}
+static inline void loom_backend_silu_forward(const loom_backend *be, float *out, const float *inp,
+                                             size_t n) {
+    be->ops->silu_forward(be, out, inp, n);
+}
+static inline void loom_backend_silu_backward(const loom_backend *be, float *dinp, const float *inp,
+                                              const float *dout, size_t n) {
+    be->ops->silu_backward(be, dinp, inp, dout, n);
 }
 static inline void loom_backend_swiglu_forward(const loom_backend *be, float *out, const float *inp,
                                                int N, int F) {
@@ -334,6 +385,19 @@ static inline void loom_backend_attention_backward(const loom_backend *be, float
                                                    int hd) {
     be->ops->attention_backward(be, dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
 }
+static inline void loom_backend_attention_bidir_forward(const loom_backend *be, float *out,
+                                                        float *lse, const float *qkv,
+                                                        float *scratch, int B, int T, int H, int KV,
+                                                        int hd) {
+    be->ops->attention_bidir_forward(be, out, lse, qkv, scratch, B, T, H, KV, hd);
+}
+static inline void loom_backend_attention_bidir_backward(const loom_backend *be, float *dqkv,
+                                                         float *scratch, const float *dout,
+                                                         const float *qkv, const float *out,
+                                                         const float *lse, int B, int T, int H,
+                                                         int KV, int hd) {
+    be->ops->attention_bidir_backward(be, dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
 static inline void loom_backend_crossentropy_forward(const loom_backend *be, float *losses,
                                                      const float *logits, const int32_t *targets,
                                                      int N, int V) {
@@ -343,6 +407,46 @@ static inline void loom_backend_crossentropy_forward_backward(const loom_backend
                                                               float *logits, const int32_t *targets,
                                                               int N, int V, float dloss) {
     be->ops->crossentropy_forward_backward(be, losses, logits, targets, N, V, dloss);
+}
+static inline void loom_backend_mse_forward(const loom_backend *be, float *losses,
+                                            const float *pred, const float *target, int N, int P) {
+    be->ops->mse_forward(be, losses, pred, target, N, P);
+}
+static inline void loom_backend_mse_forward_backward(const loom_backend *be, float *losses,
+                                                     float *pred, const float *target, int N, int P,
+                                                     float dloss) {
+    be->ops->mse_forward_backward(be, losses, pred, target, N, P, dloss);
+}
+static inline void loom_backend_modulate_forward(const loom_backend *be, float *out, const float *x,
+                                                 const float *shift, const float *scale, int ld,
+                                                 int N, int C, int T, int row0) {
+    be->ops->modulate_forward(be, out, x, shift, scale, ld, N, C, T, row0);
+}
+static inline void loom_backend_modulate_backward(const loom_backend *be, float *dx, float *dshift,
+                                                  float *dscale, const float *dout, const float *x,
+                                                  const float *scale, int ld, int N, int C, int T,
+                                                  int row0) {
+    be->ops->modulate_backward(be, dx, dshift, dscale, dout, x, scale, ld, N, C, T, row0);
+}
+static inline void loom_backend_gate_add_forward(const loom_backend *be, float *out,
+                                                 const float *res, const float *y,
+                                                 const float *gate, int ld, int N, int C, int T,
+                                                 int row0) {
+    be->ops->gate_add_forward(be, out, res, y, gate, ld, N, C, T, row0);
+}
+static inline void loom_backend_gate_add_backward(const loom_backend *be, float *dy, float *dgate,
+                                                  const float *dout, const float *y,
+                                                  const float *gate, int ld, int N, int C, int T,
+                                                  int row0) {
+    be->ops->gate_add_backward(be, dy, dgate, dout, y, gate, ld, N, C, T, row0);
+}
+static inline void loom_backend_add_position(const loom_backend *be, float *x, const float *pos,
+                                             int N, int C, int T, int row0) {
+    be->ops->add_position(be, x, pos, N, C, T, row0);
+}
+static inline void loom_backend_timestep_embedding(const loom_backend *be, float *out,
+                                                   const float *t, int B, int dim) {
+    be->ops->timestep_embedding(be, out, t, B, dim);
 }
 static inline void loom_backend_embedding_forward_shard(const loom_backend *be, float *out,
                                                         const int32_t *tokens, const float *wte,

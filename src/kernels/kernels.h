@@ -42,6 +42,14 @@ void loom_layernorm_backward(float *dinp, float *dweight, float *dbias, const fl
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
 
+/* ---- LayerNorm without weight/bias (PyTorch elementwise_affine=False):
+ * out = (inp - mean) * rstd; the same numerics as loom_layernorm_forward (two-pass row
+ * statistics in double), so it equals that kernel with weight 1 and bias 0. ---- */
+void loom_layernorm_plain_forward(float *out, float *mean, float *rstd, const float *inp, int N,
+                                  int C, float eps);
+void loom_layernorm_plain_backward(float *dinp, const float *dout, const float *inp,
+                                   const float *mean, const float *rstd, int N, int C);
+
 /* ---- RMSNorm: out = inp * rsqrt(mean(inp^2) + eps) * weight; rstd [N] saved ---- */
 void loom_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
                           int C, float eps);
@@ -56,8 +64,43 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t
 void loom_swiglu_forward(float *out, const float *inp, int N, int F);
 void loom_swiglu_backward(float *dinp, const float *dout, const float *inp, int N, int F);
 
+/* ---- SiLU: out = inp * sigmoid(inp), elementwise over n values ---- */
+void loom_silu_forward(float *out, const float *inp, size_t n);
+void loom_silu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
 /* ---- residual add: out[i] = a[i] + b[i] (out may alias a or b) ---- */
 void loom_add(float *out, const float *a, const float *b, size_t n);
+
+/* ---- per-sample modulation (DiT's adaLN) ----
+ * Rows are tokens of samples of T rows each: local row i (of N) is global row row0 + i,
+ * of sample b = (row0 + i) / T; a sample's rows may be split at the first and last local
+ * row (row0 and N need not be multiples of T). Per-sample vectors of C values are rows
+ * of stride ld, indexed by the global sample: shift[b*ld + c] (ld = 6*C for slices of a
+ * [B, 6C] adaLN output). The per-sample gradient sums run over the local rows of each
+ * sample, in row order in double (deterministic), and are ADDED to the float buffers. */
+/* out[i][c] = x[i][c] * (1 + scale[b*ld + c]) + shift[b*ld + c]; out does not alias x. */
+void loom_modulate_forward(float *out, const float *x, const float *shift, const float *scale,
+                           int ld, int N, int C, int T, int row0);
+/* dx += dout * (1 + scale[b]); dshift[b*ld + c] += sum over b's rows of dout;
+ * dscale[b*ld + c] += sum over b's rows of dout * x. */
+void loom_modulate_backward(float *dx, float *dshift, float *dscale, const float *dout,
+                            const float *x, const float *scale, int ld, int N, int C, int T,
+                            int row0);
+/* Gated residual: out[i][c] = res[i][c] + gate[b*ld + c] * y[i][c] (out may alias res). */
+void loom_gate_add_forward(float *out, const float *res, const float *y, const float *gate, int ld,
+                           int N, int C, int T, int row0);
+/* dy += dout * gate[b]; dgate[b*ld + c] += sum over b's rows of dout * y. (The residual's
+ * gradient is dout itself: nothing to compute.) */
+void loom_gate_add_backward(float *dy, float *dgate, const float *dout, const float *y,
+                            const float *gate, int ld, int N, int C, int T, int row0);
+/* Fixed position table: x[i][c] += pos[((row0 + i) % T)*C + c] (pos is [T, C]). */
+void loom_add_position(float *x, const float *pos, int N, int C, int T, int row0);
+
+/* ---- DiT's timestep_embedding of t * 1000, max period 10000 ----
+ * out[b] (dim floats) = concat(cos(a), sin(a)), a_j = t[b]*1000 * exp(-ln(10000) * j /
+ * half), j < half = dim / 2; computed in double, stored as float. dim odd: the last
+ * column is 0 (DiT's padding). */
+void loom_timestep_embedding(float *out, const float *t, int B, int dim);
 
 /* ---- Attention input layout ----
  * qkv[B, T, (H + 2*KV) * hd]: per token, H query heads, then KV key heads, then KV
@@ -84,6 +127,14 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
 void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *out, const float *lse, int B, int T, int H, int KV,
                              int hd);
+/* Bidirectional (non-causal) attention: the same layout, lse, scratch size
+ * (loom_attention_scratch_floats(T)) and grouped-query rule, but every query attends
+ * to all T keys of its sample (DiT). One implementation with the causal pair. */
+void loom_attention_bidir_forward(float *out, float *lse, const float *qkv, float *scratch, int B,
+                                  int T, int H, int KV, int hd);
+void loom_attention_bidir_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                   const float *out, const float *lse, int B, int T, int H, int KV,
+                                   int hd);
 
 /* ---- fused softmax + cross-entropy over V classes ----
  * losses[N] = logsumexp(logits[n]) - logits[n][targets[n]].
@@ -94,6 +145,15 @@ void loom_crossentropy_forward(float *losses, const float *logits, const int32_t
                                int V);
 void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
                                         int V, float dloss);
+
+/* ---- mean squared error over P values per row (flow matching's velocity loss) ----
+ * losses[n] = mean over j < P of (pred[n][j] - target[n][j])^2, accumulated in double.
+ * In the _backward variant pred[N,P] is overwritten in place with
+ * dpred = 2 * (pred - target) / P * dloss (dloss: the weight of each row's loss in the
+ * total, as for the cross-entropy); its losses are bitwise those of the forward. */
+void loom_mse_forward(float *losses, const float *pred, const float *target, int N, int P);
+void loom_mse_forward_backward(float *losses, float *pred, const float *target, int N, int P,
+                               float dloss);
 
 /* ---- vocabulary-parallel pieces (tensor parallelism): this rank holds rows
  * [v0, v0 + V) of the embedding / output head, and logits[N, V] are columns [v0, v0 + V)

@@ -1,7 +1,10 @@
-/* Causal scaled-dot-product attention (GQA) on OpenBLAS. Per (batch, head) the T x T
- * scores are materialised in scratch, one row block at a time: a block of rows
- * [r0, r1) only needs key columns [0, r1), so the fully masked upper triangle beyond
- * the block is never computed. Q, K, V are read in place from the strided qkv rows.
+/* Scaled-dot-product attention (GQA) on OpenBLAS, causal (GPT-style) or bidirectional
+ * (DiT), one implementation with a causal flag. Per (batch, head) the T x T scores are
+ * materialised in scratch, one row block at a time: causally a block of rows [r0, r1)
+ * only needs key columns [0, r1), so the fully masked upper triangle beyond the block
+ * is never computed; bidirectionally every row needs all T columns, so the whole
+ * T x T is one block (fewer, larger GEMMs). Q, K, V are read in place from the strided
+ * qkv rows.
  * Only out and the row log-sum-exp are saved; backward recomputes P from lse.
  * Threading: OpenMP over (batch, head) tasks, each with its own scratch; loom links the
  * OpenMP build of OpenBLAS, which runs an sgemm called inside a parallel region on the
@@ -40,38 +43,52 @@ static attn_view attn_view_make(const float *qkv, int b, int h, int T, int H, in
     return a;
 }
 
-/* First column past the computed part of row i (end of i's row block). */
-static int block_end(int i, int T) {
+/* Rows per block: LOOM_ATTN_BLOCK causally, all T rows bidirectionally. */
+static int row_block(int T, int causal) {
+    return causal ? LOOM_ATTN_BLOCK : T;
+}
+/* First row past the block that starts at row r0. */
+static int block_rows_end(int r0, int T, int causal) {
+    int e = r0 + row_block(T, causal);
+    return e < T ? e : T;
+}
+/* First column past the computed part of row i: the end of i's row block causally
+ * (columns past it are masked for the whole block), T bidirectionally. */
+static int block_end(int i, int T, int causal) {
+    if (!causal) return T;
     int e = (i / LOOM_ATTN_BLOCK + 1) * LOOM_ATTN_BLOCK;
     return e < T ? e : T;
 }
 
-/* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T for every row block. */
-static void scores(float *S, const attn_view *a, int T, int hd, float scale) {
-    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
-        int r1 = block_end(r0, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, scale,
+/* S[r0:r1, 0:c1] = scale * Q[r0:r1] K[0:c1]^T for every row block (c1 = r1 causally,
+ * T bidirectionally). */
+static void scores(float *S, const attn_view *a, int T, int hd, float scale, int causal) {
+    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) {
+        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, c1, hd, scale,
                     a->q + r0 * a->R, (int)a->R, a->k, (int)a->R, 0.0f, S + (size_t)r0 * T, T);
     }
 }
 
-/* Causal softmax of each row in place; lse[i] saved. Masked entries inside the
- * computed block are zeroed so the P @ V block GEMMs can read them. */
-LOOM_SIMD static void softmax_rows(float *S, float *lse, int T) {
+/* Softmax of each row in place over its visible keys ([0, i] causally, all T
+ * otherwise); lse[i] saved. Masked entries inside the computed block are zeroed so the
+ * P @ V block GEMMs can read them. */
+LOOM_SIMD static void softmax_rows(float *S, float *lse, int T, int causal) {
     for (int i = 0; i < T; i++) {
         float *restrict row = S + (size_t)i * T;
-        float m = loom_max_f32(row, i + 1);
-        for (int j = 0; j <= i; j++) row[j] = loom_expf(row[j] - m);
-        double sum = loom_sum_f64(row, i + 1);
+        int n = causal ? i + 1 : T; /* visible keys */
+        float m = loom_max_f32(row, n);
+        for (int j = 0; j < n; j++) row[j] = loom_expf(row[j] - m);
+        double sum = loom_sum_f64(row, n);
         float inv = (float)(1.0 / sum);
-        for (int j = 0; j <= i; j++) row[j] *= inv;
-        for (int j = i + 1, e = block_end(i, T); j < e; j++) row[j] = 0.0f;
+        for (int j = 0; j < n; j++) row[j] *= inv;
+        for (int j = n, e = block_end(i, T, causal); j < e; j++) row[j] = 0.0f;
         lse[i] = (float)((double)m + log(sum));
     }
 }
 
-void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B, int T,
-                            int H, int KV, int hd) {
+static void attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B,
+                              int T, int H, int KV, int hd, int causal) {
     float scale = (float)(1.0 / sqrt((double)hd));
 #pragma omp parallel for schedule(dynamic)
     for (int bh = 0; bh < B * H; bh++) {
@@ -79,21 +96,31 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
         float *S = scratch + 2 * (size_t)T * T * omp_get_thread_num();
         attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
         float *o = out + (size_t)b * T * a.OC + (size_t)h * hd;
-        scores(S, &a, T, hd, scale);
-        softmax_rows(S, lse + ((size_t)b * H + h) * T, T);
-        for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
-            int r1 = block_end(r0, T);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, 1.0f,
+        scores(S, &a, T, hd, scale, causal);
+        softmax_rows(S, lse + ((size_t)b * H + h) * T, T, causal);
+        for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) {
+            int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, c1, 1.0f,
                         S + (size_t)r0 * T, T, a.v, (int)a.R, 0.0f, o + r0 * a.OC, (int)a.OC);
         }
     }
+}
+
+void loom_attention_forward(float *out, float *lse, const float *qkv, float *scratch, int B, int T,
+                            int H, int KV, int hd) {
+    attention_forward(out, lse, qkv, scratch, B, T, H, KV, hd, 1);
+}
+
+void loom_attention_bidir_forward(float *out, float *lse, const float *qkv, float *scratch, int B,
+                                  int T, int H, int KV, int hd) {
+    attention_forward(out, lse, qkv, scratch, B, T, H, KV, hd, 0);
 }
 
 /* Given S (scaled scores) in P and dP = dO V^T: P = exp(S - lse) and
  * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
 LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *lse,
                                             const float *dout, const float *out, size_t OC, int T,
-                                            int hd, float scale) {
+                                            int hd, float scale, int causal) {
     for (int i = 0; i < T; i++) {
         float *restrict p = P + (size_t)i * T;
         float *restrict dp = dP + (size_t)i * T;
@@ -102,49 +129,51 @@ LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *ls
         double D = 0.0;
         for (int c = 0; c < hd; c++) D += (double)dy[c] * y[c];
         float Df = (float)D, l = lse[i];
-        for (int j = 0; j <= i; j++) {
+        int n = causal ? i + 1 : T; /* visible keys */
+        for (int j = 0; j < n; j++) {
             p[j] = loom_expf(p[j] - l);
             dp[j] = scale * p[j] * (dp[j] - Df);
         }
-        for (int j = i + 1, e = block_end(i, T); j < e; j++) p[j] = dp[j] = 0.0f;
+        for (int j = n, e = block_end(i, T, causal); j < e; j++) p[j] = dp[j] = 0.0f;
     }
 }
 
 /* Backward of one (batch, query head); accumulates into its dQ and its group's dK, dV. */
 static void backward_head(float *dqkv, float *P, float *dS, const float *dout, const float *qkv,
                           const float *out, const float *lse, int b, int h, int T, int H, int KV,
-                          int hd, float scale) {
+                          int hd, float scale, int causal) {
     attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
     /* The same offsets applied to dqkv give the gradient slices. */
     float *dq = dqkv + (a.q - qkv), *dk = dqkv + (a.k - qkv), *dv = dqkv + (a.v - qkv);
     size_t ooff = (size_t)b * T * a.OC + (size_t)h * hd;
     const float *dy = dout + ooff;
     int R = (int)a.R, OC = (int)a.OC;
-    scores(P, &a, T, hd, scale);
-    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) { /* dP = dO V^T */
-        int r1 = block_end(r0, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hd, 1.0f, dy + r0 * a.OC,
+    scores(P, &a, T, hd, scale, causal);
+    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) { /* dP = dO V^T */
+        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, c1, hd, 1.0f, dy + r0 * a.OC,
                     OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
     }
-    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd, scale);
-    for (int r0 = 0; r0 < T; r0 += LOOM_ATTN_BLOCK) {
-        int r1 = block_end(r0, T), rb = r1 - r0;
+    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd, scale,
+                          causal);
+    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) {
+        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal), rb = r1 - r0;
         const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
-        /* dV[0:r1] += P_blk^T dO_blk */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, Pb, T,
+        /* dV[0:c1] += P_blk^T dO_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, Pb, T,
                     dy + r0 * a.OC, OC, 1.0f, dv, R);
-        /* dQ_blk += dS_blk K[0:r1] (scale already folded into dS) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, r1, 1.0f, dSb, T, a.k, R,
+        /* dQ_blk += dS_blk K[0:c1] (scale already folded into dS) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, c1, 1.0f, dSb, T, a.k, R,
                     1.0f, dq + r0 * a.R, R);
-        /* dK[0:r1] += dS_blk^T Q_blk */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rb, 1.0f, dSb, T,
+        /* dK[0:c1] += dS_blk^T Q_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, dSb, T,
                     a.q + r0 * a.R, R, 1.0f, dk, R);
     }
 }
 
-void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *out, const float *lse, int B, int T, int H, int KV,
-                             int hd) {
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T, int H, int KV,
+                               int hd, int causal) {
     float scale = (float)(1.0 / sqrt((double)hd));
     const int group = H / KV; /* query heads per key/value head */
 #pragma omp parallel for schedule(dynamic)
@@ -152,6 +181,18 @@ void loom_attention_backward(float *dqkv, float *scratch, const float *dout, con
         int b = bg / KV, g = bg % KV;
         float *P = scratch + 2 * (size_t)T * T * omp_get_thread_num(), *dS = P + (size_t)T * T;
         for (int h = g * group; h < (g + 1) * group; h++)
-            backward_head(dqkv, P, dS, dout, qkv, out, lse, b, h, T, H, KV, hd, scale);
+            backward_head(dqkv, P, dS, dout, qkv, out, lse, b, h, T, H, KV, hd, scale, causal);
     }
+}
+
+void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int H, int KV,
+                             int hd) {
+    attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd, 1);
+}
+
+void loom_attention_bidir_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                   const float *out, const float *lse, int B, int T, int H, int KV,
+                                   int hd) {
+    attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd, 0);
 }

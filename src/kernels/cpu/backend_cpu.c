@@ -112,6 +112,17 @@ static void layernorm_backward(const loom_backend *be, float *dinp, float *dweig
     (void)be;
     loom_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
+static void layernorm_plain_forward(const loom_backend *be, float *out, float *mean, float *rstd,
+                                    const float *inp, int N, int C, float eps) {
+    (void)be;
+    loom_layernorm_plain_forward(out, mean, rstd, inp, N, C, eps);
+}
+static void layernorm_plain_backward(const loom_backend *be, float *dinp, const float *dout,
+                                     const float *inp, const float *mean, const float *rstd, int N,
+                                     int C) {
+    (void)be;
+    loom_layernorm_plain_backward(dinp, dout, inp, mean, rstd, N, C);
+}
 static void rmsnorm_forward(const loom_backend *be, float *out, float *rstd, const float *inp,
                             const float *weight, int N, int C, float eps) {
     (void)be;
@@ -131,6 +142,15 @@ static void gelu_backward(const loom_backend *be, float *dinp, const float *inp,
                           size_t n) {
     (void)be;
     loom_gelu_backward(dinp, inp, dout, n);
+}
+static void silu_forward(const loom_backend *be, float *out, const float *inp, size_t n) {
+    (void)be;
+    loom_silu_forward(out, inp, n);
+}
+static void silu_backward(const loom_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n) {
+    (void)be;
+    loom_silu_backward(dinp, inp, dout, n);
 }
 static void swiglu_forward(const loom_backend *be, float *out, const float *inp, int N, int F) {
     (void)be;
@@ -175,6 +195,18 @@ static void attention_backward(const loom_backend *be, float *dqkv, float *scrat
     (void)be;
     loom_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
 }
+static void attention_bidir_forward(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, float *scratch, int B, int T, int H, int KV,
+                                    int hd) {
+    (void)be;
+    loom_attention_bidir_forward(out, lse, qkv, scratch, B, T, H, KV, hd);
+}
+static void attention_bidir_backward(const loom_backend *be, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int H, int KV, int hd) {
+    (void)be;
+    loom_attention_bidir_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
 static void crossentropy_forward(const loom_backend *be, float *losses, const float *logits,
                                  const int32_t *targets, int N, int V) {
     (void)be;
@@ -184,6 +216,47 @@ static void crossentropy_forward_backward(const loom_backend *be, float *losses,
                                           const int32_t *targets, int N, int V, float dloss) {
     (void)be;
     loom_crossentropy_forward_backward(losses, logits, targets, N, V, dloss);
+}
+static void mse_forward(const loom_backend *be, float *losses, const float *pred,
+                        const float *target, int N, int P) {
+    (void)be;
+    loom_mse_forward(losses, pred, target, N, P);
+}
+static void mse_forward_backward(const loom_backend *be, float *losses, float *pred,
+                                 const float *target, int N, int P, float dloss) {
+    (void)be;
+    loom_mse_forward_backward(losses, pred, target, N, P, dloss);
+}
+static void modulate_forward(const loom_backend *be, float *out, const float *x, const float *shift,
+                             const float *scale, int ld, int N, int C, int T, int row0) {
+    (void)be;
+    loom_modulate_forward(out, x, shift, scale, ld, N, C, T, row0);
+}
+static void modulate_backward(const loom_backend *be, float *dx, float *dshift, float *dscale,
+                              const float *dout, const float *x, const float *scale, int ld, int N,
+                              int C, int T, int row0) {
+    (void)be;
+    loom_modulate_backward(dx, dshift, dscale, dout, x, scale, ld, N, C, T, row0);
+}
+static void gate_add_forward(const loom_backend *be, float *out, const float *res, const float *y,
+                             const float *gate, int ld, int N, int C, int T, int row0) {
+    (void)be;
+    loom_gate_add_forward(out, res, y, gate, ld, N, C, T, row0);
+}
+static void gate_add_backward(const loom_backend *be, float *dy, float *dgate, const float *dout,
+                              const float *y, const float *gate, int ld, int N, int C, int T,
+                              int row0) {
+    (void)be;
+    loom_gate_add_backward(dy, dgate, dout, y, gate, ld, N, C, T, row0);
+}
+static void add_position(const loom_backend *be, float *x, const float *pos, int N, int C, int T,
+                         int row0) {
+    (void)be;
+    loom_add_position(x, pos, N, C, T, row0);
+}
+static void timestep_embedding(const loom_backend *be, float *out, const float *t, int B, int dim) {
+    (void)be;
+    loom_timestep_embedding(out, t, B, dim);
 }
 static void embedding_forward_shard(const loom_backend *be, float *out, const int32_t *tokens,
                                     const float *wte, const float *wpe, int v0, int V, int B, int T,
@@ -303,10 +376,14 @@ static const loom_backend_ops cpu_ops = {
     .embedding_backward = embedding_backward,
     .layernorm_forward = layernorm_forward,
     .layernorm_backward = layernorm_backward,
+    .layernorm_plain_forward = layernorm_plain_forward,
+    .layernorm_plain_backward = layernorm_plain_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
+    .silu_forward = silu_forward,
+    .silu_backward = silu_backward,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
     .add = add,
@@ -316,8 +393,18 @@ static const loom_backend_ops cpu_ops = {
     .attention_scratch_floats = attention_scratch_floats,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
+    .attention_bidir_forward = attention_bidir_forward,
+    .attention_bidir_backward = attention_bidir_backward,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,
+    .mse_forward = mse_forward,
+    .mse_forward_backward = mse_forward_backward,
+    .modulate_forward = modulate_forward,
+    .modulate_backward = modulate_backward,
+    .gate_add_forward = gate_add_forward,
+    .gate_add_backward = gate_add_backward,
+    .add_position = add_position,
+    .timestep_embedding = timestep_embedding,
     .embedding_forward_shard = embedding_forward_shard,
     .embedding_backward_shard = embedding_backward_shard,
     .crossentropy_shard_max = crossentropy_shard_max,

@@ -316,6 +316,83 @@ static void moe_router_backward(const loom_backend *be, float *dlogits, const fl
     (void)N, (void)E, (void)K;
     refuse(be, "moe_router_backward");
 }
+/* diffusion transformer (DiT) pieces: not on CUDA yet either */
+static void layernorm_plain_forward(const loom_backend *be, float *out, float *mean, float *rstd,
+                                    const float *inp, int N, int C, float eps) {
+    (void)out, (void)mean, (void)rstd, (void)inp, (void)N, (void)C, (void)eps;
+    refuse(be, "layernorm_plain_forward");
+}
+static void layernorm_plain_backward(const loom_backend *be, float *dinp, const float *dout,
+                                     const float *inp, const float *mean, const float *rstd, int N,
+                                     int C) {
+    (void)dinp, (void)dout, (void)inp, (void)mean, (void)rstd, (void)N, (void)C;
+    refuse(be, "layernorm_plain_backward");
+}
+static void silu_forward(const loom_backend *be, float *out, const float *inp, size_t n) {
+    (void)out, (void)inp, (void)n;
+    refuse(be, "silu_forward");
+}
+static void silu_backward(const loom_backend *be, float *dinp, const float *inp, const float *dout,
+                          size_t n) {
+    (void)dinp, (void)inp, (void)dout, (void)n;
+    refuse(be, "silu_backward");
+}
+static void attention_bidir_forward(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, float *scratch, int B, int T, int H, int KV,
+                                    int hd) {
+    (void)out, (void)lse, (void)qkv, (void)scratch, (void)B, (void)T, (void)H, (void)KV, (void)hd;
+    refuse(be, "attention_bidir_forward");
+}
+static void attention_bidir_backward(const loom_backend *be, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int H, int KV, int hd) {
+    (void)dqkv, (void)scratch, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
+    (void)H, (void)KV, (void)hd;
+    refuse(be, "attention_bidir_backward");
+}
+static void mse_forward(const loom_backend *be, float *losses, const float *pred,
+                        const float *target, int N, int P) {
+    (void)losses, (void)pred, (void)target, (void)N, (void)P;
+    refuse(be, "mse_forward");
+}
+static void mse_forward_backward(const loom_backend *be, float *losses, float *pred,
+                                 const float *target, int N, int P, float dloss) {
+    (void)losses, (void)pred, (void)target, (void)N, (void)P, (void)dloss;
+    refuse(be, "mse_forward_backward");
+}
+static void modulate_forward(const loom_backend *be, float *out, const float *x, const float *shift,
+                             const float *scale, int ld, int N, int C, int T, int row0) {
+    (void)out, (void)x, (void)shift, (void)scale, (void)ld, (void)N, (void)C, (void)T, (void)row0;
+    refuse(be, "modulate_forward");
+}
+static void modulate_backward(const loom_backend *be, float *dx, float *dshift, float *dscale,
+                              const float *dout, const float *x, const float *scale, int ld, int N,
+                              int C, int T, int row0) {
+    (void)dx, (void)dshift, (void)dscale, (void)dout, (void)x, (void)scale, (void)ld, (void)N;
+    (void)C, (void)T, (void)row0;
+    refuse(be, "modulate_backward");
+}
+static void gate_add_forward(const loom_backend *be, float *out, const float *res, const float *y,
+                             const float *gate, int ld, int N, int C, int T, int row0) {
+    (void)out, (void)res, (void)y, (void)gate, (void)ld, (void)N, (void)C, (void)T, (void)row0;
+    refuse(be, "gate_add_forward");
+}
+static void gate_add_backward(const loom_backend *be, float *dy, float *dgate, const float *dout,
+                              const float *y, const float *gate, int ld, int N, int C, int T,
+                              int row0) {
+    (void)dy, (void)dgate, (void)dout, (void)y, (void)gate, (void)ld, (void)N, (void)C, (void)T;
+    (void)row0;
+    refuse(be, "gate_add_backward");
+}
+static void add_position(const loom_backend *be, float *x, const float *pos, int N, int C, int T,
+                         int row0) {
+    (void)x, (void)pos, (void)N, (void)C, (void)T, (void)row0;
+    refuse(be, "add_position");
+}
+static void timestep_embedding(const loom_backend *be, float *out, const float *t, int B, int dim) {
+    (void)out, (void)t, (void)B, (void)dim;
+    refuse(be, "timestep_embedding");
+}
 /* ---- optimizer and clipping ---- */
 static void adamw_update(const loom_backend *be, float *param, const float *grad, float *m,
                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
@@ -358,10 +435,14 @@ static const loom_backend_ops cuda_ops = {
     .embedding_backward = embedding_backward,
     .layernorm_forward = layernorm_forward,
     .layernorm_backward = layernorm_backward,
+    .layernorm_plain_forward = layernorm_plain_forward,
+    .layernorm_plain_backward = layernorm_plain_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
+    .silu_forward = silu_forward,
+    .silu_backward = silu_backward,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
     .add = add,
@@ -371,8 +452,18 @@ static const loom_backend_ops cuda_ops = {
     .attention_scratch_floats = attention_scratch_floats,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
+    .attention_bidir_forward = attention_bidir_forward,
+    .attention_bidir_backward = attention_bidir_backward,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,
+    .mse_forward = mse_forward,
+    .mse_forward_backward = mse_forward_backward,
+    .modulate_forward = modulate_forward,
+    .modulate_backward = modulate_backward,
+    .gate_add_forward = gate_add_forward,
+    .gate_add_backward = gate_add_backward,
+    .add_position = add_position,
+    .timestep_embedding = timestep_embedding,
     .embedding_forward_shard = embedding_forward_shard,
     .embedding_backward_shard = embedding_backward_shard,
     .crossentropy_shard_max = crossentropy_shard_max,
