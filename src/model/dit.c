@@ -135,10 +135,12 @@ void loom_dit_positions(const loom_model_config *c, float *pos) {
         for (int i = 0; i < gh; i++)
             for (int j = 0; j < gw; j++) {
                 float *e = pos + (size_t)((f * gh + i) * gw + j) * D;
-                /* DiT's meshgrid(grid_w, grid_h): the first half encodes the column */
-                sincos_1d(e, Ds / 2, j);
-                sincos_1d(e + Ds / 2, Ds / 2, i);
-                if (video) sincos_1d(e + Ds, D - Ds, f);
+                /* CogVideoX: [temporal | spatial]; DiT's meshgrid(grid_w, grid_h): the
+                 * spatial part's first half encodes the column */
+                if (video) sincos_1d(e, D - Ds, f);
+                float *sp = video ? e + (D - Ds) : e;
+                sincos_1d(sp, Ds / 2, j);
+                sincos_1d(sp + Ds / 2, Ds / 2, i);
             }
 }
 

@@ -7,8 +7,8 @@
  * layer over each patch flattened in (c, dt, dy, dx) order (DiT's conv weight,
  * x_embedder.proj.weight, stored 2-D as [C_model, C*pt*p*p]); the final layer predicts
  * each patch in DiT's unpatchify order (dt, dy, dx, c). Positions are fixed sin-cos, not
- * parameters: DiT's 2-D table for images, CogVideoX's 3-D one (3/4 of the channels
- * spatial, 1/4 temporal) for clips, chosen over 3-D RoPE because DiT's and CogVideoX's
+ * parameters: DiT's 2-D table for images, CogVideoX's 3-D one for clips ([1/4 of the
+ * channels temporal | 3/4 spatial]), chosen over 3-D RoPE because DiT's and CogVideoX's
  * published checkpoints use them and they keep attention the same kernel as the LMs'.
  * Conditioning c = MLP(sinusoid(1000 t)) + class embedding (row n_classes: the null
  * class of classifier-free guidance); every block and the final layer read silu(c)

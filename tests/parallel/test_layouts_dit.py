@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""Invariants 1 and 2 for the diffusion transformer (family dit): every layout computes the
+same function as one process, including the moving average of the weights.
+
+On random image shards (random pixels and labels, written here; a non-square image with an
+odd number of patch tokens, and a clip case with frames and temporal patches), trains a
+small class-conditional DiT with flow matching (random t, noise and class dropout: all
+drawn from (seed, step, sample), so the same in every layout) and --ema-decay, on one
+process and then in the layouts below. Checks that every loss and every final weight and
+moving-average weight equal the single-process run (whole model <= 1e-5, worst tensor
+<= 1e-4, as tests/harness/loomtest.py explains), that the initial weights are bitwise the
+unsharded ones, that one layout twice is bitwise identical, and that a run stopped at a
+checkpoint and resumed in another layout ends with the uninterrupted run's weights and
+average. Usage: test_layouts_dit.py --loom PATH [--seed S] [--quick]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+                      weights_error)
+
+D_MODEL = 32
+# (name, ranks, extra flags)
+IMAGE_LAYOUTS = [
+    ("dp2_zero0", 2, ["--dp", "2"]),
+    ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+    ("dp2_zero2", 2, ["--dp", "2", "--zero", "2"]),
+    ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
+    ("dp4_zero1", 4, ["--dp", "4", "--zero", "1"]),
+    ("dp4_zero3", 4, ["--dp", "4", "--zero", "3"]),
+    ("tp2", 2, ["--tp", "2"]),
+    ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("pp2_1f1b", 2, ["--pp", "2", "--pp-schedule", "1f1b"]),
+    ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+    ("pp2_interleaved", 2, ["--pp", "2", "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
+    ("recompute", 1, ["--recompute"]),
+    ("pp2_dp2_tp2_sp", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
+                           "--zero", "1", "--recompute"]),
+]
+VIDEO_LAYOUTS = [
+    ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
+    ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+]
+
+
+def write_image_shard(path, rng, n, frames, channels, height, width, classes):
+    """A shard in loom's image format (docs/IMAGES.md): header, int32 labels, u8 pixels."""
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20261202, 1, n, frames, channels, height, width, classes]
+    labels = rng.integers(0, classes, n).astype("<i4")
+    pixels = rng.integers(0, 256, (n, frames, channels, height, width)).astype(np.uint8)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(labels.tobytes())
+        f.write(pixels.tobytes())
+
+
+def check_case(args, tmp, seed, case, shape, layouts_list):
+    rng = np.random.default_rng(seed)
+    frames, patch_t, channels, height, width, patch, classes = shape
+    data = os.path.join(tmp, f"{case}_train_000000.bin")
+    write_image_shard(data, rng, 64, frames, channels, height, width, classes)
+    base = [args.loom, "train", "--family", "dit", "--n-layer", "4", "--n-head", "4",
+            "--d-model", str(D_MODEL), "--d-ff", "64", "--frames", str(frames),
+            "--patch-t", str(patch_t), "--channels", str(channels), "--height", str(height),
+            "--width", str(width), "--patch", str(patch), "--n-classes", str(classes),
+            "--micro-batch", "2", "--global-batch", "8", "--steps", "8", "--lr", "3e-3",
+            "--warmup-steps", "2", "--grad-clip", "1.0", "--class-dropout", "0.25",
+            "--ema-decay", "0.8", "--seed", str(seed), "--log-every", "0", "--threads", "1",
+            "--data", data, "--bucket-mb", "0.01"]
+    layouts = Layouts(base, tmp, f"{case}_")
+    ref = layouts.run("single", 1)
+    ref_ema = ref.load("ema_final.safetensors")
+    print(f"{case}: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
+    failures = checks = 0
+    for name, ranks, extra in layouts_list:
+        got = layouts.run(name, ranks, extra)
+        loss_err = loss_error(got.losses, ref.losses)
+        all_err, w_err, w_name = weights_error(got.params, ref.params, D_MODEL)
+        ema_err, ema_w, ema_name = weights_error(got.load("ema_final.safetensors"), ref_ema,
+                                                 D_MODEL)
+        init_same = same_tensors(got.init, ref.init)
+        ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
+              and w_err <= 10 * TOL and ema_err <= TOL and ema_w <= 10 * TOL and init_same)
+        failures += not ok
+        checks += 1
+        print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
+              f"{w_name})  ema {ema_err:.2e} (worst {ema_w:.2e} {ema_name})  init "
+              f"{'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
+    # the same layout twice: bitwise
+    name, ranks, extra = layouts_list[-1]
+    again = layouts.run(name + "_again", ranks, extra)
+    same = bitwise(again, layouts.runs[name]) and same_tensors(
+        again.load("ema_final.safetensors"), layouts.runs[name].load("ema_final.safetensors"))
+    failures += not same
+    checks += 1
+    print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    # saved at step 4 in one layout, resumed from there in others: the same end
+    ckpt = os.path.join(tmp, f"{case}_ckpt")
+    layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt, "--ckpt-every", "4"])
+    step4 = os.path.join(ckpt, "step_00000004")
+    for rname, rranks, rextra in (("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+                                  ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"])):
+        res = layouts.run("resumed_" + rname, rranks, rextra + ["--resume", step4])
+        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
+        ema_err, ema_w, _ = weights_error(res.load("ema_final.safetensors"), ref_ema, D_MODEL)
+        loss_err = loss_error(res.losses, ref.losses[4:])
+        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and ema_err <= TOL
+        failures += not ok
+        checks += 1
+        print(f"  resumed at step 4 (dp2 ZeRO-1 -> {rname}): losses {loss_err:.2e}  weights "
+              f"{all_err:.2e}  ema {ema_err:.2e}  {'ok' if ok else 'FAIL'}")
+    return checks, failures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_layouts_dit_")
+    checks = failures = 0
+    try:
+        # (frames, patch_t, channels, height, width, patch, classes): 3 x 5 = 15 tokens of
+        # 4 x 4 gray patches; clips of 4 frames in 2-frame patches, 2 x 2 x 3 = 12 tokens
+        for case, shape, lay in (("image", (1, 1, 1, 12, 20, 4, 5), IMAGE_LAYOUTS),
+                                 ("video", (4, 2, 3, 8, 12, 4, 3), VIDEO_LAYOUTS)):
+            c, f = check_case(args, tmp, seed, case, shape, lay)
+            checks += c
+            failures += f
+    finally:
+        if failures:
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{checks - failures} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
