@@ -28,7 +28,7 @@ import torch_model as tm
 
 # The spec: video embedding = concat(spatial (3D/4 channels), temporal (D/4)). CogVideoX's
 # get_3d_sincos_pos_embed concatenates [temporal, spatial] instead; flip this to follow it.
-VIDEO_TEMPORAL_FIRST = False
+VIDEO_TEMPORAL_FIRST = True  # CogVideoX: concat(temporal, spatial), as loom does
 # Heun: the correction is applied on every step, also the last one (to t = 0), since the
 # flow-matching velocity is defined at t = 0. k-diffusion / diffusers' Heun take a plain
 # Euler step into t = 0 instead; set this to follow them.
@@ -153,7 +153,7 @@ def sincos_2d(D, gh, gw):
 
 def sincos_3d(D, gt, gh, gw, temporal_first=None):
     """[gt*gh*gw, D], token (f*gh + h)*gw + w: spatial = 2-D with 3D/4 channels, temporal =
-    1-D(D/4, f); concat(spatial, temporal) per the spec (see VIDEO_TEMPORAL_FIRST)."""
+    1-D(D/4, f); concat(temporal, spatial) as CogVideoX and loom (see VIDEO_TEMPORAL_FIRST)."""
     if temporal_first is None:
         temporal_first = VIDEO_TEMPORAL_FIRST
     Ds, Dt = 3 * D // 4, D // 4
