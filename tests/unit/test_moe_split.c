@@ -78,7 +78,7 @@ static void check(loom_family family, int variant) {
         loom_model_blocks_backward_weight(&split, params, g2, 0, L, split.embed, NULL, NULL),
         LOOM_OK);
     assert_int_equal(loom_model_head_backward_weight(&split, g2), LOOM_OK);
-    assert_int_equal(loom_model_embed_backward(&split, g2), LOOM_OK);
+    assert_int_equal(loom_model_embed_backward(&split, params, g2), LOOM_OK);
     size_t nonzero = 0, differ = 0;
     for (size_t i = 0; i < P; i++) {
         nonzero += g1[i] != 0.0f;
