@@ -9,6 +9,7 @@
 #include "cli/cmd_plot.h"
 #include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_run.h"
+#include "cli/cmd_sample.h"
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
@@ -26,6 +27,7 @@ static void usage(FILE *f) {
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
             "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+            "  sample    images from a dit model (loom sample --weights W.safetensors)\n"
             "  gpu-info  CUDA devices found, or why there are none\n"
             "  version   print the version\n",
             LOOM_VERSION);
@@ -44,6 +46,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "sample") == 0) return loom_cmd_sample(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
     if (strcmp(cmd, "gpu-info") == 0) return loom_cmd_gpu_info(argc - 1, argv + 1);
@@ -56,8 +59,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr,
-            "loom: unknown command '%s' (expected train, run, data, generate, plot, tokenizer, "
-            "version)\n",
+            "loom: unknown command '%s' (expected train, run, data, generate, sample, plot, "
+            "tokenizer, version)\n",
             cmd);
     return 2;
 }
