@@ -34,5 +34,5 @@ void loom_batch_source_sample(const loom_batch_source *s, uint64_t seed, int64_t
     if (s->kind == LOOM_BATCH_TOKENS)
         loom_dataset_sample(&s->tokens, seed, step, first, n, out);
     else if (s->kind == LOOM_BATCH_FLOW)
-        loom_flow_sample(&s->images, &s->flow, seed, step, first, n, out);
+        loom_flow_batch_sample(&s->images, &s->flow, seed, step, first, n, out);
 }

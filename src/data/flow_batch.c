@@ -32,7 +32,7 @@ static void put_float(int32_t *word, float x) {
     memcpy(word, &x, sizeof x);
 }
 
-void loom_flow_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
+void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
                       int64_t step, int64_t first, int n, int32_t *out) {
     const int64_t S = ds->sample_bytes;
     const int words = loom_flow_record_words(ds);

@@ -39,7 +39,7 @@ loom_status loom_t_sampling_parse(const char *name, loom_t_sampling *out, loom_e
 /* int32 words of one record of a dataset of this shape. */
 int loom_flow_record_words(const loom_image_dataset *ds);
 /* Records of sequences [first, first + n) of step `step` into out[n][words]. */
-void loom_flow_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
+void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
                       int64_t step, int64_t first, int n, int32_t *out);
 
 #endif

@@ -9,11 +9,20 @@
 
 #define N_META 11
 #define N_MOE_META 7 /* written only for MoE models */
+#define N_DIT_META 7 /* written only for dit models */
+static const char *const DIT_KEYS[N_DIT_META] = {"channels", "frames",  "height",   "width",
+                                                 "patch",    "patch_t", "n_classes"};
+
+static void dit_fields(loom_model_config *c, int *out[N_DIT_META]) {
+    int *f[N_DIT_META] = {&c->channels, &c->frames,  &c->height,   &c->width,
+                          &c->patch,    &c->patch_t, &c->n_classes};
+    for (int i = 0; i < N_DIT_META; i++) out[i] = f[i];
+}
 
 loom_status loom_weights_save(const char *path, const loom_model_config *c,
                               const loom_param_table *t, const float *params, loom_error *err) {
-    char vals[N_META + N_MOE_META][32];
-    const char *keys[N_META + N_MOE_META] = {
+    char vals[N_META + N_MOE_META + N_DIT_META][32];
+    const char *keys[N_META + N_MOE_META + N_DIT_META] = {
         "format", "family",     "n_layer",       "n_head",          "n_kv_head",     "d_model",
         "d_ff",   "vocab_size", "seq_len",       "norm_eps",        "rope_theta",    "n_experts",
         "top_k",  "moe_every",  "shared_expert", "capacity_factor", "aux_loss_coef", "z_loss_coef"};
@@ -35,8 +44,17 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
     snprintf(vals[15], 32, "%.9g", (double)c->capacity_factor);
     snprintf(vals[16], 32, "%.9g", (double)c->aux_loss_coef);
     snprintf(vals[17], 32, "%.9g", (double)c->z_loss_coef);
-    const int n = N_META + (c->n_experts > 0 ? N_MOE_META : 0);
-    const char *values[N_META + N_MOE_META];
+    int n = N_META + (c->n_experts > 0 ? N_MOE_META : 0);
+    if (c->family == LOOM_FAMILY_DIT) { /* the sample shape, after the common fields */
+        loom_model_config copy = *c;
+        int *f[N_DIT_META];
+        dit_fields(&copy, f);
+        for (int i = 0; i < N_DIT_META; i++, n++) {
+            keys[n] = DIT_KEYS[i];
+            snprintf(vals[n], 32, "%d", *f[i]);
+        }
+    }
+    const char *values[N_META + N_MOE_META + N_DIT_META];
     for (int i = 0; i < n; i++) values[i] = vals[i];
     return loom_params_write_safetensors(path, t, params, keys, values, n, err);
 }
@@ -113,13 +131,20 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
     if (st) return st;
     const char *family = loom_safetensors_meta(&f, "family");
     memset(c, 0, sizeof *c);
-    if (!family || (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0)) {
+    if (!family || (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 &&
+                    strcmp(family, "dit") != 0)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
-                            "%s: metadata 'family' is %s (expected gpt2 or llama)", path,
+                            "%s: metadata 'family' is %s (expected gpt2, llama or dit)", path,
                             family ? family : "missing");
     } else {
-        c->family = strcmp(family, "gpt2") == 0 ? LOOM_FAMILY_GPT2 : LOOM_FAMILY_LLAMA;
-        if (!(st = meta_int(&f, "n_layer", &c->n_layer, err)) &&
+        c->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
+                    : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA
+                                                   : LOOM_FAMILY_DIT;
+        int *f[N_DIT_META];
+        dit_fields(c, f);
+        for (int i = 0; i < N_DIT_META && c->family == LOOM_FAMILY_DIT && !st; i++)
+            st = meta_int(&f, DIT_KEYS[i], f[i], err);
+        if (!st && !(st = meta_int(&f, "n_layer", &c->n_layer, err)) &&
             !(st = meta_int(&f, "n_head", &c->n_head, err)) &&
             !(st = meta_int(&f, "n_kv_head", &c->n_kv_head, err)) &&
             !(st = meta_int(&f, "d_model", &c->d_model, err)) &&
