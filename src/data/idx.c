@@ -60,7 +60,7 @@ static loom_status open_header(const char *path, uint32_t magic, int ndim, const
                               "%s: cannot open: %s", path,
                               errno ? strerror(errno) : "out of memory");
     unsigned char h[16];
-    loom_status st = read_exact(f, path, h, 4 + 4 * ndim, "IDX header", err);
+    loom_status st = read_exact(f, path, h, 4, "IDX magic", err);
     if (st == LOOM_OK && be32(h) != magic)
         st = loom_error_set(
             err, LOOM_ERR_INPUT,
@@ -68,6 +68,7 @@ static loom_status open_header(const char *path, uint32_t magic, int ndim, const
             path, be32(h), magic, kind,
             magic == LOOM_IDX_MAGIC_IMAGES ? LOOM_IDX_MAGIC_LABELS : LOOM_IDX_MAGIC_IMAGES,
             magic == LOOM_IDX_MAGIC_IMAGES ? "labels" : "images");
+    if (st == LOOM_OK) st = read_exact(f, path, h + 4, 4 * ndim, "IDX header", err);
     if (st != LOOM_OK) {
         gzclose(f);
         return st;
