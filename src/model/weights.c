@@ -140,10 +140,10 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
         c->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
                     : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA
                                                    : LOOM_FAMILY_DIT;
-        int *f[N_DIT_META];
-        dit_fields(c, f);
+        int *shape[N_DIT_META];
+        dit_fields(c, shape);
         for (int i = 0; i < N_DIT_META && c->family == LOOM_FAMILY_DIT && !st; i++)
-            st = meta_int(&f, DIT_KEYS[i], f[i], err);
+            st = meta_int(&f, DIT_KEYS[i], shape[i], err);
         if (!st && !(st = meta_int(&f, "n_layer", &c->n_layer, err)) &&
             !(st = meta_int(&f, "n_head", &c->n_head, err)) &&
             !(st = meta_int(&f, "n_kv_head", &c->n_kv_head, err)) &&
