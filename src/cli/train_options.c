@@ -331,6 +331,14 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
         if (strcmp(file->items[i].def->key, "model") == 0) preset = &file->items[i];
     for (int i = 0; i < flags->n; i++)
         if (strcmp(flags->items[i].def->key, "model") == 0) preset = &flags->items[i];
+    /* --family dit without a --model starts from the dit-tiny preset (DiT's norm epsilon,
+     * the sample shape), not from the default language model's */
+    const setting_list *both[2] = {file, flags};
+    for (int l = 0; l < 2 && !preset; l++)
+        for (int i = 0; i < both[l]->n; i++)
+            if (strcmp(both[l]->items[i].def->key, "family") == 0)
+                snprintf(o->preset, sizeof o->preset, "%s",
+                         strcmp(both[l]->items[i].value, "dit") == 0 ? "dit-tiny" : "gpt2-tiny");
     loom_status st;
     if (preset && (st = apply(o, preset, err))) return st;
     if (loom_model_preset(&o->model, o->preset, NULL) != LOOM_OK)

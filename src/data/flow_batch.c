@@ -46,7 +46,7 @@ void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_option
                              ? uniform_of(key, LOOM_FLOW_TIME)
                              : 1.0 / (1.0 + exp(-loom_philox_normal(key, LOOM_FLOW_TIME, 0)));
         const int drop = uniform_of(key, LOOM_FLOW_DROP) < (double)o->class_dropout;
-        rec[0] = drop ? ds->n_classes : loom_image_dataset_label(ds, idx);
+        rec[0] = drop || o->n_classes == 0 ? o->n_classes : loom_image_dataset_label(ds, idx);
         put_float(&rec[1], (float)t);
         const uint8_t *px = loom_image_dataset_pixels(ds, idx);
         for (int64_t j = 0; j < S; j++) {

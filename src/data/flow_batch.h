@@ -3,8 +3,8 @@
  * and the class dropout, all from Philox keyed by (seed, step, seq), so every layout and
  * every rank sees the same numbers (the DiT's equivalence invariant).
  *
- * A record is 2 + 2S int32 words (S = F*C*H*W): [0] the label (the null class n_classes
- * when dropped), [1] t as float bits, then x0 = pixel / 127.5 - 1 and eps ~ N(0, 1), S
+ * A record is 2 + 2S int32 words (S = F*C*H*W): [0] the label (the model's null class
+ * o->n_classes when dropped, always for an unconditional model), [1] t as float bits, then x0 = pixel / 127.5 - 1 and eps ~ N(0, 1), S
  * floats each as bits (model/dit.h turns them into x_t = (1 - t) x0 + t eps and the target
  * eps - x0).
  *
@@ -29,6 +29,8 @@ typedef enum { LOOM_T_LOGIT_NORMAL = 0, LOOM_T_UNIFORM = 1 } loom_t_sampling;
 typedef struct {
     loom_t_sampling t_sampling; /* --t-sampling */
     float class_dropout;        /* --class-dropout: probability of the null class */
+    int n_classes; /* the model's classes; the null class is n_classes (0: unconditional, every
+                      label is the null class 0) */
 } loom_flow_options;
 
 /* "logit-normal" / "uniform". */

@@ -54,7 +54,8 @@ static loom_status parse_dit(const ctx *c, const json_t *j, loom_model_config *m
     if (!json_is_object(j)) return bad(c, "%s", "model.dit: missing (family dit)");
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         int64_t x;
-        if (!loom_json_int_in(json_object_get(j, ints[i].key), 1, 1 << 20, &x))
+        const int lo = ints[i].dst == &mc->n_classes ? 0 : 1; /* 0 classes: unconditional */
+        if (!loom_json_int_in(json_object_get(j, ints[i].key), lo, 1 << 20, &x))
             return bad(c, "model.dit: '%s' must be a positive integer", ints[i].key);
         *ints[i].dst = (int)x;
     }

@@ -77,17 +77,22 @@ loom_status loom_params_write_safetensors(const char *path, const loom_param_tab
 }
 
 /* Integer metadata field `key`; an error names the file and the field. */
-static loom_status meta_int(const loom_safetensors *f, const char *key, int *out, loom_error *err) {
+static loom_status meta_int_from(const loom_safetensors *f, const char *key, long lo, int *out,
+                                 loom_error *err) {
     const char *v = loom_safetensors_meta(f, key);
     char *end = NULL;
     long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x <= 0 || x > (1L << 30))
+    if (!v || !*v || *end || x < lo || x > (1L << 30))
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s: metadata '%s' is %s (expected a positive integer; is this a "
+                              "%s: metadata '%s' is %s (expected an integer >= %ld; is this a "
                               "file written by loom train --save-weights?)",
-                              f->path, key, v ? v : "missing");
+                              f->path, key, v ? v : "missing", lo);
     *out = (int)x;
     return LOOM_OK;
+}
+
+static loom_status meta_int(const loom_safetensors *f, const char *key, int *out, loom_error *err) {
+    return meta_int_from(f, key, 1, out, err);
 }
 
 static loom_status meta_float(const loom_safetensors *f, const char *key, float *out,
@@ -143,7 +148,8 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
         int *shape[N_DIT_META];
         dit_fields(c, shape);
         for (int i = 0; i < N_DIT_META && c->family == LOOM_FAMILY_DIT && !st; i++)
-            st = meta_int(&f, DIT_KEYS[i], shape[i], err);
+            st = meta_int_from(&f, DIT_KEYS[i], shape[i] == &c->n_classes ? 0 : 1, shape[i], err);
+
         if (!st && !(st = meta_int(&f, "n_layer", &c->n_layer, err)) &&
             !(st = meta_int(&f, "n_head", &c->n_head, err)) &&
             !(st = meta_int(&f, "n_kv_head", &c->n_kv_head, err)) &&

@@ -45,8 +45,8 @@ static loom_status check_images(const loom_batch_source *s, const char *flag, co
                                 const loom_model_config *mc, loom_error *err) {
     const loom_image_dataset *d = &s->images;
     if (d->frames == mc->frames && d->channels == mc->channels && d->height == mc->height &&
-        d->width == mc->width && d->n_classes == mc->n_classes)
-        return LOOM_OK;
+        d->width == mc->width && (d->n_classes == mc->n_classes || mc->n_classes == 0))
+        return LOOM_OK; /* an unconditional model (--n-classes 0) ignores the labels */
     return loom_error_set(err, LOOM_ERR_INPUT,
                           "%s '%s': samples are %d x %d x %d x %d (frames x channels x height x "
                           "width) with %d classes, the model expects %d x %d x %d x %d with %d "
@@ -63,12 +63,14 @@ static loom_status open_data(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     const char *globs[2] = {tc->data, tc->val_data}, *flags[2] = {"--data", "--val-data"};
     loom_batch_source *dst[2] = {&r->data, &r->val};
+    loom_flow_options flow = tc->flow;
+    flow.n_classes = mc->n_classes;
     loom_status st = LOOM_OK;
     for (int i = 0; i < 2 && !st; i++) {
         if (!globs[i][0]) continue;
         if (mc->family != LOOM_FAMILY_DIT) {
             st = loom_batch_source_open_tokens(dst[i], globs[i], mc->vocab_size, mc->seq_len, err);
-        } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &tc->flow, err))) {
+        } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &flow, err))) {
             st = check_images(dst[i], flags[i], globs[i], mc, err);
         } else {
             loom_error prefixed = *err;

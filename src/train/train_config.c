@@ -48,7 +48,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
     tc->virtual_stages = 1;
-    tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f};
+    tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f, 0}; /* n_classes: the model's */
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
