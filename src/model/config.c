@@ -143,6 +143,11 @@ static loom_status validate_dit(const loom_model_config *c, loom_error *err) {
 }
 
 loom_status loom_model_config_validate(const loom_model_config *c, loom_error *err) {
+    /* a dit's shape first: its sequence length follows from it */
+    if (c->family == LOOM_FAMILY_DIT) {
+        loom_status st = validate_dit(c, err);
+        if (st) return st;
+    }
     struct {
         const char *flag;
         int value;
@@ -170,10 +175,6 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--n-head %d: head dim %d must be even for RoPE (llama family)",
                               c->n_head, c->d_model / c->n_head);
-    if (c->family == LOOM_FAMILY_DIT) {
-        loom_status st = validate_dit(c, err);
-        if (st) return st;
-    }
     if (c->vocab_size > (1 << 30))
         return loom_error_set(err, LOOM_ERR_INPUT, "--vocab-size %d: too large", c->vocab_size);
     if (!(c->norm_eps > 0.0f))
