@@ -3,9 +3,14 @@
 # Bible (Debian's bible-kjv): install what is missing, build, learn a 4096-token BPE,
 # tokenize into shards, train a small GPT-2 for a few minutes (progress on the terminal),
 # plot the loss curves and print a generated sample. Extra arguments go to `loom train`
-# (e.g. --steps 50).
+# (e.g. --steps 50). `bash scripts/demo.sh dit` runs the diffusion-transformer journey.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `bash scripts/demo.sh dit`: the image and video journey instead (scripts/demo_dit.sh)
+if [ "${1:-}" = dit ]; then
+    shift
+    exec bash scripts/demo_dit.sh "$@"
+fi
 say() { printf '\n== %s\n' "$*"; }
 
 say "1/6 install what is missing and build"

@@ -51,6 +51,7 @@ int loom_cmd_run(int argc, char **argv) {
     snprintf(job.data, sizeof job.data, "%s", o.train.data);
     job.vocab_size = o.model.vocab_size;
     job.seq_len = o.model.seq_len;
+    job.images = o.model.family == LOOM_FAMILY_DIT;
     job.seed = o.train.seed;
     job.global_batch = o.train.global_batch;
     job.micro_batch = o.train.micro_batch;

@@ -231,8 +231,8 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
         break;
     case OPT_T_SAMPLING:
         if (loom_t_sampling_parse(v, (loom_t_sampling *)base, NULL) != LOOM_OK)
-            return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "%s '%s': expected logit-normal or uniform", s->origin, v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected logit-normal or uniform",
+                                  s->origin, v);
         break;
     }
     return LOOM_OK;

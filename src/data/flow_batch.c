@@ -33,7 +33,7 @@ static void put_float(int32_t *word, float x) {
 }
 
 void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
-                      int64_t step, int64_t first, int n, int32_t *out) {
+                            int64_t step, int64_t first, int n, int32_t *out) {
     const int64_t S = ds->sample_bytes;
     const int words = loom_flow_record_words(ds);
 #pragma omp parallel for schedule(static)
@@ -51,7 +51,8 @@ void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_option
         const uint8_t *px = loom_image_dataset_pixels(ds, idx);
         for (int64_t j = 0; j < S; j++) {
             put_float(&rec[2 + j], (float)px[j] / 127.5f - 1.0f);
-            put_float(&rec[2 + S + j], (float)loom_philox_normal(key, LOOM_FLOW_NOISE, (uint64_t)j));
+            put_float(&rec[2 + S + j],
+                      (float)loom_philox_normal(key, LOOM_FLOW_NOISE, (uint64_t)j));
         }
     }
 }

@@ -4,9 +4,9 @@
  * every rank sees the same numbers (the DiT's equivalence invariant).
  *
  * A record is 2 + 2S int32 words (S = F*C*H*W): [0] the label (the model's null class
- * o->n_classes when dropped, always for an unconditional model), [1] t as float bits, then x0 = pixel / 127.5 - 1 and eps ~ N(0, 1), S
- * floats each as bits (model/dit.h turns them into x_t = (1 - t) x0 + t eps and the target
- * eps - x0).
+ * o->n_classes when dropped, always for an unconditional model), [1] t as float bits, then x0 =
+ * pixel / 127.5 - 1 and eps ~ N(0, 1), S floats each as bits (model/dit.h turns them into x_t = (1
+ * - t) x0 + t eps and the target eps - x0).
  *
  * The draws: s = philox_u64(seed, LOOM_FLOW_STREAM, step, seq) keys the sample; eps[j] =
  * philox_normal(s, LOOM_FLOW_NOISE, j); t = sigmoid(philox_normal(s, LOOM_FLOW_TIME, 0))
@@ -42,6 +42,6 @@ loom_status loom_t_sampling_parse(const char *name, loom_t_sampling *out, loom_e
 int loom_flow_record_words(const loom_image_dataset *ds);
 /* Records of sequences [first, first + n) of step `step` into out[n][words]. */
 void loom_flow_batch_sample(const loom_image_dataset *ds, const loom_flow_options *o, uint64_t seed,
-                      int64_t step, int64_t first, int n, int32_t *out);
+                            int64_t step, int64_t first, int n, int32_t *out);
 
 #endif

@@ -11,7 +11,8 @@
 #include "core/error.h"
 #include "ft/run_config.h"
 
-/* {"index": batch, "sequences": [{"seq", "dp_rank", "file", "token_offset", "tokens"}]}
+/* {"index": batch, "sequences": [{"seq", "dp_rank", "file", "token_offset", "tokens"}]} (a dit:
+ * "file", "sample" index in it and "label" instead of the token fields)
  * for 1-based batch `batch` of the job's data order with dp data-parallel ranks; NULL
  * with err set when the data cannot be opened. */
 json_t *loom_batch_info(const loom_run_job *j, int64_t batch, int dp, loom_error *err);

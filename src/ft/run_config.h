@@ -35,6 +35,7 @@ typedef struct {
     int model_ranks;          /* ranks of one model replica: --tp x --pp (the rest is --dp) */
     char data[LOOM_RUN_PATH]; /* --data, --vocab-size, --seq-len, --seed: to name a bad */
     int vocab_size, seq_len;  /* batch's sequences in the diagnosis (ft/batch_info.h) */
+    int images;               /* 1: --data holds image shards (a dit), samples are named */
     uint64_t seed;
     char skip_steps[LOOM_RUN_PATH];
     char ckpt_dirs[2][LOOM_RUN_PATH]; /* --ckpt-dir, --ckpt-fast-dir ("" = none) */

@@ -12,9 +12,11 @@ typedef struct {
  * presets is a multiple of 32 near 8/3 * d_model. */
 static const preset PRESETS[] = {
 #define LM(fam, L, H, KV, C, F, V, T)                                                              \
-    {.family = fam, .n_layer = L, .n_head = H, .n_kv_head = KV, .d_model = C, .d_ff = F,           \
-     .vocab_size = V, .seq_len = T, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .top_k = 2,         \
-     .moe_every = 1, .aux_loss_coef = 0.01f}
+    {                                                                                              \
+        .family = fam, .n_layer = L, .n_head = H, .n_kv_head = KV, .d_model = C, .d_ff = F,        \
+        .vocab_size = V, .seq_len = T, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .top_k = 2,      \
+        .moe_every = 1, .aux_loss_coef = 0.01f                                                     \
+    }
     {"gpt2-tiny", LM(LOOM_FAMILY_GPT2, 4, 4, 4, 128, 512, 50257, 256)},
     {"gpt2-small", LM(LOOM_FAMILY_GPT2, 12, 12, 12, 768, 3072, 50257, 1024)},
     {"llama-tiny", LM(LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256)},
@@ -23,15 +25,47 @@ static const preset PRESETS[] = {
     /* DiT (Peebles & Xie) sized for Fashion-MNIST's 28 x 28 gray images and 10 classes:
      * dit-tiny 49 tokens of 4 x 4 patches, dit-small DiT-S's width on 196 tokens of 2 x 2. */
     {"dit-tiny",
-     {.family = LOOM_FAMILY_DIT, .n_layer = 4, .n_head = 4, .n_kv_head = 4, .d_model = 128,
-      .d_ff = 512, .vocab_size = 1, .seq_len = 49, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
-      .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1, .height = 28,
-      .width = 28, .patch = 4, .patch_t = 1, .n_classes = 10}},
+     {.family = LOOM_FAMILY_DIT,
+      .n_layer = 4,
+      .n_head = 4,
+      .n_kv_head = 4,
+      .d_model = 128,
+      .d_ff = 512,
+      .vocab_size = 1,
+      .seq_len = 49,
+      .norm_eps = 1e-6f,
+      .rope_theta = 10000.0f,
+      .top_k = 2,
+      .moe_every = 1,
+      .aux_loss_coef = 0.01f,
+      .channels = 1,
+      .frames = 1,
+      .height = 28,
+      .width = 28,
+      .patch = 4,
+      .patch_t = 1,
+      .n_classes = 10}},
     {"dit-small",
-     {.family = LOOM_FAMILY_DIT, .n_layer = 12, .n_head = 6, .n_kv_head = 6, .d_model = 384,
-      .d_ff = 1536, .vocab_size = 1, .seq_len = 196, .norm_eps = 1e-6f, .rope_theta = 10000.0f,
-      .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1, .height = 28,
-      .width = 28, .patch = 2, .patch_t = 1, .n_classes = 10}},
+     {.family = LOOM_FAMILY_DIT,
+      .n_layer = 12,
+      .n_head = 6,
+      .n_kv_head = 6,
+      .d_model = 384,
+      .d_ff = 1536,
+      .vocab_size = 1,
+      .seq_len = 196,
+      .norm_eps = 1e-6f,
+      .rope_theta = 10000.0f,
+      .top_k = 2,
+      .moe_every = 1,
+      .aux_loss_coef = 0.01f,
+      .channels = 1,
+      .frames = 1,
+      .height = 28,
+      .width = 28,
+      .patch = 2,
+      .patch_t = 1,
+      .n_classes = 10}},
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 
@@ -101,9 +135,12 @@ static loom_status validate_dit(const loom_model_config *c, loom_error *err) {
     struct {
         const char *flag;
         int value, max;
-    } range[] = {{"--channels", c->channels, 4},     {"--frames", c->frames, 4096},
-                 {"--height", c->height, 1 << 14},   {"--width", c->width, 1 << 14},
-                 {"--patch", c->patch, 64},          {"--patch-t", c->patch_t, 64},
+    } range[] = {{"--channels", c->channels, 4},
+                 {"--frames", c->frames, 4096},
+                 {"--height", c->height, 1 << 14},
+                 {"--width", c->width, 1 << 14},
+                 {"--patch", c->patch, 64},
+                 {"--patch-t", c->patch_t, 64},
                  {"--n-classes", c->n_classes, 1 << 20}};
     for (size_t i = 0; i < sizeof range / sizeof range[0]; i++) {
         const int lo = range[i].value == c->n_classes && i + 1 == sizeof range / sizeof range[0]

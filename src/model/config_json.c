@@ -35,10 +35,10 @@ json_t *loom_model_config_to_json(const loom_model_config *c) {
     /* Diffusion transformer: the sample shape, patches and classes. */
     if (j && c->family == LOOM_FAMILY_DIT)
         json_object_set_new(j, "dit",
-                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "channels", c->channels,
-                                      "frames", c->frames, "height", c->height, "width", c->width,
-                                      "patch", c->patch, "patch_t", c->patch_t, "n_classes",
-                                      c->n_classes));
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "channels",
+                                      c->channels, "frames", c->frames, "height", c->height,
+                                      "width", c->width, "patch", c->patch, "patch_t", c->patch_t,
+                                      "n_classes", c->n_classes));
     return j;
 }
 
@@ -48,8 +48,8 @@ static loom_status parse_dit(const ctx *c, const json_t *j, loom_model_config *m
     struct {
         const char *key;
         int *dst;
-    } ints[] = {{"channels", &mc->channels}, {"frames", &mc->frames},   {"height", &mc->height},
-                {"width", &mc->width},       {"patch", &mc->patch},     {"patch_t", &mc->patch_t},
+    } ints[] = {{"channels", &mc->channels},  {"frames", &mc->frames}, {"height", &mc->height},
+                {"width", &mc->width},        {"patch", &mc->patch},   {"patch_t", &mc->patch_t},
                 {"n_classes", &mc->n_classes}};
     if (!json_is_object(j)) return bad(c, "%s", "model.dit: missing (family dit)");
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
@@ -97,8 +97,7 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
     memset(mc, 0, sizeof *mc);
     const char *family = json_string_value(json_object_get(j, "family"));
     if (!json_is_object(j) || !family ||
-        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 &&
-         strcmp(family, "dit") != 0))
+        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 && strcmp(family, "dit") != 0))
         return bad(c, "%s", "model: needs family gpt2, llama or dit");
     mc->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
                  : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA

@@ -11,23 +11,23 @@
 /* A DiT block's activations beyond the LM block's (those live in m->blocks[l]: norm1/2
  * hold the normalised inputs, qkv, att, lse, res1, fc, act, res2). */
 typedef struct {
-    float *mod;    /* [B, 6C]: shift/scale/gate of attention, then of the MLP */
-    float *xm1;    /* [Ns, C] modulated norm1: attention's input */
-    float *y1;     /* [Ns, C] attention output (before the gate) */
-    float *xm2;    /* [Ns, C] modulated norm2: the MLP's input */
-    float *y2;     /* [Ns, C] MLP output (before the gate) */
-    float *d_mod;  /* split backward: d(mod), kept for W */
-    float *d_y1;   /* split backward: d(y1) gathered [N, C], kept for W */
-    float *d_y2;   /* split backward: d(y2) gathered [N, C] */
+    float *mod;   /* [B, 6C]: shift/scale/gate of attention, then of the MLP */
+    float *xm1;   /* [Ns, C] modulated norm1: attention's input */
+    float *y1;    /* [Ns, C] attention output (before the gate) */
+    float *xm2;   /* [Ns, C] modulated norm2: the MLP's input */
+    float *y2;    /* [Ns, C] MLP output (before the gate) */
+    float *d_mod; /* split backward: d(mod), kept for W */
+    float *d_y1;  /* split backward: d(y1) gathered [N, C], kept for W */
+    float *d_y2;  /* split backward: d(y2) gathered [N, C] */
 } dit_block;
 
 struct loom_dit {
-    dit_block *blk;          /* n_layer */
-    float *pos;              /* [T, C] fixed positions (backend memory, outside the arena) */
+    dit_block *blk;            /* n_layer */
+    float *pos;                /* [T, C] fixed positions (backend memory, outside the arena) */
     float *host_in, *host_out; /* [N, P] host staging for the batch's patches and targets */
-    float *host_sample;      /* [2, S] x_t and v of one sample */
-    float *host_t;           /* [B] */
-    int32_t *host_labels;    /* [B] */
+    float *host_sample;        /* [2, S] x_t and v of one sample */
+    float *host_t;             /* [B] */
+    int32_t *host_labels;      /* [B] */
     /* arena: inputs */
     float *patches, *target, *t; /* [N, P], [N, P], [B] */
     int32_t *labels;             /* [B] */
@@ -35,9 +35,9 @@ struct loom_dit {
     float *tfreq, *th, *tha, *c; /* [B, 256], [B, C] x 3 */
     float *dc, *dtha, *dth;      /* backward scratch [B, C] */
     /* arena: final layer */
-    float *fmod, *dfmod;             /* [B, 2C] */
+    float *fmod, *dfmod;              /* [B, 2C] */
     float *fxn, *fmean, *frstd, *fxm; /* [Ns, C], [Ns], [Ns], [Ns, C] */
-    float *pred;                     /* [Ns, P]: the prediction, then its gradient */
+    float *pred;                      /* [Ns, P]: the prediction, then its gradient */
     /* arena: block backward scratch */
     float *dmod;      /* [B, 6C] */
     float *dyl, *dxn; /* [Ns, C] */
@@ -101,9 +101,9 @@ static void out_order(const loom_model_config *c, float *x, float *patches, int 
                     for (int dy = 0; dy < p; dy++)
                         for (int dx = 0; dx < p; dx++)
                             for (int ch = 0; ch < Cn; ch++) {
-                                float *e = &x[(((size_t)(f * pt + dt) * Cn + ch) * H + i * p + dy) *
-                                                  W +
-                                              j * p + dx];
+                                float *e =
+                                    &x[(((size_t)(f * pt + dt) * Cn + ch) * H + i * p + dy) * W +
+                                       j * p + dx];
                                 float *q = &v[((dt * p + dy) * p + dx) * Cn + ch];
                                 if (to_patches)
                                     *q = *e;
@@ -330,7 +330,8 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
         loom_backend_gelu_forward(be, a->act, a->fc, (size_t)N * d->F);
         st = loom_model_row_forward(m, b->y2, a->act, p + k->proj_w, p + k->proj_b, d->F);
     }
-    if (!st) loom_backend_gate_add_forward(be, a->res2, a->res1, b->y2, mod + 5 * C, ld, Ns, C, T, r0);
+    if (!st)
+        loom_backend_gate_add_forward(be, a->res2, a->res1, b->y2, mod + 5 * C, ld, Ns, C, T, r0);
     loom_trace_end(m->trace);
     return st;
 }
@@ -421,8 +422,8 @@ static loom_status dit_head_backward_weight(loom_model *m, float *g) {
     const loom_dit_params *q = &m->table.dit;
     loom_dit *s = m->dit;
     const dims d = dims_here(m);
-    loom_backend_linear_backward_weight(m->be, g + q->final_w, g + q->final_b, s->pred, s->fxm, d.Ns,
-                                        d.C, d.P);
+    loom_backend_linear_backward_weight(m->be, g + q->final_w, g + q->final_b, s->pred, s->fxm,
+                                        d.Ns, d.C, d.P);
     loom_backend_linear_backward_weight(m->be, g + q->final_ada_w, g + q->final_ada_b, s->dfmod,
                                         m->cond, d.B, d.C, 2 * d.C);
     return LOOM_OK;
@@ -433,9 +434,9 @@ static loom_status dit_head_backward_weight(loom_model *m, float *g) {
  * gathered (also copied into keep under split backward) and dinner = d(inner) has the
  * linear's input gradient; the weight gradient unless split. */
 static loom_status gated_row_backward(loom_model *m, const dims *d, const float *p, float *g,
-                                      const float *y, const float *gate, float *dgate,
-                                      size_t w_off, size_t b_off, const float *inner, int IC,
-                                      float *dinner, float *keep) {
+                                      const float *y, const float *gate, float *dgate, size_t w_off,
+                                      size_t b_off, const float *inner, int IC, float *dinner,
+                                      float *keep) {
     const loom_backend *be = m->be;
     loom_dit *s = m->dit;
     const int N = d->N, C = d->C;
@@ -678,8 +679,9 @@ loom_status loom_dit_velocity(loom_model *m, const float *params, const float *x
     const size_t S = (size_t)loom_model_dit_sample_floats(c);
     for (int b = 0; b < m->B; b++) {
         if (labels[b] < 0 || labels[b] > c->n_classes)
-            return loom_error_set(err, LOOM_ERR_INPUT, "class %d: expected 0..%d (%d: unconditional)",
-                                  labels[b], c->n_classes, c->n_classes);
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "class %d: expected 0..%d (%d: unconditional)", labels[b],
+                                  c->n_classes, c->n_classes);
         loom_dit_patchify(c, x + b * S, s->host_in + b * TP);
     }
     loom_backend_copy_to_device(m->be, s->patches, s->host_in, (size_t)m->B * TP * sizeof(float));

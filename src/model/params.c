@@ -80,11 +80,11 @@ static void add_dit(builder *b, const loom_model_config *c, const loom_layer_set
     loom_dit_params *d = &t->dit;
     const int C = c->d_model, F = c->d_ff, K = c->n_classes;
     const int P = loom_model_dit_patch_floats(c); /* in and out: pt * p * p * channels */
-    d->x_embed_w = d->x_embed_b = d->t_fc1_w = d->t_fc1_b = d->t_fc2_w = d->t_fc2_b =
-        d->y_table = d->final_ada_w = d->final_ada_b = d->final_w = d->final_b = LOOM_NO_PARAM;
+    d->x_embed_w = d->x_embed_b = d->t_fc1_w = d->t_fc1_b = d->t_fc2_w = d->t_fc2_b = d->y_table =
+        d->final_ada_w = d->final_ada_b = d->final_w = d->final_b = LOOM_NO_PARAM;
     if (set->first) {
-        d->x_embed_w = add_rows_partial(b, "x_embedder.proj.weight", C, P, LOOM_INIT_UNIFORM,
-                                        xavier(P, C));
+        d->x_embed_w =
+            add_rows_partial(b, "x_embedder.proj.weight", C, P, LOOM_INIT_UNIFORM, xavier(P, C));
         d->x_embed_b = add_rows_partial(b, "x_embedder.proj.bias", C, 0, LOOM_INIT_ZEROS, 0);
         d->t_fc1_w = add_rows_partial(b, "t_embedder.mlp.0.weight", C, LOOM_DIT_FREQ_DIM,
                                       LOOM_INIT_NORMAL, 0.02f);
@@ -126,10 +126,10 @@ static void add_dit(builder *b, const loom_model_config *c, const loom_layer_set
     }
     t->head_begin = t->total;
     if (set->last) {
-        d->final_ada_w =
-            add_rows_partial(b, "final_layer.adaLN_modulation.1.weight", 2 * C, C, LOOM_INIT_ZEROS, 0);
-        d->final_ada_b =
-            add_rows_partial(b, "final_layer.adaLN_modulation.1.bias", 2 * C, 0, LOOM_INIT_ZEROS, 0);
+        d->final_ada_w = add_rows_partial(b, "final_layer.adaLN_modulation.1.weight", 2 * C, C,
+                                          LOOM_INIT_ZEROS, 0);
+        d->final_ada_b = add_rows_partial(b, "final_layer.adaLN_modulation.1.bias", 2 * C, 0,
+                                          LOOM_INIT_ZEROS, 0);
         d->final_w = add_rows_partial(b, "final_layer.linear.weight", P, C, LOOM_INIT_ZEROS, 0);
         d->final_b = add_rows_partial(b, "final_layer.linear.bias", P, 0, LOOM_INIT_ZEROS, 0);
     }

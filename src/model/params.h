@@ -17,7 +17,12 @@
 #define LOOM_DIT_FREQ_DIM 256
 
 /* NORMAL: N(0, init_std^2); UNIFORM: U(-init_std, init_std) (xavier_uniform's bound). */
-typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ONES, LOOM_INIT_ZEROS, LOOM_INIT_UNIFORM } loom_init_kind;
+typedef enum {
+    LOOM_INIT_NORMAL,
+    LOOM_INIT_ONES,
+    LOOM_INIT_ZEROS,
+    LOOM_INIT_UNIFORM
+} loom_init_kind;
 
 typedef struct {
     char name[LOOM_PARAM_NAME_MAX];
@@ -85,11 +90,11 @@ typedef struct {
 /* Offsets of a DiT's tensors outside the blocks (model/dit.h); LOOM_NO_PARAM when this
  * rank holds none (a pipeline stage without the embedding or the head). */
 typedef struct {
-    size_t x_embed_w, x_embed_b;              /* patch embedding [C, P_in] */
+    size_t x_embed_w, x_embed_b;               /* patch embedding [C, P_in] */
     size_t t_fc1_w, t_fc1_b, t_fc2_w, t_fc2_b; /* timestep MLP [C, 256], [C, C] */
-    size_t y_table;                           /* class embedding [n_classes + 1, C] */
-    size_t final_ada_w, final_ada_b;          /* final adaLN [2C, C] */
-    size_t final_w, final_b;                  /* final linear [P_out, C] */
+    size_t y_table;                            /* class embedding [n_classes + 1, C] */
+    size_t final_ada_w, final_ada_b;           /* final adaLN [2C, C] */
+    size_t final_w, final_b;                   /* final linear [P_out, C] */
 } loom_dit_params;
 
 typedef struct {
@@ -99,11 +104,11 @@ typedef struct {
     size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
     size_t head_begin; /* the head's flat range [head_begin, total) (total: no head here) */
     loom_dit_params dit;
-    loom_block_params *blocks;                  /* n_layer entries */
-    int n_layer;             /* blocks held here (all of them, or a pipeline stage's) */
-    int *layer_ids;          /* n_layer entries: block i here is global layer layer_ids[i] */
-    int has_embed, has_head; /* holds the embedding (first stage) / final norm + head (last) */
-    int ep_rank, ep_size;    /* expert-parallel placement (1 group of one: all here) */
+    loom_block_params *blocks; /* n_layer entries */
+    int n_layer;               /* blocks held here (all of them, or a pipeline stage's) */
+    int *layer_ids;            /* n_layer entries: block i here is global layer layer_ids[i] */
+    int has_embed, has_head;   /* holds the embedding (first stage) / final norm + head (last) */
+    int ep_rank, ep_size;      /* expert-parallel placement (1 group of one: all here) */
     int expert_first, n_local_experts;
 } loom_param_table;
 

@@ -93,7 +93,8 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->dfc = loom_carve(cv, N * FC);
     m->dact = loom_carve(cv, N * F);
     m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
-    m->moe_full = sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
+    m->moe_full =
+        sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
     m->att_scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
 }
 
@@ -226,15 +227,15 @@ static void lm_load_batch(loom_model *m, const int32_t *batch, int first) {
 static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;
     if (d->tp == 1) {
-        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, loom_cat(p, t->wpe), m->B,
-                                       m->T, d->C);
+        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, loom_cat(p, t->wpe),
+                                       m->B, m->T, d->C);
         return LOOM_OK;
     }
     /* vocabulary-parallel: each rank looks up its rows; positions once */
     float *part = loom_model_seq_parallel(m) ? m->dnorm : m->embed;
     loom_backend_embedding_forward_shard(m->be, part, m->inputs, p + t->wte,
-                                         d->rank == 0 ? loom_cat(p, t->wpe) : NULL, d->v0, d->V, m->B,
-                                         m->T, d->C);
+                                         d->rank == 0 ? loom_cat(p, t->wpe) : NULL, d->v0, d->V,
+                                         m->B, m->T, d->C);
     return loom_model_tp_reduce(m, part, m->embed);
 }
 
@@ -254,15 +255,17 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     const float *in;
     loom_status st = LOOM_OK;
     loom_trace_begin(m->trace, "block", recomputing ? "recompute" : "forward");
-    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, loom_cat(p, k->norm1_b),
-                 Ns);
+    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
+                 loom_cat(p, k->norm1_b), Ns);
     if (!(st = loom_model_tp_gather(m, a->norm1, &in))) {
-        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
+        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C,
+                                    d.QKV);
         if (!is_gpt2(m))
             loom_backend_rope_forward(m->be, a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
         loom_backend_attention_forward(m->be, a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H,
                                        d.KV, hd);
-        st = loom_model_row_forward(m, a->res1, a->att, p + k->attn_out_w, loom_cat(p, k->attn_out_b), d.A);
+        st = loom_model_row_forward(m, a->res1, a->att, p + k->attn_out_w,
+                                    loom_cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
         loom_backend_add(m->be, a->res1, a->res1, x, (size_t)Ns * C);
@@ -281,7 +284,8 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
-        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, loom_cat(p, k->fc_b), N, C, d.FC);
+        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, loom_cat(p, k->fc_b), N, C,
+                                    d.FC);
         if (is_gpt2(m))
             loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)N * d.F);
         else
@@ -304,14 +308,13 @@ static loom_status block_forward(loom_model *m, const dims *d, const float *p, i
 static loom_status head_forward(loom_model *m, const dims *d, const float *p, const float *x) {
     const loom_param_table *t = &m->table;
     const float *in;
-    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, loom_cat(p, t->normf_b),
-                 d->Ns);
+    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w,
+                 loom_cat(p, t->normf_b), d->Ns);
     loom_status st = loom_model_tp_gather(m, m->normf, &in);
     if (!st)
         loom_backend_linear_forward(m->be, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
     return st;
 }
-
 
 static loom_status lm_embed_forward(loom_model *m, const float *p) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
@@ -319,7 +322,7 @@ static loom_status lm_embed_forward(loom_model *m, const float *p) {
 }
 
 static loom_status lm_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
-                                      const float **out) {
+                                     const float **out) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
     loom_status st = LOOM_OK;
     for (int l = lo; l < hi && !st; l++) {
@@ -374,13 +377,14 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
                                  const float *x_last) {
     const loom_param_table *t = &m->table;
     const float *dn;
-    loom_status st = m->split_backward ? loom_model_column_input(m, m->logits, p + t->lm_head, d->V, &dn)
-                                       : loom_model_column_backward(m, m->logits, p + t->lm_head,
-                                                         g + t->lm_head, NULL, m->normf, d->V, &dn);
+    loom_status st = m->split_backward
+                         ? loom_model_column_input(m, m->logits, p + t->lm_head, d->V, &dn)
+                         : loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head,
+                                                      NULL, m->normf, d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
-        norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last, p + t->normf_w,
-                      m->normf_mean, m->normf_rstd, d->Ns);
+        norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last,
+                      p + t->normf_w, m->normf_mean, m->normf_rstd, d->Ns);
     return st;
 }
 
@@ -421,20 +425,20 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         if (split)
             loom_backend_copy(m->be, a->d_res2, dy, (size_t)N * C * sizeof(float));
         else
-            loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), dy, a->act,
-                                                N, d.F, C);
+            loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), dy,
+                                                a->act, N, d.F, C);
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
         st = split ? loom_model_column_input(m, dfc, p + k->fc_w, d.FC, &dn)
-                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b), a->norm2,
-                                     d.FC, &dn);
+                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w,
+                                                loom_at(g, k->fc_b), a->norm2, d.FC, &dn);
     }
     if (!st) {
-        norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1, p + k->norm2_w,
-                      a->norm2_mean, a->norm2_rstd, Ns);
+        norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1,
+                      p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
         st = loom_model_tp_gather(m, m->dres, &dy);
     }
@@ -444,16 +448,16 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         if (split)
             loom_backend_copy(m->be, a->d_res1, dy, (size_t)N * C * sizeof(float));
         else
-            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b), dy,
-                                                a->att, N, d.A, C);
+            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
+                                                dy, a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         loom_backend_attention_backward(m->be, dqkv, m->att_scratch, m->datt, a->qkv, a->att,
                                         a->lse, B, T, d.H, d.KV, hd);
         if (!is_gpt2(m))
             loom_backend_rope_backward(m->be, dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
         st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d.QKV, &dn)
-                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),
-                                     a->norm1, d.QKV, &dn);
+                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w,
+                                                loom_at(g, k->qkv_b), a->norm1, d.QKV, &dn);
     }
     if (!st)
         norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
@@ -474,16 +478,20 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     loom_trace_begin(m->trace, "block", "backward-weight");
     if (k->moe) { /* the experts', router's and shared expert's, from what B kept */
         const float *xn;
-        if (!(st = loom_model_tp_gather(m, a->norm2, &xn))) loom_moe_backward_weight(m->moe, l, g, xn);
+        if (!(st = loom_model_tp_gather(m, a->norm2, &xn)))
+            loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
         loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), a->d_res2,
                                             a->act, N, d->F, C);
-        st = loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
+        st =
+            loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
     }
     if (!st)
         loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
                                             a->d_res1, a->att, N, d->A, C);
-    if (!st) st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1, d->QKV);
+    if (!st)
+        st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1,
+                                      d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
@@ -494,14 +502,13 @@ static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
     const float *dy;
     loom_status st = LOOM_OK;
     if (d->tp == 1)
-        loom_backend_embedding_backward(m->be, g + t->wte, loom_at(g, t->wpe), m->dres, m->inputs, m->B,
-                                        m->T, d->C);
+        loom_backend_embedding_backward(m->be, g + t->wte, loom_at(g, t->wpe), m->dres, m->inputs,
+                                        m->B, m->T, d->C);
     else if (!(st = loom_model_tp_gather(m, m->dres, &dy)))
         loom_backend_embedding_backward_shard(m->be, g + t->wte, loom_at(g, t->wpe), dy, m->inputs,
                                               d->v0, d->V, m->B, m->T, d->C);
     return st;
 }
-
 
 static loom_status lm_head_backward(loom_model *m, const float *p, float *g, const float *x) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
@@ -513,7 +520,7 @@ size_t loom_model_block_range_end(const loom_param_table *t, int l) {
 }
 
 static loom_status lm_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
-                                       const float *x, loom_grads_ready_fn ready, void *ctx) {
+                                      const float *x, loom_grads_ready_fn ready, void *ctx) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
     const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
@@ -525,8 +532,8 @@ static loom_status lm_blocks_backward(loom_model *m, const float *p, float *g, i
 }
 
 static loom_status lm_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
-                                              int hi, const float *x, loom_grads_ready_fn ready,
-                                              void *ctx) {
+                                             int hi, const float *x, loom_grads_ready_fn ready,
+                                             void *ctx) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
     const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;

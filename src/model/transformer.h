@@ -42,7 +42,7 @@ typedef struct loom_model loom_model;
  * final (ranges arrive in decreasing order and tile [0, total)): the hook that lets
  * data parallelism reduce a bucket while backward computes earlier layers. */
 typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
-struct loom_carver;    /* model/model_impl.h */
+struct loom_carver;               /* model/model_impl.h */
 typedef struct loom_dit loom_dit; /* model/dit.c: a DiT's inputs, conditioning, activations */
 
 /* The pieces of forward and backward one family implements (transformer.c: the language
@@ -58,10 +58,9 @@ typedef struct {
                                   const float *x, const float **out);
     loom_status (*head_forward)(loom_model *m, const float *params, const float *x);
     loom_status (*loss_sum)(loom_model *m, float dloss, int backward, double *sum);
-    loom_status (*head_backward)(loom_model *m, const float *params, float *grads,
-                                 const float *x);
-    loom_status (*blocks_backward)(loom_model *m, const float *params, float *grads, int lo,
-                                   int hi, const float *x, loom_grads_ready_fn ready, void *ctx);
+    loom_status (*head_backward)(loom_model *m, const float *params, float *grads, const float *x);
+    loom_status (*blocks_backward)(loom_model *m, const float *params, float *grads, int lo, int hi,
+                                   const float *x, loom_grads_ready_fn ready, void *ctx);
     loom_status (*blocks_backward_weight)(loom_model *m, const float *params, float *grads, int lo,
                                           int hi, const float *x, loom_grads_ready_fn ready,
                                           void *ctx);

@@ -332,8 +332,9 @@ void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shar
 
 loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err) {
     if (z->experts)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--ema-decay: not available with --ep and ZeRO 1-3 (expert segments)");
+        return loom_error_set(
+            err, LOOM_ERR_INPUT,
+            "--ema-decay: not available with --ep and ZeRO 1-3 (expert segments)");
     z->ema_decay = decay;
     z->ema = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->ema ? LOOM_OK : loom_error_set(err, LOOM_ERR_NOMEM, "--ema-decay: out of memory");

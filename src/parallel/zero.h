@@ -65,8 +65,8 @@ typedef struct {
     float *m, *v;             /* AdamW state: whole buffer (stage 0) or the shard */
     float *ema;               /* --ema-decay: the weights' moving average, laid out as m */
     float ema_decay;
-    float *grad_shard;        /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
-                                 buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
+    float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
+                          buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
     size_t bucket_floats;
     loom_zero_bucket *buckets;
     int n_buckets, max_buckets;

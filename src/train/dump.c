@@ -43,12 +43,18 @@ loom_status loom_dump_flow_batches(const char *dir, const loom_model_config *mc,
             memcpy(noise + i * S, rec + 2 + S, S * sizeof(float));
         }
         const int64_t g = global_batch;
-        loom_tensor_view v[4] = {
-            {"x0", LOOM_DTYPE_F32, 6, {steps, g, mc->frames, mc->channels, mc->height, mc->width}, x0},
-            {"noise", LOOM_DTYPE_F32, 6,
-             {steps, g, mc->frames, mc->channels, mc->height, mc->width}, noise},
-            {"t", LOOM_DTYPE_F32, 2, {steps, g}, t},
-            {"labels", LOOM_DTYPE_I32, 2, {steps, g}, labels}};
+        loom_tensor_view v[4] = {{"x0",
+                                  LOOM_DTYPE_F32,
+                                  6,
+                                  {steps, g, mc->frames, mc->channels, mc->height, mc->width},
+                                  x0},
+                                 {"noise",
+                                  LOOM_DTYPE_F32,
+                                  6,
+                                  {steps, g, mc->frames, mc->channels, mc->height, mc->width},
+                                  noise},
+                                 {"t", LOOM_DTYPE_F32, 2, {steps, g}, t},
+                                 {"labels", LOOM_DTYPE_I32, 2, {steps, g}, labels}};
         char path[2048];
         snprintf(path, sizeof path, "%s/flow_batch.safetensors", dir);
         st = loom_safetensors_write(path, v, 4, err);

@@ -52,8 +52,8 @@ static loom_status check_images(const loom_batch_source *s, const char *flag, co
                           "width) with %d classes, the model expects %d x %d x %d x %d with %d "
                           "(set --frames %d --channels %d --height %d --width %d --n-classes %d)",
                           flag, glob, d->frames, d->channels, d->height, d->width, d->n_classes,
-                          mc->frames, mc->channels, mc->height, mc->width, mc->n_classes,
-                          d->frames, d->channels, d->height, d->width, d->n_classes);
+                          mc->frames, mc->channels, mc->height, mc->width, mc->n_classes, d->frames,
+                          d->channels, d->height, d->width, d->n_classes);
 }
 
 /* Training and validation batches: token windows for a language model, flow-matching

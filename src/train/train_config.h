@@ -57,9 +57,9 @@ typedef struct {
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
     /* diffusion transformers (family dit) */
-    loom_flow_options flow;        /* --t-sampling, --class-dropout */
-    float ema_decay;               /* --ema-decay: moving average of the weights (0 = off) */
-    char save_ema[LOOM_PATH_MAX];  /* the average's final weights (safetensors); "" = none */
+    loom_flow_options flow;       /* --t-sampling, --class-dropout */
+    float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */
+    char save_ema[LOOM_PATH_MAX]; /* the average's final weights (safetensors); "" = none */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */

@@ -32,7 +32,7 @@ static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
     for (int b = 0; b < tc->eval_batches; b++) {
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
         loom_batch_source_sample(&r->val, tc->seed, -1 - (int64_t)b,
-                            (int64_t)r->mesh->dp_rank * per_rank, per_rank, r->batch);
+                                 (int64_t)r->mesh->dp_rank * per_rank, per_rank, r->batch);
         double s;
         if ((st = loom_step_forward_loss(&r->runner, r->batch, &s, err))) return st;
         sum += s;

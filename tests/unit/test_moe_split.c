@@ -35,7 +35,13 @@ static void check(loom_family family, int variant) {
                            variant % 3 ? 1.0f : 0.0f,
                            0.01f,
                            0.001f,
-                           0, 0, 0, 0, 0, 0, 0};
+                           0,
+                           0,
+                           0,
+                           0,
+                           0,
+                           0,
+                           0};
     const int B = 2, chunks = 1 + (int)(seed_value % 3);
     loom_model whole, split;
     loom_error err = {0};
