@@ -22,50 +22,18 @@ static const preset PRESETS[] = {
     {"llama-tiny", LM(LOOM_FAMILY_LLAMA, 4, 4, 2, 128, 352, 32000, 256)},
     {"llama-100m", LM(LOOM_FAMILY_LLAMA, 8, 12, 4, 768, 2048, 32000, 1024)},
 #undef LM
-    /* DiT (Peebles & Xie) sized for Fashion-MNIST's 28 x 28 gray images and 10 classes:
-     * dit-tiny 49 tokens of 4 x 4 patches, dit-small DiT-S's width on 196 tokens of 2 x 2. */
-    {"dit-tiny",
-     {.family = LOOM_FAMILY_DIT,
-      .n_layer = 4,
-      .n_head = 4,
-      .n_kv_head = 4,
-      .d_model = 128,
-      .d_ff = 512,
-      .vocab_size = 1,
-      .seq_len = 49,
-      .norm_eps = 1e-6f,
-      .rope_theta = 10000.0f,
-      .top_k = 2,
-      .moe_every = 1,
-      .aux_loss_coef = 0.01f,
-      .channels = 1,
-      .frames = 1,
-      .height = 28,
-      .width = 28,
-      .patch = 4,
-      .patch_t = 1,
-      .n_classes = 10}},
-    {"dit-small",
-     {.family = LOOM_FAMILY_DIT,
-      .n_layer = 12,
-      .n_head = 6,
-      .n_kv_head = 6,
-      .d_model = 384,
-      .d_ff = 1536,
-      .vocab_size = 1,
-      .seq_len = 196,
-      .norm_eps = 1e-6f,
-      .rope_theta = 10000.0f,
-      .top_k = 2,
-      .moe_every = 1,
-      .aux_loss_coef = 0.01f,
-      .channels = 1,
-      .frames = 1,
-      .height = 28,
-      .width = 28,
-      .patch = 2,
-      .patch_t = 1,
-      .n_classes = 10}},
+/* DiT (Peebles & Xie) sized for Fashion-MNIST's 28 x 28 gray images and 10 classes:
+ * dit-tiny 49 tokens of 4 x 4 patches, dit-small DiT-S's width on 196 tokens of 2 x 2. */
+#define DIT(L, H, C, F, p)                                                                         \
+    {                                                                                              \
+        .family = LOOM_FAMILY_DIT, .n_layer = L, .n_head = H, .n_kv_head = H, .d_model = C,        \
+        .d_ff = F, .vocab_size = 1, .seq_len = (28 / p) * (28 / p), .norm_eps = 1e-6f,             \
+        .rope_theta = 10000.0f, .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, \
+        .frames = 1, .height = 28, .width = 28, .patch = p, .patch_t = 1, .n_classes = 10          \
+    }
+    {"dit-tiny", DIT(4, 4, 128, 512, 4)},
+    {"dit-small", DIT(12, 6, 384, 1536, 2)},
+#undef DIT
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 

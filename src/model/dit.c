@@ -72,7 +72,11 @@ static dims dims_here(const loom_model *m) {
 
 /* ---- patches and positions ---- */
 
-void loom_dit_patchify(const loom_model_config *c, const float *x, float *patches) {
+/* Walks every pixel of a sample x [F, C, H, W] with its place in the patch tokens: token
+ * (f', h', w') row-major; inside a token the input order (c, dt, dy, dx) or the output
+ * order (dt, dy, dx, c). to_patches 1: x -> patches, else patches -> x. */
+static void patch_walk(const loom_model_config *c, float *x, float *patches, int output_order,
+                       int to_patches) {
     const int p = c->patch, pt = c->patch_t, Cn = c->channels, H = c->height, W = c->width;
     const int gh = H / p, gw = W / p, gf = c->frames / pt, P = loom_model_dit_patch_floats(c);
     for (int f = 0; f < gf; f++)
@@ -82,29 +86,12 @@ void loom_dit_patchify(const loom_model_config *c, const float *x, float *patche
                 for (int ch = 0; ch < Cn; ch++)
                     for (int dt = 0; dt < pt; dt++)
                         for (int dy = 0; dy < p; dy++)
-                            for (int dx = 0; dx < p; dx++)
-                                v[((ch * pt + dt) * p + dy) * p + dx] =
-                                    x[(((size_t)(f * pt + dt) * Cn + ch) * H + i * p + dy) * W +
-                                      j * p + dx];
-            }
-}
-
-/* The same walk in the output order (dt, dy, dx, c); to_patches 1: x -> patches. */
-static void out_order(const loom_model_config *c, float *x, float *patches, int to_patches) {
-    const int p = c->patch, pt = c->patch_t, Cn = c->channels, H = c->height, W = c->width;
-    const int gh = H / p, gw = W / p, gf = c->frames / pt, P = loom_model_dit_patch_floats(c);
-    for (int f = 0; f < gf; f++)
-        for (int i = 0; i < gh; i++)
-            for (int j = 0; j < gw; j++) {
-                float *v = patches + (size_t)((f * gh + i) * gw + j) * P;
-                for (int dt = 0; dt < pt; dt++)
-                    for (int dy = 0; dy < p; dy++)
-                        for (int dx = 0; dx < p; dx++)
-                            for (int ch = 0; ch < Cn; ch++) {
+                            for (int dx = 0; dx < p; dx++) {
                                 float *e =
                                     &x[(((size_t)(f * pt + dt) * Cn + ch) * H + i * p + dy) * W +
                                        j * p + dx];
-                                float *q = &v[((dt * p + dy) * p + dx) * Cn + ch];
+                                float *q = &v[output_order ? ((dt * p + dy) * p + dx) * Cn + ch
+                                                           : ((ch * pt + dt) * p + dy) * p + dx];
                                 if (to_patches)
                                     *q = *e;
                                 else
@@ -113,8 +100,12 @@ static void out_order(const loom_model_config *c, float *x, float *patches, int 
             }
 }
 
+void loom_dit_patchify(const loom_model_config *c, const float *x, float *patches) {
+    patch_walk(c, (float *)x, patches, 0, 1); /* reads x only */
+}
+
 void loom_dit_unpatchify(const loom_model_config *c, const float *patches, float *x) {
-    out_order(c, x, (float *)patches, 0);
+    patch_walk(c, x, (float *)patches, 1, 0); /* reads patches only */
 }
 
 /* DiT's get_1d_sincos_pos_embed_from_grid: E channels for position pos, [sin | cos]. */
@@ -262,7 +253,7 @@ static void dit_load_batch(loom_model *m, const int32_t *batch, int first) {
             v[j] = e - a;
         }
         loom_dit_patchify(c, xt, s->host_in + (size_t)b * T * P);
-        out_order(c, v, s->host_out + (size_t)b * T * P, 1);
+        patch_walk(c, v, s->host_out + (size_t)b * T * P, 1, 1);
     }
     const size_t NP = (size_t)m->B * T * P * sizeof(float);
     loom_backend_copy_to_device(m->be, s->patches, s->host_in, NP);
@@ -342,18 +333,11 @@ static loom_status hook(const loom_model *m, int after, int layer, int backward)
     return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
 }
 
-static loom_status dit_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
-                                      const float **out) {
+static loom_status dit_block_forward(loom_model *m, const float *p, int l, const float *x) {
     const dims d = dims_here(m);
-    loom_status st = LOOM_OK;
-    for (int l = lo; l < hi && !st; l++) {
-        st = hook(m, 0, l, 0);
-        if (!st) st = block_forward_body(m, &d, p, l, x, 0);
-        if (!st) st = hook(m, 1, l, 0);
-        x = m->blocks[l].res2;
-    }
-    *out = x;
-    return st;
+    loom_status st = hook(m, 0, l, 0);
+    if (!st) st = block_forward_body(m, &d, p, l, x, 0);
+    return st ? st : hook(m, 1, l, 0);
 }
 
 static loom_status dit_head_forward(loom_model *m, const float *p, const float *x) {
@@ -546,29 +530,16 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     return st;
 }
 
-static loom_status dit_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
-                                       const float *x, loom_grads_ready_fn ready, void *ctx) {
+static loom_status dit_block_backward(loom_model *m, const float *p, float *g, int l,
+                                      const float *x) {
     const dims d = dims_here(m);
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = block_backward(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
+    return block_backward(m, &d, p, g, l, x);
 }
 
-static loom_status dit_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
-                                              int hi, const float *x, loom_grads_ready_fn ready,
-                                              void *ctx) {
+static loom_status dit_block_backward_weight(loom_model *m, const float *p, float *g, int l,
+                                             const float *x) {
     const dims d = dims_here(m);
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = block_backward_weight(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
+    return block_backward_weight(m, &d, p, g, l, x);
 }
 
 /* m->dres = d(embed), m->dcond = d(silu(c)) -> the embedders' gradients. */
@@ -599,12 +570,12 @@ static const loom_model_ops dit_ops = {
     .plan_bytes = dit_plan_bytes,
     .load_batch = dit_load_batch,
     .embed_forward = dit_embed_forward,
-    .blocks_forward = dit_blocks_forward,
+    .block_forward = dit_block_forward,
     .head_forward = dit_head_forward,
     .loss_sum = dit_loss_sum,
     .head_backward = dit_head_backward,
-    .blocks_backward = dit_blocks_backward,
-    .blocks_backward_weight = dit_blocks_backward_weight,
+    .block_backward = dit_block_backward,
+    .block_backward_weight = dit_block_backward_weight,
     .head_backward_weight = dit_head_backward_weight,
     .embed_backward = dit_embed_backward,
 };

@@ -321,16 +321,9 @@ static loom_status lm_embed_forward(loom_model *m, const float *p) {
     return embed_forward(m, &d, p);
 }
 
-static loom_status lm_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
-                                     const float **out) {
+static loom_status lm_block_forward(loom_model *m, const float *p, int l, const float *x) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
-    loom_status st = LOOM_OK;
-    for (int l = lo; l < hi && !st; l++) {
-        st = block_forward(m, &d, p, l, x);
-        x = m->blocks[l].res2;
-    }
-    *out = x;
-    return st;
+    return block_forward(m, &d, p, l, x);
 }
 
 static loom_status lm_head_forward(loom_model *m, const float *p, const float *x) {
@@ -519,29 +512,16 @@ size_t loom_model_block_range_end(const loom_param_table *t, int l) {
     return l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
 }
 
-static loom_status lm_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
-                                      const float *x, loom_grads_ready_fn ready, void *ctx) {
+static loom_status lm_block_backward(loom_model *m, const float *p, float *g, int l,
+                                     const float *x) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = block_backward(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
+    return block_backward(m, &d, p, g, l, x);
 }
 
-static loom_status lm_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
-                                             int hi, const float *x, loom_grads_ready_fn ready,
-                                             void *ctx) {
+static loom_status lm_block_backward_weight(loom_model *m, const float *p, float *g, int l,
+                                            const float *x) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = block_backward_weight(m, &d, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
+    return block_backward_weight(m, &d, p, g, l, x);
 }
 
 static loom_status lm_head_backward_weight(loom_model *m, float *g) {
@@ -560,12 +540,12 @@ static const loom_model_ops lm_ops = {
     .plan_bytes = lm_plan_bytes,
     .load_batch = lm_load_batch,
     .embed_forward = lm_embed_forward,
-    .blocks_forward = lm_blocks_forward,
+    .block_forward = lm_block_forward,
     .head_forward = lm_head_forward,
     .loss_sum = lm_loss_sum,
     .head_backward = lm_head_backward,
-    .blocks_backward = lm_blocks_backward,
-    .blocks_backward_weight = lm_blocks_backward_weight,
+    .block_backward = lm_block_backward,
+    .block_backward_weight = lm_block_backward_weight,
     .head_backward_weight = lm_head_backward_weight,
     .embed_backward = lm_embed_backward,
 };
@@ -583,7 +563,13 @@ loom_status loom_model_embed_forward(loom_model *m, const float *p) {
 
 loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
                                       const float **out) {
-    return m->ops->blocks_forward(m, p, lo, hi, x, out);
+    loom_status st = LOOM_OK;
+    for (int l = lo; l < hi && !st; l++) {
+        st = m->ops->block_forward(m, p, l, x);
+        x = m->blocks[l].res2;
+    }
+    *out = x;
+    return st;
 }
 
 loom_status loom_model_head_forward(loom_model *m, const float *p, const float *x) {
@@ -600,13 +586,25 @@ loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, co
 
 loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
                                        const float *x, loom_grads_ready_fn ready, void *ctx) {
-    return m->ops->blocks_backward(m, p, g, lo, hi, x, ready, ctx);
+    const loom_param_table *t = &m->table;
+    loom_status st = LOOM_OK;
+    for (int l = hi - 1; l >= lo && !st; l--) {
+        st = m->ops->block_backward(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
+    }
+    return st;
 }
 
 loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
                                               int hi, const float *x, loom_grads_ready_fn ready,
                                               void *ctx) {
-    return m->ops->blocks_backward_weight(m, p, g, lo, hi, x, ready, ctx);
+    const loom_param_table *t = &m->table;
+    loom_status st = LOOM_OK;
+    for (int l = hi - 1; l >= lo && !st; l--) {
+        st = m->ops->block_backward_weight(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
+    }
+    return st;
 }
 
 loom_status loom_model_head_backward_weight(loom_model *m, float *g) {

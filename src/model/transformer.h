@@ -54,16 +54,16 @@ typedef struct {
     size_t (*plan_bytes)(const loom_model *m, int sequence_parallel);
     void (*load_batch)(loom_model *m, const int32_t *batch, int first);
     loom_status (*embed_forward)(loom_model *m, const float *params);
-    loom_status (*blocks_forward)(loom_model *m, const float *params, int lo, int hi,
-                                  const float *x, const float **out);
+    /* block l (local index) from input x, hooks around it; output m->blocks[l].res2 */
+    loom_status (*block_forward)(loom_model *m, const float *params, int l, const float *x);
     loom_status (*head_forward)(loom_model *m, const float *params, const float *x);
     loom_status (*loss_sum)(loom_model *m, float dloss, int backward, double *sum);
     loom_status (*head_backward)(loom_model *m, const float *params, float *grads, const float *x);
-    loom_status (*blocks_backward)(loom_model *m, const float *params, float *grads, int lo, int hi,
-                                   const float *x, loom_grads_ready_fn ready, void *ctx);
-    loom_status (*blocks_backward_weight)(loom_model *m, const float *params, float *grads, int lo,
-                                          int hi, const float *x, loom_grads_ready_fn ready,
-                                          void *ctx);
+    /* block l: m->dres = d(output) -> d(input x); and its weight gradients (split) */
+    loom_status (*block_backward)(loom_model *m, const float *params, float *grads, int l,
+                                  const float *x);
+    loom_status (*block_backward_weight)(loom_model *m, const float *params, float *grads, int l,
+                                         const float *x);
     loom_status (*head_backward_weight)(loom_model *m, float *grads);
     loom_status (*embed_backward)(loom_model *m, const float *params, float *grads);
 } loom_model_ops;
