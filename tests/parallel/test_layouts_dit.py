@@ -106,6 +106,15 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
     ckpt = os.path.join(tmp, f"{case}_ckpt")
     layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt, "--ckpt-every", "4"])
     step4 = os.path.join(ckpt, "step_00000004")
+    # the same layout resumed: bitwise the run that saved (weights and average)
+    same = layouts.run("resumed_same", 2, ["--dp", "2", "--zero", "1", "--resume", step4])
+    saver = layouts.runs["saving"]
+    ok = (same.losses == saver.losses[4:] and same_tensors(same.params, saver.params)
+          and same_tensors(same.load("ema_final.safetensors"), saver.load("ema_final.safetensors")))
+    failures += not ok
+    checks += 1
+    print(f"  resumed at step 4 in the saving layout (dp2 ZeRO-1): "
+          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
     for rname, rranks, rextra in (("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
                                   ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"])):
         res = layouts.run("resumed_" + rname, rranks, rextra + ["--resume", step4])
