@@ -76,8 +76,9 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m, const loom_mod
            (double)total / (1 << 20), m->n_files);
 }
 
+/* The checkpoint's weights, or with ema its moving average of them (--ema-decay runs). */
 static int export_weights(const char *dir, const loom_ckpt_manifest *m, const loom_model_config *mc,
-                          const char *out) {
+                          const char *out, int ema) {
     loom_param_table t;
     loom_error err = {0};
     if (loom_params_build(&t, mc, NULL, &err)) return fail(err.msg);
@@ -92,20 +93,23 @@ static int export_weights(const char *dir, const loom_ckpt_manifest *m, const lo
         loom_params_free(&t);
         return fail("out of memory");
     }
-    loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, t.total}, {0}, {0}};
+    loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{0}};
+    b[ema ? LOOM_CKPT_EMA : LOOM_CKPT_PARAMS] = (loom_ckpt_buffer){params, 0, 0, t.total};
     loom_status st = loom_ckpt_load(dir, m, &ct, b, NULL, &err);
     if (!st) st = loom_weights_save(out, mc, &t, params, &err);
     free(params);
     loom_ckpt_descs_free(&ct);
     loom_params_free(&t);
     if (st) return fail(err.msg);
-    fprintf(stderr, "loom ckpt: step %lld exported to %s\n", (long long)m->step, out);
+    fprintf(stderr, "loom ckpt: step %lld%s exported to %s\n", (long long)m->step,
+            ema ? " (moving average)" : "", out);
     return 0;
 }
 
 int loom_cmd_ckpt(int argc, char **argv) {
     const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
-                        "safetensors -o FILE";
+                        "safetensors [--ema] -o FILE";
+    int ema = 0;
     if (argc < 3) return fail(usage);
     const char *cmd = argv[1], *arg = argv[2], *out = NULL, *format = "safetensors";
     for (int i = 3; i < argc; i++) {
@@ -113,6 +117,8 @@ int loom_cmd_ckpt(int argc, char **argv) {
             out = argv[++i];
         else if (strcmp(argv[i], "--format") == 0 && i + 1 < argc)
             format = argv[++i];
+        else if (strcmp(argv[i], "--ema") == 0)
+            ema = 1;
         else {
             char msg[256];
             snprintf(msg, sizeof msg, "unexpected argument '%s' (%s)", argv[i], usage);
@@ -152,7 +158,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
         else if (!out)
             rc = fail("export: -o FILE is required");
         else
-            rc = export_weights(dir, &m, &mc, out);
+            rc = export_weights(dir, &m, &mc, out, ema);
     } else {
         rc = fail(usage);
     }
