@@ -93,6 +93,17 @@ expect "missing weights" "$TMP/nothing.safetensors" -- sample --weights "$TMP/no
     --save-weights "$TMP/lm.safetensors" >/dev/null 2>&1
 expect "language model weights" "loom sample needs a dit model" -- sample --weights \
     "$TMP/lm.safetensors" -o "$TMP/g.png"
+# a checkpoint's moving average: exported by loom ckpt export --ema, the same file as
+# --save-ema; a checkpoint saved without one says so
+"$LOOM" "${BASE[@]}" --data "$TMP/ok/train_*.bin" --steps 2 --ema-decay 0.9 \
+    --save-ema "$TMP/ema.safetensors" --ckpt-dir "$TMP/ck" >/dev/null 2>&1
+"$LOOM" ckpt export "$TMP/ck/step_00000002" --format safetensors --ema -o "$TMP/ema2.safetensors" \
+    2>/dev/null && cmp -s "$TMP/ema.safetensors" "$TMP/ema2.safetensors" && pass=$((pass + 1)) ||
+    { echo "FAIL: loom ckpt export --ema differs from --save-ema"; fail=$((fail + 1)); }
+"$LOOM" "${BASE[@]}" --data "$TMP/ok/train_*.bin" --ckpt-dir "$TMP/ck0" >/dev/null 2>&1
+expect "export --ema without one" "checkpoint has no tensor 'ema/" -- ckpt export \
+    "$TMP/ck0/step_00000001" --format safetensors --ema -o "$TMP/e3.safetensors"
+
 # and the good cases work: an unconditional grid, a guided one
 "$LOOM" sample --weights "$TMP/uncond.safetensors" --n 2 --steps 2 -o "$TMP/u.png" 2>/dev/null &&
     [ -s "$TMP/u.png" ] && pass=$((pass + 1)) ||
