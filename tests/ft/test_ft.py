@@ -114,6 +114,38 @@ def case_crash(c, rng):
           f"checkpoints (every 4 steps) were not used")
 
 
+def case_crash_dit(c, rng):
+    """The diffusion transformer under the supervisor: a crash, a restart from the newest
+    checkpoint, and the fault-free run's final weights and moving average, bitwise."""
+    data = os.path.join(c.tmp, "images_000000.bin")
+    r = np.random.default_rng(c.seed)
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20261202, 1, 64, 1, 1, 12, 12, 4]  # docs/IMAGES.md: 64 gray 12 x 12, 4 classes
+    with open(data, "wb") as f:
+        f.write(header.tobytes() + r.integers(0, 4, 64).astype("<i4").tobytes()
+                + r.integers(0, 256, 64 * 144).astype(np.uint8).tobytes())
+    ema = os.path.join(c.tmp, "ema_ref.safetensors")
+    c.train = ["--family", "dit", "--n-layer", "2", "--d-model", "32", "--n-head", "4",
+               "--d-ff", "64", "--height", "12", "--width", "12", "--channels", "1", "--patch",
+               "4", "--n-classes", "4", "--micro-batch", "2", "--global-batch", "8", "--steps",
+               str(STEPS), "--lr", "3e-3", "--warmup-steps", "3", "--ema-decay", "0.9",
+               "--seed", str(c.seed), "--threads", "1", "--log-every", "0", "--data", data,
+               "--zero", "1"]
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    ref, _ = c.reference(4, ["--save-ema", ema])
+    run_dir, w, _ = c.supervised([], ["--inject", f"crash@{step}:{rank}", "--save-ema",
+                                      os.path.join(c.tmp, "ema_run.safetensors")], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "crash" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected crash of rank {rank}")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+    check(same_bits(os.path.join(c.tmp, "ema_run.safetensors"), ema),
+          "final moving average differs from the fault-free run")
+    f = summary(run_dir)["failures"][0]
+    print(f"  dit: crash at step {step} on rank {rank}, resumed at step {f['resumed_at_step']}: "
+          f"weights and EMA bitwise the fault-free run's")
+
+
 def case_hang(c, rng):
     step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
     ref, _ = c.reference(4)
