@@ -1,26 +1,17 @@
 /* Token-shard datasets: open (validate + mmap) and the deterministic sampler. */
 #include "data/dataset.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <glob.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/philox.h"
+#include "data/shard_files.h"
 
 /* Headers and tokens are little-endian on disk and read in place. */
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "loom's shard reader assumes a little-endian host"
 #endif
-
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
 
 /* Returns the first position whose token is >= vocab_size, or -1. */
 static int64_t find_bad_token(const void *tokens, int token_bytes, int64_t n, int vocab_size,
@@ -46,37 +37,13 @@ static int64_t find_bad_token(const void *tokens, int token_bytes, int64_t n, in
     return -1;
 }
 
-/* Maps and validates one shard file; on error nothing of sh needs freeing but path. */
-static loom_status shard_open(loom_shard *sh, int vocab_size, loom_error *err) {
-    const char *path = sh->path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    int64_t size = (int64_t)st.st_size;
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: not a regular file", path);
-    }
-    if (size < LOOM_SHARD_HEADER_BYTES) {
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s: truncated header: %" PRId64 " bytes, expected at least %d", path,
-                              size, LOOM_SHARD_HEADER_BYTES);
-    }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (map == MAP_FAILED)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: mmap failed: %s", path, strerror(map_errno));
-    sh->map = map;
-    sh->map_bytes = (size_t)size;
-
+/* Maps and validates one shard file; on error close() frees what it holds. */
+static loom_status shard_open(loom_shard *sh, const char *path, int vocab_size, loom_error *err) {
+    loom_status st =
+        loom_shard_map(path, LOOM_SHARD_HEADER_BYTES, "", &sh->path, &sh->map, &sh->map_bytes, err);
+    if (st != LOOM_OK) return st;
+    const void *map = sh->map;
+    int64_t size = (int64_t)sh->map_bytes;
     int32_t header[3];
     memcpy(header, map, sizeof header);
     if (header[0] == LOOM_SHARD_MAGIC_U16) {
@@ -131,21 +98,10 @@ loom_status loom_dataset_open(loom_dataset *ds, const char *glob_pattern, int vo
                               seq_len);
 
     glob_t g;
-    int rc = glob(glob_pattern, GLOB_NOSORT, NULL, &g);
-    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-        globfree(&g);
+    loom_status st = loom_shard_glob(glob_pattern, "--data ", &g, err);
+    if (st != LOOM_OK) return st;
+    if (g.gl_pathc == 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--data '%s': no file matches", glob_pattern);
-    }
-    if (rc != 0) {
-        globfree(&g);
-        return loom_error_set(err, rc == GLOB_NOSPACE ? LOOM_ERR_NOMEM : LOOM_ERR_IO,
-                              "--data '%s': cannot expand the pattern (glob error %d)",
-                              glob_pattern, rc);
-    }
-    /* Sort bytewise ourselves: glob's order follows the locale, the sampler must not. */
-    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
-
-    loom_status st = LOOM_OK;
     ds->seq_len = seq_len;
     ds->shards = calloc(g.gl_pathc, sizeof *ds->shards);
     if (!ds->shards) {
@@ -156,12 +112,7 @@ loom_status loom_dataset_open(loom_dataset *ds, const char *glob_pattern, int vo
     int64_t largest = 0;
     for (size_t i = 0; i < g.gl_pathc; i++) {
         loom_shard *sh = &ds->shards[ds->n_shards++]; /* counted now so close frees it */
-        sh->path = strdup(g.gl_pathv[i]);
-        if (!sh->path) {
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", g.gl_pathv[i]);
-            break;
-        }
-        st = shard_open(sh, vocab_size, err);
+        st = shard_open(sh, g.gl_pathv[i], vocab_size, err);
         if (st != LOOM_OK) break;
         sh->n_windows = sh->n_tokens > seq_len ? sh->n_tokens - seq_len : 0;
         sh->first_window = ds->total_windows;
@@ -181,10 +132,8 @@ loom_status loom_dataset_open(loom_dataset *ds, const char *glob_pattern, int vo
 
 void loom_dataset_close(loom_dataset *ds) {
     if (!ds) return;
-    for (int i = 0; i < ds->n_shards; i++) {
-        if (ds->shards[i].map) munmap(ds->shards[i].map, ds->shards[i].map_bytes);
-        free(ds->shards[i].path);
-    }
+    for (int i = 0; i < ds->n_shards; i++)
+        loom_shard_unmap(ds->shards[i].path, ds->shards[i].map, ds->shards[i].map_bytes);
     free(ds->shards);
     memset(ds, 0, sizeof *ds);
 }
@@ -192,15 +141,8 @@ void loom_dataset_close(loom_dataset *ds) {
 /* The shard holding global window w: the last shard with first_window <= w. Shards
  * without windows share first_window with their successor, so "last" skips them. */
 static const loom_shard *find_shard(const loom_dataset *ds, int64_t w) {
-    int lo = 0, hi = ds->n_shards - 1;
-    while (lo < hi) {
-        int mid = lo + (hi - lo + 1) / 2;
-        if (ds->shards[mid].first_window <= w)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return &ds->shards[lo];
+    int i = loom_shard_find(&ds->shards[0].first_window, sizeof *ds->shards, ds->n_shards, w);
+    return &ds->shards[i];
 }
 
 const loom_shard *loom_dataset_locate(const loom_dataset *ds, uint64_t seed, int64_t step,

@@ -2,18 +2,15 @@
 #include "data/image_shard.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <glob.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/philox.h"
 #include "data/dataset.h"
+#include "data/shard_files.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "loom's image shard format is read in place: it assumes a little-endian host"
@@ -55,31 +52,6 @@ static void fill_header(int32_t h[LOOM_IMAGE_SHARD_HEADER_BYTES / 4], int64_t n,
     h[7] = s->n_classes;
 }
 
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int pwrite_all(int fd, const void *buf, size_t n, off_t off) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, n, off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        p += w;
-        off += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static void writer_free(loom_image_writer *w) {
     free(w->dir);
     free(w->split);
@@ -93,11 +65,7 @@ static void writer_free(loom_image_writer *w) {
 }
 
 void loom_image_writer_abort(loom_image_writer *w) {
-    if (w->fd >= 0) {
-        close(w->fd);
-        unlink(w->tmp);
-        w->fd = -1;
-    }
+    loom_shard_tmp_discard(&w->fd, w->tmp);
     writer_free(w);
 }
 
@@ -134,21 +102,18 @@ loom_status loom_image_writer_open(loom_image_writer *w, const char *dir, const 
 }
 
 static loom_status writer_flush(loom_image_writer *w, loom_error *err) {
-    if (w->buf_n && write_all(w->fd, w->buf, w->buf_n) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    w->buf_n = 0;
-    return LOOM_OK;
+    loom_status st = loom_shard_tmp_write(w->fd, w->tmp, w->buf, w->buf_n, err);
+    if (st == LOOM_OK) w->buf_n = 0;
+    return st;
 }
 
 static loom_status shard_begin(loom_image_writer *w, loom_error *err) {
-    snprintf(w->path, w->path_cap, "%s/%s_%06d.bin", w->dir, w->split, w->n_shards);
-    snprintf(w->tmp, w->path_cap, "%s.tmp", w->path);
+    loom_shard_numbered_path(w->path, w->path_cap, w->dir, w->split, w->n_shards);
     int64_t left = w->n_total - w->done;
     w->shard_n = left < w->shard_samples ? left : w->shard_samples;
     w->in_shard = 0;
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+    loom_status st = loom_shard_tmp_open(w->path, w->tmp, w->path_cap, &w->fd, err);
+    if (st != LOOM_OK) return st;
     off_t pixels_at = LOOM_IMAGE_SHARD_HEADER_BYTES + (off_t)4 * w->shard_n;
     if (lseek(w->fd, pixels_at, SEEK_SET) != pixels_at)
         return loom_error_set(err, LOOM_ERR_IO, "%s: seek failed: %s", w->tmp, strerror(errno));
@@ -157,29 +122,17 @@ static loom_status shard_begin(loom_image_writer *w, loom_error *err) {
 
 /* Flush, write header and labels, fsync, close, rename into place, fsync the folder. */
 static loom_status shard_end(loom_image_writer *w, loom_error *err) {
-    loom_status st = writer_flush(w, err);
-    if (st != LOOM_OK) return st;
     int32_t h[LOOM_IMAGE_SHARD_HEADER_BYTES / 4];
     fill_header(h, w->shard_n, &w->shape);
-    if (pwrite_all(w->fd, h, sizeof h, 0) != 0 ||
-        pwrite_all(w->fd, w->labels, (size_t)w->shard_n * 4, LOOM_IMAGE_SHARD_HEADER_BYTES) != 0 ||
-        fsync(w->fd) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    int rc = close(w->fd);
-    w->fd = -1;
-    if (rc != 0 || rename(w->tmp, w->path) != 0) {
-        st = loom_error_set(err, LOOM_ERR_IO, "%s: cannot close and rename into place: %s", w->tmp,
-                            strerror(errno));
-        unlink(w->tmp);
-        return st;
-    }
-    w->n_shards++;
-    int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { /* makes the rename durable; some filesystems refuse, which is fine */
-        (void)fsync(dfd);
-        close(dfd);
-    }
-    return LOOM_OK;
+    size_t label_bytes = (size_t)w->shard_n * 4;
+    loom_status st = writer_flush(w, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_pwrite(w->fd, w->tmp, h, sizeof h, 0, err);
+    if (st == LOOM_OK)
+        st = loom_shard_tmp_pwrite(w->fd, w->tmp, w->labels, label_bytes,
+                                   LOOM_IMAGE_SHARD_HEADER_BYTES, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_commit(&w->fd, w->tmp, w->path, w->dir, err);
+    if (st == LOOM_OK) w->n_shards++;
+    return st;
 }
 
 loom_status loom_image_writer_put(loom_image_writer *w, int32_t label, const uint8_t *pixels,
@@ -199,9 +152,8 @@ loom_status loom_image_writer_put(loom_image_writer *w, int32_t label, const uin
     if (w->buf_n + sb > w->buf_cap) st = writer_flush(w, err);
     if (st != LOOM_OK) return st;
     if (sb > w->buf_cap) {
-        if (write_all(w->fd, pixels, sb) != 0)
-            return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", w->tmp,
-                                  strerror(errno));
+        st = loom_shard_tmp_write(w->fd, w->tmp, pixels, sb, err);
+        if (st != LOOM_OK) return st;
     } else {
         memcpy(w->buf + w->buf_n, pixels, sb);
         w->buf_n += sb;
@@ -216,7 +168,7 @@ loom_status loom_image_writer_put(loom_image_writer *w, int32_t label, const uin
 static int remove_stale(const loom_image_writer *w, int first) {
     int removed = 0;
     for (;; removed++) {
-        snprintf(w->path, w->path_cap, "%s/%s_%06d.bin", w->dir, w->split, first + removed);
+        loom_shard_numbered_path(w->path, w->path_cap, w->dir, w->split, first + removed);
         if (unlink(w->path) != 0) break;
     }
     return removed;
@@ -254,66 +206,30 @@ loom_status loom_image_shard_write(const char *path, const loom_image_shape *sha
     size_t cap = strlen(path) + 8;
     char *tmp = malloc(cap);
     if (!tmp) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
-    snprintf(tmp, cap, "%s.tmp", path);
     int32_t h[LOOM_IMAGE_SHARD_HEADER_BYTES / 4];
     fill_header(h, n, shape);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    } else {
-        size_t pixel_bytes = (size_t)n * (size_t)loom_image_sample_bytes(shape);
-        if (write_all(fd, h, sizeof h) != 0 || write_all(fd, labels, (size_t)n * 4) != 0 ||
-            write_all(fd, pixels, pixel_bytes) != 0 || fsync(fd) != 0)
-            st = loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-        if (close(fd) != 0 && st == LOOM_OK)
-            st = loom_error_set(err, LOOM_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-        if (st == LOOM_OK && rename(tmp, path) != 0)
-            st = loom_error_set(err, LOOM_ERR_IO, "%s: cannot rename into place: %s", path,
-                                strerror(errno));
-        if (st != LOOM_OK) unlink(tmp);
-    }
+    size_t pixel_bytes = (size_t)n * (size_t)loom_image_sample_bytes(shape);
+    int fd = -1;
+    st = loom_shard_tmp_open(path, tmp, cap, &fd, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_write(fd, tmp, h, sizeof h, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_write(fd, tmp, labels, (size_t)n * 4, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_write(fd, tmp, pixels, pixel_bytes, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_commit(&fd, tmp, path, NULL, err);
+    loom_shard_tmp_discard(&fd, tmp); /* after an error */
     free(tmp);
     return st;
 }
 
 /* ---- reader ---- */
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* Maps and validates one shard; fills its shape into *shape. */
-static loom_status shard_open(loom_image_shard *sh, loom_image_shape *shape, loom_error *err) {
-    const char *path = sh->path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    int64_t size = (int64_t)st.st_size;
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: not a regular file", path);
-    }
-    if (size < LOOM_IMAGE_SHARD_HEADER_BYTES) {
-        close(fd);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s: truncated header: %" PRId64
-                              " bytes, expected at least %d (an image shard)",
-                              path, size, LOOM_IMAGE_SHARD_HEADER_BYTES);
-    }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int map_errno = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: mmap failed: %s", path, strerror(map_errno));
-    sh->map = map;
-    sh->map_bytes = (size_t)size;
-
+static loom_status shard_open(loom_image_shard *sh, const char *path, loom_image_shape *shape,
+                              loom_error *err) {
+    loom_status s = loom_shard_map(path, LOOM_IMAGE_SHARD_HEADER_BYTES, " (an image shard)",
+                                   &sh->path, &sh->map, &sh->map_bytes, err);
+    if (s != LOOM_OK) return s;
+    const void *map = sh->map;
+    int64_t size = (int64_t)sh->map_bytes;
     int32_t h[8];
     memcpy(h, map, sizeof h);
     if (h[0] != LOOM_IMAGE_SHARD_MAGIC)
@@ -330,7 +246,7 @@ static loom_status shard_open(loom_image_shard *sh, loom_image_shape *shape, loo
                               "%s: bad sample count %" PRId32 " in header (expected >= 0)", path,
                               h[2]);
     *shape = (loom_image_shape){h[3], h[4], h[5], h[6], h[7]};
-    loom_status s = check_shape(path, shape, err);
+    s = check_shape(path, shape, err);
     if (s != LOOM_OK) return s;
     int64_t n = h[2], sb = loom_image_sample_bytes(shape);
     int64_t want = LOOM_IMAGE_SHARD_HEADER_BYTES + 4 * n + n * sb;
@@ -372,18 +288,10 @@ static loom_status same_shape(const loom_image_dataset *ds, const char *path,
 loom_status loom_image_dataset_open(loom_image_dataset *ds, const char *pattern, loom_error *err) {
     memset(ds, 0, sizeof *ds);
     glob_t g;
-    int rc = glob(pattern, GLOB_NOSORT, NULL, &g);
-    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
-        globfree(&g);
+    loom_status st = loom_shard_glob(pattern, "", &g, err);
+    if (st != LOOM_OK) return st;
+    if (g.gl_pathc == 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "no image shard matches '%s'", pattern);
-    }
-    if (rc != 0) {
-        globfree(&g);
-        return loom_error_set(err, rc == GLOB_NOSPACE ? LOOM_ERR_NOMEM : LOOM_ERR_IO,
-                              "'%s': cannot expand the pattern (glob error %d)", pattern, rc);
-    }
-    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str); /* bytewise, not the locale's */
-    loom_status st = LOOM_OK;
     ds->shards = calloc(g.gl_pathc, sizeof *ds->shards);
     if (!ds->shards) {
         globfree(&g);
@@ -393,9 +301,7 @@ loom_status loom_image_dataset_open(loom_image_dataset *ds, const char *pattern,
     for (size_t i = 0; i < g.gl_pathc && st == LOOM_OK; i++) {
         loom_image_shard *sh = &ds->shards[ds->n_shards++]; /* counted now so close frees it */
         loom_image_shape shape;
-        if (!(sh->path = strdup(g.gl_pathv[i])))
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", g.gl_pathv[i]);
-        if (st == LOOM_OK) st = shard_open(sh, &shape, err);
+        st = shard_open(sh, g.gl_pathv[i], &shape, err);
         if (st == LOOM_OK && i == 0) {
             ds->frames = shape.frames;
             ds->channels = shape.channels;
@@ -419,10 +325,8 @@ loom_status loom_image_dataset_open(loom_image_dataset *ds, const char *pattern,
 
 void loom_image_dataset_close(loom_image_dataset *ds) {
     if (!ds) return;
-    for (int i = 0; i < ds->n_shards; i++) {
-        if (ds->shards[i].map) munmap(ds->shards[i].map, ds->shards[i].map_bytes);
-        free(ds->shards[i].path);
-    }
+    for (int i = 0; i < ds->n_shards; i++)
+        loom_shard_unmap(ds->shards[i].path, ds->shards[i].map, ds->shards[i].map_bytes);
     free(ds->shards);
     memset(ds, 0, sizeof *ds);
 }
@@ -430,15 +334,7 @@ void loom_image_dataset_close(loom_image_dataset *ds) {
 /* The shard holding sample i: the last with first <= i (empty shards share `first` with
  * their successor, so "last" skips them). */
 static const loom_image_shard *find_shard(const loom_image_dataset *ds, int64_t i) {
-    int lo = 0, hi = ds->n_shards - 1;
-    while (lo < hi) {
-        int mid = lo + (hi - lo + 1) / 2;
-        if (ds->shards[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return &ds->shards[lo];
+    return &ds->shards[loom_shard_find(&ds->shards[0].first, sizeof *ds->shards, ds->n_shards, i)];
 }
 
 const uint8_t *loom_image_dataset_pixels(const loom_image_dataset *ds, int64_t i) {

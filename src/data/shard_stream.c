@@ -1,30 +1,14 @@
 /* Streaming token-shard writer (see shard_stream.h). */
 #include "data/shard_stream.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "data/dataset.h"
+#include "data/shard_files.h"
 
 int loom_prepare_shard_path(char *path, size_t cap, const char *dir, const char *split, int index) {
-    int k = snprintf(path, cap, "%s/%s_%06d.bin", dir, split, index);
-    return k < 0 || (size_t)k >= cap ? -1 : 0;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
+    return loom_shard_numbered_path(path, cap, dir, split, index);
 }
 
 loom_status loom_shard_stream_open(loom_shard_stream *s, const char *dir, const char *split,
@@ -52,50 +36,30 @@ loom_status loom_shard_stream_open(loom_shard_stream *s, const char *dir, const 
 }
 
 static loom_status stream_flush(loom_shard_stream *s, loom_error *err) {
-    if (s->buf_n && write_all(s->fd, s->buf, s->buf_n) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", s->tmp, strerror(errno));
-    s->buf_n = 0;
-    return LOOM_OK;
+    loom_status st = loom_shard_tmp_write(s->fd, s->tmp, s->buf, s->buf_n, err);
+    if (st == LOOM_OK) s->buf_n = 0;
+    return st;
 }
 
 static loom_status stream_begin(loom_shard_stream *s, loom_error *err) {
     static const unsigned char zero[LOOM_SHARD_HEADER_BYTES];
     loom_prepare_shard_path(s->path, s->path_cap, s->dir, s->split, s->n_shards);
-    snprintf(s->tmp, s->path_cap, "%s.tmp", s->path);
-    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (s->fd < 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot create: %s", s->tmp, strerror(errno));
+    loom_status st = loom_shard_tmp_open(s->path, s->tmp, s->path_cap, &s->fd, err);
     s->in_shard = 0;
-    if (write_all(s->fd, zero, sizeof zero) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", s->tmp, strerror(errno));
-    return LOOM_OK;
+    return st == LOOM_OK ? loom_shard_tmp_write(s->fd, s->tmp, zero, sizeof zero, err) : st;
 }
 
 /* Flush, patch the header, fsync, close, rename into place, fsync the folder. */
 static loom_status stream_end(loom_shard_stream *s, loom_error *err) {
-    loom_status st = stream_flush(s, err);
-    if (st != LOOM_OK) return st;
     int32_t header[LOOM_SHARD_HEADER_BYTES / 4] = {0};
     header[0] = s->token_bytes == 2 ? LOOM_SHARD_MAGIC_U16 : LOOM_SHARD_MAGIC_U32;
     header[1] = 1;
     header[2] = (int32_t)s->in_shard;
-    if (pwrite(s->fd, header, sizeof header, 0) != (ssize_t)sizeof header || fsync(s->fd) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "%s: write failed: %s", s->tmp, strerror(errno));
-    int rc = close(s->fd);
-    s->fd = -1;
-    if (rc != 0 || rename(s->tmp, s->path) != 0) {
-        st = loom_error_set(err, LOOM_ERR_IO, "%s: cannot close and rename into place: %s", s->tmp,
-                            strerror(errno));
-        unlink(s->tmp);
-        return st;
-    }
-    s->n_shards++;
-    int dfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { /* makes the rename durable; some filesystems refuse, which is fine */
-        (void)fsync(dfd);
-        close(dfd);
-    }
-    return LOOM_OK;
+    loom_status st = stream_flush(s, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_pwrite(s->fd, s->tmp, header, sizeof header, 0, err);
+    if (st == LOOM_OK) st = loom_shard_tmp_commit(&s->fd, s->tmp, s->path, s->dir, err);
+    if (st == LOOM_OK) s->n_shards++;
+    return st;
 }
 
 loom_status loom_shard_stream_put(loom_shard_stream *s, const int32_t *ids, size_t n,
@@ -142,10 +106,6 @@ loom_status loom_shard_stream_finish(loom_shard_stream *s, loom_error *err) {
 }
 
 void loom_shard_stream_abort(loom_shard_stream *s) {
-    if (s->fd >= 0) {
-        close(s->fd);
-        unlink(s->tmp);
-        s->fd = -1;
-    }
+    loom_shard_tmp_discard(&s->fd, s->tmp);
     stream_free(s);
 }
