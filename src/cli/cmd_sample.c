@@ -295,12 +295,11 @@ int loom_cmd_sample(int argc, char **argv) {
     const int per_call = o.cfg != 1.0f ? 2 * o.n : o.n;
     /* Forward only: the recomputation plan keeps one block's activations for all layers
      * (the same kernels in the same order, so the same numbers) instead of every layer's. */
-    if (loom_model_create(&m,
-                          &(loom_model_options){.cfg = &cfg,
-                                                .B = per_call,
-                                                .T = cfg.seq_len,
-                                                .flags = LOOM_MODEL_RECOMPUTE},
-                          &err)) {
+    if (loom_model_create(
+            &m,
+            &(loom_model_options){
+                .cfg = &cfg, .B = per_call, .T = cfg.seq_len, .flags = LOOM_MODEL_RECOMPUTE},
+            &err)) {
         rc = fail(err.msg);
         goto done;
     }
