@@ -196,6 +196,16 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
     json_object_set_new(j, "wall_s", json_real((loom_now_ms() - s->start_ms) * 1e-3));
     json_object_set_new(j, "heartbeats_accepted", json_integer(s->mon.accepted));
     json_object_set_new(j, "datagrams_rejected", json_integer(s->mon.rejected));
+    json_t *ranks = json_array(); /* the last attempt's ranks: where each ran, beats heard */
+    for (int r = 0; r < s->mon.world; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        json_t *o = json_object();
+        json_object_set_new(o, "rank", json_integer(r));
+        json_object_set_new(o, "host", rs->seen ? json_string(rs->beat.host) : json_null());
+        json_object_set_new(o, "heartbeats", json_integer(rs->accepted));
+        json_array_append_new(ranks, o);
+    }
+    json_object_set_new(j, "ranks", ranks);
     char path[LOOM_RUN_PATH + 32];
     snprintf(path, sizeof path, "%s/summary.json", s->cfg->run_dir);
     json_dump_file(j, path, JSON_INDENT(2));
