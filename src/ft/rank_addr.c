@@ -85,6 +85,27 @@ loom_status loom_rank_addr(const char *bind, const char *hosts, char *out, size_
         snprintf(out, size, "%s", text);
         return LOOM_OK;
     }
+    /* None resolves here (e.g. a Slurm range "node[1-4]"): this host's name, when it
+     * resolves to an address that is not loopback. */
+    char self[256];
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (!resolved && gethostname(self, sizeof self) == 0 &&
+        getaddrinfo(self, NULL, &hints, &res) == 0) {
+        for (struct addrinfo *a = res; a; a = a->ai_next) {
+            struct sockaddr_storage ss = {0};
+            memcpy(&ss, a->ai_addr, a->ai_addrlen);
+            if (is_loopback(&ss)) continue;
+            char text[INET6_ADDRSTRLEN] = "";
+            if (getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof text, NULL, 0,
+                            NI_NUMERICHOST) != 0)
+                continue;
+            snprintf(out, size, "%s", text);
+            resolved = 1;
+            break;
+        }
+        freeaddrinfo(res);
+    }
     if (!resolved)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "loom run: --hosts '%s': cannot find this host's address on the "

@@ -15,8 +15,9 @@ int loom_addr_is_wildcard(const char *addr);
  * alone on this host (hosts ""), 127.0.0.1; with --hosts (mpirun "h1:2,h2:2") and a
  * wildcard --bind, the address of this host's interface that routes to the first host of
  * the list that is not this host (found with a connected UDP socket, nothing is sent);
- * loopback when every host is this one. LOOM_ERR_INPUT naming --hosts and --bind when no
- * host of the list resolves here (e.g. names only the launcher's agent knows). */
+ * loopback when every host is this one. When no host of the list resolves here (a Slurm
+ * range "n[1-4]", names only the launcher's agent knows): this host's name's address if
+ * that is not loopback, else LOOM_ERR_INPUT naming --hosts and --bind. */
 loom_status loom_rank_addr(const char *bind, const char *hosts, char *out, size_t size,
                            loom_error *err);
 

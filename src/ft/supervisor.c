@@ -423,15 +423,15 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                               "loom run: --elastic with --tp x --pp = %d: shrinking drops one "
                               "data-parallel rank at a time, so it needs --tp 1 --pp 1",
                               mr);
+    /* The ranks are told an address that reaches this host from theirs: --bind's own, or
+     * (a wildcard --bind with --hosts) this host's address on the route to the hosts. */
+    char rank_addr[256];
+    if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));
     if (gethostname(s.host, sizeof s.host) != 0) snprintf(s.host, sizeof s.host, "?");
     s.host[sizeof s.host - 1] = 0;
-    /* The ranks are told an address that reaches this host from theirs: --bind's own, or
-     * (a wildcard --bind with --hosts) this host's address on the route to the hosts. */
-    char rank_addr[256];
-    if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
     if ((st = loom_monitor_open(&s.mon, cfg->bind, rank_addr, job->steps, err))) return st;
     char hex[33], path[LOOM_RUN_PATH + 64];
     loom_beat_token_hex(s.mon.token, hex);
