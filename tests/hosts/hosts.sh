@@ -15,6 +15,7 @@
 # is 10.231.0.254/24, this machine's address on the hosts' network. Host K is entered by
 #   nsenter --net=/run/netns/loomhK --uts=/proc/$(cat /run/loom-hosts/loomhK.pid)/ns/uts
 # (tests/hosts/agent.sh does that for mpirun). Needs root.
+# shellcheck disable=SC2015 # `a && b || die`: die when either fails, on purpose
 set -u
 PREFIX=10.231.0
 SUBNET=$PREFIX.0/24
@@ -36,7 +37,7 @@ need_root() {
         die "'unshare'/'nsenter' (util-linux) not found"
 }
 
-alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "^$MARK"; }
+alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null | grep -q "^$MARK"; }
 
 holder_pid() { # the recorded holder of host $1, if it is alive
     local p
@@ -62,11 +63,12 @@ up_host() {
         old=$(cat "$STATE/$h.pid" 2>/dev/null) && alive "$old" && kill -9 "$old"
         rm -f "$STATE/$h.pid"
         # The holder: a new UTS namespace named $h, then a sleep with a recognisable argv[0].
+        # shellcheck disable=SC2016 # expanded by the inner bash
         setsid unshare --uts bash -c 'hostname "$1" && echo $$ >"$2.tmp" && mv "$2.tmp" "$2" &&
             exec -a "$3 $1" sleep infinity' _ "$h" "$STATE/$h.pid" "$MARK" \
             </dev/null >/dev/null 2>&1 &
-        local i
-        for i in $(seq 50); do
+        local _
+        for _ in $(seq 50); do
             holder_pid "$k" >/dev/null && break
             sleep 0.05
         done
@@ -93,7 +95,7 @@ cmd_up() {
 holders() { # every holder process, recorded or not
     local p
     for p in /proc/[0-9]*; do
-        tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^$MARK" && echo "${p#/proc/}"
+        { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q "^$MARK" && echo "${p#/proc/}"
     done
 }
 
@@ -112,9 +114,9 @@ cmd_down() {
     rm -rf "$STATE"
     sleep 0.1 # killed holders are reaped by their parent (init)
     local left=""
-    [ -n "$(ip netns list | grep '^loomh')" ] && left+=" netns:$(ip netns list | grep '^loomh' | tr '\n' ' ')"
+    ip netns list | grep -q '^loomh' && left+=" netns:$(ip netns list | grep '^loomh' | tr '\n' ' ')"
     ip link show "$BRIDGE" >/dev/null 2>&1 && left+=" bridge:$BRIDGE"
-    [ -n "$(ip -o link show | grep ': loomv')" ] && left+=" veth"
+    ip -o link show | grep -q ': loomv' && left+=" veth"
     [ -n "$(holders)" ] && left+=" holders:$(holders | tr '\n' ' ')"
     [ -z "$left" ] || {
         echo "hosts.sh: down: still there:$left" >&2

@@ -16,6 +16,7 @@ nothing is left (netns, bridge, veths, holders). Skipped (77) when not root or w
 network namespaces cannot be made. Usage: test_hosts.py --loom PATH [--seed S]
 """
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -95,7 +96,7 @@ def check_hosts():
     reach = [sh("exec", "1", "/usr/bin/python3", "-c", probe, a).stdout.strip()
              for a in ("10.231.0.2", BRIDGE)]
     ok = names == ["loomh1", "loomh2"] and reach == ["reached", "reached"]
-    return ok, f"names {names}, host 1 -> host 2 / bridge: {reach}; status:\n{status}"
+    return ok, f"names {names}, host 1 -> host 2 / bridge: {reach}", status
 
 
 def main():
@@ -114,21 +115,24 @@ def main():
         failures += not ok
         print(f"  {name:28s} {text}  {'ok' if ok else 'FAIL'}")
 
+    # One user of the test hosts at a time (another build's hosts_basic waits here).
+    lock = open("/run/loom-hosts.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     sh("down", check=False)  # whatever an earlier crashed run left
     try:
         sh("up", "2")
         sh("up", "2")  # idempotent
-        ok, text = check_hosts()
-        report("hosts up (twice)", ok, text.splitlines()[0])
+        ok, text, status = check_hosts()
+        report("hosts up (twice)", ok, text)
         # A crash half-way: a holder killed, a veth gone; up repairs both.
         holder = open("/run/loom-hosts/loomh2.pid").read().strip()
         os.kill(int(holder), 9)
         subprocess.run(["ip", "link", "del", "loomv1"], check=True)
         sh("up", "2")
-        ok, text = check_hosts()
-        report("hosts up after a crash", ok, text.splitlines()[0])
+        ok, text, status = check_hosts()
+        report("hosts up after a crash", ok, text)
         if failures:
-            print(text)
+            print(status)
             return
 
         data = os.path.join(tmp, "train.bin")
