@@ -8,11 +8,12 @@ killed, a veth gone); then `loom train` on one process and across the 2 hosts (2
 each) for dp 4 ZeRO-1, dp 4 ZeRO-3, tp 2 inside a host x dp 2 across, pp 2 across the
 hosts x dp 2: the same losses and weights as one process (harness criterion: losses and
 the whole model <= TOL, every tensor <= 10 TOL), and the start-up placement line names
-the hosts and which groups cross them. Then `loom run -n 4 --hosts` supervised, with
---bind on the bridge address and without (the supervisor then finds its address towards
-the hosts): it finishes in one attempt, summary.json shows heartbeats accepted from every
-rank with the rank's host, and the same losses and weights. Last, `hosts.sh down`, and
-nothing is left (netns, bridge, veths, holders). Skipped (77) when not root or when
+the hosts and which groups cross them. Then `loom run -n 4 --hosts` supervised: by name
+(names only agent.sh knows) with --bind on the bridge address, and by address without
+--bind (the supervisor then finds its own address towards the hosts): each finishes in
+one attempt, summary.json shows heartbeats accepted from every rank with the rank's host,
+and the same losses and weights; by name without --bind: exit 2, saying to pass --bind,
+nothing created. Last, `hosts.sh down`, and nothing is left (netns, bridge, veths, holders). Skipped (77) when not root or when
 network namespaces cannot be made. Usage: test_hosts.py --loom PATH [--seed S]
 """
 import argparse
@@ -20,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +36,7 @@ HOSTS_SH = os.path.join(HERE, "hosts.sh")
 AGENT = os.path.join(HERE, "agent.sh")
 SUBNET, BRIDGE = "10.231.0.0/24", "10.231.0.254"
 HOSTS = "10.231.0.1:2,10.231.0.2:2"
+NAMED = "loomh1:2,loomh2:2"  # names that only agent.sh resolves (/etc/hosts is untouched)
 # What mpirun needs for the namespace hosts: the agent instead of ssh, TCP only on the
 # hosts' subnet (their loopback is each host's own), a direct launch of every daemon, and
 # yielding ranks (4 ranks on this machine's cores).
@@ -171,10 +174,13 @@ def main():
         for name, flags, groups in cases:
             compare(name, layouts.run(name, 4, flags), where + groups)
 
-        # Supervised: heartbeats from every rank reach the supervisor on the bridge.
-        for name, bind in (("loom_run_bind_bridge", ["--bind", BRIDGE]), ("loom_run_routed", [])):
+        # Supervised: heartbeats from every rank reach the supervisor on the bridge. By name
+        # (the agent knows them, this machine does not) with --bind, the issue's command; by
+        # address without, the supervisor finds its own address towards the hosts.
+        for name, hosts, bind in (("loom_run_names_bind", NAMED, ["--bind", BRIDGE]),
+                                  ("loom_run_routed", HOSTS, [])):
             out, rdir = layouts.path(name), layouts.path(name) + "_run"
-            cmd = ([args.loom, "run", "-n", "4", "--hosts", HOSTS] + bind +
+            cmd = ([args.loom, "run", "-n", "4", "--hosts", hosts] + bind +
                    ["--startup-timeout", "15", "--max-restarts", "0", "--run-dir", rdir,
                     "--launcher-args", " ".join(MCA), "--"] + base[2:] +
                    ["--dp", "4", "--zero", "1", "--metrics", out + ".jsonl", "--dump-dir", out])
@@ -195,6 +201,19 @@ def main():
             log = open(os.path.join(rdir, "attempt_0", "ranks", "1", "rank.0", "stderr")).read()
             compare(name + " (train)", Run(out, log), where + "a tp group spans 1 host(s), a "
                     "dp group 2, a pp group 1")
+        # Names only the agent resolves and no --bind: what to pass, exit 2, nothing made.
+        # (Unless this machine's name has an address that is not loopback: it is used then.)
+        try:
+            own = socket.gethostbyname_ex(socket.gethostname())[2]
+        except OSError:
+            own = []
+        if all(a.startswith("127.") for a in own):
+            rdir = layouts.path("names_no_bind_run")
+            p = subprocess.run([args.loom, "run", "-n", "4", "--hosts", NAMED, "--run-dir", rdir,
+                                "--"] + base[2:], capture_output=True, text=True)
+            ok = (p.returncode == 2 and "--bind" in p.stderr and "loomh1" in p.stderr
+                  and not os.path.exists(rdir))
+            report("names without --bind", ok, f"exit {p.returncode}: {p.stderr.strip()}")
     finally:
         p = sh("down", check=False)
         left = leftovers()
