@@ -14,7 +14,8 @@ the hosts and which groups cross them. Then `loom run -n 4 --hosts` supervised: 
 one attempt, summary.json shows heartbeats accepted from every rank with the rank's host,
 and the same losses and weights; by name without --bind: exit 2, saying to pass --bind,
 nothing created. Last, `hosts.sh down`, and nothing is left (netns, bridge, veths,
-holders). Skipped (77) when not root or when network namespaces cannot be made. Usage: test_hosts.py --loom PATH [--seed S]
+holders). Skipped (77) when not root or when network namespaces cannot be made.
+Usage: test_hosts.py --loom PATH [--seed S]
 """
 import argparse
 import fcntl
