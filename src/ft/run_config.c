@@ -162,7 +162,7 @@ void loom_run_config_usage(FILE *f) {
             "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"
             "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
             "                          127.0.0.1; with --hosts 0.0.0.0, and the ranks are told\n"
-            "                          this host's address on the route to the first host)\n"
+            "                          this host's address on the route to the hosts)\n"
             "  --max-restarts R        restarts before giving up (default 3)\n"
             "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
             "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"
@@ -176,6 +176,6 @@ void loom_run_config_usage(FILE *f) {
             "  --straggler-factor F    report ranks computing F x slower (default 1.5)\n"
             "  --run-dir DIR           logs, diagnosis.json, summary.json (default runs/loom_run)\n"
             "  --launcher mpirun|srun  default: srun inside a Slurm allocation\n"
-            "  --launcher-args \"A B\"  more launcher words, before the program (split at\n"
+            "  --launcher-args \"A B\"   more launcher words, before the program (split at\n"
             "                          blanks), e.g. \"--mca plm_rsh_agent AGENT\"\n");
 }
