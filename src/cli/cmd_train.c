@@ -9,6 +9,7 @@
 #include "comm/world.h"
 #include "parallel/mesh.h"
 #include "parallel/param_gather.h"
+#include "parallel/placement.h"
 #include "model/moe_config.h"
 #include "parallel/tp_shards.h"
 #include "pipeline/pipeline.h"
@@ -73,6 +74,7 @@ int loom_cmd_train(int argc, char **argv) {
         loom_world_finalize(&world);
         return st == LOOM_ERR_INPUT ? 2 : 1;
     }
+    loom_placement_report(&mesh, stderr);
     if (o.train.threads == 0) o.train.threads = loom_cpu_default_threads();
     loom_cpu_set_threads(o.train.threads);
     if (world.rank == 0) {

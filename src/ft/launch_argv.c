@@ -52,6 +52,12 @@ void loom_launch_cmd_build(loom_launch_cmd *c, const loom_launch_spec *s) {
                 ARG("%s", vars[i]);
             }
     }
+    if (s->launcher_args) { /* the user's launcher words, split at blanks (no quoting) */
+        snprintf(c->extra, sizeof c->extra, "%s", s->launcher_args);
+        for (char *save = NULL, *w = strtok_r(c->extra, " \t\n", &save);
+             w && n < LOOM_LAUNCH_MAX_ARGS - 24; w = strtok_r(NULL, " \t\n", &save))
+            c->argv[n++] = w;
+    }
     ARG("%s", s->loom_exe);
     ARG("train");
     for (int i = 0; i < s->train_argc && n < LOOM_LAUNCH_MAX_ARGS - 12; i++)

@@ -104,6 +104,7 @@ int loom_monitor_drain(loom_monitor *m, double now_ms) {
         r->last_beat_ms = now_ms;
         record(m, r, &b);
         m->accepted++;
+        r->accepted++;
         got++;
     }
     return got;

@@ -23,6 +23,7 @@ typedef struct {
     int hist_n;                                   /* entries written (ring) */
     int64_t straggler_since; /* first step of the current out-of-line run (0: in line) */
     int straggler_reported;
+    int64_t accepted; /* beats accepted from this rank in this attempt */
 } loom_rank_state;
 
 typedef struct {

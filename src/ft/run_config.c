@@ -85,7 +85,8 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
                                            "--loss-spike-factor",
                                            "--straggler-factor",
                                            "--run-dir",
-                                           "--launcher"};
+                                           "--launcher",
+                                           "--launcher-args"};
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= strcmp(f, with_value[k]) == 0;
@@ -128,6 +129,8 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
             st = to_num(f, v, 1, &c->straggler_factor, err);
         else if (!strcmp(f, "--run-dir"))
             st = to_str(f, v, c->run_dir, sizeof c->run_dir, err);
+        else if (!strcmp(f, "--launcher-args"))
+            st = to_str(f, v, c->launcher_args, sizeof c->launcher_args, err);
         else if (!strcmp(f, "--launcher")) {
             st = to_str(f, v, c->launcher, sizeof c->launcher, err);
             if (!st && strcmp(v, "mpirun") && strcmp(v, "srun"))
@@ -157,7 +160,9 @@ void loom_run_config_usage(FILE *f) {
             "writes a diagnosis on every failure and restarts from the newest checkpoint.\n\n"
             "  -n N                    ranks\n"
             "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"
-            "  --bind ADDR             heartbeat socket address (default 127.0.0.1)\n"
+            "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
+            "                          127.0.0.1; with --hosts 0.0.0.0, and the ranks are told\n"
+            "                          this host's address on the route to the hosts)\n"
             "  --max-restarts R        restarts before giving up (default 3)\n"
             "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
             "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"
@@ -170,5 +175,7 @@ void loom_run_config_usage(FILE *f) {
             "  --skip-bad-batches      and skip that step's batch (--skip-steps)\n"
             "  --straggler-factor F    report ranks computing F x slower (default 1.5)\n"
             "  --run-dir DIR           logs, diagnosis.json, summary.json (default runs/loom_run)\n"
-            "  --launcher mpirun|srun  default: srun inside a Slurm allocation\n");
+            "  --launcher mpirun|srun  default: srun inside a Slurm allocation\n"
+            "  --launcher-args \"A B\"   more launcher words, before the program (split at\n"
+            "                          blanks), e.g. \"--mca plm_rsh_agent AGENT\"\n");
 }

@@ -27,6 +27,7 @@ typedef struct {
     int skip_bad_batches;       /* roll back past a spiking/non-finite step's batch */
     char run_dir[LOOM_RUN_PATH];
     char launcher[16]; /* "mpirun" or "srun" (auto: srun inside a Slurm allocation) */
+    char launcher_args[LOOM_RUN_PATH]; /* --launcher-args: more words for the launcher */
 } loom_run_config;
 
 /* What the supervisor needs to know of the train command (cli fills it). */

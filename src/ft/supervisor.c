@@ -20,6 +20,7 @@
 #include "ft/launch.h"
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
+#include "ft/rank_addr.h"
 #include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
 
@@ -128,6 +129,7 @@ static void build_argv(sup *s, const char *loom_exe, char **train_argv, int trai
         .resume = s->attempt > 0 && (s->job->ckpt_dirs[0][0] || s->job->ckpt_dirs[1][0]),
         .as_root = geteuid() == 0,
         .cores = sysconf(_SC_NPROCESSORS_ONLN),
+        .launcher_args = s->cfg->launcher_args,
     };
     loom_launch_cmd_build(cmd, &spec);
 }
@@ -194,6 +196,16 @@ static void write_summary(sup *s, const char *outcome, const char *why) {
     json_object_set_new(j, "wall_s", json_real((loom_now_ms() - s->start_ms) * 1e-3));
     json_object_set_new(j, "heartbeats_accepted", json_integer(s->mon.accepted));
     json_object_set_new(j, "datagrams_rejected", json_integer(s->mon.rejected));
+    json_t *ranks = json_array(); /* the last attempt's ranks: where each ran, beats heard */
+    for (int r = 0; r < s->mon.world; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        json_t *o = json_object();
+        json_object_set_new(o, "rank", json_integer(r));
+        json_object_set_new(o, "host", rs->seen ? json_string(rs->beat.host) : json_null());
+        json_object_set_new(o, "heartbeats", json_integer(rs->accepted));
+        json_array_append_new(ranks, o);
+    }
+    json_object_set_new(j, "ranks", ranks);
     char path[LOOM_RUN_PATH + 32];
     snprintf(path, sizeof path, "%s/summary.json", s->cfg->run_dir);
     json_dump_file(j, path, JSON_INDENT(2));
@@ -411,14 +423,16 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                               "loom run: --elastic with --tp x --pp = %d: shrinking drops one "
                               "data-parallel rank at a time, so it needs --tp 1 --pp 1",
                               mr);
+    /* The ranks are told an address that reaches this host from theirs: --bind's own, or
+     * (a wildcard --bind with --hosts) this host's address on the route to the hosts. */
+    char rank_addr[256];
+    if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));
     if (gethostname(s.host, sizeof s.host) != 0) snprintf(s.host, sizeof s.host, "?");
     s.host[sizeof s.host - 1] = 0;
-    /* Ranks on other hosts reach this host by name; alone, loopback. */
-    if ((st = loom_monitor_open(&s.mon, cfg->bind, cfg->hosts[0] ? s.host : "", job->steps, err)))
-        return st;
+    if ((st = loom_monitor_open(&s.mon, cfg->bind, rank_addr, job->steps, err))) return st;
     char hex[33], path[LOOM_RUN_PATH + 64];
     loom_beat_token_hex(s.mon.token, hex);
     setenv("LOOM_FT_ADDR", s.mon.addr, 1);
@@ -438,8 +452,12 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    fprintf(stderr, "loom run: %d rank(s) via %s, heartbeats on %s, run folder %s\n", s.world,
-            cfg->launcher, s.mon.addr, cfg->run_dir);
+    fprintf(stderr, "loom run: %d rank(s) via %s, heartbeats on %s%s, run folder %s\n", s.world,
+            cfg->launcher, s.mon.addr,
+            cfg->hosts[0] && loom_addr_is_wildcard(cfg->bind)
+                ? " (this host's address towards --hosts; --bind ADDR to choose)"
+                : "",
+            cfg->run_dir);
     for (s.attempt = 0;; s.attempt++) {
         char attempt_dir[LOOM_RUN_PATH + 32];
         snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", cfg->run_dir, s.attempt);

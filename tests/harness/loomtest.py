@@ -144,10 +144,12 @@ class Layouts:
     """Runs one base `loom train` command in named layouts: run(name, ranks, flags) adds the
     flags, --metrics TMP/PREFIX+NAME.jsonl and --dump-dir TMP/PREFIX+NAME, launches it under
     mpirun -n ranks (with -x for each mpi_env entry) when ranks > 1, and returns a Run
-    (also kept in self.runs[name])."""
+    (also kept in self.runs[name]). mpirun: the launcher's words (default MPIRUN; e.g.
+    across test hosts, tests/hosts/test_hosts.py)."""
 
-    def __init__(self, base, tmp, prefix=""):
+    def __init__(self, base, tmp, prefix="", mpirun=None):
         self.base, self.tmp, self.prefix = list(base), tmp, prefix
+        self.mpirun = list(mpirun) if mpirun else MPIRUN
         self.runs = {}
 
     def path(self, name):
@@ -156,7 +158,7 @@ class Layouts:
     def run(self, name, ranks, flags=(), mpi_env=()):
         out = self.path(name)
         cmd = self.base + list(flags) + ["--metrics", out + ".jsonl", "--dump-dir", out]
-        launch = MPIRUN + [a for kv in mpi_env for a in ("-x", kv)] + ["-n", str(ranks)]
+        launch = self.mpirun + [a for kv in mpi_env for a in ("-x", kv)] + ["-n", str(ranks)]
         stderr = run((launch if ranks > 1 else []) + cmd, f"{self.prefix}{name}")
         self.runs[name] = Run(out, stderr)
         return self.runs[name]
