@@ -60,6 +60,10 @@ def skip_unless_possible():
     if os.geteuid() != 0:
         print(f"SKIP: needs root for network namespaces (running as uid {os.geteuid()})")
         sys.exit(77)
+    for tool in ("ip", "nsenter", "unshare"):
+        if not shutil.which(tool):
+            print(f"SKIP: no '{tool}' (iproute2, util-linux)")
+            sys.exit(77)
     probe = f"loomprobe{os.getpid()}"
     p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if p.returncode != 0:
