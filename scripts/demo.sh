@@ -53,7 +53,7 @@ cat <<'DONE'
   runs/demo/tensorboard/           TensorBoard event files (tensorboard --logdir runs/demo/tensorboard)
   runs/demo/weights.safetensors    the trained weights (Hugging Face names, config in metadata)
   runs/demo/run/                   loom run: per-attempt rank logs, events.jsonl, summary.json
-  runs/demo/ckpt/                  checkpoints (loom ckpt inspect runs/demo/ckpt/latest ...)
+  runs/demo/ckpt/                  checkpoints (loom ckpt inspect runs/demo/ckpt: the newest)
   data/kjv/tok/                    the BPE (encoder.json + vocab.bpe, GPT-2 format)
   data/kjv/bpe/                    the token shards (llm.c format)
 More text: ./build/loom generate --weights runs/demo/weights.safetensors --tokenizer data/kjv/tok --prompt "..."
