@@ -95,7 +95,8 @@ void loom_ep_zero_detach(loom_zero *z) {
     if (!e) return;
     if (z->m) munmap(z->m, e->map_bytes);
     if (z->v) munmap(z->v, e->map_bytes);
-    z->m = z->v = NULL;
+    if (z->ema) munmap(z->ema, e->map_bytes);
+    z->m = z->v = z->ema = NULL;
     ep_free(e);
     z->experts = NULL;
 }
@@ -197,7 +198,7 @@ loom_status loom_ep_zero_plan_written(const loom_zero *z, const loom_ckpt_descs 
 }
 
 loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, const char *dir,
-                              const loom_ckpt_manifest *m, float *params,
+                              const loom_ckpt_manifest *m, float *params, int with_ema,
                               loom_ckpt_load_stats *stats, loom_error *err) {
     const loom_ep_zero *e = z->experts;
     loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{params, 0, 0, z->total}, {0}, {0}};
@@ -210,6 +211,7 @@ loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, con
         if (e->stage == 3) b[0] = (loom_ckpt_buffer){params, 0, e->own[i].lo, e->own[i].hi};
         b[1] = (loom_ckpt_buffer){z->m, 0, e->own[i].lo, e->own[i].hi};
         b[2] = (loom_ckpt_buffer){z->v, 0, e->own[i].lo, e->own[i].hi};
+        if (with_ema && z->ema) b[3] = (loom_ckpt_buffer){z->ema, 0, e->own[i].lo, e->own[i].hi};
         s = (loom_ckpt_load_stats){0};
         st = loom_ckpt_load(dir, m, ct, b, &s, err);
         sum.bytes_read += s.bytes_read;
@@ -217,4 +219,38 @@ loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, con
     }
     if (stats) *stats = sum;
     return st;
+}
+
+loom_status loom_ep_zero_ema_enable(loom_zero *z, float decay, loom_error *err) {
+    const loom_ep_zero *e = z->experts;
+    void *p = mmap(NULL, e->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--ema-decay with --ep: out of memory");
+    z->ema = p;
+    z->ema_decay = decay;
+    return LOOM_OK;
+}
+
+void loom_ep_zero_ema_reset(loom_zero *z, const float *params, const float *shard) {
+    const loom_ep_zero *e = z->experts;
+    const float *w = shard ? shard : params;
+    for (int i = 0; i < e->n_own; i++)
+        memcpy(z->ema + e->own[i].lo, w + e->own[i].lo,
+               (e->own[i].hi - e->own[i].lo) * sizeof(float));
+}
+
+void loom_ep_zero_ema_update(loom_zero *z, const float *params, const float *shard) {
+    const loom_ep_zero *e = z->experts;
+    const float *w = shard ? shard : params;
+    const float d = z->ema_decay, c = 1.0f - d;
+    for (int i = 0; i < e->n_own; i++)
+        for (size_t j = e->own[i].lo; j < e->own[i].hi; j++) z->ema[j] = d * z->ema[j] + c * w[j];
+}
+
+loom_status loom_ep_zero_ema_gather(loom_zero *z, float *full, loom_error *err) {
+    const loom_ep_zero *e = z->experts;
+    for (int i = 0; i < e->n_own; i++)
+        memcpy(full + e->own[i].lo, z->ema + e->own[i].lo,
+               (e->own[i].hi - e->own[i].lo) * sizeof(float));
+    return loom_ep_zero_gather(z, full, err);
 }

@@ -79,9 +79,19 @@ void loom_ep_zero_clear_state(loom_zero *z);
 loom_status loom_ep_zero_plan_written(const loom_zero *z, const loom_ckpt_descs *ct,
                                       loom_ckpt_plan *plan, loom_ckpt_kind kind, loom_error *err);
 /* Loads the parameters (params: every element this rank holds) and the shard's moments
- * (a read per range of the shard, so untouched state stays unmapped). */
+ * (a read per range of the shard, so untouched state stays unmapped); with_ema: the
+ * shard's moving average of the weights too. */
 loom_status loom_ep_zero_load(const loom_zero *z, const loom_ckpt_descs *ct, const char *dir,
-                              const loom_ckpt_manifest *m, float *params,
+                              const loom_ckpt_manifest *m, float *params, int with_ema,
                               loom_ckpt_load_stats *stats, loom_error *err);
+
+/* The moving average of the weights (--ema-decay) over the shard's ranges, laid out as
+ * the moments (full layout, only the shard's ranges touched): enable, start it at the
+ * parameters (params whole, or the ZeRO-3 full-layout shard), update it after a step,
+ * and make it whole in full [total] on every rank (collective). */
+loom_status loom_ep_zero_ema_enable(loom_zero *z, float decay, loom_error *err);
+void loom_ep_zero_ema_reset(loom_zero *z, const float *params, const float *shard);
+void loom_ep_zero_ema_update(loom_zero *z, const float *params, const float *shard);
+loom_status loom_ep_zero_ema_gather(loom_zero *z, float *full, loom_error *err);
 
 #endif

@@ -200,7 +200,11 @@ loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err
 loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
                                 const loom_adamw_config *cfg, int step, loom_error *err) {
     loom_status st = s->update(s, norm, lr, cfg, step, err);
-    if (!st) loom_zero_ema_update(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL);
+    const float *shard = s->fsdp ? s->fsdp->shard : NULL;
+    if (!st && s->zero->experts)
+        loom_ep_zero_ema_update(s->zero, s->params, shard);
+    else if (!st)
+        loom_zero_ema_update(s->zero, s->params, shard);
     if (s->fsdp) loom_fsdp_invalidate(s->fsdp);
     return st;
 }
@@ -216,4 +220,23 @@ loom_status loom_grad_sync_gather_grads(loom_grad_sync *s, loom_error *err) {
 const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n) {
     *n = s->n_norm_runs;
     return s->norm_runs;
+}
+
+loom_status loom_grad_sync_ema_enable(loom_grad_sync *s, float decay, loom_error *err) {
+    return s->zero->experts ? loom_ep_zero_ema_enable(s->zero, decay, err)
+                            : loom_zero_ema_enable(s->zero, decay, err);
+}
+
+void loom_grad_sync_ema_reset(loom_grad_sync *s) {
+    const float *shard = s->fsdp ? s->fsdp->shard : NULL;
+    if (!s->zero->ema) return;
+    if (s->zero->experts)
+        loom_ep_zero_ema_reset(s->zero, s->params, shard);
+    else
+        loom_zero_ema_reset(s->zero, s->params, shard);
+}
+
+loom_status loom_grad_sync_ema_gather(loom_grad_sync *s, float *full, loom_error *err) {
+    return s->zero->experts ? loom_ep_zero_ema_gather(s->zero, full, err)
+                            : loom_zero_ema_gather(s->zero, full, err);
 }

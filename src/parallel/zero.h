@@ -162,7 +162,9 @@ loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
 
 /* ---- the exponential moving average of the weights (--ema-decay; DiT's EMA) ----
  * Held like AdamW's moments: the whole buffer at stage 0, this rank's shard at 1-3, so
- * checkpoints save and reshard it as they do m and v. Not with --ep's expert segments. */
+ * checkpoints save and reshard it as they do m and v. With --ep's expert segments
+ * (ZeRO 1-3) parallel/ep_zero.h's functions of the same names hold it instead; the
+ * gradient-sync strategy (parallel/grad_sync.h) picks the pair. */
 loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err);
 /* ema = the parameters this rank owns (params: the whole buffer, or shard at ZeRO-3). */
 void loom_zero_ema_reset(loom_zero *z, const float *params, const float *shard);

@@ -146,7 +146,8 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
         loom_ckpt_load_stats stats = {0};
         double t0 = loom_now_ms();
         st = loom_zero_has_expert_segments(c->zero)
-                 ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data, &stats, err)
+                 ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data,
+                                     b[LOOM_CKPT_EMA].data != NULL, &stats, err)
                  : loom_ckpt_load(dir, &m, &c->tensors, b, &stats, err);
         *step = m.step;
         c->ema_loaded = !st && b[LOOM_CKPT_EMA].data != NULL;

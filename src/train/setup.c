@@ -114,8 +114,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = loom_zero_create(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb,
                                err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 &&
-         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))) ||
-        (tc->ema_decay > 0.0f && (st = loom_zero_ema_enable(&r->zero, tc->ema_decay, err))))
+         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))))
         return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h). */
@@ -194,7 +193,9 @@ static loom_status build_step(loom_run *r, loom_error *err) {
                                  embed ? mod->inputs : NULL,
                                  err};
     loom_status st = loom_grad_sync_create(&r->sync, &so, err);
-    if (st) return st;
+    if (st ||
+        (tc->ema_decay > 0.0f && (st = loom_grad_sync_ema_enable(&r->sync, tc->ema_decay, err))))
+        return st;
     const int lead = r->mesh->rank == 0;
     /* logits of the first micro-batch: one process's whole-vocabulary logits only */
     const int dump_logits = tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined;
@@ -285,8 +286,7 @@ static loom_status setup(loom_run *r, loom_error *err) {
     if (init_later && !r->ckpt.loaded && !r->ckpt.reset)
         loom_params_init(&r->model.table, r->params, tc->seed);
     /* The moving average starts at the weights the run starts from, unless it was loaded. */
-    if (!r->ckpt.ema_loaded)
-        loom_zero_ema_reset(&r->zero, r->params, r->sharded ? r->sharded->shard : NULL);
+    if (!r->ckpt.ema_loaded) loom_grad_sync_ema_reset(&r->sync);
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;

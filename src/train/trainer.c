@@ -203,7 +203,7 @@ static loom_status write_ema(loom_run *r, loom_error *err) {
     if (!full) return loom_error_set(err, LOOM_ERR_NOMEM, "--save-ema: out of memory");
     const loom_param_table *et;
     const float *ep;
-    loom_status st = loom_zero_ema_gather(&r->zero, full, err);
+    loom_status st = loom_grad_sync_ema_gather(&r->sync, full, err);
     if (!st) st = loom_run_export_flat(r, full, &et, &ep, err);
     if (!st && lead && tc->save_ema[0]) {
         loom_mkdir_parent(tc->save_ema);
