@@ -8,18 +8,19 @@ killed, a veth gone); then `loom train` on one process and across the 2 hosts (2
 each) for dp 4 ZeRO-1, dp 4 ZeRO-3, tp 2 inside a host x dp 2 across, pp 2 across the
 hosts x dp 2, and a MoE (4 experts, top 2) with ep 2 x dp 4 against a MoE single process
 (a second seed once, for a router near tie): the same losses and weights as one process
-(harness criterion: losses and the whole model <= TOL, every tensor <= 10 TOL), and the start-up placement line names
-the hosts and which groups cross them. Then `loom run -n 4 --hosts` supervised: by name
-(names only agent.sh knows) with --bind on the bridge address, and by address without
---bind (the supervisor then finds its own address towards the hosts): each finishes in
-one attempt, summary.json shows heartbeats accepted from every rank with the rank's host,
-and the same losses and weights; the same from an OpenMPI hostfile (--hostfile); by name
-without --bind: exit 2, saying to pass --bind, nothing created. Bad hosts are refused
-before a launch (exit 2, one line naming the host or -n and the slots, and --hosts or the
-hostfile; no run folder, no process left): an unknown name in --hosts and in a hostfile,
-more ranks than slots, an address in the subnet with no host behind it through the agent
-and through plain ssh (no answer: bounded by ssh's ConnectTimeout). Last, `hosts.sh
-down`, and nothing is left (netns, bridge, veths, holders). Skipped (77) when not root or when network namespaces cannot be made.
+(harness criterion: losses and the whole model <= TOL, every tensor <= 10 TOL), and the
+start-up placement line names the hosts and which groups cross them. Then `loom run -n 4
+--hosts` supervised: by name (names only agent.sh knows) with --bind on the bridge
+address, and by address without --bind (the supervisor then finds its own address towards
+the hosts): each finishes in one attempt, summary.json shows heartbeats accepted from
+every rank with the rank's host, and the same losses and weights; the same from an OpenMPI
+hostfile (--hostfile); by name without --bind: exit 2, saying to pass --bind, nothing
+created. Bad hosts are refused before a launch (exit 2, one line naming the host or -n and
+the slots, and --hosts or the hostfile; no run folder, no process left): an unknown name
+in --hosts and in a hostfile, more ranks than slots, an address in the subnet with no host
+behind it through the agent and through plain ssh (no answer: bounded by ssh's
+ConnectTimeout). Last, `hosts.sh down`, and nothing is left (netns, bridge, veths,
+holders). Skipped (77) when not root or when network namespaces cannot be made.
 Usage: test_hosts.py --loom PATH [--seed S]
 """
 import argparse
