@@ -30,7 +30,9 @@ static int next_host(const char **p, char *host, size_t size, int *slots) {
     *slots = 1;
     char *colon = strrchr(host, ':'); /* "h:slots"; a bare IPv6 address has several */
     if (colon && strchr(host, ':') == colon) {
-        *slots = atoi(colon + 1);
+        char *end = NULL;
+        long x = strtol(colon + 1, &end, 10);
+        *slots = colon[1] && !*end && x >= 1 && x <= 1 << 20 ? (int)x : -1; /* -1: bad */
         *colon = 0;
     }
     size_t len = strlen(host);
@@ -45,7 +47,7 @@ int loom_hosts_slots(const char *hosts) {
     char host[256];
     int slots, total = 0;
     for (const char *p = hosts ? hosts : ""; next_host(&p, host, sizeof host, &slots);)
-        if (host[0]) total += slots;
+        if (host[0] && slots > 0) total += slots;
     return total;
 }
 
@@ -253,6 +255,14 @@ static void last_line(probe *p) {
 loom_status loom_hosts_check(const char *hosts, const char *source, int ranks, int oversubscribe,
                              const char *agent, double timeout_s, loom_error *err) {
     if (!hosts || !hosts[0]) return LOOM_OK;
+    char host[256];
+    int s;
+    for (const char *p = hosts; next_host(&p, host, sizeof host, &s);)
+        if (!host[0] || s < 1)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "loom run: %s: '%s' in '%s': expected HOST or HOST:N (N >= 1 "
+                                  "slots)",
+                                  source, host, hosts);
     int slots = loom_hosts_slots(hosts);
     if (!oversubscribe && ranks > slots)
         return loom_error_set(err, LOOM_ERR_INPUT,
@@ -264,8 +274,6 @@ loom_status loom_hosts_check(const char *hosts, const char *source, int ranks, i
     static probe probes[MAX_PROBES];
     int np = 0,
         is_ssh = !strcmp(agent, "ssh") || strstr(agent, "/ssh") || !strncmp(agent, "ssh ", 4);
-    char host[256];
-    int s;
     loom_status st = LOOM_OK;
     for (const char *p = hosts; !st && next_host(&p, host, sizeof host, &s);) {
         if (!host[0]) continue;

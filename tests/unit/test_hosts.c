@@ -104,6 +104,12 @@ static void test_check(void **state) {
     snprintf(want, sizeof want, "-n %d: more ranks than the %d slot(s) --hosts", k + 2, k + 1);
     assert_non_null(strstr(err.msg, want));
     assert_int_equal(loom_hosts_check(hosts, "--hosts", k + 2, 1, "false", 5, &err), LOOM_OK);
+    const char *bad_lists[] = {"a:0", "a:x", "a:2,:3", "a:2x"};
+    for (size_t i = 0; i < sizeof bad_lists / sizeof *bad_lists; i++) {
+        assert_int_equal(loom_hosts_check(bad_lists[i], "--hosts", 1, 0, "false", 5, &err),
+                         LOOM_ERR_INPUT);
+        assert_non_null(strstr(err.msg, "expected HOST or HOST:N"));
+    }
     /* ssh: a name that does not resolve is unknown, no probe */
     assert_int_equal(
         loom_hosts_check("localhost:1,nohost.invalid:2", "--hostfile F", 2, 0, "ssh", 5, &err),
