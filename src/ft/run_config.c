@@ -1,5 +1,7 @@
 #include "ft/run_config.h"
 
+#include "ft/hosts.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +76,7 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
         }
         static const char *with_value[] = {"-n",
                                            "--hosts",
+                                           "--hostfile",
                                            "--bind",
                                            "--max-restarts",
                                            "--heartbeat-timeout",
@@ -103,6 +106,8 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
             st = to_int(f, v, 1, &c->ranks, err);
         else if (!strcmp(f, "--hosts"))
             st = to_str(f, v, c->hosts, sizeof c->hosts, err);
+        else if (!strcmp(f, "--hostfile"))
+            st = to_str(f, v, c->hostfile, sizeof c->hostfile, err);
         else if (!strcmp(f, "--bind"))
             st = to_str(f, v, c->bind, sizeof c->bind, err);
         else if (!strcmp(f, "--max-restarts"))
@@ -148,6 +153,15 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
     if (c->min_ranks > c->ranks)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --min-ranks %d: more than -n %d",
                               c->min_ranks, c->ranks);
+    int hosts_given = c->hosts[0] != 0;
+    if (hosts_given && c->hostfile[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --hosts and --hostfile together: expected one of them "
+                              "(--hostfile '%s' is the same as --hosts with its hosts)",
+                              c->hostfile);
+    loom_status hst;
+    if (c->hostfile[0] && (hst = loom_hostfile_read(c->hostfile, c->hosts, sizeof c->hosts, err)))
+        return hst;
     if (!c->bind[0]) snprintf(c->bind, sizeof c->bind, "%s", c->hosts[0] ? "0.0.0.0" : "127.0.0.1");
     *child_index = first;
     return LOOM_OK;
@@ -160,6 +174,8 @@ void loom_run_config_usage(FILE *f) {
             "writes a diagnosis on every failure and restarts from the newest checkpoint.\n\n"
             "  -n N                    ranks\n"
             "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"
+            "  --hostfile FILE         OpenMPI hostfile ('HOST slots=N' lines, # comments):\n"
+            "                          the same as --hosts HOST:N,... (not with --hosts)\n"
             "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
             "                          127.0.0.1; with --hosts 0.0.0.0, and the ranks are told\n"
             "                          this host's address on the route to the hosts)\n"

@@ -11,20 +11,21 @@
 #define LOOM_RUN_PATH 1024
 
 typedef struct {
-    int ranks;                  /* -n */
-    char hosts[LOOM_RUN_PATH];  /* --hosts (mpirun --host), "" = this host only */
-    char bind[256];             /* --bind: the heartbeat socket's address */
-    int max_restarts;           /* --max-restarts */
-    double heartbeat_timeout_s; /* a silent rank, or a collective waited on this long: failed */
-    double step_timeout_s;      /* no step anywhere for this long: a hang (0 = off) */
-    double startup_timeout_s;   /* every rank must beat within this after launch */
-    double grace_s;             /* SIGTERM, then SIGKILL after this */
-    int elastic;                /* --elastic: shrink the world around a failing rank */
-    int min_ranks;              /* --min-ranks */
-    int exclude_after;          /* failures of one rank before it is excluded (elastic) */
-    double loss_spike_factor;   /* 0 = off */
-    double straggler_factor;    /* compute time x this vs the others' median: a straggler */
-    int skip_bad_batches;       /* roll back past a spiking/non-finite step's batch */
+    int ranks;                    /* -n */
+    char hosts[LOOM_RUN_PATH];    /* --hosts (mpirun --host), "" = this host only */
+    char hostfile[LOOM_RUN_PATH]; /* --hostfile: read into hosts ("" = none) */
+    char bind[256];               /* --bind: the heartbeat socket's address */
+    int max_restarts;             /* --max-restarts */
+    double heartbeat_timeout_s;   /* a silent rank, or a collective waited on this long: failed */
+    double step_timeout_s;        /* no step anywhere for this long: a hang (0 = off) */
+    double startup_timeout_s;     /* every rank must beat within this after launch */
+    double grace_s;               /* SIGTERM, then SIGKILL after this */
+    int elastic;                  /* --elastic: shrink the world around a failing rank */
+    int min_ranks;                /* --min-ranks */
+    int exclude_after;            /* failures of one rank before it is excluded (elastic) */
+    double loss_spike_factor;     /* 0 = off */
+    double straggler_factor;      /* compute time x this vs the others' median: a straggler */
+    int skip_bad_batches;         /* roll back past a spiking/non-finite step's batch */
     char run_dir[LOOM_RUN_PATH];
     char launcher[16]; /* "mpirun" or "srun" (auto: srun inside a Slurm allocation) */
     char launcher_args[LOOM_RUN_PATH]; /* --launcher-args: more words for the launcher */

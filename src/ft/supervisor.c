@@ -17,6 +17,7 @@
 #include "core/fs.h"
 #include "ft/batch_info.h"
 #include "ft/detect.h"
+#include "ft/hosts.h"
 #include "ft/launch.h"
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
@@ -426,6 +427,18 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     /* The ranks are told an address that reaches this host from theirs: --bind's own, or
      * (a wildcard --bind with --hosts) this host's address on the route to the hosts. */
     char rank_addr[256];
+    if (!strcmp(cfg->launcher, "mpirun") && cfg->hosts[0]) {
+        /* Before anything is made or launched: enough slots, and every other host known
+         * and answering mpirun's rsh agent within a bound (ft/hosts.h). */
+        char source[LOOM_RUN_PATH + 16], agent[512];
+        snprintf(source, sizeof source, "%s%s", cfg->hostfile[0] ? "--hostfile " : "--hosts",
+                 cfg->hostfile);
+        loom_hosts_agent(cfg->launcher_args, agent, sizeof agent);
+        const int over = strstr(cfg->launcher_args, "-oversubscribe") != NULL;
+        if ((st = loom_hosts_check(cfg->hosts, source, cfg->ranks, over, agent, LOOM_HOSTS_PROBE_S,
+                                   err)))
+            return st;
+    }
     if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
