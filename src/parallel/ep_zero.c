@@ -233,6 +233,7 @@ loom_status loom_ep_zero_ema_enable(loom_zero *z, float decay, loom_error *err) 
 
 void loom_ep_zero_ema_reset(loom_zero *z, const float *params, const float *shard) {
     const loom_ep_zero *e = z->experts;
+    if (!z->ema) return;
     const float *w = shard ? shard : params;
     for (int i = 0; i < e->n_own; i++)
         memcpy(z->ema + e->own[i].lo, w + e->own[i].lo,
@@ -241,6 +242,7 @@ void loom_ep_zero_ema_reset(loom_zero *z, const float *params, const float *shar
 
 void loom_ep_zero_ema_update(loom_zero *z, const float *params, const float *shard) {
     const loom_ep_zero *e = z->experts;
+    if (!z->ema) return; /* no --ema-decay */
     const float *w = shard ? shard : params;
     const float d = z->ema_decay, c = 1.0f - d;
     for (int i = 0; i < e->n_own; i++)
