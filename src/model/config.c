@@ -102,22 +102,18 @@ int loom_model_dit_patch_floats(const loom_model_config *c) {
 static loom_status validate_dit(const loom_model_config *c, loom_error *err) {
     struct {
         const char *flag;
-        int value, max;
-    } range[] = {{"--channels", c->channels, 4},
-                 {"--frames", c->frames, 4096},
-                 {"--height", c->height, 1 << 14},
-                 {"--width", c->width, 1 << 14},
-                 {"--patch", c->patch, 64},
-                 {"--patch-t", c->patch_t, 64},
-                 {"--n-classes", c->n_classes, 1 << 20}};
-    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++) {
-        const int lo = range[i].value == c->n_classes && i + 1 == sizeof range / sizeof range[0]
-                           ? 0 /* --n-classes 0: unconditional */
-                           : 1;
-        if (range[i].value < lo || range[i].value > range[i].max)
+        int value, min, max;
+    } range[] = {{"--channels", c->channels, 1, 4},
+                 {"--frames", c->frames, 1, 4096},
+                 {"--height", c->height, 1, 1 << 14},
+                 {"--width", c->width, 1, 1 << 14},
+                 {"--patch", c->patch, 1, 64},
+                 {"--patch-t", c->patch_t, 1, 64},
+                 {"--n-classes", c->n_classes, 0, 1 << 20}}; /* 0 classes: unconditional */
+    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++)
+        if (range[i].value < range[i].min || range[i].value > range[i].max)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s %d: expected %d..%d (dit family)",
-                                  range[i].flag, range[i].value, lo, range[i].max);
-    }
+                                  range[i].flag, range[i].value, range[i].min, range[i].max);
     if (c->height % c->patch != 0 || c->width % c->patch != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--patch %d: must divide the image size %d x %d (--height, --width)",

@@ -327,17 +327,11 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
     return st;
 }
 
-static loom_status hook(const loom_model *m, int after, int layer, int backward) {
-    const loom_block_hooks *h = &m->hooks;
-    loom_status (*fn)(void *, int, int) = after ? h->after_block : h->before_block;
-    return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
-}
-
 static loom_status dit_block_forward(loom_model *m, const float *p, int l, const float *x) {
     const dims d = dims_here(m);
-    loom_status st = hook(m, 0, l, 0);
+    loom_status st = loom_model_hook(m, 0, l, 0);
     if (!st) st = block_forward_body(m, &d, p, l, x, 0);
-    return st ? st : hook(m, 1, l, 0);
+    return st ? st : loom_model_hook(m, 1, l, 0);
 }
 
 static loom_status dit_head_forward(loom_model *m, const float *p, const float *x) {
@@ -463,7 +457,7 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
     float *dmod = split ? b->d_mod : m->dit->dmod;
     float *dfc = split ? a->d_fc : m->dfc, *dqkv = split ? a->d_qkv : m->dqkv;
     const float *mod = b->mod, *dn;
-    loom_status st = hook(m, 0, l, 1);
+    loom_status st = loom_model_hook(m, 0, l, 1);
     if (!st && m->recompute) st = block_forward_body(m, d, p, l, x, 1);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
@@ -503,7 +497,7 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
         loom_backend_linear_backward_input(be, m->dcond, dmod, p + k->ada_w, B, C, 6 * C);
     }
     loom_trace_end(m->trace);
-    return st ? st : hook(m, 1, l, 1);
+    return st ? st : loom_model_hook(m, 1, l, 1);
 }
 
 /* W of block l under split backward: every weight gradient from what B kept. */

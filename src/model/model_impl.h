@@ -58,6 +58,14 @@ static inline const float *loom_cat(const float *flat, size_t offset) {
     return offset == LOOM_NO_PARAM ? NULL : flat + offset;
 }
 
+/* Runs the block hook (before: after 0, after: 1) around block `layer`'s forward
+ * (backward 0) or backward (1), if one is set. */
+static inline loom_status loom_model_hook(const loom_model *m, int after, int layer, int backward) {
+    const loom_block_hooks *h = &m->hooks;
+    loom_status (*fn)(void *, int, int) = after ? h->after_block : h->before_block;
+    return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
+}
+
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);

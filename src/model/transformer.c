@@ -206,13 +206,6 @@ static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db
         loom_backend_rmsnorm_backward(m->be, dinp, dw, dout, inp, w, rstd, N, m->cfg.d_model);
 }
 
-/* Runs a hook if set. */
-static loom_status hook(const loom_model *m, int after, int layer, int backward) {
-    const loom_block_hooks *h = &m->hooks;
-    loom_status (*fn)(void *, int, int) = after ? h->after_block : h->before_block;
-    return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
-}
-
 static void lm_load_batch(loom_model *m, const int32_t *batch, int first) {
     const int T = m->T;
     const size_t row = (size_t)T * sizeof(int32_t);
@@ -299,9 +292,9 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
 
 static loom_status block_forward(loom_model *m, const dims *d, const float *p, int l,
                                  const float *x) {
-    loom_status st = hook(m, 0, l, 0);
+    loom_status st = loom_model_hook(m, 0, l, 0);
     if (!st) st = block_forward_body(m, d, p, l, x, 0);
-    return st ? st : hook(m, 1, l, 0);
+    return st ? st : loom_model_hook(m, 1, l, 0);
 }
 
 /* Final norm and logits from the last block's output x. */
@@ -395,7 +388,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     const int split = m->split_backward;
     float *dfc = split ? a->d_fc : m->dfc, *dqkv = split ? a->d_qkv : m->dqkv;
     const float *dn, *dy;
-    loom_status st = hook(m, 0, l, 1);
+    loom_status st = loom_model_hook(m, 0, l, 1);
     /* recomputation: the block's activations again, from its kept input */
     if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, 1);
     if (st) return st;
@@ -456,7 +449,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
                       a->norm1_mean, a->norm1_rstd, Ns);
     loom_trace_end(m->trace);
-    return st ? st : hook(m, 1, l, 1);
+    return st ? st : loom_model_hook(m, 1, l, 1);
 }
 
 /* W of block l: the weight gradients of its four linears from what B kept (with

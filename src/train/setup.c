@@ -73,8 +73,7 @@ static loom_status open_data(loom_run *r, loom_error *err) {
         } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &flow, err))) {
             st = check_images(dst[i], flags[i], globs[i], mc, err);
         } else {
-            loom_error prefixed = *err;
-            st = loom_error_set(err, st, "%s: %s", flags[i], prefixed.msg);
+            st = loom_error_prefix(err, "%s", flags[i]);
         }
     }
     return st;
