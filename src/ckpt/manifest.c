@@ -133,9 +133,9 @@ char *loom_ckpt_manifest_dump(const loom_ckpt_manifest *m, int index) {
         json_object_set_new(root, "tokens_seen", json_integer(m->tokens_seen));
         json_object_set_new(root, "seed", json_string(seed));
         json_object_set_new(root, "layout",
-                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "dp", l->dp, "tp", l->tp,
-                                      "pp", l->pp, "ep", l->ep, "zero", l->zero, "world_size",
-                                      l->world_size));
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "dp", l->dp, "tp",
+                                      l->tp, "pp", l->pp, "ep", l->ep, "cp", l->cp > 0 ? l->cp : 1,
+                                      "zero", l->zero, "world_size", l->world_size));
         if (m->model) json_object_set(root, "model", (json_t *)m->model);
         if (m->train) json_object_set(root, "train", (json_t *)m->train);
     }
@@ -238,8 +238,12 @@ static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifes
     for (int i = 0; i < 6; i++)
         if (!loom_json_int_in(json_object_get(l, keys[i]), i == 4 ? 0 : 1, 1 << 20, &v[i]))
             return bad(c, "layout: '%s' must be a positive integer", keys[i]);
-    m->layout =
-        (loom_ckpt_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5]};
+    int64_t cp = 1; /* written since context parallelism; older manifests have none */
+    json_t *jcp = json_object_get(l, "cp");
+    if (jcp && !loom_json_int_in(jcp, 1, 1 << 20, &cp))
+        return bad(c, "%s", "layout: 'cp' must be a positive integer");
+    m->layout = (loom_ckpt_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3],
+                                   (int)v[4], (int)v[5], (int)cp};
     snprintf(m->version, sizeof m->version, "%s", version);
     m->seed = strtoull(seed, NULL, 10);
     json_t *model = json_object_get(root, "model"), *train = json_object_get(root, "train");

@@ -33,6 +33,7 @@ typedef struct {
 
 typedef struct {
     int dp, tp, pp, ep, zero, world_size;
+    int cp; /* context-parallel ranks (absent in older manifests: 1) */
 } loom_ckpt_layout;
 
 typedef struct {

@@ -45,8 +45,8 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m, const loom_mod
     const loom_ckpt_layout *l = &m->layout;
     printf("checkpoint %s\n  loom %s, step %lld, tokens seen %lld, seed %llu\n", dir, m->version,
            (long long)m->step, (long long)m->tokens_seen, (unsigned long long)m->seed);
-    printf("  layout at save: dp %d, tp %d, pp %d, ep %d, ZeRO-%d, %d rank(s)\n", l->dp, l->tp,
-           l->pp, l->ep, l->zero, l->world_size);
+    printf("  layout at save: dp %d, tp %d, pp %d, ep %d, cp %d, ZeRO-%d, %d rank(s)\n", l->dp,
+           l->tp, l->pp, l->ep, l->cp, l->zero, l->world_size);
     printf("  model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d, T %d\n",
            loom_family_name(c->family), c->n_layer, c->d_model, c->n_head, c->n_kv_head, c->d_ff,
            c->vocab_size, c->seq_len);

@@ -47,7 +47,7 @@ int loom_cmd_run(int argc, char **argv) {
     }
     loom_run_job job = {0};
     job.dp = o.train.layout.dp;
-    job.model_ranks = o.train.layout.tp * o.train.layout.pp;
+    job.model_ranks = o.train.layout.tp * o.train.layout.pp * o.train.layout.cp;
     snprintf(job.data, sizeof job.data, "%s", o.train.data);
     job.vocab_size = o.model.vocab_size;
     job.seq_len = o.model.seq_len;

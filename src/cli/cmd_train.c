@@ -35,9 +35,11 @@ int loom_cmd_train(int argc, char **argv) {
     }
     if ((st = loom_model_config_validate(&o.model, &err)) ||
         (st = loom_train_config_validate(&o.train, &err)) ||
+        (st = loom_train_config_validate_cp(&o.train, &o.model, &err)) ||
         (st = loom_tp_validate(&o.model, o.train.layout.tp, o.train.sequence_parallel,
-                               o.train.micro_batch * o.model.seq_len, &err)) ||
-        (st = loom_moe_validate_layout(&o.model, o.train.layout.ep, o.train.layout.dp, o.train.zero,
+                               o.train.micro_batch * o.model.seq_len / o.train.layout.cp, &err)) ||
+        (st = loom_moe_validate_layout(&o.model, o.train.layout.ep,
+                                       loom_layout_replicas(o.train.layout), o.train.zero,
                                        o.train.layout.tp, o.train.layout.pp, &err)) ||
         (loom_train_config_pipeline(&o.train, &pc),
          st = loom_pipeline_validate(&o.model, &pc, o.train.layout.dp, &err)) ||

@@ -89,6 +89,7 @@ static int begin(loom_comm *c, loom_comm_handle *h, size_t bytes) {
 /* h == NULL: a blocking operation (the caller waits in it at once). */
 static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t bytes) {
     loom_fault_at_collective(); /* an injected hang stops before entering */
+    if (c->label) op = c->label;
     int local = begin(c, h, bytes);
     if (h) h->op = op;
     if (!local && !c->group_shown) {
@@ -101,6 +102,7 @@ static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t by
 
 static void blocked(loom_comm *c, const char *op, double t0) {
     double t1 = loom_comm_now_ms(), dt = t1 - t0;
+    if (c->label) op = c->label;
     c->blocked_ms += dt;
     c->inflight_ms += dt;
     trace_op(c, op, c->seq, t0, t1);

@@ -39,6 +39,10 @@ typedef struct loom_comm {
     double blocked_ms, inflight_ms;
     uint64_t bytes;
     loom_trace *trace; /* NULL: no trace; else each completed operation becomes a span */
+    /* NULL, or what the operations started from now on are called in heartbeats, hang
+     * diagnoses and the trace instead of their kind (a ring's step: "ring kv 2/4"); the
+     * string must outlive them. */
+    const char *label;
 } loom_comm;
 
 typedef struct loom_comm_handle {

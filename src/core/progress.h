@@ -20,7 +20,7 @@ typedef enum {
     LOOM_PHASE_COUNT
 } loom_phase;
 
-#define LOOM_PROGRESS_COMMS 8 /* world, dp, tp, pp, ep, edp + the engines' */
+#define LOOM_PROGRESS_COMMS 10 /* world, dp, tp, pp, ep, edp, cp + the engines' */
 #define LOOM_PROGRESS_RING 16 /* recent steps kept for the reader (steps can be ms long) */
 #define LOOM_PROGRESS_NAME 8
 #define LOOM_PROGRESS_OP 16

@@ -34,7 +34,7 @@ typedef struct {
 /* What the supervisor needs to know of the train command (cli fills it). */
 typedef struct {
     int dp, global_batch, micro_batch, steps;
-    int model_ranks;          /* ranks of one model replica: --tp x --pp (the rest is --dp) */
+    int model_ranks; /* ranks of one data-parallel replica: --tp x --pp x --cp (the rest is --dp) */
     char data[LOOM_RUN_PATH]; /* --data, --vocab-size, --seq-len, --seed: to name a bad */
     int vocab_size, seq_len;  /* batch's sequences in the diagnosis (ft/batch_info.h) */
     int images;               /* 1: --data holds image shards (a dit), samples are named */

@@ -101,6 +101,9 @@ typedef struct {
                             float theta, int pos0);
     void (*rope_backward)(const loom_backend *be, float *dqkv, int B, int T, int H, int KV, int hd,
                           float theta);
+    /* positions pos0 .. pos0+T-1 (a context-parallel rank's part of the sequence) */
+    void (*rope_backward_at)(const loom_backend *be, float *dqkv, int B, int T, int H, int KV,
+                             int hd, float theta, int pos0);
     /* Floats of attention scratch for a micro-batch B x T with H heads here (the CPU
      * kernels need T's worth, the CUDA backward B*H*T). */
     size_t (*attention_scratch_floats)(const loom_backend *be, int B, int T, int H);
@@ -368,6 +371,11 @@ static inline void loom_backend_rope_forward_at(const loom_backend *be, float *q
 static inline void loom_backend_rope_backward(const loom_backend *be, float *dqkv, int B, int T,
                                               int H, int KV, int hd, float theta) {
     be->ops->rope_backward(be, dqkv, B, T, H, KV, hd, theta);
+}
+static inline void loom_backend_rope_backward_at(const loom_backend *be, float *dqkv, int B,
+                                                 int T, int H, int KV, int hd, float theta,
+                                                 int pos0) {
+    be->ops->rope_backward_at(be, dqkv, B, T, H, KV, hd, theta, pos0);
 }
 static inline size_t loom_backend_attention_scratch_floats(const loom_backend *be, int B, int T,
                                                            int H) {

@@ -115,6 +115,8 @@ void loom_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, float th
 void loom_rope_forward_at(float *qkv, int B, int T, int H, int KV, int hd, float theta, int pos0);
 /* IN PLACE on dqkv: rotates the query/key gradients back by the inverse rotation. */
 void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float theta);
+/* The same with positions pos0 .. pos0+T-1 (a context-parallel rank's chunk). */
+void loom_rope_backward_at(float *dqkv, int B, int T, int H, int KV, int hd, float theta, int pos0);
 
 /* Causal scaled-dot-product attention, scale 1/sqrt(hd). Saves only out and the
  * per-row log-sum-exp lse[B, H, T]; the T x T scores are recomputed in backward, so

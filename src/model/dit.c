@@ -216,7 +216,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     s->dyl = loom_carve(cv, Ns * C);
     s->dxn = loom_carve(cv, Ns * C);
     m->full = sequence_parallel && m->tp && m->tp->size > 1 ? loom_carve(cv, N * C) : NULL;
-    m->att_scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
+    m->att_scratch = loom_carve(cv, loom_model_attention_scratch_floats(m, d.H));
 }
 
 static size_t dit_plan_bytes(const loom_model *m, int sequence_parallel) {
@@ -235,8 +235,8 @@ static size_t dit_plan_bytes(const loom_model *m, int sequence_parallel) {
 static void dit_load_batch(loom_model *m, const int32_t *batch, int first) {
     loom_dit *s = m->dit;
     const loom_model_config *c = &m->cfg;
-    const int S = loom_model_dit_sample_floats(c), P = loom_model_dit_patch_floats(c), T = m->T;
-    const int words = loom_model_record_words(c);
+    const int S = loom_model_dit_sample_floats(c), P = loom_model_dit_patch_floats(c);
+    const int T = m->T_seq, words = loom_model_record_words(c);
     float *xt = s->host_sample, *v = s->host_sample + S;
     for (int b = 0; b < m->B; b++) {
         const int32_t *rec = batch + (size_t)(first + b) * words;
@@ -255,9 +255,16 @@ static void dit_load_batch(loom_model *m, const int32_t *batch, int first) {
         loom_dit_patchify(c, xt, s->host_in + (size_t)b * T * P);
         patch_walk(c, v, s->host_out + (size_t)b * T * P, 1, 1);
     }
-    const size_t NP = (size_t)m->B * T * P * sizeof(float);
-    loom_backend_copy_to_device(m->be, s->patches, s->host_in, NP);
-    loom_backend_copy_to_device(m->be, s->target, s->host_out, NP);
+    /* this rank's tokens of every sample (context parallelism: one contiguous chunk) */
+    int pos[2];
+    loom_model_chunks(m, pos);
+    const size_t row = (size_t)m->T * P, whole = (size_t)m->T_seq * P, off = (size_t)pos[0] * P;
+    for (int b = 0; b < m->B; b++) {
+        loom_backend_copy_to_device(m->be, s->patches + b * row, s->host_in + b * whole + off,
+                                    row * sizeof(float));
+        loom_backend_copy_to_device(m->be, s->target + b * row, s->host_out + b * whole + off,
+                                    row * sizeof(float));
+    }
     loom_backend_copy_to_device(m->be, s->t, s->host_t, (size_t)m->B * sizeof(float));
     loom_backend_copy_to_device(m->be, s->labels, s->host_labels, (size_t)m->B * sizeof(int32_t));
 }
@@ -272,7 +279,10 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
     /* patch embedding of this rank's rows, plus the fixed positions */
     loom_backend_linear_forward(be, m->embed, s->patches + (size_t)d.row0 * d.P, p + q->x_embed_w,
                                 p + q->x_embed_b, d.Ns, d.P, d.C);
-    loom_backend_add_position(be, m->embed, s->pos, d.Ns, d.C, d.T, d.row0);
+    int pos[2];
+    loom_model_chunks(m, pos); /* the positions of this rank's tokens */
+    loom_backend_add_position(be, m->embed, s->pos + (size_t)pos[0] * d.C, d.Ns, d.C, d.T,
+                              d.row0);
     /* conditioning c = t-MLP(sinusoid(t)) + class embedding; blocks read silu(c) */
     const size_t BC = (size_t)d.B * d.C;
     loom_backend_timestep_embedding(be, s->tfreq, s->t, d.B, LOOM_DIT_FREQ_DIM);
@@ -304,8 +314,9 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
     loom_status st = loom_model_tp_gather(m, b->xm1, &in);
     if (!st) {
         loom_backend_linear_forward(be, a->qkv, in, p + k->qkv_w, p + k->qkv_b, N, C, d->QKV);
-        loom_backend_attention_bidir_forward(be, a->att, a->lse, a->qkv, m->att_scratch, B, T, d->H,
-                                             d->H, d->hd);
+        st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
+    }
+    if (!st) {
         st = loom_model_row_forward(m, b->y1, a->att, p + k->attn_out_w, p + k->attn_out_b, d->A);
     }
     if (!st) {
@@ -481,8 +492,10 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
     }
     if (!st) {
         loom_backend_memset(be, dqkv, 0, (size_t)d->N * d->QKV * sizeof(float));
-        loom_backend_attention_bidir_backward(be, dqkv, m->att_scratch, m->datt, a->qkv, a->att,
-                                              a->lse, B, d->T, d->H, d->H, d->hd);
+        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d->H, d->H,
+                                           d->hd, 0);
+    }
+    if (!st) {
         st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d->QKV, &dn)
                    : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b,
                                                 b->xm1, d->QKV, &dn);
@@ -579,7 +592,7 @@ static const loom_model_ops dit_ops = {
 loom_status loom_dit_attach(loom_model *m, loom_error *err) {
     const loom_model_config *c = &m->cfg;
     const size_t N = (size_t)m->B * m->T, P = (size_t)loom_model_dit_patch_floats(c);
-    const size_t S = (size_t)loom_model_dit_sample_floats(c);
+    const size_t S = (size_t)loom_model_dit_sample_floats(c), NW = (size_t)m->B * m->T_seq;
     if (m->tp && m->tp->size > 1 && m->tp->sequence_parallel && N % (size_t)m->tp->size != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--sequence-parallel: %zu tokens per micro-batch do not split over "
@@ -591,20 +604,21 @@ loom_status loom_dit_attach(loom_model *m, loom_error *err) {
     m->ops = &dit_ops;
     m->cond_floats = (size_t)m->B * c->d_model;
     s->blk = calloc((size_t)c->n_layer, sizeof *s->blk);
-    s->host_in = malloc(N * P * sizeof(float));
-    s->host_out = malloc(N * P * sizeof(float));
+    s->host_in = malloc(NW * P * sizeof(float)); /* whole samples (cp: this rank's part) */
+    s->host_out = malloc(NW * P * sizeof(float));
     s->host_sample = malloc(2 * S * sizeof(float));
     s->host_t = malloc((size_t)m->B * sizeof(float));
     s->host_labels = malloc((size_t)m->B * sizeof(int32_t));
-    float *pos = malloc((size_t)m->T * c->d_model * sizeof(float));
-    s->pos = loom_backend_alloc(m->be, (size_t)m->T * c->d_model * sizeof(float));
+    const size_t TC = (size_t)m->T_seq * c->d_model;
+    float *pos = malloc(TC * sizeof(float));
+    s->pos = loom_backend_alloc(m->be, TC * sizeof(float));
     if (!s->blk || !s->host_in || !s->host_out || !s->host_sample || !s->host_t ||
         !s->host_labels || !pos || !s->pos) {
         free(pos);
         return loom_error_set(err, LOOM_ERR_NOMEM, "dit: out of memory");
     }
     loom_dit_positions(c, pos);
-    loom_backend_copy_to_device(m->be, s->pos, pos, (size_t)m->T * c->d_model * sizeof(float));
+    loom_backend_copy_to_device(m->be, s->pos, pos, TC * sizeof(float));
     free(pos);
     return loom_model_arena_allocate(m, plan, err);
 }
@@ -638,7 +652,7 @@ loom_status loom_dit_velocity(loom_model *m, const float *params, const float *x
                               const int32_t *labels, float *v, loom_error *err) {
     loom_dit *s = m->dit;
     const loom_model_config *c = &m->cfg;
-    if (!s || loom_model_seq_parallel(m))
+    if (!s || loom_model_seq_parallel(m) || loom_model_cp_on(m))
         return loom_error_set(err, LOOM_ERR_STATE, "dit velocity: needs a whole dit model");
     const size_t TP = (size_t)m->T * loom_model_dit_patch_floats(c);
     const size_t S = (size_t)loom_model_dit_sample_floats(c);

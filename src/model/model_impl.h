@@ -66,6 +66,27 @@ static inline loom_status loom_model_hook(const loom_model *m, int after, int la
     return fn ? fn(h->ctx, layer, backward) : LOOM_OK;
 }
 
+/* Context parallelism (context.c): 1 when the sequence is split over a cp group. */
+int loom_model_cp_on(const loom_model *m);
+/* This rank's chunks of every sample: returns their number n (1 without context
+ * parallelism) and their first global positions in pos; each is m->T / n tokens long and
+ * the rows are ordered [chunk][sample][token]. */
+int loom_model_chunks(const loom_model *m, int pos[2]);
+/* A language model's records [first, first + B) (windows of T_seq + 1 tokens): this rank's
+ * tokens and next-token targets into m->inputs / m->targets. */
+void loom_model_load_tokens(loom_model *m, const int32_t *batch, int first);
+/* RoPE at the rows' global positions, in place (backward: the inverse rotation). */
+void loom_model_rope(const loom_model *m, float *qkv, int H, int KV, int hd, int backward);
+/* Attention of m->B samples (causal or bidirectional), through the cp group when there is
+ * one; the same contracts as the backend's attention (backward accumulates into dqkv). */
+loom_status loom_model_attention_forward(loom_model *m, float *out, float *lse, const float *qkv,
+                                         int H, int KV, int hd, int causal);
+loom_status loom_model_attention_backward(loom_model *m, float *dqkv, const float *dout,
+                                          const float *qkv, const float *out, const float *lse,
+                                          int H, int KV, int hd, int causal);
+/* Floats of the arena's attention scratch (none with context parallelism: cp has its own). */
+size_t loom_model_attention_scratch_floats(const loom_model *m, int H);
+
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);

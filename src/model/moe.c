@@ -173,6 +173,18 @@ loom_status loom_moe_set_chunks(loom_moe *m, int chunks, loom_error *err) {
     return LOOM_OK;
 }
 
+loom_status loom_moe_set_cp(loom_moe *m, loom_comm *cp, loom_error *err) {
+    if (!m || !cp || cp->size == 1) return LOOM_OK;
+    for (int l = 0; l < m->table->n_layer; l++) {
+        moe_layer *L = &m->layers[l];
+        if (!L->idx || L->gload) continue;
+        if (!(L->gload = loom_moe_grab_host(m, 2 * (size_t)m->E * sizeof(double))))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "MoE: out of memory (--cp statistics)");
+    }
+    m->cp = cp;
+    return LOOM_OK;
+}
+
 loom_status loom_moe_set_split(loom_moe *m, loom_error *err) {
     if (!m || m->split) return LOOM_OK;
     const size_t R = (size_t)m->R, N = (size_t)m->N, C = (size_t)m->C, FC = (size_t)m->FC;
@@ -234,8 +246,7 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
         loom_moe_ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, m->send, N);
         loom_backend_add(m->be, out, out, m->send, (size_t)N * C);
     }
-    loom_moe_router_losses(m, L);
-    return LOOM_OK;
+    return loom_moe_router_losses(m, L);
 }
 
 loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, const float *x,

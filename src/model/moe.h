@@ -58,6 +58,13 @@ size_t loom_moe_bytes(const loom_moe *moe);
 /* Where failures of the ep collectives inside forward/backward are reported. */
 void loom_moe_set_error(loom_moe *moe, loom_error *err);
 
+/* Context parallelism: the micro-batch's tokens are split over cp (its ranks hold other
+ * tokens of the same sequences), so the load-balancing loss's per-expert statistics are
+ * summed over cp before the loss is formed, and it is the whole micro-batch's, as on one
+ * process. Needs a dropless router (capacity counts a whole micro-batch's tokens: the
+ * caller checks --capacity-factor 0). moe NULL: nothing to do. */
+loom_status loom_moe_set_cp(loom_moe *moe, loom_comm *cp, loom_error *err);
+
 /* Split backward (zero-bubble schedules): loom_moe_backward then computes the input
  * gradient only and keeps the expert-side output and hidden gradients, the router's
  * logit gradient and the shared expert's; loom_moe_backward_weight adds the weight

@@ -32,6 +32,7 @@ typedef struct {
     float *xin, *h, *act;  /* expert side, expert-major: [R, C], [R, FC], [R, F] */
     float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
     double aux, zsum;
+    double *gload; /* context parallelism: [2E] loads and probability sums over the cp group */
     int dropped;
     int fresh; /* forward ran since the last loom_moe_loss_sum */
     /* split backward (loom_moe_set_split): what B keeps for W */
@@ -52,6 +53,7 @@ struct loom_moe {
     int *sb, *rb;              /* [chunks + 1] first row of each chunk: sent, received */
     loom_comm_handle *hd, *hc; /* [chunks] dispatch and combine in flight */
     loom_comm *comm;
+    loom_comm *cp; /* NULL, or the context-parallel group the statistics are summed over */
     loom_error *err;
     moe_layer *layers; /* n_layer; only MoE layers have buffers */
     size_t bytes, chunk_bytes;
@@ -74,7 +76,7 @@ void *loom_moe_grab_host(loom_moe *m, size_t bytes); /* zeroed host memory */
 void loom_moe_route(loom_moe *m, moe_layer *L, const loom_block_params *k, const float *p,
                     const float *x);
 /* The aux and z terms of L's forward, added to the loss of this forward. */
-void loom_moe_router_losses(loom_moe *m, moe_layer *L);
+loom_status loom_moe_router_losses(loom_moe *m, moe_layer *L);
 /* Router backward from m->dw: dx += d(gate input); the gate's weight gradient (or, split,
  * kept in L for W). */
 void loom_moe_router_backward_into(loom_moe *m, moe_layer *L, const loom_block_params *k,

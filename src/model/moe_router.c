@@ -14,30 +14,47 @@ void loom_moe_route(loom_moe *m, moe_layer *L, const loom_block_params *k, const
     loom_moe_set_rows(m, L);
 }
 
-void loom_moe_router_losses(loom_moe *m, moe_layer *L) {
+/* Tokens of the whole micro-batch: N here, times the context-parallel ranks. */
+static double batch_tokens(const loom_moe *m) {
+    return (double)m->N * (m->cp ? m->cp->size : 1);
+}
+
+loom_status loom_moe_router_losses(loom_moe *m, moe_layer *L) {
     const int N = m->N, E = m->E, K = m->K;
     /* Auxiliary losses of this micro-batch (double: order-independent enough, and they
-     * are sums over a fixed order anyway). */
-    double aux = 0.0, z = 0.0;
+     * are sums over a fixed order anyway). With context parallelism the per-expert loads
+     * and probability sums are the whole micro-batch's (summed over cp). */
+    double aux = 0.0, z = 0.0, local[2 * 1024];
+    double *s = L->gload ? L->gload : local;
     for (int e = 0; e < E; e++) {
         double P = 0.0;
         for (int t = 0; t < N; t++) P += L->probs[(size_t)t * E + e];
-        aux += (double)L->load[e] / ((double)N * K) * (P / N);
+        s[e] = L->load[e];
+        s[E + e] = P;
     }
+    if (m->cp) {
+        loom_status st = loom_comm_allreduce_sum_f64(m->cp, s, 2 * E, m->err);
+        if (st) return st;
+    }
+    const double Nb = batch_tokens(m);
+    for (int e = 0; e < E; e++) aux += s[e] / (Nb * K) * (s[E + e] / Nb);
     for (int t = 0; t < N; t++) z += (double)L->lse[t] * L->lse[t];
     L->aux = aux * E;
     L->zsum = z;
     L->fresh = 1;
+    /* this rank's share of the micro-batch's aux term: its N tokens' weight */
     m->loss_term += (double)m->cfg.aux_loss_coef * L->aux * N + (double)m->cfg.z_loss_coef * z;
+    return LOOM_OK;
 }
 
 void loom_moe_router_backward_into(loom_moe *m, moe_layer *L, const loom_block_params *k,
                                    const float *p, float *g, const float *x, float *dx) {
     const int N = m->N, C = m->C, E = m->E, K = m->K;
-    /* Router: d(aux term)/d probs[t,e] = aux_coef * dloss * N * E * f_e / N. */
+    /* Router: d(aux term)/d probs[t,e] = aux_coef * dloss * N * E * f_e / N (N, f_e: the
+     * whole micro-batch's tokens and loads, with context parallelism over cp). */
     float dprob[1024];
-    const double a = (double)m->cfg.aux_loss_coef * m->dloss * E / ((double)N * K);
-    for (int e = 0; e < E; e++) dprob[e] = (float)(a * L->load[e]);
+    const double a = (double)m->cfg.aux_loss_coef * m->dloss * E / (batch_tokens(m) * K);
+    for (int e = 0; e < E; e++) dprob[e] = (float)(a * (L->gload ? L->gload[e] : L->load[e]));
     loom_backend_moe_router_backward(m->be, m->logits, L->probs, L->idx, L->w, m->dw, L->lse, dprob,
                                      m->cfg.z_loss_coef * m->dloss, N, E, K);
     if (m->split)

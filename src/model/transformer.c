@@ -95,11 +95,18 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
     m->moe_full =
         sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
-    m->att_scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, m->B, m->T, d.H));
+    m->att_scratch = loom_carve(cv, loom_model_attention_scratch_floats(m, d.H));
 }
 
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
     return m->ops->plan_bytes(m, sequence_parallel);
+}
+
+size_t loom_model_plan_bytes_whole(const loom_model *m, int sequence_parallel) {
+    loom_model whole = *m; /* plan_bytes reads the shape and writes nothing */
+    whole.cp = NULL;
+    whole.T = m->T_seq;
+    return m->ops->plan_bytes(&whole, sequence_parallel);
 }
 
 static size_t lm_plan_bytes(const loom_model *m, int sequence_parallel) {
@@ -119,14 +126,20 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
     m->cfg = *cfg;
     m->tp = tp;
+    m->cp = o->cp;
     m->B = B;
-    m->T = T;
+    m->T_seq = T;
     loom_status st = loom_model_config_validate(cfg, err);
     if (st) return st;
     if (T > cfg->seq_len)
         return loom_error_set(err, LOOM_ERR_INPUT, "sequence length %d exceeds --seq-len %d", T,
                               cfg->seq_len);
-    if (tp && tp->size > 1 && (tp->rows != B * T || tp->width != cfg->d_model))
+    if (loom_model_cp_on(m) && (m->cp->o.B != B || m->cp->o.T != T))
+        return loom_error_set(err, LOOM_ERR_STATE,
+                              "context parallelism planned for %d x %d tokens, not %d x %d",
+                              m->cp->o.B, m->cp->o.T, B, T);
+    m->T = loom_model_cp_on(m) ? m->cp->Tl : T; /* this rank's tokens of every sample */
+    if (tp && tp->size > 1 && (tp->rows != B * m->T || tp->width != cfg->d_model))
         return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
                               tp->rows, tp->width);
     /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
@@ -137,7 +150,8 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
                                     .ep_size = ep ? ep->size : 1,
                                     .layers = o->layers};
     st = loom_params_build(&m->table, cfg, &po, err);
-    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * T, ep, m->be, err)) ||
+    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * m->T, ep, m->be, err)) ||
+        (loom_model_cp_on(m) && (st = loom_moe_set_cp(m->moe, m->cp->comm, err))) ||
         (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
         loom_model_destroy(m);
         return st;
@@ -146,10 +160,11 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     m->Ns = dims_of(m, loom_model_seq_parallel(m)).Ns;
     /* host metadata: the per-layer activation pointers and the host copy of the losses */
     m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
-    m->losses_host = malloc((size_t)B * T * sizeof *m->losses_host);
+    const size_t N = (size_t)B * m->T;
+    m->losses_host = malloc(N * sizeof *m->losses_host);
     /* tokens the embedding and the loss read: backend memory */
-    m->inputs = loom_backend_alloc(m->be, (size_t)B * T * sizeof *m->inputs);
-    m->targets = loom_backend_alloc(m->be, (size_t)B * T * sizeof *m->targets);
+    m->inputs = loom_backend_alloc(m->be, N * sizeof *m->inputs);
+    m->targets = loom_backend_alloc(m->be, N * sizeof *m->targets);
     if (!m->blocks || !m->losses_host || !m->inputs || !m->targets) {
         loom_model_destroy(m);
         return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
@@ -207,29 +222,31 @@ static void norm_backward(const loom_model *m, float *dinp, float *dw, float *db
 }
 
 static void lm_load_batch(loom_model *m, const int32_t *batch, int first) {
-    const int T = m->T;
-    const size_t row = (size_t)T * sizeof(int32_t);
-    for (int b = 0; b < m->B; b++) {
-        const int32_t *seq = batch + (size_t)(first + b) * (T + 1);
-        loom_backend_copy_to_device(m->be, m->inputs + (size_t)b * T, seq, row);
-        loom_backend_copy_to_device(m->be, m->targets + (size_t)b * T, seq + 1, row);
-    }
+    loom_model_load_tokens(m, batch, first);
 }
 
 /* Embedding of m->inputs into m->embed (first pipeline stage). */
 static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     const loom_param_table *t = &m->table;
-    if (d->tp == 1) {
-        loom_backend_embedding_forward(m->be, m->embed, m->inputs, p + t->wte, loom_cat(p, t->wpe),
-                                       m->B, m->T, d->C);
-        return LOOM_OK;
+    /* vocabulary-parallel: each rank looks up its rows (positions once), then the sum */
+    const int vp = d->tp > 1;
+    float *out = vp && loom_model_seq_parallel(m) ? m->dnorm : m->embed;
+    const float *wpe = loom_cat(p, t->wpe);
+    if (vp && d->rank != 0) wpe = NULL;
+    int pos[2];
+    const int n = loom_model_chunks(m, pos), L = m->T / n;
+    const size_t rows = (size_t)m->B * L; /* of one chunk (model/context.c) */
+    for (int j = 0; j < n; j++) {
+        float *o = out + j * rows * d->C;
+        const int32_t *in = m->inputs + j * rows;
+        const float *w = wpe ? wpe + (size_t)pos[j] * d->C : NULL;
+        if (vp)
+            loom_backend_embedding_forward_shard(m->be, o, in, p + t->wte, w, d->v0, d->V, m->B, L,
+                                                 d->C);
+        else
+            loom_backend_embedding_forward(m->be, o, in, p + t->wte, w, m->B, L, d->C);
     }
-    /* vocabulary-parallel: each rank looks up its rows; positions once */
-    float *part = loom_model_seq_parallel(m) ? m->dnorm : m->embed;
-    loom_backend_embedding_forward_shard(m->be, part, m->inputs, p + t->wte,
-                                         d->rank == 0 ? loom_cat(p, t->wpe) : NULL, d->v0, d->V,
-                                         m->B, m->T, d->C);
-    return loom_model_tp_reduce(m, part, m->embed);
+    return vp ? loom_model_tp_reduce(m, out, m->embed) : LOOM_OK;
 }
 
 /* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
@@ -240,9 +257,8 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
  * statistics and aux terms are not counted twice). */
 static loom_status block_forward_body(loom_model *m, const dims *dd, const float *p, int l,
                                       const float *x, int recomputing) {
-    const loom_model_config *c = &m->cfg;
     const dims d = *dd;
-    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
+    const int N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
     const float *in;
@@ -253,10 +269,10 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     if (!(st = loom_model_tp_gather(m, a->norm1, &in))) {
         loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C,
                                     d.QKV);
-        if (!is_gpt2(m))
-            loom_backend_rope_forward(m->be, a->qkv, B, T, d.H, d.KV, hd, c->rope_theta);
-        loom_backend_attention_forward(m->be, a->att, a->lse, a->qkv, m->att_scratch, B, T, d.H,
-                                       d.KV, hd);
+        if (!is_gpt2(m)) loom_model_rope(m, a->qkv, d.H, d.KV, hd, 0);
+        st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d.H, d.KV, hd, 1);
+    }
+    if (!st) {
         st = loom_model_row_forward(m, a->res1, a->att, p + k->attn_out_w,
                                     loom_cat(p, k->attn_out_b), d.A);
     }
@@ -380,9 +396,8 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
  * gradients come with B (they are a by-product of the norm's input gradient). */
 static loom_status block_backward(loom_model *m, const dims *dd, const float *p, float *g, int l,
                                   const float *x) {
-    const loom_model_config *c = &m->cfg;
     const dims d = *dd;
-    const int B = m->B, T = m->T, N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
+    const int N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
     const int split = m->split_backward;
@@ -437,10 +452,11 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
             loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
                                                 dy, a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-        loom_backend_attention_backward(m->be, dqkv, m->att_scratch, m->datt, a->qkv, a->att,
-                                        a->lse, B, T, d.H, d.KV, hd);
-        if (!is_gpt2(m))
-            loom_backend_rope_backward(m->be, dqkv, B, T, d.H, d.KV, hd, c->rope_theta);
+        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV,
+                                           hd, 1);
+    }
+    if (!st) {
+        if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
         st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d.QKV, &dn)
                    : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w,
                                                 loom_at(g, k->qkv_b), a->norm1, d.QKV, &dn);
@@ -485,14 +501,22 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
 /* Embedding gradient from m->dres = d(embed). */
 static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
     const loom_param_table *t = &m->table;
-    const float *dy;
-    loom_status st = LOOM_OK;
-    if (d->tp == 1)
-        loom_backend_embedding_backward(m->be, g + t->wte, loom_at(g, t->wpe), m->dres, m->inputs,
-                                        m->B, m->T, d->C);
-    else if (!(st = loom_model_tp_gather(m, m->dres, &dy)))
-        loom_backend_embedding_backward_shard(m->be, g + t->wte, loom_at(g, t->wpe), dy, m->inputs,
-                                              d->v0, d->V, m->B, m->T, d->C);
+    const float *dy = m->dres;
+    loom_status st = d->tp == 1 ? LOOM_OK : loom_model_tp_gather(m, m->dres, &dy);
+    int pos[2];
+    const int n = loom_model_chunks(m, pos), L = m->T / n;
+    const size_t rows = (size_t)m->B * L; /* of one chunk (model/context.c) */
+    float *dwpe = loom_at(g, t->wpe);
+    for (int j = 0; j < n && !st; j++) {
+        const float *dyj = dy + j * rows * d->C;
+        const int32_t *in = m->inputs + j * rows;
+        float *dw = dwpe ? dwpe + (size_t)pos[j] * d->C : NULL;
+        if (d->tp == 1)
+            loom_backend_embedding_backward(m->be, g + t->wte, dw, dyj, in, m->B, L, d->C);
+        else
+            loom_backend_embedding_backward_shard(m->be, g + t->wte, dw, dyj, in, d->v0, d->V,
+                                                  m->B, L, d->C);
+    }
     return st;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/trace.h"
+#include "cp/cp.h"
 #include "kernels/backend.h"
 #include "model/config.h"
 #include "model/moe.h"
@@ -74,7 +75,12 @@ struct loom_model {
     loom_block_hooks hooks;
     loom_trace *trace; /* NULL or where forward/backward spans go */
     loom_param_table table;
-    int B, T; /* micro-batch shape the arena is planned for */
+    int B, T; /* micro-batch shape the arena is planned for: T tokens of a sample here */
+    /* Context parallelism (cp/cp.h): NULL or a group of one = whole sequences here. Else
+     * this rank holds T = T_seq / cp tokens of every sample, in cp's local row order (its
+     * chunks of the sequence: model/context.c), and attention runs through cp. */
+    loom_cp *cp;
+    int T_seq; /* tokens of a whole sample (the sequence length the data has) */
     /* Tensor parallelism: NULL or a group of one = the whole model here. Else this rank
      * holds H/tp heads, d_ff/tp MLP columns and vocab/tp rows (parallel/tp.h); with
      * sequence parallelism the residual stream (embed, res1, res2, norm outputs, dres)
@@ -124,7 +130,10 @@ struct loom_model {
 /* What a model is built for. Zero-initialised fields mean "none / the whole model". */
 typedef struct {
     const loom_model_config *cfg; /* required */
-    int B, T;                     /* micro-batch the arena is planned for (T <= cfg->seq_len) */
+    int B, T; /* micro-batch the arena is planned for (T <= cfg->seq_len): whole samples */
+    /* Context parallelism: NULL or a group of one = none; else created for B x T with the
+     * model's heads per tensor-parallel rank, and it must outlive the model. */
+    loom_cp *cp;
     /* Tensor parallelism: NULL or a group of one = the whole model here. tp must outlive
      * the model and be created for rows B*T and width d_model. */
     loom_tp *tp;
@@ -146,6 +155,8 @@ loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err);
 /* Activation bytes the arena would need with sequence parallelism on or off (for the
  * start-up report). */
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);
+/* The same for this model holding whole sequences (without context parallelism). */
+size_t loom_model_plan_bytes_whole(const loom_model *m, int sequence_parallel);
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 

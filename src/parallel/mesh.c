@@ -1,12 +1,13 @@
 #include "parallel/mesh.h"
 
+#include <stdio.h>
 #include <string.h>
 
 loom_status loom_layout_validate(loom_layout l, int world_size, loom_error *err) {
-    if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1)
+    if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.cp < 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--dp %d --tp %d --pp %d --ep %d: every size must be >= 1", l.dp,
-                              l.tp, l.pp, l.ep);
+                              "--dp %d --tp %d --pp %d --ep %d --cp %d: every size must be >= 1",
+                              l.dp, l.tp, l.pp, l.ep, l.cp);
     if (l.tp > world_size)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--tp %d: larger than the job's %d rank(s) (a tensor-parallel group "
@@ -17,17 +18,27 @@ loom_status loom_layout_validate(loom_layout l, int world_size, loom_error *err)
                               "--pp %d: larger than the job's %d rank(s) (each pipeline stage "
                               "needs its own ranks; launch with mpirun -n %d or more)",
                               l.pp, world_size, l.pp);
-    if ((long)l.dp * l.tp * l.pp != world_size)
+    const long ranks = (long)l.dp * l.cp * l.tp * l.pp;
+    if (ranks != world_size) {
+        char cp[32] = "";
+        if (l.cp > 1) snprintf(cp, sizeof cp, " x --cp %d", l.cp);
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--dp %d x --tp %d x --pp %d = %ld ranks, but the job has %d "
+                              "--dp %d%s x --tp %d x --pp %d = %ld ranks, but the job has %d "
                               "(launch with mpirun -n %ld, or change the sizes)",
-                              l.dp, l.tp, l.pp, (long)l.dp * l.tp * l.pp, world_size,
-                              (long)l.dp * l.tp * l.pp);
-    if (l.dp % l.ep != 0)
+                              l.dp, cp, l.tp, l.pp, ranks, world_size, ranks);
+    }
+    const int replicas = loom_layout_replicas(l);
+    if (replicas % l.ep != 0) {
+        if (l.cp > 1)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--ep %d: must divide --dp %d x --cp %d = %d (expert-parallel "
+                                  "groups are carved out of the data- and context-parallel ranks)",
+                                  l.ep, l.dp, l.cp, replicas);
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--ep %d: must divide --dp %d (expert-parallel groups are carved "
                               "out of the data-parallel group)",
                               l.ep, l.dp);
+    }
     return LOOM_OK;
 }
 
@@ -48,9 +59,12 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
     m->layout = l;
     m->rank = w->rank;
     m->size = w->size;
+    const int R = loom_layout_replicas(l); /* dp x cp: the parameters' replicas */
     m->tp_rank = w->rank % l.tp;
-    m->dp_rank = (w->rank / l.tp) % l.dp;
-    m->pp_rank = w->rank / (l.tp * l.dp);
+    m->cp_rank = (w->rank / l.tp) % l.cp;
+    m->data_rank = (w->rank / (l.tp * l.cp)) % l.dp;
+    m->dp_rank = m->data_rank * l.cp + m->cp_rank;
+    m->pp_rank = w->rank / (l.tp * R);
     m->ep_rank = m->dp_rank % l.ep;
     if (!w->mpi) { /* one process: every communicator is trivial */
         loom_comm_self(&m->world, "world");
@@ -59,17 +73,20 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
         loom_comm_self(&m->pp, "pp");
         loom_comm_self(&m->ep, "ep");
         loom_comm_self(&m->edp, "edp");
+        loom_comm_self(&m->cp, "cp");
         return LOOM_OK;
     }
-    const int pp_i = m->pp_rank, dp_i = m->dp_rank, tp_i = m->tp_rank;
+    /* cell: the ranks of one (pp, tp) pair; r: this rank's place among its replicas */
+    const int pp_i = m->pp_rank, r = m->dp_rank, tp_i = m->tp_rank;
+    const int cell = pp_i * l.tp + tp_i;
     if ((st = loom_comm_from_mpi(&m->world, MPI_COMM_WORLD, "world", err)) ||
-        (st = split(&m->dp, &m->world, pp_i * l.tp + tp_i, dp_i, "dp", err)) ||
-        (st = split(&m->tp, &m->world, pp_i * l.dp + dp_i, tp_i, "tp", err)) ||
-        (st = split(&m->pp, &m->world, dp_i * l.tp + tp_i, pp_i, "pp", err)) ||
-        (st = split(&m->ep, &m->world, (pp_i * l.tp + tp_i) * (l.dp / l.ep) + dp_i / l.ep,
-                    dp_i % l.ep, "ep", err)) ||
-        (st = split(&m->edp, &m->world, (pp_i * l.tp + tp_i) * l.ep + dp_i % l.ep, dp_i / l.ep,
-                    "edp", err))) {
+        (st = split(&m->dp, &m->world, cell, r, "dp", err)) ||
+        (st = split(&m->tp, &m->world, pp_i * R + r, tp_i, "tp", err)) ||
+        (st = split(&m->pp, &m->world, r * l.tp + tp_i, pp_i, "pp", err)) ||
+        (st = split(&m->cp, &m->world, (pp_i * l.dp + m->data_rank) * l.tp + tp_i, m->cp_rank,
+                    "cp", err)) ||
+        (st = split(&m->ep, &m->world, cell * (R / l.ep) + r / l.ep, r % l.ep, "ep", err)) ||
+        (st = split(&m->edp, &m->world, cell * l.ep + r % l.ep, r / l.ep, "edp", err))) {
         loom_mesh_free(m);
         return st;
     }
@@ -78,6 +95,7 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
 
 void loom_mesh_free(loom_mesh *m) {
     loom_comm_free(&m->edp);
+    loom_comm_free(&m->cp);
     loom_comm_free(&m->ep);
     loom_comm_free(&m->pp);
     loom_comm_free(&m->tp);

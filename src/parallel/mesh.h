@@ -1,7 +1,15 @@
-/* The process mesh: pp x dp x tp ranks (tp fastest-varying, so a tensor-parallel group
- * sits on one node), one communicator per dimension, built once. Expert-parallel groups
- * are carved out of the data-parallel group (consecutive blocks of ep ranks), as in
- * Megatron. World rank = (pp_rank * dp + dp_rank) * tp + tp_rank. */
+/* The process mesh: pp x dp x cp x tp ranks (tp fastest-varying, so a tensor-parallel
+ * group sits on one node, then the context-parallel group), one communicator per
+ * dimension, built once. World rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i.
+ *
+ * Context-parallel ranks hold the same parameters and different tokens of the same
+ * sequences, so the parameters' replicas are the dp x cp ranks of one (pp, tp) cell, as
+ * in Megatron-Core's "data parallel with context parallel" group: the `dp` communicator
+ * below is that group (gradients reduce over it, ZeRO shards over it, its rank is
+ * dp_rank = dp_i * cp + cp_i), while the data each rank reads is chosen by data_rank =
+ * dp_i alone (cp ranks read the same samples and keep their part of each sequence).
+ * Expert-parallel groups are carved out of the replica group (consecutive blocks of ep
+ * ranks), as in Megatron. Without --cp (cp 1) dp_rank == data_rank. */
 #ifndef LOOM_PARALLEL_MESH_H
 #define LOOM_PARALLEL_MESH_H
 
@@ -10,14 +18,21 @@
 #include "core/error.h"
 
 typedef struct {
-    int dp, tp, pp, ep;
+    int dp, tp, pp, ep, cp;
 } loom_layout;
+
+/* The parameters' replicas of one (pp, tp) cell: dp x cp (cp 0 counts as 1). */
+static inline int loom_layout_replicas(loom_layout l) {
+    return l.dp * (l.cp > 0 ? l.cp : 1);
+}
 
 typedef struct {
     loom_layout layout;
     int rank, size;
     int dp_rank, tp_rank, pp_rank, ep_rank;
+    int data_rank, cp_rank; /* the batch slice this rank reads; its place in its cp group */
     loom_comm world, dp, tp, pp, ep;
+    loom_comm cp; /* the context-parallel group (the same samples, other tokens) */
     loom_comm edp; /* the dp ranks with this rank's ep rank: replicas of the same experts */
 } loom_mesh;
 

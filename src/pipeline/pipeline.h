@@ -67,10 +67,11 @@ typedef struct {
 loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_pp_config *cfg, int dp,
                                    loom_error *err);
 /* Builds the schedules, the stage's model (into *model: slot 0, the one the trainer sees)
- * and the extra slots and message buffers. */
+ * and the extra slots and message buffers. cp: NULL or the context-parallel attention
+ * every slot shares (it keeps nothing between calls). */
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                  const loom_pp_config *cfg, loom_mesh *mesh, loom_tp *tp,
-                                 loom_model *model, loom_error *err);
+                                 loom_cp *cp, loom_model *model, loom_error *err);
 void loom_pipeline_free(loom_pipeline *pl);
 /* The layers pipeline rank `rank` holds. */
 void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *out);

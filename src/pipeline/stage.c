@@ -164,7 +164,7 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *
 
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                  const loom_pp_config *pc, loom_mesh *mesh, loom_tp *tp,
-                                 loom_model *model, loom_error *err) {
+                                 loom_cp *cp, loom_model *model, loom_error *err) {
     memset(pl, 0, sizeof *pl);
     pl->mc = mc;
     pl->cfg = *pc;
@@ -211,6 +211,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                        .B = pc->micro_batch,
                                        .T = mc->seq_len,
                                        .tp = tp,
+                                       .cp = cp,
                                        .ep = &mesh->ep,
                                        .layers = &pl->layers,
                                        .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |

@@ -36,6 +36,7 @@ void loom_run_free(loom_run *r) {
     loom_trace_close(r->trace);
     loom_tb_close(r->tb);
     loom_tp_free(&r->tp);
+    if (r->cped) loom_cp_free(r->cped);
     loom_params_free(&r->global_table);
     free(r->global_flat);
 }
@@ -79,32 +80,61 @@ static loom_status open_data(loom_run *r, loom_error *err) {
     return st;
 }
 
+/* Context parallelism (--cp > 1): the attention over the cp group, for the heads this
+ * tensor-parallel rank holds. */
+static loom_status build_cp(loom_run *r, loom_error *err) {
+    const loom_model_config *mc = r->mc;
+    const loom_train_config *tc = r->tc;
+    const int tp = r->mesh->layout.tp;
+    loom_cp_mode mode;
+    loom_status st;
+    if (r->mesh->layout.cp == 1) return LOOM_OK;
+    if ((st = loom_train_config_validate_cp(tc, mc, err)) ||
+        (st = loom_cp_mode_parse(tc->cp_mode, &mode, err)))
+        return st;
+    const loom_cp_options o = {.mode = mode,
+                               .causal = mc->family != LOOM_FAMILY_DIT,
+                               .B = tc->micro_batch,
+                               .T = mc->seq_len,
+                               .H = mc->n_head / tp,
+                               .KV = mc->n_kv_head / tp,
+                               .hd = mc->d_model / mc->n_head};
+    if ((st = loom_cp_create(&r->cp, &r->mesh->cp, &o, loom_backend_cpu(), err))) return st;
+    r->cp.err = err;
+    r->cped = &r->cp;
+    return LOOM_OK;
+}
+
 /* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
 static loom_status build_model(loom_run *r, loom_error *err) {
     const loom_model_config *mc = r->mc;
     const loom_train_config *tc = r->tc;
     loom_mesh *mesh = r->mesh;
-    const int T = mc->seq_len;
+    const int T = mc->seq_len, cp = mesh->layout.cp;
+    const int rows = tc->micro_batch * T / cp; /* tokens of a micro-batch on this rank */
     loom_status st;
     if ((st = open_data(r, err)) ||
-        (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, tc->micro_batch * T,
-                               err)) ||
-        (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, tc->micro_batch * T,
-                             mc->d_model, err)) ||
-        (st = loom_moe_validate_layout(mc, mesh->layout.ep, mesh->layout.dp, tc->zero,
-                                       mesh->layout.tp, mesh->layout.pp, err)))
+        (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, rows, err)) ||
+        (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, rows, mc->d_model, err)) ||
+        (st = loom_moe_validate_layout(mc, mesh->layout.ep, loom_layout_replicas(mesh->layout),
+                                       tc->zero, mesh->layout.tp, mesh->layout.pp, err)) ||
+        (st = build_cp(r, err)))
         return st;
     r->tp.err = err;
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
         r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
-        if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, &r->model, err))) return st;
-    } else if ((st = loom_model_create(
-                    &r->model,
-                    &(loom_model_options){
-                        .cfg = mc, .B = tc->micro_batch, .T = T, .tp = &r->tp, .ep = &mesh->ep},
-                    err))) {
+        if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, r->cped, &r->model, err)))
+            return st;
+    } else if ((st = loom_model_create(&r->model,
+                                       &(loom_model_options){.cfg = mc,
+                                                             .B = tc->micro_batch,
+                                                             .T = T,
+                                                             .tp = &r->tp,
+                                                             .cp = r->cped,
+                                                             .ep = &mesh->ep},
+                                       err))) {
         return st;
     }
     r->tp.be = r->model.be; /* the vocabulary-parallel loss runs where the logits are */
@@ -116,8 +146,9 @@ static loom_status build_model(loom_run *r, loom_error *err) {
          (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))))
         return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
-     * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h). */
-    if (!r->pipelined && mesh->ep.size == 1 &&
+     * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h), and
+     * whole sequences (its positions are 0..T-1: not with context parallelism). */
+    if (!r->pipelined && mesh->ep.size == 1 && cp == 1 &&
         (st = loom_zero_plan_embedding(&r->zero, tc->micro_batch * T, T, err)))
         return st;
     r->model.defer_embedding_grad = r->zero.embed.enabled;
@@ -197,7 +228,8 @@ static loom_status build_step(loom_run *r, loom_error *err) {
         return st;
     const int lead = r->mesh->rank == 0;
     /* logits of the first micro-batch: one process's whole-vocabulary logits only */
-    const int dump_logits = tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined;
+    const int dump_logits =
+        tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined && !r->cped;
     loom_step_runner_options ro = {mod,
                                    r->pipelined,
                                    &r->sync,
@@ -230,8 +262,9 @@ static loom_status open_dumps(loom_run *r, loom_error *err) {
     const loom_param_table *it;
     const float *ip;
     if ((st = loom_run_export_flat(r, r->params, &it, &ip, err))) return st;
-    /* Routes are recorded by the whole-model runner only (not with --pp). */
-    if (!r->pipelined &&
+    /* Routes are recorded by the whole-model runner only (not with --pp), for whole
+     * sequences (not with --cp: a rank holds parts of them). */
+    if (!r->pipelined && !r->cped &&
         (st = loom_route_dump_open(&r->routes, r->mc, tc->micro_batch * r->mc->seq_len, tc->steps,
                                    per_rank / tc->micro_batch, err)))
         return st;
@@ -253,6 +286,7 @@ static loom_status open_outputs(loom_run *r, loom_error *err) {
             (st = loom_trace_open(&r->trace, mesh->rank, events, err)))
             return st;
         r->model.trace = mesh->dp.trace = mesh->tp.trace = mesh->world.trace = r->trace;
+        mesh->cp.trace = r->trace; /* the ring's sends and receives on the cp lane */
     }
     if (lead && tc->tensorboard[0]) {
         if ((st = loom_tb_open(&r->tb, tc->tensorboard, err))) return st;

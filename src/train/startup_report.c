@@ -11,11 +11,15 @@ void loom_run_report_startup(const loom_run *r) {
     const double MiB = 1 << 20;
     const size_t P = r->model.table.total;
     const int gathered = r->export_kind != LOOM_EXPORT_LOCAL;
+    char cp_text[64] = "";
+    if (r->cped)
+        snprintf(cp_text, sizeof cp_text, " x cp %d (%s%s)", r->cp.size,
+                 loom_cp_mode_name(r->cp.o.mode), r->cp.n_chunks == 2 ? ", zigzag" : "");
     fprintf(stderr,
             "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d x "
-            "pp %d\n",
+            "pp %d%s\n",
             loom_family_name(mc->family), gathered ? r->global_table.total : P, P, mesh->layout.dp,
-            r->zero.stage, mesh->layout.tp, mesh->layout.pp);
+            r->zero.stage, mesh->layout.tp, mesh->layout.pp, r->cped ? cp_text : "");
     if (r->pipelined) loom_pipeline_report(r->pipelined, stderr);
     if (mc->n_experts > 0)
         fprintf(stderr,
@@ -52,6 +56,15 @@ void loom_run_report_startup(const loom_run *r) {
                 r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "",
                 loom_model_plan_bytes(&r->model, 1) / MiB,
                 loom_model_plan_bytes(&r->model, 0) / MiB);
+    if (r->cped) {
+        const int sp = r->tp.sequence_parallel;
+        fprintf(stderr,
+                "loom: context parallel %d ranks: activations per rank %.3f MiB (%d of %d tokens "
+                "per sample), %.3f MiB holding whole sequences; attention buffers %.3f MiB\n",
+                r->cp.size, loom_model_plan_bytes(&r->model, sp) / MiB, r->model.T, r->model.T_seq,
+                loom_model_plan_bytes_whole(&r->model, sp) / MiB,
+                loom_cp_buffer_bytes(r->cp.size, &r->cp.o) / MiB);
+    }
     if (r->data.kind == LOOM_BATCH_FLOW)
         fprintf(stderr,
                 "loom: data %s: %d file(s), %lld samples of %d x %d x %d x %d, %d classes "
@@ -79,4 +92,10 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
                 "loom: expert-parallel all-to-all: %.3f ms blocked per step (%.3f ms in flight), "
                 "%d chunk(s)\n",
                 mesh->ep.blocked_ms / steps_run, mesh->ep.inflight_ms / steps_run, tc->moe_chunks);
+    if (mesh->cp.size > 1) /* the ring's transfers (or Ulysses' all-to-alls) not hidden */
+        fprintf(stderr,
+                "loom: context-parallel communication: %.3f ms blocked per step (%.3f ms in "
+                "flight), %.2f MiB per step; attention compute %.3f ms per step\n",
+                mesh->cp.blocked_ms / steps_run, mesh->cp.inflight_ms / steps_run,
+                (double)mesh->cp.bytes / steps_run / (1 << 20), r->cp.compute_ms / steps_run);
 }

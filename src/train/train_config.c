@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cp/cp.h"
 #include "train/batch_skip.h"
 #include "train/train_config.h"
 
@@ -39,7 +40,8 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->seed = 1337;
     tc->threads = 0; /* 0: all cores */
     tc->log_every = 1;
-    tc->layout = (loom_layout){1, 1, 1, 1};
+    tc->layout = (loom_layout){1, 1, 1, 1, 1};
+    snprintf(tc->cp_mode, sizeof tc->cp_mode, "ring");
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
     tc->moe_chunks = 1;
@@ -82,6 +84,10 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
         return loom_error_set(err, LOOM_ERR_INPUT, "--grad-clip %g: expected >= 0 (0 = off)",
                               tc->adamw.grad_clip);
     const int dp = tc->layout.dp;
+    if (tc->layout.cp < 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--cp %d: expected >= 1 (context-parallel ranks per sequence)",
+                              tc->layout.cp);
     if (dp >= 1 && tc->global_batch % (dp * tc->micro_batch) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--global-batch %d: must be a multiple of --dp %d x --micro-batch %d "
@@ -117,6 +123,24 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     loom_batch_skip skip;
     loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
     return st ? st : validate_checkpointing(tc, err);
+}
+
+loom_status loom_train_config_validate_cp(const loom_train_config *tc,
+                                          const loom_model_config *mc, loom_error *err) {
+    loom_cp_mode mode;
+    loom_status st = loom_cp_mode_parse(tc->cp_mode, &mode, err);
+    const int cp = tc->layout.cp, tp = tc->layout.tp;
+    if (st || cp <= 1) return st;
+    if (mc->n_experts > 0 && mc->capacity_factor > 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--cp %d with --capacity-factor %g: context parallelism needs a "
+                              "dropless MoE (--capacity-factor 0), since an expert's capacity "
+                              "counts the tokens of a whole micro-batch",
+                              cp, (double)mc->capacity_factor);
+    const int causal = mc->family != LOOM_FAMILY_DIT;
+    if (tp > 1 && (mc->n_head % tp || mc->n_kv_head % tp)) return LOOM_OK; /* tp's own check */
+    return loom_cp_validate(cp, mode, causal, mc->seq_len, mc->n_head / tp, mc->n_kv_head / tp,
+                            err);
 }
 
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc) {

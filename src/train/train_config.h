@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "data/flow_batch.h"
+#include "model/config.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"
@@ -26,7 +27,8 @@ typedef struct {
     int log_every;
     char metrics[LOOM_PATH_MAX];      /* JSON lines, one per step; "" = none */
     char dump_dir[LOOM_PATH_MAX];     /* tensors for reference tests; "" = none */
-    loom_layout layout;               /* --dp --tp --pp --ep */
+    loom_layout layout;               /* --dp --tp --pp --ep --cp */
+    char cp_mode[16];                 /* context parallelism: ring | ulysses (cp/cp.h) */
     int zero;                         /* ZeRO stage 0-2 over the data-parallel group */
     float bucket_mb;                  /* gradient bucket size for overlapped reduction */
     int overlap_param_gather;         /* ZeRO 1, 2: gather params during the next forward */
@@ -53,6 +55,7 @@ typedef struct {
     char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
     int recompute;                  /* keep only each layer's input, recompute in backward */
+    int dry_run;                    /* set up and print the start-up report, no step */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
@@ -67,6 +70,11 @@ void loom_train_config_defaults(loom_train_config *tc);
 /* Checks values (including the split of the batch over data-parallel ranks); messages
  * name the flag. */
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err);
+/* Context parallelism against the model: the sequence split (zigzag needs 2 x --cp),
+ * Ulysses' heads, a dropless MoE (the router's capacity is counted over a whole
+ * micro-batch); messages name the flag. Nothing to check without --cp. */
+loom_status loom_train_config_validate_cp(const loom_train_config *tc,
+                                          const loom_model_config *mc, loom_error *err);
 /* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 #endif

@@ -32,7 +32,7 @@ static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
     for (int b = 0; b < tc->eval_batches; b++) {
         /* Step index -1 - b: a stream of batches disjoint from any training step's. */
         loom_batch_source_sample(&r->val, tc->seed, -1 - (int64_t)b,
-                                 (int64_t)r->mesh->dp_rank * per_rank, per_rank, r->batch);
+                                 (int64_t)r->mesh->data_rank * per_rank, per_rank, r->batch);
         double s;
         if ((st = loom_step_forward_loss(&r->runner, r->batch, &s, err))) return st;
         sum += s;
@@ -121,7 +121,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
-        loom_batch_source_sample(&r->data, tc->seed, batch, (int64_t)mesh->dp_rank * per_rank,
+        loom_batch_source_sample(&r->data, tc->seed, batch, (int64_t)mesh->data_rank * per_rank,
                                  per_rank, r->batch);
         if (dumping && lead)
             loom_batch_source_sample(&r->data, tc->seed, batch, 0, G,
@@ -259,6 +259,11 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         return st;
     loom_run r;
     if ((st = loom_run_setup(&r, mc, tc, mesh, err))) return st;
+    if (tc->dry_run) { /* the start-up report only: what the layout needs, no step */
+        if (mesh->rank == 0) fprintf(stderr, "loom: --dry-run: set up, no step taken\n");
+        loom_run_free(&r);
+        return LOOM_OK;
+    }
     int stopped = 0;
     st = train_loop(&r, &stopped, err);
     if (!st && !stopped) st = write_outputs(&r, err);
@@ -271,7 +276,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
                 r.zero.grads_peak / 1048576.0, r.model.table.total * 4 / 1048576.0,
                 r.zero.grads_after / 1048576.0, r.zero.stage);
     if (!st && r.trace) {
-        mesh->dp.trace = mesh->tp.trace = mesh->world.trace = NULL;
+        mesh->dp.trace = mesh->tp.trace = mesh->world.trace = mesh->cp.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);
         if (!st && mesh->rank == 0) fprintf(stderr, "loom: trace written to %s\n", tc->trace);
     }

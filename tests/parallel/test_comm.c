@@ -616,7 +616,7 @@ static void test_mesh(const loom_world *w) {
                 if (dp * tp * pp != R) continue;
                 for (int ep = 1; ep <= dp; ep++) {
                     if (dp % ep) continue;
-                    test_mesh_layout(w, (loom_layout){dp, tp, pp, ep});
+                    test_mesh_layout(w, (loom_layout){dp, tp, pp, ep, 1});
                     layouts++;
                 }
             }

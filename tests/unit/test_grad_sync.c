@@ -54,7 +54,7 @@ static void sim_create(sim_rank *s, const loom_model_config *cfg, int dp_rank, i
                                                               .layers = layers},
                                        NULL),
                      LOOM_OK);
-    s->mesh.layout = (loom_layout){dp, tp, 1, ep};
+    s->mesh.layout = (loom_layout){dp, tp, 1, ep, 1};
     s->mesh.dp.rank = dp_rank, s->mesh.dp.size = dp;
     s->mesh.ep.rank = ep_rank, s->mesh.ep.size = ep;
     s->mesh.edp.rank = dp_rank / ep, s->mesh.edp.size = dp / ep;
@@ -154,7 +154,7 @@ static void test_one_process(void **state) {
         assert_int_equal(loom_params_build(&t, &cfg, NULL, NULL), LOOM_OK);
         loom_mesh mesh;
         memset(&mesh, 0, sizeof mesh);
-        mesh.layout = (loom_layout){1, 1, 1, 1};
+        mesh.layout = (loom_layout){1, 1, 1, 1, 1};
         loom_comm_self(&mesh.world, "world");
         loom_comm_self(&mesh.dp, "dp");
         loom_comm_self(&mesh.tp, "tp");

@@ -8,19 +8,43 @@
 #include "kernels/kernels.h"
 
 /* ---- RoPE ---- */
-static void ref_rope(double *x, int B, int T, int H, int KV, int hd, double theta, int inverse) {
+static void ref_rope_at(double *x, int B, int T, int H, int KV, int hd, double theta, int inverse,
+                        int pos0) {
     int R = (H + 2 * KV) * hd, half = hd / 2;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H + KV; h++)
                 for (int i = 0; i < half; i++) {
-                    double ang = t * pow(theta, -2.0 * i / hd), c = cos(ang), s = sin(ang);
+                    double ang = (pos0 + t) * pow(theta, -2.0 * i / hd), c = cos(ang),
+                           s = sin(ang);
                     if (inverse) s = -s;
                     double *p = x + ((size_t)b * T + t) * R + (size_t)h * hd;
                     double lo = p[i], hi = p[i + half];
                     p[i] = lo * c - hi * s;
                     p[i + half] = hi * c + lo * s;
                 }
+}
+
+static void ref_rope(double *x, int B, int T, int H, int KV, int hd, double theta, int inverse) {
+    ref_rope_at(x, B, T, H, KV, hd, theta, inverse, 0);
+}
+
+/* Positions pos0 .. pos0+T-1 (a context-parallel rank's chunk): forward and backward
+ * against the reference, and backward undoes forward. */
+static void check_rope_at(int B, int T, int H, int KV, int hd, float theta, int pos0) {
+    size_t n = (size_t)B * T * (H + 2 * KV) * hd;
+    float *x = tk_rand(n, 2), *y = tk_rand(n, 2);
+    float *fx = tk_copy(x, n), *by = tk_copy(y, n);
+    double *rx = tk_widen(x, n), *ry = tk_widen(y, n), *xd = tk_widen(x, n);
+    ref_rope_at(rx, B, T, H, KV, hd, theta, 0, pos0);
+    ref_rope_at(ry, B, T, H, KV, hd, theta, 1, pos0);
+    loom_rope_forward_at(fx, B, T, H, KV, hd, theta, pos0);
+    loom_rope_backward_at(by, B, T, H, KV, hd, theta, pos0);
+    tk_check("rope forward at pos0", fx, rx, n, 1e-5, 1e-5);
+    tk_check("rope backward at pos0", by, ry, n, 1e-5, 1e-5);
+    loom_rope_backward_at(fx, B, T, H, KV, hd, theta, pos0);
+    tk_check("rope round trip at pos0", fx, xd, n, 1e-5, 1e-5);
+    free(x), free(y), free(fx), free(by), free(rx), free(ry), free(xd);
 }
 
 static void check_rope(int B, int T, int H, int KV, int hd, float theta) {
@@ -61,6 +85,8 @@ static void test_rope(void **state) {
     check_rope(2, 17, 6, 3, 10, 10000.0f);
     check_rope(2, 33, 6, 6, 10, 500000.0f);
     check_rope(1, 7, 2, 1, 130, 10000.0f); /* more pairs than one cos/sin chunk */
+    check_rope_at(2, 8, 4, 2, 8, 10000.0f, 24);
+    check_rope_at(1, 5, 6, 3, 10, 500000.0f, 1000);
 }
 
 /* ---- attention ---- */

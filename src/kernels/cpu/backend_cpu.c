@@ -180,6 +180,11 @@ static void rope_backward(const loom_backend *be, float *dqkv, int B, int T, int
     (void)be;
     loom_rope_backward(dqkv, B, T, H, KV, hd, theta);
 }
+static void rope_backward_at(const loom_backend *be, float *dqkv, int B, int T, int H, int KV,
+                             int hd, float theta, int pos0) {
+    (void)be;
+    loom_rope_backward_at(dqkv, B, T, H, KV, hd, theta, pos0);
+}
 static size_t attention_scratch_floats(const loom_backend *be, int B, int T, int H) {
     (void)be, (void)B, (void)H;
     return loom_attention_scratch_floats(T);
@@ -390,6 +395,7 @@ static const loom_backend_ops cpu_ops = {
     .rope_forward = rope_forward,
     .rope_forward_at = rope_forward_at,
     .rope_backward = rope_backward,
+    .rope_backward_at = rope_backward_at,
     .attention_scratch_floats = attention_scratch_floats,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

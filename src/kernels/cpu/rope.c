@@ -54,3 +54,8 @@ void loom_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float 
 void loom_rope_forward_at(float *qkv, int B, int T, int H, int KV, int hd, float theta, int pos0) {
     rope_apply(qkv, B, T, H, KV, hd, theta, 1.0f, pos0);
 }
+
+void loom_rope_backward_at(float *dqkv, int B, int T, int H, int KV, int hd, float theta,
+                           int pos0) {
+    rope_apply(dqkv, B, T, H, KV, hd, theta, -1.0f, pos0);
+}

@@ -201,6 +201,10 @@ static void rope_backward(const loom_backend *be, float *dqkv, int B, int T, int
                           float theta) {
     loom_cuda_rope_backward(dqkv, B, T, H, KV, hd, theta, stream(be));
 }
+static void rope_backward_at(const loom_backend *be, float *dqkv, int B, int T, int H, int KV,
+                             int hd, float theta, int pos0) {
+    loom_cuda_rope_backward_at(dqkv, B, T, H, KV, hd, theta, pos0, stream(be));
+}
 static size_t attention_scratch_floats(const loom_backend *be, int B, int T, int H) {
     (void)be;
     return loom_cuda_attention_scratch_floats(B, T, H);
@@ -449,6 +453,7 @@ static const loom_backend_ops cuda_ops = {
     .rope_forward = rope_forward,
     .rope_forward_at = rope_forward_at,
     .rope_backward = rope_backward,
+    .rope_backward_at = rope_backward_at,
     .attention_scratch_floats = attention_scratch_floats,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

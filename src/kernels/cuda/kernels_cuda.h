@@ -163,6 +163,8 @@ void loom_cuda_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, flo
                             cudaStream_t s);
 void loom_cuda_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, float theta,
                              cudaStream_t s);
+void loom_cuda_rope_backward_at(float *dqkv, int B, int T, int H, int KV, int hd, float theta,
+                                int pos0, cudaStream_t s);
 void loom_cuda_rope_forward_bf16(loom_bf16 *qkv, int B, int T, int H, int KV, int hd, float theta,
                                  int pos0, cudaStream_t s);
 void loom_cuda_rope_backward_bf16(loom_bf16 *dqkv, int B, int T, int H, int KV, int hd, float theta,

@@ -44,6 +44,10 @@ void loom_cuda_rope_backward(float *dqkv, int B, int T, int H, int KV, int hd, f
                              cudaStream_t s) {
     rope(dqkv, B, T, H, KV, hd, theta, -1.0f, 0, s);
 }
+void loom_cuda_rope_backward_at(float *dqkv, int B, int T, int H, int KV, int hd, float theta,
+                                int pos0, cudaStream_t s) {
+    rope(dqkv, B, T, H, KV, hd, theta, -1.0f, pos0, s);
+}
 void loom_cuda_rope_forward_bf16(loom_bf16 *qkv, int B, int T, int H, int KV, int hd, float theta,
                                  int pos0, cudaStream_t s) {
     rope(as_bf16(qkv), B, T, H, KV, hd, theta, 1.0f, pos0, s);
