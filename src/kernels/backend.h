@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "kernels/kernels.h" /* loom_attention_blocks */
 
 typedef enum { LOOM_DEVICE_CPU, LOOM_DEVICE_CUDA } loom_device_kind;
 
@@ -118,6 +119,25 @@ typedef struct {
     void (*attention_bidir_backward)(const loom_backend *be, float *dqkv, float *scratch,
                                      const float *dout, const float *qkv, const float *out,
                                      const float *lse, int B, int T, int H, int KV, int hd);
+    /* blockwise attention and re-layout for context parallelism (src/cp); a backend
+     * without them (NULL: CUDA today) cannot run --cp, which loom_cp_create checks */
+    size_t (*attention_block_scratch_floats)(const loom_backend *be, int chunk, int nk);
+    void (*attention_block_forward)(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, const float *kv, float *scratch,
+                                    const loom_attention_blocks *g);
+    void (*attention_block_merge)(const loom_backend *be, float *out, float *lse,
+                                  const float *out_b, const float *lse_b,
+                                  const loom_attention_blocks *g);
+    void (*attention_block_delta)(const loom_backend *be, float *D, const float *dout,
+                                  const float *out, const loom_attention_blocks *g);
+    void (*attention_block_backward)(const loom_backend *be, float *dqkv, float *dkv,
+                                     float *scratch, const float *dout, const float *qkv,
+                                     const float *kv, const float *lse, const float *D,
+                                     const loom_attention_blocks *g);
+    void (*copy_2d)(const loom_backend *be, float *dst, size_t dst_ld, const float *src,
+                    size_t src_ld, size_t rows, size_t width);
+    void (*add_2d)(const loom_backend *be, float *dst, size_t dst_ld, const float *src,
+                   size_t src_ld, size_t rows, size_t width);
     void (*crossentropy_forward)(const loom_backend *be, float *losses, const float *logits,
                                  const int32_t *targets, int N, int V);
     void (*crossentropy_forward_backward)(const loom_backend *be, float *losses, float *logits,
@@ -405,6 +425,44 @@ static inline void loom_backend_attention_bidir_backward(const loom_backend *be,
                                                          const float *lse, int B, int T, int H,
                                                          int KV, int hd) {
     be->ops->attention_bidir_backward(be, dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
+static inline size_t loom_backend_attention_block_scratch_floats(const loom_backend *be, int chunk,
+                                                                 int nk) {
+    return be->ops->attention_block_scratch_floats(be, chunk, nk);
+}
+static inline void loom_backend_attention_block_forward(const loom_backend *be, float *out,
+                                                        float *lse, const float *qkv,
+                                                        const float *kv, float *scratch,
+                                                        const loom_attention_blocks *g) {
+    be->ops->attention_block_forward(be, out, lse, qkv, kv, scratch, g);
+}
+static inline void loom_backend_attention_block_merge(const loom_backend *be, float *out,
+                                                      float *lse, const float *out_b,
+                                                      const float *lse_b,
+                                                      const loom_attention_blocks *g) {
+    be->ops->attention_block_merge(be, out, lse, out_b, lse_b, g);
+}
+static inline void loom_backend_attention_block_delta(const loom_backend *be, float *D,
+                                                      const float *dout, const float *out,
+                                                      const loom_attention_blocks *g) {
+    be->ops->attention_block_delta(be, D, dout, out, g);
+}
+static inline void loom_backend_attention_block_backward(const loom_backend *be, float *dqkv,
+                                                         float *dkv, float *scratch,
+                                                         const float *dout, const float *qkv,
+                                                         const float *kv, const float *lse,
+                                                         const float *D,
+                                                         const loom_attention_blocks *g) {
+    be->ops->attention_block_backward(be, dqkv, dkv, scratch, dout, qkv, kv, lse, D, g);
+}
+static inline void loom_backend_copy_2d(const loom_backend *be, float *dst, size_t dst_ld,
+                                        const float *src, size_t src_ld, size_t rows,
+                                        size_t width) {
+    be->ops->copy_2d(be, dst, dst_ld, src, src_ld, rows, width);
+}
+static inline void loom_backend_add_2d(const loom_backend *be, float *dst, size_t dst_ld,
+                                       const float *src, size_t src_ld, size_t rows, size_t width) {
+    be->ops->add_2d(be, dst, dst_ld, src, src_ld, rows, width);
 }
 static inline void loom_backend_crossentropy_forward(const loom_backend *be, float *losses,
                                                      const float *logits, const int32_t *targets,

@@ -138,6 +138,54 @@ void loom_attention_bidir_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, int B, int T, int H, int KV,
                                    int hd);
 
+/* ---- Blockwise attention (ring context parallelism, src/cp) ----
+ * A rank's queries against one key/value block at a time, merged with the log-sum-exp
+ * rule, so the whole sequence's keys never sit in one place. The local rows are nq (or,
+ * for a key/value block, nk) chunks of `chunk` tokens of each of B samples, ordered
+ * [chunk j][sample b][t]: row (j*B + b)*chunk + t is token pos[j] + t of sample b.
+ *  - queries: qkv rows as in the layout above ((H + 2*KV)*hd each); out rows H*hd.
+ *  - a key/value block kv: 2*KV*hd per token, the KV key heads then the KV value heads
+ *    (the contiguous tail of a qkv row, see loom_copy_2d); dkv the same layout.
+ *  - lse and D: [nq*B segments][H][chunk] (segment j*B + b), B*H*nq*chunk floats.
+ * Causally a key at position p is visible to a query at position q when p <= q; a
+ * (query chunk, key chunk) pair with no visible key is skipped, a fully visible one is
+ * computed without a mask, only partially visible pairs are masked (in 64-row blocks,
+ * so most of the masked triangle is not computed). Rows that see no key of the block
+ * get lse = -inf and out = 0 (they take no part in a merge). */
+typedef struct loom_attention_blocks {
+    int B, chunk;         /* samples; tokens per chunk */
+    int H, KV, hd;        /* query heads, key/value heads (KV divides H), head width */
+    int causal;           /* 1: causal by global position; 0: every key visible */
+    int nq, nk;           /* chunks of the queries, of the key/value block (1 or 2) */
+    int qpos[2], kpos[2]; /* global position of each chunk's first token */
+} loom_attention_blocks;
+
+/* Floats of scratch for a block of nk chunks: P and dS of one query chunk per thread. */
+size_t loom_attention_block_scratch_floats(int chunk, int nk);
+/* out[nq*B*chunk, H*hd], lse (overwritten): attention of the queries over the block only. */
+void loom_attention_block_forward(float *out, float *lse, const float *qkv, const float *kv,
+                                  float *scratch, const loom_attention_blocks *g);
+/* The running result (out, lse) absorbs a partial one (out_b, lse_b) over other keys:
+ * lse = log(e^lse + e^lse_b), out = out e^(lse_old - lse) + out_b e^(lse_b - lse). */
+void loom_attention_block_merge(float *out, float *lse, const float *out_b, const float *lse_b,
+                                const loom_attention_blocks *g);
+/* D[segment][h][t] = dot(dout, out) over head h's hd columns (the softmax Jacobian term). */
+void loom_attention_block_delta(float *D, const float *dout, const float *out,
+                                const loom_attention_blocks *g);
+/* The block's share of the gradient given the FINAL lse and D of the queries:
+ * dqkv's query columns += dS K; dkv[nk*B*chunk, 2*KV*hd] += (dS^T Q, P^T dO). Tasks own one
+ * (sample, key/value head), so the result does not depend on the thread count. */
+void loom_attention_block_backward(float *dqkv, float *dkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *kv, const float *lse,
+                                   const float *D, const loom_attention_blocks *g);
+
+/* ---- strided 2-D copies (re-layout for the context-parallel exchanges) ----
+ * rows x width floats: dst[r*dst_ld + c] = (or +=) src[r*src_ld + c]. No overlap. */
+void loom_copy_2d(float *dst, size_t dst_ld, const float *src, size_t src_ld, size_t rows,
+                  size_t width);
+void loom_add_2d(float *dst, size_t dst_ld, const float *src, size_t src_ld, size_t rows,
+                 size_t width);
+
 /* ---- fused softmax + cross-entropy over V classes ----
  * losses[N] = logsumexp(logits[n]) - logits[n][targets[n]].
  * In the _backward variant logits[N,V] is overwritten in place with

@@ -212,6 +212,44 @@ static void attention_bidir_backward(const loom_backend *be, float *dqkv, float 
     (void)be;
     loom_attention_bidir_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
 }
+static size_t attention_block_scratch_floats(const loom_backend *be, int chunk, int nk) {
+    (void)be;
+    return loom_attention_block_scratch_floats(chunk, nk);
+}
+static void attention_block_forward(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, const float *kv, float *scratch,
+                                    const loom_attention_blocks *g) {
+    (void)be;
+    loom_attention_block_forward(out, lse, qkv, kv, scratch, g);
+}
+static void attention_block_merge(const loom_backend *be, float *out, float *lse,
+                                  const float *out_b, const float *lse_b,
+                                  const loom_attention_blocks *g) {
+    (void)be;
+    loom_attention_block_merge(out, lse, out_b, lse_b, g);
+}
+static void attention_block_delta(const loom_backend *be, float *D, const float *dout,
+                                  const float *out, const loom_attention_blocks *g) {
+    (void)be;
+    loom_attention_block_delta(D, dout, out, g);
+}
+static void attention_block_backward(const loom_backend *be, float *dqkv, float *dkv,
+                                     float *scratch, const float *dout, const float *qkv,
+                                     const float *kv, const float *lse, const float *D,
+                                     const loom_attention_blocks *g) {
+    (void)be;
+    loom_attention_block_backward(dqkv, dkv, scratch, dout, qkv, kv, lse, D, g);
+}
+static void copy_2d(const loom_backend *be, float *dst, size_t dst_ld, const float *src,
+                    size_t src_ld, size_t rows, size_t width) {
+    (void)be;
+    loom_copy_2d(dst, dst_ld, src, src_ld, rows, width);
+}
+static void add_2d(const loom_backend *be, float *dst, size_t dst_ld, const float *src,
+                   size_t src_ld, size_t rows, size_t width) {
+    (void)be;
+    loom_add_2d(dst, dst_ld, src, src_ld, rows, width);
+}
 static void crossentropy_forward(const loom_backend *be, float *losses, const float *logits,
                                  const int32_t *targets, int N, int V) {
     (void)be;
@@ -401,6 +439,13 @@ static const loom_backend_ops cpu_ops = {
     .attention_backward = attention_backward,
     .attention_bidir_forward = attention_bidir_forward,
     .attention_bidir_backward = attention_bidir_backward,
+    .attention_block_scratch_floats = attention_block_scratch_floats,
+    .attention_block_forward = attention_block_forward,
+    .attention_block_merge = attention_block_merge,
+    .attention_block_delta = attention_block_delta,
+    .attention_block_backward = attention_block_backward,
+    .copy_2d = copy_2d,
+    .add_2d = add_2d,
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,
     .mse_forward = mse_forward,

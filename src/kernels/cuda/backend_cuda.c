@@ -459,6 +459,8 @@ static const loom_backend_ops cuda_ops = {
     .attention_backward = attention_backward,
     .attention_bidir_forward = attention_bidir_forward,
     .attention_bidir_backward = attention_bidir_backward,
+    /* attention_block_*, copy_2d, add_2d (context parallelism): no CUDA kernels yet, left
+     * NULL; loom_cp_create refuses --cp on this backend. */
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_forward_backward = crossentropy_forward_backward,
     .mse_forward = mse_forward,
