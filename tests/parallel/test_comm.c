@@ -514,8 +514,9 @@ static void test_comm_all(loom_comm *c) {
 
 /* ------------------------------------------------------------------ mesh */
 
+/* dp_i: the place among the parameters' replicas, data rank * cp + cp rank. */
 static int world_rank_of(loom_layout l, int dp_i, int tp_i, int pp_i) {
-    return (pp_i * l.dp + dp_i) * l.tp + tp_i;
+    return (pp_i * loom_layout_replicas(l) + dp_i) * l.tp + tp_i;
 }
 
 /* Gathers the world rank of every member of sub (in sub's rank order) and compares with
@@ -563,7 +564,12 @@ static void test_mesh_layout(const loom_world *w, loom_layout l) {
     const int R = w->size;
     CHECK(m.rank == w->rank && m.size == R, "mesh: rank/size %d/%d, world %d/%d", m.rank, m.size,
           w->rank, R);
-    CHECK(m.dp_rank >= 0 && m.dp_rank < l.dp && m.tp_rank >= 0 && m.tp_rank < l.tp &&
+    const int reps = loom_layout_replicas(l);
+    CHECK(m.data_rank == m.dp_rank / l.cp && m.cp_rank == m.dp_rank % l.cp && m.cp.size == l.cp &&
+              m.cp.rank == m.cp_rank && !strcmp(m.cp.name, "cp"),
+          "mesh dp%d cp%d: data rank %d, cp rank %d (comm %d of %d) for replica %d", l.dp, l.cp,
+          m.data_rank, m.cp_rank, m.cp.rank, m.cp.size, m.dp_rank);
+    CHECK(m.dp_rank >= 0 && m.dp_rank < reps && m.tp_rank >= 0 && m.tp_rank < l.tp &&
               m.pp_rank >= 0 && m.pp_rank < l.pp && m.ep_rank >= 0 && m.ep_rank < l.ep,
           "mesh dp%d tp%d pp%d ep%d: coordinates dp %d tp %d pp %d ep %d out of range", l.dp, l.tp,
           l.pp, l.ep, m.dp_rank, m.tp_rank, m.pp_rank, m.ep_rank);
@@ -587,8 +593,11 @@ static void test_mesh_layout(const loom_world *w, loom_layout l) {
           m.ep.name);
 
     int *want = xmalloc((size_t)R * sizeof(int));
-    for (int d = 0; d < l.dp; d++) want[d] = world_rank_of(l, d, m.tp_rank, m.pp_rank);
-    check_members(&m.dp, want, l.dp, "dp", l);
+    for (int d = 0; d < reps; d++) want[d] = world_rank_of(l, d, m.tp_rank, m.pp_rank);
+    check_members(&m.dp, want, reps, "dp", l);
+    for (int c = 0; c < l.cp; c++)
+        want[c] = world_rank_of(l, m.data_rank * l.cp + c, m.tp_rank, m.pp_rank);
+    check_members(&m.cp, want, l.cp, "cp", l);
     for (int t = 0; t < l.tp; t++) want[t] = world_rank_of(l, m.dp_rank, t, m.pp_rank);
     check_members(&m.tp, want, l.tp, "tp", l);
     for (int p = 0; p < l.pp; p++) want[p] = world_rank_of(l, m.dp_rank, m.tp_rank, p);
@@ -612,17 +621,19 @@ static void test_mesh(const loom_world *w) {
     int layouts = 0;
     for (int dp = 1; dp <= R; dp++)
         for (int tp = 1; tp <= R; tp++)
-            for (int pp = 1; pp <= R; pp++) {
-                if (dp * tp * pp != R) continue;
-                for (int ep = 1; ep <= dp; ep++) {
-                    if (dp % ep) continue;
-                    test_mesh_layout(w, (loom_layout){dp, tp, pp, ep, 1});
-                    layouts++;
+            for (int pp = 1; pp <= R; pp++)
+                for (int cp = 1; cp <= R; cp++) {
+                    if (dp * tp * pp * cp != R) continue;
+                    for (int ep = 1; ep <= dp * cp; ep++) {
+                        if (dp * cp % ep) continue;
+                        test_mesh_layout(w, (loom_layout){dp, tp, pp, ep, cp});
+                        layouts++;
+                    }
                 }
-            }
     CHECK(layouts > 0, "no layout tested");
     /* layouts that do not fit are refused with a message naming the flags */
-    const loom_layout bad[] = {{R + 1, 1, 1, 1}, {R, 1, 1, R + 1}, {0, 1, 1, 1}, {2 * R, 1, 1, 3}};
+    const loom_layout bad[] = {{R + 1, 1, 1, 1, 1}, {R, 1, 1, R + 1, 1}, {0, 1, 1, 1, 1},
+                               {2 * R, 1, 1, 3, 1},  {1, 1, 1, 1, R + 1}, {1, 1, 1, 1, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         loom_mesh m;
         loom_error err = {0};
