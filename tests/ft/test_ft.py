@@ -200,6 +200,30 @@ def case_hang_tp(c, rng):
     check(same_bits(w, ref), "final weights differ from the fault-free run")
 
 
+def case_hang_cp(c, rng):
+    """--cp 2 --dp 2: a rank hangs at the first communication of a step, its partner in
+    the context-parallel group {0,1} or {2,3} waits in the ring's transfer; the diagnosis
+    names the cp group and the ring step, and recovery ends with the fault-free weights."""
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    layout = ["--cp", "2"]
+    ref, _ = c.reference(4, layout + ["--dp", "2"])
+    run_dir, w, err = c.supervised(["--heartbeat-timeout", "2", "--grace", "1"],
+                                   layout + ["--inject", f"hang@{step}:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    group = [rank - rank % 2, rank - rank % 2 + 1]
+    partner = group[1 - rank % 2]
+    check(d["kind"] == "hang" and d["rank"] == rank, f"diagnosis {d['kind']} rank {d['rank']}, "
+          f"expected hang of rank {rank}")
+    cp = [x for x in d["waits"] if x["communicator"] == "cp" and x["group_ranks"] == group]
+    check(len(cp) == 1 and cp[0]["culprits"] == [rank] and cp[0]["waiting"] == [partner]
+          and cp[0]["op"].startswith("ring "),
+          f"waits {d['waits']}: expected cp{group} waited in by [{partner}] in a ring step, "
+          f"culprit [{rank}]")
+    check(f"on cp{{{group[0]},{group[1]}}}" in err and "ring " in err,
+          "the summary on stderr lacks the cp group and the ring step")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+
+
 def case_nan(c, rng):
     step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
     ref, _ = c.reference(4)
