@@ -21,7 +21,7 @@ typedef enum {
 } loom_phase;
 
 #define LOOM_PROGRESS_COMMS 10 /* world, dp, tp, pp, ep, edp, cp + the engines' */
-#define LOOM_PROGRESS_RING 16 /* recent steps kept for the reader (steps can be ms long) */
+#define LOOM_PROGRESS_RING 16  /* recent steps kept for the reader (steps can be ms long) */
 #define LOOM_PROGRESS_NAME 8
 #define LOOM_PROGRESS_OP 16
 

@@ -3,6 +3,7 @@
 #include "cp/cp.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,6 +202,15 @@ loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *
             cp->counts[N + r] = Nl * OCn, cp->displs[N + r] = r * Nl * OCn;
         }
     }
+    if (!failed && !(cp->labels = calloc(2 * (size_t)N + 2, sizeof *cp->labels))) failed = 1;
+    for (int i = 0; !failed && i < N; i++) {
+        snprintf(cp->labels[i], LOOM_CP_LABEL, "ring kv %d/%d", i + 1, N);
+        snprintf(cp->labels[N + i], LOOM_CP_LABEL, "ring dkv %d/%d", i + 1, N);
+    }
+    if (!failed) {
+        snprintf(cp->labels[2 * N], LOOM_CP_LABEL, "ulysses qkv a2a");
+        snprintf(cp->labels[2 * N + 1], LOOM_CP_LABEL, "ulysses out a2a");
+    }
     if (failed) {
         loom_cp_free(cp);
         return loom_error_set(err, LOOM_ERR_NOMEM,
@@ -223,7 +233,13 @@ void loom_cp_free(loom_cp *cp) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_backend_free(cp->be, bufs[i]);
     free(cp->counts);
     free(cp->displs);
+    free(cp->labels);
     memset(cp, 0, sizeof *cp);
+}
+
+const char *loom_cp_label(const loom_cp *cp, int backward, int i) {
+    if (cp->o.mode == LOOM_CP_ULYSSES) return cp->labels[2 * cp->size + (i != 0)];
+    return cp->labels[(backward ? cp->size : 0) + i];
 }
 
 loom_status loom_cp_attention_forward(loom_cp *cp, float *out, float *lse, const float *qkv) {

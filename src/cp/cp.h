@@ -30,6 +30,7 @@
 #include "kernels/backend.h"
 
 typedef enum { LOOM_CP_RING = 0, LOOM_CP_ULYSSES = 1 } loom_cp_mode;
+#define LOOM_CP_LABEL 16 /* a transfer's name (core/progress.h keeps 16 characters) */
 const char *loom_cp_mode_name(loom_cp_mode m); /* "ring", "ulysses" */
 /* "ring" / "ulysses"; else LOOM_ERR_INPUT naming --cp-mode and the choices. */
 loom_status loom_cp_mode_parse(const char *s, loom_cp_mode *m, loom_error *err);
@@ -61,6 +62,9 @@ typedef struct loom_cp {
     float *qkv_full, *dqkv_full; /* [B, T, (Hn + 2*KVr)*hd] */
     float *out_full, *dout_full; /* [B, T, Hn*hd] */
     int *counts, *displs; /* [2][N]: qkv-wide messages, then out-wide ones (same both ways) */
+    /* what the transfers are called in heartbeats, hang diagnoses and the trace: ring step
+     * i of N forward ("ring kv i/N") and backward ("ring dkv i/N"), Ulysses' exchanges */
+    char (*labels)[LOOM_CP_LABEL];
     size_t scratch_floats;
 } loom_cp;
 

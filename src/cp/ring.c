@@ -64,7 +64,9 @@ loom_status loom_cp_ring_forward(loom_cp *cp, float *out, float *lse, const floa
     cp->compute_ms += loom_comm_now_ms() - t0;
     loom_comm_handle hr = {0}, hs = {0};
     for (int i = 0; i < N; i++) {
+        cp->comm->label = loom_cp_label(cp, 0, i);
         loom_status st = i + 1 < N ? post_block(cp, i, &hr, &hs) : LOOM_OK;
+        cp->comm->label = NULL;
         if (st) return st;
         loom_attention_blocks g;
         block_of(cp, &g, (r - i + N) % N);
@@ -94,8 +96,12 @@ loom_status loom_cp_ring_backward(loom_cp *cp, float *dqkv, const float *dout, c
     cp->compute_ms += loom_comm_now_ms() - t0;
     loom_comm_handle hr = {0}, hs = {0}, dr = {0}, ds[2] = {{0}, {0}};
     loom_status st = LOOM_OK;
+    /* the transfers started in backward step i carry its name */
     for (int i = 0; i < N; i++) {
-        if (i + 1 < N && (st = post_block(cp, i, &hr, &hs))) return st;
+        cp->comm->label = loom_cp_label(cp, 1, i);
+        st = i + 1 < N ? post_block(cp, i, &hr, &hs) : LOOM_OK;
+        cp->comm->label = NULL;
+        if (st) return st;
         float *dkv = cp->dkv_send[i % 2];
         if ((st = loom_comm_wait(&ds[i % 2], cp->err))) return st; /* sent at step i-2 */
         loom_attention_blocks g;
@@ -113,10 +119,11 @@ loom_status loom_cp_ring_backward(loom_cp *cp, float *dqkv, const float *dout, c
             cp->compute_ms += loom_comm_now_ms() - t0;
         }
         if (N > 1) { /* pass it on; receive the next block's (at the end: our own block's) */
-            if ((st = loom_comm_isend(cp->comm, dkv, n, next, TAG_DKV, &ds[i % 2], cp->err)))
-                return st;
-            if ((st = loom_comm_irecv(cp->comm, cp->dkv_recv, n, prev, TAG_DKV, &dr, cp->err)))
-                return st;
+            cp->comm->label = loom_cp_label(cp, 1, i);
+            st = loom_comm_isend(cp->comm, dkv, n, next, TAG_DKV, &ds[i % 2], cp->err);
+            if (!st) st = loom_comm_irecv(cp->comm, cp->dkv_recv, n, prev, TAG_DKV, &dr, cp->err);
+            cp->comm->label = NULL;
+            if (st) return st;
         }
         if (i + 1 < N && (st = wait2(cp, &hr, &hs))) return st;
     }

@@ -50,7 +50,10 @@ static void full_to_messages(loom_cp *cp, float *msg, const float *full, size_t 
 static loom_status exchange(loom_cp *cp, int out_wide) {
     const int *c = cp->counts + (out_wide ? cp->size : 0);
     const int *d = cp->displs + (out_wide ? cp->size : 0);
-    return loom_comm_alltoallv(cp->comm, cp->send, c, d, cp->recv, c, d, cp->err);
+    cp->comm->label = loom_cp_label(cp, 0, out_wide); /* heartbeats, hang diagnoses */
+    loom_status st = loom_comm_alltoallv(cp->comm, cp->send, c, d, cp->recv, c, d, cp->err);
+    cp->comm->label = NULL;
+    return st;
 }
 
 /* Local qkv -> qkv_full (this rank's heads, whole sequences). */

@@ -410,20 +410,22 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                               "model replica)",
                               cfg->ranks, mr);
     if (job->dp != 1 && job->dp != s.dp)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --dp %d with -n %d: the ranks not in --tp x --pp x --cp = %d "
-                              "are data-parallel replicas (give --dp %d, or leave it out)",
-                              job->dp, cfg->ranks, mr, s.dp);
+        return loom_error_set(
+            err, LOOM_ERR_INPUT,
+            "loom run: --dp %d with -n %d: the ranks not in --tp x --pp x --cp = %d "
+            "are data-parallel replicas (give --dp %d, or leave it out)",
+            job->dp, cfg->ranks, mr, s.dp);
     if (!fit_dp(job, s.dp) || job->global_batch % (s.dp * job->micro_batch) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "loom run: --global-batch %d: must be a multiple of --dp %d x "
                               "--micro-batch %d",
                               job->global_batch, s.dp, job->micro_batch);
     if (cfg->elastic && mr > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --elastic with --tp x --pp x --cp = %d: shrinking drops one "
-                              "data-parallel rank at a time, so it needs --tp 1 --pp 1 --cp 1",
-                              mr);
+        return loom_error_set(
+            err, LOOM_ERR_INPUT,
+            "loom run: --elastic with --tp x --pp x --cp = %d: shrinking drops one "
+            "data-parallel rank at a time, so it needs --tp 1 --pp 1 --cp 1",
+            mr);
     /* The ranks are told an address that reaches this host from theirs: --bind's own, or
      * (a wildcard --bind with --hosts) this host's address on the route to the hosts. */
     char rank_addr[256];

@@ -392,9 +392,8 @@ static inline void loom_backend_rope_backward(const loom_backend *be, float *dqk
                                               int H, int KV, int hd, float theta) {
     be->ops->rope_backward(be, dqkv, B, T, H, KV, hd, theta);
 }
-static inline void loom_backend_rope_backward_at(const loom_backend *be, float *dqkv, int B,
-                                                 int T, int H, int KV, int hd, float theta,
-                                                 int pos0) {
+static inline void loom_backend_rope_backward_at(const loom_backend *be, float *dqkv, int B, int T,
+                                                 int H, int KV, int hd, float theta, int pos0) {
     be->ops->rope_backward_at(be, dqkv, B, T, H, KV, hd, theta, pos0);
 }
 static inline size_t loom_backend_attention_scratch_floats(const loom_backend *be, int B, int T,

@@ -58,8 +58,7 @@ loom_status loom_model_attention_forward(loom_model *m, float *out, float *lse, 
                                          int H, int KV, int hd, int causal) {
     if (loom_model_cp_on(m)) return loom_cp_attention_forward(m->cp, out, lse, qkv);
     if (causal)
-        loom_backend_attention_forward(m->be, out, lse, qkv, m->att_scratch, m->B, m->T, H, KV,
-                                       hd);
+        loom_backend_attention_forward(m->be, out, lse, qkv, m->att_scratch, m->B, m->T, H, KV, hd);
     else
         loom_backend_attention_bidir_forward(m->be, out, lse, qkv, m->att_scratch, m->B, m->T, H,
                                              KV, hd);

@@ -281,8 +281,7 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
                                 p + q->x_embed_b, d.Ns, d.P, d.C);
     int pos[2];
     loom_model_chunks(m, pos); /* the positions of this rank's tokens */
-    loom_backend_add_position(be, m->embed, s->pos + (size_t)pos[0] * d.C, d.Ns, d.C, d.T,
-                              d.row0);
+    loom_backend_add_position(be, m->embed, s->pos + (size_t)pos[0] * d.C, d.Ns, d.C, d.T, d.row0);
     /* conditioning c = t-MLP(sinusoid(t)) + class embedding; blocks read silu(c) */
     const size_t BC = (size_t)d.B * d.C;
     loom_backend_timestep_embedding(be, s->tfreq, s->t, d.B, LOOM_DIT_FREQ_DIM);

@@ -452,8 +452,8 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
             loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
                                                 dy, a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV,
-                                           hd, 1);
+        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV, hd,
+                                           1);
     }
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
@@ -514,8 +514,8 @@ static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
         if (d->tp == 1)
             loom_backend_embedding_backward(m->be, g + t->wte, dw, dyj, in, m->B, L, d->C);
         else
-            loom_backend_embedding_backward_shard(m->be, g + t->wte, dw, dyj, in, d->v0, d->V,
-                                                  m->B, L, d->C);
+            loom_backend_embedding_backward_shard(m->be, g + t->wte, dw, dyj, in, d->v0, d->V, m->B,
+                                                  L, d->C);
     }
     return st;
 }

@@ -83,8 +83,8 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
         (st = split(&m->dp, &m->world, cell, r, "dp", err)) ||
         (st = split(&m->tp, &m->world, pp_i * R + r, tp_i, "tp", err)) ||
         (st = split(&m->pp, &m->world, r * l.tp + tp_i, pp_i, "pp", err)) ||
-        (st = split(&m->cp, &m->world, (pp_i * l.dp + m->data_rank) * l.tp + tp_i, m->cp_rank,
-                    "cp", err)) ||
+        (st = split(&m->cp, &m->world, (pp_i * l.dp + m->data_rank) * l.tp + tp_i, m->cp_rank, "cp",
+                    err)) ||
         (st = split(&m->ep, &m->world, cell * (R / l.ep) + r / l.ep, r % l.ep, "ep", err)) ||
         (st = split(&m->edp, &m->world, cell * l.ep + r % l.ep, r / l.ep, "edp", err))) {
         loom_mesh_free(m);

@@ -32,7 +32,7 @@ typedef struct {
     int dp_rank, tp_rank, pp_rank, ep_rank;
     int data_rank, cp_rank; /* the batch slice this rank reads; its place in its cp group */
     loom_comm world, dp, tp, pp, ep;
-    loom_comm cp; /* the context-parallel group (the same samples, other tokens) */
+    loom_comm cp;  /* the context-parallel group (the same samples, other tokens) */
     loom_comm edp; /* the dp ranks with this rank's ep rank: replicas of the same experts */
 } loom_mesh;
 

@@ -347,9 +347,8 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
     run.step = c->flight_step;
     run.tokens_seen = c->flight_step * (int64_t)tc->global_batch * c->mc->seq_len;
     run.seed = tc->seed;
-    run.layout =
-        (loom_ckpt_layout){l->dp, l->tp, l->pp, l->ep, loom_zero_stage(c->zero), c->mesh->size,
-                           l->cp};
+    run.layout = (loom_ckpt_layout){l->dp,         l->tp, l->pp, l->ep, loom_zero_stage(c->zero),
+                                    c->mesh->size, l->cp};
     run.model = loom_model_config_to_json(c->mc);
     snprintf(run.version, sizeof run.version, "%s", LOOM_VERSION);
     run.train = train_json(tc);

@@ -50,8 +50,8 @@ typedef struct {
     loom_metrics metrics;
     loom_tb_writer *tb; /* rank 0, with --tensorboard */
     loom_trace *trace;
-    loom_tp tp; /* the tensor-parallel group's layers (one rank: trivial) */
-    loom_cp cp; /* context-parallel attention (built with --cp > 1 only) */
+    loom_tp tp;    /* the tensor-parallel group's layers (one rank: trivial) */
+    loom_cp cp;    /* context-parallel attention (built with --cp > 1 only) */
     loom_cp *cped; /* &cp with --cp > 1, else NULL (what the model is given) */
     loom_export_kind export_kind;
     loom_param_table global_table; /* tp or ep > 1: the unsharded registry, for exports */

@@ -228,8 +228,7 @@ static loom_status build_step(loom_run *r, loom_error *err) {
         return st;
     const int lead = r->mesh->rank == 0;
     /* logits of the first micro-batch: one process's whole-vocabulary logits only */
-    const int dump_logits =
-        tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined && !r->cped;
+    const int dump_logits = tc->dump_dir[0] && lead && r->tp.size == 1 && !r->pipelined && !r->cped;
     loom_step_runner_options ro = {mod,
                                    r->pipelined,
                                    &r->sync,

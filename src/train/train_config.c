@@ -125,8 +125,8 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     return st ? st : validate_checkpointing(tc, err);
 }
 
-loom_status loom_train_config_validate_cp(const loom_train_config *tc,
-                                          const loom_model_config *mc, loom_error *err) {
+loom_status loom_train_config_validate_cp(const loom_train_config *tc, const loom_model_config *mc,
+                                          loom_error *err) {
     loom_cp_mode mode;
     loom_status st = loom_cp_mode_parse(tc->cp_mode, &mode, err);
     const int cp = tc->layout.cp, tp = tc->layout.tp;

@@ -73,8 +73,8 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
 /* Context parallelism against the model: the sequence split (zigzag needs 2 x --cp),
  * Ulysses' heads, a dropless MoE (the router's capacity is counted over a whole
  * micro-batch); messages name the flag. Nothing to check without --cp. */
-loom_status loom_train_config_validate_cp(const loom_train_config *tc,
-                                          const loom_model_config *mc, loom_error *err);
+loom_status loom_train_config_validate_cp(const loom_train_config *tc, const loom_model_config *mc,
+                                          loom_error *err);
 /* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 #endif

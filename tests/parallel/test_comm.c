@@ -633,7 +633,7 @@ static void test_mesh(const loom_world *w) {
     CHECK(layouts > 0, "no layout tested");
     /* layouts that do not fit are refused with a message naming the flags */
     const loom_layout bad[] = {{R + 1, 1, 1, 1, 1}, {R, 1, 1, R + 1, 1}, {0, 1, 1, 1, 1},
-                               {2 * R, 1, 1, 3, 1},  {1, 1, 1, 1, R + 1}, {1, 1, 1, 1, 0}};
+                               {2 * R, 1, 1, 3, 1}, {1, 1, 1, 1, R + 1}, {1, 1, 1, 1, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         loom_mesh m;
         loom_error err = {0};

@@ -15,8 +15,7 @@ static void ref_rope_at(double *x, int B, int T, int H, int KV, int hd, double t
         for (int t = 0; t < T; t++)
             for (int h = 0; h < H + KV; h++)
                 for (int i = 0; i < half; i++) {
-                    double ang = (pos0 + t) * pow(theta, -2.0 * i / hd), c = cos(ang),
-                           s = sin(ang);
+                    double ang = (pos0 + t) * pow(theta, -2.0 * i / hd), c = cos(ang), s = sin(ang);
                     if (inverse) s = -s;
                     double *p = x + ((size_t)b * T + t) * R + (size_t)h * hd;
                     double lo = p[i], hi = p[i + half];
