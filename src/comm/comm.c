@@ -64,10 +64,13 @@ void loom_comm_free(loom_comm *c) {
 }
 
 /* A finished operation on the trace's communication lanes: "allreduce #12 dp". */
-static void trace_op(loom_comm *c, const char *op, uint64_t seq, double start_ms, double end_ms) {
+/* label: NULL, or the name the caller gave the operation (loom_comm.label). */
+static void trace_op(loom_comm *c, const char *label, const char *op, uint64_t seq, double start_ms,
+                     double end_ms) {
     if (!c->trace) return;
     char name[64];
-    snprintf(name, sizeof name, "%s #%llu %s", op, (unsigned long long)seq, c->name);
+    snprintf(name, sizeof name, "%s%s%s #%llu %s", label ? label : "", label ? " " : "", op,
+             (unsigned long long)seq, c->name);
     loom_trace_comm(c->trace, name, start_ms * 1e3, end_ms * 1e3);
 }
 
@@ -89,23 +92,21 @@ static int begin(loom_comm *c, loom_comm_handle *h, size_t bytes) {
 /* h == NULL: a blocking operation (the caller waits in it at once). */
 static int begin_op(loom_comm *c, loom_comm_handle *h, const char *op, size_t bytes) {
     loom_fault_at_collective(); /* an injected hang stops before entering */
-    if (c->label) op = c->label;
     int local = begin(c, h, bytes);
-    if (h) h->op = op;
+    if (h) h->op = op, h->label = c->label;
     if (!local && !c->group_shown) {
         c->group_shown = 1;
         loom_progress_comm_group(c->name, c->first_world, c->size);
     }
-    if (!local) loom_progress_comm_start(c->name, c->seq, op, h == NULL);
+    if (!local) loom_progress_comm_start(c->name, c->seq, c->label ? c->label : op, h == NULL);
     return local;
 }
 
 static void blocked(loom_comm *c, const char *op, double t0) {
     double t1 = loom_comm_now_ms(), dt = t1 - t0;
-    if (c->label) op = c->label;
     c->blocked_ms += dt;
     c->inflight_ms += dt;
-    trace_op(c, op, c->seq, t0, t1);
+    trace_op(c, c->label, op, c->seq, t0, t1);
     loom_progress_comm_done(c->name);
 }
 
@@ -260,14 +261,14 @@ loom_status loom_comm_wait(loom_comm_handle *h, loom_error *err) {
     if (!h->active) return LOOM_OK;
     if (h->comm->device == LOOM_COMM_CUDA) return h->comm->ops->wait(h, err);
     double t0 = loom_comm_now_ms();
-    loom_progress_comm_wait(h->comm->name, h->seq, h->op);
+    loom_progress_comm_wait(h->comm->name, h->seq, h->label ? h->label : h->op);
     int rc = MPI_Wait(&h->req, MPI_STATUS_IGNORE);
     loom_progress_comm_done(h->comm->name);
     double t1 = loom_comm_now_ms();
     h->comm->blocked_ms += t1 - t0;
     h->comm->inflight_ms += t1 - h->start_ms;
     h->active = 0;
-    trace_op(h->comm, h->op, h->seq, h->start_ms, t1);
+    trace_op(h->comm, h->label, h->op, h->seq, h->start_ms, t1);
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(h->comm, rc, "wait", err);
 }
 
@@ -281,7 +282,7 @@ loom_status loom_comm_test(loom_comm_handle *h, int *done, loom_error *err) {
         double t1 = loom_comm_now_ms();
         h->comm->inflight_ms += t1 - h->start_ms;
         h->active = 0;
-        trace_op(h->comm, h->op, h->seq, h->start_ms, t1);
+        trace_op(h->comm, h->label, h->op, h->seq, h->start_ms, t1);
     }
     return LOOM_OK;
 }

@@ -39,9 +39,9 @@ typedef struct loom_comm {
     double blocked_ms, inflight_ms;
     uint64_t bytes;
     loom_trace *trace; /* NULL: no trace; else each completed operation becomes a span */
-    /* NULL, or what the operations started from now on are called in heartbeats, hang
-     * diagnoses and the trace instead of their kind (a ring's step: "ring kv 2/4"); the
-     * string must outlive them. */
+    /* NULL, or what the operations started from now on are called in heartbeats and hang
+     * diagnoses instead of their kind, and before it in the trace (a ring's step: "ring kv
+     * 2/4", traced as "ring kv 2/4 send #17 cp"); the string must outlive them. */
     const char *label;
 } loom_comm;
 
@@ -52,7 +52,8 @@ typedef struct loom_comm_handle {
     uint64_t seq;
     double start_ms;
     int active;
-    const char *op;
+    const char *op;    /* its kind: "send", "allreduce", ... */
+    const char *label; /* NULL, or the communicator's label when it started */
 } loom_comm_handle;
 
 /* The element types of a transport's sums. */
