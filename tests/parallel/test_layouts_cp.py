@@ -23,6 +23,7 @@ Usage: test_layouts_cp.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those
 """
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -103,6 +104,15 @@ def compare(got, ref):
     return ok, text
 
 
+def activations(run):
+    """The start-up report's activation MiB per rank, and with --cp the bytes it says the
+    same rank would need holding whole sequences (None without --cp)."""
+    act = float(re.search(r"activations ([\d.]+) MiB \(micro-batch", run.stderr).group(1))
+    m = re.search(r"context parallel \d+ ranks: activations per rank ([\d.]+) MiB .*?, "
+                  r"([\d.]+) MiB holding whole sequences", run.stderr)
+    return act, (float(m.group(1)), float(m.group(2))) if m else None
+
+
 def near_tie_before(ref, got):
     """Whether the single run had a router near tie at or before the first differing loss."""
     bad = [i for i, (a, b) in enumerate(zip(got.losses, ref.losses))
@@ -126,6 +136,13 @@ def check_family(args, tmp, seed, case, make_base, layouts_list, moe=False):
         for name, ranks, extra in todo:
             got = layouts.run(name, ranks, extra)
             ok, text = compare(got, ref)
+            if extra[:2] == ["--cp", "2"] and len(extra) == 4:  # cp alone: the memory report
+                act, cp = activations(got)
+                whole = activations(ref)[0]
+                mem_ok = cp is not None and cp[0] == act and cp[1] == whole and act < whole
+                ok = ok and mem_ok
+                text += (f"  activations {act:.3f} MiB of {whole:.3f} one process "
+                         f"{'(whole: same)' if mem_ok else f'MISMATCH {cp}'}")
             if not ok and moe and attempt + 1 < MAX_SEEDS and near_tie_before(ref, got):
                 print(f"  {name:28s} {text}  near tie in the router: again with another seed")
                 retry.append((name, ranks, extra))
