@@ -7,7 +7,7 @@
  * The same layout run twice must be bitwise equal, backward must add to dqkv, and
  * loom_cp_validate / loom_cp_create must refuse bad layouts naming the flags.
  *
- *   mpirun -n R test_cp_attention      (R = 2, 4; also 1 without mpirun)
+ *   mpirun -n R test_cp_attention      (R = 2, 3, 4; also 1 without mpirun)
  *
  * The seed comes from LOOM_TEST_SEED, else from the clock; rank 0 broadcasts it. The last
  * line (rank 0) is "N passed, F failed"; the exit status is 0 only when every rank passed. */
@@ -211,7 +211,7 @@ static void test_refusals(loom_comm *world) {
     ops.copy_2d = NULL;
     loom_backend fake = {&ops, NULL, LOOM_DEVICE_CUDA, "cuda:0", 64};
     loom_cp cp;
-    loom_cp_options o = {LOOM_CP_RING, 1, 0, 1, 8 * world->size, 4, 2, 8};
+    loom_cp_options o = {LOOM_CP_RING, 1, 0, 1, 8 * world->size, 2 * world->size, world->size, 8};
     loom_status st = loom_cp_create(&cp, world, &o, &fake, &e);
     CHECK(st == LOOM_ERR_INPUT &&
               strcmp(e.msg, "--cp with --device cuda: ring attention has no CUDA kernels yet") == 0,
@@ -255,21 +255,23 @@ int main(int argc, char **argv) {
         printf("test_cp_attention: seed %llu (LOOM_TEST_SEED=%llu to repeat), %d rank(s)\n",
                (unsigned long long)seed, (unsigned long long)seed, w.size);
 
-    const int N = w.size;
-    const cp_case cases[] = {
-        {LOOM_CP_RING, 1, 0, 2, 16 * N, 4, 2, 8},
-        {LOOM_CP_RING, 1, 1, 2, 16 * N, 4, 2, 8},
-        {LOOM_CP_RING, 0, 0, 2, 12 * N, 4, 2, 8},
-        {LOOM_CP_RING, 1, 0, 1, 2 * 37 * N, 4, 4, 16},
-        {LOOM_CP_RING, 1, 0, 1, 2 * 70 * N, 4, 1, 8}, /* chunks longer than a 64-row block */
-        {LOOM_CP_RING, 0, 0, 1, 70 * N, 8, 2, 8},
-        {LOOM_CP_ULYSSES, 1, 0, 2, 16 * N, 4, 2, 8},
-        {LOOM_CP_ULYSSES, 0, 0, 2, 12 * N, 4, 2, 8},
-        {LOOM_CP_ULYSSES, 1, 0, 2, 10 * N, 4, 1, 8}, /* one kv head: replicated to every rank */
-        {LOOM_CP_ULYSSES, 0, 0, 1, 24 * N, 8, 4, 16},
-        {LOOM_CP_ULYSSES, 1, 0, 1, 33 * N, 8, 8, 8},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&world, &cases[i], 10 * i);
+    /* Ulysses needs H % N == 0 and KV a multiple or divisor of N: heads scale with N. */
+    const int N = w.size, K2 = N / 2 > 0 ? N / 2 : 1;
+    cp_case cases[16];
+    int n = 0;
+    cases[n++] = (cp_case){LOOM_CP_RING, 1, 0, 2, 16 * N, 4, 2, 8};
+    cases[n++] = (cp_case){LOOM_CP_RING, 1, 1, 2, 16 * N, 4, 2, 8};
+    cases[n++] = (cp_case){LOOM_CP_RING, 0, 0, 2, 12 * N, 4, 2, 8};
+    cases[n++] = (cp_case){LOOM_CP_RING, 1, 0, 1, 2 * 37 * N, 4, 4, 16};
+    cases[n++] = (cp_case){LOOM_CP_RING, 1, 0, 1, 2 * 70 * N, 4, 1, 8}; /* chunk > 64 rows */
+    cases[n++] = (cp_case){LOOM_CP_RING, 0, 0, 1, 70 * N, 8, 2, 8};
+    if (4 % N == 0) cases[n++] = (cp_case){LOOM_CP_ULYSSES, 1, 0, 2, 16 * N, 4, 2, 8};
+    cases[n++] = (cp_case){LOOM_CP_ULYSSES, 1, 0, 2, 16 * N, 2 * N, N, 8};
+    cases[n++] = (cp_case){LOOM_CP_ULYSSES, 0, 0, 2, 12 * N, 2 * N, K2, 8}; /* N > 2: shared */
+    cases[n++] = (cp_case){LOOM_CP_ULYSSES, 1, 0, 2, 10 * N, 2 * N, 1, 8};  /* one kv head */
+    cases[n++] = (cp_case){LOOM_CP_ULYSSES, 0, 0, 1, 24 * N, 4 * N, 2 * N, 16};
+    cases[n++] = (cp_case){LOOM_CP_ULYSSES, 1, 0, 1, 33 * N, 2 * N, 2 * N, 8};
+    for (int i = 0; i < n; i++) run_case(&world, &cases[i], 10 * (uint64_t)i);
     test_refusals(&world);
 
     long tot[2] = {g_passed, g_failed};
