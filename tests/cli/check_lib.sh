@@ -13,3 +13,17 @@ finish() { # NAME_OF_TEST
     echo "$1: $pass passed, $fail failed"
     [ "$fail" -eq 0 ]
 }
+expect() { # NAME EXPECTED_SUBSTRING -- loom args...: exit 2, the last stderr line names it
+    local name=$1 want=$2
+    shift 3
+    "$LOOM" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$? last
+    last=$(tail -n 1 "$TMP/err")
+    if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$last" &&
+        ! grep -qiE "sanitizer|segmentation|core dumped" "$TMP/err"; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1))
+        echo "FAIL: $name: exit $rc, last stderr line: '$last' (expected exit 2 and '$want')"
+    fi
+}

@@ -4,27 +4,7 @@
 # Usage: test_dit_bad_input.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_dit_bad_input.sh PATH_TO_LOOM}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-
-# expect NAME EXPECTED_SUBSTRING -- loom args...
-expect() {
-    local name=$1 want=$2
-    shift 3
-    "$LOOM" "$@" >"$TMP/out" 2>"$TMP/err"
-    local rc=$?
-    local last
-    last=$(tail -n 1 "$TMP/err")
-    if [ $rc -eq 2 ] && grep -qF -- "$want" <<<"$last" &&
-        ! grep -qiE "sanitizer|segmentation|core dumped" "$TMP/err"; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1))
-        echo "FAIL: $name: exit $rc, last stderr line: '$last' (expected exit 2 and '$want')"
-    fi
-}
+source "$(dirname "$0")/check_lib.sh" # $TMP, expect, finish
 
 # Image shards written here in loom's format (docs/IMAGES.md): 12x12 gray, 3 classes.
 /usr/bin/python3 - "$TMP" <<'PY'
@@ -112,5 +92,4 @@ expect "export --ema without one" "checkpoint has no tensor 'ema/" -- ckpt expor
     2>/dev/null && [ -s "$TMP/c.png" ] && pass=$((pass + 1)) ||
     { echo "FAIL: guided sampling"; fail=$((fail + 1)); }
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_dit_bad_input
