@@ -751,6 +751,17 @@ static int validate(const char *path) {
                 printf("  %s group %d: 4 KiB %.4g ms, 64 MiB %.4g ms\n",
                        loom_collective_kind_name((loom_collective_kind)k), G, small, big);
         }
+    for (int k = 0; k < LOOM_COLL_KINDS && !st; k++) { /* network entries, where there are */
+        double small, big;
+        loom_error none = {0};
+        if (loom_profile_collective_ms(p, (loom_collective_kind)k, 2, LOOM_PLACE_INTER, 4096,
+                                       &small, &none) ||
+            loom_profile_collective_ms(p, (loom_collective_kind)k, 2, LOOM_PLACE_INTER, 64 << 20,
+                                       &big, &none))
+            continue;
+        printf("  %s group 2 inter_node: 4 KiB %.4g ms, 64 MiB %.4g ms\n",
+               loom_collective_kind_name((loom_collective_kind)k), small, big);
+    }
     if (!st)
         printf("  engine: %.2f us CPU per operation (+%.2f per MiB), %.2f us to post\n",
                loom_profile_engine_cpu_us(p, 0),

@@ -94,7 +94,7 @@ monotone() { # every collective line of --validate: 4 KiB faster than 64 MiB
         n=$((n + 1))
         python3 -c "import sys; sys.exit(0 if float('${small}') < float('${big}') else 1)" ||
             { echo "  $kind $group: $small >= $big"; return 1; }
-    done < <(grep -E '^  (allreduce|reduce_scatter|allgather|alltoall|sendrecv) group' "$TMP/validate.out" |
+    done < <(grep -E '^  (allreduce|reduce_scatter|allgather|alltoall|sendrecv) group [0-9]+: 4 KiB' "$TMP/validate.out" |
         sed -E 's/^  ([a-z_]+) group ([0-9]+): 4 KiB ([0-9.e+-]+) ms, 64 MiB ([0-9.e+-]+) ms/\1 x \2 \3 x x \4 x/')
     [[ $n -ge 5 ]]
 }
