@@ -857,6 +857,11 @@ int loom_cmd_calibrate(int argc, char **argv) {
         }
         return comm_worker(&o, argc, argv);
     }
+    if (loom_world_launched()) {
+        fprintf(stderr, "loom calibrate: run it without mpirun: it launches its own MPI part "
+                        "(mpirun -n G loom calibrate --comm-worker) for each group size\n");
+        return 2;
+    }
     if (!groups) {
         o.groups[0] = 2, o.groups[1] = 4, o.groups[2] = 8;
         o.n_groups = o.quick ? 1 : 3;

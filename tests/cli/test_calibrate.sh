@@ -30,6 +30,7 @@ check "bad --threads" expect2 threads "--threads '0'" --threads 0
 check "-o without value" expect2 output "needs a value" -o
 check "stray argument" expect2 stray "unexpected argument 'extra'" extra
 check "missing profile" expect2 missing "/nonexistent/p.json" --validate /nonexistent/p.json
+OMPI_COMM_WORLD_SIZE=2 check "under mpirun" expect2 mpirun "run it without mpirun" --quick -o "$TMP/x.json"
 check "unwritable output" expect2 unwritable "cannot write /nonexistent/dir/p.json" --quick -o /nonexistent/dir/p.json
 
 # the quick calibration
