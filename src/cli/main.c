@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cmd_calibrate.h"
 #include "cli/cmd_ckpt.h"
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
@@ -25,6 +26,7 @@ static void usage(FILE *f) {
             "  train     train a model (loom train --help)\n"
             "  run       train under the supervisor: restarts on failures (loom run --help)\n"
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
+            "  calibrate measure this machine: a profile for the planner (loom calibrate --help)\n"
             "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
             "  sample    images from a dit model (loom sample --weights W.safetensors)\n"
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return loom_cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "pp-schedule") == 0) return loom_cmd_pp_schedule(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return loom_cmd_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "calibrate") == 0) return loom_cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
@@ -59,8 +62,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr,
-            "loom: unknown command '%s' (expected train, run, data, generate, sample, plot, "
-            "tokenizer, version)\n",
+            "loom: unknown command '%s' (expected train, run, calibrate, data, generate, sample, "
+            "plot, tokenizer, version)\n",
             cmd);
     return 2;
 }

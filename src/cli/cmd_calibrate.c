@@ -1,0 +1,945 @@
+#include "cli/cmd_calibrate.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "comm/engine.h"
+#include "comm/world.h"
+#include "core/clock.h"
+#include "core/cpu_boot.h"
+#include "core/version.h"
+#include "kernels/backend.h"
+#include "plan/profile.h"
+
+typedef struct {
+    const char *out, *validate, *comm_out;
+    int quick, threads, comm_worker;
+    int groups[8], n_groups;
+} cal_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: loom calibrate [-o profile.json] [--quick] [--threads N] [--groups 2,4,8]\n"
+            "       loom calibrate --validate PROFILE\n"
+            "measures this machine through loom's kernels, AdamW and MPI collectives and writes\n"
+            "a machine profile (docs/PROFILE.md):\n"
+            "  -o, --output FILE  where (default profile.json)\n"
+            "  --quick            a small grid (under a minute); the default takes minutes\n"
+            "  --threads N        the all-cores thread count measured beside 1 (default: the "
+            "online cores)\n"
+            "  --groups LIST      MPI group sizes (default 2,4,8; --quick: 2); each runs as\n"
+            "                     mpirun -n G loom calibrate --comm-worker\n"
+            "  --validate FILE    load a profile with the planner's reader, print some lookups\n");
+}
+
+/* ---- timing and fitting ---- */
+
+typedef void (*bench_fn)(const void *arg);
+
+/* Microseconds per call: one warm-up, then the best of five batches of about
+ * target_ms / 3 each (two single calls when one already takes target_ms). The best, not
+ * the mean: on a shared machine a batch that lost its core is noise, not the kernel. */
+static double bench_us(bench_fn f, const void *arg, double target_ms) {
+    f(arg);
+    double t0 = loom_now_ms();
+    f(arg);
+    double one = loom_now_ms() - t0, best = one;
+    int batches = one >= target_ms ? 2 : 5;
+    int reps = (int)fmin(1e5, fmax(1.0, target_ms / 3 / fmax(one, 1e-4)));
+    for (int b = 0; b < batches; b++) {
+        t0 = loom_now_ms();
+        for (int r = 0; r < reps; r++) f(arg);
+        best = fmin(best, (loom_now_ms() - t0) / reps);
+    }
+    return best * 1e3;
+}
+
+/* t ~ a + b x with a >= 0, b > 0, minimising the relative errors (weights 1/t^2, so the
+ * small sizes count as much as the large). Returns the largest relative error. */
+static double fit_line(const double *x, const double *t, int n, double *a, double *b) {
+    double s0 = 0, s1 = 0, s2 = 0, st = 0, sxt = 0;
+    for (int i = 0; i < n; i++) {
+        double w = 1.0 / (t[i] * t[i]);
+        s0 += w, s1 += w * x[i], s2 += w * x[i] * x[i], st += w * t[i], sxt += w * x[i] * t[i];
+    }
+    double det = s0 * s2 - s1 * s1;
+    *a = det > 0 ? (st * s2 - s1 * sxt) / det : 0;
+    *b = det > 0 ? (s0 * sxt - s1 * st) / det : 0;
+    if (*a < 0 || det <= 0) *a = 0, *b = sxt / s2;
+    if (*b <= 0) { /* times falling with size: the line through the largest point */
+        int big = 0;
+        for (int i = 1; i < n; i++)
+            if (x[i] > x[big]) big = i;
+        *a = 0, *b = t[big] / x[big];
+    }
+    double worst = 0;
+    for (int i = 0; i < n; i++) worst = fmax(worst, fabs(*a + *b * x[i] - t[i]) / t[i]);
+    return worst;
+}
+
+static void fill(float *p, size_t n, float scale) {
+    uint32_t s = 12345u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = scale * ((float)(s >> 8) / 16777216.0f - 0.5f);
+    }
+}
+
+static json_t *points_json(const double *x, const double *t, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_pack("[f, f]", x[i], t[i]));
+    return a;
+}
+
+/* ---- GEMM: the three linear-layer GEMMs over a grid of M, N, K ---- */
+
+typedef struct {
+    const loom_backend *be;
+    loom_gemm_op op;
+    int M, N, K;
+    float *a, *b, *c;
+} gemm_arg;
+
+static void gemm_run(const void *p) {
+    const gemm_arg *g = p;
+    switch (g->op) {
+    case LOOM_GEMM_NT: /* out[M,N] = inp[M,K] W[N,K]^T */
+        loom_backend_linear_forward(g->be, g->c, g->a, g->b, NULL, g->M, g->K, g->N);
+        break;
+    case LOOM_GEMM_NN: /* dinp[M,N] += dout[M,K] W[K,N] */
+        loom_backend_linear_backward_input(g->be, g->c, g->a, g->b, g->M, g->N, g->K);
+        break;
+    default: /* dW[M,N] += dout[K,M]^T inp[K,N] */
+        loom_backend_linear_backward_weight(g->be, g->c, NULL, g->a, g->b, g->K, g->N, g->M);
+        break;
+    }
+}
+
+static json_t *measure_gemm(const loom_backend *be, loom_gemm_op op, const int *dims, int nd,
+                            float *bufs[3], double target_ms) {
+    int n = nd * nd * nd;
+    double *flops = malloc(n * sizeof *flops), *dmin = malloc(n * sizeof *dmin);
+    double *t = malloc(n * sizeof *t), *x = malloc(n * sizeof *x);
+    json_t *rates = json_array(), *axis = json_array();
+    for (int i = 0; i < nd; i++) json_array_append_new(axis, json_integer(dims[i]));
+    int at = 0;
+    for (int i = 0; i < nd; i++)
+        for (int j = 0; j < nd; j++)
+            for (int k = 0; k < nd; k++, at++) {
+                gemm_arg g = {be, op, dims[i], dims[j], dims[k], bufs[0], bufs[1], bufs[2]};
+                flops[at] = 2.0 * dims[i] * dims[j] * dims[k];
+                dmin[at] = fmin(dims[i], fmin(dims[j], dims[k]));
+                t[at] = bench_us(gemm_run, &g, target_ms);
+                json_array_append_new(rates, json_real(flops[at] / (t[at] * 1e3)));
+            }
+    /* t = latency + F (1 + half_dim / min(M, N, K)) / peak: the half_dim with the
+     * smallest worst relative error over the grid, then the line in x = F (1 + h/d) */
+    double best_err = INFINITY, best_a = 0, best_b = 1, best_h = 0;
+    for (int e = -1; e <= 12; e++) {
+        double h = e < 0 ? 0 : (double)(1 << e);
+        for (int i = 0; i < n; i++) x[i] = flops[i] * (1 + h / dmin[i]);
+        double a, b, err = fit_line(x, t, n, &a, &b);
+        if (err < best_err) best_err = err, best_a = a, best_b = b, best_h = h;
+    }
+    json_t *o =
+        json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:O, s:O, s:O, s:o}}", "peak_gflops", 1e-3 / best_b,
+                  "efficiency", 1.0, "latency_us", best_a, "half_dim", best_h, "fit_max_rel_err",
+                  best_err, "grid", "M", axis, "N", axis, "K", axis, "gflops", rates);
+    json_decref(axis);
+    free(flops), free(dmin), free(t), free(x);
+    return o;
+}
+
+/* ---- attention: per (T, head width), microseconds per (sample, head) ---- */
+
+typedef struct {
+    const loom_backend *be;
+    loom_attention_kind kind;
+    int T, H, hd;
+    float *qkv, *out, *lse, *dout, *dqkv, *scratch, *kv, *dkv, *D;
+    loom_attention_blocks g;
+} att_arg;
+
+static void att_run(const void *p) {
+    const att_arg *a = p;
+    switch (a->kind) {
+    case LOOM_ATT_CAUSAL_FWD:
+        loom_backend_attention_forward(a->be, a->out, a->lse, a->qkv, a->scratch, 1, a->T, a->H,
+                                       a->H, a->hd);
+        break;
+    case LOOM_ATT_CAUSAL_BWD:
+        loom_backend_attention_backward(a->be, a->dqkv, a->scratch, a->dout, a->qkv, a->out, a->lse,
+                                        1, a->T, a->H, a->H, a->hd);
+        break;
+    case LOOM_ATT_BIDIR_FWD:
+        loom_backend_attention_bidir_forward(a->be, a->out, a->lse, a->qkv, a->scratch, 1, a->T,
+                                             a->H, a->H, a->hd);
+        break;
+    case LOOM_ATT_BIDIR_BWD:
+        loom_backend_attention_bidir_backward(a->be, a->dqkv, a->scratch, a->dout, a->qkv, a->out,
+                                              a->lse, 1, a->T, a->H, a->H, a->hd);
+        break;
+    case LOOM_ATT_BLOCK_FWD:
+        loom_backend_attention_block_forward(a->be, a->out, a->lse, a->qkv, a->kv, a->scratch,
+                                             &a->g);
+        break;
+    default:
+        loom_backend_attention_block_backward(a->be, a->dqkv, a->dkv, a->scratch, a->dout, a->qkv,
+                                              a->kv, a->lse, a->D, &a->g);
+        break;
+    }
+}
+
+static json_t *measure_attention(const loom_backend *be, loom_attention_kind kind, const int *Ts,
+                                 int nT, const int *hds, int nh, int H, float *bufs[9],
+                                 double target_ms) {
+    json_t *ta = json_array(), *ha = json_array(), *us = json_array();
+    for (int i = 0; i < nT; i++) json_array_append_new(ta, json_integer(Ts[i]));
+    for (int j = 0; j < nh; j++) json_array_append_new(ha, json_integer(hds[j]));
+    for (int i = 0; i < nT; i++)
+        for (int j = 0; j < nh; j++) {
+            att_arg a = {be,      kind,    Ts[i],   H,       hds[j],  bufs[0], bufs[1], bufs[2],
+                         bufs[3], bufs[4], bufs[5], bufs[6], bufs[7], bufs[8], {0}};
+            a.g = (loom_attention_blocks){.B = 1,
+                                          .chunk = Ts[i],
+                                          .H = H,
+                                          .KV = H,
+                                          .hd = hds[j],
+                                          .causal = 0,
+                                          .nq = 1,
+                                          .nk = 1};
+            /* the backward kernels read a forward's out and lse (and the block's D) */
+            att_arg f = a;
+            if (kind == LOOM_ATT_CAUSAL_BWD) f.kind = LOOM_ATT_CAUSAL_FWD, att_run(&f);
+            if (kind == LOOM_ATT_BIDIR_BWD) f.kind = LOOM_ATT_BIDIR_FWD, att_run(&f);
+            if (kind == LOOM_ATT_BLOCK_BWD) {
+                f.kind = LOOM_ATT_BLOCK_FWD, att_run(&f);
+                loom_backend_attention_block_delta(be, a.D, a.dout, a.out, &a.g);
+            }
+            json_array_append_new(us, json_real(bench_us(att_run, &a, target_ms) / H));
+        }
+    return json_pack("{s:{s:o, s:o, s:o}, s:i}", "grid", "T", ta, "hd", ha, "us_per_head", us,
+                     "heads_measured", H);
+}
+
+/* ---- elementwise kernels and AdamW: time against bytes (parameters) ---- */
+
+typedef struct {
+    const loom_backend *be;
+    loom_elementwise_kind kind;
+    int rows, width;
+    float *b[4], *s[3], *w[4];
+    int32_t *targets;
+    loom_attention_blocks g;
+} ew_arg;
+
+static void ew_run(const void *p) {
+    const ew_arg *e = p;
+    const loom_backend *be = e->be;
+    int N = e->rows, C = e->width;
+    size_t n = (size_t)N * C;
+    switch (e->kind) {
+    case LOOM_EW_LAYERNORM_FWD:
+        loom_backend_layernorm_forward(be, e->b[1], e->s[0], e->s[1], e->b[0], e->w[0], e->w[1], N,
+                                       C, 1e-5f);
+        break;
+    case LOOM_EW_LAYERNORM_BWD:
+        loom_backend_layernorm_backward(be, e->b[2], e->w[2], e->w[3], e->b[3], e->b[0], e->w[0],
+                                        e->s[0], e->s[1], N, C);
+        break;
+    case LOOM_EW_RMSNORM_FWD:
+        loom_backend_rmsnorm_forward(be, e->b[1], e->s[1], e->b[0], e->w[0], N, C, 1e-5f);
+        break;
+    case LOOM_EW_RMSNORM_BWD:
+        loom_backend_rmsnorm_backward(be, e->b[2], e->w[2], e->b[3], e->b[0], e->w[0], e->s[1], N,
+                                      C);
+        break;
+    case LOOM_EW_GELU_FWD:
+        loom_backend_gelu_forward(be, e->b[1], e->b[0], n);
+        break;
+    case LOOM_EW_GELU_BWD:
+        loom_backend_gelu_backward(be, e->b[2], e->b[0], e->b[3], n);
+        break;
+    case LOOM_EW_SWIGLU_FWD:
+        loom_backend_swiglu_forward(be, e->b[1], e->b[0], N, C);
+        break;
+    case LOOM_EW_SWIGLU_BWD:
+        loom_backend_swiglu_backward(be, e->b[2], e->b[3], e->b[0], N, C);
+        break;
+    case LOOM_EW_ADD:
+        loom_backend_add(be, e->b[2], e->b[0], e->b[1], n);
+        break;
+    case LOOM_EW_CROSSENTROPY:
+        loom_backend_crossentropy_forward_backward(be, e->s[0], e->b[0], e->targets, N, C,
+                                                   1.0f / N);
+        break;
+    default:
+        loom_backend_attention_block_merge(be, e->b[1], e->s[0], e->b[0], e->s[1], &e->g);
+        break;
+    }
+}
+
+typedef struct {
+    const loom_backend *be;
+    size_t n;
+    float *p, *g, *m, *v;
+} adamw_arg;
+
+static void adamw_run(const void *p) {
+    const adamw_arg *a = p;
+    loom_backend_adamw_update(a->be, a->p, a->g, a->m, a->v, a->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                              10);
+}
+
+static json_t *line_json(const double *x, const double *t, int n, int bytes_unit) {
+    double a, b, err = fit_line(x, t, n, &a, &b);
+    return json_pack("{s:f, s:f, s:f, s:o}", "alpha_us", a, bytes_unit ? "gbps" : "ns_per_param",
+                     bytes_unit ? 1e-3 / b : b * 1e3, "fit_max_rel_err", err, "points",
+                     points_json(x, t, n));
+}
+
+/* ---- the compute part, for one thread count ---- */
+
+typedef struct {
+    int gemm_dims[5], n_gemm;
+    int att_T[6], n_T, att_hd[3], n_hd;
+    double ew_bytes[6];
+    int n_ew;
+    double adamw_n[5];
+    int n_adamw;
+    double target_ms;
+} grid_plan;
+
+static grid_plan plan_for(int quick) {
+    if (quick)
+        return (grid_plan){{64, 256, 1024},
+                           3,
+                           {128, 256, 512},
+                           3,
+                           {32, 64},
+                           2,
+                           {1 << 18, 1 << 21, 1 << 24},
+                           3,
+                           {1 << 16, 1 << 20, 1 << 22},
+                           3,
+                           5.0};
+    return (grid_plan){{32, 128, 512, 2048},
+                       4,
+                       {128, 256, 512, 1024, 2048},
+                       5,
+                       {32, 64, 128},
+                       3,
+                       {1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26},
+                       5,
+                       {1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24},
+                       5,
+                       30.0};
+}
+
+typedef struct {
+    const loom_backend *be;
+    float *gemm[3];
+    float *att[9];
+    float *ew[4], *ew_small[3], *ew_w[4];
+    int32_t *targets;
+    float *opt[4];
+    int att_heads, ew_width, ce_width;
+} buffers;
+
+static void free_buffers(buffers *b) {
+    float **all[] = {b->gemm, b->att, b->ew, b->ew_small, b->ew_w, b->opt};
+    int counts[] = {3, 9, 4, 3, 4, 4};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < counts[i]; j++) loom_backend_free(b->be, all[i][j]);
+    loom_backend_free(b->be, b->targets);
+}
+
+static float *alloc_filled(const loom_backend *be, size_t n, float scale, int *ok) {
+    float *p = loom_backend_alloc(be, n * sizeof(float) + 64);
+    if (!p) {
+        *ok = 0;
+        return NULL;
+    }
+    fill(p, n, scale);
+    return p;
+}
+
+/* Buffers for the largest of every kind, allocated with all threads set (the attention
+ * scratch is per thread). */
+static int alloc_buffers(buffers *b, const grid_plan *g) {
+    const loom_backend *be = b->be;
+    int ok = 1;
+    size_t D = (size_t)g->gemm_dims[g->n_gemm - 1];
+    for (int i = 0; i < 3; i++) b->gemm[i] = alloc_filled(be, D * D, 0.01f, &ok);
+    size_t T = (size_t)g->att_T[g->n_T - 1], hd = (size_t)g->att_hd[g->n_hd - 1];
+    size_t H = (size_t)b->att_heads;
+    size_t row = 3 * H * hd, sc = loom_backend_attention_scratch_floats(be, 1, (int)T, (int)H);
+    size_t bsc = loom_backend_attention_block_scratch_floats(be, (int)T, 1);
+    size_t sizes[9] = {T * row,        T * H * hd,     H * T,
+                       T * H * hd,     T * row,        sc > bsc ? sc : bsc,
+                       T * 2 * H * hd, T * 2 * H * hd, H * T};
+    for (int i = 0; i < 9; i++) b->att[i] = alloc_filled(be, sizes[i], i == 2 ? 0.0f : 0.5f, &ok);
+    size_t maxb = (size_t)g->ew_bytes[g->n_ew - 1];
+    size_t rows = maxb / (8 * (size_t)b->ew_width) + 1;
+    for (int i = 0; i < 4; i++) b->ew[i] = alloc_filled(be, maxb / 4 + 16, 0.5f, &ok);
+    for (int i = 0; i < 3; i++) b->ew_small[i] = alloc_filled(be, 16 * rows + 16, 0.0f, &ok);
+    for (int i = 0; i < 4; i++) b->ew_w[i] = alloc_filled(be, (size_t)b->ce_width, 0.5f, &ok);
+    b->targets = loom_backend_alloc(be, (maxb / 8 + 16) * sizeof(int32_t));
+    if (b->targets)
+        for (size_t i = 0; i < maxb / 8 + 16; i++) b->targets[i] = (int32_t)(i % b->ce_width);
+    else
+        ok = 0;
+    size_t nmax = (size_t)g->adamw_n[g->n_adamw - 1];
+    for (int i = 0; i < 4; i++) b->opt[i] = alloc_filled(be, nmax, i < 2 ? 0.1f : 0.0f, &ok);
+    /* the norms' statistics start sane (rstd 1), and so do the ring merge's lse */
+    for (size_t i = 0; b->ew_small[1] && i < 16 * rows + 16; i++) b->ew_small[1][i] = 1.0f;
+    if (b->opt[3])
+        for (size_t i = 0; i < nmax; i++) b->opt[3][i] = 1e-4f;
+    return ok;
+}
+
+static json_t *measure_compute(buffers *b, const grid_plan *g, int threads) {
+    const loom_backend *be = b->be;
+    loom_cpu_set_threads(threads);
+    json_t *gemm = json_object(), *att = json_object(), *ew = json_object();
+    for (int op = 0; op < LOOM_GEMM_OPS; op++) {
+        fprintf(stderr, "calibrate: threads %d: gemm %s\n", threads,
+                loom_gemm_op_name((loom_gemm_op)op));
+        json_object_set_new(
+            gemm, loom_gemm_op_name((loom_gemm_op)op),
+            measure_gemm(be, (loom_gemm_op)op, g->gemm_dims, g->n_gemm, b->gemm, g->target_ms));
+    }
+    fprintf(stderr, "calibrate: threads %d: attention\n", threads);
+    for (int k = 0; k < LOOM_ATT_KINDS; k++)
+        json_object_set_new(att, loom_attention_kind_name((loom_attention_kind)k),
+                            measure_attention(be, (loom_attention_kind)k, g->att_T, g->n_T,
+                                              g->att_hd, g->n_hd, b->att_heads, b->att,
+                                              g->target_ms));
+    fprintf(stderr, "calibrate: threads %d: elementwise, adamw\n", threads);
+    for (int k = 0; k < LOOM_EW_KINDS; k++) {
+        double x[6], t[6];
+        int width = k == LOOM_EW_CROSSENTROPY ? b->ce_width : b->ew_width;
+        for (int i = 0; i < g->n_ew; i++) {
+            double per_row = loom_profile_elementwise_bytes((loom_elementwise_kind)k, 1, width);
+            int rows = (int)fmax(1, floor(g->ew_bytes[i] / per_row));
+            ew_arg e = {
+                be,
+                (loom_elementwise_kind)k,
+                rows,
+                width,
+                {b->ew[0], b->ew[1], b->ew[2], b->ew[3]},
+                {b->ew_small[0], b->ew_small[1], b->ew_small[2]},
+                {b->ew_w[0], b->ew_w[1], b->ew_w[2], b->ew_w[3]},
+                b->targets,
+                {.B = 1, .chunk = rows, .H = 16, .KV = 16, .hd = width / 16, .nq = 1, .nk = 1}};
+            /* the backward norms read a forward's statistics */
+            ew_arg f = e;
+            if (k == LOOM_EW_LAYERNORM_BWD) f.kind = LOOM_EW_LAYERNORM_FWD, ew_run(&f);
+            if (k == LOOM_EW_RMSNORM_BWD) f.kind = LOOM_EW_RMSNORM_FWD, ew_run(&f);
+            if (k == LOOM_EW_CROSSENTROPY) fill(b->ew[0], (size_t)rows * width, 2.0f);
+            x[i] = loom_profile_elementwise_bytes((loom_elementwise_kind)k, rows, width);
+            t[i] = bench_us(ew_run, &e, g->target_ms);
+        }
+        json_t *o = line_json(x, t, g->n_ew, 1);
+        json_object_set_new(o, "width", json_integer(width));
+        json_object_set_new(ew, loom_elementwise_kind_name((loom_elementwise_kind)k), o);
+    }
+    double x[5], t[5];
+    for (int i = 0; i < g->n_adamw; i++) {
+        adamw_arg a = {be, (size_t)g->adamw_n[i], b->opt[0], b->opt[1], b->opt[2], b->opt[3]};
+        x[i] = g->adamw_n[i];
+        t[i] = bench_us(adamw_run, &a, g->target_ms);
+    }
+    return json_pack("{s:i, s:o, s:o, s:o, s:o}", "threads", threads, "gemm", gemm, "attention",
+                     att, "elementwise", ew, "adamw", line_json(x, t, g->n_adamw, 0));
+}
+
+/* ---- the MPI part: one process per rank under mpirun ---- */
+
+typedef struct {
+    loom_comm *c;
+    float *a, *b;
+    int *counts, *displs;
+} comm_bufs;
+
+static loom_status coll_run(comm_bufs *w, loom_collective_kind k, size_t bytes, loom_error *err) {
+    loom_comm *c = w->c;
+    int G = c->size;
+    size_t total = bytes / sizeof(float), per = total / G;
+    for (int r = 0; r < G; r++) w->counts[r] = (int)per, w->displs[r] = (int)(per * r);
+    loom_comm_handle h[2];
+    loom_status st;
+    switch (k) {
+    case LOOM_COLL_ALLREDUCE:
+        return loom_comm_allreduce_sum(c, w->a, total, err);
+    case LOOM_COLL_REDUCE_SCATTER:
+        st = loom_comm_ireduce_scatter_sum(c, w->a, w->b, w->counts, &h[0], err);
+        return st ? st : loom_comm_wait(&h[0], err);
+    case LOOM_COLL_ALLGATHER:
+        return loom_comm_allgatherv(c, w->a, w->counts, w->displs, err);
+    case LOOM_COLL_ALLTOALL:
+        return loom_comm_alltoallv(c, w->a, w->counts, w->displs, w->b, w->counts, w->displs, err);
+    default: /* every rank sends to the next and receives from the previous */
+        st = loom_comm_irecv(c, w->b, total, (c->rank + G - 1) % G, 7, &h[0], err);
+        if (!st) st = loom_comm_isend(c, w->a, total, (c->rank + 1) % G, 7, &h[1], err);
+        if (!st) st = loom_comm_wait(&h[0], err);
+        if (!st) st = loom_comm_wait(&h[1], err);
+        return st;
+    }
+}
+
+/* Microseconds per operation: the slowest rank's, best of four batches. */
+static loom_status coll_us(comm_bufs *w, loom_collective_kind k, size_t bytes, double target_ms,
+                           double *us, loom_error *err) {
+    loom_status st = coll_run(w, k, bytes, err);
+    if (!st) st = loom_comm_barrier(w->c, err);
+    double t0 = loom_now_ms();
+    if (!st) st = coll_run(w, k, bytes, err);
+    double one = loom_now_ms() - t0, best;
+    if (st) return st;
+    MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_DOUBLE, MPI_MAX, w->c->mpi);
+    best = one;
+    int reps = (int)fmin(2000, fmax(1, target_ms / 2 / fmax(one, 1e-4)));
+    for (int b = 0; b < 4 && !st; b++) {
+        st = loom_comm_barrier(w->c, err);
+        t0 = loom_now_ms();
+        for (int r = 0; r < reps && !st; r++) st = coll_run(w, k, bytes, err);
+        double dt = (loom_now_ms() - t0) / reps;
+        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, w->c->mpi);
+        best = fmin(best, dt);
+    }
+    *us = best * 1e3;
+    return st;
+}
+
+/* The engine's cost: n operations of `count` floats posted and waited one at a time. */
+static loom_status engine_cost(loom_comm *c, float *buf, size_t count, int n, double *cpu_us,
+                               double *post_us, int *threaded, loom_error *err) {
+    loom_comm_engine e;
+    loom_status st = loom_comm_engine_start(&e, c, 4, err);
+    if (st) return st;
+    *threaded = e.threaded;
+    double cpu0 = loom_comm_engine_cpu_ms(&e), post = 0;
+    for (int i = 0; i < n && !st; i++) {
+        loom_comm_op op = {.kind = LOOM_OP_ALLREDUCE, .buf = buf, .count = count};
+        double t0 = loom_now_ms();
+        st = loom_comm_engine_post(&e, &op, err);
+        post += loom_now_ms() - t0;
+        if (!st) st = loom_comm_engine_wait(&e, &op, err);
+    }
+    double cpu = loom_comm_engine_cpu_ms(&e) - cpu0;
+    loom_comm_engine_stop(&e);
+    MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_MAX, c->mpi);
+    MPI_Allreduce(MPI_IN_PLACE, &post, 1, MPI_DOUBLE, MPI_MAX, c->mpi);
+    *cpu_us = cpu * 1e3 / n;
+    *post_us = post * 1e3 / n;
+    return st;
+}
+
+static int comm_worker(const cal_opts *o, int argc, char **argv) {
+    loom_world w;
+    loom_error err = {0};
+    if (loom_world_init(&w, &argc, &argv, &err) || !w.mpi) {
+        fprintf(stderr, "loom calibrate --comm-worker: %s\n",
+                err.msg[0] ? err.msg : "not started by mpirun");
+        return 1;
+    }
+    loom_cpu_set_threads(1);
+    loom_comm c;
+    loom_status st = loom_comm_from_mpi(&c, MPI_COMM_WORLD, "world", &err);
+    int G = w.size;
+    size_t maxb = o->quick ? (size_t)16 << 20 : (size_t)64 << 20;
+    double target = o->quick ? 8.0 : 40.0;
+    comm_bufs b = {&c, malloc(maxb), malloc(maxb), calloc((size_t)G, sizeof(int)),
+                   calloc((size_t)G, sizeof(int))};
+    if (!b.a || !b.b || !b.counts || !b.displs)
+        st = loom_error_set(&err, LOOM_ERR_NOMEM, "buffers");
+    if (!st) fill(b.a, maxb / 4, 0.01f), fill(b.b, maxb / 4, 0.01f);
+    json_t *colls = json_array();
+    for (int k = 0; k < LOOM_COLL_KINDS && !st; k++) {
+        double x[12], t[12];
+        int n = 0;
+        for (size_t bytes = 4096; bytes <= maxb && !st; bytes *= o->quick ? 8 : 4, n++) {
+            x[n] = (double)bytes;
+            st = coll_us(&b, (loom_collective_kind)k, bytes, target, &t[n], &err);
+        }
+        if (st) break;
+        double a, beta, fit_err = fit_line(x, t, n, &a, &beta);
+        double factor = loom_collective_bus_factor((loom_collective_kind)k, G);
+        json_array_append_new(colls, json_pack("{s:s, s:i, s:s, s:f, s:f, s:f, s:o}", "kind",
+                                               loom_collective_kind_name((loom_collective_kind)k),
+                                               "group", G, "placement", "intra_node", "alpha_us", a,
+                                               "busbw_gbs", 1e-3 / beta * factor, "fit_max_rel_err",
+                                               fit_err, "points", points_json(x, t, n)));
+        if (w.rank == 0)
+            fprintf(stderr, "calibrate: group %d: %s alpha %.1f us, busbw %.2f GB/s\n", G,
+                    loom_collective_kind_name((loom_collective_kind)k), a, 1e-3 / beta * factor);
+    }
+    double cpu_small = 0, cpu_big = 0, post = 0, post_big = 0;
+    int threaded = 0, n_ops = o->quick ? 100 : 400;
+    if (!st) st = engine_cost(&c, b.a, 1024, n_ops, &cpu_small, &post, &threaded, &err);
+    if (!st) st = engine_cost(&c, b.a, 262144, n_ops / 4, &cpu_big, &post_big, &threaded, &err);
+    int rc = 0;
+    if (st) {
+        fprintf(stderr, "loom calibrate --comm-worker (rank %d): %s\n", w.rank, err.msg);
+        rc = 1;
+    } else if (w.rank == 0) {
+        double per_mib = fmax(0, (cpu_big - cpu_small) * 1048576.0 / (1048576.0 - 4096.0));
+        json_t *root = json_pack(
+            "{s:i, s:s, s:o, s:{s:f, s:f, s:f, s:b, s:s}}", "group", G, "thread_level",
+            loom_world_thread_level_name(loom_world_thread_level()), "collectives", colls, "engine",
+            "cpu_us_per_op", cpu_small, "cpu_us_per_mib", per_mib, "post_us", post, "threaded",
+            threaded, "measured_with", "allreduce of 4 KiB and 1 MiB, post + wait");
+        colls = NULL;
+        if (json_dump_file(root, o->comm_out, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0) {
+            fprintf(stderr, "loom calibrate --comm-worker: cannot write %s\n", o->comm_out);
+            rc = 1;
+        }
+        json_decref(root);
+    }
+    json_decref(colls);
+    free(b.a), free(b.b), free(b.counts), free(b.displs);
+    if (!st) loom_comm_free(&c);
+    loom_world_finalize(&w);
+    return rc;
+}
+
+/* Runs `mpirun -n G <this loom> calibrate --comm-worker --comm-out path`. */
+static int launch_worker(int G, int quick, const char *path) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "loom calibrate: cannot find this executable (/proc/self/exe)\n");
+        return 1;
+    }
+    exe[n] = 0;
+    char gs[16];
+    snprintf(gs, sizeof gs, "%d", G);
+    const char *argv[24];
+    int a = 0;
+    argv[a++] = "mpirun";
+    if (geteuid() == 0) argv[a++] = "--allow-run-as-root";
+    const char *tail[] = {"--oversubscribe",
+                          "--bind-to",
+                          "none",
+                          "--mca",
+                          "mpi_yield_when_idle",
+                          "1",
+                          "-n",
+                          gs,
+                          exe,
+                          "calibrate",
+                          "--comm-worker",
+                          "--comm-out",
+                          path};
+    for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[a++] = tail[i];
+    if (quick) argv[a++] = "--quick";
+    argv[a] = NULL;
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "loom calibrate: fork failed\n");
+        return 1;
+    }
+    if (pid == 0) {
+        setenv("OMP_NUM_THREADS", "1", 1);
+        execvp("mpirun", (char *const *)argv);
+        fprintf(stderr, "loom calibrate: cannot run mpirun (is OpenMPI installed?)\n");
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "loom calibrate: mpirun -n %d %s calibrate --comm-worker failed (%s %d)\n",
+                G, exe, WIFEXITED(status) ? "exit" : "signal",
+                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        return 1;
+    }
+    return 0;
+}
+
+static json_t *machine_json(int quick) {
+    char model[256] = "unknown CPU";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "model name", 10) == 0) {
+            char *v = strchr(line, ':');
+            if (v) {
+                v += v[1] == ' ' ? 2 : 1;
+                v[strcspn(v, "\n")] = 0;
+                snprintf(model, sizeof model, "%s", v);
+            }
+            break;
+        }
+    if (f) fclose(f);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 1073741824.0;
+    double load = -1;
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la && fscanf(la, "%lf", &load) != 1) load = -1;
+    if (la) fclose(la);
+    if (load > 0.5 * (double)cores)
+        fprintf(stderr,
+                "calibrate: warning: load average %.1f on %ld cores: other processes share this "
+                "machine, so the measurements are slower and noisier than the machine\n",
+                load, cores);
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    char desc[400];
+    snprintf(desc, sizeof desc, "%s, %ld cores (OpenBLAS %s)", model, cores,
+             loom_cpu_blas_corename());
+    return json_pack("{s:s, s:s, s:i, s:f, s:b, s:i, s:s, s:s, s:s, s:b, s:f}", "description", desc,
+                     "cpu", model, "cores", (int)cores, "memory_gib", gib, "memory_shared", 1,
+                     "devices_per_node", (int)(cores < 1 ? 1 : cores), "blas_kernel",
+                     loom_cpu_blas_corename(), "loom_version", LOOM_VERSION, "date", date, "quick",
+                     quick, "load_average", load);
+}
+
+static int validate(const char *path) {
+    loom_profile *p = NULL;
+    loom_error err = {0};
+    loom_status st = loom_profile_load(&p, path, &err);
+    if (st) {
+        fprintf(stderr, "loom calibrate: %s\n", err.msg);
+        return st == LOOM_ERR_INPUT ? 2 : 1;
+    }
+    printf("%s: profile \"%s\" (%s), %.1f GiB per device (1 rank per node), %d per node\n", path,
+           loom_profile_name(p), loom_profile_source(p),
+           loom_profile_memory_bytes(p, 1) / 1073741824.0, loom_profile_devices_per_node(p));
+    int threads[2] = {1, 1 << 20};
+    for (int i = 0; i < 2; i++) {
+        double ms;
+        const char *who = i ? "most threads" : "1 thread";
+        for (int op = 0; op < LOOM_GEMM_OPS; op++) {
+            st = loom_profile_gemm_ms(p, (loom_gemm_op)op, 1024, 1024, 1024, threads[i], &ms, &err);
+            if (!st)
+                printf("  gemm %s 1024^3, %s: %.4g ms (%.1f GFLOP/s)\n",
+                       loom_gemm_op_name((loom_gemm_op)op), who, ms, 2.0 * (1 << 30) / (ms * 1e6));
+        }
+        if (!st)
+            st = loom_profile_attention_ms(p, LOOM_ATT_CAUSAL_FWD, 8, 1024, 64, threads[i], &ms,
+                                           &err);
+        if (!st) printf("  attention causal_fwd 8 heads x T 1024 x hd 64, %s: %.4g ms\n", who, ms);
+        if (!st)
+            st = loom_profile_elementwise_ms(p, LOOM_EW_LAYERNORM_FWD, 64 << 20, threads[i], &ms,
+                                             &err);
+        if (!st)
+            printf("  layernorm_fwd 64 MiB, %s: %.4g ms (%.1f GB/s)\n", who, ms,
+                   64.0 * 1048576 / (ms * 1e6));
+        if (!st) st = loom_profile_adamw_ms(p, 124e6, threads[i], &ms, &err);
+        if (!st) printf("  adamw 124M parameters, %s: %.4g ms\n", who, ms);
+    }
+    for (int k = 0; k < LOOM_COLL_KINDS && !st; k++)
+        for (int G = 2; G <= 8 && !st; G *= 2) {
+            double small, big;
+            st = loom_profile_collective_ms(p, (loom_collective_kind)k, G, LOOM_PLACE_ANY, 4096,
+                                            &small, &err);
+            if (!st)
+                st = loom_profile_collective_ms(p, (loom_collective_kind)k, G, LOOM_PLACE_ANY,
+                                                64 << 20, &big, &err);
+            if (!st)
+                printf("  %s group %d: 4 KiB %.4g ms, 64 MiB %.4g ms\n",
+                       loom_collective_kind_name((loom_collective_kind)k), G, small, big);
+        }
+    for (int k = 0; k < LOOM_COLL_KINDS && !st; k++) { /* network entries, where there are */
+        double small, big;
+        loom_error none = {0};
+        if (loom_profile_collective_ms(p, (loom_collective_kind)k, 2, LOOM_PLACE_INTER, 4096,
+                                       &small, &none) ||
+            loom_profile_collective_ms(p, (loom_collective_kind)k, 2, LOOM_PLACE_INTER, 64 << 20,
+                                       &big, &none))
+            continue;
+        printf("  %s group 2 inter_node: 4 KiB %.4g ms, 64 MiB %.4g ms\n",
+               loom_collective_kind_name((loom_collective_kind)k), small, big);
+    }
+    if (!st)
+        printf("  engine: %.2f us CPU per operation (+%.2f per MiB), %.2f us to post\n",
+               loom_profile_engine_cpu_us(p, 0),
+               loom_profile_engine_cpu_us(p, 1048576) - loom_profile_engine_cpu_us(p, 0),
+               loom_profile_engine_post_us(p));
+    loom_profile_free(p);
+    if (st) {
+        fprintf(stderr, "loom calibrate: %s: %s\n", path, err.msg);
+        return st == LOOM_ERR_INPUT ? 2 : 1;
+    }
+    return 0;
+}
+
+static int parse_groups(const char *s, cal_opts *o) {
+    o->n_groups = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 2 || v > 64 || o->n_groups == 8 || (*end && *end != ',')) return 0;
+        o->groups[o->n_groups++] = (int)v;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) return 0;
+    }
+    return o->n_groups > 0;
+}
+
+int loom_cmd_calibrate(int argc, char **argv) {
+    static const struct option opts[] = {{"output", required_argument, 0, 'o'},
+                                         {"quick", no_argument, 0, 'q'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"groups", required_argument, 0, 'g'},
+                                         {"validate", required_argument, 0, 'v'},
+                                         {"comm-worker", no_argument, 0, 'w'},
+                                         {"comm-out", required_argument, 0, 'c'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    cal_opts o = {.out = "profile.json"};
+    const char *groups = NULL;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:", opts, NULL)) != -1) {
+        if (c == 'o')
+            o.out = optarg;
+        else if (c == 'q')
+            o.quick = 1;
+        else if (c == 't') {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 1 || v > 4096) {
+                fprintf(stderr,
+                        "loom calibrate: --threads '%s': expected an integer in [1, 4096]\n",
+                        optarg);
+                return 2;
+            }
+            o.threads = (int)v;
+        } else if (c == 'g')
+            groups = optarg;
+        else if (c == 'v')
+            o.validate = optarg;
+        else if (c == 'w')
+            o.comm_worker = 1;
+        else if (c == 'c')
+            o.comm_out = optarg;
+        else if (c == 'h') {
+            usage(stdout);
+            return 0;
+        } else if (c == ':') {
+            fprintf(stderr, "loom calibrate: option '%s' needs a value\n", argv[optind - 1]);
+            return 2;
+        } else {
+            fprintf(stderr, "loom calibrate: unknown option '%s'\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "loom calibrate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (groups && !parse_groups(groups, &o)) {
+        fprintf(stderr,
+                "loom calibrate: --groups '%s': expected comma-separated integers in "
+                "[2, 64]\n",
+                groups);
+        return 2;
+    }
+    if (o.validate) return validate(o.validate);
+    if (o.comm_worker) {
+        if (!o.comm_out) {
+            fprintf(stderr, "loom calibrate: --comm-worker needs --comm-out FILE\n");
+            return 2;
+        }
+        return comm_worker(&o, argc, argv);
+    }
+    if (loom_world_launched()) {
+        fprintf(stderr, "loom calibrate: run it without mpirun: it launches its own MPI part "
+                        "(mpirun -n G loom calibrate --comm-worker) for each group size\n");
+        return 2;
+    }
+    if (!groups) {
+        o.groups[0] = 2, o.groups[1] = 4, o.groups[2] = 8;
+        o.n_groups = o.quick ? 1 : 3;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!o.threads) o.threads = cores < 1 ? 1 : (int)cores;
+    FILE *probe = fopen(o.out, "w"); /* fail before minutes of measuring */
+    if (!probe) {
+        fprintf(stderr, "loom calibrate: cannot write %s\n", o.out);
+        return 2;
+    }
+    fclose(probe);
+    double t_start = loom_now_ms();
+    json_t *machine = machine_json(o.quick); /* the load average before we add ours */
+
+    grid_plan g = plan_for(o.quick);
+    buffers b = {.be = loom_backend_cpu(),
+                 .att_heads = 2 * o.threads < 4 ? 4 : 2 * o.threads,
+                 .ew_width = 1024,
+                 .ce_width = 8192};
+    loom_cpu_set_threads(o.threads);
+    if (!alloc_buffers(&b, &g)) {
+        free_buffers(&b);
+        json_decref(machine);
+        fprintf(stderr, "loom calibrate: out of memory for the measurement buffers\n");
+        return 1;
+    }
+    json_t *compute = json_array();
+    json_array_append_new(compute, measure_compute(&b, &g, 1));
+    if (o.threads > 1) json_array_append_new(compute, measure_compute(&b, &g, o.threads));
+    free_buffers(&b);
+
+    json_t *colls = json_array(), *engine = NULL;
+    char dir[] = "/tmp/loom_calibrate_XXXXXX";
+    int rc = mkdtemp(dir) ? 0 : 1;
+    if (rc) fprintf(stderr, "loom calibrate: cannot create a folder in /tmp\n");
+    for (int i = 0; i < o.n_groups && !rc; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/group%d.json", dir, o.groups[i]);
+        fprintf(stderr, "calibrate: collectives over %d ranks (mpirun)\n", o.groups[i]);
+        rc = launch_worker(o.groups[i], o.quick, path);
+        json_error_t jerr;
+        json_t *part = rc ? NULL : json_load_file(path, 0, &jerr);
+        if (!rc && !part) {
+            fprintf(stderr, "loom calibrate: %s: %s\n", path, jerr.text);
+            rc = 1;
+        }
+        if (part) {
+            json_array_extend(colls, json_object_get(part, "collectives"));
+            if (!engine) engine = json_incref(json_object_get(part, "engine"));
+            json_decref(part);
+        }
+        remove(path);
+    }
+    rmdir(dir);
+    if (rc) {
+        json_decref(compute), json_decref(colls), json_decref(engine), json_decref(machine);
+        return 1;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "measured on this machine%s", o.quick ? " (--quick)" : "");
+    json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:o, s:o, s:o, s:o}", "format", "loom-profile",
+                             "version", 1, "name", name, "source", "measured", "machine", machine,
+                             "compute", compute, "collectives", colls, "engine", engine);
+    json_object_set_new(root, "seconds", json_real((loom_now_ms() - t_start) / 1e3));
+    if (json_dump_file(root, o.out, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0) {
+        fprintf(stderr, "loom calibrate: cannot write %s\n", o.out);
+        json_decref(root);
+        return 1;
+    }
+    json_decref(root);
+    loom_profile *p = NULL;
+    loom_error err = {0};
+    if (loom_profile_load(&p, o.out, &err)) { /* the reader must accept what we write */
+        fprintf(stderr, "loom calibrate: the written profile is refused: %s\n", err.msg);
+        return 1;
+    }
+    loom_profile_free(p);
+    fprintf(stderr, "calibrate: wrote %s in %.1f s\n", o.out, (loom_now_ms() - t_start) / 1e3);
+    return 0;
+}
