@@ -382,9 +382,41 @@ static int launcher_says(const char *log, int *rank, int *sig, char *host, size_
             found = 1;
             break;
         }
+        /* srun: "srun: error: NODE: task R: Killed" ("tasks R-S: ..." for several), the
+         * signal's description; "Exited with exit code N" is no signal. */
+        int at = 0;
+        if (sscanf(line, "srun: error: %63[^:]: task%*[s] %d%*[^:]: %n", node, &r, &at) == 2 ||
+            sscanf(line, "srun: error: %63[^:]: task %d: %n", node, &r, &at) == 2) {
+            if (!at) continue;
+            char what[128];
+            snprintf(what, sizeof what, "%s", line + at);
+            what[strcspn(what, "\n")] = 0;
+            for (s = 1; s < 65; s++)
+                if (strsignal(s) && !strcmp(strsignal(s), what)) break;
+            if (s == 65) continue;
+            *rank = r;
+            *sig = s;
+            snprintf(host, host_size, "%s", node);
+            found = 1;
+            break;
+        }
     }
     fclose(fp);
     return found;
+}
+
+int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f) {
+    int rank, sig;
+    char host[64];
+    if (!launcher_says(launcher_log, &rank, &sig, host, sizeof host)) return 0;
+    memset(f, 0, sizeof *f);
+    f->kind = LOOM_FAIL_CRASH;
+    set_rank(f, m, rank);
+    f->step = loom_monitor_step(m) + 1;
+    if (!f->host[0]) snprintf(f->host, sizeof f->host, "%s", host);
+    snprintf(f->detail, sizeof f->detail, "rank %d on %s was killed by signal %d (%s)", rank,
+             f->host, sig, strsignal(sig));
+    return 1;
 }
 
 void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launcher_log,

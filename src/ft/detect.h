@@ -92,6 +92,11 @@ int loom_detect_dead_rank(const loom_monitor *m, const char *host);
 int loom_detect_reported(const loom_monitor *m);
 /* Fills f for rank `rank` that died without a report (kind CRASH). */
 void loom_detect_crash(const loom_monitor *m, int rank, loom_failure *f);
+/* The launcher's log names a rank killed by a signal (mpirun "process rank R ... exited on
+ * signal S", srun "srun: error: NODE: task R: Killed", the first such line): 1 and f
+ * filled (kind CRASH, that rank and host, the step no rank finished), else 0. Under srun
+ * a rank on another host dies unseen here; the others die of the step's end after it. */
+int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f);
 /* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */
 int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f);
 /* The first step in (from, to] whose loss is non-finite or > factor x the median of

@@ -162,7 +162,10 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
     loom_status hst;
     if (c->hostfile[0] && (hst = loom_hostfile_read(c->hostfile, c->hosts, sizeof c->hosts, err)))
         return hst;
-    if (!c->bind[0]) snprintf(c->bind, sizeof c->bind, "%s", c->hosts[0] ? "0.0.0.0" : "127.0.0.1");
+    /* Ranks on other hosts (--hosts, or srun's nodes) reach the supervisor from outside. */
+    if (!c->bind[0])
+        snprintf(c->bind, sizeof c->bind, "%s",
+                 c->hosts[0] || !strcmp(c->launcher, "srun") ? "0.0.0.0" : "127.0.0.1");
     *child_index = first;
     return LOOM_OK;
 }
@@ -177,8 +180,8 @@ void loom_run_config_usage(FILE *f) {
             "  --hostfile FILE         OpenMPI hostfile ('HOST slots=N' lines, # comments):\n"
             "                          the same as --hosts HOST:N,... (not with --hosts)\n"
             "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
-            "                          127.0.0.1; with --hosts 0.0.0.0, and the ranks are told\n"
-            "                          this host's address on the route to the hosts)\n"
+            "                          127.0.0.1; with --hosts or srun 0.0.0.0, and the ranks\n"
+            "                          are told this host's address on the route to the hosts)\n"
             "  --max-restarts R        restarts before giving up (default 3)\n"
             "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
             "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"

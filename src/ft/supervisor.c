@@ -22,6 +22,7 @@
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "ft/rank_addr.h"
+#include "ft/slurm.h"
 #include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
 
@@ -336,12 +337,14 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             if (dead_since < 0) dead_since = now;
             if (now - dead_since >= 200 || loom_launch_poll(l)) {
                 loom_monitor_drain(&s->mon, loom_now_ms());
-                if (!loom_detect_reported(&s->mon)) {
-                    loom_detect_crash(&s->mon, dead, f);
-                    return ATTEMPT_FAILED;
-                }
                 char log[LOOM_RUN_PATH + 32];
                 snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+                if (!loom_detect_reported(&s->mon)) {
+                    /* The launcher may name the first rank killed (one on another host). */
+                    if (!loom_detect_launcher_crash(&s->mon, log, f))
+                        loom_detect_crash(&s->mon, dead, f);
+                    return ATTEMPT_FAILED;
+                }
                 loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
                 return ATTEMPT_FAILED;
             }
@@ -439,7 +442,17 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                                    err)))
             return st;
     }
-    if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
+    const char *addr_hosts = cfg->hosts;
+    if (!strcmp(cfg->launcher, "srun")) {
+        /* Slurm answers (munged, slurmctld), and --hosts / -n agree with the allocation. */
+        if ((st = loom_slurm_check(cfg->hosts, cfg->ranks, LOOM_SLURM_PROBE_S, err))) return st;
+        /* The ranks run on the allocation's nodes: the address towards them. */
+        const char *nodes = getenv("SLURM_JOB_NODELIST");
+        if (!addr_hosts[0] && nodes && getenv("SLURM_JOB_NUM_NODES") &&
+            atoi(getenv("SLURM_JOB_NUM_NODES")) > 1)
+            addr_hosts = nodes;
+    }
+    if ((st = loom_rank_addr(cfg->bind, addr_hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));
