@@ -557,16 +557,20 @@ int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms
     }
     for (int r = 0; r < m->world; r++) {
         const loom_rank_state *s = &m->ranks[r];
-        int all_silent = 1, others_heard = 0;
+        /* One rank of the host silent for the full timeout, every one for half of it (its
+         * ranks' last beats are up to a beat interval apart), another host heard within
+         * half of it: judged at the moment the single-rank silence rule would fire. */
+        int all_silent = 1, one_silent = 0, others_heard = 0;
         for (int q = 0; q < m->world; q++) {
             const loom_rank_state *o = &m->ranks[q];
-            const int silent = now_ms - o->last_beat_ms >= silent_ms;
-            if (!strcmp(o->beat.host, s->beat.host))
-                all_silent &= silent;
-            else
-                others_heard |= !silent;
+            const double quiet = now_ms - o->last_beat_ms;
+            if (!strcmp(o->beat.host, s->beat.host)) {
+                all_silent &= quiet >= silent_ms / 2;
+                one_silent |= quiet >= silent_ms;
+            } else
+                others_heard |= quiet < silent_ms / 2;
         }
-        if (all_silent && others_heard) {
+        if (all_silent && one_silent && others_heard) {
             if (silent_host && strcmp(silent_host, s->beat.host)) return 0; /* two: not one */
             silent_host = s->beat.host;
             heard_elsewhere = 1;
@@ -577,10 +581,10 @@ int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms
     const int n = loom_detect_host_ranks(m, silent_host, ranks, LOOM_FAIL_LIST);
     if (!n) return 0;
     host_failure(m, LOOM_FAIL_PARTITION, silent_host, ranks, n, f);
-    double quiet = 0;
+    double quiet = 0; /* the longest silence of its ranks */
     for (int i = 0; i < n; i++) {
         const double q = now_ms - m->ranks[ranks[i]].last_beat_ms;
-        if (i == 0 || q < quiet) quiet = q;
+        if (q > quiet) quiet = q;
     }
     char rt[256], others[512];
     ranks_text(ranks, n, rt, sizeof rt);

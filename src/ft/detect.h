@@ -106,8 +106,9 @@ int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, 
  * remote daemon ... Remote daemon: ... on node X"): 1 and f filled (kind HOST, the host,
  * its ranks as culprits, the ranks still heard on other hosts in detail), else 0. */
 int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_failure *f);
-/* Every rank of one host silent for >= silent_ms while a rank of another host beat
- * within it (a partition: the host is cut off from this supervisor): 1 and f filled
+/* One host cut off from this supervisor (a partition): a rank of it silent for >=
+ * silent_ms, every rank of it for >= silent_ms / 2, and a rank of another host heard
+ * within silent_ms / 2: 1 and f filled
  * (kind PARTITION, the host, its ranks as culprits, which side is still heard), else 0. */
 int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f);
 /* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */

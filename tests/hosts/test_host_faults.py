@@ -11,6 +11,9 @@ outside the processes by the test, at a random step:
   seconds: detected as a partition naming the host, its ranks and the side still heard
   ("still heard: loomh1 (ranks 0-1)"); the supervisor waits until the host answers again
   (the link back up), ends the cut-off ranks left there, and restarts on the same hosts;
+- a host gone for good under --elastic (processes killed, link down past --host-wait):
+  the job goes on with host 1's 2 ranks, ending near the fault-free weights (dp 4 -> 2:
+  within the layouts' tolerance, not bitwise);
 - a slow process on host 2 (--inject slow on one of its ranks): the straggler line
   names the rank and loomh2 (reported, not restarted). A slow link (tbf) is not
   detected, nor a host whose ranks are all slow (see docs/ARCHITECTURE.md).
@@ -35,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import seed_of, write_text_shard  # noqa: E402
+from loomtest import TOL, safetensors_io, seed_of, weights_error, write_text_shard  # noqa: E402
 from test_hosts import AGENT, HOSTS, MCA, leftovers, sh, skip_unless_possible  # noqa: E402
 
 STEPS = 24
@@ -185,6 +188,41 @@ def main():
         report(f"partition @{step}", ok, f"link down {down_s:.1f} s; {line.strip()}; "
                f"{d.get('detail')}; {back.strip()}; weights "
                f"{'bitwise the fault-free run' if same(rdir) else 'DIFFER'}")
+        if not ok:
+            print(err[-3000:])
+
+        # A host gone for good under --elastic: its processes killed and its link down
+        # past --host-wait: the job continues on host 1 alone (dp 4 -> 2, resumed from
+        # the checkpoint into the smaller layout: the fault-free weights within the
+        # layouts' tolerance, not bitwise, since dp changed).
+        step = rng.choice(range(6, STEPS - 6, 2))
+        p, rdir, errp = start("host_gone_elastic", ["--elastic", "--host-wait", "3"])
+        if at_step(errp, step):
+            subprocess.run(["ip", "link", "set", "loomv2", "down"], check=True)
+            for pid in netns_pids("loomh2"):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+        rc, err = finish(p, "host_gone_elastic", errp)
+        subprocess.run(["ip", "link", "set", "loomv2", "up"], check=True)
+        d = diagnosis(rdir)
+        summ = (json.load(open(f"{rdir}/summary.json"))
+                if os.path.exists(f"{rdir}/summary.json") else {})
+        hosts = [r["host"] for r in summ.get("ranks", [])]
+        dropped = next((x for x in err.splitlines() if "elastic: host" in x), "")
+        whole = worst = 1.0
+        if rc == 0:
+            whole, worst, _ = weights_error(
+                safetensors_io.load(f"{rdir}/weights.safetensors"),
+                safetensors_io.load(f"{ref_dir}/weights.safetensors"), 48)
+        ok = (rc == 0 and d.get("kind") == "partition" and d.get("host") == "loomh2" and
+              "elastic: loomh2 did not answer within 3 s" in d.get("recovery", "") and
+              "4 -> 2 ranks on 10.231.0.1:2" in dropped and summ.get("final_ranks") == 2 and
+              hosts == ["loomh1", "loomh1"] and whole <= TOL and worst <= 10 * TOL)
+        report(f"host gone, elastic @{step}", ok,
+               f"{dropped.strip()}; final ranks {summ.get('final_ranks')} on {hosts}; weights "
+               f"vs fault-free {whole:.2e} (worst {worst:.2e})")
         if not ok:
             print(err[-3000:])
 
