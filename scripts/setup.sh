@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       libopenblas-openmp-dev libcmocka-dev libjansson-dev libinih-dev libpcre2-dev libxxhash-dev gnuplot-nox protobuf-compiler clang libclang-rt-14-dev python3-torch python3-numpy bible-kjv
-      libpng-dev libgif-dev zlib1g-dev dataset-fashion-mnist iproute2)
+      libpng-dev libgif-dev zlib1g-dev dataset-fashion-mnist iproute2
+      slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

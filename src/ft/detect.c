@@ -7,9 +7,9 @@
 
 #include "ft/launch.h"
 
-static const char *KINDS[LOOM_FAIL_KIND_COUNT] = {"none",           "crash",      "exit",
-                                                  "heartbeat_lost", "hang",       "no_progress",
-                                                  "nonfinite_loss", "loss_spike", "startup"};
+static const char *KINDS[LOOM_FAIL_KIND_COUNT] = {
+    "none",           "crash",      "exit",    "heartbeat_lost", "hang",     "no_progress",
+    "nonfinite_loss", "loss_spike", "startup", "host_lost",      "partition"};
 
 const char *loom_fail_kind_name(loom_fail_kind k) {
     return k >= 0 && k < LOOM_FAIL_KIND_COUNT ? KINDS[k] : "unknown";
@@ -382,9 +382,41 @@ static int launcher_says(const char *log, int *rank, int *sig, char *host, size_
             found = 1;
             break;
         }
+        /* srun: "srun: error: NODE: task R: Killed" ("tasks R-S: ..." for several), the
+         * signal's description; "Exited with exit code N" is no signal. */
+        int at = 0;
+        if (sscanf(line, "srun: error: %63[^:]: task%*[s] %d%*[^:]: %n", node, &r, &at) == 2 ||
+            sscanf(line, "srun: error: %63[^:]: task %d: %n", node, &r, &at) == 2) {
+            if (!at) continue;
+            char what[128];
+            snprintf(what, sizeof what, "%s", line + at);
+            what[strcspn(what, "\n")] = 0;
+            for (s = 1; s < 65; s++)
+                if (strsignal(s) && !strcmp(strsignal(s), what)) break;
+            if (s == 65) continue;
+            *rank = r;
+            *sig = s;
+            snprintf(host, host_size, "%s", node);
+            found = 1;
+            break;
+        }
     }
     fclose(fp);
     return found;
+}
+
+int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f) {
+    int rank, sig;
+    char host[64];
+    if (!launcher_says(launcher_log, &rank, &sig, host, sizeof host)) return 0;
+    memset(f, 0, sizeof *f);
+    f->kind = LOOM_FAIL_CRASH;
+    set_rank(f, m, rank);
+    f->step = loom_monitor_step(m) + 1;
+    if (!f->host[0]) snprintf(f->host, sizeof f->host, "%s", host);
+    snprintf(f->detail, sizeof f->detail, "rank %d on %s was killed by signal %d (%s)", rank,
+             f->host, sig, strsignal(sig));
+    return 1;
 }
 
 void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launcher_log,
@@ -431,4 +463,136 @@ void loom_detect_exit(const loom_monitor *m, int exit_status, const char *launch
         }
     }
     snprintf(f->detail, sizeof f->detail, "the launcher exited with status %d", exit_status);
+}
+
+int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, int max) {
+    int n = 0;
+    for (int r = 0; r < m->world && n < max; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (s->seen && (!strcmp(s->beat.host, host) || !strcmp(s->from, host))) ranks[n++] = r;
+    }
+    return n;
+}
+
+/* "2-3" / "0,2,5": a sorted rank list, ranges joined. */
+static void ranks_text(const int *ranks, int n, char *out, size_t size) {
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && k + 16 < size; i++) {
+        int j = i;
+        while (j + 1 < n && ranks[j + 1] == ranks[j] + 1) j++;
+        k += (size_t)snprintf(out + k, size - k, j > i ? "%s%d-%d" : "%s%d", k ? "," : "", ranks[i],
+                              ranks[j]);
+        i = j;
+    }
+}
+
+/* The other hosts and their ranks, "loomh1 (ranks 0-1), ...", for the ranks not in skip. */
+static void others_text(const loom_monitor *m, const char *skip_host, char *out, size_t size) {
+    size_t k = 0;
+    out[0] = 0;
+    int done[LOOM_FAIL_LIST] = {0};
+    for (int r = 0; r < m->world && r < LOOM_FAIL_LIST; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen || done[r] || !strcmp(s->beat.host, skip_host)) continue;
+        int list[LOOM_FAIL_LIST], n = 0;
+        for (int q = r; q < m->world && q < LOOM_FAIL_LIST; q++)
+            if (m->ranks[q].seen && !strcmp(m->ranks[q].beat.host, s->beat.host)) {
+                list[n++] = q;
+                done[q] = 1;
+            }
+        char rt[256];
+        ranks_text(list, n, rt, sizeof rt);
+        if (k + strlen(rt) + strlen(s->beat.host) + 16 < size)
+            k += (size_t)snprintf(out + k, size - k, "%s%s (rank%s %s)", k ? ", " : "",
+                                  s->beat.host, n > 1 ? "s" : "", rt);
+    }
+    if (!k) snprintf(out, size, "no other host");
+}
+
+static void host_failure(const loom_monitor *m, loom_fail_kind kind, const char *host,
+                         const int *ranks, int n, loom_failure *f) {
+    memset(f, 0, sizeof *f);
+    f->kind = kind;
+    set_rank(f, m, ranks[0]);
+    f->step = loom_monitor_step(m) + 1;
+    for (int i = 0; i < n && i < LOOM_FAIL_LIST; i++) f->culprits[f->n_culprits++] = ranks[i];
+    if (!f->host[0]) snprintf(f->host, sizeof f->host, "%s", host);
+}
+
+int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_failure *f) {
+    FILE *fp = fopen(launcher_log, "r");
+    if (!fp) return 0;
+    char line[1024], node[256] = "";
+    int lost = 0;
+    while (fgets(line, sizeof line, fp) && !node[0]) {
+        if (strstr(line, "lost communication with a remote daemon")) lost = 1;
+        const char *p = strstr(line, "Remote daemon:");
+        const char *on = p ? strstr(p, " on node ") : NULL;
+        if (lost && on && sscanf(on, " on node %255s", node) != 1) node[0] = 0;
+    }
+    fclose(fp);
+    if (!node[0]) return 0;
+    int ranks[LOOM_FAIL_LIST];
+    const int n = loom_detect_host_ranks(m, node, ranks, LOOM_FAIL_LIST);
+    if (!n) return 0;
+    host_failure(m, LOOM_FAIL_HOST, node, ranks, n, f);
+    char rt[256], others[512];
+    ranks_text(ranks, n, rt, sizeof rt);
+    others_text(m, f->host, others, sizeof others);
+    snprintf(f->detail, sizeof f->detail,
+             "host %s (%s) lost: mpirun lost its daemon there; rank%s %s ran on it; the job "
+             "also ran on %s",
+             f->host, node, n > 1 ? "s" : "", rt, others);
+    return 1;
+}
+
+int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f) {
+    const char *silent_host = NULL;
+    int heard_elsewhere = 0;
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen) return 0; /* start-up: the silence rules judge it */
+        if (s->beat.phase == LOOM_PHASE_DONE || s->beat.phase == LOOM_PHASE_FAILED) return 0;
+    }
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        /* One rank of the host silent for the full timeout, every one for half of it (its
+         * ranks' last beats are up to a beat interval apart), another host heard within
+         * half of it: judged at the moment the single-rank silence rule would fire. */
+        int all_silent = 1, one_silent = 0, others_heard = 0;
+        for (int q = 0; q < m->world; q++) {
+            const loom_rank_state *o = &m->ranks[q];
+            const double quiet = now_ms - o->last_beat_ms;
+            if (!strcmp(o->beat.host, s->beat.host)) {
+                all_silent &= quiet >= silent_ms / 2;
+                one_silent |= quiet >= silent_ms;
+            } else
+                others_heard |= quiet < silent_ms / 2;
+        }
+        if (all_silent && one_silent && others_heard) {
+            if (silent_host && strcmp(silent_host, s->beat.host)) return 0; /* two: not one */
+            silent_host = s->beat.host;
+            heard_elsewhere = 1;
+        }
+    }
+    if (!silent_host || !heard_elsewhere) return 0;
+    int ranks[LOOM_FAIL_LIST];
+    const int n = loom_detect_host_ranks(m, silent_host, ranks, LOOM_FAIL_LIST);
+    if (!n) return 0;
+    host_failure(m, LOOM_FAIL_PARTITION, silent_host, ranks, n, f);
+    double quiet = 0; /* the longest silence of its ranks */
+    for (int i = 0; i < n; i++) {
+        const double q = now_ms - m->ranks[ranks[i]].last_beat_ms;
+        if (q > quiet) quiet = q;
+    }
+    char rt[256], others[512];
+    ranks_text(ranks, n, rt, sizeof rt);
+    others_text(m, silent_host, others, sizeof others);
+    snprintf(f->detail, sizeof f->detail,
+             "host %s (%s, rank%s %s) cut off: no heartbeat from any of its ranks for %.1f s; "
+             "still heard: %s",
+             silent_host, m->ranks[ranks[0]].from[0] ? m->ranks[ranks[0]].from : "?",
+             n > 1 ? "s" : "", rt, quiet * 1e-3, others);
+    return 1;
 }

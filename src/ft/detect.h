@@ -22,6 +22,8 @@ typedef enum {
     LOOM_FAIL_NONFINITE, /* the loss became NaN/inf */
     LOOM_FAIL_SPIKE,     /* the loss jumped by more than --loss-spike-factor */
     LOOM_FAIL_STARTUP,   /* some rank never beat after the launch */
+    LOOM_FAIL_HOST,      /* a whole host lost: every process on it gone */
+    LOOM_FAIL_PARTITION, /* a whole host silent while the others beat: cut off */
     LOOM_FAIL_KIND_COUNT
 } loom_fail_kind;
 
@@ -92,6 +94,23 @@ int loom_detect_dead_rank(const loom_monitor *m, const char *host);
 int loom_detect_reported(const loom_monitor *m);
 /* Fills f for rank `rank` that died without a report (kind CRASH). */
 void loom_detect_crash(const loom_monitor *m, int rank, loom_failure *f);
+/* The launcher's log names a rank killed by a signal (mpirun "process rank R ... exited on
+ * signal S", srun "srun: error: NODE: task R: Killed", the first such line): 1 and f
+ * filled (kind CRASH, that rank and host, the step no rank finished), else 0. Under srun
+ * a rank on another host dies unseen here; the others die of the step's end after it. */
+int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f);
+/* The ranks on `host` (a name or address, as the launcher or --hosts knows it): those
+ * whose beats name it as their host or come from that address; their count. */
+int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, int max);
+/* mpirun's log says it lost its daemon on a host ("ORTE has lost communication with a
+ * remote daemon ... Remote daemon: ... on node X"): 1 and f filled (kind HOST, the host,
+ * its ranks as culprits, the ranks still heard on other hosts in detail), else 0. */
+int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_failure *f);
+/* One host cut off from this supervisor (a partition): a rank of it silent for >=
+ * silent_ms, every rank of it for >= silent_ms / 2, and a rank of another host heard
+ * within silent_ms / 2: 1 and f filled
+ * (kind PARTITION, the host, its ranks as culprits, which side is still heard), else 0. */
+int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f);
 /* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */
 int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f);
 /* The first step in (from, to] whose loss is non-finite or > factor x the median of

@@ -116,6 +116,8 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
         }
         json_object_set_new(j, "spike", sp);
     }
+    if (f->kind == LOOM_FAIL_HOST || f->kind == LOOM_FAIL_PARTITION)
+        json_object_set_new(j, "host_ranks", rank_list(f->culprits, f->n_culprits));
     if (batch) json_object_set_new(j, "batch", batch);
     if (f->kind == LOOM_FAIL_HANG || f->kind == LOOM_FAIL_NONFINITE) {
         json_t *h = json_object();
@@ -143,7 +145,13 @@ loom_status loom_diagnosis_write(const loom_failure *f, const char *dir, const c
     char text[8192];
     int n = snprintf(text, sizeof text, "loom run: FAILURE (attempt %d): %s", f->attempt,
                      loom_fail_kind_name(f->kind));
-    if (f->rank >= 0)
+    if (f->kind == LOOM_FAIL_HOST || f->kind == LOOM_FAIL_PARTITION) {
+        n += snprintf(text + n, sizeof text - n, " of host %s (rank%s", f->host,
+                      f->n_culprits > 1 ? "s" : "");
+        for (int i = 0; i < f->n_culprits && n < 1000; i++)
+            n += snprintf(text + n, sizeof text - n, "%s%d", i ? "," : " ", f->culprits[i]);
+        n += snprintf(text + n, sizeof text - n, ")");
+    } else if (f->rank >= 0)
         n += snprintf(text + n, sizeof text - n, " of rank %d%s%s", f->rank,
                       f->host[0] ? " on " : "", f->host);
     n +=

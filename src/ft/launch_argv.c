@@ -25,7 +25,23 @@ void loom_launch_cmd_build(loom_launch_cmd *c, const loom_launch_spec *s) {
         ARG("%d", s->world);
         ARG("--kill-on-bad-exit=1"); /* one rank's death ends the step: the supervisor sees it */
         ARG("--export=ALL");
-        if (hosts) ARG("--nodelist=%s", s->hosts);
+        /* OpenMPI 4.1 under Slurm 22.05 wires up through PMIx; --launcher-args --mpi=X
+         * chooses another plugin */
+        if (!s->launcher_args || !strstr(s->launcher_args, "--mpi")) ARG("--mpi=pmix");
+        if (hosts) { /* Slurm's node list: the hosts without mpirun's ":slots" */
+            char list[LOOM_LAUNCH_ARG_BYTES - 16];
+            size_t m = 0;
+            for (const char *p = s->hosts; *p && m + 1 < sizeof list;) {
+                size_t w = strcspn(p, ",");
+                const char *colon = memchr(p, ':', w);
+                size_t keep = colon ? (size_t)(colon - p) : w;
+                if (keep && m + keep + 2 < sizeof list)
+                    m += (size_t)snprintf(list + m, sizeof list - m, "%s%.*s", m ? "," : "",
+                                          (int)keep, p);
+                p += w + (p[w] == ',');
+            }
+            ARG("--nodelist=%s", list);
+        }
         ARG("--output=%s/rank_%%t.log", s->attempt_dir);
     } else {
         ARG("mpirun");

@@ -1,6 +1,6 @@
 /* The launcher's command line for one attempt of `loom run`: mpirun (the default), or
- * srun inside a Slurm allocation (untested on a real cluster: no Slurm here; the command
- * line itself is unit-tested). The supervisor's own flags come after the user's train
+ * srun --mpi=pmix inside a Slurm allocation (tests/hosts/test_slurm.py runs it on a real
+ * Slurm cluster of test hosts). The supervisor's own flags come after the user's train
  * options, so they win: --dp, --skip-steps, --resume auto. */
 #ifndef LOOM_FT_LAUNCH_ARGV_H
 #define LOOM_FT_LAUNCH_ARGV_H

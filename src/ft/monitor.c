@@ -88,7 +88,9 @@ int loom_monitor_drain(loom_monitor *m, double now_ms) {
     int got = 0;
     for (;;) {
         unsigned char buf[2048]; /* larger than a beat, so an oversized datagram shows */
-        ssize_t n = recv(m->fd, buf, sizeof buf, 0);
+        struct sockaddr_storage src;
+        socklen_t src_len = sizeof src;
+        ssize_t n = recvfrom(m->fd, buf, sizeof buf, 0, (struct sockaddr *)&src, &src_len);
         if (n < 0) break;
         loom_beat b;
         if (!loom_beat_accept(buf, (size_t)n, m->token, &b) || b.world != m->world ||
@@ -102,6 +104,9 @@ int loom_monitor_drain(loom_monitor *m, double now_ms) {
         r->seen = 1;
         r->beat = b;
         r->last_beat_ms = now_ms;
+        if (getnameinfo((struct sockaddr *)&src, src_len, r->from, sizeof r->from, NULL, 0,
+                        NI_NUMERICHOST) != 0)
+            r->from[0] = 0;
         record(m, r, &b);
         m->accepted++;
         r->accepted++;

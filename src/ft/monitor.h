@@ -24,6 +24,7 @@ typedef struct {
     int64_t straggler_since; /* first step of the current out-of-line run (0: in line) */
     int straggler_reported;
     int64_t accepted; /* beats accepted from this rank in this attempt */
+    char from[64];    /* the numeric address its beats come from */
 } loom_rank_state;
 
 typedef struct {

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -105,6 +107,32 @@ loom_status loom_rank_addr(const char *bind, const char *hosts, char *out, size_
             break;
         }
         freeaddrinfo(res);
+    }
+    /* Nor this host's name (hosts only Slurm or the launcher's agent knows, e.g. test
+     * hosts in network namespaces): the one address of an interface that is up and not
+     * loopback, when there is exactly one. */
+    if (!resolved) {
+        struct ifaddrs *ifs = NULL;
+        char only[INET6_ADDRSTRLEN] = "";
+        int count = 0;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+                if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+                    (i->ifa_flags & IFF_LOOPBACK))
+                    continue;
+                struct sockaddr_storage ss = {0};
+                memcpy(&ss, i->ifa_addr, sizeof(struct sockaddr_in));
+                if (is_loopback(&ss)) continue;
+                count++;
+                inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, only,
+                          sizeof only);
+            }
+            freeifaddrs(ifs);
+        }
+        if (count == 1) {
+            snprintf(out, size, "%s", only);
+            return LOOM_OK;
+        }
     }
     if (!resolved)
         return loom_error_set(err, LOOM_ERR_INPUT,

@@ -17,7 +17,9 @@ int loom_addr_is_wildcard(const char *addr);
  * the list that is not this host (found with a connected UDP socket, nothing is sent);
  * loopback when every host is this one. When no host of the list resolves here (a Slurm
  * range "n[1-4]", names only the launcher's agent knows): this host's name's address if
- * that is not loopback, else LOOM_ERR_INPUT naming --hosts and --bind. */
+ * that is not loopback, else the one IPv4 address of an interface that is up and not
+ * loopback when there is exactly one (a Slurm node or test host with one network), else
+ * LOOM_ERR_INPUT naming --hosts and --bind. */
 loom_status loom_rank_addr(const char *bind, const char *hosts, char *out, size_t size,
                            loom_error *err);
 

@@ -13,6 +13,7 @@ static void defaults(loom_run_config *c) {
     c->heartbeat_timeout_s = 10;
     c->step_timeout_s = 600;
     c->startup_timeout_s = 120;
+    c->host_wait_s = 60;
     c->grace_s = 5;
     c->min_ranks = 1;
     c->exclude_after = 2;
@@ -82,6 +83,7 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
                                            "--heartbeat-timeout",
                                            "--step-timeout",
                                            "--startup-timeout",
+                                           "--host-wait",
                                            "--grace",
                                            "--min-ranks",
                                            "--exclude-after",
@@ -118,6 +120,8 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
             st = to_num(f, v, 0, &c->step_timeout_s, err);
         else if (!strcmp(f, "--startup-timeout"))
             st = to_num(f, v, 1, &c->startup_timeout_s, err);
+        else if (!strcmp(f, "--host-wait"))
+            st = to_num(f, v, 0, &c->host_wait_s, err);
         else if (!strcmp(f, "--grace"))
             st = to_num(f, v, 0, &c->grace_s, err);
         else if (!strcmp(f, "--min-ranks"))
@@ -162,7 +166,10 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
     loom_status hst;
     if (c->hostfile[0] && (hst = loom_hostfile_read(c->hostfile, c->hosts, sizeof c->hosts, err)))
         return hst;
-    if (!c->bind[0]) snprintf(c->bind, sizeof c->bind, "%s", c->hosts[0] ? "0.0.0.0" : "127.0.0.1");
+    /* Ranks on other hosts (--hosts, or srun's nodes) reach the supervisor from outside. */
+    if (!c->bind[0])
+        snprintf(c->bind, sizeof c->bind, "%s",
+                 c->hosts[0] || !strcmp(c->launcher, "srun") ? "0.0.0.0" : "127.0.0.1");
     *child_index = first;
     return LOOM_OK;
 }
@@ -177,12 +184,14 @@ void loom_run_config_usage(FILE *f) {
             "  --hostfile FILE         OpenMPI hostfile ('HOST slots=N' lines, # comments):\n"
             "                          the same as --hosts HOST:N,... (not with --hosts)\n"
             "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
-            "                          127.0.0.1; with --hosts 0.0.0.0, and the ranks are told\n"
-            "                          this host's address on the route to the hosts)\n"
+            "                          127.0.0.1; with --hosts or srun 0.0.0.0, and the ranks\n"
+            "                          are told this host's address on the route to the hosts)\n"
             "  --max-restarts R        restarts before giving up (default 3)\n"
             "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
             "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"
             "  --startup-timeout S     every rank beats within S s of a launch (default 120)\n"
+            "  --host-wait S           a lost or cut-off host: wait up to S s for it to answer\n"
+            "                          again, then restart (--elastic: without it; default 60)\n"
             "  --grace S               SIGTERM, then SIGKILL after S s (default 5)\n"
             "  --elastic               exclude a rank after repeated failures, shrink --dp\n"
             "  --min-ranks K           never shrink below K ranks (default 1)\n"

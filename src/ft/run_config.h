@@ -19,6 +19,7 @@ typedef struct {
     double heartbeat_timeout_s;   /* a silent rank, or a collective waited on this long: failed */
     double step_timeout_s;        /* no step anywhere for this long: a hang (0 = off) */
     double startup_timeout_s;     /* every rank must beat within this after launch */
+    double host_wait_s;           /* a lost host: how long to wait for it to answer again */
     double grace_s;               /* SIGTERM, then SIGKILL after this */
     int elastic;                  /* --elastic: shrink the world around a failing rank */
     int min_ranks;                /* --min-ranks */

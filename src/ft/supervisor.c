@@ -1,7 +1,11 @@
 #include "ft/supervisor.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -22,6 +26,7 @@
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "ft/rank_addr.h"
+#include "ft/slurm.h"
 #include "ckpt/ckpt_dir.h"
 #include "train/batch_skip.h"
 
@@ -54,6 +59,7 @@ typedef struct {
     int n_log;
     json_t *rejected; /* checkpoints a rank refused to load (checksum, missing file) */
     double start_ms;
+    char hosts[LOOM_RUN_PATH]; /* --hosts of the next attempt (elastic: a lost host dropped) */
 } sup;
 
 static double wall_s(void) {
@@ -119,7 +125,7 @@ static void build_argv(sup *s, const char *loom_exe, char **train_argv, int trai
     skip_list_text(&s->skip, skips, sizeof skips);
     const loom_launch_spec spec = {
         .launcher = s->cfg->launcher,
-        .hosts = s->cfg->hosts,
+        .hosts = s->hosts,
         .world = s->world,
         .dp = s->dp,
         .attempt_dir = attempt_dir,
@@ -238,6 +244,104 @@ static void spike_ranks(sup *s, loom_failure *f) {
     loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
 }
 
+/* A lost or cut-off host answers on the network again: a TCP connection to its address
+ * (port 9: refused is an answer, silence or "unreachable" is not) within 1 s. */
+static int host_answers(const char *addr) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return 0;
+    int ok = 0, fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (rc == 0 || errno == ECONNREFUSED)
+            ok = 1;
+        else if (errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int e = 0;
+            socklen_t len = sizeof e;
+            if (poll(&p, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0)
+                ok = e == 0 || e == ECONNREFUSED;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+/* Ends the ranks of the stopped attempt that ran on other hosts (a cut-off host keeps
+ * them: mpirun could not reach them), by pid through the launcher's rsh agent, bounded. */
+static void stop_remote_ranks(const sup *s, const char *agent) {
+    for (int r = 0; r < s->mon.world; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        if (!rs->seen || !strcmp(rs->beat.host, s->host) || !rs->from[0]) continue;
+        int first = 1;
+        for (int q = 0; q < r; q++)
+            first &= !(s->mon.ranks[q].seen && !strcmp(s->mon.ranks[q].from, rs->from));
+        if (!first) continue;
+        char words[512], pids[16][16];
+        snprintf(words, sizeof words, "%s", agent);
+        char *argv[64];
+        int n = 0, np = 0;
+        for (char *save = NULL, *w = strtok_r(words, " \t", &save); w && n < 30;
+             w = strtok_r(NULL, " \t", &save))
+            argv[n++] = w;
+        argv[n++] = (char *)rs->from;
+        argv[n++] = "kill";
+        argv[n++] = "-9";
+        for (int q = r; q < s->mon.world && np < 16; q++)
+            if (s->mon.ranks[q].seen && !strcmp(s->mon.ranks[q].from, rs->from)) {
+                snprintf(pids[np], sizeof pids[np], "%d", (int)s->mon.ranks[q].beat.pid);
+                argv[n++] = pids[np++];
+            }
+        argv[n] = NULL;
+        pid_t pid = fork();
+        if (pid == 0) {
+            setsid();
+            int nul = open("/dev/null", O_RDWR);
+            if (nul >= 0) {
+                dup2(nul, 0);
+                dup2(nul, 1);
+                dup2(nul, 2);
+            }
+            execvp(argv[0], argv);
+            _exit(127);
+        }
+        if (pid < 0) continue;
+        const double until = loom_now_ms() + 5e3;
+        while (waitpid(pid, NULL, WNOHANG) == 0 && loom_now_ms() < until) usleep(20000);
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, WNOHANG);
+    }
+}
+
+/* Drops `host` (a --hosts entry's host, by name or address) from a --hosts list; the
+ * slots left. */
+static int drop_host(char *hosts, const char *name, const char *addr) {
+    char out[LOOM_RUN_PATH] = "";
+    size_t k = 0;
+    int slots = 0;
+    for (const char *p = hosts; *p;) {
+        size_t w = strcspn(p, ",");
+        char entry[256];
+        snprintf(entry, sizeof entry, "%.*s", (int)(w < sizeof entry ? w : sizeof entry - 1), p);
+        p += w + (p[w] == ',');
+        char host[256];
+        snprintf(host, sizeof host, "%s", entry);
+        char *colon = strrchr(host, ':');
+        int n = 1;
+        if (colon && strchr(host, ':') == colon) {
+            n = atoi(colon + 1);
+            *colon = 0;
+        }
+        if (!strcmp(host, name) || !strcmp(host, addr)) continue;
+        slots += n;
+        k += (size_t)snprintf(out + k, sizeof out - k, "%s%s", k ? "," : "", entry);
+    }
+    snprintf(hosts, LOOM_RUN_PATH, "%s", out);
+    return slots;
+}
+
 /* How an attempt ended. */
 typedef enum {
     ATTEMPT_FINISHED,   /* every step done */
@@ -336,12 +440,15 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             if (dead_since < 0) dead_since = now;
             if (now - dead_since >= 200 || loom_launch_poll(l)) {
                 loom_monitor_drain(&s->mon, loom_now_ms());
-                if (!loom_detect_reported(&s->mon)) {
-                    loom_detect_crash(&s->mon, dead, f);
-                    return ATTEMPT_FAILED;
-                }
                 char log[LOOM_RUN_PATH + 32];
                 snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+                if (loom_detect_host_lost(&s->mon, log, f)) return ATTEMPT_FAILED;
+                if (!loom_detect_reported(&s->mon)) {
+                    /* The launcher may name the first rank killed (one on another host). */
+                    if (!loom_detect_launcher_crash(&s->mon, log, f))
+                        loom_detect_crash(&s->mon, dead, f);
+                    return ATTEMPT_FAILED;
+                }
                 loom_detect_exit(&s->mon, l->running ? 0 : l->status, log, f);
                 return ATTEMPT_FAILED;
             }
@@ -351,10 +458,32 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             if (l->status == 0) return ATTEMPT_FINISHED;
             char log[LOOM_RUN_PATH + 32];
             snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
-            loom_detect_exit(&s->mon, l->status, log, f);
+            if (!loom_detect_host_lost(&s->mon, log, f))
+                loom_detect_exit(&s->mon, l->status, log, f);
             return ATTEMPT_FAILED;
         }
         const double hb_ms = c->heartbeat_timeout_s * 1e3;
+        /* A whole host silent while the others beat: before the hang and silence rules,
+         * which would blame one of its ranks (or a waiting rank) alone. */
+        if (loom_detect_partition(&s->mon, now, hb_ms, f)) {
+            /* A host that still answers on the network is not cut off: its processes are
+             * gone (or frozen), the launcher has not said so yet. */
+            const char *addr = s->mon.ranks[f->culprits[0]].from;
+            if (host_answers(addr)) {
+                char was[sizeof f->detail];
+                snprintf(was, sizeof was, "%s", f->detail);
+                char *cut = strstr(was, " cut off: ");
+                f->kind = LOOM_FAIL_HOST;
+                if (cut) {
+                    *cut = 0;
+                    snprintf(f->detail, sizeof f->detail,
+                             "%s lost: %s; the host answers on the network, so its processes "
+                             "are gone or frozen",
+                             was, cut + strlen(" cut off: "));
+                }
+            }
+            return ATTEMPT_FAILED;
+        }
         if (loom_detect_hang(&s->mon, hb_ms, f)) return ATTEMPT_FAILED;
         if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
             return ATTEMPT_FAILED;
@@ -401,6 +530,7 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
     s.dp = cfg->ranks / mr;
     s.start_ms = loom_now_ms();
     s.rejected = json_array();
+    snprintf(s.hosts, sizeof s.hosts, "%s", cfg->hosts);
     *exit_code = 1;
     loom_status st;
     if ((st = loom_batch_skip_parse(&s.skip, job->skip_steps, err))) return st;
@@ -441,7 +571,17 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
                                    err)))
             return st;
     }
-    if ((st = loom_rank_addr(cfg->bind, cfg->hosts, rank_addr, sizeof rank_addr, err))) return st;
+    const char *addr_hosts = cfg->hosts;
+    if (!strcmp(cfg->launcher, "srun")) {
+        /* Slurm answers (munged, slurmctld), and --hosts / -n agree with the allocation. */
+        if ((st = loom_slurm_check(cfg->hosts, cfg->ranks, LOOM_SLURM_PROBE_S, err))) return st;
+        /* The ranks run on the allocation's nodes: the address towards them. */
+        const char *nodes = getenv("SLURM_JOB_NODELIST");
+        if (!addr_hosts[0] && nodes && getenv("SLURM_JOB_NUM_NODES") &&
+            atoi(getenv("SLURM_JOB_NUM_NODES")) > 1)
+            addr_hosts = nodes;
+    }
+    if ((st = loom_rank_addr(cfg->bind, addr_hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: --run-dir '%s': cannot create: %s",
                               cfg->run_dir, strerror(errno));
@@ -557,10 +697,59 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             fprintf(stderr,
                     "loom run: %d checkpoint(s) of step >= %lld set aside (rolled_back_*)\n",
                     rolled_back, (long long)f.step);
+        /* A lost or cut-off host: wait (bounded) until it answers again, end what is left
+         * of the attempt there, and restart on the same hosts; --elastic restarts without
+         * it when it does not come back in time. */
+        char host_note[256] = "";
+        int drop = 0;
+        if ((f.kind == LOOM_FAIL_HOST || f.kind == LOOM_FAIL_PARTITION) && f.n_culprits &&
+            s.attempt < cfg->max_restarts) {
+            char addr[64];
+            snprintf(addr, sizeof addr, "%s", s.mon.ranks[f.culprits[0]].from);
+            fprintf(stderr, "loom run: waiting up to %.0f s for host %s (%s) to answer again\n",
+                    cfg->host_wait_s, f.host, addr);
+            const double t0 = loom_now_ms(), until = t0 + cfg->host_wait_s * 1e3;
+            int back = host_answers(addr);
+            while (!back && !interrupted && loom_now_ms() < until) {
+                usleep(200000);
+                back = host_answers(addr);
+            }
+            const double waited = (loom_now_ms() - t0) * 1e-3;
+            event(&s, back ? "host_back" : "host_gone", "\"host\": \"%s\", \"waited_s\": %.3f",
+                  f.host, waited);
+            if (back && !strcmp(cfg->launcher, "mpirun")) {
+                char agent[512];
+                loom_hosts_agent(cfg->launcher_args, agent, sizeof agent);
+                stop_remote_ranks(&s, agent);
+            }
+            if (back)
+                snprintf(host_note, sizeof host_note,
+                         " on the same hosts (%s answers again after %.1f s)", f.host, waited);
+            else if (cfg->elastic && s.hosts[0])
+                drop = 1;
+            else
+                snprintf(host_note, sizeof host_note,
+                         " on the same hosts (%s did not answer within %.0f s)", f.host,
+                         cfg->host_wait_s);
+        }
         const int slot = f.rank >= 0 && f.rank < s.world ? s.slots[f.rank] : -1;
         if (slot >= 0) s.blame[slot]++;
         int shrink = 0;
-        if (cfg->elastic && slot >= 0 && s.blame[slot] >= cfg->exclude_after) {
+        if (drop) {
+            char left[LOOM_RUN_PATH];
+            snprintf(left, sizeof left, "%s", s.hosts);
+            const int slots = drop_host(left, f.host, s.mon.ranks[f.culprits[0]].from);
+            const int dp = slots > 0 ? fit_dp(job, slots < s.world ? slots : s.world) : 0;
+            if (dp >= cfg->min_ranks && dp >= 1 && left[0]) {
+                shrink = dp;
+                snprintf(host_note, sizeof host_note,
+                         " on %s (elastic: %s did not answer within "
+                         "%.0f s)",
+                         left, f.host, cfg->host_wait_s);
+                snprintf(s.hosts, sizeof s.hosts, "%s", left);
+            }
+        }
+        if (!shrink && cfg->elastic && slot >= 0 && s.blame[slot] >= cfg->exclude_after) {
             int dp = fit_dp(job, s.world - 1);
             if (dp >= cfg->min_ranks && dp >= 1) shrink = dp;
         }
@@ -572,7 +761,9 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         else
             snprintf(recovery, sizeof recovery, "restart %d of %d with %d rank(s)%s, %s%s",
                      s.attempt + 1, cfg->max_restarts, shrink ? shrink : s.world,
-                     shrink ? " (elastic: the failing rank is excluded)" : "",
+                     host_note[0] ? host_note
+                     : shrink     ? " (elastic: the failing rank is excluded)"
+                                  : "",
                      ckpt ? "from the newest valid checkpoint" : "from step 0 (no --ckpt-dir)",
                      skipped);
         char log[LOOM_RUN_PATH + 64];
@@ -603,7 +794,18 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             st = LOOM_OK;
             goto done;
         }
-        if (shrink) {
+        if (shrink && drop) {
+            /* The lost host's ranks go; the first `shrink` of the others stay, in order. */
+            int kept = 0;
+            for (int r = 0; r < s.world && kept < shrink; r++) {
+                int on_lost = 0;
+                for (int i = 0; i < f.n_culprits; i++) on_lost |= f.culprits[i] == r;
+                if (!on_lost) s.slots[kept++] = s.slots[r];
+            }
+            fprintf(stderr, "loom run: elastic: host %s dropped; %d -> %d ranks on %s\n", f.host,
+                    s.world, shrink, s.hosts);
+            s.world = s.dp = shrink;
+        } else if (shrink) {
             fprintf(stderr,
                     "loom run: elastic: rank %d (slot %d) failed %d times: excluded; %d -> %d "
                     "ranks\n",

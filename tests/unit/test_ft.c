@@ -18,6 +18,7 @@
 #include "ft/beat.h"
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
+#include "ft/slurm.h"
 #include "train/batch_skip.h"
 #include "test_common.h"
 
@@ -260,15 +261,22 @@ static int index_of(const loom_launch_cmd *c, const char *arg, int from) {
     return -1;
 }
 
-/* The launcher's command line: srun (the Slurm path, which cannot run here) and mpirun,
+/* The launcher's command line: srun (run for real by tests/hosts/test_slurm.py) and mpirun,
  * for random layouts, hosts and train options. */
 static void test_launch_cmd(void **state) {
     (void)state;
     for (int trial = 0; trial < 100; trial++) {
         const int srun = trial % 2, world = 1 + (int)(rnd() % 64), hosts = rnd() % 2;
-        char host_list[64] = "", dir[64], exe[32], skips[32] = "", args[8][16];
-        char *train[8];
-        if (hosts) snprintf(host_list, sizeof host_list, "n%d,n%d", (int)(rnd() % 9), 10);
+        char host_list[64] = "", node_list[64] = "", dir[64], exe[32], skips[32] = "";
+        char args[8][16], *train[8];
+        if (hosts) { /* with mpirun's slots sometimes: srun's --nodelist drops them */
+            const int h = (int)(rnd() % 9), slots = (int)(rnd() % 3);
+            if (slots)
+                snprintf(host_list, sizeof host_list, "n%d:%d,n%d", h, slots, 10);
+            else
+                snprintf(host_list, sizeof host_list, "n%d,n%d", h, 10);
+            snprintf(node_list, sizeof node_list, "n%d,n%d", h, 10);
+        }
         snprintf(dir, sizeof dir, "/runs/r%d/attempt_%d", (int)(rnd() % 1000), trial);
         snprintf(exe, sizeof exe, "/opt/loom%d", (int)(rnd() % 100));
         const int n_train = (int)(rnd() % 8);
@@ -324,8 +332,9 @@ static void test_launch_cmd(void **state) {
             assert_true(index_of(&c, want, 3) > 0 && index_of(&c, want, 3) < at);
             snprintf(want, sizeof want, "%s/rank_%d.log", dir, r);
             assert_string_equal(log, want);
-            snprintf(want, sizeof want, "--nodelist=%s", host_list);
+            snprintf(want, sizeof want, "--nodelist=%s", node_list);
             assert_int_equal(index_of(&c, want, 3) > 0, hosts);
+            assert_true(index_of(&c, "--mpi=pmix", 3) > 0 && index_of(&c, "--mpi=pmix", 3) < at);
             assert_int_equal(index_of(&c, "-x", 3), -1); /* mpirun's flags never */
             assert_int_equal(index_of(&c, "--oversubscribe", 3), -1);
             assert_int_equal(index_of(&c, "--allow-run-as-root", 3), -1);
@@ -349,6 +358,21 @@ static void test_launch_cmd(void **state) {
     unsetenv("LOOM_FT_TOKEN");
 }
 
+/* Slurm host lists (SLURM_JOB_NODELIST) against --hosts' names. */
+static void test_slurm_list(void **state) {
+    (void)state;
+    const char *list = "loomh[1-2],gpu[01-03,07]x,login,n[9]";
+    const char *in[] = {"loomh1", "loomh2", "gpu01x", "gpu03x", "gpu07x", "login", "n9"};
+    const char *out[] = {"loomh3", "loomh",  "loomh01", "gpu1x", "gpu04x",        "gpu07",
+                         "logi",   "login2", "n10",     "",      "gpu[01-03,07]x"};
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++)
+        assert_true(loom_slurm_list_has(list, in[i]));
+    for (size_t i = 0; i < sizeof out / sizeof *out; i++)
+        assert_false(loom_slurm_list_has(list, out[i]));
+    assert_true(loom_slurm_list_has("vm", "vm"));
+    assert_false(loom_slurm_list_has(NULL, "vm"));
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -362,6 +386,7 @@ int main(void) {
         cmocka_unit_test(test_fault_parse),
         cmocka_unit_test(test_batch_skip),
         cmocka_unit_test(test_launch_cmd),
+        cmocka_unit_test(test_slurm_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
