@@ -264,8 +264,14 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
     char peer_why[512] = "";
     if (c->peer.enabled && !explicit_path) {
         int loaded = 0;
-        st = resume_from_peers(c, lead && n > 0 ? list[0].step : -1, start_step, &loaded, &tried,
-                               peer_why, err);
+        int64_t disk_newest = -1; /* the newest complete one (a manifest) on disk */
+        for (int i = 0; lead && i < n && disk_newest < 0; i++) {
+            char mp[LOOM_CKPT_PATH_MAX + 16];
+            struct stat sb;
+            snprintf(mp, sizeof mp, "%s/manifest.json", list[i].path);
+            if (stat(mp, &sb) == 0) disk_newest = list[i].step;
+        }
+        st = resume_from_peers(c, disk_newest, start_step, &loaded, &tried, peer_why, err);
         if (st || loaded) {
             free(list);
             return st;
