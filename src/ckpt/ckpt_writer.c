@@ -9,6 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#ifdef LOOM_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 chosen at run time (CMakeLists.txt) */
+#endif
 
 #include "ckpt/ckpt_commit.h"
 #include "ckpt/safetensors.h"
