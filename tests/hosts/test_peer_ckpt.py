@@ -52,7 +52,8 @@ def report(name, ok, text):
 
 
 def kill_host(k, mem):
-    """Host k dies: every process in its network namespace, and its memory."""
+    """Host k dies: every process in its network namespace, and what it held in memory."""
+    segments = glob.glob(f"/dev/shm/vader_segment.loomh{k}.*")  # before any relaunch
     pids = subprocess.run(["ip", "netns", "pids", f"loomh{k}"], capture_output=True,
                           text=True).stdout.split()
     for p in pids:
@@ -61,6 +62,13 @@ def kill_host(k, mem):
         except ProcessLookupError:
             pass
     shutil.rmtree(os.path.join(mem, f"loomh{k}"), ignore_errors=True)
+    # and OpenMPI's shared-memory segments of the ranks that ran there (the test holds the
+    # hosts' lock: no other job is on the host)
+    for f in segments:
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
     return len(pids)
 
 
