@@ -18,12 +18,17 @@ filesystem:
   load time when resharding (saved with dp 2 / ZeRO-1, loaded by one process) against
   the same-layout load (saved by one process). Loads are measured cold (the files' pages
   dropped with posix_fadvise first, as after a restart; O_DIRECT saves leave nothing
-  cached anyway) and warm (page cache), each against a sequential read in the same state.
+  cached anyway) and warm (page cache), each against a sequential read in the same state;
+  the bytes still resident after each drop are recorded (mincore), and 3x the checkpoint's
+  bytes of memory are touched once first (a VM may back its memory lazily: the loader's
+  fresh buffers would time the hypervisor's first touch).
 The machine may be shared: the load average before and after is recorded. Last line: JSON.
 Usage: bench_ckpt.py --loom PATH [--dir DIR]
 """
 import argparse
+import ctypes
 import json
+import mmap
 import os
 import re
 import shutil
@@ -33,8 +38,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "parallel"))
-from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "harness"))
+from loomtest import MPIRUN, write_text_shard  # noqa: E402
 
 
 def grab(pattern, text, what):
@@ -61,17 +66,62 @@ def seq_write(root, nbytes):
     return nbytes / s / 1e6
 
 
+def resident(path):
+    """Bytes of the file in the page cache (mincore over a mapping of it)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return -1
+        page = mmap.PAGESIZE
+        vec = ctypes.create_string_buffer((size + page - 1) // page)
+        ok = libc.mincore(addr, size, vec) == 0
+        libc.munmap(addr, size)
+        return sum(b & 1 for b in vec.raw) * page if ok else -1
+    finally:
+        os.close(fd)
+
+
 def drop_cache(paths):
-    """Drops the files' (clean) pages from the page cache: the next read is from disk."""
+    """Drops the files' (clean) pages from the page cache: the next read is from disk.
+    posix_fadvise may keep pages on some filesystems: the bytes still resident (mincore)
+    are returned, so that a 'cold' baseline is known to be cold."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+    return sum(resident(p) for p in paths)
+
+
+def warm_memory(nbytes):
+    """Touches nbytes of anonymous memory (huge pages where the kernel allows) and frees it.
+    In a VM whose memory the host backs lazily (measured here: a first touch of memory
+    unused since boot costs ~7 s/GiB, afterwards 0.2 s), the loader's fresh buffers would
+    otherwise time the hypervisor, not the load. Returns the seconds taken."""
+    t0 = time.perf_counter()
+    m = mmap.mmap(-1, nbytes)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    block = b"\1" * (64 << 20)
+    for at in range(0, nbytes, len(block)):
+        n = min(len(block), nbytes - at)
+        m[at:at + n] = block[:n]
+    m.close()
+    return time.perf_counter() - t0
 
 
 def seq_read(path):
     """Plain sequential read of a file (64 MiB blocks into one reused, touched buffer): MB/s."""
-    buf = bytearray(64 << 20)
+    buf = bytearray(b"\1" * (64 << 20))  # touched before the clock starts
     t0 = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
         while f.readinto(buf):
@@ -98,6 +148,7 @@ def main():
                 "1", "--global-batch", "2", "--data", data, "--log-every", "1", "--threads",
                 "2", "--steps", "5"]
         ckpt_bytes = 1484518816  # checked against the log below
+        warm_s = warm_memory(3 * ckpt_bytes)
         seq_before = seq_write(root, ckpt_bytes)
         ck1 = os.path.join(root, "ck1")
         # Saves after steps 2 and 4 (their copies overlap steps 3 and 5) and the final one.
@@ -132,9 +183,9 @@ def main():
         # not leave them there anyway) and warm (just read), each against a sequential read
         # of the same file in the same state.
         data_file = os.path.join(ck1, "step_00000002", "rank_00000.safetensors")
-        drop_cache([data_file])
+        res_seq = drop_cache([data_file])
         seq_cold = seq_read(data_file)
-        drop_cache([data_file])
+        res_load = drop_cache([data_file])
         # Same-layout load (saved by one process, loaded by one process); steps 3-5 again
         # without checkpointing: the step time a save's background copy and write cost.
         p = subprocess.run(base + ["--resume", os.path.join(ck1, "step_00000002")],
@@ -154,8 +205,8 @@ def main():
         if p2.returncode:
             sys.exit(p2.stderr[-3000:])
         step1 = os.path.join(ck2, "step_00000001")
-        drop_cache([os.path.join(step1, f) for f in os.listdir(step1)
-                    if f.endswith(".safetensors")])
+        res_reshard = drop_cache([os.path.join(step1, f) for f in os.listdir(step1)
+                                  if f.endswith(".safetensors")])
         reshard = base + ["--steps", "1", "--resume", step1]
         _, sms = loaded(subprocess.run(reshard, capture_output=True, text=True).stderr,
                         "resharded load")
@@ -197,6 +248,8 @@ def main():
             "load_ms_resharded_dp2z1_to_dp1_cold_warm": [sms, sms_warm],
             "reshard_vs_same_layout_cold": sms / rms,
             "reshard_vs_same_layout_warm": sms_warm / rms_warm,
+            "cold_resident_bytes_after_drop_seq_load_reshard": [res_seq, res_load, res_reshard],
+            "memory_warmup_s": warm_s,
             "direct_io": "direct I/O" in log,
             "loadavg_before": load0,
             "loadavg_after": os.getloadavg(),

@@ -6,9 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#ifdef LOOM_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 chosen at run time (CMakeLists.txt) */
+#endif
 
 #include "ckpt/safetensors.h"
 
@@ -96,6 +100,28 @@ static void scatter_rows(const scatter_ctx *s, const loom_ckpt_box *cb, int64_t 
     }
 }
 
+/* Where the whole chunk cb goes when one piece takes all of it into one contiguous run of
+ * its buffer (the same layout as at save time, and most chunks when resharding), or NULL:
+ * then its bytes are read straight into place, with no scatter copy. *piece: that piece. */
+static float *direct_target(const scatter_ctx *s, const loom_ckpt_box *cb, int *piece) {
+    float *to = NULL;
+    for (int i = 0; i < s->plan->n; i++) {
+        const loom_ckpt_piece *q = &s->plan->items[i];
+        loom_ckpt_box ib;
+        if (s->ptensor[i] != s->tensor || !loom_ckpt_box_intersect(cb, &q->box, &ib)) continue;
+        if (to || loom_ckpt_box_volume(&ib) != loom_ckpt_box_volume(cb)) return NULL;
+        const int contiguous =
+            cb->len[0] == 1 || (cb->len[1] == q->box.len[1] && q->stride == q->box.len[1]);
+        if (!contiguous) return NULL;
+        const loom_ckpt_buffer *b = &s->dst[q->kind];
+        size_t f = q->local + (size_t)((cb->off[0] - q->box.off[0]) * q->stride +
+                                       (cb->off[1] - q->box.off[1]));
+        to = b->data + (f - b->base);
+        *piece = i;
+    }
+    return to;
+}
+
 /* The read buffer a chunk needs: READ_BLOCK, or one row when a row is larger. */
 static size_t block_bytes(const loom_ckpt_chunk *c) {
     size_t row = (size_t)c->len[1] * sizeof(float);
@@ -116,7 +142,25 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
     const uint64_t row = (uint64_t)c->len[1] * sizeof(float);
     const uint64_t rows_per_block = block_bytes(c) / row;
     XXH3_64bits_reset(h);
-    for (uint64_t r0 = 0; r0 < (uint64_t)c->len[0]; r0 += rows_per_block) {
+    int piece = -1;
+    float *direct = s ? direct_target(s, &cb, &piece) : NULL;
+    if (direct) { /* into place, block by block, each hashed while it is in cache */
+        const uint64_t n = (uint64_t)loom_ckpt_box_volume(&cb) * sizeof(float);
+        for (uint64_t done = 0; done < n;) {
+            const uint64_t want = n - done < READ_BLOCK ? n - done : READ_BLOCK;
+            ssize_t k =
+                pread(fs->fd[c->file], (char *)direct + done, want, (off_t)(c->byte_offset + done));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0)
+                return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
+                                      k < 0 ? strerror(errno) : "unexpected end of file");
+            XXH3_64bits_update(h, (char *)direct + done, (size_t)k);
+            done += (uint64_t)k;
+        }
+#pragma omp atomic
+        s->covered[piece] += loom_ckpt_box_volume(&cb);
+    }
+    for (uint64_t r0 = 0; !direct && r0 < (uint64_t)c->len[0]; r0 += rows_per_block) {
         const uint64_t nr =
             (uint64_t)c->len[0] - r0 < rows_per_block ? (uint64_t)c->len[0] - r0 : rows_per_block;
         const uint64_t n = nr * row, at = c->byte_offset + r0 * row;
@@ -145,6 +189,37 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
 typedef struct {
     int tensor, chunk;
 } job;
+
+#define POPULATE_SLICE ((size_t)32 << 20)
+
+/* The destination's pages, made before the reads (a fresh calloc'd buffer such as AdamW's
+ * moments has none yet): huge pages where the kernel allows, populated with one call per
+ * slice instead of a page fault per 4 KiB (each one an exit to the hypervisor in a VM).
+ * Advisory: a kernel without MADV_POPULATE_WRITE (< 5.14) faults them in the reads. The
+ * caller runs it inside a parallel region (the slices are shared out). */
+static void populate(const loom_ckpt_buffer dst[LOOM_CKPT_KINDS]) {
+    const uintptr_t page = 4096;
+    for (int k = 0; k < LOOM_CKPT_KINDS; k++) {
+        if (!dst[k].data || dst[k].hi <= dst[k].lo) continue;
+        uintptr_t a = (uintptr_t)(dst[k].data + (dst[k].lo - dst[k].base));
+        uintptr_t b = (uintptr_t)(dst[k].data + (dst[k].hi - dst[k].base));
+        a = (a + page - 1) & ~(page - 1);
+        b &= ~(page - 1);
+        if (b <= a) continue;
+        const long n = (long)((b - a + POPULATE_SLICE - 1) / POPULATE_SLICE);
+#pragma omp for schedule(static)
+        for (long i = 0; i < n; i++) {
+            const uintptr_t s = a + (uintptr_t)i * POPULATE_SLICE;
+            const size_t len = b - s < POPULATE_SLICE ? b - s : POPULATE_SLICE;
+#ifdef MADV_HUGEPAGE
+            (void)madvise((void *)s, len, MADV_HUGEPAGE);
+#endif
+#ifdef MADV_POPULATE_WRITE
+            (void)madvise((void *)s, len, MADV_POPULATE_WRITE);
+#endif
+        }
+    }
+}
 
 loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_ckpt_descs *t,
                            const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
@@ -222,6 +297,7 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
             void *buf = malloc(max_bytes ? max_bytes : 1);
             XXH3_state_t *h = XXH3_createState();
             loom_error e = {0};
+            populate(dst);
 #pragma omp for schedule(dynamic, 1)
             for (int j = 0; j < n_jobs; j++) {
                 if (first) continue;         /* stop early after an error */

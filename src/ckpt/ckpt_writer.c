@@ -9,6 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#ifdef LOOM_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with AVX2/AVX-512 chosen at run time (CMakeLists.txt) */
+#endif
 
 #include "ckpt/ckpt_commit.h"
 #include "ckpt/safetensors.h"
@@ -319,13 +322,11 @@ static loom_status write_file(const char *path, const void *data, size_t n, int 
     return LOOM_OK;
 }
 
-static loom_status write_index(loom_ckpt_writer *w, const char *data_name, loom_error *err) {
+char *loom_ckpt_writer_index_text(const loom_ckpt_writer *w, const char *data_name) {
     loom_ckpt_manifest idx;
     memset(&idx, 0, sizeof idx);
-    loom_status st = LOOM_OK;
-    if (loom_ckpt_manifest_add_file(&idx, data_name) != 0)
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint index: out of memory");
-    for (int i = 0; i < w->plan.n && !st; i++) {
+    int ok = loom_ckpt_manifest_add_file(&idx, data_name) == 0;
+    for (int i = 0; i < w->plan.n && ok; i++) {
         const loom_ckpt_piece *q = &w->plan.items[i];
         loom_ckpt_chunk c = {0,
                              {q->box.off[0], q->box.off[1]},
@@ -333,16 +334,21 @@ static loom_status write_index(loom_ckpt_writer *w, const char *data_name, loom_
                              w->file_offset[i],
                              (uint64_t)loom_ckpt_box_volume(&q->box) * 4,
                              w->checksum[i]};
-        st = loom_ckpt_manifest_add_chunk(&idx, w->names[i], w->dims[i][0], w->gshape[i], &c, err);
+        ok = loom_ckpt_manifest_add_chunk(&idx, w->names[i], w->dims[i][0], w->gshape[i], &c,
+                                          NULL) == LOOM_OK;
     }
-    char *text = st ? NULL : loom_ckpt_manifest_dump(&idx, 1);
+    char *text = ok ? loom_ckpt_manifest_dump(&idx, 1) : NULL;
     loom_ckpt_manifest_free(&idx);
-    if (st) return st;
+    return text;
+}
+
+static loom_status write_index(loom_ckpt_writer *w, const char *data_name, loom_error *err) {
+    char *text = loom_ckpt_writer_index_text(w, data_name);
     if (!text) return loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint index: out of memory");
     char name[64], path[LOOM_CKPT_PATH_MAX];
     loom_ckpt_index_name(name, sizeof name, w->rank);
     snprintf(path, sizeof path, "%s/%s", w->dir, name);
-    st = write_file(path, text, strlen(text), 0, NULL, NULL, err);
+    loom_status st = write_file(path, text, strlen(text), 0, NULL, NULL, err);
     free(text);
     return st;
 }

@@ -96,6 +96,10 @@ loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, 
                                           loom_error *err);
 /* Non-blocking: 1 when no job is running. */
 int loom_ckpt_writer_idle(loom_ckpt_writer *w);
+/* The chunk index (JSON, malloc'd; NULL when out of memory) of the data file image as
+ * staged last, naming the data file data_name: valid once the staging copy is complete
+ * (the checksums are the staged bytes'). */
+char *loom_ckpt_writer_index_text(const loom_ckpt_writer *w, const char *data_name);
 /* Blocks until idle; the last job's result (its error in err). */
 loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w, loom_error *err);
 

@@ -118,6 +118,24 @@ static void scan_rejected(sup *s, const char *attempt_dir) {
     }
 }
 
+/* Where the restarted job's state came from: rank 0's "loom: resume source: ..." line of
+ * the attempt (train/checkpointing.c; peer memory or disk, with the bytes read from each),
+ * without its prefix; "" when there is none. */
+static void resume_source(const sup *s, const char *attempt_dir, char *out, size_t size) {
+    char path[LOOM_RUN_PATH + 64], line[1024];
+    out[0] = 0;
+    rank_log(s, attempt_dir, 0, path, sizeof path);
+    FILE *fp = fopen(path, "r");
+    while (fp && fgets(line, sizeof line, fp))
+        if (!strncmp(line, "loom: resume source: ", 21)) {
+            line[strcspn(line, "\n")] = 0;
+            for (char *c = line; *c; c++) /* it goes into events.jsonl as a JSON string */
+                if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '\'';
+            snprintf(out, size, "%s", line + 21);
+        }
+    if (fp) fclose(fp);
+}
+
 /* The launcher's command line for this attempt (ft/launch_argv.h). */
 static void build_argv(sup *s, const char *loom_exe, char **train_argv, int train_argc,
                        const char *attempt_dir, loom_launch_cmd *cmd) {
@@ -415,6 +433,12 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
                         (long long)(pending->max_step > pending->resumed_at
                                         ? pending->max_step - pending->resumed_at
                                         : 0));
+                char source[1024];
+                resume_source(s, attempt_dir, source, sizeof source);
+                if (source[0]) {
+                    fprintf(stderr, "loom run: recovered from %s\n", source);
+                    event(s, "resume_source", "\"line\": \"%s\"", source);
+                }
                 catching_up = pending;
                 pending = NULL;
             }

@@ -103,63 +103,69 @@ static int has_ema(const loom_checkpointing *c, const loom_ckpt_manifest *m) {
     return loom_ckpt_manifest_find(m, name) != NULL;
 }
 
-/* One attempt: manifest, model check, load. Collective result: every rank agrees.
- * *wrong_seed: the checkpoint is fine but was saved with another --seed or other MoE
- * settings (not loaded, and no older checkpoint is tried). */
-static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
-                            loom_error *err) {
-    char path[LOOM_CKPT_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    loom_ckpt_manifest m;
-    loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
-    if (st) return st;
+/* One attempt: model check, load from the files of dir that manifest m names (origin
+ * names it in messages). *wrong_seed: the checkpoint is fine but was saved with another
+ * --seed or other MoE settings (not loaded, and no older checkpoint is tried). */
+static loom_status load_from(loom_checkpointing *c, const char *dir, const char *origin,
+                             const loom_ckpt_manifest *m, int64_t *step, int *wrong_seed,
+                             loom_ckpt_load_stats *stats, loom_error *err) {
     loom_model_config saved;
-    if ((st = loom_model_config_from_json(&saved, m.model, path, err))) {
-        loom_ckpt_manifest_free(&m);
-        return st;
-    }
+    loom_status st = loom_model_config_from_json(&saved, m->model, origin, err);
+    if (st) return st;
     /* The seed decides initialisation and the data order (a pure function of (seed,
      * step)): another seed would silently continue on a different stream of batches, so
      * the run state of the checkpoint wins unless the user says otherwise. */
-    *wrong_seed = m.seed != c->tc->seed && !c->tc->resume_ignore_seed;
+    *wrong_seed = m->seed != c->tc->seed && !c->tc->resume_ignore_seed;
     if (*wrong_seed) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "--seed %llu: %s was saved with --seed %llu (the seed decides the "
                             "data order); use --seed %llu, or --resume-ignore-seed to continue "
                             "with another data order",
-                            (unsigned long long)c->tc->seed, path, (unsigned long long)m.seed,
-                            (unsigned long long)m.seed);
+                            (unsigned long long)c->tc->seed, origin, (unsigned long long)m->seed,
+                            (unsigned long long)m->seed);
     } else if (!same_model(&saved, c->mc)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "%s: saved for a different model (%s, %d layers, d_model %d, vocab %d, "
                             "T %d)",
-                            path, loom_family_name(saved.family), saved.n_layer, saved.d_model,
+                            origin, loom_family_name(saved.family), saved.n_layer, saved.d_model,
                             saved.vocab_size, saved.seq_len);
-    } else if (loom_moe_config_check_same(&saved, c->mc, path, err)) {
+    } else if (loom_moe_config_check_same(&saved, c->mc, origin, err)) {
         *wrong_seed = 1; /* a setting to change, not a damaged checkpoint */
         st = LOOM_ERR_INPUT;
     } else {
         loom_ckpt_buffer b[LOOM_CKPT_KINDS];
         held_buffers(c, b);
         /* saved without the average: it starts from the loaded weights (setup.c) */
-        if (!has_ema(c, &m)) b[LOOM_CKPT_EMA].data = NULL;
-        loom_ckpt_load_stats stats = {0};
+        if (!has_ema(c, m)) b[LOOM_CKPT_EMA].data = NULL;
         double t0 = loom_now_ms();
         st = loom_zero_has_expert_segments(c->zero)
-                 ? loom_ep_zero_load(c->zero, &c->tensors, dir, &m, b[0].data,
-                                     b[LOOM_CKPT_EMA].data != NULL, &stats, err)
-                 : loom_ckpt_load(dir, &m, &c->tensors, b, &stats, err);
-        *step = m.step;
+                 ? loom_ep_zero_load(c->zero, &c->tensors, dir, m, b[0].data,
+                                     b[LOOM_CKPT_EMA].data != NULL, stats, err)
+                 : loom_ckpt_load(dir, m, &c->tensors, b, stats, err);
+        *step = m->step;
         c->ema_loaded = !st && b[LOOM_CKPT_EMA].data != NULL;
         if (!st && c->mesh->rank == 0)
             fprintf(stderr, "loom: rank 0 loaded %llu bytes (%d chunks) in %.1f ms\n",
-                    (unsigned long long)stats.bytes_read, stats.chunks_read, loom_now_ms() - t0);
-        if (!st && m.seed != c->tc->seed && c->mesh->rank == 0)
+                    (unsigned long long)stats->bytes_read, stats->chunks_read, loom_now_ms() - t0);
+        if (!st && m->seed != c->tc->seed && c->mesh->rank == 0)
             fprintf(stderr,
                     "loom: warning: %s was saved with --seed %llu, this run uses %llu "
                     "(--resume-ignore-seed: the data order differs from the saved run's)\n",
-                    dir, (unsigned long long)m.seed, (unsigned long long)c->tc->seed);
+                    dir, (unsigned long long)m->seed, (unsigned long long)c->tc->seed);
     }
+    return st;
+}
+
+/* One attempt from a checkpoint folder: its manifest, then load_from. */
+static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
+                            loom_ckpt_load_stats *stats, loom_error *err) {
+    char path[LOOM_CKPT_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    loom_ckpt_manifest m;
+    *wrong_seed = 0;
+    loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
+    if (st) return st;
+    st = load_from(c, dir, path, &m, step, wrong_seed, stats, err);
     loom_ckpt_manifest_free(&m);
     return st;
 }
@@ -191,6 +197,59 @@ static int candidates(const loom_train_config *tc, loom_ckpt_entry **list) {
     return n;
 }
 
+/* --ckpt-peer: the newest complete checkpoint in the hosts' memory, when it is at least
+ * as new as disk_newest (rank 0's newest step on disk). *loaded 1: loaded; 0: not (why:
+ * rank 0's reason; *tried when a load failed and left the buffers half-written). */
+static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest, int *start_step,
+                                     int *loaded, int *tried, char *why, loom_error *err) {
+    loom_ckpt_manifest m;
+    loom_ckpt_peer_found found;
+    *loaded = 0;
+    loom_status st = loom_ckpt_peer_restore(&c->peer, disk_newest, &m, &found, err);
+    if (st) return st;
+    snprintf(why, 512, "%s", found.why);
+    if (!found.use) return LOOM_OK;
+    int64_t step = 0;
+    int wrong_seed = 0;
+    loom_error e = {0};
+    loom_ckpt_load_stats stats = {0};
+    char origin[LOOM_PATH_MAX + 200];
+    snprintf(origin, sizeof origin, "%s (peer memory)", found.dir);
+    loom_status ls = load_from(c, found.dir, origin, &m, &step, &wrong_seed, &stats, &e);
+    loom_ckpt_manifest_free(&m);
+    double v[5] = {ls != LOOM_OK, wrong_seed, (double)stats.bytes_read, stats.chunks_read, 0};
+    if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 5, err))) return st;
+    if (v[1] > 0)
+        return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
+                          : loom_error_set(err, LOOM_ERR_INPUT,
+                                           "--resume: another rank refused the checkpoint's "
+                                           "settings");
+    if (v[0] > 0) {
+        if (ls)
+            fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, origin,
+                    e.msg);
+        snprintf(why, 512, "step %lld in peer memory failed to load", (long long)found.step);
+        *tried = 1;
+        return LOOM_OK;
+    }
+    *start_step = (int)step;
+    *loaded = 1;
+    c->loaded = 1;
+    if (c->mesh->rank == 0) {
+        fprintf(stderr,
+                "loom: resume source: peer memory, step %lld: %.0f bytes (%.0f chunks) read from "
+                "memory on %d host(s) by %d rank(s), 0 bytes (0 chunks) from disk; %d shard "
+                "cop%s (%llu bytes) sent between hosts over MPI to complete each host's set of "
+                "%d\n",
+                (long long)step, v[2], v[3], c->peer.n_hosts, c->mesh->size, found.shards_copied,
+                found.shards_copied == 1 ? "y" : "ies", (unsigned long long)found.bytes_copied,
+                found.world);
+        fprintf(stderr, "loom: resumed from peer memory %s (step %lld)\n", found.dir,
+                (long long)step);
+    }
+    return LOOM_OK;
+}
+
 static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *err) {
     const int lead = c->mesh->rank == 0;
     loom_ckpt_entry *list = NULL;
@@ -202,6 +261,22 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
     if (n < 0) return loom_error_set(err, LOOM_ERR_NOMEM, "--resume: out of memory");
     const int explicit_path = strcmp(c->tc->resume, "auto") != 0;
     int tried = 0;
+    char peer_why[512] = "";
+    if (c->peer.enabled && !explicit_path) {
+        int loaded = 0;
+        int64_t disk_newest = -1; /* the newest complete one (a manifest) on disk */
+        for (int i = 0; lead && i < n && disk_newest < 0; i++) {
+            char mp[LOOM_CKPT_PATH_MAX + 16];
+            struct stat sb;
+            snprintf(mp, sizeof mp, "%s/manifest.json", list[i].path);
+            if (stat(mp, &sb) == 0) disk_newest = list[i].step;
+        }
+        st = resume_from_peers(c, disk_newest, start_step, &loaded, &tried, peer_why, err);
+        if (st || loaded) {
+            free(list);
+            return st;
+        }
+    }
     for (int i = 0; i < n; i++) {
         char dir[LOOM_CKPT_PATH_MAX] = "";
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
@@ -209,9 +284,11 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         int64_t step = 0;
         int wrong_seed = 0;
         loom_error e = {0};
-        loom_status ls = try_load(c, dir, &step, &wrong_seed, &e);
-        double v[3] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls, wrong_seed};
-        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 3, err))) break;
+        loom_ckpt_load_stats stats = {0};
+        loom_status ls = try_load(c, dir, &step, &wrong_seed, &stats, &e);
+        double v[5] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls, wrong_seed, (double)stats.bytes_read,
+                       stats.chunks_read};
+        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 5, err))) break;
         if (v[2] > 0) { /* not a damaged checkpoint: no older one is tried */
             free(list);
             return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
@@ -222,6 +299,12 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (v[0] == 0) {
             *start_step = (int)step;
             c->loaded = 1;
+            if (lead && c->peer.enabled)
+                fprintf(stderr,
+                        "loom: resume source: disk, step %lld: %.0f bytes (%.0f chunks) read from "
+                        "%s by %d rank(s), 0 bytes from peer memory%s%s%s\n",
+                        (long long)step, v[3], v[4], dir, c->mesh->size, peer_why[0] ? " (" : "",
+                        peer_why, peer_why[0] ? ")" : "");
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
             free(list);
             return LOOM_OK;
@@ -294,6 +377,7 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     c->last_saved = -1;
     *start_step = 0;
     loom_status st = loom_ckpt_tensors_describe(&c->tensors, loom_zero_table(zero), err);
+    if (!st) st = loom_ckpt_peer_open(&c->peer, tc, mesh, err);
     if (!st && tc->init_from[0]) st = import_weights(c, err);
     if (!st && tc->resume[0]) st = resume(c, start_step, err);
     /* The per-step collective result decides, so a failure on one rank fails all. */
@@ -301,6 +385,9 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     loom_status cs = loom_comm_allreduce_sum_f64(&mesh->world, &bad, 1, err);
     if (st || cs) return st ? st : cs;
     if (bad > 0) return loom_error_set(err, LOOM_ERR_INPUT, "another rank failed to load");
+    /* Every rank has loaded: what memory holds of other steps (a lost future, an older
+     * save) would only confuse a later restart. */
+    loom_ckpt_peer_keep_only(&c->peer, *start_step > 0 ? *start_step : -1);
     loom_timeline_mark("ckpt_load");
     c->last_saved = *start_step > 0 ? *start_step : -1;
     c->enabled = tc->ckpt_dir[0] || tc->ckpt_fast_dir[0];
@@ -317,9 +404,50 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     return LOOM_OK;
 }
 
+/* The run state of a save at `step` (a manifest without files or tensors). */
+static void run_state(const loom_checkpointing *c, int64_t step, loom_ckpt_manifest *run) {
+    memset(run, 0, sizeof *run);
+    const loom_train_config *tc = c->tc;
+    const loom_layout *l = &c->mesh->layout;
+    run->step = step;
+    run->tokens_seen = step * (int64_t)tc->global_batch * c->mc->seq_len;
+    run->seed = tc->seed;
+    run->layout = (loom_ckpt_layout){l->dp,         l->tp, l->pp, l->ep, loom_zero_stage(c->zero),
+                                     c->mesh->size, l->cp};
+    run->model = loom_model_config_to_json(c->mc);
+    snprintf(run->version, sizeof run->version, "%s", LOOM_VERSION);
+    run->train = train_json(tc);
+}
+
+/* --ckpt-peer: every rank's memory copies of the save are done (peer_failed: some failed). */
+static void peer_finished(loom_checkpointing *c, int peer_failed) {
+    if (!c->peer.enabled) return;
+    loom_error e = {0};
+    if (loom_ckpt_peer_wait(&c->peer, &e))
+        fprintf(stderr, "loom: rank %d: checkpoint copy to memory failed: %s\n", c->mesh->rank,
+                e.msg);
+    if (peer_failed) {
+        if (c->mesh->rank == 0)
+            fprintf(stderr,
+                    "loom: checkpoint step %lld not complete in peer memory (a rank's copy "
+                    "failed); the previous one stays there\n",
+                    (long long)c->flight_step);
+        return;
+    }
+    loom_ckpt_peer_keep_only(&c->peer, c->flight_step);
+    if (c->mesh->rank == 0)
+        fprintf(stderr,
+                "loom: checkpoint step %lld in peer memory (rank 0, background): %llu bytes on "
+                "%s, %llu bytes received from the previous host, in %.1f ms\n",
+                (long long)c->flight_step, (unsigned long long)c->peer.own_bytes, c->peer.host,
+                (unsigned long long)c->peer.recv_bytes, c->peer.ms);
+}
+
 /* Every rank's write is done (sum of done flags known): rank 0 commits in the background. */
-static loom_status write_finished(loom_checkpointing *c, int failed, loom_error *err) {
+static loom_status write_finished(loom_checkpointing *c, int failed, int peer_failed,
+                                  loom_error *err) {
     c->in_flight = 0;
+    peer_finished(c, peer_failed);
     loom_error e = {0};
     loom_status own = loom_ckpt_writer_wait(&c->writer, &e);
     if (own) fprintf(stderr, "loom: rank %d: checkpoint write failed: %s\n", c->mesh->rank, e.msg);
@@ -341,18 +469,8 @@ static loom_status write_finished(loom_checkpointing *c, int failed, loom_error 
             (unsigned long long)w->written_bytes, w->write_ms, w->data_write_ms, w->fsync_ms,
             w->write_cpu_ms, w->direct_io ? " direct I/O" : "");
     loom_ckpt_manifest run;
-    memset(&run, 0, sizeof run);
-    const loom_train_config *tc = c->tc;
-    const loom_layout *l = &c->mesh->layout;
-    run.step = c->flight_step;
-    run.tokens_seen = c->flight_step * (int64_t)tc->global_batch * c->mc->seq_len;
-    run.seed = tc->seed;
-    run.layout = (loom_ckpt_layout){l->dp,         l->tp, l->pp, l->ep, loom_zero_stage(c->zero),
-                                    c->mesh->size, l->cp};
-    run.model = loom_model_config_to_json(c->mc);
-    snprintf(run.version, sizeof run.version, "%s", LOOM_VERSION);
-    run.train = train_json(tc);
-    const int keep = tc->ckpt_keep;
+    run_state(c, c->flight_step, &run);
+    const int keep = c->tc->ckpt_keep;
     return loom_ckpt_writer_start_commit(&c->writer, c->flight_dir, c->flight_tier, keep,
                                          c->mesh->size, &run, err);
 }
@@ -368,12 +486,14 @@ static void report_commit(loom_checkpointing *c) {
     }
 }
 
-/* Sums (stop, done, failed) over the world. */
-static loom_status exchange(loom_checkpointing *c, double v[3], loom_error *err) {
+/* Sums (stop, done, failed, memory copy failed) over the world. */
+static loom_status exchange(loom_checkpointing *c, double v[4], loom_error *err) {
     v[0] = g_stop_signal != 0;
-    v[1] = c->in_flight && loom_ckpt_writer_idle(&c->writer);
+    v[1] = c->in_flight && loom_ckpt_writer_idle(&c->writer) &&
+           (!c->peer.enabled || loom_ckpt_peer_idle(&c->peer));
     v[2] = v[1] && c->writer.failed;
-    return loom_comm_allreduce_sum_f64(&c->mesh->world, v, 3, err);
+    v[3] = v[1] && c->peer.enabled && c->peer.failed;
+    return loom_comm_allreduce_sum_f64(&c->mesh->world, v, 4, err);
 }
 
 /* Waits for the save in flight (every rank) and starts its commit. */
@@ -381,10 +501,11 @@ static loom_status drain_write(loom_checkpointing *c, loom_error *err) {
     c->staging = 0;
     if (!c->in_flight) return LOOM_OK;
     loom_ckpt_writer_wait(&c->writer, NULL);
-    double v[3];
+    if (c->peer.enabled) loom_ckpt_peer_wait(&c->peer, NULL);
+    double v[4];
     loom_status st = exchange(c, v, err);
     if (st) return st;
-    return write_finished(c, v[2] > 0, err);
+    return write_finished(c, v[2] > 0, v[3] > 0, err);
 }
 
 static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_error *err) {
@@ -406,6 +527,14 @@ static loom_status save(loom_checkpointing *c, int step, const char *tier, loom_
     loom_ckpt_step_dir(c->flight_dir, sizeof c->flight_dir, tier, step);
     snprintf(c->flight_tier, sizeof c->flight_tier, "%s", tier);
     if ((st = loom_ckpt_writer_start(&c->writer, c->flight_dir, err))) return st;
+    if (c->peer.enabled) { /* the memory copy starts once the staging copy is done */
+        loom_ckpt_manifest run;
+        run_state(c, step, &run);
+        char *text = loom_ckpt_manifest_dump(&run, 0);
+        loom_ckpt_manifest_free(&run);
+        if (!text) return loom_error_set(err, LOOM_ERR_NOMEM, "--ckpt-peer: out of memory");
+        if ((st = loom_ckpt_peer_start(&c->peer, &c->writer, step, text, err))) return st;
+    }
     c->in_flight = 1;
     c->staging = 1;
     c->flight_step = step;
@@ -442,10 +571,11 @@ static const char *periodic_dir(const loom_checkpointing *c, int step) {
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err) {
     *stop = 0;
     if (!c->enabled) return LOOM_OK;
-    double v[3];
+    double v[4];
     loom_status st = exchange(c, v, err);
     if (st) return st;
-    if (c->in_flight && v[1] == c->mesh->size && (st = write_finished(c, v[2] > 0, err))) return st;
+    if (c->in_flight && v[1] == c->mesh->size && (st = write_finished(c, v[2] > 0, v[3] > 0, err)))
+        return st;
     if (v[0] > 0) {
         *stop = 1;
         if (c->mesh->rank == 0)
@@ -489,6 +619,7 @@ loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_erro
 }
 
 void loom_checkpointing_close(loom_checkpointing *c) {
+    loom_ckpt_peer_close(&c->peer); /* first: its thread reads the writer's image */
     if (c->writer_ready) loom_ckpt_writer_destroy(&c->writer);
     loom_ckpt_descs_free(&c->tensors);
     if (c->enabled) {

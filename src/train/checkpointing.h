@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "parallel/mesh.h"
 #include "parallel/zero.h"
+#include "train/ckpt_peer.h"
 #include "train/train_config.h"
 
 typedef struct {
@@ -33,7 +34,8 @@ typedef struct {
     loom_ckpt_descs tensors;
     loom_ckpt_writer writer;
     int writer_ready;
-    int in_flight; /* a write started and not yet known complete on every rank */
+    loom_ckpt_peer peer; /* --ckpt-peer: every save also in memory, here and on a peer host */
+    int in_flight;       /* a write started and not yet known complete on every rank */
     int64_t flight_step;
     char flight_dir[LOOM_CKPT_PATH_MAX], flight_tier[LOOM_PATH_MAX];
     int last_saved; /* step of the last save started (-1: none) */

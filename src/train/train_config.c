@@ -20,6 +20,11 @@ static loom_status validate_checkpointing(const loom_train_config *tc, loom_erro
     if (tc->ckpt_fast_every > 0 && !tc->ckpt_fast_dir[0])
         return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-fast-every %d: needs --ckpt-fast-dir",
                               tc->ckpt_fast_every);
+    if (tc->ckpt_peer && !tc->ckpt_dir[0] && !tc->ckpt_fast_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--ckpt-peer: needs --ckpt-dir (the disk tier it falls back to)");
+    if (tc->ckpt_peer && !tc->ckpt_peer_dir[0])
+        return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-peer-dir: expected a folder");
     if (strcmp(tc->resume, "auto") == 0 && !tc->ckpt_dir[0] && !tc->ckpt_fast_dir[0])
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--resume auto: needs --ckpt-dir or --ckpt-fast-dir to search");
@@ -38,6 +43,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->min_lr = 6e-5f;
     tc->adamw = (loom_adamw_config){0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     tc->seed = 1337;
+    snprintf(tc->ckpt_peer_dir, sizeof tc->ckpt_peer_dir, "/dev/shm/loom-peer");
     tc->threads = 0; /* 0: all cores */
     tc->log_every = 1;
     tc->layout = (loom_layout){1, 1, 1, 1, 1};

@@ -47,6 +47,8 @@ typedef struct {
     int ckpt_keep;                     /* complete checkpoints kept per tier (0 = all) */
     char ckpt_fast_dir[LOOM_PATH_MAX]; /* fast tier (node-local memory); "" = none */
     int ckpt_fast_every;               /* fast-tier save every M steps (0 = never) */
+    int ckpt_peer;                     /* every save also in memory here + a peer host's */
+    char ckpt_peer_dir[LOOM_PATH_MAX]; /* that memory (per host: DIR/HOSTNAME/...) */
     char resume[LOOM_PATH_MAX];        /* "auto", a checkpoint or a tier folder; "" = none */
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
     /* pipeline parallelism (--pp > 1, src/pipeline/) */
