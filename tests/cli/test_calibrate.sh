@@ -8,6 +8,10 @@
 # the field named).
 set -uo pipefail
 LOOM=$1
+# Under the sanitizer build (CI runs the cli tests again there) the MPI workers' exit
+# reports OpenMPI's, hwloc's and OpenBLAS's never-freed allocations as leaks and turns them
+# into exit 1; the other MPI tests do not run under the sanitizer at all. Errors stay fatal.
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/check_lib.sh"
 profiles=$here/../../profiles
