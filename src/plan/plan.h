@@ -1,0 +1,91 @@
+/* loom plan's model of a training step: for one layout (a loom_train_config with its
+ * --dp --tp --pp --ep --cp, --zero, --sequence-parallel, --pp-schedule, --micro-batch,
+ * --recompute ...) the memory every rank holds and the time its step takes on a machine
+ * profile (plan/profile.h). docs/PLAN.md explains each term and where it comes from.
+ *
+ * Memory is computed with the functions the training run itself sizes its buffers with
+ * (the registry, the arena's plan, ZeRO's shards, the pipeline's slots, context
+ * parallelism's buffers), so the planner's numbers are the start-up report's.
+ * Step time is predicted from the profile: every GEMM, attention and memory-bound kernel
+ * of forward and backward, the collectives under loom's overlap rules, the pipeline
+ * bubble from the schedule simulator (pipeline/schedule.h) and the optimizer. */
+#ifndef LOOM_PLAN_PLAN_H
+#define LOOM_PLAN_PLAN_H
+
+#include <stddef.h>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "plan/profile.h"
+#include "train/train_config.h"
+
+/* ---- memory (plan/memory.c) ---- */
+
+/* What one rank holds, bytes: the start-up report's figures (train/startup_report.c)
+ * for the rank at pipeline stage `stage` (tensor, context, expert and data rank 0). */
+typedef struct {
+    double params;       /* persistent parameters (ZeRO-3: the shard) */
+    double gathered;     /* ZeRO-3: parameters gathered at most at once (0 otherwise) */
+    double grads_local;  /* the local accumulation buffer */
+    double grads_shard;  /* ZeRO-2/3: the part of it that stays */
+    double optimizer;    /* AdamW m and v */
+    double activations;  /* one micro-batch's arena (a pipeline stage: one slot) */
+    double act_sp, act_nosp; /* --tp > 1: the arena with and without sequence parallelism */
+    double act_whole;    /* --cp > 1: the arena holding whole sequences */
+    double cp_buffers;   /* --cp > 1: the ring's / Ulysses' buffers */
+    double moe_buffers;  /* MoE: routing, dispatch and expert buffers */
+    int pp_slots;        /* --pp > 1: micro-batches in flight (activation arenas) */
+    double pp_messages;  /* --pp > 1: the stage's message buffers */
+    double total;        /* everything above that is allocated (the budget compares it) */
+} loom_plan_memory;
+
+/* The rank's memory for layout tc of model mc. Fails (LOOM_ERR_INPUT) only for a layout
+ * the training run would refuse; call loom_plan_validate first for the message. */
+loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc,
+                                int stage, loom_plan_memory *out, loom_error *err);
+/* The largest total over the pipeline stages (the rank the budget must fit). */
+loom_status loom_plan_memory_max(const loom_model_config *mc, const loom_train_config *tc,
+                                 loom_plan_memory *out, int *stage, loom_error *err);
+
+/* ---- validation (plan/validate.c): exactly what `loom train` checks before MPI ---- */
+loom_status loom_plan_validate(const loom_model_config *mc, const loom_train_config *tc,
+                               loom_error *err);
+
+/* ---- step time (plan/step_time.c) ---- */
+
+#define LOOM_PLAN_MAX_TERMS 16
+
+/* One part of the step's predicted time: its exposed (critical-path) milliseconds. */
+typedef struct {
+    const char *name;   /* as the trace / start-up report names the part ("forward",
+                           "backward", "tp comm", "dp exposed", "optimizer", "pp bubble" ...) */
+    const char *metric; /* the --metrics key it is measured by ("dp.compute_ms",
+                           "grad_wait_ms", "dp.optimizer_ms", ...); several terms may share
+                           one; NULL: not measured separately (only in step_ms) */
+    double ms;
+} loom_plan_term;
+
+/* Where the ranks run: how many share a node (its cores or GPUs, and the placement of
+ * each group: intra-node when the group fits in one node, tp innermost), threads each. */
+typedef struct {
+    int ranks_per_node; /* >= 1; the world when it fits one node */
+    int threads;        /* per rank (loom train's --threads; 0: cores / ranks per node) */
+} loom_plan_placement;
+
+typedef struct {
+    loom_plan_term terms[LOOM_PLAN_MAX_TERMS];
+    int n_terms;
+    double step_ms;      /* the sum of the terms */
+    double tokens_per_s; /* global batch x seq_len / step */
+    double model_flops;  /* per step, whole world: 6 N tokens + attention (PaLM's MFU) */
+    double mfu;          /* model_flops / (step x world x the profile's peak) */
+    int dominant;        /* index of the largest term */
+} loom_plan_time;
+
+/* Predicted step of layout tc (valid: loom_plan_validate) on profile p. LOOM_ERR_INPUT
+ * naming the profile's file and field when it lacks a term this layout needs. */
+loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_config *tc,
+                                const loom_profile *p, const loom_plan_placement *place,
+                                loom_plan_time *out, loom_error *err);
+
+#endif
