@@ -23,7 +23,6 @@ int loom_cmd_train(int argc, char **argv) {
     loom_timeline_mark("exec");
     loom_error err = {0};
     loom_train_options o;
-    loom_pp_config pc;
     loom_status st = loom_train_options_parse(&o, argc, argv, &err);
     if (st) {
         fprintf(stderr, "loom train: %s\n", err.msg);
@@ -33,18 +32,7 @@ int loom_cmd_train(int argc, char **argv) {
         loom_train_options_usage(stdout);
         return 0;
     }
-    if ((st = loom_model_config_validate(&o.model, &err)) ||
-        (st = loom_train_config_validate(&o.train, &err)) ||
-        (st = loom_train_config_validate_cp(&o.train, &o.model, &err)) ||
-        (st = loom_tp_validate(&o.model, o.train.layout.tp, o.train.sequence_parallel,
-                               o.train.micro_batch * o.model.seq_len / o.train.layout.cp, &err)) ||
-        (st = loom_moe_validate_layout(&o.model, o.train.layout.ep,
-                                       loom_layout_replicas(o.train.layout), o.train.zero,
-                                       o.train.layout.tp, o.train.layout.pp, &err)) ||
-        (loom_train_config_pipeline(&o.train, &pc),
-         st = loom_pipeline_validate(&o.model, &pc, o.train.layout.dp, &err)) ||
-        (o.train.overlap_param_gather &&
-         (st = loom_param_gather_validate(o.train.zero, o.train.layout, &err)))) {
+    if ((st = loom_train_config_validate_all(&o.train, &o.model, &err))) {
         fprintf(stderr, "loom train: %s\n", err.msg);
         return 2;
     }

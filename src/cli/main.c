@@ -7,6 +7,7 @@
 #include "cli/cmd_data.h"
 #include "cli/cmd_generate.h"
 #include "cli/cmd_gpu.h"
+#include "cli/cmd_plan.h"
 #include "cli/cmd_plot.h"
 #include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_run.h"
@@ -27,6 +28,7 @@ static void usage(FILE *f) {
             "  run       train under the supervisor: restarts on failures (loom run --help)\n"
             "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
             "  calibrate measure this machine: a profile for the planner (loom calibrate --help)\n"
+            "  plan      the layout to train with, predicted (loom plan --help)\n"
             "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
             "  sample    images from a dit model (loom sample --weights W.safetensors)\n"
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "pp-schedule") == 0) return loom_cmd_pp_schedule(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return loom_cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "calibrate") == 0) return loom_cmd_calibrate(argc - 1, argv + 1);
+    if (strcmp(cmd, "plan") == 0) return loom_cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "ckpt") == 0) return loom_cmd_ckpt(argc - 1, argv + 1);
     if (strcmp(cmd, "data") == 0) return loom_cmd_data(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return loom_cmd_generate(argc - 1, argv + 1);
@@ -62,7 +65,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr,
-            "loom: unknown command '%s' (expected train, run, calibrate, data, generate, sample, "
+            "loom: unknown command '%s' (expected train, run, calibrate, plan, data, generate, sample, "
             "plot, tokenizer, version)\n",
             cmd);
     return 2;

@@ -56,6 +56,13 @@ void loom_comm_self(loom_comm *c, const char *name) {
     c->size = 1;
 }
 
+void loom_comm_shape(loom_comm *c, const char *name, int rank, int size) {
+    loom_comm_self(c, name);
+    c->rank = rank;
+    c->size = size;
+    c->first_world = -1;
+}
+
 void loom_comm_free(loom_comm *c) {
     if (c->device == LOOM_COMM_CUDA) c->ops->free(c);
     c->device = LOOM_COMM_HOST, c->ops = NULL, c->impl = NULL;

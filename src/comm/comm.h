@@ -85,6 +85,10 @@ struct loom_comm_ops {
 /* Wraps an MPI communicator (duplicated, so loom's traffic is its own). */
 loom_status loom_comm_from_mpi(loom_comm *c, MPI_Comm mpi, const char *name, loom_error *err);
 /* A size-1 communicator that needs no MPI. */
+/* A group's shape only: rank `rank` of `size`, no transport (mpi is MPI_COMM_NULL). What
+ * sizes a layout's buffers without running it (loom plan: train/run_memory.c) reads of a
+ * group; nothing may communicate on it. */
+void loom_comm_shape(loom_comm *c, const char *name, int rank, int size);
 void loom_comm_self(loom_comm *c, const char *name);
 void loom_comm_free(loom_comm *c);
 

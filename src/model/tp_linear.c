@@ -82,6 +82,7 @@ loom_status loom_model_arena_allocate(loom_model *m, void (*plan)(loom_model *, 
     loom_carver sizing = {m->be, NULL, 0};
     plan(m, &sizing, loom_model_seq_parallel(m));
     m->arena_floats = sizing.used / sizeof(float);
+    if (m->size_only) return LOOM_OK; /* measured, never run */
     if (loom_backend_arena_create(&m->arena, m->be, sizing.used, "activations", NULL))
         return loom_error_set(err, LOOM_ERR_NOMEM,
                               "activations: cannot allocate %.1f MiB for micro-batch %d x %d",

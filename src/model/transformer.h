@@ -110,6 +110,7 @@ struct loom_model {
      * all layers, refilled by re-running the block's forward right before its backward
      * (and before W under split backward). Same kernels, same order: bitwise identical. */
     int recompute;
+    int size_only; /* LOOM_MODEL_SIZE_ONLY: the arena is sized, not allocated */
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;
@@ -126,6 +127,9 @@ struct loom_model {
  * for recomputation (see `recompute`). */
 #define LOOM_MODEL_SPLIT_BACKWARD 1
 #define LOOM_MODEL_RECOMPUTE 2
+/* Size the activation arena (arena_floats, loom_model_activation_bytes) but allocate
+ * none: the model can be measured, not run (loom plan sizes a layout this way). */
+#define LOOM_MODEL_SIZE_ONLY 4
 
 /* What a model is built for. Zero-initialised fields mean "none / the whole model". */
 typedef struct {
@@ -144,7 +148,7 @@ typedef struct {
      * their global names; table.layer_ids maps local block indices to global ones).
      * NULL: all layers. */
     const loom_layer_set *layers;
-    int flags;                   /* LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_RECOMPUTE */
+    int flags; /* LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_RECOMPUTE | LOOM_MODEL_SIZE_ONLY */
     const loom_backend *backend; /* NULL: loom_backend_cpu(); must outlive the model */
 } loom_model_options;
 

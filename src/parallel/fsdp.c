@@ -139,21 +139,22 @@ loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err) {
     return st;
 }
 
-size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
+size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats,
+                                   int keep_blocks) {
+    if (keep_blocks) return (shard_floats + t->total) * sizeof(float);
+    /* the ranges of loom_fsdp_create: head [0, block 0), the blocks, tail [head_begin, total) */
+    const int L = t->n_layer;
     size_t biggest = 0;
-    for (int i = 1; i + 1 < f->n_ranges; i++) {
-        size_t n = f->ranges[i].end - f->ranges[i].begin;
-        if (n > biggest) biggest = n;
+    for (int i = 0; i < L; i++) {
+        const size_t end = i + 1 < L ? t->blocks[i + 1].begin : t->head_begin;
+        if (end - t->blocks[i].begin > biggest) biggest = end - t->blocks[i].begin;
     }
-    const loom_fsdp_range *head = &f->ranges[0], *tail = &f->ranges[f->n_ranges - 1];
+    const size_t head = L > 0 ? t->blocks[0].begin : t->head_begin, tail = t->total - t->head_begin;
     /* A block in use and the next one prefetched (one when there is only one). */
-    size_t blocks = f->n_ranges - 2 < 2 ? (size_t)(f->n_ranges - 2) : 2;
-    const size_t shard = f->zero->shard_floats;
-    if (f->keep_blocks) {
-        size_t all = 0;
-        for (int i = 0; i < f->n_ranges; i++) all += f->ranges[i].end - f->ranges[i].begin;
-        return (shard + all) * sizeof(float);
-    }
-    size_t n = shard + (head->end - head->begin) + (tail->end - tail->begin) + blocks * biggest;
-    return n * sizeof(float);
+    const size_t blocks = L < 2 ? (size_t)L : 2;
+    return (shard_floats + head + tail + blocks * biggest) * sizeof(float);
+}
+
+size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
+    return loom_fsdp_resident_bytes_of(f->zero->table, f->zero->shard_floats, f->keep_blocks);
 }

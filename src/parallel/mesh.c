@@ -52,20 +52,46 @@ static loom_status split(loom_comm *out, const loom_comm *world, int color, int 
     return st;
 }
 
+/* Rank `rank`'s coordinates: tp fastest, then cp, dp, pp (Megatron's order). */
+static void place(loom_mesh *m, loom_layout l, int size, int rank) {
+    m->layout = l;
+    m->rank = rank;
+    m->size = size;
+    const int R = loom_layout_replicas(l); /* dp x cp: the parameters' replicas */
+    m->tp_rank = rank % l.tp;
+    m->cp_rank = (rank / l.tp) % l.cp;
+    m->data_rank = (rank / (l.tp * l.cp)) % l.dp;
+    m->dp_rank = m->data_rank * l.cp + m->cp_rank;
+    m->pp_rank = rank / (l.tp * R);
+    m->ep_rank = m->dp_rank % l.ep;
+}
+
+loom_status loom_mesh_shape(loom_mesh *m, loom_layout l, int world_size, int rank,
+                            loom_error *err) {
+    memset(m, 0, sizeof *m);
+    loom_status st = loom_layout_validate(l, world_size, err);
+    if (st) return st;
+    if (rank < 0 || rank >= world_size)
+        return loom_error_set(err, LOOM_ERR_INPUT, "rank %d: expected 0..%d", rank,
+                              world_size - 1);
+    place(m, l, world_size, rank);
+    const int R = loom_layout_replicas(l), r = m->dp_rank;
+    loom_comm_shape(&m->world, "world", rank, world_size);
+    loom_comm_shape(&m->dp, "dp", r, R);
+    loom_comm_shape(&m->tp, "tp", m->tp_rank, l.tp);
+    loom_comm_shape(&m->pp, "pp", m->pp_rank, l.pp);
+    loom_comm_shape(&m->cp, "cp", m->cp_rank, l.cp);
+    loom_comm_shape(&m->ep, "ep", r % l.ep, l.ep);
+    loom_comm_shape(&m->edp, "edp", r / l.ep, R / l.ep);
+    return LOOM_OK;
+}
+
 loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, loom_error *err) {
     memset(m, 0, sizeof *m);
     loom_status st = loom_layout_validate(l, w->size, err);
     if (st) return st;
-    m->layout = l;
-    m->rank = w->rank;
-    m->size = w->size;
-    const int R = loom_layout_replicas(l); /* dp x cp: the parameters' replicas */
-    m->tp_rank = w->rank % l.tp;
-    m->cp_rank = (w->rank / l.tp) % l.cp;
-    m->data_rank = (w->rank / (l.tp * l.cp)) % l.dp;
-    m->dp_rank = m->data_rank * l.cp + m->cp_rank;
-    m->pp_rank = w->rank / (l.tp * R);
-    m->ep_rank = m->dp_rank % l.ep;
+    place(m, l, w->size, w->rank);
+    const int R = loom_layout_replicas(l);
     if (!w->mpi) { /* one process: every communicator is trivial */
         loom_comm_self(&m->world, "world");
         loom_comm_self(&m->dp, "dp");

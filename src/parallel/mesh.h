@@ -41,6 +41,11 @@ typedef struct {
 loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout layout,
                              loom_error *err);
 void loom_mesh_free(loom_mesh *m);
+/* World rank `rank`'s place in layout over world_size ranks, with every communicator a
+ * shape (loom_comm_shape: its rank and size, no transport): what sizing a layout's
+ * buffers without MPI reads (loom plan). Checks as loom_mesh_create. */
+loom_status loom_mesh_shape(loom_mesh *m, loom_layout layout, int world_size, int rank,
+                            loom_error *err);
 /* Only the layout arithmetic (no MPI): used before launching and by tests. */
 loom_status loom_layout_validate(loom_layout layout, int world_size, loom_error *err);
 

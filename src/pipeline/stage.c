@@ -215,7 +215,8 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                        .ep = &mesh->ep,
                                        .layers = &pl->layers,
                                        .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
-                                                (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0)},
+                                                (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0) |
+                                                (pc->size_only ? LOOM_MODEL_SIZE_ONLY : 0)},
                  err)))
             return st;
     pl->act_floats = loom_model_stream_floats(model);

@@ -47,7 +47,7 @@ loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_co
 loom_status loom_plan_memory_max(const loom_model_config *mc, const loom_train_config *tc,
                                  loom_plan_memory *out, int *stage, loom_error *err);
 
-/* ---- validation (plan/validate.c): exactly what `loom train` checks before MPI ---- */
+/* ---- validation (plan/memory.c): exactly what `loom train` checks before MPI ---- */
 loom_status loom_plan_validate(const loom_model_config *mc, const loom_train_config *tc,
                                loom_error *err);
 
@@ -87,5 +87,29 @@ typedef struct {
 loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_config *tc,
                                 const loom_profile *p, const loom_plan_placement *place,
                                 loom_plan_time *out, loom_error *err);
+
+/* ---- the search (plan/search.c) ---- */
+
+/* One layout and what the planner says of it. */
+typedef struct {
+    loom_train_config tc;  /* the layout, as loom train's flags (base's other flags) */
+    loom_plan_memory mem;  /* the pipeline stage holding the most */
+    int mem_stage;
+    loom_plan_time time;   /* with a profile */
+} loom_plan_candidate;
+
+/* Every layout of `world` ranks that `loom train` accepts for model mc (loom_plan_validate
+ * and the run's own sizing both pass), varying from base: --dp --tp --pp --cp (--tp at most
+ * tp_max: a tensor-parallel group inside one node), --ep (MoE), --zero 0-3,
+ * --sequence-parallel, --pp-schedule (interleaved with 2 chunks), --recompute,
+ * --cp-mode and --micro-batch (powers of two dividing the per-replica batch); base's
+ * --global-batch, --seq-len, --threads and the rest stay. *out: malloc'd, *n entries, the
+ * memory filled in. */
+loom_status loom_plan_enumerate(const loom_model_config *mc, const loom_train_config *base,
+                                int world, int tp_max, loom_plan_candidate **out, int *n,
+                                loom_error *err);
+/* The layout as loom train's flags: "--dp 2 --tp 2 --zero 1 --micro-batch 4" (only those
+ * that differ from one process's defaults, always --dp and --micro-batch). */
+void loom_plan_layout_flags(const loom_train_config *tc, char *buf, size_t n);
 
 #endif

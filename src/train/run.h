@@ -62,6 +62,7 @@ typedef struct {
     loom_pipeline *pipelined;             /* &pipe with --pp > 1, else NULL */
     const loom_zero_step_times *dp_times; /* per-step data-parallel breakdown for --metrics
                                              (NULL when pipelined: timed per action) */
+    int size_only; /* loom_run_size: the layout's objects sized, nothing to run */
 } loom_run;
 
 /* Builds the run (data, model, layout, buffers, checkpoint resume, trace, metrics); on
@@ -69,6 +70,37 @@ typedef struct {
 loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
                            loom_mesh *mesh, loom_error *err);
 void loom_run_free(loom_run *r);
+/* Only what sizes the rank's memory: the tensor/context-parallel groups, the model (or
+ * the pipeline stage's slots) with arenas sized but not allocated, MoE and ZeRO, on a
+ * mesh that may be a shape (loom_mesh_shape); no data, no parameters, no step. Free with
+ * loom_run_free. */
+loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                          loom_mesh *mesh, loom_error *err);
+
+/* What one rank holds, bytes: the start-up report's memory figures (train/run_memory.c). */
+typedef struct {
+    size_t params;      /* persistent parameters (ZeRO-3: the shard) */
+    size_t gathered;    /* ZeRO-3: parameters gathered at most at once beyond the shard */
+    size_t grads_local; /* the local accumulation buffer */
+    size_t grads_shard; /* ZeRO-2/3: the part of it that stays (inside grads_local) */
+    size_t optimizer;   /* AdamW m and v */
+    size_t activations; /* one micro-batch's arena (a pipeline stage: one slot) */
+    size_t act_sp, act_nosp; /* --tp > 1: the arena with / without sequence parallelism */
+    size_t act_whole;        /* --cp > 1: the arena holding whole sequences */
+    size_t cp_buffers;       /* --cp > 1: the ring's / Ulysses' buffers */
+    size_t moe_buffers;      /* MoE: one model's routing, dispatch and expert buffers */
+    int pp_slots;            /* --pp > 1: micro-batches in flight, one arena (+ MoE) each */
+    size_t pp_messages;      /* --pp > 1: the stage's message buffers */
+    size_t total;            /* all of the above that is allocated */
+} loom_run_memory;
+void loom_run_memory_collect(const loom_run *r, loom_run_memory *m);
+/* The memory of world rank `rank` of layout tc->layout over world ranks, without MPI
+ * (a shape mesh and loom_run_size). */
+loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc,
+                               int world, int rank, loom_run_memory *m, loom_error *err);
+/* The start-up report's "memory per rank: ..." line (no prefix, no newline). */
+void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,
+                          size_t n);
 
 /* Start-up report (rank 0): model, layout, memory per rank, data. */
 void loom_run_report_startup(const loom_run *r);

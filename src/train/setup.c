@@ -113,7 +113,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     const int T = mc->seq_len, cp = mesh->layout.cp;
     const int rows = tc->micro_batch * T / cp; /* tokens of a micro-batch on this rank */
     loom_status st;
-    if ((st = open_data(r, err)) ||
+    if ((!r->size_only && (st = open_data(r, err))) ||
         (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, rows, err)) ||
         (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, rows, mc->d_model, err)) ||
         (st = loom_moe_validate_layout(mc, mesh->layout.ep, loom_layout_replicas(mesh->layout),
@@ -124,6 +124,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
+        pc.size_only = r->size_only;
         r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, r->cped, &r->model, err)))
             return st;
@@ -133,7 +134,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
                                                              .T = T,
                                                              .tp = &r->tp,
                                                              .cp = r->cped,
-                                                             .ep = &mesh->ep},
+                                                             .ep = &mesh->ep,
+                                                             .flags = r->size_only
+                                                                          ? LOOM_MODEL_SIZE_ONLY
+                                                                          : 0},
                                        err))) {
         return st;
     }
@@ -324,6 +328,18 @@ static loom_status setup(loom_run *r, loom_error *err) {
     if ((st = open_outputs(r, err))) return st;
     loom_timeline_mark("trace_tb_metrics");
     return LOOM_OK;
+}
+
+loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                          loom_mesh *mesh, loom_error *err) {
+    memset(r, 0, sizeof *r);
+    r->mc = mc;
+    r->tc = tc;
+    r->mesh = mesh;
+    r->size_only = 1;
+    loom_status st = build_model(r, err);
+    if (st) loom_run_free(r);
+    return st;
 }
 
 loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,

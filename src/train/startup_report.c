@@ -11,6 +11,8 @@ void loom_run_report_startup(const loom_run *r) {
     const double MiB = 1 << 20;
     const size_t P = r->model.table.total;
     const int gathered = r->export_kind != LOOM_EXPORT_LOCAL;
+    loom_run_memory rm;
+    loom_run_memory_collect(r, &rm);
     char cp_text[64] = "";
     if (r->cped)
         snprintf(cp_text, sizeof cp_text, " x cp %d (%s%s)", r->cp.size,
@@ -28,7 +30,7 @@ void loom_run_report_startup(const loom_run *r) {
                 mc->n_experts, mc->top_k, mc->moe_every, mc->shared_expert ? " + shared" : "",
                 (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
                 mesh->layout.ep, mc->n_experts / mesh->layout.ep,
-                loom_moe_bytes(r->model.moe) / MiB);
+                rm.moe_buffers / MiB);
     if (mesh->layout.dp > 1 && !r->zero.engine.threaded) /* comm/engine.h */
         fprintf(stderr,
                 "loom: communication engine: no thread (MPI provides %s): collectives "
@@ -37,33 +39,24 @@ void loom_run_report_startup(const loom_run *r) {
     if (tc->zero > 0 && mesh->layout.dp == 1)
         fprintf(stderr, "loom: --zero %d with one data-parallel rank shards nothing (no-op)%s\n",
                 tc->zero, tc->overlap_param_gather ? ", --overlap-param-gather too" : "");
-    loom_zero_memory zm;
-    loom_zero_memory_of(&r->zero, &zm);
-    char held[64] = "";
-    if (r->sharded)
-        snprintf(held, sizeof held, " + %.3f MiB gathered at most",
-                 (loom_fsdp_resident_bytes(r->sharded) - zm.params) / MiB);
-    fprintf(stderr,
-            "loom: memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) "
-            "of which %.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations "
-            "%.3f MiB (micro-batch %d x %d)\n",
-            zm.params / MiB, held, zm.grads_local / MiB, zm.grads_shard / MiB, zm.optimizer / MiB,
-            loom_model_activation_bytes(&r->model) / MiB, tc->micro_batch, mc->seq_len);
+    char line[512];
+    loom_run_memory_line(&rm, tc->micro_batch, mc->seq_len, line, sizeof line);
+    fprintf(stderr, "loom: %s\n", line);
+    fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
+            rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");
     if (r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
                 "parallelism, %.1f MiB without\n",
                 r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "",
-                loom_model_plan_bytes(&r->model, 1) / MiB,
-                loom_model_plan_bytes(&r->model, 0) / MiB);
+                rm.act_sp / MiB, rm.act_nosp / MiB);
     if (r->cped) {
         const int sp = r->tp.sequence_parallel;
         fprintf(stderr,
                 "loom: context parallel %d ranks: activations per rank %.3f MiB (%d of %d tokens "
                 "per sample), %.3f MiB holding whole sequences; attention buffers %.3f MiB\n",
                 r->cp.size, loom_model_plan_bytes(&r->model, sp) / MiB, r->model.T, r->model.T_seq,
-                loom_model_plan_bytes_whole(&r->model, sp) / MiB,
-                loom_cp_buffer_bytes(r->cp.size, &r->cp.o) / MiB);
+                rm.act_whole / MiB, rm.cp_buffers / MiB);
     }
     if (r->data.kind == LOOM_BATCH_FLOW)
         fprintf(stderr,

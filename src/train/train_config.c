@@ -4,6 +4,9 @@
 #include <string.h>
 
 #include "cp/cp.h"
+#include "model/moe_config.h"
+#include "parallel/param_gather.h"
+#include "parallel/tp_shards.h"
 #include "train/batch_skip.h"
 #include "train/train_config.h"
 
@@ -159,4 +162,22 @@ void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc)
     pc->recompute = tc->recompute;
     pc->micro_batch = tc->micro_batch;
     pc->global_batch = tc->global_batch;
+}
+
+loom_status loom_train_config_validate_all(const loom_train_config *tc, const loom_model_config *mc,
+                                           loom_error *err) {
+    const loom_layout l = tc->layout;
+    loom_pp_config pc;
+    loom_status st;
+    if ((st = loom_model_config_validate(mc, err)) || (st = loom_train_config_validate(tc, err)) ||
+        (st = loom_train_config_validate_cp(tc, mc, err)) ||
+        (st = loom_tp_validate(mc, l.tp, tc->sequence_parallel,
+                               tc->micro_batch * mc->seq_len / (l.cp > 0 ? l.cp : 1), err)) ||
+        (st = loom_moe_validate_layout(mc, l.ep, loom_layout_replicas(l), tc->zero, l.tp, l.pp,
+                                       err)))
+        return st;
+    loom_train_config_pipeline(tc, &pc);
+    if ((st = loom_pipeline_validate(mc, &pc, l.dp, err))) return st;
+    if (tc->overlap_param_gather && (st = loom_param_gather_validate(tc->zero, l, err))) return st;
+    return LOOM_OK;
 }

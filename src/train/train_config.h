@@ -77,6 +77,11 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
  * micro-batch); messages name the flag. Nothing to check without --cp. */
 loom_status loom_train_config_validate_cp(const loom_train_config *tc, const loom_model_config *mc,
                                           loom_error *err);
+/* Everything `loom train` checks before it starts MPI: the model, these flags, and the
+ * layout against the model (tensor, context, expert and pipeline parallelism, the
+ * overlapped gather); messages name the flag. loom plan proposes only what passes. */
+loom_status loom_train_config_validate_all(const loom_train_config *tc, const loom_model_config *mc,
+                                           loom_error *err);
 /* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 #endif

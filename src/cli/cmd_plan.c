@@ -1,0 +1,198 @@
+/* loom plan: which layout to train a model with on a machine. Enumerates the layouts
+ * `loom train` accepts for a world size, sizes each rank's memory the way the run does
+ * (plan/memory.c) and predicts its step from a machine profile (plan/step_time.c), and
+ * prints the best; --explain one layout's breakdown; --check a finished run against its
+ * prediction; --html the picture. docs/PLAN.md. */
+#include "cli/cmd_plan.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/plan_check.h"
+#include "cli/plan_report.h"
+#include "cli/train_options.h"
+#include "plan/plan.h"
+
+#define MAX_WORDS 512
+
+typedef struct {
+    int world;
+    char profile[LOOM_PATH_MAX];
+    double memory_gib; /* 0: the profile's */
+    int ranks_per_node;
+    int top;
+    char explain[4096];
+    char check[LOOM_PATH_MAX];
+    char html[LOOM_PATH_MAX];
+    int json;
+    int help;
+    /* the rest: loom train's flags (the model, the batch, a base layout) */
+    char *train_argv[MAX_WORDS];
+    int train_argc;
+    char *owned[MAX_WORDS]; /* words split from --explain */
+    int n_owned;
+} plan_args;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
+            "                 [--ranks-per-node R] [--top K] [--json] [--html FILE]\n"
+            "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
+            "[--profile P] [--json]\n"
+            "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
+            "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
+            "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
+            "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
+            "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
+            "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
+            "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
+            "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
+            "against the prediction, term by term. docs/PLAN.md explains every term.\n");
+}
+
+static loom_status push_word(plan_args *a, char *w, loom_error *err) {
+    if (a->train_argc >= MAX_WORDS - 1)
+        return loom_error_set(err, LOOM_ERR_INPUT, "too many arguments (at most %d)", MAX_WORDS);
+    a->train_argv[a->train_argc++] = w;
+    return LOOM_OK;
+}
+
+/* Splits a layout given as loom train's flags into words (spaces; no quoting). */
+static loom_status split_words(plan_args *a, const char *text, loom_error *err) {
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) break;
+        const char *q = p;
+        while (*q && *q != ' ' && *q != '\t') q++;
+        if (a->n_owned >= MAX_WORDS) return loom_error_set(err, LOOM_ERR_INPUT, "--explain: too long");
+        char *w = strndup(p, (size_t)(q - p));
+        if (!w) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        a->owned[a->n_owned++] = w;
+        loom_status st = push_word(a, w, err);
+        if (st) return st;
+        p = q;
+    }
+    return LOOM_OK;
+}
+
+static loom_status parse_number(const char *flag, const char *v, double lo, double *out,
+                                loom_error *err) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || end == v || *end || errno || !(x >= lo) || !isfinite(x))
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a number >= %g", flag,
+                              v ? v : "", lo);
+    *out = x;
+    return LOOM_OK;
+}
+
+static loom_status parse_args(plan_args *a, int argc, char **argv, loom_error *err) {
+    memset(a, 0, sizeof *a);
+    a->top = 5;
+    loom_status st = push_word(a, "train", err);
+    for (int i = 1; i < argc && !st; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x = 0;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            a->help = 1;
+        } else if (!strcmp(f, "--json")) {
+            a->json = 1;
+        } else if (!strcmp(f, "--world") || !strcmp(f, "--top") || !strcmp(f, "--ranks-per-node")) {
+            if (!(st = parse_number(f, v, 1, &x, err))) {
+                if (x != floor(x) || x > 1 << 20)
+                    return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a whole number",
+                                          f, v);
+                *(!strcmp(f, "--world")  ? &a->world
+                  : !strcmp(f, "--top") ? &a->top
+                                         : &a->ranks_per_node) = (int)x;
+                i++;
+            }
+        } else if (!strcmp(f, "--memory-per-rank")) {
+            if (!(st = parse_number(f, v, 1e-6, &a->memory_gib, err))) i++;
+        } else if (!strcmp(f, "--profile") || !strcmp(f, "--check") || !strcmp(f, "--html") ||
+                   !strcmp(f, "--explain")) {
+            if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: expects a value", f);
+            char *dst = !strcmp(f, "--profile") ? a->profile
+                        : !strcmp(f, "--check") ? a->check
+                        : !strcmp(f, "--html")  ? a->html
+                                                : a->explain;
+            size_t cap = !strcmp(f, "--explain") ? sizeof a->explain : LOOM_PATH_MAX;
+            if (strlen(v) >= cap) return loom_error_set(err, LOOM_ERR_INPUT, "%s: too long", f);
+            memcpy(dst, v, strlen(v) + 1);
+            i++;
+        } else {
+            st = push_word(a, argv[i], err);
+        }
+    }
+    if (!st && a->explain[0]) st = split_words(a, a->explain, err);
+    return st;
+}
+
+static void free_args(plan_args *a) {
+    for (int i = 0; i < a->n_owned; i++) free(a->owned[i]);
+}
+
+/* loom train's options from the plan's words (the model, batch and layout flags). */
+static loom_status train_options_of(plan_args *a, loom_train_options *o, loom_error *err) {
+    a->train_argv[a->train_argc] = NULL;
+    loom_status st = loom_train_options_parse(o, a->train_argc, a->train_argv, err);
+    if (st) return st;
+    /* A plan reads no data: the flag the run requires names what is not read. */
+    if (!o->train.data[0]) snprintf(o->train.data, sizeof o->train.data, "(not read by loom plan)");
+    return LOOM_OK;
+}
+
+static int exit_code(loom_status st) {
+    return st == LOOM_ERR_INPUT ? 2 : 1;
+}
+
+int loom_cmd_plan(int argc, char **argv) {
+    loom_error err = {0};
+    plan_args a;
+    loom_train_options o;
+    loom_profile *prof = NULL;
+    loom_status st = parse_args(&a, argc, argv, &err);
+    int rc = 0;
+    if (!st && a.help) {
+        usage(stdout);
+        free_args(&a);
+        return 0;
+    }
+    if (!st && a.check[0]) {
+        st = loom_plan_check_run(a.check, a.profile, a.html, a.json, &a.train_argv[1],
+                                 a.train_argc - 1, &err);
+    } else if (!st) {
+        st = train_options_of(&a, &o, &err);
+        if (!st && a.profile[0]) st = loom_profile_load(&prof, a.profile, &err);
+        if (!st && a.explain[0]) {
+            st = loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.json, a.html, &err);
+        } else if (!st) {
+            if (!a.world)
+                st = loom_error_set(&err, LOOM_ERR_INPUT,
+                                    "--world: required (the ranks to plan for), or --explain "
+                                    "\"LAYOUT FLAGS\" for one layout");
+            else if (!prof)
+                st = loom_error_set(&err, LOOM_ERR_INPUT,
+                                    "--profile: required to rank layouts (loom calibrate -o "
+                                    "profile.json measures this machine; profiles/ has GPU "
+                                    "clusters)");
+            else
+                st = loom_plan_search(&o.model, &o.train, prof, a.world, a.ranks_per_node,
+                                      a.memory_gib, a.top, a.json, a.html, &err);
+        }
+    }
+    if (st) {
+        fprintf(stderr, "loom plan: %s\n", err.msg);
+        rc = exit_code(st);
+    }
+    loom_profile_free(prof);
+    free_args(&a);
+    return rc;
+}

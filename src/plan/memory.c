@@ -1,0 +1,65 @@
+/* The planner's memory per rank: the training run's own sizing (train/run_memory.c) for
+ * the rank of each pipeline stage, so a plan's figures are the start-up report's. */
+#include <omp.h>
+#include <string.h>
+
+#include "core/cpu_boot.h"
+
+#include "plan/plan.h"
+#include "train/run.h"
+
+static int world_of(loom_layout l) {
+    return l.dp * l.cp * l.tp * l.pp;
+}
+
+loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc,
+                                int stage, loom_plan_memory *out, loom_error *err) {
+    const loom_layout l = tc->layout;
+    memset(out, 0, sizeof *out);
+    if (stage < 0 || stage >= l.pp)
+        return loom_error_set(err, LOOM_ERR_INPUT, "pipeline stage %d: expected 0..%d", stage,
+                              l.pp - 1);
+    /* tensor, context, data and expert rank 0 of the stage (mesh order: tp fastest) */
+    const int rank = stage * l.tp * loom_layout_replicas(l);
+    loom_run_memory m;
+    /* the CPU kernels' scratch is per thread: size with the run's --threads */
+    const int before = omp_get_max_threads();
+    loom_cpu_set_threads(tc->threads > 0 ? tc->threads : 1);
+    loom_status st = loom_run_memory_of(mc, tc, world_of(l), rank, &m, err);
+    loom_cpu_set_threads(before);
+    if (st) return st;
+    out->params = (double)m.params;
+    out->gathered = (double)m.gathered;
+    out->grads_local = (double)m.grads_local;
+    out->grads_shard = (double)m.grads_shard;
+    out->optimizer = (double)m.optimizer;
+    out->activations = (double)m.activations;
+    out->act_sp = (double)m.act_sp;
+    out->act_nosp = (double)m.act_nosp;
+    out->act_whole = (double)m.act_whole;
+    out->cp_buffers = (double)m.cp_buffers;
+    out->moe_buffers = (double)m.moe_buffers;
+    out->pp_slots = m.pp_slots;
+    out->pp_messages = (double)m.pp_messages;
+    out->total = (double)m.total;
+    return LOOM_OK;
+}
+
+loom_status loom_plan_memory_max(const loom_model_config *mc, const loom_train_config *tc,
+                                 loom_plan_memory *out, int *stage, loom_error *err) {
+    *stage = 0;
+    for (int s = 0; s < tc->layout.pp; s++) {
+        loom_plan_memory m;
+        loom_status st = loom_plan_memory_of(mc, tc, s, &m, err);
+        if (st) return st;
+        if (s == 0 || m.total > out->total) *out = m, *stage = s;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_plan_validate(const loom_model_config *mc, const loom_train_config *tc,
+                               loom_error *err) {
+    loom_status st = loom_train_config_validate_all(tc, mc, err);
+    if (st) return st;
+    return loom_layout_validate(tc->layout, world_of(tc->layout), err);
+}

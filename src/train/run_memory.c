@@ -1,0 +1,63 @@
+/* What one rank holds: the start-up report's memory figures, read from the run's own
+ * objects, and the same for any rank of any layout without running it (loom plan). */
+#include <stdio.h>
+#include <string.h>
+
+#include "train/run.h"
+
+void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
+    memset(m, 0, sizeof *m);
+    loom_zero_memory zm;
+    loom_zero_memory_of(&r->zero, &zm);
+    m->params = zm.params;
+    /* ZeRO-3 holds gathered blocks beyond its shard (once per step in a pipeline) */
+    if (r->zero.stage == 3)
+        m->gathered = loom_fsdp_resident_bytes_of(&r->model.table, r->zero.shard_floats,
+                                                  r->pipelined != NULL) -
+                      zm.params;
+    m->grads_local = zm.grads_local;
+    m->grads_shard = zm.grads_shard;
+    m->optimizer = zm.optimizer;
+    m->activations = loom_model_activation_bytes(&r->model);
+    if (r->tp.size > 1) {
+        m->act_sp = loom_model_plan_bytes(&r->model, 1);
+        m->act_nosp = loom_model_plan_bytes(&r->model, 0);
+    }
+    if (r->cped) {
+        m->act_whole = loom_model_plan_bytes_whole(&r->model, r->tp.sequence_parallel);
+        m->cp_buffers = loom_cp_buffer_bytes(r->cp.size, &r->cp.o);
+    }
+    m->moe_buffers = loom_moe_bytes(r->model.moe);
+    const size_t per_model = m->activations + m->moe_buffers;
+    if (r->pipelined) {
+        const loom_pipeline *pl = r->pipelined;
+        m->pp_slots = pl->n_slots;
+        m->pp_messages = 4 * (size_t)pl->n_slots * pl->v * pl->act_floats * sizeof(float);
+    }
+    m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
+               per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages;
+}
+
+loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc,
+                               int world, int rank, loom_run_memory *m, loom_error *err) {
+    loom_mesh mesh;
+    loom_run r;
+    loom_status st = loom_mesh_shape(&mesh, tc->layout, world, rank, err);
+    if (st || (st = loom_run_size(&r, mc, tc, &mesh, err))) return st;
+    loom_run_memory_collect(&r, m);
+    loom_run_free(&r);
+    return LOOM_OK;
+}
+
+void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,
+                          size_t n) {
+    const double MiB = 1 << 20;
+    char held[64] = "";
+    if (m->gathered) snprintf(held, sizeof held, " + %.3f MiB gathered at most", m->gathered / MiB);
+    snprintf(buf, n,
+             "memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) of which "
+             "%.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations %.3f "
+             "MiB (micro-batch %d x %d)",
+             m->params / MiB, held, m->grads_local / MiB, m->grads_shard / MiB,
+             m->optimizer / MiB, m->activations / MiB, micro_batch, seq_len);
+}

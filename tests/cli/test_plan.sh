@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# loom plan: bad input exits 2 with one line naming the flag, file or field; a layout the
+# plan proposes is one `loom train` accepts (its top layouts run `--dry-run` under mpirun);
+# --explain and the JSON agree; the picture is written; --check reads a run's metrics.
+set -uo pipefail
+LOOM=$1
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 # MPI workers (see test_calibrate.sh)
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/check_lib.sh"
+profiles=$here/../../profiles
+H100=$profiles/h100_nvlink_ib.json
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1)
+seed=${LOOM_TEST_SEED:-$RANDOM}
+echo "seed $seed (LOOM_TEST_SEED=$seed to repeat)"
+layers=$((2 + seed % 4))
+MODEL=(--family llama --n-layer $((2 * layers)) --d-model 64 --n-head 4 --n-kv-head 2 --d-ff 128
+    --vocab-size 300 --seq-len 32 --global-batch 8 --micro-batch 2)
+
+# bad input: one line, exit 2
+expect "unknown flag" "unknown option '--frobnicate'" -- plan --frobnicate
+expect "no world" "--world: required" -- plan "${MODEL[@]}" --profile "$H100"
+expect "no profile" "--profile: required" -- plan "${MODEL[@]}" --world 4
+expect "missing profile" "$TMP/none.json" -- plan "${MODEL[@]}" --world 4 --profile "$TMP/none.json"
+python3 - "$H100" "$TMP/partial.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+del p["compute"][0]["gemm"]["tn"]
+json.dump(p, open(sys.argv[2], "w"))
+PY
+expect "profile missing a term" "compute[0].gemm.tn" -- plan "${MODEL[@]}" --world 4 --profile "$TMP/partial.json"
+expect "bad world" "--world 'x'" -- plan "${MODEL[@]}" --world x --profile "$H100"
+expect "nothing fits" "the smallest needs" -- plan "${MODEL[@]}" --world 4 --profile "$H100" --memory-per-rank 0.0001
+expect "layout refused" "--tp 3" -- plan "${MODEL[@]}" --explain "--tp 3"
+expect "bad check folder" "$TMP/nothing" -- plan --check "$TMP/nothing" --profile "$H100"
+expect "check without profile" "--check: needs --profile" -- plan --check "$TMP"
+mkdir -p "$TMP/run/attempt_0" && echo "mpirun -n 2 /bin/true" >"$TMP/run/attempt_0/command.txt"
+expect "check folder without train" "no \`loom train\` command" -- plan --check "$TMP/run" --profile "$H100"
+
+# the search: the top layouts are ones loom train accepts
+"$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --json >"$TMP/top.json" 2>"$TMP/err"
+check "search runs" test $? -eq 0
+"$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --html "$TMP/plan.html" >"$TMP/top.txt" 2>>"$TMP/err"
+check "search prints" grep -q "predicted\|largest part" "$TMP/top.txt"
+check "html written" grep -q "<svg" "$TMP/plan.html"
+mapfile -t LAYOUTS < <(python3 -c "import json,sys; [print(t['layout']) for t in json.load(open(sys.argv[1]))['top']]" "$TMP/top.json")
+check "four layouts" test "${#LAYOUTS[@]}" -eq 4
+python3 - "$TMP/tokens.bin" <<'PY'
+import struct, sys, random
+n = 8192
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<3i", 20240520, 1, n) + bytes(1012))
+    f.write(struct.pack(f"<{n}H", *[random.randrange(300) for _ in range(n)]))
+PY
+for lay in "${LAYOUTS[@]}"; do
+    # shellcheck disable=SC2086 # the layout is loom train's flags, split on purpose
+    "${MPIRUN[@]}" -n 4 "$LOOM" train "${MODEL[@]}" --data "$TMP/tokens.bin" --threads 1 $lay --dry-run \
+        >/dev/null 2>"$TMP/dry.err"
+    check "loom train accepts '$lay'" test $? -eq 0 || tail -3 "$TMP/dry.err"
+done
+# --explain: the same prediction as the search's entry, and the line a user reads
+first=${LAYOUTS[0]}
+"$LOOM" plan "${MODEL[@]}" --profile "$H100" --ranks-per-node 4 --explain "$first" >"$TMP/explain.txt" 2>>"$TMP/err"
+check "explain prints predicted step" grep -q "^predicted step: [0-9.]* ms" "$TMP/explain.txt"
+"$LOOM" plan "${MODEL[@]}" --profile "$H100" --ranks-per-node 4 --explain "$first" --json >"$TMP/explain.json" 2>>"$TMP/err"
+check "explain json equals the search's" python3 - "$TMP/top.json" "$TMP/explain.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["top"][0]["time"]["step_ms"]
+b = json.load(open(sys.argv[2]))["time"]["step_ms"]
+sys.exit(0 if abs(a - b) <= 1e-9 * max(a, b) else 1)
+PY
+
+# --check: a run's metrics against the prediction
+"${MPIRUN[@]}" -n 2 "$LOOM" train "${MODEL[@]}" --data "$TMP/tokens.bin" --threads 1 --dp 2 --zero 1 \
+    --steps 4 --log-every 0 --metrics "$TMP/m.jsonl" >/dev/null 2>"$TMP/train.err"
+check "training ran" test $? -eq 0
+"$LOOM" plan --check "$TMP/m.jsonl" --profile "$H100" "${MODEL[@]}" --dp 2 --zero 1 --html "$TMP/check.html" \
+    >"$TMP/check.txt" 2>>"$TMP/err"
+check "check compares step_ms" grep -q "step_ms .* ms .* ms" "$TMP/check.txt"
+check "check html" grep -q "measured" "$TMP/check.html"
+check "no sanitizer report" bash -c "! grep -qiE 'sanitizer|segmentation' '$TMP/err'"
+finish test_plan

@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""loom plan's memory per rank is the start-up report's, for every layout of the layout tests.
+
+For each layout of test_layouts.py (dp x ZeRO), test_layouts_tp.py, test_layouts_pp.py,
+test_layouts_moe.py, test_layouts_cp.py and test_layouts_dit.py (image and video), on a
+random small model of a random family (gpt2 / llama; the MoE layouts a Llama MoE, the dit
+layouts a dit), runs `mpirun -n R loom train ... --dry-run` (the real set-up of every rank,
+the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" --json`
+(no MPI: the layout's objects sized on shapes), and requires for rank 0 (pipeline stage
+0) the same text of the "memory per rank: ..." line, the same "memory per rank in all"
+figure, and the same numbers in the pipeline (micro-batches in flight, activations,
+message buffers), tensor-parallel, context-parallel and MoE-buffer lines.
+Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
+"""
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "harness"))
+sys.path.insert(0, HERE)
+from loomtest import MPIRUN, seed_of, write_text_shard  # noqa: E402
+import test_layouts_cp  # noqa: E402
+import test_layouts_dit  # noqa: E402
+import test_layouts_moe  # noqa: E402
+import test_layouts_pp  # noqa: E402
+import test_layouts_tp  # noqa: E402
+
+MIB = 1 << 20
+
+
+def layouts():
+    """(name, ranks, extra flags, model kind) of every layout test."""
+    out = [(f"dp{dp}_zero{z}", dp, ["--dp", str(dp), "--zero", str(z)], "lm")
+           for dp in (2, 4) for z in (0, 1, 2, 3)]
+    out += [(n, r, e, "lm") for n, r, e, *_ in test_layouts_tp.LAYOUTS]
+    out += [(n, r, e, "lm") for n, r, e, *_ in test_layouts_pp.LAYOUTS]
+    out += [(n, r, e, "lm") for n, r, e, *_ in test_layouts_cp.COMMON]
+    out += [(n, r, e, "moe") for n, r, e, *_ in test_layouts_moe.LAYOUTS]
+    out += [(n, r, e, "moe") for n, r, e, *_ in test_layouts_cp.MOE]
+    out += [(n, r, e, "image") for n, r, e, *_ in test_layouts_dit.IMAGE_LAYOUTS]
+    out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
+    return out
+
+
+def model_flags(kind, rng, tmp, seed):
+    """A random small model of the kind every listed layout accepts, and its data."""
+    if kind in ("image", "video"):
+        frames, patch_t, channels, height, width, patch, classes = (
+            (1, 1, 1, 12, 20, 4, 5) if kind == "image" else (4, 2, 3, 8, 12, 4, 3))
+        data = os.path.join(tmp, f"{kind}_train_000000.bin")
+        if not os.path.exists(data):
+            test_layouts_dit.write_image_shard(data, np.random.default_rng(seed), 64, frames,
+                                               channels, height, width, classes)
+        return ["--family", "dit", "--n-layer", "4", "--n-head", "4", "--d-model",
+                str(rng.choice([32, 48])), "--d-ff", "64", "--frames", str(frames), "--patch-t",
+                str(patch_t), "--channels", str(channels), "--height", str(height), "--width",
+                str(width), "--patch", str(patch), "--n-classes", str(classes), "--micro-batch",
+                "2", "--global-batch", "8", "--data", data]
+    data = os.path.join(tmp, "train.bin")
+    if not os.path.exists(data):
+        write_text_shard(data, seed)
+    family = "llama" if kind == "moe" else rng.choice(["gpt2", "llama"])
+    d = rng.choice([32, 48, 64])
+    flags = ["--family", family, "--vocab-size", "256", "--seq-len", "24", "--n-layer", "8",
+             "--d-model", str(d), "--n-head", "8", "--d-ff", str(d * rng.choice([2, 3])),
+             "--micro-batch", "2", "--global-batch", "16", "--data", data,
+             "--bucket-mb", str(rng.choice([0.01, 0.05, 25]))]
+    if family == "llama":
+        flags += ["--n-kv-head", "4"]
+    if kind == "moe":
+        flags += ["--n-experts", "4", "--top-k", "2", "--moe-every", "2", "--capacity-factor",
+                  "0"]
+    return flags
+
+
+NUM = r"([\d.]+)"
+FIGURES = {  # start-up report line -> the plan's JSON fields (rank 0's)
+    "pipeline": (re.compile(r"(\d+) micro-batch\(es\) in flight \(activations[^)]*? \d+ x "
+                            + NUM + r" MiB = " + NUM + r" MiB; message buffers " + NUM + " MiB"),
+                 lambda m: [m["pp_slots"], m["activations_bytes"] / MIB,
+                            m["pp_slots"] * m["activations_bytes"] / MIB,
+                            m["pp_messages_bytes"] / MIB], [0, 3, 3, 1]),
+    "tp": (re.compile(r"tensor parallel \d+ ranks[^:]*: activations per rank " + NUM
+                      + r" MiB with sequence parallelism, " + NUM + " MiB without"),
+           lambda m: [m["act_sp_bytes"] / MIB, m["act_nosp_bytes"] / MIB], [1, 1]),
+    "cp": (re.compile(r"MiB holding whole sequences; attention buffers " + NUM + " MiB"),
+           lambda m: [m["cp_buffers_bytes"] / MIB], [3]),
+    "cp_whole": (re.compile(r"per sample\), " + NUM + " MiB holding whole"),
+                 lambda m: [m["act_whole_bytes"] / MIB], [3]),
+    "moe": (re.compile(r"experts per rank\), buffers " + NUM + " MiB"),
+            lambda m: [m["moe_buffers_bytes"] / MIB], [1]),
+    "total": (re.compile(r"memory per rank in all: " + NUM + " MiB"),
+              lambda m: [m["total_bytes"] / MIB], [3]),
+}
+
+
+def check(loom, name, ranks, extra, flags, threads):
+    train = ([loom, "train"] + flags + extra +
+             ["--dry-run", "--threads", str(threads), "--steps", "1", "--log-every", "0"])
+    cmd = (MPIRUN + ["-n", str(ranks)] if ranks > 1 else []) + train
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return [f"loom train --dry-run exit {p.returncode}: {p.stderr[-1500:]}"]
+    plan = subprocess.run([loom, "plan"] + flags +
+                          ["--threads", str(threads), "--explain", " ".join(extra), "--json"],
+                          capture_output=True, text=True)
+    if plan.returncode != 0:
+        return [f"loom plan exit {plan.returncode}: {plan.stderr[-1500:]}"]
+    stage0 = json.loads(plan.stdout)["stages"][0]
+    problems = []
+    line = re.search(r"loom: (memory per rank: [^\n]*)", p.stderr)
+    if not line:
+        return [f"no memory line in the start-up report:\n{p.stderr[-1500:]}"]
+    if line.group(1) != stage0["line"]:
+        problems.append(f"memory line differs:\n    report: {line.group(1)}\n    plan:   "
+                        f"{stage0['line']}")
+    for what, (rx, plan_values, digits) in FIGURES.items():
+        m = rx.search(p.stderr)
+        if not m:
+            continue
+        got = [float(x) for x in m.groups()]
+        want = [round(v, d) for v, d in zip(plan_values(stage0), digits)]
+        if any(abs(g - w) > 0.5 * 10 ** -d for g, w, d in zip(got, want, digits)):
+            problems.append(f"{what}: report {got}, plan {want}")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    seed = seed_of(args)
+    rng = random.Random(seed)
+    only = os.environ.get("LOOM_LAYOUTS")
+    failures = checks = 0
+    with tempfile.TemporaryDirectory(prefix="loom_plan_memory_") as tmp:
+        for name, ranks, extra, kind in layouts():
+            if only and name not in only.split(","):
+                continue
+            flags = model_flags(kind, rng, tmp, seed)
+            problems = check(args.loom, name, ranks, extra, flags, 1)
+            checks += 1
+            failures += bool(problems)
+            print(f"  {kind:5s} {name:32s} {'ok' if not problems else 'FAIL'}")
+            for x in problems:
+                print(f"      {x}")
+    print(f"{checks - failures} of {checks} layouts: the plan's memory equals the start-up "
+          f"report's (seed {seed})")
+    if failures:
+        print(f"FAIL (rerun with --seed {seed})")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
