@@ -38,20 +38,20 @@ typedef struct {
 } plan_args;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
-            "                 [--ranks-per-node R] [--top K] [--json] [--html FILE]\n"
-            "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
-            "[--profile P] [--json]\n"
-            "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
-            "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
-            "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
-            "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
-            "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
-            "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
-            "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
-            "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
-            "against the prediction, term by term. docs/PLAN.md explains every term.\n");
+    fprintf(
+        f, "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
+           "                 [--ranks-per-node R] [--top K] [--json] [--html FILE]\n"
+           "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
+           "[--profile P] [--json]\n"
+           "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
+           "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
+           "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
+           "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
+           "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
+           "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
+           "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
+           "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
+           "against the prediction, term by term. docs/PLAN.md explains every term.\n");
 }
 
 static loom_status push_word(plan_args *a, char *w, loom_error *err) {
@@ -69,7 +69,8 @@ static loom_status split_words(plan_args *a, const char *text, loom_error *err) 
         if (!*p) break;
         const char *q = p;
         while (*q && *q != ' ' && *q != '\t') q++;
-        if (a->n_owned >= MAX_WORDS) return loom_error_set(err, LOOM_ERR_INPUT, "--explain: too long");
+        if (a->n_owned >= MAX_WORDS)
+            return loom_error_set(err, LOOM_ERR_INPUT, "--explain: too long");
         char *w = strndup(p, (size_t)(q - p));
         if (!w) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
         a->owned[a->n_owned++] = w;
@@ -109,9 +110,9 @@ static loom_status parse_args(plan_args *a, int argc, char **argv, loom_error *e
                 if (x != floor(x) || x > 1 << 20)
                     return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a whole number",
                                           f, v);
-                *(!strcmp(f, "--world")  ? &a->world
+                *(!strcmp(f, "--world") ? &a->world
                   : !strcmp(f, "--top") ? &a->top
-                                         : &a->ranks_per_node) = (int)x;
+                                        : &a->ranks_per_node) = (int)x;
                 i++;
             }
         } else if (!strcmp(f, "--memory-per-rank")) {
@@ -172,7 +173,8 @@ int loom_cmd_plan(int argc, char **argv) {
         st = train_options_of(&a, &o, &err);
         if (!st && a.profile[0]) st = loom_profile_load(&prof, a.profile, &err);
         if (!st && a.explain[0]) {
-            st = loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.json, a.html, &err);
+            st =
+                loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.json, a.html, &err);
         } else if (!st) {
             if (!a.world)
                 st = loom_error_set(&err, LOOM_ERR_INPUT,

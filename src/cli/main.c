@@ -64,9 +64,10 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr,
-            "loom: unknown command '%s' (expected train, run, calibrate, plan, data, generate, sample, "
-            "plot, tokenizer, version)\n",
-            cmd);
+    fprintf(
+        stderr,
+        "loom: unknown command '%s' (expected train, run, calibrate, plan, data, generate, sample, "
+        "plot, tokenizer, version)\n",
+        cmd);
     return 2;
 }

@@ -16,7 +16,7 @@
 #define MAX_STEPS 100000
 
 /* What --metrics measures of a step; the prediction's terms carry the same keys. */
-static const char *KEYS[] = {"dp.compute_ms",     "grad_wait_ms",  "dp.optimizer_ms",
+static const char *KEYS[] = {"dp.compute_ms", "grad_wait_ms", "dp.optimizer_ms",
                              "dp.param_gather_ms", "dp.param_wait_ms"};
 #define N_KEYS (int)(sizeof KEYS / sizeof KEYS[0])
 

@@ -54,8 +54,9 @@ loom_status loom_plan_html_write(const char *path, const char *title, const loom
     put_escaped(f, title);
     fprintf(f, "</title></head>\n<body style=\"font-family: sans-serif\">\n<h2>");
     put_escaped(f, title);
-    fprintf(f, "</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-size=\"12\">\n",
+    fprintf(f,
+            "</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-size=\"12\">\n",
             label_w + bar_w + 120, height);
     for (int b = 0; b < n; b++) {
         const loom_plan_bar *x = &bars[b];
@@ -98,7 +99,6 @@ loom_status loom_plan_html_write(const char *path, const char *title, const loom
     fprintf(f, "</svg>\n<p>Each bar is one layout's step, its parts stacked in order (hover "
                "for each part's milliseconds). docs/PLAN.md explains the parts.</p>\n"
                "</body></html>\n");
-    if (fclose(f) != 0)
-        return loom_error_set(err, LOOM_ERR_IO, "--html '%s': write failed", path);
+    if (fclose(f) != 0) return loom_error_set(err, LOOM_ERR_IO, "--html '%s': write failed", path);
     return LOOM_OK;
 }

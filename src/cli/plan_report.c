@@ -28,7 +28,8 @@ loom_plan_placement loom_plan_placement_of(const loom_profile *p, const loom_tra
     const int cores = p ? loom_profile_devices_per_node(p) : (int)(here > 0 ? here : 1);
     if (pl.ranks_per_node <= 0) pl.ranks_per_node = cpu || world < cores ? world : cores;
     /* loom train's --threads 0: the node's cores shared by its ranks */
-    if (pl.threads <= 0) pl.threads = cpu && cores > pl.ranks_per_node ? cores / pl.ranks_per_node : 1;
+    if (pl.threads <= 0)
+        pl.threads = cpu && cores > pl.ranks_per_node ? cores / pl.ranks_per_node : 1;
     return pl;
 }
 
@@ -78,8 +79,8 @@ static json_t *time_json(const loom_plan_time *t) {
     json_object_set_new(o, "tokens_per_s", json_real(t->tokens_per_s));
     json_object_set_new(o, "model_flops", json_real(t->model_flops));
     json_object_set_new(o, "mfu", json_real(t->mfu));
-    json_object_set_new(o, "dominant", t->n_terms ? json_string(t->terms[t->dominant].name)
-                                                   : json_null());
+    json_object_set_new(o, "dominant",
+                        t->n_terms ? json_string(t->terms[t->dominant].name) : json_null());
     json_object_set_new(o, "terms", terms);
     return o;
 }
@@ -122,17 +123,20 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
     fprintf(f, "loom: %s\n", line);
     fprintf(f, "loom: memory per rank in all: %.3f MiB\n", m->total / MiB);
     if (m->pp_slots)
-        fprintf(f, "  pipeline: %d micro-batch(es) in flight (activations %d x %.3f MiB = %.3f "
-                   "MiB; message buffers %.1f MiB)\n",
+        fprintf(f,
+                "  pipeline: %d micro-batch(es) in flight (activations %d x %.3f MiB = %.3f "
+                "MiB; message buffers %.1f MiB)\n",
                 m->pp_slots, m->pp_slots, m->activations / MiB, m->pp_slots * m->activations / MiB,
                 m->pp_messages / MiB);
     if (tc->layout.tp > 1)
-        fprintf(f, "  tensor parallel: activations per rank %.1f MiB with sequence parallelism, "
-                   "%.1f MiB without\n",
+        fprintf(f,
+                "  tensor parallel: activations per rank %.1f MiB with sequence parallelism, "
+                "%.1f MiB without\n",
                 m->act_sp / MiB, m->act_nosp / MiB);
     if (tc->layout.cp > 1)
-        fprintf(f, "  context parallel: %.3f MiB holding whole sequences; attention buffers %.3f "
-                   "MiB\n",
+        fprintf(f,
+                "  context parallel: %.3f MiB holding whole sequences; attention buffers %.3f "
+                "MiB\n",
                 m->act_whole / MiB, m->cp_buffers / MiB);
     if (m->moe_buffers > 0) fprintf(f, "  MoE buffers %.1f MiB\n", m->moe_buffers / MiB);
 }
@@ -148,8 +152,8 @@ static void print_time(const loom_plan_time *t, FILE *f) {
 }
 
 loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_config *tc,
-                              const loom_profile *p, int ranks_per_node, int json,
-                              const char *html, loom_error *err) {
+                              const loom_profile *p, int ranks_per_node, int json, const char *html,
+                              loom_error *err) {
     loom_plan_candidate c;
     memset(&c, 0, sizeof c);
     const int world = world_of(tc);
@@ -282,7 +286,8 @@ loom_status loom_plan_search(const loom_model_config *mc, const loom_train_confi
         json_object_set_new(o, "budget_gib", json_real(budget / GiB));
         json_object_set_new(o, "considered", json_integer(n));
         json_object_set_new(o, "fit", json_integer(fit));
-        for (int i = 0; i < k; i++) json_array_append_new(arr, loom_plan_candidate_json(mc, &all[i], 1));
+        for (int i = 0; i < k; i++)
+            json_array_append_new(arr, loom_plan_candidate_json(mc, &all[i], 1));
         json_object_set_new(o, "top", arr);
         char *s = json_dumps(o, JSON_COMPACT);
         printf("%s\n", s ? s : "{}");

@@ -14,8 +14,8 @@ loom_plan_placement loom_plan_placement_of(const loom_profile *p, const loom_tra
  * report's lines) and, with a profile, its predicted step term by term, ending in
  * "predicted step: X ms". json: one JSON object instead. html: also the picture. */
 loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_config *tc,
-                              const loom_profile *p, int ranks_per_node, int json,
-                              const char *html, loom_error *err);
+                              const loom_profile *p, int ranks_per_node, int json, const char *html,
+                              loom_error *err);
 
 /* The `top` fastest layouts of `world` ranks that fit memory_gib per rank (0: the
  * profile's memory), each with why it is ahead. LOOM_ERR_INPUT when none fits, naming

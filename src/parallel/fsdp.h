@@ -56,7 +56,6 @@ loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err);
  * the shard and every range). */
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f);
 /* The same for registry t and a shard of shard_floats, without a loom_fsdp (sizing). */
-size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats,
-                                   int keep_blocks);
+size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats, int keep_blocks);
 
 #endif

@@ -72,8 +72,7 @@ loom_status loom_mesh_shape(loom_mesh *m, loom_layout l, int world_size, int ran
     loom_status st = loom_layout_validate(l, world_size, err);
     if (st) return st;
     if (rank < 0 || rank >= world_size)
-        return loom_error_set(err, LOOM_ERR_INPUT, "rank %d: expected 0..%d", rank,
-                              world_size - 1);
+        return loom_error_set(err, LOOM_ERR_INPUT, "rank %d: expected 0..%d", rank, world_size - 1);
     place(m, l, world_size, rank);
     const int R = loom_layout_replicas(l), r = m->dp_rank;
     loom_comm_shape(&m->world, "world", rank, world_size);

@@ -12,8 +12,8 @@ static int world_of(loom_layout l) {
     return l.dp * l.cp * l.tp * l.pp;
 }
 
-loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc,
-                                int stage, loom_plan_memory *out, loom_error *err) {
+loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc, int stage,
+                                loom_plan_memory *out, loom_error *err) {
     const loom_layout l = tc->layout;
     memset(out, 0, sizeof *out);
     if (stage < 0 || stage >= l.pp)

@@ -24,25 +24,25 @@
 /* What one rank holds, bytes: the start-up report's figures (train/startup_report.c)
  * for the rank at pipeline stage `stage` (tensor, context, expert and data rank 0). */
 typedef struct {
-    double params;       /* persistent parameters (ZeRO-3: the shard) */
-    double gathered;     /* ZeRO-3: parameters gathered at most at once (0 otherwise) */
-    double grads_local;  /* the local accumulation buffer */
-    double grads_shard;  /* ZeRO-2/3: the part of it that stays */
-    double optimizer;    /* AdamW m and v */
-    double activations;  /* one micro-batch's arena (a pipeline stage: one slot) */
+    double params;           /* persistent parameters (ZeRO-3: the shard) */
+    double gathered;         /* ZeRO-3: parameters gathered at most at once (0 otherwise) */
+    double grads_local;      /* the local accumulation buffer */
+    double grads_shard;      /* ZeRO-2/3: the part of it that stays */
+    double optimizer;        /* AdamW m and v */
+    double activations;      /* one micro-batch's arena (a pipeline stage: one slot) */
     double act_sp, act_nosp; /* --tp > 1: the arena with and without sequence parallelism */
-    double act_whole;    /* --cp > 1: the arena holding whole sequences */
-    double cp_buffers;   /* --cp > 1: the ring's / Ulysses' buffers */
-    double moe_buffers;  /* MoE: routing, dispatch and expert buffers */
-    int pp_slots;        /* --pp > 1: micro-batches in flight (activation arenas) */
-    double pp_messages;  /* --pp > 1: the stage's message buffers */
-    double total;        /* everything above that is allocated (the budget compares it) */
+    double act_whole;        /* --cp > 1: the arena holding whole sequences */
+    double cp_buffers;       /* --cp > 1: the ring's / Ulysses' buffers */
+    double moe_buffers;      /* MoE: routing, dispatch and expert buffers */
+    int pp_slots;            /* --pp > 1: micro-batches in flight (activation arenas) */
+    double pp_messages;      /* --pp > 1: the stage's message buffers */
+    double total;            /* everything above that is allocated (the budget compares it) */
 } loom_plan_memory;
 
 /* The rank's memory for layout tc of model mc. Fails (LOOM_ERR_INPUT) only for a layout
  * the training run would refuse; call loom_plan_validate first for the message. */
-loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc,
-                                int stage, loom_plan_memory *out, loom_error *err);
+loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_config *tc, int stage,
+                                loom_plan_memory *out, loom_error *err);
 /* The largest total over the pipeline stages (the rank the budget must fit). */
 loom_status loom_plan_memory_max(const loom_model_config *mc, const loom_train_config *tc,
                                  loom_plan_memory *out, int *stage, loom_error *err);
@@ -92,10 +92,10 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
 
 /* One layout and what the planner says of it. */
 typedef struct {
-    loom_train_config tc;  /* the layout, as loom train's flags (base's other flags) */
-    loom_plan_memory mem;  /* the pipeline stage holding the most */
+    loom_train_config tc; /* the layout, as loom train's flags (base's other flags) */
+    loom_plan_memory mem; /* the pipeline stage holding the most */
     int mem_stage;
-    loom_plan_time time;   /* with a profile */
+    loom_plan_time time; /* with a profile */
 } loom_plan_candidate;
 
 /* Every layout of `world` ranks that `loom train` accepts for model mc (loom_plan_validate

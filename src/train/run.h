@@ -79,12 +79,12 @@ loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_t
 
 /* What one rank holds, bytes: the start-up report's memory figures (train/run_memory.c). */
 typedef struct {
-    size_t params;      /* persistent parameters (ZeRO-3: the shard) */
-    size_t gathered;    /* ZeRO-3: parameters gathered at most at once beyond the shard */
-    size_t grads_local; /* the local accumulation buffer */
-    size_t grads_shard; /* ZeRO-2/3: the part of it that stays (inside grads_local) */
-    size_t optimizer;   /* AdamW m and v */
-    size_t activations; /* one micro-batch's arena (a pipeline stage: one slot) */
+    size_t params;           /* persistent parameters (ZeRO-3: the shard) */
+    size_t gathered;         /* ZeRO-3: parameters gathered at most at once beyond the shard */
+    size_t grads_local;      /* the local accumulation buffer */
+    size_t grads_shard;      /* ZeRO-2/3: the part of it that stays (inside grads_local) */
+    size_t optimizer;        /* AdamW m and v */
+    size_t activations;      /* one micro-batch's arena (a pipeline stage: one slot) */
     size_t act_sp, act_nosp; /* --tp > 1: the arena with / without sequence parallelism */
     size_t act_whole;        /* --cp > 1: the arena holding whole sequences */
     size_t cp_buffers;       /* --cp > 1: the ring's / Ulysses' buffers */
@@ -96,8 +96,8 @@ typedef struct {
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m);
 /* The memory of world rank `rank` of layout tc->layout over world ranks, without MPI
  * (a shape mesh and loom_run_size). */
-loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc,
-                               int world, int rank, loom_run_memory *m, loom_error *err);
+loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc, int world,
+                               int rank, loom_run_memory *m, loom_error *err);
 /* The start-up report's "memory per rank: ..." line (no prefix, no newline). */
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,
                           size_t n);

@@ -38,8 +38,8 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages;
 }
 
-loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc,
-                               int world, int rank, loom_run_memory *m, loom_error *err) {
+loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc, int world,
+                               int rank, loom_run_memory *m, loom_error *err) {
     loom_mesh mesh;
     loom_run r;
     loom_status st = loom_mesh_shape(&mesh, tc->layout, world, rank, err);
@@ -58,6 +58,6 @@ void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len
              "memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) of which "
              "%.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations %.3f "
              "MiB (micro-batch %d x %d)",
-             m->params / MiB, held, m->grads_local / MiB, m->grads_shard / MiB,
-             m->optimizer / MiB, m->activations / MiB, micro_batch, seq_len);
+             m->params / MiB, held, m->grads_local / MiB, m->grads_shard / MiB, m->optimizer / MiB,
+             m->activations / MiB, micro_batch, seq_len);
 }

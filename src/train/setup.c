@@ -128,17 +128,16 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, r->cped, &r->model, err)))
             return st;
-    } else if ((st = loom_model_create(&r->model,
-                                       &(loom_model_options){.cfg = mc,
-                                                             .B = tc->micro_batch,
-                                                             .T = T,
-                                                             .tp = &r->tp,
-                                                             .cp = r->cped,
-                                                             .ep = &mesh->ep,
-                                                             .flags = r->size_only
-                                                                          ? LOOM_MODEL_SIZE_ONLY
-                                                                          : 0},
-                                       err))) {
+    } else if ((st = loom_model_create(
+                    &r->model,
+                    &(loom_model_options){.cfg = mc,
+                                          .B = tc->micro_batch,
+                                          .T = T,
+                                          .tp = &r->tp,
+                                          .cp = r->cped,
+                                          .ep = &mesh->ep,
+                                          .flags = r->size_only ? LOOM_MODEL_SIZE_ONLY : 0},
+                    err))) {
         return st;
     }
     r->tp.be = r->model.be; /* the vocabulary-parallel loss runs where the logits are */

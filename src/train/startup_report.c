@@ -29,8 +29,7 @@ void loom_run_report_startup(const loom_run *r) {
                 "factor %g%s, expert parallel %d (%d experts per rank), buffers %.1f MiB\n",
                 mc->n_experts, mc->top_k, mc->moe_every, mc->shared_expert ? " + shared" : "",
                 (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
-                mesh->layout.ep, mc->n_experts / mesh->layout.ep,
-                rm.moe_buffers / MiB);
+                mesh->layout.ep, mc->n_experts / mesh->layout.ep, rm.moe_buffers / MiB);
     if (mesh->layout.dp > 1 && !r->zero.engine.threaded) /* comm/engine.h */
         fprintf(stderr,
                 "loom: communication engine: no thread (MPI provides %s): collectives "
@@ -48,8 +47,8 @@ void loom_run_report_startup(const loom_run *r) {
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
                 "parallelism, %.1f MiB without\n",
-                r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "",
-                rm.act_sp / MiB, rm.act_nosp / MiB);
+                r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "", rm.act_sp / MiB,
+                rm.act_nosp / MiB);
     if (r->cped) {
         const int sp = r->tp.sequence_parallel;
         fprintf(stderr,
