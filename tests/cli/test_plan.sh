@@ -77,5 +77,16 @@ check "training ran" test $? -eq 0
     >"$TMP/check.txt" 2>>"$TMP/err"
 check "check compares step_ms" grep -q "step_ms .* ms .* ms" "$TMP/check.txt"
 check "check html" grep -q "measured" "$TMP/check.html"
+"$LOOM" run -n 2 --run-dir "$TMP/runs" -- train "${MODEL[@]}" --data "$TMP/tokens.bin" --threads 1 \
+    --dp 2 --steps 4 --log-every 0 --metrics "$TMP/run.jsonl" >/dev/null 2>"$TMP/run.err"
+check "loom run ran" test $? -eq 0
+"$LOOM" plan --check "$TMP/runs" --profile "$H100" --json >"$TMP/check.json" 2>>"$TMP/err"
+check "check reads the run folder" python3 - "$TMP/check.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["layout"].startswith("--dp 2") and r["steps"] == 2 and r["measured_step_ms"] > 0
+ok = ok and r["predicted_step_ms"] > 0 and {t["metric"] for t in r["terms"]} >= {"dp.compute_ms"}
+sys.exit(0 if ok else 1)
+PY
 check "no sanitizer report" bash -c "! grep -qiE 'sanitizer|segmentation' '$TMP/err'"
 finish test_plan
