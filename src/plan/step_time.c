@@ -556,7 +556,7 @@ static void ensure(const double *done, double *t, double *wait, int i) {
 
 typedef struct {
     double forward, backward, recompute_share, tp, cp, moe, zero3_wait, pp_bubble, pp_send;
-    double dp_exposed, ep_reduce, norm, optimizer, param_gather, clear, engine_share;
+    double dp_exposed, ep_reduce, norm, optimizer, param_gather, param_wait, clear, engine_share;
 } parts;
 
 static void term(loom_plan_time *out, const char *name, const char *metric, double ms) {
@@ -655,6 +655,8 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     engine eng = {0};
     double compute_base = 0; /* this rank's compute (unslowed), for the sharing rule */
     double t_backward_end = 0, last_bwd_start = 0;
+    double *g = NULL, *need = NULL; /* whole model: the ranges' bytes, forward's first use */
+    int n_ranges = 0;
     const size_t bucket_floats_raw = (size_t)(tc->bucket_mb * (1 << 20) / sizeof(float));
     size_t bucket = bucket_floats_raw < 1 ? 1 : bucket_floats_raw;
     if (bucket > table.total) bucket = table.total ? table.total : 1;
@@ -693,12 +695,14 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
 #define WALL(c) ((c).compute * share + (c).tp + (c).cp + (c).moe)
         /* ZeRO-3: ranges 0 (embedding), 1..L (blocks), L+1 (the head's); all-gathers */
         const int z3 = zero == 3;
-        double *g = calloc((size_t)L + 2, sizeof *g), *done = calloc((size_t)L + 2, sizeof *done);
-        if (!g || !done) {
-            free(bf), free(bb), free(g), free(done), loom_params_free(&table);
+        g = calloc((size_t)L + 2, sizeof *g), need = calloc((size_t)L + 2, sizeof *need);
+        n_ranges = L + 2;
+        double *done = calloc((size_t)L + 2, sizeof *done);
+        if (!g || !need || !done) {
+            free(bf), free(bb), free(g), free(need), free(done), loom_params_free(&table);
             return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
         }
-        for (int i = 0; z3 && i < L + 2; i++) {
+        for (int i = 0; i < L + 2; i++) {
             const size_t lo = i == 0 ? 0 : i <= L ? table.blocks[i - 1].begin : table.head_begin;
             const size_t hi = i == 0   ? (L ? table.blocks[0].begin : table.head_begin)
                               : i < L  ? table.blocks[i].begin
@@ -722,8 +726,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                     resident_tail = 1;
                 }
             }
-            double w = WALL(emb_f);
-            t += w, P.forward += emb_f.compute * share, P.tp += emb_f.tp;
+            if (k == 0) need[0] = t;
+            t += WALL(emb_f);
+            P.forward += emb_f.compute * share, P.tp += emb_f.tp;
             compute_base += emb_f.compute;
             for (int i = 0; i < L; i++) {
                 if (z3) {
@@ -731,6 +736,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                     if (i + 2 <= L + 1 && !(i + 2 == L + 1 && resident_tail))
                         gather(&q, &eng, replicas, g, done, i + 2, t);
                 }
+                if (k == 0) need[i + 1] = t;
                 t += WALL(bf[i]);
                 P.forward += bf[i].compute * share, P.tp += bf[i].tp, P.cp += bf[i].cp;
                 P.moe += bf[i].moe, compute_base += bf[i].compute;
@@ -739,6 +745,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                     resident_tail = 1;
                 }
             }
+            if (k == 0) need[L + 1] = t;
             t += WALL(head_f);
             P.forward += head_f.compute * share, P.tp += head_f.tp;
             compute_base += head_f.compute;
@@ -772,7 +779,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         }
 #undef WALL
         t_backward_end = t;
-        free(bf), free(bb), free(g), free(done);
+        free(bf), free(bb), free(done);
     } else {
         /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
         double dur[3] = {0, 0, 0}, busy = 0;
@@ -872,18 +879,37 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     (void)last_bwd_start;
     /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
     const size_t shard = zero >= 1 ? (table.total + replicas - 1) / replicas : table.total;
-    const size_t owned = zero >= 2 || replicas < 2 ? shard : (size_t)(table.total / replicas);
+    /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
+    const size_t owned = zero >= 2 ? shard : table.total;
     P.norm = coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8) +
              bytes_ms(&q, 4.0 * (double)owned) * share + coll(&q, LOOM_COLL_ALLREDUCE, world, 8);
     if (mc->n_experts > 0) P.norm += coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8.0 * (d.E + 4));
+    /* the step's start: the local gradients cleared (stages 0, 1: a memset; 2, 3: pages
+     * handed back, zero-filled by the kernel as backward touches them again) */
+    P.clear = memset_ms(&q, (double)table.total) * share;
     /* clipping and AdamW on this rank's part */
     double adam = 0;
     if (!q.st) q.st = loom_profile_adamw_ms(p, (double)shard, threads, &adam, err);
     P.optimizer = (bytes_ms(&q, 8.0 * (double)shard) + adam) * share;
-    if (zero == 1 || zero == 2) /* the updated shards to every replica */
+    if ((zero == 1 || zero == 2) && tc->overlap_param_gather && g) {
+        /* --overlap-param-gather: each range's gather posted once AdamW has updated it,
+         * waited for by the next step's forward right before the range is read */
+        double at = 0, free_at = 0, cum = 0, late = 0;
+        const double start = P.optimizer + P.clear; /* the next forward, after the optimizer */
+        for (int i = 0; i < n_ranges; i++) {
+            cum += g[i] / (4.0 * (double)table.total);
+            at = P.optimizer * cum;
+            const double ms = engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, g[i]);
+            free_at = (free_at > at ? free_at : at) + ms;
+            const double use = start + need[i] + late;
+            if (free_at > use) late += free_at - use;
+        }
+        P.param_gather = n_ranges * loom_profile_engine_post_us(p) / 1e3;
+        P.param_wait = late;
+    } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
         P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, 4.0 * (double)table.total);
-    /* the step's start: the local gradients cleared (stages 0, 1: a memset) */
-    if (zero < 2) P.clear = memset_ms(&q, (double)table.total) * share;
+    }
+    free(g), free(need);
 
     /* the engine thread's CPU competes with compute on a CPU node */
     if (cpu) {
@@ -913,6 +939,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     term(out, "norm", NULL, P.norm);
     term(out, "optimizer", "dp.optimizer_ms", P.optimizer);
     term(out, "param gather", "dp.param_gather_ms", P.param_gather);
+    term(out, "param wait", "dp.param_wait_ms", P.param_wait);
     double step = 0;
     for (int i = 0; i < out->n_terms; i++) {
         step += out->terms[i].ms;
