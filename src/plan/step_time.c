@@ -1,0 +1,974 @@
+/* loom plan's step-time model (plan/plan.h, docs/PLAN.md "Step time"): one training step
+ * of a layout, rebuilt from the step's real structure and priced from a machine profile.
+ *
+ * The pieces: every kernel of forward and backward at its shape on this rank (the
+ * transformer's GEMMs, attention, norms, activations, memsets, the loss; MoE's router,
+ * dispatch and experts; tensor parallelism's collectives, blocking on the critical path),
+ * then the communication engine as one FIFO queue beside the compute timeline (gradient
+ * buckets posted as backward finishes each layer, ZeRO-3's all-gathers prefetched one
+ * block ahead), the pipeline's actions replayed by the schedule simulator
+ * (pipeline/schedule.h), and the step's tail (norm, clipping, AdamW, ZeRO's all-gather).
+ *
+ * The CPU-sharing rule: on a CPU node (machine.memory_shared) R ranks of t threads share
+ * c cores; the compute of a step takes max(base, R (t base + engine) / c) (engine: the
+ * engine thread's CPU for the step's collectives), and a collective's profile time,
+ * measured with its group alone on the node, is scaled by max(1, R/c) / max(1, G/c). In
+ * a pipeline a stage waiting for its input yields its core: the busy ranks share them,
+ * slowed by max(1, R t busy / c) with busy the simulated busy fraction. */
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/params.h"
+#include "parallel/mesh.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/schedule.h"
+
+/* ---- pricing through the profile ---- */
+
+typedef struct {
+    const loom_profile *p;
+    int threads;    /* per rank */
+    int ranks;      /* ranks on the node */
+    int cores;      /* the node's cores (CPU) or devices (GPU) */
+    int cpu;        /* the ranks share the node's cores (memory_shared) */
+    loom_status st; /* the first failure */
+    loom_error *err;
+    double engine_us; /* the engine thread's CPU so far (collectives posted to it) */
+} pricer;
+
+static double gemm(pricer *q, loom_gemm_op op, double M, double N, double K) {
+    double ms = 0;
+    if (q->st || M <= 0 || N <= 0 || K <= 0) return 0;
+    q->st = loom_profile_gemm_ms(q->p, op, M, N, K, q->threads, &ms, q->err);
+    return q->st ? 0 : ms;
+}
+
+static double attention(pricer *q, loom_attention_kind k, double heads, double T, double hd) {
+    double ms = 0;
+    if (q->st || heads <= 0 || T <= 0) return 0;
+    q->st = loom_profile_attention_ms(q->p, k, heads, T, hd, q->threads, &ms, q->err);
+    return q->st ? 0 : ms;
+}
+
+/* A memory-bound kernel over rows x width fp32 values (its nominal bytes). */
+static double ew(pricer *q, loom_elementwise_kind k, double rows, double width) {
+    double ms = 0;
+    if (q->st || rows <= 0 || width <= 0) return 0;
+    q->st = loom_profile_elementwise_ms(q->p, k, loom_profile_elementwise_bytes(k, rows, width),
+                                        q->threads, &ms, q->err);
+    return q->st ? 0 : ms;
+}
+
+/* Memory traffic of kernels the profile has no entry of their own for (memset, copy,
+ * RoPE, the MoE permutations, sums of squares): their bytes at the add kernel's rate. */
+static double bytes_ms(pricer *q, double bytes) {
+    double ms = 0;
+    if (q->st || bytes <= 0) return 0;
+    q->st = loom_profile_elementwise_ms(q->p, LOOM_EW_ADD, bytes, q->threads, &ms, q->err);
+    return q->st ? 0 : ms;
+}
+static double memset_ms(pricer *q, double floats) {
+    return bytes_ms(q, 4 * floats);
+}
+static double copy_ms(pricer *q, double floats) {
+    return bytes_ms(q, 8 * floats);
+}
+
+/* One collective of `bytes` over `group` ranks, with the CPU-sharing rule. */
+static double coll(pricer *q, loom_collective_kind k, int group, double bytes) {
+    double ms = 0;
+    if (q->st || group < 2 || bytes <= 0) return 0;
+    const loom_placement place = group <= q->ranks ? LOOM_PLACE_INTRA : LOOM_PLACE_INTER;
+    q->st = loom_profile_collective_ms(q->p, k, group, place, bytes, &ms, q->err);
+    if (q->st) return 0;
+    if (q->cpu) {
+        const double now = q->ranks > q->cores ? (double)q->ranks / q->cores : 1.0;
+        const double measured = group > q->cores ? (double)group / q->cores : 1.0;
+        if (now > measured) ms *= now / measured;
+    }
+    return ms;
+}
+
+/* A collective the communication engine's thread drives (its CPU counted). */
+static double engine_coll(pricer *q, loom_collective_kind k, int group, double bytes) {
+    if (group < 2 || bytes <= 0) return 0;
+    q->engine_us += loom_profile_engine_cpu_us(q->p, bytes);
+    return coll(q, k, group, bytes);
+}
+
+/* ---- the shapes on one rank (model/transformer.c's dims) ---- */
+
+typedef struct {
+    int gpt2, tp, sp, cp, ep, recompute, split;
+    double B, T, N, Ns, C, hd, H, KV, A, QKV, F, FC, V;
+    /* MoE */
+    double E, K, EL, rows_per_expert;
+    int shared_expert, chunks;
+    /* context parallelism */
+    int cp_ring, cp_chunks;
+    double cp_chunk;
+} shapes;
+
+static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc, int split) {
+    shapes d;
+    memset(&d, 0, sizeof d);
+    const loom_layout l = tc->layout;
+    d.gpt2 = mc->family == LOOM_FAMILY_GPT2;
+    d.tp = l.tp > 1 ? l.tp : 1;
+    d.cp = l.cp > 1 ? l.cp : 1;
+    d.ep = l.ep > 1 ? l.ep : 1;
+    d.sp = d.tp > 1 && tc->sequence_parallel;
+    d.recompute = tc->recompute;
+    d.split = split;
+    d.B = tc->micro_batch;
+    d.T = (double)mc->seq_len / d.cp;
+    d.N = d.B * d.T;
+    d.Ns = d.sp ? d.N / d.tp : d.N;
+    d.C = mc->d_model;
+    d.hd = (double)mc->d_model / mc->n_head;
+    d.H = (double)mc->n_head / d.tp;
+    d.KV = (double)mc->n_kv_head / d.tp;
+    d.A = d.H * d.hd;
+    d.QKV = (d.H + 2 * d.KV) * d.hd;
+    d.F = (double)mc->d_ff / d.tp;
+    d.FC = d.gpt2 ? d.F : 2 * d.F;
+    d.V = (double)mc->vocab_size / d.tp;
+    if (mc->n_experts > 0) {
+        d.E = mc->n_experts;
+        d.K = mc->top_k;
+        d.EL = d.E / d.ep;
+        /* balanced routing: every expert gets N K / E rows from each of the ep ranks
+         * (at most its capacity from each) */
+        double per_source = d.N * d.K / d.E;
+        if (mc->capacity_factor > 0) {
+            const double cap = ceil(mc->capacity_factor * d.N * d.K / d.E);
+            if (cap < per_source) per_source = cap;
+        }
+        d.rows_per_expert = per_source * d.ep;
+        d.shared_expert = mc->shared_expert;
+        d.chunks = tc->moe_chunks > 1 ? tc->moe_chunks : 1;
+    }
+    if (d.cp > 1) {
+        d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
+        d.cp_chunks = d.cp_ring ? 2 : 1; /* the ring's zigzag split */
+        d.cp_chunk = d.T / d.cp_chunks;
+    }
+    return d;
+}
+
+/* One piece of the step on this rank: compute, and what it spends in blocking
+ * collectives (tensor parallelism's, context parallelism's and MoE's). */
+typedef struct {
+    double compute, tp, cp, moe;
+} cost;
+
+static void add(cost *a, cost b) {
+    a->compute += b.compute, a->tp += b.tp, a->cp += b.cp, a->moe += b.moe;
+}
+static double total(cost c) {
+    return c.compute + c.tp + c.cp + c.moe;
+}
+
+/* ---- the kernels of the pieces ---- */
+
+static double norm_fwd(pricer *q, const shapes *d) {
+    return ew(q, d->gpt2 ? LOOM_EW_LAYERNORM_FWD : LOOM_EW_RMSNORM_FWD, d->Ns, d->C);
+}
+static double norm_bwd(pricer *q, const shapes *d) {
+    return ew(q, d->gpt2 ? LOOM_EW_LAYERNORM_BWD : LOOM_EW_RMSNORM_BWD, d->Ns, d->C);
+}
+/* sequence parallelism's all-gather of the residual stream (before a column linear) */
+static double sp_gather(pricer *q, const shapes *d) {
+    return d->sp ? coll(q, LOOM_COLL_ALLGATHER, d->tp, 4 * d->N * d->C) : 0;
+}
+/* the row-parallel linears' sum: all-reduce, or reduce-scatter with sequence parallelism */
+static double tp_reduce(pricer *q, const shapes *d) {
+    if (d->tp < 2) return 0;
+    return coll(q, d->sp ? LOOM_COLL_REDUCE_SCATTER : LOOM_COLL_ALLREDUCE, d->tp, 4 * d->N * d->C);
+}
+
+static double rope(pricer *q, const shapes *d) {
+    return d->gpt2 ? 0 : bytes_ms(q, 8 * d->N * (d->H + d->KV) * d->hd);
+}
+
+/* Attention on this rank: the causal kernel, or context parallelism's (ring: the zigzag
+ * blocks, each step's key/value transfer hidden behind the block it overlaps; Ulysses:
+ * all-to-alls around the whole-sequence kernel on H/cp heads). */
+static cost attention_cost(pricer *q, const shapes *d, int backward) {
+    cost c = {0, 0, 0, 0};
+    const double heads = d->B * d->H;
+    if (d->cp < 2) {
+        c.compute =
+            attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, heads, d->T, d->hd);
+        return c;
+    }
+    if (!d->cp_ring) {
+        const double T = d->T * d->cp, h = d->B * d->H / d->cp;
+        c.compute = attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, h, T, d->hd);
+        /* qkv to heads, the output back (backward: the gradients the same way) */
+        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, 4 * d->N * d->QKV) +
+               coll(q, LOOM_COLL_ALLTOALL, d->cp, 4 * d->N * d->A);
+        return c;
+    }
+    /* The ring's zigzag: of the 2cp chunks' causal (chunk x chunk) blocks, each rank holds
+     * 2cp - 1 full ones and two diagonal ones, over cp steps. */
+    const double ch = d->cp_chunk, n = d->cp, full_blocks = 2 * n - 1;
+    const double block =
+        attention(q, backward ? LOOM_ATT_BLOCK_BWD : LOOM_ATT_BLOCK_FWD, heads, ch, d->hd);
+    const double diag =
+        attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, heads, ch, d->hd);
+    const double merge = backward ? 0 : ew(q, LOOM_EW_BLOCK_MERGE, d->N, d->H * d->hd);
+    c.compute = full_blocks * block + 2 * diag + (n - 1) * merge;
+    /* per step: the next key/value block (backward: and the dK/dV share) in flight */
+    const double kv = 4 * d->N * 2 * d->KV * d->hd;
+    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, kv) * (backward ? 2 : 1);
+    const double step_compute = c.compute / n;
+    c.cp = (n - 1) * (xfer > step_compute ? xfer - step_compute : 0);
+    if (backward) c.cp += xfer; /* the last dK/dV share to its owner */
+    return c;
+}
+
+/* ---- MoE (model/moe.c) ---- */
+
+static double ffn_fwd(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F; /* experts are not split by tp */
+    return gemm(q, LOOM_GEMM_NT, n, FC, d->C) +
+           (d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, n, F) : ew(q, LOOM_EW_SWIGLU_FWD, n, F)) +
+           gemm(q, LOOM_GEMM_NT, n, d->C, F);
+}
+static double ffn_bwd_input(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F;
+    return memset_ms(q, n * F) + gemm(q, LOOM_GEMM_NN, n, F, d->C) + memset_ms(q, n * FC) +
+           (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, n, F) : ew(q, LOOM_EW_SWIGLU_BWD, n, F)) +
+           gemm(q, LOOM_GEMM_NN, n, d->C, FC);
+}
+static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F;
+    return gemm(q, LOOM_GEMM_TN, d->C, F, n) + gemm(q, LOOM_GEMM_TN, FC, d->C, n);
+}
+
+/* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
+ * combine in flight while chunk c's experts run. */
+static double moe_exchange(pricer *q, const shapes *d, double experts_ms) {
+    if (d->ep < 2) return 0;
+    const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
+    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, 4 * rows * d->C / d->chunks);
+    const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, 4 * d->E);
+    const double per_chunk = experts_ms / d->chunks, hidden = 2 * a2a - per_chunk;
+    return counts + 2 * a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
+}
+
+static cost moe_fwd(pricer *q, const shapes *d) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C, NK = d->N * d->K;
+    const double experts = d->EL * ffn_fwd(q, d, d->rows_per_expert);
+    c.compute = gemm(q, LOOM_GEMM_NT, N, d->E, C) + ew(q, LOOM_EW_CROSSENTROPY, N, d->E) +
+                copy_ms(q, NK * C) /* permute */ + experts + copy_ms(q, NK * C) /* combine */;
+    if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C); /* dispatch and combine in place */
+    if (d->shared_expert) c.compute += ffn_fwd(q, d, N) + ew(q, LOOM_EW_ADD, N, C);
+    c.moe = moe_exchange(q, d, experts);
+    return c;
+}
+
+static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C, NK = d->N * d->K, n = d->rows_per_expert;
+    if (weight_part) { /* W of split backward: the experts', router's, shared expert's */
+        c.compute = d->EL * ffn_bwd_weight(q, d, n) + gemm(q, LOOM_GEMM_TN, d->E, C, N);
+        if (d->shared_expert) c.compute += ffn_bwd_weight(q, d, N);
+        return c;
+    }
+    double experts = d->EL * ffn_bwd_input(q, d, n);
+    if (!d->split) experts += d->EL * ffn_bwd_weight(q, d, n);
+    c.compute = 2 * copy_ms(q, NK * C) /* combine backward */ + memset_ms(q, n * d->EL * C) +
+                experts + memset_ms(q, N * C) + copy_ms(q, NK * C) /* unpermute */ +
+                ew(q, LOOM_EW_CROSSENTROPY, N, d->E) /* router */ +
+                gemm(q, LOOM_GEMM_NN, N, C, d->E) +
+                (d->split ? 0 : gemm(q, LOOM_GEMM_TN, d->E, C, N));
+    if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
+    if (d->shared_expert)
+        c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
+    c.moe = moe_exchange(q, d, experts);
+    return c;
+}
+
+/* ---- a block, the embedding and the head (model/transformer.c, tp_linear.c) ---- */
+
+static cost block_fwd(pricer *q, const shapes *d, int moe) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, Ns = d->Ns, C = d->C;
+    c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, N, d->QKV, C) + rope(q, d);
+    c.tp = sp_gather(q, d);
+    add(&c, attention_cost(q, d, 0));
+    c.compute += gemm(q, LOOM_GEMM_NT, N, C, d->A) + ew(q, LOOM_EW_ADD, Ns, C) + norm_fwd(q, d);
+    c.tp += tp_reduce(q, d) + sp_gather(q, d);
+    if (moe) {
+        add(&c, moe_fwd(q, d));
+        if (d->sp) c.compute += copy_ms(q, Ns * C);
+    } else {
+        c.compute +=
+            gemm(q, LOOM_GEMM_NT, N, d->FC, C) +
+            (d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_FWD, N, d->F)) +
+            gemm(q, LOOM_GEMM_NT, N, C, d->F);
+        c.tp += tp_reduce(q, d);
+    }
+    c.compute += ew(q, LOOM_EW_ADD, Ns, C);
+    return c;
+}
+
+/* A column-parallel linear's backward: input gradient (NN), weight gradient (TN, on the
+ * gathered input), the input gradient's sum over tp. */
+static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C;
+    if (input) {
+        c.compute = memset_ms(q, N * C) + gemm(q, LOOM_GEMM_NN, N, C, OC);
+        c.tp = tp_reduce(q, d);
+    }
+    if (weight) {
+        c.compute += gemm(q, LOOM_GEMM_TN, OC, C, N);
+        c.tp += sp_gather(q, d);
+    }
+    return c;
+}
+
+/* Block backward: B (input gradients; with W inside unless split), or W alone. */
+static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C;
+    const int w = !d->split; /* weight gradients inside B */
+    if (weight_part) {
+        if (d->recompute) add(&c, block_fwd(q, d, moe));
+        if (moe) {
+            c.tp += sp_gather(q, d);
+            add(&c, moe_bwd(q, d, 1));
+        } else {
+            c.compute += gemm(q, LOOM_GEMM_TN, C, d->F, N);
+            add(&c, column_bwd(q, d, d->FC, 0, 1));
+        }
+        c.compute += gemm(q, LOOM_GEMM_TN, C, d->A, N);
+        add(&c, column_bwd(q, d, d->QKV, 0, 1));
+        return c;
+    }
+    if (d->recompute) add(&c, block_fwd(q, d, moe));
+    if (moe) {
+        if (d->sp) c.tp += 2 * sp_gather(q, d), c.compute += copy_ms(q, N * C);
+        add(&c, moe_bwd(q, d, 0));
+    } else {
+        c.tp += sp_gather(q, d);
+        c.compute +=
+            memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
+            (w ? gemm(q, LOOM_GEMM_TN, C, d->F, N) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
+            (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_BWD, N, d->F));
+        add(&c, column_bwd(q, d, d->FC, 1, w));
+    }
+    c.compute += norm_bwd(q, d);
+    c.tp += sp_gather(q, d);
+    c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
+                 (w ? gemm(q, LOOM_GEMM_TN, C, d->A, N) : copy_ms(q, N * C)) +
+                 memset_ms(q, N * d->QKV);
+    add(&c, attention_cost(q, d, 1));
+    c.compute += rope(q, d);
+    add(&c, column_bwd(q, d, d->QKV, 1, w));
+    c.compute += norm_bwd(q, d);
+    return c;
+}
+
+static cost embed_fwd(pricer *q, const shapes *d) {
+    cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* row lookup (+ positions) */
+    c.tp = tp_reduce(q, d);
+    return c;
+}
+static cost embed_bwd(pricer *q, const shapes *d) {
+    cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* rows scatter-added */
+    c.tp = sp_gather(q, d);
+    return c;
+}
+
+/* Final norm, logits and the loss (tensor parallel: the vocabulary-parallel
+ * cross-entropy, its maxima all-gathered and sums all-reduced). */
+static cost head_fwd(pricer *q, const shapes *d) {
+    cost c = {0, 0, 0, 0};
+    c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, d->N, d->V, d->C) +
+                ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) + bytes_ms(q, 8 * d->N);
+    c.tp = sp_gather(q, d);
+    if (d->tp > 1) {
+        /* the shard's maximum pass, then exp/sum and the gradient (a third pass) */
+        c.compute += ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) / 2;
+        c.tp += coll(q, LOOM_COLL_ALLGATHER, d->tp, 4 * d->N * d->tp) +
+                coll(q, LOOM_COLL_ALLREDUCE, d->tp, 16 * d->N);
+    }
+    return c;
+}
+static cost head_bwd(pricer *q, const shapes *d, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    if (weight_part) return column_bwd(q, d, d->V, 0, 1);
+    c = column_bwd(q, d, d->V, 1, !d->split);
+    c.compute += memset_ms(q, d->Ns * d->C) + norm_bwd(q, d);
+    return c;
+}
+
+/* ---- the communication engine: one FIFO queue ---- */
+
+typedef struct {
+    double free_at; /* when the engine has finished everything posted so far */
+} engine;
+
+/* Posts an operation of `ms` at time t; returns its completion time. */
+static double engine_post(engine *e, double t, double ms) {
+    const double start = e->free_at > t ? e->free_at : t;
+    e->free_at = start + ms;
+    return e->free_at;
+}
+
+/* ---- the pipeline's layer split ---- */
+
+/* The default pipeline split (pipeline/stage.c's balance: one layer per stage, then each
+ * further one to the stage with the least work, the head counted on the last) or
+ * --pp-layers / the interleaved even split. */
+static double block_work(const loom_model_config *mc) {
+    const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len;
+    const double qkv = C * (mc->n_head + 2.0 * mc->n_kv_head) * hd;
+    const double mlp = (mc->family == LOOM_FAMILY_GPT2 ? 2.0 : 3.0) * C * mc->d_ff;
+    return qkv + C * C + T * C + mlp;
+}
+static void split_layers(const loom_model_config *mc, const loom_train_config *tc, int S, int v,
+                         int *counts) {
+    const int L = mc->n_layer;
+    if (tc->pp_layers[0]) {
+        const char *c = tc->pp_layers;
+        for (int s = 0; s < S; s++) {
+            char *end;
+            counts[s] = (int)strtol(c, &end, 10);
+            c = *end ? end + 1 : end;
+        }
+        return;
+    }
+    if (v > 1) {
+        for (int s = 0; s < S; s++) counts[s] = L / S;
+        return;
+    }
+    const double head =
+        ((double)mc->d_model * mc->vocab_size + 4.0 * mc->vocab_size) / block_work(mc);
+    for (int s = 0; s < S; s++) counts[s] = 1;
+    for (int left = L - S; left > 0; left--) {
+        int best = 0;
+        double best_load = 0;
+        for (int s = 0; s < S; s++) {
+            const double load = counts[s] + 1 + (s == S - 1 ? head : 0.0);
+            if (s == 0 || load < best_load - 1e-9) {
+                best = s;
+                best_load = load;
+            }
+        }
+        counts[best]++;
+    }
+}
+
+/* What one micro-batch of layers [lo, hi) costs (forward, B, W), the embedding when
+ * first, the head and loss when last. */
+typedef struct {
+    cost f, b, w;
+} fbw;
+
+static fbw chunk_cost(pricer *q, const loom_model_config *mc, const shapes *d, int lo, int hi,
+                      int first, int last) {
+    fbw r;
+    memset(&r, 0, sizeof r);
+    const int split = d->split;
+    if (first) add(&r.f, embed_fwd(q, d)), add(split ? &r.w : &r.b, embed_bwd(q, d));
+    for (int l = lo; l < hi; l++) {
+        const int moe = loom_model_layer_is_moe(mc, l);
+        add(&r.f, block_fwd(q, d, moe));
+        add(&r.b, block_bwd(q, d, moe, 0));
+        if (split) add(&r.w, block_bwd(q, d, moe, 1));
+    }
+    if (last) {
+        add(&r.f, head_fwd(q, d));
+        add(&r.b, head_bwd(q, d, 0));
+        if (split) add(&r.w, head_bwd(q, d, 1));
+    }
+    return r;
+}
+
+/* ---- gradient buckets (parallel/zero.c's rules) ---- */
+
+typedef struct {
+    size_t lo, hi; /* flat range */
+    double at;     /* wall time it becomes final (from the last backward's start) */
+} ready_range;
+
+typedef struct {
+    size_t total, bucket;
+    size_t pending_begin, pending_end;
+    int embed_rows; /* the embedding's rows gathered as data (embed_grad.h) */
+    size_t wte_end;
+    double rows_bytes; /* their all-gather */
+    int group;         /* replicas */
+    pricer *q;
+    engine *e;
+    double last_done;
+    int posted;
+} buckets;
+
+static void post_range(buckets *b, double t, size_t lo, size_t hi) {
+    if (hi <= lo || b->group < 2) return;
+    const size_t n = hi - lo, parts = (n + b->bucket - 1) / b->bucket;
+    for (size_t k = parts; k-- > 0;) {
+        const size_t a = lo + n * k / parts, e = lo + n * (k + 1) / parts;
+        const double ms = engine_coll(b->q, LOOM_COLL_ALLREDUCE, b->group, 4.0 * (double)(e - a));
+        b->last_done = engine_post(b->e, t, ms);
+        b->posted++;
+    }
+}
+
+/* loom_zero_grads_ready: range [lo, hi) final at time t. */
+static void range_ready(buckets *b, double t, size_t lo, size_t hi) {
+    const int first = hi == b->total;
+    if (b->embed_rows && lo == 0) {
+        const double ms = engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group, b->rows_bytes);
+        b->last_done = engine_post(b->e, t, ms);
+        lo = b->wte_end;
+    }
+    b->pending_begin = lo;
+    if (b->pending_end - b->pending_begin >= b->bucket) {
+        post_range(b, t, b->pending_begin, b->pending_end);
+        b->pending_end = b->pending_begin;
+    }
+    if (b->embed_rows && first) post_range(b, t, 0, b->wte_end);
+}
+
+/* ---- ZeRO-3's all-gathers (parallel/fsdp.c): range i posted at `at`, waited for ---- */
+
+static void gather(pricer *q, engine *e, int group, const double *bytes, double *done, int i,
+                   double at) {
+    done[i] = engine_post(e, at, engine_coll(q, LOOM_COLL_ALLGATHER, group, bytes[i]));
+}
+
+static void ensure(const double *done, double *t, double *wait, int i) {
+    if (done[i] > *t) *wait += done[i] - *t, *t = done[i];
+}
+
+/* ---- the step ---- */
+
+typedef struct {
+    double forward, backward, recompute_share, tp, cp, moe, zero3_wait, pp_bubble, pp_send;
+    double dp_exposed, ep_reduce, norm, optimizer, param_gather, param_wait, clear, engine_share;
+} parts;
+
+static void term(loom_plan_time *out, const char *name, const char *metric, double ms) {
+    if (out->n_terms >= LOOM_PLAN_MAX_TERMS || !(ms > 0)) return;
+    out->terms[out->n_terms++] = (loom_plan_term){name, metric, ms};
+}
+
+static int wte_rows_enabled(const loom_param_table *t, int ranks, size_t bucket) {
+    if (bucket >= t->total || ranks < 2 || t->wte != 0 || !t->has_embed) return 0;
+    const size_t head_end = t->n_layer > 0 ? t->blocks[0].begin : t->head_begin;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].offset == t->wte)
+            return t->params[i].ndim == 2 && t->params[i].tp_size <= 1 &&
+                   t->params[i].shape[0] < (1 << 24) && t->params[i].numel <= head_end;
+    return 0;
+}
+
+static size_t wte_numel(const loom_param_table *t) {
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].offset == t->wte) return t->params[i].numel;
+    return 0;
+}
+
+/* Flat floats of the expert tensors (reduced over the expert-data-parallel group). */
+static size_t expert_floats(const loom_param_table *t) {
+    size_t n = 0;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].expert >= 0) n += t->params[i].numel;
+    return n;
+}
+
+loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_config *tc,
+                                const loom_profile *p, const loom_plan_placement *place,
+                                loom_plan_time *out, loom_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!mc || !tc || !p || !place || mc->family == LOOM_FAMILY_DIT)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              mc && mc->family == LOOM_FAMILY_DIT
+                                  ? "plan: the step-time model covers the language models "
+                                    "(gpt2, llama), not dit"
+                                  : "plan: step time needs a model, a layout and a profile");
+    const loom_layout l = tc->layout;
+    const int dp = l.dp > 0 ? l.dp : 1, tp = l.tp > 0 ? l.tp : 1, pp = l.pp > 0 ? l.pp : 1;
+    const int cp = l.cp > 0 ? l.cp : 1, ep = l.ep > 0 ? l.ep : 1;
+    const int world = dp * tp * pp * cp, replicas = dp * cp;
+    const int rpn = place->ranks_per_node >= 1 ? place->ranks_per_node : 1;
+    const int ranks = rpn < world ? rpn : world;
+    int cores = loom_profile_devices_per_node(p);
+    if (cores < 1) cores = 1;
+    int threads = place->threads > 0 ? place->threads : cores / ranks;
+    if (threads < 1) threads = 1;
+    const int cpu = loom_profile_memory_bytes(p, 2) < loom_profile_memory_bytes(p, 1);
+    pricer q = {p, threads, ranks, cores, cpu, LOOM_OK, err, 0};
+    if (tc->micro_batch < 1 || tc->global_batch % (tc->micro_batch * dp) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "plan: --global-batch %d is not a multiple of --micro-batch %d x "
+                              "--dp %d",
+                              tc->global_batch, tc->micro_batch, dp);
+    const int accum = tc->global_batch / dp / tc->micro_batch;
+
+    /* the pipeline's schedule */
+    loom_pp_kind kind = LOOM_PP_1F1B;
+    int v = pp > 1 && tc->virtual_stages > 1 ? tc->virtual_stages : 1;
+    loom_pp_schedule sched;
+    memset(&sched, 0, sizeof sched);
+    if (pp > 1) {
+        loom_status st = loom_pp_kind_parse(tc->pp_schedule, &kind, err);
+        if (!st) st = loom_pp_schedule_build(&sched, kind, pp, accum, v, err);
+        if (st) return st;
+    }
+    const int split = pp > 1 && sched.split;
+    const shapes d = shapes_of(mc, tc, split);
+
+    /* this rank's tensors: pipeline stage 0 (the first chunk), tp/ep rank 0 */
+    const int S = pp * v;
+    int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS];
+    if (pp > 1) split_layers(mc, tc, S, v, counts);
+    loom_layer_set set;
+    memset(&set, 0, sizeof set);
+    set.n_chunks = v, set.first = 1, set.last = pp == 1;
+    for (int c = 0, lo = 0; c < v && pp > 1; c++) {
+        lo = 0;
+        for (int s = 0; s < c * pp; s++) lo += counts[s];
+        set.lo[c] = lo, set.hi[c] = lo + counts[c * pp];
+    }
+    loom_param_table table;
+    const loom_params_options po = {0, tp, 0, ep, pp > 1 ? &set : NULL};
+    loom_status st = loom_params_build(&table, mc, &po, err);
+    if (st) {
+        loom_pp_schedule_free(&sched);
+        return st;
+    }
+
+    parts P;
+    memset(&P, 0, sizeof P);
+    engine eng = {0};
+    double compute_base = 0; /* this rank's compute (unslowed), for the sharing rule */
+    double t_backward_end = 0, last_bwd_start = 0;
+    double *g = NULL, *need = NULL; /* whole model: the ranges' bytes, forward's first use */
+    int n_ranges = 0;
+    const size_t bucket_floats_raw = (size_t)(tc->bucket_mb * (1 << 20) / sizeof(float));
+    size_t bucket = bucket_floats_raw < 1 ? 1 : bucket_floats_raw;
+    if (bucket > table.total) bucket = table.total ? table.total : 1;
+    const int zero = replicas > 1 ? tc->zero : 0;
+    const int ep_sync = ep > 1; /* expert parallelism reduces after backward */
+    buckets bk;
+    memset(&bk, 0, sizeof bk);
+    bk.total = table.total, bk.bucket = bucket, bk.q = &q, bk.e = &eng;
+    bk.pending_begin = bk.pending_end = table.total;
+    bk.group = ep_sync ? 1 : replicas;
+    bk.embed_rows = !ep_sync && pp == 1 && wte_rows_enabled(&table, replicas, bucket);
+    bk.wte_end = wte_numel(&table);
+    bk.rows_bytes = 4.0 * replicas * d.N * (d.C + 1);
+
+    /* The compute slowdown when the node's cores are shared (engine CPU added later). */
+    const double share =
+        cpu && (double)ranks * threads > cores ? (double)ranks * threads / cores : 1.0;
+    if (pp == 1) {
+        /* ---- the whole model on this rank: accum micro-batches ---- */
+        const int L = table.n_layer;
+        cost emb_f = embed_fwd(&q, &d), emb_b = embed_bwd(&q, &d);
+        cost head_f = head_fwd(&q, &d), head_b = head_bwd(&q, &d, 0);
+        cost *bf = calloc((size_t)(L ? L : 1), sizeof *bf),
+             *bb = calloc((size_t)(L ? L : 1), sizeof *bb);
+        if (!bf || !bb) {
+            free(bf), free(bb), loom_params_free(&table);
+            return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
+        }
+        for (int i = 0; i < L; i++) {
+            const int moe = table.blocks[i].moe;
+            bf[i] = block_fwd(&q, &d, moe);
+            bb[i] = block_bwd(&q, &d, moe, 0);
+        }
+        /* wall time of a piece: its compute slowed by the sharing, its blocking
+         * collectives as priced */
+#define WALL(c) ((c).compute * share + (c).tp + (c).cp + (c).moe)
+        /* ZeRO-3: ranges 0 (embedding), 1..L (blocks), L+1 (the head's); all-gathers */
+        const int z3 = zero == 3;
+        g = calloc((size_t)L + 2, sizeof *g), need = calloc((size_t)L + 2, sizeof *need);
+        n_ranges = L + 2;
+        double *done = calloc((size_t)L + 2, sizeof *done);
+        if (!g || !need || !done) {
+            free(bf), free(bb), free(g), free(need), free(done), loom_params_free(&table);
+            return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
+        }
+        for (int i = 0; i < L + 2; i++) {
+            const size_t lo = i == 0 ? 0 : i <= L ? table.blocks[i - 1].begin : table.head_begin;
+            const size_t hi = i == 0   ? (L ? table.blocks[0].begin : table.head_begin)
+                              : i < L  ? table.blocks[i].begin
+                              : i == L ? table.head_begin
+                                       : table.total;
+            g[i] = 4.0 * (double)(hi - lo); /* the gathered range's bytes */
+        }
+        double t = 0;
+        int resident0 = 0, resident_tail = 0;
+        for (int k = 0; k < accum; k++) {
+            const int final = k + 1 == accum;
+            /* forward */
+            if (z3) {
+                if (!resident0) gather(&q, &eng, replicas, g, done, 0, t);
+                if (L > 0) gather(&q, &eng, replicas, g, done, 1, t);
+                if (!resident0) ensure(done, &t, &P.zero3_wait, 0);
+                resident0 = 1;
+                if (L == 0 && !resident_tail) {
+                    gather(&q, &eng, replicas, g, done, 1, t);
+                    ensure(done, &t, &P.zero3_wait, 1);
+                    resident_tail = 1;
+                }
+            }
+            if (k == 0) need[0] = t;
+            t += WALL(emb_f);
+            P.forward += emb_f.compute * share, P.tp += emb_f.tp;
+            compute_base += emb_f.compute;
+            for (int i = 0; i < L; i++) {
+                if (z3) {
+                    ensure(done, &t, &P.zero3_wait, i + 1);
+                    if (i + 2 <= L + 1 && !(i + 2 == L + 1 && resident_tail))
+                        gather(&q, &eng, replicas, g, done, i + 2, t);
+                }
+                if (k == 0) need[i + 1] = t;
+                t += WALL(bf[i]);
+                P.forward += bf[i].compute * share, P.tp += bf[i].tp, P.cp += bf[i].cp;
+                P.moe += bf[i].moe, compute_base += bf[i].compute;
+                if (z3 && i == L - 1 && !resident_tail) {
+                    ensure(done, &t, &P.zero3_wait, L + 1);
+                    resident_tail = 1;
+                }
+            }
+            if (k == 0) need[L + 1] = t;
+            t += WALL(head_f);
+            P.forward += head_f.compute * share, P.tp += head_f.tp;
+            compute_base += head_f.compute;
+            /* backward */
+            if (final) last_bwd_start = t;
+            t += WALL(head_b);
+            P.backward += head_b.compute * share, P.tp += head_b.tp;
+            compute_base += head_b.compute;
+            if (final && !ep_sync) range_ready(&bk, t, table.head_begin, table.total);
+            for (int i = L - 1; i >= 0; i--) {
+                if (z3) {
+                    /* released after forward: gathered again, prefetched by the block
+                     * above (the last block's is started here) */
+                    if (i == L - 1) gather(&q, &eng, replicas, g, done, i + 1, t);
+                    ensure(done, &t, &P.zero3_wait, i + 1);
+                    if (i >= 1) gather(&q, &eng, replicas, g, done, i, t);
+                }
+                t += WALL(bb[i]);
+                const double rc = d.recompute ? bf[i].compute * share : 0;
+                P.backward += bb[i].compute * share - rc, P.recompute_share += rc;
+                P.tp += bb[i].tp, P.cp += bb[i].cp, P.moe += bb[i].moe;
+                compute_base += bb[i].compute;
+                const size_t hi = i + 1 < L ? table.blocks[i + 1].begin : table.head_begin;
+                if (final && !ep_sync) range_ready(&bk, t, table.blocks[i].begin, hi);
+            }
+            t += WALL(emb_b);
+            P.backward += emb_b.compute * share, P.tp += emb_b.tp;
+            compute_base += emb_b.compute;
+            if (final && !ep_sync)
+                range_ready(&bk, t, 0, L ? table.blocks[0].begin : table.head_begin);
+        }
+#undef WALL
+        t_backward_end = t;
+        free(bf), free(bb), free(done);
+    } else {
+        /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
+        double dur[3] = {0, 0, 0}, busy = 0;
+        cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
+        for (int r = 0; r < pp; r++)
+            for (int c = 0; c < v; c++) {
+                const int vs = c * pp + r;
+                int lo = 0;
+                for (int s = 0; s < vs; s++) lo += counts[s];
+                const fbw x = chunk_cost(&q, mc, &d, lo, lo + counts[vs], vs == 0, vs == S - 1);
+                const double f = total(x.f), b = total(x.b), w = total(x.w);
+                if (f > dur[LOOM_PP_F]) dur[LOOM_PP_F] = f, sum_f = x.f;
+                if (b > dur[LOOM_PP_B]) dur[LOOM_PP_B] = b, sum_b = x.b;
+                if (w > dur[LOOM_PP_W]) dur[LOOM_PP_W] = w, sum_w = x.w;
+            }
+        /* each F and B sends its output to the next stage (the activations, the gradient) */
+        const double msg = 4.0 * d.Ns * d.C;
+        const double send = coll(&q, LOOM_COLL_SENDRECV, 2, msg);
+        dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
+        double idle[LOOM_PP_MAX_STAGES];
+        const double span1 = loom_pp_schedule_simulate(&sched, dur, idle, NULL);
+        if (span1 < 0) {
+            loom_params_free(&table), loom_pp_schedule_free(&sched);
+            return loom_error_set(err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
+        }
+        double mean_idle = 0;
+        for (int r = 0; r < pp; r++) mean_idle += idle[r] / pp;
+        busy = 1 - mean_idle;
+        /* idle stages yield their cores: the busy ones share them */
+        double s = cpu ? (double)ranks * threads * busy / cores : 1.0;
+        if (s < 1) s = 1;
+        const double n_act = (double)accum * v;
+        const double fw = sum_f.compute * s, bw = (sum_b.compute + sum_w.compute) * s;
+        P.forward = n_act * fw;
+        P.backward = n_act * bw;
+        if (d.recompute) { /* the share of backward that is the forward again */
+            P.recompute_share = n_act * fw < P.backward ? n_act * fw : 0;
+            P.backward -= P.recompute_share;
+        }
+        P.tp = n_act * (sum_f.tp + sum_b.tp + sum_w.tp);
+        P.cp = n_act * (sum_f.cp + sum_b.cp + sum_w.cp);
+        P.moe = n_act * (sum_f.moe + sum_b.moe + sum_w.moe);
+        P.pp_send = n_act * 2 * send;
+        double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
+        const double span_s = loom_pp_schedule_simulate(&sched, scaled, NULL, NULL);
+        const double busy_s =
+            P.forward + P.backward + P.recompute_share + P.tp + P.cp + P.moe + P.pp_send;
+        P.pp_bubble = span_s - busy_s > 0 ? span_s - busy_s : 0;
+        compute_base = n_act * (sum_f.compute + sum_b.compute + sum_w.compute);
+        t_backward_end = span_s;
+        /* the gradients of this stage become final during its last backward(s): their
+         * buckets overlap the last B (W) action */
+        if (!ep_sync) {
+            last_bwd_start = span_s - scaled[LOOM_PP_B] - (split ? scaled[LOOM_PP_W] : 0);
+            const double per_layer = (span_s - last_bwd_start) / (table.n_layer + 2);
+            double t = last_bwd_start + per_layer;
+            range_ready(&bk, t, table.head_begin, table.total);
+            for (int i = table.n_layer - 1; i >= 0; i--) {
+                t += per_layer;
+                const size_t hi =
+                    i + 1 < table.n_layer ? table.blocks[i + 1].begin : table.head_begin;
+                range_ready(&bk, t, table.blocks[i].begin, hi);
+            }
+            range_ready(&bk, span_s, 0, table.n_layer ? table.blocks[0].begin : table.head_begin);
+        }
+        /* ZeRO-3 in a pipeline keeps the gathered blocks for the step (fsdp keep_blocks):
+         * each range is gathered once, during the first forward, the next block's
+         * prefetched while one computes */
+        if (zero == 3) {
+            const int L = table.n_layer;
+            const double fb = L > 0 ? sum_f.compute * s / (L + 1) : 0; /* one block's F */
+            for (int i = 0; i <= L; i++) {
+                const size_t lo = i == 0 ? 0 : table.blocks[i - 1].begin;
+                const size_t hi = i < L ? table.blocks[i].begin : table.total;
+                const double g =
+                    engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, 4.0 * (double)(hi - lo));
+                P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
+            }
+        }
+        /* the pipeline group's loss sum */
+        P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, 8);
+    }
+
+    /* ---- after backward: the rest of the gradients' reduction ---- */
+    double t = t_backward_end;
+    if (!ep_sync && replicas > 1) {
+        post_range(&bk, t, bk.pending_begin, bk.pending_end);
+        double end = eng.free_at > t ? eng.free_at : t;
+        if (bk.embed_rows) end += bytes_ms(&q, 12.0 * replicas * d.N * d.C); /* rows added */
+        P.dp_exposed = end - t;
+    } else if (ep_sync) {
+        const size_t ex = expert_floats(&table), dense = table.total - ex;
+        const int edp = replicas / ep;
+        P.ep_reduce = coll(&q, LOOM_COLL_ALLREDUCE, replicas, 4.0 * (double)dense) +
+                      coll(&q, LOOM_COLL_ALLREDUCE, edp, 4.0 * (double)ex);
+    }
+    (void)last_bwd_start;
+    /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
+    const size_t shard = zero >= 1 ? (table.total + replicas - 1) / replicas : table.total;
+    /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
+    const size_t owned = zero >= 2 ? shard : table.total;
+    P.norm = coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8) +
+             bytes_ms(&q, 4.0 * (double)owned) * share + coll(&q, LOOM_COLL_ALLREDUCE, world, 8);
+    if (mc->n_experts > 0) P.norm += coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8.0 * (d.E + 4));
+    /* the step's start: the local gradients cleared (stages 0, 1: a memset; 2, 3: pages
+     * handed back, zero-filled by the kernel as backward touches them again) */
+    P.clear = memset_ms(&q, (double)table.total) * share;
+    /* clipping and AdamW on this rank's part */
+    double adam = 0;
+    if (!q.st) q.st = loom_profile_adamw_ms(p, (double)shard, threads, &adam, err);
+    P.optimizer = (bytes_ms(&q, 8.0 * (double)shard) + adam) * share;
+    if ((zero == 1 || zero == 2) && tc->overlap_param_gather && g) {
+        /* --overlap-param-gather: each range's gather posted once AdamW has updated it,
+         * waited for by the next step's forward right before the range is read */
+        double at = 0, free_at = 0, cum = 0, late = 0;
+        const double start = P.optimizer + P.clear; /* the next forward, after the optimizer */
+        for (int i = 0; i < n_ranges; i++) {
+            cum += g[i] / (4.0 * (double)table.total);
+            at = P.optimizer * cum;
+            const double ms = engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, g[i]);
+            free_at = (free_at > at ? free_at : at) + ms;
+            const double use = start + need[i] + late;
+            if (free_at > use) late += free_at - use;
+        }
+        P.param_gather = n_ranges * loom_profile_engine_post_us(p) / 1e3;
+        P.param_wait = late;
+    } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
+        P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, 4.0 * (double)table.total);
+    }
+    free(g), free(need);
+
+    /* the engine thread's CPU competes with compute on a CPU node */
+    if (cpu) {
+        const double base = compute_base, rt = (double)ranks * threads;
+        const double demand = (rt * base + ranks * q.engine_us / 1e3) / cores;
+        const double wall = rt > cores ? rt * base / cores : base;
+        if (demand > wall) P.engine_share = demand - wall;
+    }
+    const int failed = q.st != LOOM_OK;
+    loom_params_free(&table);
+    loom_pp_schedule_free(&sched);
+    if (failed) return q.st;
+
+    term(out, "forward", "dp.compute_ms", P.forward);
+    term(out, "backward", "dp.compute_ms", P.backward);
+    term(out, "recompute", "dp.compute_ms", P.recompute_share);
+    term(out, "tp comm", "dp.compute_ms", P.tp);
+    term(out, "cp comm", "dp.compute_ms", P.cp);
+    term(out, "moe all-to-all", "dp.compute_ms", P.moe);
+    term(out, "zero-3 gather", "dp.compute_ms", P.zero3_wait);
+    term(out, "pp sends", "dp.compute_ms", P.pp_send);
+    term(out, "pp bubble", "dp.compute_ms", P.pp_bubble);
+    term(out, "engine cpu", "dp.compute_ms", P.engine_share);
+    term(out, "grad clear", "dp.compute_ms", P.clear);
+    term(out, "dp exposed", "grad_wait_ms", P.dp_exposed);
+    term(out, "ep reduce", "grad_wait_ms", P.ep_reduce);
+    term(out, "norm", NULL, P.norm);
+    term(out, "optimizer", "dp.optimizer_ms", P.optimizer);
+    term(out, "param gather", "dp.param_gather_ms", P.param_gather);
+    term(out, "param wait", "dp.param_wait_ms", P.param_wait);
+    double step = 0;
+    for (int i = 0; i < out->n_terms; i++) {
+        step += out->terms[i].ms;
+        if (out->terms[i].ms > out->terms[out->dominant].ms) out->dominant = i;
+    }
+    out->step_ms = step;
+    const double tokens = (double)tc->global_batch * mc->seq_len;
+    out->tokens_per_s = step > 0 ? tokens / (step * 1e-3) : 0;
+    /* PaLM's model FLOPs: 6 N per token (N the non-embedding parameters plus the head)
+     * and the attention's 12 L C T per token */
+    loom_param_table whole;
+    const loom_params_options po_whole = {0, 1, 0, 1, NULL};
+    double n_params = 0;
+    if (loom_params_build(&whole, mc, &po_whole, err) == LOOM_OK) {
+        n_params = (double)whole.total;
+        if (mc->n_experts > 0) { /* active parameters: K of E experts per token */
+            const double ex = (double)expert_floats(&whole);
+            n_params = n_params - ex + ex * mc->top_k / mc->n_experts;
+        }
+        loom_params_free(&whole);
+    }
+    out->model_flops =
+        tokens * (6.0 * n_params + 12.0 * mc->n_layer * (double)mc->d_model * mc->seq_len);
+    double peak_ms = 0;
+    if (loom_profile_gemm_ms(p, LOOM_GEMM_NT, 4096, 4096, 4096, threads, &peak_ms, err) ==
+            LOOM_OK &&
+        peak_ms > 0 && step > 0) {
+        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3); /* flop/s per rank */
+        out->mfu = out->model_flops / (step * 1e-3 * world * peak);
+    }
+    return LOOM_OK;
+}

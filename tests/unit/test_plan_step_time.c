@@ -1,0 +1,400 @@
+/* loom plan's step-time model (plan/plan.h, src/plan/step_time.c) on hand-built profiles
+ * and random layouts (the seed is printed; LOOM_TEST_SEED repeats a run): the terms sum
+ * to step_ms and name their metrics; tokens/s is the batch over the step; more
+ * data-parallel ranks never increase a rank's compute; a GPU-like profile's forward is
+ * the GEMMs' FLOP count over the rate, within the calls' latency; the pipeline bubble is
+ * the schedule simulator's for the same action durations, and ZB-H1's is below 1F1B's;
+ * ZeRO 1 shards the optimizer; overlapped buckets expose no more than one bucket after
+ * backward; the CPU-sharing rule slows oversubscribed compute by R t / c; a layout the
+ * profile cannot price is refused naming the file. No timing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pipeline/schedule.h"
+#include "plan/plan.h"
+#include "test_common.h"
+
+/* ---- profiles ---- */
+
+static json_t *line(double alpha, const char *unit, double r) {
+    return json_pack("{s:f, s:f}", "alpha_us", alpha, unit, r);
+}
+
+/* One compute entry: GEMMs on the curve (peak, latency, half_dim 0), attention and the
+ * memory-bound kernels on their model lines. */
+static json_t *compute_entry(int threads, double gemm_gflops, double gemm_latency_us,
+                             double att_gflops, double gbps) {
+    json_t *gemm = json_object(), *att = json_object(), *ew = json_object();
+    for (int i = 0; i < LOOM_GEMM_OPS; i++)
+        json_object_set_new(gemm, loom_gemm_op_name((loom_gemm_op)i),
+                            json_pack("{s:f, s:f, s:f, s:f}", "peak_gflops", gemm_gflops,
+                                      "efficiency", 1.0, "latency_us", gemm_latency_us, "half_dim",
+                                      0.0));
+    for (int i = 0; i < LOOM_ATT_KINDS; i++)
+        json_object_set_new(att, loom_attention_kind_name((loom_attention_kind)i),
+                            json_pack("{s:f, s:f}", "gflops", att_gflops, "latency_us", 0.0));
+    for (int i = 0; i < LOOM_EW_KINDS; i++)
+        json_object_set_new(ew, loom_elementwise_kind_name((loom_elementwise_kind)i),
+                            line(0.0, "gbps", gbps));
+    return json_pack("{s:i, s:o, s:o, s:o, s:o}", "threads", threads, "gemm", gemm, "attention",
+                     att, "elementwise", ew, "adamw", line(0.0, "ns_per_param", 1.0));
+}
+
+typedef struct {
+    int shared;  /* a CPU node: memory shared, devices_per_node = cores */
+    int devices; /* per node */
+    int inter;   /* also inter-node collectives */
+    double gemm_gflops, gemm_latency_us, att_gflops, gbps;
+    double busbw, alpha_us;
+} profile_spec;
+
+static loom_profile *make_profile(const profile_spec *s, const char *name) {
+    json_t *coll = json_array();
+    for (int k = 0; k < LOOM_COLL_KINDS; k++)
+        for (int g = 2; g <= 8; g *= 2)
+            for (int inter = 0; inter <= s->inter; inter++)
+                json_array_append_new(
+                    coll, json_pack("{s:s, s:i, s:s, s:f, s:f}", "kind",
+                                    loom_collective_kind_name((loom_collective_kind)k), "group", g,
+                                    "placement", inter ? "inter_node" : "intra_node", "alpha_us",
+                                    s->alpha_us * (inter ? 4 : 1), "busbw_gbs",
+                                    s->busbw / (inter ? 4 : 1)));
+    json_t *compute = json_array();
+    json_array_append_new(
+        compute, compute_entry(1, s->gemm_gflops, s->gemm_latency_us, s->att_gflops, s->gbps));
+    if (s->shared)
+        json_array_append_new(compute, compute_entry(s->devices, s->gemm_gflops * s->devices,
+                                                     s->gemm_latency_us, s->att_gflops * s->devices,
+                                                     s->gbps * s->devices));
+    json_t *root =
+        json_pack("{s:s, s:i, s:s, s:s, s:{s:s, s:f, s:b, s:i}, s:o, s:o, s:{s:f, s:f, s:f}}",
+                  "format", "loom-profile", "version", 1, "name", name, "source", "measured",
+                  "machine", "description", "a test machine", "memory_gib", 64.0, "memory_shared",
+                  s->shared, "devices_per_node", s->devices, "compute", compute, "collectives",
+                  coll, "engine", "cpu_us_per_op", 20.0, "cpu_us_per_mib", 100.0, "post_us", 1.0);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    loom_profile *p = NULL;
+    loom_error err = {0};
+    loom_status st = loom_profile_parse(&p, text, name, &err);
+    free(text);
+    if (st) fprintf(stderr, "profile: %s\n", err.msg);
+    assert_int_equal(st, LOOM_OK);
+    return p;
+}
+
+/* A GPU-like node (its own device per rank) and a 2-core CPU node. */
+static const profile_spec GPU = {0, 8, 1, 1000.0, 5.0, 1000.0, 1000.0, 100.0, 5.0};
+static const profile_spec CPU = {1, 2, 0, 50.0, 2.0, 20.0, 10.0, 2.0, 20.0};
+
+/* ---- layouts ---- */
+
+static void small_model(loom_model_config *mc, int family, int d_model, int layers, int seq) {
+    memset(mc, 0, sizeof *mc);
+    mc->family = family ? LOOM_FAMILY_LLAMA : LOOM_FAMILY_GPT2;
+    mc->n_layer = layers;
+    mc->n_head = 4;
+    mc->n_kv_head = family ? 2 : 4;
+    mc->d_model = d_model;
+    mc->d_ff = 4 * d_model;
+    mc->vocab_size = 256;
+    mc->seq_len = seq;
+    mc->norm_eps = 1e-5f;
+    mc->rope_theta = 10000.0f;
+}
+
+static void layout(loom_train_config *tc, int dp, int tp, int pp, int zero, int micro, int m) {
+    loom_train_config_defaults(tc);
+    tc->layout = (loom_layout){dp, tp, pp, 1, 1};
+    tc->zero = zero;
+    tc->micro_batch = micro;
+    tc->global_batch = micro * m * dp;
+    tc->threads = 1;
+    strcpy(tc->pp_schedule, "1f1b");
+    tc->virtual_stages = 1;
+}
+
+static loom_plan_time predict(const loom_model_config *mc, const loom_train_config *tc,
+                              const loom_profile *p, int ranks_per_node) {
+    loom_plan_time t;
+    loom_error err = {0};
+    const loom_plan_placement place = {ranks_per_node, tc->threads};
+    loom_status st = loom_plan_step_time(mc, tc, p, &place, &t, &err);
+    if (st) fprintf(stderr, "step time: %s\n", err.msg);
+    assert_int_equal(st, LOOM_OK);
+    return t;
+}
+
+static double term_ms(const loom_plan_time *t, const char *name) {
+    for (int i = 0; i < t->n_terms; i++)
+        if (!strcmp(t->terms[i].name, name)) return t->terms[i].ms;
+    return 0.0;
+}
+
+static int world_of(const loom_train_config *tc) {
+    return tc->layout.dp * tc->layout.tp * tc->layout.pp;
+}
+
+/* A random valid layout of a random small model. */
+static void random_layout(loom_model_config *mc, loom_train_config *tc) {
+    small_model(mc, (int)(rnd() % 2), 64 << (rnd() % 2), 4, 64 << (rnd() % 2));
+    const int dp = 1 << (rnd() % 3), tp = 1 << (rnd() % 2), pp = 1 << (rnd() % 2);
+    const int zero = dp > 1 ? (int)(rnd() % 4) : 0;
+    layout(tc, dp, tp, pp, zero, 1 + (int)(rnd() % 2), pp * (1 + (int)(rnd() % 2)));
+    tc->sequence_parallel = tp > 1 && rnd() % 2;
+    tc->recompute = rnd() % 4 == 0;
+    if (pp > 1) {
+        static const char *kinds[] = {"gpipe", "1f1b", "interleaved", "zb"};
+        strcpy(tc->pp_schedule, kinds[rnd() % 4]);
+        if (!strcmp(tc->pp_schedule, "interleaved")) tc->virtual_stages = 2;
+    }
+}
+
+/* ---- the properties ---- */
+
+static void test_terms_sum_to_step(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json"), *cpu = make_profile(&CPU, "cpu.json");
+    for (int it = 0; it < 60; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        random_layout(&mc, &tc);
+        const loom_profile *p = it % 2 ? gpu : cpu;
+        const int world = world_of(&tc);
+        const loom_plan_time t = predict(&mc, &tc, p, p == gpu && world > 8 ? 8 : world);
+        double sum = 0;
+        assert_true(t.n_terms >= 3 && t.n_terms <= LOOM_PLAN_MAX_TERMS);
+        for (int i = 0; i < t.n_terms; i++) {
+            assert_non_null(t.terms[i].name);
+            assert_true(t.terms[i].ms > 0 && isfinite(t.terms[i].ms));
+            assert_true(t.terms[t.dominant].ms >= t.terms[i].ms);
+            sum += t.terms[i].ms;
+        }
+        assert_true(fabs(sum - t.step_ms) <= 1e-9 * t.step_ms);
+        assert_true(term_ms(&t, "forward") > 0 && term_ms(&t, "backward") > 0);
+        assert_true(fabs(t.tokens_per_s * t.step_ms * 1e-3 - (double)tc.global_batch * mc.seq_len) <
+                    1e-6 * tc.global_batch * mc.seq_len);
+        assert_true(t.model_flops > 0 && t.mfu > 0);
+        /* the measured parts carry their --metrics keys */
+        assert_string_equal(t.terms[0].metric, "dp.compute_ms");
+        if (term_ms(&t, "optimizer") > 0)
+            for (int i = 0; i < t.n_terms; i++)
+                if (!strcmp(t.terms[i].name, "optimizer"))
+                    assert_string_equal(t.terms[i].metric, "dp.optimizer_ms");
+        /* a pipeline has a bubble; without one there is none */
+        assert_true((term_ms(&t, "pp bubble") > 0) == (tc.layout.pp > 1));
+        assert_true((term_ms(&t, "tp comm") > 0) == (tc.layout.tp > 1));
+    }
+    loom_profile_free(gpu);
+    loom_profile_free(cpu);
+}
+
+/* The same global batch over more replicas: a rank's forward and backward never grow
+ * (each holds fewer sequences), on a node where every rank has its own device. */
+static void test_more_dp_less_compute(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    for (int it = 0; it < 20; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        random_layout(&mc, &tc);
+        tc.layout.pp = 1;
+        tc.global_batch = 8 * tc.micro_batch;
+        double last = INFINITY;
+        for (int dp = 1; dp <= 8; dp *= 2) {
+            tc.layout.dp = dp;
+            tc.zero = dp > 1 ? tc.zero : 0;
+            const loom_plan_time t = predict(&mc, &tc, gpu, 8);
+            const double compute =
+                term_ms(&t, "forward") + term_ms(&t, "backward") + term_ms(&t, "recompute");
+            assert_true(compute <= last * (1 + 1e-12));
+            last = compute;
+        }
+    }
+    loom_profile_free(gpu);
+}
+
+/* GEMMs of one micro-batch's forward on one rank (tp 1): the blocks' four linears and
+ * the head, 2 M N K each. */
+static double forward_gemm_flops(const loom_model_config *mc, double tokens) {
+    const double C = mc->d_model, hd = C / mc->n_head, F = mc->d_ff;
+    const double QKV = (mc->n_head + 2.0 * mc->n_kv_head) * hd, A = mc->n_head * hd;
+    const double FC = mc->family == LOOM_FAMILY_GPT2 ? F : 2 * F;
+    const double block = C * QKV + A * C + C * FC + F * C;
+    return 2 * tokens * (mc->n_layer * block + C * mc->vocab_size);
+}
+
+/* With memory-bound kernels and attention priced as nearly free, the forward term is the
+ * GEMM FLOP count over the rate, plus at most every call's latency. */
+static void test_forward_is_flops_over_rate(void **state) {
+    (void)state;
+    profile_spec s = GPU;
+    s.att_gflops = 1e9;
+    s.gbps = 1e9;
+    loom_profile *p = make_profile(&s, "published.json");
+    for (int it = 0; it < 20; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        random_layout(&mc, &tc);
+        tc.layout = (loom_layout){1, 1, 1, 1, 1};
+        tc.zero = 0;
+        tc.recompute = 0;
+        tc.sequence_parallel = 0;
+        const loom_plan_time t = predict(&mc, &tc, p, 1);
+        const int m = tc.global_batch / tc.micro_batch;
+        const double flops = m * forward_gemm_flops(&mc, (double)tc.micro_batch * mc.seq_len);
+        const double ideal = flops / (s.gemm_gflops * 1e6);
+        const double latency = m * (4.0 * mc.n_layer + 1) * s.gemm_latency_us / 1e3;
+        const double fwd = term_ms(&t, "forward");
+        assert_true(fwd >= ideal * (1 - 1e-9));
+        assert_true(fwd <= ideal + latency + 1e-3 * ideal);
+    }
+    loom_profile_free(p);
+}
+
+/* The bubble is what pipeline/schedule.h's simulator gives for the predicted actions:
+ * makespan minus the stage's own work. */
+static void test_bubble_is_the_simulators(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    static const char *kinds[] = {"gpipe", "1f1b", "interleaved"};
+    for (int it = 0; it < 24; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        small_model(&mc, it % 2, 64, 8, 64);
+        const int pp = 2 << (it % 2), m = pp * (1 + it % 3);
+        layout(&tc, 1, 1, pp, 0, 1, m);
+        strcpy(tc.pp_schedule, kinds[it % 3]);
+        const int v = it % 3 == 2 ? 2 : 1;
+        tc.virtual_stages = v;
+        const loom_plan_time t = predict(&mc, &tc, gpu, pp);
+        const double acts = (double)m * v;
+        const double send = term_ms(&t, "pp sends");
+        const double F = term_ms(&t, "forward") / acts, B = term_ms(&t, "backward") / acts;
+        /* pp sends: two per action pair plus the loss all-reduce; price the latter */
+        double loss = 0;
+        loom_error err = {0};
+        assert_int_equal(loom_profile_collective_ms(gpu, LOOM_COLL_ALLREDUCE, pp, LOOM_PLACE_INTRA,
+                                                    8, &loss, &err),
+                         LOOM_OK);
+        const double hop = (send - loss) / (2 * acts);
+        loom_pp_kind kind;
+        assert_int_equal(loom_pp_kind_parse(tc.pp_schedule, &kind, &err), LOOM_OK);
+        loom_pp_schedule sched;
+        assert_int_equal(loom_pp_schedule_build(&sched, kind, pp, m, v, &err), LOOM_OK);
+        const double dur[3] = {F + hop, B + hop, 0};
+        const double span = loom_pp_schedule_simulate(&sched, dur, NULL, NULL);
+        loom_pp_schedule_free(&sched);
+        const double bubble = span - acts * (F + B + 2 * hop);
+        assert_true(fabs(term_ms(&t, "pp bubble") - bubble) <= 1e-6 * span);
+    }
+    /* ZB-H1 fills 1F1B's bubble with the deferred weight gradients */
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 0, 64, 8, 64);
+    layout(&tc, 1, 1, 4, 0, 1, 8);
+    const loom_plan_time t1 = predict(&mc, &tc, gpu, 4);
+    strcpy(tc.pp_schedule, "zb");
+    const loom_plan_time tz = predict(&mc, &tc, gpu, 4);
+    assert_true(term_ms(&tz, "pp bubble") < term_ms(&t1, "pp bubble"));
+    loom_profile_free(gpu);
+}
+
+static void test_zero_and_buckets(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 0, 256, 8, 128);
+    layout(&tc, 4, 1, 1, 0, 2, 2);
+    const loom_plan_time z0 = predict(&mc, &tc, gpu, 4);
+    tc.zero = 1;
+    const loom_plan_time z1 = predict(&mc, &tc, gpu, 4);
+    /* ZeRO-1: AdamW on a quarter, then the all-gather of the updated shards */
+    assert_true(term_ms(&z1, "optimizer") < 0.3 * term_ms(&z0, "optimizer"));
+    assert_true(term_ms(&z1, "param gather") > 0 && term_ms(&z0, "param gather") == 0);
+    /* buckets during backward expose no more than one bucket after it */
+    tc.zero = 0;
+    tc.bucket_mb = 0.25f;
+    const loom_plan_time small = predict(&mc, &tc, gpu, 4);
+    tc.bucket_mb = 100000.0f;
+    const loom_plan_time whole = predict(&mc, &tc, gpu, 4);
+    assert_true(term_ms(&small, "dp exposed") < term_ms(&whole, "dp exposed"));
+    assert_true(term_ms(&whole, "dp exposed") > 0);
+    /* ZeRO-3 gathers parameters in forward and backward */
+    tc.zero = 3;
+    tc.bucket_mb = 25.0f;
+    const loom_plan_time z3 = predict(&mc, &tc, gpu, 4);
+    assert_true(term_ms(&z3, "param gather") == 0);
+    assert_true(z3.step_ms >= z0.step_ms - term_ms(&z0, "optimizer"));
+    loom_profile_free(gpu);
+}
+
+/* 8 ranks of 1 thread on 2 cores: each rank's compute takes 4x its kernels' time. */
+static void test_cpu_sharing(void **state) {
+    (void)state;
+    loom_profile *cpu = make_profile(&CPU, "cpu.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 1, 128, 4, 64);
+    layout(&tc, 1, 1, 1, 0, 2, 4);
+    const loom_plan_time one = predict(&mc, &tc, cpu, 1);
+    /* the same rank's work with 7 more ranks beside it on the node */
+    tc.layout.dp = 8;
+    tc.global_batch *= 8;
+    const loom_plan_time eight = predict(&mc, &tc, cpu, 8);
+    const double f1 = term_ms(&one, "forward"), f8 = term_ms(&eight, "forward");
+    assert_true(fabs(f8 / f1 - 4.0) < 1e-9);
+    assert_true(term_ms(&eight, "engine cpu") > 0);
+    /* two ranks of one thread fit the two cores */
+    tc.layout.dp = 2;
+    tc.global_batch = tc.global_batch / 4;
+    const loom_plan_time two = predict(&mc, &tc, cpu, 2);
+    assert_true(fabs(term_ms(&two, "forward") / f1 - 1.0) < 1e-9);
+    loom_profile_free(cpu);
+}
+
+/* A layout over two nodes on a profile without inter-node collectives. */
+static void test_missing_term_refused(void **state) {
+    (void)state;
+    profile_spec s = GPU;
+    s.inter = 0;
+    loom_profile *p = make_profile(&s, "intra_only.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 0, 64, 4, 64);
+    layout(&tc, 2, 1, 1, 0, 1, 2);
+    loom_plan_time t;
+    loom_error err = {0};
+    const loom_plan_placement one_per_node = {1, 1};
+    assert_int_equal(loom_plan_step_time(&mc, &tc, p, &one_per_node, &t, &err), LOOM_ERR_INPUT);
+    assert_non_null(strstr(err.msg, "intra_only.json"));
+    loom_profile_free(p);
+}
+
+int main(void) {
+    const char *seed = getenv("LOOM_TEST_SEED");
+    g_rng = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("test_plan_step_time: seed %llu (LOOM_TEST_SEED repeats it)\n",
+           (unsigned long long)g_rng);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_terms_sum_to_step),
+        cmocka_unit_test(test_more_dp_less_compute),
+        cmocka_unit_test(test_forward_is_flops_over_rate),
+        cmocka_unit_test(test_bubble_is_the_simulators),
+        cmocka_unit_test(test_zero_and_buckets),
+        cmocka_unit_test(test_cpu_sharing),
+        cmocka_unit_test(test_missing_term_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
