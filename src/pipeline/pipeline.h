@@ -67,6 +67,11 @@ typedef struct {
  * micro-batch count (messages name the flag). Also called before MPI starts. */
 loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_pp_config *cfg, int dp,
                                    loom_error *err);
+/* Layers per virtual stage (pc->pp x pc->virtual_stages counts, virtual stage s = chunk *
+ * pp + rank): --pp-layers, else the balanced split (v = 1: the head's work counted on the
+ * last stage) or an even one (interleaved). The split loom_pipeline_create uses. */
+loom_status loom_pipeline_split_layers(const loom_model_config *mc, const loom_pp_config *pc,
+                                       int *counts, loom_error *err);
 /* Builds the schedules, the stage's model (into *model: slot 0, the one the trainer sees)
  * and the extra slots and message buffers. cp: NULL or the context-parallel attention
  * every slot shares (it keeps nothing between calls). */

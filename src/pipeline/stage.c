@@ -88,6 +88,11 @@ static loom_status split_layers(const loom_model_config *mc, const loom_pp_confi
     return LOOM_OK;
 }
 
+loom_status loom_pipeline_split_layers(const loom_model_config *mc, const loom_pp_config *pc,
+                                       int *counts, loom_error *err) {
+    return split_layers(mc, pc, pc->pp, pc->virtual_stages, counts, err);
+}
+
 loom_status loom_pipeline_validate(const loom_model_config *mc, const loom_pp_config *pc, int dp,
                                    loom_error *err) {
     const int pp = pc->pp, v = pc->virtual_stages;
