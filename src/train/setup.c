@@ -329,25 +329,27 @@ static loom_status setup(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
-loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
-                          loom_mesh *mesh, loom_error *err) {
+/* Builds r with `build` (the whole set-up, or only what sizes memory); on failure
+ * everything built so far is freed. */
+static loom_status build_run(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                             loom_mesh *mesh, int size_only,
+                             loom_status (*build)(loom_run *, loom_error *), loom_error *err) {
     memset(r, 0, sizeof *r);
     r->mc = mc;
     r->tc = tc;
     r->mesh = mesh;
-    r->size_only = 1;
-    loom_status st = build_model(r, err);
+    r->size_only = size_only;
+    loom_status st = build(r, err);
     if (st) loom_run_free(r);
     return st;
 }
 
+loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
+                          loom_mesh *mesh, loom_error *err) {
+    return build_run(r, mc, tc, mesh, 1, build_model, err);
+}
+
 loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
                            loom_mesh *mesh, loom_error *err) {
-    memset(r, 0, sizeof *r);
-    r->mc = mc;
-    r->tc = tc;
-    r->mesh = mesh;
-    loom_status st = setup(r, err);
-    if (st) loom_run_free(r);
-    return st;
+    return build_run(r, mc, tc, mesh, 0, setup, err);
 }
