@@ -31,7 +31,7 @@ typedef struct {
     char layers[256];   /* --pp-layers: layers per (virtual) stage; "" = balanced */
     char stats[1024];   /* --pp-stats: per-rank timers (JSON lines); "" = none */
     int recompute;      /* --recompute */
-    int size_only;      /* the slots are sized, not allocated (LOOM_MODEL_SIZE_ONLY) */
+    int size_only;      /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
     int micro_batch, global_batch;
 } loom_pp_config;
 

@@ -207,9 +207,11 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
     pl->slots = calloc((size_t)pl->n_slots, sizeof *pl->slots);
     if (!pl->slots) goto nomem;
     pl->slots[0] = model;
-    for (int k = 1; k < pl->n_slots; k++)
+    /* Sizing only (loom plan): the slots are one model's copies, slot 0 says their size. */
+    const int built = pc->size_only ? 1 : pl->n_slots;
+    for (int k = 1; k < built; k++)
         if (!(pl->slots[k] = calloc(1, sizeof(loom_model)))) goto nomem;
-    for (int k = 0; k < pl->n_slots; k++)
+    for (int k = 0; k < built; k++)
         if ((st = loom_model_create(
                  pl->slots[k],
                  &(loom_model_options){.cfg = mc,
@@ -225,6 +227,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                  err)))
             return st;
     pl->act_floats = loom_model_stream_floats(model);
+    if (pc->size_only) return LOOM_OK; /* the message buffers' size is act_floats' */
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
     pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
