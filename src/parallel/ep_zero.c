@@ -50,18 +50,38 @@ static int build_own(loom_ep_zero *e) {
     return 1;
 }
 
+/* The two segments' layouts and this rank's merged ranges (no buffers); NULL: no memory. */
+static loom_ep_zero *ep_shape(loom_zero *z, loom_comm *edp) {
+    loom_ep_zero *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->table = z->table;
+    e->stage = z->stage;
+    if (loom_shard_layout_init(&e->seg[0], z->table, LOOM_SHARD_DENSE, z->dp, NULL) ||
+        loom_shard_layout_init(&e->seg[1], z->table, LOOM_SHARD_EXPERTS, edp, NULL) ||
+        !build_own(e)) {
+        ep_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+loom_status loom_ep_zero_size(loom_zero *z, loom_comm *edp, loom_error *err) {
+    loom_ep_zero *e = ep_shape(z, edp);
+    if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO with --ep: out of memory");
+    z->lo = 0, z->hi = z->total;
+    z->shard_floats = e->own_floats;
+    z->experts = e;
+    return LOOM_OK;
+}
+
 loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
     const loom_param_table *t = z->table;
-    loom_ep_zero *e = calloc(1, sizeof *e);
+    loom_ep_zero *e = ep_shape(z, edp);
     if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO with --ep: out of memory");
-    e->table = t;
-    e->stage = z->stage;
-    int ok = !loom_shard_layout_init(&e->seg[0], t, LOOM_SHARD_DENSE, z->dp, NULL) &&
-             !loom_shard_layout_init(&e->seg[1], t, LOOM_SHARD_EXPERTS, edp, NULL);
     const size_t most = e->seg[0].total > e->seg[1].total ? e->seg[0].total : e->seg[1].total;
-    ok = ok && build_own(e) && (e->pack = malloc((most ? most : 1) * sizeof(float))) &&
-         (e->gcounts = calloc((size_t)z->dp->size, sizeof(int))) &&
-         (e->gdispls = calloc((size_t)z->dp->size, sizeof(int)));
+    int ok = (e->pack = malloc((most ? most : 1) * sizeof(float))) &&
+             (e->gcounts = calloc((size_t)z->dp->size, sizeof(int))) &&
+             (e->gdispls = calloc((size_t)z->dp->size, sizeof(int)));
     if (ok && e->stage >= 2) {
         size_t mine = 0;
         for (int k = 0; k < 2; k++)

@@ -52,6 +52,9 @@ typedef struct loom_ep_zero {
 /* Turns z (created by loom_zero_create over dp with stage 1 or 2) into the sharding
  * above; z->m, z->v become full-layout mappings, z->lo, z->hi = [0, total). */
 loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err);
+/* Only the shape loom_ep_zero_attach gives z (the segments, shard_floats), no buffers:
+ * for a z of loom_zero_size (sizing a layout: loom plan). */
+loom_status loom_ep_zero_size(loom_zero *z, loom_comm *edp, loom_error *err);
 /* Called by loom_zero_free: unmaps z->m and z->v. */
 void loom_ep_zero_detach(loom_zero *z);
 

@@ -9,8 +9,9 @@
 #include "core/clock.h"
 #include "parallel/shard_geometry.h"
 
-loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
-                             double bucket_mb, loom_error *err) {
+/* The shape: stage, buckets' size, this rank's shard; no buffers, no engine. */
+static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                         double bucket_mb, loom_error *err) {
     memset(z, 0, sizeof *z);
     z->dp = dp;
     z->be = loom_backend_cpu();          /* the flat buffers and optimizer state live on the host */
@@ -27,29 +28,42 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     /* Each posted range (at most one per layer, plus tail, wte and the rest of the
      * head) splits into partitions of at most bucket_floats. */
     z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
-    z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
-    if (!z->buckets || loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err))
-        goto nomem;
+    if (loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err)) {
+        loom_zero_free(z);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for the shards");
+    }
     z->lo = z->shards.lo;
     z->hi = z->shards.hi;
     if (z->stage == 0) {
         z->lo = 0;
         z->hi = z->total;
     }
-    size_t n = z->hi - z->lo;
+    z->shard_floats = z->hi - z->lo;
+    return LOOM_OK;
+}
+
+loom_status loom_zero_size(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                           double bucket_mb, loom_error *err) {
+    return shape(z, dp, stage, table, bucket_mb, err);
+}
+
+loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                             double bucket_mb, loom_error *err) {
+    loom_status st = shape(z, dp, stage, table, bucket_mb, err);
+    if (st) return st;
+    const size_t n = z->shard_floats;
+    z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
     z->m = calloc(n ? n : 1, sizeof(float));
     z->v = calloc(n ? n : 1, sizeof(float));
-    z->shard_floats = n;
-    if (!z->m || !z->v) goto nomem; /* stage >= 2: grad_shard is set by grads_alloc */
+    if (!z->buckets || !z->m || !z->v) { /* stage >= 2: grad_shard is set by grads_alloc */
+        loom_zero_free(z);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
+    }
     /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
      * gathers (head, blocks, tail). */
-    loom_status st =
-        loom_comm_engine_start(&z->engine, dp, z->max_buckets + 1 + table->n_layer + 2, err);
+    st = loom_comm_engine_start(&z->engine, dp, z->max_buckets + 1 + table->n_layer + 2, err);
     if (st) loom_zero_free(z);
     return st;
-nomem:
-    loom_zero_free(z);
-    return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
 }
 
 loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {

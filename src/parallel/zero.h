@@ -86,6 +86,10 @@ typedef struct {
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                              double bucket_mb, loom_error *err);
+/* Only the shape loom_zero_create gives (stage, shards, this rank's [lo, hi) and
+ * shard_floats), no buffers or engine: what sizing a layout reads (loom plan). */
+loom_status loom_zero_size(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
+                           double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);
 
 /* Bytes held per rank, by ZeRO's formulas (fp32; P parameters, N ranks, shard s ~ P/N

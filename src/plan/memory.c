@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "core/cpu_boot.h"
-
 #include "plan/plan.h"
 #include "train/run.h"
 
@@ -45,14 +44,41 @@ loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_co
     return LOOM_OK;
 }
 
+/* Which stages can hold the most: the first, the last (the head), and of the others the
+ * first of each layer count (a later stage with as many layers holds as many
+ * micro-batches in flight or fewer: every schedule's warm-up shrinks with the rank). */
+static int stages_to_size(const loom_model_config *mc, const loom_train_config *tc, int *out) {
+    const int pp = tc->layout.pp;
+    loom_pp_config pc;
+    loom_train_config_pipeline(tc, &pc);
+    int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS], held[LOOM_PP_MAX_STAGES], n = 0;
+    if (pp == 1 || loom_pipeline_split_layers(mc, &pc, counts, NULL)) {
+        for (int s = 0; s < pp; s++) out[n++] = s; /* (a refused split fails in sizing) */
+        return n;
+    }
+    for (int s = 0; s < pp; s++) {
+        held[s] = 0;
+        for (int c = 0; c < pc.virtual_stages; c++) held[s] += counts[c * pp + s];
+        int seen = 0;
+        for (int k = 1; k < s && !seen; k++) seen = held[k] == held[s];
+        if (s == 0 || s == pp - 1 || !seen) out[n++] = s;
+    }
+    return n;
+}
+
 loom_status loom_plan_memory_max(const loom_model_config *mc, const loom_train_config *tc,
                                  loom_plan_memory *out, int *stage, loom_error *err) {
+    int stages[LOOM_PP_MAX_STAGES];
+    if (tc->layout.pp < 1 || tc->layout.pp > LOOM_PP_MAX_STAGES)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--pp %d: expected 1..%d", tc->layout.pp,
+                              LOOM_PP_MAX_STAGES);
+    const int n = stages_to_size(mc, tc, stages);
     *stage = 0;
-    for (int s = 0; s < tc->layout.pp; s++) {
+    for (int i = 0; i < n; i++) {
         loom_plan_memory m;
-        loom_status st = loom_plan_memory_of(mc, tc, s, &m, err);
+        loom_status st = loom_plan_memory_of(mc, tc, stages[i], &m, err);
         if (st) return st;
-        if (s == 0 || m.total > out->total) *out = m, *stage = s;
+        if (i == 0 || m.total > out->total) *out = m, *stage = stages[i];
     }
     return LOOM_OK;
 }

@@ -141,13 +141,17 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         return st;
     }
     r->tp.be = r->model.be; /* the vocabulary-parallel loss runs where the logits are */
+    /* sizing (loom plan): ZeRO's shape only, no optimizer state, no engine */
+    loom_status (*zero)(loom_zero *, loom_comm *, int, const loom_param_table *, double,
+                        loom_error *) = r->size_only ? loom_zero_size : loom_zero_create;
+    loom_status (*ep_zero)(loom_zero *, loom_comm *, loom_error *) =
+        r->size_only ? loom_ep_zero_size : loom_ep_zero_attach;
     if ((st = loom_model_set_recompute(&r->model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
-        (st = loom_zero_create(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb,
-                               err)) ||
-        (mesh->ep.size > 1 && r->zero.stage > 0 &&
-         (st = loom_ep_zero_attach(&r->zero, &mesh->edp, err))))
+        (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
+        (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))))
         return st;
+    if (r->size_only) return LOOM_OK;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h), and
      * whole sequences (its positions are 0..T-1: not with context parallelism). */

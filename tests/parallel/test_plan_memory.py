@@ -9,7 +9,8 @@ the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" 
 (no MPI: the layout's objects sized on shapes), and requires for rank 0 (pipeline stage
 0) the same text of the "memory per rank: ..." line, the same "memory per rank in all"
 figure, and the same numbers in the pipeline (micro-batches in flight, activations,
-message buffers), tensor-parallel, context-parallel and MoE-buffer lines.
+message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
+stage the plan checks against the budget holds the most of all stages.
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
 """
 import argparse
@@ -114,8 +115,12 @@ def check(loom, name, ranks, extra, flags, threads):
                           capture_output=True, text=True)
     if plan.returncode != 0:
         return [f"loom plan exit {plan.returncode}: {plan.stderr[-1500:]}"]
-    stage0 = json.loads(plan.stdout)["stages"][0]
+    planned = json.loads(plan.stdout)
+    stage0 = planned["stages"][0]
     problems = []
+    most = max(s["total_bytes"] for s in planned["stages"])
+    if planned["memory"]["total_bytes"] != most:  # the stage the budget is checked against
+        problems.append(f"largest stage {planned['memory']['total_bytes']}, of all stages {most}")
     line = re.search(r"loom: (memory per rank: [^\n]*)", p.stderr)
     if not line:
         return [f"no memory line in the start-up report:\n{p.stderr[-1500:]}"]
