@@ -246,15 +246,17 @@ loom_status loom_plan_search(const loom_model_config *mc, const loom_train_confi
         memory_gib > 0 ? memory_gib * GiB : loom_profile_memory_bytes(p, place.ranks_per_node);
     loom_plan_candidate *all;
     int n;
-    loom_status st = loom_plan_enumerate(mc, base, world, place.ranks_per_node, &all, &n, err);
+    loom_error refused = {0};
+    loom_status st =
+        loom_plan_enumerate(mc, base, world, place.ranks_per_node, &all, &n, &refused, err);
     if (st) return st;
     if (n == 0) {
         free(all);
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "no layout of %d rank(s) is accepted for this model and batch "
                               "(--global-batch %d, --n-layer %d, --n-head %d): loom train would "
-                              "refuse each",
-                              world, base->global_batch, mc->n_layer, mc->n_head);
+                              "refuse each (the last one: %s)",
+                              world, base->global_batch, mc->n_layer, mc->n_head, refused.msg);
     }
     int fit = 0, smallest = 0;
     for (int i = 0; i < n; i++) {

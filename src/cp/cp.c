@@ -141,8 +141,8 @@ static int backend_has(const loom_backend *be, loom_cp_mode mode, int causal) {
                   : op->attention_bidir_forward && op->attention_bidir_backward;
 }
 
-loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
-                           const loom_backend *be, loom_error *err) {
+static loom_status create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
+                          const loom_backend *be, int buffers, loom_error *err) {
     memset(cp, 0, sizeof *cp);
     const int N = comm->size;
     if (o->B < 1 || o->T < 1 || o->H < 1 || o->KV < 1 || o->hd < 1 || o->H % o->KV != 0)
@@ -173,6 +173,9 @@ loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *
                               "context parallelism: --seq-len %d x %d samples is too large for "
                               "one message (over 2^31 floats)",
                               o->T, o->B);
+    cp->Hn = p.Hn;
+    cp->KVr = p.KVr;
+    if (!buffers) return LOOM_OK; /* sized only: loom_cp_buffer_bytes says their bytes */
     int failed = 0;
     for (int i = 0; i < 2; i++) {
         cp->kv[i] = alloc_floats(cp, p.kv, &failed);
@@ -190,8 +193,6 @@ loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *
     cp->dqkv_full = alloc_floats(cp, p.full_qkv, &failed);
     cp->out_full = alloc_floats(cp, p.full_out, &failed);
     cp->dout_full = alloc_floats(cp, p.full_out, &failed);
-    cp->Hn = p.Hn;
-    cp->KVr = p.KVr;
     if (o->mode == LOOM_CP_ULYSSES && !failed) {
         cp->counts = calloc(2 * (size_t)N, sizeof(int));
         cp->displs = calloc(2 * (size_t)N, sizeof(int));
@@ -223,6 +224,16 @@ loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *
                                 cp->n_chunks, cp->n_chunks, {cp->chunk_pos[0], cp->chunk_pos[1]},
                                 {0, 0}};
     return LOOM_OK;
+}
+
+loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
+                           const loom_backend *be, loom_error *err) {
+    return create(cp, comm, o, be, 1, err);
+}
+
+loom_status loom_cp_size(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
+                         const loom_backend *be, loom_error *err) {
+    return create(cp, comm, o, be, 0, err);
 }
 
 void loom_cp_free(loom_cp *cp) {

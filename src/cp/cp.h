@@ -78,6 +78,10 @@ loom_status loom_cp_validate(int cp, loom_cp_mode mode, int causal, int T, int H
  * A comm of size 1 gives a valid module that computes whole-sequence attention. */
 loom_status loom_cp_create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
                            const loom_backend *be, loom_error *err);
+/* The same without its buffers (their bytes: loom_cp_buffer_bytes): what sizing a
+ * layout's memory reads (loom plan); attention on it fails. */
+loom_status loom_cp_size(loom_cp *cp, loom_comm *comm, const loom_cp_options *o,
+                         const loom_backend *be, loom_error *err);
 void loom_cp_free(loom_cp *cp);
 /* Bytes create() allocates (buffers + scratch, CPU kernels), for the start-up memory
  * report; no MPI. */

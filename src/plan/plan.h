@@ -104,10 +104,10 @@ typedef struct {
  * --sequence-parallel, --pp-schedule (interleaved with 2 chunks), --recompute,
  * --cp-mode and --micro-batch (powers of two dividing the per-replica batch); base's
  * --global-batch, --seq-len, --threads and the rest stay. *out: malloc'd, *n entries, the
- * memory filled in. */
+ * memory filled in; *refused (may be NULL): why the last refused layout was refused. */
 loom_status loom_plan_enumerate(const loom_model_config *mc, const loom_train_config *base,
                                 int world, int tp_max, loom_plan_candidate **out, int *n,
-                                loom_error *err);
+                                loom_error *refused, loom_error *err);
 /* The layout as loom train's flags: "--dp 2 --tp 2 --zero 1 --micro-batch 4" (only those
  * that differ from one process's defaults, always --dp and --micro-batch). */
 void loom_plan_layout_flags(const loom_train_config *tc, char *buf, size_t n);

@@ -9,6 +9,8 @@
 typedef struct {
     loom_plan_candidate *v;
     int n, cap;
+    loom_error refused; /* why the last refused layout was refused */
+    int sized_refusal;  /* ... one that passed the flags' checks and failed in set-up */
 } candidates;
 
 static loom_status add(candidates *c, const loom_model_config *mc, const loom_train_config *tc,
@@ -17,10 +19,15 @@ static loom_status add(candidates *c, const loom_model_config *mc, const loom_tr
     loom_plan_candidate x;
     memset(&x, 0, sizeof x);
     x.tc = *tc;
-    if (loom_plan_validate(mc, tc, &quiet) ||
-        loom_plan_memory_max(mc, tc, &x.mem, &x.mem_stage, &quiet))
-        return quiet.code == LOOM_ERR_NOMEM ? loom_error_set(err, LOOM_ERR_NOMEM, "%s", quiet.msg)
-                                            : LOOM_OK;
+    const int valid = !loom_plan_validate(mc, tc, &quiet);
+    if (!valid || loom_plan_memory_max(mc, tc, &x.mem, &x.mem_stage, &quiet)) {
+        if (quiet.code == LOOM_ERR_NOMEM)
+            return loom_error_set(err, LOOM_ERR_NOMEM, "%s", quiet.msg);
+        /* a layout refused while being set up says more than one its flags refuse */
+        if (valid || !c->sized_refusal) c->refused = quiet;
+        c->sized_refusal |= valid;
+        return LOOM_OK;
+    }
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 256;
         loom_plan_candidate *v = realloc(c->v, (size_t)cap * sizeof *v);
@@ -71,7 +78,7 @@ static loom_status options(candidates *c, const loom_model_config *mc, loom_trai
 
 loom_status loom_plan_enumerate(const loom_model_config *mc, const loom_train_config *base,
                                 int world, int tp_max, loom_plan_candidate **out, int *n,
-                                loom_error *err) {
+                                loom_error *refused, loom_error *err) {
     candidates c = {0};
     loom_status st = LOOM_OK;
     *out = NULL;
@@ -104,6 +111,7 @@ loom_status loom_plan_enumerate(const loom_model_config *mc, const loom_train_co
     }
     *out = c.v;
     *n = c.n;
+    if (refused) *refused = c.refused;
     return LOOM_OK;
 }
 

@@ -99,7 +99,9 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
                                .H = mc->n_head / tp,
                                .KV = mc->n_kv_head / tp,
                                .hd = mc->d_model / mc->n_head};
-    if ((st = loom_cp_create(&r->cp, &r->mesh->cp, &o, loom_backend_cpu(), err))) return st;
+    loom_status (*make)(loom_cp *, loom_comm *, const loom_cp_options *, const loom_backend *,
+                        loom_error *) = r->size_only ? loom_cp_size : loom_cp_create;
+    if ((st = make(&r->cp, &r->mesh->cp, &o, loom_backend_cpu(), err))) return st;
     r->cp.err = err;
     r->cped = &r->cp;
     return LOOM_OK;
