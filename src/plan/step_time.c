@@ -319,9 +319,15 @@ static cost block_fwd(pricer *q, const shapes *d, int moe) {
     return c;
 }
 
+/* A linear's weight gradient (TN: M = OC, N = IC, K = tokens) and, for GPT-2's biased
+ * linears, the bias gradient's column sums over d(out) (the profile's GEMM has none). */
+static double weight_grad(pricer *q, const shapes *d, double OC, double IC, int bias) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, d->N) + (bias && d->gpt2 ? bytes_ms(q, 4 * d->N * OC) : 0);
+}
+
 /* A column-parallel linear's backward: input gradient (NN), weight gradient (TN, on the
  * gathered input), the input gradient's sum over tp. */
-static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight) {
+static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight, int bias) {
     cost c = {0, 0, 0, 0};
     const double N = d->N, C = d->C;
     if (input) {
@@ -329,7 +335,7 @@ static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int wei
         c.tp = tp_reduce(q, d);
     }
     if (weight) {
-        c.compute += gemm(q, LOOM_GEMM_TN, OC, C, N);
+        c.compute += weight_grad(q, d, OC, C, bias);
         c.tp += sp_gather(q, d);
     }
     return c;
@@ -346,11 +352,11 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
             c.tp += sp_gather(q, d);
             add(&c, moe_bwd(q, d, 1));
         } else {
-            c.compute += gemm(q, LOOM_GEMM_TN, C, d->F, N);
-            add(&c, column_bwd(q, d, d->FC, 0, 1));
+            c.compute += weight_grad(q, d, C, d->F, 1);
+            add(&c, column_bwd(q, d, d->FC, 0, 1, 1));
         }
-        c.compute += gemm(q, LOOM_GEMM_TN, C, d->A, N);
-        add(&c, column_bwd(q, d, d->QKV, 0, 1));
+        c.compute += weight_grad(q, d, C, d->A, 1);
+        add(&c, column_bwd(q, d, d->QKV, 0, 1, 1));
         return c;
     }
     if (d->recompute) add(&c, block_fwd(q, d, moe));
@@ -361,18 +367,17 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
         c.tp += sp_gather(q, d);
         c.compute +=
             memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
-            (w ? gemm(q, LOOM_GEMM_TN, C, d->F, N) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
+            (w ? weight_grad(q, d, C, d->F, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
             (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_BWD, N, d->F));
-        add(&c, column_bwd(q, d, d->FC, 1, w));
+        add(&c, column_bwd(q, d, d->FC, 1, w, 1));
     }
     c.compute += norm_bwd(q, d);
     c.tp += sp_gather(q, d);
     c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
-                 (w ? gemm(q, LOOM_GEMM_TN, C, d->A, N) : copy_ms(q, N * C)) +
-                 memset_ms(q, N * d->QKV);
+                 (w ? weight_grad(q, d, C, d->A, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->QKV);
     add(&c, attention_cost(q, d, 1));
     c.compute += rope(q, d);
-    add(&c, column_bwd(q, d, d->QKV, 1, w));
+    add(&c, column_bwd(q, d, d->QKV, 1, w, 1));
     c.compute += norm_bwd(q, d);
     return c;
 }
@@ -405,8 +410,8 @@ static cost head_fwd(pricer *q, const shapes *d) {
 }
 static cost head_bwd(pricer *q, const shapes *d, int weight_part) {
     cost c = {0, 0, 0, 0};
-    if (weight_part) return column_bwd(q, d, d->V, 0, 1);
-    c = column_bwd(q, d, d->V, 1, !d->split);
+    if (weight_part) return column_bwd(q, d, d->V, 0, 1, 0);
+    c = column_bwd(q, d, d->V, 1, !d->split, 0);
     c.compute += memset_ms(q, d->Ns * d->C) + norm_bwd(q, d);
     return c;
 }
@@ -859,6 +864,8 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                 P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
             }
         }
+        /* GPT-2's tied embedding: the first and last stage swap its gradient */
+        if (d.gpt2) P.pp_send += coll(&q, LOOM_COLL_SENDRECV, 2, 4.0 * mc->vocab_size / tp * d.C);
         /* the pipeline group's loss sum */
         P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, 8);
     }
