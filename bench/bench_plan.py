@@ -71,6 +71,7 @@ LAYOUTS = [
     ("llama pp2 zb", LLAMA, 2, ["--pp", "2", "--pp-schedule", "zb"]),
     ("llama dp2 tp2 pp2", LLAMA, 8, ["--dp", "2", "--tp", "2", "--pp", "2"]),
     ("llama dp8 z3", LLAMA, 8, ["--dp", "8", "--zero", "3"]),
+    ("llama cp2", LLAMA, 2, ["--cp", "2"]),
     ("moe dp1", LLAMA_MOE, 1, []),
     ("moe dp2 ep2", LLAMA_MOE, 2, ["--dp", "2", "--ep", "2"]),
     ("moe dp4 ep4", LLAMA_MOE, 4, ["--dp", "4", "--ep", "4"]),

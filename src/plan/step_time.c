@@ -789,17 +789,26 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
         double dur[3] = {0, 0, 0}, busy = 0;
         cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
-        for (int r = 0; r < pp; r++)
+        /* the slowest rank's actions (its chunks' mean: interleaved ranks alternate) */
+        double slowest = -1;
+        for (int r = 0; r < pp; r++) {
+            cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
             for (int c = 0; c < v; c++) {
                 const int vs = c * pp + r;
                 int lo = 0;
-                for (int s = 0; s < vs; s++) lo += counts[s];
+                for (int k = 0; k < vs; k++) lo += counts[k];
                 const fbw x = chunk_cost(&q, mc, &d, lo, lo + counts[vs], vs == 0, vs == S - 1);
-                const double f = total(x.f), b = total(x.b), w = total(x.w);
-                if (f > dur[LOOM_PP_F]) dur[LOOM_PP_F] = f, sum_f = x.f;
-                if (b > dur[LOOM_PP_B]) dur[LOOM_PP_B] = b, sum_b = x.b;
-                if (w > dur[LOOM_PP_W]) dur[LOOM_PP_W] = w, sum_w = x.w;
+                add(&f, x.f), add(&b, x.b), add(&w, x.w);
             }
+            const double busy_r = total(f) + total(b) + total(w);
+            if (busy_r > slowest) {
+                slowest = busy_r;
+                sum_f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
+                sum_b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
+                sum_w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
+            }
+        }
+        dur[LOOM_PP_F] = total(sum_f), dur[LOOM_PP_B] = total(sum_b), dur[LOOM_PP_W] = total(sum_w);
         /* each F and B sends its output to the next stage (the activations, the gradient) */
         const double msg = 4.0 * d.Ns * d.C;
         const double send = coll(&q, LOOM_COLL_SENDRECV, 2, msg);
@@ -869,6 +878,11 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         /* the pipeline group's loss sum */
         P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, 8);
     }
+
+    /* sequence parallelism: each norm parameter's gradient summed over tp once final */
+    for (int i = 0; d.sp && i < table.n_params; i++)
+        if (table.params[i].sp_partial)
+            P.tp += coll(&q, LOOM_COLL_ALLREDUCE, tp, 4.0 * (double)table.params[i].numel);
 
     /* ---- after backward: the rest of the gradients' reduction ---- */
     double t = t_backward_end;
