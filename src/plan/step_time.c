@@ -988,7 +988,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     if (loom_profile_gemm_ms(p, LOOM_GEMM_NT, 4096, 4096, 4096, threads, &peak_ms, err) ==
             LOOM_OK &&
         peak_ms > 0 && step > 0) {
-        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3); /* flop/s per rank */
+        /* flop/s per rank: on a CPU node its share of the cores (8 ranks on 2 cores: a
+         * quarter of one thread's rate) */
+        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3) / share;
         out->mfu = out->model_flops / (step * 1e-3 * world * peak);
     }
     return LOOM_OK;
