@@ -365,6 +365,35 @@ static void test_zero_and_buckets(void **state) {
     loom_profile_free(gpu);
 }
 
+/* Recomputation runs each block's forward again inside backward; ZeRO-3 waits longer for
+ * its gathers on a slower network. */
+static void test_recompute_and_gathers(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 1, 128, 6, 128);
+    layout(&tc, 2, 1, 1, 0, 2, 2);
+    const loom_plan_time plain = predict(&mc, &tc, gpu, 2);
+    tc.recompute = 1;
+    const loom_plan_time rc = predict(&mc, &tc, gpu, 2);
+    assert_true(term_ms(&plain, "recompute") == 0);
+    assert_true(term_ms(&rc, "recompute") > 0.5 * term_ms(&rc, "forward"));
+    assert_true(term_ms(&rc, "recompute") < term_ms(&rc, "forward"));
+    assert_true(fabs(term_ms(&rc, "backward") - term_ms(&plain, "backward")) <
+                1e-9 * term_ms(&plain, "backward"));
+    tc.recompute = 0;
+    tc.zero = 3;
+    profile_spec slow = GPU;
+    slow.busbw = 0.01;
+    loom_profile *net = make_profile(&slow, "slow.json");
+    const loom_plan_time fast3 = predict(&mc, &tc, gpu, 2), slow3 = predict(&mc, &tc, net, 2);
+    assert_true(term_ms(&slow3, "zero-3 gather") > term_ms(&fast3, "zero-3 gather"));
+    assert_true(term_ms(&slow3, "dp exposed") > term_ms(&fast3, "dp exposed"));
+    loom_profile_free(net);
+    loom_profile_free(gpu);
+}
+
 /* 8 ranks of 1 thread on 2 cores: each rank's compute takes 4x its kernels' time. */
 static void test_cpu_sharing(void **state) {
     (void)state;
@@ -418,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_forward_is_flops_over_rate),
         cmocka_unit_test(test_bubble_is_the_simulators),
         cmocka_unit_test(test_zero_and_buckets),
+        cmocka_unit_test(test_recompute_and_gathers),
         cmocka_unit_test(test_cpu_sharing),
         cmocka_unit_test(test_missing_term_refused),
     };
