@@ -20,8 +20,9 @@ first (--quick is the default here: under a minute; --full: the long grid). The 
 is shared: the load average before and after and OPENBLAS_CORETYPE go into the JSON.
 The last line of output is one JSON object.
 
-Usage: bench_plan.py [--loom build/loom] [--profile P] [--full] [--steps 6]
-                     [--only SUBSTRING] [--list]
+Usage: bench_plan.py [--loom build/loom] [--profile P] [--full] [--steps 8]
+                     [--only SUBSTRING] [--list] [--reuse PREVIOUS_OUTPUT]
+(--reuse: the measurements and profile of an earlier run, predictions made again.)
 """
 import argparse
 import json
@@ -71,6 +72,7 @@ LAYOUTS = [
     ("llama pp2 zb", LLAMA, 2, ["--pp", "2", "--pp-schedule", "zb"]),
     ("llama dp2 tp2 pp2", LLAMA, 8, ["--dp", "2", "--tp", "2", "--pp", "2"]),
     ("llama dp8 z3", LLAMA, 8, ["--dp", "8", "--zero", "3"]),
+    ("llama cp2", LLAMA, 2, ["--cp", "2"]),
     ("moe dp1", LLAMA_MOE, 1, []),
     ("moe dp2 ep2", LLAMA_MOE, 2, ["--dp", "2", "--ep", "2"]),
     ("moe dp4 ep4", LLAMA_MOE, 4, ["--dp", "4", "--ep", "4"]),
@@ -139,9 +141,11 @@ def main():
     ap.add_argument("--loom", default=os.path.join(HERE, "..", "build", "loom"))
     ap.add_argument("--profile", help="a machine profile (default: calibrate first)")
     ap.add_argument("--full", action="store_true", help="calibrate with the full grid")
-    ap.add_argument("--steps", type=int, default=6, help="steps per run (3..N are timed)")
+    ap.add_argument("--steps", type=int, default=8, help="steps per run (3..N are timed)")
     ap.add_argument("--only", default="", help="layouts whose name contains this")
     ap.add_argument("--list", action="store_true", help="print the layouts and exit")
+    ap.add_argument("--reuse", help="a previous run's JSON line: its measurements (and its "
+                    "profile, unless --profile) are reused, only the predictions are made")
     a = ap.parse_args()
     layouts = [x for x in LAYOUTS if a.only in x[0]]
     if a.list:
@@ -151,6 +155,11 @@ def main():
     tmp = tempfile.mkdtemp(prefix="loom_bench_plan_")
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.time()
+    reused = {}
+    if a.reuse:
+        prev = json.loads(open(a.reuse).read().strip().splitlines()[-1])
+        reused = {p["layout"]: p["measured"] for p in prev["pairs"]}
+        a.profile = a.profile or prev["profile"]["path"]
     profile = a.profile
     if not profile:
         profile = os.path.join(tmp, "profile.json")
@@ -163,7 +172,8 @@ def main():
     pairs = []
     for name, model, ranks, layout in layouts:
         pred = predict(a.loom, profile, model, ranks, layout)
-        meas = measure(a.loom, data, tmp, name, model, ranks, layout, a.steps)
+        meas = reused.get(name) or measure(a.loom, data, tmp, name, model, ranks, layout,
+                                           a.steps)
         err = (pred["step_ms"] - meas["step_ms"]) / meas["step_ms"]
         pairs.append({"layout": name, "ranks": ranks, "flags": shlex.join(layout),
                       "predicted_ms": round(pred["step_ms"], 2),
@@ -202,6 +212,7 @@ def main():
         "loadavg_before": load_before,
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "seconds": round(time.time() - t0, 1),
+        "measurements_reused_from": a.reuse,
         "pairs": pairs,
     }
     print(json.dumps(result))

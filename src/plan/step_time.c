@@ -319,9 +319,15 @@ static cost block_fwd(pricer *q, const shapes *d, int moe) {
     return c;
 }
 
+/* A linear's weight gradient (TN: M = OC, N = IC, K = tokens) and, for GPT-2's biased
+ * linears, the bias gradient's column sums over d(out) (the profile's GEMM has none). */
+static double weight_grad(pricer *q, const shapes *d, double OC, double IC, int bias) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, d->N) + (bias && d->gpt2 ? bytes_ms(q, 4 * d->N * OC) : 0);
+}
+
 /* A column-parallel linear's backward: input gradient (NN), weight gradient (TN, on the
  * gathered input), the input gradient's sum over tp. */
-static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight) {
+static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight, int bias) {
     cost c = {0, 0, 0, 0};
     const double N = d->N, C = d->C;
     if (input) {
@@ -329,7 +335,7 @@ static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int wei
         c.tp = tp_reduce(q, d);
     }
     if (weight) {
-        c.compute += gemm(q, LOOM_GEMM_TN, OC, C, N);
+        c.compute += weight_grad(q, d, OC, C, bias);
         c.tp += sp_gather(q, d);
     }
     return c;
@@ -346,11 +352,11 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
             c.tp += sp_gather(q, d);
             add(&c, moe_bwd(q, d, 1));
         } else {
-            c.compute += gemm(q, LOOM_GEMM_TN, C, d->F, N);
-            add(&c, column_bwd(q, d, d->FC, 0, 1));
+            c.compute += weight_grad(q, d, C, d->F, 1);
+            add(&c, column_bwd(q, d, d->FC, 0, 1, 1));
         }
-        c.compute += gemm(q, LOOM_GEMM_TN, C, d->A, N);
-        add(&c, column_bwd(q, d, d->QKV, 0, 1));
+        c.compute += weight_grad(q, d, C, d->A, 1);
+        add(&c, column_bwd(q, d, d->QKV, 0, 1, 1));
         return c;
     }
     if (d->recompute) add(&c, block_fwd(q, d, moe));
@@ -361,18 +367,17 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
         c.tp += sp_gather(q, d);
         c.compute +=
             memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
-            (w ? gemm(q, LOOM_GEMM_TN, C, d->F, N) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
+            (w ? weight_grad(q, d, C, d->F, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
             (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_BWD, N, d->F));
-        add(&c, column_bwd(q, d, d->FC, 1, w));
+        add(&c, column_bwd(q, d, d->FC, 1, w, 1));
     }
     c.compute += norm_bwd(q, d);
     c.tp += sp_gather(q, d);
     c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
-                 (w ? gemm(q, LOOM_GEMM_TN, C, d->A, N) : copy_ms(q, N * C)) +
-                 memset_ms(q, N * d->QKV);
+                 (w ? weight_grad(q, d, C, d->A, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->QKV);
     add(&c, attention_cost(q, d, 1));
     c.compute += rope(q, d);
-    add(&c, column_bwd(q, d, d->QKV, 1, w));
+    add(&c, column_bwd(q, d, d->QKV, 1, w, 1));
     c.compute += norm_bwd(q, d);
     return c;
 }
@@ -405,8 +410,8 @@ static cost head_fwd(pricer *q, const shapes *d) {
 }
 static cost head_bwd(pricer *q, const shapes *d, int weight_part) {
     cost c = {0, 0, 0, 0};
-    if (weight_part) return column_bwd(q, d, d->V, 0, 1);
-    c = column_bwd(q, d, d->V, 1, !d->split);
+    if (weight_part) return column_bwd(q, d, d->V, 0, 1, 0);
+    c = column_bwd(q, d, d->V, 1, !d->split, 0);
     c.compute += memset_ms(q, d->Ns * d->C) + norm_bwd(q, d);
     return c;
 }
@@ -784,17 +789,26 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
         double dur[3] = {0, 0, 0}, busy = 0;
         cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
-        for (int r = 0; r < pp; r++)
+        /* the slowest rank's actions (its chunks' mean: interleaved ranks alternate) */
+        double slowest = -1;
+        for (int r = 0; r < pp; r++) {
+            cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
             for (int c = 0; c < v; c++) {
                 const int vs = c * pp + r;
                 int lo = 0;
-                for (int s = 0; s < vs; s++) lo += counts[s];
+                for (int k = 0; k < vs; k++) lo += counts[k];
                 const fbw x = chunk_cost(&q, mc, &d, lo, lo + counts[vs], vs == 0, vs == S - 1);
-                const double f = total(x.f), b = total(x.b), w = total(x.w);
-                if (f > dur[LOOM_PP_F]) dur[LOOM_PP_F] = f, sum_f = x.f;
-                if (b > dur[LOOM_PP_B]) dur[LOOM_PP_B] = b, sum_b = x.b;
-                if (w > dur[LOOM_PP_W]) dur[LOOM_PP_W] = w, sum_w = x.w;
+                add(&f, x.f), add(&b, x.b), add(&w, x.w);
             }
+            const double busy_r = total(f) + total(b) + total(w);
+            if (busy_r > slowest) {
+                slowest = busy_r;
+                sum_f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
+                sum_b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
+                sum_w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
+            }
+        }
+        dur[LOOM_PP_F] = total(sum_f), dur[LOOM_PP_B] = total(sum_b), dur[LOOM_PP_W] = total(sum_w);
         /* each F and B sends its output to the next stage (the activations, the gradient) */
         const double msg = 4.0 * d.Ns * d.C;
         const double send = coll(&q, LOOM_COLL_SENDRECV, 2, msg);
@@ -859,9 +873,16 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                 P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
             }
         }
+        /* GPT-2's tied embedding: the first and last stage swap its gradient */
+        if (d.gpt2) P.pp_send += coll(&q, LOOM_COLL_SENDRECV, 2, 4.0 * mc->vocab_size / tp * d.C);
         /* the pipeline group's loss sum */
         P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, 8);
     }
+
+    /* sequence parallelism: each norm parameter's gradient summed over tp once final */
+    for (int i = 0; d.sp && i < table.n_params; i++)
+        if (table.params[i].sp_partial)
+            P.tp += coll(&q, LOOM_COLL_ALLREDUCE, tp, 4.0 * (double)table.params[i].numel);
 
     /* ---- after backward: the rest of the gradients' reduction ---- */
     double t = t_backward_end;
@@ -967,7 +988,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     if (loom_profile_gemm_ms(p, LOOM_GEMM_NT, 4096, 4096, 4096, threads, &peak_ms, err) ==
             LOOM_OK &&
         peak_ms > 0 && step > 0) {
-        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3); /* flop/s per rank */
+        /* flop/s per rank: on a CPU node its share of the cores (8 ranks on 2 cores: a
+         * quarter of one thread's rate) */
+        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3) / share;
         out->mfu = out->model_flops / (step * 1e-3 * world * peak);
     }
     return LOOM_OK;

@@ -51,12 +51,27 @@ static json_t *compute_entry(int threads, double gemm_gflops, double gemm_latenc
 }
 
 typedef struct {
-    int shared;  /* a CPU node: memory shared, devices_per_node = cores */
-    int devices; /* per node */
-    int inter;   /* also inter-node collectives */
+    int published; /* "source": "published", every object citing "sources" */
+    int shared;    /* a CPU node: memory shared, devices_per_node = cores */
+    int devices;   /* per node */
+    int inter;     /* also inter-node collectives */
     double gemm_gflops, gemm_latency_us, att_gflops, gbps;
     double busbw, alpha_us;
 } profile_spec;
+
+/* Every object below the root cites a source (a published profile's rule). */
+static void cite(json_t *v, int root) {
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) cite(x, 0);
+        if (!root) json_object_set_new(v, "sources", json_string("test_plan_step_time.c"));
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) cite(x, 0);
+    }
+}
 
 static loom_profile *make_profile(const profile_spec *s, const char *name) {
     json_t *coll = json_array();
@@ -82,6 +97,10 @@ static loom_profile *make_profile(const profile_spec *s, const char *name) {
                   "machine", "description", "a test machine", "memory_gib", 64.0, "memory_shared",
                   s->shared, "devices_per_node", s->devices, "compute", compute, "collectives",
                   coll, "engine", "cpu_us_per_op", 20.0, "cpu_us_per_mib", 100.0, "post_us", 1.0);
+    if (s->published) {
+        json_object_set_new(root, "source", json_string("published"));
+        cite(root, 1);
+    }
     char *text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     loom_profile *p = NULL;
@@ -94,8 +113,8 @@ static loom_profile *make_profile(const profile_spec *s, const char *name) {
 }
 
 /* A GPU-like node (its own device per rank) and a 2-core CPU node. */
-static const profile_spec GPU = {0, 8, 1, 1000.0, 5.0, 1000.0, 1000.0, 100.0, 5.0};
-static const profile_spec CPU = {1, 2, 0, 50.0, 2.0, 20.0, 10.0, 2.0, 20.0};
+static const profile_spec GPU = {1, 0, 8, 1, 1000.0, 5.0, 1000.0, 1000.0, 100.0, 5.0};
+static const profile_spec CPU = {0, 1, 2, 0, 50.0, 2.0, 20.0, 10.0, 2.0, 20.0};
 
 /* ---- layouts ---- */
 
@@ -281,13 +300,19 @@ static void test_bubble_is_the_simulators(void **state) {
         const double acts = (double)m * v;
         const double send = term_ms(&t, "pp sends");
         const double F = term_ms(&t, "forward") / acts, B = term_ms(&t, "backward") / acts;
-        /* pp sends: two per action pair plus the loss all-reduce; price the latter */
-        double loss = 0;
+        /* pp sends: two per action pair, the loss all-reduce and (GPT-2) the tied
+         * embedding's gradient swap; price the last two */
+        double loss = 0, tied = 0;
         loom_error err = {0};
         assert_int_equal(loom_profile_collective_ms(gpu, LOOM_COLL_ALLREDUCE, pp, LOOM_PLACE_INTRA,
                                                     8, &loss, &err),
                          LOOM_OK);
-        const double hop = (send - loss) / (2 * acts);
+        if (mc.family == LOOM_FAMILY_GPT2)
+            assert_int_equal(
+                loom_profile_collective_ms(gpu, LOOM_COLL_SENDRECV, 2, LOOM_PLACE_INTRA,
+                                           4.0 * mc.vocab_size * mc.d_model, &tied, &err),
+                LOOM_OK);
+        const double hop = (send - loss - tied) / (2 * acts);
         loom_pp_kind kind;
         assert_int_equal(loom_pp_kind_parse(tc.pp_schedule, &kind, &err), LOOM_OK);
         loom_pp_schedule sched;
@@ -337,6 +362,35 @@ static void test_zero_and_buckets(void **state) {
     const loom_plan_time z3 = predict(&mc, &tc, gpu, 4);
     assert_true(term_ms(&z3, "param gather") == 0);
     assert_true(z3.step_ms >= z0.step_ms - term_ms(&z0, "optimizer"));
+    loom_profile_free(gpu);
+}
+
+/* Recomputation runs each block's forward again inside backward; ZeRO-3 waits longer for
+ * its gathers on a slower network. */
+static void test_recompute_and_gathers(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 1, 128, 6, 128);
+    layout(&tc, 2, 1, 1, 0, 2, 2);
+    const loom_plan_time plain = predict(&mc, &tc, gpu, 2);
+    tc.recompute = 1;
+    const loom_plan_time rc = predict(&mc, &tc, gpu, 2);
+    assert_true(term_ms(&plain, "recompute") == 0);
+    assert_true(term_ms(&rc, "recompute") > 0.5 * term_ms(&rc, "forward"));
+    assert_true(term_ms(&rc, "recompute") < term_ms(&rc, "forward"));
+    assert_true(fabs(term_ms(&rc, "backward") - term_ms(&plain, "backward")) <
+                1e-9 * term_ms(&plain, "backward"));
+    tc.recompute = 0;
+    tc.zero = 3;
+    profile_spec slow = GPU;
+    slow.busbw = 0.01;
+    loom_profile *net = make_profile(&slow, "slow.json");
+    const loom_plan_time fast3 = predict(&mc, &tc, gpu, 2), slow3 = predict(&mc, &tc, net, 2);
+    assert_true(term_ms(&slow3, "zero-3 gather") > term_ms(&fast3, "zero-3 gather"));
+    assert_true(term_ms(&slow3, "dp exposed") > term_ms(&fast3, "dp exposed"));
+    loom_profile_free(net);
     loom_profile_free(gpu);
 }
 
@@ -393,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_forward_is_flops_over_rate),
         cmocka_unit_test(test_bubble_is_the_simulators),
         cmocka_unit_test(test_zero_and_buckets),
+        cmocka_unit_test(test_recompute_and_gathers),
         cmocka_unit_test(test_cpu_sharing),
         cmocka_unit_test(test_missing_term_refused),
     };
