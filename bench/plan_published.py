@@ -91,17 +91,35 @@ CASES = [
          flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16 --recompute",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="full recomputation (the other bound of selective AC)"),
-    # sensitivity (not published layouts): which term moves the prediction
+    # sensitivity (not the published layouts): which term moves the prediction, and
+    # layouts loom accepts next to the published ones it refuses
     dict(name="megatron-175b-1536-1f1b", config=MEGATRON, profile=A100, world=1536,
          flags="--dp 16 --tp 8 --pp 12 --pp-schedule 1f1b --micro-batch 1 "
                "--global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=141.0, source=SRC_MEGATRON,
          assumed="1F1B instead of interleaved", sensitivity=True),
-    dict(name="megascale-175b-12288-1f1b", config=MEGASCALE, profile=A100, world=12288,
-         flags="--dp 192 --tp 8 --pp 8 --sequence-parallel --pp-schedule 1f1b "
+    dict(name="megascale-175b-12288-pp16", config=MEGASCALE, profile=A100, world=12288,
+         flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule interleaved "
+               "--virtual-stages 2 --micro-batch 1 --global-batch 6144",
+         metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
+         assumed="pp 16 x dp 96 instead of the published pp 8 x dp 192 (loom refuses pp 8: "
+                 "2.8e9 parameters per rank, more than 2^31 per collective)", sensitivity=True),
+    dict(name="megascale-175b-12288-pp16-1f1b", config=MEGASCALE, profile=A100, world=12288,
+         flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule 1f1b "
                "--micro-batch 1 --global-batch 6144",
          metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
-         assumed="1F1B instead of interleaved", sensitivity=True),
+         assumed="as above with 1F1B", sensitivity=True),
+    dict(name="torchtitan-llama3-8b-tp4-dp2", config=TITAN, profile=H100, world=8,
+         flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16",
+         metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
+         assumed="tp 4 (sequence parallel) x dp 2 ZeRO-3 instead of FSDP over 8 (loom refuses "
+                 "FSDP 8: 8.0e9 parameters per rank, more than 2^31 per collective); same "
+                 "GPUs, batch and sequence, no recomputation", sensitivity=True),
+    dict(name="torchtitan-llama3-8b-tp4-dp2-recompute", config=TITAN, profile=H100, world=8,
+         flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16 "
+               "--recompute",
+         metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
+         assumed="as above with full recomputation", sensitivity=True),
 ]
 
 
@@ -172,7 +190,11 @@ def convert(case, cp, out):
         batch = int(case["flags"].split("--global-batch")[1].split()[0])
         return megatron_flops(cp, batch) / (step_s * case["world"]) / 1e12
     if case["metric"] == "mfu":
-        return t["mfu"]
+        # MFU against the datasheet's dense peak, as the publications define it (loom's
+        # own `mfu` divides by the profile's achievable 4096^3 GEMM rate instead)
+        with open(os.path.join(ROOT, case["profile"])) as f:
+            peak = json.load(f)["compute"][0]["gemm"]["nt"]["peak_gflops"] * 1e9
+        return t["model_flops"] / (step_s * case["world"] * peak)
     if case["metric"] == "tokens_per_s_per_gpu":
         return t["tokens_per_s"] / case["world"]
     raise ValueError(case["metric"])
@@ -203,7 +225,8 @@ def main():
              "published": c["published"], "source": c["source"], "assumed": c["assumed"],
              "sensitivity": bool(c.get("sensitivity")), "plan": info}
         if out is None:
-            r.update(predicted=None, rel_err=None, within_15pct=None)
+            r.update(predicted=None, rel_err=None, within_15pct=None,
+                     refused=(info or {}).get("error") or (info or {}).get("stderr"))
             print(f"{c['name']:40s} {c['metric']:22s} {fmt(c['metric'], c['published']):>10s} "
                   f"{'not run':>10s}           ({(info or {}).get('error') or (info or {}).get('stderr', '')[-120:]})")
             runs.append(r)
@@ -215,20 +238,29 @@ def main():
         dom = max(terms, key=lambda x: x.get("ms", 0.0)) if terms else {}
         r.update(predicted=round(pred, 4), rel_err=round(err, 4),
                  within_15pct=abs(err) <= 0.15, step_ms=t["step_ms"],
-                 tokens_per_s=t.get("tokens_per_s"), mfu=t.get("mfu"), terms=terms,
-                 dominant=dom.get("name"), memory=out.get("memory"))
+                 tokens_per_s=t.get("tokens_per_s"), mfu_loom=t.get("mfu"),
+                 model_flops=t.get("model_flops"), terms=terms,
+                 dominant=t.get("dominant") or dom.get("name"), memory=out.get("memory"),
+                 memory_gib=(out.get("memory") or {}).get("total_gib"),
+                 plan_world=out.get("world"))
         if "published_step_ms" in c:
             r["published_step_ms"] = c["published_step_ms"]
             r["step_rel_err"] = round((t["step_ms"] - c["published_step_ms"])
                                       / c["published_step_ms"], 4)
         runs.append(r)
         tag = " (sensitivity)" if r["sensitivity"] else ""
+        if "step_rel_err" in r:
+            tag += (f"; step {t['step_ms'] / 1e3:.2f} s vs {c['published_step_ms'] / 1e3:.2f} s "
+                    f"published ({100 * r['step_rel_err']:+.1f}%)")
         print(f"{c['name']:40s} {c['metric']:22s} {fmt(c['metric'], c['published']):>10s} "
               f"{fmt(c['metric'], pred):>10s} {100 * err:+7.1f}%  {dom.get('name', '-')}{tag}")
         print("    " + ", ".join(f"{x['name']} {x['ms']:.1f} ms" for x in terms)
-              + f" = step {t['step_ms']:.1f} ms")
+              + f" = step {t['step_ms']:.1f} ms; loom's MFU {100 * t.get('mfu', 0):.1f}% "
+              + "(of the achievable GEMM rate); "
+              + f"memory {r['memory_gib'] or 0:.1f} GiB per rank (fp32)")
     primary = [r for r in runs if not r["sensitivity"] and r["rel_err"] is not None]
     errs = [abs(r["rel_err"]) for r in primary]
+    sens = [r for r in runs if r["sensitivity"] and r["rel_err"] is not None]
     summary = {
         "bench": "plan_published",
         "n_primary": len([r for r in runs if not r["sensitivity"]]),
@@ -236,6 +268,11 @@ def main():
         "within_15pct": sum(1 for r in primary if r["within_15pct"]),
         "median_abs_err": round(statistics.median(errs), 4) if errs else None,
         "worst_abs_err": round(max(errs), 4) if errs else None,
+        "refused": [r["name"] for r in runs if r["predicted"] is None],
+        "sensitivity_within_15pct": {r["name"]: r["within_15pct"] for r in sens},
+        "table": [{"name": r["name"], "published": r["published"],
+                   "predicted": r["predicted"], "rel_err": r["rel_err"],
+                   "sensitivity": r["sensitivity"]} for r in runs],
         "runs": runs,
         "wall_s": round(time.time() - t_start, 1),
     }
