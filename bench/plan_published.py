@@ -37,7 +37,7 @@ TITAN = "configs/published/llama3_8b_torchtitan.ini"
 
 SRC_MEGATRON = ("D. Narayanan et al., Efficient Large-Scale Language Model Training on GPU "
                 "Clusters Using Megatron-LM, SC'21, arXiv:2104.04473, Table 2 (PTD-P, 175B, "
-                "batch 1536, micro-batch 1, tp 8 x pp 12); reproduced in "
+                "batch 1536, tp 8 x pp 12); reproduced in "
                 "github.com/cli99/llm-analysis examples/megatron-lm/run_train.sh")
 SRC_MEGATRON_1024 = ("Narayanan et al. SC'21 section 5.1: GPT-3 175B, 300B tokens, 1024 A100s, "
                      "batch 1536: 34 days by Eq. 4 (8TP/nX), i.e. X = 140 TFLOP/s per GPU; "
@@ -58,18 +58,19 @@ CASES = [
          flags="--dp 4 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=153.0, source=SRC_MEGATRON,
-         assumed="schedule: interleaved, 2 chunks per rank (the paper's end-to-end runs use "
-                 "the interleaved schedule; Table 2 does not name it)"),
+         assumed="micro-batch 1 and the interleaved schedule with 2 chunks per rank (the "
+                 "paper's end-to-end runs use it; the stored sources do not give Table 2's "
+                 "micro-batch or schedule)"),
     dict(name="megatron-175b-768", config=MEGATRON, profile=A100, world=768,
          flags="--dp 8 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=149.0, source=SRC_MEGATRON,
-         assumed="schedule as above"),
+         assumed="micro-batch and schedule as above"),
     dict(name="megatron-175b-1536", config=MEGATRON, profile=A100, world=1536,
          flags="--dp 16 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=141.0, source=SRC_MEGATRON,
-         assumed="schedule as above"),
+         assumed="micro-batch and schedule as above"),
     dict(name="megatron-175b-1024", config=MEGATRON, profile=A100, world=1024,
          flags="--dp 8 --tp 8 --pp 16 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
