@@ -429,50 +429,6 @@ static double engine_post(engine *e, double t, double ms) {
     return e->free_at;
 }
 
-/* ---- the pipeline's layer split ---- */
-
-/* The default pipeline split (pipeline/stage.c's balance: one layer per stage, then each
- * further one to the stage with the least work, the head counted on the last) or
- * --pp-layers / the interleaved even split. */
-static double block_work(const loom_model_config *mc) {
-    const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len;
-    const double qkv = C * (mc->n_head + 2.0 * mc->n_kv_head) * hd;
-    const double mlp = (mc->family == LOOM_FAMILY_GPT2 ? 2.0 : 3.0) * C * mc->d_ff;
-    return qkv + C * C + T * C + mlp;
-}
-static void split_layers(const loom_model_config *mc, const loom_train_config *tc, int S, int v,
-                         int *counts) {
-    const int L = mc->n_layer;
-    if (tc->pp_layers[0]) {
-        const char *c = tc->pp_layers;
-        for (int s = 0; s < S; s++) {
-            char *end;
-            counts[s] = (int)strtol(c, &end, 10);
-            c = *end ? end + 1 : end;
-        }
-        return;
-    }
-    if (v > 1) {
-        for (int s = 0; s < S; s++) counts[s] = L / S;
-        return;
-    }
-    const double head =
-        ((double)mc->d_model * mc->vocab_size + 4.0 * mc->vocab_size) / block_work(mc);
-    for (int s = 0; s < S; s++) counts[s] = 1;
-    for (int left = L - S; left > 0; left--) {
-        int best = 0;
-        double best_load = 0;
-        for (int s = 0; s < S; s++) {
-            const double load = counts[s] + 1 + (s == S - 1 ? head : 0.0);
-            if (s == 0 || load < best_load - 1e-9) {
-                best = s;
-                best_load = load;
-            }
-        }
-        counts[best]++;
-    }
-}
-
 /* What one micro-batch of layers [lo, hi) costs (forward, B, W), the embedding when
  * first, the head and loss when last. */
 typedef struct {
@@ -638,7 +594,15 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     /* this rank's tensors: pipeline stage 0 (the first chunk), tp/ep rank 0 */
     const int S = pp * v;
     int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS];
-    if (pp > 1) split_layers(mc, tc, S, v, counts);
+    if (pp > 1) { /* the split loom_pipeline_create uses */
+        loom_pp_config pc;
+        loom_train_config_pipeline(tc, &pc);
+        loom_status st = loom_pipeline_split_layers(mc, &pc, counts, err);
+        if (st) {
+            loom_pp_schedule_free(&sched);
+            return st;
+        }
+    }
     loom_layer_set set;
     memset(&set, 0, sizeof set);
     set.n_chunks = v, set.first = 1, set.last = pp == 1;
