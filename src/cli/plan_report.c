@@ -45,7 +45,7 @@ static size_t parameters_of(const loom_model_config *mc) {
 static json_t *memory_json(const loom_plan_memory *m, int stage) {
     json_t *o = json_object();
     json_object_set_new(o, "stage", json_integer(stage));
-#define B(k) json_object_set_new(o, #k "_bytes", json_real(m->k))
+#define B(k) json_object_set_new(o, #k "_bytes", json_real((double)m->k))
     B(params);
     B(gathered);
     B(grads_local);
@@ -85,24 +85,11 @@ static json_t *time_json(const loom_plan_time *t) {
     return o;
 }
 
-/* The start-up report's line for these figures (train/run_memory.c prints the run's). */
-static void memory_line(const loom_plan_memory *m, const loom_train_config *tc, int seq_len,
-                        char *buf, size_t n) {
-    loom_run_memory r = {0};
-    r.params = (size_t)m->params;
-    r.gathered = (size_t)m->gathered;
-    r.grads_local = (size_t)m->grads_local;
-    r.grads_shard = (size_t)m->grads_shard;
-    r.optimizer = (size_t)m->optimizer;
-    r.activations = (size_t)m->activations;
-    loom_run_memory_line(&r, tc->micro_batch, seq_len, buf, n);
-}
-
 void *loom_plan_candidate_json(const loom_model_config *mc, const loom_plan_candidate *c,
                                int with_time) {
     char flags[512], line[512];
     loom_plan_layout_flags(&c->tc, flags, sizeof flags);
-    memory_line(&c->mem, &c->tc, mc->seq_len, line, sizeof line);
+    loom_run_memory_line(&c->mem, c->tc.micro_batch, mc->seq_len, line, sizeof line);
     json_t *o = json_object();
     json_object_set_new(o, "layout", json_string(flags));
     json_object_set_new(o, "world", json_integer(world_of(&c->tc)));
@@ -116,7 +103,7 @@ void *loom_plan_candidate_json(const loom_model_config *mc, const loom_plan_cand
 static void print_memory(const loom_model_config *mc, const loom_train_config *tc,
                          const loom_plan_memory *m, int stage, FILE *f) {
     char line[512];
-    memory_line(m, tc, mc->seq_len, line, sizeof line);
+    loom_run_memory_line(m, tc->micro_batch, mc->seq_len, line, sizeof line);
     if (tc->layout.pp > 1)
         fprintf(f, "pipeline stage %d holds the most (world rank %d):\n", stage,
                 stage * tc->layout.tp * loom_layout_replicas(tc->layout));
@@ -173,7 +160,7 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
             char line[512];
             if ((st = loom_plan_memory_of(mc, tc, s, &m, err))) break;
             json_t *x = memory_json(&m, s);
-            memory_line(&m, tc, mc->seq_len, line, sizeof line);
+            loom_run_memory_line(&m, tc->micro_batch, mc->seq_len, line, sizeof line);
             json_object_set_new(x, "line", json_string(line));
             json_array_append_new(stages, x);
         }

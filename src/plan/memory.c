@@ -20,28 +20,12 @@ loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_co
                               l.pp - 1);
     /* tensor, context, data and expert rank 0 of the stage (mesh order: tp fastest) */
     const int rank = stage * l.tp * loom_layout_replicas(l);
-    loom_run_memory m;
     /* the CPU kernels' scratch is per thread: size with the run's --threads */
     const int before = omp_get_max_threads();
     loom_cpu_set_threads(tc->threads > 0 ? tc->threads : 1);
-    loom_status st = loom_run_memory_of(mc, tc, world_of(l), rank, &m, err);
+    loom_status st = loom_run_memory_of(mc, tc, world_of(l), rank, out, err);
     loom_cpu_set_threads(before);
-    if (st) return st;
-    out->params = (double)m.params;
-    out->gathered = (double)m.gathered;
-    out->grads_local = (double)m.grads_local;
-    out->grads_shard = (double)m.grads_shard;
-    out->optimizer = (double)m.optimizer;
-    out->activations = (double)m.activations;
-    out->act_sp = (double)m.act_sp;
-    out->act_nosp = (double)m.act_nosp;
-    out->act_whole = (double)m.act_whole;
-    out->cp_buffers = (double)m.cp_buffers;
-    out->moe_buffers = (double)m.moe_buffers;
-    out->pp_slots = m.pp_slots;
-    out->pp_messages = (double)m.pp_messages;
-    out->total = (double)m.total;
-    return LOOM_OK;
+    return st;
 }
 
 /* Which stages can hold the most: the first, the last (the head), and of the others the

@@ -17,27 +17,15 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "plan/profile.h"
+#include "train/run.h"
 #include "train/train_config.h"
 
 /* ---- memory (plan/memory.c) ---- */
 
-/* What one rank holds, bytes: the start-up report's figures (train/startup_report.c)
- * for the rank at pipeline stage `stage` (tensor, context, expert and data rank 0). */
-typedef struct {
-    double params;           /* persistent parameters (ZeRO-3: the shard) */
-    double gathered;         /* ZeRO-3: parameters gathered at most at once (0 otherwise) */
-    double grads_local;      /* the local accumulation buffer */
-    double grads_shard;      /* ZeRO-2/3: the part of it that stays */
-    double optimizer;        /* AdamW m and v */
-    double activations;      /* one micro-batch's arena (a pipeline stage: one slot) */
-    double act_sp, act_nosp; /* --tp > 1: the arena with and without sequence parallelism */
-    double act_whole;        /* --cp > 1: the arena holding whole sequences */
-    double cp_buffers;       /* --cp > 1: the ring's / Ulysses' buffers */
-    double moe_buffers;      /* MoE: routing, dispatch and expert buffers */
-    int pp_slots;            /* --pp > 1: micro-batches in flight (activation arenas) */
-    double pp_messages;      /* --pp > 1: the stage's message buffers */
-    double total;            /* everything above that is allocated (the budget compares it) */
-} loom_plan_memory;
+/* What one rank holds, bytes: the start-up report's figures, the run's own struct
+ * (train/run.h: loom_run_memory) for the rank at pipeline stage `stage` (tensor,
+ * context, expert and data rank 0). */
+typedef loom_run_memory loom_plan_memory;
 
 /* The rank's memory for layout tc of model mc. Fails (LOOM_ERR_INPUT) only for a layout
  * the training run would refuse; call loom_plan_validate first for the message. */
