@@ -91,10 +91,17 @@ static loom_status read_metrics(const char *path, double *step_ms, double *keys,
                               path);
     double *v[N_KEYS + 1];
     int n = 0, lines = 0, bad = 0;
-    for (int k = 0; k <= N_KEYS; k++) v[k] = calloc(MAX_STEPS, sizeof(double));
+    int allocated = 1;
+    for (int k = 0; k <= N_KEYS; k++)
+        allocated &= (v[k] = calloc(MAX_STEPS, sizeof(double))) != NULL;
+    if (!allocated) {
+        fclose(f);
+        for (int k = 0; k <= N_KEYS; k++) free(v[k]);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--check: out of memory");
+    }
     for (int k = 0; k < N_KEYS; k++) has[k] = 1;
     char line[8192];
-    while (fgets(line, sizeof line, f) && n < MAX_STEPS && v[N_KEYS]) {
+    while (fgets(line, sizeof line, f) && n < MAX_STEPS) {
         json_error_t je;
         json_t *o = json_loads(line, 0, &je);
         lines++;
@@ -104,7 +111,7 @@ static loom_status read_metrics(const char *path, double *step_ms, double *keys,
             json_decref(o);
             continue;
         }
-        if (lines > 2 && v[0]) {
+        if (lines > 2) {
             v[N_KEYS][n] = json_number_value(s);
             for (int k = 0; k < N_KEYS; k++) {
                 const char *key = KEYS[k], *dot = strchr(key, '.');
