@@ -26,6 +26,7 @@ typedef struct {
     int ranks_per_node;
     int top;
     char explain[4096];
+    int explain_set; /* --explain "" explains the default layout (one process) */
     char check[LOOM_PATH_MAX];
     char html[LOOM_PATH_MAX];
     int json;
@@ -127,6 +128,7 @@ static loom_status parse_args(plan_args *a, int argc, char **argv, loom_error *e
             size_t cap = !strcmp(f, "--explain") ? sizeof a->explain : LOOM_PATH_MAX;
             if (strlen(v) >= cap) return loom_error_set(err, LOOM_ERR_INPUT, "%s: too long", f);
             memcpy(dst, v, strlen(v) + 1);
+            if (dst == a->explain) a->explain_set = 1;
             i++;
         } else {
             st = push_word(a, argv[i], err);
@@ -172,7 +174,7 @@ int loom_cmd_plan(int argc, char **argv) {
     } else if (!st) {
         st = train_options_of(&a, &o, &err);
         if (!st && a.profile[0]) st = loom_profile_load(&prof, a.profile, &err);
-        if (!st && a.explain[0]) {
+        if (!st && a.explain_set) {
             st =
                 loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.json, a.html, &err);
         } else if (!st) {
