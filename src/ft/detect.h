@@ -107,10 +107,15 @@ int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, 
  * its ranks as culprits, the ranks still heard on other hosts in detail), else 0. */
 int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_failure *f);
 /* One host cut off from this supervisor (a partition): a rank of it silent for >=
- * silent_ms, every rank of it for >= silent_ms / 2, and a rank of another host heard
- * within silent_ms / 2: 1 and f filled
- * (kind PARTITION, the host, its ranks as culprits, which side is still heard), else 0. */
+ * silent_ms, every rank of it that has not finished for >= silent_ms / 2, and a rank of
+ * another host heard within silent_ms / 2 or finished (ranks that finished are silent by
+ * design, on either side): 1 and f filled (kind PARTITION, the host, its ranks as
+ * culprits, which side is still heard), else 0. */
 int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f);
+/* The host of `rank` taken as cut off (the supervisor saw the rank silent and its host
+ * does not answer on the network): f filled as by loom_detect_partition; 0 when the rank
+ * was never heard of. */
+int loom_detect_host_cut(const loom_monitor *m, int rank, double now_ms, loom_failure *f);
 /* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */
 int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f);
 /* The first step in (from, to] whose loss is non-finite or > factor x the median of

@@ -333,6 +333,50 @@ static void stop_remote_ranks(const sup *s, const char *agent) {
     }
 }
 
+/* Before a restart across hosts: waits (up to --host-wait in all) until every other host
+ * the next attempt runs on answers on the network, so that a launch does not start while
+ * a link is still down (its start-up window then starts at the launch, after the wait).
+ * The hosts are the addresses the last attempt's ranks beat from; `skip` (a dropped
+ * host's name, or "") is left out. A host that still does not answer is launched on
+ * anyway (the start-up rule then judges it), said in one line. */
+static void wait_for_hosts(sup *s, const char *skip) {
+    char addrs[16][64];
+    int n = 0;
+    for (int r = 0; r < s->mon.world && n < 16; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
+            (skip[0] && !strcmp(rs->beat.host, skip)))
+            continue;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], rs->from);
+        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", rs->from);
+    }
+    const double t0 = loom_now_ms(), until = t0 + s->cfg->host_wait_s * 1e3;
+    for (int i = 0; i < n; i++) {
+        int back = host_answers(addrs[i]), said = 0;
+        while (!back && !interrupted && loom_now_ms() < until) {
+            if (!said)
+                fprintf(stderr,
+                        "loom run: host %s does not answer: waiting up to %.0f s before the "
+                        "restart\n",
+                        addrs[i], (until - loom_now_ms()) * 1e-3);
+            said = 1;
+            usleep(200000);
+            back = host_answers(addrs[i]);
+        }
+        const double waited = (loom_now_ms() - t0) * 1e-3;
+        if (said || !back)
+            event(s, back ? "host_back" : "host_gone", "\"host\": \"%s\", \"waited_s\": %.3f",
+                  addrs[i], waited);
+        if (!back)
+            fprintf(stderr,
+                    "loom run: host %s did not answer within %.0f s: restarting on it anyway\n",
+                    addrs[i], s->cfg->host_wait_s);
+        else if (said)
+            fprintf(stderr, "loom run: host %s answers again after %.1f s\n", addrs[i], waited);
+    }
+}
+
 /* Drops `host` (a --hosts entry's host, by name or address) from a --hosts list; the
  * slots left. */
 static int drop_host(char *hosts, const char *name, const char *addr) {
@@ -509,8 +553,18 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             return ATTEMPT_FAILED;
         }
         if (loom_detect_hang(&s->mon, hb_ms, f)) return ATTEMPT_FAILED;
-        if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
+        if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f)) {
+            /* One silent rank on another host that does not answer on the network: its
+             * host is cut off (its other ranks finished, or their last beats came just
+             * before the cut), and the restart must wait for it like for a partition. */
+            const loom_rank_state *rs =
+                f->kind == LOOM_FAIL_HEARTBEAT && f->rank >= 0 ? &s->mon.ranks[f->rank] : NULL;
+            if (rs && rs->from[0] && strcmp(rs->beat.host, s->host) && !host_answers(rs->from)) {
+                loom_failure g;
+                if (loom_detect_host_cut(&s->mon, f->rank, loom_now_ms(), &g)) *f = g;
+            }
             return ATTEMPT_FAILED;
+        }
         if (c->step_timeout_s > 0 && training &&
             loom_detect_stall(&s->mon, now, c->step_timeout_s * 1e3, f))
             return ATTEMPT_FAILED;
@@ -725,9 +779,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
          * of the attempt there, and restart on the same hosts; --elastic restarts without
          * it when it does not come back in time. */
         char host_note[256] = "";
-        int drop = 0;
+        int drop = 0, host_waited = 0;
         if ((f.kind == LOOM_FAIL_HOST || f.kind == LOOM_FAIL_PARTITION) && f.n_culprits &&
             s.attempt < cfg->max_restarts) {
+            host_waited = 1;
             char addr[64];
             snprintf(addr, sizeof addr, "%s", s.mon.ranks[f.culprits[0]].from);
             fprintf(stderr, "loom run: waiting up to %.0f s for host %s (%s) to answer again\n",
@@ -818,6 +873,8 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             st = LOOM_OK;
             goto done;
         }
+        if (s.hosts[0] && !strcmp(cfg->launcher, "mpirun"))
+            wait_for_hosts(&s, host_waited ? f.host : ""); /* that one was waited for */
         if (shrink && drop) {
             /* The lost host's ranks go; the first `shrink` of the others stay, in order. */
             int kept = 0;
