@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -336,20 +337,35 @@ static void stop_remote_ranks(const sup *s, const char *agent) {
 /* Before a restart across hosts: waits (up to --host-wait in all) until every other host
  * the next attempt runs on answers on the network, so that a launch does not start while
  * a link is still down (its start-up window then starts at the launch, after the wait).
- * The hosts are the addresses the last attempt's ranks beat from; `skip` (a dropped
- * host's name, or "") is left out. A host that still does not answer is launched on
+ * The hosts are the addresses the last attempt's ranks beat from and those --hosts gives
+ * by address; `skip` / `skip_addr` (a host already waited for: its name and address, or
+ * "") are left out. A host that still does not answer is launched on
  * anyway (the start-up rule then judges it), said in one line. */
-static void wait_for_hosts(sup *s, const char *skip) {
+static void wait_for_hosts(sup *s, const char *skip, const char *skip_addr) {
     char addrs[16][64];
     int n = 0;
     for (int r = 0; r < s->mon.world && n < 16; r++) {
         const loom_rank_state *rs = &s->mon.ranks[r];
         if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
-            (skip[0] && !strcmp(rs->beat.host, skip)))
+            (skip[0] && !strcmp(rs->beat.host, skip)) || !strcmp(rs->from, skip_addr))
             continue;
         int dup = 0;
         for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], rs->from);
         if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", rs->from);
+    }
+    /* And the hosts of --hosts given by address (a start-up failure hears no rank). */
+    for (const char *p = s->hosts; *p && n < 16;) {
+        const size_t w = strcspn(p, ",");
+        char host[64];
+        snprintf(host, sizeof host, "%.*s", (int)(w < sizeof host ? w : sizeof host - 1), p);
+        p += w + (p[w] == ',');
+        char *colon = strrchr(host, ':');
+        if (colon && strchr(host, ':') == colon) *colon = 0; /* slots (not an IPv6 address) */
+        unsigned char bin[16];
+        if (inet_pton(AF_INET, host, bin) != 1 && inet_pton(AF_INET6, host, bin) != 1) continue;
+        int dup = skip_addr[0] && !strcmp(host, skip_addr);
+        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], host);
+        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", host);
     }
     const double t0 = loom_now_ms(), until = t0 + s->cfg->host_wait_s * 1e3;
     for (int i = 0; i < n; i++) {
@@ -873,8 +889,12 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             st = LOOM_OK;
             goto done;
         }
-        if (s.hosts[0] && !strcmp(cfg->launcher, "mpirun"))
-            wait_for_hosts(&s, host_waited ? f.host : ""); /* that one was waited for */
+        /* Failures the network may be behind: the next launch waits for every host. */
+        if (s.hosts[0] && !strcmp(cfg->launcher, "mpirun") &&
+            (f.kind == LOOM_FAIL_HEARTBEAT || f.kind == LOOM_FAIL_STARTUP ||
+             f.kind == LOOM_FAIL_HOST || f.kind == LOOM_FAIL_PARTITION))
+            wait_for_hosts(&s, host_waited ? f.host : "", /* that one was waited for */
+                           host_waited ? s.mon.ranks[f.culprits[0]].from : "");
         if (shrink && drop) {
             /* The lost host's ranks go; the first `shrink` of the others stay, in order. */
             int kept = 0;
