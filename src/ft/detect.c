@@ -613,3 +613,56 @@ int loom_detect_host_cut(const loom_monitor *m, int rank, double now_ms, loom_fa
     if (rank < 0 || rank >= m->world || !m->ranks[rank].seen) return 0;
     return partition_of(m, m->ranks[rank].beat.host, now_ms, f);
 }
+
+int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, double factor,
+                          loom_slow_link *out) {
+    enum { W = LOOM_LINK_WINDOW, STEPS = 4 };
+    double med[n > 0 ? n : 1];
+    int worst = -1;
+    for (int i = 0; i < n; i++) {
+        med[i] = NAN;
+        if (p[i].n < W) continue;
+        double v[W];
+        for (int k = 0; k < W; k++) v[k] = p[i].rtt_ms[(p[i].n - 1 - k) % LOOM_LINK_SAMPLES];
+        med[i] = median(v, W);
+        if (worst < 0 || med[i] > med[worst]) worst = i;
+    }
+    if (worst < 0 || p[worst].reported || med[worst] < 5.0) return 0;
+    double others = -1;
+    for (int i = 0; i < n; i++)
+        if (i != worst && !isnan(med[i]) && med[i] > others) others = med[i];
+    if (others < 0 || med[worst] < factor * (others > 0.5 ? others : 0.5)) return 0;
+    /* The job waits on communication: the median rank's waiting and computing per step. */
+    double blk[m->world > 0 ? m->world : 1], cmp[m->world > 0 ? m->world : 1];
+    int have = 0;
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen || s->hist_n < STEPS) continue;
+        double b[STEPS], c[STEPS];
+        for (int k = 0; k < STEPS; k++) {
+            b[k] = s->hist_blocked[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
+            c[k] = s->hist_compute[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
+        }
+        blk[have] = median(b, STEPS);
+        cmp[have++] = median(c, STEPS);
+    }
+    if (!have) return 0;
+    const double blocked = median(blk, have), compute = median(cmp, have);
+    if (!(blocked > compute)) return 0;
+    int ranks[LOOM_FAIL_LIST];
+    int nr = loom_detect_host_ranks(m, p[worst].addr, ranks, LOOM_FAIL_LIST);
+    if (!nr) nr = loom_detect_host_ranks(m, p[worst].host, ranks, LOOM_FAIL_LIST);
+    if (!nr) return 0;
+    memset(out, 0, sizeof *out);
+    snprintf(out->host, sizeof out->host, "%s", m->ranks[ranks[0]].beat.host);
+    snprintf(out->addr, sizeof out->addr, "%s", p[worst].addr);
+    for (int i = 0, k = 0; i < nr && k + 16 < (int)sizeof out->ranks; i++)
+        k += snprintf(out->ranks + k, sizeof out->ranks - k, "%s%d", i ? "," : "", ranks[i]);
+    others_text(m, out->host, out->others, sizeof out->others);
+    out->rtt_ms = med[worst];
+    out->others_rtt_ms = others;
+    out->blocked_ms = blocked;
+    out->compute_ms = compute;
+    p[worst].reported = 1;
+    return 1;
+}

@@ -76,6 +76,25 @@ typedef struct {
     double blocked_ms, others_blocked_ms; /* waiting per step: the slow rank waits least */
 } loom_straggler;
 
+/* Round trips from the supervisor to one host while the job trains (a TCP connection to
+ * an unused port: the refusal is the answer), the newest LOOM_LINK_SAMPLES kept. */
+#define LOOM_LINK_SAMPLES 32
+#define LOOM_LINK_WINDOW 16 /* samples judged */
+typedef struct {
+    char addr[64]; /* the address its ranks' beats come from */
+    char host[64]; /* their hostname */
+    double rtt_ms[LOOM_LINK_SAMPLES];
+    int n;          /* samples written (ring) */
+    double next_ms; /* when to probe it next */
+    int reported;   /* named once per attempt */
+} loom_link_probe;
+
+typedef struct {
+    char host[64], addr[64], ranks[256], others[512];
+    double rtt_ms, others_rtt_ms;  /* medians of the window; others: the slowest other */
+    double blocked_ms, compute_ms; /* per step, the median rank's */
+} loom_slow_link;
+
 const char *loom_fail_kind_name(loom_fail_kind k);
 
 /* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). Culprits
@@ -132,6 +151,18 @@ int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *
  * the other: the slow rank computes more and the fast one waits for it, so a rank whose
  * compute time only looks long (waits counted as compute) is not blamed. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
+
+/* A slow link (e.g. a rate cap on one host's link): every rank of a ring or tree waits
+ * alike for it, so the straggler rule (compute time) cannot see it, and with two hosts
+ * the transfers between them cannot tell which end is slow. The supervisor is a third
+ * point: a host whose median round trip over LOOM_LINK_WINDOW samples while the job
+ * trains (its link's queue full of the job's data) is >= 5 ms and >= factor x every other
+ * probed host's (at least 0.5 ms), while the median rank waits longer for communication
+ * than it computes: 1 and *out filled (the host, its ranks, the others), the probe marked
+ * reported; else 0. With one probed host alone nothing is judged (a busy link and a slow
+ * one look alike without a second to compare with). */
+int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, double factor,
+                          loom_slow_link *out);
 
 /* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)
  * and the launcher's log (who was killed by which signal). */

@@ -288,6 +288,77 @@ static int host_answers(const char *addr) {
     return ok;
 }
 
+/* One round trip to `addr` (a TCP connection to port 9, refused or accepted), in ms, or
+ * -1 when there is no answer within timeout_ms. */
+static double probe_rtt_ms(const char *addr, int timeout_ms) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return -1;
+    double rtt = -1;
+    const double t0 = loom_now_ms();
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (rc == 0 || errno == ECONNREFUSED)
+            rtt = loom_now_ms() - t0;
+        else if (errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int e = 0;
+            socklen_t len = sizeof e;
+            if (poll(&p, 1, timeout_ms) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 &&
+                (e == 0 || e == ECONNREFUSED))
+                rtt = loom_now_ms() - t0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rtt;
+}
+
+/* Slow links (ft/detect.h): while every rank trains, one other host's round trip measured
+ * every 100 ms in turn; a host named once per attempt, in one line and events.jsonl. */
+static void watch_links(sup *s, loom_link_probe *probes, int *n_probes, double now) {
+    if (!*n_probes) { /* the hosts: where the ranks' beats come from, not this one */
+        for (int r = 0; r < s->world && *n_probes < 16; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host)) continue;
+            int dup = 0;
+            for (int i = 0; i < *n_probes; i++) dup |= !strcmp(probes[i].addr, rs->from);
+            if (dup) continue;
+            loom_link_probe *p = &probes[(*n_probes)++];
+            memset(p, 0, sizeof *p);
+            snprintf(p->addr, sizeof p->addr, "%s", rs->from);
+            snprintf(p->host, sizeof p->host, "%s", rs->beat.host);
+        }
+        if (!*n_probes) *n_probes = -1; /* every rank on this host: nothing to probe */
+    }
+    if (*n_probes <= 0) return;
+    loom_link_probe *next = NULL;
+    for (int i = 0; i < *n_probes; i++)
+        if (probes[i].next_ms <= now && (!next || probes[i].next_ms < next->next_ms))
+            next = &probes[i];
+    if (!next) return;
+    const double rtt = probe_rtt_ms(next->addr, 300);
+    /* No answer (a firewall, a cut): not a sample; asked again later. */
+    next->next_ms = now + (rtt < 0 ? 2000 : 100.0 * *n_probes);
+    if (rtt < 0) return;
+    next->rtt_ms[next->n++ % LOOM_LINK_SAMPLES] = rtt;
+    loom_slow_link sl;
+    if (!loom_detect_slow_link(&s->mon, probes, *n_probes, 10.0, &sl)) return;
+    fprintf(stderr,
+            "loom run: slow link: host %s (ranks %s) at %s: a round trip to it takes %.1f ms "
+            "while the job trains, against %.1f ms to the others (%s); the ranks wait %.1f ms "
+            "per step for communication and compute %.1f ms (reported, not restarted)\n",
+            sl.host, sl.ranks, sl.addr, sl.rtt_ms, sl.others_rtt_ms, sl.others, sl.blocked_ms,
+            sl.compute_ms);
+    event(s, "slow_link",
+          "\"host\": \"%s\", \"ranks\": [%s], \"rtt_ms\": %.3f, \"others_rtt_ms\": %.3f, "
+          "\"blocked_ms\": %.3f, \"compute_ms\": %.3f",
+          sl.host, sl.ranks, sl.rtt_ms, sl.others_rtt_ms, sl.blocked_ms, sl.compute_ms);
+}
+
 /* Ends the ranks of the stopped attempt that ran on other hosts (a cut-off host keeps
  * them: mpirun could not reach them), by pid through the launcher's rsh agent, bounded. */
 static void stop_remote_ranks(const sup *s, const char *agent) {
@@ -441,6 +512,8 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
     failure_log *catching_up = NULL; /* until the steps lost to the failure are redone */
     const int64_t print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
     struct pollfd pfd = {s->mon.fd, POLLIN, 0};
+    loom_link_probe probes[16];
+    int n_probes = 0;
     for (;;) {
         poll(&pfd, 1, 50);
         double now = loom_now_ms();
@@ -584,6 +657,7 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
         if (c->step_timeout_s > 0 && training &&
             loom_detect_stall(&s->mon, now, c->step_timeout_s * 1e3, f))
             return ATTEMPT_FAILED;
+        if (training && s->hosts[0] && step > 0) watch_links(s, probes, &n_probes, now);
         /* Stragglers: judged once per step that every rank has reported. */
         int64_t common = INT64_MAX;
         for (int r = 0; r < s->world; r++) {
