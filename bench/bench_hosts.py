@@ -27,7 +27,9 @@ in both hosts' memory), its checkpoint files are written back (sync) and their p
 dropped from the page cache with posix_fadvise(DONTNEED) (drop_caches would drop the
 whole shared machine's cache; fincore's resident bytes after the drop go into the JSON),
 then host 2 dies (every process of its namespace SIGKILLed, its memory folder removed).
-Timed from the kill (wall clock) to the supervisor's events: failure_detected and
+(--heartbeat-timeout 30: a 124M gradient all-reduce over the hosts' TCP takes seconds
+here, more than a short timeout allows a collective; the host loss itself is seen at once
+from mpirun's lost daemon.) Timed from the kill (wall clock) to the supervisor's events: failure_detected and
 first_step_after_restart (the restarted job's first step done); kill_to_first_step_s and
 detect_to_first_step_s per source, the resume line (bytes from memory / disk), and
 speedup = disk / peer for both spans (target: peer >= 2x faster to the first new step).
@@ -108,7 +110,7 @@ def recovery(args, data, tmp, source):
     rdir, ck = os.path.join(tmp, f"rec_{source}"), os.path.join(tmp, f"rec_{source}_ckpt")
     mem = os.path.join("/dev/shm", f"loom-bench-peer-{os.getpid()}")
     cmd = [args.loom, "run", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
-           "--heartbeat-timeout", "2", "--grace", "1", "--startup-timeout", "120",
+           "--heartbeat-timeout", "30", "--grace", "1", "--startup-timeout", "120",
            "--host-wait", "30", "--max-restarts", "1", "--run-dir", rdir,
            "--launcher-args", " ".join(MCA), "--",
            "--model", args.recovery_model, "--seq-len", str(args.recovery_seq_len),
