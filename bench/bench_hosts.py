@@ -31,7 +31,8 @@ then host 2 dies (every process of its namespace SIGKILLed, its memory folder re
 here, more than a short timeout allows a collective; the host loss itself is seen at once
 from mpirun's lost daemon.) Timed from the kill (wall clock) to the supervisor's events: failure_detected and
 first_step_after_restart (the restarted job's first step done); kill_to_first_step_s and
-detect_to_first_step_s per source, the resume line (bytes from memory / disk), and
+detect_to_first_step_s per source, the restarted attempt's phases (launch_to_loading_s,
+load_s: every rank up to every rank past the load, training_to_first_step_s), the resume line (bytes from memory / disk), and
 speedup = disk / peer for both spans (target: peer >= 2x faster to the first new step).
 Needs root and network namespaces (exit 77 otherwise). The machine is shared: the load
 average goes into the JSON. Prints one JSON object last.
@@ -165,7 +166,11 @@ def recovery(args, data, tmp, source):
     events = [json.loads(x) for x in open(os.path.join(rdir, "events.jsonl"))]
     ev = {e["event"]: e for e in events if e["event"] in ("failure_detected",
                                                            "first_step_after_restart")}
-    if rc != 0 or len(ev) < 2:
+    # the restarted attempt's phases: launch -> loading (every rank up) -> training
+    # (every rank past the checkpoint's load) -> its first step
+    ph = {e["event"]: e["t"] for e in events
+          if e["attempt"] == 1 and e["event"] in ("launch", "loading", "training")}
+    if rc != 0 or len(ev) < 2 or len(ph) < 3:
         print(f"FAIL: recovery ({source}): exit {rc}\n{text[-3000:]}", flush=True)
         sys.exit(1)
     src = next((x.split("recovered from ", 1)[1] for x in text.splitlines()
@@ -177,6 +182,10 @@ def recovery(args, data, tmp, source):
     res = {"kill_to_detect_s": round(ev["failure_detected"]["t"] - t_kill, 3),
            "detect_to_first_step_s": round(ev["first_step_after_restart"]["recovery_s"], 3),
            "kill_to_first_step_s": round(ev["first_step_after_restart"]["t"] - t_kill, 3),
+           "launch_to_loading_s": round(ph["loading"] - ph["launch"], 3),
+           "load_s": round(ph["training"] - ph["loading"], 3),
+           "training_to_first_step_s": round(ev["first_step_after_restart"]["t"] -
+                                             ph["training"], 3),
            "first_step": ev["first_step_after_restart"]["step"],
            "checkpoint_bytes": ckpt_bytes, "resident_bytes_after_drop": resident,
            "source": src or "disk (no --ckpt-peer)", "resumed": resumed}
