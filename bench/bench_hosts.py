@@ -18,20 +18,40 @@ Figures (medians over the measured steps, from the --metrics JSON lines of rank 
   model_exposed_ms = without overlap wire_ms, with overlap max(0, wire_ms - backward_ms)
   (what overlap can hide is at most the backward the buckets run under); and the measured
   exposed time's error against it.
-Recovery from peer memory against disk is not measured here (see the issue's note).
+
+Recovery after a host loss, from peer memory against from disk ("recovery" in the JSON):
+`loom run -n 2 --hosts 10.231.0.1:1,10.231.0.2:1` (dp 2 ZeRO-1, AdamW, GPT-2 124M by
+default: a 1.5 GB checkpoint) with --ckpt-dir every 2 steps, once with --ckpt-peer
+(memory) and once without (disk). When step 2 is committed (on disk, and for --ckpt-peer
+in both hosts' memory), its checkpoint files are written back (sync) and their pages
+dropped from the page cache with posix_fadvise(DONTNEED) (drop_caches would drop the
+whole shared machine's cache; fincore's resident bytes after the drop go into the JSON),
+then host 2 dies (every process of its namespace SIGKILLed, its memory folder removed).
+(--heartbeat-timeout 30: a 124M gradient all-reduce over the hosts' TCP takes seconds
+here, more than a short timeout allows a collective; the host loss itself is seen at once
+from mpirun's lost daemon.) Timed from the kill (wall clock) to the supervisor's events: failure_detected and
+first_step_after_restart (the restarted job's first step done); kill_to_first_step_s and
+detect_to_first_step_s per source, the restarted attempt's phases (launch_to_loading_s,
+load_s: every rank up to every rank past the load, training_to_first_step_s), the resume line (bytes from memory / disk), and
+speedup = disk / peer for both spans (target: peer >= 2x faster to the first new step).
 Needs root and network namespaces (exit 77 otherwise). The machine is shared: the load
 average goes into the JSON. Prints one JSON object last.
 Usage: bench_hosts.py --loom build/loom [--caps 1,2.5,10] [--steps 6] [--warmup 2]
+                      [--only all|throughput|recovery] [--recovery-model gpt2-small]
 """
 import argparse
 import fcntl
+import glob
 import json
 import os
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -65,6 +85,112 @@ def cap_links(gbit):
                 burst = max(rate * 1000 // 8 // 100, 64 * 1024)  # 10 ms of the rate
                 sh(*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}mbit",
                    "burst", str(burst), "latency", "100ms")
+
+
+def drop_pages(folder):
+    """Writes back, then drops from the page cache, every file under folder; the bytes
+    still resident after (fincore), -1 when fincore is missing."""
+    os.sync()
+    files = [f for f in glob.glob(os.path.join(folder, "**"), recursive=True) if os.path.isfile(f)]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not shutil.which("fincore") or not files:
+        return -1
+    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES"] + files,
+                       capture_output=True, text=True)
+    return sum(int(x) for x in p.stdout.split() if x.isdigit())
+
+
+def recovery(args, data, tmp, source):
+    """One host loss and its recovery (source: 'peer' or 'disk'); the figures."""
+    rdir, ck = os.path.join(tmp, f"rec_{source}"), os.path.join(tmp, f"rec_{source}_ckpt")
+    mem = os.path.join("/dev/shm", f"loom-bench-peer-{os.getpid()}")
+    cmd = [args.loom, "run", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
+           "--heartbeat-timeout", "30", "--grace", "1", "--startup-timeout", "120",
+           "--host-wait", "30", "--max-restarts", "1", "--run-dir", rdir,
+           "--launcher-args", " ".join(MCA), "--",
+           "--model", args.recovery_model, "--seq-len", str(args.recovery_seq_len),
+           "--micro-batch", "1", "--global-batch", "2", "--steps", "8", "--threads", "1",
+           "--data", data, "--log-every", "0", "--seed", "1234", "--dp", "2", "--zero", "1",
+           "--ckpt-dir", ck, "--ckpt-every", "2"]
+    if source == "peer":
+        cmd += ["--ckpt-peer", "--ckpt-peer-dir", mem]
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    err = open(rdir + ".err", "w")
+    job = subprocess.Popen(cmd, stdout=err, stderr=err)
+    step = os.path.join(ck, "step_00000002")
+
+    def committed():
+        if not os.path.exists(os.path.join(step, "manifest.json")):
+            return False
+        return source != "peer" or all(
+            len(glob.glob(os.path.join(mem, h, "*", "step_00000002", "*.run.json"))) == 2
+            for h in ("loomh1", "loomh2"))
+    until = time.time() + args.run_timeout
+    while time.time() < until and job.poll() is None and not committed():
+        time.sleep(0.05)
+    if job.poll() is not None or not committed():
+        job.kill()
+        job.wait()
+        print(f"FAIL: recovery ({source}): step 2 never committed\n"
+              f"{open(rdir + '.err').read()[-3000:]}", flush=True)
+        sys.exit(1)
+    ckpt_bytes = sum(os.path.getsize(f) for f in glob.glob(os.path.join(step, "*")))
+    resident = drop_pages(step)
+    pids = subprocess.run(["ip", "netns", "pids", "loomh2"], capture_output=True,
+                          text=True).stdout.split()
+    t_kill = time.time()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(os.path.join(mem, "loomh2"), ignore_errors=True)
+    for f in glob.glob("/dev/shm/vader_segment.loomh2.*"):
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+    try:
+        rc = job.wait(timeout=args.run_timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        rc = job.wait()
+    shutil.rmtree(mem, ignore_errors=True)
+    text = open(rdir + ".err").read()
+    events = [json.loads(x) for x in open(os.path.join(rdir, "events.jsonl"))]
+    ev = {e["event"]: e for e in events if e["event"] in ("failure_detected",
+                                                           "first_step_after_restart")}
+    # the restarted attempt's phases: launch -> loading (every rank up) -> training
+    # (every rank past the checkpoint's load) -> its first step
+    ph = {e["event"]: e["t"] for e in events
+          if e["attempt"] == 1 and e["event"] in ("launch", "loading", "training")}
+    if rc != 0 or len(ev) < 2 or len(ph) < 3:
+        print(f"FAIL: recovery ({source}): exit {rc}\n{text[-3000:]}", flush=True)
+        sys.exit(1)
+    src = next((x.split("recovered from ", 1)[1] for x in text.splitlines()
+                if "loom run: recovered from " in x), "")
+    # rank 0's own word on what it resumed from (the resume source line is --ckpt-peer's)
+    log0 = glob.glob(os.path.join(rdir, "attempt_1", "ranks", "*", "rank.0", "stderr"))
+    resumed = next((x.strip() for x in (open(log0[0]).read().splitlines() if log0 else [])
+                    if "resumed from" in x), "")
+    res = {"kill_to_detect_s": round(ev["failure_detected"]["t"] - t_kill, 3),
+           "detect_to_first_step_s": round(ev["first_step_after_restart"]["recovery_s"], 3),
+           "kill_to_first_step_s": round(ev["first_step_after_restart"]["t"] - t_kill, 3),
+           "launch_to_loading_s": round(ph["loading"] - ph["launch"], 3),
+           "load_s": round(ph["training"] - ph["loading"], 3),
+           "training_to_first_step_s": round(ev["first_step_after_restart"]["t"] -
+                                             ph["training"], 3),
+           "first_step": ev["first_step_after_restart"]["step"],
+           "checkpoint_bytes": ckpt_bytes, "resident_bytes_after_drop": resident,
+           "source": src or "disk (no --ckpt-peer)", "resumed": resumed}
+    print(f"  recovery ({source}): {res}", flush=True)
+    return res
 
 
 def run(args, data, tmp, name, hosts, bucket_mb):
@@ -101,6 +227,9 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--run-timeout", type=float, default=600.0)
+    ap.add_argument("--only", choices=("all", "throughput", "recovery"), default="all")
+    ap.add_argument("--recovery-model", default="gpt2-small")
+    ap.add_argument("--recovery-seq-len", type=int, default=32)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: needs root for network namespaces")
@@ -114,11 +243,18 @@ def main():
     lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
     fcntl.flock(lock, fcntl.LOCK_EX)
     load = [os.getloadavg()[0]]
-    results = {}
+    results, rec, one = {}, {}, None
+    if args.only == "recovery":
+        caps = []
     try:
         sh(HOSTS_SH, "up", "2")
         cap_links(None)
-        one = run(args, data, tmp, "one_host", "10.231.0.1:2", OVERLAP_MB)
+        if args.only != "throughput":
+            for source in ("peer", "disk"):
+                rec[source] = recovery(args, data, tmp, source)
+                load.append(os.getloadavg()[0])
+        if args.only != "recovery":
+            one = run(args, data, tmp, "one_host", "10.231.0.1:2", OVERLAP_MB)
         for gbit in caps:
             cap_links(gbit)
             results[gbit] = {
@@ -136,6 +272,13 @@ def main():
            "micro_batch": args.micro_batch, "openblas_coretype":
            os.environ.get("OPENBLAS_CORETYPE", ""), "loadavg": load, "one_host": one,
            "caps": {}}
+    if rec:
+        speed = {k: round(rec["disk"][k] / rec["peer"][k], 2) if rec["peer"][k] > 0 else None
+                 for k in ("kill_to_first_step_s", "detect_to_first_step_s")}
+        out["recovery"] = {"model": args.recovery_model, "seq_len": args.recovery_seq_len,
+                           "ranks": 2, "cold_pages": "posix_fadvise DONTNEED after sync",
+                           "peer": rec["peer"], "disk": rec["disk"], "speedup": speed,
+                           "target_speedup": 2.0}
     for gbit, r in results.items():
         ov, no = r["overlap"], r["no_overlap"]
         wire_ms = wire_bytes * 8 / (gbit * 1e9) * 1e3

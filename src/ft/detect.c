@@ -547,40 +547,13 @@ int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_
     return 1;
 }
 
-int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f) {
-    const char *silent_host = NULL;
-    int heard_elsewhere = 0;
-    for (int r = 0; r < m->world; r++) {
-        const loom_rank_state *s = &m->ranks[r];
-        if (!s->seen) return 0; /* start-up: the silence rules judge it */
-        if (s->beat.phase == LOOM_PHASE_DONE || s->beat.phase == LOOM_PHASE_FAILED) return 0;
-    }
-    for (int r = 0; r < m->world; r++) {
-        const loom_rank_state *s = &m->ranks[r];
-        /* One rank of the host silent for the full timeout, every one for half of it (its
-         * ranks' last beats are up to a beat interval apart), another host heard within
-         * half of it: judged at the moment the single-rank silence rule would fire. */
-        int all_silent = 1, one_silent = 0, others_heard = 0;
-        for (int q = 0; q < m->world; q++) {
-            const loom_rank_state *o = &m->ranks[q];
-            const double quiet = now_ms - o->last_beat_ms;
-            if (!strcmp(o->beat.host, s->beat.host)) {
-                all_silent &= quiet >= silent_ms / 2;
-                one_silent |= quiet >= silent_ms;
-            } else
-                others_heard |= quiet < silent_ms / 2;
-        }
-        if (all_silent && one_silent && others_heard) {
-            if (silent_host && strcmp(silent_host, s->beat.host)) return 0; /* two: not one */
-            silent_host = s->beat.host;
-            heard_elsewhere = 1;
-        }
-    }
-    if (!silent_host || !heard_elsewhere) return 0;
+/* Fills f with a partition of `host` (its ranks as culprits, the longest silence of its
+ * ranks, the hosts still heard); 0 when no rank is on it. */
+static int partition_of(const loom_monitor *m, const char *host, double now_ms, loom_failure *f) {
     int ranks[LOOM_FAIL_LIST];
-    const int n = loom_detect_host_ranks(m, silent_host, ranks, LOOM_FAIL_LIST);
+    const int n = loom_detect_host_ranks(m, host, ranks, LOOM_FAIL_LIST);
     if (!n) return 0;
-    host_failure(m, LOOM_FAIL_PARTITION, silent_host, ranks, n, f);
+    host_failure(m, LOOM_FAIL_PARTITION, host, ranks, n, f);
     double quiet = 0; /* the longest silence of its ranks */
     for (int i = 0; i < n; i++) {
         const double q = now_ms - m->ranks[ranks[i]].last_beat_ms;
@@ -588,11 +561,108 @@ int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms
     }
     char rt[256], others[512];
     ranks_text(ranks, n, rt, sizeof rt);
-    others_text(m, silent_host, others, sizeof others);
+    others_text(m, host, others, sizeof others);
     snprintf(f->detail, sizeof f->detail,
              "host %s (%s, rank%s %s) cut off: no heartbeat from any of its ranks for %.1f s; "
              "still heard: %s",
-             silent_host, m->ranks[ranks[0]].from[0] ? m->ranks[ranks[0]].from : "?",
-             n > 1 ? "s" : "", rt, quiet * 1e-3, others);
+             host, m->ranks[ranks[0]].from[0] ? m->ranks[ranks[0]].from : "?", n > 1 ? "s" : "", rt,
+             quiet * 1e-3, others);
+    return 1;
+}
+
+static int finished(const loom_rank_state *s) {
+    return s->beat.phase == LOOM_PHASE_DONE;
+}
+
+int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f) {
+    const char *silent_host = NULL;
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen) return 0;                           /* start-up: the silence rules judge it */
+        if (s->beat.phase == LOOM_PHASE_FAILED) return 0; /* the exit rules judge it */
+    }
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (finished(s)) continue;
+        /* One rank of the host silent for the full timeout, every one of it that has not
+         * finished for half of it (its ranks' last beats are up to a beat interval apart),
+         * another host heard within half of it or finished (its last word arrived; a rank
+         * that finished sends no more beats): judged at the moment the single-rank silence
+         * rule would fire. A job near its end has ranks that finished while the others
+         * still save: that is no reason to blame one rank of a silent host alone. */
+        int all_silent = 1, one_silent = 0, others_heard = 0;
+        for (int q = 0; q < m->world; q++) {
+            const loom_rank_state *o = &m->ranks[q];
+            const double quiet = now_ms - o->last_beat_ms;
+            if (!strcmp(o->beat.host, s->beat.host)) {
+                if (finished(o)) continue;
+                all_silent &= quiet >= silent_ms / 2;
+                one_silent |= quiet >= silent_ms;
+            } else
+                others_heard |= finished(o) || quiet < silent_ms / 2;
+        }
+        if (all_silent && one_silent && others_heard) {
+            if (silent_host && strcmp(silent_host, s->beat.host)) return 0; /* two: not one */
+            silent_host = s->beat.host;
+        }
+    }
+    return silent_host && partition_of(m, silent_host, now_ms, f);
+}
+
+int loom_detect_host_cut(const loom_monitor *m, int rank, double now_ms, loom_failure *f) {
+    if (rank < 0 || rank >= m->world || !m->ranks[rank].seen) return 0;
+    return partition_of(m, m->ranks[rank].beat.host, now_ms, f);
+}
+
+int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, double factor,
+                          loom_slow_link *out) {
+    enum { W = LOOM_LINK_WINDOW, STEPS = 4 };
+    double med[n > 0 ? n : 1];
+    int worst = -1;
+    for (int i = 0; i < n; i++) {
+        med[i] = NAN;
+        if (p[i].n < W) continue;
+        double v[W];
+        for (int k = 0; k < W; k++) v[k] = p[i].rtt_ms[(p[i].n - 1 - k) % LOOM_LINK_SAMPLES];
+        med[i] = median(v, W);
+        if (worst < 0 || med[i] > med[worst]) worst = i;
+    }
+    if (worst < 0 || p[worst].reported || med[worst] < 5.0) return 0;
+    double others = -1;
+    for (int i = 0; i < n; i++)
+        if (i != worst && !isnan(med[i]) && med[i] > others) others = med[i];
+    if (others < 0 || med[worst] < factor * (others > 0.5 ? others : 0.5)) return 0;
+    /* The job waits on communication: the median rank's waiting and computing per step. */
+    double blk[m->world > 0 ? m->world : 1], cmp[m->world > 0 ? m->world : 1];
+    int have = 0;
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *s = &m->ranks[r];
+        if (!s->seen || s->hist_n < STEPS) continue;
+        double b[STEPS], c[STEPS];
+        for (int k = 0; k < STEPS; k++) {
+            b[k] = s->hist_blocked[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
+            c[k] = s->hist_compute[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
+        }
+        blk[have] = median(b, STEPS);
+        cmp[have++] = median(c, STEPS);
+    }
+    if (!have) return 0;
+    const double blocked = median(blk, have), compute = median(cmp, have);
+    if (!(blocked > compute)) return 0;
+    int ranks[LOOM_FAIL_LIST];
+    int nr = loom_detect_host_ranks(m, p[worst].addr, ranks, LOOM_FAIL_LIST);
+    if (!nr) nr = loom_detect_host_ranks(m, p[worst].host, ranks, LOOM_FAIL_LIST);
+    if (!nr) return 0;
+    memset(out, 0, sizeof *out);
+    snprintf(out->host, sizeof out->host, "%s", m->ranks[ranks[0]].beat.host);
+    snprintf(out->addr, sizeof out->addr, "%s", p[worst].addr);
+    for (int i = 0, k = 0; i < nr && k + 16 < (int)sizeof out->ranks; i++)
+        k += snprintf(out->ranks + k, sizeof out->ranks - k, "%s%d", i ? "," : "", ranks[i]);
+    others_text(m, out->host, out->others, sizeof out->others);
+    out->rtt_ms = med[worst];
+    out->others_rtt_ms = others;
+    out->blocked_ms = blocked;
+    out->compute_ms = compute;
+    p[worst].reported = 1;
     return 1;
 }

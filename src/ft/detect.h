@@ -76,6 +76,25 @@ typedef struct {
     double blocked_ms, others_blocked_ms; /* waiting per step: the slow rank waits least */
 } loom_straggler;
 
+/* Round trips from the supervisor to one host while the job trains (a TCP connection to
+ * an unused port: the refusal is the answer), the newest LOOM_LINK_SAMPLES kept. */
+#define LOOM_LINK_SAMPLES 32
+#define LOOM_LINK_WINDOW 16 /* samples judged */
+typedef struct {
+    char addr[64]; /* the address its ranks' beats come from */
+    char host[64]; /* their hostname */
+    double rtt_ms[LOOM_LINK_SAMPLES];
+    int n;          /* samples written (ring) */
+    double next_ms; /* when to probe it next */
+    int reported;   /* named once per attempt */
+} loom_link_probe;
+
+typedef struct {
+    char host[64], addr[64], ranks[256], others[512];
+    double rtt_ms, others_rtt_ms;  /* medians of the window; others: the slowest other */
+    double blocked_ms, compute_ms; /* per step, the median rank's */
+} loom_slow_link;
+
 const char *loom_fail_kind_name(loom_fail_kind k);
 
 /* A collective waited on for >= timeout_ms by some rank: fills f (kind HANG). Culprits
@@ -107,10 +126,15 @@ int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, 
  * its ranks as culprits, the ranks still heard on other hosts in detail), else 0. */
 int loom_detect_host_lost(const loom_monitor *m, const char *launcher_log, loom_failure *f);
 /* One host cut off from this supervisor (a partition): a rank of it silent for >=
- * silent_ms, every rank of it for >= silent_ms / 2, and a rank of another host heard
- * within silent_ms / 2: 1 and f filled
- * (kind PARTITION, the host, its ranks as culprits, which side is still heard), else 0. */
+ * silent_ms, every rank of it that has not finished for >= silent_ms / 2, and a rank of
+ * another host heard within silent_ms / 2 or finished (ranks that finished are silent by
+ * design, on either side): 1 and f filled (kind PARTITION, the host, its ranks as
+ * culprits, which side is still heard), else 0. */
 int loom_detect_partition(const loom_monitor *m, double now_ms, double silent_ms, loom_failure *f);
+/* The host of `rank` taken as cut off (the supervisor saw the rank silent and its host
+ * does not answer on the network): f filled as by loom_detect_partition; 0 when the rank
+ * was never heard of. */
+int loom_detect_host_cut(const loom_monitor *m, int rank, double now_ms, loom_failure *f);
 /* No rank completed a step for >= timeout_ms (while training): fills f (kind STALL). */
 int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, loom_failure *f);
 /* The first step in (from, to] whose loss is non-finite or > factor x the median of
@@ -127,6 +151,18 @@ int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *
  * the other: the slow rank computes more and the fast one waits for it, so a rank whose
  * compute time only looks long (waits counted as compute) is not blamed. */
 int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, int max);
+
+/* A slow link (e.g. a rate cap on one host's link): every rank of a ring or tree waits
+ * alike for it, so the straggler rule (compute time) cannot see it, and with two hosts
+ * the transfers between them cannot tell which end is slow. The supervisor is a third
+ * point: a host whose median round trip over LOOM_LINK_WINDOW samples while the job
+ * trains (its link's queue full of the job's data) is >= 5 ms and >= factor x every other
+ * probed host's (at least 0.5 ms), while the median rank waits longer for communication
+ * than it computes: 1 and *out filled (the host, its ranks, the others), the probe marked
+ * reported; else 0. With one probed host alone nothing is judged (a busy link and a slow
+ * one look alike without a second to compare with). */
+int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, double factor,
+                          loom_slow_link *out);
 
 /* The failure of an ended job: reads the final beats (failed ranks, non-finite losses)
  * and the launcher's log (who was killed by which signal). */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -287,6 +288,77 @@ static int host_answers(const char *addr) {
     return ok;
 }
 
+/* One round trip to `addr` (a TCP connection to port 9, refused or accepted), in ms, or
+ * -1 when there is no answer within timeout_ms. */
+static double probe_rtt_ms(const char *addr, int timeout_ms) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return -1;
+    double rtt = -1;
+    const double t0 = loom_now_ms();
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (rc == 0 || errno == ECONNREFUSED)
+            rtt = loom_now_ms() - t0;
+        else if (errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int e = 0;
+            socklen_t len = sizeof e;
+            if (poll(&p, 1, timeout_ms) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 &&
+                (e == 0 || e == ECONNREFUSED))
+                rtt = loom_now_ms() - t0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rtt;
+}
+
+/* Slow links (ft/detect.h): while every rank trains, one other host's round trip measured
+ * every 100 ms in turn; a host named once per attempt, in one line and events.jsonl. */
+static void watch_links(sup *s, loom_link_probe *probes, int *n_probes, double now) {
+    if (!*n_probes) { /* the hosts: where the ranks' beats come from, not this one */
+        for (int r = 0; r < s->world && *n_probes < 16; r++) {
+            const loom_rank_state *rs = &s->mon.ranks[r];
+            if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host)) continue;
+            int dup = 0;
+            for (int i = 0; i < *n_probes; i++) dup |= !strcmp(probes[i].addr, rs->from);
+            if (dup) continue;
+            loom_link_probe *p = &probes[(*n_probes)++];
+            memset(p, 0, sizeof *p);
+            snprintf(p->addr, sizeof p->addr, "%s", rs->from);
+            snprintf(p->host, sizeof p->host, "%s", rs->beat.host);
+        }
+        if (!*n_probes) *n_probes = -1; /* every rank on this host: nothing to probe */
+    }
+    if (*n_probes <= 0) return;
+    loom_link_probe *next = NULL;
+    for (int i = 0; i < *n_probes; i++)
+        if (probes[i].next_ms <= now && (!next || probes[i].next_ms < next->next_ms))
+            next = &probes[i];
+    if (!next) return;
+    const double rtt = probe_rtt_ms(next->addr, 300);
+    /* No answer (a firewall, a cut): not a sample; asked again later. */
+    next->next_ms = now + (rtt < 0 ? 2000 : 100.0 * *n_probes);
+    if (rtt < 0) return;
+    next->rtt_ms[next->n++ % LOOM_LINK_SAMPLES] = rtt;
+    loom_slow_link sl;
+    if (!loom_detect_slow_link(&s->mon, probes, *n_probes, 10.0, &sl)) return;
+    fprintf(stderr,
+            "loom run: slow link: host %s (ranks %s) at %s: a round trip to it takes %.1f ms "
+            "while the job trains, against %.1f ms to the others (%s); the ranks wait %.1f ms "
+            "per step for communication and compute %.1f ms (reported, not restarted)\n",
+            sl.host, sl.ranks, sl.addr, sl.rtt_ms, sl.others_rtt_ms, sl.others, sl.blocked_ms,
+            sl.compute_ms);
+    event(s, "slow_link",
+          "\"host\": \"%s\", \"ranks\": [%s], \"rtt_ms\": %.3f, \"others_rtt_ms\": %.3f, "
+          "\"blocked_ms\": %.3f, \"compute_ms\": %.3f",
+          sl.host, sl.ranks, sl.rtt_ms, sl.others_rtt_ms, sl.blocked_ms, sl.compute_ms);
+}
+
 /* Ends the ranks of the stopped attempt that ran on other hosts (a cut-off host keeps
  * them: mpirun could not reach them), by pid through the launcher's rsh agent, bounded. */
 static void stop_remote_ranks(const sup *s, const char *agent) {
@@ -330,6 +402,65 @@ static void stop_remote_ranks(const sup *s, const char *agent) {
         while (waitpid(pid, NULL, WNOHANG) == 0 && loom_now_ms() < until) usleep(20000);
         kill(-pid, SIGKILL);
         waitpid(pid, NULL, WNOHANG);
+    }
+}
+
+/* Before a restart across hosts: waits (up to --host-wait in all) until every other host
+ * the next attempt runs on answers on the network, so that a launch does not start while
+ * a link is still down (its start-up window then starts at the launch, after the wait).
+ * The hosts are the addresses the last attempt's ranks beat from and those --hosts gives
+ * by address; `skip` / `skip_addr` (a host already waited for: its name and address, or
+ * "") are left out. A host that still does not answer is launched on
+ * anyway (the start-up rule then judges it), said in one line. */
+static void wait_for_hosts(sup *s, const char *skip, const char *skip_addr) {
+    char addrs[16][64];
+    int n = 0;
+    for (int r = 0; r < s->mon.world && n < 16; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
+            (skip[0] && !strcmp(rs->beat.host, skip)) || !strcmp(rs->from, skip_addr))
+            continue;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], rs->from);
+        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", rs->from);
+    }
+    /* And the hosts of --hosts given by address (a start-up failure hears no rank). */
+    for (const char *p = s->hosts; *p && n < 16;) {
+        const size_t w = strcspn(p, ",");
+        char host[64];
+        snprintf(host, sizeof host, "%.*s", (int)(w < sizeof host ? w : sizeof host - 1), p);
+        p += w + (p[w] == ',');
+        char *colon = strrchr(host, ':');
+        if (colon && strchr(host, ':') == colon) *colon = 0; /* slots (not an IPv6 address) */
+        unsigned char bin[16];
+        if (inet_pton(AF_INET, host, bin) != 1 && inet_pton(AF_INET6, host, bin) != 1) continue;
+        int dup = skip_addr[0] && !strcmp(host, skip_addr);
+        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], host);
+        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", host);
+    }
+    const double t0 = loom_now_ms(), until = t0 + s->cfg->host_wait_s * 1e3;
+    for (int i = 0; i < n; i++) {
+        int back = host_answers(addrs[i]), said = 0;
+        while (!back && !interrupted && loom_now_ms() < until) {
+            if (!said)
+                fprintf(stderr,
+                        "loom run: host %s does not answer: waiting up to %.0f s before the "
+                        "restart\n",
+                        addrs[i], (until - loom_now_ms()) * 1e-3);
+            said = 1;
+            usleep(200000);
+            back = host_answers(addrs[i]);
+        }
+        const double waited = (loom_now_ms() - t0) * 1e-3;
+        if (said || !back)
+            event(s, back ? "host_back" : "host_gone", "\"host\": \"%s\", \"waited_s\": %.3f",
+                  addrs[i], waited);
+        if (!back)
+            fprintf(stderr,
+                    "loom run: host %s did not answer within %.0f s: restarting on it anyway\n",
+                    addrs[i], s->cfg->host_wait_s);
+        else if (said)
+            fprintf(stderr, "loom run: host %s answers again after %.1f s\n", addrs[i], waited);
     }
 }
 
@@ -381,6 +512,8 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
     failure_log *catching_up = NULL; /* until the steps lost to the failure are redone */
     const int64_t print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
     struct pollfd pfd = {s->mon.fd, POLLIN, 0};
+    loom_link_probe probes[16];
+    int n_probes = 0;
     for (;;) {
         poll(&pfd, 1, 50);
         double now = loom_now_ms();
@@ -509,11 +642,22 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             return ATTEMPT_FAILED;
         }
         if (loom_detect_hang(&s->mon, hb_ms, f)) return ATTEMPT_FAILED;
-        if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f))
+        if (loom_detect_silence(&s->mon, now, launch_ms, hb_ms, c->startup_timeout_s * 1e3, f)) {
+            /* One silent rank on another host that does not answer on the network: its
+             * host is cut off (its other ranks finished, or their last beats came just
+             * before the cut), and the restart must wait for it like for a partition. */
+            const loom_rank_state *rs =
+                f->kind == LOOM_FAIL_HEARTBEAT && f->rank >= 0 ? &s->mon.ranks[f->rank] : NULL;
+            if (rs && rs->from[0] && strcmp(rs->beat.host, s->host) && !host_answers(rs->from)) {
+                loom_failure g;
+                if (loom_detect_host_cut(&s->mon, f->rank, loom_now_ms(), &g)) *f = g;
+            }
             return ATTEMPT_FAILED;
+        }
         if (c->step_timeout_s > 0 && training &&
             loom_detect_stall(&s->mon, now, c->step_timeout_s * 1e3, f))
             return ATTEMPT_FAILED;
+        if (training && s->hosts[0] && step > 0) watch_links(s, probes, &n_probes, now);
         /* Stragglers: judged once per step that every rank has reported. */
         int64_t common = INT64_MAX;
         for (int r = 0; r < s->world; r++) {
@@ -725,9 +869,10 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
          * of the attempt there, and restart on the same hosts; --elastic restarts without
          * it when it does not come back in time. */
         char host_note[256] = "";
-        int drop = 0;
+        int drop = 0, host_waited = 0;
         if ((f.kind == LOOM_FAIL_HOST || f.kind == LOOM_FAIL_PARTITION) && f.n_culprits &&
             s.attempt < cfg->max_restarts) {
+            host_waited = 1;
             char addr[64];
             snprintf(addr, sizeof addr, "%s", s.mon.ranks[f.culprits[0]].from);
             fprintf(stderr, "loom run: waiting up to %.0f s for host %s (%s) to answer again\n",
@@ -818,6 +963,12 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             st = LOOM_OK;
             goto done;
         }
+        /* Failures the network may be behind: the next launch waits for every host. */
+        if (s.hosts[0] && !strcmp(cfg->launcher, "mpirun") &&
+            (f.kind == LOOM_FAIL_HEARTBEAT || f.kind == LOOM_FAIL_STARTUP ||
+             f.kind == LOOM_FAIL_HOST || f.kind == LOOM_FAIL_PARTITION))
+            wait_for_hosts(&s, host_waited ? f.host : "", /* that one was waited for */
+                           host_waited ? s.mon.ranks[f.culprits[0]].from : "");
         if (shrink && drop) {
             /* The lost host's ranks go; the first `shrink` of the others stay, in order. */
             int kept = 0;
