@@ -425,12 +425,6 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         stats->bytes_direct = all.direct;
         stats->bytes_copied = all.copied;
     }
-    if (getenv("LOOM_CKPT_PHASES")) /* TEMP */
-        fprintf(stderr,
-                "PHASES thread-sums: populate %.1f read %.1f hash %.1f copy %.1f; direct %llu "
-                "copied %llu\n",
-                all.populate, all.read, all.hash, all.copy, (unsigned long long)all.direct,
-                (unsigned long long)all.copied);
     files_close(&fs);
     free(jobs);
     free(used);
