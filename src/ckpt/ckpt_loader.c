@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 #ifdef LOOM_HAVE_XXH_DISPATCH
@@ -68,7 +69,6 @@ static loom_status chunk_in_file(const char *dir, const loom_ckpt_manifest *m, c
 }
 
 #define READ_BLOCK ((size_t)512 << 10) /* cache-sized: read, hash and scatter while hot */
-#define PREFETCH 8                     /* chunks (<= 4 MiB each) read ahead of the current one */
 
 /* Where the rows of a chunk go: this rank's pieces of the same tensor (NULL: verify only). */
 typedef struct {
@@ -128,13 +128,48 @@ static size_t block_bytes(const loom_ckpt_chunk *c) {
     return row > READ_BLOCK ? row : READ_BLOCK;
 }
 
-/* Reads chunk c of tensor `name` in row-aligned blocks through buf (block_bytes(c)),
- * checksumming each block and (when s) scattering it while it is in cache; the checksum
- * is compared at the end (on a mismatch the destination holds unverified data: the
- * caller discards it). */
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* A thread's share of the load's phase times (loom_ckpt_load_stats). */
+typedef struct {
+    double populate, read, hash, copy;
+    uint64_t direct, copied;
+} phase_times;
+
+/* pread of exactly n bytes at `at` (EINTR and short reads retried). */
+static loom_status read_full(const char *dir, const char *file, int fd, void *to, uint64_t n,
+                             uint64_t at, loom_error *err) {
+    for (uint64_t done = 0; done < n;) {
+        ssize_t k = pread(fd, (char *)to + done, n - done, (off_t)(at + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
+                                  k < 0 ? strerror(errno) : "unexpected end of file");
+        done += (uint64_t)k;
+    }
+    return LOOM_OK;
+}
+
+/* How a chunk reaches its destination. */
+typedef enum {
+    VIA_BUFFER = 0, /* read through the block buffer and scattered (or only verified) */
+    INTO_PLACE = 1, /* pread straight into fresh destination pages, made just before */
+    COPY_WHOLE = 2  /* read through the block buffer, copied as one run into place */
+} route;
+
+/* Reads chunk c of tensor `name` in row-aligned blocks, checksumming each block while it is
+ * in cache; the checksum is compared at the end (on a mismatch the destination holds
+ * unverified data: the caller discards it). INTO_PLACE preads into `to` (fresh pages: their
+ * huge pages are made first, one madvise for the chunk); COPY_WHOLE and VIA_BUFFER read
+ * through buf (block_bytes(c)) and copy each block into `to`, or (when s) scatter it. */
 static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, const file_set *fs,
-                              const char *name, const loom_ckpt_chunk *c, void *buf,
-                              XXH3_state_t *h, const scatter_ctx *s, loom_error *err) {
+                              const char *name, const loom_ckpt_chunk *c, route how, float *to,
+                              void *buf, XXH3_state_t *h, const scatter_ctx *s, phase_times *pt,
+                              loom_error *err) {
     const char *file = m->files[c->file];
     loom_status st = chunk_in_file(dir, m, fs, name, c, err);
     if (st) return st;
@@ -142,40 +177,44 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
     const uint64_t row = (uint64_t)c->len[1] * sizeof(float);
     const uint64_t rows_per_block = block_bytes(c) / row;
     XXH3_64bits_reset(h);
-    int piece = -1;
-    float *direct = s ? direct_target(s, &cb, &piece) : NULL;
-    if (direct) { /* into place, block by block, each hashed while it is in cache */
-        const uint64_t n = (uint64_t)loom_ckpt_box_volume(&cb) * sizeof(float);
-        for (uint64_t done = 0; done < n;) {
-            const uint64_t want = n - done < READ_BLOCK ? n - done : READ_BLOCK;
-            ssize_t k =
-                pread(fs->fd[c->file], (char *)direct + done, want, (off_t)(c->byte_offset + done));
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0)
-                return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
-                                      k < 0 ? strerror(errno) : "unexpected end of file");
-            XXH3_64bits_update(h, (char *)direct + done, (size_t)k);
-            done += (uint64_t)k;
-        }
-#pragma omp atomic
-        s->covered[piece] += loom_ckpt_box_volume(&cb);
+    double t = now_ms(), u;
+    if (how == INTO_PLACE) {
+#ifdef MADV_POPULATE_WRITE
+        /* one call for the chunk's whole pages (the edges are faulted by the reads) instead
+         * of a page fault per page inside the copy, each an exit to the hypervisor on a VM */
+        const uintptr_t page = 4096, a = ((uintptr_t)to + page - 1) & ~(page - 1),
+                        b = ((uintptr_t)to + c->bytes) & ~(page - 1);
+        if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#endif
+        u = now_ms();
+        pt->populate += u - t;
+        t = u;
     }
-    for (uint64_t r0 = 0; !direct && r0 < (uint64_t)c->len[0]; r0 += rows_per_block) {
+    for (uint64_t r0 = 0; r0 < (uint64_t)c->len[0]; r0 += rows_per_block) {
         const uint64_t nr =
             (uint64_t)c->len[0] - r0 < rows_per_block ? (uint64_t)c->len[0] - r0 : rows_per_block;
         const uint64_t n = nr * row, at = c->byte_offset + r0 * row;
-        uint64_t done = 0;
-        while (done < n) {
-            ssize_t k = pread(fs->fd[c->file], (char *)buf + done, n - done, (off_t)(at + done));
-            if (k < 0 && errno == EINTR) continue;
-            if (k <= 0)
-                return loom_error_set(err, LOOM_ERR_IO, "%s/%s: read failed: %s", dir, file,
-                                      k < 0 ? strerror(errno) : "unexpected end of file");
-            done += (uint64_t)k;
+        char *into = how == INTO_PLACE ? (char *)to + r0 * row : buf;
+        if ((st = read_full(dir, file, fs->fd[c->file], into, n, at, err))) return st;
+        u = now_ms();
+        pt->read += u - t;
+        XXH3_64bits_update(h, into, n);
+        t = now_ms();
+        pt->hash += t - u;
+        if (how == COPY_WHOLE)
+            memcpy((char *)to + r0 * row, buf, n);
+        else if (how == VIA_BUFFER && s)
+            scatter_rows(s, &cb, c->off[0] + (int64_t)r0, (int64_t)nr, buf);
+        if (how != INTO_PLACE) {
+            u = now_ms();
+            pt->copy += u - t;
+            t = u;
         }
-        XXH3_64bits_update(h, buf, n);
-        if (s) scatter_rows(s, &cb, c->off[0] + (int64_t)r0, (int64_t)nr, buf);
     }
+    if (how == INTO_PLACE)
+        pt->direct += c->bytes;
+    else if (s)
+        pt->copied += c->bytes;
     uint64_t sum = XXH3_64bits_digest(h);
     if (sum != c->checksum)
         return loom_error_set(err, LOOM_ERR_INPUT,
@@ -188,38 +227,45 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
 
 typedef struct {
     int tensor, chunk;
+    route how;
+    int piece; /* INTO_PLACE, COPY_WHOLE: the piece that takes the whole chunk */
+    float *to; /* INTO_PLACE, COPY_WHOLE: where */
 } job;
 
-#define POPULATE_SLICE ((size_t)32 << 20)
-
-/* The destination's pages, made before the reads (a fresh calloc'd buffer such as AdamW's
- * moments has none yet): huge pages where the kernel allows, populated with one call per
- * slice instead of a page fault per 4 KiB (each one an exit to the hypervisor in a VM).
- * Advisory: a kernel without MADV_POPULATE_WRITE (< 5.14) faults them in the reads. The
- * caller runs it inside a parallel region (the slices are shared out). */
-static void populate(const loom_ckpt_buffer dst[LOOM_CKPT_KINDS]) {
-    const uintptr_t page = 4096;
-    for (int k = 0; k < LOOM_CKPT_KINDS; k++) {
-        if (!dst[k].data || dst[k].hi <= dst[k].lo) continue;
-        uintptr_t a = (uintptr_t)(dst[k].data + (dst[k].lo - dst[k].base));
-        uintptr_t b = (uintptr_t)(dst[k].data + (dst[k].hi - dst[k].base));
-        a = (a + page - 1) & ~(page - 1);
-        b &= ~(page - 1);
-        if (b <= a) continue;
-        const long n = (long)((b - a + POPULATE_SLICE - 1) / POPULATE_SLICE);
-#pragma omp for schedule(static)
-        for (long i = 0; i < n; i++) {
-            const uintptr_t s = a + (uintptr_t)i * POPULATE_SLICE;
-            const size_t len = b - s < POPULATE_SLICE ? b - s : POPULATE_SLICE;
-#ifdef MADV_HUGEPAGE
-            (void)madvise((void *)s, len, MADV_HUGEPAGE);
-#endif
-#ifdef MADV_POPULATE_WRITE
-            (void)madvise((void *)s, len, MADV_POPULATE_WRITE);
-#endif
-        }
+/* 1 when most pages of [p, p + n) are resident: memory the caller has already written (the
+ * parameters, initialised before the load). The kernel's first copy into such 4 KiB pages
+ * is slow on a VM with shadow paging (measured here: 3.3 s/GB for a pread into pages the
+ * program had memset, 0.25 s/GB the second time), while a user-space copy from a hot
+ * buffer runs at memory speed; pages not yet there (a fresh calloc, such as AdamW's
+ * moments) are made as huge pages and read into straight. */
+static int mostly_resident(const void *p, size_t n) {
+    const uintptr_t page = 4096, a = (uintptr_t)p & ~(page - 1),
+                    b = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    const size_t pages = (b - a) / page;
+    unsigned char vec[1024]; /* 4 MiB of pages per call */
+    size_t resident = 0;
+    for (size_t i = 0; i < pages; i += sizeof vec) {
+        const size_t k = pages - i < sizeof vec ? pages - i : sizeof vec;
+        if (mincore((void *)(a + i * page), k * page, vec) != 0) return 0;
+        for (size_t j = 0; j < k; j++) resident += vec[j] & 1;
     }
+    return 2 * resident > pages;
 }
+
+/* Marks the page-aligned inside of [p, p + n) for huge pages (one madvise per buffer, so
+ * the mapping is not split per chunk). Advisory: a kernel without THP keeps 4 KiB pages. */
+static void want_huge_pages(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1),
+                    b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+#define PREFETCH_BYTES ((uint64_t)32 << 20) /* read ahead of the current chunk (WILLNEED) */
 
 loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_ckpt_descs *t,
                            const loom_ckpt_buffer dst[LOOM_CKPT_KINDS], loom_ckpt_load_stats *stats,
@@ -257,7 +303,8 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         else
             ptensor[i] = (int)(ct - m->tensors);
     }
-    /* The chunks that intersect a wanted piece. */
+    /* The chunks that intersect a wanted piece, and how each one gets there. */
+    int fresh[LOOM_CKPT_KINDS] = {0};
     for (int ti = 0; ti < m->n_tensors && !st; ti++) {
         const loom_ckpt_tensor *ct = &m->tensors[ti];
         for (int c = 0; c < ct->n_chunks && !st; c++) {
@@ -277,10 +324,21 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
                 }
                 jobs = j;
             }
-            jobs[n_jobs++] = (job){ti, c};
+            job *jb = &jobs[n_jobs++];
+            *jb = (job){ti, c, VIA_BUFFER, -1, NULL};
+            const scatter_ctx sc = {&plan, ptensor, ti, dst, covered};
+            /* (manifest.c has checked that a chunk's bytes are its box's) */
+            if ((jb->to = direct_target(&sc, &cb, &jb->piece))) {
+                jb->how = mostly_resident(jb->to, ct->chunks[c].bytes) ? COPY_WHOLE : INTO_PLACE;
+                if (jb->how == INTO_PLACE) fresh[plan.items[jb->piece].kind] = 1;
+            }
             used[ct->chunks[c].file] = 1;
         }
     }
+    for (int k = 0; k < LOOM_CKPT_KINDS && !st; k++)
+        if (fresh[k])
+            want_huge_pages(dst[k].data + (dst[k].lo - dst[k].base),
+                            (dst[k].hi - dst[k].lo) * sizeof(float));
     if (!st) st = files_open(&fs, dir, m, used, err);
     for (int j = 0; j < n_jobs && !st; j++) {
         const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
@@ -289,36 +347,60 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         if (block_bytes(c) > max_bytes) max_bytes = block_bytes(c);
     }
     uint64_t bytes = 0;
+    phase_times all = {0};
     if (!st) {
         loom_status first = LOOM_OK;
         loom_error first_err = {0};
+        int ahead = 0; /* jobs [0, ahead) have had their WILLNEED */
 #pragma omp parallel reduction(+ : bytes)
         {
             void *buf = malloc(max_bytes ? max_bytes : 1);
             XXH3_state_t *h = XXH3_createState();
             loom_error e = {0};
-            populate(dst);
+            phase_times pt = {0};
 #pragma omp for schedule(dynamic, 1)
             for (int j = 0; j < n_jobs; j++) {
-                if (first) continue;         /* stop early after an error */
-                if (j + PREFETCH < n_jobs) { /* the disk reads ahead while this one is done */
-                    const loom_ckpt_chunk *a =
-                        &m->tensors[jobs[j + PREFETCH].tensor].chunks[jobs[j + PREFETCH].chunk];
-                    (void)posix_fadvise(fs.fd[a->file], (off_t)a->byte_offset, (off_t)a->bytes,
-                                        POSIX_FADV_WILLNEED);
+                if (first) continue; /* stop early after an error */
+                    /* the disk reads ahead while this chunk is made, read and checked */
+#pragma omp critical(loom_ckpt_ahead)
+                {
+                    uint64_t window = 0;
+                    for (int a = j; a < ahead && a < n_jobs; a++)
+                        window += m->tensors[jobs[a].tensor].chunks[jobs[a].chunk].bytes;
+                    for (; ahead < n_jobs && (ahead <= j || window < PREFETCH_BYTES); ahead++) {
+                        const loom_ckpt_chunk *a =
+                            &m->tensors[jobs[ahead].tensor].chunks[jobs[ahead].chunk];
+                        if (ahead > j) window += a->bytes;
+                        (void)posix_fadvise(fs.fd[a->file], (off_t)a->byte_offset, (off_t)a->bytes,
+                                            POSIX_FADV_WILLNEED);
+                    }
                 }
                 const loom_ckpt_tensor *ct = &m->tensors[jobs[j].tensor];
                 const loom_ckpt_chunk *c = &ct->chunks[jobs[j].chunk];
                 const scatter_ctx sc = {&plan, ptensor, jobs[j].tensor, dst, covered};
                 loom_status s = buf && h
-                                    ? read_chunk(dir, m, &fs, ct->name, c, buf, h, &sc, &e)
+                                    ? read_chunk(dir, m, &fs, ct->name, c, jobs[j].how, jobs[j].to,
+                                                 buf, h, &sc, &pt, &e)
                                     : loom_error_set(&e, LOOM_ERR_NOMEM, "%s: out of memory", dir);
                 if (s) {
 #pragma omp critical
                     if (!first) first = s, first_err = e;
                     continue;
                 }
+                if (jobs[j].how != VIA_BUFFER) {
+#pragma omp atomic
+                    covered[jobs[j].piece] += (int64_t)(c->bytes / sizeof(float));
+                }
                 bytes += c->bytes;
+            }
+#pragma omp critical(loom_ckpt_phases)
+            {
+                all.populate += pt.populate;
+                all.read += pt.read;
+                all.hash += pt.hash;
+                all.copy += pt.copy;
+                all.direct += pt.direct;
+                all.copied += pt.copied;
             }
             XXH3_freeState(h);
             free(buf);
@@ -336,6 +418,12 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
     if (stats) {
         stats->bytes_read = bytes;
         stats->chunks_read = n_jobs;
+        stats->populate_ms = all.populate;
+        stats->read_ms = all.read;
+        stats->hash_ms = all.hash;
+        stats->copy_ms = all.copy;
+        stats->bytes_direct = all.direct;
+        stats->bytes_copied = all.copied;
     }
     files_close(&fs);
     free(jobs);
@@ -368,10 +456,11 @@ loom_status loom_ckpt_verify(const char *dir, const loom_ckpt_manifest *m, uint6
     XXH3_state_t *h = st ? NULL : XXH3_createState();
     if (!st && (!buf || !h)) st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
     uint64_t total = 0;
+    phase_times pt = {0};
     for (int ti = 0; ti < m->n_tensors && !st; ti++)
         for (int c = 0; c < m->tensors[ti].n_chunks && !st; c++) {
-            st = read_chunk(dir, m, &fs, m->tensors[ti].name, &m->tensors[ti].chunks[c], buf, h,
-                            NULL, err);
+            st = read_chunk(dir, m, &fs, m->tensors[ti].name, &m->tensors[ti].chunks[c], VIA_BUFFER,
+                            NULL, buf, h, NULL, &pt, err);
             total += m->tensors[ti].chunks[c].bytes;
         }
     XXH3_freeState(h);

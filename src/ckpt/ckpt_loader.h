@@ -17,9 +17,15 @@
 #include "ckpt/manifest.h"
 #include "core/error.h"
 
+/* Where a load's time went: the phases' milliseconds summed over the reader threads
+ * (making the fresh destination pages, the preads, the XXH3 checksums, the user-space
+ * copies out of the read buffer), and the bytes read straight into place against those
+ * copied from the read buffer. */
 typedef struct {
     uint64_t bytes_read;
     int chunks_read;
+    double populate_ms, read_ms, hash_ms, copy_ms;
+    uint64_t bytes_direct, bytes_copied;
 } loom_ckpt_load_stats;
 
 /* t: the tensors this rank holds; dst[k]: where it holds buffer k ([lo, hi) of the flat layout);
