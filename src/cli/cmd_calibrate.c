@@ -102,24 +102,42 @@ static json_t *points_json(const double *x, const double *t, int n) {
 
 /* ---- GEMM: the three linear-layer GEMMs over a grid of M, N, K ---- */
 
+/* Each GEMM operand lives in a pool of GEMM_POOL_FLOATS (64 MiB per operand, more than a
+ * CPU's last-level cache): every call takes the next slot, so its operands come from
+ * memory as in a step, where each layer's weights and activations are other memory than
+ * the previous GEMM's. Repeating one GEMM on the same hot operands overrated the step's
+ * GEMMs (docs/PLAN.md, "Measured"): one thread's rates fell from 106-114 to 90-117 GFLOP/s
+ * with cold operands, and a 1-thread GPT-2 step's predicted compute went from 18% under the
+ * measured to 1.5%. */
+#define GEMM_POOL_FLOATS ((size_t)16 << 20)
+
 typedef struct {
     const loom_backend *be;
     loom_gemm_op op;
     int M, N, K;
-    float *a, *b, *c;
+    float *a, *b, *c; /* pools of GEMM_POOL_FLOATS */
+    size_t *slot;     /* the next call's offset (advanced by every call) */
 } gemm_arg;
 
 static void gemm_run(const void *p) {
     const gemm_arg *g = p;
+    const size_t M = (size_t)g->M, N = (size_t)g->N, K = (size_t)g->K;
+    size_t span = M * K > N * K ? M * K : N * K;
+    if (M * N > span) span = M * N;
+    span = (span + 15) & ~(size_t)15; /* 64-byte aligned slots */
+    if (*g->slot + span > GEMM_POOL_FLOATS) *g->slot = 0;
+    const size_t at = *g->slot;
+    *g->slot += span;
+    float *a = g->a + at, *b = g->b + at, *c = g->c + at;
     switch (g->op) {
     case LOOM_GEMM_NT: /* out[M,N] = inp[M,K] W[N,K]^T */
-        loom_backend_linear_forward(g->be, g->c, g->a, g->b, NULL, g->M, g->K, g->N);
+        loom_backend_linear_forward(g->be, c, a, b, NULL, g->M, g->K, g->N);
         break;
     case LOOM_GEMM_NN: /* dinp[M,N] += dout[M,K] W[K,N] */
-        loom_backend_linear_backward_input(g->be, g->c, g->a, g->b, g->M, g->N, g->K);
+        loom_backend_linear_backward_input(g->be, c, a, b, g->M, g->N, g->K);
         break;
     default: /* dW[M,N] += dout[K,M]^T inp[K,N] */
-        loom_backend_linear_backward_weight(g->be, g->c, NULL, g->a, g->b, g->K, g->N, g->M);
+        loom_backend_linear_backward_weight(g->be, c, NULL, a, b, g->K, g->N, g->M);
         break;
     }
 }
@@ -135,7 +153,8 @@ static json_t *measure_gemm(const loom_backend *be, loom_gemm_op op, const int *
     for (int i = 0; i < nd; i++)
         for (int j = 0; j < nd; j++)
             for (int k = 0; k < nd; k++, at++) {
-                gemm_arg g = {be, op, dims[i], dims[j], dims[k], bufs[0], bufs[1], bufs[2]};
+                size_t slot = 0;
+                gemm_arg g = {be, op, dims[i], dims[j], dims[k], bufs[0], bufs[1], bufs[2], &slot};
                 flops[at] = 2.0 * dims[i] * dims[j] * dims[k];
                 dmin[at] = fmin(dims[i], fmin(dims[j], dims[k]));
                 t[at] = bench_us(gemm_run, &g, target_ms);
@@ -379,7 +398,8 @@ static int alloc_buffers(buffers *b, const grid_plan *g) {
     const loom_backend *be = b->be;
     int ok = 1;
     size_t D = (size_t)g->gemm_dims[g->n_gemm - 1];
-    for (int i = 0; i < 3; i++) b->gemm[i] = alloc_filled(be, D * D, 0.01f, &ok);
+    const size_t pool = D * D > GEMM_POOL_FLOATS ? D * D : GEMM_POOL_FLOATS;
+    for (int i = 0; i < 3; i++) b->gemm[i] = alloc_filled(be, pool, 0.01f, &ok);
     size_t T = (size_t)g->att_T[g->n_T - 1], hd = (size_t)g->att_hd[g->n_hd - 1];
     size_t H = (size_t)b->att_heads;
     size_t row = 3 * H * hd, sc = loom_backend_attention_scratch_floats(be, 1, (int)T, (int)H);
