@@ -32,6 +32,7 @@ typedef struct {
     const loom_profile *p;
     int threads;    /* per rank */
     int ranks;      /* ranks on the node */
+    int tp;         /* the mesh's fastest dimension: the replicas' (and cp's, ep's) stride */
     int cores;      /* the node's cores (CPU) or devices (GPU) */
     int cpu;        /* the ranks share the node's cores (memory_shared) */
     loom_status st; /* the first failure */
@@ -77,11 +78,21 @@ static double copy_ms(pricer *q, double floats) {
     return bytes_ms(q, 8 * floats);
 }
 
-/* One collective of `bytes` over `group` ranks, with the CPU-sharing rule. */
-static double coll(pricer *q, loom_collective_kind k, int group, double bytes) {
+/* Where a group of `members` ranks `stride` apart in the mesh lies (world rank =
+ * ((pp_i dp + dp_i) cp + cp_i) tp + tp_i, nodes holding consecutive ranks): inside one
+ * node when its span members x stride fits a node and the nodes' boundaries fall between
+ * groups; else across nodes (the slowest link decides). */
+static loom_placement place_of(const pricer *q, int members, int stride) {
+    const long span = (long)members * stride;
+    return span <= q->ranks && q->ranks % span == 0 ? LOOM_PLACE_INTRA : LOOM_PLACE_INTER;
+}
+
+/* One collective of `bytes` over `group` ranks placed as `place`, with the CPU-sharing
+ * rule. */
+static double coll_placed(pricer *q, loom_collective_kind k, int group, loom_placement place,
+                          double bytes) {
     double ms = 0;
     if (q->st || group < 2 || bytes <= 0) return 0;
-    const loom_placement place = group <= q->ranks ? LOOM_PLACE_INTRA : LOOM_PLACE_INTER;
     q->st = loom_profile_collective_ms(q->p, k, group, place, bytes, &ms, q->err);
     if (q->st) return 0;
     if (q->cpu) {
@@ -92,11 +103,16 @@ static double coll(pricer *q, loom_collective_kind k, int group, double bytes) {
     return ms;
 }
 
+/* One collective over a group of `group` ranks `stride` apart. */
+static double coll(pricer *q, loom_collective_kind k, int group, int stride, double bytes) {
+    return coll_placed(q, k, group, place_of(q, group, stride), bytes);
+}
+
 /* A collective the communication engine's thread drives (its CPU counted). */
-static double engine_coll(pricer *q, loom_collective_kind k, int group, double bytes) {
+static double engine_coll(pricer *q, loom_collective_kind k, int group, int stride, double bytes) {
     if (group < 2 || bytes <= 0) return 0;
     q->engine_us += loom_profile_engine_cpu_us(q->p, bytes);
-    return coll(q, k, group, bytes);
+    return coll(q, k, group, stride, bytes);
 }
 
 /* ---- the shapes on one rank (model/transformer.c's dims) ---- */
@@ -182,12 +198,13 @@ static double norm_bwd(pricer *q, const shapes *d) {
 }
 /* sequence parallelism's all-gather of the residual stream (before a column linear) */
 static double sp_gather(pricer *q, const shapes *d) {
-    return d->sp ? coll(q, LOOM_COLL_ALLGATHER, d->tp, 4 * d->N * d->C) : 0;
+    return d->sp ? coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, 4 * d->N * d->C) : 0;
 }
 /* the row-parallel linears' sum: all-reduce, or reduce-scatter with sequence parallelism */
 static double tp_reduce(pricer *q, const shapes *d) {
     if (d->tp < 2) return 0;
-    return coll(q, d->sp ? LOOM_COLL_REDUCE_SCATTER : LOOM_COLL_ALLREDUCE, d->tp, 4 * d->N * d->C);
+    return coll(q, d->sp ? LOOM_COLL_REDUCE_SCATTER : LOOM_COLL_ALLREDUCE, d->tp, 1,
+                4 * d->N * d->C);
 }
 
 static double rope(pricer *q, const shapes *d) {
@@ -209,8 +226,8 @@ static cost attention_cost(pricer *q, const shapes *d, int backward) {
         const double T = d->T * d->cp, h = d->B * d->H / d->cp;
         c.compute = attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, h, T, d->hd);
         /* qkv to heads, the output back (backward: the gradients the same way) */
-        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, 4 * d->N * d->QKV) +
-               coll(q, LOOM_COLL_ALLTOALL, d->cp, 4 * d->N * d->A);
+        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->QKV) +
+               coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->A);
         return c;
     }
     /* The ring's zigzag: of the 2cp chunks' causal (chunk x chunk) blocks, each rank holds
@@ -224,7 +241,7 @@ static cost attention_cost(pricer *q, const shapes *d, int backward) {
     c.compute = full_blocks * block + 2 * diag + (n - 1) * merge;
     /* per step: the next key/value block (backward: and the dK/dV share) in flight */
     const double kv = 4 * d->N * 2 * d->KV * d->hd;
-    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, kv) * (backward ? 2 : 1);
+    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, d->tp, kv) * (backward ? 2 : 1);
     const double step_compute = c.compute / n;
     c.cp = (n - 1) * (xfer > step_compute ? xfer - step_compute : 0);
     if (backward) c.cp += xfer; /* the last dK/dV share to its owner */
@@ -255,8 +272,8 @@ static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
 static double moe_exchange(pricer *q, const shapes *d, double experts_ms) {
     if (d->ep < 2) return 0;
     const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
-    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, 4 * rows * d->C / d->chunks);
-    const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, 4 * d->E);
+    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * rows * d->C / d->chunks);
+    const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * d->E);
     const double per_chunk = experts_ms / d->chunks, hidden = 2 * a2a - per_chunk;
     return counts + 2 * a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
 }
@@ -403,8 +420,8 @@ static cost head_fwd(pricer *q, const shapes *d) {
     if (d->tp > 1) {
         /* the shard's maximum pass, then exp/sum and the gradient (a third pass) */
         c.compute += ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) / 2;
-        c.tp += coll(q, LOOM_COLL_ALLGATHER, d->tp, 4 * d->N * d->tp) +
-                coll(q, LOOM_COLL_ALLREDUCE, d->tp, 16 * d->N);
+        c.tp += coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, 4 * d->N * d->tp) +
+                coll(q, LOOM_COLL_ALLREDUCE, d->tp, 1, 16 * d->N);
     }
     return c;
 }
@@ -480,7 +497,8 @@ static void post_range(buckets *b, double t, size_t lo, size_t hi) {
     const size_t n = hi - lo, parts = (n + b->bucket - 1) / b->bucket;
     for (size_t k = parts; k-- > 0;) {
         const size_t a = lo + n * k / parts, e = lo + n * (k + 1) / parts;
-        const double ms = engine_coll(b->q, LOOM_COLL_ALLREDUCE, b->group, 4.0 * (double)(e - a));
+        const double ms =
+            engine_coll(b->q, LOOM_COLL_ALLREDUCE, b->group, b->q->tp, 4.0 * (double)(e - a));
         b->last_done = engine_post(b->e, t, ms);
         b->posted++;
     }
@@ -490,7 +508,7 @@ static void post_range(buckets *b, double t, size_t lo, size_t hi) {
 static void range_ready(buckets *b, double t, size_t lo, size_t hi) {
     const int first = hi == b->total;
     if (b->embed_rows && lo == 0) {
-        const double ms = engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group, b->rows_bytes);
+        const double ms = engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group, b->q->tp, b->rows_bytes);
         b->last_done = engine_post(b->e, t, ms);
         lo = b->wte_end;
     }
@@ -506,7 +524,7 @@ static void range_ready(buckets *b, double t, size_t lo, size_t hi) {
 
 static void gather(pricer *q, engine *e, int group, const double *bytes, double *done, int i,
                    double at) {
-    done[i] = engine_post(e, at, engine_coll(q, LOOM_COLL_ALLGATHER, group, bytes[i]));
+    done[i] = engine_post(e, at, engine_coll(q, LOOM_COLL_ALLGATHER, group, q->tp, bytes[i]));
 }
 
 static void ensure(const double *done, double *t, double *wait, int i) {
@@ -570,7 +588,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     int threads = place->threads > 0 ? place->threads : cores / ranks;
     if (threads < 1) threads = 1;
     const int cpu = loom_profile_memory_bytes(p, 2) < loom_profile_memory_bytes(p, 1);
-    pricer q = {p, threads, ranks, cores, cpu, LOOM_OK, err, 0};
+    pricer q = {p, threads, ranks, tp, cores, cpu, LOOM_OK, err, 0};
     if (tc->micro_batch < 1 || tc->global_batch % (tc->micro_batch * dp) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "plan: --global-batch %d is not a multiple of --micro-batch %d x "
@@ -775,7 +793,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         dur[LOOM_PP_F] = total(sum_f), dur[LOOM_PP_B] = total(sum_b), dur[LOOM_PP_W] = total(sum_w);
         /* each F and B sends its output to the next stage (the activations, the gradient) */
         const double msg = 4.0 * d.Ns * d.C;
-        const double send = coll(&q, LOOM_COLL_SENDRECV, 2, msg);
+        /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
+        const loom_placement pp_place = place_of(&q, pp, replicas * tp);
+        const double send = coll_placed(&q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
         dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
         double idle[LOOM_PP_MAX_STAGES];
         const double span1 = loom_pp_schedule_simulate(&sched, dur, idle, NULL);
@@ -833,20 +853,22 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                 const size_t lo = i == 0 ? 0 : table.blocks[i - 1].begin;
                 const size_t hi = i < L ? table.blocks[i].begin : table.total;
                 const double g =
-                    engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, 4.0 * (double)(hi - lo));
+                    engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, 4.0 * (double)(hi - lo));
                 P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
             }
         }
         /* GPT-2's tied embedding: the first and last stage swap its gradient */
-        if (d.gpt2) P.pp_send += coll(&q, LOOM_COLL_SENDRECV, 2, 4.0 * mc->vocab_size / tp * d.C);
+        if (d.gpt2)
+            P.pp_send +=
+                coll_placed(&q, LOOM_COLL_SENDRECV, 2, pp_place, 4.0 * mc->vocab_size / tp * d.C);
         /* the pipeline group's loss sum */
-        P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, 8);
+        P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, replicas * tp, 8);
     }
 
     /* sequence parallelism: each norm parameter's gradient summed over tp once final */
     for (int i = 0; d.sp && i < table.n_params; i++)
         if (table.params[i].sp_partial)
-            P.tp += coll(&q, LOOM_COLL_ALLREDUCE, tp, 4.0 * (double)table.params[i].numel);
+            P.tp += coll(&q, LOOM_COLL_ALLREDUCE, tp, 1, 4.0 * (double)table.params[i].numel);
 
     /* ---- after backward: the rest of the gradients' reduction ---- */
     double t = t_backward_end;
@@ -858,17 +880,17 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     } else if (ep_sync) {
         const size_t ex = expert_floats(&table), dense = table.total - ex;
         const int edp = replicas / ep;
-        P.ep_reduce = coll(&q, LOOM_COLL_ALLREDUCE, replicas, 4.0 * (double)dense) +
-                      coll(&q, LOOM_COLL_ALLREDUCE, edp, 4.0 * (double)ex);
+        P.ep_reduce = coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 4.0 * (double)dense) +
+                      coll(&q, LOOM_COLL_ALLREDUCE, edp, ep * tp, 4.0 * (double)ex);
     }
     (void)last_bwd_start;
     /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
     const size_t shard = zero >= 1 ? (table.total + replicas - 1) / replicas : table.total;
     /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
     const size_t owned = zero >= 2 ? shard : table.total;
-    P.norm = coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8) +
-             bytes_ms(&q, 4.0 * (double)owned) * share + coll(&q, LOOM_COLL_ALLREDUCE, world, 8);
-    if (mc->n_experts > 0) P.norm += coll(&q, LOOM_COLL_ALLREDUCE, replicas, 8.0 * (d.E + 4));
+    P.norm = coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 8) +
+             bytes_ms(&q, 4.0 * (double)owned) * share + coll(&q, LOOM_COLL_ALLREDUCE, world, 1, 8);
+    if (mc->n_experts > 0) P.norm += coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 8.0 * (d.E + 4));
     /* the step's start: the local gradients cleared (stages 0, 1: a memset; 2, 3: pages
      * handed back, zero-filled by the kernel as backward touches them again) */
     P.clear = memset_ms(&q, (double)table.total) * share;
@@ -884,7 +906,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         for (int i = 0; i < n_ranges; i++) {
             cum += g[i] / (4.0 * (double)table.total);
             at = P.optimizer * cum;
-            const double ms = engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, g[i]);
+            const double ms = engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, g[i]);
             free_at = (free_at > at ? free_at : at) + ms;
             const double use = start + need[i] + late;
             if (free_at > use) late += free_at - use;
@@ -892,7 +914,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         P.param_gather = n_ranges * loom_profile_engine_post_us(p) / 1e3;
         P.param_wait = late;
     } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
-        P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, 4.0 * (double)table.total);
+        P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, 4.0 * (double)table.total);
     }
     free(g), free(need);
 

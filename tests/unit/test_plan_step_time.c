@@ -419,6 +419,36 @@ static void test_cpu_sharing(void **state) {
 }
 
 /* A layout over two nodes on a profile without inter-node collectives. */
+/* A group is inside a node only when its ranks are: tensor parallelism is the mesh's
+ * fastest dimension, so with tp filling a node the replicas (stride tp) and the pipeline's
+ * neighbours (stride dp x tp) cross nodes even when there are only two of them. */
+static void test_group_placement(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, (int)(rnd() % 2), 256, 4, 128);
+    const int tp = 2 << (rnd() % 2); /* 2 or 4 */
+    layout(&tc, 2, tp, 1, 1, 2, 2);
+    const loom_plan_time apart = predict(&mc, &tc, gpu, tp);        /* one tp group per node */
+    const loom_plan_time together = predict(&mc, &tc, gpu, 2 * tp); /* the whole job */
+    /* the replicas' all-gather: the profile's inter-node entry (alpha x 4, bandwidth / 4) */
+    const double ratio = term_ms(&apart, "param gather") / term_ms(&together, "param gather");
+    if (fabs(ratio - 4.0) > 1e-6) fprintf(stderr, "tp %d: param gather ratio %g\n", tp, ratio);
+    assert_true(fabs(ratio - 4.0) < 1e-6);
+    /* tensor parallelism stays inside the node either way */
+    assert_true(term_ms(&apart, "tp comm") > 0);
+    assert_true(fabs(term_ms(&apart, "tp comm") - term_ms(&together, "tp comm")) <=
+                1e-9 * term_ms(&together, "tp comm"));
+    /* two pipeline stages of tp ranks each: neighbours on two nodes when a node holds tp */
+    layout(&tc, 1, tp, 2, 0, 2, 4);
+    const loom_plan_time pp_apart = predict(&mc, &tc, gpu, tp);
+    const loom_plan_time pp_together = predict(&mc, &tc, gpu, 2 * tp);
+    assert_true(term_ms(&pp_apart, "pp sends") > 3.0 * term_ms(&pp_together, "pp sends"));
+    assert_true(term_ms(&pp_together, "pp sends") > 0);
+    loom_profile_free(gpu);
+}
+
 static void test_missing_term_refused(void **state) {
     (void)state;
     profile_spec s = GPU;
@@ -449,6 +479,7 @@ int main(void) {
         cmocka_unit_test(test_zero_and_buckets),
         cmocka_unit_test(test_recompute_and_gathers),
         cmocka_unit_test(test_cpu_sharing),
+        cmocka_unit_test(test_group_placement),
         cmocka_unit_test(test_missing_term_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
