@@ -586,6 +586,11 @@ static const compute_entry *entry_for(const loom_profile *p, int threads) {
     return best ? best : fewest;
 }
 
+double loom_profile_gemm_peak_gflops(const loom_profile *p, loom_gemm_op op, int threads) {
+    if (!p || op < 0 || op >= LOOM_GEMM_OPS) return 0;
+    return entry_for(p, threads)->gemm[op].peak_gflops;
+}
+
 /* Index i and weight w of x between axis[i] and axis[i+1] in log space; w may fall outside
  * [0, 1] (extrapolation along the edge segment) when allowed. n == 1: i = 0, w = 0. */
 static void bracket(const double *axis, int n, double x, int *i, double *w) {

@@ -97,6 +97,9 @@ int loom_profile_devices_per_node(const loom_profile *p);
  * threads <= threads (the fewest if none is), so a GPU profile's single entry serves all. */
 loom_status loom_profile_gemm_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
                                  double K, int threads, double *ms, loom_error *err);
+/* The GEMM's peak rate, GFLOP/s (its `peak_gflops`: a datasheet's dense peak in a published
+ * profile, the fitted asymptotic rate in a measured one), before `efficiency`. */
+double loom_profile_gemm_peak_gflops(const loom_profile *p, loom_gemm_op op, int threads);
 /* heads = B*H (samples x query heads) of length T, head width hd. */
 loom_status loom_profile_attention_ms(const loom_profile *p, loom_attention_kind k, double heads,
                                       double T, double hd, int threads, double *ms,

@@ -970,14 +970,10 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     }
     out->model_flops =
         tokens * (6.0 * n_params + 12.0 * mc->n_layer * (double)mc->d_model * mc->seq_len);
-    double peak_ms = 0;
-    if (loom_profile_gemm_ms(p, LOOM_GEMM_NT, 4096, 4096, 4096, threads, &peak_ms, err) ==
-            LOOM_OK &&
-        peak_ms > 0 && step > 0) {
-        /* flop/s per rank: on a CPU node its share of the cores (8 ranks on 2 cores: a
-         * quarter of one thread's rate) */
-        const double peak = 2.0 * 4096 * 4096 * 4096 / (peak_ms * 1e-3) / share;
-        out->mfu = out->model_flops / (step * 1e-3 * world * peak);
-    }
+    /* MFU as the papers define it: against the peak (the datasheet's in a published
+     * profile), not the rate GEMMs achieve. Per rank on a CPU node: its share of the cores
+     * (8 ranks on 2 cores: a quarter of one thread's peak). */
+    const double peak = loom_profile_gemm_peak_gflops(p, LOOM_GEMM_NT, threads) * 1e9 / share;
+    if (peak > 0 && step > 0) out->mfu = out->model_flops / (step * 1e-3 * world * peak);
     return LOOM_OK;
 }

@@ -16,6 +16,7 @@
 #include "core/fault.h"
 #include "core/progress.h"
 #include "ft/beat.h"
+#include "ft/detect.h"
 #include "ft/launch_argv.h"
 #include "ft/monitor.h"
 #include "ft/slurm.h"
@@ -373,6 +374,308 @@ static void test_slurm_list(void **state) {
     assert_false(loom_slurm_list_has(NULL, "vm"));
 }
 
+static double urand(double lo, double hi) { /* uniform in [lo, hi) */
+    return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(const double *v, int n) {
+    double s[64];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_dbl);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* A monitor built by hand for the detection rules: n_hosts hosts "loomh<h>" (beats from
+ * 10.0.0.<h+1>), 1-4 ranks each, spread over the world at random (host_of[r]); every rank
+ * seen at now_ms, training (phase forward, random steps done). */
+static int fake_monitor(loom_monitor *m, int n_hosts, int *host_of, double now_ms) {
+    memset(m, 0, sizeof *m);
+    int world = 0;
+    for (int h = 0; h < n_hosts; h++)
+        for (int k = 1 + (int)(rnd() % 4); k > 0; k--) host_of[world++] = h;
+    for (int i = world - 1; i > 0; i--) { /* shuffle: hosts' ranks need not be contiguous */
+        const int j = (int)(rnd() % (uint64_t)(i + 1)), t = host_of[i];
+        host_of[i] = host_of[j];
+        host_of[j] = t;
+    }
+    m->world = world;
+    m->ranks = calloc((size_t)world, sizeof *m->ranks);
+    assert_non_null(m->ranks);
+    for (int r = 0; r < world; r++) {
+        loom_rank_state *s = &m->ranks[r];
+        s->seen = 1;
+        s->last_beat_ms = now_ms;
+        s->beat.rank = r;
+        s->beat.world = world;
+        s->beat.pid = 1000 + r;
+        s->beat.phase = LOOM_PHASE_FORWARD;
+        s->beat.steps_done = 10 + (int64_t)(rnd() % 1000);
+        snprintf(s->beat.host, sizeof s->beat.host, "loomh%d", host_of[r]);
+        snprintf(s->from, sizeof s->from, "10.0.0.%d", host_of[r] + 1);
+    }
+    return world;
+}
+
+/* The ranks of host h in order; their count. */
+static int ranks_on(const int *host_of, int world, int h, int *ranks) {
+    int n = 0;
+    for (int r = 0; r < world; r++)
+        if (host_of[r] == h) ranks[n++] = r;
+    return n;
+}
+
+/* f names host h as cut off: kind, host, its ranks as culprits, the job's next step. */
+static void assert_partition_of(const loom_monitor *m, const loom_failure *f, const int *host_of,
+                                int h) {
+    int ranks[64];
+    const int n = ranks_on(host_of, m->world, h, ranks);
+    char want[64];
+    snprintf(want, sizeof want, "loomh%d", h);
+    assert_int_equal(f->kind, LOOM_FAIL_PARTITION);
+    assert_string_equal(loom_fail_kind_name(f->kind), "partition");
+    assert_string_equal(f->host, want);
+    assert_int_equal(f->rank, ranks[0]);
+    assert_int_equal(f->n_culprits, n);
+    for (int i = 0; i < n; i++) assert_int_equal(f->culprits[i], ranks[i]);
+    assert_int_equal(f->step, loom_monitor_step(m) + 1);
+    assert_non_null(strstr(f->detail, want));
+    assert_non_null(strstr(f->detail, "cut off"));
+}
+
+/* The partition rule: one host's ranks all silent (one for the full timeout, the others
+ * for half of it) while another host is heard, or has finished, is that host cut off;
+ * no partition while every host is heard, or while two hosts are silent. */
+static void test_detect_partition(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 200; trial++) {
+        const int n_hosts = 2 + (int)(rnd() % 3);
+        const double now = 1e6 + urand(0, 1e6), silent = urand(500, 20000);
+        int host_of[64];
+        loom_monitor m;
+        const int world = fake_monitor(&m, n_hosts, host_of, now);
+        const int v = (int)(rnd() % (unsigned)n_hosts);
+        int vr[64];
+        const int nv = ranks_on(host_of, world, v, vr);
+        loom_failure f;
+        /* (c) every host heard within half the timeout: nothing */
+        for (int r = 0; r < world; r++) m.ranks[r].last_beat_ms = now - urand(0, 0.49 * silent);
+        assert_int_equal(loom_detect_partition(&m, now, silent, &f), 0);
+        /* the victim's ranks silent for half the timeout, none for all of it: not yet */
+        for (int i = 0; i < nv; i++)
+            m.ranks[vr[i]].last_beat_ms = now - urand(0.5 * silent, 0.99 * silent);
+        assert_int_equal(loom_detect_partition(&m, now, silent, &f), 0);
+        /* (a) one of them silent for the full timeout: the victim's host is cut off */
+        const int loud = vr[rnd() % (unsigned)nv];
+        m.ranks[loud].last_beat_ms = now - silent - urand(0, 5 * silent);
+        assert_int_equal(loom_detect_partition(&m, now, silent, &f), 1);
+        assert_partition_of(&m, &f, host_of, v);
+        /* ... but not while another of its ranks is still heard */
+        const int other = vr[0] == loud && nv > 1 ? vr[1] : vr[0];
+        if (other != loud) {
+            const double was = m.ranks[other].last_beat_ms;
+            m.ranks[other].last_beat_ms = now - urand(0, 0.49 * silent);
+            assert_int_equal(loom_detect_partition(&m, now, silent, &f), 0);
+            m.ranks[other].last_beat_ms = was;
+        }
+        /* two hosts silent: no single host to blame */
+        if (n_hosts >= 3) {
+            loom_monitor two = m;
+            two.ranks = calloc((size_t)world, sizeof *two.ranks);
+            assert_non_null(two.ranks);
+            memcpy(two.ranks, m.ranks, (size_t)world * sizeof *m.ranks);
+            const int w = (v + 1) % n_hosts;
+            for (int r = 0; r < world; r++)
+                if (host_of[r] == w) two.ranks[r].last_beat_ms = now - silent - urand(0, silent);
+            assert_int_equal(loom_detect_partition(&two, now, silent, &f), 0);
+            free(two.ranks);
+        }
+        /* (b) every rank of the other hosts finished (silent by design, long ago): still a
+         * partition of the victim's host */
+        for (int r = 0; r < world; r++)
+            if (host_of[r] != v) {
+                m.ranks[r].beat.phase = LOOM_PHASE_DONE;
+                m.ranks[r].last_beat_ms = now - silent - urand(0, 10 * silent);
+            }
+        memset(&f, 0, sizeof f);
+        assert_int_equal(loom_detect_partition(&m, now, silent, &f), 1);
+        assert_partition_of(&m, &f, host_of, v);
+        /* a finished rank on the victim's host is skipped too (heard or not) */
+        if (other != loud) {
+            m.ranks[other].beat.phase = LOOM_PHASE_DONE;
+            m.ranks[other].last_beat_ms = now - urand(0, 0.49 * silent);
+            assert_int_equal(loom_detect_partition(&m, now, silent, &f), 1);
+            assert_partition_of(&m, &f, host_of, v);
+        }
+        /* a rank never heard of: start-up, judged by the silence rules */
+        m.ranks[rnd() % (unsigned)world].seen = 0;
+        assert_int_equal(loom_detect_partition(&m, now, silent, &f), 0);
+        free(m.ranks);
+    }
+}
+
+/* The host of a rank taken as cut off: filled as a partition of that host; a rank never
+ * heard of (or out of range) gives nothing. */
+static void test_detect_host_cut(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 100; trial++) {
+        const int n_hosts = 1 + (int)(rnd() % 4);
+        const double now = 1e6 + urand(0, 1e6);
+        int host_of[64];
+        loom_monitor m;
+        const int world = fake_monitor(&m, n_hosts, host_of, now);
+        for (int r = 0; r < world; r++) m.ranks[r].last_beat_ms = now - urand(0, 30000);
+        const int rank = (int)(rnd() % (unsigned)world);
+        loom_failure f;
+        assert_int_equal(loom_detect_host_cut(&m, rank, now, &f), 1);
+        assert_partition_of(&m, &f, host_of, host_of[rank]);
+        assert_int_equal(loom_detect_host_cut(&m, -1, now, &f), 0);
+        assert_int_equal(loom_detect_host_cut(&m, world, now, &f), 0);
+        m.ranks[rank].seen = 0;
+        f.kind = LOOM_FAIL_NONE;
+        assert_int_equal(loom_detect_host_cut(&m, rank, now, &f), 0);
+        assert_int_equal(f.kind, LOOM_FAIL_NONE);
+        free(m.ranks);
+    }
+}
+
+/* Probe samples, n_total written into the ring: the last LOOM_LINK_WINDOW from [lo, hi)
+ * (with a few outliers 100x hi when spikes), the older ones 1000 ms (outside the window,
+ * never judged); their median into *med. */
+static void fill_probe(loom_link_probe *p, int h, int n_total, double lo, double hi, int spikes,
+                       double *med) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->addr, sizeof p->addr, "10.0.0.%d", h + 1);
+    snprintf(p->host, sizeof p->host, "loomh%d", h);
+    double win[LOOM_LINK_WINDOW];
+    for (int k = 0; k < n_total; k++) {
+        double v = 1000.0;
+        if (k >= n_total - LOOM_LINK_WINDOW) {
+            v = urand(lo, hi);
+            if (spikes && rnd() % 8 == 0 && (k - (n_total - LOOM_LINK_WINDOW)) % 5 == 0)
+                v = 100 * hi;
+            win[k - (n_total - LOOM_LINK_WINDOW)] = v;
+        }
+        p->rtt_ms[k % LOOM_LINK_SAMPLES] = v;
+    }
+    p->n = n_total;
+    if (med) *med = n_total >= LOOM_LINK_WINDOW ? median_of(win, LOOM_LINK_WINDOW) : NAN;
+}
+
+/* Per-step waiting and computing of every rank: the newest 4 steps from the given ranges,
+ * the older ones the other way round (never judged). */
+static void fill_steps(loom_monitor *m, double blk_lo, double blk_hi, double cmp_lo,
+                       double cmp_hi) {
+    for (int r = 0; r < m->world; r++) {
+        loom_rank_state *s = &m->ranks[r];
+        s->hist_n = 4 + (int)(rnd() % 60);
+        for (int k = 0; k < s->hist_n; k++) {
+            const int i = k % LOOM_MONITOR_HISTORY, recent = k >= s->hist_n - 4;
+            s->hist_step[i] = k + 1;
+            s->hist_blocked[i] = recent ? urand(blk_lo, blk_hi) : urand(cmp_lo, cmp_hi);
+            s->hist_compute[i] = recent ? urand(cmp_lo, cmp_hi) : urand(blk_lo, blk_hi);
+        }
+    }
+}
+
+/* The slow-link rule: one host whose median round trip is >= 5 ms and >= factor x every
+ * other probed host's (floor 0.5 ms) while the ranks wait more than they compute is
+ * named once; one probed host alone, all hosts alike, or ranks that compute more than
+ * they wait: nothing. */
+static void test_detect_slow_link(void **state) {
+    (void)state;
+    const int W = LOOM_LINK_WINDOW;
+    for (int trial = 0; trial < 200; trial++) {
+        const int n_hosts = 3;
+        const double now = 1e6, factor = urand(2.5, 10);
+        int host_of[64];
+        loom_monitor m;
+        const int world = fake_monitor(&m, n_hosts, host_of, now);
+        const int by_name = rnd() % 2; /* beats without an address: found by host name */
+        if (by_name)
+            for (int r = 0; r < world; r++) m.ranks[r].from[0] = 0;
+        fill_steps(&m, 20, 100, 1, 19);
+        const int slow = (int)(rnd() % n_hosts);
+        loom_link_probe p[3];
+        double med[3], others = 0;
+        for (int h = 0; h < n_hosts; h++) {
+            const int n = W + (int)(rnd() % (3 * LOOM_LINK_SAMPLES));
+            if (h == slow)
+                fill_probe(&p[h], h, n, 2.4 * factor + 5, 2.4 * factor + 60, 0, &med[h]);
+            else
+                fill_probe(&p[h], h, n, 0.05, 2.0, 1, &med[h]);
+            if (h != slow && med[h] > others) others = med[h];
+        }
+        loom_slow_link out;
+        /* one slow host among three: named, with its ranks */
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, factor, &out), 1);
+        char want[64], ranks[256] = "";
+        snprintf(want, sizeof want, "loomh%d", slow);
+        assert_string_equal(out.host, want);
+        assert_string_equal(out.addr, p[slow].addr);
+        int vr[64], len = 0;
+        const int nv = ranks_on(host_of, world, slow, vr);
+        for (int i = 0; i < nv; i++)
+            len += snprintf(ranks + len, sizeof ranks - len, "%s%d", i ? "," : "", vr[i]);
+        assert_string_equal(out.ranks, ranks);
+        assert_null(strstr(out.others, want));
+        for (int h = 0; h < n_hosts; h++) {
+            char name[64];
+            snprintf(name, sizeof name, "loomh%d", h);
+            if (h != slow) assert_non_null(strstr(out.others, name));
+        }
+        assert_true(fabs(out.rtt_ms - med[slow]) < 1e-9);
+        assert_true(fabs(out.others_rtt_ms - others) < 1e-9);
+        assert_true(out.blocked_ms > out.compute_ms);
+        assert_true(out.blocked_ms >= 20 && out.blocked_ms < 100);
+        assert_true(out.compute_ms >= 1 && out.compute_ms < 19);
+        for (int h = 0; h < n_hosts; h++) assert_int_equal(p[h].reported, h == slow);
+        /* named once per attempt */
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, factor, &out), 0);
+        p[slow].reported = 0;
+        /* only one probed host (the others alone, or with too few samples): nothing */
+        assert_int_equal(loom_detect_slow_link(&m, &p[slow], 1, factor, &out), 0);
+        loom_link_probe few[3];
+        memcpy(few, p, sizeof few);
+        for (int h = 0; h < n_hosts; h++)
+            if (h != slow) few[h].n = (int)(rnd() % (unsigned)W);
+        assert_int_equal(loom_detect_slow_link(&m, few, n_hosts, factor, &out), 0);
+        assert_int_equal(few[slow].reported, 0);
+        /* slow round trips, but the ranks compute more than they wait: nothing */
+        fill_steps(&m, 1, 19, 20, 100);
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, factor, &out), 0);
+        assert_int_equal(p[slow].reported, 0);
+        fill_steps(&m, 20, 100, 1, 19);
+        /* below 5 ms: no slow link, however fast the others */
+        fill_probe(&p[slow], slow, W + (int)(rnd() % 40), 3.0, 4.9, 0, NULL);
+        for (int h = 0; h < n_hosts; h++)
+            if (h != slow) fill_probe(&p[h], h, W + (int)(rnd() % 40), 0.01, 0.1, 0, NULL);
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, factor, &out), 0);
+        /* the others' floor of 0.5 ms: against hosts at 0.01-0.1 ms, a big factor wants
+         * factor x 0.5 ms, not factor x their round trip */
+        const double big = urand(12, 40);
+        fill_probe(&p[slow], slow, W + (int)(rnd() % 40), 5.5, 0.5 * big * 0.95, 0, NULL);
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, big, &out), 0);
+        fill_probe(&p[slow], slow, W + (int)(rnd() % 40), 0.5 * big * 1.05, 0.5 * big * 3, 0,
+                   &med[slow]);
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, big, &out), 1);
+        assert_string_equal(out.host, want);
+        assert_true(fabs(out.rtt_ms - med[slow]) < 1e-9);
+        p[slow].reported = 0;
+        /* every host alike slow (within a factor < factor): nothing */
+        const double lo = urand(5, 50);
+        for (int h = 0; h < n_hosts; h++)
+            fill_probe(&p[h], h, W + (int)(rnd() % 40), lo, 2 * lo, 0, NULL);
+        assert_int_equal(loom_detect_slow_link(&m, p, n_hosts, factor, &out), 0);
+        for (int h = 0; h < n_hosts; h++) assert_int_equal(p[h].reported, 0);
+        free(m.ranks);
+    }
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -387,6 +690,9 @@ int main(void) {
         cmocka_unit_test(test_batch_skip),
         cmocka_unit_test(test_launch_cmd),
         cmocka_unit_test(test_slurm_list),
+        cmocka_unit_test(test_detect_partition),
+        cmocka_unit_test(test_detect_host_cut),
+        cmocka_unit_test(test_detect_slow_link),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
