@@ -50,6 +50,7 @@ struct loom_profile {
     int n_coll;
     collective_entry *coll;
     double engine_cpu_us, engine_cpu_us_per_mib, engine_post_us;
+    double refault_gbps; /* 0: pages handed back cost nothing to touch again */
 };
 
 static const char *gemm_names[LOOM_GEMM_OPS] = {"nt", "nn", "tn"};
@@ -422,6 +423,8 @@ static loom_status parse_root(ctx *c, const json_t *root, loom_profile *p) {
     if (shared && !json_is_boolean(shared))
         return bad(c, "machine.memory_shared", "expected true or false");
     p->memory_shared = shared && json_is_true(shared);
+    st = get_number(c, machine, "refault_gbps", "machine", 0, 0.0, &p->refault_gbps);
+    if (st) return st;
 
     const json_t *compute = json_object_get(root, "compute");
     if (!compute) return bad(c, "compute", "missing");
@@ -570,6 +573,10 @@ int loom_profile_devices_per_node(const loom_profile *p) {
 double loom_profile_engine_cpu_us(const loom_profile *p, double bytes) {
     return p->engine_cpu_us + (bytes > 0 ? bytes / 1048576.0 * p->engine_cpu_us_per_mib : 0);
 }
+double loom_profile_refault_ms(const loom_profile *p, double bytes) {
+    return p->refault_gbps > 0 && bytes > 0 ? bytes / (p->refault_gbps * 1e6) : 0;
+}
+
 double loom_profile_engine_post_us(const loom_profile *p) {
     return p->engine_post_us;
 }

@@ -117,5 +117,8 @@ loom_status loom_profile_collective_ms(const loom_profile *p, loom_collective_ki
  * compute thread's time to post one, microseconds. */
 double loom_profile_engine_cpu_us(const loom_profile *p, double bytes);
 double loom_profile_engine_post_us(const loom_profile *p);
+/* Milliseconds to write `bytes` into pages handed back to the kernel (MADV_DONTNEED) and
+ * faulted in again, zero-filled (machine.refault_gbps; 0 ms when the profile has none). */
+double loom_profile_refault_ms(const loom_profile *p, double bytes);
 
 #endif

@@ -73,6 +73,8 @@ static void cite(json_t *v, int root) {
     }
 }
 
+static double g_refault_gbps; /* machine.refault_gbps of the next profile (0: none) */
+
 static loom_profile *make_profile(const profile_spec *s, const char *name) {
     json_t *coll = json_array();
     for (int k = 0; k < LOOM_COLL_KINDS; k++)
@@ -97,6 +99,9 @@ static loom_profile *make_profile(const profile_spec *s, const char *name) {
                   "machine", "description", "a test machine", "memory_gib", 64.0, "memory_shared",
                   s->shared, "devices_per_node", s->devices, "compute", compute, "collectives",
                   coll, "engine", "cpu_us_per_op", 20.0, "cpu_us_per_mib", 100.0, "post_us", 1.0);
+    if (g_refault_gbps > 0)
+        json_object_set_new(json_object_get(root, "machine"), "refault_gbps",
+                            json_real(g_refault_gbps));
     if (s->published) {
         json_object_set_new(root, "source", json_string("published"));
         cite(root, 1);
@@ -428,6 +433,7 @@ static void test_group_placement(void **state) {
     loom_model_config mc;
     loom_train_config tc;
     small_model(&mc, (int)(rnd() % 2), 256, 4, 128);
+    mc.n_kv_head = mc.n_head;        /* tp 4 splits the key/value heads too */
     const int tp = 2 << (rnd() % 2); /* 2 or 4 */
     layout(&tc, 2, tp, 1, 1, 2, 2);
     const loom_plan_time apart = predict(&mc, &tc, gpu, tp);        /* one tp group per node */
@@ -447,6 +453,37 @@ static void test_group_placement(void **state) {
     assert_true(term_ms(&pp_apart, "pp sends") > 3.0 * term_ms(&pp_together, "pp sends"));
     assert_true(term_ms(&pp_together, "pp sends") > 0);
     loom_profile_free(gpu);
+}
+
+/* Pages handed back to the kernel cost their fault again: ZeRO-3's gathered blocks at
+ * every gather (slower faults, a slower step); ZeRO-1 and 2 are not priced with it (their
+ * gradients come back as whole huge pages, priced as the memset). */
+static void test_refault(void **state) {
+    (void)state;
+    const double gbps = 0.05 + (double)(rnd() % 100) / 200.0;
+    loom_profile *none = make_profile(&GPU, "gpu.json");
+    g_refault_gbps = gbps;
+    loom_profile *slow = make_profile(&GPU, "gpu_refault.json");
+    g_refault_gbps = 2 * gbps;
+    loom_profile *fast = make_profile(&GPU, "gpu_refault2.json");
+    g_refault_gbps = 0;
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, (int)(rnd() % 2), 128, 4, 64);
+    layout(&tc, 4, 1, 1, 1, 2, 2);
+    for (int zero = 1; zero <= 2; zero++) {
+        tc.zero = zero;
+        assert_true(fabs(predict(&mc, &tc, slow, 4).step_ms - predict(&mc, &tc, none, 4).step_ms) <
+                    1e-9);
+    }
+    tc.zero = 3;
+    const double t_none = predict(&mc, &tc, none, 4).step_ms;
+    const double t_fast = predict(&mc, &tc, fast, 4).step_ms;
+    const double t_slow = predict(&mc, &tc, slow, 4).step_ms;
+    if (!(t_none < t_fast && t_fast < t_slow))
+        fprintf(stderr, "refault %g GB/s: %g / %g / %g ms\n", gbps, t_none, t_fast, t_slow);
+    assert_true(t_none < t_fast && t_fast < t_slow);
+    loom_profile_free(none), loom_profile_free(slow), loom_profile_free(fast);
 }
 
 static void test_missing_term_refused(void **state) {
@@ -480,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_recompute_and_gathers),
         cmocka_unit_test(test_cpu_sharing),
         cmocka_unit_test(test_group_placement),
+        cmocka_unit_test(test_refault),
         cmocka_unit_test(test_missing_term_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
