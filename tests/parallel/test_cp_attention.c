@@ -153,10 +153,17 @@ static void run_case(loom_comm *world, const cp_case *c, uint64_t tag) {
     OK(loom_cp_attention_backward(&cp, dq3, ldout, lqkv, out2, lse2));
     CHECK(memcmp(dqkv, dq3, Nl * R * 4) == 0, "%s: a second backward differs bitwise", name);
     OK(loom_cp_attention_backward(&cp, dq2, ldout, lqkv, out2, lse2));
+    /* The tolerance's scale is the tensor's largest gradient, not this element's: a
+     * key/value element sums many heads' and ring steps' partial products in fp32 (in
+     * another order than base + dqkv), and those can be larger than their sum (seed
+     * 33977016187: 4.1e-9 off at |base| + |dqkv| = 4.0e-3). Overwriting instead of adding
+     * would be off by |base|, uniform in [-1, 1). */
+    double dq_max = 0;
+    for (size_t i = 0; i < Nl * R; i++) dq_max = fmax(dq_max, fabs(dqkv[i]));
     size_t bad_acc = 0;
     for (size_t i = 0; i < Nl * R; i++) {
         double want = (double)base[i] + dqkv[i];
-        if (!(fabs(dq2[i] - want) <= 1e-6 * (fabs(base[i]) + fabs(dqkv[i])) + 1e-12)) bad_acc++;
+        if (!(fabs(dq2[i] - want) <= 1e-6 * (fabs(base[i]) + dq_max) + 1e-12)) bad_acc++;
     }
     CHECK(bad_acc == 0, "%s: backward does not add to dqkv (%zu elements)", name, bad_acc);
     CHECK(cp.compute_ms > c0, "%s: compute_ms did not grow (%g -> %g)", name, c0, cp.compute_ms);
