@@ -108,9 +108,9 @@ static json_t *points_json(const double *x, const double *t, int n) {
  * CPU's last-level cache): every call takes the next slot, so its operands come from
  * memory as in a step, where each layer's weights and activations are other memory than
  * the previous GEMM's. Repeating one GEMM on the same hot operands overrated the step's
- * GEMMs (docs/PLAN.md, "Measured"): one thread's rates fell from 106-114 to 90-117 GFLOP/s
- * with cold operands, and a 1-thread GPT-2 step's predicted compute went from 18% under the
- * measured to 1.5%. */
+ * GEMMs (docs/PLAN.md, "Measured"): the fitted 1-thread peaks went from 108/106/114
+ * (nt/nn/tn) to 100/90/117 GFLOP/s with cold operands, and a 1-thread GPT-2 step's
+ * predicted compute from 18% under the measured to 1.5%. */
 #define GEMM_POOL_FLOATS ((size_t)16 << 20)
 
 typedef struct {
