@@ -522,14 +522,17 @@ static void range_ready(buckets *b, double t, size_t lo, size_t hi) {
 
 /* ---- ZeRO-3's all-gathers (parallel/fsdp.c): range i posted at `at`, waited for ---- */
 
+/* One range's all-gather over the replicas, into pages released after their last use:
+ * the copy faults them in again (on the engine thread: its CPU counted). */
+static double gather_ms(pricer *q, int group, double bytes) {
+    const double refault = loom_profile_refault_ms(q->p, bytes);
+    q->engine_us += 1e3 * refault;
+    return engine_coll(q, LOOM_COLL_ALLGATHER, group, q->tp, bytes) + refault;
+}
+
 static void gather(pricer *q, engine *e, int group, const double *bytes, double *done, int i,
                    double at) {
-    /* into pages released after their last use: the copy faults them in again (the
-     * engine thread's CPU) */
-    const double refault = loom_profile_refault_ms(q->p, bytes[i]);
-    q->engine_us += 1e3 * refault;
-    done[i] =
-        engine_post(e, at, engine_coll(q, LOOM_COLL_ALLGATHER, group, q->tp, bytes[i]) + refault);
+    done[i] = engine_post(e, at, gather_ms(q, group, bytes[i]));
 }
 
 static void ensure(const double *done, double *t, double *wait, int i) {
@@ -857,11 +860,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
             for (int i = 0; i <= L; i++) {
                 const size_t lo = i == 0 ? 0 : table.blocks[i - 1].begin;
                 const size_t hi = i < L ? table.blocks[i].begin : table.total;
-                const double bytes = 4.0 * (double)(hi - lo),
-                             refault = loom_profile_refault_ms(p, bytes);
-                q.engine_us += 1e3 * refault;
-                const double g =
-                    engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, bytes) + refault;
+                const double g = gather_ms(&q, replicas, 4.0 * (double)(hi - lo));
                 P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
             }
         }
