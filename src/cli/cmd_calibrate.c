@@ -17,6 +17,7 @@
 #include "comm/world.h"
 #include "core/clock.h"
 #include "core/cpu_boot.h"
+#include "core/median.h"
 #include "core/version.h"
 #include "kernels/backend.h"
 #include "parallel/zero.h"
@@ -688,11 +689,12 @@ static int launch_worker(int G, int quick, const char *path) {
     return 0;
 }
 
-/* GB/s of touching pages handed back to the kernel: ZeRO-2/3 hand back the local gradients'
- * pages and ZeRO-3 each gathered block's (loom_zero_release_pages), and the step faults
- * them in again, zero-filled. Released 1 MiB at a time as ZeRO-3 releases block by block,
- * which splits the huge pages (so the faults are 4 KiB ones), then one float written per
- * 4 KiB page; the median of 7 rounds (faults vary with the host's memory). */
+/* GB/s of touching pages handed back to the kernel: ZeRO-3 hands back each gathered
+ * block's pages after its use (loom_zero_release_pages) and the next gather faults them in
+ * again, zero-filled (plan/step_time.c prices that). Released 1 MiB at a time as ZeRO-3
+ * releases block by block, which splits the huge pages (so the faults are 4 KiB ones),
+ * then one float written per 4 KiB page; the median of 7 rounds (faults vary with the
+ * host's memory). */
 static double measure_refault_gbps(void) {
     const size_t bytes = (size_t)32 << 20, piece = (size_t)1 << 20;
     float *buf = loom_zero_map_huge(bytes);
@@ -707,12 +709,8 @@ static double measure_refault_gbps(void) {
         t[r] = loom_now_ms() - t0;
     }
     munmap(buf, bytes);
-    for (int i = 1; i < 7; i++) /* insertion sort: the median */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            const double x = t[j];
-            t[j] = t[j - 1], t[j - 1] = x;
-        }
-    return t[3] > 0 ? (double)bytes / (t[3] * 1e6) : 0;
+    const double ms = loom_median(t, 7);
+    return ms > 0 ? (double)bytes / (ms * 1e6) : 0;
 }
 
 static json_t *machine_json(int quick) {

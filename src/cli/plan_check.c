@@ -10,6 +10,7 @@
 #include "cli/plan_html.h"
 #include "cli/plan_report.h"
 #include "cli/train_options.h"
+#include "core/median.h"
 #include "plan/plan.h"
 
 #define MAX_WORDS 512
@@ -71,15 +72,6 @@ static loom_status read_command(command *c, const char *path, loom_error *err) {
     return LOOM_OK;
 }
 
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0;
-}
-
 /* The measured medians over the steps after the first two (their start-up costs):
  * step_ms and each KEYS[k] (has[k] 0 when the metrics do not carry it). */
 static loom_status read_metrics(const char *path, double *step_ms, double *keys, int *has,
@@ -137,8 +129,8 @@ static loom_status read_metrics(const char *path, double *step_ms, double *keys,
                             "are skipped)",
                             path, lines);
     if (!st) {
-        *step_ms = median(v[N_KEYS], n);
-        for (int k = 0; k < N_KEYS; k++) keys[k] = has[k] ? median(v[k], n) : 0;
+        *step_ms = loom_median(v[N_KEYS], n);
+        for (int k = 0; k < N_KEYS; k++) keys[k] = has[k] ? loom_median(v[k], n) : 0;
         *steps = n;
     }
     for (int k = 0; k <= N_KEYS; k++) free(v[k]);

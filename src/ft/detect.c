@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/median.h"
 #include "ft/launch.h"
 
 static const char *KINDS[LOOM_FAIL_KIND_COUNT] = {
@@ -227,16 +228,6 @@ int loom_detect_stall(const loom_monitor *m, double now_ms, double timeout_ms, l
     return 1;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *f) {
     const int64_t s = f->step;
     f->n_culprits = 0;
@@ -253,7 +244,7 @@ int loom_detect_spike_ranks(const loom_monitor *m, double factor, loom_failure *
                 prev[n++] = rs->hist_local_loss[k];
         }
         if (!isfinite(own) || n < 5) continue;
-        double base = median(prev, n);
+        double base = loom_median(prev, n);
         if (!(base > 0) || !(own > factor * base) || f->n_culprits == LOOM_FAIL_LIST) continue;
         int i = f->n_culprits++;
         for (; i > 0 && ratio[i - 1] < own / base; i--) { /* insertion: largest first */
@@ -286,7 +277,7 @@ int loom_detect_loss_spike(const loom_monitor *m, double factor, int64_t from, i
         for (int64_t k = s - 1; k >= 1 && k >= s - 10; k--)
             if (isfinite(m->loss[k])) prev[n++] = m->loss[k];
         int bad = !isfinite(loss);
-        double base = n ? median(prev, n) : NAN;
+        double base = n ? loom_median(prev, n) : NAN;
         if (!bad && factor > 0 && n >= 5 && loss > factor * base) bad = 1;
         if (!bad) continue;
         memset(f, 0, sizeof *f);
@@ -318,8 +309,8 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
             v[i] = s->hist_compute[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
             b[i] = s->hist_blocked[(s->hist_n - 1 - i) % LOOM_MONITOR_HISTORY];
         }
-        med[r] = median(v, W);
-        blk[r] = median(b, W);
+        med[r] = loom_median(v, W);
+        blk[r] = loom_median(b, W);
         have++;
     }
     int found = 0;
@@ -336,7 +327,7 @@ int loom_detect_stragglers(loom_monitor *m, double factor, loom_straggler *out, 
                 others_blk[n] = blk[q];
                 others[n++] = med[q];
             }
-        double base = median(others, n), base_blk = median(others_blk, n);
+        double base = loom_median(others, n), base_blk = loom_median(others_blk, n);
         /* A floor of 2 ms keeps scheduler noise on tiny steps from counting. */
         /* Out of line for W steps, counted in steps, not in checks: the supervisor
          * checks when every rank has reported a new step, which can be every few
@@ -624,7 +615,7 @@ int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, doub
         if (p[i].n < W) continue;
         double v[W];
         for (int k = 0; k < W; k++) v[k] = p[i].rtt_ms[(p[i].n - 1 - k) % LOOM_LINK_SAMPLES];
-        med[i] = median(v, W);
+        med[i] = loom_median(v, W);
         if (worst < 0 || med[i] > med[worst]) worst = i;
     }
     if (worst < 0 || p[worst].reported || med[worst] < 5.0) return 0;
@@ -643,11 +634,11 @@ int loom_detect_slow_link(const loom_monitor *m, loom_link_probe *p, int n, doub
             b[k] = s->hist_blocked[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
             c[k] = s->hist_compute[(s->hist_n - 1 - k) % LOOM_MONITOR_HISTORY];
         }
-        blk[have] = median(b, STEPS);
-        cmp[have++] = median(c, STEPS);
+        blk[have] = loom_median(b, STEPS);
+        cmp[have++] = loom_median(c, STEPS);
     }
     if (!have) return 0;
-    const double blocked = median(blk, have), compute = median(cmp, have);
+    const double blocked = loom_median(blk, have), compute = loom_median(cmp, have);
     if (!(blocked > compute)) return 0;
     int ranks[LOOM_FAIL_LIST];
     int nr = loom_detect_host_ranks(m, p[worst].addr, ranks, LOOM_FAIL_LIST);
