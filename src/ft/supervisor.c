@@ -263,31 +263,6 @@ static void spike_ranks(sup *s, loom_failure *f) {
     loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
 }
 
-/* A lost or cut-off host answers on the network again: a TCP connection to its address
- * (port 9: refused is an answer, silence or "unreachable" is not) within 1 s. */
-static int host_answers(const char *addr) {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST;
-    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return 0;
-    int ok = 0, fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd >= 0) {
-        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
-        if (rc == 0 || errno == ECONNREFUSED)
-            ok = 1;
-        else if (errno == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            int e = 0;
-            socklen_t len = sizeof e;
-            if (poll(&p, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0)
-                ok = e == 0 || e == ECONNREFUSED;
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return ok;
-}
-
 /* One round trip to `addr` (a TCP connection to port 9, refused or accepted), in ms, or
  * -1 when there is no answer within timeout_ms. */
 static double probe_rtt_ms(const char *addr, int timeout_ms) {
@@ -317,20 +292,43 @@ static double probe_rtt_ms(const char *addr, int timeout_ms) {
     return rtt;
 }
 
+/* A lost or cut-off host answers on the network again: a TCP connection to its address
+ * (port 9: refused is an answer, silence or "unreachable" is not) within 1 s. */
+static int host_answers(const char *addr) {
+    return probe_rtt_ms(addr, 1000) >= 0;
+}
+
+/* The other hosts the ranks 0..world-1 beat from (not this one's), each once: addresses
+ * and, when `host` is given, names; a host named skip_host or at skip_addr ("": none) left
+ * out. At most max. */
+static int remote_hosts(const sup *s, int world, const char *skip_host, const char *skip_addr,
+                        char (*addr)[64], char (*host)[64], int max) {
+    int n = 0;
+    for (int r = 0; r < world && n < max; r++) {
+        const loom_rank_state *rs = &s->mon.ranks[r];
+        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
+            (skip_host[0] && !strcmp(rs->beat.host, skip_host)) || !strcmp(rs->from, skip_addr))
+            continue;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(addr[i], rs->from);
+        if (dup) continue;
+        snprintf(addr[n], 64, "%s", rs->from);
+        if (host) snprintf(host[n], 64, "%s", rs->beat.host);
+        n++;
+    }
+    return n;
+}
+
 /* Slow links (ft/detect.h): while every rank trains, one other host's round trip measured
  * every 100 ms in turn; a host named once per attempt, in one line and events.jsonl. */
 static void watch_links(sup *s, loom_link_probe *probes, int *n_probes, double now) {
     if (!*n_probes) { /* the hosts: where the ranks' beats come from, not this one */
-        for (int r = 0; r < s->world && *n_probes < 16; r++) {
-            const loom_rank_state *rs = &s->mon.ranks[r];
-            if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host)) continue;
-            int dup = 0;
-            for (int i = 0; i < *n_probes; i++) dup |= !strcmp(probes[i].addr, rs->from);
-            if (dup) continue;
-            loom_link_probe *p = &probes[(*n_probes)++];
-            memset(p, 0, sizeof *p);
-            snprintf(p->addr, sizeof p->addr, "%s", rs->from);
-            snprintf(p->host, sizeof p->host, "%s", rs->beat.host);
+        char addr[16][64], host[16][64];
+        *n_probes = remote_hosts(s, s->world, "", "", addr, host, 16);
+        for (int i = 0; i < *n_probes; i++) {
+            memset(&probes[i], 0, sizeof probes[i]);
+            snprintf(probes[i].addr, sizeof probes[i].addr, "%s", addr[i]);
+            snprintf(probes[i].host, sizeof probes[i].host, "%s", host[i]);
         }
         if (!*n_probes) *n_probes = -1; /* every rank on this host: nothing to probe */
     }
@@ -414,16 +412,7 @@ static void stop_remote_ranks(const sup *s, const char *agent) {
  * anyway (the start-up rule then judges it), said in one line. */
 static void wait_for_hosts(sup *s, const char *skip, const char *skip_addr) {
     char addrs[16][64];
-    int n = 0;
-    for (int r = 0; r < s->mon.world && n < 16; r++) {
-        const loom_rank_state *rs = &s->mon.ranks[r];
-        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
-            (skip[0] && !strcmp(rs->beat.host, skip)) || !strcmp(rs->from, skip_addr))
-            continue;
-        int dup = 0;
-        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], rs->from);
-        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", rs->from);
-    }
+    int n = remote_hosts(s, s->mon.world, skip, skip_addr, addrs, NULL, 16);
     /* And the hosts of --hosts given by address (a start-up failure hears no rank). */
     for (const char *p = s->hosts; *p && n < 16;) {
         const size_t w = strcspn(p, ",");
