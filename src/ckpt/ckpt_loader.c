@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 #ifdef LOOM_HAVE_XXH_DISPATCH
@@ -16,6 +15,7 @@
 #endif
 
 #include "ckpt/safetensors.h"
+#include "core/clock.h"
 
 typedef struct {
     int *fd;
@@ -128,12 +128,6 @@ static size_t block_bytes(const loom_ckpt_chunk *c) {
     return row > READ_BLOCK ? row : READ_BLOCK;
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 /* A thread's share of the load's phase times (loom_ckpt_load_stats). */
 typedef struct {
     double populate, read, hash, copy;
@@ -177,7 +171,7 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
     const uint64_t row = (uint64_t)c->len[1] * sizeof(float);
     const uint64_t rows_per_block = block_bytes(c) / row;
     XXH3_64bits_reset(h);
-    double t = now_ms(), u;
+    double t = loom_now_ms(), u;
     if (how == INTO_PLACE) {
 #ifdef MADV_POPULATE_WRITE
         /* one call for the chunk's whole pages (the edges are faulted by the reads) instead
@@ -186,7 +180,7 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
                         b = ((uintptr_t)to + c->bytes) & ~(page - 1);
         if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
 #endif
-        u = now_ms();
+        u = loom_now_ms();
         pt->populate += u - t;
         t = u;
     }
@@ -196,17 +190,17 @@ static loom_status read_chunk(const char *dir, const loom_ckpt_manifest *m, cons
         const uint64_t n = nr * row, at = c->byte_offset + r0 * row;
         char *into = how == INTO_PLACE ? (char *)to + r0 * row : buf;
         if ((st = read_full(dir, file, fs->fd[c->file], into, n, at, err))) return st;
-        u = now_ms();
+        u = loom_now_ms();
         pt->read += u - t;
         XXH3_64bits_update(h, into, n);
-        t = now_ms();
+        t = loom_now_ms();
         pt->hash += t - u;
         if (how == COPY_WHOLE)
             memcpy((char *)to + r0 * row, buf, n);
         else if (how == VIA_BUFFER && s)
             scatter_rows(s, &cb, c->off[0] + (int64_t)r0, (int64_t)nr, buf);
         if (how != INTO_PLACE) {
-            u = now_ms();
+            u = loom_now_ms();
             pt->copy += u - t;
             t = u;
         }
@@ -232,9 +226,10 @@ typedef struct {
     float *to; /* INTO_PLACE, COPY_WHOLE: where */
 } job;
 
-/* 1 when most pages of [p, p + n) are resident: memory the caller has already written (the
- * parameters, initialised before the load). The kernel's first copy into such 4 KiB pages
- * is slow on a VM with shadow paging (measured here: 3.3 s/GB for a pread into pages the
+/* 1 when most pages of [p, p + n) are resident: memory the caller has already written
+ * (e.g. after a reset before trying an older checkpoint; on --resume the parameters are
+ * initialised only after the load, so they are fresh). The kernel's first copy into such 4 KiB
+ * pages is slow on a VM with shadow paging (measured here: 3.3 s/GB for a pread into pages the
  * program had memset, 0.25 s/GB the second time), while a user-space copy from a hot
  * buffer runs at memory speed; pages not yet there (a fresh calloc, such as AdamW's
  * moments) are made as huge pages and read into straight. */

@@ -57,7 +57,7 @@ for t in "${targets[@]}"; do
         sources=("$root"/src/ckpt/manifest.c "$root"/src/ckpt/safetensors.c
             "$root"/src/ckpt/ckpt_loader.c "$root"/src/ckpt/ckpt_plan.c
             "$root"/src/model/config.c "$root"/src/model/config_json.c "$root/src/core/error.c"
-            "$root/src/core/json_field.c") ;;
+            "$root/src/core/json_field.c" "$root/src/core/clock.c") ;;
     *)
         name="fuzz_tokenizer_$t"
         sources=("$root"/src/data/tokenizer*.c "$root/src/core/error.c") ;;
