@@ -15,6 +15,7 @@
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
+#include "core/malloc_policy.h"
 #include "core/version.h"
 
 #include "core/version.h"
@@ -38,7 +39,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    loom_cpu_boot(argv); /* may re-exec once with OPENBLAS_CORETYPE set */
+    loom_cpu_boot(argv);      /* may re-exec once with OPENBLAS_CORETYPE set */
+    loom_malloc_keep_pages(); /* before MPI_Init: its collectives' buffers stay mapped */
     if (argc < 2) {
         usage(stderr);
         return 2;

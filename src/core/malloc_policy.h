@@ -1,0 +1,19 @@
+/* Keeps freed heap memory in the process instead of handing it back to the kernel.
+ *
+ * glibc serves a malloc of 128 KiB or more (a threshold that grows to 32 MiB as such
+ * blocks are freed) with a fresh mmap and unmaps it on free, so every such malloc faults
+ * its pages in again. OpenMPI's collectives allocate a message-sized temporary buffer on
+ * every call, and on this machine's VM a page fault costs ~17 us (0.24 GB/s in 4 KiB
+ * pages): a 2-rank 16 MiB MPI_Allreduce took 50 ms with glibc's defaults and 5.4 ms with
+ * freed memory kept (docs/ARCHITECTURE.md, "Memory the allocator keeps"). */
+#ifndef LOOM_CORE_MALLOC_POLICY_H
+#define LOOM_CORE_MALLOC_POLICY_H
+
+/* No mmap for malloc'd blocks and no trimming of the heap below 2 GiB free at its top
+ * (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD INT_MAX), unless the user set one of glibc's
+ * MALLOC_MMAP_MAX_, MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ (then glibc's
+ * reading of those stands). Call it first in main, before MPI_Init. Returns 1 if it set
+ * the policy. */
+int loom_malloc_keep_pages(void);
+
+#endif
