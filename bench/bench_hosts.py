@@ -177,8 +177,10 @@ def recovery(args, data, tmp, source):
                 if "loom run: recovered from " in x), "")
     # rank 0's own word on what it resumed from (the resume source line is --ckpt-peer's)
     log0 = glob.glob(os.path.join(rdir, "attempt_1", "ranks", "*", "rank.0", "stderr"))
-    resumed = next((x.strip() for x in (open(log0[0]).read().splitlines() if log0 else [])
-                    if "resumed from" in x), "")
+    lines0 = open(log0[0]).read().splitlines() if log0 else []
+    resumed = next((x.strip() for x in lines0 if "resumed from" in x), "")
+    # --ckpt-peer's account: bytes from memory and disk, the copies' and the load's seconds
+    resume_source = next((x.strip() for x in lines0 if "resume source:" in x), "")
     res = {"kill_to_detect_s": round(ev["failure_detected"]["t"] - t_kill, 3),
            "detect_to_first_step_s": round(ev["first_step_after_restart"]["recovery_s"], 3),
            "kill_to_first_step_s": round(ev["first_step_after_restart"]["t"] - t_kill, 3),
@@ -188,7 +190,8 @@ def recovery(args, data, tmp, source):
                                              ph["training"], 3),
            "first_step": ev["first_step_after_restart"]["step"],
            "checkpoint_bytes": ckpt_bytes, "resident_bytes_after_drop": resident,
-           "source": src or "disk (no --ckpt-peer)", "resumed": resumed}
+           "source": src or "disk (no --ckpt-peer)", "resumed": resumed,
+           "resume_source": resume_source}
     print(f"  recovery ({source}): {res}", flush=True)
     return res
 

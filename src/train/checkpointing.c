@@ -205,8 +205,10 @@ static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest,
     loom_ckpt_manifest m;
     loom_ckpt_peer_found found;
     *loaded = 0;
+    const double t0 = loom_now_ms();
     loom_status st = loom_ckpt_peer_restore(&c->peer, disk_newest, &m, &found, err);
     if (st) return st;
+    const double t_restored = loom_now_ms();
     snprintf(why, 512, "%s", found.why);
     if (!found.use) return LOOM_OK;
     int64_t step = 0;
@@ -217,7 +219,9 @@ static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest,
     snprintf(origin, sizeof origin, "%s (peer memory)", found.dir);
     loom_status ls = load_from(c, found.dir, origin, &m, &step, &wrong_seed, &stats, &e);
     loom_ckpt_manifest_free(&m);
-    double v[5] = {ls != LOOM_OK, wrong_seed, (double)stats.bytes_read, stats.chunks_read, 0};
+    /* v[4]: this rank's load seconds, summed (the line gives their mean) */
+    double v[5] = {ls != LOOM_OK, wrong_seed, (double)stats.bytes_read, stats.chunks_read,
+                   (loom_now_ms() - t_restored) / 1e3};
     if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 5, err))) return st;
     if (v[1] > 0)
         return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
@@ -240,10 +244,10 @@ static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest,
                 "loom: resume source: peer memory, step %lld: %.0f bytes (%.0f chunks) read from "
                 "memory on %d host(s) by %d rank(s), 0 bytes (0 chunks) from disk; %d shard "
                 "cop%s (%llu bytes) sent between hosts over MPI to complete each host's set of "
-                "%d\n",
+                "%d; the copies took %.2f s, the load %.2f s (mean over the ranks)\n",
                 (long long)step, v[2], v[3], c->peer.n_hosts, c->mesh->size, found.shards_copied,
                 found.shards_copied == 1 ? "y" : "ies", (unsigned long long)found.bytes_copied,
-                found.world);
+                found.world, (t_restored - t0) / 1e3, v[4] / c->mesh->size);
         fprintf(stderr, "loom: resumed from peer memory %s (step %lld)\n", found.dir,
                 (long long)step);
     }
@@ -285,10 +289,12 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         int wrong_seed = 0;
         loom_error e = {0};
         loom_ckpt_load_stats stats = {0};
+        const double t0 = loom_now_ms();
         loom_status ls = try_load(c, dir, &step, &wrong_seed, &stats, &e);
-        double v[5] = {ls != LOOM_OK, ls == LOOM_OK ? 0 : ls, wrong_seed, (double)stats.bytes_read,
-                       stats.chunks_read};
-        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 5, err))) break;
+        double v[6] = {ls != LOOM_OK,     ls == LOOM_OK ? 0 : ls,
+                       wrong_seed,        (double)stats.bytes_read,
+                       stats.chunks_read, (loom_now_ms() - t0) / 1e3};
+        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 6, err))) break;
         if (v[2] > 0) { /* not a damaged checkpoint: no older one is tried */
             free(list);
             return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
@@ -302,9 +308,10 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
             if (lead && c->peer.enabled)
                 fprintf(stderr,
                         "loom: resume source: disk, step %lld: %.0f bytes (%.0f chunks) read from "
-                        "%s by %d rank(s), 0 bytes from peer memory%s%s%s\n",
+                        "%s by %d rank(s), 0 bytes from peer memory%s%s%s; the load took %.2f s "
+                        "(mean over the ranks)\n",
                         (long long)step, v[3], v[4], dir, c->mesh->size, peer_why[0] ? " (" : "",
-                        peer_why, peer_why[0] ? ")" : "");
+                        peer_why, peer_why[0] ? ")" : "", v[5] / c->mesh->size);
             if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
             free(list);
             return LOOM_OK;
