@@ -48,6 +48,9 @@ SETTINGS = {  # name: (MTU, launcher words after BASE)
                                             "send,inplace,need-ack,need-csum"]),
     "mtu64k_hugetlb_frag4m": (65535, HUGE + ["--mca", "btl_tcp_rdma_pipeline_frag_size",
                                              "4194304"]),
+    "mtu64k_hugetlb_allreduce2": (65535, HUGE + [  # tuned's reduce + bcast, segmented
+        "--mca", "coll_tuned_use_dynamic_rules", "1",
+        "--mca", "coll_tuned_allreduce_algorithm", "2"]),
     "tuned": (65535, HUGE),  # what hosts.sh and bench_hosts.py now use
 }
 
