@@ -15,7 +15,8 @@
 # is 10.231.0.254/24, this machine's address on the hosts' network. The links (both ends of
 # each veth, and the bridge) have MTU 65535, as loopback has: with 1500, OpenMPI's TCP
 # transport between two hosts moved ~0.55-0.7 GB/s one way, with 65535 ~1.1-1.6 GB/s
-# (fewer packets and ACKs per byte on 2 shared cores; bench/bench_mpi_tcp.py). Host K is entered by
+# (fewer packets and ACKs per byte on 2 shared cores; bench/bench_mpi_tcp.py). Host K is
+# entered by
 #   nsenter --net=/run/netns/loomhK --uts=/proc/$(cat /run/loom-hosts/loomhK.pid)/ns/uts
 # (tests/hosts/agent.sh does that for mpirun). Needs root.
 # shellcheck disable=SC2015 # `a && b || die`: die when either fails, on purpose
