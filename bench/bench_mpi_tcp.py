@@ -112,7 +112,7 @@ def main():
     sh("mpicc", "-O2", "-o", exe, os.path.join(HERE, "mpi_tcp_probe.c"))
     lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
     fcntl.flock(lock, fcntl.LOCK_EX)
-    out = {"bench": "mpi_tcp", "base_launcher_args": BASE[2:], "p2p_bytes": args.p2p_bytes,
+    out = {"bench": "mpi_tcp", "base_launcher_args": BASE, "p2p_bytes": args.p2p_bytes,
            "loadavg_start": os.getloadavg()[0], "settings": {}}
     try:
         sh(HOSTS_SH, "up", "2")
