@@ -15,13 +15,15 @@ const char *loom_cpu_blas_coretype(void) {
 }
 
 void loom_cpu_boot(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE") || getenv("LOOM_BOOTED")) return;
-    const char *core = loom_cpu_blas_coretype();
-    if (!core) return;
-    setenv("OPENBLAS_CORETYPE", core, 1);
+    if (getenv("LOOM_BOOTED")) return;
+    int again = 0;
+    const char *core = getenv("OPENBLAS_CORETYPE") ? NULL : loom_cpu_blas_coretype();
+    if (core) setenv("OPENBLAS_CORETYPE", core, 1), again = 1;
+    if (!getenv("GLIBC_TUNABLES")) setenv("GLIBC_TUNABLES", LOOM_GLIBC_TUNABLES, 1), again = 1;
+    if (!again) return;
     setenv("LOOM_BOOTED", "1", 1); /* never loop, even if exec'ing ourselves misbehaves */
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the kernel OpenBLAS chose. */
+    /* exec failed: carry on with the kernel OpenBLAS chose and glibc's defaults. */
 }
 
 int loom_cpu_default_threads(void) {

@@ -1,14 +1,23 @@
-/* Picks OpenBLAS's fast kernel on this CPU. Debian's OpenBLAS 0.3.21 detects recent Xeons
- * as "Prescott" (~60 GFLOP/s sgemm on 2 threads instead of ~315 with SkylakeX). OpenBLAS
- * reads OPENBLAS_CORETYPE when the library loads, so the entry point sets it from CPUID
- * and re-executes itself once, unless the user set it. */
+/* What the libraries read from the environment when they load, set by the entry point,
+ * which re-executes itself once when it set anything (a user's setting stands):
+ * - OPENBLAS_CORETYPE, OpenBLAS's fast kernel on this CPU: Debian's OpenBLAS 0.3.21
+ *   detects recent Xeons as "Prescott" (~60 GFLOP/s sgemm on 2 threads instead of ~315
+ *   with SkylakeX);
+ * - GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc's memory on transparent huge pages.
+ *   First writes to new memory cost ~0.3 GB/s in 4 KiB pages on this machine's VM and
+ *   ~10 GB/s in 2 MiB pages; with core/malloc_policy's kept pages a 2-rank 16 MiB
+ *   MPI_Allreduce took 3.1 ms against 6.1 ms without (docs/ARCHITECTURE.md, "Memory the
+ *   allocator keeps"). */
 #ifndef LOOM_CORE_CPU_BOOT_H
 #define LOOM_CORE_CPU_BOOT_H
 
+#define LOOM_GLIBC_TUNABLES "glibc.malloc.hugetlb=1"
+
 /* The OpenBLAS core type this CPU should use ("SkylakeX", "Haswell") or NULL. */
 const char *loom_cpu_blas_coretype(void);
-/* Sets OPENBLAS_CORETYPE (if unset) and re-executes /proc/self/exe with argv; returns
- * only if no re-exec was needed or it failed (then the run continues, just slower). */
+/* Sets OPENBLAS_CORETYPE and GLIBC_TUNABLES (each if unset) and re-executes
+ * /proc/self/exe with argv; returns only if no re-exec was needed or it failed (then the
+ * run continues, just slower). */
 void loom_cpu_boot(char **argv);
 /* Threads to use when --threads is 0: online cores / ranks on this node. */
 int loom_cpu_default_threads(void);
