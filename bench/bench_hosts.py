@@ -62,11 +62,9 @@ AGENT = os.path.join(HERE, "..", "tests", "hosts", "agent.sh")
 SUBNET = "10.231.0.0/24"
 MCA = ["--mca", "plm_rsh_agent", AGENT, "--mca", "btl", "tcp,vader,self",
        "--mca", "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
-       "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "mpi_yield_when_idle", "1",
-       # malloc with transparent huge pages: OpenMPI's collectives malloc a temporary
-       # buffer the message's size per call, and new 4 KiB pages fault in at ~0.3 GB/s
-       # here; 512 MB MPI_Allreduce ~150 -> ~650-750 MB/s (bench_mpi_tcp.py, bench/README.md)
-       "-x", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+       "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "mpi_yield_when_idle", "1"]
+# (the collectives' per-call temporary buffers: every loom process keeps freed memory and
+# sets GLIBC_TUNABLES=glibc.malloc.hugetlb=1 itself, src/core/malloc_policy.h, cpu_boot.h)
 OVERLAP_MB, NO_OVERLAP_MB = 25.0, 100000.0
 
 
