@@ -16,12 +16,17 @@ the measured fastest, and Spearman's rank correlation of predicted and measured 
 Targets (issue 19): median <= 10%, worst <= 25%, fastest within 5%, Spearman >= 0.9.
 
 The profile: --profile FILE, else `loom calibrate --groups 2,4,8 [--quick]` is run
-first (--quick is the default here: under a minute; --full: the long grid). The machine
-is shared: the load average before and after and OPENBLAS_CORETYPE go into the JSON.
+first (--quick is the default here: under a minute; --full: the long grid). Without
+--profile, --full, --reuse or --calibrate-once, the compute part (kernels, AdamW, the
+refault rate) is measured again right before each layout (`loom calibrate --quick --groups
+2`, merged into the first profile; the collectives stay the first run's): the machine's
+speed drifts by more than the model's error within minutes, and a prediction should meet
+the machine its run meets. The machine is shared: the load average before and after,
+each calibration's, and OPENBLAS_CORETYPE go into the JSON.
 The last line of output is one JSON object.
 
 Usage: bench_plan.py [--loom build/loom] [--profile P] [--full] [--steps 8]
-                     [--only SUBSTRING] [--list] [--reuse PREVIOUS_OUTPUT]
+                     [--only SUBSTRING] [--list] [--reuse PREVIOUS_OUTPUT] [--calibrate-once]
 (--reuse: the measurements and profile of an earlier run, predictions made again.)
 """
 import argparse
@@ -116,6 +121,24 @@ def predict(loom, profile, model, ranks, layout):
     return out["time"]
 
 
+def compute_now(loom, base, tmp):
+    """The base profile with its compute part (and the refault rate) measured again now
+    (`loom calibrate --quick --groups 2`, ~7 s): this machine's speed drifts by more than
+    the model's error within minutes (llama dp1: 585-590 ms at 16:00, 671 ms at 16:10, the
+    same binary and command). Returns the merged profile's path and that load average."""
+    out = os.path.join(tmp, "compute_now.json")
+    subprocess.run([loom, "calibrate", "--quick", "--groups", "2", "-o", out], check=True,
+                   capture_output=True)
+    now, prof = json.load(open(out)), json.load(open(base))
+    prof["compute"] = now["compute"]
+    for key in ("refault_gbps", "load_average", "date"):
+        prof["machine"][key] = now["machine"].get(key)
+    path = os.path.join(tmp, "profile_now.json")
+    with open(path, "w") as f:
+        json.dump(prof, f, indent=1)
+    return path, now["machine"].get("load_average")
+
+
 def measure(loom, data, tmp, name, model, ranks, layout, steps):
     metrics = os.path.join(tmp, name.replace(" ", "_") + ".jsonl")
     cmd = (MPIRUN + ["--bind-to", "none", "-n", str(ranks), loom, "train"] + model + BATCH +
@@ -146,6 +169,9 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the layouts and exit")
     ap.add_argument("--reuse", help="a previous run's JSON line: its measurements (and its "
                     "profile, unless --profile) are reused, only the predictions are made")
+    ap.add_argument("--calibrate-once", action="store_true",
+                    help="one calibration for the whole run (default without --profile, "
+                    "--full or --reuse: the compute part again right before each layout)")
     a = ap.parse_args()
     layouts = [x for x in LAYOUTS if a.only in x[0]]
     if a.list:
@@ -170,8 +196,12 @@ def main():
     data = os.path.join(tmp, "train.bin")
     write_text_shard(data, 19)
     pairs = []
+    per_layout = not (a.calibrate_once or a.profile or a.full or a.reuse)
     for name, model, ranks, layout in layouts:
-        pred = predict(a.loom, profile, model, ranks, layout)
+        used, load_now = profile, None
+        if per_layout:
+            used, load_now = compute_now(a.loom, profile, tmp)
+        pred = predict(a.loom, used, model, ranks, layout)
         meas = reused.get(name) or measure(a.loom, data, tmp, name, model, ranks, layout,
                                            a.steps)
         err = (pred["step_ms"] - meas["step_ms"]) / meas["step_ms"]
@@ -179,6 +209,7 @@ def main():
                       "predicted_ms": round(pred["step_ms"], 2),
                       "measured_ms": round(meas["step_ms"], 2), "rel_err": round(err, 4),
                       "terms": {t["name"]: round(t["ms"], 2) for t in pred["terms"]},
+                      "calibration_load_average": load_now,
                       "measured": meas})
         print(f"{name:24s} ranks {ranks}  predicted {pred['step_ms']:9.1f} ms  measured "
               f"{meas['step_ms']:9.1f} ms  error {100 * err:+6.1f}%", flush=True)
@@ -206,6 +237,7 @@ def main():
         "fastest_within_5pct": all(f["within_5pct"] for f in fastest.values()),
         "targets": {"median": 0.10, "worst": 0.25, "fastest": 0.05, "spearman": 0.9},
         "profile": {"path": profile, "quick": prof.get("machine", {}).get("quick"),
+                    "compute_measured_before_each_layout": per_layout,
                     "load_average": prof.get("machine", {}).get("load_average")},
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE") or
         prof.get("machine", {}).get("blas_kernel"),
