@@ -84,7 +84,9 @@ def cap_links(gbit):
             sh(*pre, "tc", "qdisc", "del", "dev", dev, "root", check=False)
             if gbit:
                 rate = int(gbit * 1000)  # Mbit/s
-                burst = max(rate * 1000 // 8 // 100, 64 * 1024)  # 10 ms of the rate
+                # 10 ms of the rate, at least two packets of the hosts' MTU (65535; tbf drops
+                # a packet larger than its bucket)
+                burst = max(rate * 1000 // 8 // 100, 128 * 1024)
                 sh(*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}mbit",
                    "burst", str(burst), "latency", "100ms")
 

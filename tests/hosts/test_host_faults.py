@@ -58,8 +58,10 @@ def cap_link(k, mbit):
         pre = ["ip", "netns", "exec", ns] if ns else []
         subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
         if mbit:
+            # the bucket holds two whole packets of the hosts' MTU (65535, hosts.sh): tbf
+            # drops a packet larger than its bucket, and a 16 KiB one hung every transfer
             subprocess.run(pre + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                                  f"{mbit}mbit", "burst", "16kb", "latency", "100ms"], check=True)
+                                  f"{mbit}mbit", "burst", "128kb", "latency", "100ms"], check=True)
 
 
 def wait_for(path, text, timeout):
