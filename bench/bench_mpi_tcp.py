@@ -24,13 +24,10 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HOSTS_SH = os.path.join(HERE, "..", "tests", "hosts", "hosts.sh")
-AGENT = os.path.join(HERE, "..", "tests", "hosts", "agent.sh")
-SUBNET = "10.231.0.0/24"
-# bench_hosts.py's list before this probe (the launcher arguments of the measurements)
-BASE = ["--mca", "plm_rsh_agent", AGENT, "--mca", "btl", "tcp,vader,self",
-        "--mca", "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
-        "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "mpi_yield_when_idle", "1"]
+sys.path.insert(0, HERE)
+# the hosts, the shell helper and bench_hosts.py's launcher arguments (the base of every
+# setting below)
+from bench_hosts import HOSTS_SH, MCA as BASE, sh  # noqa: E402
 # glibc malloc: madvise(MADV_HUGEPAGE) on its mmap'd chunks; fresh 4 KiB pages are slow
 # to fault in on this VM (~0.3 GB/s first touch), and OpenMPI's collectives malloc (and
 # free) temporary buffers the size of the message on every call
@@ -53,14 +50,6 @@ SETTINGS = {  # name: (MTU, launcher words after BASE)
         "--mca", "coll_tuned_allreduce_algorithm", "2"]),
     "tuned": (65535, HUGE),  # what hosts.sh and bench_hosts.py now use
 }
-
-
-def sh(*cmd, check=True):
-    p = subprocess.run(list(cmd), capture_output=True, text=True)
-    if check and p.returncode != 0:
-        print(f"FAIL: {shlex.join(cmd)}: exit {p.returncode}\n{p.stdout}{p.stderr}", flush=True)
-        sys.exit(1)
-    return p
 
 
 def set_mtu(mtu):
