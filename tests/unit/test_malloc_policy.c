@@ -21,6 +21,7 @@
 #endif
 #endif
 
+#ifndef LOOM_ASAN
 static long minor_faults(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
@@ -49,6 +50,7 @@ static long faults_of_second_block(size_t n) {
     free(b);
     return f;
 }
+#endif
 
 static void test_keep_pages(void **state) {
     (void)state;
