@@ -38,6 +38,17 @@ static void shard_path(const loom_ckpt_peer *p, char *out, size_t size, int64_t 
 
 /* ---- files in memory ---- */
 
+/* All n bytes to fd: 0, or the errno of the failed write (ENOSPC for a write of 0). */
+static int write_full(int fd, const void *buf, size_t n) {
+    for (size_t done = 0; done < n;) {
+        ssize_t k = write(fd, (const char *)buf + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return k < 0 ? errno : ENOSPC;
+        done += (size_t)k;
+    }
+    return 0;
+}
+
 static loom_status write_all(const char *path, const void *data, size_t n, loom_error *err) {
     char tmp[LOOM_PATH_MAX + 256];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -45,17 +56,7 @@ static loom_status write_all(const char *path, const void *data, size_t n, loom_
     if (fd < 0)
         return loom_error_set(err, LOOM_ERR_IO, "--ckpt-peer: %s: cannot create: %s", tmp,
                               strerror(errno));
-    size_t done = 0;
-    int e = 0;
-    while (done < n) {
-        ssize_t k = write(fd, (const char *)data + done, n - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            e = k < 0 ? errno : ENOSPC;
-            break;
-        }
-        done += (size_t)k;
-    }
+    int e = write_full(fd, data, n);
     if (close(fd) != 0 && !e) e = errno;
     if (!e && rename(tmp, path) != 0) e = errno;
     if (e) {
@@ -554,16 +555,6 @@ static int pread_all(int fd, char *buf, size_t n, uint64_t at) {
     return 0;
 }
 
-static int write_full(int fd, const char *buf, size_t n) {
-    for (size_t done = 0; done < n;) {
-        ssize_t k = write(fd, buf + done, n - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        done += (size_t)k;
-    }
-    return 0;
-}
-
 static size_t piece_len(uint64_t n, uint64_t at) {
     return n - at < STREAM_PIECE ? (size_t)(n - at) : STREAM_PIECE;
 }
@@ -583,19 +574,20 @@ static int stream_send(int fd, uint64_t n, int to, MPI_Comm comm, char *buf[2]) 
     return ok ? 0 : -1;
 }
 
-/* n bytes from rank `from` into fd (fd < 0: taken off the wire and dropped). */
+/* n bytes from rank `from` into fd (fd < 0: taken off the wire and dropped). Returns 0, or
+ * the errno of the first failed write. */
 static int stream_recv(int fd, uint64_t n, int from, MPI_Comm comm, char *buf[2]) {
     MPI_Request req = MPI_REQUEST_NULL;
-    int ok = fd >= 0, i = 0;
+    int e = fd >= 0 ? 0 : EBADF, i = 0;
     if (n) MPI_Irecv(buf[0], (int)piece_len(n, 0), MPI_BYTE, from, TAG_BODY, comm, &req);
     for (uint64_t at = 0; at < n; at += STREAM_PIECE, i ^= 1) {
         MPI_Wait(&req, MPI_STATUS_IGNORE);
         if (at + STREAM_PIECE < n)
             MPI_Irecv(buf[i ^ 1], (int)piece_len(n, at + STREAM_PIECE), MPI_BYTE, from, TAG_BODY,
                       comm, &req);
-        if (ok && write_full(fd, buf[i], piece_len(n, at)) != 0) ok = 0;
+        if (!e) e = write_full(fd, buf[i], piece_len(n, at));
     }
-    return ok ? 0 : -1;
+    return e;
 }
 
 /* The shard of rank r: from host `from`'s leader to every leader whose host lacks it. */
@@ -649,9 +641,10 @@ static int copy_shard(loom_ckpt_peer *p, int64_t step, int r, int from, const un
                            strerror(errno));
             ok = 0;
         }
-        if (stream_recv(fd, head[k], leader_of[from], p->comm, buf) != 0 && ok) {
+        const int we = stream_recv(fd, head[k], leader_of[from], p->comm, buf);
+        if (we && ok) {
             loom_error_set(err, LOOM_ERR_IO, "--ckpt-peer: %s: write failed: %s", tmp,
-                           strerror(errno));
+                           strerror(we));
             ok = 0;
         }
         if (fd >= 0 && close(fd) != 0 && ok) ok = 0;
