@@ -48,7 +48,7 @@ SETTINGS = {  # name: (MTU, launcher words after BASE)
     "mtu64k_hugetlb_allreduce2": (65535, HUGE + [  # tuned's reduce + bcast, segmented
         "--mca", "coll_tuned_use_dynamic_rules", "1",
         "--mca", "coll_tuned_allreduce_algorithm", "2"]),
-    "tuned": (65535, HUGE),  # what hosts.sh and bench_hosts.py now use
+    "tuned": (65535, HUGE),  # what loom's ranks get on hosts.sh's links (loom sets it)
 }
 
 
