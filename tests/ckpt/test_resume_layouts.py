@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
@@ -110,7 +110,7 @@ def main():
                         "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
                         "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
                         "--seed", str(run_seed), "--log-every", "0", "--threads", "1",
-                        "--data", data, "--bucket-mb", "0.02", "--val-data", data,
+                        "--data", data, "--adam-eps", ADAM_EPS, "--bucket-mb", "0.02", "--val-data", data,
                         "--eval-every", "10", "--eval-batches", "2"] + (MOE if moe else [])
                 flags = ["--dp", str(dp), "--zero", str(zero), "--tp", str(tp), "--pp", str(pp)]
                 flags += extra + (["--ep", str(ep)] if ep > 1 else [])

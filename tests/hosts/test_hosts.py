@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (TOL, Layouts, Run, loss_error, run, seed_of, weights_error,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, loss_error, run, seed_of, weights_error,  # noqa: E402
                       write_text_shard)
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
@@ -169,7 +169,7 @@ def main():
                 "--micro-batch", "2", "--global-batch", "16", "--steps", "12", "--lr", "3e-3",
                 "--warmup-steps", "3", "--grad-clip", "0.5", "--seed", str(seed),
                 "--log-every", "0", "--threads", "1", "--data", data, "--val-data", data,
-                "--eval-every", "6", "--eval-batches", "2", "--bucket-mb", "0.02"]
+                "--eval-every", "6", "--eval-batches", "2", "--adam-eps", ADAM_EPS, "--bucket-mb", "0.02"]
         layouts = Layouts(base, tmp, mpirun=MPIRUN_HOSTS)
         ref = layouts.run("single", 1)
         print(f"single process: loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")

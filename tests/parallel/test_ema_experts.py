@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import TOL, Layouts, loss_error, seed_of, weights_error, write_text_shard  # noqa: E402
+from loomtest import ADAM_EPS, TOL, Layouts, loss_error, seed_of, weights_error, write_text_shard  # noqa: E402
 
 D_MODEL = 32
 STEPS = 8
@@ -33,7 +33,7 @@ def attempt(args, tmp, seed):
             "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0", "--micro-batch", "2",
             "--global-batch", "8", "--steps", str(STEPS), "--lr", "3e-3", "--warmup-steps", "2",
             "--ema-decay", "0.8", "--seed", str(seed), "--log-every", "0", "--threads", "1",
-            "--data", data, "--bucket-mb", "0.01"]
+            "--data", data, "--adam-eps", ADAM_EPS, "--bucket-mb", "0.01"]
     lay = Layouts(base, tmp, f"s{seed}_")
     ref = lay.run("single", 1)
     ref_ema = ref.load("ema_final.safetensors")

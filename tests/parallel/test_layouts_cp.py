@@ -35,7 +35,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, routes  # noqa: E402
 
@@ -71,7 +71,7 @@ def lm_base(loom, family, data, seed, moe=False):
             "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "64",
             "--micro-batch", "2", "--global-batch", "4", "--steps", str(STEPS), "--lr", "3e-3",
             "--warmup-steps", "2", "--grad-clip", "0.5", "--seed", str(seed), "--log-every", "0",
-            "--threads", "1", "--data", data, "--bucket-mb", "0.01", "--adam-eps", "1e-6"]
+            "--threads", "1", "--data", data, "--bucket-mb", "0.01", "--adam-eps", ADAM_EPS]
     if moe:
         base += ["--n-experts", "4", "--top-k", "2", "--moe-every", "2", "--capacity-factor", "0"]
     return base

@@ -50,7 +50,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
@@ -148,7 +148,7 @@ def main():
                        "--z-loss-coef", "0.001", "--micro-batch", "2", "--global-batch", "16",
                        "--steps", str(STEPS), "--lr", "3e-3", "--warmup-steps", "3",
                        "--grad-clip", "0.5", "--seed", str(run_seed), "--log-every", "0",
-                       "--threads", "1", "--data", data,
+                       "--threads", "1", "--data", data, "--adam-eps", ADAM_EPS,
                        # validation (cross-entropy only) at steps 10 and 20, compared too
                        "--val-data", data, "--eval-every", "10", "--eval-batches", "2"]
                 return cmd + (["--shared-expert"] if family == "gpt2" else ["--moe-every", "2"])

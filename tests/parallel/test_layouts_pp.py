@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
 
 D_MODEL = 32
@@ -88,7 +88,7 @@ def main():
                     "--d-ff", "64", "--micro-batch", "2", "--global-batch", "16", "--steps", "8",
                     "--lr", "3e-3", "--warmup-steps", "2", "--grad-clip", "0.5",
                     "--seed", str(seed), "--log-every", "0", "--threads", "1",
-                    "--data", data, "--bucket-mb", "0.01", "--val-data", data,
+                    "--data", data, "--adam-eps", ADAM_EPS, "--bucket-mb", "0.01", "--val-data", data,
                     "--eval-every", "4", "--eval-batches", "1"]
 
             layouts = Layouts(base, tmp, f"{family}_")

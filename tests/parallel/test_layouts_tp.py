@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
 
 D_MODEL = 48
@@ -66,7 +66,7 @@ def main():
                     "--micro-batch", "2", "--global-batch", "8", "--steps", "20",
                     "--lr", "3e-3", "--warmup-steps", "3", "--grad-clip", "0.5",
                     "--seed", str(seed), "--log-every", "0", "--threads", "1",
-                    "--data", data, "--bucket-mb", "0.02", "--val-data", data, "--adam-eps", "1e-6",
+                    "--data", data, "--bucket-mb", "0.02", "--val-data", data, "--adam-eps", ADAM_EPS,
                     "--eval-every", "10", "--eval-batches", "2"]
 
             layouts = Layouts(base, tmp, f"{family}_")
