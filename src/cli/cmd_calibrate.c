@@ -698,14 +698,14 @@ static int launch_worker(int G, int quick, const char *path) {
     return 0;
 }
 
-/* GB/s of touching pages handed back to the kernel: ZeRO-3 hands back each gathered
- * block's pages after its use (loom_zero_release_pages) and the next gather faults them in
- * again, zero-filled (plan/step_time.c prices that). Released 1 MiB at a time as ZeRO-3
- * releases block by block, which splits the huge pages (so the faults are 4 KiB ones),
- * then one float written per 4 KiB page; the median of 7 rounds (faults vary with the
- * host's memory). */
+/* GB/s of touching pages handed back to the kernel: ZeRO-3 hands back the whole huge
+ * pages of each gathered block after its use (loom_fsdp_release_span) and the next gather
+ * faults them in again, zero-filled (plan/step_time.c prices that). Handed back one huge
+ * page at a time as ZeRO-3 does, then one float written per 4 KiB page (where the kernel
+ * gives no huge pages, these are 4 KiB faults); the median of 7 rounds (faults vary with
+ * the host's memory). */
 static double measure_refault_gbps(void) {
-    const size_t bytes = (size_t)32 << 20, piece = (size_t)1 << 20;
+    const size_t bytes = (size_t)32 << 20, piece = LOOM_HUGE_PAGE_BYTES;
     float *buf = loom_zero_map_huge(bytes);
     if (!buf) return 0;
     memset(buf, 1, bytes);

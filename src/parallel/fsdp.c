@@ -94,10 +94,19 @@ static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
     return st;
 }
 
-/* Hands the whole pages inside range i back to the kernel. */
+void loom_fsdp_release_span(size_t begin, size_t end, size_t *lo, size_t *hi) {
+    const size_t huge = LOOM_HUGE_PAGE_BYTES / sizeof(float); /* the view starts on one */
+    *lo = (begin + huge - 1) / huge * huge;
+    *hi = end / huge * huge;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* Hands the whole huge pages inside range i back to the kernel. */
 static void release(loom_fsdp *f, int i) {
     loom_fsdp_range *r = &f->ranges[i];
-    loom_zero_release_pages(f->view, r->begin, r->end);
+    size_t lo, hi;
+    loom_fsdp_release_span(r->begin, r->end, &lo, &hi);
+    if (hi > lo) madvise(f->view + lo, (hi - lo) * sizeof(float), MADV_DONTNEED);
     r->state = 0;
 }
 
@@ -142,17 +151,19 @@ loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err) {
 size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats,
                                    int keep_blocks) {
     if (keep_blocks) return (shard_floats + t->total) * sizeof(float);
-    /* the ranges of loom_fsdp_create: head [0, block 0), the blocks, tail [head_begin, total) */
+    /* the blocks' ranges of loom_fsdp_create; head and tail are never handed back in a step */
     const int L = t->n_layer;
-    size_t biggest = 0;
+    size_t handed_back = 0, in_use = 0, prev = 0;
     for (int i = 0; i < L; i++) {
         const size_t end = i + 1 < L ? t->blocks[i + 1].begin : t->head_begin;
-        if (end - t->blocks[i].begin > biggest) biggest = end - t->blocks[i].begin;
+        size_t lo, hi;
+        loom_fsdp_release_span(t->blocks[i].begin, end, &lo, &hi);
+        handed_back += hi - lo;
+        /* in use: this block and the one next to it (L == 1: this one) */
+        if (i == 0 || (hi - lo) + prev > in_use) in_use = (hi - lo) + prev;
+        prev = hi - lo;
     }
-    const size_t head = L > 0 ? t->blocks[0].begin : t->head_begin, tail = t->total - t->head_begin;
-    /* A block in use and the next one prefetched (one when there is only one). */
-    const size_t blocks = L < 2 ? (size_t)L : 2;
-    return (shard_floats + head + tail + blocks * biggest) * sizeof(float);
+    return (shard_floats + t->total - (handed_back - in_use)) * sizeof(float);
 }
 
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {

@@ -3,10 +3,11 @@
  * The model still reads one flat parameter buffer, a *view* mapped at start-up whose
  * physical pages exist only while a range is gathered: a block's parameters are
  * all-gathered just before its forward or backward, the next block's gather is started
- * right away (prefetch, in flight while this block computes), and after use the range's
- * pages are handed back to the kernel (madvise MADV_DONTNEED), so resident parameter
- * memory is the shard plus about two blocks. The embedding range (head) and what follows
- * the last block (tail) stay gathered for the whole step: GPT-2's tied head needs the
+ * right away (prefetch, in flight while this block computes), and after use the whole
+ * huge pages inside the range are handed back to the kernel (madvise MADV_DONTNEED), so
+ * resident parameter memory is the shard plus about two blocks and the huge pages that
+ * straddle two ranges (loom_fsdp_release_span says why). The embedding range (head) and what
+ * follows the last block (tail) stay gathered for the whole step: GPT-2's tied head needs the
  * embedding again at the end.
  *
  * Gathers go through the ZeRO communication engine (comm/engine.h), in the order the
@@ -52,8 +53,16 @@ loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err);
 void loom_fsdp_invalidate(loom_fsdp *f);
 /* Gathers everything into the view (dumps, checkpoints); loom_fsdp_invalidate after. */
 loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err);
-/* Parameter bytes resident at most (shard + head + tail + two blocks; with keep_blocks
- * the shard and every range). */
+/* The part of range [begin, end) (floats of the view) that is handed back after its use:
+ * [*lo, *hi), the whole huge pages inside it (*lo == *hi: none). Handing back part of a
+ * huge page splits it, and the view's pages are then faulted in again 4 KiB at a time:
+ * on this machine's VM ~0.3 GB/s against ~12 GB/s in whole huge pages, and GPT-2 with
+ * 0.8 MB blocks at dp 4 took 777 ms a step instead of 436. The pages that straddle two
+ * ranges stay resident. */
+void loom_fsdp_release_span(size_t begin, size_t end, size_t *lo, size_t *hi);
+/* Parameter bytes resident at most: the shard and every range, less the spans handed back
+ * of the blocks not in use (all but two adjacent ones: one computing, the next
+ * prefetched); with keep_blocks the shard and every range. */
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f);
 /* The same for registry t and a shard of shard_floats, without a loom_fsdp (sizing). */
 size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats, int keep_blocks);

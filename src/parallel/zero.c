@@ -97,7 +97,7 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
 /* Transparent huge pages where the kernel allows them: the buffer's pages are handed back
  * and faulted in again (zero-filled) every step, and 4 KiB faults over 500 MB cost ~0.3 s
  * of CPU per step on GPT-2 124M; 2 MiB faults cost a small fraction of that. */
-#define HUGE_BYTES ((size_t)2 << 20)
+#define HUGE_BYTES LOOM_HUGE_PAGE_BYTES
 
 float *loom_zero_map_huge(size_t bytes) {
     /* Over-map by one huge page and trim, so the mapping starts on a 2 MiB boundary. */

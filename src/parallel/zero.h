@@ -117,8 +117,11 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
  * Stages 0, 1 read the all-reduced gradient back from it: a plain zeroed allocation. */
 float *loom_zero_grads_alloc(loom_zero *z);
 void loom_zero_grads_free(loom_zero *z, float *grads);
-/* An anonymous mapping of `bytes` (a multiple of the page size) that asks for transparent
- * huge pages; munmap(p, bytes) frees it. NULL when out of memory. */
+/* The transparent huge page of x86-64 (and arm64 with 4 KiB pages). */
+#define LOOM_HUGE_PAGE_BYTES ((size_t)2 << 20)
+/* An anonymous mapping of `bytes` (a multiple of the page size), starting on a huge-page
+ * boundary, that asks for transparent huge pages; munmap(p, bytes) frees it. NULL when
+ * out of memory. */
 float *loom_zero_map_huge(size_t bytes);
 void loom_zero_grads_clear(loom_zero *z, float *grads);
 /* Bytes of the local gradient buffer resident now (mincore; stage >= 2), else all. The

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "model/params.h"
+#include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
@@ -522,17 +523,25 @@ static void range_ready(buckets *b, double t, size_t lo, size_t hi) {
 
 /* ---- ZeRO-3's all-gathers (parallel/fsdp.c): range i posted at `at`, waited for ---- */
 
-/* One range's all-gather over the replicas, into pages released after their last use:
- * the copy faults them in again (on the engine thread: its CPU counted). */
-static double gather_ms(pricer *q, int group, double bytes) {
-    const double refault = loom_profile_refault_ms(q->p, bytes);
+/* One range's all-gather over the replicas, into the view: the copy faults in again the
+ * `back` bytes of it handed back after their last use (loom_fsdp_release_span), on the
+ * engine thread: its CPU counted. */
+static double gather_ms(pricer *q, int group, double bytes, double back) {
+    const double refault = loom_profile_refault_ms(q->p, back);
     q->engine_us += 1e3 * refault;
     return engine_coll(q, LOOM_COLL_ALLGATHER, group, q->tp, bytes) + refault;
 }
 
-static void gather(pricer *q, engine *e, int group, const double *bytes, double *done, int i,
-                   double at) {
-    done[i] = engine_post(e, at, gather_ms(q, group, bytes[i]));
+/* The bytes of floats [lo, hi) of the view that are handed back after use. */
+static double handed_back(size_t lo, size_t hi) {
+    size_t a, b;
+    loom_fsdp_release_span(lo, hi, &a, &b);
+    return 4.0 * (double)(b - a);
+}
+
+static void gather(pricer *q, engine *e, int group, const double *bytes, const double *back,
+                   double *done, int i, double at) {
+    done[i] = engine_post(e, at, gather_ms(q, group, bytes[i], back[i]));
 }
 
 static void ensure(const double *done, double *t, double *wait, int i) {
@@ -650,7 +659,8 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     engine eng = {0};
     double compute_base = 0; /* this rank's compute (unslowed), for the sharing rule */
     double t_backward_end = 0, last_bwd_start = 0;
-    double *g = NULL, *need = NULL; /* whole model: the ranges' bytes, forward's first use */
+    /* whole model: the ranges' bytes, their handed-back bytes, forward's first use */
+    double *g = NULL, *back = NULL, *need = NULL;
     int n_ranges = 0;
     const size_t bucket_floats_raw = (size_t)(tc->bucket_mb * (1 << 20) / sizeof(float));
     size_t bucket = bucket_floats_raw < 1 ? 1 : bucket_floats_raw;
@@ -691,10 +701,12 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         /* ZeRO-3: ranges 0 (embedding), 1..L (blocks), L+1 (the head's); all-gathers */
         const int z3 = zero == 3;
         g = calloc((size_t)L + 2, sizeof *g), need = calloc((size_t)L + 2, sizeof *need);
+        back = calloc((size_t)L + 2, sizeof *back);
         n_ranges = L + 2;
         double *done = calloc((size_t)L + 2, sizeof *done);
-        if (!g || !need || !done) {
-            free(bf), free(bb), free(g), free(need), free(done), loom_params_free(&table);
+        if (!g || !back || !need || !done) {
+            free(bf), free(bb), free(g), free(back), free(need), free(done);
+            loom_params_free(&table);
             return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
         }
         for (int i = 0; i < L + 2; i++) {
@@ -704,6 +716,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                               : i == L ? table.head_begin
                                        : table.total;
             g[i] = 4.0 * (double)(hi - lo); /* the gathered range's bytes */
+            back[i] = handed_back(lo, hi);
         }
         double t = 0;
         int resident0 = 0, resident_tail = 0;
@@ -711,12 +724,12 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
             const int final = k + 1 == accum;
             /* forward */
             if (z3) {
-                if (!resident0) gather(&q, &eng, replicas, g, done, 0, t);
-                if (L > 0) gather(&q, &eng, replicas, g, done, 1, t);
+                if (!resident0) gather(&q, &eng, replicas, g, back, done, 0, t);
+                if (L > 0) gather(&q, &eng, replicas, g, back, done, 1, t);
                 if (!resident0) ensure(done, &t, &P.zero3_wait, 0);
                 resident0 = 1;
                 if (L == 0 && !resident_tail) {
-                    gather(&q, &eng, replicas, g, done, 1, t);
+                    gather(&q, &eng, replicas, g, back, done, 1, t);
                     ensure(done, &t, &P.zero3_wait, 1);
                     resident_tail = 1;
                 }
@@ -729,7 +742,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                 if (z3) {
                     ensure(done, &t, &P.zero3_wait, i + 1);
                     if (i + 2 <= L + 1 && !(i + 2 == L + 1 && resident_tail))
-                        gather(&q, &eng, replicas, g, done, i + 2, t);
+                        gather(&q, &eng, replicas, g, back, done, i + 2, t);
                 }
                 if (k == 0) need[i + 1] = t;
                 t += WALL(bf[i]);
@@ -754,9 +767,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                 if (z3) {
                     /* released after forward: gathered again, prefetched by the block
                      * above (the last block's is started here) */
-                    if (i == L - 1) gather(&q, &eng, replicas, g, done, i + 1, t);
+                    if (i == L - 1) gather(&q, &eng, replicas, g, back, done, i + 1, t);
                     ensure(done, &t, &P.zero3_wait, i + 1);
-                    if (i >= 1) gather(&q, &eng, replicas, g, done, i, t);
+                    if (i >= 1) gather(&q, &eng, replicas, g, back, done, i, t);
                 }
                 t += WALL(bb[i]);
                 const double rc = d.recompute ? bf[i].compute * share : 0;
@@ -860,7 +873,10 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
             for (int i = 0; i <= L; i++) {
                 const size_t lo = i == 0 ? 0 : table.blocks[i - 1].begin;
                 const size_t hi = i < L ? table.blocks[i].begin : table.total;
-                const double g = gather_ms(&q, replicas, 4.0 * (double)(hi - lo));
+                /* the last one: the last block's range and the tail's, handed back apart */
+                const size_t mid = i == L ? table.head_begin : hi;
+                const double g = gather_ms(&q, replicas, 4.0 * (double)(hi - lo),
+                                           handed_back(lo, mid) + handed_back(mid, hi));
                 P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
             }
         }
@@ -925,7 +941,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
         P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, 4.0 * (double)table.total);
     }
-    free(g), free(need);
+    free(g), free(back), free(need);
 
     /* the engine thread's CPU competes with compute on a CPU node */
     if (cpu) {
