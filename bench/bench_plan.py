@@ -12,7 +12,12 @@ and combinations; 1-8 ranks, all at the same global batch so their step times co
      step_ms over steps 3..N (the first two carry start-up work).
 Reported: every pair (with the predicted terms and the measured dp breakdown), the
 median and worst |relative error|, whether the layout predicted fastest is within 5% of
-the measured fastest, and Spearman's rank correlation of predicted and measured steps.
+the measured fastest (with the near-fastest layouts run --repeat-fastest more times, in
+turns, against the winner's curse of one noisy pass; the one-pass verdict is kept beside
+it), and Spearman's rank correlation of predicted and measured steps.
+The MoE layouts after the first are predicted with the router's balance that the first
+MoE run measured (`--moe-load-max`, its metrics' moe.load_max / load_mean): the balance is
+the model's, the same under every layout, and the plan cannot know it before a run.
 Targets (issue 19): median <= 10%, worst <= 25%, fastest within 5%, Spearman >= 0.9.
 
 The profile: --profile FILE, else `loom calibrate --groups 2,4,8 [--quick]` is run
@@ -27,6 +32,7 @@ The last line of output is one JSON object.
 
 Usage: bench_plan.py [--loom build/loom] [--profile P] [--full] [--steps 8]
                      [--only SUBSTRING] [--list] [--reuse PREVIOUS_OUTPUT] [--calibrate-once]
+                     [--repeat-fastest 2]
 (--reuse: the measurements and profile of an earlier run, predictions made again.)
 """
 import argparse
@@ -106,13 +112,15 @@ def spearman(a, b):
     return cov / (va * vb) if va > 0 and vb > 0 else 0.0
 
 
-def predict(loom, profile, model, ranks, layout):
+def predict(loom, profile, model, ranks, layout, moe_load_max=None):
     driver = os.environ.get("LOOM_PLAN_DRIVER")
     if driver:
         cmd = [driver, profile, str(ranks)] + model + BATCH + layout
     else:
         cmd = [loom, "plan"] + model + BATCH + ["--world", str(ranks), "--profile", profile,
                                                  "--explain", shlex.join(layout), "--json"]
+        if moe_load_max:
+            cmd += ["--moe-load-max", f"{moe_load_max:.4f}"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         print(f"FAIL: prediction: exit {p.returncode}\n$ {shlex.join(cmd)}\n{p.stderr[-2000:]}")
@@ -155,8 +163,42 @@ def measure(loom, data, tmp, name, model, ranks, layout, steps):
     if timed and "dp" in timed[0]:
         for k in timed[0]["dp"]:
             dp[k] = round(statistics.median(r["dp"][k] for r in timed), 3)
-    return {"step_ms": med("step_ms"), "grad_wait_ms": round(med("grad_wait_ms"), 3), "dp": dp,
-            "steps_ms": [round(r["step_ms"], 1) for r in timed]}
+    out = {"step_ms": med("step_ms"), "grad_wait_ms": round(med("grad_wait_ms"), 3), "dp": dp,
+           "steps_ms": [round(r["step_ms"], 1) for r in timed]}
+    if timed and "moe" in timed[0]:  # the router's busiest expert over the mean
+        out["moe_load_max"] = round(statistics.median(
+            r["moe"]["load_max"] / r["moe"]["load_mean"] for r in timed), 4)
+    return out
+
+
+def fastest_of(loom, data, tmp, pairs, fam, steps, repeats, spec):
+    """The predicted-fastest layout of one model against the measured fastest. One pass
+    picks its fastest from ~15 noisy runs, and the minimum of noisy figures is biased low
+    (the winner's curse: gpt2 dp2 z0 measured 304.6 and 330.7 ms in two runs, dp2 z1 345.9
+    and 337.0). So the predicted fastest and every layout within 10% of the measured
+    fastest run `repeats` more times, in turns, and each is its median over all its runs."""
+    group = [p for p in pairs if p["layout"].split()[0] == fam]
+    best_pred = min(group, key=lambda p: p["predicted_ms"])
+    best_meas = min(group, key=lambda p: p["measured_ms"])
+    out = {"predicted_fastest": best_pred["layout"], "measured_fastest": best_meas["layout"],
+           "its_measured_gap": round(best_pred["measured_ms"] / best_meas["measured_ms"] - 1, 4)}
+    near = [p for p in group if p is best_pred or p["measured_ms"] <= 1.10 * best_meas["measured_ms"]]
+    if repeats > 0 and len(near) > 1:
+        runs = {p["layout"]: [p["measured_ms"]] for p in near}
+        for r in range(repeats):
+            for p in near:
+                name, model, ranks, layout = spec[p["layout"]]
+                runs[name].append(measure(loom, data, tmp, f"{name} again {r}", model, ranks,
+                                          layout, steps)["step_ms"])
+        pooled = {k: statistics.median(v) for k, v in runs.items()}
+        best = min(pooled, key=pooled.get)
+        gap = pooled[best_pred["layout"]] / pooled[best] - 1
+        out["remeasured"] = {"runs_ms": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+                             "measured_fastest": best, "its_measured_gap": round(gap, 4)}
+    else:
+        gap = out["its_measured_gap"]
+    out["within_5pct"] = gap <= 0.05
+    return out
 
 
 def main():
@@ -169,6 +211,9 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the layouts and exit")
     ap.add_argument("--reuse", help="a previous run's JSON line: its measurements (and its "
                     "profile, unless --profile) are reused, only the predictions are made")
+    ap.add_argument("--repeat-fastest", type=int, default=2,
+                    help="runs more of the predicted fastest and of the layouts within 10%% "
+                    "of the measured fastest, for the fastest-layout target (0: one pass)")
     ap.add_argument("--calibrate-once", action="store_true",
                     help="one calibration for the whole run (default without --profile, "
                     "--full or --reuse: the compute part again right before each layout)")
@@ -197,11 +242,17 @@ def main():
     write_text_shard(data, 19)
     pairs = []
     per_layout = not (a.calibrate_once or a.profile or a.full or a.reuse)
+    # The MoE router's balance is the model's (same seed and data: the same routing under
+    # every layout), not the machine's: the first MoE layout's run measures it (its metrics'
+    # moe.load_max / load_mean) and the later MoE layouts are predicted with it.
+    routing = None
     for name, model, ranks, layout in layouts:
         used, load_now = profile, None
         if per_layout:
             used, load_now = compute_now(a.loom, profile, tmp)
-        pred = predict(a.loom, used, model, ranks, layout)
+        moe = "--n-experts" in model
+        pred = predict(a.loom, used, model, ranks, layout, routing["moe_load_max"]
+                       if moe and routing else None)
         meas = reused.get(name) or measure(a.loom, data, tmp, name, model, ranks, layout,
                                            a.steps)
         err = (pred["step_ms"] - meas["step_ms"]) / meas["step_ms"]
@@ -210,22 +261,21 @@ def main():
                       "measured_ms": round(meas["step_ms"], 2), "rel_err": round(err, 4),
                       "terms": {t["name"]: round(t["ms"], 2) for t in pred["terms"]},
                       "calibration_load_average": load_now,
+                      "moe_load_max": (routing["moe_load_max"] if routing else 1.0)
+                      if moe else None,
                       "measured": meas})
+        if moe and not routing and meas.get("moe_load_max"):
+            routing = {"moe_load_max": meas["moe_load_max"], "measured_by": name}
         print(f"{name:24s} ranks {ranks}  predicted {pred['step_ms']:9.1f} ms  measured "
               f"{meas['step_ms']:9.1f} ms  error {100 * err:+6.1f}%", flush=True)
     errs = [abs(p["rel_err"]) for p in pairs]
     pred = [p["predicted_ms"] for p in pairs]
     meas = [p["measured_ms"] for p in pairs]
     # the fastest per model size (layouts of one model do the same work)
-    fastest = {}
-    for fam in sorted({p["layout"].split()[0] for p in pairs}):
-        group = [p for p in pairs if p["layout"].split()[0] == fam]
-        best_pred = min(group, key=lambda p: p["predicted_ms"])
-        best_meas = min(group, key=lambda p: p["measured_ms"])
-        gap = best_pred["measured_ms"] / best_meas["measured_ms"] - 1
-        fastest[fam] = {"predicted_fastest": best_pred["layout"],
-                        "measured_fastest": best_meas["layout"],
-                        "its_measured_gap": round(gap, 4), "within_5pct": gap <= 0.05}
+    spec = {x[0]: x for x in layouts}
+    fastest = {fam: fastest_of(a.loom, data, tmp, pairs, fam, a.steps,
+                               0 if a.reuse else a.repeat_fastest, spec)
+               for fam in sorted({p["layout"].split()[0] for p in pairs})}
     result = {
         "bench": "plan_step_time",
         "layouts": len(pairs),
@@ -235,6 +285,9 @@ def main():
         "spearman": round(spearman(pred, meas), 4) if len(pairs) > 1 else None,
         "fastest": fastest,
         "fastest_within_5pct": all(f["within_5pct"] for f in fastest.values()),
+        "fastest_within_5pct_one_pass": all(f["its_measured_gap"] <= 0.05
+                                            for f in fastest.values()),
+        "moe_routing": routing,
         "targets": {"median": 0.10, "worst": 0.25, "fastest": 0.05, "spearman": 0.9},
         "profile": {"path": profile, "quick": prof.get("machine", {}).get("quick"),
                     "compute_measured_before_each_layout": per_layout,

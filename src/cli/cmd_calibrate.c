@@ -264,6 +264,15 @@ static json_t *measure_attention(const loom_backend *be, loom_attention_kind kin
 
 /* ---- elementwise kernels and AdamW: time against bytes (parameters) ---- */
 
+/* The elementwise kernels' four row buffers are pools of EW_POOL_FLOATS (64 MiB each),
+ * walked like the GEMMs': every call reads and writes memory the previous calls did not
+ * touch, as a step's norms and activations do (each layer's rows are other memory).
+ * Repeating a kernel on the same 256 KiB rows measured the cache, not the step: a traced
+ * llama step (docs/PLAN.md, "Measured") ran rmsnorm backward at 83 us a call where the
+ * hot-row profile predicted 46, swiglu forward at 58 against 31; cold rows predict 71 and
+ * 64. The per-row statistics and the weights stay put (they are small). */
+#define EW_POOL_FLOATS ((size_t)16 << 20)
+
 typedef struct {
     const loom_backend *be;
     loom_elementwise_kind kind;
@@ -271,13 +280,24 @@ typedef struct {
     float *b[4], *s[3], *w[4];
     int32_t *targets;
     loom_attention_blocks g;
+    size_t pool;  /* floats in each of b[0..3] */
+    size_t *slot; /* where the next call's rows start in the pools */
 } ew_arg;
 
 static void ew_run(const void *p) {
-    const ew_arg *e = p;
-    const loom_backend *be = e->be;
-    int N = e->rows, C = e->width;
+    const ew_arg *a = p;
+    int N = a->rows, C = a->width;
     size_t n = (size_t)N * C;
+    /* 2n: swiglu's input and input gradient are two rows wide */
+    const size_t span = (2 * n + 15) & ~(size_t)15;
+    ew_arg at = *a;
+    if (span <= a->pool) {
+        if (*a->slot + span > a->pool) *a->slot = 0;
+        for (int i = 0; i < 4; i++) at.b[i] = a->b[i] + *a->slot;
+        *a->slot += span;
+    }
+    const ew_arg *e = &at;
+    const loom_backend *be = e->be;
     switch (e->kind) {
     case LOOM_EW_LAYERNORM_FWD:
         loom_backend_layernorm_forward(be, e->b[1], e->s[0], e->s[1], e->b[0], e->w[0], e->w[1], N,
@@ -384,6 +404,7 @@ typedef struct {
     int32_t *targets;
     float *opt[4];
     int att_heads, ew_width, ce_width;
+    size_t ew_pool; /* floats in each b->ew[i] */
 } buffers;
 
 static void free_buffers(buffers *b) {
@@ -422,7 +443,8 @@ static int alloc_buffers(buffers *b, const grid_plan *g) {
     for (int i = 0; i < 9; i++) b->att[i] = alloc_filled(be, sizes[i], i == 2 ? 0.0f : 0.5f, &ok);
     size_t maxb = (size_t)g->ew_bytes[g->n_ew - 1];
     size_t rows = maxb / (8 * (size_t)b->ew_width) + 1;
-    for (int i = 0; i < 4; i++) b->ew[i] = alloc_filled(be, maxb / 4 + 16, 0.5f, &ok);
+    b->ew_pool = maxb / 4 + 16 > EW_POOL_FLOATS ? maxb / 4 + 16 : EW_POOL_FLOATS;
+    for (int i = 0; i < 4; i++) b->ew[i] = alloc_filled(be, b->ew_pool, 0.5f, &ok);
     for (int i = 0; i < 3; i++) b->ew_small[i] = alloc_filled(be, 16 * rows + 16, 0.0f, &ok);
     for (int i = 0; i < 4; i++) b->ew_w[i] = alloc_filled(be, (size_t)b->ce_width, 0.5f, &ok);
     b->targets = loom_backend_alloc(be, (maxb / 8 + 16) * sizeof(int32_t));
@@ -461,6 +483,7 @@ static json_t *measure_compute(buffers *b, const grid_plan *g, int threads) {
         double x[6], t[6];
         int width = k == LOOM_EW_CROSSENTROPY ? b->ce_width : b->ew_width;
         for (int i = 0; i < g->n_ew; i++) {
+            size_t slot = 0;
             double per_row = loom_profile_elementwise_bytes((loom_elementwise_kind)k, 1, width);
             int rows = (int)fmax(1, floor(g->ew_bytes[i] / per_row));
             ew_arg e = {
@@ -472,12 +495,14 @@ static json_t *measure_compute(buffers *b, const grid_plan *g, int threads) {
                 {b->ew_small[0], b->ew_small[1], b->ew_small[2]},
                 {b->ew_w[0], b->ew_w[1], b->ew_w[2], b->ew_w[3]},
                 b->targets,
-                {.B = 1, .chunk = rows, .H = 16, .KV = 16, .hd = width / 16, .nq = 1, .nk = 1}};
+                {.B = 1, .chunk = rows, .H = 16, .KV = 16, .hd = width / 16, .nq = 1, .nk = 1},
+                b->ew_pool,
+                &slot};
             /* the backward norms read a forward's statistics */
             ew_arg f = e;
             if (k == LOOM_EW_LAYERNORM_BWD) f.kind = LOOM_EW_LAYERNORM_FWD, ew_run(&f);
             if (k == LOOM_EW_RMSNORM_BWD) f.kind = LOOM_EW_RMSNORM_FWD, ew_run(&f);
-            if (k == LOOM_EW_CROSSENTROPY) fill(b->ew[0], (size_t)rows * width, 2.0f);
+            if (k == LOOM_EW_CROSSENTROPY && i == 0) fill(b->ew[0], b->ew_pool, 2.0f);
             x[i] = loom_profile_elementwise_bytes((loom_elementwise_kind)k, rows, width);
             t[i] = bench_us(ew_run, &e, g->target_ms);
         }

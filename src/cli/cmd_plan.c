@@ -22,7 +22,8 @@
 typedef struct {
     int world;
     char profile[LOOM_PATH_MAX];
-    double memory_gib; /* 0: the profile's */
+    double memory_gib;   /* 0: the profile's */
+    double moe_load_max; /* 0: balanced routing (--check: the run's metrics) */
     int ranks_per_node;
     int top;
     char explain[4096];
@@ -40,19 +41,23 @@ typedef struct {
 
 static void usage(FILE *f) {
     fprintf(
-        f, "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
-           "                 [--ranks-per-node R] [--top K] [--json] [--html FILE]\n"
-           "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
-           "[--profile P] [--json]\n"
-           "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
-           "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
-           "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
-           "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
-           "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
-           "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
-           "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
-           "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
-           "against the prediction, term by term. docs/PLAN.md explains every term.\n");
+        f,
+        "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
+        "                 [--ranks-per-node R] [--moe-load-max F] [--top K] [--json]\n"
+        "                 [--html FILE]\n"
+        "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
+        "[--profile P] [--json]\n"
+        "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
+        "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
+        "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
+        "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
+        "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
+        "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
+        "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
+        "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
+        "against the prediction, term by term. --moe-load-max: an MoE router's busiest expert\n"
+        "over the mean load (a run's metrics moe.load_max / moe.load_mean; default 1, balanced;\n"
+        "--check reads the run's). docs/PLAN.md explains every term.\n");
 }
 
 static loom_status push_word(plan_args *a, char *w, loom_error *err) {
@@ -118,6 +123,8 @@ static loom_status parse_args(plan_args *a, int argc, char **argv, loom_error *e
             }
         } else if (!strcmp(f, "--memory-per-rank")) {
             if (!(st = parse_number(f, v, 1e-6, &a->memory_gib, err))) i++;
+        } else if (!strcmp(f, "--moe-load-max")) {
+            if (!(st = parse_number(f, v, 1, &a->moe_load_max, err))) i++;
         } else if (!strcmp(f, "--profile") || !strcmp(f, "--check") || !strcmp(f, "--html") ||
                    !strcmp(f, "--explain")) {
             if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: expects a value", f);
@@ -169,14 +176,25 @@ int loom_cmd_plan(int argc, char **argv) {
         return 0;
     }
     if (!st && a.check[0]) {
-        st = loom_plan_check_run(a.check, a.profile, a.html, a.json, &a.train_argv[1],
-                                 a.train_argc - 1, &err);
+        st = loom_plan_check_run(a.check, a.profile, a.moe_load_max, a.html, a.json,
+                                 &a.train_argv[1], a.train_argc - 1, &err);
     } else if (!st) {
         st = train_options_of(&a, &o, &err);
+        if (!st && a.moe_load_max > 0 && o.model.n_experts < 1)
+            st = loom_error_set(&err, LOOM_ERR_INPUT,
+                                "--moe-load-max %g: the model has no experts (expected "
+                                "--n-experts E with it)",
+                                a.moe_load_max);
+        if (!st && a.moe_load_max > 0 && o.model.top_k > 0 &&
+            a.moe_load_max > (double)o.model.n_experts / o.model.top_k)
+            st = loom_error_set(&err, LOOM_ERR_INPUT,
+                                "--moe-load-max %g: expected at most E / K = %g (an expert "
+                                "takes each token at most once)",
+                                a.moe_load_max, (double)o.model.n_experts / o.model.top_k);
         if (!st && a.profile[0]) st = loom_profile_load(&prof, a.profile, &err);
         if (!st && a.explain_set) {
-            st =
-                loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.json, a.html, &err);
+            st = loom_plan_explain(&o.model, &o.train, prof, a.ranks_per_node, a.moe_load_max,
+                                   a.json, a.html, &err);
         } else if (!st) {
             if (!a.world)
                 st = loom_error_set(&err, LOOM_ERR_INPUT,
@@ -189,7 +207,7 @@ int loom_cmd_plan(int argc, char **argv) {
                                     "clusters)");
             else
                 st = loom_plan_search(&o.model, &o.train, prof, a.world, a.ranks_per_node,
-                                      a.memory_gib, a.top, a.json, a.html, &err);
+                                      a.moe_load_max, a.memory_gib, a.top, a.json, a.html, &err);
         }
     }
     if (st) {

@@ -73,22 +73,24 @@ static loom_status read_command(command *c, const char *path, loom_error *err) {
 }
 
 /* The measured medians over the steps after the first two (their start-up costs):
- * step_ms and each KEYS[k] (has[k] 0 when the metrics do not carry it). */
+ * step_ms, each KEYS[k] (has[k] 0 when the metrics do not carry it) and the MoE router's
+ * moe.load_max / moe.load_mean (0 without it). */
 static loom_status read_metrics(const char *path, double *step_ms, double *keys, int *has,
-                                int *steps, loom_error *err) {
+                                double *moe_load_max, int *steps, loom_error *err) {
     FILE *f = fopen(path, "r");
     if (!f)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--check: cannot read the metrics file '%s' (the run's --metrics)",
                               path);
-    double *v[N_KEYS + 1];
-    int n = 0, lines = 0, bad = 0;
+    /* v[N_KEYS]: step_ms; v[N_KEYS + 1]: the MoE load ratio */
+    double *v[N_KEYS + 2];
+    int n = 0, lines = 0, bad = 0, has_moe = 1;
     int allocated = 1;
-    for (int k = 0; k <= N_KEYS; k++)
+    for (int k = 0; k <= N_KEYS + 1; k++)
         allocated &= (v[k] = calloc(MAX_STEPS, sizeof(double))) != NULL;
     if (!allocated) {
         fclose(f);
-        for (int k = 0; k <= N_KEYS; k++) free(v[k]);
+        for (int k = 0; k <= N_KEYS + 1; k++) free(v[k]);
         return loom_error_set(err, LOOM_ERR_NOMEM, "--check: out of memory");
     }
     for (int k = 0; k < N_KEYS; k++) has[k] = 1;
@@ -114,6 +116,13 @@ static loom_status read_metrics(const char *path, double *step_ms, double *keys,
                 else
                     has[k] = 0;
             }
+            json_t *moe = json_object_get(o, "moe");
+            const double lmax = json_number_value(json_object_get(moe, "load_max")),
+                         lmean = json_number_value(json_object_get(moe, "load_mean"));
+            if (lmean > 0)
+                v[N_KEYS + 1][n] = lmax / lmean;
+            else
+                has_moe = 0;
             n++;
         }
         json_decref(o);
@@ -131,9 +140,10 @@ static loom_status read_metrics(const char *path, double *step_ms, double *keys,
     if (!st) {
         *step_ms = loom_median(v[N_KEYS], n);
         for (int k = 0; k < N_KEYS; k++) keys[k] = has[k] ? loom_median(v[k], n) : 0;
+        *moe_load_max = has_moe ? loom_median(v[N_KEYS + 1], n) : 0;
         *steps = n;
     }
-    for (int k = 0; k <= N_KEYS; k++) free(v[k]);
+    for (int k = 0; k <= N_KEYS + 1; k++) free(v[k]);
     return st;
 }
 
@@ -144,8 +154,9 @@ static double predicted_of(const loom_plan_time *t, const char *key) {
     return ms;
 }
 
-loom_status loom_plan_check_run(const char *path, const char *profile, const char *html, int json,
-                                char **words, int n_words, loom_error *err) {
+loom_status loom_plan_check_run(const char *path, const char *profile, double moe_load_max,
+                                const char *html, int json, char **words, int n_words,
+                                loom_error *err) {
     struct stat s;
     if (stat(path, &s) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--check '%s': no such file or folder", path);
@@ -183,16 +194,18 @@ loom_status loom_plan_check_run(const char *path, const char *profile, const cha
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "--check '%s': the run's command has no --metrics file to compare with",
                             path);
-    double step_ms = 0, keys[N_KEYS];
+    double step_ms = 0, keys[N_KEYS], run_load_max = 0;
     int has[N_KEYS], steps = 0;
-    if (!st) st = read_metrics(metrics, &step_ms, keys, has, &steps, err);
+    if (!st) st = read_metrics(metrics, &step_ms, keys, has, &run_load_max, &steps, err);
+    if (moe_load_max <= 0) moe_load_max = run_load_max;
     if (!st) st = loom_profile_load(&prof, profile, err);
     loom_plan_time t;
     const loom_layout l = o.train.layout;
     const int world = l.dp * l.cp * l.tp * l.pp;
     if (!st) st = loom_plan_validate(&o.model, &o.train, err);
     if (!st) {
-        const loom_plan_placement place = loom_plan_placement_of(prof, &o.train, world, 0);
+        const loom_plan_placement place =
+            loom_plan_placement_of(prof, &o.train, world, 0, moe_load_max);
         st = loom_plan_step_time(&o.model, &o.train, prof, &place, &t, err);
     }
     char flags[512] = "";
@@ -204,6 +217,8 @@ loom_status loom_plan_check_run(const char *path, const char *profile, const cha
         json_object_set_new(r, "predicted_step_ms", json_real(t.step_ms));
         json_object_set_new(r, "measured_step_ms", json_real(step_ms));
         json_object_set_new(r, "error", json_real(step_ms > 0 ? t.step_ms / step_ms - 1 : 0));
+        if (o.model.n_experts > 0)
+            json_object_set_new(r, "moe_load_max", json_real(moe_load_max > 1 ? moe_load_max : 1));
         for (int k = 0; k < N_KEYS; k++) {
             if (!has[k]) continue;
             json_t *x = json_object();
@@ -221,6 +236,12 @@ loom_status loom_plan_check_run(const char *path, const char *profile, const cha
         printf("loom plan --check: layout %s, %d step(s) measured (medians, the first two "
                "skipped), profile '%s'\n",
                flags, steps, loom_profile_name(prof));
+        if (o.model.n_experts > 0)
+            printf("  routing: the busiest expert at %.3fx the mean load (%s)\n",
+                   moe_load_max > 1 ? moe_load_max : 1.0,
+                   run_load_max > 0 && moe_load_max == run_load_max ? "the run's metrics"
+                   : moe_load_max > 0                               ? "--moe-load-max"
+                                      : "balanced: the metrics carry no moe loads");
         printf("  %-22s %12s %12s %8s\n", "metric", "predicted", "measured", "error");
         for (int k = 0; k < N_KEYS; k++) {
             const double p = predicted_of(&t, KEYS[k]);

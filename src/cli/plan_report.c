@@ -19,8 +19,8 @@ static int world_of(const loom_train_config *tc) {
 }
 
 loom_plan_placement loom_plan_placement_of(const loom_profile *p, const loom_train_config *tc,
-                                           int world, int ranks_per_node) {
-    loom_plan_placement pl = {ranks_per_node, tc->threads};
+                                           int world, int ranks_per_node, double moe_load_max) {
+    loom_plan_placement pl = {ranks_per_node, tc->threads, moe_load_max};
     /* a CPU node (its ranks share its memory and cores; without a profile: this machine)
      * holds the whole world; a GPU node its devices */
     const int cpu = !p || loom_profile_memory_bytes(p, 2) < loom_profile_memory_bytes(p, 1);
@@ -139,12 +139,13 @@ static void print_time(const loom_plan_time *t, FILE *f) {
 }
 
 loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_config *tc,
-                              const loom_profile *p, int ranks_per_node, int json, const char *html,
-                              loom_error *err) {
+                              const loom_profile *p, int ranks_per_node, double moe_load_max,
+                              int json, const char *html, loom_error *err) {
     loom_plan_candidate c;
     memset(&c, 0, sizeof c);
     const int world = world_of(tc);
-    const loom_plan_placement place = loom_plan_placement_of(p, tc, world, ranks_per_node);
+    const loom_plan_placement place =
+        loom_plan_placement_of(p, tc, world, ranks_per_node, moe_load_max);
     c.tc = *tc;
     c.tc.threads = place.threads; /* what the run's threads size (attention scratch) */
     tc = &c.tc;
@@ -167,6 +168,8 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
         json_object_set_new(o, "stages", stages);
         json_object_set_new(o, "profile", p ? json_string(loom_profile_name(p)) : json_null());
         json_object_set_new(o, "ranks_per_node", json_integer(place.ranks_per_node));
+        if (mc->n_experts > 0)
+            json_object_set_new(o, "moe_load_max", json_real(moe_load_max > 1 ? moe_load_max : 1));
         char *s = json_dumps(o, JSON_COMPACT);
         printf("%s\n", s ? s : "{}");
         free(s);
@@ -177,6 +180,10 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
                loom_family_name(mc->family), parameters_of(mc), flags, world, place.ranks_per_node,
                p ? ", profile '" : "", p ? loom_profile_name(p) : "", p ? "'" : "");
         print_memory(mc, tc, &c.mem, c.mem_stage, stdout);
+        if (p && mc->n_experts > 0)
+            printf("routing: the busiest expert at %.3fx the mean load%s\n",
+                   moe_load_max > 1 ? moe_load_max : 1.0,
+                   moe_load_max > 1 ? " (--moe-load-max)" : " (balanced; --moe-load-max sets it)");
         if (p)
             print_time(&c.time, stdout);
         else
@@ -223,9 +230,10 @@ static void why_ahead(const loom_plan_time *a, const loom_plan_time *b, char *bu
 
 loom_status loom_plan_search(const loom_model_config *mc, const loom_train_config *base,
                              const loom_profile *p, int world, int ranks_per_node,
-                             double memory_gib, int top, int json, const char *html,
-                             loom_error *err) {
-    const loom_plan_placement place = loom_plan_placement_of(p, base, world, ranks_per_node);
+                             double moe_load_max, double memory_gib, int top, int json,
+                             const char *html, loom_error *err) {
+    const loom_plan_placement place =
+        loom_plan_placement_of(p, base, world, ranks_per_node, moe_load_max);
     loom_train_config threaded = *base;
     threaded.threads = place.threads; /* what the run's threads size (attention scratch) */
     base = &threaded;

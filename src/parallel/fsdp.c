@@ -106,7 +106,7 @@ static void release(loom_fsdp *f, int i) {
     loom_fsdp_range *r = &f->ranges[i];
     size_t lo, hi;
     loom_fsdp_release_span(r->begin, r->end, &lo, &hi);
-    if (hi > lo) madvise(f->view + lo, (hi - lo) * sizeof(float), MADV_DONTNEED);
+    loom_zero_release_pages(f->view, lo, hi);
     r->state = 0;
 }
 

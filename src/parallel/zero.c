@@ -97,14 +97,13 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
 /* Transparent huge pages where the kernel allows them: the buffer's pages are handed back
  * and faulted in again (zero-filled) every step, and 4 KiB faults over 500 MB cost ~0.3 s
  * of CPU per step on GPT-2 124M; 2 MiB faults cost a small fraction of that. */
-#define HUGE_BYTES LOOM_HUGE_PAGE_BYTES
-
 float *loom_zero_map_huge(size_t bytes) {
     /* Over-map by one huge page and trim, so the mapping starts on a 2 MiB boundary. */
-    size_t span = bytes + HUGE_BYTES;
+    size_t span = bytes + LOOM_HUGE_PAGE_BYTES;
     char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    char *a = (char *)(((uintptr_t)p + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES);
+    char *a = (char *)(((uintptr_t)p + LOOM_HUGE_PAGE_BYTES - 1) / LOOM_HUGE_PAGE_BYTES *
+                       LOOM_HUGE_PAGE_BYTES);
     if (a > p) munmap(p, (size_t)(a - p));
     if (p + span > a + bytes) munmap(a + bytes, (size_t)(p + span - (a + bytes)));
 #ifdef MADV_HUGEPAGE

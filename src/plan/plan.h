@@ -54,10 +54,13 @@ typedef struct {
 } loom_plan_term;
 
 /* Where the ranks run: how many share a node (its cores or GPUs, and the placement of
- * each group: intra-node when the group fits in one node, tp innermost), threads each. */
+ * each group: intra-node when the group fits in one node, tp innermost), threads each;
+ * and, for an MoE, how unevenly its router loads the experts, which the ranks wait for. */
 typedef struct {
-    int ranks_per_node; /* >= 1; the world when it fits one node */
-    int threads;        /* per rank (loom train's --threads; 0: cores / ranks per node) */
+    int ranks_per_node;  /* >= 1; the world when it fits one node */
+    int threads;         /* per rank (loom train's --threads; 0: cores / ranks per node) */
+    double moe_load_max; /* the busiest expert's load over the mean (a run's metrics
+                            moe.load_max / moe.load_mean); <= 1: balanced routing */
 } loom_plan_placement;
 
 typedef struct {

@@ -122,14 +122,18 @@ typedef struct {
     int gpt2, tp, sp, cp, ep, recompute, split;
     double B, T, N, Ns, C, hd, H, KV, A, QKV, F, FC, V;
     /* MoE */
-    double E, K, EL, rows_per_expert;
+    double E, K, EL;
+    /* rows per local expert on the rank the step waits for: the busiest expert's and
+     * each of its EL - 1 others' (balanced routing: both N K / E from each ep rank) */
+    double rows_busiest, rows_other;
     int shared_expert, chunks;
     /* context parallelism */
     int cp_ring, cp_chunks;
     double cp_chunk;
 } shapes;
 
-static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc, int split) {
+static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc, int split,
+                        double moe_load_max) {
     shapes d;
     memset(&d, 0, sizeof d);
     const loom_layout l = tc->layout;
@@ -157,14 +161,21 @@ static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc
         d.E = mc->n_experts;
         d.K = mc->top_k;
         d.EL = d.E / d.ep;
-        /* balanced routing: every expert gets N K / E rows from each of the ep ranks
-         * (at most its capacity from each) */
-        double per_source = d.N * d.K / d.E;
+        /* Routing: the busiest expert gets R times the mean N K / E rows from each ep
+         * rank, the other E - 1 share the rest evenly (R = 1: balanced); at most the
+         * capacity from each. The all-to-all makes every ep rank wait for the one holding
+         * the busiest expert, so that rank's experts are the step's. */
+        double R = moe_load_max > 1 ? moe_load_max : 1;
+        if (R > d.E / d.K) R = d.E / d.K; /* an expert takes at most every token */
+        const double mean = d.N * d.K / d.E;
+        double busiest = R * mean, other = d.E > 1 ? (d.E - R) / (d.E - 1) * mean : mean;
         if (mc->capacity_factor > 0) {
             const double cap = ceil(mc->capacity_factor * d.N * d.K / d.E);
-            if (cap < per_source) per_source = cap;
+            if (cap < busiest) busiest = cap;
+            if (cap < other) other = cap;
         }
-        d.rows_per_expert = per_source * d.ep;
+        d.rows_busiest = busiest * d.ep;
+        d.rows_other = other * d.ep;
         d.shared_expert = mc->shared_expert;
         d.chunks = tc->moe_chunks > 1 ? tc->moe_chunks : 1;
     }
@@ -282,7 +293,8 @@ static double moe_exchange(pricer *q, const shapes *d, double experts_ms) {
 static cost moe_fwd(pricer *q, const shapes *d) {
     cost c = {0, 0, 0, 0};
     const double N = d->N, C = d->C, NK = d->N * d->K;
-    const double experts = d->EL * ffn_fwd(q, d, d->rows_per_expert);
+    const double experts =
+        ffn_fwd(q, d, d->rows_busiest) + (d->EL - 1) * ffn_fwd(q, d, d->rows_other);
     c.compute = gemm(q, LOOM_GEMM_NT, N, d->E, C) + ew(q, LOOM_EW_CROSSENTROPY, N, d->E) +
                 copy_ms(q, NK * C) /* permute */ + experts + copy_ms(q, NK * C) /* combine */;
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C); /* dispatch and combine in place */
@@ -293,19 +305,21 @@ static cost moe_fwd(pricer *q, const shapes *d) {
 
 static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
     cost c = {0, 0, 0, 0};
-    const double N = d->N, C = d->C, NK = d->N * d->K, n = d->rows_per_expert;
+    const double N = d->N, C = d->C, NK = d->N * d->K;
+    const double nb = d->rows_busiest, no = d->rows_other, others = d->EL - 1;
+    const double weights = ffn_bwd_weight(q, d, nb) + others * ffn_bwd_weight(q, d, no);
     if (weight_part) { /* W of split backward: the experts', router's, shared expert's */
-        c.compute = d->EL * ffn_bwd_weight(q, d, n) + gemm(q, LOOM_GEMM_TN, d->E, C, N);
+        c.compute = weights + gemm(q, LOOM_GEMM_TN, d->E, C, N);
         if (d->shared_expert) c.compute += ffn_bwd_weight(q, d, N);
         return c;
     }
-    double experts = d->EL * ffn_bwd_input(q, d, n);
-    if (!d->split) experts += d->EL * ffn_bwd_weight(q, d, n);
-    c.compute = 2 * copy_ms(q, NK * C) /* combine backward */ + memset_ms(q, n * d->EL * C) +
-                experts + memset_ms(q, N * C) + copy_ms(q, NK * C) /* unpermute */ +
-                ew(q, LOOM_EW_CROSSENTROPY, N, d->E) /* router */ +
-                gemm(q, LOOM_GEMM_NN, N, C, d->E) +
-                (d->split ? 0 : gemm(q, LOOM_GEMM_TN, d->E, C, N));
+    double experts = ffn_bwd_input(q, d, nb) + others * ffn_bwd_input(q, d, no);
+    if (!d->split) experts += weights;
+    c.compute =
+        2 * copy_ms(q, NK * C) /* combine backward */ + memset_ms(q, (nb + others * no) * C) +
+        experts + memset_ms(q, N * C) + copy_ms(q, NK * C) /* unpermute */ +
+        ew(q, LOOM_EW_CROSSENTROPY, N, d->E) /* router */ + gemm(q, LOOM_GEMM_NN, N, C, d->E) +
+        (d->split ? 0 : gemm(q, LOOM_GEMM_TN, d->E, C, N));
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
     if (d->shared_expert)
         c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
@@ -624,7 +638,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         if (st) return st;
     }
     const int split = pp > 1 && sched.split;
-    const shapes d = shapes_of(mc, tc, split);
+    const shapes d = shapes_of(mc, tc, split, place->moe_load_max);
 
     /* this rank's tensors: pipeline stage 0 (the first chunk), tp/ep rank 0 */
     const int S = pp * v;

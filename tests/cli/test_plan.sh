@@ -31,6 +31,10 @@ expect "profile missing a term" "compute[0].gemm.tn" -- plan "${MODEL[@]}" --wor
 expect "bad world" "--world 'x'" -- plan "${MODEL[@]}" --world x --profile "$H100"
 expect "nothing fits" "the smallest needs" -- plan "${MODEL[@]}" --world 4 --profile "$H100" --memory-per-rank 0.0001
 expect "layout refused" "--tp 3" -- plan "${MODEL[@]}" --explain "--tp 3"
+MOE=("${MODEL[@]}" --n-experts 4 --top-k 2 --moe-every 2)
+expect "routing of a dense model" "--moe-load-max 1.5: the model has no experts" -- plan "${MODEL[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 1.5
+expect "routing below balanced" "--moe-load-max '0.5': expected a number >= 1" -- plan "${MOE[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 0.5
+expect "routing beyond E / K" "expected at most E / K = 2" -- plan "${MOE[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 3
 expect "bad check folder" "$TMP/nothing" -- plan --check "$TMP/nothing" --profile "$H100"
 expect "check without profile" "--check: needs --profile" -- plan --check "$TMP"
 mkdir -p "$TMP/run/attempt_0" && echo "mpirun -n 2 /bin/true" >"$TMP/run/attempt_0/command.txt"
@@ -87,6 +91,30 @@ r = json.load(open(sys.argv[1]))
 ok = r["layout"].startswith("--dp 2") and r["steps"] == 2 and r["measured_step_ms"] > 0
 ok = ok and r["predicted_step_ms"] > 0 and {t["metric"] for t in r["terms"]} >= {"dp.compute_ms"}
 sys.exit(0 if ok else 1)
+PY
+# an uneven router: every ep rank waits for the busiest expert's
+for r in 1 1.5; do
+    "$LOOM" plan "${MOE[@]}" --profile "$H100" --explain "--dp 4 --ep 4" --moe-load-max $r --json \
+        >"$TMP/moe_$r.json" 2>>"$TMP/err"
+done
+check "an uneven router is slower" python3 - "$TMP/moe_1.json" "$TMP/moe_1.5.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+sys.exit(0 if b["moe_load_max"] == 1.5 and b["time"]["step_ms"] > a["time"]["step_ms"] else 1)
+PY
+# --check of an MoE run predicts with the run's own routing
+"${MPIRUN[@]}" -n 2 "$LOOM" train "${MOE[@]}" --data "$TMP/tokens.bin" --threads 1 --dp 2 --ep 2 \
+    --steps 5 --log-every 0 --metrics "$TMP/moe.jsonl" >/dev/null 2>"$TMP/moe_train.err"
+check "moe training ran" test $? -eq 0
+"$LOOM" plan --check "$TMP/moe.jsonl" --profile "$H100" "${MOE[@]}" --dp 2 --ep 2 --json \
+    >"$TMP/moe_check.json" 2>>"$TMP/err"
+check "check uses the run's routing" python3 - "$TMP/moe.jsonl" "$TMP/moe_check.json" <<'PY'
+import json, statistics, sys
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()][2:]
+want = statistics.median(r["moe"]["load_max"] / r["moe"]["load_mean"] for r in rows)
+got = json.load(open(sys.argv[2]))["moe_load_max"]
+print("routing", want, got)
+sys.exit(0 if abs(got - max(want, 1.0)) <= 1e-9 * want else 1)
 PY
 check "no sanitizer report" bash -c "! grep -qiE 'sanitizer|segmentation' '$TMP/err'"
 finish test_plan

@@ -148,11 +148,13 @@ static void layout(loom_train_config *tc, int dp, int tp, int pp, int zero, int 
     tc->virtual_stages = 1;
 }
 
+static double g_moe_load_max; /* the router's balance of the next prediction (0: balanced) */
+
 static loom_plan_time predict(const loom_model_config *mc, const loom_train_config *tc,
                               const loom_profile *p, int ranks_per_node) {
     loom_plan_time t;
     loom_error err = {0};
-    const loom_plan_placement place = {ranks_per_node, tc->threads};
+    const loom_plan_placement place = {ranks_per_node, tc->threads, g_moe_load_max};
     loom_status st = loom_plan_step_time(mc, tc, p, &place, &t, &err);
     if (st) fprintf(stderr, "step time: %s\n", err.msg);
     assert_int_equal(st, LOOM_OK);
@@ -493,6 +495,70 @@ static void test_refault(void **state) {
     loom_profile_free(none), loom_profile_free(slow), loom_profile_free(fast);
 }
 
+/* An uneven router (--moe-load-max R): every ep rank waits for the one holding the busiest
+ * expert. On a profile whose kernels cost a + b x rows, one process runs the same rows
+ * whatever R (only their split between experts changes); with one expert per rank the
+ * forward grows linearly in R; R is held to E / K, and a capacity caps the busiest. */
+/* |a - b| <= tol, printing both when not (cmocka's float assert rounds to float) */
+static void assert_close(double a, double b, double tol) {
+    if (!(fabs(a - b) <= tol)) fprintf(stderr, "%.12g != %.12g (tolerance %g)\n", a, b, tol);
+    assert_true(fabs(a - b) <= tol);
+}
+
+static double forward_of(const loom_model_config *mc, const loom_train_config *tc,
+                         const loom_profile *p) {
+    const loom_plan_time t = predict(mc, tc, p, 8);
+    return term_ms(&t, "forward");
+}
+
+static void test_moe_routing(void **state) {
+    (void)state;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    for (int it = 0; it < 6; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        small_model(&mc, 1, 64 << (rnd() % 2), 4, 64 << (rnd() % 2));
+        mc.n_experts = 4 << (rnd() % 2);
+        mc.top_k = 1 + (int)(rnd() % 2);
+        mc.moe_every = 1 + (int)(rnd() % 2);
+        const int ep = mc.n_experts;
+        layout(&tc, ep, 1, 1, (int)(rnd() % 2), 1 + (int)(rnd() % 2), 2);
+        tc.layout.ep = ep;
+        double fwd[3];
+        const double R[3] = {1.0, 1.5, 2.0};
+        for (int dp1 = 1; dp1 >= 0; dp1--) {
+            loom_train_config t1 = tc;
+            if (dp1) t1.layout.dp = t1.layout.ep = 1, t1.global_batch /= ep, t1.zero = 0;
+            for (int r = 0; r < 3; r++) {
+                g_moe_load_max = R[r];
+                fwd[r] = forward_of(&mc, &t1, gpu);
+            }
+            g_moe_load_max = 0;
+            const double balanced = forward_of(&mc, &t1, gpu);
+            assert_close(balanced, fwd[0], 1e-9 * fwd[0]);
+            if (dp1) { /* the same rows in the same number of GEMMs */
+                assert_close(fwd[2], fwd[0], 1e-9 * fwd[0]);
+            } else {
+                assert_true(fwd[1] > fwd[0] * (1 + 1e-6));
+                assert_close(fwd[2] - fwd[0], 2 * (fwd[1] - fwd[0]), 1e-9 * fwd[0]);
+            }
+        }
+        /* R beyond E / K: every token's K rows on one expert at most */
+        g_moe_load_max = (double)mc.n_experts / mc.top_k;
+        const double most = forward_of(&mc, &tc, gpu);
+        g_moe_load_max = 4.0 * mc.n_experts;
+        assert_close(forward_of(&mc, &tc, gpu), most, 1e-9 * most);
+        /* a capacity of the mean load: no expert takes more than the balanced share */
+        mc.capacity_factor = 1.0f;
+        g_moe_load_max = 0;
+        const double capped = forward_of(&mc, &tc, gpu);
+        g_moe_load_max = 2.0;
+        assert_close(forward_of(&mc, &tc, gpu), capped, 1e-9 * capped);
+        g_moe_load_max = 0;
+    }
+    loom_profile_free(gpu);
+}
+
 static void test_missing_term_refused(void **state) {
     (void)state;
     profile_spec s = GPU;
@@ -504,7 +570,7 @@ static void test_missing_term_refused(void **state) {
     layout(&tc, 2, 1, 1, 0, 1, 2);
     loom_plan_time t;
     loom_error err = {0};
-    const loom_plan_placement one_per_node = {1, 1};
+    const loom_plan_placement one_per_node = {1, 1, 0};
     assert_int_equal(loom_plan_step_time(&mc, &tc, p, &one_per_node, &t, &err), LOOM_ERR_INPUT);
     assert_non_null(strstr(err.msg, "intra_only.json"));
     loom_profile_free(p);
@@ -525,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_sharing),
         cmocka_unit_test(test_group_placement),
         cmocka_unit_test(test_refault),
+        cmocka_unit_test(test_moe_routing),
         cmocka_unit_test(test_missing_term_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
