@@ -190,3 +190,27 @@ loom_status loom_slurm_check(const char *hosts, int ranks, double timeout_s, loo
                               ranks, atoi(tasks), atoi(tasks));
     return LOOM_OK;
 }
+
+int loom_slurm_node_addrs(const char *nodes, double timeout_s, char *out, size_t size) {
+    out[0] = 0;
+    if (size < 2) return 0;
+    char said[8192];
+    char *show[] = {"scontrol", "show", "node", "-o", nodes && nodes[0] ? (char *)nodes : NULL,
+                    NULL};
+    if (run_bounded(show, timeout_s, said, sizeof said) != 0) return 0;
+    int found = 0;
+    size_t at = 0;
+    for (char *save = NULL, *l = strtok_r(said, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        const char *a = strstr(l, "NodeAddr=");
+        if (!a) continue;
+        a += strlen("NodeAddr=");
+        const size_t n = strcspn(a, " \t");
+        if (!n || at + n + 2 > size) continue;
+        if (found) out[at++] = ',';
+        memcpy(out + at, a, n);
+        at += n;
+        out[at] = 0;
+        found++;
+    }
+    return found;
+}

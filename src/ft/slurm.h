@@ -21,4 +21,11 @@ int loom_slurm_list_has(const char *list, const char *host);
  * or host and what was expected. */
 loom_status loom_slurm_check(const char *hosts, int ranks, double timeout_s, loom_error *err);
 
+/* The addresses Slurm knows for the nodes of a host list, or of every node when nodes is
+ * NULL or "" (`scontrol show node -o`'s NodeAddr, within timeout_s), comma-separated into
+ * out: how many, 0 when Slurm does not say. A submit host outside the allocation
+ * (salloc's shell, or srun making its own allocation) may not resolve the nodes' names at
+ * all; their NodeAddr is what slurmctld itself reaches them at. */
+int loom_slurm_node_addrs(const char *nodes, double timeout_s, char *out, size_t size);
+
 #endif

@@ -729,14 +729,21 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             return st;
     }
     const char *addr_hosts = cfg->hosts;
+    char node_addrs[4096];
     if (!strcmp(cfg->launcher, "srun")) {
         /* Slurm answers (munged, slurmctld), and --hosts / -n agree with the allocation. */
         if ((st = loom_slurm_check(cfg->hosts, cfg->ranks, LOOM_SLURM_PROBE_S, err))) return st;
-        /* The ranks run on the allocation's nodes: the address towards them. */
+        /* The ranks run on the allocation's nodes (outside one, on nodes srun picks): the
+         * address towards them, from the addresses Slurm knows them by; this host may not
+         * be one of them (salloc) and may not resolve their names. */
         const char *nodes = getenv("SLURM_JOB_NODELIST");
-        if (!addr_hosts[0] && nodes && getenv("SLURM_JOB_NUM_NODES") &&
-            atoi(getenv("SLURM_JOB_NUM_NODES")) > 1)
-            addr_hosts = nodes;
+        if (!addr_hosts[0]) {
+            if (loom_slurm_node_addrs(nodes, LOOM_SLURM_PROBE_S, node_addrs, sizeof node_addrs))
+                addr_hosts = node_addrs;
+            else if (nodes && getenv("SLURM_JOB_NUM_NODES") &&
+                     atoi(getenv("SLURM_JOB_NUM_NODES")) > 1)
+                addr_hosts = nodes;
+        }
     }
     if ((st = loom_rank_addr(cfg->bind, addr_hosts, rank_addr, sizeof rank_addr, err))) return st;
     if (loom_mkdir_p(cfg->run_dir) != 0)

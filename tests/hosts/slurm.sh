@@ -100,8 +100,20 @@ stop_all() {
     for p in $(ours); do
         [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] && pkill -9 -P "$p" 2>/dev/null
     done
-    for p in $(ours); do kill -9 "$p" 2>/dev/null; done
-    sleep 0.2
+    local killed
+    killed=$(ours)
+    for p in $killed; do kill -9 "$p" 2>/dev/null; done
+    # A killed process takes a moment to exit on a busy machine: wait for each (bounded;
+    # a zombie has exited, only its parent has not collected it yet).
+    for _ in $(seq 100); do
+        local alive=""
+        for p in $killed; do
+            [ -e "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] &&
+                alive="$alive $p"
+        done
+        [ -z "$alive" ] && break
+        sleep 0.1
+    done
 }
 
 cmd_down() {

@@ -4,8 +4,10 @@ slurmctld here, one slurmd in each of 2 test hosts).
 
 Checks: `slurm.sh up 2` (and again: idempotent, kept as it is); an `sbatch -N 2 -n 4` job
 of `loom run -n 4` (which launches with srun --mpi=pmix from inside the allocation, on the
-first node) trains fault-free; the same job with a crash injected into a rank on the
-second host: the supervisor names that rank and host, restarts from the newest
+first node) trains fault-free; so do `salloc -N 2 -n 4 loom run -n 4` and `loom run -n 4
+--launcher srun` (srun's own allocation) from the root namespace (no node; heartbeats to
+its address on the bridge, found from Slurm's NodeAddr), to the same weights, bitwise;
+the same job with a crash injected into a rank on the second host: the supervisor names that rank and host, restarts from the newest
 checkpoint and ends with the fault-free job's weights, bitwise; every rank's heartbeats
 reached the supervisor (summary.json: each rank with its host). Bad environments, one
 line naming the flag or host and what was expected, exit 2, no run folder, nothing left
@@ -65,22 +67,34 @@ def skip_unless_possible():
 
 
 def procs(pred):
+    """Live processes matching pred(cmdline, comm). A zombie is dead (only its exit
+    status waits for a parent), so it is not counted."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
             comm = open(f"/proc/{pid}/comm").read().strip()
+            stat = open(f"/proc/{pid}/stat").read()
         except OSError:
             continue
-        if int(pid) != os.getpid() and pred(cmd, comm):
-            found.append(f"{pid}: {cmd[:80]}")
+        state = stat[stat.rfind(")") + 2:].split()[0]
+        if int(pid) != os.getpid() and state != "Z" and pred(cmd, comm):
+            found.append(f"{pid} {comm} ({state}): {cmd[:80]}")
     return found
 
 
-def leftovers():
-    """What the teardown must not leave, checked independently of the scripts."""
-    left = procs(lambda cmd, comm: STATE in cmd or comm in ("slurmstepd", "slurmd") or
+def daemons_left():
+    return procs(lambda cmd, comm: STATE in cmd or comm in ("slurmstepd", "slurmd") or
                  (comm == "slurmctld" and STATE in cmd) or cmd.startswith("loom-hosts-holder"))
+
+
+def leftovers():
+    """What the teardown must not leave, checked independently of the scripts. A killed
+    daemon can take a moment to finish exiting on a busy machine (its command line is
+    already empty then): waits up to 10 s for such processes before naming them."""
+    t = time.time()
+    while (left := daemons_left()) and time.time() - t < 10:
+        time.sleep(0.2)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left += [f"netns {x.split()[0]}" for x in netns.splitlines() if x.startswith("loomh")]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -200,6 +214,35 @@ def main():
         if not ok:
             print(out[-3000:])
             return
+
+        # From here, the root namespace, which is no node and does not resolve the nodes'
+        # names: inside `salloc`, and with srun making its own allocation. loom run finds
+        # its address towards the nodes from Slurm's NodeAddr (the bridge's 10.231.0.254).
+        def from_here(name, prefix, flags):
+            rdir = os.path.join(tmp, name)
+            cmd = (prefix + [args.loom, "run", "-n", "4", "--run-dir", rdir,
+                             "--startup-timeout", "30"] + flags + ["--"] + train +
+                   ["--save-weights", f"{rdir}/weights.safetensors"])
+            t = time.time()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=150)
+                rc, out = p.returncode, p.stdout + p.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, out = -1, f"did not end within 150 s: {e}"
+            print(f"  $ {' '.join(prefix)} loom run -n 4 {' '.join(flags)} (from the root "
+                  f"namespace) -> exit {rc} in {time.time() - t:.1f} s")
+            ok_ranks, where, s = ranks_ok(rdir) if rc == 0 else (False, "", {})
+            same = rc == 0 and open(f"{rdir}/weights.safetensors", "rb").read() == open(
+                f"{ref_dir}/weights.safetensors", "rb").read()
+            ok = (rc == 0 and ok_ranks and s.get("attempts") == 1 and same and
+                  "via srun, heartbeats on 10.231.0.254:" in out)
+            report(f"{name}: loom run", ok, f"exit {rc}, {s.get('attempts')} attempt(s), "
+                   f"{where}, weights {'bitwise the sbatch job' if same else 'DIFFER'}")
+            if not ok:
+                print(out[-3000:])
+
+        from_here("salloc", ["salloc", "-N", "2", "-n", "4"], [])
+        from_here("srun alone", [], ["--launcher", "srun"])
 
         step, rank = rng.randint(3, STEPS - 3), rng.choice([2, 3])
         rc, out, run_dir = job("crash", [], ["--inject", f"crash@{step}:{rank}"])
