@@ -17,7 +17,10 @@ Figures (medians over the measured steps, from the --metrics JSON lines of rank 
   (2 (N-1)/N x 4P = 4P bytes) / the cap, the reduction's time on the link alone;
   model_exposed_ms = without overlap wire_ms, with overlap max(0, wire_ms - backward_ms)
   (what overlap can hide is at most the backward the buckets run under); and the measured
-  exposed time's error against it.
+  exposed time's error against it. The same with the bandwidth the capped link delivers to
+  MPI: link_reduce_ms, the median of 3 in-place MPI_Iallreduce calls of the gradients'
+  bytes between the hosts with nothing else running (bench/mpi_tcp_probe.c, loom's libnbc
+  algorithm), in place of wire_ms (model_link_exposed_ms, model_link_error; link_gbit).
 
 Recovery after a host loss, from peer memory against from disk ("recovery" in the JSON):
 `loom run -n 2 --hosts 10.231.0.1:1,10.231.0.2:1` (dp 2 ZeRO-1, AdamW, GPT-2 124M by
@@ -62,10 +65,16 @@ AGENT = os.path.join(HERE, "..", "tests", "hosts", "agent.sh")
 SUBNET = "10.231.0.0/24"
 MCA = ["--mca", "plm_rsh_agent", AGENT, "--mca", "btl", "tcp,vader,self",
        "--mca", "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
-       "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "mpi_yield_when_idle", "1"]
+       "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "mpi_yield_when_idle", "1",
+       "--bind-to", "none"]
+# (--bind-to none: the test hosts share this machine's cores, and each host's daemon binds
+# its first rank to core 0, so with binding the two hosts' ranks shared one core of the two:
+# compute 5.4-7.2 s a step against 2.9 s for the same two ranks on one host)
 # (the collectives' per-call temporary buffers: every loom process keeps freed memory and
 # sets GLIBC_TUNABLES=glibc.malloc.hugetlb=1 itself, src/core/malloc_policy.h, cpu_boot.h)
 OVERLAP_MB, NO_OVERLAP_MB = 25.0, 100000.0
+PARAMS = 124439808  # GPT-2 124M with the tied head (loom's start-up report)
+WIRE_BYTES = 4 * PARAMS  # the fp32 gradients; 2 (N-1)/N x 4P bytes sent per rank, N = 2
 
 
 def sh(*cmd, check=True):
@@ -200,6 +209,29 @@ def recovery(args, data, tmp, source):
     return res
 
 
+def link_reduce_s(args, exe, nbytes):
+    """The capped link's own time for the gradients' reduction: the median of 3 in-place
+    MPI_Iallreduce calls of nbytes between the hosts, as loom's engine calls it (coll/libnbc
+    with loom's algorithm, glibc's huge pages), with nothing else running (mpi_tcp_probe)."""
+    cmd = ["mpirun", "--allow-run-as-root", "--host", "10.231.0.1:1,10.231.0.2:1"] + MCA + [
+        "--mca", "coll_libnbc_iallreduce_algorithm", "3",
+        "-x", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "-n", "2", exe, "--p2p", "4M",
+        "--p2p-bytes", "4M", "--no-sendrecv", "--no-rsag", "--no-allreduce", "--iallreduce",
+        "--coll-mb", f"{nbytes / 1e6:.3f}", "--coll-reps", "3"]
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0 or not lines:
+        print(f"FAIL: mpi_tcp_probe: exit {p.returncode}\n{p.stderr[-3000:]}", flush=True)
+        sys.exit(1)
+    r = json.loads(lines[-1])["iallreduce"]
+    if not r["sum_ok"]:
+        print("FAIL: mpi_tcp_probe: wrong sums", flush=True)
+        sys.exit(1)
+    print(f"  link: {r}", flush=True)
+    return nbytes / (r["median_MBps"] * 1e6)
+
+
 def run(args, data, tmp, name, hosts, bucket_mb):
     metrics = os.path.join(tmp, f"{name}.jsonl")
     cmd = ["mpirun", "--allow-run-as-root", "--host", hosts] + MCA + [
@@ -250,7 +282,7 @@ def main():
     lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
     fcntl.flock(lock, fcntl.LOCK_EX)
     load = [os.getloadavg()[0]]
-    results, rec, one = {}, {}, None
+    results, rec, one, link_s = {}, {}, None, {}
     if args.only == "recovery":
         caps = []
     try:
@@ -262,8 +294,12 @@ def main():
                 load.append(os.getloadavg()[0])
         if args.only != "recovery":
             one = run(args, data, tmp, "one_host", "10.231.0.1:2", OVERLAP_MB)
+        if caps:
+            probe = os.path.join(tmp, "mpi_tcp_probe")
+            sh("mpicc", "-O2", "-o", probe, os.path.join(HERE, "mpi_tcp_probe.c"))
         for gbit in caps:
             cap_links(gbit)
+            link_s[gbit] = link_reduce_s(args, probe, WIRE_BYTES)
             results[gbit] = {
                 "overlap": run(args, data, tmp, f"cap{gbit:g}_overlap",
                                "10.231.0.1:1,10.231.0.2:1", OVERLAP_MB),
@@ -273,11 +309,10 @@ def main():
     finally:
         cap_links(None)
         sh(HOSTS_SH, "down", check=False)
-    params = 124439808  # GPT-2 124M with the tied head (loom's start-up report)
-    wire_bytes = 4 * params  # 2 (N-1)/N x 4P bytes sent per rank, N = 2
     out = {"bench": "hosts", "model": "gpt2-small", "seq_len": args.seq_len,
            "micro_batch": args.micro_batch, "openblas_coretype":
-           os.environ.get("OPENBLAS_CORETYPE", ""), "loadavg": load, "one_host": one,
+           os.environ.get("OPENBLAS_CORETYPE") or "unset: loom's own (src/core/cpu_boot.c)",
+           "loadavg": load, "one_host": one,
            "caps": {}}
     if rec:
         speed = {k: round(rec["disk"][k] / rec["peer"][k], 2) if rec["peer"][k] > 0 else None
@@ -288,11 +323,16 @@ def main():
                            "target_speedup": 2.0}
     for gbit, r in results.items():
         ov, no = r["overlap"], r["no_overlap"]
-        wire_ms = wire_bytes * 8 / (gbit * 1e9) * 1e3
+        wire_ms = WIRE_BYTES * 8 / (gbit * 1e9) * 1e3
         backward_ms = 2.0 / 3.0 * ov["compute_ms"]  # backward ~ 2/3 of forward + backward
         model = {"no_overlap": wire_ms, "overlap": max(0.0, wire_ms - backward_ms)}
         err = {k: round((r[k]["exposed_ms"] - v) / v, 3) if v > 0 else None
                for k, v in model.items()}
+        # the same with the bandwidth the link delivers to MPI (the probe's reduction alone)
+        link_ms = link_s[gbit] * 1e3
+        model_link = {"no_overlap": link_ms, "overlap": max(0.0, link_ms - backward_ms)}
+        err_link = {k: round((r[k]["exposed_ms"] - v) / v, 3) if v > 0 else None
+                    for k, v in model_link.items()}
         out["caps"][f"{gbit:g}gbit"] = {
             "tokens_per_s": ov["tokens_per_s"],
             "ratio_to_one_host": round(ov["tokens_per_s"] / one["tokens_per_s"], 3),
@@ -301,6 +341,10 @@ def main():
             if no["exposed_ms"] > 0 else None,
             "wire_ms": round(wire_ms, 1), "model_exposed_ms":
             {k: round(v, 1) for k, v in model.items()}, "model_error": err,
+            "link_reduce_ms": round(link_ms, 1),
+            "link_gbit": round(WIRE_BYTES * 8 / link_s[gbit] / 1e9, 2),
+            "model_link_exposed_ms": {k: round(v, 1) for k, v in model_link.items()},
+            "model_link_error": err_link,
             "runs": r}
     print(json.dumps(out))
 

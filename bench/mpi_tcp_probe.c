@@ -4,6 +4,7 @@
  *   mpicc -O2 -o mpi_tcp_probe bench/mpi_tcp_probe.c
  *   mpirun -n 2 --host A:1,B:1 [--mca ...] ./mpi_tcp_probe [--p2p 4M,64M,1G]
  *       [--p2p-bytes 1G] [--coll-mb 512] [--coll-reps 2] [--no-sendrecv] [--no-rsag]
+ *       [--iallreduce] [--no-allreduce] [--thread-multiple]
  *
  * p2p: rank 0 sends messages of each size to rank 1 (MPI_Send/MPI_Recv, blocking), enough
  *   of them for --p2p-bytes in all (at least one), after one untimed message of that size;
@@ -17,9 +18,13 @@
  *   moves the buffer's size per rank each way, so busbw = algbw). The sum is checked.
  * rsag: the same buffer as MPI_Reduce_scatter_block (each rank its half) then
  *   MPI_Allgather of the halves: the two halves of a ring all-reduce, timed together.
+ * iallreduce (--iallreduce): the same buffer as loom's gradient reduction calls it,
+ *   MPI_Iallreduce(MPI_IN_PLACE) then MPI_Wait (coll/libnbc: pass loom's algorithm,
+ *   --mca coll_libnbc_iallreduce_algorithm 3, src/comm/world.c).
  *
  * Prints one JSON line (rank 0): {"hosts": [...], "p2p_MBps": {"4MiB": ...},
- * "sendrecv_MBps": {...}, "allreduce": {...}, "reduce_scatter_allgather": {...}}. */
+ * "sendrecv_MBps": {...}, "allreduce": {...}, "reduce_scatter_allgather": {...},
+ * "iallreduce": {...}}. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -100,7 +105,8 @@ static double p2p(char *buf, size_t size, size_t total, int rank) {
     return (double)size * (double)reps / dt / 1e6;
 }
 
-/* Times reps calls of op (0: allreduce, 1: reduce-scatter + allgather); fills best/median
+/* Times reps calls of op (0: allreduce, 1: reduce-scatter + allgather, 2: in-place
+ * iallreduce + wait); fills best/median
  * MB/s of the buffer's bytes. Returns 0 if the sums are right. */
 static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nranks, double *best,
                 double *median) {
@@ -109,10 +115,15 @@ static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nr
     int bad = 0;
     for (int r = -1; r < reps; r++) { /* r = -1: untimed warm-up */
         for (size_t i = 0; i < n; i++) a[i] = (float)(rank + 1);
+        if (op == 2) memcpy(b, a, n * sizeof *b); /* in place: b is the buffer */
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         if (op == 0) {
             MPI_Allreduce(a, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        } else if (op == 2) {
+            MPI_Request req;
+            MPI_Iallreduce(MPI_IN_PLACE, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+            MPI_Wait(&req, MPI_STATUS_IGNORE);
         } else {
             MPI_Reduce_scatter_block(a, b + (size_t)rank * part, (int)part, MPI_FLOAT, MPI_SUM,
                                      MPI_COMM_WORLD);
@@ -135,14 +146,21 @@ static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nr
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    /* --thread-multiple: initialise as loom does (its engine thread calls MPI beside the
+     * training thread), for OpenMPI's locking cost under MPI_THREAD_MULTIPLE */
+    int multiple = 0, provided;
+    for (int i = 1; i < argc; i++) multiple |= !strcmp(argv[i], "--thread-multiple");
+    if (multiple)
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    else
+        MPI_Init(&argc, &argv);
     int rank, nranks;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     const char *sizes = "4M,64M,1G";
     size_t p2p_total = (size_t)1 << 30;
     double coll_mb = 512.0;
-    int coll_reps = 2, rsag = 1, with_bidir = 1;
+    int coll_reps = 2, rsag = 1, with_bidir = 1, iallreduce = 0, allreduce = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--p2p") && i + 1 < argc)
             sizes = argv[++i];
@@ -156,6 +174,12 @@ int main(int argc, char **argv) {
             rsag = 0;
         else if (!strcmp(argv[i], "--no-sendrecv"))
             with_bidir = 0;
+        else if (!strcmp(argv[i], "--iallreduce"))
+            iallreduce = 1;
+        else if (!strcmp(argv[i], "--no-allreduce"))
+            allreduce = 0;
+        else if (!strcmp(argv[i], "--thread-multiple"))
+            continue;
         else {
             if (rank == 0) fprintf(stderr, "mpi_tcp_probe: unknown argument '%s'\n", argv[i]);
             MPI_Abort(MPI_COMM_WORLD, 2);
@@ -208,21 +232,17 @@ int main(int argc, char **argv) {
     if (n > 0 && coll_reps > 0) {
         float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
         memset(b, 0, n * sizeof *b);
-        double best, med;
-        int bad = coll(0, a, b, n, coll_reps, rank, nranks, &best, &med);
-        off += snprintf(json + off, sizeof json - (size_t)off,
-                        ", \"allreduce\": {\"MB\": %.0f, \"reps\": %d, \"best_MBps\": %.0f, "
-                        "\"median_MBps\": %.0f, \"best_s\": %.3f, \"sum_ok\": %s}",
-                        coll_mb, coll_reps, best, med, n * sizeof(float) / best / 1e6,
-                        bad ? "false" : "true");
-        if (rsag) {
-            bad = coll(1, a, b, n, coll_reps, rank, nranks, &best, &med);
+        static const char *const names[] = {"allreduce", "reduce_scatter_allgather", "iallreduce"};
+        const int run[] = {allreduce, rsag, iallreduce};
+        for (int op = 0; op < 3; op++) {
+            if (!run[op]) continue;
+            double best, med;
+            int bad = coll(op, a, b, n, coll_reps, rank, nranks, &best, &med);
             off += snprintf(json + off, sizeof json - (size_t)off,
-                            ", \"reduce_scatter_allgather\": {\"MB\": %.0f, \"reps\": %d, "
-                            "\"best_MBps\": %.0f, \"median_MBps\": %.0f, \"best_s\": %.3f, "
-                            "\"sum_ok\": %s}",
-                            coll_mb, coll_reps, best, med, n * sizeof(float) / best / 1e6,
-                            bad ? "false" : "true");
+                            ", \"%s\": {\"MB\": %.0f, \"reps\": %d, \"best_MBps\": %.0f, "
+                            "\"median_MBps\": %.0f, \"best_s\": %.3f, \"sum_ok\": %s}",
+                            names[op], coll_mb, coll_reps, best, med,
+                            n * sizeof(float) / best / 1e6, bad ? "false" : "true");
         }
         free(a);
         free(b);
