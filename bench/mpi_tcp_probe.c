@@ -4,7 +4,7 @@
  *   mpicc -O2 -o mpi_tcp_probe bench/mpi_tcp_probe.c
  *   mpirun -n 2 --host A:1,B:1 [--mca ...] ./mpi_tcp_probe [--p2p 4M,64M,1G]
  *       [--p2p-bytes 1G] [--coll-mb 512] [--coll-reps 2] [--no-sendrecv] [--no-rsag]
- *       [--iallreduce] [--no-allreduce] [--thread-multiple]
+ *       [--iallreduce] [--no-allreduce] [--thread-multiple] [--coll-gap-s S]
  *
  * p2p: rank 0 sends messages of each size to rank 1 (MPI_Send/MPI_Recv, blocking), enough
  *   of them for --p2p-bytes in all (at least one), after one untimed message of that size;
@@ -21,6 +21,8 @@
  * iallreduce (--iallreduce): the same buffer as loom's gradient reduction calls it,
  *   MPI_Iallreduce(MPI_IN_PLACE) then MPI_Wait (coll/libnbc: pass loom's algorithm,
  *   --mca coll_libnbc_iallreduce_algorithm 3, src/comm/world.c).
+ * --coll-gap-s S: every collective call starts S seconds after its barrier, the links idle
+ *   before it as between two training steps' reductions (TCP's restart after idle).
  *
  * Prints one JSON line (rank 0): {"hosts": [...], "p2p_MBps": {"4MiB": ...},
  * "sendrecv_MBps": {...}, "allreduce": {...}, "reduce_scatter_allgather": {...},
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static size_t parse_size(const char *s) {
     char *end;
@@ -109,7 +112,7 @@ static double p2p(char *buf, size_t size, size_t total, int rank) {
  * iallreduce + wait); fills best/median
  * MB/s of the buffer's bytes. Returns 0 if the sums are right. */
 static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nranks, double *best,
-                double *median) {
+                double *median, double gap_s) {
     double *t = calloc((size_t)reps, sizeof *t);
     size_t part = n / (size_t)nranks;
     int bad = 0;
@@ -117,6 +120,10 @@ static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nr
         for (size_t i = 0; i < n; i++) a[i] = (float)(rank + 1);
         if (op == 2) memcpy(b, a, n * sizeof *b); /* in place: b is the buffer */
         MPI_Barrier(MPI_COMM_WORLD);
+        if (gap_s > 0) { /* the links idle, as between two steps' reductions */
+            struct timespec ts = {(time_t)gap_s, (long)((gap_s - (time_t)gap_s) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
         double t0 = MPI_Wtime();
         if (op == 0) {
             MPI_Allreduce(a, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -160,6 +167,7 @@ int main(int argc, char **argv) {
     const char *sizes = "4M,64M,1G";
     size_t p2p_total = (size_t)1 << 30;
     double coll_mb = 512.0;
+    double gap_s = 0;
     int coll_reps = 2, rsag = 1, with_bidir = 1, iallreduce = 0, allreduce = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--p2p") && i + 1 < argc)
@@ -168,6 +176,8 @@ int main(int argc, char **argv) {
             p2p_total = parse_size(argv[++i]);
         else if (!strcmp(argv[i], "--coll-mb") && i + 1 < argc)
             coll_mb = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--coll-gap-s") && i + 1 < argc)
+            gap_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--coll-reps") && i + 1 < argc)
             coll_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-rsag"))
@@ -237,7 +247,7 @@ int main(int argc, char **argv) {
         for (int op = 0; op < 3; op++) {
             if (!run[op]) continue;
             double best, med;
-            int bad = coll(op, a, b, n, coll_reps, rank, nranks, &best, &med);
+            int bad = coll(op, a, b, n, coll_reps, rank, nranks, &best, &med, gap_s);
             off += snprintf(json + off, sizeof json - (size_t)off,
                             ", \"%s\": {\"MB\": %.0f, \"reps\": %d, \"best_MBps\": %.0f, "
                             "\"median_MBps\": %.0f, \"best_s\": %.3f, \"sum_ok\": %s}",
