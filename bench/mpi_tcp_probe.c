@@ -111,6 +111,8 @@ static double p2p(char *buf, size_t size, size_t total, int rank) {
 /* Times reps calls of op (0: allreduce, 1: reduce-scatter + allgather, 2: in-place
  * iallreduce + wait); fills best/median
  * MB/s of the buffer's bytes. Returns 0 if the sums are right. */
+static long poll_max_us; /* --poll-max-us: 0 waits with MPI_Wait */
+
 static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nranks, double *best,
                 double *median, double gap_s) {
     double *t = calloc((size_t)reps, sizeof *t);
@@ -130,7 +132,17 @@ static int coll(int op, float *a, float *b, size_t n, int reps, int rank, int nr
         } else if (op == 2) {
             MPI_Request req;
             MPI_Iallreduce(MPI_IN_PLACE, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
-            MPI_Wait(&req, MPI_STATUS_IGNORE);
+            if (poll_max_us > 0) { /* as loom's engine thread: MPI_Test, then sleep 20..max us */
+                int done = 0;
+                long us = 20;
+                while (MPI_Test(&req, &done, MPI_STATUS_IGNORE), !done) {
+                    struct timespec ts = {0, us * 1000};
+                    nanosleep(&ts, NULL);
+                    if (us < poll_max_us) us *= 2;
+                }
+            } else {
+                MPI_Wait(&req, MPI_STATUS_IGNORE);
+            }
         } else {
             MPI_Reduce_scatter_block(a, b + (size_t)rank * part, (int)part, MPI_FLOAT, MPI_SUM,
                                      MPI_COMM_WORLD);
@@ -176,6 +188,8 @@ int main(int argc, char **argv) {
             p2p_total = parse_size(argv[++i]);
         else if (!strcmp(argv[i], "--coll-mb") && i + 1 < argc)
             coll_mb = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--poll-max-us") && i + 1 < argc)
+            poll_max_us = atol(argv[++i]);
         else if (!strcmp(argv[i], "--coll-gap-s") && i + 1 < argc)
             gap_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--coll-reps") && i + 1 < argc)

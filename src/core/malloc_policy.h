@@ -9,10 +9,11 @@
 #ifndef LOOM_CORE_MALLOC_POLICY_H
 #define LOOM_CORE_MALLOC_POLICY_H
 
-/* No mmap for malloc'd blocks and no trimming of the heap below 2 GiB free at its top
- * (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD INT_MAX), unless the user set one of glibc's
- * MALLOC_MMAP_MAX_, MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ (then glibc's
- * reading of those stands). Call it first in main, before MPI_Init. Returns 1 if it set
+/* No mmap for malloc'd blocks, no trimming of the heap below 2 GiB free at its top, and
+ * one arena for every thread (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD INT_MAX, M_ARENA_MAX
+ * 1), unless the user set one of glibc's MALLOC_MMAP_MAX_, MALLOC_MMAP_THRESHOLD_,
+ * MALLOC_TRIM_THRESHOLD_ or MALLOC_ARENA_MAX (then glibc's reading of those stands). Call
+ * it first in main, before MPI_Init and before any thread allocates. Returns 1 if it set
  * the policy. */
 int loom_malloc_keep_pages(void);
 

@@ -1,10 +1,16 @@
 /* core/malloc_policy: with glibc's defaults a large block freed and allocated again
- * faults its pages in again; with loom_malloc_keep_pages it does not. Measured as the
- * minor page faults of touching the block (getrusage), with random block sizes. */
+ * faults its pages in again; with loom_malloc_keep_pages it does not, also for a block
+ * larger than a thread arena's heap (64 MiB) allocated in a thread other than main.
+ * Measured as the minor page faults of touching the block (getrusage), with random block
+ * sizes. */
+#include <limits.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,7 +56,76 @@ static long faults_of_second_block(size_t n) {
     free(b);
     return f;
 }
+
+/* faults_of_second_block in a thread of its own, without cmocka's asserts (-1: no memory) */
+typedef struct {
+    size_t n;
+    long faults;
+} block_arg;
+
+static void *thread_second_block(void *p) {
+    block_arg *a = p;
+    a->faults = -1;
+    char *x = malloc(a->n);
+    if (!x) return NULL;
+    touch(x, a->n);
+    free(x);
+    char *y = malloc(a->n);
+    if (!y) return NULL;
+    const long f0 = minor_faults();
+    touch(y, a->n);
+    a->faults = minor_faults() - f0;
+    free(y);
+    return NULL;
+}
+
+/* In a child process (mallopt's settings and arenas are the process's): the policy (all:
+ * loom_malloc_keep_pages; else only its first two settings, as before M_ARENA_MAX 1), then
+ * the second block's faults in a new thread. -1 if anything failed. */
+static long faults_in_thread_child(size_t n, int all) {
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        if (all) {
+            loom_malloc_keep_pages();
+        } else {
+            mallopt(M_MMAP_MAX, 0);
+            mallopt(M_TRIM_THRESHOLD, INT_MAX);
+        }
+        block_arg a = {n, -1};
+        pthread_t t;
+        if (pthread_create(&t, NULL, thread_second_block, &a) == 0) pthread_join(t, NULL);
+        ssize_t w = write(fd[1], &a.faults, sizeof a.faults);
+        _exit(w == (ssize_t)sizeof a.faults ? 0 : 1);
+    }
+    close(fd[1]);
+    long f = -1;
+    if (pid < 0 || read(fd[0], &f, sizeof f) != (ssize_t)sizeof f) f = -1;
+    close(fd[0]);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return f;
+}
 #endif
+
+/* Runs first: the children must not inherit the settings test_keep_pages makes. */
+static void test_keep_pages_in_threads(void **state) {
+    (void)state;
+#ifdef LOOM_ASAN
+    skip();
+#else
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t n = ((size_t)70 << 20) + (rnd() % 64) * ((size_t)1 << 20) + (rnd() % 4096);
+    const long pages = (long)(n / page);
+    const long before = faults_in_thread_child(n, 0);
+    printf("thread block %zu bytes (%ld pages): %ld faults without one arena\n", n, pages, before);
+    assert_true(before > pages / 2); /* the thread's arena mmaps it: new pages each time */
+    const long after = faults_in_thread_child(n, 1);
+    printf("  %ld faults with loom_malloc_keep_pages\n", after);
+    assert_true(after >= 0 && after < pages / 50);
+#endif
+}
 
 static void test_keep_pages(void **state) {
     (void)state;
@@ -80,6 +155,7 @@ int main(void) {
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
     printf("test_malloc_policy: seed %u (LOOM_TEST_SEED to repeat)\n", seed);
     g_rng = seed;
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_keep_pages)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_keep_pages_in_threads),
+                                       cmocka_unit_test(test_keep_pages)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
