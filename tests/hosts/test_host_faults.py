@@ -157,8 +157,25 @@ def main():
             return json.load(open(path)) if os.path.exists(path) else {}
 
         def left_on_host2(rdir):
-            return [p for p in netns_pids("loomh2")
-                    if rdir in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")]
+            """This run's live processes on host 2, named. A killed process can take a
+            moment to exit on a busy machine (its command line is empty while it does, and
+            a zombie's too): waits up to 10 s for them to go before naming them."""
+            t = time.time()
+            while True:
+                left = []
+                for pid in netns_pids("loomh2"):
+                    try:
+                        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                    except OSError:
+                        continue  # gone since the listing
+                    cmd = cmd.replace(b"\0", b" ").decode(errors="replace")
+                    if rdir in cmd:
+                        left.append(f"{pid}: {cmd[:160]}")
+                if not left or time.time() - t > 10:
+                    if left:
+                        print(f"    left on loomh2: {left}")
+                    return left
+                time.sleep(0.2)
 
         # A slow rank on host 2 (10x slower from step 2): named with its host. (Both ranks
         # of a host slow is not seen: the rule compares a rank with the median of all.)
