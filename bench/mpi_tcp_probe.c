@@ -5,6 +5,7 @@
  *   mpirun -n 2 --host A:1,B:1 [--mca ...] ./mpi_tcp_probe [--p2p 4M,64M,1G]
  *       [--p2p-bytes 1G] [--coll-mb 512] [--coll-reps 2] [--no-sendrecv] [--no-rsag]
  *       [--iallreduce] [--no-allreduce] [--thread-multiple] [--coll-gap-s S]
+ *       [--poll-max-us U]
  *
  * p2p: rank 0 sends messages of each size to rank 1 (MPI_Send/MPI_Recv, blocking), enough
  *   of them for --p2p-bytes in all (at least one), after one untimed message of that size;
@@ -23,6 +24,8 @@
  *   --mca coll_libnbc_iallreduce_algorithm 3, src/comm/world.c).
  * --coll-gap-s S: every collective call starts S seconds after its barrier, the links idle
  *   before it as between two training steps' reductions (TCP's restart after idle).
+ * --poll-max-us U: the iallreduce is waited for as loom's engine thread does (MPI_Test,
+ *   then a sleep from 20 us doubling up to U), not with MPI_Wait.
  *
  * Prints one JSON line (rank 0): {"hosts": [...], "p2p_MBps": {"4MiB": ...},
  * "sendrecv_MBps": {...}, "allreduce": {...}, "reduce_scatter_allgather": {...},
