@@ -8,9 +8,15 @@
 # Build: the full CMake build (-DLOOM_CUDA=ON, build-gpu-check/) when cmake and loom's
 # Debian dependencies are there; otherwise a direct nvcc build of the kernel test alone
 # (it needs only the CUDA toolkit), so the kernels are checked on a bare machine too.
+# LOOM_GPU_PREBUILT=DIR skips the build and takes loom and the test binaries from DIR (a
+# -DLOOM_CUDA=ON build made on another machine and carried over, with LD_LIBRARY_PATH
+# naming any library the GPU machine lacks).
 # Tests: cuda_kernels (every kernel vs float64), cuda_nccl_np1 (and np2 with >= 2 GPUs),
-# loom gpu-info with a 1 GiB arena; then bench/bench_gpu.py if present (LOOM_GPU_BENCH=0
-# skips it). Exit 0: all passed; 1: something failed; 3: nothing failed but the kernel
+# loom gpu-info with a 1 GiB arena, reference_cuda (tests/reference/test_vs_torch.py with
+# `loom train --device cuda`: logits, step-1 gradients, 10 steps' losses and the final
+# weights against PyTorch in float64); then bench/bench_gpu.py (kernels) and
+# bench/bench_gpu_train.py (training vs PyTorch on the same GPU) if torch is there
+# (LOOM_GPU_BENCH=0 skips both). Exit 0: all passed; 1: something failed; 3: nothing failed but the kernel
 # test did not pass either (skipped: no usable GPU), so nothing was verified.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +28,8 @@ nvcc=$(command -v nvcc || { [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local
 cuda_root=$( [[ -n $nvcc ]] && cd "$(dirname "$nvcc")/.." && pwd )
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
 declare -A result
+py=python3 # the one with torch and numpy: a GPU machine's venv, else Debian's
+"$py" -c 'import numpy, torch' 2>/dev/null || py=/usr/bin/python3
 build=none
 note=""
 
@@ -55,7 +63,10 @@ have_cmake_deps() {
 }
 
 t_build=$(date +%s)
-if [[ -z $nvcc ]]; then
+if [[ -n ${LOOM_GPU_PREBUILT:-} ]]; then
+    build=prebuilt
+    note="prebuilt binaries from $LOOM_GPU_PREBUILT"
+elif [[ -z $nvcc ]]; then
     note="nvcc not found (PATH, /usr/local/cuda/bin)"
 elif [[ ${LOOM_GPU_CHECK_DIRECT:-0} != 1 ]] && have_cmake_deps &&
     cmake -S . -B build-gpu-check -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
@@ -93,8 +104,9 @@ else
 fi
 build_s=$(($(date +%s) - t_build))
 
-if [[ $build == cmake ]]; then
+if [[ $build == cmake || $build == prebuilt ]]; then
     b=build-gpu-check
+    [[ $build == prebuilt ]] && b=$LOOM_GPU_PREBUILT
     run_test cuda_kernels "$b/test_cuda_kernels"
     run_test cuda_nccl_np1 "$b/test_nccl"
     ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -105,21 +117,33 @@ if [[ $build == cmake ]]; then
     fi
     run_test gpu_info bash tests/cli/test_gpu_info.sh "$b/loom"
     "$b/loom" gpu-info --arena-mb 1024 >"$logs/gpu_info_arena.log" 2>&1
+    run_test device_cuda bash tests/cli/test_device.sh "$b/loom"
+    if "$b/loom" gpu-info >/dev/null 2>&1; then
+        run_test reference_cuda "$py" tests/reference/test_vs_torch.py --loom "$b/loom" --device cuda \
+            --configs "${LOOM_GPU_REF_CONFIGS:-8}"
+    else
+        result[reference_cuda]="skipped(no GPU)"
+    fi
 elif [[ $build == nvcc-direct ]]; then
     run_test cuda_kernels build-gpu-check/direct/test_cuda_kernels
 fi
 
 bench_json=null
-if [[ ${LOOM_GPU_BENCH:-1} != 0 && -f bench/bench_gpu.py && $build == cmake ]]; then
-    timeout 150 python3 bench/bench_gpu.py --build build-gpu-check >"$logs/bench_gpu.log" 2>&1
+train_json=null
+if [[ ${LOOM_GPU_BENCH:-1} != 0 && ($build == cmake || $build == prebuilt) ]]; then
+    timeout 150 "$py" bench/bench_gpu.py --build "$b" >"$logs/bench_gpu.log" 2>&1
     last=$(tail -1 "$logs/bench_gpu.log")
     python3 -c 'import json,sys; json.loads(sys.argv[1])' "$last" 2>/dev/null && bench_json=$last
+    timeout "${LOOM_GPU_TRAIN_TIMEOUT:-420}" "$py" bench/bench_gpu_train.py --loom "$b/loom" \
+        ${LOOM_GPU_TRAIN_ARGS:-} >"$logs/bench_gpu_train.log" 2>&1
+    last=$(tail -1 "$logs/bench_gpu_train.log")
+    python3 -c 'import json,sys; json.loads(sys.argv[1])' "$last" 2>/dev/null && train_json=$last
 fi
 
 # The short table, then the JSON line last.
 echo "---- gpu_check ($build build in ${build_s}s; logs in $logs) ----"
 printf '%-16s %s\n' "gpu" "${gpu:-none (nvidia-smi)}"
-for k in cuda_kernels cuda_nccl_np1 cuda_nccl_np2 gpu_info; do
+for k in cuda_kernels cuda_nccl_np1 cuda_nccl_np2 gpu_info device_cuda reference_cuda; do
     printf '%-16s %s\n' "$k" "${result[$k]:-not run}"
 done
 printf '%-16s %s passed, %s failed\n' "kernel checks" "$checks_passed" "$checks_failed"
@@ -134,5 +158,5 @@ seed=$(grep -ho 'seed [0-9]*' "$logs/cuda_kernels.log" 2>/dev/null | head -1 | a
 status=ok
 [[ ${result[cuda_kernels]:-} != passed ]] && status=unverified
 [[ $fails != 0 ]] && status=failed
-echo "{\"gpu_check\": \"$status\", \"gpu\": $(echo "${gpu:-}" | json_escape), \"build\": \"$build\", \"build_s\": $build_s, \"tests\": {${tests_json%, }}, \"kernel_checks_passed\": $checks_passed, \"kernel_checks_failed\": $checks_failed, \"seed\": ${seed:-null}, \"note\": $(echo "$note" | json_escape), \"bench\": $bench_json, \"wall_s\": $(($(date +%s) - t_start))}"
+echo "{\"gpu_check\": \"$status\", \"gpu\": $(echo "${gpu:-}" | json_escape), \"build\": \"$build\", \"build_s\": $build_s, \"tests\": {${tests_json%, }}, \"kernel_checks_passed\": $checks_passed, \"kernel_checks_failed\": $checks_failed, \"seed\": ${seed:-null}, \"note\": $(echo "$note" | json_escape), \"bench\": $bench_json, \"bench_train\": $train_json, \"wall_s\": $(($(date +%s) - t_start))}"
 case $status in ok) exit 0 ;; unverified) exit 3 ;; *) exit 1 ;; esac

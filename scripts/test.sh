@@ -12,5 +12,5 @@ BUILD_DIR=build-asan bash scripts/build.sh -DLOOM_SANITIZE=ON -DCMAKE_BUILD_TYPE
 # CUDA tests (built by scripts/build.sh when nvcc is present): they exit 77 = skipped
 # without a GPU or driver, so here they only prove the CUDA build links and fails cleanly.
 if [[ -d build-cuda ]]; then
-    (cd build-cuda && ctest --output-on-failure --timeout 300 -R '^cuda_|gpu_info')
+    (cd build-cuda && ctest --output-on-failure --timeout 300 -R '^cuda_|gpu_info|test_device')
 fi

@@ -17,6 +17,10 @@
 #include "core/cpu_boot.h"
 #include "core/malloc_policy.h"
 #include "core/version.h"
+#include "kernels/backend.h"
+#ifdef LOOM_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 #include "core/version.h"
 
@@ -41,6 +45,9 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     loom_cpu_boot(argv);      /* may re-exec once with OPENBLAS_CORETYPE set */
     loom_malloc_keep_pages(); /* before MPI_Init: its collectives' buffers stay mapped */
+#ifdef LOOM_CUDA
+    loom_backend_register(LOOM_DEVICE_CUDA, loom_backend_cuda_create, loom_backend_cuda_destroy);
+#endif
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -96,6 +96,8 @@ static const opt_def OPTS[] = {
      "model chunks per pipeline rank (interleaved)"},
     {"pp-layers", OPT_STRING, TR(pp_layers), 256,
      "layers per pipeline stage, e.g. 3,5 (pp x virtual-stages counts; default even)"},
+    {"device", OPT_STRING, TR(device), 16,
+     "where the model runs: cpu, or cuda (one GPU, one process; a CUDA build)"},
     {"dry-run", OPT_BOOL, TR(dry_run), 0,
      "set up the layout, print the start-up (memory) report and stop before the first step"},
     {"recompute", OPT_BOOL, TR(recompute), 0,

@@ -4,6 +4,60 @@
 
 #include <string.h>
 
+/* ---- the registered device backends (one per kind; the CPU's is built in) ---- */
+
+static struct {
+    loom_backend_open_fn open;
+    loom_backend_close_fn close;
+} registered[LOOM_DEVICE_CUDA + 1];
+
+void loom_backend_register(loom_device_kind kind, loom_backend_open_fn open,
+                           loom_backend_close_fn close) {
+    if (kind == LOOM_DEVICE_CPU || kind > LOOM_DEVICE_CUDA) return;
+    registered[kind].open = open;
+    registered[kind].close = close;
+}
+
+const char *loom_device_name(loom_device_kind kind) {
+    return kind == LOOM_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+loom_status loom_device_parse(const char *s, const char *flag, loom_device_kind *out,
+                              loom_error *err) {
+    if (s && (strcmp(s, "cpu") == 0 || s[0] == 0)) {
+        *out = LOOM_DEVICE_CPU;
+        return LOOM_OK;
+    }
+    if (s && strcmp(s, "cuda") == 0) {
+        *out = LOOM_DEVICE_CUDA;
+        return LOOM_OK;
+    }
+    return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected cpu or cuda", flag, s ? s : "");
+}
+
+loom_status loom_backend_open(loom_device_kind kind, int ordinal, const loom_backend **out,
+                              loom_error *err) {
+    *out = NULL;
+    if (kind == LOOM_DEVICE_CPU) {
+        *out = loom_backend_cpu();
+        return LOOM_OK;
+    }
+    if (kind > LOOM_DEVICE_CUDA || !registered[kind].open)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--device %s: this loom was built without it (configure with "
+                              "-DLOOM_CUDA=ON on a machine with the CUDA toolkit)",
+                              loom_device_name(kind));
+    loom_backend *be = NULL;
+    loom_status st = registered[kind].open(&be, ordinal, err);
+    if (!st) *out = be;
+    return st;
+}
+
+void loom_backend_close(const loom_backend *be) {
+    if (!be || be->device == LOOM_DEVICE_CPU || !registered[be->device].close) return;
+    registered[be->device].close((loom_backend *)be);
+}
+
 size_t loom_backend_piece_bytes(const loom_backend *be, size_t bytes) {
     const size_t a = be->align ? be->align : 1;
     return (bytes + a - 1) / a * a;

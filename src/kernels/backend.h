@@ -218,6 +218,24 @@ struct loom_backend {
 /* The CPU backend (kernels/cpu/): one static object, never freed; its ops cannot fail. */
 const loom_backend *loom_backend_cpu(void);
 
+/* ---- choosing the device (--device cpu|cuda) ----
+ * A device backend other than the CPU is linked only into builds that have it (CUDA:
+ * -DLOOM_CUDA=ON, src/kernels/cuda/); such a build registers its constructor once at
+ * start-up (cli/main.c), so code below cli opens a backend by kind without linking it. */
+typedef loom_status (*loom_backend_open_fn)(loom_backend **out, int ordinal, loom_error *err);
+typedef void (*loom_backend_close_fn)(loom_backend *be);
+void loom_backend_register(loom_device_kind kind, loom_backend_open_fn open,
+                           loom_backend_close_fn close);
+/* "cpu" | "cuda" -> *out; anything else: LOOM_ERR_INPUT naming `flag` and the choices. */
+loom_status loom_device_parse(const char *s, const char *flag, loom_device_kind *out,
+                              loom_error *err);
+const char *loom_device_name(loom_device_kind kind); /* "cpu", "cuda" */
+/* The backend of `kind` on device `ordinal`: the CPU's shared object, or a new one that
+ * loom_backend_close frees. A kind this build has no backend for: LOOM_ERR_INPUT. */
+loom_status loom_backend_open(loom_device_kind kind, int ordinal, const loom_backend **out,
+                              loom_error *err);
+void loom_backend_close(const loom_backend *be); /* the CPU's or NULL: nothing */
+
 /* ---- arena: one mem_alloc at set-up, carved by bump allocation (kernels/backend.c) ----
  * So the step loop never allocates (cudaMalloc synchronizes the device). Scratch scopes
  * release back to a mark; peak is the high-water mark. */

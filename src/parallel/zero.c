@@ -72,11 +72,43 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
     return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
 }
 
+static int on_device(const loom_zero *z) {
+    return z->be && z->be->device != LOOM_DEVICE_CPU;
+}
+
+loom_status loom_zero_place_on(loom_zero *z, const loom_backend *be, loom_error *err) {
+    if (z->stage != 0 || z->dp->size != 1 || z->ema || z->embed.enabled)
+        return loom_error_set(err, LOOM_ERR_STATE,
+                              "ZeRO on %s: only one replica at stage 0 (no moving average)",
+                              be->name);
+    const size_t bytes = (z->shard_floats ? z->shard_floats : 1) * sizeof(float);
+    float *m = loom_backend_alloc(be, bytes), *v = loom_backend_alloc(be, bytes);
+    if (!m || !v) {
+        loom_backend_free(be, m);
+        loom_backend_free(be, v);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "AdamW state on %s: out of memory (%.1f MiB)",
+                              be->name, 2.0 * (double)bytes / (1 << 20));
+    }
+    loom_backend_memset(be, m, 0, bytes);
+    loom_backend_memset(be, v, 0, bytes);
+    free(z->m);
+    free(z->v);
+    z->m = m;
+    z->v = v;
+    z->be = be;
+    return loom_backend_status(be, err);
+}
+
 void loom_zero_free(loom_zero *z) {
     loom_comm_engine_stop(&z->engine);
     loom_embed_grad_free(&z->embed);
     free(z->buckets);
     loom_shard_layout_free(&z->shards);
+    if (on_device(z)) {
+        loom_backend_free(z->be, z->m);
+        loom_backend_free(z->be, z->v);
+        z->m = z->v = NULL;
+    }
     free(z->m);
     free(z->v);
     free(z->ema);
@@ -113,6 +145,12 @@ float *loom_zero_map_huge(size_t bytes) {
 }
 
 float *loom_zero_grads_alloc(loom_zero *z) {
+    if (on_device(z)) { /* stage 0 (loom_zero_place_on) */
+        const size_t bytes = (z->total ? z->total : 1) * sizeof(float);
+        float *g = loom_backend_alloc(z->be, bytes);
+        if (g) loom_backend_memset(z->be, g, 0, bytes);
+        return g;
+    }
     if (z->stage < 2) return calloc(z->total ? z->total : 1, sizeof(float));
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;
@@ -129,7 +167,9 @@ void loom_zero_grads_free(loom_zero *z, float *grads) {
     z->page_map = NULL;
     if (!z->experts) z->grad_shard = NULL;
     if (!grads) return;
-    if (z->stage < 2)
+    if (on_device(z))
+        loom_backend_free(z->be, grads);
+    else if (z->stage < 2)
         free(grads);
     else
         munmap(grads, z->grads_bytes);
@@ -144,7 +184,9 @@ void loom_zero_release_pages(float *base, size_t begin, size_t end) {
 }
 
 void loom_zero_grads_clear(loom_zero *z, float *grads) {
-    if (z->stage < 2)
+    if (on_device(z))
+        loom_backend_memset(z->be, grads, 0, z->total * sizeof(float));
+    else if (z->stage < 2)
         memset(grads, 0, z->total * sizeof(float));
     else
         madvise(grads, z->grads_bytes, MADV_DONTNEED);

@@ -91,6 +91,10 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
 loom_status loom_zero_size(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
                            double bucket_mb, loom_error *err);
 void loom_zero_free(loom_zero *z);
+/* One replica whose buffers live on a device backend (--device cuda): the optimizer
+ * state moves to the device (zeroed), and loom_zero_grads_alloc / _clear / _free use its
+ * memory from then on. Only ZeRO-0 on one rank: else LOOM_ERR_STATE. */
+loom_status loom_zero_place_on(loom_zero *z, const loom_backend *be, loom_error *err);
 
 /* Bytes held per rank, by ZeRO's formulas (fp32; P parameters, N ranks, shard s ~ P/N
  * snapped to rows): stage 0: params 4P, grads 4P, optimizer 8P; stage 1: optimizer 8s;

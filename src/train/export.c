@@ -4,11 +4,21 @@
 #include "parallel/tp_shards.h"
 #include "train/run.h"
 
+#include <stdlib.h>
+
 loom_status loom_run_export_flat(loom_run *r, const float *flat, const loom_param_table **table,
                                  const float **out, loom_error *err) {
     *table = &r->model.table;
     *out = flat;
     loom_status st = LOOM_OK;
+    if (loom_run_on_device(r)) { /* one process (train_config: validate_device): a host copy */
+        const size_t bytes = r->model.table.total * sizeof(float);
+        if (!r->host_flat && !(r->host_flat = malloc(bytes ? bytes : 1)))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "export: out of host memory");
+        loom_backend_copy_to_host(r->be, r->host_flat, flat, bytes);
+        *out = r->host_flat;
+        return loom_backend_status(r->be, err);
+    }
     if (r->export_kind != LOOM_EXPORT_LOCAL) {
         *table = &r->global_table;
         *out = r->global_flat;

@@ -36,6 +36,8 @@ typedef struct {
     const loom_train_config *tc;
     loom_mesh *mesh;
     loom_batch_source data, val; /* training and validation batches */
+    const loom_backend *be; /* --device: where the model, parameters, gradients and optimizer
+                               state live (the CPU's, or a device's opened at setup) */
     loom_model model;
     loom_zero zero;
     loom_fsdp fsdp;       /* ZeRO-3 only: params is then fsdp.view */
@@ -56,6 +58,7 @@ typedef struct {
     loom_export_kind export_kind;
     loom_param_table global_table; /* tp or ep > 1: the unsharded registry, for exports */
     float *global_flat;            /* ... and on its gathering rank a flat buffer for it */
+    float *host_flat;              /* --device cuda: a host copy of a flat buffer, for exports */
     loom_checkpointing ckpt;
     int start_step;                       /* steps already done (resumed from a checkpoint) */
     loom_pipeline pipe;                   /* --pp > 1: the stage's schedule, slots and buffers */
@@ -70,6 +73,8 @@ typedef struct {
 loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
                            loom_mesh *mesh, loom_error *err);
 void loom_run_free(loom_run *r);
+/* The run's buffers are in a device's memory (--device cuda), not the host's. */
+int loom_run_on_device(const loom_run *r);
 /* Only what sizes the rank's memory: the tensor/context-parallel groups, the model (or
  * the pipeline stage's slots) with arenas sized but not allocated, MoE and ZeRO, on a
  * mesh that may be a shape (loom_mesh_shape); no data, no parameters, no step. Free with

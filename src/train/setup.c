@@ -23,6 +23,8 @@ void loom_run_free(loom_run *r) {
     loom_model_destroy(&r->model);
     if (r->sharded)
         loom_fsdp_free(r->sharded);
+    else if (loom_run_on_device(r))
+        loom_backend_free(r->be, r->params);
     else
         free(r->params);
     loom_grad_sync_free(&r->sync);
@@ -39,6 +41,12 @@ void loom_run_free(loom_run *r) {
     if (r->cped) loom_cp_free(r->cped);
     loom_params_free(&r->global_table);
     free(r->global_flat);
+    free(r->host_flat);
+    loom_backend_close(r->be); /* last: everything above may free its memory */
+}
+
+int loom_run_on_device(const loom_run *r) {
+    return r->be && r->be->device != LOOM_DEVICE_CPU;
 }
 
 /* A dit's image shards must hold samples of the model's shape and classes. */
@@ -138,6 +146,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
                                           .tp = &r->tp,
                                           .cp = r->cped,
                                           .ep = &mesh->ep,
+                                          .backend = r->be,
                                           .flags = r->size_only ? LOOM_MODEL_SIZE_ONLY : 0},
                     err))) {
         return st;
@@ -154,6 +163,8 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))))
         return st;
     if (r->size_only) return LOOM_OK;
+    /* --device cuda: the optimizer state and the gradients on the device too */
+    if (loom_run_on_device(r) && (st = loom_zero_place_on(&r->zero, r->be, err))) return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h), and
      * whole sequences (its positions are 0..T-1: not with context parallelism). */
@@ -182,7 +193,8 @@ static loom_status build_buffers(loom_run *r, loom_error *err) {
         r->model.hooks =
             (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r->fsdp};
     } else {
-        r->params = calloc(P, sizeof(float));
+        r->params = loom_run_on_device(r) ? loom_backend_alloc(r->be, P * sizeof(float))
+                                          : calloc(P, sizeof(float));
         if (r->params && tc->overlap_param_gather) {
             if ((st = loom_param_gather_create(&r->pg, &r->zero, r->params, err))) return st;
             r->pg.err = err;
@@ -303,18 +315,49 @@ static loom_status open_outputs(loom_run *r, loom_error *err) {
     return loom_metrics_open(&r->metrics, lead ? tc->metrics : "", err);
 }
 
+/* The initial weights: drawn on the host (the same numbers on every device), then copied
+ * to the device when the model runs there. */
+static loom_status init_params(loom_run *r, loom_error *err) {
+    const loom_param_table *t = &r->model.table;
+    if (!loom_run_on_device(r)) {
+        loom_params_init(t, r->params, r->tc->seed);
+        return LOOM_OK;
+    }
+    float *host = malloc((t->total ? t->total : 1) * sizeof(float));
+    if (!host) return loom_error_set(err, LOOM_ERR_NOMEM, "initial weights: out of host memory");
+    loom_params_init(t, host, r->tc->seed);
+    loom_backend_copy_to_device(r->be, r->params, host, t->total * sizeof(float));
+    loom_backend_synchronize(r->be);
+    free(host);
+    return loom_backend_status(r->be, err);
+}
+
+/* --device: the backend every buffer of the run lives on (the CPU's unless asked). */
+static loom_status open_device(loom_run *r, loom_error *err) {
+    loom_device_kind kind;
+    loom_status st = loom_train_config_validate_device(r->tc, r->mc, r->mesh->size, &kind, err);
+    if (st || kind == LOOM_DEVICE_CPU) return st;
+    if ((st = loom_backend_open(kind, 0, &r->be, err))) {
+        r->be = loom_backend_cpu();
+        /* a build without the device already names the flag; a missing GPU does not */
+        return st == LOOM_ERR_INPUT ? st : loom_error_prefix(err, "--device %s", loom_device_name(kind));
+    }
+    if (r->mesh->rank == 0) fprintf(stderr, "loom: device %s\n", r->be->name);
+    return LOOM_OK;
+}
+
 static loom_status setup(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_status st;
     loom_timeline_mark("train_setup");
-    if ((st = build_model(r, err))) return st;
+    if ((st = open_device(r, err)) || (st = build_model(r, err))) return st;
     loom_timeline_mark("data_model_zero_create");
     if ((st = build_buffers(r, err)) || (st = build_step(r, err))) return st;
     loom_timeline_mark("params_grads_alloc");
     /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
      * loaded (seconds for a 124M model, on the path from a failure to the first step). */
     const int init_later = !r->sharded && tc->resume[0] && !tc->dump_dir[0];
-    if (!r->sharded && !init_later) loom_params_init(&r->model.table, r->params, tc->seed);
+    if (!r->sharded && !init_later && (st = init_params(r, err))) return st;
     loom_timeline_mark("params_init");
     if (r->mesh->rank == 0) loom_run_report_startup(r);
     if ((st = open_dumps(r, err))) return st;
@@ -345,6 +388,7 @@ static loom_status build_run(loom_run *r, const loom_model_config *mc, const loo
     r->tc = tc;
     r->mesh = mesh;
     r->size_only = size_only;
+    r->be = loom_backend_cpu(); /* setup's open_device may choose another */
     loom_status st = build(r, err);
     if (st) loom_run_free(r);
     return st;

@@ -19,8 +19,17 @@ static loom_status dump_output(loom_step_runner *r, loom_error *err) {
     const int M = r->micro_batch, T = r->seq_len;
     if (!mod->dit) {
         int64_t dims[3] = {M, T, c->vocab_size};
-        return loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits", 0,
-                                mod->logits, 3, dims, err);
+        const size_t n = (size_t)M * T * c->vocab_size;
+        float *host = NULL; /* a device's logits are copied to the host first */
+        if (mod->be->device != LOOM_DEVICE_CPU) {
+            if (!(host = malloc(n * sizeof *host)))
+                return loom_error_set(err, LOOM_ERR_NOMEM, "--dump-dir: out of memory");
+            loom_backend_copy_to_host(mod->be, host, mod->logits, n * sizeof *host);
+        }
+        loom_status st = loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits",
+                                          0, host ? host : mod->logits, 3, dims, err);
+        free(host);
+        return st;
     }
     const size_t n = (size_t)M * loom_model_dit_sample_floats(c);
     float *pred = malloc(n * sizeof *pred);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "data/flow_batch.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
@@ -58,6 +59,7 @@ typedef struct {
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
     int recompute;                  /* keep only each layer's input, recompute in backward */
     int dry_run;                    /* set up and print the start-up report, no step */
+    char device[16];                /* cpu | cuda (kernels/backend.h: loom_device_parse) */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
@@ -77,6 +79,11 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
  * micro-batch); messages name the flag. Nothing to check without --cp. */
 loom_status loom_train_config_validate_cp(const loom_train_config *tc, const loom_model_config *mc,
                                           loom_error *err);
+/* --device: the kind asked for (cpu | cuda), and LOOM_ERR_INPUT for what the device path
+ * does not run yet (more than one process, dit, MoE, checkpoints, ...). */
+loom_status loom_train_config_validate_device(const loom_train_config *tc,
+                                              const loom_model_config *mc, int world_size,
+                                              loom_device_kind *kind, loom_error *err);
 /* Everything `loom train` checks before it starts MPI: the model, these flags, and the
  * layout against the model (tensor, context, expert and pipeline parallelism, the
  * overlapped gather); messages name the flag. loom plan proposes only what passes. */

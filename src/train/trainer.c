@@ -151,6 +151,10 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_begin(r->trace, "optimizer", "train");
         loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         if ((st = loom_grad_sync_step(&r->sync, norm, lr, &tc->adamw, step + 1, err))) return st;
+        /* A device works asynchronously: the step's time includes its work, and its first
+         * failure (kernels/backend.h: sticky) stops the run here. */
+        loom_backend_synchronize(r->be);
+        if ((st = loom_backend_status(r->be, err))) return st;
         if (early >= 0) LOOM_STEP_MARK(early, "optimizer");
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
