@@ -35,7 +35,8 @@ import safetensors_io  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_model as tm  # noqa: E402
-from loomtest import MPIRUN, run, seed_of, write_text_shard  # noqa: E402
+import loomtest  # noqa: E402
+from loomtest import MPIRUN, check_loom, failed, run, run_test, seed_of, write_text_shard  # noqa: E402
 
 TOL = 1e-5
 MASK32, MASK64 = (1 << 32) - 1, (1 << 64) - 1
@@ -88,14 +89,12 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_export_")
-    failures = 0
 
     def check(ok, what):
-        nonlocal failures
-        failures += not ok
-        print(f"  {what}: {'ok' if ok else 'FAIL'}")
+        loomtest.check(ok, f"  {what}:")
 
     try:
         data, val = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")
@@ -178,13 +177,11 @@ def main():
                       f"{family}: import under {name} = single-process import, 3 losses, "
                       f"rel err {err:.1e}")
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

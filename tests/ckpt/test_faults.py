@@ -22,15 +22,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import seed_of, write_text_shard  # noqa: E402
-
-failures = 0
-
+import loomtest  # noqa: E402
+from loomtest import check_loom, failed, run_test, seed_of, write_text_shard  # noqa: E402
 
 def check(ok, what):
-    global failures
-    failures += not ok
-    print(f"  {what}: {'ok' if ok else 'FAIL'}")
+    loomtest.check(ok, f"  {what}:")
 
 
 def main():
@@ -38,6 +34,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_faults_")
@@ -222,13 +219,11 @@ def main():
         check(r.returncode == 2 and "different model" in r.stderr,
               f"resume into a different model: refused (exit {r.returncode})")
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -24,15 +24,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import MPIRUN, losses, safetensors_io, same_tensors, seed_of, write_text_shard  # noqa: E402,E501
-
-failures = 0
-
+import loomtest  # noqa: E402
+from loomtest import (MPIRUN, check_loom, failed, losses, run_test, safetensors_io,  # noqa: E402
+                      same_tensors, seed_of, write_text_shard)
 
 def check(ok, what):
-    global failures
-    failures += not ok
-    print(f"  {what}: {'ok' if ok else 'FAIL'}")
+    loomtest.check(ok, f"  {what}:")
 
 
 def weights(out):
@@ -75,6 +72,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_recovery_")
     shm = tempfile.mkdtemp(prefix="loom_ckpt_fast_", dir="/dev/shm")
@@ -225,13 +223,11 @@ def main():
                   "losses 11-30 bitwise")
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 # (dp, zero, tp[, pp]): world size dp x tp x pp
@@ -93,9 +94,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_layouts_")
-    failures = 0
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
@@ -130,7 +131,7 @@ def main():
                     if not os.path.isdir(ck):
                         train(f"a_{an}", a, ["--ckpt-dir", ck, "--ckpt-every", "10"], run_seed)
                         if moe and not written_once(os.path.join(ck, "step_00000010")):
-                            failures += 1
+                            check(False)
                     a_out = os.path.join(tmp, f"{tag}_s{run_seed}_a_{an}")
                     a_l = losses(a_out + ".jsonl")
                     a_w = safetensors_io.load(os.path.join(a_out, "params_final.safetensors"))
@@ -144,7 +145,7 @@ def main():
                                                      run_seed)
                     if "resumed from" not in log:
                         print(f"  {name}: FAIL: did not resume\n{log[-2000:]}")
-                        failures += 1
+                        check(False)
                         break
                     want = ref_l[10:20] + ref_l[21:]  # steps 11-20, validation at step 20
                     errs = [abs(x - y) / abs(y) for x, y in zip(got_l, want)]
@@ -167,12 +168,12 @@ def main():
                               f"{', bitwise identical to the uninterrupted run' if same else ''}"
                               f"  {'ok, again with another seed' if ok else 'FAIL'}")
                         if not ok:
-                            failures += 1
+                            check(False)
                             break
                         if attempt + 1 == MAX_SEEDS:
                             print(f"  {tag} {name}: FAIL: a routing flip at each of {MAX_SEEDS} "
                                   "seeds")
-                            failures += 1
+                            check(False)
                         continue
                     ok = (len(got_l) == len(want) and max(errs) <= TOL and all_err <= TOL
                           and w_err <= 10 * TOL)
@@ -195,17 +196,15 @@ def main():
                                   f"process had a near tie (margin {margin:.1e}) by step "
                                   f"{upto}: a possible flip, again with another seed")
                             continue
-                    failures += not ok
+                    check(ok)
                     print(f"  {tag} {name:18s} {msg}  {'ok' if ok else 'FAIL'}")
                     break
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{2 * len(PAIRS) + len(MOE_PAIRS) - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

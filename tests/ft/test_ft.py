@@ -24,7 +24,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import MPIRUN, losses, safetensors_io, write_text_shard  # noqa: E402
+import loomtest  # noqa: E402
+from loomtest import MPIRUN, check_loom, losses, run_test, safetensors_io, write_text_shard  # noqa: E402
 
 STEPS = 24
 
@@ -74,12 +75,9 @@ class Case:
         return run_dir, weights, p.stderr
 
 
-FAILED = []
-
-
 def check(ok, what):
-    if not ok:
-        FAILED.append(what)
+    """One check; a case stops at the first that fails."""
+    if not loomtest.check(ok):
         print(f"FAIL: {what}")
         raise SystemExit(1)
 
@@ -413,23 +411,20 @@ def main():
     ap.add_argument("--case", required=True, choices=sorted(CASES))
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"case {args.case}, seed {seed} (--seed {seed} repeats it)")
     tmp = tempfile.mkdtemp(prefix=f"loom_ft_{args.case}_")
-    ok = False
+    done = False
     try:
         CASES[args.case](Case(os.path.abspath(args.loom), tmp, seed), random.Random(seed))
-        ok = True
-    except SystemExit:
-        pass
+        done = True
     finally:
-        if ok:
+        if done and not loomtest.failed():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"kept {tmp} (seed {seed})")
-    print("ok" if ok else "FAILED")
-    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -2,6 +2,14 @@
 
 Import it with `sys.path.insert(0, <tests>/harness); import loomtest` (it puts
 tests/reference on the path for safetensors_io). What it holds:
+- The exit of every test, in one place: run_test(main) runs main() and exits 0 only when at
+  least one check ran and none failed; 77 when main raised Skip("why") (the test's own
+  precondition is missing: not root, no mpirun) before any check failed; 1 otherwise,
+  whatever way main ended (a failed check, then a `return` from inside `try:`; an
+  exception, its traceback printed; a timeout; sys.exit(non-zero)). check(ok, line)
+  counts one check (prints line with ok/FAIL), report(name, ok, text) is check with the
+  hosts tests' layout, failed() the failures so far; check_loom(path) first: a --loom
+  that does not run fails the test at once.
 - MPIRUN (root allowed, oversubscribed, yielding), run(cmd, what) (exits 1 naming the
   command and the stderr tail), losses(metrics) (training losses, then validation),
   write_text_shard (a byte-token shard of English-like words, llm.c format).
@@ -16,8 +24,11 @@ import functools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
+import traceback
 
 import numpy as np
 
@@ -36,6 +47,84 @@ TOL = 1e-5
 # large as before.
 ADAM_EPS = "1e-6"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+
+
+class Skip(Exception):
+    """Raised by a test whose own precondition is missing (not root, no mpirun, no network
+    namespaces): run_test exits 77 with the reason. Never for a failure of loom's."""
+
+
+_checks = {"ran": 0, "failed": 0}
+
+
+def check(ok, line=None):
+    """One check, counted for run_test; prints line followed by ok or FAIL when given.
+    Returns ok (as a bool)."""
+    ok = bool(ok)
+    _checks["ran"] += 1
+    _checks["failed"] += not ok
+    if line is not None:
+        print(f"{line}  {'ok' if ok else 'FAIL'}", flush=True)
+    return ok
+
+
+def report(name, ok, text):
+    """check() of one named step, as the hosts tests print it: "  NAME  TEXT  ok"."""
+    return check(ok, f"  {name:28s} {text}")
+
+
+def failed():
+    """How many checks have failed so far."""
+    return _checks["failed"]
+
+
+def check_loom(path):
+    """Fails the test at once (exit 1) when `path version` does not run: a broken --loom
+    must never reach a test's teardown or its skip rules."""
+    try:
+        p = subprocess.run([path, "version"], capture_output=True, text=True, timeout=60)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        rc, out = None, str(e)
+    if rc != 0 or "loom" not in out:
+        check(False, f"--loom {path}: `{path} version` exit {rc}: {out.strip()[-300:]!r}: "
+              "not a loom that runs")
+        raise SystemExit(1)
+    return path
+
+
+def run_test(main, expect=None):
+    """Runs main() and exits, the one exit of a test: 0 when at least one check ran (with
+    expect: exactly that many) and none failed; 77 when main raised Skip before any check
+    failed; 1 for everything else: a failed check (also when main went on, or returned
+    early), an exception (its traceback printed), sys.exit with a non-zero code, SIGTERM
+    (a ctest timeout: the test's `finally:` teardown runs), no check at all."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        main()  # argparse prints the usage and exits 0: not a run of the test
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
+    t0, code, why = time.time(), 0, ""
+    try:
+        main()
+    except Skip as e:
+        code, why = 77, f"SKIP: {e}"
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            code, why = 1, f"stopped: exit {e.code}"
+    except BaseException:  # an exception, KeyboardInterrupt: a failure, with its traceback
+        traceback.print_exc()
+        code, why = 1, "stopped by an exception (traceback above)"
+    ran, bad = _checks["ran"], _checks["failed"]
+    if code == 0 and not ran:
+        code, why = 1, "no check ran"
+    elif code == 0 and expect is not None and ran != expect:
+        code, why = 1, f"{ran} check(s) ran, expected {expect}"
+    if code == 77 and not bad:
+        print(why, flush=True)
+        sys.exit(77)
+    code = 1 if bad or code else 0
+    print(f"{'FAIL' if code else 'ok'}: {ran - bad} of {ran} check(s) passed"
+          f"{', ' + why if why else ''} in {time.time() - t0:.0f} s", flush=True)
+    sys.exit(code)
 
 
 def write_text_shard(path, seed):

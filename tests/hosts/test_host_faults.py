@@ -41,7 +41,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import TOL, safetensors_io, seed_of, weights_error, write_text_shard  # noqa: E402
+from loomtest import (TOL, check_loom, failed, report, run_test, safetensors_io, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
 from test_hosts import AGENT, HOSTS, MCA, leftovers, sh, skip_unless_possible  # noqa: E402
 
 STEPS = 40  # long enough that a fault made at a step of 6..24 lands before the end
@@ -78,20 +79,13 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     skip_unless_possible()
     seed = seed_of(args)
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="loom_hostfaults_")
-    failures = 0
-
-    def report(name, ok, text):
-        nonlocal failures
-        failures += not ok
-        print(f"  {name:22s} {text}  {'ok' if ok else 'FAIL'}")
-
     lock = open("/run/loom-hosts.lock", "w")  # one user of the test hosts at a time
     fcntl.flock(lock, fcntl.LOCK_EX)
-    t0 = time.time()
     sh("down", check=False)
     try:
         sh("up", "2")
@@ -295,15 +289,12 @@ def main():
         left = leftovers()
         ok = p.returncode == 0 and not left
         report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'FAIL' if failures else 'ok'}: {failures} failure(s) in {time.time() - t0:.0f} s "
-          f"(seed {seed})")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
     assert AGENT
-    main()
+    run_test(main)

@@ -36,8 +36,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, Run, loss_error, run, seed_of, weights_error,  # noqa: E402
-                      write_text_shard)
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, Skip, check_loom, failed, loss_error,  # noqa: E402
+                      report, run, run_test, seed_of, weights_error, write_text_shard)
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 AGENT = os.path.join(HERE, "agent.sh")
@@ -64,21 +64,17 @@ def sh(*args, check=True):
 
 def skip_unless_possible():
     if os.geteuid() != 0:
-        print(f"SKIP: needs root for network namespaces (running as uid {os.geteuid()})")
-        sys.exit(77)
+        raise Skip(f"needs root for network namespaces (running as uid {os.geteuid()})")
     for tool in ("ip", "nsenter", "unshare"):
         if not shutil.which(tool):
-            print(f"SKIP: no '{tool}' (iproute2, util-linux)")
-            sys.exit(77)
+            raise Skip(f"no '{tool}' (iproute2, util-linux)")
     probe = f"loomprobe{os.getpid()}"
     p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if p.returncode != 0:
-        print(f"SKIP: 'ip netns add' fails here: {p.stderr.strip()}")
-        sys.exit(77)
+        raise Skip(f"'ip netns add' fails here: {p.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if not shutil.which("mpirun"):
-        print("SKIP: no mpirun")
-        sys.exit(77)
+        raise Skip("no mpirun")
 
 
 def leftovers():
@@ -131,16 +127,10 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     skip_unless_possible()
     seed = seed_of(args)
-    t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="loom_hosts_")
-    failures = 0
-
-    def report(name, ok, text):
-        nonlocal failures
-        failures += not ok
-        print(f"  {name:28s} {text}  {'ok' if ok else 'FAIL'}")
 
     # One user of the test hosts at a time (another build's hosts_basic waits here).
     lock = open("/run/loom-hosts.lock", "w")
@@ -158,7 +148,7 @@ def main():
         sh("up", "2")
         ok, text, status = check_hosts()
         report("hosts up after a crash", ok, text)
-        if failures:
+        if failed():
             print(status)
             return
 
@@ -300,14 +290,11 @@ def main():
         left = leftovers()
         ok = p.returncode == 0 and not left
         report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'FAIL' if failures else 'ok'}: {failures} failure(s) in {time.time() - t0:.0f} s "
-          f"(seed {seed})")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -39,17 +39,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import Layouts, Run, same_tensors, seed_of, write_text_shard  # noqa: E402
+from loomtest import (Layouts, Run, check_loom, failed, report, run_test, same_tensors,  # noqa: E402
+                      seed_of, write_text_shard)
 from test_hosts import MCA, MPIRUN_HOSTS, HOSTS, leftovers, sh, skip_unless_possible  # noqa: E402
-
-failures = 0
-
-
-def report(name, ok, text):
-    global failures
-    failures += not ok
-    print(f"  {name:24s} {text}  {'ok' if ok else 'FAIL'}")
-
 
 def kill_host(k, mem):
     """Host k dies: every process in its network namespace, and what it held in memory."""
@@ -91,9 +83,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     skip_unless_possible()
     seed = seed_of(args)
-    t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="loom_peer_")
     mem = f"/dev/shm/loom-peer-test-{os.getpid()}"
     lock = open("/run/loom-hosts.lock", "w")
@@ -182,14 +174,11 @@ def main():
         left = leftovers() + ([mem] if os.path.exists(mem) else [])
         ok = p.returncode == 0 and not left
         report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'FAIL' if failures else 'ok'}: {failures} failure(s) in {time.time() - t0:.0f} s "
-          f"(seed {seed})")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

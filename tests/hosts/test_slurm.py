@@ -13,8 +13,11 @@ reached the supervisor (summary.json: each rank with its host). Bad environments
 line naming the flag or host and what was expected, exit 2, no run folder, nothing left
 running: `--hosts` inside the allocation naming a host outside it; `--launcher srun`
 with munged stopped; with slurmctld stopped too. Last, `slurm.sh down` and `hosts.sh down`:
-no daemon, job step, state folder, namespace or bridge left. Skipped (77) without root,
-network namespaces, mpirun or Slurm/munge.
+no daemon, job step, state folder, namespace or bridge left (after a bounded wait for
+killed daemons to exit). The nodes run a copy of --loom in the test's folder under
+/var/tmp, which every node sees (each node has its own /tmp, as /tmp is node-local on a
+real cluster): the test runs from any checkout. Skipped (77) without root, network
+namespaces, mpirun or Slurm/munge.
 Usage: test_slurm.py --loom PATH [--seed S]
 """
 import argparse
@@ -31,7 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import seed_of, write_text_shard  # noqa: E402
+from loomtest import (Skip, check_loom, failed, report, run_test, seed_of,  # noqa: E402
+                      write_text_shard)
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 SLURM_SH = os.path.join(HERE, "slurm.sh")
@@ -51,18 +55,15 @@ def sh(script, *args, check=True):
 
 def skip_unless_possible():
     if os.geteuid() != 0:
-        print(f"SKIP: needs root for network namespaces and slurmd (uid {os.geteuid()})")
-        sys.exit(77)
+        raise Skip(f"needs root for network namespaces and slurmd (uid {os.geteuid()})")
     for tool in ("ip", "nsenter", "unshare", "mpirun", "munged", "slurmctld", "slurmd", "sbatch",
                  "srun", "scontrol", "sinfo"):
         if not shutil.which(tool):
-            print(f"SKIP: no '{tool}' (scripts/setup.sh installs slurm-wlm and munge)")
-            sys.exit(77)
+            raise Skip(f"no '{tool}' (scripts/setup.sh installs slurm-wlm and munge)")
     probe = f"loomprobe{os.getpid()}"
     p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if p.returncode != 0:
-        print(f"SKIP: 'ip netns add' fails here: {p.stderr.strip()}")
-        sys.exit(77)
+        raise Skip(f"'ip netns add' fails here: {p.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
@@ -137,21 +138,17 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     skip_unless_possible()
     seed = seed_of(args)
     rng = random.Random(seed)
-    # Not under /tmp: each slurmd host has its own /tmp. Every host sees /var/tmp.
+    # Not under /tmp: each slurmd host has its own /tmp. Every host sees /var/tmp: the data,
+    # the run folders, and the loom the nodes run (a copy: --loom may be under /tmp).
     tmp = tempfile.mkdtemp(prefix="loom_slurm_", dir="/var/tmp")
-    failures = 0
-
-    def report(name, ok, text):
-        nonlocal failures
-        failures += not ok
-        print(f"  {name:28s} {text}  {'ok' if ok else 'FAIL'}")
-
+    loom = os.path.join(tmp, "loom")
+    shutil.copy2(args.loom, loom)
     lock = open("/run/loom-hosts.lock", "w")  # one user of the test hosts at a time
     fcntl.flock(lock, fcntl.LOCK_EX)
-    t0 = time.time()
     sh(SLURM_SH, "down", check=False)  # whatever an earlier crashed run left
     sh(HOSTS_SH, "down", check=False)
     try:
@@ -185,7 +182,7 @@ def main():
             the run folder."""
             rdir = os.path.join(tmp, name)
             script = os.path.join(tmp, name + ".sh")
-            cmd = ([args.loom, "run", "-n", "4", "--run-dir", rdir, "--startup-timeout", "30"] +
+            cmd = ([loom, "run", "-n", "4", "--run-dir", rdir, "--startup-timeout", "30"] +
                    run_flags + ["--"] + train + ["--save-weights", f"{rdir}/weights.safetensors",
                                                  "--ckpt-dir", f"{rdir}/ckpt", "--ckpt-every",
                                                  "4"] + train_extra)
@@ -220,7 +217,7 @@ def main():
         # its address towards the nodes from Slurm's NodeAddr (the bridge's 10.231.0.254).
         def from_here(name, prefix, flags):
             rdir = os.path.join(tmp, name)
-            cmd = (prefix + [args.loom, "run", "-n", "4", "--run-dir", rdir,
+            cmd = (prefix + [loom, "run", "-n", "4", "--run-dir", rdir,
                              "--startup-timeout", "30"] + flags + ["--"] + train +
                    ["--save-weights", f"{rdir}/weights.safetensors"])
             t = time.time()
@@ -278,7 +275,7 @@ def main():
         def srun_here(name):
             rdir = os.path.join(tmp, name)
             t = time.time()
-            p = subprocess.run([args.loom, "run", "-n", "2", "--launcher", "srun", "--run-dir",
+            p = subprocess.run([loom, "run", "-n", "2", "--launcher", "srun", "--run-dir",
                                 rdir, "--"] + train, capture_output=True, text=True, env=ENV,
                                timeout=60)
             return p.returncode, p.stderr, rdir, time.time() - t
@@ -305,18 +302,17 @@ def main():
     finally:
         p1 = sh(SLURM_SH, "down", check=False)
         p2 = sh(HOSTS_SH, "down", check=False)
+        # The scripts' own verdicts are shown; what fails the check is what leftovers(),
+        # after its wait, still finds.
+        said = " ".join(x for x in (p1.stderr.strip(), p2.stderr.strip()) if x)
         left = leftovers()
-        ok = p1.returncode == 0 and p2.returncode == 0 and not left
-        report("slurm and hosts down", ok, "nothing left" if ok else
-               f"left: {left} {p1.stderr.strip()} {p2.stderr.strip()}")
-        if failures:
+        report("slurm and hosts down", not left, (f"left: {left}" if left else "nothing left") +
+               (f" ({said})" if said else ""))
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'FAIL' if failures else 'ok'}: {failures} failure(s) in {time.time() - t0:.0f} s "
-          f"(seed {seed})")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

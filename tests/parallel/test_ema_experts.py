@@ -19,7 +19,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import ADAM_EPS, TOL, Layouts, loss_error, seed_of, weights_error, write_text_shard  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, check, check_loom, loss_error, run_test, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
 
 D_MODEL = 32
 STEPS = 8
@@ -61,6 +62,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_ema_experts_")
     ok = False
@@ -78,9 +80,9 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"kept {tmp} (seed {seed})")
-    print("ok" if ok else "FAIL: every seed differs")
-    sys.exit(0 if ok else 1)
+    check(ok, "every layout equal to one process with one of 3 seeds" if ok else
+          "every seed differs")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -18,6 +18,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
                       write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 
 
 def main():
@@ -25,9 +26,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_")
-    failures = 0
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
@@ -57,24 +58,21 @@ def main():
                 _, w_err, w_name = weights_error(got.params, ref.params, 48)
                 ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and w_err <= TOL
                       and set(got.params) == set(ref.params) and fallback == funneled)
-                failures += not ok
+                check(ok)
                 print(f"  {name:20s} losses rel err {loss_err:.2e}  weights rel err "
                       f"{w_err:.2e} ({w_name})  {'ok' if ok else 'FAIL'}"
                       f"{'' if fallback == funneled else ' (engine mode wrong)'}")
             # The same layout twice: bitwise the same run.
             again = layouts.run("dp2_zero3_again", 2, ["--dp", "2", "--zero", "3"])
             same = bitwise(again, layouts.runs["dp2_zero3"])
-            failures += not same
+            check(same)
             print(f"  dp2_zero3 twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    total = 2 * 11
-    print(f"{total - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, routes  # noqa: E402
 
 D_MODEL = 32
@@ -127,7 +128,6 @@ def near_tie_before(ref, got):
 
 
 def check_family(args, tmp, seed, case, make_base, layouts_list, moe=False):
-    checks = failures = 0
     only = os.environ.get("LOOM_LAYOUTS")
     todo = [x for x in layouts_list if not only or x[0] in only.split(",")]
     for attempt in range(MAX_SEEDS if moe else 1):
@@ -151,24 +151,21 @@ def check_family(args, tmp, seed, case, make_base, layouts_list, moe=False):
                 print(f"  {name:28s} {text}  near tie in the router: again with another seed")
                 retry.append((name, ranks, extra))
                 continue
-            failures += not ok
-            checks += 1
+            check(ok)
             print(f"  {name:28s} {text}  {'ok' if ok else 'FAIL'}")
         if not retry:
             break
         todo = retry
-    return checks, failures, layouts
+    return layouts
 
 
 def check_twice_and_resume(args, tmp, layouts, ref_name="single"):
     """The same layout twice: bitwise; a cp checkpoint resumed bitwise in its layout and to
     the same end elsewhere."""
-    checks = failures = 0
     ref = layouts.runs[ref_name]
     again = layouts.run("cp2_ring_again", 2, ["--cp", "2"] + RING)
     same = bitwise(again, layouts.runs["cp2_ring"])
-    failures += not same
-    checks += 1
+    check(same)
     print(f"  cp2_ring twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     ckpt = layouts.path("ckpt")
     saver = layouts.run("saving", 4, ["--cp", "2", "--dp", "2", "--zero", "1", "--ckpt-dir", ckpt,
@@ -177,8 +174,7 @@ def check_twice_and_resume(args, tmp, layouts, ref_name="single"):
     same = layouts.run("resumed_same", 4, ["--cp", "2", "--dp", "2", "--zero", "1", "--resume",
                                            step4] + RING)
     ok = same.losses == saver.losses[4:] and same_tensors(same.params, saver.params)
-    failures += not ok
-    checks += 1
+    check(ok)
     print(f"  resumed at step 4 in the saving layout (cp2 dp2 ZeRO-1): "
           f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
     for rname, rranks, rextra in (("single", 1, []), ("cp4_ulysses", 4, ["--cp", "4"] + ULY)):
@@ -186,11 +182,9 @@ def check_twice_and_resume(args, tmp, layouts, ref_name="single"):
         all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
         loss_err = loss_error(res.losses, ref.losses[4:])
         ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
-        failures += not ok
-        checks += 1
+        check(ok)
         print(f"  resumed at step 4 (cp2 dp2 ZeRO-1 -> {rname}): losses {loss_err:.2e}  "
               f"weights {all_err:.2e}  {'ok' if ok else 'FAIL'}")
-    return checks, failures
 
 
 def main():
@@ -198,9 +192,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_cp_")
-    checks = failures = 0
     try:
         text = os.path.join(tmp, "train.bin")
         write_text_shard(text, seed)
@@ -213,21 +207,15 @@ def main():
             ("llama_moe", lambda s: lm_base(args.loom, "llama", text, s, moe=True), MOE, True),
         ]
         for case, make, lay, moe in cases:
-            c, f, layouts = check_family(args, tmp, seed, case, make, lay, moe)
-            checks += c
-            failures += f
+            layouts = check_family(args, tmp, seed, case, make, lay, moe)
             if case == "llama" and not os.environ.get("LOOM_LAYOUTS"):
-                c, f = check_twice_and_resume(args, tmp, layouts)
-                checks += c
-                failures += f
+                check_twice_and_resume(args, tmp, layouts)
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

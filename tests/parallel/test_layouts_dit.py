@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -80,7 +81,6 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
     ref = layouts.run("single", 1)
     ref_ema = ref.load("ema_final.safetensors")
     print(f"{case}: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
-    failures = checks = 0
     for name, ranks, extra in layouts_list:
         got = layouts.run(name, ranks, extra)
         loss_err = loss_error(got.losses, ref.losses)
@@ -90,8 +90,7 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
         init_same = same_tensors(got.init, ref.init)
         ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
               and w_err <= 10 * TOL and ema_err <= TOL and ema_w <= 10 * TOL and init_same)
-        failures += not ok
-        checks += 1
+        check(ok)
         print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
               f"{w_name})  ema {ema_err:.2e} (worst {ema_w:.2e} {ema_name})  init "
               f"{'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
@@ -100,8 +99,7 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
     again = layouts.run(name + "_again", ranks, extra)
     same = bitwise(again, layouts.runs[name]) and same_tensors(
         again.load("ema_final.safetensors"), layouts.runs[name].load("ema_final.safetensors"))
-    failures += not same
-    checks += 1
+    check(same)
     print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     # saved at step 4 in one layout, resumed from there in others: the same end
     ckpt = os.path.join(tmp, f"{case}_ckpt")
@@ -112,8 +110,7 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
     saver = layouts.runs["saving"]
     ok = (same.losses == saver.losses[4:] and same_tensors(same.params, saver.params)
           and same_tensors(same.load("ema_final.safetensors"), saver.load("ema_final.safetensors")))
-    failures += not ok
-    checks += 1
+    check(ok)
     print(f"  resumed at step 4 in the saving layout (dp2 ZeRO-1): "
           f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
     for rname, rranks, rextra in (("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
@@ -123,11 +120,9 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
         ema_err, ema_w, _ = weights_error(res.load("ema_final.safetensors"), ref_ema, D_MODEL)
         loss_err = loss_error(res.losses, ref.losses[4:])
         ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and ema_err <= TOL
-        failures += not ok
-        checks += 1
+        check(ok)
         print(f"  resumed at step 4 (dp2 ZeRO-1 -> {rname}): losses {loss_err:.2e}  weights "
               f"{all_err:.2e}  ema {ema_err:.2e}  {'ok' if ok else 'FAIL'}")
-    return checks, failures
 
 
 def main():
@@ -135,25 +130,21 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_dit_")
-    checks = failures = 0
     try:
         # (frames, patch_t, channels, height, width, patch, classes): 3 x 5 = 15 tokens of
         # 4 x 4 gray patches; clips of 4 frames in 2-frame patches, 2 x 2 x 3 = 12 tokens
         for case, shape, lay in (("image", (1, 1, 1, 12, 20, 4, 5), IMAGE_LAYOUTS),
                                  ("video", (4, 2, 3, 8, 12, 4, 3), VIDEO_LAYOUTS)):
-            c, f = check_case(args, tmp, seed, case, shape, lay)
-            checks += c
-            failures += f
+            check_case(args, tmp, seed, case, shape, lay)
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

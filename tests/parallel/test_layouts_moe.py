@@ -52,6 +52,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 D_MODEL = 32
@@ -130,11 +131,12 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     only = os.environ.get("LOOM_LAYOUTS")  # while developing: a comma-separated subset
     layouts = [x for x in LAYOUTS if not only or x[0] in only.split(",")]
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_moe_")
-    failures = checks = n_flips = 0
+    n_flips = 0
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
@@ -172,7 +174,7 @@ def main():
                       f"steps, smallest router margin {ref_routes[1].min():.1e}")
                 if cf != "0" and dropped == 0:
                     print("  FAIL: the capacity factor dropped nothing (the test would not test it)")
-                    failures += 1
+                    check(False)
                 flipped = []
                 for entry in pending:
                     name, ranks, extra = entry[:3]
@@ -186,8 +188,7 @@ def main():
                             os.path.join(base_out, "params_final.safetensors"))
                         same = (got_losses == losses(base_out + ".jsonl")
                                 and same_tensors(got_params, b_params))
-                        failures += not same
-                        checks += 1
+                        check(same)
                         print(f"  {name:10s} vs {entry[3]}: "
                               f"{'bitwise identical' if same else 'FAIL: runs differ'}")
                     errs = [abs(a - b) / abs(b) for a, b in zip(got_losses, ref_losses)]
@@ -207,8 +208,7 @@ def main():
                               f"{'near tie' if near else 'NOT A NEAR TIE'}; losses of steps "
                               f"1..{s} rel err {before:.2e}  "
                               f"{'ok, again with another seed' if ok else 'FAIL'}")
-                        failures += not ok
-                        checks += 1
+                        check(ok)
                         if ok:
                             n_flips += 1
                             flipped.append(entry)
@@ -230,8 +230,7 @@ def main():
                             n_flips += 1
                             flipped.append(entry)
                             continue
-                    failures += not ok
-                    checks += 1
+                    check(ok)
                     print(f"  {name:10s} routing {'same' if got_routes is not None else 'n/a '}"
                           f"  losses rel err {loss_err:.2e}  weights "
                           f"rel err {all_err:.2e}, worst tensor {w_err:.2e} ({w_name})  init "
@@ -242,8 +241,7 @@ def main():
                     first = os.path.join(tmp, f"{tag}_ep2_dp4_ch3_s{run_seed}")
                     b_params = safetensors_io.load(os.path.join(first, "params_final.safetensors"))
                     same = again[0] == losses(first + ".jsonl") and same_tensors(again[1], b_params)
-                    failures += not same
-                    checks += 1
+                    check(same)
                     print(f"  ep2_dp4_ch3 twice: "
                           f"{'bitwise identical' if same else 'FAIL: runs differ'}")
                 pending = flipped
@@ -252,16 +250,16 @@ def main():
             if pending:
                 print(f"  FAIL: {', '.join(n for n, _, _ in pending)}: a routing flip at each of "
                       f"{MAX_SEEDS} seeds, the weights were never compared")
-                failures += len(pending)
+                for _ in pending:
+                    check(False)
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{checks - failures} passed, {failures} failed ({n_flips} near-tie routing flips, "
-          "each compared up to the flip and run again with another seed)")
-    sys.exit(1 if failures else 0)
+    print(f"{n_flips} near-tie routing flip(s), each compared up to the flip and run again "
+          "with another seed")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -33,6 +33,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 
 D_MODEL = 48
 # (name, ranks, extra flags)
@@ -52,9 +53,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_layouts_tp_")
-    failures = checks = 0
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
@@ -82,25 +83,21 @@ def main():
                 ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
                       and w_err <= 10 * TOL
                       and set(got.params) == set(ref.params) and init_same and saved_same)
-                failures += not ok
-                checks += 1
+                check(ok)
                 print(f"  {name:18s} losses rel err {loss_err:.2e}  weights rel err {all_err:.2e}, "
                       f"worst tensor {w_err:.2e} ({w_name})  init {'identical' if init_same else 'DIFFERS'}  saved "
                       f"{'= final' if saved_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
             # The same layout twice: bitwise the same run.
             again = layouts.run("tp2_sp_again", 2, ["--tp", "2", "--sequence-parallel"])
             same = bitwise(again, layouts.runs["tp2_sp"])
-            failures += not same
-            checks += 1
+            check(same)
             print(f"  tp2_sp twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

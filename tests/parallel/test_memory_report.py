@@ -29,7 +29,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import MPIRUN  # noqa: E402
+import loomtest  # noqa: E402
+from loomtest import MPIRUN, check_loom, run_test  # noqa: E402
 
 MIB = 1 << 20
 RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
@@ -82,6 +83,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
     print(f"seed {seed} (rerun with --seed {seed})")
@@ -109,12 +111,9 @@ def main():
     slack = 4 * max(3 * C, F, C) + 0.0011 * MIB
     P, one = report(base)
     exact = {"params": 4 * P, "gathered": 0, "grads": 4 * P, "grad_shard": 0, "optimizer": 8 * P}
-    failures = 0
 
     def check(what, got, want, tol):
-        nonlocal failures
-        ok = abs(got - want) <= tol
-        failures += not ok
+        ok = loomtest.check(abs(got - want) <= tol)
         print(f"  {what}: reported {got / MIB:.3f} MiB, formula {want / MIB:.3f} MiB"
               f"{'' if ok else '  <-- MISMATCH'}")
 
@@ -145,21 +144,20 @@ def main():
                 untouched = 4 * V * C if family == "llama" else 0
                 lo, hi = 4 * P - untouched - 8192, 4 * P + 4096 + 0.0011 * MIB
                 r = got["resident"]
-                ok = r is not None and lo <= r <= hi
-                failures += not ok
+                ok = loomtest.check(r is not None and lo <= r <= hi)
                 print(f"  resident local grads: reported {'-' if r is None else f'{r / MIB:.3f}'}"
                       f" MiB, expected in [{lo / MIB:.3f}, {hi / MIB:.3f}]"
                       f"{'' if ok else '  <-- MISMATCH'}")
                 # Once reduced, only the rank's shard and the pages shared by two buckets
                 # (their edges) stay.
                 after, edges = got["after"], 2 * 4096 * (P // 16384 + L + 8)
-                ok = after is not None and after <= shard + slack + edges + 0.0011 * MIB
-                failures += not ok
+                ok = loomtest.check(after is not None and
+                                    after <= shard + slack + edges + 0.0011 * MIB)
                 print(f"  resident after the reduction: {after} bytes (at most the shard "
                       f"{shard:.0f} + {edges})"
                       f"{'' if ok else '  <-- MISMATCH'}")
             elif got["resident"] is not None:
-                failures += 1
+                loomtest.check(False)
                 print("  a 'local gradients resident' line at a stage that keeps them")
             if zero == 3:
                 check("gathered", got["gathered"], zero3_gathered(family, P, L, C, V, T),
@@ -173,12 +171,9 @@ def main():
     Pw, got = report(MPIRUN + ["-n", "2"] + cmd + ["--dp", "2", "--zero", "3"])
     want = zero3_gathered(family, Pw, 3, 384, V, T)
     check("gathered", got["gathered"], want, 0.0011 * MIB)
-    if not want < 4 * Pw:
-        failures += 1
+    if not loomtest.check(want < 4 * Pw):
         print(f"  nothing handed back: {want} bytes of {4 * Pw}")
-    print(f"{'FAIL' if failures else 'OK'}: {failures} mismatch(es)")
-    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

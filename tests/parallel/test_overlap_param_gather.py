@@ -23,6 +23,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
 
 FLAG = "--overlap-param-gather"
 # (dp, tp, zero) run with and without the flag, for both families
@@ -34,9 +35,9 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_overlap_pg_")
-    failures = checks = 0
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
@@ -70,8 +71,7 @@ def main():
                 w_err, w_worst, w_name = weights_error(got.params, ref.params, 48)
                 ok = (same and len(got.losses) == len(ref.losses) and loss_err <= TOL
                       and w_err <= TOL and w_worst <= 10 * TOL)
-                checks += 1
-                failures += not ok
+                check(ok)
                 print(f"  {name} {FLAG}: {'bitwise = without' if same else 'DIFFERS from without'}"
                       f"{'' if waits else ' (no dp.param_wait_ms in --metrics)'}"
                       f", vs one process: losses {loss_err:.2e}, weights {w_err:.2e} (worst tensor "
@@ -84,8 +84,7 @@ def main():
                               ["LOOM_MPI_THREAD=funneled"])
             fallback = "communication engine: no thread" in got.stderr
             ok = fallback and bitwise(plain["dp2_zero1"], got)
-            checks += 1
-            failures += not ok
+            check(ok)
             print(f"  dp2_zero1 {FLAG} funneled (no engine thread: {fallback}): "
                   f"{'bitwise = threaded without' if ok else 'FAIL'}")
             # Checkpoint at step 10 with gathers in flight, and a resume from it.
@@ -98,19 +97,16 @@ def main():
             # steps 11-20 and the validation at step 20 (the one at step 10 is not redone)
             ok = (resumed and res.losses == full.losses[10:20] + full.losses[21:]
                   and same_tensors(full.params, res.params) and bitwise(plain["dp2_zero2"], full))
-            checks += 1
-            failures += not ok
+            check(ok)
             print(f"  dp2_zero2 {FLAG} checkpoint at 10 + resume (resumed: {resumed}): "
                   f"{'bitwise = uninterrupted' if ok else 'FAIL'}")
     finally:
-        if failures:
+        if failed():
             print(f"kept {tmp} (seed {seed})")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{checks - failures} passed, {failures} failed")
-    # every layout for both families, then funneled and checkpoint resume (GPT-2)
-    sys.exit(1 if failures or checks != 2 * len(LAYOUTS) + 2 else 0)
 
 
 if __name__ == "__main__":
-    main()
+    # every layout for both families, then funneled and checkpoint resume (GPT-2)
+    run_test(main, expect=2 * len(LAYOUTS) + 2)

@@ -27,7 +27,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import MPIRUN, seed_of, write_text_shard  # noqa: E402
+import loomtest  # noqa: E402
+from loomtest import MPIRUN, check_loom, run_test, seed_of, write_text_shard  # noqa: E402
 import test_layouts_cp  # noqa: E402
 import test_layouts_dit  # noqa: E402
 import test_layouts_moe  # noqa: E402
@@ -143,28 +144,21 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = seed_of(args)
     rng = random.Random(seed)
     only = os.environ.get("LOOM_LAYOUTS")
-    failures = checks = 0
     with tempfile.TemporaryDirectory(prefix="loom_plan_memory_") as tmp:
         for name, ranks, extra, kind in layouts():
             if only and name not in only.split(","):
                 continue
             flags = model_flags(kind, rng, tmp, seed)
             problems = check(args.loom, name, ranks, extra, flags, 1)
-            checks += 1
-            failures += bool(problems)
-            print(f"  {kind:5s} {name:32s} {'ok' if not problems else 'FAIL'}")
+            loomtest.check(not problems, f"  {kind:5s} {name:32s}")
             for x in problems:
                 print(f"      {x}")
-    print(f"{checks - failures} of {checks} layouts: the plan's memory equals the start-up "
-          f"report's (seed {seed})")
-    if failures:
-        print(f"FAIL (rerun with --seed {seed})")
-        sys.exit(1)
-    print("ok")
+    print(f"each layout checked: the plan's memory equals the start-up report's (seed {seed})")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -23,7 +23,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import MPIRUN, write_text_shard  # noqa: E402
+import loomtest  # noqa: E402
+from loomtest import MPIRUN, check_loom, run_test, write_text_shard  # noqa: E402
 
 TOKEN = re.compile(r"^(F|B|W)(\d+)(?:\.(\d+))?$|^(sa|ra|sg|rg)(\d+)(?:\.(\d+))?([<>])(\d+)$")
 
@@ -186,6 +187,7 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
+    check_loom(args.loom)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     print(f"seed {seed}")
@@ -198,15 +200,13 @@ def main():
         v = rng.randint(2, 4) if k == "interleaved" else 1
         m = p * rng.randint(1, 4) if k == "interleaved" else rng.randint(p if k != "gpipe" else 1, 20)
         cases.append((k, p, m, v))
-    failures = 0
     bubbles = {}
     for kind, pp, m, v in cases:
         cmd = [args.loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m), "--schedule",
                kind, "--virtual-stages", str(v)]
         p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
+        if not loomtest.check(p.returncode == 0):
             print(f"FAIL: {' '.join(cmd)}: exit {p.returncode}: {p.stderr}")
-            failures += 1
             continue
         stages, bubble, flight = parse(p.stdout)
         errs = check(stages, pp, m, v, kind == "zb") if len(stages) == pp else ["stages missing"]
@@ -228,13 +228,13 @@ def main():
         if kind in ("gpipe", "1f1b") and not errs and abs(unit_bubble(stages, pp, False) - theory) > 1e-9:
             errs.append(f"replayed bubble != theory {theory:.4f}")
         bubbles[(kind, pp, m, v)] = bubble[0]
-        failures += bool(errs)
+        loomtest.check(not errs)
         for e in errs:
             print(f"FAIL {kind} pp {pp} m {m} v {v}: {e}")
     for (kind, pp, m, v), b in bubbles.items():
-        if kind == "zb" and ("1f1b", pp, m, 1) in bubbles and not b < bubbles[("1f1b", pp, m, 1)]:
+        if kind == "zb" and ("1f1b", pp, m, 1) in bubbles and \
+                not loomtest.check(b < bubbles[("1f1b", pp, m, 1)]):
             print(f"FAIL zb pp {pp} m {m}: bubble {b:.3f} not below 1f1b's")
-            failures += 1
     for bad, flag in ((["--pp", "4", "--micro-batches", "2", "--schedule", "1f1b"], "--pp"),
                       (["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b",
                         "--virtual-stages", "2"], "--virtual-stages"),
@@ -243,15 +243,14 @@ def main():
                       (["--pp", "2", "--micro-batches", "4", "--schedule", "zbx"], "--pp-schedule")):
         p = subprocess.run([args.loom, "pp-schedule"] + bad, capture_output=True, text=True)
         lines = p.stderr.strip().splitlines()
-        if p.returncode != 2 or len(lines) != 1 or flag not in lines[0]:
+        if not loomtest.check(p.returncode == 2 and len(lines) == 1 and flag in lines[0]):
             print(f"FAIL bad input {bad}: exit {p.returncode}, {p.stderr!r}")
-            failures += 1
-    for e in check_trainer_slots(args.loom, seed):
+    errs = check_trainer_slots(args.loom, seed)
+    loomtest.check(not errs)
+    for e in errs:
         print(f"FAIL trainer slots: {e}")
-        failures += 1
-    print(f"{len(cases)} schedules checked, {failures} failure(s)")
-    sys.exit(1 if failures else 0)
+    print(f"{len(cases)} schedules checked")
 
 
 if __name__ == "__main__":
-    main()
+    run_test(main)

@@ -55,7 +55,9 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import check_dit_torch  # noqa: E402
+import loomtest  # noqa: E402
 import dit_torch as dt  # noqa: E402
 import safetensors_io  # noqa: E402
 import test_vs_torch as lm  # noqa: E402  (measures, Report, metrics reader)
@@ -664,18 +666,16 @@ def main():
         ap.error("give --loom PATH or --self-test (one of them)")
     if args.loom:
         args.loom = os.path.abspath(args.loom)
-        if not os.access(args.loom, os.X_OK):
-            print(f"error: {args.loom}: not an executable file", file=sys.stderr)
-            return 2
+        loomtest.check_loom(args.loom)
     if args.configs is None:
         args.configs = 3 if args.self_test else 6
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randint(1, 10**9)
     torch.set_num_threads(2)
     print("reference self-check (check_dit_torch.py):")
-    if check_dit_torch.main() != 0:
+    if not loomtest.check(check_dit_torch.main() == 0):
         print("the DiT reference failed its own self-check; not comparing")
-        return 1
+        return
     rng = random.Random(seed)
     mode = "SELF-TEST (float32 PyTorch stands in for loom)" if args.self_test else args.loom
     print(f"\ntest_dit_vs_torch: seed {seed}, {args.configs} configurations, {STEPS} steps, "
@@ -696,7 +696,7 @@ def main():
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"  work dir kept: {workdir}")
-        if not report.ok:
+        if not loomtest.check(report.ok):
             failures.append((i, cmds))
 
     print(f"\n{ran - len(failures)} passed, {len(failures)} failed, "
@@ -710,9 +710,7 @@ def main():
                   f"--only {i} --keep")
             for cmd in cmds:
                 print(f"  command: {shlex.join(cmd)}")
-        return 1
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    loomtest.run_test(main)
