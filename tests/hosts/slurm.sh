@@ -10,8 +10,9 @@
 #   slurm.sh up N     hosts.sh up N, then munged, slurmctld and slurmd on hosts 1..N; waits
 #                     (bounded) until every node is idle. Idempotent: a cluster that is up
 #                     and right is kept; anything half-made (a crash) is stopped and made again
-#   slurm.sh down     stops every daemon and job step it started, removes $STATE, and
-#                     verifies nothing is left (exit 1 if something is). The test hosts stay
+#   slurm.sh down     stops every daemon and job step it started, waits (bounded) until they
+#                     have exited, removes $STATE, and verifies nothing is left (exit 1
+#                     if something is). The test hosts stay
 #                     (hosts.sh down removes them)
 #   slurm.sh status   sinfo, exit 1 if the cluster is not up
 #   slurm.sh env      the environment the Slurm commands need (eval "$(slurm.sh env)")
@@ -87,6 +88,14 @@ ours() {
     pgrep -x slurmstepd                           # no other Slurm runs on a test machine
 }
 
+# Those still alive: a zombie has exited (only its parent has not collected it yet).
+ours_alive() {
+    local p
+    for p in $(ours); do
+        [ -e "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] && echo "$p"
+    done
+}
+
 stop_all() {
     local p
     # A clean stop when it can answer (without munged, scontrol would retry for long).
@@ -96,34 +105,29 @@ stop_all() {
         [ -z "$(pgrep -f "^(slurmctld|slurmd) .*$STATE")" ] && break
         sleep 0.1
     done
-    # Job steps' tasks: every process of a test host below a slurmstepd.
-    for p in $(ours); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] && pkill -9 -P "$p" 2>/dev/null
-    done
-    local killed
-    killed=$(ours)
-    for p in $killed; do kill -9 "$p" 2>/dev/null; done
-    # A killed process takes a moment to exit on a busy machine: wait for each (bounded;
-    # a zombie has exited, only its parent has not collected it yet).
+    # Then SIGKILL to what is left, again until every one has exited (bounded: 10 s; a
+    # killed process takes a moment to exit on a busy machine, and a step may still be
+    # starting its tasks). A job step's tasks first: every process below a slurmstepd.
+    local alive
     for _ in $(seq 100); do
-        local alive=""
-        for p in $killed; do
-            [ -e "/proc/$p" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] &&
-                alive="$alive $p"
+        alive=$(ours_alive)
+        [ -z "$alive" ] && return 0
+        for p in $alive; do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] && pkill -9 -P "$p" 2>/dev/null
         done
-        [ -z "$alive" ] && break
+        for p in $alive; do kill -9 "$p" 2>/dev/null; done
         sleep 0.1
     done
 }
 
 cmd_down() {
     need
-    stop_all
+    stop_all # returns once every daemon and step has exited, or after its bound
     rm -rf "$STATE"
     local left
-    left=$(ours | tr '\n' ' ')
+    left=$(ours_alive | tr '\n' ' ')
     [ -z "$left" ] && [ ! -e "$STATE" ] || {
-        echo "slurm.sh: down: still there: pids $left $( [ -e "$STATE" ] && echo "$STATE")" >&2
+        echo "slurm.sh: down: still there after 10 s: pids $left $( [ -e "$STATE" ] && echo "$STATE")" >&2
         exit 1
     }
 }
