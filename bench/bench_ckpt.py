@@ -27,7 +27,9 @@ Load against read: --repeats N rounds (default 3), each a cold and a warm pair (
 baseline in the same state, their order alternating between rounds); the baseline is the
 best plain sequential read of the same file into a fresh buffer (see baseline()); the
 JSON has each round's ratios and their median and worst.
-Usage: bench_ckpt.py --loom PATH [--dir DIR] [--repeats N]
+Usage: bench_ckpt.py --loom PATH [--dir DIR] [--repeats N] [--smoke]
+--smoke: a tiny model (2 layers, d_model 64, vocabulary 256) and one round: that the bench
+runs end to end, in seconds (its figures mean nothing).
 """
 import argparse
 import ctypes
@@ -186,16 +188,21 @@ def main():
     ap.add_argument("--loom", required=True)
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir)")
     ap.add_argument("--repeats", type=int, default=3, help="cold/warm load rounds")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, one round (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats = 1
     root = tempfile.mkdtemp(prefix="loom_bench_ckpt_", dir=args.dir)
     load0 = os.getloadavg()
     try:
         data = os.path.join(root, "train.bin")
         write_text_shard(data, 1)
-        base = [args.loom, "train", "--model", "gpt2-small", "--seq-len", "64", "--micro-batch",
-                "1", "--global-batch", "2", "--data", data, "--log-every", "1", "--threads",
-                "2", "--steps", "5"]
-        ckpt_bytes = 1484518816  # checked against the log below
+        tiny = ["--vocab-size", "256", "--n-layer", "2", "--d-model", "64", "--n-head", "4",
+                "--d-ff", "128"] if args.smoke else []
+        base = [args.loom, "train", "--model", "gpt2-small"] + tiny + [
+            "--seq-len", "64", "--micro-batch", "1", "--global-batch", "2", "--data", data,
+            "--log-every", "1", "--threads", "2", "--steps", "5"]
+        ckpt_bytes = 1484518816 if not args.smoke else 8 << 20  # checked against the log below
         warm_s = warm_memory(3 * ckpt_bytes)
         seq_before = seq_write(root, ckpt_bytes)
         ck1 = os.path.join(root, "ck1")
@@ -297,7 +304,7 @@ def main():
                              "resharded warm load")
         step = sorted(step_ms)[len(step_ms) // 2] if step_ms else float("nan")
         out = {
-            "model": "gpt2-small (124M), seq_len 64",
+            "model": "smoke: gpt2 L2 C64 V256" if args.smoke else "gpt2-small (124M), seq_len 64",
             "checkpoint_bytes": wbytes,
             "step_ms_median": step,
             "step_ms_each": step_ms,

@@ -21,7 +21,9 @@ stays short on a small machine), and the heartbeats' cost.
    as the noise floor; the 124M model (1 rank)
    and a tiny model (4 ranks, 1-2 ms steps: the worst case for a per-step cost).
 The machine is shared (load average in the JSON): compare ratios within one run.
-Usage: bench_ft.py --loom PATH. Last line: one JSON object.
+Usage: bench_ft.py --loom PATH [--smoke]. Last line: one JSON object. --smoke: a tiny model
+(2 layers, d_model 48) everywhere and fewer overhead runs: that the bench runs end to end,
+in seconds (its figures mean nothing).
 """
 import argparse
 import json
@@ -36,11 +38,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "parallel"))
-from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "harness"))
+from loomtest import MPIRUN, write_text_shard  # noqa: E402
 
 BIG = ["--model", "gpt2-small", "--seq-len", "64", "--micro-batch", "1", "--global-batch", "2",
        "--threads", "1", "--log-every", "1"]
+TINY = ["--vocab-size", "256", "--seq-len", "24", "--n-layer", "2", "--d-model", "48",
+        "--n-head", "4", "--d-ff", "96"]
 
 
 def events(run_dir):
@@ -203,7 +207,11 @@ def overhead(loom, root, data, ranks, train, skip, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, fewer runs (seconds)")
     args = ap.parse_args()
+    if args.smoke:  # the tiny model in place of the 124M one (later flags win)
+        BIG[:] = ["--model", "gpt2-small"] + TINY + ["--micro-batch", "1", "--global-batch", "2",
+                                                     "--threads", "1", "--log-every", "1"]
     loom = os.path.abspath(args.loom)
     root = tempfile.mkdtemp(prefix="loom_bench_ft_")
     load0 = os.getloadavg()
@@ -211,19 +219,20 @@ def main():
     try:
         data = os.path.join(root, "train.bin")
         write_text_shard(data, 1)
-        out = {"model": "gpt2-small (124M), seq 64, 2 ranks x 1 thread"}
+        out = {"model": "smoke: gpt2 L2 C48 V256, seq 24" if args.smoke else
+               "gpt2-small (124M), seq 64, 2 ranks x 1 thread"}
         out["crash"] = crash(loom, root, data)
         print("crash:", json.dumps(out["crash"]), flush=True)
         out["hang"] = hang(loom, root, data)
         print("hang:", json.dumps(out["hang"]), flush=True)
         out["heartbeat_overhead_124m"] = overhead(
             loom, root, data, 1, BIG[:-4] + ["--threads", "2", "--log-every", "0", "--steps", "5"],
-            1, 3)
+            1, 1 if args.smoke else 3)
         print("overhead 124M:", json.dumps(out["heartbeat_overhead_124m"]), flush=True)
-        tiny = ["--vocab-size", "256", "--seq-len", "24", "--n-layer", "2", "--d-model", "48",
-                "--n-head", "4", "--d-ff", "96", "--micro-batch", "2", "--global-batch", "8",
-                "--steps", "300", "--threads", "1", "--log-every", "0"]
-        out["heartbeat_overhead_tiny_4ranks"] = overhead(loom, root, data, 4, tiny, 20, 6)
+        tiny = TINY + ["--micro-batch", "2", "--global-batch", "8", "--steps",
+                       "30" if args.smoke else "300", "--threads", "1", "--log-every", "0"]
+        out["heartbeat_overhead_tiny_4ranks"] = overhead(loom, root, data, 4, tiny, 20,
+                                                         1 if args.smoke else 6)
         print("overhead tiny:", json.dumps(out["heartbeat_overhead_tiny_4ranks"]), flush=True)
         c, h = out["crash"], out["hang"]
         out["targets"] = {

@@ -41,6 +41,10 @@ Needs root and network namespaces (exit 77 otherwise). The machine is shared: th
 average goes into the JSON. Prints one JSON object last.
 Usage: bench_hosts.py --loom build/loom [--caps 1,2.5,10] [--steps 6] [--warmup 2]
                       [--only all|throughput|recovery] [--recovery-model gpt2-small]
+                      [--smoke]
+--smoke: a tiny model (2 layers, d_model 64, vocabulary 256) everywhere, one cap (10
+Gbit/s), 3 steps, the recovery's first attempt slowed (--inject slow): that the bench runs
+end to end, in seconds (its figures mean nothing).
 """
 import argparse
 import fcntl
@@ -75,6 +79,8 @@ MCA = ["--mca", "plm_rsh_agent", AGENT, "--mca", "btl", "tcp,vader,self",
 OVERLAP_MB, NO_OVERLAP_MB = 25.0, 100000.0
 PARAMS = 124439808  # GPT-2 124M with the tied head (loom's start-up report)
 WIRE_BYTES = 4 * PARAMS  # the fp32 gradients; 2 (N-1)/N x 4P bytes sent per rank, N = 2
+TINY = ["--vocab-size", "256", "--n-layer", "2", "--d-model", "64", "--n-head", "4",
+        "--d-ff", "256"]  # --smoke's model (after the preset: these win)
 
 
 def sh(*cmd, check=True):
@@ -127,12 +133,15 @@ def recovery(args, data, tmp, source):
            "--heartbeat-timeout", "30", "--grace", "1", "--startup-timeout", "120",
            "--host-wait", "30", "--max-restarts", "1", "--run-dir", rdir,
            "--launcher-args", " ".join(MCA), "--",
-           "--model", args.recovery_model, "--seq-len", str(args.recovery_seq_len),
+           "--model", args.recovery_model] + (TINY if args.smoke else []) + [
+           "--seq-len", str(args.recovery_seq_len),
            "--micro-batch", "1", "--global-batch", "2", "--steps", "8", "--threads", "1",
            "--data", data, "--log-every", "0", "--seed", "1234", "--dp", "2", "--zero", "1",
            "--ckpt-dir", ck, "--ckpt-every", "2"]
     if source == "peer":
         cmd += ["--ckpt-peer", "--ckpt-peer-dir", mem]
+    if args.smoke:  # tiny steps: host 2 must still be training when step 2 is committed
+        cmd += ["--inject", "slow@1:0:200"]
     print(f"$ {shlex.join(cmd)}", flush=True)
     err = open(rdir + ".err", "w")
     job = subprocess.Popen(cmd, stdout=err, stderr=err)
@@ -236,7 +245,8 @@ def run(args, data, tmp, name, hosts, bucket_mb):
     metrics = os.path.join(tmp, f"{name}.jsonl")
     cmd = ["mpirun", "--allow-run-as-root", "--host", hosts] + MCA + [
         "-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", "-n", "2",
-        args.loom, "train", "--model", "gpt2-small", "--seq-len", str(args.seq_len),
+        args.loom, "train", "--model", "gpt2-small"] + (TINY if args.smoke else []) + [
+        "--seq-len", str(args.seq_len),
         "--micro-batch", str(args.micro_batch), "--global-batch", str(2 * args.micro_batch),
         "--steps", str(args.steps), "--threads", "1", "--data", data, "--log-every", "0",
         "--seed", "1234", "--dp", "2", "--bucket-mb", f"{bucket_mb:g}", "--metrics", metrics]
@@ -269,7 +279,12 @@ def main():
     ap.add_argument("--only", choices=("all", "throughput", "recovery"), default="all")
     ap.add_argument("--recovery-model", default="gpt2-small")
     ap.add_argument("--recovery-seq-len", type=int, default=32)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, one cap (seconds)")
     args = ap.parse_args()
+    global WIRE_BYTES
+    if args.smoke:
+        args.caps, args.steps, args.warmup = "10", 3, 1
+        WIRE_BYTES = 4 << 20
     if os.geteuid() != 0:
         print("SKIP: needs root for network namespaces")
         sys.exit(77)
@@ -278,7 +293,7 @@ def main():
     caps = [float(c) for c in args.caps.split(",")]
     tmp = tempfile.mkdtemp(prefix="loom_bench_hosts_")
     data = os.path.join(tmp, "random.bin")
-    write_random_shard(data, 1 << 18, 50257, 7)
+    write_random_shard(data, 1 << 18, 256 if args.smoke else 50257, 7)
     lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
     fcntl.flock(lock, fcntl.LOCK_EX)
     load = [os.getloadavg()[0]]
@@ -309,7 +324,8 @@ def main():
     finally:
         cap_links(None)
         sh(HOSTS_SH, "down", check=False)
-    out = {"bench": "hosts", "model": "gpt2-small", "seq_len": args.seq_len,
+    out = {"bench": "hosts", "model": "smoke: gpt2 L2 C64 V256" if args.smoke else "gpt2-small",
+           "seq_len": args.seq_len,
            "micro_batch": args.micro_batch, "openblas_coretype":
            os.environ.get("OPENBLAS_CORETYPE") or "unset: loom's own (src/core/cpu_boot.c)",
            "loadavg": load, "one_host": one,

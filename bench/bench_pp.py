@@ -37,7 +37,11 @@ At pp 2 (2 ranks, 2 cores) also the wall-clock bubble: 1 - busy wall time / step
 Theory: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v m+p-1) interleaved, and for ZB-H1
 (p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W)) with the measured mean F, B, W times (F = B = W:
 a third of 1F1B's idle time). Last line: one JSON object.
+Usage: bench_pp.py [--loom build/loom] [--smoke] (--smoke: 4 layers of d_model 32, 2 steps,
+the pp 2 m 4 cells only: that the bench runs end to end, in seconds; its figures mean
+nothing).
 """
+import argparse
 import json
 import os
 import statistics
@@ -47,8 +51,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "parallel"))
-from test_layouts import MPIRUN, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, write_text_shard  # noqa: E402
 from test_pp_schedule import parse  # noqa: E402
 
 LOOM = os.environ.get("LOOM", os.path.join(HERE, "..", "build", "loom"))
@@ -93,6 +98,15 @@ def replay(stages, pp, durs):
 
 
 def main():
+    global LOOM, STEPS, N_LAYER, D_MODEL, CELLS
+    ap = argparse.ArgumentParser(description="Pipeline bubble per schedule (the environment "
+                                 "overrides: this file's docstring)")
+    ap.add_argument("--loom", default=LOOM, help="the loom binary (default: $LOOM or build/loom)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, pp 2 m 4 only (seconds)")
+    args = ap.parse_args()
+    LOOM = args.loom
+    if args.smoke:
+        STEPS, N_LAYER, D_MODEL, CELLS = 2, "4", 32, "_pp2_m4"
     tmp = tempfile.mkdtemp(prefix="loom_bench_pp_")
     data = os.path.join(tmp, "train.bin")
     write_text_shard(data, 7)

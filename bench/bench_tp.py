@@ -18,6 +18,8 @@ and end-of-run log lines):
                        embedding and head, and the norm-gradient all-reduce.
 The machine is shared: os.getloadavg() goes into the JSON; compare ratios of one run.
 Usage: bench_tp.py --loom build/loom [--seq-len 128] [--micro-batch 2] [--steps 4]
+--smoke: a tiny GPT-2 (2 layers, d_model 64, vocabulary 256), seq 16, 2 steps: that the
+bench runs end to end, in seconds (its figures mean nothing).
 """
 import argparse
 import json
@@ -34,10 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dp import write_random_shard  # noqa: E402
 
 
+SMOKE_MODEL = ["--n-layer", "2", "--d-model", "64", "--n-head", "4", "--d-ff", "256"]
+
+
 def run_loom(args, data, tmp, name, ranks, threads, extra):
     metrics = os.path.join(tmp, f"{name}.jsonl")
-    cmd = [args.loom, "train", "--model", "gpt2-small", "--vocab-size", str(args.vocab),
-           "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch),
+    cmd = [args.loom, "train", "--model", "gpt2-small"] + (SMOKE_MODEL if args.smoke else []) + [
+           "--vocab-size", str(args.vocab), "--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch),
            "--global-batch", str(args.micro_batch), "--steps", str(args.steps),
            "--threads", str(threads), "--data", data, "--metrics", metrics,
            "--log-every", "0", "--seed", "1234"] + extra
@@ -85,20 +90,25 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--run-timeout", type=int, default=900)
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, 2 steps (seconds)")
     args = ap.parse_args()
+    if args.smoke:
+        args.seq_len, args.micro_batch, args.steps, args.warmup, args.vocab = 16, 1, 2, 0, 256
     t0 = time.time()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="loom_bench_tp_") as tmp:
         data = os.path.join(tmp, "train.bin")
-        write_random_shard(data, 200000, 50257, 7)
+        write_random_shard(data, 200000, min(args.vocab, 50257), 7)
         one = run_loom(args, data, tmp, "tp1_threads2", 1, 2, [])
         tp = run_loom(args, data, tmp, "tp2", 2, 1, ["--tp", "2"])
         sp = run_loom(args, data, tmp, "tp2_sp", 2, 1, ["--tp", "2", "--sequence-parallel"])
-    L, C, N = 12, 768, args.micro_batch * args.seq_len
+    L, C = (2, 64) if args.smoke else (12, 768)
+    N = args.micro_batch * args.seq_len
     mega, loom_tp = analytic(L, N, C, 2, False)
     _, loom_sp = analytic(L, N, C, 2, True)
     out = {
-        "model": "gpt2-124m (vocab 50304)", "seq_len": args.seq_len,
+        "model": "smoke: gpt2 L2 C64 V256" if args.smoke else "gpt2-124m (vocab 50304)",
+        "seq_len": args.seq_len,
         "micro_batch": args.micro_batch, "global_batch": args.micro_batch,
         "tokens_per_s": {"tp1_x2threads": one["tokens_per_s"], "tp2": tp["tokens_per_s"],
                          "tp2_sp": sp["tokens_per_s"]},
