@@ -1,5 +1,6 @@
 #include "ft/detect.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 
 #include "core/median.h"
 #include "ft/launch.h"
+#include "ft/launch_argv.h"
 
 static const char *KINDS[LOOM_FAIL_KIND_COUNT] = {
     "none",           "crash",      "exit",    "heartbeat_lost", "hang",     "no_progress",
@@ -394,6 +396,69 @@ static int launcher_says(const char *log, int *rank, int *sig, char *host, size_
     }
     fclose(fp);
     return found;
+}
+
+/* srun: "slurmstepd-NODE: error: execve(): PATH: WHY" (older Slurm: "slurmstepd: ..."). */
+static int execve_failed(const char *log, loom_not_started *out) {
+    FILE *fp = fopen(log, "r");
+    if (!fp) return 0;
+    char line[2048];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        char *at = strstr(line, "error: execve(): ");
+        char *why = at ? strrchr(at, ':') : NULL;
+        if (!at || strncmp(line, "slurmstepd", 10) || why <= at + 16) continue;
+        *why = 0;
+        snprintf(out->path, sizeof out->path, "%s", at + 17);
+        snprintf(out->why, sizeof out->why, "%s", why + 1 + (why[1] == ' '));
+        out->why[0] = (char)tolower((unsigned char)out->why[0]);
+        const char *node = line[10] == '-' ? line + 11 : "?";
+        snprintf(out->node, sizeof out->node, "%.*s", (int)strcspn(node, ":"), node);
+        found = 1;
+    }
+    fclose(fp);
+    return found;
+}
+
+/* mpirun: "... could not access\nor execute an executable:\n\nExecutable: PATH\nNode: NODE
+ * \n\nwhile attempting to start process rank R." */
+static int mpirun_not_started(const char *log, loom_not_started *out) {
+    FILE *fp = fopen(log, "r");
+    if (!fp) return 0;
+    char line[2048];
+    int seen = 0, found = 0;
+    while (!found && fgets(line, sizeof line, fp)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strstr(line, "could not access")) seen = 1;
+        if (!seen) continue;
+        if (!strncmp(line, "Executable: ", 12))
+            snprintf(out->path, sizeof out->path, "%s", line + 12);
+        else if (!strncmp(line, "Node: ", 6))
+            snprintf(out->node, sizeof out->node, "%s", line + 6);
+        else if (sscanf(line, "while attempting to start process rank %d", &out->rank) == 1)
+            found = out->path[0] != 0;
+    }
+    fclose(fp);
+    return found;
+}
+
+int loom_detect_not_started(const char *launcher, const char *attempt_dir, int world,
+                            loom_not_started *out) {
+    memset(out, 0, sizeof *out);
+    char log[2048];
+    if (strcmp(launcher, "srun") != 0) {
+        snprintf(log, sizeof log, "%s/launcher.log", attempt_dir);
+        return mpirun_not_started(log, out);
+    }
+    for (int r = 0; r < world; r++) {
+        loom_launch_rank_log(launcher, attempt_dir, r, log, sizeof log);
+        if (execve_failed(log, out)) {
+            out->rank = r;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f) {

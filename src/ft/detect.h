@@ -118,6 +118,19 @@ void loom_detect_crash(const loom_monitor *m, int rank, loom_failure *f);
  * filled (kind CRASH, that rank and host, the step no rank finished), else 0. Under srun
  * a rank on another host dies unseen here; the others die of the step's end after it. */
 int loom_detect_launcher_crash(const loom_monitor *m, const char *launcher_log, loom_failure *f);
+/* A rank the launcher of an attempt (its logs under attempt_dir, ft/launch_argv.h) could
+ * not start because its program is missing or not executable on the rank's node (the loom
+ * path is on a filesystem that node does not see, e.g. a node-local /tmp). srun:
+ * slurmstepd's "slurmstepd-NODE: error: execve(): PATH: WHY" in a rank's log; mpirun:
+ * "could not access or execute an executable" with its "Executable:", "Node:" and "start
+ * process rank R" lines in launcher.log. The lowest such rank: 1 with out filled (why in
+ * lower case; "" from mpirun, which does not say), else 0. */
+typedef struct {
+    int rank;
+    char node[64], path[1024], why[128];
+} loom_not_started;
+int loom_detect_not_started(const char *launcher, const char *attempt_dir, int world,
+                            loom_not_started *out);
 /* The ranks on `host` (a name or address, as the launcher or --hosts knows it): those
  * whose beats name it as their host or come from that address; their count. */
 int loom_detect_host_ranks(const loom_monitor *m, const char *host, int *ranks, int max);

@@ -480,6 +480,13 @@ static int drop_host(char *hosts, const char *name, const char *addr) {
     return slots;
 }
 
+/* 1 once some rank of the attempt has beaten. */
+static int any_rank_seen(const sup *s) {
+    for (int r = 0; r < s->mon.world; r++)
+        if (s->mon.ranks[r].seen) return 1;
+    return 0;
+}
+
 /* How an attempt ended. */
 typedef enum {
     ATTEMPT_FINISHED,   /* every step done */
@@ -834,6 +841,24 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
               l.status);
         if (!f.exit_status) f.exit_status = l.status;
         scan_rejected(&s, attempt_dir);
+        /* No rank ever beat and the launcher says the program is not there on a node: a
+         * restart cannot help; say where and stop (exit 2). */
+        loom_not_started ns;
+        if (!any_rank_seen(&s) &&
+            loom_detect_not_started(cfg->launcher, attempt_dir, s.world, &ns)) {
+            char why[1400];
+            snprintf(why, sizeof why,
+                     "rank %d on %s: %s: %s; is it on a filesystem every node sees? (%s)", ns.rank,
+                     ns.node[0] ? ns.node : "?", ns.path,
+                     ns.why[0] ? ns.why : "cannot be accessed or executed there",
+                     !strcmp(cfg->launcher, "srun") ? "slurmstepd's execve()" : "mpirun");
+            fprintf(stderr, "loom run: %s\n", why);
+            event(&s, "not_started", "\"rank\": %d", ns.rank);
+            write_summary(&s, "not_started", why);
+            *exit_code = 2;
+            st = LOOM_OK;
+            goto done;
+        }
         if (f.kind == LOOM_FAIL_CRASH && f.rank < 0) { /* learn who from the launcher */
             loom_failure g;
             snprintf(path, sizeof path, "%s/launcher.log", attempt_dir);

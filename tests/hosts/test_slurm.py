@@ -7,7 +7,9 @@ of `loom run -n 4` (which launches with srun --mpi=pmix from inside the allocati
 first node) trains fault-free; so do `salloc -N 2 -n 4 loom run -n 4` and `loom run -n 4
 --launcher srun` (srun's own allocation) from the root namespace (no node; heartbeats to
 its address on the bridge, found from Slurm's NodeAddr), to the same weights, bitwise;
-the same job with a crash injected into a rank on the second host: the supervisor names that rank and host, restarts from the newest
+a loom in this machine's /tmp (no node sees it): exit 2 and one line naming the rank,
+its node and the path, no restart; the same job with a crash injected into a rank on the
+second host: the supervisor names that rank and host, restarts from the newest
 checkpoint and ends with the fault-free job's weights, bitwise; every rank's heartbeats
 reached the supervisor (summary.json: each rank with its host). Bad environments, one
 line naming the flag or host and what was expected, exit 2, no run folder, nothing left
@@ -240,6 +242,23 @@ def main():
 
         from_here("salloc", ["salloc", "-N", "2", "-n", "4"], [])
         from_here("srun alone", [], ["--launcher", "srun"])
+
+        # A loom the nodes do not see (this machine's /tmp; each node has its own): the
+        # rank that cannot be started is named with its node and the path, no restart.
+        local = tempfile.mkdtemp(prefix="loom_slurm_local_", dir="/tmp")
+        shutil.copy2(args.loom, os.path.join(local, "loom"))
+        rdir = os.path.join(tmp, "not_on_nodes")
+        p = subprocess.run([os.path.join(local, "loom"), "run", "-n", "4", "--launcher", "srun",
+                            "--run-dir", rdir, "--"] + train, capture_output=True, text=True,
+                           env=ENV, timeout=60)
+        shutil.rmtree(local, ignore_errors=True)
+        said = next((x for x in p.stderr.splitlines() if "every node sees" in x), "")
+        ok = (p.returncode == 2 and not os.path.exists(os.path.join(rdir, "attempt_1")) and
+              re.search(rf"loom run: rank \d on loomh[12]: {re.escape(local)}/loom: no such file "
+                        "or directory; is it on a filesystem every node sees", said))
+        report("loom not on the nodes", ok, f"exit {p.returncode}: {said.strip()}")
+        if not ok:
+            print(p.stderr[-3000:])
 
         step, rank = rng.randint(3, STEPS - 3), rng.choice([2, 3])
         rc, out, run_dir = job("crash", [], ["--inject", f"crash@{step}:{rank}"])

@@ -676,6 +676,51 @@ static void test_detect_slow_link(void **state) {
     }
 }
 
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+/* A rank whose program is not on its node: named with the node and the path, from srun's
+ * rank logs (the lowest such rank) and from mpirun's launcher log; nothing otherwise. */
+static void test_detect_not_started(void **state) {
+    const char *dir = *state;
+    loom_not_started ns;
+    const int world = 2 + (int)(rnd() % 6), bad = 1 + (int)(rnd() % (unsigned)(world - 1));
+    for (int r = 0; r < world; r++) {
+        char name[32];
+        snprintf(name, sizeof name, "rank_%d.log", r);
+        write_text(dir, name,
+                   r < bad ? "loom: rank up\n"
+                           : "srun: a line\n"
+                             "slurmstepd-loomh2: error: execve(): /tmp/x y/loom: No such file or "
+                             "directory\n");
+    }
+    assert_int_equal(loom_detect_not_started("srun", dir, world, &ns), 1);
+    assert_int_equal(ns.rank, bad);
+    assert_string_equal(ns.node, "loomh2");
+    assert_string_equal(ns.path, "/tmp/x y/loom");
+    assert_string_equal(ns.why, "no such file or directory");
+    assert_int_equal(loom_detect_not_started("srun", dir, bad, &ns), 0);
+    write_text(dir, "launcher.log",
+               "-----\nmpirun was unable to launch the specified application as it could not "
+               "access\nor execute an executable:\n\nExecutable: /tmp/nonexist/loom\nNode: vm\n"
+               "\nwhile attempting to start process rank 3.\n-----\n2 total processes failed\n");
+    assert_int_equal(loom_detect_not_started("mpirun", dir, 4, &ns), 1);
+    assert_int_equal(ns.rank, 3);
+    assert_string_equal(ns.node, "vm");
+    assert_string_equal(ns.path, "/tmp/nonexist/loom");
+    assert_string_equal(ns.why, "");
+    write_text(dir, "launcher.log",
+               "mpirun noticed that process rank 2 with PID 0 on node vm "
+               "exited on signal 9 (Killed).\n");
+    assert_int_equal(loom_detect_not_started("mpirun", dir, 4, &ns), 0);
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -693,6 +738,7 @@ int main(void) {
         cmocka_unit_test(test_detect_partition),
         cmocka_unit_test(test_detect_host_cut),
         cmocka_unit_test(test_detect_slow_link),
+        cmocka_unit_test_setup_teardown(test_detect_not_started, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
