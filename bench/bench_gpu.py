@@ -51,11 +51,20 @@ def torch_side(args):
     def fwd_bwd():
         sdpa(q, k, v, is_causal=True).backward(go)
     fb_ms = timed(fwd_bwd, args.reps)
+    # fp32, for loom's fp32 cuBLAS attention (attention_gemm.cu)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    go32 = go.float()
+    fwd32_ms = timed(lambda: sdpa(q32, k32, v32, is_causal=True), args.reps)
+
+    def fwd_bwd32():
+        sdpa(q32, k32, v32, is_causal=True).backward(go32)
+    fb32_ms = timed(fwd_bwd32, args.reps)
     flop = 2.0 * 2.0 * B * H * T * T * hd / 2.0
     return {"torch": torch.__version__, "gemm_ms": gemm_ms,
             "gemm_tflops": 2.0 * G ** 3 / (gemm_ms * 1e9),
             "attn_fwd_ms": fwd_ms, "attn_fwd_tflops": flop / (fwd_ms * 1e9),
-            "attn_fwdbwd_ms": fb_ms, "attn_fwdbwd_tflops": 3.5 * flop / (fb_ms * 1e9)}
+            "attn_fwdbwd_ms": fb_ms, "attn_fwdbwd_tflops": 3.5 * flop / (fb_ms * 1e9),
+            "attn_fp32_fwd_ms": fwd32_ms, "attn_fp32_fwdbwd_ms": fb32_ms}
 
 
 def main():
@@ -94,6 +103,9 @@ def main():
         result["loom_gemm_vs_torch_cublas"] = loom["gemm_tflops"] / t["gemm_tflops"]
         result["loom_attn_fwd_vs_sdpa"] = t["attn_fwd_ms"] / loom["attn_fwd_ms"]
         result["loom_attn_fwdbwd_vs_sdpa"] = t["attn_fwdbwd_ms"] / loom["attn_fwdbwd_ms"]
+        if "attn_gemm_fp32_fwdbwd_ms" in loom:
+            result["loom_attn_gemm_fp32_fwdbwd_vs_sdpa_fp32"] = (
+                t["attn_fp32_fwdbwd_ms"] / loom["attn_gemm_fp32_fwdbwd_ms"])
     print(json.dumps(result))
     return 0
 

@@ -42,8 +42,11 @@ int main(int argc, char **argv) {
     size_t gemm_bytes = 3 * (size_t)G * G * 2;
     size_t attn = (size_t)B * T * 3 * H * hd * 2 * 2 + (size_t)B * T * H * hd * 2 * 2 +
                   (size_t)B * H * T * 4 * 2;
+    /* the fp32 cuBLAS path (attention_gemm.cu): its own fp32 buffers and T x T scratch */
+    const size_t scr = loom_cuda_attention_gemm_scratch_floats(B, T, H, H);
+    size_t attn32 = ((size_t)B * T * 3 * H * hd * 2 + (size_t)B * T * H * hd * 2 + scr) * 4 + 4096;
     if (loom_cuda_ctx_create(&ctx, 0, &err) != LOOM_OK ||
-        loom_cuda_arena_create(&arena, gemm_bytes + attn + ((size_t)64 << 20), &err) != LOOM_OK) {
+        loom_cuda_arena_create(&arena, gemm_bytes + attn + attn32 + ((size_t)64 << 20), &err) != LOOM_OK) {
         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
         return 1;
     }
@@ -54,11 +57,16 @@ int main(int argc, char **argv) {
     loom_bf16 *out = carve(&arena, (size_t)B * T * H * hd * 2);
     loom_bf16 *dout = carve(&arena, (size_t)B * T * H * hd * 2);
     float *lse = carve(&arena, (size_t)B * H * T * 4), *D = carve(&arena, (size_t)B * H * T * 4);
+    float *qkv32 = carve(&arena, (size_t)B * T * 3 * H * hd * 4);
+    float *dqkv32 = carve(&arena, (size_t)B * T * 3 * H * hd * 4);
+    float *out32 = carve(&arena, (size_t)B * T * H * hd * 4);
+    float *dout32 = carve(&arena, (size_t)B * T * H * hd * 4);
+    float *scratch32 = carve(&arena, scr * 4);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    float ms_gemm = 0, ms_fwd = 0, ms_fb = 0;
-    for (int phase = 0; phase < 3; phase++) {
+    float ms_gemm = 0, ms_fwd = 0, ms_fb = 0, ms_gfwd = 0, ms_gfb = 0;
+    for (int phase = 0; phase < 5; phase++) {
         for (int warm = 0; warm < 2; warm++) {
             cudaEventRecord(e0, ctx.stream);
             for (int r = 0; r < (warm ? reps : 2); r++) {
@@ -68,6 +76,12 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
                         return 1;
                     }
+                } else if (phase >= 3) {
+                    loom_cuda_attention_gemm_forward(&ctx, out32, lse, qkv32, scratch32, B, T, H, H,
+                                                     hd, 1);
+                    if (phase == 4)
+                        loom_cuda_attention_gemm_backward(&ctx, dqkv32, scratch32, dout32, qkv32,
+                                                          out32, lse, B, T, H, H, hd, 1);
                 } else {
                     loom_cuda_attention_forward_bf16(out, lse, qkv, B, T, H, H, hd, ctx.stream);
                     if (phase == 2)
@@ -84,6 +98,8 @@ int main(int argc, char **argv) {
         if (phase == 0) ms_gemm = ms;
         if (phase == 1) ms_fwd = ms;
         if (phase == 2) ms_fb = ms;
+        if (phase == 3) ms_gfwd = ms;
+        if (phase == 4) ms_gfb = ms;
     }
     if (loom_cuda_check("bench", 1, &err) != LOOM_OK) {
         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
@@ -93,9 +109,10 @@ int main(int argc, char **argv) {
     double attn_fwd_flop = 2.0 * 2.0 * B * H * (double)T * T * hd / 2.0;
     printf("{\"device\": \"%s\", \"gemm\": %d, \"gemm_ms\": %.4f, \"gemm_tflops\": %.2f, "
            "\"attn\": [%d, %d, %d, %d], \"attn_fwd_ms\": %.4f, \"attn_fwd_tflops\": %.2f, "
-           "\"attn_fwdbwd_ms\": %.4f, \"attn_fwdbwd_tflops\": %.2f}\n",
+           "\"attn_fwdbwd_ms\": %.4f, \"attn_fwdbwd_tflops\": %.2f, \"attn_gemm_fp32_fwd_ms\": %.4f, "
+           "\"attn_gemm_fp32_fwdbwd_ms\": %.4f}\n",
            dev[0].name, G, ms_gemm, 2.0 * G * G * (double)G / (ms_gemm * 1e9), B, T, H, hd, ms_fwd,
-           attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9));
+           attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9), ms_gfwd, ms_gfb);
     loom_cuda_arena_destroy(&arena);
     loom_cuda_ctx_destroy(&ctx);
     return 0;

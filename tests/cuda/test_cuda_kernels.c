@@ -514,10 +514,11 @@ static void test_rope(int B, int T, int H, int KV, int hd, int pos0, int bf) {
 
 /* ------------------------------------------------------------------ attention */
 
-/* Naive causal GQA attention in double: out, lse; and dqkv (+= onto dqkv) given dout. */
+/* Naive GQA attention in double, causal (key j <= query i) or not: out, lse; and dqkv
+ * (+= onto dqkv) given dout. */
 static void attention_ref(double *out, double *lse, double *dqkv, const float *qkv,
                           const float *dout, const float *out_used, const float *lse_used, int B,
-                          int T, int H, int KV, int hd) {
+                          int T, int H, int KV, int hd, int causal) {
     int R = (H + 2 * KV) * hd, OC = H * hd;
     double scale = 1.0 / sqrt((double)hd);
     double *p = malloc(sizeof(double) * T), *dp = malloc(sizeof(double) * T);
@@ -526,8 +527,9 @@ static void attention_ref(double *out, double *lse, double *dqkv, const float *q
             int g = h / (H / KV);
             for (int i = 0; i < T; i++) {
                 const float *q = qkv + ((size_t)b * T + i) * R + (size_t)h * hd;
+                const int jn = causal ? i + 1 : T; /* keys visible to query i */
                 double m = -INFINITY;
-                for (int j = 0; j <= i; j++) {
+                for (int j = 0; j < jn; j++) {
                     const float *k = qkv + ((size_t)b * T + j) * R + (size_t)(H + g) * hd;
                     double s = 0.0;
                     for (int d = 0; d < hd; d++) s += (double)q[d] * k[d];
@@ -535,13 +537,13 @@ static void attention_ref(double *out, double *lse, double *dqkv, const float *q
                     if (p[j] > m) m = p[j];
                 }
                 double sum = 0.0;
-                for (int j = 0; j <= i; j++) sum += exp(p[j] - m);
+                for (int j = 0; j < jn; j++) sum += exp(p[j] - m);
                 size_t lrow = ((size_t)b * H + h) * T + i;
                 lse[lrow] = m + log(sum);
                 size_t orow = ((size_t)b * T + i) * OC + (size_t)h * hd;
                 for (int d = 0; d < hd; d++) {
                     double acc = 0.0;
-                    for (int j = 0; j <= i; j++)
+                    for (int j = 0; j < jn; j++)
                         acc += exp(p[j] - lse[lrow]) *
                                qkv[((size_t)b * T + j) * R + (size_t)(H + KV + g) * hd + d];
                     out[orow + d] = acc;
@@ -550,14 +552,14 @@ static void attention_ref(double *out, double *lse, double *dqkv, const float *q
                 /* Backward with the out and lse the GPU is given (as the kernel uses them). */
                 double D = 0.0;
                 for (int d = 0; d < hd; d++) D += (double)dout[orow + d] * out_used[orow + d];
-                for (int j = 0; j <= i; j++) {
+                for (int j = 0; j < jn; j++) {
                     const float *v = qkv + ((size_t)b * T + j) * R + (size_t)(H + KV + g) * hd;
                     double pj = exp(p[j] - lse_used[lrow]), acc = 0.0;
                     for (int d = 0; d < hd; d++) acc += (double)dout[orow + d] * v[d];
                     dp[j] = scale * pj * (acc - D); /* dS */
                     p[j] = pj;
                 }
-                for (int j = 0; j <= i; j++) {
+                for (int j = 0; j < jn; j++) {
                     size_t krow = ((size_t)b * T + j) * R;
                     for (int d = 0; d < hd; d++) {
                         dqkv[((size_t)b * T + i) * R + (size_t)h * hd + d] +=
@@ -577,14 +579,14 @@ static void test_attention(int B, int T, int H, int KV, int hd, int bf) {
     size_t nl = (size_t)B * H * T;
     float *qkv = hrand(nq, -2, 2, bf), *dout = hrand(no, -1, 1, bf), *dq0 = hrand(nq, -1, 1, bf);
     double *out = dzeros(no), *lse = dzeros(nl), *dqkv = dzeros(nq);
-    attention_ref(out, lse, NULL, qkv, NULL, NULL, NULL, B, T, H, KV, hd);
+    attention_ref(out, lse, NULL, qkv, NULL, NULL, NULL, B, T, H, KV, hd, 1);
     /* The backward is given the reference out (rounded like the GPU's) and lse. */
     float *out_used = malloc(no * 4 + 4), *lse_used = malloc(nl * 4 + 4);
     for (size_t i = 0; i < no; i++) out_used[i] = bf ? bf2f(f2bf((float)out[i])) : (float)out[i];
     for (size_t i = 0; i < nl; i++) lse_used[i] = (float)lse[i];
     for (size_t i = 0; i < nq; i++) dqkv[i] = dq0[i];
     double *o2 = dzeros(no), *l2 = dzeros(nl);
-    attention_ref(o2, l2, dqkv, qkv, dout, out_used, lse_used, B, T, H, KV, hd);
+    attention_ref(o2, l2, dqkv, qkv, dout, out_used, lse_used, B, T, H, KV, hd, 1);
     SCOPE {
         void *dQkv = up(qkv, nq, bf), *dOut = poisoned(no, bf), *dDout = up(dout, no, bf);
         void *dOutUsed = up(out_used, no, bf), *dDq = up(dq0, nq, bf);
@@ -612,6 +614,49 @@ static void test_attention(int B, int T, int H, int KV, int hd, int bf) {
         snprintf(tmp, sizeof tmp, "attention backward B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
         NAME(nm, tmp, bf);
         check(nm, g = down(dDq, nq, bf), dqkv, nq, bf ? TOL16 : TOL32_ATTN);
+        free(g);
+    }
+    free(qkv), free(dout), free(dq0), free(out), free(lse), free(dqkv);
+    free(out_used), free(lse_used), free(o2), free(l2);
+}
+
+/* The cuBLAS path (attention_gemm.cu), fp32, causal and bidirectional: the same checks. */
+static void test_attention_gemm(int B, int T, int H, int KV, int hd, int causal) {
+    size_t nq = (size_t)B * T * (H + 2 * KV) * hd, no = (size_t)B * T * H * hd;
+    size_t nl = (size_t)B * H * T;
+    float *qkv = hrand(nq, -2, 2, 0), *dout = hrand(no, -1, 1, 0), *dq0 = hrand(nq, -1, 1, 0);
+    double *out = dzeros(no), *lse = dzeros(nl), *dqkv = dzeros(nq);
+    attention_ref(out, lse, NULL, qkv, NULL, NULL, NULL, B, T, H, KV, hd, causal);
+    float *out_used = malloc(no * 4 + 4), *lse_used = malloc(nl * 4 + 4);
+    for (size_t i = 0; i < no; i++) out_used[i] = (float)out[i];
+    for (size_t i = 0; i < nl; i++) lse_used[i] = (float)lse[i];
+    for (size_t i = 0; i < nq; i++) dqkv[i] = dq0[i];
+    double *o2 = dzeros(no), *l2 = dzeros(nl);
+    attention_ref(o2, l2, dqkv, qkv, dout, out_used, lse_used, B, T, H, KV, hd, causal);
+    SCOPE {
+        void *dQkv = up(qkv, nq, 0), *dOut = poisoned(no, 0), *dDout = up(dout, no, 0);
+        void *dOutUsed = up(out_used, no, 0), *dDq = up(dq0, nq, 0);
+        float *dLse = poisoned(nl, 0), *dLseUsed = up(lse_used, nl, 0);
+        float *scratch = poisoned(loom_cuda_attention_gemm_scratch_floats(B, T, H, KV), 0);
+        loom_cuda_attention_gemm_forward(&g_ctx, dOut, dLse, dQkv, scratch, B, T, H, KV, hd,
+                                         causal);
+        loom_cuda_attention_gemm_backward(&g_ctx, dDq, scratch, dDout, dQkv, dOutUsed, dLseUsed, B,
+                                          T, H, KV, hd, causal);
+        loom_error e;
+        check_true("attention gemm: no cuBLAS error", loom_cuda_ctx_status(&g_ctx, 1, &e) == LOOM_OK);
+        char nm[128];
+        const char *kind = causal ? "causal" : "bidir";
+        float *g;
+        snprintf(nm, sizeof nm, "attention gemm %s forward B%d T%d H%d KV%d hd%d", kind, B, T, H,
+                 KV, hd);
+        check(nm, g = down(dOut, no, 0), out, no, TOL32_ATTN);
+        free(g);
+        snprintf(nm, sizeof nm, "attention gemm %s lse hd%d", kind, hd);
+        check(nm, g = down(dLse, nl, 0), lse, nl, TOL32_ATTN);
+        free(g);
+        snprintf(nm, sizeof nm, "attention gemm %s backward B%d T%d H%d KV%d hd%d", kind, B, T,
+                 H, KV, hd);
+        check(nm, g = down(dDq, nq, 0), dqkv, nq, TOL32_ATTN);
         free(g);
     }
     free(qkv), free(dout), free(dq0), free(out), free(lse), free(dqkv);
@@ -881,6 +926,14 @@ int main(void) {
         test_attention(1, 70, 3, 3, 64, bf);  /* MHA, several key tiles */
         test_attention(1, 45, 2, 1, 256, bf); /* largest head size: shared-memory opt-in */
         test_attention(2, 33, 2, 1, 7, bf);   /* tiny odd head size */
+        if (!bf)
+            for (int causal = 0; causal < 2; causal++) {
+                test_attention_gemm(2, 37, 4, 2, 24, causal); /* GQA, odd T */
+                test_attention_gemm(1, 70, 3, 3, 64, causal); /* MHA */
+                test_attention_gemm(2, 29, 8, 2, 16, causal); /* rep 4: sums over a group */
+                test_attention_gemm(1, 45, 2, 1, 256, causal);
+                test_attention_gemm(2, 33, 2, 1, 7, causal);
+            }
         test_crossentropy(13, 997, bf);
         test_crossentropy(3, 50257, bf); /* GPT-2 vocabulary */
     }

@@ -205,28 +205,59 @@ static void rope_backward_at(const loom_backend *be, float *dqkv, int B, int T, 
                              int hd, float theta, int pos0) {
     loom_cuda_rope_backward_at(dqkv, B, T, H, KV, hd, theta, pos0, stream(be));
 }
+/* Up to 2 T^2 <= LOOM_CUDA_ATTN_GEMM_TT_FLOATS: cuBLAS's GEMMs (attention_gemm.cu; sized
+ * for KV = H, the most a group takes); above, the fused kernel (no T x T scratch). */
 static size_t attention_scratch_floats(const loom_backend *be, int B, int T, int H) {
     (void)be;
-    return loom_cuda_attention_scratch_floats(B, T, H);
+    size_t fused = loom_cuda_attention_scratch_floats(B, T, H);
+    if (!loom_cuda_attention_gemm_fits(T)) return fused;
+    size_t gemm = loom_cuda_attention_gemm_scratch_floats(B, T, H, H);
+    return gemm > fused ? gemm : fused;
 }
 static int attention_fits(const loom_backend *be, int hd) {
     if (hd <= LOOM_CUDA_ATTN_MAX_HD) return 1;
     fail(be, LOOM_ERR_INPUT, "%s: head dimension above %s", "cuda attention", "256");
     return 0;
 }
-/* The fused kernel keeps no T x T scores: the forward needs no scratch. */
+/* The fused kernel keeps no T x T scores: its forward needs no scratch. */
 static void attention_forward(const loom_backend *be, float *out, float *lse, const float *qkv,
                               float *scratch, int B, int T, int H, int KV, int hd) {
-    (void)scratch;
-    if (attention_fits(be, hd))
+    if (loom_cuda_attention_gemm_fits(T))
+        loom_cuda_attention_gemm_forward(&state(be)->cuda, out, lse, qkv, scratch, B, T, H, KV, hd,
+                                         1);
+    else if (attention_fits(be, hd))
         loom_cuda_attention_forward(out, lse, qkv, B, T, H, KV, hd, stream(be));
 }
 static void attention_backward(const loom_backend *be, float *dqkv, float *scratch,
                                const float *dout, const float *qkv, const float *out,
                                const float *lse, int B, int T, int H, int KV, int hd) {
-    if (attention_fits(be, hd))
+    if (loom_cuda_attention_gemm_fits(T))
+        loom_cuda_attention_gemm_backward(&state(be)->cuda, dqkv, scratch, dout, qkv, out, lse, B,
+                                          T, H, KV, hd, 1);
+    else if (attention_fits(be, hd))
         loom_cuda_attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd,
                                      stream(be));
+}
+/* Bidirectional (DiT): the cuBLAS path only (the fused kernel is causal). */
+static void attention_bidir_forward(const loom_backend *be, float *out, float *lse,
+                                    const float *qkv, float *scratch, int B, int T, int H, int KV,
+                                    int hd) {
+    if (loom_cuda_attention_gemm_fits(T))
+        loom_cuda_attention_gemm_forward(&state(be)->cuda, out, lse, qkv, scratch, B, T, H, KV, hd,
+                                         0);
+    else
+        fail(be, LOOM_ERR_INPUT, "%s: %s", "cuda bidirectional attention",
+             "sequence too long for the T x T scratch");
+}
+static void attention_bidir_backward(const loom_backend *be, float *dqkv, float *scratch,
+                                     const float *dout, const float *qkv, const float *out,
+                                     const float *lse, int B, int T, int H, int KV, int hd) {
+    if (loom_cuda_attention_gemm_fits(T))
+        loom_cuda_attention_gemm_backward(&state(be)->cuda, dqkv, scratch, dout, qkv, out, lse, B,
+                                          T, H, KV, hd, 0);
+    else
+        fail(be, LOOM_ERR_INPUT, "%s: %s", "cuda bidirectional attention",
+             "sequence too long for the T x T scratch");
 }
 static void crossentropy_forward(const loom_backend *be, float *losses, const float *logits,
                                  const int32_t *targets, int N, int V) {
@@ -340,19 +371,6 @@ static void silu_backward(const loom_backend *be, float *dinp, const float *inp,
                           size_t n) {
     (void)dinp, (void)inp, (void)dout, (void)n;
     refuse(be, "silu_backward");
-}
-static void attention_bidir_forward(const loom_backend *be, float *out, float *lse,
-                                    const float *qkv, float *scratch, int B, int T, int H, int KV,
-                                    int hd) {
-    (void)out, (void)lse, (void)qkv, (void)scratch, (void)B, (void)T, (void)H, (void)KV, (void)hd;
-    refuse(be, "attention_bidir_forward");
-}
-static void attention_bidir_backward(const loom_backend *be, float *dqkv, float *scratch,
-                                     const float *dout, const float *qkv, const float *out,
-                                     const float *lse, int B, int T, int H, int KV, int hd) {
-    (void)dqkv, (void)scratch, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
-    (void)H, (void)KV, (void)hd;
-    refuse(be, "attention_bidir_backward");
 }
 static void mse_forward(const loom_backend *be, float *losses, const float *pred,
                         const float *target, int N, int P) {

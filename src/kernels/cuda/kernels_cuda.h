@@ -189,6 +189,22 @@ void loom_cuda_attention_backward_bf16(loom_bf16 *dqkv, float *scratch, const lo
                                        const loom_bf16 *qkv, const loom_bf16 *out, const float *lse,
                                        int B, int T, int H, int KV, int hd, cudaStream_t s);
 
+/* ---- attention through cuBLAS (fp32; attention_gemm.cu): causal (causal = 1) or
+ * bidirectional, the same layout, lse and += rule as above, the T x T scores of a group
+ * of heads in scratch (loom_cuda_attention_gemm_scratch_floats). For T with
+ * loom_cuda_attention_gemm_fits(T) (2 T^2 <= LOOM_CUDA_ATTN_GEMM_TT_FLOATS); the CUDA
+ * backend uses it there and the fused kernel beyond. Errors stay in ctx (sticky). */
+#define LOOM_CUDA_ATTN_GEMM_TT_FLOATS ((size_t)1 << 28) /* 1 GiB: S and dP of a group */
+size_t loom_cuda_attention_gemm_scratch_floats(int B, int T, int H, int KV);
+int loom_cuda_attention_gemm_fits(int T);
+void loom_cuda_attention_gemm_forward(loom_cuda_ctx *ctx, float *out, float *lse, const float *qkv,
+                                      float *scratch, int B, int T, int H, int KV, int hd,
+                                      int causal);
+void loom_cuda_attention_gemm_backward(loom_cuda_ctx *ctx, float *dqkv, float *scratch,
+                                       const float *dout, const float *qkv, const float *out,
+                                       const float *lse, int B, int T, int H, int KV, int hd,
+                                       int causal);
+
 /* ---- fused softmax + cross-entropy (losses fp32; _backward overwrites logits) ---- */
 void loom_cuda_crossentropy_forward(float *losses, const float *logits, const int32_t *targets,
                                     int N, int V, cudaStream_t s);
