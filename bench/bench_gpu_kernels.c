@@ -46,7 +46,8 @@ int main(int argc, char **argv) {
     const size_t scr = loom_cuda_attention_gemm_scratch_floats(B, T, H, H);
     size_t attn32 = ((size_t)B * T * 3 * H * hd * 2 + (size_t)B * T * H * hd * 2 + scr) * 4 + 4096;
     if (loom_cuda_ctx_create(&ctx, 0, &err) != LOOM_OK ||
-        loom_cuda_arena_create(&arena, gemm_bytes + attn + attn32 + ((size_t)64 << 20), &err) != LOOM_OK) {
+        loom_cuda_arena_create(&arena, gemm_bytes + attn + attn32 + ((size_t)64 << 20), &err) !=
+            LOOM_OK) {
         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
         return 1;
     }
@@ -107,12 +108,14 @@ int main(int argc, char **argv) {
     }
     /* Causal attention FLOPs: forward 2 GEMMs of B*H*T*T*hd/2 MACs; backward 2.5x. */
     double attn_fwd_flop = 2.0 * 2.0 * B * H * (double)T * T * hd / 2.0;
-    printf("{\"device\": \"%s\", \"gemm\": %d, \"gemm_ms\": %.4f, \"gemm_tflops\": %.2f, "
-           "\"attn\": [%d, %d, %d, %d], \"attn_fwd_ms\": %.4f, \"attn_fwd_tflops\": %.2f, "
-           "\"attn_fwdbwd_ms\": %.4f, \"attn_fwdbwd_tflops\": %.2f, \"attn_gemm_fp32_fwd_ms\": %.4f, "
-           "\"attn_gemm_fp32_fwdbwd_ms\": %.4f}\n",
-           dev[0].name, G, ms_gemm, 2.0 * G * G * (double)G / (ms_gemm * 1e9), B, T, H, hd, ms_fwd,
-           attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9), ms_gfwd, ms_gfb);
+    printf(
+        "{\"device\": \"%s\", \"gemm\": %d, \"gemm_ms\": %.4f, \"gemm_tflops\": %.2f, "
+        "\"attn\": [%d, %d, %d, %d], \"attn_fwd_ms\": %.4f, \"attn_fwd_tflops\": %.2f, "
+        "\"attn_fwdbwd_ms\": %.4f, \"attn_fwdbwd_tflops\": %.2f, \"attn_gemm_fp32_fwd_ms\": %.4f, "
+        "\"attn_gemm_fp32_fwdbwd_ms\": %.4f}\n",
+        dev[0].name, G, ms_gemm, 2.0 * G * G * (double)G / (ms_gemm * 1e9), B, T, H, hd, ms_fwd,
+        attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9), ms_gfwd,
+        ms_gfb);
     loom_cuda_arena_destroy(&arena);
     loom_cuda_ctx_destroy(&ctx);
     return 0;

@@ -89,9 +89,16 @@ def torch_worker(spec_json):
             tables[a] = tuple(t.to(dev) for t in host_tables(*a))
         return tables[a]
     tm.rope_tables = rope_on_device
-    model = tm.build_model(m, torch.float32)
-    tm.init_gpt2_style(model, seed=1)
-    model = model.to(dev)
+    model = tm.build_model(m, torch.float32).to(dev)
+    torch.manual_seed(1)  # GPT-2's init on the GPU (the timing does not depend on the values)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.fill_(1.0)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

@@ -36,8 +36,8 @@ typedef struct {
     const loom_train_config *tc;
     loom_mesh *mesh;
     loom_batch_source data, val; /* training and validation batches */
-    const loom_backend *be; /* --device: where the model, parameters, gradients and optimizer
-                               state live (the CPU's, or a device's opened at setup) */
+    const loom_backend *be;      /* --device: where the model, parameters, gradients and optimizer
+                                    state live (the CPU's, or a device's opened at setup) */
     loom_model model;
     loom_zero zero;
     loom_fsdp fsdp;       /* ZeRO-3 only: params is then fsdp.view */

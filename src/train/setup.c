@@ -340,7 +340,8 @@ static loom_status open_device(loom_run *r, loom_error *err) {
     if ((st = loom_backend_open(kind, 0, &r->be, err))) {
         r->be = loom_backend_cpu();
         /* a build without the device already names the flag; a missing GPU does not */
-        return st == LOOM_ERR_INPUT ? st : loom_error_prefix(err, "--device %s", loom_device_name(kind));
+        return st == LOOM_ERR_INPUT ? st
+                                    : loom_error_prefix(err, "--device %s", loom_device_name(kind));
     }
     if (r->mesh->rank == 0) fprintf(stderr, "loom: device %s\n", r->be->name);
     return LOOM_OK;

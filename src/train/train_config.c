@@ -191,14 +191,14 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
     loom_status st = loom_device_parse(tc->device, "--device", kind, err);
     if (st || *kind == LOOM_DEVICE_CPU) return st;
     /* What the device path does not cover yet (docs/GPU.md), one clear line each. */
-    const char *not_yet = world_size > 1                 ? "more than one process (dp/tp/pp/cp/ep)"
+    const char *not_yet = world_size > 1                  ? "more than one process (dp/tp/pp/cp/ep)"
                           : mc->family == LOOM_FAMILY_DIT ? "--family dit"
                           : mc->n_experts > 0             ? "--n-experts (mixture of experts)"
                           : tc->ckpt_dir[0] || tc->ckpt_fast_dir[0] || tc->ckpt_peer
                               ? "checkpoints (--ckpt-dir, --ckpt-fast-dir, --ckpt-peer)"
-                          : tc->resume[0]          ? "--resume"
-                          : tc->init_from[0]       ? "--init-from"
-                          : tc->ema_decay > 0.0f   ? "--ema-decay"
+                          : tc->resume[0]            ? "--resume"
+                          : tc->init_from[0]         ? "--init-from"
+                          : tc->ema_decay > 0.0f     ? "--ema-decay"
                           : tc->overlap_param_gather ? "--overlap-param-gather"
                                                      : NULL;
     if (!not_yet) return LOOM_OK;

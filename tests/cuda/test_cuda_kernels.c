@@ -643,7 +643,8 @@ static void test_attention_gemm(int B, int T, int H, int KV, int hd, int causal)
         loom_cuda_attention_gemm_backward(&g_ctx, dDq, scratch, dDout, dQkv, dOutUsed, dLseUsed, B,
                                           T, H, KV, hd, causal);
         loom_error e;
-        check_true("attention gemm: no cuBLAS error", loom_cuda_ctx_status(&g_ctx, 1, &e) == LOOM_OK);
+        check_true("attention gemm: no cuBLAS error",
+                   loom_cuda_ctx_status(&g_ctx, 1, &e) == LOOM_OK);
         char nm[128];
         const char *kind = causal ? "causal" : "bidir";
         float *g;
@@ -654,8 +655,8 @@ static void test_attention_gemm(int B, int T, int H, int KV, int hd, int causal)
         snprintf(nm, sizeof nm, "attention gemm %s lse hd%d", kind, hd);
         check(nm, g = down(dLse, nl, 0), lse, nl, TOL32_ATTN);
         free(g);
-        snprintf(nm, sizeof nm, "attention gemm %s backward B%d T%d H%d KV%d hd%d", kind, B, T,
-                 H, KV, hd);
+        snprintf(nm, sizeof nm, "attention gemm %s backward B%d T%d H%d KV%d hd%d", kind, B, T, H,
+                 KV, hd);
         check(nm, g = down(dDq, nq, 0), dqkv, nq, TOL32_ATTN);
         free(g);
     }
@@ -933,6 +934,7 @@ int main(void) {
                 test_attention_gemm(2, 29, 8, 2, 16, causal); /* rep 4: sums over a group */
                 test_attention_gemm(1, 45, 2, 1, 256, causal);
                 test_attention_gemm(2, 33, 2, 1, 7, causal);
+                test_attention_gemm(1, 131, 4, 1, 32, causal); /* 4 uneven query blocks */
             }
         test_crossentropy(13, 997, bf);
         test_crossentropy(3, 50257, bf); /* GPT-2 vocabulary */
