@@ -27,6 +27,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 import torch_model as tm  # noqa: E402
+from bench_train import write_shard  # noqa: E402  (the same random llm.c shard)
 
 # name -> (loom preset, model, micro-batch = global batch, steps)
 CONFIGS = {
@@ -35,15 +36,6 @@ CONFIGS = {
     "llama-1b": ("llama-100m", tm.Config("llama", 22, 32, 4, 2048, 5632, 32000, 2048), 4, 6),
     "llama-100m": ("llama-100m", tm.Config("llama", 8, 12, 4, 768, 2048, 32000, 1024), 16, 8),
 }
-
-
-def write_shard(path, vocab, n_tokens, seed):
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [20240520, 1, n_tokens]
-    toks = np.random.default_rng(seed).integers(0, vocab, n_tokens).astype("<u2")
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(toks.tobytes())
 
 
 def run_loom(args, preset, m, batch, steps, workdir):

@@ -76,21 +76,26 @@ static int on_device(const loom_zero *z) {
     return z->be && z->be->device != LOOM_DEVICE_CPU;
 }
 
+/* `bytes` of be's memory, zeroed; NULL when out of memory. */
+static float *device_zeros(const loom_backend *be, size_t bytes) {
+    float *p = loom_backend_alloc(be, bytes);
+    if (p) loom_backend_memset(be, p, 0, bytes);
+    return p;
+}
+
 loom_status loom_zero_place_on(loom_zero *z, const loom_backend *be, loom_error *err) {
     if (z->stage != 0 || z->dp->size != 1 || z->ema || z->embed.enabled)
         return loom_error_set(err, LOOM_ERR_STATE,
                               "ZeRO on %s: only one replica at stage 0 (no moving average)",
                               be->name);
     const size_t bytes = (z->shard_floats ? z->shard_floats : 1) * sizeof(float);
-    float *m = loom_backend_alloc(be, bytes), *v = loom_backend_alloc(be, bytes);
+    float *m = device_zeros(be, bytes), *v = device_zeros(be, bytes);
     if (!m || !v) {
         loom_backend_free(be, m);
         loom_backend_free(be, v);
         return loom_error_set(err, LOOM_ERR_NOMEM, "AdamW state on %s: out of memory (%.1f MiB)",
                               be->name, 2.0 * (double)bytes / (1 << 20));
     }
-    loom_backend_memset(be, m, 0, bytes);
-    loom_backend_memset(be, v, 0, bytes);
     free(z->m);
     free(z->v);
     z->m = m;
@@ -145,12 +150,8 @@ float *loom_zero_map_huge(size_t bytes) {
 }
 
 float *loom_zero_grads_alloc(loom_zero *z) {
-    if (on_device(z)) { /* stage 0 (loom_zero_place_on) */
-        const size_t bytes = (z->total ? z->total : 1) * sizeof(float);
-        float *g = loom_backend_alloc(z->be, bytes);
-        if (g) loom_backend_memset(z->be, g, 0, bytes);
-        return g;
-    }
+    if (on_device(z)) /* stage 0 (loom_zero_place_on) */
+        return device_zeros(z->be, (z->total ? z->total : 1) * sizeof(float));
     if (z->stage < 2) return calloc(z->total ? z->total : 1, sizeof(float));
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;

@@ -60,8 +60,8 @@ __global__ void probs_from_lse_kernel(float *S, const float *lse, int T, int ng,
     for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n;
          x += (size_t)gridDim.x * blockDim.x) {
         const int j = (int)(x % T), i = (int)(x / T % T), g = (int)(x / ((size_t)T * T));
-        S[x] = !causal || j <= i ? expf(S[x] * scale - lse[lse0 + (size_t)g * lse_stride + i])
-                                 : 0.0f;
+        S[x] =
+            !causal || j <= i ? expf(S[x] * scale - lse[lse0 + (size_t)g * lse_stride + i]) : 0.0f;
     }
 }
 
@@ -77,8 +77,8 @@ __global__ void scores_grad_kernel(float *dP, const float *P, const float *D, in
 }
 
 /* D[b, h, i] = dot(dout row, out row) of head h, in a fixed order. */
-__global__ void rows_dot_kernel(float *D, const float *dout, const float *out, int B, int T,
-                                int H, int hd) {
+__global__ void rows_dot_kernel(float *D, const float *dout, const float *out, int B, int T, int H,
+                                int hd) {
     const size_t rows = (size_t)B * H * T;
     for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < rows;
          r += (size_t)gridDim.x * blockDim.x) {
@@ -126,7 +126,6 @@ static heads heads_of(int b, int r, int g0, int T, int H, int KV, int hd) {
 extern "C" {
 
 size_t loom_cuda_attention_gemm_scratch_floats(int B, int T, int H, int KV) {
-    (void)H;
     return (size_t)B * H * T + 2 * (size_t)group_heads(T, KV) * T * T;
 }
 
