@@ -1,3 +1,4 @@
+#include "core/suggest.h"
 #include "cli/cmd_calibrate.h"
 
 #include <getopt.h>
@@ -921,7 +922,9 @@ int loom_cmd_calibrate(int argc, char **argv) {
             fprintf(stderr, "loom calibrate: option '%s' needs a value\n", argv[optind - 1]);
             return 2;
         } else {
-            fprintf(stderr, "loom calibrate: unknown option '%s'\n", argv[optind - 1]);
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            fprintf(stderr, "loom calibrate: unknown option '%s'%s\n", argv[optind - 1], hint);
             return 2;
         }
     }

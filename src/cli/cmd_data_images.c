@@ -1,6 +1,7 @@
 /* loom data images: IDX files or PNG folders -> image shards (data/image_shard.h);
  * loom data video: image shards -> moving-object clip shards (data/moving_clips.h);
  * and the long-option parsing of every loom data subcommand (cmd_data_images.h). */
+#include "core/suggest.h"
 #include "cli/cmd_data_images.h"
 
 #include <ctype.h>
@@ -105,7 +106,10 @@ int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, in
             fprintf(stderr, "loom data: unknown option '-%c' (see --help)\n", optopt);
             return 2;
         } else {
-            fprintf(stderr, "loom data: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            fprintf(stderr, "loom data: unknown option '%s'%s (see --help)\n", argv[optind - 1],
+                    hint);
             return 2;
         }
     }

@@ -1,5 +1,6 @@
 /* loom generate: loads a weights file written by `loom train --save-weights`, encodes the
  * prompt, and streams sampled tokens to stdout as they come (KV-cache decoding). */
+#include "core/suggest.h"
 #include "cli/cmd_generate.h"
 
 #include <getopt.h>
@@ -90,10 +91,13 @@ int loom_cmd_generate(int argc, char **argv) {
         case 'h':
             usage(stdout);
             return 0;
-        default:
-            snprintf(msg, sizeof msg, "unknown option or missing value '%s' (see --help)",
-                     argv[optind - 1]);
+        default: {
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            snprintf(msg, sizeof msg, "unknown option or missing value '%s'%s (see --help)",
+                     argv[optind - 1], hint);
             return fail(msg);
+        }
         }
     }
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");

@@ -3,6 +3,7 @@
  * Nothing from the command line reaches a shell: gnuplot is started with posix_spawnp,
  * labels are quoted as gnuplot strings, and gnuplot writes into the temporary folder (an
  * output name such as '|cmd' would be a pipe to gnuplot); loom copies the PNG into place. */
+#include "core/suggest.h"
 #include "cli/cmd_plot.h"
 
 #include "core/error.h"
@@ -361,8 +362,12 @@ int loom_cmd_plot(int argc, char **argv) {
         default:
             if (optopt)
                 fprintf(stderr, "loom plot: unknown option '-%c' (see --help)\n", optopt);
-            else
-                fprintf(stderr, "loom plot: unknown option '%s' (see --help)\n", argv[optind - 1]);
+            else {
+                char hint[96];
+                loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+                fprintf(stderr, "loom plot: unknown option '%s'%s (see --help)\n", argv[optind - 1],
+                        hint);
+            }
             return 2;
         }
     }

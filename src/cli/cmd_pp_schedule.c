@@ -1,3 +1,4 @@
+#include "core/suggest.h"
 #include "cli/cmd_pp_schedule.h"
 
 #include <getopt.h>
@@ -35,7 +36,9 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "loom pp-schedule: unknown option '%s'\n", argv[optind - 1]);
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            fprintf(stderr, "loom pp-schedule: unknown option '%s'%s\n", argv[optind - 1], hint);
             return 2;
         }
     }

@@ -1,6 +1,7 @@
 /* loom sample: loads a dit model's weights (loom train --save-weights), integrates its flow
  * from Gaussian noise to images (model/flow_sampler.h) and writes a PNG grid, one row per
  * class (clips: an animated GIF or a PNG frame strip), and optionally the raw samples. */
+#include "core/suggest.h"
 #include "cli/cmd_sample.h"
 
 #include <getopt.h>
@@ -210,10 +211,13 @@ int loom_cmd_sample(int argc, char **argv) {
         case 'h':
             usage(stdout);
             return 0;
-        default:
-            snprintf(msg, sizeof msg, "unknown option or missing value '%s' (see --help)",
-                     argv[optind - 1]);
+        default: {
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            snprintf(msg, sizeof msg, "unknown option or missing value '%s'%s (see --help)",
+                     argv[optind - 1], hint);
             return fail(msg);
+        }
         }
     }
     if (optind < argc) {

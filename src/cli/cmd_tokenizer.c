@@ -1,4 +1,5 @@
 /* loom tokenizer encode|decode|train: byte-level BPE (GPT-2's) on stdin/stdout. */
+#include "core/suggest.h"
 #include "cli/cmd_tokenizer.h"
 
 #include <errno.h>
@@ -96,7 +97,9 @@ static int parse(int argc, char **argv, options *o, int train) {
             FAIL("option '%s' needs a value", argv[optind - 1]);
         default:
             if (optopt) FAIL("unknown option '-%c' (see --help)", optopt);
-            FAIL("unknown option '%s' (see --help)", argv[optind - 1]);
+            char hint[96];
+            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
+            FAIL("unknown option '%s'%s (see --help)", argv[optind - 1], hint);
         }
     }
     if (optind < argc) FAIL("unexpected argument '%s'", argv[optind]);

@@ -16,6 +16,7 @@
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
 #include "core/malloc_policy.h"
+#include "core/suggest.h"
 #include "core/version.h"
 #include "kernels/backend.h"
 #ifdef LOOM_CUDA
@@ -25,21 +26,30 @@
 #include "core/version.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "loom %s: train transformer language models\n\n"
-            "usage: loom <command> [options]\n\n"
-            "commands:\n"
-            "  train     train a model (loom train --help)\n"
-            "  run       train under the supervisor: restarts on failures (loom run --help)\n"
-            "  ckpt      checkpoint tools: inspect, verify, export (loom ckpt inspect DIR)\n"
-            "  calibrate measure this machine: a profile for the planner (loom calibrate --help)\n"
-            "  plan      the layout to train with, predicted (loom plan --help)\n"
-            "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
-            "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
-            "  sample    images from a dit model (loom sample --weights W.safetensors)\n"
-            "  gpu-info  CUDA devices found, or why there are none\n"
-            "  version   print the version\n",
-            LOOM_VERSION);
+    fprintf(
+        f,
+        "loom %s: train transformer language models and diffusion transformers\n\n"
+        "usage: loom <command> [options]   (loom <command> --help for its options)\n"
+        "\nTrain (docs/training.md, docs/parallelism.md, docs/dit.md):\n"
+        "  train        train a model (loom train --help)\n"
+        "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
+        "\nSupervise and recover (docs/fault-tolerance.md, docs/cluster.md):\n"
+        "  run          train under the supervisor: restarts on failures (loom run --help)\n"
+        "  ckpt         checkpoint tools: inspect, verify, export (docs/checkpoints.md)\n"
+        "\nData (docs/data.md):\n"
+        "  data         token, image and clip shards (loom data --help)\n"
+        "  tokenizer    GPT-2 BPE: encode, decode, train (loom tokenizer --help)\n"
+        "\nUse a trained model (docs/training.md, docs/dit.md):\n"
+        "  generate     text from a language model (loom generate --help)\n"
+        "  sample       images and clips from a dit model (loom sample --help)\n"
+        "  plot         loss and tokens/s of runs (loom plot --help)\n"
+        "\nPlan a layout (docs/PLAN.md, docs/PROFILE.md):\n"
+        "  calibrate    measure this machine: a profile for the planner (loom calibrate --help)\n"
+        "  plan         the layout to train with, predicted (loom plan --help)\n"
+        "\nThis machine (docs/gpu.md):\n"
+        "  gpu-info     CUDA devices found, or why there are none\n"
+        "  version      print the version\n",
+        LOOM_VERSION);
 }
 
 int main(int argc, char **argv) {
@@ -73,10 +83,12 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    fprintf(
-        stderr,
-        "loom: unknown command '%s' (expected train, run, calibrate, plan, data, generate, sample, "
-        "plot, tokenizer, version)\n",
-        cmd);
+    static const char *const commands[] = {
+        "train",  "pp-schedule", "run",       "ckpt", "data",     "tokenizer", "generate",
+        "sample", "plot",        "calibrate", "plan", "gpu-info", "version",   "help"};
+    const char *near =
+        loom_suggest_nearest(cmd, commands, (int)(sizeof commands / sizeof *commands));
+    fprintf(stderr, "loom: unknown command '%s'%s%s%s (see loom --help)\n", cmd,
+            near ? ": did you mean " : "", near ? near : "", near ? "?" : "");
     return 2;
 }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/suggest.h"
+
 typedef enum {
     OPT_INT,
     OPT_FLOAT,
@@ -159,6 +161,60 @@ typedef struct {
     int n, cap;
 } setting_list;
 
+/* loom train --help lists the keys by purpose, each group naming its docs page; a key in no
+ * group (a new row above) is listed under "Other keys" until it is given one. */
+typedef struct {
+    const char *title;
+    const char *page;
+    const char *keys; /* space-separated */
+} opt_group;
+
+static const opt_group GROUPS[] = {
+    {"Model", "docs/training.md",
+     "model family n-layer n-head n-kv-head d-model d-ff vocab-size seq-len norm-eps rope-theta"},
+    {"Data and optimisation", "docs/training.md",
+     "data micro-batch global-batch steps lr min-lr warmup-steps weight-decay grad-clip beta1 "
+     "beta2 adam-eps seed threads"},
+    {"Watching a run, evaluation, weights", "docs/training.md",
+     "log-every metrics tensorboard trace val-data eval-every eval-batches save-weights dry-run "
+     "dump-dir"},
+    {"Parallel layouts", "docs/parallelism.md",
+     "dp zero bucket-mb overlap-param-gather tp sequence-parallel pp pp-schedule virtual-stages "
+     "pp-layers pp-stats cp cp-mode ep recompute startup-timeout"},
+    {"Mixture of experts", "docs/parallelism.md",
+     "n-experts top-k moe-every shared-expert capacity-factor aux-loss-coef z-loss-coef "
+     "moe-chunks"},
+    {"Diffusion transformers (images, clips)", "docs/dit.md",
+     "channels frames height width patch patch-t n-classes t-sampling class-dropout ema-decay "
+     "save-ema"},
+    {"Checkpoints", "docs/checkpoints.md",
+     "ckpt-dir ckpt-every ckpt-keep ckpt-fast-dir ckpt-fast-every ckpt-peer ckpt-peer-dir resume "
+     "resume-ignore-seed init-from"},
+    {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
+    {"Device", "docs/gpu.md", "device"},
+};
+#define N_GROUPS (int)(sizeof GROUPS / sizeof GROUPS[0])
+
+static int group_has(const opt_group *g, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = g->keys; (p = strstr(p, key)) != NULL; p += n)
+        if ((p == g->keys || p[-1] == ' ') && (p[n] == ' ' || p[n] == 0)) return 1;
+    return 0;
+}
+
+/* ": did you mean --KEY?" for a mistyped flag or config key, else "". */
+static void suggest_key(char *out, size_t cap, const char *word) {
+    const char *keys[N_OPTS + 2];
+    for (int i = 0; i < N_OPTS; i++) keys[i] = OPTS[i].key;
+    keys[N_OPTS] = "config";
+    keys[N_OPTS + 1] = "help";
+    char w[128];
+    snprintf(w, sizeof w, "%s", word);
+    for (char *c = w; *c; c++)
+        if (*c == '_') *c = '-'; /* config files may spell keys with '_' */
+    loom_suggest_flag(out, cap, w, keys, N_OPTS + 2);
+}
+
 static const opt_def *find_opt(const char *key) {
     for (int i = 0; i < N_OPTS; i++)
         if (strcmp(OPTS[i].key, key) == 0) return &OPTS[i];
@@ -283,10 +339,13 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
         return loom_error_set(err, LOOM_ERR_INPUT, "--config '%s': cannot open: %s", path,
                               strerror(errno));
     if (rc == -2) return loom_error_set(err, LOOM_ERR_NOMEM, "--config '%s': out of memory", path);
-    if (rc != 0 && ctx.bad_key[0])
+    if (rc != 0 && ctx.bad_key[0]) {
+        char hint[96];
+        suggest_key(hint, sizeof hint, ctx.bad_key);
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--config '%s': line %d: unknown key '%s' (see loom train --help)",
-                              path, rc, ctx.bad_key);
+                              "--config '%s': line %d: unknown key '%s'%s (see loom train --help)",
+                              path, rc, ctx.bad_key, hint);
+    }
     if (rc != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--config '%s': line %d: expected 'key = value' or '[section]'", path,
@@ -315,12 +374,14 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
         } else if (c == 1000) {
             snprintf(config, LOOM_PATH_MAX, "%s", optarg);
         } else if (c == ':') {
-            return loom_error_set(err, LOOM_ERR_INPUT, "loom train: option '%s' needs a value",
+            return loom_error_set(err, LOOM_ERR_INPUT, "option '%s' needs a value",
                                   argv[optind - 1]);
         } else if (c == '?') {
+            char hint[96];
+            suggest_key(hint, sizeof hint, argv[optind - 1]);
             return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "loom train: unknown option '%s' (see loom train --help)",
-                                  argv[optind - 1]);
+                                  "unknown option '%s'%s (see loom train --help)", argv[optind - 1],
+                                  hint);
         } else if (c >= OPT_VAL && c < OPT_VAL + N_OPTS) {
             const opt_def *d = &OPTS[c - OPT_VAL];
             char origin[96];
@@ -331,8 +392,7 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
     }
     if (optind < argc)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom train: unexpected argument '%s' (options are --key value)",
-                              argv[optind]);
+                              "unexpected argument '%s' (options are --key value)", argv[optind]);
     return LOOM_OK;
 }
 
@@ -424,8 +484,31 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
     }
 }
 
+static void usage_line(FILE *f, const opt_def *d) {
+    if (strlen(d->key) <= 20)
+        fprintf(f, "  --%-20s %s\n", d->key, d->help);
+    else
+        fprintf(f, "  --%s\n  %-22s %s\n", d->key, "", d->help);
+}
+
 void loom_train_options_usage(FILE *f) {
-    fprintf(f, "usage: loom train [--config FILE] [--key value ...]\n\n"
-               "Keys (also valid in a --config file as 'key = value'; flags win):\n");
-    for (int i = 0; i < N_OPTS; i++) fprintf(f, "  --%-14s %s\n", OPTS[i].key, OPTS[i].help);
+    fprintf(f,
+            "usage: loom train [--config FILE] [--key value ...]\n\n"
+            "Every key is also valid in a --config file as 'key = value' (flags win).\n"
+            "  --%-20s %s\n  --%-20s %s\n",
+            "config FILE", "INI file of keys ('_' or '-'; [sections] allowed)", "help",
+            "this list");
+    for (int g = 0; g < N_GROUPS; g++) {
+        fprintf(f, "\n%s (%s):\n", GROUPS[g].title, GROUPS[g].page);
+        for (int i = 0; i < N_OPTS; i++)
+            if (group_has(&GROUPS[g], OPTS[i].key)) usage_line(f, &OPTS[i]);
+    }
+    int others = 0;
+    for (int i = 0; i < N_OPTS; i++) {
+        int placed = 0;
+        for (int g = 0; g < N_GROUPS && !placed; g++) placed = group_has(&GROUPS[g], OPTS[i].key);
+        if (placed) continue;
+        if (!others++) fprintf(f, "\nOther keys (docs/):\n");
+        usage_line(f, &OPTS[i]);
+    }
 }

@@ -1,5 +1,6 @@
 #include "ft/run_config.h"
 
+#include "core/suggest.h"
 #include "ft/hosts.h"
 
 #include <errno.h>
@@ -95,11 +96,18 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
             known |= strcmp(f, with_value[k]) == 0;
-        if (!known)
+        if (!known) {
+            const char *names[sizeof with_value / sizeof *with_value + 3] = {
+                "--elastic", "--skip-bad-batches", "--help"};
+            for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
+                names[3 + k] = with_value[k];
+            char hint[96];
+            loom_suggest_flag(hint, sizeof hint, f, names, (int)(sizeof names / sizeof *names));
             return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "loom run: unknown option '%s' (see loom run --help; train "
+                                  "loom run: unknown option '%s'%s (see loom run --help; train "
                                   "options go after '--')",
-                                  f);
+                                  f, hint);
+        }
         if (i + 1 >= argc)
             return loom_error_set(err, LOOM_ERR_INPUT, "loom run: option '%s' needs a value", f);
         const char *v = argv[++i];
@@ -175,32 +183,37 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
 }
 
 void loom_run_config_usage(FILE *f) {
-    fprintf(f,
-            "usage: loom run -n N [options] -- <loom train options>\n\n"
-            "Runs `loom train` on N ranks (mpirun, or srun under Slurm), watches heartbeats,\n"
-            "writes a diagnosis on every failure and restarts from the newest checkpoint.\n\n"
-            "  -n N                    ranks\n"
-            "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"
-            "  --hostfile FILE         OpenMPI hostfile ('HOST slots=N' lines, # comments):\n"
-            "                          the same as --hosts HOST:N,... (not with --hosts)\n"
-            "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
-            "                          127.0.0.1; with --hosts or srun 0.0.0.0, and the ranks\n"
-            "                          are told this host's address on the route to the hosts)\n"
-            "  --max-restarts R        restarts before giving up (default 3)\n"
-            "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
-            "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"
-            "  --startup-timeout S     every rank beats within S s of a launch (default 120)\n"
-            "  --host-wait S           a lost or cut-off host: wait up to S s for it to answer\n"
-            "                          again, then restart (--elastic: without it; default 60)\n"
-            "  --grace S               SIGTERM, then SIGKILL after S s (default 5)\n"
-            "  --elastic               exclude a rank after repeated failures, shrink --dp\n"
-            "  --min-ranks K           never shrink below K ranks (default 1)\n"
-            "  --exclude-after N       failures of one rank before exclusion (default 2)\n"
-            "  --loss-spike-factor F   loss > F x median of the last 10 steps: roll back\n"
-            "  --skip-bad-batches      and skip that step's batch (--skip-steps)\n"
-            "  --straggler-factor F    report ranks computing F x slower (default 1.5)\n"
-            "  --run-dir DIR           logs, diagnosis.json, summary.json (default runs/loom_run)\n"
-            "  --launcher mpirun|srun  default: srun inside a Slurm allocation\n"
-            "  --launcher-args \"A B\"   more launcher words, before the program (split at\n"
-            "                          blanks), e.g. \"--mca plm_rsh_agent AGENT\"\n");
+    fprintf(
+        f,
+        "usage: loom run -n N [options] -- <loom train options>\n\n"
+        "Runs `loom train` on N ranks (mpirun, or srun under Slurm), watches heartbeats,\n"
+        "writes a diagnosis on every failure and restarts from the newest checkpoint.\n"
+        "\nLaunch and hosts (docs/cluster.md):\n"
+        "  -n N                    ranks\n"
+        "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"
+        "  --hostfile FILE         OpenMPI hostfile ('HOST slots=N' lines, # comments):\n"
+        "                          the same as --hosts HOST:N,... (not with --hosts)\n"
+        "  --bind ADDR             heartbeat socket address, told to the ranks (default\n"
+        "                          127.0.0.1; with --hosts or srun 0.0.0.0, and the ranks\n"
+        "                          are told this host's address on the route to the hosts)\n"
+        "  --launcher mpirun|srun  default: srun inside a Slurm allocation\n"
+        "  --launcher-args \"A B\"   more launcher words, before the program (split at\n"
+        "                          blanks), e.g. \"--mca plm_rsh_agent AGENT\"\n"
+        "\nDetection and timeouts (docs/fault-tolerance.md):\n"
+        "  --heartbeat-timeout S   silent rank / collective waited on for S s (default 10)\n"
+        "  --step-timeout S        no step for S s is a hang (default 600, 0 = off)\n"
+        "  --startup-timeout S     every rank beats within S s of a launch (default 120)\n"
+        "  --loss-spike-factor F   loss > F x median of the last 10 steps: roll back\n"
+        "  --straggler-factor F    report ranks computing F x slower (default 1.5)\n"
+        "  --host-wait S           a lost or cut-off host: wait up to S s for it to answer\n"
+        "                          again, then restart (--elastic: without it; default 60)\n"
+        "\nRecovery (docs/fault-tolerance.md):\n"
+        "  --max-restarts R        restarts before giving up (default 3)\n"
+        "  --grace S               SIGTERM, then SIGKILL after S s (default 5)\n"
+        "  --skip-bad-batches      after a loss spike, skip that step's batch (--skip-steps)\n"
+        "  --elastic               exclude a rank after repeated failures, shrink --dp\n"
+        "  --min-ranks K           never shrink below K ranks (default 1)\n"
+        "  --exclude-after N       failures of one rank before exclusion (default 2)\n"
+        "\nOutput (docs/fault-tolerance.md):\n"
+        "  --run-dir DIR           logs, diagnosis.json, summary.json (default runs/loom_run)\n");
 }

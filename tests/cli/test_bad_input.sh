@@ -50,11 +50,21 @@ shard("big_token.bin", tokens=[1, 2, 3] + [300] + list(range(96)))
 shard("too_short.bin", tokens=range(5))
 open(os.path.join(d, "short_header.bin"), "wb").write(b"\0" * 100)
 open(os.path.join(d, "bad_key.ini"), "w").write("[model]\nn_layer = 2\nbogus_key = 3\n")
+open(os.path.join(d, "near_key.ini"), "w").write("[model]\nn_head = 2\nn_layers = 3\n")
 open(os.path.join(d, "bad_line.ini"), "w").write("n_layer = 2\nthis is not a pair\n")
 PY
 
 expect "unknown flag" "'--bogus'" -- train "${BASE[@]}" --data "$GOOD" --bogus 1
 expect "missing value" "needs a value" -- train "${BASE[@]}" --data
+# a mistyped flag names the nearest key, and the command once
+expect "did you mean" "loom train: unknown option '--global-bach': did you mean --global-batch? (see loom train --help)" -- train "${BASE[@]}" --data "$GOOD" --global-bach 4
+expect "did you mean (swap)" "did you mean --micro-batch?" -- train "${BASE[@]}" --data "$GOOD" --mirco-batch 4
+expect "no near key" "loom train: unknown option '--outer' (see loom train --help)" -- train "${BASE[@]}" --data "$GOOD" --outer 4
+if grep -q "loom train: loom train" "$TMP/err"; then
+    fail=$((fail + 1)); echo "FAIL: the command named twice: $(tail -n 1 "$TMP/err")"
+fi
+expect "run: did you mean" "loom run: unknown option '--max-restart': did you mean --max-restarts?" -- run -n 1 --max-restart 2 -- --steps 1
+expect "run: train options" "loom run: train options: unknown option '--stpes': did you mean --steps?" -- run -n 1 -- "${BASE[@]}" --data "$GOOD" --stpes 2
 expect "unknown preset" "--model 'gpt9'" -- train --model gpt9 --data "$GOOD"
 expect "bad number" "--lr 'abc': expected a number" -- train "${BASE[@]}" --data "$GOOD" --lr abc
 expect "bad integer" "--steps '1.5': expected an integer" -- train "${BASE[@]}" --data "$GOOD" --steps 1.5
@@ -75,6 +85,7 @@ expect "token >= vocab" "position 3" -- train "${BASE[@]}" --data "$TMP/big_toke
 expect "too few tokens" "too_short.bin" -- train "${BASE[@]}" --data "$TMP/too_short.bin"
 expect "config missing" "--config '$TMP/none.ini': cannot open" -- train --config "$TMP/none.ini"
 expect "config bad key" "line 3: unknown key 'bogus_key'" -- train --config "$TMP/bad_key.ini"
+expect "config near key" "line 3: unknown key 'n_layers': did you mean --n-layer?" -- train --config "$TMP/near_key.ini"
 expect "config bad line" "line 2" -- train --config "$TMP/bad_line.ini"
 expect "dp vs world size" "--dp 2 x --tp 1 x --pp 1 = 2 ranks, but the job has 1" -- train "${BASE[@]}" --data "$GOOD" --dp 2 --global-batch 4
 expect "batch split over dp" "--global-batch 2: must be a multiple of --dp 2 x --micro-batch 2" -- train "${BASE[@]}" --data "$GOOD" --dp 2
@@ -108,6 +119,7 @@ expect "tp vs world" "--tp 2: larger than the job's 1 rank(s)" -- train "${BASE[
 expect "sp rows" "--sequence-parallel: --micro-batch x --seq-len = 16 tokens must be divisible by --tp 3" -- train "${BASE[@]}" --data "$GOOD" --d-model 48 --n-head 3 --d-ff 96 --vocab-size 258 --micro-batch 1 --global-batch 1 --tp 3 --sequence-parallel
 expect "sp value" "--sequence-parallel 'maybe': expected 0, 1, true or false" -- train "${BASE[@]}" --data "$GOOD" --sequence-parallel=maybe
 expect "unknown command" "unknown command 'fly'" -- fly
+expect "near command" "unknown command 'trian': did you mean train?" -- trian
 expect "data: missing input" "loom data" -- data bytes --input "$TMP/none.txt" --out "$TMP/x"
 
 # The config file works and flags override it (the effective config is printed).
