@@ -211,7 +211,7 @@ def main():
                        "stage's busy time over the mean - 1): caches (the stage with more "
                        "micro-batches in flight finds less of them in L2; small at d_model "
                        "256, 3-5% at 128) and the other jobs on the machine (loadavg). "
-                       "See docs/ARCHITECTURE.md, pipeline."}
+                       "See docs/parallelism.md, pipeline, and bench/results/pp.md."}
     print(json.dumps({"timing": "thread CPU time replayed through the action lists; wall at pp 2",
                       "model": f"gpt2 L{N_LAYER} C{D_MODEL} V{VOCAB} T64 micro-batch 2, 1 thread/rank",
                       "results": results, "all_within_1.25x_theory": within,

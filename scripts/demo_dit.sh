@@ -56,6 +56,6 @@ cat <<'DONE'
   runs/dit/weights.safetensors     the trained weights (DiT's tensor names, config in metadata)
   runs/dit/ema.safetensors         their moving average (what the samples come from)
   runs/dit-video/clips.gif         generated clips (animated), clips.png the frames as a strip
-  data/fmnist/, data/fmnist-clips/ the image and clip shards (docs/IMAGES.md)
+  data/fmnist/, data/fmnist-clips/ the image and clip shards (docs/data.md)
 Judge the samples: /usr/bin/python3 bench/dit_quality.py --cache runs/fmnist_cnn.pt --samples runs/dit/samples.safetensors
 DONE

@@ -37,7 +37,7 @@ static const char usage[] =
     "                        [--val-input I [--val-labels L] | --val-fraction F]\n"
     "                        [--shard-samples N] [--n-classes K] [--channels 1|3|auto]\n"
     "  Packs labelled images into image shards DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin\n"
-    "  (docs/IMAGES.md). IMAGES is an IDX image file (.gz or plain; then --labels is its\n"
+    "  (docs/data.md). IMAGES is an IDX image file (.gz or plain; then --labels is its\n"
     "  IDX label file), a folder with one subfolder of PNG files per class (class = the\n"
     "  subfolder's position in sorted order; --channels, default auto: 1 when every pixel\n"
     "  is gray), or fashion-mnist: Debian's dataset-fashion-mnist files, with t10k as val.\n"

@@ -16,7 +16,7 @@
  * rank][rows]: a fixed order, whatever the arrival order), runs one GEMM per expert
  * and per projection, and the outputs return by the inverse all-to-all-v.
  *
- * Losses added to the training loss (documented in docs/ARCHITECTURE.md):
+ * Losses added to the training loss (documented in docs/moe.md):
  *   aux = E * sum_e f_e * P_e per MoE layer and micro-batch, f_e = assignments to e
  *   (before dropping) / (N * K), P_e = mean router probability of e; the training loss
  *   adds aux_loss_coef * (sum over MoE layers of aux) averaged over micro-batches;

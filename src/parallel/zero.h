@@ -101,7 +101,7 @@ loom_status loom_zero_place_on(loom_zero *z, const loom_backend *be, loom_error 
  * stage 2: + a reduced gradient shard 4s; stage 3: params 4s (+ the gathered working
  * set, parallel/fsdp.h). Every stage also keeps the full local gradient buffer (4P):
  * backward accumulates into it across micro-batches and the bucket collectives read
- * their send data from it (see docs/ARCHITECTURE.md, "Data parallelism"). */
+ * their send data from it (see docs/parallelism.md, "Data parallelism"). */
 typedef struct {
     size_t params;       /* persistent parameters: all (stages 0-2) or the shard (3) */
     size_t grads_local;  /* the local accumulation buffer */

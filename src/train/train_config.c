@@ -190,7 +190,7 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
                                               loom_device_kind *kind, loom_error *err) {
     loom_status st = loom_device_parse(tc->device, "--device", kind, err);
     if (st || *kind == LOOM_DEVICE_CPU) return st;
-    /* What the device path does not cover yet (docs/GPU.md), one clear line each. */
+    /* What the device path does not cover yet (docs/gpu.md), one clear line each. */
     const char *not_yet = world_size > 1                  ? "more than one process (dp/tp/pp/cp/ep)"
                           : mc->family == LOOM_FAMILY_DIT ? "--family dit"
                           : mc->n_experts > 0             ? "--n-experts (mixture of experts)"
@@ -204,6 +204,6 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
     if (!not_yet) return LOOM_OK;
     return loom_error_set(err, LOOM_ERR_INPUT,
                           "--device %s: not with %s yet (today: one GPU, one process, dense "
-                          "gpt2/llama models, no checkpoints; docs/GPU.md)",
+                          "gpt2/llama models, no checkpoints; docs/gpu.md)",
                           loom_device_name(*kind), not_yet);
 }

@@ -6,7 +6,7 @@ set -u
 LOOM=${1:?usage: test_cp_bad_input.sh PATH_TO_LOOM}
 source "$(dirname "$0")/check_lib.sh" # $TMP, expect, finish
 
-# a token shard (llm.c format) and an image shard (docs/IMAGES.md: 12 x 20, 15 patches of 4 x 4)
+# a token shard (llm.c format) and an image shard (docs/data.md: 12 x 20, 15 patches of 4 x 4)
 /usr/bin/python3 - "$TMP" <<'PY'
 import random, struct, sys
 d = sys.argv[1]

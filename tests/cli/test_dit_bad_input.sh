@@ -6,7 +6,7 @@ set -u
 LOOM=${1:?usage: test_dit_bad_input.sh PATH_TO_LOOM}
 source "$(dirname "$0")/check_lib.sh" # $TMP, expect, finish
 
-# Image shards written here in loom's format (docs/IMAGES.md): 12x12 gray, 3 classes.
+# Image shards written here in loom's format (docs/data.md): 12x12 gray, 3 classes.
 /usr/bin/python3 - "$TMP" <<'PY'
 import os, struct, sys, random
 d = sys.argv[1]

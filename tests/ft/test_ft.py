@@ -118,7 +118,7 @@ def case_crash_dit(c, rng):
     data = os.path.join(c.tmp, "images_000000.bin")
     r = np.random.default_rng(c.seed)
     header = np.zeros(256, dtype="<i4")
-    header[:8] = [20261202, 1, 64, 1, 1, 12, 12, 4]  # docs/IMAGES.md: 64 gray 12 x 12, 4 classes
+    header[:8] = [20261202, 1, 64, 1, 1, 12, 12, 4]  # docs/data.md: 64 gray 12 x 12, 4 classes
     with open(data, "wb") as f:
         f.write(header.tobytes() + r.integers(0, 4, 64).astype("<i4").tobytes()
                 + r.integers(0, 256, 64 * 144).astype(np.uint8).tobytes())

@@ -16,7 +16,7 @@ outside the processes by the test, at a random step:
   within the layouts' tolerance, not bitwise);
 - a slow process on host 2 (--inject slow on one of its ranks): the straggler line
   names the rank and loomh2 (reported, not restarted); a host whose ranks are all slow
-  is not detected (see docs/ARCHITECTURE.md);
+  is not detected (see docs/fault-tolerance.md, "Slow links");
 - a slow link: host 2's link capped at 50 Mbit/s (tbf on both ends of its veth): one
   "slow link: host loomh2 (ranks 2,3) ..." line (the supervisor's round trips to the
   hosts while the job trains; reported, not restarted), and none in the fault-free run.

@@ -79,7 +79,7 @@ def lm_base(loom, family, data, seed, moe=False):
 
 
 def write_image_shard(path, rng, n=32, size=16, classes=4):
-    """A shard in loom's image format (docs/IMAGES.md): header, int32 labels, u8 pixels."""
+    """A shard in loom's image format (docs/data.md): header, int32 labels, u8 pixels."""
     header = np.zeros(256, dtype="<i4")
     header[:8] = [20261202, 1, n, 1, 1, size, size, classes]
     with open(path, "wb") as f:

@@ -53,7 +53,7 @@ VIDEO_LAYOUTS = [
 
 
 def write_image_shard(path, rng, n, frames, channels, height, width, classes):
-    """A shard in loom's image format (docs/IMAGES.md): header, int32 labels, u8 pixels."""
+    """A shard in loom's image format (docs/data.md): header, int32 labels, u8 pixels."""
     header = np.zeros(256, dtype="<i4")
     header[:8] = [20261202, 1, n, frames, channels, height, width, classes]
     labels = rng.integers(0, classes, n).astype("<i4")
