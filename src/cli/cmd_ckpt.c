@@ -110,6 +110,20 @@ int loom_cmd_ckpt(int argc, char **argv) {
     const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
                         "safetensors [--ema] -o FILE";
     int ema = 0;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("%s\n\n"
+                   "  inspect DIR       the newest checkpoint in DIR (or a step folder): step,\n"
+                   "                    layout, model, tensors\n"
+                   "  verify DIR        read every chunk and check its XXH3 checksum\n"
+                   "  export DIR        whole tensors under Hugging Face names:\n"
+                   "    --format safetensors  the only format\n"
+                   "    --ema                 the moving average's weights (--ema-decay runs)\n"
+                   "    -o, --output FILE     the file to write\n"
+                   "docs/checkpoints.md\n",
+                   usage);
+            return 0;
+        }
     if (argc < 3) return fail(usage);
     const char *cmd = argv[1], *arg = argv[2], *out = NULL, *format = "safetensors";
     for (int i = 3; i < argc; i++) {

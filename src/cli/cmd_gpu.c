@@ -37,6 +37,13 @@ int loom_cmd_gpu_info(int argc, char **argv) {
     long arena_mb = 0;
     for (int i = 1; i < argc; i++) {
         char *end = NULL;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: loom gpu-info [--arena-mb N]\n\n"
+                   "Lists the CUDA devices, or says why there are none (exit 1).\n"
+                   "  --arena-mb N   also carve an N MiB device arena and print its report\n"
+                   "docs/gpu.md\n");
+            return 0;
+        }
         if (strcmp(argv[i], "--arena-mb") == 0 && i + 1 < argc) {
             arena_mb = strtol(argv[++i], &end, 10);
             if (*end != '\0' || arena_mb <= 0) {

@@ -493,7 +493,7 @@ static void usage_line(FILE *f, const opt_def *d) {
 
 void loom_train_options_usage(FILE *f) {
     fprintf(f,
-            "usage: loom train [--config FILE] [--key value ...]\n\n"
+            "usage: loom train [--config FILE] [--KEY VALUE ...]\n\n"
             "Every key is also valid in a --config file as 'key = value' (flags win).\n"
             "  --%-20s %s\n  --%-20s %s\n",
             "config FILE", "INI file of keys ('_' or '-'; [sections] allowed)", "help",
