@@ -27,9 +27,9 @@ static int edit_distance(const char *a, const char *b) {
     return d[n][m];
 }
 
+/* "--name" and "-n" are compared as "name" and "n" (a third dash is part of the word). */
 static const char *strip_dashes(const char *s) {
-    while (*s == '-') s++;
-    return s;
+    return s[0] == '-' ? s + 1 + (s[1] == '-') : s;
 }
 
 const char *loom_suggest_nearest(const char *word, const char *const *candidates, int n) {
