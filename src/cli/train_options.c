@@ -508,7 +508,7 @@ void loom_train_options_usage(FILE *f) {
         int placed = 0;
         for (int g = 0; g < N_GROUPS && !placed; g++) placed = group_has(&GROUPS[g], OPTS[i].key);
         if (placed) continue;
-        if (!others++) fprintf(f, "\nOther keys (docs/):\n");
+        if (!others++) fprintf(f, "\nOther keys (see docs/*.md):\n");
         usage_line(f, &OPTS[i]);
     }
 }
