@@ -143,7 +143,7 @@ static const opt_def OPTS[] = {
     {"skip-steps", OPT_STRING, TR(skip_steps), LOOM_PATH_MAX,
      "batches never trained on, e.g. 5,9 (step s uses the s-th batch not listed)"},
     {"inject", OPT_LIST, TR(inject), LOOM_PATH_MAX,
-     "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
+     "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/fault-tolerance.md)"},
     {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
      "resume even if the checkpoint was saved with another --seed (the data order changes)"},
 };
