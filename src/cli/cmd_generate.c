@@ -21,7 +21,8 @@ static void usage(FILE *f) {
                "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
                "Streams the prompt's continuation to stdout. The tokenizer defaults to bytes for\n"
                "a 256-token vocabulary (loom data bytes) and gpt2 otherwise. Generation stops at\n"
-               "the model's context length (--seq-len it was trained with).\n");
+               "the model's context length (--seq-len it was trained with).\n"
+               "docs/training.md, \"Evaluation and generation\"\n");
 }
 
 static int fail(const char *msg) {

@@ -27,7 +27,8 @@ extern char **environ;
 static const char usage[] =
     "usage: loom plot METRICS.jsonl... -o OUT.png [--title T] [--log-y]\n"
     "  Draws training loss (and validation loss where recorded) against step, and tokens/s,\n"
-    "  one curve per metrics file (written by loom train --metrics), with gnuplot.\n";
+    "  one curve per metrics file (written by loom train --metrics), with gnuplot.\n"
+    "docs/training.md, \"Watching a run\"\n";
 
 enum { TRAIN, VAL, TPS, N_SERIES };
 static const char *series_name[N_SERIES] = {"train", "val", "tps"};

@@ -11,7 +11,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
                "gpipe|1f1b|interleaved|zb] [--virtual-stages V]\n"
                "prints each stage's timeline and action list (F forward, B backward-input, W "
-               "backward-weight, sa/ra send/receive activation, sg/rg gradient)\n");
+               "backward-weight, sa/ra send/receive activation, sg/rg gradient)\n"
+               "docs/parallelism.md, \"Pipeline parallelism\"\n");
 }
 
 int loom_cmd_pp_schedule(int argc, char **argv) {

@@ -41,7 +41,8 @@ static void usage(FILE *f) {
                "  --raw PATH  safetensors: \"samples\" [N, F, C, H, W] f32 in [-1, 1] before\n"
                "              clamping, \"labels\" [N] i32, \"noise\" [N, F, C, H, W] (the start)\n"
                "  --batch B   samples per model evaluation (the model is built for B, or 2B\n"
-               "              with guidance); the samples do not depend on it\n");
+               "              with guidance); the samples do not depend on it\n"
+               "docs/dit.md\n");
 }
 
 static int fail(const char *msg) {

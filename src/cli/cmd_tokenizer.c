@@ -21,7 +21,8 @@ static const char usage[] =
     "  --tokenizer gpt2 (the default) is looked up in $LOOM_TOKENIZER_DIR, then in\n"
     "  <loom's folder>/../third_party/gpt2 (scripts/fetch_gpt2_tokenizer.sh fills it);\n"
     "  a folder holds encoder.json + vocab.bpe. train learns a BPE with N tokens (256\n"
-    "  bytes + merges + <|endoftext|>) and writes DIR/encoder.json and DIR/vocab.bpe.\n";
+    "  bytes + merges + <|endoftext|>) and writes DIR/encoder.json and DIR/vocab.bpe.\n"
+    "docs/data.md, \"The tokenizer\"\n";
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """The docs keep up with the command line (ctest docs_check, label cli):
 
-1. every flag that `loom --help` lists for a command's `--help` (train, run, data, ...)
-   appears somewhere in docs/*.md, so a new flag comes with its documentation (a new
-   page counts: all of docs/*.md is scanned);
+1. every flag that the `--help` of each command `loom --help` lists (train, run, data, ...)
+   prints appears somewhere in docs/*.md, so a new flag comes with its documentation (a
+   new page counts: all of docs/*.md is scanned), and every docs page a help names exists;
 2. every command in README.md's code blocks and in its tables' inline code that runs
    `loom` (./build/loom, under mpirun or after a pipe) parses: it is run with `--help`
    added after its own flags, so an unknown flag or a missing value fails it without
@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import loomtest  # noqa: E402
 from loomtest import check  # noqa: E402
 
+ROOT = [None]  # set by main
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
@@ -43,6 +44,10 @@ def commands(loom):
         if m and m.group(1) not in ("version",):
             names.append(m.group(1))
     check(len(names) >= 10, f"loom --help lists {len(names)} commands: {names}")
+    pages = sorted(set(re.findall(r"docs/[\w.-]+\.md", out)))
+    absent = [pg for pg in pages if not os.path.isfile(os.path.join(ROOT[0], pg))]
+    check(pages and not absent, f"loom --help: the pages it names exist ({' '.join(pages)})"
+          + (f"; missing: {' '.join(absent)}" if absent else ""))
     return names
 
 
@@ -58,6 +63,10 @@ def check_flags(loom, root):
     for cmd in commands(loom):
         rc, out = run(loom, [cmd, "--help"])
         check(rc == 0, f"loom {cmd} --help: exit {rc}" + (f": {out.strip()[-200:]!r}" if rc else ""))
+        pages = sorted(set(re.findall(r"docs/[\w.-]+\.md", out)))
+        absent = [pg for pg in pages if not os.path.isfile(os.path.join(root, pg))]
+        check(not absent, f"loom {cmd} --help: the pages it names exist ({' '.join(pages) or 'none'})"
+              + (f"; missing: {' '.join(absent)}" if absent else ""))
         missing = sorted(set(FLAG.findall(out)) - documented)
         check(not missing, f"loom {cmd} --help: every flag it lists is in docs/*.md"
               + (f"; not found: {' '.join(missing)}" if missing else ""))
@@ -149,6 +158,7 @@ def main():
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    "..", ".."))
     a = ap.parse_args()
+    ROOT[0] = a.root
     loom = loomtest.check_loom(a.loom)
     check_flags(loom, a.root)
     check_readme(loom, a.root)
