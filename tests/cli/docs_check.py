@@ -29,6 +29,11 @@ ROOT = [None]  # set by main
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
+def last_line(out):
+    lines = out.strip().splitlines()
+    return lines[-1] if lines else "(no output)"
+
+
 def run(loom, args):
     p = subprocess.run([loom] + args, capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout + p.stderr
@@ -124,15 +129,14 @@ def check_parses(loom, root, words, line):
     if words[0] == "run" and "--" in words:
         k = words.index("--")
         rc, out = run(loom, words[:k] + ["--help"])
-        check(rc == 0, f"README: `{line}`: loom run's options parse (exit {rc}: "
-              f"{out.strip().splitlines()[-1] if rc else 'ok'})")
+        check(rc == 0, f"README: `{line}`: loom run's options parse (exit {rc}"
+              + (f": {last_line(out)})" if rc else ")"))
         rc, out = run(loom, ["train"] + words[k + 1:] + ["--help"])
-        check(rc == 0, f"README: `{line}`: its train options parse (exit {rc}: "
-              f"{out.strip().splitlines()[-1] if rc else 'ok'})")
+        check(rc == 0, f"README: `{line}`: its train options parse (exit {rc}"
+              + (f": {last_line(out)})" if rc else ")"))
         return
     rc, out = run(loom, words + ["--help"])
-    last = out.strip().splitlines()[-1] if out.strip() else ""
-    check(rc == 0, f"README: `{line}`: parses (exit {rc}{': ' + last if rc else ''})")
+    check(rc == 0, f"README: `{line}`: parses (exit {rc}" + (f": {last_line(out)})" if rc else ")"))
 
 
 def check_readme(loom, root):
