@@ -42,6 +42,12 @@ void loom_run_free(loom_run *r) {
     loom_params_free(&r->global_table);
     free(r->global_flat);
     free(r->host_flat);
+    if (r->be && loom_backend_precision(r->be) == LOOM_PRECISION_BF16 && r->mesh &&
+        r->mesh->rank == 0 && !r->size_only) {
+        char line[256];
+        loom_backend_cpu_bf16_describe(r->be, line, sizeof line);
+        fprintf(stderr, "loom: precision bf16 at the end: %s\n", line);
+    }
     loom_backend_close(r->be); /* last: everything above may free its memory */
 }
 
@@ -135,6 +141,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
         pc.size_only = r->size_only;
+        pc.backend = r->be;
         r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, r->cped, &r->model, err)))
             return st;
@@ -332,11 +339,60 @@ static loom_status init_params(loom_run *r, loom_error *err) {
     return loom_backend_status(r->be, err);
 }
 
+/* --precision bf16: the CPU table with oneDNN's bf16 GEMMs, chosen once here (the step
+ * never asks which precision it runs). A CPU without AVX512-BF16/AMX-BF16: exit 2. */
+static loom_status open_precision(loom_run *r, loom_error *err) {
+    loom_precision p;
+    loom_status st = loom_precision_parse(r->tc->precision, "--precision", &p, err);
+    if (st || p == LOOM_PRECISION_FP32) return st;
+    const loom_backend *be = NULL;
+    if ((st = loom_backend_cpu_bf16_open(&be, "--precision", err))) return st;
+    r->be = be;
+    return LOOM_OK;
+}
+
+/* The GEMM shapes of the step, made before it (a bf16 backend's oneDNN primitives): every
+ * 2-D parameter [OC, IC] of this rank's registry as a linear layer over the micro-batch's
+ * tokens here and over its sequences (a DiT's conditioning). A linear the registry does
+ * not describe (MoE experts, whose token counts change) runs unprepared: counted, and
+ * printed at the end of the run. */
+static loom_status prepare_gemms(loom_run *r, loom_error *err) {
+    if (loom_backend_precision(r->be) == LOOM_PRECISION_FP32) return LOOM_OK;
+    const loom_param_table *t = &r->model.table;
+    const int cp = r->mesh->layout.cp > 0 ? r->mesh->layout.cp : 1;
+    const int rows[2] = {r->tc->micro_batch * r->mc->seq_len / cp, r->tc->micro_batch};
+    loom_status st;
+    for (int i = 0; i < t->n_params; i++) {
+        /* a tensor, and the runs of up to 3 back-to-back tensors of the same width that
+         * the model multiplies as one (Llama's q/k/v, gate/up) */
+        int64_t oc = 0;
+        const loom_param *p = &t->params[i];
+        for (int j = i; j < t->n_params && j < i + 3; j++) {
+            const loom_param *q = &t->params[j];
+            if (q->ndim != 2 || q->shape[1] != p->shape[1] ||
+                (j > i && q->offset != t->params[j - 1].offset + t->params[j - 1].numel))
+                break;
+            oc += q->shape[0];
+            for (int k = 0; k < 2; k++)
+                if ((st = loom_backend_linear_prepare(r->be, rows[k], (int)p->shape[1], (int)oc,
+                                                      err)))
+                    return loom_error_prefix(err, "--precision bf16: GEMM of %s", q->name);
+        }
+    }
+    if (r->mesh->rank == 0) {
+        char line[256];
+        loom_backend_cpu_bf16_describe(r->be, line, sizeof line);
+        fprintf(stderr, "loom: precision bf16: %s\n", line);
+    }
+    return LOOM_OK;
+}
+
 /* --device: the backend every buffer of the run lives on (the CPU's unless asked). */
 static loom_status open_device(loom_run *r, loom_error *err) {
     loom_device_kind kind;
     loom_status st = loom_train_config_validate_device(r->tc, r->mc, r->mesh->size, &kind, err);
-    if (st || kind == LOOM_DEVICE_CPU) return st;
+    if (!st && kind == LOOM_DEVICE_CPU) return open_precision(r, err);
+    if (st) return st;
     if ((st = loom_backend_open(kind, 0, &r->be, err))) {
         r->be = loom_backend_cpu();
         /* a build without the device already names the flag; a missing GPU does not */
@@ -351,7 +407,8 @@ static loom_status setup(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_status st;
     loom_timeline_mark("train_setup");
-    if ((st = open_device(r, err)) || (st = build_model(r, err))) return st;
+    if ((st = open_device(r, err)) || (st = build_model(r, err)) || (st = prepare_gemms(r, err)))
+        return st;
     loom_timeline_mark("data_model_zero_create");
     if ((st = build_buffers(r, err)) || (st = build_step(r, err))) return st;
     loom_timeline_mark("params_grads_alloc");
