@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# --precision (docs/precision.md): bad values and a CPU without bf16 support give one error
+# line naming the flag, exit 2; a bf16 run names oneDNN's implementation at start-up and
+# runs every GEMM shape of a dense model prepared (0 calls unprepared); the same bf16 run
+# twice is bitwise identical; fp32 is the default.
+# Usage: test_precision.sh PATH_TO_LOOM
+set -u
+LOOM=${1:?usage: test_precision.sh PATH_TO_LOOM}
+source "$(dirname "$0")/check_lib.sh" # $TMP, check, expect, finish
+
+/usr/bin/python3 - "$TMP" <<'PY'
+import random, struct, sys
+rng = random.Random(5)
+toks = [rng.randrange(256) for _ in range(4096)]
+open(f"{sys.argv[1]}/tokens.bin", "wb").write(
+    struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
+PY
+LM=(train --family llama --vocab-size 256 --n-layer 1 --d-model 32 --n-head 4 --n-kv-head 2
+    --d-ff 64 --seq-len 16 --micro-batch 2 --global-batch 4 --steps 3 --threads 1
+    --data "$TMP/tokens.bin" --log-every 0)
+
+expect "fp16 is not supported" "--precision 'fp16': expected fp32 or bf16" -- "${LM[@]}" \
+    --precision fp16
+expect "upper case" "--precision 'BF16'" -- "${LM[@]}" --precision BF16
+LOOM_BF16_PRETEND_NO_CPU=1 expect "CPU without AVX512-BF16" \
+    "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16" -- "${LM[@]}" --precision bf16
+expect "not on a GPU yet" "--precision bf16" -- "${LM[@]}" --precision bf16 --device cuda
+
+# a bf16 run: the start-up line, every shape prepared, twice the same bits
+for k in 1 2; do
+    "$LOOM" "${LM[@]}" --precision bf16 --metrics "$TMP/m$k.jsonl" \
+        --save-weights "$TMP/w$k.safetensors" >"$TMP/out$k" 2>"$TMP/err$k"
+    check "bf16 run $k exits 0" test $? -eq 0
+done
+check "start-up line names oneDNN's implementation" \
+    grep -qE "^loom: precision bf16: oneDNN [0-9.]+ bf16 matmul [a-z_:0-9]+, [0-9]+ shapes" "$TMP/err1"
+check "no GEMM ran unprepared" grep -q "precision bf16 at the end: .*, 0 calls unprepared" "$TMP/err1"
+losses() { grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1"; }
+check "same bf16 run twice: same losses" test "$(losses "$TMP/m1.jsonl")" = "$(losses "$TMP/m2.jsonl")" \
+    -a -n "$(losses "$TMP/m1.jsonl")"
+check "same bf16 run twice: same weights" cmp -s "$TMP/w1.safetensors" "$TMP/w2.safetensors"
+"$LOOM" "${LM[@]}" --metrics "$TMP/f.jsonl" >/dev/null 2>"$TMP/errf"
+check "fp32 is the default (no bf16 line)" test $? -eq 0 -a -z "$(grep 'precision bf16' "$TMP/errf")"
+check "bf16 is not fp32" test "$(losses "$TMP/m1.jsonl")" != "$(losses "$TMP/f.jsonl")"
+
+finish test_precision
