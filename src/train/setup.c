@@ -8,6 +8,7 @@
 #include "core/fs.h"
 #include "core/progress.h"
 #include "core/timeline.h"
+#include "model/gemm_shapes.h"
 #include "model/moe_config.h"
 #include "parallel/ep_zero.h"
 #include "parallel/tp_shards.h"
@@ -351,34 +352,15 @@ static loom_status open_precision(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
-/* The GEMM shapes of the step, made before it (a bf16 backend's oneDNN primitives): every
- * 2-D parameter [OC, IC] of this rank's registry as a linear layer over the micro-batch's
- * tokens here and over its sequences (a DiT's conditioning). A linear the registry does
- * not describe (MoE experts, whose token counts change) runs unprepared: counted, and
- * printed at the end of the run. */
+/* The GEMM shapes of the step, made before it (a bf16 backend's oneDNN primitives): the
+ * registry's linear layers over the micro-batch's tokens here and over its sequences (a
+ * DiT's conditioning). MoE experts run unprepared: counted, printed at the end. */
 static loom_status prepare_gemms(loom_run *r, loom_error *err) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_FP32) return LOOM_OK;
-    const loom_param_table *t = &r->model.table;
     const int cp = r->mesh->layout.cp > 0 ? r->mesh->layout.cp : 1;
     const int rows[2] = {r->tc->micro_batch * r->mc->seq_len / cp, r->tc->micro_batch};
-    loom_status st;
-    for (int i = 0; i < t->n_params; i++) {
-        /* a tensor, and the runs of up to 3 back-to-back tensors of the same width that
-         * the model multiplies as one (Llama's q/k/v, gate/up) */
-        int64_t oc = 0;
-        const loom_param *p = &t->params[i];
-        for (int j = i; j < t->n_params && j < i + 3; j++) {
-            const loom_param *q = &t->params[j];
-            if (q->ndim != 2 || q->shape[1] != p->shape[1] ||
-                (j > i && q->offset != t->params[j - 1].offset + t->params[j - 1].numel))
-                break;
-            oc += q->shape[0];
-            for (int k = 0; k < 2; k++)
-                if ((st = loom_backend_linear_prepare(r->be, rows[k], (int)p->shape[1], (int)oc,
-                                                      err)))
-                    return loom_error_prefix(err, "--precision bf16: GEMM of %s", q->name);
-        }
-    }
+    loom_status st = loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, err);
+    if (st) return st;
     if (r->mesh->rank == 0) {
         char line[256];
         loom_backend_cpu_bf16_describe(r->be, line, sizeof line);

@@ -2,7 +2,7 @@
 # --precision (docs/precision.md): bad values and a CPU without bf16 support give one error
 # line naming the flag, exit 2; a bf16 run names oneDNN's implementation at start-up and
 # runs every GEMM shape of a dense model prepared (0 calls unprepared); the same bf16 run
-# twice is bitwise identical; fp32 is the default.
+# twice is bitwise identical; fp32 is the default; loom generate --precision the same way.
 # Usage: test_precision.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_precision.sh PATH_TO_LOOM}
@@ -42,5 +42,16 @@ check "same bf16 run twice: same weights" cmp -s "$TMP/w1.safetensors" "$TMP/w2.
 "$LOOM" "${LM[@]}" --metrics "$TMP/f.jsonl" >/dev/null 2>"$TMP/errf"
 check "fp32 is the default (no bf16 line)" test $? -eq 0 -a -z "$(grep 'precision bf16' "$TMP/errf")"
 check "bf16 is not fp32" test "$(losses "$TMP/m1.jsonl")" != "$(losses "$TMP/f.jsonl")"
+
+# loom generate --precision bf16: the line, the same text twice; a bad value exits 2
+GEN=(generate --weights "$TMP/w1.safetensors" --prompt "ab" --max-tokens 12 --temperature 0)
+"$LOOM" "${GEN[@]}" --precision bf16 >"$TMP/g1" 2>"$TMP/ge1"
+check "generate bf16 exits 0" test $? -eq 0
+"$LOOM" "${GEN[@]}" --precision bf16 >"$TMP/g2" 2>/dev/null
+check "generate bf16 twice: the same text" cmp -s "$TMP/g1" "$TMP/g2"
+check "generate bf16 names oneDNN" grep -q "^loom: precision bf16: oneDNN" "$TMP/ge1"
+expect "generate fp8" "--precision 'fp8': expected fp32 or bf16" -- "${GEN[@]}" --precision fp8
+LOOM_BF16_PRETEND_NO_CPU=1 expect "generate without AVX512-BF16" "AVX512-BF16" -- "${GEN[@]}" \
+    --precision bf16
 
 finish test_precision
