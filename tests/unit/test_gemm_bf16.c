@@ -10,6 +10,7 @@
  * significands are exact in fp32). Small integers are exact: checked for equality. */
 #include "test_kernels_util.h"
 
+#include "kernels/backend.h"
 #include "kernels/cpu/gemm_bf16.h"
 
 /* element (i, k) of A and (k, j) of B for each kind's storage */
@@ -83,6 +84,93 @@ static void test_kinds(void **state) {
     loom_gemm_bf16_destroy(g);
 }
 
+/* The bf16 backend table's linear ops keep kernels.h's contract: forward writes out
+ * (bias added), both backward ops accumulate (+=), dbias is the fp32 column sum; each GEMM
+ * equals float64 of its bf16-rounded operands within gamma_{K+1}. Prepared and unprepared
+ * shapes alike; the _bf16 variants give the same bits as the fp32 signatures. */
+static double rb(float x) {
+    return loom_bf16_to_f32(loom_bf16_from_f32(x));
+}
+
+static void check_backend(const loom_backend *be, int N, int IC, int OC, int prepare) {
+    loom_error err = {0};
+    if (prepare) assert_int_equal(loom_backend_linear_prepare(be, N, IC, OC, &err), LOOM_OK);
+    float *x = tk_rand((size_t)N * IC, 1), *w = tk_rand((size_t)OC * IC, 1), *b = tk_rand(OC, 1);
+    float *out = tk_rand((size_t)N * OC, 1), *dy = tk_rand((size_t)N * OC, 1);
+    float *dx = tk_rand((size_t)N * IC, 1), *dw = tk_rand((size_t)OC * IC, 1), *db = tk_rand(OC, 1);
+    double *rdx = tk_widen(dx, (size_t)N * IC), *rdw = tk_widen(dw, (size_t)OC * IC);
+    double *rdb = tk_widen(db, OC), *rout = tk_dalloc((size_t)N * OC);
+    double *mout = tk_dalloc((size_t)N * OC), *mdx = tk_dalloc((size_t)N * IC);
+    double *mdw = tk_dalloc((size_t)OC * IC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b[o], m = fabs(b[o]);
+            for (int i = 0; i < IC; i++) {
+                double xi = rb(x[n * IC + i]), wi = rb(w[o * IC + i]), g = rb(dy[n * OC + o]);
+                s += xi * wi, m += fabs(xi * wi);
+                rdx[n * IC + i] += g * wi, mdx[n * IC + i] += fabs(g * wi);
+                rdw[o * IC + i] += g * xi, mdw[o * IC + i] += fabs(g * xi);
+            }
+            rout[n * OC + o] = s, mout[n * OC + o] = m;
+            rdb[o] += dy[n * OC + o];
+        }
+    for (size_t i = 0; i < (size_t)N * IC; i++) mdx[i] += fabs(dx[i]);
+    for (size_t i = 0; i < (size_t)OC * IC; i++) mdw[i] += fabs(dw[i]);
+    float *dx2 = tk_copy(dx, (size_t)N * IC), *dw2 = tk_copy(dw, (size_t)OC * IC);
+    float *out2 = tk_rand((size_t)N * OC, 1), *db2 = tk_copy(db, OC);
+    loom_backend_linear_forward(be, out, x, w, b, N, IC, OC);
+    loom_backend_linear_backward_input(be, dx, dy, w, N, IC, OC);
+    loom_backend_linear_backward_weight(be, dw, db, dy, x, N, IC, OC);
+    assert_int_equal(loom_backend_status(be, &err), LOOM_OK);
+    const size_t sizes[3] = {(size_t)N * OC, (size_t)N * IC, (size_t)OC * IC};
+    const float *got[3] = {out, dx, dw};
+    const double *want[3] = {rout, rdx, rdw}, *mag[3] = {mout, mdx, mdw};
+    const int K[3] = {IC, OC, N};
+    for (int t = 0; t < 3; t++) {
+        const double gam = (K[t] + 1) * 0x1p-24 / (1.0 - (K[t] + 1) * 0x1p-24);
+        for (size_t i = 0; i < sizes[t]; i++)
+            if (fabs(got[t][i] - want[t][i]) > gam * mag[t][i] + 1e-30)
+                fail_msg("bf16 backend op %d, %dx%dx%d element %zu: %.9g vs %.9g "
+                         "(LOOM_TEST_SEED=%llu)",
+                         t, N, IC, OC, i, (double)got[t][i], want[t][i],
+                         (unsigned long long)tk_seed);
+    }
+    tk_check("bf16 backend dbias", db, rdb, OC, 1e-6, 1e-6);
+    /* the _bf16 variants on pre-rounded operands: the same bits */
+    loom_bf16 *xh = malloc((size_t)N * IC * 2), *wh = malloc((size_t)OC * IC * 2);
+    assert_non_null(xh), assert_non_null(wh);
+    loom_bf16_from_f32_n(xh, x, (size_t)N * IC);
+    loom_bf16_from_f32_n(wh, w, (size_t)OC * IC);
+    loom_backend_linear_forward_bf16(be, out2, xh, wh, b, N, IC, OC);
+    loom_backend_linear_backward_input_bf16(be, dx2, dy, wh, N, IC, OC);
+    loom_backend_linear_backward_weight_bf16(be, dw2, db2, dy, xh, N, IC, OC);
+    assert_memory_equal(out, out2, sizes[0] * sizeof(float));
+    assert_memory_equal(dx, dx2, sizes[1] * sizeof(float));
+    assert_memory_equal(dw, dw2, sizes[2] * sizeof(float));
+    assert_memory_equal(db, db2, OC * sizeof(float));
+    free(x), free(w), free(b), free(out), free(dy), free(dx), free(dw), free(db), free(rdx);
+    free(rdw), free(rdb), free(rout), free(mout), free(mdx), free(mdw), free(dx2), free(dw2);
+    free(out2), free(db2), free(xh), free(wh);
+}
+
+static void test_backend_table(void **state) {
+    (void)state;
+    tk_reseed(3);
+    const loom_backend *be = NULL;
+    loom_error err = {0};
+    assert_int_equal(loom_backend_cpu_bf16_open(&be, "--precision", &err), LOOM_OK);
+    assert_int_equal(loom_backend_precision(be), LOOM_PRECISION_BF16);
+    assert_int_equal(loom_backend_precision(loom_backend_cpu()), LOOM_PRECISION_FP32);
+    check_backend(be, 7, 13, 5, 1);
+    check_backend(be, 33, 17, 37, 0);
+    check_backend(be, 64, 48, 96, 1);
+    char line[256];
+    loom_backend_cpu_bf16_describe(be, line, sizeof line);
+    /* 33 x 17 x 37 was not prepared: its 3 ops and their 3 _bf16 variants */
+    assert_non_null(strstr(line, ", 6 calls unprepared"));
+    loom_backend_close(be);
+}
+
 /* A CPU without AVX512-BF16 / AMX-BF16 (pretended): one error naming the flag. */
 static void test_missing_cpu_feature(void **state) {
     (void)state;
@@ -100,6 +188,7 @@ int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_backend_table),
         cmocka_unit_test(test_missing_cpu_feature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
