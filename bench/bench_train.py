@@ -7,7 +7,14 @@ fp32, same threads). Steady-state tokens/s: median step after --warmup steps. Mo
 per token = 6 * (parameters in matmuls, incl. the lm head) + 12 * L * T * C.
 The last line of output is one JSON object (see bench/README.md).
 
+The bf16 cell (--bf16-peak build/bf16_peak): each configuration also runs `loom train
+--precision bf16` (docs/precision.md), and the run measures oneDNN's bf16 matmul peak
+(bench/bf16_peak.c) beside OpenBLAS's sgemm peak, both before and after (best kept): their
+ratio is the ceiling of bf16 over fp32. Per configuration: loom_bf16_tokens_per_s,
+bf16_vs_fp32, loom_bf16_gflops and loom_bf16_frac_bf16_peak (MFU against that peak).
+
 Usage: /usr/bin/python3 bench/bench_train.py --loom build/loom --sgemm-peak build/sgemm_peak
+       [--bf16-peak build/bf16_peak] [--no-torch]
 """
 
 import argparse
@@ -58,7 +65,7 @@ def steady_tokens_per_s(tokens_per_step, step_seconds):
     return tokens_per_step / float(np.median(step_seconds))
 
 
-def run_loom(args, preset, m, micro, glob_batch, steps, workdir):
+def run_loom(args, preset, m, micro, glob_batch, steps, workdir, extra=()):
     data = os.path.join(workdir, "shard.bin")
     write_shard(data, m.vocab_size, max(200_000, 4 * steps * glob_batch * (m.seq_len + 1)), 1)
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -66,7 +73,7 @@ def run_loom(args, preset, m, micro, glob_batch, steps, workdir):
            m.n_head, "--d-model", m.d_model, "--d-ff", m.d_ff, "--vocab-size", m.vocab_size,
            "--seq-len", m.seq_len, "--micro-batch", micro, "--global-batch", glob_batch,
            "--steps", steps, "--data", data, "--threads", args.threads,
-           "--metrics", metrics, "--log-every", 1, "--seed", 1]
+           "--metrics", metrics, "--log-every", 1, "--seed", 1] + list(extra)
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True,
@@ -134,6 +141,15 @@ def sgemm_peak(args):
     return peak
 
 
+def bf16_peak(args):
+    out = subprocess.run([os.path.abspath(args.bf16_peak)], capture_output=True, text=True,
+                         env=blas_env(args.threads, args.coretype), check=True).stdout
+    peak = json.loads(out.strip().splitlines()[-1])
+    print(f"oneDNN bf16 matmul peak: {peak['bf16_gflops']:.1f} GFLOP/s ({peak['impl']})",
+          flush=True)
+    return peak
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +164,8 @@ def main():
     ap.add_argument("--coretype", default="SkylakeX",
                     help="OPENBLAS_CORETYPE for loom, PyTorch and sgemm_peak alike (default "
                          "SkylakeX: the fast kernel of this CPU)")
+    ap.add_argument("--bf16-peak", help="path to the bf16_peak binary: adds the bf16 cell")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runs")
     ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
@@ -159,9 +177,12 @@ def main():
 
     t_start = time.time()
     peak = sgemm_peak(args)
+    bpeak = bf16_peak(args) if args.bf16_peak else None
 
     result = {"sgemm_gflops": peak["sgemm_gflops"], "threads": args.threads,
               "openblas_coretype": args.coretype, "configs": {}}
+    if bpeak:
+        result["bf16_gflops"], result["bf16_impl"] = bpeak["bf16_gflops"], bpeak["impl"]
     for name, (preset, m, micro, glob_batch, measured) in CONFIGS.items():
         if args.only and name not in args.only:
             continue
@@ -175,9 +196,19 @@ def main():
                                                         steps, workdir)
         print(f"  loom : {loom_tps:9.1f} tokens/s (steps {[round(s, 3) for s in loom_secs]} s)",
               flush=True)
-        torch_tps, torch_secs, torch_params = run_torch(args, m, micro, glob_batch, steps)
-        print(f"  torch: {torch_tps:9.1f} tokens/s (steps {[round(s, 3) for s in torch_secs]} s)",
-              flush=True)
+        if bpeak:
+            with tempfile.TemporaryDirectory(prefix="loom_bench_") as workdir:
+                bf_tps, bf_secs, _ = run_loom(args, preset, m, micro, glob_batch, steps,
+                                              workdir, ["--precision", "bf16"])
+            print(f"  loom bf16: {bf_tps:9.1f} tokens/s (steps "
+                  f"{[round(s, 3) for s in bf_secs]} s), {bf_tps / loom_tps:.2f}x fp32",
+                  flush=True)
+        if args.no_torch:
+            torch_tps, torch_params = float("nan"), loom_params
+        else:
+            torch_tps, torch_secs, torch_params = run_torch(args, m, micro, glob_batch, steps)
+            print(f"  torch: {torch_tps:9.1f} tokens/s (steps "
+                  f"{[round(s, 3) for s in torch_secs]} s)", flush=True)
         if loom_params is not None and loom_params != torch_params:
             print(f"  WARNING: loom reports {loom_params} parameters, torch has {torch_params}")
         loom_gflops = loom_tps * flops_tok / 1e9
@@ -191,11 +222,25 @@ def main():
             "loom_frac_sgemm_peak": round(loom_gflops / peak["sgemm_gflops"], 3),
             "params": torch_params,
         }
+        if args.no_torch:
+            for k in ("torch_tokens_per_s", "loom_vs_torch", "torch_gflops"):
+                del result["configs"][name][k]
+        if bpeak:
+            result["configs"][name].update({
+                "loom_bf16_tokens_per_s": round(bf_tps, 2),
+                "bf16_vs_fp32": round(bf_tps / loom_tps, 3),
+                "loom_bf16_gflops": round(bf_tps * flops_tok / 1e9, 2),
+            })
     # Measured again at the end, best kept: a busy neighbour only ever lowers it.
     again = sgemm_peak(args)
     result["sgemm_gflops"] = max(peak["sgemm_gflops"], again["sgemm_gflops"])
     for r in result["configs"].values():
         r["loom_frac_sgemm_peak"] = round(r["loom_gflops"] / result["sgemm_gflops"], 3)
+    if bpeak:
+        result["bf16_gflops"] = max(bpeak["bf16_gflops"], bf16_peak(args)["bf16_gflops"])
+        result["bf16_peak_over_sgemm"] = round(result["bf16_gflops"] / result["sgemm_gflops"], 3)
+        for r in result["configs"].values():
+            r["loom_bf16_frac_bf16_peak"] = round(r["loom_bf16_gflops"] / result["bf16_gflops"], 3)
     result["wall_s"] = round(time.time() - t_start, 1)
     print()
     print(json.dumps(result))

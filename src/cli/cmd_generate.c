@@ -10,6 +10,7 @@
 
 #include "core/philox.h"
 #include "data/tokenizer.h"
+#include "model/gemm_shapes.h"
 #include "model/generate.h"
 #include "model/weights.h"
 
@@ -19,6 +20,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: loom generate --weights PATH --prompt TEXT [--tokenizer gpt2|DIR|bytes]\n"
                "       [--max-tokens N (100)] [--temperature T (0.8; 0 = greedy)]\n"
                "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
+               "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
                "Streams the prompt's continuation to stdout. The tokenizer defaults to bytes for\n"
                "a 256-token vocabulary (loom data bytes) and gpt2 otherwise. Generation stops at\n"
                "the model's context length (--seq-len it was trained with).\n"
@@ -47,12 +49,20 @@ int loom_cmd_generate(int argc, char **argv) {
     int max_tokens = 100;
     unsigned long long seed = 1337;
     loom_sampling s = {0.8f, 0, 1.0f};
-    static const struct option opts[] = {
-        {"weights", 1, NULL, 'w'},     {"prompt", 1, NULL, 'p'},
-        {"tokenizer", 1, NULL, 't'},   {"max-tokens", 1, NULL, 'n'},
-        {"temperature", 1, NULL, 'T'}, {"top-k", 1, NULL, 'k'},
-        {"top-p", 1, NULL, 'P'},       {"seed", 1, NULL, 's'},
-        {"help", 0, NULL, 'h'},        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"weights", 1, NULL, 'w'},
+                                         {"prompt", 1, NULL, 'p'},
+                                         {"tokenizer", 1, NULL, 't'},
+                                         {"max-tokens", 1, NULL, 'n'},
+                                         {"temperature", 1, NULL, 'T'},
+                                         {"top-k", 1, NULL, 'k'},
+                                         {"top-p", 1, NULL, 'P'},
+                                         {"seed", 1, NULL, 's'},
+                                         {"precision", 1, NULL, 'r'},
+                                         {"help", 0, NULL, 'h'},
+                                         {0, 0, 0, 0}};
+    loom_precision precision = LOOM_PRECISION_FP32;
+    const loom_backend *be = NULL;
+    loom_error perr = {0};
     optind = 0;
     opterr = 0;
     int c;
@@ -88,6 +98,10 @@ int loom_cmd_generate(int argc, char **argv) {
         case 's':
             seed = strtoull(optarg, &end, 10);
             if (*end) return fail("--seed: expected a non-negative integer");
+            break;
+        case 'r':
+            if (loom_precision_parse(optarg, "--precision", &precision, &perr))
+                return fail(perr.msg);
             break;
         case 'h':
             usage(stdout);
@@ -141,7 +155,17 @@ int loom_cmd_generate(int argc, char **argv) {
         rc = fail(msg);
         goto done;
     }
-    if (loom_generator_create(&g, &cfg, &table, params, &err)) {
+    if (precision == LOOM_PRECISION_BF16) { /* the GEMMs of one token: 1 row each */
+        const int one = 1;
+        if (loom_backend_cpu_bf16_open(&be, "--precision", &err) ||
+            loom_model_prepare_gemms(be, &table, &one, 1, &err)) {
+            rc = fail(err.msg);
+            goto done;
+        }
+        loom_backend_cpu_bf16_describe(be, msg, sizeof msg);
+        fprintf(stderr, "loom: precision bf16: %s\n", msg);
+    }
+    if (loom_generator_create_on(&g, &cfg, &table, params, be, &err)) {
         rc = fail(err.msg);
         goto done;
     }
@@ -159,6 +183,7 @@ int loom_cmd_generate(int argc, char **argv) {
     fputc('\n', stdout);
 done:
     loom_generator_free(&g);
+    loom_backend_close(be);
     free(ids.ids);
     loom_tokenizer_free(tok);
     free(params);

@@ -100,6 +100,9 @@ static const opt_def OPTS[] = {
      "layers per pipeline stage, e.g. 3,5 (pp x virtual-stages counts; default even)"},
     {"device", OPT_STRING, TR(device), 16,
      "where the model runs: cpu, or cuda (one GPU, one process; a CUDA build)"},
+    {"precision", OPT_STRING, TR(precision), 8,
+     "fp32, or bf16: the linear layers' GEMMs in bf16 (oneDNN; fp32 master weights, optimizer, "
+     "gradients; docs/precision.md)"},
     {"dry-run", OPT_BOOL, TR(dry_run), 0,
      "set up the layout, print the start-up (memory) report and stop before the first step"},
     {"recompute", OPT_BOOL, TR(recompute), 0,

@@ -53,7 +53,34 @@ loom_status loom_backend_open(loom_device_kind kind, int ordinal, const loom_bac
     return st;
 }
 
+void loom_backend_cpu_bf16_close(const loom_backend *be); /* kernels/cpu/backend_cpu_bf16.c */
+
+loom_status loom_precision_parse(const char *s, const char *flag, loom_precision *out,
+                                 loom_error *err) {
+    if (s && (strcmp(s, "fp32") == 0 || s[0] == 0)) {
+        *out = LOOM_PRECISION_FP32;
+        return LOOM_OK;
+    }
+    if (s && strcmp(s, "bf16") == 0) {
+        *out = LOOM_PRECISION_BF16;
+        return LOOM_OK;
+    }
+    return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected fp32 or bf16", flag, s ? s : "");
+}
+
+loom_precision loom_backend_precision(const loom_backend *be) {
+    return (loom_precision)be->ops->linear_precision;
+}
+
+const char *loom_precision_name(loom_precision p) {
+    return p == LOOM_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
 void loom_backend_close(const loom_backend *be) {
+    if (be && be->device == LOOM_DEVICE_CPU && loom_backend_precision(be) == LOOM_PRECISION_BF16) {
+        loom_backend_cpu_bf16_close(be);
+        return;
+    }
     if (!be || be->device == LOOM_DEVICE_CPU || !registered[be->device].close) return;
     registered[be->device].close((loom_backend *)be);
 }

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "kernels/bf16.h"    /* loom_bf16 */
 #include "kernels/kernels.h" /* loom_attention_blocks */
 
 typedef enum { LOOM_DEVICE_CPU, LOOM_DEVICE_CUDA } loom_device_kind;
@@ -205,7 +206,34 @@ typedef struct {
     /* global-norm clipping: the sum of squares (returned to the host) and scaling */
     double (*sum_squares)(const loom_backend *be, const float *x, size_t n);
     void (*scale)(const loom_backend *be, float *x, float s, size_t n);
+
+    /* ---- bf16 GEMMs (NULL where the backend has none: the fp32 CPU table, CUDA) ----
+     * The linear ops with bf16 operands, fp32 accumulation and fp32 results, the shapes
+     * and += rule of the fp32 ones; dout stays fp32 and is rounded to bf16 inside. */
+    void (*linear_forward_bf16)(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                const loom_bf16 *weight, const float *bias, int N, int IC, int OC);
+    void (*linear_backward_input_bf16)(const loom_backend *be, float *dinp, const float *dout,
+                                       const loom_bf16 *weight, int N, int IC, int OC);
+    void (*linear_backward_weight_bf16)(const loom_backend *be, float *dweight, float *dbias,
+                                        const float *dout, const loom_bf16 *inp, int N, int IC,
+                                        int OC);
+    /* Makes, before the step, what the linear ops of shape (N, IC, OC) will need (the
+     * bf16 table: its oneDNN primitives); NULL: nothing to make. */
+    loom_status (*linear_prepare)(const loom_backend *be, int N, int IC, int OC, loom_error *err);
+    /* The number format of the linear ops' GEMMs (the enum below; 0, the default of a
+     * table that does not set it: fp32). In a bf16 table the fp32-signature linear ops
+     * round their inputs, weights and output gradients to bf16 and run the bf16 GEMMs. */
+    int linear_precision;
 } loom_backend_ops;
+
+/* --precision: the number format of the linear layers' GEMMs (docs/precision.md). fp32
+ * everywhere else: master weights, optimizer state, gradients, losses, norms, softmax. */
+typedef enum { LOOM_PRECISION_FP32 = 0, LOOM_PRECISION_BF16 } loom_precision;
+/* "fp32" | "bf16" -> *out; anything else: LOOM_ERR_INPUT naming `flag` and the choices. */
+loom_status loom_precision_parse(const char *s, const char *flag, loom_precision *out,
+                                 loom_error *err);
+const char *loom_precision_name(loom_precision p);             /* "fp32", "bf16" */
+loom_precision loom_backend_precision(const loom_backend *be); /* its linear ops' */
 
 struct loom_backend {
     const loom_backend_ops *ops;
@@ -217,6 +245,18 @@ struct loom_backend {
 
 /* The CPU backend (kernels/cpu/): one static object, never freed; its ops cannot fail. */
 const loom_backend *loom_backend_cpu(void);
+/* The CPU backend with bf16 GEMMs (kernels/cpu/backend_cpu_bf16.c): the CPU table with
+ * the linear ops on oneDNN bf16 matmuls (every other op the fp32 CPU kernel). Each linear
+ * op rounds its fp32 operands to bf16 (nearest even) into the backend's own buffers, so
+ * every caller of the fp32 signature computes in bf16 unchanged; the _bf16 ops take
+ * operands already in bf16. `flag` names the option in errors: LOOM_ERR_INPUT on a CPU
+ * without AVX512-BF16 or AMX-BF16. Freed by loom_backend_close. Prints nothing; see
+ * loom_backend_cpu_bf16_describe for the start-up line. */
+loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag, loom_error *err);
+/* "oneDNN bf16 matmul brg:avx512_core_bf16, 12 shapes prepared, 0 calls unprepared" */
+void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size);
+/* Bytes the backend holds for bf16 copies of operands (its conversion buffers). */
+size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);
 
 /* ---- choosing the device (--device cpu|cuda) ----
  * A device backend other than the CPU is linked only into builds that have it (CUDA:
@@ -621,6 +661,27 @@ static inline double loom_backend_sum_squares(const loom_backend *be, const floa
 }
 static inline void loom_backend_scale(const loom_backend *be, float *x, float s, size_t n) {
     be->ops->scale(be, x, s, n);
+}
+static inline loom_status loom_backend_linear_prepare(const loom_backend *be, int N, int IC, int OC,
+                                                      loom_error *err) {
+    return be->ops->linear_prepare ? be->ops->linear_prepare(be, N, IC, OC, err) : LOOM_OK;
+}
+static inline void loom_backend_linear_forward_bf16(const loom_backend *be, float *out,
+                                                    const loom_bf16 *inp, const loom_bf16 *weight,
+                                                    const float *bias, int N, int IC, int OC) {
+    be->ops->linear_forward_bf16(be, out, inp, weight, bias, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_input_bf16(const loom_backend *be, float *dinp,
+                                                           const float *dout,
+                                                           const loom_bf16 *weight, int N, int IC,
+                                                           int OC) {
+    be->ops->linear_backward_input_bf16(be, dinp, dout, weight, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_weight_bf16(const loom_backend *be, float *dweight,
+                                                            float *dbias, const float *dout,
+                                                            const loom_bf16 *inp, int N, int IC,
+                                                            int OC) {
+    be->ops->linear_backward_weight_bf16(be, dweight, dbias, dout, inp, N, IC, OC);
 }
 
 #endif

@@ -6,6 +6,12 @@
 
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
                                   const loom_param_table *t, const float *params, loom_error *err) {
+    return loom_generator_create_on(g, c, t, params, NULL, err);
+}
+
+loom_status loom_generator_create_on(loom_generator *g, const loom_model_config *c,
+                                     const loom_param_table *t, const float *params,
+                                     const loom_backend *be, loom_error *err) {
     memset(g, 0, sizeof *g);
     g->cfg = *c;
     g->table = t;
@@ -13,7 +19,7 @@ loom_status loom_generator_create(loom_generator *g, const loom_model_config *c,
     g->max_len = c->seq_len;
     /* The decoder runs on the host (attend() below loops over the KV cache, and
      * loom_sample reads the logits): the CPU backend, whose memory is host memory. */
-    g->be = loom_backend_cpu();
+    g->be = be && be->device == LOOM_DEVICE_CPU ? be : loom_backend_cpu();
     const int hd = c->d_model / c->n_head, C = c->d_model;
     const size_t kv = (size_t)c->n_kv_head * hd, QKV = (size_t)(c->n_head + 2 * c->n_kv_head) * hd;
     const size_t FC = c->family == LOOM_FAMILY_GPT2 ? (size_t)c->d_ff : 2 * (size_t)c->d_ff;

@@ -32,6 +32,11 @@ typedef struct {
 loom_status loom_generator_create(loom_generator *g, const loom_model_config *cfg,
                                   const loom_param_table *table, const float *params,
                                   loom_error *err);
+/* The same on backend `be` (host memory: the CPU's, or its bf16 table for --precision
+ * bf16; NULL: the CPU's). */
+loom_status loom_generator_create_on(loom_generator *g, const loom_model_config *cfg,
+                                     const loom_param_table *table, const float *params,
+                                     const loom_backend *be, loom_error *err);
 void loom_generator_free(loom_generator *g);
 /* Feeds `token` at position pos (0 <= pos < max_len, positions in order from 0);
  * g->logits then holds the next-token logits (vocab_size). */

@@ -25,13 +25,14 @@
 
 /* What a pipeline needs of the training run's flags (train/ fills it in). */
 typedef struct {
-    int pp;             /* --pp: pipeline ranks */
-    int virtual_stages; /* --virtual-stages: model chunks per rank (interleaved) */
-    char schedule[16];  /* --pp-schedule: gpipe | 1f1b | interleaved | zb */
-    char layers[256];   /* --pp-layers: layers per (virtual) stage; "" = balanced */
-    char stats[1024];   /* --pp-stats: per-rank timers (JSON lines); "" = none */
-    int recompute;      /* --recompute */
-    int size_only;      /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
+    int pp;                      /* --pp: pipeline ranks */
+    int virtual_stages;          /* --virtual-stages: model chunks per rank (interleaved) */
+    char schedule[16];           /* --pp-schedule: gpipe | 1f1b | interleaved | zb */
+    char layers[256];            /* --pp-layers: layers per (virtual) stage; "" = balanced */
+    char stats[1024];            /* --pp-stats: per-rank timers (JSON lines); "" = none */
+    int recompute;               /* --recompute */
+    int size_only;               /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
+    const loom_backend *backend; /* the slots' ops (NULL: the CPU's; --precision bf16) */
     int micro_batch, global_batch;
 } loom_pp_config;
 

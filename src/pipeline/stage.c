@@ -221,6 +221,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                        .cp = cp,
                                        .ep = &mesh->ep,
                                        .layers = &pl->layers,
+                                       .backend = pc->backend,
                                        .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
                                                 (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0) |
                                                 (pc->size_only ? LOOM_MODEL_SIZE_ONLY : 0)},

@@ -8,6 +8,7 @@
 #include "core/fs.h"
 #include "core/progress.h"
 #include "core/timeline.h"
+#include "model/gemm_shapes.h"
 #include "model/moe_config.h"
 #include "parallel/ep_zero.h"
 #include "parallel/tp_shards.h"
@@ -42,6 +43,12 @@ void loom_run_free(loom_run *r) {
     loom_params_free(&r->global_table);
     free(r->global_flat);
     free(r->host_flat);
+    if (r->be && loom_backend_precision(r->be) == LOOM_PRECISION_BF16 && r->mesh &&
+        r->mesh->rank == 0 && !r->size_only) {
+        char line[256];
+        loom_backend_cpu_bf16_describe(r->be, line, sizeof line);
+        fprintf(stderr, "loom: precision bf16 at the end: %s\n", line);
+    }
     loom_backend_close(r->be); /* last: everything above may free its memory */
 }
 
@@ -135,6 +142,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
         pc.size_only = r->size_only;
+        pc.backend = r->be;
         r->pipelined = &r->pipe; /* before: loom_run_free frees a partly built pipeline */
         if ((st = loom_pipeline_create(&r->pipe, mc, &pc, mesh, &r->tp, r->cped, &r->model, err)))
             return st;
@@ -332,11 +340,41 @@ static loom_status init_params(loom_run *r, loom_error *err) {
     return loom_backend_status(r->be, err);
 }
 
+/* --precision bf16: the CPU table with oneDNN's bf16 GEMMs, chosen once here (the step
+ * never asks which precision it runs). A CPU without AVX512-BF16/AMX-BF16: exit 2. */
+static loom_status open_precision(loom_run *r, loom_error *err) {
+    loom_precision p;
+    loom_status st = loom_precision_parse(r->tc->precision, "--precision", &p, err);
+    if (st || p == LOOM_PRECISION_FP32) return st;
+    const loom_backend *be = NULL;
+    if ((st = loom_backend_cpu_bf16_open(&be, "--precision", err))) return st;
+    r->be = be;
+    return LOOM_OK;
+}
+
+/* The GEMM shapes of the step, made before it (a bf16 backend's oneDNN primitives): the
+ * registry's linear layers over the micro-batch's tokens here and over its sequences (a
+ * DiT's conditioning). MoE experts run unprepared: counted, printed at the end. */
+static loom_status prepare_gemms(loom_run *r, loom_error *err) {
+    if (loom_backend_precision(r->be) == LOOM_PRECISION_FP32) return LOOM_OK;
+    const int cp = r->mesh->layout.cp > 0 ? r->mesh->layout.cp : 1;
+    const int rows[2] = {r->tc->micro_batch * r->mc->seq_len / cp, r->tc->micro_batch};
+    loom_status st = loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, err);
+    if (st) return st;
+    if (r->mesh->rank == 0) {
+        char line[256];
+        loom_backend_cpu_bf16_describe(r->be, line, sizeof line);
+        fprintf(stderr, "loom: precision bf16: %s\n", line);
+    }
+    return LOOM_OK;
+}
+
 /* --device: the backend every buffer of the run lives on (the CPU's unless asked). */
 static loom_status open_device(loom_run *r, loom_error *err) {
     loom_device_kind kind;
     loom_status st = loom_train_config_validate_device(r->tc, r->mc, r->mesh->size, &kind, err);
-    if (st || kind == LOOM_DEVICE_CPU) return st;
+    if (!st && kind == LOOM_DEVICE_CPU) return open_precision(r, err);
+    if (st) return st;
     if ((st = loom_backend_open(kind, 0, &r->be, err))) {
         r->be = loom_backend_cpu();
         /* a build without the device already names the flag; a missing GPU does not */
@@ -351,7 +389,8 @@ static loom_status setup(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_status st;
     loom_timeline_mark("train_setup");
-    if ((st = open_device(r, err)) || (st = build_model(r, err))) return st;
+    if ((st = open_device(r, err)) || (st = build_model(r, err)) || (st = prepare_gemms(r, err)))
+        return st;
     loom_timeline_mark("data_model_zero_create");
     if ((st = build_buffers(r, err)) || (st = build_step(r, err))) return st;
     loom_timeline_mark("params_grads_alloc");

@@ -43,6 +43,12 @@ void loom_run_report_startup(const loom_run *r) {
     fprintf(stderr, "loom: %s\n", line);
     fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
             rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");
+    if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)
+        fprintf(stderr,
+                "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
+                "layer's input or output gradient and weight, rounded per call); master weights, "
+                "gradients, optimizer state and saved activations stay fp32 as above\n",
+                (double)loom_backend_cpu_bf16_bytes(r->be) / MiB);
     if (r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "

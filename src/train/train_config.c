@@ -52,6 +52,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->layout = (loom_layout){1, 1, 1, 1, 1};
     snprintf(tc->cp_mode, sizeof tc->cp_mode, "ring");
     snprintf(tc->device, sizeof tc->device, "cpu");
+    snprintf(tc->precision, sizeof tc->precision, "fp32");
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
     tc->moe_chunks = 1;
@@ -64,6 +65,9 @@ void loom_train_config_defaults(loom_train_config *tc) {
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
+    loom_precision precision;
+    loom_status pst = loom_precision_parse(tc->precision, "--precision", &precision, err);
+    if (pst) return pst;
     if (!tc->data[0])
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--data: required (a file or glob of token shards, llm.c format, or "
@@ -190,6 +194,11 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
                                               loom_device_kind *kind, loom_error *err) {
     loom_status st = loom_device_parse(tc->device, "--device", kind, err);
     if (st || *kind == LOOM_DEVICE_CPU) return st;
+    if (strcmp(tc->precision, "bf16") == 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--precision bf16: not with --device %s yet (bf16 GEMMs run on the "
+                              "CPU through oneDNN; docs/precision.md)",
+                              loom_device_name(*kind));
     /* What the device path does not cover yet (docs/gpu.md), one clear line each. */
     const char *not_yet = world_size > 1                  ? "more than one process (dp/tp/pp/cp/ep)"
                           : mc->family == LOOM_FAMILY_DIT ? "--family dit"

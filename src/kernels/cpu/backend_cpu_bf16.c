@@ -1,0 +1,190 @@
+/* The CPU backend with bf16 GEMMs (kernels/backend.h: loom_backend_cpu_bf16_open): the CPU
+ * table, whose linear ops are replaced by oneDNN bf16 matmuls (kernels/cpu/gemm_bf16.c).
+ * The fp32-signature linear ops round their operands to bf16 (nearest even) into this
+ * backend's buffers and call the bf16 ones, so rounding happens exactly at the GEMM
+ * inputs: the activations and weights of the forward, the output gradient and the weight
+ * (input gradient), the output gradient and the saved input (weight gradient). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "kernels/kernels.h"
+
+typedef struct {
+    loom_gemm_bf16 *gemm;
+    loom_bf16 *a, *b; /* rounded operands: the GEMM's A and B */
+    size_t a_cap, b_cap;
+} bf16_ctx;
+
+static bf16_ctx *ctx_of(const loom_backend *be) {
+    return (bf16_ctx *)be->ctx;
+}
+
+/* Grows a conversion buffer. Set-up (linear_prepare) sizes both for every prepared shape,
+ * so in a step this only allocates for shapes nobody prepared (MoE experts' counts). */
+static loom_bf16 *ensure(loom_bf16 **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return *buf;
+    size_t bytes = (n * sizeof(loom_bf16) + 63) / 64 * 64;
+    loom_bf16 *p = aligned_alloc(64, bytes);
+    if (!p) return NULL;
+    free(*buf);
+    *buf = p, *cap = n;
+    return p;
+}
+
+static void seed_rows(float *out, const float *bias, int N, int OC) {
+    if (!bias) {
+        memset(out, 0, sizeof(float) * (size_t)N * OC);
+        return;
+    }
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
+}
+
+static void linear_forward_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                const loom_bf16 *weight, const float *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    seed_rows(out, bias, N, OC);
+    loom_gemm_bf16_run(ctx_of(be)->gemm, LOOM_GEMM_NT, N, OC, IC, out, inp, weight);
+}
+
+/* dout rounded into buffer a */
+static const loom_bf16 *round_dout(bf16_ctx *c, const float *dout, size_t n) {
+    loom_bf16 *a = ensure(&c->a, &c->a_cap, n);
+    if (a) loom_bf16_from_f32_n(a, dout, n);
+    return a;
+}
+
+static void linear_backward_input_bf16(const loom_backend *be, float *dinp, const float *dout,
+                                       const loom_bf16 *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *d = round_dout(c, dout, (size_t)N * OC);
+    if (d) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_NN, N, IC, OC, dinp, d, weight);
+}
+
+static void linear_backward_weight_bf16(const loom_backend *be, float *dweight, float *dbias,
+                                        const float *dout, const loom_bf16 *inp, int N, int IC,
+                                        int OC) {
+    if (N <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    if (IC > 0) {
+        const loom_bf16 *d = round_dout(c, dout, (size_t)N * OC);
+        if (d) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_TN, OC, IC, N, dweight, d, inp);
+    }
+    /* the bias gradient is the fp32 kernel's (column sums of fp32 dout, in double) */
+    if (dbias) loom_linear_backward_weight(NULL, dbias, dout, NULL, N, 0, OC);
+}
+
+/* ---- the fp32 signatures: round, then the bf16 ops ---- */
+static const loom_bf16 *round_into(loom_bf16 **buf, size_t *cap, const float *x, size_t n) {
+    loom_bf16 *p = ensure(buf, cap, n);
+    if (p) loom_bf16_from_f32_n(p, x, n);
+    return p;
+}
+
+static void linear_forward(const loom_backend *be, float *out, const float *inp,
+                           const float *weight, const float *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    if (IC <= 0) {
+        seed_rows(out, bias, N, OC);
+        return;
+    }
+    const loom_bf16 *a = round_into(&c->a, &c->a_cap, inp, (size_t)N * IC);
+    const loom_bf16 *b = round_into(&c->b, &c->b_cap, weight, (size_t)OC * IC);
+    if (a && b) linear_forward_bf16(be, out, a, b, bias, N, IC, OC);
+}
+
+static void linear_backward_input(const loom_backend *be, float *dinp, const float *dout,
+                                  const float *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *b = round_into(&c->b, &c->b_cap, weight, (size_t)OC * IC);
+    if (b) linear_backward_input_bf16(be, dinp, dout, b, N, IC, OC);
+}
+
+static void linear_backward_weight(const loom_backend *be, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *b = IC > 0 ? round_into(&c->b, &c->b_cap, inp, (size_t)N * IC) : NULL;
+    if (IC <= 0 || b) linear_backward_weight_bf16(be, dweight, dbias, dout, b, N, IC, OC);
+}
+
+static loom_status linear_prepare(const loom_backend *be, int N, int IC, int OC, loom_error *err) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
+    bf16_ctx *c = ctx_of(be);
+    loom_status st;
+    if ((st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NT, N, OC, IC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NN, N, IC, OC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_TN, OC, IC, N, err)))
+        return st;
+    size_t na = (size_t)N * (IC > OC ? IC : OC), nw = (size_t)OC * IC, nb = (size_t)N * IC;
+    if (!ensure(&c->a, &c->a_cap, na) || !ensure(&c->b, &c->b_cap, nw > nb ? nw : nb))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 operand buffers: out of memory");
+    return LOOM_OK;
+}
+
+static loom_status bf16_status(const loom_backend *be, loom_error *err) {
+    return loom_gemm_bf16_status(ctx_of(be)->gemm, err);
+}
+
+static loom_backend_ops bf16_ops;
+
+loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag,
+                                       loom_error *err) {
+    *out = NULL;
+    loom_gemm_bf16 *gemm = NULL;
+    loom_status st = loom_gemm_bf16_create(&gemm, flag, err);
+    if (st) return st;
+    loom_backend *be = calloc(1, sizeof *be);
+    bf16_ctx *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be), free(c);
+        loom_gemm_bf16_destroy(gemm);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 backend: out of memory");
+    }
+    const loom_backend *cpu = loom_backend_cpu();
+    bf16_ops = *cpu->ops; /* the same table each time: every op the CPU's but these */
+    bf16_ops.status = bf16_status;
+    bf16_ops.linear_forward = linear_forward;
+    bf16_ops.linear_backward_input = linear_backward_input;
+    bf16_ops.linear_backward_weight = linear_backward_weight;
+    bf16_ops.linear_forward_bf16 = linear_forward_bf16;
+    bf16_ops.linear_backward_input_bf16 = linear_backward_input_bf16;
+    bf16_ops.linear_backward_weight_bf16 = linear_backward_weight_bf16;
+    bf16_ops.linear_prepare = linear_prepare;
+    bf16_ops.linear_precision = LOOM_PRECISION_BF16;
+    c->gemm = gemm;
+    *be = *cpu;
+    be->ops = &bf16_ops;
+    be->ctx = c;
+    *out = be;
+    return LOOM_OK;
+}
+
+void loom_backend_cpu_bf16_close(const loom_backend *be) {
+    if (!be || loom_backend_precision(be) != LOOM_PRECISION_BF16 || be->device != LOOM_DEVICE_CPU)
+        return;
+    bf16_ctx *c = ctx_of(be);
+    loom_gemm_bf16_destroy(c->gemm);
+    free(c->a), free(c->b), free(c);
+    free((loom_backend *)be);
+}
+
+void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size) {
+    bf16_ctx *c = ctx_of(be);
+    snprintf(buf, size, "oneDNN %d.%d bf16 matmul %s, %zu shapes prepared, %zu calls unprepared",
+             (int)dnnl_version()->major, (int)dnnl_version()->minor, loom_gemm_bf16_impl(c->gemm),
+             loom_gemm_bf16_prepared(c->gemm), loom_gemm_bf16_unprepared_calls(c->gemm));
+}
+
+size_t loom_backend_cpu_bf16_bytes(const loom_backend *be) {
+    bf16_ctx *c = ctx_of(be);
+    return (c->a_cap + c->b_cap) * sizeof(loom_bf16);
+}

@@ -1,0 +1,23 @@
+/* The linear layers' GEMM shapes from the registry (gemm_shapes.h). */
+#include "model/gemm_shapes.h"
+
+loom_status loom_model_prepare_gemms(const loom_backend *be, const loom_param_table *t,
+                                     const int *rows, int n_rows, loom_error *err) {
+    if (!be->ops->linear_prepare) return LOOM_OK;
+    loom_status st;
+    for (int i = 0; i < t->n_params; i++) {
+        int64_t oc = 0;
+        const loom_param *p = &t->params[i];
+        for (int j = i; j < t->n_params && j < i + 3; j++) {
+            const loom_param *q = &t->params[j];
+            if (q->ndim != 2 || q->shape[1] != p->shape[1] ||
+                (j > i && q->offset != t->params[j - 1].offset + t->params[j - 1].numel))
+                break;
+            oc += q->shape[0];
+            for (int k = 0; k < n_rows; k++)
+                if ((st = loom_backend_linear_prepare(be, rows[k], (int)p->shape[1], (int)oc, err)))
+                    return loom_error_prefix(err, "--precision bf16: GEMM of %s", q->name);
+        }
+    }
+    return LOOM_OK;
+}
