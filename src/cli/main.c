@@ -9,6 +9,7 @@
 #include "cli/cmd_gpu.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_plot.h"
+#include "cli/cmd_rl.h"
 #include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_run.h"
 #include "cli/cmd_sample.h"
@@ -36,6 +37,7 @@ static void usage(FILE *f) {
             "  plan      the layout to train with, predicted (loom plan --help)\n"
             "  pp-schedule  print a pipeline schedule (loom pp-schedule --pp 4 --micro-batches 8)\n"
             "  data      prepare token shards (loom data bytes --input FILE --out DIR)\n"
+            "  rl        post-train by reinforcement learning, GRPO (loom rl --help)\n"
             "  sample    images from a dit model (loom sample --weights W.safetensors)\n"
             "  gpu-info  CUDA devices found, or why there are none\n"
             "  version   print the version\n",
@@ -65,6 +67,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
     if (strcmp(cmd, "gpu-info") == 0) return loom_cmd_gpu_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "rl") == 0) return loom_cmd_rl(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
         return 0;
@@ -76,7 +79,7 @@ int main(int argc, char **argv) {
     fprintf(
         stderr,
         "loom: unknown command '%s' (expected train, run, calibrate, plan, data, generate, sample, "
-        "plot, tokenizer, version)\n",
+        "plot, tokenizer, rl, version)\n",
         cmd);
     return 2;
 }

@@ -37,7 +37,7 @@ double loom_grpo_loss(const loom_grpo_config *c, const float *logits, const int3
                       const float *ref_logp, int N, int V, float *dlogits, loom_grpo_stats *stats) {
     const double lo = 1.0 - c->clip_eps, hi = 1.0 + c->clip_eps;
     const int kl = c->kl_coef != 0.0f && ref_logp;
-    double loss = 0.0, tokens = 0.0, kl_sum = 0.0, clipped = 0.0, ent = 0.0, dev = 0.0;
+    double loss = 0.0, tokens = 0.0, kl_sum = 0.0, clipped = 0.0, ent = 0.0, off = 0.0;
     /* Rows in order (the sums are the same whatever the thread count). */
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
@@ -67,7 +67,7 @@ double loom_grpo_loss(const loom_grpo_config *c, const float *logits, const int3
         }
         loss += w * l;
         tokens += 1.0;
-        if (fabs(ratio - 1.0) > dev) dev = fabs(ratio - 1.0);
+        off += ratio != 1.0;
         /* entropy and the gradient share the softmax */
         double h = 0.0;
         const double gw = g * w;
@@ -83,7 +83,7 @@ double loom_grpo_loss(const loom_grpo_config *c, const float *logits, const int3
         stats->kl += kl_sum;
         stats->clipped += clipped;
         stats->entropy += ent;
-        if (dev > stats->ratio_dev) stats->ratio_dev = dev;
+        stats->off += off;
     }
     return loss;
 }

@@ -21,11 +21,11 @@ typedef struct {
 
 /* Sums over the tokens given (weight != 0), for the metrics. */
 typedef struct {
-    double tokens;    /* tokens counted */
-    double kl;        /* sum of k3 KL estimates (0 without a reference) */
-    double clipped;   /* tokens whose clipped term is the smaller one (no gradient) */
-    double entropy;   /* sum of the policy's entropies (nats) */
-    double ratio_dev; /* max |ratio - 1| */
+    double tokens;  /* tokens counted */
+    double kl;      /* sum of k3 KL estimates (0 without a reference) */
+    double clipped; /* tokens whose clipped term is the smaller one (no gradient) */
+    double entropy; /* sum of the policy's entropies (nats) */
+    double off;     /* tokens whose ratio is not exactly 1 */
 } loom_grpo_stats;
 
 /* Group-normalised advantages: rewards are n_groups groups of G (G >= 2) in a row;
