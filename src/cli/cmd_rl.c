@@ -33,6 +33,10 @@ static const char usage[] =
     "  --ppo-micro-batch M     sequences per forward/backward (8)\n"
     "  --reward-cmd CMD        reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
     "                          one number a line on stdout (default: arithmetic exact match)\n"
+    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero)\n"
+    "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
+    "                          (the default); with --tp > 1 the weights are resharded to it\n"
+    "                          in memory after every update\n"
     "  With --init-from W.safetensors the model's configuration is the file's. The\n"
     "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
     "  and --steps are set from the rl flags.\n";
@@ -79,7 +83,8 @@ static int set_flag(const rl_flag *f, const char *v) {
 }
 
 /* Takes the rl flags out of argv; the rest (argv[0] = "train") goes to loom train's parser. */
-static int parse(int argc, char **argv, loom_rl_config *rc, char **rest, int *n_rest) {
+static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, char *gen_layout,
+                 char **rest, int *n_rest) {
     const rl_flag flags[] = {
         {"prompts", RL_STR, rc->prompts, 0, 0, NULL},
         {"eval-prompts", RL_STR, rc->eval_prompts, 0, 0, NULL},
@@ -96,6 +101,8 @@ static int parse(int argc, char **argv, loom_rl_config *rc, char **rest, int *n_
         {"ppo-epochs", RL_INT, &rc->ppo_epochs, 1, 1e6, "an integer >= 1"},
         {"ppo-micro-batch", RL_INT, &rc->ppo_micro_batch, 1, 1e6, "an integer >= 1"},
         {"reward-cmd", RL_STR, rc->reward_cmd, 0, 0, NULL},
+        {"train-layout", RL_STR, train_layout, 0, 0, NULL},
+        {"gen-layout", RL_STR, gen_layout, 0, 0, NULL},
     };
     const int n_flags = (int)(sizeof flags / sizeof flags[0]);
     *n_rest = 0;
@@ -123,15 +130,26 @@ static int parse(int argc, char **argv, loom_rl_config *rc, char **rest, int *n_
         }
         if (set_flag(f, v)) return 2;
     }
+    /* --train-layout's words are loom train flags, after the others (they win). */
+    for (char *w = strtok(train_layout, " \t"); w; w = strtok(NULL, " \t")) rest[(*n_rest)++] = w;
     return -1;
+}
+
+/* --gen-layout "--dp N": N, or 0 (not given); -1 when it is not of that form. */
+static int gen_dp(const char *g) {
+    if (!g[0]) return 0;
+    int n = 0, used = 0;
+    if (sscanf(g, " --dp %d %n", &n, &used) != 1 || g[used] || n < 1) return -1;
+    return n;
 }
 
 int loom_cmd_rl(int argc, char **argv) {
     loom_rl_config rc;
     loom_rl_config_defaults(&rc);
-    char **rest = malloc(((size_t)argc + 1) * sizeof *rest);
+    static char train_layout[LOOM_PATH_MAX], gen_layout[LOOM_PATH_MAX];
+    char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
     if (!rest) return fail("out of memory");
-    int n_rest, rc_parse = parse(argc, argv, &rc, rest, &n_rest);
+    int n_rest, rc_parse = parse(argc, argv, &rc, train_layout, gen_layout, rest, &n_rest);
     if (rc_parse >= 0) {
         free(rest);
         return rc_parse;
@@ -153,15 +171,38 @@ int loom_cmd_rl(int argc, char **argv) {
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->zero > 2)
-        return fail("layout: loom rl runs data parallelism (--dp, --zero 0-2) only; not --tp, "
-                    "--pp, --cp, --ep or --zero 3");
+    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->zero > 2 || tc->sequence_parallel)
+        return fail("--train-layout: loom rl trains with --dp, --tp and --zero 0-2; not --pp, "
+                    "--cp, --ep, --zero 3 or --sequence-parallel");
+    const int gdp = gen_dp(gen_layout);
+    if (gdp < 0) {
+        snprintf(msg, sizeof msg,
+                 "--gen-layout '%s': expected \"--dp N\" (N ranks, each with the "
+                 "whole weights)",
+                 gen_layout);
+        return fail(msg);
+    }
     if (o.model.family == LOOM_FAMILY_DIT || o.model.n_experts > 0 || o.model.vocab_size != 256)
         return fail("model: loom rl trains dense language models on byte tokens (--vocab-size "
                     "256, as loom data arith writes)");
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
     const int n = rc.prompts_per_iter * rc.group_size, dp = l->dp > 0 ? l->dp : 1;
+    const int world_n = dp * (l->tp > 0 ? l->tp : 1);
+    if (gdp > 0 && gdp != world_n) {
+        snprintf(msg, sizeof msg,
+                 "--gen-layout '--dp %d': the generation layout must hold every rank of the "
+                 "training layout's %d (--dp %d)",
+                 gdp, world_n, world_n);
+        return fail(msg);
+    }
+    if (n % world_n != 0) {
+        snprintf(msg, sizeof msg,
+                 "--prompts-per-iter x --group-size = %d sequences must split over the %d ranks "
+                 "of the generation layout",
+                 n, world_n);
+        return fail(msg);
+    }
     if (n % (dp * rc.ppo_micro_batch) != 0) {
         snprintf(msg, sizeof msg,
                  "--ppo-micro-batch %d: the %d sequences of an iteration (--prompts-per-iter x "

@@ -1,8 +1,10 @@
 """loom rl's invariants on a tiny model (seconds): the on-policy ratio of the first PPO
 epoch is exactly 1 for every token (the actor's log-probabilities of its own samples are
-the rollout's, bitwise); the same run twice is bitwise (metrics and weights); --dp 2 (and
---dp 2 --zero 1) give the same rewards as one process and the same weights after 3
-iterations (<= 1e-5); bad input is one line and exit 2. The reward is a command (awk over
+the rollout's, bitwise); the same run twice is bitwise (metrics and weights); the
+(train, gen) layout pairs (dp 2, dp 2), (dp 2 ZeRO-1, dp 2), (tp 2, dp 2) and
+(tp 2 x dp 2 ZeRO-1, dp 4), the last two resharding the weights in memory after every
+update, give the same rewards as one process and the same weights after 3 iterations
+(<= 1e-5); bad input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
 import argparse
@@ -74,8 +76,13 @@ def main():
         m2, w2 = rl("two")
         check(m1 == m2 and set(w1) == set(w2) and all((w1[k] == w2[k]).all() for k in w1),
               "the same run twice: bitwise the same metrics and weights")
-        for name, extra in (("dp2", ["--dp", "2"]), ("dp2_zero1", ["--dp", "2", "--zero", "1"])):
-            m, w = rl(name, extra, ranks=2)
+        layouts = (("dp2", ["--dp", "2"], 2),
+                   ("dp2_zero1", ["--dp", "2", "--zero", "1"], 2),
+                   ("train_tp2_gen_dp2", ["--train-layout", "--tp 2", "--gen-layout", "--dp 2"], 2),
+                   ("train_tp2dp2z1_gen_dp4",
+                    ["--train-layout", "--tp 2 --dp 2 --zero 1", "--gen-layout", "--dp 4"], 4))
+        for name, extra, ranks in layouts:
+            m, w = rl(name, extra, ranks=ranks)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1] and \
                 [r.get("completion_len") for r in m] == [r.get("completion_len") for r in m1]
             check(same, f"{name}: the same rewards and completion lengths as one process")
@@ -102,7 +109,8 @@ def main():
         with open(empty, "w") as f:
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
-        bad("tensor parallel", ["--tp", "2"], "--tp")
+        bad("pipeline parallel", ["--train-layout", "--pp 2"], "--train-layout")
+        bad("gen layout does not fit", ["--gen-layout", "--dp 3"], "--gen-layout")
 
 
 if __name__ == "__main__":
