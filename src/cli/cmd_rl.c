@@ -174,6 +174,21 @@ int loom_cmd_rl(int argc, char **argv) {
     if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->zero > 2 || tc->sequence_parallel)
         return fail("--train-layout: loom rl trains with --dp, --tp and --zero 0-2; not --pp, "
                     "--cp, --ep, --zero 3 or --sequence-parallel");
+    const struct {
+        const char *flag, *value;
+    } unsupported[] = {{"--ckpt-dir", tc->ckpt_dir},
+                       {"--resume", tc->resume},
+                       {"--trace", tc->trace},
+                       {"--dump-dir", tc->dump_dir},
+                       {"--val-data", tc->val_data},
+                       {"--tensorboard", tc->tensorboard},
+                       {"--ckpt-fast-dir", tc->ckpt_fast_dir}};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (unsupported[i].value[0]) {
+            snprintf(msg, sizeof msg, "%s: not supported by loom rl yet (docs/rl.md, limits)",
+                     unsupported[i].flag);
+            return fail(msg);
+        }
     const int gdp = gen_dp(gen_layout);
     if (gdp < 0) {
         snprintf(msg, sizeof msg,
