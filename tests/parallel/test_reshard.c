@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
+#include "comm/world.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "parallel/reshard.h"
@@ -90,16 +91,24 @@ static void round_trip(loom_comm *c, const loom_model_config *cfg, int a, int b,
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    loom_world w;
     loom_comm world;
     loom_error err = {0};
-    if (loom_comm_from_mpi(&world, MPI_COMM_WORLD, "world", &err)) {
+    if (loom_world_init(&w, &argc, &argv, &err)) { /* MPI only when launched by mpirun */
         fprintf(stderr, "FAIL: %s\n", err.msg);
         return 1;
     }
-    uint64_t seed = (uint64_t)time(NULL);
-    MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-    if (world.rank == 0) printf("seed %llu\n", (unsigned long long)seed);
+    if (w.mpi) {
+        if (loom_comm_from_mpi(&world, MPI_COMM_WORLD, "world", &err)) {
+            fprintf(stderr, "FAIL: %s\n", err.msg);
+            return 1;
+        }
+    } else {
+        loom_comm_self(&world, "world");
+    }
+    double seed = (double)(time(NULL) & 0xffffff);
+    if (loom_comm_bcast(&world, &seed, sizeof seed, 0, &err)) failures++;
+    if (world.rank == 0) printf("seed %.0f\n", seed);
     for (int fam = 0; fam < 2; fam++) {
         loom_model_config cfg;
         loom_model_preset(&cfg, fam ? "llama-tiny" : "gpt2-tiny", &err);
@@ -109,12 +118,12 @@ int main(int argc, char **argv) {
         for (int a = 1; a <= world.size; a *= 2)
             for (int b = 1; b <= world.size; b *= 2)
                 if (cfg.n_head % a == 0 && cfg.n_head % b == 0)
-                    round_trip(&world, &cfg, a, b, seed + (uint64_t)(a * 8 + b), what);
+                    round_trip(&world, &cfg, a, b, (uint64_t)seed + (uint64_t)(a * 8 + b), what);
     }
-    int total = 0;
-    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (world.rank == 0) printf("%s: %d failure(s)\n", total ? "FAIL" : "ok", total);
+    double total = failures;
+    if (loom_comm_allreduce_sum_f64(&world, &total, 1, &err)) total += 1;
+    if (world.rank == 0) printf("%s: %.0f failure(s)\n", total ? "FAIL" : "ok", total);
     loom_comm_free(&world);
-    MPI_Finalize();
+    loom_world_finalize(&w);
     return total ? 1 : 0;
 }
