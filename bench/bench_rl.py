@@ -2,7 +2,8 @@
 1. Rollout: 64 sampled completions of 64 prompts (G x P = 64 sequences) decoded batched
    (`loom generate --prompt-file --batch 64`) against one sequence at a time (`--batch 1`,
    the same binary, the same tokens: sampling is per-sequence, so both write the same
-   completions, checked). Target >= 5x.
+   completions, checked); the process's fixed cost (`--max-tokens 0`: start, weights,
+   prompts) is subtracted from both. Target >= 5x. Threads: OMP_NUM_THREADS.
 2. Each phase's share of an iteration (`loom rl` metrics: rollout, reward, log-probs,
    update, reshard), one process.
 3. Reshard (--train-layout "--tp 2", --gen-layout "--dp 2", 2 ranks): its time against the
@@ -58,12 +59,15 @@ def main():
              "64"])
         w = weights(a.loom, tmp, d + "/train_*.bin", L, C, "w.safetensors")
         prompts = os.path.join(d, "val_prompts.txt")
+        t0 = time.time()  # the process's fixed cost: start, load the weights, read the prompts
+        run([a.loom, "generate", "--weights", w, "--prompt-file", prompts, "--max-tokens", "0"])
+        fixed = time.time() - t0
         times, outs = {}, {}
         for batch in (64, 1):
             t0 = time.time()
             p = run([a.loom, "generate", "--weights", w, "--prompt-file", prompts, "--batch",
                      str(batch), "--max-tokens", str(new), "--temperature", "1", "--seed", "1"])
-            times[batch] = time.time() - t0
+            times[batch] = max(1e-6, time.time() - t0 - fixed)
             outs[batch] = p.stdout
         lines = outs[64].split("\n")[:-1]
         tokens = sum(min(new, len(x) + 1) for x in lines)  # a stop token ends a short line
@@ -71,6 +75,7 @@ def main():
                           "batched_tokens_per_s": tokens / times[64],
                           "one_at_a_time_tokens_per_s": tokens / times[1],
                           "speedup": times[1] / times[64],
+                          "process_fixed_s": fixed,
                           "same_completions": outs[64] == outs[1]}
         print(f"rollout: batched {tokens / times[64]:.0f} tok/s, one at a time "
               f"{tokens / times[1]:.0f} tok/s: {times[1] / times[64]:.2f}x", file=sys.stderr)
