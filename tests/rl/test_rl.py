@@ -4,7 +4,8 @@ the rollout's, bitwise); the same run twice is bitwise (metrics and weights); th
 (train, gen) layout pairs (dp 2, dp 2), (dp 2 ZeRO-1, dp 2), (tp 2, dp 2) and
 (tp 2 x dp 2 ZeRO-1, dp 4), the last two resharding the weights in memory after every
 update, give the same rewards as one process and the same weights after 3 iterations
-(<= 1e-5); bad input is one line and exit 2. The reward is a command (awk over
+(<= 1e-5); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
+input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
 import argparse
@@ -91,6 +92,22 @@ def main():
                   f"{name}: weights after 3 iterations: {whole:.2e} (worst {tensor} {worst:.2e})")
             check(all(r.get("ratio_not_one_first_epoch", 0) == 0 for r in m),
                   f"{name}: first-epoch ratio exactly 1")
+
+        # GRPO learns: rewarded for each digit 5-9 in the completion (at most 6), the policy
+        # goes from about 0.5 to about 5 in 20 iterations (seeds 5-7: 5.4-5.6).
+        learn = os.path.join(tmp, "learn.jsonl")
+        args = list(base)
+        args[args.index("--iterations") + 1] = "20"
+        for k, v in (("--prompts-per-iter", "8"), ("--group-size", "8"), ("--ppo-micro-batch", "16"),
+                     ("--ppo-epochs", "1"), ("--kl-coef", "0"), ("--lr", "1e-2"),
+                     ("--reward-cmd", "awk -F'\"completion\":\"' '{print gsub(/[5-9]/, \"\", $2)}'")):
+            args[args.index(k) + 1] = v
+        run([a.loom] + args + ["--min-lr", "1e-2", "--warmup-steps", "0", "--metrics", learn],
+            "learning run")
+        r = [x["reward_mean"] for x in metrics(learn) if "reward_mean" in x]
+        first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
+        check(len(r) == 20 and last >= 3 * first and last >= 2.5,
+              f"GRPO learns a dense reward: {first:.3f} -> {last:.3f} (first and last 3 iterations)")
 
         def bad(what, extra, want, prompts=None):
             args = list(base)
