@@ -11,6 +11,11 @@ if [ "${1:-}" = dit ]; then
     shift
     exec bash scripts/demo_dit.sh "$@"
 fi
+# `bash scripts/demo.sh rl`: SFT then GRPO on verifiable arithmetic (scripts/demo_rl.sh)
+if [ "${1:-}" = rl ]; then
+    shift
+    exec bash scripts/demo_rl.sh "$@"
+fi
 say() { printf '\n== %s\n' "$*"; }
 
 say "1/6 install what is missing and build"

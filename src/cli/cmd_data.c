@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cmd_data_arith.h"
 #include "cli/cmd_data_images.h"
 #include "core/fs.h"
 #include "data/dataset.h"
@@ -53,7 +54,13 @@ static const char usage[] =
     "  frame and bouncing off the borders; label = the first object's class. Written as\n"
     "  video shards DIR/train_*.bin (--clips) and DIR/val_*.bin (--val-clips, default\n"
     "  clips/10, from --val-from-images, default GLOB, on another random stream).\n"
-    "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip.\n";
+    "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip.\n"
+    "       loom data arith --out DIR [--op +|*] [--digits D (3)] [--train N (20000)]\n"
+    "                       [--val N (500)] [--seed S (1)]\n"
+    "  Verifiable arithmetic (docs/rl.md): lines \"A+B=C\\n\" with A, B uniform in [0, 10^D),\n"
+    "  as byte tokens in DIR/train_000000.bin and DIR/val_000000.bin (held-out pairs chosen\n"
+    "  by the seed, never in train), the prompts \"A+B=\" one a line in DIR/train_prompts.txt\n"
+    "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n";
 
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer. */
 static int read_all(const char *path, unsigned char **data, size_t *n) {
@@ -253,9 +260,9 @@ static int cmd_prepare(int argc, char **argv) {
 
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr,
-                "loom data: expected a subcommand (bytes, prepare, images, video); see 'loom data "
-                "--help'\n");
+        fprintf(stderr, "loom data: expected a subcommand (bytes, prepare, images, video, arith); "
+                        "see 'loom data "
+                        "--help'\n");
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -266,8 +273,9 @@ int loom_cmd_data(int argc, char **argv) {
     if (strcmp(argv[1], "prepare") == 0) return cmd_prepare(argc - 1, argv + 1);
     if (strcmp(argv[1], "images") == 0) return loom_cmd_data_images(argc - 1, argv + 1, usage);
     if (strcmp(argv[1], "video") == 0) return loom_cmd_data_video(argc - 1, argv + 1, usage);
+    if (strcmp(argv[1], "arith") == 0) return loom_cmd_data_arith(argc - 1, argv + 1, usage);
     fprintf(stderr,
-            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video)\n",
+            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video, arith)\n",
             argv[1]);
     return 2;
 }

@@ -1,5 +1,6 @@
 /* loom generate: loads a weights file written by `loom train --save-weights`, encodes the
- * prompt, and streams sampled tokens to stdout as they come (KV-cache decoding). */
+ * prompt, and streams sampled tokens to stdout as they come (KV-cache decoding); with
+ * --prompt-file, completes every line of a file at once (batched decoding, rl/rollout.h). */
 #include "core/suggest.h"
 #include "cli/cmd_generate.h"
 
@@ -13,17 +14,23 @@
 #include "model/gemm_shapes.h"
 #include "model/generate.h"
 #include "model/weights.h"
+#include "rl/rollout.h"
 
 #define GEN_STREAM 0x67656e00u /* "gen" */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom generate --weights PATH --prompt TEXT [--tokenizer gpt2|DIR|bytes]\n"
+    fprintf(f, "usage: loom generate --weights PATH (--prompt TEXT | --prompt-file FILE)\n"
+               "       [--tokenizer gpt2|DIR|bytes] [--batch N (64)]\n"
                "       [--max-tokens N (100)] [--temperature T (0.8; 0 = greedy)]\n"
                "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
                "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
                "Streams the prompt's continuation to stdout. The tokenizer defaults to bytes for\n"
                "a 256-token vocabulary (loom data bytes) and gpt2 otherwise. Generation stops at\n"
                "the model's context length (--seq-len it was trained with).\n"
+               "--prompt-file: one prompt a line (no empty line); writes one completion a line,\n"
+               "in order, each ending before its first newline (or at an end-of-text token,\n"
+               "--max-tokens or the context). Up to --batch sequences are decoded together;\n"
+               "line k samples from its own random stream (seed, k), whatever the batch.\n"
                "docs/training.md, \"Evaluation and generation\"\n");
 }
 
@@ -44,9 +51,179 @@ static void emit(const loom_tokenizer *tok, int32_t id) {
     fflush(stdout);
 }
 
+/* The prompts of a file: one a line (a final line without a newline counts). */
+typedef struct {
+    char **lines;
+    int n;
+} prompt_lines;
+
+static void lines_free(prompt_lines *p) {
+    for (int i = 0; i < p->n; i++) free(p->lines[i]);
+    free(p->lines);
+}
+
+static int read_lines(const char *path, prompt_lines *p) {
+    char msg[1200];
+    FILE *f = fopen(path, "r");
+    memset(p, 0, sizeof *p);
+    if (!f) {
+        snprintf(msg, sizeof msg, "--prompt-file '%s': cannot open", path);
+        return fail(msg);
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int rc = 0, alloc = 0;
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        if (len > 0 && line[len - 1] == '\r') line[--len] = 0;
+        if (len == 0) {
+            snprintf(msg, sizeof msg,
+                     "--prompt-file %s:%d: empty line (expected one prompt a line)", path,
+                     p->n + 1);
+            rc = fail(msg);
+            break;
+        }
+        if (p->n == alloc) {
+            alloc = alloc ? 2 * alloc : 64;
+            char **more = realloc(p->lines, (size_t)alloc * sizeof *more);
+            if (!more) {
+                rc = fail("--prompt-file: out of memory");
+                break;
+            }
+            p->lines = more;
+        }
+        if (!(p->lines[p->n] = strdup(line)))
+            rc = fail("--prompt-file: out of memory");
+        else
+            p->n++;
+    }
+    free(line);
+    fclose(f);
+    if (!rc && p->n == 0) {
+        snprintf(msg, sizeof msg, "--prompt-file '%s': no prompt (expected one a line)", path);
+        rc = fail(msg);
+    }
+    if (rc) lines_free(p);
+    return rc;
+}
+
+/* Every line's completion, batched (see usage). */
+static int generate_file(const char *weights, const char *path, const char *tok_name,
+                         int max_tokens, int batch, const loom_sampling *s,
+                         unsigned long long seed) {
+    char msg[1200];
+    prompt_lines pl;
+    if (read_lines(path, &pl)) return 2;
+    loom_error err = {0};
+    loom_model_config cfg;
+    loom_param_table table = {0};
+    float *params = NULL;
+    loom_tokenizer *tok = NULL;
+    loom_batch_generator g = {0};
+    int rc = 0, n = pl.n;
+    int32_t **ids = calloc((size_t)n, sizeof *ids), *comp = NULL;
+    int *plen = calloc((size_t)n, sizeof *plen), *clen = calloc((size_t)n, sizeof *clen);
+    uint64_t *stream = calloc((size_t)n, sizeof *stream);
+    uint8_t *stop = NULL;
+    if (!ids || !plen || !clen || !stream) {
+        rc = fail("--prompt-file: out of memory");
+        goto done;
+    }
+    if (loom_weights_load(weights, &cfg, &table, &params, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
+    if (!tok_name) tok_name = cfg.vocab_size == 256 ? "bytes" : "gpt2";
+    const int bytes = strcmp(tok_name, "bytes") == 0;
+    if (!bytes && loom_tokenizer_load(&tok, tok_name, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
+    const int vocab = tok ? loom_tokenizer_vocab_size(tok) : 256;
+    if (vocab > cfg.vocab_size) {
+        snprintf(msg, sizeof msg, "--tokenizer %s has %d tokens but %s has a vocabulary of %d",
+                 tok_name, vocab, weights, cfg.vocab_size);
+        rc = fail(msg);
+        goto done;
+    }
+    /* Stop tokens: any whose bytes hold a newline, the end-of-text token (a tokenizer's last
+     * id), and the padding ids past the tokenizer's vocabulary. */
+    if (!(stop = calloc((size_t)cfg.vocab_size, 1))) {
+        rc = fail("--prompt-file: out of memory");
+        goto done;
+    }
+    for (int t = 0; t < cfg.vocab_size; t++) {
+        size_t len = 1;
+        unsigned char b = (unsigned char)t;
+        const unsigned char *text = t >= vocab ? NULL
+                                    : tok      ? loom_tokenizer_token(tok, t, &len)
+                                               : &b;
+        stop[t] = !text || memchr(text, '\n', len) != NULL || (tok && t == vocab - 1);
+    }
+    for (int i = 0; i < n; i++) {
+        const size_t len = strlen(pl.lines[i]);
+        loom_token_buf buf = {0};
+        if (bytes) {
+            if (!(buf.ids = malloc(len * sizeof(int32_t)))) {
+                rc = fail("--prompt-file: out of memory");
+                goto done;
+            }
+            for (size_t k = 0; k < len; k++) buf.ids[k] = (unsigned char)pl.lines[i][k];
+            buf.n = len;
+        } else if (loom_tokenizer_encode(tok, (const unsigned char *)pl.lines[i], len, &buf,
+                                         &err)) {
+            rc = fail(err.msg);
+            goto done;
+        }
+        ids[i] = buf.ids;
+        plen[i] = (int)buf.n;
+        stream[i] = (uint64_t)i;
+        if (buf.n == 0 || (int)buf.n > cfg.seq_len) {
+            snprintf(msg, sizeof msg,
+                     "--prompt-file %s:%d: %zu tokens (expected 1 to the model's context of %d)",
+                     path, i + 1, buf.n, cfg.seq_len);
+            rc = fail(msg);
+            goto done;
+        }
+    }
+    const int max_new = max_tokens > 0 ? max_tokens : 1;
+    if (!(comp = malloc((size_t)n * max_new * sizeof *comp))) {
+        rc = fail("--prompt-file: out of memory");
+        goto done;
+    }
+    if (loom_batch_generator_create(&g, &cfg, &table, params, batch < n ? batch : n, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
+    loom_rollout_options ro = {*s, max_new, stop, seed};
+    if (max_tokens > 0 &&
+        loom_rollout_run(&g, &ro, n, (const int32_t *const *)ids, plen, stream, comp, clen, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < clen[i]; k++) {
+            const int32_t t = comp[(size_t)i * max_new + k];
+            if (stop[t]) break;
+            emit(tok, t);
+        }
+        fputc('\n', stdout);
+    }
+done:
+    loom_batch_generator_free(&g);
+    for (int i = 0; ids && i < n; i++) free(ids[i]);
+    free(ids), free(plen), free(clen), free(stream), free(comp), free(stop);
+    loom_tokenizer_free(tok);
+    free(params);
+    loom_params_free(&table);
+    lines_free(&pl);
+    return rc;
+}
+
 int loom_cmd_generate(int argc, char **argv) {
-    const char *weights = NULL, *prompt = NULL, *tok_name = NULL;
-    int max_tokens = 100;
+    const char *weights = NULL, *prompt = NULL, *tok_name = NULL, *prompt_file = NULL;
+    int max_tokens = 100, batch = 64;
     unsigned long long seed = 1337;
     loom_sampling s = {0.8f, 0, 1.0f};
     static const struct option opts[] = {{"weights", 1, NULL, 'w'},
@@ -58,6 +235,8 @@ int loom_cmd_generate(int argc, char **argv) {
                                          {"top-p", 1, NULL, 'P'},
                                          {"seed", 1, NULL, 's'},
                                          {"precision", 1, NULL, 'r'},
+                                         {"prompt-file", 1, NULL, 'f'},
+                                         {"batch", 1, NULL, 'b'},
                                          {"help", 0, NULL, 'h'},
                                          {0, 0, 0, 0}};
     loom_precision precision = LOOM_PRECISION_FP32;
@@ -103,6 +282,13 @@ int loom_cmd_generate(int argc, char **argv) {
             if (loom_precision_parse(optarg, "--precision", &precision, &perr))
                 return fail(perr.msg);
             break;
+        case 'f':
+            prompt_file = optarg;
+            break;
+        case 'b':
+            batch = (int)strtol(optarg, &end, 10);
+            if (*end || batch < 1) return fail("--batch: expected an integer >= 1");
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -116,7 +302,12 @@ int loom_cmd_generate(int argc, char **argv) {
         }
     }
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");
-    if (!prompt) return fail("--prompt: required");
+    if (!prompt == !prompt_file) return fail("--prompt or --prompt-file: give exactly one");
+    if (prompt_file && precision != LOOM_PRECISION_FP32)
+        return fail("--precision bf16: not with --prompt-file yet (batched decoding computes in "
+                    "fp32; docs/precision.md)");
+    if (prompt_file)
+        return generate_file(weights, prompt_file, tok_name, max_tokens, batch, &s, seed);
     loom_error err = {0};
     loom_model_config cfg;
     loom_param_table table;

@@ -9,6 +9,7 @@
 #include "cli/cmd_gpu.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_plot.h"
+#include "cli/cmd_rl.h"
 #include "cli/cmd_pp_schedule.h"
 #include "cli/cmd_run.h"
 #include "cli/cmd_sample.h"
@@ -43,6 +44,8 @@ static void usage(FILE *f) {
         "  generate     text from a language model (loom generate --help)\n"
         "  sample       images and clips from a dit model (loom sample --help)\n"
         "  plot         loss and tokens/s of runs (loom plot --help)\n"
+        "\nPost-train (docs/rl.md):\n"
+        "  rl           reinforcement learning with GRPO on verifiable rewards (loom rl --help)\n"
         "\nPlan a layout (docs/PLAN.md, docs/PROFILE.md):\n"
         "  calibrate    measure this machine: a profile for the planner (loom calibrate --help)\n"
         "  plan         the layout to train with, predicted (loom plan --help)\n"
@@ -75,6 +78,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plot") == 0) return loom_cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenizer") == 0) return loom_cmd_tokenizer(argc - 1, argv + 1);
     if (strcmp(cmd, "gpu-info") == 0) return loom_cmd_gpu_info(argc - 1, argv + 1);
+    if (strcmp(cmd, "rl") == 0) return loom_cmd_rl(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("loom %s (OpenBLAS kernel %s)\n", LOOM_VERSION, loom_cpu_blas_corename());
         return 0;
@@ -85,7 +89,7 @@ int main(int argc, char **argv) {
     }
     static const char *const commands[] = {
         "train",  "pp-schedule", "run",       "ckpt", "data",     "tokenizer", "generate",
-        "sample", "plot",        "calibrate", "plan", "gpu-info", "version",   "help"};
+        "sample", "plot", "rl",        "calibrate", "plan", "gpu-info", "version",   "help"};
     const char *near =
         loom_suggest_nearest(cmd, commands, (int)(sizeof commands / sizeof *commands));
     fprintf(stderr, "loom: unknown command '%s'%s%s%s (see loom --help)\n", cmd,

@@ -48,6 +48,7 @@ def benches(build):
                         "--only", "gpt2 dp2 z1", "--steps", "3", "--repeat-fastest", "0"], ()),
         "bench_pp": (["--smoke"], ()),
         "bench_tp": (["--smoke"], ()),
+        "bench_rl": (["--smoke"], ()),
         "bench_train": (["--sgemm-peak", os.path.join(build, "sgemm_peak"), "--only",
                          "gpt2-small-L4C256", "--steps", "1", "--warmup", "1"], ("torch",)),
         "dit_quality": (["--validate", "--epochs", "1", "--per-class", "20"],

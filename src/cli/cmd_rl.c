@@ -1,0 +1,256 @@
+/* loom rl: its own flags (below), and every other flag is loom train's (the model, the
+ * optimizer, the seed, the layout, --init-from, --metrics, --save-weights). */
+#include "cli/cmd_rl.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/train_options.h"
+#include "comm/world.h"
+#include "core/cpu_boot.h"
+#include "model/weights.h"
+#include "parallel/mesh.h"
+#include "rl/rl.h"
+
+static const char usage[] =
+    "usage: loom rl --prompts FILE [rl flags] [loom train flags]\n"
+    "  GRPO post-training (docs/rl.md). rl flags:\n"
+    "  --prompts FILE          training prompts, one a line (loom data arith: train_prompts.txt)\n"
+    "  --eval-prompts FILE     held-out prompts: greedy exact-match accuracy (arithmetic)\n"
+    "  --eval-every N          iterations between evaluations (0: before and after; 0)\n"
+    "  --iterations N          rollout + update iterations (20)\n"
+    "  --prompts-per-iter P    prompts an iteration (8)\n"
+    "  --group-size G          completions of each prompt, >= 2 (8)\n"
+    "  --temperature T         sampling temperature, > 0 (1)\n"
+    "  --top-p P               nucleus sampling (1 = off)\n"
+    "  --max-new-tokens N      completion tokens at most; a newline ends one (16)\n"
+    "  --clip-eps E            the ratio's clip range [1-E, 1+E] (0.2)\n"
+    "  --kl-coef B             k3 KL to the initial model (0: no reference kept; 0)\n"
+    "  --loss-norm sequence|token  GRPO's per-sequence mean, or DAPO's per-token (sequence)\n"
+    "  --ppo-epochs N          optimizer steps on each iteration's samples (1)\n"
+    "  --ppo-micro-batch M     sequences per forward/backward (8)\n"
+    "  --reward-cmd CMD        reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
+    "                          one number a line on stdout (default: arithmetic exact match)\n"
+    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero)\n"
+    "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
+    "                          (the default); with --tp > 1 the weights are resharded to it\n"
+    "                          in memory after every update\n"
+    "  With --init-from W.safetensors the model's configuration is the file's. The\n"
+    "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
+    "  and --steps are set from the rl flags.\n";
+
+typedef enum { RL_STR, RL_INT, RL_FLOAT, RL_NORM } rl_kind;
+typedef struct {
+    const char *name;
+    rl_kind kind;
+    void *dst;
+    double lo, hi; /* numbers: the range allowed */
+    const char *expect;
+} rl_flag;
+
+static int fail(const char *msg) {
+    fprintf(stderr, "loom rl: %s\n", msg);
+    return 2;
+}
+
+static int set_flag(const rl_flag *f, const char *v) {
+    char msg[512], *end;
+    if (f->kind == RL_STR) {
+        snprintf((char *)f->dst, LOOM_PATH_MAX, "%s", v);
+        return 0;
+    }
+    if (f->kind == RL_NORM) {
+        if (strcmp(v, "sequence") && strcmp(v, "token")) {
+            snprintf(msg, sizeof msg, "--%s '%s': expected sequence or token", f->name, v);
+            return fail(msg);
+        }
+        *(loom_grpo_norm *)f->dst =
+            strcmp(v, "token") == 0 ? LOOM_GRPO_NORM_TOKEN : LOOM_GRPO_NORM_SEQUENCE;
+        return 0;
+    }
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= f->lo && x <= f->hi) || (f->kind == RL_INT && x != (int)x)) {
+        snprintf(msg, sizeof msg, "--%s '%s': expected %s", f->name, v, f->expect);
+        return fail(msg);
+    }
+    if (f->kind == RL_INT)
+        *(int *)f->dst = (int)x;
+    else
+        *(float *)f->dst = (float)x;
+    return 0;
+}
+
+/* Takes the rl flags out of argv; the rest (argv[0] = "train") goes to loom train's parser. */
+static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, char *gen_layout,
+                 char **rest, int *n_rest) {
+    const rl_flag flags[] = {
+        {"prompts", RL_STR, rc->prompts, 0, 0, NULL},
+        {"eval-prompts", RL_STR, rc->eval_prompts, 0, 0, NULL},
+        {"eval-every", RL_INT, &rc->eval_every, 0, 1e9, "an integer >= 0"},
+        {"iterations", RL_INT, &rc->iterations, 1, 1e9, "an integer >= 1"},
+        {"prompts-per-iter", RL_INT, &rc->prompts_per_iter, 1, 1e6, "an integer >= 1"},
+        {"group-size", RL_INT, &rc->group_size, 2, 1e6, "an integer >= 2 (GRPO compares a group)"},
+        {"temperature", RL_FLOAT, &rc->sampling.temperature, 1e-6, 1e6, "a number > 0"},
+        {"top-p", RL_FLOAT, &rc->sampling.top_p, 1e-9, 1, "a number in (0, 1]"},
+        {"max-new-tokens", RL_INT, &rc->max_new, 1, 1e6, "an integer >= 1"},
+        {"clip-eps", RL_FLOAT, &rc->grpo.clip_eps, 0, 1, "a number in [0, 1]"},
+        {"kl-coef", RL_FLOAT, &rc->grpo.kl_coef, 0, 1e6, "a number >= 0"},
+        {"loss-norm", RL_NORM, &rc->norm, 0, 0, NULL},
+        {"ppo-epochs", RL_INT, &rc->ppo_epochs, 1, 1e6, "an integer >= 1"},
+        {"ppo-micro-batch", RL_INT, &rc->ppo_micro_batch, 1, 1e6, "an integer >= 1"},
+        {"reward-cmd", RL_STR, rc->reward_cmd, 0, 0, NULL},
+        {"train-layout", RL_STR, train_layout, 0, 0, NULL},
+        {"gen-layout", RL_STR, gen_layout, 0, 0, NULL},
+    };
+    const int n_flags = (int)(sizeof flags / sizeof flags[0]);
+    *n_rest = 0;
+    rest[(*n_rest)++] = "train";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        const rl_flag *f = NULL;
+        size_t len = strcspn(a + 2, "=");
+        for (int k = 0; a[0] == '-' && a[1] == '-' && k < n_flags && !f; k++)
+            if (strlen(flags[k].name) == len && strncmp(a + 2, flags[k].name, len) == 0)
+                f = &flags[k];
+        if (!f) {
+            rest[(*n_rest)++] = argv[i];
+            continue;
+        }
+        const char *v = a[2 + len] == '=' ? a + 3 + len : i + 1 < argc ? argv[++i] : NULL;
+        if (!v) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "--%s: expected a value", f->name);
+            return fail(msg);
+        }
+        if (set_flag(f, v)) return 2;
+    }
+    /* --train-layout's words are loom train flags, after the others (they win). */
+    for (char *w = strtok(train_layout, " \t"); w; w = strtok(NULL, " \t")) rest[(*n_rest)++] = w;
+    return -1;
+}
+
+/* --gen-layout "--dp N": N, or 0 (not given); -1 when it is not of that form. */
+static int gen_dp(const char *g) {
+    if (!g[0]) return 0;
+    int n = 0, used = 0;
+    if (sscanf(g, " --dp %d %n", &n, &used) != 1 || g[used] || n < 1) return -1;
+    return n;
+}
+
+int loom_cmd_rl(int argc, char **argv) {
+    loom_rl_config rc;
+    loom_rl_config_defaults(&rc);
+    static char train_layout[LOOM_PATH_MAX], gen_layout[LOOM_PATH_MAX];
+    char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
+    if (!rest) return fail("out of memory");
+    int n_rest, rc_parse = parse(argc, argv, &rc, train_layout, gen_layout, rest, &n_rest);
+    if (rc_parse >= 0) {
+        free(rest);
+        return rc_parse;
+    }
+    loom_error err = {0};
+    loom_train_options o;
+    loom_status st = loom_train_options_parse(&o, n_rest, rest, &err);
+    free(rest);
+    if (st) return fail(err.msg);
+    if (!rc.prompts[0]) return fail("--prompts: required (one prompt a line)");
+    loom_train_config *tc = &o.train;
+    if (tc->init_from[0]) { /* the policy's architecture is the file's */
+        loom_param_table table = {0};
+        float *params = NULL;
+        st = loom_weights_load(tc->init_from, &o.model, &table, &params, &err);
+        free(params);
+        loom_params_free(&table);
+        if (st) return fail(err.msg);
+    }
+    const loom_layout *l = &tc->layout;
+    char msg[512];
+    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->zero > 2 || tc->sequence_parallel)
+        return fail("--train-layout: loom rl trains with --dp, --tp and --zero 0-2; not --pp, "
+                    "--cp, --ep, --zero 3 or --sequence-parallel");
+    const struct {
+        const char *flag, *value;
+    } unsupported[] = {{"--ckpt-dir", tc->ckpt_dir},
+                       {"--resume", tc->resume},
+                       {"--trace", tc->trace},
+                       {"--dump-dir", tc->dump_dir},
+                       {"--val-data", tc->val_data},
+                       {"--tensorboard", tc->tensorboard},
+                       {"--ckpt-fast-dir", tc->ckpt_fast_dir}};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (unsupported[i].value[0]) {
+            snprintf(msg, sizeof msg, "%s: not supported by loom rl yet (docs/rl.md, limits)",
+                     unsupported[i].flag);
+            return fail(msg);
+        }
+    const int gdp = gen_dp(gen_layout);
+    if (gdp < 0) {
+        snprintf(msg, sizeof msg,
+                 "--gen-layout '%s': expected \"--dp N\" (N ranks, each with the "
+                 "whole weights)",
+                 gen_layout);
+        return fail(msg);
+    }
+    if (o.model.family == LOOM_FAMILY_DIT || o.model.n_experts > 0 || o.model.vocab_size != 256)
+        return fail("model: loom rl trains dense language models on byte tokens (--vocab-size "
+                    "256, as loom data arith writes)");
+    if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
+        return fail("--device: loom rl runs on the CPU");
+    const int n = rc.prompts_per_iter * rc.group_size, dp = l->dp > 0 ? l->dp : 1;
+    const int world_n = dp * (l->tp > 0 ? l->tp : 1);
+    if (gdp > 0 && gdp != world_n) {
+        snprintf(msg, sizeof msg,
+                 "--gen-layout '--dp %d': the generation layout must hold every rank of the "
+                 "training layout's %d (--dp %d)",
+                 gdp, world_n, world_n);
+        return fail(msg);
+    }
+    if (n % world_n != 0) {
+        snprintf(msg, sizeof msg,
+                 "--prompts-per-iter x --group-size = %d sequences must split over the %d ranks "
+                 "of the generation layout",
+                 n, world_n);
+        return fail(msg);
+    }
+    if (n % (dp * rc.ppo_micro_batch) != 0) {
+        snprintf(msg, sizeof msg,
+                 "--ppo-micro-batch %d: the %d sequences of an iteration (--prompts-per-iter x "
+                 "--group-size) must split into --dp %d ranks of whole micro-batches",
+                 rc.ppo_micro_batch, n, dp);
+        return fail(msg);
+    }
+    tc->global_batch = n;
+    tc->micro_batch = rc.ppo_micro_batch;
+    tc->steps = rc.iterations * rc.ppo_epochs;
+    /* Validation asks for --data; rl draws no token batches, so the check gets a name and
+     * the run none. */
+    const int had_data = tc->data[0] != 0;
+    if (!had_data) snprintf(tc->data, sizeof tc->data, "(rl)");
+    st = loom_train_config_validate_all(tc, &o.model, &err);
+    if (!had_data) tc->data[0] = 0;
+    if (st) return fail(err.msg);
+    loom_world world;
+    if ((st = loom_world_init(&world, &argc, &argv, &err))) return fail(err.msg);
+    loom_mesh mesh;
+    if ((st = loom_mesh_create(&mesh, &world, tc->layout, &err))) {
+        if (world.rank == 0) fprintf(stderr, "loom rl: %s\n", err.msg);
+        loom_world_finalize(&world);
+        return st == LOOM_ERR_INPUT ? 2 : 1;
+    }
+    if (tc->threads == 0) tc->threads = loom_cpu_default_threads();
+    loom_cpu_set_threads(tc->threads);
+    st = loom_rl_run(&o.model, tc, &rc, &mesh, &err);
+    if (st) {
+        fprintf(stderr, "loom rl: %s\n", err.msg);
+        if (world.size > 1) MPI_Abort(MPI_COMM_WORLD, st == LOOM_ERR_INPUT ? 2 : 1);
+    }
+    loom_mesh_free(&mesh);
+    loom_world_finalize(&world);
+    return st == LOOM_OK ? 0 : st == LOOM_ERR_INPUT ? 2 : 1;
+}

@@ -1,0 +1,565 @@
+#include "rl/rl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "core/fs.h"
+#include "core/philox.h"
+#include "model/weights.h"
+#include "rl/reward.h"
+#include "parallel/reshard.h"
+#include "rl/rollout.h"
+#include "train/ckpt_tensors.h"
+#include "train/run.h"
+#include "train/schedule.h"
+
+#define PROMPT_STREAM 0x70726f6du /* "prom": the prompts of an iteration */
+
+void loom_rl_config_defaults(loom_rl_config *rc) {
+    memset(rc, 0, sizeof *rc);
+    rc->iterations = 20;
+    rc->prompts_per_iter = 8;
+    rc->group_size = 8;
+    rc->sampling = (loom_sampling){1.0f, 0, 1.0f};
+    rc->max_new = 16;
+    rc->grpo = (loom_grpo_config){0.2f, 0.0f};
+    rc->norm = LOOM_GRPO_NORM_SEQUENCE;
+    rc->ppo_epochs = 1;
+    rc->ppo_micro_batch = 8;
+}
+
+/* A prompt file: one prompt a line, byte tokens. */
+typedef struct {
+    char **text;
+    int32_t **ids;
+    int *len;
+    int n;
+} prompt_set;
+
+static void prompts_free(prompt_set *p) {
+    for (int i = 0; i < p->n; i++) free(p->text[i]), free(p->ids[i]);
+    free(p->text), free(p->ids), free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+static loom_status prompts_load(prompt_set *p, const char *flag, const char *path, int max_len,
+                                loom_error *err) {
+    memset(p, 0, sizeof *p);
+    FILE *f = fopen(path, "r");
+    if (!f) return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': cannot open", flag, path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int alloc = 0;
+    loom_status st = LOOM_OK;
+    while (!st && (len = getline(&line, &cap, f)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+        if (len == 0 || len > max_len) {
+            st = loom_error_set(err, LOOM_ERR_INPUT,
+                                "%s %s:%d: %s (expected one prompt a line of 1 to %d bytes)", flag,
+                                path, p->n + 1, len ? "too long" : "empty line", max_len);
+            break;
+        }
+        if (p->n == alloc) {
+            alloc = alloc ? 2 * alloc : 256;
+            char **t = realloc(p->text, (size_t)alloc * sizeof *t);
+            if (t) p->text = t;
+            int32_t **ids = realloc(p->ids, (size_t)alloc * sizeof *ids);
+            if (ids) p->ids = ids;
+            int *l = realloc(p->len, (size_t)alloc * sizeof *l);
+            if (l) p->len = l;
+            if (!t || !ids || !l) {
+                st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", flag);
+                break;
+            }
+        }
+        p->text[p->n] = strdup(line);
+        p->ids[p->n] = malloc((size_t)len * sizeof(int32_t));
+        p->len[p->n] = (int)len;
+        if (!p->text[p->n] || !p->ids[p->n]) {
+            free(p->text[p->n]), free(p->ids[p->n]);
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", flag);
+            break;
+        }
+        for (ssize_t i = 0; i < len; i++) p->ids[p->n][i] = (unsigned char)line[i];
+        p->n++;
+    }
+    free(line);
+    fclose(f);
+    if (!st && p->n == 0)
+        st = loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': no prompt (expected one a line)", flag,
+                            path);
+    if (st) prompts_free(p);
+    return st;
+}
+
+/* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
+ * k x G + sample over the iteration; the generation layout gives world rank w the slice
+ * [g0, g0 + gper), the training layout gives data rank d [q0, q0 + per). */
+typedef struct {
+    const loom_rl_config *rc;
+    loom_run *run;
+    int n_global, per, q0, gper, g0;
+    int T, W, V, Vl; /* positions, record words, vocabulary, its part on this tp rank */
+    prompt_set train, eval;
+    loom_batch_generator gen;
+    uint8_t *stop; /* [V]: the newline ends a completion */
+    /* the generation layout's own copy of the weights (training with --tp > 1): every
+     * rank whole, filled from the training shards by reshard */
+    loom_param_table gen_table;
+    float *gen_params; /* NULL: generation reads the training buffer (tp 1) */
+    loom_ckpt_descs train_descs, gen_descs;
+    loom_reshard to_gen;
+    double reshard_ms, reshard_bytes;
+    /* every sequence of the iteration ([n_global]) */
+    const int32_t **pptr;
+    int *plen, *clen, *pidx;    /* pidx: the prompt (a line of --prompts) of each sequence */
+    int32_t *comp;              /* [n_global, max_new] */
+    uint64_t *stream;           /* [gper] */
+    float *reward;              /* [n_global] */
+    double *sums;               /* [n_global (2 + max_new)]: exchange of the gen slices */
+    float *adv, *weight;        /* [per T] per token */
+    float *old_logp, *ref_logp; /* [per T] */
+    float *ref_params;          /* kl_coef > 0: the initial weights (this rank's shard) */
+    float *full, *parts;        /* --tp > 1: a micro-batch's whole-vocabulary logits */
+    char **ctext;               /* [gper] completion bytes for the reward */
+    size_t *ctext_len, *ptext_len;
+} rl_state;
+
+static void state_free(rl_state *s) {
+    loom_batch_generator_free(&s->gen);
+    loom_reshard_free(&s->to_gen);
+    loom_ckpt_descs_free(&s->train_descs);
+    loom_ckpt_descs_free(&s->gen_descs);
+    loom_params_free(&s->gen_table);
+    prompts_free(&s->train);
+    prompts_free(&s->eval);
+    for (int i = 0; s->ctext && i < s->gper; i++) free(s->ctext[i]);
+    free(s->stop), free(s->pptr), free(s->plen), free(s->clen), free(s->pidx), free(s->comp);
+    free(s->stream), free(s->reward), free(s->sums), free(s->adv), free(s->weight);
+    free(s->old_logp), free(s->ref_logp), free(s->ref_params), free(s->ctext);
+    free(s->ctext_len), free(s->ptext_len), free(s->gen_params), free(s->full), free(s->parts);
+}
+
+/* Training layout -> generation layout (the generator's copy), timed. */
+static loom_status reshard(rl_state *s, loom_error *err) {
+    if (!s->gen_params) return LOOM_OK;
+    double t0 = loom_now_ms();
+    loom_status st = loom_reshard_run(&s->to_gen, s->run->params, s->gen_params, err);
+    s->reshard_ms = loom_now_ms() - t0;
+    return st;
+}
+
+/* With --tp > 1 the generator gets its own whole copy, and the move that fills it. */
+static loom_status open_gen_layout(rl_state *s, loom_error *err) {
+    loom_run *r = s->run;
+    loom_mesh *mesh = r->mesh;
+    if (mesh->layout.tp == 1) return LOOM_OK;
+    loom_status st = loom_params_build(&s->gen_table, r->mc,
+                                       &(loom_params_options){.tp_rank = 0, .tp_size = 1}, err);
+    if (st || (st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)) ||
+        (st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)))
+        return st;
+    if (!(s->gen_params = malloc(s->gen_table.total * sizeof(float))))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the weights");
+    loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
+                               mesh->layout.dp};
+    loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
+    if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
+    s->reshard_bytes = s->to_gen.bytes_moved;
+    const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
+    s->full = malloc(N * sizeof(float));
+    s->parts = malloc(N * sizeof(float));
+    if (!s->full || !s->parts)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
+    if (mesh->rank == 0)
+        fprintf(stderr,
+                "loom rl: generation layout dp %d (whole weights on every rank, %.3f MiB); "
+                "training layout tp %d x dp %d (%.3f MiB of weights a rank); reshard moves "
+                "%.3f MiB between ranks\n",
+                mesh->size, s->gen_table.total * 4.0 / 1048576.0, mesh->layout.tp, mesh->layout.dp,
+                r->model.table.total * 4.0 / 1048576.0, s->reshard_bytes / 1048576.0);
+    return reshard(s, err);
+}
+
+static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc, loom_error *err) {
+    memset(s, 0, sizeof *s);
+    s->rc = rc;
+    s->run = r;
+    const loom_model_config *mc = r->mc;
+    loom_mesh *mesh = r->mesh;
+    s->n_global = rc->prompts_per_iter * rc->group_size;
+    s->per = s->n_global / mesh->layout.dp;
+    s->q0 = mesh->data_rank * s->per;
+    s->gper = s->n_global / mesh->size;
+    s->g0 = mesh->rank * s->gper;
+    s->T = mc->seq_len;
+    s->W = mc->seq_len + 1;
+    s->V = mc->vocab_size;
+    s->Vl = mc->vocab_size / mesh->layout.tp;
+    loom_status st;
+    if ((st = prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
+        (rc->eval_prompts[0] &&
+         (st = prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
+        return st;
+    const size_t n = (size_t)s->n_global, g = (size_t)s->gper, PT = (size_t)s->per * s->T;
+    s->stop = calloc((size_t)s->V, 1);
+    s->pptr = calloc(n, sizeof *s->pptr);
+    s->plen = calloc(n, sizeof *s->plen);
+    s->clen = calloc(n, sizeof *s->clen);
+    s->pidx = calloc(n, sizeof *s->pidx);
+    s->comp = calloc(n * rc->max_new, sizeof *s->comp);
+    s->stream = calloc(g, sizeof *s->stream);
+    s->reward = calloc(n, sizeof *s->reward);
+    s->sums = calloc(n * (2 + (size_t)rc->max_new), sizeof *s->sums);
+    s->adv = calloc(PT, sizeof *s->adv);
+    s->weight = calloc(PT, sizeof *s->weight);
+    s->old_logp = calloc(PT, sizeof *s->old_logp);
+    s->ref_logp = calloc(PT, sizeof *s->ref_logp);
+    s->ctext = calloc(g, sizeof *s->ctext);
+    s->ctext_len = calloc(g, sizeof *s->ctext_len);
+    s->ptext_len = calloc(g, sizeof *s->ptext_len);
+    for (size_t i = 0; s->ctext && i < g; i++) s->ctext[i] = malloc((size_t)rc->max_new + 1);
+    int ok = s->stop && s->pptr && s->plen && s->clen && s->pidx && s->comp && s->stream &&
+             s->reward && s->sums && s->adv && s->weight && s->old_logp && s->ref_logp &&
+             s->ctext && s->ctext_len && s->ptext_len;
+    for (size_t i = 0; ok && i < g; i++) ok = s->ctext[i] != NULL;
+    if (ok && rc->grpo.kl_coef != 0.0f) {
+        const size_t P = r->model.table.total;
+        if ((ok = (s->ref_params = malloc(P * sizeof(float))) != NULL))
+            memcpy(s->ref_params, r->params, P * sizeof(float));
+    }
+    if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
+    if (s->V > '\n') s->stop['\n'] = 1;
+    if ((st = open_gen_layout(s, err))) return st;
+    const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
+    return loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
+                                       s->gper, err);
+}
+
+/* Greedy exact-match accuracy on the held-out prompts (each rank its slice). */
+static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
+    loom_run *r = s->run;
+    const loom_rl_config *rc = s->rc;
+    const int W = r->mesh->size, n = s->eval.n;
+    const int lo = (int)((int64_t)n * r->mesh->rank / W);
+    const int hi = (int)((int64_t)n * (r->mesh->rank + 1) / W);
+    loom_rollout_options ro = {{0.0f, 0, 1.0f}, rc->max_new, s->stop, 0};
+    double correct = 0.0;
+    loom_status st;
+    for (int first = lo; first < hi; first += s->gper) {
+        const int m = hi - first < s->gper ? hi - first : s->gper;
+        for (int i = 0; i < m; i++) s->stream[i] = (uint64_t)(first + i);
+        if ((st = loom_rollout_run(&s->gen, &ro, m, (const int32_t *const *)s->eval.ids + first,
+                                   s->eval.len + first, s->stream, s->comp, s->clen, err)))
+            return st;
+        for (int i = 0; i < m; i++) {
+            char *c = s->ctext[i];
+            for (int k = 0; k < s->clen[i]; k++) c[k] = (char)s->comp[(size_t)i * rc->max_new + k];
+            correct += loom_reward_arith(s->eval.text[first + i], (size_t)s->eval.len[first + i], c,
+                                         (size_t)s->clen[i]);
+        }
+    }
+    if ((st = loom_comm_allreduce_sum_f64(&r->mesh->world, &correct, 1, err))) return st;
+    *accuracy = correct / n;
+    return LOOM_OK;
+}
+
+/* (1) G completions of each of the iteration's P prompts: the prompts of every sequence
+ * (each rank draws them all), this rank's generation slice sampled. */
+static loom_status rollout(rl_state *s, int it, uint64_t seed, loom_error *err) {
+    const loom_rl_config *rc = s->rc;
+    const int G = rc->group_size;
+    for (int q = 0; q < s->n_global; q++) {
+        const int idx =
+            (int)(loom_philox_u64(seed, PROMPT_STREAM, (uint64_t)it, (uint32_t)(q / G)) %
+                  (uint64_t)s->train.n);
+        s->pidx[q] = idx;
+        s->pptr[q] = s->train.ids[idx];
+        s->plen[q] = s->train.len[idx];
+    }
+    for (int i = 0; i < s->gper; i++)
+        s->stream[i] = (uint64_t)it * (uint64_t)s->n_global + (uint64_t)(s->g0 + i);
+    loom_rollout_options ro = {rc->sampling, rc->max_new, s->stop, seed};
+    return loom_rollout_run(&s->gen, &ro, s->gper, s->pptr + s->g0, s->plen + s->g0, s->stream,
+                            s->comp + (size_t)s->g0 * rc->max_new, s->clen + s->g0, err);
+}
+
+/* (2) Rewards of this rank's generation slice, then every rank gets every sequence's
+ * completion, length and reward (disjoint slices summed: x + 0 = x, exact). */
+static loom_status rewards(rl_state *s, loom_error *err) {
+    const loom_rl_config *rc = s->rc;
+    const int n = s->n_global, K = rc->max_new;
+    const char **ptext = malloc((size_t)s->gper * sizeof *ptext);
+    float *mine = malloc((size_t)s->gper * sizeof *mine);
+    loom_status st = LOOM_OK;
+    if (!ptext || !mine) st = loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
+    for (int i = 0; !st && i < s->gper; i++) {
+        const int q = s->g0 + i, idx = s->pidx[q];
+        ptext[i] = s->train.text[idx];
+        s->ptext_len[i] = (size_t)s->train.len[idx];
+        for (int k = 0; k < s->clen[q]; k++) s->ctext[i][k] = (char)s->comp[(size_t)q * K + k];
+        s->ctext[i][s->clen[q]] = 0;
+        s->ctext_len[i] = (size_t)s->clen[q];
+    }
+    if (!st && rc->reward_cmd[0])
+        st = loom_reward_cmd(rc->reward_cmd, s->gper, ptext, s->ptext_len,
+                             (const char *const *)s->ctext, s->ctext_len, mine, err);
+    else
+        for (int i = 0; !st && i < s->gper; i++)
+            mine[i] = loom_reward_arith(ptext[i], s->ptext_len[i], s->ctext[i], s->ctext_len[i]);
+    if (!st) {
+        double *len = s->sums + n, *tok = s->sums + 2 * (size_t)n;
+        memset(s->sums, 0, (size_t)n * (2 + K) * sizeof *s->sums);
+        for (int i = 0; i < s->gper; i++) {
+            const int q = s->g0 + i;
+            s->sums[q] = mine[i];
+            len[q] = s->clen[q];
+            for (int k = 0; k < s->clen[q]; k++)
+                tok[(size_t)q * K + k] = s->comp[(size_t)q * K + k];
+        }
+        st = loom_comm_allreduce_sum_f64(&s->run->mesh->world, s->sums, n * (2 + K), err);
+        for (int q = 0; !st && q < n; q++) {
+            s->reward[q] = (float)s->sums[q];
+            s->clen[q] = (int)len[q];
+            for (int k = 0; k < s->clen[q]; k++)
+                s->comp[(size_t)q * K + k] = (int32_t)tok[(size_t)q * K + k];
+        }
+    }
+    free(ptext);
+    free(mine);
+    return st;
+}
+
+/* The records (prompt, completion, zero padding) and per-token advantages and weights:
+ * row t predicts token t + 1; the completion's tokens are rows plen-1 .. plen+clen-2. */
+static loom_status build_batch(rl_state *s, loom_error *err) {
+    const loom_rl_config *rc = s->rc;
+    const int G = rc->group_size, P = rc->prompts_per_iter;
+    float *adv = malloc((size_t)s->n_global * sizeof *adv);
+    if (!adv) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
+    loom_grpo_advantages(s->reward, P, G, 1e-4f, adv);
+    double tokens = 0.0;
+    for (int q = 0; q < s->n_global; q++) tokens += s->sums[s->n_global + q];
+    int32_t *batch = s->run->batch;
+    for (int i = 0; i < s->per; i++) {
+        const int q = s->q0 + i;
+        int32_t *rec = batch + (size_t)i * s->W;
+        float *a = s->adv + (size_t)i * s->T, *w = s->weight + (size_t)i * s->T;
+        memset(rec, 0, (size_t)s->W * sizeof *rec);
+        memcpy(rec, s->pptr[q], (size_t)s->plen[q] * sizeof *rec);
+        memcpy(rec + s->plen[q], s->comp + (size_t)q * rc->max_new,
+               (size_t)s->clen[q] * sizeof *rec);
+        const double wt = rc->norm == LOOM_GRPO_NORM_SEQUENCE
+                              ? 1.0 / ((double)s->n_global * (s->clen[q] > 0 ? s->clen[q] : 1))
+                              : 1.0 / (tokens > 0 ? tokens : 1.0);
+        for (int t = 0; t < s->T; t++) {
+            const int in = t >= s->plen[q] - 1 && t < s->plen[q] - 1 + s->clen[q];
+            w[t] = in ? (float)wt : 0.0f;
+            a[t] = adv[q];
+        }
+    }
+    free(adv);
+    return LOOM_OK;
+}
+
+/* Forward of micro-batch k under params; the logits at the sampling temperature. */
+static loom_status forward(rl_state *s, int k, const float *params) {
+    loom_model *m = &s->run->model;
+    const int M = s->rc->ppo_micro_batch;
+    loom_model_load_batch(m, s->run->batch, k * M);
+    loom_status st = loom_model_forward(m, params);
+    const float temp = s->rc->sampling.temperature;
+    if (!st && temp != 1.0f) {
+        const size_t n = (size_t)M * s->T * s->Vl;
+        for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
+    }
+    return st;
+}
+
+/* The micro-batch's logits with whole vocabulary rows: the model's own (tp 1), or the tp
+ * ranks' column slices gathered (every tp rank then computes the same loss). */
+static loom_status whole_logits(rl_state *s, float **out, loom_error *err) {
+    loom_model *m = &s->run->model;
+    if (!s->full) {
+        *out = m->logits;
+        return LOOM_OK;
+    }
+    loom_comm *tp = &s->run->mesh->tp;
+    const int P = tp->size, N = s->rc->ppo_micro_batch * s->T, part = N * s->Vl;
+    int counts[P], displs[P];
+    for (int p = 0; p < P; p++) counts[p] = part, displs[p] = p * part;
+    memcpy(s->parts + (size_t)tp->rank * part, m->logits, (size_t)part * sizeof(float));
+    loom_status st = loom_comm_allgatherv(tp, s->parts, counts, displs, err);
+    for (int p = 0; !st && p < P; p++)
+        for (int i = 0; i < N; i++)
+            memcpy(s->full + (size_t)i * s->V + (size_t)p * s->Vl,
+                   s->parts + (size_t)p * part + (size_t)i * s->Vl, (size_t)s->Vl * sizeof(float));
+    *out = s->full;
+    return st;
+}
+
+/* d loss / d logits of whole rows -> this tp rank's columns (in the model's logits). */
+static void own_dlogits(rl_state *s) {
+    if (!s->full) return;
+    loom_model *m = &s->run->model;
+    const int N = s->rc->ppo_micro_batch * s->T, v0 = s->run->mesh->tp.rank * s->Vl;
+    for (int i = 0; i < N; i++)
+        memcpy(m->logits + (size_t)i * s->Vl, s->full + (size_t)i * s->V + v0,
+               (size_t)s->Vl * sizeof(float));
+}
+
+/* (3) Log-probabilities of the completions under params, every micro-batch. */
+static loom_status logprobs(rl_state *s, const float *params, float *out, loom_error *err) {
+    const int M = s->rc->ppo_micro_batch;
+    loom_model *m = &s->run->model;
+    loom_status st = LOOM_OK;
+    float *x;
+    for (int k = 0; !st && k < s->per / M; k++) {
+        const size_t row = (size_t)k * M * s->T;
+        if (!(st = forward(s, k, params)) && !(st = whole_logits(s, &x, err)))
+            loom_grpo_logprobs(x, m->targets, M * s->T, s->V, out + row);
+    }
+    return st;
+}
+
+/* (4) One GRPO optimizer step over the rank's sequences (micro-batches accumulated), the
+ * trainer's gradient sync, clipping and AdamW. */
+static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double *loss, double *norm,
+                          loom_error *err) {
+    loom_run *r = s->run;
+    loom_model *m = &r->model;
+    const loom_train_config *tc = r->tc;
+    const int M = s->rc->ppo_micro_batch, accum = s->per / M, N = M * s->T;
+    const float inv_t = 1.0f / s->rc->sampling.temperature;
+    const float *ref = s->ref_params ? s->ref_logp : NULL;
+    loom_status st;
+    loom_grad_sync_step_begin(&r->sync);
+    *loss = 0.0;
+    float *x;
+    for (int k = 0; k < accum; k++) {
+        const size_t row = (size_t)k * N;
+        if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
+            (st = forward(s, k, r->params)) || (st = whole_logits(s, &x, err)))
+            return st;
+        *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
+                                s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
+        own_dlogits(s);
+        if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
+            for (size_t i = 0; i < (size_t)N * s->Vl; i++) m->logits[i] *= inv_t;
+        const int final = k + 1 == accum;
+        if (final) loom_grad_sync_begin(&r->sync);
+        if ((st = loom_model_backward(m, r->params, r->grads, final ? loom_grad_sync_ready : NULL,
+                                      &r->sync)))
+            return st;
+    }
+    if ((st = loom_grad_sync_finish(&r->sync, err)) ||
+        (st = loom_comm_allreduce_sum_f64(&r->mesh->dp, loss, 1, err)) ||
+        (st = loom_grad_sync_norm(&r->sync, norm, err)))
+        return st;
+    const float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+    if ((st = loom_grad_sync_step(&r->sync, *norm, lr, &tc->adamw, step + 1, err))) return st;
+    loom_grad_sync_step_end(&r->sync);
+    return LOOM_OK;
+}
+
+static loom_status save_weights(loom_run *r, loom_error *err) {
+    const loom_param_table *et;
+    const float *ep;
+    loom_status st = loom_run_export_flat(r, r->params, &et, &ep, err);
+    if (st || r->mesh->rank != 0) return st;
+    loom_mkdir_parent(r->tc->save_weights);
+    if (!(st = loom_weights_save(r->tc->save_weights, r->mc, et, ep, err)))
+        fprintf(stderr, "loom rl: weights written to %s\n", r->tc->save_weights);
+    return st;
+}
+
+static loom_status loop(rl_state *s, loom_error *err) {
+    loom_run *r = s->run;
+    const loom_rl_config *rc = s->rc;
+    const int lead = r->mesh->rank == 0;
+    FILE *mx = r->metrics.file;
+    loom_status st;
+    double acc = NAN;
+    if (s->eval.n && (st = evaluate(s, &acc, err))) return st;
+    if (lead && s->eval.n) {
+        fprintf(stderr, "loom rl: held-out accuracy before RL %.4f (%d prompts)\n", acc, s->eval.n);
+        if (mx) fprintf(mx, "{\"iteration\": 0, \"heldout_accuracy\": %.6f}\n", acc);
+    }
+    for (int it = 0; it < rc->iterations; it++) {
+        double t0 = loom_now_ms();
+        if ((st = rollout(s, it, r->tc->seed, err))) return st;
+        double t1 = loom_now_ms();
+        if ((st = rewards(s, err)) || (st = build_batch(s, err))) return st;
+        double t2 = loom_now_ms();
+        if ((st = logprobs(s, r->params, s->old_logp, err)) ||
+            (s->ref_params && (st = logprobs(s, s->ref_params, s->ref_logp, err))))
+            return st;
+        double t3 = loom_now_ms();
+        loom_grpo_stats first = {0};
+        double loss = 0.0, norm = 0.0;
+        for (int e = 0; e < rc->ppo_epochs; e++) {
+            loom_grpo_stats stats = {0};
+            if ((st = update(s, it * rc->ppo_epochs + e, &stats, &loss, &norm, err))) return st;
+            if (e == 0) first = stats;
+        }
+        if ((st = reshard(s, err))) return st;
+        double t4 = loom_now_ms();
+        double sums[5] = {first.tokens, first.kl, first.clipped, first.entropy, first.off};
+        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err))) return st;
+        const int last = it + 1 == rc->iterations;
+        const int eval_now =
+            s->eval.n && (last || (rc->eval_every > 0 && (it + 1) % rc->eval_every == 0));
+        acc = NAN;
+        if (eval_now && (st = evaluate(s, &acc, err))) return st;
+        if (!lead) continue;
+        double mean = 0.0, var = 0.0, correct = 0.0, len = 0.0;
+        for (int q = 0; q < s->n_global; q++) {
+            mean += s->reward[q];
+            correct += s->reward[q] >= 1.0f;
+            len += s->sums[s->n_global + q];
+        }
+        mean /= s->n_global;
+        for (int q = 0; q < s->n_global; q++) var += (s->reward[q] - mean) * (s->reward[q] - mean);
+        const double tok = sums[0] > 0 ? sums[0] : 1.0;
+        char heldout[64] = "", shown[48] = "";
+        if (eval_now) {
+            snprintf(heldout, sizeof heldout, ", \"heldout_accuracy\": %.6f", acc);
+            snprintf(shown, sizeof shown, " | held-out %.4f", acc);
+        }
+        if (mx)
+            fprintf(mx,
+                    "{\"iteration\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, "
+                    "\"accuracy\": %.6f, \"kl\": %.9g, \"clip_fraction\": %.9g, "
+                    "\"ratio_not_one_first_epoch\": %.0f, \"completion_len\": %.4f, "
+                    "\"entropy\": %.9g, \"loss\": %.9g, \"grad_norm\": %.9g, \"rollout_ms\": %.1f, "
+                    "\"reward_ms\": %.1f, \"logprob_ms\": %.1f, \"update_ms\": %.1f, "
+                    "\"reshard_ms\": %.2f, \"iteration_ms\": %.1f%s}\n",
+                    it + 1, mean, sqrt(var / s->n_global), correct / s->n_global, sums[1] / tok,
+                    sums[2] / tok, sums[4], len / s->n_global, sums[3] / tok, loss, norm, t1 - t0,
+                    t2 - t1, t3 - t2, t4 - t3 - s->reshard_ms, s->reshard_ms, loom_now_ms() - t0,
+                    heldout);
+        if (mx) fflush(mx);
+        fprintf(
+            stderr,
+            "iter %4d/%d | reward %.4f | acc %.4f%s | kl %.4g | clip %.3f | len %.2f | %.0f ms\n",
+            it + 1, rc->iterations, mean, correct / s->n_global, shown, sums[1] / tok,
+            sums[2] / tok, len / s->n_global, loom_now_ms() - t0);
+    }
+    return r->tc->save_weights[0] ? save_weights(r, err) : LOOM_OK;
+}
+
+loom_status loom_rl_run(const loom_model_config *mc, const loom_train_config *tc,
+                        const loom_rl_config *rc, loom_mesh *mesh, loom_error *err) {
+    loom_run r;
+    loom_status st = loom_run_setup(&r, mc, tc, mesh, err);
+    if (st) return st;
+    rl_state s;
+    if (!(st = state_init(&s, &r, rc, err))) st = loop(&s, err);
+    state_free(&s);
+    loom_run_free(&r);
+    return st;
+}

@@ -1,0 +1,44 @@
+/* loom rl: post-training by reinforcement learning with GRPO (docs/rl.md). Each
+ * iteration: (1) rollout: G sampled completions of each of P prompts, batched over the
+ * rank's sequences with the KV cache (rl/rollout.h); (2) rewards (rl/reward.h); (3) the
+ * completions' log-probabilities under the actor before the update and, with a KL
+ * coefficient, under the frozen initial model; (4) GRPO updates (rl/grpo.h) through the
+ * trainer's own run: its model, gradient sync and AdamW step (train/run.h). One layout:
+ * generation and training share the data-parallel ranks, each rank generating and
+ * training its own slice of the iteration's sequences. */
+#ifndef LOOM_RL_RL_H
+#define LOOM_RL_RL_H
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/generate.h"
+#include "parallel/mesh.h"
+#include "rl/grpo.h"
+#include "train/train_config.h"
+
+typedef struct {
+    char prompts[LOOM_PATH_MAX];      /* --prompts: one prompt a line */
+    char eval_prompts[LOOM_PATH_MAX]; /* --eval-prompts: held-out, greedy, exact match */
+    int eval_every;                   /* iterations between evaluations (0: start and end) */
+    int iterations;                   /* --iterations */
+    int prompts_per_iter;             /* --prompts-per-iter P */
+    int group_size;                   /* --group-size G >= 2 */
+    loom_sampling sampling;           /* --temperature (> 0), --top-p */
+    int max_new;                      /* --max-new-tokens */
+    loom_grpo_config grpo;            /* --clip-eps, --kl-coef */
+    loom_grpo_norm norm;              /* --loss-norm sequence | token */
+    int ppo_epochs;                   /* --ppo-epochs: optimizer steps per iteration */
+    int ppo_micro_batch;              /* --ppo-micro-batch: sequences per forward/backward */
+    char reward_cmd[LOOM_PATH_MAX];   /* --reward-cmd; "" = the arithmetic verifier */
+} loom_rl_config;
+
+void loom_rl_config_defaults(loom_rl_config *rc);
+
+/* Runs the loop on the mesh (every rank calls it). tc is loom train's configuration of
+ * the run: the model's initial weights (--init-from), the optimizer, the seed, --metrics
+ * (one JSON line an iteration), --save-weights, the layout (data parallelism, ZeRO 0-2).
+ * Bad input (a prompt file, a reward command): LOOM_ERR_INPUT naming it. */
+loom_status loom_rl_run(const loom_model_config *mc, const loom_train_config *tc,
+                        const loom_rl_config *rc, loom_mesh *mesh, loom_error *err);
+
+#endif
