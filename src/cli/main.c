@@ -88,8 +88,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     static const char *const commands[] = {
-        "train",  "pp-schedule", "run",       "ckpt", "data",     "tokenizer", "generate",
-        "sample", "plot", "rl",        "calibrate", "plan", "gpu-info", "version",   "help"};
+        "train", "pp-schedule", "run",       "ckpt", "data",     "tokenizer", "generate", "sample",
+        "plot",  "rl",          "calibrate", "plan", "gpu-info", "version",   "help"};
     const char *near =
         loom_suggest_nearest(cmd, commands, (int)(sizeof commands / sizeof *commands));
     fprintf(stderr, "loom: unknown command '%s'%s%s%s (see loom --help)\n", cmd,
