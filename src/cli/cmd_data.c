@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli/cmd_data_images.h"
+#include "cli/cmd_data_vlm.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "data/prepare.h"
@@ -53,7 +54,14 @@ static const char usage[] =
     "  frame and bouncing off the borders; label = the first object's class. Written as\n"
     "  video shards DIR/train_*.bin (--clips) and DIR/val_*.bin (--val-clips, default\n"
     "  clips/10, from --val-from-images, default GLOB, on another random stream).\n"
-    "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip.\n";
+    "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip.\n"
+    "       loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
+    "                     [--val-samples N] [--questions F] [--seed S]\n"
+    "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
+    "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
+    "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
+    "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
+    "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n";
 
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer. */
 static int read_all(const char *path, unsigned char **data, size_t *n) {
@@ -254,7 +262,7 @@ static int cmd_prepare(int argc, char **argv) {
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
-                "loom data: expected a subcommand (bytes, prepare, images, video); see 'loom data "
+                "loom data: expected a subcommand (bytes, prepare, images, video, vlm); see 'loom data "
                 "--help'\n");
         return 2;
     }
@@ -266,8 +274,9 @@ int loom_cmd_data(int argc, char **argv) {
     if (strcmp(argv[1], "prepare") == 0) return cmd_prepare(argc - 1, argv + 1);
     if (strcmp(argv[1], "images") == 0) return loom_cmd_data_images(argc - 1, argv + 1, usage);
     if (strcmp(argv[1], "video") == 0) return loom_cmd_data_video(argc - 1, argv + 1, usage);
+    if (strcmp(argv[1], "vlm") == 0) return loom_cmd_data_vlm(argc - 1, argv + 1, usage);
     fprintf(stderr,
-            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video)\n",
+            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video, vlm)\n",
             argv[1]);
     return 2;
 }

@@ -90,5 +90,11 @@ size_t loom_model_attention_scratch_floats(const loom_model *m, int H);
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);
+/* The multimodal LLM's side (vlm.c): the language models' table with the encoder, the
+ * projector, the image rows and the masked loss; its arena. */
+loom_status loom_vlm_attach(loom_model *m, loom_error *err);
+void loom_vlm_detach(loom_model *m);
+/* Parts (loom_vlm_part bits) whose gradients backward leaves out (--freeze). */
+void loom_vlm_set_frozen(loom_model *m, int parts);
 
 #endif

@@ -9,6 +9,7 @@
 #include "core/progress.h"
 #include "core/timeline.h"
 #include "model/moe_config.h"
+#include "model/vlm.h"
 #include "parallel/ep_zero.h"
 #include "parallel/tp_shards.h"
 #include "train/dump.h"
@@ -77,7 +78,13 @@ static loom_status open_data(loom_run *r, loom_error *err) {
     loom_status st = LOOM_OK;
     for (int i = 0; i < 2 && !st; i++) {
         if (!globs[i][0]) continue;
-        if (mc->family != LOOM_FAMILY_DIT) {
+        if (mc->family == LOOM_FAMILY_VLM) {
+            const loom_vlm_record_shape shape = {mc->seq_len, loom_vlm_image_tokens(mc),
+                                                 mc->max_images, mc->channels, mc->height,
+                                                 mc->width};
+            if ((st = loom_batch_source_open_vlm(dst[i], globs[i], &shape, mc->vocab_size, err)))
+                st = loom_error_prefix(err, "%s", flags[i]);
+        } else if (mc->family != LOOM_FAMILY_DIT) {
             st = loom_batch_source_open_tokens(dst[i], globs[i], mc->vocab_size, mc->seq_len, err);
         } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &flow, err))) {
             st = check_images(dst[i], flags[i], globs[i], mc, err);

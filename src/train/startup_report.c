@@ -66,6 +66,12 @@ void loom_run_report_startup(const loom_run *r) {
                 r->data.images.width, r->data.images.n_classes,
                 loom_t_sampling_name(tc->flow.t_sampling), (double)tc->flow.class_dropout,
                 tc->ema_decay > 0 ? ", EMA of the weights" : "");
+    else if (r->data.kind == LOOM_BATCH_VLM)
+        fprintf(stderr,
+                "loom: data %s: %d file(s), %lld image-text samples, images %d x %d x %d "
+                "(%d tokens each)\n",
+                tc->data, r->data.vlm.n_shards, (long long)r->data.vlm.n, r->data.vlm.channels,
+                r->data.vlm.height, r->data.vlm.width, r->data.vlm.rec.image_tokens);
     else
         fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data,
                 r->data.tokens.n_shards, (long long)r->data.tokens.total_tokens);
