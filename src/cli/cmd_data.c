@@ -261,9 +261,10 @@ static int cmd_prepare(int argc, char **argv) {
 
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr,
-                "loom data: expected a subcommand (bytes, prepare, images, video, vlm); see 'loom data "
-                "--help'\n");
+        fprintf(
+            stderr,
+            "loom data: expected a subcommand (bytes, prepare, images, video, vlm); see 'loom data "
+            "--help'\n");
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {

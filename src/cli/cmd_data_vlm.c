@@ -27,12 +27,12 @@
 
 static const char *const CLASS[10] = {"t-shirt/top", "trouser", "pullover", "dress", "coat",
                                       "sandal",      "shirt",   "sneaker",  "bag",   "ankle boot"};
-static const char *const PLURAL[10] = {"t-shirts/tops", "trousers", "pullovers", "dresses",
-                                       "coats",         "sandals",  "shirts",    "sneakers",
+static const char *const PLURAL[10] = {"t-shirts/tops", "trousers",   "pullovers", "dresses",
+                                       "coats",         "sandals",    "shirts",    "sneakers",
                                        "bags",          "ankle boots"};
 static const char *const POS2[4] = {"top left", "top right", "bottom left", "bottom right"};
-static const char *const POS3[9] = {"top left",    "top middle", "top right",
-                                    "middle left", "center",     "middle right",
+static const char *const POS3[9] = {"top left",    "top middle",    "top right",
+                                    "middle left", "center",        "middle right",
                                     "bottom left", "bottom middle", "bottom right"};
 
 typedef struct {
@@ -61,8 +61,7 @@ static int make_split(const char *dir, const char *split, const char *images, co
     loom_idx_images img;
     uint8_t *lab = NULL;
     int64_t nl = 0;
-    if (loom_idx_read_images(images, &img, &err) ||
-        loom_idx_read_labels(labels, &lab, &nl, &err)) {
+    if (loom_idx_read_images(images, &img, &err) || loom_idx_read_labels(labels, &lab, &nl, &err)) {
         fprintf(stderr, "loom data: --input fashion-mnist: %s\n", err.msg);
         return 2;
     }
@@ -129,8 +128,8 @@ static int make_split(const char *dir, const char *split, const char *images, co
     loom_idx_images_free(&img);
     free(lab);
     if (st) {
-        fprintf(stderr, "loom data: %s\n", st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory"
-                                                                                : err.msg);
+        fprintf(stderr, "loom data: %s\n",
+                st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
         return 2;
     }
     fprintf(stderr, "loom data: %s: %lld samples of %d x %d grids\n", path, (long long)n, g, g);

@@ -248,8 +248,8 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
         else if (strcmp(v, "vlm") == 0)
             *(loom_family *)base = LOOM_FAMILY_VLM;
         else
-            return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "%s '%s': expected gpt2, llama, dit or vlm", s->origin, v);
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2, llama, dit or vlm",
+                                  s->origin, v);
         break;
     case OPT_T_SAMPLING:
         if (loom_t_sampling_parse(v, (loom_t_sampling *)base, NULL) != LOOM_OK)

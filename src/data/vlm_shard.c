@@ -259,8 +259,7 @@ static const loom_vlm_shard *find_shard(const loom_vlm_dataset *ds, int64_t i) {
     return &ds->shards[loom_shard_find(&ds->shards[0].first, sizeof *ds->shards, ds->n_shards, i)];
 }
 
-static loom_status record_of(const loom_vlm_dataset *ds, int64_t i, int32_t *out,
-                             loom_error *err) {
+static loom_status record_of(const loom_vlm_dataset *ds, int64_t i, int32_t *out, loom_error *err) {
     const loom_vlm_shard *sh = find_shard(ds, i);
     const int32_t *e = sh->entries + 4 * (i - sh->first);
     const size_t ib = (size_t)image_bytes(ds->channels, ds->height, ds->width);
@@ -303,8 +302,7 @@ loom_status loom_vlm_dataset_open(loom_vlm_dataset *ds, const char *pattern,
             st = loom_error_set(err, LOOM_ERR_INPUT,
                                 "%s: tokens up to %d, the model's --vocab-size is %d", sh->path,
                                 h.h[8] - 1, vocab_size);
-        if (!st && (h.h[3] != shape->channels || h.h[4] != shape->height ||
-                    h.h[5] != shape->width))
+        if (!st && (h.h[3] != shape->channels || h.h[4] != shape->height || h.h[5] != shape->width))
             st = loom_error_set(err, LOOM_ERR_INPUT,
                                 "%s: images are %d x %d x %d (channels x height x width), the "
                                 "model expects %d x %d x %d (--channels, --height, --width)",
@@ -323,8 +321,7 @@ loom_status loom_vlm_dataset_open(loom_vlm_dataset *ds, const char *pattern,
         ds->vocab = first.h[8];
     }
     if (!st && ds->n == 0)
-        st = loom_error_set(err, LOOM_ERR_INPUT, "'%s': no sample in the matching shards",
-                            pattern);
+        st = loom_error_set(err, LOOM_ERR_INPUT, "'%s': no sample in the matching shards", pattern);
     /* every sample must make a record for this model */
     int32_t *rec = st ? NULL : malloc((size_t)loom_vlm_record_size(shape) * sizeof(int32_t));
     if (!st && !rec) st = loom_error_set(err, LOOM_ERR_NOMEM, "'%s': out of memory", pattern);
@@ -350,8 +347,8 @@ void loom_vlm_dataset_record(const loom_vlm_dataset *ds, int64_t i, int32_t *out
     record_of(ds, i, out, &e); /* validated at open */
 }
 
-void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step,
-                             int64_t first, int n, int32_t *out) {
+void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step, int64_t first,
+                             int n, int32_t *out) {
     const size_t words = (size_t)loom_vlm_record_size(&ds->rec);
     for (int k = 0; k < n; k++) {
         const uint64_t r =

@@ -59,18 +59,17 @@ static inline int loom_vlm_record_size(const loom_vlm_record_shape *r) {
 /* ---- writer: one shard file from samples in memory ---- */
 typedef struct {
     int channels, height, width, image_token, eot_token, vocab;
-    int64_t n, n_tokens, n_images;                /* so far */
-    int32_t *entries, *tokens;                    /* 4 n, n_tokens */
-    uint8_t *mask, *pixels;                       /* n_tokens, n_images * C*H*W */
-    size_t cap_n, cap_tokens, cap_images;         /* capacities */
+    int64_t n, n_tokens, n_images;        /* so far */
+    int32_t *entries, *tokens;            /* 4 n, n_tokens */
+    uint8_t *mask, *pixels;               /* n_tokens, n_images * C*H*W */
+    size_t cap_n, cap_tokens, cap_images; /* capacities */
 } loom_vlm_writer;
 
 void loom_vlm_writer_init(loom_vlm_writer *w, int channels, int height, int width, int image_token,
                           int eot_token);
 /* Appends a sample: n_tokens tokens with their mask bytes and n_images images. */
 loom_status loom_vlm_writer_put(loom_vlm_writer *w, const int32_t *tokens, const uint8_t *mask,
-                                int n_tokens, const uint8_t *pixels, int n_images,
-                                loom_error *err);
+                                int n_tokens, const uint8_t *pixels, int n_images, loom_error *err);
 /* Writes the shard (NAME.tmp, renamed) and frees the writer (also on error). */
 loom_status loom_vlm_writer_finish(loom_vlm_writer *w, const char *path, loom_error *err);
 void loom_vlm_writer_free(loom_vlm_writer *w);
@@ -105,8 +104,8 @@ void loom_vlm_dataset_close(loom_vlm_dataset *ds);
 /* Sample i's record (loom_vlm_record_size words). */
 void loom_vlm_dataset_record(const loom_vlm_dataset *ds, int64_t i, int32_t *out);
 /* Records [first, first + n) of step `step`. */
-void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step,
-                             int64_t first, int n, int32_t *out);
+void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step, int64_t first,
+                             int n, int32_t *out);
 /* Builds a record from one sample held in memory (inference: loom generate's prompt).
  * tokens may hold markers (image_token) for the n_images images of pixels [C][H][W] u8;
  * mask NULL: no answer tokens. Fails when the sample does not fit. */

@@ -42,8 +42,8 @@ static const preset PRESETS[] = {
         .family = LOOM_FAMILY_VLM, .n_layer = L, .n_head = H, .n_kv_head = KV, .d_model = C,       \
         .d_ff = F, .vocab_size = 264, .seq_len = T, .norm_eps = 1e-5f, .rope_theta = 10000.0f,     \
         .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1,            \
-        .height = px, .width = px, .patch = 7, .patch_t = 1, .vit_layers = VL,                     \
-        .vit_d_model = VC, .vit_n_head = VH, .vit_d_ff = 4 * VC, .max_images = 1                   \
+        .height = px, .width = px, .patch = 7, .patch_t = 1, .vit_layers = VL, .vit_d_model = VC,  \
+        .vit_n_head = VH, .vit_d_ff = 4 * VC, .max_images = 1                                      \
     }
     {"vlm-tiny", VLM(2, 4, 2, 128, 352, 192, 56, 2, 64, 4)},
     {"vlm-small", VLM(4, 8, 4, 256, 704, 400, 84, 4, 192, 6)},
@@ -167,15 +167,12 @@ static loom_status validate_vlm(const loom_model_config *c, loom_error *err) {
     struct {
         const char *flag;
         int value, min, max;
-    } range[] = {{"--vit-layers", c->vit_layers, 1, 1024},
-                 {"--vit-d-model", c->vit_d_model, 4, 1 << 16},
-                 {"--vit-n-head", c->vit_n_head, 1, 1024},
-                 {"--vit-d-ff", c->vit_d_ff, 1, 1 << 18},
-                 {"--max-images", c->max_images, 1, 64},
-                 {"--channels", c->channels, 1, 4},
-                 {"--height", c->height, 1, 4096},
-                 {"--width", c->width, 1, 4096},
-                 {"--vit-patch", c->patch, 1, 64}};
+    } range[] = {
+        {"--vit-layers", c->vit_layers, 1, 1024}, {"--vit-d-model", c->vit_d_model, 4, 1 << 16},
+        {"--vit-n-head", c->vit_n_head, 1, 1024}, {"--vit-d-ff", c->vit_d_ff, 1, 1 << 18},
+        {"--max-images", c->max_images, 1, 64},   {"--channels", c->channels, 1, 4},
+        {"--height", c->height, 1, 4096},         {"--width", c->width, 1, 4096},
+        {"--vit-patch", c->patch, 1, 64}};
     for (size_t i = 0; i < sizeof range / sizeof range[0]; i++)
         if (range[i].value < range[i].min || range[i].value > range[i].max)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s %d: expected %d..%d (vlm family)",
@@ -253,8 +250,7 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
         return loom_error_set(err, LOOM_ERR_INPUT, "--vocab-size %d: too large", c->vocab_size);
     if (!(c->norm_eps > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--norm-eps %g: expected > 0", c->norm_eps);
-    if ((c->family == LOOM_FAMILY_LLAMA || c->family == LOOM_FAMILY_VLM) &&
-        !(c->rope_theta > 0.0f))
+    if ((c->family == LOOM_FAMILY_LLAMA || c->family == LOOM_FAMILY_VLM) && !(c->rope_theta > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--rope-theta %g: expected > 0", c->rope_theta);
     return validate_moe(c, err);
 }

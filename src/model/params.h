@@ -102,12 +102,12 @@ typedef struct {
  * blocks reuse loom_block_params: LayerNorm (norm1/norm2 with biases), fused qkv with
  * bias, attn_out, fc (GELU) and proj, each with a bias. */
 typedef struct {
-    size_t begin, end;       /* the encoder and projector: the flat range [begin, end) */
-    size_t proj_begin;       /* the projector's first tensor */
-    size_t patch_w, patch_b; /* [Dv, C*p*p], [Dv] */
-    size_t norm_w, norm_b;   /* the encoder's final LayerNorm [Dv] */
-    size_t fc1_w, fc1_b;     /* projector [d_model, Dv], [d_model] */
-    size_t fc2_w, fc2_b;     /* projector [d_model, d_model], [d_model] */
+    size_t begin, end;         /* the encoder and projector: the flat range [begin, end) */
+    size_t proj_begin;         /* the projector's first tensor */
+    size_t patch_w, patch_b;   /* [Dv, C*p*p], [Dv] */
+    size_t norm_w, norm_b;     /* the encoder's final LayerNorm [Dv] */
+    size_t fc1_w, fc1_b;       /* projector [d_model, Dv], [d_model] */
+    size_t fc2_w, fc2_b;       /* projector [d_model, d_model], [d_model] */
     loom_block_params *blocks; /* vit_layers entries (NULL: none here) */
     int n_layer;
 } loom_vlm_params;

@@ -1,7 +1,6 @@
 #include "model/transformer.h"
 
 #include "model/model_impl.h"
-#include "model/vlm.h"
 
 #include <stdlib.h>
 #include <string.h>

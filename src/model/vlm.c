@@ -19,20 +19,20 @@ struct loom_vlm {
     loom_model_ops ops;       /* the language models' table with the vlm's pieces */
     const loom_model_ops *lm; /* transformer.c's */
     int NI, P, Pin, S, Dv, Hv, Fv, C;
-    int n_img;                /* images of the loaded micro-batch */
-    int *img_row;             /* [NI] first decoder row (b * T + t) of image j */
-    float *host_patches;      /* [NI * P, Pin] */
-    float *host_w;            /* [N] loss weights of the loaded micro-batch */
-    float *sample_w;          /* [B] the answer weight of each sample (0: none) */
+    int n_img;                  /* images of the loaded micro-batch */
+    int *img_row;               /* [NI] first decoder row (b * T + t) of image j */
+    float *host_patches;        /* [NI * P, Pin] */
+    float *host_w;              /* [N] loss weights of the loaded micro-batch */
+    float *sample_w;            /* [B] the answer weight of each sample (0: none) */
     int32_t *host_in, *host_tg; /* [N] */
-    float *pos;               /* [P, Dv] backend memory, outside the arena */
-    int encoder;              /* 1 on the first stage (the encoder and projector are here) */
-    int frozen;               /* loom_vlm_part bits: no gradients computed for those parts */
+    float *pos;                 /* [P, Dv] backend memory, outside the arena */
+    int encoder;                /* 1 on the first stage (the encoder and projector are here) */
+    int frozen;                 /* loom_vlm_part bits: no gradients computed for those parts */
     /* arena */
-    float *patches, *x0;      /* [R, Pin], [R, Dv] */
-    vit_acts *blk;            /* vit_layers */
+    float *patches, *x0; /* [R, Pin], [R, Dv] */
+    vit_acts *blk;       /* vit_layers */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *h1, *a1, *out;     /* projector [R, C] */
+    float *h1, *a1, *out; /* projector [R, C] */
     float *dx, *dln, *dqkv, *datt, *dfc, *dact, *dh, *da, *scratch;
 };
 
@@ -45,8 +45,8 @@ int loom_vlm_image_floats(const loom_model_config *c) {
 }
 
 int loom_vlm_record_words(const loom_model_config *c) {
-    const loom_vlm_record_shape r = {c->seq_len, loom_vlm_image_tokens(c), c->max_images,
-                                     c->channels, c->height, c->width};
+    const loom_vlm_record_shape r = {
+        c->seq_len, loom_vlm_image_tokens(c), c->max_images, c->channels, c->height, c->width};
     return loom_vlm_record_size(&r);
 }
 
@@ -89,8 +89,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     v->dact = loom_carve(cv, R * Fv);
     v->dh = loom_carve(cv, R * C);
     v->da = loom_carve(cv, R * C);
-    v->scratch =
-        loom_carve(cv, loom_backend_attention_scratch_floats(m->be, v->NI, v->P, v->Hv));
+    v->scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, v->NI, v->P, v->Hv));
 }
 
 static size_t vlm_plan_bytes(const loom_model *m, int sequence_parallel) {
@@ -129,10 +128,10 @@ static void vlm_load_batch(loom_model *m, const int32_t *batch, int first) {
         v->sample_w[b] = sw;
         const int n = rec[2 * T + 1];
         const float *px = (const float *)(rec + 2 * T + 2);
-        /* image k of the sample: its k-th run of P slots */
+        /* image k of the sample: its k-th group of P slots (groups may touch) */
         int k = 0;
         for (int t = 0; t < T && k < n; t++) {
-            if (rec[t] != LOOM_VLM_SLOT || (t > 0 && rec[t - 1] == LOOM_VLM_SLOT)) continue;
+            if (rec[t] != LOOM_VLM_SLOT) continue;
             if (v->encoder) {
                 v->img_row[v->n_img] = b * T + t;
                 loom_dit_patchify(c, px + (size_t)k * v->S,
@@ -175,8 +174,8 @@ static void encoder_forward(loom_model *m, const float *p) {
         loom_backend_layernorm_forward(be, a->ln1, a->mean1, a->rstd1, x, p + k->norm1_w,
                                        p + k->norm1_b, R, Dv, eps);
         loom_backend_linear_forward(be, a->qkv, a->ln1, p + k->qkv_w, p + k->qkv_b, R, Dv, 3 * Dv);
-        loom_backend_attention_bidir_forward(be, a->att, a->lse, a->qkv, v->scratch, v->n_img,
-                                             v->P, v->Hv, v->Hv, hd);
+        loom_backend_attention_bidir_forward(be, a->att, a->lse, a->qkv, v->scratch, v->n_img, v->P,
+                                             v->Hv, v->Hv, hd);
         loom_backend_linear_forward(be, a->x1, a->att, p + k->attn_out_w, p + k->attn_out_b, R, Dv,
                                     Dv);
         loom_backend_add(be, a->x1, a->x1, x, (size_t)R * Dv);
@@ -273,8 +272,8 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
         /* x1 = x + proj(attention(qkv(LN1(x)))); v->dx = d(x1) */
         loom_backend_memset(be, v->datt, 0, RD);
         loom_backend_linear_backward_input(be, v->datt, v->dx, p + k->attn_out_w, R, Dv, Dv);
-        loom_backend_linear_backward_weight(be, g + k->attn_out_w, g + k->attn_out_b, v->dx,
-                                            a->att, R, Dv, Dv);
+        loom_backend_linear_backward_weight(be, g + k->attn_out_w, g + k->attn_out_b, v->dx, a->att,
+                                            R, Dv, Dv);
         loom_backend_memset(be, v->dqkv, 0, (size_t)R * 3 * Dv * sizeof(float));
         loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, a->qkv, a->att,
                                               a->lse, v->n_img, v->P, v->Hv, v->Hv, hd);
@@ -328,9 +327,8 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
         const size_t r0 = (size_t)b * T;
         float *logits = m->logits + r0 * V;
         if (backward)
-            loom_backend_crossentropy_forward_backward(be, m->losses + r0, logits,
-                                                       m->targets + r0, T, V,
-                                                       dloss * v->sample_w[b]);
+            loom_backend_crossentropy_forward_backward(be, m->losses + r0, logits, m->targets + r0,
+                                                       T, V, dloss * v->sample_w[b]);
         else
             loom_backend_crossentropy_forward(be, m->losses + r0, logits, m->targets + r0, T, V);
         if (!backward) continue;

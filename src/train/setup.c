@@ -79,9 +79,9 @@ static loom_status open_data(loom_run *r, loom_error *err) {
     for (int i = 0; i < 2 && !st; i++) {
         if (!globs[i][0]) continue;
         if (mc->family == LOOM_FAMILY_VLM) {
-            const loom_vlm_record_shape shape = {mc->seq_len, loom_vlm_image_tokens(mc),
-                                                 mc->max_images, mc->channels, mc->height,
-                                                 mc->width};
+            const loom_vlm_record_shape shape = {mc->seq_len,    loom_vlm_image_tokens(mc),
+                                                 mc->max_images, mc->channels,
+                                                 mc->height,     mc->width};
             if ((st = loom_batch_source_open_vlm(dst[i], globs[i], &shape, mc->vocab_size, err)))
                 st = loom_error_prefix(err, "%s", flags[i]);
         } else if (mc->family != LOOM_FAMILY_DIT) {
