@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/vlm.h"
+
 typedef enum {
     OPT_INT,
     OPT_FLOAT,
@@ -15,7 +17,8 @@ typedef enum {
     OPT_FAMILY,
     OPT_BOOL,
     OPT_LIST,
-    OPT_T_SAMPLING
+    OPT_T_SAMPLING,
+    OPT_FREEZE /* vlm parts: model/vlm.h's bit flags */
 } opt_type;
 
 typedef struct {
@@ -65,6 +68,8 @@ static const opt_def OPTS[] = {
     {"vit-d-ff", OPT_INT, M(vit_d_ff), 0, "vlm: vision encoder MLP width"},
     {"vit-patch", OPT_INT, M(patch), 0, "vlm: patch size p of the vision encoder (= --patch)"},
     {"max-images", OPT_INT, M(max_images), 0, "vlm: image slots per sample"},
+    {"freeze", OPT_FREEZE, M(freeze), 0,
+     "vlm: parts that are not trained, a subset of vision,projector,llm (not all three)"},
     {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
      "dit: flow-matching times, logit-normal (SD3) | uniform"},
     {"class-dropout", OPT_FLOAT, TR(flow.class_dropout), 0,
@@ -256,6 +261,10 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
             return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected logit-normal or uniform",
                                   s->origin, v);
         break;
+    case OPT_FREEZE:
+        if (loom_vlm_parse_freeze(v, (int *)base, err) != LOOM_OK) /* names --freeze */
+            return LOOM_ERR_INPUT;
+        break;
     }
     return LOOM_OK;
 }
@@ -432,6 +441,13 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
         case OPT_T_SAMPLING:
             fprintf(f, "%s\n", loom_t_sampling_name(*(const loom_t_sampling *)base));
             break;
+        case OPT_FREEZE: {
+            const int parts = *(const int *)base;
+            fprintf(f, "%s%s%s%s\n", parts & LOOM_VLM_PART_VISION ? "vision " : "",
+                    parts & LOOM_VLM_PART_PROJECTOR ? "projector " : "",
+                    parts & LOOM_VLM_PART_LLM ? "llm" : "", parts ? "" : "none");
+            break;
+        }
         }
     }
 }

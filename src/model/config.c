@@ -217,7 +217,14 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
     if (c->family == LOOM_FAMILY_VLM) {
         loom_status st = validate_vlm(c, err);
         if (st) return st;
+    } else if (c->freeze) {
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze: only the vlm family has parts to freeze (--family vlm)");
     }
+    if (c->freeze < 0 || c->freeze >= 7)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze: every part frozen leaves nothing to train (expected at "
+                              "most two of vision, projector, llm)");
     struct {
         const char *flag;
         int value;

@@ -42,6 +42,10 @@ typedef struct {
      * (the fields above; frames = patch_t = 1), and the image slots of one sample. The
      * decoder is the Llama family's shape above (n_layer, d_model, ...). */
     int vit_layers, vit_d_model, vit_n_head, vit_d_ff, max_images;
+    /* vlm: parts that are not trained (--freeze; loom_vlm_part bits, model/vlm.h): the
+     * registry marks their tensors frozen, backward computes no gradients for them and the
+     * optimizer leaves them as they are. Not part of the saved configuration. */
+    int freeze;
 } loom_model_config;
 
 /* Fills cfg from a preset name; LOOM_ERR_INPUT naming --model for unknown names. */

@@ -94,8 +94,6 @@ void loom_dit_detach(loom_model *m);
  * projector, the image rows and the masked loss; its arena. */
 loom_status loom_vlm_attach(loom_model *m, loom_error *err);
 void loom_vlm_detach(loom_model *m);
-/* Parts (loom_vlm_part bits) whose gradients backward leaves out (--freeze). */
-void loom_vlm_set_frozen(loom_model *m, int parts);
 /* Words of a vlm batch record (also in model/vlm.h, which would include back into here). */
 int loom_vlm_record_words(const loom_model_config *cfg);
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/philox.h"
+#include "model/vlm.h"
 
 typedef struct {
     loom_param_table *t;
@@ -396,6 +397,7 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     for (int i = 0; i < t->n_params; i++) {
         loom_param *p = &t->params[i];
         p->counted_in_norm = !p->replica && (p->tp_dim >= 0 || p->tp_rank == 0);
+        p->frozen = c->freeze && (c->freeze & (int)loom_vlm_param_part(p->name)) != 0;
     }
     return LOOM_OK;
 }

@@ -56,6 +56,8 @@ typedef struct {
     /* 1 where this rank's copy counts in the global gradient norm (set by the builder:
      * tp shards always, tp-replicated tensors on tp rank 0, tied copies never). */
     int counted_in_norm;
+    /* 1 for a tensor of a frozen vlm part (--freeze): no gradient, no optimizer update. */
+    int frozen;
 } loom_param;
 
 /* Offsets of one expert's (or the shared expert's) feed-forward tensors: fc [FC, C]

@@ -317,6 +317,31 @@ static loom_status vlm_embed_backward(loom_model *m, const float *p, float *g) {
     return st;
 }
 
+/* ---- --freeze llm: the decoder's backward without its weight gradients ----
+ * The model runs split backward (B only, W never: train/setup.c); B still brings the
+ * norms' weight gradients, cleared here before the caller reports the range ready. */
+
+static void clear_grad(const loom_model *m, float *g, size_t offset) {
+    if (offset != LOOM_NO_PARAM)
+        loom_backend_memset(m->be, g + offset, 0, (size_t)m->cfg.d_model * sizeof(float));
+}
+
+static loom_status vlm_head_backward(loom_model *m, const float *p, float *g, const float *x) {
+    loom_status st = m->vlm->lm->head_backward(m, p, g, x);
+    if (m->vlm->frozen & LOOM_VLM_PART_LLM) clear_grad(m, g, m->table.normf_w);
+    return st;
+}
+
+static loom_status vlm_block_backward(loom_model *m, const float *p, float *g, int l,
+                                      const float *x) {
+    loom_status st = m->vlm->lm->block_backward(m, p, g, l, x);
+    if (m->vlm->frozen & LOOM_VLM_PART_LLM) {
+        clear_grad(m, g, m->table.blocks[l].norm1_w);
+        clear_grad(m, g, m->table.blocks[l].norm2_w);
+    }
+    return st;
+}
+
 /* ---- the loss: cross-entropy weighted per target (model/vlm.h) ---- */
 
 static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
@@ -377,8 +402,11 @@ loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
     v->ops.embed_forward = vlm_embed_forward;
     v->ops.embed_backward = vlm_embed_backward;
     v->ops.loss_sum = vlm_loss_sum;
+    v->ops.head_backward = vlm_head_backward;
+    v->ops.block_backward = vlm_block_backward;
     m->ops = &v->ops;
     v->encoder = m->table.has_embed;
+    v->frozen = c->freeze;
     v->NI = m->B * c->max_images;
     v->P = loom_vlm_image_tokens(c);
     v->Pin = loom_model_dit_patch_floats(c);
@@ -425,10 +453,6 @@ void loom_vlm_detach(loom_model *m) {
     free(v->blk);
     free(v);
     m->vlm = NULL;
-}
-
-void loom_vlm_set_frozen(loom_model *m, int parts) {
-    if (m->vlm) m->vlm->frozen = parts;
 }
 
 /* ---- --freeze ---- */

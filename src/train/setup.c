@@ -138,6 +138,14 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = build_cp(r, err)))
         return st;
     r->tp.err = err;
+    /* --freeze llm: the decoder's backward runs its input-gradient half only (B of split
+     * backward, never followed by W), so it computes no weight gradients */
+    const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM) ? LOOM_MODEL_SPLIT_BACKWARD : 0;
+    if (frozen_llm && mesh->layout.pp > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze llm: not with --pp %d yet (the pipeline's schedules run "
+                              "the decoder's weight gradients; expected --pp 1)",
+                              mesh->layout.pp);
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
@@ -154,7 +162,8 @@ static loom_status build_model(loom_run *r, loom_error *err) {
                                           .cp = r->cped,
                                           .ep = &mesh->ep,
                                           .backend = r->be,
-                                          .flags = r->size_only ? LOOM_MODEL_SIZE_ONLY : 0},
+                                          .flags = (r->size_only ? LOOM_MODEL_SIZE_ONLY : 0) |
+                                                   frozen_llm},
                     err))) {
         return st;
     }
@@ -175,7 +184,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h), and
      * whole sequences (its positions are 0..T-1: not with context parallelism). */
-    if (!r->pipelined && mesh->ep.size == 1 && cp == 1 &&
+    if (!r->pipelined && mesh->ep.size == 1 && cp == 1 && mc->family != LOOM_FAMILY_VLM &&
         (st = loom_zero_plan_embedding(&r->zero, tc->micro_batch * T, T, err)))
         return st;
     r->model.defer_embedding_grad = r->zero.embed.enabled;

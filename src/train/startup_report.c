@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "comm/world.h"
+#include "model/vlm.h"
 #include "train/run.h"
 
 void loom_run_report_startup(const loom_run *r) {
@@ -43,6 +44,19 @@ void loom_run_report_startup(const loom_run *r) {
     fprintf(stderr, "loom: %s\n", line);
     fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
             rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");
+    if (mc->freeze) { /* --freeze (vlm): what is not trained, and what it still holds */
+        size_t frozen = 0;
+        for (int i = 0; i < r->model.table.n_params; i++)
+            if (r->model.table.params[i].frozen) frozen += r->model.table.params[i].numel;
+        fprintf(stderr,
+                "loom: frozen (--freeze):%s%s%s %zu of %zu parameters on this rank: no gradients "
+                "computed and no AdamW update; their gradient (%.3f MiB) and AdamW (%.3f MiB) "
+                "space is still allocated and reduced (zeros)\n",
+                mc->freeze & LOOM_VLM_PART_VISION ? " vision" : "",
+                mc->freeze & LOOM_VLM_PART_PROJECTOR ? " projector" : "",
+                mc->freeze & LOOM_VLM_PART_LLM ? " llm" : "", frozen, P,
+                (double)frozen * sizeof(float) / MiB, 2.0 * frozen * sizeof(float) / MiB);
+    }
     if (r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
