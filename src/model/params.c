@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/philox.h"
-#include "model/vlm.h"
+#include "model/vlm_parts.h"
 
 typedef struct {
     loom_param_table *t;

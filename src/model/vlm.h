@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/vlm_parts.h"
 
 /* Image tokens of one image: (height / patch) x (width / patch). */
 int loom_vlm_image_tokens(const loom_model_config *cfg);
@@ -37,19 +38,5 @@ int loom_vlm_image_tokens(const loom_model_config *cfg);
 int loom_vlm_image_floats(const loom_model_config *cfg);
 /* int32 words of one vlm batch record (data/vlm_shard.h's layout for this model). */
 int loom_vlm_record_words(const loom_model_config *cfg);
-
-/* Which parts of a vlm are frozen (--freeze): bit flags. */
-typedef enum {
-    LOOM_VLM_PART_VISION = 1,
-    LOOM_VLM_PART_PROJECTOR = 2,
-    LOOM_VLM_PART_LLM = 4
-} loom_vlm_part;
-#define LOOM_VLM_PARTS_ALL 7
-
-/* "vision,projector,llm" (any non-empty subset; "" or "none": nothing) -> bit flags;
- * LOOM_ERR_INPUT naming --freeze for an unknown part or all three. */
-loom_status loom_vlm_parse_freeze(const char *list, int *parts, loom_error *err);
-/* The part a parameter belongs to, from its name (vision.*, projector.*, else llm). */
-loom_vlm_part loom_vlm_param_part(const char *name);
 
 #endif
