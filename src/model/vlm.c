@@ -346,18 +346,25 @@ static loom_status vlm_block_backward(loom_model *m, const float *p, float *g, i
 
 static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
     loom_vlm *v = m->vlm;
-    const int T = m->T, V = m->cfg.vocab_size;
+    const int T = m->T, tp = m->tp ? m->tp->size : 1;
+    const int V = m->cfg.vocab_size / tp, v0 = m->tp ? m->tp->rank * V : 0;
     const loom_backend *be = m->be;
-    for (int b = 0; b < m->B; b++) {
+    const size_t N = (size_t)m->B * T;
+    loom_status st = LOOM_OK;
+    /* every row's cross-entropy (vocabulary-parallel over tp), dlogits with weight dloss */
+    if (tp > 1)
+        st = loom_tp_crossentropy(m->tp, m->losses, m->logits, m->targets, V, v0, dloss, backward);
+    else if (backward)
+        loom_backend_crossentropy_forward_backward(be, m->losses, m->logits, m->targets, (int)N, V,
+                                                   dloss);
+    else
+        loom_backend_crossentropy_forward(be, m->losses, m->logits, m->targets, (int)N, V);
+    if (st) return st;
+    /* then each sample's answer rows times its weight, every other row's gradient zero */
+    for (int b = 0; b < m->B && backward; b++) {
         const size_t r0 = (size_t)b * T;
         float *logits = m->logits + r0 * V;
-        if (backward)
-            loom_backend_crossentropy_forward_backward(be, m->losses + r0, logits, m->targets + r0,
-                                                       T, V, dloss * v->sample_w[b]);
-        else
-            loom_backend_crossentropy_forward(be, m->losses + r0, logits, m->targets + r0, T, V);
-        if (!backward) continue;
-        /* rows outside the answer: no gradient */
+        if (v->sample_w[b] != 0.0f) loom_backend_scale(be, logits, v->sample_w[b], (size_t)T * V);
         for (int t = 0; t < T;) {
             if (v->host_w[r0 + t] != 0.0f) {
                 t++;
@@ -369,7 +376,6 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
             t = e;
         }
     }
-    const size_t N = (size_t)m->B * T;
     loom_backend_copy_to_host(be, m->losses_host, m->losses, N * sizeof(float));
     double s = 0.0;
     for (size_t i = 0; i < N; i++)
@@ -382,11 +388,6 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
 
 loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
     const loom_model_config *c = &m->cfg;
-    if (m->tp && m->tp->size > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tp %d: the vlm family runs without tensor parallelism so far "
-                              "(its masked loss is not vocabulary-parallel; expected --tp 1)",
-                              m->tp->size);
     if (loom_model_cp_on(m))
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--cp: the vlm family runs without context parallelism so far "

@@ -8,7 +8,9 @@ Llama decoder) on one process and in the layouts below; checks that every loss a
 final weight equal the single-process run (whole model <= 1e-5, worst tensor <= 1e-4, as
 tests/harness/loomtest.py explains), that the initial weights are bitwise the unsharded
 ones, and that one layout twice is bitwise identical. The pipeline layouts hold the encoder
-and projector on the first stage (Megatron's placement). A second case freezes the vision
+and projector on the first stage (Megatron's placement); under tensor parallelism every
+tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sharded and
+the masked loss vocabulary-parallel. A second case freezes the vision
 encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
 end bitwise as they started. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
@@ -33,7 +35,11 @@ LAYOUTS = [
     ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
     ("pp2_1f1b", 2, ["--pp", "2", "--pp-schedule", "1f1b"]),
     ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+    ("tp2", 2, ["--tp", "2"]),
+    ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("recompute", 1, ["--recompute"]),
+    ("pp2_dp2_tp2_sp", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
+                           "--zero", "1"]),
 ]
 H, W, P, T, MAX_IMAGES = 12, 8, 4, 24, 2  # 3 x 2 = 6 image tokens of 4 x 4 patches
 
@@ -102,7 +108,7 @@ def main():
         print(f"vlm: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
         for name, ranks, extra in LAYOUTS:
             compare(layouts, ref, name, ranks, extra)
-        for name, ranks, extra in (LAYOUTS[1], LAYOUTS[3]):
+        for name, ranks, extra in (LAYOUTS[1], LAYOUTS[3], LAYOUTS[6]):
             again = layouts.run(name + "_again", ranks, extra)
             same = bitwise(again, layouts.runs[name])
             check(same)
