@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cmd_generate_vlm.h"
 #include "core/philox.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
@@ -16,6 +17,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: loom generate --weights PATH --prompt TEXT [--tokenizer gpt2|DIR|bytes]\n"
+               "       (a vlm: --weights PATH --image FILE.png [--prompt TEXT]; --image --help)\n"
                "       [--max-tokens N (100)] [--temperature T (0.8; 0 = greedy)]\n"
                "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
                "Streams the prompt's continuation to stdout. The tokenizer defaults to bytes for\n"
@@ -41,6 +43,9 @@ static void emit(const loom_tokenizer *tok, int32_t id) {
 }
 
 int loom_cmd_generate(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* a vlm's text for an image: cmd_generate_vlm.c */
+        if (strcmp(argv[i], "--image") == 0 || strncmp(argv[i], "--image=", 8) == 0)
+            return loom_cmd_generate_vlm(argc, argv);
     const char *weights = NULL, *prompt = NULL, *tok_name = NULL;
     int max_tokens = 100;
     unsigned long long seed = 1337;
