@@ -1,6 +1,7 @@
 /* --freeze's part names (model/vlm_parts.h). */
 #include "model/vlm_parts.h"
 
+#include <jansson.h>
 #include <string.h>
 
 /* ---- --freeze ---- */
@@ -41,4 +42,17 @@ loom_status loom_vlm_parse_freeze(const char *list, int *parts, loom_error *err)
                               "at most two of vision, projector, llm)",
                               list);
     return LOOM_OK;
+}
+
+int loom_vlm_parts_absent(const loom_safetensors *f) {
+    static const struct {
+        const char *name;
+        int bit;
+    } first[] = {{"vision.patch_embed.weight", LOOM_VLM_PART_VISION},
+                 {"projector.fc1.weight", LOOM_VLM_PART_PROJECTOR},
+                 {"model.embed_tokens.weight", LOOM_VLM_PART_LLM}};
+    int absent = 0;
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
+        if (!json_object_get((const json_t *)f->header, first[i].name)) absent |= first[i].bit;
+    return absent;
 }

@@ -4,6 +4,7 @@
 #ifndef LOOM_MODEL_VLM_PARTS_H
 #define LOOM_MODEL_VLM_PARTS_H
 
+#include "ckpt/safetensors.h"
 #include "core/error.h"
 
 /* Which parts of a vlm are frozen (--freeze): bit flags. */
@@ -19,5 +20,10 @@ typedef enum {
 loom_status loom_vlm_parse_freeze(const char *list, int *parts, loom_error *err);
 /* The part a parameter belongs to, from its name (vision.*, projector.*, else llm). */
 loom_vlm_part loom_vlm_param_part(const char *name);
+
+/* The parts a weights file holds none of (loom_vlm_part bits): a part is there when its
+ * first tensor is (vision.patch_embed.weight, projector.fc1.weight,
+ * model.embed_tokens.weight); --init-from keeps the absent parts' initialisation. */
+int loom_vlm_parts_absent(const loom_safetensors *f);
 
 #endif

@@ -66,4 +66,18 @@ expect "data vlm input" "--input 'mnist': expected fashion-mnist" -- \
     data vlm --input mnist --out "$TMP/d"
 expect "data vlm grid" "--grid '4': expected an integer from 2 to 3" -- \
     data vlm --input fashion-mnist --out "$TMP/d" --grid 4
+# --init-from a file with only some parts: those load, the others keep their initialisation
+trains --save-weights "$TMP/w.safetensors"
+/usr/bin/python3 - "$TMP" "$(dirname "$0")/../reference" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import safetensors_io as st
+w = st.load(f"{sys.argv[1]}/w.safetensors")
+st.save(f"{sys.argv[1]}/llm.safetensors", {k: v for k, v in w.items() if k.startswith(("model.", "lm_head"))})
+st.save(f"{sys.argv[1]}/none.safetensors", {"other.weight": w["lm_head.weight"]})
+PY
+check "--init-from the decoder only" trains --init-from "$TMP/llm.safetensors"
+check "--init-from says what it kept" grep -q "kept from initialisation: vision projector" "$TMP/log"
+expect "--init-from without a vlm part" "holds no part of a vlm" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --init-from "$TMP/none.safetensors"
 finish test_vlm_bad_input
