@@ -93,7 +93,9 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
            a->vocab_size == b->vocab_size && a->seq_len == b->seq_len &&
            a->channels == b->channels && a->frames == b->frames && a->height == b->height &&
            a->width == b->width && a->patch == b->patch && a->patch_t == b->patch_t &&
-           a->n_classes == b->n_classes;
+           a->n_classes == b->n_classes && a->vit_layers == b->vit_layers &&
+           a->vit_d_model == b->vit_d_model && a->vit_n_head == b->vit_n_head &&
+           a->vit_d_ff == b->vit_d_ff && a->max_images == b->max_images;
 }
 
 /* 1 when the checkpoint holds the weights' moving average (saved with --ema-decay). */

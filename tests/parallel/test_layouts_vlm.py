@@ -7,7 +7,8 @@ On a random vlm shard (docs/vlm.md's format, written here: samples with 0 to 2 i
 Llama decoder) on one process and in the layouts below; checks that every loss and every
 final weight equal the single-process run (whole model <= 1e-5, worst tensor <= 1e-4, as
 tests/harness/loomtest.py explains), that the initial weights are bitwise the unsharded
-ones, and that one layout twice is bitwise identical. The pipeline layouts hold the encoder
+ones, that one layout twice is bitwise identical, and that a run stopped at a checkpoint and
+resumed (in its layout: bitwise; in pp 2: equal) ends as the uninterrupted run. The pipeline layouts hold the encoder
 and projector on the first stage (Megatron's placement); under tensor parallelism every
 tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sharded and
 the masked loss vocabulary-parallel. A second case freezes the vision
@@ -113,6 +114,23 @@ def main():
             same = bitwise(again, layouts.runs[name])
             check(same)
             print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+        # saved at step 3 in one layout, resumed from there: the same end
+        ckpt = os.path.join(tmp, "ckpt")
+        saver = layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt,
+                                          "--ckpt-every", "3"])
+        step3 = os.path.join(ckpt, "step_00000003")
+        same = layouts.run("resumed_same", 2, ["--dp", "2", "--zero", "1", "--resume", step3])
+        ok = same.losses == saver.losses[3:] and same_tensors(same.params, saver.params)
+        check(ok)
+        print(f"  resumed at step 3 in the saving layout (dp2 ZeRO-1): "
+              f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
+        res = layouts.run("resumed_pp2", 2, ["--pp", "2", "--resume", step3])
+        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
+        loss_err = loss_error(res.losses, ref.losses[3:])
+        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
+        check(ok)
+        print(f"  resumed at step 3 (dp2 ZeRO-1 -> pp2): losses {loss_err:.2e}  weights "
+              f"{all_err:.2e}  {'ok' if ok else 'FAIL'}")
         frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
         fref = frozen.run("single", 1)
         print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
