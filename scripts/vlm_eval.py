@@ -4,7 +4,7 @@ caption grids of a vlm shard (from t10k), runs `loom generate --image` (greedy) 
 parses the text back into position -> class; prints the share of positions whose class
 the model names correctly, then the same with a black image instead of the grid (the model
 must look at the image: a blind guess names ~10-25%). Writes the grids as one PNG and the
-model's text per grid to OUT.txt. Usage:
+model's text per grid to OUT.txt, the first grid alone to OUT_first.png. Usage:
   scripts/vlm_eval.py --loom build/loom --weights W --shard DIR/val_000000.bin [--n 200]
                       [--out runs/vlm/heldout]
 Prints one JSON object last: {"grids", "accuracy", "accuracy_black"}."""
@@ -103,6 +103,7 @@ def main():
     with open(a.out + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     if shown:
+        write_png(a.out + "_first.png", shown[0])  # one grid alone, for loom generate --image
         h, w = shown[0].shape
         sheet = np.full((2 * (h + 4), 8 * (w + 4)), 255, np.uint8)
         for k, img in enumerate(shown):
