@@ -3,7 +3,9 @@
 # Bible (Debian's bible-kjv): install what is missing, build, learn a 4096-token BPE,
 # tokenize into shards, train a small GPT-2 for a few minutes (progress on the terminal),
 # plot the loss curves and print a generated sample. Extra arguments go to `loom train`
-# (e.g. --steps 50). `bash scripts/demo.sh dit` runs the diffusion-transformer journey.
+# (e.g. --steps 50). `bash scripts/demo.sh dit` runs the diffusion-transformer journey,
+# `bash scripts/demo.sh vlm` the multimodal one,
+# `bash scripts/demo.sh rl` SFT then RL (GRPO) on arithmetic.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # `bash scripts/demo.sh dit`: the image and video journey instead (scripts/demo_dit.sh)
@@ -15,6 +17,11 @@ fi
 if [ "${1:-}" = rl ]; then
     shift
     exec bash scripts/demo_rl.sh "$@"
+fi
+# `bash scripts/demo.sh vlm`: the multimodal journey (scripts/demo_vlm.sh, docs/vlm.md)
+if [ "${1:-}" = vlm ]; then
+    shift
+    exec bash scripts/demo_vlm.sh "$@"
 fi
 say() { printf '\n== %s\n' "$*"; }
 

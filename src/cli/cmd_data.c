@@ -12,6 +12,7 @@
 
 #include "cli/cmd_data_arith.h"
 #include "cli/cmd_data_images.h"
+#include "cli/cmd_data_vlm.h"
 #include "core/fs.h"
 #include "data/dataset.h"
 #include "data/prepare.h"
@@ -60,7 +61,14 @@ static const char usage[] =
     "  Verifiable arithmetic (docs/rl.md): lines \"A+B=C\\n\" with A, B uniform in [0, 10^D),\n"
     "  as byte tokens in DIR/train_000000.bin and DIR/val_000000.bin (held-out pairs chosen\n"
     "  by the seed, never in train), the prompts \"A+B=\" one a line in DIR/train_prompts.txt\n"
-    "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n";
+    "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n"
+    "       loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
+    "                     [--val-samples N] [--questions F] [--seed S]\n"
+    "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
+    "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
+    "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
+    "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
+    "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n";
 
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer. */
 static int read_all(const char *path, unsigned char **data, size_t *n) {
@@ -260,9 +268,8 @@ static int cmd_prepare(int argc, char **argv) {
 
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "loom data: expected a subcommand (bytes, prepare, images, video, arith); "
-                        "see 'loom data "
-                        "--help'\n");
+        fprintf(stderr, "loom data: expected a subcommand (bytes, prepare, images, video, arith, "
+                        "vlm); see 'loom data --help'\n");
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -274,8 +281,10 @@ int loom_cmd_data(int argc, char **argv) {
     if (strcmp(argv[1], "images") == 0) return loom_cmd_data_images(argc - 1, argv + 1, usage);
     if (strcmp(argv[1], "video") == 0) return loom_cmd_data_video(argc - 1, argv + 1, usage);
     if (strcmp(argv[1], "arith") == 0) return loom_cmd_data_arith(argc - 1, argv + 1, usage);
+    if (strcmp(argv[1], "vlm") == 0) return loom_cmd_data_vlm(argc - 1, argv + 1, usage);
     fprintf(stderr,
-            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video, arith)\n",
+            "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video, arith, "
+            "vlm)\n",
             argv[1]);
     return 2;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cmd_generate_vlm.h"
 #include "core/philox.h"
 #include "data/tokenizer.h"
 #include "model/gemm_shapes.h"
@@ -21,6 +22,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: loom generate --weights PATH (--prompt TEXT | --prompt-file FILE)\n"
                "       [--tokenizer gpt2|DIR|bytes] [--batch N (64)]\n"
+               "       (a vlm: --weights PATH --image FILE.png [--prompt TEXT]; --image --help)\n"
                "       [--max-tokens N (100)] [--temperature T (0.8; 0 = greedy)]\n"
                "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
                "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
@@ -222,6 +224,9 @@ done:
 }
 
 int loom_cmd_generate(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* a vlm's text for an image: cmd_generate_vlm.c */
+        if (strcmp(argv[i], "--image") == 0 || strncmp(argv[i], "--image=", 8) == 0)
+            return loom_cmd_generate_vlm(argc, argv);
     const char *weights = NULL, *prompt = NULL, *tok_name = NULL, *prompt_file = NULL;
     int max_tokens = 100, batch = 64;
     unsigned long long seed = 1337;

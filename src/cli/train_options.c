@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/suggest.h"
+#include "model/vlm.h"
 
 typedef enum {
     OPT_INT,
@@ -17,7 +18,8 @@ typedef enum {
     OPT_FAMILY,
     OPT_BOOL,
     OPT_LIST,
-    OPT_T_SAMPLING
+    OPT_T_SAMPLING,
+    OPT_FREEZE /* vlm parts: model/vlm.h's bit flags */
 } opt_type;
 
 typedef struct {
@@ -34,8 +36,9 @@ typedef struct {
 
 static const opt_def OPTS[] = {
     {"model", OPT_STRING, S(preset), 64,
-     "preset: gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small"},
-    {"family", OPT_FAMILY, M(family), 0, "gpt2 | llama | dit"},
+     "preset: gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small, vlm-tiny, "
+     "vlm-small"},
+    {"family", OPT_FAMILY, M(family), 0, "gpt2 | llama | dit | vlm"},
     {"n-layer", OPT_INT, M(n_layer), 0, "transformer blocks"},
     {"n-head", OPT_INT, M(n_head), 0, "attention (query) heads"},
     {"n-kv-head", OPT_INT, M(n_kv_head), 0, "key/value heads (llama: divides n-head)"},
@@ -60,6 +63,14 @@ static const opt_def OPTS[] = {
     {"patch", OPT_INT, M(patch), 0, "dit: patch size p (p x p pixels per token)"},
     {"patch-t", OPT_INT, M(patch_t), 0, "dit: frames per patch (video)"},
     {"n-classes", OPT_INT, M(n_classes), 0, "dit: classes (plus the null class for guidance)"},
+    {"vit-layers", OPT_INT, M(vit_layers), 0, "vlm: vision encoder blocks"},
+    {"vit-d-model", OPT_INT, M(vit_d_model), 0, "vlm: vision encoder width"},
+    {"vit-n-head", OPT_INT, M(vit_n_head), 0, "vlm: vision encoder heads"},
+    {"vit-d-ff", OPT_INT, M(vit_d_ff), 0, "vlm: vision encoder MLP width"},
+    {"vit-patch", OPT_INT, M(patch), 0, "vlm: patch size p of the vision encoder (= --patch)"},
+    {"max-images", OPT_INT, M(max_images), 0, "vlm: image slots per sample"},
+    {"freeze", OPT_FREEZE, M(freeze), 0,
+     "vlm: parts that are not trained, a subset of vision,projector,llm (not all three)"},
     {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
      "dit: flow-matching times, logit-normal (SD3) | uniform"},
     {"class-dropout", OPT_FLOAT, TR(flow.class_dropout), 0,
@@ -297,14 +308,20 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
             *(loom_family *)base = LOOM_FAMILY_LLAMA;
         else if (strcmp(v, "dit") == 0)
             *(loom_family *)base = LOOM_FAMILY_DIT;
+        else if (strcmp(v, "vlm") == 0)
+            *(loom_family *)base = LOOM_FAMILY_VLM;
         else
-            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2, llama or dit",
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2, llama, dit or vlm",
                                   s->origin, v);
         break;
     case OPT_T_SAMPLING:
         if (loom_t_sampling_parse(v, (loom_t_sampling *)base, NULL) != LOOM_OK)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected logit-normal or uniform",
                                   s->origin, v);
+        break;
+    case OPT_FREEZE:
+        if (loom_vlm_parse_freeze(v, (int *)base, err) != LOOM_OK) /* names --freeze */
+            return LOOM_ERR_INPUT;
         break;
     }
     return LOOM_OK;
@@ -414,7 +431,9 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
         for (int i = 0; i < both[l]->n; i++)
             if (strcmp(both[l]->items[i].def->key, "family") == 0)
                 snprintf(o->preset, sizeof o->preset, "%s",
-                         strcmp(both[l]->items[i].value, "dit") == 0 ? "dit-tiny" : "gpt2-tiny");
+                         strcmp(both[l]->items[i].value, "dit") == 0   ? "dit-tiny"
+                         : strcmp(both[l]->items[i].value, "vlm") == 0 ? "vlm-tiny"
+                                                                       : "gpt2-tiny");
     loom_status st;
     if (preset && (st = apply(o, preset, err))) return st;
     if (loom_model_preset(&o->model, o->preset, NULL) != LOOM_OK)
@@ -431,7 +450,8 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
     for (int l = 0; l < 2; l++)
         for (int i = 0; i < lists[l]->n; i++)
             kv_given |= strcmp(lists[l]->items[i].def->key, "n-kv-head") == 0;
-    if (!kv_given && o->model.family != LOOM_FAMILY_LLAMA) o->model.n_kv_head = o->model.n_head;
+    if (!kv_given && o->model.family != LOOM_FAMILY_LLAMA && o->model.family != LOOM_FAMILY_VLM)
+        o->model.n_kv_head = o->model.n_head;
     /* A dit's sequence is its patch tokens (checked against an explicit --seq-len). */
     int seq_given = 0;
     for (int l = 0; l < 2; l++)
@@ -483,6 +503,13 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
         case OPT_T_SAMPLING:
             fprintf(f, "%s\n", loom_t_sampling_name(*(const loom_t_sampling *)base));
             break;
+        case OPT_FREEZE: {
+            const int parts = *(const int *)base;
+            fprintf(f, "%s%s%s%s\n", parts & LOOM_VLM_PART_VISION ? "vision " : "",
+                    parts & LOOM_VLM_PART_PROJECTOR ? "projector " : "",
+                    parts & LOOM_VLM_PART_LLM ? "llm" : "", parts ? "" : "none");
+            break;
+        }
         }
     }
 }

@@ -34,15 +34,33 @@ static const preset PRESETS[] = {
     {"dit-tiny", DIT(4, 4, 128, 512, 4)},
     {"dit-small", DIT(12, 6, 384, 1536, 2)},
 #undef DIT
+/* Multimodal LLMs (model/vlm.h) sized for Fashion-MNIST grids (loom data vlm): vlm-tiny
+ * reads 2 x 2 grids (56 x 56, 64 patch tokens of 7 x 7), vlm-small 3 x 3 grids (84 x 84,
+ * 144 tokens); byte-level vocabulary 256 + <image> + <|endoftext|>, rounded up to 264. */
+#define VLM(L, H, KV, C, F, T, px, VL, VC, VH)                                                     \
+    {                                                                                              \
+        .family = LOOM_FAMILY_VLM, .n_layer = L, .n_head = H, .n_kv_head = KV, .d_model = C,       \
+        .d_ff = F, .vocab_size = 264, .seq_len = T, .norm_eps = 1e-5f, .rope_theta = 10000.0f,     \
+        .top_k = 2, .moe_every = 1, .aux_loss_coef = 0.01f, .channels = 1, .frames = 1,            \
+        .height = px, .width = px, .patch = 7, .patch_t = 1, .vit_layers = VL, .vit_d_model = VC,  \
+        .vit_n_head = VH, .vit_d_ff = 4 * VC, .max_images = 1                                      \
+    }
+    {"vlm-tiny", VLM(2, 4, 2, 128, 352, 192, 56, 2, 64, 4)},
+    {"vlm-small", VLM(4, 8, 4, 256, 704, 400, 84, 4, 192, 6)},
+#undef VLM
 };
 #define N_PRESETS (int)(sizeof PRESETS / sizeof PRESETS[0])
 
 const char *loom_model_preset_names(void) {
-    return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small";
+    return "gpt2-tiny, gpt2-small, llama-tiny, llama-100m, dit-tiny, dit-small, vlm-tiny, "
+           "vlm-small";
 }
 
 const char *loom_family_name(loom_family f) {
-    return f == LOOM_FAMILY_GPT2 ? "gpt2" : f == LOOM_FAMILY_LLAMA ? "llama" : "dit";
+    return f == LOOM_FAMILY_GPT2    ? "gpt2"
+           : f == LOOM_FAMILY_LLAMA ? "llama"
+           : f == LOOM_FAMILY_VLM   ? "vlm"
+                                    : "dit";
 }
 
 loom_status loom_model_preset(loom_model_config *cfg, const char *name, loom_error *err) {
@@ -143,12 +161,70 @@ static loom_status validate_dit(const loom_model_config *c, loom_error *err) {
     return LOOM_OK;
 }
 
+/* --vit-layers, --vit-d-model, --vit-n-head, --vit-d-ff, --vit-patch, --max-images and the
+ * image shape (family vlm). */
+static loom_status validate_vlm(const loom_model_config *c, loom_error *err) {
+    struct {
+        const char *flag;
+        int value, min, max;
+    } range[] = {
+        {"--vit-layers", c->vit_layers, 1, 1024}, {"--vit-d-model", c->vit_d_model, 4, 1 << 16},
+        {"--vit-n-head", c->vit_n_head, 1, 1024}, {"--vit-d-ff", c->vit_d_ff, 1, 1 << 18},
+        {"--max-images", c->max_images, 1, 64},   {"--channels", c->channels, 1, 4},
+        {"--height", c->height, 1, 4096},         {"--width", c->width, 1, 4096},
+        {"--vit-patch", c->patch, 1, 64}};
+    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++)
+        if (range[i].value < range[i].min || range[i].value > range[i].max)
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s %d: expected %d..%d (vlm family)",
+                                  range[i].flag, range[i].value, range[i].min, range[i].max);
+    if (c->height % c->patch != 0 || c->width % c->patch != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--vit-patch %d: must divide the image size %d x %d (--height, "
+                              "--width)",
+                              c->patch, c->height, c->width);
+    if (c->frames != 1 || c->patch_t != 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--frames %d --patch-t %d: the vlm family reads images (expected 1)",
+                              c->frames, c->patch_t);
+    if (c->vit_d_model % c->vit_n_head != 0 || c->vit_d_model % 4 != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--vit-d-model %d: must be a multiple of 4 (2-D sin-cos positions) "
+                              "and of --vit-n-head %d",
+                              c->vit_d_model, c->vit_n_head);
+    if (c->n_experts != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--n-experts %d: the vlm family has a dense decoder (expected 0)",
+                              c->n_experts);
+    const int tokens = loom_model_dit_tokens(c);
+    if (tokens >= c->seq_len)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--seq-len %d: must exceed an image's %d patch tokens (vlm family)",
+                              c->seq_len, tokens);
+    if (c->vocab_size < 258)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--vocab-size %d: the vlm family needs at least 258 (bytes, <image>, "
+                              "<|endoftext|>)",
+                              c->vocab_size);
+    return LOOM_OK;
+}
+
 loom_status loom_model_config_validate(const loom_model_config *c, loom_error *err) {
     /* a dit's shape first: its sequence length follows from it */
     if (c->family == LOOM_FAMILY_DIT) {
         loom_status st = validate_dit(c, err);
         if (st) return st;
     }
+    if (c->family == LOOM_FAMILY_VLM) {
+        loom_status st = validate_vlm(c, err);
+        if (st) return st;
+    } else if (c->freeze) {
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze: only the vlm family has parts to freeze (--family vlm)");
+    }
+    if (c->freeze < 0 || c->freeze >= 7)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze: every part frozen leaves nothing to train (expected at "
+                              "most two of vision, projector, llm)");
     struct {
         const char *flag;
         int value;
@@ -172,7 +248,8 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
                               "--n-kv-head %d: the gpt2 family has no grouped-query attention "
                               "(expected n_kv_head == n_head == %d)",
                               c->n_kv_head, c->n_head);
-    if (c->family == LOOM_FAMILY_LLAMA && (c->d_model / c->n_head) % 2 != 0)
+    if (c->family != LOOM_FAMILY_GPT2 && c->family != LOOM_FAMILY_DIT &&
+        (c->d_model / c->n_head) % 2 != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--n-head %d: head dim %d must be even for RoPE (llama family)",
                               c->n_head, c->d_model / c->n_head);
@@ -180,7 +257,7 @@ loom_status loom_model_config_validate(const loom_model_config *c, loom_error *e
         return loom_error_set(err, LOOM_ERR_INPUT, "--vocab-size %d: too large", c->vocab_size);
     if (!(c->norm_eps > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--norm-eps %g: expected > 0", c->norm_eps);
-    if (c->family == LOOM_FAMILY_LLAMA && !(c->rope_theta > 0.0f))
+    if ((c->family == LOOM_FAMILY_LLAMA || c->family == LOOM_FAMILY_VLM) && !(c->rope_theta > 0.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--rope-theta %g: expected > 0", c->rope_theta);
     return validate_moe(c, err);
 }

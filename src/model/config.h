@@ -6,7 +6,12 @@
 
 #include "core/error.h"
 
-typedef enum { LOOM_FAMILY_GPT2 = 0, LOOM_FAMILY_LLAMA = 1, LOOM_FAMILY_DIT = 2 } loom_family;
+typedef enum {
+    LOOM_FAMILY_GPT2 = 0,
+    LOOM_FAMILY_LLAMA = 1,
+    LOOM_FAMILY_DIT = 2,
+    LOOM_FAMILY_VLM = 3 /* a ViT encoder + projector feeding a Llama decoder (model/vlm.h) */
+} loom_family;
 
 typedef struct {
     loom_family family;
@@ -32,6 +37,15 @@ typedef struct {
      * (seq_len is then the token count, loom_model_dit_tokens); n_classes labels plus the
      * null class of classifier-free guidance. */
     int channels, frames, height, width, patch, patch_t, n_classes;
+    /* Multimodal LLM (family vlm, model/vlm.h): the vision encoder's blocks, width, heads
+     * and MLP width over channels x height x width images cut into patch x patch patches
+     * (the fields above; frames = patch_t = 1), and the image slots of one sample. The
+     * decoder is the Llama family's shape above (n_layer, d_model, ...). */
+    int vit_layers, vit_d_model, vit_n_head, vit_d_ff, max_images;
+    /* vlm: parts that are not trained (--freeze; loom_vlm_part bits, model/vlm.h): the
+     * registry marks their tensors frozen, backward computes no gradients for them and the
+     * optimizer leaves them as they are. Not part of the saved configuration. */
+    int freeze;
 } loom_model_config;
 
 /* Fills cfg from a preset name; LOOM_ERR_INPUT naming --model for unknown names. */

@@ -39,7 +39,37 @@ json_t *loom_model_config_to_json(const loom_model_config *c) {
                                       c->channels, "frames", c->frames, "height", c->height,
                                       "width", c->width, "patch", c->patch, "patch_t", c->patch_t,
                                       "n_classes", c->n_classes));
+    /* Multimodal LLM: the image shape and the vision encoder. */
+    if (j && c->family == LOOM_FAMILY_VLM)
+        json_object_set_new(j, "vlm",
+                            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "channels",
+                                      c->channels, "height", c->height, "width", c->width, "patch",
+                                      c->patch, "vit_layers", c->vit_layers, "vit_d_model",
+                                      c->vit_d_model, "vit_n_head", c->vit_n_head, "vit_d_ff",
+                                      c->vit_d_ff, "max_images", c->max_images));
     return j;
+}
+
+/* model.vlm (family vlm only). */
+static loom_status parse_vlm(const ctx *c, const json_t *j, loom_model_config *mc) {
+    if (mc->family != LOOM_FAMILY_VLM) return LOOM_OK;
+    struct {
+        const char *key;
+        int *dst;
+    } ints[] = {{"channels", &mc->channels},     {"height", &mc->height},
+                {"width", &mc->width},           {"patch", &mc->patch},
+                {"vit_layers", &mc->vit_layers}, {"vit_d_model", &mc->vit_d_model},
+                {"vit_n_head", &mc->vit_n_head}, {"vit_d_ff", &mc->vit_d_ff},
+                {"max_images", &mc->max_images}};
+    if (!json_is_object(j)) return bad(c, "%s", "model.vlm: missing (family vlm)");
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t x;
+        if (!loom_json_int_in(json_object_get(j, ints[i].key), 1, 1 << 20, &x))
+            return bad(c, "model.vlm: '%s' must be a positive integer", ints[i].key);
+        *ints[i].dst = (int)x;
+    }
+    mc->frames = mc->patch_t = 1;
+    return LOOM_OK;
 }
 
 /* model.dit (family dit only). */
@@ -97,10 +127,12 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
     memset(mc, 0, sizeof *mc);
     const char *family = json_string_value(json_object_get(j, "family"));
     if (!json_is_object(j) || !family ||
-        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 && strcmp(family, "dit") != 0))
-        return bad(c, "%s", "model: needs family gpt2, llama or dit");
+        (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 &&
+         strcmp(family, "dit") != 0 && strcmp(family, "vlm") != 0))
+        return bad(c, "%s", "model: needs family gpt2, llama, dit or vlm");
     mc->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
                  : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA
+                 : strcmp(family, "vlm") == 0   ? LOOM_FAMILY_VLM
                                                 : LOOM_FAMILY_DIT;
     struct {
         const char *key;
@@ -123,5 +155,6 @@ loom_status loom_model_config_from_json(loom_model_config *mc, const json_t *j, 
     mc->norm_eps = e;
     mc->rope_theta = th;
     loom_status st = parse_moe(c, json_object_get(j, "moe"), mc);
+    if (!st) st = parse_vlm(c, json_object_get(j, "vlm"), mc);
     return st ? st : parse_dit(c, json_object_get(j, "dit"), mc);
 }

@@ -90,5 +90,11 @@ size_t loom_model_attention_scratch_floats(const loom_model *m, int H);
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);
+/* The multimodal LLM's side (vlm.c): the language models' table with the encoder, the
+ * projector, the image rows and the masked loss; its arena. */
+loom_status loom_vlm_attach(loom_model *m, loom_error *err);
+void loom_vlm_detach(loom_model *m);
+/* Words of a vlm batch record (also in model/vlm.h, which would include back into here). */
+int loom_vlm_record_words(const loom_model_config *cfg);
 
 #endif

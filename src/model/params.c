@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/philox.h"
+#include "model/vlm_parts.h"
 
 typedef struct {
     loom_param_table *t;
@@ -135,6 +136,53 @@ static void add_dit(builder *b, const loom_model_config *c, const loom_layer_set
     }
 }
 
+/* A vlm's vision encoder and projector (model/vlm.h), on the first stage in front of the
+ * decoder's embedding; replicated over tp (every rank encodes the micro-batch's images). */
+static loom_status add_vlm(builder *b, const loom_model_config *c) {
+    loom_vlm_params *v = &b->t->vlm;
+    const int D = c->vit_d_model, F = c->vit_d_ff, C = c->d_model;
+    const int P = loom_model_dit_patch_floats(c);
+    const float std = 0.02f;
+    v->blocks = calloc((size_t)c->vit_layers, sizeof *v->blocks);
+    if (!v->blocks) return LOOM_ERR_NOMEM;
+    v->n_layer = c->vit_layers;
+    v->begin = b->t->total;
+    v->patch_w = add(b, "vision.patch_embed.weight", D, P, LOOM_INIT_UNIFORM, xavier(P, D));
+    v->patch_b = add(b, "vision.patch_embed.bias", D, 0, LOOM_INIT_ZEROS, 0);
+    char n[LOOM_PARAM_NAME_MAX];
+    for (int l = 0; l < c->vit_layers; l++) {
+        loom_block_params *k = &v->blocks[l];
+        k->begin = b->t->total;
+        k->moe = 0;
+        k->gate_w = k->ada_w = k->ada_b = LOOM_NO_PARAM;
+#define V(field, suffix, rows, cols, init, s)                                                      \
+    (snprintf(n, sizeof n, "vision.blocks.%d.%s", l, suffix),                                      \
+     k->field = add(b, n, rows, cols, init, s))
+        V(norm1_w, "norm1.weight", D, 0, LOOM_INIT_ONES, 0);
+        V(norm1_b, "norm1.bias", D, 0, LOOM_INIT_ZEROS, 0);
+        V(qkv_w, "attn.qkv.weight", 3 * D, D, LOOM_INIT_NORMAL, std);
+        V(qkv_b, "attn.qkv.bias", 3 * D, 0, LOOM_INIT_ZEROS, 0);
+        V(attn_out_w, "attn.proj.weight", D, D, LOOM_INIT_NORMAL, std);
+        V(attn_out_b, "attn.proj.bias", D, 0, LOOM_INIT_ZEROS, 0);
+        V(norm2_w, "norm2.weight", D, 0, LOOM_INIT_ONES, 0);
+        V(norm2_b, "norm2.bias", D, 0, LOOM_INIT_ZEROS, 0);
+        V(fc_w, "mlp.fc1.weight", F, D, LOOM_INIT_NORMAL, std);
+        V(fc_b, "mlp.fc1.bias", F, 0, LOOM_INIT_ZEROS, 0);
+        V(proj_w, "mlp.fc2.weight", D, F, LOOM_INIT_NORMAL, std);
+        V(proj_b, "mlp.fc2.bias", D, 0, LOOM_INIT_ZEROS, 0);
+#undef V
+    }
+    v->norm_w = add(b, "vision.norm.weight", D, 0, LOOM_INIT_ONES, 0);
+    v->norm_b = add(b, "vision.norm.bias", D, 0, LOOM_INIT_ZEROS, 0);
+    v->proj_begin = b->t->total;
+    v->fc1_w = add(b, "projector.fc1.weight", C, D, LOOM_INIT_NORMAL, std);
+    v->fc1_b = add(b, "projector.fc1.bias", C, 0, LOOM_INIT_ZEROS, 0);
+    v->fc2_w = add(b, "projector.fc2.weight", C, C, LOOM_INIT_NORMAL, std);
+    v->fc2_b = add(b, "projector.fc2.bias", C, 0, LOOM_INIT_ZEROS, 0);
+    v->end = b->t->total;
+    return LOOM_OK;
+}
+
 loom_status loom_params_check_tp(const loom_model_config *c, int tp, loom_error *err) {
     if (tp <= 1) return LOOM_OK;
     struct {
@@ -235,7 +283,8 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     if (st) return st;
     const int L = c->n_layer, C = c->d_model, F = c->d_ff, V = c->vocab_size;
     const int hd = C / c->n_head, Hq = c->n_head * hd, Hkv = c->n_kv_head * hd;
-    const int capacity = 8 + L * (16 + 4 * (c->n_experts > 0 ? c->n_experts : 0) + 8);
+    const int capacity = 8 + L * (16 + 4 * (c->n_experts > 0 ? c->n_experts : 0) + 8) +
+                         (c->family == LOOM_FAMILY_VLM ? 16 + 12 * c->vit_layers : 0);
     t->params = calloc((size_t)capacity, sizeof *t->params);
     t->blocks = calloc((size_t)L, sizeof *t->blocks);
     t->layer_ids = calloc((size_t)L + 1, sizeof *t->layer_ids);
@@ -260,6 +309,7 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     char n[LOOM_PARAM_NAME_MAX];
     const int gpt2 = c->family == LOOM_FAMILY_GPT2;
     t->wte = t->wpe = t->normf_w = t->normf_b = t->lm_head = LOOM_NO_PARAM;
+    t->vlm.begin = t->vlm.end = t->vlm.proj_begin = LOOM_NO_PARAM;
     if (c->family == LOOM_FAMILY_DIT) {
         add_dit(&b, c, set);
     } else if (gpt2 && (set->first || set->last)) {
@@ -270,6 +320,10 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
         if (set->first)
             t->wpe = add(&b, "transformer.wpe.weight", c->seq_len, C, LOOM_INIT_NORMAL, std);
     } else if (set->first) {
+        if (c->family == LOOM_FAMILY_VLM && add_vlm(&b, c) != LOOM_OK) {
+            loom_params_free(t);
+            return loom_error_set(err, LOOM_ERR_NOMEM, "parameter registry: out of memory");
+        }
         t->wte = add_placed(&b, "model.embed_tokens.weight", V, C, LOOM_INIT_NORMAL, std, 0, 1);
     }
     for (int i = 0; i < t->n_layer && c->family != LOOM_FAMILY_DIT; i++) {
@@ -343,11 +397,13 @@ static loom_status build_table(loom_param_table *t, const loom_model_config *c, 
     for (int i = 0; i < t->n_params; i++) {
         loom_param *p = &t->params[i];
         p->counted_in_norm = !p->replica && (p->tp_dim >= 0 || p->tp_rank == 0);
+        p->frozen = c->freeze && (c->freeze & (int)loom_vlm_param_part(p->name)) != 0;
     }
     return LOOM_OK;
 }
 
 void loom_params_free(loom_param_table *t) {
+    free(t->vlm.blocks);
     free(t->params);
     free(t->blocks);
     free(t->layer_ids);

@@ -56,6 +56,8 @@ typedef struct {
     /* 1 where this rank's copy counts in the global gradient norm (set by the builder:
      * tp shards always, tp-replicated tensors on tp rank 0, tied copies never). */
     int counted_in_norm;
+    /* 1 for a tensor of a frozen vlm part (--freeze): no gradient, no optimizer update. */
+    int frozen;
 } loom_param;
 
 /* Offsets of one expert's (or the shared expert's) feed-forward tensors: fc [FC, C]
@@ -97,6 +99,21 @@ typedef struct {
     size_t final_w, final_b;                   /* final linear [P_out, C] */
 } loom_dit_params;
 
+/* Offsets of a vlm's vision encoder and projector (model/vlm.h), all on the first pipeline
+ * stage in front of the decoder's embedding (LOOM_NO_PARAM elsewhere). The encoder's
+ * blocks reuse loom_block_params: LayerNorm (norm1/norm2 with biases), fused qkv with
+ * bias, attn_out, fc (GELU) and proj, each with a bias. */
+typedef struct {
+    size_t begin, end;         /* the encoder and projector: the flat range [begin, end) */
+    size_t proj_begin;         /* the projector's first tensor */
+    size_t patch_w, patch_b;   /* [Dv, C*p*p], [Dv] */
+    size_t norm_w, norm_b;     /* the encoder's final LayerNorm [Dv] */
+    size_t fc1_w, fc1_b;       /* projector [d_model, Dv], [d_model] */
+    size_t fc2_w, fc2_b;       /* projector [d_model, d_model], [d_model] */
+    loom_block_params *blocks; /* vit_layers entries (NULL: none here) */
+    int n_layer;
+} loom_vlm_params;
+
 typedef struct {
     loom_param *params;
     int n_params;
@@ -104,6 +121,7 @@ typedef struct {
     size_t wte, wpe, normf_w, normf_b, lm_head; /* lm_head == wte when tied */
     size_t head_begin; /* the head's flat range [head_begin, total) (total: no head here) */
     loom_dit_params dit;
+    loom_vlm_params vlm;       /* family vlm only */
     loom_block_params *blocks; /* n_layer entries */
     int n_layer;               /* blocks held here (all of them, or a pipeline stage's) */
     int *layer_ids;            /* n_layer entries: block i here is global layer layer_ids[i] */

@@ -171,8 +171,9 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
         return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
     }
     /* a dit brings its own table, conditioning and arena plan (model/dit.c) */
-    st = cfg->family == LOOM_FAMILY_DIT ? loom_dit_attach(m, err)
-                                        : loom_model_arena_allocate(m, m->ops->plan, err);
+    st = cfg->family == LOOM_FAMILY_DIT   ? loom_dit_attach(m, err)
+         : cfg->family == LOOM_FAMILY_VLM ? loom_vlm_attach(m, err)
+                                          : loom_model_arena_allocate(m, m->ops->plan, err);
     if (st) loom_model_destroy(m);
     return st;
 }
@@ -187,6 +188,7 @@ loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
 void loom_model_destroy(loom_model *m) {
     loom_moe_destroy(m->moe);
     loom_dit_detach(m);
+    loom_vlm_detach(m);
     if (m->be) {
         loom_backend_arena_destroy(&m->arena);
         loom_backend_free(m->be, m->inputs);
@@ -690,5 +692,6 @@ void loom_model_grad_stream_receive(loom_model *m, const float *buf) {
 }
 
 int loom_model_record_words(const loom_model_config *c) {
+    if (c->family == LOOM_FAMILY_VLM) return loom_vlm_record_words(c);
     return c->family == LOOM_FAMILY_DIT ? 2 + 2 * loom_model_dit_sample_floats(c) : c->seq_len + 1;
 }

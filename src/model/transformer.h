@@ -45,6 +45,7 @@ typedef struct loom_model loom_model;
 typedef loom_status (*loom_grads_ready_fn)(void *ctx, size_t begin, size_t end);
 struct loom_carver;               /* model/model_impl.h */
 typedef struct loom_dit loom_dit; /* model/dit.c: a DiT's inputs, conditioning, activations */
+typedef struct loom_vlm loom_vlm; /* model/vlm.c: a vlm's encoder, projector, images, weights */
 
 /* The pieces of forward and backward one family implements (transformer.c: the language
  * models; dit.c: the diffusion transformer). The model's public functions below call
@@ -119,6 +120,7 @@ struct loom_model {
     float *cond, *dcond;
     size_t cond_floats;
     loom_dit *dit; /* NULL unless family dit */
+    loom_vlm *vlm; /* NULL unless family vlm */
 };
 
 /* Pipeline stages (src/pipeline/) and zero-bubble schedules: LOOM_MODEL_SPLIT_BACKWARD

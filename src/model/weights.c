@@ -13,6 +13,18 @@
 static const char *const DIT_KEYS[N_DIT_META] = {"channels", "frames",  "height",   "width",
                                                  "patch",    "patch_t", "n_classes"};
 
+#define N_VLM_META 9 /* written only for vlm models */
+static const char *const VLM_KEYS[N_VLM_META] = {"channels",   "height",     "width",
+                                                 "patch",      "vit_layers", "vit_d_model",
+                                                 "vit_n_head", "vit_d_ff",   "max_images"};
+
+static void vlm_fields(loom_model_config *c, int *out[N_VLM_META]) {
+    int *f[N_VLM_META] = {&c->channels,   &c->height,     &c->width,
+                          &c->patch,      &c->vit_layers, &c->vit_d_model,
+                          &c->vit_n_head, &c->vit_d_ff,   &c->max_images};
+    for (int i = 0; i < N_VLM_META; i++) out[i] = f[i];
+}
+
 static void dit_fields(loom_model_config *c, int *out[N_DIT_META]) {
     int *f[N_DIT_META] = {&c->channels, &c->frames,  &c->height,   &c->width,
                           &c->patch,    &c->patch_t, &c->n_classes};
@@ -21,8 +33,8 @@ static void dit_fields(loom_model_config *c, int *out[N_DIT_META]) {
 
 loom_status loom_weights_save(const char *path, const loom_model_config *c,
                               const loom_param_table *t, const float *params, loom_error *err) {
-    char vals[N_META + N_MOE_META + N_DIT_META][32];
-    const char *keys[N_META + N_MOE_META + N_DIT_META] = {
+    char vals[N_META + N_MOE_META + N_DIT_META + N_VLM_META][32];
+    const char *keys[N_META + N_MOE_META + N_DIT_META + N_VLM_META] = {
         "format", "family",     "n_layer",       "n_head",          "n_kv_head",     "d_model",
         "d_ff",   "vocab_size", "seq_len",       "norm_eps",        "rope_theta",    "n_experts",
         "top_k",  "moe_every",  "shared_expert", "capacity_factor", "aux_loss_coef", "z_loss_coef"};
@@ -54,7 +66,16 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
             snprintf(vals[n], 32, "%d", *f[i]);
         }
     }
-    const char *values[N_META + N_MOE_META + N_DIT_META];
+    if (c->family == LOOM_FAMILY_VLM) { /* the image shape and the encoder */
+        loom_model_config copy = *c;
+        int *f[N_VLM_META];
+        vlm_fields(&copy, f);
+        for (int i = 0; i < N_VLM_META; i++, n++) {
+            keys[n] = VLM_KEYS[i];
+            snprintf(vals[n], 32, "%d", *f[i]);
+        }
+    }
+    const char *values[N_META + N_MOE_META + N_DIT_META + N_VLM_META];
     for (int i = 0; i < n; i++) values[i] = vals[i];
     return loom_params_write_safetensors(path, t, params, keys, values, n, err);
 }
@@ -137,14 +158,20 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
     const char *family = loom_safetensors_meta(&f, "family");
     memset(c, 0, sizeof *c);
     if (!family || (strcmp(family, "gpt2") != 0 && strcmp(family, "llama") != 0 &&
-                    strcmp(family, "dit") != 0)) {
+                    strcmp(family, "dit") != 0 && strcmp(family, "vlm") != 0)) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
-                            "%s: metadata 'family' is %s (expected gpt2, llama or dit)", path,
+                            "%s: metadata 'family' is %s (expected gpt2, llama, dit or vlm)", path,
                             family ? family : "missing");
     } else {
         c->family = strcmp(family, "gpt2") == 0    ? LOOM_FAMILY_GPT2
                     : strcmp(family, "llama") == 0 ? LOOM_FAMILY_LLAMA
+                    : strcmp(family, "vlm") == 0   ? LOOM_FAMILY_VLM
                                                    : LOOM_FAMILY_DIT;
+        int *vshape[N_VLM_META];
+        vlm_fields(c, vshape);
+        for (int i = 0; i < N_VLM_META && c->family == LOOM_FAMILY_VLM && !st; i++)
+            st = meta_int(&f, VLM_KEYS[i], vshape[i], err);
+        if (c->family == LOOM_FAMILY_VLM) c->frames = c->patch_t = 1;
         int *shape[N_DIT_META];
         dit_fields(c, shape);
         for (int i = 0; i < N_DIT_META && c->family == LOOM_FAMILY_DIT && !st; i++)

@@ -11,6 +11,7 @@ void loom_adamw_step(const loom_backend *be, const loom_param_table *t, float *p
                      const loom_adamw_config *c, int step) {
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
+        if (p->frozen) continue; /* --freeze: neither updated nor decayed */
         size_t a = p->offset > lo ? p->offset : lo;
         size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
         if (a >= b) continue;

@@ -15,6 +15,7 @@
 #include "core/version.h"
 #include "model/config_json.h"
 #include "model/moe_config.h"
+#include "model/vlm_parts.h"
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
 #include "train/ckpt_tensors.h"
@@ -92,7 +93,9 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
            a->vocab_size == b->vocab_size && a->seq_len == b->seq_len &&
            a->channels == b->channels && a->frames == b->frames && a->height == b->height &&
            a->width == b->width && a->patch == b->patch && a->patch_t == b->patch_t &&
-           a->n_classes == b->n_classes;
+           a->n_classes == b->n_classes && a->vit_layers == b->vit_layers &&
+           a->vit_d_model == b->vit_d_model && a->vit_n_head == b->vit_n_head &&
+           a->vit_d_ff == b->vit_d_ff && a->max_images == b->max_images;
 }
 
 /* 1 when the checkpoint holds the weights' moving average (saved with --ema-decay). */
@@ -351,10 +354,21 @@ static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_buffer b[LOOM_CKPT_KINDS];
     held_buffers(c, b);
     loom_ckpt_plan plan = {0};
+    /* a vlm loads the parts the file holds (a trained LLM, an encoder, a whole vlm); the
+     * others keep their initialisation */
+    const int absent = c->mc->family == LOOM_FAMILY_VLM ? loom_vlm_parts_absent(&f) : 0;
+    if (absent == LOOM_VLM_PARTS_ALL) {
+        loom_safetensors_close(&f);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--init-from %s: holds no part of a vlm (expected vision.*, "
+                              "projector.* or model.* tensors)",
+                              c->tc->init_from);
+    }
     st = loom_ckpt_plan_range(&plan, &c->tensors, LOOM_CKPT_PARAMS, b[0].lo, b[0].hi, 0, 0, err);
     for (int i = 0; i < plan.n && !st; i++) {
         const loom_ckpt_piece *q = &plan.items[i];
         const loom_ckpt_desc *p = &c->tensors.items[q->tensor];
+        if (absent & (int)loom_vlm_param_part(p->name)) continue;
         const float *src;
         const int64_t *g = p->global_shape;
         if ((st = loom_safetensors_get_f32(&f, p->name, (size_t)(g[0] * g[1]), &src, err))) break;
@@ -366,7 +380,11 @@ static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
     loom_ckpt_plan_free(&plan);
     loom_safetensors_close(&f);
     if (!st && c->mesh->rank == 0)
-        fprintf(stderr, "loom: parameters from %s (optimizer state fresh)\n", c->tc->init_from);
+        fprintf(stderr, "loom: parameters from %s (optimizer state fresh)%s%s%s%s\n",
+                c->tc->init_from, absent ? "; not in the file, kept from initialisation:" : "",
+                absent & LOOM_VLM_PART_VISION ? " vision" : "",
+                absent & LOOM_VLM_PART_PROJECTOR ? " projector" : "",
+                absent & LOOM_VLM_PART_LLM ? " llm" : "");
     return st ? loom_error_prefix(err, "--init-from") : LOOM_OK;
 }
 

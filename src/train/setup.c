@@ -10,6 +10,7 @@
 #include "core/timeline.h"
 #include "model/gemm_shapes.h"
 #include "model/moe_config.h"
+#include "model/vlm.h"
 #include "parallel/ep_zero.h"
 #include "parallel/tp_shards.h"
 #include "train/dump.h"
@@ -84,7 +85,13 @@ static loom_status open_data(loom_run *r, loom_error *err) {
     loom_status st = LOOM_OK;
     for (int i = 0; i < 2 && !st; i++) {
         if (!globs[i][0]) continue;
-        if (mc->family != LOOM_FAMILY_DIT) {
+        if (mc->family == LOOM_FAMILY_VLM) {
+            const loom_vlm_record_shape shape = {mc->seq_len,    loom_vlm_image_tokens(mc),
+                                                 mc->max_images, mc->channels,
+                                                 mc->height,     mc->width};
+            if ((st = loom_batch_source_open_vlm(dst[i], globs[i], &shape, mc->vocab_size, err)))
+                st = loom_error_prefix(err, "%s", flags[i]);
+        } else if (mc->family != LOOM_FAMILY_DIT) {
             st = loom_batch_source_open_tokens(dst[i], globs[i], mc->vocab_size, mc->seq_len, err);
         } else if (!(st = loom_batch_source_open_flow(dst[i], globs[i], &flow, err))) {
             st = check_images(dst[i], flags[i], globs[i], mc, err);
@@ -138,6 +145,14 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = build_cp(r, err)))
         return st;
     r->tp.err = err;
+    /* --freeze llm: the decoder's backward runs its input-gradient half only (B of split
+     * backward, never followed by W), so it computes no weight gradients */
+    const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM) ? LOOM_MODEL_SPLIT_BACKWARD : 0;
+    if (frozen_llm && mesh->layout.pp > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--freeze llm: not with --pp %d yet (the pipeline's schedules run "
+                              "the decoder's weight gradients; expected --pp 1)",
+                              mesh->layout.pp);
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
@@ -155,7 +170,8 @@ static loom_status build_model(loom_run *r, loom_error *err) {
                                           .cp = r->cped,
                                           .ep = &mesh->ep,
                                           .backend = r->be,
-                                          .flags = r->size_only ? LOOM_MODEL_SIZE_ONLY : 0},
+                                          .flags = (r->size_only ? LOOM_MODEL_SIZE_ONLY : 0) |
+                                                   frozen_llm},
                     err))) {
         return st;
     }
@@ -176,7 +192,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     /* The embedding split needs the whole model's backward in one place (not pipelined)
      * and ZeRO's reduction (expert parallelism reduces after backward: parallel/ep.h), and
      * whole sequences (its positions are 0..T-1: not with context parallelism). */
-    if (!r->pipelined && mesh->ep.size == 1 && cp == 1 &&
+    if (!r->pipelined && mesh->ep.size == 1 && cp == 1 && mc->family != LOOM_FAMILY_VLM &&
         (st = loom_zero_plan_embedding(&r->zero, tc->micro_batch * T, T, err)))
         return st;
     r->model.defer_embedding_grad = r->zero.embed.enabled;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "comm/world.h"
+#include "model/vlm.h"
 #include "train/run.h"
 
 void loom_run_report_startup(const loom_run *r) {
@@ -49,6 +50,19 @@ void loom_run_report_startup(const loom_run *r) {
                 "layer's input or output gradient and weight, rounded per call); master weights, "
                 "gradients, optimizer state and saved activations stay fp32 as above\n",
                 (double)loom_backend_cpu_bf16_bytes(r->be) / MiB);
+    if (mc->freeze) { /* --freeze (vlm): what is not trained, and what it still holds */
+        size_t frozen = 0;
+        for (int i = 0; i < r->model.table.n_params; i++)
+            if (r->model.table.params[i].frozen) frozen += r->model.table.params[i].numel;
+        fprintf(stderr,
+                "loom: frozen (--freeze):%s%s%s %zu of %zu parameters on this rank: no gradients "
+                "computed and no AdamW update; their gradient (%.3f MiB) and AdamW (%.3f MiB) "
+                "space is still allocated and reduced (zeros)\n",
+                mc->freeze & LOOM_VLM_PART_VISION ? " vision" : "",
+                mc->freeze & LOOM_VLM_PART_PROJECTOR ? " projector" : "",
+                mc->freeze & LOOM_VLM_PART_LLM ? " llm" : "", frozen, P,
+                (double)frozen * sizeof(float) / MiB, 2.0 * frozen * sizeof(float) / MiB);
+    }
     if (r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
@@ -72,6 +86,12 @@ void loom_run_report_startup(const loom_run *r) {
                 r->data.images.width, r->data.images.n_classes,
                 loom_t_sampling_name(tc->flow.t_sampling), (double)tc->flow.class_dropout,
                 tc->ema_decay > 0 ? ", EMA of the weights" : "");
+    else if (r->data.kind == LOOM_BATCH_VLM)
+        fprintf(stderr,
+                "loom: data %s: %d file(s), %lld image-text samples, images %d x %d x %d "
+                "(%d tokens each)\n",
+                tc->data, r->data.vlm.n_shards, (long long)r->data.vlm.n, r->data.vlm.channels,
+                r->data.vlm.height, r->data.vlm.width, r->data.vlm.rec.image_tokens);
     else
         fprintf(stderr, "loom: data %s: %d file(s), %lld tokens\n", tc->data,
                 r->data.tokens.n_shards, (long long)r->data.tokens.total_tokens);

@@ -238,7 +238,7 @@ static loom_status write_outputs(loom_run *r, loom_error *err) {
         fprintf(stderr, "loom: weights written to %s\n", tc->save_weights);
     }
     if (dumping && lead) {
-        int64_t dims[3] = {tc->steps, tc->global_batch, r->mc->seq_len + 1};
+        int64_t dims[3] = {tc->steps, tc->global_batch, r->data.record_words};
         if ((st = r->mc->family == LOOM_FAMILY_DIT
                       ? loom_dump_flow_batches(tc->dump_dir, r->mc, r->dump_batches, tc->steps,
                                                tc->global_batch, err)

@@ -68,7 +68,7 @@ expect "run: train options" "loom run: train options: unknown option '--stpes': 
 expect "unknown preset" "--model 'gpt9'" -- train --model gpt9 --data "$GOOD"
 expect "bad number" "--lr 'abc': expected a number" -- train "${BASE[@]}" --data "$GOOD" --lr abc
 expect "bad integer" "--steps '1.5': expected an integer" -- train "${BASE[@]}" --data "$GOOD" --steps 1.5
-expect "bad family" "expected gpt2, llama or dit" -- train "${BASE[@]}" --data "$GOOD" --family bert
+expect "bad family" "expected gpt2, llama, dit or vlm" -- train "${BASE[@]}" --data "$GOOD" --family bert
 expect "n_head vs d_model" "--n-head 3: must divide --d-model 32" -- train "${BASE[@]}" --data "$GOOD" --n-head 3
 expect "n_kv_head vs n_head" "--n-kv-head 3: must divide --n-head 4" -- train "${BASE[@]}" --data "$GOOD" --family llama --n-head 4 --n-kv-head 3
 expect "gpt2 gqa" "--n-kv-head 1" -- train "${BASE[@]}" --data "$GOOD" --n-kv-head 1

@@ -1,0 +1,174 @@
+/* loom data vlm (cmd_data_vlm.h): each sample a g x g grid of Fashion-MNIST items (28 x 28
+ * each) and a text naming each item by position, or (a share --questions of the samples) a
+ * question about the grid and its answer. Tokens are bytes (0..255) plus <image> (256) and
+ * <|endoftext|> (257):
+ *   caption:  <image> "top left: sneaker; top right: bag; ..." <|endoftext|>
+ *   question: <image> "how many bags?\n" "2" <|endoftext|>
+ * the answer (the caption, or the text after the question's newline) and the end-of-text
+ * token are the loss mask's answer tokens. Train grids come from the training images, val
+ * grids from t10k; every draw is Philox keyed by (--seed, split, sample, cell). */
+#include "cli/cmd_data_vlm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cmd_data_images.h"
+#include "core/fs.h"
+#include "core/philox.h"
+#include "data/idx.h"
+#include "data/vlm_shard.h"
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+#define ITEM 28
+#define STREAM 0x766c6d64u /* "vlmd" */
+
+static const char *const CLASS[10] = {"t-shirt/top", "trouser", "pullover", "dress", "coat",
+                                      "sandal",      "shirt",   "sneaker",  "bag",   "ankle boot"};
+static const char *const PLURAL[10] = {"t-shirts/tops", "trousers",   "pullovers", "dresses",
+                                       "coats",         "sandals",    "shirts",    "sneakers",
+                                       "bags",          "ankle boots"};
+static const char *const POS2[4] = {"top left", "top right", "bottom left", "bottom right"};
+static const char *const POS3[9] = {"top left",    "top middle",    "top right",
+                                    "middle left", "center",        "middle right",
+                                    "bottom left", "bottom middle", "bottom right"};
+
+typedef struct {
+    int32_t tokens[1024];
+    uint8_t mask[1024];
+    int n;
+} text;
+
+static void put(text *t, const char *s, int answer) {
+    for (; *s && t->n < 1024; s++) {
+        t->tokens[t->n] = (unsigned char)*s;
+        t->mask[t->n++] = (uint8_t)answer;
+    }
+}
+
+static void put_token(text *t, int32_t tok, int answer) {
+    if (t->n >= 1024) return;
+    t->tokens[t->n] = tok;
+    t->mask[t->n++] = (uint8_t)answer;
+}
+
+/* One split: n grids from the IDX pair into DIR/SPLIT_000000.bin. */
+static int make_split(const char *dir, const char *split, const char *images, const char *labels,
+                      int g, int64_t n, double questions, uint64_t seed) {
+    loom_error err = {0};
+    loom_idx_images img;
+    uint8_t *lab = NULL;
+    int64_t nl = 0;
+    if (loom_idx_read_images(images, &img, &err) || loom_idx_read_labels(labels, &lab, &nl, &err)) {
+        fprintf(stderr, "loom data: --input fashion-mnist: %s\n", err.msg);
+        return 2;
+    }
+    if (nl != img.n || img.rows != ITEM || img.cols != ITEM) {
+        fprintf(stderr, "loom data: %s: expected %lld labels and 28 x 28 images\n", labels,
+                (long long)img.n);
+        loom_idx_images_free(&img);
+        free(lab);
+        return 2;
+    }
+    const int side = g * ITEM, cells = g * g;
+    const char *const *pos = g == 2 ? POS2 : POS3;
+    const uint32_t stream = STREAM + (strcmp(split, "val") == 0);
+    uint8_t *grid = malloc((size_t)side * side);
+    loom_vlm_writer w;
+    loom_vlm_writer_init(&w, 1, side, side, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT);
+    loom_status st = grid ? LOOM_OK : LOOM_ERR_NOMEM;
+    for (int64_t s = 0; s < n && !st; s++) {
+        int cls[9] = {0};
+        for (int c = 0; c < cells; c++) {
+            const int64_t k = (int64_t)(loom_philox_u64(seed, stream, (uint64_t)s, (uint32_t)c) %
+                                        (uint64_t)img.n);
+            cls[c] = lab[k];
+            const int r0 = (c / g) * ITEM, c0 = (c % g) * ITEM;
+            for (int y = 0; y < ITEM; y++)
+                memcpy(grid + (size_t)(r0 + y) * side + c0,
+                       img.pixels + ((size_t)k * ITEM + y) * ITEM, ITEM);
+        }
+        const uint64_t r = loom_philox_u64(seed, stream, (uint64_t)s, 100);
+        const double u = (double)(r >> 11) * 0x1.0p-53;
+        text t = {.n = 0};
+        char buf[256];
+        put_token(&t, LOOM_VLM_BYTE_IMAGE, 0);
+        if (u < questions) {
+            const int pick = (int)((r & 0xffff) % (uint64_t)cells), x = cls[pick];
+            int count = 0;
+            for (int c = 0; c < cells; c++) count += cls[c] == x;
+            if ((r >> 16) & 1 && count == 1) { /* where: only for an item that appears once */
+                snprintf(buf, sizeof buf, "where is the %s?\n", CLASS[x]);
+                put(&t, buf, 0);
+                put(&t, pos[pick], 1);
+            } else {
+                snprintf(buf, sizeof buf, "how many %s?\n", PLURAL[x]);
+                put(&t, buf, 0);
+                snprintf(buf, sizeof buf, "%d", count);
+                put(&t, buf, 1);
+            }
+        } else {
+            for (int c = 0; c < cells; c++) {
+                snprintf(buf, sizeof buf, "%s%s: %s", c ? "; " : "", pos[c], CLASS[cls[c]]);
+                put(&t, buf, 1);
+            }
+        }
+        put_token(&t, LOOM_VLM_BYTE_EOT, 1);
+        st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, 1, &err);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s_000000.bin", dir, split);
+    if (!st)
+        st = loom_vlm_writer_finish(&w, path, &err);
+    else
+        loom_vlm_writer_free(&w);
+    free(grid);
+    loom_idx_images_free(&img);
+    free(lab);
+    if (st) {
+        fprintf(stderr, "loom data: %s\n",
+                st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
+        return 2;
+    }
+    fprintf(stderr, "loom data: %s: %lld samples of %d x %d grids\n", path, (long long)n, g, g);
+    return 0;
+}
+
+int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
+    const char *input = NULL, *out = NULL;
+    int64_t grid = 2, samples = 20000, val_samples = 1000, seed = 1;
+    double questions = 0.0;
+    const loom_data_flag flags[] = {
+        {"input", LOOM_DATA_FLAG_STR, .required = 1, .str = &input},
+        {"out", LOOM_DATA_FLAG_STR, .required = 1, .str = &out},
+        {"grid", LOOM_DATA_FLAG_INT, .i64 = &grid, .lo = 2, .hi = 3},
+        {"samples", LOOM_DATA_FLAG_INT, .i64 = &samples, .lo = 1, .hi = 10000000},
+        {"val-samples", LOOM_DATA_FLAG_INT, .i64 = &val_samples, .lo = 0, .hi = 10000000},
+        {"questions", LOOM_DATA_FLAG_FRACTION, .f64 = &questions},
+        {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
+    };
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    if (rc >= 0) return rc;
+    if (strcmp(input, "fashion-mnist") != 0) {
+        fprintf(stderr,
+                "loom data: --input '%s': expected fashion-mnist (Debian's "
+                "dataset-fashion-mnist)\n",
+                input);
+        return 2;
+    }
+    if (loom_mkdir_p(out) != 0) {
+        fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
+                strerror(errno));
+        return 2;
+    }
+    rc = make_split(out, "train", FMNIST "/train-images-idx3-ubyte.gz",
+                    FMNIST "/train-labels-idx1-ubyte.gz", (int)grid, samples, questions,
+                    (uint64_t)seed);
+    if (!rc && val_samples > 0)
+        rc = make_split(out, "val", FMNIST "/t10k-images-idx3-ubyte.gz",
+                        FMNIST "/t10k-labels-idx1-ubyte.gz", (int)grid, val_samples, questions,
+                        (uint64_t)seed);
+    return rc;
+}

@@ -1,0 +1,457 @@
+/* The multimodal LLM's forward and backward (model/vlm.h): the language models' family
+ * table (transformer.c) with the batch, the embedding (encoder, projector and the image
+ * rows) and the masked loss replaced. */
+#include "model/vlm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/vlm_shard.h"
+#include "model/dit.h"
+#include "model/model_impl.h"
+
+/* One encoder block's activations. */
+typedef struct {
+    float *ln1, *mean1, *rstd1, *qkv, *att, *lse, *x1, *ln2, *mean2, *rstd2, *fc, *act, *x2;
+} vit_acts;
+
+struct loom_vlm {
+    loom_model_ops ops;       /* the language models' table with the vlm's pieces */
+    const loom_model_ops *lm; /* transformer.c's */
+    int NI, P, Pin, S, Dv, Hv, Fv, C;
+    int n_img;                  /* images of the loaded micro-batch */
+    int *img_row;               /* [NI] first decoder row (b * T + t) of image j */
+    float *host_patches;        /* [NI * P, Pin] */
+    float *host_w;              /* [N] loss weights of the loaded micro-batch */
+    float *sample_w;            /* [B] the answer weight of each sample (0: none) */
+    int32_t *host_in, *host_tg; /* [N] */
+    float *pos;                 /* [P, Dv] backend memory, outside the arena */
+    int encoder;                /* 1 on the first stage (the encoder and projector are here) */
+    int frozen;                 /* loom_vlm_part bits: no gradients computed for those parts */
+    /* arena */
+    float *patches, *x0; /* [R, Pin], [R, Dv] */
+    vit_acts *blk;       /* vit_layers */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *h1, *a1, *out; /* projector [R, C] */
+    float *dx, *dln, *dqkv, *datt, *dfc, *dact, *dh, *da, *scratch;
+};
+
+int loom_vlm_image_tokens(const loom_model_config *c) {
+    return c->patch > 0 ? (c->height / c->patch) * (c->width / c->patch) : 0;
+}
+
+int loom_vlm_image_floats(const loom_model_config *c) {
+    return c->channels * c->height * c->width;
+}
+
+int loom_vlm_record_words(const loom_model_config *c) {
+    const loom_vlm_record_shape r = {
+        c->seq_len, loom_vlm_image_tokens(c), c->max_images, c->channels, c->height, c->width};
+    return loom_vlm_record_size(&r);
+}
+
+/* ---- the arena: the decoder's, then the encoder's for B * max_images images ---- */
+
+static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
+    loom_vlm *v = m->vlm;
+    v->lm->plan(m, cv, sequence_parallel);
+    if (!v->encoder) return;
+    const size_t R = (size_t)v->NI * v->P, Dv = v->Dv, Fv = v->Fv, C = v->C;
+    v->patches = loom_carve(cv, R * v->Pin);
+    v->x0 = loom_carve(cv, R * Dv);
+    for (int l = 0; l < m->cfg.vit_layers; l++) {
+        vit_acts *a = &v->blk[l];
+        a->ln1 = loom_carve(cv, R * Dv);
+        a->mean1 = loom_carve(cv, R);
+        a->rstd1 = loom_carve(cv, R);
+        a->qkv = loom_carve(cv, R * 3 * Dv);
+        a->att = loom_carve(cv, R * Dv);
+        a->lse = loom_carve(cv, (size_t)v->NI * v->Hv * v->P);
+        a->x1 = loom_carve(cv, R * Dv);
+        a->ln2 = loom_carve(cv, R * Dv);
+        a->mean2 = loom_carve(cv, R);
+        a->rstd2 = loom_carve(cv, R);
+        a->fc = loom_carve(cv, R * Fv);
+        a->act = loom_carve(cv, R * Fv);
+        a->x2 = loom_carve(cv, R * Dv);
+    }
+    v->lnf = loom_carve(cv, R * Dv);
+    v->lnf_mean = loom_carve(cv, R);
+    v->lnf_rstd = loom_carve(cv, R);
+    v->h1 = loom_carve(cv, R * C);
+    v->a1 = loom_carve(cv, R * C);
+    v->out = loom_carve(cv, R * C);
+    v->dx = loom_carve(cv, R * Dv);
+    v->dln = loom_carve(cv, R * Dv);
+    v->dqkv = loom_carve(cv, R * 3 * Dv);
+    v->datt = loom_carve(cv, R * Dv);
+    v->dfc = loom_carve(cv, R * Fv);
+    v->dact = loom_carve(cv, R * Fv);
+    v->dh = loom_carve(cv, R * C);
+    v->da = loom_carve(cv, R * C);
+    v->scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, v->NI, v->P, v->Hv));
+}
+
+static size_t vlm_plan_bytes(const loom_model *m, int sequence_parallel) {
+    /* plan() writes pointers into the model and its state: let it write into copies */
+    loom_model copy = *m;
+    loom_vlm state = *m->vlm;
+    state.blk = calloc((size_t)m->cfg.vit_layers + 1, sizeof *state.blk);
+    copy.vlm = &state;
+    loom_block_acts *blocks = calloc((size_t)m->cfg.n_layer + 1, sizeof *blocks);
+    copy.blocks = blocks;
+    size_t bytes =
+        state.blk && blocks ? loom_model_arena_plan_bytes(&copy, plan, sequence_parallel) : 0;
+    free(state.blk);
+    free(blocks);
+    return bytes;
+}
+
+/* ---- the batch ---- */
+
+static void vlm_load_batch(loom_model *m, const int32_t *batch, int first) {
+    loom_vlm *v = m->vlm;
+    const loom_model_config *c = &m->cfg;
+    const int T = m->T, words = loom_vlm_record_words(c);
+    v->n_img = 0;
+    for (int b = 0; b < m->B; b++) {
+        const int32_t *rec = batch + (size_t)(first + b) * words;
+        const float *w = (const float *)(rec + T + 1); /* float bits, 4 bytes each */
+        float sw = 0.0f;
+        for (int t = 0; t < T; t++) {
+            const size_t i = (size_t)b * T + t;
+            v->host_in[i] = rec[t] < 0 ? 0 : rec[t];
+            v->host_tg[i] = rec[t + 1] < 0 ? 0 : rec[t + 1];
+            memcpy(&v->host_w[i], &w[t], sizeof(float));
+            if (v->host_w[i] != 0.0f) sw = v->host_w[i];
+        }
+        v->sample_w[b] = sw;
+        const int n = rec[2 * T + 1];
+        const float *px = (const float *)(rec + 2 * T + 2);
+        /* image k of the sample: its k-th group of P slots (groups may touch) */
+        int k = 0;
+        for (int t = 0; t < T && k < n; t++) {
+            if (rec[t] != LOOM_VLM_SLOT) continue;
+            if (v->encoder) {
+                v->img_row[v->n_img] = b * T + t;
+                loom_dit_patchify(c, px + (size_t)k * v->S,
+                                  v->host_patches + (size_t)v->n_img * v->P * v->Pin);
+            }
+            v->n_img++;
+            k++;
+            t += v->P - 1;
+        }
+    }
+    const size_t N = (size_t)m->B * T;
+    loom_backend_copy_to_device(m->be, m->inputs, v->host_in, N * sizeof(int32_t));
+    loom_backend_copy_to_device(m->be, m->targets, v->host_tg, N * sizeof(int32_t));
+    if (v->encoder && v->n_img > 0)
+        loom_backend_copy_to_device(m->be, v->patches, v->host_patches,
+                                    (size_t)v->n_img * v->P * v->Pin * sizeof(float));
+}
+
+/* ---- the encoder and projector ---- */
+
+/* This rank's residual rows [row0, row0 + Ns) (sequence parallelism: its slice). */
+static int stream_row0(const loom_model *m) {
+    return loom_model_seq_parallel(m) ? m->tp->rank * m->Ns : 0;
+}
+
+static void encoder_forward(loom_model *m, const float *p) {
+    loom_vlm *v = m->vlm;
+    const loom_vlm_params *q = &m->table.vlm;
+    const loom_backend *be = m->be;
+    const int R = v->n_img * v->P, Dv = v->Dv, Fv = v->Fv, C = v->C, hd = Dv / v->Hv;
+    const float eps = m->cfg.norm_eps;
+    loom_trace_begin(m->trace, "vision", "forward");
+    loom_backend_linear_forward(be, v->x0, v->patches, p + q->patch_w, p + q->patch_b, R, v->Pin,
+                                Dv);
+    loom_backend_add_position(be, v->x0, v->pos, R, Dv, v->P, 0);
+    const float *x = v->x0;
+    for (int l = 0; l < q->n_layer; l++) {
+        const loom_block_params *k = &q->blocks[l];
+        vit_acts *a = &v->blk[l];
+        loom_backend_layernorm_forward(be, a->ln1, a->mean1, a->rstd1, x, p + k->norm1_w,
+                                       p + k->norm1_b, R, Dv, eps);
+        loom_backend_linear_forward(be, a->qkv, a->ln1, p + k->qkv_w, p + k->qkv_b, R, Dv, 3 * Dv);
+        loom_backend_attention_bidir_forward(be, a->att, a->lse, a->qkv, v->scratch, v->n_img, v->P,
+                                             v->Hv, v->Hv, hd);
+        loom_backend_linear_forward(be, a->x1, a->att, p + k->attn_out_w, p + k->attn_out_b, R, Dv,
+                                    Dv);
+        loom_backend_add(be, a->x1, a->x1, x, (size_t)R * Dv);
+        loom_backend_layernorm_forward(be, a->ln2, a->mean2, a->rstd2, a->x1, p + k->norm2_w,
+                                       p + k->norm2_b, R, Dv, eps);
+        loom_backend_linear_forward(be, a->fc, a->ln2, p + k->fc_w, p + k->fc_b, R, Dv, Fv);
+        loom_backend_gelu_forward(be, a->act, a->fc, (size_t)R * Fv);
+        loom_backend_linear_forward(be, a->x2, a->act, p + k->proj_w, p + k->proj_b, R, Fv, Dv);
+        loom_backend_add(be, a->x2, a->x2, a->x1, (size_t)R * Dv);
+        x = a->x2;
+    }
+    loom_backend_layernorm_forward(be, v->lnf, v->lnf_mean, v->lnf_rstd, x, p + q->norm_w,
+                                   p + q->norm_b, R, Dv, eps);
+    loom_backend_linear_forward(be, v->h1, v->lnf, p + q->fc1_w, p + q->fc1_b, R, Dv, C);
+    loom_backend_gelu_forward(be, v->a1, v->h1, (size_t)R * C);
+    loom_backend_linear_forward(be, v->out, v->a1, p + q->fc2_w, p + q->fc2_b, R, C, C);
+    loom_trace_end(m->trace);
+}
+
+/* Copies between image j's rows of the projector output `img` and the residual stream's
+ * rows here (to_stream 1: img -> stream, else stream -> img); 0 rows: none here. */
+static void image_rows(loom_model *m, int j, float *stream, float *img, int to_stream) {
+    loom_vlm *v = m->vlm;
+    const int row0 = stream_row0(m), lo = v->img_row[j], hi = lo + v->P;
+    const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
+    if (a >= b) return;
+    float *s = stream + (size_t)(a - row0) * v->C;
+    float *i = img + ((size_t)j * v->P + (a - lo)) * v->C;
+    const size_t bytes = (size_t)(b - a) * v->C * sizeof(float);
+    if (to_stream)
+        loom_backend_copy(m->be, s, i, bytes);
+    else
+        loom_backend_copy(m->be, i, s, bytes);
+}
+
+static loom_status vlm_embed_forward(loom_model *m, const float *p) {
+    loom_vlm *v = m->vlm;
+    loom_status st = v->lm->embed_forward(m, p);
+    if (st || v->n_img == 0) return st;
+    encoder_forward(m, p);
+    for (int j = 0; j < v->n_img; j++) image_rows(m, j, m->embed, v->out, 1);
+    return LOOM_OK;
+}
+
+/* d(projector output) in v->dh -> the projector's and encoder's gradients. */
+static void encoder_backward(loom_model *m, const float *p, float *g) {
+    loom_vlm *v = m->vlm;
+    const loom_vlm_params *q = &m->table.vlm;
+    const loom_backend *be = m->be;
+    const int R = v->n_img * v->P, Dv = v->Dv, Fv = v->Fv, C = v->C, hd = Dv / v->Hv;
+    const int vision = !(v->frozen & LOOM_VLM_PART_VISION);
+    const int projector = !(v->frozen & LOOM_VLM_PART_PROJECTOR);
+    const size_t RD = (size_t)R * Dv * sizeof(float);
+    if (!vision && !projector) return;
+    loom_trace_begin(m->trace, "vision", "backward");
+    /* projector: out = fc2(gelu(h1)), h1 = fc1(lnf) */
+    loom_backend_memset(be, v->da, 0, (size_t)R * C * sizeof(float));
+    loom_backend_linear_backward_input(be, v->da, v->dh, p + q->fc2_w, R, C, C);
+    if (projector)
+        loom_backend_linear_backward_weight(be, g + q->fc2_w, g + q->fc2_b, v->dh, v->a1, R, C, C);
+    loom_backend_memset(be, v->dh, 0, (size_t)R * C * sizeof(float));
+    loom_backend_gelu_backward(be, v->dh, v->h1, v->da, (size_t)R * C);
+    if (projector)
+        loom_backend_linear_backward_weight(be, g + q->fc1_w, g + q->fc1_b, v->dh, v->lnf, R, Dv,
+                                            C);
+    if (!vision) {
+        loom_trace_end(m->trace);
+        return;
+    }
+    loom_backend_memset(be, v->dln, 0, RD);
+    loom_backend_linear_backward_input(be, v->dln, v->dh, p + q->fc1_w, R, Dv, C);
+    const int L = q->n_layer;
+    const float *x_last = L > 0 ? v->blk[L - 1].x2 : v->x0;
+    loom_backend_memset(be, v->dx, 0, RD);
+    loom_backend_layernorm_backward(be, v->dx, g + q->norm_w, g + q->norm_b, v->dln, x_last,
+                                    p + q->norm_w, v->lnf_mean, v->lnf_rstd, R, Dv);
+    for (int l = L - 1; l >= 0; l--) {
+        const loom_block_params *k = &q->blocks[l];
+        const vit_acts *a = &v->blk[l];
+        const float *x = l > 0 ? v->blk[l - 1].x2 : v->x0;
+        /* x2 = x1 + fc2(gelu(fc1(LN2(x1)))); v->dx = d(x2) */
+        loom_backend_memset(be, v->dact, 0, (size_t)R * Fv * sizeof(float));
+        loom_backend_linear_backward_input(be, v->dact, v->dx, p + k->proj_w, R, Fv, Dv);
+        loom_backend_linear_backward_weight(be, g + k->proj_w, g + k->proj_b, v->dx, a->act, R, Fv,
+                                            Dv);
+        loom_backend_memset(be, v->dfc, 0, (size_t)R * Fv * sizeof(float));
+        loom_backend_gelu_backward(be, v->dfc, a->fc, v->dact, (size_t)R * Fv);
+        loom_backend_memset(be, v->dln, 0, RD);
+        loom_backend_linear_backward_input(be, v->dln, v->dfc, p + k->fc_w, R, Dv, Fv);
+        loom_backend_linear_backward_weight(be, g + k->fc_w, g + k->fc_b, v->dfc, a->ln2, R, Dv,
+                                            Fv);
+        loom_backend_layernorm_backward(be, v->dx, g + k->norm2_w, g + k->norm2_b, v->dln, a->x1,
+                                        p + k->norm2_w, a->mean2, a->rstd2, R, Dv);
+        /* x1 = x + proj(attention(qkv(LN1(x)))); v->dx = d(x1) */
+        loom_backend_memset(be, v->datt, 0, RD);
+        loom_backend_linear_backward_input(be, v->datt, v->dx, p + k->attn_out_w, R, Dv, Dv);
+        loom_backend_linear_backward_weight(be, g + k->attn_out_w, g + k->attn_out_b, v->dx, a->att,
+                                            R, Dv, Dv);
+        loom_backend_memset(be, v->dqkv, 0, (size_t)R * 3 * Dv * sizeof(float));
+        loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, a->qkv, a->att,
+                                              a->lse, v->n_img, v->P, v->Hv, v->Hv, hd);
+        loom_backend_memset(be, v->dln, 0, RD);
+        loom_backend_linear_backward_input(be, v->dln, v->dqkv, p + k->qkv_w, R, Dv, 3 * Dv);
+        loom_backend_linear_backward_weight(be, g + k->qkv_w, g + k->qkv_b, v->dqkv, a->ln1, R, Dv,
+                                            3 * Dv);
+        loom_backend_layernorm_backward(be, v->dx, g + k->norm1_w, g + k->norm1_b, v->dln, x,
+                                        p + k->norm1_w, a->mean1, a->rstd1, R, Dv);
+    }
+    loom_backend_linear_backward_weight(be, g + q->patch_w, g + q->patch_b, v->dx, v->patches, R,
+                                        v->Pin, Dv);
+    loom_trace_end(m->trace);
+}
+
+/* m->dres = d(embedding output): the image rows go to the projector, the others to the
+ * token embedding. */
+static loom_status vlm_embed_backward(loom_model *m, const float *p, float *g) {
+    loom_vlm *v = m->vlm;
+    loom_status st = LOOM_OK;
+    if (v->n_img > 0) {
+        const float *whole = m->dres;
+        if (loom_model_seq_parallel(m)) st = loom_model_tp_gather(m, m->dres, &whole);
+        if (st) return st;
+        /* the whole stream's image rows (gathered with sequence parallelism) */
+        for (int j = 0; j < v->n_img; j++)
+            loom_backend_copy(m->be, v->dh + (size_t)j * v->P * v->C,
+                              whole + (size_t)v->img_row[j] * v->C,
+                              (size_t)v->P * v->C * sizeof(float));
+        /* no token-embedding gradient from the slots' rows */
+        for (int j = 0; j < v->n_img; j++) {
+            const int row0 = stream_row0(m), lo = v->img_row[j], hi = lo + v->P;
+            const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
+            if (a < b)
+                loom_backend_memset(m->be, m->dres + (size_t)(a - row0) * v->C, 0,
+                                    (size_t)(b - a) * v->C * sizeof(float));
+        }
+    }
+    if (!(v->frozen & LOOM_VLM_PART_LLM)) st = v->lm->embed_backward(m, p, g);
+    if (!st && v->n_img > 0) encoder_backward(m, p, g);
+    return st;
+}
+
+/* ---- --freeze llm: the decoder's backward without its weight gradients ----
+ * The model runs split backward (B only, W never: train/setup.c); B still brings the
+ * norms' weight gradients, cleared here before the caller reports the range ready. */
+
+static void clear_grad(const loom_model *m, float *g, size_t offset) {
+    if (offset != LOOM_NO_PARAM)
+        loom_backend_memset(m->be, g + offset, 0, (size_t)m->cfg.d_model * sizeof(float));
+}
+
+static loom_status vlm_head_backward(loom_model *m, const float *p, float *g, const float *x) {
+    loom_status st = m->vlm->lm->head_backward(m, p, g, x);
+    if (m->vlm->frozen & LOOM_VLM_PART_LLM) clear_grad(m, g, m->table.normf_w);
+    return st;
+}
+
+static loom_status vlm_block_backward(loom_model *m, const float *p, float *g, int l,
+                                      const float *x) {
+    loom_status st = m->vlm->lm->block_backward(m, p, g, l, x);
+    if (m->vlm->frozen & LOOM_VLM_PART_LLM) {
+        clear_grad(m, g, m->table.blocks[l].norm1_w);
+        clear_grad(m, g, m->table.blocks[l].norm2_w);
+    }
+    return st;
+}
+
+/* ---- the loss: cross-entropy weighted per target (model/vlm.h) ---- */
+
+static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
+    loom_vlm *v = m->vlm;
+    const int T = m->T, tp = m->tp ? m->tp->size : 1;
+    const int V = m->cfg.vocab_size / tp, v0 = m->tp ? m->tp->rank * V : 0;
+    const loom_backend *be = m->be;
+    const size_t N = (size_t)m->B * T;
+    loom_status st = LOOM_OK;
+    /* every row's cross-entropy (vocabulary-parallel over tp), dlogits with weight dloss */
+    if (tp > 1)
+        st = loom_tp_crossentropy(m->tp, m->losses, m->logits, m->targets, V, v0, dloss, backward);
+    else if (backward)
+        loom_backend_crossentropy_forward_backward(be, m->losses, m->logits, m->targets, (int)N, V,
+                                                   dloss);
+    else
+        loom_backend_crossentropy_forward(be, m->losses, m->logits, m->targets, (int)N, V);
+    if (st) return st;
+    /* then each sample's answer rows times its weight, every other row's gradient zero */
+    for (int b = 0; b < m->B && backward; b++) {
+        const size_t r0 = (size_t)b * T;
+        float *logits = m->logits + r0 * V;
+        if (v->sample_w[b] != 0.0f) loom_backend_scale(be, logits, v->sample_w[b], (size_t)T * V);
+        for (int t = 0; t < T;) {
+            if (v->host_w[r0 + t] != 0.0f) {
+                t++;
+                continue;
+            }
+            int e = t;
+            while (e < T && v->host_w[r0 + e] == 0.0f) e++;
+            loom_backend_memset(be, logits + (size_t)t * V, 0, (size_t)(e - t) * V * sizeof(float));
+            t = e;
+        }
+    }
+    loom_backend_copy_to_host(be, m->losses_host, m->losses, N * sizeof(float));
+    double s = 0.0;
+    for (size_t i = 0; i < N; i++)
+        if (v->host_w[i] != 0.0f) s += (double)v->host_w[i] * m->losses_host[i];
+    *sum = s;
+    return LOOM_OK;
+}
+
+/* ---- set-up ---- */
+
+loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
+    const loom_model_config *c = &m->cfg;
+    if (loom_model_cp_on(m))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--cp: the vlm family runs without context parallelism so far "
+                              "(expected --cp 1)");
+    loom_vlm *v = calloc(1, sizeof *v);
+    if (!v) return loom_error_set(err, LOOM_ERR_NOMEM, "vlm: out of memory");
+    m->vlm = v;
+    v->lm = m->ops;
+    v->ops = *m->ops;
+    v->ops.plan = plan;
+    v->ops.plan_bytes = vlm_plan_bytes;
+    v->ops.load_batch = vlm_load_batch;
+    v->ops.embed_forward = vlm_embed_forward;
+    v->ops.embed_backward = vlm_embed_backward;
+    v->ops.loss_sum = vlm_loss_sum;
+    v->ops.head_backward = vlm_head_backward;
+    v->ops.block_backward = vlm_block_backward;
+    m->ops = &v->ops;
+    v->encoder = m->table.has_embed;
+    v->frozen = c->freeze;
+    v->NI = m->B * c->max_images;
+    v->P = loom_vlm_image_tokens(c);
+    v->Pin = loom_model_dit_patch_floats(c);
+    v->S = loom_vlm_image_floats(c);
+    v->Dv = c->vit_d_model;
+    v->Hv = c->vit_n_head;
+    v->Fv = c->vit_d_ff;
+    v->C = c->d_model;
+    const size_t N = (size_t)m->B * m->T;
+    v->img_row = calloc((size_t)v->NI, sizeof *v->img_row);
+    v->host_patches = malloc((size_t)v->NI * v->P * v->Pin * sizeof(float));
+    v->host_w = calloc(N, sizeof *v->host_w);
+    v->sample_w = calloc((size_t)m->B, sizeof *v->sample_w);
+    v->host_in = calloc(N, sizeof *v->host_in);
+    v->host_tg = calloc(N, sizeof *v->host_tg);
+    v->blk = calloc((size_t)c->vit_layers, sizeof *v->blk);
+    const size_t PD = (size_t)v->P * v->Dv;
+    float *pos = malloc(PD * sizeof(float));
+    v->pos = v->encoder ? loom_backend_alloc(m->be, PD * sizeof(float)) : NULL;
+    if (!v->img_row || !v->host_patches || !v->host_w || !v->sample_w || !v->host_in ||
+        !v->host_tg || !v->blk || !pos || (v->encoder && !v->pos)) {
+        free(pos);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "vlm: out of memory");
+    }
+    /* the DiT's 2-D sin-cos table at the encoder's width */
+    loom_model_config enc = *c;
+    enc.d_model = v->Dv;
+    loom_dit_positions(&enc, pos);
+    if (v->encoder) loom_backend_copy_to_device(m->be, v->pos, pos, PD * sizeof(float));
+    free(pos);
+    return loom_model_arena_allocate(m, plan, err);
+}
+
+void loom_vlm_detach(loom_model *m) {
+    loom_vlm *v = m->vlm;
+    if (!v) return;
+    if (m->be) loom_backend_free(m->be, v->pos);
+    free(v->img_row);
+    free(v->host_patches);
+    free(v->host_w);
+    free(v->sample_w);
+    free(v->host_in);
+    free(v->host_tg);
+    free(v->blk);
+    free(v);
+    m->vlm = NULL;
+}

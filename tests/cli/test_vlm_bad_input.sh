@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Bad input to the multimodal LLM (loom train --family vlm, loom data vlm): one clear error
+# line naming the flag or file and what was expected, exit code 2, never a crash; and one
+# good shard that trains a step.
+# Usage: test_vlm_bad_input.sh PATH_TO_LOOM
+set -u
+LOOM=${1:?usage: test_vlm_bad_input.sh PATH_TO_LOOM}
+source "$(dirname "$0")/check_lib.sh" # $TMP, expect, finish
+
+# vlm shards written here in the docs/vlm.md format: 8 x 8 gray images.
+/usr/bin/python3 - "$TMP" <<'PY'
+import os, struct, sys, random
+d = sys.argv[1]
+rng = random.Random(3)
+def shard(path, samples, h=8, w=8, magic=20261205, cut=0, header_images=None):
+    toks = [t for s in samples for t in s[0]]
+    n_img = sum(s[1] for s in samples)
+    head = struct.pack("<256i", magic, 1, len(samples), 1, h, w, 256, 257, 258, len(toks),
+                       n_img if header_images is None else header_images, *([0] * 245))
+    ent, t0, i0 = [], 0, 0
+    for s in samples:
+        ent += [t0, len(s[0]), i0, s[1]]
+        t0 += len(s[0]); i0 += s[1]
+    body = struct.pack(f"<{len(ent)}i", *ent) + struct.pack(f"<{len(toks)}i", *toks)
+    body += bytes(1 if t < 256 else 0 for t in toks) + bytes(rng.randrange(256) for _ in range(n_img * h * w))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = head + body
+    open(path, "wb").write(data[:len(data) - cut] if cut else data)
+good = [([256] + [rng.randrange(97, 123) for _ in range(6)] + [257], 1) for _ in range(6)]
+shard(f"{d}/ok/train_000000.bin", good)
+shard(f"{d}/big/train_000000.bin", good, h=16, w=16)
+shard(f"{d}/magic/train_000000.bin", good, magic=20261202)
+shard(f"{d}/cut/train_000000.bin", good, cut=10)
+shard(f"{d}/nomarker/train_000000.bin", good + [([97, 98, 257], 1)], header_images=7)
+shard(f"{d}/long/train_000000.bin", good + [([256] + [97] * 40 + [257], 1)])
+PY
+BASE=(train --family vlm --n-layer 1 --n-head 2 --n-kv-head 1 --d-model 16 --d-ff 24
+      --vit-layers 1 --vit-d-model 8 --vit-n-head 2 --vit-d-ff 16 --vit-patch 4 --height 8
+      --width 8 --channels 1 --seq-len 16 --micro-batch 2 --global-batch 2 --steps 1
+      --threads 1)
+
+trains() { "$LOOM" "${BASE[@]}" --data "$TMP/ok/train_*.bin" "$@" >"$TMP/log" 2>&1; }
+check "good shard trains" trains
+check "good shard trains with --freeze vision,llm" trains --freeze vision,llm
+expect "image size differs" "images are 1 x 16 x 16 (channels x height x width), the model expects 1 x 8 x 8" -- \
+    "${BASE[@]}" --data "$TMP/big/train_*.bin"
+expect "bad magic" "$TMP/magic/train_000000.bin: bad magic 20261202" -- \
+    "${BASE[@]}" --data "$TMP/magic/train_*.bin"
+expect "truncated shard" "$TMP/cut/train_000000.bin: truncated" -- \
+    "${BASE[@]}" --data "$TMP/cut/train_*.bin"
+expect "image without marker" "0 <image> markers and 1 images" -- \
+    "${BASE[@]}" --data "$TMP/nomarker/train_*.bin"
+expect "sample too long" "does not fit --seq-len 16" -- "${BASE[@]}" --data "$TMP/long/train_*.bin"
+expect "no shard" "--data" -- "${BASE[@]}" --data "$TMP/none/train_*.bin"
+expect "freeze everything" "--freeze 'vision,projector,llm': every part frozen" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --freeze vision,projector,llm
+expect "freeze unknown part" "--freeze 'vision,eyes': unknown part 'eyes'" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --freeze vision,eyes
+expect "freeze on a language model" "--freeze: only the vlm family" -- \
+    train --model llama-tiny --data "$TMP/ok/train_*.bin" --freeze vision
+expect "vit patch" "--vit-patch 3: must divide the image size 8 x 8" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --vit-patch 3
+expect "vit width" "--vit-d-model 6: must be a multiple of 4" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --vit-d-model 6
+expect "data vlm input" "--input 'mnist': expected fashion-mnist" -- \
+    data vlm --input mnist --out "$TMP/d"
+expect "data vlm grid" "--grid '4': expected an integer from 2 to 3" -- \
+    data vlm --input fashion-mnist --out "$TMP/d" --grid 4
+# --init-from a file with only some parts: those load, the others keep their initialisation
+trains --save-weights "$TMP/w.safetensors"
+/usr/bin/python3 - "$TMP" "$(dirname "$0")/../reference" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import safetensors_io as st
+w = st.load(f"{sys.argv[1]}/w.safetensors")
+st.save(f"{sys.argv[1]}/llm.safetensors", {k: v for k, v in w.items() if k.startswith(("model.", "lm_head"))})
+st.save(f"{sys.argv[1]}/none.safetensors", {"other.weight": w["lm_head.weight"]})
+PY
+check "--init-from the decoder only" trains --init-from "$TMP/llm.safetensors"
+check "--init-from says what it kept" grep -q "kept from initialisation: vision projector" "$TMP/log"
+expect "--init-from without a vlm part" "holds no part of a vlm" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --init-from "$TMP/none.safetensors"
+finish test_vlm_bad_input

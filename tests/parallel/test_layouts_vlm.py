@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""Invariants 1 and 2 for the multimodal LLM (family vlm): every layout computes the same
+function as one process.
+
+On a random vlm shard (docs/vlm.md's format, written here: samples with 0 to 2 images of
+12 x 8 pixels, random bytes and answer masks), trains a small vlm (a 2-block ViT, a 2-block
+Llama decoder) on one process and in the layouts below; checks that every loss and every
+final weight equal the single-process run (whole model <= 1e-5, worst tensor <= 1e-4, as
+tests/harness/loomtest.py explains), that the initial weights are bitwise the unsharded
+ones, that one layout twice is bitwise identical, and that a run stopped at a checkpoint and
+resumed (in its layout: bitwise; in pp 2: equal) ends as the uninterrupted run. The pipeline layouts hold the encoder
+and projector on the first stage (Megatron's placement); under tensor parallelism every
+tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sharded and
+the masked loss vocabulary-parallel. A second case freezes the vision
+encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
+end bitwise as they started. Usage: test_layouts_vlm.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+                      weights_error)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
+
+D_MODEL = 16
+LAYOUTS = [
+    ("dp2_zero0", 2, ["--dp", "2"]),
+    ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+    ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
+    ("pp2_1f1b", 2, ["--pp", "2", "--pp-schedule", "1f1b"]),
+    ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+    ("tp2", 2, ["--tp", "2"]),
+    ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("recompute", 1, ["--recompute"]),
+    ("pp2_dp2_tp2_sp", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
+                           "--zero", "1"]),
+]
+H, W, P, T, MAX_IMAGES = 12, 8, 4, 24, 2  # 3 x 2 = 6 image tokens of 4 x 4 patches
+
+
+def write_shard(path, rng, n):
+    """docs/vlm.md: header, entries, int32 tokens, mask bytes, u8 images."""
+    samples = []
+    for _ in range(n):
+        k = rng.randint(0, MAX_IMAGES)
+        text = [rng.randint(0, 255) for _ in range(rng.randint(max(1, k), T + 1 - 6 * k))]
+        for _ in range(k):
+            text.insert(rng.randint(0, len(text) - 1), 256)
+        mask = [0 if t == 256 else int(rng.random() < 0.7) for t in text]
+        samples.append((text, mask, bytes(rng.randint(0, 255) for _ in range(k * H * W)), k))
+    tokens = [t for s in samples for t in s[0]]
+    header = np.zeros(256, dtype="<i4")
+    header[:11] = [20261205, 1, n, 1, H, W, 256, 257, 258, len(tokens),
+                   sum(s[3] for s in samples)]
+    entries, t0, i0 = [], 0, 0
+    for s in samples:
+        entries += [t0, len(s[0]), i0, s[3]]
+        t0, i0 = t0 + len(s[0]), i0 + s[3]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.array(entries, dtype="<i4").tobytes())
+        f.write(np.array(tokens, dtype="<i4").tobytes())
+        f.write(bytes(m for s in samples for m in s[1]))
+        f.write(b"".join(s[2] for s in samples))
+
+
+def compare(layouts, ref, name, ranks, extra):
+    got = layouts.run(name, ranks, extra)
+    loss_err = loss_error(got.losses, ref.losses)
+    all_err, w_err, w_name = weights_error(got.params, ref.params, D_MODEL)
+    init_same = same_tensors(got.init, ref.init)
+    ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
+          and w_err <= 10 * TOL and init_same)
+    check(ok)
+    print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
+          f"{w_name})  init {'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    check_loom(args.loom)
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_layouts_vlm_")
+    try:
+        data = os.path.join(tmp, "train_000000.bin")
+        write_shard(data, random.Random(seed), 48)
+        base = [args.loom, "train", "--family", "vlm", "--n-layer", "2", "--n-head", "4",
+                "--n-kv-head", "2", "--d-model", str(D_MODEL), "--d-ff", "40",
+                "--vocab-size", "260", "--seq-len", str(T), "--vit-layers", "2",
+                "--vit-d-model", "16", "--vit-n-head", "2", "--vit-d-ff", "24",
+                "--vit-patch", str(P), "--height", str(H), "--width", str(W), "--channels", "1",
+                "--max-images", str(MAX_IMAGES), "--micro-batch", "2", "--global-batch", "8",
+                "--steps", "6", "--lr", "3e-3", "--warmup-steps", "2", "--grad-clip", "1.0",
+                "--seed", str(seed), "--log-every", "0", "--threads", "1", "--data", data,
+                "--adam-eps", ADAM_EPS, "--bucket-mb", "0.01"]
+        layouts = Layouts(base, tmp, "vlm_")
+        ref = layouts.run("single", 1)
+        print(f"vlm: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
+        for name, ranks, extra in LAYOUTS:
+            compare(layouts, ref, name, ranks, extra)
+        for name, ranks, extra in (LAYOUTS[1], LAYOUTS[3], LAYOUTS[6]):
+            again = layouts.run(name + "_again", ranks, extra)
+            same = bitwise(again, layouts.runs[name])
+            check(same)
+            print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+        # saved at step 3 in one layout, resumed from there: the same end
+        ckpt = os.path.join(tmp, "ckpt")
+        saver = layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt,
+                                          "--ckpt-every", "3"])
+        step3 = os.path.join(ckpt, "step_00000003")
+        same = layouts.run("resumed_same", 2, ["--dp", "2", "--zero", "1", "--resume", step3])
+        ok = same.losses == saver.losses[3:] and same_tensors(same.params, saver.params)
+        check(ok)
+        print(f"  resumed at step 3 in the saving layout (dp2 ZeRO-1): "
+              f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
+        res = layouts.run("resumed_pp2", 2, ["--pp", "2", "--resume", step3])
+        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
+        loss_err = loss_error(res.losses, ref.losses[3:])
+        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
+        check(ok)
+        print(f"  resumed at step 3 (dp2 ZeRO-1 -> pp2): losses {loss_err:.2e}  weights "
+              f"{all_err:.2e}  {'ok' if ok else 'FAIL'}")
+        frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
+        fref = frozen.run("single", 1)
+        print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
+              f"{fref.losses[-1]:.4f}")
+        got = compare(frozen, fref, "dp2_zero1", 2, ["--dp", "2", "--zero", "1"])
+        still = all(np.array_equal(got.params[n], got.init[n]) for n in got.params
+                    if n.startswith("vision."))
+        moved = any(not np.array_equal(got.params[n], got.init[n]) for n in got.params
+                    if n.startswith("projector."))
+        check(still and moved)
+        print(f"  frozen encoder unchanged: {still}, projector trained: {moved}")
+    finally:
+        if failed():
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run_test(main)
