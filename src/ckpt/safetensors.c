@@ -10,8 +10,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static size_t dtype_bytes(loom_dtype d) {
+    return d == LOOM_DTYPE_BF16 ? 2 : 4;
+}
+
+static const char *dtype_name(loom_dtype d) {
+    return d == LOOM_DTYPE_F32 ? "F32" : d == LOOM_DTYPE_I32 ? "I32" : "BF16";
+}
+
 static size_t tensor_bytes(const loom_tensor_view *t) {
-    size_t n = 4;
+    size_t n = dtype_bytes(t->dtype);
     for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
     return n;
 }
@@ -31,9 +39,9 @@ char *loom_safetensors_header(const loom_tensor_view *tensors, int n, const char
         json_t *shape = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
         size_t bytes = tensor_bytes(t);
-        json_t *entry = json_pack("{s:s, s:o, s:[I,I]}", "dtype",
-                                  t->dtype == LOOM_DTYPE_F32 ? "F32" : "I32", "shape", shape,
-                                  "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes));
+        json_t *entry =
+            json_pack("{s:s, s:o, s:[I,I]}", "dtype", dtype_name(t->dtype), "shape", shape,
+                      "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes));
         json_object_set_new(root, t->name, entry);
         offset += bytes;
     }
@@ -132,7 +140,7 @@ loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_er
             a < 0 || b < a || (uint64_t)b > f->data_bytes)
             return bad(f, err, "a tensor entry has bad dtype, shape or data_offsets");
         /* Shape entries non-negative and small enough that their product cannot overflow;
-         * 4-byte dtypes must fill their byte range exactly. */
+         * 4- and 2-byte dtypes must fill their byte range exactly. */
         json_t *shape = json_object_get(v, "shape");
         uint64_t numel = 1;
         for (size_t d = 0; d < json_array_size(shape); d++) {
@@ -147,6 +155,8 @@ loom_status loom_safetensors_open(loom_safetensors *f, const char *path, loom_er
         if ((strcmp(dtype, "F32") == 0 || strcmp(dtype, "I32") == 0) &&
             numel * 4 != (uint64_t)(b - a))
             return bad(f, err, "a tensor's shape disagrees with its data_offsets");
+        if (strcmp(dtype, "BF16") == 0 && numel * 2 != (uint64_t)(b - a))
+            return bad(f, err, "a tensor's shape disagrees with its data_offsets");
     }
     return LOOM_OK;
 }
@@ -158,15 +168,17 @@ void loom_safetensors_close(loom_safetensors *f) {
     memset(f, 0, sizeof *f);
 }
 
-loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
-                                     const float **data, loom_error *err) {
+loom_status loom_safetensors_get_float(const loom_safetensors *f, const char *name, size_t numel,
+                                       loom_dtype *dtype, const void **data, loom_error *err) {
     /* "__metadata__" is not a tensor entry (open validated only the tensor entries). */
     json_t *v = strcmp(name, "__metadata__") == 0 ? NULL : json_object_get(f->header, name);
     if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: no tensor '%s'", f->path, name);
-    const char *dtype = json_string_value(json_object_get(v, "dtype"));
-    if (strcmp(dtype, "F32") != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is %s (expected F32)", f->path,
-                              name, dtype);
+    const char *dt = json_string_value(json_object_get(v, "dtype"));
+    if (strcmp(dt, "F32") != 0 && strcmp(dt, "BF16") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is %s (expected F32 or BF16)",
+                              f->path, name, dt);
+    *dtype = strcmp(dt, "F32") == 0 ? LOOM_DTYPE_F32 : LOOM_DTYPE_BF16;
+    const size_t size = dtype_bytes(*dtype);
     json_t *shape = json_object_get(v, "shape");
     size_t n = 1;
     for (size_t i = 0; i < json_array_size(shape); i++)
@@ -174,17 +186,30 @@ loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name
     json_t *off = json_object_get(v, "data_offsets");
     size_t a = (size_t)json_integer_value(json_array_get(off, 0));
     size_t b = (size_t)json_integer_value(json_array_get(off, 1));
-    if (n != numel || b - a != numel * sizeof(float))
+    if (n != numel || b - a != numel * size)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "%s: tensor '%s' has %zu elements (%zu bytes); expected %zu", f->path,
                               name, n, b - a, numel);
     /* The data section starts after a header whose length the file chooses. */
-    if ((uintptr_t)(f->data + a) % sizeof(float) != 0)
+    if ((uintptr_t)(f->data + a) % size != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s: tensor '%s' is not 4-byte aligned in the file (header length "
+                              "%s: tensor '%s' is not %zu-byte aligned in the file (header length "
                               "not padded to a multiple of 8?)",
+                              f->path, name, size);
+    *data = f->data + a;
+    return LOOM_OK;
+}
+
+loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
+                                     const float **data, loom_error *err) {
+    loom_dtype dtype;
+    const void *p;
+    loom_status st = loom_safetensors_get_float(f, name, numel, &dtype, &p, err);
+    if (st) return st;
+    if (dtype != LOOM_DTYPE_F32)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: tensor '%s' is BF16 (expected F32)",
                               f->path, name);
-    *data = (const float *)(f->data + a);
+    *data = p;
     return LOOM_OK;
 }
 

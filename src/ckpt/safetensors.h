@@ -8,7 +8,8 @@
 
 #include "core/error.h"
 
-typedef enum { LOOM_DTYPE_F32, LOOM_DTYPE_I32 } loom_dtype;
+/* F32 and I32 are 4 bytes an element, BF16 (bfloat16, kernels/bf16.h) 2. */
+typedef enum { LOOM_DTYPE_F32, LOOM_DTYPE_I32, LOOM_DTYPE_BF16 } loom_dtype;
 
 #define LOOM_TENSOR_MAX_DIMS 6
 typedef struct {
@@ -16,7 +17,7 @@ typedef struct {
     loom_dtype dtype;
     int ndim;
     int64_t shape[LOOM_TENSOR_MAX_DIMS];
-    const void *data; /* numel * 4 bytes, little-endian */
+    const void *data; /* numel * (4 or 2) bytes, little-endian */
 } loom_tensor_view;
 
 /* Writes the tensors to path (through path.tmp + rename, so a reader never sees half a
@@ -50,6 +51,10 @@ void loom_safetensors_close(loom_safetensors *f);
  * tensor and what was found. */
 loom_status loom_safetensors_get_f32(const loom_safetensors *f, const char *name, size_t numel,
                                      const float **data, loom_error *err);
+/* The F32 or BF16 tensor `name` with exactly `numel` elements: *dtype says which, *data
+ * points at numel * 4 or numel * 2 bytes (aligned to the element size); errors as above. */
+loom_status loom_safetensors_get_float(const loom_safetensors *f, const char *name, size_t numel,
+                                       loom_dtype *dtype, const void **data, loom_error *err);
 /* A metadata string, or NULL. */
 const char *loom_safetensors_meta(const loom_safetensors *f, const char *key);
 

@@ -1,6 +1,7 @@
 /* loom ckpt: inspect (run state, layout, tensors), verify (every checksum, exit 2 on the
  * first bad chunk, naming file and tensor), export (the parameters as one safetensors
- * file with Hugging Face names and the model config, like --save-weights). DIR is a step
+ * file with Hugging Face names and the model config, like --save-weights; F32, or BF16
+ * with --dtype bf16). DIR is a step
  * folder or a tier folder (then its newest complete checkpoint). */
 #include "cli/cmd_ckpt.h"
 
@@ -78,7 +79,7 @@ static void inspect(const char *dir, const loom_ckpt_manifest *m, const loom_mod
 
 /* The checkpoint's weights, or with ema its moving average of them (--ema-decay runs). */
 static int export_weights(const char *dir, const loom_ckpt_manifest *m, const loom_model_config *mc,
-                          const char *out, int ema) {
+                          const char *out, int ema, loom_dtype dtype) {
     loom_param_table t;
     loom_error err = {0};
     if (loom_params_build(&t, mc, NULL, &err)) return fail(err.msg);
@@ -96,20 +97,21 @@ static int export_weights(const char *dir, const loom_ckpt_manifest *m, const lo
     loom_ckpt_buffer b[LOOM_CKPT_KINDS] = {{0}};
     b[ema ? LOOM_CKPT_EMA : LOOM_CKPT_PARAMS] = (loom_ckpt_buffer){params, 0, 0, t.total};
     loom_status st = loom_ckpt_load(dir, m, &ct, b, NULL, &err);
-    if (!st) st = loom_weights_save(out, mc, &t, params, &err);
+    if (!st) st = loom_weights_save_as(out, mc, &t, params, dtype, &err);
     free(params);
     loom_ckpt_descs_free(&ct);
     loom_params_free(&t);
     if (st) return fail(err.msg);
-    fprintf(stderr, "loom ckpt: step %lld%s exported to %s\n", (long long)m->step,
-            ema ? " (moving average)" : "", out);
+    fprintf(stderr, "loom ckpt: step %lld%s exported to %s (%s)\n", (long long)m->step,
+            ema ? " (moving average)" : "", out, dtype == LOOM_DTYPE_BF16 ? "bf16" : "f32");
     return 0;
 }
 
 int loom_cmd_ckpt(int argc, char **argv) {
     const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
-                        "safetensors [--ema] -o FILE";
+                        "safetensors [--ema] [--dtype f32|bf16] -o FILE";
     int ema = 0;
+    loom_dtype dtype = LOOM_DTYPE_F32;
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("%s\n\n"
@@ -119,6 +121,8 @@ int loom_cmd_ckpt(int argc, char **argv) {
                    "  export DIR        whole tensors under Hugging Face names:\n"
                    "    --format safetensors  the only format\n"
                    "    --ema                 the moving average's weights (--ema-decay runs)\n"
+                   "    --dtype f32|bf16      tensor dtype (default f32, the checkpoint's values\n"
+                   "                          exactly; bf16 rounds to nearest even)\n"
                    "    -o, --output FILE     the file to write\n"
                    "docs/checkpoints.md\n",
                    usage);
@@ -133,7 +137,15 @@ int loom_cmd_ckpt(int argc, char **argv) {
             format = argv[++i];
         else if (strcmp(argv[i], "--ema") == 0)
             ema = 1;
-        else {
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (strcmp(d, "f32") != 0 && strcmp(d, "bf16") != 0) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "--dtype '%.64s': expected f32 or bf16", d);
+                return fail(msg);
+            }
+            dtype = strcmp(d, "bf16") == 0 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+        } else {
             char msg[256];
             snprintf(msg, sizeof msg, "unexpected argument '%s' (%s)", argv[i], usage);
             return fail(msg);
@@ -172,7 +184,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
         else if (!out)
             rc = fail("export: -o FILE is required");
         else
-            rc = export_weights(dir, &m, &mc, out, ema);
+            rc = export_weights(dir, &m, &mc, out, ema, dtype);
     } else {
         rc = fail(usage);
     }

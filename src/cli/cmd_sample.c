@@ -17,6 +17,7 @@
 #include "data/picture.h"
 #include "model/dit.h"
 #include "model/flow_sampler.h"
+#include "model/gemm_shapes.h"
 #include "model/transformer.h"
 #include "model/weights.h"
 
@@ -30,6 +31,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: loom sample --weights PATH [--class K] [--n N (8)] [--steps S (50)]\n"
                "       [--cfg W (1)] [--solver euler|heun] [--seed S (1)] [-o OUT.png|OUT.gif]\n"
                "       [--raw OUT.safetensors] [--batch B (16)] [--threads N]\n"
+               "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
                "Samples a dit model (loom train --family dit --save-weights) by integrating its\n"
                "flow from noise (t = 1) to data (t = 0) over S uniform steps (Euler or Heun).\n"
                "  --class K   N samples of class K; without it, N samples of every class\n"
@@ -148,19 +150,16 @@ int loom_cmd_sample(int argc, char **argv) {
     long cls = -1, n = 8, steps = 50, batch = 16, threads = 0;
     double cfg_w = 1.0;
     unsigned long long seed = 1;
-    static const struct option opts[] = {{"weights", 1, NULL, 'w'},
-                                         {"class", 1, NULL, 'k'},
-                                         {"n", 1, NULL, 'n'},
-                                         {"steps", 1, NULL, 'S'},
-                                         {"cfg", 1, NULL, 'g'},
-                                         {"solver", 1, NULL, 'v'},
-                                         {"seed", 1, NULL, 's'},
-                                         {"out", 1, NULL, 'o'},
-                                         {"raw", 1, NULL, 'r'},
-                                         {"batch", 1, NULL, 'b'},
-                                         {"threads", 1, NULL, 't'},
-                                         {"help", 0, NULL, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {{"weights", 1, NULL, 'w'}, {"class", 1, NULL, 'k'},
+                                         {"n", 1, NULL, 'n'},       {"steps", 1, NULL, 'S'},
+                                         {"cfg", 1, NULL, 'g'},     {"solver", 1, NULL, 'v'},
+                                         {"seed", 1, NULL, 's'},    {"out", 1, NULL, 'o'},
+                                         {"raw", 1, NULL, 'r'},     {"batch", 1, NULL, 'b'},
+                                         {"threads", 1, NULL, 't'}, {"precision", 1, NULL, 'p'},
+                                         {"help", 0, NULL, 'h'},    {0, 0, 0, 0}};
+    loom_precision precision = LOOM_PRECISION_FP32;
+    const loom_backend *be = NULL; /* NULL: the fp32 CPU table */
+    loom_error perr = {0};
     optind = 0;
     opterr = 0;
     int c;
@@ -208,6 +207,10 @@ int loom_cmd_sample(int argc, char **argv) {
         case 't':
             if (!parse_int(optarg, 0, 4096, &threads))
                 return fail("--threads: expected an integer >= 0 (0 = all cores)");
+            break;
+        case 'p':
+            if (loom_precision_parse(optarg, "--precision", &precision, &perr))
+                return fail(perr.msg);
             break;
         case 'h':
             usage(stdout);
@@ -298,13 +301,20 @@ int loom_cmd_sample(int argc, char **argv) {
     if (threads == 0) threads = loom_cpu_default_threads();
     loom_cpu_set_threads((int)threads);
     const int per_call = o.cfg != 1.0f ? 2 * o.n : o.n;
+    if (precision == LOOM_PRECISION_BF16 &&
+        loom_backend_cpu_bf16_open(&be, "--precision", &err)) { /* before the model uses it */
+        rc = fail(err.msg);
+        goto done;
+    }
     /* Forward only: the recomputation plan keeps one block's activations for all layers
      * (the same kernels in the same order, so the same numbers) instead of every layer's. */
-    if (loom_model_create(
-            &m,
-            &(loom_model_options){
-                .cfg = &cfg, .B = per_call, .T = cfg.seq_len, .flags = LOOM_MODEL_RECOMPUTE},
-            &err)) {
+    if (loom_model_create(&m,
+                          &(loom_model_options){.cfg = &cfg,
+                                                .B = per_call,
+                                                .T = cfg.seq_len,
+                                                .flags = LOOM_MODEL_RECOMPUTE,
+                                                .backend = be},
+                          &err)) {
         rc = fail(err.msg);
         goto done;
     }
@@ -314,6 +324,15 @@ int loom_cmd_sample(int argc, char **argv) {
                  weights, table.total, m.table.total);
         rc = fail(msg);
         goto done;
+    }
+    if (be) { /* the GEMMs of one model call: its tokens and its samples (conditioning) */
+        const int gemm_rows[2] = {per_call * cfg.seq_len, per_call};
+        if (loom_model_prepare_gemms(be, &m.table, gemm_rows, 2, &err)) {
+            rc = fail(err.msg);
+            goto done;
+        }
+        loom_backend_cpu_bf16_describe(be, msg, sizeof msg);
+        fprintf(stderr, "loom: precision bf16: %s\n", msg);
     }
     d = (dit_ctx){.m = &m,
                   .params = params,
@@ -366,6 +385,10 @@ int loom_cmd_sample(int argc, char **argv) {
         goto done;
     }
     printf("wrote %s\n", out);
+    if (be) {
+        loom_backend_cpu_bf16_describe(be, msg, sizeof msg);
+        fprintf(stderr, "loom: precision bf16 at the end: %s\n", msg);
+    }
     if (raw) {
         o.n = total;
         if (write_raw(raw, x, noise, labels, total, &cfg, &o, weights, &err)) {
@@ -381,6 +404,7 @@ done:
     free(d.v);
     free(d.labels);
     if (have_model) loom_model_destroy(&m);
+    loom_backend_close(be);
     free(x);
     free(noise);
     free(labels);

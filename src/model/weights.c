@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ckpt/safetensors.h"
+#include "kernels/bf16.h"
 
 #define N_META 11
 #define N_MOE_META 7 /* written only for MoE models */
@@ -31,8 +32,18 @@ static void dit_fields(loom_model_config *c, int *out[N_DIT_META]) {
     for (int i = 0; i < N_DIT_META; i++) out[i] = f[i];
 }
 
+static loom_status write_tensors(const char *path, const loom_param_table *t, const void *flat,
+                                 loom_dtype dtype, const char *const *meta_keys,
+                                 const char *const *meta_values, int n_meta, loom_error *err);
+
 loom_status loom_weights_save(const char *path, const loom_model_config *c,
                               const loom_param_table *t, const float *params, loom_error *err) {
+    return loom_weights_save_as(path, c, t, params, LOOM_DTYPE_F32, err);
+}
+
+loom_status loom_weights_save_as(const char *path, const loom_model_config *c,
+                                 const loom_param_table *t, const float *params, loom_dtype dtype,
+                                 loom_error *err) {
     char vals[N_META + N_MOE_META + N_DIT_META + N_VLM_META][32];
     const char *keys[N_META + N_MOE_META + N_DIT_META + N_VLM_META] = {
         "format", "family",     "n_layer",       "n_head",          "n_kv_head",     "d_model",
@@ -77,19 +88,38 @@ loom_status loom_weights_save(const char *path, const loom_model_config *c,
     }
     const char *values[N_META + N_MOE_META + N_DIT_META + N_VLM_META];
     for (int i = 0; i < n; i++) values[i] = vals[i];
-    return loom_params_write_safetensors(path, t, params, keys, values, n, err);
+    if (dtype == LOOM_DTYPE_F32) return write_tensors(path, t, params, dtype, keys, values, n, err);
+    if (dtype != LOOM_DTYPE_BF16)
+        return loom_error_set(err, LOOM_ERR_INPUT, "%s: weights are stored as F32 or BF16", path);
+    loom_bf16 *half = malloc((t->total ? t->total : 1) * sizeof *half);
+    if (!half) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+    loom_bf16_from_f32_n(half, params, t->total);
+    loom_status st = write_tensors(path, t, half, dtype, keys, values, n, err);
+    free(half);
+    return st;
 }
 
 loom_status loom_params_write_safetensors(const char *path, const loom_param_table *t,
                                           const float *flat, const char *const *meta_keys,
                                           const char *const *meta_values, int n_meta,
                                           loom_error *err) {
+    return write_tensors(path, t, flat, LOOM_DTYPE_F32, meta_keys, meta_values, n_meta, err);
+}
+
+/* flat: table->total elements of dtype (4 or 2 bytes each). */
+static loom_status write_tensors(const char *path, const loom_param_table *t, const void *flat,
+                                 loom_dtype dtype, const char *const *meta_keys,
+                                 const char *const *meta_values, int n_meta, loom_error *err) {
     loom_tensor_view *views = calloc((size_t)t->n_params, sizeof *views);
     if (!views) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+    const size_t size = dtype == LOOM_DTYPE_BF16 ? sizeof(loom_bf16) : sizeof(float);
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        views[i] = (loom_tensor_view){
-            p->name, LOOM_DTYPE_F32, p->ndim, {p->shape[0], p->shape[1]}, flat + p->offset};
+        views[i] = (loom_tensor_view){p->name,
+                                      dtype,
+                                      p->ndim,
+                                      {p->shape[0], p->shape[1]},
+                                      (const char *)flat + p->offset * size};
     }
     loom_status st =
         loom_safetensors_write_meta(path, views, t->n_params, meta_keys, meta_values, n_meta, err);
@@ -194,8 +224,12 @@ loom_status loom_weights_load(const char *path, loom_model_config *c, loom_param
         st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; !st && i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        const float *src;
-        if (!(st = loom_safetensors_get_f32(&f, p->name, p->numel, &src, err)))
+        const void *src;
+        loom_dtype dtype;
+        if ((st = loom_safetensors_get_float(&f, p->name, p->numel, &dtype, &src, err))) break;
+        if (dtype == LOOM_DTYPE_BF16)
+            loom_bf16_to_f32_n(*params + p->offset, src, p->numel);
+        else
             memcpy(*params + p->offset, src, p->numel * sizeof(float));
     }
     loom_safetensors_close(&f);

@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "core/timeline.h"
 #include "core/version.h"
+#include "kernels/bf16.h"
 #include "model/config_json.h"
 #include "model/moe_config.h"
 #include "model/vlm_parts.h"
@@ -346,7 +347,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
 }
 
 /* --init-from: every parameter this rank holds from a safetensors file of global tensors
- * under Hugging Face names; optimizer state starts at zero. */
+ * under Hugging Face names (F32, or BF16 widened exactly); optimizer state starts at zero. */
 static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
     loom_safetensors f;
     loom_status st = loom_safetensors_open(&f, c->tc->init_from, err);
@@ -369,13 +370,20 @@ static loom_status import_weights(loom_checkpointing *c, loom_error *err) {
         const loom_ckpt_piece *q = &plan.items[i];
         const loom_ckpt_desc *p = &c->tensors.items[q->tensor];
         if (absent & (int)loom_vlm_param_part(p->name)) continue;
-        const float *src;
+        const void *src;
+        loom_dtype dtype;
         const int64_t *g = p->global_shape;
-        if ((st = loom_safetensors_get_f32(&f, p->name, (size_t)(g[0] * g[1]), &src, err))) break;
-        for (int64_t r = 0; r < q->box.len[0]; r++)
-            memcpy(b[0].data + (q->local + (size_t)(r * q->stride) - b[0].base),
-                   src + (q->box.off[0] + r) * g[1] + q->box.off[1],
-                   (size_t)q->box.len[1] * sizeof(float));
+        if ((st =
+                 loom_safetensors_get_float(&f, p->name, (size_t)(g[0] * g[1]), &dtype, &src, err)))
+            break;
+        for (int64_t r = 0; r < q->box.len[0]; r++) {
+            float *dst = b[0].data + (q->local + (size_t)(r * q->stride) - b[0].base);
+            const size_t at = (size_t)((q->box.off[0] + r) * g[1] + q->box.off[1]);
+            if (dtype == LOOM_DTYPE_BF16) /* widened exactly */
+                loom_bf16_to_f32_n(dst, (const loom_bf16 *)src + at, (size_t)q->box.len[1]);
+            else
+                memcpy(dst, (const float *)src + at, (size_t)q->box.len[1] * sizeof(float));
+        }
     }
     loom_ckpt_plan_free(&plan);
     loom_safetensors_close(&f);

@@ -43,8 +43,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         json_t *shape = json_object_get(v, "shape");
         for (size_t d = 0; d < json_array_size(shape); d++)
             numel *= (size_t)json_integer_value(json_array_get(shape, d));
-        const float *x = NULL;
+        /* F32 or BF16 (what --init-from and loom generate read): inside, aligned. */
+        loom_dtype dt;
+        const void *any = NULL;
         loom_error e = {0};
+        if (loom_safetensors_get_float(&f, key, numel, &dt, &any, &e) == LOOM_OK) {
+            const size_t size = dt == LOOM_DTYPE_BF16 ? 2 : 4;
+            const uint8_t *lo = f.map, *hi = lo + f.map_bytes, *p = any;
+            if (p < lo || p > hi || numel > (size_t)(hi - p) / size)
+                fuzz_die("a float tensor outside the file", NULL);
+            if ((uintptr_t)p % size != 0) fuzz_die("a misaligned float tensor", NULL);
+            for (size_t i = 0; i < numel; i++) sink += p[i * size];
+        } else if (!e.msg[0]) {
+            fuzz_die("failed get_float without a message", NULL);
+        }
+        const float *x = NULL;
+        e = (loom_error){0};
         if (loom_safetensors_get_f32(&f, key, numel, &x, &e) != LOOM_OK) {
             if (!e.msg[0]) fuzz_die("failed get without a message", NULL);
             continue;
