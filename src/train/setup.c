@@ -15,6 +15,8 @@
 #include "train/run.h"
 
 void loom_run_free(loom_run *r) {
+    if (r->outer_on) loom_outer_free(&r->outer);
+    r->outer_on = 0;
     loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
     loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
     if (r->pipelined) loom_pipeline_free(r->pipelined);
@@ -373,6 +375,13 @@ static loom_status setup(loom_run *r, loom_error *err) {
     /* The moving average starts at the weights the run starts from, unless it was loaded. */
     if (!r->ckpt.ema_loaded) loom_grad_sync_ema_reset(&r->sync);
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
+    /* --outer diloco: the round starts from the parameters the run starts from */
+    if (loom_outer_enabled(&tc->outer)) {
+        if ((st = loom_outer_create(&r->outer, &tc->outer, r->mesh, &r->model.table, r->mc->n_layer,
+                                    r->params, tc->steps, err)))
+            return st;
+        r->outer_on = 1;
+    }
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;
     loom_timeline_mark("trace_tb_metrics");
