@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "parallel/outer_impl.h"
 
 /* ---- the flags ---- */
 
@@ -88,38 +89,6 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
 
 /* ---- fragments ---- */
 
-typedef struct {
-    size_t flat, numel; /* a tensor: [flat, flat + numel) of the flat buffer */
-    int counted;        /* counted in the outer gradient's norm */
-} run;
-
-typedef enum { PHASE_IDLE, PHASE_SCATTER, PHASE_GATHER } phase;
-
-struct loom_outer_fragment {
-    int offset; /* sent after inner steps offset + k * H */
-    run *runs;
-    int n_runs;
-    size_t n;           /* payload floats (the runs back to back) */
-    size_t chunk;       /* payload floats per worker chunk (a multiple of the block) */
-    float *delta;       /* [n]: the outer gradient, then the update */
-    float *mom, *acc;   /* [own]: momentum (this worker's chunk), sum of contributions */
-    uint8_t *counted;   /* [n]: 1 where the value counts in the norm */
-    float *send, *recv; /* all-to-all wire buffers (words) */
-    float *gather;      /* all-gather wire buffer (words) */
-    int *scounts, *sdispls, *rcounts, *rdispls, *gcounts, *gdispls;
-    loom_comm_handle h;
-    phase ph;
-    int last_sent; /* step of the last send (0: the initial parameters) */
-    double t_start, wait_ms;
-    double norm_sq; /* this rank's part of the last outer gradient's squared norm */
-    int landed;     /* an outer gradient was computed during this step */
-};
-
-static size_t chunk_len(const loom_outer_fragment *f, int j) {
-    const size_t lo = (size_t)j * f->chunk;
-    return lo >= f->n ? 0 : (f->n - lo < f->chunk ? f->n - lo : f->chunk);
-}
-
 static int words_of(const loom_outer *o, size_t n) {
     return (int)((loom_outer_wire_bytes(o->dtype, n, o->cfg.block) + 3) / 4);
 }
@@ -139,7 +108,7 @@ static int fragment_of(const loom_param_table *t, size_t at, int F, int L) {
 }
 
 static int by_offset(const void *a, const void *b) {
-    const run *x = a, *y = b;
+    const loom_outer_run *x = a, *y = b;
     return x->flat < y->flat ? -1 : x->flat > y->flat;
 }
 
@@ -150,10 +119,11 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
         const loom_param *p = &t->params[i];
         if (p->numel == 0) continue;
         loom_outer_fragment *f = &o->frag[fragment_of(t, p->offset, F, L)];
-        run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
+        loom_outer_run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
         if (!grown) return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
         f->runs = grown;
-        f->runs[f->n_runs++] = (run){p->offset, p->numel, p->counted_in_norm && !p->replica};
+        f->runs[f->n_runs++] =
+            (loom_outer_run){p->offset, p->numel, p->counted_in_norm && !p->replica};
     }
     for (int k = 0; k < F; k++) {
         loom_outer_fragment *f = &o->frag[k];
@@ -163,7 +133,7 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
         const size_t b = (size_t)o->cfg.block, per = (f->n + W - 1) / W;
         f->chunk = (per + b - 1) / b * b;
         if (f->chunk == 0) f->chunk = b;
-        const size_t own = chunk_len(f, me), n1 = f->n ? f->n : 1, o1 = own ? own : 1;
+        const size_t own = loom_outer_chunk_len(f, me), n1 = f->n ? f->n : 1, o1 = own ? own : 1;
         f->delta = malloc(n1 * sizeof(float));
         f->counted = malloc(n1);
         f->mom = calloc(o1, sizeof(float));
@@ -175,7 +145,7 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
         f->rdispls = ints + 3 * W, f->gcounts = ints + 4 * W, f->gdispls = ints + 5 * W;
         size_t s = 0, rr = 0;
         for (int j = 0; j < W; j++) {
-            f->scounts[j] = f->gcounts[j] = words_of(o, chunk_len(f, j));
+            f->scounts[j] = f->gcounts[j] = words_of(o, loom_outer_chunk_len(f, j));
             f->sdispls[j] = f->gdispls[j] = (int)s;
             s += (size_t)f->scounts[j];
             f->rcounts[j] = words_of(o, own);
@@ -246,16 +216,16 @@ static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_er
     const int W = o->comm->size;
     size_t at = 0;
     for (int r = 0; r < f->n_runs; r++) {
-        const run *u = &f->runs[r];
+        const loom_outer_run *u = &f->runs[r];
         for (size_t i = 0; i < u->numel; i++)
             f->delta[at + i] = o->start[u->flat + i] - o->params[u->flat + i];
         at += u->numel;
     }
     for (int j = 0; j < W; j++)
-        loom_outer_quantize(o->dtype, f->delta + (size_t)j * f->chunk, chunk_len(f, j),
+        loom_outer_quantize(o->dtype, f->delta + (size_t)j * f->chunk, loom_outer_chunk_len(f, j),
                             o->cfg.block, (uint8_t *)(f->send + f->sdispls[j]));
     f->last_sent = step;
-    f->ph = PHASE_SCATTER;
+    f->ph = LOOM_OUTER_SCATTER;
     f->t_start = loom_now_ms();
     f->wait_ms = 0;
     o->stats.bytes_step += sent_bytes(W, o->comm->rank, f->scounts);
@@ -277,7 +247,7 @@ static loom_status wait(loom_outer *o, loom_outer_fragment *f, loom_error *err) 
  * added in worker order), the outer SGD step on it, its update into the all-gather. */
 static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_error *err) {
     const int W = o->comm->size, me = o->comm->rank;
-    const size_t own = chunk_len(f, me), base = (size_t)me * f->chunk;
+    const size_t own = loom_outer_chunk_len(f, me), base = (size_t)me * f->chunk;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
     float *g = f->delta + base; /* scratch: this chunk of delta is rewritten below */
     for (int i = 0; i < W; i++) {
@@ -296,7 +266,7 @@ static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_e
     f->norm_sq = sq;
     f->landed = 1;
     loom_outer_quantize(o->dtype, g, own, o->cfg.block, (uint8_t *)(f->gather + f->gdispls[me]));
-    f->ph = PHASE_GATHER;
+    f->ph = LOOM_OUTER_GATHER;
     o->stats.bytes_step += (double)(W - 1) * 4.0 * f->gcounts[me];
     return loom_comm_iallgatherv(o->comm, f->gather, f->gcounts, f->gdispls, &f->h, err);
 }
@@ -307,11 +277,12 @@ static void land(loom_outer *o, loom_outer_fragment *f, int replace) {
     const int W = o->comm->size;
     for (int j = 0; j < W; j++)
         loom_outer_dequantize(o->dtype, (const uint8_t *)(f->gather + f->gdispls[j]),
-                              chunk_len(f, j), o->cfg.block, f->delta + (size_t)j * f->chunk);
+                              loom_outer_chunk_len(f, j), o->cfg.block,
+                              f->delta + (size_t)j * f->chunk);
     const float a = o->cfg.merge, b = 1.0f - a;
     size_t at = 0;
     for (int r = 0; r < f->n_runs; r++) {
-        const run *u = &f->runs[r];
+        const loom_outer_run *u = &f->runs[r];
         float *s = o->start + u->flat, *p = o->params + u->flat;
         const float *d = f->delta + at;
         for (size_t i = 0; i < u->numel; i++) {
@@ -320,7 +291,7 @@ static void land(loom_outer *o, loom_outer_fragment *f, int replace) {
         }
         at += u->numel;
     }
-    f->ph = PHASE_IDLE;
+    f->ph = LOOM_OUTER_IDLE;
 }
 
 /* Completes the fragment's current phase (waiting) and, from the all-to-all, runs the
@@ -328,11 +299,11 @@ static void land(loom_outer *o, loom_outer_fragment *f, int replace) {
 static loom_status advance(loom_outer *o, loom_outer_fragment *f, int through, int replace,
                            loom_error *err) {
     loom_status st;
-    if (f->ph == PHASE_SCATTER) {
+    if (f->ph == LOOM_OUTER_SCATTER) {
         if ((st = wait(o, f, err)) || (st = reduce_and_step(o, f, err))) return st;
         if (!through) return LOOM_OK;
     }
-    if (f->ph == PHASE_GATHER) {
+    if (f->ph == LOOM_OUTER_GATHER) {
         if ((st = wait(o, f, err))) return st;
         land(o, f, replace);
     }
@@ -353,7 +324,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
     for (int k = 0; k < o->n_frag; k++) o->frag[k].landed = 0;
     /* fragments in flight move one phase (one inner step of overlap per phase) */
     for (int k = 0; k < o->n_frag && !st; k++)
-        if (o->frag[k].ph != PHASE_IDLE) st = advance(o, &o->frag[k], 0, 0, err);
+        if (o->frag[k].ph != LOOM_OUTER_IDLE) st = advance(o, &o->frag[k], 0, 0, err);
     for (int k = 0; k < o->n_frag && !st; k++) {
         loom_outer_fragment *f = &o->frag[k];
         if (!sends_at(o, f, step)) continue;
@@ -364,7 +335,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
      * its last send is synced at once and replaces the local parameters (one model) */
     for (int k = 0; step == o->steps && k < o->n_frag && !st; k++) {
         loom_outer_fragment *f = &o->frag[k];
-        if (f->ph != PHASE_IDLE && (st = advance(o, f, 1, 0, err))) break;
+        if (f->ph != LOOM_OUTER_IDLE && (st = advance(o, f, 1, 0, err))) break;
         if (f->last_sent == step && !streaming) continue;
         if (!(st = send(o, f, step, err))) st = advance(o, f, 1, 1, err);
     }

@@ -104,6 +104,12 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
  * number: the loss). Collective over the workers. */
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
 
+/* Checkpoints: this rank's outer state after step `step` to / from
+ * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group). */
+loom_status loom_outer_save(const loom_outer *o, const char *dir, int step, int rank,
+                            loom_error *err);
+loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
+
 /* ---- the wire format (parallel/outer_quant.c) ---- */
 /* Bytes n values take in dtype with one scale per `block` values (int8, int4). */
 size_t loom_outer_wire_bytes(loom_outer_dtype dtype, size_t n, int block);

@@ -75,13 +75,14 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
-    const char *not_yet = tc->zero == 3               ? "--zero 3"
-                          : tc->overlap_param_gather  ? "--overlap-param-gather"
-                          : tc->ckpt_dir[0]           ? "--ckpt-dir"
-                          : tc->ckpt_fast_dir[0]      ? "--ckpt-fast-dir"
-                          : tc->resume[0]             ? "--resume"
-                          : strcmp(tc->device, "cpu") ? "--device other than cpu"
-                                                      : NULL;
+    const int ckpt = tc->ckpt_dir[0] || tc->resume[0];
+    const char *not_yet = tc->zero == 3                    ? "--zero 3"
+                          : tc->overlap_param_gather       ? "--overlap-param-gather"
+                          : tc->ckpt_fast_dir[0]           ? "--ckpt-fast-dir"
+                          : tc->ckpt_peer                  ? "--ckpt-peer"
+                          : ckpt && o->fragments > 1       ? "checkpoints and --outer-fragments > 1"
+                          : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"
+                                                           : NULL;
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);
@@ -95,6 +96,18 @@ void loom_train_config_for_worker(const loom_train_config *tc, int worker,
     if (!loom_outer_enabled(o) || o->total_batch != 0) return;
     o->total_batch = tc->global_batch;
     group->global_batch = tc->global_batch / o->workers;
+    /* each worker's inner state in its own checkpoint folder: DIR/worker_W */
+    if (tc->ckpt_dir[0])
+        snprintf(group->ckpt_dir, sizeof group->ckpt_dir, "%.900s/worker_%d", tc->ckpt_dir, worker);
+    if (tc->resume[0] && strcmp(tc->resume, "auto") != 0) { /* DIR/step_N, or DIR */
+        const char *slash = strrchr(tc->resume, '/');
+        const char *leaf = slash ? slash + 1 : tc->resume;
+        if (strncmp(leaf, "step_", 5) == 0)
+            snprintf(group->resume, sizeof group->resume, "%.*s%sworker_%d/%.100s",
+                     (int)(leaf - tc->resume), tc->resume, slash ? "" : "./", worker, leaf);
+        else
+            snprintf(group->resume, sizeof group->resume, "%.900s/worker_%d", tc->resume, worker);
+    }
     if (worker == 0) return;
     group->metrics[0] = group->tensorboard[0] = group->save_weights[0] = 0;
     group->save_ema[0] = group->dump_dir[0] = group->trace[0] = group->pp_stats[0] = 0;

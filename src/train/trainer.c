@@ -193,6 +193,10 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
+        /* --outer diloco: the outer state beside each checkpoint (parallel/outer.h) */
+        if (r->outer_on && loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
+            (st = loom_outer_save(&r->outer, tc->ckpt_dir, step + 1, mesh->rank, err)))
+            return st;
         if ((loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
              (st = loom_param_gather_wait_all(&r->pg, err))) ||
             (st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err)))
@@ -208,6 +212,9 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     loom_run_report_end(r, step - r->start_step);
     *stopped = stop; /* asked to stop (checkpointing.h): no final outputs */
     if ((st = loom_param_gather_wait_all(&r->pg, err))) return st;
+    if (r->outer_on && r->ckpt.enabled && r->ckpt.last_saved != step &&
+        (st = loom_outer_save(&r->outer, tc->ckpt_dir, step, mesh->rank, err)))
+        return st;
     return loom_checkpointing_finish(&r->ckpt, step, err);
 }
 

@@ -22,7 +22,8 @@ steps m_w / sqrt(v_w) is not m / sqrt(v) of the mean gradient. So the test check
 Then the layouts inside the workers (H = 3, Nesterov momentum, evaluation, a last round
 cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2 give the losses and weights of
 W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*.py); the
-same layout twice is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
+same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
+momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
 one-rank groups; streaming int4 twice is bitwise, sends fewer bytes than fp32 and trains.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
@@ -110,7 +111,28 @@ def main():
         same = bitwise(again, runs.runs["dp2_zero1"])
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
 
-        # 5. streaming
+        # 5. checkpoints hold the outer state: a resume mid-round (step 4 of the round
+        # 3..6) is bitwise the uninterrupted run, from DIR/step_N and from --resume auto
+        ck = os.path.join(tmp, "ck")
+        a = runs.run("ckpt_a", 4, ["--dp", "2", "--zero", "1", "--ckpt-dir", ck,
+                                   "--ckpt-every", "4"])
+        check(bitwise(a, runs.runs["dp2_zero1"]), "  checkpointing changes nothing (bitwise)")
+        for name, flags in (("step_dir", ["--resume", os.path.join(ck, "step_00000004")]),
+                            ("auto", ["--resume", "auto", "--ckpt-dir", ck + "_auto"])):
+            if name == "auto":  # only step 4 there
+                for w in (0, 1):
+                    shutil.copytree(os.path.join(ck, f"worker_{w}", "step_00000004"),
+                                    os.path.join(ck + "_auto", f"worker_{w}", "step_00000004"))
+                    shutil.copytree(os.path.join(ck, f"worker_{w}", "outer", "step_00000004"),
+                                    os.path.join(ck + "_auto", f"worker_{w}", "outer",
+                                                 "step_00000004"))
+            b = runs.run("ckpt_b_" + name, 4, ["--dp", "2", "--zero", "1"] + flags)
+            want = a.losses[4:8] + a.losses[9:]  # steps 5-8, validation at 8
+            ok = ("resumed from" in b.stderr and b.losses == want and
+                  bitwise((b.losses, b.params), (want, a.params)))
+            check(ok, f"  resume mid-round ({name}): bitwise the uninterrupted run")
+
+        # 6. streaming
         stream = real[:] + ["--outer", "diloco", "--workers", "2", "--inner-steps", "6",
                             "--outer-fragments", "2", "--outer-lr", "0.7", "--outer-momentum",
                             "0.9", "--outer-nesterov"]
