@@ -130,7 +130,11 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
         f->offset = F == 1 ? H : (k + 1) * H / F;
         if (f->n_runs) qsort(f->runs, (size_t)f->n_runs, sizeof *f->runs, by_offset);
         for (int r = 0; r < f->n_runs; r++) f->n += f->runs[r].numel;
-        const size_t b = (size_t)o->cfg.block, per = (f->n + W - 1) / W;
+        const size_t b = (size_t)o->cfg.block, R = (size_t)o->shards;
+        const size_t pn = ((f->n + R - 1) / R + b - 1) / b * b; /* a replica's part */
+        f->part_lo = (size_t)o->shard * pn < f->n ? (size_t)o->shard * pn : f->n;
+        f->part_n = f->part_lo + pn < f->n ? pn : f->n - f->part_lo;
+        const size_t per = (f->part_n + W - 1) / W;
         f->chunk = (per + b - 1) / b * b;
         if (f->chunk == 0) f->chunk = b;
         const size_t own = loom_outer_chunk_len(f, me), n1 = f->n ? f->n : 1, o1 = own ? own : 1;
@@ -138,11 +142,17 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
         f->counted = malloc(n1);
         f->mom = calloc(o1, sizeof(float));
         f->acc = malloc(o1 * sizeof(float));
-        int *ints = calloc((size_t)6 * W, sizeof(int));
+        int *ints = calloc((size_t)6 * W + 2 * R, sizeof(int));
         if (!f->delta || !f->counted || !f->mom || !f->acc || !ints)
             return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
         f->scounts = ints, f->sdispls = ints + W, f->rcounts = ints + 2 * W;
         f->rdispls = ints + 3 * W, f->gcounts = ints + 4 * W, f->gdispls = ints + 5 * W;
+        f->dcounts = ints + 6 * W, f->ddispls = f->dcounts + R;
+        for (size_t r = 0; r < R; r++) {
+            const size_t lo = r * pn < f->n ? r * pn : f->n;
+            f->ddispls[r] = (int)lo;
+            f->dcounts[r] = (int)((lo + pn < f->n ? lo + pn : f->n) - lo);
+        }
         size_t s = 0, rr = 0;
         for (int j = 0; j < W; j++) {
             f->scounts[j] = f->gcounts[j] = words_of(o, loom_outer_chunk_len(f, j));
@@ -176,6 +186,9 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->comm = &mesh->outer;
     o->group = &mesh->world;
     o->replicas = loom_layout_replicas(mesh->layout);
+    o->dp = &mesh->dp;
+    o->shards = o->replicas > 1 && mesh->layout.ep == 1 ? o->replicas : 1;
+    o->shard = o->shards > 1 ? mesh->dp.rank : 0;
     o->params = params;
     o->total = table->total;
     o->steps = steps;
@@ -222,8 +235,9 @@ static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_er
         at += u->numel;
     }
     for (int j = 0; j < W; j++)
-        loom_outer_quantize(o->dtype, f->delta + (size_t)j * f->chunk, loom_outer_chunk_len(f, j),
-                            o->cfg.block, (uint8_t *)(f->send + f->sdispls[j]));
+        loom_outer_quantize(o->dtype, f->delta + f->part_lo + (size_t)j * f->chunk,
+                            loom_outer_chunk_len(f, j), o->cfg.block,
+                            (uint8_t *)(f->send + f->sdispls[j]));
     f->last_sent = step;
     f->ph = LOOM_OUTER_SCATTER;
     f->t_start = loom_now_ms();
@@ -247,7 +261,7 @@ static loom_status wait(loom_outer *o, loom_outer_fragment *f, loom_error *err) 
  * added in worker order), the outer SGD step on it, its update into the all-gather. */
 static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_error *err) {
     const int W = o->comm->size, me = o->comm->rank;
-    const size_t own = loom_outer_chunk_len(f, me), base = (size_t)me * f->chunk;
+    const size_t own = loom_outer_chunk_len(f, me), base = f->part_lo + (size_t)me * f->chunk;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
     float *g = f->delta + base; /* scratch: this chunk of delta is rewritten below */
     for (int i = 0; i < W; i++) {
@@ -273,12 +287,16 @@ static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_e
 
 /* Every worker's update arrived: start += update; the parameters become the new start
  * (replace), or are mixed with it (streaming). */
-static void land(loom_outer *o, loom_outer_fragment *f, int replace) {
+static loom_status land(loom_outer *o, loom_outer_fragment *f, int replace, loom_error *err) {
     const int W = o->comm->size;
     for (int j = 0; j < W; j++)
         loom_outer_dequantize(o->dtype, (const uint8_t *)(f->gather + f->gdispls[j]),
                               loom_outer_chunk_len(f, j), o->cfg.block,
-                              f->delta + (size_t)j * f->chunk);
+                              f->delta + f->part_lo + (size_t)j * f->chunk);
+    /* the replicas' parts to every replica (inside the group: fast links, fp32) */
+    loom_status st;
+    if (o->shards > 1 && (st = loom_comm_allgatherv(o->dp, f->delta, f->dcounts, f->ddispls, err)))
+        return st;
     const float a = o->cfg.merge, b = 1.0f - a;
     size_t at = 0;
     for (int r = 0; r < f->n_runs; r++) {
@@ -292,6 +310,7 @@ static void land(loom_outer *o, loom_outer_fragment *f, int replace) {
         at += u->numel;
     }
     f->ph = LOOM_OUTER_IDLE;
+    return LOOM_OK;
 }
 
 /* Completes the fragment's current phase (waiting) and, from the all-to-all, runs the
@@ -304,8 +323,7 @@ static loom_status advance(loom_outer *o, loom_outer_fragment *f, int through, i
         if (!through) return LOOM_OK;
     }
     if (f->ph == LOOM_OUTER_GATHER) {
-        if ((st = wait(o, f, err))) return st;
-        land(o, f, replace);
+        if ((st = wait(o, f, err)) || (st = land(o, f, replace, err))) return st;
     }
     return LOOM_OK;
 }
@@ -363,7 +381,8 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     o->stats.bytes_total += buf[n];
     double sq = 0.0;
     for (int k = 0; k < F; k++) {
-        if (buf[n + 1 + F + k] > 0) o->norm_sq[k] = buf[n + 1 + k] / o->replicas;
+        if (buf[n + 1 + F + k] > 0)
+            o->norm_sq[k] = buf[n + 1 + k] / (o->shards > 1 ? 1 : o->replicas);
         sq += o->norm_sq[k];
     }
     o->stats.grad_norm = sqrt(sq);

@@ -15,13 +15,15 @@ struct loom_outer_fragment {
     int offset; /* sent after inner steps offset + k * H */
     loom_outer_run *runs;
     int n_runs;
-    size_t n;           /* payload floats (the runs back to back) */
-    size_t chunk;       /* payload floats per worker chunk (a multiple of the block) */
-    float *delta;       /* [n]: the outer gradient, then the update */
-    float *mom, *acc;   /* [own]: momentum (this worker's chunk), sum of contributions */
-    uint8_t *counted;   /* [n]: 1 where the value counts in the norm */
-    float *send, *recv; /* all-to-all wire buffers (words) */
-    float *gather;      /* all-gather wire buffer (words) */
+    size_t n;               /* payload floats (the runs back to back) */
+    size_t part_lo, part_n; /* this dp replica's part of the payload (all of it unsharded) */
+    size_t chunk;           /* floats of the part per worker chunk (a multiple of the block) */
+    int *dcounts, *ddispls; /* the replicas' parts (the in-group all-gather of the update) */
+    float *delta;           /* [n]: the outer gradient, then the update */
+    float *mom, *acc;       /* [own]: momentum (this worker's chunk), sum of contributions */
+    uint8_t *counted;       /* [n]: 1 where the value counts in the norm */
+    float *send, *recv;     /* all-to-all wire buffers (words) */
+    float *gather;          /* all-gather wire buffer (words) */
     int *scounts, *sdispls, *rcounts, *rdispls, *gcounts, *gdispls;
     loom_comm_handle h;
     loom_outer_phase ph;
@@ -31,9 +33,10 @@ struct loom_outer_fragment {
     int landed;     /* an outer gradient was computed during this step */
 };
 
+/* Worker j's chunk of this replica's part: [part_lo + j * chunk, + this). */
 static inline size_t loom_outer_chunk_len(const loom_outer_fragment *f, int j) {
-    const size_t lo = (size_t)j * f->chunk;
-    return lo >= f->n ? 0 : (f->n - lo < f->chunk ? f->n - lo : f->chunk);
+    const size_t lo = (size_t)j * f->chunk, n = f->part_n;
+    return lo >= n ? 0 : (n - lo < f->chunk ? n - lo : f->chunk);
 }
 
 #endif

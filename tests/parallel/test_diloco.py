@@ -107,9 +107,22 @@ def main():
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
                             ("pp2", ["--pp", "2"])):
             compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)
+        # the replicas of a dp-2 group sync half of the model each: the same bytes in all
+        b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
+        check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
         again = runs.run("dp2_zero1_again", 4, ["--dp", "2", "--zero", "1"])
         same = bitwise(again, runs.runs["dp2_zero1"])
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
+
+        # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
+        moe = [a if a != "gpt2" else "llama" for a in real] + [
+            "--n-kv-head", "2", "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0"]
+        m_runs = Layouts(moe + diloco, tmp, "moe_")
+        m1 = m_runs.run("dp2_ep2", 4, ["--dp", "2", "--ep", "2"])
+        m2 = m_runs.run("dp2_ep2_again", 4, ["--dp", "2", "--ep", "2"])
+        check(bitwise(m1, m2) and m1.losses[7] < m1.losses[0],
+              f"  W=2 groups of dp2 ep2 (MoE): trains {m1.losses[0]:.4f} -> {m1.losses[7]:.4f}, "
+              f"bitwise twice")
 
         # 5. checkpoints hold the outer state: a resume mid-round (step 4 of the round
         # 3..6) is bitwise the uninterrupted run, from DIR/step_N and from --resume auto
