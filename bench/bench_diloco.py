@@ -19,8 +19,12 @@ the step's tokens. The ratios are against sync_dp's, measured in the same invoca
 On one host the links are shared memory: tokens/s says what the outer sync costs in
 compute, not what a slow link would (tests/hosts and bench_hosts need root for that).
 The last line of output is one JSON object.
+Speed separately: --rounds rounds, each running every configuration in turn for
+--speed-outer-rounds x H steps without evaluation (the load of a shared machine drifts;
+each round's ratios are against that round's sync_dp), tokens/s over the steps after the
+first H.
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
-                       [--fragments 4] [--smoke]
+                       [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
 """
 import argparse
 import json
@@ -56,17 +60,23 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved speed rounds (every config once per round, no eval)")
+    ap.add_argument("--speed-outer-rounds", type=int, default=2,
+                    help="each speed run: this many outer rounds (x --inner-steps steps)")
     ap.add_argument("--smoke", action="store_true", help="20 steps, H 6, F 2 (seconds)")
     args = ap.parse_args()
     if args.smoke:
         args.steps, args.inner_steps, args.fragments, args.eval_every = 24, 12, 2, 12
+        args.rounds = 1
     if shutil.which("bible") is None or shutil.which("mpirun") is None:
         print("bench_diloco: needs bible-kjv (the `bible` command) and mpirun")
         sys.exit(77)
     work = tempfile.mkdtemp(prefix="loom_bench_diloco_")
     try:
         data = prepare(args.loom, work)
-        W, H, F, G, T = args.workers, args.inner_steps, args.fragments, 16, 64
+        W, H, F, G, T = args.workers, args.inner_steps, args.fragments, args.global_batch, 64
         base = [args.loom, "train", "--family", "gpt2", "--n-layer", "4", "--n-head", "4",
                 "--d-model", "128", "--d-ff", "512", "--vocab-size", "4096", "--seq-len", str(T),
                 "--micro-batch", "4", "--global-batch", str(G), "--steps", str(args.steps),
@@ -112,6 +122,28 @@ def main():
                 run["outer_grad_norm_last"] = o["grad_norm"]
             result["runs"][name] = run
             shutil.copy(metrics, os.path.join(work, "keep_" + name + ".jsonl"))
+        # speed: every config in turn, --rounds times (the machine's load drifts), each run
+        # as long as two outer rounds; tokens/s over the steps after the first round
+        speed = {name: [] for name in configs}
+        sp_steps = max(args.speed_outer_rounds, 2) * H
+        for _ in range(args.rounds):
+            for name, flags in configs.items():
+                metrics = os.path.join(work, "speed_" + name + ".jsonl")
+                cmd = list(base)
+                cmd[cmd.index("--steps") + 1] = str(sp_steps)
+                i = cmd.index("--eval-every")
+                del cmd[i:i + 2]
+                p = subprocess.run(MPIRUN + ["-n", str(W)] + cmd + flags + ["--metrics", metrics],
+                                   capture_output=True, text=True)
+                if p.returncode != 0:
+                    print(f"bench_diloco: speed {name} failed:\n{p.stderr[-2000:]}")
+                    sys.exit(1)
+                rows = [json.loads(x) for x in open(metrics) if x.strip()][H:]
+                speed[name].append(sum(G * T for _ in rows) / (sum(r["step_ms"] for r in rows)
+                                                               / 1e3))
+        for name in configs:
+            result["runs"][name]["tokens_per_s_rounds"] = speed[name]
+            result["runs"][name]["tokens_per_s_speed"] = sorted(speed[name])[len(speed[name]) // 2]
         sync = result["runs"]["sync_dp"]
         sync["bytes_per_token"] = W * 2 * (W - 1) / W * 4 * params / (G * T)
         sync["bytes_note"] = "ring all-reduce: 2 (n-1)/n x 4P bytes per rank per step"
@@ -120,6 +152,9 @@ def main():
             r = result["runs"][name]
             r["fewer_bytes_than_sync"] = sync["bytes_per_token"] / r["bytes_per_token"]
             r["tokens_per_s_vs_sync"] = r["tokens_per_s"] / sync["tokens_per_s"]
+            r["tokens_per_s_speed_vs_sync"] = [a / b for a, b in
+                                               zip(r["tokens_per_s_rounds"],
+                                                   sync["tokens_per_s_rounds"])]
             r["val_loss_vs_sync"] = r["val_loss"] / sync["val_loss"] - 1.0
         png = os.path.join(os.getcwd(), "bench_diloco.png")
         if shutil.which("gnuplot") and not args.smoke:
