@@ -9,6 +9,10 @@
 #include "core/clock.h"
 #include "parallel/outer_impl.h"
 
+struct loom_outer_engine {
+    loom_comm_engine e;
+};
+
 /* ---- the flags ---- */
 
 void loom_outer_config_defaults(loom_outer_config *c) {
@@ -193,6 +197,15 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->total = table->total;
     o->steps = steps;
     o->n_frag = cfg->fragments;
+    if (!(o->engine = calloc(1, sizeof *o->engine)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
+    /* its own thread drives the transfers while the inner steps compute (MPI's
+     * non-blocking collectives move only inside MPI calls) */
+    if ((st = loom_comm_engine_start(&o->engine->e, o->comm, 2 * o->n_frag + 2, err))) {
+        free(o->engine);
+        o->engine = NULL;
+        return st;
+    }
     o->start = malloc((o->total ? o->total : 1) * sizeof(float));
     o->frag = calloc((size_t)o->n_frag, sizeof *o->frag);
     if (!o->start || !o->frag) {
@@ -205,6 +218,8 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
 }
 
 void loom_outer_free(loom_outer *o) {
+    if (o->engine) loom_comm_engine_stop(&o->engine->e);
+    free(o->engine);
     for (int k = 0; o->frag && k < o->n_frag; k++) {
         loom_outer_fragment *f = &o->frag[k];
         free(f->runs), free(f->delta), free(f->counted), free(f->mom), free(f->acc);
@@ -243,13 +258,17 @@ static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_er
     f->t_start = loom_now_ms();
     f->wait_ms = 0;
     o->stats.bytes_step += sent_bytes(W, o->comm->rank, f->scounts);
-    return loom_comm_ialltoallv(o->comm, f->send, f->scounts, f->sdispls, f->recv, f->rcounts,
-                                f->rdispls, &f->h, err);
+    memset(&f->op, 0, sizeof f->op);
+    f->op.kind = LOOM_OP_ALLTOALLV;
+    f->op.send = f->send, f->op.recv = f->recv;
+    f->op.counts = f->scounts, f->op.displs = f->sdispls;
+    f->op.rcounts = f->rcounts, f->op.rdispls = f->rdispls;
+    return loom_comm_engine_post(&o->engine->e, &f->op, err);
 }
 
 static loom_status wait(loom_outer *o, loom_outer_fragment *f, loom_error *err) {
     const double t0 = loom_now_ms();
-    loom_status st = loom_comm_wait(&f->h, err);
+    loom_status st = loom_comm_engine_wait(&o->engine->e, &f->op, err);
     const double t1 = loom_now_ms();
     f->wait_ms += t1 - t0;
     o->stats.hidden_ms += (t1 - f->t_start) - (t1 - t0);
@@ -282,7 +301,10 @@ static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_e
     loom_outer_quantize(o->dtype, g, own, o->cfg.block, (uint8_t *)(f->gather + f->gdispls[me]));
     f->ph = LOOM_OUTER_GATHER;
     o->stats.bytes_step += (double)(W - 1) * 4.0 * f->gcounts[me];
-    return loom_comm_iallgatherv(o->comm, f->gather, f->gcounts, f->gdispls, &f->h, err);
+    memset(&f->op, 0, sizeof f->op);
+    f->op.kind = LOOM_OP_ALLGATHERV;
+    f->op.buf = f->gather, f->op.counts = f->gcounts, f->op.displs = f->gdispls;
+    return loom_comm_engine_post(&o->engine->e, &f->op, err);
 }
 
 /* Every worker's update arrived: start += update; the parameters become the new start

@@ -79,10 +79,11 @@ typedef struct loom_outer_fragment loom_outer_fragment;
 typedef struct {
     loom_outer_config cfg;
     loom_outer_dtype dtype;
-    loom_comm *comm;   /* the workers (mesh->outer) */
-    loom_comm *group;  /* this worker group (mesh->world) */
-    int replicas;      /* dp x cp: copies of this rank's buffer inside the group */
-    loom_comm *dp;     /* those replicas (mesh->dp) */
+    loom_comm *comm;                  /* the workers (mesh->outer) */
+    loom_comm *group;                 /* this worker group (mesh->world) */
+    int replicas;                     /* dp x cp: copies of this rank's buffer inside the group */
+    struct loom_outer_engine *engine; /* drives the operations (comm/engine.h) */
+    loom_comm *dp;                    /* those replicas (mesh->dp) */
     int shards, shard; /* replicas > 1 without --ep: each syncs its 1/replicas of every fragment,
                           then the update is all-gathered over dp (fp32, inside the group) */
     float *params;     /* this rank's flat buffer (trained in place) */

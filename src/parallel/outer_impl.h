@@ -2,6 +2,7 @@
 #ifndef LOOM_PARALLEL_OUTER_IMPL_H
 #define LOOM_PARALLEL_OUTER_IMPL_H
 
+#include "comm/engine.h"
 #include "parallel/outer.h"
 
 typedef struct {
@@ -25,7 +26,7 @@ struct loom_outer_fragment {
     float *send, *recv;     /* all-to-all wire buffers (words) */
     float *gather;          /* all-gather wire buffer (words) */
     int *scounts, *sdispls, *rcounts, *rdispls, *gcounts, *gdispls;
-    loom_comm_handle h;
+    loom_comm_op op; /* the operation in flight (on the outer engine) */
     loom_outer_phase ph;
     int last_sent; /* step of the last send (0: the initial parameters) */
     double t_start, wait_ms;

@@ -24,7 +24,8 @@ cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2 give the losses and we
 W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*.py); the
 same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
 momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
-one-rank groups; streaming int4 twice is bitwise, sends fewer bytes than fp32 and trains.
+one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
+off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import argparse
@@ -156,6 +157,10 @@ def main():
         q = runs.run("int4", 2, ["--outer-dtype", "int4", "--outer-block", "32"])
         q2 = runs.run("int4_again", 2, ["--outer-dtype", "int4", "--outer-block", "32"])
         check(bitwise(q, q2), "  streaming F=2 int4 twice: bitwise")
+        # the outer sync's engine (comm/engine.h) without its thread: the same run
+        q3 = runs.run("int4_funneled", 2, ["--outer-dtype", "int4", "--outer-block", "32"],
+                      ["LOOM_MPI_THREAD=funneled"])
+        check(bitwise(q, q3), "  streaming F=2 int4 with LOOM_MPI_THREAD=funneled: bitwise")
         b32 = s_ref.rows[-1]["outer"]["bytes_total"]
         b4 = q.rows[-1]["outer"]["bytes_total"]
         check(b4 < b32 / 5, f"  int4 bytes on the wire {b4:.0f} vs fp32 {b32:.0f} "
