@@ -384,6 +384,13 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
     return st;
 }
 
+loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < o->n_frag && !st; k++)
+        if (o->frag[k].ph != LOOM_OUTER_IDLE) st = wait(o, &o->frag[k], err);
+    return st;
+}
+
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     /* [v..., bytes, landed norms...] over the workers, then bytes and norms over the group */
     double buf[8 + 2 * LOOM_OUTER_MAX_FRAGMENTS];

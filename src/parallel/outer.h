@@ -110,8 +110,9 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
 
 /* Checkpoints: this rank's outer state after step `step` to / from
  * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group). */
-loom_status loom_outer_save(const loom_outer *o, const char *dir, int step, int rank,
-                            loom_error *err);
+loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
+/* Waits until the operations in flight have arrived (their processing stays scheduled). */
+loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err);
 loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
 
 /* ---- the wire format (parallel/outer_quant.c) ---- */

@@ -42,8 +42,22 @@ static void get(stream *s, void *p, size_t n) {
     if (s->ok) s->crc = loom_crc32c(s->crc, p, n);
 }
 
-loom_status loom_outer_save(const loom_outer *o, const char *dir, int step, int rank,
-                            loom_error *err) {
+/* The words of the buffer a fragment in flight keeps: the all-to-all's receive buffer,
+ * or the all-gather's. */
+static size_t flight_words(const loom_outer *o, const loom_outer_fragment *f, float **buf) {
+    const int W = o->comm->size;
+    const int *counts = f->ph == LOOM_OUTER_SCATTER ? f->rcounts : f->gcounts;
+    *buf = f->ph == LOOM_OUTER_SCATTER ? f->recv : f->gather;
+    size_t n = 0;
+    for (int j = 0; j < W; j++) n += (size_t)counts[j];
+    return f->ph == LOOM_OUTER_IDLE ? 0 : n;
+}
+
+loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, loom_error *err) {
+    /* a fragment in flight: its data is waited for here (what arrives does not depend on
+     * when), its processing stays where the schedule has it */
+    loom_status st = loom_outer_wait_in_flight(o, err);
+    if (st) return st;
     char path[1200], tmp[1216];
     path_of(path, sizeof path, dir, step, rank);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -67,6 +81,12 @@ loom_status loom_outer_save(const loom_outer *o, const char *dir, int step, int 
         put(&s, &o->norm_sq[k], sizeof(double));
         put(&s, &own, sizeof own);
         put(&s, f->mom, own * sizeof(float));
+        float *buf;
+        const int32_t ph = (int32_t)f->ph;
+        const uint64_t words = flight_words(o, f, &buf);
+        put(&s, &ph, sizeof ph);
+        put(&s, &words, sizeof words);
+        put(&s, buf, words * sizeof(float));
     }
     const uint32_t crc = s.crc;
     put(&s, &crc, sizeof crc);
@@ -109,6 +129,16 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
             if (own != loom_outer_chunk_len(f, o->comm->rank)) s.ok = 0;
             get(&s, f->mom, own * sizeof(float));
             f->last_sent = last;
+            int32_t ph = 0;
+            uint64_t words = 0;
+            get(&s, &ph, sizeof ph);
+            if (ph < LOOM_OUTER_IDLE || ph > LOOM_OUTER_GATHER) s.ok = 0;
+            f->ph = s.ok ? (loom_outer_phase)ph : LOOM_OUTER_IDLE;
+            float *buf;
+            get(&s, &words, sizeof words);
+            if (words != flight_words(o, f, &buf)) s.ok = 0;
+            get(&s, buf, words * sizeof(float));
+            memset(&f->op, 0, sizeof f->op); /* arrived: waiting for it is a no-op */
         }
         const uint32_t want = s.crc;
         uint32_t crc = 0;

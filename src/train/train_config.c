@@ -75,12 +75,10 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
-    const int ckpt = tc->ckpt_dir[0] || tc->resume[0];
     const char *not_yet = tc->zero == 3                    ? "--zero 3"
                           : tc->overlap_param_gather       ? "--overlap-param-gather"
                           : tc->ckpt_fast_dir[0]           ? "--ckpt-fast-dir"
                           : tc->ckpt_peer                  ? "--ckpt-peer"
-                          : ckpt && o->fragments > 1       ? "checkpoints and --outer-fragments > 1"
                           : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"
                                                            : NULL;
     if (not_yet)

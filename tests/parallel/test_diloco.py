@@ -161,6 +161,18 @@ def main():
         q3 = runs.run("int4_funneled", 2, ["--outer-dtype", "int4", "--outer-block", "32"],
                       ["LOOM_MPI_THREAD=funneled"])
         check(bitwise(q, q3), "  streaming F=2 int4 with LOOM_MPI_THREAD=funneled: bitwise")
+        # a checkpoint while a fragment is in flight (step 4: fragment 0's all-gather, sent
+        # after step 3; step 6: fragment 1's all-to-all): the resume is bitwise
+        ck2 = os.path.join(tmp, "ck_stream")
+        int4 = ["--outer-dtype", "int4", "--outer-block", "32"]
+        qa = runs.run("int4_ckpt", 2, int4 + ["--ckpt-dir", ck2, "--ckpt-every", "2"])
+        check(bitwise(qa, q), "  streaming: checkpointing changes nothing (bitwise)")
+        for at in (4, 6):
+            qb = runs.run(f"int4_resume{at}", 2,
+                          int4 + ["--resume", os.path.join(ck2, f"step_{at:08d}")])
+            want = qa.losses[at:14] + qa.losses[14 + at // 4:]  # validation every 4 steps
+            ok = "resumed from" in qb.stderr and bitwise((qb.losses, qb.params), (want, qa.params))
+            check(ok, f"  streaming: resume at step {at} (a fragment in flight): bitwise")
         b32 = s_ref.rows[-1]["outer"]["bytes_total"]
         b4 = q.rows[-1]["outer"]["bytes_total"]
         check(b4 < b32 / 5, f"  int4 bytes on the wire {b4:.0f} vs fp32 {b32:.0f} "
