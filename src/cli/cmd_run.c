@@ -48,6 +48,8 @@ int loom_cmd_run(int argc, char **argv) {
     loom_run_job job = {0};
     job.dp = o.train.layout.dp;
     job.model_ranks = o.train.layout.tp * o.train.layout.pp * o.train.layout.cp;
+    if (loom_outer_enabled(&o.train.outer)) /* --workers: --dp is per worker group */
+        job.model_ranks *= o.train.outer.workers;
     snprintf(job.data, sizeof job.data, "%s", o.train.data);
     job.vocab_size = o.model.vocab_size;
     job.seq_len = o.model.seq_len;

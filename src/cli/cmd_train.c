@@ -56,7 +56,8 @@ int loom_cmd_train(int argc, char **argv) {
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
-    st = loom_mesh_create(&mesh, &world, o.train.layout, &err);
+    const int workers = loom_outer_enabled(&o.train.outer) ? o.train.outer.workers : 1;
+    st = loom_mesh_create_workers(&mesh, &world, o.train.layout, workers, &err);
     loom_startup_watchdog_disarm(&watchdog);
     loom_timeline_mark("mesh");
     if (st) {
@@ -73,7 +74,9 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: effective configuration (usable as --config):\n");
         loom_train_options_print(&o, stderr);
     }
-    st = loom_train_run(&o.model, &o.train, &mesh, &err);
+    loom_train_config group; /* --outer diloco: this worker's share (else the same) */
+    loom_train_config_for_worker(&o.train, mesh.worker, &group);
+    st = loom_train_run(&o.model, &group, &mesh, &err);
     loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         if (world.size > 1)

@@ -160,6 +160,22 @@ static const opt_def OPTS[] = {
      "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/fault-tolerance.md)"},
     {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
      "resume even if the checkpoint was saved with another --seed (the data order changes)"},
+    {"outer", OPT_STRING, TR(outer.kind), 16,
+     "outer optimizer: none, or diloco (worker groups sync every --inner-steps)"},
+    {"workers", OPT_INT, TR(outer.workers), 0,
+     "DiLoCo worker groups (the world's outermost dimension; layouts apply inside each)"},
+    {"inner-steps", OPT_INT, TR(outer.inner_steps), 0, "DiLoCo: inner steps H between outer syncs"},
+    {"outer-lr", OPT_FLOAT, TR(outer.lr), 0, "DiLoCo: outer SGD learning rate"},
+    {"outer-momentum", OPT_FLOAT, TR(outer.momentum), 0, "DiLoCo: outer SGD momentum"},
+    {"outer-nesterov", OPT_BOOL, TR(outer.nesterov), 0, "DiLoCo: Nesterov outer momentum"},
+    {"outer-fragments", OPT_INT, TR(outer.fragments), 0,
+     "streaming DiLoCo: fragments of consecutive blocks synced in turn, overlapped (1 = off)"},
+    {"outer-dtype", OPT_STRING, TR(outer.dtype), 8,
+     "DiLoCo: outer gradient on the wire: fp32, bf16, int8, int4 (no error feedback)"},
+    {"outer-block", OPT_INT, TR(outer.block), 0,
+     "DiLoCo: values per scale for --outer-dtype int8/int4 (int4: even)"},
+    {"outer-merge", OPT_FLOAT, TR(outer.merge), 0,
+     "streaming DiLoCo: local weight alpha when a fragment's global params land"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

@@ -23,6 +23,9 @@ static loom_status start_op(loom_comm_engine *e, loom_comm_op *op, loom_error *e
         return loom_comm_ireduce_scatter_sum(&e->comm, op->send, op->recv, op->counts, &op->h, err);
     case LOOM_OP_ALLGATHERV:
         return loom_comm_iallgatherv(&e->comm, op->buf, op->counts, op->displs, &op->h, err);
+    case LOOM_OP_ALLTOALLV:
+        return loom_comm_ialltoallv(&e->comm, op->send, op->counts, op->displs, op->recv,
+                                    op->rcounts, op->rdispls, &op->h, err);
     }
     return loom_error_set(err, LOOM_ERR_STATE, "engine: unknown operation %d", (int)op->kind);
 }

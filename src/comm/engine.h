@@ -33,7 +33,8 @@
 typedef enum {
     LOOM_OP_ALLREDUCE,      /* in place: buf[count] summed */
     LOOM_OP_REDUCE_SCATTER, /* send[sum(counts)] summed; rank r gets counts[r] into recv */
-    LOOM_OP_ALLGATHERV      /* in place: buf, counts, displs as loom_comm_iallgatherv */
+    LOOM_OP_ALLGATHERV,     /* in place: buf, counts, displs as loom_comm_iallgatherv */
+    LOOM_OP_ALLTOALLV       /* send, counts, displs -> recv, rcounts, rdispls (ialltoallv) */
 } loom_comm_op_kind;
 
 /* Where an operation is in its life (op->state). */
@@ -47,6 +48,7 @@ typedef struct {
     float *recv;
     size_t count;
     const int *counts, *displs;
+    const int *rcounts, *rdispls; /* LOOM_OP_ALLTOALLV: what this rank receives */
     /* set by the engine */
     loom_comm_handle h; /* seq, post time, MPI request */
     double start_ms, end_ms;

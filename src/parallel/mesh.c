@@ -82,6 +82,32 @@ loom_status loom_mesh_shape(loom_mesh *m, loom_layout l, int world_size, int ran
     loom_comm_shape(&m->cp, "cp", m->cp_rank, l.cp);
     loom_comm_shape(&m->ep, "ep", r % l.ep, l.ep);
     loom_comm_shape(&m->edp, "edp", r / l.ep, R / l.ep);
+    m->workers = 1;
+    loom_comm_shape(&m->outer, "outer", 0, 1);
+    return LOOM_OK;
+}
+
+/* The communicators of a mesh placed by place(), split out of base (MPI_COMM_WORLD, or a
+ * worker group). */
+static loom_status create_on(loom_mesh *m, MPI_Comm base, loom_error *err) {
+    const loom_layout l = m->layout;
+    const int R = loom_layout_replicas(l);
+    /* cell: the ranks of one (pp, tp) pair; r: this rank's place among its replicas */
+    const int pp_i = m->pp_rank, r = m->dp_rank, tp_i = m->tp_rank;
+    const int cell = pp_i * l.tp + tp_i;
+    const int data_i = m->data_rank - m->worker * l.dp; /* inside the group */
+    loom_status st;
+    if ((st = loom_comm_from_mpi(&m->world, base, "world", err)) ||
+        (st = split(&m->dp, &m->world, cell, r, "dp", err)) ||
+        (st = split(&m->tp, &m->world, pp_i * R + r, tp_i, "tp", err)) ||
+        (st = split(&m->pp, &m->world, r * l.tp + tp_i, pp_i, "pp", err)) ||
+        (st = split(&m->cp, &m->world, (pp_i * l.dp + data_i) * l.tp + tp_i, m->cp_rank, "cp",
+                    err)) ||
+        (st = split(&m->ep, &m->world, cell * (R / l.ep) + r / l.ep, r % l.ep, "ep", err)) ||
+        (st = split(&m->edp, &m->world, cell * l.ep + r % l.ep, r / l.ep, "edp", err))) {
+        loom_mesh_free(m);
+        return st;
+    }
     return LOOM_OK;
 }
 
@@ -90,7 +116,8 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
     loom_status st = loom_layout_validate(l, w->size, err);
     if (st) return st;
     place(m, l, w->size, w->rank);
-    const int R = loom_layout_replicas(l);
+    m->workers = 1;
+    loom_comm_self(&m->outer, "outer");
     if (!w->mpi) { /* one process: every communicator is trivial */
         loom_comm_self(&m->world, "world");
         loom_comm_self(&m->dp, "dp");
@@ -101,24 +128,46 @@ loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout l, l
         loom_comm_self(&m->cp, "cp");
         return LOOM_OK;
     }
-    /* cell: the ranks of one (pp, tp) pair; r: this rank's place among its replicas */
-    const int pp_i = m->pp_rank, r = m->dp_rank, tp_i = m->tp_rank;
-    const int cell = pp_i * l.tp + tp_i;
-    if ((st = loom_comm_from_mpi(&m->world, MPI_COMM_WORLD, "world", err)) ||
-        (st = split(&m->dp, &m->world, cell, r, "dp", err)) ||
-        (st = split(&m->tp, &m->world, pp_i * R + r, tp_i, "tp", err)) ||
-        (st = split(&m->pp, &m->world, r * l.tp + tp_i, pp_i, "pp", err)) ||
-        (st = split(&m->cp, &m->world, (pp_i * l.dp + m->data_rank) * l.tp + tp_i, m->cp_rank, "cp",
-                    err)) ||
-        (st = split(&m->ep, &m->world, cell * (R / l.ep) + r / l.ep, r % l.ep, "ep", err)) ||
-        (st = split(&m->edp, &m->world, cell * l.ep + r % l.ep, r / l.ep, "edp", err))) {
+    return create_on(m, MPI_COMM_WORLD, err);
+}
+
+loom_status loom_mesh_create_workers(loom_mesh *m, const loom_world *w, loom_layout l, int workers,
+                                     loom_error *err) {
+    if (workers <= 1) return loom_mesh_create(m, w, l, err);
+    memset(m, 0, sizeof *m);
+    if (w->size % workers != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--workers %d: must divide the job's %d rank(s) (each worker group "
+                              "gets the same number of ranks)",
+                              workers, w->size);
+    const int group = w->size / workers;
+    loom_status st = loom_layout_validate(l, group, err);
+    if (st)
+        return loom_error_prefix(err, "--workers %d: each worker group has %d rank(s)", workers,
+                                 group);
+    place(m, l, group, w->rank % group);
+    m->worker = w->rank / group;
+    m->workers = workers;
+    m->data_rank += m->worker * l.dp;
+    loom_comm_self(&m->outer, "outer"); /* until split below (freeable on failure) */
+    MPI_Comm sub;
+    if (MPI_Comm_split(MPI_COMM_WORLD, m->worker, w->rank, &sub) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "mesh: MPI_Comm_split for the worker group failed");
+    st = create_on(m, sub, err);
+    MPI_Comm_free(&sub);
+    if (st) return st;
+    if (MPI_Comm_split(MPI_COMM_WORLD, m->rank, m->worker, &sub) != MPI_SUCCESS) {
         loom_mesh_free(m);
-        return st;
+        return loom_error_set(err, LOOM_ERR_IO, "mesh: MPI_Comm_split for outer failed");
     }
-    return LOOM_OK;
+    st = loom_comm_from_mpi(&m->outer, sub, "outer", err);
+    MPI_Comm_free(&sub);
+    if (st) loom_mesh_free(m);
+    return st;
 }
 
 void loom_mesh_free(loom_mesh *m) {
+    loom_comm_free(&m->outer);
     loom_comm_free(&m->edp);
     loom_comm_free(&m->cp);
     loom_comm_free(&m->ep);

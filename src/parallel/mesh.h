@@ -34,12 +34,23 @@ typedef struct {
     loom_comm world, dp, tp, pp, ep;
     loom_comm cp;  /* the context-parallel group (the same samples, other tokens) */
     loom_comm edp; /* the dp ranks with this rank's ep rank: replicas of the same experts */
+    /* --outer diloco --workers W (parallel/outer.h): the world is W worker groups of
+     * consecutive ranks (the outermost dimension), and everything above (world, rank,
+     * size, every group) is this rank's worker group, laid out as if it were the whole
+     * job; outer: the ranks of the same place in every group (rank = worker). data_rank
+     * counts over all the workers (worker * dp + dp_i). Without workers: 0, 1, trivial. */
+    int worker, workers;
+    loom_comm outer;
 } loom_mesh;
 
 /* Checks the layout against the world (messages name the flags) and builds the
  * communicators. */
 loom_status loom_mesh_create(loom_mesh *m, const loom_world *w, loom_layout layout,
                              loom_error *err);
+/* The same with the world cut into `workers` groups of world size / workers ranks, each
+ * laid out by `layout` (workers 1: loom_mesh_create). */
+loom_status loom_mesh_create_workers(loom_mesh *m, const loom_world *w, loom_layout layout,
+                                     int workers, loom_error *err);
 void loom_mesh_free(loom_mesh *m);
 /* World rank `rank`'s place in layout over world_size ranks, with every communicator a
  * shape (loom_comm_shape: its rank and size, no transport): what sizing a layout's

@@ -41,6 +41,15 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
                               "engine_cpu_ms", d->engine_cpu_ms);
         if (m) json_object_set_new(o, "dp", m);
     }
+    if (o && s->outer) {
+        const loom_outer_step_stats *d = s->outer;
+        json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:i}", "bytes_step", d->bytes_step,
+                              "bytes_total", d->bytes_total, "bytes_per_token",
+                              s->tokens_total > 0 ? d->bytes_total / s->tokens_total : 0.0,
+                              "exposed_ms", d->exposed_ms, "hidden_ms", d->hidden_ms, "grad_norm",
+                              d->grad_norm, "syncs", d->syncs);
+        if (m) json_object_set_new(o, "outer", m);
+    }
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/moe.h"
+#include "parallel/outer.h"
 #include "parallel/zero.h"
 
 typedef struct {
@@ -18,7 +19,9 @@ typedef struct {
     long long tokens_seen;
     int has_moe; /* 1: the router statistics below are reported */
     loom_moe_stats moe;
-    const loom_zero_step_times *dp; /* data parallel: where the step's time went, or NULL */
+    const loom_zero_step_times *dp;     /* data parallel: where the step's time went, or NULL */
+    const loom_outer_step_stats *outer; /* --outer diloco: the step's outer sync, or NULL */
+    double tokens_total; /* --outer diloco: tokens_seen over every worker (for per token) */
 } loom_step_metrics;
 
 typedef struct {

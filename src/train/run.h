@@ -13,6 +13,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
+#include "parallel/outer.h"
 #include "parallel/param_gather.h"
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"
@@ -65,7 +66,9 @@ typedef struct {
     loom_pipeline *pipelined;             /* &pipe with --pp > 1, else NULL */
     const loom_zero_step_times *dp_times; /* per-step data-parallel breakdown for --metrics
                                              (NULL when pipelined: timed per action) */
-    int size_only; /* loom_run_size: the layout's objects sized, nothing to run */
+    int size_only;    /* loom_run_size: the layout's objects sized, nothing to run */
+    loom_outer outer; /* --outer diloco: the outer optimizer over the workers */
+    int outer_on;     /* outer is built */
 } loom_run;
 
 /* Builds the run (data, model, layout, buffers, checkpoint resume, trace, metrics); on

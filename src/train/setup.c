@@ -17,6 +17,8 @@
 #include "train/run.h"
 
 void loom_run_free(loom_run *r) {
+    if (r->outer_on) loom_outer_free(&r->outer);
+    r->outer_on = 0;
     loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
     loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
     if (r->pipelined) loom_pipeline_free(r->pipelined);
@@ -385,6 +387,32 @@ static loom_status prepare_gemms(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
+/* --outer diloco: every worker resumed the same step, and the outer state of that step
+ * (saved beside the checkpoint: parallel/outer.h) is loaded. */
+static loom_status resume_outer(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    double v = r->start_step;
+    loom_status st = loom_comm_allreduce_sum_f64(&r->mesh->outer, &v, 1, err);
+    if (st) return st;
+    if (v != (double)r->start_step * r->mesh->workers)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: the workers' newest checkpoints are of different steps "
+                              "(worker %d: step %d); resume every worker from one step "
+                              "(--resume DIR/step_N)",
+                              r->mesh->worker, r->start_step);
+    if (!r->ckpt.loaded || r->start_step == 0) return LOOM_OK;
+    char tier[LOOM_PATH_MAX];
+    const char *slash = strrchr(tc->resume, '/');
+    if (strcmp(tc->resume, "auto") == 0)
+        snprintf(tier, sizeof tier, "%s", tc->ckpt_dir);
+    else if (strncmp(slash ? slash + 1 : tc->resume, "step_", 5) == 0)
+        snprintf(tier, sizeof tier, "%.*s", slash ? (int)(slash - tc->resume) : 1,
+                 slash ? tc->resume : ".");
+    else
+        snprintf(tier, sizeof tier, "%s", tc->resume);
+    return loom_outer_load(&r->outer, tier, r->start_step, r->mesh->rank, err);
+}
+
 /* --device: the backend every buffer of the run lives on (the CPU's unless asked). */
 static loom_status open_device(loom_run *r, loom_error *err) {
     loom_device_kind kind;
@@ -428,6 +456,14 @@ static loom_status setup(loom_run *r, loom_error *err) {
     /* The moving average starts at the weights the run starts from, unless it was loaded. */
     if (!r->ckpt.ema_loaded) loom_grad_sync_ema_reset(&r->sync);
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
+    /* --outer diloco: the round starts from the parameters the run starts from */
+    if (loom_outer_enabled(&tc->outer)) {
+        if ((st = loom_outer_create(&r->outer, &tc->outer, r->mesh, &r->model.table, r->mc->n_layer,
+                                    r->params, tc->steps, err)))
+            return st;
+        r->outer_on = 1;
+        if ((st = resume_outer(r, err))) return st;
+    }
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;
     loom_timeline_mark("trace_tb_metrics");

@@ -62,6 +62,55 @@ void loom_train_config_defaults(loom_train_config *tc) {
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
     tc->virtual_stages = 1;
     tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f, 0}; /* n_classes: the model's */
+    loom_outer_config_defaults(&tc->outer);
+}
+
+/* --outer diloco against the other flags (the flags themselves: parallel/outer.c). */
+static loom_status validate_outer(const loom_train_config *tc, loom_error *err) {
+    const loom_outer_config *o = &tc->outer;
+    loom_status st = loom_outer_config_validate(o, 0, err);
+    if (st || !loom_outer_enabled(o)) return st;
+    const int dp = tc->layout.dp, W = o->workers;
+    if (o->total_batch == 0 && dp >= 1 && tc->global_batch % (W * dp * tc->micro_batch) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
+                              "--micro-batch %d (each worker takes an equal slice of every step)",
+                              tc->global_batch, W, dp, tc->micro_batch);
+    const char *not_yet = tc->zero == 3                    ? "--zero 3"
+                          : tc->overlap_param_gather       ? "--overlap-param-gather"
+                          : tc->ckpt_fast_dir[0]           ? "--ckpt-fast-dir"
+                          : tc->ckpt_peer                  ? "--ckpt-peer"
+                          : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"
+                                                           : NULL;
+    if (not_yet)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);
+    return LOOM_OK;
+}
+
+void loom_train_config_for_worker(const loom_train_config *tc, int worker,
+                                  loom_train_config *group) {
+    *group = *tc;
+    loom_outer_config *o = &group->outer;
+    if (!loom_outer_enabled(o) || o->total_batch != 0) return;
+    o->total_batch = tc->global_batch;
+    group->global_batch = tc->global_batch / o->workers;
+    /* each worker's inner state in its own checkpoint folder: DIR/worker_W */
+    if (tc->ckpt_dir[0])
+        snprintf(group->ckpt_dir, sizeof group->ckpt_dir, "%.900s/worker_%d", tc->ckpt_dir, worker);
+    if (tc->resume[0] && strcmp(tc->resume, "auto") != 0) { /* DIR/step_N, or DIR */
+        const char *slash = strrchr(tc->resume, '/');
+        const char *leaf = slash ? slash + 1 : tc->resume;
+        if (strncmp(leaf, "step_", 5) == 0)
+            snprintf(group->resume, sizeof group->resume, "%.*s%sworker_%d/%.100s",
+                     (int)(leaf - tc->resume), tc->resume, slash ? "" : "./", worker, leaf);
+        else
+            snprintf(group->resume, sizeof group->resume, "%.900s/worker_%d", tc->resume, worker);
+    }
+    if (worker == 0) return;
+    group->metrics[0] = group->tensorboard[0] = group->save_weights[0] = 0;
+    group->save_ema[0] = group->dump_dir[0] = group->trace[0] = group->pp_stats[0] = 0;
+    group->log_every = 0;
 }
 
 loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *err) {
@@ -136,7 +185,8 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->save_ema);
     loom_batch_skip skip;
     loom_status st = loom_batch_skip_parse(&skip, tc->skip_steps, err);
-    return st ? st : validate_checkpointing(tc, err);
+    if (!st) st = validate_checkpointing(tc, err);
+    return st ? st : validate_outer(tc, err);
 }
 
 loom_status loom_train_config_validate_cp(const loom_train_config *tc, const loom_model_config *mc,
@@ -184,6 +234,7 @@ loom_status loom_train_config_validate_all(const loom_train_config *tc, const lo
     loom_train_config_pipeline(tc, &pc);
     if ((st = loom_pipeline_validate(mc, &pc, l.dp, err))) return st;
     if (tc->overlap_param_gather && (st = loom_param_gather_validate(tc->zero, l, err))) return st;
+    if ((st = loom_outer_config_validate(&tc->outer, mc->n_layer, err))) return st;
     loom_device_kind kind;
     const int world = (l.dp > 0 ? l.dp : 1) * l.tp * l.pp * (l.cp > 0 ? l.cp : 1);
     return loom_train_config_validate_device(tc, mc, world, &kind, err);

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
+#include "parallel/outer.h"
 #include "pipeline/pipeline.h"
 
 #define LOOM_PATH_MAX 1024
@@ -68,6 +69,7 @@ typedef struct {
     loom_flow_options flow;       /* --t-sampling, --class-dropout */
     float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */
     char save_ema[LOOM_PATH_MAX]; /* the average's final weights (safetensors); "" = none */
+    loom_outer_config outer;      /* --outer diloco: worker groups, outer optimizer */
 } loom_train_config;
 
 /* Defaults (nanoGPT/llm.c-like). */
@@ -90,6 +92,11 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
  * overlapped gather); messages name the flag. loom plan proposes only what passes. */
 loom_status loom_train_config_validate_all(const loom_train_config *tc, const loom_model_config *mc,
                                            loom_error *err);
+/* --outer diloco: worker `worker`'s own configuration: --global-batch becomes its 1/W
+ * share (outer.total_batch keeps the whole), and workers other than 0 write no files and
+ * print no progress (worker 0 reports for all). Without --outer: a copy. */
+void loom_train_config_for_worker(const loom_train_config *tc, int worker,
+                                  loom_train_config *group);
 /* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
 #endif

@@ -101,10 +101,11 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     const int T = r->mc->seq_len, G = tc->global_batch;
     const int per_rank = G / mesh->layout.dp;
     const int lead = mesh->rank == 0;
+    const long long W = mesh->workers; /* --outer diloco: G is one worker's share */
     const int dumping = tc->dump_dir[0] != 0;
     const float dloss = 1.0f / (float)((size_t)G * T); /* loss = mean over the global batch */
     loom_status st;
-    long long tokens_seen = (long long)r->start_step * G * T;
+    long long tokens_seen = (long long)r->start_step * G * T * W;
     const double run_start = loom_now_ms();
     loom_batch_skip skip;
     if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
@@ -159,28 +160,43 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_end(r->trace); /* optimizer */
         loom_trace_end(r->trace); /* step */
         loom_grad_sync_step_end(&r->sync);
+        /* --outer diloco: this step's share of the outer sync (parallel/outer.h) */
+        if (r->outer_on && (st = loom_outer_after_step(&r->outer, step + 1, err))) return st;
         double ms = loom_now_ms() - t0;
         loom_progress_step_done(step + 1, loss, ms);
-        tokens_seen += (long long)G * T;
+        tokens_seen += (long long)G * T * W;
         loom_step_metrics sm = {step + 1,
                                 loss,
                                 lr,
                                 norm,
-                                (double)G * T / (ms * 1e-3),
+                                (double)G * T * W / (ms * 1e-3),
                                 ms,
                                 r->zero.step_wait_ms,
                                 NAN,
                                 tokens_seen,
                                 mod->moe != NULL,
                                 {0, 0, 0, 0, 0, 0},
-                                r->dp_times};
+                                r->dp_times,
+                                NULL,
+                                0.0};
         if ((st = loom_step_moe_stats(&r->runner, &sm.moe, err))) return st;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
             (st = evaluate(r, &sm.val_loss, err)))
             return st;
+        if (r->outer_on) { /* the losses as the workers' mean, and the outer sync's figures */
+            double v[2] = {sm.loss, sm.val_loss};
+            if ((st = loom_outer_mean(&r->outer, v, 2, err))) return st;
+            sm.loss = v[0], sm.val_loss = v[1];
+            sm.outer = &r->outer.stats;
+            sm.tokens_total = (double)tokens_seen;
+        }
         if (lead && (st = loom_metrics_write(&r->metrics, &sm, err))) return st;
         if (r->tb && (st = write_tensorboard(r->tb, &sm, err))) return st;
         if (lead) report(tc, &sm, loom_now_ms() - run_start);
+        /* --outer diloco: the outer state beside each checkpoint (parallel/outer.h) */
+        if (r->outer_on && loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
+            (st = loom_outer_save(&r->outer, tc->ckpt_dir, step + 1, mesh->rank, err)))
+            return st;
         if ((loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
              (st = loom_param_gather_wait_all(&r->pg, err))) ||
             (st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err)))
@@ -196,6 +212,9 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     loom_run_report_end(r, step - r->start_step);
     *stopped = stop; /* asked to stop (checkpointing.h): no final outputs */
     if ((st = loom_param_gather_wait_all(&r->pg, err))) return st;
+    if (r->outer_on && r->ckpt.enabled && r->ckpt.last_saved != step &&
+        (st = loom_outer_save(&r->outer, tc->ckpt_dir, step, mesh->rank, err)))
+        return st;
     return loom_checkpointing_finish(&r->ckpt, step, err);
 }
 

@@ -37,6 +37,7 @@ def benches(build):
         "bench_dit": (["--batch", "8", "--micro-batch", "8", "--steps", "1", "--warmup", "1",
                        "--shard-images", "64", "--sample-n", "2", "--sample-batch", "2",
                        "--sample-steps", "2"], ("torch", "fashion")),
+        "bench_diloco": (["--smoke"], ("bible",)),
         "bench_dp": (["--model", "gpt2-tiny", "--seq-len", "32", "--steps", "3", "--warmup", "1",
                       "--rounds", "1"], ()),
         "bench_ft": (["--smoke"], ()),
@@ -69,6 +70,8 @@ def skip_unless(needs):
         for tool in ("node", "bible"):
             if not shutil.which(tool):
                 raise Skip(f"no '{tool}'")
+    if "bible" in needs and not shutil.which("bible"):
+        raise Skip("no 'bible' (Debian's bible-kjv)")
     if "hosts" in needs:
         from test_hosts import skip_unless_possible  # root, network namespaces, mpirun
         skip_unless_possible()

@@ -1,0 +1,125 @@
+/* DiLoCo's outer optimizer (Douillard et al. 2023) and streaming DiLoCo (Douillard et al.
+ * 2025) above the data-parallel step: W worker groups train alone for H inner steps, then
+ * the outer gradient (round-start parameters minus the parameters now) is averaged over
+ * the workers and SGD with (Nesterov) momentum moves the round-start parameters; every
+ * worker goes on from the result. Each rank syncs its own flat buffer with the ranks of
+ * the same place in the other worker groups (mesh->outer): its tp shard, its pipeline
+ * stage, its experts; dp replicas inside a group each send the whole buffer (the outer
+ * state is replicated over them), and the outer momentum is sharded over the workers
+ * (each owns 1/W of every fragment, like ZeRO-1).
+ *
+ * The wire: an all-to-all of the workers' outer gradients in --outer-dtype (each worker
+ * receives the W contributions to the chunk it owns, summed in worker order, so every
+ * layout and every run adds the same numbers in the same order), the owner's outer step,
+ * then an all-gather of the chunk's parameter update in --outer-dtype, which every worker
+ * (the owner too) adds to its round-start parameters. int8/int4 carry one fp32 scale per
+ * --outer-block values (absmax); no error feedback, as in the streaming DiLoCo paper.
+ *
+ * Streaming (--outer-fragments F > 1): the blocks are cut into F fragments of consecutive
+ * layers (the embedding with the first, the head with the last); fragment f is sent after
+ * inner steps (f + 1) * H / F + k * H, its all-to-all overlaps the next inner step and its
+ * all-gather the one after, and when it arrives the local parameters are mixed with the
+ * new global ones: local = merge * local + (1 - merge) * global (the paper's alpha). */
+#ifndef LOOM_PARALLEL_OUTER_H
+#define LOOM_PARALLEL_OUTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "parallel/mesh.h"
+
+typedef enum { LOOM_OUTER_NONE, LOOM_OUTER_DILOCO } loom_outer_kind;
+typedef enum {
+    LOOM_OUTER_FP32,
+    LOOM_OUTER_BF16,
+    LOOM_OUTER_INT8,
+    LOOM_OUTER_INT4
+} loom_outer_dtype;
+
+#define LOOM_OUTER_MAX_FRAGMENTS 64
+
+/* The flags (--outer ...), as parsed. */
+typedef struct {
+    char kind[16];   /* --outer: "" or none | diloco */
+    int workers;     /* --workers W: worker groups (the world's outermost dimension) */
+    int inner_steps; /* --inner-steps H */
+    float lr;        /* --outer-lr */
+    float momentum;  /* --outer-momentum */
+    int nesterov;    /* --outer-nesterov */
+    int fragments;   /* --outer-fragments F (1: plain DiLoCo, blocking) */
+    char dtype[8];   /* --outer-dtype fp32 | bf16 | int8 | int4 */
+    int block;       /* --outer-block: values per scale (int8, int4) */
+    float merge;     /* --outer-merge: streaming, the local weight alpha when a fragment lands */
+    int total_batch; /* set when split per worker: --global-batch over all workers (0: not) */
+} loom_outer_config;
+
+void loom_outer_config_defaults(loom_outer_config *c);
+/* 1 when --outer diloco is on. */
+int loom_outer_enabled(const loom_outer_config *c);
+/* The flags alone (messages name them); n_layer <= 0 skips the check against the model. */
+loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, loom_error *err);
+loom_status loom_outer_dtype_parse(const char *s, loom_outer_dtype *out, loom_error *err);
+
+/* Where the step's outer sync went (the metrics line's "outer" object). */
+typedef struct {
+    double bytes_step;  /* bytes this rank sent to other workers during this step */
+    double bytes_total; /* since the start, this rank */
+    double exposed_ms;  /* this step: time waiting on the outer sync (not hidden) */
+    double hidden_ms;   /* this step: time outer operations were in flight behind compute */
+    double grad_norm;   /* the last outer gradient's norm (all fragments landed so far) */
+    int syncs;          /* fragments landed during this step */
+} loom_outer_step_stats;
+
+typedef struct loom_outer_fragment loom_outer_fragment;
+
+typedef struct {
+    loom_outer_config cfg;
+    loom_outer_dtype dtype;
+    loom_comm *comm;                  /* the workers (mesh->outer) */
+    loom_comm *group;                 /* this worker group (mesh->world) */
+    int replicas;                     /* dp x cp: copies of this rank's buffer inside the group */
+    struct loom_outer_engine *engine; /* drives the operations (comm/engine.h) */
+    loom_comm *dp;                    /* those replicas (mesh->dp) */
+    int shards, shard; /* replicas > 1 without --ep: each syncs its 1/replicas of every fragment,
+                          then the update is all-gathered over dp (fp32, inside the group) */
+    float *params;     /* this rank's flat buffer (trained in place) */
+    size_t total;
+    float *start; /* the round-start (global) parameters, flat like params */
+    int n_frag;
+    loom_outer_fragment *frag;
+    int steps; /* the run's last step: every fragment is synced there */
+    double norm_sq[LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
+    loom_outer_step_stats stats;
+} loom_outer;
+
+/* After the parameters are set (initial or loaded): start = params. */
+loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_mesh *mesh,
+                              const loom_param_table *table, int n_layer_global, float *params,
+                              int steps, loom_error *err);
+void loom_outer_free(loom_outer *o);
+/* After inner step `step` (1-based): starts, advances and lands this step's fragments; at
+ * the run's last step every fragment is synced (blocking). Collective over the workers. */
+loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
+/* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
+ * number: the loss). Collective over the workers. */
+loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
+
+/* Checkpoints: this rank's outer state after step `step` to / from
+ * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group). */
+loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
+/* Waits until the operations in flight have arrived (their processing stays scheduled). */
+loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err);
+loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
+
+/* ---- the wire format (parallel/outer_quant.c) ---- */
+/* Bytes n values take in dtype with one scale per `block` values (int8, int4). */
+size_t loom_outer_wire_bytes(loom_outer_dtype dtype, size_t n, int block);
+void loom_outer_quantize(loom_outer_dtype dtype, const float *x, size_t n, int block, uint8_t *out);
+void loom_outer_dequantize(loom_outer_dtype dtype, const uint8_t *in, size_t n, int block,
+                           float *x);
+
+#endif

@@ -1,0 +1,43 @@
+/* The outer optimizer's insides, shared by parallel/outer.c and outer_state.c. */
+#ifndef LOOM_PARALLEL_OUTER_IMPL_H
+#define LOOM_PARALLEL_OUTER_IMPL_H
+
+#include "comm/engine.h"
+#include "parallel/outer.h"
+
+typedef struct {
+    size_t flat, numel; /* a tensor: [flat, flat + numel) of the flat buffer */
+    int counted;        /* counted in the outer gradient's norm */
+} loom_outer_run;
+
+typedef enum { LOOM_OUTER_IDLE, LOOM_OUTER_SCATTER, LOOM_OUTER_GATHER } loom_outer_phase;
+
+struct loom_outer_fragment {
+    int offset; /* sent after inner steps offset + k * H */
+    loom_outer_run *runs;
+    int n_runs;
+    size_t n;               /* payload floats (the runs back to back) */
+    size_t part_lo, part_n; /* this dp replica's part of the payload (all of it unsharded) */
+    size_t chunk;           /* floats of the part per worker chunk (a multiple of the block) */
+    int *dcounts, *ddispls; /* the replicas' parts (the in-group all-gather of the update) */
+    float *delta;           /* [n]: the outer gradient, then the update */
+    float *mom, *acc;       /* [own]: momentum (this worker's chunk), sum of contributions */
+    uint8_t *counted;       /* [n]: 1 where the value counts in the norm */
+    float *send, *recv;     /* all-to-all wire buffers (words) */
+    float *gather;          /* all-gather wire buffer (words) */
+    int *scounts, *sdispls, *rcounts, *rdispls, *gcounts, *gdispls;
+    loom_comm_op op; /* the operation in flight (on the outer engine) */
+    loom_outer_phase ph;
+    int last_sent; /* step of the last send (0: the initial parameters) */
+    double t_start, wait_ms;
+    double norm_sq; /* this rank's part of the last outer gradient's squared norm */
+    int landed;     /* an outer gradient was computed during this step */
+};
+
+/* Worker j's chunk of this replica's part: [part_lo + j * chunk, + this). */
+static inline size_t loom_outer_chunk_len(const loom_outer_fragment *f, int j) {
+    const size_t lo = (size_t)j * f->chunk, n = f->part_n;
+    return lo >= n ? 0 : (n - lo < f->chunk ? n - lo : f->chunk);
+}
+
+#endif

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Bad DiLoCo flags (loom train --outer diloco ...): one clear error line naming the flag
+# and what was expected, exit code 2 (before any rank starts; one case under mpirun).
+# Usage: test_diloco_bad_input.sh PATH_TO_LOOM
+set -u
+LOOM=${1:?usage: test_diloco_bad_input.sh PATH_TO_LOOM}
+source "$(dirname "$0")/check_lib.sh" # $TMP, check, expect, finish
+
+/usr/bin/python3 - "$TMP" <<'PY'
+import random, struct, sys
+rng = random.Random(7)
+toks = [rng.randrange(256) for _ in range(4096)]
+open(f"{sys.argv[1]}/tokens.bin", "wb").write(
+    struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)) + struct.pack(f"<{len(toks)}H", *toks))
+PY
+LM=(train --family gpt2 --vocab-size 256 --seq-len 16 --n-layer 2 --d-model 32 --n-head 2
+    --d-ff 64 --micro-batch 1 --global-batch 4 --steps 2 --threads 1 --data "$TMP/tokens.bin")
+D=("${LM[@]}" --outer diloco)
+
+expect "inner steps 0" "--inner-steps 0: expected >= 1" -- "${D[@]}" --inner-steps 0
+expect "workers do not divide the world" "--workers 2: must divide the job's 1 rank(s)" -- \
+    "${D[@]}" --workers 2
+expect "more fragments than blocks" "--outer-fragments 3: larger than the model's 2 blocks" -- \
+    "${D[@]}" --outer-fragments 3 --inner-steps 9
+expect "int4 with an odd block" "--outer-block 33: expected an even number" -- \
+    "${D[@]}" --outer-dtype int4 --outer-block 33
+expect "unknown dtype" "--outer-dtype fp8: expected fp32, bf16, int8 or int4" -- \
+    "${D[@]}" --outer-dtype fp8
+expect "unknown outer" "--outer adam: expected none or diloco" -- "${LM[@]}" --outer adam
+expect "workers without diloco" "--workers 2: needs --outer diloco" -- "${LM[@]}" --workers 2
+expect "batch over workers" "--global-batch 4: must be a multiple of --workers 3" -- \
+    "${D[@]}" --workers 3
+expect "fragments need inner steps" "--inner-steps 4 with --outer-fragments 2" -- \
+    "${D[@]}" --outer-fragments 2 --inner-steps 4
+expect "outer momentum" "--outer-momentum 1: expected in [0, 1)" -- "${D[@]}" --outer-momentum 1
+expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" -- \
+    "${D[@]}" --ckpt-fast-dir "$TMP/fast"
+expect "not with ZeRO-3 yet" "--outer diloco: not with --zero 3" -- "${D[@]}" --zero 3
+
+# Under mpirun: 3 ranks do not split into 2 worker groups; rank 0 says so once, exit 2.
+# (no leak check there: OpenMPI's own allocations, as in test_plan.sh)
+if command -v mpirun >/dev/null; then
+    ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -n 3 "$LOOM" \
+        "${D[@]}" --workers 2 >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    n=$(grep -c "^loom train: --workers 2: must divide the job's 3 rank(s)" "$TMP/err")
+    check "mpirun -n 3 --workers 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
+fi
+
+finish test_diloco_bad_input

@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""DiLoCo (--outer diloco) computes what it should, in every layout inside the workers.
+
+What is exactly equal, and why (H = 1, outer lr 1, outer momentum 0, fp32): one round
+starts every worker from the same parameters p, each takes one inner step to p_w, and the
+outer step gives p - 1 * mean_w(p - p_w) = mean_w(p_w): the average of the W workers'
+one-step results. Synchronous dp takes one step on the mean gradient g = mean_w(g_w)
+(worker w's gradient is that of the mean loss over its 1/W of the global batch). The two
+are the same when the inner step is linear in the gradient, which SGD (the paper's
+statement) and SGD with momentum are (the moments, kept per worker, average to the
+synchronous run's moment by induction), and AdamW is not: with W > 1 the mean of W AdamW
+steps m_w / sqrt(v_w) is not m / sqrt(v) of the mean gradient. So the test checks:
+1. W = 1 with loom's AdamW: the same losses and weights as plain training (<= TOL):
+   the worker split, the outer round trip (p - (p - p_1)) and the metrics change nothing.
+2. W = 2 with the inner AdamW made linear: --adam-eps 1e8 (sqrt(v) + eps rounds to eps
+   in fp32, so the step is lr * m_hat / eps: SGD with momentum at lr / eps), no weight
+   decay, no clipping (both nonlinear across workers): the same losses (the workers' mean)
+   and weights as synchronous --dp 2 (<= TOL). This checks the data slices (worker w takes
+   slice w of each step's global batch), the per-worker loss normalisation, the exchange,
+   the mean and the outer step against an independent code path.
+3. W = 2 with ordinary AdamW differs from --dp 2 (the check above can fail).
+Then the layouts inside the workers (H = 3, Nesterov momentum, evaluation, a last round
+cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2 give the losses and weights of
+W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*.py); the
+same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
+momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
+one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
+off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains.
+Usage: test_diloco.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
+                      write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
+
+D = 48
+
+
+def compare(name, got, ref, tol=TOL):
+    loss_err = loss_error(got.losses, ref.losses)
+    whole, worst, w_name = weights_error(got.params, ref.params, D)
+    ok = (len(got.losses) == len(ref.losses) and loss_err <= tol and whole <= tol
+          and worst <= 10 * tol)
+    check(ok, f"  {name:34s} losses rel err {loss_err:.2e}  weights rel err {whole:.2e} "
+              f"(worst {worst:.2e} {w_name})")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    check_loom(args.loom)
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_diloco_")
+    try:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        model = [args.loom, "train", "--family", "gpt2", "--vocab-size", "256", "--seq-len", "24",
+                 "--n-layer", "2", "--d-model", str(D), "--n-head", "4", "--d-ff", "96",
+                 "--micro-batch", "2", "--global-batch", "8", "--seed", str(seed),
+                 "--log-every", "0", "--threads", "1", "--data", data]
+        h1 = ["--outer", "diloco", "--inner-steps", "1", "--outer-lr", "1", "--outer-momentum", "0"]
+
+        # 1. W = 1, AdamW: plain training
+        adam = model + ["--steps", "6", "--lr", "3e-3", "--warmup-steps", "2",
+                        "--adam-eps", ADAM_EPS]
+        runs = Layouts(adam, tmp, "adam_")
+        plain = runs.run("plain", 1)
+        print(f"plain training, loss {plain.losses[0]:.4f} -> {plain.losses[-1]:.4f}")
+        compare("W=1 H=1 (AdamW) = plain", runs.run("w1", 1, h1 + ["--workers", "1"]), plain)
+
+        # 2. W = 2, the inner step linear in the gradient: synchronous dp 2
+        linear = model + ["--steps", "6", "--lr", "3e5", "--warmup-steps", "2",
+                          "--adam-eps", "1e8", "--weight-decay", "0", "--grad-clip", "0"]
+        runs = Layouts(linear, tmp, "linear_")
+        dp2 = runs.run("dp2", 2, ["--dp", "2"])
+        w2 = runs.run("w2", 2, h1 + ["--workers", "2"])
+        compare("W=2 H=1 (linear inner) = --dp 2", w2, dp2)
+        outer = w2.rows[-1].get("outer", {})
+        check(outer.get("bytes_step", 0) > 0 and outer.get("syncs") == 1,
+              f"  metrics: outer {outer}")
+
+        # 3. W = 2 with AdamW is not synchronous dp (the mean of two AdamW steps)
+        runs = Layouts(adam, tmp, "adam2_")
+        a_dp2 = runs.run("dp2", 2, ["--dp", "2"])
+        a_w2 = runs.run("w2", 2, h1 + ["--workers", "2"])
+        differs = loss_error(a_w2.losses, a_dp2.losses) > 100 * TOL
+        check(differs, f"  W=2 H=1 (AdamW) differs from --dp 2 by "
+                       f"{loss_error(a_w2.losses, a_dp2.losses):.2e} (expected: not the same)")
+
+        # 4. layouts inside the workers
+        real = model + ["--steps", "8", "--lr", "3e-3", "--warmup-steps", "2",
+                        "--adam-eps", ADAM_EPS, "--grad-clip", "0.5", "--val-data", data,
+                        "--eval-every", "4", "--eval-batches", "2", "--bucket-mb", "0.02"]
+        diloco = ["--outer", "diloco", "--workers", "2", "--inner-steps", "3",
+                  "--outer-lr", "0.7", "--outer-momentum", "0.9", "--outer-nesterov"]
+        runs = Layouts(real + diloco, tmp, "layout_")
+        ref = runs.run("w2_single", 2)
+        print(f"W=2 H=3 groups of one rank, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
+        for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
+                            ("pp2", ["--pp", "2"])):
+            compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)
+        # the replicas of a dp-2 group sync half of the model each: the same bytes in all
+        b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
+        check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
+        again = runs.run("dp2_zero1_again", 4, ["--dp", "2", "--zero", "1"])
+        same = bitwise(again, runs.runs["dp2_zero1"])
+        check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
+
+        # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
+        moe = [a if a != "gpt2" else "llama" for a in real] + [
+            "--n-kv-head", "2", "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0"]
+        m_runs = Layouts(moe + diloco, tmp, "moe_")
+        m1 = m_runs.run("dp2_ep2", 4, ["--dp", "2", "--ep", "2"])
+        m2 = m_runs.run("dp2_ep2_again", 4, ["--dp", "2", "--ep", "2"])
+        check(bitwise(m1, m2) and m1.losses[7] < m1.losses[0],
+              f"  W=2 groups of dp2 ep2 (MoE): trains {m1.losses[0]:.4f} -> {m1.losses[7]:.4f}, "
+              f"bitwise twice")
+
+        # 5. checkpoints hold the outer state: a resume mid-round (step 4 of the round
+        # 3..6) is bitwise the uninterrupted run, from DIR/step_N and from --resume auto
+        ck = os.path.join(tmp, "ck")
+        a = runs.run("ckpt_a", 4, ["--dp", "2", "--zero", "1", "--ckpt-dir", ck,
+                                   "--ckpt-every", "4"])
+        check(bitwise(a, runs.runs["dp2_zero1"]), "  checkpointing changes nothing (bitwise)")
+        for name, flags in (("step_dir", ["--resume", os.path.join(ck, "step_00000004")]),
+                            ("auto", ["--resume", "auto", "--ckpt-dir", ck + "_auto"])):
+            if name == "auto":  # only step 4 there
+                for w in (0, 1):
+                    shutil.copytree(os.path.join(ck, f"worker_{w}", "step_00000004"),
+                                    os.path.join(ck + "_auto", f"worker_{w}", "step_00000004"))
+                    shutil.copytree(os.path.join(ck, f"worker_{w}", "outer", "step_00000004"),
+                                    os.path.join(ck + "_auto", f"worker_{w}", "outer",
+                                                 "step_00000004"))
+            b = runs.run("ckpt_b_" + name, 4, ["--dp", "2", "--zero", "1"] + flags)
+            want = a.losses[4:8] + a.losses[9:]  # steps 5-8, validation at 8
+            ok = ("resumed from" in b.stderr and b.losses == want and
+                  bitwise((b.losses, b.params), (want, a.params)))
+            check(ok, f"  resume mid-round ({name}): bitwise the uninterrupted run")
+
+        # 6. streaming
+        stream = real[:] + ["--outer", "diloco", "--workers", "2", "--inner-steps", "6",
+                            "--outer-fragments", "2", "--outer-lr", "0.7", "--outer-momentum",
+                            "0.9", "--outer-nesterov"]
+        stream[stream.index("--steps") + 1] = "14"
+        runs = Layouts(stream, tmp, "stream_")
+        s_ref = runs.run("fp32_single", 2)
+        compare("streaming F=2 fp32, groups of dp2", runs.run("fp32_dp2", 4, ["--dp", "2"]), s_ref)
+        q = runs.run("int4", 2, ["--outer-dtype", "int4", "--outer-block", "32"])
+        q2 = runs.run("int4_again", 2, ["--outer-dtype", "int4", "--outer-block", "32"])
+        check(bitwise(q, q2), "  streaming F=2 int4 twice: bitwise")
+        # the outer sync's engine (comm/engine.h) without its thread: the same run
+        q3 = runs.run("int4_funneled", 2, ["--outer-dtype", "int4", "--outer-block", "32"],
+                      ["LOOM_MPI_THREAD=funneled"])
+        check(bitwise(q, q3), "  streaming F=2 int4 with LOOM_MPI_THREAD=funneled: bitwise")
+        # a checkpoint while a fragment is in flight (step 4: fragment 0's all-gather, sent
+        # after step 3; step 6: fragment 1's all-to-all): the resume is bitwise
+        ck2 = os.path.join(tmp, "ck_stream")
+        int4 = ["--outer-dtype", "int4", "--outer-block", "32"]
+        qa = runs.run("int4_ckpt", 2, int4 + ["--ckpt-dir", ck2, "--ckpt-every", "2"])
+        check(bitwise(qa, q), "  streaming: checkpointing changes nothing (bitwise)")
+        for at in (4, 6):
+            qb = runs.run(f"int4_resume{at}", 2,
+                          int4 + ["--resume", os.path.join(ck2, f"step_{at:08d}")])
+            want = qa.losses[at:14] + qa.losses[14 + at // 4:]  # validation every 4 steps
+            ok = "resumed from" in qb.stderr and bitwise((qb.losses, qb.params), (want, qa.params))
+            check(ok, f"  streaming: resume at step {at} (a fragment in flight): bitwise")
+        b32 = s_ref.rows[-1]["outer"]["bytes_total"]
+        b4 = q.rows[-1]["outer"]["bytes_total"]
+        check(b4 < b32 / 5, f"  int4 bytes on the wire {b4:.0f} vs fp32 {b32:.0f} "
+                            f"({b32 / b4:.1f}x fewer)")
+        check(q.losses[13] < q.losses[0] - 0.3,
+              f"  int4 trains: loss {q.losses[0]:.4f} -> {q.losses[13]:.4f}")
+    finally:
+        if failed():
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run_test(main)
