@@ -57,7 +57,7 @@ typedef struct {
     int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
     char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
-    int recompute;                  /* keep only each layer's input, recompute in backward */
+    int recompute;                  /* loom_recompute: 0 none, 1 full, 2 selective */
     int dry_run;                    /* set up and print the start-up report, no step */
     char device[16];                /* cpu | cuda (kernels/backend.h: loom_device_parse) */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
