@@ -1,5 +1,6 @@
 #include "parallel/zero.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,18 @@ static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_para
     z->stage = dp->size > 1 ? stage : 0; /* one replica: nothing to shard */
     z->table = table;
     z->total = table->total;
-    if (table->total > (size_t)0x7fffffff)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "model has %zu parameters: more than 2^31 per collective",
-                              table->total);
     z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
     if (z->bucket_floats < 1) z->bucket_floats = 1;
     if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
     /* Each posted range (at most one per layer, plus tail, wte and the rest of the
      * head) splits into partitions of at most bucket_floats. */
-    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
+    const size_t max_buckets = z->total / z->bucket_floats + (size_t)table->n_layer + 4;
+    if (max_buckets > (size_t)INT_MAX)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--bucket-mb %g: %zu buckets for %zu parameters (expected fewer "
+                              "than 2^31: a larger --bucket-mb)",
+                              bucket_mb, max_buckets, z->total);
+    z->max_buckets = (int)max_buckets;
     if (loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err)) {
         loom_zero_free(z);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for the shards");
@@ -364,14 +367,15 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
-    loom_status st = loom_comm_allgatherv(z->dp, params, z->shards.counts, z->shards.displs, err);
+    loom_status st =
+        loom_comm_allgatherv_large(z->dp, params, z->shards.counts, z->shards.displs, 0, err);
     z->times.param_gather_ms = loom_now_ms() - t1;
     return st;
 }
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
-    return loom_comm_allgatherv(z->dp, grads, z->shards.counts, z->shards.displs, err);
+    return loom_comm_allgatherv_large(z->dp, grads, z->shards.counts, z->shards.displs, 0, err);
 }
 
 void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
@@ -417,12 +421,12 @@ void loom_zero_ema_update(loom_zero *z, const float *params, const float *shard)
 loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err) {
     memcpy(full + z->lo, z->ema, (z->hi - z->lo) * sizeof(float));
     if (z->stage == 0) return LOOM_OK;
-    return loom_comm_allgatherv(z->dp, full, z->shards.counts, z->shards.displs, err);
+    return loom_comm_allgatherv_large(z->dp, full, z->shards.counts, z->shards.displs, 0, err);
 }
 
 void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
-    *lo = (size_t)z->shards.displs[r];
-    *hi = *lo + (size_t)z->shards.counts[r];
+    *lo = z->shards.displs[r];
+    *hi = *lo + z->shards.counts[r];
 }
 
 void loom_zero_clear_state(loom_zero *z) {
