@@ -146,6 +146,9 @@ static const opt_def OPTS[] = {
      "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
     {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
      "resume even if the checkpoint was saved with another --seed (the data order changes)"},
+    {"grad-accum", OPT_STRING, TR(grad_accum), 16,
+     "local (sum micro-batches, reduce once) | sharded (ZeRO 2, 3: reduce each micro-batch "
+     "into the shard; no whole gradient kept)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

@@ -120,6 +120,7 @@ void loom_zero_free(loom_zero *z) {
     free(z->m);
     free(z->v);
     free(z->ema);
+    free(z->accum);
     memset(z, 0, sizeof *z);
 }
 
@@ -131,6 +132,10 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
     m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0;
+    if (z->accum_resident) { /* --grad-accum sharded: one range + a bucket, the shard, the sum */
+        m->grads_local = z->accum_resident + 2 * n * f;
+        m->grads_shard = 2 * n * f;
+    }
     m->optimizer = 2 * n * f;
 }
 
@@ -222,6 +227,7 @@ static void release_bucket(loom_zero *z, float *grads, int b) {
 }
 
 void loom_zero_step_begin(loom_zero *z) {
+    z->accum_n = 0;
     memset(&z->times, 0, sizeof z->times);
     z->step_t0_ms = loom_now_ms();
     z->step_cpu0_ms = loom_thread_cpu_ms();
@@ -349,6 +355,51 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     for (int b = 0; b < z->n_buckets; b++) release_bucket(z, grads, b); /* untimed */
     if (z->stage >= 2) z->grads_after = loom_zero_grads_resident(z, grads);
     return st;
+}
+
+loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err) {
+    if (z->stage < 2 || z->experts)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
+                              "--ep (got ZeRO-%d%s)",
+                              z->stage, z->experts ? " with --ep" : "");
+    /* the local pages a micro-batch holds at most: its largest range (a block, the head
+     * or the tail) and a bucket in flight */
+    const loom_param_table *t = z->table;
+    size_t most = t->n_layer ? t->blocks[0].begin : t->head_begin;
+    for (int l = 0; l < t->n_layer; l++) {
+        const size_t e = l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
+        if (e - t->blocks[l].begin > most) most = e - t->blocks[l].begin;
+    }
+    if (t->total - t->head_begin > most) most = t->total - t->head_begin;
+    z->accum_resident = (most + z->bucket_floats) * sizeof(float);
+    if (size_only) return LOOM_OK;
+    z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
+    return z->accum ? LOOM_OK
+                    : loom_error_set(err, LOOM_ERR_NOMEM, "--grad-accum sharded: out of memory");
+}
+
+void loom_zero_accum_micro_batch(loom_zero *z, float *grads) {
+    const size_t n = z->hi - z->lo;
+    const float *g = z->grad_shard;
+    float *a = z->accum;
+    if (z->accum_n == 0)
+        memcpy(a, g, n * sizeof(float));
+    else
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) a[i] += g[i];
+    z->accum_n++;
+    loom_zero_grads_clear(z, grads);
+}
+
+void loom_zero_accum_finish(loom_zero *z) {
+    if (!z->accum || z->accum_n == 0) return;
+    const size_t n = z->hi - z->lo;
+    float *g = z->grad_shard;
+    const float *a = z->accum;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) g[i] = a[i] + g[i];
+    z->accum_n = 0;
 }
 
 float *loom_zero_reduced_grads(loom_zero *z, float *grads) {

@@ -63,6 +63,7 @@ typedef struct {
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
+    char grad_accum[16];            /* local | sharded (ZeRO 2, 3: reduced per micro-batch) */
     /* diffusion transformers (family dit) */
     loom_flow_options flow;       /* --t-sampling, --class-dropout */
     float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */
