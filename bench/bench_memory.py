@@ -8,14 +8,18 @@
    tiny model of the same family (the process's own code, MPI and thread stacks) is
    subtracted, and the rest compared with the report's "memory per rank in all"
    (params + gathered + grads + optimizer + activations); the target is within 5%.
-2. recomputation: step time (median of the steps after the first, --metrics' step_ms)
+2. --grad-accum sharded: ZeRO-3 at dp 4 with 8 micro-batches per step, local
+   accumulation (today's: a whole local gradient kept over the micro-batches) against
+   sharded (each micro-batch reduced into the shard): the peak resident memory of each and
+   the difference against the whole model's gradient bytes.
+3. recomputation: step time (median of the steps after the first, --metrics' step_ms)
    on one process with --recompute none, selective and full, and selective's extra
    cost over none as a share of full's (target <= 1/3).
 The machine is shared: os.getloadavg() goes into the JSON; only ratios of one run mean
 anything. There is no peer here: the figures are loom's report against loom's own
 process. Prints one JSON object last.
 Usage: bench_memory.py --loom build/loom [--models llama:512:8,gpt2:512:8] [--steps 2]
-       [--seq-len 256] [--dps 1,2,4] [--smoke]
+       [--seq-len 256] [--dps 1,2,4] [--smoke] [--only memory,accum,recompute]
 """
 import argparse
 import json
@@ -82,6 +86,10 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--time-steps", type=int, default=4)
     ap.add_argument("--smoke", action="store_true", help="a tiny model, dp 1 and 2, 1 step")
+    ap.add_argument("--only", default="memory,accum,recompute")
+    ap.add_argument("--accum-model", default=None, help="the --grad-accum section's model "
+                    "(default: the first of --models)")
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="the --grad-accum runs'")
     args = ap.parse_args()
     if args.smoke:
         args.models, args.dps, args.steps, args.seq_len, args.time_steps = \
@@ -91,7 +99,8 @@ def main():
     data = os.path.join(tmp, "tokens.bin")
     write_random_shard(data, 1 << 18, 8192, 1)
     rows, worst = [], 0.0
-    for spec in args.models.split(","):
+    only = args.only.split(",")
+    for spec in args.models.split(",") if "memory" in only else []:
         for dp in map(int, args.dps.split(",")):
             for zero in ([0] if dp == 1 else [0, 1, 2, 3]):
                 lay = ["--dp", str(dp), "--zero", str(zero), "--global-batch", str(2 * dp)]
@@ -108,10 +117,29 @@ def main():
                 print(f"{spec:14s} dp {dp} ZeRO-{zero}: peak {rss:9.1f} MiB - overhead "
                       f"{base_rss:6.1f} = {model_rss:9.1f} MiB; report {rep - base_rep:9.1f} MiB "
                       f"({err:+.1%})", flush=True)
+    # --grad-accum: dp 4 ZeRO-3, 8 micro-batches per rank
+    spec = args.accum_model or args.models.split(",")[0]
+    accum = {}
+    for mode in ("local", "sharded") if "accum" in only else []:
+        lay = ["--dp", "4", "--zero", "3", "--micro-batch", "1", "--global-batch", "32",
+               "--grad-accum", mode, "--bucket-mb", str(args.bucket_mb)]
+        rss, rep = measure(args.loom, data, 4, model_flags(spec, args.seq_len) + lay, args.steps)
+        accum[mode] = dict(peak_rss_mib=round(rss, 1), reported_mib=round(rep, 1))
+        print(f"{spec} dp 4 ZeRO-3 x 8 micro-batches, --grad-accum {mode:7s}: peak {rss:.1f} MiB, "
+              f"report {rep:.1f} MiB", flush=True)
+    if accum:
+        p = subprocess.run([args.loom, "plan", "--explain", "--dp 1 --micro-batch 1",
+                            "--json"] + model_flags(spec, args.seq_len), capture_output=True,
+                           text=True, timeout=120)
+        full = json.loads(p.stdout)["memory"]["grads_local_bytes"] / MiB
+        saved = accum["local"]["peak_rss_mib"] - accum["sharded"]["peak_rss_mib"]
+        accum.update(full_gradient_mib=round(full, 1), saved_mib=round(saved, 1),
+                     saved_over_full=round(saved / full, 3))
+        print(f"  saved {saved:.1f} MiB of a {full:.1f} MiB whole gradient", flush=True)
     # recomputation: one process, the first model
     spec = args.models.split(",")[0]
     times = {}
-    for mode in ("none", "selective", "full"):
+    for mode in ("none", "selective", "full") if "recompute" in only else []:
         met = os.path.join(tmp, f"rc_{mode}.jsonl")
         rss, rep = measure(args.loom, data, 1, model_flags(spec, args.seq_len) +
                            ["--recompute", mode, "--global-batch", "2"], args.time_steps, met)
@@ -122,12 +150,14 @@ def main():
                            reported_mib=round(rep, 1))
         print(f"{spec} --recompute {mode:9s}: step {ms:8.2f} ms, peak {rss:.1f} MiB, "
               f"report {rep:.1f} MiB", flush=True)
-    extra_sel = times["selective"]["step_ms"] - times["none"]["step_ms"]
-    extra_full = times["full"]["step_ms"] - times["none"]["step_ms"]
-    share = extra_sel / extra_full if extra_full > 0 else None
+    share = None
+    if times:
+        extra_sel = times["selective"]["step_ms"] - times["none"]["step_ms"]
+        extra_full = times["full"]["step_ms"] - times["none"]["step_ms"]
+        share = extra_sel / extra_full if extra_full > 0 else None
     out = dict(bench="memory", load=os.getloadavg(), seq_len=args.seq_len, steps=args.steps,
                memory=rows, memory_worst_rel_err=round(worst, 4),
-               memory_within_5pct=worst <= 0.05, recompute=times,
+               memory_within_5pct=worst <= 0.05, grad_accum=accum, recompute=times,
                selective_share_of_full=None if share is None else round(share, 3),
                selective_within_third=share is not None and share <= 1 / 3)
     print(json.dumps(out))
