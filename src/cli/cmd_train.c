@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cli/memory_budget.h"
 #include "cli/startup_watchdog.h"
 #include "cli/train_options.h"
 #include "comm/world.h"
@@ -73,7 +74,8 @@ int loom_cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: effective configuration (usable as --config):\n");
         loom_train_options_print(&o, stderr);
     }
-    st = loom_train_run(&o.model, &o.train, &mesh, &err);
+    st = loom_memory_budget_check(&o.model, &o.train, world.size, &err);
+    if (!st) st = loom_train_run(&o.model, &o.train, &mesh, &err);
     loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         if (world.size > 1)

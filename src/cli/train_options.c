@@ -146,6 +146,8 @@ static const opt_def OPTS[] = {
      "fault injection KIND@STEP[:RANK[:ARG]][+], repeatable (docs/ARCHITECTURE.md)"},
     {"resume-ignore-seed", OPT_BOOL, TR(resume_ignore_seed), 0,
      "resume even if the checkpoint was saved with another --seed (the data order changes)"},
+    {"memory-per-rank", OPT_FLOAT, TR(memory_per_rank), 0,
+     "GiB a rank may hold: a layout needing more is refused, naming the smallest that fits"},
     {"grad-accum", OPT_STRING, TR(grad_accum), 16,
      "local (sum micro-batches, reduce once) | sharded (ZeRO 2, 3: reduce each micro-batch "
      "into the shard; no whole gradient kept)"},

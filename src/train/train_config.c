@@ -115,6 +115,9 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               "--grad-accum sharded: needs --zero 2 or 3, without --pp or --ep "
                               "(got --zero %d --pp %d --ep %d)",
                               tc->zero, tc->layout.pp, tc->layout.ep);
+    if (!(tc->memory_per_rank >= 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--memory-per-rank %g: expected GiB >= 0",
+                              (double)tc->memory_per_rank);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
     if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))

@@ -64,6 +64,7 @@ typedef struct {
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
     char grad_accum[16];            /* local | sharded (ZeRO 2, 3: reduced per micro-batch) */
+    float memory_per_rank;          /* GiB a rank may hold (0: no limit; cli/memory_budget.h) */
     /* diffusion transformers (family dit) */
     loom_flow_options flow;       /* --t-sampling, --class-dropout */
     float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */

@@ -8,7 +8,9 @@ heads), vocabulary 128256: 70,553,706,496 parameters. Layouts: one process (7.1e
 rank, past 2^32), tp 8 under mpirun (8.8e9 per rank, past 2^32), dp 2 with ZeRO-3 under
 mpirun (a 3.5e10-element shard), and loom plan's tp 8 x pp 4 (2.4e9 per rank on stage 0,
 past 2^31) and dp 1024 with ZeRO-3 (with --recompute selective). Every figure is an exact
-count (bytes = 4 x elements), a shard within one row of total / dp.
+count (bytes = 4 x elements), a shard within one row of total / dp. Bad input: `loom train
+--memory-per-rank` below the layout's need exits 2 naming the smallest layout of the same
+world that fits (checked with loom plan), or saying none does.
 Usage: test_big_sizes.py --loom PATH
 """
 import argparse
@@ -124,6 +126,26 @@ def main():
             check(abs(shard - total / 1024) <= F and a[0] < a[1] < a[2],
                   f"  shard {shard:.0f} (total / 1024 = {total / 1024:.0f}); activations "
                   f"full < selective < none: {a}")
+        # --memory-per-rank: refused (exit 2) naming the smallest layout that fits
+        small = [args.loom, "train", "--model", "gpt2-small", "--data", data, "--steps", "1",
+                 "--micro-batch", "1", "--global-batch", "4", "--threads", "1"]
+        p = subprocess.run(MPIRUN + ["-n", "4"] + small + ["--dp", "4", "--memory-per-rank",
+                                                            "1.5"],
+                           capture_output=True, text=True, timeout=300)
+        m = re.search(r"--memory-per-rank 1.5: this layout holds ([\d.]+) GiB on a rank .*? the "
+                      r"smallest layout of 4 rank\(s\) that fits: (.*?) \(([\d.]+) GiB\)", p.stderr)
+        ok = p.returncode == 2 and m is not None and float(m.group(1)) > 1.5
+        if ok:  # the named layout, sized by loom plan, fits
+            q = subprocess.run([args.loom, "plan", "--explain", m.group(2), "--json", "--model",
+                                "gpt2-small", "--global-batch", "4"], capture_output=True,
+                               text=True, timeout=120)
+            ok = q.returncode == 0 and json.loads(q.stdout)["memory"]["total_bytes"] <= 1.5 * 2**30
+        check(ok, f"--memory-per-rank 1.5 at dp 4: exit {p.returncode}, "
+              f"{m.group(0) if m else p.stderr[-300:]}")
+        p = subprocess.run(small + ["--memory-per-rank", "0.01"], capture_output=True, text=True,
+                           timeout=120)
+        check(p.returncode == 2 and "no layout of 1 rank(s) fits" in p.stderr,
+              f"--memory-per-rank 0.01 on one rank: exit {p.returncode}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
