@@ -156,8 +156,8 @@ def main():
         extra_full = times["full"]["step_ms"] - times["none"]["step_ms"]
         share = extra_sel / extra_full if extra_full > 0 else None
     out = dict(bench="memory", load=os.getloadavg(), seq_len=args.seq_len, steps=args.steps,
-               memory=rows, memory_worst_rel_err=round(worst, 4),
-               memory_within_5pct=worst <= 0.05, grad_accum=accum, recompute=times,
+               memory=rows, memory_worst_rel_err=round(worst, 4) if rows else None,
+               memory_within_5pct=worst <= 0.05 if rows else None, grad_accum=accum, recompute=times,
                selective_share_of_full=None if share is None else round(share, 3),
                selective_within_third=share is not None and share <= 1 / 3)
     print(json.dumps(out))
