@@ -92,8 +92,14 @@ CASES = [
          flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16 --recompute",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="full recomputation (the other bound of selective AC)"),
+    dict(name="torchtitan-llama3-8b-8xh100-selective", config=TITAN, profile=H100, world=8,
+         flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16 --recompute selective",
+         metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
+         assumed="loom's selective recomputation (attention and activations again; "
+                 "torchtitan's op policy recomputes every second matmul too)",
+         sensitivity=True),
     # sensitivity (not the published layouts): which term moves the prediction, and
-    # layouts loom accepts next to the published ones it refuses
+    # layouts next to the published ones (loom refused these before 64-bit shards)
     dict(name="megatron-175b-1536-1f1b", config=MEGATRON, profile=A100, world=1536,
          flags="--dp 16 --tp 8 --pp 12 --pp-schedule 1f1b --micro-batch 1 "
                "--global-batch 1536 --recompute",
@@ -103,8 +109,8 @@ CASES = [
          flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule interleaved "
                "--virtual-stages 2 --micro-batch 1 --global-batch 6144",
          metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
-         assumed="pp 16 x dp 96 instead of the published pp 8 x dp 192 (loom refuses pp 8: "
-                 "2.8e9 parameters per rank, more than 2^31 per collective)", sensitivity=True),
+         assumed="pp 16 x dp 96 instead of the published pp 8 x dp 192 (2.8e9 parameters "
+                 "per rank at pp 8)", sensitivity=True),
     dict(name="megascale-175b-12288-pp16-1f1b", config=MEGASCALE, profile=A100, world=12288,
          flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule 1f1b "
                "--micro-batch 1 --global-batch 6144",
@@ -113,8 +119,7 @@ CASES = [
     dict(name="torchtitan-llama3-8b-tp4-dp2", config=TITAN, profile=H100, world=8,
          flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
-         assumed="tp 4 (sequence parallel) x dp 2 ZeRO-3 instead of FSDP over 8 (loom refuses "
-                 "FSDP 8: 8.0e9 parameters per rank, more than 2^31 per collective); same "
+         assumed="tp 4 (sequence parallel) x dp 2 ZeRO-3 instead of FSDP over 8; same "
                  "GPUs, batch and sequence, no recomputation", sensitivity=True),
     dict(name="torchtitan-llama3-8b-tp4-dp2-recompute", config=TITAN, profile=H100, world=8,
          flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16 "

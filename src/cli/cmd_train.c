@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cli/memory_budget.h"
 #include "cli/startup_watchdog.h"
 #include "cli/train_options.h"
 #include "comm/world.h"
@@ -76,7 +77,8 @@ int loom_cmd_train(int argc, char **argv) {
     }
     loom_train_config group; /* --outer diloco: this worker's share (else the same) */
     loom_train_config_for_worker(&o.train, mesh.worker, &group);
-    st = loom_train_run(&o.model, &group, &mesh, &err);
+    st = loom_memory_budget_check(&o.model, &o.train, world.size, &err);
+    if (!st) st = loom_train_run(&o.model, &group, &mesh, &err);
     loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         if (world.size > 1)

@@ -19,7 +19,8 @@ typedef enum {
     OPT_BOOL,
     OPT_LIST,
     OPT_T_SAMPLING,
-    OPT_FREEZE /* vlm parts: model/vlm.h's bit flags */
+    OPT_FREEZE,   /* vlm parts: model/vlm.h's bit flags */
+    OPT_RECOMPUTE /* none | selective | full; a bare flag or 0/1 as the boolean it was */
 } opt_type;
 
 typedef struct {
@@ -116,8 +117,9 @@ static const opt_def OPTS[] = {
      "gradients; docs/precision.md)"},
     {"dry-run", OPT_BOOL, TR(dry_run), 0,
      "set up the layout, print the start-up (memory) report and stop before the first step"},
-    {"recompute", OPT_BOOL, TR(recompute), 0,
-     "activation recomputation: keep each layer's input only, redo its forward in backward"},
+    {"recompute", OPT_RECOMPUTE, TR(recompute), 0,
+     "activation recomputation: none, selective (recompute attention and activations) or "
+     "full (keep each layer's input only); the bare flag is full"},
     {"pp-stats", OPT_STRING, TR(pp_stats), LOOM_PATH_MAX,
      "per-rank pipeline timers, JSON lines in FILE.rankN (benchmarks)"},
     {"ep", OPT_INT, TR(layout.ep), 0, "expert-parallel ranks (MoE): divides dp x cp and n-experts"},
@@ -176,6 +178,11 @@ static const opt_def OPTS[] = {
      "DiLoCo: values per scale for --outer-dtype int8/int4 (int4: even)"},
     {"outer-merge", OPT_FLOAT, TR(outer.merge), 0,
      "streaming DiLoCo: local weight alpha when a fragment's global params land"},
+    {"memory-per-rank", OPT_FLOAT, TR(memory_per_rank), 0,
+     "GiB a rank may hold: a layout needing more is refused, naming the smallest that fits"},
+    {"grad-accum", OPT_STRING, TR(grad_accum), 16,
+     "local (sum micro-batches, reduce once) | sharded (ZeRO 2, 3: reduce each micro-batch "
+     "into the shard; no whole gradient kept)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 
@@ -330,6 +337,17 @@ static loom_status apply(loom_train_options *o, const setting *s, loom_error *er
             return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected gpt2, llama, dit or vlm",
                                   s->origin, v);
         break;
+    case OPT_RECOMPUTE:
+        if (strcmp(v, "none") == 0 || strcmp(v, "0") == 0 || strcmp(v, "false") == 0)
+            *(int *)base = LOOM_RECOMPUTE_NONE;
+        else if (strcmp(v, "full") == 0 || strcmp(v, "1") == 0 || strcmp(v, "true") == 0)
+            *(int *)base = LOOM_RECOMPUTE_FULL;
+        else if (strcmp(v, "selective") == 0)
+            *(int *)base = LOOM_RECOMPUTE_SELECTIVE;
+        else
+            return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected none, selective or full",
+                                  s->origin, v);
+        break;
     case OPT_T_SAMPLING:
         if (loom_t_sampling_parse(v, (loom_t_sampling *)base, NULL) != LOOM_OK)
             return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected logit-normal or uniform",
@@ -396,8 +414,9 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
      * OPT_VAL + i: small values would collide with getopt's ':', '?' and 'h'. */
     enum { OPT_VAL = 2000 };
     for (int i = 0; i < N_OPTS; i++)
-        longopts[i] =
-            (struct option){OPTS[i].key, OPTS[i].type == OPT_BOOL ? 2 : 1, NULL, OPT_VAL + i};
+        longopts[i] = (struct option){
+            OPTS[i].key, OPTS[i].type == OPT_BOOL || OPTS[i].type == OPT_RECOMPUTE ? 2 : 1, NULL,
+            OPT_VAL + i};
     longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
     longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
     longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
@@ -422,6 +441,11 @@ static loom_status parse_flags(setting_list *flags, char *config, int *help, int
             const opt_def *d = &OPTS[c - OPT_VAL];
             char origin[96];
             snprintf(origin, sizeof origin, "--%s", d->key);
+            /* --recompute takes its mode as the next word too (--recompute selective) */
+            if (!optarg && d->type == OPT_RECOMPUTE && optind < argc &&
+                (strcmp(argv[optind], "none") == 0 || strcmp(argv[optind], "selective") == 0 ||
+                 strcmp(argv[optind], "full") == 0))
+                optarg = argv[optind++];
             if (push(flags, d, optarg ? optarg : "1", origin))
                 return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
         }
@@ -526,6 +550,9 @@ void loom_train_options_print(const loom_train_options *o, FILE *f) {
                     parts & LOOM_VLM_PART_LLM ? "llm" : "", parts ? "" : "none");
             break;
         }
+        case OPT_RECOMPUTE:
+            fprintf(f, "%s\n", loom_recompute_name(*(const int *)base));
+            break;
         }
     }
 }

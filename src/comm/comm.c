@@ -120,8 +120,8 @@ static void blocked(loom_comm *c, const char *op, double t0) {
 loom_status loom_comm_allreduce_sum(loom_comm *c, float *buf, size_t count, loom_error *err) {
     if (c->device == LOOM_COMM_CUDA)
         return c->ops->allreduce_sum(c, buf, count, LOOM_COMM_F32, NULL, err);
+    if (too_big(count)) return loom_comm_allreduce_sum_large(c, buf, count, 0, err);
     if (begin_op(c, NULL, "allreduce", count * 4) || count == 0) return LOOM_OK;
-    if (too_big(count)) return loom_error_set(err, LOOM_ERR_STATE, "allreduce: count too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, c->mpi);
     blocked(c, "allreduce", t0);
@@ -220,8 +220,8 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
 
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err) {
     if (c->device == LOOM_COMM_CUDA) return c->ops->bcast(c, buf, bytes, root, NULL, err);
+    if (too_big(bytes)) return loom_comm_bcast_large(c, buf, bytes, root, 0, err);
     if (begin_op(c, NULL, "bcast", bytes)) return LOOM_OK;
-    if (too_big(bytes)) return loom_error_set(err, LOOM_ERR_STATE, "bcast: too large");
     double t0 = loom_comm_now_ms();
     int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi);
     blocked(c, "bcast", t0);

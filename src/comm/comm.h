@@ -118,6 +118,20 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
                                  const int *send_displs, float *recv, const int *recv_counts,
                                  const int *recv_displs, loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err);
+
+/* Large counts (comm_large.c): more than 2^31 elements or bytes in one call, split into
+ * ordinary collectives of at most `chunk` elements (bytes for bcast; 0: LOOM_COMM_CHUNK),
+ * as OpenMPI 4.1 has no large-count (_c) functions. The blocking allreduce_sum and bcast
+ * above take this path themselves past 2^31. allgatherv_large: 64-bit counts and
+ * displacements (a ZeRO shard of a model past 2^31 elements); within int it is one
+ * allgatherv, past it each rank's part is broadcast from it. */
+#define LOOM_COMM_CHUNK (1u << 30)
+loom_status loom_comm_allreduce_sum_large(loom_comm *c, float *buf, size_t count, size_t chunk,
+                                          loom_error *err);
+loom_status loom_comm_bcast_large(loom_comm *c, void *buf, size_t bytes, int root, size_t chunk,
+                                  loom_error *err);
+loom_status loom_comm_allgatherv_large(loom_comm *c, float *buf, const size_t *counts,
+                                       const size_t *displs, size_t chunk, loom_error *err);
 loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, int tag,

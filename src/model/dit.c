@@ -172,8 +172,11 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm1_rstd = loom_carve(cv, Ns);
             b->xm1 = loom_carve(cv, Ns * C);
             a->qkv = loom_carve(cv, N * d.QKV);
-            a->att = loom_carve(cv, N * d.A);
-            a->lse = loom_carve(cv, B * d.H * d.T);
+            /* selective recomputation: layer 0's attention output, log-sum-exp and
+             * activation serve every layer (recomputed before each block's backward) */
+            const int sel = m->recompute_selective && !m->recompute && l > 0;
+            a->att = sel ? shared_acts.att : loom_carve(cv, N * d.A);
+            a->lse = sel ? shared_acts.lse : loom_carve(cv, B * d.H * d.T);
             b->y1 = loom_carve(cv, Ns * C);
             a->res1 = loom_carve(cv, Ns * C);
             a->norm2 = loom_carve(cv, Ns * C);
@@ -181,7 +184,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm2_rstd = loom_carve(cv, Ns);
             b->xm2 = loom_carve(cv, Ns * C);
             a->fc = loom_carve(cv, N * F);
-            a->act = loom_carve(cv, N * F);
+            a->act = sel ? shared_acts.act : loom_carve(cv, N * F);
             b->y2 = loom_carve(cv, Ns * C);
             shared_acts = *a;
             shared_blk = *b;
@@ -293,6 +296,17 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
     loom_backend_add(be, s->c, s->c, s->dc, BC);
     loom_backend_silu_forward(be, m->cond, s->c, BC);
     return LOOM_OK;
+}
+
+/* Selective recomputation: block l's attention output and log-sum-exp from its kept qkv
+ * and its activation from its kept fc, into the buffers all layers share. */
+static loom_status block_recompute_selective(loom_model *m, const dims *d, int l) {
+    loom_block_acts *a = &m->blocks[l];
+    loom_trace_begin(m->trace, "block", "recompute");
+    loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
+    if (!st) loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)d->N * d->F);
+    loom_trace_end(m->trace);
+    return st;
 }
 
 /* Block l (local index) from input x; output m->blocks[l].res2. */
@@ -469,6 +483,7 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
     const float *mod = b->mod, *dn;
     loom_status st = loom_model_hook(m, 0, l, 1);
     if (!st && m->recompute) st = block_forward_body(m, d, p, l, x, 1);
+    if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
     loom_backend_memset(be, dmod, 0, (size_t)B * 6 * C * sizeof(float));
@@ -520,6 +535,7 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     const dit_block *b = &m->dit->blk[l];
     const int N = d->N, C = d->C;
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
+    if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
     loom_backend_linear_backward_weight(m->be, g + k->proj_w, g + k->proj_b, b->d_y2, a->act, N,

@@ -40,20 +40,21 @@ static dims dims_of(const loom_model *m, int sequence_parallel) {
 /* A block's forward activations except its output (res2); mlp: rows of the dense MLP's
  * (0 for an MoE layer). */
 static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loom_block_acts *a,
-                        size_t mlp) {
+                        size_t mlp, const loom_block_acts *sel) {
     const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
     a->norm1 = loom_carve(cv, Ns * C);
     a->norm1_mean = loom_carve(cv, Ns);
     a->norm1_rstd = loom_carve(cv, Ns);
     a->qkv = loom_carve(cv, N * d->QKV);
-    a->att = loom_carve(cv, N * d->A);
-    a->lse = loom_carve(cv, (size_t)m->B * d->H * m->T);
+    /* selective recomputation: attention's output and the activation are sel's */
+    a->att = sel ? sel->att : loom_carve(cv, N * d->A);
+    a->lse = sel ? sel->lse : loom_carve(cv, (size_t)m->B * d->H * m->T);
     a->res1 = loom_carve(cv, Ns * C);
     a->norm2 = loom_carve(cv, Ns * C);
     a->norm2_mean = loom_carve(cv, Ns);
     a->norm2_rstd = loom_carve(cv, Ns);
     a->fc = loom_carve(cv, mlp * d->FC);
-    a->act = loom_carve(cv, mlp * d->F);
+    a->act = sel ? sel->act : loom_carve(cv, mlp * d->F);
 }
 
 static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
@@ -64,7 +65,14 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     /* recomputation: one block's activations for all layers (refilled before backward) */
     loom_block_acts shared;
     memset(&shared, 0, sizeof shared);
-    if (m->recompute && m->table.n_layer > 0) carve_block(m, &d, cv, &shared, N);
+    if (m->recompute && m->table.n_layer > 0) carve_block(m, &d, cv, &shared, N, NULL);
+    /* selective recomputation: one block's attention output, log-sum-exp and activation */
+    const int sel = m->recompute_selective && !m->recompute && m->table.n_layer > 0;
+    if (sel) {
+        shared.att = loom_carve(cv, N * A);
+        shared.lse = loom_carve(cv, (size_t)m->B * d.H * m->T);
+        shared.act = loom_carve(cv, N * F);
+    }
     for (int l = 0; l < m->table.n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
         /* MoE: the experts' activations live in model/moe.c */
@@ -72,7 +80,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
         if (m->recompute)
             *a = shared;
         else
-            carve_block(m, &d, cv, a, mlp);
+            carve_block(m, &d, cv, a, mlp, sel ? &shared : NULL);
         a->res2 = loom_carve(cv, Ns * C);
         /* split backward (zero-bubble W): the linears' output gradients, kept for W */
         const int split = m->split_backward;
@@ -124,6 +132,7 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     loom_comm *ep = o->ep;
     m->split_backward = (o->flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
     m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
+    m->recompute_selective = (o->flags & LOOM_MODEL_RECOMPUTE_SELECTIVE) != 0;
     m->size_only = (o->flags & LOOM_MODEL_SIZE_ONLY) != 0;
     m->cfg = *cfg;
     m->tp = tp;
@@ -178,9 +187,17 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     return st;
 }
 
-loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err) {
-    if (m->recompute == (on != 0)) return LOOM_OK;
-    m->recompute = on != 0;
+const char *loom_recompute_name(int mode) {
+    return mode == LOOM_RECOMPUTE_FULL        ? "full"
+           : mode == LOOM_RECOMPUTE_SELECTIVE ? "selective"
+                                              : "none";
+}
+
+loom_status loom_model_set_recompute(loom_model *m, int mode, loom_error *err) {
+    const int full = mode == LOOM_RECOMPUTE_FULL, selective = mode == LOOM_RECOMPUTE_SELECTIVE;
+    if (m->recompute == full && m->recompute_selective == selective) return LOOM_OK;
+    m->recompute = full;
+    m->recompute_selective = selective;
     loom_backend_arena_destroy(&m->arena);
     return loom_model_arena_allocate(m, m->ops->plan, err);
 }
@@ -316,6 +333,24 @@ static loom_status block_forward(loom_model *m, const dims *d, const float *p, i
     return st ? st : loom_model_hook(m, 1, l, 0);
 }
 
+/* Selective recomputation: block l's attention output and log-sum-exp from its kept qkv
+ * and its MLP activation from its kept fc, into the buffers all layers share (the same
+ * kernels on the same inputs as its forward: the same bits). */
+static loom_status block_recompute_selective(loom_model *m, const dims *d, int l) {
+    const loom_block_params *k = &m->table.blocks[l];
+    loom_block_acts *a = &m->blocks[l];
+    loom_trace_begin(m->trace, "block", "recompute");
+    loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->KV, d->hd, 1);
+    if (!st && !k->moe) {
+        if (is_gpt2(m))
+            loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)d->N * d->F);
+        else
+            loom_backend_swiglu_forward(m->be, a->act, a->fc, d->N, d->F);
+    }
+    loom_trace_end(m->trace);
+    return st;
+}
+
 /* Final norm and logits from the last block's output x. */
 static loom_status head_forward(loom_model *m, const dims *d, const float *p, const float *x) {
     const loom_param_table *t = &m->table;
@@ -409,6 +444,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     loom_status st = loom_model_hook(m, 0, l, 1);
     /* recomputation: the block's activations again, from its kept input */
     if (!st && m->recompute) st = block_forward_body(m, &d, p, l, x, 1);
+    if (!st && m->recompute_selective) st = block_recompute_selective(m, &d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward");
     /* res2 = res1 + act @ proj^T (row-parallel: d(out) is needed in full). MoE: under
@@ -479,6 +515,7 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     const loom_block_acts *a = &m->blocks[l];
     const int N = d->N, C = d->C;
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
+    if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
     if (k->moe) { /* the experts', router's and shared expert's, from what B kept */

@@ -111,6 +111,12 @@ struct loom_model {
      * all layers, refilled by re-running the block's forward right before its backward
      * (and before W under split backward). Same kernels, same order: bitwise identical. */
     int recompute;
+    /* 1: selective recomputation (LOOM_RECOMPUTE_SELECTIVE): every block keeps its
+     * linears' outputs and norms; the attention output (with its log-sum-exp) and the
+     * MLP's activation are one block's worth shared by all layers, recomputed from the
+     * kept qkv and fc right before the block's backward (and before W). Bitwise identical
+     * to no recomputation. */
+    int recompute_selective;
     int size_only; /* LOOM_MODEL_SIZE_ONLY: the arena is sized, not allocated */
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
@@ -132,6 +138,17 @@ struct loom_model {
 /* Size the activation arena (arena_floats, loom_model_activation_bytes) but allocate
  * none: the model can be measured, not run (loom plan sizes a layout this way). */
 #define LOOM_MODEL_SIZE_ONLY 4
+/* Plan the arena for selective recomputation (see `recompute_selective`). */
+#define LOOM_MODEL_RECOMPUTE_SELECTIVE 8
+
+/* --recompute: what backward recomputes (the values of loom_train_config.recompute). */
+typedef enum {
+    LOOM_RECOMPUTE_NONE = 0,     /* every activation kept */
+    LOOM_RECOMPUTE_FULL = 1,     /* each block's input kept, its forward run again */
+    LOOM_RECOMPUTE_SELECTIVE = 2 /* linears' outputs kept; attention and activations again */
+} loom_recompute;
+/* "none", "full" or "selective" (loom_recompute's value). */
+const char *loom_recompute_name(int mode);
 
 /* What a model is built for. Zero-initialised fields mean "none / the whole model". */
 typedef struct {
@@ -156,8 +173,9 @@ typedef struct {
 
 /* Builds the registry and plans the arena for micro-batch B x T. */
 loom_status loom_model_create(loom_model *m, const loom_model_options *opts, loom_error *err);
-/* Turns activation recomputation on or off and plans the arena again (before use). */
-loom_status loom_model_set_recompute(loom_model *m, int on, loom_error *err);
+/* Sets activation recomputation (a loom_recompute: 0 none, 1 full, 2 selective) and plans
+ * the arena again (before use). */
+loom_status loom_model_set_recompute(loom_model *m, int mode, loom_error *err);
 /* Activation bytes the arena would need with sequence parallelism on or off (for the
  * start-up report). */
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel);

@@ -1,5 +1,6 @@
 #include "parallel/ep_zero.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,8 +131,14 @@ loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err) {
         loom_comm *g = e->seg[k].group;
         if (g->size == 1 || e->seg[k].total == 0) continue;
         loom_comm_handle h;
+        if (e->seg[k].total > (size_t)INT_MAX)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--ep with --zero %d: %zu elements in one segment (at most 2^31)",
+                                  e->stage, e->seg[k].total);
+        /* each rank's segment as int counts (the whole sequence is below 2^31) */
+        loom_shard_layout_parts(&e->seg[k], 0, e->seg[k].total, e->gcounts, e->gdispls);
         copy_segment(e, k, 0, e->seg[k].total, grads, e->pack, 0);
-        if (!(st = loom_comm_ireduce_scatter_sum(g, e->pack, e->recv, e->seg[k].counts, &h, err)) &&
+        if (!(st = loom_comm_ireduce_scatter_sum(g, e->pack, e->recv, e->gcounts, &h, err)) &&
             !(st = loom_comm_wait(&h, err)))
             copy_segment(e, k, e->seg[k].lo, e->seg[k].hi, grads, e->recv, 1);
     }
@@ -146,7 +153,8 @@ loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err) {
         if (g->size == 1 || e->seg[k].total == 0) continue;
         const size_t a = e->seg[k].lo;
         copy_segment(e, k, a, e->seg[k].hi, flat, e->pack + a, 0);
-        if (!(st = loom_comm_allgatherv(g, e->pack, e->seg[k].counts, e->seg[k].displs, err)))
+        if (!(st = loom_comm_allgatherv_large(g, e->pack, e->seg[k].counts, e->seg[k].displs, 0,
+                                              err)))
             copy_segment(e, k, 0, e->seg[k].total, flat, e->pack, 1);
     }
     return st;

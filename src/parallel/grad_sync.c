@@ -184,7 +184,18 @@ loom_status loom_grad_sync_ready(void *ctx, size_t begin, size_t end) {
 
 loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err) {
     loom_status st = loom_zero_finish_reduction(s->zero, s->grads, err);
+    if (!st) loom_zero_accum_finish(s->zero); /* --grad-accum sharded: the earlier ones */
     return st ? st : s->ops->reduce_after_backward(s);
+}
+
+int loom_grad_sync_sharded_accum(const loom_grad_sync *s) {
+    return s->zero->accum != NULL;
+}
+
+loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err) {
+    loom_status st = loom_zero_finish_reduction(s->zero, s->grads, err);
+    if (!st) loom_zero_accum_micro_batch(s->zero, s->grads);
+    return st;
 }
 
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {

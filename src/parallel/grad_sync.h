@@ -103,6 +103,12 @@ void loom_grad_sync_begin(loom_grad_sync *s);
 loom_status loom_grad_sync_ready(void *ctx, size_t begin, size_t end);
 /* After backward: every gradient this rank needs is reduced. */
 loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err);
+/* --grad-accum sharded (loom_zero_accum_enable): 1 when every micro-batch's backward
+ * hands its ranges to ready (after loom_grad_sync_begin) and each one but the step's last
+ * ends with loom_grad_sync_finish_micro_batch (its reduced shard summed, the local
+ * gradients cleared); loom_grad_sync_finish then adds the sum to the last one's. */
+int loom_grad_sync_sharded_accum(const loom_grad_sync *s);
+loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err);
 /* The global gradient norm, the same on every rank. */
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err);
 /* Clipping to cfg->grad_clip with that norm, AdamW (step: 1-based) on this rank's part,

@@ -29,21 +29,21 @@ static size_t snap_to_row(const loom_param_table *t, const size_t *start, loom_s
 }
 
 void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
-                           size_t total, int R, int *counts, int *displs) {
+                           size_t total, int R, size_t *counts, size_t *displs) {
     size_t prev = 0;
     for (int r = 0; r < R; r++) {
         size_t end = r + 1 == R ? total : snap_to_row(t, start, kind, total, total * (r + 1) / R);
         if (end < prev) end = prev;
-        displs[r] = (int)prev;
-        counts[r] = (int)(end - prev);
+        displs[r] = prev;
+        counts[r] = end - prev;
         prev = end;
     }
 }
 
-void loom_shard_range_parts(const int *shard_counts, const int *shard_displs, int R, size_t begin,
-                            size_t end, int *counts, int *displs) {
+void loom_shard_range_parts(const size_t *shard_counts, const size_t *shard_displs, int R,
+                            size_t begin, size_t end, int *counts, int *displs) {
     for (int q = 0; q < R; q++) {
-        size_t lo = (size_t)shard_displs[q], hi = lo + (size_t)shard_counts[q];
+        size_t lo = shard_displs[q], hi = lo + shard_counts[q];
         size_t a = lo > begin ? lo : begin, e = hi < end ? hi : end;
         counts[q] = a < e ? (int)(e - a) : 0;
         displs[q] = a < e ? (int)(a - begin) : 0;
@@ -57,8 +57,8 @@ loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table 
     l->kind = kind;
     l->group = group;
     const size_t R = (size_t)group->size;
-    l->counts = calloc(R, sizeof(int));
-    l->displs = calloc(R, sizeof(int));
+    l->counts = calloc(R, sizeof(size_t));
+    l->displs = calloc(R, sizeof(size_t));
     if (kind != LOOM_SHARD_ALL) l->start = calloc((size_t)t->n_params + 1, sizeof(size_t));
     if (!l->counts || !l->displs || (kind != LOOM_SHARD_ALL && !l->start)) {
         loom_shard_layout_free(l);
@@ -74,8 +74,8 @@ loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table 
         }
     }
     loom_shard_split_rows(t, l->start, kind, l->total, group->size, l->counts, l->displs);
-    l->lo = (size_t)l->displs[group->rank];
-    l->hi = l->lo + (size_t)l->counts[group->rank];
+    l->lo = l->displs[group->rank];
+    l->hi = l->lo + l->counts[group->rank];
     return LOOM_OK;
 }
 

@@ -25,14 +25,17 @@ int loom_shard_takes(loom_shard_kind kind, const loom_param *p);
 
 /* Splits the sequence of kind's tensors (total elements) into R shards [displs[r],
  * displs[r] + counts[r]) of about total / R elements each, boundaries snapped to whole
- * rows: tensor i starts at position start[i] of the sequence (NULL: its flat offset). */
+ * rows: tensor i starts at position start[i] of the sequence (NULL: its flat offset).
+ * 64-bit: a shard may hold more than 2^31 elements (collectives over whole shards go
+ * through comm/'s large-count calls, loom_comm_allgatherv_large). */
 void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
-                           size_t total, int R, int *counts, int *displs);
+                           size_t total, int R, size_t *counts, size_t *displs);
 
 /* Each of R shards' part (shards: shard_counts/shard_displs) of the range [begin, end):
- * counts[r] elements at displs[r] relative to begin (0, 0 where shard r misses it). */
-void loom_shard_range_parts(const int *shard_counts, const int *shard_displs, int R, size_t begin,
-                            size_t end, int *counts, int *displs);
+ * counts[r] elements at displs[r] relative to begin (0, 0 where shard r misses it). The
+ * range is one collective's (a bucket, a block): end - begin must be below 2^31. */
+void loom_shard_range_parts(const size_t *shard_counts, const size_t *shard_displs, int R,
+                            size_t begin, size_t end, int *counts, int *displs);
 
 /* One sharded buffer's geometry: the sequence of kind's tensors (in flat order) cut into
  * one row-snapped segment per rank of group. ZeRO's dense shards are one instance (every
@@ -43,11 +46,11 @@ typedef struct {
     const loom_param_table *table;
     loom_shard_kind kind;
     loom_comm *group;
-    size_t total;         /* elements in the sequence */
-    size_t *start;        /* [n_params]: each tensor's position in it (kind ALL: NULL, the
-                             flat offset) */
-    int *counts, *displs; /* per group rank: its segment */
-    size_t lo, hi;        /* this rank's segment */
+    size_t total;            /* elements in the sequence */
+    size_t *start;           /* [n_params]: each tensor's position in it (kind ALL: NULL, the
+                                flat offset) */
+    size_t *counts, *displs; /* per group rank: its segment */
+    size_t lo, hi;           /* this rank's segment */
 } loom_shard_layout;
 
 loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table *t,

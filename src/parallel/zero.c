@@ -1,5 +1,6 @@
 #include "parallel/zero.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,18 @@ static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_para
     z->stage = dp->size > 1 ? stage : 0; /* one replica: nothing to shard */
     z->table = table;
     z->total = table->total;
-    if (table->total > (size_t)0x7fffffff)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "model has %zu parameters: more than 2^31 per collective",
-                              table->total);
     z->bucket_floats = (size_t)(bucket_mb * (1 << 20) / sizeof(float));
     if (z->bucket_floats < 1) z->bucket_floats = 1;
     if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
     /* Each posted range (at most one per layer, plus tail, wte and the rest of the
      * head) splits into partitions of at most bucket_floats. */
-    z->max_buckets = (int)(z->total / z->bucket_floats) + table->n_layer + 4;
+    const size_t max_buckets = z->total / z->bucket_floats + (size_t)table->n_layer + 4;
+    if (max_buckets > (size_t)INT_MAX)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--bucket-mb %g: %zu buckets for %zu parameters (expected fewer "
+                              "than 2^31: a larger --bucket-mb)",
+                              bucket_mb, max_buckets, z->total);
+    z->max_buckets = (int)max_buckets;
     if (loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err)) {
         loom_zero_free(z);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for the shards");
@@ -117,6 +120,7 @@ void loom_zero_free(loom_zero *z) {
     free(z->m);
     free(z->v);
     free(z->ema);
+    free(z->accum);
     memset(z, 0, sizeof *z);
 }
 
@@ -128,6 +132,10 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
     m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0;
+    if (z->accum_resident) { /* --grad-accum sharded: one range + a bucket, the shard, the sum */
+        m->grads_local = z->accum_resident + 2 * n * f;
+        m->grads_shard = 2 * n * f;
+    }
     m->optimizer = 2 * n * f;
 }
 
@@ -219,6 +227,7 @@ static void release_bucket(loom_zero *z, float *grads, int b) {
 }
 
 void loom_zero_step_begin(loom_zero *z) {
+    z->accum_n = 0;
     memset(&z->times, 0, sizeof z->times);
     z->step_t0_ms = loom_now_ms();
     z->step_cpu0_ms = loom_thread_cpu_ms();
@@ -348,6 +357,51 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     return st;
 }
 
+loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err) {
+    if (z->stage < 2 || z->experts)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
+                              "--ep (got ZeRO-%d%s)",
+                              z->stage, z->experts ? " with --ep" : "");
+    /* the local pages a micro-batch holds at most: its largest range (a block, the head
+     * or the tail) and a bucket in flight */
+    const loom_param_table *t = z->table;
+    size_t most = t->n_layer ? t->blocks[0].begin : t->head_begin;
+    for (int l = 0; l < t->n_layer; l++) {
+        const size_t e = l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
+        if (e - t->blocks[l].begin > most) most = e - t->blocks[l].begin;
+    }
+    if (t->total - t->head_begin > most) most = t->total - t->head_begin;
+    z->accum_resident = (most + z->bucket_floats) * sizeof(float);
+    if (size_only) return LOOM_OK;
+    z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
+    return z->accum ? LOOM_OK
+                    : loom_error_set(err, LOOM_ERR_NOMEM, "--grad-accum sharded: out of memory");
+}
+
+void loom_zero_accum_micro_batch(loom_zero *z, float *grads) {
+    const size_t n = z->hi - z->lo;
+    const float *g = z->grad_shard;
+    float *a = z->accum;
+    if (z->accum_n == 0)
+        memcpy(a, g, n * sizeof(float));
+    else
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) a[i] += g[i];
+    z->accum_n++;
+    loom_zero_grads_clear(z, grads);
+}
+
+void loom_zero_accum_finish(loom_zero *z) {
+    if (!z->accum || z->accum_n == 0) return;
+    const size_t n = z->hi - z->lo;
+    float *g = z->grad_shard;
+    const float *a = z->accum;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) g[i] = a[i] + g[i];
+    z->accum_n = 0;
+}
+
 float *loom_zero_reduced_grads(loom_zero *z, float *grads) {
     return z->stage >= 2 ? z->grad_shard : grads + z->lo;
 }
@@ -364,14 +418,15 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
     z->times.optimizer_ms = t1 - t0;
     z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
     if (z->stage == 0 || shard) return LOOM_OK; /* stage 3 gathers before the next use */
-    loom_status st = loom_comm_allgatherv(z->dp, params, z->shards.counts, z->shards.displs, err);
+    loom_status st =
+        loom_comm_allgatherv_large(z->dp, params, z->shards.counts, z->shards.displs, 0, err);
     z->times.param_gather_ms = loom_now_ms() - t1;
     return st;
 }
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
-    return loom_comm_allgatherv(z->dp, grads, z->shards.counts, z->shards.displs, err);
+    return loom_comm_allgatherv_large(z->dp, grads, z->shards.counts, z->shards.displs, 0, err);
 }
 
 void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
@@ -417,12 +472,12 @@ void loom_zero_ema_update(loom_zero *z, const float *params, const float *shard)
 loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err) {
     memcpy(full + z->lo, z->ema, (z->hi - z->lo) * sizeof(float));
     if (z->stage == 0) return LOOM_OK;
-    return loom_comm_allgatherv(z->dp, full, z->shards.counts, z->shards.displs, err);
+    return loom_comm_allgatherv_large(z->dp, full, z->shards.counts, z->shards.displs, 0, err);
 }
 
 void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
-    *lo = (size_t)z->shards.displs[r];
-    *hi = *lo + (size_t)z->shards.counts[r];
+    *lo = z->shards.displs[r];
+    *hi = *lo + z->shards.counts[r];
 }
 
 void loom_zero_clear_state(loom_zero *z) {

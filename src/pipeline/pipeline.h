@@ -30,7 +30,7 @@ typedef struct {
     char schedule[16];           /* --pp-schedule: gpipe | 1f1b | interleaved | zb */
     char layers[256];            /* --pp-layers: layers per (virtual) stage; "" = balanced */
     char stats[1024];            /* --pp-stats: per-rank timers (JSON lines); "" = none */
-    int recompute;               /* --recompute */
+    int recompute;               /* --recompute: a loom_recompute */
     int size_only;               /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
     const loom_backend *backend; /* the slots' ops (NULL: the CPU's; --precision bf16) */
     int micro_batch, global_batch;

@@ -167,6 +167,13 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *
     return most;
 }
 
+/* The model's arena flags for --recompute (a loom_recompute). */
+static int recompute_flags(int mode) {
+    return mode == LOOM_RECOMPUTE_FULL        ? LOOM_MODEL_RECOMPUTE
+           : mode == LOOM_RECOMPUTE_SELECTIVE ? LOOM_MODEL_RECOMPUTE_SELECTIVE
+                                              : 0;
+}
+
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                  const loom_pp_config *pc, loom_mesh *mesh, loom_tp *tp,
                                  loom_cp *cp, loom_model *model, loom_error *err) {
@@ -223,7 +230,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                        .layers = &pl->layers,
                                        .backend = pc->backend,
                                        .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
-                                                (pc->recompute ? LOOM_MODEL_RECOMPUTE : 0) |
+                                                recompute_flags(pc->recompute) |
                                                 (pc->size_only ? LOOM_MODEL_SIZE_ONLY : 0)},
                  err)))
             return st;
@@ -293,8 +300,11 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
     fprintf(f,
             ", %d micro-batch(es) in flight (activations%s %d x %.3f MiB = %.3f MiB; "
             "message buffers %.1f MiB)\n",
-            pl->n_slots, pl->slots[0]->recompute ? " with recomputation" : "", pl->n_slots,
-            one / MiB, pl->n_slots * one / MiB,
+            pl->n_slots,
+            pl->slots[0]->recompute             ? " with recomputation"
+            : pl->slots[0]->recompute_selective ? " with selective recomputation"
+                                                : "",
+            pl->n_slots, one / MiB, pl->n_slots * one / MiB,
             4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
 }
 

@@ -129,6 +129,7 @@ void loom_plan_layout_flags(const loom_train_config *tc, char *buf, size_t n) {
     if (l.ep > 1) PUT(" --ep %d", l.ep);
     if (tc->zero > 0) PUT(" --zero %d", tc->zero);
     PUT(" --micro-batch %d", tc->micro_batch);
-    if (tc->recompute) PUT(" --recompute");
+    if (tc->recompute == LOOM_RECOMPUTE_FULL) PUT(" --recompute");
+    if (tc->recompute == LOOM_RECOMPUTE_SELECTIVE) PUT(" --recompute selective");
 #undef PUT
 }

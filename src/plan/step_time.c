@@ -351,6 +351,20 @@ static cost block_fwd(pricer *q, const shapes *d, int moe) {
     return c;
 }
 
+/* What backward runs again before a block's backward (and before W): full recomputation
+ * its whole forward, selective only attention (with context parallelism's passes) and
+ * the MLP's activation (model/transformer.c's block_recompute_selective). */
+static cost block_recompute(pricer *q, const shapes *d, int moe) {
+    cost c = {0, 0, 0, 0};
+    if (d->recompute == LOOM_RECOMPUTE_FULL) return block_fwd(q, d, moe);
+    if (d->recompute != LOOM_RECOMPUTE_SELECTIVE) return c;
+    add(&c, attention_cost(q, d, 0));
+    if (!moe)
+        c.compute +=
+            d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, d->N, d->F) : ew(q, LOOM_EW_SWIGLU_FWD, d->N, d->F);
+    return c;
+}
+
 /* A linear's weight gradient (TN: M = OC, N = IC, K = tokens) and, for GPT-2's biased
  * linears, the bias gradient's column sums over d(out) (the profile's GEMM has none). */
 static double weight_grad(pricer *q, const shapes *d, double OC, double IC, int bias) {
@@ -379,7 +393,7 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
     const double N = d->N, C = d->C;
     const int w = !d->split; /* weight gradients inside B */
     if (weight_part) {
-        if (d->recompute) add(&c, block_fwd(q, d, moe));
+        add(&c, block_recompute(q, d, moe));
         if (moe) {
             c.tp += sp_gather(q, d);
             add(&c, moe_bwd(q, d, 1));
@@ -391,7 +405,7 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
         add(&c, column_bwd(q, d, d->QKV, 0, 1, 1));
         return c;
     }
-    if (d->recompute) add(&c, block_fwd(q, d, moe));
+    add(&c, block_recompute(q, d, moe));
     if (moe) {
         if (d->sp) c.tp += 2 * sp_gather(q, d), c.compute += copy_ms(q, N * C);
         add(&c, moe_bwd(q, d, 0));
@@ -786,7 +800,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                     if (i >= 1) gather(&q, &eng, replicas, g, back, done, i, t);
                 }
                 t += WALL(bb[i]);
-                const double rc = d.recompute ? bf[i].compute * share : 0;
+                const double rc = block_recompute(&q, &d, table.blocks[i].moe).compute * share;
                 P.backward += bb[i].compute * share - rc, P.recompute_share += rc;
                 P.tp += bb[i].tp, P.cp += bb[i].cp, P.moe += bb[i].moe;
                 compute_base += bb[i].compute;
@@ -849,7 +863,12 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         P.forward = n_act * fw;
         P.backward = n_act * bw;
         if (d.recompute) { /* the share of backward that is the forward again */
-            P.recompute_share = n_act * fw < P.backward ? n_act * fw : 0;
+            /* selective: a dense block's recomputed part of its forward */
+            const double part =
+                d.recompute == LOOM_RECOMPUTE_FULL
+                    ? 1.0
+                    : block_recompute(&q, &d, 0).compute / block_fwd(&q, &d, 0).compute;
+            P.recompute_share = n_act * fw * part < P.backward ? n_act * fw * part : 0;
             P.backward -= P.recompute_share;
         }
         P.tp = n_act * (sum_f.tp + sum_b.tp + sum_w.tp);

@@ -186,7 +186,9 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     if ((st = loom_model_set_recompute(&r->model, tc->recompute, err)) ||
         (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
         (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
-        (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))))
+        (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))) ||
+        (strcmp(tc->grad_accum, "sharded") == 0 && r->zero.stage >= 2 &&
+         (st = loom_zero_accum_enable(&r->zero, r->size_only, err))))
         return st;
     if (r->size_only) return LOOM_OK;
     /* --device cuda: the optimizer state and the gradients on the device too */

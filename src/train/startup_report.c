@@ -12,6 +12,15 @@ void loom_run_report_startup(const loom_run *r) {
     const double MiB = 1 << 20;
     const size_t P = r->model.table.total;
     const int gathered = r->export_kind != LOOM_EXPORT_LOCAL;
+    size_t whole = gathered ? r->global_table.total : P;
+    loom_param_table t;
+    loom_error e;
+    if (r->size_only &&
+        loom_params_build(&t, mc, &(loom_params_options){.tp_size = 1, .ep_size = 1}, &e) ==
+            LOOM_OK) { /* sized only: no global table */
+        whole = t.total;
+        loom_params_free(&t);
+    }
     loom_run_memory rm;
     loom_run_memory_collect(r, &rm);
     char cp_text[64] = "";
@@ -21,8 +30,8 @@ void loom_run_report_startup(const loom_run *r) {
     fprintf(stderr,
             "loom: %s model, %zu parameters (%zu on this rank); layout dp %d (ZeRO-%d) x tp %d x "
             "pp %d%s\n",
-            loom_family_name(mc->family), gathered ? r->global_table.total : P, P, mesh->layout.dp,
-            r->zero.stage, mesh->layout.tp, mesh->layout.pp, r->cped ? cp_text : "");
+            loom_family_name(mc->family), whole, P, mesh->layout.dp, r->zero.stage, mesh->layout.tp,
+            mesh->layout.pp, r->cped ? cp_text : "");
     if (r->pipelined) loom_pipeline_report(r->pipelined, stderr);
     if (mc->n_experts > 0)
         fprintf(stderr,
@@ -31,7 +40,7 @@ void loom_run_report_startup(const loom_run *r) {
                 mc->n_experts, mc->top_k, mc->moe_every, mc->shared_expert ? " + shared" : "",
                 (double)mc->capacity_factor, mc->capacity_factor > 0 ? "" : " (dropless)",
                 mesh->layout.ep, mc->n_experts / mesh->layout.ep, rm.moe_buffers / MiB);
-    if (mesh->layout.dp > 1 && !r->zero.engine.threaded) /* comm/engine.h */
+    if (mesh->layout.dp > 1 && !r->size_only && !r->zero.engine.threaded) /* comm/engine.h */
         fprintf(stderr,
                 "loom: communication engine: no thread (MPI provides %s): collectives "
                 "progress from the training thread\n",
@@ -77,7 +86,9 @@ void loom_run_report_startup(const loom_run *r) {
                 r->cp.size, loom_model_plan_bytes(&r->model, sp) / MiB, r->model.T, r->model.T_seq,
                 rm.act_whole / MiB, rm.cp_buffers / MiB);
     }
-    if (r->data.kind == LOOM_BATCH_FLOW)
+    if (r->size_only) /* --dry-run past this host's memory: no data opened */
+        fprintf(stderr, "loom: data %s: not opened (sized only)\n", tc->data);
+    else if (r->data.kind == LOOM_BATCH_FLOW)
         fprintf(stderr,
                 "loom: data %s: %d file(s), %lld samples of %d x %d x %d x %d, %d classes "
                 "(flow matching: t %s, class dropout %g%s)\n",

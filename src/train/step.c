@@ -64,11 +64,14 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
         /* The last micro-batch's backward hands each range to the gradient sync as soon
          * as it is final. */
         const int final = k + 1 == r->accum;
-        if (final) loom_grad_sync_begin(r->sync);
+        /* --grad-accum sharded: every micro-batch's, reduced into the shard's sum */
+        const int sharded = r->sync && loom_grad_sync_sharded_accum(r->sync);
+        if (final || sharded) loom_grad_sync_begin(r->sync);
         loom_progress_phase(LOOM_PHASE_BACKWARD);
-        if ((st = loom_model_backward(mod, r->params, r->grads, final ? loom_grad_sync_ready : NULL,
-                                      r->sync)))
+        if ((st = loom_model_backward(mod, r->params, r->grads,
+                                      final || sharded ? loom_grad_sync_ready : NULL, r->sync)))
             return st;
+        if (sharded && !final && (st = loom_grad_sync_finish_micro_batch(r->sync, err))) return st;
         if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "backward");
     }
     return LOOM_OK;

@@ -60,6 +60,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->eval_every = 0;
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+    snprintf(tc->grad_accum, sizeof tc->grad_accum, "local");
     tc->virtual_stages = 1;
     tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f, 0}; /* n_classes: the model's */
     loom_outer_config_defaults(&tc->outer);
@@ -158,6 +159,18 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
                               tc->global_batch, dp, tc->micro_batch);
     if (tc->zero < 0 || tc->zero > 3)
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
+    const int sharded = strcmp(tc->grad_accum, "sharded") == 0;
+    if (!sharded && strcmp(tc->grad_accum, "local") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--grad-accum '%s': expected local or sharded",
+                              tc->grad_accum);
+    if (sharded && (tc->zero < 2 || tc->layout.pp > 1 || tc->layout.ep > 1))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum sharded: needs --zero 2 or 3, without --pp or --ep "
+                              "(got --zero %d --pp %d --ep %d)",
+                              tc->zero, tc->layout.pp, tc->layout.ep);
+    if (!(tc->memory_per_rank >= 0))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--memory-per-rank %g: expected GiB >= 0",
+                              (double)tc->memory_per_rank);
     if (!(tc->bucket_mb > 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--bucket-mb %g: expected > 0", tc->bucket_mb);
     if (!(tc->startup_timeout > 0 && tc->startup_timeout <= 86400))

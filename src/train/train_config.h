@@ -58,13 +58,15 @@ typedef struct {
     int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
     char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */
-    int recompute;                  /* keep only each layer's input, recompute in backward */
+    int recompute;                  /* loom_recompute: 0 none, 1 full, 2 selective */
     int dry_run;                    /* set up and print the start-up report, no step */
     char device[16];                /* cpu | cuda (kernels/backend.h: loom_device_parse) */
     char precision[8];              /* fp32 | bf16: the linear layers' GEMMs (docs/precision.md) */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
+    char grad_accum[16];            /* local | sharded (ZeRO 2, 3: reduced per micro-batch) */
+    float memory_per_rank;          /* GiB a rank may hold (0: no limit; cli/memory_budget.h) */
     /* diffusion transformers (family dit) */
     loom_flow_options flow;       /* --t-sampling, --class-dropout */
     float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */

@@ -273,6 +273,35 @@ static loom_status write_outputs(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
+/* --dry-run of a layout whose state does not fit this host: the start-up report from the
+ * sized objects only (loom plan's path: 64-bit sizes, nothing allocated), *done = 1.
+ * The layout fits (every rank of the world on this host, MemAvailable): *done = 0, and
+ * the real set-up runs as without --dry-run. */
+static loom_status dry_run_sized(const loom_model_config *mc, const loom_train_config *tc,
+                                 loom_mesh *mesh, int *done, loom_error *err) {
+    loom_run sized;
+    loom_status st = loom_run_size(&sized, mc, tc, mesh, err);
+    if (st) return st;
+    loom_run_memory rm;
+    loom_run_memory_collect(&sized, &rm);
+    const double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    const double need = (double)rm.total * mesh->world.size, GiB = 1 << 30;
+    if (need <= avail) {
+        loom_run_free(&sized);
+        return LOOM_OK;
+    }
+    if (mesh->rank == 0) {
+        loom_run_report_startup(&sized);
+        fprintf(stderr,
+                "loom: --dry-run: %.1f GiB per rank x %d rank(s) exceeds this host's %.1f GiB "
+                "available: sized only (nothing allocated), no step taken\n",
+                rm.total / GiB, mesh->world.size, avail / GiB);
+    }
+    loom_run_free(&sized);
+    *done = 1;
+    return LOOM_OK;
+}
+
 loom_status loom_train_run(const loom_model_config *mc, const loom_train_config *tc,
                            loom_mesh *mesh, loom_error *err) {
     loom_status st;
@@ -281,6 +310,9 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
          (st = loom_param_gather_validate(tc->zero, mesh->layout, err))))
         return st;
     loom_run r;
+    int sized_only = 0;
+    if (tc->dry_run && ((st = dry_run_sized(mc, tc, mesh, &sized_only, err)) || sized_only))
+        return st;
     if ((st = loom_run_setup(&r, mc, tc, mesh, err))) return st;
     if (tc->dry_run) { /* the start-up report only: what the layout needs, no step */
         if (mesh->rank == 0) fprintf(stderr, "loom: --dry-run: set up, no step taken\n");

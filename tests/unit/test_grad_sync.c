@@ -39,7 +39,7 @@ typedef struct {
     loom_mesh mesh;
     loom_tp tp;
     loom_grad_sync sync;
-    int counts[16], displs[16];
+    size_t counts[16], displs[16];
 } sim_rank;
 
 static void sim_create(sim_rank *s, const loom_model_config *cfg, int dp_rank, int dp, int tp_rank,
@@ -64,8 +64,8 @@ static void sim_create(sim_rank *s, const loom_model_config *cfg, int dp_rank, i
     s->zero.total = s->table.total;
     loom_shard_split_rows(&s->table, NULL, LOOM_SHARD_ALL, s->table.total, dp, s->counts,
                           s->displs);
-    s->zero.lo = s->zero.stage ? (size_t)s->displs[dp_rank] : 0;
-    s->zero.hi = s->zero.stage ? s->zero.lo + (size_t)s->counts[dp_rank] : s->table.total;
+    s->zero.lo = s->zero.stage ? s->displs[dp_rank] : 0;
+    s->zero.hi = s->zero.stage ? s->zero.lo + s->counts[dp_rank] : s->table.total;
     s->tp.size = tp, s->tp.rank = tp_rank;
     loom_grad_sync_options o = {&s->table, &s->mesh, &s->zero, NULL, NULL, &s->tp,
                                 NULL,      NULL,     NULL,     NULL, NULL};

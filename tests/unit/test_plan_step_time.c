@@ -389,6 +389,14 @@ static void test_recompute_and_gathers(void **state) {
     assert_true(term_ms(&rc, "recompute") < term_ms(&rc, "forward"));
     assert_true(fabs(term_ms(&rc, "backward") - term_ms(&plain, "backward")) <
                 1e-9 * term_ms(&plain, "backward"));
+    /* selective: attention and the activation again, between none and full */
+    tc.recompute = LOOM_RECOMPUTE_SELECTIVE;
+    const loom_plan_time sel = predict(&mc, &tc, gpu, 2);
+    assert_true(term_ms(&sel, "recompute") > 0);
+    assert_true(term_ms(&sel, "recompute") < term_ms(&rc, "recompute"));
+    assert_true(sel.step_ms > plain.step_ms && sel.step_ms < rc.step_ms);
+    assert_true(fabs(term_ms(&sel, "backward") - term_ms(&plain, "backward")) <
+                1e-9 * term_ms(&plain, "backward"));
     tc.recompute = 0;
     tc.zero = 3;
     profile_spec slow = GPU;

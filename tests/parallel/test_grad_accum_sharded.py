@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""--grad-accum sharded: ZeRO 2 and 3 reduce every micro-batch's gradients into the rank's
+shard as backward produces them (no whole local gradient kept across micro-batches).
+
+Llama and GPT-2 (tiny), 8 micro-batches per step on every rank: dp 4 with ZeRO-3 and
+dp 2 with ZeRO-2 and ZeRO-3 (sharded) against one process (losses and final weights
+within 1e-5, the layouts criterion, tests/harness/loomtest.py), against today's ZeRO-3
+with local accumulation (the same criterion; the sum's order differs: micro-batches are
+summed after the reduction over ranks instead of before it, so it is not bitwise, and
+the test says whether it happened to be), the same sharded layout twice (bitwise), and
+the start-up report's gradient bytes (one range + a bucket + 2 shards, below local's
+whole model). Bad input: --grad-accum sharded with --zero 1 or an unknown value: exit 2.
+Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
+from loomtest import check, check_loom, failed, run_test  # noqa: E402
+
+D = 32
+
+
+def base(loom, family, data, seed):
+    return [loom, "train", "--family", family, "--vocab-size", "256", "--seq-len", "32",
+            "--n-layer", "3", "--d-model", str(D), "--n-head", "4",
+            "--n-kv-head", "2" if family == "llama" else "4", "--d-ff", "64",
+            "--steps", "4", "--lr", "3e-3", "--warmup-steps", "1", "--grad-clip", "0.5",
+            "--seed", str(seed), "--log-every", "0", "--threads", "1", "--data", data,
+            "--bucket-mb", "0.01", "--adam-eps", ADAM_EPS]
+
+
+def grads_mib(run):
+    m = re.search(r"grads ([\d.]+) MiB \(local accumulation\)", run.stderr)
+    return float(m.group(1))
+
+
+def compare(got, ref):
+    le = loss_error(got.losses, ref.losses)
+    we, worst, name = weights_error(got.params, ref.params, D)
+    ok = len(got.losses) == len(ref.losses) and le <= TOL and we <= TOL and worst <= 10 * TOL
+    return ok, f"losses {le:.2e}  weights {we:.2e} (worst {worst:.2e} {name})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    check_loom(args.loom)
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_grad_accum_")
+    try:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        for family in ("llama", "gpt2"):
+            lay = Layouts(base(args.loom, family, data, seed), tmp, family + "_")
+            print(f"{family} (seed {seed}), 8 micro-batches per step:")
+            ref = lay.run("single", 1, ["--micro-batch", "4", "--global-batch", "32"])
+            dp4 = ["--dp", "4", "--micro-batch", "1", "--global-batch", "32"]
+            dp2 = ["--dp", "2", "--micro-batch", "2", "--global-batch", "32"]
+            local = lay.run("dp4_z3_local", 4, dp4 + ["--zero", "3"])
+            sharded = lay.run("dp4_z3_sharded", 4, dp4 + ["--zero", "3", "--grad-accum",
+                                                         "sharded"])
+            for name, run in (("dp4 ZeRO-3 local", local), ("dp4 ZeRO-3 sharded", sharded)):
+                ok, text = compare(run, ref)
+                check(ok, f"  {name:22s} vs one process: {text}")
+            ok, text = compare(sharded, local)
+            same = bitwise(sharded, local)
+            check(ok, f"  sharded vs today's ZeRO-3: {text} "
+                  f"({'bitwise' if same else 'not bitwise: the sum order differs'})")
+            for zero in ("2", "3"):
+                got = lay.run(f"dp2_z{zero}_sharded", 2, dp2 + ["--zero", zero, "--grad-accum",
+                                                                "sharded"])
+                ok, text = compare(got, ref)
+                check(ok, f"  dp2 ZeRO-{zero} sharded vs one process: {text}")
+            again = lay.run("dp4_z3_sharded_again", 4, dp4 + ["--zero", "3", "--grad-accum",
+                                                             "sharded"])
+            check(bitwise(again, sharded), "  dp4 ZeRO-3 sharded twice: bitwise")
+            g_local, g_sharded = grads_mib(local), grads_mib(sharded)
+            check(g_sharded < g_local, f"  report: grads {g_sharded:.3f} MiB sharded < "
+                  f"{g_local:.3f} MiB local")
+        for bad, want in ((["--zero", "1", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
+                           "--grad-accum", "sharded"], "--grad-accum sharded"),
+                          (["--grad-accum", "both"], "--grad-accum 'both'")):
+            p = subprocess.run([args.loom, "train", "--data", data, "--steps", "1"] + bad,
+                               capture_output=True, text=True, timeout=60)
+            check(p.returncode == 2 and want in p.stderr,
+                  f"  bad input {' '.join(bad)}: exit {p.returncode}, "
+                  f"{p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}")
+    finally:
+        if failed():
+            print(f"kept {tmp} (seed {seed})")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run_test(main)
