@@ -228,6 +228,13 @@ static const opt_group GROUPS[] = {
      "ckpt-dir ckpt-every ckpt-keep ckpt-fast-dir ckpt-fast-every ckpt-peer ckpt-peer-dir resume "
      "resume-ignore-seed init-from"},
     {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
+    {"Multimodal LLM (vlm)", "docs/vlm.md",
+     "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze"},
+    {"Precision", "docs/precision.md", "precision"},
+    {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
+    {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
+     "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "
+     "outer-dtype outer-block outer-merge"},
     {"Device", "docs/gpu.md", "device"},
 };
 #define N_GROUPS (int)(sizeof GROUPS / sizeof GROUPS[0])
