@@ -118,7 +118,10 @@ def job_state(job):
 def sbatch(script, out, timeout=150):
     """Submits script to 2 nodes x 2 tasks, waits (polling, sbatch --wait polls slowly):
     (exit code of the batch script, its output)."""
-    p = subprocess.run(["sbatch", "--parsable", "-N", "2", "-n", "4", "-o", out, script],
+    # --chdir: the job starts where every node sees (ctest's folder may be node-local /tmp,
+    # and slurmstepd then adds its "couldn't chdir" lines to the job's output).
+    p = subprocess.run(["sbatch", "--parsable", "--chdir", os.path.dirname(os.path.abspath(out)),
+                        "-N", "2", "-n", "4", "-o", out, script],
                        capture_output=True, text=True, env=ENV)
     if p.returncode != 0:
         return -1, f"sbatch failed: {p.stderr}"
