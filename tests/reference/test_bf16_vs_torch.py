@@ -33,10 +33,15 @@ Over 36 more seeds (100-135) loom's error still exceeded both fp32 draws by 10-2
 llama attention projections (seed 133: v_proj 2.6e-3 and the whole gradient 1.1e-3, with
 both draws under 1.3e-4; seed 114: k_proj 1.3e-3): loom's fp32 parts (the blockwise
 attention) are noisier than PyTorch's, and more noise before a rounding means more flips.
-That is not yet derived, so each bound also admits 3/4 of the size of the rounding itself
-for that tensor (plain float64 against the rounding reference; seed 133's v_proj: 2.6e-3
-against 4.0e-3): loom must sit nearer the rounding reference than the unrounded model, per
-tensor and whole. Understanding seed 133 is open work (docs/precision.md).
+A likely reason (not proven): flips cascade. One flip upstream moves a value by 2^-8 of
+itself, far more than fp32 noise, so every rounding downstream of it sees a difference of
+~1e-3 instead of ~1e-7 and flips with a probability thousands of times higher; a run with
+one early flip (loom's blockwise attention is noisier than PyTorch's, so its draws flip
+more often) then differs by a share of the rounding's whole effect, and a tensor summed
+over few rows (seed 133: 28) feels each flip at ~2^-7 / sqrt(28) ~ 1.5e-3. So each bound
+also admits 3/4 of the size of the rounding itself for that tensor (plain float64 against
+the rounding reference; seed 133's v_proj: 2.6e-3 against 4.0e-3): loom must sit nearer
+the rounding reference than the unrounded model, per tensor and whole.
 
 Measure: for tensors (logits, gradients) ||loom - ref||_2 / ||ref||_2 per tensor, not the
 worst element: a flipped rounding moves single elements by up to 2^-8 of a product, and
