@@ -1,10 +1,12 @@
 /* The outer gradient's wire format (parallel/outer.h): fp32 as is, bf16 rounded to
- * nearest even, int8 / int4 with one fp32 absmax scale per block (symmetric: int8 in
- * [-127, 127], int4 in [-7, 7] stored as q + 8, two per byte, low nibble first). Scales
+ * nearest even by kernels/bf16.h (as every bf16 in loom: subnormals to signed zero),
+ * int8 / int4 with one fp32 absmax scale per block (symmetric: int8 in [-127, 127],
+ * int4 in [-7, 7] stored as q + 8, two per byte, low nibble first). Scales
  * come first, then the values. */
 #include <math.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "parallel/outer.h"
 
 static size_t blocks_of(size_t n, int block) {
@@ -25,21 +27,6 @@ size_t loom_outer_wire_bytes(loom_outer_dtype dtype, size_t n, int block) {
     }
 }
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 void loom_outer_quantize(loom_outer_dtype dtype, const float *x, size_t n, int block,
                          uint8_t *out) {
     if (dtype == LOOM_OUTER_FP32) {
@@ -48,7 +35,7 @@ void loom_outer_quantize(loom_outer_dtype dtype, const float *x, size_t n, int b
     }
     if (dtype == LOOM_OUTER_BF16) {
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = to_bf16(x[i]);
+            loom_bf16 h = loom_bf16_from_f32(x[i]);
             memcpy(out + 2 * i, &h, 2);
         }
         return;
@@ -86,7 +73,7 @@ void loom_outer_dequantize(loom_outer_dtype dtype, const uint8_t *in, size_t n, 
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, in + 2 * i, 2);
-            x[i] = from_bf16(h);
+            x[i] = loom_bf16_to_f32(h);
         }
         return;
     }
