@@ -19,8 +19,8 @@ struct loom_vlm {
     loom_model_ops ops;       /* the language models' table with the vlm's pieces */
     const loom_model_ops *lm; /* transformer.c's */
     int NI, P, Pin, S, Dv, Hv, Fv, C;
-    int n_img;                  /* images of the loaded micro-batch */
-    int *img_row;               /* [NI] first decoder row (b * T + t) of image j */
+    int n_img;                  /* images of the loaded micro-batch with rows on this rank */
+    int *img_b, *img_g0;        /* [NI] image j's sample and its first slot's position */
     float *host_patches;        /* [NI * P, Pin] */
     float *host_w;              /* [N] loss weights of the loaded micro-batch */
     float *sample_w;            /* [B] the answer weight of each sample (0: none) */
@@ -109,40 +109,69 @@ static size_t vlm_plan_bytes(const loom_model *m, int sequence_parallel) {
 
 /* ---- the batch ---- */
 
+/* Image j's rows on this rank (context parallelism: a rank holds chunks of every sample,
+ * rows [chunk][sample][token], model/context.c): up to two runs of local rows, each
+ * (first local row, first row of the image, rows). Returns the number of runs. */
+static int image_runs(const loom_model *m, int j, int runs[2][3]) {
+    const loom_vlm *v = m->vlm;
+    int pos[2];
+    const int n = loom_model_chunks(m, pos), L = m->T / n;
+    const int g0 = v->img_g0[j], b = v->img_b[j];
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        const int a = g0 > pos[c] ? g0 : pos[c];
+        const int e = g0 + v->P < pos[c] + L ? g0 + v->P : pos[c] + L;
+        if (a >= e) continue;
+        runs[k][0] = (c * m->B + b) * L + (a - pos[c]);
+        runs[k][1] = a - g0;
+        runs[k][2] = e - a;
+        k++;
+    }
+    return k;
+}
+
 static void vlm_load_batch(loom_model *m, const int32_t *batch, int first) {
     loom_vlm *v = m->vlm;
     const loom_model_config *c = &m->cfg;
-    const int T = m->T, words = loom_vlm_record_words(c);
+    const int T = m->T_seq, words = loom_vlm_record_words(c);
+    int pos[2];
+    const int n_chunks = loom_model_chunks(m, pos), L = m->T / n_chunks;
     v->n_img = 0;
     for (int b = 0; b < m->B; b++) {
         const int32_t *rec = batch + (size_t)(first + b) * words;
         const float *w = (const float *)(rec + T + 1); /* float bits, 4 bytes each */
         float sw = 0.0f;
-        for (int t = 0; t < T; t++) {
-            const size_t i = (size_t)b * T + t;
-            v->host_in[i] = rec[t] < 0 ? 0 : rec[t];
-            v->host_tg[i] = rec[t + 1] < 0 ? 0 : rec[t + 1];
-            memcpy(&v->host_w[i], &w[t], sizeof(float));
-            if (v->host_w[i] != 0.0f) sw = v->host_w[i];
-        }
+        for (int ch = 0; ch < n_chunks; ch++)
+            for (int t = 0; t < L; t++) {
+                const int g = pos[ch] + t;
+                const size_t i = ((size_t)ch * m->B + b) * L + t;
+                v->host_in[i] = rec[g] < 0 ? 0 : rec[g];
+                v->host_tg[i] = rec[g + 1] < 0 ? 0 : rec[g + 1];
+                memcpy(&v->host_w[i], &w[g], sizeof(float));
+            }
+        for (int t = 0; t < T && sw == 0.0f; t++) memcpy(&sw, &w[t], sizeof(float));
         v->sample_w[b] = sw;
         const int n = rec[2 * T + 1];
         const float *px = (const float *)(rec + 2 * T + 2);
-        /* image k of the sample: its k-th group of P slots (groups may touch) */
+        /* image k of the sample: its k-th group of P slots (groups may touch); the
+         * encoder runs on the images with rows here */
         int k = 0;
         for (int t = 0; t < T && k < n; t++) {
             if (rec[t] != LOOM_VLM_SLOT) continue;
-            if (v->encoder) {
-                v->img_row[v->n_img] = b * T + t;
-                loom_dit_patchify(c, px + (size_t)k * v->S,
-                                  v->host_patches + (size_t)v->n_img * v->P * v->Pin);
+            v->img_b[v->n_img] = b;
+            v->img_g0[v->n_img] = t;
+            int runs[2][3];
+            if (image_runs(m, v->n_img, runs) > 0) {
+                if (v->encoder)
+                    loom_dit_patchify(c, px + (size_t)k * v->S,
+                                      v->host_patches + (size_t)v->n_img * v->P * v->Pin);
+                v->n_img++;
             }
-            v->n_img++;
             k++;
             t += v->P - 1;
         }
     }
-    const size_t N = (size_t)m->B * T;
+    const size_t N = (size_t)m->B * m->T;
     loom_backend_copy_to_device(m->be, m->inputs, v->host_in, N * sizeof(int32_t));
     loom_backend_copy_to_device(m->be, m->targets, v->host_tg, N * sizeof(int32_t));
     if (v->encoder && v->n_img > 0)
@@ -199,16 +228,21 @@ static void encoder_forward(loom_model *m, const float *p) {
  * rows here (to_stream 1: img -> stream, else stream -> img); 0 rows: none here. */
 static void image_rows(loom_model *m, int j, float *stream, float *img, int to_stream) {
     loom_vlm *v = m->vlm;
-    const int row0 = stream_row0(m), lo = v->img_row[j], hi = lo + v->P;
-    const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
-    if (a >= b) return;
-    float *s = stream + (size_t)(a - row0) * v->C;
-    float *i = img + ((size_t)j * v->P + (a - lo)) * v->C;
-    const size_t bytes = (size_t)(b - a) * v->C * sizeof(float);
-    if (to_stream)
-        loom_backend_copy(m->be, s, i, bytes);
-    else
-        loom_backend_copy(m->be, i, s, bytes);
+    const int row0 = stream_row0(m);
+    int runs[2][3];
+    const int n = image_runs(m, j, runs);
+    for (int r = 0; r < n; r++) {
+        const int lo = runs[r][0], hi = lo + runs[r][2];
+        const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
+        if (a >= b) continue;
+        float *s = stream + (size_t)(a - row0) * v->C;
+        float *i = img + ((size_t)j * v->P + runs[r][1] + (a - lo)) * v->C;
+        const size_t bytes = (size_t)(b - a) * v->C * sizeof(float);
+        if (to_stream)
+            loom_backend_copy(m->be, s, i, bytes);
+        else
+            loom_backend_copy(m->be, i, s, bytes);
+    }
 }
 
 static loom_status vlm_embed_forward(loom_model *m, const float *p) {
@@ -298,18 +332,31 @@ static loom_status vlm_embed_backward(loom_model *m, const float *p, float *g) {
         const float *whole = m->dres;
         if (loom_model_seq_parallel(m)) st = loom_model_tp_gather(m, m->dres, &whole);
         if (st) return st;
-        /* the whole stream's image rows (gathered with sequence parallelism) */
-        for (int j = 0; j < v->n_img; j++)
-            loom_backend_copy(m->be, v->dh + (size_t)j * v->P * v->C,
-                              whole + (size_t)v->img_row[j] * v->C,
-                              (size_t)v->P * v->C * sizeof(float));
+        /* this rank's rows of the images (gathered with sequence parallelism); with
+         * context parallelism an image's other rows are another rank's, zero here: the
+         * encoder's gradients are then partial sums, added up by the dp x cp reduction */
+        if (loom_model_cp_on(m))
+            loom_backend_memset(m->be, v->dh, 0, (size_t)v->n_img * v->P * v->C * sizeof(float));
+        for (int j = 0; j < v->n_img; j++) {
+            int runs[2][3];
+            const int n = image_runs(m, j, runs);
+            for (int r = 0; r < n; r++)
+                loom_backend_copy(m->be, v->dh + ((size_t)j * v->P + runs[r][1]) * v->C,
+                                  whole + (size_t)runs[r][0] * v->C,
+                                  (size_t)runs[r][2] * v->C * sizeof(float));
+        }
         /* no token-embedding gradient from the slots' rows */
         for (int j = 0; j < v->n_img; j++) {
-            const int row0 = stream_row0(m), lo = v->img_row[j], hi = lo + v->P;
-            const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
-            if (a < b)
-                loom_backend_memset(m->be, m->dres + (size_t)(a - row0) * v->C, 0,
-                                    (size_t)(b - a) * v->C * sizeof(float));
+            const int row0 = stream_row0(m);
+            int runs[2][3];
+            const int n = image_runs(m, j, runs);
+            for (int r = 0; r < n; r++) {
+                const int lo = runs[r][0], hi = lo + runs[r][2];
+                const int a = lo > row0 ? lo : row0, b = hi < row0 + m->Ns ? hi : row0 + m->Ns;
+                if (a < b)
+                    loom_backend_memset(m->be, m->dres + (size_t)(a - row0) * v->C, 0,
+                                        (size_t)(b - a) * v->C * sizeof(float));
+            }
         }
     }
     if (!(v->frozen & LOOM_VLM_PART_LLM)) st = v->lm->embed_backward(m, p, g);
@@ -361,17 +408,20 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
         loom_backend_crossentropy_forward(be, m->losses, m->logits, m->targets, (int)N, V);
     if (st) return st;
     /* then each sample's answer rows times its weight, every other row's gradient zero */
-    for (int b = 0; b < m->B && backward; b++) {
-        const size_t r0 = (size_t)b * T;
+    int pos[2];
+    const int n_chunks = loom_model_chunks(m, pos), L = T / n_chunks;
+    for (int cb = 0; cb < n_chunks * m->B && backward; cb++) {
+        const int b = cb % m->B; /* rows [chunk][sample][token] (model/context.c) */
+        const size_t r0 = (size_t)cb * L;
         float *logits = m->logits + r0 * V;
-        if (v->sample_w[b] != 0.0f) loom_backend_scale(be, logits, v->sample_w[b], (size_t)T * V);
-        for (int t = 0; t < T;) {
+        if (v->sample_w[b] != 0.0f) loom_backend_scale(be, logits, v->sample_w[b], (size_t)L * V);
+        for (int t = 0; t < L;) {
             if (v->host_w[r0 + t] != 0.0f) {
                 t++;
                 continue;
             }
             int e = t;
-            while (e < T && v->host_w[r0 + e] == 0.0f) e++;
+            while (e < L && v->host_w[r0 + e] == 0.0f) e++;
             loom_backend_memset(be, logits + (size_t)t * V, 0, (size_t)(e - t) * V * sizeof(float));
             t = e;
         }
@@ -388,10 +438,6 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
 
 loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
     const loom_model_config *c = &m->cfg;
-    if (loom_model_cp_on(m))
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--cp: the vlm family runs without context parallelism so far "
-                              "(expected --cp 1)");
     loom_vlm *v = calloc(1, sizeof *v);
     if (!v) return loom_error_set(err, LOOM_ERR_NOMEM, "vlm: out of memory");
     m->vlm = v;
@@ -417,7 +463,8 @@ loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
     v->Fv = c->vit_d_ff;
     v->C = c->d_model;
     const size_t N = (size_t)m->B * m->T;
-    v->img_row = calloc((size_t)v->NI, sizeof *v->img_row);
+    v->img_b = calloc((size_t)v->NI, sizeof *v->img_b);
+    v->img_g0 = calloc((size_t)v->NI, sizeof *v->img_g0);
     v->host_patches = malloc((size_t)v->NI * v->P * v->Pin * sizeof(float));
     v->host_w = calloc(N, sizeof *v->host_w);
     v->sample_w = calloc((size_t)m->B, sizeof *v->sample_w);
@@ -427,7 +474,7 @@ loom_status loom_vlm_attach(loom_model *m, loom_error *err) {
     const size_t PD = (size_t)v->P * v->Dv;
     float *pos = malloc(PD * sizeof(float));
     v->pos = v->encoder ? loom_backend_alloc(m->be, PD * sizeof(float)) : NULL;
-    if (!v->img_row || !v->host_patches || !v->host_w || !v->sample_w || !v->host_in ||
+    if (!v->img_b || !v->img_g0 || !v->host_patches || !v->host_w || !v->sample_w || !v->host_in ||
         !v->host_tg || !v->blk || !pos || (v->encoder && !v->pos)) {
         free(pos);
         return loom_error_set(err, LOOM_ERR_NOMEM, "vlm: out of memory");
@@ -445,7 +492,8 @@ void loom_vlm_detach(loom_model *m) {
     loom_vlm *v = m->vlm;
     if (!v) return;
     if (m->be) loom_backend_free(m->be, v->pos);
-    free(v->img_row);
+    free(v->img_b);
+    free(v->img_g0);
     free(v->host_patches);
     free(v->host_w);
     free(v->sample_w);

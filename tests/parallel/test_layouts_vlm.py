@@ -11,7 +11,9 @@ ones, that one layout twice is bitwise identical, and that a run stopped at a ch
 resumed (in its layout: bitwise; in pp 2: equal) ends as the uninterrupted run. The pipeline layouts hold the encoder
 and projector on the first stage (Megatron's placement); under tensor parallelism every
 tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sharded and
-the masked loss vocabulary-parallel. A second case freezes the vision
+the masked loss vocabulary-parallel. Under context parallelism (cp 2 ring and Ulysses, and
+cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks and an
+image cut by a chunk boundary runs on both ranks. A second case freezes the vision
 encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
 end bitwise as they started. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
@@ -39,6 +41,9 @@ LAYOUTS = [
     ("tp2", 2, ["--tp", "2"]),
     ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("recompute", 1, ["--recompute"]),
+    ("cp2_ring", 2, ["--cp", "2"]),
+    ("cp2_ulysses", 2, ["--cp", "2", "--cp-mode", "ulysses"]),
+    ("cp2_tp2_sp_pp2", 8, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--pp", "2"]),
     ("pp2_dp2_tp2_sp", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
                            "--zero", "1"]),
 ]
@@ -109,7 +114,7 @@ def main():
         print(f"vlm: single process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
         for name, ranks, extra in LAYOUTS:
             compare(layouts, ref, name, ranks, extra)
-        for name, ranks, extra in (LAYOUTS[1], LAYOUTS[3], LAYOUTS[6]):
+        for name, ranks, extra in (LAYOUTS[1], LAYOUTS[3], LAYOUTS[6], LAYOUTS[8]):
             again = layouts.run(name + "_again", ranks, extra)
             same = bitwise(again, layouts.runs[name])
             check(same)
