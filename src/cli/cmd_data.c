@@ -63,12 +63,15 @@ static const char usage[] =
     "  by the seed, never in train), the prompts \"A+B=\" one a line in DIR/train_prompts.txt\n"
     "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n"
     "       loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
-    "                     [--val-samples N] [--questions F] [--seed S]\n"
+    "                     [--val-samples N] [--questions F] [--mixed-images K]\n"
+    "                     [--seed S]\n"
     "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
     "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
     "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
     "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
-    "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n";
+    "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n"
+    "  --mixed-images K: each sample 0 to K grids, each <image> and its caption (--balance-dp's\n"
+    "  mixed workload).\n";
 
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer. */
 static int read_all(const char *path, unsigned char **data, size_t *n) {

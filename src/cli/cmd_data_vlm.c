@@ -54,9 +54,36 @@ static void put_token(text *t, int32_t tok, int answer) {
     t->mask[t->n++] = (uint8_t)answer;
 }
 
-/* One split: n grids from the IDX pair into DIR/SPLIT_000000.bin. */
+/* Grid i of sample s (cells keyed c + 16 i: grid 0 is the one-image samples' grid) into
+ * grid, its classes into cls. */
+static void draw_grid(const loom_idx_images *img, const uint8_t *lab, int g, uint64_t seed,
+                      uint32_t stream, int64_t s, int i, uint8_t *grid, int *cls) {
+    const int side = g * ITEM;
+    for (int c = 0; c < g * g; c++) {
+        const int64_t k =
+            (int64_t)(loom_philox_u64(seed, stream, (uint64_t)s, (uint32_t)(c + 16 * i)) %
+                      (uint64_t)img->n);
+        cls[c] = lab[k];
+        const int r0 = (c / g) * ITEM, c0 = (c % g) * ITEM;
+        for (int y = 0; y < ITEM; y++)
+            memcpy(grid + (size_t)(r0 + y) * side + c0, img->pixels + ((size_t)k * ITEM + y) * ITEM,
+                   ITEM);
+    }
+}
+
+static void put_caption(text *t, const char *const *pos, const int *cls, int cells) {
+    char buf[256];
+    for (int c = 0; c < cells; c++) {
+        snprintf(buf, sizeof buf, "%s%s: %s", c ? "; " : "", pos[c], CLASS[cls[c]]);
+        put(t, buf, 1);
+    }
+}
+
+/* One split: n samples from the IDX pair into DIR/SPLIT_000000.bin; mixed > 0: sample s
+ * holds 0..mixed grids (Philox (seed, split, s, 200)), each `<image>` and its caption, a
+ * newline between them; none: "name the items\n" and the answer "none". */
 static int make_split(const char *dir, const char *split, const char *images, const char *labels,
-                      int g, int64_t n, double questions, uint64_t seed) {
+                      int g, int64_t n, double questions, int mixed, uint64_t seed) {
     loom_error err = {0};
     loom_idx_images img;
     uint8_t *lab = NULL;
@@ -72,28 +99,38 @@ static int make_split(const char *dir, const char *split, const char *images, co
         free(lab);
         return 2;
     }
-    const int side = g * ITEM, cells = g * g;
+    const int side = g * ITEM, cells = g * g, max_grids = mixed > 0 ? mixed : 1;
+    const size_t grid_bytes = (size_t)side * side;
     const char *const *pos = g == 2 ? POS2 : POS3;
     const uint32_t stream = STREAM + (strcmp(split, "val") == 0);
-    uint8_t *grid = malloc((size_t)side * side);
+    uint8_t *grid = malloc(grid_bytes * max_grids);
     loom_vlm_writer w;
     loom_vlm_writer_init(&w, 1, side, side, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT);
     loom_status st = grid ? LOOM_OK : LOOM_ERR_NOMEM;
     for (int64_t s = 0; s < n && !st; s++) {
         int cls[9] = {0};
-        for (int c = 0; c < cells; c++) {
-            const int64_t k = (int64_t)(loom_philox_u64(seed, stream, (uint64_t)s, (uint32_t)c) %
-                                        (uint64_t)img.n);
-            cls[c] = lab[k];
-            const int r0 = (c / g) * ITEM, c0 = (c % g) * ITEM;
-            for (int y = 0; y < ITEM; y++)
-                memcpy(grid + (size_t)(r0 + y) * side + c0,
-                       img.pixels + ((size_t)k * ITEM + y) * ITEM, ITEM);
-        }
-        const uint64_t r = loom_philox_u64(seed, stream, (uint64_t)s, 100);
-        const double u = (double)(r >> 11) * 0x1.0p-53;
         text t = {.n = 0};
         char buf[256];
+        if (mixed > 0) {
+            const int k =
+                (int)(loom_philox_u64(seed, stream, (uint64_t)s, 200) % (uint64_t)(mixed + 1));
+            for (int i = 0; i < k; i++) {
+                draw_grid(&img, lab, g, seed, stream, s, i, grid + i * grid_bytes, cls);
+                if (i) put(&t, "\n", 1);
+                put_token(&t, LOOM_VLM_BYTE_IMAGE, 0);
+                put_caption(&t, pos, cls, cells);
+            }
+            if (k == 0) {
+                put(&t, "name the items\n", 0);
+                put(&t, "none", 1);
+            }
+            put_token(&t, LOOM_VLM_BYTE_EOT, 1);
+            st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, k, &err);
+            continue;
+        }
+        draw_grid(&img, lab, g, seed, stream, s, 0, grid, cls);
+        const uint64_t r = loom_philox_u64(seed, stream, (uint64_t)s, 100);
+        const double u = (double)(r >> 11) * 0x1.0p-53;
         put_token(&t, LOOM_VLM_BYTE_IMAGE, 0);
         if (u < questions) {
             const int pick = (int)((r & 0xffff) % (uint64_t)cells), x = cls[pick];
@@ -110,10 +147,7 @@ static int make_split(const char *dir, const char *split, const char *images, co
                 put(&t, buf, 1);
             }
         } else {
-            for (int c = 0; c < cells; c++) {
-                snprintf(buf, sizeof buf, "%s%s: %s", c ? "; " : "", pos[c], CLASS[cls[c]]);
-                put(&t, buf, 1);
-            }
+            put_caption(&t, pos, cls, cells);
         }
         put_token(&t, LOOM_VLM_BYTE_EOT, 1);
         st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, 1, &err);
@@ -132,13 +166,17 @@ static int make_split(const char *dir, const char *split, const char *images, co
                 st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
         return 2;
     }
-    fprintf(stderr, "loom data: %s: %lld samples of %d x %d grids\n", path, (long long)n, g, g);
+    if (mixed > 0)
+        fprintf(stderr, "loom data: %s: %lld samples of 0 to %d %d x %d grids\n", path,
+                (long long)n, mixed, g, g);
+    else
+        fprintf(stderr, "loom data: %s: %lld samples of %d x %d grids\n", path, (long long)n, g, g);
     return 0;
 }
 
 int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
     const char *input = NULL, *out = NULL;
-    int64_t grid = 2, samples = 20000, val_samples = 1000, seed = 1;
+    int64_t grid = 2, samples = 20000, val_samples = 1000, seed = 1, mixed = 0;
     double questions = 0.0;
     const loom_data_flag flags[] = {
         {"input", LOOM_DATA_FLAG_STR, .required = 1, .str = &input},
@@ -147,6 +185,7 @@ int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
         {"samples", LOOM_DATA_FLAG_INT, .i64 = &samples, .lo = 1, .hi = 10000000},
         {"val-samples", LOOM_DATA_FLAG_INT, .i64 = &val_samples, .lo = 0, .hi = 10000000},
         {"questions", LOOM_DATA_FLAG_FRACTION, .f64 = &questions},
+        {"mixed-images", LOOM_DATA_FLAG_INT, .i64 = &mixed, .lo = 0, .hi = 8},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
     };
     int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
@@ -158,17 +197,22 @@ int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
                 input);
         return 2;
     }
+    if (mixed > 0 && questions > 0.0) {
+        fprintf(stderr, "loom data: --questions: for one-image samples (expected no "
+                        "--questions with --mixed-images)\n");
+        return 2;
+    }
     if (loom_mkdir_p(out) != 0) {
         fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
                 strerror(errno));
         return 2;
     }
     rc = make_split(out, "train", FMNIST "/train-images-idx3-ubyte.gz",
-                    FMNIST "/train-labels-idx1-ubyte.gz", (int)grid, samples, questions,
+                    FMNIST "/train-labels-idx1-ubyte.gz", (int)grid, samples, questions, (int)mixed,
                     (uint64_t)seed);
     if (!rc && val_samples > 0)
         rc = make_split(out, "val", FMNIST "/t10k-images-idx3-ubyte.gz",
                         FMNIST "/t10k-labels-idx1-ubyte.gz", (int)grid, val_samples, questions,
-                        (uint64_t)seed);
+                        (int)mixed, (uint64_t)seed);
     return rc;
 }

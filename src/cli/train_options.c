@@ -70,6 +70,9 @@ static const opt_def OPTS[] = {
     {"vit-d-ff", OPT_INT, M(vit_d_ff), 0, "vlm: vision encoder MLP width"},
     {"vit-patch", OPT_INT, M(patch), 0, "vlm: patch size p of the vision encoder (= --patch)"},
     {"max-images", OPT_INT, M(max_images), 0, "vlm: image slots per sample"},
+    {"balance-dp", OPT_BOOL, TR(balance_dp), 0,
+     "vlm: assign the global batch's samples to the dp ranks so that each rank's predicted "
+     "compute (images x encoder + records x decoder) is even"},
     {"freeze", OPT_FREEZE, M(freeze), 0,
      "vlm: parts that are not trained, a subset of vision,projector,llm (not all three)"},
     {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
@@ -229,7 +232,7 @@ static const opt_group GROUPS[] = {
      "resume-ignore-seed init-from"},
     {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
     {"Multimodal LLM (vlm)", "docs/vlm.md",
-     "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze"},
+     "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze balance-dp"},
     {"Precision", "docs/precision.md", "precision"},
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",

@@ -347,12 +347,21 @@ void loom_vlm_dataset_record(const loom_vlm_dataset *ds, int64_t i, int32_t *out
     record_of(ds, i, out, &e); /* validated at open */
 }
 
+int loom_vlm_dataset_images(const loom_vlm_dataset *ds, int64_t i) {
+    const loom_vlm_shard *sh = find_shard(ds, i);
+    return sh->entries[4 * (i - sh->first) + 3];
+}
+
+int64_t loom_vlm_dataset_index(const loom_vlm_dataset *ds, uint64_t seed, int64_t step,
+                               int64_t seq) {
+    const uint64_t r = loom_philox_u64(seed, LOOM_DATA_STREAM, (uint64_t)step, (uint32_t)seq);
+    return (int64_t)(r % (uint64_t)ds->n);
+}
+
 void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step, int64_t first,
                              int n, int32_t *out) {
     const size_t words = (size_t)loom_vlm_record_size(&ds->rec);
-    for (int k = 0; k < n; k++) {
-        const uint64_t r =
-            loom_philox_u64(seed, LOOM_DATA_STREAM, (uint64_t)step, (uint32_t)(first + k));
-        loom_vlm_dataset_record(ds, (int64_t)(r % (uint64_t)ds->n), out + k * words);
-    }
+    for (int k = 0; k < n; k++)
+        loom_vlm_dataset_record(ds, loom_vlm_dataset_index(ds, seed, step, first + k),
+                                out + k * words);
 }

@@ -103,6 +103,11 @@ loom_status loom_vlm_dataset_open(loom_vlm_dataset *ds, const char *glob,
 void loom_vlm_dataset_close(loom_vlm_dataset *ds);
 /* Sample i's record (loom_vlm_record_size words). */
 void loom_vlm_dataset_record(const loom_vlm_dataset *ds, int64_t i, int32_t *out);
+/* Images of sample i. */
+int loom_vlm_dataset_images(const loom_vlm_dataset *ds, int64_t i);
+/* The sample at position seq of step `step`'s global batch (the order above). */
+int64_t loom_vlm_dataset_index(const loom_vlm_dataset *ds, uint64_t seed, int64_t step,
+                               int64_t seq);
 /* Records [first, first + n) of step `step`. */
 void loom_vlm_dataset_sample(const loom_vlm_dataset *ds, uint64_t seed, int64_t step, int64_t first,
                              int n, int32_t *out);

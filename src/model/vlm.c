@@ -50,6 +50,21 @@ int loom_vlm_record_words(const loom_model_config *c) {
     return loom_vlm_record_size(&r);
 }
 
+double loom_vlm_image_flops(const loom_model_config *c) {
+    const double P = loom_vlm_image_tokens(c), Dv = c->vit_d_model, Fv = c->vit_d_ff;
+    const double C = c->d_model, Pin = (double)c->channels * c->patch * c->patch;
+    const double block = 2.0 * (4.0 * Dv * Dv + 2.0 * Dv * Fv) + 4.0 * P * Dv;
+    const double per_token = 2.0 * Pin * Dv + c->vit_layers * block + 2.0 * (Dv * C + C * C);
+    return 3.0 * P * per_token;
+}
+
+double loom_vlm_record_flops(const loom_model_config *c) {
+    const double T = c->seq_len, C = c->d_model, F = c->d_ff, V = c->vocab_size;
+    const double hd = (double)c->d_model / c->n_head, H = c->n_head, KV = c->n_kv_head;
+    const double block = 2.0 * (C * (H + 2.0 * KV) * hd + H * hd * C + 3.0 * C * F) + 2.0 * T * C;
+    return 3.0 * T * (c->n_layer * block + 2.0 * C * V);
+}
+
 /* ---- the arena: the decoder's, then the encoder's for B * max_images images ---- */
 
 static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {

@@ -39,4 +39,12 @@ int loom_vlm_image_floats(const loom_model_config *cfg);
 /* int32 words of one vlm batch record (data/vlm_shard.h's layout for this model). */
 int loom_vlm_record_words(const loom_model_config *cfg);
 
+/* The cost model --balance-dp weighs samples with (floating-point operations of forward
+ * and backward, taken as 3x forward): one image through the encoder (patch embedding,
+ * vit_layers blocks with their bidirectional attention over the image's P tokens) and the
+ * projector; one record through the decoder (its T positions, padded or not: every layer's
+ * linears, causal attention over T/2 keys on average, and the head). */
+double loom_vlm_image_flops(const loom_model_config *cfg);
+double loom_vlm_record_flops(const loom_model_config *cfg);
+
 #endif

@@ -50,6 +50,15 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
                               d->grad_norm, "syncs", d->syncs);
         if (m) json_object_set_new(o, "outer", m);
     }
+    if (o && s->balance) {
+        const loom_dp_balance_stats *b = s->balance;
+        json_t *m = json_pack(
+            "{s:b, s:f, s:f, s:f, s:f, s:f}", "balanced", b->balanced, "predicted", b->predicted,
+            "predicted_slices", b->predicted_slices, "compute_max_ms", b->compute_max_ms,
+            "compute_mean_ms", b->compute_mean_ms, "compute_max_over_mean",
+            b->compute_mean_ms > 0 ? b->compute_max_ms / b->compute_mean_ms : 1.0);
+        if (m) json_object_set_new(o, "dp_balance", m);
+    }
     char *line =
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);

@@ -10,6 +10,15 @@
 #include "parallel/outer.h"
 #include "parallel/zero.h"
 
+/* vlm at dp > 1: how even the data-parallel ranks' compute was this step. */
+typedef struct {
+    int balanced;            /* --balance-dp */
+    double predicted;        /* the cost model's slowest rank over the mean */
+    double predicted_slices; /* ... for the usual slices (without --balance-dp) */
+    double compute_max_ms;   /* measured forward + backward, slowest rank */
+    double compute_mean_ms;  /* ... and the mean over the ranks */
+} loom_dp_balance_stats;
+
 typedef struct {
     int step;
     double loss, lr, grad_norm, tokens_per_s, step_ms;
@@ -22,6 +31,7 @@ typedef struct {
     const loom_zero_step_times *dp;     /* data parallel: where the step's time went, or NULL */
     const loom_outer_step_stats *outer; /* --outer diloco: the step's outer sync, or NULL */
     double tokens_total; /* --outer diloco: tokens_seen over every worker (for per token) */
+    const loom_dp_balance_stats *balance; /* vlm at dp > 1, or NULL */
 } loom_step_metrics;
 
 typedef struct {

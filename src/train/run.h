@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "data/batch_source.h"
+#include "data/vlm_balance.h"
 #include "model/transformer.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
@@ -69,6 +70,12 @@ typedef struct {
     int size_only;    /* loom_run_size: the layout's objects sized, nothing to run */
     loom_outer outer; /* --outer diloco: the outer optimizer over the workers */
     int outer_on;     /* outer is built */
+    /* vlm with several data-parallel ranks: each step's predicted compute per rank, and
+     * with --balance-dp the assignment the rank reads its samples by */
+    loom_vlm_balance balance;
+    int balance_on;               /* balance is built */
+    loom_dp_balance_stats dp_bal; /* the step's figures for --metrics */
+    double *balance_ms;           /* [dp group size] each rank's compute, gathered */
 } loom_run;
 
 /* Builds the run (data, model, layout, buffers, checkpoint resume, trace, metrics); on

@@ -13,6 +13,7 @@
 #include "model/vlm.h"
 #include "parallel/ep_zero.h"
 #include "parallel/tp_shards.h"
+#include "train/dp_balance.h"
 #include "train/dump.h"
 #include "train/run.h"
 
@@ -22,6 +23,7 @@ void loom_run_free(loom_run *r) {
     loom_checkpointing_close(&r->ckpt); /* first: its writer thread reads the buffers below */
     loom_param_gather_free(&r->pg);     /* and no gather into them stays in flight */
     if (r->pipelined) loom_pipeline_free(r->pipelined);
+    loom_dp_balance_free(r);
     loom_batch_source_close(&r->data);
     loom_batch_source_close(&r->val);
     loom_model_destroy(&r->model);
@@ -438,7 +440,9 @@ static loom_status setup(loom_run *r, loom_error *err) {
     if ((st = open_device(r, err)) || (st = build_model(r, err)) || (st = prepare_gemms(r, err)))
         return st;
     loom_timeline_mark("data_model_zero_create");
-    if ((st = build_buffers(r, err)) || (st = build_step(r, err))) return st;
+    if ((st = build_buffers(r, err)) || (st = build_step(r, err)) ||
+        (st = loom_dp_balance_setup(r, err)))
+        return st;
     loom_timeline_mark("params_grads_alloc");
     /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
      * loaded (seconds for a 124M model, on the path from a failure to the first step). */

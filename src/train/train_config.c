@@ -244,6 +244,11 @@ loom_status loom_train_config_validate_all(const loom_train_config *tc, const lo
         (st = loom_moe_validate_layout(mc, l.ep, loom_layout_replicas(l), tc->zero, l.tp, l.pp,
                                        err)))
         return st;
+    if (tc->balance_dp && mc->family != LOOM_FAMILY_VLM)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--balance-dp: balances image-text samples by their images "
+                              "(expected --family vlm, not %s)",
+                              loom_family_name(mc->family));
     loom_train_config_pipeline(tc, &pc);
     if ((st = loom_pipeline_validate(mc, &pc, l.dp, err))) return st;
     if (tc->overlap_param_gather && (st = loom_param_gather_validate(tc->zero, l, err))) return st;

@@ -43,6 +43,7 @@ typedef struct {
     int eval_every;                   /* evaluate every N steps (and after the last) */
     int eval_batches;                 /* global batches per evaluation (fixed set) */
     int sequence_parallel;            /* with --tp > 1: Megatron sequence parallelism */
+    int balance_dp; /* vlm: the global batch's samples spread over dp by predicted compute */
     /* checkpoints (train/checkpointing.h) */
     char ckpt_dir[LOOM_PATH_MAX];      /* durable tier; "" = none */
     int ckpt_every;                    /* save every N steps (0: only at the end) */

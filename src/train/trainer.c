@@ -14,6 +14,7 @@
 #include "core/timeline.h"
 #include "model/weights.h"
 #include "train/batch_skip.h"
+#include "train/dp_balance.h"
 #include "train/dump.h"
 #include "train/run.h"
 #include "train/schedule.h"
@@ -122,23 +123,26 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_trace_begin(r->trace, "step", "train");
         /* This rank's slice of the step's global batch (layout-independent order). */
         const int64_t batch = loom_batch_skip_batch_of(&skip, step + 1) - 1;
-        loom_batch_source_sample(&r->data, tc->seed, batch, (int64_t)mesh->data_rank * per_rank,
-                                 per_rank, r->batch);
+        loom_dp_balance_sample(r, batch, per_rank); /* the usual slice, or --balance-dp's */
         if (dumping && lead)
             loom_batch_source_sample(&r->data, tc->seed, batch, 0, G,
                                      r->dump_batches + (size_t)step * G * r->data.record_words);
         if (early >= 0) LOOM_STEP_MARK(early, "data_and_grad_clear");
         double loss_sum;
+        const double t_compute = loom_now_ms();
         if ((st = loom_step_forward_backward(&r->runner, r->batch, dloss, step, early, &loss_sum,
                                              err)))
             return st;
+        const double compute_ms = loom_now_ms() - t_compute;
         loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_progress_local_loss(loss_sum / ((double)per_rank * T));
         loom_trace_begin(r->trace, "gradient wait", "comm");
         st = loom_grad_sync_finish(&r->sync, err);
         loom_trace_end(r->trace);
-        if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err))) return st;
+        if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err)) ||
+            (st = loom_dp_balance_measure(r, compute_ms, err)))
+            return st;
         if (early >= 0) LOOM_STEP_MARK(early, "grad_reduce");
         double loss = loss_sum / ((double)G * T);
         if (!isfinite(loss))
@@ -178,7 +182,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
                                 {0, 0, 0, 0, 0, 0},
                                 r->dp_times,
                                 NULL,
-                                0.0};
+                                0.0,
+                                r->balance_on ? &r->dp_bal : NULL};
         if ((st = loom_step_moe_stats(&r->runner, &sm.moe, err))) return st;
         if (tc->eval_every > 0 && ((step + 1) % tc->eval_every == 0 || step + 1 == tc->steps) &&
             (st = evaluate(r, &sm.val_loss, err)))

@@ -58,6 +58,10 @@ expect "freeze unknown part" "--freeze 'vision,eyes': unknown part 'eyes'" -- \
     "${BASE[@]}" --data "$TMP/ok/train_*.bin" --freeze vision,eyes
 expect "freeze on a language model" "--freeze: only the vlm family" -- \
     train --model llama-tiny --data "$TMP/ok/train_*.bin" --freeze vision
+expect "balance-dp on a language model" "--balance-dp: balances image-text samples by their images (expected --family vlm, not llama)" -- \
+    train --model llama-tiny --data "$TMP/ok/train_*.bin" --balance-dp
+expect "data vlm mixed with questions" "--questions: for one-image samples (expected no --questions with --mixed-images)" -- \
+    data vlm --input fashion-mnist --out "$TMP/d" --mixed-images 2 --questions 0.5
 expect "vit patch" "--vit-patch 3: must divide the image size 8 x 8" -- \
     "${BASE[@]}" --data "$TMP/ok/train_*.bin" --vit-patch 3
 expect "vit width" "--vit-d-model 6: must be a multiple of 4" -- \

@@ -15,9 +15,13 @@ the masked loss vocabulary-parallel. Under context parallelism (cp 2 ring and Ul
 cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks and an
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
 encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
-end bitwise as they started. Usage: test_layouts_vlm.py --loom PATH [--seed S]
+end bitwise as they started. A third case trains on samples with 0 to 3 images with
+--balance-dp at dp 2 (the global batch's samples assigned by predicted compute): equal to
+one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
+usual slices' on every step and better on the whole. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
 import argparse
+import json
 import os
 import random
 import shutil
@@ -50,11 +54,11 @@ LAYOUTS = [
 H, W, P, T, MAX_IMAGES = 12, 8, 4, 24, 2  # 3 x 2 = 6 image tokens of 4 x 4 patches
 
 
-def write_shard(path, rng, n):
+def write_shard(path, rng, n, max_images=MAX_IMAGES):
     """docs/vlm.md: header, entries, int32 tokens, mask bytes, u8 images."""
     samples = []
     for _ in range(n):
-        k = rng.randint(0, MAX_IMAGES)
+        k = rng.randint(0, max_images)
         text = [rng.randint(0, 255) for _ in range(rng.randint(max(1, k), T + 1 - 6 * k))]
         for _ in range(k):
             text.insert(rng.randint(0, len(text) - 1), 256)
@@ -87,6 +91,39 @@ def compare(layouts, ref, name, ranks, extra):
     print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
           f"{w_name})  init {'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
     return got
+
+
+def predicted(run_path):
+    with open(run_path + ".jsonl") as f:
+        return [json.loads(line)["dp_balance"]["predicted"] for line in f]
+
+
+def balance_dp(args, base, tmp, seed):
+    """--balance-dp on mixed samples (0 to 3 images): dp 2 equals one process, twice is
+    bitwise, and the plan's slowest rank over the mean is lower than the usual slices'."""
+    data = os.path.join(tmp, "mixed_000000.bin")
+    write_shard(data, random.Random(seed + 1), 64, max_images=3)
+    mixed = [a for a in base]
+    mixed[mixed.index("--max-images") + 1] = "3"
+    mixed[mixed.index("--data") + 1] = data
+    mixed[mixed.index("--global-batch") + 1] = "16"
+    lay = Layouts(mixed, tmp, "vlm_mixed_")
+    mref = lay.run("single", 1)
+    print(f"vlm, 0 to 3 images a sample: single process, loss {mref.losses[0]:.4f} -> "
+          f"{mref.losses[-1]:.4f}")
+    bal = ["--dp", "2", "--zero", "1", "--balance-dp"]
+    compare(lay, mref, "dp2_balance", 2, bal)
+    again = lay.run("dp2_balance_again", 2, bal)
+    same = bitwise(again, lay.runs["dp2_balance"])
+    check(same)
+    print(f"  dp2_balance twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    compare(lay, mref, "dp2_slices", 2, ["--dp", "2", "--zero", "1"])
+    with_b = predicted(lay.path("dp2_balance"))
+    without = predicted(lay.path("dp2_slices"))
+    ok = all(b <= w + 1e-9 for b, w in zip(with_b, without)) and sum(with_b) < sum(without)
+    check(ok)
+    print(f"  predicted slowest rank / mean: slices {max(without):.3f} (worst step), balanced "
+          f"{max(with_b):.3f}  {'ok' if ok else 'FAIL'}")
 
 
 def main():
@@ -147,6 +184,7 @@ def main():
                     if n.startswith("projector."))
         check(still and moved)
         print(f"  frozen encoder unchanged: {still}, projector trained: {moved}")
+        balance_dp(args, base, tmp, seed)
     finally:
         if failed():
             print(f"kept {tmp} (seed {seed})")
