@@ -17,7 +17,7 @@ loom_status loom_dp_balance_setup(loom_run *r, loom_error *err) {
         loom_vlm_image_flops(mc), loom_vlm_record_flops(mc), r->tc->balance_dp, err);
     if (st) return st;
     r->balance_on = 1;
-    r->balance_ms = calloc((size_t)mesh->dp.size, sizeof *r->balance_ms);
+    r->balance_ms = calloc(2 * (size_t)mesh->dp.size, sizeof *r->balance_ms);
     if (!r->balance_ms) return loom_error_set(err, LOOM_ERR_NOMEM, "--balance-dp: out of memory");
     r->dp_bal.balanced = r->tc->balance_dp;
     return LOOM_OK;
@@ -45,19 +45,26 @@ void loom_dp_balance_sample(loom_run *r, int64_t batch, int per_rank) {
                                  r->batch);
 }
 
-loom_status loom_dp_balance_measure(loom_run *r, double compute_ms, loom_error *err) {
+loom_status loom_dp_balance_measure(loom_run *r, double compute_ms, double compute_cpu_ms,
+                                    loom_error *err) {
     if (!r->balance_on) return LOOM_OK;
     loom_comm *dp = &r->mesh->dp;
-    memset(r->balance_ms, 0, (size_t)dp->size * sizeof *r->balance_ms);
+    const int n = dp->size;
+    memset(r->balance_ms, 0, 2 * (size_t)n * sizeof *r->balance_ms);
     r->balance_ms[dp->rank] = compute_ms;
-    loom_status st = loom_comm_allreduce_sum_f64(dp, r->balance_ms, dp->size, err);
+    r->balance_ms[n + dp->rank] = compute_cpu_ms;
+    loom_status st = loom_comm_allreduce_sum_f64(dp, r->balance_ms, 2 * n, err);
     if (st) return st;
-    double max = 0.0, sum = 0.0;
-    for (int i = 0; i < dp->size; i++) {
-        sum += r->balance_ms[i];
-        if (r->balance_ms[i] > max) max = r->balance_ms[i];
-    }
-    r->dp_bal.compute_max_ms = max;
-    r->dp_bal.compute_mean_ms = sum / dp->size;
+    double max[2] = {0.0, 0.0}, sum[2] = {0.0, 0.0};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < n; i++) {
+            const double v = r->balance_ms[k * n + i];
+            sum[k] += v;
+            if (v > max[k]) max[k] = v;
+        }
+    r->dp_bal.compute_max_ms = max[0];
+    r->dp_bal.compute_mean_ms = sum[0] / n;
+    r->dp_bal.compute_cpu_max_ms = max[1];
+    r->dp_bal.compute_cpu_mean_ms = sum[1] / n;
     return LOOM_OK;
 }

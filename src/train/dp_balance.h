@@ -16,8 +16,10 @@ void loom_dp_balance_free(loom_run *r);
  * assignment's with --balance-dp, else the usual slice (the plan's prediction is made
  * either way). */
 void loom_dp_balance_sample(loom_run *r, int64_t batch, int per_rank);
-/* The step's figures: compute_ms (this rank's forward and backward) gathered over the dp
- * group (a collective: every rank of it calls this). Nothing without r->balance. */
-loom_status loom_dp_balance_measure(loom_run *r, double compute_ms, loom_error *err);
+/* The step's figures: compute_ms and compute_cpu_ms (this rank's forward and backward, wall
+ * and thread CPU time) gathered over the dp group (a collective: every rank of it calls
+ * this). Nothing without r->balance. */
+loom_status loom_dp_balance_measure(loom_run *r, double compute_ms, double compute_cpu_ms,
+                                    loom_error *err);
 
 #endif

@@ -53,10 +53,13 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
     if (o && s->balance) {
         const loom_dp_balance_stats *b = s->balance;
         json_t *m = json_pack(
-            "{s:b, s:f, s:f, s:f, s:f, s:f}", "balanced", b->balanced, "predicted", b->predicted,
-            "predicted_slices", b->predicted_slices, "compute_max_ms", b->compute_max_ms,
-            "compute_mean_ms", b->compute_mean_ms, "compute_max_over_mean",
-            b->compute_mean_ms > 0 ? b->compute_max_ms / b->compute_mean_ms : 1.0);
+            "{s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "balanced", b->balanced, "predicted",
+            b->predicted, "predicted_slices", b->predicted_slices, "compute_max_ms",
+            b->compute_max_ms, "compute_mean_ms", b->compute_mean_ms, "compute_max_over_mean",
+            b->compute_mean_ms > 0 ? b->compute_max_ms / b->compute_mean_ms : 1.0,
+            "compute_cpu_max_ms", b->compute_cpu_max_ms, "compute_cpu_mean_ms",
+            b->compute_cpu_mean_ms, "compute_cpu_max_over_mean",
+            b->compute_cpu_mean_ms > 0 ? b->compute_cpu_max_ms / b->compute_cpu_mean_ms : 1.0);
         if (m) json_object_set_new(o, "dp_balance", m);
     }
     char *line =

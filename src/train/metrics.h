@@ -17,6 +17,7 @@ typedef struct {
     double predicted_slices; /* ... for the usual slices (without --balance-dp) */
     double compute_max_ms;   /* measured forward + backward, slowest rank */
     double compute_mean_ms;  /* ... and the mean over the ranks */
+    double compute_cpu_max_ms, compute_cpu_mean_ms; /* the same in the thread's CPU time */
 } loom_dp_balance_stats;
 
 typedef struct {

@@ -75,7 +75,7 @@ typedef struct {
     loom_vlm_balance balance;
     int balance_on;               /* balance is built */
     loom_dp_balance_stats dp_bal; /* the step's figures for --metrics */
-    double *balance_ms;           /* [dp group size] each rank's compute, gathered */
+    double *balance_ms;           /* [2][dp group size] each rank's compute (wall, CPU) */
 } loom_run;
 
 /* Builds the run (data, model, layout, buffers, checkpoint resume, trace, metrics); on

@@ -129,11 +129,12 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
                                      r->dump_batches + (size_t)step * G * r->data.record_words);
         if (early >= 0) LOOM_STEP_MARK(early, "data_and_grad_clear");
         double loss_sum;
-        const double t_compute = loom_now_ms();
+        const double t_compute = loom_now_ms(), cpu_compute = loom_thread_cpu_ms();
         if ((st = loom_step_forward_backward(&r->runner, r->batch, dloss, step, early, &loss_sum,
                                              err)))
             return st;
         const double compute_ms = loom_now_ms() - t_compute;
+        const double compute_cpu_ms = loom_thread_cpu_ms() - cpu_compute;
         loom_fault_after_compute(&loss_sum, loom_now_ms() - t0);    /* slow, nan */
         if (!isfinite(loss_sum)) loom_progress_nonfinite(step + 1); /* this rank's own loss */
         loom_progress_local_loss(loss_sum / ((double)per_rank * T));
@@ -141,7 +142,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         st = loom_grad_sync_finish(&r->sync, err);
         loom_trace_end(r->trace);
         if (st || (st = loom_comm_allreduce_sum_f64(&mesh->dp, &loss_sum, 1, err)) ||
-            (st = loom_dp_balance_measure(r, compute_ms, err)))
+            (st = loom_dp_balance_measure(r, compute_ms, compute_cpu_ms, err)))
             return st;
         if (early >= 0) LOOM_STEP_MARK(early, "grad_reduce");
         double loss = loss_sum / ((double)G * T);
