@@ -218,12 +218,14 @@ def main():
         ap.error("--loom is required")
     args.loom = os.path.abspath(args.loom)
     t0 = time.time()
-    result = {"openblas_coretype": args.coretype}
+    result = {"openblas_coretype": args.coretype,
+              "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="loom_bench_vlm_") as work:
         if args.only in (None, "speed"):
             result["one_process"] = speed(args, work)
         if args.only in (None, "balance"):
             result["balance_dp"] = balance(args, work)
+    result["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_s"] = round(time.time() - t0, 1)
     print()
     print(json.dumps(result))
