@@ -6,7 +6,9 @@
    --model vlm-tiny` on `loom data vlm` 2 x 2 Fashion-MNIST grids (one image a sample)
    against tests/reference/vlm_torch.py's model in float32 (the tests' reference: ViT
    encoder, projector, Llama decoder, the masked loss) trained with torch.optim.AdamW on
-   the same records (read from the same shard, expanded as docs/vlm.md says). Steady
+   the same records (read from the same shard, expanded as docs/vlm.md says), both at a
+   constant learning rate (loom: no warm-up, --min-lr = --lr); the initialisations differ
+   (loom's and PyTorch's defaults), so the losses are printed, not compared. Steady
    state: the median step after --warmup steps; samples/s = global batch / step time.
 2. --balance-dp at dp 2 (one thread a rank) on `loom data vlm --mixed-images 3` samples
    (0 to 3 grids each) with an encoder worth a large share of a sample (--vit-d-model 256,
@@ -137,7 +139,8 @@ def speed(args, work):
     m = os.path.join(work, "speed.jsonl")
     run([args.loom, "train", "--model", "vlm-tiny", "--data", shard, "--micro-batch",
          args.batch, "--global-batch", args.batch, "--steps", steps, "--threads", 1,
-         "--log-every", 0, "--metrics", m, "--lr", OPT["lr"], "--beta2", OPT["beta2"],
+         "--log-every", 0, "--metrics", m, "--lr", OPT["lr"], "--warmup-steps", 0,
+         "--min-lr", OPT["lr"], "--beta2", OPT["beta2"],
          "--weight-decay", OPT["weight_decay"]], env, "loom train (one process)")
     rows = metrics(m)
     loom_s = float(np.median([r["step_ms"] / 1000.0 for r in rows[args.warmup:]]))
