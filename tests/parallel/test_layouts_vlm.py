@@ -16,8 +16,8 @@ cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks 
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
 encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
 end bitwise as they started. A third case trains on samples with 0 to 3 images with
---balance-dp at dp 2 (the global batch's samples assigned by predicted compute): equal to
-one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
+--balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
+compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
 usual slices' on every step and better on the whole. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
 import argparse
@@ -117,6 +117,7 @@ def balance_dp(args, base, tmp, seed):
     same = bitwise(again, lay.runs["dp2_balance"])
     check(same)
     print(f"  dp2_balance twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    compare(lay, mref, "pp2_dp2_balance", 4, ["--pp", "2", "--dp", "2", "--balance-dp"])
     compare(lay, mref, "dp2_slices", 2, ["--dp", "2", "--zero", "1"])
     with_b = predicted(lay.path("dp2_balance"))
     without = predicted(lay.path("dp2_slices"))
