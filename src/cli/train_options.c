@@ -71,8 +71,7 @@ static const opt_def OPTS[] = {
     {"vit-patch", OPT_INT, M(patch), 0, "vlm: patch size p of the vision encoder (= --patch)"},
     {"max-images", OPT_INT, M(max_images), 0, "vlm: image slots per sample"},
     {"balance-dp", OPT_BOOL, TR(balance_dp), 0,
-     "vlm: assign the global batch's samples to the dp ranks so that each rank's predicted "
-     "compute (images x encoder + records x decoder) is even"},
+     "vlm: spread each step's samples over the dp ranks by predicted compute (images)"},
     {"freeze", OPT_FREEZE, M(freeze), 0,
      "vlm: parts that are not trained, a subset of vision,projector,llm (not all three)"},
     {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
