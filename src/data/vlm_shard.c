@@ -86,7 +86,8 @@ loom_status loom_vlm_writer_put(loom_vlm_writer *w, const int32_t *tokens, const
     e[3] = n_images;
     memcpy(w->tokens + w->n_tokens, tokens, (size_t)n_tokens * sizeof(int32_t));
     memcpy(w->mask + w->n_tokens, mask, (size_t)n_tokens);
-    memcpy(w->pixels + (size_t)w->n_images * ib, pixels, (size_t)n_images * ib);
+    if (n_images > 0) /* no pixels yet: NULL, which memcpy may not see even for 0 bytes */
+        memcpy(w->pixels + (size_t)w->n_images * ib, pixels, (size_t)n_images * ib);
     w->n++;
     w->n_tokens += n_tokens;
     w->n_images += n_images;
