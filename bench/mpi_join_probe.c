@@ -4,8 +4,8 @@
  *
  *   mpicc -O2 -o mpi_join_probe bench/mpi_join_probe.c
  *   ompi-server --no-daemonize -r URI &
- *   mpirun --ompi-server file:URI -n 2 ./mpi_join_probe stay SECONDS TIMEOUT_S
- *   mpirun --ompi-server file:URI -n 1 ./mpi_join_probe join SECONDS TIMEOUT_S
+ *   mpirun --ompi-server file:URI -n 2 ./mpi_join_probe stay SECONDS TIMEOUT_S [STOPFILE]
+ *   mpirun --ompi-server file:URI -n 1 ./mpi_join_probe join SECONDS TIMEOUT_S [STOPFILE]
  *
  * stay (the job that goes on, any number of ranks): every 0.2 s a "step": an MPI_Allreduce
  *   over its own MPI_COMM_WORLD (the job's own work), then on rank 0, when no peer is
@@ -19,6 +19,7 @@
  * join (the job that comes and goes, rank 0): MPI_Open_port, MPI_Publish_name, a blocking
  *   MPI_Comm_accept (the stay job connects at its next step), MPI_Unpublish_name, then an
  *   exchange every 0.2 s; after a lost exchange it publishes and accepts again.
+ * Both end after SECONDS or once STOPFILE exists (join: before it would publish again).
  *
  * Each event is one JSON line on stdout: {"role", "t" (seconds since the start), "event":
  * joined | lost | summary, ...}; summary: steps, exchanges, joins, losses and the longest
@@ -63,8 +64,8 @@ static int exchange(MPI_Comm inter, double x, double timeout_s) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4 || (strcmp(argv[1], "stay") && strcmp(argv[1], "join"))) {
-        fprintf(stderr, "usage: mpi_join_probe stay|join SECONDS TIMEOUT_S\n");
+    if ((argc != 4 && argc != 5) || (strcmp(argv[1], "stay") && strcmp(argv[1], "join"))) {
+        fprintf(stderr, "usage: mpi_join_probe stay|join SECONDS TIMEOUT_S [STOPFILE]\n");
         return 2;
     }
     int rank;
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
     role = argv[1];
     int stay = !strcmp(role, "stay");
     double seconds = atof(argv[2]), timeout_s = atof(argv[3]);
+    const char *stopfile = argc == 5 ? argv[4] : NULL;
     char buf[256];
     int steps = 0, exchanges = 0, joins = 0, losses = 0, stop = 0;
     double longest_ms = 0;
@@ -90,6 +92,7 @@ int main(int argc, char **argv) {
                 if (MPI_Lookup_name(service, MPI_INFO_NULL, port) == MPI_SUCCESS)
                     rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &peer);
             } else {
+                if (stopfile && access(stopfile, F_OK) == 0) break; /* not again */
                 MPI_Open_port(MPI_INFO_NULL, port);
                 MPI_Publish_name(service, MPI_INFO_NULL, port);
                 rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &peer);
@@ -119,7 +122,7 @@ int main(int argc, char **argv) {
         }
         double ms = (now_s() - ts) * 1e3;
         if (ms > longest_ms) longest_ms = ms;
-        stop = now_s() - t0 >= seconds;
+        stop = now_s() - t0 >= seconds || (stopfile && access(stopfile, F_OK) == 0);
         MPI_Bcast(&stop, 1, MPI_INT, 0, MPI_COMM_WORLD);
         usleep(200000);
     }

@@ -10,14 +10,16 @@ exchange that does not complete in --timeout seconds. Each job's mpirun runs ins
 own host (two mpiruns started together from this machine with the rsh agent and
 --ompi-server both stopped at once: "ORTE has lost communication with a remote daemon").
 Scenarios:
-  kill  at 3 s every process of host 2 is SIGKILLed (the host dies); at 6 s a new join
-        job starts on host 2 and runs 4 s
-  cut   at 3 s host 2's link goes down (ip link set loomv2 down), at 7 s up again; the join
-        job lives on and publishes itself again after its own lost exchange
-For each: the exit codes, the stay job's events (joins, losses, the longest step), the join
-jobs' events, and what is still running in the hosts when the jobs have ended. Needs root
-(exit 77 otherwise); prints one JSON object last.
-Usage: probe_elastic.py [--seconds 16] [--timeout 2]
+  kill  1 s after the first join every process of host 2 is SIGKILLed (the host dies, its
+        mpirun too); 2 s later a new join job starts on host 2
+  cut   1 s after the first join host 2's link goes down (ip link set loomv2 down), 4 s
+        later up again; the join job lives on and publishes itself again after its own
+        lost exchange
+2 s after the stay job's second join (or --seconds without it) a stop file ends every job.
+For each: joined_before_fault, rejoined, the exit codes, the stay job's events (joins,
+losses, the longest step), the join jobs' events, and what is still running in the hosts
+when the jobs have ended. Needs root (exit 77 otherwise); prints one JSON object last.
+Usage: probe_elastic.py [--seconds 60] [--timeout 2]
 """
 import argparse
 import fcntl
@@ -52,6 +54,7 @@ def scenario(name, exe, uri, args, tmp):
                 "--mca", "btl_tcp_if_include", bench_hosts.SUBNET, "--mca", "oob_tcp_if_include",
                 bench_hosts.SUBNET, "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"]
     stay_cmd = mpirun(1) + ["-n", "2", exe, "stay", str(args.seconds), str(args.timeout)]
+    # (every job also ends once the stop file exists: the driver makes it after the rejoin)
     join_cmd = mpirun(2) + ["-n", "1", exe, "join"]
     logs, jobs = [], []
 
@@ -62,12 +65,22 @@ def scenario(name, exe, uri, args, tmp):
         jobs.append((tag, p))
         return p
 
-    t0 = time.time()
-    stay = start(stay_cmd, "stay")
+    def joins(tag, n, limit):  # wait until the job's log shows n joins (False on timeout)
+        until = time.time() + limit
+        while time.time() < until:
+            f = dict(logs)[tag]
+            f.flush()
+            with open(f.name) as g:
+                if sum(e.get("event") == "joined" for e in events(g.read())) >= n:
+                    return True
+            time.sleep(0.1)
+        return False
+
+    stop = os.path.join(tmp, f"{name}.stop")
+    stay = start(stay_cmd + [stop], "stay")
+    first = start(join_cmd + [str(args.seconds), str(args.timeout), stop], "join1")
+    res = {"joined_before_fault": joins("stay", 1, args.seconds)}
     time.sleep(1)
-    first = start(join_cmd + [str(args.seconds if name == "cut" else 30), str(args.timeout)],
-                  "join1")
-    time.sleep(3)
     if name == "kill":
         pids = subprocess.run(["ip", "netns", "pids", "loomh2"], capture_output=True,
                               text=True).stdout.split()
@@ -76,14 +89,17 @@ def scenario(name, exe, uri, args, tmp):
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(3)
-        start(join_cmd + ["4", str(args.timeout)], "join2")
+        time.sleep(2)
+        start(join_cmd + [str(args.seconds), str(args.timeout), stop], "join2")
     else:
         bench_hosts.sh("ip", "link", "set", "loomv2", "down")
         time.sleep(4)
         bench_hosts.sh("ip", "link", "set", "loomv2", "up")
-    res = {"exit": {}}
-    deadline = t0 + args.seconds + 40
+    res["rejoined"] = joins("stay", 2, args.seconds)
+    time.sleep(2)  # exchanges after the rejoin
+    open(stop, "w").close()
+    res["exit"] = {}
+    deadline = time.time() + 30
     for tag, p in jobs:
         try:
             res["exit"][tag] = p.wait(timeout=max(1, deadline - time.time()))
@@ -106,7 +122,7 @@ def scenario(name, exe, uri, args, tmp):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=16)
+    ap.add_argument("--seconds", type=float, default=60, help="the longest a job runs")
     ap.add_argument("--timeout", type=float, default=2)
     args = ap.parse_args()
     if os.geteuid() != 0:
