@@ -25,6 +25,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,7 @@ def main():
         if server:
             server.terminate()
             server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out))
 
 
