@@ -23,18 +23,40 @@ Speed separately: --rounds rounds, each running every configuration in turn for
 --speed-outer-rounds x H steps without evaluation (the load of a shared machine drifts;
 each round's ratios are against that round's sync_dp), tokens/s over the steps after the
 first H.
+Across two test hosts (--hosts, needs root; tests/hosts/hosts.sh, bench_hosts.py's MPI
+settings): W = 2 ranks, one per host, each rank a worker (or a dp replica for sync_dp), the
+same three configurations on the KJV data (--hosts-model: the GPT-2 model's n_layer x
+d_model, T 128, micro-batch 2, global batch 4 as bench_hosts), each run at every placement:
+  one_host   both ranks on test host 1 (shared memory, no cap): the yardstick
+  capG       one rank on each host, both ends of each host's link capped with tbf at G Gbit/s
+             (--caps, bench_hosts' cap_links)
+--hosts-steps steps (2 H: the outer syncs after step H and at the last step), an evaluation
+at the last step (the validation loss at equal tokens; the capped runs compute the same
+function as one_host, and the JSON says whether their losses are equal). tokens/s: the
+tokens of the steps after --hosts-warmup over their summed step_ms (rank 0's metrics; a
+DiLoCo step's time includes its share of the outer sync, exposed); ratio_to_one_host per
+configuration and cap; bytes on the wire per token (DiLoCo: loom's count; sync dp: the
+2-rank ring all-reduce's 4P bytes per rank per step) and sync dp's over each; wire_ms_per_step
+(a rank's bytes per step over the cap) and model_ratio_no_overlap = one-host median step /
+(that + wire_ms_per_step): what the link alone costs, without overlap, free of the machine's
+load (on a shared 2-core machine the measured ratios move more than the link's effect).
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
+       bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
+                       [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
 """
 import argparse
+import fcntl
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 
 
@@ -52,6 +74,110 @@ def prepare(loom, work):
     return os.path.join(work, "bpe")
 
 
+def hosts_bench(args, data):
+    """sync dp, DiLoCo and streaming int4 with 2 ranks: on one test host and across two over
+    capped links (the module's docstring); the JSON object."""
+    sys.path.insert(0, HERE)
+    import bench_hosts  # noqa: E402 (its MPI settings, link caps and hosts.sh)
+    L, D = (int(x) for x in args.hosts_model.split("x"))
+    H, F, S, T = args.inner_steps, args.fragments, args.hosts_steps, args.hosts_seq_len
+    G = 2 * args.hosts_micro_batch
+    base = [args.loom, "train", "--family", "gpt2", "--n-layer", str(L), "--n-head", "4",
+            "--d-model", str(D), "--d-ff", str(4 * D), "--vocab-size", "4096",
+            "--seq-len", str(T), "--micro-batch", str(args.hosts_micro_batch),
+            "--global-batch", str(G),
+            "--steps", str(S), "--lr", "2e-3", "--min-lr", "2e-4", "--warmup-steps", "10",
+            "--threads", "1", "--log-every", "0", "--seed", "1337",
+            "--data", os.path.join(data, "train_*.bin"),
+            "--val-data", os.path.join(data, "val_*.bin"),
+            "--eval-every", str(S), "--eval-batches", "8"]
+    outer = ["--outer", "diloco", "--workers", "2", "--inner-steps", str(H),
+             "--outer-lr", "0.7", "--outer-momentum", "0.9", "--outer-nesterov"]
+    configs = {"sync_dp": ["--dp", "2"], "diloco": outer,
+               "streaming": outer + ["--outer-fragments", str(F), "--outer-dtype", "int4",
+                                     "--outer-block", "64"]}
+    caps = [float(c) for c in args.caps.split(",")]
+    places = [("one_host", "10.231.0.1:2", None)] + [
+        (f"cap{g:g}", "10.231.0.1:1,10.231.0.2:1", g) for g in caps]
+    runs, params, load = {}, None, [os.getloadavg()[0]]
+    lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    # SIGTERM: the finally below (the child mpirun killed, caps removed, hosts down)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        bench_hosts.sh(bench_hosts.HOSTS_SH, "up", "2")
+        for name, flags in configs.items():  # each configuration's placements back to back
+            for place, hosts, gbit in places:
+                bench_hosts.cap_links(gbit)
+                metrics = os.path.join(os.path.dirname(data), f"{place}_{name}.jsonl")
+                cmd = (["mpirun", "--allow-run-as-root", "--host", hosts] + bench_hosts.MCA +
+                       ["-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", "-n", "2"] +
+                       base + flags + ["--metrics", metrics])
+                p = subprocess.run(cmd, capture_output=True, text=True,
+                                   timeout=args.run_timeout)
+                if p.returncode != 0:
+                    print(f"bench_diloco: {place} {name} failed (exit {p.returncode}):\n"
+                          f"$ {' '.join(cmd)}\n{p.stderr[-2000:]}")
+                    sys.exit(1)
+                m = re.search(r"gpt2 model, (\d+) parameters", p.stderr)
+                params = params or (int(m.group(1)) if m else None)
+                rows = [json.loads(x) for x in open(metrics) if x.strip()]
+                meas = [r for r in rows if r["step"] > args.hosts_warmup]
+                toks = rows[-1]["tokens"] - rows[args.hosts_warmup - 1]["tokens"]
+                r = {"tokens": rows[-1]["tokens"],
+                     "tokens_per_s": round(toks / (sum(x["step_ms"] for x in meas) / 1e3), 1),
+                     "val_loss": rows[-1].get("val_loss"),
+                     "step_ms_median": round(sorted(x["step_ms"] for x in meas)[len(meas) // 2],
+                                             1)}
+                if "outer" in rows[-1]:
+                    r["bytes_per_token"] = round(rows[-1]["outer"]["bytes_total"] /
+                                                 rows[-1]["tokens"], 2)
+                    r["outer_exposed_ms_total"] = round(sum(x["outer"]["exposed_ms"]
+                                                            for x in rows), 1)
+                    r["outer_hidden_ms_total"] = round(sum(x["outer"]["hidden_ms"]
+                                                           for x in rows), 1)
+                runs.setdefault(name, {})[place] = r
+                print(f"  {place} {name}: {r}", flush=True)
+                load.append(os.getloadavg()[0])
+    finally:
+        bench_hosts.cap_links(None)
+        bench_hosts.sh(bench_hosts.HOSTS_SH, "down", check=False)
+        lock.close()
+    sync_bpt = 2 * 4 * params / (G * T)  # 2 ranks, each 2 (n-1)/n x 4P = 4P bytes a step
+    out = {"bench": "bench_diloco", "host": "two test hosts (tests/hosts), 1 rank each",
+           "model": f"gpt2 {L} layers d_model {D} vocab 4096 (KJV BPE)", "params": params,
+           "seq_len": T, "global_batch": G, "steps": S, "inner_steps": H, "fragments": F,
+           "outer_dtype_streaming": "int4 (block 64)", "warmup_steps_excluded": args.hosts_warmup,
+           "loadavg": load, "runs": {}}
+    for name, per in runs.items():
+        one = per["one_host"]
+        o = {"one_host_tokens_per_s": one["tokens_per_s"], "val_loss": one["val_loss"],
+             "bytes_per_token": one.get("bytes_per_token", round(sync_bpt, 2)),
+             "caps": {}}
+        o["fewer_bytes_than_sync"] = round(sync_bpt / o["bytes_per_token"], 1)
+        # the link alone: each rank's bytes a step (half the run's) over the cap, added to the
+        # one-host step without any overlap (a floor for the ratio; measured ratios on a
+        # loaded shared machine move more than this)
+        rank_bytes_step = o["bytes_per_token"] * G * T / 2
+        for place, _, gbit in places[1:]:
+            r = per[place]
+            wire_ms = rank_bytes_step * 8 / (gbit * 1e9) * 1e3
+            o["caps"][f"{gbit:g}gbit"] = {
+                "tokens_per_s": r["tokens_per_s"],
+                "ratio_to_one_host": round(r["tokens_per_s"] / one["tokens_per_s"], 3),
+                "wire_ms_per_step": round(wire_ms, 2),
+                "model_ratio_no_overlap": round(one["step_ms_median"] /
+                                                (one["step_ms_median"] + wire_ms), 3),
+                "val_loss": r["val_loss"], "val_loss_equal_one_host":
+                r["val_loss"] == one["val_loss"]}
+        if name != "sync_dp":
+            o["val_loss_vs_sync"] = round(one["val_loss"] / runs["sync_dp"]["one_host"]
+                                          ["val_loss"] - 1.0, 4)
+        o["detail"] = per
+        out["runs"][name] = o
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -66,16 +192,37 @@ def main():
     ap.add_argument("--speed-outer-rounds", type=int, default=2,
                     help="each speed run: this many outer rounds (x --inner-steps steps)")
     ap.add_argument("--smoke", action="store_true", help="20 steps, H 6, F 2 (seconds)")
+    ap.add_argument("--hosts", action="store_true",
+                    help="2 ranks across two test hosts with capped links (root)")
+    ap.add_argument("--caps", default="1,2.5", help="--hosts: link caps in Gbit/s")
+    ap.add_argument("--hosts-model", default="6x384", help="--hosts: n_layer x d_model")
+    ap.add_argument("--hosts-seq-len", type=int, default=64)
+    ap.add_argument("--hosts-micro-batch", type=int, default=1,
+                    help="--hosts: sequences per rank and step (global batch: twice this)")
+    ap.add_argument("--hosts-steps", type=int, default=100, help="--hosts: steps per run")
+    ap.add_argument("--hosts-warmup", type=int, default=2,
+                    help="--hosts: first steps left out of tokens/s")
+    ap.add_argument("--run-timeout", type=float, default=900.0)
     args = ap.parse_args()
+    args.loom = os.path.abspath(args.loom)
     if args.smoke:
         args.steps, args.inner_steps, args.fragments, args.eval_every = 24, 12, 2, 12
         args.rounds = 1
     if shutil.which("bible") is None or shutil.which("mpirun") is None:
         print("bench_diloco: needs bible-kjv (the `bible` command) and mpirun")
         sys.exit(77)
+    if args.hosts and os.geteuid() != 0:
+        print("SKIP: --hosts needs root for network namespaces")
+        sys.exit(77)
     work = tempfile.mkdtemp(prefix="loom_bench_diloco_")
     try:
         data = prepare(args.loom, work)
+        if args.hosts:
+            if args.smoke:
+                args.caps, args.hosts_model, args.hosts_steps = "2.5", "4x64", 16
+                args.inner_steps, args.fragments = 8, 2
+            print(json.dumps(hosts_bench(args, data)))
+            return
         W, H, F, G, T = args.workers, args.inner_steps, args.fragments, args.global_batch, 64
         base = [args.loom, "train", "--family", "gpt2", "--n-layer", "4", "--n-head", "4",
                 "--d-model", "128", "--d-ff", "512", "--vocab-size", "4096", "--seq-len", str(T),

@@ -38,6 +38,7 @@ def benches(build):
                        "--shard-images", "64", "--sample-n", "2", "--sample-batch", "2",
                        "--sample-steps", "2"], ("torch", "fashion")),
         "bench_diloco": (["--smoke"], ("bible",)),
+        "bench_diloco_hosts": (["--hosts", "--smoke"], ("bible", "hosts")),
         "bench_dp": (["--model", "gpt2-tiny", "--seq-len", "32", "--steps", "3", "--warmup", "1",
                       "--rounds", "1"], ()),
         "bench_ft": (["--smoke"], ()),
@@ -57,6 +58,7 @@ def benches(build):
         "dit_quality": (["--validate", "--epochs", "1", "--per-class", "20"],
                         ("torch", "fashion", "no_loom")),
         "plan_published": ([], ()),
+        "probe_elastic": ([], ("hosts", "no_loom")),
         "bench_tokenizer": ([], ("tokenizer",)),
     }
 
@@ -96,7 +98,8 @@ def main():
     if args.bench == "bench_tokenizer":
         cmd = ["bash", os.path.join(ROOT, "bench", "bench_tokenizer.sh"), loom]
     else:
-        cmd = ([sys.executable, os.path.join(ROOT, "bench", args.bench + ".py")] +
+        script = {"bench_diloco_hosts": "bench_diloco"}.get(args.bench, args.bench)
+        cmd = ([sys.executable, os.path.join(ROOT, "bench", script + ".py")] +
                ([] if "no_loom" in needs else ["--loom", loom]) + words)
     print("$ " + " ".join(cmd), flush=True)
     try:
