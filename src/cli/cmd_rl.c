@@ -34,6 +34,8 @@ static const char usage[] =
     "  --ppo-micro-batch M     sequences per forward/backward (8)\n"
     "  --reward-cmd CMD        reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
     "                          one number a line on stdout (default: arithmetic exact match)\n"
+    "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
+    "                          evaluation and --save-weights follow (0: none; 0)\n"
     "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero;\n"
     "                          --zero 3 at --tp 1)\n"
     "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
@@ -105,6 +107,7 @@ static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, 
         {"ppo-epochs", RL_INT, &rc->ppo_epochs, 1, 1e6, "an integer >= 1"},
         {"ppo-micro-batch", RL_INT, &rc->ppo_micro_batch, 1, 1e6, "an integer >= 1"},
         {"reward-cmd", RL_STR, rc->reward_cmd, 0, 0, NULL},
+        {"time-limit", RL_FLOAT, &rc->time_limit_min, 0, 1e9, "minutes >= 0"},
         {"train-layout", RL_STR, train_layout, 0, 0, NULL},
         {"gen-layout", RL_STR, gen_layout, 0, 0, NULL},
     };

@@ -603,8 +603,29 @@ static loom_status loop(rl_state *s, loom_error *err) {
             if (mx) fprintf(mx, "{\"iteration\": 0, \"heldout_accuracy\": %.6f}\n", acc);
         }
     }
+    const double start_ms = loom_now_ms();
     for (it = first_it; it < rc->iterations && !stop; it++) {
         iter_times m = {.t0 = loom_now_ms()};
+        /* --time-limit: rank 0's clock decides for every rank */
+        double over = rc->time_limit_min > 0 && m.t0 - start_ms > rc->time_limit_min * 60e3;
+        if (rc->time_limit_min > 0 &&
+            (st = loom_comm_bcast(&r->mesh->world, &over, sizeof over, 0, err)))
+            return st;
+        if (over) {
+            if (lead)
+                fprintf(stderr, "loom rl: --time-limit %g min reached after %d iteration(s)\n",
+                        rc->time_limit_min, it);
+            if (s->eval.n && it > first_it) { /* the held-out accuracy of the policy saved */
+                double acc_end;
+                if ((st = evaluate(s, &acc_end, err))) return st;
+                if (lead && mx) {
+                    fprintf(mx, "{\"iteration\": %d, \"heldout_accuracy\": %.6f}\n", it, acc_end);
+                    fflush(mx);
+                }
+                if (lead) fprintf(stderr, "loom rl: held-out accuracy %.4f\n", acc_end);
+            }
+            break;
+        }
         loom_fault_on_step((int64_t)it * E + 1); /* crash@S: during this rollout */
         loom_progress_step_begin();
         loom_trace_begin(tr, "iteration", "rl");

@@ -114,6 +114,14 @@ def main():
         check(len(r) == 20 and last >= 3 * first and last >= 2.5,
               f"GRPO learns a dense reward: {first:.3f} -> {last:.3f} (first and last 3 iterations)")
 
+        # --time-limit: no iteration starts after it; the held-out accuracy and the weights
+        # of the policy follow
+        mt, wt = rl("time_limit", ["--time-limit", "1e-7"])
+        it_rows = [r for r in mt if "reward_mean" in r]
+        check(len(it_rows) == 1 and mt[-1] == {"iteration": 1, "heldout_accuracy":
+                                               mt[-1].get("heldout_accuracy")} and wt,
+              f"--time-limit: one iteration, then the held-out accuracy and the weights ({mt[-1]})")
+
         def bad(what, extra, want, prompts=None):
             args = list(base)
             if prompts:
