@@ -2,8 +2,8 @@
  * with a target in range and the prompt in its format; held-out instances are never
  * training ones; the verifier on hand-made cases (exact rationals, each number at most
  * once, a number not given, a wrong target, a missing newline, leading zeros, garbage);
- * the arithmetic prompts are not Countdown's. Random seeds per run; the seed is printed
- * and LOOM_TEST_SEED overrides it. */
+ * the arithmetic prompts are not Countdown's; random strings as completions and prompts. Random
+ * seeds per run; the seed is printed and LOOM_TEST_SEED overrides it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,6 +88,17 @@ static void test_verifier_cases(void **state) {
     assert_true(verify("3 7 25>54", "(25-7)*3\n") < 0.0f);
     assert_true(verify("3 7 25=", "1\n") < 0.0f);
     assert_true(loom_reward_arith("12+34=", 6, "46\n", 3) == 1.0f);
+    /* random strings over the expression alphabet: 0 or 1, never more (ASan: no overrun) */
+    const char alphabet[] = "0123456789+-*/() \n";
+    for (int k = 0; k < 5000; k++) {
+        char c[24];
+        const size_t n = 1 + rnd() % sizeof c;
+        for (size_t i = 0; i < n; i++) c[i] = alphabet[rnd() % (sizeof alphabet - 1)];
+        const float r = loom_reward_countdown(p, strlen(p), c, n);
+        assert_true(r == 0.0f || r == 1.0f);
+        const float q = loom_reward_countdown(c, n, p, strlen(p)); /* as a prompt */
+        assert_true(q == -1.0f || q == 0.0f || q == 1.0f);
+    }
 }
 
 int main(void) {
