@@ -11,8 +11,11 @@
    between the two ranks, timed by the same run's first iterations is not separable, so
    the bandwidth is measured by `loom rl`'s reshard of a 2x larger model: bytes / time of
    both, the ratio reported).
-Not measured: one GRPO iteration against a PyTorch implementation (not written), and the
-reshard against saving and loading a checkpoint.
+4. One GRPO iteration against plain PyTorch (torch_iteration below: the same model and
+   weights, the same P x G sequences, its own batched KV-cache sampling, the same
+   micro-batches, AdamW; one thread each): the mean iteration time of loom rl's metrics
+   against the PyTorch loop's, both over the same number of iterations. Target: loom >= 2x.
+Not measured: the reshard against saving and loading a checkpoint.
 Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke]"""
 import argparse
 import json
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
 
 
@@ -44,6 +48,111 @@ def weights(loom, tmp, data, L, C, name):
         "--steps", "1", "--threads", "2", "--log-every", "0", "--data", data,
         "--save-weights", path])
     return path
+
+
+def torch_iteration(w, prompts, L, C, P, G, new, M, iterations, temperature=1.0, lr=1e-4):
+    """GRPO in plain PyTorch: rollout (lockstep batched decoding with a KV cache), the
+    exact-match reward, old log-probabilities, one clipped-ratio update over micro-batches
+    of M sequences, AdamW. Returns the mean iteration time (ms) and each phase's."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import safetensors_io
+    import torch_model as tm
+    torch.set_num_threads(1)
+    cfg = tm.Config("llama", n_layer=L, n_head=4, n_kv_head=2, d_model=C, d_ff=4 * C,
+                    vocab_size=256, seq_len=64)
+    model = tm.build_model(cfg)
+    tm.load_params(model, safetensors_io.load(w))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(1)
+    hd, H, KV = cfg.head_dim, cfg.n_head, cfg.n_kv_head
+    cos, sin = tm.rope_tables(cfg.seq_len, hd, cfg.rope_theta, torch.float32)
+    m = model.model
+    phases = {"rollout": 0.0, "logprob": 0.0, "update": 0.0}
+    for it in range(iterations):
+        ps = [prompts[(it * P + k) % len(prompts)] for k in range(P)]
+        seqs = [list(p.encode()) for p in ps for _ in range(G)]
+        B = len(seqs)
+        t0 = time.time()
+        with torch.no_grad():  # rollout: every sequence at position t at step t
+            cache = [[None, None] for _ in range(L)]
+            comp = [[] for _ in range(B)]
+            done = [False] * B
+            cur = torch.tensor([s[0] for s in seqs])
+            for t in range(cfg.seq_len - 1):
+                x = m.embed_tokens(cur)[:, None, :]
+                for li, blk in enumerate(m.layers):
+                    a = blk.self_attn
+                    h = blk.input_layernorm(x)
+                    q = a.q_proj(h).view(B, 1, H, hd).transpose(1, 2)
+                    k = a.k_proj(h).view(B, 1, KV, hd).transpose(1, 2)
+                    v = a.v_proj(h).view(B, 1, KV, hd).transpose(1, 2)
+                    c, sn = cos[t:t + 1], sin[t:t + 1]
+                    q = q * c + tm.rotate_half(q) * sn
+                    k = k * c + tm.rotate_half(k) * sn
+                    kc, vc = cache[li]
+                    kc = k if kc is None else torch.cat([kc, k], dim=2)
+                    vc = v if vc is None else torch.cat([vc, v], dim=2)
+                    cache[li] = [kc, vc]
+                    kk, vv = kc.repeat_interleave(H // KV, 1), vc.repeat_interleave(H // KV, 1)
+                    att = torch.softmax(q @ kk.transpose(-1, -2) / hd ** 0.5, dim=-1) @ vv
+                    x = x + a.o_proj(att.transpose(1, 2).reshape(B, 1, H * hd))
+                    x = x + blk.mlp(blk.post_attention_layernorm(x))
+                probs = torch.softmax(model.lm_head(m.norm(x))[:, 0] / temperature, dim=-1)
+                drawn = torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
+                nxt = []
+                for b in range(B):
+                    if t + 1 < len(seqs[b]):
+                        nxt.append(seqs[b][t + 1])
+                        continue
+                    if not done[b]:
+                        comp[b].append(drawn[b])
+                        done[b] = drawn[b] == 10 or len(comp[b]) >= new or \
+                            len(seqs[b]) + len(comp[b]) > cfg.seq_len
+                    nxt.append(drawn[b])
+                if all(done):
+                    break
+                cur = torch.tensor(nxt)
+        t1 = time.time()
+        reward = []
+        for b in range(B):
+            p = bytes(seqs[b]).decode()
+            want = str(eval(p[:-1])) + "\n"
+            reward.append(1.0 if bytes(comp[b]) == want.encode() else 0.0)
+        r = torch.tensor(reward).view(P, G)
+        adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
+        T = cfg.seq_len
+        rec = torch.zeros(B, T + 1, dtype=torch.long)
+        mask = torch.zeros(B, T)
+        for b in range(B):
+            full = seqs[b] + comp[b]
+            rec[b, :len(full)] = torch.tensor(full)
+            lo = len(seqs[b]) - 1
+            mask[b, lo:lo + len(comp[b])] = 1.0 / (B * max(1, len(comp[b])))
+        inp, tgt = rec[:, :-1], rec[:, 1:]
+
+        def logp(i0):
+            lg = model(inp[i0:i0 + M]) / temperature
+            return torch.log_softmax(lg, -1).gather(-1, tgt[i0:i0 + M, :, None])[..., 0]
+
+        with torch.no_grad():
+            old = torch.cat([logp(i) for i in range(0, B, M)])
+        t2 = time.time()
+        opt.zero_grad()
+        for i in range(0, B, M):
+            lp = logp(i)
+            ratio = torch.exp(lp - old[i:i + M])
+            a = adv[i:i + M, None]
+            loss = -torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)
+            (loss * mask[i:i + M]).sum().backward()
+        opt.step()
+        t3 = time.time()
+        phases["rollout"] += (t1 - t0) * 1e3
+        phases["logprob"] += (t2 - t1) * 1e3
+        phases["update"] += (t3 - t2) * 1e3
+    phases = {k: v / iterations for k, v in phases.items()}
+    return sum(phases.values()), phases
 
 
 def main():
@@ -90,6 +199,18 @@ def main():
         phases = ("rollout_ms", "reward_ms", "logprob_ms", "update_ms", "reshard_ms")
         total = sum(r["iteration_ms"] for r in rows)
         out["phase_share"] = {k[:-3]: sum(r[k] for r in rows) / total for k in phases}
+        loom_ms = total / len(rows)
+        torch_ms, torch_phases = torch_iteration(
+            w, open(os.path.join(d, "train_prompts.txt")).read().split("\n")[:-1], L, C, 8, 8,
+            new, 8, len(rows))
+        out["grpo_iteration"] = {"loom_ms": loom_ms, "torch_ms": torch_ms,
+                                 "speedup": torch_ms / loom_ms,
+                                 "loom_phases_ms": {k[:-3]: sum(r[k] for r in rows) / len(rows)
+                                                    for k in phases},
+                                 "torch_phases_ms": torch_phases,
+                                 "threads": 1, "sequences": 64}
+        print(f"GRPO iteration: loom {loom_ms:.0f} ms, PyTorch {torch_ms:.0f} ms: "
+              f"{torch_ms / loom_ms:.2f}x", file=sys.stderr)
         reshard = {}
         for L2, C2 in ((L, C), (L, 2 * C)):
             w2 = weights(a.loom, tmp, d + "/train_*.bin", L2, C2, f"w{C2}.safetensors")

@@ -14,6 +14,7 @@
 #include "core/fs.h"
 #include "core/philox.h"
 #include "data/dataset.h"
+#include "rl/countdown.h"
 
 #define ARITH_SPLIT_STREAM 0x61726974u /* "arit": which pairs are held out */
 #define ARITH_TRAIN_STREAM 0x61727472u /* draws of the training examples */
@@ -40,8 +41,8 @@ static void draw(uint64_t seed, int val, uint64_t k, uint64_t range, uint64_t *a
 }
 
 typedef struct {
-    char op;
-    int digits;
+    char op; /* '+', '*', or 'c': Countdown */
+    int digits, numbers, max;
     int64_t n_train, n_val;
     uint64_t seed;
     const char *out;
@@ -52,7 +53,7 @@ static int write_split(const arith_options *o, int val, char *path, size_t cap) 
     const uint64_t range = pow10u(o->digits);
     const int64_t n = val ? o->n_val : o->n_train;
     const char *name = val ? "val" : "train";
-    const size_t line_max = 64;
+    const size_t line_max = 192;
     int32_t *tokens = malloc((size_t)n * line_max * sizeof *tokens);
     FILE *prompts = NULL, *answers = NULL;
     int rc = 0;
@@ -65,7 +66,14 @@ static int write_split(const arith_options *o, int val, char *path, size_t cap) 
     snprintf(path, cap, "%s/%s_answers.txt", o->out, name);
     if (!rc && !(answers = fopen(path, "w"))) rc = 1;
     int64_t used = 0;
-    for (int64_t k = 0; !rc && k < n; k++) {
+    for (int64_t k = 0; !rc && o->op == 'c' && k < n; k++) {
+        char prompt[96], answer[96];
+        loom_countdown_draw(o->seed, val, (uint64_t)k, o->numbers, o->max, prompt, answer);
+        for (const char *c = prompt; *c; c++) tokens[used++] = (unsigned char)*c;
+        for (const char *c = answer; *c; c++) tokens[used++] = (unsigned char)*c;
+        if (fprintf(prompts, "%s\n", prompt) < 0 || fprintf(answers, "%s", answer) < 0) rc = 1;
+    }
+    for (int64_t k = 0; !rc && o->op != 'c' && k < n; k++) {
         uint64_t a, b;
         draw(o->seed, val, (uint64_t)k, range, &a, &b);
         unsigned long long c = o->op == '+' ? a + b : a * b;
@@ -98,12 +106,15 @@ static int write_split(const arith_options *o, int val, char *path, size_t cap) 
 int loom_cmd_data_arith(int argc, char **argv, const char *usage) {
     const char *out = NULL;
     int op = '+';
-    int64_t digits = 3, n_train = 20000, n_val = 500, seed = 1;
+    int64_t digits = 3, n_train = 20000, n_val = 500, seed = 1, numbers = 3, max = 25;
     const loom_data_flag flags[] = {
         {"out", LOOM_DATA_FLAG_STR, .required = 1, .str = &out},
         {"op", LOOM_DATA_FLAG_CHOICE, .choice = &op,
-         .choices = (const char *const[]){"+", "*", NULL}, .values = (const int[]){'+', '*'}},
+         .choices = (const char *const[]){"+", "*", "countdown", NULL},
+         .values = (const int[]){'+', '*', 'c'}},
         {"digits", LOOM_DATA_FLAG_INT, .i64 = &digits, .lo = 1, .hi = 9},
+        {"numbers", LOOM_DATA_FLAG_INT, .i64 = &numbers, .lo = 2, .hi = LOOM_COUNTDOWN_MAX_NUMBERS},
+        {"max", LOOM_DATA_FLAG_INT, .i64 = &max, .lo = 2, .hi = 99},
         {"train", LOOM_DATA_FLAG_INT, .i64 = &n_train, .lo = 1, .hi = 100000000},
         {"val", LOOM_DATA_FLAG_INT, .i64 = &n_val, .lo = 1, .hi = 100000000},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
@@ -115,7 +126,8 @@ int loom_cmd_data_arith(int argc, char **argv, const char *usage) {
                 strerror(errno));
         return 2;
     }
-    arith_options o = {(char)op, (int)digits, n_train, n_val, (uint64_t)seed, out};
+    arith_options o = {(char)op, (int)digits, (int)numbers,   (int)max,
+                       n_train,  n_val,       (uint64_t)seed, out};
     size_t cap = strlen(out) + 64;
     char *path = malloc(cap);
     if (!path) {
@@ -127,13 +139,24 @@ int loom_cmd_data_arith(int argc, char **argv, const char *usage) {
     if (!rc) {
         snprintf(path, cap, "%s/task.json", out);
         FILE *f = fopen(path, "w");
-        if (!f || fprintf(f, "{\"op\": \"%c\", \"digits\": %d}\n", o.op, o.digits) < 0 ||
-            fclose(f)) {
+        const int wrote = !f ? -1
+                          : o.op == 'c'
+                              ? fprintf(f,
+                                        "{\"op\": \"countdown\", \"numbers\": %d, "
+                                        "\"max\": %d}\n",
+                                        o.numbers, o.max)
+                              : fprintf(f, "{\"op\": \"%c\", \"digits\": %d}\n", o.op, o.digits);
+        if (!f || wrote < 0 || fclose(f)) {
             fprintf(stderr, "loom data: %s: cannot write: %s\n", path, strerror(errno));
             rc = 2;
         }
     }
-    if (!rc)
+    if (!rc && o.op == 'c')
+        fprintf(stderr,
+                "loom data: %lld train and %lld held-out Countdown instances (%d numbers in "
+                "[1, %d]) in %s (train/val_000000.bin, *_prompts.txt, *_answers.txt, task.json)\n",
+                (long long)n_train, (long long)n_val, o.numbers, o.max, out);
+    else if (!rc)
         fprintf(stderr,
                 "loom data: %lld train and %lld held-out examples of %d-digit '%c' in %s "
                 "(train/val_000000.bin, *_prompts.txt, *_answers.txt, task.json)\n",

@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/train_options.h"
 #include "comm/world.h"
 #include "core/cpu_boot.h"
+#include "core/fault.h"
+#include "ft/heartbeat.h"
 #include "model/weights.h"
 #include "parallel/mesh.h"
 #include "rl/rl.h"
@@ -33,13 +34,18 @@ static const char usage[] =
     "  --ppo-micro-batch M     sequences per forward/backward (8)\n"
     "  --reward-cmd CMD        reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
     "                          one number a line on stdout (default: arithmetic exact match)\n"
-    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero)\n"
+    "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
+    "                          evaluation and --save-weights follow (0: none; 0)\n"
+    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero;\n"
+    "                          --zero 3 at --tp 1)\n"
     "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
     "                          (the default); with --tp > 1 the weights are resharded to it\n"
     "                          in memory after every update\n"
     "  With --init-from W.safetensors the model's configuration is the file's. The\n"
     "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
-    "  and --steps are set from the rl flags.\n";
+    "  and --steps are set from the rl flags. --ckpt-dir DIR [--ckpt-every N iterations]\n"
+    "  and --resume (or loom run -n N -- rl ...) resume between iterations; --trace FILE\n"
+    "  shows rollout, reward, logprob, reference, update and reshard spans.\n";
 
 typedef enum { RL_STR, RL_INT, RL_FLOAT, RL_NORM } rl_kind;
 typedef struct {
@@ -101,6 +107,7 @@ static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, 
         {"ppo-epochs", RL_INT, &rc->ppo_epochs, 1, 1e6, "an integer >= 1"},
         {"ppo-micro-batch", RL_INT, &rc->ppo_micro_batch, 1, 1e6, "an integer >= 1"},
         {"reward-cmd", RL_STR, rc->reward_cmd, 0, 0, NULL},
+        {"time-limit", RL_FLOAT, &rc->time_limit_min, 0, 1e9, "minutes >= 0"},
         {"train-layout", RL_STR, train_layout, 0, 0, NULL},
         {"gen-layout", RL_STR, gen_layout, 0, 0, NULL},
     };
@@ -143,49 +150,48 @@ static int gen_dp(const char *g) {
     return n;
 }
 
-int loom_cmd_rl(int argc, char **argv) {
-    loom_rl_config rc;
-    loom_rl_config_defaults(&rc);
+int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_options *o) {
+    loom_rl_config_defaults(rc);
     static char train_layout[LOOM_PATH_MAX], gen_layout[LOOM_PATH_MAX];
+    train_layout[0] = gen_layout[0] = 0;
     char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
     if (!rest) return fail("out of memory");
-    int n_rest, rc_parse = parse(argc, argv, &rc, train_layout, gen_layout, rest, &n_rest);
+    int n_rest, rc_parse = parse(argc, argv, rc, train_layout, gen_layout, rest, &n_rest);
     if (rc_parse >= 0) {
         free(rest);
         return rc_parse;
     }
     loom_error err = {0};
-    loom_train_options o;
-    loom_status st = loom_train_options_parse(&o, n_rest, rest, &err);
+    loom_status st = loom_train_options_parse(o, n_rest, rest, &err);
     free(rest);
     if (st) return fail(err.msg);
-    if (!rc.prompts[0]) return fail("--prompts: required (one prompt a line)");
-    loom_train_config *tc = &o.train;
+    if (!rc->prompts[0]) return fail("--prompts: required (one prompt a line)");
+    loom_train_config *tc = &o->train;
     if (tc->init_from[0]) { /* the policy's architecture is the file's */
         loom_param_table table = {0};
         float *params = NULL;
-        st = loom_weights_load(tc->init_from, &o.model, &table, &params, &err);
+        st = loom_weights_load(tc->init_from, &o->model, &table, &params, &err);
         free(params);
         loom_params_free(&table);
         if (st) return fail(err.msg);
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->zero > 2 || tc->sequence_parallel)
-        return fail("--train-layout: loom rl trains with --dp, --tp and --zero 0-2; not --pp, "
-                    "--cp, --ep, --zero 3 or --sequence-parallel");
+    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
+        return fail("--train-layout: loom rl trains with --dp, --tp and --zero; not --pp, "
+                    "--cp, --ep or --sequence-parallel");
+    if (tc->zero > 2 && l->tp > 1)
+        return fail("--train-layout: loom rl trains with --zero 3 at --tp 1 only");
     const struct {
         const char *flag, *value;
-    } unsupported[] = {{"--ckpt-dir", tc->ckpt_dir},
-                       {"--resume", tc->resume},
-                       {"--trace", tc->trace},
-                       {"--dump-dir", tc->dump_dir},
+    } unsupported[] = {{"--dump-dir", tc->dump_dir},
                        {"--val-data", tc->val_data},
                        {"--tensorboard", tc->tensorboard},
-                       {"--ckpt-fast-dir", tc->ckpt_fast_dir}};
+                       {"--ckpt-fast-dir", tc->ckpt_fast_dir},
+                       {"--ckpt-peer", tc->ckpt_peer ? "on" : ""}};
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
         if (unsupported[i].value[0]) {
-            snprintf(msg, sizeof msg, "%s: not supported by loom rl yet (docs/rl.md, limits)",
+            snprintf(msg, sizeof msg, "%s: not supported by loom rl (docs/rl.md, limits)",
                      unsupported[i].flag);
             return fail(msg);
         }
@@ -193,16 +199,16 @@ int loom_cmd_rl(int argc, char **argv) {
     if (gdp < 0) {
         snprintf(msg, sizeof msg,
                  "--gen-layout '%s': expected \"--dp N\" (N ranks, each with the "
-                 "whole weights)",
+                 "whole weights; a tensor-parallel generation layout is not implemented)",
                  gen_layout);
         return fail(msg);
     }
-    if (o.model.family == LOOM_FAMILY_DIT || o.model.n_experts > 0 || o.model.vocab_size != 256)
+    if (o->model.family == LOOM_FAMILY_DIT || o->model.n_experts > 0 || o->model.vocab_size != 256)
         return fail("model: loom rl trains dense language models on byte tokens (--vocab-size "
                     "256, as loom data arith writes)");
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
-    const int n = rc.prompts_per_iter * rc.group_size, dp = l->dp > 0 ? l->dp : 1;
+    const int n = rc->prompts_per_iter * rc->group_size, dp = l->dp > 0 ? l->dp : 1;
     const int world_n = dp * (l->tp > 0 ? l->tp : 1);
     if (gdp > 0 && gdp != world_n) {
         snprintf(msg, sizeof msg,
@@ -218,34 +224,61 @@ int loom_cmd_rl(int argc, char **argv) {
                  n, world_n);
         return fail(msg);
     }
-    if (n % (dp * rc.ppo_micro_batch) != 0) {
+    if (n % (dp * rc->ppo_micro_batch) != 0) {
         snprintf(msg, sizeof msg,
                  "--ppo-micro-batch %d: the %d sequences of an iteration (--prompts-per-iter x "
                  "--group-size) must split into --dp %d ranks of whole micro-batches",
-                 rc.ppo_micro_batch, n, dp);
+                 rc->ppo_micro_batch, n, dp);
         return fail(msg);
     }
     tc->global_batch = n;
-    tc->micro_batch = rc.ppo_micro_batch;
-    tc->steps = rc.iterations * rc.ppo_epochs;
+    tc->micro_batch = rc->ppo_micro_batch;
+    tc->steps = rc->iterations * rc->ppo_epochs;
+    /* --ckpt-every counts iterations: a checkpoint is always between two iterations */
+    tc->ckpt_every *= rc->ppo_epochs;
     /* Validation asks for --data; rl draws no token batches, so the check gets a name and
-     * the run none. */
+     * the run none. --init-from stays beside --resume (loom run adds --resume auto): the
+     * initial weights, then the newest checkpoint's when there is one. */
     const int had_data = tc->data[0] != 0;
+    char init_from[LOOM_PATH_MAX];
+    snprintf(init_from, sizeof init_from, "%s", tc->init_from);
     if (!had_data) snprintf(tc->data, sizeof tc->data, "(rl)");
-    st = loom_train_config_validate_all(tc, &o.model, &err);
+    if (tc->resume[0]) tc->init_from[0] = 0;
+    st = loom_train_config_validate_all(tc, &o->model, &err);
     if (!had_data) tc->data[0] = 0;
+    snprintf(tc->init_from, sizeof tc->init_from, "%s", init_from);
     if (st) return fail(err.msg);
+    return -1;
+}
+
+int loom_cmd_rl(int argc, char **argv) {
+    loom_rl_config rc;
+    loom_train_options o;
+    int code = loom_cmd_rl_options(argc, argv, &rc, &o);
+    if (code >= 0) return code;
+    loom_train_config *tc = &o.train;
+    loom_error err = {0};
+    loom_fault_list faults = {0};
+    loom_status st;
+    if ((st = loom_fault_parse(&faults, tc->inject, "--inject", &err)) ||
+        (st = loom_fault_parse(&faults, getenv("LOOM_INJECT"), "LOOM_INJECT", &err)))
+        return fail(err.msg);
     loom_world world;
     if ((st = loom_world_init(&world, &argc, &argv, &err))) return fail(err.msg);
+    loom_fault_arm(&faults, loom_fault_slot_of(world.rank), loom_fault_attempt_from_env());
+    if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
+        fprintf(stderr, "loom rl: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
     if ((st = loom_mesh_create(&mesh, &world, tc->layout, &err))) {
         if (world.rank == 0) fprintf(stderr, "loom rl: %s\n", err.msg);
+        loom_heartbeat_stop(1, err.msg);
         loom_world_finalize(&world);
         return st == LOOM_ERR_INPUT ? 2 : 1;
     }
     if (tc->threads == 0) tc->threads = loom_cpu_default_threads();
     loom_cpu_set_threads(tc->threads);
     st = loom_rl_run(&o.model, tc, &rc, &mesh, &err);
+    loom_heartbeat_stop(st != LOOM_OK, err.msg);
     if (st) {
         fprintf(stderr, "loom rl: %s\n", err.msg);
         if (world.size > 1) MPI_Abort(MPI_COMM_WORLD, st == LOOM_ERR_INPUT ? 2 : 1);

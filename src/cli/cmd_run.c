@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cmd_rl.h"
 #include "cli/train_options.h"
 #include "core/fault.h"
 #include "ft/run_config.h"
@@ -23,6 +24,15 @@ int loom_cmd_run(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 2;
     }
+    /* loom run ... -- rl ...: loom rl's ranks (their train options are loom rl's own) */
+    const int rl = strcmp(argv[child], "rl") == 0;
+    loom_rl_config rc;
+    loom_train_options o;
+    if (rl) {
+        int code = loom_cmd_rl_options(argc - child, argv + child, &rc, &o);
+        if (code >= 0) return code;
+        child++;
+    }
     /* Check the train command here, once, rather than in every rank of every attempt. */
     int train_argc = argc - child;
     char **targv = malloc((size_t)(train_argc + 2) * sizeof *targv);
@@ -30,10 +40,9 @@ int loom_cmd_run(int argc, char **argv) {
     targv[0] = "train";
     memcpy(targv + 1, argv + child, (size_t)train_argc * sizeof *targv);
     targv[train_argc + 1] = NULL;
-    loom_train_options o;
-    if ((st = loom_train_options_parse(&o, train_argc + 1, targv, &err)) ||
-        (st = loom_model_config_validate(&o.model, &err)) ||
-        (st = loom_train_config_validate(&o.train, &err))) {
+    if (!rl && ((st = loom_train_options_parse(&o, train_argc + 1, targv, &err)) ||
+                (st = loom_model_config_validate(&o.model, &err)) ||
+                (st = loom_train_config_validate(&o.train, &err)))) {
         fprintf(stderr, "loom run: train options: %s\n", err.msg);
         free(targv);
         return 2;
@@ -46,6 +55,7 @@ int loom_cmd_run(int argc, char **argv) {
         return 2;
     }
     loom_run_job job = {0};
+    snprintf(job.command, sizeof job.command, "%s", rl ? "rl" : "train");
     job.dp = o.train.layout.dp;
     job.model_ranks = o.train.layout.tp * o.train.layout.pp * o.train.layout.cp;
     if (loom_outer_enabled(&o.train.outer)) /* --workers: --dp is per worker group */

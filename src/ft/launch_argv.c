@@ -75,7 +75,7 @@ void loom_launch_cmd_build(loom_launch_cmd *c, const loom_launch_spec *s) {
             c->argv[n++] = w;
     }
     ARG("%s", s->loom_exe);
-    ARG("train");
+    ARG("%s", s->command && s->command[0] ? s->command : "train");
     for (int i = 0; i < s->train_argc && n < LOOM_LAUNCH_MAX_ARGS - 12; i++)
         c->argv[n++] = s->train_argv[i];
     ARG("--dp");

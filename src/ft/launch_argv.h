@@ -17,6 +17,7 @@ typedef struct {
     int world, dp;
     const char *attempt_dir; /* rank logs go under it (loom_launch_rank_log) */
     const char *loom_exe;
+    const char *command; /* "train" (NULL or "": train) or "rl" */
     char **train_argv;
     int train_argc;
     const char *skip_list;     /* --skip-steps LIST, "" = none */

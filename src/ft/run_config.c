@@ -185,9 +185,11 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
 void loom_run_config_usage(FILE *f) {
     fprintf(
         f,
-        "usage: loom run -n N [options] -- <loom train options>\n\n"
-        "Runs `loom train` on N ranks (mpirun, or srun under Slurm), watches heartbeats,\n"
-        "writes a diagnosis on every failure and restarts from the newest checkpoint.\n"
+        "usage: loom run -n N [options] -- <loom train options>\n"
+        "       loom run -n N [options] -- rl <loom rl options>\n\n"
+        "Runs `loom train` (or `loom rl`) on N ranks (mpirun, or srun under Slurm), watches\n"
+        "heartbeats, writes a diagnosis on every failure and restarts from the newest\n"
+        "checkpoint.\n"
         "\nLaunch and hosts (docs/cluster.md):\n"
         "  -n N                    ranks\n"
         "  --hosts H               mpirun --host list (heartbeats then bind 0.0.0.0)\n"

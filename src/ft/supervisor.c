@@ -149,6 +149,7 @@ static void build_argv(sup *s, const char *loom_exe, char **train_argv, int trai
         .dp = s->dp,
         .attempt_dir = attempt_dir,
         .loom_exe = loom_exe,
+        .command = s->job->command,
         .train_argv = train_argv,
         .train_argc = train_argc,
         .skip_list = skips,

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "rl/countdown.h"
+
 /* A decimal number of at most 18 digits at s[*i]; -1 if none. */
 static int64_t number(const char *s, size_t n, size_t *i) {
     int64_t v = 0;
@@ -21,6 +23,8 @@ static int64_t number(const char *s, size_t n, size_t *i) {
 
 float loom_reward_arith(const char *prompt, size_t prompt_len, const char *completion,
                         size_t completion_len) {
+    const float countdown = loom_reward_countdown(prompt, prompt_len, completion, completion_len);
+    if (countdown >= 0.0f) return countdown;
     size_t i = 0;
     int64_t a = number(prompt, prompt_len, &i);
     if (a < 0 || i >= prompt_len) return 0.0f;

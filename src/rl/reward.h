@@ -8,7 +8,9 @@
 #include "core/error.h"
 
 /* 1 when the prompt is "A+B=" or "A*B=" (decimal A, B) and the completion is the
- * decimal result followed by a newline, else 0. */
+ * decimal result followed by a newline, or the prompt is a Countdown prompt
+ * "N1 ... Nk>T=" and the completion an expression over the numbers worth T and a newline
+ * (rl/countdown.h); else 0. */
 float loom_reward_arith(const char *prompt, size_t prompt_len, const char *completion,
                         size_t completion_len);
 

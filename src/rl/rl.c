@@ -6,9 +6,13 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "core/fault.h"
+#include "core/progress.h"
+#include "core/trace.h"
 #include "core/fs.h"
 #include "core/philox.h"
 #include "model/weights.h"
+#include "rl/reference.h"
 #include "rl/reward.h"
 #include "parallel/reshard.h"
 #include "rl/rollout.h"
@@ -147,41 +151,62 @@ static void state_free(rl_state *s) {
 /* Training layout -> generation layout (the generator's copy), timed. */
 static loom_status reshard(rl_state *s, loom_error *err) {
     if (!s->gen_params) return LOOM_OK;
+    loom_run *r = s->run;
     double t0 = loom_now_ms();
-    loom_status st = loom_reshard_run(&s->to_gen, s->run->params, s->gen_params, err);
+    loom_trace_begin(r->trace, "reshard", "rl");
+    loom_status st;
+    if (r->sharded) { /* ZeRO-3: the shards gathered whole on every rank, then copied */
+        if (!(st = loom_fsdp_gather_all(r->sharded, err)))
+            memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
+        loom_fsdp_invalidate(r->sharded);
+    } else
+        st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
+    loom_trace_end(r->trace);
     s->reshard_ms = loom_now_ms() - t0;
     return st;
 }
 
-/* With --tp > 1 the generator gets its own whole copy, and the move that fills it. */
+/* With --tp > 1 or ZeRO-3 the generator gets its own whole copy, and the move that fills
+ * it: tp shards through parallel/reshard.h's plan; ZeRO-3's flat shards through the
+ * trainer's own all-gather (parallel/fsdp.h). */
 static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
     loom_mesh *mesh = r->mesh;
-    if (mesh->layout.tp == 1) return LOOM_OK;
+    if (mesh->layout.tp == 1 && !r->sharded) return LOOM_OK;
     loom_status st = loom_params_build(&s->gen_table, r->mc,
                                        &(loom_params_options){.tp_rank = 0, .tp_size = 1}, err);
-    if (st || (st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)) ||
-        (st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)))
-        return st;
+    if (st) return st;
     if (!(s->gen_params = malloc(s->gen_table.total * sizeof(float))))
         return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the weights");
-    loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
-                               mesh->layout.dp};
-    loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
-    if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
-    s->reshard_bytes = s->to_gen.bytes_moved;
-    const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
-    s->full = malloc(N * sizeof(float));
-    s->parts = malloc(N * sizeof(float));
-    if (!s->full || !s->parts)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
+    size_t train_floats = r->model.table.total;
+    if (r->sharded) {
+        train_floats = r->zero.shard_floats;
+        s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
+    } else {
+        if ((st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)) ||
+            (st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)))
+            return st;
+        loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
+                                   mesh->layout.dp};
+        loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
+        if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
+        s->reshard_bytes = s->to_gen.bytes_moved;
+    }
+    if (mesh->layout.tp > 1) {
+        const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
+        s->full = malloc(N * sizeof(float));
+        s->parts = malloc(N * sizeof(float));
+        if (!s->full || !s->parts)
+            return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
+    }
     if (mesh->rank == 0)
         fprintf(stderr,
                 "loom rl: generation layout dp %d (whole weights on every rank, %.3f MiB); "
-                "training layout tp %d x dp %d (%.3f MiB of weights a rank); reshard moves "
+                "training layout tp %d x dp %d%s (%.3f MiB of weights a rank); reshard moves "
                 "%.3f MiB between ranks\n",
                 mesh->size, s->gen_table.total * 4.0 / 1048576.0, mesh->layout.tp, mesh->layout.dp,
-                r->model.table.total * 4.0 / 1048576.0, s->reshard_bytes / 1048576.0);
+                r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
+                s->reshard_bytes / 1048576.0);
     return reshard(s, err);
 }
 
@@ -229,8 +254,12 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     for (size_t i = 0; ok && i < g; i++) ok = s->ctext[i] != NULL;
     if (ok && rc->grpo.kl_coef != 0.0f) {
         const size_t P = r->model.table.total;
-        if ((ok = (s->ref_params = malloc(P * sizeof(float))) != NULL))
+        if ((ok = (s->ref_params = malloc(P * sizeof(float))) != NULL)) {
+            /* ZeRO-3: the reference is kept whole (the shards gathered once) */
+            if (r->sharded && (st = loom_fsdp_gather_all(r->sharded, err))) return st;
             memcpy(s->ref_params, r->params, P * sizeof(float));
+            if (r->sharded) loom_fsdp_invalidate(r->sharded);
+        }
     }
     if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
     if (s->V > '\n') s->stop['\n'] = 1;
@@ -367,11 +396,13 @@ static loom_status build_batch(rl_state *s, loom_error *err) {
 }
 
 /* Forward of micro-batch k under params; the logits at the sampling temperature. */
-static loom_status forward(rl_state *s, int k, const float *params) {
+static loom_status forward(rl_state *s, int k, const float *params, loom_error *err) {
     loom_model *m = &s->run->model;
     const int M = s->rc->ppo_micro_batch;
     loom_model_load_batch(m, s->run->batch, k * M);
-    loom_status st = loom_model_forward(m, params);
+    /* ZeRO-3: the embedding and tail gathered, the blocks by the model's hooks */
+    loom_status st = s->run->sharded ? loom_fsdp_begin_micro_batch(s->run->sharded, err) : LOOM_OK;
+    if (!st) st = loom_model_forward(m, params);
     const float temp = s->rc->sampling.temperature;
     if (!st && temp != 1.0f) {
         const size_t n = (size_t)M * s->T * s->Vl;
@@ -420,7 +451,7 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
     float *x;
     for (int k = 0; !st && k < s->per / M; k++) {
         const size_t row = (size_t)k * M * s->T;
-        if (!(st = forward(s, k, params)) && !(st = whole_logits(s, &x, err)))
+        if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, &x, err)))
             loom_grpo_logprobs(x, m->targets, M * s->T, s->V, out + row);
     }
     return st;
@@ -443,7 +474,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     for (int k = 0; k < accum; k++) {
         const size_t row = (size_t)k * N;
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
-            (st = forward(s, k, r->params)) || (st = whole_logits(s, &x, err)))
+            (st = forward(s, k, r->params, err)) || (st = whole_logits(s, &x, err)))
             return st;
         *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
                                 s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
@@ -461,6 +492,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
         (st = loom_grad_sync_norm(&r->sync, norm, err)))
         return st;
     const float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+    loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
     if ((st = loom_grad_sync_step(&r->sync, *norm, lr, &tc->adamw, step + 1, err))) return st;
     loom_grad_sync_step_end(&r->sync);
     return LOOM_OK;
@@ -469,86 +501,195 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
 static loom_status save_weights(loom_run *r, loom_error *err) {
     const loom_param_table *et;
     const float *ep;
-    loom_status st = loom_run_export_flat(r, r->params, &et, &ep, err);
-    if (st || r->mesh->rank != 0) return st;
-    loom_mkdir_parent(r->tc->save_weights);
-    if (!(st = loom_weights_save(r->tc->save_weights, r->mc, et, ep, err)))
-        fprintf(stderr, "loom rl: weights written to %s\n", r->tc->save_weights);
+    loom_status st = r->sharded ? loom_fsdp_gather_all(r->sharded, err) : LOOM_OK;
+    if (!st) st = loom_run_export_flat(r, r->params, &et, &ep, err);
+    if (!st && r->mesh->rank == 0) {
+        loom_mkdir_parent(r->tc->save_weights);
+        if (!(st = loom_weights_save(r->tc->save_weights, r->mc, et, ep, err)))
+            fprintf(stderr, "loom rl: weights written to %s\n", r->tc->save_weights);
+    }
+    if (r->sharded) loom_fsdp_invalidate(r->sharded);
+    return st;
+}
+
+/* The iteration's metrics line and progress line (rank 0). */
+typedef struct {
+    double t0, t1, t2, t3, t4, loss, norm, acc;
+    double sums[5]; /* tokens, kl, clipped, entropy, ratio not one: first epoch */
+    int eval_now;
+} iter_times;
+
+static void report_iteration(rl_state *s, int it, const iter_times *m) {
+    const loom_rl_config *rc = s->rc;
+    FILE *mx = s->run->metrics.file;
+    const double *sums = m->sums, t0 = m->t0, t1 = m->t1, t2 = m->t2, t3 = m->t3, t4 = m->t4;
+    const double loss = m->loss, norm = m->norm, acc = m->acc;
+    const int eval_now = m->eval_now;
+    double mean = 0.0, var = 0.0, correct = 0.0, len = 0.0;
+    for (int q = 0; q < s->n_global; q++) {
+        mean += s->reward[q];
+        correct += s->reward[q] >= 1.0f;
+        len += s->sums[s->n_global + q];
+    }
+    mean /= s->n_global;
+    for (int q = 0; q < s->n_global; q++) var += (s->reward[q] - mean) * (s->reward[q] - mean);
+    const double tok = sums[0] > 0 ? sums[0] : 1.0;
+    char heldout[64] = "", shown[48] = "";
+    if (eval_now) {
+        snprintf(heldout, sizeof heldout, ", \"heldout_accuracy\": %.6f", acc);
+        snprintf(shown, sizeof shown, " | held-out %.4f", acc);
+    }
+    if (mx)
+        fprintf(mx,
+                "{\"iteration\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, "
+                "\"accuracy\": %.6f, \"kl\": %.9g, \"clip_fraction\": %.9g, "
+                "\"ratio_not_one_first_epoch\": %.0f, \"completion_len\": %.4f, "
+                "\"entropy\": %.9g, \"loss\": %.9g, \"grad_norm\": %.9g, \"rollout_ms\": %.1f, "
+                "\"reward_ms\": %.1f, \"logprob_ms\": %.1f, \"update_ms\": %.1f, "
+                "\"reshard_ms\": %.2f, \"iteration_ms\": %.1f%s}\n",
+                it + 1, mean, sqrt(var / s->n_global), correct / s->n_global, sums[1] / tok,
+                sums[2] / tok, sums[4], len / s->n_global, sums[3] / tok, loss, norm, t1 - t0,
+                t2 - t1, t3 - t2, t4 - t3 - s->reshard_ms, s->reshard_ms, loom_now_ms() - t0,
+                heldout);
+    if (mx) fflush(mx);
+    fprintf(stderr,
+            "iter %4d/%d | reward %.4f | acc %.4f%s | kl %.4g | clip %.3f | len %.2f | %.0f ms\n",
+            it + 1, rc->iterations, mean, correct / s->n_global, shown, sums[1] / tok,
+            sums[2] / tok, len / s->n_global, loom_now_ms() - t0);
+}
+
+/* The first iteration: 0, or the one after a checkpoint's (--resume, loom run). The
+ * sampler's state is the iteration itself (every draw is Philox(seed, iteration, ...)),
+ * the reference model is DIR/rl_reference.safetensors (rl/reference.h). */
+static loom_status open_resume(rl_state *s, int *first_it, loom_error *err) {
+    loom_run *r = s->run;
+    const int E = s->rc->ppo_epochs;
+    if (r->start_step % E != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: the checkpoint's step %d is not between two iterations "
+                              "(--ppo-epochs %d)",
+                              r->start_step, E);
+    *first_it = r->start_step / E;
+    if (!s->ref_params || !r->ckpt.enabled) return LOOM_OK;
+    char path[LOOM_PATH_MAX + 32];
+    loom_rl_reference_path(r->tc->ckpt_dir, path, sizeof path);
+    if (*first_it == 0) return loom_rl_reference_save(r, s->ref_params, path, err);
+    loom_status st = loom_rl_reference_load(r, s->ref_params, path, err);
+    if (!st && r->mesh->rank == 0)
+        fprintf(stderr, "loom rl: resumed at iteration %d; reference model from %s\n", *first_it,
+                path);
     return st;
 }
 
 static loom_status loop(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
+    loom_trace *tr = r->trace;
     const loom_rl_config *rc = s->rc;
-    const int lead = r->mesh->rank == 0;
+    const int lead = r->mesh->rank == 0, E = rc->ppo_epochs;
     FILE *mx = r->metrics.file;
     loom_status st;
+    int first_it = 0, stop = 0, it;
+    if ((st = open_resume(s, &first_it, err))) return st;
+    loom_progress_set_step(r->start_step);
     double acc = NAN;
-    if (s->eval.n && (st = evaluate(s, &acc, err))) return st;
-    if (lead && s->eval.n) {
-        fprintf(stderr, "loom rl: held-out accuracy before RL %.4f (%d prompts)\n", acc, s->eval.n);
-        if (mx) fprintf(mx, "{\"iteration\": 0, \"heldout_accuracy\": %.6f}\n", acc);
+    if (first_it == 0 && s->eval.n) {
+        loom_trace_begin(tr, "evaluate", "rl");
+        st = evaluate(s, &acc, err);
+        loom_trace_end(tr);
+        if (st) return st;
+        if (lead) {
+            fprintf(stderr, "loom rl: held-out accuracy before RL %.4f (%d prompts)\n", acc,
+                    s->eval.n);
+            if (mx) fprintf(mx, "{\"iteration\": 0, \"heldout_accuracy\": %.6f}\n", acc);
+        }
     }
-    for (int it = 0; it < rc->iterations; it++) {
-        double t0 = loom_now_ms();
-        if ((st = rollout(s, it, r->tc->seed, err))) return st;
-        double t1 = loom_now_ms();
-        if ((st = rewards(s, err)) || (st = build_batch(s, err))) return st;
-        double t2 = loom_now_ms();
-        if ((st = logprobs(s, r->params, s->old_logp, err)) ||
-            (s->ref_params && (st = logprobs(s, s->ref_params, s->ref_logp, err))))
+    const double start_ms = loom_now_ms();
+    for (it = first_it; it < rc->iterations && !stop; it++) {
+        iter_times m = {.t0 = loom_now_ms()};
+        /* --time-limit: rank 0's clock decides for every rank */
+        double over = rc->time_limit_min > 0 && m.t0 - start_ms > rc->time_limit_min * 60e3;
+        if (rc->time_limit_min > 0 &&
+            (st = loom_comm_bcast(&r->mesh->world, &over, sizeof over, 0, err)))
             return st;
-        double t3 = loom_now_ms();
+        if (over) {
+            if (lead)
+                fprintf(stderr, "loom rl: --time-limit %g min reached after %d iteration(s)\n",
+                        rc->time_limit_min, it);
+            if (s->eval.n && it > first_it) { /* the held-out accuracy of the policy saved */
+                double acc_end;
+                if ((st = evaluate(s, &acc_end, err))) return st;
+                if (lead && mx) {
+                    fprintf(mx, "{\"iteration\": %d, \"heldout_accuracy\": %.6f}\n", it, acc_end);
+                    fflush(mx);
+                }
+                if (lead) fprintf(stderr, "loom rl: held-out accuracy %.4f\n", acc_end);
+            }
+            break;
+        }
+        loom_fault_on_step((int64_t)it * E + 1); /* crash@S: during this rollout */
+        loom_progress_step_begin();
+        loom_trace_begin(tr, "iteration", "rl");
+        loom_trace_begin(tr, "generation", "rl");
+        st = rollout(s, it, r->tc->seed, err);
+        loom_trace_end(tr);
+        if (st) return st;
+        m.t1 = loom_now_ms();
+        loom_trace_begin(tr, "reward", "rl");
+        if (!(st = rewards(s, err))) st = build_batch(s, err);
+        loom_trace_end(tr);
+        if (st) return st;
+        m.t2 = loom_now_ms();
+        loom_trace_begin(tr, "logprob", "rl");
+        st = logprobs(s, r->params, s->old_logp, err);
+        loom_trace_end(tr);
+        if (st) return st;
+        if (s->ref_params) {
+            loom_trace_begin(tr, "reference", "rl");
+            st = logprobs(s, s->ref_params, s->ref_logp, err);
+            loom_trace_end(tr);
+            if (st) return st;
+        }
+        m.t3 = loom_now_ms();
         loom_grpo_stats first = {0};
-        double loss = 0.0, norm = 0.0;
-        for (int e = 0; e < rc->ppo_epochs; e++) {
+        for (int e = 0; e < E; e++) {
+            const int step = it * E + e;
+            if (e > 0) loom_fault_on_step(step + 1); /* crash@S: during this update */
             loom_grpo_stats stats = {0};
-            if ((st = update(s, it * rc->ppo_epochs + e, &stats, &loss, &norm, err))) return st;
+            loom_trace_begin(tr, "update", "rl");
+            st = update(s, step, &stats, &m.loss, &m.norm, err);
+            loom_trace_end(tr);
+            if (st) return st;
             if (e == 0) first = stats;
+            loom_progress_step_done(step + 1, m.loss, loom_now_ms() - m.t0);
         }
         if ((st = reshard(s, err))) return st;
-        double t4 = loom_now_ms();
-        double sums[5] = {first.tokens, first.kl, first.clipped, first.entropy, first.off};
+        m.t4 = loom_now_ms();
+        double *sums = m.sums;
+        sums[0] = first.tokens, sums[1] = first.kl, sums[2] = first.clipped;
+        sums[3] = first.entropy, sums[4] = first.off;
         if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err))) return st;
         const int last = it + 1 == rc->iterations;
-        const int eval_now =
-            s->eval.n && (last || (rc->eval_every > 0 && (it + 1) % rc->eval_every == 0));
-        acc = NAN;
-        if (eval_now && (st = evaluate(s, &acc, err))) return st;
-        if (!lead) continue;
-        double mean = 0.0, var = 0.0, correct = 0.0, len = 0.0;
-        for (int q = 0; q < s->n_global; q++) {
-            mean += s->reward[q];
-            correct += s->reward[q] >= 1.0f;
-            len += s->sums[s->n_global + q];
+        m.eval_now = s->eval.n && (last || (rc->eval_every > 0 && (it + 1) % rc->eval_every == 0));
+        m.acc = NAN;
+        if (m.eval_now) {
+            loom_trace_begin(tr, "evaluate", "rl");
+            st = evaluate(s, &m.acc, err);
+            loom_trace_end(tr);
+            if (st) return st;
         }
-        mean /= s->n_global;
-        for (int q = 0; q < s->n_global; q++) var += (s->reward[q] - mean) * (s->reward[q] - mean);
-        const double tok = sums[0] > 0 ? sums[0] : 1.0;
-        char heldout[64] = "", shown[48] = "";
-        if (eval_now) {
-            snprintf(heldout, sizeof heldout, ", \"heldout_accuracy\": %.6f", acc);
-            snprintf(shown, sizeof shown, " | held-out %.4f", acc);
-        }
-        if (mx)
-            fprintf(mx,
-                    "{\"iteration\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, "
-                    "\"accuracy\": %.6f, \"kl\": %.9g, \"clip_fraction\": %.9g, "
-                    "\"ratio_not_one_first_epoch\": %.0f, \"completion_len\": %.4f, "
-                    "\"entropy\": %.9g, \"loss\": %.9g, \"grad_norm\": %.9g, \"rollout_ms\": %.1f, "
-                    "\"reward_ms\": %.1f, \"logprob_ms\": %.1f, \"update_ms\": %.1f, "
-                    "\"reshard_ms\": %.2f, \"iteration_ms\": %.1f%s}\n",
-                    it + 1, mean, sqrt(var / s->n_global), correct / s->n_global, sums[1] / tok,
-                    sums[2] / tok, sums[4], len / s->n_global, sums[3] / tok, loss, norm, t1 - t0,
-                    t2 - t1, t3 - t2, t4 - t3 - s->reshard_ms, s->reshard_ms, loom_now_ms() - t0,
-                    heldout);
-        if (mx) fflush(mx);
-        fprintf(
-            stderr,
-            "iter %4d/%d | reward %.4f | acc %.4f%s | kl %.4g | clip %.3f | len %.2f | %.0f ms\n",
-            it + 1, rc->iterations, mean, correct / s->n_global, shown, sums[1] / tok,
-            sums[2] / tok, len / s->n_global, loom_now_ms() - t0);
+        loom_trace_end(tr); /* iteration */
+        if (lead) report_iteration(s, it, &m);
+        /* between two iterations: the policy, AdamW's state and the step (= iteration) */
+        const int step = (it + 1) * E;
+        if ((loom_checkpointing_saves_at(&r->ckpt, step) &&
+             (st = loom_param_gather_wait_all(&r->pg, err))) ||
+            (st = loom_checkpointing_step(&r->ckpt, step, &stop, err)))
+            return st;
     }
+    if ((st = loom_param_gather_wait_all(&r->pg, err)) ||
+        (st = loom_checkpointing_finish(&r->ckpt, it * E, err)))
+        return st;
+    if (stop) return LOOM_OK; /* asked to stop (a signal): no final outputs */
     return r->tc->save_weights[0] ? save_weights(r, err) : LOOM_OK;
 }
 
@@ -557,8 +698,14 @@ loom_status loom_rl_run(const loom_model_config *mc, const loom_train_config *tc
     loom_run r;
     loom_status st = loom_run_setup(&r, mc, tc, mesh, err);
     if (st) return st;
+    r.model.trace = NULL; /* --trace: the phases and the communication, not every layer */
     rl_state s;
     if (!(st = state_init(&s, &r, rc, err))) st = loop(&s, err);
+    if (!st && r.trace) {
+        mesh->dp.trace = mesh->tp.trace = mesh->world.trace = mesh->cp.trace = NULL;
+        st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);
+        if (!st && mesh->rank == 0) fprintf(stderr, "loom rl: trace written to %s\n", tc->trace);
+    }
     state_free(&s);
     loom_run_free(&r);
     return st;

@@ -413,6 +413,9 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     if (!st) st = loom_ckpt_peer_open(&c->peer, tc, mesh, err);
     if (!st && tc->init_from[0]) st = import_weights(c, err);
     if (!st && tc->resume[0]) st = resume(c, start_step, err);
+    /* --init-from with --resume (loom rl under loom run): a failed load's fresh state is the
+     * imported weights again */
+    if (!st && c->reset && tc->init_from[0]) st = import_weights(c, err);
     /* The per-step collective result decides, so a failure on one rank fails all. */
     double bad = st != LOOM_OK;
     loom_status cs = loom_comm_allreduce_sum_f64(&mesh->world, &bad, 1, err);

@@ -446,7 +446,7 @@ static loom_status setup(loom_run *r, loom_error *err) {
     loom_timeline_mark("params_grads_alloc");
     /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
      * loaded (seconds for a 124M model, on the path from a failure to the first step). */
-    const int init_later = !r->sharded && tc->resume[0] && !tc->dump_dir[0];
+    const int init_later = !r->sharded && tc->resume[0] && !tc->dump_dir[0] && !tc->init_from[0];
     if (!r->sharded && !init_later && (st = init_params(r, err))) return st;
     loom_timeline_mark("params_init");
     if (r->mesh->rank == 0) loom_run_report_startup(r);

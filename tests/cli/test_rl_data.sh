@@ -36,6 +36,34 @@ check "arith: products" python3 -c "
 import sys
 for p, a in zip(open('$TMP/m/val_prompts.txt'), open('$TMP/m/val_answers.txt')):
     x, y = p.strip()[:-1].split('*'); assert int(x) * int(y) == int(a)"
+"$LOOM" data arith --out "$TMP/c" --op countdown --numbers 4 --max 30 --train 500 --val 50 \
+    --seed 3 2>/dev/null
+check "countdown: task.json" [ "$(cat "$TMP/c/task.json")" = \
+    '{"op": "countdown", "numbers": 4, "max": 30}' ]
+check "countdown: each answer uses the numbers at most once and reaches the target; \
+no held-out instance in train" python3 - "$TMP/c" <<'PY'
+import re, sys
+from collections import Counter
+from fractions import Fraction
+d = sys.argv[1]
+seen = {}
+for split in ("train", "val"):
+    ps = open(f"{d}/{split}_prompts.txt").read().split("\n")[:-1]
+    ans = open(f"{d}/{split}_answers.txt").read().split("\n")[:-1]
+    assert len(ps) == len(ans) == (500 if split == "train" else 50)
+    seen[split] = set(ps)
+    for p, a in zip(ps, ans):
+        m = re.fullmatch(r"((?:\d+ ){3}\d+)>(\d+)=", p)
+        assert m, p
+        nums = [int(x) for x in m.group(1).split()]
+        assert all(1 <= x <= 30 for x in nums), p
+        used = [int(x) for x in re.findall(r"\d+", a)]
+        assert not Counter(used) - Counter(nums), (p, a)
+        expr = re.sub(r"(\d+)", r"Fraction(\1)", a)
+        assert eval(expr) == int(m.group(2)), (p, a)
+assert not seen["train"] & seen["val"]
+PY
+expect "arith: --numbers 1" "--numbers" -- data arith --out "$TMP/x" --op countdown --numbers 1
 expect "arith: --digits 0" "--digits" -- data arith --out "$TMP/x" --digits 0
 expect "arith: --op" "--op" -- data arith --out "$TMP/x" --op -
 expect "arith: --out missing" "--out" -- data arith

@@ -1,9 +1,9 @@
 """loom rl's invariants on a tiny model (seconds): the on-policy ratio of the first PPO
 epoch is exactly 1 for every token (the actor's log-probabilities of its own samples are
 the rollout's, bitwise); the same run twice is bitwise (metrics and weights); the
-(train, gen) layout pairs (dp 2, dp 2), (dp 2 ZeRO-1, dp 2), (tp 2, dp 2) and
-(tp 2 x dp 2 ZeRO-1, dp 4), the last two resharding the weights in memory after every
-update, give the same rewards as one process and the same weights after 3 iterations
+(train, gen) layout pairs (1, 1) (bitwise), (dp 2, dp 2), (dp 2 ZeRO-3, dp 2), (dp 2 ZeRO-1,
+dp 2), (tp 2, dp 2) and (tp 2 x dp 2 ZeRO-1, dp 4), the ZeRO-3 and tp ones moving the weights
+into the generator's whole copy after every update, give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
@@ -77,7 +77,12 @@ def main():
         m2, w2 = rl("two")
         check(m1 == m2 and set(w1) == set(w2) and all((w1[k] == w2[k]).all() for k in w1),
               "the same run twice: bitwise the same metrics and weights")
+        m11, w11 = rl("train_1_gen_1", ["--train-layout", "--dp 1", "--gen-layout", "--dp 1"])
+        check(m11 == m1 and all((w11[k] == w1[k]).all() for k in w1),
+              "(train, gen) = (1, 1) given explicitly: bitwise the one-process run")
         layouts = (("dp2", ["--dp", "2"], 2),
+                   ("train_dp2z3_gen_dp2",
+                    ["--train-layout", "--dp 2 --zero 3", "--gen-layout", "--dp 2"], 2),
                    ("dp2_zero1", ["--dp", "2", "--zero", "1"], 2),
                    ("train_tp2_gen_dp2", ["--train-layout", "--tp 2", "--gen-layout", "--dp 2"], 2),
                    ("train_tp2dp2z1_gen_dp4",
@@ -109,6 +114,14 @@ def main():
         check(len(r) == 20 and last >= 3 * first and last >= 2.5,
               f"GRPO learns a dense reward: {first:.3f} -> {last:.3f} (first and last 3 iterations)")
 
+        # --time-limit: no iteration starts after it; the held-out accuracy and the weights
+        # of the policy follow
+        mt, wt = rl("time_limit", ["--time-limit", "1e-7"])
+        it_rows = [r for r in mt if "reward_mean" in r]
+        check(len(it_rows) == 1 and mt[-1] == {"iteration": 1, "heldout_accuracy":
+                                               mt[-1].get("heldout_accuracy")} and wt,
+              f"--time-limit: one iteration, then the held-out accuracy and the weights ({mt[-1]})")
+
         def bad(what, extra, want, prompts=None):
             args = list(base)
             if prompts:
@@ -127,6 +140,8 @@ def main():
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
         bad("pipeline parallel", ["--train-layout", "--pp 2"], "--train-layout")
+        bad("ZeRO-3 with tp", ["--train-layout", "--dp 2 --zero 3 --tp 2"], "--zero 3 at --tp 1")
+        bad("tensor-parallel generation", ["--gen-layout", "--tp 2"], "--gen-layout")
         bad("gen layout does not fit", ["--gen-layout", "--dp 3"], "--gen-layout")
 
 

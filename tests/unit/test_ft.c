@@ -292,9 +292,20 @@ static void test_launch_cmd(void **state) {
             setenv("LOOM_FT_TOKEN", "00112233445566778899aabbccddeeff", 1);
         else
             unsetenv("LOOM_FT_TOKEN");
-        loom_launch_spec spec = {
-            srun ? "srun" : "mpirun", host_list, world, dp, dir, exe, train, n_train, skips, resume,
-            (int)(rnd() % 2),         cores,     NULL};
+        loom_launch_spec spec = {srun ? "srun" : "mpirun",
+                                 host_list,
+                                 world,
+                                 dp,
+                                 dir,
+                                 exe,
+                                 NULL,
+                                 train,
+                                 n_train,
+                                 skips,
+                                 resume,
+                                 (int)(rnd() % 2),
+                                 cores,
+                                 NULL};
         static loom_launch_cmd c;
         loom_launch_cmd_build(&c, &spec);
         char want[160];

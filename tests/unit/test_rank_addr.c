@@ -87,6 +87,7 @@ static void test_launcher_args(void **state) {
                                  4,
                                  "/tmp/a",
                                  "/x/loom",
+                                 NULL,
                                  train,
                                  2,
                                  "",

@@ -1,0 +1,122 @@
+"""loom rl under loom run: a crash during a rollout or during an update (loom's fault
+injection, crash@S) is restarted from the newest checkpoint (the policy, AdamW's state, the
+iteration, which is the sampler's state, and the reference model beside it) and ends with
+the same weights as the run without a crash, bitwise; one process and dp 2. Also: a
+checkpointed run's --resume from its middle checkpoint is bitwise, --trace holds the
+generation, reference, update and reshard spans, and a resume whose reference model is
+missing fails with one line. Usage: test_rl_resume.py --loom PATH [--seed S]"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (ADAM_EPS, MPIRUN, check, check_loom, run, run_test,  # noqa: E402
+                      safetensors_io, seed_of)
+
+REWARD = "awk '{print length($0) % 5}'"
+
+
+def same(a, b):
+    return set(a) == set(b) and all((a[k] == b[k]).all() for k in a)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int)
+    a = ap.parse_args()
+    check_loom(a.loom)
+    seed = seed_of(a)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = os.path.join(tmp, "d")
+        run([a.loom, "data", "arith", "--out", d, "--digits", "2", "--train", "300", "--val",
+             "8", "--seed", str(seed)], "loom data arith")
+        sft = os.path.join(tmp, "sft.safetensors")
+        run([a.loom, "train", "--family", "llama", "--vocab-size", "256", "--seq-len", "16",
+             "--n-layer", "2", "--d-model", "32", "--n-head", "4", "--n-kv-head", "2", "--d-ff",
+             "64", "--micro-batch", "8", "--global-batch", "8", "--steps", "5", "--lr", "3e-3",
+             "--threads", "1", "--log-every", "0", "--seed", str(seed), "--data",
+             d + "/train_*.bin", "--save-weights", sft], "the SFT model")
+        # 4 iterations of 2 PPO epochs: steps 1-8; iteration k (1-based) rolls out at the
+        # start of step 2k-1 and updates its second epoch at step 2k
+        base = ["--prompts", d + "/train_prompts.txt", "--init-from", sft, "--iterations", "4",
+                "--prompts-per-iter", "4", "--group-size", "4", "--ppo-micro-batch", "4",
+                "--ppo-epochs", "2", "--max-new-tokens", "6", "--kl-coef", "0.05", "--lr", "3e-3",
+                "--adam-eps", ADAM_EPS, "--threads", "1", "--seed", str(seed), "--reward-cmd",
+                REWARD]
+
+        def direct(name, extra=(), ranks=1):
+            w = os.path.join(tmp, name + ".safetensors")
+            cmd = [a.loom, "rl"] + base + list(extra) + ["--save-weights", w]
+            if ranks > 1:
+                cmd = MPIRUN + ["-n", str(ranks)] + cmd
+            run(cmd, name)
+            return w
+
+        def supervised(name, inject, ranks=1, extra=()):
+            rd = os.path.join(tmp, name)
+            w = os.path.join(tmp, name + ".safetensors")
+            cmd = [a.loom, "run", "-n", str(ranks), "--run-dir", rd, "--", "rl"] + base + list(
+                extra) + ["--ckpt-dir", os.path.join(rd, "ckpt"), "--ckpt-every", "1",
+                          "--save-weights", w, "--inject", inject]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            check(p.returncode == 0, f"{name}: loom run exited {p.returncode}:\n{p.stderr[-3000:]}")
+            summary = json.load(open(os.path.join(rd, "summary.json")))
+            return w, summary, p.stderr
+
+        ref1 = safetensors_io.load(direct("one"))
+        for name, inject, what in (("crash_rollout", "crash@5", "the rollout of iteration 3"),
+                                   ("crash_update", "crash@6", "the second update of iteration 3")):
+            w, summary, err = supervised(name, inject)
+            restarts = len(summary.get("failures", [])) if isinstance(summary, dict) else "?"
+            check(same(safetensors_io.load(w), ref1),
+                  f"crash during {what}: restarted ({restarts}), final weights bitwise "
+                  "the same as the run without a crash")
+            logs = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(tmp, name, "attempt_1"))
+                    for f in fs if f == "stderr"]
+            check(any("loom rl: resumed at iteration 1" in open(f).read() for f in logs),
+                  f"{name}: the restart resumed at iteration 1 (the newest committed checkpoint: "
+                  "step 4's commit waits for step 6) with the reference model")
+
+        ref2 = safetensors_io.load(direct("dp2", ["--dp", "2"], ranks=2))
+        w, _, err = supervised("dp2_crash_update", "crash@4:1", ranks=2, extra=["--dp", "2"])
+        check(same(safetensors_io.load(w), ref2),
+              "dp 2, rank 1 crashes during the second update of iteration 2 (before any "
+              "checkpoint is committed: the restart starts fresh from --init-from): final "
+              "weights bitwise the same as dp 2 without a crash")
+
+        # --resume from the middle checkpoint, and --trace
+        ck = os.path.join(tmp, "ck")
+        direct("full", ["--ckpt-dir", ck, "--ckpt-every", "2"])
+        steps = sorted(x for x in os.listdir(ck) if x.startswith("step_"))
+        check(steps and steps[0].endswith("4"), f"checkpoints at iterations 2 and 4: {steps}")
+        shutil.rmtree(os.path.join(ck, steps[-1]))
+        trace = os.path.join(tmp, "trace.json")
+        w = direct("resumed", ["--ckpt-dir", ck, "--resume", "auto", "--trace", trace])
+        check(same(safetensors_io.load(w), ref1),
+              "--resume auto from iteration 2's checkpoint: final weights bitwise")
+        names = {e.get("name") for e in json.load(open(trace))["traceEvents"]}
+        want = {"generation", "reward", "logprob", "reference", "update", "reshard"}
+        # reshard spans exist when a generation copy is kept (tp > 1 or ZeRO-3)
+        check(want - {"reshard"} <= names, f"--trace: phase spans {sorted(want & names)}")
+        tz = os.path.join(tmp, "trace_z3.json")
+        MP = MPIRUN + ["-n", "2"]
+        run(MP + [a.loom, "rl"] + base + ["--iterations", "1", "--train-layout", "--dp 2 --zero 3",
+                                         "--trace", tz], "ZeRO-3 with --trace")
+        names = {e.get("name") for e in json.load(open(tz))["traceEvents"]}
+        check(want <= names, f"--trace (ZeRO-3 training, dp 2 generation): {sorted(want & names)}")
+
+        os.remove(os.path.join(ck, "rl_reference.safetensors"))
+        p = subprocess.run([a.loom, "rl"] + base + ["--ckpt-dir", ck, "--resume", "auto"],
+                           capture_output=True, text=True)
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode == 2 and "rl_reference.safetensors" in last,
+              f"resume without the reference model: exit {p.returncode}, '{last}'")
+
+
+if __name__ == "__main__":
+    run_test(main)
