@@ -281,8 +281,6 @@ static loom_status build_step(loom_run *r, loom_error *err) {
     loom_step_runner_options ro = {mod,
                                    r->pipelined,
                                    &r->sync,
-                                   r->sharded,
-                                   &r->pg,
                                    r->mesh,
                                    r->params,
                                    r->grads,
