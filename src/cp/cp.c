@@ -57,22 +57,6 @@ loom_status loom_cp_validate(int cp, loom_cp_mode mode, int causal, int T, int H
     return LOOM_OK;
 }
 
-/* The layout of rank r of N (cp.h). */
-static void layout(int N, int r, const loom_cp_options *o, int *Tl, int *n_chunks, int *chunk,
-                   int pos[2]) {
-    *Tl = o->T / N;
-    *n_chunks = o->mode == LOOM_CP_RING && o->causal && !o->no_zigzag ? 2 : 1;
-    *chunk = *Tl / *n_chunks;
-    pos[0] = *n_chunks == 2 ? r * *chunk : r * *Tl;
-    pos[1] = *n_chunks == 2 ? (2 * N - 1 - r) * *chunk : pos[0];
-}
-
-int loom_cp_chunk_pos(const loom_cp *cp, int r, int j) {
-    int Tl, n, chunk, pos[2];
-    layout(cp->size, r, &cp->o, &Tl, &n, &chunk, pos);
-    return pos[j];
-}
-
 int loom_cp_position(const loom_cp *cp, int t) {
     return cp->chunk_pos[t / cp->chunk] + t % cp->chunk;
 }
@@ -91,7 +75,7 @@ typedef struct {
 static cp_plan plan(int N, const loom_cp_options *o, const loom_backend *be) {
     cp_plan p = {0};
     int Tl, n_chunks, chunk, pos[2];
-    layout(N, 0, o, &Tl, &n_chunks, &chunk, pos);
+    loom_cp_layout(N, 0, o, &Tl, &n_chunks, &chunk, pos);
     const size_t Nl = (size_t)o->B * Tl;
     if (o->mode == LOOM_CP_RING) {
         p.kv = Nl * 2 * o->KV * o->hd;
@@ -165,7 +149,7 @@ static loom_status create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o
     cp->size = N;
     cp->o = *o;
     cp->err = err;
-    layout(N, cp->rank, o, &cp->Tl, &cp->n_chunks, &cp->chunk, cp->chunk_pos);
+    loom_cp_layout(N, cp->rank, o, &cp->Tl, &cp->n_chunks, &cp->chunk, cp->chunk_pos);
     cp_plan p = plan(N, o, be);
     /* MPI counts and displacements are ints: every message must fit. */
     if (p.kv > (size_t)INT_MAX || p.msg > (size_t)INT_MAX)
@@ -246,11 +230,6 @@ void loom_cp_free(loom_cp *cp) {
     free(cp->displs);
     free(cp->labels);
     memset(cp, 0, sizeof *cp);
-}
-
-const char *loom_cp_label(const loom_cp *cp, int backward, int i) {
-    if (cp->o.mode == LOOM_CP_ULYSSES) return cp->labels[2 * cp->size + (i != 0)];
-    return cp->labels[(backward ? cp->size : 0) + i];
 }
 
 loom_status loom_cp_attention_forward(loom_cp *cp, float *out, float *lse, const float *qkv) {

@@ -51,6 +51,10 @@ void loom_dit_positions(const loom_model_config *cfg, float *pos);
  * micro-batch B over the whole model (no tp, no pipeline). */
 loom_status loom_dit_velocity(loom_model *m, const float *params, const float *x, const float *t,
                               const int32_t *labels, float *v, loom_error *err);
+/* Its first half: the samples patchified and, with t and labels, copied to the model's
+ * inputs (the forward and loom_dit_prediction follow: dit_velocity.c). */
+loom_status loom_dit_velocity_inputs(loom_model *m, const float *x, const float *t,
+                                     const int32_t *labels, loom_error *err);
 /* The last forward's prediction (before the loss turns it into its gradient), as samples
  * [B, F, C, H, W] on the host; only for a model without sequence parallelism. */
 void loom_dit_prediction(const loom_model *m, float *out);

@@ -121,6 +121,25 @@ void loom_grad_sync_step_end(loom_grad_sync *s);
 /* Makes grads hold the whole reduced gradient on every rank (dumps). */
 loom_status loom_grad_sync_gather_grads(loom_grad_sync *s, loom_error *err);
 
+/* The parameters' side, so that the loop and the runners name no ZeRO stage
+ * (grad_sync_params.c):
+ *   begin_micro_batch  before a forward (each micro-batch's, or a pipeline schedule's
+ *                      first): ZeRO-3's shards ready to be gathered per block (fsdp.h),
+ *                      --overlap-param-gather's first ranges complete (param_gather.h);
+ *   params_complete    every parameter gather in flight complete (before an evaluation,
+ *                      a checkpoint's copy, the run's end);
+ *   params_whole       params holds every parameter (ZeRO-3: all gathered; exports);
+ *   step_wait_ms       the step's exposed wait for parameters (--metrics);
+ *   ema_on             --ema-decay is on;
+ *   report_end         the run's closing lines (rank 0 prints; the gather's report each
+ *                      rank), total_floats the model's parameters. */
+loom_status loom_grad_sync_begin_micro_batch(loom_grad_sync *s, loom_error *err);
+loom_status loom_grad_sync_params_complete(loom_grad_sync *s, loom_error *err);
+loom_status loom_grad_sync_params_whole(loom_grad_sync *s, loom_error *err);
+double loom_grad_sync_step_wait_ms(const loom_grad_sync *s);
+int loom_grad_sync_ema_on(const loom_grad_sync *s);
+void loom_grad_sync_report_end(const loom_grad_sync *s, int rank, size_t total_floats);
+
 /* The runs the norm sums on this rank (for tests and the memory/plan tools). */
 const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n);
 

@@ -171,7 +171,7 @@ static loom_status post_receives(step_ctx *x, int mb) {
     return st;
 }
 
-static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
+static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
     loom_pipeline *pl = x->pl;
     const loom_pp_schedule *s = x->s;
     const int r = pl->rank, n = s->n[r];
@@ -182,7 +182,7 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
         pl->slots[k]->hooks = pl->slots[0]->hooks;
         pl->slots[k]->trace = pl->slots[0]->trace;
     }
-    if (fsdp && (st = loom_fsdp_begin_micro_batch(fsdp, err))) return st;
+    if ((st = loom_grad_sync_begin_micro_batch(sync, err))) return st;
     /* The receives of the micro-batches whose slots are free at the start. */
     for (int i = 0; i < s->m && !st; i++)
         if (x->post_after[i] < 0) st = post_receives(x, i);
@@ -250,7 +250,7 @@ static loom_status run_list(step_ctx *x, loom_fsdp *fsdp) {
 
 loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
                                const int32_t *batch, float dloss, loom_grad_sync *sync,
-                               loom_fsdp *fsdp, double *loss_sum, loom_error *err) {
+                               double *loss_sum, loom_error *err) {
     step_ctx x;
     memset(&x, 0, sizeof x);
     x.pl = pl;
@@ -272,7 +272,7 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     loom_grad_sync_begin(sync);
     loom_status st = LOOM_OK;
     if (pl->stats) st = loom_comm_barrier(&pl->mesh->world, err); /* a common start */
-    if (!st) st = run_list(&x, fsdp);
+    if (!st) st = run_list(&x, sync);
     pl->step++;
     /* The loss lives on the last stage: sum over the pipeline group (others add 0). */
     if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
@@ -281,7 +281,7 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
 }
 
 loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
-                                       loom_fsdp *fsdp, double *loss_sum, loom_error *err) {
+                                       loom_grad_sync *sync, double *loss_sum, loom_error *err) {
     step_ctx x;
     memset(&x, 0, sizeof x);
     x.pl = pl;
@@ -291,7 +291,7 @@ loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, c
     x.params = params;
     x.batch = batch;
     x.err = err;
-    loom_status st = run_list(&x, fsdp);
+    loom_status st = run_list(&x, sync);
     if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
     *loss_sum = x.loss_sum;
     return st;

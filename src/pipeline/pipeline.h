@@ -89,13 +89,14 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f);
  * dp slice, [G/dp, T+1]); gradients accumulate into grads and go to the gradient sync
  * (loom_grad_sync_begin done here, the caller finishes it) as each chunk's become final.
  * *loss_sum: the sum of the token losses of this dp slice, the same on every stage.
- * fsdp NULL unless ZeRO-3. */
+ * Before the schedule's first forward the sync gathers what the parameters need
+ * (loom_grad_sync_begin_micro_batch: ZeRO-3's shards). */
 loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
                                const int32_t *batch, float dloss, loom_grad_sync *sync,
-                               loom_fsdp *fsdp, double *loss_sum, loom_error *err);
+                               double *loss_sum, loom_error *err);
 /* Forward only (validation): *loss_sum as above, no gradients. */
 loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
-                                       loom_fsdp *fsdp, double *loss_sum, loom_error *err);
+                                       loom_grad_sync *sync, double *loss_sum, loom_error *err);
 /* Gathers the stages' unsharded tensors (stage table `st`, flat `sflat`: valid on the
  * stage's TP rank 0) into the whole model on world rank 0 (*out_t, *out_f; NULL
  * elsewhere). Collective over every rank. */

@@ -612,6 +612,397 @@ static size_t expert_floats(const loom_param_table *t) {
     return n;
 }
 
+/* One step's pricing: what each phase's pricer below reads, and what it adds to. */
+typedef struct {
+    const loom_model_config *mc;
+    const loom_train_config *tc;
+    const loom_profile *p;
+    pricer *q;
+    const shapes *d;
+    engine *eng;
+    buckets *bk;
+    parts *P;
+    loom_param_table *table;
+    loom_pp_schedule *sched;
+    const int *counts; /* layers per pipeline stage (pp > 1) */
+    int dp, tp, pp, cp, ep, world, replicas, ranks, cores, threads, cpu, accum, v, S, split, zero;
+    int ep_sync;
+    double share; /* the compute slowdown when the node's cores are shared */
+    double compute_base, t_backward_end, last_bwd_start;
+    double *g, *back, *need; /* whole model: the ranges' bytes, handed back, first use */
+    int n_ranges;
+    loom_error *err;
+} step_pricing;
+
+/* The whole model on this rank: accum micro-batches, block by block (ZeRO-3's gathers
+ * and the gradient buckets on the way). */
+static loom_status price_whole(step_pricing *x) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    engine *eng = x->eng;
+    buckets *bk = x->bk;
+    parts *P = x->P;
+    loom_param_table *table = x->table;
+    loom_error *err = x->err;
+    const double share = x->share;
+    const int replicas = x->replicas;
+    const int accum = x->accum;
+    const int zero = x->zero;
+    const int ep_sync = x->ep_sync;
+    double compute_base = x->compute_base;
+    double t_backward_end = x->t_backward_end;
+    double last_bwd_start = x->last_bwd_start;
+    double *g = x->g;
+    double *back = x->back;
+    double *need = x->need;
+    int n_ranges = x->n_ranges;
+    /* ---- the whole model on this rank: accum micro-batches ---- */
+    const int L = table->n_layer;
+    cost emb_f = embed_fwd(q, d), emb_b = embed_bwd(q, d);
+    cost head_f = head_fwd(q, d), head_b = head_bwd(q, d, 0);
+    cost *bf = calloc((size_t)(L ? L : 1), sizeof *bf),
+         *bb = calloc((size_t)(L ? L : 1), sizeof *bb);
+    if (!bf || !bb) {
+        free(bf), free(bb), loom_params_free(table);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
+    }
+    for (int i = 0; i < L; i++) {
+        const int moe = table->blocks[i].moe;
+        bf[i] = block_fwd(q, d, moe);
+        bb[i] = block_bwd(q, d, moe, 0);
+    }
+    /* wall time of a piece: its compute slowed by the sharing, its blocking
+     * collectives as priced */
+#define WALL(c) ((c).compute * share + (c).tp + (c).cp + (c).moe)
+    /* ZeRO-3: ranges 0 (embedding), 1..L (blocks), L+1 (the head's); all-gathers */
+    const int z3 = zero == 3;
+    g = calloc((size_t)L + 2, sizeof *g), need = calloc((size_t)L + 2, sizeof *need);
+    back = calloc((size_t)L + 2, sizeof *back);
+    n_ranges = L + 2;
+    double *done = calloc((size_t)L + 2, sizeof *done);
+    if (!g || !back || !need || !done) {
+        free(bf), free(bb), free(g), free(back), free(need), free(done);
+        loom_params_free(table);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
+    }
+    for (int i = 0; i < L + 2; i++) {
+        const size_t lo = i == 0 ? 0 : i <= L ? table->blocks[i - 1].begin : table->head_begin;
+        const size_t hi = i == 0   ? (L ? table->blocks[0].begin : table->head_begin)
+                          : i < L  ? table->blocks[i].begin
+                          : i == L ? table->head_begin
+                                   : table->total;
+        g[i] = 4.0 * (double)(hi - lo); /* the gathered range's bytes */
+        back[i] = handed_back(lo, hi);
+    }
+    double t = 0;
+    int resident0 = 0, resident_tail = 0;
+    for (int k = 0; k < accum; k++) {
+        const int final = k + 1 == accum;
+        /* forward */
+        if (z3) {
+            if (!resident0) gather(q, eng, replicas, g, back, done, 0, t);
+            if (L > 0) gather(q, eng, replicas, g, back, done, 1, t);
+            if (!resident0) ensure(done, &t, &P->zero3_wait, 0);
+            resident0 = 1;
+            if (L == 0 && !resident_tail) {
+                gather(q, eng, replicas, g, back, done, 1, t);
+                ensure(done, &t, &P->zero3_wait, 1);
+                resident_tail = 1;
+            }
+        }
+        if (k == 0) need[0] = t;
+        t += WALL(emb_f);
+        P->forward += emb_f.compute * share, P->tp += emb_f.tp;
+        compute_base += emb_f.compute;
+        for (int i = 0; i < L; i++) {
+            if (z3) {
+                ensure(done, &t, &P->zero3_wait, i + 1);
+                if (i + 2 <= L + 1 && !(i + 2 == L + 1 && resident_tail))
+                    gather(q, eng, replicas, g, back, done, i + 2, t);
+            }
+            if (k == 0) need[i + 1] = t;
+            t += WALL(bf[i]);
+            P->forward += bf[i].compute * share, P->tp += bf[i].tp, P->cp += bf[i].cp;
+            P->moe += bf[i].moe, compute_base += bf[i].compute;
+            if (z3 && i == L - 1 && !resident_tail) {
+                ensure(done, &t, &P->zero3_wait, L + 1);
+                resident_tail = 1;
+            }
+        }
+        if (k == 0) need[L + 1] = t;
+        t += WALL(head_f);
+        P->forward += head_f.compute * share, P->tp += head_f.tp;
+        compute_base += head_f.compute;
+        /* backward */
+        if (final) last_bwd_start = t;
+        t += WALL(head_b);
+        P->backward += head_b.compute * share, P->tp += head_b.tp;
+        compute_base += head_b.compute;
+        if (final && !ep_sync) range_ready(bk, t, table->head_begin, table->total);
+        for (int i = L - 1; i >= 0; i--) {
+            if (z3) {
+                /* released after forward: gathered again, prefetched by the block
+                 * above (the last block's is started here) */
+                if (i == L - 1) gather(q, eng, replicas, g, back, done, i + 1, t);
+                ensure(done, &t, &P->zero3_wait, i + 1);
+                if (i >= 1) gather(q, eng, replicas, g, back, done, i, t);
+            }
+            t += WALL(bb[i]);
+            const double rc = block_recompute(q, d, table->blocks[i].moe).compute * share;
+            P->backward += bb[i].compute * share - rc, P->recompute_share += rc;
+            P->tp += bb[i].tp, P->cp += bb[i].cp, P->moe += bb[i].moe;
+            compute_base += bb[i].compute;
+            const size_t hi = i + 1 < L ? table->blocks[i + 1].begin : table->head_begin;
+            if (final && !ep_sync) range_ready(bk, t, table->blocks[i].begin, hi);
+        }
+        t += WALL(emb_b);
+        P->backward += emb_b.compute * share, P->tp += emb_b.tp;
+        compute_base += emb_b.compute;
+        if (final && !ep_sync)
+            range_ready(bk, t, 0, L ? table->blocks[0].begin : table->head_begin);
+    }
+#undef WALL
+    t_backward_end = t;
+    free(bf), free(bb), free(done);
+    x->compute_base = compute_base;
+    x->t_backward_end = t_backward_end;
+    x->last_bwd_start = last_bwd_start;
+    x->g = g;
+    x->back = back;
+    x->need = need;
+    x->n_ranges = n_ranges;
+    return LOOM_OK;
+}
+
+/* A pipeline stage: the schedule simulator over the slowest stage's actions. */
+static loom_status price_stage(step_pricing *x) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    buckets *bk = x->bk;
+    parts *P = x->P;
+    loom_param_table *table = x->table;
+    loom_pp_schedule *sched = x->sched;
+    const loom_model_config *mc = x->mc;
+    const int *counts = x->counts;
+    loom_error *err = x->err;
+    const int tp = x->tp;
+    const int pp = x->pp;
+    const int replicas = x->replicas;
+    const int ranks = x->ranks;
+    const int cores = x->cores;
+    const int threads = x->threads;
+    const int cpu = x->cpu;
+    const int accum = x->accum;
+    const int v = x->v;
+    const int S = x->S;
+    const int split = x->split;
+    const int zero = x->zero;
+    const int ep_sync = x->ep_sync;
+    double compute_base = x->compute_base;
+    double t_backward_end = x->t_backward_end;
+    double last_bwd_start = x->last_bwd_start;
+    /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
+    double dur[3] = {0, 0, 0}, busy = 0;
+    cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
+    /* the slowest rank's actions (its chunks' mean: interleaved ranks alternate) */
+    double slowest = -1;
+    for (int r = 0; r < pp; r++) {
+        cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
+        for (int c = 0; c < v; c++) {
+            const int vs = c * pp + r;
+            int lo = 0;
+            for (int k = 0; k < vs; k++) lo += counts[k];
+            const fbw x = chunk_cost(q, mc, d, lo, lo + counts[vs], vs == 0, vs == S - 1);
+            add(&f, x.f), add(&b, x.b), add(&w, x.w);
+        }
+        const double busy_r = total(f) + total(b) + total(w);
+        if (busy_r > slowest) {
+            slowest = busy_r;
+            sum_f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
+            sum_b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
+            sum_w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
+        }
+    }
+    dur[LOOM_PP_F] = total(sum_f), dur[LOOM_PP_B] = total(sum_b), dur[LOOM_PP_W] = total(sum_w);
+    /* each F and B sends its output to the next stage (the activations, the gradient) */
+    const double msg = 4.0 * d->Ns * d->C;
+    /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
+    const loom_placement pp_place = place_of(q, pp, replicas * tp);
+    const double send = coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
+    dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
+    double idle[LOOM_PP_MAX_STAGES];
+    const double span1 = loom_pp_schedule_simulate(sched, dur, idle, NULL);
+    if (span1 < 0) {
+        loom_params_free(table), loom_pp_schedule_free(sched);
+        return loom_error_set(err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
+    }
+    double mean_idle = 0;
+    for (int r = 0; r < pp; r++) mean_idle += idle[r] / pp;
+    busy = 1 - mean_idle;
+    /* idle stages yield their cores: the busy ones share them */
+    double s = cpu ? (double)ranks * threads * busy / cores : 1.0;
+    if (s < 1) s = 1;
+    const double n_act = (double)accum * v;
+    const double fw = sum_f.compute * s, bw = (sum_b.compute + sum_w.compute) * s;
+    P->forward = n_act * fw;
+    P->backward = n_act * bw;
+    if (d->recompute) { /* the share of backward that is the forward again */
+        /* selective: a dense block's recomputed part of its forward */
+        const double part = d->recompute == LOOM_RECOMPUTE_FULL
+                                ? 1.0
+                                : block_recompute(q, d, 0).compute / block_fwd(q, d, 0).compute;
+        P->recompute_share = n_act * fw * part < P->backward ? n_act * fw * part : 0;
+        P->backward -= P->recompute_share;
+    }
+    P->tp = n_act * (sum_f.tp + sum_b.tp + sum_w.tp);
+    P->cp = n_act * (sum_f.cp + sum_b.cp + sum_w.cp);
+    P->moe = n_act * (sum_f.moe + sum_b.moe + sum_w.moe);
+    P->pp_send = n_act * 2 * send;
+    double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
+    const double span_s = loom_pp_schedule_simulate(sched, scaled, NULL, NULL);
+    const double busy_s =
+        P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send;
+    P->pp_bubble = span_s - busy_s > 0 ? span_s - busy_s : 0;
+    compute_base = n_act * (sum_f.compute + sum_b.compute + sum_w.compute);
+    t_backward_end = span_s;
+    /* the gradients of this stage become final during its last backward(s): their
+     * buckets overlap the last B (W) action */
+    if (!ep_sync) {
+        last_bwd_start = span_s - scaled[LOOM_PP_B] - (split ? scaled[LOOM_PP_W] : 0);
+        const double per_layer = (span_s - last_bwd_start) / (table->n_layer + 2);
+        double t = last_bwd_start + per_layer;
+        range_ready(bk, t, table->head_begin, table->total);
+        for (int i = table->n_layer - 1; i >= 0; i--) {
+            t += per_layer;
+            const size_t hi =
+                i + 1 < table->n_layer ? table->blocks[i + 1].begin : table->head_begin;
+            range_ready(bk, t, table->blocks[i].begin, hi);
+        }
+        range_ready(bk, span_s, 0, table->n_layer ? table->blocks[0].begin : table->head_begin);
+    }
+    /* ZeRO-3 in a pipeline keeps the gathered blocks for the step (fsdp keep_blocks):
+     * each range is gathered once, during the first forward, the next block's
+     * prefetched while one computes */
+    if (zero == 3) {
+        const int L = table->n_layer;
+        const double fb = L > 0 ? sum_f.compute * s / (L + 1) : 0; /* one block's F */
+        for (int i = 0; i <= L; i++) {
+            const size_t lo = i == 0 ? 0 : table->blocks[i - 1].begin;
+            const size_t hi = i < L ? table->blocks[i].begin : table->total;
+            /* the last one: the last block's range and the tail's, handed back apart */
+            const size_t mid = i == L ? table->head_begin : hi;
+            const double g = gather_ms(q, replicas, 4.0 * (double)(hi - lo),
+                                       handed_back(lo, mid) + handed_back(mid, hi));
+            P->zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
+        }
+    }
+    /* GPT-2's tied embedding: the first and last stage swap its gradient */
+    if (d->gpt2)
+        P->pp_send +=
+            coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4.0 * mc->vocab_size / tp * d->C);
+    /* the pipeline group's loss sum */
+    P->pp_send += coll(q, LOOM_COLL_ALLREDUCE, pp, replicas * tp, 8);
+    x->compute_base = compute_base;
+    x->t_backward_end = t_backward_end;
+    x->last_bwd_start = last_bwd_start;
+    return LOOM_OK;
+}
+
+/* After backward: the rest of the gradients' reduction, the norm, the clearing, the
+ * optimizer and the parameters' gathers, and the engine thread's CPU. */
+static void price_after_backward(step_pricing *x) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    engine *eng = x->eng;
+    buckets *bk = x->bk;
+    parts *P = x->P;
+    loom_param_table *table = x->table;
+    const loom_model_config *mc = x->mc;
+    const loom_train_config *tc = x->tc;
+    const loom_profile *p = x->p;
+    loom_error *err = x->err;
+    const double share = x->share;
+    const int tp = x->tp;
+    const int ep = x->ep;
+    const int world = x->world;
+    const int replicas = x->replicas;
+    const int ranks = x->ranks;
+    const int cores = x->cores;
+    const int threads = x->threads;
+    const int cpu = x->cpu;
+    const int zero = x->zero;
+    const int ep_sync = x->ep_sync;
+    double compute_base = x->compute_base;
+    double t_backward_end = x->t_backward_end;
+    double last_bwd_start = x->last_bwd_start;
+    double *g = x->g;
+    double *back = x->back;
+    double *need = x->need;
+    int n_ranges = x->n_ranges;
+    /* sequence parallelism: each norm parameter's gradient summed over tp once final */
+    for (int i = 0; d->sp && i < table->n_params; i++)
+        if (table->params[i].sp_partial)
+            P->tp += coll(q, LOOM_COLL_ALLREDUCE, tp, 1, 4.0 * (double)table->params[i].numel);
+
+    /* ---- after backward: the rest of the gradients' reduction ---- */
+    double t = t_backward_end;
+    if (!ep_sync && replicas > 1) {
+        post_range(bk, t, bk->pending_begin, bk->pending_end);
+        double end = eng->free_at > t ? eng->free_at : t;
+        if (bk->embed_rows) end += bytes_ms(q, 12.0 * replicas * d->N * d->C); /* rows added */
+        P->dp_exposed = end - t;
+    } else if (ep_sync) {
+        const size_t ex = expert_floats(table), dense = table->total - ex;
+        const int edp = replicas / ep;
+        P->ep_reduce = coll(q, LOOM_COLL_ALLREDUCE, replicas, tp, 4.0 * (double)dense) +
+                       coll(q, LOOM_COLL_ALLREDUCE, edp, ep * tp, 4.0 * (double)ex);
+    }
+    (void)last_bwd_start;
+    /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
+    const size_t shard = zero >= 1 ? (table->total + replicas - 1) / replicas : table->total;
+    /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
+    const size_t owned = zero >= 2 ? shard : table->total;
+    P->norm = coll(q, LOOM_COLL_ALLREDUCE, replicas, tp, 8) +
+              bytes_ms(q, 4.0 * (double)owned) * share + coll(q, LOOM_COLL_ALLREDUCE, world, 1, 8);
+    if (mc->n_experts > 0) P->norm += coll(q, LOOM_COLL_ALLREDUCE, replicas, tp, 8.0 * (d->E + 4));
+    /* the step's start: the local gradients cleared (stages 0, 1: a memset; 2, 3: pages
+     * handed back, zero-filled by the kernel as backward touches them again: whole huge
+     * pages, as cheap as the memset; counted here: llama 6M dp 2 ZeRO-2 faults ~270 times a
+     * step and rank, not the 5,900 4 KiB pages of its 23 MiB) */
+    P->clear = memset_ms(q, (double)table->total) * share;
+    /* clipping and AdamW on this rank's part */
+    double adam = 0;
+    if (!q->st) q->st = loom_profile_adamw_ms(p, (double)shard, threads, &adam, err);
+    P->optimizer = (bytes_ms(q, 8.0 * (double)shard) + adam) * share;
+    if ((zero == 1 || zero == 2) && tc->overlap_param_gather && g) {
+        /* --overlap-param-gather: each range's gather posted once AdamW has updated it,
+         * waited for by the next step's forward right before the range is read */
+        double at = 0, free_at = 0, cum = 0, late = 0;
+        const double start = P->optimizer + P->clear; /* the next forward, after the optimizer */
+        for (int i = 0; i < n_ranges; i++) {
+            cum += g[i] / (4.0 * (double)table->total);
+            at = P->optimizer * cum;
+            const double ms = engine_coll(q, LOOM_COLL_ALLGATHER, replicas, tp, g[i]);
+            free_at = (free_at > at ? free_at : at) + ms;
+            const double use = start + need[i] + late;
+            if (free_at > use) late += free_at - use;
+        }
+        P->param_gather = n_ranges * loom_profile_engine_post_us(p) / 1e3;
+        P->param_wait = late;
+    } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
+        P->param_gather = coll(q, LOOM_COLL_ALLGATHER, replicas, tp, 4.0 * (double)table->total);
+    }
+    free(g), free(back), free(need);
+
+    /* the engine thread's CPU competes with compute on a CPU node */
+    if (cpu) {
+        const double base = compute_base, rt = (double)ranks * threads;
+        const double demand = (rt * base + ranks * q->engine_us / 1e3) / cores;
+        const double wall = rt > cores ? rt * base / cores : base;
+        if (demand > wall) P->engine_share = demand - wall;
+    }
+}
+
 loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_config *tc,
                                 const loom_profile *p, const loom_plan_placement *place,
                                 loom_plan_time *out, loom_error *err) {
@@ -707,282 +1098,47 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     /* The compute slowdown when the node's cores are shared (engine CPU added later). */
     const double share =
         cpu && (double)ranks * threads > cores ? (double)ranks * threads / cores : 1.0;
-    if (pp == 1) {
-        /* ---- the whole model on this rank: accum micro-batches ---- */
-        const int L = table.n_layer;
-        cost emb_f = embed_fwd(&q, &d), emb_b = embed_bwd(&q, &d);
-        cost head_f = head_fwd(&q, &d), head_b = head_bwd(&q, &d, 0);
-        cost *bf = calloc((size_t)(L ? L : 1), sizeof *bf),
-             *bb = calloc((size_t)(L ? L : 1), sizeof *bb);
-        if (!bf || !bb) {
-            free(bf), free(bb), loom_params_free(&table);
-            return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
-        }
-        for (int i = 0; i < L; i++) {
-            const int moe = table.blocks[i].moe;
-            bf[i] = block_fwd(&q, &d, moe);
-            bb[i] = block_bwd(&q, &d, moe, 0);
-        }
-        /* wall time of a piece: its compute slowed by the sharing, its blocking
-         * collectives as priced */
-#define WALL(c) ((c).compute * share + (c).tp + (c).cp + (c).moe)
-        /* ZeRO-3: ranges 0 (embedding), 1..L (blocks), L+1 (the head's); all-gathers */
-        const int z3 = zero == 3;
-        g = calloc((size_t)L + 2, sizeof *g), need = calloc((size_t)L + 2, sizeof *need);
-        back = calloc((size_t)L + 2, sizeof *back);
-        n_ranges = L + 2;
-        double *done = calloc((size_t)L + 2, sizeof *done);
-        if (!g || !back || !need || !done) {
-            free(bf), free(bb), free(g), free(back), free(need), free(done);
-            loom_params_free(&table);
-            return loom_error_set(err, LOOM_ERR_NOMEM, "plan: out of memory");
-        }
-        for (int i = 0; i < L + 2; i++) {
-            const size_t lo = i == 0 ? 0 : i <= L ? table.blocks[i - 1].begin : table.head_begin;
-            const size_t hi = i == 0   ? (L ? table.blocks[0].begin : table.head_begin)
-                              : i < L  ? table.blocks[i].begin
-                              : i == L ? table.head_begin
-                                       : table.total;
-            g[i] = 4.0 * (double)(hi - lo); /* the gathered range's bytes */
-            back[i] = handed_back(lo, hi);
-        }
-        double t = 0;
-        int resident0 = 0, resident_tail = 0;
-        for (int k = 0; k < accum; k++) {
-            const int final = k + 1 == accum;
-            /* forward */
-            if (z3) {
-                if (!resident0) gather(&q, &eng, replicas, g, back, done, 0, t);
-                if (L > 0) gather(&q, &eng, replicas, g, back, done, 1, t);
-                if (!resident0) ensure(done, &t, &P.zero3_wait, 0);
-                resident0 = 1;
-                if (L == 0 && !resident_tail) {
-                    gather(&q, &eng, replicas, g, back, done, 1, t);
-                    ensure(done, &t, &P.zero3_wait, 1);
-                    resident_tail = 1;
-                }
-            }
-            if (k == 0) need[0] = t;
-            t += WALL(emb_f);
-            P.forward += emb_f.compute * share, P.tp += emb_f.tp;
-            compute_base += emb_f.compute;
-            for (int i = 0; i < L; i++) {
-                if (z3) {
-                    ensure(done, &t, &P.zero3_wait, i + 1);
-                    if (i + 2 <= L + 1 && !(i + 2 == L + 1 && resident_tail))
-                        gather(&q, &eng, replicas, g, back, done, i + 2, t);
-                }
-                if (k == 0) need[i + 1] = t;
-                t += WALL(bf[i]);
-                P.forward += bf[i].compute * share, P.tp += bf[i].tp, P.cp += bf[i].cp;
-                P.moe += bf[i].moe, compute_base += bf[i].compute;
-                if (z3 && i == L - 1 && !resident_tail) {
-                    ensure(done, &t, &P.zero3_wait, L + 1);
-                    resident_tail = 1;
-                }
-            }
-            if (k == 0) need[L + 1] = t;
-            t += WALL(head_f);
-            P.forward += head_f.compute * share, P.tp += head_f.tp;
-            compute_base += head_f.compute;
-            /* backward */
-            if (final) last_bwd_start = t;
-            t += WALL(head_b);
-            P.backward += head_b.compute * share, P.tp += head_b.tp;
-            compute_base += head_b.compute;
-            if (final && !ep_sync) range_ready(&bk, t, table.head_begin, table.total);
-            for (int i = L - 1; i >= 0; i--) {
-                if (z3) {
-                    /* released after forward: gathered again, prefetched by the block
-                     * above (the last block's is started here) */
-                    if (i == L - 1) gather(&q, &eng, replicas, g, back, done, i + 1, t);
-                    ensure(done, &t, &P.zero3_wait, i + 1);
-                    if (i >= 1) gather(&q, &eng, replicas, g, back, done, i, t);
-                }
-                t += WALL(bb[i]);
-                const double rc = block_recompute(&q, &d, table.blocks[i].moe).compute * share;
-                P.backward += bb[i].compute * share - rc, P.recompute_share += rc;
-                P.tp += bb[i].tp, P.cp += bb[i].cp, P.moe += bb[i].moe;
-                compute_base += bb[i].compute;
-                const size_t hi = i + 1 < L ? table.blocks[i + 1].begin : table.head_begin;
-                if (final && !ep_sync) range_ready(&bk, t, table.blocks[i].begin, hi);
-            }
-            t += WALL(emb_b);
-            P.backward += emb_b.compute * share, P.tp += emb_b.tp;
-            compute_base += emb_b.compute;
-            if (final && !ep_sync)
-                range_ready(&bk, t, 0, L ? table.blocks[0].begin : table.head_begin);
-        }
-#undef WALL
-        t_backward_end = t;
-        free(bf), free(bb), free(done);
-    } else {
-        /* ---- a pipeline stage: the schedule simulator over the slowest stage's actions ---- */
-        double dur[3] = {0, 0, 0}, busy = 0;
-        cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
-        /* the slowest rank's actions (its chunks' mean: interleaved ranks alternate) */
-        double slowest = -1;
-        for (int r = 0; r < pp; r++) {
-            cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
-            for (int c = 0; c < v; c++) {
-                const int vs = c * pp + r;
-                int lo = 0;
-                for (int k = 0; k < vs; k++) lo += counts[k];
-                const fbw x = chunk_cost(&q, mc, &d, lo, lo + counts[vs], vs == 0, vs == S - 1);
-                add(&f, x.f), add(&b, x.b), add(&w, x.w);
-            }
-            const double busy_r = total(f) + total(b) + total(w);
-            if (busy_r > slowest) {
-                slowest = busy_r;
-                sum_f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
-                sum_b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
-                sum_w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
-            }
-        }
-        dur[LOOM_PP_F] = total(sum_f), dur[LOOM_PP_B] = total(sum_b), dur[LOOM_PP_W] = total(sum_w);
-        /* each F and B sends its output to the next stage (the activations, the gradient) */
-        const double msg = 4.0 * d.Ns * d.C;
-        /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
-        const loom_placement pp_place = place_of(&q, pp, replicas * tp);
-        const double send = coll_placed(&q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
-        dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
-        double idle[LOOM_PP_MAX_STAGES];
-        const double span1 = loom_pp_schedule_simulate(&sched, dur, idle, NULL);
-        if (span1 < 0) {
-            loom_params_free(&table), loom_pp_schedule_free(&sched);
-            return loom_error_set(err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
-        }
-        double mean_idle = 0;
-        for (int r = 0; r < pp; r++) mean_idle += idle[r] / pp;
-        busy = 1 - mean_idle;
-        /* idle stages yield their cores: the busy ones share them */
-        double s = cpu ? (double)ranks * threads * busy / cores : 1.0;
-        if (s < 1) s = 1;
-        const double n_act = (double)accum * v;
-        const double fw = sum_f.compute * s, bw = (sum_b.compute + sum_w.compute) * s;
-        P.forward = n_act * fw;
-        P.backward = n_act * bw;
-        if (d.recompute) { /* the share of backward that is the forward again */
-            /* selective: a dense block's recomputed part of its forward */
-            const double part =
-                d.recompute == LOOM_RECOMPUTE_FULL
-                    ? 1.0
-                    : block_recompute(&q, &d, 0).compute / block_fwd(&q, &d, 0).compute;
-            P.recompute_share = n_act * fw * part < P.backward ? n_act * fw * part : 0;
-            P.backward -= P.recompute_share;
-        }
-        P.tp = n_act * (sum_f.tp + sum_b.tp + sum_w.tp);
-        P.cp = n_act * (sum_f.cp + sum_b.cp + sum_w.cp);
-        P.moe = n_act * (sum_f.moe + sum_b.moe + sum_w.moe);
-        P.pp_send = n_act * 2 * send;
-        double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
-        const double span_s = loom_pp_schedule_simulate(&sched, scaled, NULL, NULL);
-        const double busy_s =
-            P.forward + P.backward + P.recompute_share + P.tp + P.cp + P.moe + P.pp_send;
-        P.pp_bubble = span_s - busy_s > 0 ? span_s - busy_s : 0;
-        compute_base = n_act * (sum_f.compute + sum_b.compute + sum_w.compute);
-        t_backward_end = span_s;
-        /* the gradients of this stage become final during its last backward(s): their
-         * buckets overlap the last B (W) action */
-        if (!ep_sync) {
-            last_bwd_start = span_s - scaled[LOOM_PP_B] - (split ? scaled[LOOM_PP_W] : 0);
-            const double per_layer = (span_s - last_bwd_start) / (table.n_layer + 2);
-            double t = last_bwd_start + per_layer;
-            range_ready(&bk, t, table.head_begin, table.total);
-            for (int i = table.n_layer - 1; i >= 0; i--) {
-                t += per_layer;
-                const size_t hi =
-                    i + 1 < table.n_layer ? table.blocks[i + 1].begin : table.head_begin;
-                range_ready(&bk, t, table.blocks[i].begin, hi);
-            }
-            range_ready(&bk, span_s, 0, table.n_layer ? table.blocks[0].begin : table.head_begin);
-        }
-        /* ZeRO-3 in a pipeline keeps the gathered blocks for the step (fsdp keep_blocks):
-         * each range is gathered once, during the first forward, the next block's
-         * prefetched while one computes */
-        if (zero == 3) {
-            const int L = table.n_layer;
-            const double fb = L > 0 ? sum_f.compute * s / (L + 1) : 0; /* one block's F */
-            for (int i = 0; i <= L; i++) {
-                const size_t lo = i == 0 ? 0 : table.blocks[i - 1].begin;
-                const size_t hi = i < L ? table.blocks[i].begin : table.total;
-                /* the last one: the last block's range and the tail's, handed back apart */
-                const size_t mid = i == L ? table.head_begin : hi;
-                const double g = gather_ms(&q, replicas, 4.0 * (double)(hi - lo),
-                                           handed_back(lo, mid) + handed_back(mid, hi));
-                P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
-            }
-        }
-        /* GPT-2's tied embedding: the first and last stage swap its gradient */
-        if (d.gpt2)
-            P.pp_send +=
-                coll_placed(&q, LOOM_COLL_SENDRECV, 2, pp_place, 4.0 * mc->vocab_size / tp * d.C);
-        /* the pipeline group's loss sum */
-        P.pp_send += coll(&q, LOOM_COLL_ALLREDUCE, pp, replicas * tp, 8);
-    }
+    step_pricing x = {mc,
+                      tc,
+                      p,
+                      &q,
+                      &d,
+                      &eng,
+                      &bk,
+                      &P,
+                      &table,
+                      &sched,
+                      counts,
+                      dp,
+                      tp,
+                      pp,
+                      cp,
+                      ep,
+                      world,
+                      replicas,
+                      ranks,
+                      cores,
+                      threads,
+                      cpu,
+                      accum,
+                      v,
+                      S,
+                      split,
+                      zero,
+                      ep_sync,
+                      share,
+                      compute_base,
+                      t_backward_end,
+                      last_bwd_start,
+                      g,
+                      back,
+                      need,
+                      n_ranges,
+                      err};
+    st = pp == 1 ? price_whole(&x) : price_stage(&x);
+    if (st) return st; /* each phase frees the table and the schedule on its failure */
+    price_after_backward(&x);
 
-    /* sequence parallelism: each norm parameter's gradient summed over tp once final */
-    for (int i = 0; d.sp && i < table.n_params; i++)
-        if (table.params[i].sp_partial)
-            P.tp += coll(&q, LOOM_COLL_ALLREDUCE, tp, 1, 4.0 * (double)table.params[i].numel);
-
-    /* ---- after backward: the rest of the gradients' reduction ---- */
-    double t = t_backward_end;
-    if (!ep_sync && replicas > 1) {
-        post_range(&bk, t, bk.pending_begin, bk.pending_end);
-        double end = eng.free_at > t ? eng.free_at : t;
-        if (bk.embed_rows) end += bytes_ms(&q, 12.0 * replicas * d.N * d.C); /* rows added */
-        P.dp_exposed = end - t;
-    } else if (ep_sync) {
-        const size_t ex = expert_floats(&table), dense = table.total - ex;
-        const int edp = replicas / ep;
-        P.ep_reduce = coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 4.0 * (double)dense) +
-                      coll(&q, LOOM_COLL_ALLREDUCE, edp, ep * tp, 4.0 * (double)ex);
-    }
-    (void)last_bwd_start;
-    /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
-    const size_t shard = zero >= 1 ? (table.total + replicas - 1) / replicas : table.total;
-    /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
-    const size_t owned = zero >= 2 ? shard : table.total;
-    P.norm = coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 8) +
-             bytes_ms(&q, 4.0 * (double)owned) * share + coll(&q, LOOM_COLL_ALLREDUCE, world, 1, 8);
-    if (mc->n_experts > 0) P.norm += coll(&q, LOOM_COLL_ALLREDUCE, replicas, tp, 8.0 * (d.E + 4));
-    /* the step's start: the local gradients cleared (stages 0, 1: a memset; 2, 3: pages
-     * handed back, zero-filled by the kernel as backward touches them again: whole huge
-     * pages, as cheap as the memset; counted here: llama 6M dp 2 ZeRO-2 faults ~270 times a
-     * step and rank, not the 5,900 4 KiB pages of its 23 MiB) */
-    P.clear = memset_ms(&q, (double)table.total) * share;
-    /* clipping and AdamW on this rank's part */
-    double adam = 0;
-    if (!q.st) q.st = loom_profile_adamw_ms(p, (double)shard, threads, &adam, err);
-    P.optimizer = (bytes_ms(&q, 8.0 * (double)shard) + adam) * share;
-    if ((zero == 1 || zero == 2) && tc->overlap_param_gather && g) {
-        /* --overlap-param-gather: each range's gather posted once AdamW has updated it,
-         * waited for by the next step's forward right before the range is read */
-        double at = 0, free_at = 0, cum = 0, late = 0;
-        const double start = P.optimizer + P.clear; /* the next forward, after the optimizer */
-        for (int i = 0; i < n_ranges; i++) {
-            cum += g[i] / (4.0 * (double)table.total);
-            at = P.optimizer * cum;
-            const double ms = engine_coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, g[i]);
-            free_at = (free_at > at ? free_at : at) + ms;
-            const double use = start + need[i] + late;
-            if (free_at > use) late += free_at - use;
-        }
-        P.param_gather = n_ranges * loom_profile_engine_post_us(p) / 1e3;
-        P.param_wait = late;
-    } else if (zero == 1 || zero == 2) { /* the updated shards to every replica */
-        P.param_gather = coll(&q, LOOM_COLL_ALLGATHER, replicas, tp, 4.0 * (double)table.total);
-    }
-    free(g), free(back), free(need);
-
-    /* the engine thread's CPU competes with compute on a CPU node */
-    if (cpu) {
-        const double base = compute_base, rt = (double)ranks * threads;
-        const double demand = (rt * base + ranks * q.engine_us / 1e3) / cores;
-        const double wall = rt > cores ? rt * base / cores : base;
-        if (demand > wall) P.engine_share = demand - wall;
-    }
     const int failed = q.st != LOOM_OK;
     loom_params_free(&table);
     loom_pp_schedule_free(&sched);

@@ -410,7 +410,15 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     c->last_saved = -1;
     *start_step = 0;
     loom_status st = loom_ckpt_tensors_describe(&c->tensors, loom_zero_table(zero), err);
-    if (!st) st = loom_ckpt_peer_open(&c->peer, tc, mesh, err);
+    const loom_ckpt_peer_options po = {tc->ckpt_peer,
+                                       tc->ckpt_peer_dir,
+                                       tc->ckpt_dir[0] ? tc->ckpt_dir : tc->ckpt_fast_dir,
+                                       mesh->rank,
+                                       mesh->size,
+                                       mesh->world.mpi,
+                                       loom_world_thread_level(),
+                                       loom_world_thread_level_name(loom_world_thread_level())};
+    if (!st) st = loom_ckpt_peer_open(&c->peer, &po, err);
     if (!st && tc->init_from[0]) st = import_weights(c, err);
     if (!st && tc->resume[0]) st = resume(c, start_step, err);
     /* --init-from with --resume (loom rl under loom run): a failed load's fresh state is the

@@ -16,7 +16,7 @@
 #include "model/config.h"
 #include "parallel/mesh.h"
 #include "parallel/zero.h"
-#include "train/ckpt_peer.h"
+#include "ckpt/ckpt_peer.h"
 #include "train/train_config.h"
 
 typedef struct {

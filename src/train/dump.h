@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "train/step_observer.h"
 
 /* Every parameter's tensor of `flat` (params or grads) to DIR/FILE. */
 loom_status loom_dump_flat(const char *dir, const char *file, const loom_param_table *t,
@@ -21,6 +22,12 @@ loom_status loom_dump_tensor(const char *dir, const char *file, const char *name
  * after class dropout). */
 loom_status loom_dump_flow_batches(const char *dir, const loom_model_config *mc,
                                    const int32_t *records, int steps, int global_batch,
+                                   loom_error *err);
+
+/* --dump-dir as an observer of the step (ctx: the loom_run): rank 0 keeps every step's
+ * whole global batch (BEGIN), and the first step's reduced gradients go out as whole
+ * tensors, grads_step1.safetensors (REDUCE). */
+loom_status loom_dump_observe_step(void *ctx, loom_step_point at, loom_step_state *s,
                                    loom_error *err);
 
 #endif

@@ -1,5 +1,6 @@
 /* What one rank holds: the start-up report's memory figures, read from the run's own
- * objects, and the same for any rank of any layout without running it (loom plan). */
+ * objects (the same for any rank of any layout without running it, loom plan's
+ * loom_run_memory_of, is in setup.c beside loom_run_size: this file calls nothing there). */
 #include <stdio.h>
 #include <string.h>
 
@@ -36,17 +37,6 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     }
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages;
-}
-
-loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc, int world,
-                               int rank, loom_run_memory *m, loom_error *err) {
-    loom_mesh mesh;
-    loom_run r;
-    loom_status st = loom_mesh_shape(&mesh, tc->layout, world, rank, err);
-    if (st || (st = loom_run_size(&r, mc, tc, &mesh, err))) return st;
-    loom_run_memory_collect(&r, m);
-    loom_run_free(&r);
-    return LOOM_OK;
 }
 
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,

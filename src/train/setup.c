@@ -283,8 +283,6 @@ static loom_status build_step(loom_run *r, loom_error *err) {
     loom_step_runner_options ro = {mod,
                                    r->pipelined,
                                    &r->sync,
-                                   r->sharded,
-                                   &r->pg,
                                    r->mesh,
                                    r->params,
                                    r->grads,
@@ -495,6 +493,19 @@ static loom_status build_run(loom_run *r, const loom_model_config *mc, const loo
 loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
                           loom_mesh *mesh, loom_error *err) {
     return build_run(r, mc, tc, mesh, 1, build_model, err);
+}
+
+/* loom plan's memory of any rank of any layout (run_memory.c collects it; here beside
+ * loom_run_size so that run_memory.c does not call back into this file). */
+loom_status loom_run_memory_of(const loom_model_config *mc, const loom_train_config *tc, int world,
+                               int rank, loom_run_memory *m, loom_error *err) {
+    loom_mesh mesh;
+    loom_run r;
+    loom_status st = loom_mesh_shape(&mesh, tc->layout, world, rank, err);
+    if (st || (st = loom_run_size(&r, mc, tc, &mesh, err))) return st;
+    loom_run_memory_collect(&r, m);
+    loom_run_free(&r);
+    return LOOM_OK;
 }
 
 loom_status loom_run_setup(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,

@@ -51,8 +51,7 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
     for (int k = 0; k < r->accum; k++) {
         loom_model_load_batch(mod, batch, k * M);
         loom_progress_phase(LOOM_PHASE_FORWARD);
-        if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
-        if ((st = loom_param_gather_begin_micro_batch(r->pg, err)) ||
+        if ((st = loom_grad_sync_begin_micro_batch(r->sync, err)) ||
             (st = loom_model_forward(mod, r->params)))
             return st;
         if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "forward");
@@ -84,7 +83,7 @@ static loom_status whole_forward_loss(loom_step_runner *r, const int32_t *batch,
     *loss_sum = 0.0;
     for (int k = 0; k < r->accum; k++) {
         loom_model_load_batch(mod, batch, k * r->micro_batch);
-        if (r->fsdp && (st = loom_fsdp_begin_micro_batch(r->fsdp, err))) return st;
+        if ((st = loom_grad_sync_begin_micro_batch(r->sync, err))) return st;
         double s;
         if ((st = loom_model_forward(mod, r->params)) ||
             (st = loom_model_loss_sum(mod, 0.0f, 0, &s)))
@@ -108,13 +107,12 @@ static const loom_step_runner_ops whole_ops = {"whole model", whole_forward_back
 static loom_status stage_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
                                           int step, int early, double *loss_sum, loom_error *err) {
     (void)step, (void)early; /* a stage's parts are timed per action (--pp-stats) */
-    return loom_pipeline_step(r->pipe, r->params, r->grads, batch, dloss, r->sync, r->fsdp,
-                              loss_sum, err);
+    return loom_pipeline_step(r->pipe, r->params, r->grads, batch, dloss, r->sync, loss_sum, err);
 }
 
 static loom_status stage_forward_loss(loom_step_runner *r, const int32_t *batch, double *loss_sum,
                                       loom_error *err) {
-    return loom_pipeline_forward_loss(r->pipe, r->params, batch, r->fsdp, loss_sum, err);
+    return loom_pipeline_forward_loss(r->pipe, r->params, batch, r->sync, loss_sum, err);
 }
 
 /* Every slot's and every stage's layers over the world, the tp replicas of a block
@@ -136,8 +134,6 @@ void loom_step_runner_init(loom_step_runner *r, const loom_step_runner_options *
     r->model = o->model;
     r->pipe = o->pipe;
     r->sync = o->sync;
-    r->fsdp = o->fsdp;
-    r->pg = o->pg;
     r->mesh = o->mesh;
     r->params = o->params;
     r->grads = o->grads;

@@ -13,10 +13,8 @@
 #include "core/error.h"
 #include "core/timeline.h"
 #include "model/transformer.h"
-#include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
-#include "parallel/param_gather.h"
 #include "pipeline/pipeline.h"
 #include "train/route_dump.h"
 
@@ -44,9 +42,8 @@ struct loom_step_runner {
     const loom_step_runner_ops *ops;
     loom_model *model;    /* the rank's model (a pipeline's slot 0) */
     loom_pipeline *pipe;  /* the pipelined runner's stage, else NULL */
-    loom_grad_sync *sync; /* where final gradients go */
-    loom_fsdp *fsdp;      /* ZeRO-3: parameters gathered per micro-batch, else NULL */
-    loom_param_gather *pg;
+    loom_grad_sync *sync; /* where final gradients go (and, before each forward, what gathers
+                             the parameters: loom_grad_sync_begin_micro_batch) */
     loom_mesh *mesh;
     const float *params;
     float *grads;
@@ -60,8 +57,6 @@ typedef struct {
     loom_model *model;
     loom_pipeline *pipe; /* NULL: the whole model on this rank */
     loom_grad_sync *sync;
-    loom_fsdp *fsdp;
-    loom_param_gather *pg;
     loom_mesh *mesh;
     const float *params;
     float *grads;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/fs.h"
 #include "data/flow_batch.h"
 #include "kernels/backend.h"
 #include "model/config.h"
@@ -13,8 +14,6 @@
 #include "parallel/mesh.h"
 #include "parallel/outer.h"
 #include "pipeline/pipeline.h"
-
-#define LOOM_PATH_MAX 1024
 
 typedef struct {
     char data[LOOM_PATH_MAX]; /* glob of token shards */

@@ -21,7 +21,6 @@ Usage: test_export.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_model as tm  # noqa: E402
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, failed, run, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, check_loom, keep_or_remove, run, run_test, seed_of, write_text_shard  # noqa: E402
 
 TOL = 1e-5
 MASK32, MASK64 = (1 << 32) - 1, (1 << 64) - 1
@@ -177,10 +176,7 @@ def main():
                       f"{family}: import under {name} = single-process import, 3 losses, "
                       f"rel err {err:.1e}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Usage: test_export_bf16.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -33,7 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 import safetensors_io  # noqa: E402
 import torch  # noqa: E402
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check, check_loom, failed, run, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, check, check_loom, keep_or_remove, run, run_test, seed_of, write_text_shard  # noqa: E402
 
 TORCH_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}
 
@@ -135,10 +134,7 @@ def main():
               "--dtype 'fp16': expected f32 or bf16" in lines[0],
               f"  --dtype fp16: one line, exit 2 (exit {p.returncode}: {p.stderr.strip()!r})")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

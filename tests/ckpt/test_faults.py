@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import loomtest  # noqa: E402
-from loomtest import check_loom, failed, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import check_loom, keep_or_remove, run_test, seed_of, write_text_shard  # noqa: E402
 
 def check(ok, what):
     loomtest.check(ok, f"  {what}:")
@@ -219,10 +219,7 @@ def main():
         check(r.returncode == 2 and "different model" in r.stderr,
               f"resume into a different model: refused (exit {r.returncode})")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Usage: test_resume_layouts.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -31,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 # (dp, zero, tp[, pp]): world size dp x tp x pp
@@ -200,10 +199,7 @@ def main():
                     print(f"  {tag} {name:18s} {msg}  {'ok' if ok else 'FAIL'}")
                     break
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,15 @@ def report(name, ok, text):
 def failed():
     """How many checks have failed so far."""
     return _checks["failed"]
+
+
+def keep_or_remove(tmp, seed):
+    """A test's teardown of its folder (its `finally:`): kept, and named with the seed to
+    rerun it, when a check failed; removed otherwise."""
+    if failed():
+        print(f"kept {tmp} (seed {seed})")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_loom(path):

@@ -37,7 +37,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D = 48
 
@@ -180,10 +180,7 @@ def main():
         check(q.losses[13] < q.losses[0] - 0.3,
               f"  int4 trains: loss {q.losses[0]:.4f} -> {q.losses[13]:.4f}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

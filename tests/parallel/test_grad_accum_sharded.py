@@ -15,7 +15,6 @@ Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D = 32
 
@@ -96,10 +95,7 @@ def main():
                   f"  bad input {' '.join(bad)}: exit {p.returncode}, "
                   f"{p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ progress from the training thread; they must say so and compute the same functio
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 
 def main():
@@ -68,10 +67,7 @@ def main():
             check(same)
             print(f"  dp2_zero3 twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ Usage: test_layouts_cp.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 
@@ -37,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, routes  # noqa: E402
 
 D_MODEL = 32
@@ -211,10 +210,7 @@ def main():
             if case == "llama" and not os.environ.get("LOOM_LAYOUTS"):
                 check_twice_and_resume(args, tmp, layouts)
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

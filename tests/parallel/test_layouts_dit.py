@@ -16,7 +16,6 @@ test that failed with 1e-8. Usage: test_layouts_dit.py --loom PATH [--seed S] [-
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
@@ -25,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -140,10 +139,7 @@ def main():
                                  ("video", (4, 2, 3, 8, 12, 4, 3), VIDEO_LAYOUTS)):
             check_case(args, tmp, seed, case, shape, lay)
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

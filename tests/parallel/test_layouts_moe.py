@@ -45,14 +45,13 @@ Usage: test_layouts_moe.py --loom PATH [--seed S]
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 D_MODEL = 32
@@ -253,10 +252,7 @@ def main():
                 for _ in pending:
                     check(False)
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
     print(f"{n_flips} near-tie routing flip(s), each compared up to the flip and run again "
           "with another seed")
 

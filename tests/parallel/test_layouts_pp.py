@@ -17,14 +17,13 @@ the initial weights bitwise. Usage: test_layouts_pp.py --loom PATH [--seed S]
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -118,10 +117,7 @@ def main():
                       + (f"  {'bitwise =' if same else 'NOT bitwise'} {same_as[0]}"
                          if same_as else "") + f"  {'ok' if ok else 'FAIL'}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,13 @@ for the Llama (1.6e-4 in one v_proj); with 1e-6 the same seed gives at most 6.0e
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
                       seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 48
 # (name, ranks, extra flags)
@@ -93,10 +92,7 @@ def main():
             check(same)
             print(f"  tp2_sp twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

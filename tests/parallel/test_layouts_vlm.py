@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 
@@ -33,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 16
 LAYOUTS = [
@@ -187,10 +186,7 @@ def main():
         print(f"  frozen encoder unchanged: {still}, projector trained: {moved}")
         balance_dp(args, base, tmp, seed)
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ Usage: test_overlap_param_gather.py --loom PATH [--seed S]
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 FLAG = "--overlap-param-gather"
 # (dp, tp, zero) run with and without the flag, for both families
@@ -101,10 +100,7 @@ def main():
             print(f"  dp2_zero2 {FLAG} checkpoint at 10 + resume (resumed: {resumed}): "
                   f"{'bitwise = uninterrupted' if ok else 'FAIL'}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Usage: test_recompute_selective.py --loom PATH [--seed S]
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 
@@ -23,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import Layouts, bitwise, seed_of, write_text_shard  # noqa: E402
-from loomtest import check, check_loom, failed, run_test  # noqa: E402
+from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 STEPS = 4
 LAYOUTS = [
@@ -108,10 +107,7 @@ def main():
                   f"  activations MiB: none {a_none:.3f} > selective {a_sel:.3f} > "
                   f"full {a_full:.3f}")
     finally:
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":

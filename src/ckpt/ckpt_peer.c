@@ -1,4 +1,4 @@
-#include "train/ckpt_peer.h"
+#include "ckpt/ckpt_peer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -261,30 +261,29 @@ static void *thread_main(void *arg) {
 /* ---- setup ---- */
 
 /* The job's tag: --ckpt-dir (or --ckpt-fast-dir) as an absolute path, hashed. */
-static void job_tag(const loom_train_config *tc, char out[24]) {
-    const char *d = tc->ckpt_dir[0] ? tc->ckpt_dir : tc->ckpt_fast_dir;
+static void job_tag(const char *d, char out[24]) {
     char abs[2 * LOOM_PATH_MAX + 2] = "";
     if (d[0] != '/' && getcwd(abs, LOOM_PATH_MAX)) strcat(abs, "/");
     strncat(abs, d, sizeof abs - strlen(abs) - 1);
     snprintf(out, 24, "%016llx", (unsigned long long)XXH3_64bits(abs, strlen(abs)));
 }
 
-loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_train_config *tc,
-                                const loom_mesh *mesh, loom_error *err) {
+loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_ckpt_peer_options *o,
+                                loom_error *err) {
     memset(p, 0, sizeof *p);
     p->comm = MPI_COMM_NULL;
     p->dst = -1;
-    if (!tc->ckpt_peer) return LOOM_OK;
-    p->rank = mesh->rank;
-    p->world = mesh->size;
-    if (p->world > 1 && mesh->world.mpi != MPI_COMM_NULL) {
-        if (loom_world_thread_level() < MPI_THREAD_MULTIPLE)
+    if (!o->enabled) return LOOM_OK;
+    p->rank = o->rank;
+    p->world = o->world;
+    if (p->world > 1 && o->world_comm != MPI_COMM_NULL) {
+        if (o->thread_level < MPI_THREAD_MULTIPLE)
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "--ckpt-peer: the copy to the peer host runs in a background "
                                   "thread and needs MPI_THREAD_MULTIPLE (MPI gave %s; unset "
                                   "LOOM_MPI_THREAD=funneled)",
-                                  loom_world_thread_level_name(loom_world_thread_level()));
-        if (MPI_Comm_dup(mesh->world.mpi, &p->comm) != MPI_SUCCESS) {
+                                  o->thread_level_name);
+        if (MPI_Comm_dup(o->world_comm, &p->comm) != MPI_SUCCESS) {
             p->comm = MPI_COMM_NULL;
             return loom_error_set(err, LOOM_ERR_STATE, "--ckpt-peer: MPI_Comm_dup failed");
         }
@@ -339,18 +338,18 @@ loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_train_config *tc,
     free(local);
     free(names);
     char tag[24];
-    job_tag(tc, tag);
-    snprintf(p->dir, sizeof p->dir, "%s/%s/%s", tc->ckpt_peer_dir, p->host, tag);
+    job_tag(o->job_dir, tag);
+    snprintf(p->dir, sizeof p->dir, "%s/%s/%s", o->peer_dir, p->host, tag);
     int mk = loom_mkdir_p(p->dir) == 0 ? 0 : errno;
     int bad = mk != 0;
     if (p->comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, p->comm);
     if (mk)
         return loom_error_set(err, LOOM_ERR_INPUT, "--ckpt-peer-dir %s: cannot create %s: %s",
-                              tc->ckpt_peer_dir, p->dir, strerror(mk));
+                              o->peer_dir, p->dir, strerror(mk));
     if (bad)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--ckpt-peer-dir %s: another rank cannot create its folder",
-                              tc->ckpt_peer_dir);
+                              o->peer_dir);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (pthread_create(&p->thread, NULL, thread_main, p) != 0) {

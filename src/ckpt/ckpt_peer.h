@@ -17,8 +17,8 @@
  * the line says why (which shards no surviving host holds). A host keeps only the newest
  * committed step (every rank's files and copies done) and, while a save is in flight, that
  * one too. */
-#ifndef LOOM_TRAIN_CKPT_PEER_H
-#define LOOM_TRAIN_CKPT_PEER_H
+#ifndef LOOM_CKPT_CKPT_PEER_H
+#define LOOM_CKPT_CKPT_PEER_H
 
 #include <mpi.h>
 #include <pthread.h>
@@ -27,8 +27,7 @@
 #include "ckpt/ckpt_writer.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
-#include "parallel/mesh.h"
-#include "train/train_config.h"
+#include "core/fs.h"
 
 typedef struct {
     int enabled;
@@ -56,10 +55,21 @@ typedef struct {
     double ms;
 } loom_ckpt_peer;
 
+/* What open needs of the run (train/checkpointing.c fills it from the flags and the mesh). */
+typedef struct {
+    int enabled;                   /* --ckpt-peer */
+    const char *peer_dir;          /* --ckpt-peer-dir */
+    const char *job_dir;           /* --ckpt-dir, else --ckpt-fast-dir: names the job (TAG) */
+    int rank, world;               /* this rank in the world */
+    MPI_Comm world_comm;           /* the world's communicator (MPI_COMM_NULL: none) */
+    int thread_level;              /* MPI's thread level (comm/world.h) */
+    const char *thread_level_name; /* ... its name, for the message */
+} loom_ckpt_peer_options;
+
 /* Collective over the world: hosts, peers, the memory folder, the thread. Needs MPI's
  * thread level MULTIPLE when there is more than one rank. */
-loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_train_config *tc,
-                                const loom_mesh *mesh, loom_error *err);
+loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_ckpt_peer_options *o,
+                                loom_error *err);
 void loom_ckpt_peer_close(loom_ckpt_peer *p);
 /* Starts keeping the save of `step` that writer w has started (run_text: the run state,
  * a manifest without tensors; taken over). */
