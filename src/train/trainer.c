@@ -323,6 +323,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     st = train_loop(&r, &stopped, err);
     if (!st && !stopped) st = write_outputs(&r, err);
     if (!st) loom_param_gather_report(&r.pg, mesh->rank);
+    if (!st) st = loom_run_report_peak_memory(&r, err);
     if (!st && mesh->rank == 0 && r.zero.stage >= 2)
         fprintf(stderr,
                 "loom: local gradients resident at the last micro-batch's layer boundaries: at "
