@@ -200,9 +200,12 @@ loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err
 
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {
     double sq = 0.0;
-    for (int i = 0; i < s->n_norm_runs; i++)
-        sq += loom_backend_sum_squares(s->zero->be, s->grads + s->norm_runs[i].lo,
-                                       s->norm_runs[i].hi - s->norm_runs[i].lo);
+    const loom_zero *z = s->zero; /* --grad-accum sharded: the shard's sum, [lo, hi) */
+    for (int i = 0; i < s->n_norm_runs; i++) {
+        const size_t lo = s->norm_runs[i].lo, n = s->norm_runs[i].hi - lo;
+        const float *g = z->accum ? z->accum + (lo - z->lo) : s->grads + lo;
+        sq += loom_backend_sum_squares(z->be, g, n);
+    }
     loom_status st = loom_comm_allreduce_sum_f64(&s->mesh->world, &sq, 1, err);
     *norm = sqrt(sq);
     return st;

@@ -70,8 +70,10 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
 }
 
 loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {
-    /* One bucket for the whole model asks for no overlap: everything after backward. */
-    if (z->bucket_floats >= z->total) return LOOM_OK;
+    /* One bucket for the whole model asks for no overlap: everything after backward.
+     * --grad-accum sharded reduces every micro-batch's head range as it comes, like any
+     * other range: a dense wte range posted early would be a third range in flight. */
+    if (z->bucket_floats >= z->total || z->accum_resident) return LOOM_OK;
     return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
 }
 
@@ -132,9 +134,9 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
     m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0;
-    if (z->accum_resident) { /* --grad-accum sharded: one range + a bucket, the shard, the sum */
-        m->grads_local = z->accum_resident + 2 * n * f;
-        m->grads_shard = 2 * n * f;
+    if (z->accum_resident) { /* --grad-accum sharded: two ranges in flight, and the shard's sum */
+        m->grads_local = z->accum_resident + n * f;
+        m->grads_shard = n * f;
     }
     m->optimizer = 2 * n * f;
 }
@@ -167,7 +169,7 @@ float *loom_zero_grads_alloc(loom_zero *z) {
     float *grads = z->page_map ? loom_zero_map_huge(z->grads_bytes) : NULL;
     /* The shard's reduced gradient stays where the in-place all-reduce leaves it (its
      * pages are never handed back): no copy, no second buffer. --ep keeps its own. */
-    if (grads && !z->experts) z->grad_shard = grads + z->lo;
+    if (grads && !z->experts) z->grad_shard = z->accum ? z->accum : grads + z->lo;
     return grads;
 }
 
@@ -216,10 +218,35 @@ static void sample_resident(loom_zero *z, const float *grads) {
     if (r > z->grads_peak) z->grads_peak = r;
 }
 
-/* Stage >= 2: bucket b is reduced; its local pages outside this rank's shard can go. */
+/* --grad-accum sharded: the buckets reduced and added to the sum form a run down from the
+ * top of the buffer ([consumed_from, total): buckets are posted from the top down and
+ * usually complete in that order); every page above the run's lowest page is handed
+ * back, also the pages two buckets share, which neither could hand back alone. */
+static void release_consumed(loom_zero *z, float *grads) {
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int b = 0; b < z->n_buckets; b++) {
+            loom_zero_bucket *k = &z->buckets[b];
+            if (!k->reduced || k->released || k->end != z->consumed_from) continue;
+            z->consumed_from = k->begin;
+            k->released = moved = 1;
+        }
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
+    const size_t from = (z->consumed_from + page - 1) / page * page;
+    if (from < z->released_from) loom_zero_release_pages(grads, from, z->released_from);
+    if (from < z->released_from) z->released_from = from;
+}
+
+/* Stage >= 2: bucket b is reduced; its local pages outside this rank's shard can go
+ * (--grad-accum sharded: all of them, its shard's part was added to the sum). */
 static void release_bucket(loom_zero *z, float *grads, int b) {
     loom_zero_bucket *k = &z->buckets[b];
     if (z->stage < 2 || k->released) return;
+    if (z->accum) { /* and the ranges above it have to be done with too */
+        release_consumed(z, grads);
+        return;
+    }
     const size_t a = k->begin, e = k->end; /* [a, e) less [lo, hi) */
     if (a < z->lo) loom_zero_release_pages(grads, a, e < z->lo ? e : z->lo);
     if (e > z->hi) loom_zero_release_pages(grads, a > z->hi ? a : z->hi, e);
@@ -240,6 +267,8 @@ void loom_zero_step_end(loom_zero *z) {
 
 void loom_zero_begin_reduction(loom_zero *z) {
     z->n_buckets = 0;
+    z->consumed_from = z->total;
+    z->released_from = z->grads_bytes / sizeof(float); /* the mapping's end */
     z->pending_begin = z->pending_end = z->total;
     z->step_wait_ms = 0.0;
 }
@@ -267,9 +296,24 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
 }
 
 /* Stage >= 2, bucket b's all-reduce complete: the part inside this rank's shard is
- * where grad_shard points (the embedding rows are added there next), the rest can go. */
-static void keep_shard(loom_zero *z, int b) {
-    if (z->stage >= 2) z->buckets[b].reduced = 1;
+ * where grad_shard points (the embedding rows are added there next), the rest can go.
+ * --grad-accum sharded: that part is added to the shard's sum now (the step's first
+ * micro-batch: copied), so that every page of the bucket can go. */
+static void keep_shard(loom_zero *z, const float *grads, int b) {
+    loom_zero_bucket *k = &z->buckets[b];
+    if (z->stage < 2 || k->reduced) return;
+    k->reduced = 1;
+    if (!z->accum) return;
+    const size_t a = k->begin > z->lo ? k->begin : z->lo, e = k->end < z->hi ? k->end : z->hi;
+    if (a >= e) return;
+    float *dst = z->accum + (a - z->lo);
+    const float *src = grads + a;
+    const size_t n = e - a;
+    if (z->accum_n == 0)
+        memcpy(dst, src, n * sizeof(float));
+    else
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
 /* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
@@ -306,7 +350,9 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
      * starts the collective here, which can itself take long: that blocks backward, so
      * the time counts as exposed either way. */
     double t0 = loom_comm_now_ms();
-    if (z->pending_end - z->pending_begin >= z->bucket_floats) {
+    const int posted_before = z->n_buckets;
+    /* --grad-accum sharded: every range goes out at once (FSDP's reduce-scatter per block) */
+    if (z->pending_end - z->pending_begin >= z->bucket_floats || z->accum) {
         st = send_bucket(z, c->grads, z->pending_begin, z->pending_end, c->err);
         z->pending_end = z->pending_begin;
     }
@@ -321,9 +367,19 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
         if (!st && done && z->stage >= 2) {
             st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
-            if (!st) keep_shard(z, b);
+            if (!st) keep_shard(z, c->grads, b);
             reduced = 1;
         }
+    }
+    /* --grad-accum sharded: the ranges posted before this one are waited for, so that
+     * while the next range's backward runs only this one is in flight: two ranges of
+     * local gradient resident at most, whatever the network's speed (the price: backward
+     * waits when a range's reduction takes longer than the next range's backward). */
+    for (int b = 0; b < posted_before && z->accum && !st; b++) {
+        if (z->buckets[b].reduced) continue;
+        st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err);
+        if (!st) keep_shard(z, c->grads, b);
+        reduced = 1;
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
     /* Handing pages back is memory work, not communication: outside the wait timer. */
@@ -342,7 +398,7 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        if (!w) keep_shard(z, b);
+        if (!w) keep_shard(z, grads, b);
     }
     if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
         loom_status w =
@@ -363,16 +419,26 @@ loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err)
                               "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
                               "--ep (got ZeRO-%d%s)",
                               z->stage, z->experts ? " with --ep" : "");
-    /* the local pages a micro-batch holds at most: its largest range (a block, the head
-     * or the tail) and a bucket in flight */
+    /* The local bytes a micro-batch holds at most (loom_zero_grads_ready): one range in
+     * flight and the one below it being written, backward's order being tail, blocks
+     * L-1 .. 0, head. Everything above the range in flight is handed back (the page it
+     * shares with the one above it stays: release_consumed); below the one being
+     * written nothing is touched, except that a transparent huge page faulted in for
+     * its lowest page spans down to a 2 MiB boundary. */
     const loom_param_table *t = z->table;
-    size_t most = t->n_layer ? t->blocks[0].begin : t->head_begin;
-    for (int l = 0; l < t->n_layer; l++) {
-        const size_t e = l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
-        if (e - t->blocks[l].begin > most) most = e - t->blocks[l].begin;
+    const int L = t->n_layer;
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
+    const size_t H = LOOM_HUGE_PAGE_BYTES / sizeof(float), M = (t->total + pg - 1) / pg * pg;
+    size_t most = 0, upper_end = t->total; /* the range in flight ends here */
+    for (int i = L; i >= 0; i--) {         /* the range written: block i - 1, or the head */
+        const size_t b = i > 0 ? t->blocks[i - 1].begin : 0;
+        size_t lo = b / H * H, hi = (upper_end + pg - 1) / pg * pg;
+        if (lo + H > M) lo = b / pg * pg; /* no huge page fits there: 4 KiB pages */
+        if (hi > M) hi = M;
+        if (hi - lo > most) most = hi - lo;
+        upper_end = i == L ? t->head_begin : t->blocks[i].begin;
     }
-    if (t->total - t->head_begin > most) most = t->total - t->head_begin;
-    z->accum_resident = (most + z->bucket_floats) * sizeof(float);
+    z->accum_resident = most * sizeof(float);
     if (size_only) return LOOM_OK;
     z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->accum ? LOOM_OK
@@ -380,26 +446,12 @@ loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err)
 }
 
 void loom_zero_accum_micro_batch(loom_zero *z, float *grads) {
-    const size_t n = z->hi - z->lo;
-    const float *g = z->grad_shard;
-    float *a = z->accum;
-    if (z->accum_n == 0)
-        memcpy(a, g, n * sizeof(float));
-    else
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) a[i] += g[i];
-    z->accum_n++;
+    z->accum_n++; /* its shard was added bucket by bucket (keep_shard) */
     loom_zero_grads_clear(z, grads);
 }
 
 void loom_zero_accum_finish(loom_zero *z) {
-    if (!z->accum || z->accum_n == 0) return;
-    const size_t n = z->hi - z->lo;
-    float *g = z->grad_shard;
-    const float *a = z->accum;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) g[i] = a[i] + g[i];
-    z->accum_n = 0;
+    z->accum_n = 0; /* the sum is where grad_shard points: nothing left to add */
 }
 
 float *loom_zero_reduced_grads(loom_zero *z, float *grads) {
@@ -426,6 +478,7 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) {
     if (z->stage < 2) return LOOM_OK;
+    if (z->accum) memcpy(grads + z->lo, z->accum, (z->hi - z->lo) * sizeof(float));
     return loom_comm_allgatherv_large(z->dp, grads, z->shards.counts, z->shards.displs, 0, err);
 }
 

@@ -82,12 +82,17 @@ typedef struct {
     double step_t0_ms, step_cpu0_ms, engine_cpu0_ms;
     struct loom_ep_zero *experts;      /* stages 1-2 with --ep > 1 (parallel/ep_zero.h), or NULL */
     struct loom_param_gather *overlap; /* --overlap-param-gather (parallel/param_gather.h) */
-    /* --grad-accum sharded (stages 2, 3): every micro-batch's gradients are reduced as
-     * backward produces them and its shard summed here ([lo, hi), fp32); the local
-     * buffer's pages are handed back after each micro-batch. NULL: local accumulation. */
+    /* --grad-accum sharded (stages 2, 3; FSDP): every range (a block, the head, the tail)
+     * is reduced as backward produces it, its shard's part added here ([lo, hi), fp32;
+     * grad_shard points here) and all its local pages handed back; backward waits for a
+     * range's reduction before it hands over the next one, so at most two ranges of the
+     * local buffer are ever resident (it is address space, never a whole gradient).
+     * NULL: local accumulation. */
     float *accum;
     int accum_n;           /* micro-batches summed into accum this step */
-    size_t accum_resident; /* the local pages such a step may hold: one range + one bucket */
+    size_t accum_resident; /* the local bytes such a step may hold: two adjacent ranges */
+    size_t consumed_from;  /* this micro-batch: [consumed_from, total) reduced and summed */
+    size_t released_from;  /* ... and its pages from here up handed back */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
@@ -162,14 +167,15 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
-/* --grad-accum sharded: the shard's accumulator (stage >= 2, no --ep). Sized only
- * (size_only): the memory report's figures, no buffer. */
+/* --grad-accum sharded: the shard's accumulator (stage >= 2, no --ep), before
+ * loom_zero_grads_alloc and loom_zero_plan_embedding (no embedding split then). Sized
+ * only (size_only): the memory report's figures, no buffer. */
 loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err);
-/* After a micro-batch's reduction (not the step's last): its reduced shard is added to the
- * accumulator and the local buffer cleared (its pages handed back). */
+/* After a micro-batch's reduction (not the step's last): counted (its buckets were added
+ * to the accumulator as they completed, micro-batches in order: ((g1 + g2) + ...) + gM)
+ * and the local buffer cleared (its last pages handed back). */
 void loom_zero_accum_micro_batch(loom_zero *z, float *grads);
-/* After the step's last reduction: the reduced shard += the accumulator, in the order the
- * micro-batches came ((g1 + g2) + ... + gM). */
+/* After the step's last reduction: the sum is complete where grad_shard points. */
 void loom_zero_accum_finish(loom_zero *z);
 
 /* This rank's reduced gradients, element 0 = flat element lo: the shard (stage >= 2) or

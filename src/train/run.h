@@ -121,6 +121,9 @@ void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len
 void loom_run_report_startup(const loom_run *r);
 /* End of run: what the layout's communication cost (rank 0), steps run. */
 void loom_run_report_end(const loom_run *r, int steps_run);
+/* Collective over the world: rank 0 prints the peak resident memory (getrusage's maximum
+ * resident set, the kernel's VmHWM) of the largest and the smallest rank so far. */
+loom_status loom_run_report_peak_memory(const loom_run *r, loom_error *err);
 
 /* A flat buffer as unsharded tensors: itself on one rank, else gathered into
  * r->global_flat (every rank calls this; *out is valid on the gathering rank); pipeline

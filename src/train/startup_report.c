@@ -1,5 +1,7 @@
 /* What rank 0 says about a run at its start and its end. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 
 #include "comm/world.h"
 #include "model/vlm.h"
@@ -127,4 +129,27 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
                 "flight), %.2f MiB per step; attention compute %.3f ms per step\n",
                 mesh->cp.blocked_ms / steps_run, mesh->cp.inflight_ms / steps_run,
                 (double)mesh->cp.bytes / steps_run / (1 << 20), r->cp.compute_ms / steps_run);
+}
+
+loom_status loom_run_report_peak_memory(const loom_run *r, loom_error *err) {
+    loom_mesh *mesh = r->mesh;
+    const int n = mesh->world.size;
+    double *mib = calloc((size_t)n, sizeof *mib);
+    if (!mib) return loom_error_set(err, LOOM_ERR_NOMEM, "peak memory report: out of memory");
+    struct rusage u; /* Linux: ru_maxrss is the peak resident set (VmHWM), KiB */
+    if (getrusage(RUSAGE_SELF, &u) == 0) mib[mesh->rank] = (double)u.ru_maxrss / 1024.0;
+    loom_status st = loom_comm_allreduce_sum_f64(&mesh->world, mib, n, err);
+    if (!st && mesh->rank == 0) {
+        int hi = 0, lo = 0;
+        for (int i = 1; i < n; i++) {
+            if (mib[i] > mib[hi]) hi = i;
+            if (mib[i] < mib[lo]) lo = i;
+        }
+        fprintf(stderr,
+                "loom: peak resident memory per rank (measured, VmHWM): %.1f MiB most (rank %d), "
+                "%.1f MiB least (rank %d)\n",
+                mib[hi], hi, mib[lo], lo);
+    }
+    free(mib);
+    return st;
 }

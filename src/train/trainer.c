@@ -255,6 +255,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
     st = train_loop(&r, &stopped, err);
     if (!st && !stopped) st = write_outputs(&r, err);
     if (!st) loom_grad_sync_report_end(&r.sync, mesh->rank, r.model.table.total);
+    if (!st) st = loom_run_report_peak_memory(&r, err);
     if (!st && r.trace) {
         mesh->dp.trace = mesh->tp.trace = mesh->world.trace = mesh->cp.trace = NULL;
         st = loom_comm_write_trace(&mesh->world, r.trace, tc->trace, err);

@@ -8,7 +8,7 @@ within 1e-5, the layouts criterion, tests/harness/loomtest.py), against today's 
 with local accumulation (the same criterion; the sum's order differs: micro-batches are
 summed after the reduction over ranks instead of before it, so it is not bitwise, and
 the test says whether it happened to be), the same sharded layout twice (bitwise), and
-the start-up report's gradient bytes (one range + a bucket + 2 shards, below local's
+the start-up report's gradient bytes (two adjacent ranges + the shard's sum, below local's
 whole model). Bad input: --grad-accum sharded with --zero 1 or an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
