@@ -115,6 +115,9 @@ static const opt_def OPTS[] = {
     {"precision", OPT_STRING, TR(precision), 8,
      "fp32, or bf16: the linear layers' GEMMs in bf16 (oneDNN; fp32 master weights, optimizer, "
      "gradients; docs/precision.md)"},
+    {"grad-reduce-dtype", OPT_STRING, TR(grad_reduce_dtype), 8,
+     "fp32, or bf16 (needs --precision bf16): the data-parallel gradient reduction sends bf16, "
+     "sums in fp32 (half the bytes)"},
     {"dry-run", OPT_BOOL, TR(dry_run), 0,
      "set up the layout, print the start-up (memory) report and stop before the first step"},
     {"recompute", OPT_RECOMPUTE, TR(recompute), 0,
@@ -230,7 +233,7 @@ static const opt_group GROUPS[] = {
     {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
     {"Multimodal LLM (vlm)", "docs/vlm.md",
      "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze"},
-    {"Precision", "docs/precision.md", "precision"},
+    {"Precision", "docs/precision.md", "precision grad-reduce-dtype"},
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
      "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "

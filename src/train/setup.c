@@ -191,6 +191,9 @@ static loom_status build_model(loom_run *r, loom_error *err) {
          (st = loom_zero_accum_enable(&r->zero, r->size_only, err))))
         return st;
     if (r->size_only) return LOOM_OK;
+    /* --grad-reduce-dtype bf16 (validated with --precision bf16): before the embedding plan */
+    if (strcmp(tc->grad_reduce_dtype, "bf16") == 0 && (st = loom_zero_bf16_enable(&r->zero, err)))
+        return st;
     /* --device cuda: the optimizer state and the gradients on the device too */
     if (loom_run_on_device(r) && (st = loom_zero_place_on(&r->zero, r->be, err))) return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
