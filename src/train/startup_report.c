@@ -56,8 +56,9 @@ void loom_run_report_startup(const loom_run *r) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)
         fprintf(stderr,
                 "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
-                "layer's input or output gradient and weight, rounded per call); master weights, "
-                "gradients, optimizer state and saved activations stay fp32 as above\n",
+                "layer's input or output gradient and weight, rounded per call, and the weights' "
+                "bf16 copy where one is kept); master weights, gradients, optimizer state and "
+                "saved activations stay fp32 as above\n",
                 (double)loom_backend_cpu_bf16_bytes(r->be) / MiB);
     if (r->zero.reduce_bf16) { /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c) */
         const loom_zero *z = &r->zero;
