@@ -67,8 +67,8 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
         z->buckets[b].rcounts = p + 2 * R;
         z->buckets[b].rdispls = p + 3 * R;
     }
-    if (!z->buckets || !z->parts || !z->m ||
-        !z->v) { /* stage >= 2: grad_shard is set by grads_alloc */
+    /* stage >= 2: grad_shard is set by grads_alloc */
+    if (!z->buckets || !z->parts || !z->m || !z->v) {
         loom_zero_free(z);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
     }
