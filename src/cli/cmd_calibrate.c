@@ -141,6 +141,14 @@ static int validate(const char *path) {
                 printf("  gemm %s 1024^3, %s: %.4g ms (%.1f GFLOP/s)\n",
                        loom_gemm_op_name((loom_gemm_op)op), who, ms, 2.0 * (1 << 30) / (ms * 1e6));
         }
+        for (int op = 0; !st && loom_profile_has_gemm_bf16(p, threads[i]) && op < LOOM_GEMM_OPS;
+             op++) {
+            st = loom_profile_gemm_bf16_ms(p, (loom_gemm_op)op, 1024, 1024, 1024, threads[i], &ms,
+                                           &err);
+            if (!st)
+                printf("  gemm_bf16 %s 1024^3, %s: %.4g ms (%.1f GFLOP/s)\n",
+                       loom_gemm_op_name((loom_gemm_op)op), who, ms, 2.0 * (1 << 30) / (ms * 1e6));
+        }
         if (!st)
             st = loom_profile_attention_ms(p, LOOM_ATT_CAUSAL_FWD, 8, 1024, 64, threads[i], &ms,
                                            &err);

@@ -117,6 +117,12 @@ static const opt_def OPTS[] = {
     {"precision", OPT_STRING, TR(precision), 8,
      "fp32, or bf16: the linear layers' GEMMs in bf16 (oneDNN; fp32 master weights, optimizer, "
      "gradients; docs/precision.md)"},
+    {"grad-reduce-dtype", OPT_STRING, TR(grad_reduce_dtype), 8,
+     "fp32, or bf16 (needs --precision bf16): the data-parallel gradient reduction sends bf16, "
+     "sums in fp32 (half the bytes)"},
+    {"bf16-rounding", OPT_STRING, TR(bf16_rounding), 16,
+     "nearest, or stochastic: how the bf16 copy of the weights is rounded from the fp32 master "
+     "once per step (seeded by --seed, step and tensor)"},
     {"dry-run", OPT_BOOL, TR(dry_run), 0,
      "set up the layout, print the start-up (memory) report and stop before the first step"},
     {"recompute", OPT_RECOMPUTE, TR(recompute), 0,
@@ -232,7 +238,7 @@ static const opt_group GROUPS[] = {
     {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
     {"Multimodal LLM (vlm)", "docs/vlm.md",
      "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze balance-dp"},
-    {"Precision", "docs/precision.md", "precision"},
+    {"Precision", "docs/precision.md", "precision grad-reduce-dtype bf16-rounding"},
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
      "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "

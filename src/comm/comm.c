@@ -218,6 +218,36 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "ialltoallv", err);
 }
 
+loom_status loom_comm_ialltoallv_bf16(loom_comm *c, const uint16_t *send, const int *send_counts,
+                                      const int *send_displs, uint16_t *recv,
+                                      const int *recv_counts, const int *recv_displs,
+                                      loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return loom_error_set(err, LOOM_ERR_STATE, "bf16 all-to-all on %s: host only", c->name);
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) total += (size_t)send_counts[r];
+    if (begin_op(c, h, "alltoallv_bf16", total * 2)) {
+        memmove(recv + recv_displs[0], send + send_displs[0],
+                (size_t)send_counts[0] * sizeof(uint16_t));
+        return LOOM_OK;
+    }
+    int rc = MPI_Ialltoallv(send, send_counts, send_displs, MPI_UINT16_T, recv, recv_counts,
+                            recv_displs, MPI_UINT16_T, c->mpi, &h->req);
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "ialltoallv_bf16", err);
+}
+
+loom_status loom_comm_iallgatherv_bf16(loom_comm *c, uint16_t *buf, const int *counts,
+                                       const int *displs, loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return loom_error_set(err, LOOM_ERR_STATE, "bf16 all-gather on %s: host only", c->name);
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
+    if (begin_op(c, h, "allgatherv_bf16", total * 2)) return LOOM_OK;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_UINT16_T,
+                             c->mpi, &h->req);
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "iallgatherv_bf16", err);
+}
+
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err) {
     if (c->device == LOOM_COMM_CUDA) return c->ops->bcast(c, buf, bytes, root, NULL, err);
     if (too_big(bytes)) return loom_comm_bcast_large(c, buf, bytes, root, 0, err);

@@ -118,6 +118,15 @@ loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *sen
                                  const int *send_displs, float *recv, const int *recv_counts,
                                  const int *recv_displs, loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_bcast(loom_comm *c, void *buf, size_t bytes, int root, loom_error *err);
+/* The same two, moving bf16 bit patterns (uint16_t, 2 bytes an element) without arithmetic:
+ * what the gradient reduction with --grad-reduce-dtype bf16 sends (parallel/zero_bf16.c
+ * sums on receipt). Host communicators only (LOOM_ERR_STATE on a device one). */
+loom_status loom_comm_ialltoallv_bf16(loom_comm *c, const uint16_t *send, const int *send_counts,
+                                      const int *send_displs, uint16_t *recv,
+                                      const int *recv_counts, const int *recv_displs,
+                                      loom_comm_handle *h, loom_error *err);
+loom_status loom_comm_iallgatherv_bf16(loom_comm *c, uint16_t *buf, const int *counts,
+                                       const int *displs, loom_comm_handle *h, loom_error *err);
 
 /* Large counts (comm_large.c): more than 2^31 elements or bytes in one call, split into
  * ordinary collectives of at most `chunk` elements (bytes for bcast; 0: LOOM_COMM_CHUNK),

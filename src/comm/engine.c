@@ -26,6 +26,11 @@ static loom_status start_op(loom_comm_engine *e, loom_comm_op *op, loom_error *e
     case LOOM_OP_ALLTOALLV:
         return loom_comm_ialltoallv(&e->comm, op->send, op->counts, op->displs, op->recv,
                                     op->rcounts, op->rdispls, &op->h, err);
+    case LOOM_OP_ALLTOALLV_BF16:
+        return loom_comm_ialltoallv_bf16(&e->comm, op->send16, op->counts, op->displs, op->recv16,
+                                         op->rcounts, op->rdispls, &op->h, err);
+    case LOOM_OP_ALLGATHERV_BF16:
+        return loom_comm_iallgatherv_bf16(&e->comm, op->buf16, op->counts, op->displs, &op->h, err);
     }
     return loom_error_set(err, LOOM_ERR_STATE, "engine: unknown operation %d", (int)op->kind);
 }

@@ -34,7 +34,9 @@ typedef enum {
     LOOM_OP_ALLREDUCE,      /* in place: buf[count] summed */
     LOOM_OP_REDUCE_SCATTER, /* send[sum(counts)] summed; rank r gets counts[r] into recv */
     LOOM_OP_ALLGATHERV,     /* in place: buf, counts, displs as loom_comm_iallgatherv */
-    LOOM_OP_ALLTOALLV       /* send, counts, displs -> recv, rcounts, rdispls (ialltoallv) */
+    LOOM_OP_ALLTOALLV,      /* send, counts, displs -> recv, rcounts, rdispls (ialltoallv) */
+    LOOM_OP_ALLTOALLV_BF16, /* as ALLTOALLV on send16 -> recv16 (bf16 bit patterns) */
+    LOOM_OP_ALLGATHERV_BF16 /* as ALLGATHERV in place on buf16 */
 } loom_comm_op_kind;
 
 /* Where an operation is in its life (op->state). */
@@ -49,6 +51,8 @@ typedef struct {
     size_t count;
     const int *counts, *displs;
     const int *rcounts, *rdispls; /* LOOM_OP_ALLTOALLV: what this rank receives */
+    uint16_t *buf16, *recv16;     /* the _BF16 kinds' buffers */
+    const uint16_t *send16;
     /* set by the engine */
     loom_comm_handle h; /* seq, post time, MPI request */
     double start_ms, end_ms;

@@ -257,6 +257,13 @@ loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *fla
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size);
 /* Bytes the backend holds for bf16 copies of operands (its conversion buffers). */
 size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);
+/* The bf16 compute copy of the flat parameter buffer [base, base + n) (train/
+ * compute_weights.c, --bf16-rounding): returns it for the caller to fill (NULL: out of
+ * memory; the same one on later calls). While marked valid, a linear op whose weight
+ * lies inside [base, base + n) reads the copy instead of rounding the weight per call;
+ * any other weight (ZeRO-3's gathered view, a temporary) is still rounded per call. */
+loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n);
+void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid);
 
 /* ---- choosing the device (--device cpu|cuda) ----
  * A device backend other than the CPU is linked only into builds that have it (CUDA:

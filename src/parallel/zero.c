@@ -55,16 +55,26 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
     loom_status st = shape(z, dp, stage, table, bucket_mb, err);
     if (st) return st;
     const size_t n = z->shard_floats;
+    const size_t R = (size_t)dp->size;
     z->buckets = calloc((size_t)z->max_buckets, sizeof *z->buckets);
+    z->parts = calloc((size_t)z->max_buckets * 4 * R, sizeof *z->parts);
     z->m = calloc(n ? n : 1, sizeof(float));
     z->v = calloc(n ? n : 1, sizeof(float));
-    if (!z->buckets || !z->m || !z->v) { /* stage >= 2: grad_shard is set by grads_alloc */
+    for (int b = 0; z->buckets && z->parts && b < z->max_buckets; b++) {
+        int *p = z->parts + (size_t)b * 4 * R;
+        z->buckets[b].counts = p;
+        z->buckets[b].displs = p + R;
+        z->buckets[b].rcounts = p + 2 * R;
+        z->buckets[b].rdispls = p + 3 * R;
+    }
+    /* stage >= 2: grad_shard is set by grads_alloc */
+    if (!z->buckets || !z->parts || !z->m || !z->v) {
         loom_zero_free(z);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for optimizer state");
     }
-    /* Queue room: every bucket of a step, the embedding rows' all-gather, and ZeRO-3's
-     * gathers (head, blocks, tail). */
-    st = loom_comm_engine_start(&z->engine, dp, z->max_buckets + 1 + table->n_layer + 2, err);
+    /* Queue room: every bucket of a step (twice: --grad-reduce-dtype bf16's all-to-all and
+     * all-gather), the embedding rows' all-gather, and ZeRO-3's gathers (head, blocks, tail). */
+    st = loom_comm_engine_start(&z->engine, dp, 2 * z->max_buckets + 1 + table->n_layer + 2, err);
     if (st) loom_zero_free(z);
     return st;
 }
@@ -72,8 +82,9 @@ loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_
 loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, loom_error *err) {
     /* One bucket for the whole model asks for no overlap: everything after backward.
      * --grad-accum sharded reduces every micro-batch's head range as it comes, like any
-     * other range: a dense wte range posted early would be a third range in flight. */
-    if (z->bucket_floats >= z->total || z->accum_resident) return LOOM_OK;
+     * other range: a dense wte range posted early would be a third range in flight.
+     * bf16 reduction: the embedding rows go through the buckets like every gradient. */
+    if (z->bucket_floats >= z->total || z->accum_resident || z->reduce_bf16) return LOOM_OK;
     return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
 }
 
@@ -113,6 +124,8 @@ void loom_zero_free(loom_zero *z) {
     loom_comm_engine_stop(&z->engine);
     loom_embed_grad_free(&z->embed);
     free(z->buckets);
+    free(z->parts);
+    loom_zero_bf16_free(z);
     loom_shard_layout_free(&z->shards);
     if (on_device(z)) {
         loom_backend_free(z->be, z->m);
@@ -269,6 +282,7 @@ void loom_zero_begin_reduction(loom_zero *z) {
     z->n_buckets = 0;
     z->consumed_from = z->total;
     z->released_from = z->grads_bytes / sizeof(float); /* the mapping's end */
+    z->recv_used = 0;
     z->pending_begin = z->pending_end = z->total;
     z->step_wait_ms = 0.0;
 }
@@ -288,6 +302,11 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
     b->begin = begin;
     b->end = end;
     b->released = b->reduced = 0;
+    b->bf16_phase = LOOM_ZERO_BF16_IDLE;
+    loom_shard_layout_parts(&z->shards, begin, end, b->counts, b->displs);
+    z->times.grad_bytes +=
+        loom_zero_bf16_wire_bytes(z, end - begin, (size_t)b->counts[z->dp->rank]);
+    if (z->reduce_bf16) return loom_zero_bf16_post(z, grads, b, err);
     loom_comm_op *op = &b->op;
     op->kind = LOOM_OP_ALLREDUCE;
     op->buf = grads + begin;
@@ -295,17 +314,19 @@ static loom_status post_partition(loom_zero *z, float *grads, size_t begin, size
     return loom_comm_engine_post(&z->engine, op, err);
 }
 
-/* Stage >= 2, bucket b's all-reduce complete: the part inside this rank's shard is
+/* Bucket b's collective complete. bf16 reduction: the received pieces are summed first
+ * (stages 0, 1: and the sums gathered). Stage >= 2: the part inside this rank's shard is
  * where grad_shard points (the embedding rows are added there next), the rest can go.
  * --grad-accum sharded: that part is added to the shard's sum now (the step's first
  * micro-batch: copied), so that every page of the bucket can go. */
-static void keep_shard(loom_zero *z, const float *grads, int b) {
+static loom_status keep_shard(loom_zero *z, float *grads, int b, loom_error *err) {
     loom_zero_bucket *k = &z->buckets[b];
-    if (z->stage < 2 || k->reduced) return;
+    loom_status st = z->reduce_bf16 ? loom_zero_bf16_received(z, grads, k, err) : LOOM_OK;
+    if (st || z->stage < 2 || k->reduced) return st;
     k->reduced = 1;
-    if (!z->accum) return;
+    if (!z->accum) return LOOM_OK;
     const size_t a = k->begin > z->lo ? k->begin : z->lo, e = k->end < z->hi ? k->end : z->hi;
-    if (a >= e) return;
+    if (a >= e) return LOOM_OK;
     float *dst = z->accum + (a - z->lo);
     const float *src = grads + a;
     const size_t n = e - a;
@@ -314,6 +335,7 @@ static void keep_shard(loom_zero *z, const float *grads, int b) {
     else
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    return LOOM_OK;
 }
 
 /* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
@@ -367,7 +389,7 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
         st = loom_comm_engine_test(&z->engine, &z->buckets[b].op, &done, c->err);
         if (!st && done && z->stage >= 2) {
             st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err); /* no wait */
-            if (!st) keep_shard(z, c->grads, b);
+            if (!st) st = keep_shard(z, c->grads, b, c->err);
             reduced = 1;
         }
     }
@@ -397,8 +419,13 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     z->pending_end = z->pending_begin;
     for (int b = 0; b < z->n_buckets; b++) {
         loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
+        if (!w && !st) w = keep_shard(z, grads, b, err); /* bf16, stages 0-1: posts a gather */
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        if (!w) keep_shard(z, grads, b);
+    }
+    for (int b = 0; b < z->n_buckets && z->reduce_bf16 && z->stage < 2; b++) {
+        loom_status w = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, err);
+        if (!w && !st) loom_zero_bf16_gathered(z, grads, &z->buckets[b]);
+        if (!st) st = w;
     }
     if (z->embed.enabled) { /* the rows go on top of the reduced dense part */
         loom_status w =

@@ -35,6 +35,11 @@ typedef struct {
     loom_comm_op op;
     int reduced;  /* stage >= 2: its all-reduce is complete, the shard's part kept */
     int released; /* ... and its local gradient pages went back to the kernel */
+    /* every rank's part of [begin, end) (its ZeRO shard's), relative to begin; with
+     * --grad-reduce-dtype bf16 also what this rank receives (R pieces of its part) */
+    int *counts, *displs, *rcounts, *rdispls;
+    size_t recv_at; /* bf16: where its pieces land in loom_zero.recv16 */
+    int bf16_phase; /* bf16: a loom_zero_bf16_phase */
 } loom_zero_bucket;
 
 /* Where this rank's step time went (ms), for --metrics: what data parallelism costs
@@ -50,6 +55,8 @@ typedef struct {
     double param_wait_ms;    /* --overlap-param-gather: this step's forward waiting for the
                                 gather posted by the previous step's optimizer (exposed) */
     double engine_cpu_ms;    /* the communication engine thread's CPU time this step */
+    double grad_bytes;       /* gradient bytes this rank moved over dp this step: out in the
+                                reduce-scatter, in from the all-gather (parallel/zero_bf16.c) */
 } loom_zero_step_times;
 
 typedef struct {
@@ -93,6 +100,12 @@ typedef struct {
     size_t accum_resident; /* the local bytes such a step may hold: two adjacent ranges */
     size_t consumed_from;  /* this micro-batch: [consumed_from, total) reduced and summed */
     size_t released_from;  /* ... and its pages from here up handed back */
+    /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c): 0, or bf16 on the wire */
+    int reduce_bf16;
+    uint16_t *send16;           /* [total]: each bucket's rounded gradient, then its sums */
+    uint16_t *recv16;           /* [R x this rank's shard]: the pieces received */
+    size_t recv_cap, recv_used; /* elements of recv16; used by this reduction so far */
+    int *parts;                 /* the buckets' count arrays, 4 R ints each */
 } loom_zero;
 
 loom_status loom_zero_create(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
@@ -226,5 +239,52 @@ static inline const loom_param_table *loom_zero_table(const loom_zero *z) {
 static inline int loom_zero_has_expert_segments(const loom_zero *z) {
     return z->experts != NULL;
 }
+
+/* ---- --grad-reduce-dtype bf16 (parallel/zero_bf16.c): bf16 on the wire ----
+ *
+ * Each bucket [begin, end) of the local fp32 gradient is rounded to bf16 (nearest even)
+ * and reduce-scattered as one all-to-all of bf16 bit patterns: rank q receives every
+ * rank's rounded values of its part of the bucket (its ZeRO shard's part; MPI moves
+ * bytes, no arithmetic). The receiver sums the R pieces in fp32, in rank order 0..R-1,
+ * whatever the timing: the reduction is fixed by (values, R), so a layout rerun is
+ * bitwise the same. Stages >= 2 keep that fp32 sum as the shard's gradient (the rest of
+ * the bucket is dropped, as with fp32). Stages 0 and 1 need the whole reduced gradient
+ * on every rank: the owner rounds its sums to bf16 and they are all-gathered in bf16,
+ * and every rank (the owner too) widens the same bits, so the replicas stay identical.
+ *
+ * The rounding: each rank's contribution is off by at most u |g| (u = 2^-9, the unit
+ * roundoff of bf16's 8 significant bits), the fp32 sum adds R gamma_R-sized terms, and
+ * stages 0-1 round the sum once more (u |sum|). Bytes: per bucket of n elements of which
+ * this rank owns c, the reduce-scatter sends n - c elements and the all-gather receives
+ * n - c: 2 (n - c) x 2 bytes at stages 0-1 and (n - c) x 2 at stages >= 2, against
+ * 2 (n - c) x 4 for the fp32 all-reduce every stage runs (grad_bytes in the metrics).
+ *
+ * The all-gathers (stages 0, 1) are posted at the end of backward in bucket order (a
+ * point every rank reaches in the same program order, so the collectives match); the
+ * all-to-alls go out while backward runs, as the fp32 buckets do. */
+typedef enum {
+    LOOM_ZERO_BF16_IDLE,    /* nothing posted */
+    LOOM_ZERO_BF16_SCATTER, /* the all-to-all of rounded contributions posted */
+    LOOM_ZERO_BF16_SUMMED,  /* this rank's part summed in fp32 (stages >= 2: done) */
+    LOOM_ZERO_BF16_GATHER,  /* stages 0, 1: the all-gather of the rounded sums posted */
+    LOOM_ZERO_BF16_DONE     /* stages 0, 1: the whole bucket widened into the gradient */
+} loom_zero_bf16_phase;
+
+/* Turns bf16 reduction on (stages 0-3 over dp > 1, not with --ep's segments): the send
+ * buffer [total] and the receive buffer [R x shard], both bf16. */
+loom_status loom_zero_bf16_enable(loom_zero *z, loom_error *err);
+void loom_zero_bf16_free(loom_zero *z);
+/* Rounds bucket b's gradient and posts its all-to-all (b->counts etc. already set). */
+loom_status loom_zero_bf16_post(loom_zero *z, const float *grads, loom_zero_bucket *b,
+                                loom_error *err);
+/* After b's all-to-all completed: its part summed into grads in fp32; stages 0, 1 then
+ * post the all-gather of the rounded sums. Idempotent past SUMMED. */
+loom_status loom_zero_bf16_received(loom_zero *z, float *grads, loom_zero_bucket *b,
+                                    loom_error *err);
+/* After b's all-gather completed (stages 0, 1): grads[begin, end) = the widened sums. */
+void loom_zero_bf16_gathered(loom_zero *z, float *grads, loom_zero_bucket *b);
+/* Bytes this rank moves for a bucket of n elements of which it owns c: out in the
+ * reduce-scatter, in from the all-gather (the fp32 all-reduce: both at 4 bytes). */
+double loom_zero_bf16_wire_bytes(const loom_zero *z, size_t n, size_t c);
 
 #endif

@@ -19,6 +19,7 @@
 #include "core/median.h"
 #include "core/version.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "parallel/zero.h"
 #include "plan/profile.h"
 
@@ -145,6 +146,13 @@ static json_t *measure_gemm(const loom_backend *be, loom_gemm_op op, const int *
             for (int k = 0; k < nd; k++, at++) {
                 size_t slot = 0;
                 gemm_arg g = {be, op, dims[i], dims[j], dims[k], bufs[0], bufs[1], bufs[2], &slot};
+                /* the linear op's (tokens, IC, OC); the bf16 backend's primitives for it
+                 * are made here, as a run makes them at setup (the fp32 one has none) */
+                const int tok = op == LOOM_GEMM_TN ? g.K : g.M;
+                const int ic = op == LOOM_GEMM_NT ? g.K : g.N;
+                const int oc = op == LOOM_GEMM_NT ? g.N : op == LOOM_GEMM_NN ? g.K : g.M;
+                loom_error perr;
+                (void)loom_backend_linear_prepare(be, tok, ic, oc, &perr); /* else: general */
                 flops[at] = 2.0 * dims[i] * dims[j] * dims[k];
                 dmin[at] = fmin(dims[i], fmin(dims[j], dims[k]));
                 t[at] = bench_us(gemm_run, &g, target_ms);
@@ -380,6 +388,7 @@ static grid_plan plan_for(int quick) {
 
 typedef struct {
     const loom_backend *be;
+    const loom_backend *bf16; /* the bf16 backend (CPUs with AVX512-BF16/AMX), or NULL */
     float *gemm[3];
     float *att[9];
     float *ew[4], *ew_small[3], *ew_w[4];
@@ -454,6 +463,14 @@ static json_t *measure_compute(buffers *b, const grid_plan *g, int threads) {
             gemm, loom_gemm_op_name((loom_gemm_op)op),
             measure_gemm(be, (loom_gemm_op)op, g->gemm_dims, g->n_gemm, b->gemm, g->target_ms));
     }
+    json_t *gemm16 = b->bf16 ? json_object() : NULL;
+    for (int op = 0; gemm16 && op < LOOM_GEMM_OPS; op++) {
+        fprintf(stderr, "calibrate: threads %d: gemm_bf16 %s\n", threads,
+                loom_gemm_op_name((loom_gemm_op)op));
+        json_object_set_new(gemm16, loom_gemm_op_name((loom_gemm_op)op),
+                            measure_gemm(b->bf16, (loom_gemm_op)op, g->gemm_dims, g->n_gemm,
+                                         b->gemm, g->target_ms));
+    }
     fprintf(stderr, "calibrate: threads %d: attention\n", threads);
     for (int k = 0; k < LOOM_ATT_KINDS; k++)
         json_object_set_new(att, loom_attention_kind_name((loom_attention_kind)k),
@@ -492,14 +509,17 @@ static json_t *measure_compute(buffers *b, const grid_plan *g, int threads) {
         json_object_set_new(o, "width", json_integer(width));
         json_object_set_new(ew, loom_elementwise_kind_name((loom_elementwise_kind)k), o);
     }
-    double x[5], t[5];
+    double x[5] = {0}, t[5] = {0};
     for (int i = 0; i < g->n_adamw; i++) {
         adamw_arg a = {be, (size_t)g->adamw_n[i], b->opt[0], b->opt[1], b->opt[2], b->opt[3]};
         x[i] = g->adamw_n[i];
         t[i] = bench_us(adamw_run, &a, g->target_ms);
     }
-    return json_pack("{s:i, s:o, s:o, s:o, s:o}", "threads", threads, "gemm", gemm, "attention",
-                     att, "elementwise", ew, "adamw", line_json(x, t, g->n_adamw, 0));
+    json_t *entry =
+        json_pack("{s:i, s:o, s:o, s:o, s:o}", "threads", threads, "gemm", gemm, "attention", att,
+                  "elementwise", ew, "adamw", line_json(x, t, g->n_adamw, 0));
+    if (gemm16) json_object_set_new(entry, "gemm_bf16", gemm16);
+    return entry;
 }
 
 json_t *loom_calibrate_compute(int quick, int threads) {
@@ -513,9 +533,26 @@ json_t *loom_calibrate_compute(int quick, int threads) {
         free_buffers(&b);
         return NULL;
     }
+    /* --precision bf16's GEMMs, where the CPU has them: the bf16 backend's linear ops, the
+     * weights read from a bf16 copy of their pool as a run reads them (compute_weights.h) */
+    loom_error berr;
+    if ((loom_cpu_has_avx512_bf16() || loom_cpu_has_amx_bf16()) &&
+        loom_backend_cpu_bf16_open(&b.bf16, "calibrate", &berr) == LOOM_OK) {
+        size_t D = (size_t)g.gemm_dims[g.n_gemm - 1];
+        const size_t pool = D * D > GEMM_POOL_FLOATS ? D * D : GEMM_POOL_FLOATS;
+        loom_bf16 *copy = loom_backend_cpu_bf16_weight_copy(b.bf16, b.gemm[1], pool);
+        if (copy) {
+            loom_bf16_from_f32_n(copy, b.gemm[1], pool);
+            loom_backend_cpu_bf16_weight_copy_valid(b.bf16, 1);
+        }
+    } else {
+        b.bf16 = NULL;
+        fprintf(stderr, "calibrate: no bf16 GEMMs on this CPU (no gemm_bf16 in the profile)\n");
+    }
     json_t *compute = json_array();
     json_array_append_new(compute, measure_compute(&b, &g, 1));
     if (threads > 1) json_array_append_new(compute, measure_compute(&b, &g, threads));
+    loom_backend_close(b.bf16);
     free_buffers(&b);
     return compute;
 }

@@ -29,6 +29,8 @@ typedef struct {
 typedef struct {
     int threads;
     gemm_term gemm[LOOM_GEMM_OPS];
+    int has_bf16;                       /* gemm_bf16 present */
+    gemm_term gemm_bf16[LOOM_GEMM_OPS]; /* --precision bf16's linear GEMMs (optional) */
     attention_term att[LOOM_ATT_KINDS];
     line_term ew[LOOM_EW_KINDS];
     line_term adamw;
@@ -328,6 +330,19 @@ static loom_status parse_compute(ctx *c, const json_t *obj, const char *path, co
         st = get_object(c, gemm, gemm_names[i], gp, &o);
         if (!st) st = parse_gemm(c, o, q, &e->gemm[i]);
     }
+    const json_t *bf = json_object_get(obj, "gemm_bf16");
+    if (!st && bf) { /* optional: profiles calibrated before bf16, or without bf16 CPUs */
+        json_t *o;
+        join(gp, sizeof gp, path, "gemm_bf16");
+        if (!json_is_object(bf)) return bad(c, gp, "expected an object");
+        for (int i = 0; i < LOOM_GEMM_OPS && !st; i++) {
+            char q[256];
+            join(q, sizeof q, gp, gemm_names[i]);
+            st = get_object(c, bf, gemm_names[i], gp, &o);
+            if (!st) st = parse_gemm(c, o, q, &e->gemm_bf16[i]);
+        }
+        e->has_bf16 = !st;
+    }
     if (!st) st = get_object(c, obj, "attention", path, &att);
     join(gp, sizeof gp, path, "attention");
     for (int i = 0; i < LOOM_ATT_KINDS && !st; i++) {
@@ -543,8 +558,9 @@ void loom_profile_free(loom_profile *p) {
     for (int i = 0; i < p->n_compute; i++) {
         compute_entry *e = &p->compute[i];
         for (int g = 0; g < LOOM_GEMM_OPS; g++) {
-            for (int a = 0; a < 3; a++) free(e->gemm[g].axis[a]);
+            for (int a = 0; a < 3; a++) free(e->gemm[g].axis[a]), free(e->gemm_bf16[g].axis[a]);
             free(e->gemm[g].gflops);
+            free(e->gemm_bf16[g].gflops);
         }
         for (int a = 0; a < LOOM_ATT_KINDS; a++) {
             free(e->att[a].T);
@@ -620,13 +636,8 @@ static loom_status check_dims(loom_error *err, const char *what, double a, doubl
     return LOOM_OK;
 }
 
-loom_status loom_profile_gemm_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
-                                 double K, int threads, double *ms, loom_error *err) {
-    if (op < 0 || op >= LOOM_GEMM_OPS)
-        return loom_error_set(err, LOOM_ERR_INPUT, "gemm lookup: unknown op %d", (int)op);
-    loom_status st = check_dims(err, "gemm lookup", M, N, K);
-    if (st) return st;
-    const gemm_term *g = &entry_for(p, threads)->gemm[op];
+/* One GEMM term's time (grid inside, else the curve), ms. */
+static double term_ms(const gemm_term *g, double M, double N, double K) {
     double flops = 2.0 * M * N * K;
     double d[3] = {M, N, K};
     if (g->gflops && inside(g->axis[0], g->n[0], M) && inside(g->axis[1], g->n[1], N) &&
@@ -647,12 +658,41 @@ loom_status loom_profile_gemm_ms(const loom_profile *p, loom_gemm_op op, double 
             if (wt == 0) continue;
             logr += wt * log(g->gflops[((size_t)at[0] * g->n[1] + at[1]) * g->n[2] + at[2]]);
         }
-        *ms = flops / (exp(logr) * 1e6);
-        return LOOM_OK;
+        return flops / (exp(logr) * 1e6);
     }
     double dmin = fmin(M, fmin(N, K));
     double rate = g->peak_gflops * g->efficiency * dmin / (dmin + g->half_dim);
-    *ms = g->latency_us * 1e-3 + flops / (rate * 1e6);
+    return g->latency_us * 1e-3 + flops / (rate * 1e6);
+}
+
+loom_status loom_profile_gemm_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
+                                 double K, int threads, double *ms, loom_error *err) {
+    if (op < 0 || op >= LOOM_GEMM_OPS)
+        return loom_error_set(err, LOOM_ERR_INPUT, "gemm lookup: unknown op %d", (int)op);
+    loom_status st = check_dims(err, "gemm lookup", M, N, K);
+    if (st) return st;
+    *ms = term_ms(&entry_for(p, threads)->gemm[op], M, N, K);
+    return LOOM_OK;
+}
+
+int loom_profile_has_gemm_bf16(const loom_profile *p, int threads) {
+    return p && entry_for(p, threads)->has_bf16;
+}
+
+loom_status loom_profile_gemm_bf16_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
+                                      double K, int threads, double *ms, loom_error *err) {
+    if (op < 0 || op >= LOOM_GEMM_OPS)
+        return loom_error_set(err, LOOM_ERR_INPUT, "gemm lookup: unknown op %d", (int)op);
+    loom_status st = check_dims(err, "gemm lookup", M, N, K);
+    if (st) return st;
+    const compute_entry *e = entry_for(p, threads);
+    if (!e->has_bf16)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--precision bf16: profile %s has no gemm_bf16 for %d thread(s) "
+                              "(measured before bf16, or on a CPU without it: run loom calibrate "
+                              "on a CPU with AVX512-BF16; docs/PROFILE.md)",
+                              loom_profile_name(p), e->threads);
+    *ms = term_ms(&e->gemm_bf16[op], M, N, K);
     return LOOM_OK;
 }
 

@@ -97,6 +97,12 @@ int loom_profile_devices_per_node(const loom_profile *p);
  * threads <= threads (the fewest if none is), so a GPU profile's single entry serves all. */
 loom_status loom_profile_gemm_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
                                  double K, int threads, double *ms, loom_error *err);
+/* --precision bf16's GEMMs (the bf16 backend's linear ops: operands rounded, oneDNN bf16
+ * matmul, fp32 out): compute[i].gemm_bf16, optional in a profile; LOOM_ERR_INPUT naming
+ * the profile when the entry has none. */
+int loom_profile_has_gemm_bf16(const loom_profile *p, int threads);
+loom_status loom_profile_gemm_bf16_ms(const loom_profile *p, loom_gemm_op op, double M, double N,
+                                      double K, int threads, double *ms, loom_error *err);
 /* The GEMM's peak rate, GFLOP/s (its `peak_gflops`: a datasheet's dense peak in a published
  * profile, the fitted asymptotic rate in a measured one), before `efficiency`. */
 double loom_profile_gemm_peak_gflops(const loom_profile *p, loom_gemm_op op, int threads);

@@ -39,12 +39,14 @@ typedef struct {
     loom_status st; /* the first failure */
     loom_error *err;
     double engine_us; /* the engine thread's CPU so far (collectives posted to it) */
+    int bf16;         /* --precision bf16: the linear GEMMs from the profile's gemm_bf16 */
 } pricer;
 
 static double gemm(pricer *q, loom_gemm_op op, double M, double N, double K) {
     double ms = 0;
     if (q->st || M <= 0 || N <= 0 || K <= 0) return 0;
-    q->st = loom_profile_gemm_ms(q->p, op, M, N, K, q->threads, &ms, q->err);
+    q->st = q->bf16 ? loom_profile_gemm_bf16_ms(q->p, op, M, N, K, q->threads, &ms, q->err)
+                    : loom_profile_gemm_ms(q->p, op, M, N, K, q->threads, &ms, q->err);
     return q->st ? 0 : ms;
 }
 
@@ -515,6 +517,8 @@ typedef struct {
     size_t wte_end;
     double rows_bytes; /* their all-gather */
     int group;         /* replicas */
+    int reduce_bf16;   /* --grad-reduce-dtype bf16: 1 (ZeRO 2, 3: the all-to-all only), 2 (and
+                          the all-gather of the sums) */
     pricer *q;
     engine *e;
     double last_done;
@@ -526,8 +530,15 @@ static void post_range(buckets *b, double t, size_t lo, size_t hi) {
     const size_t n = hi - lo, parts = (n + b->bucket - 1) / b->bucket;
     for (size_t k = parts; k-- > 0;) {
         const size_t a = lo + n * k / parts, e = lo + n * (k + 1) / parts;
+        /* bf16 (parallel/zero_bf16.c): an all-to-all of 2-byte values, and at ZeRO 0, 1 an
+         * all-gather of the sums (posted when backward ends: priced here, in the queue) */
         const double ms =
-            engine_coll(b->q, LOOM_COLL_ALLREDUCE, b->group, b->q->tp, 4.0 * (double)(e - a));
+            !b->reduce_bf16
+                ? engine_coll(b->q, LOOM_COLL_ALLREDUCE, b->group, b->q->tp, 4.0 * (double)(e - a))
+                : engine_coll(b->q, LOOM_COLL_ALLTOALL, b->group, b->q->tp, 2.0 * (double)(e - a)) +
+                      (b->reduce_bf16 == 2 ? engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group,
+                                                         b->q->tp, 2.0 * (double)(e - a))
+                                           : 0.0);
         b->last_done = engine_post(b->e, t, ms);
         b->posted++;
     }
@@ -1024,7 +1035,8 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     int threads = place->threads > 0 ? place->threads : cores / ranks;
     if (threads < 1) threads = 1;
     const int cpu = loom_profile_memory_bytes(p, 2) < loom_profile_memory_bytes(p, 1);
-    pricer q = {p, threads, ranks, tp, cores, cpu, LOOM_OK, err, 0};
+    pricer q = {p,   threads, ranks, tp, cores,
+                cpu, LOOM_OK, err,   0,  strcmp(tc->precision, "bf16") == 0};
     if (tc->micro_batch < 1 || tc->global_batch % (tc->micro_batch * dp) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "plan: --global-batch %d is not a multiple of --micro-batch %d x "
@@ -1091,7 +1103,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     bk.total = table.total, bk.bucket = bucket, bk.q = &q, bk.e = &eng;
     bk.pending_begin = bk.pending_end = table.total;
     bk.group = ep_sync ? 1 : replicas;
-    bk.embed_rows = !ep_sync && pp == 1 && wte_rows_enabled(&table, replicas, bucket);
+    if (strcmp(tc->grad_reduce_dtype, "bf16") == 0 && !ep_sync) bk.reduce_bf16 = zero >= 2 ? 1 : 2;
+    bk.embed_rows =
+        !ep_sync && !bk.reduce_bf16 && pp == 1 && wte_rows_enabled(&table, replicas, bucket);
     bk.wte_end = wte_numel(&table);
     bk.rows_bytes = 4.0 * replicas * d.N * (d.C + 1);
 

@@ -34,11 +34,12 @@ loom_status loom_metrics_write(loom_metrics *mx, const loom_step_metrics *s, loo
     }
     if (o && s->dp) {
         const loom_zero_step_times *d = s->dp;
-        json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms", d->compute_ms,
-                              "compute_cpu_ms", d->compute_cpu_ms, "optimizer_ms", d->optimizer_ms,
-                              "optimizer_cpu_ms", d->optimizer_cpu_ms, "param_gather_ms",
-                              d->param_gather_ms, "param_wait_ms", d->param_wait_ms,
-                              "engine_cpu_ms", d->engine_cpu_ms);
+        json_t *m =
+            json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms", d->compute_ms,
+                      "compute_cpu_ms", d->compute_cpu_ms, "optimizer_ms", d->optimizer_ms,
+                      "optimizer_cpu_ms", d->optimizer_cpu_ms, "param_gather_ms",
+                      d->param_gather_ms, "param_wait_ms", d->param_wait_ms, "engine_cpu_ms",
+                      d->engine_cpu_ms, "grad_bytes", d->grad_bytes);
         if (m) json_object_set_new(o, "dp", m);
     }
     if (o && s->outer) {

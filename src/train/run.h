@@ -19,6 +19,7 @@
 #include "parallel/zero.h"
 #include "pipeline/pipeline.h"
 #include "train/checkpointing.h"
+#include "train/compute_weights.h"
 #include "train/metrics.h"
 #include "train/route_dump.h"
 #include "train/step.h"
@@ -46,6 +47,7 @@ typedef struct {
     loom_param_gather pg; /* --overlap-param-gather (ZeRO 1, 2) */
     loom_fsdp *sharded;   /* &fsdp with ZeRO-3, else NULL */
     float *params, *grads;
+    loom_compute_weights cw; /* --precision bf16: the weights' bf16 copy (or none) */
     loom_grad_sync sync;
     loom_step_runner runner;
     int32_t *batch;         /* this rank's slice of the step: [G/dp, record words] */

@@ -193,6 +193,9 @@ static loom_status build_model(loom_run *r, loom_error *err) {
          (st = loom_zero_accum_enable(&r->zero, r->size_only, err))))
         return st;
     if (r->size_only) return LOOM_OK;
+    /* --grad-reduce-dtype bf16 (validated with --precision bf16): before the embedding plan */
+    if (strcmp(tc->grad_reduce_dtype, "bf16") == 0 && (st = loom_zero_bf16_enable(&r->zero, err)))
+        return st;
     /* --device cuda: the optimizer state and the gradients on the device too */
     if (loom_run_on_device(r) && (st = loom_zero_place_on(&r->zero, r->be, err))) return st;
     /* The embedding split needs the whole model's backward in one place (not pipelined)
@@ -431,6 +434,21 @@ static loom_status open_device(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
+/* --precision bf16: the weights' bf16 copy, where they stay put between updates. */
+static loom_status open_compute_weights(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    loom_bf16_rounding rounding;
+    loom_status st = loom_bf16_rounding_parse(tc->bf16_rounding, "--bf16-rounding", &rounding, err);
+    if (st) return st;
+    const char *why_not = r->sharded                       ? "--zero 3"
+                          : tc->overlap_param_gather       ? "--overlap-param-gather"
+                          : loom_outer_enabled(&tc->outer) ? "--outer"
+                          : loom_run_on_device(r)          ? "--device"
+                                                           : NULL;
+    return loom_compute_weights_open(&r->cw, r->be, &r->model.table, r->params, rounding, tc->seed,
+                                     why_not, err);
+}
+
 static loom_status setup(loom_run *r, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_status st;
@@ -442,6 +460,7 @@ static loom_status setup(loom_run *r, loom_error *err) {
         (st = loom_dp_balance_setup(r, err)))
         return st;
     loom_timeline_mark("params_grads_alloc");
+    if ((st = open_compute_weights(r, err))) return st;
     /* Resuming, a checkpoint overwrites every parameter: initialise them only if none is
      * loaded (seconds for a 124M model, on the path from a failure to the first step). */
     const int init_later = !r->sharded && tc->resume[0] && !tc->dump_dir[0] && !tc->init_from[0];

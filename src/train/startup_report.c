@@ -58,9 +58,22 @@ void loom_run_report_startup(const loom_run *r) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)
         fprintf(stderr,
                 "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
-                "layer's input or output gradient and weight, rounded per call); master weights, "
-                "gradients, optimizer state and saved activations stay fp32 as above\n",
+                "layer's input or output gradient and weight, rounded per call, and the weights' "
+                "bf16 copy where one is kept); master weights, gradients, optimizer state and "
+                "saved activations stay fp32 as above\n",
                 (double)loom_backend_cpu_bf16_bytes(r->be) / MiB);
+    if (r->zero.reduce_bf16) { /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c) */
+        const loom_zero *z = &r->zero;
+        const size_t own = z->shards.hi - z->shards.lo;
+        const double bf = loom_zero_bf16_wire_bytes(z, z->total, own);
+        fprintf(stderr,
+                "loom: gradient reduction in bf16 (round to nearest even, summed in fp32 on "
+                "receipt): %.3f MiB a reduction per rank on the wire, fp32 would move %.3f MiB "
+                "(%.2fx); %.3f MiB more for the bf16 send and receive buffers\n",
+                bf / MiB, 2.0 * (double)(z->total - own) * 4.0 / MiB,
+                bf / (2.0 * (double)(z->total - own) * 4.0),
+                (double)(z->total + z->recv_cap) * 2.0 / MiB);
+    }
     if (mc->freeze) { /* --freeze (vlm): what is not trained, and what it still holds */
         size_t frozen = 0;
         for (int i = 0; i < r->model.table.n_params; i++)

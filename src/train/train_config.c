@@ -8,6 +8,7 @@
 #include "parallel/param_gather.h"
 #include "parallel/tp_shards.h"
 #include "train/batch_skip.h"
+#include "train/compute_weights.h"
 #include "train/train_config.h"
 
 /* The checkpoint and resume flags. */
@@ -53,6 +54,8 @@ void loom_train_config_defaults(loom_train_config *tc) {
     snprintf(tc->cp_mode, sizeof tc->cp_mode, "ring");
     snprintf(tc->device, sizeof tc->device, "cpu");
     snprintf(tc->precision, sizeof tc->precision, "fp32");
+    snprintf(tc->grad_reduce_dtype, sizeof tc->grad_reduce_dtype, "fp32");
+    snprintf(tc->bf16_rounding, sizeof tc->bf16_rounding, "nearest");
     tc->zero = 0;
     tc->bucket_mb = 25.0f;
     tc->moe_chunks = 1;
@@ -118,6 +121,27 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     loom_precision precision;
     loom_status pst = loom_precision_parse(tc->precision, "--precision", &precision, err);
     if (pst) return pst;
+    const int reduce_bf16 = strcmp(tc->grad_reduce_dtype, "bf16") == 0;
+    if (!reduce_bf16 && strcmp(tc->grad_reduce_dtype, "fp32") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-reduce-dtype '%s': expected fp32 or bf16",
+                              tc->grad_reduce_dtype);
+    if (reduce_bf16 && precision != LOOM_PRECISION_BF16)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-reduce-dtype bf16: needs --precision bf16 (an fp32 run "
+                              "reduces its gradients in fp32; docs/precision.md)");
+    loom_bf16_rounding rounding;
+    if ((pst = loom_bf16_rounding_parse(tc->bf16_rounding, "--bf16-rounding", &rounding, err)))
+        return pst;
+    if (rounding == LOOM_BF16_ROUND_STOCHASTIC && precision != LOOM_PRECISION_BF16)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--bf16-rounding stochastic: needs --precision bf16 (fp32 runs "
+                              "round nothing; docs/precision.md)");
+    if (reduce_bf16 && tc->layout.ep > 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-reduce-dtype bf16: not with --ep %d yet (expert gradients "
+                              "reduce in fp32; docs/precision.md)",
+                              tc->layout.ep);
     if (!tc->data[0])
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--data: required (a file or glob of token shards, llm.c format, or "

@@ -62,6 +62,8 @@ typedef struct {
     int dry_run;                    /* set up and print the start-up report, no step */
     char device[16];                /* cpu | cuda (kernels/backend.h: loom_device_parse) */
     char precision[8];              /* fp32 | bf16: the linear layers' GEMMs (docs/precision.md) */
+    char grad_reduce_dtype[8];      /* fp32 | bf16: the dp gradient reduction on the wire */
+    char bf16_rounding[16];         /* nearest | stochastic: the weights' bf16 compute copy */
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */

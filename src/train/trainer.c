@@ -60,6 +60,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
     int step = r->start_step, stop = 0;
     loom_progress_set_step(step);
+    loom_compute_weights_refresh(&r->cw, step); /* --precision bf16: the weights' copy */
     for (; step < tc->steps && !stop; step++) {
         s.step = step;
         s.t0 = loom_now_ms();
@@ -93,6 +94,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_BEFORE_UPDATE, &s, err)) ||
             (st = loom_grad_sync_step(&r->sync, norm, lr, &tc->adamw, step + 1, err)))
             return st;
+        loom_compute_weights_refresh(&r->cw, step + 1);
         /* A device works asynchronously: the step's time includes its work, and its first
          * failure (kernels/backend.h: sticky) stops the run here. */
         loom_backend_synchronize(r->be);

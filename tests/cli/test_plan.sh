@@ -35,10 +35,34 @@ MOE=("${MODEL[@]}" --n-experts 4 --top-k 2 --moe-every 2)
 expect "routing of a dense model" "--moe-load-max 1.5: the model has no experts" -- plan "${MODEL[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 1.5
 expect "routing below balanced" "--moe-load-max '0.5': expected a number >= 1" -- plan "${MOE[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 0.5
 expect "routing beyond E / K" "expected at most E / K = 2" -- plan "${MOE[@]}" --explain "--dp 2" --profile "$H100" --moe-load-max 3
+expect "bf16 without gemm_bf16" "--precision bf16: profile" -- plan "${MODEL[@]}" --explain "--dp 2" \
+    --profile "$H100" --precision bf16
+expect "bf16 reduction of fp32" "--grad-reduce-dtype bf16: needs --precision bf16" -- plan \
+    "${MODEL[@]}" --explain "--dp 2" --profile "$H100" --grad-reduce-dtype bf16
 expect "bad check folder" "$TMP/nothing" -- plan --check "$TMP/nothing" --profile "$H100"
 expect "check without profile" "--check: needs --profile" -- plan --check "$TMP"
 mkdir -p "$TMP/run/attempt_0" && echo "mpirun -n 2 /bin/true" >"$TMP/run/attempt_0/command.txt"
 expect "check folder without train" "no \`loom train\` command" -- plan --check "$TMP/run" --profile "$H100"
+
+# --precision bf16: the GEMMs from the profile's gemm_bf16 (here the H100's curves at twice
+# the rate and half the latency: exactly the GEMM terms shrink), --grad-reduce-dtype bf16 the
+# gradient buckets as bf16 all-to-alls (ZeRO 2: half the all-reduce's bytes)
+python3 - "$H100" "$TMP/bf16.json" <<'PY'
+import copy, json, sys
+p = json.load(open(sys.argv[1]))
+for c in p["compute"]:
+    c["gemm_bf16"] = copy.deepcopy(c["gemm"])
+    for g in c["gemm_bf16"].values():
+        g["peak_gflops"] *= 2
+        g["latency_us"] /= 2  # the model's GEMMs are small: the latency is most of them
+json.dump(p, open(sys.argv[2], "w"))
+PY
+predicted() { "$LOOM" plan "${MODEL[@]}" --profile "$TMP/bf16.json" --explain "--dp 4 --zero 2" "$@" |
+    sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
+p32=$(predicted) p16=$(predicted --precision bf16) r16=$(predicted --precision bf16 --grad-reduce-dtype bf16)
+echo "plan, dp 4 ZeRO 2: fp32 $p32 ms, bf16 $p16 ms, bf16 + bf16 reduction $r16 ms"
+check "bf16 GEMMs predict a shorter step" python3 -c "import sys; sys.exit(0 if 0 < float('$p16') < float('$p32') else 1)"
+check "the bf16 reduction predicts no longer a step" python3 -c "import sys; sys.exit(0 if 0 < float('$r16') <= float('$p16') else 1)"
 
 # the search: the top layouts are ones loom train accepts
 "$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --json >"$TMP/top.json" 2>"$TMP/err"

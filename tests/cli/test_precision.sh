@@ -26,6 +26,14 @@ expect "upper case" "--precision 'BF16'" -- "${LM[@]}" --precision BF16
 LOOM_BF16_PRETEND_NO_CPU=1 expect "CPU without AVX512-BF16" \
     "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16" -- "${LM[@]}" --precision bf16
 expect "not on a GPU yet" "--precision bf16" -- "${LM[@]}" --precision bf16 --device cuda
+expect "bf16 reduction of fp32 gradients" "--grad-reduce-dtype bf16: needs --precision bf16" \
+    -- "${LM[@]}" --grad-reduce-dtype bf16
+expect "reduce dtype fp16" "--grad-reduce-dtype 'fp16': expected fp32 or bf16" -- "${LM[@]}" \
+    --precision bf16 --grad-reduce-dtype fp16
+expect "bf16 reduction with --ep" "--grad-reduce-dtype bf16: not with --ep 2" -- "${LM[@]}" \
+    --precision bf16 --grad-reduce-dtype bf16 --n-experts 2 --dp 2 --ep 2
+expect "loom run passes it to train's check" "--grad-reduce-dtype bf16: needs --precision bf16" \
+    -- run -n 1 -- "${LM[@]:1}" --grad-reduce-dtype bf16
 
 # a bf16 run: the start-up line, every shape prepared, twice the same bits
 for k in 1 2; do

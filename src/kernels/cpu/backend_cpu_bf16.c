@@ -18,6 +18,12 @@ typedef struct {
     loom_gemm_bf16 *gemm;
     loom_bf16 *a, *b; /* rounded operands: the GEMM's A and B */
     size_t a_cap, b_cap;
+    /* the weights' compute copy (loom_backend_cpu_bf16_weight_copy), and how often the
+     * linear ops read it or rounded a weight per call while it existed */
+    const float *w_base;
+    loom_bf16 *w_copy;
+    size_t w_n, w_copied, w_rounded;
+    int w_valid;
 } bf16_ctx;
 
 static bf16_ctx *ctx_of(const loom_backend *be) {
@@ -87,6 +93,16 @@ static const loom_bf16 *round_into(loom_bf16 **buf, size_t *cap, const float *x,
     return p;
 }
 
+/* A weight operand: its slice of the compute copy, or rounded now into buffer b. */
+static const loom_bf16 *weight_operand(bf16_ctx *c, const float *w, size_t n) {
+    if (c->w_copy && c->w_valid && w >= c->w_base && w + n <= c->w_base + c->w_n) {
+        c->w_copied++;
+        return c->w_copy + (w - c->w_base);
+    }
+    if (c->w_copy) c->w_rounded++;
+    return round_into(&c->b, &c->b_cap, w, n);
+}
+
 static void linear_forward(const loom_backend *be, float *out, const float *inp,
                            const float *weight, const float *bias, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
@@ -96,7 +112,7 @@ static void linear_forward(const loom_backend *be, float *out, const float *inp,
         return;
     }
     const loom_bf16 *a = round_into(&c->a, &c->a_cap, inp, (size_t)N * IC);
-    const loom_bf16 *b = round_into(&c->b, &c->b_cap, weight, (size_t)OC * IC);
+    const loom_bf16 *b = weight_operand(c, weight, (size_t)OC * IC);
     if (a && b) linear_forward_bf16(be, out, a, b, bias, N, IC, OC);
 }
 
@@ -104,7 +120,7 @@ static void linear_backward_input(const loom_backend *be, float *dinp, const flo
                                   const float *weight, int N, int IC, int OC) {
     if (N <= 0 || IC <= 0 || OC <= 0) return;
     bf16_ctx *c = ctx_of(be);
-    const loom_bf16 *b = round_into(&c->b, &c->b_cap, weight, (size_t)OC * IC);
+    const loom_bf16 *b = weight_operand(c, weight, (size_t)OC * IC);
     if (b) linear_backward_input_bf16(be, dinp, dout, b, N, IC, OC);
 }
 
@@ -173,18 +189,38 @@ void loom_backend_cpu_bf16_close(const loom_backend *be) {
         return;
     bf16_ctx *c = ctx_of(be);
     loom_gemm_bf16_destroy(c->gemm);
-    free(c->a), free(c->b), free(c);
+    free(c->a), free(c->b), free(c->w_copy), free(c);
     free((loom_backend *)be);
 }
 
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size) {
     bf16_ctx *c = ctx_of(be);
-    snprintf(buf, size, "oneDNN %d.%d bf16 matmul %s, %zu shapes prepared, %zu calls unprepared",
-             (int)dnnl_version()->major, (int)dnnl_version()->minor, loom_gemm_bf16_impl(c->gemm),
-             loom_gemm_bf16_prepared(c->gemm), loom_gemm_bf16_unprepared_calls(c->gemm));
+    int k = snprintf(
+        buf, size, "oneDNN %d.%d bf16 matmul %s, %zu shapes prepared, %zu calls unprepared",
+        (int)dnnl_version()->major, (int)dnnl_version()->minor, loom_gemm_bf16_impl(c->gemm),
+        loom_gemm_bf16_prepared(c->gemm), loom_gemm_bf16_unprepared_calls(c->gemm));
+    if (c->w_copy && k > 0 && (size_t)k < size)
+        snprintf(buf + k, size - (size_t)k,
+                 "; weights: %zu reads of the step's bf16 copy, %zu rounded per call", c->w_copied,
+                 c->w_rounded);
+}
+
+loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n) {
+    bf16_ctx *c = ctx_of(be);
+    if (!c->w_copy) {
+        c->w_copy = aligned_alloc(64, ((n ? n : 1) * sizeof(loom_bf16) + 63) / 64 * 64);
+        c->w_base = base;
+        c->w_n = n;
+        c->w_valid = 0;
+    }
+    return c->w_copy;
+}
+
+void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid) {
+    ctx_of(be)->w_valid = valid;
 }
 
 size_t loom_backend_cpu_bf16_bytes(const loom_backend *be) {
     bf16_ctx *c = ctx_of(be);
-    return (c->a_cap + c->b_cap) * sizeof(loom_bf16);
+    return (c->a_cap + c->b_cap + (c->w_copy ? c->w_n : 0)) * sizeof(loom_bf16);
 }

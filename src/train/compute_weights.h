@@ -1,0 +1,53 @@
+/* The weights' bf16 compute copy (--precision bf16; --bf16-rounding, docs/precision.md).
+ *
+ * The linear layers' GEMMs read their weights in bf16. Rather than rounding a weight from
+ * the fp32 master at every GEMM call (forward and input gradient, every micro-batch), the
+ * run keeps one bf16 copy of the flat parameter buffer, held by the bf16 backend
+ * (loom_backend_cpu_bf16_weight_copy), and rounds it from the master once per step: when
+ * the run starts (after initialisation or resume) and after every optimizer update.
+ *  - nearest (the default): round to nearest even, bitwise what rounding per call gives
+ *    (the same master, the same rule), so the run's bits do not change, only its speed;
+ *  - stochastic: element i of tensor t at step s rounds up with probability (distance to
+ *    the lower bf16) / ulp, with the bits of Philox keyed by (a seed drawn from (--seed,
+ *    s), the hash of t's name) at t's global element index (tensor-parallel shards draw
+ *    what one process draws for the same element). A run is a function of (seed, step):
+ *    bitwise reproducible, also across resume (the copy is rebuilt with the step's key).
+ * Only where the weights stay put between updates: ZeRO 0-2 without
+ * --overlap-param-gather and without --outer (a copy is never read while stale). Elsewhere
+ * the backend rounds per call (nearest), and stochastic is refused at setup. */
+#ifndef LOOM_TRAIN_COMPUTE_WEIGHTS_H
+#define LOOM_TRAIN_COMPUTE_WEIGHTS_H
+
+#include <stdint.h>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+#include "model/params.h"
+
+typedef enum { LOOM_BF16_ROUND_NEAREST, LOOM_BF16_ROUND_STOCHASTIC } loom_bf16_rounding;
+
+/* "nearest" | "stochastic" -> *out; else LOOM_ERR_INPUT naming flag. */
+loom_status loom_bf16_rounding_parse(const char *s, const char *flag, loom_bf16_rounding *out,
+                                     loom_error *err);
+
+typedef struct {
+    const loom_backend *be;
+    const loom_param_table *table;
+    const float *params;
+    loom_bf16 *copy; /* NULL: not kept (fp32, or a layout that rounds per call) */
+    loom_bf16_rounding rounding;
+    uint64_t seed;
+} loom_compute_weights;
+
+/* Keeps the copy of params [table->total] on be (a bf16 backend) when `why_not` is NULL;
+ * else (a layout where the weights move between updates) nothing is kept, and stochastic
+ * rounding is refused naming why_not (LOOM_ERR_INPUT). */
+loom_status loom_compute_weights_open(loom_compute_weights *cw, const loom_backend *be,
+                                      const loom_param_table *table, const float *params,
+                                      loom_bf16_rounding rounding, uint64_t seed,
+                                      const char *why_not, loom_error *err);
+/* Rounds the copy from the master for the weights of step `step` (0-based: the step about
+ * to run); a no-op without a copy. */
+void loom_compute_weights_refresh(loom_compute_weights *cw, int step);
+
+#endif

@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""--grad-reduce-dtype bf16: the data-parallel gradient reduction with bf16 on the wire
+(parallel/zero_bf16.c), dp 2 with ZeRO 0, 1 and 2 against one bf16 process; one layout
+twice bitwise; the bytes on the wire halved.
+
+What the reduction does to the step-1 gradient, and the bound derived from it. Each rank's
+local fp32 gradient g_r is rounded to nearest even in bf16: |rne(x) - x| <= u |x| with
+u = 2^-9 (8 significant bits). The receiver adds the R = 2 rounded pieces in fp32 (exact
+for two bf16 values within 2^16 of each other's size, else off by 2^-24 relative), and at
+ZeRO 0 and 1 the sum is rounded once more before the all-gather (u |sum|). One process
+sums the same micro-batches in fp32 (differences ~1e-7). So per element
+    |g_bf16 - g| <= u (|g_1| + |g_2|) + [ZeRO 0, 1] u |g| + O(2^-24),
+and per tensor in the 2-norm ||g_bf16 - g|| <= u (||g_1|| + ||g_2||) + u ||g||. The two
+halves of a batch are gradients of the same model on draws of the same data, so they point
+the same way far more than they cancel: ||g_1|| + ||g_2|| <= 2 ||g|| holds unless the
+halves cancel to under half of their size (then the bound says nothing and the test would
+fail: it was not seen). Hence per tensor ||g_bf16 - g|| / ||g|| <= 3u = 5.9e-3 (GRAD_TOL);
+the roundings are independent and of either sign, so measured values sit near u / sqrt(3)
+~ 1e-3. At ZeRO 0 and 1 every element of the reduced gradient is a bf16 value (its low 16
+bits are zero): checked exactly, the proof that the sums crossed the wire as bf16.
+
+Over 8 steps. AdamW's update of an element is lr * m / (sqrt(v) + eps) with m, v the
+bias-corrected moments; moving every gradient g_t of that element by at most a fraction e
+of itself moves m by at most e * sum_t w_t |g_t| and sqrt(v) by at most e sqrt(v), so the
+update by at most lr * e * 2 C, with C = max over steps of sqrt(sum_t w_t^2 / w'_t) (w, w'
+the two moments' weights; C = 1.05 for betas 0.9, 0.95 and 8 steps: Cauchy-Schwarz). With
+e = 3u on every element of every step and all differences lined up, the weights move by at
+most 8 lr 2 C 3u sqrt(n) against one process (n elements; the schedule's lr <= --lr), so
+relative to the final weights' norm ||W|| the bound is 8 lr 2 C 3u sqrt(n) / ||W||, per
+tensor and for the whole model. Once the weights differ, the forward's bf16 roundings
+flip as in tp (tests/parallel/test_layouts_bf16.py's docstring: a difference delta
+becomes sqrt(delta) 2^-4 per GEMM), so that test's bounds are added on top (losses 1e-4,
+whole model 4e-4, worst tensor 5e-3). Computed here: whole model ~5e-3; measured 2-4e-4,
+losses ~2e-5 (the differences are independent and of either sign, not lined up). What it
+catches: a reduction that is wrong (a missing or doubled piece moves the step-1 gradient by
+~50%), not bf16 on the wire (the bit check), not deterministic (the bitwise rerun). Bytes:
+the metrics' dp.grad_bytes of ZeRO 1 with bf16 is half of the same layout's fp32
+reduction, a quarter at ZeRO 2 (only the reduce-scatter half is needed there).
+
+Usage: test_grad_reduce_bf16.py --loom PATH [--seed S]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+from loomtest import (ADAM_EPS, Layouts, bitwise, loss_error, rel_err, seed_of,  # noqa: E402
+                      weights_error, write_text_shard)
+from loomtest import check, check_loom, run_test  # noqa: E402
+
+D_MODEL = 48
+U = 2.0 ** -9
+GRAD_TOL = 3 * U
+LOSS_TOL, WHOLE_TOL, TENSOR_TOL = 1e-4, 4e-4, 5e-3  # test_layouts_bf16.py's (rounding flips)
+LR, STEPS, BETA1, BETA2 = 3e-3, 8, 0.9, 0.95
+
+
+def adam_c():
+    """C = max over t <= STEPS of sqrt(sum_s w_s^2 / w'_s), the moments' bias-corrected weights."""
+    best = 0.0
+    for t in range(1, STEPS + 1):
+        w = [(1 - BETA1) * BETA1 ** (t - s) / (1 - BETA1 ** t) for s in range(1, t + 1)]
+        v = [(1 - BETA2) * BETA2 ** (t - s) / (1 - BETA2 ** t) for s in range(1, t + 1)]
+        best = max(best, sum(a * a / b for a, b in zip(w, v)) ** 0.5)
+    return best
+
+
+def aligned_bound(ref, names=None):
+    """8 lr 2 C 3u sqrt(n) / ||W||: every update moved as far as 3u of each gradient can."""
+    names = names or sorted(ref)
+    n = sum(ref[k].size for k in names)
+    norm = float(np.sqrt(sum(np.sum(ref[k].astype(np.float64) ** 2) for k in names)))
+    return STEPS * LR * 2 * adam_c() * GRAD_TOL * n ** 0.5 / max(norm, 1e-30)
+REDUCE = ["--grad-reduce-dtype", "bf16"]
+
+
+def grad_bytes(run):
+    return [r["dp"]["grad_bytes"] for r in run.rows if "dp" in r]
+
+
+def grad_error(got, ref):
+    """The worst tensor's relative 2-norm difference of the step-1 gradients (tensors with a
+    gradient norm of 0, GPT-2's key bias among them, have nothing to compare)."""
+    worst, name = 0.0, ""
+    for k in ref:
+        if np.linalg.norm(ref[k]) == 0.0:
+            continue
+        e = rel_err(got[k], ref[k])
+        if e > worst:
+            worst, name = e, k
+    return worst, name
+
+
+def all_bf16(grads):
+    return all(not np.any(g.astype(np.float32).view(np.uint32) & 0xFFFF) for g in grads.values())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    check_loom(args.loom)
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_grad_reduce_bf16_")
+    try:
+        data = os.path.join(tmp, "train.bin")
+        write_text_shard(data, seed)
+        for family, zeros in (("gpt2", (0, 1, 2)), ("llama", (1,))):
+            base = [args.loom, "train", "--family", family, "--vocab-size", "256",
+                    "--seq-len", "24", "--n-layer", "2", "--d-model", str(D_MODEL),
+                    "--n-head", "8" if family == "llama" else "4", "--n-kv-head", "4",
+                    "--d-ff", "96", "--micro-batch", "2", "--global-batch", "8",
+                    "--steps", str(STEPS), "--lr", str(LR), "--warmup-steps", "2",
+                    "--grad-clip", "1.0", "--seed", str(seed), "--log-every", "0",
+                    "--threads", "1", "--data", data, "--bucket-mb", "0.02",
+                    "--adam-eps", ADAM_EPS, "--precision", "bf16"]
+            layouts = Layouts(base, tmp, f"{family}_")
+            ref = layouts.run("single", 1)
+            g_ref = ref.load("grads_step1.safetensors")
+            for z in zeros:
+                got = layouts.run(f"dp2_zero{z}", 2, ["--dp", "2", "--zero", str(z)] + REDUCE)
+                check("gradient reduction in bf16" in got.stderr,
+                      f"{family} zero {z}: the start-up line names the bf16 reduction")
+                g = got.load("grads_step1.safetensors")
+                g_err, g_name = grad_error(g, g_ref)
+                check(g_err <= GRAD_TOL, f"{family} zero {z}: step-1 gradient, worst tensor "
+                      f"{g_err:.1e} {g_name} (<= 3u = {GRAD_TOL:.1e})")
+                if z < 2:
+                    check(all_bf16(g), f"{family} zero {z}: every reduced gradient element is a "
+                          f"bf16 value (the sums were all-gathered in bf16)")
+                l_err = loss_error(got.losses, ref.losses)
+                whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
+                whole_tol = WHOLE_TOL + aligned_bound(ref.params)
+                over = [(rel_err(got.params[k], ref.params[k]),
+                         TENSOR_TOL + aligned_bound(ref.params, [k]), k) for k in ref.params
+                        if not k.endswith("attn.c_attn.bias")]  # the key bias: loomtest.comparable
+                worst = max(over, key=lambda x: x[0] / x[1])
+                check(l_err <= LOSS_TOL and whole <= whole_tol and worst[0] <= worst[1],
+                      f"{family} zero {z}, {STEPS} steps: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), "
+                      f"weights {whole:.1e} (<= {whole_tol:.1e}), nearest its bound: {worst[2]} "
+                      f"{worst[0]:.1e} (<= {worst[1]:.1e})")
+            if family != "gpt2":
+                continue
+            again = layouts.run("dp2_zero1_again", 2, ["--dp", "2", "--zero", "1"] + REDUCE)
+            check(bitwise(again, layouts.runs["dp2_zero1"]),
+                  "gpt2 zero 1 twice: bitwise the same losses and weights")
+            fp32 = layouts.run("dp2_zero1_fp32", 2, ["--dp", "2", "--zero", "1"])
+            b16, b32, b2 = (grad_bytes(r) for r in (layouts.runs["dp2_zero1"], fp32,
+                                                     layouts.runs["dp2_zero2"]))
+            check(len(b16) == 8 and all(b > 0 and 2 * b == c for b, c in zip(b16, b32)),
+                  f"bytes on the wire a step, zero 1: bf16 {b16[0]:.0f}, fp32 {b32[0]:.0f} "
+                  f"(exactly half)")
+            check(all(4 * b == c for b, c in zip(b2, b32)),
+                  f"bytes on the wire a step, zero 2: bf16 {b2[0]:.0f} (a quarter of fp32's "
+                  f"all-reduce: the reduce-scatter half only)")
+            g32 = fp32.load("grads_step1.safetensors")
+            check(grad_error(g32, g_ref)[0] < 1e-5 < grad_error(layouts.runs["dp2_zero1"].load(
+                "grads_step1.safetensors"), g_ref)[0],
+                "sensitivity: the fp32 reduction's step-1 gradient is within 1e-5 of one "
+                "process, the bf16 reduction's is not")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run_test(main)
