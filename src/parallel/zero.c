@@ -400,7 +400,7 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     for (int b = 0; b < posted_before && z->accum && !st; b++) {
         if (z->buckets[b].reduced) continue;
         st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err);
-        if (!st) keep_shard(z, c->grads, b);
+        if (!st) st = keep_shard(z, c->grads, b, c->err);
         reduced = 1;
     }
     z->step_wait_ms += loom_comm_now_ms() - t0;
