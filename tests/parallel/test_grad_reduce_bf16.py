@@ -110,7 +110,11 @@ def main():
     try:
         data = os.path.join(tmp, "train.bin")
         write_text_shard(data, seed)
-        for family, zeros in (("gpt2", (0, 1, 2)), ("llama", (1,))):
+        # gpt2 zero 3 with --grad-accum sharded: the bf16 sums of each range summed into the
+        # shard as backward goes (both changes to parallel/zero.c together)
+        sharded = ["--grad-accum", "sharded"]
+        for family, zeros in (("gpt2", ((0, []), (1, []), (2, []), (3, sharded))),
+                              ("llama", ((1, []),))):
             base = [args.loom, "train", "--family", family, "--vocab-size", "256",
                     "--seq-len", "24", "--n-layer", "2", "--d-model", str(D_MODEL),
                     "--n-head", "8" if family == "llama" else "4", "--n-kv-head", "4",
@@ -122,8 +126,9 @@ def main():
             layouts = Layouts(base, tmp, f"{family}_")
             ref = layouts.run("single", 1)
             g_ref = ref.load("grads_step1.safetensors")
-            for z in zeros:
-                got = layouts.run(f"dp2_zero{z}", 2, ["--dp", "2", "--zero", str(z)] + REDUCE)
+            for z, extra in zeros:
+                got = layouts.run(f"dp2_zero{z}", 2,
+                                  ["--dp", "2", "--zero", str(z)] + REDUCE + extra)
                 check("gradient reduction in bf16" in got.stderr,
                       f"{family} zero {z}: the start-up line names the bf16 reduction")
                 g = got.load("grads_step1.safetensors")
