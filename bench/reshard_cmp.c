@@ -12,7 +12,11 @@
  *                 the commit) into --dir and loading it into the generation layout
  *                 (ckpt/ckpt_loader.h), what a system without in-memory resharding does;
  *   bandwidth     bytes each rank receives in the all-gather / its time; predicted_ms =
- *                 the largest bytes a rank receives in the reshard / that bandwidth.
+ *                 the largest bytes a rank receives in the reshard / that bandwidth;
+ *   predicted_with_copies_ms  adds the rank's copies in memory (what it keeps, packs and
+ *                 unpacks: copied_bytes) at the memcpy bandwidth (a copy of the training
+ *                 buffer, timed the same way); rank0_*_ms: where rank 0's best reshard
+ *                 spent its time.
  *
  *   mpirun -n N reshard_cmp --dir DIR [--tp-train N] [--tp-gen 1] [--n-layer 8]
  *                           [--d-model 512] [--vocab 4096] [--iters 5]
@@ -165,7 +169,14 @@ int main(int argc, char **argv) {
     float *raw_send = calloc(r.send_floats + 1, sizeof(float));
     float *raw_recv = calloc(r.recv_floats + 1, sizeof(float));
     if (!all || !raw_send || !raw_recv) return 1;
-    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30;
+    /* this rank's copies in memory: what it keeps, packs and unpacks */
+    double copied = (double)(r.send_floats + r.recv_floats) * 4.0;
+    for (int i = 0; i < r.n_copies; i++)
+        if (r.copies[i].src_rank == c.rank && r.copies[i].dst_rank == c.rank)
+            copied += 4.0 * (double)loom_ckpt_box_volume(&r.copies[i].box);
+    float *scratch = malloc(src.table.total * sizeof(float));
+    if (!scratch) return 1;
+    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, prof[3] = {0};
     for (int it = 0; it < iters + 1; it++) { /* the first is a warm-up */
         double t[3];
         loom_comm_barrier(&c, &err);
@@ -186,8 +197,15 @@ int main(int argc, char **argv) {
         t0 = loom_now_ms();
         if (loom_comm_allgatherv(&c, all, counts, displs, &err)) return fail(&c, "allgather", &err);
         t[2] = loom_now_ms() - t0;
+        loom_comm_barrier(&c, &err);
+        t0 = loom_now_ms();
+        memcpy(scratch, src.buf, src.table.total * sizeof(float));
+        const double cp = slowest(&c, loom_now_ms() - t0);
+        cp_best = cp < cp_best ? cp : cp_best;
         for (int k = 0; k < 3; k++) {
             const double s = slowest(&c, t[k]);
+            if (k == 0 && s < best[0])
+                prof[0] = r.pack_ms, prof[1] = r.move_ms, prof[2] = r.unpack_ms;
             best[k] = s < best[k] ? s : best[k];
         }
     }
@@ -210,6 +228,11 @@ int main(int argc, char **argv) {
     for (int p = 0; p < c.size; p++) recv_max = rv[p] > recv_max ? rv[p] : recv_max;
     const double ag_bytes = (double)(c.size - 1) * (double)src.table.total * 4.0; /* per rank */
     const double bw = ag_bytes / (best[2] * 1e-3);
+    const double mem_bw = (double)src.table.total * 4.0 / (cp_best * 1e-3);
+    double cmax[64] = {0};
+    cmax[c.rank] = copied;
+    loom_comm_allreduce_sum_f64(&c, cmax, c.size, &err);
+    for (int p = 0; p < c.size; p++) copied = cmax[p] > copied ? cmax[p] : copied;
     if (c.rank == 0)
         printf("{\"ranks\": %d, \"tp_train\": %d, \"tp_gen\": %d, \"model_bytes\": %.0f, "
                "\"reshard_bytes_moved\": %.0f, \"reshard_max_recv_bytes\": %.0f, "
@@ -217,13 +240,16 @@ int main(int argc, char **argv) {
                "\"allgather_ms\": %.3f, \"ckpt_ms\": %.3f, \"bandwidth_bytes_per_s\": %.4g, "
                "\"predicted_ms\": %.3f, \"reshard_over_predicted\": %.3f, "
                "\"allgather_over_reshard\": %.3f, \"ckpt_over_reshard\": %.3f, "
-               "\"bitwise\": %s}\n",
+               "\"memcpy_bytes_per_s\": %.4g, \"copied_bytes\": %.0f, "
+               "\"predicted_with_copies_ms\": %.3f, \"rank0_pack_ms\": %.3f, "
+               "\"rank0_alltoall_ms\": %.3f, \"rank0_unpack_ms\": %.3f, \"bitwise\": %s}\n",
                c.size, tpa, tpb, (double)want.table.total * 4.0 * tpb, r.bytes_moved, recv_max,
                ag_bytes, best[0], best[1], best[2], ck, bw, recv_max / bw * 1e3,
-               best[0] / (recv_max / bw * 1e3), best[2] / best[0], ck / best[0],
+               best[0] / (recv_max / bw * 1e3), best[2] / best[0], ck / best[0], mem_bw, copied,
+               (recv_max / bw + copied / mem_bw) * 1e3, prof[0], prof[1], prof[2],
                nbad ? "false" : "true");
     loom_reshard_free(&r);
-    free(all), free(raw_send), free(raw_recv);
+    free(all), free(raw_send), free(raw_recv), free(scratch);
     loom_comm_free(&c);
     loom_world_finalize(&wo);
     return nbad ? 1 : 0;
