@@ -6,16 +6,22 @@
    prompts) is subtracted from both. Target >= 5x. Threads: OMP_NUM_THREADS.
 2. Each phase's share of an iteration (`loom rl` metrics: rollout, reward, log-probs,
    update, reshard), one process.
-3. Reshard (--train-layout "--tp 2", --gen-layout "--dp 2", 2 ranks): its time against the
-   bytes it moves over the pair's measured bandwidth (an all-to-all of the same bytes
-   between the two ranks, timed by the same run's first iterations is not separable, so
-   the bandwidth is measured by `loom rl`'s reshard of a 2x larger model: bytes / time of
-   both, the ratio reported).
+3. Reshard inside `loom rl` (--train-layout "--tp 2", --gen-layout "--dp 2", 2 ranks):
+   the bytes it moves and its time (the best iteration's reshard_ms) for the bench's model
+   and one twice as wide (`reshard_in_rl`; at these sizes a few MB: the comparison with
+   the bandwidth and the alternatives is 5.).
 4. One GRPO iteration against plain PyTorch (torch_iteration below: the same model and
    weights, the same P x G sequences, its own batched KV-cache sampling, the same
    micro-batches, AdamW; one thread each): the mean iteration time of loom rl's metrics
    against the PyTorch loop's, both over the same number of iterations. Target: loom >= 2x.
-Not measured: the reshard against saving and loading a checkpoint.
+5. Reshard against the alternatives (bench/reshard_cmp.c, 4 ranks, the issue's layouts:
+   train tp 2 x dp 2 -> gen dp 4, a larger model so that fixed costs do not dominate:
+   8 layers, d_model 512, vocab 4096, 151 MB): loom's in-memory reshard, the bare
+   all-to-all of the same counts, an all-gather of every rank's training buffer on every
+   rank (the transfer only), and saving a checkpoint of the training layout and loading
+   it into the generation layout (loom's ckpt writer and loader, fsync included, in the
+   temporary folder); the bandwidth of the prediction is the same run's all-gather's
+   (bytes a rank receives / its time). Best of 5 (checkpoint: 2), slowest rank.
 Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke]"""
 import argparse
 import json
@@ -224,10 +230,21 @@ def main():
             ms = min(r["reshard_ms"] for r in rows2)
             reshard[C2] = (mib * 1048576, ms)
         (b1, t1), (b2, t2) = reshard[C], reshard[2 * C]
-        bw = (b2 - b1) / max(1e-9, (t2 - t1) * 1e-3)  # bytes/s from the difference
-        out["reshard"] = {"bytes": b1, "ms": t1, "bytes_2x_model": b2, "ms_2x_model": t2,
-                          "bandwidth_bytes_per_s": bw,
-                          "predicted_ms": b1 / bw * 1e3 if bw > 0 else None}
+        out["reshard_in_rl"] = {"bytes": b1, "ms": t1, "bytes_2x_model": b2, "ms_2x_model": t2}
+        cmp_bin = os.path.join(os.path.dirname(os.path.abspath(a.loom)), "reshard_cmp")
+        if os.path.exists(cmp_bin):
+            size = (["--n-layer", "2", "--d-model", "128", "--vocab", "512", "--iters", "2"]
+                    if a.smoke else ["--n-layer", "8", "--d-model", "512", "--vocab", "4096",
+                                     "--iters", "5"])
+            p = run(MPIRUN + ["-n", "4", cmp_bin, "--dir", os.path.join(tmp, "ck"),
+                              "--tp-train", "2", "--tp-gen", "1"] + size)
+            out["reshard_compare"] = json.loads(p.stdout.strip().split("\n")[-1])
+            rc = out["reshard_compare"]
+            print(f"reshard: {rc['reshard_ms']:.1f} ms (predicted {rc['predicted_ms']:.1f}), "
+                  f"all-gather {rc['allgather_ms']:.1f} ms, checkpoint {rc['ckpt_ms']:.1f} ms",
+                  file=sys.stderr)
+        else:
+            out["reshard_compare"] = None  # reshard_cmp not built next to loom
     print(json.dumps(out))
 
 

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
+
 /* A piece as every rank sees it: tensor, box, local index and stride, the replica. */
 enum {
     REC_TENSOR,
@@ -226,6 +228,7 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
     const int P = r->comm->size, me = r->comm->rank;
     int *cur = calloc((size_t)P, sizeof *cur);
     if (!cur) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    const double t0 = loom_now_ms();
     for (int i = 0; i < r->n_copies; i++) { /* pack, in the planned order */
         const loom_reshard_copy *c = &r->copies[i];
         if (c->src_rank != me) continue;
@@ -237,8 +240,10 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
         copy_box(to, c->box.len[1], src + c->src_local, c->src_stride, &c->box);
         cur[c->dst_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
+    const double t1 = loom_now_ms();
     loom_status st = loom_comm_alltoallv(r->comm, r->send_buf, r->send_counts, r->send_displs,
                                          r->recv_buf, r->recv_counts, r->recv_displs, err);
+    const double t2 = loom_now_ms();
     memset(cur, 0, (size_t)P * sizeof *cur);
     for (int i = 0; !st && i < r->n_copies; i++) { /* unpack, in the same order */
         const loom_reshard_copy *c = &r->copies[i];
@@ -247,6 +252,7 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
         copy_box(dst + c->dst_local, c->dst_stride, from, c->box.len[1], &c->box);
         cur[c->src_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
+    r->pack_ms = t1 - t0, r->move_ms = t2 - t1, r->unpack_ms = loom_now_ms() - t2;
     free(cur);
     return st;
 }

@@ -46,6 +46,8 @@ typedef struct {
     float *send_buf, *recv_buf;
     size_t send_floats, recv_floats;
     double bytes_moved; /* over all ranks: floats sent between different ranks x 4 */
+    double pack_ms, move_ms, unpack_ms; /* the last run: local copies and packing, the
+                                           all-to-all, unpacking */
 } loom_reshard;
 
 /* Plans the move from side `src` to side `dst` over comm (every rank of comm calls it).
