@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "model/params.h"
+#include "model/vlm.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"
@@ -132,6 +133,10 @@ typedef struct {
     /* context parallelism */
     int cp_ring, cp_chunks;
     double cp_chunk;
+    /* vlm (model/vlm.c): the encoder and projector run in the first stage's embedding,
+     * whole on every tp rank, over NI images of P patch tokens; `freeze` its parts */
+    int vlm, freeze;
+    double NI, P, Pin, VL, Dv, Fv, Hv, vhd;
 } shapes;
 
 static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc, int split,
@@ -185,6 +190,22 @@ static shapes shapes_of(const loom_model_config *mc, const loom_train_config *tc
         d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
         d.cp_chunks = d.cp_ring ? 2 : 1; /* the ring's zigzag split */
         d.cp_chunk = d.T / d.cp_chunks;
+    }
+    if (mc->family == LOOM_FAMILY_VLM) {
+        d.vlm = 1;
+        d.freeze = mc->freeze;
+        /* every sample holds max_images images; with context parallelism an image's rows
+         * span the ranks and each rank holding some encodes it (model/vlm.c) */
+        d.NI = d.B * mc->max_images;
+        d.P = loom_vlm_image_tokens(mc);
+        d.Pin = (double)mc->channels * mc->patch * mc->patch;
+        d.VL = mc->vit_layers;
+        d.Dv = mc->vit_d_model;
+        d.Fv = mc->vit_d_ff;
+        d.Hv = mc->vit_n_head;
+        d.vhd = mc->vit_n_head > 0 ? d.Dv / mc->vit_n_head : 0;
+        /* --freeze llm: the decoder's backward runs its input-gradient half only */
+        if (mc->freeze & LOOM_VLM_PART_LLM) d.split = 1;
     }
     return d;
 }
@@ -430,14 +451,70 @@ static cost block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
     return c;
 }
 
+/* ---- vlm: the encoder and projector (model/vlm.c's encoder_forward, _backward) ---- */
+
+/* A biased linear's weight gradient over R rows: TN, and the bias's column sums. */
+static double vision_weight_grad(pricer *q, double R, double OC, double IC) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, R) + bytes_ms(q, 4 * R * OC);
+}
+
+/* Patch embedding, positions, the blocks, the final LayerNorm, the projector, and the
+ * image rows copied into the residual stream. */
+static double vision_fwd(pricer *q, const shapes *d) {
+    const double R = d->NI * d->P, Dv = d->Dv, Fv = d->Fv, C = d->C;
+    if (R <= 0) return 0;
+    const double block = ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) +
+                         gemm(q, LOOM_GEMM_NT, R, 3 * Dv, Dv) +
+                         attention(q, LOOM_ATT_BIDIR_FWD, d->NI * d->Hv, d->P, d->vhd) +
+                         gemm(q, LOOM_GEMM_NT, R, Dv, Dv) + ew(q, LOOM_EW_ADD, R, Dv) +
+                         ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) + gemm(q, LOOM_GEMM_NT, R, Fv, Dv) +
+                         ew(q, LOOM_EW_GELU_FWD, R, Fv) + gemm(q, LOOM_GEMM_NT, R, Dv, Fv) +
+                         ew(q, LOOM_EW_ADD, R, Dv);
+    return gemm(q, LOOM_GEMM_NT, R, Dv, d->Pin) + ew(q, LOOM_EW_ADD, R, Dv) + d->VL * block +
+           ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) + gemm(q, LOOM_GEMM_NT, R, C, Dv) +
+           ew(q, LOOM_EW_GELU_FWD, R, C) + gemm(q, LOOM_GEMM_NT, R, C, C) + copy_ms(q, R * C);
+}
+
+/* The image rows' gradient to the projector, the slots' rows cleared, then the
+ * projector's and the encoder's backward (their weight gradients unless frozen). */
+static double vision_bwd(pricer *q, const shapes *d) {
+    const double R = d->NI * d->P, Dv = d->Dv, Fv = d->Fv, C = d->C;
+    if (R <= 0) return 0;
+    double ms = 2 * copy_ms(q, R * C); /* gathered to dh, the slots' rows cleared */
+    const int vision = !(d->freeze & LOOM_VLM_PART_VISION);
+    const int projector = !(d->freeze & LOOM_VLM_PART_PROJECTOR);
+    if (!vision && !projector) return ms;
+    ms += memset_ms(q, R * C) + gemm(q, LOOM_GEMM_NN, R, C, C) + memset_ms(q, R * C) +
+          ew(q, LOOM_EW_GELU_BWD, R, C);
+    if (projector) ms += vision_weight_grad(q, R, C, C) + vision_weight_grad(q, R, C, Dv);
+    if (!vision) return ms;
+    const double block =
+        memset_ms(q, R * Fv) + gemm(q, LOOM_GEMM_NN, R, Fv, Dv) + vision_weight_grad(q, R, Dv, Fv) +
+        memset_ms(q, R * Fv) + ew(q, LOOM_EW_GELU_BWD, R, Fv) + memset_ms(q, R * Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, Fv) + vision_weight_grad(q, R, Fv, Dv) +
+        ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + memset_ms(q, R * Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, Dv) + vision_weight_grad(q, R, Dv, Dv) +
+        memset_ms(q, 3 * R * Dv) + attention(q, LOOM_ATT_BIDIR_BWD, d->NI * d->Hv, d->P, d->vhd) +
+        memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, 3 * Dv) +
+        vision_weight_grad(q, R, 3 * Dv, Dv) + ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv);
+    return ms + memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, C) + memset_ms(q, R * Dv) +
+           ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + d->VL * block +
+           vision_weight_grad(q, R, Dv, d->Pin);
+}
+
 static cost embed_fwd(pricer *q, const shapes *d) {
     cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* row lookup (+ positions) */
     c.tp = tp_reduce(q, d);
+    if (d->vlm) c.compute += vision_fwd(q, d);
     return c;
 }
 static cost embed_bwd(pricer *q, const shapes *d) {
     cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* rows scatter-added */
     c.tp = sp_gather(q, d);
+    if (!d->vlm) return c;
+    if (d->freeze & LOOM_VLM_PART_LLM) c.compute = 0; /* no token-embedding gradient */
+    c.compute += vision_bwd(q, d);
+    c.tp += sp_gather(q, d); /* the images' rows of d(embedding) gathered over tp */
     return c;
 }
 
@@ -983,7 +1060,14 @@ static void price_after_backward(step_pricing *x) {
     P->clear = memset_ms(q, (double)table->total) * share;
     /* clipping and AdamW on this rank's part */
     double adam = 0;
-    if (!q->st) q->st = loom_profile_adamw_ms(p, (double)shard, threads, &adam, err);
+    double updated = (double)shard;
+    if (mc->freeze && table->total > 0) { /* --freeze: AdamW skips the frozen tensors */
+        size_t frozen = 0;
+        for (int i = 0; i < table->n_params; i++)
+            if (table->params[i].frozen) frozen += table->params[i].numel;
+        updated *= 1.0 - (double)frozen / (double)table->total;
+    }
+    if (!q->st && updated > 0) q->st = loom_profile_adamw_ms(p, updated, threads, &adam, err);
     P->optimizer = (bytes_ms(q, 8.0 * (double)shard) + adam) * share;
     if ((zero == 1 || zero == 2) && tc->overlap_param_gather && g) {
         /* --overlap-param-gather: each range's gather posted once AdamW has updated it,
@@ -1194,10 +1278,16 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
             const double ex = (double)expert_floats(&whole);
             n_params = n_params - ex + ex * mc->top_k / mc->n_experts;
         }
+        if (mc->family == LOOM_FAMILY_VLM) /* the encoder's and projector's: per image */
+            for (int i = 0; i < whole.n_params; i++)
+                if (loom_vlm_param_part(whole.params[i].name) != LOOM_VLM_PART_LLM)
+                    n_params -= (double)whole.params[i].numel;
         loom_params_free(&whole);
     }
     out->model_flops =
         tokens * (6.0 * n_params + 12.0 * mc->n_layer * (double)mc->d_model * mc->seq_len);
+    if (mc->family == LOOM_FAMILY_VLM)
+        out->model_flops += (double)tc->global_batch * mc->max_images * loom_vlm_image_flops(mc);
     /* MFU as the papers define it: against the peak (the datasheet's in a published
      * profile), not the rate GEMMs achieve. Per rank on a CPU node: its share of the cores
      * (8 ranks on 2 cores: a quarter of one thread's peak). */

@@ -17,9 +17,10 @@ void loom_run_report_startup(const loom_run *r) {
     size_t whole = gathered ? r->global_table.total : P;
     loom_param_table t;
     loom_error e;
-    if (r->size_only &&
+    if ((r->size_only || !gathered) &&
         loom_params_build(&t, mc, &(loom_params_options){.tp_size = 1, .ep_size = 1}, &e) ==
-            LOOM_OK) { /* sized only: no global table */
+            LOOM_OK) { /* sized only, or each rank saves its own (a pipeline stage's): no
+                          global table, the whole model's count from its shapes */
         whole = t.total;
         loom_params_free(&t);
     }

@@ -58,6 +58,9 @@ def benches(build):
         "dit_quality": (["--validate", "--epochs", "1", "--per-class", "20"],
                         ("torch", "fashion", "no_loom")),
         "plan_published": ([], ()),
+        "plan_vlm": (["--profile", os.path.join(ROOT, "profiles", "h100_nvlink_ib.json"),
+                      "--steps", "3", "--warmup", "1", "--global-batch", "4", "--only",
+                      "dp1,pp2", "--control"], ("fashion",)),
         "probe_elastic": ([], ("hosts", "no_loom")),
         "bench_tokenizer": ([], ("tokenizer",)),
     }

@@ -2,15 +2,18 @@
 """loom plan's memory per rank is the start-up report's, for every layout of the layout tests.
 
 For each layout of test_layouts.py (dp x ZeRO), test_layouts_tp.py, test_layouts_pp.py,
-test_layouts_moe.py, test_layouts_cp.py and test_layouts_dit.py (image and video), on a
-random small model of a random family (gpt2 / llama; the MoE layouts a Llama MoE, the dit
-layouts a dit), runs `mpirun -n R loom train ... --dry-run` (the real set-up of every rank,
+test_layouts_moe.py, test_layouts_cp.py, test_layouts_dit.py (image and video) and
+test_layouts_vlm.py (VLM_LAYOUTS below, with and without --freeze), on a random small model
+of a random family (gpt2 / llama; the MoE layouts a Llama MoE, the dit layouts a dit, the
+vlm layouts a vlm with a random encoder), runs `mpirun -n R loom train ... --dry-run` (the real set-up of every rank,
 the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" --json`
 (no MPI: the layout's objects sized on shapes), and requires for rank 0 (pipeline stage
 0) the same text of the "memory per rank: ..." line, the same "memory per rank in all"
 figure, and the same numbers in the pipeline (micro-batches in flight, activations,
 message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
-stage the plan checks against the budget holds the most of all stages.
+stage the plan checks against the budget holds the most of all stages. For the vlm the
+parameter count of the plan's headline and of the start-up report must both equal the
+count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
 """
 import argparse
@@ -34,8 +37,15 @@ import test_layouts_dit  # noqa: E402
 import test_layouts_moe  # noqa: E402
 import test_layouts_pp  # noqa: E402
 import test_layouts_tp  # noqa: E402
+import test_layouts_vlm  # noqa: E402
 
 MIB = 1 << 20
+VLM_LAYOUTS = [  # the encoder and projector on every rank (dp, tp) or the first stage (pp)
+    ("vlm_dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+    ("vlm_pp2", 2, ["--pp", "2"]),
+    ("vlm_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+    ("vlm_dp2_freeze", 2, ["--dp", "2", "--freeze", "vision,projector"]),
+]
 
 
 def layouts():
@@ -49,11 +59,48 @@ def layouts():
     out += [(n, r, e, "moe") for n, r, e, *_ in test_layouts_cp.MOE]
     out += [(n, r, e, "image") for n, r, e, *_ in test_layouts_dit.IMAGE_LAYOUTS]
     out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
+    out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
     return out
+
+
+def vlm_flags(rng, tmp, seed):
+    """A small vlm with a random encoder, on test_layouts_vlm's random shard."""
+    vl = test_layouts_vlm
+    data = os.path.join(tmp, "vlm_train_000000.bin")
+    if not os.path.exists(data):
+        vl.write_shard(data, random.Random(seed), 32)
+    dv, hv = rng.choice([(16, 2), (24, 3), (32, 4)])
+    return ["--family", "vlm", "--n-layer", "2", "--n-head", "4", "--n-kv-head", "2",
+            "--d-model", "16", "--d-ff", "40", "--vocab-size", "260", "--seq-len", str(vl.T),
+            "--vit-layers", str(rng.choice([1, 2, 3])), "--vit-d-model", str(dv), "--vit-n-head",
+            str(hv), "--vit-d-ff", str(rng.choice([24, 48])), "--vit-patch", str(vl.P),
+            "--height", str(vl.H), "--width", str(vl.W), "--channels", "1", "--max-images",
+            str(vl.MAX_IMAGES), "--micro-batch", "2", "--global-batch", "8", "--data", data,
+            "--bucket-mb", str(rng.choice([0.01, 25]))]
+
+
+def vlm_parameters(flags):
+    """The vlm's parameter count from its shapes (model/vlm.h, model/params.h): the ViT
+    (patch embedding, blocks with LayerNorms and biased linears, final LayerNorm; fixed
+    sin-cos positions), the projector (two biased linears) and the Llama decoder
+    (embedding, RMSNorms, q k v o, SwiGLU, final norm, untied head)."""
+    f = {flags[i][2:]: flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
+    dv, fv, vl = int(f["vit-d-model"]), int(f["vit-d-ff"]), int(f["vit-layers"])
+    pin, c, ff, v = int(f["channels"]) * int(f["vit-patch"]) ** 2, int(f["d-model"]), \
+        int(f["d-ff"]), int(f["vocab-size"])
+    hd = c // int(f["n-head"])
+    kv = int(f["n-kv-head"]) * hd
+    block = 4 * dv + (3 * dv * dv + 3 * dv) + (dv * dv + dv) + (fv * dv + fv) + (dv * fv + dv)
+    vision = pin * dv + dv + vl * block + 2 * dv
+    projector = (c * dv + c) + (c * c + c)
+    layer = 2 * c + 2 * c * c + 2 * kv * c + 3 * ff * c
+    return vision + projector + 2 * v * c + int(f["n-layer"]) * layer + c
 
 
 def model_flags(kind, rng, tmp, seed):
     """A random small model of the kind every listed layout accepts, and its data."""
+    if kind == "vlm":
+        return vlm_flags(rng, tmp, seed)
     if kind in ("image", "video"):
         frames, patch_t, channels, height, width, patch, classes = (
             (1, 1, 1, 12, 20, 4, 5) if kind == "image" else (4, 2, 3, 8, 12, 4, 3))
@@ -120,6 +167,16 @@ def check(loom, name, ranks, extra, flags, threads):
     stage0 = planned["stages"][0]
     problems = []
     most = max(s["total_bytes"] for s in planned["stages"])
+    if "vlm" in flags:  # the parameter count: the shapes', the plan's, the run's
+        want = vlm_parameters(flags)
+        head = subprocess.run([loom, "plan"] + flags + ["--threads", str(threads), "--explain",
+                                                        " ".join(extra)],
+                              capture_output=True, text=True)
+        got = re.search(r"vlm model, (\d+) parameters", head.stdout)
+        run = re.search(r"loom: vlm model, (\d+) parameters", p.stderr)
+        if not got or not run or int(got.group(1)) != want or int(run.group(1)) != want:
+            problems.append(f"parameters: shapes {want}, plan {got and got.group(1)}, "
+                            f"start-up report {run and run.group(1)}")
     if planned["memory"]["total_bytes"] != most:  # the stage the budget is checked against
         problems.append(f"largest stage {planned['memory']['total_bytes']}, of all stages {most}")
     line = re.search(r"loom: (memory per rank: [^\n]*)", p.stderr)
