@@ -241,20 +241,11 @@ static loom_status run_job(loom_ckpt_peer *p, loom_error *err) {
 
 static void *thread_main(void *arg) {
     loom_ckpt_peer *p = arg;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->busy && !p->quit) pthread_cond_wait(&p->cv, &p->mu);
-        if (p->quit) break;
-        pthread_mutex_unlock(&p->mu);
+    while (loom_worker_next(&p->worker)) {
         loom_error e = {0};
         loom_status st = run_job(p, &e);
-        pthread_mutex_lock(&p->mu);
-        p->failed = st != LOOM_OK;
-        p->job_err = e;
-        p->busy = 0;
-        pthread_cond_broadcast(&p->cv);
+        loom_worker_done(&p->worker, st, &e);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -350,14 +341,8 @@ loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_ckpt_peer_options 
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--ckpt-peer-dir %s: another rank cannot create its folder",
                               o->peer_dir);
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    if (pthread_create(&p->thread, NULL, thread_main, p) != 0) {
-        pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->cv);
+    if (loom_worker_start(&p->worker, thread_main, p) != 0)
         return loom_error_set(err, LOOM_ERR_IO, "--ckpt-peer: cannot start a thread");
-    }
-    p->started = 1;
     p->enabled = 1;
     if (p->rank == 0) {
         if (p->n_hosts < 2)
@@ -375,16 +360,7 @@ loom_status loom_ckpt_peer_open(loom_ckpt_peer *p, const loom_ckpt_peer_options 
 }
 
 void loom_ckpt_peer_close(loom_ckpt_peer *p) {
-    if (p->started) {
-        pthread_mutex_lock(&p->mu);
-        while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
-        p->quit = 1;
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-        pthread_join(p->thread, NULL);
-        pthread_mutex_destroy(&p->mu);
-        pthread_cond_destroy(&p->cv);
-    }
+    loom_worker_stop(&p->worker);
     if (p->own_comm) MPI_Comm_free(&p->comm);
     free(p->run_text);
     free(p->host_of);
@@ -394,9 +370,7 @@ void loom_ckpt_peer_close(loom_ckpt_peer *p) {
 
 loom_status loom_ckpt_peer_start(loom_ckpt_peer *p, loom_ckpt_writer *w, int64_t step,
                                  char *run_text, loom_error *err) {
-    pthread_mutex_lock(&p->mu);
-    if (p->busy) {
-        pthread_mutex_unlock(&p->mu);
+    if (!loom_worker_claim(&p->worker)) {
         free(run_text);
         return loom_error_set(err, LOOM_ERR_STATE, "--ckpt-peer: a copy is still running");
     }
@@ -404,27 +378,16 @@ loom_status loom_ckpt_peer_start(loom_ckpt_peer *p, loom_ckpt_writer *w, int64_t
     p->run_text = run_text;
     p->writer = w;
     p->step = step;
-    p->busy = 1;
-    p->failed = 0;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    loom_worker_post(&p->worker);
     return LOOM_OK;
 }
 
 int loom_ckpt_peer_idle(loom_ckpt_peer *p) {
-    pthread_mutex_lock(&p->mu);
-    int idle = !p->busy;
-    pthread_mutex_unlock(&p->mu);
-    return idle;
+    return loom_worker_idle(&p->worker);
 }
 
 loom_status loom_ckpt_peer_wait(loom_ckpt_peer *p, loom_error *err) {
-    pthread_mutex_lock(&p->mu);
-    while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
-    int failed = p->failed;
-    pthread_mutex_unlock(&p->mu);
-    if (failed && err) *err = p->job_err;
-    return failed ? p->job_err.code : LOOM_OK;
+    return loom_worker_wait(&p->worker, err);
 }
 
 void loom_ckpt_peer_keep_only(loom_ckpt_peer *p, int64_t step) {

@@ -21,13 +21,13 @@
 #define LOOM_CKPT_CKPT_PEER_H
 
 #include <mpi.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "ckpt/ckpt_writer.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/worker.h"
 
 typedef struct {
     int enabled;
@@ -42,11 +42,7 @@ typedef struct {
     int *srcs, n_srcs;             /* the ranks whose copies this rank keeps */
     char dir[LOOM_PATH_MAX + 128]; /* DIR/HOSTNAME/TAG */
     /* the background thread and its one job */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int started, busy, quit, failed;
-    loom_error job_err;
+    loom_worker worker; /* core/worker.h */
     loom_ckpt_writer *writer;
     int64_t step;
     char *run_text;

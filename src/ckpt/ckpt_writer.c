@@ -122,29 +122,15 @@ loom_status loom_ckpt_writer_create_planned(loom_ckpt_writer *w, const loom_ckpt
         loom_ckpt_writer_destroy(w);
         return st;
     }
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    if (pthread_create(&w->thread, NULL, thread_main, w) != 0) {
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
+    if (loom_worker_start(&w->worker, thread_main, w) != 0) {
         loom_ckpt_writer_destroy(w);
         return loom_error_set(err, LOOM_ERR_IO, "checkpoint writer: cannot start a thread");
     }
-    w->thread_started = 1;
     return LOOM_OK;
 }
 
 void loom_ckpt_writer_destroy(loom_ckpt_writer *w) {
-    if (w->thread_started) {
-        pthread_mutex_lock(&w->mu);
-        while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
-        w->job = LOOM_CKPT_JOB_QUIT;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->thread, NULL);
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->cv);
-    }
+    loom_worker_stop(&w->worker);
     loom_ckpt_manifest_free(&w->run);
     loom_ckpt_plan_free(&w->plan);
     free(w->names);
@@ -179,32 +165,26 @@ static void stage(loom_ckpt_writer *w) {
     for (int i = 0; i < w->plan.n; i++) stage_piece(w, i, w->hash);
     w->stage_ms = loom_now_ms() - t0;
     w->stage_cpu_ms = loom_thread_cpu_ms() - c0;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&w->worker.mu);
     w->staged = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    pthread_cond_broadcast(&w->worker.cv);
+    pthread_mutex_unlock(&w->worker.mu);
 }
 
 double loom_ckpt_writer_wait_staged(loom_ckpt_writer *w) {
     double t0 = loom_now_ms();
-    pthread_mutex_lock(&w->mu);
-    while (!w->staged) pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->worker.mu);
+    while (!w->staged) pthread_cond_wait(&w->worker.cv, &w->worker.mu);
+    pthread_mutex_unlock(&w->worker.mu);
     return loom_now_ms() - t0;
 }
 
 static loom_status submit(loom_ckpt_writer *w, loom_ckpt_job job, loom_error *err) {
-    pthread_mutex_lock(&w->mu);
-    if (w->busy) {
-        pthread_mutex_unlock(&w->mu);
+    if (!loom_worker_claim(&w->worker))
         return loom_error_set(err, LOOM_ERR_STATE, "checkpoint writer: a job is still running");
-    }
     w->job = job;
-    w->busy = 1;
-    w->failed = 0;
     if (job == LOOM_CKPT_JOB_WRITE) w->staged = 0;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    loom_worker_post(&w->worker);
     return LOOM_OK;
 }
 
@@ -216,10 +196,7 @@ loom_status loom_ckpt_writer_start(loom_ckpt_writer *w, const char *dir, loom_er
 loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, const char *tier,
                                           int keep, int world_size, loom_ckpt_manifest *run,
                                           loom_error *err) {
-    pthread_mutex_lock(&w->mu);
-    int busy = w->busy;
-    pthread_mutex_unlock(&w->mu);
-    if (busy)
+    if (!loom_worker_idle(&w->worker))
         return loom_error_set(err, LOOM_ERR_STATE, "checkpoint writer: a job is still running");
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     snprintf(w->tier, sizeof w->tier, "%s", tier);
@@ -232,19 +209,11 @@ loom_status loom_ckpt_writer_start_commit(loom_ckpt_writer *w, const char *dir, 
 }
 
 int loom_ckpt_writer_idle(loom_ckpt_writer *w) {
-    pthread_mutex_lock(&w->mu);
-    int idle = !w->busy;
-    pthread_mutex_unlock(&w->mu);
-    return idle;
+    return loom_worker_idle(&w->worker);
 }
 
 loom_status loom_ckpt_writer_wait(loom_ckpt_writer *w, loom_error *err) {
-    pthread_mutex_lock(&w->mu);
-    while (w->busy) pthread_cond_wait(&w->cv, &w->mu);
-    int failed = w->failed;
-    pthread_mutex_unlock(&w->mu);
-    if (failed && err) *err = w->job_err;
-    return failed ? w->job_err.code : LOOM_OK;
+    return loom_worker_wait(&w->worker, err);
 }
 
 #define WRITE_BLOCK ((size_t)32 << 20)
@@ -383,23 +352,13 @@ static loom_status run_write(loom_ckpt_writer *w, loom_error *err) {
 static void *thread_main(void *arg) {
     loom_ckpt_writer *w = arg;
     memset(w->image + w->data_start, 0, w->image_bytes - w->data_start);
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (w->job == LOOM_CKPT_JOB_NONE) pthread_cond_wait(&w->cv, &w->mu);
-        const loom_ckpt_job job = w->job;
-        if (job == LOOM_CKPT_JOB_QUIT) break;
-        pthread_mutex_unlock(&w->mu);
+    while (loom_worker_next(&w->worker)) {
         loom_error e = {0};
-        loom_status st = job == LOOM_CKPT_JOB_WRITE ? run_write(w, &e)
-                                                    : loom_ckpt_commit(w->dir, w->tier, w->keep,
-                                                                       w->world_size, &w->run, &e);
-        pthread_mutex_lock(&w->mu);
-        w->job_err = e;
-        w->failed = st != LOOM_OK;
-        w->job = LOOM_CKPT_JOB_NONE;
-        w->busy = 0;
-        pthread_cond_broadcast(&w->cv);
+        loom_status st =
+            w->job == LOOM_CKPT_JOB_WRITE
+                ? run_write(w, &e)
+                : loom_ckpt_commit(w->dir, w->tier, w->keep, w->world_size, &w->run, &e);
+        loom_worker_done(&w->worker, st, &e);
     }
-    pthread_mutex_unlock(&w->mu);
     return NULL;
 }

@@ -16,22 +16,21 @@
 #ifndef LOOM_CKPT_CKPT_WRITER_H
 #define LOOM_CKPT_CKPT_WRITER_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_plan.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
+#include "core/worker.h"
 
 #define LOOM_CKPT_CHUNK_FLOATS ((size_t)1 << 20) /* 4 MiB chunks */
 
-/* What the background thread is asked to do next. */
+/* What the background thread is asked to do (the last job posted). */
 typedef enum {
-    LOOM_CKPT_JOB_NONE,   /* idle: waiting for a job */
+    LOOM_CKPT_JOB_NONE,   /* none posted yet */
     LOOM_CKPT_JOB_WRITE,  /* stage and write this rank's files */
     LOOM_CKPT_JOB_COMMIT, /* rank 0: merge the indexes into the manifest */
-    LOOM_CKPT_JOB_QUIT    /* destroy: the thread exits */
 } loom_ckpt_job;
 
 typedef struct {
@@ -47,15 +46,10 @@ typedef struct {
     uint8_t *image;        /* the data file: header then data */
     size_t image_bytes;
     size_t data_start; /* the header's end */
-    /* the background thread */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int thread_started;
+    /* the background thread (core/worker.h: its mutex guards job, staged and the state) */
+    loom_worker worker;
     loom_ckpt_job job;
-    int busy, failed;
-    int staged; /* the last write job's staging copy is complete */
-    loom_error job_err;
+    int staged;                    /* the last write job's staging copy is complete */
     char dir[LOOM_CKPT_PATH_MAX];  /* step directory of the job */
     char tier[LOOM_CKPT_PATH_MAX]; /* commit: the folder holding step directories */
     int keep, world_size;

@@ -168,18 +168,6 @@ char *loom_ckpt_manifest_dump(const loom_ckpt_manifest *m, int index) {
 
 /* ---- parsing ---- */
 
-typedef struct {
-    const char *origin;
-    loom_error *err;
-} ctx;
-
-static loom_status bad(const ctx *c, const char *fmt, const char *what) {
-    char msg[512];
-    snprintf(msg, sizeof msg, fmt, what);
-    return loom_error_set(c->err, LOOM_ERR_INPUT, "%s: invalid checkpoint manifest: %s", c->origin,
-                          msg);
-}
-
 /* A file name that stays inside the checkpoint directory: no '/', not "." or "..". */
 static int safe_name(const char *s) {
     size_t n = strlen(s);
@@ -195,8 +183,9 @@ static int get_dims(json_t *a, int ndim, int64_t lo, int64_t out[2]) {
     return 1;
 }
 
-static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, const char *name,
-                               int ndim, const int64_t shape2[2], loom_ckpt_chunk *out) {
+static loom_status parse_chunk(const loom_json_reader *c, loom_ckpt_manifest *m, json_t *j,
+                               const char *name, int ndim, const int64_t shape2[2],
+                               loom_ckpt_chunk *out) {
     int64_t file, bo, bytes;
     const char *sum = json_string_value(json_object_get(j, "xxh3"));
     if (!json_is_object(j) ||
@@ -206,16 +195,19 @@ static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, c
         !get_dims(json_object_get(j, "offset"), ndim, 0, out->off) ||
         !get_dims(json_object_get(j, "length"), ndim, 1, out->len) || !sum || strlen(sum) != 16 ||
         strspn(sum, "0123456789abcdef") != 16)
-        return bad(c,
-                   "tensor '%s': a chunk needs file (an index into files), offset, length, "
-                   "byte_offset, bytes and a 16-digit xxh3",
-                   name);
+        return loom_json_fail(
+            c,
+            "tensor '%s': a chunk needs file (an index into files), offset, length, "
+            "byte_offset, bytes and a 16-digit xxh3",
+            name);
     if (ndim == 1) out->off[1] = 0, out->len[1] = 1;
     for (int d = 0; d < 2; d++)
         if (out->off[d] + out->len[d] > shape2[d])
-            return bad(c, "tensor '%s': a chunk reaches outside the tensor's shape", name);
+            return loom_json_fail(c, "tensor '%s': a chunk reaches outside the tensor's shape",
+                                  name);
     if ((uint64_t)bytes != (uint64_t)(out->len[0] * out->len[1]) * 4)
-        return bad(c, "tensor '%s': a chunk's bytes disagree with its length (F32)", name);
+        return loom_json_fail(c, "tensor '%s': a chunk's bytes disagree with its length (F32)",
+                              name);
     out->file = (int)file;
     out->byte_offset = (uint64_t)bo;
     out->bytes = (uint64_t)bytes;
@@ -223,7 +215,7 @@ static loom_status parse_chunk(const ctx *c, loom_ckpt_manifest *m, json_t *j, c
     return LOOM_OK;
 }
 
-static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifest *m) {
+static loom_status parse_run_state(const loom_json_reader *c, json_t *root, loom_ckpt_manifest *m) {
     const char *version = json_string_value(json_object_get(root, "loom_version"));
     const char *seed = json_string_value(json_object_get(root, "seed"));
     json_t *l = json_object_get(root, "layout");
@@ -233,63 +225,68 @@ static loom_status parse_run_state(const ctx *c, json_t *root, loom_ckpt_manifes
         !loom_json_int_in(json_object_get(root, "step"), 0, INT32_MAX, &m->step) ||
         !loom_json_int_in(json_object_get(root, "tokens_seen"), 0, INT64_MAX, &m->tokens_seen) ||
         !json_is_object(l))
-        return bad(c, "%s",
-                   "needs loom_version, step, tokens_seen, seed (a decimal string), layout");
+        return loom_json_fail(
+            c, "%s", "needs loom_version, step, tokens_seen, seed (a decimal string), layout");
     for (int i = 0; i < 6; i++)
         if (!loom_json_int_in(json_object_get(l, keys[i]), i == 4 ? 0 : 1, 1 << 20, &v[i]))
-            return bad(c, "layout: '%s' must be a positive integer", keys[i]);
+            return loom_json_fail(c, "layout: '%s' must be a positive integer", keys[i]);
     int64_t cp = 1; /* written since context parallelism; older manifests have none */
     json_t *jcp = json_object_get(l, "cp");
     if (jcp && !loom_json_int_in(jcp, 1, 1 << 20, &cp))
-        return bad(c, "%s", "layout: 'cp' must be a positive integer");
+        return loom_json_fail(c, "%s", "layout: 'cp' must be a positive integer");
     m->layout = (loom_ckpt_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3],
                                    (int)v[4], (int)v[5], (int)cp};
     snprintf(m->version, sizeof m->version, "%s", version);
     m->seed = strtoull(seed, NULL, 10);
     json_t *model = json_object_get(root, "model"), *train = json_object_get(root, "train");
-    if (!json_is_object(model)) return bad(c, "%s", "needs a 'model' object");
+    if (!json_is_object(model)) return loom_json_fail(c, "%s", "needs a 'model' object");
     m->model = json_incref(model);
     if (json_is_object(train)) m->train = json_incref(train);
     return LOOM_OK;
 }
 
-static loom_status parse_root(const ctx *c, json_t *root, loom_ckpt_manifest *m, int index) {
+static loom_status parse_root(const loom_json_reader *c, json_t *root, loom_ckpt_manifest *m,
+                              int index) {
     const char *format = json_string_value(json_object_get(root, "format"));
     const char *want = index ? LOOM_CKPT_INDEX_FORMAT : LOOM_CKPT_FORMAT;
-    if (!format || strcmp(format, want) != 0) return bad(c, "format is not '%s'", want);
+    if (!format || strcmp(format, want) != 0) return loom_json_fail(c, "format is not '%s'", want);
     const char *sum = json_string_value(json_object_get(root, "checksum"));
-    if (!sum || strcmp(sum, "xxh3-64") != 0) return bad(c, "%s", "checksum must be 'xxh3-64'");
+    if (!sum || strcmp(sum, "xxh3-64") != 0)
+        return loom_json_fail(c, "%s", "checksum must be 'xxh3-64'");
     loom_status st;
     if (!index && (st = parse_run_state(c, root, m))) return st;
     json_t *files = json_object_get(root, "files"), *tensors = json_object_get(root, "tensors");
     if (!json_is_array(files) || !json_is_array(tensors) || json_array_size(files) > 1 << 20)
-        return bad(c, "%s", "needs 'files' and 'tensors' arrays");
+        return loom_json_fail(c, "%s", "needs 'files' and 'tensors' arrays");
     size_t i;
     json_t *v;
     json_array_foreach(files, i, v) {
         const char *name = json_string_value(v);
         if (!name || !safe_name(name))
-            return bad(c, "file name '%s' is not a plain name inside the checkpoint directory",
-                       name ? name : "(not a string)");
+            return loom_json_fail(
+                c, "file name '%s' is not a plain name inside the checkpoint directory",
+                name ? name : "(not a string)");
         if (loom_ckpt_manifest_add_file(m, name) != (int)i)
-            return bad(c, "file '%s' is listed twice (or out of memory)", name);
+            return loom_json_fail(c, "file '%s' is listed twice (or out of memory)", name);
     }
     json_array_foreach(tensors, i, v) {
         const char *name = json_string_value(json_object_get(v, "name"));
         const char *dtype = json_string_value(json_object_get(v, "dtype"));
         json_t *shape = json_object_get(v, "shape"), *chunks = json_object_get(v, "chunks");
         if (!name || !*name || strlen(name) > 200)
-            return bad(c, "%s", "a tensor has no valid name");
+            return loom_json_fail(c, "%s", "a tensor has no valid name");
         if (!dtype || strcmp(dtype, "F32") != 0)
-            return bad(c, "tensor '%s': dtype must be F32", name);
+            return loom_json_fail(c, "tensor '%s': dtype must be F32", name);
         int ndim = json_is_array(shape) ? (int)json_array_size(shape) : 0;
         int64_t s2[2];
         if ((ndim != 1 && ndim != 2) || !get_dims(shape, ndim, 1, s2) || !json_is_array(chunks))
-            return bad(c, "tensor '%s': needs a shape of 1 or 2 positive sizes and chunks", name);
+            return loom_json_fail(
+                c, "tensor '%s': needs a shape of 1 or 2 positive sizes and chunks", name);
         /* Bounded numel: chunk volumes (within the shape) and their sums cannot overflow. */
         if (s2[0] > MAX_NUMEL / s2[1])
-            return bad(c, "tensor '%s': shape has more than 2^48 elements", name);
-        if (loom_ckpt_manifest_find(m, name)) return bad(c, "tensor '%s' is listed twice", name);
+            return loom_json_fail(c, "tensor '%s': shape has more than 2^48 elements", name);
+        if (loom_ckpt_manifest_find(m, name))
+            return loom_json_fail(c, "tensor '%s' is listed twice", name);
         int64_t sh[2] = {s2[0], ndim == 2 ? s2[1] : 0};
         size_t k;
         json_t *cj;
@@ -300,7 +297,7 @@ static loom_status parse_root(const ctx *c, json_t *root, loom_ckpt_manifest *m,
                 return st;
         }
         if (!index && json_array_size(chunks) == 0)
-            return bad(c, "tensor '%s' has no chunks", name);
+            return loom_json_fail(c, "tensor '%s' has no chunks", name);
     }
     return index ? LOOM_OK : loom_ckpt_manifest_check_cover(m, c->origin, c->err);
 }
@@ -308,7 +305,7 @@ static loom_status parse_root(const ctx *c, json_t *root, loom_ckpt_manifest *m,
 loom_status loom_ckpt_manifest_parse(loom_ckpt_manifest *m, const char *text, size_t len, int index,
                                      const char *origin, loom_error *err) {
     memset(m, 0, sizeof *m);
-    ctx c = {origin, err};
+    loom_json_reader c = {origin, "invalid checkpoint manifest", err};
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root || !json_is_object(root)) {

@@ -65,7 +65,7 @@ static void *engine_main(void *arg) {
     loom_comm_engine *e = arg;
     long poll_us = POLL_MIN_US;
     uint64_t shown = 0;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->worker.mu);
     for (;;) {
         int progressed = 0;
         /* Start everything posted, in posting order: the same order on every rank. */
@@ -74,7 +74,7 @@ static void *engine_main(void *arg) {
             e->q_head = (e->q_head + 1) % e->q_cap;
             /* The compute thread sets the parent's trace before posting (under mu). */
             e->comm.trace = e->parent->trace;
-            pthread_mutex_unlock(&e->mu);
+            pthread_mutex_unlock(&e->worker.mu);
             atomic_store_explicit(&op->state, LOOM_OP_RUNNING, memory_order_relaxed);
             loom_status st = start_op(e, op, &e->err);
             if (st || !op->h.active)
@@ -83,16 +83,16 @@ static void *engine_main(void *arg) {
                 e->running[e->n_running++] = op;
             progressed = 1;
             shown = 0; /* starting an operation clears what was shown */
-            pthread_mutex_lock(&e->mu);
+            pthread_mutex_lock(&e->worker.mu);
         }
         if (e->n_running == 0) {
             if (progressed) pthread_cond_broadcast(&e->done);
-            if (e->stop) break;
-            pthread_cond_wait(&e->work, &e->mu);
+            if (e->worker.stop) break;
+            pthread_cond_wait(&e->worker.cv, &e->worker.mu);
             poll_us = POLL_MIN_US;
             continue;
         }
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->worker.mu);
         for (int i = 0; i < e->n_running;) {
             loom_comm_op *op = e->running[i];
             int done = 0;
@@ -107,16 +107,16 @@ static void *engine_main(void *arg) {
         }
         shown = show_oldest(e, shown);
         if (progressed) {
-            pthread_mutex_lock(&e->mu);
+            pthread_mutex_lock(&e->worker.mu);
             pthread_cond_broadcast(&e->done);
             poll_us = POLL_MIN_US;
             continue;
         }
         sleep_us(poll_us);
         if (poll_us < POLL_MAX_US) poll_us *= 2;
-        pthread_mutex_lock(&e->mu);
+        pthread_mutex_lock(&e->worker.mu);
     }
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->worker.mu);
     return NULL;
 }
 
@@ -140,12 +140,8 @@ loom_status loom_comm_engine_start(loom_comm_engine *e, loom_comm *parent, int q
         loom_comm_engine_stop(e);
         return loom_error_set(err, LOOM_ERR_NOMEM, "communication engine: out of memory");
     }
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->done, NULL);
-    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-        pthread_mutex_destroy(&e->mu);
-        pthread_cond_destroy(&e->work);
+    if (loom_worker_start(&e->worker, engine_main, e) != 0) {
         pthread_cond_destroy(&e->done);
         loom_comm_engine_stop(e);
         return loom_error_set(err, LOOM_ERR_STATE, "communication engine: cannot start thread");
@@ -157,13 +153,7 @@ loom_status loom_comm_engine_start(loom_comm_engine *e, loom_comm *parent, int q
 void loom_comm_engine_stop(loom_comm_engine *e) {
     if (!e->parent) return; /* never started */
     if (e->threaded) {
-        pthread_mutex_lock(&e->mu);
-        e->stop = 1;
-        pthread_cond_signal(&e->work);
-        pthread_mutex_unlock(&e->mu);
-        pthread_join(e->thread, NULL);
-        pthread_mutex_destroy(&e->mu);
-        pthread_cond_destroy(&e->work);
+        loom_worker_stop(&e->worker);
         pthread_cond_destroy(&e->done);
     }
     free(e->queue);
@@ -185,24 +175,25 @@ loom_status loom_comm_engine_post(loom_comm_engine *e, loom_comm_op *op, loom_er
     }
     memset(&op->h, 0, sizeof op->h);
     atomic_store_explicit(&op->state, LOOM_OP_QUEUED, memory_order_relaxed);
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->worker.mu);
     int next = (e->q_tail + 1) % e->q_cap;
     if (next == e->q_head) {
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->worker.mu);
         return loom_error_set(err, LOOM_ERR_STATE, "communication engine: queue full (%d)",
                               e->q_cap - 1);
     }
     e->queue[e->q_tail] = op;
     e->q_tail = next;
-    pthread_cond_signal(&e->work);
-    pthread_mutex_unlock(&e->mu);
+    pthread_cond_signal(&e->worker.cv);
+    pthread_mutex_unlock(&e->worker.mu);
     return LOOM_OK;
 }
 
 double loom_comm_engine_cpu_ms(const loom_comm_engine *e) {
     clockid_t id;
     struct timespec ts;
-    if (!e->threaded || pthread_getcpuclockid(e->thread, &id) != 0 || clock_gettime(id, &ts) != 0)
+    if (!e->threaded || pthread_getcpuclockid(e->worker.thread, &id) != 0 ||
+        clock_gettime(id, &ts) != 0)
         return 0.0;
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
@@ -224,10 +215,10 @@ loom_status loom_comm_engine_wait(loom_comm_engine *e, loom_comm_op *op, loom_er
             finish_op(op, st);
         }
     } else if (state != LOOM_OP_DONE) {
-        pthread_mutex_lock(&e->mu);
+        pthread_mutex_lock(&e->worker.mu);
         while (atomic_load_explicit(&op->state, memory_order_acquire) != LOOM_OP_DONE)
-            pthread_cond_wait(&e->done, &e->mu);
-        pthread_mutex_unlock(&e->mu);
+            pthread_cond_wait(&e->done, &e->worker.mu);
+        pthread_mutex_unlock(&e->worker.mu);
         const double waited_ms = loom_comm_now_ms() - t0;
         e->comm.blocked_ms += waited_ms;
         loom_progress_blocked_us((int64_t)(waited_ms * 1e3)); /* not compute (stragglers) */

@@ -29,6 +29,7 @@
 #include <stdatomic.h>
 
 #include "comm/comm.h"
+#include "core/worker.h"
 
 typedef enum {
     LOOM_OP_ALLREDUCE,      /* in place: buf[count] summed */
@@ -65,14 +66,12 @@ typedef struct {
     loom_comm *parent;         /* its trace pointer is followed */
     int threaded;              /* 0: no thread, operations run from the caller */
     loom_comm_op **queue;      /* posted, not yet started (FIFO) */
-    int q_head, q_tail, q_cap; /* ring indices, under mu */
+    int q_head, q_tail, q_cap; /* ring indices, under worker.mu */
     loom_comm_op **running;    /* engine thread only */
     int n_running;
-    int stop;
-    loom_error err; /* the engine thread's failures */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t work, done;
+    loom_error err;      /* the engine thread's failures */
+    loom_worker worker;  /* the thread; its mu guards the queue, its cv signals work posted */
+    pthread_cond_t done; /* operations completed */
 } loom_comm_engine;
 
 /* Duplicates parent's communicator and, when MPI provides MPI_THREAD_MULTIPLE and the

@@ -121,13 +121,15 @@ double loom_profile_elementwise_bytes(loom_elementwise_kind k, double rows, doub
 /* ---- validation: every failure names the file and the field ---- */
 
 typedef struct {
-    const char *file;
-    loom_error *err;
-    int published; /* every term needs "sources" */
+    loom_json_reader r; /* the file; no kind: the errors say "file: field: what" */
+    int published;      /* every term needs "sources" */
 } ctx;
 
 static loom_status bad(ctx *c, const char *path, const char *what) {
-    return loom_error_set(c->err, LOOM_ERR_INPUT, "%s: %s: %s", c->file, path, what);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s: %s", path, what);
+    loom_json_fail(&c->r, "%s", msg);
+    return LOOM_ERR_INPUT; /* said here: the callers' compiler sees a failure is never OK */
 }
 
 static void join(char *out, size_t cap, const char *path, const char *key) {
@@ -189,7 +191,8 @@ static loom_status get_axis(ctx *c, const json_t *obj, const char *key, const ch
         return bad(c, p, "expected a non-empty array of increasing positive numbers");
     size_t len = json_array_size(v);
     double *a = malloc(len * sizeof *a);
-    if (!a) return loom_error_set(c->err, LOOM_ERR_NOMEM, "%s: %s: out of memory", c->file, p);
+    if (!a)
+        return loom_error_set(c->r.err, LOOM_ERR_NOMEM, "%s: %s: out of memory", c->r.origin, p);
     for (size_t i = 0; i < len; i++) {
         const json_t *e = json_array_get(v, i);
         double x = json_is_number(e) ? json_number_value(e) : -1;
@@ -218,7 +221,8 @@ static loom_status get_values(ctx *c, const json_t *obj, const char *key, const 
         return bad(c, p, what);
     }
     double *a = malloc(n * sizeof *a);
-    if (!a) return loom_error_set(c->err, LOOM_ERR_NOMEM, "%s: %s: out of memory", c->file, p);
+    if (!a)
+        return loom_error_set(c->r.err, LOOM_ERR_NOMEM, "%s: %s: out of memory", c->r.origin, p);
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(v, i);
         double x = json_is_number(e) ? json_number_value(e) : -1;
@@ -447,7 +451,8 @@ static loom_status parse_root(ctx *c, const json_t *root, loom_profile *p) {
         return bad(c, "compute", "expected a non-empty array (one entry per thread count)");
     p->n_compute = (int)json_array_size(compute);
     p->compute = calloc((size_t)p->n_compute, sizeof *p->compute);
-    if (!p->compute) return loom_error_set(c->err, LOOM_ERR_NOMEM, "%s: out of memory", c->file);
+    if (!p->compute)
+        return loom_error_set(c->r.err, LOOM_ERR_NOMEM, "%s: out of memory", c->r.origin);
     for (int i = 0; i < p->n_compute && !st; i++) {
         char path[64];
         snprintf(path, sizeof path, "compute[%d]", i);
@@ -467,7 +472,7 @@ static loom_status parse_root(ctx *c, const json_t *root, loom_profile *p) {
     if (!json_is_array(coll)) return bad(c, "collectives", "expected an array");
     p->n_coll = (int)json_array_size(coll);
     p->coll = calloc((size_t)p->n_coll + 1, sizeof *p->coll);
-    if (!p->coll) return loom_error_set(c->err, LOOM_ERR_NOMEM, "%s: out of memory", c->file);
+    if (!p->coll) return loom_error_set(c->r.err, LOOM_ERR_NOMEM, "%s: out of memory", c->r.origin);
     for (int i = 0; i < p->n_coll && !st; i++) {
         char path[64];
         snprintf(path, sizeof path, "collectives[%d]", i);
@@ -509,7 +514,7 @@ loom_status loom_profile_parse(loom_profile **out, const char *text, const char 
         json_decref(root);
         return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", name);
     }
-    ctx c = {name, err, 0};
+    ctx c = {{name, NULL, err}, 0};
     loom_status st = parse_root(&c, root, p);
     json_decref(root);
     if (st) {

@@ -535,8 +535,8 @@ static loom_status exchange(loom_checkpointing *c, double v[4], loom_error *err)
     v[0] = g_stop_signal != 0;
     v[1] = c->in_flight && loom_ckpt_writer_idle(&c->writer) &&
            (!c->peer.enabled || loom_ckpt_peer_idle(&c->peer));
-    v[2] = v[1] && c->writer.failed;
-    v[3] = v[1] && c->peer.enabled && c->peer.failed;
+    v[2] = v[1] && c->writer.worker.failed;
+    v[3] = v[1] && c->peer.enabled && c->peer.worker.failed;
     return loom_comm_allreduce_sum_f64(&c->mesh->world, v, 4, err);
 }
 
