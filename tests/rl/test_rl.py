@@ -18,6 +18,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, MPIRUN, TOL, check, check_loom, run, run_test,  # noqa: E402
                       safetensors_io, seed_of, weights_error)
+from rl_fixture import arith_and_sft  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
 TIMING = ("rollout_ms", "reward_ms", "logprob_ms", "update_ms", "iteration_ms")
@@ -36,15 +37,7 @@ def main():
     check_loom(a.loom)
     seed = seed_of(a)
     with tempfile.TemporaryDirectory() as tmp:
-        d = os.path.join(tmp, "d")
-        run([a.loom, "data", "arith", "--out", d, "--digits", "2", "--train", "500", "--val",
-             "16", "--seed", str(seed)], "loom data arith")
-        sft = os.path.join(tmp, "sft.safetensors")
-        run([a.loom, "train", "--family", "llama", "--vocab-size", "256", "--seq-len", "16",
-             "--n-layer", "2", "--d-model", "32", "--n-head", "4", "--n-kv-head", "2", "--d-ff",
-             "64", "--micro-batch", "8", "--global-batch", "8", "--steps", "5", "--lr", "3e-3",
-             "--threads", "1", "--log-every", "0", "--seed", str(seed), "--data",
-             d + "/train_*.bin", "--save-weights", sft], "the SFT model")
+        d, sft = arith_and_sft(a.loom, tmp, seed, 500, 16)
         base = ["rl", "--prompts", d + "/train_prompts.txt", "--eval-prompts",
                 d + "/val_prompts.txt", "--init-from", sft, "--iterations", "3",
                 "--prompts-per-iter", "4", "--group-size", "4", "--ppo-micro-batch", "4",
