@@ -41,7 +41,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import (TOL, check_loom, failed, report, run_test, safetensors_io, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, check_loom, failed, report, run_test, safetensors_io, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
 from test_hosts import AGENT, HOSTS, MCA, leftovers, sh, skip_unless_possible  # noqa: E402
 
@@ -95,7 +95,7 @@ def main():
                  "--n-head", "4", "--d-ff", "96", "--micro-batch", "2", "--global-batch", "8",
                  "--lr", "3e-3", "--warmup-steps", "3", "--seed",
                  str(seed), "--threads", "1", "--log-every", "0", "--data", data,
-                 "--bucket-mb", "0.01"]
+                 "--bucket-mb", "0.01", "--adam-eps", ADAM_EPS]
 
         def start(name, run_flags=(), train_extra=(), steps=STEPS):
             rdir = os.path.join(tmp, name)
