@@ -1,5 +1,5 @@
 /* The diffusion transformer's forward and backward (model/dit.h), as the family table
- * the model's public functions call (model/transformer.h). */
+ * the model's public functions call (model/model.h). */
 #include "model/dit.h"
 
 #include <math.h>

@@ -1,12 +1,13 @@
 /* Internal to model/: what the families' forward/backward share (transformer.c for the
- * language models, dit.c for the diffusion transformer): the arena carver that plans
- * activations, and the Megatron linear layers over the tensor-parallel group. */
+ * language models, dit.c for the diffusion transformer; model.c runs their tables): the
+ * arena carver that plans activations, and the Megatron linear layers over the
+ * tensor-parallel group. */
 #ifndef LOOM_MODEL_MODEL_IMPL_H
 #define LOOM_MODEL_MODEL_IMPL_H
 
 #include <stddef.h>
 
-#include "model/transformer.h"
+#include "model/model.h"
 
 /* Carves the arena twice: first without one to size it, then from the backend arena.
  * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
@@ -87,6 +88,8 @@ loom_status loom_model_attention_backward(loom_model *m, float *dqkv, const floa
 /* Floats of the arena's attention scratch (none with context parallelism: cp has its own). */
 size_t loom_model_attention_scratch_floats(const loom_model *m, int H);
 
+/* The language models' table of pieces (transformer.c): every model starts with it. */
+const loom_model_ops *loom_lm_ops(void);
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);
