@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "model/linear_backward.h"
 #include "model/model.h"
 
 /* Carves the arena twice: first without one to size it, then from the backend arena.
@@ -40,16 +41,25 @@ loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out
  * (m->dnorm is the partial sum's scratch with sequence parallelism). */
 loom_status loom_model_row_forward(loom_model *m, float *out, const float *inp, const float *w,
                                    const float *b, int IC);
-/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input;
- * *dinp = this rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
+/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input
+ * (none under split backward: loom_model_column_weight gives them later); *dinp = this
+ * rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
 loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
                                        float *db, const float *inp_local, int OC,
                                        const float **dinp);
-/* Its two halves for split backward: the weight gradient (W) and the input gradient (B). */
+/* Its weight gradient alone (split backward's W). */
 loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
                                      const float *inp_local, int OC);
-loom_status loom_model_column_input(loom_model *m, const float *dout, const float *w, int OC,
-                                    const float **dinp);
+/* Row-parallel linear backward from this rank's rows of d(out) (dout_local [Ns, C],
+ * gathered here): dinp [N, IC] = d(input) of this rank's columns; dw, db from the gathered
+ * d(out) and inp [N, IC], or under split backward that d(out) copied into keep [N, C] for
+ * loom_model_row_weight. */
+loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
+                                    float *dw, float *db, const float *inp, int IC, float *dinp,
+                                    float *keep);
+/* Its weight gradient alone (split backward's W) from the kept d(out) [N, C]. */
+void loom_model_row_weight(loom_model *m, const float *dout, float *dw, float *db, const float *inp,
+                           int IC);
 
 /* Pointer to a tensor in a flat buffer, NULL when the family has none. */
 static inline float *loom_at(float *flat, size_t offset) {

@@ -292,10 +292,8 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
                                  const float *x_last) {
     const loom_param_table *t = &m->table;
     const float *dn;
-    loom_status st = m->split_backward
-                         ? loom_model_column_input(m, m->logits, p + t->lm_head, d->V, &dn)
-                         : loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head,
-                                                      NULL, m->normf, d->V, &dn);
+    loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head, NULL,
+                                                m->normf, d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last,
@@ -334,46 +332,33 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
             dn = m->dnorm + (size_t)d.rank * Ns * C;
     } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
-    } else if (!(st = loom_model_tp_gather(m, m->dres, &dy))) {
-        loom_backend_memset(m->be, m->dact, 0, (size_t)N * d.F * sizeof(float));
-        loom_backend_linear_backward_input(m->be, m->dact, dy, p + k->proj_w, N, d.F, C);
-        if (split)
-            loom_backend_copy(m->be, a->d_res2, dy, (size_t)N * C * sizeof(float));
-        else
-            loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), dy,
-                                                a->act, N, d.F, C);
+    } else if (!(st = loom_model_row_backward(m, m->dres, p + k->proj_w, g + k->proj_w,
+                                              loom_at(g, k->proj_b), a->act, d.F, m->dact,
+                                              a->d_res2))) {
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
-        st = split ? loom_model_column_input(m, dfc, p + k->fc_w, d.FC, &dn)
-                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w,
-                                                loom_at(g, k->fc_b), a->norm2, d.FC, &dn);
+        st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b),
+                                        a->norm2, d.FC, &dn);
     }
     if (!st) {
         norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1,
                       p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
-        st = loom_model_tp_gather(m, m->dres, &dy);
+        st = loom_model_row_backward(m, m->dres, p + k->attn_out_w, g + k->attn_out_w,
+                                     loom_at(g, k->attn_out_b), a->att, d.A, m->datt, a->d_res1);
     }
     if (!st) {
-        loom_backend_memset(m->be, m->datt, 0, (size_t)N * d.A * sizeof(float));
-        loom_backend_linear_backward_input(m->be, m->datt, dy, p + k->attn_out_w, N, d.A, C);
-        if (split)
-            loom_backend_copy(m->be, a->d_res1, dy, (size_t)N * C * sizeof(float));
-        else
-            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
-                                                dy, a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV, hd,
                                            1);
     }
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
-        st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d.QKV, &dn)
-                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w,
-                                                loom_at(g, k->qkv_b), a->norm1, d.QKV, &dn);
+        st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),
+                                        a->norm1, d.QKV, &dn);
     }
     if (!st)
         norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
@@ -388,7 +373,6 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
                                          int l, const float *x) {
     const loom_block_params *k = &m->table.blocks[l];
     const loom_block_acts *a = &m->blocks[l];
-    const int N = d->N, C = d->C;
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
     if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
@@ -398,14 +382,13 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
         if (!(st = loom_model_tp_gather(m, a->norm2, &xn)))
             loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), a->d_res2,
-                                            a->act, N, d->F, C);
+        loom_model_row_weight(m, a->d_res2, g + k->proj_w, loom_at(g, k->proj_b), a->act, d->F);
         st =
             loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
     }
     if (!st)
-        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
-                                            a->d_res1, a->att, N, d->A, C);
+        loom_model_row_weight(m, a->d_res1, g + k->attn_out_w, loom_at(g, k->attn_out_b), a->att,
+                              d->A);
     if (!st)
         st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1,
                                       d->QKV);
