@@ -523,10 +523,11 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
-    loom_model_row_weight(m, b->d_y2, g + k->proj_w, g + k->proj_b, a->act, d->F);
-    st = loom_model_column_weight(m, a->d_fc, g + k->fc_w, g + k->fc_b, b->xm2, d->F);
-    if (!st) loom_model_row_weight(m, b->d_y1, g + k->attn_out_w, g + k->attn_out_b, a->att, d->A);
-    if (!st) st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, g + k->qkv_b, b->xm1, d->QKV);
+    st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, b->d_y2, a->act, d->F, k->fc_w,
+                                  k->fc_b, a->d_fc, b->xm2, d->F);
+    if (!st)
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, b->d_y1, a->att, d->A,
+                                      k->qkv_w, k->qkv_b, a->d_qkv, b->xm1, d->QKV);
     if (!st)
         loom_linear_backward(m->be, NULL, LOOM_DX_SET, b->d_mod, NULL, g + k->ada_w, g + k->ada_b,
                              m->cond, d->B, C, 6 * C);

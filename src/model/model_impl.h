@@ -57,9 +57,14 @@ loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw
 loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
                                     float *dw, float *db, const float *inp, int IC, float *dinp,
                                     float *keep);
-/* Its weight gradient alone (split backward's W) from the kept d(out) [N, C]. */
-void loom_model_row_weight(loom_model *m, const float *dout, float *dw, float *db, const float *inp,
-                           int IC);
+/* Split backward's W of a block's branch y = out(f(in(x))) (the MLP: fc then proj; the
+ * attention: qkv then attn_out), flat offsets into g (a bias may be LOOM_NO_PARAM): the
+ * row-parallel output linear's weight gradient from its d(out) [N, C] kept by
+ * loom_model_row_backward and its input mid [N, IC], then the column-parallel input
+ * linear's from its kept d(output) [N, OC] and this rank's rows of x. */
+loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
+                                     const float *d_out, const float *mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, const float *x_local, int OC);
 
 /* Pointer to a tensor in a flat buffer, NULL when the family has none. */
 static inline float *loom_at(float *flat, size_t offset) {

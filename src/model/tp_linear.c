@@ -71,10 +71,12 @@ loom_status loom_model_row_backward(loom_model *m, const float *dout_local, cons
     return LOOM_OK;
 }
 
-void loom_model_row_weight(loom_model *m, const float *dout, float *dw, float *db, const float *inp,
-                           int IC) {
-    loom_linear_backward(m->be, NULL, LOOM_DX_SET, dout, NULL, dw, db, inp, m->B * m->T, IC,
-                         m->cfg.d_model);
+loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
+                                     const float *d_out, const float *mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, const float *x_local, int OC) {
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, d_out, NULL, g + out_w, loom_at(g, out_b), mid,
+                         m->B * m->T, IC, m->cfg.d_model);
+    return loom_model_column_weight(m, d_in, g + in_w, loom_at(g, in_b), x_local, OC);
 }
 
 float *loom_carve(loom_carver *cv, size_t floats) {

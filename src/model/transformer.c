@@ -382,16 +382,12 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
         if (!(st = loom_model_tp_gather(m, a->norm2, &xn)))
             loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        loom_model_row_weight(m, a->d_res2, g + k->proj_w, loom_at(g, k->proj_b), a->act, d->F);
-        st =
-            loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
+        st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, a->d_res2, a->act, d->F, k->fc_w,
+                                      k->fc_b, a->d_fc, a->norm2, d->FC);
     }
     if (!st)
-        loom_model_row_weight(m, a->d_res1, g + k->attn_out_w, loom_at(g, k->attn_out_b), a->att,
-                              d->A);
-    if (!st)
-        st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1,
-                                      d->QKV);
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1, a->att, d->A,
+                                      k->qkv_w, k->qkv_b, a->d_qkv, a->norm1, d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
