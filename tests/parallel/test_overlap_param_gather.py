@@ -99,5 +99,6 @@ def main():
 
 
 if __name__ == "__main__":
-    # every layout for both families, then funneled and checkpoint resume (GPT-2)
-    run_test(main, expect=2 * len(LAYOUTS) + 2)
+    # every layout for both families, then funneled, the checkpoint resume and the saving
+    # run (GPT-2)
+    run_test(main, expect=2 * len(LAYOUTS) + 3)
