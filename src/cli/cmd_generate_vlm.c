@@ -16,7 +16,7 @@
 #include "core/philox.h"
 #include "data/png_folder.h"
 #include "data/vlm_shard.h"
-#include "model/transformer.h"
+#include "model/model.h"
 #include "model/vlm.h"
 #include "model/weights.h"
 

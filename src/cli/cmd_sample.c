@@ -18,7 +18,7 @@
 #include "model/dit.h"
 #include "model/flow_sampler.h"
 #include "model/gemm_shapes.h"
-#include "model/transformer.h"
+#include "model/model.h"
 #include "model/weights.h"
 
 /* --raw writes "samples" as [N, F, C, H, W]. */

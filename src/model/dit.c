@@ -1,5 +1,5 @@
 /* The diffusion transformer's forward and backward (model/dit.h), as the family table
- * the model's public functions call (model/transformer.h). */
+ * the model's public functions call (model/model.h). */
 #include "model/dit.h"
 
 #include <math.h>
@@ -401,22 +401,19 @@ static loom_status dit_head_backward(loom_model *m, const float *p, float *g, co
     const int C = d.C, Ns = d.Ns, B = d.B;
     const size_t rows = (size_t)Ns * C * sizeof(float);
     /* the conditioning's gradient starts here and gathers every block's on the way down */
+    const int split = m->split_backward;
     loom_backend_memset(be, m->dcond, 0, (size_t)B * C * sizeof(float));
-    loom_backend_memset(be, s->dyl, 0, rows);
-    loom_backend_linear_backward_input(be, s->dyl, s->pred, p + q->final_w, Ns, C, d.P);
-    if (!m->split_backward)
-        loom_backend_linear_backward_weight(be, g + q->final_w, g + q->final_b, s->pred, s->fxm, Ns,
-                                            C, d.P);
+    loom_linear_backward(be, s->dyl, LOOM_DX_SET, s->pred, p + q->final_w,
+                         split ? NULL : g + q->final_w, g + q->final_b, s->fxm, Ns, C, d.P);
     loom_backend_memset(be, s->dfmod, 0, (size_t)B * 2 * C * sizeof(float));
     loom_backend_memset(be, s->dxn, 0, rows);
     loom_backend_modulate_backward(be, s->dxn, s->dfmod, s->dfmod + C, s->dyl, s->fxn, s->fmod + C,
                                    2 * C, Ns, C, d.T, d.row0);
     loom_backend_memset(be, m->dres, 0, rows);
     loom_backend_layernorm_plain_backward(be, m->dres, s->dxn, x, s->fmean, s->frstd, Ns, C);
-    if (!m->split_backward)
-        loom_backend_linear_backward_weight(be, g + q->final_ada_w, g + q->final_ada_b, s->dfmod,
-                                            m->cond, B, C, 2 * C);
-    loom_backend_linear_backward_input(be, m->dcond, s->dfmod, p + q->final_ada_w, B, C, 2 * C);
+    loom_linear_backward(be, m->dcond, LOOM_DX_ADD, s->dfmod, p + q->final_ada_w,
+                         split ? NULL : g + q->final_ada_w, g + q->final_ada_b, m->cond, B, C,
+                         2 * C);
     return LOOM_OK;
 }
 
@@ -424,37 +421,29 @@ static loom_status dit_head_backward_weight(loom_model *m, float *g) {
     const loom_dit_params *q = &m->table.dit;
     loom_dit *s = m->dit;
     const dims d = dims_here(m);
-    loom_backend_linear_backward_weight(m->be, g + q->final_w, g + q->final_b, s->pred, s->fxm,
-                                        d.Ns, d.C, d.P);
-    loom_backend_linear_backward_weight(m->be, g + q->final_ada_w, g + q->final_ada_b, s->dfmod,
-                                        m->cond, d.B, d.C, 2 * d.C);
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, s->pred, NULL, g + q->final_w, g + q->final_b,
+                         s->fxm, d.Ns, d.C, d.P);
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, s->dfmod, NULL, g + q->final_ada_w,
+                         g + q->final_ada_b, m->cond, d.B, d.C, 2 * d.C);
     return LOOM_OK;
 }
 
 /* One residual branch backward: m->dres = d(out) with out = res + gate * y; y came from
- * a row-parallel linear (w, bias) over `inner` [N, IC]. On return *dy holds d(y)
- * gathered (also copied into keep under split backward) and dinner = d(inner) has the
- * linear's input gradient; the weight gradient unless split. */
+ * a row-parallel linear (w, bias) over `inner` [N, IC]. On return dinner = d(inner) has
+ * the linear's input gradient; the weight gradient unless split, which keeps d(y)
+ * gathered in keep (loom_model_row_backward). */
 static loom_status gated_row_backward(loom_model *m, const dims *d, const float *p, float *g,
                                       const float *y, const float *gate, float *dgate, size_t w_off,
                                       size_t b_off, const float *inner, int IC, float *dinner,
                                       float *keep) {
     const loom_backend *be = m->be;
     loom_dit *s = m->dit;
-    const int N = d->N, C = d->C;
+    const int C = d->C;
     loom_backend_memset(be, s->dyl, 0, (size_t)d->Ns * C * sizeof(float));
     loom_backend_gate_add_backward(be, s->dyl, dgate, m->dres, y, gate, 6 * C, d->Ns, C, d->T,
                                    d->row0);
-    const float *dy;
-    loom_status st = loom_model_tp_gather(m, s->dyl, &dy);
-    if (st) return st;
-    loom_backend_memset(be, dinner, 0, (size_t)N * IC * sizeof(float));
-    loom_backend_linear_backward_input(be, dinner, dy, p + w_off, N, IC, C);
-    if (keep)
-        loom_backend_copy(be, keep, dy, (size_t)N * C * sizeof(float));
-    else
-        loom_backend_linear_backward_weight(be, g + w_off, g + b_off, dy, inner, N, IC, C);
-    return LOOM_OK;
+    return loom_model_row_backward(m, s->dyl, p + w_off, g + w_off, g + b_off, inner, IC, dinner,
+                                   keep);
 }
 
 /* d(modulated norm input) dn -> d(norm), d(shift), d(scale); then m->dres += the norm's
@@ -493,9 +482,8 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
     if (!st) {
         loom_backend_memset(be, dfc, 0, (size_t)d->N * d->F * sizeof(float));
         loom_backend_gelu_backward(be, dfc, a->fc, m->dact, (size_t)d->N * d->F);
-        st = split ? loom_model_column_input(m, dfc, p + k->fc_w, d->F, &dn)
-                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
-                                                b->xm2, d->F, &dn);
+        st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b, b->xm2, d->F,
+                                        &dn);
     }
     if (!st) {
         modulated_norm_backward(m, d, dn, a->norm2, a->res1, a->norm2_mean, a->norm2_rstd,
@@ -510,18 +498,15 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                                            d->hd, 0);
     }
     if (!st) {
-        st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d->QKV, &dn)
-                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b,
-                                                b->xm1, d->QKV, &dn);
+        st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b, b->xm1,
+                                        d->QKV, &dn);
     }
     if (!st) {
         modulated_norm_backward(m, d, dn, a->norm1, x, a->norm1_mean, a->norm1_rstd, mod + C, dmod,
                                 dmod + C);
         /* the modulation: mod = adaLN(silu(c)) */
-        if (!split)
-            loom_backend_linear_backward_weight(be, g + k->ada_w, g + k->ada_b, dmod, m->cond, B, C,
-                                                6 * C);
-        loom_backend_linear_backward_input(be, m->dcond, dmod, p + k->ada_w, B, C, 6 * C);
+        loom_linear_backward(be, m->dcond, LOOM_DX_ADD, dmod, p + k->ada_w,
+                             split ? NULL : g + k->ada_w, g + k->ada_b, m->cond, B, C, 6 * C);
     }
     loom_trace_end(m->trace);
     return st ? st : loom_model_hook(m, 1, l, 1);
@@ -533,21 +518,19 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     const loom_block_params *k = &m->table.blocks[l];
     const loom_block_acts *a = &m->blocks[l];
     const dit_block *b = &m->dit->blk[l];
-    const int N = d->N, C = d->C;
+    const int C = d->C;
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
     if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
-    loom_backend_linear_backward_weight(m->be, g + k->proj_w, g + k->proj_b, b->d_y2, a->act, N,
-                                        d->F, C);
-    st = loom_model_column_weight(m, a->d_fc, g + k->fc_w, g + k->fc_b, b->xm2, d->F);
+    st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, b->d_y2, a->act, d->F, k->fc_w,
+                                  k->fc_b, a->d_fc, b->xm2, d->F);
     if (!st)
-        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, g + k->attn_out_b, b->d_y1,
-                                            a->att, N, d->A, C);
-    if (!st) st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, g + k->qkv_b, b->xm1, d->QKV);
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, b->d_y1, a->att, d->A,
+                                      k->qkv_w, k->qkv_b, a->d_qkv, b->xm1, d->QKV);
     if (!st)
-        loom_backend_linear_backward_weight(m->be, g + k->ada_w, g + k->ada_b, b->d_mod, m->cond,
-                                            d->B, C, 6 * C);
+        loom_linear_backward(m->be, NULL, LOOM_DX_SET, b->d_mod, NULL, g + k->ada_w, g + k->ada_b,
+                             m->cond, d->B, C, 6 * C);
     loom_trace_end(m->trace);
     return st;
 }
@@ -571,19 +554,17 @@ static loom_status dit_embed_backward(loom_model *m, const float *p, float *g) {
     const dims d = dims_here(m);
     const loom_backend *be = m->be;
     const size_t BC = (size_t)d.B * d.C;
-    loom_backend_linear_backward_weight(be, g + q->x_embed_w, g + q->x_embed_b, m->dres,
-                                        s->patches + (size_t)d.row0 * d.P, d.Ns, d.P, d.C);
+    loom_linear_backward(be, NULL, LOOM_DX_SET, m->dres, NULL, g + q->x_embed_w, g + q->x_embed_b,
+                         s->patches + (size_t)d.row0 * d.P, d.Ns, d.P, d.C);
     loom_backend_memset(be, s->dc, 0, BC * sizeof(float));
     loom_backend_silu_backward(be, s->dc, s->c, m->dcond, BC);
     loom_backend_embedding_backward(be, g + q->y_table, NULL, s->dc, s->labels, d.B, 1, d.C);
-    loom_backend_linear_backward_weight(be, g + q->t_fc2_w, g + q->t_fc2_b, s->dc, s->tha, d.B, d.C,
-                                        d.C);
-    loom_backend_memset(be, s->dtha, 0, BC * sizeof(float));
-    loom_backend_linear_backward_input(be, s->dtha, s->dc, p + q->t_fc2_w, d.B, d.C, d.C);
+    loom_linear_backward(be, s->dtha, LOOM_DX_SET, s->dc, p + q->t_fc2_w, g + q->t_fc2_w,
+                         g + q->t_fc2_b, s->tha, d.B, d.C, d.C);
     loom_backend_memset(be, s->dth, 0, BC * sizeof(float));
     loom_backend_silu_backward(be, s->dth, s->th, s->dtha, BC);
-    loom_backend_linear_backward_weight(be, g + q->t_fc1_w, g + q->t_fc1_b, s->dth, s->tfreq, d.B,
-                                        LOOM_DIT_FREQ_DIM, d.C);
+    loom_linear_backward(be, NULL, LOOM_DX_SET, s->dth, NULL, g + q->t_fc1_w, g + q->t_fc1_b,
+                         s->tfreq, d.B, LOOM_DIT_FREQ_DIM, d.C);
     return LOOM_OK;
 }
 

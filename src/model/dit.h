@@ -33,7 +33,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
-#include "model/transformer.h"
+#include "model/model.h"
 
 /* Words of a flow record before the pixels: [0] label, [1] t (float bits); then x0 and
  * eps, each loom_model_dit_sample_floats floats as bits. */

@@ -1,6 +1,6 @@
 /* The dit's velocity for the flow sampler (model/dit.h): its inputs (dit.c), the model's
- * forward (transformer.c) and the prediction (dit.c). Here, not in dit.c, so that dit.c
- * calls nothing of transformer.c, which attaches the dit at creation. */
+ * forward (model.c) and the prediction (dit.c). Here, not in dit.c, so that dit.c calls
+ * nothing of model.c, which attaches the dit at creation. */
 #include "model/dit.h"
 
 loom_status loom_dit_velocity(loom_model *m, const float *params, const float *x, const float *t,

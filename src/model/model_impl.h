@@ -1,12 +1,14 @@
 /* Internal to model/: what the families' forward/backward share (transformer.c for the
- * language models, dit.c for the diffusion transformer): the arena carver that plans
- * activations, and the Megatron linear layers over the tensor-parallel group. */
+ * language models, dit.c for the diffusion transformer; model.c runs their tables): the
+ * arena carver that plans activations, and the Megatron linear layers over the
+ * tensor-parallel group. */
 #ifndef LOOM_MODEL_MODEL_IMPL_H
 #define LOOM_MODEL_MODEL_IMPL_H
 
 #include <stddef.h>
 
-#include "model/transformer.h"
+#include "model/linear_backward.h"
+#include "model/model.h"
 
 /* Carves the arena twice: first without one to size it, then from the backend arena.
  * Pieces are rounded to the backend's alignment (64 bytes on the CPU), so the sizing
@@ -39,16 +41,30 @@ loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out
  * (m->dnorm is the partial sum's scratch with sequence parallelism). */
 loom_status loom_model_row_forward(loom_model *m, float *out, const float *inp, const float *w,
                                    const float *b, int IC);
-/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input;
- * *dinp = this rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
+/* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input
+ * (none under split backward: loom_model_column_weight gives them later); *dinp = this
+ * rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
 loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
                                        float *db, const float *inp_local, int OC,
                                        const float **dinp);
-/* Its two halves for split backward: the weight gradient (W) and the input gradient (B). */
+/* Its weight gradient alone (split backward's W). */
 loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
                                      const float *inp_local, int OC);
-loom_status loom_model_column_input(loom_model *m, const float *dout, const float *w, int OC,
-                                    const float **dinp);
+/* Row-parallel linear backward from this rank's rows of d(out) (dout_local [Ns, C],
+ * gathered here): dinp [N, IC] = d(input) of this rank's columns; dw, db from the gathered
+ * d(out) and inp [N, IC], or under split backward that d(out) copied into keep [N, C] for
+ * loom_model_row_weight. */
+loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
+                                    float *dw, float *db, const float *inp, int IC, float *dinp,
+                                    float *keep);
+/* Split backward's W of a block's branch y = out(f(in(x))) (the MLP: fc then proj; the
+ * attention: qkv then attn_out), flat offsets into g (a bias may be LOOM_NO_PARAM): the
+ * row-parallel output linear's weight gradient from its d(out) [N, C] kept by
+ * loom_model_row_backward and its input mid [N, IC], then the column-parallel input
+ * linear's from its kept d(output) [N, OC] and this rank's rows of x. */
+loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
+                                     const float *d_out, const float *mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, const float *x_local, int OC);
 
 /* Pointer to a tensor in a flat buffer, NULL when the family has none. */
 static inline float *loom_at(float *flat, size_t offset) {
@@ -87,6 +103,8 @@ loom_status loom_model_attention_backward(loom_model *m, float *dqkv, const floa
 /* Floats of the arena's attention scratch (none with context parallelism: cp has its own). */
 size_t loom_model_attention_scratch_floats(const loom_model *m, int H);
 
+/* The language models' table of pieces (transformer.c): every model starts with it. */
+const loom_model_ops *loom_lm_ops(void);
 /* The diffusion transformer's side (dit.c): sets m->ops, the conditioning and the arena. */
 loom_status loom_dit_attach(loom_model *m, loom_error *err);
 void loom_dit_detach(loom_model *m);

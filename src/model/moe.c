@@ -303,8 +303,8 @@ void loom_moe_backward_weight(loom_moe *m, int layer, float *g, const float *x) 
             loom_moe_ffn_weight(m, &e, g, L->xin + (size_t)r0 * C, L->act + (size_t)r0 * F,
                                 L->w_dy + (size_t)r0 * C, L->w_dh + (size_t)r0 * FC, rows);
         }
-    loom_backend_linear_backward_weight(m->be, g + k->gate_w, NULL, L->w_dlogits, x, m->N, m->C,
-                                        m->E);
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, L->w_dlogits, NULL, g + k->gate_w, NULL, x, m->N,
+                         m->C, m->E);
     if (m->cfg.shared_expert)
         loom_moe_ffn_weight(m, &k->shared, g, x, L->sh_act, L->w_sh_dy, L->w_sh_dh, m->N);
 }

@@ -26,9 +26,10 @@ void loom_moe_ffn_forward(const loom_moe *m, const loom_expert_params *e, const 
 void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, const float *x,
                          const float *act, const float *dy, const float *dh, int n) {
     if (n == 0) return;
-    loom_backend_linear_backward_weight(m->be, g + e->proj_w, gp(g, e->proj_b), dy, act, n, m->F,
-                                        m->C);
-    loom_backend_linear_backward_weight(m->be, g + e->fc_w, gp(g, e->fc_b), dh, x, n, m->C, m->FC);
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, dy, NULL, g + e->proj_w, gp(g, e->proj_b), act,
+                         n, m->F, m->C);
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, dh, NULL, g + e->fc_w, gp(g, e->fc_b), x, n,
+                         m->C, m->FC);
 }
 
 /* Backward of ffn_forward: dx += d/dx; weight gradients accumulate, or with keep_dy /
@@ -37,19 +38,18 @@ void loom_moe_ffn_backward(loom_moe *m, const loom_expert_params *e, const float
                            const float *x, const float *h, const float *act, const float *dy,
                            float *dx, int n, float *keep_dy, float *keep_dh) {
     if (n == 0) return;
-    loom_backend_memset(m->be, m->dact, 0, (size_t)n * m->F * sizeof(float));
-    loom_backend_linear_backward_input(m->be, m->dact, dy, p + e->proj_w, n, m->F, m->C);
+    const int keep = keep_dy != NULL;
+    loom_linear_backward(m->be, m->dact, LOOM_DX_SET, dy, p + e->proj_w,
+                         keep ? NULL : g + e->proj_w, gp(g, e->proj_b), act, n, m->F, m->C);
     float *dh = keep_dh ? keep_dh : m->dh;
     loom_backend_memset(m->be, dh, 0, (size_t)n * m->FC * sizeof(float));
     if (m->gpt2)
         loom_backend_gelu_backward(m->be, dh, h, m->dact, (size_t)n * m->F);
     else
         loom_backend_swiglu_backward(m->be, dh, m->dact, h, n, m->F);
-    if (keep_dy)
-        loom_backend_copy(m->be, keep_dy, dy, (size_t)n * m->C * sizeof(float));
-    else
-        loom_moe_ffn_weight(m, e, g, x, act, dy, dh, n);
-    loom_backend_linear_backward_input(m->be, dx, dh, p + e->fc_w, n, m->C, m->FC);
+    if (keep) loom_backend_copy(m->be, keep_dy, dy, (size_t)n * m->C * sizeof(float));
+    loom_linear_backward(m->be, dx, LOOM_DX_ADD, dh, p + e->fc_w, keep ? NULL : g + e->fc_w,
+                         gp(g, e->fc_b), x, n, m->C, m->FC);
 }
 
 loom_expert_params loom_moe_local_expert(const loom_block_params *k, int j) {

@@ -16,6 +16,7 @@
 
 #include "comm/comm.h"
 #include "kernels/backend.h"
+#include "model/linear_backward.h"
 #include "model/moe.h"
 
 /* What one MoE layer keeps from forward for backward. */

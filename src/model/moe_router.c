@@ -57,11 +57,9 @@ void loom_moe_router_backward_into(loom_moe *m, moe_layer *L, const loom_block_p
     for (int e = 0; e < E; e++) dprob[e] = (float)(a * (L->gload ? L->gload[e] : L->load[e]));
     loom_backend_moe_router_backward(m->be, m->logits, L->probs, L->idx, L->w, m->dw, L->lse, dprob,
                                      m->cfg.z_loss_coef * m->dloss, N, E, K);
-    if (m->split)
-        loom_backend_copy(m->be, L->w_dlogits, m->logits, (size_t)N * E * sizeof(float));
-    else
-        loom_backend_linear_backward_weight(m->be, g + k->gate_w, NULL, m->logits, x, N, C, E);
-    loom_backend_linear_backward_input(m->be, dx, m->logits, p + k->gate_w, N, C, E);
+    if (m->split) loom_backend_copy(m->be, L->w_dlogits, m->logits, (size_t)N * E * sizeof(float));
+    loom_linear_backward(m->be, dx, LOOM_DX_ADD, m->logits, p + k->gate_w,
+                         m->split ? NULL : g + k->gate_w, NULL, x, N, C, E);
 }
 
 int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {

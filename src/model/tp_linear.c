@@ -38,12 +38,11 @@ loom_status loom_model_column_backward(loom_model *m, const float *dout, const f
                                        float *db, const float *inp_local, int OC,
                                        const float **dinp) {
     const int N = m->B * m->T, C = m->cfg.d_model;
-    loom_backend_memset(m->be, m->dnorm, 0, (size_t)N * C * sizeof(float));
-    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, N, C, OC);
-    const float *inp;
-    loom_status st = loom_model_tp_gather(m, inp_local, &inp);
+    const float *inp = NULL;
+    loom_status st = m->split_backward ? LOOM_OK : loom_model_tp_gather(m, inp_local, &inp);
     if (st) return st;
-    loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, N, C, OC);
+    loom_linear_backward(m->be, m->dnorm, LOOM_DX_SET, dout, w, m->split_backward ? NULL : dw, db,
+                         inp, N, C, OC);
     float *out = loom_model_seq_parallel(m) ? m->full : m->dnorm;
     *dinp = out;
     return loom_model_tp_reduce(m, m->dnorm, out);
@@ -54,19 +53,30 @@ loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw
     const float *inp;
     loom_status st = loom_model_tp_gather(m, inp_local, &inp);
     if (!st)
-        loom_backend_linear_backward_weight(m->be, dw, db, dout, inp, m->B * m->T, m->cfg.d_model,
-                                            OC);
+        loom_linear_backward(m->be, NULL, LOOM_DX_SET, dout, NULL, dw, db, inp, m->B * m->T,
+                             m->cfg.d_model, OC);
     return st;
 }
 
-loom_status loom_model_column_input(loom_model *m, const float *dout, const float *w, int OC,
-                                    const float **dinp) {
+loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
+                                    float *dw, float *db, const float *inp, int IC, float *dinp,
+                                    float *keep) {
     const int N = m->B * m->T, C = m->cfg.d_model;
-    loom_backend_memset(m->be, m->dnorm, 0, (size_t)N * C * sizeof(float));
-    loom_backend_linear_backward_input(m->be, m->dnorm, dout, w, N, C, OC);
-    float *out = loom_model_seq_parallel(m) ? m->full : m->dnorm;
-    *dinp = out;
-    return loom_model_tp_reduce(m, m->dnorm, out);
+    const float *dy;
+    loom_status st = loom_model_tp_gather(m, dout_local, &dy);
+    if (st) return st;
+    loom_linear_backward(m->be, dinp, LOOM_DX_SET, dy, w, m->split_backward ? NULL : dw, db, inp, N,
+                         IC, C);
+    if (m->split_backward) loom_backend_copy(m->be, keep, dy, (size_t)N * C * sizeof(float));
+    return LOOM_OK;
+}
+
+loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
+                                     const float *d_out, const float *mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, const float *x_local, int OC) {
+    loom_linear_backward(m->be, NULL, LOOM_DX_SET, d_out, NULL, g + out_w, loom_at(g, out_b), mid,
+                         m->B * m->T, IC, m->cfg.d_model);
+    return loom_model_column_weight(m, d_in, g + in_w, loom_at(g, in_b), x_local, OC);
 }
 
 float *loom_carve(loom_carver *cv, size_t floats) {

@@ -1,11 +1,9 @@
-#include "model/transformer.h"
-
-#include "model/model_impl.h"
-
+/* The language models' pieces of forward and backward (GPT-2 and Llama, dense or MoE), as
+ * the family table model.c runs (loom_lm_ops). */
 #include <stdlib.h>
 #include <string.h>
 
-static const loom_model_ops lm_ops; /* the language models' table (the end of this file) */
+#include "model/model_impl.h"
 
 static int is_gpt2(const loom_model *m) {
     return m->cfg.family == LOOM_FAMILY_GPT2;
@@ -106,119 +104,8 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->att_scratch = loom_carve(cv, loom_model_attention_scratch_floats(m, d.H));
 }
 
-size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
-    return m->ops->plan_bytes(m, sequence_parallel);
-}
-
-size_t loom_model_plan_bytes_whole(const loom_model *m, int sequence_parallel) {
-    loom_model whole = *m; /* plan_bytes reads the shape and writes nothing */
-    whole.cp = NULL;
-    whole.T = m->T_seq;
-    return m->ops->plan_bytes(&whole, sequence_parallel);
-}
-
 static size_t lm_plan_bytes(const loom_model *m, int sequence_parallel) {
     return loom_model_arena_plan_bytes(m, plan, sequence_parallel);
-}
-
-loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_error *err) {
-    memset(m, 0, sizeof *m);
-    m->be = o->backend ? o->backend : loom_backend_cpu();
-    m->arena.be = m->be;
-    if (!o->cfg) return loom_error_set(err, LOOM_ERR_INPUT, "model: no configuration");
-    const loom_model_config *cfg = o->cfg;
-    const int B = o->B, T = o->T;
-    loom_tp *tp = o->tp;
-    loom_comm *ep = o->ep;
-    m->split_backward = (o->flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
-    m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
-    m->recompute_selective = (o->flags & LOOM_MODEL_RECOMPUTE_SELECTIVE) != 0;
-    m->size_only = (o->flags & LOOM_MODEL_SIZE_ONLY) != 0;
-    m->cfg = *cfg;
-    m->tp = tp;
-    m->cp = o->cp;
-    m->B = B;
-    m->T_seq = T;
-    loom_status st = loom_model_config_validate(cfg, err);
-    if (st) return st;
-    if (T > cfg->seq_len)
-        return loom_error_set(err, LOOM_ERR_INPUT, "sequence length %d exceeds --seq-len %d", T,
-                              cfg->seq_len);
-    if (loom_model_cp_on(m) && (m->cp->o.B != B || m->cp->o.T != T))
-        return loom_error_set(err, LOOM_ERR_STATE,
-                              "context parallelism planned for %d x %d tokens, not %d x %d",
-                              m->cp->o.B, m->cp->o.T, B, T);
-    m->T = loom_model_cp_on(m) ? m->cp->Tl : T; /* this rank's tokens of every sample */
-    if (tp && tp->size > 1 && (tp->rows != B * m->T || tp->width != cfg->d_model))
-        return loom_error_set(err, LOOM_ERR_STATE, "tensor parallelism planned for %d x %d rows",
-                              tp->rows, tp->width);
-    /* MoE with --tp: the block is replicated, every tp rank runs it on the whole
-     * micro-batch (with sequence parallelism on the gathered input, keeping its slice). */
-    const loom_params_options po = {.tp_rank = tp ? tp->rank : 0,
-                                    .tp_size = tp ? tp->size : 1,
-                                    .ep_rank = ep ? ep->rank : 0,
-                                    .ep_size = ep ? ep->size : 1,
-                                    .layers = o->layers};
-    st = loom_params_build(&m->table, cfg, &po, err);
-    if (st || (st = loom_moe_create(&m->moe, cfg, &m->table, B * m->T, ep, m->be, err)) ||
-        (loom_model_cp_on(m) && (st = loom_moe_set_cp(m->moe, m->cp->comm, err))) ||
-        (m->split_backward && (st = loom_moe_set_split(m->moe, err)))) {
-        loom_model_destroy(m);
-        return st;
-    }
-    m->ops = &lm_ops;
-    m->Ns = dims_of(m, loom_model_seq_parallel(m)).Ns;
-    /* host metadata: the per-layer activation pointers and the host copy of the losses */
-    m->blocks = calloc((size_t)cfg->n_layer, sizeof *m->blocks);
-    const size_t N = (size_t)B * m->T;
-    m->losses_host = malloc(N * sizeof *m->losses_host);
-    /* tokens the embedding and the loss read: backend memory */
-    m->inputs = loom_backend_alloc(m->be, N * sizeof *m->inputs);
-    m->targets = loom_backend_alloc(m->be, N * sizeof *m->targets);
-    if (!m->blocks || !m->losses_host || !m->inputs || !m->targets) {
-        loom_model_destroy(m);
-        return loom_error_set(err, LOOM_ERR_NOMEM, "model: out of memory");
-    }
-    /* a dit brings its own table, conditioning and arena plan (model/dit.c) */
-    st = cfg->family == LOOM_FAMILY_DIT   ? loom_dit_attach(m, err)
-         : cfg->family == LOOM_FAMILY_VLM ? loom_vlm_attach(m, err)
-                                          : loom_model_arena_allocate(m, m->ops->plan, err);
-    if (st) loom_model_destroy(m);
-    return st;
-}
-
-const char *loom_recompute_name(int mode) {
-    return mode == LOOM_RECOMPUTE_FULL        ? "full"
-           : mode == LOOM_RECOMPUTE_SELECTIVE ? "selective"
-                                              : "none";
-}
-
-loom_status loom_model_set_recompute(loom_model *m, int mode, loom_error *err) {
-    const int full = mode == LOOM_RECOMPUTE_FULL, selective = mode == LOOM_RECOMPUTE_SELECTIVE;
-    if (m->recompute == full && m->recompute_selective == selective) return LOOM_OK;
-    m->recompute = full;
-    m->recompute_selective = selective;
-    loom_backend_arena_destroy(&m->arena);
-    return loom_model_arena_allocate(m, m->ops->plan, err);
-}
-
-void loom_model_destroy(loom_model *m) {
-    loom_moe_destroy(m->moe);
-    loom_dit_detach(m);
-    loom_vlm_detach(m);
-    if (m->be) {
-        loom_backend_arena_destroy(&m->arena);
-        loom_backend_free(m->be, m->inputs);
-        loom_backend_free(m->be, m->targets);
-    }
-    free(m->blocks);
-    free(m->losses_host);
-    loom_params_free(&m->table);
-    memset(m, 0, sizeof *m);
-}
-
-size_t loom_model_activation_bytes(const loom_model *m) {
-    return m->arena_floats * sizeof(float);
 }
 
 /* Norm of the block's family: LayerNorm with bias (GPT-2) or RMSNorm (Llama). */
@@ -399,28 +286,14 @@ static loom_status lm_loss_sum(loom_model *m, float dloss, int backward, double 
     return st;
 }
 
-double loom_model_loss(loom_model *m) {
-    double sum = 0.0;
-    loom_model_loss_sum(m, 0.0f, 0, &sum); /* cannot fail on one rank */
-    return sum;
-}
-
-double loom_model_loss_and_dlogits(loom_model *m, float dloss) {
-    double sum = 0.0;
-    loom_model_loss_sum(m, dloss, 1, &sum);
-    return sum;
-}
-
 /* Head backward from dlogits: m->dres = d(x), the last block's output. With split backward
  * the head's weight gradient waits for head_backward_weight. */
 static loom_status head_backward(loom_model *m, const dims *d, const float *p, float *g,
                                  const float *x_last) {
     const loom_param_table *t = &m->table;
     const float *dn;
-    loom_status st = m->split_backward
-                         ? loom_model_column_input(m, m->logits, p + t->lm_head, d->V, &dn)
-                         : loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head,
-                                                      NULL, m->normf, d->V, &dn);
+    loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head, NULL,
+                                                m->normf, d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last,
@@ -459,46 +332,33 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
             dn = m->dnorm + (size_t)d.rank * Ns * C;
     } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
-    } else if (!(st = loom_model_tp_gather(m, m->dres, &dy))) {
-        loom_backend_memset(m->be, m->dact, 0, (size_t)N * d.F * sizeof(float));
-        loom_backend_linear_backward_input(m->be, m->dact, dy, p + k->proj_w, N, d.F, C);
-        if (split)
-            loom_backend_copy(m->be, a->d_res2, dy, (size_t)N * C * sizeof(float));
-        else
-            loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), dy,
-                                                a->act, N, d.F, C);
+    } else if (!(st = loom_model_row_backward(m, m->dres, p + k->proj_w, g + k->proj_w,
+                                              loom_at(g, k->proj_b), a->act, d.F, m->dact,
+                                              a->d_res2))) {
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
-        st = split ? loom_model_column_input(m, dfc, p + k->fc_w, d.FC, &dn)
-                   : loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w,
-                                                loom_at(g, k->fc_b), a->norm2, d.FC, &dn);
+        st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b),
+                                        a->norm2, d.FC, &dn);
     }
     if (!st) {
         norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1,
                       p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
-        st = loom_model_tp_gather(m, m->dres, &dy);
+        st = loom_model_row_backward(m, m->dres, p + k->attn_out_w, g + k->attn_out_w,
+                                     loom_at(g, k->attn_out_b), a->att, d.A, m->datt, a->d_res1);
     }
     if (!st) {
-        loom_backend_memset(m->be, m->datt, 0, (size_t)N * d.A * sizeof(float));
-        loom_backend_linear_backward_input(m->be, m->datt, dy, p + k->attn_out_w, N, d.A, C);
-        if (split)
-            loom_backend_copy(m->be, a->d_res1, dy, (size_t)N * C * sizeof(float));
-        else
-            loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
-                                                dy, a->att, N, d.A, C);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV, hd,
                                            1);
     }
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
-        st = split ? loom_model_column_input(m, dqkv, p + k->qkv_w, d.QKV, &dn)
-                   : loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w,
-                                                loom_at(g, k->qkv_b), a->norm1, d.QKV, &dn);
+        st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),
+                                        a->norm1, d.QKV, &dn);
     }
     if (!st)
         norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
@@ -513,7 +373,6 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
                                          int l, const float *x) {
     const loom_block_params *k = &m->table.blocks[l];
     const loom_block_acts *a = &m->blocks[l];
-    const int N = d->N, C = d->C;
     loom_status st = m->recompute ? block_forward_body(m, d, p, l, x, 1) : LOOM_OK;
     if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
@@ -523,17 +382,12 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
         if (!(st = loom_model_tp_gather(m, a->norm2, &xn)))
             loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        loom_backend_linear_backward_weight(m->be, g + k->proj_w, loom_at(g, k->proj_b), a->d_res2,
-                                            a->act, N, d->F, C);
-        st =
-            loom_model_column_weight(m, a->d_fc, g + k->fc_w, loom_at(g, k->fc_b), a->norm2, d->FC);
+        st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, a->d_res2, a->act, d->F, k->fc_w,
+                                      k->fc_b, a->d_fc, a->norm2, d->FC);
     }
     if (!st)
-        loom_backend_linear_backward_weight(m->be, g + k->attn_out_w, loom_at(g, k->attn_out_b),
-                                            a->d_res1, a->att, N, d->A, C);
-    if (!st)
-        st = loom_model_column_weight(m, a->d_qkv, g + k->qkv_w, loom_at(g, k->qkv_b), a->norm1,
-                                      d->QKV);
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1, a->att, d->A,
+                                      k->qkv_w, k->qkv_b, a->d_qkv, a->norm1, d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
@@ -563,10 +417,6 @@ static loom_status embed_backward(loom_model *m, const dims *d, float *g) {
 static loom_status lm_head_backward(loom_model *m, const float *p, float *g, const float *x) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
     return head_backward(m, &d, p, g, x);
-}
-
-size_t loom_model_block_range_end(const loom_param_table *t, int l) {
-    return l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
 }
 
 static loom_status lm_block_backward(loom_model *m, const float *p, float *g, int l,
@@ -607,128 +457,6 @@ static const loom_model_ops lm_ops = {
     .embed_backward = lm_embed_backward,
 };
 
-/* ---- the family-independent model: forward, backward and the pipeline's pieces
- * through the family's table ---- */
-
-void loom_model_load_batch(loom_model *m, const int32_t *batch, int first) {
-    m->ops->load_batch(m, batch, first);
-}
-
-loom_status loom_model_embed_forward(loom_model *m, const float *p) {
-    return m->ops->embed_forward(m, p);
-}
-
-loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int hi, const float *x,
-                                      const float **out) {
-    loom_status st = LOOM_OK;
-    for (int l = lo; l < hi && !st; l++) {
-        st = m->ops->block_forward(m, p, l, x);
-        x = m->blocks[l].res2;
-    }
-    *out = x;
-    return st;
-}
-
-loom_status loom_model_head_forward(loom_model *m, const float *p, const float *x) {
-    return m->ops->head_forward(m, p, x);
-}
-
-loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double *sum) {
-    return m->ops->loss_sum(m, dloss, backward, sum);
-}
-
-loom_status loom_model_head_backward(loom_model *m, const float *p, float *g, const float *x) {
-    return m->ops->head_backward(m, p, g, x);
-}
-
-loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, int lo, int hi,
-                                       const float *x, loom_grads_ready_fn ready, void *ctx) {
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = m->ops->block_backward(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
-}
-
-loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, float *g, int lo,
-                                              int hi, const float *x, loom_grads_ready_fn ready,
-                                              void *ctx) {
-    const loom_param_table *t = &m->table;
-    loom_status st = LOOM_OK;
-    for (int l = hi - 1; l >= lo && !st; l--) {
-        st = m->ops->block_backward_weight(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
-        if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
-    }
-    return st;
-}
-
-loom_status loom_model_head_backward_weight(loom_model *m, float *g) {
-    return m->ops->head_backward_weight(m, g);
-}
-
-loom_status loom_model_embed_backward(loom_model *m, const float *p, float *g) {
-    return m->ops->embed_backward(m, p, g);
-}
-
-loom_status loom_model_forward(loom_model *m, const float *p) {
-    loom_trace_begin(m->trace, "forward", "compute");
-    const float *x = m->embed;
-    loom_status st = loom_model_embed_forward(m, p);
-    if (!st) st = loom_model_blocks_forward(m, p, 0, m->table.n_layer, m->embed, &x);
-    if (!st) st = loom_model_head_forward(m, p, x);
-    loom_trace_end(m->trace);
-    return st;
-}
-
-loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
-                                void *ctx) {
-    const loom_param_table *t = &m->table;
-    const int L = t->n_layer;
-    const float *x_last = L > 0 ? m->blocks[L - 1].res2 : m->embed;
-    loom_trace_begin(m->trace, "backward", "compute");
-    loom_status st = loom_model_head_backward(m, p, g, x_last);
-    /* Everything after the last block (the final norm, an untied head) is final now. */
-    if (!st && ready) st = ready(ctx, t->head_begin, t->total);
-    /* m->dres holds d(block output); each block turns it into d(block input). */
-    if (!st) st = loom_model_blocks_backward(m, p, g, 0, L, m->embed, ready, ctx);
-    /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns
-     * d(embedding output), left in m->dres, into the embeddings' gradients. */
-    if (!st && !(ready && m->defer_embedding_grad)) st = loom_model_embed_backward(m, p, g);
-    if (ready && !st) st = ready(ctx, 0, L > 0 ? t->blocks[0].begin : t->head_begin);
-    loom_trace_end(m->trace);
-    return st;
-}
-
-size_t loom_model_stream_floats(const loom_model *m) {
-    return (size_t)m->Ns * m->cfg.d_model + m->cond_floats;
-}
-
-void loom_model_stream_send(loom_model *m, const float *x, float *buf) {
-    const size_t n = (size_t)m->Ns * m->cfg.d_model;
-    loom_backend_copy(m->be, buf, x, n * sizeof(float));
-    if (m->cond_floats) loom_backend_copy(m->be, buf + n, m->cond, m->cond_floats * sizeof(float));
-}
-
-void loom_model_stream_receive(loom_model *m, const float *buf) {
-    const size_t n = (size_t)m->Ns * m->cfg.d_model;
-    if (m->cond_floats) loom_backend_copy(m->be, m->cond, buf + n, m->cond_floats * sizeof(float));
-}
-
-void loom_model_grad_stream_send(loom_model *m, float *buf) {
-    const size_t n = (size_t)m->Ns * m->cfg.d_model;
-    loom_backend_copy(m->be, buf, m->dres, n * sizeof(float));
-    if (m->cond_floats) loom_backend_copy(m->be, buf + n, m->dcond, m->cond_floats * sizeof(float));
-}
-
-void loom_model_grad_stream_receive(loom_model *m, const float *buf) {
-    const size_t n = (size_t)m->Ns * m->cfg.d_model;
-    loom_backend_copy(m->be, m->dres, buf, n * sizeof(float));
-    if (m->cond_floats) loom_backend_copy(m->be, m->dcond, buf + n, m->cond_floats * sizeof(float));
-}
-
-int loom_model_record_words(const loom_model_config *c) {
-    if (c->family == LOOM_FAMILY_VLM) return loom_vlm_record_words(c);
-    return c->family == LOOM_FAMILY_DIT ? 2 + 2 * loom_model_dit_sample_floats(c) : c->seq_len + 1;
+const loom_model_ops *loom_lm_ops(void) {
+    return &lm_ops;
 }

@@ -281,21 +281,16 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
     if (!vision && !projector) return;
     loom_trace_begin(m->trace, "vision", "backward");
     /* projector: out = fc2(gelu(h1)), h1 = fc1(lnf) */
-    loom_backend_memset(be, v->da, 0, (size_t)R * C * sizeof(float));
-    loom_backend_linear_backward_input(be, v->da, v->dh, p + q->fc2_w, R, C, C);
-    if (projector)
-        loom_backend_linear_backward_weight(be, g + q->fc2_w, g + q->fc2_b, v->dh, v->a1, R, C, C);
+    loom_linear_backward(be, v->da, LOOM_DX_SET, v->dh, p + q->fc2_w,
+                         projector ? g + q->fc2_w : NULL, g + q->fc2_b, v->a1, R, C, C);
     loom_backend_memset(be, v->dh, 0, (size_t)R * C * sizeof(float));
     loom_backend_gelu_backward(be, v->dh, v->h1, v->da, (size_t)R * C);
-    if (projector)
-        loom_backend_linear_backward_weight(be, g + q->fc1_w, g + q->fc1_b, v->dh, v->lnf, R, Dv,
-                                            C);
+    loom_linear_backward(be, vision ? v->dln : NULL, LOOM_DX_SET, v->dh, p + q->fc1_w,
+                         projector ? g + q->fc1_w : NULL, g + q->fc1_b, v->lnf, R, Dv, C);
     if (!vision) {
         loom_trace_end(m->trace);
         return;
     }
-    loom_backend_memset(be, v->dln, 0, RD);
-    loom_backend_linear_backward_input(be, v->dln, v->dh, p + q->fc1_w, R, Dv, C);
     const int L = q->n_layer;
     const float *x_last = L > 0 ? v->blk[L - 1].x2 : v->x0;
     loom_backend_memset(be, v->dx, 0, RD);
@@ -306,35 +301,27 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
         const vit_acts *a = &v->blk[l];
         const float *x = l > 0 ? v->blk[l - 1].x2 : v->x0;
         /* x2 = x1 + fc2(gelu(fc1(LN2(x1)))); v->dx = d(x2) */
-        loom_backend_memset(be, v->dact, 0, (size_t)R * Fv * sizeof(float));
-        loom_backend_linear_backward_input(be, v->dact, v->dx, p + k->proj_w, R, Fv, Dv);
-        loom_backend_linear_backward_weight(be, g + k->proj_w, g + k->proj_b, v->dx, a->act, R, Fv,
-                                            Dv);
+        loom_linear_backward(be, v->dact, LOOM_DX_SET, v->dx, p + k->proj_w, g + k->proj_w,
+                             g + k->proj_b, a->act, R, Fv, Dv);
         loom_backend_memset(be, v->dfc, 0, (size_t)R * Fv * sizeof(float));
         loom_backend_gelu_backward(be, v->dfc, a->fc, v->dact, (size_t)R * Fv);
-        loom_backend_memset(be, v->dln, 0, RD);
-        loom_backend_linear_backward_input(be, v->dln, v->dfc, p + k->fc_w, R, Dv, Fv);
-        loom_backend_linear_backward_weight(be, g + k->fc_w, g + k->fc_b, v->dfc, a->ln2, R, Dv,
-                                            Fv);
+        loom_linear_backward(be, v->dln, LOOM_DX_SET, v->dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
+                             a->ln2, R, Dv, Fv);
         loom_backend_layernorm_backward(be, v->dx, g + k->norm2_w, g + k->norm2_b, v->dln, a->x1,
                                         p + k->norm2_w, a->mean2, a->rstd2, R, Dv);
         /* x1 = x + proj(attention(qkv(LN1(x)))); v->dx = d(x1) */
-        loom_backend_memset(be, v->datt, 0, RD);
-        loom_backend_linear_backward_input(be, v->datt, v->dx, p + k->attn_out_w, R, Dv, Dv);
-        loom_backend_linear_backward_weight(be, g + k->attn_out_w, g + k->attn_out_b, v->dx, a->att,
-                                            R, Dv, Dv);
+        loom_linear_backward(be, v->datt, LOOM_DX_SET, v->dx, p + k->attn_out_w, g + k->attn_out_w,
+                             g + k->attn_out_b, a->att, R, Dv, Dv);
         loom_backend_memset(be, v->dqkv, 0, (size_t)R * 3 * Dv * sizeof(float));
         loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, a->qkv, a->att,
                                               a->lse, v->n_img, v->P, v->Hv, v->Hv, hd);
-        loom_backend_memset(be, v->dln, 0, RD);
-        loom_backend_linear_backward_input(be, v->dln, v->dqkv, p + k->qkv_w, R, Dv, 3 * Dv);
-        loom_backend_linear_backward_weight(be, g + k->qkv_w, g + k->qkv_b, v->dqkv, a->ln1, R, Dv,
-                                            3 * Dv);
+        loom_linear_backward(be, v->dln, LOOM_DX_SET, v->dqkv, p + k->qkv_w, g + k->qkv_w,
+                             g + k->qkv_b, a->ln1, R, Dv, 3 * Dv);
         loom_backend_layernorm_backward(be, v->dx, g + k->norm1_w, g + k->norm1_b, v->dln, x,
                                         p + k->norm1_w, a->mean1, a->rstd1, R, Dv);
     }
-    loom_backend_linear_backward_weight(be, g + q->patch_w, g + q->patch_b, v->dx, v->patches, R,
-                                        v->Pin, Dv);
+    loom_linear_backward(be, NULL, LOOM_DX_SET, v->dx, NULL, g + q->patch_w, g + q->patch_b,
+                         v->patches, R, v->Pin, Dv);
     loom_trace_end(m->trace);
 }
 

@@ -15,7 +15,7 @@
 
 #include <stdio.h>
 
-#include "model/transformer.h"
+#include "model/model.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"

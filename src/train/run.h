@@ -10,7 +10,7 @@
 #include "core/trace.h"
 #include "data/batch_source.h"
 #include "data/vlm_balance.h"
-#include "model/transformer.h"
+#include "model/model.h"
 #include "parallel/fsdp.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/timeline.h"
-#include "model/transformer.h"
+#include "model/model.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"

@@ -19,6 +19,8 @@ tests/reference on the path for safetensors_io). What it holds:
 - Layouts(base, tmp): runs one base command in named layouts (mpirun -n ranks when
   ranks > 1) with --metrics and --dump-dir per run; a Run gives losses, params (final),
   init and stderr. Each test keeps its own layouts, tolerances and messages.
+- check_resume(layouts, ...): the layout tests' checkpoint check: one layout saves at a
+  step, resumes there bitwise, and other layouts resumed from it end as the reference.
 """
 import functools
 import json
@@ -244,6 +246,12 @@ class Run:
     def params(self):
         return self.load("params_final.safetensors")
 
+    def losses_after(self, step):
+        """losses after step: the training losses of the later steps, then the validation
+        losses at them (what a run resumed at step reports)."""
+        later = [r for r in self.rows if r["step"] > step]
+        return [r["loss"] for r in later] + [r["val_loss"] for r in later if "val_loss" in r]
+
     @functools.cached_property
     def init(self):
         return self.load("params_init.safetensors")
@@ -271,3 +279,39 @@ class Layouts:
         stderr = run((launch if ranks > 1 else []) + cmd, f"{self.prefix}{name}")
         self.runs[name] = Run(out, stderr)
         return self.runs[name]
+
+
+def check_resume(layouts, desc, ranks, flags, step, others=(), ref=None, d_model=None, also=()):
+    """A checkpoint resumed in its own layout and in others (invariant 2 through a
+    checkpoint, invariant 1 across layouts). layouts runs "saving" (ranks, flags, with
+    --ckpt-dir layouts.path("ckpt") --ckpt-every step), then resumes its step_<step> as
+    "resumed_same" in the same layout: it must say it resumed, and its losses after step
+    and final weights (and each file of also, e.g. "ema_final.safetensors") must be
+    bitwise the saving run's. Then as "resumed_NAME" in each of others ((name, ranks,
+    flags)): losses after step (loss_error) and weights (weights_error at d_model) within
+    TOL of ref, the uninterrupted reference Run, worst tensor within 10 TOL, and each file
+    of also within TOL (whole model). One check and one printed line each (desc names the
+    saving layout); returns the saving Run."""
+    ckpt = layouts.path("ckpt")
+    saver = layouts.run("saving", ranks, list(flags) + ["--ckpt-dir", ckpt, "--ckpt-every",
+                                                       str(step)])
+    at = ["--resume", os.path.join(ckpt, f"step_{step:08d}")]
+    same = layouts.run("resumed_same", ranks, list(flags) + at)
+    ok = ("resumed from" in same.stderr and same.losses == saver.losses_after(step)
+          and same_tensors(same.params, saver.params)
+          and all(same_tensors(same.load(f), saver.load(f)) for f in also))
+    check(ok)
+    print(f"  resumed at step {step} in the saving layout ({desc}): "
+          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
+    for name, rranks, rflags in others:
+        res = layouts.run("resumed_" + name, rranks, list(rflags) + at)
+        all_err, w_err, _ = weights_error(res.params, ref.params, d_model)
+        loss_err = loss_error(res.losses, ref.losses_after(step))
+        errs = [(f.split("_")[0], weights_error(res.load(f), ref.load(f), d_model)[0]) for f in also]
+        ok = (loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
+              and all(e <= TOL for _, e in errs))
+        check(ok)
+        print(f"  resumed at step {step} ({desc} -> {name}): losses {loss_err:.2e}  weights "
+              f"{all_err:.2e}" + "".join(f"  {n} {e:.2e}" for n, e in errs)
+              + f"  {'ok' if ok else 'FAIL'}")
+    return saver

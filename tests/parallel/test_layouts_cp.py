@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, routes  # noqa: E402
 
 D_MODEL = 32
@@ -169,24 +169,8 @@ def check_twice_and_resume(args, tmp, layouts, ref_name="single"):
     same = bitwise(again, layouts.runs["cp2_ring"])
     check(same)
     print(f"  cp2_ring twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
-    ckpt = layouts.path("ckpt")
-    saver = layouts.run("saving", 4, ["--cp", "2", "--dp", "2", "--zero", "1", "--ckpt-dir", ckpt,
-                                      "--ckpt-every", "4"] + RING)
-    step4 = os.path.join(ckpt, "step_00000004")
-    same = layouts.run("resumed_same", 4, ["--cp", "2", "--dp", "2", "--zero", "1", "--resume",
-                                           step4] + RING)
-    ok = same.losses == saver.losses[4:] and same_tensors(same.params, saver.params)
-    check(ok)
-    print(f"  resumed at step 4 in the saving layout (cp2 dp2 ZeRO-1): "
-          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
-    for rname, rranks, rextra in (("single", 1, []), ("cp4_ulysses", 4, ["--cp", "4"] + ULY)):
-        res = layouts.run("resumed_" + rname, rranks, rextra + ["--resume", step4])
-        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
-        loss_err = loss_error(res.losses, ref.losses[4:])
-        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
-        check(ok)
-        print(f"  resumed at step 4 (cp2 dp2 ZeRO-1 -> {rname}): losses {loss_err:.2e}  "
-              f"weights {all_err:.2e}  {'ok' if ok else 'FAIL'}")
+    check_resume(layouts, "cp2 dp2 ZeRO-1", 4, ["--cp", "2", "--dp", "2", "--zero", "1"] + RING, 4,
+                 [("single", 1, []), ("cp4_ulysses", 4, ["--cp", "4"] + ULY)], ref, D_MODEL)
 
 
 def main():

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -100,28 +100,12 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
         again.load("ema_final.safetensors"), layouts.runs[name].load("ema_final.safetensors"))
     check(same)
     print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
-    # saved at step 4 in one layout, resumed from there in others: the same end
-    ckpt = os.path.join(tmp, f"{case}_ckpt")
-    layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt, "--ckpt-every", "4"])
-    step4 = os.path.join(ckpt, "step_00000004")
-    # the same layout resumed: bitwise the run that saved (weights and average)
-    same = layouts.run("resumed_same", 2, ["--dp", "2", "--zero", "1", "--resume", step4])
-    saver = layouts.runs["saving"]
-    ok = (same.losses == saver.losses[4:] and same_tensors(same.params, saver.params)
-          and same_tensors(same.load("ema_final.safetensors"), saver.load("ema_final.safetensors")))
-    check(ok)
-    print(f"  resumed at step 4 in the saving layout (dp2 ZeRO-1): "
-          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
-    for rname, rranks, rextra in (("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
-                                  ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"])):
-        res = layouts.run("resumed_" + rname, rranks, rextra + ["--resume", step4])
-        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
-        ema_err, ema_w, _ = weights_error(res.load("ema_final.safetensors"), ref_ema, D_MODEL)
-        loss_err = loss_error(res.losses, ref.losses[4:])
-        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and ema_err <= TOL
-        check(ok)
-        print(f"  resumed at step 4 (dp2 ZeRO-1 -> {rname}): losses {loss_err:.2e}  weights "
-              f"{all_err:.2e}  ema {ema_err:.2e}  {'ok' if ok else 'FAIL'}")
+    # saved at step 4 in one layout, resumed from there: bitwise in it (weights and
+    # average), the same end in others
+    check_resume(layouts, "dp2 ZeRO-1", 2, ["--dp", "2", "--zero", "1"], 4,
+                 [("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+                  ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"])],
+                 ref, D_MODEL, also=["ema_final.safetensors"])
 
 
 def main():

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 16
 LAYOUTS = [
@@ -157,22 +157,8 @@ def main():
             check(same)
             print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
         # saved at step 3 in one layout, resumed from there: the same end
-        ckpt = os.path.join(tmp, "ckpt")
-        saver = layouts.run("saving", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", ckpt,
-                                          "--ckpt-every", "3"])
-        step3 = os.path.join(ckpt, "step_00000003")
-        same = layouts.run("resumed_same", 2, ["--dp", "2", "--zero", "1", "--resume", step3])
-        ok = same.losses == saver.losses[3:] and same_tensors(same.params, saver.params)
-        check(ok)
-        print(f"  resumed at step 3 in the saving layout (dp2 ZeRO-1): "
-              f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
-        res = layouts.run("resumed_pp2", 2, ["--pp", "2", "--resume", step3])
-        all_err, w_err, _ = weights_error(res.params, ref.params, D_MODEL)
-        loss_err = loss_error(res.losses, ref.losses[3:])
-        ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL
-        check(ok)
-        print(f"  resumed at step 3 (dp2 ZeRO-1 -> pp2): losses {loss_err:.2e}  weights "
-              f"{all_err:.2e}  {'ok' if ok else 'FAIL'}")
+        check_resume(layouts, "dp2 ZeRO-1", 2, ["--dp", "2", "--zero", "1"], 3,
+                     [("pp2", 2, ["--pp", "2"])], ref, D_MODEL)
         frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
         fref = frozen.run("single", 1)
         print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "

@@ -20,9 +20,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
 
 FLAG = "--overlap-param-gather"
 # (dp, tp, zero) run with and without the flag, for both families
@@ -86,23 +86,19 @@ def main():
             check(ok)
             print(f"  dp2_zero1 {FLAG} funneled (no engine thread: {fallback}): "
                   f"{'bitwise = threaded without' if ok else 'FAIL'}")
-            # Checkpoint at step 10 with gathers in flight, and a resume from it.
-            ck = os.path.join(tmp, "ck")
-            layout = ["--dp", "2", "--zero", "2", FLAG]
-            full = layouts.run("ckpt_full", 2, layout + ["--ckpt-dir", ck, "--ckpt-every", "10"])
-            res = layouts.run("ckpt_resumed", 2,
-                              layout + ["--resume", os.path.join(ck, "step_00000010")])
-            resumed = "resumed from" in res.stderr
-            # steps 11-20 and the validation at step 20 (the one at step 10 is not redone)
-            ok = (resumed and res.losses == full.losses[10:20] + full.losses[21:]
-                  and same_tensors(full.params, res.params) and bitwise(plain["dp2_zero2"], full))
+            # Checkpoint at step 10 with gathers in flight, and a resume from it: bitwise (steps
+            # 11-20 and the validation at step 20), and the saving run bitwise the one without
+            full = check_resume(layouts, f"dp2 ZeRO-2 {FLAG}", 2, ["--dp", "2", "--zero", "2", FLAG],
+                                10)
+            ok = bitwise(plain["dp2_zero2"], full)
             check(ok)
-            print(f"  dp2_zero2 {FLAG} checkpoint at 10 + resume (resumed: {resumed}): "
+            print(f"  dp2_zero2 {FLAG} saving a checkpoint at 10: "
                   f"{'bitwise = uninterrupted' if ok else 'FAIL'}")
     finally:
         keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":
-    # every layout for both families, then funneled and checkpoint resume (GPT-2)
-    run_test(main, expect=2 * len(LAYOUTS) + 2)
+    # every layout for both families, then funneled, the checkpoint resume and the saving
+    # run (GPT-2)
+    run_test(main, expect=2 * len(LAYOUTS) + 3)

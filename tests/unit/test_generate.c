@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "model/generate.h"
-#include "model/transformer.h"
+#include "model/model.h"
 
 static unsigned seed_value;
 

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "model/transformer.h"
+#include "model/model.h"
 
 static unsigned seed_value;
 

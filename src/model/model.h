@@ -1,7 +1,10 @@
-/* The transformer (both families, one code path): forward and backward over the flat
- * parameter/gradient buffers, with every activation planned at start-up in one arena. */
-#ifndef LOOM_MODEL_TRANSFORMER_H
-#define LOOM_MODEL_TRANSFORMER_H
+/* The model, every family: `struct loom_model` (the configuration, the parameter table,
+ * the activations planned at start-up in one arena, the parallel groups) and its public
+ * functions, forward and backward over the flat parameter/gradient buffers. model.c runs
+ * them through the family's table of pieces (loom_model_ops): transformer.c for the
+ * language models, dit.c for the diffusion transformer, vlm.c for the multimodal LLM. */
+#ifndef LOOM_MODEL_MODEL_H
+#define LOOM_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -48,8 +51,9 @@ typedef struct loom_dit loom_dit; /* model/dit.c: a DiT's inputs, conditioning, 
 typedef struct loom_vlm loom_vlm; /* model/vlm.c: a vlm's encoder, projector, images, weights */
 
 /* The pieces of forward and backward one family implements (transformer.c: the language
- * models; dit.c: the diffusion transformer). The model's public functions below call
- * them through m->ops, chosen when the model is created. Shapes and contracts: the
+ * models; dit.c: the diffusion transformer; vlm.c: the multimodal LLM). The model's
+ * public functions below (model.c) call them through m->ops, chosen when the model is
+ * created. Shapes and contracts: the
  * loom_model_* functions of the same names. */
 typedef struct {
     void (*plan)(loom_model *m, struct loom_carver *cv, int sequence_parallel);

@@ -1,0 +1,12 @@
+/* One linear layer's backward (model/linear_backward.h). */
+#include "model/linear_backward.h"
+
+void loom_linear_backward(const loom_backend *be, float *dx, loom_dx_mode mode, const float *dy,
+                          const float *w, float *dw, float *db, const float *x, int N, int IC,
+                          int OC) {
+    if (dx) {
+        if (mode == LOOM_DX_SET) loom_backend_memset(be, dx, 0, (size_t)N * IC * sizeof(float));
+        loom_backend_linear_backward_input(be, dx, dy, w, N, IC, OC);
+    }
+    if (dw) loom_backend_linear_backward_weight(be, dw, db, dy, x, N, IC, OC);
+}
