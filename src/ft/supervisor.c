@@ -1,12 +1,7 @@
 #include "ft/supervisor.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -264,88 +259,12 @@ static void spike_ranks(sup *s, loom_failure *f) {
     loom_detect_spike_ranks(&s->mon, s->cfg->loss_spike_factor, f);
 }
 
-/* One round trip to `addr` (a TCP connection to port 9, refused or accepted), in ms, or
- * -1 when there is no answer within timeout_ms. */
-static double probe_rtt_ms(const char *addr, int timeout_ms) {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICHOST;
-    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return -1;
-    double rtt = -1;
-    const double t0 = loom_now_ms();
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd >= 0) {
-        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
-        if (rc == 0 || errno == ECONNREFUSED)
-            rtt = loom_now_ms() - t0;
-        else if (errno == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            int e = 0;
-            socklen_t len = sizeof e;
-            if (poll(&p, 1, timeout_ms) == 1 &&
-                getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 &&
-                (e == 0 || e == ECONNREFUSED))
-                rtt = loom_now_ms() - t0;
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return rtt;
-}
-
-/* A lost or cut-off host answers on the network again: a TCP connection to its address
- * (port 9: refused is an answer, silence or "unreachable" is not) within 1 s. */
-static int host_answers(const char *addr) {
-    return probe_rtt_ms(addr, 1000) >= 0;
-}
-
-/* The other hosts the ranks 0..world-1 beat from (not this one's), each once: addresses
- * and, when `host` is given, names; a host named skip_host or at skip_addr ("": none) left
- * out. At most max. */
-static int remote_hosts(const sup *s, int world, const char *skip_host, const char *skip_addr,
-                        char (*addr)[64], char (*host)[64], int max) {
-    int n = 0;
-    for (int r = 0; r < world && n < max; r++) {
-        const loom_rank_state *rs = &s->mon.ranks[r];
-        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, s->host) ||
-            (skip_host[0] && !strcmp(rs->beat.host, skip_host)) || !strcmp(rs->from, skip_addr))
-            continue;
-        int dup = 0;
-        for (int i = 0; i < n; i++) dup |= !strcmp(addr[i], rs->from);
-        if (dup) continue;
-        snprintf(addr[n], 64, "%s", rs->from);
-        if (host) snprintf(host[n], 64, "%s", rs->beat.host);
-        n++;
-    }
-    return n;
-}
-
 /* Slow links (ft/detect.h): while every rank trains, one other host's round trip measured
- * every 100 ms in turn; a host named once per attempt, in one line and events.jsonl. */
-static void watch_links(sup *s, loom_link_probe *probes, int *n_probes, double now) {
-    if (!*n_probes) { /* the hosts: where the ranks' beats come from, not this one */
-        char addr[16][64], host[16][64];
-        *n_probes = remote_hosts(s, s->world, "", "", addr, host, 16);
-        for (int i = 0; i < *n_probes; i++) {
-            memset(&probes[i], 0, sizeof probes[i]);
-            snprintf(probes[i].addr, sizeof probes[i].addr, "%s", addr[i]);
-            snprintf(probes[i].host, sizeof probes[i].host, "%s", host[i]);
-        }
-        if (!*n_probes) *n_probes = -1; /* every rank on this host: nothing to probe */
-    }
-    if (*n_probes <= 0) return;
-    loom_link_probe *next = NULL;
-    for (int i = 0; i < *n_probes; i++)
-        if (probes[i].next_ms <= now && (!next || probes[i].next_ms < next->next_ms))
-            next = &probes[i];
-    if (!next) return;
-    const double rtt = probe_rtt_ms(next->addr, 300);
-    /* No answer (a firewall, a cut): not a sample; asked again later. */
-    next->next_ms = now + (rtt < 0 ? 2000 : 100.0 * *n_probes);
-    if (rtt < 0) return;
-    next->rtt_ms[next->n++ % LOOM_LINK_SAMPLES] = rtt;
+ * every 100 ms in turn (ft/hosts.h); a host named once per attempt, in one line and
+ * events.jsonl. */
+static void watch_links(sup *s, loom_link_watch *w, double now) {
     loom_slow_link sl;
-    if (!loom_detect_slow_link(&s->mon, probes, *n_probes, 10.0, &sl)) return;
+    if (!loom_hosts_probe_links(w, &s->mon, s->world, s->host, now, &sl)) return;
     fprintf(stderr,
             "loom run: slow link: host %s (ranks %s) at %s: a round trip to it takes %.1f ms "
             "while the job trains, against %.1f ms to the others (%s); the ranks wait %.1f ms "
@@ -358,89 +277,19 @@ static void watch_links(sup *s, loom_link_probe *probes, int *n_probes, double n
           sl.host, sl.ranks, sl.rtt_ms, sl.others_rtt_ms, sl.blocked_ms, sl.compute_ms);
 }
 
-/* Ends the ranks of the stopped attempt that ran on other hosts (a cut-off host keeps
- * them: mpirun could not reach them), by pid through the launcher's rsh agent, bounded. */
-static void stop_remote_ranks(const sup *s, const char *agent) {
-    for (int r = 0; r < s->mon.world; r++) {
-        const loom_rank_state *rs = &s->mon.ranks[r];
-        if (!rs->seen || !strcmp(rs->beat.host, s->host) || !rs->from[0]) continue;
-        int first = 1;
-        for (int q = 0; q < r; q++)
-            first &= !(s->mon.ranks[q].seen && !strcmp(s->mon.ranks[q].from, rs->from));
-        if (!first) continue;
-        char words[512], pids[16][16];
-        snprintf(words, sizeof words, "%s", agent);
-        char *argv[64];
-        int n = 0, np = 0;
-        for (char *save = NULL, *w = strtok_r(words, " \t", &save); w && n < 30;
-             w = strtok_r(NULL, " \t", &save))
-            argv[n++] = w;
-        argv[n++] = (char *)rs->from;
-        argv[n++] = "kill";
-        argv[n++] = "-9";
-        for (int q = r; q < s->mon.world && np < 16; q++)
-            if (s->mon.ranks[q].seen && !strcmp(s->mon.ranks[q].from, rs->from)) {
-                snprintf(pids[np], sizeof pids[np], "%d", (int)s->mon.ranks[q].beat.pid);
-                argv[n++] = pids[np++];
-            }
-        argv[n] = NULL;
-        pid_t pid = fork();
-        if (pid == 0) {
-            setsid();
-            int nul = open("/dev/null", O_RDWR);
-            if (nul >= 0) {
-                dup2(nul, 0);
-                dup2(nul, 1);
-                dup2(nul, 2);
-            }
-            execvp(argv[0], argv);
-            _exit(127);
-        }
-        if (pid < 0) continue;
-        const double until = loom_now_ms() + 5e3;
-        while (waitpid(pid, NULL, WNOHANG) == 0 && loom_now_ms() < until) usleep(20000);
-        kill(-pid, SIGKILL);
-        waitpid(pid, NULL, WNOHANG);
-    }
-}
-
 /* Before a restart across hosts: waits (up to --host-wait in all) until every other host
  * the next attempt runs on answers on the network, so that a launch does not start while
  * a link is still down (its start-up window then starts at the launch, after the wait).
- * The hosts are the addresses the last attempt's ranks beat from and those --hosts gives
- * by address; `skip` / `skip_addr` (a host already waited for: its name and address, or
- * "") are left out. A host that still does not answer is launched on
- * anyway (the start-up rule then judges it), said in one line. */
+ * The hosts: loom_hosts_restart_addrs, `skip` / `skip_addr` (a host already waited for)
+ * left out. A host that still does not answer is launched on anyway (the start-up rule
+ * then judges it), said in one line. */
 static void wait_for_hosts(sup *s, const char *skip, const char *skip_addr) {
     char addrs[16][64];
-    int n = remote_hosts(s, s->mon.world, skip, skip_addr, addrs, NULL, 16);
-    /* And the hosts of --hosts given by address (a start-up failure hears no rank). */
-    for (const char *p = s->hosts; *p && n < 16;) {
-        const size_t w = strcspn(p, ",");
-        char host[64];
-        snprintf(host, sizeof host, "%.*s", (int)(w < sizeof host ? w : sizeof host - 1), p);
-        p += w + (p[w] == ',');
-        char *colon = strrchr(host, ':');
-        if (colon && strchr(host, ':') == colon) *colon = 0; /* slots (not an IPv6 address) */
-        unsigned char bin[16];
-        if (inet_pton(AF_INET, host, bin) != 1 && inet_pton(AF_INET6, host, bin) != 1) continue;
-        int dup = skip_addr[0] && !strcmp(host, skip_addr);
-        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], host);
-        if (!dup) snprintf(addrs[n++], sizeof addrs[0], "%s", host);
-    }
+    const int n = loom_hosts_restart_addrs(&s->mon, s->host, s->hosts, skip, skip_addr, addrs, 16);
     const double t0 = loom_now_ms(), until = t0 + s->cfg->host_wait_s * 1e3;
     for (int i = 0; i < n; i++) {
-        int back = host_answers(addrs[i]), said = 0;
-        while (!back && !interrupted && loom_now_ms() < until) {
-            if (!said)
-                fprintf(stderr,
-                        "loom run: host %s does not answer: waiting up to %.0f s before the "
-                        "restart\n",
-                        addrs[i], (until - loom_now_ms()) * 1e-3);
-            said = 1;
-            usleep(200000);
-            back = host_answers(addrs[i]);
-        }
+        int said = 0;
+        const int back = loom_host_await(addrs[i], until, &interrupted, &said);
         const double waited = (loom_now_ms() - t0) * 1e-3;
         if (said || !back)
             event(s, back ? "host_back" : "host_gone", "\"host\": \"%s\", \"waited_s\": %.3f",
@@ -452,33 +301,6 @@ static void wait_for_hosts(sup *s, const char *skip, const char *skip_addr) {
         else if (said)
             fprintf(stderr, "loom run: host %s answers again after %.1f s\n", addrs[i], waited);
     }
-}
-
-/* Drops `host` (a --hosts entry's host, by name or address) from a --hosts list; the
- * slots left. */
-static int drop_host(char *hosts, const char *name, const char *addr) {
-    char out[LOOM_RUN_PATH] = "";
-    size_t k = 0;
-    int slots = 0;
-    for (const char *p = hosts; *p;) {
-        size_t w = strcspn(p, ",");
-        char entry[256];
-        snprintf(entry, sizeof entry, "%.*s", (int)(w < sizeof entry ? w : sizeof entry - 1), p);
-        p += w + (p[w] == ',');
-        char host[256];
-        snprintf(host, sizeof host, "%s", entry);
-        char *colon = strrchr(host, ':');
-        int n = 1;
-        if (colon && strchr(host, ':') == colon) {
-            n = atoi(colon + 1);
-            *colon = 0;
-        }
-        if (!strcmp(host, name) || !strcmp(host, addr)) continue;
-        slots += n;
-        k += (size_t)snprintf(out + k, sizeof out - k, "%s%s", k ? "," : "", entry);
-    }
-    snprintf(hosts, LOOM_RUN_PATH, "%s", out);
-    return slots;
 }
 
 /* 1 once some rank of the attempt has beaten. */
@@ -509,8 +331,7 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
     failure_log *catching_up = NULL; /* until the steps lost to the failure are redone */
     const int64_t print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
     struct pollfd pfd = {s->mon.fd, POLLIN, 0};
-    loom_link_probe probes[16];
-    int n_probes = 0;
+    loom_link_watch links = {0};
     for (;;) {
         poll(&pfd, 1, 50);
         double now = loom_now_ms();
@@ -623,7 +444,7 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
             /* A host that still answers on the network is not cut off: its processes are
              * gone (or frozen), the launcher has not said so yet. */
             const char *addr = s->mon.ranks[f->culprits[0]].from;
-            if (host_answers(addr)) {
+            if (loom_host_answers(addr)) {
                 char was[sizeof f->detail];
                 snprintf(was, sizeof was, "%s", f->detail);
                 char *cut = strstr(was, " cut off: ");
@@ -645,7 +466,8 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
              * before the cut), and the restart must wait for it like for a partition. */
             const loom_rank_state *rs =
                 f->kind == LOOM_FAIL_HEARTBEAT && f->rank >= 0 ? &s->mon.ranks[f->rank] : NULL;
-            if (rs && rs->from[0] && strcmp(rs->beat.host, s->host) && !host_answers(rs->from)) {
+            if (rs && rs->from[0] && strcmp(rs->beat.host, s->host) &&
+                !loom_host_answers(rs->from)) {
                 loom_failure g;
                 if (loom_detect_host_cut(&s->mon, f->rank, loom_now_ms(), &g)) *f = g;
             }
@@ -654,7 +476,7 @@ static attempt_outcome watch(sup *s, loom_launch *l, const char *attempt_dir, lo
         if (c->step_timeout_s > 0 && training &&
             loom_detect_stall(&s->mon, now, c->step_timeout_s * 1e3, f))
             return ATTEMPT_FAILED;
-        if (training && s->hosts[0] && step > 0) watch_links(s, probes, &n_probes, now);
+        if (training && s->hosts[0] && step > 0) watch_links(s, &links, now);
         /* Stragglers: judged once per step that every rank has reported. */
         int64_t common = INT64_MAX;
         for (int r = 0; r < s->world; r++) {
@@ -900,18 +722,14 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
             fprintf(stderr, "loom run: waiting up to %.0f s for host %s (%s) to answer again\n",
                     cfg->host_wait_s, f.host, addr);
             const double t0 = loom_now_ms(), until = t0 + cfg->host_wait_s * 1e3;
-            int back = host_answers(addr);
-            while (!back && !interrupted && loom_now_ms() < until) {
-                usleep(200000);
-                back = host_answers(addr);
-            }
+            const int back = loom_host_await(addr, until, &interrupted, NULL);
             const double waited = (loom_now_ms() - t0) * 1e-3;
             event(&s, back ? "host_back" : "host_gone", "\"host\": \"%s\", \"waited_s\": %.3f",
                   f.host, waited);
             if (back && !strcmp(cfg->launcher, "mpirun")) {
                 char agent[512];
                 loom_hosts_agent(cfg->launcher_args, agent, sizeof agent);
-                stop_remote_ranks(&s, agent);
+                loom_hosts_stop_remote_ranks(&s.mon, s.host, agent);
             }
             if (back)
                 snprintf(host_note, sizeof host_note,
@@ -929,7 +747,8 @@ loom_status loom_supervisor_run(const loom_run_config *cfg, const loom_run_job *
         if (drop) {
             char left[LOOM_RUN_PATH];
             snprintf(left, sizeof left, "%s", s.hosts);
-            const int slots = drop_host(left, f.host, s.mon.ranks[f.culprits[0]].from);
+            const int slots =
+                loom_hosts_drop(left, sizeof left, f.host, s.mon.ranks[f.culprits[0]].from);
             const int dp = slots > 0 ? fit_dp(job, slots < s.world ? slots : s.world) : 0;
             if (dp >= cfg->min_ranks && dp >= 1 && left[0]) {
                 shrink = dp;
