@@ -380,3 +380,188 @@ loom_status loom_hosts_check(const char *hosts, const char *source, int ranks, i
     }
     return st;
 }
+
+double loom_host_rtt_ms(const char *addr, int timeout_ms) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST;
+    if (!addr[0] || getaddrinfo(addr, "9", &hints, &res) != 0) return -1;
+    double rtt = -1;
+    const double t0 = loom_now_ms();
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (rc == 0 || errno == ECONNREFUSED)
+            rtt = loom_now_ms() - t0;
+        else if (errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int e = 0;
+            socklen_t len = sizeof e;
+            if (poll(&p, 1, timeout_ms) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 &&
+                (e == 0 || e == ECONNREFUSED))
+                rtt = loom_now_ms() - t0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rtt;
+}
+
+int loom_host_answers(const char *addr) {
+    return loom_host_rtt_ms(addr, 1000) >= 0;
+}
+
+int loom_host_await(const char *addr, double until_ms, const volatile sig_atomic_t *stop,
+                    int *said) {
+    int back = loom_host_answers(addr);
+    while (!back && !*stop && loom_now_ms() < until_ms) {
+        if (said && !*said)
+            fprintf(stderr,
+                    "loom run: host %s does not answer: waiting up to %.0f s before the "
+                    "restart\n",
+                    addr, (until_ms - loom_now_ms()) * 1e-3);
+        if (said) *said = 1;
+        usleep(200000);
+        back = loom_host_answers(addr);
+    }
+    return back;
+}
+
+int loom_hosts_remote(const loom_monitor *m, int world, const char *self, const char *skip_host,
+                      const char *skip_addr, char (*addr)[64], char (*host)[64], int max) {
+    int n = 0;
+    for (int r = 0; r < world && n < max; r++) {
+        const loom_rank_state *rs = &m->ranks[r];
+        if (!rs->seen || !rs->from[0] || !strcmp(rs->beat.host, self) ||
+            (skip_host[0] && !strcmp(rs->beat.host, skip_host)) || !strcmp(rs->from, skip_addr))
+            continue;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(addr[i], rs->from);
+        if (dup) continue;
+        snprintf(addr[n], 64, "%s", rs->from);
+        if (host) snprintf(host[n], 64, "%s", rs->beat.host);
+        n++;
+    }
+    return n;
+}
+
+int loom_hosts_restart_addrs(const loom_monitor *m, const char *self, const char *hosts,
+                             const char *skip, const char *skip_addr, char (*addrs)[64], int max) {
+    int n = loom_hosts_remote(m, m->world, self, skip, skip_addr, addrs, NULL, max);
+    for (const char *p = hosts; *p && n < max;) {
+        const size_t w = strcspn(p, ",");
+        char host[64];
+        snprintf(host, sizeof host, "%.*s", (int)(w < sizeof host ? w : sizeof host - 1), p);
+        p += w + (p[w] == ',');
+        char *colon = strrchr(host, ':');
+        if (colon && strchr(host, ':') == colon) *colon = 0; /* slots (not an IPv6 address) */
+        unsigned char bin[16];
+        if (inet_pton(AF_INET, host, bin) != 1 && inet_pton(AF_INET6, host, bin) != 1) continue;
+        int dup = skip_addr[0] && !strcmp(host, skip_addr);
+        for (int i = 0; i < n; i++) dup |= !strcmp(addrs[i], host);
+        if (!dup) snprintf(addrs[n++], 64, "%s", host);
+    }
+    return n;
+}
+
+int loom_hosts_probe_links(loom_link_watch *w, const loom_monitor *m, int world, const char *self,
+                           double now, loom_slow_link *out) {
+    if (!w->n) { /* the hosts: where the ranks' beats come from, not this one */
+        char addr[16][64], host[16][64];
+        w->n = loom_hosts_remote(m, world, self, "", "", addr, host, 16);
+        for (int i = 0; i < w->n; i++) {
+            memset(&w->probes[i], 0, sizeof w->probes[i]);
+            snprintf(w->probes[i].addr, sizeof w->probes[i].addr, "%s", addr[i]);
+            snprintf(w->probes[i].host, sizeof w->probes[i].host, "%s", host[i]);
+        }
+        if (!w->n) w->n = -1; /* every rank on this host: nothing to probe */
+    }
+    if (w->n <= 0) return 0;
+    loom_link_probe *next = NULL;
+    for (int i = 0; i < w->n; i++)
+        if (w->probes[i].next_ms <= now && (!next || w->probes[i].next_ms < next->next_ms))
+            next = &w->probes[i];
+    if (!next) return 0;
+    const double rtt = loom_host_rtt_ms(next->addr, 300);
+    /* No answer (a firewall, a cut): not a sample; asked again later. */
+    next->next_ms = now + (rtt < 0 ? 2000 : 100.0 * w->n);
+    if (rtt < 0) return 0;
+    next->rtt_ms[next->n++ % LOOM_LINK_SAMPLES] = rtt;
+    return loom_detect_slow_link(m, w->probes, w->n, 10.0, out);
+}
+
+/* Runs argv (stdio on /dev/null, its own session) for at most 5 s, then kills it. */
+static void run_bounded(char **argv) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        setsid();
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+        }
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    if (pid < 0) return;
+    const double until = loom_now_ms() + 5e3;
+    while (waitpid(pid, NULL, WNOHANG) == 0 && loom_now_ms() < until) usleep(20000);
+    kill(-pid, SIGKILL);
+    waitpid(pid, NULL, WNOHANG);
+}
+
+void loom_hosts_stop_remote_ranks(const loom_monitor *m, const char *self, const char *agent) {
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *rs = &m->ranks[r];
+        if (!rs->seen || !strcmp(rs->beat.host, self) || !rs->from[0]) continue;
+        int first = 1;
+        for (int q = 0; q < r; q++)
+            first &= !(m->ranks[q].seen && !strcmp(m->ranks[q].from, rs->from));
+        if (!first) continue;
+        char words[512], pids[16][16];
+        snprintf(words, sizeof words, "%s", agent);
+        char *argv[64];
+        int n = 0, np = 0;
+        for (char *save = NULL, *w = strtok_r(words, " \t", &save); w && n < 30;
+             w = strtok_r(NULL, " \t", &save))
+            argv[n++] = w;
+        argv[n++] = (char *)rs->from;
+        argv[n++] = "kill";
+        argv[n++] = "-9";
+        for (int q = r; q < m->world && np < 16; q++)
+            if (m->ranks[q].seen && !strcmp(m->ranks[q].from, rs->from)) {
+                snprintf(pids[np], sizeof pids[np], "%d", (int)m->ranks[q].beat.pid);
+                argv[n++] = pids[np++];
+            }
+        argv[n] = NULL;
+        run_bounded(argv);
+    }
+}
+
+int loom_hosts_drop(char *hosts, size_t size, const char *name, const char *addr) {
+    char out[size];
+    out[0] = 0;
+    size_t k = 0;
+    int slots = 0;
+    for (const char *p = hosts; *p;) {
+        size_t w = strcspn(p, ",");
+        char entry[256];
+        snprintf(entry, sizeof entry, "%.*s", (int)(w < sizeof entry ? w : sizeof entry - 1), p);
+        p += w + (p[w] == ',');
+        char host[256];
+        snprintf(host, sizeof host, "%s", entry);
+        char *colon = strrchr(host, ':');
+        int n = 1;
+        if (colon && strchr(host, ':') == colon) {
+            n = atoi(colon + 1);
+            *colon = 0;
+        }
+        if (!strcmp(host, name) || !strcmp(host, addr)) continue;
+        slots += n;
+        k += (size_t)snprintf(out + k, size - k, "%s%s", k ? "," : "", entry);
+    }
+    snprintf(hosts, size, "%s", out);
+    return slots;
+}

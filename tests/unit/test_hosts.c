@@ -2,7 +2,9 @@
  * the --hosts form (bad lines named with the file and line number), slots counted, the
  * rsh agent found in --launcher-args, and the check: more ranks than slots, an unknown
  * name under ssh, an agent that fails or does not end in time (named with the host), and
- * this machine's own names passing without a probe; --hosts with --hostfile refused. */
+ * this machine's own names passing without a probe; --hosts with --hostfile refused. And
+ * between attempts: a lost host dropped from --hosts (by name or address, the slots left),
+ * the addresses a restart waits for, a host answering on the network or not. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -136,6 +138,36 @@ static void test_check(void **state) {
     assert_non_null(strstr(err.msg, "did not end within 0.5 s"));
 }
 
+static void test_between_attempts(void **state) {
+    (void)state;
+    const int a = 1 + (int)(rnd() % 8), b = 1 + (int)(rnd() % 8), c = 1 + (int)(rnd() % 8);
+    char hosts[LOOM_RUN_PATH], want[256];
+    snprintf(hosts, sizeof hosts, "h1:%d,10.0.0.2:%d,h3,h1:%d", a, b, c);
+    assert_int_equal(loom_hosts_drop(hosts, sizeof hosts, "h1", "10.9.9.9"), b + 1);
+    snprintf(want, sizeof want, "10.0.0.2:%d,h3", b);
+    assert_string_equal(hosts, want);
+    assert_int_equal(loom_hosts_drop(hosts, sizeof hosts, "nohost", "10.0.0.2"), 1);
+    assert_string_equal(hosts, "h3");
+    /* No rank heard: the hosts --hosts gives by address, each once, `skip_addr` left out. */
+    loom_monitor m = {0};
+    char addrs[16][64];
+    snprintf(hosts, sizeof hosts, "10.0.0.1:%d,h2,10.0.0.1,::1,10.0.0.3:%d", a, b);
+    assert_int_equal(loom_hosts_restart_addrs(&m, "self", hosts, "", "", addrs, 16), 3);
+    assert_string_equal(addrs[0], "10.0.0.1");
+    assert_string_equal(addrs[1], "::1");
+    assert_string_equal(addrs[2], "10.0.0.3");
+    assert_int_equal(loom_hosts_restart_addrs(&m, "self", hosts, "h9", "::1", addrs, 16), 2);
+    assert_string_equal(addrs[1], "10.0.0.3");
+    /* This host answers (port 9 refused or open); no address is no answer. */
+    assert_true(loom_host_rtt_ms("127.0.0.1", 1000) >= 0);
+    assert_true(loom_host_answers("127.0.0.1"));
+    assert_false(loom_host_answers(""));
+    const volatile sig_atomic_t stop = 1;
+    int said = 0;
+    assert_false(loom_host_await("", loom_now_ms() + 10e3, &stop, &said)); /* stopped */
+    assert_int_equal(said, 0);
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -146,6 +178,7 @@ int main(void) {
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_agent),
         cmocka_unit_test(test_check),
+        cmocka_unit_test(test_between_attempts),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }
