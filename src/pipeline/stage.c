@@ -318,6 +318,11 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
             "shorter)\n",
             vp->fwd[0] > 0 ? vp->enc / vp->fwd[0] : 0.0, vp->span_first, vp->span,
             vp->span_first > 0 ? 100.0 * (1.0 - vp->span / vp->span_first) : 0.0);
+    fprintf(f, "loom: --vision-schedule bubbles: simulated idle share per stage");
+    for (int r = 0; r < pl->pp; r++) fprintf(f, "%s%.3f", r ? "," : " ", vp->idle_first[r]);
+    fprintf(f, " -> ");
+    for (int r = 0; r < pl->pp; r++) fprintf(f, "%s%.3f", r ? "," : "", vp->idle[r]);
+    fprintf(f, "\n");
 }
 
 /* Copies every tensor of (t, flat) that the whole model `full` has into full_flat (the

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Actions of a stage's list above which the placement searches linearly. */
+#define LONG_LIST 48
+
 typedef enum { ITEM_ACT = 0, ITEM_EF = 1, ITEM_EB = 2 } item_kind;
 typedef struct {
     item_kind kind;
@@ -144,25 +147,36 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
         return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
     }
     vp->pieces[0] = m;
-    double best = vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
+    double best = vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first), best_a = 0;
     for (int i = 0; i < m && best >= 0; i++) {
         int bo = 0, ba = 0, bb = 0;
-        for (int r = 1; r < pp; r++)
-            for (int a = 0; a <= s->n[r]; a++)
-                for (int b = a; b <= s->n[r]; b++) {
-                    vp->owner[i] = r;
-                    vp->ef_at[i] = a;
-                    vp->eb_at[i] = b;
-                    vp->pieces[r]++;
-                    const double span = loom_pp_vision_simulate(s, vp, NULL);
-                    vp->pieces[r]--;
-                    if (span >= 0 && span < best * (1 - 1e-9)) {
-                        best = span;
-                        bo = r;
-                        ba = a;
-                        bb = b;
+        for (int r = 1; r < pp; r++) {
+            /* every (EF, EB) pair of positions; on long lists (> LONG_LIST actions) the EF's
+             * with the EB last, then the EB's after the best EF (linear, not quadratic) */
+            const int n = s->n[r], quadratic = n <= LONG_LIST;
+            int a_best = -1;
+            for (int pass = 0; pass < (quadratic ? 1 : 2); pass++)
+                for (int a = pass ? a_best : 0; a <= (pass ? a_best : n); a++)
+                    for (int b = quadratic || pass ? a : n; b <= n; b++) {
+                        vp->owner[i] = r;
+                        vp->ef_at[i] = a;
+                        vp->eb_at[i] = b;
+                        vp->pieces[r]++;
+                        const double span = loom_pp_vision_simulate(s, vp, NULL);
+                        vp->pieces[r]--;
+                        if (span >= 0 && !quadratic && !pass &&
+                            (a_best < 0 || span < best_a * (1 - 1e-9))) {
+                            a_best = a;
+                            best_a = span;
+                        }
+                        if (span >= 0 && span < best * (1 - 1e-9)) {
+                            best = span;
+                            bo = r;
+                            ba = a;
+                            bb = b;
+                        }
                     }
-                }
+        }
         vp->owner[i] = bo;
         vp->ef_at[i] = ba;
         vp->eb_at[i] = bb;
