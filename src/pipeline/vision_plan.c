@@ -7,6 +7,8 @@
 
 /* Actions of a stage's list above which the placement searches linearly. */
 #define LONG_LIST 48
+/* Passes that re-place each micro-batch after the greedy one. */
+#define REFINE_PASSES 3
 
 typedef enum { ITEM_ACT = 0, ITEM_EF = 1, ITEM_EB = 2 } item_kind;
 typedef struct {
@@ -126,6 +128,55 @@ static void count_pieces(const loom_pp_schedule *s, loom_pp_vision *vp, item *bu
     }
 }
 
+/* Micro-batch i's best placement with the others fixed (its current one if none is
+ * shorter than `current`, the step with it): stage 0, or a later stage and its two
+ * positions. Returns the step with the chosen placement. */
+static double place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, double current) {
+    const int keep_o = vp->owner[i], keep_a = vp->ef_at[i], keep_b = vp->eb_at[i];
+    vp->pieces[keep_o]--;
+    vp->owner[i] = 0;
+    vp->pieces[0]++;
+    double best = loom_pp_vision_simulate(s, vp, NULL), best_a = 0;
+    vp->pieces[0]--;
+    int bo = 0, ba = 0, bb = 0;
+    if (best < 0 || (keep_o != 0 && !(best < current * (1 - 1e-9)))) {
+        bo = keep_o, ba = keep_a, bb = keep_b;
+        best = current;
+    }
+    for (int r = 1; r < s->pp; r++) {
+        /* every (EF, EB) pair of positions; on long lists (> LONG_LIST actions) the EF's
+         * with the EB last, then the EB's after the best EF (linear, not quadratic) */
+        const int n = s->n[r], quadratic = n <= LONG_LIST;
+        int a_best = -1;
+        for (int pass = 0; pass < (quadratic ? 1 : 2); pass++)
+            for (int a = pass ? a_best : 0; a >= 0 && a <= (pass ? a_best : n); a++)
+                for (int b = quadratic || pass ? a : n; b <= n; b++) {
+                    vp->owner[i] = r;
+                    vp->ef_at[i] = a;
+                    vp->eb_at[i] = b;
+                    vp->pieces[r]++;
+                    const double span = loom_pp_vision_simulate(s, vp, NULL);
+                    vp->pieces[r]--;
+                    if (span >= 0 && !quadratic && !pass &&
+                        (a_best < 0 || span < best_a * (1 - 1e-9))) {
+                        a_best = a;
+                        best_a = span;
+                    }
+                    if (span >= 0 && (best < 0 || span < best * (1 - 1e-9))) {
+                        best = span;
+                        bo = r;
+                        ba = a;
+                        bb = b;
+                    }
+                }
+    }
+    vp->owner[i] = bo;
+    vp->ef_at[i] = ba;
+    vp->eb_at[i] = bb;
+    vp->pieces[bo]++;
+    return best;
+}
+
 loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, const double *fwd,
                                  double enc, loom_error *err) {
     memset(vp, 0, sizeof *vp);
@@ -147,41 +198,13 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
         return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
     }
     vp->pieces[0] = m;
-    double best = vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first), best_a = 0;
-    for (int i = 0; i < m && best >= 0; i++) {
-        int bo = 0, ba = 0, bb = 0;
-        for (int r = 1; r < pp; r++) {
-            /* every (EF, EB) pair of positions; on long lists (> LONG_LIST actions) the EF's
-             * with the EB last, then the EB's after the best EF (linear, not quadratic) */
-            const int n = s->n[r], quadratic = n <= LONG_LIST;
-            int a_best = -1;
-            for (int pass = 0; pass < (quadratic ? 1 : 2); pass++)
-                for (int a = pass ? a_best : 0; a <= (pass ? a_best : n); a++)
-                    for (int b = quadratic || pass ? a : n; b <= n; b++) {
-                        vp->owner[i] = r;
-                        vp->ef_at[i] = a;
-                        vp->eb_at[i] = b;
-                        vp->pieces[r]++;
-                        const double span = loom_pp_vision_simulate(s, vp, NULL);
-                        vp->pieces[r]--;
-                        if (span >= 0 && !quadratic && !pass &&
-                            (a_best < 0 || span < best_a * (1 - 1e-9))) {
-                            a_best = a;
-                            best_a = span;
-                        }
-                        if (span >= 0 && span < best * (1 - 1e-9)) {
-                            best = span;
-                            bo = r;
-                            ba = a;
-                            bb = b;
-                        }
-                    }
-        }
-        vp->owner[i] = bo;
-        vp->ef_at[i] = ba;
-        vp->eb_at[i] = bb;
-        vp->pieces[bo]++;
-        vp->pieces[0]--;
+    double best = vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
+    /* greedy over the micro-batches in order, then passes that re-place each one with the
+     * others fixed, while the step gets shorter */
+    for (int pass = 0; pass < 1 + REFINE_PASSES && best >= 0; pass++) {
+        const double before = best;
+        for (int i = 0; i < m; i++) best = place(s, vp, i, best);
+        if (!(best < before * (1 - 1e-9))) break;
     }
     count_pieces(s, vp, buf);
     free(buf);
