@@ -34,7 +34,11 @@ static loom_pp_op embed_backward_op(const loom_pp_schedule *s) {
     return s->split ? LOOM_PP_W : LOOM_PP_B;
 }
 
-double loom_pp_vision_simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle) {
+/* The plan's timeline: the step (-1: deadlock), each stage's idle share (idle may be
+ * NULL) and in *first_done the first stage's end of its own list (before it waits for
+ * the other stages' encoder gradients). */
+static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle,
+                       double *first_done) {
     const int pp = s->pp, m = s->m, keys = 2 * s->pp * s->v * s->m;
     int total = 0, cap = 0;
     for (int r = 0; r < pp; r++) cap = s->n[r] + 2 * m + 1 > cap ? s->n[r] + 2 * m + 1 : cap;
@@ -97,12 +101,39 @@ double loom_pp_vision_simulate(const loom_pp_schedule *s, const loom_pp_vision *
     free(sent);
     if (done < total) return -1;
     /* the first stage adds the other stages' encoder gradients after its own */
+    *first_done = clock[0];
     for (int r = 1; r < pp; r++)
         if (vp->pieces[r] > 0 && grads_at[r] > clock[0]) clock[0] = grads_at[r];
     double span = 0;
     for (int r = 0; r < pp; r++) span = clock[r] > span ? clock[r] : span;
     for (int r = 0; r < pp && idle; r++) idle[r] = span > 0 ? 1.0 - busy[r] / span : 0;
     return span;
+}
+
+double loom_pp_vision_simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle) {
+    double first_done;
+    return simulate(s, vp, idle, &first_done);
+}
+
+/* A placement's worth: the step, then (ties) the first stage's end, so that pieces do not
+ * hold up the stage that runs the encoder without them (the robust choice when the
+ * durations are estimates). */
+typedef struct {
+    double span, first_done;
+} score;
+
+static score score_of(const loom_pp_schedule *s, const loom_pp_vision *vp) {
+    score x;
+    x.span = simulate(s, vp, NULL, &x.first_done);
+    return x;
+}
+
+/* a better than b (a deadlock is never better; anything beats one) */
+static int better(score a, score b) {
+    if (a.span < 0) return 0;
+    if (b.span < 0) return 1;
+    if (a.span < b.span * (1 - 1e-9)) return 1;
+    return a.span <= b.span * (1 + 1e-9) && a.first_done < b.first_done * (1 - 1e-9);
 }
 
 /* Pieces per stage and each piece's encoder model (the lowest free one at its EF). */
@@ -128,18 +159,18 @@ static void count_pieces(const loom_pp_schedule *s, loom_pp_vision *vp, item *bu
     }
 }
 
-/* Micro-batch i's best placement with the others fixed (its current one if none is
- * shorter than `current`, the step with it): stage 0, or a later stage and its two
- * positions. Returns the step with the chosen placement. */
-static double place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, double current) {
+/* Micro-batch i's best placement with the others fixed (its current one, worth
+ * `current`, unless another is better): stage 0, or a later stage and its two positions.
+ * Returns the chosen placement's worth. */
+static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score current) {
     const int keep_o = vp->owner[i], keep_a = vp->ef_at[i], keep_b = vp->eb_at[i];
     vp->pieces[keep_o]--;
     vp->owner[i] = 0;
     vp->pieces[0]++;
-    double best = loom_pp_vision_simulate(s, vp, NULL), best_a = 0;
+    score best = score_of(s, vp);
     vp->pieces[0]--;
     int bo = 0, ba = 0, bb = 0;
-    if (best < 0 || (keep_o != 0 && !(best < current * (1 - 1e-9)))) {
+    if (keep_o != 0 && !better(best, current)) {
         bo = keep_o, ba = keep_a, bb = keep_b;
         best = current;
     }
@@ -148,6 +179,7 @@ static double place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, double
          * with the EB last, then the EB's after the best EF (linear, not quadratic) */
         const int n = s->n[r], quadratic = n <= LONG_LIST;
         int a_best = -1;
+        score best_a = {-1, 0};
         for (int pass = 0; pass < (quadratic ? 1 : 2); pass++)
             for (int a = pass ? a_best : 0; a >= 0 && a <= (pass ? a_best : n); a++)
                 for (int b = quadratic || pass ? a : n; b <= n; b++) {
@@ -155,15 +187,14 @@ static double place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, double
                     vp->ef_at[i] = a;
                     vp->eb_at[i] = b;
                     vp->pieces[r]++;
-                    const double span = loom_pp_vision_simulate(s, vp, NULL);
+                    const score x = score_of(s, vp);
                     vp->pieces[r]--;
-                    if (span >= 0 && !quadratic && !pass &&
-                        (a_best < 0 || span < best_a * (1 - 1e-9))) {
+                    if (!quadratic && !pass && better(x, best_a)) {
                         a_best = a;
-                        best_a = span;
+                        best_a = x;
                     }
-                    if (span >= 0 && (best < 0 || span < best * (1 - 1e-9))) {
-                        best = span;
+                    if (better(x, best)) {
+                        best = x;
                         bo = r;
                         ba = a;
                         bb = b;
@@ -198,13 +229,14 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
         return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
     }
     vp->pieces[0] = m;
-    double best = vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
+    vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
+    score best = score_of(s, vp);
     /* greedy over the micro-batches in order, then passes that re-place each one with the
-     * others fixed, while the step gets shorter */
-    for (int pass = 0; pass < 1 + REFINE_PASSES && best >= 0; pass++) {
-        const double before = best;
+     * others fixed, while the plan gets better */
+    for (int pass = 0; pass < 1 + REFINE_PASSES && best.span >= 0; pass++) {
+        const score before = best;
         for (int i = 0; i < m; i++) best = place(s, vp, i, best);
-        if (!(best < before * (1 - 1e-9))) break;
+        if (!better(best, before)) break;
     }
     count_pieces(s, vp, buf);
     free(buf);
@@ -217,7 +249,7 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
                                   r);
         }
     vp->span = loom_pp_vision_simulate(s, vp, vp->idle);
-    if (best < 0 || vp->span < 0) {
+    if (best.span < 0 || vp->span < 0) {
         loom_pp_vision_free(vp);
         return loom_error_set(err, LOOM_ERR_STATE, "--vision-schedule bubbles: the plan deadlocks");
     }
