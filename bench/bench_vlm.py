@@ -19,6 +19,15 @@
    counts the time other processes on a shared machine take the core). The losses of
    both runs are printed side by side (the same function: they agree to fp32 noise).
 
+3. --vision-schedule at pp 2 (two ranks, one thread each, MPI yielding while it waits, so
+   that a waiting stage leaves its core): vlm-tiny's decoder with a wider encoder
+   (BUBBLES: 4 blocks of width 128, measured as "encoder_share", the vision spans' share
+   of a one-process step in a --trace) on the 2 x 2 grids, 8 micro-batches a step, runs
+   with `first` (the encoder on stage 0) and `bubbles` alternating, --rounds each: the
+   median step time of each (target: bubbles >= 15% shorter), each stage's idle share
+   (1 - compute wall time / step span, --pp-stats) next to the schedule simulator's
+   prediction (the start-up line), and the losses of both (the same function).
+
 The last line of output is one JSON object.
 Usage: /usr/bin/python3 bench/bench_vlm.py --loom build/loom [--steps 8] [--coretype Haswell]
 """
@@ -200,6 +209,85 @@ def balance(args, work):
     return out
 
 
+BUBBLES = ["--model", "vlm-tiny", "--vit-layers", "4", "--vit-d-model", "128",
+           "--vit-d-ff", "512"]
+
+
+def encoder_share(args, shard, work, env):
+    """The vision spans' share of the steps after warm-up, one process, one thread."""
+    tr = os.path.join(work, "share.json")
+    run([args.loom, "train"] + BUBBLES +
+        ["--data", shard, "--micro-batch", 2, "--global-batch", 16, "--steps",
+         args.warmup + 2, "--threads", 1, "--log-every", 0, "--trace", tr], env,
+        "loom train --trace (encoder share)")
+    ev = [e for e in json.load(open(tr))["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in ev if e["name"] == "step"), key=lambda e: e["ts"])[args.warmup:]
+    t0 = steps[0]["ts"]
+    vision = sum(e["dur"] for e in ev if e["name"] == "vision" and e["ts"] >= t0)
+    return vision / sum(e["dur"] for e in steps)
+
+
+def bubbles(args, work):
+    data = os.path.join(work, "grids")
+    env = blas_env(1, args.coretype)
+    shard = os.path.join(data, "train_000000.bin")
+    if not os.path.exists(shard):
+        run([args.loom, "data", "vlm", "--input", "fashion-mnist", "--out", data, "--samples",
+             1024, "--val-samples", 0], env, "loom data vlm")
+    out = {"model": " ".join(BUBBLES), "pp": 2, "micro_batch": 2, "global_batch": 16,
+           "encoder_share": round(encoder_share(args, shard, work, env), 3)}
+    steps = args.warmup + args.steps
+    times = {"first": [], "bubbles": []}
+    idle = {"first": [], "bubbles": []}
+    predicted, losses = {}, {}
+    for k in range(args.rounds):
+        for name in ("first", "bubbles"):
+            m = os.path.join(work, f"bubbles_{name}_{k}.jsonl")
+            st = os.path.join(work, f"bubbles_{name}_{k}.stats")
+            proc = run(MPIRUN + ["--mca", "mpi_yield_when_idle", "1", "-n", 2,
+                                 "-x", "OPENBLAS_CORETYPE", "-x", "OMP_WAIT_POLICY",
+                                 "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_NUM_THREADS",
+                                 args.loom, "train"] + BUBBLES +
+                       ["--data", shard, "--pp", 2, "--micro-batch", 2, "--global-batch", 16,
+                        "--steps", steps, "--threads", 1, "--log-every", 0, "--metrics", m,
+                        "--pp-stats", st, "--vision-schedule", name], env,
+                       f"loom train --pp 2 --vision-schedule {name}")
+            rows = metrics(m)
+            losses[name] = [r["loss"] for r in rows]
+            times[name] += [r["step_ms"] for r in rows[args.warmup:]]
+            per_stage = []
+            for r in range(2):
+                s = [json.loads(x) for x in open(f"{st}.rank{r}")][args.warmup:]
+                per_stage.append(float(np.median([1 - x["busy_wall_ms"] / x["span_ms"]
+                                                  for x in s])))
+            idle[name].append(per_stage)
+            for line in proc.stderr.splitlines():
+                if "simulated idle share per stage" in line:
+                    a, b = line.split("per stage ")[1].split(" -> ")
+                    predicted = {"first": [float(x) for x in a.split(",")],
+                                 "bubbles": [float(x) for x in b.split(",")]}
+                if "micro-batches encoded per stage" in line:
+                    out["encoded_per_stage"] = [int(x) for x in
+                                                line.split("per stage ")[1].split(" ")[0]
+                                                .split(",")]
+                    pct = float(line.split("(")[-1].split("%")[0])
+                    out["simulated_shorter"] = round(pct / 100, 3)
+    for name in ("first", "bubbles"):
+        out[name] = {"step_ms_median": round(float(np.median(times[name])), 1),
+                     "idle_measured": [round(float(np.median([x[r] for x in idle[name]])), 3)
+                                       for r in range(2)],
+                     "idle_simulated": predicted.get(name)}
+    out["bubbles_shorter"] = round(1 - out["bubbles"]["step_ms_median"] /
+                                   out["first"]["step_ms_median"], 3)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(losses["bubbles"], losses["first"]))
+    out["loss_rel_diff"] = float(f"{rel:.3g}")
+    out["rounds"], out["steps_measured_per_round"] = args.rounds, args.steps
+    print(f"  pp 2: step {out['first']['step_ms_median']} ms (first) vs "
+          f"{out['bubbles']['step_ms_median']} ms (bubbles): {100 * out['bubbles_shorter']:.1f}% "
+          f"shorter (encoder share {out['encoder_share']})", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,7 +299,9 @@ def main():
     ap.add_argument("--mixed-micro", type=int, default=2, help="micro-batch (dp 2)")
     ap.add_argument("--coretype", default="SkylakeX",
                     help="OPENBLAS_CORETYPE for loom and PyTorch alike")
-    ap.add_argument("--only", choices=["speed", "balance"], help="run one part")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="--vision-schedule: alternating runs of each")
+    ap.add_argument("--only", choices=["speed", "balance", "bubbles"], help="run one part")
     ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
@@ -228,6 +318,8 @@ def main():
             result["one_process"] = speed(args, work)
         if args.only in (None, "balance"):
             result["balance_dp"] = balance(args, work)
+        if args.only in (None, "bubbles"):
+            result["vision_schedule"] = bubbles(args, work)
     result["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_s"] = round(time.time() - t0, 1)
     print()

@@ -72,6 +72,8 @@ static const opt_def OPTS[] = {
     {"max-images", OPT_INT, M(max_images), 0, "vlm: image slots per sample"},
     {"balance-dp", OPT_BOOL, TR(balance_dp), 0,
      "vlm: spread each step's samples over the dp ranks by predicted compute (images)"},
+    {"vision-schedule", OPT_STRING, TR(vision_schedule), 16,
+     "vlm with --pp: first (encoder on stage 0) | bubbles (its pieces in the idle slots)"},
     {"freeze", OPT_FREEZE, M(freeze), 0,
      "vlm: parts that are not trained, a subset of vision,projector,llm (not all three)"},
     {"t-sampling", OPT_T_SAMPLING, TR(flow.t_sampling), 0,
@@ -237,7 +239,8 @@ static const opt_group GROUPS[] = {
      "resume-ignore-seed init-from"},
     {"Faults and recovery", "docs/fault-tolerance.md", "skip-steps inject"},
     {"Multimodal LLM (vlm)", "docs/vlm.md",
-     "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze balance-dp"},
+     "vit-layers vit-d-model vit-n-head vit-d-ff vit-patch max-images freeze balance-dp "
+     "vision-schedule"},
     {"Precision", "docs/precision.md", "precision grad-reduce-dtype bf16-rounding"},
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",

@@ -9,6 +9,7 @@
 #include "data/vlm_shard.h"
 #include "model/dit.h"
 #include "model/model_impl.h"
+#include "model/vlm_pieces.h"
 
 /* One encoder block's activations. */
 typedef struct {
@@ -28,6 +29,8 @@ struct loom_vlm {
     float *pos;                 /* [P, Dv] backend memory, outside the arena */
     int encoder;                /* 1 on the first stage (the encoder and projector are here) */
     int frozen;                 /* loom_vlm_part bits: no gradients computed for those parts */
+    const float *remote_emb;    /* --vision-schedule bubbles: this micro-batch's image rows */
+    float *remote_demb;         /* ... and where their gradient goes (NULL: encoder here) */
     /* arena */
     float *patches, *x0; /* [R, Pin], [R, Dv] */
     vit_acts *blk;       /* vit_layers */
@@ -264,7 +267,11 @@ static loom_status vlm_embed_forward(loom_model *m, const float *p) {
     loom_vlm *v = m->vlm;
     loom_status st = v->lm->embed_forward(m, p);
     if (st || v->n_img == 0) return st;
-    encoder_forward(m, p);
+    if (v->remote_emb) /* encoded on another stage (model/vlm_pieces.h) */
+        loom_backend_copy_to_device(m->be, v->out, v->remote_emb,
+                                    (size_t)v->n_img * v->P * v->C * sizeof(float));
+    else
+        encoder_forward(m, p);
     for (int j = 0; j < v->n_img; j++) image_rows(m, j, m->embed, v->out, 1);
     return LOOM_OK;
 }
@@ -362,7 +369,11 @@ static loom_status vlm_embed_backward(loom_model *m, const float *p, float *g) {
         }
     }
     if (!(v->frozen & LOOM_VLM_PART_LLM)) st = v->lm->embed_backward(m, p, g);
-    if (!st && v->n_img > 0) encoder_backward(m, p, g);
+    if (!st && v->n_img > 0 && v->remote_demb) /* the encoding stage runs the backward */
+        loom_backend_copy_to_host(m->be, v->remote_demb, v->dh,
+                                  (size_t)v->n_img * v->P * v->C * sizeof(float));
+    else if (!st && v->n_img > 0)
+        encoder_backward(m, p, g);
     return st;
 }
 
@@ -434,6 +445,32 @@ static loom_status vlm_loss_sum(loom_model *m, float dloss, int backward, double
         if (v->host_w[i] != 0.0f) s += (double)v->host_w[i] * m->losses_host[i];
     *sum = s;
     return LOOM_OK;
+}
+
+/* ---- --vision-schedule bubbles: the encoder's pieces (model/vlm_pieces.h) ---- */
+
+size_t loom_vlm_image_rows_floats(const loom_model *m) {
+    const loom_vlm *v = m->vlm;
+    return (size_t)v->NI * v->P * v->C;
+}
+
+void loom_vlm_set_remote(loom_model *m, const float *emb, float *demb) {
+    m->vlm->remote_emb = emb;
+    m->vlm->remote_demb = demb;
+}
+
+void loom_vlm_encode(loom_model *m, const float *p, float *emb) {
+    loom_vlm *v = m->vlm;
+    if (v->n_img == 0) return;
+    encoder_forward(m, p);
+    loom_backend_copy_to_host(m->be, emb, v->out, (size_t)v->n_img * v->P * v->C * sizeof(float));
+}
+
+void loom_vlm_encode_backward(loom_model *m, const float *p, float *g, const float *demb) {
+    loom_vlm *v = m->vlm;
+    if (v->n_img == 0) return;
+    loom_backend_copy_to_device(m->be, v->dh, demb, (size_t)v->n_img * v->P * v->C * sizeof(float));
+    encoder_backward(m, p, g);
 }
 
 /* ---- set-up ---- */

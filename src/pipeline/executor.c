@@ -23,6 +23,7 @@ typedef struct {
     const int32_t *batch;
     float dloss;
     int backward;
+    int vision; /* --vision-schedule bubbles' pieces in this list (training) */
     double loss_sum;
     /* gradient readiness (training) */
     loom_grads_ready_fn ready;
@@ -60,6 +61,7 @@ static loom_status report_chunk(step_ctx *x, int c) {
         st = x->ready(x->ready_ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     if (c == 0 && !st) {
         if (x->pl->tied_peer >= 0) st = reduce_tied(x);
+        if (!st && x->vision) st = loom_pp_vision_add_grads(x->pl, x->grads, x->err);
         if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].begin);
     }
     return st;
@@ -101,7 +103,9 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     loom_status st = LOOM_OK;
     if (a->op == LOOM_PP_F) {
         if (a->chunk == 0) loom_model_load_batch(mod, x->batch, a->mb * pl->cfg.micro_batch);
-        if (vs == 0) st = loom_model_embed_forward(mod, x->params);
+        if (vs == 0 && mod->vlm)
+            st = loom_pp_vision_before_embed(pl, mod, a->mb, x->vision, x->err);
+        if (vs == 0 && !st) st = loom_model_embed_forward(mod, x->params);
         if (vs > 0) loom_model_stream_receive(mod, in); /* a dit's conditioning */
         if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
         if (!st && vs == pl->S - 1) {
@@ -140,6 +144,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send)))
             loom_model_grad_stream_send(mod, send);
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->params, x->grads);
+        if (!st && vs == 0 && !split && pl->vision)
+            st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
         x->early[a->chunk] |= final;
         return st || split ? st : chunk_done(x, a->chunk);
     }
@@ -150,6 +156,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         st = loom_model_blocks_backward_weight(mod, x->params, x->grads, lo, hi, in, ready,
                                                x->ready_ctx);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->params, x->grads);
+    if (!st && vs == 0 && pl->vision) st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
     x->early[a->chunk] |= final;
     return st ? st : chunk_done(x, a->chunk);
 }
@@ -183,6 +190,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         pl->slots[k]->trace = pl->slots[0]->trace;
     }
     if ((st = loom_grad_sync_begin_micro_batch(sync, err))) return st;
+    if (x->vision && (st = loom_pp_vision_step_begin(pl, x->params, err))) return st;
     /* The receives of the micro-batches whose slots are free at the start. */
     for (int i = 0; i < s->m && !st; i++)
         if (x->post_after[i] < 0) st = post_receives(x, i);
@@ -193,6 +201,12 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
         const int slot = x->slot_of[a->mb];
         loom_comm_handle *h = NULL;
+        if (x->vision) { /* the encoder's pieces placed before this action */
+            double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
+            if ((st = loom_pp_vision_pieces(pl, j, x->batch, err))) break;
+            busy_cpu += loom_thread_cpu_ms() - c0;
+            busy_wall += loom_now_ms() - w0;
+        }
         switch (a->op) {
         case LOOM_PP_RECV_ACT:
         case LOOM_PP_RECV_GRAD:
@@ -229,8 +243,15 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
             if (pl->send_h[q].active) st = loom_comm_test(&pl->send_h[q], &done, err);
         }
     }
+    if (!st && x->vision) {
+        double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
+        st = loom_pp_vision_pieces(pl, n, x->batch, err);
+        busy_cpu += loom_thread_cpu_ms() - c0;
+        busy_wall += loom_now_ms() - w0;
+    }
     if (!st) st = report_ready(x);
     for (size_t q = 0; q < n_msgs && !st; q++) st = loom_comm_wait(&pl->send_h[q], err);
+    if (!st && x->vision) st = loom_pp_vision_step_end(pl, err);
     const double span = loom_now_ms() - t_start;
     if (!st && pl->stats && s == &pl->train) {
         fprintf(pl->stats,
@@ -262,6 +283,7 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     x.batch = batch;
     x.dloss = dloss;
     x.backward = 1;
+    x.vision = pl->vision != NULL;
     x.err = err;
     for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
     x.next_report = pl->v - 1;

@@ -22,6 +22,7 @@
 #include "tp/tp.h"
 #include "parallel/zero.h"
 #include "pipeline/schedule.h"
+#include "pipeline/vision_plan.h"
 
 /* What a pipeline needs of the training run's flags (train/ fills it in). */
 typedef struct {
@@ -34,7 +35,11 @@ typedef struct {
     int size_only;               /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
     const loom_backend *backend; /* the slots' ops (NULL: the CPU's; --precision bf16) */
     int micro_batch, global_batch;
+    int vision_bubbles; /* --vision-schedule bubbles (vlm): pipeline/vision_plan.h */
 } loom_pp_config;
+
+/* --vision-schedule bubbles' run-time state (pipeline/vision_exec.c). */
+typedef struct loom_pp_vision_state loom_pp_vision_state;
 
 typedef struct {
     const loom_model_config *mc;
@@ -60,7 +65,8 @@ typedef struct {
     FILE *stats;
     double *act_cpu_ms; /* per action of the training list */
     int step;
-    loom_param_table full_table; /* world rank 0: the whole model (exports) */
+    loom_pp_vision_state *vision; /* --vision-schedule bubbles; NULL: the encoder on stage 0 */
+    loom_param_table full_table;  /* world rank 0: the whole model (exports) */
     float *full_flat;
 } loom_pipeline;
 
@@ -103,5 +109,27 @@ loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, c
 loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st, const float *sflat,
                                  const loom_param_table **out_t, const float **out_f,
                                  loom_error *err);
+
+/* --vision-schedule bubbles (pipeline/vision_exec.c; every call but setup and teardown
+ * only where pl->vision is set): the plan and the encoder replicas; */
+loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, loom_error *err);
+void loom_pp_vision_teardown(loom_pipeline *pl);
+const loom_pp_vision *loom_pp_vision_plan(const loom_pipeline *pl); /* NULL: none */
+/* a training step's start: the replicas' weights sent, the image rows' receives posted; */
+loom_status loom_pp_vision_step_begin(loom_pipeline *pl, const float *params, loom_error *err);
+/* a later stage, before its action j (j = its list's length: after the last): the pieces
+ * placed there; */
+loom_status loom_pp_vision_pieces(loom_pipeline *pl, int j, const int32_t *batch, loom_error *err);
+/* the first stage: before micro-batch mb's embedding forward (any pl: sets where the
+ * model's image rows come from; evaluation: always here), after its embedding backward (sends their
+ * gradient); */
+loom_status loom_pp_vision_before_embed(loom_pipeline *pl, loom_model *mod, int mb, int training,
+                                        loom_error *err);
+loom_status loom_pp_vision_after_embed_backward(loom_pipeline *pl, int mb, loom_error *err);
+/* the first stage, before its embedding range is reported: the replicas' encoder
+ * gradients added to its own, in stage order; */
+loom_status loom_pp_vision_add_grads(loom_pipeline *pl, float *grads, loom_error *err);
+/* every stage, at the step's end: its messages done. */
+loom_status loom_pp_vision_step_end(loom_pipeline *pl, loom_error *err);
 
 #endif

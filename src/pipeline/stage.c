@@ -235,7 +235,9 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                  err)))
             return st;
     pl->act_floats = loom_model_stream_floats(model);
-    if (pc->size_only) return LOOM_OK; /* the message buffers' size is act_floats' */
+    if (pc->size_only) return LOOM_OK;
+    if (pc->vision_bubbles && (st = loom_pp_vision_setup(pl, tp, cp, err)))
+        return st; /* the message buffers' size is act_floats' */
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
     pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
@@ -261,6 +263,7 @@ nomem:
 }
 
 void loom_pipeline_free(loom_pipeline *pl) {
+    loom_pp_vision_teardown(pl);
     for (int k = 1; k < pl->n_slots && pl->slots; k++)
         if (pl->slots[k]) {
             loom_model_destroy(pl->slots[k]);
@@ -306,6 +309,20 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
                                                 : "",
             pl->n_slots, one / MiB, pl->n_slots * one / MiB,
             4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
+    const loom_pp_vision *vp = loom_pp_vision_plan(pl);
+    if (!vp) return;
+    fprintf(f, "loom: --vision-schedule bubbles: micro-batches encoded per stage");
+    for (int r = 0; r < pl->pp; r++) fprintf(f, "%s%d", r ? "," : " ", vp->pieces[r]);
+    fprintf(f,
+            " (encoder forward %.2f x stage 0's forward); simulated step %.3g -> %.3g (%.1f%% "
+            "shorter)\n",
+            vp->fwd[0] > 0 ? vp->enc / vp->fwd[0] : 0.0, vp->span_first, vp->span,
+            vp->span_first > 0 ? 100.0 * (1.0 - vp->span / vp->span_first) : 0.0);
+    fprintf(f, "loom: --vision-schedule bubbles: simulated idle share per stage");
+    for (int r = 0; r < pl->pp; r++) fprintf(f, "%s%.3f", r ? "," : " ", vp->idle_first[r]);
+    fprintf(f, " -> ");
+    for (int r = 0; r < pl->pp; r++) fprintf(f, "%s%.3f", r ? "," : "", vp->idle[r]);
+    fprintf(f, "\n");
 }
 
 /* Copies every tensor of (t, flat) that the whole model `full` has into full_flat (the

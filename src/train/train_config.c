@@ -63,6 +63,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->eval_every = 0;
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+    snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "first");
     snprintf(tc->grad_accum, sizeof tc->grad_accum, "local");
     tc->virtual_stages = 1;
     tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f, 0}; /* n_classes: the model's */
@@ -254,6 +255,30 @@ void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc)
     pc->recompute = tc->recompute;
     pc->micro_batch = tc->micro_batch;
     pc->global_batch = tc->global_batch;
+    pc->vision_bubbles = strcmp(tc->vision_schedule, "bubbles") == 0;
+}
+
+/* --vision-schedule: first (the encoder on the first pipeline stage) or bubbles (its
+ * pieces on every stage, pipeline/vision_plan.h), in the layouts bubbles covers. */
+static loom_status validate_vision_schedule(const loom_train_config *tc,
+                                            const loom_model_config *mc, loom_error *err) {
+    const char *v = tc->vision_schedule;
+    if (strcmp(v, "first") == 0) return LOOM_OK;
+    if (strcmp(v, "bubbles") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--vision-schedule '%s': expected first or bubbles", v);
+    const char *why = mc->family != LOOM_FAMILY_VLM ? "needs --family vlm (a vision encoder)"
+                      : tc->layout.pp < 2           ? "needs --pp >= 2 (pipeline stages to fill)"
+                      : tc->virtual_stages > 1      ? "not with --virtual-stages > 1 yet"
+                      : tc->layout.cp > 1           ? "not with --cp > 1 yet"
+                      : tc->zero >= 3               ? "not with --zero 3 yet"
+                      : strcmp(tc->grad_accum, "sharded") == 0 ? "not with --grad-accum sharded yet"
+                      : strcmp(tc->precision, "fp32") != 0     ? "only with --precision fp32 yet"
+                                                               : NULL;
+    if (why)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--vision-schedule bubbles: %s (docs/vlm.md)",
+                              why);
+    return LOOM_OK;
 }
 
 loom_status loom_train_config_validate_all(const loom_train_config *tc, const loom_model_config *mc,
@@ -273,6 +298,7 @@ loom_status loom_train_config_validate_all(const loom_train_config *tc, const lo
                               "--balance-dp: balances image-text samples by their images "
                               "(expected --family vlm, not %s)",
                               loom_family_name(mc->family));
+    if ((st = validate_vision_schedule(tc, mc, err))) return st;
     loom_train_config_pipeline(tc, &pc);
     if ((st = loom_pipeline_validate(mc, &pc, l.dp, err))) return st;
     if (tc->overlap_param_gather && (st = loom_param_gather_validate(tc->zero, l, err))) return st;

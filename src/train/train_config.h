@@ -55,6 +55,7 @@ typedef struct {
     char init_from[LOOM_PATH_MAX];     /* start from these weights (safetensors); "" = none */
     /* pipeline parallelism (--pp > 1, src/pipeline/) */
     char pp_schedule[16];           /* gpipe | 1f1b | interleaved | zb */
+    char vision_schedule[16];       /* vlm with pp: first | bubbles (pipeline/vision_plan.h) */
     int virtual_stages;             /* model chunks per pipeline rank (interleaved) */
     char pp_layers[256];            /* "" = even split, else layers per (virtual) stage */
     char pp_stats[LOOM_PATH_MAX];   /* per-rank pipeline timers (JSON lines); "" = none */

@@ -51,7 +51,7 @@ def benches(build):
         "bench_pp": (["--smoke"], ()),
         "bench_tp": (["--smoke"], ()),
         "bench_rl": (["--smoke"], ()),
-        "bench_vlm": (["--steps", "1", "--warmup", "1", "--batch", "2", "--mixed-batch", "4",
+        "bench_vlm": (["--steps", "1", "--warmup", "1", "--batch", "2", "--mixed-batch", "4", "--rounds", "1",
                        "--mixed-micro", "2"], ("torch", "fashion")),
         "bench_train": (["--sgemm-peak", os.path.join(build, "sgemm_peak"), "--only",
                          "gpt2-small-L4C256", "--steps", "1", "--warmup", "1"], ("torch",)),

@@ -60,6 +60,12 @@ expect "freeze on a language model" "--freeze: only the vlm family" -- \
     train --model llama-tiny --data "$TMP/ok/train_*.bin" --freeze vision
 expect "balance-dp on a language model" "--balance-dp: balances image-text samples by their images (expected --family vlm, not llama)" -- \
     train --model llama-tiny --data "$TMP/ok/train_*.bin" --balance-dp
+expect "vision-schedule bubbles without --pp" "--vision-schedule bubbles: needs --pp >= 2 (pipeline stages to fill)" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --vision-schedule bubbles
+expect "vision-schedule bubbles on a language model" "--vision-schedule bubbles: needs --family vlm" -- \
+    train --model llama-tiny --data "$TMP/ok/train_*.bin" --pp 2 --vision-schedule bubbles
+expect "vision-schedule unknown" "--vision-schedule 'late': expected first or bubbles" -- \
+    "${BASE[@]}" --data "$TMP/ok/train_*.bin" --vision-schedule late
 expect "data vlm mixed with questions" "--questions: for one-image samples (expected no --questions with --mixed-images)" -- \
     data vlm --input fashion-mnist --out "$TMP/d" --mixed-images 2 --questions 0.5
 expect "vit patch" "--vit-patch 3: must divide the image size 8 x 8" -- \

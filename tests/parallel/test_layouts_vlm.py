@@ -18,7 +18,10 @@ encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's we
 end bitwise as they started. A third case trains on samples with 0 to 3 images with
 --balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
 compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
-usual slices' on every step and better on the whole. Usage: test_layouts_vlm.py --loom PATH [--seed S]
+usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
+a decoder stage's work, runs --vision-schedule bubbles at pp 2 (1f1b and zb: the encoder's
+pieces of some micro-batches on the second stage, on a replica of its weights): equal to one
+process, the plan moved pieces off the first stage, and 1f1b twice is bitwise. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
 import argparse
 import json
@@ -126,6 +129,31 @@ def balance_dp(args, base, tmp, seed):
           f"{max(with_b):.3f}  {'ok' if ok else 'FAIL'}")
 
 
+def vision_bubbles(base, tmp):
+    """--vision-schedule bubbles: an encoder of width 32 (about twice a decoder stage's
+    forward) so that the plan moves pieces to stage 1; pp 2 1f1b and zb equal one process."""
+    wide = list(base)
+    wide[wide.index("--vit-d-model") + 1] = "32"
+    lay = Layouts(wide, tmp, "vlm_bubbles_")
+    bref = lay.run("single", 1)
+    print(f"vlm, encoder width 32: single process, loss {bref.losses[0]:.4f} -> "
+          f"{bref.losses[-1]:.4f}")
+    for schedule in ("1f1b", "zb"):
+        name = f"pp2_{schedule}_bubbles"
+        flags = ["--pp", "2", "--pp-schedule", schedule, "--vision-schedule", "bubbles"]
+        got = compare(lay, bref, name, 2, flags)
+        line = [x for x in got.stderr.splitlines() if "--vision-schedule bubbles:" in x]
+        moved = bool(line) and line[0].split("per stage ")[1].split(" ")[0].split(",")[1] != "0"
+        check(moved)
+        print(f"    {line[0].split('loom: ')[-1] if line else 'no plan line'}  "
+              f"{'ok' if moved else 'FAIL: no piece off stage 0'}")
+    flags = ["--pp", "2", "--pp-schedule", "1f1b", "--vision-schedule", "bubbles"]
+    again = lay.run("pp2_1f1b_bubbles_again", 2, flags)
+    same = bitwise(again, lay.runs["pp2_1f1b_bubbles"])
+    check(same)
+    print(f"  pp2_1f1b_bubbles twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -171,6 +199,7 @@ def main():
         check(still and moved)
         print(f"  frozen encoder unchanged: {still}, projector trained: {moved}")
         balance_dp(args, base, tmp, seed)
+        vision_bubbles(base, tmp)
     finally:
         keep_or_remove(tmp, seed)
 

@@ -12,6 +12,10 @@ replay here) is the theoretical one for gpipe/1f1b, (p-1)/(3m+p-1) for zb (F = B
 below 1F1B's; and `loom train` allocates on stage 0 exactly the activation slots the
 schedule holds in flight (pp for 1f1b and zb, m for gpipe), as its start-up line says.
 Bad input (micro-batches < pp, virtual stages without interleaved) exits 2 naming the flag.
+With --vision-encoder R (a vlm's --vision-schedule bubbles plan): every micro-batch is
+encoded once, on stage 0 inside its F and embedding backward (F3+E) or on one later stage
+(E3 before e3), and the lists with the image rows and their gradients (se/re, sd/rd)
+replayed with blocking receives terminate.
 Usage: test_pp_schedule.py --loom PATH [--seed S]
 """
 import argparse
@@ -182,6 +186,62 @@ def check_trainer_slots(loom, seed):
     return errs
 
 
+VTOKEN = re.compile(r"^(F|B|W)(\d+)(\+E)?$|^(E|e)(\d+)$|^(sa|ra|sg|rg|se|re|sd|rd)(\d+)([<>])(\d+)$")
+
+
+def check_vision(loom, rng):
+    """--vision-encoder R on gpipe/1f1b/zb, pp 2-3: each micro-batch encoded once, EF before
+    EB, and the lists with the encoder's messages replay without deadlock."""
+    errs = []
+    for _ in range(6):
+        kind, pp = rng.choice(["gpipe", "1f1b", "zb"]), rng.randint(2, 3)
+        m, r = rng.randint(pp, 8), round(rng.uniform(0.3, 3.0), 2)
+        cmd = [loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m), "--schedule",
+               kind, "--vision-encoder", str(r)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        text = p.stdout.split("vision encoder pieces", 1)
+        if p.returncode != 0 or len(text) != 2:
+            errs.append(f"{' '.join(cmd)}: exit {p.returncode}, no pieces section")
+            continue
+        lists = {}
+        for line in text[1].splitlines():
+            if line.startswith("stage"):
+                head, rest = line.split(":", 1)
+                lists[int(head.split()[1])] = [VTOKEN.match(t) for t in rest.split()]
+        if len(lists) != pp or any(x is None for acts in lists.values() for x in acts):
+            errs.append(f"{' '.join(cmd)}: unparsable lists")
+            continue
+        where = {i: [] for i in range(m)}
+        for st, acts in lists.items():
+            for x in acts:
+                if x.group(1) == "F" and x.group(3):
+                    where[int(x.group(2))].append((st, "F+E"))
+                if x.group(4):
+                    where[int(x.group(5))].append((st, x.group(4)))
+        for i, w in where.items():
+            later = len(w) == 2 and w[0][0] > 0 and w == [(w[0][0], "E"), (w[0][0], "e")]
+            if w != [(0, "F+E")] and not later:
+                errs.append(f"{' '.join(cmd)}: micro-batch {i} encoded as {w}")
+        # replay: sends post at once, receives block until posted
+        posted, ptr, progress = set(), {st: 0 for st in lists}, True
+        while progress:
+            progress = False
+            for st, acts in lists.items():
+                while ptr[st] < len(acts):
+                    x = acts[ptr[st]]
+                    if x.group(6):
+                        op, mb, peer = x.group(6), int(x.group(7)), int(x.group(9))
+                        key = (op[1], mb, st if op[0] == "s" else peer, peer if op[0] == "s" else st)
+                        if op[0] == "r" and key not in posted:
+                            break
+                        posted.add(key)
+                    ptr[st] += 1
+                    progress = True
+        if any(ptr[st] < len(acts) for st, acts in lists.items()):
+            errs.append(f"{' '.join(cmd)}: the lists deadlock at {ptr}")
+    return errs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -245,6 +305,10 @@ def main():
         lines = p.stderr.strip().splitlines()
         if not loomtest.check(p.returncode == 2 and len(lines) == 1 and flag in lines[0]):
             print(f"FAIL bad input {bad}: exit {p.returncode}, {p.stderr!r}")
+    errs = check_vision(args.loom, rng)
+    loomtest.check(not errs)
+    for e in errs:
+        print(f"FAIL vision pieces: {e}")
     errs = check_trainer_slots(args.loom, seed)
     loomtest.check(not errs)
     for e in errs:

@@ -1,0 +1,320 @@
+/* --vision-schedule bubbles: the encoder's pieces placed in the pipeline's idle slots
+ * (pipeline/vision_plan.h). */
+#include "pipeline/vision_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Actions of a stage's list above which the placement searches linearly. */
+#define LONG_LIST 48
+/* Passes that re-place each micro-batch after the greedy one. */
+#define REFINE_PASSES 3
+
+typedef enum { ITEM_ACT = 0, ITEM_EF = 1, ITEM_EB = 2 } item_kind;
+typedef struct {
+    item_kind kind;
+    int idx; /* the action's index in the stage's list, or the micro-batch */
+} item;
+
+/* Stage r's list with its pieces: before action j, the EBs placed at j, then the EFs. */
+static int items_of(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, item *out) {
+    int k = 0;
+    for (int j = 0; j <= s->n[r]; j++) {
+        for (int i = 0; i < s->m && r > 0; i++)
+            if (vp->owner[i] == r && vp->eb_at[i] == j) out[k++] = (item){ITEM_EB, i};
+        for (int i = 0; i < s->m && r > 0; i++)
+            if (vp->owner[i] == r && vp->ef_at[i] == j) out[k++] = (item){ITEM_EF, i};
+        if (j < s->n[r]) out[k++] = (item){ITEM_ACT, j};
+    }
+    return k;
+}
+
+/* The first stage's action that runs the embedding's backward. */
+static loom_pp_op embed_backward_op(const loom_pp_schedule *s) {
+    return s->split ? LOOM_PP_W : LOOM_PP_B;
+}
+
+/* The plan's timeline: the step (-1: deadlock), each stage's idle share (idle may be
+ * NULL) and in *first_done the first stage's end of its own list (before it waits for
+ * the other stages' encoder gradients). */
+static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle,
+                       double *first_done) {
+    const int pp = s->pp, m = s->m, keys = 2 * s->pp * s->v * s->m;
+    int total = 0, cap = 0;
+    for (int r = 0; r < pp; r++) cap = s->n[r] + 2 * m + 1 > cap ? s->n[r] + 2 * m + 1 : cap;
+    item *it = malloc(sizeof(item) * (size_t)cap * (size_t)pp);
+    double *sent = malloc(sizeof(double) * (size_t)(keys + 2 * m));
+    if (!it || !sent) {
+        free(it);
+        free(sent);
+        return -1;
+    }
+    double *emb = sent + keys, *demb = emb + m;
+    double clock[LOOM_PP_MAX_STAGES] = {0}, busy[LOOM_PP_MAX_STAGES] = {0};
+    double grads_at[LOOM_PP_MAX_STAGES] = {0};
+    int ni[LOOM_PP_MAX_STAGES], ptr[LOOM_PP_MAX_STAGES] = {0}, done = 0, progress = 1;
+    for (int i = 0; i < keys + 2 * m; i++) sent[i] = -1;
+    for (int r = 0; r < pp; r++) total += ni[r] = items_of(s, vp, r, it + (size_t)r * cap);
+    const loom_pp_op eb_op = embed_backward_op(s);
+    while (done < total && progress) {
+        progress = 0;
+        for (int r = 0; r < pp; r++)
+            while (ptr[r] < ni[r]) {
+                const item x = it[(size_t)r * cap + ptr[r]];
+                double d = 0;
+                if (x.kind == ITEM_EF) {
+                    d = vp->enc;
+                    emb[x.idx] = clock[r] + d;
+                } else if (x.kind == ITEM_EB) {
+                    if (demb[x.idx] < 0) break;
+                    if (demb[x.idx] > clock[r]) clock[r] = demb[x.idx];
+                    d = 2 * vp->enc;
+                    if (clock[r] + d > grads_at[r]) grads_at[r] = clock[r] + d;
+                } else {
+                    const loom_pp_action *a = &s->acts[r][x.idx];
+                    const int remote = r == 0 && vp->owner[a->mb] != 0;
+                    if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
+                        const double t = sent[loom_pp_message_tag(s, r, a)];
+                        if (t < 0) break;
+                        if (t > clock[r]) clock[r] = t;
+                    } else if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD) {
+                        sent[loom_pp_message_tag(s, r, a)] = clock[r];
+                    } else {
+                        if (a->op == LOOM_PP_F && remote) {
+                            if (emb[a->mb] < 0) break;
+                            if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
+                        }
+                        d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
+                        if (r == 0 && !remote && a->op == LOOM_PP_F) d += vp->enc;
+                        if (r == 0 && !remote && a->op == eb_op) d += 2 * vp->enc;
+                        if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
+                    }
+                }
+                clock[r] += d;
+                busy[r] += d;
+                ptr[r]++;
+                done++;
+                progress = 1;
+            }
+    }
+    free(it);
+    free(sent);
+    if (done < total) return -1;
+    /* the first stage adds the other stages' encoder gradients after its own */
+    *first_done = clock[0];
+    for (int r = 1; r < pp; r++)
+        if (vp->pieces[r] > 0 && grads_at[r] > clock[0]) clock[0] = grads_at[r];
+    double span = 0;
+    for (int r = 0; r < pp; r++) span = clock[r] > span ? clock[r] : span;
+    for (int r = 0; r < pp && idle; r++) idle[r] = span > 0 ? 1.0 - busy[r] / span : 0;
+    return span;
+}
+
+double loom_pp_vision_simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle) {
+    double first_done;
+    return simulate(s, vp, idle, &first_done);
+}
+
+/* A placement's worth: the step, then (ties) the first stage's end, so that pieces do not
+ * hold up the stage that runs the encoder without them (the robust choice when the
+ * durations are estimates). */
+typedef struct {
+    double span, first_done;
+} score;
+
+static score score_of(const loom_pp_schedule *s, const loom_pp_vision *vp) {
+    score x;
+    x.span = simulate(s, vp, NULL, &x.first_done);
+    return x;
+}
+
+/* a better than b (a deadlock is never better; anything beats one) */
+static int better(score a, score b) {
+    if (a.span < 0) return 0;
+    if (b.span < 0) return 1;
+    if (a.span < b.span * (1 - 1e-9)) return 1;
+    return a.span <= b.span * (1 + 1e-9) && a.first_done < b.first_done * (1 - 1e-9);
+}
+
+/* Pieces per stage and each piece's encoder model (the lowest free one at its EF). */
+static void count_pieces(const loom_pp_schedule *s, loom_pp_vision *vp, item *buf) {
+    memset(vp->pieces, 0, sizeof vp->pieces);
+    memset(vp->slots, 0, sizeof vp->slots);
+    for (int i = 0; i < s->m; i++) vp->pieces[vp->owner[i]]++;
+    for (int r = 1; r < s->pp; r++) {
+        const int n = items_of(s, vp, r, buf);
+        int busy[64] = {0};
+        for (int k = 0; k < n; k++) {
+            const int i = buf[k].idx;
+            if (buf[k].kind == ITEM_EF) {
+                int e = 0;
+                while (busy[e]) e++;
+                busy[e] = 1;
+                vp->enc_slot[i] = e;
+                if (e + 1 > vp->slots[r]) vp->slots[r] = e + 1;
+            } else if (buf[k].kind == ITEM_EB) {
+                busy[vp->enc_slot[i]] = 0;
+            }
+        }
+    }
+}
+
+/* Micro-batch i's best placement with the others fixed (its current one, worth
+ * `current`, unless another is better): stage 0, or a later stage and its two positions.
+ * Returns the chosen placement's worth. */
+static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score current) {
+    const int keep_o = vp->owner[i], keep_a = vp->ef_at[i], keep_b = vp->eb_at[i];
+    vp->pieces[keep_o]--;
+    vp->owner[i] = 0;
+    vp->pieces[0]++;
+    score best = score_of(s, vp);
+    vp->pieces[0]--;
+    int bo = 0, ba = 0, bb = 0;
+    if (keep_o != 0 && !better(best, current)) {
+        bo = keep_o, ba = keep_a, bb = keep_b;
+        best = current;
+    }
+    for (int r = 1; r < s->pp; r++) {
+        /* every (EF, EB) pair of positions; on long lists (> LONG_LIST actions) the EF's
+         * with the EB last, then the EB's after the best EF (linear, not quadratic) */
+        const int n = s->n[r], quadratic = n <= LONG_LIST;
+        int a_best = -1;
+        score best_a = {-1, 0};
+        for (int pass = 0; pass < (quadratic ? 1 : 2); pass++)
+            for (int a = pass ? a_best : 0; a >= 0 && a <= (pass ? a_best : n); a++)
+                for (int b = quadratic || pass ? a : n; b <= n; b++) {
+                    vp->owner[i] = r;
+                    vp->ef_at[i] = a;
+                    vp->eb_at[i] = b;
+                    vp->pieces[r]++;
+                    const score x = score_of(s, vp);
+                    vp->pieces[r]--;
+                    if (!quadratic && !pass && better(x, best_a)) {
+                        a_best = a;
+                        best_a = x;
+                    }
+                    if (better(x, best)) {
+                        best = x;
+                        bo = r;
+                        ba = a;
+                        bb = b;
+                    }
+                }
+    }
+    vp->owner[i] = bo;
+    vp->ef_at[i] = ba;
+    vp->eb_at[i] = bb;
+    vp->pieces[bo]++;
+    return best;
+}
+
+loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, const double *fwd,
+                                 double enc, loom_error *err) {
+    memset(vp, 0, sizeof *vp);
+    const int m = s->m, pp = s->pp;
+    vp->m = m;
+    vp->pp = pp;
+    vp->enc = enc;
+    for (int r = 0; r < pp; r++) vp->fwd[r] = fwd[r];
+    vp->owner = calloc((size_t)m, sizeof(int));
+    vp->ef_at = calloc((size_t)m, sizeof(int));
+    vp->eb_at = calloc((size_t)m, sizeof(int));
+    vp->enc_slot = calloc((size_t)m, sizeof(int));
+    int cap = 0;
+    for (int r = 0; r < pp; r++) cap = s->n[r] + 2 * m + 1 > cap ? s->n[r] + 2 * m + 1 : cap;
+    item *buf = malloc(sizeof(item) * (size_t)cap);
+    if (!vp->owner || !vp->ef_at || !vp->eb_at || !vp->enc_slot || !buf) {
+        free(buf);
+        loom_pp_vision_free(vp);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
+    }
+    vp->pieces[0] = m;
+    vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
+    score best = score_of(s, vp);
+    /* greedy over the micro-batches in order, then passes that re-place each one with the
+     * others fixed, while the plan gets better */
+    for (int pass = 0; pass < 1 + REFINE_PASSES && best.span >= 0; pass++) {
+        const score before = best;
+        for (int i = 0; i < m; i++) best = place(s, vp, i, best);
+        if (!better(best, before)) break;
+    }
+    count_pieces(s, vp, buf);
+    free(buf);
+    for (int r = 1; r < pp; r++)
+        if (vp->slots[r] > 64) {
+            loom_pp_vision_free(vp);
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--vision-schedule bubbles: more than 64 encoder pieces in "
+                                  "flight on stage %d (lower the micro-batches per step)",
+                                  r);
+        }
+    vp->span = loom_pp_vision_simulate(s, vp, vp->idle);
+    if (best.span < 0 || vp->span < 0) {
+        loom_pp_vision_free(vp);
+        return loom_error_set(err, LOOM_ERR_STATE, "--vision-schedule bubbles: the plan deadlocks");
+    }
+    return LOOM_OK;
+}
+
+void loom_pp_vision_free(loom_pp_vision *vp) {
+    free(vp->owner);
+    free(vp->ef_at);
+    free(vp->eb_at);
+    free(vp->enc_slot);
+    memset(vp, 0, sizeof *vp);
+}
+
+void loom_pp_vision_print(const loom_pp_schedule *s, const loom_pp_vision *vp, FILE *out) {
+    static const char OPS[] = {'F', 'B', 'W'};
+    static const char *const MOVE[] = {"sa", "ra", "sg", "rg"};
+    fprintf(out,
+            "vision encoder pieces (--vision-schedule bubbles; encoder forward = %.3g x stage 0's "
+            "forward, backward 2x; E = encoder forward, e = its backward on that stage, "
+            "se/re image rows sent/received, sd/rd their gradient):\n",
+            vp->fwd[0] > 0 ? vp->enc / vp->fwd[0] : 0.0);
+    int cap = 0;
+    for (int r = 0; r < s->pp; r++)
+        cap = s->n[r] + 2 * s->m + 1 > cap ? s->n[r] + 2 * s->m + 1 : cap;
+    item *buf = malloc(sizeof(item) * (size_t)cap);
+    for (int r = 0; r < s->pp && buf; r++) {
+        const int n = items_of(s, vp, r, buf);
+        fprintf(out, "stage %d:", r);
+        for (int k = 0; k < n; k++) {
+            const int i = buf[k].idx;
+            if (buf[k].kind == ITEM_EF) {
+                fprintf(out, " E%d se%d>0", i, i);
+                continue;
+            }
+            if (buf[k].kind == ITEM_EB) {
+                fprintf(out, " rd%d<0 e%d", i, i);
+                continue;
+            }
+            const loom_pp_action *a = &s->acts[r][i];
+            const int remote = r == 0 && vp->owner[a->mb] != 0;
+            if (a->op <= LOOM_PP_W) {
+                if (remote && a->op == LOOM_PP_F) fprintf(out, " re%d<%d", a->mb, vp->owner[a->mb]);
+                fprintf(out, " %c%d%s", OPS[a->op], a->mb,
+                        r == 0 && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s))
+                            ? "+E"
+                            : "");
+                if (remote && a->op == embed_backward_op(s))
+                    fprintf(out, " sd%d>%d", a->mb, vp->owner[a->mb]);
+            } else {
+                fprintf(out, " %s%d%c%d", MOVE[a->op - LOOM_PP_SEND_ACT], a->mb,
+                        a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD ? '>' : '<',
+                        a->peer);
+            }
+        }
+        fprintf(out, "\n");
+    }
+    free(buf);
+    fprintf(out,
+            "simulated step: %.3f with the encoder on stage 0, %.3f with the pieces (%.1f%% "
+            "shorter)\nidle share per stage, encoder on stage 0:",
+            vp->span_first, vp->span,
+            vp->span_first > 0 ? 100.0 * (1.0 - vp->span / vp->span_first) : 0.0);
+    for (int r = 0; r < s->pp; r++) fprintf(out, " %.3f", vp->idle_first[r]);
+    fprintf(out, "\nidle share per stage, with the pieces:");
+    for (int r = 0; r < s->pp; r++) fprintf(out, " %.3f", vp->idle[r]);
+    fprintf(out, "\n");
+}

@@ -1,0 +1,104 @@
+/* --vision-schedule bubbles' placement (pipeline/vision_plan.h) on random pipelines (pp 2
+ * to 4, gpipe, 1f1b and zb, pp to 8 micro-batches, random stage and encoder durations):
+ * every micro-batch has one owner, a later owner's EF comes before its EB within its
+ * list, the pieces per stage and the encoder models per stage add up, the plan never
+ * deadlocks and is never slower than the encoder on stage 0, the step is at least the
+ * busiest stage's work and the whole work over pp, the simulation of the plan is its
+ * recorded step, and with a free encoder nothing moves and the timeline is
+ * loom_pp_schedule_simulate's. Random inputs per run; the seed is printed and
+ * LOOM_TEST_SEED overrides it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_common.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pipeline/vision_plan.h"
+
+static double uniform(double lo, double hi) {
+    return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+static void test_random_plans(void **state) {
+    (void)state;
+    static const loom_pp_kind KINDS[] = {LOOM_PP_GPIPE, LOOM_PP_1F1B, LOOM_PP_ZB};
+    for (int trial = 0; trial < 12; trial++) {
+        const int pp = 2 + (int)(rnd() % 3), m = pp + (int)(rnd() % (9 - pp));
+        const loom_pp_kind kind = KINDS[rnd() % 3];
+        double fwd[LOOM_PP_MAX_STAGES], total = 0, busiest = 0;
+        const double enc = uniform(0.2, 3.0);
+        for (int r = 0; r < pp; r++) fwd[r] = uniform(0.5, 2.0);
+        loom_error err = {0};
+        loom_pp_schedule s;
+        loom_pp_vision vp;
+        assert_int_equal(loom_pp_schedule_build(&s, kind, pp, m, 1, &err), LOOM_OK);
+        assert_int_equal(loom_pp_vision_build(&vp, &s, fwd, enc, &err), LOOM_OK);
+        int pieces[LOOM_PP_MAX_STAGES] = {0};
+        for (int i = 0; i < m; i++) {
+            const int r = vp.owner[i];
+            assert_true(r >= 0 && r < pp);
+            pieces[r]++;
+            if (r == 0) continue;
+            assert_true(vp.ef_at[i] >= 0 && vp.ef_at[i] <= vp.eb_at[i]);
+            assert_true(vp.eb_at[i] <= s.n[r]);
+            assert_true(vp.enc_slot[i] >= 0 && vp.enc_slot[i] < vp.slots[r]);
+        }
+        for (int r = 0; r < pp; r++) {
+            assert_int_equal(pieces[r], vp.pieces[r]);
+            if (r > 0)
+                assert_true(vp.slots[r] <= vp.pieces[r] && (vp.slots[r] > 0) == (pieces[r] > 0));
+            /* each stage's own work (its encoder pieces included) fits in the step */
+            const double own = 3.0 * m * fwd[r] + 3.0 * enc * pieces[r];
+            busiest = own > busiest ? own : busiest;
+            total += own;
+        }
+        assert_true(vp.span > 0 && vp.span <= vp.span_first * (1 + 1e-12));
+        assert_true(vp.span >= busiest * (1 - 1e-12) && vp.span >= total / pp * (1 - 1e-12));
+        assert_true(loom_pp_vision_simulate(&s, &vp, NULL) == vp.span);
+        for (int r = 0; r < pp; r++)
+            assert_true(vp.idle[r] >= -1e-12 && vp.idle[r] < 1 && vp.idle_first[r] >= -1e-12);
+        /* the printed lists show every piece a later stage runs: E<mb> and e<mb> once each */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        assert_non_null(f);
+        loom_pp_vision_print(&s, &vp, f);
+        fclose(f);
+        int ef = 0, eb = 0;
+        for (const char *c = text; (c = strstr(c, " E")) != NULL; c++)
+            ef += c[2] >= '0' && c[2] <= '9';
+        for (const char *c = text; (c = strstr(c, " e")) != NULL; c++)
+            eb += c[2] >= '0' && c[2] <= '9';
+        assert_int_equal(ef, m - vp.pieces[0]);
+        assert_int_equal(eb, m - vp.pieces[0]);
+        free(text);
+        loom_pp_vision_free(&vp);
+        /* a free encoder: nothing moves, the timeline is the schedule's own */
+        for (int r = 0; r < pp; r++) fwd[r] = 1.0;
+        assert_int_equal(loom_pp_vision_build(&vp, &s, fwd, 0.0, &err), LOOM_OK);
+        assert_int_equal(vp.pieces[0], m);
+        const double unit[3] = {1, 1, 1};
+        assert_true(vp.span == loom_pp_schedule_simulate(&s, unit, NULL, NULL));
+        loom_pp_vision_free(&vp);
+        loom_pp_schedule_free(&s);
+    }
+}
+
+int main(void) {
+    const char *env = getenv("LOOM_TEST_SEED");
+    uint64_t seed =
+        env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    g_rng = seed;
+    printf("test_vision_plan: LOOM_TEST_SEED=%" PRIu64 "\n", seed);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_random_plans)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
