@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "model/transformer.h"
+#include "model/model.h"
 
 /* Floats of one micro-batch's projected image rows (B x max_images x image tokens x
  * d_model): the size of the messages (the images present come first). */
