@@ -36,11 +36,11 @@ static const char usage[] =
     "                          one number a line on stdout (default: arithmetic exact match)\n"
     "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
     "                          evaluation and --save-weights follow (0: none; 0)\n"
-    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero;\n"
-    "                          --zero 3 at --tp 1)\n"
+    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --pp,\n"
+    "                          --zero; --zero 3 at --tp 1, --pp at --tp 1 and --zero 0-2)\n"
     "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
-    "                          (the default); with --tp > 1 the weights are resharded to it\n"
-    "                          in memory after every update\n"
+    "                          (the default); with --tp, --pp > 1 or --zero 3 the weights are\n"
+    "                          resharded to it in memory after every update\n"
     "  With --init-from W.safetensors the model's configuration is the file's. The\n"
     "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
     "  and --steps are set from the rl flags. --ckpt-dir DIR [--ckpt-every N iterations]\n"
@@ -177,11 +177,13 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
-        return fail("--train-layout: loom rl trains with --dp, --tp and --zero; not --pp, "
+    if (l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
+        return fail("--train-layout: loom rl trains with --dp, --tp, --pp and --zero; not "
                     "--cp, --ep or --sequence-parallel");
     if (tc->zero > 2 && l->tp > 1)
         return fail("--train-layout: loom rl trains with --zero 3 at --tp 1 only");
+    if (l->pp > 1 && (l->tp > 1 || tc->zero > 2))
+        return fail("--train-layout: loom rl trains with --pp at --tp 1 and --zero 0-2 only");
     const struct {
         const char *flag, *value;
     } unsupported[] = {{"--dump-dir", tc->dump_dir},
@@ -209,7 +211,7 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
     const int n = rc->prompts_per_iter * rc->group_size, dp = l->dp > 0 ? l->dp : 1;
-    const int world_n = dp * (l->tp > 0 ? l->tp : 1);
+    const int world_n = dp * (l->tp > 0 ? l->tp : 1) * (l->pp > 0 ? l->pp : 1);
     if (gdp > 0 && gdp != world_n) {
         snprintf(msg, sizeof msg,
                  "--gen-layout '--dp %d': the generation layout must hold every rank of the "

@@ -131,6 +131,9 @@ typedef struct {
     float *full, *parts;        /* --tp > 1: a micro-batch's whole-vocabulary logits */
     char **ctext;               /* [gper] completion bytes for the reward */
     size_t *ctext_len, *ptext_len;
+    /* --pp > 1: where the last stage's log-probabilities and update statistics go */
+    float *stage_logp;
+    loom_grpo_stats *stage_stats;
 } rl_state;
 
 static void state_free(rl_state *s) {
@@ -166,13 +169,14 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     return st;
 }
 
-/* With --tp > 1 or ZeRO-3 the generator gets its own whole copy, and the move that fills
- * it: tp shards through parallel/reshard.h's plan; ZeRO-3's flat shards through the
+/* With --tp > 1, --pp > 1 or ZeRO-3 the generator gets its own whole copy, and the move
+ * that fills it: tp shards and pipeline stages through parallel/reshard.h's plan (a
+ * stage's tensors described in the whole model's order); ZeRO-3's flat shards through the
  * trainer's own all-gather (parallel/fsdp.h). */
 static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
     loom_mesh *mesh = r->mesh;
-    if (mesh->layout.tp == 1 && !r->sharded) return LOOM_OK;
+    if (mesh->layout.tp == 1 && !r->sharded && !r->pipelined) return LOOM_OK;
     loom_status st = loom_params_build(&s->gen_table, r->mc,
                                        &(loom_params_options){.tp_rank = 0, .tp_size = 1}, err);
     if (st) return st;
@@ -183,8 +187,10 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         train_floats = r->zero.shard_floats;
         s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
     } else {
-        if ((st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)) ||
-            (st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)))
+        if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
+            (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
+                                                               &s->gen_descs, err)
+                               : loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
             return st;
         loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
                                    mesh->layout.dp};
@@ -199,13 +205,15 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         if (!s->full || !s->parts)
             return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
     }
+    char pp[32] = "";
+    if (r->pipelined) snprintf(pp, sizeof pp, "pp %d x ", mesh->layout.pp);
     if (mesh->rank == 0)
         fprintf(stderr,
                 "loom rl: generation layout dp %d (whole weights on every rank, %.3f MiB); "
-                "training layout tp %d x dp %d%s (%.3f MiB of weights a rank); reshard moves "
-                "%.3f MiB between ranks\n",
-                mesh->size, s->gen_table.total * 4.0 / 1048576.0, mesh->layout.tp, mesh->layout.dp,
-                r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
+                "training layout %stp %d x dp %d%s (%.3f MiB of weights on rank 0); reshard "
+                "moves %.3f MiB between ranks\n",
+                mesh->size, s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp,
+                mesh->layout.dp, r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
                 s->reshard_bytes / 1048576.0);
     return reshard(s, err);
 }
@@ -443,11 +451,41 @@ static void own_dlogits(rl_state *s) {
                (size_t)s->Vl * sizeof(float));
 }
 
+/* --pp > 1: the last stage's loss (pipeline/pipeline.h's loom_pp_loss_fn) on micro-batch
+ * mb's logits at the sampling temperature: the completions' log-probabilities into
+ * s->stage_logp (forward only), or the GRPO loss and d loss / d logits (training). */
+static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, double *loss,
+                              loom_error *err) {
+    (void)err;
+    rl_state *s = ctx;
+    const int N = s->rc->ppo_micro_batch * s->T;
+    const size_t row = (size_t)mb * N, n = (size_t)N * s->V;
+    const float temp = s->rc->sampling.temperature, inv_t = 1.0f / temp;
+    if (temp != 1.0f)
+        for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
+    if (!backward) {
+        loom_grpo_logprobs(m->logits, m->targets, N, s->V, s->stage_logp + row);
+        return LOOM_OK;
+    }
+    const float *ref = s->ref_params ? s->ref_logp + row : NULL;
+    *loss += loom_grpo_loss(&s->rc->grpo, m->logits, m->targets, s->weight + row, s->adv + row,
+                            s->old_logp + row, ref, N, s->V, m->logits, s->stage_stats);
+    if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
+        for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
+    return LOOM_OK;
+}
+
 /* (3) Log-probabilities of the completions under params, every micro-batch. */
 static loom_status logprobs(rl_state *s, const float *params, float *out, loom_error *err) {
     const int M = s->rc->ppo_micro_batch;
     loom_model *m = &s->run->model;
     loom_status st = LOOM_OK;
+    if (s->run->pipelined) { /* the last stage's; the others keep theirs unused */
+        double unused;
+        s->stage_logp = out;
+        return loom_pipeline_forward_custom(s->run->pipelined, params, s->run->batch, &s->run->sync,
+                                            stage_loss, s, &unused, err);
+    }
     float *x;
     for (int k = 0; !st && k < s->per / M; k++) {
         const size_t row = (size_t)k * M * s->T;
@@ -471,7 +509,13 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     loom_grad_sync_step_begin(&r->sync);
     *loss = 0.0;
     float *x;
-    for (int k = 0; k < accum; k++) {
+    if (r->pipelined) { /* the pipeline's schedule, the GRPO loss on the last stage */
+        s->stage_stats = stats;
+        if ((st = loom_pipeline_step_custom(r->pipelined, r->params, r->grads, r->batch, &r->sync,
+                                            stage_loss, s, loss, err)))
+            return st;
+    }
+    for (int k = 0; k < accum && !r->pipelined; k++) {
         const size_t row = (size_t)k * N;
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
             (st = forward(s, k, r->params, err)) || (st = whole_logits(s, &x, err)))
@@ -667,7 +711,10 @@ static loom_status loop(rl_state *s, loom_error *err) {
         double *sums = m.sums;
         sums[0] = first.tokens, sums[1] = first.kl, sums[2] = first.clipped;
         sums[3] = first.entropy, sums[4] = first.off;
-        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err))) return st;
+        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err)) ||
+            (r->pipelined && /* the last stage's */
+             (st = loom_comm_allreduce_sum_f64(r->pipelined->comm, sums, 5, err))))
+            return st;
         const int last = it + 1 == rc->iterations;
         m.eval_now = s->eval.n && (last || (rc->eval_every > 0 && (it + 1) % rc->eval_every == 0));
         m.acc = NAN;
