@@ -33,6 +33,7 @@ void loom_rl_config_defaults(loom_rl_config *rc) {
     rc->norm = LOOM_GRPO_NORM_SEQUENCE;
     rc->ppo_epochs = 1;
     rc->ppo_micro_batch = 8;
+    rc->gen_tp = 1;
 }
 
 /* A prompt file: one prompt a line, byte tokens. */
@@ -101,8 +102,9 @@ static loom_status prompts_load(prompt_set *p, const char *flag, const char *pat
 }
 
 /* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
- * k x G + sample over the iteration; the generation layout gives world rank w the slice
- * [g0, g0 + gper), the training layout gives data rank d [q0, q0 + per). */
+ * k x G + sample over the iteration; the generation layout gives its replica w (world
+ * rank / gen tp) the slice [g0, g0 + gper), the training layout gives data rank d
+ * [q0, q0 + per). */
 typedef struct {
     const loom_rl_config *rc;
     loom_run *run;
@@ -117,6 +119,10 @@ typedef struct {
     float *gen_params; /* NULL: generation reads the training buffer (tp 1) */
     loom_ckpt_descs train_descs, gen_descs;
     loom_reshard to_gen;
+    /* --gen-layout "--tp T": the generation mesh (tp T x dp world / T); gdp replicas, this
+     * rank's replica grank, glead: its tp rank 0 (scores and counts for the replica) */
+    loom_mesh gmesh;
+    int gmesh_on, gdp, grank, glead;
     double reshard_ms, reshard_bytes;
     /* every sequence of the iteration ([n_global]) */
     const int32_t **pptr;
@@ -142,6 +148,7 @@ static void state_free(rl_state *s) {
     loom_ckpt_descs_free(&s->train_descs);
     loom_ckpt_descs_free(&s->gen_descs);
     loom_params_free(&s->gen_table);
+    if (s->gmesh_on) loom_mesh_free(&s->gmesh);
     prompts_free(&s->train);
     prompts_free(&s->eval);
     for (int i = 0; s->ctext && i < s->gper; i++) free(s->ctext[i]);
@@ -159,8 +166,12 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     loom_trace_begin(r->trace, "reshard", "rl");
     loom_status st;
     if (r->sharded) { /* ZeRO-3: the shards gathered whole on every rank, then copied */
-        if (!(st = loom_fsdp_gather_all(r->sharded, err)))
-            memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
+        if (!(st = loom_fsdp_gather_all(r->sharded, err))) {
+            if (s->gmesh_on) /* the generation layout's tp shard of the whole */
+                st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
+            else
+                memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
+        }
         loom_fsdp_invalidate(r->sharded);
     } else
         st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
@@ -176,9 +187,11 @@ static loom_status reshard(rl_state *s, loom_error *err) {
 static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
     loom_mesh *mesh = r->mesh;
-    if (mesh->layout.tp == 1 && !r->sharded && !r->pipelined) return LOOM_OK;
-    loom_status st = loom_params_build(&s->gen_table, r->mc,
-                                       &(loom_params_options){.tp_rank = 0, .tp_size = 1}, err);
+    if (mesh->layout.tp == 1 && !r->sharded && !r->pipelined && !s->gmesh_on) return LOOM_OK;
+    const int gtp = s->gmesh_on ? s->gmesh.tp.size : 1;
+    loom_status st = loom_params_build(
+        &s->gen_table, r->mc,
+        &(loom_params_options){.tp_rank = s->gmesh_on ? s->gmesh.tp_rank : 0, .tp_size = gtp}, err);
     if (st) return st;
     if (!(s->gen_params = malloc(s->gen_table.total * sizeof(float))))
         return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the weights");
@@ -186,7 +199,15 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     if (r->sharded) {
         train_floats = r->zero.shard_floats;
         s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
-    } else {
+    }
+    if (r->sharded && s->gmesh_on) { /* from the gathered whole on every rank: local copies */
+        if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
+            (st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
+            return st;
+        loom_reshard_side whole = {&s->train_descs, r->model.table.total, mesh->rank, mesh->size};
+        loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
+        if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &whole, &gen, err))) return st;
+    } else if (!r->sharded) {
         if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
             (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
                                                                &s->gen_descs, err)
@@ -205,15 +226,17 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         if (!s->full || !s->parts)
             return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
     }
-    char pp[32] = "";
+    char pp[32] = "", gen[64] = "";
     if (r->pipelined) snprintf(pp, sizeof pp, "pp %d x ", mesh->layout.pp);
+    if (gtp > 1) snprintf(gen, sizeof gen, "tp %d x ", gtp);
     if (mesh->rank == 0)
         fprintf(stderr,
-                "loom rl: generation layout dp %d (whole weights on every rank, %.3f MiB); "
+                "loom rl: generation layout %sdp %d (%s on every rank, %.3f MiB); "
                 "training layout %stp %d x dp %d%s (%.3f MiB of weights on rank 0); reshard "
                 "moves %.3f MiB between ranks\n",
-                mesh->size, s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp,
-                mesh->layout.dp, r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
+                gen, s->gdp, gtp > 1 ? "a tp shard" : "whole weights",
+                s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp, mesh->layout.dp,
+                r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
                 s->reshard_bytes / 1048576.0);
     return reshard(s, err);
 }
@@ -227,13 +250,21 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     s->n_global = rc->prompts_per_iter * rc->group_size;
     s->per = s->n_global / mesh->layout.dp;
     s->q0 = mesh->data_rank * s->per;
-    s->gper = s->n_global / mesh->size;
-    s->g0 = mesh->rank * s->gper;
+    s->gdp = mesh->size, s->grank = mesh->rank, s->glead = 1;
+    loom_status st;
+    if (rc->gen_tp > 1) {
+        const loom_world w = {mesh->rank, mesh->size, 1};
+        const loom_layout gl = {mesh->size / rc->gen_tp, rc->gen_tp, 1, 1, 1};
+        if ((st = loom_mesh_create(&s->gmesh, &w, gl, err))) return st;
+        s->gmesh_on = 1;
+        s->gdp = gl.dp, s->grank = s->gmesh.dp_rank, s->glead = s->gmesh.tp_rank == 0;
+    }
+    s->gper = s->n_global / s->gdp;
+    s->g0 = s->grank * s->gper;
     s->T = mc->seq_len;
     s->W = mc->seq_len + 1;
     s->V = mc->vocab_size;
     s->Vl = mc->vocab_size / mesh->layout.tp;
-    loom_status st;
     if ((st = prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
         (rc->eval_prompts[0] &&
          (st = prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
@@ -273,17 +304,19 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     if (s->V > '\n') s->stop['\n'] = 1;
     if ((st = open_gen_layout(s, err))) return st;
     const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
-    return loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
-                                       s->gper, err);
+    if ((st = loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
+                                          s->gper, err)))
+        return st;
+    return s->gmesh_on ? loom_batch_generator_shard(&s->gen, &s->gmesh.tp, err) : LOOM_OK;
 }
 
 /* Greedy exact-match accuracy on the held-out prompts (each rank its slice). */
 static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
     loom_run *r = s->run;
     const loom_rl_config *rc = s->rc;
-    const int W = r->mesh->size, n = s->eval.n;
-    const int lo = (int)((int64_t)n * r->mesh->rank / W);
-    const int hi = (int)((int64_t)n * (r->mesh->rank + 1) / W);
+    const int W = s->gdp, n = s->eval.n; /* each generation replica its slice */
+    const int lo = (int)((int64_t)n * s->grank / W);
+    const int hi = (int)((int64_t)n * (s->grank + 1) / W);
     loom_rollout_options ro = {{0.0f, 0, 1.0f}, rc->max_new, s->stop, 0};
     double correct = 0.0;
     loom_status st;
@@ -296,8 +329,9 @@ static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
         for (int i = 0; i < m; i++) {
             char *c = s->ctext[i];
             for (int k = 0; k < s->clen[i]; k++) c[k] = (char)s->comp[(size_t)i * rc->max_new + k];
-            correct += loom_reward_arith(s->eval.text[first + i], (size_t)s->eval.len[first + i], c,
-                                         (size_t)s->clen[i]);
+            if (s->glead) /* once per replica */
+                correct += loom_reward_arith(s->eval.text[first + i],
+                                             (size_t)s->eval.len[first + i], c, (size_t)s->clen[i]);
         }
     }
     if ((st = loom_comm_allreduce_sum_f64(&r->mesh->world, &correct, 1, err))) return st;
@@ -342,16 +376,17 @@ static loom_status rewards(rl_state *s, loom_error *err) {
         s->ctext[i][s->clen[q]] = 0;
         s->ctext_len[i] = (size_t)s->clen[q];
     }
-    if (!st && rc->reward_cmd[0])
+    /* a tp generation replica's ranks hold the same completions: its tp rank 0 scores */
+    if (!st && s->glead && rc->reward_cmd[0])
         st = loom_reward_cmd(rc->reward_cmd, s->gper, ptext, s->ptext_len,
                              (const char *const *)s->ctext, s->ctext_len, mine, err);
-    else
+    else if (s->glead)
         for (int i = 0; !st && i < s->gper; i++)
             mine[i] = loom_reward_arith(ptext[i], s->ptext_len[i], s->ctext[i], s->ctext_len[i]);
     if (!st) {
         double *len = s->sums + n, *tok = s->sums + 2 * (size_t)n;
         memset(s->sums, 0, (size_t)n * (2 + K) * sizeof *s->sums);
-        for (int i = 0; i < s->gper; i++) {
+        for (int i = 0; i < s->gper && s->glead; i++) {
             const int q = s->g0 + i;
             s->sums[q] = mine[i];
             len[q] = s->clen[q];

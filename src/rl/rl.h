@@ -32,6 +32,7 @@ typedef struct {
     int ppo_micro_batch;              /* --ppo-micro-batch: sequences per forward/backward */
     char reward_cmd[LOOM_PATH_MAX];   /* --reward-cmd; "" = the arithmetic verifier */
     float time_limit_min;             /* --time-limit: no iteration starts after (0: none) */
+    int gen_tp;                       /* --gen-layout "--tp T": generation's tp group (1) */
 } loom_rl_config;
 
 void loom_rl_config_defaults(loom_rl_config *rc);
