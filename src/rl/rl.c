@@ -180,10 +180,11 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     return st;
 }
 
-/* With --tp > 1, --pp > 1 or ZeRO-3 the generator gets its own whole copy, and the move
- * that fills it: tp shards and pipeline stages through parallel/reshard.h's plan (a
- * stage's tensors described in the whole model's order); ZeRO-3's flat shards through the
- * trainer's own all-gather (parallel/fsdp.h). */
+/* With --tp > 1, --pp > 1 or ZeRO-3 in training, or --tp in generation, the generator
+ * gets its own copy (whole, or its generation tp shard), and the move that fills it: tp
+ * shards and pipeline stages through parallel/reshard.h's plan (a stage's tensors
+ * described in the whole model's order); ZeRO-3's flat shards through the trainer's own
+ * all-gather (parallel/fsdp.h), then copied (a tp shard: the plan's local copies). */
 static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
     loom_mesh *mesh = r->mesh;
