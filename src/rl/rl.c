@@ -167,7 +167,7 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     loom_status st;
     if (r->sharded) { /* ZeRO-3: the shards gathered whole on every rank, then copied */
         if (!(st = loom_fsdp_gather_all(r->sharded, err))) {
-            if (s->gmesh_on) /* the generation layout's tp shard of the whole */
+            if (s->to_gen.comm) /* a generation tp shard, or from pipeline stages */
                 st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
             else
                 memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
@@ -201,14 +201,9 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         train_floats = r->zero.shard_floats;
         s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
     }
-    if (r->sharded && s->gmesh_on) { /* from the gathered whole on every rank: local copies */
-        if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
-            (st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
-            return st;
-        loom_reshard_side whole = {&s->train_descs, r->model.table.total, mesh->rank, mesh->size};
-        loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
-        if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &whole, &gen, err))) return st;
-    } else if (!r->sharded) {
+    /* ZeRO-3 to whole replicas: the gathered whole copied; else a plan (ZeRO-3: from the
+     * gathered whole stage or model, the data-parallel ranks its replicas) */
+    if (!r->sharded || s->gmesh_on || r->pipelined) {
         if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
             (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
                                                                &s->gen_descs, err)
@@ -218,7 +213,7 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
                                    mesh->layout.dp};
         loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
         if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
-        s->reshard_bytes = s->to_gen.bytes_moved;
+        s->reshard_bytes += s->to_gen.bytes_moved;
     }
     if (mesh->layout.tp > 1) {
         const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
