@@ -201,9 +201,9 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         train_floats = r->zero.shard_floats;
         s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
     }
-    /* ZeRO-3 to whole replicas: the gathered whole copied; else a plan (ZeRO-3: from the
-     * gathered whole stage or model, the data-parallel ranks its replicas) */
-    if (!r->sharded || s->gmesh_on || r->pipelined) {
+    /* ZeRO-3 (tp 1, no stages) to whole replicas: the gathered whole copied; else a plan
+     * (ZeRO-3: from the gathered stage or tp shard, the data-parallel ranks its replicas) */
+    if (!r->sharded || s->gmesh_on || r->pipelined || mesh->layout.tp > 1) {
         if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
             (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
                                                                &s->gen_descs, err)
