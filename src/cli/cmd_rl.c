@@ -37,7 +37,7 @@ static const char usage[] =
     "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
     "                          evaluation and --save-weights follow (0: none; 0)\n"
     "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --pp,\n"
-    "                          --zero; --pp at --tp 1)\n"
+    "                          --zero)\n"
     "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
     "                          (the default), or \"--tp T\": world / T replicas of T tensor-\n"
     "                          parallel ranks; with --tp, --pp > 1 or --zero 3 in training or\n"
@@ -194,8 +194,6 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     if (l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
         return fail("--train-layout: loom rl trains with --dp, --tp, --pp and --zero; not "
                     "--cp, --ep or --sequence-parallel");
-    if (l->pp > 1 && l->tp > 1)
-        return fail("--train-layout: loom rl trains with --pp at --tp 1 only");
     const struct {
         const char *flag, *value;
     } unsupported[] = {{"--dump-dir", tc->dump_dir},

@@ -452,8 +452,7 @@ static loom_status forward(rl_state *s, int k, const float *params, loom_error *
 
 /* The micro-batch's logits with whole vocabulary rows: the model's own (tp 1), or the tp
  * ranks' column slices gathered (every tp rank then computes the same loss). */
-static loom_status whole_logits(rl_state *s, float **out, loom_error *err) {
-    loom_model *m = &s->run->model;
+static loom_status whole_logits(rl_state *s, loom_model *m, float **out, loom_error *err) {
     if (!s->full) {
         *out = m->logits;
         return LOOM_OK;
@@ -473,9 +472,8 @@ static loom_status whole_logits(rl_state *s, float **out, loom_error *err) {
 }
 
 /* d loss / d logits of whole rows -> this tp rank's columns (in the model's logits). */
-static void own_dlogits(rl_state *s) {
+static void own_dlogits(rl_state *s, loom_model *m) {
     if (!s->full) return;
-    loom_model *m = &s->run->model;
     const int N = s->rc->ppo_micro_batch * s->T, v0 = s->run->mesh->tp.rank * s->Vl;
     for (int i = 0; i < N; i++)
         memcpy(m->logits + (size_t)i * s->Vl, s->full + (size_t)i * s->V + v0,
@@ -487,20 +485,23 @@ static void own_dlogits(rl_state *s) {
  * s->stage_logp (forward only), or the GRPO loss and d loss / d logits (training). */
 static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, double *loss,
                               loom_error *err) {
-    (void)err;
     rl_state *s = ctx;
     const int N = s->rc->ppo_micro_batch * s->T;
-    const size_t row = (size_t)mb * N, n = (size_t)N * s->V;
+    const size_t row = (size_t)mb * N, n = (size_t)N * s->Vl;
     const float temp = s->rc->sampling.temperature, inv_t = 1.0f / temp;
     if (temp != 1.0f)
         for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
+    float *x;
+    loom_status st = whole_logits(s, m, &x, err); /* --tp > 1: the rows gathered */
+    if (st) return st;
     if (!backward) {
-        loom_grpo_logprobs(m->logits, m->targets, N, s->V, s->stage_logp + row);
+        loom_grpo_logprobs(x, m->targets, N, s->V, s->stage_logp + row);
         return LOOM_OK;
     }
     const float *ref = s->ref_params ? s->ref_logp + row : NULL;
-    *loss += loom_grpo_loss(&s->rc->grpo, m->logits, m->targets, s->weight + row, s->adv + row,
-                            s->old_logp + row, ref, N, s->V, m->logits, s->stage_stats);
+    *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
+                            s->old_logp + row, ref, N, s->V, x, s->stage_stats);
+    own_dlogits(s, m);
     if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
         for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
     return LOOM_OK;
@@ -520,7 +521,7 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
     float *x;
     for (int k = 0; !st && k < s->per / M; k++) {
         const size_t row = (size_t)k * M * s->T;
-        if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, &x, err)))
+        if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, m, &x, err)))
             loom_grpo_logprobs(x, m->targets, M * s->T, s->V, out + row);
     }
     return st;
@@ -549,11 +550,11 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     for (int k = 0; k < accum && !r->pipelined; k++) {
         const size_t row = (size_t)k * N;
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
-            (st = forward(s, k, r->params, err)) || (st = whole_logits(s, &x, err)))
+            (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
         *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
                                 s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
-        own_dlogits(s);
+        own_dlogits(s, m);
         if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
             for (size_t i = 0; i < (size_t)N * s->Vl; i++) m->logits[i] *= inv_t;
         const int final = k + 1 == accum;

@@ -3,7 +3,7 @@ epoch is exactly 1 for every token (the actor's log-probabilities of its own sam
 the rollout's, bitwise); the same run twice is bitwise (metrics and weights); the
 (train, gen) layout pairs (1, 1) (bitwise), (dp 2, dp 2), (dp 2 ZeRO-3, dp 2), (dp 2 ZeRO-1,
 dp 2), (tp 2, dp 2), (tp 2 x dp 2 ZeRO-1, dp 4), (pp 2, dp 2), (pp 2 x dp 2 ZeRO-3, dp 4), (dp 2
-ZeRO-3, tp 2) and (tp 2 x dp 2 ZeRO-3, tp 2 x dp 2), the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (tp 2
+ZeRO-3, tp 2), (tp 2 x dp 2 ZeRO-3, tp 2 x dp 2) and (pp 2 x tp 2, tp 2 x dp 2), the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (tp 2
 generation: its tp shard) after every update (pp: the log-probabilities and the GRPO loss on
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
@@ -88,7 +88,9 @@ def main():
                    ("train_dp2z3_gen_tp2",
                     ["--train-layout", "--dp 2 --zero 3", "--gen-layout", "--tp 2"], 2),
                    ("train_tp2dp2z3_gen_tp2dp2",
-                    ["--train-layout", "--tp 2 --dp 2 --zero 3", "--gen-layout", "--tp 2 --dp 2"], 4))
+                    ["--train-layout", "--tp 2 --dp 2 --zero 3", "--gen-layout", "--tp 2 --dp 2"], 4),
+                   ("train_pp2tp2_gen_tp2dp2",
+                    ["--train-layout", "--pp 2 --tp 2", "--gen-layout", "--tp 2 --dp 2"], 4))
         for name, extra, ranks in layouts:
             m, w = rl(name, extra, ranks=ranks)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1] and \
@@ -141,7 +143,7 @@ def main():
         with open(empty, "w") as f:
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
-        bad("pipeline parallel with tp", ["--train-layout", "--pp 2 --tp 2"], "--pp at --tp 1 only")
+        bad("context parallel", ["--train-layout", "--cp 2"], "--train-layout")
         bad("tp generation layout does not fit", ["--gen-layout", "--tp 2"], "--gen-layout")
         bad("pipelined generation layout", ["--gen-layout", "--pp 2"], "--gen-layout")
         bad("tp generation does not divide the heads", ["--gen-layout", "--tp 8"],
