@@ -36,11 +36,13 @@ static const char usage[] =
     "                          one number a line on stdout (default: arithmetic exact match)\n"
     "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
     "                          evaluation and --save-weights follow (0: none; 0)\n"
-    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --zero;\n"
-    "                          --zero 3 at --tp 1)\n"
+    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --pp,\n"
+    "                          --zero)\n"
     "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
-    "                          (the default); with --tp > 1 the weights are resharded to it\n"
-    "                          in memory after every update\n"
+    "                          (the default), or \"--tp T\": world / T replicas of T tensor-\n"
+    "                          parallel ranks; with --tp, --pp > 1 or --zero 3 in training or\n"
+    "                          --tp in generation the weights are resharded to it in memory\n"
+    "                          after every update\n"
     "  With --init-from W.safetensors the model's configuration is the file's. The\n"
     "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
     "  and --steps are set from the rl flags. --ckpt-dir DIR [--ckpt-every N iterations]\n"
@@ -142,12 +144,24 @@ static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, 
     return -1;
 }
 
-/* --gen-layout "--dp N": N, or 0 (not given); -1 when it is not of that form. */
-static int gen_dp(const char *g) {
-    if (!g[0]) return 0;
-    int n = 0, used = 0;
-    if (sscanf(g, " --dp %d %n", &n, &used) != 1 || g[used] || n < 1) return -1;
-    return n;
+/* --gen-layout "--dp N", "--tp T" or both (either order): *dp = N (0: not given), *tp =
+ * T (1: not given). Returns -1 when it is not of that form. */
+static int gen_layout_parse(const char *g, int *dp, int *tp) {
+    *dp = 0, *tp = 1;
+    int seen_dp = 0, seen_tp = 0;
+    while (*g) {
+        char flag[8];
+        int v = 0, used = 0;
+        if (sscanf(g, " %7s %d %n", flag, &v, &used) != 2 || v < 1) return -1;
+        if (!strcmp(flag, "--dp") && !seen_dp++)
+            *dp = v;
+        else if (!strcmp(flag, "--tp") && !seen_tp++)
+            *tp = v;
+        else
+            return -1;
+        g += used;
+    }
+    return 0;
 }
 
 int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_options *o) {
@@ -177,11 +191,9 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->pp > 1 || l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
-        return fail("--train-layout: loom rl trains with --dp, --tp and --zero; not --pp, "
+    if (l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
+        return fail("--train-layout: loom rl trains with --dp, --tp, --pp and --zero; not "
                     "--cp, --ep or --sequence-parallel");
-    if (tc->zero > 2 && l->tp > 1)
-        return fail("--train-layout: loom rl trains with --zero 3 at --tp 1 only");
     const struct {
         const char *flag, *value;
     } unsupported[] = {{"--dump-dir", tc->dump_dir},
@@ -195,33 +207,50 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
                      unsupported[i].flag);
             return fail(msg);
         }
-    const int gdp = gen_dp(gen_layout);
-    if (gdp < 0) {
+    int gdp, gtp;
+    if (gen_layout_parse(gen_layout, &gdp, &gtp) < 0) {
         snprintf(msg, sizeof msg,
-                 "--gen-layout '%s': expected \"--dp N\" (N ranks, each with the "
-                 "whole weights; a tensor-parallel generation layout is not implemented)",
+                 "--gen-layout '%s': expected \"--dp N\", \"--tp T\" or \"--tp T --dp N\" (N "
+                 "replicas of T tensor-parallel ranks)",
                  gen_layout);
         return fail(msg);
     }
+    const loom_model_config *mc = &o->model;
+    if (gtp > 1 &&
+        (mc->n_head % gtp || mc->n_kv_head % gtp || mc->d_ff % gtp || mc->vocab_size % gtp)) {
+        snprintf(msg, sizeof msg,
+                 "--gen-layout '--tp %d': T must divide the model's heads (%d), KV heads (%d), "
+                 "d_ff (%d) and vocabulary (%d)",
+                 gtp, mc->n_head, mc->n_kv_head, mc->d_ff, mc->vocab_size);
+        return fail(msg);
+    }
+    rc->gen_tp = gtp;
     if (o->model.family == LOOM_FAMILY_DIT || o->model.n_experts > 0 || o->model.vocab_size != 256)
         return fail("model: loom rl trains dense language models on byte tokens (--vocab-size "
                     "256, as loom data arith writes)");
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
     const int n = rc->prompts_per_iter * rc->group_size, dp = l->dp > 0 ? l->dp : 1;
-    const int world_n = dp * (l->tp > 0 ? l->tp : 1);
-    if (gdp > 0 && gdp != world_n) {
-        snprintf(msg, sizeof msg,
-                 "--gen-layout '--dp %d': the generation layout must hold every rank of the "
-                 "training layout's %d (--dp %d)",
-                 gdp, world_n, world_n);
+    const int world_n = dp * (l->tp > 0 ? l->tp : 1) * (l->pp > 0 ? l->pp : 1);
+    if ((gdp > 0 && gdp * gtp != world_n) || world_n % gtp != 0) {
+        if (gtp > 1)
+            snprintf(msg, sizeof msg,
+                     "--gen-layout '%s': the generation layout must hold every rank of the "
+                     "training layout's %d (tp x dp = %d)",
+                     gen_layout, world_n, world_n);
+        else
+            snprintf(msg, sizeof msg,
+                     "--gen-layout '--dp %d': the generation layout must hold every rank of the "
+                     "training layout's %d (--dp %d)",
+                     gdp, world_n, world_n);
         return fail(msg);
     }
-    if (n % world_n != 0) {
+    const int gen_replicas = world_n / gtp;
+    if (n % gen_replicas != 0) {
         snprintf(msg, sizeof msg,
-                 "--prompts-per-iter x --group-size = %d sequences must split over the %d ranks "
-                 "of the generation layout",
-                 n, world_n);
+                 "--prompts-per-iter x --group-size = %d sequences must split over the %d "
+                 "replicas of the generation layout",
+                 n, gen_replicas);
         return fail(msg);
     }
     if (n % (dp * rc->ppo_micro_batch) != 0) {

@@ -45,11 +45,25 @@ loom_status loom_batch_generator_create(loom_batch_generator *g, const loom_mode
 
 void loom_batch_generator_free(loom_batch_generator *g) {
     if (!g->be) g->be = loom_backend_cpu();
-    float *bufs[] = {g->k_cache, g->v_cache, g->x,    g->norm, g->qkv,    g->att,   g->res,
-                     g->fc,      g->act,     g->mean, g->rstd, g->scores, g->logits};
+    float *bufs[] = {g->k_cache, g->v_cache, g->x,    g->norm, g->qkv,    g->att,    g->res,
+                     g->fc,      g->act,     g->mean, g->rstd, g->scores, g->logits, g->parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_backend_free(g->be, bufs[i]);
     loom_moe_destroy(g->moe);
     memset(g, 0, sizeof *g);
+}
+
+loom_status loom_batch_generator_shard(loom_batch_generator *g, loom_comm *tp, loom_error *err) {
+    const loom_model_config *c = &g->cfg;
+    const int P = tp->size;
+    if (c->n_head % P || c->n_kv_head % P || c->d_ff % P || c->vocab_size % P || g->moe)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "generate: tp %d must divide the heads, KV heads, d_ff and the "
+                              "vocabulary of a dense model",
+                              P);
+    g->parts = loom_backend_alloc(g->be, (size_t)g->max_batch * c->vocab_size * sizeof(float));
+    if (!g->parts) return loom_error_set(err, LOOM_ERR_NOMEM, "generate: out of memory");
+    g->tp = tp;
+    return LOOM_OK;
 }
 
 static const float *opt(const float *p, size_t offset) {
@@ -70,8 +84,9 @@ static void norm(loom_batch_generator *g, int M, float *out, const float *in, si
  * of model/generate.c's attend()). */
 static void attend(loom_batch_generator *g, int layer, int r, int s, int h, int pos) {
     const loom_model_config *c = &g->cfg;
-    const int hd = c->d_model / c->n_head, kv = c->n_kv_head * hd, H = c->n_head;
-    const int g_kv = h / (c->n_head / c->n_kv_head), QKV = (H + 2 * c->n_kv_head) * hd;
+    const int P = g->tp ? g->tp->size : 1; /* the rank's heads: H / P of them */
+    const int hd = c->d_model / c->n_head, KV = c->n_kv_head / P, kv = KV * hd, H = c->n_head / P;
+    const int g_kv = h / (c->n_head / c->n_kv_head), QKV = (H + 2 * KV) * hd;
     const size_t base = ((size_t)s * c->n_layer + layer) * g->max_len * kv + (size_t)g_kv * hd;
     const float *q = g->qkv + (size_t)r * QKV + (size_t)h * hd;
     const float *K = g->k_cache + base, *Vc = g->v_cache + base;
@@ -94,18 +109,48 @@ static void attend(loom_batch_generator *g, int layer, int r, int s, int h, int 
     }
 }
 
-void loom_batch_generator_step(loom_batch_generator *g, int M, const int *seq,
-                               const int32_t *tokens, const int *pos) {
+/* A row-parallel layer's partial output summed over the tp group (no group: as it is). */
+static loom_status tp_sum(loom_batch_generator *g, float *buf, size_t n, loom_error *err) {
+    return g->tp ? loom_comm_allreduce_sum(g->tp, buf, n, err) : LOOM_OK;
+}
+
+/* tp: the vocabulary-parallel logits [M, V / P] of every rank as whole rows [M, V]. */
+static loom_status tp_logits(loom_batch_generator *g, int M, loom_error *err) {
+    if (!g->tp) return LOOM_OK;
+    const int P = g->tp->size, V = g->cfg.vocab_size, Vl = V / P, part = M * Vl;
+    int counts[P], displs[P];
+    for (int q = 0; q < P; q++) counts[q] = part, displs[q] = q * part;
+    memcpy(g->parts + (size_t)g->tp->rank * part, g->logits, (size_t)part * sizeof(float));
+    loom_status st = loom_comm_allgatherv(g->tp, g->parts, counts, displs, err);
+    for (int q = 0; !st && q < P; q++)
+        for (int r = 0; r < M; r++)
+            memcpy(g->logits + (size_t)r * V + (size_t)q * Vl,
+                   g->parts + (size_t)q * part + (size_t)r * Vl, (size_t)Vl * sizeof(float));
+    return st;
+}
+
+loom_status loom_batch_generator_step(loom_batch_generator *g, int M, const int *seq,
+                                      const int32_t *tokens, const int *pos, loom_error *err) {
     const loom_model_config *c = &g->cfg;
     const loom_param_table *t = g->table;
     const float *p = g->params;
-    const int C = c->d_model, F = c->d_ff, hd = C / c->n_head, H = c->n_head, KV = c->n_kv_head;
-    const int A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
+    const int P = g->tp ? g->tp->size : 1, lead = !g->tp || g->tp->rank == 0;
+    const int C = c->d_model, F = c->d_ff / P, hd = C / c->n_head, H = c->n_head / P;
+    const int KV = c->n_kv_head / P, A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
     const int gpt2 = c->family == LOOM_FAMILY_GPT2, FC = gpt2 ? F : 2 * F;
+    const int Vl = c->vocab_size / P, v0 = g->tp ? g->tp->rank * Vl : 0;
     const size_t n = (size_t)M * C;
-    for (int r = 0; r < M; r++)
-        loom_backend_embedding_forward(g->be, g->x + (size_t)r * C, &tokens[r], p + t->wte,
-                                       gpt2 ? p + t->wpe + (size_t)pos[r] * C : NULL, 1, 1, C);
+    loom_status st;
+    for (int r = 0; r < M; r++) {
+        const float *wpe = gpt2 && lead ? p + t->wpe + (size_t)pos[r] * C : NULL;
+        if (g->tp) /* this rank's vocabulary rows (the others: 0), positions on rank 0 */
+            loom_backend_embedding_forward_shard(g->be, g->x + (size_t)r * C, &tokens[r],
+                                                 p + t->wte, wpe, v0, Vl, 1, 1, C);
+        else
+            loom_backend_embedding_forward(g->be, g->x + (size_t)r * C, &tokens[r], p + t->wte,
+                                           gpt2 ? p + t->wpe + (size_t)pos[r] * C : NULL, 1, 1, C);
+    }
+    if ((st = tp_sum(g, g->x, n, err))) return st;
     for (int l = 0; l < c->n_layer; l++) {
         const loom_block_params *k = &t->blocks[l];
         norm(g, M, g->norm, g->x, k->norm1_w, k->norm1_b);
@@ -122,8 +167,9 @@ void loom_batch_generator_step(loom_batch_generator *g, int M, const int *seq,
 #pragma omp parallel for collapse(2) schedule(static)
         for (int r = 0; r < M; r++)
             for (int h = 0; h < H; h++) attend(g, l, r, seq[r], h, pos[r]);
-        loom_backend_linear_forward(g->be, g->res, g->att, p + k->attn_out_w, opt(p, k->attn_out_b),
-                                    M, A, C);
+        loom_backend_linear_forward(g->be, g->res, g->att, p + k->attn_out_w,
+                                    lead ? opt(p, k->attn_out_b) : NULL, M, A, C);
+        if ((st = tp_sum(g, g->res, n, err))) return st;
         loom_backend_add(g->be, g->x, g->x, g->res, n);
         norm(g, M, g->norm, g->x, k->norm2_w, k->norm2_b);
         if (k->moe) {
@@ -138,11 +184,12 @@ void loom_batch_generator_step(loom_batch_generator *g, int M, const int *seq,
             loom_backend_gelu_forward(g->be, g->act, g->fc, (size_t)M * F);
         else
             loom_backend_swiglu_forward(g->be, g->act, g->fc, M, F);
-        loom_backend_linear_forward(g->be, g->res, g->act, p + k->proj_w, opt(p, k->proj_b), M, F,
-                                    C);
+        loom_backend_linear_forward(g->be, g->res, g->act, p + k->proj_w,
+                                    lead ? opt(p, k->proj_b) : NULL, M, F, C);
+        if ((st = tp_sum(g, g->res, n, err))) return st;
         loom_backend_add(g->be, g->x, g->x, g->res, n);
     }
     norm(g, M, g->norm, g->x, t->normf_w, t->normf_b);
-    loom_backend_linear_forward(g->be, g->logits, g->norm, p + t->lm_head, NULL, M, C,
-                                c->vocab_size);
+    loom_backend_linear_forward(g->be, g->logits, g->norm, p + t->lm_head, NULL, M, C, Vl);
+    return tp_logits(g, M, err);
 }

@@ -25,6 +25,8 @@ typedef struct {
     int backward;
     int vision; /* --vision-schedule bubbles' pieces in this list (training) */
     double loss_sum;
+    loom_pp_loss_fn loss_fn; /* NULL: the model's cross-entropy */
+    void *loss_ctx;
     /* gradient readiness (training) */
     loom_grads_ready_fn ready;
     void *ready_ctx;
@@ -111,7 +113,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (!st && vs == pl->S - 1) {
             double s = 0;
             if (!(st = loom_model_head_forward(mod, x->params, out)))
-                st = loom_model_loss_sum(mod, x->dloss, x->backward, &s);
+                st = x->loss_fn ? x->loss_fn(x->loss_ctx, mod, a->mb, x->backward, &s, x->err)
+                                : loom_model_loss_sum(mod, x->dloss, x->backward, &s);
             x->loss_sum += s;
         } else if (!st && !(st = send_buffer(x, 0, slot, a->chunk, &send))) {
             /* MoE layers of this chunk: their aux/z terms in training (the last stage's
@@ -269,9 +272,9 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
     return st;
 }
 
-loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
-                               const int32_t *batch, float dloss, loom_grad_sync *sync,
-                               double *loss_sum, loom_error *err) {
+static loom_status step_run(loom_pipeline *pl, const float *params, float *grads,
+                            const int32_t *batch, float dloss, loom_grad_sync *sync,
+                            loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum, loom_error *err) {
     step_ctx x;
     memset(&x, 0, sizeof x);
     x.pl = pl;
@@ -284,6 +287,8 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     x.dloss = dloss;
     x.backward = 1;
     x.vision = pl->vision != NULL;
+    x.loss_fn = loss_fn;
+    x.loss_ctx = ctx;
     x.err = err;
     for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
     x.next_report = pl->v - 1;
@@ -302,8 +307,9 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
     return st;
 }
 
-loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
-                                       loom_grad_sync *sync, double *loss_sum, loom_error *err) {
+static loom_status forward_run(loom_pipeline *pl, const float *params, const int32_t *batch,
+                               loom_grad_sync *sync, loom_pp_loss_fn loss_fn, void *ctx,
+                               double *loss_sum, loom_error *err) {
     step_ctx x;
     memset(&x, 0, sizeof x);
     x.pl = pl;
@@ -312,9 +318,36 @@ loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, c
     x.post_after = pl->post_eval;
     x.params = params;
     x.batch = batch;
+    x.loss_fn = loss_fn;
+    x.loss_ctx = ctx;
     x.err = err;
     loom_status st = run_list(&x, sync);
     if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
     *loss_sum = x.loss_sum;
     return st;
+}
+
+loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
+                               const int32_t *batch, float dloss, loom_grad_sync *sync,
+                               double *loss_sum, loom_error *err) {
+    return step_run(pl, params, grads, batch, dloss, sync, NULL, NULL, loss_sum, err);
+}
+
+loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
+                                       loom_grad_sync *sync, double *loss_sum, loom_error *err) {
+    return forward_run(pl, params, batch, sync, NULL, NULL, loss_sum, err);
+}
+
+loom_status loom_pipeline_step_custom(loom_pipeline *pl, const float *params, float *grads,
+                                      const int32_t *batch, loom_grad_sync *sync,
+                                      loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                      loom_error *err) {
+    return step_run(pl, params, grads, batch, 0.0f, sync, loss_fn, ctx, loss_sum, err);
+}
+
+loom_status loom_pipeline_forward_custom(loom_pipeline *pl, const float *params,
+                                         const int32_t *batch, loom_grad_sync *sync,
+                                         loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                         loom_error *err) {
+    return forward_run(pl, params, batch, sync, loss_fn, ctx, loss_sum, err);
 }

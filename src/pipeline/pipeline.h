@@ -103,6 +103,23 @@ loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *gr
 /* Forward only (validation): *loss_sum as above, no gradients. */
 loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
                                        loom_grad_sync *sync, double *loss_sum, loom_error *err);
+
+/* A loss the caller computes on the last stage in place of cross-entropy (loom rl's
+ * policy-gradient loss): called after the head's forward of micro-batch mb (m: its slot,
+ * with m->logits [micro-batch x seq, vocabulary] and m->targets); adds the micro-batch's
+ * loss to *loss and, when backward, leaves d loss / d logits in m->logits. */
+typedef loom_status (*loom_pp_loss_fn)(void *ctx, loom_model *m, int mb, int backward, double *loss,
+                                       loom_error *err);
+/* loom_pipeline_step with loss_fn (ctx its argument) as the last stage's loss. */
+loom_status loom_pipeline_step_custom(loom_pipeline *pl, const float *params, float *grads,
+                                      const int32_t *batch, loom_grad_sync *sync,
+                                      loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                      loom_error *err);
+/* loom_pipeline_forward_loss with loss_fn (backward 0) as the last stage's loss. */
+loom_status loom_pipeline_forward_custom(loom_pipeline *pl, const float *params,
+                                         const int32_t *batch, loom_grad_sync *sync,
+                                         loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                         loom_error *err);
 /* Gathers the stages' unsharded tensors (stage table `st`, flat `sflat`: valid on the
  * stage's TP rank 0) into the whole model on world rank 0 (*out_t, *out_f; NULL
  * elsewhere). Collective over every rank. */

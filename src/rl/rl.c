@@ -33,6 +33,7 @@ void loom_rl_config_defaults(loom_rl_config *rc) {
     rc->norm = LOOM_GRPO_NORM_SEQUENCE;
     rc->ppo_epochs = 1;
     rc->ppo_micro_batch = 8;
+    rc->gen_tp = 1;
 }
 
 /* A prompt file: one prompt a line, byte tokens. */
@@ -101,8 +102,9 @@ static loom_status prompts_load(prompt_set *p, const char *flag, const char *pat
 }
 
 /* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
- * k x G + sample over the iteration; the generation layout gives world rank w the slice
- * [g0, g0 + gper), the training layout gives data rank d [q0, q0 + per). */
+ * k x G + sample over the iteration; the generation layout gives its replica w (world
+ * rank / gen tp) the slice [g0, g0 + gper), the training layout gives data rank d
+ * [q0, q0 + per). */
 typedef struct {
     const loom_rl_config *rc;
     loom_run *run;
@@ -117,6 +119,10 @@ typedef struct {
     float *gen_params; /* NULL: generation reads the training buffer (tp 1) */
     loom_ckpt_descs train_descs, gen_descs;
     loom_reshard to_gen;
+    /* --gen-layout "--tp T": the generation mesh (tp T x dp world / T); gdp replicas, this
+     * rank's replica grank, glead: its tp rank 0 (scores and counts for the replica) */
+    loom_mesh gmesh;
+    int gmesh_on, gdp, grank, glead;
     double reshard_ms, reshard_bytes;
     /* every sequence of the iteration ([n_global]) */
     const int32_t **pptr;
@@ -131,6 +137,9 @@ typedef struct {
     float *full, *parts;        /* --tp > 1: a micro-batch's whole-vocabulary logits */
     char **ctext;               /* [gper] completion bytes for the reward */
     size_t *ctext_len, *ptext_len;
+    /* --pp > 1: where the last stage's log-probabilities and update statistics go */
+    float *stage_logp;
+    loom_grpo_stats *stage_stats;
 } rl_state;
 
 static void state_free(rl_state *s) {
@@ -139,6 +148,7 @@ static void state_free(rl_state *s) {
     loom_ckpt_descs_free(&s->train_descs);
     loom_ckpt_descs_free(&s->gen_descs);
     loom_params_free(&s->gen_table);
+    if (s->gmesh_on) loom_mesh_free(&s->gmesh);
     prompts_free(&s->train);
     prompts_free(&s->eval);
     for (int i = 0; s->ctext && i < s->gper; i++) free(s->ctext[i]);
@@ -156,8 +166,12 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     loom_trace_begin(r->trace, "reshard", "rl");
     loom_status st;
     if (r->sharded) { /* ZeRO-3: the shards gathered whole on every rank, then copied */
-        if (!(st = loom_fsdp_gather_all(r->sharded, err)))
-            memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
+        if (!(st = loom_fsdp_gather_all(r->sharded, err))) {
+            if (s->to_gen.comm) /* a generation tp shard, or from pipeline stages */
+                st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
+            else
+                memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
+        }
         loom_fsdp_invalidate(r->sharded);
     } else
         st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
@@ -166,15 +180,19 @@ static loom_status reshard(rl_state *s, loom_error *err) {
     return st;
 }
 
-/* With --tp > 1 or ZeRO-3 the generator gets its own whole copy, and the move that fills
- * it: tp shards through parallel/reshard.h's plan; ZeRO-3's flat shards through the
- * trainer's own all-gather (parallel/fsdp.h). */
+/* With --tp > 1, --pp > 1 or ZeRO-3 in training, or --tp in generation, the generator
+ * gets its own copy (whole, or its generation tp shard), and the move that fills it: tp
+ * shards and pipeline stages through parallel/reshard.h's plan (a stage's tensors
+ * described in the whole model's order); ZeRO-3's flat shards through the trainer's own
+ * all-gather (parallel/fsdp.h), then copied (a tp shard: the plan's local copies). */
 static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     loom_run *r = s->run;
     loom_mesh *mesh = r->mesh;
-    if (mesh->layout.tp == 1 && !r->sharded) return LOOM_OK;
-    loom_status st = loom_params_build(&s->gen_table, r->mc,
-                                       &(loom_params_options){.tp_rank = 0, .tp_size = 1}, err);
+    if (mesh->layout.tp == 1 && !r->sharded && !r->pipelined && !s->gmesh_on) return LOOM_OK;
+    const int gtp = s->gmesh_on ? s->gmesh.tp.size : 1;
+    loom_status st = loom_params_build(
+        &s->gen_table, r->mc,
+        &(loom_params_options){.tp_rank = s->gmesh_on ? s->gmesh.tp_rank : 0, .tp_size = gtp}, err);
     if (st) return st;
     if (!(s->gen_params = malloc(s->gen_table.total * sizeof(float))))
         return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the weights");
@@ -182,15 +200,20 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
     if (r->sharded) {
         train_floats = r->zero.shard_floats;
         s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
-    } else {
-        if ((st = loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)) ||
-            (st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)))
+    }
+    /* ZeRO-3 (tp 1, no stages) to whole replicas: the gathered whole copied; else a plan
+     * (ZeRO-3: from the gathered stage or tp shard, the data-parallel ranks its replicas) */
+    if (!r->sharded || s->gmesh_on || r->pipelined || mesh->layout.tp > 1) {
+        if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
+            (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
+                                                               &s->gen_descs, err)
+                               : loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
             return st;
         loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
                                    mesh->layout.dp};
         loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
         if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
-        s->reshard_bytes = s->to_gen.bytes_moved;
+        s->reshard_bytes += s->to_gen.bytes_moved;
     }
     if (mesh->layout.tp > 1) {
         const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
@@ -199,12 +222,16 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         if (!s->full || !s->parts)
             return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
     }
+    char pp[32] = "", gen[64] = "";
+    if (r->pipelined) snprintf(pp, sizeof pp, "pp %d x ", mesh->layout.pp);
+    if (gtp > 1) snprintf(gen, sizeof gen, "tp %d x ", gtp);
     if (mesh->rank == 0)
         fprintf(stderr,
-                "loom rl: generation layout dp %d (whole weights on every rank, %.3f MiB); "
-                "training layout tp %d x dp %d%s (%.3f MiB of weights a rank); reshard moves "
-                "%.3f MiB between ranks\n",
-                mesh->size, s->gen_table.total * 4.0 / 1048576.0, mesh->layout.tp, mesh->layout.dp,
+                "loom rl: generation layout %sdp %d (%s on every rank, %.3f MiB); "
+                "training layout %stp %d x dp %d%s (%.3f MiB of weights on rank 0); reshard "
+                "moves %.3f MiB between ranks\n",
+                gen, s->gdp, gtp > 1 ? "a tp shard" : "whole weights",
+                s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp, mesh->layout.dp,
                 r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
                 s->reshard_bytes / 1048576.0);
     return reshard(s, err);
@@ -219,13 +246,21 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     s->n_global = rc->prompts_per_iter * rc->group_size;
     s->per = s->n_global / mesh->layout.dp;
     s->q0 = mesh->data_rank * s->per;
-    s->gper = s->n_global / mesh->size;
-    s->g0 = mesh->rank * s->gper;
+    s->gdp = mesh->size, s->grank = mesh->rank, s->glead = 1;
+    loom_status st;
+    if (rc->gen_tp > 1) {
+        const loom_world w = {mesh->rank, mesh->size, 1};
+        const loom_layout gl = {mesh->size / rc->gen_tp, rc->gen_tp, 1, 1, 1};
+        if ((st = loom_mesh_create(&s->gmesh, &w, gl, err))) return st;
+        s->gmesh_on = 1;
+        s->gdp = gl.dp, s->grank = s->gmesh.dp_rank, s->glead = s->gmesh.tp_rank == 0;
+    }
+    s->gper = s->n_global / s->gdp;
+    s->g0 = s->grank * s->gper;
     s->T = mc->seq_len;
     s->W = mc->seq_len + 1;
     s->V = mc->vocab_size;
     s->Vl = mc->vocab_size / mesh->layout.tp;
-    loom_status st;
     if ((st = prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
         (rc->eval_prompts[0] &&
          (st = prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
@@ -265,17 +300,19 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     if (s->V > '\n') s->stop['\n'] = 1;
     if ((st = open_gen_layout(s, err))) return st;
     const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
-    return loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
-                                       s->gper, err);
+    if ((st = loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
+                                          s->gper, err)))
+        return st;
+    return s->gmesh_on ? loom_batch_generator_shard(&s->gen, &s->gmesh.tp, err) : LOOM_OK;
 }
 
 /* Greedy exact-match accuracy on the held-out prompts (each rank its slice). */
 static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
     loom_run *r = s->run;
     const loom_rl_config *rc = s->rc;
-    const int W = r->mesh->size, n = s->eval.n;
-    const int lo = (int)((int64_t)n * r->mesh->rank / W);
-    const int hi = (int)((int64_t)n * (r->mesh->rank + 1) / W);
+    const int W = s->gdp, n = s->eval.n; /* each generation replica its slice */
+    const int lo = (int)((int64_t)n * s->grank / W);
+    const int hi = (int)((int64_t)n * (s->grank + 1) / W);
     loom_rollout_options ro = {{0.0f, 0, 1.0f}, rc->max_new, s->stop, 0};
     double correct = 0.0;
     loom_status st;
@@ -288,8 +325,9 @@ static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
         for (int i = 0; i < m; i++) {
             char *c = s->ctext[i];
             for (int k = 0; k < s->clen[i]; k++) c[k] = (char)s->comp[(size_t)i * rc->max_new + k];
-            correct += loom_reward_arith(s->eval.text[first + i], (size_t)s->eval.len[first + i], c,
-                                         (size_t)s->clen[i]);
+            if (s->glead) /* once per replica */
+                correct += loom_reward_arith(s->eval.text[first + i],
+                                             (size_t)s->eval.len[first + i], c, (size_t)s->clen[i]);
         }
     }
     if ((st = loom_comm_allreduce_sum_f64(&r->mesh->world, &correct, 1, err))) return st;
@@ -334,16 +372,17 @@ static loom_status rewards(rl_state *s, loom_error *err) {
         s->ctext[i][s->clen[q]] = 0;
         s->ctext_len[i] = (size_t)s->clen[q];
     }
-    if (!st && rc->reward_cmd[0])
+    /* a tp generation replica's ranks hold the same completions: its tp rank 0 scores */
+    if (!st && s->glead && rc->reward_cmd[0])
         st = loom_reward_cmd(rc->reward_cmd, s->gper, ptext, s->ptext_len,
                              (const char *const *)s->ctext, s->ctext_len, mine, err);
-    else
+    else if (s->glead)
         for (int i = 0; !st && i < s->gper; i++)
             mine[i] = loom_reward_arith(ptext[i], s->ptext_len[i], s->ctext[i], s->ctext_len[i]);
     if (!st) {
         double *len = s->sums + n, *tok = s->sums + 2 * (size_t)n;
         memset(s->sums, 0, (size_t)n * (2 + K) * sizeof *s->sums);
-        for (int i = 0; i < s->gper; i++) {
+        for (int i = 0; i < s->gper && s->glead; i++) {
             const int q = s->g0 + i;
             s->sums[q] = mine[i];
             len[q] = s->clen[q];
@@ -413,8 +452,7 @@ static loom_status forward(rl_state *s, int k, const float *params, loom_error *
 
 /* The micro-batch's logits with whole vocabulary rows: the model's own (tp 1), or the tp
  * ranks' column slices gathered (every tp rank then computes the same loss). */
-static loom_status whole_logits(rl_state *s, float **out, loom_error *err) {
-    loom_model *m = &s->run->model;
+static loom_status whole_logits(rl_state *s, loom_model *m, float **out, loom_error *err) {
     if (!s->full) {
         *out = m->logits;
         return LOOM_OK;
@@ -434,13 +472,39 @@ static loom_status whole_logits(rl_state *s, float **out, loom_error *err) {
 }
 
 /* d loss / d logits of whole rows -> this tp rank's columns (in the model's logits). */
-static void own_dlogits(rl_state *s) {
+static void own_dlogits(rl_state *s, loom_model *m) {
     if (!s->full) return;
-    loom_model *m = &s->run->model;
     const int N = s->rc->ppo_micro_batch * s->T, v0 = s->run->mesh->tp.rank * s->Vl;
     for (int i = 0; i < N; i++)
         memcpy(m->logits + (size_t)i * s->Vl, s->full + (size_t)i * s->V + v0,
                (size_t)s->Vl * sizeof(float));
+}
+
+/* --pp > 1: the last stage's loss (pipeline/pipeline.h's loom_pp_loss_fn) on micro-batch
+ * mb's logits at the sampling temperature: the completions' log-probabilities into
+ * s->stage_logp (forward only), or the GRPO loss and d loss / d logits (training). */
+static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, double *loss,
+                              loom_error *err) {
+    rl_state *s = ctx;
+    const int N = s->rc->ppo_micro_batch * s->T;
+    const size_t row = (size_t)mb * N, n = (size_t)N * s->Vl;
+    const float temp = s->rc->sampling.temperature, inv_t = 1.0f / temp;
+    if (temp != 1.0f)
+        for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
+    float *x;
+    loom_status st = whole_logits(s, m, &x, err); /* --tp > 1: the rows gathered */
+    if (st) return st;
+    if (!backward) {
+        loom_grpo_logprobs(x, m->targets, N, s->V, s->stage_logp + row);
+        return LOOM_OK;
+    }
+    const float *ref = s->ref_params ? s->ref_logp + row : NULL;
+    *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
+                            s->old_logp + row, ref, N, s->V, x, s->stage_stats);
+    own_dlogits(s, m);
+    if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
+        for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
+    return LOOM_OK;
 }
 
 /* (3) Log-probabilities of the completions under params, every micro-batch. */
@@ -448,10 +512,16 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
     const int M = s->rc->ppo_micro_batch;
     loom_model *m = &s->run->model;
     loom_status st = LOOM_OK;
+    if (s->run->pipelined) { /* the last stage's; the others keep theirs unused */
+        double unused;
+        s->stage_logp = out;
+        return loom_pipeline_forward_custom(s->run->pipelined, params, s->run->batch, &s->run->sync,
+                                            stage_loss, s, &unused, err);
+    }
     float *x;
     for (int k = 0; !st && k < s->per / M; k++) {
         const size_t row = (size_t)k * M * s->T;
-        if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, &x, err)))
+        if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, m, &x, err)))
             loom_grpo_logprobs(x, m->targets, M * s->T, s->V, out + row);
     }
     return st;
@@ -471,14 +541,20 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     loom_grad_sync_step_begin(&r->sync);
     *loss = 0.0;
     float *x;
-    for (int k = 0; k < accum; k++) {
+    if (r->pipelined) { /* the pipeline's schedule, the GRPO loss on the last stage */
+        s->stage_stats = stats;
+        if ((st = loom_pipeline_step_custom(r->pipelined, r->params, r->grads, r->batch, &r->sync,
+                                            stage_loss, s, loss, err)))
+            return st;
+    }
+    for (int k = 0; k < accum && !r->pipelined; k++) {
         const size_t row = (size_t)k * N;
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
-            (st = forward(s, k, r->params, err)) || (st = whole_logits(s, &x, err)))
+            (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
         *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
                                 s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
-        own_dlogits(s);
+        own_dlogits(s, m);
         if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
             for (size_t i = 0; i < (size_t)N * s->Vl; i++) m->logits[i] *= inv_t;
         const int final = k + 1 == accum;
@@ -667,7 +743,10 @@ static loom_status loop(rl_state *s, loom_error *err) {
         double *sums = m.sums;
         sums[0] = first.tokens, sums[1] = first.kl, sums[2] = first.clipped;
         sums[3] = first.entropy, sums[4] = first.off;
-        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err))) return st;
+        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->dp, sums, 5, err)) ||
+            (r->pipelined && /* the last stage's */
+             (st = loom_comm_allreduce_sum_f64(r->pipelined->comm, sums, 5, err))))
+            return st;
         const int last = it + 1 == rc->iterations;
         m.eval_now = s->eval.n && (last || (rc->eval_every > 0 && (it + 1) % rc->eval_every == 0));
         m.acc = NAN;

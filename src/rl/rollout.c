@@ -8,9 +8,10 @@
 
 /* Sequences [first, first + m) in one batch: every live sequence advances one position a
  * step (its prompt's next token, or the completion's last). */
-static void run_batch(loom_batch_generator *g, const loom_rollout_options *o, int first, int m,
-                      const int32_t *const *prompt, const int *plen, const uint64_t *stream,
-                      int32_t *comp, int *clen, int *seq, int32_t *tok, int *pos, int *live) {
+static loom_status run_batch(loom_batch_generator *g, const loom_rollout_options *o, int first,
+                             int m, const int32_t *const *prompt, const int *plen,
+                             const uint64_t *stream, int32_t *comp, int *clen, int *seq,
+                             int32_t *tok, int *pos, int *live, loom_error *err) {
     const int V = g->cfg.vocab_size;
     int n_live = 0;
     for (int i = 0; i < m; i++) {
@@ -24,7 +25,8 @@ static void run_batch(loom_batch_generator *g, const loom_rollout_options *o, in
             pos[r] = p;
             tok[r] = p < plen[s] ? prompt[s][p] : comp[(size_t)s * o->max_new + p - plen[s]];
         }
-        loom_batch_generator_step(g, n_live, seq, tok, pos);
+        loom_status st = loom_batch_generator_step(g, n_live, seq, tok, pos, err);
+        if (st) return st;
         int kept = 0;
         for (int r = 0; r < n_live; r++) {
             const int s = live[r];
@@ -42,6 +44,7 @@ static void run_batch(loom_batch_generator *g, const loom_rollout_options *o, in
         }
         n_live = kept;
     }
+    return LOOM_OK;
 }
 
 loom_status loom_rollout_run(loom_batch_generator *g, const loom_rollout_options *o, int n,
@@ -52,10 +55,11 @@ loom_status loom_rollout_run(loom_batch_generator *g, const loom_rollout_options
     if (!seq) return loom_error_set(err, LOOM_ERR_NOMEM, "rollout: out of memory");
     int *pos = seq + B, *live = pos + B;
     int32_t *tok = (int32_t *)(live + B);
-    for (int first = 0; first < n; first += B) {
+    loom_status st = LOOM_OK;
+    for (int first = 0; first < n && !st; first += B) {
         const int m = n - first < B ? n - first : B;
-        run_batch(g, o, first, m, prompt, plen, stream, comp, clen, seq, tok, pos, live);
+        st = run_batch(g, o, first, m, prompt, plen, stream, comp, clen, seq, tok, pos, live, err);
     }
     free(seq);
-    return LOOM_OK;
+    return st;
 }

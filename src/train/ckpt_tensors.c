@@ -33,3 +33,46 @@ loom_status loom_ckpt_tensors_describe(loom_ckpt_descs *out, const loom_param_ta
     }
     return LOOM_OK;
 }
+
+loom_status loom_ckpt_tensors_describe_as(loom_ckpt_descs *out, const loom_param_table *t,
+                                          const loom_ckpt_descs *order, loom_error *err) {
+    loom_ckpt_descs own;
+    loom_status st = loom_ckpt_tensors_describe(&own, t, err);
+    if (st) return st;
+    memset(out, 0, sizeof *out);
+    out->items = calloc((size_t)(order->n ? order->n : 1), sizeof *out->items);
+    if (!out->items) {
+        loom_ckpt_descs_free(&own);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    out->n = order->n;
+    int found = 0;
+    for (int i = 0; i < order->n; i++) {
+        const loom_ckpt_desc *o = &order->items[i];
+        int j = 0;
+        while (j < own.n && strcmp(own.items[j].name, o->name) != 0) j++;
+        if (j < own.n) {
+            out->items[i] = own.items[j];
+            found++;
+            continue;
+        }
+        loom_ckpt_desc *d = &out->items[i]; /* held elsewhere: no element here */
+        *d = *o;
+        d->local_shape[0] = 0;
+        d->local_shape[1] = 1;
+        d->origin[0] = d->origin[1] = 0;
+        d->dim = 0, d->parts = 1, d->part_step = 0;
+        d->offset = 0;
+        d->written = 0;
+    }
+    const int n_own = own.n;
+    loom_ckpt_descs_free(&own);
+    if (found != n_own) {
+        loom_ckpt_descs_free(out);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "checkpoint: %d of this rank's %d tensors are not in the other "
+                              "layout",
+                              n_own - found, n_own);
+    }
+    return LOOM_OK;
+}

@@ -13,4 +13,11 @@
 loom_status loom_ckpt_tensors_describe(loom_ckpt_descs *out, const loom_param_table *t,
                                        loom_error *err);
 
+/* A pipeline stage's registry t described in the order of another layout's descriptors
+ * `order` (the whole model's): in-memory resharding matches tensors by index. A tensor
+ * of `order` that t does not hold gets a descriptor with no local element, not written
+ * (another stage holds it). Fails when t holds a tensor `order` does not name. */
+loom_status loom_ckpt_tensors_describe_as(loom_ckpt_descs *out, const loom_param_table *t,
+                                          const loom_ckpt_descs *order, loom_error *err);
+
 #endif

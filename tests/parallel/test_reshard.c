@@ -1,8 +1,13 @@
 /* In-memory resharding (parallel/reshard.h) between layouts of one model on 1, 2 or 4
  * ranks: tensor-parallel shards with data-parallel replicas (tp 2 x dp 2, GPT-2's fused
- * qkv and a llama's), whole replicas (dp 4), tp 4, and back. Every destination element
+ * qkv and a llama's), whole replicas (dp 4), tp 4, pipeline stages (pp 2 x dp, GPT-2's
+ * tied embedding a replica on the last stage; each stage's tensors described in the whole
+ * model's order, train/ckpt_tensors.h), and back. loom rl's tensor-parallel generation
+ * layout: the batched KV-cache decoder on the resharded tp 2 shards (2 ranks) gives the
+ * whole model's logits (<= 1e-5 of their scale) at every step. Every destination element
  * must be the source's bit for bit, and the round trip train -> gen -> train gives the
  * training buffer back bitwise. A random seed each run (printed). Run under mpirun -n N. */
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +17,7 @@
 #include "comm/comm.h"
 #include "comm/world.h"
 #include "model/config.h"
+#include "model/generate_batch.h"
 #include "model/params.h"
 #include "parallel/reshard.h"
 #include "train/ckpt_tensors.h"
@@ -57,6 +63,46 @@ static void drop(view *v) {
     free(v->buf);
 }
 
+/* The batched decoder on tp shards (the group: c) against the whole model: 3 sequences,
+ * 6 positions, the logits of every step. */
+static void check_generate(loom_comm *c, const loom_model_config *cfg, view *whole, view *shard,
+                           uint64_t seed, const char *what) {
+    enum { M = 3, STEPS = 6 };
+    loom_batch_generator gw, gs;
+    loom_error err = {0};
+    if (loom_batch_generator_create(&gw, cfg, &whole->table, whole->buf, M, &err) ||
+        loom_batch_generator_create(&gs, cfg, &shard->table, shard->buf, M, &err) ||
+        loom_batch_generator_shard(&gs, c, &err)) {
+        CHECK(0, "%s: %s", what, err.msg);
+        return;
+    }
+    double worst = 0.0;
+    for (int p = 0; p < STEPS; p++) {
+        int seq[M], pos[M];
+        int32_t tok[M];
+        for (int r = 0; r < M; r++)
+            seq[r] = r, pos[r] = p, tok[r] = (int32_t)((seed >> (r + p)) % 200 + 17 * r + p) % 256;
+        loom_batch_generator_step(&gw, M, seq, tok, pos, &err);
+        if (loom_batch_generator_step(&gs, M, seq, tok, pos, &err)) {
+            CHECK(0, "%s: %s", what, err.msg);
+            break;
+        }
+        double scale = 1e-30, diff = 0.0;
+        for (size_t i = 0; i < (size_t)M * cfg->vocab_size; i++) {
+            scale = fmax(scale, fabs(gw.logits[i]));
+            diff = fmax(diff, fabs((double)gw.logits[i] - gs.logits[i]));
+        }
+        worst = fmax(worst, diff / scale);
+    }
+    CHECK(worst <= 1e-5, "%s: rank %d: tp %d decoder's logits %.2e from the whole model's", what,
+          c->rank, c->size, worst);
+    if (c->rank == 0)
+        printf("%s: the batched decoder on tp %d shards: logits within %.2e of the whole model's\n",
+               what, c->size, worst);
+    loom_batch_generator_free(&gw);
+    loom_batch_generator_free(&gs);
+}
+
 /* src layout (tp a) -> dst layout (tp b) -> a again: both bitwise. */
 static void round_trip(loom_comm *c, const loom_model_config *cfg, int a, int b, uint64_t seed,
                        const char *what) {
@@ -82,12 +128,67 @@ static void round_trip(loom_comm *c, const loom_model_config *cfg, int a, int b,
           a, b);
     CHECK(memcmp(back.buf, src.buf, src.table.total * sizeof(float)) == 0,
           "%s: rank %d: the round trip tp %d -> %d -> %d is not bitwise", what, c->rank, a, b, a);
+    /* on 2 ranks only: 4 oversubscribed ranks make its many small all-reduces slow */
+    if (a == 1 && b == 2 && c->size == 2) check_generate(c, cfg, &src, &dst, seed, what);
     if (c->rank == 0)
         printf("%s: tp %d -> tp %d -> tp %d on %d ranks: %.0f bytes moved between ranks\n", what, a,
                b, a, c->size, there.bytes_moved);
     loom_reshard_free(&there);
     loom_reshard_free(&home);
     drop(&src), drop(&dst), drop(&want), drop(&back);
+}
+
+/* Pipeline stages (pp 2 x dp world/2, one layer each) -> whole replicas (dp world) ->
+ * stages again: both bitwise. */
+static void round_trip_pp(loom_comm *c, const loom_model_config *cfg, uint64_t seed,
+                          const char *what) {
+    const int dp = c->size / 2, stage = c->rank / dp;
+    loom_layer_set ls = {.n_chunks = 1, .first = stage == 0, .last = stage == 1};
+    ls.lo[0] = stage, ls.hi[0] = stage + 1;
+    view whole, want;
+    loom_param_table st[2];
+    loom_ckpt_descs sd[2];
+    float *buf[2];
+    loom_error err = {0};
+    if (make(&whole, cfg, c->size, c->rank, 1, seed, 0) ||
+        make(&want, cfg, c->size, c->rank, 1, seed, 1)) {
+        failures++;
+        return;
+    }
+    whole.side = (loom_reshard_side){&whole.descs, whole.table.total, c->rank, c->size};
+    for (int k = 0; k < 2; k++) {
+        if (loom_params_build(&st[k], cfg, &(loom_params_options){.layers = &ls}, &err) ||
+            loom_ckpt_tensors_describe_as(&sd[k], &st[k], &whole.descs, &err)) {
+            CHECK(0, "%s: %s", what, err.msg);
+            return;
+        }
+        buf[k] = calloc(st[k].total, sizeof(float));
+    }
+    loom_params_init(&st[0], buf[0], seed);
+    loom_reshard_side src = {&sd[0], st[0].total, c->rank % dp, dp};
+    loom_reshard_side back = {&sd[1], st[1].total, c->rank % dp, dp};
+    loom_reshard there, home;
+    if (loom_reshard_plan(&there, c, &src, &whole.side, &err) ||
+        loom_reshard_run(&there, buf[0], whole.buf, &err) ||
+        loom_reshard_plan(&home, c, &whole.side, &back, &err) ||
+        loom_reshard_run(&home, whole.buf, buf[1], &err)) {
+        CHECK(0, "%s: %s", what, err.msg);
+        return;
+    }
+    CHECK(memcmp(whole.buf, want.buf, want.table.total * sizeof(float)) == 0,
+          "%s: rank %d: pp 2 -> dp %d differs from the whole model's initialisation", what, c->rank,
+          c->size);
+    CHECK(memcmp(buf[1], buf[0], st[0].total * sizeof(float)) == 0,
+          "%s: rank %d: the round trip pp 2 -> dp %d -> pp 2 is not bitwise", what, c->rank,
+          c->size);
+    if (c->rank == 0)
+        printf("%s: pp 2 x dp %d -> dp %d -> pp 2 x dp %d: %.0f bytes moved between ranks\n", what,
+               dp, c->size, dp, there.bytes_moved);
+    loom_reshard_free(&there);
+    loom_reshard_free(&home);
+    for (int k = 0; k < 2; k++)
+        loom_params_free(&st[k]), loom_ckpt_descs_free(&sd[k]), free(buf[k]);
+    drop(&whole), drop(&want);
 }
 
 int main(int argc, char **argv) {
@@ -119,6 +220,9 @@ int main(int argc, char **argv) {
             for (int b = 1; b <= world.size; b *= 2)
                 if (cfg.n_head % a == 0 && cfg.n_head % b == 0)
                     round_trip(&world, &cfg, a, b, (uint64_t)seed + (uint64_t)(a * 8 + b), what);
+        /* GPT-2 (its tied embedding a replica on the last stage); loom rl's layout test
+         * reshards a llama's stages every iteration */
+        if (world.size >= 2 && !fam) round_trip_pp(&world, &cfg, (uint64_t)seed + 99, what);
     }
     double total = failures;
     if (loom_comm_allreduce_sum_f64(&world, &total, 1, &err)) total += 1;

@@ -2,8 +2,10 @@
 epoch is exactly 1 for every token (the actor's log-probabilities of its own samples are
 the rollout's, bitwise); the same run twice is bitwise (metrics and weights); the
 (train, gen) layout pairs (1, 1) (bitwise), (dp 2, dp 2), (dp 2 ZeRO-3, dp 2), (dp 2 ZeRO-1,
-dp 2), (tp 2, dp 2) and (tp 2 x dp 2 ZeRO-1, dp 4), the ZeRO-3 and tp ones moving the weights
-into the generator's whole copy after every update, give the same rewards as one process and the same weights after 3 iterations
+dp 2), (tp 2, dp 2), (tp 2 x dp 2 ZeRO-1, dp 4), (pp 2, dp 2), (pp 2 x dp 2 ZeRO-3, dp 4), (dp 2
+ZeRO-3, tp 2), (tp 2 x dp 2 ZeRO-3, tp 2 x dp 2) and (pp 2 x tp 2, tp 2 x dp 2), the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (tp 2
+generation: its tp shard) after every update (pp: the log-probabilities and the GRPO loss on
+the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
@@ -79,7 +81,16 @@ def main():
                    ("dp2_zero1", ["--dp", "2", "--zero", "1"], 2),
                    ("train_tp2_gen_dp2", ["--train-layout", "--tp 2", "--gen-layout", "--dp 2"], 2),
                    ("train_tp2dp2z1_gen_dp4",
-                    ["--train-layout", "--tp 2 --dp 2 --zero 1", "--gen-layout", "--dp 4"], 4))
+                    ["--train-layout", "--tp 2 --dp 2 --zero 1", "--gen-layout", "--dp 4"], 4),
+                   ("train_pp2_gen_dp2", ["--train-layout", "--pp 2", "--gen-layout", "--dp 2"], 2),
+                   ("train_pp2dp2z3_gen_dp4",
+                    ["--train-layout", "--pp 2 --dp 2 --zero 3", "--gen-layout", "--dp 4"], 4),
+                   ("train_dp2z3_gen_tp2",
+                    ["--train-layout", "--dp 2 --zero 3", "--gen-layout", "--tp 2"], 2),
+                   ("train_tp2dp2z3_gen_tp2dp2",
+                    ["--train-layout", "--tp 2 --dp 2 --zero 3", "--gen-layout", "--tp 2 --dp 2"], 4),
+                   ("train_pp2tp2_gen_tp2dp2",
+                    ["--train-layout", "--pp 2 --tp 2", "--gen-layout", "--tp 2 --dp 2"], 4))
         for name, extra, ranks in layouts:
             m, w = rl(name, extra, ranks=ranks)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1] and \
@@ -132,9 +143,11 @@ def main():
         with open(empty, "w") as f:
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
-        bad("pipeline parallel", ["--train-layout", "--pp 2"], "--train-layout")
-        bad("ZeRO-3 with tp", ["--train-layout", "--dp 2 --zero 3 --tp 2"], "--zero 3 at --tp 1")
-        bad("tensor-parallel generation", ["--gen-layout", "--tp 2"], "--gen-layout")
+        bad("context parallel", ["--train-layout", "--cp 2"], "--train-layout")
+        bad("tp generation layout does not fit", ["--gen-layout", "--tp 2"], "--gen-layout")
+        bad("pipelined generation layout", ["--gen-layout", "--pp 2"], "--gen-layout")
+        bad("tp generation does not divide the heads", ["--gen-layout", "--tp 8"],
+            "must divide the model's heads")
         bad("gen layout does not fit", ["--gen-layout", "--dp 3"], "--gen-layout")
 
 
