@@ -8,6 +8,8 @@ fails=0
 # "command words|mistyped flag|the suggestion"
 cases=(
     "pp-schedule|--micro-bathces|--micro-batches"
+    "ckpt|--dtpye|--dtype"
+    "gpu-info|--arena-md|--arena-mb"
 )
 for c in "${cases[@]}"; do
     IFS='|' read -r words typo near <<<"$c"
