@@ -137,17 +137,18 @@ int loom_cmd_ckpt(int argc, char **argv) {
          .help = "the file to write"},
     };
     const loom_flag_spec spec = {
-        usage,
-        "\n  inspect DIR       the newest checkpoint in DIR (or a step folder): step,\n"
-        "                    layout, model, tensors\n"
-        "  verify DIR        read every chunk and check its XXH3 checksum\n"
-        "  export DIR        whole tensors under Hugging Face names",
-        NULL,
-        flags,
-        LOOM_FLAGS_COUNT(flags),
-        GROUPS,
-        LOOM_FLAGS_COUNT(GROUPS),
-        1};
+        .usage = usage,
+        .about = "\n  inspect DIR       the newest checkpoint in DIR (or a step folder): step,\n"
+                 "                    layout, model, tensors\n"
+                 "  verify DIR        read every chunk and check its XXH3 checksum\n"
+                 "  export DIR        whole tensors under Hugging Face names",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        .positional = 1,
+        .exact = 1};
     loom_error perr = {0};
     if (loom_flags_parse(&spec, argc, argv, &help, &first, &perr)) return fail(perr.msg);
     if (help) {

@@ -52,14 +52,16 @@ int loom_cmd_gpu_info(int argc, char **argv) {
     const loom_flag flags[] = {LOOM_FLAG_FN(0, "arena-mb", &arena_mb, set_arena_mb, "N",
                                             "also carve an N MiB device arena and print its "
                                             "report")};
-    const loom_flag_spec spec = {"usage: loom gpu-info [--arena-mb N]",
-                                 "Lists the CUDA devices, or says why there are none (exit 1).",
-                                 NULL,
-                                 flags,
-                                 LOOM_FLAGS_COUNT(flags),
-                                 GROUPS,
-                                 LOOM_FLAGS_COUNT(GROUPS),
-                                 0};
+    const loom_flag_spec spec = {.usage = "usage: loom gpu-info [--arena-mb N]",
+                                 .about =
+                                     "Lists the CUDA devices, or says why there are none (exit 1).",
+                                 .footer = NULL,
+                                 .flags = flags,
+                                 .n_flags = LOOM_FLAGS_COUNT(flags),
+                                 .groups = GROUPS,
+                                 .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+                                 .positional = 0,
+                                 .exact = 1};
     loom_error perr = {0};
     int help = 0;
     if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) {

@@ -17,16 +17,16 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
         LOOM_FLAG_STR(0, "virtual-stages", &v_s, "V", "model chunks per rank (interleaved)"),
     };
     const loom_flag_spec spec = {
-        "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
-        "gpipe|1f1b|interleaved|zb] [--virtual-stages V]",
-        "prints each stage's timeline and action list (F forward, B backward-input, W "
-        "backward-weight, sa/ra send/receive activation, sg/rg gradient)",
-        NULL,
-        flags,
-        LOOM_FLAGS_COUNT(flags),
-        GROUPS,
-        LOOM_FLAGS_COUNT(GROUPS),
-        0};
+        .usage = "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
+                 "gpipe|1f1b|interleaved|zb] [--virtual-stages V]",
+        .about = "prints each stage's timeline and action list (F forward, B backward-input, W "
+                 "backward-weight, sa/ra send/receive activation, sg/rg gradient)",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        .positional = 0};
     loom_error err = {0};
     int help = 0;
     if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) {

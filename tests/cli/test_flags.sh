@@ -5,20 +5,37 @@
 set -uo pipefail
 loom=$1
 fails=0
-# "command words|mistyped flag|the suggestion"
+# "command words|its name in messages|mistyped flag|the suggestion"
 cases=(
-    "pp-schedule|--micro-bathces|--micro-batches"
-    "ckpt|--dtpye|--dtype"
-    "gpu-info|--arena-md|--arena-mb"
+    "train|train|--global-bach|--global-batch"
+    "run|run|--max-restart|--max-restarts"
+    "rl|rl|--promts|--prompts"
+    "plan|plan|--wrold|--world"
+    "pp-schedule|pp-schedule|--micro-bathces|--micro-batches"
+    "ckpt|ckpt|--dtpye|--dtype"
+    "gpu-info|gpu-info|--arena-md|--arena-mb"
+    "generate|generate|--weigths|--weights"
+    "generate --image x.png|generate|--max-tokes|--max-tokens"
+    "sample|sample|--wieghts|--weights"
+    "plot|plot|--tilte|--title"
+    "tokenizer encode|tokenizer|--tokenzier|--tokenizer"
+    "tokenizer train|tokenizer|--vocab-szie|--vocab-size"
+    "calibrate|calibrate|--quik|--quick"
+    "data bytes|data|--val-fractoin|--val-fraction"
+    "data prepare|data|--tokenzier|--tokenizer"
+    "data images|data|--shard-sampels|--shard-samples"
+    "data video|data|--from-imags|--from-images"
+    "data arith|data|--digts|--digits"
+    "data vlm|data|--mixde-images|--mixed-images"
 )
 for c in "${cases[@]}"; do
-    IFS='|' read -r words typo near <<<"$c"
+    IFS='|' read -r words named typo near <<<"$c"
     read -ra cmd <<<"$words"
     out=$("$loom" "${cmd[@]}" "$typo" 1 2>&1)
     rc=$?
-    name="loom $words"
-    if [[ $rc -ne 2 || $(wc -l <<<"$out") -ne 1 || $out != "$name: unknown option '$typo': did you mean $near? (see --help)" ||
-        $(grep -o "loom $words" <<<"$out" | wc -l) -ne 1 ]]; then
+    name="loom $named"
+    if [[ $rc -ne 2 || $(wc -l <<<"$out") -ne 1 || $out != "$name: unknown option '$typo': did you mean $near? (see --help"*")" ||
+        $(grep -o "loom $named" <<<"$out" | wc -l) -ne 1 ]]; then
         echo "FAIL: $name $typo: exit $rc: $out"
         fails=$((fails + 1))
     fi
