@@ -131,6 +131,9 @@ loom_status loom_flags_parse(const loom_flag_spec *spec, int argc, char **argv, 
                                   argv[optind - 1]);
         }
         if (c == '?') {
+            if (optopt >= FLAG_FIRST || optopt == FLAG_HELP) /* --switch=VALUE */
+                return loom_error_set(err, LOOM_ERR_INPUT, "option '%s' takes no value (%s)",
+                                      argv[optind - 1], see);
             if (optopt) /* an unknown short option (possibly inside a cluster) */
                 return loom_error_set(err, LOOM_ERR_INPUT, "unknown option '-%c' (%s)", optopt,
                                       see);

@@ -135,6 +135,7 @@ static void test_bad_values(void **state) {
         {WORDS("--stesp", "3"), "unknown option '--stesp': did you mean --steps? (see --help)"},
         {WORDS("--zzzzzz"), "unknown option '--zzzzzz' (see --help)"},
         {WORDS("-q"), "unknown option '-q' (see --help)"},
+        {WORDS("--quick=1"), "option '--quick=1' takes no value (see --help)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         assert_int_equal(parse(&spec, &o, &err, NULL, cases[i].words), LOOM_ERR_INPUT);
