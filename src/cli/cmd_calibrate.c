@@ -1,7 +1,5 @@
-#include "core/suggest.h"
 #include "cli/cmd_calibrate.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -14,6 +12,7 @@
 #include "comm/world.h"
 #include "core/clock.h"
 #include "core/cpu_boot.h"
+#include "core/flags.h"
 #include "plan/calibrate.h"
 #include "plan/profile.h"
 
@@ -22,21 +21,6 @@ typedef struct {
     int quick, threads, comm_worker;
     int groups[8], n_groups;
 } cal_opts;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: loom calibrate [-o profile.json] [--quick] [--threads N] [--groups 2,4,8]\n"
-            "       loom calibrate --validate PROFILE\n"
-            "measures this machine through loom's kernels, AdamW and MPI collectives and writes\n"
-            "a machine profile (docs/PROFILE.md):\n"
-            "  -o, --output FILE  where (default profile.json)\n"
-            "  --quick            a small grid (under a minute); the default takes minutes\n"
-            "  --threads N        the all-cores thread count measured beside 1 (default: the "
-            "online cores)\n"
-            "  --groups LIST      MPI group sizes (default 2,4,8; --quick: 2); each runs as\n"
-            "                     mpirun -n G loom calibrate --comm-worker\n"
-            "  --validate FILE    load a profile with the planner's reader, print some lookups\n");
-}
 
 static int comm_worker(const cal_opts *o, int argc, char **argv) {
     loom_world w;
@@ -213,59 +197,52 @@ static int parse_groups(const char *s, cal_opts *o) {
 }
 
 int loom_cmd_calibrate(int argc, char **argv) {
-    static const struct option opts[] = {{"output", required_argument, 0, 'o'},
-                                         {"quick", no_argument, 0, 'q'},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"groups", required_argument, 0, 'g'},
-                                         {"validate", required_argument, 0, 'v'},
-                                         {"comm-worker", no_argument, 0, 'w'},
-                                         {"comm-out", required_argument, 0, 'c'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     cal_opts o = {.out = "profile.json"};
     const char *groups = NULL;
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:", opts, NULL)) != -1) {
-        if (c == 'o')
-            o.out = optarg;
-        else if (c == 'q')
-            o.quick = 1;
-        else if (c == 't') {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (end == optarg || *end || v < 1 || v > 4096) {
-                fprintf(stderr,
-                        "loom calibrate: --threads '%s': expected an integer in [1, 4096]\n",
-                        optarg);
-                return 2;
-            }
-            o.threads = (int)v;
-        } else if (c == 'g')
-            groups = optarg;
-        else if (c == 'v')
-            o.validate = optarg;
-        else if (c == 'w')
-            o.comm_worker = 1;
-        else if (c == 'c')
-            o.comm_out = optarg;
-        else if (c == 'h') {
-            usage(stdout);
-            return 0;
-        } else if (c == ':') {
-            fprintf(stderr, "loom calibrate: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
-        } else {
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            fprintf(stderr, "loom calibrate: unknown option '%s'%s\n", argv[optind - 1], hint);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "loom calibrate: unexpected argument '%s'\n", argv[optind]);
+    const loom_flag flags[] = {
+        {.name = "output",
+         .short_name = 'o',
+         .kind = LOOM_FLAG_STRING,
+         .dst = &o.out,
+         .arg = "FILE",
+         .help = "where (default profile.json)"},
+        LOOM_FLAG_SW(0, "quick", &o.quick,
+                     "a small grid (under a minute); the default takes minutes"),
+        LOOM_FLAG_NUM(0, "threads", LOOM_FLAG_INT, &o.threads, "N",
+                      "the all-cores thread count measured beside 1 (default: the online cores)", 1,
+                      4096, NULL),
+        LOOM_FLAG_STR(0, "groups", &groups, "LIST",
+                      "MPI group sizes (default 2,4,8; --quick: 2); each runs as\n"
+                      "mpirun -n G loom calibrate --comm-worker"),
+        LOOM_FLAG_STR(1, "validate", &o.validate, "FILE",
+                      "load a profile with the planner's reader, print some lookups"),
+        {.name = "comm-worker", .kind = LOOM_FLAG_SWITCH, .dst = &o.comm_worker, .hidden = 1},
+        {.name = "comm-out", .kind = LOOM_FLAG_STRING, .dst = &o.comm_out, .hidden = 1},
+    };
+    static const loom_flag_group group_list[] = {{"Measure this machine", "docs/PROFILE.md"},
+                                                 {"Check a profile", "docs/PROFILE.md"}};
+    const loom_flag_spec spec = {
+        .usage =
+            "usage: loom calibrate [-o profile.json] [--quick] [--threads N] [--groups 2,4,8]\n"
+            "       loom calibrate --validate PROFILE",
+        .about =
+            "measures this machine through loom's kernels, AdamW and MPI collectives and writes\n"
+            "a machine profile",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = group_list,
+        .n_groups = LOOM_FLAGS_COUNT(group_list),
+        .positional = 0};
+    loom_error perr = {0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) {
+        fprintf(stderr, "loom calibrate: %s\n", perr.msg);
         return 2;
+    }
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
     }
     if (groups && !parse_groups(groups, &o)) {
         fprintf(stderr,

@@ -13,6 +13,7 @@
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_loader.h"
 #include "ckpt/manifest.h"
+#include "core/flags.h"
 #include "model/config_json.h"
 #include "model/weights.h"
 #include "train/ckpt_tensors.h"
@@ -107,49 +108,59 @@ static int export_weights(const char *dir, const loom_ckpt_manifest *m, const lo
     return 0;
 }
 
+static loom_status set_dtype(void *dst, const char *name, const char *v, loom_error *err) {
+    if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s '%.64s': expected f32 or bf16", name, v);
+    *(loom_dtype *)dst = strcmp(v, "bf16") == 0 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+    return LOOM_OK;
+}
+
+static const loom_flag_group GROUPS[] = {{"export", "docs/checkpoints.md"}};
+
 int loom_cmd_ckpt(int argc, char **argv) {
     const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
                         "safetensors [--ema] [--dtype f32|bf16] -o FILE";
-    int ema = 0;
+    int ema = 0, help = 0, first = argc;
     loom_dtype dtype = LOOM_DTYPE_F32;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("%s\n\n"
-                   "  inspect DIR       the newest checkpoint in DIR (or a step folder): step,\n"
-                   "                    layout, model, tensors\n"
-                   "  verify DIR        read every chunk and check its XXH3 checksum\n"
-                   "  export DIR        whole tensors under Hugging Face names:\n"
-                   "    --format safetensors  the only format\n"
-                   "    --ema                 the moving average's weights (--ema-decay runs)\n"
-                   "    --dtype f32|bf16      tensor dtype (default f32, the checkpoint's values\n"
-                   "                          exactly; bf16 rounds to nearest even)\n"
-                   "    -o, --output FILE     the file to write\n"
-                   "docs/checkpoints.md\n",
-                   usage);
-            return 0;
-        }
-    if (argc < 3) return fail(usage);
-    const char *cmd = argv[1], *arg = argv[2], *out = NULL, *format = "safetensors";
-    for (int i = 3; i < argc; i++) {
-        if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--output") == 0) && i + 1 < argc)
-            out = argv[++i];
-        else if (strcmp(argv[i], "--format") == 0 && i + 1 < argc)
-            format = argv[++i];
-        else if (strcmp(argv[i], "--ema") == 0)
-            ema = 1;
-        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
-            const char *d = argv[++i];
-            if (strcmp(d, "f32") != 0 && strcmp(d, "bf16") != 0) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "--dtype '%.64s': expected f32 or bf16", d);
-                return fail(msg);
-            }
-            dtype = strcmp(d, "bf16") == 0 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
-        } else {
-            char msg[256];
-            snprintf(msg, sizeof msg, "unexpected argument '%s' (%s)", argv[i], usage);
-            return fail(msg);
-        }
+    const char *out = NULL, *format = "safetensors";
+    const loom_flag flags[] = {
+        LOOM_FLAG_STR(0, "format", &format, "safetensors", "the only format"),
+        LOOM_FLAG_SW(0, "ema", &ema, "the moving average's weights (--ema-decay runs)"),
+        LOOM_FLAG_FN(0, "dtype", &dtype, set_dtype, "f32|bf16",
+                     "tensor dtype (default f32, the checkpoint's values\n"
+                     "exactly; bf16 rounds to nearest even)"),
+        {.name = "output",
+         .short_name = 'o',
+         .kind = LOOM_FLAG_STRING,
+         .dst = &out,
+         .arg = "FILE",
+         .help = "the file to write"},
+    };
+    const loom_flag_spec spec = {
+        .usage = usage,
+        .about = "\n  inspect DIR       the newest checkpoint in DIR (or a step folder): step,\n"
+                 "                    layout, model, tensors\n"
+                 "  verify DIR        read every chunk and check its XXH3 checksum\n"
+                 "  export DIR        whole tensors under Hugging Face names",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        .positional = 1,
+        .exact = 1};
+    loom_error perr = {0};
+    if (loom_flags_parse(&spec, argc, argv, &help, &first, &perr)) return fail(perr.msg);
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
+    }
+    if (argc - first < 2) return fail(usage);
+    const char *cmd = argv[first], *arg = argv[first + 1];
+    if (argc - first > 2) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "unexpected argument '%s' (%s)", argv[first + 2], usage);
+        return fail(msg);
     }
     char dir[1400];
     if (resolve(arg, dir, sizeof dir) != 0) {

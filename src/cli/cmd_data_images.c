@@ -1,12 +1,10 @@
 /* loom data images: IDX files or PNG folders -> image shards (data/image_shard.h);
  * loom data video: image shards -> moving-object clip shards (data/moving_clips.h);
- * and the long-option parsing of every loom data subcommand (cmd_data_images.h). */
-#include "core/suggest.h"
+ * every loom data subcommand reads its flags with loom_data_parse_flags (data_flags.c). */
 #include "cli/cmd_data_images.h"
 
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,108 +20,6 @@
 #include "data/picture.h"
 #include "data/png_folder.h"
 #include "data/prepare.h"
-
-/* ---- the flag parser ---- */
-
-/* Parses an integer flag value in [lo, hi]; prints the one-line error and returns 2. */
-static int parse_int64(const char *flag, const char *arg, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(arg, &end, 10);
-    if (errno || end == arg || *end || v < lo || v > hi) {
-        fprintf(stderr, "loom data: --%s '%s': expected an integer from %lld to %lld\n", flag, arg,
-                (long long)lo, (long long)hi);
-        return 2;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Stores one flag's value; 0, or 2 with the message printed. */
-static int flag_set(const loom_data_flag *f, const char *arg) {
-    switch (f->kind) {
-    case LOOM_DATA_FLAG_STR:
-        *f->str = arg;
-        return 0;
-    case LOOM_DATA_FLAG_STRS:
-        f->str[(*f->count)++] = arg;
-        return 0;
-    case LOOM_DATA_FLAG_INT:
-        return parse_int64(f->name, arg, f->lo, f->hi, f->i64);
-    case LOOM_DATA_FLAG_FRACTION: {
-        char *end = NULL;
-        errno = 0;
-        double v = strtod(arg, &end);
-        if (errno || end == arg || *end || !(v >= 0 && v < 1)) {
-            fprintf(stderr, "loom data: --%s '%s': expected a number in [0, 1)\n", f->name, arg);
-            return 2;
-        }
-        *f->f64 = v;
-        return 0;
-    }
-    case LOOM_DATA_FLAG_CHOICE:
-        for (int k = 0; f->choices[k]; k++)
-            if (strcmp(arg, f->choices[k]) == 0) {
-                *f->choice = f->values[k];
-                return 0;
-            }
-        fprintf(stderr, "loom data: --%s '%s': expected ", f->name, arg);
-        for (int k = 0; f->choices[k]; k++)
-            fprintf(stderr, "%s%s", k == 0 ? "" : f->choices[k + 1] ? ", " : " or ", f->choices[k]);
-        fputc('\n', stderr);
-        return 2;
-    }
-    return 2;
-}
-
-int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, int n,
-                          const char *usage) {
-    enum { HELP = 1, FIRST = 256 }; /* getopt values: FIRST + the flag's index */
-    struct option opts[LOOM_DATA_MAX_FLAGS + 2];
-    int given[LOOM_DATA_MAX_FLAGS] = {0};
-    if (n > LOOM_DATA_MAX_FLAGS) {
-        fprintf(stderr, "loom data: %d flags, at most %d\n", n, LOOM_DATA_MAX_FLAGS);
-        return 2;
-    }
-    for (int i = 0; i < n; i++)
-        opts[i] = (struct option){flags[i].name, required_argument, NULL, FIRST + i};
-    opts[n] = (struct option){"help", no_argument, NULL, HELP};
-    opts[n + 1] = (struct option){NULL, 0, NULL, 0};
-    optind = 0; /* glibc: full reset, so a command can run twice in one process */
-    opterr = 0; /* we print our own one-line messages */
-    int c;
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
-        if (c >= FIRST && c < FIRST + n) {
-            given[c - FIRST] = 1;
-            if (flag_set(&flags[c - FIRST], optarg)) return 2;
-        } else if (c == HELP) {
-            fputs(usage, stdout);
-            return 0;
-        } else if (c == ':') {
-            fprintf(stderr, "loom data: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
-        } else if (optopt > 0 && optopt < 128 && isprint(optopt)) { /* -x, also within -xy */
-            fprintf(stderr, "loom data: unknown option '-%c' (see --help)\n", optopt);
-            return 2;
-        } else {
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            fprintf(stderr, "loom data: unknown option '%s'%s (see --help)\n", argv[optind - 1],
-                    hint);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "loom data: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    for (int i = 0; i < n; i++)
-        if (flags[i].required && !given[i]) {
-            fprintf(stderr, "loom data: --%s is required\n", flags[i].name);
-            return 2;
-        }
-    return -1;
-}
 
 /* ---- loom data images ---- */
 

@@ -1,10 +1,9 @@
 /* loom generate: loads a weights file written by `loom train --save-weights`, encodes the
  * prompt, and streams sampled tokens to stdout as they come (KV-cache decoding); with
  * --prompt-file, completes every line of a file at once (batched decoding, rl/rollout.h). */
-#include "core/suggest.h"
+#include "core/flags.h"
 #include "cli/cmd_generate.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,23 +17,6 @@
 #include "rl/rollout.h"
 
 #define GEN_STREAM 0x67656e00u /* "gen" */
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: loom generate --weights PATH (--prompt TEXT | --prompt-file FILE)\n"
-               "       [--tokenizer gpt2|DIR|bytes] [--batch N (64)]\n"
-               "       (a vlm: --weights PATH --image FILE.png [--prompt TEXT]; --image --help)\n"
-               "       [--max-tokens N (100)] [--temperature T (0.8; 0 = greedy)]\n"
-               "       [--top-k K (0 = off)] [--top-p P (1 = off)] [--seed S]\n"
-               "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
-               "Streams the prompt's continuation to stdout. The tokenizer defaults to bytes for\n"
-               "a 256-token vocabulary (loom data bytes) and gpt2 otherwise. Generation stops at\n"
-               "the model's context length (--seq-len it was trained with).\n"
-               "--prompt-file: one prompt a line (no empty line); writes one completion a line,\n"
-               "in order, each ending before its first newline (or at an end-of-text token,\n"
-               "--max-tokens or the context). Up to --batch sequences are decoded together;\n"
-               "line k samples from its own random stream (seed, k), whatever the batch.\n"
-               "docs/training.md, \"Evaluation and generation\"\n");
-}
 
 static int fail(const char *msg) {
     fprintf(stderr, "loom generate: %s\n", msg);
@@ -231,81 +213,69 @@ int loom_cmd_generate(int argc, char **argv) {
     int max_tokens = 100, batch = 64;
     unsigned long long seed = 1337;
     loom_sampling s = {0.8f, 0, 1.0f};
-    static const struct option opts[] = {{"weights", 1, NULL, 'w'},
-                                         {"prompt", 1, NULL, 'p'},
-                                         {"tokenizer", 1, NULL, 't'},
-                                         {"max-tokens", 1, NULL, 'n'},
-                                         {"temperature", 1, NULL, 'T'},
-                                         {"top-k", 1, NULL, 'k'},
-                                         {"top-p", 1, NULL, 'P'},
-                                         {"seed", 1, NULL, 's'},
-                                         {"precision", 1, NULL, 'r'},
-                                         {"prompt-file", 1, NULL, 'f'},
-                                         {"batch", 1, NULL, 'b'},
-                                         {"help", 0, NULL, 'h'},
-                                         {0, 0, 0, 0}};
     loom_precision precision = LOOM_PRECISION_FP32;
     const loom_backend *be = NULL;
     loom_error perr = {0};
-    optind = 0;
-    opterr = 0;
-    int c;
-    char *end;
+    const char *precision_s = NULL, *image = NULL;
     char msg[1200];
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'w':
-            weights = optarg;
-            break;
-        case 'p':
-            prompt = optarg;
-            break;
-        case 't':
-            tok_name = optarg;
-            break;
-        case 'n':
-            max_tokens = (int)strtol(optarg, &end, 10);
-            if (*end || max_tokens < 0) return fail("--max-tokens: expected an integer >= 0");
-            break;
-        case 'T':
-            s.temperature = strtof(optarg, &end);
-            if (*end || s.temperature < 0) return fail("--temperature: expected a number >= 0");
-            break;
-        case 'k':
-            s.top_k = (int)strtol(optarg, &end, 10);
-            if (*end || s.top_k < 0) return fail("--top-k: expected an integer >= 0");
-            break;
-        case 'P':
-            s.top_p = strtof(optarg, &end);
-            if (*end || !(s.top_p > 0 && s.top_p <= 1)) return fail("--top-p: expected (0, 1]");
-            break;
-        case 's':
-            seed = strtoull(optarg, &end, 10);
-            if (*end) return fail("--seed: expected a non-negative integer");
-            break;
-        case 'r':
-            if (loom_precision_parse(optarg, "--precision", &precision, &perr))
-                return fail(perr.msg);
-            break;
-        case 'f':
-            prompt_file = optarg;
-            break;
-        case 'b':
-            batch = (int)strtol(optarg, &end, 10);
-            if (*end || batch < 1) return fail("--batch: expected an integer >= 1");
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default: {
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            snprintf(msg, sizeof msg, "unknown option or missing value '%s'%s (see --help)",
-                     argv[optind - 1], hint);
-            return fail(msg);
-        }
-        }
+    const loom_flag flags[] = {
+        LOOM_FLAG_STR(0, "weights", &weights, "PATH", "a file from loom train --save-weights"),
+        LOOM_FLAG_STR(0, "prompt", &prompt, "TEXT", "the text to continue"),
+        LOOM_FLAG_STR(0, "prompt-file", &prompt_file, "FILE",
+                      "one prompt a line (no empty line); writes one completion a line,\n"
+                      "in order, each ending before its first newline (or at an end-of-text\n"
+                      "token, --max-tokens or the context)"),
+        LOOM_FLAG_STR(0, "tokenizer", &tok_name, "gpt2|DIR|bytes",
+                      "bytes for a 256-token vocabulary (loom data bytes), else gpt2"),
+        LOOM_FLAG_NUM(0, "batch", LOOM_FLAG_INT, &batch, "N",
+                      "--prompt-file: sequences decoded together (64); line k samples\n"
+                      "from its own random stream (seed, k), whatever the batch",
+                      1, 2147483647, "expected an integer >= 1"),
+        LOOM_FLAG_STR(0, "image", &image, "FILE.png",
+                      "a vlm's text for the image (loom generate --image x --help)"),
+        LOOM_FLAG_NUM(1, "max-tokens", LOOM_FLAG_INT, &max_tokens, "N", "tokens at most (100)", 0,
+                      2147483647, "expected an integer >= 0"),
+        LOOM_FLAG_NUM(1, "temperature", LOOM_FLAG_FLOAT, &s.temperature, "T", "0.8; 0 = greedy", 0,
+                      3e38, "expected a number >= 0"),
+        LOOM_FLAG_NUM(1, "top-k", LOOM_FLAG_INT, &s.top_k, "K", "0 = off", 0, 2147483647,
+                      "expected an integer >= 0"),
+        {.name = "top-p",
+         .kind = LOOM_FLAG_FLOAT,
+         .dst = &s.top_p,
+         .arg = "P",
+         .help = "nucleus sampling (1 = off)",
+         .group = 1,
+         .lo = 0,
+         .lo_open = 1,
+         .hi = 1,
+         .expect = "expected (0, 1]"},
+        LOOM_FLAG_NUM(1, "seed", LOOM_FLAG_U64, &seed, "S", "the sampling seed (1337)", 0, 2e19,
+                      "expected a non-negative integer"),
+        LOOM_FLAG_STR(1, "precision", &precision_s, "fp32|bf16",
+                      "the linear layers' GEMMs (docs/precision.md)"),
+    };
+    static const loom_flag_group groups[] = {{"Model and prompt", "docs/training.md"},
+                                             {"Sampling", "docs/training.md"}};
+    const loom_flag_spec spec = {
+        .usage =
+            "usage: loom generate --weights PATH (--prompt TEXT | --prompt-file FILE) [flags]\n"
+            "       (a vlm: --weights PATH --image FILE.png [--prompt TEXT]; --image --help)",
+        .about = "Streams the prompt's continuation to stdout. Generation stops at the model's\n"
+                 "context length (--seq-len it was trained with).",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = groups,
+        .n_groups = LOOM_FLAGS_COUNT(groups),
+        .positional = 0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
     }
+    if (precision_s && loom_precision_parse(precision_s, "--precision", &precision, &perr))
+        return fail(perr.msg);
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");
     if (!prompt == !prompt_file) return fail("--prompt or --prompt-file: give exactly one");
     if (prompt_file && precision != LOOM_PRECISION_FP32)

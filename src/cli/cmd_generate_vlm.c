@@ -6,13 +6,13 @@
  * again each time (no KV cache), until <|endoftext|>, --max-tokens or the context is full. */
 #include "cli/cmd_generate_vlm.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu_boot.h"
+#include "core/flags.h"
 #include "core/philox.h"
 #include "data/png_folder.h"
 #include "data/vlm_shard.h"
@@ -49,52 +49,36 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
     int max_tokens = 200, threads = 1;
     float temperature = 0.0f;
     unsigned long long seed = 1337;
-    static const struct option opts[] = {
-        {"weights", 1, NULL, 'w'},     {"image", 1, NULL, 'i'},   {"prompt", 1, NULL, 'p'},
-        {"max-tokens", 1, NULL, 'n'},  {"seed", 1, NULL, 's'},    {"help", 0, NULL, 'h'},
-        {"temperature", 1, NULL, 'T'}, {"threads", 1, NULL, 't'}, {0, 0, 0, 0}};
-    optind = 0;
-    opterr = 0;
-    int c;
-    char *end, msg[1200];
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'w':
-            weights = optarg;
-            break;
-        case 'i':
-            image = optarg;
-            break;
-        case 'p':
-            prompt = optarg;
-            break;
-        case 'n':
-            max_tokens = (int)strtol(optarg, &end, 10);
-            if (*end || max_tokens < 0) return fail("--max-tokens: expected an integer >= 0");
-            break;
-        case 'T':
-            temperature = strtof(optarg, &end);
-            if (*end || !(temperature >= 0)) return fail("--temperature: expected a number >= 0");
-            break;
-        case 't':
-            threads = (int)strtol(optarg, &end, 10);
-            if (*end || threads < 0) return fail("--threads: expected an integer >= 0 (0 = all)");
-            break;
-        case 's':
-            seed = strtoull(optarg, &end, 10);
-            if (*end) return fail("--seed: expected a non-negative integer");
-            break;
-        case 'h':
-            printf("usage: loom generate --weights W --image FILE.png [--prompt TEXT]\n"
-                   "       [--max-tokens N (200)] [--temperature T (0: greedy)] [--seed S]\n"
-                   "       [--threads N (1; 0 = all cores)]\n"
-                   "Prints a vlm's text for the image (without --prompt: its caption).\n");
-            return 0;
-        default:
-            snprintf(msg, sizeof msg, "unknown option or missing value '%s' (see --help)",
-                     argv[optind - 1]);
-            return fail(msg);
-        }
+    const loom_flag flags[] = {
+        LOOM_FLAG_STR(0, "weights", &weights, "W", "a vlm's file from loom train --save-weights"),
+        LOOM_FLAG_STR(0, "image", &image, "FILE.png", "a PNG of the model's image size"),
+        LOOM_FLAG_STR(0, "prompt", &prompt, "TEXT", "the question (without: its caption)"),
+        LOOM_FLAG_NUM(0, "max-tokens", LOOM_FLAG_INT, &max_tokens, "N", "tokens at most (200)", 0,
+                      2147483647, "expected an integer >= 0"),
+        LOOM_FLAG_NUM(0, "temperature", LOOM_FLAG_FLOAT, &temperature, "T", "0: greedy", 0, 3e38,
+                      "expected a number >= 0"),
+        LOOM_FLAG_NUM(0, "seed", LOOM_FLAG_U64, &seed, "S", "the sampling seed (1337)", 0, 2e19,
+                      "expected a non-negative integer"),
+        LOOM_FLAG_NUM(0, "threads", LOOM_FLAG_INT, &threads, "N", "1; 0 = all cores", 0, 2147483647,
+                      "expected an integer >= 0 (0 = all)"),
+    };
+    static const loom_flag_group groups[] = {{"A vision-language model", "docs/vlm.md"}};
+    const loom_flag_spec spec = {
+        .usage = "usage: loom generate --weights W --image FILE.png [--prompt TEXT] [flags]",
+        .about = "Prints a vlm's text for the image (without --prompt: its caption).",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = groups,
+        .n_groups = LOOM_FLAGS_COUNT(groups),
+        .positional = 0};
+    loom_error perr = {0};
+    char msg[1200];
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
     }
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");
     if (!image) return fail("--image: required (a PNG of the model's image size)");

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/flags.h"
+
 #ifdef LOOM_CUDA
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -33,30 +35,42 @@ static int arena_probe(long mb) {
 }
 #endif
 
+static loom_status set_arena_mb(void *dst, const char *name, const char *v, loom_error *err) {
+    char *end = NULL;
+    long mb = strtol(v, &end, 10);
+    if (*end != '\0' || mb <= 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s: expected a positive integer, got '%s'",
+                              name, v);
+    *(long *)dst = mb;
+    return LOOM_OK;
+}
+
+static const loom_flag_group GROUPS[] = {{"Devices", "docs/gpu.md"}};
+
 int loom_cmd_gpu_info(int argc, char **argv) {
     long arena_mb = 0;
-    for (int i = 1; i < argc; i++) {
-        char *end = NULL;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: loom gpu-info [--arena-mb N]\n\n"
-                   "Lists the CUDA devices, or says why there are none (exit 1).\n"
-                   "  --arena-mb N   also carve an N MiB device arena and print its report\n"
-                   "docs/gpu.md\n");
-            return 0;
-        }
-        if (strcmp(argv[i], "--arena-mb") == 0 && i + 1 < argc) {
-            arena_mb = strtol(argv[++i], &end, 10);
-            if (*end != '\0' || arena_mb <= 0) {
-                fprintf(stderr,
-                        "loom gpu-info: --arena-mb: expected a positive integer, got '%s'\n",
-                        argv[i]);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "loom gpu-info: unknown option '%s' (expected --arena-mb N)\n",
-                    argv[i]);
-            return 2;
-        }
+    const loom_flag flags[] = {LOOM_FLAG_FN(0, "arena-mb", &arena_mb, set_arena_mb, "N",
+                                            "also carve an N MiB device arena and print its "
+                                            "report")};
+    const loom_flag_spec spec = {.usage = "usage: loom gpu-info [--arena-mb N]",
+                                 .about =
+                                     "Lists the CUDA devices, or says why there are none (exit 1).",
+                                 .footer = NULL,
+                                 .flags = flags,
+                                 .n_flags = LOOM_FLAGS_COUNT(flags),
+                                 .groups = GROUPS,
+                                 .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+                                 .positional = 0,
+                                 .exact = 1};
+    loom_error perr = {0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) {
+        fprintf(stderr, "loom gpu-info: %s\n", perr.msg);
+        return 2;
+    }
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
     }
 #ifdef LOOM_CUDA
     loom_cuda_device devs[16];

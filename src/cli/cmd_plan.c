@@ -39,27 +39,6 @@ typedef struct {
     int n_owned;
 } plan_args;
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P [--memory-per-rank GB]\n"
-        "                 [--ranks-per-node R] [--moe-load-max F] [--top K] [--json]\n"
-        "                 [--html FILE]\n"
-        "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
-        "[--profile P] [--json]\n"
-        "       loom plan --check RUN_DIR [--profile P] [--html FILE]\n\n"
-        "Model and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
-        "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
-        "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
-        "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as the\n"
-        "start-up report does and predicts the step from the profile (loom calibrate -o P, or\n"
-        "profiles/*.json). --explain: one layout's predicted breakdown (without --profile:\n"
-        "memory only). --check: a finished `loom run` folder (its command and --metrics)\n"
-        "against the prediction, term by term. --moe-load-max: an MoE router's busiest expert\n"
-        "over the mean load (a run's metrics moe.load_max / moe.load_mean; default 1, balanced;\n"
-        "--check reads the run's). docs/PLAN.md explains every term.\n");
-}
-
 static loom_status push_word(plan_args *a, char *w, loom_error *err) {
     if (a->train_argc >= MAX_WORDS - 1)
         return loom_error_set(err, LOOM_ERR_INPUT, "too many arguments (at most %d)", MAX_WORDS);
@@ -93,54 +72,104 @@ static loom_status parse_number(const char *flag, const char *v, double lo, doub
     errno = 0;
     double x = v ? strtod(v, &end) : 0;
     if (!v || end == v || *end || errno || !(x >= lo) || !isfinite(x))
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a number >= %g", flag,
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s '%s': expected a number >= %g", flag,
                               v ? v : "", lo);
     *out = x;
     return LOOM_OK;
 }
 
-static loom_status parse_args(plan_args *a, int argc, char **argv, loom_error *err) {
-    memset(a, 0, sizeof *a);
-    a->top = 5;
+static loom_status set_whole(void *dst, const char *name, const char *v, loom_error *err) {
+    double x = 0;
+    loom_status st = parse_number(name, v, 1, &x, err);
+    if (st) return st;
+    if (x != floor(x) || x > 1 << 20)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s '%s': expected a whole number", name, v);
+    *(int *)dst = (int)x;
+    return LOOM_OK;
+}
+
+static loom_status set_gib(void *dst, const char *name, const char *v, loom_error *err) {
+    return parse_number(name, v, 1e-6, dst, err);
+}
+
+static loom_status set_load(void *dst, const char *name, const char *v, loom_error *err) {
+    return parse_number(name, v, 1, dst, err);
+}
+
+static loom_status set_path(void *dst, const char *name, const char *v, loom_error *err) {
+    if (strlen(v) >= LOOM_PATH_MAX)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s: too long", name);
+    memcpy(dst, v, strlen(v) + 1);
+    return LOOM_OK;
+}
+
+static loom_status set_explain(void *dst, const char *name, const char *v, loom_error *err) {
+    plan_args *a = dst;
+    if (strlen(v) >= sizeof a->explain)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s: too long", name);
+    memcpy(a->explain, v, strlen(v) + 1);
+    a->explain_set = 1;
+    return LOOM_OK;
+}
+
+static const loom_flag_group GROUPS[] = {{"Search the layouts", "docs/PLAN.md"},
+                                         {"One layout, or a finished run", "docs/PLAN.md"}};
+
+enum { PLAN_N_FLAGS = 10 };
+
+static loom_flag_spec plan_spec(loom_flag *flags, plan_args *a) {
+    const loom_flag f[PLAN_N_FLAGS] = {
+        LOOM_FLAG_FN(0, "world", &a->world, set_whole, "N", "the ranks to plan for"),
+        LOOM_FLAG_FN(0, "profile", a->profile, set_path, "P",
+                     "a machine profile (loom calibrate -o P, or profiles/*.json)"),
+        LOOM_FLAG_FN(0, "memory-per-rank", &a->memory_gib, set_gib, "GB",
+                     "memory a rank may hold (default: the profile's)"),
+        LOOM_FLAG_FN(0, "ranks-per-node", &a->ranks_per_node, set_whole, "R",
+                     "ranks sharing a node (its links)"),
+        LOOM_FLAG_FN(0, "moe-load-max", &a->moe_load_max, set_load, "F",
+                     "an MoE router's busiest expert over the mean load (a run's metrics\n"
+                     "moe.load_max / moe.load_mean; default 1, balanced; --check reads\n"
+                     "the run's)"),
+        LOOM_FLAG_FN(0, "top", &a->top, set_whole, "K", "layouts listed (5)"),
+        LOOM_FLAG_SW(0, "json", &a->json, "one JSON object instead of the table"),
+        LOOM_FLAG_FN(0, "html", a->html, set_path, "FILE", "an HTML report beside"),
+        LOOM_FLAG_FN(1, "explain", a, set_explain, "\"LAYOUT FLAGS\"",
+                     "one layout's predicted breakdown (without --profile: memory only)"),
+        LOOM_FLAG_FN(1, "check", a->check, set_path, "RUN_DIR",
+                     "a finished `loom run` folder (its command and --metrics) against\n"
+                     "the prediction, term by term"),
+    };
+    memcpy(flags, f, sizeof f);
+    return (loom_flag_spec){
+        .usage = "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P "
+                 "[--memory-per-rank GB]\n"
+                 "                 [--ranks-per-node R] [--moe-load-max F] [--top K] [--json]\n"
+                 "                 [--html FILE]\n"
+                 "       loom plan [MODEL AND BATCH FLAGS] --explain \"--dp 2 --tp 2 --zero 1\" "
+                 "[--profile P] [--json]\n"
+                 "       loom plan --check RUN_DIR [--profile P] [--html FILE]",
+        .about =
+            "\nModel and batch flags are loom train's (--model, --config, --d-model, --seq-len,\n"
+            "--global-batch, --micro-batch, --threads ...). The plan enumerates the layouts loom\n"
+            "train accepts (dp x tp x pp x cp, ep for MoE, ZeRO 0-3, sequence parallelism, every\n"
+            "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as\n"
+            "the start-up report does and predicts the step from the profile. docs/PLAN.md\n"
+            "explains every term.",
+        .flags = flags,
+        .n_flags = PLAN_N_FLAGS,
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS)};
+}
+
+static loom_status parse_args(plan_args *a, const loom_flag_spec *spec, int argc, char **argv,
+                              loom_error *err) {
     loom_status st = push_word(a, "train", err);
-    for (int i = 1; i < argc && !st; i++) {
-        const char *f = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x = 0;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            a->help = 1;
-        } else if (!strcmp(f, "--json")) {
-            a->json = 1;
-        } else if (!strcmp(f, "--world") || !strcmp(f, "--top") || !strcmp(f, "--ranks-per-node")) {
-            if (!(st = parse_number(f, v, 1, &x, err))) {
-                if (x != floor(x) || x > 1 << 20)
-                    return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': expected a whole number",
-                                          f, v);
-                *(!strcmp(f, "--world") ? &a->world
-                  : !strcmp(f, "--top") ? &a->top
-                                        : &a->ranks_per_node) = (int)x;
-                i++;
-            }
-        } else if (!strcmp(f, "--memory-per-rank")) {
-            if (!(st = parse_number(f, v, 1e-6, &a->memory_gib, err))) i++;
-        } else if (!strcmp(f, "--moe-load-max")) {
-            if (!(st = parse_number(f, v, 1, &a->moe_load_max, err))) i++;
-        } else if (!strcmp(f, "--profile") || !strcmp(f, "--check") || !strcmp(f, "--html") ||
-                   !strcmp(f, "--explain")) {
-            if (!v) return loom_error_set(err, LOOM_ERR_INPUT, "%s: expects a value", f);
-            char *dst = !strcmp(f, "--profile") ? a->profile
-                        : !strcmp(f, "--check") ? a->check
-                        : !strcmp(f, "--html")  ? a->html
-                                                : a->explain;
-            size_t cap = !strcmp(f, "--explain") ? sizeof a->explain : LOOM_PATH_MAX;
-            if (strlen(v) >= cap) return loom_error_set(err, LOOM_ERR_INPUT, "%s: too long", f);
-            memcpy(dst, v, strlen(v) + 1);
-            if (dst == a->explain) a->explain_set = 1;
-            i++;
-        } else {
-            st = push_word(a, argv[i], err);
-        }
-    }
+    char **rest = malloc(((size_t)argc + 1) * sizeof *rest);
+    if (!rest) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    int n_rest = 0;
+    if (!st) st = loom_flags_take(spec, argc, argv, rest, &n_rest, &a->help, err);
+    for (int i = 0; i < n_rest && !st; i++) st = push_word(a, rest[i], err);
+    free(rest);
     if (!st && a->explain[0]) st = split_words(a, a->explain, err);
     return st;
 }
@@ -150,9 +179,10 @@ static void free_args(plan_args *a) {
 }
 
 /* loom train's options from the plan's words (the model, batch and layout flags). */
-static loom_status train_options_of(plan_args *a, loom_train_options *o, loom_error *err) {
+static loom_status train_options_of(plan_args *a, const loom_flag_spec *spec, loom_train_options *o,
+                                    loom_error *err) {
     a->train_argv[a->train_argc] = NULL;
-    loom_status st = loom_train_options_parse(o, a->train_argc, a->train_argv, err);
+    loom_status st = loom_train_options_parse_within(o, a->train_argc, a->train_argv, spec, err);
     if (st) return st;
     /* A plan reads no data: the flag the run requires names what is not read. */
     if (!o->train.data[0]) snprintf(o->train.data, sizeof o->train.data, "(not read by loom plan)");
@@ -168,10 +198,14 @@ int loom_cmd_plan(int argc, char **argv) {
     plan_args a;
     loom_train_options o;
     loom_profile *prof = NULL;
-    loom_status st = parse_args(&a, argc, argv, &err);
+    memset(&a, 0, sizeof a);
+    a.top = 5;
+    loom_flag flags[PLAN_N_FLAGS];
+    const loom_flag_spec spec = plan_spec(flags, &a);
+    loom_status st = parse_args(&a, &spec, argc, argv, &err);
     int rc = 0;
     if (!st && a.help) {
-        usage(stdout);
+        loom_flags_usage(&spec, stdout);
         free_args(&a);
         return 0;
     }
@@ -179,7 +213,7 @@ int loom_cmd_plan(int argc, char **argv) {
         st = loom_plan_check_run(a.check, a.profile, a.moe_load_max, a.html, a.json,
                                  &a.train_argv[1], a.train_argc - 1, &err);
     } else if (!st) {
-        st = train_options_of(&a, &o, &err);
+        st = train_options_of(&a, &spec, &o, &err);
         if (!st && a.moe_load_max > 0 && o.model.n_experts < 1)
             st = loom_error_set(&err, LOOM_ERR_INPUT,
                                 "--moe-load-max %g: the model has no experts (expected "

@@ -3,7 +3,7 @@
  * Nothing from the command line reaches a shell: gnuplot is started with posix_spawnp,
  * labels are quoted as gnuplot strings, and gnuplot writes into the temporary folder (an
  * output name such as '|cmd' would be a pipe to gnuplot); loom copies the PNG into place. */
-#include "core/suggest.h"
+#include "core/flags.h"
 #include "cli/cmd_plot.h"
 
 #include "core/error.h"
@@ -12,7 +12,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <spawn.h>
@@ -23,12 +22,6 @@
 #include <unistd.h>
 
 extern char **environ;
-
-static const char usage[] =
-    "usage: loom plot METRICS.jsonl... -o OUT.png [--title T] [--log-y]\n"
-    "  Draws training loss (and validation loss where recorded) against step, and tokens/s,\n"
-    "  one curve per metrics file (written by loom train --metrics), with gnuplot.\n"
-    "docs/training.md, \"Watching a run\"\n";
 
 enum { TRAIN, VAL, TPS, N_SERIES };
 static const char *series_name[N_SERIES] = {"train", "val", "tps"};
@@ -332,47 +325,40 @@ static void remove_tree_flat(const char *dir) {
 }
 
 int loom_cmd_plot(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"output", required_argument, NULL, 'o'},
-        {"title", required_argument, NULL, 't'},
-        {"log-y", no_argument, NULL, 'l'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     const char *out = NULL, *title = NULL;
-    int log_y = 0, c;
-    optind = 0; /* glibc: full reset, so the command can run twice in one process */
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:", opts, NULL)) != -1) {
-        switch (c) {
-        case 'o':
-            out = optarg;
-            break;
-        case 't':
-            title = optarg;
-            break;
-        case 'l':
-            log_y = 1;
-            break;
-        case 'h':
-            fputs(usage, stdout);
-            return 0;
-        case ':':
-            fprintf(stderr, "loom plot: option '%s' needs a value\n", argv[optind - 1]);
-            return 2;
-        default:
-            if (optopt)
-                fprintf(stderr, "loom plot: unknown option '-%c' (see --help)\n", optopt);
-            else {
-                char hint[96];
-                loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-                fprintf(stderr, "loom plot: unknown option '%s'%s (see --help)\n", argv[optind - 1],
-                        hint);
-            }
-            return 2;
-        }
+    int log_y = 0, help = 0, first = argc;
+    const loom_flag flags[] = {
+        {.name = "output",
+         .short_name = 'o',
+         .kind = LOOM_FLAG_STRING,
+         .dst = &out,
+         .arg = "OUT.png",
+         .help = "the image to write"},
+        LOOM_FLAG_STR(0, "title", &title, "T", "the plot's title"),
+        LOOM_FLAG_SW(0, "log-y", &log_y, "a logarithmic loss axis"),
+    };
+    static const loom_flag_group groups[] = {{"Watching a run", "docs/training.md"}};
+    const loom_flag_spec spec = {
+        .usage = "usage: loom plot METRICS.jsonl... -o OUT.png [--title T] [--log-y]",
+        .about = "  Draws training loss (and validation loss where recorded) against step, and "
+                 "tokens/s,\n"
+                 "  one curve per metrics file (written by loom train --metrics), with gnuplot.",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = groups,
+        .n_groups = LOOM_FLAGS_COUNT(groups),
+        .positional = 1};
+    loom_error perr = {0};
+    if (loom_flags_parse(&spec, argc, argv, &help, &first, &perr)) {
+        fprintf(stderr, "loom plot: %s\n", perr.msg);
+        return 2;
     }
-    int n = argc - optind;
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
+    }
+    int n = argc - first;
     if (n < 1 || !out || !out[0]) {
         fprintf(stderr, "loom plot: %s (usage: loom plot METRICS.jsonl... -o OUT.png)\n",
                 n < 1 ? "no metrics file given" : "-o OUT.png is required");
@@ -391,7 +377,7 @@ int loom_cmd_plot(int argc, char **argv) {
     loom_error err = {0};
     loom_status st = LOOM_OK;
     for (int i = 0; i < n && st == LOOM_OK; i++) {
-        cf[i].path = argv[optind + i];
+        cf[i].path = argv[first + i];
         st = read_metrics(&cf[i], i, tmp, &err);
     }
     char script[4200], png[4200];

@@ -1,58 +1,48 @@
-#include "core/suggest.h"
 #include "cli/cmd_pp_schedule.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/flags.h"
 #include "pipeline/schedule.h"
 #include "pipeline/vision_plan.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
-               "gpipe|1f1b|interleaved|zb] [--virtual-stages V]\n"
-               "prints each stage's timeline and action list (F forward, B backward-input, W "
-               "backward-weight, sa/ra send/receive activation, sg/rg gradient);\n"
-               "--vision-encoder R: a vlm's encoder forward costing R x a stage's forward, "
-               "placed as --vision-schedule bubbles does (docs/vlm.md)\n"
-               "docs/parallelism.md, \"Pipeline parallelism\"\n");
-}
+static const loom_flag_group GROUPS[] = {{"Pipeline schedule", "docs/parallelism.md"}};
 
 int loom_cmd_pp_schedule(int argc, char **argv) {
-    static const struct option opts[] = {{"pp", required_argument, 0, 'p'},
-                                         {"micro-batches", required_argument, 0, 'm'},
-                                         {"schedule", required_argument, 0, 's'},
-                                         {"virtual-stages", required_argument, 0, 'v'},
-                                         {"vision-encoder", required_argument, 0, 'e'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    int pp = 0, m = 0, v = 1, c;
-    double enc = -1;
-    const char *name = "1f1b";
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (c == 'p')
-            pp = atoi(optarg);
-        else if (c == 'm')
-            m = atoi(optarg);
-        else if (c == 's')
-            name = optarg;
-        else if (c == 'v')
-            v = atoi(optarg);
-        else if (c == 'e')
-            enc = atof(optarg);
-        else if (c == 'h') {
-            usage(stdout);
-            return 0;
-        } else {
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            fprintf(stderr, "loom pp-schedule: unknown option '%s'%s\n", argv[optind - 1], hint);
-            return 2;
-        }
-    }
+    const char *pp_s = "0", *m_s = "0", *v_s = "1", *enc_s = NULL, *name = "1f1b";
+    const loom_flag flags[] = {
+        LOOM_FLAG_STR(0, "pp", &pp_s, "N", "pipeline stages (>= 2)"),
+        LOOM_FLAG_STR(0, "micro-batches", &m_s, "M", "micro-batches per step"),
+        LOOM_FLAG_STR(0, "schedule", &name, "NAME", "gpipe, 1f1b (default), interleaved, zb"),
+        LOOM_FLAG_STR(0, "virtual-stages", &v_s, "V", "model chunks per rank (interleaved)"),
+        LOOM_FLAG_STR(0, "vision-encoder", &enc_s, "R",
+                      "a vlm's encoder forward costing R x a stage's forward, placed as\n"
+                      "--vision-schedule bubbles does (docs/vlm.md)"),
+    };
+    const loom_flag_spec spec = {
+        .usage = "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
+                 "gpipe|1f1b|interleaved|zb] [--virtual-stages V] [--vision-encoder R]",
+        .about = "prints each stage's timeline and action list (F forward, B backward-input, W "
+                 "backward-weight, sa/ra send/receive activation, sg/rg gradient)",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        .positional = 0};
     loom_error err = {0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) {
+        fprintf(stderr, "loom pp-schedule: %s\n", err.msg);
+        return 2;
+    }
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
+    }
+    const int pp = atoi(pp_s), m = atoi(m_s), v = atoi(v_s);
+    const double enc = enc_s ? atof(enc_s) : -1;
     loom_pp_kind kind;
     loom_pp_schedule s;
     loom_status st = loom_pp_kind_parse(name, &kind, &err);

@@ -10,134 +10,122 @@
 #include "comm/world.h"
 #include "core/cpu_boot.h"
 #include "core/fault.h"
+#include "core/flags.h"
 #include "ft/heartbeat.h"
 #include "model/weights.h"
 #include "parallel/mesh.h"
 #include "rl/rl.h"
-
-static const char usage[] =
-    "usage: loom rl --prompts FILE [rl flags] [loom train flags]\n"
-    "  GRPO post-training (docs/rl.md). rl flags:\n"
-    "  --prompts FILE          training prompts, one a line (loom data arith: train_prompts.txt)\n"
-    "  --eval-prompts FILE     held-out prompts: greedy exact-match accuracy (arithmetic)\n"
-    "  --eval-every N          iterations between evaluations (0: before and after; 0)\n"
-    "  --iterations N          rollout + update iterations (20)\n"
-    "  --prompts-per-iter P    prompts an iteration (8)\n"
-    "  --group-size G          completions of each prompt, >= 2 (8)\n"
-    "  --temperature T         sampling temperature, > 0 (1)\n"
-    "  --top-p P               nucleus sampling (1 = off)\n"
-    "  --max-new-tokens N      completion tokens at most; a newline ends one (16)\n"
-    "  --clip-eps E            the ratio's clip range [1-E, 1+E] (0.2)\n"
-    "  --kl-coef B             k3 KL to the initial model (0: no reference kept; 0)\n"
-    "  --loss-norm sequence|token  GRPO's per-sequence mean, or DAPO's per-token (sequence)\n"
-    "  --ppo-epochs N          optimizer steps on each iteration's samples (1)\n"
-    "  --ppo-micro-batch M     sequences per forward/backward (8)\n"
-    "  --reward-cmd CMD        reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
-    "                          one number a line on stdout (default: arithmetic exact match)\n"
-    "  --time-limit MIN        start no iteration after MIN minutes of RL; the held-out\n"
-    "                          evaluation and --save-weights follow (0: none; 0)\n"
-    "  --train-layout \"FLAGS\"  loom train's layout flags for the update (--tp, --dp, --pp,\n"
-    "                          --zero)\n"
-    "  --gen-layout \"--dp N\"   the generation layout: N = the world, each rank whole weights\n"
-    "                          (the default), or \"--tp T\": world / T replicas of T tensor-\n"
-    "                          parallel ranks; with --tp, --pp > 1 or --zero 3 in training or\n"
-    "                          --tp in generation the weights are resharded to it in memory\n"
-    "                          after every update\n"
-    "  With --init-from W.safetensors the model's configuration is the file's. The\n"
-    "  iteration's P x G sequences are split over --dp ranks; --micro-batch, --global-batch\n"
-    "  and --steps are set from the rl flags. --ckpt-dir DIR [--ckpt-every N iterations]\n"
-    "  and --resume (or loom run -n N -- rl ...) resume between iterations; --trace FILE\n"
-    "  shows rollout, reward, logprob, reference, update and reshard spans.\n";
-
-typedef enum { RL_STR, RL_INT, RL_FLOAT, RL_NORM } rl_kind;
-typedef struct {
-    const char *name;
-    rl_kind kind;
-    void *dst;
-    double lo, hi; /* numbers: the range allowed */
-    const char *expect;
-} rl_flag;
 
 static int fail(const char *msg) {
     fprintf(stderr, "loom rl: %s\n", msg);
     return 2;
 }
 
-static int set_flag(const rl_flag *f, const char *v) {
-    char msg[512], *end;
-    if (f->kind == RL_STR) {
-        snprintf((char *)f->dst, LOOM_PATH_MAX, "%s", v);
-        return 0;
+static loom_status set_path(void *dst, const char *name, const char *v, loom_error *err) {
+    (void)name, (void)err;
+    snprintf((char *)dst, LOOM_PATH_MAX, "%s", v);
+    return LOOM_OK;
+}
+
+static loom_status set_norm(void *dst, const char *name, const char *v, loom_error *err) {
+    if (strcmp(v, "sequence") && strcmp(v, "token"))
+        return loom_error_set(err, LOOM_ERR_INPUT, "--%s '%s': expected sequence or token", name,
+                              v);
+    *(loom_grpo_norm *)dst =
+        strcmp(v, "token") == 0 ? LOOM_GRPO_NORM_TOKEN : LOOM_GRPO_NORM_SEQUENCE;
+    return LOOM_OK;
+}
+
+#define RL_NUM(g, nm, k, d, a, h, l, u, e)                                                         \
+    {                                                                                              \
+        .name = (nm), .kind = (k), .dst = (d), .arg = (a), .help = (h), .group = (g), .lo = (l),   \
+        .hi = (u), .expect = "expected " e, .quote_value = 1                                       \
     }
-    if (f->kind == RL_NORM) {
-        if (strcmp(v, "sequence") && strcmp(v, "token")) {
-            snprintf(msg, sizeof msg, "--%s '%s': expected sequence or token", f->name, v);
-            return fail(msg);
-        }
-        *(loom_grpo_norm *)f->dst =
-            strcmp(v, "token") == 0 ? LOOM_GRPO_NORM_TOKEN : LOOM_GRPO_NORM_SEQUENCE;
-        return 0;
-    }
-    double x = strtod(v, &end);
-    if (!*v || *end || !(x >= f->lo && x <= f->hi) || (f->kind == RL_INT && x != (int)x)) {
-        snprintf(msg, sizeof msg, "--%s '%s': expected %s", f->name, v, f->expect);
-        return fail(msg);
-    }
-    if (f->kind == RL_INT)
-        *(int *)f->dst = (int)x;
-    else
-        *(float *)f->dst = (float)x;
-    return 0;
+
+static const loom_flag_group GROUPS[] = {
+    {"Prompts and rewards", "docs/rl.md"}, {"GRPO", "docs/rl.md"}, {"Layouts", "docs/rl.md"}};
+
+enum { RL_N_FLAGS = 18 };
+
+/* The rl flags (every other word is loom train's), with rl's help. */
+static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_layout,
+                              char *gen_layout) {
+    const loom_flag f[RL_N_FLAGS] = {
+        LOOM_FLAG_FN(0, "prompts", rc->prompts, set_path, "FILE",
+                     "training prompts, one a line (loom data arith: train_prompts.txt)"),
+        LOOM_FLAG_FN(0, "eval-prompts", rc->eval_prompts, set_path, "FILE",
+                     "held-out prompts: greedy exact-match accuracy (arithmetic)"),
+        RL_NUM(0, "eval-every", LOOM_FLAG_INT, &rc->eval_every, "N",
+               "iterations between evaluations (0: before and after; 0)", 0, 1e9,
+               "an integer >= 0"),
+        LOOM_FLAG_FN(0, "reward-cmd", rc->reward_cmd, set_path, "CMD",
+                     "reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
+                     "one number a line on stdout (default: arithmetic exact match)"),
+        RL_NUM(1, "iterations", LOOM_FLAG_INT, &rc->iterations, "N",
+               "rollout + update iterations (20)", 1, 1e9, "an integer >= 1"),
+        RL_NUM(1, "prompts-per-iter", LOOM_FLAG_INT, &rc->prompts_per_iter, "P",
+               "prompts an iteration (8)", 1, 1e6, "an integer >= 1"),
+        RL_NUM(1, "group-size", LOOM_FLAG_INT, &rc->group_size, "G",
+               "completions of each prompt, >= 2 (8)", 2, 1e6,
+               "an integer >= 2 (GRPO compares a group)"),
+        RL_NUM(1, "temperature", LOOM_FLAG_FLOAT, &rc->sampling.temperature, "T",
+               "sampling temperature, > 0 (1)", 1e-6, 1e6, "a number > 0"),
+        RL_NUM(1, "top-p", LOOM_FLAG_FLOAT, &rc->sampling.top_p, "P", "nucleus sampling (1 = off)",
+               1e-9, 1, "a number in (0, 1]"),
+        RL_NUM(1, "max-new-tokens", LOOM_FLAG_INT, &rc->max_new, "N",
+               "completion tokens at most; a newline ends one (16)", 1, 1e6, "an integer >= 1"),
+        RL_NUM(1, "clip-eps", LOOM_FLAG_FLOAT, &rc->grpo.clip_eps, "E",
+               "the ratio's clip range [1-E, 1+E] (0.2)", 0, 1, "a number in [0, 1]"),
+        RL_NUM(1, "kl-coef", LOOM_FLAG_FLOAT, &rc->grpo.kl_coef, "B",
+               "k3 KL to the initial model (0: no reference kept; 0)", 0, 1e6, "a number >= 0"),
+        LOOM_FLAG_FN(1, "loss-norm", &rc->norm, set_norm, "sequence|token",
+                     "GRPO's per-sequence mean, or DAPO's per-token (sequence)"),
+        RL_NUM(1, "ppo-epochs", LOOM_FLAG_INT, &rc->ppo_epochs, "N",
+               "optimizer steps on each iteration's samples (1)", 1, 1e6, "an integer >= 1"),
+        RL_NUM(1, "ppo-micro-batch", LOOM_FLAG_INT, &rc->ppo_micro_batch, "M",
+               "sequences per forward/backward (8)", 1, 1e6, "an integer >= 1"),
+        RL_NUM(1, "time-limit", LOOM_FLAG_FLOAT, &rc->time_limit_min, "MIN",
+               "start no iteration after MIN minutes of RL; the held-out\n"
+               "evaluation and --save-weights follow (0: none; 0)",
+               0, 1e9, "minutes >= 0"),
+        LOOM_FLAG_FN(2, "train-layout", train_layout, set_path, "\"FLAGS\"",
+                     "loom train's layout flags for the update (--tp, --dp, --pp,\n"
+                     "--zero)"),
+        LOOM_FLAG_FN(2, "gen-layout", gen_layout, set_path, "\"--dp N\"",
+                     "the generation layout: N = the world, each rank whole weights\n"
+                     "(the default), or \"--tp T\": world / T replicas of T tensor-\n"
+                     "parallel ranks; with --tp, --pp > 1 or --zero 3 in training or\n"
+                     "--tp in generation the weights are resharded to it in memory\n"
+                     "after every update"),
+    };
+    memcpy(flags, f, sizeof f);
+    return (loom_flag_spec){
+        .usage = "usage: loom rl --prompts FILE [rl flags] [loom train flags]",
+        .about = "  GRPO post-training. Every other flag is loom train's (the model, the\n"
+                 "  optimizer, the seed, the layout, --init-from, --metrics, --save-weights).",
+        .footer = "  With --init-from W.safetensors the model's configuration is the file's. The\n"
+                  "  iteration's P x G sequences are split over --dp ranks; --micro-batch,\n"
+                  "  --global-batch and --steps are set from the rl flags. --ckpt-dir DIR\n"
+                  "  [--ckpt-every N iterations] and --resume (or loom run -n N -- rl ...) resume\n"
+                  "  between iterations; --trace FILE shows rollout, reward, logprob, reference,\n"
+                  "  update and reshard spans.\n",
+        .flags = flags,
+        .n_flags = RL_N_FLAGS,
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS)};
 }
 
 /* Takes the rl flags out of argv; the rest (argv[0] = "train") goes to loom train's parser. */
-static int parse(int argc, char **argv, loom_rl_config *rc, char *train_layout, char *gen_layout,
-                 char **rest, int *n_rest) {
-    const rl_flag flags[] = {
-        {"prompts", RL_STR, rc->prompts, 0, 0, NULL},
-        {"eval-prompts", RL_STR, rc->eval_prompts, 0, 0, NULL},
-        {"eval-every", RL_INT, &rc->eval_every, 0, 1e9, "an integer >= 0"},
-        {"iterations", RL_INT, &rc->iterations, 1, 1e9, "an integer >= 1"},
-        {"prompts-per-iter", RL_INT, &rc->prompts_per_iter, 1, 1e6, "an integer >= 1"},
-        {"group-size", RL_INT, &rc->group_size, 2, 1e6, "an integer >= 2 (GRPO compares a group)"},
-        {"temperature", RL_FLOAT, &rc->sampling.temperature, 1e-6, 1e6, "a number > 0"},
-        {"top-p", RL_FLOAT, &rc->sampling.top_p, 1e-9, 1, "a number in (0, 1]"},
-        {"max-new-tokens", RL_INT, &rc->max_new, 1, 1e6, "an integer >= 1"},
-        {"clip-eps", RL_FLOAT, &rc->grpo.clip_eps, 0, 1, "a number in [0, 1]"},
-        {"kl-coef", RL_FLOAT, &rc->grpo.kl_coef, 0, 1e6, "a number >= 0"},
-        {"loss-norm", RL_NORM, &rc->norm, 0, 0, NULL},
-        {"ppo-epochs", RL_INT, &rc->ppo_epochs, 1, 1e6, "an integer >= 1"},
-        {"ppo-micro-batch", RL_INT, &rc->ppo_micro_batch, 1, 1e6, "an integer >= 1"},
-        {"reward-cmd", RL_STR, rc->reward_cmd, 0, 0, NULL},
-        {"time-limit", RL_FLOAT, &rc->time_limit_min, 0, 1e9, "minutes >= 0"},
-        {"train-layout", RL_STR, train_layout, 0, 0, NULL},
-        {"gen-layout", RL_STR, gen_layout, 0, 0, NULL},
-    };
-    const int n_flags = (int)(sizeof flags / sizeof flags[0]);
+static int parse(int argc, char **argv, const loom_flag_spec *spec, char *train_layout, char **rest,
+                 int *n_rest) {
     *n_rest = 0;
     rest[(*n_rest)++] = "train";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(usage, stdout);
-            return 0;
-        }
-        const rl_flag *f = NULL;
-        size_t len = strcspn(a + 2, "=");
-        for (int k = 0; a[0] == '-' && a[1] == '-' && k < n_flags && !f; k++)
-            if (strlen(flags[k].name) == len && strncmp(a + 2, flags[k].name, len) == 0)
-                f = &flags[k];
-        if (!f) {
-            rest[(*n_rest)++] = argv[i];
-            continue;
-        }
-        const char *v = a[2 + len] == '=' ? a + 3 + len : i + 1 < argc ? argv[++i] : NULL;
-        if (!v) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "--%s: expected a value", f->name);
-            return fail(msg);
-        }
-        if (set_flag(f, v)) return 2;
+    loom_error err = {0};
+    int help = 0;
+    if (loom_flags_take(spec, argc, argv, rest, n_rest, &help, &err)) return fail(err.msg);
+    if (help) {
+        loom_flags_usage(spec, stdout);
+        return 0;
     }
     /* --train-layout's words are loom train flags, after the others (they win). */
     for (char *w = strtok(train_layout, " \t"); w; w = strtok(NULL, " \t")) rest[(*n_rest)++] = w;
@@ -170,13 +158,15 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     train_layout[0] = gen_layout[0] = 0;
     char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
     if (!rest) return fail("out of memory");
-    int n_rest, rc_parse = parse(argc, argv, rc, train_layout, gen_layout, rest, &n_rest);
+    loom_flag flags[RL_N_FLAGS];
+    const loom_flag_spec spec = rl_spec(flags, rc, train_layout, gen_layout);
+    int n_rest, rc_parse = parse(argc, argv, &spec, train_layout, rest, &n_rest);
     if (rc_parse >= 0) {
         free(rest);
         return rc_parse;
     }
     loom_error err = {0};
-    loom_status st = loom_train_options_parse(o, n_rest, rest, &err);
+    loom_status st = loom_train_options_parse_within(o, n_rest, rest, &spec, &err);
     free(rest);
     if (st) return fail(err.msg);
     if (!rc->prompts[0]) return fail("--prompts: required (one prompt a line)");

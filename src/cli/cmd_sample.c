@@ -1,10 +1,8 @@
 /* loom sample: loads a dit model's weights (loom train --save-weights), integrates its flow
  * from Gaussian noise to images (model/flow_sampler.h) and writes a PNG grid, one row per
  * class (clips: an animated GIF or a PNG frame strip), and optionally the raw samples. */
-#include "core/suggest.h"
 #include "cli/cmd_sample.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +12,7 @@
 #include "ckpt/safetensors.h"
 #include "core/clock.h"
 #include "core/cpu_boot.h"
+#include "core/flags.h"
 #include "data/picture.h"
 #include "model/dit.h"
 #include "model/flow_sampler.h"
@@ -26,26 +25,6 @@ _Static_assert(sizeof(((loom_tensor_view *)0)->shape) / sizeof(int64_t) >= 5,
                "loom_tensor_view needs 5 dimensions for the samples [N, F, C, H, W]");
 
 #define GIF_DELAY_CS 10 /* 10 frames per second */
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: loom sample --weights PATH [--class K] [--n N (8)] [--steps S (50)]\n"
-               "       [--cfg W (1)] [--solver euler|heun] [--seed S (1)] [-o OUT.png|OUT.gif]\n"
-               "       [--raw OUT.safetensors] [--batch B (16)] [--threads N]\n"
-               "       [--precision fp32|bf16 (the linear layers' GEMMs; docs/precision.md)]\n"
-               "Samples a dit model (loom train --family dit --save-weights) by integrating its\n"
-               "flow from noise (t = 1) to data (t = 0) over S uniform steps (Euler or Heun).\n"
-               "  --class K   N samples of class K; without it, N samples of every class\n"
-               "  --cfg W     classifier-free guidance: v = v_null + W (v_class - v_null);\n"
-               "              1 = plain conditional (one model evaluation per step, not two)\n"
-               "  -o PATH     images: a PNG grid (one row per class; samples.png by default);\n"
-               "              clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
-               "              frames (one row per clip)\n"
-               "  --raw PATH  safetensors: \"samples\" [N, F, C, H, W] f32 in [-1, 1] before\n"
-               "              clamping, \"labels\" [N] i32, \"noise\" [N, F, C, H, W] (the start)\n"
-               "  --batch B   samples per model evaluation (the model is built for B, or 2B\n"
-               "              with guidance); the samples do not depend on it\n"
-               "docs/dit.md\n");
-}
 
 static int fail(const char *msg) {
     fprintf(stderr, "loom sample: %s\n", msg);
@@ -87,14 +66,6 @@ static loom_status dit_velocity_fn(void *ctx, int count, const float *x, const f
     loom_status st = loom_dit_velocity(d->m, d->params, d->x, d->t, d->labels, d->v, err);
     if (!st) memcpy(v, d->v, used * sizeof(float));
     return st;
-}
-
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    long x = strtol(s, &end, 10);
-    if (!*s || *end || x < lo || x > hi) return 0;
-    *out = x;
-    return 1;
 }
 
 /* The images as the picture writers want them: u8, [n][F][C][H][W] as sampled. */
@@ -150,84 +121,70 @@ int loom_cmd_sample(int argc, char **argv) {
     long cls = -1, n = 8, steps = 50, batch = 16, threads = 0;
     double cfg_w = 1.0;
     unsigned long long seed = 1;
-    static const struct option opts[] = {{"weights", 1, NULL, 'w'}, {"class", 1, NULL, 'k'},
-                                         {"n", 1, NULL, 'n'},       {"steps", 1, NULL, 'S'},
-                                         {"cfg", 1, NULL, 'g'},     {"solver", 1, NULL, 'v'},
-                                         {"seed", 1, NULL, 's'},    {"out", 1, NULL, 'o'},
-                                         {"raw", 1, NULL, 'r'},     {"batch", 1, NULL, 'b'},
-                                         {"threads", 1, NULL, 't'}, {"precision", 1, NULL, 'p'},
-                                         {"help", 0, NULL, 'h'},    {0, 0, 0, 0}};
     loom_precision precision = LOOM_PRECISION_FP32;
     const loom_backend *be = NULL; /* NULL: the fp32 CPU table */
     loom_error perr = {0};
-    optind = 0;
-    opterr = 0;
-    int c;
-    char *end;
+    const char *precision_s = NULL;
     char msg[1400];
-    while ((c = getopt_long(argc, argv, ":ho:", opts, NULL)) != -1) {
-        switch (c) {
-        case 'w':
-            weights = optarg;
-            break;
-        case 'k':
-            if (!parse_int(optarg, 0, 1 << 30, &cls))
-                return fail("--class: expected a class index >= 0");
-            break;
-        case 'n':
-            if (!parse_int(optarg, 1, 1 << 20, &n)) return fail("--n: expected an integer >= 1");
-            break;
-        case 'S':
-            if (!parse_int(optarg, 1, 1 << 20, &steps))
-                return fail("--steps: expected an integer >= 1");
-            break;
-        case 'g':
-            cfg_w = strtod(optarg, &end);
-            if (!*optarg || *end || !isfinite(cfg_w) || cfg_w < 0)
-                return fail("--cfg: expected a guidance scale >= 0 (1 = no guidance)");
-            break;
-        case 'v':
-            solver_name = optarg;
-            break;
-        case 's':
-            seed = strtoull(optarg, &end, 10);
-            if (!*optarg || *end || optarg[0] == '-')
-                return fail("--seed: expected a non-negative integer");
-            break;
-        case 'o':
-            out = optarg;
-            break;
-        case 'r':
-            raw = optarg;
-            break;
-        case 'b':
-            if (!parse_int(optarg, 1, 1 << 20, &batch))
-                return fail("--batch: expected an integer >= 1");
-            break;
-        case 't':
-            if (!parse_int(optarg, 0, 4096, &threads))
-                return fail("--threads: expected an integer >= 0 (0 = all cores)");
-            break;
-        case 'p':
-            if (loom_precision_parse(optarg, "--precision", &precision, &perr))
-                return fail(perr.msg);
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default: {
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            snprintf(msg, sizeof msg, "unknown option or missing value '%s'%s (see --help)",
-                     argv[optind - 1], hint);
-            return fail(msg);
-        }
-        }
+    const loom_flag flags[] = {
+        LOOM_FLAG_STR(0, "weights", &weights, "PATH",
+                      "a dit model (loom train --family dit --save-weights)"),
+        LOOM_FLAG_NUM(0, "class", LOOM_FLAG_LONG, &cls, "K",
+                      "N samples of class K; without it, N samples of every class", 0, 1 << 30,
+                      "expected a class index >= 0"),
+        LOOM_FLAG_NUM(0, "n", LOOM_FLAG_LONG, &n, "N", "samples (of each class; 8)", 1, 1 << 20,
+                      "expected an integer >= 1"),
+        LOOM_FLAG_NUM(0, "steps", LOOM_FLAG_LONG, &steps, "S", "uniform steps from t = 1 to 0 (50)",
+                      1, 1 << 20, "expected an integer >= 1"),
+        LOOM_FLAG_NUM(0, "cfg", LOOM_FLAG_DOUBLE, &cfg_w, "W",
+                      "classifier-free guidance: v = v_null + W (v_class - v_null);\n"
+                      "1 = plain conditional (one model evaluation per step, not two)",
+                      0, 1.7e308, "expected a guidance scale >= 0 (1 = no guidance)"),
+        LOOM_FLAG_STR(0, "solver", &solver_name, "euler|heun", "the integrator (euler)"),
+        LOOM_FLAG_NUM(0, "seed", LOOM_FLAG_U64, &seed, "S", "the noise seed (1)", 0, 2e19,
+                      "expected a non-negative integer"),
+        {.name = "out",
+         .short_name = 'o',
+         .kind = LOOM_FLAG_STRING,
+         .dst = &out,
+         .arg = "PATH",
+         .group = 1,
+         .help = "images: a PNG grid (one row per class; samples.png by default);\n"
+                 "clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
+                 "frames (one row per clip)"},
+        LOOM_FLAG_STR(1, "raw", &raw, "PATH",
+                      "safetensors: \"samples\" [N, F, C, H, W] f32 in [-1, 1] before\n"
+                      "clamping, \"labels\" [N] i32, \"noise\" [N, F, C, H, W] (the start)"),
+        LOOM_FLAG_NUM(2, "batch", LOOM_FLAG_LONG, &batch, "B",
+                      "samples per model evaluation (16; the model is built for B, or 2B\n"
+                      "with guidance); the samples do not depend on it",
+                      1, 1 << 20, "expected an integer >= 1"),
+        LOOM_FLAG_NUM(2, "threads", LOOM_FLAG_LONG, &threads, "N", "0 = all cores", 0, 4096,
+                      "expected an integer >= 0 (0 = all cores)"),
+        LOOM_FLAG_STR(2, "precision", &precision_s, "fp32|bf16",
+                      "the linear layers' GEMMs (docs/precision.md)"),
+    };
+    static const loom_flag_group groups[] = {
+        {"Sampling", "docs/dit.md"}, {"Output", "docs/dit.md"}, {"Speed", "docs/dit.md"}};
+    const loom_flag_spec spec = {
+        .usage =
+            "usage: loom sample --weights PATH [--class K] [--n N] [--steps S] [--cfg W] [-o OUT]",
+        .about = "Samples a dit model by integrating its flow from noise (t = 1) to data (t = 0)\n"
+                 "over S uniform steps (Euler or Heun).",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = LOOM_FLAGS_COUNT(flags),
+        .groups = groups,
+        .n_groups = LOOM_FLAGS_COUNT(groups),
+        .positional = 0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 0;
     }
-    if (optind < argc) {
-        snprintf(msg, sizeof msg, "unexpected argument '%s' (see --help)", argv[optind]);
-        return fail(msg);
-    }
+    if (precision_s && loom_precision_parse(precision_s, "--precision", &precision, &perr))
+        return fail(perr.msg);
     if (!weights) return fail("--weights: required (a dit model from loom train --save-weights)");
     loom_error err = {0};
     loom_flow_sample_options o = {.steps = (int)steps, .cfg = (float)cfg_w, .seed = seed};

@@ -1,9 +1,8 @@
 /* loom tokenizer encode|decode|train: byte-level BPE (GPT-2's) on stdin/stdout. */
-#include "core/suggest.h"
+#include "core/flags.h"
 #include "cli/cmd_tokenizer.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,18 +10,6 @@
 
 #include "data/bpe_train.h"
 #include "data/tokenizer.h"
-
-static const char usage[] =
-    "usage: loom tokenizer encode [--tokenizer gpt2|DIR]   < text > ids\n"
-    "       loom tokenizer decode [--tokenizer gpt2|DIR]   < ids > text\n"
-    "       loom tokenizer train --input FILE --vocab-size N --out DIR\n"
-    "  encode prints the token ids of stdin separated by spaces (newline at the end);\n"
-    "  decode reads whitespace-separated ids and writes their bytes.\n"
-    "  --tokenizer gpt2 (the default) is looked up in $LOOM_TOKENIZER_DIR, then in\n"
-    "  <loom's folder>/../third_party/gpt2 (scripts/fetch_gpt2_tokenizer.sh fills it);\n"
-    "  a folder holds encoder.json + vocab.bpe. train learns a BPE with N tokens (256\n"
-    "  bytes + merges + <|endoftext|>) and writes DIR/encoder.json and DIR/vocab.bpe.\n"
-    "docs/data.md, \"The tokenizer\"\n";
 
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
@@ -59,51 +46,57 @@ typedef struct {
     long vocab_size;
 } options;
 
-static int parse(int argc, char **argv, options *o, int train) {
-    static const struct option opts[] = {
-        {"tokenizer", required_argument, NULL, 't'},
-        {"input", required_argument, NULL, 'i'},
-        {"out", required_argument, NULL, 'o'},
-        {"vocab-size", required_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+static const loom_flag_group GROUPS[] = {{"encode and decode", "docs/data.md"},
+                                         {"train", "docs/data.md"}};
+
+static void flags_of(options *o, loom_flag *flags) {
+    const loom_flag f[4] = {
+        LOOM_FLAG_STR(0, "tokenizer", &o->tokenizer, "gpt2|DIR",
+                      "gpt2 (the default) is looked up in $LOOM_TOKENIZER_DIR, then in\n"
+                      "<loom's folder>/../third_party/gpt2 (scripts/fetch_gpt2_tokenizer.sh\n"
+                      "fills it); a folder holds encoder.json + vocab.bpe"),
+        LOOM_FLAG_STR(1, "input", &o->input, "FILE", "the text to learn from"),
+        LOOM_FLAG_STR(1, "out", &o->out, "DIR", "writes DIR/encoder.json and DIR/vocab.bpe"),
+        LOOM_FLAG_NUM(1, "vocab-size", LOOM_FLAG_LONG, &o->vocab_size, "N",
+                      "tokens: 256 bytes + merges + <|endoftext|>", 257, 1 << 24, NULL),
     };
-    optind = 0;
-    opterr = 0;
-    int c, li = 0;
-    while ((c = getopt_long(argc, argv, ":", opts, &li)) != -1) {
-        char *end = NULL;
-        if ((c == 't' && train) || ((c == 'i' || c == 'o' || c == 'v') && !train))
-            FAIL("%s: option '--%s' does not apply (see --help)", argv[0], opts[li].name);
-        switch (c) {
-        case 't':
-            o->tokenizer = optarg;
-            break;
-        case 'i':
-            o->input = optarg;
-            break;
-        case 'o':
-            o->out = optarg;
-            break;
-        case 'v':
-            errno = 0;
-            o->vocab_size = strtol(optarg, &end, 10);
-            if (errno || end == optarg || *end || o->vocab_size < 257 || o->vocab_size > 1 << 24)
-                FAIL("--vocab-size '%s': expected an integer in [257, 16777216]", optarg);
-            break;
-        case 'h':
-            fputs(usage, stdout);
-            return 1;
-        case ':':
-            FAIL("option '%s' needs a value", argv[optind - 1]);
-        default:
-            if (optopt) FAIL("unknown option '-%c' (see --help)", optopt);
-            char hint[96];
-            loom_suggest_option(hint, sizeof hint, argv[optind - 1], opts);
-            FAIL("unknown option '%s'%s (see --help)", argv[optind - 1], hint);
-        }
+    memcpy(flags, f, sizeof f);
+}
+
+static loom_flag_spec spec_of(const loom_flag *flags) {
+    return (loom_flag_spec){
+        .usage = "usage: loom tokenizer encode [--tokenizer gpt2|DIR]   < text > ids\n"
+                 "       loom tokenizer decode [--tokenizer gpt2|DIR]   < ids > text\n"
+                 "       loom tokenizer train --input FILE --vocab-size N --out DIR",
+        .about =
+            "  encode prints the token ids of stdin separated by spaces (newline at the end);\n"
+            "  decode reads whitespace-separated ids and writes their bytes;\n"
+            "  train learns a byte-level BPE.",
+        .footer = NULL,
+        .flags = flags,
+        .n_flags = 4,
+        .groups = GROUPS,
+        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        .positional = 0};
+}
+
+static int parse(int argc, char **argv, options *o, int train) {
+    loom_flag flags[4];
+    flags_of(o, flags);
+    const loom_flag_spec spec = spec_of(flags);
+    loom_error err = {0};
+    int help = 0;
+    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) FAIL("%s", err.msg);
+    if (help) {
+        loom_flags_usage(&spec, stdout);
+        return 1;
     }
-    if (optind < argc) FAIL("unexpected argument '%s'", argv[optind]);
+    const char *wrong = train           ? (o->tokenizer ? "tokenizer" : NULL)
+                        : o->input      ? "input"
+                        : o->out        ? "out"
+                        : o->vocab_size ? "vocab-size"
+                                        : NULL;
+    if (wrong) FAIL("%s: option '--%s' does not apply (see --help)", argv[0], wrong);
     return 0;
 }
 
@@ -256,7 +249,11 @@ int loom_cmd_tokenizer(int argc, char **argv) {
     if (argc < 2)
         FAIL("expected a subcommand (encode, decode, train); see 'loom tokenizer --help'");
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        fputs(usage, stdout);
+        options o = {0};
+        loom_flag flags[4];
+        flags_of(&o, flags);
+        const loom_flag_spec spec = spec_of(flags);
+        loom_flags_usage(&spec, stdout);
         return 0;
     }
     if (strcmp(argv[1], "encode") == 0) return cmd_encode(argc - 1, argv + 1);

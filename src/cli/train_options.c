@@ -1,12 +1,12 @@
 #include "cli/train_options.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/flags.h"
 #include "core/suggest.h"
 #include "model/vlm.h"
 
@@ -425,52 +425,49 @@ static loom_status read_config(setting_list *file, const char *path, loom_error 
     return LOOM_OK;
 }
 
+typedef struct {
+    setting_list *list;
+    const opt_def *def;
+} flag_slot;
+
+static loom_status push_flag(void *dst, const char *name, const char *value, loom_error *err) {
+    const flag_slot *slot = dst;
+    char origin[96];
+    snprintf(origin, sizeof origin, "--%s", name);
+    if (push(slot->list, slot->def, value, origin))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    return LOOM_OK;
+}
+
+/* The flags, read by the one flag parser (core/flags.h): each pushes its setting. A boolean
+ * is a bare flag (--sequence-parallel) or --key=0|1; --recompute takes its mode as the next
+ * word too (--recompute selective). */
 static loom_status parse_flags(setting_list *flags, char *config, int *help, int argc, char **argv,
-                               loom_error *err) {
-    struct option longopts[N_OPTS + 3];
-    /* A boolean is a bare flag (--sequence-parallel) or --key=0|1. Option i returns
-     * OPT_VAL + i: small values would collide with getopt's ':', '?' and 'h'. */
-    enum { OPT_VAL = 2000 };
-    for (int i = 0; i < N_OPTS; i++)
-        longopts[i] = (struct option){
-            OPTS[i].key, OPTS[i].type == OPT_BOOL || OPTS[i].type == OPT_RECOMPUTE ? 2 : 1, NULL,
-            OPT_VAL + i};
-    longopts[N_OPTS] = (struct option){"config", 1, NULL, 1000};
-    longopts[N_OPTS + 1] = (struct option){"help", 0, NULL, 'h'};
-    longopts[N_OPTS + 2] = (struct option){0, 0, 0, 0};
-    optind = 0; /* GNU: full reinitialisation */
-    opterr = 0;
-    int c, idx;
-    while ((c = getopt_long(argc, argv, ":h", longopts, &idx)) != -1) {
-        if (c == 'h') {
-            *help = 1;
-        } else if (c == 1000) {
-            snprintf(config, LOOM_PATH_MAX, "%s", optarg);
-        } else if (c == ':') {
-            return loom_error_set(err, LOOM_ERR_INPUT, "option '%s' needs a value",
-                                  argv[optind - 1]);
-        } else if (c == '?') {
-            char hint[96];
-            suggest_key(hint, sizeof hint, argv[optind - 1]);
-            return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "unknown option '%s'%s (see loom train --help)", argv[optind - 1],
-                                  hint);
-        } else if (c >= OPT_VAL && c < OPT_VAL + N_OPTS) {
-            const opt_def *d = &OPTS[c - OPT_VAL];
-            char origin[96];
-            snprintf(origin, sizeof origin, "--%s", d->key);
-            /* --recompute takes its mode as the next word too (--recompute selective) */
-            if (!optarg && d->type == OPT_RECOMPUTE && optind < argc &&
-                (strcmp(argv[optind], "none") == 0 || strcmp(argv[optind], "selective") == 0 ||
-                 strcmp(argv[optind], "full") == 0))
-                optarg = argv[optind++];
-            if (push(flags, d, optarg ? optarg : "1", origin))
-                return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-        }
+                               const loom_flag_spec *outer, loom_error *err) {
+    static const char *const modes[] = {"none", "selective", "full", NULL};
+    flag_slot slots[N_OPTS];
+    loom_flag table[N_OPTS + 1];
+    const char *config_path = NULL;
+    for (int i = 0; i < N_OPTS; i++) {
+        slots[i] = (flag_slot){flags, &OPTS[i]};
+        const int optional = OPTS[i].type == OPT_BOOL || OPTS[i].type == OPT_RECOMPUTE;
+        table[i] = (loom_flag){.name = OPTS[i].key,
+                               .kind = LOOM_FLAG_CALL,
+                               .dst = &slots[i],
+                               .set = push_flag,
+                               .optional = optional,
+                               .next_words = OPTS[i].type == OPT_RECOMPUTE ? modes : NULL};
     }
-    if (optind < argc)
+    table[N_OPTS] = (loom_flag)LOOM_FLAG_STR(0, "config", &config_path, "FILE", "");
+    const loom_flag_spec spec = {
+        .flags = table, .n_flags = N_OPTS + 1, .positional = 1, .also = outer};
+    int first = argc;
+    loom_status st = loom_flags_parse(&spec, argc, argv, help, &first, err);
+    if (st) return st;
+    if (config_path) snprintf(config, LOOM_PATH_MAX, "%s", config_path);
+    if (!*help && first < argc)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "unexpected argument '%s' (options are --key value)", argv[optind]);
+                              "unexpected argument '%s' (options are --key value)", argv[first]);
     return LOOM_OK;
 }
 
@@ -522,12 +519,17 @@ static loom_status apply_all(loom_train_options *o, const setting_list *file,
 
 loom_status loom_train_options_parse(loom_train_options *o, int argc, char **argv,
                                      loom_error *err) {
+    return loom_train_options_parse_within(o, argc, argv, NULL, err);
+}
+
+loom_status loom_train_options_parse_within(loom_train_options *o, int argc, char **argv,
+                                            const loom_flag_spec *outer, loom_error *err) {
     memset(o, 0, sizeof *o);
     snprintf(o->preset, sizeof o->preset, "gpt2-tiny");
     loom_train_config_defaults(&o->train);
     setting_list file = {0}, flags = {0};
     char config[LOOM_PATH_MAX] = "";
-    loom_status st = parse_flags(&flags, config, &o->help, argc, argv, err);
+    loom_status st = parse_flags(&flags, config, &o->help, argc, argv, outer, err);
     if (!st && !o->help && config[0]) st = read_config(&file, config, err);
     if (!st && !o->help) st = apply_all(o, &file, &flags, err);
     free(file.items);

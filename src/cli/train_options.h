@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "core/flags.h"
 #include "model/config.h"
 #include "train/trainer.h"
 
@@ -19,6 +20,10 @@ typedef struct {
 /* Parses argv (argv[0] = "train"). LOOM_ERR_INPUT with a message naming the flag, file
  * or key on any bad input. */
 loom_status loom_train_options_parse(loom_train_options *o, int argc, char **argv, loom_error *err);
+/* The same for a command that takes loom train's flags beside its own (loom rl, loom plan):
+ * an unknown flag's suggestion is the nearest of both tables. */
+loom_status loom_train_options_parse_within(loom_train_options *o, int argc, char **argv,
+                                            const loom_flag_spec *outer, loom_error *err);
 /* Writes the effective configuration as `key = value` lines (a valid --config file). */
 void loom_train_options_print(const loom_train_options *o, FILE *f);
 void loom_train_options_usage(FILE *f);

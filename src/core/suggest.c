@@ -1,6 +1,5 @@
 #include "core/suggest.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,12 +58,4 @@ void loom_suggest_flag(char *out, size_t cap, const char *word, const char *cons
     out[0] = 0;
     const char *s = loom_suggest_nearest(word, candidates, n);
     if (s) snprintf(out, cap, ": did you mean %s%s?", s[0] == '-' ? "" : "--", s);
-}
-
-void loom_suggest_option(char *out, size_t cap, const char *word, const struct option *opts) {
-    enum { MAX_OPTIONS = 128 };
-    const char *names[MAX_OPTIONS];
-    int n = 0;
-    for (; opts[n].name && n < MAX_OPTIONS; n++) names[n] = opts[n].name;
-    loom_suggest_flag(out, cap, word, names, n);
 }

@@ -14,9 +14,4 @@ const char *loom_suggest_nearest(const char *word, const char *const *candidates
 void loom_suggest_flag(char *out, size_t cap, const char *word, const char *const *candidates,
                        int n);
 
-struct option; /* <getopt.h> */
-
-/* loom_suggest_flag over a getopt_long table (ended by a zero entry). */
-void loom_suggest_option(char *out, size_t cap, const char *word, const struct option *opts);
-
 #endif

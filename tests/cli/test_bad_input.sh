@@ -57,9 +57,9 @@ PY
 expect "unknown flag" "'--bogus'" -- train "${BASE[@]}" --data "$GOOD" --bogus 1
 expect "missing value" "needs a value" -- train "${BASE[@]}" --data
 # a mistyped flag names the nearest key, and the command once
-expect "did you mean" "loom train: unknown option '--global-bach': did you mean --global-batch? (see loom train --help)" -- train "${BASE[@]}" --data "$GOOD" --global-bach 4
+expect "did you mean" "loom train: unknown option '--global-bach': did you mean --global-batch? (see --help)" -- train "${BASE[@]}" --data "$GOOD" --global-bach 4
 expect "did you mean (swap)" "did you mean --micro-batch?" -- train "${BASE[@]}" --data "$GOOD" --mirco-batch 4
-expect "no near key" "loom train: unknown option '--quantum-flux' (see loom train --help)" -- train "${BASE[@]}" --data "$GOOD" --quantum-flux 4
+expect "no near key" "loom train: unknown option '--quantum-flux' (see --help)" -- train "${BASE[@]}" --data "$GOOD" --quantum-flux 4
 if grep -q "loom train: loom train" "$TMP/err"; then
     fail=$((fail + 1)); echo "FAIL: the command named twice: $(tail -n 1 "$TMP/err")"
 fi

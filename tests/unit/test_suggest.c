@@ -2,7 +2,6 @@
  * changed, added, dropped, or two neighbours swapped) gets a suggestion, and nothing known is
  * nearer than it by an independent edit distance; words far from every flag get none; the
  * message's form; dashes, "=value", long words. */
-#include <getopt.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -120,19 +119,6 @@ static void test_forms(void **state) {
     assert_null(loom_suggest_nearest(longw, FLAGS, N_FLAGS));
 }
 
-static void test_getopt_table(void **state) {
-    (void)state;
-    const struct option opts[] = {{"weights", required_argument, NULL, 'w'},
-                                  {"temperature", required_argument, NULL, 't'},
-                                  {"help", no_argument, NULL, 'h'},
-                                  {NULL, 0, NULL, 0}};
-    char out[96];
-    loom_suggest_option(out, sizeof out, "--temprature", opts);
-    assert_string_equal(out, ": did you mean --temperature?");
-    loom_suggest_option(out, sizeof out, "--zzz", opts);
-    assert_string_equal(out, "");
-}
-
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
@@ -142,7 +128,6 @@ int main(void) {
         cmocka_unit_test(test_one_edit_is_found),
         cmocka_unit_test(test_far_words),
         cmocka_unit_test(test_forms),
-        cmocka_unit_test(test_getopt_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
