@@ -156,21 +156,23 @@ def run_loom(args, m, t, seed, data, workdir, precision):
     return res
 
 
-def run_torch(args, m, t, init, tokens_path, workdir, mode):
-    spec = {"config": m.__dict__, "train": t.__dict__, "threads": args.threads, "mode": mode,
+def run_torch(args, m, t, init, tokens_path, modes):
+    """One PyTorch worker process training once per mode (in order); {mode: result}."""
+    spec = {"config": m.__dict__, "train": t.__dict__, "threads": args.threads, "modes": modes,
             "init": init, "tokens": tokens_path}
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(spec)]
-    print(f"$ torch worker ({mode})", flush=True)
+    print(f"$ torch worker ({', '.join(modes)})", flush=True)
     load0, t0 = load_avg(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=blas_env(args.threads))
     if proc.returncode != 0:
-        sys.exit(f"torch worker ({mode}) failed (exit {proc.returncode}):\n"
+        sys.exit(f"torch worker ({', '.join(modes)}) failed (exit {proc.returncode}):\n"
                  f"{proc.stderr[-2000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    res.update({"load_avg": [load0, load_avg()], "wall_s": round(time.time() - t0, 1)})
-    print(f"  torch {mode}: loss {res['losses'][0]:.4f} -> {res['losses'][-1]:.4f}, "
-          f"{res['wall_s']} s", flush=True)
-    return res
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode, res in out.items():
+        res.update({"load_avg": [load0, load_avg()], "wall_s": round(time.time() - t0, 1)})
+        print(f"  torch {mode}: loss {res['losses'][0]:.4f} -> {res['losses'][-1]:.4f}, "
+              f"{res['wall_s']} s", flush=True)
+    return out
 
 
 def openblas_corename():
@@ -194,19 +196,16 @@ def mkldnn_version(torch):
     return f"oneDNN {found.group(1) if found else '?'}{'' if on else ' (not available)'}"
 
 
-def torch_worker(spec_json):
-    """Runs in a child process so that the thread and BLAS settings precede torch's load."""
-    import torch
+def torch_train(torch, spec, mode):
+    """One training from loom's initial weights on loom's batches; mode autocast or fp32."""
     import torch.nn.functional as F
-    spec = json.loads(spec_json)
-    torch.set_num_threads(spec["threads"])
     m, t = tm.Config(**spec["config"]), tm.TrainConfig(**spec["train"])
     model = tm.build_model(m, torch.float32)
     tm.load_params(model, safetensors_io.load(spec["init"]))
     opt = tm.make_optimizer(model, t)
     params = [p for group in opt.param_groups for p in group["params"]]
     tokens = torch.from_numpy(safetensors_io.load(spec["tokens"])["tokens"].astype(np.int64))
-    autocast = spec["mode"] == "autocast"
+    autocast = mode == "autocast"
     G, M, T = t.global_batch, t.micro_batch, m.seq_len
     losses, lrs, norms, secs = [], [], [], []
     for s in range(t.steps):
@@ -233,12 +232,19 @@ def torch_worker(spec_json):
         lrs.append(lr)
         norms.append(norm)
         if (s + 1) % max(1, t.steps // 10) == 0 or s == 0:
-            print(f"  torch {spec['mode']} step {s + 1}/{t.steps}: loss {loss_sum:.4f} "
+            print(f"  torch {mode} step {s + 1}/{t.steps}: loss {loss_sum:.4f} "
                   f"{secs[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
-    print(json.dumps({"losses": losses, "lrs": lrs, "grad_norms": norms, "step_seconds": secs,
-                      "openblas_kernel": openblas_corename(),
-                      "bf16_gemm": mkldnn_version(torch) if autocast else None,
-                      "torch": torch.__version__}))
+    return {"losses": losses, "lrs": lrs, "grad_norms": norms, "step_seconds": secs,
+            "openblas_kernel": openblas_corename(),
+            "bf16_gemm": mkldnn_version(torch) if autocast else None, "torch": torch.__version__}
+
+
+def torch_worker(spec_json):
+    """Runs in a child process so that the thread and BLAS settings precede torch's load."""
+    import torch
+    spec = json.loads(spec_json)
+    torch.set_num_threads(spec["threads"])
+    print(json.dumps({mode: torch_train(torch, spec, mode) for mode in spec["modes"]}))
 
 
 def curve_diff(a, b):
@@ -308,20 +314,24 @@ def main():
           f"{t.steps} steps, data {data_desc}, {args.threads} threads, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}", flush=True)
 
+    # The two compared for speed run back to back (--quick: both PyTorch modes in one
+    # worker after both loom runs, one torch import instead of two).
     runs = {"loom_bf16": run_loom(args, m, t, seed, args.data, workdir, "bf16")}
     tokens_path = os.path.join(workdir, "loom_bf16", "tokens.safetensors")
     init = runs["loom_bf16"]["init"]
-    runs["torch_autocast"] = run_torch(args, m, t, init, tokens_path, workdir, "autocast")
+    if not args.quick:
+        runs["torch_autocast"] = run_torch(args, m, t, init, tokens_path, ["autocast"])["autocast"]
     runs["loom_fp32"] = run_loom(args, m, t, seed, args.data, workdir, "fp32")
+    init_bf16, init_fp32 = safetensors_io.load(init), safetensors_io.load(runs["loom_fp32"]["init"])
     same_batches = bool(np.array_equal(runs["loom_fp32"]["tokens"], runs["loom_bf16"]["tokens"]))
-    same_init = (safetensors_io.load(runs["loom_fp32"]["init"]).keys() ==
-                 safetensors_io.load(init).keys() and
-                 all(np.array_equal(a, safetensors_io.load(init)[n]) for n, a in
-                     safetensors_io.load(runs["loom_fp32"]["init"]).items()))
+    same_init = (init_bf16.keys() == init_fp32.keys() and
+                 all(np.array_equal(a, init_fp32[n]) for n, a in init_bf16.items()))
     if not (same_batches and same_init):
         sys.exit(f"loom fp32 and bf16 started differently: same batches {same_batches}, "
                  f"same initial weights {same_init}")
-    runs["torch_fp32"] = run_torch(args, m, t, init, tokens_path, workdir, "fp32")
+    modes = ["autocast", "fp32"] if args.quick else ["fp32"]
+    for mode, res in run_torch(args, m, t, init, tokens_path, modes).items():
+        runs["torch_" + mode] = res
 
     tps = t.global_batch * m.seq_len
     speed = {k: round(tokens_per_s(r, args.warmup, tps), 1) for k, r in runs.items()}
