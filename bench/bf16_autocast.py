@@ -29,8 +29,9 @@ Data (--data): the demo's KJV shards (data/kjv/bpe/train_*.bin, made by scripts/
 or by hand with `loom tokenizer train` and `loom data prepare`) when they exist, else a
 shard of English-like byte text written to a temporary folder (tokens < 256 of the 4096).
 
---quick: a smoke run of seconds (3 steps, micro-batch 2, global 4, T 32); its figures mean
-nothing. The last line of output is one JSON object (bench/README.md).
+--quick: a smoke run of seconds (3 steps, micro-batch 2, global 4, T 32; both PyTorch modes
+in one worker after the two loom runs, one torch import); its figures mean nothing.
+The last line of output is one JSON object (bench/README.md).
 
 Usage: /usr/bin/python3 bench/bf16_autocast.py --loom build/loom [--steps 300] [--quick]
 """
@@ -42,6 +43,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,11 +65,14 @@ TARGET_LOSS, TARGET_SPEED = 0.01, 2.0
 def demo_config(path):
     """The model and training settings of configs/demo.ini."""
     ini = configparser.ConfigParser()
-    if not ini.read(path):
-        sys.exit(f"--config {path}: cannot read it")
+    if not ini.read(path) or not ini.has_section("model") or not ini.has_section("train"):
+        print(f"--config {path}: expected a loom config file with [model] and [train]",
+              file=sys.stderr)
+        sys.exit(2)
     md, tr = ini["model"], ini["train"]
     if md.get("family") != "gpt2":
-        sys.exit(f"--config {path}: family {md.get('family')}: this bench runs gpt2")
+        print(f"--config {path}: family {md.get('family')}: expected gpt2", file=sys.stderr)
+        sys.exit(2)
     m = tm.Config("gpt2", md.getint("n_layer"), md.getint("n_head"), md.getint("n_head"),
                   md.getint("d_model"), md.getint("d_ff"), md.getint("vocab_size"),
                   md.getint("seq_len"))
@@ -291,19 +296,34 @@ def main():
     if args.quick:
         m.seq_len, t.micro_batch, t.global_batch, t.steps = 32, 2, 4, 3
         args.warmup = min(args.warmup, 1)
-    if args.steps:
+    if args.steps is not None:
         t.steps = args.steps
     if t.steps < 1 or t.global_batch % t.micro_batch:
         ap.error("--steps must be >= 1 (and the config's global batch a multiple of its micro)")
     t.warmup_steps = min(t.warmup_steps, t.steps)
-    t_start, load_start = time.time(), load_avg()
-    workdir = tempfile.mkdtemp(prefix="loom_bf16_autocast_")
     if args.data is None:
         default = os.path.join(ROOT, data) if data else ""
         args.data = default if default and glob.glob(default) else None
+    if args.data and not glob.glob(args.data):
+        print(f"--data {args.data}: no such file (expected llm.c token shards)", file=sys.stderr)
+        return 2
+    workdir = tempfile.mkdtemp(prefix="loom_bf16_autocast_")
+    try:  # the work folder goes also when a run fails (sys.exit) or is interrupted
+        result = measure(args, m, t, seed, workdir)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    print(json.dumps(result))
+    return 0
+
+
+def measure(args, m, t, seed, workdir):
+    """The four trainings and their comparison: the JSON result."""
+    t_start, load_start = time.time(), load_avg()
     if args.data:
-        if not glob.glob(args.data):
-            sys.exit(f"--data {args.data}: no such file")
         data_desc = os.path.relpath(args.data, ROOT) if args.data.startswith(ROOT) else args.data
     else:
         args.data = os.path.join(workdir, "text_000.bin")
@@ -378,14 +398,7 @@ def main():
     }
     if len(set(kernels.values())) != 1:
         print(f"  WARNING: the runs did not all use one OpenBLAS kernel: {kernels}", flush=True)
-    if args.keep:
-        print(f"work folder kept: {workdir}")
-    else:
-        import shutil
-        shutil.rmtree(workdir, ignore_errors=True)
-    print()
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":
