@@ -4,9 +4,9 @@ refactor cannot break a benchmark silently. Checks that it exits 0 and that the 
 it prints is one JSON object; its figures are not judged (they mean nothing at these
 sizes). The C helpers the benchmarks run (sgemm_peak, cp_attention, moe_grouped) are taken
 from --loom's folder (the build). Skipped (77) where the benchmark's own precondition is
-missing: root and network namespaces (bench_hosts, bench_mpi_tcp), PyTorch, the
-Fashion-MNIST files, the GPT-2 tokenizer files, node. The GPU benchmarks (bench_gpu*.py)
-are not run here: they need a GPU.
+missing: root and network namespaces (bench_hosts, bench_mpi_tcp), PyTorch, bf16 on the
+CPU (bf16_autocast), the Fashion-MNIST files, the GPT-2 tokenizer files, node. The GPU
+benchmarks (bench_gpu*.py) are not run here: they need a GPU.
 Usage: test_bench_smoke.py --loom PATH --bench NAME (NAME: a key of BENCHES)
 """
 import argparse
@@ -63,7 +63,14 @@ def benches(build):
                       "dp1,pp2", "--control"], ("fashion",)),
         "probe_elastic": ([], ("hosts", "no_loom")),
         "bench_tokenizer": ([], ("tokenizer",)),
+        "bf16_autocast": (["--quick"], ("torch", "bf16")),
     }
+
+
+def cpu_has_bf16():
+    with open("/proc/cpuinfo") as f:
+        flags = set(f.read().split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def skip_unless(needs):
@@ -77,6 +84,8 @@ def skip_unless(needs):
         for tool in ("node", "bible"):
             if not shutil.which(tool):
                 raise Skip(f"no '{tool}'")
+    if "bf16" in needs and not cpu_has_bf16():
+        raise Skip("this CPU has neither AVX512-BF16 nor AMX-BF16 (loom --precision bf16)")
     if "bible" in needs and not shutil.which("bible"):
         raise Skip("no 'bible' (Debian's bible-kjv)")
     if "hosts" in needs:
