@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "comm/world.h"
@@ -18,20 +17,7 @@ static const char *env_first(const char *a, const char *b, const char *c) {
 
 static void *watch(void *arg) {
     loom_startup_watchdog *w = arg;
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += (time_t)w->timeout_s;
-    deadline.tv_nsec += (long)((w->timeout_s - (double)(time_t)w->timeout_s) * 1e9);
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&w->mu);
-    while (!w->disarmed)
-        if (pthread_cond_timedwait(&w->cv, &w->mu, &deadline) != 0) break;
-    int fire = !w->disarmed;
-    pthread_mutex_unlock(&w->mu);
-    if (!fire) return NULL;
+    if (!loom_worker_sleep(&w->worker, w->timeout_s)) return NULL; /* disarmed in time */
     const char *rank = env_first("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID");
     const char *size = env_first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS");
     char line[512];
@@ -54,23 +40,9 @@ void loom_startup_watchdog_arm(loom_startup_watchdog *w, double timeout_s) {
     memset(w, 0, sizeof *w);
     if (!loom_world_launched()) return;
     w->timeout_s = timeout_s;
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->cv, &attr);
-    pthread_condattr_destroy(&attr);
-    pthread_mutex_init(&w->mu, NULL);
-    w->armed = pthread_create(&w->thread, NULL, watch, w) == 0;
+    loom_worker_start(&w->worker, watch, w); /* not started: no watchdog (as before) */
 }
 
 void loom_startup_watchdog_disarm(loom_startup_watchdog *w) {
-    if (!w->armed) return;
-    pthread_mutex_lock(&w->mu);
-    w->disarmed = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
-    w->armed = 0;
+    loom_worker_stop(&w->worker); /* nothing when not armed */
 }

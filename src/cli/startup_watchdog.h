@@ -9,13 +9,10 @@
 #ifndef LOOM_CLI_STARTUP_WATCHDOG_H
 #define LOOM_CLI_STARTUP_WATCHDOG_H
 
-#include <pthread.h>
+#include "core/worker.h"
 
 typedef struct {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int armed, disarmed;
+    loom_worker worker; /* core/worker.h: sleeps until the timeout or the disarm (its stop) */
     double timeout_s;
 } loom_startup_watchdog;
 

@@ -1,10 +1,14 @@
 #include "core/json_field.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
-loom_status loom_json_fail(const loom_json_reader *r, const char *fmt, const char *arg) {
+loom_status loom_json_fail(const loom_json_reader *r, const char *fmt, ...) {
     char msg[512];
-    snprintf(msg, sizeof msg, fmt, arg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     if (r->kind)
         return loom_error_set(r->err, LOOM_ERR_INPUT, "%s: %s: %s", r->origin, r->kind, msg);
     return loom_error_set(r->err, LOOM_ERR_INPUT, "%s: %s", r->origin, msg);

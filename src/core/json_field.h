@@ -1,5 +1,6 @@
 /* Reading validated fields out of parsed JSON (jansson): the checks and the error lines the
- * checkpoint manifest, the model configuration and the machine profile share. */
+ * checkpoint manifest, the model configuration, the machine profile and the tokenizer's
+ * encoder.json share. */
 #ifndef LOOM_CORE_JSON_FIELD_H
 #define LOOM_CORE_JSON_FIELD_H
 
@@ -16,9 +17,10 @@ typedef struct {
     loom_error *err;
 } loom_json_reader;
 
-/* Sets r->err to "origin: kind: <fmt with arg>" ("origin: <...>" without a kind; the part
+/* Sets r->err to "origin: kind: <printf of fmt>" ("origin: <...>" without a kind; the part
  * after the kind at most 511 bytes) and returns LOOM_ERR_INPUT. */
-loom_status loom_json_fail(const loom_json_reader *r, const char *fmt, const char *arg);
+loom_status loom_json_fail(const loom_json_reader *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* 1 and *out = v when v is an integer in [lo, hi]; 0 otherwise (missing, other type, out
  * of range). */

@@ -1,11 +1,16 @@
 #include "core/worker.h"
 
 #include <string.h>
+#include <time.h>
 
 int loom_worker_start(loom_worker *w, void *(*fn)(void *), void *arg) {
     memset(w, 0, sizeof *w);
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
     int rc = pthread_create(&w->thread, NULL, fn, arg);
     if (rc != 0) {
         pthread_mutex_destroy(&w->mu);
@@ -65,6 +70,23 @@ int loom_worker_next(loom_worker *w) {
     int go = !w->stop;
     pthread_mutex_unlock(&w->mu);
     return go;
+}
+
+int loom_worker_sleep(loom_worker *w, double seconds) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += (time_t)seconds;
+    deadline.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &deadline) != 0) break;
+    int slept = !w->stop;
+    pthread_mutex_unlock(&w->mu);
+    return slept;
 }
 
 void loom_worker_done(loom_worker *w, loom_status st, const loom_error *e) {

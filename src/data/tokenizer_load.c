@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/json_field.h"
+
 #define FETCH_HINT "run scripts/fetch_gpt2_tokenizer.sh [DIR] to download it"
 
 static int has_encoder(const char *dir) {
@@ -80,22 +82,20 @@ const unsigned char *loom_tokenizer_token(const loom_tokenizer *t, int32_t id, s
 /* encoder.json -> tokens (bytes by id) and a map bytes -> id. */
 static loom_status load_encoder(loom_tokenizer *t, loom_strmap *ids, const char *path,
                                 loom_error *err) {
+    const loom_json_reader r = {path, NULL, err}; /* the errors say "path: ..." */
     json_error_t je;
     FILE *f = fopen(path, "rb");
-    if (!f)
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return loom_json_fail(&r, "cannot open: %s", strerror(errno));
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     fclose(f);
     if (!root) {
-        if (je.line <= 0) return loom_error_set(err, LOOM_ERR_INPUT, "%s: %s", path, je.text);
-        return loom_error_set(err, LOOM_ERR_INPUT, "%s: line %d column %d: %s", path, je.line,
-                              je.column, je.text);
+        if (je.line <= 0) return loom_json_fail(&r, "%s", je.text);
+        return loom_json_fail(&r, "line %d column %d: %s", je.line, je.column, je.text);
     }
     loom_status st = LOOM_OK;
     size_t n = json_is_object(root) ? json_object_size(root) : 0;
     if (!json_is_object(root) || n == 0 || n > INT32_MAX / 2) {
-        st = loom_error_set(err, LOOM_ERR_INPUT,
-                            "%s: expected a non-empty JSON object {\"token\": id, ...}", path);
+        st = loom_json_fail(&r, "%s", "expected a non-empty JSON object {\"token\": id, ...}");
         goto done;
     }
     loom_byte_buf bytes = {0};
@@ -111,38 +111,36 @@ static loom_status load_encoder(loom_tokenizer *t, loom_strmap *ids, const char 
         size_t klen = json_object_iter_key_len(it);
         json_t *v = json_object_iter_value(it);
         loom_bytes_show((const unsigned char *)key, klen, shown, sizeof shown);
-        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (id < 0 || (size_t)id >= n) {
-            st = loom_error_set(err, LOOM_ERR_INPUT,
-                                "%s: entry \"%s\": expected an integer id in [0, %zu) (ids must "
+        int64_t id;
+        if (!loom_json_int_in(v, 0, (int64_t)n - 1, &id)) {
+            st = loom_json_fail(&r,
+                                "entry \"%s\": expected an integer id in [0, %zu) (ids must "
                                 "number the %zu entries densely)",
-                                path, shown, n, n);
+                                shown, n, n);
             goto free_tmp;
         }
         if (seen[id]) {
-            st = loom_error_set(err, LOOM_ERR_INPUT, "%s: entry \"%s\": id %lld used twice", path,
-                                shown, (long long)id);
+            st = loom_json_fail(&r, "entry \"%s\": id %lld used twice", shown, (long long)id);
             goto free_tmp;
         }
         seen[id] = 1;
         size_t before = bytes.n;
         uint32_t bad = 0;
-        long r = klen ? loom_bytes_unspell(key, klen, &bytes, &bad) : 1;
-        if (r < 0 || bytes.n > UINT32_MAX) {
+        long rc = klen ? loom_bytes_unspell(key, klen, &bytes, &bad) : 1;
+        if (rc < 0 || bytes.n > UINT32_MAX) {
             st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
             goto free_tmp;
         }
-        if (r > 0) {
+        if (rc > 0) {
             if (!klen)
-                st = loom_error_set(err, LOOM_ERR_INPUT, "%s: entry \"\": empty token", path);
+                st = loom_json_fail(&r, "%s", "entry \"\": empty token");
             else if (bad == 0xFFFFFFFFu)
-                st = loom_error_set(err, LOOM_ERR_INPUT, "%s: entry \"%s\": invalid UTF-8", path,
-                                    shown);
+                st = loom_json_fail(&r, "entry \"%s\": invalid UTF-8", shown);
             else
-                st = loom_error_set(err, LOOM_ERR_INPUT,
-                                    "%s: entry \"%s\": character %ld (U+%04X) is not in GPT-2's "
+                st = loom_json_fail(&r,
+                                    "entry \"%s\": character %ld (U+%04X) is not in GPT-2's "
                                     "byte alphabet (bytes_to_unicode)",
-                                    path, shown, r, bad);
+                                    shown, rc, bad);
             goto free_tmp;
         }
         off_of[id] = (uint32_t)before;
@@ -174,10 +172,10 @@ static loom_status load_encoder(loom_tokenizer *t, loom_strmap *ids, const char 
         loom_strmap_slot *s = loom_strmap_find(ids, &c, 1);
         if (!s) {
             unsigned cp = loom_byte_char[b];
-            st = loom_error_set(err, LOOM_ERR_INPUT,
-                                "%s: no entry for byte 0x%02X (\"\\u%04X\"): a byte-level "
+            st = loom_json_fail(&r,
+                                "no entry for byte 0x%02X (\"\\u%04X\"): a byte-level "
                                 "vocabulary needs all 256 single-byte tokens",
-                                path, b, cp);
+                                b, cp);
             goto free_tmp;
         }
         t->byte_id[b] = (int32_t)s->value;

@@ -60,7 +60,7 @@ for t in "${targets[@]}"; do
             "$root/src/core/json_field.c" "$root/src/core/clock.c") ;;
     *)
         name="fuzz_tokenizer_$t"
-        sources=("$root"/src/data/tokenizer*.c "$root/src/core/error.c") ;;
+        sources=("$root"/src/data/tokenizer*.c "$root/src/core/error.c" "$root/src/core/json_field.c") ;;
     esac
     src="$root/tests/fuzz/$name.c"
     [ -f "$src" ] || { echo "no such target: $t ($src)"; exit 2; }

@@ -4,7 +4,8 @@
  * message) reach the owner; while a job runs the owner can neither claim the worker nor
  * see it idle (the job is held at a gate, so this does not depend on timing); stop waits for
  * a running job, runs a job posted just before it, and joins; stop of a worker never
- * started does nothing. */
+ * started does nothing; a sleeping thread (the start-up watchdog's) wakes after its time
+ * when not stopped, and at once, before its time, when stopped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -180,15 +181,57 @@ static void test_stop_never_started(void **state) {
     assert_int_equal(w.started, 0);
 }
 
+/* The watchdog's use: the thread sleeps until its time or the stop. */
+typedef struct {
+    loom_worker w;
+    double seconds;
+    int slept, done;
+    double took_s;
+} sleep_ctx;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *sleeper(void *arg) {
+    sleep_ctx *c = arg;
+    const double t0 = now_s();
+    c->slept = loom_worker_sleep(&c->w, c->seconds);
+    c->took_s = now_s() - t0;
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void test_sleep_until_time_or_stop(void **state) {
+    (void)state;
+    sleep_ctx c = {.seconds = 0.02 + 0.03 * (double)(rnd() % 1000) / 1000.0};
+    assert_int_equal(loom_worker_start(&c.w, sleeper, &c), 0);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    while (!__atomic_load_n(&c.done, __ATOMIC_ACQUIRE)) nanosleep(&ts, NULL); /* no stop yet */
+    loom_worker_stop(&c.w);
+    assert_int_equal(c.slept, 1);
+    assert_true(c.took_s >= c.seconds - 1e-6); /* the deadline rounds to ns */
+    sleep_ctx d = {.seconds = 600};
+    assert_int_equal(loom_worker_start(&d.w, sleeper, &d), 0);
+    loom_worker_stop(&d.w); /* joins: the sleep ended with the stop, not its 600 s */
+    assert_int_equal(d.slept, 0);
+    assert_true(d.took_s < 60);
+}
+
 int main(void) {
     const char *env = getenv("LOOM_TEST_SEED");
     unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
     printf("test_worker: seed %u (LOOM_TEST_SEED to repeat)\n", seed);
     g_rng = seed;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_jobs_and_failures),      cmocka_unit_test(test_busy_while_running),
-        cmocka_unit_test(test_stop_waits_for_the_job), cmocka_unit_test(test_stop_right_after_post),
+        cmocka_unit_test(test_jobs_and_failures),
+        cmocka_unit_test(test_busy_while_running),
+        cmocka_unit_test(test_stop_waits_for_the_job),
+        cmocka_unit_test(test_stop_right_after_post),
         cmocka_unit_test(test_stop_never_started),
+        cmocka_unit_test(test_sleep_until_time_or_stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
