@@ -2,7 +2,8 @@
 """loom plan --explain against the measured step time of vlm layouts (issue 33's Speed item).
 
 For each layout (vlm-tiny on `loom data vlm` 2 x 2 Fashion-MNIST grids, one image a sample,
-one thread a rank): `loom plan --explain LAYOUT --json` on a profile (calibrated with
+one thread a rank; pp 2 with 1f1b and zb also with --vision-schedule bubbles):
+`loom plan --explain LAYOUT --json` on a profile (calibrated with
 `loom calibrate --quick` at the start unless --profile), then `loom train` under mpirun
 with --metrics; the measurement is the median step_ms over the steps after the first
 --warmup. With --control, each layout is also run, right after the vlm, as a Llama of the
@@ -33,7 +34,10 @@ LAYOUTS = [  # name, ranks, layout flags
     ("pp2", 2, "--pp 2"),
     ("dp2_zero1", 2, "--dp 2 --zero 1"),
     ("cp2", 2, "--cp 2"),
+    ("pp2_bubbles", 2, "--pp 2 --vision-schedule bubbles"),
+    ("pp2_zb_bubbles", 2, "--pp 2 --pp-schedule zb --vision-schedule bubbles"),
 ]
+BUBBLES = " --vision-schedule bubbles"  # the Llama control has no encoder: its layout without
 
 
 def run(cmd, what):
@@ -78,9 +82,12 @@ def main():
             if args.only and name not in args.only.split(","):
                 continue
             for kind, model, data in models:
+                if kind == "llama":
+                    layout = layout.replace(BUBBLES, "")
                 plan = run([loom, "plan"] + model + ["--explain", layout, "--profile", profile,
                                                      "--json"], f"loom plan {kind} {name}")
-                predicted = json.loads(plan.stdout)["time"]["step_ms"]
+                planned = json.loads(plan.stdout)
+                predicted = planned["time"]["step_ms"]
                 m = os.path.join(work, f"{kind}_{name}.jsonl")
                 train = [loom, "train"] + model + layout.split() + [
                     "--data", data, "--steps", args.steps, "--log-every", 0, "--metrics", m]
@@ -93,6 +100,8 @@ def main():
                 rows[kind].append({"layout": name, "flags": layout,
                                    "predicted_ms": round(predicted, 2),
                                    "measured_ms": round(measured, 2), "error": round(err, 4)})
+                if BUBBLES in layout:  # the micro-batches the plan has each stage encode
+                    rows[kind][-1]["pieces"] = planned["vision_schedule"]["pieces"]
                 print(f"  {kind:5s} {name:10s} predicted {predicted:8.2f} ms  measured "
                       f"{measured:8.2f} ms  error {100 * err:+6.1f}%", flush=True)
 
@@ -105,6 +114,12 @@ def main():
     out = {"model": "vlm-tiny", "global_batch": args.global_batch,
            "micro_batch": args.micro_batch, "threads_per_rank": 1}
     out.update(summary(rows["vlm"]))
+    by = {x["layout"]: x for x in rows["vlm"]}
+    for first, bub in (("pp2", "pp2_bubbles"),):  # bubbles over first: predicted, measured
+        if first in by and bub in by:
+            out["pp2_bubbles_over_first"] = {
+                "predicted": round(by[bub]["predicted_ms"] / by[first]["predicted_ms"], 4),
+                "measured": round(by[bub]["measured_ms"] / by[first]["measured_ms"], 4)}
     if args.control:
         out["control_llama_decoder"] = summary(rows["llama"])
     out["loadavg"] = list(os.getloadavg())

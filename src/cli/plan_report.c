@@ -58,6 +58,7 @@ static json_t *memory_json(const loom_plan_memory *m, int stage) {
     B(cp_buffers);
     B(moe_buffers);
     B(pp_messages);
+    if (m->vision) B(vision);
     B(total);
 #undef B
     json_object_set_new(o, "pp_slots", json_integer(m->pp_slots));
@@ -126,6 +127,51 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
                 "MiB\n",
                 m->act_whole / MiB, m->cp_buffers / MiB);
     if (m->moe_buffers > 0) fprintf(f, "  MoE buffers %.1f MiB\n", m->moe_buffers / MiB);
+    if (m->vision > 0)
+        fprintf(f,
+                "  --vision-schedule bubbles: encoder replicas, their weights and gradients, image "
+                "rows %.3f MiB\n",
+                m->vision / MiB);
+}
+
+/* A vlm with --pp: the step with each placement of the encoder (--vision-schedule first
+ * and bubbles); t is tc's own. Returns the JSON object, and prints when text. */
+static json_t *vision_placements(const loom_model_config *mc, const loom_train_config *tc,
+                                 const loom_profile *p, const loom_plan_placement *place,
+                                 const loom_plan_time *t, int text) {
+    const int bubbles = strcmp(tc->vision_schedule, "bubbles") == 0;
+    loom_train_config o = *tc;
+    snprintf(o.vision_schedule, sizeof o.vision_schedule, "%s", bubbles ? "first" : "bubbles");
+    loom_plan_time other;
+    loom_error quiet = {0};
+    const int ok = !loom_plan_validate(mc, &o, &quiet) &&
+                   !loom_plan_step_time(mc, &o, p, place, &other, &quiet);
+    const loom_plan_time *theirs = ok ? &other : NULL;
+    const loom_plan_time *tf = bubbles ? theirs : t, *tb = bubbles ? t : theirs;
+    json_t *v = json_object(), *pieces = json_array();
+    json_object_set_new(v, "first_ms", tf ? json_real(tf->step_ms) : json_null());
+    json_object_set_new(v, "bubbles_ms", tb ? json_real(tb->step_ms) : json_null());
+    for (int r = 0; tb && r < tc->layout.pp; r++)
+        json_array_append_new(pieces, json_integer(tb->vision_pieces[r]));
+    json_object_set_new(v, "pieces", pieces);
+    json_object_set_new(v, "pipeline_ratio", tb ? json_real(tb->vision_ratio) : json_null());
+    json_object_set_new(v, "messages_ms", tb ? json_real(tb->vision_messages_ms) : json_null());
+    if (!ok) json_object_set_new(v, "refused", json_string(quiet.msg));
+    const char *better = !tf || (tb && tb->step_ms < tf->step_ms) ? "bubbles" : "first";
+    json_object_set_new(v, "shorter", json_string(better));
+    if (!text) return v;
+    printf("encoder placement (--vision-schedule, docs/vlm.md):\n");
+    if (tf) printf("  first    %10.3f ms  (the encoder on pipeline stage 0)\n", tf->step_ms);
+    if (tb) {
+        printf("  bubbles  %10.3f ms  (micro-batches encoded per stage", tb->step_ms);
+        for (int r = 0; r < tc->layout.pp; r++) printf("%s%d", r ? "," : " ", tb->vision_pieces[r]);
+        printf("; simulated pipeline %.3f x first's; vision messages %.3f ms)\n", tb->vision_ratio,
+               tb->vision_messages_ms);
+    } else {
+        printf("  bubbles  not run by loom train here: %s\n", quiet.msg);
+    }
+    printf("  shorter: %s\n", better);
+    return v;
 }
 
 static void print_time(const loom_plan_time *t, FILE *f) {
@@ -166,6 +212,9 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
             json_array_append_new(stages, x);
         }
         json_object_set_new(o, "stages", stages);
+        if (p && mc->family == LOOM_FAMILY_VLM && tc->layout.pp > 1)
+            json_object_set_new(o, "vision_schedule",
+                                vision_placements(mc, tc, p, &place, &c.time, 0));
         json_object_set_new(o, "profile", p ? json_string(loom_profile_name(p)) : json_null());
         json_object_set_new(o, "ranks_per_node", json_integer(place.ranks_per_node));
         if (mc->n_experts > 0)
@@ -184,9 +233,11 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
             printf("routing: the busiest expert at %.3fx the mean load%s\n",
                    moe_load_max > 1 ? moe_load_max : 1.0,
                    moe_load_max > 1 ? " (--moe-load-max)" : " (balanced; --moe-load-max sets it)");
-        if (p)
+        if (p) {
             print_time(&c.time, stdout);
-        else
+            if (mc->family == LOOM_FAMILY_VLM && tc->layout.pp > 1)
+                json_decref(vision_placements(mc, tc, p, &place, &c.time, 1));
+        } else
             printf("(no --profile: memory only; loom calibrate -o profile.json measures this "
                    "machine)\n");
     }

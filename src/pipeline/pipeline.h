@@ -132,6 +132,10 @@ loom_status loom_pipeline_export(loom_pipeline *pl, const loom_param_table *st, 
 loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, loom_error *err);
 void loom_pp_vision_teardown(loom_pipeline *pl);
 const loom_pp_vision *loom_pp_vision_plan(const loom_pipeline *pl); /* NULL: none */
+/* the bytes it holds on this stage: the encoder replicas' arenas (one per piece in flight),
+ * their weights and gradients, the image rows' buffers; the first stage's gradient
+ * buffers (0 without it; also when sized only, loom_pp_config.size_only); */
+size_t loom_pp_vision_bytes(const loom_pipeline *pl);
 /* a training step's start: the replicas' weights sent, the image rows' receives posted; */
 loom_status loom_pp_vision_step_begin(loom_pipeline *pl, const float *params, loom_error *err);
 /* a later stage, before its action j (j = its list's length: after the last): the pieces

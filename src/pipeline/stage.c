@@ -235,9 +235,9 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                  err)))
             return st;
     pl->act_floats = loom_model_stream_floats(model);
-    if (pc->size_only) return LOOM_OK;
     if (pc->vision_bubbles && (st = loom_pp_vision_setup(pl, tp, cp, err)))
-        return st; /* the message buffers' size is act_floats' */
+        return st; /* the message buffers' size is act_floats'; sizing: sized only */
+    if (pc->size_only) return LOOM_OK;
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
     pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
     pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));

@@ -20,23 +20,11 @@ struct loom_pp_vision_state {
     loom_comm_handle *emb_h, *demb_h; /* [m] */
     loom_comm_handle w_h[LOOM_PP_MAX_STAGES], g_h[LOOM_PP_MAX_STAGES];
     int eb_left, tag0;
+    size_t bytes; /* what the above holds (loom_pp_vision_bytes) */
 };
 
 static float *rows_of(const loom_pp_vision_state *vs, float *base, int mb) {
     return base + (size_t)mb * vs->rows;
-}
-
-/* Multiply-adds of one micro-batch: stage r's forward (its layers, the head on the last)
- * and the encoder's and projector's forward (every image slot filled). */
-static void durations(const loom_pipeline *pl, double *fwd, double *enc) {
-    const loom_model_config *mc = pl->mc;
-    const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len, B = pl->cfg.micro_batch;
-    const double block =
-        C * (mc->n_head + 2.0 * mc->n_kv_head) * hd + C * C + T * C + 3.0 * C * mc->d_ff;
-    const double head = C * mc->vocab_size + 4.0 * mc->vocab_size;
-    for (int r = 0; r < pl->pp; r++)
-        fwd[r] = B * T * (pl->counts[r] * block + (r == pl->pp - 1 ? head : 0.0));
-    *enc = B * mc->max_images * loom_vlm_image_flops(mc) / 6.0;
 }
 
 loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, loom_error *err) {
@@ -44,39 +32,47 @@ loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, lo
     if (!vs) return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
     pl->vision = vs;
     double fwd[LOOM_PP_MAX_STAGES], enc;
-    durations(pl, fwd, &enc);
+    loom_pp_vision_durations(pl->mc, pl->counts, pl->pp, pl->cfg.micro_batch, fwd, &enc);
     loom_status st = loom_pp_vision_build(&vs->plan, &pl->train, fwd, enc, err);
     if (st) return st;
     const int m = pl->m, r = pl->rank;
     const loom_pp_vision *vp = &vs->plan;
-    vs->tag0 = (2 * pl->S + 1) * m + 16; /* after the pipeline's own tags */
+    vs->tag0 = (2 * pl->S + 1) * m + 16;     /* after the pipeline's own tags */
+    const int size_only = pl->cfg.size_only; /* loom plan: one replica sized, nothing held */
     if (r > 0 && vp->pieces[r] > 0) {
         const loom_layer_set set = {.n_chunks = 1, .first = 1}; /* the embedding, no block */
         vs->n_enc = vp->slots[r];
         if (!(vs->enc = calloc((size_t)vs->n_enc, sizeof *vs->enc))) goto nomem;
-        for (int k = 0; k < vs->n_enc; k++) {
+        for (int k = 0; k < (size_only ? 1 : vs->n_enc); k++) {
             if (!(vs->enc[k] = calloc(1, sizeof(loom_model)))) goto nomem;
-            if ((st = loom_model_create(vs->enc[k],
-                                        &(loom_model_options){.cfg = pl->mc,
-                                                              .B = pl->cfg.micro_batch,
-                                                              .T = pl->mc->seq_len,
-                                                              .tp = tp,
-                                                              .cp = cp,
-                                                              .ep = &pl->mesh->ep,
-                                                              .layers = &set,
-                                                              .backend = pl->cfg.backend},
-                                        err)))
+            if ((st = loom_model_create(
+                     vs->enc[k],
+                     &(loom_model_options){.cfg = pl->mc,
+                                           .B = pl->cfg.micro_batch,
+                                           .T = pl->mc->seq_len,
+                                           .tp = tp,
+                                           .cp = cp,
+                                           .ep = &pl->mesh->ep,
+                                           .layers = &set,
+                                           .backend = pl->cfg.backend,
+                                           .flags = size_only ? LOOM_MODEL_SIZE_ONLY : 0},
+                     err)))
                 return st;
         }
         const loom_param_table *t = &vs->enc[0]->table;
         vs->E = (size_t)t->wte;
         vs->rows = loom_vlm_image_rows_floats(vs->enc[0]);
+        vs->bytes = (size_t)vs->n_enc * loom_model_activation_bytes(vs->enc[0]) +
+                    2 * t->total * sizeof(float) + 2 * (size_t)m * vs->rows * sizeof(float);
+        if (size_only) return LOOM_OK;
         vs->wparams = calloc(t->total, sizeof(float));
         vs->wgrads = calloc(t->total, sizeof(float));
         if (!vs->wparams || !vs->wgrads) goto nomem;
     } else if (r == 0) {
         vs->E = (size_t)pl->slots[0]->table.wte;
         vs->rows = loom_vlm_image_rows_floats(pl->slots[0]);
+        vs->bytes = ((size_t)pl->pp * vs->E + 2 * (size_t)m * vs->rows) * sizeof(float);
+        if (size_only) return LOOM_OK;
         vs->gsum = calloc((size_t)pl->pp * vs->E, sizeof(float));
         if (!vs->gsum) goto nomem;
     }
@@ -111,6 +107,10 @@ void loom_pp_vision_teardown(loom_pipeline *pl) {
     loom_pp_vision_free(&vs->plan);
     free(vs);
     pl->vision = NULL;
+}
+
+size_t loom_pp_vision_bytes(const loom_pipeline *pl) {
+    return pl->vision ? pl->vision->bytes : 0;
 }
 
 const loom_pp_vision *loom_pp_vision_plan(const loom_pipeline *pl) {

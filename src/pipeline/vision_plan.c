@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/vlm.h"
+
 /* Actions of a stage's list above which the placement searches linearly. */
 #define LONG_LIST 48
 /* Passes that re-place each micro-batch after the greedy one. */
@@ -254,6 +256,16 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
         return loom_error_set(err, LOOM_ERR_STATE, "--vision-schedule bubbles: the plan deadlocks");
     }
     return LOOM_OK;
+}
+
+void loom_pp_vision_durations(const loom_model_config *mc, const int *counts, int pp,
+                              int micro_batch, double *fwd, double *enc) {
+    const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len, B = micro_batch;
+    const double block =
+        C * (mc->n_head + 2.0 * mc->n_kv_head) * hd + C * C + T * C + 3.0 * C * mc->d_ff;
+    const double head = C * mc->vocab_size + 4.0 * mc->vocab_size;
+    for (int r = 0; r < pp; r++) fwd[r] = B * T * (counts[r] * block + (r == pp - 1 ? head : 0.0));
+    *enc = B * mc->max_images * loom_vlm_image_flops(mc) / 6.0;
 }
 
 void loom_pp_vision_free(loom_pp_vision *vp) {

@@ -36,7 +36,8 @@ static int stages_to_size(const loom_model_config *mc, const loom_train_config *
     loom_pp_config pc;
     loom_train_config_pipeline(tc, &pc);
     int counts[LOOM_PP_MAX_STAGES * LOOM_MAX_CHUNKS], held[LOOM_PP_MAX_STAGES], n = 0;
-    if (pp == 1 || loom_pipeline_split_layers(mc, &pc, counts, NULL)) {
+    /* --vision-schedule bubbles: any stage may hold encoder replicas */
+    if (pp == 1 || pc.vision_bubbles || loom_pipeline_split_layers(mc, &pc, counts, NULL)) {
         for (int s = 0; s < pp; s++) out[n++] = s; /* (a refused split fails in sizing) */
         return n;
     }

@@ -71,6 +71,12 @@ typedef struct {
     double model_flops;  /* per step, whole world: 6 N tokens + attention (PaLM's MFU) */
     double mfu;          /* model_flops / (step x world x the profile's peak) */
     int dominant;        /* index of the largest term */
+    /* vlm with --vision-schedule bubbles (plan/vision_time.h): micro-batches each stage
+     * encodes, the simulated pipeline with the pieces over with the encoder on the first
+     * stage, the replicas' messages (weights, gradients, image rows; the term "vision
+     * messages"); zeros otherwise */
+    int vision_pieces[LOOM_PP_MAX_STAGES];
+    double vision_ratio, vision_messages_ms;
 } loom_plan_time;
 
 /* Predicted step of layout tc (valid: loom_plan_validate) on profile p. LOOM_ERR_INPUT
@@ -92,7 +98,8 @@ typedef struct {
 /* Every layout of `world` ranks that `loom train` accepts for model mc (loom_plan_validate
  * and the run's own sizing both pass), varying from base: --dp --tp --pp --cp (--tp at most
  * tp_max: a tensor-parallel group inside one node), --ep (MoE), --zero 0-3,
- * --sequence-parallel, --pp-schedule (interleaved with 2 chunks), --recompute,
+ * --sequence-parallel, --pp-schedule (interleaved with 2 chunks; a vlm: each with
+ * --vision-schedule first and bubbles where the run takes it), --recompute,
  * --cp-mode and --micro-batch (powers of two dividing the per-replica batch); base's
  * --global-batch, --seq-len, --threads and the rest stay. *out: malloc'd, *n entries, the
  * memory filled in; *refused (may be NULL): why the last refused layout was refused. */

@@ -45,13 +45,22 @@ static loom_status schedules(candidates *c, const loom_model_config *mc, loom_tr
     loom_status st = LOOM_OK;
     if (tc->layout.pp == 1) {
         snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
+        snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "first");
         tc->virtual_stages = 1;
         return add(c, mc, tc, err);
     }
     for (int i = 0; i < 4 && !st; i++) {
         snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "%s", names[i]);
         tc->virtual_stages = i == 2 ? 2 : 1;
+        snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "first");
+        const int before = c->n;
         st = add(c, mc, tc, err);
+        /* a vlm: also its encoder's pieces in the pipeline's bubbles, where that runs */
+        if (!st && c->n > before && mc->family == LOOM_FAMILY_VLM) {
+            snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "bubbles");
+            st = add(c, mc, tc, err);
+            snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "first");
+        }
     }
     return st;
 }
@@ -124,6 +133,7 @@ void loom_plan_layout_flags(const loom_train_config *tc, char *buf, size_t n) {
     if (l.pp > 1) {
         PUT(" --pp %d --pp-schedule %s", l.pp, tc->pp_schedule);
         if (tc->virtual_stages > 1) PUT(" --virtual-stages %d", tc->virtual_stages);
+        if (strcmp(tc->vision_schedule, "bubbles") == 0) PUT(" --vision-schedule bubbles");
     }
     if (l.cp > 1) PUT(" --cp %d --cp-mode %s", l.cp, tc->cp_mode);
     if (l.ep > 1) PUT(" --ep %d", l.ep);

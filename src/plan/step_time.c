@@ -23,6 +23,7 @@
 
 #include "model/params.h"
 #include "model/vlm.h"
+#include "plan/vision_time.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
 #include "pipeline/pipeline.h"
@@ -669,6 +670,7 @@ static void ensure(const double *done, double *t, double *wait, int i) {
 typedef struct {
     double forward, backward, recompute_share, tp, cp, moe, zero3_wait, pp_bubble, pp_send;
     double dp_exposed, ep_reduce, norm, optimizer, param_gather, param_wait, clear, engine_share;
+    double vision_msgs; /* --vision-schedule bubbles: the replicas' messages */
 } parts;
 
 static void term(loom_plan_time *out, const char *name, const char *metric, double ms) {
@@ -715,7 +717,9 @@ typedef struct {
     const int *counts; /* layers per pipeline stage (pp > 1) */
     int dp, tp, pp, cp, ep, world, replicas, ranks, cores, threads, cpu, accum, v, S, split, zero;
     int ep_sync;
-    double share; /* the compute slowdown when the node's cores are shared */
+    int bubbles;          /* --vision-schedule bubbles (vlm, pp > 1) */
+    loom_plan_vision vis; /* ... its placement on the plan's costs */
+    double share;         /* the compute slowdown when the node's cores are shared */
     double compute_base, t_backward_end, last_bwd_start;
     double *g, *back, *need; /* whole model: the ranges' bytes, handed back, first use */
     int n_ranges;
@@ -862,6 +866,44 @@ static loom_status price_whole(step_pricing *x) {
     return LOOM_OK;
 }
 
+/* --vision-schedule bubbles (plan/vision_time.h): the pipeline's span scaled by the
+ * timeline's ratio (the plan's costs per stage, the encoder apart), the moved pieces off
+ * the first stage's compute when its actions are the ones priced (slow_r 0), and the
+ * replicas' messages: per owning stage the encoder's weights there and its gradients back
+ * (added into the first stage's), per piece the image rows and their gradient. */
+static loom_status price_bubbles(step_pricing *x, double s, double send, loom_placement pp_place,
+                                 int slow_r, double *span) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    parts *P = x->P;
+    shapes dn = *d;
+    dn.vlm = 0;
+    loom_plan_vision_costs c;
+    memset(&c, 0, sizeof c);
+    for (int r = 0, lo = 0; r < x->pp; lo += x->counts[r], r++) {
+        const fbw k = chunk_cost(q, x->mc, &dn, lo, lo + x->counts[r], r == 0, r == x->pp - 1);
+        c.stage_ms[r] = (total(k.f) + total(k.b) + total(k.w) + 2 * send) * s;
+    }
+    const double ef = vision_fwd(q, d) * s, eb = vision_bwd(q, d) * s;
+    c.enc_ms = ef + eb;
+    loom_status st =
+        loom_plan_vision_price(x->mc, x->sched, x->counts, x->tc->micro_batch, &c, &x->vis, x->err);
+    if (st) return st;
+    *span *= x->vis.span / x->vis.span_first;
+    const int moved = x->accum - x->vis.pieces[0];
+    if (slow_r == 0) P->forward -= moved * ef, P->backward -= moved * eb;
+    const double busy =
+        P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send;
+    P->pp_bubble = *span - busy > 0 ? *span - busy : 0;
+    const double E = (double)x->table->wte, rows = d->NI * d->P * d->C;
+    for (int r = 1; r < x->pp; r++)
+        if (x->vis.pieces[r] > 0)
+            P->vision_msgs += 2 * coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4 * E) +
+                              bytes_ms(q, 12 * E) * x->share;
+    P->vision_msgs += 2.0 * moved * coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4 * rows);
+    return LOOM_OK;
+}
+
 /* A pipeline stage: the schedule simulator over the slowest stage's actions. */
 static loom_status price_stage(step_pricing *x) {
     pricer *q = x->q;
@@ -894,6 +936,7 @@ static loom_status price_stage(step_pricing *x) {
     cost sum_f = {0, 0, 0, 0}, sum_b = {0, 0, 0, 0}, sum_w = {0, 0, 0, 0};
     /* the slowest rank's actions (its chunks' mean: interleaved ranks alternate) */
     double slowest = -1;
+    int slow_r = 0;
     for (int r = 0; r < pp; r++) {
         cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
         for (int c = 0; c < v; c++) {
@@ -906,6 +949,7 @@ static loom_status price_stage(step_pricing *x) {
         const double busy_r = total(f) + total(b) + total(w);
         if (busy_r > slowest) {
             slowest = busy_r;
+            slow_r = r;
             sum_f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
             sum_b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
             sum_w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
@@ -947,10 +991,17 @@ static loom_status price_stage(step_pricing *x) {
     P->moe = n_act * (sum_f.moe + sum_b.moe + sum_w.moe);
     P->pp_send = n_act * 2 * send;
     double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
-    const double span_s = loom_pp_schedule_simulate(sched, scaled, NULL, NULL);
+    double span_s = loom_pp_schedule_simulate(sched, scaled, NULL, NULL);
     const double busy_s =
         P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send;
     P->pp_bubble = span_s - busy_s > 0 ? span_s - busy_s : 0;
+    if (x->bubbles) {
+        loom_status st = price_bubbles(x, s, send, pp_place, slow_r, &span_s);
+        if (st) {
+            loom_params_free(table), loom_pp_schedule_free(sched);
+            return st;
+        }
+    }
     compute_base = n_act * (sum_f.compute + sum_b.compute + sum_w.compute);
     t_backward_end = span_s;
     /* the gradients of this stage become final during its last backward(s): their
@@ -1224,6 +1275,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                       split,
                       zero,
                       ep_sync,
+                      pp > 1 && mc->family == LOOM_FAMILY_VLM &&
+                          strcmp(tc->vision_schedule, "bubbles") == 0,
+                      {{0}, 0, 0, {0}, {0}},
                       share,
                       compute_base,
                       t_backward_end,
@@ -1251,6 +1305,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     term(out, "zero-3 gather", "dp.compute_ms", P.zero3_wait);
     term(out, "pp sends", "dp.compute_ms", P.pp_send);
     term(out, "pp bubble", "dp.compute_ms", P.pp_bubble);
+    term(out, "vision messages", "dp.compute_ms", P.vision_msgs);
     term(out, "engine cpu", "dp.compute_ms", P.engine_share);
     term(out, "grad clear", "dp.compute_ms", P.clear);
     term(out, "dp exposed", "grad_wait_ms", P.dp_exposed);
@@ -1265,6 +1320,11 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
         if (out->terms[i].ms > out->terms[out->dominant].ms) out->dominant = i;
     }
     out->step_ms = step;
+    if (x.bubbles) {
+        memcpy(out->vision_pieces, x.vis.pieces, sizeof out->vision_pieces);
+        out->vision_ratio = x.vis.span / x.vis.span_first;
+        out->vision_messages_ms = P.vision_msgs;
+    }
     const double tokens = (double)tc->global_batch * mc->seq_len;
     out->tokens_per_s = step > 0 ? tokens / (step * 1e-3) : 0;
     /* PaLM's model FLOPs: 6 N per token (N the non-embedding parameters plus the head)

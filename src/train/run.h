@@ -108,6 +108,7 @@ typedef struct {
     size_t moe_buffers;      /* MoE: one model's routing, dispatch and expert buffers */
     int pp_slots;            /* --pp > 1: micro-batches in flight, one arena (+ MoE) each */
     size_t pp_messages;      /* --pp > 1: the stage's message buffers */
+    size_t vision;           /* --vision-schedule bubbles: loom_pp_vision_bytes */
     size_t total;            /* all of the above that is allocated */
 } loom_run_memory;
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m);

@@ -34,9 +34,10 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
         const loom_pipeline *pl = r->pipelined;
         m->pp_slots = pl->n_slots;
         m->pp_messages = 4 * (size_t)pl->n_slots * pl->v * pl->act_floats * sizeof(float);
+        m->vision = loom_pp_vision_bytes(pl);
     }
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
-               per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages;
+               per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages + m->vision;
 }
 
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,

@@ -60,7 +60,7 @@ def benches(build):
         "plan_published": ([], ()),
         "plan_vlm": (["--profile", os.path.join(ROOT, "profiles", "h100_nvlink_ib.json"),
                       "--steps", "3", "--warmup", "1", "--global-batch", "4", "--only",
-                      "dp1,pp2", "--control"], ("fashion",)),
+                      "dp1,pp2_bubbles", "--control"], ("fashion",)),
         "probe_elastic": ([], ("hosts", "no_loom")),
         "bench_tokenizer": ([], ("tokenizer",)),
         "bf16_autocast": (["--quick"], ("torch", "bf16")),

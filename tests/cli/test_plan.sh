@@ -140,5 +140,39 @@ got = json.load(open(sys.argv[2]))["moe_load_max"]
 print("routing", want, got)
 sys.exit(0 if abs(got - max(want, 1.0)) <= 1e-9 * want else 1)
 PY
+# a vlm at pp 2: --explain prices both placements of the encoder (--vision-schedule first
+# and bubbles: the run's placement on the plan's costs); the pieces' timeline is no longer
+# than the simulator's with the encoder on stage 0, and the search lists bubbles layouts
+VLM=(--model vlm-tiny --vit-layers $((2 + seed % 5)) --global-batch 8)
+for sch in 1f1b zb; do
+    "$LOOM" plan "${VLM[@]}" --profile "$H100" --explain "--pp 2 --micro-batch 1 --pp-schedule $sch" \
+        >"$TMP/vlm_$sch.txt" 2>>"$TMP/err"
+    check "vlm $sch: explain shows both placements" bash -c "grep -q '^  first  .* ms' '$TMP/vlm_$sch.txt' &&
+        grep -q '^  bubbles .* ms  (micro-batches encoded per stage' '$TMP/vlm_$sch.txt'"
+    "$LOOM" plan "${VLM[@]}" --profile "$H100" --explain \
+        "--pp 2 --micro-batch 1 --pp-schedule $sch --vision-schedule bubbles" --json \
+        >"$TMP/vlm_$sch.json" 2>>"$TMP/err"
+    check "vlm $sch: bubbles no longer than the encoder on stage 0" python3 - "$TMP/vlm_$sch.json" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+v = o["vision_schedule"]
+print("vlm", o["layout"], v)
+ok = sum(v["pieces"]) == 8 and 0 < v["pipeline_ratio"] <= 1 + 1e-12
+ok = ok and abs(o["time"]["step_ms"] - v["bubbles_ms"]) <= 1e-9 * v["bubbles_ms"]
+ok = ok and v["bubbles_ms"] - v["messages_ms"] <= v["first_ms"] * (1 + 1e-12)
+ok = ok and any(t["name"] == "vision messages" for t in o["time"]["terms"]) == (v["pieces"][1] > 0)
+sys.exit(0 if ok else 1)
+PY
+done
+"$LOOM" plan "${VLM[@]}" --world 2 --profile "$H100" --top 400 --json >"$TMP/vlm_top.json" 2>>"$TMP/err"
+check "vlm search: both placements, in step order" python3 - "$TMP/vlm_top.json" <<'PY'
+import json, sys
+top = json.load(open(sys.argv[1]))["top"]
+steps = {t["layout"]: t["time"]["step_ms"] for t in top}
+pairs = [(l, l.replace(" --vision-schedule bubbles", "")) for l in steps if "bubbles" in l]
+ok = pairs and all(f in steps for _, f in pairs)
+ok = ok and all(a["time"]["step_ms"] <= b["time"]["step_ms"] for a, b in zip(top, top[1:]))
+sys.exit(0 if ok else 1)
+PY
 check "no sanitizer report" bash -c "! grep -qiE 'sanitizer|segmentation' '$TMP/err'"
 finish test_plan

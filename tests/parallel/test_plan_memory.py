@@ -43,6 +43,7 @@ MIB = 1 << 20
 VLM_LAYOUTS = [  # the encoder and projector on every rank (dp, tp) or the first stage (pp)
     ("vlm_dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
     ("vlm_pp2", 2, ["--pp", "2"]),
+    ("vlm_pp2_bubbles", 2, ["--pp", "2", "--vision-schedule", "bubbles"]),
     ("vlm_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("vlm_dp2_freeze", 2, ["--dp", "2", "--freeze", "vision,projector"]),
 ]
