@@ -32,7 +32,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import (ADAM_EPS, TOL, check_loom, failed, report, run_test, safetensors_io, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, check_loom, report, run_test, safetensors_io, seed_of,  # noqa: E402
                       weights_error, write_text_shard)
-from test_hosts import AGENT, HOSTS, MCA, leftovers, sh, skip_unless_possible  # noqa: E402
+from test_hosts import AGENT, HOSTS, MCA, hosts_down, sh, skip_unless_possible  # noqa: E402
 
 STEPS = 40  # long enough that a fault made at a step of 6..24 lands before the end
 
@@ -285,14 +284,7 @@ def main():
             print(err[-3000:])
 
     finally:
-        p = sh("down", check=False)
-        left = leftovers()
-        ok = p.returncode == 0 and not left
-        report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        hosts_down(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, Run, Skip, check_loom, failed, loss_error,  # noqa: E402
-                      report, run, run_test, seed_of, weights_error, write_text_shard)
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, Skip, check_loom, failed, keep_or_remove,  # noqa: E402
+                      loss_error, report, run, run_test, seed_of, weights_error,
+                      write_text_shard)
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 AGENT = os.path.join(HERE, "agent.sh")
@@ -77,14 +78,19 @@ def skip_unless_possible():
         raise Skip("no mpirun")
 
 
+def net_leftovers(netns_prefix):
+    """The test hosts' network namespaces (named netns_prefix...) and bridge/veth links that
+    are still there."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    left = [f"netns {x.split()[0]}" for x in netns.splitlines() if x.startswith(netns_prefix)]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return left + [f"link {x.split(': ')[1]}" for x in links.splitlines()
+                   if x.split(": ")[1].startswith(("loombr", "loomv"))]
+
+
 def leftovers():
     """What hosts.sh down must not leave, checked independently of it."""
-    left = []
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    left += [f"netns {x.split()[0]}" for x in netns.splitlines() if x.startswith("loom")]
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    left += [f"link {x.split(': ')[1]}" for x in links.splitlines()
-             if x.split(": ")[1].startswith(("loombr", "loomv"))]
+    left = net_leftovers("loom")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]
@@ -95,6 +101,17 @@ def leftovers():
     if os.path.exists("/run/loom-hosts"):
         left.append("/run/loom-hosts")
     return left
+
+
+def hosts_down(tmp, seed, also=()):
+    """The hosts tests' teardown (their `finally:`): hosts.sh down, then a check that nothing
+    of the hosts (leftovers()) and no path in also is left; tmp kept, with the seed, only
+    when a check failed."""
+    p = sh("down", check=False)
+    left = leftovers() + [x for x in also if os.path.exists(x)]
+    ok = p.returncode == 0 and not left
+    report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
+    keep_or_remove(tmp, seed)
 
 
 def procs_mentioning(*words):
@@ -286,14 +303,7 @@ def main():
             report(name, ok, f"exit {p.returncode} in {secs:.1f} s: {p.stderr.strip()}"
                    f"{'' if not running else f'  still running: {running}'}")
     finally:
-        p = sh("down", check=False)
-        left = leftovers()
-        ok = p.returncode == 0 and not left
-        report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        hosts_down(tmp, seed)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import (Layouts, Run, check_loom, failed, report, run_test, same_tensors,  # noqa: E402
+from loomtest import (Layouts, Run, check_loom, report, run_test, same_tensors,  # noqa: E402
                       seed_of, write_text_shard)
-from test_hosts import MCA, MPIRUN_HOSTS, HOSTS, leftovers, sh, skip_unless_possible  # noqa: E402
+from test_hosts import MCA, MPIRUN_HOSTS, HOSTS, hosts_down, sh, skip_unless_possible  # noqa: E402
 
 def kill_host(k, mem):
     """Host k dies: every process in its network namespace, and what it held in memory."""
@@ -169,15 +169,8 @@ def main():
             if not ok:
                 print(e[-3000:])
     finally:
-        p = sh("down", check=False)
         shutil.rmtree(mem, ignore_errors=True)
-        left = leftovers() + ([mem] if os.path.exists(mem) else [])
-        ok = p.returncode == 0 and not left
-        report("hosts down", ok, "nothing left" if ok else f"left: {left} {p.stderr.strip()}")
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        hosts_down(tmp, seed, also=[mem])
 
 
 if __name__ == "__main__":

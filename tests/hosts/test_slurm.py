@@ -36,8 +36,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (Skip, check_loom, failed, report, run_test, seed_of,  # noqa: E402
+from loomtest import (Skip, check_loom, keep_or_remove, report, run_test, seed_of,  # noqa: E402
                       write_text_shard)
+from test_hosts import net_leftovers  # noqa: E402
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 SLURM_SH = os.path.join(HERE, "slurm.sh")
@@ -98,11 +99,7 @@ def leftovers():
     t = time.time()
     while (left := daemons_left()) and time.time() - t < 10:
         time.sleep(0.2)
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    left += [f"netns {x.split()[0]}" for x in netns.splitlines() if x.startswith("loomh")]
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    left += [f"link {x.split(': ')[1]}" for x in links.splitlines()
-             if x.split(": ")[1].startswith(("loombr", "loomv"))]
+    left += net_leftovers("loomh")
     left += [p for p in (STATE, "/run/loom-hosts") if os.path.exists(p)]
     return left
 
@@ -330,10 +327,7 @@ def main():
         left = leftovers()
         report("slurm and hosts down", not left, (f"left: {left}" if left else "nothing left") +
                (f" ({said})" if said else ""))
-        if failed():
-            print(f"kept {tmp} (seed {seed})")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        keep_or_remove(tmp, seed)
 
 
 if __name__ == "__main__":
