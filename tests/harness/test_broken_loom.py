@@ -19,6 +19,7 @@
 Usage: test_broken_loom.py --ctest CTEST --build-dir DIR
 """
 import argparse
+import concurrent.futures
 import glob
 import json
 import os
@@ -111,20 +112,32 @@ def run_broken(cmd, cwd, loom, timeout):
     return p.returncode, out
 
 
-def judge(name, cmd, cwd, loom, timeout, late_ok):
+def judge(name, loom, result, late_ok):
     """Non-zero, and 77 only with the runner's SKIP line. late_ok: a test still running at
     the timeout is named, not failed (it has not passed; it goes on through every layout)."""
-    t = time.time()
-    rc, out = run_broken(cmd, cwd, loom, timeout)
+    rc, out, took, timeout = result
     line = f"  {name:32s} --loom {os.path.basename(loom):9s} "
     if rc is None and late_ok:
         print(line + f"still running after {timeout} s, stopped: not judged")
         return
     skipped = re.search(r"^SKIP: .*", out, re.M) if rc == 77 else None
     ok = rc not in (0, None) and (rc != 77 or skipped)
-    if not check(ok, line + f"exit {rc} in {time.time() - t:4.1f} s" +
+    if not check(ok, line + f"exit {rc} in {took:4.1f} s" +
                  (f" ({skipped.group(0)})" if skipped else "")):
         print("    " + out[-1500:].replace("\n", "\n    "))
+
+
+def judge_all(tests, loom, timeout, late_ok):
+    """Runs the tests four at a time (each mostly waits for Python to start and for its
+    loom check to fail), then judges them in order."""
+    def one(test):
+        t = time.time()
+        rc, out = run_broken(test[1], test[2], loom, timeout)
+        return rc, out, time.time() - t, timeout
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(one, tests))
+    for test, result in zip(tests, results):
+        judge(test[0], loom, result, late_ok)
 
 
 def main():
@@ -141,12 +154,9 @@ def main():
         os.chmod(fake, 0o755)
         tests = loom_tests(args.ctest, args.build_dir)
         print(f"{len(tests)} ctest test(s) take --loom; with /bin/false:")
-        for name, cmd, cwd, _ in tests:
-            judge(name, cmd, cwd, "/bin/false", 60, False)
+        judge_all(tests, "/bin/false", 60, False)
         print("with a loom that answers `version` and fails everything else:")
-        for name, cmd, cwd, labels in tests:
-            if not labels & SLOW_LABELS:
-                judge(name, cmd, cwd, fake, 10, True)
+        judge_all([t for t in tests if not t[3] & SLOW_LABELS], fake, 10, True)
     # Every Python test that takes --loom is one of them.
     scripts = {os.path.realpath(w) for _, cmd, _, _ in tests for w in cmd if w.endswith(".py")}
     for path in sorted(glob.glob(os.path.join(TESTS, "**", "*.py"), recursive=True)):
