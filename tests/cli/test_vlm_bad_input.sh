@@ -90,4 +90,37 @@ check "--init-from the decoder only" trains --init-from "$TMP/llm.safetensors"
 check "--init-from says what it kept" grep -q "kept from initialisation: vision projector" "$TMP/log"
 expect "--init-from without a vlm part" "holds no part of a vlm" -- \
     "${BASE[@]}" --data "$TMP/ok/train_*.bin" --init-from "$TMP/none.safetensors"
+# loom generate --image: the KV cache writes the text the whole-sequence forward writes
+# (greedy), for one PNG, with a prompt, and for a folder of PNGs (one line each, --sheet)
+/usr/bin/python3 - "$TMP" <<'PY'
+import os, random, struct, sys, zlib
+d, rng = sys.argv[1], random.Random()
+def png(path, h, w):
+    raw = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(w)) for _ in range(h))
+    ch = lambda k, b: struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + ch(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                           + ch(b"IDAT", zlib.compress(raw)) + ch(b"IEND", b""))
+os.makedirs(f"{d}/pngs"); os.makedirs(f"{d}/nopngs")
+for i in range(3): png(f"{d}/pngs/{i}.png", 8, 8)
+png(f"{d}/big.png", 16, 16)
+PY
+GEN=(generate --weights "$TMP/w.safetensors" --temperature 0)
+same_text() { # ARGS...: cached and uncached outputs equal and not empty
+    "$LOOM" "${GEN[@]}" "$@" >"$TMP/kv" 2>"$TMP/log" &&
+        "$LOOM" "${GEN[@]}" "$@" --no-kv-cache >"$TMP/nokv" 2>>"$TMP/log" &&
+        cmp -s "$TMP/kv" "$TMP/nokv" && [ -n "$(tr -d '\n' <"$TMP/kv")" ] ||
+        { echo "cached: '$(cat "$TMP/kv")' uncached: '$(cat "$TMP/nokv")'"; return 1; }
+}
+check "generate: KV cache = whole sequence" same_text --image "$TMP/pngs/0.png"
+check "generate: KV cache = whole sequence, prompt" same_text --image "$TMP/pngs/1.png" --prompt ab
+check "generate: a folder, KV cache = whole sequence" same_text --image "$TMP/pngs" \
+    --sheet "$TMP/sheet.png"
+check "generate: a folder's lines" test "$(cut -f1 "$TMP/kv" | tr '\n' ' ')" = "0.png 1.png 2.png "
+check "generate: a folder's line = the file's text" \
+    test "$(sed -n 3p "$TMP/kv" | cut -f2-)" = "$("$LOOM" "${GEN[@]}" --image "$TMP/pngs/2.png")"
+check "generate --sheet writes a PNG" test "$(head -c 4 "$TMP/sheet.png" | tail -c 3)" = PNG
+expect "generate: a folder without PNGs" "--image $TMP/nopngs: a folder without .png files" -- \
+    "${GEN[@]}" --image "$TMP/nopngs"
+expect "generate: image size" "--image $TMP/big.png: 16 x 16 pixels, the model reads 8 x 8" -- \
+    "${GEN[@]}" --image "$TMP/big.png"
 finish test_vlm_bad_input
