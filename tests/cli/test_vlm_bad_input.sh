@@ -123,4 +123,31 @@ expect "generate: a folder without PNGs" "--image $TMP/nopngs: a folder without 
     "${GEN[@]}" --image "$TMP/nopngs"
 expect "generate: image size" "--image $TMP/big.png: 16 x 16 pixels, the model reads 8 x 8" -- \
     "${GEN[@]}" --image "$TMP/big.png"
+# loom data vlm --input DIR: NAME.png with NAME.txt beside each; the shards train
+printf 'ab\n' >"$TMP/pngs/0.txt"
+printf 'what?\ncd\n' >"$TMP/pngs/1.txt"
+printf 'ef' >"$TMP/pngs/2.txt"
+check "data vlm from a folder" "$LOOM" data vlm --input "$TMP/pngs" --out "$TMP/fd" --val-samples 1
+trains_on() {
+    "$LOOM" "${BASE[@]}" --data "$1" >"$TMP/log" 2>&1 &&
+        grep -qF "data $1: 1 file(s), 2 image-text" "$TMP/log"
+}
+check "a folder's shards train" trains_on "$TMP/fd/train_*.bin"
+mkdir -p "$TMP/f2" "$TMP/f3" "$TMP/f4"
+cp "$TMP/pngs/0.png" "$TMP/pngs/0.txt" "$TMP/f2/" && cp "$TMP/big.png" "$TMP/f2/1.png"
+printf 'x' >"$TMP/f2/1.txt"
+cp "$TMP/pngs/0.png" "$TMP/f3/"
+cp "$TMP/pngs/0.png" "$TMP/f4/" && printf 'a prompt only\n\n' >"$TMP/f4/0.txt"
+expect "data vlm: folder image sizes" "$TMP/f2/1.png: 16 x 16 pixels, expected 8 x 8" -- \
+    data vlm --input "$TMP/f2" --out "$TMP/fx"
+expect "data vlm: folder without a text" "$TMP/f3/0.png: no $TMP/f3/0.txt beside it" -- \
+    data vlm --input "$TMP/f3" --out "$TMP/fx"
+expect "data vlm: a prompt and no answer" "$TMP/f4/0.txt: a prompt line and no answer" -- \
+    data vlm --input "$TMP/f4" --out "$TMP/fx"
+expect "data vlm: folder without PNGs" "$TMP/nopngs: no .png files" -- \
+    data vlm --input "$TMP/nopngs" --out "$TMP/fx"
+expect "data vlm: --grid with a folder" "--grid: for --input fashion-mnist" -- \
+    data vlm --input "$TMP/pngs" --out "$TMP/fx" --grid 3
+expect "data vlm: every file val" "--val-samples 3: the folder $TMP/pngs holds 3 samples" -- \
+    data vlm --input "$TMP/pngs" --out "$TMP/fx" --val-samples 3
 finish test_vlm_bad_input
