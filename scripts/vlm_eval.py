@@ -9,7 +9,9 @@ per grid to OUT.txt, the first 16 grids with the model's text under each to OUT.
 generate --sheet), the first grid alone to OUT_first.png. Usage:
   scripts/vlm_eval.py --loom build/loom --weights W --shard DIR/val_000000.bin [--n 200]
                       [--out runs/vlm/heldout]
-Prints one JSON object last: {"grids", "accuracy", "accuracy_black", "generate_s"}."""
+--compare-no-cache K (default 16, at most 16) captions the first K grids again with and without
+the KV cache: the texts must be the same; the times give its speed-up.
+Prints one JSON object last: {"grids", "accuracy", "accuracy_black", "generate_s", "kv_cache"}."""
 import argparse
 import json
 import os
@@ -60,11 +62,12 @@ def parse(text):
     return out
 
 
-def generate(loom, weights, image, sheet=None):
+def generate(loom, weights, image, sheet=None, no_cache=False):
     """{file name: text} for a folder of PNGs (one line each), or the text for one PNG."""
     cmd = [loom, "generate", "--weights", weights, "--image", image, "--temperature", "0",
            "--max-tokens", "400"] + (["--sheet", sheet] if sheet else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    cmd += ["--no-kv-cache"] if no_cache else []
+    p = subprocess.run(cmd, capture_output=True, encoding="latin-1", timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(p.stderr.strip())
     if not os.path.isdir(image):
@@ -83,6 +86,8 @@ def main():
     ap.add_argument("--shard", required=True)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--out", default="runs/vlm/heldout")
+    ap.add_argument("--compare-no-cache", type=int, default=16, metavar="K",
+                    help="also caption the first K grids without the KV cache: same texts?")
     a = ap.parse_args()
     e, tok, px = read_shard(a.shard)
     tmp = tempfile.mkdtemp(prefix="loom_vlm_eval_")
@@ -106,6 +111,22 @@ def main():
     if os.path.isdir(rest):
         got.update(generate(a.loom, a.weights, rest))
     generate_s = time.time() - t0
+    kv = {}
+    k = min(a.compare_no_cache, len(grids), 16)
+    if k > 0:  # the first K grids again without the KV cache, timed against the cached call
+        few = os.path.join(tmp, "few")
+        os.makedirs(few)
+        for j in range(k):
+            os.link(os.path.join(first, f"{j:06d}.png"), os.path.join(few, f"{j:06d}.png"))
+        t1 = time.time()
+        cached = generate(a.loom, a.weights, few)
+        t2 = time.time()
+        uncached = generate(a.loom, a.weights, few, no_cache=True)
+        t3 = time.time()
+        kv = {"grids": k, "same_texts": cached == uncached and all(
+                  got[n] == cached[n] for n in cached),
+              "cached_s": round(t2 - t1, 2), "uncached_s": round(t3 - t2, 2),
+              "speedup": round((t3 - t2) / max(t2 - t1, 1e-9), 2)}
     black_png = os.path.join(tmp, "black.png")
     write_png(black_png, np.zeros_like(grids[0][2]) if grids else np.zeros((1, 1), np.uint8))
     black = generate(a.loom, a.weights, black_png) if grids else ""
@@ -128,7 +149,7 @@ def main():
           f"black image {100 * acc_b:.1f}% (texts: {a.out}.txt, grids with the model's text: "
           f"{a.out}.png)")
     print(json.dumps({"grids": total // 4, "accuracy": acc, "accuracy_black": acc_b,
-                      "generate_s": round(generate_s, 1)}))
+                      "generate_s": round(generate_s, 1), "kv_cache": kv}))
 
 
 if __name__ == "__main__":
