@@ -240,6 +240,7 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
     char **files = NULL, **texts = NULL;
     uint8_t *all = NULL;
     loom_model m = {0};
+    loom_font font = {0};
     int rc = 0, h = 0, w = 0, n_files = 0, is_dir = 0;
     if (cfg.family != LOOM_FAMILY_VLM) {
         snprintf(msg, sizeof msg, "--image: %s is a %s model (expected family vlm)", weights,
@@ -259,6 +260,11 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
     all = sheet ? malloc((size_t)n_files * cfg.height * cfg.width) : NULL;
     if (!tokens || !texts || (sheet && !all)) {
         rc = fail("out of memory");
+        goto done;
+    }
+    if (sheet && loom_font_open(&font, SHEET_FONT_PIXELS, &err)) { /* before generating */
+        snprintf(msg, sizeof msg, "--sheet: %s", err.msg);
+        rc = fail(msg);
         goto done;
     }
     if (loom_model_create(&m, &(loom_model_options){.cfg = &cfg, .B = 1, .T = T}, &err)) {
@@ -307,18 +313,15 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
                 all[(size_t)i * cfg.height * cfg.width + k] = (uint8_t)(sum / cfg.channels);
             }
     }
-    if (!rc && sheet) {
-        loom_font font;
-        if (loom_font_open(&font, SHEET_FONT_PIXELS, &err) ||
-            loom_picture_write_captioned(sheet, all, n_files, cfg.height, cfg.width, SHEET_SCALE,
-                                         SHEET_COLUMNS, (const char *const *)texts, &font,
-                                         SHEET_LINES, &err)) {
-            snprintf(msg, sizeof msg, "--sheet: %s", err.msg);
-            rc = fail(msg);
-        }
-        loom_font_close(&font);
+    if (!rc && sheet &&
+        loom_picture_write_captioned(sheet, all, n_files, cfg.height, cfg.width, SHEET_SCALE,
+                                     SHEET_COLUMNS, (const char *const *)texts, &font, SHEET_LINES,
+                                     &err)) {
+        snprintf(msg, sizeof msg, "--sheet: %s", err.msg);
+        rc = fail(msg);
     }
 done:
+    if (font.face) loom_font_close(&font);
     if (m.ops) loom_model_destroy(&m);
     for (int i = 0; i < n_files; i++) {
         free(files[i]);

@@ -66,7 +66,8 @@ int loom_font_width(const loom_font *f, const char *text, int len) {
     FT_Face face = f->face;
     long w = 0;
     for (int i = 0; i < len; i++)
-        if (!FT_Load_Char(face, (unsigned char)text[i], FT_LOAD_DEFAULT))
+        if ((unsigned char)text[i] >= 32 &&
+            !FT_Load_Char(face, (unsigned char)text[i], FT_LOAD_DEFAULT))
             w += face->glyph->advance.x;
     return (int)((w + 63) >> 6);
 }
@@ -77,6 +78,7 @@ void loom_font_draw(const loom_font *f, uint8_t *gray, int height, int width, in
     const int baseline = y + f->ascent;
     long pen = (long)x << 6;
     for (int i = 0; i < len; i++) {
+        if ((unsigned char)text[i] < 32) continue; /* control bytes: nothing drawn */
         if (FT_Load_Char(face, (unsigned char)text[i], FT_LOAD_RENDER)) continue;
         const FT_GlyphSlot g = face->glyph;
         const FT_Bitmap *b = &g->bitmap;

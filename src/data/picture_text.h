@@ -25,7 +25,8 @@ typedef struct {
 /* Opens the font at an em of `pixels` (4..200) pixels. */
 loom_status loom_font_open(loom_font *f, int pixels, loom_error *err);
 void loom_font_close(loom_font *f);
-/* Width in pixels of text (bytes as Latin-1 code points) drawn in one line. */
+/* Width in pixels of text (bytes as Latin-1 code points, control bytes < 32 skipped)
+ * drawn in one line. */
 int loom_font_width(const loom_font *f, const char *text, int len);
 /* Draws len bytes of text in one line, ink 0 (black) blended over the gray image
  * [height][width] by glyph coverage, with the line's top-left at (x, y); clipped to the
