@@ -4,7 +4,7 @@
 # shards, vlm-tiny trained on 2 ranks with configs/vlm.ini, then greedy captions of
 # held-out grids (from t10k) parsed back into position -> class and scored, against the
 # same model shown a black image. Extra arguments go to `loom train` (e.g. --steps 300).
-# VLM_EVAL_GRIDS (default 200) held-out grids are scored.
+# VLM_EVAL_GRIDS (default 1000, the issue's count) held-out grids are scored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '\n== %s\n' "$*"; }
@@ -26,14 +26,14 @@ $LOOM plot runs/vlm/metrics.jsonl -o runs/vlm/loss.png --title "loom: vlm-tiny o
 
 say "4/4 caption held-out grids (greedy) and score the positions named correctly"
 /usr/bin/python3 scripts/vlm_eval.py --loom $LOOM --weights runs/vlm/weights.safetensors \
-    --shard data/vlm/val_000000.bin --n "${VLM_EVAL_GRIDS:-200}" --out runs/vlm/heldout
+    --shard data/vlm/val_000000.bin --n "${VLM_EVAL_GRIDS:-1000}" --out runs/vlm/heldout
 
 cat <<'DONE'
 
 == where things are
   runs/vlm/heldout.txt           each held-out grid's caption, the model's text and its text
                                  for a black image
-  runs/vlm/heldout.png           the first 16 held-out grids
+  runs/vlm/heldout.png           the first 16 held-out grids with the model's text under each
   runs/vlm/loss.png              training and validation loss
   runs/vlm/weights.safetensors   the trained weights; caption any 56 x 56 gray PNG with
                                  ./build/loom generate --weights runs/vlm/weights.safetensors --image FILE.png

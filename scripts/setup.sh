@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       libopenblas-openmp-dev libcmocka-dev libjansson-dev libinih-dev libpcre2-dev libxxhash-dev gnuplot-nox protobuf-compiler clang libclang-rt-14-dev python3-torch python3-numpy bible-kjv
-      libpng-dev libgif-dev zlib1g-dev dataset-fashion-mnist iproute2 libdnnl-dev
+      libpng-dev libgif-dev zlib1g-dev libfreetype-dev fonts-dejavu-core dataset-fashion-mnist iproute2 libdnnl-dev
       slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -6,7 +6,10 @@
  *   question: <image> "how many bags?\n" "2" <|endoftext|>
  * the answer (the caption, or the text after the question's newline) and the end-of-text
  * token are the loss mask's answer tokens. Train grids come from the training images, val
- * grids from t10k; every draw is Philox keyed by (--seed, split, sample, cell). */
+ * grids from t10k; every draw is Philox keyed by (--seed, split, sample, cell).
+ * --input DIR: the user's own pairs (data/vlm_folder.h), NAME.png with NAME.txt beside it,
+ * `<image>`, the text's prompt line (not in the loss), its answer and <|endoftext|>; the
+ * last --val-samples in name order (default a tenth) are the val split. */
 #include "cli/cmd_data_vlm.h"
 
 #include <errno.h>
@@ -19,6 +22,7 @@
 #include "core/fs.h"
 #include "core/philox.h"
 #include "data/idx.h"
+#include "data/vlm_folder.h"
 #include "data/vlm_shard.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
@@ -174,10 +178,75 @@ static int make_split(const char *dir, const char *split, const char *images, co
     return 0;
 }
 
+/* Samples [lo, hi) of a folder into DIR/SPLIT_000000.bin. */
+static int folder_split(const char *dir, const char *split, const loom_vlm_folder *f, int lo,
+                        int hi) {
+    loom_error err = {0};
+    const size_t S = (size_t)f->channels * f->height * f->width;
+    int32_t *tok = malloc((LOOM_VLM_FOLDER_MAX_TEXT + 2) * sizeof *tok);
+    uint8_t *mask = malloc(LOOM_VLM_FOLDER_MAX_TEXT + 2);
+    loom_vlm_writer w;
+    loom_vlm_writer_init(&w, f->channels, f->height, f->width, LOOM_VLM_BYTE_IMAGE,
+                         LOOM_VLM_BYTE_EOT);
+    loom_status st = tok && mask ? LOOM_OK : LOOM_ERR_NOMEM;
+    for (int i = lo; i < hi && !st; i++) {
+        int n = 0;
+        tok[n] = LOOM_VLM_BYTE_IMAGE;
+        mask[n++] = 0;
+        for (const char *c = f->texts[i]; *c; c++) {
+            mask[n] = (uint8_t)(c - f->texts[i] >= f->prompt_len[i]);
+            tok[n++] = (unsigned char)*c;
+        }
+        tok[n] = LOOM_VLM_BYTE_EOT;
+        mask[n++] = 1;
+        st = loom_vlm_writer_put(&w, tok, mask, n, f->pixels + S * i, 1, &err);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s_000000.bin", dir, split);
+    if (!st)
+        st = loom_vlm_writer_finish(&w, path, &err);
+    else
+        loom_vlm_writer_free(&w);
+    free(tok);
+    free(mask);
+    if (st) {
+        fprintf(stderr, "loom data: %s\n",
+                st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
+        return 2;
+    }
+    fprintf(stderr, "loom data: %s: %d samples of %d x %d x %d images from the folder\n", path,
+            hi - lo, f->channels, f->height, f->width);
+    return 0;
+}
+
+/* --input DIR: the folder's pairs, the last val_samples (-1: a tenth) as val. */
+static int make_folder(const char *input, const char *out, int64_t val_samples) {
+    loom_error err = {0};
+    loom_vlm_folder f;
+    if (loom_vlm_folder_read(input, &f, &err)) {
+        fprintf(stderr, "loom data: --input %s\n", err.msg);
+        return 2;
+    }
+    const int64_t v = val_samples < 0 ? f.n / 10 : val_samples;
+    int rc = 0;
+    if (v >= f.n) {
+        fprintf(stderr,
+                "loom data: --val-samples %lld: the folder %s holds %d samples (expected fewer, "
+                "so that some train)\n",
+                (long long)v, input, f.n);
+        rc = 2;
+    }
+    if (!rc) rc = folder_split(out, "train", &f, 0, f.n - (int)v);
+    if (!rc && v > 0) rc = folder_split(out, "val", &f, f.n - (int)v, f.n);
+    loom_vlm_folder_free(&f);
+    return rc;
+}
+
 int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
     const char *input = NULL, *out = NULL;
-    int64_t grid = 2, samples = 20000, val_samples = 1000, seed = 1, mixed = 0;
-    double questions = 0.0;
+    /* -1: not given (the defaults below depend on --input) */
+    int64_t grid = -1, samples = -1, val_samples = -1, seed = 1, mixed = -1;
+    double questions = -1.0;
     const loom_data_flag flags[] = {
         {"input", LOOM_DATA_FLAG_STR, .required = 1, .str = &input},
         {"out", LOOM_DATA_FLAG_STR, .required = 1, .str = &out},
@@ -190,13 +259,41 @@ int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
     };
     int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
     if (rc >= 0) return rc;
-    if (strcmp(input, "fashion-mnist") != 0) {
+    struct stat sb;
+    const int folder =
+        strcmp(input, "fashion-mnist") != 0 && stat(input, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (strcmp(input, "fashion-mnist") != 0 && !folder) {
         fprintf(stderr,
                 "loom data: --input '%s': expected fashion-mnist (Debian's "
-                "dataset-fashion-mnist)\n",
+                "dataset-fashion-mnist) or a folder of NAME.png with NAME.txt beside each\n",
                 input);
         return 2;
     }
+    if (folder) {
+        const char *fixed = grid >= 0          ? "--grid"
+                            : samples >= 0     ? "--samples"
+                            : mixed >= 0       ? "--mixed-images"
+                            : questions >= 0.0 ? "--questions"
+                                               : NULL;
+        if (fixed) {
+            fprintf(stderr,
+                    "loom data: %s: for --input fashion-mnist (a folder's samples are its "
+                    "files; expected only --out and --val-samples)\n",
+                    fixed);
+            return 2;
+        }
+        if (loom_mkdir_p(out) != 0) {
+            fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
+                    strerror(errno));
+            return 2;
+        }
+        return make_folder(input, out, val_samples);
+    }
+    if (grid < 0) grid = 2;
+    if (samples < 0) samples = 20000;
+    if (val_samples < 0) val_samples = 1000;
+    if (mixed < 0) mixed = 0;
+    if (questions < 0.0) questions = 0.0;
     if (mixed > 0 && questions > 0.0) {
         fprintf(stderr, "loom data: --questions: for one-image samples (expected no "
                         "--questions with --mixed-images)\n");

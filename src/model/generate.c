@@ -102,16 +102,31 @@ static void attend(loom_generator *g, int layer, int h, int pos) {
     }
 }
 
+static void decode(loom_generator *g, int pos);
+
 void loom_generator_step(loom_generator *g, int32_t token, int pos) {
+    const loom_param_table *t = g->table;
+    const float *p = g->params;
+    const int C = g->cfg.d_model, gpt2 = g->cfg.family == LOOM_FAMILY_GPT2;
+    /* one token at position pos: the lookup with wpe shifted to row pos */
+    loom_backend_embedding_forward(g->be, g->x, &token, p + t->wte,
+                                   gpt2 ? p + t->wpe + (size_t)pos * C : NULL, 1, 1, C);
+    decode(g, pos);
+}
+
+void loom_generator_step_row(loom_generator *g, const float *row, int pos) {
+    loom_backend_copy(g->be, g->x, row, (size_t)g->cfg.d_model * sizeof(float));
+    decode(g, pos);
+}
+
+/* The decoder's blocks, final norm and head on g->x at position pos. */
+static void decode(loom_generator *g, int pos) {
     const loom_model_config *c = &g->cfg;
     const loom_param_table *t = g->table;
     const float *p = g->params;
     const int C = c->d_model, F = c->d_ff, hd = C / c->n_head, H = c->n_head, KV = c->n_kv_head;
     const int A = H * hd, QKV = (H + 2 * KV) * hd, kv = KV * hd;
     const int gpt2 = c->family == LOOM_FAMILY_GPT2, FC = gpt2 ? F : 2 * F;
-    /* one token at position pos: the lookup with wpe shifted to row pos */
-    loom_backend_embedding_forward(g->be, g->x, &token, p + t->wte,
-                                   gpt2 ? p + t->wpe + (size_t)pos * C : NULL, 1, 1, C);
     for (int l = 0; l < c->n_layer; l++) {
         const loom_block_params *k = &t->blocks[l];
         norm(g, g->norm, g->x, k->norm1_w, k->norm1_b);

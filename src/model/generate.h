@@ -41,6 +41,10 @@ void loom_generator_free(loom_generator *g);
 /* Feeds `token` at position pos (0 <= pos < max_len, positions in order from 0);
  * g->logits then holds the next-token logits (vocab_size). */
 void loom_generator_step(loom_generator *g, int32_t token, int pos);
+/* The same with the decoder's input row at pos given (d_model floats, the generator's
+ * memory): a vlm's image slot, whose row is the projector's output (model/vlm_pieces.h's
+ * loom_vlm_encode) instead of a token's embedding. */
+void loom_generator_step_row(loom_generator *g, const float *row, int pos);
 
 typedef struct {
     float temperature; /* 0: greedy (argmax) */

@@ -90,4 +90,64 @@ check "--init-from the decoder only" trains --init-from "$TMP/llm.safetensors"
 check "--init-from says what it kept" grep -q "kept from initialisation: vision projector" "$TMP/log"
 expect "--init-from without a vlm part" "holds no part of a vlm" -- \
     "${BASE[@]}" --data "$TMP/ok/train_*.bin" --init-from "$TMP/none.safetensors"
+# loom generate --image: the KV cache writes the text the whole-sequence forward writes
+# (greedy), for one PNG, with a prompt, and for a folder of PNGs (one line each, --sheet)
+/usr/bin/python3 - "$TMP" <<'PY'
+import os, random, struct, sys, zlib
+d, rng = sys.argv[1], random.Random()
+def png(path, h, w):
+    raw = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(w)) for _ in range(h))
+    ch = lambda k, b: struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b))
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + ch(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                           + ch(b"IDAT", zlib.compress(raw)) + ch(b"IEND", b""))
+os.makedirs(f"{d}/pngs"); os.makedirs(f"{d}/nopngs")
+for i in range(3): png(f"{d}/pngs/{i}.png", 8, 8)
+png(f"{d}/big.png", 16, 16)
+PY
+GEN=(generate --weights "$TMP/w.safetensors" --temperature 0)
+same_text() { # ARGS...: cached and uncached outputs equal and not empty
+    "$LOOM" "${GEN[@]}" "$@" >"$TMP/kv" 2>"$TMP/log" &&
+        "$LOOM" "${GEN[@]}" "$@" --no-kv-cache >"$TMP/nokv" 2>>"$TMP/log" &&
+        cmp -s "$TMP/kv" "$TMP/nokv" && [ -n "$(tr -d '\n' <"$TMP/kv")" ] ||
+        { echo "cached: '$(cat "$TMP/kv")' uncached: '$(cat "$TMP/nokv")'"; return 1; }
+}
+check "generate: KV cache = whole sequence" same_text --image "$TMP/pngs/0.png"
+check "generate: KV cache = whole sequence, prompt" same_text --image "$TMP/pngs/1.png" --prompt ab
+check "generate: a folder, KV cache = whole sequence" same_text --image "$TMP/pngs" \
+    --sheet "$TMP/sheet.png"
+check "generate: a folder's lines" test "$(cut -f1 "$TMP/kv" | tr '\n' ' ')" = "0.png 1.png 2.png "
+check "generate: a folder's line = the file's text" \
+    test "$(sed -n 3p "$TMP/kv" | cut -f2-)" = "$("$LOOM" "${GEN[@]}" --image "$TMP/pngs/2.png")"
+check "generate --sheet writes a PNG" test "$(head -c 4 "$TMP/sheet.png" | tail -c 3)" = PNG
+expect "generate: a folder without PNGs" "--image $TMP/nopngs: a folder without .png files" -- \
+    "${GEN[@]}" --image "$TMP/nopngs"
+expect "generate: image size" "--image $TMP/big.png: 16 x 16 pixels, the model reads 8 x 8" -- \
+    "${GEN[@]}" --image "$TMP/big.png"
+# loom data vlm --input DIR: NAME.png with NAME.txt beside each; the shards train
+printf 'ab\n' >"$TMP/pngs/0.txt"
+printf 'what?\ncd\n' >"$TMP/pngs/1.txt"
+printf 'ef' >"$TMP/pngs/2.txt"
+check "data vlm from a folder" "$LOOM" data vlm --input "$TMP/pngs" --out "$TMP/fd" --val-samples 1
+trains_on() {
+    "$LOOM" "${BASE[@]}" --data "$1" >"$TMP/log" 2>&1 &&
+        grep -qF "data $1: 1 file(s), 2 image-text" "$TMP/log"
+}
+check "a folder's shards train" trains_on "$TMP/fd/train_*.bin"
+mkdir -p "$TMP/f2" "$TMP/f3" "$TMP/f4"
+cp "$TMP/pngs/0.png" "$TMP/pngs/0.txt" "$TMP/f2/" && cp "$TMP/big.png" "$TMP/f2/1.png"
+printf 'x' >"$TMP/f2/1.txt"
+cp "$TMP/pngs/0.png" "$TMP/f3/"
+cp "$TMP/pngs/0.png" "$TMP/f4/" && printf 'a prompt only\n\n' >"$TMP/f4/0.txt"
+expect "data vlm: folder image sizes" "$TMP/f2/1.png: 16 x 16 pixels, expected 8 x 8" -- \
+    data vlm --input "$TMP/f2" --out "$TMP/fx"
+expect "data vlm: folder without a text" "$TMP/f3/0.png: no $TMP/f3/0.txt beside it" -- \
+    data vlm --input "$TMP/f3" --out "$TMP/fx"
+expect "data vlm: a prompt and no answer" "$TMP/f4/0.txt: a prompt line and no answer" -- \
+    data vlm --input "$TMP/f4" --out "$TMP/fx"
+expect "data vlm: folder without PNGs" "$TMP/nopngs: no .png files" -- \
+    data vlm --input "$TMP/nopngs" --out "$TMP/fx"
+expect "data vlm: --grid with a folder" "--grid: for --input fashion-mnist" -- \
+    data vlm --input "$TMP/pngs" --out "$TMP/fx" --grid 3
+expect "data vlm: every file val" "--val-samples 3: the folder $TMP/pngs holds 3 samples" -- \
+    data vlm --input "$TMP/pngs" --out "$TMP/fx" --val-samples 3
 finish test_vlm_bad_input
