@@ -45,10 +45,6 @@ static int keep_bf16(const loom_model *m, const dims *d) {
     return loom_model_bf16_activations(m, d->Ns != d->N);
 }
 
-static void carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 **h) {
-    loom_carve_kept(cv, bf16, n, f, h);
-}
-
 /* A block's forward activations except its output (res2); mlp: rows of the dense MLP's
  * (0 for an MoE layer); norm2_fp32: norm2 kept in fp32 (an MoE layer reads it, or a
  * recomputation's block serving one). */
@@ -56,7 +52,7 @@ static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loo
                         size_t mlp, const loom_block_acts *sel, int norm2_fp32) {
     const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
     const int h = keep_bf16(m, d);
-    carve_kept(cv, h, Ns * C, &a->norm1, &a->norm1_bf16);
+    loom_carve_kept(cv, h, Ns * C, &a->norm1, &a->norm1_bf16);
     a->norm1_mean = loom_carve(cv, Ns);
     a->norm1_rstd = loom_carve(cv, Ns);
     a->qkv = loom_carve(cv, N * d->QKV);
@@ -64,14 +60,14 @@ static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loo
     a->att = sel ? sel->att : loom_carve(cv, N * d->A);
     a->lse = sel ? sel->lse : loom_carve(cv, (size_t)m->B * d->H * m->T);
     a->res1 = loom_carve(cv, Ns * C);
-    carve_kept(cv, h && mlp && !norm2_fp32, Ns * C, &a->norm2, &a->norm2_bf16);
+    loom_carve_kept(cv, h && mlp && !norm2_fp32, Ns * C, &a->norm2, &a->norm2_bf16);
     a->norm2_mean = loom_carve(cv, Ns);
     a->norm2_rstd = loom_carve(cv, Ns);
     a->fc = loom_carve(cv, mlp * d->FC);
     if (sel)
         a->act = sel->act, a->act_bf16 = sel->act_bf16;
     else
-        carve_kept(cv, h && mlp, mlp * d->F, &a->act, &a->act_bf16);
+        loom_carve_kept(cv, h && mlp, mlp * d->F, &a->act, &a->act_bf16);
 }
 
 static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
@@ -89,7 +85,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     if (sel) {
         shared.att = loom_carve(cv, N * A);
         shared.lse = loom_carve(cv, (size_t)m->B * d.H * m->T);
-        carve_kept(cv, keep_bf16(m, &d), N * F, &shared.act, &shared.act_bf16);
+        loom_carve_kept(cv, keep_bf16(m, &d), N * F, &shared.act, &shared.act_bf16);
     }
     for (int l = 0; l < m->table.n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
@@ -107,7 +103,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
         a->d_res1 = split ? loom_carve(cv, N * C) : NULL;
         a->d_qkv = split ? loom_carve(cv, N * QKV) : NULL;
     }
-    carve_kept(cv, keep_bf16(m, &d), Ns * C, &m->normf, &m->normf_bf16);
+    loom_carve_kept(cv, keep_bf16(m, &d), Ns * C, &m->normf, &m->normf_bf16);
     m->normf_mean = loom_carve(cv, Ns);
     m->normf_rstd = loom_carve(cv, Ns);
     m->logits = loom_carve(cv, N * (size_t)d.V);
