@@ -217,6 +217,14 @@ typedef struct {
     void (*linear_backward_weight_bf16)(const loom_backend *be, float *dweight, float *dbias,
                                         const float *dout, const loom_bf16 *inp, int N, int IC,
                                         int OC);
+    /* Activations kept in bf16 (docs/precision.md): the forward with a bf16 input and the
+     * table's fp32-signature weight (rounded, or read from the weights' bf16 copy), and
+     * the round-to-nearest-even of n floats into bf16 that produces such an input (the
+     * same bits the fp32-signature ops round to inside). NULL where activations stay
+     * fp32 (the fp32 CPU table, CUDA). */
+    void (*linear_forward_in_bf16)(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                   const float *weight, const float *bias, int N, int IC, int OC);
+    void (*round_bf16)(const loom_backend *be, loom_bf16 *dst, const float *src, size_t n);
     /* Makes, before the step, what the linear ops of shape (N, IC, OC) will need (the
      * bf16 table: its oneDNN primitives); NULL: nothing to make. */
     loom_status (*linear_prepare)(const loom_backend *be, int N, int IC, int OC, loom_error *err);
@@ -672,6 +680,20 @@ static inline void loom_backend_scale(const loom_backend *be, float *x, float s,
 static inline loom_status loom_backend_linear_prepare(const loom_backend *be, int N, int IC, int OC,
                                                       loom_error *err) {
     return be->ops->linear_prepare ? be->ops->linear_prepare(be, N, IC, OC, err) : LOOM_OK;
+}
+/* 1 when the table keeps GEMM-only activations in bf16 (linear_forward_in_bf16 and
+ * round_bf16 set). */
+static inline int loom_backend_bf16_activations(const loom_backend *be) {
+    return be->ops->linear_forward_in_bf16 != NULL && be->ops->round_bf16 != NULL;
+}
+static inline void loom_backend_linear_forward_in_bf16(const loom_backend *be, float *out,
+                                                       const loom_bf16 *inp, const float *weight,
+                                                       const float *bias, int N, int IC, int OC) {
+    be->ops->linear_forward_in_bf16(be, out, inp, weight, bias, N, IC, OC);
+}
+static inline void loom_backend_round_bf16(const loom_backend *be, loom_bf16 *dst, const float *src,
+                                           size_t n) {
+    be->ops->round_bf16(be, dst, src, n);
 }
 static inline void loom_backend_linear_forward_bf16(const loom_backend *be, float *out,
                                                     const loom_bf16 *inp, const loom_bf16 *weight,

@@ -19,6 +19,8 @@ typedef struct {
     float *d_mod; /* split backward: d(mod), kept for W */
     float *d_y1;  /* split backward: d(y1) gathered [N, C], kept for W */
     float *d_y2;  /* split backward: d(y2) gathered [N, C] */
+    /* --precision bf16: xm1, xm2 kept as the bf16 bits their GEMMs read (then NULL) */
+    loom_bf16 *xm1_bf16, *xm2_bf16;
 } dit_block;
 
 struct loom_dit {
@@ -37,6 +39,7 @@ struct loom_dit {
     /* arena: final layer */
     float *fmod, *dfmod;              /* [B, 2C] */
     float *fxn, *fmean, *frstd, *fxm; /* [Ns, C], [Ns], [Ns], [Ns, C] */
+    loom_bf16 *fxm_bf16;              /* fxm kept in bf16 (fxm then NULL) */
     float *pred;                      /* [Ns, P]: the prediction, then its gradient */
     /* arena: block backward scratch */
     float *dmod;      /* [B, 6C] */
@@ -142,6 +145,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     loom_dit *s = m->dit;
     const size_t N = d.N, Ns = d.Ns, C = d.C, B = d.B, P = d.P, F = d.F;
     const int split = m->split_backward;
+    const int h = loom_model_bf16_activations(m, Ns != N); /* model_impl.h */
     s->patches = loom_carve(cv, N * P);
     s->target = loom_carve(cv, N * P);
     s->t = loom_carve(cv, B);
@@ -170,7 +174,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm1 = loom_carve(cv, Ns * C);
             a->norm1_mean = loom_carve(cv, Ns);
             a->norm1_rstd = loom_carve(cv, Ns);
-            b->xm1 = loom_carve(cv, Ns * C);
+            loom_carve_kept(cv, h, Ns * C, &b->xm1, &b->xm1_bf16);
             a->qkv = loom_carve(cv, N * d.QKV);
             /* selective recomputation: layer 0's attention output, log-sum-exp and
              * activation serve every layer (recomputed before each block's backward) */
@@ -182,9 +186,12 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm2 = loom_carve(cv, Ns * C);
             a->norm2_mean = loom_carve(cv, Ns);
             a->norm2_rstd = loom_carve(cv, Ns);
-            b->xm2 = loom_carve(cv, Ns * C);
+            loom_carve_kept(cv, h, Ns * C, &b->xm2, &b->xm2_bf16);
             a->fc = loom_carve(cv, N * F);
-            a->act = sel ? shared_acts.act : loom_carve(cv, N * F);
+            if (sel)
+                a->act = shared_acts.act, a->act_bf16 = shared_acts.act_bf16;
+            else
+                loom_carve_kept(cv, h, N * F, &a->act, &a->act_bf16);
             b->y2 = loom_carve(cv, Ns * C);
             shared_acts = *a;
             shared_blk = *b;
@@ -206,7 +213,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     s->fxn = loom_carve(cv, Ns * C);
     s->fmean = loom_carve(cv, Ns);
     s->frstd = loom_carve(cv, Ns);
-    s->fxm = loom_carve(cv, Ns * C);
+    loom_carve_kept(cv, h, Ns * C, &s->fxm, &s->fxm_bf16);
     s->pred = loom_carve(cv, Ns * P);
     m->losses = loom_carve(cv, N);
     m->dres = loom_carve(cv, Ns * C);
@@ -298,13 +305,21 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
     return LOOM_OK;
 }
 
+/* GELU of a->fc into a->act, or kept in bf16: through dact (free until backward) rounded
+ * into a->act_bf16. */
+static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
+    float *act = a->act ? a->act : m->dact;
+    loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
+    loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
+}
+
 /* Selective recomputation: block l's attention output and log-sum-exp from its kept qkv
  * and its activation from its kept fc, into the buffers all layers share. */
 static loom_status block_recompute_selective(loom_model *m, const dims *d, int l) {
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
     loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
-    if (!st) loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)d->N * d->F);
+    if (!st) mlp_activation(m, d, a);
     loom_trace_end(m->trace);
     return st;
 }
@@ -318,32 +333,38 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
     const loom_backend *be = m->be;
     const int B = d->B, T = d->T, N = d->N, Ns = d->Ns, C = d->C, ld = 6 * C, r0 = d->row0;
     const float eps = m->cfg.norm_eps;
-    const float *in;
+    loom_act in;
     loom_trace_begin(m->trace, "block", recomputing ? "recompute" : "forward");
     loom_backend_linear_forward(be, b->mod, m->cond, p + k->ada_w, p + k->ada_b, B, C, ld);
     const float *mod = b->mod;
     loom_backend_layernorm_plain_forward(be, a->norm1, a->norm1_mean, a->norm1_rstd, x, Ns, C, eps);
-    loom_backend_modulate_forward(be, b->xm1, a->norm1, mod, mod + C, ld, Ns, C, T, r0);
-    loom_status st = loom_model_tp_gather(m, b->xm1, &in);
+    /* a modulated norm kept in bf16 passes through dnorm (free until backward) */
+    float *xm1 = b->xm1 ? b->xm1 : m->dnorm, *xm2 = b->xm2 ? b->xm2 : m->dnorm;
+    loom_backend_modulate_forward(be, xm1, a->norm1, mod, mod + C, ld, Ns, C, T, r0);
+    loom_model_keep_bf16(m, b->xm1_bf16, xm1, (size_t)Ns * C);
+    loom_status st = loom_model_tp_gather_act(m, loom_act_of(b->xm1, b->xm1_bf16), &in);
     if (!st) {
-        loom_backend_linear_forward(be, a->qkv, in, p + k->qkv_w, p + k->qkv_b, N, C, d->QKV);
+        loom_model_linear_forward(m, a->qkv, in, p + k->qkv_w, p + k->qkv_b, N, C, d->QKV);
         st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
     }
     if (!st) {
-        st = loom_model_row_forward(m, b->y1, a->att, p + k->attn_out_w, p + k->attn_out_b, d->A);
+        st = loom_model_row_forward(m, b->y1, loom_act_f32(a->att), p + k->attn_out_w,
+                                    p + k->attn_out_b, d->A);
     }
     if (!st) {
         loom_backend_gate_add_forward(be, a->res1, x, b->y1, mod + 2 * C, ld, Ns, C, T, r0);
         loom_backend_layernorm_plain_forward(be, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1,
                                              Ns, C, eps);
-        loom_backend_modulate_forward(be, b->xm2, a->norm2, mod + 3 * C, mod + 4 * C, ld, Ns, C, T,
+        loom_backend_modulate_forward(be, xm2, a->norm2, mod + 3 * C, mod + 4 * C, ld, Ns, C, T,
                                       r0);
-        st = loom_model_tp_gather(m, b->xm2, &in);
+        loom_model_keep_bf16(m, b->xm2_bf16, xm2, (size_t)Ns * C);
+        st = loom_model_tp_gather_act(m, loom_act_of(b->xm2, b->xm2_bf16), &in);
     }
     if (!st) {
-        loom_backend_linear_forward(be, a->fc, in, p + k->fc_w, p + k->fc_b, N, C, d->F);
-        loom_backend_gelu_forward(be, a->act, a->fc, (size_t)N * d->F);
-        st = loom_model_row_forward(m, b->y2, a->act, p + k->proj_w, p + k->proj_b, d->F);
+        loom_model_linear_forward(m, a->fc, in, p + k->fc_w, p + k->fc_b, N, C, d->F);
+        mlp_activation(m, d, a);
+        st = loom_model_row_forward(m, b->y2, loom_act_of(a->act, a->act_bf16), p + k->proj_w,
+                                    p + k->proj_b, d->F);
     }
     if (!st)
         loom_backend_gate_add_forward(be, a->res2, a->res1, b->y2, mod + 5 * C, ld, Ns, C, T, r0);
@@ -368,9 +389,12 @@ static loom_status dit_head_forward(loom_model *m, const float *p, const float *
                                 C, 2 * C);
     loom_backend_layernorm_plain_forward(be, s->fxn, s->fmean, s->frstd, x, d.Ns, C,
                                          m->cfg.norm_eps);
-    loom_backend_modulate_forward(be, s->fxm, s->fxn, s->fmod, s->fmod + C, 2 * C, d.Ns, C, d.T,
+    float *fxm = s->fxm ? s->fxm : m->dnorm; /* kept in bf16: through dnorm */
+    loom_backend_modulate_forward(be, fxm, s->fxn, s->fmod, s->fmod + C, 2 * C, d.Ns, C, d.T,
                                   d.row0);
-    loom_backend_linear_forward(be, s->pred, s->fxm, p + q->final_w, p + q->final_b, d.Ns, C, d.P);
+    loom_model_keep_bf16(m, s->fxm_bf16, fxm, (size_t)d.Ns * C);
+    loom_model_linear_forward(m, s->pred, loom_act_of(s->fxm, s->fxm_bf16), p + q->final_w,
+                              p + q->final_b, d.Ns, C, d.P);
     return LOOM_OK;
 }
 
@@ -403,8 +427,9 @@ static loom_status dit_head_backward(loom_model *m, const float *p, float *g, co
     /* the conditioning's gradient starts here and gathers every block's on the way down */
     const int split = m->split_backward;
     loom_backend_memset(be, m->dcond, 0, (size_t)B * C * sizeof(float));
-    loom_linear_backward(be, s->dyl, LOOM_DX_SET, s->pred, p + q->final_w,
-                         split ? NULL : g + q->final_w, g + q->final_b, s->fxm, Ns, C, d.P);
+    loom_linear_backward_act(be, s->dyl, LOOM_DX_SET, s->pred, p + q->final_w,
+                             split ? NULL : g + q->final_w, g + q->final_b,
+                             loom_act_of(s->fxm, s->fxm_bf16), Ns, C, d.P);
     loom_backend_memset(be, s->dfmod, 0, (size_t)B * 2 * C * sizeof(float));
     loom_backend_memset(be, s->dxn, 0, rows);
     loom_backend_modulate_backward(be, s->dxn, s->dfmod, s->dfmod + C, s->dyl, s->fxn, s->fmod + C,
@@ -421,8 +446,8 @@ static loom_status dit_head_backward_weight(loom_model *m, float *g) {
     const loom_dit_params *q = &m->table.dit;
     loom_dit *s = m->dit;
     const dims d = dims_here(m);
-    loom_linear_backward(m->be, NULL, LOOM_DX_SET, s->pred, NULL, g + q->final_w, g + q->final_b,
-                         s->fxm, d.Ns, d.C, d.P);
+    loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, s->pred, NULL, g + q->final_w,
+                             g + q->final_b, loom_act_of(s->fxm, s->fxm_bf16), d.Ns, d.C, d.P);
     loom_linear_backward(m->be, NULL, LOOM_DX_SET, s->dfmod, NULL, g + q->final_ada_w,
                          g + q->final_ada_b, m->cond, d.B, d.C, 2 * d.C);
     return LOOM_OK;
@@ -434,7 +459,7 @@ static loom_status dit_head_backward_weight(loom_model *m, float *g) {
  * gathered in keep (loom_model_row_backward). */
 static loom_status gated_row_backward(loom_model *m, const dims *d, const float *p, float *g,
                                       const float *y, const float *gate, float *dgate, size_t w_off,
-                                      size_t b_off, const float *inner, int IC, float *dinner,
+                                      size_t b_off, loom_act inner, int IC, float *dinner,
                                       float *keep) {
     const loom_backend *be = m->be;
     loom_dit *s = m->dit;
@@ -477,20 +502,22 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
     loom_trace_begin(m->trace, "block", "backward");
     loom_backend_memset(be, dmod, 0, (size_t)B * 6 * C * sizeof(float));
     /* MLP branch: res2 = res1 + gate_mlp * fc2(gelu(fc1(xm2))) */
-    st = gated_row_backward(m, d, p, g, b->y2, mod + 5 * C, dmod + 5 * C, k->proj_w, k->proj_b,
-                            a->act, d->F, m->dact, split ? b->d_y2 : NULL);
+    st =
+        gated_row_backward(m, d, p, g, b->y2, mod + 5 * C, dmod + 5 * C, k->proj_w, k->proj_b,
+                           loom_act_of(a->act, a->act_bf16), d->F, m->dact, split ? b->d_y2 : NULL);
     if (!st) {
         loom_backend_memset(be, dfc, 0, (size_t)d->N * d->F * sizeof(float));
         loom_backend_gelu_backward(be, dfc, a->fc, m->dact, (size_t)d->N * d->F);
-        st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b, b->xm2, d->F,
-                                        &dn);
+        st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
+                                        loom_act_of(b->xm2, b->xm2_bf16), d->F, &dn);
     }
     if (!st) {
         modulated_norm_backward(m, d, dn, a->norm2, a->res1, a->norm2_mean, a->norm2_rstd,
                                 mod + 4 * C, dmod + 3 * C, dmod + 4 * C);
         /* attention branch: res1 = x + gate_msa * proj(attention(qkv(xm1))) */
         st = gated_row_backward(m, d, p, g, b->y1, mod + 2 * C, dmod + 2 * C, k->attn_out_w,
-                                k->attn_out_b, a->att, d->A, m->datt, split ? b->d_y1 : NULL);
+                                k->attn_out_b, loom_act_f32(a->att), d->A, m->datt,
+                                split ? b->d_y1 : NULL);
     }
     if (!st) {
         loom_backend_memset(be, dqkv, 0, (size_t)d->N * d->QKV * sizeof(float));
@@ -498,8 +525,8 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                                            d->hd, 0);
     }
     if (!st) {
-        st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b, b->xm1,
-                                        d->QKV, &dn);
+        st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b,
+                                        loom_act_of(b->xm1, b->xm1_bf16), d->QKV, &dn);
     }
     if (!st) {
         modulated_norm_backward(m, d, dn, a->norm1, x, a->norm1_mean, a->norm1_rstd, mod + C, dmod,
@@ -523,11 +550,13 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     if (!st && m->recompute_selective) st = block_recompute_selective(m, d, l);
     if (st) return st;
     loom_trace_begin(m->trace, "block", "backward-weight");
-    st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, b->d_y2, a->act, d->F, k->fc_w,
-                                  k->fc_b, a->d_fc, b->xm2, d->F);
+    st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, b->d_y2,
+                                  loom_act_of(a->act, a->act_bf16), d->F, k->fc_w, k->fc_b, a->d_fc,
+                                  loom_act_of(b->xm2, b->xm2_bf16), d->F);
     if (!st)
-        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, b->d_y1, a->att, d->A,
-                                      k->qkv_w, k->qkv_b, a->d_qkv, b->xm1, d->QKV);
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, b->d_y1,
+                                      loom_act_f32(a->att), d->A, k->qkv_w, k->qkv_b, a->d_qkv,
+                                      loom_act_of(b->xm1, b->xm1_bf16), d->QKV);
     if (!st)
         loom_linear_backward(m->be, NULL, LOOM_DX_SET, b->d_mod, NULL, g + k->ada_w, g + k->ada_b,
                              m->cond, d->B, C, 6 * C);

@@ -10,3 +10,14 @@ void loom_linear_backward(const loom_backend *be, float *dx, loom_dx_mode mode, 
     }
     if (dw) loom_backend_linear_backward_weight(be, dw, db, dy, x, N, IC, OC);
 }
+
+void loom_linear_backward_act(const loom_backend *be, float *dx, loom_dx_mode mode, const float *dy,
+                              const float *w, float *dw, float *db, loom_act x, int N, int IC,
+                              int OC) {
+    if (!x.bf16) {
+        loom_linear_backward(be, dx, mode, dy, w, dw, db, x.f32, N, IC, OC);
+        return;
+    }
+    loom_linear_backward(be, dx, mode, dy, w, NULL, NULL, NULL, N, IC, OC);
+    if (dw) loom_backend_linear_backward_weight_bf16(be, dw, db, dy, x.bf16, N, IC, OC);
+}

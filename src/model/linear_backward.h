@@ -8,6 +8,22 @@
 
 #include "kernels/backend.h"
 
+/* A linear layer's input as the model keeps it: fp32, or (activations kept in bf16 under
+ * --precision bf16, docs/precision.md) the bf16 bits its GEMMs would round it to. Exactly
+ * one of the two is set. */
+typedef struct {
+    const float *f32;
+    const loom_bf16 *bf16;
+} loom_act;
+
+static inline loom_act loom_act_f32(const float *x) {
+    return (loom_act){x, NULL};
+}
+/* The bf16 copy when there is one, else the fp32 buffer. */
+static inline loom_act loom_act_of(const float *x, const loom_bf16 *x16) {
+    return x16 ? (loom_act){NULL, x16} : (loom_act){x, NULL};
+}
+
 /* What the input gradient does with what dx held. */
 typedef enum {
     LOOM_DX_SET = 0, /* dx = dy @ w (dx is zeroed first) */
@@ -21,5 +37,11 @@ typedef enum {
 void loom_linear_backward(const loom_backend *be, float *dx, loom_dx_mode mode, const float *dy,
                           const float *w, float *dw, float *db, const float *x, int N, int IC,
                           int OC);
+
+/* The same with the input x as a loom_act (a bf16 x: the weight gradient's GEMM reads
+ * it as it is, the same bits the fp32 signature would round x to). */
+void loom_linear_backward_act(const loom_backend *be, float *dx, loom_dx_mode mode, const float *dy,
+                              const float *w, float *dw, float *db, loom_act x, int N, int IC,
+                              int OC);
 
 #endif

@@ -28,6 +28,10 @@ typedef struct {
     float *fc;   /* [N, F] or [N, 2F] pre-activation */
     float *act;  /* [N, F] */
     float *res2; /* [N,C] block output */
+    /* --precision bf16 (docs/precision.md): the activations whose only readers are bf16
+     * GEMMs kept as the bf16 bits those GEMMs read (norm1, norm2 and act then NULL: their
+     * fp32 values pass through the model's backward scratch); NULL: kept in fp32 */
+    loom_bf16 *norm1_bf16, *norm2_bf16, *act_bf16;
     /* split backward only (else NULL): output gradients of proj, fc, attn_out, qkv */
     float *d_res2, *d_fc, *d_res1, *d_qkv;
 } loom_block_acts;
@@ -102,9 +106,10 @@ struct loom_model {
     float *embed;            /* [N,C] */
     loom_block_acts *blocks; /* n_layer */
     float *normf, *normf_mean, *normf_rstd;
-    float *logits;      /* [N,V]; holds dlogits after the loss */
-    float *losses;      /* [N] */
-    float *losses_host; /* [N] host copy the loss sum reads (host memory) */
+    loom_bf16 *normf_bf16; /* normf kept in bf16 (normf then NULL), as the blocks' norms */
+    float *logits;         /* [N,V]; holds dlogits after the loss */
+    float *losses;         /* [N] */
+    float *losses_host;    /* [N] host copy the loss sum reads (host memory) */
     /* backward scratch, shared by all blocks */
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */

@@ -20,6 +20,15 @@ typedef struct loom_carver {
 } loom_carver;
 
 float *loom_carve(loom_carver *cv, size_t floats);
+/* n bf16 values (half as many floats, rounded up). */
+loom_bf16 *loom_carve_bf16(loom_carver *cv, size_t n);
+/* n values of an activation kept for backward: bf16 (*h) when bf16, else fp32 (*f); the
+ * other NULL. */
+void loom_carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 **h);
+/* 1 when activations only bf16 GEMMs read are kept in bf16 (docs/precision.md): the
+ * backend's GEMMs are bf16 and the residual stream is not split (split: 1 under sequence
+ * parallelism over tp > 1, whose gathers move fp32 rows). */
+int loom_model_bf16_activations(const loom_model *m, int split);
 /* Sizes the arena with plan(m, sizing, sequence_parallel), allocates it on the backend
  * and carves it with the same plan. */
 loom_status loom_model_arena_allocate(loom_model *m, void (*plan)(loom_model *, loom_carver *, int),
@@ -34,28 +43,36 @@ int loom_model_seq_parallel(const loom_model *m);
 /* The residual stream's local rows gathered into m->full (sequence parallelism; else
  * *inp = local). */
 loom_status loom_model_tp_gather(const loom_model *m, const float *local, const float **inp);
+/* The same for a loom_act (a bf16 one is never split: it is its own gathered input). */
+loom_status loom_model_tp_gather_act(const loom_model *m, loom_act local, loom_act *inp);
 /* Partial sums over tp: all-reduced (out = partial) or reduce-scattered to this rank's
  * rows (sequence parallelism); nothing on one rank. */
 loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out);
 /* Row-parallel linear: out[Ns, C] = the sum over ranks of inp[N, IC] @ w^T, + bias once
  * (m->dnorm is the partial sum's scratch with sequence parallelism). */
-loom_status loom_model_row_forward(loom_model *m, float *out, const float *inp, const float *w,
+loom_status loom_model_row_forward(loom_model *m, float *out, loom_act inp, const float *w,
                                    const float *b, int IC);
+/* A linear layer's forward out[N, OC] = inp @ w^T + b on this rank (no tp): the bf16
+ * backend's bf16-input op for a bf16 activation, else the fp32-signature op. */
+void loom_model_linear_forward(const loom_model *m, float *out, loom_act inp, const float *w,
+                               const float *b, int N, int IC, int OC);
+/* Activations kept in bf16 (docs/precision.md): dst = src rounded to nearest even, the bits
+ * the GEMMs would round src to (nothing when dst is NULL: kept in fp32). */
+void loom_model_keep_bf16(const loom_model *m, loom_bf16 *dst, const float *src, size_t n);
 /* Column-parallel linear backward: dw, db from dout [N, OC] and the (gathered) input
  * (none under split backward: loom_model_column_weight gives them later); *dinp = this
  * rank's rows of d(input), summed over the ranks (in m->dnorm or m->full). */
 loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
-                                       float *db, const float *inp_local, int OC,
-                                       const float **dinp);
+                                       float *db, loom_act inp_local, int OC, const float **dinp);
 /* Its weight gradient alone (split backward's W). */
 loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
-                                     const float *inp_local, int OC);
+                                     loom_act inp_local, int OC);
 /* Row-parallel linear backward from this rank's rows of d(out) (dout_local [Ns, C],
  * gathered here): dinp [N, IC] = d(input) of this rank's columns; dw, db from the gathered
  * d(out) and inp [N, IC], or under split backward that d(out) copied into keep [N, C] for
  * loom_model_row_weight. */
 loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
-                                    float *dw, float *db, const float *inp, int IC, float *dinp,
+                                    float *dw, float *db, loom_act inp, int IC, float *dinp,
                                     float *keep);
 /* Split backward's W of a block's branch y = out(f(in(x))) (the MLP: fc then proj; the
  * attention: qkv then attn_out), flat offsets into g (a bias may be LOOM_NO_PARAM): the
@@ -63,8 +80,8 @@ loom_status loom_model_row_backward(loom_model *m, const float *dout_local, cons
  * loom_model_row_backward and its input mid [N, IC], then the column-parallel input
  * linear's from its kept d(output) [N, OC] and this rank's rows of x. */
 loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
-                                     const float *d_out, const float *mid, int IC, size_t in_w,
-                                     size_t in_b, const float *d_in, const float *x_local, int OC);
+                                     const float *d_out, loom_act mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, loom_act x_local, int OC);
 
 /* Pointer to a tensor in a flat buffer, NULL when the family has none. */
 static inline float *loom_at(float *flat, size_t offset) {

@@ -18,6 +18,29 @@ loom_status loom_model_tp_gather(const loom_model *m, const float *local, const 
     return loom_tp_gather(m->tp, local, m->full, inp);
 }
 
+/* A bf16 activation is kept only where nothing is gathered (sequence parallelism keeps
+ * fp32: transformer.c's plan), so it is its own gathered input. */
+loom_status loom_model_tp_gather_act(const loom_model *m, loom_act local, loom_act *inp) {
+    if (local.bf16) {
+        *inp = local;
+        return LOOM_OK;
+    }
+    inp->bf16 = NULL;
+    return loom_model_tp_gather(m, local.f32, &inp->f32);
+}
+
+void loom_model_linear_forward(const loom_model *m, float *out, loom_act inp, const float *w,
+                               const float *b, int N, int IC, int OC) {
+    if (inp.bf16)
+        loom_backend_linear_forward_in_bf16(m->be, out, inp.bf16, w, b, N, IC, OC);
+    else
+        loom_backend_linear_forward(m->be, out, inp.f32, w, b, N, IC, OC);
+}
+
+void loom_model_keep_bf16(const loom_model *m, loom_bf16 *dst, const float *src, size_t n) {
+    if (dst) loom_backend_round_bf16(m->be, dst, src, n);
+}
+
 loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out) {
     return m->tp && m->tp->size > 1 ? loom_tp_reduce(m->tp, partial, out) : LOOM_OK;
 }
@@ -26,57 +49,69 @@ static int tp_rank(const loom_model *m) {
     return m->tp ? m->tp->rank : 0;
 }
 
-loom_status loom_model_row_forward(loom_model *m, float *out, const float *inp, const float *w,
+loom_status loom_model_row_forward(loom_model *m, float *out, loom_act inp, const float *w,
                                    const float *b, int IC) {
     float *part = loom_model_seq_parallel(m) ? m->dnorm : out;
-    loom_backend_linear_forward(m->be, part, inp, w, tp_rank(m) == 0 ? b : NULL, m->B * m->T, IC,
-                                m->cfg.d_model);
+    loom_model_linear_forward(m, part, inp, w, tp_rank(m) == 0 ? b : NULL, m->B * m->T, IC,
+                              m->cfg.d_model);
     return loom_model_tp_reduce(m, part, out);
 }
 
 loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
-                                       float *db, const float *inp_local, int OC,
-                                       const float **dinp) {
+                                       float *db, loom_act inp_local, int OC, const float **dinp) {
     const int N = m->B * m->T, C = m->cfg.d_model;
-    const float *inp = NULL;
-    loom_status st = m->split_backward ? LOOM_OK : loom_model_tp_gather(m, inp_local, &inp);
+    loom_act inp = {NULL, NULL};
+    loom_status st = m->split_backward ? LOOM_OK : loom_model_tp_gather_act(m, inp_local, &inp);
     if (st) return st;
-    loom_linear_backward(m->be, m->dnorm, LOOM_DX_SET, dout, w, m->split_backward ? NULL : dw, db,
-                         inp, N, C, OC);
+    loom_linear_backward_act(m->be, m->dnorm, LOOM_DX_SET, dout, w, m->split_backward ? NULL : dw,
+                             db, inp, N, C, OC);
     float *out = loom_model_seq_parallel(m) ? m->full : m->dnorm;
     *dinp = out;
     return loom_model_tp_reduce(m, m->dnorm, out);
 }
 
 loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
-                                     const float *inp_local, int OC) {
-    const float *inp;
-    loom_status st = loom_model_tp_gather(m, inp_local, &inp);
+                                     loom_act inp_local, int OC) {
+    loom_act inp;
+    loom_status st = loom_model_tp_gather_act(m, inp_local, &inp);
     if (!st)
-        loom_linear_backward(m->be, NULL, LOOM_DX_SET, dout, NULL, dw, db, inp, m->B * m->T,
-                             m->cfg.d_model, OC);
+        loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, dout, NULL, dw, db, inp, m->B * m->T,
+                                 m->cfg.d_model, OC);
     return st;
 }
 
 loom_status loom_model_row_backward(loom_model *m, const float *dout_local, const float *w,
-                                    float *dw, float *db, const float *inp, int IC, float *dinp,
+                                    float *dw, float *db, loom_act inp, int IC, float *dinp,
                                     float *keep) {
     const int N = m->B * m->T, C = m->cfg.d_model;
     const float *dy;
     loom_status st = loom_model_tp_gather(m, dout_local, &dy);
     if (st) return st;
-    loom_linear_backward(m->be, dinp, LOOM_DX_SET, dy, w, m->split_backward ? NULL : dw, db, inp, N,
-                         IC, C);
+    loom_linear_backward_act(m->be, dinp, LOOM_DX_SET, dy, w, m->split_backward ? NULL : dw, db,
+                             inp, N, IC, C);
     if (m->split_backward) loom_backend_copy(m->be, keep, dy, (size_t)N * C * sizeof(float));
     return LOOM_OK;
 }
 
 loom_status loom_model_branch_weight(loom_model *m, float *g, size_t out_w, size_t out_b,
-                                     const float *d_out, const float *mid, int IC, size_t in_w,
-                                     size_t in_b, const float *d_in, const float *x_local, int OC) {
-    loom_linear_backward(m->be, NULL, LOOM_DX_SET, d_out, NULL, g + out_w, loom_at(g, out_b), mid,
-                         m->B * m->T, IC, m->cfg.d_model);
+                                     const float *d_out, loom_act mid, int IC, size_t in_w,
+                                     size_t in_b, const float *d_in, loom_act x_local, int OC) {
+    loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, d_out, NULL, g + out_w, loom_at(g, out_b),
+                             mid, m->B * m->T, IC, m->cfg.d_model);
     return loom_model_column_weight(m, d_in, g + in_w, loom_at(g, in_b), x_local, OC);
+}
+
+loom_bf16 *loom_carve_bf16(loom_carver *cv, size_t n) {
+    return (loom_bf16 *)loom_carve(cv, (n + 1) / 2);
+}
+
+void loom_carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 **h) {
+    *f = bf16 ? NULL : loom_carve(cv, n);
+    *h = bf16 ? loom_carve_bf16(cv, n) : NULL;
+}
+
+int loom_model_bf16_activations(const loom_model *m, int split) {
+    return loom_backend_bf16_activations(m->be) && !split;
 }
 
 float *loom_carve(loom_carver *cv, size_t floats) {

@@ -35,12 +35,24 @@ static dims dims_of(const loom_model *m, int sequence_parallel) {
     return d;
 }
 
+/* --precision bf16: the activations only bf16 GEMMs read (the norms' outputs feeding qkv
+ * and fc or the head, the MLP's activation feeding proj; their backward reads the norm's
+ * input and the pre-activation fc instead) are kept as the bf16 bits those GEMMs round
+ * them to: the same run, half their bytes. Not with sequence parallelism (the norms'
+ * rows are gathered in fp32 there), nor an MoE layer's norm2 (the router and the
+ * dispatch read it). */
+static int keep_bf16(const loom_model *m, const dims *d) {
+    return loom_model_bf16_activations(m, d->Ns != d->N);
+}
+
 /* A block's forward activations except its output (res2); mlp: rows of the dense MLP's
- * (0 for an MoE layer). */
+ * (0 for an MoE layer); norm2_fp32: norm2 kept in fp32 (an MoE layer reads it, or a
+ * recomputation's block serving one). */
 static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loom_block_acts *a,
-                        size_t mlp, const loom_block_acts *sel) {
+                        size_t mlp, const loom_block_acts *sel, int norm2_fp32) {
     const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
-    a->norm1 = loom_carve(cv, Ns * C);
+    const int h = keep_bf16(m, d);
+    loom_carve_kept(cv, h, Ns * C, &a->norm1, &a->norm1_bf16);
     a->norm1_mean = loom_carve(cv, Ns);
     a->norm1_rstd = loom_carve(cv, Ns);
     a->qkv = loom_carve(cv, N * d->QKV);
@@ -48,11 +60,14 @@ static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loo
     a->att = sel ? sel->att : loom_carve(cv, N * d->A);
     a->lse = sel ? sel->lse : loom_carve(cv, (size_t)m->B * d->H * m->T);
     a->res1 = loom_carve(cv, Ns * C);
-    a->norm2 = loom_carve(cv, Ns * C);
+    loom_carve_kept(cv, h && mlp && !norm2_fp32, Ns * C, &a->norm2, &a->norm2_bf16);
     a->norm2_mean = loom_carve(cv, Ns);
     a->norm2_rstd = loom_carve(cv, Ns);
     a->fc = loom_carve(cv, mlp * d->FC);
-    a->act = sel ? sel->act : loom_carve(cv, mlp * d->F);
+    if (sel)
+        a->act = sel->act, a->act_bf16 = sel->act_bf16;
+    else
+        loom_carve_kept(cv, h && mlp, mlp * d->F, &a->act, &a->act_bf16);
 }
 
 static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
@@ -63,13 +78,14 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     /* recomputation: one block's activations for all layers (refilled before backward) */
     loom_block_acts shared;
     memset(&shared, 0, sizeof shared);
-    if (m->recompute && m->table.n_layer > 0) carve_block(m, &d, cv, &shared, N, NULL);
+    if (m->recompute && m->table.n_layer > 0)
+        carve_block(m, &d, cv, &shared, N, NULL, m->cfg.n_experts > 0);
     /* selective recomputation: one block's attention output, log-sum-exp and activation */
     const int sel = m->recompute_selective && !m->recompute && m->table.n_layer > 0;
     if (sel) {
         shared.att = loom_carve(cv, N * A);
         shared.lse = loom_carve(cv, (size_t)m->B * d.H * m->T);
-        shared.act = loom_carve(cv, N * F);
+        loom_carve_kept(cv, keep_bf16(m, &d), N * F, &shared.act, &shared.act_bf16);
     }
     for (int l = 0; l < m->table.n_layer; l++) {
         loom_block_acts *a = &m->blocks[l];
@@ -78,7 +94,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
         if (m->recompute)
             *a = shared;
         else
-            carve_block(m, &d, cv, a, mlp, sel ? &shared : NULL);
+            carve_block(m, &d, cv, a, mlp, sel ? &shared : NULL, 0);
         a->res2 = loom_carve(cv, Ns * C);
         /* split backward (zero-bubble W): the linears' output gradients, kept for W */
         const int split = m->split_backward;
@@ -87,7 +103,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
         a->d_res1 = split ? loom_carve(cv, N * C) : NULL;
         a->d_qkv = split ? loom_carve(cv, N * QKV) : NULL;
     }
-    m->normf = loom_carve(cv, Ns * C);
+    loom_carve_kept(cv, keep_bf16(m, &d), Ns * C, &m->normf, &m->normf_bf16);
     m->normf_mean = loom_carve(cv, Ns);
     m->normf_rstd = loom_carve(cv, Ns);
     m->logits = loom_carve(cv, N * (size_t)d.V);
@@ -156,6 +172,17 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
     return vp ? loom_model_tp_reduce(m, out, m->embed) : LOOM_OK;
 }
 
+/* The dense MLP's activation (GELU or SwiGLU) of a->fc into a->act, or kept in bf16: through
+ * dact (free until backward) rounded into a->act_bf16. */
+static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
+    float *act = a->act ? a->act : m->dact;
+    if (is_gpt2(m))
+        loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
+    else
+        loom_backend_swiglu_forward(m->be, act, a->fc, d->N, d->F);
+    loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
+}
+
 /* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
  * caller has the block's parameters (recomputation runs it again inside backward).
  * Recomputing an MoE block stops at the MoE block's input (norm2): the MoE block keeps
@@ -171,27 +198,31 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     const float *in;
     loom_status st = LOOM_OK;
     loom_trace_begin(m->trace, "block", recomputing ? "recompute" : "forward");
-    norm_forward(m, a->norm1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w,
-                 loom_cat(p, k->norm1_b), Ns);
-    if (!(st = loom_model_tp_gather(m, a->norm1, &in))) {
-        loom_backend_linear_forward(m->be, a->qkv, in, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C,
-                                    d.QKV);
+    /* a norm kept in bf16 passes through dnorm (free until backward) and is rounded */
+    float *n1 = a->norm1 ? a->norm1 : m->dnorm, *n2 = a->norm2 ? a->norm2 : m->dnorm;
+    norm_forward(m, n1, a->norm1_mean, a->norm1_rstd, x, p + k->norm1_w, loom_cat(p, k->norm1_b),
+                 Ns);
+    loom_model_keep_bf16(m, a->norm1_bf16, n1, (size_t)Ns * C);
+    loom_act in1;
+    if (!(st = loom_model_tp_gather_act(m, loom_act_of(a->norm1, a->norm1_bf16), &in1))) {
+        loom_model_linear_forward(m, a->qkv, in1, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
         if (!is_gpt2(m)) loom_model_rope(m, a->qkv, d.H, d.KV, hd, 0);
         st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d.H, d.KV, hd, 1);
     }
     if (!st) {
-        st = loom_model_row_forward(m, a->res1, a->att, p + k->attn_out_w,
+        st = loom_model_row_forward(m, a->res1, loom_act_f32(a->att), p + k->attn_out_w,
                                     loom_cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
         loom_backend_add(m->be, a->res1, a->res1, x, (size_t)Ns * C);
-        norm_forward(m, a->norm2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
+        norm_forward(m, n2, a->norm2_mean, a->norm2_rstd, a->res1, p + k->norm2_w,
                      loom_cat(p, k->norm2_b), Ns);
+        loom_model_keep_bf16(m, a->norm2_bf16, n2, (size_t)Ns * C);
         if (recomputing && k->moe) { /* backward gathers norm2 itself */
             loom_trace_end(m->trace);
             return st;
         }
-        st = loom_model_tp_gather(m, a->norm2, &in);
+        if (!a->norm2_bf16) st = loom_model_tp_gather(m, a->norm2, &in);
     }
     if (!st && k->moe && m->moe_full) {
         st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
@@ -200,13 +231,12 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
-        loom_backend_linear_forward(m->be, a->fc, in, p + k->fc_w, loom_cat(p, k->fc_b), N, C,
-                                    d.FC);
-        if (is_gpt2(m))
-            loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)N * d.F);
-        else
-            loom_backend_swiglu_forward(m->be, a->act, a->fc, N, d.F);
-        st = loom_model_row_forward(m, a->res2, a->act, p + k->proj_w, loom_cat(p, k->proj_b), d.F);
+        loom_model_linear_forward(
+            m, a->fc, a->norm2_bf16 ? loom_act_of(NULL, a->norm2_bf16) : loom_act_f32(in),
+            p + k->fc_w, loom_cat(p, k->fc_b), N, C, d.FC);
+        mlp_activation(m, dd, a);
+        st = loom_model_row_forward(m, a->res2, loom_act_of(a->act, a->act_bf16), p + k->proj_w,
+                                    loom_cat(p, k->proj_b), d.F);
     }
     if (!st) loom_backend_add(m->be, a->res2, a->res2, a->res1, (size_t)Ns * C);
     loom_trace_end(m->trace);
@@ -228,12 +258,7 @@ static loom_status block_recompute_selective(loom_model *m, const dims *d, int l
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
     loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->KV, d->hd, 1);
-    if (!st && !k->moe) {
-        if (is_gpt2(m))
-            loom_backend_gelu_forward(m->be, a->act, a->fc, (size_t)d->N * d->F);
-        else
-            loom_backend_swiglu_forward(m->be, a->act, a->fc, d->N, d->F);
-    }
+    if (!st && !k->moe) mlp_activation(m, d, a);
     loom_trace_end(m->trace);
     return st;
 }
@@ -241,12 +266,13 @@ static loom_status block_recompute_selective(loom_model *m, const dims *d, int l
 /* Final norm and logits from the last block's output x. */
 static loom_status head_forward(loom_model *m, const dims *d, const float *p, const float *x) {
     const loom_param_table *t = &m->table;
-    const float *in;
-    norm_forward(m, m->normf, m->normf_mean, m->normf_rstd, x, p + t->normf_w,
-                 loom_cat(p, t->normf_b), d->Ns);
-    loom_status st = loom_model_tp_gather(m, m->normf, &in);
-    if (!st)
-        loom_backend_linear_forward(m->be, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
+    loom_act in;
+    float *nf = m->normf ? m->normf : m->dnorm; /* kept in bf16: through dnorm */
+    norm_forward(m, nf, m->normf_mean, m->normf_rstd, x, p + t->normf_w, loom_cat(p, t->normf_b),
+                 d->Ns);
+    loom_model_keep_bf16(m, m->normf_bf16, nf, (size_t)d->Ns * d->C);
+    loom_status st = loom_model_tp_gather_act(m, loom_act_of(m->normf, m->normf_bf16), &in);
+    if (!st) loom_model_linear_forward(m, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
     return st;
 }
 
@@ -293,7 +319,7 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
     const loom_param_table *t = &m->table;
     const float *dn;
     loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head, NULL,
-                                                m->normf, d->V, &dn);
+                                                loom_act_of(m->normf, m->normf_bf16), d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last,
@@ -332,23 +358,24 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
             dn = m->dnorm + (size_t)d.rank * Ns * C;
     } else if (k->moe) {
         if (!(st = loom_moe_backward(m->moe, l, p, g, a->norm2, m->dres, m->dnorm))) dn = m->dnorm;
-    } else if (!(st = loom_model_row_backward(m, m->dres, p + k->proj_w, g + k->proj_w,
-                                              loom_at(g, k->proj_b), a->act, d.F, m->dact,
-                                              a->d_res2))) {
+    } else if (!(st = loom_model_row_backward(
+                     m, m->dres, p + k->proj_w, g + k->proj_w, loom_at(g, k->proj_b),
+                     loom_act_of(a->act, a->act_bf16), d.F, m->dact, a->d_res2))) {
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
         if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
         st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b),
-                                        a->norm2, d.FC, &dn);
+                                        loom_act_of(a->norm2, a->norm2_bf16), d.FC, &dn);
     }
     if (!st) {
         norm_backward(m, m->dres, g + k->norm2_w, loom_at(g, k->norm2_b), dn, a->res1,
                       p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
         st = loom_model_row_backward(m, m->dres, p + k->attn_out_w, g + k->attn_out_w,
-                                     loom_at(g, k->attn_out_b), a->att, d.A, m->datt, a->d_res1);
+                                     loom_at(g, k->attn_out_b), loom_act_f32(a->att), d.A, m->datt,
+                                     a->d_res1);
     }
     if (!st) {
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
@@ -358,7 +385,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
         st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),
-                                        a->norm1, d.QKV, &dn);
+                                        loom_act_of(a->norm1, a->norm1_bf16), d.QKV, &dn);
     }
     if (!st)
         norm_backward(m, m->dres, g + k->norm1_w, loom_at(g, k->norm1_b), dn, x, p + k->norm1_w,
@@ -382,12 +409,14 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
         if (!(st = loom_model_tp_gather(m, a->norm2, &xn)))
             loom_moe_backward_weight(m->moe, l, g, xn);
     } else {
-        st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, a->d_res2, a->act, d->F, k->fc_w,
-                                      k->fc_b, a->d_fc, a->norm2, d->FC);
+        st = loom_model_branch_weight(m, g, k->proj_w, k->proj_b, a->d_res2,
+                                      loom_act_of(a->act, a->act_bf16), d->F, k->fc_w, k->fc_b,
+                                      a->d_fc, loom_act_of(a->norm2, a->norm2_bf16), d->FC);
     }
     if (!st)
-        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1, a->att, d->A,
-                                      k->qkv_w, k->qkv_b, a->d_qkv, a->norm1, d->QKV);
+        st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1,
+                                      loom_act_f32(a->att), d->A, k->qkv_w, k->qkv_b, a->d_qkv,
+                                      loom_act_of(a->norm1, a->norm1_bf16), d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
@@ -433,7 +462,8 @@ static loom_status lm_block_backward_weight(loom_model *m, const float *p, float
 
 static loom_status lm_head_backward_weight(loom_model *m, float *g) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
-    return loom_model_column_weight(m, m->logits, g + m->table.lm_head, NULL, m->normf, d.V);
+    return loom_model_column_weight(m, m->logits, g + m->table.lm_head, NULL,
+                                    loom_act_of(m->normf, m->normf_bf16), d.V);
 }
 
 static loom_status lm_embed_backward(loom_model *m, const float *p, float *g) {

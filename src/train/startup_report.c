@@ -60,9 +60,13 @@ void loom_run_report_startup(const loom_run *r) {
         fprintf(stderr,
                 "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
                 "layer's input or output gradient and weight, rounded per call, and the weights' "
-                "bf16 copy where one is kept); master weights, gradients, optimizer state and "
-                "saved activations stay fp32 as above\n",
-                (double)loom_backend_cpu_bf16_bytes(r->be) / MiB);
+                "bf16 copy where one is kept); master weights, gradients and optimizer state stay "
+                "fp32 as above; activations as above, %s\n",
+                (double)loom_backend_cpu_bf16_bytes(r->be) / MiB,
+                loom_backend_bf16_activations(r->be) && !(r->tp.size > 1 && r->tp.sequence_parallel)
+                    ? "those only bf16 GEMMs read (the norms' outputs, the MLP's activation) in "
+                      "bf16, the rest fp32"
+                    : "fp32");
     if (r->zero.reduce_bf16) { /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c) */
         const loom_zero *z = &r->zero;
         const size_t own = z->shards.hi - z->shards.lo;

@@ -48,6 +48,24 @@ losses() { grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1"; }
 check "same bf16 run twice: same losses" test "$(losses "$TMP/m1.jsonl")" = "$(losses "$TMP/m2.jsonl")" \
     -a -n "$(losses "$TMP/m1.jsonl")"
 check "same bf16 run twice: same weights" cmp -s "$TMP/w1.safetensors" "$TMP/w2.safetensors"
+# activations only bf16 GEMMs read (the norms' outputs, the MLP's activation) are kept in
+# bf16: bitwise the run that kept them in fp32 (LOOM_BF16_FP32_ACTIVATIONS=1), with fewer
+# activation bytes in the start-up report; llama here, gpt2 with selective recomputation
+acts() { grep -o 'activations [0-9.]* MiB' "$1" | grep -o '[0-9.]*'; }
+LOOM_BF16_FP32_ACTIVATIONS=1 "$LOOM" "${LM[@]}" --steps 3 --precision bf16 \
+    --save-weights "$TMP/w32a.safetensors" >/dev/null 2>"$TMP/err32a"
+check "bf16 activations: bitwise the fp32-activation run (llama)" \
+    cmp -s "$TMP/w1.safetensors" "$TMP/w32a.safetensors"
+check "bf16 activations: fewer bytes reported (llama)" \
+    awk -v a="$(acts "$TMP/err1")" -v b="$(acts "$TMP/err32a")" 'BEGIN { exit !(a > 0 && a < b) }'
+GPT=("${LM[@]}")
+GPT[2]=gpt2
+for k in 0 1; do
+    LOOM_BF16_FP32_ACTIVATIONS=$k "$LOOM" "${GPT[@]}" --n-kv-head 4 --steps 3 --precision bf16 \
+        --recompute selective --save-weights "$TMP/g$k.safetensors" >/dev/null 2>&1
+done
+check "bf16 activations: bitwise the fp32-activation run (gpt2, selective recompute)" \
+    cmp -s "$TMP/g0.safetensors" "$TMP/g1.safetensors"
 "$LOOM" "${LM[@]}" --steps 3 --metrics "$TMP/f.jsonl" >/dev/null 2>"$TMP/errf"
 check "fp32 is the default (no bf16 line)" test $? -eq 0 -a -z "$(grep 'precision bf16' "$TMP/errf")"
 check "bf16 is not fp32" test "$(losses "$TMP/m1.jsonl")" != "$(losses "$TMP/f.jsonl")"

@@ -116,6 +116,24 @@ static void linear_forward(const loom_backend *be, float *out, const float *inp,
     if (a && b) linear_forward_bf16(be, out, a, b, bias, N, IC, OC);
 }
 
+/* A bf16 activation (kept by the model, rounded by round_bf16 below) as the input: the
+ * same GEMM on the same bits as linear_forward on its fp32 value. */
+static void linear_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                   const float *weight, const float *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (IC <= 0) {
+        seed_rows(out, bias, N, OC);
+        return;
+    }
+    const loom_bf16 *b = weight_operand(ctx_of(be), weight, (size_t)OC * IC);
+    if (b) linear_forward_bf16(be, out, inp, b, bias, N, IC, OC);
+}
+
+static void round_bf16(const loom_backend *be, loom_bf16 *dst, const float *src, size_t n) {
+    (void)be;
+    loom_bf16_from_f32_n(dst, src, n);
+}
+
 static void linear_backward_input(const loom_backend *be, float *dinp, const float *dout,
                                   const float *weight, int N, int IC, int OC) {
     if (N <= 0 || IC <= 0 || OC <= 0) return;
@@ -174,6 +192,12 @@ loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *fla
     bf16_ops.linear_forward_bf16 = linear_forward_bf16;
     bf16_ops.linear_backward_input_bf16 = linear_backward_input_bf16;
     bf16_ops.linear_backward_weight_bf16 = linear_backward_weight_bf16;
+    /* LOOM_BF16_FP32_ACTIVATIONS=1: activations kept in fp32 as before they were bf16 (the
+     * tests' reference: the same bits, twice the bytes; docs/precision.md) */
+    const char *fp32_acts = getenv("LOOM_BF16_FP32_ACTIVATIONS");
+    const int keep_fp32 = fp32_acts && fp32_acts[0] == '1';
+    bf16_ops.linear_forward_in_bf16 = keep_fp32 ? NULL : linear_forward_in_bf16;
+    bf16_ops.round_bf16 = keep_fp32 ? NULL : round_bf16;
     bf16_ops.linear_prepare = linear_prepare;
     bf16_ops.linear_precision = LOOM_PRECISION_BF16;
     c->gemm = gemm;
