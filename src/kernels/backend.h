@@ -67,6 +67,10 @@ typedef struct {
                                   const float *weight, int N, int IC, int OC);
     void (*linear_backward_weight)(const loom_backend *be, float *dweight, float *dbias,
                                    const float *dout, const float *inp, int N, int IC, int OC);
+    /* loom_linear_backward_weight_ld (no bias); NULL where a backend has none (then a
+     * caller computes the whole weight gradient at once) */
+    void (*linear_backward_weight_ld)(const loom_backend *be, float *dweight, const float *dout,
+                                      int ld, const float *inp, int N, int IC, int OC);
     void (*embedding_forward)(const loom_backend *be, float *out, const int32_t *tokens,
                               const float *wte, const float *wpe, int B, int T, int C);
     void (*embedding_backward)(const loom_backend *be, float *dwte, float *dwpe, const float *dout,
@@ -379,6 +383,14 @@ static inline void loom_backend_linear_backward_weight(const loom_backend *be, f
                                                        float *dbias, const float *dout,
                                                        const float *inp, int N, int IC, int OC) {
     be->ops->linear_backward_weight(be, dweight, dbias, dout, inp, N, IC, OC);
+}
+/* 0 when be has no linear_backward_weight_ld */
+static inline int loom_backend_linear_backward_weight_ld(const loom_backend *be, float *dweight,
+                                                         const float *dout, int ld,
+                                                         const float *inp, int N, int IC, int OC) {
+    if (!be->ops->linear_backward_weight_ld) return 0;
+    be->ops->linear_backward_weight_ld(be, dweight, dout, ld, inp, N, IC, OC);
+    return 1;
 }
 static inline void loom_backend_embedding_forward(const loom_backend *be, float *out,
                                                   const int32_t *tokens, const float *wte,

@@ -27,6 +27,10 @@ void loom_linear_backward_input(float *dinp, const float *dout, const float *wei
 /* dweight[OC,IC] += dout^T @ inp; dbias[OC] += column sums of dout (dbias may be NULL) */
 void loom_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
                                  int N, int IC, int OC);
+/* dweight[OC,IC] += dout^T @ inp, dout's rows ld floats apart (ld >= OC): the weight
+ * gradient of a block of output rows, dout pointing at the block's first column */
+void loom_linear_backward_weight_ld(float *dweight, const float *dout, int ld, const float *inp,
+                                    int N, int IC, int OC);
 
 /* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wpe may be NULL) ---- */
 void loom_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,

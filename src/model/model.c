@@ -204,15 +204,61 @@ loom_status loom_model_forward(loom_model *m, const float *p) {
     return st;
 }
 
+/* lm_head's local rows (vocabulary rows on this rank) and their length; 0 when none */
+static int64_t head_rows(const loom_param_table *t, size_t *row) {
+    *row = 0;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].offset == t->lm_head && t->params[i].shape[0] > 0) {
+            *row = t->params[i].numel / (size_t)t->params[i].shape[0];
+            return t->params[i].shape[0];
+        }
+    return 0;
+}
+
+void loom_model_head_piece(const loom_param_table *t, int k, int K, size_t *begin, size_t *end) {
+    size_t row;
+    const int64_t V = head_rows(t, &row);
+    *begin = k == 0 ? t->head_begin : t->lm_head + (size_t)(V * k / K) * row;
+    *end = k == K - 1 ? t->total : t->lm_head + (size_t)(V * (k + 1) / K) * row;
+}
+
+int loom_model_head_can_split(const loom_model *m) {
+    const loom_param_table *t = &m->table;
+    size_t row;
+    return m->ops->head_backward_rows && t->has_head && t->lm_head != LOOM_NO_PARAM &&
+           t->lm_head != t->wte && head_rows(t, &row) > 1 && !m->split_backward &&
+           !loom_model_seq_parallel(m) && m->be->ops->linear_backward_weight_ld;
+}
+
+/* The head's backward and its range(s): one, or head_pieces of vocabulary rows (the
+ * weight gradient of each computed right before it is handed over). */
+static loom_status head_backward_ranges(loom_model *m, const float *p, float *g, const float *x,
+                                        loom_grads_ready_fn ready, void *ctx) {
+    const loom_param_table *t = &m->table;
+    const int K = ready && m->head_pieces > 1 ? m->head_pieces : 1;
+    m->head_weight_deferred = K > 1;
+    loom_status st = loom_model_head_backward(m, p, g, x);
+    m->head_weight_deferred = 0;
+    if (K == 1) return !st && ready ? ready(ctx, t->head_begin, t->total) : st;
+    size_t row;
+    const int64_t V = head_rows(t, &row);
+    for (int k = K - 1; k >= 0 && !st; k--) {
+        size_t b, e;
+        loom_model_head_piece(t, k, K, &b, &e);
+        st = m->ops->head_backward_rows(m, g, (int)(V * k / K), (int)(V * (k + 1) / K));
+        if (!st) st = ready(ctx, b, e);
+    }
+    return st;
+}
+
 loom_status loom_model_backward(loom_model *m, const float *p, float *g, loom_grads_ready_fn ready,
                                 void *ctx) {
     const loom_param_table *t = &m->table;
     const int L = t->n_layer;
     const float *x_last = L > 0 ? m->blocks[L - 1].res2 : m->embed;
     loom_trace_begin(m->trace, "backward", "compute");
-    loom_status st = loom_model_head_backward(m, p, g, x_last);
-    /* Everything after the last block (the final norm, an untied head) is final now. */
-    if (!st && ready) st = ready(ctx, t->head_begin, t->total);
+    /* Everything after the last block (the final norm, an untied head) is final then. */
+    loom_status st = head_backward_ranges(m, p, g, x_last, ready, ctx);
     /* m->dres holds d(block output); each block turns it into d(block input). */
     if (!st) st = loom_model_blocks_backward(m, p, g, 0, L, m->embed, ready, ctx);
     /* With data parallelism's embedding split (parallel/embed_grad.h) the caller turns

@@ -76,6 +76,9 @@ typedef struct {
                                          const float *x);
     loom_status (*head_backward_weight)(loom_model *m, float *grads);
     loom_status (*embed_backward)(loom_model *m, const float *params, float *grads);
+    /* The head's weight gradient for vocabulary rows [v0, v1) of this rank (whole
+     * sequences, fp32 kernels); NULL in families without an untied head */
+    loom_status (*head_backward_rows)(loom_model *m, float *grads, int v0, int v1);
 } loom_model_ops;
 
 struct loom_model {
@@ -130,6 +133,11 @@ struct loom_model {
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;
+    /* --grad-accum sharded (parallel/zero.h): a backward with a `ready` callback computes
+     * an untied head's weight gradient in head_pieces pieces of vocabulary rows and hands
+     * each over as its own range (loom_model_head_piece); 0 or 1: the head in one range */
+    int head_pieces;
+    int head_weight_deferred; /* set around head_backward while the pieces follow */
     /* What travels between pipeline stages with the residual stream (cond_floats 0: none):
      * a DiT's conditioning silu(c) [B, C] every block reads, and its gradient. */
     float *cond, *dcond;
@@ -213,6 +221,14 @@ loom_status loom_model_loss_sum(loom_model *m, float dloss, int backward, double
 
 /* Backward from dlogits: grads += d(sum of weighted losses)/d params. `ready` may be
  * NULL; its first error stops the calls and is returned. */
+/* Piece k of K of the head's flat range [head_begin, total) split by the untied head's
+ * vocabulary rows (rows [V k / K, V (k+1) / K) of lm_head): piece 0 begins at head_begin
+ * (the final norm with it), piece K - 1 ends at total. */
+void loom_model_head_piece(const loom_param_table *t, int k, int K, size_t *begin, size_t *end);
+/* 1 when this model can hand its head over in pieces (head_pieces > 1): an untied head
+ * in a family with head_backward_rows, whole sequences (no sequence parallelism), no
+ * split backward, and a backend with linear_backward_weight_ld (fp32 on the CPU). */
+int loom_model_head_can_split(const loom_model *m);
 loom_status loom_model_backward(loom_model *m, const float *params, float *grads,
                                 loom_grads_ready_fn ready, void *ctx);
 

@@ -318,7 +318,8 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
                                  const float *x_last) {
     const loom_param_table *t = &m->table;
     const float *dn;
-    loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, g + t->lm_head, NULL,
+    float *dw = m->head_weight_deferred ? NULL : g + t->lm_head; /* head_backward_rows */
+    loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, dw, NULL,
                                                 loom_act_of(m->normf, m->normf_bf16), d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
@@ -466,6 +467,17 @@ static loom_status lm_head_backward_weight(loom_model *m, float *g) {
                                     loom_act_of(m->normf, m->normf_bf16), d.V);
 }
 
+/* Rows [v0, v1) of the untied head's weight gradient (loom_model_head_can_split: whole
+ * sequences, so the final norm's output is this rank's own). */
+static loom_status lm_head_backward_rows(loom_model *m, float *g, int v0, int v1) {
+    const dims d = dims_of(m, 0);
+    float *dw = g + m->table.lm_head + (size_t)v0 * d.C;
+    if (!loom_backend_linear_backward_weight_ld(m->be, dw, m->logits + v0, d.V, m->normf, d.N, d.C,
+                                                v1 - v0))
+        return LOOM_ERR_STATE; /* not reached: loom_model_head_can_split checked the backend */
+    return LOOM_OK;
+}
+
 static loom_status lm_embed_backward(loom_model *m, const float *p, float *g) {
     (void)p; /* the embeddings' gradients need no parameters */
     const dims d = dims_of(m, loom_model_seq_parallel(m));
@@ -485,6 +497,7 @@ static const loom_model_ops lm_ops = {
     .block_backward_weight = lm_block_backward_weight,
     .head_backward_weight = lm_head_backward_weight,
     .embed_backward = lm_embed_backward,
+    .head_backward_rows = lm_head_backward_rows,
 };
 
 const loom_model_ops *loom_lm_ops(void) {

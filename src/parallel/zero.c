@@ -8,7 +8,22 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "model/model.h"
 #include "parallel/shard_geometry.h"
+
+/* --grad-accum sharded: the pieces an untied head is handed over in, so that none is
+ * larger than the largest block (1 without blocks or an untied head). */
+static int head_pieces_of(const loom_param_table *t) {
+    size_t block = 0;
+    for (int l = 0; l < t->n_layer; l++) {
+        const size_t e = l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
+        if (e - t->blocks[l].begin > block) block = e - t->blocks[l].begin;
+    }
+    if (!block || !t->has_head || t->lm_head == LOOM_NO_PARAM || t->lm_head == t->wte) return 1;
+    const size_t head = t->total - t->head_begin;
+    const size_t k = (head + block - 1) / block;
+    return k > 1024 ? 1024 : (int)k;
+}
 
 /* The shape: stage, buckets' size, this rank's shard; no buffers, no engine. */
 static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_param_table *table,
@@ -24,7 +39,8 @@ static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_para
     if (z->bucket_floats > z->total) z->bucket_floats = z->total ? z->total : 1;
     /* Each posted range (at most one per layer, plus tail, wte and the rest of the
      * head) splits into partitions of at most bucket_floats. */
-    const size_t max_buckets = z->total / z->bucket_floats + (size_t)table->n_layer + 4;
+    const size_t max_buckets =
+        z->total / z->bucket_floats + (size_t)table->n_layer + 4 + (size_t)head_pieces_of(table);
     if (max_buckets > (size_t)INT_MAX)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--bucket-mb %g: %zu buckets for %zu parameters (expected fewer "
@@ -183,6 +199,12 @@ float *loom_zero_grads_alloc(loom_zero *z) {
     /* The shard's reduced gradient stays where the in-place all-reduce leaves it (its
      * pages are never handed back): no copy, no second buffer. --ep keeps its own. */
     if (grads && !z->experts) z->grad_shard = z->accum ? z->accum : grads + z->lo;
+#ifdef MADV_NOHUGEPAGE
+    /* --grad-accum sharded, an untied embedding: 4 KiB pages, so that its gradient's
+     * scatter makes only the micro-batch's rows resident (loom_zero_accum_enable) */
+    if (grads && z->accum && z->emb_nohuge)
+        madvise(grads, z->emb_nohuge * sizeof(float), MADV_NOHUGEPAGE);
+#endif
     return grads;
 }
 
@@ -440,32 +462,90 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
     return st;
 }
 
-loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err) {
+/* Pages (floats, whole 4 KiB pages) a range [b, e) of the local buffer may hold once
+ * written: from the huge page below b where one fits, else from b's page, to e's page
+ * end; the embedding's rows with 4 KiB pages only where backward scattered them. */
+typedef struct {
+    size_t pg, H, M;    /* a page, a huge page, the mapping: floats */
+    size_t emb_end;     /* [0, emb_end): 4 KiB pages (loom_zero_grads_alloc), else 0 */
+    size_t emb_touched; /* ... of which a micro-batch's tokens touch at most this */
+} span_rules;
+
+static size_t range_low(const span_rules *r, size_t b) {
+    size_t lo = b / r->H * r->H;
+    if (lo + r->H > r->M || lo < r->emb_end) lo = b / r->pg * r->pg; /* no huge page there */
+    return lo;
+}
+
+/* The resident floats of ranges [b, e) (the one being written) and [e, u) (in flight). */
+static size_t pair_floats(const span_rules *r, size_t b, size_t u) {
+    size_t hi = (u + r->pg - 1) / r->pg * r->pg;
+    if (hi > r->M) hi = r->M;
+    const size_t lo = range_low(r, b);
+    if (b == 0 && r->emb_end) { /* the embedding: its rows' pages, then the rest */
+        const size_t rest = hi > r->emb_end ? hi - r->emb_end : 0;
+        return rest + (r->emb_touched < r->emb_end ? r->emb_touched : r->emb_end);
+    }
+    return hi - lo;
+}
+
+loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, int size_only,
+                                   loom_error *err) {
     if (z->stage < 2 || z->experts)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
                               "--ep (got ZeRO-%d%s)",
                               z->stage, z->experts ? " with --ep" : "");
     /* The local bytes a micro-batch holds at most (loom_zero_grads_ready): one range in
-     * flight and the one below it being written, backward's order being tail, blocks
-     * L-1 .. 0, head. Everything above the range in flight is handed back (the page it
-     * shares with the one above it stays: release_consumed); below the one being
-     * written nothing is touched, except that a transparent huge page faulted in for
-     * its lowest page spans down to a 2 MiB boundary. */
+     * flight and the one below it being written, backward's order being the head (in
+     * head_pieces pieces of vocabulary rows, model/model.h), blocks L-1 .. 0, the
+     * embedding. Everything above the range in flight is handed back (the page it shares
+     * with the one above it stays: release_consumed); below the one being written nothing
+     * is touched, except that a transparent huge page faulted in for its lowest page spans
+     * down to a 2 MiB boundary. The embedding (untied) has 4 KiB pages, so only the rows
+     * of the micro-batch's tokens are resident; a tied one is written whole by the head's
+     * backward and stays resident beside every pair. */
     const loom_param_table *t = z->table;
     const int L = t->n_layer;
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
-    const size_t H = LOOM_HUGE_PAGE_BYTES / sizeof(float), M = (t->total + pg - 1) / pg * pg;
-    size_t most = 0, upper_end = t->total; /* the range in flight ends here */
-    for (int i = L; i >= 0; i--) {         /* the range written: block i - 1, or the head */
-        const size_t b = i > 0 ? t->blocks[i - 1].begin : 0;
-        size_t lo = b / H * H, hi = (upper_end + pg - 1) / pg * pg;
-        if (lo + H > M) lo = b / pg * pg; /* no huge page fits there: 4 KiB pages */
-        if (hi > M) hi = M;
-        if (hi - lo > most) most = hi - lo;
-        upper_end = i == L ? t->head_begin : t->blocks[i].begin;
+    z->head_pieces = split_head ? head_pieces_of(t) : 1;
+    span_rules r = {.pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float),
+                    .H = LOOM_HUGE_PAGE_BYTES / sizeof(float)};
+    r.M = (t->total + r.pg - 1) / r.pg * r.pg;
+    const size_t emb_end = L > 0 ? t->blocks[0].begin : t->head_begin;
+    const int tied = t->lm_head != LOOM_NO_PARAM && t->lm_head == t->wte;
+    const loom_param *wte = NULL;
+    for (int i = 0; i < t->n_params && t->wte != LOOM_NO_PARAM; i++)
+        if (t->params[i].offset == t->wte) wte = &t->params[i];
+    if (!tied && wte && wte->offset == 0 && wte->shape[0] > 0 && wte->numel <= emb_end) {
+        r.emb_end = emb_end / r.pg * r.pg; /* whole pages below block 0 */
+        const size_t row = wte->numel / (size_t)wte->shape[0];
+        const size_t row_pages = (row + r.pg - 1) / r.pg + 1; /* a row spans at most this */
+        /* the rows of n_tokens tokens, and the rest of the range (wpe) written whole */
+        r.emb_touched = (size_t)n_tokens * row_pages * r.pg + (emb_end - wte->numel) + r.pg;
+    }
+    size_t tied_floats = tied ? (emb_end + r.pg - 1) / r.pg * r.pg : 0;
+    if (tied && r.H <= r.M) tied_floats = (emb_end + r.H - 1) / r.H * r.H; /* huge pages */
+    if (tied_floats > r.M) tied_floats = r.M;
+    /* The ranges in backward order, range i = [b_i, b_{i-1}) (b_{-1} = total) written
+     * while range i - 1 is in flight: resident [low(b_i), b_{i-2}). */
+    size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total, e;
+    const int n_head = t->head_begin < t->total ? z->head_pieces : 0;
+    for (int i = 0; i < n_head + L + (emb_end > 0); i++) {
+        if (i < n_head && n_head > 1) /* head piece n_head - 1 - i */
+            loom_model_head_piece(t, n_head - 1 - i, n_head, &b, &e);
+        else if (i < n_head)
+            b = t->head_begin;
+        else if (i < n_head + L)
+            b = t->blocks[L - 1 - (i - n_head)].begin;
+        else
+            b = 0;
+        const size_t f = pair_floats(&r, b, prev_prev_b) + (b > 0 ? tied_floats : 0);
+        if (f > most) most = f;
+        prev_prev_b = prev_b;
+        prev_b = b;
     }
     z->accum_resident = most * sizeof(float);
+    z->emb_nohuge = r.emb_end;
     if (size_only) return LOOM_OK;
     z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->accum ? LOOM_OK

@@ -98,6 +98,8 @@ typedef struct {
     float *accum;
     int accum_n;           /* micro-batches summed into accum this step */
     size_t accum_resident; /* the local bytes such a step may hold: two adjacent ranges */
+    int head_pieces;       /* an untied head handed over in this many ranges (model.h) */
+    size_t emb_nohuge;     /* [0, emb_nohuge) of the local buffer: 4 KiB pages (embedding) */
     size_t consumed_from;  /* this micro-batch: [consumed_from, total) reduced and summed */
     size_t released_from;  /* ... and its pages from here up handed back */
     /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c): 0, or bf16 on the wire */
@@ -182,8 +184,11 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
 /* --grad-accum sharded: the shard's accumulator (stage >= 2, no --ep), before
  * loom_zero_grads_alloc and loom_zero_plan_embedding (no embedding split then). Sized
- * only (size_only): the memory report's figures, no buffer. */
-loom_status loom_zero_accum_enable(loom_zero *z, int size_only, loom_error *err);
+ * only (size_only): the memory report's figures, no buffer. split_head: the model can
+ * hand an untied head over in pieces (loom_model_head_can_split); z->head_pieces is how
+ * many it should (model.head_pieces). n_tokens: a micro-batch's tokens on this rank. */
+loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, int size_only,
+                                   loom_error *err);
 /* After a micro-batch's reduction (not the step's last): counted (its buckets were added
  * to the accumulator as they completed, micro-batches in order: ((g1 + g2) + ...) + gM)
  * and the local buffer cleared (its last pages handed back). */

@@ -190,8 +190,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))) ||
         (strcmp(tc->grad_accum, "sharded") == 0 && r->zero.stage >= 2 &&
-         (st = loom_zero_accum_enable(&r->zero, r->size_only, err))))
+         (st = loom_zero_accum_enable(&r->zero, loom_model_head_can_split(&r->model),
+                                      tc->micro_batch * T, r->size_only, err))))
         return st;
+    r->model.head_pieces = r->zero.head_pieces; /* --grad-accum sharded: 0 otherwise */
     if (r->size_only) return LOOM_OK;
     /* --grad-reduce-dtype bf16 (validated with --precision bf16): before the embedding plan */
     if (strcmp(tc->grad_reduce_dtype, "bf16") == 0 && (st = loom_zero_bf16_enable(&r->zero, err)))

@@ -85,6 +85,12 @@ static void linear_backward_input(const loom_backend *be, float *dinp, const flo
     (void)be;
     loom_linear_backward_input(dinp, dout, weight, N, IC, OC);
 }
+static void linear_backward_weight_ld(const loom_backend *be, float *dweight, const float *dout,
+                                      int ld, const float *inp, int N, int IC, int OC) {
+    (void)be;
+    loom_linear_backward_weight_ld(dweight, dout, ld, inp, N, IC, OC);
+}
+
 static void linear_backward_weight(const loom_backend *be, float *dweight, float *dbias,
                                    const float *dout, const float *inp, int N, int IC, int OC) {
     (void)be;
@@ -415,6 +421,7 @@ static const loom_backend_ops cpu_ops = {
     .linear_forward = linear_forward,
     .linear_backward_input = linear_backward_input,
     .linear_backward_weight = linear_backward_weight,
+    .linear_backward_weight_ld = linear_backward_weight_ld,
     .embedding_forward = embedding_forward,
     .embedding_backward = embedding_backward,
     .layernorm_forward = layernorm_forward,

@@ -189,6 +189,7 @@ loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *fla
     bf16_ops.linear_forward = linear_forward;
     bf16_ops.linear_backward_input = linear_backward_input;
     bf16_ops.linear_backward_weight = linear_backward_weight;
+    bf16_ops.linear_backward_weight_ld = NULL; /* fp32 only: bf16 computes it whole */
     bf16_ops.linear_forward_bf16 = linear_forward_bf16;
     bf16_ops.linear_backward_input_bf16 = linear_backward_input_bf16;
     bf16_ops.linear_backward_weight_bf16 = linear_backward_weight_bf16;

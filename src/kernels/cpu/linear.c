@@ -33,6 +33,13 @@ void loom_linear_backward_input(float *dinp, const float *dout, const float *wei
                 1.0f, dinp, IC);
 }
 
+void loom_linear_backward_weight_ld(float *dweight, const float *dout, int ld, const float *inp,
+                                    int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, ld, inp, IC, 1.0f,
+                dweight, IC);
+}
+
 void loom_linear_backward_weight(float *dweight, float *dbias, const float *dout, const float *inp,
                                  int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
