@@ -1,0 +1,35 @@
+/* Elastic DiLoCo workers (--elastic-worker I): every worker is its own MPI job of one rank,
+ * and the outer sync is point-to-point over intercommunicators made with
+ * MPI_Comm_connect / MPI_Comm_accept (names through an ompi-server) instead of
+ * collectives over one job's mesh->outer, so a worker that dies or is cut off is dropped
+ * and the others go on; it rejoins later (docs/diloco.md, "Elastic workers").
+ *
+ * The coordinator (worker 0, the founder) decides every outer step's members: the members
+ * send it their outer gradient, it averages those that arrived by the deadline (in worker
+ * order, its own included), and sends the mean and the member list back; every member
+ * (the coordinator too) applies the same outer step to the same round-start parameters
+ * with the same momentum, so the members stay bitwise identical. A member that does not
+ * hear back in time ends (its launcher restarts it as a joiner). After an outer step the
+ * coordinator looks up the names of the workers not in the group and connects to the
+ * ones published: each gets the round-start parameters, the outer momentum and the step. */
+#ifndef LOOM_PARALLEL_OUTER_ELASTIC_H
+#define LOOM_PARALLEL_OUTER_ELASTIC_H
+
+#include "parallel/outer.h"
+
+/* --elastic-worker: the mesh of this one-rank job becomes worker I of W (its data slice and
+ * output files); refuses jobs of more than one rank. */
+loom_status loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c, loom_error *err);
+
+/* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
+ * when cfg->elastic_worker >= 0). Create connects the group: the founder waits (up to
+ * LOOM_OUTER_ELASTIC_START_S) for the other workers, a joiner publishes its name and blocks
+ * until the coordinator connects and sends it the state (its params are overwritten). */
+#define LOOM_OUTER_ELASTIC_START_S 60.0
+loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err);
+void loom_outer_elastic_free(loom_outer *o);
+loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err);
+/* The step this worker starts after (a joiner: the coordinator's; else 0). */
+int loom_outer_elastic_start_step(const loom_outer *o);
+
+#endif
