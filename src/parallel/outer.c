@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "core/clock.h"
-#include "parallel/outer_elastic.h"
 #include "parallel/outer_impl.h"
 
 struct loom_outer_engine {

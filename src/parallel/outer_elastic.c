@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "parallel/outer_impl.h"
 
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
 #define TAG 71
