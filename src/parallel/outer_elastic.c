@@ -392,16 +392,18 @@ int loom_outer_elastic_start_step(const loom_outer *o) {
     return o->elastic->start_step;
 }
 
-loom_status loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c, loom_error *err) {
-    if (c->elastic_worker < 0) return LOOM_OK;
-    if (m->size != 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker %d: expected one rank per worker job (this job "
-                              "has %d; worker groups of more ranks are not built yet: "
-                              "docs/diloco.md)",
-                              c->elastic_worker, m->size);
+loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
+                                           loom_error *err) {
+    if (c->elastic_worker < 0 || world_size == 1) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "--elastic-worker %d: expected one rank per worker job (this job has "
+                          "%d; worker groups of more ranks are not built yet: docs/diloco.md)",
+                          c->elastic_worker, world_size);
+}
+
+void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
+    if (c->elastic_worker < 0) return;
     m->worker = c->elastic_worker;
     m->workers = c->workers;
     m->data_rank += m->worker * m->layout.dp;
-    return LOOM_OK;
 }

@@ -17,8 +17,11 @@
 
 #include "parallel/outer.h"
 
+/* --elastic-worker: one rank per worker job (else one line, LOOM_ERR_INPUT). */
+loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
+                                           loom_error *err);
 /* --elastic-worker: the mesh of this one-rank job becomes worker I of W (its data slice and
- * output files); refuses jobs of more than one rank. */
-loom_status loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c, loom_error *err);
+ * output files). */
+void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c);
 
 #endif
