@@ -341,6 +341,13 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     if (o->total * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: the model is too large for one message (2 GiB)");
+    int mpi_on = 0;
+    MPI_Initialized(&mpi_on);
+    if (!mpi_on) /* loom alone runs one rank without MPI */
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker %d: expected to run under mpirun -n 1 "
+                              "--ompi-server file:URI (docs/diloco.md)",
+                              c->elastic_worker);
     elastic *e = calloc(1, sizeof *e);
     if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     o->elastic = e;
@@ -362,7 +369,18 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     if (e->me != 0 || c->elastic_join) return join(o, err);
-    /* the founder coordinates; the group starts with whoever joined by the deadline */
+    /* the founder coordinates; the group starts with whoever joined by the deadline. Its
+     * own name, published and withdrawn at once, checks that the name server is there. */
+    char name[64], port[MPI_MAX_PORT_NAME];
+    service_of(e->me, name, sizeof name);
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
+        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
+                              "needs --ompi-server: docs/diloco.md)",
+                              e->me, name);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+    MPI_Close_port(port);
     e->member[e->me] = 1;
     fprintf(stderr, "loom: elastic: worker %d coordinates; waiting up to %g s for %d worker(s)\n",
             e->me, LOOM_OUTER_ELASTIC_START_S, e->W - 1);

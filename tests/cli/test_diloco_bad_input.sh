@@ -50,6 +50,8 @@ expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
 expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
+expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun -n 1" -- \
+    "${E[@]}" --elastic-worker 0
 expect "elastic checkpoints" "--elastic-worker: not with --ckpt-dir yet" -- \
     "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck"
 
