@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)
 from loomtest import Skip, check_loom, report, run_test, seed_of, write_text_shard  # noqa: E402
 from test_hosts import HOSTS_SH, SUBNET, hosts_down, sh, skip_unless_possible  # noqa: E402
 
-STEPS, H, TIMEOUT_S, MBIT = 160, 8, 3, 200
+STEPS, H, TIMEOUT_S, MBIT = 300, 8, 3, 200
 SYNC = re.compile(r"worker (\d+) step (\d+): (outer sync|joined|worker \d+ joined), "
                   r"members=(\d+) \[([\d,]*)\], checksum ([0-9a-f]+)")
 
