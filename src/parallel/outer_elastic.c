@@ -265,7 +265,8 @@ static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     o->stats.bytes_step += (double)dbytes;
     const msg_head *r = (const msg_head *)e->in[0];
     if (st != EX_DONE || r->kind != MSG_UPDATE || r->step != step) {
-        e->peer[c] = MPI_COMM_NULL; /* abandoned */
+        e->peer[c] = MPI_COMM_NULL; /* abandoned, with its buffer (a late message) */
+        e->in[0] = NULL;
         return loom_error_set(err, LOOM_ERR_IO,
                               "--elastic-worker %d: step %d: no outer update from the coordinator "
                               "(worker %d) in %g s: this worker leaves the group (restart it with "
@@ -320,10 +321,12 @@ static loom_status join(loom_outer *o, loom_error *err) {
     else
         poll(rq, 1, &st, e->timeout_ms);
     const msg_head *h = (const msg_head *)e->in[0];
-    if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W)
+    if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
+        e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
         return loom_error_set(err, LOOM_ERR_IO,
                               "--elastic-worker %d: the coordinator's state did not arrive in %g s",
                               e->me, e->timeout_ms / 1e3);
+    }
     const size_t bytes = o->total * sizeof(float);
     memcpy(o->start, e->in[0] + sizeof *h, bytes);
     memcpy(e->mom, e->in[0] + sizeof *h + bytes, bytes);
