@@ -9,6 +9,7 @@
 #include "cli/train_options.h"
 #include "comm/world.h"
 #include "parallel/mesh.h"
+#include "parallel/outer_elastic.h"
 #include "parallel/param_gather.h"
 #include "parallel/placement.h"
 #include "model/moe_config.h"
@@ -57,8 +58,12 @@ int loom_cmd_train(int argc, char **argv) {
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom train: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
-    const int workers = loom_outer_enabled(&o.train.outer) ? o.train.outer.workers : 1;
-    st = loom_mesh_create_workers(&mesh, &world, o.train.layout, workers, &err);
+    /* --elastic-worker: this job is one worker of the group (parallel/outer_elastic.h) */
+    const int elastic = o.train.outer.elastic_worker >= 0;
+    const int workers = loom_outer_enabled(&o.train.outer) && !elastic ? o.train.outer.workers : 1;
+    st = loom_outer_elastic_check_world(&o.train.outer, world.size, &err);
+    if (!st) st = loom_mesh_create_workers(&mesh, &world, o.train.layout, workers, &err);
+    if (!st && elastic) loom_outer_elastic_mesh(&mesh, &o.train.outer);
     loom_startup_watchdog_disarm(&watchdog);
     loom_timeline_mark("mesh");
     if (st) {

@@ -25,6 +25,8 @@ void loom_outer_config_defaults(loom_outer_config *c) {
     snprintf(c->dtype, sizeof c->dtype, "fp32");
     c->block = 64;
     c->merge = 0.5f;
+    c->elastic_worker = -1;
+    c->elastic_timeout = 10.0f;
 }
 
 int loom_outer_enabled(const loom_outer_config *c) {
@@ -42,10 +44,48 @@ loom_status loom_outer_dtype_parse(const char *s, loom_outer_dtype *out, loom_er
                           "--outer-dtype %s: expected fp32, bf16, int8 or int4", s);
 }
 
+/* --elastic-worker and its companions (parallel/outer_elastic.h). */
+static loom_status validate_elastic(const loom_outer_config *c, int on, loom_error *err) {
+    if (c->elastic_join && c->elastic_worker < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--elastic-join: needs --elastic-worker I");
+    if (c->elastic_worker == -1) return LOOM_OK;
+    if (!on)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker %d: needs --outer diloco --workers W",
+                              c->elastic_worker);
+    if (c->elastic_worker < 0 || c->elastic_worker >= c->workers)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker %d: expected 0..%d (this job's worker of "
+                              "--workers %d)",
+                              c->elastic_worker, c->workers - 1, c->workers);
+    if (c->workers > LOOM_OUTER_MAX_FRAGMENTS)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--workers %d: expected <= %d with --elastic-worker", c->workers,
+                              LOOM_OUTER_MAX_FRAGMENTS);
+    if (c->fragments != 1)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
+                              "only; docs/diloco.md)",
+                              c->fragments);
+    if (strcmp(c->dtype, "fp32") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: not with --outer-dtype %s yet (fp32 only; "
+                              "docs/diloco.md)",
+                              c->dtype);
+    if (!(c->elastic_timeout > 0.0f) || !isfinite(c->elastic_timeout))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-timeout %g: expected > 0 (seconds an outer exchange may "
+                              "take)",
+                              (double)c->elastic_timeout);
+    return LOOM_OK;
+}
+
 loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, loom_error *err) {
     const int on = loom_outer_enabled(c);
     if (c->kind[0] && !on && strcmp(c->kind, "none") != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--outer %s: expected none or diloco", c->kind);
+    loom_status est = validate_elastic(c, on, err);
+    if (est) return est;
     if (!on) {
         if (c->workers != 1)
             return loom_error_set(err, LOOM_ERR_INPUT,
@@ -196,6 +236,10 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->params = params;
     o->total = table->total;
     o->steps = steps;
+    if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine, no fragments */
+        if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
+        return st;
+    }
     o->n_frag = cfg->fragments;
     if (!(o->engine = calloc(1, sizeof *o->engine)))
         return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
@@ -218,6 +262,7 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
 }
 
 void loom_outer_free(loom_outer *o) {
+    if (o->elastic) loom_outer_elastic_free(o);
     if (o->engine) loom_comm_engine_stop(&o->engine->e);
     free(o->engine);
     for (int k = 0; o->frag && k < o->n_frag; k++) {
@@ -354,7 +399,12 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
     return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
 }
 
+int loom_outer_start_step(const loom_outer *o, int step) {
+    return o->elastic ? loom_outer_elastic_start_step(o) : step;
+}
+
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
+    if (o->elastic) return loom_outer_elastic_after_step(o, step, err);
     const double t0 = loom_now_ms();
     const int streaming = o->n_frag > 1;
     loom_status st = LOOM_OK;
@@ -395,6 +445,10 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     /* [v..., bytes, landed norms...] over the workers, then bytes and norms over the group */
     double buf[8 + 2 * LOOM_OUTER_MAX_FRAGMENTS];
     const int F = o->n_frag;
+    if (o->elastic) { /* one rank, no per-step exchange: this worker's own numbers */
+        o->stats.bytes_total += o->stats.bytes_step;
+        return LOOM_OK;
+    }
     if (n > 8) return loom_error_set(err, LOOM_ERR_STATE, "outer: too many values");
     for (int i = 0; i < n; i++) buf[i] = v[i];
     buf[n] = o->stats.bytes_step;

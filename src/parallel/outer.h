@@ -44,17 +44,20 @@ typedef enum {
 
 /* The flags (--outer ...), as parsed. */
 typedef struct {
-    char kind[16];   /* --outer: "" or none | diloco */
-    int workers;     /* --workers W: worker groups (the world's outermost dimension) */
-    int inner_steps; /* --inner-steps H */
-    float lr;        /* --outer-lr */
-    float momentum;  /* --outer-momentum */
-    int nesterov;    /* --outer-nesterov */
-    int fragments;   /* --outer-fragments F (1: plain DiLoCo, blocking) */
-    char dtype[8];   /* --outer-dtype fp32 | bf16 | int8 | int4 */
-    int block;       /* --outer-block: values per scale (int8, int4) */
-    float merge;     /* --outer-merge: streaming, the local weight alpha when a fragment lands */
-    int total_batch; /* set when split per worker: --global-batch over all workers (0: not) */
+    char kind[16];      /* --outer: "" or none | diloco */
+    int workers;        /* --workers W: worker groups (the world's outermost dimension) */
+    int inner_steps;    /* --inner-steps H */
+    float lr;           /* --outer-lr */
+    float momentum;     /* --outer-momentum */
+    int nesterov;       /* --outer-nesterov */
+    int fragments;      /* --outer-fragments F (1: plain DiLoCo, blocking) */
+    char dtype[8];      /* --outer-dtype fp32 | bf16 | int8 | int4 */
+    int block;          /* --outer-block: values per scale (int8, int4) */
+    float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
+    int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
+    int elastic_worker; /* --elastic-worker I: this one-rank job is worker I (-1: off) */
+    int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */
+    float elastic_timeout; /* --elastic-timeout S: the deadline of every outer exchange */
 } loom_outer_config;
 
 void loom_outer_config_defaults(loom_outer_config *c);
@@ -94,6 +97,7 @@ typedef struct {
     int steps; /* the run's last step: every fragment is synced there */
     double norm_sq[LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
     loom_outer_step_stats stats;
+    struct loom_outer_elastic *elastic; /* --elastic-worker (parallel/outer_elastic.h) */
 } loom_outer;
 
 /* After the parameters are set (initial or loaded): start = params. */
@@ -107,6 +111,10 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
 /* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
  * number: the loss). Collective over the workers. */
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
+
+/* The step the run starts after: `step`, or for an elastic worker that joined a running
+ * group the coordinator's step (parallel/outer_elastic.h). */
+int loom_outer_start_step(const loom_outer *o, int step);
 
 /* Checkpoints: this rank's outer state after step `step` to / from
  * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group). */

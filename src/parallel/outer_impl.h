@@ -40,4 +40,16 @@ static inline size_t loom_outer_chunk_len(const loom_outer_fragment *f, int j) {
     return lo >= n ? 0 : (n - lo < f->chunk ? n - lo : f->chunk);
 }
 
+/* ---- --elastic-worker (parallel/outer_elastic.c; outer_elastic.h says what it does) ---- */
+/* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
+ * when cfg->elastic_worker >= 0). Create connects the group: the founder waits (up to
+ * LOOM_OUTER_ELASTIC_START_S) for the other workers, a joiner publishes its name and blocks
+ * until the coordinator connects and sends it the state (its params are overwritten). */
+#define LOOM_OUTER_ELASTIC_START_S 60.0
+loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err);
+void loom_outer_elastic_free(loom_outer *o);
+loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err);
+/* The step this worker starts after (a joiner: the coordinator's; else 0). */
+int loom_outer_elastic_start_step(const loom_outer *o);
+
 #endif

@@ -488,6 +488,8 @@ static loom_status setup(loom_run *r, loom_error *err) {
             return st;
         r->outer_on = 1;
         if ((st = resume_outer(r, err))) return st;
+        /* --elastic-worker joining a running group: from the coordinator's step */
+        r->start_step = loom_outer_start_step(&r->outer, r->start_step);
     }
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;

@@ -37,6 +37,24 @@ expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" 
     "${D[@]}" --ckpt-fast-dir "$TMP/fast"
 expect "not with ZeRO-3 yet" "--outer diloco: not with --zero 3" -- "${D[@]}" --zero 3
 
+# --elastic-worker (parallel/outer_elastic.c): checked before MPI starts
+E=("${D[@]}" --workers 2)
+expect "elastic without diloco" "--elastic-worker 0: needs --outer diloco" -- \
+    "${LM[@]}" --elastic-worker 0
+expect "elastic worker out of range" "--elastic-worker 2: expected 0..1" -- \
+    "${E[@]}" --elastic-worker 2
+expect "join without a worker" "--elastic-join: needs --elastic-worker I" -- "${E[@]}" --elastic-join
+expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" -- \
+    "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
+expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
+    "${E[@]}" --elastic-worker 1 --outer-dtype int8
+expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
+    "${E[@]}" --elastic-worker 1 --elastic-timeout 0
+expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun -n 1" -- \
+    "${E[@]}" --elastic-worker 0
+expect "elastic checkpoints" "--elastic-worker: not with --ckpt-dir yet" -- \
+    "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck"
+
 # Under mpirun: 3 ranks do not split into 2 worker groups; rank 0 says so once, exit 2.
 # (no leak check there: OpenMPI's own allocations, as in test_plan.sh)
 if command -v mpirun >/dev/null; then
@@ -45,6 +63,15 @@ if command -v mpirun >/dev/null; then
     rc=$?
     n=$(grep -c "^loom train: --workers 2: must divide the job's 3 rank(s)" "$TMP/err")
     check "mpirun -n 3 --workers 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
+fi
+
+# Under mpirun: an elastic worker job of 2 ranks (groups of one rank only), exit 2.
+if command -v mpirun >/dev/null; then
+    ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -n 2 "$LOOM" \
+        "${D[@]}" --workers 2 --elastic-worker 0 >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    n=$(grep -c "^loom train: --elastic-worker 0: expected one rank per worker job (this job has 2" "$TMP/err")
+    check "mpirun -n 2 --elastic-worker 0: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
 fi
 
 finish test_diloco_bad_input

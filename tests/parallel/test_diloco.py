@@ -25,18 +25,22 @@ W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*
 same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
 momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
 one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
-off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains.
+off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
+(--elastic-worker, two one-rank jobs through an ompi-server) without faults: bitwise the
+weights of W = 2 groups of one rank in one job.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
-                      write_text_shard)
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, bitwise, loss_error, same_tensors,  # noqa: E402
+                      seed_of, weights_error, write_text_shard)
 from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
 
 D = 48
@@ -50,6 +54,38 @@ def compare(name, got, ref, tol=TOL):
     check(ok, f"  {name:34s} losses rel err {loss_err:.2e}  weights rel err {whole:.2e} "
               f"(worst {worst:.2e} {w_name})")
     return ok
+
+
+def elastic_pair(base, tmp):
+    """Two --elastic-worker jobs (mpirun -n 1 each) through a local ompi-server; worker 0's
+    Run (--dump-dir, --metrics), or None (the failure printed)."""
+    uri, out = os.path.join(tmp, "elastic.uri"), os.path.join(tmp, "elastic_w0")
+    server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jobs = []
+    try:
+        until = time.time() + 10
+        while time.time() < until and not (os.path.exists(uri) and open(uri).read().strip()):
+            time.sleep(0.05)
+        mpirun = ["mpirun", "--allow-run-as-root", "--ompi-server", f"file:{uri}", "--mca",
+                  "mpi_yield_when_idle", "1", "-n", "1"]
+        for w, extra in ((0, ["--metrics", out + ".jsonl", "--dump-dir", out]), (1, [])):
+            jobs.append(subprocess.Popen(mpirun + base + ["--elastic-worker", str(w)] + extra,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         text=True))
+        errs = [p.communicate(timeout=120)[1] for p in jobs]
+        if any(p.returncode for p in jobs):
+            print(f"  elastic workers: exit {[p.returncode for p in jobs]}\n{errs[0][-2000:]}"
+                  f"\n{errs[1][-2000:]}")
+            return None
+        return Run(out, errs[0])
+    finally:
+        for p in jobs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        server.terminate()
+        server.wait()
 
 
 def main():
@@ -105,6 +141,15 @@ def main():
         runs = Layouts(real + diloco, tmp, "layout_")
         ref = runs.run("w2_single", 2)
         print(f"W=2 H=3 groups of one rank, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
+        # elastic workers without faults (--elastic-worker: two one-rank jobs joined through
+        # an ompi-server, the outer sync through a coordinator): the weights of this run
+        if shutil.which("ompi-server"):
+            el = elastic_pair(real + diloco, tmp)
+            same = el is not None and same_tensors(el.params, ref.params)
+            check(same, f"  W=2 as two elastic worker jobs: "
+                        f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
+        else:
+            print("  (no ompi-server: elastic workers not checked)")
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
                             ("pp2", ["--pp", "2"])):
             compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)

@@ -1,0 +1,430 @@
+/* Elastic DiLoCo workers: one MPI job per worker, outer syncs point to point through a
+ * coordinator, with deadlines (parallel/outer_elastic.h; docs/diloco.md says why each
+ * choice, and why the members cannot diverge). */
+#include "parallel/outer_elastic.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "parallel/outer_impl.h"
+
+#define MAX_W LOOM_OUTER_MAX_FRAGMENTS
+#define TAG 71
+
+typedef enum { MSG_DELTA = 1, MSG_UPDATE = 2, MSG_STATE = 3 } msg_kind;
+
+/* What heads every message: its kind, the step, the sender, the members (UPDATE, STATE). */
+typedef struct {
+    int32_t kind, step, from, n_members;
+    int32_t members[MAX_W];
+} msg_head;
+
+/* An exchange's progress (poll). */
+typedef enum { EX_PENDING, EX_DONE, EX_FAILED } ex_state;
+
+struct loom_outer_elastic {
+    int me, W, coordinator; /* worker ids */
+    double timeout_ms;
+    MPI_Comm peer[MAX_W];     /* coordinator: one per member; member: peer[coordinator] */
+    int member[MAX_W];        /* the last membership this worker knows */
+    float *mom;               /* the outer momentum, whole (every member holds the same) */
+    float *g;                 /* the mean outer gradient */
+    unsigned char *out;       /* a message being sent */
+    unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
+    size_t msg_bytes;         /* head + 2 x total floats (the largest message) */
+    int start_step;           /* a joiner: the coordinator's step when it joined */
+    int finished;             /* the last step's sync is done: disconnect at the end */
+};
+
+typedef struct loom_outer_elastic elastic;
+
+static void service_of(int worker, char *name, size_t n) {
+    snprintf(name, n, "loom-elastic-w%d", worker);
+}
+
+/* FNV-1a over the round-start parameters: the log lines' check that members agree. */
+static unsigned long long checksum(const float *x, size_t n) {
+    const unsigned char *b = (const unsigned char *)x;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+    return (unsigned long long)h;
+}
+
+static int members_text(const elastic *e, char *buf, size_t n) {
+    int count = 0;
+    size_t at = 0;
+    buf[0] = 0;
+    for (int w = 0; w < e->W; w++)
+        if (e->member[w]) {
+            at += (size_t)snprintf(buf + at, at < n ? n - at : 0, "%s%d", count ? "," : "", w);
+            count++;
+        }
+    return count;
+}
+
+static void head_fill(const elastic *e, msg_head *h, msg_kind kind, int step) {
+    memset(h, 0, sizeof *h);
+    h->kind = kind, h->step = step, h->from = e->me;
+    for (int w = 0; w < e->W; w++)
+        if (e->member[w]) h->members[h->n_members++] = w;
+}
+
+static unsigned char *in_buf(elastic *e, int w) {
+    if (!e->in[w]) e->in[w] = malloc(e->msg_bytes);
+    return e->in[w];
+}
+
+/* A peer lost: its intercommunicator and requests are abandoned, never freed (freeing
+ * waits for the dead peer), and so is its receive buffer (a late message may land in it). */
+static void abandon(elastic *e, int w) {
+    e->peer[w] = MPI_COMM_NULL;
+    e->member[w] = 0;
+    e->in[w] = NULL;
+}
+
+/* Polls n exchanges (requests rq[2 i], rq[2 i + 1]; MPI_REQUEST_NULL allowed) until all are
+ * done or failed, or the deadline passes (the pending ones then stay EX_PENDING). */
+static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
+    const double until = loom_now_ms() + timeout_ms;
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            if (st[i] != EX_PENDING) continue;
+            int flag = 0;
+            if (MPI_Testall(2, rq + 2 * i, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+                st[i] = EX_FAILED;
+            else if (flag)
+                st[i] = EX_DONE;
+            else
+                pending++;
+        }
+        if (!pending || loom_now_ms() > until) return;
+        usleep(500);
+    }
+}
+
+/* The outer SGD step with the mean outer gradient g, the same on every member. */
+static void apply(loom_outer *o, const float *g) {
+    elastic *e = o->elastic;
+    const float mu = o->cfg.momentum, lr = o->cfg.lr;
+    double sq = 0.0;
+    for (size_t i = 0; i < o->total; i++) {
+        e->mom[i] = mu * e->mom[i] + g[i];
+        const float u = o->cfg.nesterov ? g[i] + mu * e->mom[i] : e->mom[i];
+        o->start[i] += -(lr * u);
+        o->params[i] = o->start[i];
+        sq += (double)g[i] * g[i];
+    }
+    o->stats.grad_norm = sqrt(sq);
+    o->stats.syncs = 1;
+}
+
+static void say(const loom_outer *o, int step, const char *what) {
+    char ids[4 * MAX_W];
+    const int n = members_text(o->elastic, ids, sizeof ids);
+    fprintf(stderr, "loom: elastic: worker %d step %d: %s, members=%d [%s], checksum %016llx\n",
+            o->elastic->me, step, what, n, ids, checksum(o->start, o->total));
+}
+
+/* Coordinator: connects to every published worker not in the group and sends it the
+ * state (round-start parameters, momentum, step). Returns how many joined. */
+static int admit(loom_outer *o, int step) {
+    elastic *e = o->elastic;
+    int joined = 0;
+    for (int w = 0; w < e->W; w++) {
+        if (w == e->me || e->member[w]) continue;
+        char name[64], port[MPI_MAX_PORT_NAME];
+        service_of(w, name, sizeof name);
+        if (MPI_Lookup_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS) continue;
+        MPI_Comm ic = MPI_COMM_NULL;
+        if (MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic) != MPI_SUCCESS) {
+            fprintf(stderr, "loom: elastic: worker %d step %d: connecting to worker %d failed\n",
+                    e->me, step, w);
+            continue;
+        }
+        MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
+        e->member[w] = 1;
+        msg_head h;
+        head_fill(e, &h, MSG_STATE, step);
+        memcpy(e->out, &h, sizeof h);
+        memcpy(e->out + sizeof h, o->start, o->total * sizeof(float));
+        memcpy(e->out + sizeof h + o->total * sizeof(float), e->mom, o->total * sizeof(float));
+        MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        ex_state st = EX_PENDING;
+        if (MPI_Isend(e->out, (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
+            st = EX_FAILED;
+        else
+            poll(rq, 1, &st, e->timeout_ms);
+        o->stats.bytes_step += (double)e->msg_bytes;
+        if (st != EX_DONE) {
+            abandon(e, w);
+            fprintf(stderr, "loom: elastic: worker %d step %d: worker %d did not take the state\n",
+                    e->me, step, w);
+            continue;
+        }
+        e->peer[w] = ic;
+        joined++;
+        char what[64];
+        snprintf(what, sizeof what, "worker %d joined", w);
+        say(o, step, what);
+    }
+    return joined;
+}
+
+/* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
+static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    MPI_Request rq[2 * MAX_W];
+    ex_state st[MAX_W];
+    for (int w = 0; w < e->W; w++) {
+        rq[2 * w] = rq[2 * w + 1] = MPI_REQUEST_NULL;
+        st[w] = EX_DONE;
+        if (w == e->me || !e->member[w]) continue;
+        unsigned char *b = in_buf(e, w);
+        if (!b) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        st[w] = MPI_Irecv(b, (int)dbytes, MPI_BYTE, 0, TAG, e->peer[w], &rq[2 * w]) == MPI_SUCCESS
+                    ? EX_PENDING
+                    : EX_FAILED;
+    }
+    poll(rq, e->W, st, e->timeout_ms);
+    for (int w = 0; w < e->W; w++) {
+        if (w == e->me || !e->member[w]) continue;
+        const msg_head *h = (const msg_head *)e->in[w];
+        if (st[w] == EX_DONE && h->kind == MSG_DELTA && h->step == step) continue;
+        abandon(e, w);
+        fprintf(stderr,
+                "loom: elastic: worker %d step %d: worker %d lost (no outer gradient in %g s): "
+                "dropped\n",
+                e->me, step, w, e->timeout_ms / 1e3);
+    }
+    /* the members' mean, added in worker order (this worker's own: start - params) */
+    int count = 0;
+    for (int w = 0; w < e->W; w++) {
+        if (w != e->me && !e->member[w]) continue;
+        const float *d = w == e->me ? NULL : (const float *)(e->in[w] + sizeof(msg_head));
+        for (size_t i = 0; i < n; i++) {
+            const float v = d ? d[i] : o->start[i] - o->params[i];
+            e->g[i] = count ? e->g[i] + v : v;
+        }
+        count++;
+    }
+    for (size_t i = 0; i < n; i++) e->g[i] /= (float)count;
+    msg_head h;
+    head_fill(e, &h, MSG_UPDATE, step);
+    memcpy(e->out, &h, sizeof h);
+    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
+    for (int w = 0; w < e->W; w++) {
+        rq[2 * w] = rq[2 * w + 1] = MPI_REQUEST_NULL;
+        st[w] = EX_DONE;
+        if (w == e->me || !e->member[w]) continue;
+        st[w] =
+            MPI_Isend(e->out, (int)dbytes, MPI_BYTE, 0, TAG, e->peer[w], &rq[2 * w]) == MPI_SUCCESS
+                ? EX_PENDING
+                : EX_FAILED;
+        o->stats.bytes_step += (double)dbytes;
+    }
+    poll(rq, e->W, st, e->timeout_ms);
+    for (int w = 0; w < e->W; w++)
+        if (st[w] != EX_DONE) {
+            abandon(e, w);
+            fprintf(stderr,
+                    "loom: elastic: worker %d step %d: worker %d lost (took no update in %g s): "
+                    "dropped\n",
+                    e->me, step, w, e->timeout_ms / 1e3);
+        }
+    apply(o, e->g);
+    say(o, step, "outer sync");
+    if (step < o->steps) admit(o, step);
+    return LOOM_OK;
+}
+
+/* A member's outer step: its outer gradient to the coordinator, the mean back, applied. */
+static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const int c = e->coordinator;
+    msg_head h;
+    head_fill(e, &h, MSG_DELTA, step);
+    memcpy(e->out, &h, sizeof h);
+    float *d = (float *)(e->out + sizeof h);
+    for (size_t i = 0; i < n; i++) d[i] = o->start[i] - o->params[i];
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    ex_state st = EX_PENDING;
+    if (MPI_Irecv(e->in[0], (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[0]) != MPI_SUCCESS ||
+        MPI_Isend(e->out, (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[1]) != MPI_SUCCESS)
+        st = EX_FAILED;
+    else /* the coordinator may still be training, then waits for the others: 3 deadlines */
+        poll(rq, 1, &st, 3 * e->timeout_ms);
+    o->stats.bytes_step += (double)dbytes;
+    const msg_head *r = (const msg_head *)e->in[0];
+    if (st != EX_DONE || r->kind != MSG_UPDATE || r->step != step) {
+        e->peer[c] = MPI_COMM_NULL; /* abandoned, with its buffer (a late message) */
+        e->in[0] = NULL;
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: step %d: no outer update from the coordinator "
+                              "(worker %d) in %g s: this worker leaves the group (restart it with "
+                              "--elastic-join; docs/diloco.md)",
+                              e->me, step, c, 3 * e->timeout_ms / 1e3);
+    }
+    memset(e->member, 0, sizeof e->member);
+    for (int k = 0; k < r->n_members && k < MAX_W; k++) e->member[r->members[k]] = 1;
+    apply(o, (const float *)(e->in[0] + sizeof(msg_head)));
+    say(o, step, "outer sync");
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err) {
+    const double t0 = loom_now_ms();
+    elastic *e = o->elastic;
+    o->stats.bytes_step = 0.0;
+    o->stats.hidden_ms = 0.0;
+    o->stats.syncs = 0;
+    loom_status st = LOOM_OK;
+    if (step % o->cfg.inner_steps == 0 || step == o->steps)
+        st = e->me == e->coordinator ? sync_coordinator(o, step, err) : sync_member(o, step, err);
+    if (!st && step == o->steps) e->finished = 1;
+    o->stats.exposed_ms = loom_now_ms() - t0;
+    return st;
+}
+
+/* A joiner: publish the name, wait for the coordinator, take the state it sends. */
+static loom_status join(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    char name[64], port[MPI_MAX_PORT_NAME];
+    service_of(e->me, name, sizeof name);
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
+        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
+                              "needs --ompi-server: docs/diloco.md)",
+                              e->me, name);
+    fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published)\n", e->me, name);
+    MPI_Comm ic = MPI_COMM_NULL;
+    const int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+    MPI_Close_port(port);
+    if (rc != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker %d: MPI_Comm_accept failed",
+                              e->me);
+    MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
+    MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    ex_state st = EX_PENDING;
+    if (MPI_Irecv(e->in[0], (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
+        st = EX_FAILED;
+    else
+        poll(rq, 1, &st, e->timeout_ms);
+    const msg_head *h = (const msg_head *)e->in[0];
+    if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
+        e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: the coordinator's state did not arrive in %g s",
+                              e->me, e->timeout_ms / 1e3);
+    }
+    const size_t bytes = o->total * sizeof(float);
+    memcpy(o->start, e->in[0] + sizeof *h, bytes);
+    memcpy(e->mom, e->in[0] + sizeof *h + bytes, bytes);
+    memcpy(o->params, o->start, bytes);
+    e->coordinator = h->from;
+    e->peer[e->coordinator] = ic;
+    e->start_step = h->step;
+    for (int k = 0; k < h->n_members && k < MAX_W; k++) e->member[h->members[k]] = 1;
+    say(o, h->step, "joined");
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
+    const loom_outer_config *c = &o->cfg;
+    if (o->total * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: the model is too large for one message (2 GiB)");
+    int mpi_on = 0;
+    MPI_Initialized(&mpi_on);
+    if (!mpi_on) /* loom alone runs one rank without MPI */
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker %d: expected to run under mpirun -n 1 "
+                              "--ompi-server file:URI (docs/diloco.md)",
+                              c->elastic_worker);
+    elastic *e = calloc(1, sizeof *e);
+    if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    o->elastic = e;
+    e->me = c->elastic_worker;
+    e->W = c->workers;
+    e->coordinator = 0;
+    e->timeout_ms = 1e3 * c->elastic_timeout;
+    for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
+    e->msg_bytes = sizeof(msg_head) + 2 * o->total * sizeof(float);
+    const size_t n1 = o->total ? o->total : 1;
+    o->start = malloc(n1 * sizeof(float));
+    e->mom = calloc(n1, sizeof(float));
+    e->g = malloc(n1 * sizeof(float));
+    e->out = malloc(e->msg_bytes);
+    if (!o->start || !e->mom || !e->g || !e->out || !in_buf(e, 0))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    memcpy(o->start, o->params, o->total * sizeof(float));
+    /* name look-ups and connects report failures instead of ending the job */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    if (e->me != 0 || c->elastic_join) return join(o, err);
+    /* the founder coordinates; the group starts with whoever joined by the deadline. Its
+     * own name, published and withdrawn at once, checks that the name server is there. */
+    char name[64], port[MPI_MAX_PORT_NAME];
+    service_of(e->me, name, sizeof name);
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
+        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
+                              "needs --ompi-server: docs/diloco.md)",
+                              e->me, name);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+    MPI_Close_port(port);
+    e->member[e->me] = 1;
+    fprintf(stderr, "loom: elastic: worker %d coordinates; waiting up to %g s for %d worker(s)\n",
+            e->me, LOOM_OUTER_ELASTIC_START_S, e->W - 1);
+    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
+    int members = 1;
+    while (members < e->W && loom_now_ms() < until) {
+        members += admit(o, 0);
+        if (members < e->W) usleep(100000);
+    }
+    o->stats.bytes_step = 0.0;
+    return LOOM_OK;
+}
+
+void loom_outer_elastic_free(loom_outer *o) {
+    elastic *e = o->elastic;
+    for (int w = 0; w < MAX_W; w++) {
+        /* after the last sync every live peer disconnects too; otherwise abandon */
+        if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
+        free(e->in[w]);
+    }
+    free(e->mom), free(e->g), free(e->out);
+    free(e);
+    o->elastic = NULL;
+}
+
+int loom_outer_elastic_start_step(const loom_outer *o) {
+    return o->elastic->start_step;
+}
+
+loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
+                                           loom_error *err) {
+    if (c->elastic_worker < 0 || world_size == 1) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "--elastic-worker %d: expected one rank per worker job (this job has "
+                          "%d; worker groups of more ranks are not built yet: docs/diloco.md)",
+                          c->elastic_worker, world_size);
+}
+
+void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
+    if (c->elastic_worker < 0) return;
+    m->worker = c->elastic_worker;
+    m->workers = c->workers;
+    m->data_rank += m->worker * m->layout.dp;
+}

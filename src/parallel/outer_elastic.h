@@ -1,0 +1,27 @@
+/* Elastic DiLoCo workers (--elastic-worker I): every worker is its own MPI job of one rank,
+ * and the outer sync is point-to-point over intercommunicators made with
+ * MPI_Comm_connect / MPI_Comm_accept (names through an ompi-server) instead of
+ * collectives over one job's mesh->outer, so a worker that dies or is cut off is dropped
+ * and the others go on; it rejoins later (docs/diloco.md, "Elastic workers").
+ *
+ * The coordinator (worker 0, the founder) decides every outer step's members: the members
+ * send it their outer gradient, it averages those that arrived by the deadline (in worker
+ * order, its own included), and sends the mean and the member list back; every member
+ * (the coordinator too) applies the same outer step to the same round-start parameters
+ * with the same momentum, so the members stay bitwise identical. A member that does not
+ * hear back in time ends (its launcher restarts it as a joiner). After an outer step the
+ * coordinator looks up the names of the workers not in the group and connects to the
+ * ones published: each gets the round-start parameters, the outer momentum and the step. */
+#ifndef LOOM_PARALLEL_OUTER_ELASTIC_H
+#define LOOM_PARALLEL_OUTER_ELASTIC_H
+
+#include "parallel/outer.h"
+
+/* --elastic-worker: one rank per worker job (else one line, LOOM_ERR_INPUT). */
+loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
+                                           loom_error *err);
+/* --elastic-worker: the mesh of this one-rank job becomes worker I of W (its data slice and
+ * output files). */
+void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c);
+
+#endif

@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""Elastic DiLoCo workers across two test hosts (docs/diloco.md, "Elastic workers"): two
+workers, each its own one-rank mpirun job inside its own test host (worker 0 on host 1,
+the coordinator; worker 1 on host 2), joined through an ompi-server on the hosts' bridge,
+both hosts' links capped with tbf. The test is the launcher (no `loom run`):
+
+1. both train and sync (an outer sync with members=2 in both logs, the same checksum);
+2. every process of host 2 is SIGKILLed (its mpirun too) after worker 1's first outer
+   sync: worker 0 drops it ("worker 1 lost") and goes on alone (outer syncs members=1,
+   its steps continue);
+3. worker 1 is started again on host 2 with --elastic-join: worker 0 connects at its next
+   outer step and sends the state; at the next outer sync both print members=2 and the
+   same checksum of the round-start parameters (identical parameters);
+4. the run ends: both jobs exit 0, worker 0 writes its weights, and nothing is left running
+   in either host; then hosts.sh down (nothing left).
+Skipped (77) without root, network namespaces, mpirun or ompi-server.
+Usage: test_elastic.py --loom PATH [--seed S]
+"""
+import argparse
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "harness"))
+sys.path.insert(0, HERE)
+from loomtest import Skip, check_loom, report, run_test, seed_of, write_text_shard  # noqa: E402
+from test_hosts import HOSTS_SH, SUBNET, hosts_down, sh, skip_unless_possible  # noqa: E402
+
+STEPS, H, TIMEOUT_S, MBIT = 300, 8, 3, 200
+SYNC = re.compile(r"worker (\d+) step (\d+): (outer sync|joined|worker \d+ joined), "
+                  r"members=(\d+) \[([\d,]*)\], checksum ([0-9a-f]+)")
+
+
+def netns_pids(k):
+    out = subprocess.run(["ip", "netns", "pids", f"loomh{k}"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def cap_link(k, mbit):
+    """A tbf rate cap on both ends of host k's link (None: removed)."""
+    for dev, ns in ((f"loomv{k}", None), ("eth0", f"loomh{k}")):
+        pre = ["ip", "netns", "exec", ns] if ns else []
+        subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        if mbit:  # the bucket holds two packets of the hosts' MTU (65535; test_host_faults)
+            subprocess.run(pre + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                                  f"{mbit}mbit", "burst", "128kb", "latency", "100ms"], check=True)
+
+
+def syncs(path):
+    """The log's elastic lines: (step, what, members, checksum)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    return [(int(m[2]), m[3], int(m[4]), m[6]) for m in SYNC.finditer(text)]
+
+
+def wait_until(pred, limit):
+    until = time.time() + limit
+    while time.time() < until:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    loom = os.path.abspath(check_loom(args.loom))
+    skip_unless_possible()
+    if not shutil.which("ompi-server"):
+        raise Skip("no ompi-server")
+    seed = seed_of(args)
+    tmp = tempfile.mkdtemp(prefix="loom_elastic_")
+    data = os.path.join(tmp, "train.bin")
+    write_text_shard(data, seed)
+    uri = os.path.join(tmp, "ompi_server.uri")
+    lock = open("/run/loom-hosts.lock", "w")  # one user of the test hosts at a time
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    server, jobs = None, []
+    try:
+        sh("up", "2")
+        for k in (1, 2):
+            cap_link(k, MBIT)
+        # on the bridge's address only (the hosts reach nothing else: bench/probe_elastic.py)
+        server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri, "--mca",
+                                   "oob_tcp_if_include", SUBNET],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: os.path.exists(uri) and open(uri).read().strip(), 10)
+        time.sleep(0.3)
+        train = [loom, "train", "--family", "gpt2", "--vocab-size", "256", "--seq-len", "32",
+                 "--n-layer", "2", "--d-model", "64", "--n-head", "4", "--d-ff", "128",
+                 "--micro-batch", "2", "--global-batch", "4", "--seed", str(seed),
+                 "--log-every", "0", "--threads", "1", "--data", data, "--steps", str(STEPS),
+                 "--lr", "3e-3", "--warmup-steps", "4", "--outer", "diloco", "--workers", "2",
+                 "--inner-steps", str(H), "--outer-nesterov", "--elastic-timeout",
+                 str(TIMEOUT_S), "--inject", "slow@1:0:6+"]
+
+        def start(k, tag, extra):
+            # each job's mpirun inside its own host, its rank local to it (probe_elastic.py)
+            cmd = [HOSTS_SH, "exec", str(k), "mpirun", "--allow-run-as-root", "--ompi-server",
+                   f"file:{uri}", "--mca", "btl", "tcp,vader,self", "--mca",
+                   "btl_tcp_if_include", SUBNET, "--mca", "oob_tcp_if_include", SUBNET,
+                   "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "-n", "1"]
+            log = os.path.join(tmp, f"{tag}.log")
+            with open(log, "w") as f:
+                jobs.append((tag, subprocess.Popen(cmd + train + extra, stdout=f,
+                                                   stderr=subprocess.STDOUT)))
+            return log
+
+        w0 = start(1, "worker0", ["--elastic-worker", "0", "--save-weights",
+                                  os.path.join(tmp, "final.safetensors")])
+        w1 = start(2, "worker1", ["--elastic-worker", "1"])
+        # 1. both in, one outer sync of two members with the same parameters
+        both = wait_until(lambda: any(s[1] == "outer sync" for s in syncs(w1)), 60)
+        a = [s for s in syncs(w0) if s[1] == "outer sync"]
+        b = [s for s in syncs(w1) if s[1] == "outer sync"]
+        first = b[0] if b else None
+        same = bool(first) and any(s[0] == first[0] and s[3] == first[3] for s in a)
+        if not report("two workers sync", both and same and first[2] == 2,
+                      f"step {first[0] if first else '?'}: members=2, checksums equal"):
+            return
+        # 2. host 2 dies: every process in it (its mpirun too)
+        killed_at = max(s[0] for s in syncs(w0))
+        for pid in netns_pids(2):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        alone = wait_until(lambda: any(s[1] == "outer sync" and s[2] == 1 for s in syncs(w0)),
+                           4 * TIMEOUT_S + 30)
+        text0 = open(w0).read()
+        lone = [s for s in syncs(w0) if s[1] == "outer sync" and s[2] == 1]
+        report("worker 1 dropped", alone and "worker 1 lost" in text0,
+               f"killed after step {killed_at}; worker 0 alone from step "
+               f"{lone[0][0] if lone else '?'}")
+        wait_until(lambda: len([s for s in syncs(w0) if s[2] == 1]) >= 2, 30)
+        lone = [s for s in syncs(w0) if s[1] == "outer sync" and s[2] == 1]
+        report("worker 0 goes on alone", len(lone) >= 2 and lone[-1][0] > lone[0][0],
+               f"{len(lone)} outer syncs of members=1 (steps {[s[0] for s in lone]})")
+        # 3. it comes back: restarted on host 2 as a joiner
+        w1b = start(2, "worker1_again", ["--elastic-worker", "1", "--elastic-join"])
+        joined = wait_until(lambda: any(s[1] == "joined" for s in syncs(w1b)), 60)
+        after = []
+
+        def resynced():
+            b2 = [s for s in syncs(w1b) if s[1] == "outer sync"]
+            if not b2:
+                return False
+            a2 = [s for s in syncs(w0) if s[1] == "outer sync" and s[0] == b2[0][0]]
+            after[:] = [b2[0], a2[0] if a2 else None]
+            return a2 != []
+        ok = joined and wait_until(resynced, 60)
+        j = [s for s in syncs(w1b) if s[1] == "joined"]
+        report("worker 1 rejoins", ok and after[0][2] == 2 and after[1][2] == 2 and
+               after[0][3] == after[1][3],
+               f"joined at step {j[0][0] if j else '?'}; step {after[0][0] if after else '?'}: "
+               f"members=2 on both, checksums {after[0][3] if after else '?'} / "
+               f"{after[1][3] if after and after[1] else '?'}")
+        # 4. the run ends, nothing left
+        codes = {}
+        for tag, p in jobs[:1] + jobs[2:]:
+            try:
+                codes[tag] = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[tag] = f"hung (killed), {p.wait()}"
+        last = [s for s in syncs(w0) if s[1] == "outer sync"]
+        last1 = [s for s in syncs(w1b) if s[1] == "outer sync"]
+        report("the run ends", codes == {"worker0": 0, "worker1_again": 0} and
+               last and last1 and last[-1][0] == STEPS and last[-1][3] == last1[-1][3] and
+               os.path.exists(os.path.join(tmp, "final.safetensors")),
+               f"exit codes {codes}, last sync step {last[-1][0] if last else '?'} equal on both")
+        left = {k: netns_pids(k) for k in (1, 2)}
+        report("nothing left in the hosts", not any(left.values()), f"{left}")
+    finally:
+        for tag, p in jobs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for k in (1, 2):
+            cap_link(k, None)
+        if server:
+            server.terminate()
+            server.wait()
+        hosts_down(tmp, seed)
+        lock.close()
+
+
+if __name__ == "__main__":
+    run_test(main)
