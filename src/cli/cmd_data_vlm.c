@@ -174,7 +174,7 @@ static int make_split(const char *dir, const char *split, const char *images, co
     return 0;
 }
 
-int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
+int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
     const char *input = NULL, *out = NULL;
     int64_t grid = 2, samples = 20000, val_samples = 1000, seed = 1, mixed = 0;
     double questions = 0.0;
@@ -188,7 +188,7 @@ int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
         {"mixed-images", LOOM_DATA_FLAG_INT, .i64 = &mixed, .lo = 0, .hi = 8},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
     if (strcmp(input, "fashion-mnist") != 0) {
         fprintf(stderr,

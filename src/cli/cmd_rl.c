@@ -48,8 +48,8 @@ static const loom_flag_group GROUPS[] = {
 enum { RL_N_FLAGS = 18 };
 
 /* The rl flags (every other word is loom train's), with rl's help. */
-static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_layout,
-                              char *gen_layout) {
+static loom_flag_spec rl_spec(loom_flag (*flags)[RL_N_FLAGS], loom_rl_config *rc,
+                              char *train_layout, char *gen_layout) {
     const loom_flag f[RL_N_FLAGS] = {
         LOOM_FLAG_FN(0, "prompts", rc->prompts, set_path, "FILE",
                      "training prompts, one a line (loom data arith: train_prompts.txt)"),
@@ -98,7 +98,7 @@ static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_
                      "--tp in generation the weights are resharded to it in memory\n"
                      "after every update"),
     };
-    memcpy(flags, f, sizeof f);
+    memcpy(*flags, f, sizeof f);
     return (loom_flag_spec){
         .usage = "usage: loom rl --prompts FILE [rl flags] [loom train flags]",
         .about = "  GRPO post-training. Every other flag is loom train's (the model, the\n"
@@ -109,27 +109,22 @@ static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_
                   "  [--ckpt-every N iterations] and --resume (or loom run -n N -- rl ...) resume\n"
                   "  between iterations; --trace FILE shows rollout, reward, logprob, reference,\n"
                   "  update and reshard spans.\n",
-        .flags = flags,
-        .n_flags = RL_N_FLAGS,
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS)};
+        LOOM_FLAGS_TABLE(*flags, GROUPS)};
 }
 
 /* Takes the rl flags out of argv; the rest (argv[0] = "train") goes to loom train's parser. */
-static int parse(int argc, char **argv, const loom_flag_spec *spec, char *train_layout, char **rest,
-                 int *n_rest) {
+static loom_flags_outcome parse(int argc, char **argv, const loom_flag_spec *spec,
+                                char *train_layout, char **rest, int *n_rest) {
     *n_rest = 0;
     rest[(*n_rest)++] = "train";
     loom_error err = {0};
     int help = 0;
-    if (loom_flags_take(spec, argc, argv, rest, n_rest, &help, &err)) return fail(err.msg);
-    if (help) {
-        loom_flags_usage(spec, stdout);
-        return 0;
-    }
+    loom_status st = loom_flags_take(spec, argc, argv, rest, n_rest, &help, &err);
+    loom_flags_outcome fo = loom_flags_end(spec, "loom rl", st, help, &err);
+    if (fo != LOOM_FLAGS_GO) return fo;
     /* --train-layout's words are loom train flags, after the others (they win). */
     for (char *w = strtok(train_layout, " \t"); w; w = strtok(NULL, " \t")) rest[(*n_rest)++] = w;
-    return -1;
+    return LOOM_FLAGS_GO;
 }
 
 /* --gen-layout "--dp N", "--tp T" or both (either order): *dp = N (0: not given), *tp =
@@ -159,11 +154,12 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
     if (!rest) return fail("out of memory");
     loom_flag flags[RL_N_FLAGS];
-    const loom_flag_spec spec = rl_spec(flags, rc, train_layout, gen_layout);
-    int n_rest, rc_parse = parse(argc, argv, &spec, train_layout, rest, &n_rest);
-    if (rc_parse >= 0) {
+    const loom_flag_spec spec = rl_spec(&flags, rc, train_layout, gen_layout);
+    int n_rest;
+    loom_flags_outcome fo = parse(argc, argv, &spec, train_layout, rest, &n_rest);
+    if (fo != LOOM_FLAGS_GO) {
         free(rest);
-        return rc_parse;
+        return fo;
     }
     loom_error err = {0};
     loom_status st = loom_train_options_parse_within(o, n_rest, rest, &spec, &err);

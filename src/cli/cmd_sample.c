@@ -171,18 +171,9 @@ int loom_cmd_sample(int argc, char **argv) {
             "usage: loom sample --weights PATH [--class K] [--n N] [--steps S] [--cfg W] [-o OUT]",
         .about = "Samples a dit model by integrating its flow from noise (t = 1) to data (t = 0)\n"
                  "over S uniform steps (Euler or Heun).",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = groups,
-        .n_groups = LOOM_FLAGS_COUNT(groups),
-        .positional = 0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+        LOOM_FLAGS_TABLE(flags, groups)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom sample", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (precision_s && loom_precision_parse(precision_s, "--precision", &precision, &perr))
         return fail(perr.msg);
     if (!weights) return fail("--weights: required (a dit model from loom train --save-weights)");
