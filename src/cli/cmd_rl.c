@@ -36,12 +36,6 @@ static loom_status set_norm(void *dst, const char *name, const char *v, loom_err
     return LOOM_OK;
 }
 
-#define RL_NUM(g, nm, k, d, a, h, l, u, e)                                                         \
-    {                                                                                              \
-        .name = (nm), .kind = (k), .dst = (d), .arg = (a), .help = (h), .group = (g), .lo = (l),   \
-        .hi = (u), .expect = "expected " e, .quote_value = 1                                       \
-    }
-
 static const loom_flag_group GROUPS[] = {
     {"Prompts and rewards", "docs/rl.md"}, {"GRPO", "docs/rl.md"}, {"Layouts", "docs/rl.md"}};
 
@@ -55,39 +49,42 @@ static loom_flag_spec rl_spec(loom_flag (*flags)[RL_N_FLAGS], loom_rl_config *rc
                      "training prompts, one a line (loom data arith: train_prompts.txt)"),
         LOOM_FLAG_FN(0, "eval-prompts", rc->eval_prompts, set_path, "FILE",
                      "held-out prompts: greedy exact-match accuracy (arithmetic)"),
-        RL_NUM(0, "eval-every", LOOM_FLAG_INT, &rc->eval_every, "N",
-               "iterations between evaluations (0: before and after; 0)", 0, 1e9,
-               "an integer >= 0"),
+        LOOM_FLAG_NUMBER(0, "eval-every", &rc->eval_every, "N",
+                         "iterations between evaluations (0: before and after; 0)", 0, 1e9,
+                         "an integer >= 0"),
         LOOM_FLAG_FN(0, "reward-cmd", rc->reward_cmd, set_path, "CMD",
                      "reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
                      "one number a line on stdout (default: arithmetic exact match)"),
-        RL_NUM(1, "iterations", LOOM_FLAG_INT, &rc->iterations, "N",
-               "rollout + update iterations (20)", 1, 1e9, "an integer >= 1"),
-        RL_NUM(1, "prompts-per-iter", LOOM_FLAG_INT, &rc->prompts_per_iter, "P",
-               "prompts an iteration (8)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "group-size", LOOM_FLAG_INT, &rc->group_size, "G",
-               "completions of each prompt, >= 2 (8)", 2, 1e6,
-               "an integer >= 2 (GRPO compares a group)"),
-        RL_NUM(1, "temperature", LOOM_FLAG_FLOAT, &rc->sampling.temperature, "T",
-               "sampling temperature, > 0 (1)", 1e-6, 1e6, "a number > 0"),
-        RL_NUM(1, "top-p", LOOM_FLAG_FLOAT, &rc->sampling.top_p, "P", "nucleus sampling (1 = off)",
-               1e-9, 1, "a number in (0, 1]"),
-        RL_NUM(1, "max-new-tokens", LOOM_FLAG_INT, &rc->max_new, "N",
-               "completion tokens at most; a newline ends one (16)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "clip-eps", LOOM_FLAG_FLOAT, &rc->grpo.clip_eps, "E",
-               "the ratio's clip range [1-E, 1+E] (0.2)", 0, 1, "a number in [0, 1]"),
-        RL_NUM(1, "kl-coef", LOOM_FLAG_FLOAT, &rc->grpo.kl_coef, "B",
-               "k3 KL to the initial model (0: no reference kept; 0)", 0, 1e6, "a number >= 0"),
+        LOOM_FLAG_NUMBER(1, "iterations", &rc->iterations, "N", "rollout + update iterations (20)",
+                         1, 1e9, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "prompts-per-iter", &rc->prompts_per_iter, "P",
+                         "prompts an iteration (8)", 1, 1e6, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "group-size", &rc->group_size, "G",
+                         "completions of each prompt, >= 2 (8)", 2, 1e6,
+                         "an integer >= 2 (GRPO compares a group)"),
+        LOOM_FLAG_NUMBER(1, "temperature", &rc->sampling.temperature, "T",
+                         "sampling temperature, > 0 (1)", 1e-6, 1e6, "a number > 0"),
+        LOOM_FLAG_NUMBER(1, "top-p", &rc->sampling.top_p, "P", "nucleus sampling (1 = off)", 1e-9,
+                         1, "a number in (0, 1]"),
+        LOOM_FLAG_NUMBER(1, "max-new-tokens", &rc->max_new, "N",
+                         "completion tokens at most; a newline ends one (16)", 1, 1e6,
+                         "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "clip-eps", &rc->grpo.clip_eps, "E",
+                         "the ratio's clip range [1-E, 1+E] (0.2)", 0, 1, "a number in [0, 1]"),
+        LOOM_FLAG_NUMBER(1, "kl-coef", &rc->grpo.kl_coef, "B",
+                         "k3 KL to the initial model (0: no reference kept; 0)", 0, 1e6,
+                         "a number >= 0"),
         LOOM_FLAG_FN(1, "loss-norm", &rc->norm, set_norm, "sequence|token",
                      "GRPO's per-sequence mean, or DAPO's per-token (sequence)"),
-        RL_NUM(1, "ppo-epochs", LOOM_FLAG_INT, &rc->ppo_epochs, "N",
-               "optimizer steps on each iteration's samples (1)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "ppo-micro-batch", LOOM_FLAG_INT, &rc->ppo_micro_batch, "M",
-               "sequences per forward/backward (8)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "time-limit", LOOM_FLAG_FLOAT, &rc->time_limit_min, "MIN",
-               "start no iteration after MIN minutes of RL; the held-out\n"
-               "evaluation and --save-weights follow (0: none; 0)",
-               0, 1e9, "minutes >= 0"),
+        LOOM_FLAG_NUMBER(1, "ppo-epochs", &rc->ppo_epochs, "N",
+                         "optimizer steps on each iteration's samples (1)", 1, 1e6,
+                         "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "ppo-micro-batch", &rc->ppo_micro_batch, "M",
+                         "sequences per forward/backward (8)", 1, 1e6, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "time-limit", &rc->time_limit_min, "MIN",
+                         "start no iteration after MIN minutes of RL; the held-out\n"
+                         "evaluation and --save-weights follow (0: none; 0)",
+                         0, 1e9, "minutes >= 0"),
         LOOM_FLAG_FN(2, "train-layout", train_layout, set_path, "\"FLAGS\"",
                      "loom train's layout flags for the update (--tp, --dp, --pp,\n"
                      "--zero)"),

@@ -126,12 +126,21 @@ void loom_flags_suggest(const loom_flag_spec *spec, const char *word, char *out,
         .hi = (u), .expect = (e)                                                                   \
     }
 
-/* A number whose bad value is told with the value quoted and what is expected after the
- * word "expected": "--NAME 'VALUE': expected E". */
-#define LOOM_FLAG_NUM_QUOTED(g, nm, k, d, a, h, l, u, e)                                           \
+/* The kind of a number flag from its destination's type (another type does not compile). */
+#define LOOM_FLAG_KIND_OF(d)                                                                       \
+    _Generic((d),                                                                                  \
+        int *: LOOM_FLAG_INT,                                                                      \
+        long *: LOOM_FLAG_LONG,                                                                    \
+        double *: LOOM_FLAG_DOUBLE,                                                                \
+        float *: LOOM_FLAG_FLOAT,                                                                  \
+        unsigned long long *: LOOM_FLAG_U64)
+
+/* A number in [l, u] of d's type, whose bad value is told with the value quoted and what
+ * is expected: "--NAME 'VALUE': expected E" (e: a string literal). */
+#define LOOM_FLAG_NUMBER(g, nm, d, a, h, l, u, e)                                                  \
     {                                                                                              \
-        .name = (nm), .kind = (k), .dst = (d), .arg = (a), .help = (h), .group = (g), .lo = (l),   \
-        .hi = (u), .expect = "expected " e, .quote_value = 1                                       \
+        .name = (nm), .kind = LOOM_FLAG_KIND_OF(d), .dst = (d), .arg = (a), .help = (h),           \
+        .group = (g), .lo = (l), .hi = (u), .expect = "expected " e, .quote_value = 1              \
     }
 
 #define LOOM_FLAGS_COUNT(a) ((int)(sizeof(a) / sizeof *(a)))

@@ -35,16 +35,9 @@ typedef struct {
     const char *hosts, *hostfile, *bind, *run_dir, *launcher, *launcher_args;
 } run_strings;
 
-#define RUN_INT(g, nm, d, a, h, l)                                                                 \
-    {                                                                                              \
-        .name = (nm), .kind = LOOM_FLAG_INT, .dst = (d), .arg = (a), .help = (h), .group = (g),    \
-        .lo = (l), .hi = 1 << 20, .expect = "expected an integer >= " #l, .quote_value = 1         \
-    }
-#define RUN_NUM(g, nm, d, a, h, l, e)                                                              \
-    {                                                                                              \
-        .name = (nm), .kind = LOOM_FLAG_DOUBLE, .dst = (d), .arg = (a), .help = (h), .group = (g), \
-        .lo = (l), .hi = 1e9, .expect = "expected a number >= " e, .quote_value = 1                \
-    }
+/* Counts and seconds: "--NAME 'VALUE': expected an integer >= L" (a number >= E). */
+#define RUN_INT(g, nm, d, a, h, l) LOOM_FLAG_NUMBER(g, nm, d, a, h, l, 1 << 20, "an integer >= " #l)
+#define RUN_NUM(g, nm, d, a, h, l, e) LOOM_FLAG_NUMBER(g, nm, d, a, h, l, 1e9, "a number >= " e)
 
 static loom_flag_spec run_spec(loom_flag (*flags)[RUN_N_FLAGS], loom_run_config *c,
                                run_strings *s) {
