@@ -200,12 +200,7 @@ int loom_cmd_calibrate(int argc, char **argv) {
     cal_opts o = {.out = "profile.json"};
     const char *groups = NULL;
     const loom_flag flags[] = {
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &o.out,
-         .arg = "FILE",
-         .help = "where (default profile.json)"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &o.out, "FILE", "where (default profile.json)"),
         LOOM_FLAG_SW(0, "quick", &o.quick,
                      "a small grid (under a minute); the default takes minutes"),
         LOOM_FLAG_NUM(0, "threads", LOOM_FLAG_INT, &o.threads, "N",

@@ -129,12 +129,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
         LOOM_FLAG_FN(0, "dtype", &dtype, set_dtype, "f32|bf16",
                      "tensor dtype (default f32, the checkpoint's values\n"
                      "exactly; bf16 rounds to nearest even)"),
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "FILE",
-         .help = "the file to write"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &out, "FILE", "the file to write"),
     };
     const loom_flag_spec spec = {
         .usage = usage,

@@ -328,12 +328,7 @@ int loom_cmd_plot(int argc, char **argv) {
     const char *out = NULL, *title = NULL;
     int log_y = 0, first = argc;
     const loom_flag flags[] = {
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "OUT.png",
-         .help = "the image to write"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &out, "OUT.png", "the image to write"),
         LOOM_FLAG_STR(0, "title", &title, "T", "the plot's title"),
         LOOM_FLAG_SW(0, "log-y", &log_y, "a logarithmic loss axis"),
     };

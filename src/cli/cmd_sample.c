@@ -143,15 +143,10 @@ int loom_cmd_sample(int argc, char **argv) {
         LOOM_FLAG_STR(0, "solver", &solver_name, "euler|heun", "the integrator (euler)"),
         LOOM_FLAG_NUM(0, "seed", LOOM_FLAG_U64, &seed, "S", "the noise seed (1)", 0, 2e19,
                       "expected a non-negative integer"),
-        {.name = "out",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "PATH",
-         .group = 1,
-         .help = "images: a PNG grid (one row per class; samples.png by default);\n"
-                 "clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
-                 "frames (one row per clip)"},
+        LOOM_FLAG_STR_SHORT(1, "out", 'o', &out, "PATH",
+                            "images: a PNG grid (one row per class; samples.png by default);\n"
+                            "clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
+                            "frames (one row per clip)"),
         LOOM_FLAG_STR(1, "raw", &raw, "PATH",
                       "safetensors: \"samples\" [N, F, C, H, W] f32 in [-1, 1] before\n"
                       "clamping, \"labels\" [N] i32, \"noise\" [N, F, C, H, W] (the start)"),

@@ -112,6 +112,12 @@ void loom_flags_suggest(const loom_flag_spec *spec, const char *word, char *out,
 /* Table rows (designated initializers: the fields left out are 0). */
 #define LOOM_FLAG_STR(g, nm, d, a, h)                                                              \
     { .name = (nm), .kind = LOOM_FLAG_STRING, .dst = (d), .arg = (a), .help = (h), .group = (g) }
+/* A string with a short name too ("-o, --output FILE"). */
+#define LOOM_FLAG_STR_SHORT(g, nm, sn, d, a, h)                                                    \
+    {                                                                                              \
+        .name = (nm), .short_name = (sn), .kind = LOOM_FLAG_STRING, .dst = (d), .arg = (a),        \
+        .help = (h), .group = (g)                                                                  \
+    }
 #define LOOM_FLAG_SW(g, nm, d, h)                                                                  \
     { .name = (nm), .kind = LOOM_FLAG_SWITCH, .dst = (d), .help = (h), .group = (g) }
 #define LOOM_FLAG_FN(g, nm, d, fn, a, h)                                                           \
