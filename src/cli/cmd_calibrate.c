@@ -200,12 +200,7 @@ int loom_cmd_calibrate(int argc, char **argv) {
     cal_opts o = {.out = "profile.json"};
     const char *groups = NULL;
     const loom_flag flags[] = {
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &o.out,
-         .arg = "FILE",
-         .help = "where (default profile.json)"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &o.out, "FILE", "where (default profile.json)"),
         LOOM_FLAG_SW(0, "quick", &o.quick,
                      "a small grid (under a minute); the default takes minutes"),
         LOOM_FLAG_NUM(0, "threads", LOOM_FLAG_INT, &o.threads, "N",
@@ -228,22 +223,9 @@ int loom_cmd_calibrate(int argc, char **argv) {
         .about =
             "measures this machine through loom's kernels, AdamW and MPI collectives and writes\n"
             "a machine profile",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = group_list,
-        .n_groups = LOOM_FLAGS_COUNT(group_list),
-        .positional = 0};
-    loom_error perr = {0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) {
-        fprintf(stderr, "loom calibrate: %s\n", perr.msg);
-        return 2;
-    }
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+        LOOM_FLAGS_TABLE(flags, group_list)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom calibrate", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (groups && !parse_groups(groups, &o)) {
         fprintf(stderr,
                 "loom calibrate: --groups '%s': expected comma-separated integers in "

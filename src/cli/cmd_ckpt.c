@@ -120,7 +120,7 @@ static const loom_flag_group GROUPS[] = {{"export", "docs/checkpoints.md"}};
 int loom_cmd_ckpt(int argc, char **argv) {
     const char *usage = "usage: loom ckpt inspect DIR | verify DIR | export DIR --format "
                         "safetensors [--ema] [--dtype f32|bf16] -o FILE";
-    int ema = 0, help = 0, first = argc;
+    int ema = 0, first = argc;
     loom_dtype dtype = LOOM_DTYPE_F32;
     const char *out = NULL, *format = "safetensors";
     const loom_flag flags[] = {
@@ -129,12 +129,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
         LOOM_FLAG_FN(0, "dtype", &dtype, set_dtype, "f32|bf16",
                      "tensor dtype (default f32, the checkpoint's values\n"
                      "exactly; bf16 rounds to nearest even)"),
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "FILE",
-         .help = "the file to write"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &out, "FILE", "the file to write"),
     };
     const loom_flag_spec spec = {
         .usage = usage,
@@ -142,19 +137,11 @@ int loom_cmd_ckpt(int argc, char **argv) {
                  "                    layout, model, tensors\n"
                  "  verify DIR        read every chunk and check its XXH3 checksum\n"
                  "  export DIR        whole tensors under Hugging Face names",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        LOOM_FLAGS_TABLE(flags, GROUPS),
         .positional = 1,
         .exact = 1};
-    loom_error perr = {0};
-    if (loom_flags_parse(&spec, argc, argv, &help, &first, &perr)) return fail(perr.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom ckpt", argc, argv, &first);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (argc - first < 2) return fail(usage);
     const char *cmd = argv[first], *arg = argv[first + 1];
     if (argc - first > 2) {

@@ -19,67 +19,6 @@
 #include "data/shard_stream.h"
 #include "data/tokenizer.h"
 
-static const char usage[] =
-    "usage: loom data bytes|prepare|images|video|arith|vlm [flags]\n"
-    "\nText to token shards (docs/data.md):\n"
-    "       loom data prepare --input FILE|GLOB|- [--input ...] --tokenizer gpt2|DIR --out DIR\n"
-    "                         [--val-fraction F] [--shard-tokens N]\n"
-    "                         [--doc-separator blank-line|file]\n"
-    "  Encodes text documents with a BPE tokenizer into DIR/train_NNNNNN.bin and\n"
-    "  DIR/val_NNNNNN.bin (llm.c shards, uint16 tokens when the vocabulary fits, else\n"
-    "  uint32), each document preceded by <|endoftext|>. Globs are expanded in sorted\n"
-    "  order; - is stdin. --doc-separator file (default): each file is one document;\n"
-    "  blank-line: documents are separated by one or more empty lines. --shard-tokens:\n"
-    "  at most N tokens per shard (default 100000000). --val-fraction F (default 0.005):\n"
-    "  document k (k = 1, 2, ... in input order) goes to val when floor(k*F) >\n"
-    "  floor((k-1)*F), i.e. every (1/F)-th document; the first is always train. The\n"
-    "  input is streamed: memory does not grow with the input or shard size.\n"
-    "       loom data bytes --input FILE|- --out DIR [--val-fraction F] [--token-bytes 2|4]\n"
-    "  Writes DIR/train_000000.bin and DIR/val_000000.bin with one token per input byte\n"
-    "  (vocab 256); the last F of the bytes (default 0.01) become the validation shard.\n"
-    "\nImages and clips (docs/data.md):\n"
-    "       loom data images --input IMAGES [--labels LABELS] --out DIR\n"
-    "                        [--val-input I [--val-labels L] | --val-fraction F]\n"
-    "                        [--shard-samples N] [--n-classes K] [--channels 1|3|auto]\n"
-    "  Packs labelled images into image shards DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin\n"
-    "  (docs/data.md). IMAGES is an IDX image file (.gz or plain; then --labels is its\n"
-    "  IDX label file), a folder with one subfolder of PNG files per class (class = the\n"
-    "  subfolder's position in sorted order; --channels, default auto: 1 when every pixel\n"
-    "  is gray), or fashion-mnist: Debian's dataset-fashion-mnist files, with t10k as val.\n"
-    "  --val-input/--val-labels: the val split from other files (same kind); else sample k\n"
-    "  (0-based) goes to val when floor((k+1)F) > floor(kF) (--val-fraction, default 0.005).\n"
-    "  --n-classes (default: the largest label + 1, or the number of class subfolders).\n"
-    "  --shard-samples: at most N samples per shard (default 100000).\n"
-    "       loom data video --from-images GLOB --out DIR [--frames 8] [--size 48]\n"
-    "                       [--objects 2] [--clips 2000] [--val-clips N] [--seed 1]\n"
-    "                       [--val-from-images GLOB] [--shard-samples N] [--preview FILE]\n"
-    "  Moving-object clips (\"moving Fashion-MNIST\"): each clip has --frames frames on a\n"
-    "  --size x --size canvas with --objects images of the GLOB shards moving at 1-3 px per\n"
-    "  frame and bouncing off the borders; label = the first object's class. Written as\n"
-    "  video shards DIR/train_*.bin (--clips) and DIR/val_*.bin (--val-clips, default\n"
-    "  clips/10, from --val-from-images, default GLOB, on another random stream).\n"
-    "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip.\n"
-    "\nArithmetic for RL (docs/rl.md):\n"
-    "       loom data arith --out DIR [--op +|*|countdown] [--digits D (3)] [--train N (20000)]\n"
-    "                       [--val N (500)] [--seed S (1)] [--numbers K (3)] [--max M (25)]\n"
-    "  Verifiable arithmetic (docs/rl.md): lines \"A+B=C\\n\" with A, B uniform in [0, 10^D),\n"
-    "  as byte tokens in DIR/train_000000.bin and DIR/val_000000.bin (held-out pairs chosen\n"
-    "  by the seed, never in train), the prompts \"A+B=\" one a line in DIR/train_prompts.txt\n"
-    "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n"
-    "  --op countdown: K numbers in [1, M] and a target reached by an expression over them,\n"
-    "  prompt \"3 7 25>75=\", answer an expression (each number at most once) and a newline.\n"
-    "\nImage-text for a vlm (docs/vlm.md):\n"
-    "       loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
-    "                     [--val-samples N] [--questions F] [--mixed-images K]\n"
-    "                     [--seed S]\n"
-    "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
-    "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
-    "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
-    "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
-    "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n"
-    "  --mixed-images K: each sample 0 to K grids, each <image> and its caption (--balance-dp's\n"
-    "  mixed workload).\n";
-
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer. */
 static int read_all(const char *path, unsigned char **data, size_t *n) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
@@ -134,7 +73,7 @@ static int write_split(const char *dir, const char *name, const unsigned char *b
     return 0;
 }
 
-static int cmd_bytes(int argc, char **argv) {
+static int cmd_bytes(int argc, char **argv, const loom_data_help *help) {
     const char *input = NULL, *out = NULL;
     double val_fraction = 0.01;
     int token_bytes = 2;
@@ -145,7 +84,7 @@ static int cmd_bytes(int argc, char **argv) {
         {"token-bytes", LOOM_DATA_FLAG_CHOICE, .choice = &token_bytes,
          .choices = (const char *const[]){"2", "4", NULL}, .values = (const int[]){2, 4}},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
 
     unsigned char *bytes = NULL;
@@ -217,7 +156,7 @@ static void print_split(const char *out, const char *split, int64_t tokens, int 
             shards > 1 ? last : "");
 }
 
-static int cmd_prepare(int argc, char **argv) {
+static int cmd_prepare(int argc, char **argv, const loom_data_help *help) {
     loom_prepare_options o = {.val_fraction = 0.005, .shard_tokens = 100000000};
     const char *tokenizer = NULL;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
@@ -237,7 +176,7 @@ static int cmd_prepare(int argc, char **argv) {
          .choices = (const char *const[]){"blank-line", "file", NULL},
          .values = (const int[]){LOOM_DOC_SEP_BLANK_LINE, LOOM_DOC_SEP_FILE}},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     o.doc_sep = (loom_doc_sep)doc_sep;
     loom_tokenizer *tok = NULL;
     loom_error err = {0};
@@ -276,6 +215,95 @@ static int cmd_prepare(int argc, char **argv) {
     return rc;
 }
 
+/* Each subcommand and its help; loom data --help prints every help, in this order, under
+ * their groups' headings. */
+static const struct {
+    loom_data_help help;
+    int (*run)(int argc, char **argv, const loom_data_help *help);
+} SUB[] = {
+    {{"prepare", "Text to token shards", "docs/data.md",
+      "loom data prepare --input FILE|GLOB|- [--input ...] --tokenizer gpt2|DIR --out DIR\n"
+      "                         [--val-fraction F] [--shard-tokens N]\n"
+      "                         [--doc-separator blank-line|file]",
+      "  Encodes text documents with a BPE tokenizer into DIR/train_NNNNNN.bin and\n"
+      "  DIR/val_NNNNNN.bin (llm.c shards, uint16 tokens when the vocabulary fits, else\n"
+      "  uint32), each document preceded by <|endoftext|>. Globs are expanded in sorted\n"
+      "  order; - is stdin. --doc-separator file (default): each file is one document;\n"
+      "  blank-line: documents are separated by one or more empty lines. --shard-tokens:\n"
+      "  at most N tokens per shard (default 100000000). --val-fraction F (default 0.005):\n"
+      "  document k (k = 1, 2, ... in input order) goes to val when floor(k*F) >\n"
+      "  floor((k-1)*F), i.e. every (1/F)-th document; the first is always train. The\n"
+      "  input is streamed: memory does not grow with the input or shard size."},
+     cmd_prepare},
+    {{"bytes", "Text to token shards", "docs/data.md",
+      "loom data bytes --input FILE|- --out DIR [--val-fraction F] [--token-bytes 2|4]",
+      "  Writes DIR/train_000000.bin and DIR/val_000000.bin with one token per input byte\n"
+      "  (vocab 256); the last F of the bytes (default 0.01) become the validation shard."},
+     cmd_bytes},
+    {{"images", "Images and clips", "docs/data.md",
+      "loom data images --input IMAGES [--labels LABELS] --out DIR\n"
+      "                        [--val-input I [--val-labels L] | --val-fraction F]\n"
+      "                        [--shard-samples N] [--n-classes K] [--channels 1|3|auto]",
+      "  Packs labelled images into image shards DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin\n"
+      "  (docs/data.md). IMAGES is an IDX image file (.gz or plain; then --labels is its\n"
+      "  IDX label file), a folder with one subfolder of PNG files per class (class = the\n"
+      "  subfolder's position in sorted order; --channels, default auto: 1 when every pixel\n"
+      "  is gray), or fashion-mnist: Debian's dataset-fashion-mnist files, with t10k as val.\n"
+      "  --val-input/--val-labels: the val split from other files (same kind); else sample k\n"
+      "  (0-based) goes to val when floor((k+1)F) > floor(kF) (--val-fraction, default 0.005).\n"
+      "  --n-classes (default: the largest label + 1, or the number of class subfolders).\n"
+      "  --shard-samples: at most N samples per shard (default 100000)."},
+     loom_cmd_data_images},
+    {{"video", "Images and clips", "docs/data.md",
+      "loom data video --from-images GLOB --out DIR [--frames 8] [--size 48]\n"
+      "                       [--objects 2] [--clips 2000] [--val-clips N] [--seed 1]\n"
+      "                       [--val-from-images GLOB] [--shard-samples N] [--preview FILE]",
+      "  Moving-object clips (\"moving Fashion-MNIST\"): each clip has --frames frames on a\n"
+      "  --size x --size canvas with --objects images of the GLOB shards moving at 1-3 px per\n"
+      "  frame and bouncing off the borders; label = the first object's class. Written as\n"
+      "  video shards DIR/train_*.bin (--clips) and DIR/val_*.bin (--val-clips, default\n"
+      "  clips/10, from --val-from-images, default GLOB, on another random stream).\n"
+      "  --preview FILE: the first 16 train clips as an animated GIF (.gif) or a PNG strip."},
+     loom_cmd_data_video},
+    {{"arith", "Arithmetic for RL", "docs/rl.md",
+      "loom data arith --out DIR [--op +|*|countdown] [--digits D (3)] [--train N (20000)]\n"
+      "                       [--val N (500)] [--seed S (1)] [--numbers K (3)] [--max M (25)]",
+      "  Verifiable arithmetic (docs/rl.md): lines \"A+B=C\\n\" with A, B uniform in [0, 10^D),\n"
+      "  as byte tokens in DIR/train_000000.bin and DIR/val_000000.bin (held-out pairs chosen\n"
+      "  by the seed, never in train), the prompts \"A+B=\" one a line in DIR/train_prompts.txt\n"
+      "  and DIR/val_prompts.txt, the answers in DIR/*_answers.txt, and DIR/task.json.\n"
+      "  --op countdown: K numbers in [1, M] and a target reached by an expression over them,\n"
+      "  prompt \"3 7 25>75=\", answer an expression (each number at most once) and a newline."},
+     loom_cmd_data_arith},
+    {{"vlm", "Image-text for a vlm", "docs/vlm.md",
+      "loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
+      "                     [--val-samples N] [--questions F] [--mixed-images K]\n"
+      "                     [--seed S]\n"
+      "       loom data vlm --input DIR --out DIR [--val-samples N]",
+      "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
+      "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
+      "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
+      "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
+      "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n"
+      "  --mixed-images K: each sample 0 to K grids, each <image> and its caption (--balance-dp's\n"
+      "  mixed workload).\n"
+      "  --input DIR: your own NAME.png with NAME.txt beside each (a caption, or a prompt line\n"
+      "  and its answer), the last --val-samples (default a tenth) as val."},
+     loom_cmd_data_vlm},
+};
+
+enum { N_SUB = (int)(sizeof SUB / sizeof *SUB) };
+
+static void print_help(FILE *f) {
+    fprintf(f, "usage: loom data bytes|prepare|images|video|arith|vlm [flags]\n");
+    for (int k = 0; k < N_SUB; k++) {
+        const loom_data_help *h = &SUB[k].help;
+        if (k == 0 || strcmp(h->group, SUB[k - 1].help.group) != 0)
+            fprintf(f, "\n%s (%s):\n", h->group, h->page);
+        fprintf(f, "       %s\n%s\n", h->synopsis, h->about);
+    }
+}
+
 int loom_cmd_data(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "loom data: expected a subcommand (bytes, prepare, images, video, arith, "
@@ -283,15 +311,12 @@ int loom_cmd_data(int argc, char **argv) {
         return 2;
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        fputs(usage, stdout);
+        print_help(stdout);
         return 0;
     }
-    if (strcmp(argv[1], "bytes") == 0) return cmd_bytes(argc - 1, argv + 1);
-    if (strcmp(argv[1], "prepare") == 0) return cmd_prepare(argc - 1, argv + 1);
-    if (strcmp(argv[1], "images") == 0) return loom_cmd_data_images(argc - 1, argv + 1, usage);
-    if (strcmp(argv[1], "video") == 0) return loom_cmd_data_video(argc - 1, argv + 1, usage);
-    if (strcmp(argv[1], "arith") == 0) return loom_cmd_data_arith(argc - 1, argv + 1, usage);
-    if (strcmp(argv[1], "vlm") == 0) return loom_cmd_data_vlm(argc - 1, argv + 1, usage);
+    for (int k = 0; k < N_SUB; k++)
+        if (strcmp(argv[1], SUB[k].help.name) == 0)
+            return SUB[k].run(argc - 1, argv + 1, &SUB[k].help);
     fprintf(stderr,
             "loom data: unknown subcommand '%s' (expected: bytes, prepare, images, video, arith, "
             "vlm)\n",

@@ -103,7 +103,7 @@ static int write_split(const arith_options *o, int val, char *path, size_t cap) 
     return rc;
 }
 
-int loom_cmd_data_arith(int argc, char **argv, const char *usage) {
+int loom_cmd_data_arith(int argc, char **argv, const loom_data_help *help) {
     const char *out = NULL;
     int op = '+';
     int64_t digits = 3, n_train = 20000, n_val = 500, seed = 1, numbers = 3, max = 25;
@@ -119,7 +119,7 @@ int loom_cmd_data_arith(int argc, char **argv, const char *usage) {
         {"val", LOOM_DATA_FLAG_INT, .i64 = &n_val, .lo = 1, .hi = 100000000},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
     if (loom_mkdir_p(out) != 0) {
         fprintf(stderr, "loom data: --out '%s': cannot create directory: %s\n", out,

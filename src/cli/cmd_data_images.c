@@ -190,7 +190,7 @@ static int write_source(const image_source *s, const loom_image_shape *shape, co
     return 0;
 }
 
-int loom_cmd_data_images(int argc, char **argv, const char *usage) {
+int loom_cmd_data_images(int argc, char **argv, const loom_data_help *help) {
     const char *input = NULL, *labels = NULL, *out = NULL, *val_input = NULL, *val_labels = NULL;
     double val_fraction = -1;
     int64_t shard_samples = 100000, n_classes = 0;
@@ -208,7 +208,7 @@ int loom_cmd_data_images(int argc, char **argv, const char *usage) {
          .choices = (const char *const[]){"1", "3", "auto", NULL},
          .values = (const int[]){1, 3, 0}},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
     if (strcmp(input, "fashion-mnist") == 0) {
         const char *given = labels              ? "--labels"
@@ -360,7 +360,7 @@ static int write_preview(const char *path, const loom_image_dataset *src,
     return 0;
 }
 
-int loom_cmd_data_video(int argc, char **argv, const char *usage) {
+int loom_cmd_data_video(int argc, char **argv, const loom_data_help *help) {
     const char *from = NULL, *out = NULL, *val_from = NULL, *preview = NULL;
     int64_t frames = 8, size = 48, objects = 2, clips = 2000, val_clips = -1, seed = 1;
     int64_t shard_samples = 100000;
@@ -377,7 +377,7 @@ int loom_cmd_data_video(int argc, char **argv, const char *usage) {
         {"shard-samples", LOOM_DATA_FLAG_INT, .i64 = &shard_samples, .lo = 1, .hi = INT32_MAX},
         {"preview", LOOM_DATA_FLAG_STR, .str = &preview},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
     if (val_clips < 0) val_clips = clips / 10;
     double t0 = seconds_now();

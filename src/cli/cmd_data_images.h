@@ -32,15 +32,24 @@ typedef struct {
 #define LOOM_DATA_MAX_FLAGS 16
 #define LOOM_DATA_N_FLAGS(table) ((int)(sizeof(table) / sizeof *(table)))
 
-/* Parses argv[1..argc) (argv[0] is the subcommand) against flags[0..n) and --help, which
- * prints usage on stdout. Then no argument may remain and every required flag must have been
- * given. Returns -1 when the command should go on, 0 after --help, 2 after an error (one
- * line "loom data: ..." on stderr). */
-int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, int n,
-                          const char *usage);
+/* One subcommand's help (cmd_data.c holds them all; loom data --help prints them all). */
+typedef struct {
+    const char *name;     /* "prepare" */
+    const char *group;    /* the heading it is listed under: "Text to token shards" */
+    const char *page;     /* "docs/data.md" */
+    const char *synopsis; /* "loom data prepare --input ..." (more lines indented under it) */
+    const char *about;    /* what it does, each line indented by two spaces */
+} loom_data_help;
 
-/* argv[0] is "images" / "video"; usage is printed for --help. 0, or 2 on any error. */
-int loom_cmd_data_images(int argc, char **argv, const char *usage);
-int loom_cmd_data_video(int argc, char **argv, const char *usage);
+/* Parses argv[1..argc) (argv[0] is the subcommand) against flags[0..n) and --help, which
+ * prints the subcommand's help on stdout. Then no argument may remain and every required
+ * flag must have been given. Returns -1 when the command should go on, 0 after --help, 2
+ * after an error (one line "loom data: ..." on stderr). */
+int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, int n,
+                          const loom_data_help *help);
+
+/* argv[0] is "images" / "video"; help is printed for --help. 0, or 2 on any error. */
+int loom_cmd_data_images(int argc, char **argv, const loom_data_help *help);
+int loom_cmd_data_video(int argc, char **argv, const loom_data_help *help);
 
 #endif

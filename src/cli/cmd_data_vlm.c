@@ -242,7 +242,7 @@ static int make_folder(const char *input, const char *out, int64_t val_samples) 
     return rc;
 }
 
-int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
+int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
     const char *input = NULL, *out = NULL;
     /* -1: not given (the defaults below depend on --input) */
     int64_t grid = -1, samples = -1, val_samples = -1, seed = 1, mixed = -1;
@@ -257,7 +257,7 @@ int loom_cmd_data_vlm(int argc, char **argv, const char *usage) {
         {"mixed-images", LOOM_DATA_FLAG_INT, .i64 = &mixed, .lo = 0, .hi = 8},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
     };
-    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), usage);
+    int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
     struct stat sb;
     const int folder =

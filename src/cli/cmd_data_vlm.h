@@ -3,7 +3,9 @@
 #ifndef LOOM_CLI_CMD_DATA_VLM_H
 #define LOOM_CLI_CMD_DATA_VLM_H
 
-/* argv[0] is "vlm"; usage is printed for --help. 0, or 2 on any error. */
-int loom_cmd_data_vlm(int argc, char **argv, const char *usage);
+#include "cli/cmd_data_images.h"
+
+/* argv[0] is "vlm"; help is printed for --help. 0, or 2 on any error. */
+int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help);
 
 #endif

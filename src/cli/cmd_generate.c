@@ -262,18 +262,9 @@ int loom_cmd_generate(int argc, char **argv) {
             "       (a vlm: --weights PATH --image FILE.png [--prompt TEXT]; --image --help)",
         .about = "Streams the prompt's continuation to stdout. Generation stops at the model's\n"
                  "context length (--seq-len it was trained with).",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = groups,
-        .n_groups = LOOM_FLAGS_COUNT(groups),
-        .positional = 0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+        LOOM_FLAGS_TABLE(flags, groups)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom generate", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (precision_s && loom_precision_parse(precision_s, "--precision", &precision, &perr))
         return fail(perr.msg);
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");

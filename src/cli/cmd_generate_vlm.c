@@ -213,20 +213,10 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
     const loom_flag_spec spec = {
         .usage = "usage: loom generate --weights W --image FILE.png|DIR [--prompt TEXT] [flags]",
         .about = "Prints a vlm's text for the image (without --prompt: its caption).",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = groups,
-        .n_groups = LOOM_FLAGS_COUNT(groups),
-        .positional = 0};
-    loom_error perr = {0};
+        LOOM_FLAGS_TABLE(flags, groups)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom generate", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     char msg[1200];
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
     if (!weights) return fail("--weights: required (a file from loom train --save-weights)");
     if (!image) return fail("--image: required (a PNG of the model's image size, or a folder)");
     loom_cpu_set_threads(threads ? threads : loom_cpu_default_threads());

@@ -55,23 +55,10 @@ int loom_cmd_gpu_info(int argc, char **argv) {
     const loom_flag_spec spec = {.usage = "usage: loom gpu-info [--arena-mb N]",
                                  .about =
                                      "Lists the CUDA devices, or says why there are none (exit 1).",
-                                 .footer = NULL,
-                                 .flags = flags,
-                                 .n_flags = LOOM_FLAGS_COUNT(flags),
-                                 .groups = GROUPS,
-                                 .n_groups = LOOM_FLAGS_COUNT(GROUPS),
-                                 .positional = 0,
+                                 LOOM_FLAGS_TABLE(flags, GROUPS),
                                  .exact = 1};
-    loom_error perr = {0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) {
-        fprintf(stderr, "loom gpu-info: %s\n", perr.msg);
-        return 2;
-    }
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom gpu-info", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
 #ifdef LOOM_CUDA
     loom_cuda_device devs[16];
     int n = 0;

@@ -117,7 +117,7 @@ static const loom_flag_group GROUPS[] = {{"Search the layouts", "docs/PLAN.md"},
 
 enum { PLAN_N_FLAGS = 10 };
 
-static loom_flag_spec plan_spec(loom_flag *flags, plan_args *a) {
+static loom_flag_spec plan_spec(loom_flag (*flags)[PLAN_N_FLAGS], plan_args *a) {
     const loom_flag f[PLAN_N_FLAGS] = {
         LOOM_FLAG_FN(0, "world", &a->world, set_whole, "N", "the ranks to plan for"),
         LOOM_FLAG_FN(0, "profile", a->profile, set_path, "P",
@@ -139,7 +139,7 @@ static loom_flag_spec plan_spec(loom_flag *flags, plan_args *a) {
                      "a finished `loom run` folder (its command and --metrics) against\n"
                      "the prediction, term by term"),
     };
-    memcpy(flags, f, sizeof f);
+    memcpy(*flags, f, sizeof f);
     return (loom_flag_spec){
         .usage = "usage: loom plan [MODEL AND BATCH FLAGS] --world N --profile P "
                  "[--memory-per-rank GB]\n"
@@ -155,10 +155,7 @@ static loom_flag_spec plan_spec(loom_flag *flags, plan_args *a) {
             "pipeline schedule, recomputation, micro-batch sizes), sizes each rank's memory as\n"
             "the start-up report does and predicts the step from the profile. docs/PLAN.md\n"
             "explains every term.",
-        .flags = flags,
-        .n_flags = PLAN_N_FLAGS,
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS)};
+        LOOM_FLAGS_TABLE(*flags, GROUPS)};
 }
 
 static loom_status parse_args(plan_args *a, const loom_flag_spec *spec, int argc, char **argv,
@@ -201,7 +198,7 @@ int loom_cmd_plan(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     a.top = 5;
     loom_flag flags[PLAN_N_FLAGS];
-    const loom_flag_spec spec = plan_spec(flags, &a);
+    const loom_flag_spec spec = plan_spec(&flags, &a);
     loom_status st = parse_args(&a, &spec, argc, argv, &err);
     int rc = 0;
     if (!st && a.help) {

@@ -326,14 +326,9 @@ static void remove_tree_flat(const char *dir) {
 
 int loom_cmd_plot(int argc, char **argv) {
     const char *out = NULL, *title = NULL;
-    int log_y = 0, help = 0, first = argc;
+    int log_y = 0, first = argc;
     const loom_flag flags[] = {
-        {.name = "output",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "OUT.png",
-         .help = "the image to write"},
+        LOOM_FLAG_STR_SHORT(0, "output", 'o', &out, "OUT.png", "the image to write"),
         LOOM_FLAG_STR(0, "title", &title, "T", "the plot's title"),
         LOOM_FLAG_SW(0, "log-y", &log_y, "a logarithmic loss axis"),
     };
@@ -343,21 +338,10 @@ int loom_cmd_plot(int argc, char **argv) {
         .about = "  Draws training loss (and validation loss where recorded) against step, and "
                  "tokens/s,\n"
                  "  one curve per metrics file (written by loom train --metrics), with gnuplot.",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = groups,
-        .n_groups = LOOM_FLAGS_COUNT(groups),
+        LOOM_FLAGS_TABLE(flags, groups),
         .positional = 1};
-    loom_error perr = {0};
-    if (loom_flags_parse(&spec, argc, argv, &help, &first, &perr)) {
-        fprintf(stderr, "loom plot: %s\n", perr.msg);
-        return 2;
-    }
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom plot", argc, argv, &first);
+    if (fo != LOOM_FLAGS_GO) return fo;
     int n = argc - first;
     if (n < 1 || !out || !out[0]) {
         fprintf(stderr, "loom plot: %s (usage: loom plot METRICS.jsonl... -o OUT.png)\n",

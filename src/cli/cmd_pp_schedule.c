@@ -25,22 +25,10 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
                  "gpipe|1f1b|interleaved|zb] [--virtual-stages V] [--vision-encoder R]",
         .about = "prints each stage's timeline and action list (F forward, B backward-input, W "
                  "backward-weight, sa/ra send/receive activation, sg/rg gradient)",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
-        .positional = 0};
+        LOOM_FLAGS_TABLE(flags, GROUPS)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom pp-schedule", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     loom_error err = {0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) {
-        fprintf(stderr, "loom pp-schedule: %s\n", err.msg);
-        return 2;
-    }
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
     const int pp = atoi(pp_s), m = atoi(m_s), v = atoi(v_s);
     const double enc = enc_s ? atof(enc_s) : -1;
     loom_pp_kind kind;

@@ -36,58 +36,55 @@ static loom_status set_norm(void *dst, const char *name, const char *v, loom_err
     return LOOM_OK;
 }
 
-#define RL_NUM(g, nm, k, d, a, h, l, u, e)                                                         \
-    {                                                                                              \
-        .name = (nm), .kind = (k), .dst = (d), .arg = (a), .help = (h), .group = (g), .lo = (l),   \
-        .hi = (u), .expect = "expected " e, .quote_value = 1                                       \
-    }
-
 static const loom_flag_group GROUPS[] = {
     {"Prompts and rewards", "docs/rl.md"}, {"GRPO", "docs/rl.md"}, {"Layouts", "docs/rl.md"}};
 
 enum { RL_N_FLAGS = 18 };
 
 /* The rl flags (every other word is loom train's), with rl's help. */
-static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_layout,
-                              char *gen_layout) {
+static loom_flag_spec rl_spec(loom_flag (*flags)[RL_N_FLAGS], loom_rl_config *rc,
+                              char *train_layout, char *gen_layout) {
     const loom_flag f[RL_N_FLAGS] = {
         LOOM_FLAG_FN(0, "prompts", rc->prompts, set_path, "FILE",
                      "training prompts, one a line (loom data arith: train_prompts.txt)"),
         LOOM_FLAG_FN(0, "eval-prompts", rc->eval_prompts, set_path, "FILE",
                      "held-out prompts: greedy exact-match accuracy (arithmetic)"),
-        RL_NUM(0, "eval-every", LOOM_FLAG_INT, &rc->eval_every, "N",
-               "iterations between evaluations (0: before and after; 0)", 0, 1e9,
-               "an integer >= 0"),
+        LOOM_FLAG_NUMBER(0, "eval-every", &rc->eval_every, "N",
+                         "iterations between evaluations (0: before and after; 0)", 0, 1e9,
+                         "an integer >= 0"),
         LOOM_FLAG_FN(0, "reward-cmd", rc->reward_cmd, set_path, "CMD",
                      "reward command: JSON lines {\"prompt\", \"completion\"} on stdin,\n"
                      "one number a line on stdout (default: arithmetic exact match)"),
-        RL_NUM(1, "iterations", LOOM_FLAG_INT, &rc->iterations, "N",
-               "rollout + update iterations (20)", 1, 1e9, "an integer >= 1"),
-        RL_NUM(1, "prompts-per-iter", LOOM_FLAG_INT, &rc->prompts_per_iter, "P",
-               "prompts an iteration (8)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "group-size", LOOM_FLAG_INT, &rc->group_size, "G",
-               "completions of each prompt, >= 2 (8)", 2, 1e6,
-               "an integer >= 2 (GRPO compares a group)"),
-        RL_NUM(1, "temperature", LOOM_FLAG_FLOAT, &rc->sampling.temperature, "T",
-               "sampling temperature, > 0 (1)", 1e-6, 1e6, "a number > 0"),
-        RL_NUM(1, "top-p", LOOM_FLAG_FLOAT, &rc->sampling.top_p, "P", "nucleus sampling (1 = off)",
-               1e-9, 1, "a number in (0, 1]"),
-        RL_NUM(1, "max-new-tokens", LOOM_FLAG_INT, &rc->max_new, "N",
-               "completion tokens at most; a newline ends one (16)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "clip-eps", LOOM_FLAG_FLOAT, &rc->grpo.clip_eps, "E",
-               "the ratio's clip range [1-E, 1+E] (0.2)", 0, 1, "a number in [0, 1]"),
-        RL_NUM(1, "kl-coef", LOOM_FLAG_FLOAT, &rc->grpo.kl_coef, "B",
-               "k3 KL to the initial model (0: no reference kept; 0)", 0, 1e6, "a number >= 0"),
+        LOOM_FLAG_NUMBER(1, "iterations", &rc->iterations, "N", "rollout + update iterations (20)",
+                         1, 1e9, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "prompts-per-iter", &rc->prompts_per_iter, "P",
+                         "prompts an iteration (8)", 1, 1e6, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "group-size", &rc->group_size, "G",
+                         "completions of each prompt, >= 2 (8)", 2, 1e6,
+                         "an integer >= 2 (GRPO compares a group)"),
+        LOOM_FLAG_NUMBER(1, "temperature", &rc->sampling.temperature, "T",
+                         "sampling temperature, > 0 (1)", 1e-6, 1e6, "a number > 0"),
+        LOOM_FLAG_NUMBER(1, "top-p", &rc->sampling.top_p, "P", "nucleus sampling (1 = off)", 1e-9,
+                         1, "a number in (0, 1]"),
+        LOOM_FLAG_NUMBER(1, "max-new-tokens", &rc->max_new, "N",
+                         "completion tokens at most; a newline ends one (16)", 1, 1e6,
+                         "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "clip-eps", &rc->grpo.clip_eps, "E",
+                         "the ratio's clip range [1-E, 1+E] (0.2)", 0, 1, "a number in [0, 1]"),
+        LOOM_FLAG_NUMBER(1, "kl-coef", &rc->grpo.kl_coef, "B",
+                         "k3 KL to the initial model (0: no reference kept; 0)", 0, 1e6,
+                         "a number >= 0"),
         LOOM_FLAG_FN(1, "loss-norm", &rc->norm, set_norm, "sequence|token",
                      "GRPO's per-sequence mean, or DAPO's per-token (sequence)"),
-        RL_NUM(1, "ppo-epochs", LOOM_FLAG_INT, &rc->ppo_epochs, "N",
-               "optimizer steps on each iteration's samples (1)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "ppo-micro-batch", LOOM_FLAG_INT, &rc->ppo_micro_batch, "M",
-               "sequences per forward/backward (8)", 1, 1e6, "an integer >= 1"),
-        RL_NUM(1, "time-limit", LOOM_FLAG_FLOAT, &rc->time_limit_min, "MIN",
-               "start no iteration after MIN minutes of RL; the held-out\n"
-               "evaluation and --save-weights follow (0: none; 0)",
-               0, 1e9, "minutes >= 0"),
+        LOOM_FLAG_NUMBER(1, "ppo-epochs", &rc->ppo_epochs, "N",
+                         "optimizer steps on each iteration's samples (1)", 1, 1e6,
+                         "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "ppo-micro-batch", &rc->ppo_micro_batch, "M",
+                         "sequences per forward/backward (8)", 1, 1e6, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(1, "time-limit", &rc->time_limit_min, "MIN",
+                         "start no iteration after MIN minutes of RL; the held-out\n"
+                         "evaluation and --save-weights follow (0: none; 0)",
+                         0, 1e9, "minutes >= 0"),
         LOOM_FLAG_FN(2, "train-layout", train_layout, set_path, "\"FLAGS\"",
                      "loom train's layout flags for the update (--tp, --dp, --pp,\n"
                      "--zero)"),
@@ -98,7 +95,7 @@ static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_
                      "--tp in generation the weights are resharded to it in memory\n"
                      "after every update"),
     };
-    memcpy(flags, f, sizeof f);
+    memcpy(*flags, f, sizeof f);
     return (loom_flag_spec){
         .usage = "usage: loom rl --prompts FILE [rl flags] [loom train flags]",
         .about = "  GRPO post-training. Every other flag is loom train's (the model, the\n"
@@ -109,27 +106,22 @@ static loom_flag_spec rl_spec(loom_flag *flags, loom_rl_config *rc, char *train_
                   "  [--ckpt-every N iterations] and --resume (or loom run -n N -- rl ...) resume\n"
                   "  between iterations; --trace FILE shows rollout, reward, logprob, reference,\n"
                   "  update and reshard spans.\n",
-        .flags = flags,
-        .n_flags = RL_N_FLAGS,
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS)};
+        LOOM_FLAGS_TABLE(*flags, GROUPS)};
 }
 
 /* Takes the rl flags out of argv; the rest (argv[0] = "train") goes to loom train's parser. */
-static int parse(int argc, char **argv, const loom_flag_spec *spec, char *train_layout, char **rest,
-                 int *n_rest) {
+static loom_flags_outcome parse(int argc, char **argv, const loom_flag_spec *spec,
+                                char *train_layout, char **rest, int *n_rest) {
     *n_rest = 0;
     rest[(*n_rest)++] = "train";
     loom_error err = {0};
     int help = 0;
-    if (loom_flags_take(spec, argc, argv, rest, n_rest, &help, &err)) return fail(err.msg);
-    if (help) {
-        loom_flags_usage(spec, stdout);
-        return 0;
-    }
+    loom_status st = loom_flags_take(spec, argc, argv, rest, n_rest, &help, &err);
+    loom_flags_outcome fo = loom_flags_end(spec, "loom rl", st, help, &err);
+    if (fo != LOOM_FLAGS_GO) return fo;
     /* --train-layout's words are loom train flags, after the others (they win). */
     for (char *w = strtok(train_layout, " \t"); w; w = strtok(NULL, " \t")) rest[(*n_rest)++] = w;
-    return -1;
+    return LOOM_FLAGS_GO;
 }
 
 /* --gen-layout "--dp N", "--tp T" or both (either order): *dp = N (0: not given), *tp =
@@ -159,11 +151,12 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     char **rest = malloc(((size_t)argc + LOOM_PATH_MAX) * sizeof *rest);
     if (!rest) return fail("out of memory");
     loom_flag flags[RL_N_FLAGS];
-    const loom_flag_spec spec = rl_spec(flags, rc, train_layout, gen_layout);
-    int n_rest, rc_parse = parse(argc, argv, &spec, train_layout, rest, &n_rest);
-    if (rc_parse >= 0) {
+    const loom_flag_spec spec = rl_spec(&flags, rc, train_layout, gen_layout);
+    int n_rest;
+    loom_flags_outcome fo = parse(argc, argv, &spec, train_layout, rest, &n_rest);
+    if (fo != LOOM_FLAGS_GO) {
         free(rest);
-        return rc_parse;
+        return fo;
     }
     loom_error err = {0};
     loom_status st = loom_train_options_parse_within(o, n_rest, rest, &spec, &err);

@@ -143,15 +143,10 @@ int loom_cmd_sample(int argc, char **argv) {
         LOOM_FLAG_STR(0, "solver", &solver_name, "euler|heun", "the integrator (euler)"),
         LOOM_FLAG_NUM(0, "seed", LOOM_FLAG_U64, &seed, "S", "the noise seed (1)", 0, 2e19,
                       "expected a non-negative integer"),
-        {.name = "out",
-         .short_name = 'o',
-         .kind = LOOM_FLAG_STRING,
-         .dst = &out,
-         .arg = "PATH",
-         .group = 1,
-         .help = "images: a PNG grid (one row per class; samples.png by default);\n"
-                 "clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
-                 "frames (one row per clip)"},
+        LOOM_FLAG_STR_SHORT(1, "out", 'o', &out, "PATH",
+                            "images: a PNG grid (one row per class; samples.png by default);\n"
+                            "clips: an animated GIF when PATH ends in .gif, else a PNG strip of\n"
+                            "frames (one row per clip)"),
         LOOM_FLAG_STR(1, "raw", &raw, "PATH",
                       "safetensors: \"samples\" [N, F, C, H, W] f32 in [-1, 1] before\n"
                       "clamping, \"labels\" [N] i32, \"noise\" [N, F, C, H, W] (the start)"),
@@ -171,18 +166,9 @@ int loom_cmd_sample(int argc, char **argv) {
             "usage: loom sample --weights PATH [--class K] [--n N] [--steps S] [--cfg W] [-o OUT]",
         .about = "Samples a dit model by integrating its flow from noise (t = 1) to data (t = 0)\n"
                  "over S uniform steps (Euler or Heun).",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = LOOM_FLAGS_COUNT(flags),
-        .groups = groups,
-        .n_groups = LOOM_FLAGS_COUNT(groups),
-        .positional = 0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &perr)) return fail(perr.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 0;
-    }
+        LOOM_FLAGS_TABLE(flags, groups)};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom sample", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (precision_s && loom_precision_parse(precision_s, "--precision", &precision, &perr))
         return fail(perr.msg);
     if (!weights) return fail("--weights: required (a dit model from loom train --save-weights)");

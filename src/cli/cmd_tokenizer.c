@@ -49,7 +49,8 @@ typedef struct {
 static const loom_flag_group GROUPS[] = {{"encode and decode", "docs/data.md"},
                                          {"train", "docs/data.md"}};
 
-static void flags_of(options *o, loom_flag *flags) {
+/* The flags of every subcommand (each refuses the others' in parse), in flags. */
+static loom_flag_spec spec_of(options *o, loom_flag (*flags)[4]) {
     const loom_flag f[4] = {
         LOOM_FLAG_STR(0, "tokenizer", &o->tokenizer, "gpt2|DIR",
                       "gpt2 (the default) is looked up in $LOOM_TOKENIZER_DIR, then in\n"
@@ -60,10 +61,7 @@ static void flags_of(options *o, loom_flag *flags) {
         LOOM_FLAG_NUM(1, "vocab-size", LOOM_FLAG_LONG, &o->vocab_size, "N",
                       "tokens: 256 bytes + merges + <|endoftext|>", 257, 1 << 24, NULL),
     };
-    memcpy(flags, f, sizeof f);
-}
-
-static loom_flag_spec spec_of(const loom_flag *flags) {
+    memcpy(*flags, f, sizeof f);
     return (loom_flag_spec){
         .usage = "usage: loom tokenizer encode [--tokenizer gpt2|DIR]   < text > ids\n"
                  "       loom tokenizer decode [--tokenizer gpt2|DIR]   < ids > text\n"
@@ -72,32 +70,25 @@ static loom_flag_spec spec_of(const loom_flag *flags) {
             "  encode prints the token ids of stdin separated by spaces (newline at the end);\n"
             "  decode reads whitespace-separated ids and writes their bytes;\n"
             "  train learns a byte-level BPE.",
-        .footer = NULL,
-        .flags = flags,
-        .n_flags = 4,
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
-        .positional = 0};
+        LOOM_FLAGS_TABLE(*flags, GROUPS)};
 }
 
-static int parse(int argc, char **argv, options *o, int train) {
+/* The subcommand's flags: LOOM_FLAGS_GO, or what the subcommand returns (the help was
+ * printed, or one line on stderr). */
+static loom_flags_outcome parse(int argc, char **argv, options *o, int train) {
     loom_flag flags[4];
-    flags_of(o, flags);
-    const loom_flag_spec spec = spec_of(flags);
-    loom_error err = {0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) FAIL("%s", err.msg);
-    if (help) {
-        loom_flags_usage(&spec, stdout);
-        return 1;
-    }
+    const loom_flag_spec spec = spec_of(o, &flags);
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom tokenizer", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     const char *wrong = train           ? (o->tokenizer ? "tokenizer" : NULL)
                         : o->input      ? "input"
                         : o->out        ? "out"
                         : o->vocab_size ? "vocab-size"
                                         : NULL;
-    if (wrong) FAIL("%s: option '--%s' does not apply (see --help)", argv[0], wrong);
-    return 0;
+    if (!wrong) return LOOM_FLAGS_GO;
+    fprintf(stderr, "loom tokenizer: %s: option '--%s' does not apply (see --help)\n", argv[0],
+            wrong);
+    return LOOM_FLAGS_BAD;
 }
 
 static int load(const options *o, loom_tokenizer **tok) {
@@ -109,14 +100,14 @@ static int load(const options *o, loom_tokenizer **tok) {
 
 static int cmd_encode(int argc, char **argv) {
     options o = {0};
-    int rc = parse(argc, argv, &o, 0);
-    if (rc) return rc == 1 ? 0 : rc;
+    loom_flags_outcome fo = parse(argc, argv, &o, 0);
+    if (fo != LOOM_FLAGS_GO) return fo;
     loom_tokenizer *tok = NULL;
     if (load(&o, &tok)) return 2;
     loom_byte_buf text = {0};
     loom_token_buf ids = {0};
     loom_error err = {0};
-    rc = read_stream(stdin, "stdin", &text);
+    int rc = read_stream(stdin, "stdin", &text);
     if (rc == 0 && loom_tokenizer_encode(tok, text.data, text.n, &ids, &err) != LOOM_OK) {
         fprintf(stderr, "loom tokenizer: encode: %s\n", err.msg);
         rc = 2;
@@ -151,14 +142,14 @@ static int cmd_encode(int argc, char **argv) {
 
 static int cmd_decode(int argc, char **argv) {
     options o = {0};
-    int rc = parse(argc, argv, &o, 0);
-    if (rc) return rc == 1 ? 0 : rc;
+    loom_flags_outcome fo = parse(argc, argv, &o, 0);
+    if (fo != LOOM_FLAGS_GO) return fo;
     loom_tokenizer *tok = NULL;
     if (load(&o, &tok)) return 2;
     loom_byte_buf text = {0}, out = {0};
     loom_token_buf ids = {0};
     loom_error err = {0};
-    rc = read_stream(stdin, "stdin", &text) || buf_append(&text, "", 1) ? 2 : 0;
+    int rc = read_stream(stdin, "stdin", &text) || buf_append(&text, "", 1) ? 2 : 0;
     int32_t v = loom_tokenizer_vocab_size(tok);
     for (size_t i = 0, k = 0; rc == 0 && i + 1 < text.n; k++) {
         while (i + 1 < text.n && strchr(" \t\r\n\f\v", text.data[i])) i++;
@@ -208,14 +199,14 @@ static int cmd_decode(int argc, char **argv) {
 
 static int cmd_train(int argc, char **argv) {
     options o = {0};
-    int rc = parse(argc, argv, &o, 1);
-    if (rc) return rc == 1 ? 0 : rc;
+    loom_flags_outcome fo = parse(argc, argv, &o, 1);
+    if (fo != LOOM_FLAGS_GO) return fo;
     if (!o.input || !o.out || !o.vocab_size)
         FAIL("train: %s is required", !o.input ? "--input" : !o.out ? "--out" : "--vocab-size");
     FILE *f = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "rb");
     if (!f) FAIL("--input '%s': cannot open: %s", o.input, strerror(errno));
     loom_byte_buf text = {0};
-    rc = read_stream(f, o.input, &text);
+    int rc = read_stream(f, o.input, &text);
     if (f != stdin) fclose(f);
     if (rc == 0 && text.n == 0) {
         fprintf(stderr, "loom tokenizer: --input '%s': empty file, expected text\n", o.input);
@@ -251,8 +242,7 @@ int loom_cmd_tokenizer(int argc, char **argv) {
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         options o = {0};
         loom_flag flags[4];
-        flags_of(&o, flags);
-        const loom_flag_spec spec = spec_of(flags);
+        const loom_flag_spec spec = spec_of(&o, &flags);
         loom_flags_usage(&spec, stdout);
         return 0;
     }

@@ -65,7 +65,7 @@ static loom_status data_set(void *dst, const char *name, const char *arg, loom_e
 }
 
 int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, int n,
-                          const char *usage) {
+                          const loom_data_help *help) {
     if (n > LOOM_DATA_MAX_FLAGS) {
         fprintf(stderr, "loom data: %d flags, at most %d\n", n, LOOM_DATA_MAX_FLAGS);
         return 2;
@@ -74,26 +74,24 @@ int loom_data_parse_flags(int argc, char **argv, const loom_data_flag *flags, in
     loom_flag table[LOOM_DATA_MAX_FLAGS];
     for (int i = 0; i < n; i++) {
         slots[i] = (data_slot){&flags[i], 0};
-        table[i] = (loom_flag)LOOM_FLAG_FN(0, flags[i].name, &slots[i], data_set, "V", "");
+        /* the help's synopsis and text name them */
+        table[i] = (loom_flag){.name = flags[i].name,
+                               .kind = LOOM_FLAG_CALL,
+                               .dst = &slots[i],
+                               .set = data_set,
+                               .hidden = 1};
     }
+    char usage[1024];
+    snprintf(usage, sizeof usage, "usage: %s", help->synopsis);
+    const loom_flag_group group[] = {{help->group, help->page}};
     const loom_flag_spec spec = {.usage = usage,
-                                 .about = NULL,
-                                 .footer = NULL,
+                                 .about = help->about,
                                  .flags = table,
                                  .n_flags = n,
-                                 .groups = NULL,
-                                 .n_groups = 0,
-                                 .positional = 0};
-    loom_error err = {0};
-    int help = 0;
-    if (loom_flags_parse(&spec, argc, argv, &help, NULL, &err)) {
-        fprintf(stderr, "loom data: %s\n", err.msg);
-        return 2;
-    }
-    if (help) { /* the usage of every loom data subcommand, grouped, with their pages */
-        fputs(usage, stdout);
-        return 0;
-    }
+                                 .groups = group,
+                                 .n_groups = 1};
+    loom_flags_outcome fo = loom_flags_run(&spec, "loom data", argc, argv, NULL);
+    if (fo != LOOM_FLAGS_GO) return fo;
     for (int i = 0; i < n; i++)
         if (flags[i].required && !slots[i].given) {
             fprintf(stderr, "loom data: --%s is required\n", flags[i].name);

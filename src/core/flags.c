@@ -195,6 +195,27 @@ loom_status loom_flags_take(const loom_flag_spec *spec, int argc, char **argv, c
     return LOOM_OK;
 }
 
+loom_flags_outcome loom_flags_end(const loom_flag_spec *spec, const char *cmd, loom_status st,
+                                  int help, const loom_error *err) {
+    if (st) {
+        fprintf(stderr, "%s: %s\n", cmd, err->msg);
+        return LOOM_FLAGS_BAD;
+    }
+    if (help) {
+        loom_flags_usage(spec, stdout);
+        return LOOM_FLAGS_HELP;
+    }
+    return LOOM_FLAGS_GO;
+}
+
+loom_flags_outcome loom_flags_run(const loom_flag_spec *spec, const char *cmd, int argc,
+                                  char **argv, int *first) {
+    loom_error err = {0};
+    int help = 0;
+    loom_status st = loom_flags_parse(spec, argc, argv, &help, first, &err);
+    return loom_flags_end(spec, cmd, st, help, &err);
+}
+
 static void usage_left(FILE *f, const char *left, const char *help) {
     if (strlen(left) <= 22)
         fprintf(f, "  %-22s ", left);

@@ -79,6 +79,26 @@ loom_status loom_flags_parse(const loom_flag_spec *spec, int argc, char **argv, 
 loom_status loom_flags_take(const loom_flag_spec *spec, int argc, char **argv, char **rest,
                             int *n_rest, int *help, loom_error *err);
 
+/* What a command does after loom_flags_run: go on, or return the value as its exit status. */
+typedef enum {
+    LOOM_FLAGS_GO = -1,  /* parsed: the command goes on */
+    LOOM_FLAGS_HELP = 0, /* --help or -h: the help was printed on stdout (exit 0) */
+    LOOM_FLAGS_BAD = 2,  /* a bad flag: one line "CMD: MESSAGE" was printed on stderr (exit 2) */
+} loom_flags_outcome;
+
+/* The front of a command named cmd ("loom plot"): loom_flags_parse, then on a bad flag
+ * the one line on stderr, on --help the help on stdout. A command goes on when it returns
+ * LOOM_FLAGS_GO and else returns that value:
+ *     loom_flags_outcome fo = loom_flags_run(&spec, "loom plot", argc, argv, &first);
+ *     if (fo != LOOM_FLAGS_GO) return fo; */
+loom_flags_outcome loom_flags_run(const loom_flag_spec *spec, const char *cmd, int argc,
+                                  char **argv, int *first);
+
+/* The same ending for a parse done another way (loom_flags_take): st and help are what it
+ * returned, err its message. */
+loom_flags_outcome loom_flags_end(const loom_flag_spec *spec, const char *cmd, loom_status st,
+                                  int help, const loom_error *err);
+
 /* The help: the synopsis, then each group's flags under "Title (page):". */
 void loom_flags_usage(const loom_flag_spec *spec, FILE *f);
 
@@ -92,6 +112,12 @@ void loom_flags_suggest(const loom_flag_spec *spec, const char *word, char *out,
 /* Table rows (designated initializers: the fields left out are 0). */
 #define LOOM_FLAG_STR(g, nm, d, a, h)                                                              \
     { .name = (nm), .kind = LOOM_FLAG_STRING, .dst = (d), .arg = (a), .help = (h), .group = (g) }
+/* A string with a short name too ("-o, --output FILE"). */
+#define LOOM_FLAG_STR_SHORT(g, nm, sn, d, a, h)                                                    \
+    {                                                                                              \
+        .name = (nm), .short_name = (sn), .kind = LOOM_FLAG_STRING, .dst = (d), .arg = (a),        \
+        .help = (h), .group = (g)                                                                  \
+    }
 #define LOOM_FLAG_SW(g, nm, d, h)                                                                  \
     { .name = (nm), .kind = LOOM_FLAG_SWITCH, .dst = (d), .help = (h), .group = (g) }
 #define LOOM_FLAG_FN(g, nm, d, fn, a, h)                                                           \
@@ -106,6 +132,28 @@ void loom_flags_suggest(const loom_flag_spec *spec, const char *word, char *out,
         .hi = (u), .expect = (e)                                                                   \
     }
 
+/* The kind of a number flag from its destination's type (another type does not compile). */
+#define LOOM_FLAG_KIND_OF(d)                                                                       \
+    _Generic((d),                                                                                  \
+        int *: LOOM_FLAG_INT,                                                                      \
+        long *: LOOM_FLAG_LONG,                                                                    \
+        double *: LOOM_FLAG_DOUBLE,                                                                \
+        float *: LOOM_FLAG_FLOAT,                                                                  \
+        unsigned long long *: LOOM_FLAG_U64)
+
+/* A number in [l, u] of d's type, whose bad value is told with the value quoted and what
+ * is expected: "--NAME 'VALUE': expected E" (e: a string literal). */
+#define LOOM_FLAG_NUMBER(g, nm, d, a, h, l, u, e)                                                  \
+    {                                                                                              \
+        .name = (nm), .kind = LOOM_FLAG_KIND_OF(d), .dst = (d), .arg = (a), .help = (h),           \
+        .group = (g), .lo = (l), .hi = (u), .expect = "expected " e, .quote_value = 1              \
+    }
+
 #define LOOM_FLAGS_COUNT(a) ((int)(sizeof(a) / sizeof *(a)))
+
+/* A spec's flags and groups from two arrays (designated initializers):
+ * (loom_flag_spec){.usage = ..., LOOM_FLAGS_TABLE(flags, groups)}. */
+#define LOOM_FLAGS_TABLE(fl, gr)                                                                   \
+    .flags = (fl), .n_flags = LOOM_FLAGS_COUNT(fl), .groups = (gr), .n_groups = LOOM_FLAGS_COUNT(gr)
 
 #endif

@@ -35,18 +35,12 @@ typedef struct {
     const char *hosts, *hostfile, *bind, *run_dir, *launcher, *launcher_args;
 } run_strings;
 
-#define RUN_INT(g, nm, d, a, h, l)                                                                 \
-    {                                                                                              \
-        .name = (nm), .kind = LOOM_FLAG_INT, .dst = (d), .arg = (a), .help = (h), .group = (g),    \
-        .lo = (l), .hi = 1 << 20, .expect = "expected an integer >= " #l, .quote_value = 1         \
-    }
-#define RUN_NUM(g, nm, d, a, h, l, e)                                                              \
-    {                                                                                              \
-        .name = (nm), .kind = LOOM_FLAG_DOUBLE, .dst = (d), .arg = (a), .help = (h), .group = (g), \
-        .lo = (l), .hi = 1e9, .expect = "expected a number >= " e, .quote_value = 1                \
-    }
+/* Counts and seconds: "--NAME 'VALUE': expected an integer >= L" (a number >= E). */
+#define RUN_INT(g, nm, d, a, h, l) LOOM_FLAG_NUMBER(g, nm, d, a, h, l, 1 << 20, "an integer >= " #l)
+#define RUN_NUM(g, nm, d, a, h, l, e) LOOM_FLAG_NUMBER(g, nm, d, a, h, l, 1e9, "a number >= " e)
 
-static loom_flag_spec run_spec(loom_flag *flags, loom_run_config *c, run_strings *s) {
+static loom_flag_spec run_spec(loom_flag (*flags)[RUN_N_FLAGS], loom_run_config *c,
+                               run_strings *s) {
     const loom_flag f[RUN_N_FLAGS] = {
         {.short_name = 'n',
          .kind = LOOM_FLAG_INT,
@@ -99,17 +93,14 @@ static loom_flag_spec run_spec(loom_flag *flags, loom_run_config *c, run_strings
         LOOM_FLAG_STR(3, "run-dir", &s->run_dir, "DIR",
                       "logs, diagnosis.json, summary.json (default runs/loom_run)"),
     };
-    memcpy(flags, f, sizeof f);
+    memcpy(*flags, f, sizeof f);
     return (loom_flag_spec){
         .usage = "usage: loom run -n N [options] -- <loom train options>\n"
                  "       loom run -n N [options] -- rl <loom rl options>",
         .about = "\nRuns `loom train` (or `loom rl`) on N ranks (mpirun, or srun under Slurm), "
                  "watches\nheartbeats, writes a diagnosis on every failure and restarts from the "
                  "newest\ncheckpoint.",
-        .flags = flags,
-        .n_flags = RUN_N_FLAGS,
-        .groups = GROUPS,
-        .n_groups = LOOM_FLAGS_COUNT(GROUPS),
+        LOOM_FLAGS_TABLE(*flags, GROUPS),
         .see = "see --help; train options go after '--'",
         .exact = 1};
 }
@@ -133,7 +124,7 @@ loom_status loom_run_config_parse(loom_run_config *c, int argc, char **argv, int
     while (i < argc && strcmp(argv[i], "--") != 0) i++;
     loom_flag flags[RUN_N_FLAGS];
     run_strings s = {0};
-    const loom_flag_spec spec = run_spec(flags, c, &s);
+    const loom_flag_spec spec = run_spec(&flags, c, &s);
     loom_error perr = {0};
     if (loom_flags_parse(&spec, i, argv, help, NULL, &perr))
         return loom_error_set(err, LOOM_ERR_INPUT, "loom run: %s", perr.msg);
@@ -184,6 +175,6 @@ void loom_run_config_usage(FILE *f) {
     loom_run_config c;
     run_strings s = {0};
     loom_flag flags[RUN_N_FLAGS];
-    const loom_flag_spec spec = run_spec(flags, &c, &s);
+    const loom_flag_spec spec = run_spec(&flags, &c, &s);
     loom_flags_usage(&spec, f);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every command parses its flags with the one flag table (core/flags.h): a mistyped flag
 # exits 2 with one line that names the command once and suggests the nearest flag, and
-# `loom CMD --help` prints its grouped help (exit 0) naming a docs page.
+# `loom CMD --help` prints its grouped help (exit 0) naming a docs page (loom data SUB
+# --help: that subcommand's own).
 set -uo pipefail
 loom=$1
 fails=0
@@ -43,6 +44,11 @@ for c in "${cases[@]}"; do
     rc=$?
     if [[ $rc -ne 0 || $out != usage:* ]] || ! grep -q '^[A-Za-z].* (docs/[A-Za-z_.-]*\.md):$' <<<"$out"; then
         echo "FAIL: $name --help: exit $rc: $(head -3 <<<"$out")"
+        fails=$((fails + 1))
+    fi
+    # a subcommand's help is its own (loom data SUB --help: that subcommand only)
+    if [[ $words == "data "* && ($out != "usage: loom $words "* || $(grep -c 'loom data ' <<<"$out") -ne 1) ]]; then
+        echo "FAIL: loom $words --help is not that subcommand's alone: $(head -3 <<<"$out")"
         fails=$((fails + 1))
     fi
 done

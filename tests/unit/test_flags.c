@@ -1,13 +1,15 @@
 /* The one flag-table parser (core/flags.h): typed values and their ranges, the command's
  * own setters, switches and optional values, short names, positional arguments, --help,
  * an unknown flag's one line with the nearest flag (and an outer table's), exact names,
- * loom_flags_take's hand-over of the other words, and the grouped help. */
+ * loom_flags_take's hand-over of the other words, the grouped help, LOOM_FLAG_NUMBER's
+ * kind from the destination's type, and loom_flags_run's outcome and printed lines. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -202,12 +204,94 @@ static void test_usage(void **state) {
     free(text);
 }
 
+/* LOOM_FLAG_NUMBER: the kind follows the destination, a bad value is quoted. */
+static void test_number_rows(void **state) {
+    (void)state;
+    int i = 0;
+    long l = 0;
+    double d = 0;
+    float f = 0;
+    unsigned long long u = 0;
+    const loom_flag t[] = {
+        LOOM_FLAG_NUMBER(0, "i", &i, "N", "", 1, 9, "an integer >= 1"),
+        LOOM_FLAG_NUMBER(0, "l", &l, "N", "", 0, 1e9, "an integer >= 0"),
+        LOOM_FLAG_NUMBER(0, "d", &d, "X", "", 0.5, 1e9, "a number >= 0.5"),
+        LOOM_FLAG_NUMBER(0, "f", &f, "X", "", 0, 1, "a number in [0, 1]"),
+        LOOM_FLAG_NUMBER(0, "u", &u, "S", "", 0, 2e19, "a seed"),
+    };
+    assert_int_equal(t[0].kind, LOOM_FLAG_INT);
+    assert_int_equal(t[1].kind, LOOM_FLAG_LONG);
+    assert_int_equal(t[2].kind, LOOM_FLAG_DOUBLE);
+    assert_int_equal(t[3].kind, LOOM_FLAG_FLOAT);
+    assert_int_equal(t[4].kind, LOOM_FLAG_U64);
+    const loom_flag_spec spec = {.flags = t, .n_flags = LOOM_FLAGS_COUNT(t)};
+    char *good[] = {"x", "--i", "3", "--l=7", "--d", "0.75", "--f", "0.25", "--u", "5"};
+    int help = 0;
+    loom_error err = {0};
+    assert_int_equal(loom_flags_parse(&spec, 10, good, &help, NULL, &err), LOOM_OK);
+    assert_true(i == 3 && l == 7 && d == 0.75 && f == 0.25f && u == 5);
+    char *bad[] = {"x", "--d", "0.25"};
+    assert_int_equal(loom_flags_parse(&spec, 3, bad, &help, NULL, &err), LOOM_ERR_INPUT);
+    assert_string_equal(err.msg, "--d '0.25': expected a number >= 0.5");
+}
+
+/* Runs loom_flags_run on words; what it printed on stdout and stderr in out and errs. */
+static loom_flags_outcome run_capturing(const loom_flag_spec *spec, int argc, char **argv,
+                                        char *out, char *errs, size_t cap) {
+    FILE *o = tmpfile(), *e = tmpfile();
+    assert_true(o && e);
+    fflush(stdout);
+    fflush(stderr);
+    int keep_out = dup(1), keep_err = dup(2);
+    dup2(fileno(o), 1);
+    dup2(fileno(e), 2);
+    loom_flags_outcome fo = loom_flags_run(spec, "loom x", argc, argv, NULL);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(keep_out, 1);
+    dup2(keep_err, 2);
+    close(keep_out);
+    close(keep_err);
+    char *bufs[2] = {out, errs};
+    FILE *files[2] = {o, e};
+    for (int k = 0; k < 2; k++) {
+        rewind(files[k]);
+        size_t n = fread(bufs[k], 1, cap - 1, files[k]);
+        bufs[k][n] = 0;
+        fclose(files[k]);
+    }
+    return fo;
+}
+
+static void test_run(void **state) {
+    (void)state;
+    opts o = {0};
+    loom_flag f[16];
+    loom_flag_spec spec = spec_of(f, &o);
+    char out[4096], errs[512];
+    char *good[] = {"x", "--steps", "5", "a.txt"};
+    assert_int_equal(run_capturing(&spec, 4, good, out, errs, sizeof out), LOOM_FLAGS_GO);
+    assert_int_equal(o.steps, 5);
+    assert_string_equal(out, "");
+    assert_string_equal(errs, "");
+    char *help[] = {"x", "--steps", "5", "--help"};
+    assert_int_equal(run_capturing(&spec, 4, help, out, errs, sizeof out), LOOM_FLAGS_HELP);
+    assert_int_equal(LOOM_FLAGS_HELP, 0); /* the exit status */
+    assert_non_null(strstr(out, "usage: loom x [flags] FILE...\n\nRun (docs/training.md):\n"));
+    assert_string_equal(errs, "");
+    char *bad[] = {"x", "--stesp", "5"};
+    assert_int_equal(run_capturing(&spec, 3, bad, out, errs, sizeof out), LOOM_FLAGS_BAD);
+    assert_int_equal(LOOM_FLAGS_BAD, 2);
+    assert_string_equal(out, "");
+    assert_string_equal(errs,
+                        "loom x: unknown option '--stesp': did you mean --steps? (see --help)\n");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_values),
-        cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_take_and_outer),
-        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_values),         cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_take_and_outer), cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_number_rows),    cmocka_unit_test(test_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
