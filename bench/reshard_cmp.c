@@ -2,10 +2,10 @@
  * over all ranks) into a generation layout (--tp-gen, data-parallel replicas over the
  * rest) three ways, each timed (the best of --iters, slowest rank), and checked bit for
  * bit against the generation layout's own initialisation:
- *   reshard_ms    loom_reshard_run (parallel/reshard.h: the rank's own pieces copied
- *                 locally, then one all-to-all of the pieces it lacks through derived
- *                 datatypes, in place: no packing);
- *   alltoall_ms   the bare all-to-all of the same counts between contiguous buffers;
+ *   reshard_ms    loom_reshard_run (parallel/reshard.h: one all-to-all of the pieces
+ *                 each rank lacks, plus the packing and unpacking where a side is not
+ *                 moved in place: send_in_place / recv_in_place say which, for rank 0);
+ *   alltoall_ms   the bare all-to-all of the same counts (the transfer without packing);
  *   allgather_ms  gathering everything on every rank: an all-gather of every rank's
  *                 training buffer (only the transfer: assembling the generation layout
  *                 from it would come on top, so this favours the all-gather);
@@ -14,12 +14,12 @@
  *                 (ckpt/ckpt_loader.h), what a system without in-memory resharding does;
  *   bandwidth     bytes each rank receives in the all-gather / its time; predicted_ms =
  *                 the largest bytes a rank receives in the reshard / that bandwidth;
- *   predicted_with_copies_ms  adds the rank's copy in memory of what it keeps
- *                 (copied_bytes) at the memcpy bandwidth (a copy of the training buffer,
- *                 timed the same way); rank0_*_ms: where rank 0's best reshard spent its
- *                 time; ideal_allgather_over_reshard: the all-gather's bytes received
- *                 over the reshard's (the most the all-gather ratio can be when both run
- *                 at the same bandwidth and the local copy is free).
+ *   predicted_with_copies_ms  adds the rank's copies in memory (what it keeps, packs and
+ *                 unpacks: copied_bytes) at the memcpy bandwidth (a copy of the training
+ *                 buffer, timed the same way); rank0_*_ms: where rank 0's best reshard
+ *                 spent its time; ideal_allgather_over_reshard: the all-gather's bytes
+ *                 received a rank over the reshard's (the all-gather's time over the
+ *                 reshard's cannot exceed it at equal bandwidth, even with no copies).
  *
  *   mpirun -n N reshard_cmp --dir DIR [--tp-train N] [--tp-gen 1] [--n-layer 8]
  *                           [--d-model 512] [--vocab 4096] [--iters 5]
@@ -172,8 +172,10 @@ int main(int argc, char **argv) {
     float *raw_send = calloc(r.send_floats + 1, sizeof(float));
     float *raw_recv = calloc(r.recv_floats + 1, sizeof(float));
     if (!all || !raw_send || !raw_recv) return 1;
-    /* this rank's copies in memory: what it keeps */
-    double copied = (double)r.local_floats * 4.0;
+    /* this rank's copies in memory: what it keeps, packs and unpacks */
+    double copied = (double)((r.src_displs ? 0 : r.send_floats) +
+                             (r.dst_displs ? 0 : r.recv_floats) + r.local_floats) *
+                    4.0;
     float *scratch = malloc(src.table.total * sizeof(float));
     if (!scratch) return 1;
     double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, prof[3] = {0};
@@ -184,8 +186,8 @@ int main(int argc, char **argv) {
         if (loom_reshard_run(&r, src.buf, dst.buf, &err)) return fail(&c, "reshard", &err);
         t[0] = loom_now_ms() - t0;
         if (c.rank == 0 && getenv("RESHARD_CMP_VERBOSE"))
-            fprintf(stderr, "rank 0: local copy %.1f ms, all-to-all %.1f ms\n", r.copy_ms,
-                    r.move_ms);
+            fprintf(stderr, "rank 0: pack %.1f ms, all-to-all %.1f ms, unpack %.1f ms\n", r.pack_ms,
+                    r.move_ms, r.unpack_ms);
         loom_comm_barrier(&c, &err);
         t0 = loom_now_ms();
         if (loom_comm_alltoallv(&c, raw_send, r.send_counts, r.send_displs, raw_recv, r.recv_counts,
@@ -204,7 +206,8 @@ int main(int argc, char **argv) {
         cp_best = cp < cp_best ? cp : cp_best;
         for (int k = 0; k < 3; k++) {
             const double s = slowest(&c, t[k]);
-            if (k == 0 && s < best[0]) prof[0] = r.copy_ms, prof[1] = r.move_ms;
+            if (k == 0 && s < best[0])
+                prof[0] = r.pack_ms, prof[1] = r.move_ms, prof[2] = r.unpack_ms;
             best[k] = s < best[k] ? s : best[k];
         }
     }
@@ -240,14 +243,16 @@ int main(int argc, char **argv) {
                "\"predicted_ms\": %.3f, \"reshard_over_predicted\": %.3f, "
                "\"allgather_over_reshard\": %.3f, \"ckpt_over_reshard\": %.3f, "
                "\"memcpy_bytes_per_s\": %.4g, \"copied_bytes\": %.0f, "
-               "\"predicted_with_copies_ms\": %.3f, \"rank0_copy_ms\": %.3f, "
-               "\"rank0_alltoall_ms\": %.3f, \"ideal_allgather_over_reshard\": %.3f, "
-               "\"datatype_blocks\": [%d, %d], \"bitwise\": %s}\n",
+               "\"predicted_with_copies_ms\": %.3f, \"rank0_pack_ms\": %.3f, "
+               "\"rank0_alltoall_ms\": %.3f, \"rank0_unpack_ms\": %.3f, "
+               "\"ideal_allgather_over_reshard\": %.3f, \"send_in_place\": %s, "
+               "\"recv_in_place\": %s, \"bitwise\": %s}\n",
                c.size, tpa, tpb, (double)want.table.total * 4.0 * tpb, r.bytes_moved, recv_max,
                ag_bytes, best[0], best[1], best[2], ck, bw, recv_max / bw * 1e3,
                best[0] / (recv_max / bw * 1e3), best[2] / best[0], ck / best[0], mem_bw, copied,
-               (recv_max / bw + copied / mem_bw) * 1e3, prof[0], prof[1], ag_bytes / recv_max,
-               r.n_send_blocks, r.n_recv_blocks, nbad ? "false" : "true");
+               (recv_max / bw + copied / mem_bw) * 1e3, prof[0], prof[1], prof[2],
+               ag_bytes / recv_max, r.src_displs ? "true" : "false",
+               r.dst_displs ? "true" : "false", nbad ? "false" : "true");
     loom_reshard_free(&r);
     free(all), free(raw_send), free(raw_recv), free(scratch);
     loom_comm_free(&c);

@@ -200,21 +200,6 @@ loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "alltoallv", err);
 }
 
-loom_status loom_comm_alltoallw(loom_comm *c, const void *send, const int *send_counts,
-                                const int *send_displs, const MPI_Datatype *send_types, void *recv,
-                                const int *recv_counts, const int *recv_displs,
-                                const MPI_Datatype *recv_types, size_t bytes, loom_error *err) {
-    if (c->device == LOOM_COMM_CUDA)
-        return loom_error_set(err, LOOM_ERR_STATE, "all-to-all with datatypes on %s: host only",
-                              c->name);
-    if (begin_op(c, NULL, "alltoallw", bytes)) return LOOM_OK; /* size 1: nothing to move */
-    double t0 = loom_comm_now_ms();
-    int rc = MPI_Alltoallw(send, send_counts, send_displs, send_types, recv, recv_counts,
-                           recv_displs, recv_types, c->mpi);
-    blocked(c, "alltoallw", t0);
-    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "alltoallw", err);
-}
-
 loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *send_counts,
                                  const int *send_displs, float *recv, const int *recv_counts,
                                  const int *recv_displs, loom_comm_handle *h, loom_error *err) {

@@ -112,14 +112,6 @@ loom_status loom_comm_iallgatherv(loom_comm *c, float *buf, const int *counts, c
 loom_status loom_comm_alltoallv(loom_comm *c, const float *send, const int *send_counts,
                                 const int *send_displs, float *recv, const int *recv_counts,
                                 const int *recv_displs, loom_error *err);
-/* Host only: send_counts[r] elements of send_types[r] at send + send_displs[r] bytes to
- * rank r, recv_counts[r] of recv_types[r] from it at recv + recv_displs[r] bytes: MPI
- * reads and writes the buffers in place through the (committed) derived datatypes.
- * bytes: what this rank sends, for the timers. Size 1: nothing (no self entries). */
-loom_status loom_comm_alltoallw(loom_comm *c, const void *send, const int *send_counts,
-                                const int *send_displs, const MPI_Datatype *send_types, void *recv,
-                                const int *recv_counts, const int *recv_displs,
-                                const MPI_Datatype *recv_types, size_t bytes, loom_error *err);
 /* Non-blocking all-to-all-v: the count and displacement arrays and both buffers must stay
  * untouched until h completes (MPI reads them while the operation is in flight). */
 loom_status loom_comm_ialltoallv(loom_comm *c, const float *send, const int *send_counts,

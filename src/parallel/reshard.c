@@ -160,66 +160,47 @@ static int64_t walk(const all_pieces *src, const all_pieces *dst, int P, int me,
     return missing;
 }
 
-/* Appends the box's rows (flat start `local`, row stride) to a block list as byte
- * offsets, merging a row into the previous block where it continues it. */
-static void add_rows(const loom_ckpt_box *b, size_t local, int64_t stride, int *lens,
-                     MPI_Aint *offs, int *n) {
-    for (int64_t row = 0; row < b->len[0]; row++) {
-        const MPI_Aint off = (MPI_Aint)((local + (size_t)(row * stride)) * sizeof(float));
-        const int64_t len = b->len[1];
-        if (*n && offs[*n - 1] + (MPI_Aint)lens[*n - 1] * (MPI_Aint)sizeof(float) == off &&
-            (int64_t)lens[*n - 1] + len <= INT_MAX) {
-            lens[*n - 1] += (int)len;
+/* Whether this rank's copies to (sending) or from `peer`, in the planned order, are one
+ * contiguous run of its source (destination) buffer that an int displacement reaches;
+ * its start into *start. */
+static int one_run(const loom_reshard *r, int peer, int sending, int *start) {
+    const int me = r->comm->rank;
+    size_t next = 0;
+    int n = 0;
+    for (int i = 0; i < r->n_copies; i++) {
+        const loom_reshard_copy *c = &r->copies[i];
+        if (sending ? c->src_rank != me || c->dst_rank != peer
+                    : c->dst_rank != me || c->src_rank != peer)
             continue;
+        const size_t local = sending ? c->src_local : c->dst_local;
+        const int64_t stride = sending ? c->src_stride : c->dst_stride;
+        for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
+            const size_t off = local + (size_t)(row * stride);
+            if (n == 0) {
+                if (off > (size_t)INT_MAX) return 0;
+                *start = (int)off;
+            } else if (off != next) {
+                return 0;
+            }
+            next = off + (size_t)c->box.len[1];
         }
-        lens[*n] = (int)len, offs[*n] = off;
-        (*n)++;
     }
+    return 1;
 }
 
-/* The derived datatypes: for each peer, the rows this rank sends it (byte offsets into
- * the source buffer) and those it receives from it (into the destination buffer), both
- * in the planned copy order, so the i-th float sent is the i-th float received. */
-static loom_status build_types(loom_reshard *r, loom_error *err) {
-    const int P = r->comm->size, me = r->comm->rank;
-    r->send_types = malloc((size_t)P * sizeof *r->send_types);
-    r->recv_types = malloc((size_t)P * sizeof *r->recv_types);
-    r->send_one = calloc((size_t)P, sizeof(int));
-    r->recv_one = calloc((size_t)P, sizeof(int));
-    r->zero_displs = calloc((size_t)P, sizeof(int));
-    if (!r->send_types || !r->recv_types || !r->send_one || !r->recv_one || !r->zero_displs)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
-    for (int p = 0; p < P; p++) r->send_types[p] = r->recv_types[p] = MPI_FLOAT;
-    size_t rows = 1; /* an upper bound on the blocks of one peer and direction */
-    for (int i = 0; i < r->n_copies; i++) rows += (size_t)r->copies[i].box.len[0];
-    int *lens = malloc(rows * sizeof *lens);
-    MPI_Aint *offs = malloc(rows * sizeof *offs);
-    loom_status st = LOOM_OK;
-    if (!lens || !offs) st = loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
-    for (int p = 0; !st && p < P; p++)
-        for (int dir = 0; !st && dir < 2; dir++) { /* 0: to p, 1: from p */
-            if (p == me || !(dir ? r->recv_counts[p] : r->send_counts[p])) continue;
-            int n = 0;
-            for (int i = 0; i < r->n_copies; i++) {
-                const loom_reshard_copy *c = &r->copies[i];
-                if (!dir && c->src_rank == me && c->dst_rank == p)
-                    add_rows(&c->box, c->src_local, c->src_stride, lens, offs, &n);
-                if (dir && c->dst_rank == me && c->src_rank == p)
-                    add_rows(&c->box, c->dst_local, c->dst_stride, lens, offs, &n);
-            }
-            MPI_Datatype *t = dir ? &r->recv_types[p] : &r->send_types[p];
-            if (MPI_Type_create_hindexed(n, lens, offs, MPI_FLOAT, t) != MPI_SUCCESS ||
-                MPI_Type_commit(t) != MPI_SUCCESS) {
-                *t = MPI_FLOAT;
-                st = loom_error_set(err, LOOM_ERR_IO, "reshard: building a datatype of %d blocks",
-                                    n);
-                break;
-            }
-            *(dir ? &r->recv_one[p] : &r->send_one[p]) = 1;
-            *(dir ? &r->n_recv_blocks : &r->n_send_blocks) += n;
+/* Each peer's run in place of a side, if every peer's is one run. */
+static loom_status direct_displs(loom_reshard *r, int sending, int **out, loom_error *err) {
+    const int P = r->comm->size;
+    const int *counts = sending ? r->send_counts : r->recv_counts;
+    int *d = calloc((size_t)P, sizeof *d);
+    if (!d) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    for (int p = 0; p < P; p++)
+        if (counts[p] && !one_run(r, p, sending, &d[p])) {
+            free(d);
+            return LOOM_OK; /* staged */
         }
-    free(lens), free(offs);
-    return st;
+    *out = d;
+    return LOOM_OK;
 }
 
 loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
@@ -271,7 +252,14 @@ loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_resha
     for (int i = 0; i < r->n_copies; i++)
         if (r->copies[i].src_rank == me && r->copies[i].dst_rank == me)
             r->local_floats += (size_t)loom_ckpt_box_volume(&r->copies[i].box);
-    st = build_types(r, err);
+    if ((st = direct_displs(r, 1, &r->src_displs, err)) ||
+        (st = direct_displs(r, 0, &r->dst_displs, err)))
+        goto done;
+    if (!r->src_displs) r->send_buf = malloc((r->send_floats ? r->send_floats : 1) * sizeof(float));
+    if (!r->dst_displs) r->recv_buf = malloc((r->recv_floats ? r->recv_floats : 1) * sizeof(float));
+    if ((!r->src_displs && !r->send_buf) || (!r->dst_displs && !r->recv_buf))
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory for %zu + %zu floats",
+                            r->send_floats, r->recv_floats);
 done:
     pieces_free(&sp);
     pieces_free(&dp);
@@ -287,29 +275,44 @@ static void copy_box(float *to, int64_t to_stride, const float *from, int64_t fr
 }
 
 loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom_error *err) {
-    const int me = r->comm->rank;
+    const int P = r->comm->size, me = r->comm->rank;
+    int *cur = calloc((size_t)P, sizeof *cur);
+    if (!cur) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
     const double t0 = loom_now_ms();
-    for (int i = 0; i < r->n_copies; i++) { /* what this rank keeps */
+    for (int i = 0; i < r->n_copies; i++) { /* pack, in the planned order */
         const loom_reshard_copy *c = &r->copies[i];
-        if (c->src_rank == me && c->dst_rank == me)
+        if (c->src_rank != me) continue;
+        if (c->dst_rank == me) {
             copy_box(dst + c->dst_local, c->dst_stride, src + c->src_local, c->src_stride, &c->box);
+            continue;
+        }
+        if (r->src_displs) continue; /* sent in place */
+        float *to = r->send_buf + r->send_displs[c->dst_rank] + cur[c->dst_rank];
+        copy_box(to, c->box.len[1], src + c->src_local, c->src_stride, &c->box);
+        cur[c->dst_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
     const double t1 = loom_now_ms();
-    /* the rest straight from the source tensors into the destination ones */
-    loom_status st = loom_comm_alltoallw(r->comm, src, r->send_one, r->zero_displs, r->send_types,
-                                         dst, r->recv_one, r->zero_displs, r->recv_types,
-                                         r->send_floats * sizeof(float), err);
-    r->copy_ms = t1 - t0, r->move_ms = loom_now_ms() - t1;
+    loom_status st = loom_comm_alltoallv(r->comm, r->src_displs ? src : r->send_buf, r->send_counts,
+                                         r->src_displs ? r->src_displs : r->send_displs,
+                                         r->dst_displs ? dst : r->recv_buf, r->recv_counts,
+                                         r->dst_displs ? r->dst_displs : r->recv_displs, err);
+    const double t2 = loom_now_ms();
+    memset(cur, 0, (size_t)P * sizeof *cur);
+    for (int i = 0; !st && !r->dst_displs && i < r->n_copies; i++) { /* unpack, same order */
+        const loom_reshard_copy *c = &r->copies[i];
+        if (c->dst_rank != me || c->src_rank == me) continue;
+        const float *from = r->recv_buf + r->recv_displs[c->src_rank] + cur[c->src_rank];
+        copy_box(dst + c->dst_local, c->dst_stride, from, c->box.len[1], &c->box);
+        cur[c->src_rank] += (int)loom_ckpt_box_volume(&c->box);
+    }
+    r->pack_ms = t1 - t0, r->move_ms = t2 - t1, r->unpack_ms = loom_now_ms() - t2;
+    free(cur);
     return st;
 }
 
 void loom_reshard_free(loom_reshard *r) {
-    for (int p = 0; r->comm && p < r->comm->size; p++) {
-        if (r->send_types && r->send_types[p] != MPI_FLOAT) MPI_Type_free(&r->send_types[p]);
-        if (r->recv_types && r->recv_types[p] != MPI_FLOAT) MPI_Type_free(&r->recv_types[p]);
-    }
     free(r->copies), free(r->send_counts), free(r->send_displs), free(r->recv_counts);
-    free(r->recv_displs), free(r->send_types), free(r->recv_types), free(r->send_one);
-    free(r->recv_one), free(r->zero_displs);
+    free(r->recv_displs), free(r->send_buf), free(r->recv_buf), free(r->src_displs);
+    free(r->dst_displs);
     memset(r, 0, sizeof *r);
 }
