@@ -3,7 +3,8 @@
  * rest) three ways, each timed (the best of --iters, slowest rank), and checked bit for
  * bit against the generation layout's own initialisation:
  *   reshard_ms    loom_reshard_run (parallel/reshard.h: one all-to-all of the pieces
- *                 each rank lacks, plus the packing);
+ *                 each rank lacks, plus the packing and unpacking where a side is not
+ *                 moved in place: send_in_place / recv_in_place say which, for rank 0);
  *   alltoall_ms   the bare all-to-all of the same counts (the transfer without packing);
  *   allgather_ms  gathering everything on every rank: an all-gather of every rank's
  *                 training buffer (only the transfer: assembling the generation layout
@@ -16,7 +17,9 @@
  *   predicted_with_copies_ms  adds the rank's copies in memory (what it keeps, packs and
  *                 unpacks: copied_bytes) at the memcpy bandwidth (a copy of the training
  *                 buffer, timed the same way); rank0_*_ms: where rank 0's best reshard
- *                 spent its time.
+ *                 spent its time; ideal_allgather_over_reshard: the all-gather's bytes
+ *                 received a rank over the reshard's (the all-gather's time over the
+ *                 reshard's cannot exceed it at equal bandwidth, even with no copies).
  *
  *   mpirun -n N reshard_cmp --dir DIR [--tp-train N] [--tp-gen 1] [--n-layer 8]
  *                           [--d-model 512] [--vocab 4096] [--iters 5]
@@ -170,10 +173,9 @@ int main(int argc, char **argv) {
     float *raw_recv = calloc(r.recv_floats + 1, sizeof(float));
     if (!all || !raw_send || !raw_recv) return 1;
     /* this rank's copies in memory: what it keeps, packs and unpacks */
-    double copied = (double)(r.send_floats + r.recv_floats) * 4.0;
-    for (int i = 0; i < r.n_copies; i++)
-        if (r.copies[i].src_rank == c.rank && r.copies[i].dst_rank == c.rank)
-            copied += 4.0 * (double)loom_ckpt_box_volume(&r.copies[i].box);
+    double copied = (double)((r.src_displs ? 0 : r.send_floats) +
+                             (r.dst_displs ? 0 : r.recv_floats) + r.local_floats) *
+                    4.0;
     float *scratch = malloc(src.table.total * sizeof(float));
     if (!scratch) return 1;
     double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, prof[3] = {0};
@@ -242,12 +244,15 @@ int main(int argc, char **argv) {
                "\"allgather_over_reshard\": %.3f, \"ckpt_over_reshard\": %.3f, "
                "\"memcpy_bytes_per_s\": %.4g, \"copied_bytes\": %.0f, "
                "\"predicted_with_copies_ms\": %.3f, \"rank0_pack_ms\": %.3f, "
-               "\"rank0_alltoall_ms\": %.3f, \"rank0_unpack_ms\": %.3f, \"bitwise\": %s}\n",
+               "\"rank0_alltoall_ms\": %.3f, \"rank0_unpack_ms\": %.3f, "
+               "\"ideal_allgather_over_reshard\": %.3f, \"send_in_place\": %s, "
+               "\"recv_in_place\": %s, \"bitwise\": %s}\n",
                c.size, tpa, tpb, (double)want.table.total * 4.0 * tpb, r.bytes_moved, recv_max,
                ag_bytes, best[0], best[1], best[2], ck, bw, recv_max / bw * 1e3,
                best[0] / (recv_max / bw * 1e3), best[2] / best[0], ck / best[0], mem_bw, copied,
                (recv_max / bw + copied / mem_bw) * 1e3, prof[0], prof[1], prof[2],
-               nbad ? "false" : "true");
+               ag_bytes / recv_max, r.src_displs ? "true" : "false",
+               r.dst_displs ? "true" : "false", nbad ? "false" : "true");
     loom_reshard_free(&r);
     free(all), free(raw_send), free(raw_recv), free(scratch);
     loom_comm_free(&c);

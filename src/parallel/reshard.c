@@ -1,5 +1,6 @@
 #include "parallel/reshard.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,6 +160,49 @@ static int64_t walk(const all_pieces *src, const all_pieces *dst, int P, int me,
     return missing;
 }
 
+/* Whether this rank's copies to (sending) or from `peer`, in the planned order, are one
+ * contiguous run of its source (destination) buffer that an int displacement reaches;
+ * its start into *start. */
+static int one_run(const loom_reshard *r, int peer, int sending, int *start) {
+    const int me = r->comm->rank;
+    size_t next = 0;
+    int n = 0;
+    for (int i = 0; i < r->n_copies; i++) {
+        const loom_reshard_copy *c = &r->copies[i];
+        if (sending ? c->src_rank != me || c->dst_rank != peer
+                    : c->dst_rank != me || c->src_rank != peer)
+            continue;
+        const size_t local = sending ? c->src_local : c->dst_local;
+        const int64_t stride = sending ? c->src_stride : c->dst_stride;
+        for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
+            const size_t off = local + (size_t)(row * stride);
+            if (n == 0) {
+                if (off > (size_t)INT_MAX) return 0;
+                *start = (int)off;
+            } else if (off != next) {
+                return 0;
+            }
+            next = off + (size_t)c->box.len[1];
+        }
+    }
+    return 1;
+}
+
+/* Each peer's run in place of a side, if every peer's is one run. */
+static loom_status direct_displs(loom_reshard *r, int sending, int **out, loom_error *err) {
+    const int P = r->comm->size;
+    const int *counts = sending ? r->send_counts : r->recv_counts;
+    int *d = calloc((size_t)P, sizeof *d);
+    if (!d) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    for (int p = 0; p < P; p++)
+        if (counts[p] && !one_run(r, p, sending, &d[p])) {
+            free(d);
+            return LOOM_OK; /* staged */
+        }
+    *out = d;
+    return LOOM_OK;
+}
+
 loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
                               const loom_reshard_side *dst, loom_error *err) {
     memset(r, 0, sizeof *r);
@@ -205,9 +249,15 @@ loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_resha
         r->send_floats += (size_t)r->send_counts[p];
         r->recv_floats += (size_t)r->recv_counts[p];
     }
-    r->send_buf = malloc((r->send_floats ? r->send_floats : 1) * sizeof(float));
-    r->recv_buf = malloc((r->recv_floats ? r->recv_floats : 1) * sizeof(float));
-    if (!r->send_buf || !r->recv_buf)
+    for (int i = 0; i < r->n_copies; i++)
+        if (r->copies[i].src_rank == me && r->copies[i].dst_rank == me)
+            r->local_floats += (size_t)loom_ckpt_box_volume(&r->copies[i].box);
+    if ((st = direct_displs(r, 1, &r->src_displs, err)) ||
+        (st = direct_displs(r, 0, &r->dst_displs, err)))
+        goto done;
+    if (!r->src_displs) r->send_buf = malloc((r->send_floats ? r->send_floats : 1) * sizeof(float));
+    if (!r->dst_displs) r->recv_buf = malloc((r->recv_floats ? r->recv_floats : 1) * sizeof(float));
+    if ((!r->src_displs && !r->send_buf) || (!r->dst_displs && !r->recv_buf))
         st = loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory for %zu + %zu floats",
                             r->send_floats, r->recv_floats);
 done:
@@ -236,16 +286,19 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
             copy_box(dst + c->dst_local, c->dst_stride, src + c->src_local, c->src_stride, &c->box);
             continue;
         }
+        if (r->src_displs) continue; /* sent in place */
         float *to = r->send_buf + r->send_displs[c->dst_rank] + cur[c->dst_rank];
         copy_box(to, c->box.len[1], src + c->src_local, c->src_stride, &c->box);
         cur[c->dst_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
     const double t1 = loom_now_ms();
-    loom_status st = loom_comm_alltoallv(r->comm, r->send_buf, r->send_counts, r->send_displs,
-                                         r->recv_buf, r->recv_counts, r->recv_displs, err);
+    loom_status st = loom_comm_alltoallv(r->comm, r->src_displs ? src : r->send_buf, r->send_counts,
+                                         r->src_displs ? r->src_displs : r->send_displs,
+                                         r->dst_displs ? dst : r->recv_buf, r->recv_counts,
+                                         r->dst_displs ? r->dst_displs : r->recv_displs, err);
     const double t2 = loom_now_ms();
     memset(cur, 0, (size_t)P * sizeof *cur);
-    for (int i = 0; !st && i < r->n_copies; i++) { /* unpack, in the same order */
+    for (int i = 0; !st && !r->dst_displs && i < r->n_copies; i++) { /* unpack, same order */
         const loom_reshard_copy *c = &r->copies[i];
         if (c->dst_rank != me || c->src_rank == me) continue;
         const float *from = r->recv_buf + r->recv_displs[c->src_rank] + cur[c->src_rank];
@@ -259,6 +312,7 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
 
 void loom_reshard_free(loom_reshard *r) {
     free(r->copies), free(r->send_counts), free(r->send_displs), free(r->recv_counts);
-    free(r->recv_displs), free(r->send_buf), free(r->recv_buf);
+    free(r->recv_displs), free(r->send_buf), free(r->recv_buf), free(r->src_displs);
+    free(r->dst_displs);
     memset(r, 0, sizeof *r);
 }

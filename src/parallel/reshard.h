@@ -10,8 +10,15 @@
  * replica index when it holds source pieces itself (what it holds is copied locally),
  * else rank % n_replicas (data-parallel replicas share the sending). The transfers are
  * computed once (every rank knows every rank's pieces) and run as one all-to-all per
- * move; a rank holds its source and destination buffers plus the bytes it sends and
- * receives. Every buffer is F32; the copies are exact (the round trip is bitwise). */
+ * move. What a rank sends to each peer is packed into a send buffer, unless for every
+ * peer it is one contiguous run of the source buffer: then MPI reads it in place; the
+ * same for what it receives (one run of the destination buffer per peer: written in
+ * place, else received and unpacked). MPI moves a contiguous message between processes
+ * of one machine with a single copy (CMA); a derived datatype of the rows instead
+ * (tried: MPI_Type_create_hindexed + MPI_Alltoallw) goes through 32 KB shared-memory
+ * fragments, and measured 1.6-2.2x slower here (docs/rl.md). A rank holds its source and
+ * destination buffers plus the bytes it packs and receives staged. Every buffer is F32;
+ * the copies are exact (the round trip is bitwise). */
 #ifndef LOOM_PARALLEL_RESHARD_H
 #define LOOM_PARALLEL_RESHARD_H
 
@@ -43,8 +50,11 @@ typedef struct {
     loom_reshard_copy *copies; /* those this rank sends or receives, in a fixed order */
     int n_copies;
     int *send_counts, *send_displs, *recv_counts, *recv_displs; /* [comm size] */
-    float *send_buf, *recv_buf;
-    size_t send_floats, recv_floats;
+    float *send_buf, *recv_buf; /* NULL where that side moves in place */
+    /* [comm size] or NULL: each peer's run as a flat index of the source / destination
+     * buffer, where every peer's is one run (the all-to-all reads / writes in place) */
+    int *src_displs, *dst_displs;
+    size_t send_floats, recv_floats, local_floats; /* local: copied within the rank */
     double bytes_moved; /* over all ranks: floats sent between different ranks x 4 */
     double pack_ms, move_ms, unpack_ms; /* the last run: local copies and packing, the
                                            all-to-all, unpacking */

@@ -133,9 +133,12 @@ typedef struct {
     double *sums;               /* [n_global (2 + max_new)]: exchange of the gen slices */
     float *adv, *weight;        /* [per T] per token */
     float *old_logp, *ref_logp; /* [per T] */
-    float *ref_params;          /* kl_coef > 0: the initial weights (this rank's shard) */
-    float *full, *parts;        /* --tp > 1: a micro-batch's whole-vocabulary logits */
-    char **ctext;               /* [gper] completion bytes for the reward */
+    /* the first PPO epoch's own forward writes old_logp (the policy before the update:
+     * the same forward, so the same numbers as the separate pass of a checked iteration) */
+    int old_from_update;
+    float *ref_params;   /* kl_coef > 0: the initial weights (this rank's shard) */
+    float *full, *parts; /* --tp > 1: a micro-batch's whole-vocabulary logits */
+    char **ctext;        /* [gper] completion bytes for the reward */
     size_t *ctext_len, *ptext_len;
     /* --pp > 1: where the last stage's log-probabilities and update statistics go */
     float *stage_logp;
@@ -499,6 +502,7 @@ static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, do
         return LOOM_OK;
     }
     const float *ref = s->ref_params ? s->ref_logp + row : NULL;
+    if (s->old_from_update) loom_grpo_logprobs(x, m->targets, N, s->V, s->old_logp + row);
     *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
                             s->old_logp + row, ref, N, s->V, x, s->stage_stats);
     own_dlogits(s, m);
@@ -552,6 +556,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
             (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
+        if (s->old_from_update) loom_grpo_logprobs(x, m->targets, N, s->V, s->old_logp + row);
         *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
                                 s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
         own_dlogits(s, m);
@@ -593,6 +598,7 @@ typedef struct {
     double t0, t1, t2, t3, t4, loss, norm, acc;
     double sums[5]; /* tokens, kl, clipped, entropy, ratio not one: first epoch */
     int eval_now;
+    int checked; /* the old log-probabilities came from a pass of their own */
 } iter_times;
 
 static void report_iteration(rl_state *s, int it, const iter_times *m) {
@@ -610,7 +616,8 @@ static void report_iteration(rl_state *s, int it, const iter_times *m) {
     mean /= s->n_global;
     for (int q = 0; q < s->n_global; q++) var += (s->reward[q] - mean) * (s->reward[q] - mean);
     const double tok = sums[0] > 0 ? sums[0] : 1.0;
-    char heldout[64] = "", shown[48] = "";
+    char heldout[64] = "", shown[48] = "", ratio[64] = "";
+    if (m->checked) snprintf(ratio, sizeof ratio, "\"ratio_not_one_first_epoch\": %.0f, ", sums[4]);
     if (eval_now) {
         snprintf(heldout, sizeof heldout, ", \"heldout_accuracy\": %.6f", acc);
         snprintf(shown, sizeof shown, " | held-out %.4f", acc);
@@ -619,12 +626,12 @@ static void report_iteration(rl_state *s, int it, const iter_times *m) {
         fprintf(mx,
                 "{\"iteration\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, "
                 "\"accuracy\": %.6f, \"kl\": %.9g, \"clip_fraction\": %.9g, "
-                "\"ratio_not_one_first_epoch\": %.0f, \"completion_len\": %.4f, "
+                "%s\"completion_len\": %.4f, "
                 "\"entropy\": %.9g, \"loss\": %.9g, \"grad_norm\": %.9g, \"rollout_ms\": %.1f, "
                 "\"reward_ms\": %.1f, \"logprob_ms\": %.1f, \"update_ms\": %.1f, "
                 "\"reshard_ms\": %.2f, \"iteration_ms\": %.1f%s}\n",
                 it + 1, mean, sqrt(var / s->n_global), correct / s->n_global, sums[1] / tok,
-                sums[2] / tok, sums[4], len / s->n_global, sums[3] / tok, loss, norm, t1 - t0,
+                sums[2] / tok, ratio, len / s->n_global, sums[3] / tok, loss, norm, t1 - t0,
                 t2 - t1, t3 - t2, t4 - t3 - s->reshard_ms, s->reshard_ms, loom_now_ms() - t0,
                 heldout);
     if (mx) fflush(mx);
@@ -715,10 +722,18 @@ static loom_status loop(rl_state *s, loom_error *err) {
         loom_trace_end(tr);
         if (st) return st;
         m.t2 = loom_now_ms();
-        loom_trace_begin(tr, "logprob", "rl");
-        st = logprobs(s, r->params, s->old_logp, err);
-        loom_trace_end(tr);
-        if (st) return st;
+        /* The old log-probabilities: the run's first iteration computes them in a forward
+         * pass of their own, and its first epoch checks every token's ratio is exactly 1
+         * (ratio_not_one_first_epoch); later iterations take them from the first epoch's
+         * forward, the same computation on the same weights (not a second one). */
+        m.checked = it == first_it;
+        s->old_from_update = !m.checked;
+        if (m.checked) {
+            loom_trace_begin(tr, "logprob", "rl");
+            st = logprobs(s, r->params, s->old_logp, err);
+            loom_trace_end(tr);
+            if (st) return st;
+        }
         if (s->ref_params) {
             loom_trace_begin(tr, "reference", "rl");
             st = logprobs(s, s->ref_params, s->ref_logp, err);
@@ -736,6 +751,7 @@ static loom_status loop(rl_state *s, loom_error *err) {
             loom_trace_end(tr);
             if (st) return st;
             if (e == 0) first = stats;
+            s->old_from_update = 0; /* later epochs: the log-probabilities before the update */
             loom_progress_step_done(step + 1, m.loss, loom_now_ms() - m.t0);
         }
         if ((st = reshard(s, err))) return st;
