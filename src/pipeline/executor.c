@@ -181,6 +181,16 @@ static loom_status post_receives(step_ctx *x, int mb) {
     return st;
 }
 
+/* --vision-schedule bubbles: the encoder's pieces placed before action `upto` of this
+ * rank's list (its length: those after the last), their time added to the busy times. */
+static loom_status run_vision_pieces(step_ctx *x, int upto, double *busy_cpu, double *busy_wall) {
+    const double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
+    const loom_status st = loom_pp_vision_pieces(x->pl, upto, x->batch, x->err);
+    *busy_cpu += loom_thread_cpu_ms() - c0;
+    *busy_wall += loom_now_ms() - w0;
+    return st;
+}
+
 static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
     loom_pipeline *pl = x->pl;
     const loom_pp_schedule *s = x->s;
@@ -204,12 +214,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
         const int slot = x->slot_of[a->mb];
         loom_comm_handle *h = NULL;
-        if (x->vision) { /* the encoder's pieces placed before this action */
-            double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-            if ((st = loom_pp_vision_pieces(pl, j, x->batch, err))) break;
-            busy_cpu += loom_thread_cpu_ms() - c0;
-            busy_wall += loom_now_ms() - w0;
-        }
+        if (x->vision && (st = run_vision_pieces(x, j, &busy_cpu, &busy_wall))) break;
         switch (a->op) {
         case LOOM_PP_RECV_ACT:
         case LOOM_PP_RECV_GRAD:
@@ -246,12 +251,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
             if (pl->send_h[q].active) st = loom_comm_test(&pl->send_h[q], &done, err);
         }
     }
-    if (!st && x->vision) {
-        double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-        st = loom_pp_vision_pieces(pl, n, x->batch, err);
-        busy_cpu += loom_thread_cpu_ms() - c0;
-        busy_wall += loom_now_ms() - w0;
-    }
+    if (!st && x->vision) st = run_vision_pieces(x, n, &busy_cpu, &busy_wall);
     if (!st) st = report_ready(x);
     for (size_t q = 0; q < n_msgs && !st; q++) st = loom_comm_wait(&pl->send_h[q], err);
     if (!st && x->vision) st = loom_pp_vision_step_end(pl, err);
