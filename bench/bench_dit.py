@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+import torch_peer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
@@ -48,14 +50,6 @@ DIT_TINY = {"n_layer": 4, "n_head": 4, "d_model": 128, "d_ff": 512, "patch": 4, 
 # The optimiser of both runs (loom's flags / dit_torch.DiTTrainConfig's fields).
 TRAIN = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 2, "weight_decay": 0.0, "grad_clip": 1.0,
          "beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8, "ema_decay": 0.999}
-
-
-def blas_env(threads, coretype):
-    """The environment of every process the bench starts: one OpenBLAS kernel for both."""
-    env = dict(os.environ)
-    env.update({"OPENBLAS_CORETYPE": coretype, "OMP_WAIT_POLICY": "PASSIVE",
-                "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)})
-    return env
 
 
 def read_idx(path):
@@ -82,7 +76,7 @@ def write_shard(path, n):
 
 def check_loom(args):
     """Stops with a clear message unless this loom trains and samples dit models."""
-    env = blas_env(args.threads, args.coretype)
+    env = torch_peer.blas_env(args.threads, args.coretype)
     help_train = subprocess.run([args.loom, "train", "--help"], capture_output=True, text=True,
                                 env=env)
     text = help_train.stdout + help_train.stderr
@@ -115,7 +109,7 @@ def run_loom_train(args, workdir, steps):
     cmd = [str(x) for x in cmd]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=blas_env(args.threads, args.coretype))
+                          env=torch_peer.blas_env(args.threads, args.coretype))
     if proc.returncode != 0:
         sys.exit(f"loom train failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()]
@@ -137,7 +131,7 @@ def run_loom_sample(args, weights, workdir):
     cmd = [str(x) for x in cmd]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=blas_env(args.threads, args.coretype))
+                          env=torch_peer.blas_env(args.threads, args.coretype))
     if proc.returncode != 0:
         sys.exit(f"loom sample failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     found = re.search(r"sampled (\d+) images in ([\d.]+) s: ([\d.]+) ms per image", proc.stdout)
@@ -149,9 +143,9 @@ def run_loom_sample(args, weights, workdir):
 def run_torch(args, mode, extra):
     spec = dict(extra, mode=mode, threads=args.threads, config=DIT_TINY, train=TRAIN,
                 micro=args.micro_batch, batch=args.batch)
-    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(spec)]
+    cmd = torch_peer.worker_command(__file__, spec)
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=blas_env(args.threads, args.coretype))
+                          env=torch_peer.blas_env(args.threads, args.coretype))
     if proc.returncode != 0:
         sys.exit(f"torch worker ({mode}) failed (exit {proc.returncode}):\n"
                  f"{proc.stderr[-2000:]}")
@@ -241,14 +235,7 @@ def main():
     ap.add_argument("--cfg", type=float, default=1.0, help="guidance scale of both samplers")
     ap.add_argument("--coretype", default="SkylakeX",
                     help="OPENBLAS_CORETYPE for loom and PyTorch alike (default SkylakeX)")
-    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.torch_worker:
-        torch_worker(args.torch_worker)
-        return 0
-    if not args.loom:
-        ap.error("--loom is required")
-    args.loom = os.path.abspath(args.loom)
+    args = torch_peer.parse_args(ap, torch_worker)
     check_loom(args)
     t_start = time.time()
     tokens = (DIT_TINY["height"] // DIT_TINY["patch"]) * (DIT_TINY["width"] // DIT_TINY["patch"])

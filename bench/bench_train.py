@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+import torch_peer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 import torch_model as tm  # noqa: E402  (torch itself is imported only by the worker)
@@ -37,17 +39,6 @@ CONFIGS = {
     "gpt2-124m": ("gpt2-small", tm.Config("gpt2", 12, 12, 12, 768, 3072, 50257, 256), 4, 4, 3),
     "gpt2-small-L4C256": ("gpt2-tiny", tm.Config("gpt2", 4, 4, 4, 256, 1024, 8192, 256), 8, 8, 5),
 }
-
-
-def blas_env(threads, coretype):
-    """The environment of every process the bench starts (loom, the PyTorch worker and
-    sgemm_peak): the same OpenBLAS kernel for all of them, so that the ratio compares the
-    trainers and not two BLAS kernels (measured here: loom on Haswell against PyTorch on
-    SkylakeX read 1.08x; both on SkylakeX 2.2x)."""
-    env = dict(os.environ)
-    env.update({"OPENBLAS_CORETYPE": coretype, "OMP_WAIT_POLICY": "PASSIVE",
-                "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)})
-    return env
 
 
 def write_shard(path, vocab, n_tokens, seed):
@@ -77,7 +68,7 @@ def run_loom(args, preset, m, micro, glob_batch, steps, workdir, extra=()):
     cmd = [str(c) for c in cmd]
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=blas_env(args.threads, args.coretype))
+                          env=torch_peer.blas_env(args.threads, args.coretype))
     if proc.returncode != 0:
         sys.exit(f"loom failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in open(metrics) if line.strip()]
@@ -97,9 +88,9 @@ def run_loom(args, preset, m, micro, glob_batch, steps, workdir, extra=()):
 def run_torch(args, m, micro, glob_batch, steps):
     spec = {"config": m.__dict__, "micro": micro, "global": glob_batch, "steps": steps,
             "threads": args.threads}
-    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(spec)]
+    cmd = torch_peer.worker_command(__file__, spec)
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          env=blas_env(args.threads, args.coretype))
+                          env=torch_peer.blas_env(args.threads, args.coretype))
     if proc.returncode != 0:
         sys.exit(f"torch worker failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -134,7 +125,7 @@ def torch_worker(spec_json):
 
 def sgemm_peak(args):
     out = subprocess.run([os.path.abspath(args.sgemm_peak)], capture_output=True, text=True,
-                         env=blas_env(args.threads, args.coretype), check=True).stdout
+                         env=torch_peer.blas_env(args.threads, args.coretype), check=True).stdout
     peak = json.loads(out.strip().splitlines()[-1])
     print(f"sgemm peak: {peak['sgemm_gflops']:.1f} GFLOP/s on {peak['threads']} threads",
           flush=True)
@@ -143,7 +134,7 @@ def sgemm_peak(args):
 
 def bf16_peak(args):
     out = subprocess.run([os.path.abspath(args.bf16_peak)], capture_output=True, text=True,
-                         env=blas_env(args.threads, args.coretype), check=True).stdout
+                         env=torch_peer.blas_env(args.threads, args.coretype), check=True).stdout
     peak = json.loads(out.strip().splitlines()[-1])
     print(f"oneDNN bf16 matmul peak: {peak['bf16_gflops']:.1f} GFLOP/s ({peak['impl']})",
           flush=True)
@@ -166,14 +157,7 @@ def main():
                          "SkylakeX: the fast kernel of this CPU)")
     ap.add_argument("--bf16-peak", help="path to the bf16_peak binary: adds the bf16 cell")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runs")
-    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.torch_worker:
-        torch_worker(args.torch_worker)
-        return 0
-    if not args.loom or not args.sgemm_peak:
-        ap.error("--loom and --sgemm-peak are required")
-    args.loom = os.path.abspath(args.loom)
+    args = torch_peer.parse_args(ap, torch_worker, required=("loom", "sgemm_peak"))
 
     t_start = time.time()
     peak = sgemm_peak(args)

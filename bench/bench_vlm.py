@@ -42,6 +42,8 @@ import time
 
 import numpy as np
 
+import torch_peer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
@@ -54,13 +56,6 @@ OPT = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1
 # the mixed-images run: a heavy encoder, three image slots, room for three captions
 MIXED = ["--family", "vlm", "--max-images", "3", "--seq-len", "512", "--vit-layers", "4",
          "--vit-d-model", "256", "--vit-n-head", "4", "--vit-d-ff", "1024"]
-
-
-def blas_env(threads, coretype):
-    env = dict(os.environ)
-    env.update({"OPENBLAS_CORETYPE": coretype, "OMP_WAIT_POLICY": "PASSIVE",
-                "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)})
-    return env
 
 
 def run(cmd, env, what):
@@ -140,7 +135,7 @@ def torch_worker(spec_json):
 
 def speed(args, work):
     data = os.path.join(work, "grids")
-    env = blas_env(1, args.coretype)
+    env = torch_peer.blas_env(1, args.coretype)
     run([args.loom, "data", "vlm", "--input", "fashion-mnist", "--out", data, "--samples",
          1024, "--val-samples", 0], env, "loom data vlm")
     shard = os.path.join(data, "train_000000.bin")
@@ -155,7 +150,7 @@ def speed(args, work):
     loom_s = float(np.median([r["step_ms"] / 1000.0 for r in rows[args.warmup:]]))
     spec = {"threads": 1, "config": TINY, "opt": OPT, "batch": args.batch, "steps": steps,
             "shard": shard}
-    proc = run([sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(spec)],
+    proc = run(torch_peer.worker_command(__file__, spec),
                env, "torch worker")
     tr = json.loads(proc.stdout.strip().splitlines()[-1])
     torch_s = float(np.median(tr["step_seconds"][args.warmup:]))
@@ -172,7 +167,7 @@ def speed(args, work):
 
 def balance(args, work):
     data = os.path.join(work, "mixed")
-    env = blas_env(1, args.coretype)
+    env = torch_peer.blas_env(1, args.coretype)
     run([args.loom, "data", "vlm", "--input", "fashion-mnist", "--out", data, "--samples",
          2048, "--val-samples", 0, "--mixed-images", 3], env, "loom data vlm --mixed-images")
     steps = args.warmup + args.steps
@@ -229,7 +224,7 @@ def encoder_share(args, shard, work, env):
 
 def bubbles(args, work):
     data = os.path.join(work, "grids")
-    env = blas_env(1, args.coretype)
+    env = torch_peer.blas_env(1, args.coretype)
     shard = os.path.join(data, "train_000000.bin")
     if not os.path.exists(shard):
         run([args.loom, "data", "vlm", "--input", "fashion-mnist", "--out", data, "--samples",
@@ -302,14 +297,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="--vision-schedule: alternating runs of each")
     ap.add_argument("--only", choices=["speed", "balance", "bubbles"], help="run one part")
-    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.torch_worker:
-        torch_worker(args.torch_worker)
-        return 0
-    if not args.loom:
-        ap.error("--loom is required")
-    args.loom = os.path.abspath(args.loom)
+    args = torch_peer.parse_args(ap, torch_worker)
     t0 = time.time()
     result = {"openblas_coretype": args.coretype,
               "load_avg_start": [round(x, 2) for x in os.getloadavg()]}

@@ -51,6 +51,8 @@ import time
 
 import numpy as np
 
+import torch_peer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
@@ -82,14 +84,6 @@ def demo_config(path):
                        weight_decay=tr.getfloat("weight_decay"),
                        grad_clip=tr.getfloat("grad_clip"))
     return m, t, tr.getint("seed"), tr.get("data")
-
-
-def blas_env(threads):
-    """Every process's environment: OPENBLAS_CORETYPE left as it is (the same for all)."""
-    env = dict(os.environ)
-    env.update({"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_NUM_THREADS": str(threads),
-                "OMP_NUM_THREADS": str(threads)})
-    return env
 
 
 def load_avg():
@@ -134,7 +128,8 @@ def run_loom(args, m, t, seed, data, workdir, precision):
     cmd = loom_command(args, m, t, seed, data, out, precision)
     print("$ " + " ".join(cmd), flush=True)
     load0, t0 = load_avg(), time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=blas_env(args.threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=torch_peer.blas_env(args.threads))
     if proc.returncode != 0:
         sys.exit(f"loom train --precision {precision} failed (exit {proc.returncode}):\n"
                  f"{proc.stderr[-2000:]}")
@@ -165,10 +160,11 @@ def run_torch(args, m, t, init, tokens_path, modes):
     """One PyTorch worker process training once per mode (in order); {mode: result}."""
     spec = {"config": m.__dict__, "train": t.__dict__, "threads": args.threads, "modes": modes,
             "init": init, "tokens": tokens_path}
-    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", json.dumps(spec)]
+    cmd = torch_peer.worker_command(__file__, spec)
     print(f"$ torch worker ({', '.join(modes)})", flush=True)
     load0, t0 = load_avg(), time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=blas_env(args.threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=torch_peer.blas_env(args.threads))
     if proc.returncode != 0:
         sys.exit(f"torch worker ({', '.join(modes)}) failed (exit {proc.returncode}):\n"
                  f"{proc.stderr[-2000:]}")
@@ -284,14 +280,7 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 3 steps, micro-batch 2, global 4, T 32 (seconds)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
-    ap.add_argument("--torch-worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.torch_worker:
-        torch_worker(args.torch_worker)
-        return 0
-    if not args.loom:
-        ap.error("--loom is required")
-    args.loom = os.path.abspath(args.loom)
+    args = torch_peer.parse_args(ap, torch_worker)
     m, t, seed, data = demo_config(args.config)
     if args.quick:
         m.seq_len, t.micro_batch, t.global_batch, t.steps = 32, 2, 4, 3

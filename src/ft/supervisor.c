@@ -136,30 +136,42 @@ static int fit_dp(const loom_run_job *j, int ranks) {
     return 0;
 }
 
-static void write_summary(loom_sup *s, const char *outcome, const char *why) {
-    json_t *j = json_object(), *fails = json_array();
-    double recovery = 0;
-    int64_t wasted = 0;
-    for (int i = 0; i < s->n_log; i++) {
-        loom_failure_log *l = &s->log[i];
-        json_t *o = json_object();
-        json_object_set_new(o, "attempt", json_integer(l->f.attempt));
-        json_object_set_new(o, "kind", json_string(loom_fail_kind_name(l->f.kind)));
-        json_object_set_new(o, "rank", l->f.rank >= 0 ? json_integer(l->f.rank) : json_null());
-        json_object_set_new(o, "step", json_integer(l->f.step));
-        json_object_set_new(o, "max_step_before", json_integer(l->max_step));
-        json_object_set_new(o, "teardown_s", json_real(l->teardown_ms * 1e-3));
-        if (l->recovered) {
-            int64_t replayed = l->max_step - l->resumed_at;
-            if (replayed < 0) replayed = 0;
-            json_object_set_new(o, "resumed_at_step", json_integer(l->resumed_at));
-            json_object_set_new(o, "replayed_steps", json_integer(replayed));
-            json_object_set_new(o, "recovery_s", json_real(l->restart_ms * 1e-3));
-            wasted += replayed;
-            recovery += l->restart_ms * 1e-3;
-        }
-        json_array_append_new(fails, o);
+/* summary.json's entry of one failure; adds its replayed steps and recovery time. */
+static json_t *failure_json(const loom_failure_log *l, int64_t *wasted, double *recovery) {
+    json_t *o = json_pack("{s:i, s:s, s:o, s:I, s:I, s:f}", "attempt", l->f.attempt, "kind",
+                          loom_fail_kind_name(l->f.kind), "rank",
+                          l->f.rank >= 0 ? json_integer(l->f.rank) : json_null(), "step",
+                          (json_int_t)l->f.step, "max_step_before", (json_int_t)l->max_step,
+                          "teardown_s", l->teardown_ms * 1e-3);
+    if (!l->recovered) return o;
+    const int64_t replayed = l->max_step > l->resumed_at ? l->max_step - l->resumed_at : 0;
+    json_object_set_new(o, "resumed_at_step", json_integer(l->resumed_at));
+    json_object_set_new(o, "replayed_steps", json_integer(replayed));
+    json_object_set_new(o, "recovery_s", json_real(l->restart_ms * 1e-3));
+    *wasted += replayed;
+    *recovery += l->restart_ms * 1e-3;
+    return o;
+}
+
+/* The last attempt's ranks: where each ran, the beats heard. */
+static json_t *ranks_json(const loom_monitor *m) {
+    json_t *ranks = json_array();
+    for (int r = 0; r < m->world; r++) {
+        const loom_rank_state *rs = &m->ranks[r];
+        json_array_append_new(ranks, json_pack("{s:i, s:o*, s:I}", "rank", r, "host",
+                                               rs->seen ? json_string(rs->beat.host) : json_null(),
+                                               "heartbeats", (json_int_t)rs->accepted));
     }
+    return ranks;
+}
+
+static void write_summary(loom_sup *s, const char *outcome, const char *why) {
+    json_t *fails = json_array();
+    int64_t wasted = 0;
+    double recovery = 0;
+    for (int i = 0; i < s->n_log; i++)
+        json_array_append_new(fails, failure_json(&s->log[i], &wasted, &recovery));
+    json_t *j = json_object();
     json_object_set_new(j, "outcome", json_string(outcome));
     json_object_set_new(j, "why", json_string(why));
     json_object_set_new(j, "attempts", json_integer(s->attempt + 1));
@@ -171,16 +183,7 @@ static void write_summary(loom_sup *s, const char *outcome, const char *why) {
     json_object_set_new(j, "wall_s", json_real((loom_now_ms() - s->start_ms) * 1e-3));
     json_object_set_new(j, "heartbeats_accepted", json_integer(s->mon.accepted));
     json_object_set_new(j, "datagrams_rejected", json_integer(s->mon.rejected));
-    json_t *ranks = json_array(); /* the last attempt's ranks: where each ran, beats heard */
-    for (int r = 0; r < s->mon.world; r++) {
-        const loom_rank_state *rs = &s->mon.ranks[r];
-        json_t *o = json_object();
-        json_object_set_new(o, "rank", json_integer(r));
-        json_object_set_new(o, "host", rs->seen ? json_string(rs->beat.host) : json_null());
-        json_object_set_new(o, "heartbeats", json_integer(rs->accepted));
-        json_array_append_new(ranks, o);
-    }
-    json_object_set_new(j, "ranks", ranks);
+    json_object_set_new(j, "ranks", ranks_json(&s->mon));
     char path[LOOM_RUN_PATH + 32];
     snprintf(path, sizeof path, "%s/summary.json", s->cfg->run_dir);
     json_dump_file(j, path, JSON_INDENT(2));

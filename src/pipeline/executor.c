@@ -1,7 +1,6 @@
 /* Runs a rank's action list: the pipelined forward/backward of one step (or forward only
  * for validation). */
 #include <stdio.h>
-#include <string.h>
 
 #include "core/clock.h"
 #include "pipeline/pipeline.h"
@@ -181,6 +180,16 @@ static loom_status post_receives(step_ctx *x, int mb) {
     return st;
 }
 
+/* --vision-schedule bubbles: the encoder's pieces placed before action `upto` of this
+ * rank's list (its length: those after the last), their time added to the busy times. */
+static loom_status run_vision_pieces(step_ctx *x, int upto, double *busy_cpu, double *busy_wall) {
+    const double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
+    const loom_status st = loom_pp_vision_pieces(x->pl, upto, x->batch, x->err);
+    *busy_cpu += loom_thread_cpu_ms() - c0;
+    *busy_wall += loom_now_ms() - w0;
+    return st;
+}
+
 static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
     loom_pipeline *pl = x->pl;
     const loom_pp_schedule *s = x->s;
@@ -204,12 +213,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
         const int slot = x->slot_of[a->mb];
         loom_comm_handle *h = NULL;
-        if (x->vision) { /* the encoder's pieces placed before this action */
-            double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-            if ((st = loom_pp_vision_pieces(pl, j, x->batch, err))) break;
-            busy_cpu += loom_thread_cpu_ms() - c0;
-            busy_wall += loom_now_ms() - w0;
-        }
+        if (x->vision && (st = run_vision_pieces(x, j, &busy_cpu, &busy_wall))) break;
         switch (a->op) {
         case LOOM_PP_RECV_ACT:
         case LOOM_PP_RECV_GRAD:
@@ -246,12 +250,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
             if (pl->send_h[q].active) st = loom_comm_test(&pl->send_h[q], &done, err);
         }
     }
-    if (!st && x->vision) {
-        double w0 = loom_now_ms(), c0 = loom_thread_cpu_ms();
-        st = loom_pp_vision_pieces(pl, n, x->batch, err);
-        busy_cpu += loom_thread_cpu_ms() - c0;
-        busy_wall += loom_now_ms() - w0;
-    }
+    if (!st && x->vision) st = run_vision_pieces(x, n, &busy_cpu, &busy_wall);
     if (!st) st = report_ready(x);
     for (size_t q = 0; q < n_msgs && !st; q++) st = loom_comm_wait(&pl->send_h[q], err);
     if (!st && x->vision) st = loom_pp_vision_step_end(pl, err);
@@ -275,27 +274,25 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
 static loom_status step_run(loom_pipeline *pl, const float *params, float *grads,
                             const int32_t *batch, float dloss, loom_grad_sync *sync,
                             loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum, loom_error *err) {
-    step_ctx x;
-    memset(&x, 0, sizeof x);
-    x.pl = pl;
-    x.s = &pl->train;
-    x.slot_of = pl->slot_train;
-    x.post_after = pl->post_train;
-    x.params = params;
-    x.grads = grads;
-    x.batch = batch;
-    x.dloss = dloss;
-    x.backward = 1;
-    x.vision = pl->vision != NULL;
-    x.loss_fn = loss_fn;
-    x.loss_ctx = ctx;
-    x.err = err;
-    for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
-    x.next_report = pl->v - 1;
     /* Gradients go to the gradient sync as each chunk finishes (every chunk is reported,
      * also where the strategy reduces after backward: the tied-embedding swap). */
-    x.ready = loom_grad_sync_ready;
-    x.ready_ctx = sync;
+    step_ctx x = {.pl = pl,
+                  .s = &pl->train,
+                  .slot_of = pl->slot_train,
+                  .post_after = pl->post_train,
+                  .params = params,
+                  .grads = grads,
+                  .batch = batch,
+                  .dloss = dloss,
+                  .backward = 1,
+                  .vision = pl->vision != NULL,
+                  .loss_fn = loss_fn,
+                  .loss_ctx = ctx,
+                  .ready = loom_grad_sync_ready,
+                  .ready_ctx = sync,
+                  .next_report = pl->v - 1,
+                  .err = err};
+    for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;
     loom_grad_sync_begin(sync);
     loom_status st = LOOM_OK;
     if (pl->stats) st = loom_comm_barrier(&pl->mesh->world, err); /* a common start */
@@ -310,17 +307,15 @@ static loom_status step_run(loom_pipeline *pl, const float *params, float *grads
 static loom_status forward_run(loom_pipeline *pl, const float *params, const int32_t *batch,
                                loom_grad_sync *sync, loom_pp_loss_fn loss_fn, void *ctx,
                                double *loss_sum, loom_error *err) {
-    step_ctx x;
-    memset(&x, 0, sizeof x);
-    x.pl = pl;
-    x.s = &pl->eval;
-    x.slot_of = pl->slot_eval;
-    x.post_after = pl->post_eval;
-    x.params = params;
-    x.batch = batch;
-    x.loss_fn = loss_fn;
-    x.loss_ctx = ctx;
-    x.err = err;
+    step_ctx x = {.pl = pl,
+                  .s = &pl->eval,
+                  .slot_of = pl->slot_eval,
+                  .post_after = pl->post_eval,
+                  .params = params,
+                  .batch = batch,
+                  .loss_fn = loss_fn,
+                  .loss_ctx = ctx,
+                  .err = err};
     loom_status st = run_list(&x, sync);
     if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
     *loss_sum = x.loss_sum;

@@ -1,0 +1,425 @@
+/* loom plan's step-time model, the compute pricers (plan/step_time_impl.h): the shapes on
+ * one rank, and the kernels of every piece of forward and backward at their shapes (the
+ * transformer's GEMMs, attention, norms, activations, memsets, the loss; MoE's router,
+ * dispatch and experts; tensor and context parallelism's collectives, blocking on the
+ * critical path; a vlm's encoder and projector). */
+#include "plan/step_time_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "model/vlm.h"
+
+shapes loom_price_shapes(const loom_model_config *mc, const loom_train_config *tc, int split,
+                         double moe_load_max) {
+    shapes d;
+    memset(&d, 0, sizeof d);
+    const loom_layout l = tc->layout;
+    d.gpt2 = mc->family == LOOM_FAMILY_GPT2;
+    d.tp = l.tp > 1 ? l.tp : 1;
+    d.cp = l.cp > 1 ? l.cp : 1;
+    d.ep = l.ep > 1 ? l.ep : 1;
+    d.sp = d.tp > 1 && tc->sequence_parallel;
+    d.recompute = tc->recompute;
+    d.split = split;
+    d.B = tc->micro_batch;
+    d.T = (double)mc->seq_len / d.cp;
+    d.N = d.B * d.T;
+    d.Ns = d.sp ? d.N / d.tp : d.N;
+    d.C = mc->d_model;
+    d.hd = (double)mc->d_model / mc->n_head;
+    d.H = (double)mc->n_head / d.tp;
+    d.KV = (double)mc->n_kv_head / d.tp;
+    d.A = d.H * d.hd;
+    d.QKV = (d.H + 2 * d.KV) * d.hd;
+    d.F = (double)mc->d_ff / d.tp;
+    d.FC = d.gpt2 ? d.F : 2 * d.F;
+    d.V = (double)mc->vocab_size / d.tp;
+    if (mc->n_experts > 0) {
+        d.E = mc->n_experts;
+        d.K = mc->top_k;
+        d.EL = d.E / d.ep;
+        /* Routing: the busiest expert gets R times the mean N K / E rows from each ep
+         * rank, the other E - 1 share the rest evenly (R = 1: balanced); at most the
+         * capacity from each. The all-to-all makes every ep rank wait for the one holding
+         * the busiest expert, so that rank's experts are the step's. */
+        double R = moe_load_max > 1 ? moe_load_max : 1;
+        if (R > d.E / d.K) R = d.E / d.K; /* an expert takes at most every token */
+        const double mean = d.N * d.K / d.E;
+        double busiest = R * mean, other = d.E > 1 ? (d.E - R) / (d.E - 1) * mean : mean;
+        if (mc->capacity_factor > 0) {
+            const double cap = ceil(mc->capacity_factor * d.N * d.K / d.E);
+            if (cap < busiest) busiest = cap;
+            if (cap < other) other = cap;
+        }
+        d.rows_busiest = busiest * d.ep;
+        d.rows_other = other * d.ep;
+        d.shared_expert = mc->shared_expert;
+        d.chunks = tc->moe_chunks > 1 ? tc->moe_chunks : 1;
+    }
+    if (d.cp > 1) {
+        d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
+        d.cp_chunks = d.cp_ring ? 2 : 1; /* the ring's zigzag split */
+        d.cp_chunk = d.T / d.cp_chunks;
+    }
+    if (mc->family == LOOM_FAMILY_VLM) {
+        d.vlm = 1;
+        d.freeze = mc->freeze;
+        /* every sample holds max_images images; with context parallelism an image's rows
+         * span the ranks and each rank holding some encodes it (model/vlm.c) */
+        d.NI = d.B * mc->max_images;
+        d.P = loom_vlm_image_tokens(mc);
+        d.Pin = (double)mc->channels * mc->patch * mc->patch;
+        d.VL = mc->vit_layers;
+        d.Dv = mc->vit_d_model;
+        d.Fv = mc->vit_d_ff;
+        d.Hv = mc->vit_n_head;
+        d.vhd = mc->vit_n_head > 0 ? d.Dv / mc->vit_n_head : 0;
+        /* --freeze llm: the decoder's backward runs its input-gradient half only */
+        if (mc->freeze & LOOM_VLM_PART_LLM) d.split = 1;
+    }
+    return d;
+}
+
+/* ---- the kernels of the pieces ---- */
+
+static double norm_fwd(pricer *q, const shapes *d) {
+    return ew(q, d->gpt2 ? LOOM_EW_LAYERNORM_FWD : LOOM_EW_RMSNORM_FWD, d->Ns, d->C);
+}
+static double norm_bwd(pricer *q, const shapes *d) {
+    return ew(q, d->gpt2 ? LOOM_EW_LAYERNORM_BWD : LOOM_EW_RMSNORM_BWD, d->Ns, d->C);
+}
+/* sequence parallelism's all-gather of the residual stream (before a column linear) */
+static double sp_gather(pricer *q, const shapes *d) {
+    return d->sp ? coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, 4 * d->N * d->C) : 0;
+}
+/* the row-parallel linears' sum: all-reduce, or reduce-scatter with sequence parallelism */
+static double tp_reduce(pricer *q, const shapes *d) {
+    if (d->tp < 2) return 0;
+    return coll(q, d->sp ? LOOM_COLL_REDUCE_SCATTER : LOOM_COLL_ALLREDUCE, d->tp, 1,
+                4 * d->N * d->C);
+}
+
+static double rope(pricer *q, const shapes *d) {
+    return d->gpt2 ? 0 : bytes_ms(q, 8 * d->N * (d->H + d->KV) * d->hd);
+}
+
+/* Attention on this rank: the causal kernel, or context parallelism's (ring: the zigzag
+ * blocks, each step's key/value transfer hidden behind the block it overlaps; Ulysses:
+ * all-to-alls around the whole-sequence kernel on H/cp heads). */
+static cost attention_cost(pricer *q, const shapes *d, int backward) {
+    cost c = {0, 0, 0, 0};
+    const double heads = d->B * d->H;
+    if (d->cp < 2) {
+        c.compute =
+            attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, heads, d->T, d->hd);
+        return c;
+    }
+    if (!d->cp_ring) {
+        const double T = d->T * d->cp, h = d->B * d->H / d->cp;
+        c.compute = attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, h, T, d->hd);
+        /* qkv to heads, the output back (backward: the gradients the same way) */
+        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->QKV) +
+               coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->A);
+        return c;
+    }
+    /* The ring's zigzag: of the 2cp chunks' causal (chunk x chunk) blocks, each rank holds
+     * 2cp - 1 full ones and two diagonal ones, over cp steps. */
+    const double ch = d->cp_chunk, n = d->cp, full_blocks = 2 * n - 1;
+    const double block =
+        attention(q, backward ? LOOM_ATT_BLOCK_BWD : LOOM_ATT_BLOCK_FWD, heads, ch, d->hd);
+    const double diag =
+        attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, heads, ch, d->hd);
+    const double merge = backward ? 0 : ew(q, LOOM_EW_BLOCK_MERGE, d->N, d->H * d->hd);
+    c.compute = full_blocks * block + 2 * diag + (n - 1) * merge;
+    /* per step: the next key/value block (backward: and the dK/dV share) in flight */
+    const double kv = 4 * d->N * 2 * d->KV * d->hd;
+    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, d->tp, kv) * (backward ? 2 : 1);
+    const double step_compute = c.compute / n;
+    c.cp = (n - 1) * (xfer > step_compute ? xfer - step_compute : 0);
+    if (backward) c.cp += xfer; /* the last dK/dV share to its owner */
+    return c;
+}
+
+/* ---- MoE (model/moe.c) ---- */
+
+static double ffn_fwd(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F; /* experts are not split by tp */
+    return gemm(q, LOOM_GEMM_NT, n, FC, d->C) +
+           (d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, n, F) : ew(q, LOOM_EW_SWIGLU_FWD, n, F)) +
+           gemm(q, LOOM_GEMM_NT, n, d->C, F);
+}
+static double ffn_bwd_input(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F;
+    return memset_ms(q, n * F) + gemm(q, LOOM_GEMM_NN, n, F, d->C) + memset_ms(q, n * FC) +
+           (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, n, F) : ew(q, LOOM_EW_SWIGLU_BWD, n, F)) +
+           gemm(q, LOOM_GEMM_NN, n, d->C, FC);
+}
+static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
+    const double F = d->F * d->tp, FC = d->gpt2 ? F : 2 * F;
+    return gemm(q, LOOM_GEMM_TN, d->C, F, n) + gemm(q, LOOM_GEMM_TN, FC, d->C, n);
+}
+
+/* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
+ * combine in flight while chunk c's experts run. */
+static double moe_exchange(pricer *q, const shapes *d, double experts_ms) {
+    if (d->ep < 2) return 0;
+    const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
+    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * rows * d->C / d->chunks);
+    const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * d->E);
+    const double per_chunk = experts_ms / d->chunks, hidden = 2 * a2a - per_chunk;
+    return counts + 2 * a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
+}
+
+static cost moe_fwd(pricer *q, const shapes *d) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C, NK = d->N * d->K;
+    const double experts =
+        ffn_fwd(q, d, d->rows_busiest) + (d->EL - 1) * ffn_fwd(q, d, d->rows_other);
+    c.compute = gemm(q, LOOM_GEMM_NT, N, d->E, C) + ew(q, LOOM_EW_CROSSENTROPY, N, d->E) +
+                copy_ms(q, NK * C) /* permute */ + experts + copy_ms(q, NK * C) /* combine */;
+    if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C); /* dispatch and combine in place */
+    if (d->shared_expert) c.compute += ffn_fwd(q, d, N) + ew(q, LOOM_EW_ADD, N, C);
+    c.moe = moe_exchange(q, d, experts);
+    return c;
+}
+
+static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C, NK = d->N * d->K;
+    const double nb = d->rows_busiest, no = d->rows_other, others = d->EL - 1;
+    const double weights = ffn_bwd_weight(q, d, nb) + others * ffn_bwd_weight(q, d, no);
+    if (weight_part) { /* W of split backward: the experts', router's, shared expert's */
+        c.compute = weights + gemm(q, LOOM_GEMM_TN, d->E, C, N);
+        if (d->shared_expert) c.compute += ffn_bwd_weight(q, d, N);
+        return c;
+    }
+    double experts = ffn_bwd_input(q, d, nb) + others * ffn_bwd_input(q, d, no);
+    if (!d->split) experts += weights;
+    c.compute =
+        2 * copy_ms(q, NK * C) /* combine backward */ + memset_ms(q, (nb + others * no) * C) +
+        experts + memset_ms(q, N * C) + copy_ms(q, NK * C) /* unpermute */ +
+        ew(q, LOOM_EW_CROSSENTROPY, N, d->E) /* router */ + gemm(q, LOOM_GEMM_NN, N, C, d->E) +
+        (d->split ? 0 : gemm(q, LOOM_GEMM_TN, d->E, C, N));
+    if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
+    if (d->shared_expert)
+        c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
+    c.moe = moe_exchange(q, d, experts);
+    return c;
+}
+
+/* ---- a block, the embedding and the head (model/transformer.c, tp_linear.c) ---- */
+
+cost loom_price_block_fwd(pricer *q, const shapes *d, int moe) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, Ns = d->Ns, C = d->C;
+    c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, N, d->QKV, C) + rope(q, d);
+    c.tp = sp_gather(q, d);
+    add(&c, attention_cost(q, d, 0));
+    c.compute += gemm(q, LOOM_GEMM_NT, N, C, d->A) + ew(q, LOOM_EW_ADD, Ns, C) + norm_fwd(q, d);
+    c.tp += tp_reduce(q, d) + sp_gather(q, d);
+    if (moe) {
+        add(&c, moe_fwd(q, d));
+        if (d->sp) c.compute += copy_ms(q, Ns * C);
+    } else {
+        c.compute +=
+            gemm(q, LOOM_GEMM_NT, N, d->FC, C) +
+            (d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_FWD, N, d->F)) +
+            gemm(q, LOOM_GEMM_NT, N, C, d->F);
+        c.tp += tp_reduce(q, d);
+    }
+    c.compute += ew(q, LOOM_EW_ADD, Ns, C);
+    return c;
+}
+
+/* What backward runs again before a block's backward (and before W): full recomputation
+ * its whole forward, selective only attention (with context parallelism's passes) and
+ * the MLP's activation (model/transformer.c's block_recompute_selective). */
+cost loom_price_block_recompute(pricer *q, const shapes *d, int moe) {
+    cost c = {0, 0, 0, 0};
+    if (d->recompute == LOOM_RECOMPUTE_FULL) return loom_price_block_fwd(q, d, moe);
+    if (d->recompute != LOOM_RECOMPUTE_SELECTIVE) return c;
+    add(&c, attention_cost(q, d, 0));
+    if (!moe)
+        c.compute +=
+            d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, d->N, d->F) : ew(q, LOOM_EW_SWIGLU_FWD, d->N, d->F);
+    return c;
+}
+
+/* A linear's weight gradient (TN: M = OC, N = IC, K = tokens) and, for GPT-2's biased
+ * linears, the bias gradient's column sums over d(out) (the profile's GEMM has none). */
+static double weight_grad(pricer *q, const shapes *d, double OC, double IC, int bias) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, d->N) + (bias && d->gpt2 ? bytes_ms(q, 4 * d->N * OC) : 0);
+}
+
+/* A column-parallel linear's backward: input gradient (NN), weight gradient (TN, on the
+ * gathered input), the input gradient's sum over tp. */
+static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int weight, int bias) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C;
+    if (input) {
+        c.compute = memset_ms(q, N * C) + gemm(q, LOOM_GEMM_NN, N, C, OC);
+        c.tp = tp_reduce(q, d);
+    }
+    if (weight) {
+        c.compute += weight_grad(q, d, OC, C, bias);
+        c.tp += sp_gather(q, d);
+    }
+    return c;
+}
+
+/* Block backward: B (input gradients; with W inside unless split), or W alone. */
+cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    const double N = d->N, C = d->C;
+    const int w = !d->split; /* weight gradients inside B */
+    if (weight_part) {
+        add(&c, loom_price_block_recompute(q, d, moe));
+        if (moe) {
+            c.tp += sp_gather(q, d);
+            add(&c, moe_bwd(q, d, 1));
+        } else {
+            c.compute += weight_grad(q, d, C, d->F, 1);
+            add(&c, column_bwd(q, d, d->FC, 0, 1, 1));
+        }
+        c.compute += weight_grad(q, d, C, d->A, 1);
+        add(&c, column_bwd(q, d, d->QKV, 0, 1, 1));
+        return c;
+    }
+    add(&c, loom_price_block_recompute(q, d, moe));
+    if (moe) {
+        if (d->sp) c.tp += 2 * sp_gather(q, d), c.compute += copy_ms(q, N * C);
+        add(&c, moe_bwd(q, d, 0));
+    } else {
+        c.tp += sp_gather(q, d);
+        c.compute +=
+            memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
+            (w ? weight_grad(q, d, C, d->F, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
+            (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_BWD, N, d->F));
+        add(&c, column_bwd(q, d, d->FC, 1, w, 1));
+    }
+    c.compute += norm_bwd(q, d);
+    c.tp += sp_gather(q, d);
+    c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
+                 (w ? weight_grad(q, d, C, d->A, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->QKV);
+    add(&c, attention_cost(q, d, 1));
+    c.compute += rope(q, d);
+    add(&c, column_bwd(q, d, d->QKV, 1, w, 1));
+    c.compute += norm_bwd(q, d);
+    return c;
+}
+
+/* ---- vlm: the encoder and projector (model/vlm.c's encoder_forward, _backward) ---- */
+
+/* A biased linear's weight gradient over R rows: TN, and the bias's column sums. */
+static double vision_weight_grad(pricer *q, double R, double OC, double IC) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, R) + bytes_ms(q, 4 * R * OC);
+}
+
+/* Patch embedding, positions, the blocks, the final LayerNorm, the projector, and the
+ * image rows copied into the residual stream. */
+double loom_price_vision_fwd(pricer *q, const shapes *d) {
+    const double R = d->NI * d->P, Dv = d->Dv, Fv = d->Fv, C = d->C;
+    if (R <= 0) return 0;
+    const double block = ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) +
+                         gemm(q, LOOM_GEMM_NT, R, 3 * Dv, Dv) +
+                         attention(q, LOOM_ATT_BIDIR_FWD, d->NI * d->Hv, d->P, d->vhd) +
+                         gemm(q, LOOM_GEMM_NT, R, Dv, Dv) + ew(q, LOOM_EW_ADD, R, Dv) +
+                         ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) + gemm(q, LOOM_GEMM_NT, R, Fv, Dv) +
+                         ew(q, LOOM_EW_GELU_FWD, R, Fv) + gemm(q, LOOM_GEMM_NT, R, Dv, Fv) +
+                         ew(q, LOOM_EW_ADD, R, Dv);
+    return gemm(q, LOOM_GEMM_NT, R, Dv, d->Pin) + ew(q, LOOM_EW_ADD, R, Dv) + d->VL * block +
+           ew(q, LOOM_EW_LAYERNORM_FWD, R, Dv) + gemm(q, LOOM_GEMM_NT, R, C, Dv) +
+           ew(q, LOOM_EW_GELU_FWD, R, C) + gemm(q, LOOM_GEMM_NT, R, C, C) + copy_ms(q, R * C);
+}
+
+/* The image rows' gradient to the projector, the slots' rows cleared, then the
+ * projector's and the encoder's backward (their weight gradients unless frozen). */
+double loom_price_vision_bwd(pricer *q, const shapes *d) {
+    const double R = d->NI * d->P, Dv = d->Dv, Fv = d->Fv, C = d->C;
+    if (R <= 0) return 0;
+    double ms = 2 * copy_ms(q, R * C); /* gathered to dh, the slots' rows cleared */
+    const int vision = !(d->freeze & LOOM_VLM_PART_VISION);
+    const int projector = !(d->freeze & LOOM_VLM_PART_PROJECTOR);
+    if (!vision && !projector) return ms;
+    ms += memset_ms(q, R * C) + gemm(q, LOOM_GEMM_NN, R, C, C) + memset_ms(q, R * C) +
+          ew(q, LOOM_EW_GELU_BWD, R, C);
+    if (projector) ms += vision_weight_grad(q, R, C, C) + vision_weight_grad(q, R, C, Dv);
+    if (!vision) return ms;
+    const double block =
+        memset_ms(q, R * Fv) + gemm(q, LOOM_GEMM_NN, R, Fv, Dv) + vision_weight_grad(q, R, Dv, Fv) +
+        memset_ms(q, R * Fv) + ew(q, LOOM_EW_GELU_BWD, R, Fv) + memset_ms(q, R * Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, Fv) + vision_weight_grad(q, R, Fv, Dv) +
+        ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + memset_ms(q, R * Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, Dv) + vision_weight_grad(q, R, Dv, Dv) +
+        memset_ms(q, 3 * R * Dv) + attention(q, LOOM_ATT_BIDIR_BWD, d->NI * d->Hv, d->P, d->vhd) +
+        memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, 3 * Dv) +
+        vision_weight_grad(q, R, 3 * Dv, Dv) + ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv);
+    return ms + memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, C) + memset_ms(q, R * Dv) +
+           ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + d->VL * block +
+           vision_weight_grad(q, R, Dv, d->Pin);
+}
+
+cost loom_price_embed_fwd(pricer *q, const shapes *d) {
+    cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* row lookup (+ positions) */
+    c.tp = tp_reduce(q, d);
+    if (d->vlm) c.compute += loom_price_vision_fwd(q, d);
+    return c;
+}
+cost loom_price_embed_bwd(pricer *q, const shapes *d) {
+    cost c = {ew(q, LOOM_EW_ADD, d->N, d->C), 0, 0, 0}; /* rows scatter-added */
+    c.tp = sp_gather(q, d);
+    if (!d->vlm) return c;
+    if (d->freeze & LOOM_VLM_PART_LLM) c.compute = 0; /* no token-embedding gradient */
+    c.compute += loom_price_vision_bwd(q, d);
+    c.tp += sp_gather(q, d); /* the images' rows of d(embedding) gathered over tp */
+    return c;
+}
+
+/* Final norm, logits and the loss (tensor parallel: the vocabulary-parallel
+ * cross-entropy, its maxima all-gathered and sums all-reduced). */
+cost loom_price_head_fwd(pricer *q, const shapes *d) {
+    cost c = {0, 0, 0, 0};
+    c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, d->N, d->V, d->C) +
+                ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) + bytes_ms(q, 8 * d->N);
+    c.tp = sp_gather(q, d);
+    if (d->tp > 1) {
+        /* the shard's maximum pass, then exp/sum and the gradient (a third pass) */
+        c.compute += ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) / 2;
+        c.tp += coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, 4 * d->N * d->tp) +
+                coll(q, LOOM_COLL_ALLREDUCE, d->tp, 1, 16 * d->N);
+    }
+    return c;
+}
+cost loom_price_head_bwd(pricer *q, const shapes *d, int weight_part) {
+    cost c = {0, 0, 0, 0};
+    if (weight_part) return column_bwd(q, d, d->V, 0, 1, 0);
+    c = column_bwd(q, d, d->V, 1, !d->split, 0);
+    c.compute += memset_ms(q, d->Ns * d->C) + norm_bwd(q, d);
+    return c;
+}
+
+/* ---- one micro-batch of a stage's layers ---- */
+
+fbw loom_price_chunk(pricer *q, const loom_model_config *mc, const shapes *d, int lo, int hi,
+                     int first, int last) {
+    fbw r;
+    memset(&r, 0, sizeof r);
+    const int split = d->split;
+    if (first) {
+        add(&r.f, loom_price_embed_fwd(q, d));
+        add(split ? &r.w : &r.b, loom_price_embed_bwd(q, d));
+    }
+    for (int l = lo; l < hi; l++) {
+        const int moe = loom_model_layer_is_moe(mc, l);
+        add(&r.f, loom_price_block_fwd(q, d, moe));
+        add(&r.b, loom_price_block_bwd(q, d, moe, 0));
+        if (split) add(&r.w, loom_price_block_bwd(q, d, moe, 1));
+    }
+    if (last) {
+        add(&r.f, loom_price_head_fwd(q, d));
+        add(&r.b, loom_price_head_bwd(q, d, 0));
+        if (split) add(&r.w, loom_price_head_bwd(q, d, 1));
+    }
+    return r;
+}

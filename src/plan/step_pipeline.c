@@ -1,0 +1,183 @@
+/* loom plan's step-time model, a pipeline stage (plan/step_time_impl.h): the pipeline's
+ * actions replayed by the schedule simulator (pipeline/schedule.h) with the slowest
+ * stage's costs, the bubble what the span holds beyond them; the gradients' buckets
+ * during the last backward, ZeRO-3's gathers kept for the step, and --vision-schedule
+ * bubbles (plan/vision_time.h). In a pipeline a stage waiting for its input yields its
+ * core: on a CPU node the busy ranks share them, slowed by max(1, R t busy / c) with busy
+ * the simulated busy fraction. */
+#include "plan/step_time_impl.h"
+
+#include <string.h>
+
+/* One micro-batch's actions on the slowest stage (its chunks' mean: interleaved ranks
+ * alternate), and which stage that is. */
+typedef struct {
+    cost f, b, w;
+    int rank;
+} stage_actions;
+
+static stage_actions slowest_stage(step_pricing *x) {
+    stage_actions a;
+    memset(&a, 0, sizeof a);
+    const int pp = x->pp, v = x->v, S = pp * v;
+    double slowest = -1;
+    for (int r = 0; r < pp; r++) {
+        cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
+        for (int c = 0; c < v; c++) {
+            const int vs = c * pp + r;
+            int lo = 0;
+            for (int k = 0; k < vs; k++) lo += x->counts[k];
+            const fbw k =
+                loom_price_chunk(x->q, x->mc, x->d, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+            add(&f, k.f), add(&b, k.b), add(&w, k.w);
+        }
+        const double busy_r = total(f) + total(b) + total(w);
+        if (busy_r > slowest) {
+            slowest = busy_r;
+            a.rank = r;
+            a.f = (cost){f.compute / v, f.tp / v, f.cp / v, f.moe / v};
+            a.b = (cost){b.compute / v, b.tp / v, b.cp / v, b.moe / v};
+            a.w = (cost){w.compute / v, w.tp / v, w.cp / v, w.moe / v};
+        }
+    }
+    return a;
+}
+
+static double busy_ms(const parts *P) {
+    return P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send;
+}
+
+/* --vision-schedule bubbles (plan/vision_time.h): the pipeline's span scaled by the
+ * timeline's ratio (the plan's costs per stage, the encoder apart), the moved pieces off
+ * the first stage's compute when its actions are the ones priced (slow_r 0), and the
+ * replicas' messages: per owning stage the encoder's weights there and its gradients back
+ * (added into the first stage's), per piece the image rows and their gradient. */
+static loom_status price_bubbles(step_pricing *x, double s, double send, loom_placement pp_place,
+                                 int slow_r, double *span) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    parts *P = &x->P;
+    shapes dn = *d;
+    dn.vlm = 0;
+    loom_plan_vision_costs c;
+    memset(&c, 0, sizeof c);
+    for (int r = 0, lo = 0; r < x->pp; lo += x->counts[r], r++) {
+        const fbw k =
+            loom_price_chunk(q, x->mc, &dn, lo, lo + x->counts[r], r == 0, r == x->pp - 1);
+        c.stage_ms[r] = (total(k.f) + total(k.b) + total(k.w) + 2 * send) * s;
+    }
+    const double ef = loom_price_vision_fwd(q, d) * s, eb = loom_price_vision_bwd(q, d) * s;
+    c.enc_ms = ef + eb;
+    loom_status st =
+        loom_plan_vision_price(x->mc, x->sched, x->counts, x->tc->micro_batch, &c, &x->vis, q->err);
+    if (st) return st;
+    *span *= x->vis.span / x->vis.span_first;
+    const int moved = x->accum - x->vis.pieces[0];
+    if (slow_r == 0) P->forward -= moved * ef, P->backward -= moved * eb;
+    P->pp_bubble = *span - busy_ms(P) > 0 ? *span - busy_ms(P) : 0;
+    const double E = (double)x->table->wte, rows = d->NI * d->P * d->C;
+    for (int r = 1; r < x->pp; r++)
+        if (x->vis.pieces[r] > 0)
+            P->vision_msgs += 2 * coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4 * E) +
+                              bytes_ms(q, 12 * E) * x->share;
+    P->vision_msgs += 2.0 * moved * coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4 * rows);
+    return LOOM_OK;
+}
+
+/* The gradients of this stage become final during its last backward(s): their buckets
+ * overlap the last B (W) action, layer by layer. */
+static void stage_buckets(step_pricing *x, double last_bwd_start, double span) {
+    const loom_param_table *table = x->table;
+    const int L = table->n_layer;
+    const double per_layer = (span - last_bwd_start) / (L + 2);
+    double t = last_bwd_start + per_layer;
+    loom_price_range_ready(&x->bk, t, table->head_begin, table->total);
+    for (int i = L - 1; i >= 0; i--) {
+        t += per_layer;
+        const size_t hi = i + 1 < L ? table->blocks[i + 1].begin : table->head_begin;
+        loom_price_range_ready(&x->bk, t, table->blocks[i].begin, hi);
+    }
+    loom_price_range_ready(&x->bk, span, 0, L ? table->blocks[0].begin : table->head_begin);
+}
+
+/* ZeRO-3 in a pipeline keeps the gathered blocks for the step (fsdp keep_blocks): each
+ * range is gathered once, during the first forward, the next block's prefetched while one
+ * computes (fb: one block's forward). */
+static void stage_zero3(step_pricing *x, double fb) {
+    const loom_param_table *table = x->table;
+    const int L = table->n_layer;
+    for (int i = 0; i <= L; i++) {
+        const size_t lo = i == 0 ? 0 : table->blocks[i - 1].begin;
+        const size_t hi = i < L ? table->blocks[i].begin : table->total;
+        /* the last one: the last block's range and the tail's, handed back apart */
+        const size_t mid = i == L ? table->head_begin : hi;
+        const double g =
+            loom_price_gather_ms(x->q, x->replicas, 4.0 * (double)(hi - lo),
+                                 loom_price_handed_back(lo, mid) + loom_price_handed_back(mid, hi));
+        x->P.zero3_wait += i <= 1 ? g : (g > fb ? g - fb : 0);
+    }
+}
+
+loom_status loom_price_stage(step_pricing *x) {
+    pricer *q = x->q;
+    const shapes *d = x->d;
+    parts *P = &x->P;
+    const int pp = x->pp;
+    const stage_actions a = slowest_stage(x);
+    double dur[3]; /* one action of each kind (pipeline/schedule.h) */
+    dur[LOOM_PP_F] = total(a.f), dur[LOOM_PP_B] = total(a.b), dur[LOOM_PP_W] = total(a.w);
+    /* each F and B sends its output to the next stage (the activations, the gradient) */
+    const double msg = 4.0 * d->Ns * d->C;
+    /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
+    const loom_placement pp_place = place_of(q, pp, x->replicas * q->tp);
+    const double send = coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
+    dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
+    double idle[LOOM_PP_MAX_STAGES];
+    if (loom_pp_schedule_simulate(x->sched, dur, idle, NULL) < 0)
+        return loom_error_set(q->err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
+    double mean_idle = 0;
+    for (int r = 0; r < pp; r++) mean_idle += idle[r] / pp;
+    /* idle stages yield their cores: the busy ones share them */
+    double s = q->cpu ? (double)q->ranks * q->threads * (1 - mean_idle) / q->cores : 1.0;
+    if (s < 1) s = 1;
+    const double n_act = (double)x->accum * x->v;
+    const double fw = a.f.compute * s, bw = (a.b.compute + a.w.compute) * s;
+    P->forward = n_act * fw;
+    P->backward = n_act * bw;
+    if (d->recompute) { /* the share of backward that is the forward again */
+        /* selective: a dense block's recomputed part of its forward */
+        const double part = d->recompute == LOOM_RECOMPUTE_FULL
+                                ? 1.0
+                                : loom_price_block_recompute(q, d, 0).compute /
+                                      loom_price_block_fwd(q, d, 0).compute;
+        P->recompute_share = n_act * fw * part < P->backward ? n_act * fw * part : 0;
+        P->backward -= P->recompute_share;
+    }
+    P->tp = n_act * (a.f.tp + a.b.tp + a.w.tp);
+    P->cp = n_act * (a.f.cp + a.b.cp + a.w.cp);
+    P->moe = n_act * (a.f.moe + a.b.moe + a.w.moe);
+    P->pp_send = n_act * 2 * send;
+    const double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
+    double span = loom_pp_schedule_simulate(x->sched, scaled, NULL, NULL);
+    P->pp_bubble = span - busy_ms(P) > 0 ? span - busy_ms(P) : 0;
+    if (x->bubbles) {
+        loom_status st = price_bubbles(x, s, send, pp_place, a.rank, &span);
+        if (st) return st;
+    }
+    x->compute_base = n_act * (a.f.compute + a.b.compute + a.w.compute);
+    x->t_backward_end = span;
+    if (!x->ep_sync) /* the last B (and W) action's start */
+        stage_buckets(x, span - scaled[LOOM_PP_B] - (x->sched->split ? scaled[LOOM_PP_W] : 0),
+                      span);
+    if (x->zero == 3) {
+        const int L = x->table->n_layer;
+        stage_zero3(x, L > 0 ? a.f.compute * s / (L + 1) : 0);
+    }
+    /* GPT-2's tied embedding: the first and last stage swap its gradient */
+    if (d->gpt2)
+        P->pp_send +=
+            coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, 4.0 * x->mc->vocab_size / q->tp * d->C);
+    /* the pipeline group's loss sum */
+    P->pp_send += coll(q, LOOM_COLL_ALLREDUCE, pp, x->replicas * q->tp, 8);
+    return LOOM_OK;
+}
