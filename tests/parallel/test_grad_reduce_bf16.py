@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """--grad-reduce-dtype bf16: the data-parallel gradient reduction with bf16 on the wire
-(parallel/zero_bf16.c), dp 2 with ZeRO 0, 1 and 2 against one bf16 process; one layout
-twice bitwise; the bytes on the wire halved.
+(parallel/zero_bf16.c), dp 2 with ZeRO 0, 1, 2 and 3 (--grad-accum sharded) against one
+bf16 process; one layout twice bitwise; the bytes on the wire halved.
 
 What the reduction does to the step-1 gradient, and the bound derived from it. The gradient
 reaches the reduction in P pieces g_p: one a rank (P = R = 2), or, under --grad-accum
@@ -49,23 +49,22 @@ A <= 2 max_e |g_e|: the largest clipped gradient element (a residual projection'
 its gradient sums every token's) measured 0.10 to 0.27 over 8 seeds, both families, so
 A <= 0.54 <= 2.05 * 0.3, and eps = 0.3 makes every element's update move by at most
 lr 2C 3u, flipped or not (measured with 1e-6: elements moved by up to 2.2 lr; with 0.3:
-below 0.005 lr). Then,
-all differences lined up, the weights move by at most 8 lr 2C 3u sqrt(n) against one
-process (n elements; the schedule's lr <= --lr), so relative to the final weights' norm
-||W|| the bound is 8 lr 2C 3u sqrt(n) / ||W||, per tensor and for the whole model. Once
-the weights differ, the forward's bf16 roundings flip as in tp
+below 0.005 lr). Then, all differences lined up, the weights move by at most 8 lr 2C 3u
+sqrt(n) against one process (n elements; the schedule's lr <= --lr), so relative to the
+final weights' norm ||W|| the bound is 8 lr 2C 3u sqrt(n) / ||W||, per tensor and for the
+whole model. Once the weights differ, the forward's bf16 roundings flip as in tp
 (tests/parallel/test_layouts_bf16.py's docstring: a difference delta becomes sqrt(delta)
 2^-4 per GEMM), so that test's bounds are added on top (losses 1e-4, whole model 4e-4,
-worst tensor 5e-3). Computed here: whole model ~4e-3, worst tensor ~6e-2 (a bias);
-measured over 16 seeds: whole model 2-7e-6, nearest tensor 2-7e-4, losses 3e-6 to 1.2e-5
-(the differences are independent and of either sign, not lined up). What it catches: a
-reduction that is wrong (a missing or doubled piece moves the step-1 gradient by
-~50%), not bf16 on the wire (the bit check), not deterministic (the bitwise rerun). The price of eps
-= 0.3: the 8 steps' weights are a weaker witness than with 1e-6 (one process on 3/4 of the
-batch ends at 0.3-0.5 of the worst tensor's bound, against 9x with 1e-6), but its losses
-are still 1.3-1.5e-3, 13-15x LOSS_TOL. Bytes:
-the metrics' dp.grad_bytes of ZeRO 1 with bf16 is half of the same layout's fp32
-reduction, a quarter at ZeRO 2 (only the reduce-scatter half is needed there).
+worst tensor 5e-3). Computed here: whole model 4.4-4.9e-3, a tensor 3e-2 to 1.4e-1;
+measured over 16 seeds: whole model 1-3e-6, the tensor nearest its bound 3e-5 to 1.3e-3 (at
+most 1% of its bound), losses 2e-6 to 1.7e-5 (the differences are independent and of either
+sign, not lined up). What it catches: a reduction that is wrong (a missing or doubled piece
+moves the step-1 gradient by ~50%), not bf16 on the wire (the bit check), not deterministic
+(the bitwise rerun). The price of eps = 0.3: the 8 steps' weights are a weaker witness than
+with 1e-6 (one process on 3/4 of the batch ends at 0.3-0.5 of the worst tensor's bound,
+against 9x with 1e-6), but its losses are still 1.3-1.5e-3, 13-15x LOSS_TOL. Bytes: the
+metrics' dp.grad_bytes of ZeRO 1 with bf16 is half of the same layout's fp32 reduction, a
+quarter at ZeRO 2 (only the reduce-scatter half is needed there).
 
 Usage: test_grad_reduce_bf16.py --loom PATH [--seed S]
 """
