@@ -83,6 +83,23 @@ static void put_caption(text *t, const char *const *pos, const int *cls, int cel
     }
 }
 
+/* The writer's end: DIR/SPLIT_000000.bin written (st LOOM_OK) or the writer dropped. */
+static loom_status finish_split(loom_vlm_writer *w, const char *dir, const char *split,
+                                loom_status st, char *path, size_t cap, loom_error *err) {
+    snprintf(path, cap, "%s/%s_000000.bin", dir, split);
+    if (st) {
+        loom_vlm_writer_free(w);
+        return st;
+    }
+    return loom_vlm_writer_finish(w, path, err);
+}
+
+static int split_failed(loom_status st, const loom_error *err) {
+    fprintf(stderr, "loom data: %s\n",
+            st == LOOM_ERR_NOMEM && !err->msg[0] ? "out of memory" : err->msg);
+    return 2;
+}
+
 /* One split: n samples from the IDX pair into DIR/SPLIT_000000.bin; mixed > 0: sample s
  * holds 0..mixed grids (Philox (seed, split, s, 200)), each `<image>` and its caption, a
  * newline between them; none: "name the items\n" and the answer "none". */
@@ -157,19 +174,11 @@ static int make_split(const char *dir, const char *split, const char *images, co
         st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, 1, &err);
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s_000000.bin", dir, split);
-    if (!st)
-        st = loom_vlm_writer_finish(&w, path, &err);
-    else
-        loom_vlm_writer_free(&w);
+    st = finish_split(&w, dir, split, st, path, sizeof path, &err);
     free(grid);
     loom_idx_images_free(&img);
     free(lab);
-    if (st) {
-        fprintf(stderr, "loom data: %s\n",
-                st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
-        return 2;
-    }
+    if (st) return split_failed(st, &err);
     if (mixed > 0)
         fprintf(stderr, "loom data: %s: %lld samples of 0 to %d %d x %d grids\n", path,
                 (long long)n, mixed, g, g);
@@ -202,18 +211,10 @@ static int folder_split(const char *dir, const char *split, const loom_vlm_folde
         st = loom_vlm_writer_put(&w, tok, mask, n, f->pixels + S * i, 1, &err);
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s_000000.bin", dir, split);
-    if (!st)
-        st = loom_vlm_writer_finish(&w, path, &err);
-    else
-        loom_vlm_writer_free(&w);
+    st = finish_split(&w, dir, split, st, path, sizeof path, &err);
     free(tok);
     free(mask);
-    if (st) {
-        fprintf(stderr, "loom data: %s\n",
-                st == LOOM_ERR_NOMEM && !err.msg[0] ? "out of memory" : err.msg);
-        return 2;
-    }
+    if (st) return split_failed(st, &err);
     fprintf(stderr, "loom data: %s: %d samples of %d x %d x %d images from the folder\n", path,
             hi - lo, f->channels, f->height, f->width);
     return 0;

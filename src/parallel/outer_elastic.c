@@ -48,6 +48,19 @@ static void service_of(int worker, char *name, size_t n) {
     snprintf(name, n, "loom-elastic-w%d", worker);
 }
 
+/* Opens a port and publishes it under worker's service name (through ompi-server). */
+static loom_status publish(int worker, char name[64], char port[MPI_MAX_PORT_NAME],
+                           loom_error *err) {
+    service_of(worker, name, 64);
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
+        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
+                              "needs --ompi-server: docs/diloco.md)",
+                              worker, name);
+    return LOOM_OK;
+}
+
 /* FNV-1a over the round-start parameters: the log lines' check that members agree. */
 static unsigned long long checksum(const float *x, size_t n) {
     const unsigned char *b = (const unsigned char *)x;
@@ -298,13 +311,8 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
 static loom_status join(loom_outer *o, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
-    service_of(e->me, name, sizeof name);
-    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
-        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
-        return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
-                              "needs --ompi-server: docs/diloco.md)",
-                              e->me, name);
+    const loom_status published = publish(e->me, name, port, err);
+    if (published) return published;
     fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published)\n", e->me, name);
     MPI_Comm ic = MPI_COMM_NULL;
     const int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
@@ -375,13 +383,8 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     /* the founder coordinates; the group starts with whoever joined by the deadline. Its
      * own name, published and withdrawn at once, checks that the name server is there. */
     char name[64], port[MPI_MAX_PORT_NAME];
-    service_of(e->me, name, sizeof name);
-    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
-        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
-        return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
-                              "needs --ompi-server: docs/diloco.md)",
-                              e->me, name);
+    const loom_status published = publish(e->me, name, port, err);
+    if (published) return published;
     MPI_Unpublish_name(name, MPI_INFO_NULL, port);
     MPI_Close_port(port);
     e->member[e->me] = 1;
