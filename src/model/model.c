@@ -132,6 +132,23 @@ size_t loom_model_block_range_end(const loom_param_table *t, int l) {
     return l + 1 < t->n_layer ? t->blocks[l + 1].begin : t->head_begin;
 }
 
+int loom_model_can_shorten(const loom_model *m) {
+    return (m->cfg.family == LOOM_FAMILY_GPT2 || m->cfg.family == LOOM_FAMILY_LLAMA) &&
+           !loom_model_cp_on(m) && (!m->tp || m->tp->size == 1) && !m->moe &&
+           loom_backend_precision(m->be) == LOOM_PRECISION_FP32;
+}
+
+loom_status loom_model_set_tokens(loom_model *m, int T, loom_error *err) {
+    if (T == m->T) return LOOM_OK;
+    if (!loom_model_can_shorten(m) || T < 1 || T > m->T_seq)
+        return loom_error_set(err, LOOM_ERR_STATE,
+                              "model: cannot run %d of %d positions a sample in this layout", T,
+                              m->T_seq);
+    m->T = T;
+    m->Ns = m->B * T;
+    return LOOM_OK;
+}
+
 void loom_model_load_batch(loom_model *m, const int32_t *batch, int first) {
     m->ops->load_batch(m, batch, first);
 }

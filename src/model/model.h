@@ -201,6 +201,15 @@ size_t loom_model_plan_bytes_whole(const loom_model *m, int sequence_parallel);
 void loom_model_destroy(loom_model *m);
 size_t loom_model_activation_bytes(const loom_model *m);
 
+/* Runs the following calls on the first T positions of each sample (1 <= T <= the
+ * planned length; the arena planned for it is used in part): causal attention makes a
+ * position's outputs independent of later ones. Only a whole language model on one rank
+ * of its tensor group (no context or tensor parallelism, no experts, fp32): else (or T
+ * out of range) LOOM_ERR_STATE and nothing changes. Records are still read as windows of
+ * the planned length + 1 tokens. loom_model_can_shorten says whether it may be called. */
+int loom_model_can_shorten(const loom_model *m);
+loom_status loom_model_set_tokens(loom_model *m, int T, loom_error *err);
+
 /* int32 words of one record of a batch (data/batch_source.h): a language model's window
  * of T+1 tokens; a dit's flow-matching sample (model/dit.h). */
 int loom_model_record_words(const loom_model_config *cfg);

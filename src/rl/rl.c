@@ -437,17 +437,36 @@ static loom_status build_batch(rl_state *s, loom_error *err) {
     return LOOM_OK;
 }
 
-/* Forward of micro-batch k under params; the logits at the sampling temperature. */
+/* Positions micro-batch k needs: up to its longest prompt + completion (row t predicts
+ * token t + 1, so the last completion token's row is plen + clen - 2); the rows after a
+ * sequence's end have weight 0 and, attention being causal, change no earlier row. All
+ * T where the model runs whole samples only (loom_model_can_shorten). */
+static int micro_batch_tokens(const rl_state *s, int k) {
+    const loom_model *m = &s->run->model;
+    if (s->run->pipelined || !loom_model_can_shorten(m)) return s->T;
+    const int M = s->rc->ppo_micro_batch;
+    int T = 1;
+    for (int b = 0; b < M; b++) {
+        const int q = s->q0 + k * M + b, end = s->plen[q] + s->clen[q] - 1;
+        if (end > T) T = end;
+    }
+    return T < s->T ? T : s->T;
+}
+
+/* Forward of micro-batch k under params, its first micro_batch_tokens positions a
+ * sequence (m->T); the logits at the sampling temperature. */
 static loom_status forward(rl_state *s, int k, const float *params, loom_error *err) {
     loom_model *m = &s->run->model;
     const int M = s->rc->ppo_micro_batch;
+    loom_status st = loom_model_set_tokens(m, micro_batch_tokens(s, k), err);
+    if (st) return st;
     loom_model_load_batch(m, s->run->batch, k * M);
     /* ZeRO-3: the embedding and tail gathered, the blocks by the model's hooks */
-    loom_status st = s->run->sharded ? loom_fsdp_begin_micro_batch(s->run->sharded, err) : LOOM_OK;
+    st = s->run->sharded ? loom_fsdp_begin_micro_batch(s->run->sharded, err) : LOOM_OK;
     if (!st) st = loom_model_forward(m, params);
     const float temp = s->rc->sampling.temperature;
     if (!st && temp != 1.0f) {
-        const size_t n = (size_t)M * s->T * s->Vl;
+        const size_t n = (size_t)M * m->T * s->Vl;
         for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
     }
     return st;
@@ -461,7 +480,7 @@ static loom_status whole_logits(rl_state *s, loom_model *m, float **out, loom_er
         return LOOM_OK;
     }
     loom_comm *tp = &s->run->mesh->tp;
-    const int P = tp->size, N = s->rc->ppo_micro_batch * s->T, part = N * s->Vl;
+    const int P = tp->size, N = s->rc->ppo_micro_batch * m->T, part = N * s->Vl;
     int counts[P], displs[P];
     for (int p = 0; p < P; p++) counts[p] = part, displs[p] = p * part;
     memcpy(s->parts + (size_t)tp->rank * part, m->logits, (size_t)part * sizeof(float));
@@ -477,7 +496,7 @@ static loom_status whole_logits(rl_state *s, loom_model *m, float **out, loom_er
 /* d loss / d logits of whole rows -> this tp rank's columns (in the model's logits). */
 static void own_dlogits(rl_state *s, loom_model *m) {
     if (!s->full) return;
-    const int N = s->rc->ppo_micro_batch * s->T, v0 = s->run->mesh->tp.rank * s->Vl;
+    const int N = s->rc->ppo_micro_batch * m->T, v0 = s->run->mesh->tp.rank * s->Vl;
     for (int i = 0; i < N; i++)
         memcpy(m->logits + (size_t)i * s->Vl, s->full + (size_t)i * s->V + v0,
                (size_t)s->Vl * sizeof(float));
@@ -511,6 +530,31 @@ static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, do
     return LOOM_OK;
 }
 
+/* Micro-batch k's whole-vocabulary logits x ([M, m->T, V]; m->T <= T positions a
+ * sequence): with logp, the log-probabilities into logp (rows of T a sequence); else the
+ * GRPO loss (and the old log-probabilities first when the first epoch's forward gives
+ * them), d loss / d logits into x. A sequence at a time: s's per-token arrays have T rows
+ * a sequence. */
+static double micro_batch_rows(rl_state *s, const loom_model *m, int k, float *x, float *logp,
+                               loom_grpo_stats *stats) {
+    const int M = s->rc->ppo_micro_batch, Tk = m->T;
+    const float *ref = s->ref_params ? s->ref_logp : NULL;
+    double loss = 0.0;
+    for (int b = 0; b < M; b++) {
+        const size_t row = ((size_t)k * M + b) * s->T;
+        float *xb = x + (size_t)b * Tk * s->V;
+        const int32_t *tb = m->targets + (size_t)b * Tk;
+        if (logp) {
+            loom_grpo_logprobs(xb, tb, Tk, s->V, logp + row);
+            continue;
+        }
+        if (s->old_from_update) loom_grpo_logprobs(xb, tb, Tk, s->V, s->old_logp + row);
+        loss += loom_grpo_loss(&s->rc->grpo, xb, tb, s->weight + row, s->adv + row,
+                               s->old_logp + row, ref ? ref + row : NULL, Tk, s->V, xb, stats);
+    }
+    return loss;
+}
+
 /* (3) Log-probabilities of the completions under params, every micro-batch. */
 static loom_status logprobs(rl_state *s, const float *params, float *out, loom_error *err) {
     const int M = s->rc->ppo_micro_batch;
@@ -523,11 +567,10 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
                                             stage_loss, s, &unused, err);
     }
     float *x;
-    for (int k = 0; !st && k < s->per / M; k++) {
-        const size_t row = (size_t)k * M * s->T;
+    for (int k = 0; !st && k < s->per / M; k++)
         if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, m, &x, err)))
-            loom_grpo_logprobs(x, m->targets, M * s->T, s->V, out + row);
-    }
+            micro_batch_rows(s, m, k, x, out, NULL);
+    if (!st) st = loom_model_set_tokens(m, s->T, err); /* the model's whole length again */
     return st;
 }
 
@@ -538,9 +581,8 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     loom_run *r = s->run;
     loom_model *m = &r->model;
     const loom_train_config *tc = r->tc;
-    const int M = s->rc->ppo_micro_batch, accum = s->per / M, N = M * s->T;
+    const int accum = s->per / s->rc->ppo_micro_batch;
     const float inv_t = 1.0f / s->rc->sampling.temperature;
-    const float *ref = s->ref_params ? s->ref_logp : NULL;
     loom_status st;
     loom_grad_sync_step_begin(&r->sync);
     *loss = 0.0;
@@ -552,23 +594,22 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
             return st;
     }
     for (int k = 0; k < accum && !r->pipelined; k++) {
-        const size_t row = (size_t)k * N;
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
             (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
-        if (s->old_from_update) loom_grpo_logprobs(x, m->targets, N, s->V, s->old_logp + row);
-        *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
-                                s->old_logp + row, ref ? ref + row : NULL, N, s->V, x, stats);
+        *loss += micro_batch_rows(s, m, k, x, NULL, stats);
         own_dlogits(s, m);
+        const size_t n = (size_t)s->rc->ppo_micro_batch * m->T * s->Vl;
         if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
-            for (size_t i = 0; i < (size_t)N * s->Vl; i++) m->logits[i] *= inv_t;
+            for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
         const int final = k + 1 == accum;
         if (final) loom_grad_sync_begin(&r->sync);
         if ((st = loom_model_backward(m, r->params, r->grads, final ? loom_grad_sync_ready : NULL,
                                       &r->sync)))
             return st;
     }
-    if ((st = loom_grad_sync_finish(&r->sync, err)) ||
+    if ((st = loom_model_set_tokens(m, s->T, err)) || /* the model's whole length again */
+        (st = loom_grad_sync_finish(&r->sync, err)) ||
         (st = loom_comm_allreduce_sum_f64(&r->mesh->dp, loss, 1, err)) ||
         (st = loom_grad_sync_norm(&r->sync, norm, err)))
         return st;
