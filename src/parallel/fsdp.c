@@ -113,6 +113,9 @@ static void release(loom_fsdp *f, int i) {
 loom_status loom_fsdp_before_block(void *ctx, int layer, int backward) {
     loom_fsdp *f = ctx;
     int i = layer + 1, next = backward ? i - 1 : i + 1;
+    /* release_ends: the embedding after its forward, the tail after the head's backward */
+    if (f->armed && !backward && i == 1) release(f, 0);
+    if (f->armed && backward && i == f->n_ranges - 2) release(f, f->n_ranges - 1);
     loom_status st = ensure(f, i, f->err);
     /* Prefetch what runs next while this block computes: the next block, or after the
      * last block in forward the tail (a no-op when it is still resident). */
@@ -130,6 +133,7 @@ loom_status loom_fsdp_after_block(void *ctx, int layer, int backward) {
 
 loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err) {
     /* Input first: the embedding, and block 0 right behind it. */
+    f->armed = f->release_ends && f->n_ranges > 2 && !f->keep_blocks && !f->zero->experts;
     loom_status st = start(f, 0, err);
     if (!st && f->n_ranges > 2) st = start(f, 1, err);
     if (!st) st = ensure(f, 0, err);
@@ -139,33 +143,41 @@ loom_status loom_fsdp_begin_micro_batch(loom_fsdp *f, loom_error *err) {
 }
 
 void loom_fsdp_invalidate(loom_fsdp *f) {
+    f->armed = 0;
     for (int i = 0; i < f->n_ranges; i++) release(f, i);
 }
 
 loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err) {
     loom_status st = LOOM_OK;
+    f->armed = 0; /* everything stays until loom_fsdp_invalidate */
     for (int i = 0; i < f->n_ranges && !st; i++) st = ensure(f, i, err);
     return st;
 }
 
-size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats,
-                                   int keep_blocks) {
+size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats, int keep_blocks,
+                                   int release_ends) {
     if (keep_blocks) return (shard_floats + t->total) * sizeof(float);
-    /* the blocks' ranges of loom_fsdp_create; head and tail are never handed back in a step */
-    const int L = t->n_layer;
+    /* the ranges of loom_fsdp_create: 0 the embedding, 1..L the blocks, L+1 the tail; the
+     * ends are handed back in a step only with release_ends */
+    const int L = t->n_layer, ends = release_ends && L > 0;
     size_t handed_back = 0, in_use = 0, prev = 0;
-    for (int i = 0; i < L; i++) {
-        const size_t end = i + 1 < L ? t->blocks[i + 1].begin : t->head_begin;
-        size_t lo, hi;
-        loom_fsdp_release_span(t->blocks[i].begin, end, &lo, &hi);
+    for (int i = 0; i < L + 2; i++) {
+        const size_t begin = i == 0 ? 0 : i <= L ? t->blocks[i - 1].begin : t->head_begin;
+        const size_t end = i == 0   ? (L > 0 ? t->blocks[0].begin : t->head_begin)
+                           : i < L  ? t->blocks[i].begin
+                           : i == L ? t->head_begin
+                                    : t->total;
+        size_t lo = 0, hi = 0;
+        if ((i >= 1 && i <= L) || ends) loom_fsdp_release_span(begin, end, &lo, &hi);
         handed_back += hi - lo;
-        /* in use: this block and the one next to it (L == 1: this one) */
-        if (i == 0 || (hi - lo) + prev > in_use) in_use = (hi - lo) + prev;
+        /* in use: this range and the one before it (L == 1 without ends: block 0) */
+        if ((hi - lo) + prev > in_use) in_use = (hi - lo) + prev;
         prev = hi - lo;
     }
     return (shard_floats + t->total - (handed_back - in_use)) * sizeof(float);
 }
 
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
-    return loom_fsdp_resident_bytes_of(f->zero->table, f->zero->shard_floats, f->keep_blocks);
+    return loom_fsdp_resident_bytes_of(f->zero->table, f->zero->shard_floats, f->keep_blocks,
+                                       f->release_ends);
 }

@@ -8,7 +8,8 @@
  * resident parameter memory is the shard plus about two blocks and the huge pages that
  * straddle two ranges (loom_fsdp_release_span says why). The embedding range (head) and what
  * follows the last block (tail) stay gathered for the whole step: GPT-2's tied head needs the
- * embedding again at the end.
+ * embedding again at the end (with release_ends, --grad-accum sharded, they are handed back
+ * between their uses too).
  *
  * Gathers go through the ZeRO communication engine (comm/engine.h), in the order the
  * forward needs them, input first: head, block 0 (prefetched with the head), then each
@@ -37,6 +38,12 @@ typedef struct {
      * stages run every block once per micro-batch, so they gather each block once per
      * step instead of m times, holding the stage's whole parameters during the step */
     int keep_blocks;
+    /* 1 (--grad-accum sharded, a language model's untied head): the embedding range is
+     * handed back once block 0 starts (its backward reads no parameter) and the tail once
+     * the head's backward is done (block L-1's backward starts), so the step never holds
+     * both beside the blocks; both are gathered again by the next micro-batch */
+    int release_ends;
+    int armed;       /* release_ends in effect: set by begin_micro_batch, cleared by gather_all */
     loom_error *err; /* where hook failures are described */
 } loom_fsdp;
 
@@ -61,10 +68,12 @@ loom_status loom_fsdp_gather_all(loom_fsdp *f, loom_error *err);
  * ranges stay resident. */
 void loom_fsdp_release_span(size_t begin, size_t end, size_t *lo, size_t *hi);
 /* Parameter bytes resident at most: the shard and every range, less the spans handed back
- * of the blocks not in use (all but two adjacent ones: one computing, the next
- * prefetched); with keep_blocks the shard and every range. */
+ * of the ranges not in use (all but two adjacent ones: one computing, the next
+ * prefetched; the blocks', and with release_ends the embedding's and the tail's too);
+ * with keep_blocks the shard and every range. */
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f);
 /* The same for registry t and a shard of shard_floats, without a loom_fsdp (sizing). */
-size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats, int keep_blocks);
+size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_floats, int keep_blocks,
+                                   int release_ends);
 
 #endif

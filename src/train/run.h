@@ -94,6 +94,10 @@ int loom_run_on_device(const loom_run *r);
 loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_train_config *tc,
                           loom_mesh *mesh, loom_error *err);
 
+/* ZeRO-3 with --grad-accum sharded and a language model's untied head: the embedding and
+ * the tail are handed back between their uses in a step too (parallel/fsdp.h release_ends). */
+int loom_run_fsdp_release_ends(const loom_run *r);
+
 /* What one rank holds, bytes: the start-up report's memory figures (train/run_memory.c). */
 typedef struct {
     size_t params;           /* persistent parameters (ZeRO-3: the shard) */

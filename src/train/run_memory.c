@@ -6,6 +6,11 @@
 
 #include "train/run.h"
 
+int loom_run_fsdp_release_ends(const loom_run *r) {
+    return r->zero.stage == 3 && strcmp(r->tc->grad_accum, "sharded") == 0 && !r->pipelined &&
+           loom_model_head_can_split(&r->model);
+}
+
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     memset(m, 0, sizeof *m);
     loom_zero_memory zm;
@@ -13,9 +18,10 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     m->params = zm.params;
     /* ZeRO-3 holds gathered blocks beyond its shard (once per step in a pipeline) */
     if (r->zero.stage == 3)
-        m->gathered = loom_fsdp_resident_bytes_of(&r->model.table, r->zero.shard_floats,
-                                                  r->pipelined != NULL) -
-                      zm.params;
+        m->gathered =
+            loom_fsdp_resident_bytes_of(&r->model.table, r->zero.shard_floats, r->pipelined != NULL,
+                                        loom_run_fsdp_release_ends(r)) -
+            zm.params;
     m->grads_local = zm.grads_local;
     m->grads_shard = zm.grads_shard;
     m->optimizer = zm.optimizer;

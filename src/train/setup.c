@@ -225,6 +225,7 @@ static loom_status build_buffers(loom_run *r, loom_error *err) {
         r->params = r->fsdp.view;
         r->fsdp.err = err;
         r->fsdp.keep_blocks = r->pipelined != NULL; /* once per step, not per micro-batch */
+        r->fsdp.release_ends = loom_run_fsdp_release_ends(r);
         r->model.hooks =
             (loom_block_hooks){loom_fsdp_before_block, loom_fsdp_after_block, &r->fsdp};
     } else {
