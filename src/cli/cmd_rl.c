@@ -87,7 +87,7 @@ static loom_flag_spec rl_spec(loom_flag (*flags)[RL_N_FLAGS], loom_rl_config *rc
                          0, 1e9, "minutes >= 0"),
         LOOM_FLAG_FN(2, "train-layout", train_layout, set_path, "\"FLAGS\"",
                      "loom train's layout flags for the update (--tp, --dp, --pp,\n"
-                     "--zero)"),
+                     "--zero, --cp, --sequence-parallel)"),
         LOOM_FLAG_FN(2, "gen-layout", gen_layout, set_path, "\"--dp N\"",
                      "the generation layout: N = the world, each rank whole weights\n"
                      "(the default), or \"--tp T\": world / T replicas of T tensor-\n"
@@ -174,9 +174,9 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->cp > 1 || l->ep > 1 || tc->sequence_parallel)
-        return fail("--train-layout: loom rl trains with --dp, --tp, --pp and --zero; not "
-                    "--cp, --ep or --sequence-parallel");
+    if (l->ep > 1)
+        return fail("--train-layout: loom rl trains with --dp, --tp (--sequence-parallel), --cp, "
+                    "--pp and --zero; not --ep (dense models only)");
     const struct {
         const char *flag, *value;
     } unsupported[] = {{"--dump-dir", tc->dump_dir},
@@ -214,17 +214,18 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
     const int n = rc->prompts_per_iter * rc->group_size, dp = l->dp > 0 ? l->dp : 1;
-    const int world_n = dp * (l->tp > 0 ? l->tp : 1) * (l->pp > 0 ? l->pp : 1);
+    const int world_n =
+        dp * (l->tp > 0 ? l->tp : 1) * (l->pp > 0 ? l->pp : 1) * (l->cp > 0 ? l->cp : 1);
     if ((gdp > 0 && gdp * gtp != world_n) || world_n % gtp != 0) {
         if (gtp > 1)
             snprintf(msg, sizeof msg,
                      "--gen-layout '%s': the generation layout must hold every rank of the "
-                     "training layout's %d (tp x dp = %d)",
+                     "training layout's %d (pp x dp x cp x tp = %d)",
                      gen_layout, world_n, world_n);
         else
             snprintf(msg, sizeof msg,
                      "--gen-layout '--dp %d': the generation layout must hold every rank of the "
-                     "training layout's %d (--dp %d)",
+                     "training layout's %d (pp x dp x cp x tp = %d)",
                      gdp, world_n, world_n);
         return fail(msg);
     }

@@ -110,6 +110,7 @@ typedef struct {
     loom_run *run;
     int n_global, per, q0, gper, g0;
     int T, W, V, Vl; /* positions, record words, vocabulary, its part on this tp rank */
+    int Tm;          /* positions a sample the model is planned for here (--cp: T / cp) */
     prompt_set train, eval;
     loom_batch_generator gen;
     uint8_t *stop; /* [V]: the newline ends a completion */
@@ -212,8 +213,9 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
                                                                &s->gen_descs, err)
                                : loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
             return st;
+        /* the replicas of a training piece: dp x cp ranks (cp ranks hold the same weights) */
         loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
-                                   mesh->layout.dp};
+                                   loom_layout_replicas(mesh->layout)};
         loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
         if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
         s->reshard_bytes += s->to_gen.bytes_moved;
@@ -225,16 +227,17 @@ static loom_status open_gen_layout(rl_state *s, loom_error *err) {
         if (!s->full || !s->parts)
             return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
     }
-    char pp[32] = "", gen[64] = "";
+    char pp[32] = "", gen[64] = "", cp[32] = "";
     if (r->pipelined) snprintf(pp, sizeof pp, "pp %d x ", mesh->layout.pp);
+    if (mesh->layout.cp > 1) snprintf(cp, sizeof cp, " x cp %d", mesh->layout.cp);
     if (gtp > 1) snprintf(gen, sizeof gen, "tp %d x ", gtp);
     if (mesh->rank == 0)
         fprintf(stderr,
                 "loom rl: generation layout %sdp %d (%s on every rank, %.3f MiB); "
-                "training layout %stp %d x dp %d%s (%.3f MiB of weights on rank 0); reshard "
+                "training layout %stp %d x dp %d%s%s (%.3f MiB of weights on rank 0); reshard "
                 "moves %.3f MiB between ranks\n",
                 gen, s->gdp, gtp > 1 ? "a tp shard" : "whole weights",
-                s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp, mesh->layout.dp,
+                s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp, mesh->layout.dp, cp,
                 r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
                 s->reshard_bytes / 1048576.0);
     return reshard(s, err);
@@ -261,6 +264,7 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     s->gper = s->n_global / s->gdp;
     s->g0 = s->grank * s->gper;
     s->T = mc->seq_len;
+    s->Tm = r->model.T;
     s->W = mc->seq_len + 1;
     s->V = mc->vocab_size;
     s->Vl = mc->vocab_size / mesh->layout.tp;
@@ -440,10 +444,10 @@ static loom_status build_batch(rl_state *s, loom_error *err) {
 /* Positions micro-batch k needs: up to its longest prompt + completion (row t predicts
  * token t + 1, so the last completion token's row is plen + clen - 2); the rows after a
  * sequence's end have weight 0 and, attention being causal, change no earlier row. All
- * T where the model runs whole samples only (loom_model_can_shorten). */
+ * its planned positions (all T, or its cp part) where the model cannot shorten. */
 static int micro_batch_tokens(const rl_state *s, int k) {
     const loom_model *m = &s->run->model;
-    if (s->run->pipelined || !loom_model_can_shorten(m)) return s->T;
+    if (s->run->pipelined || !loom_model_can_shorten(m)) return s->Tm;
     const int M = s->rc->ppo_micro_batch;
     int T = 1;
     for (int b = 0; b < M; b++) {
@@ -502,13 +506,44 @@ static void own_dlogits(rl_state *s, loom_model *m) {
                (size_t)s->Vl * sizeof(float));
 }
 
+/* Micro-batch k's whole-vocabulary logits x ([M, m->T, V]; m->T <= T positions a
+ * sequence): with logp, the log-probabilities into logp (rows of T a sequence); else the
+ * GRPO loss (and the old log-probabilities first when the first epoch's forward gives
+ * them), d loss / d logits into x. A run of consecutive positions of one sequence at a
+ * time: s's per-token arrays have T rows a sequence (every position, whatever the layout).
+ * With --cp the model's rows are this rank's chunks of every sequence ([chunk][sample]
+ * [token], cp/cp.h): each chunk's run reads the per-token arrays at its global positions,
+ * so the mask, advantages and old/reference log-probabilities follow cp's split. */
+static double micro_batch_rows(rl_state *s, const loom_model *m, int k, float *x, float *logp,
+                               loom_grpo_stats *stats) {
+    const int M = s->rc->ppo_micro_batch;
+    const int cp = m->cp && m->cp->size > 1, n = cp ? m->cp->n_chunks : 1, L = m->T / n;
+    const float *ref = s->ref_params ? s->ref_logp : NULL;
+    double loss = 0.0;
+    for (int j = 0; j < n; j++)
+        for (int b = 0; b < M; b++) {
+            const size_t row = ((size_t)k * M + b) * s->T + (cp ? m->cp->chunk_pos[j] : 0);
+            const size_t run = (size_t)j * M + b;
+            float *xb = x + run * L * s->V;
+            const int32_t *tb = m->targets + run * L;
+            if (logp) {
+                loom_grpo_logprobs(xb, tb, L, s->V, logp + row);
+                continue;
+            }
+            if (s->old_from_update) loom_grpo_logprobs(xb, tb, L, s->V, s->old_logp + row);
+            loss += loom_grpo_loss(&s->rc->grpo, xb, tb, s->weight + row, s->adv + row,
+                                   s->old_logp + row, ref ? ref + row : NULL, L, s->V, xb, stats);
+        }
+    return loss;
+}
+
 /* --pp > 1: the last stage's loss (pipeline/pipeline.h's loom_pp_loss_fn) on micro-batch
  * mb's logits at the sampling temperature: the completions' log-probabilities into
  * s->stage_logp (forward only), or the GRPO loss and d loss / d logits (training). */
 static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, double *loss,
                               loom_error *err) {
     rl_state *s = ctx;
-    const int N = s->rc->ppo_micro_batch * s->T;
+    const int N = s->rc->ppo_micro_batch * m->T; /* m->T: s->T, or its part under --cp */
     const size_t row = (size_t)mb * N, n = (size_t)N * s->Vl;
     const float temp = s->rc->sampling.temperature, inv_t = 1.0f / temp;
     if (temp != 1.0f)
@@ -516,43 +551,23 @@ static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, do
     float *x;
     loom_status st = whole_logits(s, m, &x, err); /* --tp > 1: the rows gathered */
     if (st) return st;
-    if (!backward) {
+    if (m->cp && m->cp->size > 1) { /* --cp: this rank's chunks of each sequence */
+        *loss += micro_batch_rows(s, m, mb, x, backward ? NULL : s->stage_logp,
+                                  backward ? s->stage_stats : NULL);
+        if (!backward) return LOOM_OK;
+    } else if (!backward) {
         loom_grpo_logprobs(x, m->targets, N, s->V, s->stage_logp + row);
         return LOOM_OK;
+    } else {
+        const float *ref = s->ref_params ? s->ref_logp + row : NULL;
+        if (s->old_from_update) loom_grpo_logprobs(x, m->targets, N, s->V, s->old_logp + row);
+        *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
+                                s->old_logp + row, ref, N, s->V, x, s->stage_stats);
     }
-    const float *ref = s->ref_params ? s->ref_logp + row : NULL;
-    if (s->old_from_update) loom_grpo_logprobs(x, m->targets, N, s->V, s->old_logp + row);
-    *loss += loom_grpo_loss(&s->rc->grpo, x, m->targets, s->weight + row, s->adv + row,
-                            s->old_logp + row, ref, N, s->V, x, s->stage_stats);
     own_dlogits(s, m);
     if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
         for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
     return LOOM_OK;
-}
-
-/* Micro-batch k's whole-vocabulary logits x ([M, m->T, V]; m->T <= T positions a
- * sequence): with logp, the log-probabilities into logp (rows of T a sequence); else the
- * GRPO loss (and the old log-probabilities first when the first epoch's forward gives
- * them), d loss / d logits into x. A sequence at a time: s's per-token arrays have T rows
- * a sequence. */
-static double micro_batch_rows(rl_state *s, const loom_model *m, int k, float *x, float *logp,
-                               loom_grpo_stats *stats) {
-    const int M = s->rc->ppo_micro_batch, Tk = m->T;
-    const float *ref = s->ref_params ? s->ref_logp : NULL;
-    double loss = 0.0;
-    for (int b = 0; b < M; b++) {
-        const size_t row = ((size_t)k * M + b) * s->T;
-        float *xb = x + (size_t)b * Tk * s->V;
-        const int32_t *tb = m->targets + (size_t)b * Tk;
-        if (logp) {
-            loom_grpo_logprobs(xb, tb, Tk, s->V, logp + row);
-            continue;
-        }
-        if (s->old_from_update) loom_grpo_logprobs(xb, tb, Tk, s->V, s->old_logp + row);
-        loss += loom_grpo_loss(&s->rc->grpo, xb, tb, s->weight + row, s->adv + row,
-                               s->old_logp + row, ref ? ref + row : NULL, Tk, s->V, xb, stats);
-    }
-    return loss;
 }
 
 /* (3) Log-probabilities of the completions under params, every micro-batch. */
@@ -570,7 +585,7 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
     for (int k = 0; !st && k < s->per / M; k++)
         if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, m, &x, err)))
             micro_batch_rows(s, m, k, x, out, NULL);
-    if (!st) st = loom_model_set_tokens(m, s->T, err); /* the model's whole length again */
+    if (!st) st = loom_model_set_tokens(m, s->Tm, err); /* the model's whole length again */
     return st;
 }
 
@@ -608,7 +623,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
                                       &r->sync)))
             return st;
     }
-    if ((st = loom_model_set_tokens(m, s->T, err)) || /* the model's whole length again */
+    if ((st = loom_model_set_tokens(m, s->Tm, err)) || /* the model's whole length again */
         (st = loom_grad_sync_finish(&r->sync, err)) ||
         (st = loom_comm_allreduce_sum_f64(&r->mesh->dp, loss, 1, err)) ||
         (st = loom_grad_sync_norm(&r->sync, norm, err)))

@@ -3,7 +3,9 @@ epoch is exactly 1 for every token (the actor's log-probabilities of its own sam
 the rollout's, bitwise); the same run twice is bitwise (metrics and weights); the
 (train, gen) layout pairs (1, 1) (bitwise), (dp 2, dp 2), (dp 2 ZeRO-3, dp 2), (dp 2 ZeRO-1,
 dp 2), (tp 2, dp 2), (tp 2 x dp 2 ZeRO-1, dp 4), (pp 2, dp 2), (pp 2 x dp 2 ZeRO-3, dp 4), (dp 2
-ZeRO-3, tp 2), (tp 2 x dp 2 ZeRO-3, tp 2 x dp 2) and (pp 2 x tp 2, tp 2 x dp 2), the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (tp 2
+ZeRO-3, tp 2), (tp 2 x dp 2 ZeRO-3, tp 2 x dp 2), (pp 2 x tp 2, tp 2 x dp 2), (cp 2, dp 2) (twice:
+bitwise), (cp 2 x tp 2 with sequence parallelism, tp 2 x dp 2) and (pp 2 x cp 2 ZeRO-3, dp 4),
+the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (tp 2
 generation: its tp shard) after every update (pp: the log-probabilities and the GRPO loss on
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
@@ -93,7 +95,13 @@ def main():
                    ("train_tp2dp2z3_gen_tp2dp2",
                     ["--train-layout", "--tp 2 --dp 2 --zero 3", "--gen-layout", "--tp 2 --dp 2"], 4),
                    ("train_pp2tp2_gen_tp2dp2",
-                    ["--train-layout", "--pp 2 --tp 2", "--gen-layout", "--tp 2 --dp 2"], 4))
+                    ["--train-layout", "--pp 2 --tp 2", "--gen-layout", "--tp 2 --dp 2"], 4),
+                   ("train_cp2_gen_dp2", ["--train-layout", "--cp 2", "--gen-layout", "--dp 2"], 2),
+                   ("train_cp2tp2sp_gen_tp2dp2",
+                    ["--train-layout", "--cp 2 --tp 2 --sequence-parallel", "--gen-layout",
+                     "--tp 2 --dp 2"], 4),
+                   ("train_pp2cp2z3_gen_dp4",
+                    ["--train-layout", "--pp 2 --cp 2 --zero 3", "--gen-layout", "--dp 4"], 4))
         for name, extra, ranks in layouts:
             m, w = rl(name, extra, ranks=ranks)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1] and \
@@ -105,6 +113,10 @@ def main():
             its = [r for r in m if "reward_mean" in r]
             check(its[0].get("ratio_not_one_first_epoch") == 0,
                   f"{name}: first-epoch ratio exactly 1")
+            if name == "train_cp2_gen_dp2":  # a new layout twice: bitwise
+                m_again, w_again = rl(name + "_again", extra, ranks=ranks)
+                check(m_again == m and all((w_again[k] == w[k]).all() for k in w),
+                      f"{name} twice: bitwise the same metrics and weights")
 
         # GRPO learns: rewarded for each digit 5-9 in the completion (at most 6), the policy
         # goes from about 0.5 to about 5 in 20 iterations (seeds 5-7: 5.4-5.6).
@@ -147,7 +159,7 @@ def main():
         with open(empty, "w") as f:
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
-        bad("context parallel", ["--train-layout", "--cp 2"], "--train-layout")
+        bad("expert parallel", ["--train-layout", "--ep 2"], "--train-layout")
         bad("tp generation layout does not fit", ["--gen-layout", "--tp 2"], "--gen-layout")
         bad("pipelined generation layout", ["--gen-layout", "--pp 2"], "--gen-layout")
         bad("tp generation does not divide the heads", ["--gen-layout", "--tp 8"],
