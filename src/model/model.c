@@ -134,18 +134,21 @@ size_t loom_model_block_range_end(const loom_param_table *t, int l) {
 
 int loom_model_can_shorten(const loom_model *m) {
     return (m->cfg.family == LOOM_FAMILY_GPT2 || m->cfg.family == LOOM_FAMILY_LLAMA) &&
-           !loom_model_cp_on(m) && (!m->tp || m->tp->size == 1) && !m->moe &&
-           loom_backend_precision(m->be) == LOOM_PRECISION_FP32;
+           !loom_model_cp_on(m) && !m->moe && loom_backend_precision(m->be) == LOOM_PRECISION_FP32;
 }
 
 loom_status loom_model_set_tokens(loom_model *m, int T, loom_error *err) {
     if (T == m->T) return LOOM_OK;
-    if (!loom_model_can_shorten(m) || T < 1 || T > m->T_seq)
+    const int tp = m->tp ? m->tp->size : 1, sp = loom_model_seq_parallel(m);
+    if (!loom_model_can_shorten(m) || T < 1 || T > m->T_seq || (sp && m->B * T % tp))
         return loom_error_set(err, LOOM_ERR_STATE,
                               "model: cannot run %d of %d positions a sample in this layout", T,
                               m->T_seq);
+    /* tensor parallelism: its collectives move the rows of B x T tokens */
+    loom_status st = tp > 1 ? loom_tp_set_rows(m->tp, m->B * T, err) : LOOM_OK;
+    if (st) return st;
     m->T = T;
-    m->Ns = m->B * T;
+    m->Ns = sp ? m->B * T / tp : m->B * T;
     return LOOM_OK;
 }
 

@@ -203,10 +203,12 @@ size_t loom_model_activation_bytes(const loom_model *m);
 
 /* Runs the following calls on the first T positions of each sample (1 <= T <= the
  * planned length; the arena planned for it is used in part): causal attention makes a
- * position's outputs independent of later ones. Only a whole language model on one rank
- * of its tensor group (no context or tensor parallelism, no experts, fp32): else (or T
- * out of range) LOOM_ERR_STATE and nothing changes. Records are still read as windows of
- * the planned length + 1 tokens. loom_model_can_shorten says whether it may be called. */
+ * position's outputs independent of later ones. Only a language model holding whole
+ * sequences (no context parallelism, no experts, fp32; tensor parallelism sets its
+ * group's row count, loom_tp_set_rows, and with sequence parallelism B x T must divide
+ * by tp): else (or T out of range) LOOM_ERR_STATE and nothing changes. Records are still
+ * read as windows of the planned length + 1 tokens. loom_model_can_shorten says whether
+ * it may be called. */
 int loom_model_can_shorten(const loom_model *m);
 loom_status loom_model_set_tokens(loom_model *m, int T, loom_error *err);
 

@@ -454,7 +454,11 @@ static int micro_batch_tokens(const rl_state *s, int k) {
         const int q = s->q0 + k * M + b, end = s->plen[q] + s->clen[q] - 1;
         if (end > T) T = end;
     }
-    return T < s->T ? T : s->T;
+    /* sequence parallelism: each tp rank M x T / tp rows of the residual stream */
+    const int tp = m->tp ? m->tp->size : 1;
+    if (m->tp && m->tp->sequence_parallel)
+        while ((M * T) % tp && T < s->Tm) T++;
+    return T < s->Tm ? T : s->Tm;
 }
 
 /* Forward of micro-batch k under params, its first micro_batch_tokens positions a

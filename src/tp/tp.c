@@ -3,6 +3,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* rows of the following calls: the gather/scatter counts and the loss's row counts */
+static void set_rows(loom_tp *tp, int rows) {
+    tp->rows = rows;
+    tp->local_rows = tp->sequence_parallel ? rows / tp->size : rows;
+    for (int r = 0; r < tp->size; r++) {
+        tp->counts[r] = tp->local_rows * tp->width;
+        tp->displs[r] = r * tp->local_rows * tp->width;
+        tp->row_counts[r] = rows;
+        tp->row_displs[r] = r * rows;
+    }
+}
+
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
                            loom_error *err) {
     memset(tp, 0, sizeof *tp);
@@ -11,9 +23,8 @@ loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, 
     tp->rank = comm->rank;
     tp->size = comm->size;
     tp->sequence_parallel = sequence_parallel && comm->size > 1;
-    tp->rows = rows;
+    tp->rows = tp->max_rows = rows;
     tp->width = width;
-    tp->local_rows = tp->sequence_parallel ? rows / comm->size : rows;
     const size_t S = (size_t)comm->size;
     tp->counts = calloc(S, sizeof(int));
     tp->displs = calloc(S, sizeof(int));
@@ -26,12 +37,16 @@ loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, 
         loom_tp_free(tp);
         return loom_error_set(err, LOOM_ERR_NOMEM, "tensor parallelism: out of memory");
     }
-    for (int r = 0; r < comm->size; r++) {
-        tp->counts[r] = tp->local_rows * width;
-        tp->displs[r] = r * tp->local_rows * width;
-        tp->row_counts[r] = rows;
-        tp->row_displs[r] = r * rows;
-    }
+    set_rows(tp, rows);
+    return LOOM_OK;
+}
+
+loom_status loom_tp_set_rows(loom_tp *tp, int rows, loom_error *err) {
+    if (rows < 1 || rows > tp->max_rows || (tp->sequence_parallel && rows % tp->size))
+        return loom_error_set(err, LOOM_ERR_STATE,
+                              "tensor parallelism: cannot move %d rows (at most %d%s)", rows,
+                              tp->max_rows, tp->sequence_parallel ? ", a multiple of tp" : "");
+    set_rows(tp, rows);
     return LOOM_OK;
 }
 

@@ -30,6 +30,7 @@ typedef struct {
     int rank, size;
     int sequence_parallel;
     int rows, width;              /* N tokens per micro-batch, C model width */
+    int max_rows;                 /* rows at creation: what the buffers hold */
     int local_rows;               /* N / size with sequence parallelism, else N */
     int *counts, *displs;         /* per rank: its local_rows * width floats (gather/scatter) */
     int *row_counts, *row_displs; /* per rank: rows (the row maxima of the loss) */
@@ -41,6 +42,10 @@ typedef struct {
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
                            loom_error *err);
 void loom_tp_free(loom_tp *tp);
+/* The following calls move `rows` rows (1 <= rows <= max_rows; with sequence parallelism a
+ * multiple of the group's size): a model running part of its planned positions
+ * (loom_model_set_tokens). LOOM_ERR_STATE otherwise, nothing changed. */
+loom_status loom_tp_set_rows(loom_tp *tp, int rows, loom_error *err);
 
 /* Row-parallel output: sums partial [rows, width] over the group. Without sequence
  * parallelism in place (out must be partial); with it, reduce-scatter: out receives this
