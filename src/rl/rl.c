@@ -635,6 +635,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     const float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
     loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
     if ((st = loom_grad_sync_step(&r->sync, *norm, lr, &tc->adamw, step + 1, err))) return st;
+    loom_compute_weights_refresh(&r->cw, step + 1); /* --precision bf16: the weights' copy */
     loom_grad_sync_step_end(&r->sync);
     return LOOM_OK;
 }
@@ -734,6 +735,9 @@ static loom_status loop(rl_state *s, loom_error *err) {
     int first_it = 0, stop = 0, it;
     if ((st = open_resume(s, &first_it, err))) return st;
     loom_progress_set_step(r->start_step);
+    /* --precision bf16: the GEMMs read the weights' bf16 copy (train/compute_weights.h),
+     * rounded here from the initial (or resumed) weights and after every update */
+    loom_compute_weights_refresh(&r->cw, r->start_step);
     double acc = NAN;
     if (first_it == 0 && s->eval.n) {
         loom_trace_begin(tr, "evaluate", "rl");
