@@ -12,6 +12,7 @@
 #include "core/fs.h"
 #include "core/philox.h"
 #include "model/weights.h"
+#include "rl/prompts.h"
 #include "rl/reference.h"
 #include "rl/reward.h"
 #include "parallel/reshard.h"
@@ -36,71 +37,6 @@ void loom_rl_config_defaults(loom_rl_config *rc) {
     rc->gen_tp = 1;
 }
 
-/* A prompt file: one prompt a line, byte tokens. */
-typedef struct {
-    char **text;
-    int32_t **ids;
-    int *len;
-    int n;
-} prompt_set;
-
-static void prompts_free(prompt_set *p) {
-    for (int i = 0; i < p->n; i++) free(p->text[i]), free(p->ids[i]);
-    free(p->text), free(p->ids), free(p->len);
-    memset(p, 0, sizeof *p);
-}
-
-static loom_status prompts_load(prompt_set *p, const char *flag, const char *path, int max_len,
-                                loom_error *err) {
-    memset(p, 0, sizeof *p);
-    FILE *f = fopen(path, "r");
-    if (!f) return loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': cannot open", flag, path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int alloc = 0;
-    loom_status st = LOOM_OK;
-    while (!st && (len = getline(&line, &cap, f)) >= 0) {
-        if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
-        if (len == 0 || len > max_len) {
-            st = loom_error_set(err, LOOM_ERR_INPUT,
-                                "%s %s:%d: %s (expected one prompt a line of 1 to %d bytes)", flag,
-                                path, p->n + 1, len ? "too long" : "empty line", max_len);
-            break;
-        }
-        if (p->n == alloc) {
-            alloc = alloc ? 2 * alloc : 256;
-            char **t = realloc(p->text, (size_t)alloc * sizeof *t);
-            if (t) p->text = t;
-            int32_t **ids = realloc(p->ids, (size_t)alloc * sizeof *ids);
-            if (ids) p->ids = ids;
-            int *l = realloc(p->len, (size_t)alloc * sizeof *l);
-            if (l) p->len = l;
-            if (!t || !ids || !l) {
-                st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", flag);
-                break;
-            }
-        }
-        p->text[p->n] = strdup(line);
-        p->ids[p->n] = malloc((size_t)len * sizeof(int32_t));
-        p->len[p->n] = (int)len;
-        if (!p->text[p->n] || !p->ids[p->n]) {
-            free(p->text[p->n]), free(p->ids[p->n]);
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", flag);
-            break;
-        }
-        for (ssize_t i = 0; i < len; i++) p->ids[p->n][i] = (unsigned char)line[i];
-        p->n++;
-    }
-    free(line);
-    fclose(f);
-    if (!st && p->n == 0)
-        st = loom_error_set(err, LOOM_ERR_INPUT, "%s '%s': no prompt (expected one a line)", flag,
-                            path);
-    if (st) prompts_free(p);
-    return st;
-}
-
 /* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
  * k x G + sample over the iteration; the generation layout gives its replica w (world
  * rank / gen tp) the slice [g0, g0 + gper), the training layout gives data rank d
@@ -111,7 +47,7 @@ typedef struct {
     int n_global, per, q0, gper, g0;
     int T, W, V, Vl; /* positions, record words, vocabulary, its part on this tp rank */
     int Tm;          /* positions a sample the model is planned for here (--cp: T / cp) */
-    prompt_set train, eval;
+    loom_prompt_set train, eval;
     loom_batch_generator gen;
     uint8_t *stop; /* [V]: the newline ends a completion */
     /* the generation layout's own copy of the weights (training with --tp > 1): every
@@ -153,8 +89,8 @@ static void state_free(rl_state *s) {
     loom_ckpt_descs_free(&s->gen_descs);
     loom_params_free(&s->gen_table);
     if (s->gmesh_on) loom_mesh_free(&s->gmesh);
-    prompts_free(&s->train);
-    prompts_free(&s->eval);
+    loom_prompts_free(&s->train);
+    loom_prompts_free(&s->eval);
     for (int i = 0; s->ctext && i < s->gper; i++) free(s->ctext[i]);
     free(s->stop), free(s->pptr), free(s->plen), free(s->clen), free(s->pidx), free(s->comp);
     free(s->stream), free(s->reward), free(s->sums), free(s->adv), free(s->weight);
@@ -268,9 +204,9 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     s->W = mc->seq_len + 1;
     s->V = mc->vocab_size;
     s->Vl = mc->vocab_size / mesh->layout.tp;
-    if ((st = prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
+    if ((st = loom_prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
         (rc->eval_prompts[0] &&
-         (st = prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
+         (st = loom_prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
         return st;
     const size_t n = (size_t)s->n_global, g = (size_t)s->gper, PT = (size_t)s->per * s->T;
     s->stop = calloc((size_t)s->V, 1);
