@@ -260,6 +260,27 @@ static void want_huge_pages(void *p, size_t n) {
 #endif
 }
 
+/* A tensor frozen (--freeze) in the run that saved m: its weights are there, neither of
+ * its AdamW moments is (a checkpoint holds no optimizer state for frozen tensors). */
+static int frozen_when_saved(const loom_ckpt_manifest *m, const char *param, loom_ckpt_kind kind) {
+    if (kind != LOOM_CKPT_ADAM_M && kind != LOOM_CKPT_ADAM_V) return 0;
+    char name[224];
+    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_PARAMS, param);
+    if (!loom_ckpt_manifest_find(m, name)) return 0;
+    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_ADAM_M, param);
+    if (loom_ckpt_manifest_find(m, name)) return 0;
+    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_ADAM_V, param);
+    return !loom_ckpt_manifest_find(m, name);
+}
+
+/* Zeros into piece q's place in its buffer. */
+static void zero_piece(const loom_ckpt_piece *q, const loom_ckpt_buffer dst[LOOM_CKPT_KINDS]) {
+    const loom_ckpt_buffer *b = &dst[q->kind];
+    float *at = b->data + (q->local - b->base);
+    for (int64_t r = 0; r < q->box.len[0]; r++)
+        memset(at + r * q->stride, 0, (size_t)q->box.len[1] * sizeof(float));
+}
+
 #define PREFETCH_BYTES ((uint64_t)32 << 20) /* read ahead of the current chunk (WILLNEED) */
 
 loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const loom_ckpt_descs *t,
@@ -286,7 +307,11 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         loom_ckpt_tensor_name(name, sizeof name, plan.items[i].kind, p->name);
         const loom_ckpt_tensor *ct = loom_ckpt_manifest_find(m, name);
         int64_t gs1 = p->ndim == 2 ? p->global_shape[1] : 0;
-        if (!ct)
+        if (!ct && frozen_when_saved(m, p->name, plan.items[i].kind)) {
+            zero_piece(&plan.items[i], dst); /* its moments start at zero */
+            ptensor[i] = -1;
+            covered[i] = loom_ckpt_box_volume(&plan.items[i].box);
+        } else if (!ct)
             st =
                 loom_error_set(err, LOOM_ERR_INPUT, "%s: checkpoint has no tensor '%s'", dir, name);
         else if (ct->ndim != p->ndim || ct->shape[0] != p->global_shape[0] || ct->shape[1] != gs1)

@@ -27,6 +27,7 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     loom_tp *tp = o->tp;
     loom_comm *ep = o->ep;
     m->split_backward = (o->flags & LOOM_MODEL_SPLIT_BACKWARD) != 0;
+    m->no_weight_grads = m->split_backward && (o->flags & LOOM_MODEL_NO_WEIGHT_GRADS) != 0;
     m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
     m->recompute_selective = (o->flags & LOOM_MODEL_RECOMPUTE_SELECTIVE) != 0;
     m->size_only = (o->flags & LOOM_MODEL_SIZE_ONLY) != 0;

@@ -118,6 +118,7 @@ struct loom_model {
     int32_t *inputs, *targets; /* [N] each */
     loom_moe *moe;             /* NULL for a dense model (model/moe.h) */
     int split_backward;        /* 1: backward in B (input) and W (weight) parts */
+    int no_weight_grads;       /* 1: B only, W never runs (LOOM_MODEL_NO_WEIGHT_GRADS) */
     /* 1: activation recomputation: the arena keeps only each block's output (the next
      * block's input) per layer, the other activations are one block's worth shared by
      * all layers, refilled by re-running the block's forward right before its backward
@@ -157,6 +158,9 @@ struct loom_model {
 #define LOOM_MODEL_SIZE_ONLY 4
 /* Plan the arena for selective recomputation (see `recompute_selective`). */
 #define LOOM_MODEL_RECOMPUTE_SELECTIVE 8
+/* With LOOM_MODEL_SPLIT_BACKWARD: W never runs (a frozen decoder, --freeze llm), so B keeps
+ * nothing for it (no per-block output-gradient buffers). */
+#define LOOM_MODEL_NO_WEIGHT_GRADS 16
 
 /* --recompute: what backward recomputes (the values of loom_train_config.recompute). */
 typedef enum {

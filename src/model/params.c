@@ -463,6 +463,25 @@ int64_t loom_param_global_index(const loom_param *p, int64_t local) {
     return r * gcols + c;
 }
 
+int loom_params_train_span(const loom_param_table *t, size_t *lo, size_t *hi) {
+    size_t a = t->total, b = 0;
+    int frozen = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        if (p->frozen) {
+            frozen = 1;
+            continue;
+        }
+        if (p->offset < a) a = p->offset;
+        if (p->offset + p->numel > b) b = p->offset + p->numel;
+    }
+    if (!frozen) a = 0, b = t->total;
+    if (a > b) a = b = 0; /* every tensor frozen: nothing to train here */
+    *lo = a;
+    *hi = b;
+    return a != 0 || b != t->total;
+}
+
 int loom_params_find(const loom_param_table *t, const char *name) {
     for (int i = 0; i < t->n_params; i++)
         if (strcmp(t->params[i].name, name) == 0) return i;

@@ -174,5 +174,11 @@ void loom_params_init_range(const loom_param_table *table, float *dst, size_t lo
 int64_t loom_param_global_index(const loom_param *p, int64_t local);
 /* Index of the parameter named `name`, or -1. */
 int loom_params_find(const loom_param_table *table, const char *name);
+/* The trainable span (--freeze): the smallest flat range [*lo, *hi) holding every tensor
+ * that is not frozen; [0, total) when none is frozen (empty, lo == hi, when all are).
+ * Gradients, AdamW state and the data-parallel reduction cover only this range
+ * (parallel/zero.h); a vlm's parts are contiguous (encoder, projector, decoder), so a
+ * frozen encoder, decoder or both ends leave it out. Returns 1 when it is not [0, total). */
+int loom_params_train_span(const loom_param_table *table, size_t *lo, size_t *hi);
 
 #endif

@@ -89,7 +89,8 @@ loom_status loom_model_row_backward(loom_model *m, const float *dout_local, cons
     if (st) return st;
     loom_linear_backward_act(m->be, dinp, LOOM_DX_SET, dy, w, m->split_backward ? NULL : dw, db,
                              inp, N, IC, C);
-    if (m->split_backward) loom_backend_copy(m->be, keep, dy, (size_t)N * C * sizeof(float));
+    if (m->split_backward && keep)
+        loom_backend_copy(m->be, keep, dy, (size_t)N * C * sizeof(float));
     return LOOM_OK;
 }
 

@@ -97,7 +97,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             carve_block(m, &d, cv, a, mlp, sel ? &shared : NULL, 0);
         a->res2 = loom_carve(cv, Ns * C);
         /* split backward (zero-bubble W): the linears' output gradients, kept for W */
-        const int split = m->split_backward;
+        const int split = m->split_backward && !m->no_weight_grads;
         a->d_res2 = split && mlp ? loom_carve(cv, N * C) : NULL;
         a->d_fc = split && mlp ? loom_carve(cv, N * FC) : NULL;
         a->d_res1 = split ? loom_carve(cv, N * C) : NULL;
@@ -338,8 +338,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     const int N = d.N, Ns = d.Ns, C = d.C, hd = d.hd;
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
-    const int split = m->split_backward;
-    float *dfc = split ? a->d_fc : m->dfc, *dqkv = split ? a->d_qkv : m->dqkv;
+    float *dfc = a->d_fc ? a->d_fc : m->dfc, *dqkv = a->d_qkv ? a->d_qkv : m->dqkv;
     const float *dn, *dy;
     loom_status st = loom_model_hook(m, 0, l, 1);
     /* recomputation: the block's activations again, from its kept input */

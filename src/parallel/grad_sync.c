@@ -92,8 +92,8 @@ static loom_flat_run *owned_ranges(const loom_grad_sync *s, int *n) {
         }
     } else if (z->stage >= 2) { /* the rank's shard */
         add_run(own, n, z->lo, z->hi);
-    } else if (s->mesh->dp.rank == 0) { /* every replica holds it all: the first counts */
-        add_run(own, n, 0, z->total);
+    } else if (s->mesh->dp.rank == 0) {          /* every replica holds it all: the first counts */
+        add_run(own, n, z->span_lo, z->span_hi); /* [0, total) unless --freeze */
     }
     return own;
 }
@@ -111,7 +111,7 @@ static loom_status plan_norm(loom_grad_sync *s, loom_error *err) {
     int r = 0; /* both lists are in flat order */
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        if (!p->counted_in_norm) continue;
+        if (!p->counted_in_norm || p->frozen) continue; /* --freeze: no gradient */
         const size_t plo = p->offset, phi = p->offset + p->numel;
         while (r < n_own && own[r].hi <= plo) r++;
         for (int k = r; k < n_own && own[k].lo < phi; k++) {
@@ -168,7 +168,7 @@ static loom_status reduce_norm_grads(loom_grad_sync *s, size_t begin, size_t end
     const loom_param_table *t = s->table;
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        if (!p->sp_partial || p->offset < begin || p->offset >= end) continue;
+        if (!p->sp_partial || p->frozen || p->offset < begin || p->offset >= end) continue;
         loom_status st =
             loom_comm_allreduce_sum(s->tp->comm, s->grads + p->offset, p->numel, s->tp->err);
         if (st) return st;

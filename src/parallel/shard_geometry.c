@@ -28,16 +28,23 @@ static size_t snap_to_row(const loom_param_table *t, const size_t *start, loom_s
     return total;
 }
 
-void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
-                           size_t total, int R, size_t *counts, size_t *displs) {
-    size_t prev = 0;
+void loom_shard_split_rows_span(const loom_param_table *t, const size_t *start,
+                                loom_shard_kind kind, size_t a, size_t b, int R, size_t *counts,
+                                size_t *displs) {
+    size_t prev = a;
     for (int r = 0; r < R; r++) {
-        size_t end = r + 1 == R ? total : snap_to_row(t, start, kind, total, total * (r + 1) / R);
+        size_t end = r + 1 == R ? b : snap_to_row(t, start, kind, b, a + (b - a) * (r + 1) / R);
+        if (end > b) end = b;
         if (end < prev) end = prev;
         displs[r] = prev;
         counts[r] = end - prev;
         prev = end;
     }
+}
+
+void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
+                           size_t total, int R, size_t *counts, size_t *displs) {
+    loom_shard_split_rows_span(t, start, kind, 0, total, R, counts, displs);
 }
 
 void loom_shard_range_parts(const size_t *shard_counts, const size_t *shard_displs, int R,
@@ -74,6 +81,25 @@ loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table 
         }
     }
     loom_shard_split_rows(t, l->start, kind, l->total, group->size, l->counts, l->displs);
+    l->lo = l->displs[group->rank];
+    l->hi = l->lo + l->counts[group->rank];
+    return LOOM_OK;
+}
+
+loom_status loom_shard_layout_init_span(loom_shard_layout *l, const loom_param_table *t,
+                                        loom_comm *group, size_t a, size_t b, loom_error *err) {
+    memset(l, 0, sizeof *l);
+    l->table = t;
+    l->kind = LOOM_SHARD_ALL;
+    l->group = group;
+    l->counts = calloc((size_t)group->size, sizeof(size_t));
+    l->displs = calloc((size_t)group->size, sizeof(size_t));
+    if (!l->counts || !l->displs) {
+        loom_shard_layout_free(l);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "shards: out of memory");
+    }
+    l->total = t->total;
+    loom_shard_split_rows_span(t, NULL, LOOM_SHARD_ALL, a, b, group->size, l->counts, l->displs);
     l->lo = l->displs[group->rank];
     l->hi = l->lo + l->counts[group->rank];
     return LOOM_OK;

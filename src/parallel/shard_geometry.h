@@ -31,6 +31,12 @@ int loom_shard_takes(loom_shard_kind kind, const loom_param *p);
 void loom_shard_split_rows(const loom_param_table *t, const size_t *start, loom_shard_kind kind,
                            size_t total, int R, size_t *counts, size_t *displs);
 
+/* The same split of positions [a, b) only (shard r: [displs[r], displs[r] + counts[r]),
+ * displs[0] == a): loom_shard_split_rows is the case a = 0, b = total. */
+void loom_shard_split_rows_span(const loom_param_table *t, const size_t *start,
+                                loom_shard_kind kind, size_t a, size_t b, int R, size_t *counts,
+                                size_t *displs);
+
 /* Each of R shards' part (shards: shard_counts/shard_displs) of the range [begin, end):
  * counts[r] elements at displs[r] relative to begin (0, 0 where shard r misses it). The
  * range is one collective's (a bucket, a block): end - begin must be below 2^31. */
@@ -55,6 +61,10 @@ typedef struct {
 
 loom_status loom_shard_layout_init(loom_shard_layout *l, const loom_param_table *t,
                                    loom_shard_kind kind, loom_comm *group, loom_error *err);
+/* Kind ALL cut over the flat range [a, b) only (positions are flat offsets; the ranks'
+ * segments together cover [a, b)): ZeRO's shards of the trainable span (--freeze). */
+loom_status loom_shard_layout_init_span(loom_shard_layout *l, const loom_param_table *t,
+                                        loom_comm *group, size_t a, size_t b, loom_error *err);
 void loom_shard_layout_free(loom_shard_layout *l);
 /* Where tensor i starts in the sequence. */
 static inline size_t loom_shard_layout_start(const loom_shard_layout *l, int i) {

@@ -47,15 +47,33 @@ static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_para
                               "than 2^31: a larger --bucket-mb)",
                               bucket_mb, max_buckets, z->total);
     z->max_buckets = (int)max_buckets;
-    if (loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err)) {
+    /* --freeze: only the trainable span is sharded (not at ZeRO-3, not with experts) */
+    int experts = 0;
+    for (int i = 0; i < table->n_params; i++) experts |= table->params[i].expert >= 0;
+    z->span_on =
+        loom_params_train_span(table, &z->span_lo, &z->span_hi) && z->stage < 3 && !experts;
+    if (!z->span_on) z->span_lo = 0, z->span_hi = z->total;
+    loom_status st =
+        z->span_on ? loom_shard_layout_init_span(&z->shards, table, dp, z->span_lo, z->span_hi, err)
+                   : loom_shard_layout_init(&z->shards, table, LOOM_SHARD_ALL, dp, err);
+    if (!st && z->span_on) {
+        z->param_counts = calloc((size_t)dp->size, sizeof(size_t));
+        z->param_displs = calloc((size_t)dp->size, sizeof(size_t));
+        if (z->param_counts && z->param_displs)
+            loom_shard_split_rows(table, NULL, LOOM_SHARD_ALL, z->total, dp->size, z->param_counts,
+                                  z->param_displs);
+        else
+            st = LOOM_ERR_NOMEM;
+    }
+    if (st) {
         loom_zero_free(z);
         return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO: out of memory for the shards");
     }
     z->lo = z->shards.lo;
     z->hi = z->shards.hi;
     if (z->stage == 0) {
-        z->lo = 0;
-        z->hi = z->total;
+        z->lo = z->span_lo;
+        z->hi = z->span_hi;
     }
     z->shard_floats = z->hi - z->lo;
     return LOOM_OK;
@@ -100,7 +118,8 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
      * --grad-accum sharded reduces every micro-batch's head range as it comes, like any
      * other range: a dense wte range posted early would be a third range in flight.
      * bf16 reduction: the embedding rows go through the buckets like every gradient. */
-    if (z->bucket_floats >= z->total || z->accum_resident || z->reduce_bf16) return LOOM_OK;
+    if (z->bucket_floats >= z->total || z->accum_resident || z->reduce_bf16 || z->span_on)
+        return LOOM_OK;
     return loom_embed_grad_plan(&z->embed, z->table, z->dp->size, n_tokens, seq_len, err);
 }
 
@@ -143,6 +162,8 @@ void loom_zero_free(loom_zero *z) {
     free(z->parts);
     loom_zero_bf16_free(z);
     loom_shard_layout_free(&z->shards);
+    free(z->param_counts);
+    free(z->param_displs);
     if (on_device(z)) {
         loom_backend_free(z->be, z->m);
         loom_backend_free(z->be, z->v);
@@ -159,7 +180,7 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     const size_t n = z->shard_floats, f = sizeof(float);
     m->shard_floats = n;
     m->params = (z->stage == 3 ? n : z->total) * f;
-    m->grads_local = z->total * f;
+    m->grads_local = (z->span_hi - z->span_lo) * f; /* --freeze: the trainable span */
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
     m->grads_shard = z->stage >= 2 && !z->experts ? n * f : 0;
@@ -191,11 +212,22 @@ float *loom_zero_map_huge(size_t bytes) {
 float *loom_zero_grads_alloc(loom_zero *z) {
     if (on_device(z)) /* stage 0 (loom_zero_place_on) */
         return device_zeros(z->be, (z->total ? z->total : 1) * sizeof(float));
-    if (z->stage < 2) return calloc(z->total ? z->total : 1, sizeof(float));
+    if (z->stage < 2 && !z->span_on) return calloc(z->total ? z->total : 1, sizeof(float));
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     z->grads_bytes = (z->total * sizeof(float) + page - 1) / page * page;
     z->page_map = malloc(z->grads_bytes / page);
     float *grads = z->page_map ? loom_zero_map_huge(z->grads_bytes) : NULL;
+#ifdef MADV_NOHUGEPAGE
+    /* --freeze: the frozen tensors' part of the mapping is address space only (nothing
+     * clears, reduces or reads it); 4 KiB pages there, so that a stray write (a frozen
+     * decoder's norm gradients, cleared by model/vlm.c) never makes 2 MiB resident */
+    if (grads && z->span_on) {
+        const size_t lo = z->span_lo * sizeof(float) / page * page;
+        const size_t hi = (z->span_hi * sizeof(float) + page - 1) / page * page;
+        if (lo > 0) madvise(grads, lo, MADV_NOHUGEPAGE);
+        if (hi < z->grads_bytes) madvise((char *)grads + hi, z->grads_bytes - hi, MADV_NOHUGEPAGE);
+    }
+#endif
     /* The shard's reduced gradient stays where the in-place all-reduce leaves it (its
      * pages are never handed back): no copy, no second buffer. --ep keeps its own. */
     if (grads && !z->experts) z->grad_shard = z->accum ? z->accum : grads + z->lo;
@@ -215,7 +247,7 @@ void loom_zero_grads_free(loom_zero *z, float *grads) {
     if (!grads) return;
     if (on_device(z))
         loom_backend_free(z->be, grads);
-    else if (z->stage < 2)
+    else if (z->stage < 2 && !z->span_on)
         free(grads);
     else
         munmap(grads, z->grads_bytes);
@@ -232,14 +264,14 @@ void loom_zero_release_pages(float *base, size_t begin, size_t end) {
 void loom_zero_grads_clear(loom_zero *z, float *grads) {
     if (on_device(z))
         loom_backend_memset(z->be, grads, 0, z->total * sizeof(float));
-    else if (z->stage < 2)
-        memset(grads, 0, z->total * sizeof(float));
+    else if (z->stage < 2) /* --freeze: the trainable span only */
+        memset(grads + z->span_lo, 0, (z->span_hi - z->span_lo) * sizeof(float));
     else
         madvise(grads, z->grads_bytes, MADV_DONTNEED);
 }
 
 size_t loom_zero_grads_resident(const loom_zero *z, const float *grads) {
-    if (z->stage < 2 || !z->page_map) return z->total * sizeof(float);
+    if (z->stage < 2 || !z->page_map) return (z->span_hi - z->span_lo) * sizeof(float);
     size_t page = (size_t)sysconf(_SC_PAGESIZE), n = z->grads_bytes / page, resident = 0;
     if (mincore((void *)grads, z->grads_bytes, z->page_map) != 0) return z->grads_bytes;
     for (size_t i = 0; i < n; i++) resident += z->page_map[i] & 1;
@@ -302,10 +334,10 @@ void loom_zero_step_end(loom_zero *z) {
 
 void loom_zero_begin_reduction(loom_zero *z) {
     z->n_buckets = 0;
-    z->consumed_from = z->total;
+    z->consumed_from = z->span_hi;
     z->released_from = z->grads_bytes / sizeof(float); /* the mapping's end */
     z->recv_used = 0;
-    z->pending_begin = z->pending_end = z->total;
+    z->pending_begin = z->pending_end = z->span_hi;
     z->step_wait_ms = 0.0;
 }
 
@@ -375,6 +407,10 @@ static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t 
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     loom_zero_ready_ctx *c = ctx;
     loom_zero *z = c->zero;
+    /* --freeze: only the trainable span is reduced; a frozen range has nothing to send */
+    if (begin < z->span_lo) begin = z->span_lo < end ? z->span_lo : end;
+    if (end > z->span_hi) end = z->span_hi > begin ? z->span_hi : begin;
+    if (begin == end && z->span_on) return LOOM_OK;
     /* Ranges arrive in decreasing order: extend the pending run downwards. */
     if (end != z->pending_begin)
         return loom_error_set(c->err, LOOM_ERR_STATE, "ZeRO: gradient ranges out of order");
@@ -595,7 +631,7 @@ void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shar
         b[0] = (loom_ckpt_buffer){param_shard, z->lo, z->lo, z->hi};
     else
         b[0] = (loom_ckpt_buffer){params, 0, 0, z->total};
-    const size_t base = z->stage == 0 ? 0 : z->lo;
+    const size_t base = z->lo; /* stage 0: [span_lo, span_hi), else the shard */
     b[1] = (loom_ckpt_buffer){z->m, base, z->lo, z->hi};
     b[2] = (loom_ckpt_buffer){z->v, base, z->lo, z->hi};
     b[3] = (loom_ckpt_buffer){z->ema, base, z->lo, z->hi};
@@ -606,6 +642,10 @@ loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err) {
         return loom_error_set(
             err, LOOM_ERR_INPUT,
             "--ema-decay: not available with --ep and ZeRO 1-3 (expert segments)");
+    if (z->span_on)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--ema-decay: not with --freeze yet (the average is kept for the "
+                              "trainable tensors only)");
     z->ema_decay = decay;
     z->ema = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->ema ? LOOM_OK : loom_error_set(err, LOOM_ERR_NOMEM, "--ema-decay: out of memory");
@@ -640,8 +680,17 @@ void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
     *hi = *lo + z->shards.counts[r];
 }
 
+void loom_zero_param_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
+    if (!z->span_on) {
+        loom_zero_shard_of(z, r, lo, hi);
+        return;
+    }
+    *lo = z->param_displs[r];
+    *hi = *lo + z->param_counts[r];
+}
+
 void loom_zero_clear_state(loom_zero *z) {
-    const size_t n = z->stage == 0 ? z->total : z->hi - z->lo;
+    const size_t n = z->hi - z->lo; /* stage 0: the whole trainable span */
     memset(z->m, 0, n * sizeof(float));
     memset(z->v, 0, n * sizeof(float));
 }

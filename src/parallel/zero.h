@@ -68,9 +68,19 @@ typedef struct {
     size_t total;
     loom_shard_layout shards; /* every rank's shard of the flat buffer (over dp) */
     size_t lo, hi;            /* this rank's shard */
-    size_t shard_floats;      /* its optimizer state's floats (--ep: the segments') */
-    float *m, *v;             /* AdamW state: whole buffer (stage 0) or the shard */
-    float *ema;               /* --ema-decay: the weights' moving average, laid out as m */
+    /* --freeze (stages 0-2, no experts): the trainable span [span_lo, span_hi) of the
+     * registry (loom_params_train_span). The shards, the optimizer state, the cleared,
+     * reduced and clipped gradients and the gathered parameters cover only it: a frozen
+     * tensor outside it has no gradient page touched, no AdamW state and no collective.
+     * span_on 0: [0, total) (every run without --freeze, and ZeRO-3, whose parameter
+     * shards must hold every tensor). param_counts/displs: the shards of [0, total) that
+     * checkpoints write the parameters by (span_on only). */
+    int span_on;
+    size_t span_lo, span_hi;
+    size_t *param_counts, *param_displs;
+    size_t shard_floats; /* its optimizer state's floats (--ep: the segments') */
+    float *m, *v;        /* AdamW state: whole buffer (stage 0) or the shard */
+    float *ema;          /* --ema-decay: the weights' moving average, laid out as m */
     float ema_decay;
     float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
                           buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
@@ -230,8 +240,10 @@ loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err);
 void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
                             loom_ckpt_buffer b[LOOM_CKPT_KINDS]);
 /* Data-parallel rank r's row-snapped shard [*lo, *hi) of the flat buffer (also at ZeRO-0,
- * where it balances the bytes replicas write). */
+ * where it balances the bytes replicas write): of the optimizer state's range, and with
+ * loom_zero_param_shard_of of the whole parameters (the same unless --freeze). */
 void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi);
+void loom_zero_param_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi);
 /* Zero moments for a fresh start (the rank's part of m and v). */
 void loom_zero_clear_state(loom_zero *z);
 static inline int loom_zero_stage(const loom_zero *z) {

@@ -12,8 +12,9 @@ struct loom_pp_vision_state {
     loom_pp_vision plan;
     loom_model **enc; /* a later stage: its encoder models (one per piece in flight) */
     int n_enc;
-    size_t E;    /* floats of the encoder and projector: [0, E) of the first stage's flat */
-    size_t rows; /* floats of one micro-batch's image rows */
+    size_t E;      /* floats of the encoder and projector: [0, E) of the first stage's flat */
+    size_t ga, gb; /* --freeze: the trainable part of [0, E), the only gradients sent back */
+    size_t rows;   /* floats of one micro-batch's image rows */
     float *wparams, *wgrads;          /* a later stage: the replica (the encoder models' table) */
     float *emb, *demb;                /* [m][rows] */
     float *gsum;                      /* the first stage: [pp][E], each stage's replica gradients */
@@ -25,6 +26,14 @@ struct loom_pp_vision_state {
 
 static float *rows_of(const loom_pp_vision_state *vs, float *base, int mb) {
     return base + (size_t)mb * vs->rows;
+}
+
+/* The part of [0, E) whose gradients the replicas send back: the trainable span's
+ * (model/params.h; all of it without --freeze, nothing with encoder and projector frozen). */
+static void grad_range(loom_pp_vision_state *vs, const loom_param_table *t) {
+    loom_params_train_span(t, &vs->ga, &vs->gb);
+    if (vs->gb > vs->E) vs->gb = vs->E;
+    if (vs->ga > vs->gb) vs->ga = vs->gb;
 }
 
 loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, loom_error *err) {
@@ -61,6 +70,7 @@ loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, lo
         }
         const loom_param_table *t = &vs->enc[0]->table;
         vs->E = (size_t)t->wte;
+        grad_range(vs, t);
         vs->rows = loom_vlm_image_rows_floats(vs->enc[0]);
         vs->bytes = (size_t)vs->n_enc * loom_model_activation_bytes(vs->enc[0]) +
                     2 * t->total * sizeof(float) + 2 * (size_t)m * vs->rows * sizeof(float);
@@ -70,10 +80,12 @@ loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, lo
         if (!vs->wparams || !vs->wgrads) goto nomem;
     } else if (r == 0) {
         vs->E = (size_t)pl->slots[0]->table.wte;
+        grad_range(vs, &pl->slots[0]->table);
+        const size_t G = vs->gb - vs->ga;
         vs->rows = loom_vlm_image_rows_floats(pl->slots[0]);
-        vs->bytes = ((size_t)pl->pp * vs->E + 2 * (size_t)m * vs->rows) * sizeof(float);
+        vs->bytes = ((size_t)pl->pp * G + 2 * (size_t)m * vs->rows) * sizeof(float);
         if (size_only) return LOOM_OK;
-        vs->gsum = calloc((size_t)pl->pp * vs->E, sizeof(float));
+        vs->gsum = calloc((size_t)pl->pp * G + 1, sizeof(float));
         if (!vs->gsum) goto nomem;
     }
     if (vs->rows) {
@@ -126,9 +138,9 @@ loom_status loom_pp_vision_step_begin(loom_pipeline *pl, const float *params, lo
         for (int q = 1; q < pl->pp && !st; q++) {
             if (vp->pieces[q] == 0) continue;
             st = loom_comm_isend(pl->comm, params, vs->E, q, W, &vs->w_h[q], err);
-            if (!st)
-                st = loom_comm_irecv(pl->comm, vs->gsum + (size_t)q * vs->E, vs->E, q, G,
-                                     &vs->g_h[q], err);
+            if (!st && vs->gb > vs->ga)
+                st = loom_comm_irecv(pl->comm, vs->gsum + (size_t)q * (vs->gb - vs->ga),
+                                     vs->gb - vs->ga, q, G, &vs->g_h[q], err);
         }
         for (int i = 0; i < pl->m && !st; i++)
             if (vp->owner[i] != 0)
@@ -140,7 +152,7 @@ loom_status loom_pp_vision_step_begin(loom_pipeline *pl, const float *params, lo
     /* the replica: this step's weights from the first stage, gradients from zero */
     if (!(st = loom_comm_irecv(pl->comm, vs->wparams, vs->E, 0, W, &vs->w_h[0], err)))
         st = loom_comm_wait(&vs->w_h[0], err);
-    memset(vs->wgrads, 0, vs->enc[0]->table.total * sizeof(float));
+    memset(vs->wgrads + vs->ga, 0, (vs->gb - vs->ga) * sizeof(float)); /* the rest stays 0 */
     vs->eb_left = vp->pieces[r];
     for (int i = 0; i < pl->m && !st; i++)
         if (vp->owner[i] == r)
@@ -162,8 +174,9 @@ loom_status loom_pp_vision_pieces(loom_pipeline *pl, int j, const int32_t *batch
         loom_trace_begin(pl->slots[0]->trace, "pp vision backward", "compute");
         loom_vlm_encode_backward(e, vs->wparams, vs->wgrads, rows_of(vs, vs->demb, i));
         loom_trace_end(pl->slots[0]->trace);
-        if (--vs->eb_left == 0)
-            st = loom_comm_isend(pl->comm, vs->wgrads, vs->E, 0, G, &vs->g_h[0], err);
+        if (--vs->eb_left == 0 && vs->gb > vs->ga)
+            st = loom_comm_isend(pl->comm, vs->wgrads + vs->ga, vs->gb - vs->ga, 0, G, &vs->g_h[0],
+                                 err);
     }
     for (int i = 0; i < pl->m && !st; i++) { /* then the forwards */
         if (vp->owner[i] != r || vp->ef_at[i] != j) continue;
@@ -203,10 +216,10 @@ loom_status loom_pp_vision_add_grads(loom_pipeline *pl, float *grads, loom_error
     loom_status st = LOOM_OK;
     if (pl->rank != 0) return LOOM_OK;
     for (int q = 1; q < pl->pp && !st; q++) { /* in stage order: the same sum every run */
-        if (vs->plan.pieces[q] == 0) continue;
+        if (vs->plan.pieces[q] == 0 || vs->gb == vs->ga) continue;
         if ((st = loom_comm_wait(&vs->g_h[q], err))) break;
-        const float *g = vs->gsum + (size_t)q * vs->E;
-        for (size_t k = 0; k < vs->E; k++) grads[k] += g[k];
+        const float *g = vs->gsum + (size_t)q * (vs->gb - vs->ga);
+        for (size_t k = vs->ga; k < vs->gb; k++) grads[k] += g[k - vs->ga];
     }
     return st;
 }

@@ -34,6 +34,9 @@ static void post_range(buckets *b, double t, size_t lo, size_t hi) {
 
 void loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi) {
     const int first = hi == b->total;
+    if (lo < b->span_lo) lo = b->span_lo < hi ? b->span_lo : hi; /* --freeze: as zero.c */
+    if (hi > b->span_hi) hi = b->span_hi > lo ? b->span_hi : lo;
+    if (lo == hi && (b->span_lo > 0 || b->span_hi < b->total)) return;
     if (b->embed_rows && lo == 0) {
         engine_post(b->e, t,
                     engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group, b->q->tp, b->rows_bytes));
@@ -72,11 +75,15 @@ void loom_price_buckets_init(step_pricing *x) {
     size_t bucket = raw < 1 ? 1 : raw;
     if (bucket > table->total) bucket = table->total ? table->total : 1;
     bk->total = table->total, bk->bucket = bucket, bk->q = x->q, bk->e = &x->eng;
-    bk->pending_begin = bk->pending_end = table->total;
+    bk->span_lo = 0, bk->span_hi = table->total;
+    if (x->zero < 3 && !x->ep_sync && loom_price_expert_floats(table) == 0)
+        loom_params_train_span(table, &bk->span_lo, &bk->span_hi);
+    bk->pending_begin = bk->pending_end = bk->span_hi;
     bk->group = x->ep_sync ? 1 : x->replicas;
     if (strcmp(x->tc->grad_reduce_dtype, "bf16") == 0 && !x->ep_sync)
         bk->reduce_bf16 = x->zero >= 2 ? 1 : 2;
     bk->embed_rows = !x->ep_sync && !bk->reduce_bf16 && x->pp == 1 &&
+                     bk->span_hi - bk->span_lo == table->total &&
                      wte_rows_enabled(table, x->replicas, bucket);
     bk->wte_end = wte_numel(table);
     bk->rows_bytes = 4.0 * x->replicas * x->d->N * (x->d->C + 1);
@@ -162,9 +169,11 @@ void loom_price_after_backward(step_pricing *x) {
     const int zero = x->zero, replicas = x->replicas;
     price_reduction(x);
     /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
-    const size_t shard = zero >= 1 ? (table->total + replicas - 1) / replicas : table->total;
+    /* --freeze: only the trainable span (stages 0-2; parallel/zero.h) */
+    const size_t span = x->bk.span_hi - x->bk.span_lo;
+    const size_t shard = zero >= 1 ? (span + replicas - 1) / replicas : span;
     /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
-    const size_t owned = zero >= 2 ? shard : table->total;
+    const size_t owned = zero >= 2 ? shard : span;
     P->norm = coll(q, LOOM_COLL_ALLREDUCE, replicas, q->tp, 8) +
               bytes_ms(q, 4.0 * (double)owned) * share +
               coll(q, LOOM_COLL_ALLREDUCE, x->world, 1, 8);
@@ -174,15 +183,15 @@ void loom_price_after_backward(step_pricing *x) {
      * handed back, zero-filled by the kernel as backward touches them again: whole huge
      * pages, as cheap as the memset; counted here: llama 6M dp 2 ZeRO-2 faults ~270 times a
      * step and rank, not the 5,900 4 KiB pages of its 23 MiB) */
-    P->clear = memset_ms(q, (double)table->total) * share;
+    P->clear = memset_ms(q, (double)span) * share;
     /* clipping and AdamW on this rank's part */
     double adam = 0;
     double updated = (double)shard;
-    if (x->mc->freeze && table->total > 0) { /* --freeze: AdamW skips the frozen tensors */
+    if (x->mc->freeze && span > 0) { /* --freeze: AdamW skips the frozen tensors */
         size_t frozen = 0;
         for (int i = 0; i < table->n_params; i++)
             if (table->params[i].frozen) frozen += table->params[i].numel;
-        updated *= 1.0 - (double)frozen / (double)table->total;
+        updated = (double)shard * (1.0 - (double)(frozen - (table->total - span)) / (double)span);
     }
     if (!q->st && updated > 0)
         q->st = loom_profile_adamw_ms(q->p, updated, q->threads, &adam, q->err);
@@ -190,7 +199,7 @@ void loom_price_after_backward(step_pricing *x) {
     if ((zero == 1 || zero == 2) && x->tc->overlap_param_gather && x->g)
         price_overlapped_gathers(x);
     else if (zero == 1 || zero == 2) /* the updated shards to every replica */
-        P->param_gather = coll(q, LOOM_COLL_ALLGATHER, replicas, q->tp, 4.0 * (double)table->total);
+        P->param_gather = coll(q, LOOM_COLL_ALLGATHER, replicas, q->tp, 4.0 * (double)span);
 
     /* the engine thread's CPU competes with compute on a CPU node */
     if (q->cpu) {

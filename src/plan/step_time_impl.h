@@ -188,7 +188,8 @@ static inline double engine_post(engine *e, double t, double ms) {
 typedef struct {
     size_t total, bucket;
     size_t pending_begin, pending_end;
-    int embed_rows; /* the embedding's rows gathered as data (embed_grad.h) */
+    size_t span_lo, span_hi; /* --freeze: the trainable span reduced (parallel/zero.h) */
+    int embed_rows;          /* the embedding's rows gathered as data (embed_grad.h) */
     size_t wte_end;
     double rows_bytes; /* their all-gather */
     int group;         /* replicas */

@@ -38,6 +38,8 @@ static void written_buffers(const loom_checkpointing *c, loom_ckpt_buffer b[LOOM
     size_t lo, hi;
     loom_zero_shard_of(c->zero, c->mesh->dp_rank, &lo, &hi);
     for (int k = 0; k < LOOM_CKPT_KINDS; k++) b[k].lo = lo, b[k].hi = hi;
+    /* --freeze: the state covers the trainable span, the weights everything */
+    loom_zero_param_shard_of(c->zero, c->mesh->dp_rank, &b[0].lo, &b[0].hi);
 }
 
 /* The writer of written_buffers' ranges; with expert parallelism the expert tensors

@@ -151,7 +151,9 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     r->tp.err = err;
     /* --freeze llm: the decoder's backward runs its input-gradient half only (B of split
      * backward, never followed by W), so it computes no weight gradients */
-    const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM) ? LOOM_MODEL_SPLIT_BACKWARD : 0;
+    const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM)
+                               ? LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_NO_WEIGHT_GRADS
+                               : 0;
     if (frozen_llm && mesh->layout.pp > 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--freeze llm: not with --pp %d yet (the pipeline's schedules run "

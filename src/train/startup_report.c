@@ -79,18 +79,24 @@ void loom_run_report_startup(const loom_run *r) {
                 bf / (2.0 * (double)(z->total - own) * 4.0),
                 (double)(z->total + z->recv_cap) * 2.0 / MiB);
     }
-    if (mc->freeze) { /* --freeze (vlm): what is not trained, and what it still holds */
+    if (mc->freeze) { /* --freeze (vlm): what is not trained, and what it no longer holds */
+        const loom_zero *z = &r->zero;
         size_t frozen = 0;
         for (int i = 0; i < r->model.table.n_params; i++)
             if (r->model.table.params[i].frozen) frozen += r->model.table.params[i].numel;
+        const size_t outside = P - (z->span_hi - z->span_lo); /* no gradient, state, reduction */
         fprintf(stderr,
                 "loom: frozen (--freeze):%s%s%s %zu of %zu parameters on this rank: no gradients "
-                "computed and no AdamW update; their gradient (%.3f MiB) and AdamW (%.3f MiB) "
-                "space is still allocated and reduced (zeros)\n",
+                "and no AdamW update; %zu of them outside the trainable span [%zu, %zu) hold no "
+                "gradient (%.3f MiB less), no AdamW state (%.3f MiB less over the replicas) and "
+                "are never reduced%s\n",
                 mc->freeze & LOOM_VLM_PART_VISION ? " vision" : "",
                 mc->freeze & LOOM_VLM_PART_PROJECTOR ? " projector" : "",
-                mc->freeze & LOOM_VLM_PART_LLM ? " llm" : "", frozen, P,
-                (double)frozen * sizeof(float) / MiB, 2.0 * frozen * sizeof(float) / MiB);
+                mc->freeze & LOOM_VLM_PART_LLM ? " llm" : "", frozen, P, outside, z->span_lo,
+                z->span_hi, (double)outside * sizeof(float) / MiB,
+                2.0 * (double)outside * sizeof(float) / MiB,
+                z->stage == 3 ? " (not with ZeRO-3 yet: gradients and state still cover them)"
+                              : "");
     }
     if (r->tp.size > 1)
         fprintf(stderr,

@@ -14,8 +14,10 @@ tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sha
 the masked loss vocabulary-parallel. Under context parallelism (cp 2 ring and Ulysses, and
 cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks and an
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
-encoder (--freeze vision): one process against dp 2 ZeRO-1, and the encoder's weights must
-end bitwise as they started. A third case trains on samples with 0 to 3 images with
+encoder (--freeze vision): one process against dp 2 ZeRO-1 and ZeRO-2, the encoder's weights
+must end bitwise as they started, the report's gradient and AdamW bytes drop by the
+encoder's size, a checkpoint resumes bitwise and, resumed with the encoder trainable (LLaVA's
+stage 2), one process and dp 2 ZeRO-2 agree. A third case trains on samples with 0 to 3 images with
 --balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
 compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
 usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 
@@ -152,6 +155,67 @@ def vision_bubbles(base, tmp):
     same = bitwise(again, lay.runs["pp2_1f1b_bubbles"])
     check(same)
     print(f"  pp2_1f1b_bubbles twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    # a frozen encoder: the replica on stage 1 sends back the projector's gradients only
+    fz = Layouts(wide + ["--freeze", "vision"], tmp, "vlm_bubbles_frozen_")
+    fref = fz.run("single", 1)
+    got = compare(fz, fref, "pp2_1f1b_bubbles_frozen", 2, flags)
+    still = all(np.array_equal(got.params[n], got.init[n]) for n in got.params
+                if n.startswith("vision."))
+    check(still)
+    print(f"    --freeze vision: encoder unchanged {still}")
+
+
+def report_mib(stderr):
+    """The start-up report's local gradient and AdamW MiB."""
+    m = re.search(r"grads ([0-9.]+) MiB \(local accumulation\).*optimizer ([0-9.]+) MiB", stderr)
+    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
+
+
+def frozen_case(layouts, ref, base, tmp):
+    """--freeze vision: one process against dp 2 ZeRO-1 and ZeRO-2 (the encoder's weights end
+    bitwise as they started); the report's gradient and AdamW bytes drop by the encoder's
+    size; a checkpoint resumes bitwise, and resumed with the encoder trainable (LLaVA's stage 1
+    -> stage 2: its moments start at zero) one process and dp 2 ZeRO-2 agree."""
+    frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
+    fref = frozen.run("single", 1)
+    print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
+          f"{fref.losses[-1]:.4f}")
+    got = compare(frozen, fref, "dp2_zero1", 2, ["--dp", "2", "--zero", "1"])
+    still = all(np.array_equal(got.params[n], got.init[n]) for n in got.params
+                if n.startswith("vision."))
+    moved = any(not np.array_equal(got.params[n], got.init[n]) for n in got.params
+                if n.startswith("projector."))
+    check(still and moved)
+    print(f"    frozen encoder unchanged: {still}, projector trained: {moved}")
+    vision_mib = sum(a.size for n, a in fref.params.items() if n.startswith("vision.")) * 4 / 2**20
+    (g0, o0), (g1, o1) = report_mib(ref.stderr), report_mib(fref.stderr)
+    ok = (g0 is not None and g1 is not None and abs(g0 - g1 - vision_mib) <= 2e-3
+          and abs(o0 - o1 - 2 * vision_mib) <= 2e-3)
+    check(ok)
+    print(f"  report: grads {g0} -> {g1} MiB, optimizer {o0} -> {o1} MiB; the encoder is "
+          f"{vision_mib:.3f} MiB  {'ok' if ok else 'FAIL'}")
+    saver = check_resume(frozen, "--freeze vision, dp2 ZeRO-2", 2, ["--dp", "2", "--zero", "2"], 3)
+    all_err, w_err, _ = weights_error(saver.params, fref.params, D_MODEL)
+    loss_err = loss_error(saver.losses, fref.losses)
+    still = all(np.array_equal(saver.params[n], saver.init[n]) for n in saver.params
+                if n.startswith("vision."))
+    ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and still
+    check(ok)
+    print(f"  dp2 ZeRO-2 (the saving run) against one process: losses {loss_err:.2e} weights "
+          f"{all_err:.2e}, encoder unchanged {still}  {'ok' if ok else 'FAIL'}")
+    at = ["--resume", os.path.join(frozen.path("ckpt"), "step_00000003")]
+    u1 = layouts.run("unfrozen_single", 1, at)
+    u2 = layouts.run("unfrozen_dp2_zero2", 2, ["--dp", "2", "--zero", "2"] + at)
+    all_err, w_err, _ = weights_error(u2.params, u1.params, D_MODEL)
+    loss_err = loss_error(u2.losses, u1.losses)
+    moved = any(not np.array_equal(u1.params[n], saver.init[n]) for n in u1.params
+                if n.startswith("vision."))
+    ok = ("resumed from" in u1.stderr and moved and loss_err <= TOL and all_err <= TOL
+          and w_err <= 10 * TOL)
+    check(ok)
+    print(f"  frozen checkpoint resumed with the encoder trainable: encoder trained {moved}, "
+          f"dp2 ZeRO-2 vs one process losses {loss_err:.2e} weights {all_err:.2e}  "
+          f"{'ok' if ok else 'FAIL'}")
 
 
 def main():
@@ -187,17 +251,7 @@ def main():
         # saved at step 3 in one layout, resumed from there: the same end
         check_resume(layouts, "dp2 ZeRO-1", 2, ["--dp", "2", "--zero", "1"], 3,
                      [("pp2", 2, ["--pp", "2"])], ref, D_MODEL)
-        frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
-        fref = frozen.run("single", 1)
-        print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
-              f"{fref.losses[-1]:.4f}")
-        got = compare(frozen, fref, "dp2_zero1", 2, ["--dp", "2", "--zero", "1"])
-        still = all(np.array_equal(got.params[n], got.init[n]) for n in got.params
-                    if n.startswith("vision."))
-        moved = any(not np.array_equal(got.params[n], got.init[n]) for n in got.params
-                    if n.startswith("projector."))
-        check(still and moved)
-        print(f"  frozen encoder unchanged: {still}, projector trained: {moved}")
+        frozen_case(layouts, ref, base, tmp)
         balance_dp(args, base, tmp, seed)
         vision_bubbles(base, tmp)
     finally:
