@@ -22,7 +22,8 @@
  * (118 MiB, llama 512x8 at dp 2, measured with an LD_PRELOAD malloc tracer): resident
  * memory the start-up report could not predict, as it depends on timing. One at a time,
  * as a single NCCL stream runs them, bounds it by the largest partition
- * (loom_comm_engine_temp_bytes); the reductions, fixed by count and communicator size,
+ * (parallel/zero.h loom_zero_largest_partition, which the start-up report counts); the
+ * reductions, fixed by count and communicator size,
  * are the same bits. The next operation starts as soon as the previous completes. */
 #define LOOM_ENGINE_IN_FLIGHT 1
 
