@@ -59,6 +59,7 @@ static json_t *memory_json(const loom_plan_memory *m, int stage) {
     B(moe_buffers);
     B(pp_messages);
     if (m->vision) B(vision);
+    B(mpi_temp);
     B(total);
 #undef B
     json_object_set_new(o, "pp_slots", json_integer(m->pp_slots));
@@ -109,6 +110,11 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
         fprintf(f, "pipeline stage %d holds the most (world rank %d):\n", stage,
                 stage * tc->layout.tp * loom_layout_replicas(tc->layout));
     fprintf(f, "loom: %s\n", line);
+    if (m->mpi_temp)
+        fprintf(f,
+                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffer for the largest "
+                "gradient partition, %zu floats; one collective in flight at a time)\n",
+                m->mpi_temp / MiB, m->mpi_temp / sizeof(float));
     fprintf(f, "loom: memory per rank in all: %.3f MiB\n", m->total / MiB);
     if (m->pp_slots)
         fprintf(f,

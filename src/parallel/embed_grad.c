@@ -3,16 +3,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,
-                                 int n_tokens, int seq_len, loom_error *err) {
-    memset(eg, 0, sizeof *eg);
+/* The wte parameter's index when the split applies to this table, else -1. */
+static int split_wte(const loom_param_table *t, int ranks) {
     size_t head_end = t->n_layer > 0 ? t->blocks[0].begin : t->head_begin;
     int w = -1;
     for (int i = 0; i < t->n_params; i++)
         if (t->params[i].offset == t->wte) w = i;
     if (ranks < 2 || w < 0 || t->wte != 0 || t->params[w].ndim != 2 || t->params[w].tp_size > 1 ||
         t->params[w].shape[0] >= (1 << 24) || t->params[w].numel > head_end)
-        return LOOM_OK;
+        return -1;
+    return w;
+}
+
+size_t loom_embed_grad_wte_end(const loom_param_table *t, int ranks) {
+    const int w = split_wte(t, ranks);
+    return w < 0 ? 0 : t->params[w].numel;
+}
+
+loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,
+                                 int n_tokens, int seq_len, loom_error *err) {
+    memset(eg, 0, sizeof *eg);
+    const int w = split_wte(t, ranks);
+    if (w < 0) return LOOM_OK;
     eg->wte_end = t->params[w].numel;
     eg->wpe = t->wpe;
     eg->C = (int)t->params[w].shape[1];

@@ -33,6 +33,9 @@ typedef struct {
     loom_comm_op op; /* the all-gather of rows */
 } loom_embed_grad;
 
+/* The dense wte range's end [0, wte_end) loom_embed_grad_plan would set for this table
+ * over `ranks` (0: no split), without allocating (sizing). */
+size_t loom_embed_grad_wte_end(const loom_param_table *t, int ranks);
 /* Enables the split when it applies (ranks > 1, wte first in the flat buffer and not
  * split by tensor parallelism, vocabulary < 2^24); otherwise leaves eg disabled. */
 loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,

@@ -392,6 +392,42 @@ static loom_status keep_shard(loom_zero *z, float *grads, int b, loom_error *err
     return LOOM_OK;
 }
 
+/* The largest part send_bucket cuts [begin, begin + n) into. */
+static size_t largest_part(size_t n, size_t bucket) {
+    if (n == 0) return 0;
+    const size_t parts = (n + bucket - 1) / bucket;
+    return (n + parts - 1) / parts;
+}
+
+size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end) {
+    if (z->dp->size == 1 || z->reduce_bf16) return 0;
+    const loom_param_table *t = z->table;
+    const int L = t->n_layer;
+    const int n_head = t->head_begin < t->total ? (z->head_pieces > 1 ? z->head_pieces : 1) : 0;
+    /* as loom_zero_grads_ready: the dense wte range first, on its own; then the ranges in
+     * backward's order (head or its pieces, blocks L-1 .. 0, the embedding down to wte_end
+     * or 0), merged until a run reaches bucket_floats (--grad-accum sharded: each alone),
+     * the rest at loom_zero_finish_reduction */
+    size_t most = largest_part(wte_end, z->bucket_floats), end = z->total, b, e;
+    for (int i = 0; i <= n_head + L; i++) {
+        if (i < n_head && n_head > 1)
+            loom_model_head_piece(t, n_head - 1 - i, n_head, &b, &e);
+        else if (i < n_head)
+            b = t->head_begin;
+        else if (i < n_head + L)
+            b = t->blocks[L - 1 - (i - n_head)].begin;
+        else
+            b = wte_end;
+        if (b > end) continue;
+        if (i == n_head + L || end - b >= z->bucket_floats || z->accum_resident) {
+            const size_t p = largest_part(end - b, z->bucket_floats);
+            if (p > most) most = p;
+            end = b;
+        }
+    }
+    return most;
+}
+
 /* Posts [begin, end) as partitions of at most bucket_floats, highest offsets first (the
  * order backward finishes them in), so partitions are posted in one order everywhere. */
 static loom_status send_bucket(loom_zero *z, float *grads, size_t begin, size_t end,

@@ -146,6 +146,10 @@ typedef struct {
     size_t shard_floats; /* this rank's shard (the whole buffer at stage 0) */
 } loom_zero_memory;
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
+/* The largest gradient all-reduce a step posts (floats; 0 with one rank): what OpenMPI's
+ * MPI_Iallreduce allocates a temporary of (comm/engine.c). wte_end: the embedding split's
+ * dense range (parallel/embed_grad.h), 0 without it. Shapes only (loom plan too). */
+size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end);
 
 /* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
  * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's

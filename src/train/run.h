@@ -113,6 +113,7 @@ typedef struct {
     int pp_slots;            /* --pp > 1: micro-batches in flight, one arena (+ MoE) each */
     size_t pp_messages;      /* --pp > 1: the stage's message buffers */
     size_t vision;           /* --vision-schedule bubbles: loom_pp_vision_bytes */
+    size_t mpi_temp;         /* dp > 1: OpenMPI's temporary of the largest gradient all-reduce */
     size_t total;            /* all of the above that is allocated */
 } loom_run_memory;
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m);

@@ -11,6 +11,18 @@ int loom_run_fsdp_release_ends(const loom_run *r) {
            loom_model_head_can_split(&r->model);
 }
 
+/* Where the embedding split's dense wte range ends (0: no split): the run's own, or in
+ * sizing (no plan made) the conditions setup.c and loom_zero_plan_embedding apply. */
+static size_t embed_split_end(const loom_run *r) {
+    if (!r->size_only) return r->zero.embed.enabled ? r->zero.embed.wte_end : 0;
+    const loom_zero *z = &r->zero;
+    if (r->pipelined || r->mesh->ep.size > 1 || r->mesh->layout.cp > 1 ||
+        r->mc->family == LOOM_FAMILY_VLM || z->bucket_floats >= z->total || z->accum_resident ||
+        strcmp(r->tc->grad_reduce_dtype, "bf16") == 0)
+        return 0;
+    return loom_embed_grad_wte_end(z->table, z->dp->size);
+}
+
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     memset(m, 0, sizeof *m);
     loom_zero_memory zm;
@@ -42,8 +54,16 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
         m->pp_messages = 4 * (size_t)pl->n_slots * pl->v * pl->act_floats * sizeof(float);
         m->vision = loom_pp_vision_bytes(pl);
     }
+    /* OpenMPI's MPI_Iallreduce (coll/libnbc, nbc_iallreduce.c) mallocs a temporary of its
+     * whole buffer; the engine runs one collective at a time (comm/engine.c) and the heap
+     * keeps freed memory (core/malloc_policy.h), so the largest partition's stays resident.
+     * (--grad-reduce-dtype bf16 moves its buckets with all-to-alls instead: not counted.) */
+    const int bf16_wire = strcmp(r->tc->grad_reduce_dtype, "bf16") == 0;
+    if (r->zero.dp && !bf16_wire && r->zero.table)
+        m->mpi_temp = loom_zero_largest_partition(&r->zero, embed_split_end(r)) * sizeof(float);
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
-               per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages + m->vision;
+               per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages +
+               m->vision + m->mpi_temp;
 }
 
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,

@@ -54,6 +54,11 @@ void loom_run_report_startup(const loom_run *r) {
     char line[512];
     loom_run_memory_line(&rm, tc->micro_batch, mc->seq_len, line, sizeof line);
     fprintf(stderr, "loom: %s\n", line);
+    if (rm.mpi_temp)
+        fprintf(stderr,
+                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffer for the largest "
+                "gradient partition, %zu floats; one collective in flight at a time)\n",
+                rm.mpi_temp / MiB, rm.mpi_temp / sizeof(float));
     fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
             rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)

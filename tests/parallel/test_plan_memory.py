@@ -147,6 +147,8 @@ FIGURES = {  # start-up report line -> the plan's JSON fields (rank 0's)
                  lambda m: [m["act_whole_bytes"] / MIB], [3]),
     "moe": (re.compile(r"experts per rank\), buffers " + NUM + " MiB"),
             lambda m: [m["moe_buffers_bytes"] / MIB], [1]),
+    "mpi_temp": (re.compile(r"MPI all-reduce temporary: " + NUM + " MiB"),
+                 lambda m: [m["mpi_temp_bytes"] / MIB], [3]),
     "total": (re.compile(r"memory per rank in all: " + NUM + " MiB"),
               lambda m: [m["total_bytes"] / MIB], [3]),
 }
