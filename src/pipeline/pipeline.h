@@ -34,6 +34,7 @@ typedef struct {
     int recompute;               /* --recompute: a loom_recompute */
     int size_only;               /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
     const loom_backend *backend; /* the slots' ops (NULL: the CPU's; --precision bf16) */
+    int bf16_messages; /* --precision bf16: the stage boundary's messages travel as bf16 */
     int micro_batch, global_batch;
     int vision_bubbles; /* --vision-schedule bubbles (vlm): pipeline/vision_plan.h */
 } loom_pp_config;

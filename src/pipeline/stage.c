@@ -169,7 +169,7 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *
 
 /* --precision bf16: the messages between stages travel as bf16 (docs/precision.md). */
 static int bf16_messages(const loom_pipeline *pl) {
-    return pl->cfg.backend && loom_backend_precision(pl->cfg.backend) == LOOM_PRECISION_BF16;
+    return pl->cfg.bf16_messages;
 }
 
 size_t loom_pipeline_message_bytes(const loom_pipeline *pl) {
