@@ -277,6 +277,26 @@ loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, in
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "irecv", err);
 }
 
+loom_status loom_comm_isend_bf16(loom_comm *c, const uint16_t *buf, size_t count, int peer, int tag,
+                                 loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return loom_error_set(err, LOOM_ERR_STATE, "bf16 send on %s: host only", c->name);
+    if (begin_op(c, h, "send_bf16", count * 2))
+        return loom_error_set(err, LOOM_ERR_STATE, "isend on a communicator of size 1");
+    int rc = MPI_Isend(buf, (int)count, MPI_UINT16_T, peer, tag, c->mpi, &h->req);
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "isend_bf16", err);
+}
+
+loom_status loom_comm_irecv_bf16(loom_comm *c, uint16_t *buf, size_t count, int peer, int tag,
+                                 loom_comm_handle *h, loom_error *err) {
+    if (c->device == LOOM_COMM_CUDA)
+        return loom_error_set(err, LOOM_ERR_STATE, "bf16 receive on %s: host only", c->name);
+    if (begin_op(c, h, "recv_bf16", count * 2))
+        return loom_error_set(err, LOOM_ERR_STATE, "irecv on a communicator of size 1");
+    int rc = MPI_Irecv(buf, (int)count, MPI_UINT16_T, peer, tag, c->mpi, &h->req);
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(c, rc, "irecv_bf16", err);
+}
+
 loom_status loom_comm_iallreduce_sum_bf16(loom_comm *c, void *buf, size_t count,
                                           loom_comm_handle *h, loom_error *err) {
     if (c->device == LOOM_COMM_CUDA)

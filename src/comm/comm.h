@@ -145,6 +145,12 @@ loom_status loom_comm_isend(loom_comm *c, const float *buf, size_t count, int pe
                             loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_irecv(loom_comm *c, float *buf, size_t count, int peer, int tag,
                             loom_comm_handle *h, loom_error *err);
+/* The same two moving bf16 bit patterns (2 bytes an element): the pipeline's messages under
+ * --precision bf16 (pipeline/executor.c). Host communicators only (LOOM_ERR_STATE). */
+loom_status loom_comm_isend_bf16(loom_comm *c, const uint16_t *buf, size_t count, int peer, int tag,
+                                 loom_comm_handle *h, loom_error *err);
+loom_status loom_comm_irecv_bf16(loom_comm *c, uint16_t *buf, size_t count, int peer, int tag,
+                                 loom_comm_handle *h, loom_error *err);
 loom_status loom_comm_barrier(loom_comm *c, loom_error *err);
 
 /* Completes h (blocking; the time spent here counts as blocked). On a device communicator

@@ -5,7 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "model/model_impl.h"
+
+/* LOOM_BF16_ROUND_STREAM (model.h's round_stream): the layers, comma-separated, 1..63. */
+static uint64_t round_stream_layers(const loom_backend *be) {
+    const char *s = getenv("LOOM_BF16_ROUND_STREAM");
+    uint64_t mask = 0;
+    if (!s || loom_backend_precision(be) != LOOM_PRECISION_BF16) return 0;
+    while (*s) {
+        char *end;
+        const long l = strtol(s, &end, 10);
+        if (end == s) break;
+        if (l > 0 && l < 64) mask |= (uint64_t)1 << l;
+        s = *end ? end + 1 : end;
+    }
+    return mask;
+}
+
+/* x rounded to bf16 in place: what a bf16 pipeline message does to it. */
+static void round_stream(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = loom_bf16_to_f32(loom_bf16_from_f32(x[i]));
+}
 
 size_t loom_model_plan_bytes(const loom_model *m, int sequence_parallel) {
     return m->ops->plan_bytes(m, sequence_parallel);
@@ -31,6 +52,7 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     m->recompute = (o->flags & LOOM_MODEL_RECOMPUTE) != 0;
     m->recompute_selective = (o->flags & LOOM_MODEL_RECOMPUTE_SELECTIVE) != 0;
     m->size_only = (o->flags & LOOM_MODEL_SIZE_ONLY) != 0;
+    m->round_stream = round_stream_layers(m->be);
     m->cfg = *cfg;
     m->tp = tp;
     m->cp = o->cp;
@@ -165,6 +187,8 @@ loom_status loom_model_blocks_forward(loom_model *m, const float *p, int lo, int
                                       const float **out) {
     loom_status st = LOOM_OK;
     for (int l = lo; l < hi && !st; l++) {
+        if (l > lo && (m->round_stream >> l & 1))
+            round_stream(m->blocks[l - 1].res2, (size_t)m->Ns * m->cfg.d_model);
         st = m->ops->block_forward(m, p, l, x);
         x = m->blocks[l].res2;
     }
@@ -190,6 +214,8 @@ loom_status loom_model_blocks_backward(loom_model *m, const float *p, float *g, 
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
         st = m->ops->block_backward(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!st && l > lo && (m->round_stream >> l & 1))
+            round_stream(m->dres, (size_t)m->Ns * m->cfg.d_model);
         if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     }
     return st;

@@ -131,6 +131,11 @@ struct loom_model {
      * to no recomputation. */
     int recompute_selective;
     int size_only; /* LOOM_MODEL_SIZE_ONLY: the arena is sized, not allocated */
+    /* bf16 only, the tests' reference for pipelines (LOOM_BF16_ROUND_STREAM=l,l,...): bit l
+     * set: the residual stream entering layer l, and its gradient leaving it, are rounded
+     * to bf16 in place inside a blocks_forward/backward range (where a pipeline's bf16
+     * message would round them), so one process computes what a pipeline split there does. */
+    uint64_t round_stream;
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;

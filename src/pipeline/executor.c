@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "core/clock.h"
+#include "kernels/bf16.h"
 #include "pipeline/pipeline.h"
 
 /* The message buffers of a slot: (gradient?, slot, chunk). */
@@ -10,6 +11,10 @@ static size_t msg_index(const loom_pipeline *pl, int grad, int slot, int chunk) 
     return ((size_t)grad * pl->n_slots + slot) * pl->v + chunk;
 }
 static float *buf_of(const loom_pipeline *pl, float *base, int grad, int slot, int chunk) {
+    return base + msg_index(pl, grad, slot, chunk) * pl->act_floats;
+}
+/* --precision bf16: the message's bf16 bits on the wire (pipeline.h). */
+static uint16_t *wire_of(const loom_pipeline *pl, uint16_t *base, int grad, int slot, int chunk) {
     return base + msg_index(pl, grad, slot, chunk) * pl->act_floats;
 }
 
@@ -88,8 +93,22 @@ static loom_status report_ready(step_ctx *x) {
  * its backward came back) or has posted (gradients) the matching receive. */
 static loom_status send_buffer(step_ctx *x, int grad, int slot, int chunk, float **buf) {
     loom_pipeline *pl = x->pl;
-    *buf = buf_of(pl, pl->send_buf, grad, slot, chunk);
+    *buf = pl->wire_send ? pl->send_buf : buf_of(pl, pl->send_buf, grad, slot, chunk);
     return loom_comm_wait(&pl->send_h[msg_index(pl, grad, slot, chunk)], x->err);
+}
+/* The outgoing message is written (into send_buffer's buf): bf16 rounds it onto the wire. */
+static void send_written(step_ctx *x, int grad, int slot, int chunk) {
+    loom_pipeline *pl = x->pl;
+    if (pl->wire_send)
+        loom_bf16_from_f32_n(wire_of(pl, pl->wire_send, grad, slot, chunk), pl->send_buf,
+                             pl->act_floats);
+}
+/* A received message in fp32 (its receive completed): in place, or bf16 widened into `to`. */
+static const float *received(step_ctx *x, int grad, int slot, int chunk, float *to) {
+    loom_pipeline *pl = x->pl;
+    if (!pl->wire_recv) return buf_of(pl, pl->recv_buf, grad, slot, chunk);
+    loom_bf16_to_f32_n(to, wire_of(pl, pl->wire_recv, grad, slot, chunk), pl->act_floats);
+    return to;
 }
 
 static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
@@ -98,7 +117,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
     loom_model *mod = pl->slots[slot];
     const int vs = a->chunk * pl->pp + rank, lo = pl->chunk_lo[a->chunk],
               hi = pl->chunk_hi[a->chunk];
-    const float *in = vs == 0 ? mod->embed : buf_of(pl, pl->recv_buf, 0, slot, a->chunk);
+    float *recv_in = vs == 0 ? NULL : buf_of(pl, pl->recv_buf, 0, slot, a->chunk);
+    const float *in = vs == 0 ? mod->embed : recv_in; /* kept until the chunk's backward */
     float *send;
     const float *out = mod->blocks[hi - 1].res2;
     loom_status st = LOOM_OK;
@@ -107,7 +127,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (vs == 0 && mod->vlm)
             st = loom_pp_vision_before_embed(pl, mod, a->mb, x->vision, x->err);
         if (vs == 0 && !st) st = loom_model_embed_forward(mod, x->params);
-        if (vs > 0) loom_model_stream_receive(mod, in); /* a dit's conditioning */
+        if (vs > 0) in = received(x, 0, slot, a->chunk, recv_in); /* bf16: widened */
+        if (vs > 0) loom_model_stream_receive(mod, in);           /* a dit's conditioning */
         if (!st) st = loom_model_blocks_forward(mod, x->params, lo, hi, in, &out);
         if (!st && vs == pl->S - 1) {
             double s = 0;
@@ -122,6 +143,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
             const double aux = loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
             if (x->backward) x->loss_sum += aux;
             loom_model_stream_send(mod, out, send);
+            send_written(x, 0, slot, a->chunk);
         }
         return st;
     }
@@ -138,13 +160,15 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (vs == pl->S - 1)
             st = loom_model_head_backward(mod, x->params, x->grads, out);
         else
-            loom_model_grad_stream_receive(mod, buf_of(pl, pl->recv_buf, 1, slot, a->chunk));
+            loom_model_grad_stream_receive(mod, received(x, 1, slot, a->chunk, pl->send_buf));
         if (!st && ready && vs == pl->S - 1) st = ready(x->ready_ctx, t->head_begin, t->total);
         if (!st)
             st = loom_model_blocks_backward(mod, x->params, x->grads, lo, hi, in, ready,
                                             x->ready_ctx);
-        if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send)))
+        if (!st && vs > 0 && !(st = send_buffer(x, 1, slot, a->chunk, &send))) {
             loom_model_grad_stream_send(mod, send);
+            send_written(x, 1, slot, a->chunk);
+        }
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->params, x->grads);
         if (!st && vs == 0 && !split && pl->vision)
             st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
@@ -172,10 +196,13 @@ static loom_status post_receives(step_ctx *x, int mb) {
     for (int j = 0; j < s->n[r] && !st; j++) {
         const loom_pp_action *a = &s->acts[r][j];
         if (a->mb != mb || (a->op != LOOM_PP_RECV_ACT && a->op != LOOM_PP_RECV_GRAD)) continue;
-        const int grad = a->op == LOOM_PP_RECV_GRAD;
-        st = loom_comm_irecv(pl->comm, buf_of(pl, pl->recv_buf, grad, slot, a->chunk),
-                             pl->act_floats, a->peer, loom_pp_message_tag(s, r, a),
-                             &pl->recv_h[msg_index(pl, grad, slot, a->chunk)], x->err);
+        const int grad = a->op == LOOM_PP_RECV_GRAD, tag = loom_pp_message_tag(s, r, a);
+        loom_comm_handle *h = &pl->recv_h[msg_index(pl, grad, slot, a->chunk)];
+        st = pl->wire_recv
+                 ? loom_comm_irecv_bf16(pl->comm, wire_of(pl, pl->wire_recv, grad, slot, a->chunk),
+                                        pl->act_floats, a->peer, tag, h, x->err)
+                 : loom_comm_irecv(pl->comm, buf_of(pl, pl->recv_buf, grad, slot, a->chunk),
+                                   pl->act_floats, a->peer, tag, h, x->err);
     }
     return st;
 }
@@ -208,6 +235,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         if (x->post_after[i] < 0) st = post_receives(x, i);
     const size_t n_msgs = 2 * (size_t)pl->n_slots * pl->v;
     double busy_wall = 0, busy_cpu = 0, t_start = loom_now_ms();
+    const uint64_t sent0 = pl->sent_bytes;
     for (int j = 0; j < n && !st; j++) {
         const loom_pp_action *a = &acts[j];
         const int grad = a->op == LOOM_PP_RECV_GRAD || a->op == LOOM_PP_SEND_GRAD;
@@ -222,8 +250,16 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         case LOOM_PP_SEND_ACT:
         case LOOM_PP_SEND_GRAD:
             h = &pl->send_h[msg_index(pl, grad, slot, a->chunk)];
-            st = loom_comm_isend(pl->comm, buf_of(pl, pl->send_buf, grad, slot, a->chunk),
-                                 pl->act_floats, a->peer, loom_pp_message_tag(s, r, a), h, err);
+            st = pl->wire_send
+                     ? loom_comm_isend_bf16(
+                           pl->comm, wire_of(pl, pl->wire_send, grad, slot, a->chunk),
+                           pl->act_floats, a->peer, loom_pp_message_tag(s, r, a), h, err)
+                     : loom_comm_isend(pl->comm, buf_of(pl, pl->send_buf, grad, slot, a->chunk),
+                                       pl->act_floats, a->peer, loom_pp_message_tag(s, r, a), h,
+                                       err);
+            if (s == &pl->train)
+                pl->sent_bytes +=
+                    pl->act_floats * (pl->wire_send ? sizeof(uint16_t) : sizeof(float));
             break;
         default: {
             if ((st = report_ready(x))) break;
@@ -259,9 +295,9 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
         fprintf(pl->stats,
                 "{\"step\": %d, \"stage\": %d, \"schedule\": \"%s\", \"pp\": %d, \"m\": %d, "
                 "\"v\": %d, \"start_ms\": %.4f, \"span_ms\": %.4f, \"busy_wall_ms\": %.4f, "
-                "\"busy_cpu_ms\": %.4f, \"cpu_ms\": [",
+                "\"busy_cpu_ms\": %.4f, \"sent_bytes\": %llu, \"cpu_ms\": [",
                 pl->step, r, loom_pp_kind_name(s->kind), pl->pp, s->m, s->v, t_start, span,
-                busy_wall, busy_cpu);
+                busy_wall, busy_cpu, (unsigned long long)(pl->sent_bytes - sent0));
         for (int j = 0; j < n; j++)
             fprintf(pl->stats, "%s%.4f", j ? ", " : "",
                     acts[j].op <= LOOM_PP_W ? pl->act_cpu_ms[j] : 0.0);

@@ -34,6 +34,7 @@ typedef struct {
     int recompute;               /* --recompute: a loom_recompute */
     int size_only;               /* sizing only: slot 0 sized (LOOM_MODEL_SIZE_ONLY), no buffers */
     const loom_backend *backend; /* the slots' ops (NULL: the CPU's; --precision bf16) */
+    int bf16_messages; /* --precision bf16: the stage boundary's messages travel as bf16 */
     int micro_batch, global_batch;
     int vision_bubbles; /* --vision-schedule bubbles (vlm): pipeline/vision_plan.h */
 } loom_pp_config;
@@ -60,8 +61,16 @@ typedef struct {
     size_t act_floats;                 /* floats of one activation/gradient message */
     float *recv_buf, *send_buf;        /* [2 (activation, gradient)][n_slots][v][act_floats] */
     loom_comm_handle *recv_h, *send_h; /* one per buffer */
-    float *tied;   /* [wte numel]: the other stage's copy of the tied embedding gradient */
-    int tied_peer; /* -1: none */
+    /* --precision bf16: the messages travel as bf16 (round to nearest even, widened exactly
+     * on receipt). wire_send, wire_recv: [2][n_slots][v][act_floats] bf16 bit patterns, what
+     * MPI moves; recv_buf then holds only the activation half (a received activation is the
+     * chunk's input, kept for its backward); send_buf is one message of fp32 scratch (the
+     * outgoing message before its rounding, a received gradient widened before the model
+     * copies it). NULL in fp32, where MPI moves recv_buf and send_buf as above. */
+    uint16_t *wire_send, *wire_recv;
+    uint64_t sent_bytes; /* message bytes this rank sent in training steps, all steps */
+    float *tied;         /* [wte numel]: the other stage's copy of the tied embedding gradient */
+    int tied_peer;       /* -1: none */
     FILE *stats;
     double *act_cpu_ms; /* per action of the training list */
     int step;
@@ -88,6 +97,9 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
 void loom_pipeline_free(loom_pipeline *pl);
 /* The layers pipeline rank `rank` holds. */
 void loom_pipeline_layers_of(const loom_pipeline *pl, int rank, loom_layer_set *out);
+/* Bytes of the stage's message buffers (fp32: recv_buf and send_buf; bf16: the wire
+ * buffers, the activation half of recv_buf and the scratch), also when sized only. */
+size_t loom_pipeline_message_bytes(const loom_pipeline *pl);
 /* Activation bytes of all slots, and a line for the start-up report. */
 void loom_pipeline_report(const loom_pipeline *pl, FILE *f);
 

@@ -167,6 +167,17 @@ static int assign_slots(const loom_pp_schedule *s, int rank, int *slot_of, int *
     return most;
 }
 
+/* --precision bf16: the messages between stages travel as bf16 (docs/precision.md). */
+static int bf16_messages(const loom_pipeline *pl) {
+    return pl->cfg.bf16_messages;
+}
+
+size_t loom_pipeline_message_bytes(const loom_pipeline *pl) {
+    const size_t one = (size_t)pl->n_slots * pl->v * pl->act_floats; /* a kind, one direction */
+    if (!bf16_messages(pl)) return 4 * one * sizeof(float);
+    return 4 * one * sizeof(uint16_t) + one * sizeof(float) + pl->act_floats * sizeof(float);
+}
+
 /* The model's arena flags for --recompute (a loom_recompute). */
 static int recompute_flags(int mode) {
     return mode == LOOM_RECOMPUTE_FULL        ? LOOM_MODEL_RECOMPUTE
@@ -239,8 +250,16 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
         return st; /* the message buffers' size is act_floats'; sizing: sized only */
     if (pc->size_only) return LOOM_OK;
     const size_t msgs = 2 * (size_t)pl->n_slots * pl->v;
-    pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
-    pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
+    if (bf16_messages(pl)) { /* the wire in bf16; fp32: the activation half and one scratch */
+        pl->wire_send = malloc(msgs * pl->act_floats * sizeof(uint16_t));
+        pl->wire_recv = malloc(msgs * pl->act_floats * sizeof(uint16_t));
+        pl->recv_buf = malloc(msgs / 2 * pl->act_floats * sizeof(float));
+        pl->send_buf = malloc(pl->act_floats * sizeof(float));
+        if (!pl->wire_send || !pl->wire_recv) goto nomem;
+    } else {
+        pl->recv_buf = malloc(msgs * pl->act_floats * sizeof(float));
+        pl->send_buf = malloc(msgs * pl->act_floats * sizeof(float));
+    }
     pl->recv_h = calloc(msgs, sizeof *pl->recv_h);
     pl->send_h = calloc(msgs, sizeof *pl->send_h);
     pl->act_cpu_ms = calloc((size_t)pl->train.n[pl->rank] + 1, sizeof(double));
@@ -278,6 +297,8 @@ void loom_pipeline_free(loom_pipeline *pl) {
     free(pl->send_buf);
     free(pl->recv_h);
     free(pl->send_h);
+    free(pl->wire_send);
+    free(pl->wire_recv);
     free(pl->act_cpu_ms);
     free(pl->tied);
     free(pl->full_flat);
@@ -302,13 +323,13 @@ void loom_pipeline_report(const loom_pipeline *pl, FILE *f) {
         fprintf(f, " [%d, %d)", pl->layers.lo[c], pl->layers.hi[c]);
     fprintf(f,
             ", %d micro-batch(es) in flight (activations%s %d x %.3f MiB = %.3f MiB; "
-            "message buffers %.1f MiB)\n",
+            "message buffers %.1f MiB%s)\n",
             pl->n_slots,
             pl->slots[0]->recompute             ? " with recomputation"
             : pl->slots[0]->recompute_selective ? " with selective recomputation"
                                                 : "",
-            pl->n_slots, one / MiB, pl->n_slots * one / MiB,
-            4.0 * pl->n_slots * pl->v * pl->act_floats * sizeof(float) / MiB);
+            pl->n_slots, one / MiB, pl->n_slots * one / MiB, loom_pipeline_message_bytes(pl) / MiB,
+            bf16_messages(pl) ? ", sent as bf16" : "");
     const loom_pp_vision *vp = loom_pp_vision_plan(pl);
     if (!vp) return;
     fprintf(f, "loom: --vision-schedule bubbles: micro-batches encoded per stage");

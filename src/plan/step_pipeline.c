@@ -126,8 +126,9 @@ loom_status loom_price_stage(step_pricing *x) {
     const stage_actions a = slowest_stage(x);
     double dur[3]; /* one action of each kind (pipeline/schedule.h) */
     dur[LOOM_PP_F] = total(a.f), dur[LOOM_PP_B] = total(a.b), dur[LOOM_PP_W] = total(a.w);
-    /* each F and B sends its output to the next stage (the activations, the gradient) */
-    const double msg = 4.0 * d->Ns * d->C;
+    /* each F and B sends its output to the next stage (the activations, the gradient):
+     * bf16 under --precision bf16 (pipeline/executor.c), 2 bytes an element */
+    const double msg = (q->bf16 ? 2.0 : 4.0) * d->Ns * d->C;
     /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
     const loom_placement pp_place = place_of(q, pp, x->replicas * q->tp);
     const double send = coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, msg);

@@ -51,7 +51,7 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     if (r->pipelined) {
         const loom_pipeline *pl = r->pipelined;
         m->pp_slots = pl->n_slots;
-        m->pp_messages = 4 * (size_t)pl->n_slots * pl->v * pl->act_floats * sizeof(float);
+        m->pp_messages = loom_pipeline_message_bytes(pl);
         m->vision = loom_pp_vision_bytes(pl);
     }
     /* OpenMPI's MPI_Iallreduce (coll/libnbc, nbc_iallreduce.c) mallocs a temporary of its

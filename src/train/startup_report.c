@@ -147,6 +147,12 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
         fprintf(stderr,
                 "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
                 (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if (r->pipelined) /* the stage boundary's activations and gradients this rank sent */
+        fprintf(stderr,
+                "loom: pipeline messages: %.3f MiB (%.0f bytes) sent per step by rank 0 (%s)\n",
+                (double)r->pipelined->sent_bytes / steps_run / (1 << 20),
+                (double)r->pipelined->sent_bytes / steps_run,
+                r->pipelined->wire_send ? "bf16" : "fp32");
     if (mesh->ep.size > 1) /* the all-to-all time not hidden behind expert compute */
         fprintf(stderr,
                 "loom: expert-parallel all-to-all: %.3f ms blocked per step (%.3f ms in flight), "

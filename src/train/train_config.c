@@ -261,6 +261,7 @@ void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc)
     pc->micro_batch = tc->micro_batch;
     pc->global_batch = tc->global_batch;
     pc->vision_bubbles = strcmp(tc->vision_schedule, "bubbles") == 0;
+    pc->bf16_messages = strcmp(tc->precision, "bf16") == 0;
 }
 
 /* --vision-schedule: first (the encoder on the first pipeline stage) or bubbles (its

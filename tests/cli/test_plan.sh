@@ -63,6 +63,25 @@ p32=$(predicted) p16=$(predicted --precision bf16) r16=$(predicted --precision b
 echo "plan, dp 4 ZeRO 2: fp32 $p32 ms, bf16 $p16 ms, bf16 + bf16 reduction $r16 ms"
 check "bf16 GEMMs predict a shorter step" python3 -c "import sys; sys.exit(0 if 0 < float('$p16') < float('$p32') else 1)"
 check "the bf16 reduction predicts no longer a step" python3 -c "import sys; sys.exit(0 if 0 < float('$r16') <= float('$p16') else 1)"
+# pp under bf16: the stage boundary's messages at 2 bytes an element (pipeline/executor.c): the
+# sends priced at half the bytes (a model whose messages are past the link's latency), the
+# message buffers smaller (bf16 wire and an fp32 activation half: 12 of fp32's 16 parts and
+# one fp32 scratch message)
+for p in fp32 bf16; do
+    "$LOOM" plan --family llama --n-layer 4 --d-model 512 --n-head 8 --n-kv-head 4 --d-ff 1024 \
+        --vocab-size 300 --seq-len 256 --global-batch 16 --micro-batch 4 --profile "$TMP/bf16.json" \
+        --explain "--pp 2" --precision $p --json >"$TMP/pp_$p.json" 2>>"$TMP/err"
+done
+check "pp bf16: half the message bytes priced and held" python3 - "$TMP/pp_fp32.json" "$TMP/pp_bf16.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+send = [{t["name"]: t["ms"] for t in x["time"]["terms"]}["pp sends"] for x in (a, b)]
+msg = [x["memory"]["pp_messages_bytes"] for x in (a, b)]
+print("pp sends", send, "message buffers", msg)
+a_bytes = msg[0] / (16 * a["memory"]["pp_slots"])  # one fp32 message of 4 bytes an element
+want = 12 * a["memory"]["pp_slots"] * a_bytes + 4 * a_bytes
+sys.exit(0 if 0 < send[1] < send[0] and msg[1] == want else 1)
+PY
 
 # the search: the top layouts are ones loom train accepts
 "$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --json >"$TMP/top.json" 2>"$TMP/err"

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""--precision bf16 in every kind of layout: dp 2 (ZeRO 1 and 3), tp 2, pp 2 against one
-bf16 process, 8 steps, both families; one layout twice bitwise.
+"""--precision bf16 in every kind of layout: dp 2 (ZeRO 1 and 3), tp 2, pp 2 (gpt2 1f1b,
+llama zb and interleaved) against one bf16 process, 8 steps, both families; one layout
+twice bitwise.
 
 Why the tolerance is not fp32's 1e-5. In fp32 the layouts differ from one process only by
 summation order: operands of the GEMMs differ by delta ~ 1e-7 relative. In bf16 those
@@ -9,16 +10,44 @@ into either none or one bf16 step: an operand within delta of a rounding midpoin
 fraction ~ delta / 2^-8 of them) moves by ~2^-8 of itself, the others not at all. Over a
 tensor that is a relative 2-norm difference of about sqrt(delta / 2^-8) * 2^-8 =
 sqrt(delta) * 2^-4 ~ 2e-5 per GEMM (instead of 1e-7), which backward, AdamW and 8 steps
-carry on. dp and pp keep every GEMM's operands and sums as one process has them, so they
-stay at fp32's level (measured 0 to 3e-7); tp splits the row-parallel GEMMs' sums over the
-ranks, so it sees the flips: measured over 3 seeds, losses 2.9e-6 to 1.2e-5, the whole
-model's weights 2.0e-5 to 1.3e-4, the worst single tensor 1.2e-4 to 1.2e-3. Bounds: losses
-1e-4, whole model 4e-4 (3x the worst measured), worst tensor 5e-3 (a small tensor whose
-few elements flip, as fp32's per-tensor bound is 10x its whole-model one). What this still
-catches: a layout whose GEMMs are not in bf16 at all (the sensitivity check: one process
-in fp32 differs from the bf16 one by 8.8e-4 to 2.7e-3 in the whole model's weights, above
-the bound), or any real error of the layout, which moves fp32 runs far above 1e-5 and
-bf16 runs as far.
+carry on. dp keeps every GEMM's operands and sums as one process has them, so it stays at
+fp32's level (measured 0 to 3e-7); tp splits the row-parallel GEMMs' sums over the ranks,
+so it sees the flips: measured over 3 seeds, losses 2.9e-6 to 1.2e-5, the whole model's
+weights 2.0e-5 to 1.3e-4, the worst single tensor 1.2e-4 to 1.2e-3. Bounds: losses 1e-4,
+whole model 4e-4 (3x the worst measured), worst tensor 5e-3 (a small tensor whose few
+elements flip, as fp32's per-tensor bound is 10x its whole-model one).
+
+Pipelines. Under bf16 the stage boundary's messages are bf16 (docs/precision.md): the
+residual stream entering the next stage is rounded to nearest even once per boundary in
+forward, and its gradient once per boundary in backward, a relative change of at most
+u = 2^-8 per element (RMS about 2^-9). That is one extra rounding per crossing of each
+kind, not a reordering, so it is not the delta of the argument above but a full bf16
+step: against the plain bf16 process the pp runs measured (seeds 1-3, both families, 1f1b,
+gpipe, zb and interleaved) losses 2.0e-5 to 1.1e-4, whole weights 5.1e-4 to 2.2e-3, worst
+tensor 4.4e-3 to 4.6e-2. Why that large: the step-1 gradient of every weight below a
+boundary changes by ~2^-9 relative per element (more where the token sum cancels), and
+AdamW (eps 1e-6, so an update is ~ lr * sign for most elements, +-lr flipped where a
+near-cancelling element changes sign: test_grad_reduce_bf16.py's analysis) turns a
+relative gradient change r into a relative weight change ~ r * (sum of lr) / |w| ~ r
+here; that is as large as fp32 against bf16 (8.8e-4 to 2.7e-3, below), so no bound against
+the plain process could tell bf16 messages from a layout that is not bf16 at all.
+Instead the pp runs are compared with one bf16 process that rounds at the same two places
+(LOOM_BF16_ROUND_STREAM=l,...: the residual stream entering layer l and its gradient
+leaving it, rounded in place, model/model.c): then every GEMM operand and sum is the one
+process's again, and the derivation above holds with delta the fp32 reordering (gpt2's
+tied embedding: its two copies' gradients are added on the first and last stage). Measured
+over 4 seeds (1-4): llama bitwise equal (1f1b, zb, interleaved); gpt2 losses 0 to 5.7e-6,
+whole 7.7e-9 to 3.7e-5, worst tensor 1.8e-8 to 3.8e-4 (the sign flips of near-cancelling
+elements stay at that reordering's level, inside the dp/tp bounds above). Bounds: the same
+three. The check that the messages really are bf16: each pp run must differ from the plain
+process by more than 1e-5 in the whole model's weights (measured 5.1e-4 and up: 50x above
+it); fp32 messages (before this) measured 0 to 3e-7 there.
+
+What this still catches: a layout whose GEMMs are not in bf16 at all (the sensitivity
+check: one process in fp32 differs from the bf16 one by 8.8e-4 to 2.7e-3 in the whole
+model's weights, above the bound), a pipeline whose messages are not rounded, or rounded
+elsewhere than at the boundary (the plain/rounded pair), or any real error of the layout,
+which moves fp32 runs far above 1e-5 and bf16 runs as far.
 
 Usage: test_layouts_bf16.py --loom PATH [--seed S]
 """
@@ -35,12 +64,29 @@ from loomtest import check, check_loom, run_test  # noqa: E402
 
 D_MODEL = 48
 LOSS_TOL, WHOLE_TOL, TENSOR_TOL = 1e-4, 4e-4, 5e-3
+PP_MIN = 1e-5  # a pp run's distance from the plain process: above it, its messages are bf16
 LAYOUTS = [
     ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
     ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
     ("tp2", 2, ["--tp", "2"]),
-    ("pp2", 2, ["--pp", "2", "--pp-schedule", "1f1b"]),
 ]
+# (name, layers, the layers whose input is a stage boundary, flags): against the rounded process
+# (gpipe runs 1f1b's code in another order: measured the same bits as 1f1b)
+PIPELINES = {
+    "gpt2": [("pp2_1f1b", 2, "1", ["--pp-schedule", "1f1b"])],
+    "llama": [("pp2_zb", 2, "1", ["--pp-schedule", "zb"]),
+              ("pp2_interleaved", 4, "1,2,3", ["--pp-schedule", "interleaved",
+                                                "--virtual-stages", "2"])],
+}
+
+
+def compare(family, name, got, ref, what):
+    l_err = loss_error(got.losses, ref.losses)
+    whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
+    check(l_err <= LOSS_TOL and whole <= WHOLE_TOL and worst <= TENSOR_TOL,
+          f"{family} bf16 {name} against {what}: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), "
+          f"weights {whole:.1e} (<= {WHOLE_TOL:.0e}), worst tensor {worst:.1e} {w_name} "
+          f"(<= {TENSOR_TOL:.0e})")
 
 
 def main():
@@ -56,29 +102,42 @@ def main():
         write_text_shard(data, seed)
         for family in ("gpt2", "llama"):
             base = [args.loom, "train", "--family", family, "--vocab-size", "256",
-                    "--seq-len", "24", "--n-layer", "2", "--d-model", str(D_MODEL),
+                    "--seq-len", "24", "--d-model", str(D_MODEL),
                     "--n-head", "8" if family == "llama" else "4", "--n-kv-head", "4",
                     "--d-ff", "96", "--micro-batch", "2", "--global-batch", "8",
                     "--steps", "8", "--lr", "3e-3", "--warmup-steps", "2",
                     "--grad-clip", "1.0", "--seed", str(seed), "--log-every", "0",
                     "--threads", "1", "--data", data, "--bucket-mb", "0.02",
                     "--adam-eps", ADAM_EPS]
-            layouts = Layouts(base + ["--precision", "bf16"], tmp, f"{family}_")
+            layouts = Layouts(base + ["--n-layer", "2", "--precision", "bf16"], tmp, f"{family}_")
             ref = layouts.run("single", 1)
             check("precision bf16: oneDNN" in ref.stderr, f"{family}: the bf16 start-up line")
             print(f"{family}: one bf16 process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
             for name, ranks, extra in LAYOUTS:
-                got = layouts.run(name, ranks, extra)
-                l_err = loss_error(got.losses, ref.losses)
-                whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
-                check(l_err <= LOSS_TOL and whole <= WHOLE_TOL and worst <= TENSOR_TOL,
-                      f"{family} bf16 {name}: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), weights "
-                      f"{whole:.1e} (<= {WHOLE_TOL:.0e}), worst tensor {worst:.1e} {w_name} "
-                      f"(<= {TENSOR_TOL:.0e})")
+                compare(family, name, layouts.run(name, ranks, extra), ref, "one process")
+            for name, n_layer, bounds, extra in PIPELINES[family]:
+                lay = layouts if n_layer == 2 else Layouts(
+                    base + ["--n-layer", str(n_layer), "--precision", "bf16"], tmp,
+                    f"{family}{n_layer}_")
+                rounded = lay.runs.get(f"rounded_{bounds}")
+                if rounded is None:
+                    os.environ["LOOM_BF16_ROUND_STREAM"] = bounds
+                    try:
+                        rounded = lay.run(f"rounded_{bounds}", 1)
+                    finally:
+                        del os.environ["LOOM_BF16_ROUND_STREAM"]
+                got = lay.run(name, 2, ["--pp", "2"] + extra)
+                check("sent as bf16" in got.stderr, f"{family} {name}: the messages' start-up line")
+                compare(family, name, got, rounded,
+                        f"one process rounding the stream entering layer(s) {bounds}")
+                if n_layer == 2:  # (the interleaved run's plain process would be one more run)
+                    whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
+                    check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the "
+                          f"weights {whole:.1e} from the plain process (> {PP_MIN:.0e})")
             again = layouts.run("dp2_zero3_again", 2, LAYOUTS[1][2])
             check(bitwise(again, layouts.runs["dp2_zero3"]),
                   f"{family} bf16 dp2_zero3 twice: bitwise the same losses and weights")
-            fp32 = Layouts(base, tmp, f"{family}_fp32_").run("single", 1)
+            fp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run("single", 1)
             whole, _, _ = weights_error(fp32.params, ref.params, D_MODEL)
             l_err = loss_error(fp32.losses, ref.losses)
             check(whole > WHOLE_TOL,
