@@ -445,7 +445,7 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     /* [v..., bytes, landed norms...] over the workers, then bytes and norms over the group */
     double buf[8 + 2 * LOOM_OUTER_MAX_FRAGMENTS];
     const int F = o->n_frag;
-    if (o->elastic) { /* one rank, no per-step exchange: this worker's own numbers */
+    if (o->elastic) { /* no per-step exchange between workers: this worker's own numbers */
         o->stats.bytes_total += o->stats.bytes_step;
         return LOOM_OK;
     }

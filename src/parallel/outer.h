@@ -55,7 +55,7 @@ typedef struct {
     int block;          /* --outer-block: values per scale (int8, int4) */
     float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
     int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
-    int elastic_worker; /* --elastic-worker I: this one-rank job is worker I (-1: off) */
+    int elastic_worker; /* --elastic-worker I: this job is worker I (-1: off) */
     int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */
     float elastic_timeout; /* --elastic-timeout S: the deadline of every outer exchange */
 } loom_outer_config;

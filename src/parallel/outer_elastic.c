@@ -31,13 +31,23 @@ typedef enum { EX_PENDING, EX_DONE, EX_FAILED } ex_state;
 struct loom_outer_elastic {
     int me, W, coordinator; /* worker ids */
     double timeout_ms;
+    /* the worker's own job (dp/tp/pp inside the worker): its rank 0, the lead, does every
+     * exchange with the other workers for the whole group; the arrays below marked "lead"
+     * exist only there. The group's buffers are its ranks' flat buffers back to back in rank
+     * order, each once (a dp replica of another rank's buffer contributes nothing). */
+    MPI_Comm job;             /* MPI_COMM_NULL: a job of one rank */
+    int lead, contrib;        /* this rank is the job's rank 0; contributes its buffer */
+    int *counts, *displs;     /* lead: floats each job rank contributes, and where */
+    size_t all;               /* the group's floats (the counts' sum) */
+    float *start_all;         /* lead: the group's round-start parameters */
+    float *mine;              /* this rank's outer gradient start - params */
     MPI_Comm peer[MAX_W];     /* coordinator: one per member; member: peer[coordinator] */
     int member[MAX_W];        /* the last membership this worker knows */
-    float *mom;               /* the outer momentum, whole (every member holds the same) */
-    float *g;                 /* the mean outer gradient */
-    unsigned char *out;       /* a message being sent */
+    float *mom;               /* lead: the outer momentum, whole (every member holds the same) */
+    float *g;                 /* lead: the group's outer gradient, then the members' mean */
+    unsigned char *out;       /* lead: a message being sent */
     unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
-    size_t msg_bytes;         /* head + 2 x total floats (the largest message) */
+    size_t msg_bytes;         /* head + 2 x all floats (the largest message) */
     int start_step;           /* a joiner: the coordinator's step when it joined */
     int finished;             /* the last step's sync is done: disconnect at the end */
 };
@@ -122,28 +132,85 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
     }
 }
 
-/* The outer SGD step with the mean outer gradient g, the same on every member. */
+/* The outer SGD step with the mean outer gradient g on the group's round-start parameters,
+ * the same on every member (lead). */
 static void apply(loom_outer *o, const float *g) {
     elastic *e = o->elastic;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
     double sq = 0.0;
-    for (size_t i = 0; i < o->total; i++) {
+    for (size_t i = 0; i < e->all; i++) {
         e->mom[i] = mu * e->mom[i] + g[i];
         const float u = o->cfg.nesterov ? g[i] + mu * e->mom[i] : e->mom[i];
-        o->start[i] += -(lr * u);
-        o->params[i] = o->start[i];
+        e->start_all[i] += -(lr * u);
         sq += (double)g[i] * g[i];
     }
     o->stats.grad_norm = sqrt(sq);
-    o->stats.syncs = 1;
 }
 
 static void say(const loom_outer *o, int step, const char *what) {
+    const elastic *e = o->elastic;
     char ids[4 * MAX_W];
-    const int n = members_text(o->elastic, ids, sizeof ids);
+    const int n = members_text(e, ids, sizeof ids);
     fprintf(stderr, "loom: elastic: worker %d step %d: %s, members=%d [%s], checksum %016llx\n",
-            o->elastic->me, step, what, n, ids, checksum(o->start, o->total));
+            e->me, step, what, n, ids, checksum(e->start_all, e->all));
 }
+
+/* ---- inside the worker's job: the lead gathers and spreads ---- */
+
+/* Every rank's outer gradient start - params into the lead's g (the group's, rank order). */
+static loom_status group_gather(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    for (size_t i = 0; i < o->total; i++) e->mine[i] = o->start[i] - o->params[i];
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(e->g, e->mine, o->total * sizeof(float));
+        return LOOM_OK;
+    }
+    if (MPI_Gatherv(e->mine, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->g, e->counts, e->displs,
+                    MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: gathering the outer "
+                              "gradient inside the worker's job failed",
+                              e->me);
+    return LOOM_OK;
+}
+
+/* The lead's verdict `st` (and *value: a joiner's start step) to every rank of the job; on
+ * success the group's round-start parameters to every rank (a dp replica takes its
+ * replica's by broadcast), and params = start. On the lead's failure every rank fails. */
+static loom_status group_spread(loom_outer *o, loom_status st, int *value, loom_error *err) {
+    elastic *e = o->elastic;
+    int32_t v[2] = {(int32_t)st, (int32_t)*value};
+    if (e->job != MPI_COMM_NULL && MPI_Bcast(v, 2, MPI_INT32_T, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: broadcast inside the "
+                              "worker's job failed",
+                              e->me);
+    if (v[0] != LOOM_OK)
+        return e->lead ? st
+                       : loom_error_set(err, LOOM_ERR_IO,
+                                        "--elastic-worker %d: the job's rank 0 left the group "
+                                        "(its line says why; restart the job with --elastic-join)",
+                                        e->me);
+    *value = v[1];
+    const size_t bytes = o->total * sizeof(float);
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(o->start, e->start_all, bytes);
+    } else {
+        if (MPI_Scatterv(e->start_all, e->counts, e->displs, MPI_FLOAT, o->start,
+                         e->contrib ? (int)o->total : 0, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO,
+                                  "--elastic-worker %d: scattering the "
+                                  "parameters inside the worker's job failed",
+                                  e->me);
+        loom_status bs;
+        if (o->shards > 1 && (bs = loom_comm_bcast(o->dp, o->start, bytes, 0, err))) return bs;
+    }
+    memcpy(o->params, o->start, bytes);
+    o->stats.syncs = 1;
+    return LOOM_OK;
+}
+
+/* ---- between the workers: the leads ---- */
 
 /* Coordinator: connects to every published worker not in the group and sends it the
  * state (round-start parameters, momentum, step). Returns how many joined. */
@@ -166,8 +233,8 @@ static int admit(loom_outer *o, int step) {
         msg_head h;
         head_fill(e, &h, MSG_STATE, step);
         memcpy(e->out, &h, sizeof h);
-        memcpy(e->out + sizeof h, o->start, o->total * sizeof(float));
-        memcpy(e->out + sizeof h + o->total * sizeof(float), e->mom, o->total * sizeof(float));
+        memcpy(e->out + sizeof h, e->start_all, e->all * sizeof(float));
+        memcpy(e->out + sizeof h + e->all * sizeof(float), e->mom, e->all * sizeof(float));
         MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         ex_state st = EX_PENDING;
         if (MPI_Isend(e->out, (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
@@ -193,7 +260,7 @@ static int admit(loom_outer *o, int step) {
 /* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
 static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
     MPI_Request rq[2 * MAX_W];
     ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
@@ -217,22 +284,19 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                 "dropped\n",
                 e->me, step, w, e->timeout_ms / 1e3);
     }
-    /* the members' mean, added in worker order (this worker's own: start - params) */
+    /* the members' mean, added in worker order, into g (which holds this worker's own) */
+    float *mean = (float *)(e->out + sizeof(msg_head));
     int count = 0;
     for (int w = 0; w < e->W; w++) {
         if (w != e->me && !e->member[w]) continue;
-        const float *d = w == e->me ? NULL : (const float *)(e->in[w] + sizeof(msg_head));
-        for (size_t i = 0; i < n; i++) {
-            const float v = d ? d[i] : o->start[i] - o->params[i];
-            e->g[i] = count ? e->g[i] + v : v;
-        }
+        const float *d = w == e->me ? e->g : (const float *)(e->in[w] + sizeof(msg_head));
+        for (size_t i = 0; i < n; i++) mean[i] = count ? mean[i] + d[i] : d[i];
         count++;
     }
-    for (size_t i = 0; i < n; i++) e->g[i] /= (float)count;
+    for (size_t i = 0; i < n; i++) mean[i] /= (float)count;
     msg_head h;
     head_fill(e, &h, MSG_UPDATE, step);
     memcpy(e->out, &h, sizeof h);
-    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
     for (int w = 0; w < e->W; w++) {
         rq[2 * w] = rq[2 * w + 1] = MPI_REQUEST_NULL;
         st[w] = EX_DONE;
@@ -252,6 +316,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                     "dropped\n",
                     e->me, step, w, e->timeout_ms / 1e3);
         }
+    memcpy(e->g, mean, n * sizeof(float)); /* admit() below reuses out */
     apply(o, e->g);
     say(o, step, "outer sync");
     if (step < o->steps) admit(o, step);
@@ -261,13 +326,12 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
 /* A member's outer step: its outer gradient to the coordinator, the mean back, applied. */
 static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
     const int c = e->coordinator;
     msg_head h;
     head_fill(e, &h, MSG_DELTA, step);
     memcpy(e->out, &h, sizeof h);
-    float *d = (float *)(e->out + sizeof h);
-    for (size_t i = 0; i < n; i++) d[i] = o->start[i] - o->params[i];
+    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
     MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     ex_state st = EX_PENDING;
     if (MPI_Irecv(e->in[0], (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[0]) != MPI_SUCCESS ||
@@ -300,14 +364,20 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
     o->stats.hidden_ms = 0.0;
     o->stats.syncs = 0;
     loom_status st = LOOM_OK;
-    if (step % o->cfg.inner_steps == 0 || step == o->steps)
-        st = e->me == e->coordinator ? sync_coordinator(o, step, err) : sync_member(o, step, err);
+    if (step % o->cfg.inner_steps == 0 || step == o->steps) {
+        st = group_gather(o, err);
+        if (!st && e->lead)
+            st = e->me == e->coordinator ? sync_coordinator(o, step, err)
+                                         : sync_member(o, step, err);
+        int unused = 0;
+        st = group_spread(o, st, &unused, err);
+    }
     if (!st && step == o->steps) e->finished = 1;
     o->stats.exposed_ms = loom_now_ms() - t0;
     return st;
 }
 
-/* A joiner: publish the name, wait for the coordinator, take the state it sends. */
+/* A joiner's lead: publish the name, wait for the coordinator, take the state it sends. */
 static loom_status join(loom_outer *o, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
@@ -332,13 +402,13 @@ static loom_status join(loom_outer *o, loom_error *err) {
     if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
         e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
         return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: the coordinator's state did not arrive in %g s",
+                              "--elastic-worker %d: the coordinator's state did not arrive in %g s "
+                              "(or the coordinator's worker has another layout)",
                               e->me, e->timeout_ms / 1e3);
     }
-    const size_t bytes = o->total * sizeof(float);
-    memcpy(o->start, e->in[0] + sizeof *h, bytes);
+    const size_t bytes = e->all * sizeof(float);
+    memcpy(e->start_all, e->in[0] + sizeof *h, bytes);
     memcpy(e->mom, e->in[0] + sizeof *h + bytes, bytes);
-    memcpy(o->params, o->start, bytes);
     e->coordinator = h->from;
     e->peer[e->coordinator] = ic;
     e->start_step = h->step;
@@ -347,41 +417,10 @@ static loom_status join(loom_outer *o, loom_error *err) {
     return LOOM_OK;
 }
 
-loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
-    const loom_outer_config *c = &o->cfg;
-    if (o->total * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: the model is too large for one message (2 GiB)");
-    int mpi_on = 0;
-    MPI_Initialized(&mpi_on);
-    if (!mpi_on) /* loom alone runs one rank without MPI */
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker %d: expected to run under mpirun -n 1 "
-                              "--ompi-server file:URI (docs/diloco.md)",
-                              c->elastic_worker);
-    elastic *e = calloc(1, sizeof *e);
-    if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
-    o->elastic = e;
-    e->me = c->elastic_worker;
-    e->W = c->workers;
-    e->coordinator = 0;
-    e->timeout_ms = 1e3 * c->elastic_timeout;
-    for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
-    e->msg_bytes = sizeof(msg_head) + 2 * o->total * sizeof(float);
-    const size_t n1 = o->total ? o->total : 1;
-    o->start = malloc(n1 * sizeof(float));
-    e->mom = calloc(n1, sizeof(float));
-    e->g = malloc(n1 * sizeof(float));
-    e->out = malloc(e->msg_bytes);
-    if (!o->start || !e->mom || !e->g || !e->out || !in_buf(e, 0))
-        return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
-    memcpy(o->start, o->params, o->total * sizeof(float));
-    /* name look-ups and connects report failures instead of ending the job */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    if (e->me != 0 || c->elastic_join) return join(o, err);
-    /* the founder coordinates; the group starts with whoever joined by the deadline. Its
-     * own name, published and withdrawn at once, checks that the name server is there. */
+/* The founder's lead: the group starts with whoever joined by the deadline. Its own name,
+ * published and withdrawn at once, checks that the name server is there. */
+static loom_status found(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
     if (published) return published;
@@ -400,6 +439,89 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     return LOOM_OK;
 }
 
+/* The job's ranks: who contributes what (every rank), and the lead's copy of the group's
+ * round-start parameters. */
+static loom_status group_open(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    e->lead = o->group->rank == 0;
+    e->contrib = o->shards == 1 || o->dp->rank == 0;
+    const int size = o->group->size;
+    if (size > 1) e->job = o->group->mpi;
+    e->counts = calloc(2 * (size_t)size, sizeof(int));
+    if (!e->counts) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    e->displs = e->counts + size;
+    const int mine = e->contrib ? (int)o->total : 0;
+    if (e->job == MPI_COMM_NULL)
+        e->counts[0] = mine;
+    else if (MPI_Allgather(&mine, 1, MPI_INT, e->counts, 1, MPI_INT, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Allgather failed");
+    size_t at = 0;
+    for (int r = 0; r < size; r++) {
+        e->displs[r] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
+        at += (size_t)e->counts[r];
+    }
+    e->all = at;
+    if (e->all * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: the model is too large for one message (2 GiB)");
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
+    const loom_outer_config *c = &o->cfg;
+    int mpi_on = 0;
+    MPI_Initialized(&mpi_on);
+    if (!mpi_on) /* loom alone runs one rank without MPI */
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker %d: expected to run under mpirun "
+                              "--ompi-server file:URI (docs/diloco.md)",
+                              c->elastic_worker);
+    elastic *e = calloc(1, sizeof *e);
+    if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    o->elastic = e;
+    e->me = c->elastic_worker;
+    e->W = c->workers;
+    e->coordinator = 0;
+    e->timeout_ms = 1e3 * c->elastic_timeout;
+    e->job = MPI_COMM_NULL;
+    for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
+    loom_status st = group_open(o, err);
+    if (st) return st;
+    const size_t n1 = o->total ? o->total : 1, a1 = e->all ? e->all : 1;
+    o->start = malloc(n1 * sizeof(float));
+    e->mine = malloc(n1 * sizeof(float));
+    if (!o->start || !e->mine)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    memcpy(o->start, o->params, o->total * sizeof(float));
+    if (e->lead) {
+        e->msg_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
+        e->start_all = malloc(a1 * sizeof(float));
+        e->mom = calloc(a1, sizeof(float));
+        e->g = malloc(a1 * sizeof(float));
+        e->out = malloc(e->msg_bytes);
+        if (!e->start_all || !e->mom || !e->g || !e->out || !in_buf(e, 0))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    }
+    /* the group's initial parameters to the lead */
+    if (e->job == MPI_COMM_NULL)
+        memcpy(e->start_all, o->params, o->total * sizeof(float));
+    else if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all,
+                         e->counts, e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
+    /* name look-ups and connects report failures instead of ending the job */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    if (e->me != 0 || c->elastic_join) { /* every rank takes the state the lead receives */
+        st = e->lead ? join(o, err) : LOOM_OK;
+        int step = e->start_step;
+        st = group_spread(o, st, &step, err);
+        e->start_step = step;
+        o->stats.syncs = 0;
+        return st;
+    }
+    return e->lead ? found(o, err) : LOOM_OK;
+}
+
 void loom_outer_elastic_free(loom_outer *o) {
     elastic *e = o->elastic;
     for (int w = 0; w < MAX_W; w++) {
@@ -407,22 +529,13 @@ void loom_outer_elastic_free(loom_outer *o) {
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
         free(e->in[w]);
     }
-    free(e->mom), free(e->g), free(e->out);
+    free(e->mom), free(e->g), free(e->out), free(e->start_all), free(e->mine), free(e->counts);
     free(e);
     o->elastic = NULL;
 }
 
 int loom_outer_elastic_start_step(const loom_outer *o) {
     return o->elastic->start_step;
-}
-
-loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
-                                           loom_error *err) {
-    if (c->elastic_worker < 0 || world_size == 1) return LOOM_OK;
-    return loom_error_set(err, LOOM_ERR_INPUT,
-                          "--elastic-worker %d: expected one rank per worker job (this job has "
-                          "%d; worker groups of more ranks are not built yet: docs/diloco.md)",
-                          c->elastic_worker, world_size);
 }
 
 void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {

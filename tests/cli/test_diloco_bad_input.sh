@@ -50,7 +50,7 @@ expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
 expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
-expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun -n 1" -- \
+expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun" -- \
     "${E[@]}" --elastic-worker 0
 expect "elastic checkpoints" "--elastic-worker: not with --ckpt-dir yet" -- \
     "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck"
@@ -65,13 +65,14 @@ if command -v mpirun >/dev/null; then
     check "mpirun -n 3 --workers 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
 fi
 
-# Under mpirun: an elastic worker job of 2 ranks (groups of one rank only), exit 2.
+# Under mpirun: an elastic worker job is laid out by its own ranks (any layout inside the
+# worker): --dp 2 --tp 2 in a job of 2 ranks is refused, one line, exit 2.
 if command -v mpirun >/dev/null; then
     ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -n 2 "$LOOM" \
-        "${D[@]}" --workers 2 --elastic-worker 0 >"$TMP/out" 2>"$TMP/err"
+        "${D[@]}" --workers 2 --elastic-worker 0 --dp 2 --tp 2 >"$TMP/out" 2>"$TMP/err"
     rc=$?
-    n=$(grep -c "^loom train: --elastic-worker 0: expected one rank per worker job (this job has 2" "$TMP/err")
-    check "mpirun -n 2 --elastic-worker 0: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
+    n=$(grep -c "^loom train: --dp 2 x --tp 2 x --pp 1 = 4 ranks, but the job has 2" "$TMP/err")
+    check "mpirun -n 2 --elastic-worker 0 --dp 2 --tp 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
 fi
 
 finish test_diloco_bad_input

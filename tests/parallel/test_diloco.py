@@ -26,8 +26,8 @@ same layout twice is bitwise; checkpoints hold the outer state (round-start para
 momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
 one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
-(--elastic-worker, two one-rank jobs through an ompi-server) without faults: bitwise the
-weights of W = 2 groups of one rank in one job.
+(--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, then of
+pp 2) without faults: bitwise the weights of the same groups in one job.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import argparse
@@ -56,10 +56,10 @@ def compare(name, got, ref, tol=TOL):
     return ok
 
 
-def elastic_pair(base, tmp):
-    """Two --elastic-worker jobs (mpirun -n 1 each) through a local ompi-server; worker 0's
-    Run (--dump-dir, --metrics), or None (the failure printed)."""
-    uri, out = os.path.join(tmp, "elastic.uri"), os.path.join(tmp, "elastic_w0")
+def elastic_pair(base, tmp, ranks=1, name="elastic"):
+    """Two --elastic-worker jobs (mpirun -n RANKS each) through a local ompi-server; worker
+    0's Run (--dump-dir, --metrics), or None (the failure printed)."""
+    uri, out = os.path.join(tmp, name + ".uri"), os.path.join(tmp, name + "_w0")
     server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jobs = []
@@ -67,8 +67,8 @@ def elastic_pair(base, tmp):
         until = time.time() + 10
         while time.time() < until and not (os.path.exists(uri) and open(uri).read().strip()):
             time.sleep(0.05)
-        mpirun = ["mpirun", "--allow-run-as-root", "--ompi-server", f"file:{uri}", "--mca",
-                  "mpi_yield_when_idle", "1", "-n", "1"]
+        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--ompi-server",
+                  f"file:{uri}", "--mca", "mpi_yield_when_idle", "1", "-n", str(ranks)]
         for w, extra in ((0, ["--metrics", out + ".jsonl", "--dump-dir", out]), (1, [])):
             jobs.append(subprocess.Popen(mpirun + base + ["--elastic-worker", str(w)] + extra,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -141,15 +141,6 @@ def main():
         runs = Layouts(real + diloco, tmp, "layout_")
         ref = runs.run("w2_single", 2)
         print(f"W=2 H=3 groups of one rank, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
-        # elastic workers without faults (--elastic-worker: two one-rank jobs joined through
-        # an ompi-server, the outer sync through a coordinator): the weights of this run
-        if shutil.which("ompi-server"):
-            el = elastic_pair(real + diloco, tmp)
-            same = el is not None and same_tensors(el.params, ref.params)
-            check(same, f"  W=2 as two elastic worker jobs: "
-                        f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
-        else:
-            print("  (no ompi-server: elastic workers not checked)")
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
                             ("pp2", ["--pp", "2"])):
             compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)
@@ -159,6 +150,18 @@ def main():
         again = runs.run("dp2_zero1_again", 4, ["--dp", "2", "--zero", "1"])
         same = bitwise(again, runs.runs["dp2_zero1"])
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
+        # elastic workers without faults (--elastic-worker: two jobs joined through an
+        # ompi-server, the outer sync through a coordinator; each job's rank 0 speaks for
+        # its group): the weights of the same groups in one job, bitwise
+        if shutil.which("ompi-server"):
+            for name, n, flags in (("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+                                   ("pp2", 2, ["--pp", "2"])):
+                el = elastic_pair(real + diloco + flags, tmp, n, "elastic_" + name)
+                same = el is not None and same_tensors(el.params, runs.runs[name].params)
+                check(same, f"  W=2 {name} as two elastic worker jobs of {n} ranks: "
+                            f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
+        else:
+            print("  (no ompi-server: elastic workers not checked)")
 
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
         moe = [a if a != "gpt2" else "llama" for a in real] + [
