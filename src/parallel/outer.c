@@ -399,8 +399,8 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
     return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
 }
 
-int loom_outer_start_step(const loom_outer *o, int step) {
-    return o->elastic ? loom_outer_elastic_start_step(o) : step;
+loom_status loom_outer_begin(loom_outer *o, int *step, loom_error *err) {
+    return o->elastic ? loom_outer_elastic_begin(o, step, err) : LOOM_OK;
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {

@@ -3,6 +3,7 @@
  * choice, and why the members cannot diverge). */
 #include "parallel/outer_elastic.h"
 
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/crc32c.h"
+#include "core/fs.h"
 #include "parallel/outer_impl.h"
 
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
@@ -48,8 +51,11 @@ struct loom_outer_elastic {
     unsigned char *out;       /* lead: a message being sent */
     unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
     size_t msg_bytes;         /* head + 2 x all floats (the largest message) */
-    int start_step;           /* a joiner: the coordinator's step when it joined */
-    int finished;             /* the last step's sync is done: disconnect at the end */
+    int start_step;           /* the step the run starts after (a joiner: the coordinator's) */
+    int loaded;               /* lead: start_all and mom came from this worker's checkpoint */
+    int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
+    int n_saved_members;
+    int finished; /* the last step's sync is done: disconnect at the end */
 };
 
 typedef struct loom_outer_elastic elastic;
@@ -174,24 +180,25 @@ static loom_status group_gather(loom_outer *o, loom_error *err) {
     return LOOM_OK;
 }
 
-/* The lead's verdict `st` (and *value: a joiner's start step) to every rank of the job; on
- * success the group's round-start parameters to every rank (a dp replica takes its
- * replica's by broadcast), and params = start. On the lead's failure every rank fails. */
-static loom_status group_spread(loom_outer *o, loom_status st, int *value, loom_error *err) {
+/* The lead's verdict `st` and v[0..2) (a joiner's start step, and whether the ranks keep
+ * their parameters) to every rank of the job; on success the group's round-start parameters
+ * to every rank (a dp replica takes its replica's by broadcast), and params = start unless
+ * kept. On the lead's failure every rank fails. */
+static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_error *err) {
     elastic *e = o->elastic;
-    int32_t v[2] = {(int32_t)st, (int32_t)*value};
-    if (e->job != MPI_COMM_NULL && MPI_Bcast(v, 2, MPI_INT32_T, 0, e->job) != MPI_SUCCESS)
+    int32_t w[3] = {(int32_t)st, (int32_t)v[0], (int32_t)v[1]};
+    if (e->job != MPI_COMM_NULL && MPI_Bcast(w, 3, MPI_INT32_T, 0, e->job) != MPI_SUCCESS)
         return loom_error_set(err, LOOM_ERR_IO,
                               "--elastic-worker %d: broadcast inside the "
                               "worker's job failed",
                               e->me);
-    if (v[0] != LOOM_OK)
+    if (w[0] != LOOM_OK)
         return e->lead ? st
                        : loom_error_set(err, LOOM_ERR_IO,
                                         "--elastic-worker %d: the job's rank 0 left the group "
                                         "(its line says why; restart the job with --elastic-join)",
                                         e->me);
-    *value = v[1];
+    v[0] = w[1], v[1] = w[2];
     const size_t bytes = o->total * sizeof(float);
     if (e->job == MPI_COMM_NULL) {
         memcpy(o->start, e->start_all, bytes);
@@ -205,7 +212,7 @@ static loom_status group_spread(loom_outer *o, loom_status st, int *value, loom_
         loom_status bs;
         if (o->shards > 1 && (bs = loom_comm_bcast(o->dp, o->start, bytes, 0, err))) return bs;
     }
-    memcpy(o->params, o->start, bytes);
+    if (!v[1]) memcpy(o->params, o->start, bytes);
     o->stats.syncs = 1;
     return LOOM_OK;
 }
@@ -369,16 +376,17 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
         if (!st && e->lead)
             st = e->me == e->coordinator ? sync_coordinator(o, step, err)
                                          : sync_member(o, step, err);
-        int unused = 0;
-        st = group_spread(o, st, &unused, err);
+        int v[2] = {step, 0};
+        st = group_spread(o, st, v, err);
     }
     if (!st && step == o->steps) e->finished = 1;
     o->stats.exposed_ms = loom_now_ms() - t0;
     return st;
 }
 
-/* A joiner's lead: publish the name, wait for the coordinator, take the state it sends. */
-static loom_status join(loom_outer *o, loom_error *err) {
+/* A joiner's lead: publish the name, wait for the coordinator, take the state it sends;
+ * *keep: its own parameters stay (they continue the state it was sent). */
+static loom_status join(loom_outer *o, int *keep, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
@@ -407,19 +415,25 @@ static loom_status join(loom_outer *o, loom_error *err) {
                               e->me, e->timeout_ms / 1e3);
     }
     const size_t bytes = e->all * sizeof(float);
-    memcpy(e->start_all, e->in[0] + sizeof *h, bytes);
-    memcpy(e->mom, e->in[0] + sizeof *h + bytes, bytes);
+    const unsigned char *state = e->in[0] + sizeof *h;
+    /* a worker resumed from its own checkpoint keeps its inner state (parameters mid-round)
+     * when the group is exactly where that checkpoint was: the same step, round-start
+     * parameters and momentum (the whole run restarted); else it takes the copy */
+    *keep = e->loaded && h->step == e->start_step && !memcmp(e->start_all, state, bytes) &&
+            !memcmp(e->mom, state + bytes, bytes);
+    memcpy(e->start_all, state, bytes);
+    memcpy(e->mom, state + bytes, bytes);
     e->coordinator = h->from;
     e->peer[e->coordinator] = ic;
     e->start_step = h->step;
     for (int k = 0; k < h->n_members && k < MAX_W; k++) e->member[h->members[k]] = 1;
-    say(o, h->step, "joined");
+    say(o, h->step, *keep ? "joined (its checkpoint is the group's state: kept)" : "joined");
     return LOOM_OK;
 }
 
 /* The founder's lead: the group starts with whoever joined by the deadline. Its own name,
  * published and withdrawn at once, checks that the name server is there. */
-static loom_status found(loom_outer *o, loom_error *err) {
+static loom_status found(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
@@ -427,12 +441,24 @@ static loom_status found(loom_outer *o, loom_error *err) {
     MPI_Unpublish_name(name, MPI_INFO_NULL, port);
     MPI_Close_port(port);
     e->member[e->me] = 1;
-    fprintf(stderr, "loom: elastic: worker %d coordinates; waiting up to %g s for %d worker(s)\n",
-            e->me, LOOM_OUTER_ELASTIC_START_S, e->W - 1);
+    fprintf(stderr,
+            "loom: elastic: worker %d coordinates from step %d; waiting up to %g s for %d "
+            "worker(s)\n",
+            e->me, step, LOOM_OUTER_ELASTIC_START_S, e->W - 1);
+    if (e->loaded) {
+        char ids[4 * MAX_W];
+        size_t at = 0;
+        ids[0] = 0;
+        for (int k = 0; k < e->n_saved_members; k++)
+            at += (size_t)snprintf(ids + at, at < sizeof ids ? sizeof ids - at : 0, "%s%d",
+                                   k ? "," : "", e->saved_members[k]);
+        fprintf(stderr, "loom: elastic: worker %d: its checkpoint of step %d had members [%s]\n",
+                e->me, step, ids);
+    }
     const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
     int members = 1;
     while (members < e->W && loom_now_ms() < until) {
-        members += admit(o, 0);
+        members += admit(o, step);
         if (members < e->W) usleep(100000);
     }
     o->stats.bytes_step = 0.0;
@@ -502,24 +528,39 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
         if (!e->start_all || !e->mom || !e->g || !e->out || !in_buf(e, 0))
             return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     }
-    /* the group's initial parameters to the lead */
-    if (e->job == MPI_COMM_NULL)
-        memcpy(e->start_all, o->params, o->total * sizeof(float));
-    else if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all,
-                         e->counts, e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
-        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
     /* name look-ups and connects report failures instead of ending the job */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    if (e->me != 0 || c->elastic_join) { /* every rank takes the state the lead receives */
-        st = e->lead ? join(o, err) : LOOM_OK;
-        int step = e->start_step;
-        st = group_spread(o, st, &step, err);
-        e->start_step = step;
-        o->stats.syncs = 0;
-        return st;
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err) {
+    elastic *e = o->elastic;
+    e->start_step = *step;
+    /* without a checkpoint the group's round-start parameters are its initial ones */
+    int loaded = e->loaded;
+    if (e->job != MPI_COMM_NULL && MPI_Bcast(&loaded, 1, MPI_INT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Bcast failed");
+    if (!loaded) {
+        if (e->job == MPI_COMM_NULL)
+            memcpy(e->start_all, o->params, o->total * sizeof(float));
+        else if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all,
+                             e->counts, e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
     }
-    return e->lead ? found(o, err) : LOOM_OK;
+    /* the lead founds or joins the group; every rank takes its part of the round-start
+     * parameters, and its parameters too unless they continue them (kept) */
+    const int founder = e->me == 0 && !o->cfg.elastic_join;
+    int keep = founder, v[2] = {e->start_step, 0};
+    loom_status st = !e->lead  ? LOOM_OK
+                     : founder ? found(o, e->start_step, err)
+                               : join(o, &keep, err);
+    v[1] = keep;
+    st = group_spread(o, st, v, err);
+    e->start_step = v[0];
+    o->stats.syncs = 0;
+    *step = e->start_step;
+    return st;
 }
 
 void loom_outer_elastic_free(loom_outer *o) {
@@ -534,13 +575,96 @@ void loom_outer_elastic_free(loom_outer *o) {
     o->elastic = NULL;
 }
 
-int loom_outer_elastic_start_step(const loom_outer *o) {
-    return o->elastic->start_step;
-}
-
 void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
     if (c->elastic_worker < 0) return;
     m->worker = c->elastic_worker;
     m->workers = c->workers;
     m->data_rank += m->worker * m->layout.dp;
+}
+
+/* ---- checkpoints: the lead's DIR/outer/step_N/elastic.bin (parallel/outer.h) ---- */
+
+static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'E', 'L', 'A', '1'};
+
+typedef struct {
+    char magic[8];
+    int64_t step;
+    uint64_t all;
+    int32_t workers, worker, n_members;
+    int32_t members[MAX_W];
+} state_head;
+
+static void state_path(char *out, size_t n, const char *dir, int step) {
+    snprintf(out, n, "%s/outer/step_%08d/elastic.bin", dir, step);
+}
+
+loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    if (!e->lead) return LOOM_OK; /* the lead holds the group's outer state */
+    char path[1200], tmp[1216];
+    state_path(path, sizeof path, dir, step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    loom_mkdir_parent(path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return loom_error_set(err, LOOM_ERR_IO, "--ckpt-dir: cannot write %s: %s", tmp,
+                              strerror(errno));
+    state_head h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, MAGIC, 8);
+    h.step = step, h.all = e->all, h.workers = e->W, h.worker = e->me;
+    for (int w = 0; w < e->W; w++)
+        if (e->member[w]) h.members[h.n_members++] = w;
+    const size_t bytes = e->all * sizeof(float);
+    uint32_t crc = loom_crc32c(0, &h, sizeof h);
+    crc = loom_crc32c(crc, e->start_all, bytes);
+    crc = loom_crc32c(crc, e->mom, bytes);
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+             (!bytes || fwrite(e->start_all, bytes, 1, f) == 1) &&
+             (!bytes || fwrite(e->mom, bytes, 1, f) == 1) && fwrite(&crc, sizeof crc, 1, f) == 1;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return loom_error_set(err, LOOM_ERR_IO, "--ckpt-dir: writing %s failed: %s", path,
+                              strerror(errno));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    if (!e->lead) return LOOM_OK;
+    char path[1200];
+    state_path(path, sizeof path, dir, step);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: the elastic worker's outer state %s: cannot open: %s "
+                              "(saved by --elastic-worker with the same workers and layout)",
+                              path, strerror(errno));
+    state_head h;
+    const size_t bytes = e->all * sizeof(float);
+    int ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, MAGIC, 8) && h.step == step &&
+             h.all == e->all && h.workers == e->W && h.worker == e->me && h.n_members >= 0 &&
+             h.n_members <= MAX_W;
+    uint32_t crc = 0;
+    ok = ok && (!bytes || fread(e->start_all, bytes, 1, f) == 1) &&
+         (!bytes || fread(e->mom, bytes, 1, f) == 1) && fread(&crc, sizeof crc, 1, f) == 1;
+    fclose(f);
+    if (ok) {
+        uint32_t want = loom_crc32c(0, &h, sizeof h);
+        want = loom_crc32c(want, e->start_all, bytes);
+        ok = loom_crc32c(want, e->mom, bytes) == crc;
+    }
+    if (!ok) {
+        memset(e->mom, 0, bytes);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: %s: not this worker's outer state (step, size or workers "
+                              "differ), truncated or corrupt",
+                              path);
+    }
+    e->loaded = 1;
+    e->n_saved_members = h.n_members;
+    memcpy(e->saved_members, h.members, sizeof h.members);
+    return LOOM_OK;
 }

@@ -52,8 +52,6 @@ expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
 expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun" -- \
     "${E[@]}" --elastic-worker 0
-expect "elastic checkpoints" "--elastic-worker: not with --ckpt-dir yet" -- \
-    "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck"
 
 # Under mpirun: 3 ranks do not split into 2 worker groups; rank 0 says so once, exit 2.
 # (no leak check there: OpenMPI's own allocations, as in test_plan.sh)

@@ -27,7 +27,9 @@ momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; s
 one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, then of
-pp 2) without faults: bitwise the weights of the same groups in one job.
+pp 2) without faults: bitwise the weights of the same groups in one job; their checkpoints
+hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
+bitwise the same.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import argparse
@@ -152,17 +154,29 @@ def main():
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
         # elastic workers without faults (--elastic-worker: two jobs joined through an
         # ompi-server, the outer sync through a coordinator; each job's rank 0 speaks for
-        # its group): the weights of the same groups in one job, bitwise
+        # its group): the weights of the same groups in one job, bitwise; the dp2 pair
+        # writes checkpoints (the outer state beside them), and both workers resumed from
+        # step 4 (mid-round) end bitwise the same
         if shutil.which("ompi-server"):
-            for name, n, flags in (("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+            eck, saved = os.path.join(tmp, "elastic_ck"), None
+            for name, n, flags in (("dp2_zero1", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", eck,
+                                                     "--ckpt-every", "4"]),
                                    ("pp2", 2, ["--pp", "2"])):
                 el = elastic_pair(real + diloco + flags, tmp, n, "elastic_" + name)
                 same = el is not None and same_tensors(el.params, runs.runs[name].params)
                 check(same, f"  W=2 {name} as two elastic worker jobs of {n} ranks: "
                             f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
+                if name == "dp2_zero1":
+                    saved = el
+            step4 = ["--resume", os.path.join(eck, "step_00000004")]
+            el = elastic_pair(real + diloco + ["--dp", "2", "--zero", "1"] + step4, tmp, 2,
+                              "elastic_resume")
+            want = saved.losses[4:8] + saved.losses[9:] if saved else None
+            ok = (el is not None and saved is not None and "resumed from" in el.stderr and
+                  el.losses == want and same_tensors(el.params, saved.params))
+            check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
         else:
             print("  (no ompi-server: elastic workers not checked)")
-
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
         moe = [a if a != "gpt2" else "llama" for a in real] + [
             "--n-kv-head", "2", "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0"]
