@@ -551,11 +551,11 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err) 
     /* the lead founds or joins the group; every rank takes its part of the round-start
      * parameters, and its parameters too unless they continue them (kept) */
     const int founder = e->me == 0 && !o->cfg.elastic_join;
-    int keep = founder, v[2] = {e->start_step, 0};
+    int keep = founder, v[2];
     loom_status st = !e->lead  ? LOOM_OK
                      : founder ? found(o, e->start_step, err)
                                : join(o, &keep, err);
-    v[1] = keep;
+    v[0] = e->start_step, v[1] = keep; /* a joiner's lead: the coordinator's step */
     st = group_spread(o, st, v, err);
     e->start_step = v[0];
     o->stats.syncs = 0;
