@@ -48,6 +48,12 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
+# loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
+expect "elastic run: -n not a multiple of the workers" \
+    "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \
+    run --elastic -n 3 --run-dir "$TMP/run" -- "${E[@]:1}"
+expect "elastic run: --elastic-worker given" "leave --elastic-worker out" -- \
+    run --elastic -n 2 --run-dir "$TMP/run" -- "${E[@]:1}" --elastic-worker 1
 expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
 expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun" -- \
