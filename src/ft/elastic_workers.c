@@ -2,6 +2,7 @@
 #include "ft/elastic_workers.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,14 @@ typedef struct {
     int restarts; /* this worker's launches after the first */
     int done;     /* ended (and not started again) */
 } worker;
+
+/* SIGINT / SIGTERM to loom run: every worker is stopped (they run in their own sessions). */
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
 
 static void tick(void) {
     const struct timespec t = {0, 50 * 1000 * 1000};
@@ -121,6 +130,11 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         return loom_error_set(err, LOOM_ERR_IO, "loom run: --run-dir %s: %s", cfg->run_dir,
                               strerror(errno));
     const int R = cfg->ranks / W;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     loom_launch server;
     char uri[LOOM_RUN_PATH + 32];
     loom_status st = start_server(&server, cfg->run_dir, uri, sizeof uri, err);
@@ -133,7 +147,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         st =
             launch(&w[started], started, R, 0, uri, exe, train_argv, train_argc, cfg->run_dir, err);
     int restarts = 0;
-    while (!st && !w[0].done) {
+    while (!st && !w[0].done && !interrupted) {
         tick();
         for (int i = 0; i < started; i++) {
             if (w[i].done || !loom_launch_poll(&w[i].job)) continue;
@@ -154,18 +168,20 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     }
     /* the coordinator ended: the members end at the same last sync; a joiner still waiting
      * for admission never will */
-    const double until = loom_now_ms() + (st ? 0.0 : 1e3 * cfg->grace_s);
+    const double until = loom_now_ms() + (st || interrupted ? 0.0 : 1e3 * cfg->grace_s);
     for (int i = 1; i < started; i++) {
         while (!w[i].done && !loom_launch_poll(&w[i].job) && loom_now_ms() < until) tick();
         if (!w[i].done && w[i].job.running) {
-            fprintf(stderr,
-                    "loom run: elastic: worker %d still running after worker 0 ended: "
-                    "stopped\n",
-                    i);
+            fprintf(stderr, "loom run: elastic: worker %d still running%s: stopped\n", i,
+                    interrupted ? " (interrupted)" : " after worker 0 ended");
             loom_launch_stop(&w[i].job, cfg->grace_s, NULL, 0);
         }
     }
+    if (w[0].job.running) loom_launch_stop(&w[0].job, cfg->grace_s, NULL, 0);
     loom_launch_stop(&server, 1.0, NULL, 0);
+    if (interrupted && !st)
+        st = loom_error_set(err, LOOM_ERR_IO,
+                            "loom run: elastic: interrupted; every worker stopped");
     if (!st) {
         *exit_code = w[0].job.status;
         fprintf(stderr, "loom run: elastic: worker 0 (the coordinator) exit %d; %d restart(s)\n",
