@@ -8,6 +8,7 @@
 #include "cli/cmd_rl.h"
 #include "cli/train_options.h"
 #include "core/fault.h"
+#include "ft/elastic_workers.h"
 #include "ft/run_config.h"
 #include "ft/supervisor.h"
 
@@ -53,6 +54,22 @@ int loom_cmd_run(int argc, char **argv) {
         fprintf(stderr, "loom run: train options: %s\n", err.msg);
         free(targv);
         return 2;
+    }
+    /* --elastic with DiLoCo worker groups: one job per worker (ft/elastic_workers.h) */
+    if (!rl && cfg.elastic && loom_outer_enabled(&o.train.outer) && o.train.outer.workers > 1) {
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        int code = 1;
+        if (n <= 0)
+            st = loom_error_set(&err, LOOM_ERR_IO, "loom run: cannot find the loom binary");
+        else
+            exe[n] = 0;
+        if (!st)
+            st = loom_elastic_workers_run(&cfg, o.train.outer.workers, exe, targv + 1, train_argc,
+                                          &code, &err);
+        free(targv);
+        if (st) fprintf(stderr, "%s\n", err.msg);
+        return st ? (st == LOOM_ERR_INPUT ? 2 : 1) : code;
     }
     loom_run_job job = {0};
     snprintf(job.command, sizeof job.command, "%s", rl ? "rl" : "train");

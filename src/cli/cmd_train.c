@@ -61,8 +61,7 @@ int loom_cmd_train(int argc, char **argv) {
     /* --elastic-worker: this job is one worker of the group (parallel/outer_elastic.h) */
     const int elastic = o.train.outer.elastic_worker >= 0;
     const int workers = loom_outer_enabled(&o.train.outer) && !elastic ? o.train.outer.workers : 1;
-    st = loom_outer_elastic_check_world(&o.train.outer, world.size, &err);
-    if (!st) st = loom_mesh_create_workers(&mesh, &world, o.train.layout, workers, &err);
+    st = loom_mesh_create_workers(&mesh, &world, o.train.layout, workers, &err);
     if (!st && elastic) loom_outer_elastic_mesh(&mesh, &o.train.outer);
     loom_startup_watchdog_disarm(&watchdog);
     loom_timeline_mark("mesh");

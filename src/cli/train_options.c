@@ -189,7 +189,7 @@ static const opt_def OPTS[] = {
     {"outer-merge", OPT_FLOAT, TR(outer.merge), 0,
      "streaming DiLoCo: local weight alpha when a fragment's global params land"},
     {"elastic-worker", OPT_INT, TR(outer.elastic_worker), 0,
-     "elastic DiLoCo: this one-rank mpirun job is worker I of --workers (-1: off)"},
+     "elastic DiLoCo: this mpirun job is worker I of --workers (-1: off)"},
     {"elastic-join", OPT_BOOL, TR(outer.elastic_join), 0,
      "elastic DiLoCo: join a running group (a restarted worker; worker 0 otherwise founds it)"},
     {"elastic-timeout", OPT_FLOAT, TR(outer.elastic_timeout), 0,

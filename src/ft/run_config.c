@@ -86,7 +86,9 @@ static loom_flag_spec run_spec(loom_flag (*flags)[RUN_N_FLAGS], loom_run_config 
         LOOM_FLAG_SW(2, "skip-bad-batches", &c->skip_bad_batches,
                      "after a loss spike, skip that step's batch (--skip-steps)"),
         LOOM_FLAG_SW(2, "elastic", &c->elastic,
-                     "exclude a rank after repeated failures, shrink --dp"),
+                     "exclude a rank after repeated failures, shrink --dp\n"
+                     "(with --outer diloco --workers W: one job per worker,\n"
+                     "a lost worker restarted with --elastic-join)"),
         RUN_INT(2, "min-ranks", &c->min_ranks, "K", "never shrink below K ranks (default 1)", 1),
         RUN_INT(2, "exclude-after", &c->exclude_after, "N",
                 "failures of one rank before exclusion (default 2)", 1),

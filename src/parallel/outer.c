@@ -399,8 +399,8 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
     return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
 }
 
-int loom_outer_start_step(const loom_outer *o, int step) {
-    return o->elastic ? loom_outer_elastic_start_step(o) : step;
+loom_status loom_outer_begin(loom_outer *o, int *step, loom_error *err) {
+    return o->elastic ? loom_outer_elastic_begin(o, step, err) : LOOM_OK;
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
@@ -445,7 +445,7 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     /* [v..., bytes, landed norms...] over the workers, then bytes and norms over the group */
     double buf[8 + 2 * LOOM_OUTER_MAX_FRAGMENTS];
     const int F = o->n_frag;
-    if (o->elastic) { /* one rank, no per-step exchange: this worker's own numbers */
+    if (o->elastic) { /* no per-step exchange between workers: this worker's own numbers */
         o->stats.bytes_total += o->stats.bytes_step;
         return LOOM_OK;
     }

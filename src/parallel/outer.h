@@ -55,7 +55,7 @@ typedef struct {
     int block;          /* --outer-block: values per scale (int8, int4) */
     float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
     int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
-    int elastic_worker; /* --elastic-worker I: this one-rank job is worker I (-1: off) */
+    int elastic_worker; /* --elastic-worker I: this job is worker I (-1: off) */
     int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */
     float elastic_timeout; /* --elastic-timeout S: the deadline of every outer exchange */
 } loom_outer_config;
@@ -112,12 +112,14 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
  * number: the loss). Collective over the workers. */
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
 
-/* The step the run starts after: `step`, or for an elastic worker that joined a running
- * group the coordinator's step (parallel/outer_elastic.h). */
-int loom_outer_start_step(const loom_outer *o, int step);
+/* After the parameters and the outer state are loaded (a resume): an elastic worker
+ * (parallel/outer_elastic.h) founds or joins its group here, and *step becomes the step the
+ * run starts after (a joiner: the coordinator's); otherwise nothing. */
+loom_status loom_outer_begin(loom_outer *o, int *step, loom_error *err);
 
 /* Checkpoints: this rank's outer state after step `step` to / from
- * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group). */
+ * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group); an elastic
+ * worker's lead writes its group's to DIR/outer/step_%08d/elastic.bin. */
 loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
 /* Waits until the operations in flight have arrived (their processing stays scheduled). */
 loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err);

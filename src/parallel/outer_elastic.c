@@ -3,6 +3,7 @@
  * choice, and why the members cannot diverge). */
 #include "parallel/outer_elastic.h"
 
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/crc32c.h"
+#include "core/fs.h"
 #include "parallel/outer_impl.h"
 
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
@@ -31,15 +34,28 @@ typedef enum { EX_PENDING, EX_DONE, EX_FAILED } ex_state;
 struct loom_outer_elastic {
     int me, W, coordinator; /* worker ids */
     double timeout_ms;
+    /* the worker's own job (dp/tp/pp inside the worker): its rank 0, the lead, does every
+     * exchange with the other workers for the whole group; the arrays below marked "lead"
+     * exist only there. The group's buffers are its ranks' flat buffers back to back in rank
+     * order, each once (a dp replica of another rank's buffer contributes nothing). */
+    MPI_Comm job;             /* MPI_COMM_NULL: a job of one rank */
+    int lead, contrib;        /* this rank is the job's rank 0; contributes its buffer */
+    int *counts, *displs;     /* lead: floats each job rank contributes, and where */
+    size_t all;               /* the group's floats (the counts' sum) */
+    float *start_all;         /* lead: the group's round-start parameters */
+    float *mine;              /* this rank's outer gradient start - params */
     MPI_Comm peer[MAX_W];     /* coordinator: one per member; member: peer[coordinator] */
     int member[MAX_W];        /* the last membership this worker knows */
-    float *mom;               /* the outer momentum, whole (every member holds the same) */
-    float *g;                 /* the mean outer gradient */
-    unsigned char *out;       /* a message being sent */
+    float *mom;               /* lead: the outer momentum, whole (every member holds the same) */
+    float *g;                 /* lead: the group's outer gradient, then the members' mean */
+    unsigned char *out;       /* lead: a message being sent */
     unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
-    size_t msg_bytes;         /* head + 2 x total floats (the largest message) */
-    int start_step;           /* a joiner: the coordinator's step when it joined */
-    int finished;             /* the last step's sync is done: disconnect at the end */
+    size_t msg_bytes;         /* head + 2 x all floats (the largest message) */
+    int start_step;           /* the step the run starts after (a joiner: the coordinator's) */
+    int loaded;               /* lead: start_all and mom came from this worker's checkpoint */
+    int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
+    int n_saved_members;
+    int finished; /* the last step's sync is done: disconnect at the end */
 };
 
 typedef struct loom_outer_elastic elastic;
@@ -122,28 +138,86 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
     }
 }
 
-/* The outer SGD step with the mean outer gradient g, the same on every member. */
+/* The outer SGD step with the mean outer gradient g on the group's round-start parameters,
+ * the same on every member (lead). */
 static void apply(loom_outer *o, const float *g) {
     elastic *e = o->elastic;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
     double sq = 0.0;
-    for (size_t i = 0; i < o->total; i++) {
+    for (size_t i = 0; i < e->all; i++) {
         e->mom[i] = mu * e->mom[i] + g[i];
         const float u = o->cfg.nesterov ? g[i] + mu * e->mom[i] : e->mom[i];
-        o->start[i] += -(lr * u);
-        o->params[i] = o->start[i];
+        e->start_all[i] += -(lr * u);
         sq += (double)g[i] * g[i];
     }
     o->stats.grad_norm = sqrt(sq);
-    o->stats.syncs = 1;
 }
 
 static void say(const loom_outer *o, int step, const char *what) {
+    const elastic *e = o->elastic;
     char ids[4 * MAX_W];
-    const int n = members_text(o->elastic, ids, sizeof ids);
+    const int n = members_text(e, ids, sizeof ids);
     fprintf(stderr, "loom: elastic: worker %d step %d: %s, members=%d [%s], checksum %016llx\n",
-            o->elastic->me, step, what, n, ids, checksum(o->start, o->total));
+            e->me, step, what, n, ids, checksum(e->start_all, e->all));
 }
+
+/* ---- inside the worker's job: the lead gathers and spreads ---- */
+
+/* Every rank's outer gradient start - params into the lead's g (the group's, rank order). */
+static loom_status group_gather(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    for (size_t i = 0; i < o->total; i++) e->mine[i] = o->start[i] - o->params[i];
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(e->g, e->mine, o->total * sizeof(float));
+        return LOOM_OK;
+    }
+    if (MPI_Gatherv(e->mine, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->g, e->counts, e->displs,
+                    MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: gathering the outer "
+                              "gradient inside the worker's job failed",
+                              e->me);
+    return LOOM_OK;
+}
+
+/* The lead's verdict `st` and v[0..2) (a joiner's start step, and whether the ranks keep
+ * their parameters) to every rank of the job; on success the group's round-start parameters
+ * to every rank (a dp replica takes its replica's by broadcast), and params = start unless
+ * kept. On the lead's failure every rank fails. */
+static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_error *err) {
+    elastic *e = o->elastic;
+    int32_t w[3] = {(int32_t)st, (int32_t)v[0], (int32_t)v[1]};
+    if (e->job != MPI_COMM_NULL && MPI_Bcast(w, 3, MPI_INT32_T, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: broadcast inside the "
+                              "worker's job failed",
+                              e->me);
+    if (w[0] != LOOM_OK)
+        return e->lead ? st
+                       : loom_error_set(err, LOOM_ERR_IO,
+                                        "--elastic-worker %d: the job's rank 0 left the group "
+                                        "(its line says why; restart the job with --elastic-join)",
+                                        e->me);
+    v[0] = w[1], v[1] = w[2];
+    const size_t bytes = o->total * sizeof(float);
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(o->start, e->start_all, bytes);
+    } else {
+        if (MPI_Scatterv(e->start_all, e->counts, e->displs, MPI_FLOAT, o->start,
+                         e->contrib ? (int)o->total : 0, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO,
+                                  "--elastic-worker %d: scattering the "
+                                  "parameters inside the worker's job failed",
+                                  e->me);
+        loom_status bs;
+        if (o->shards > 1 && (bs = loom_comm_bcast(o->dp, o->start, bytes, 0, err))) return bs;
+    }
+    if (!v[1]) memcpy(o->params, o->start, bytes);
+    o->stats.syncs = 1;
+    return LOOM_OK;
+}
+
+/* ---- between the workers: the leads ---- */
 
 /* Coordinator: connects to every published worker not in the group and sends it the
  * state (round-start parameters, momentum, step). Returns how many joined. */
@@ -166,8 +240,8 @@ static int admit(loom_outer *o, int step) {
         msg_head h;
         head_fill(e, &h, MSG_STATE, step);
         memcpy(e->out, &h, sizeof h);
-        memcpy(e->out + sizeof h, o->start, o->total * sizeof(float));
-        memcpy(e->out + sizeof h + o->total * sizeof(float), e->mom, o->total * sizeof(float));
+        memcpy(e->out + sizeof h, e->start_all, e->all * sizeof(float));
+        memcpy(e->out + sizeof h + e->all * sizeof(float), e->mom, e->all * sizeof(float));
         MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         ex_state st = EX_PENDING;
         if (MPI_Isend(e->out, (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
@@ -193,7 +267,7 @@ static int admit(loom_outer *o, int step) {
 /* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
 static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
     MPI_Request rq[2 * MAX_W];
     ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
@@ -217,22 +291,19 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                 "dropped\n",
                 e->me, step, w, e->timeout_ms / 1e3);
     }
-    /* the members' mean, added in worker order (this worker's own: start - params) */
+    /* the members' mean, added in worker order, into g (which holds this worker's own) */
+    float *mean = (float *)(e->out + sizeof(msg_head));
     int count = 0;
     for (int w = 0; w < e->W; w++) {
         if (w != e->me && !e->member[w]) continue;
-        const float *d = w == e->me ? NULL : (const float *)(e->in[w] + sizeof(msg_head));
-        for (size_t i = 0; i < n; i++) {
-            const float v = d ? d[i] : o->start[i] - o->params[i];
-            e->g[i] = count ? e->g[i] + v : v;
-        }
+        const float *d = w == e->me ? e->g : (const float *)(e->in[w] + sizeof(msg_head));
+        for (size_t i = 0; i < n; i++) mean[i] = count ? mean[i] + d[i] : d[i];
         count++;
     }
-    for (size_t i = 0; i < n; i++) e->g[i] /= (float)count;
+    for (size_t i = 0; i < n; i++) mean[i] /= (float)count;
     msg_head h;
     head_fill(e, &h, MSG_UPDATE, step);
     memcpy(e->out, &h, sizeof h);
-    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
     for (int w = 0; w < e->W; w++) {
         rq[2 * w] = rq[2 * w + 1] = MPI_REQUEST_NULL;
         st[w] = EX_DONE;
@@ -252,6 +323,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                     "dropped\n",
                     e->me, step, w, e->timeout_ms / 1e3);
         }
+    memcpy(e->g, mean, n * sizeof(float)); /* admit() below reuses out */
     apply(o, e->g);
     say(o, step, "outer sync");
     if (step < o->steps) admit(o, step);
@@ -261,13 +333,12 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
 /* A member's outer step: its outer gradient to the coordinator, the mean back, applied. */
 static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = o->total, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
     const int c = e->coordinator;
     msg_head h;
     head_fill(e, &h, MSG_DELTA, step);
     memcpy(e->out, &h, sizeof h);
-    float *d = (float *)(e->out + sizeof h);
-    for (size_t i = 0; i < n; i++) d[i] = o->start[i] - o->params[i];
+    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
     MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     ex_state st = EX_PENDING;
     if (MPI_Irecv(e->in[0], (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[0]) != MPI_SUCCESS ||
@@ -300,15 +371,22 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
     o->stats.hidden_ms = 0.0;
     o->stats.syncs = 0;
     loom_status st = LOOM_OK;
-    if (step % o->cfg.inner_steps == 0 || step == o->steps)
-        st = e->me == e->coordinator ? sync_coordinator(o, step, err) : sync_member(o, step, err);
+    if (step % o->cfg.inner_steps == 0 || step == o->steps) {
+        st = group_gather(o, err);
+        if (!st && e->lead)
+            st = e->me == e->coordinator ? sync_coordinator(o, step, err)
+                                         : sync_member(o, step, err);
+        int v[2] = {step, 0};
+        st = group_spread(o, st, v, err);
+    }
     if (!st && step == o->steps) e->finished = 1;
     o->stats.exposed_ms = loom_now_ms() - t0;
     return st;
 }
 
-/* A joiner: publish the name, wait for the coordinator, take the state it sends. */
-static loom_status join(loom_outer *o, loom_error *err) {
+/* A joiner's lead: publish the name, wait for the coordinator, take the state it sends;
+ * *keep: its own parameters stay (they continue the state it was sent). */
+static loom_status join(loom_outer *o, int *keep, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
@@ -332,31 +410,96 @@ static loom_status join(loom_outer *o, loom_error *err) {
     if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
         e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
         return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: the coordinator's state did not arrive in %g s",
+                              "--elastic-worker %d: the coordinator's state did not arrive in %g s "
+                              "(or the coordinator's worker has another layout)",
                               e->me, e->timeout_ms / 1e3);
     }
-    const size_t bytes = o->total * sizeof(float);
-    memcpy(o->start, e->in[0] + sizeof *h, bytes);
-    memcpy(e->mom, e->in[0] + sizeof *h + bytes, bytes);
-    memcpy(o->params, o->start, bytes);
+    const size_t bytes = e->all * sizeof(float);
+    const unsigned char *state = e->in[0] + sizeof *h;
+    /* a worker resumed from its own checkpoint keeps its inner state (parameters mid-round)
+     * when the group is exactly where that checkpoint was: the same step, round-start
+     * parameters and momentum (the whole run restarted); else it takes the copy */
+    *keep = e->loaded && h->step == e->start_step && !memcmp(e->start_all, state, bytes) &&
+            !memcmp(e->mom, state + bytes, bytes);
+    memcpy(e->start_all, state, bytes);
+    memcpy(e->mom, state + bytes, bytes);
     e->coordinator = h->from;
     e->peer[e->coordinator] = ic;
     e->start_step = h->step;
     for (int k = 0; k < h->n_members && k < MAX_W; k++) e->member[h->members[k]] = 1;
-    say(o, h->step, "joined");
+    say(o, h->step, *keep ? "joined (its checkpoint is the group's state: kept)" : "joined");
+    return LOOM_OK;
+}
+
+/* The founder's lead: the group starts with whoever joined by the deadline. Its own name,
+ * published and withdrawn at once, checks that the name server is there. */
+static loom_status found(loom_outer *o, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    char name[64], port[MPI_MAX_PORT_NAME];
+    const loom_status published = publish(e->me, name, port, err);
+    if (published) return published;
+    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+    MPI_Close_port(port);
+    e->member[e->me] = 1;
+    fprintf(stderr,
+            "loom: elastic: worker %d coordinates from step %d; waiting up to %g s for %d "
+            "worker(s)\n",
+            e->me, step, LOOM_OUTER_ELASTIC_START_S, e->W - 1);
+    if (e->loaded) {
+        char ids[4 * MAX_W];
+        size_t at = 0;
+        ids[0] = 0;
+        for (int k = 0; k < e->n_saved_members; k++)
+            at += (size_t)snprintf(ids + at, at < sizeof ids ? sizeof ids - at : 0, "%s%d",
+                                   k ? "," : "", e->saved_members[k]);
+        fprintf(stderr, "loom: elastic: worker %d: its checkpoint of step %d had members [%s]\n",
+                e->me, step, ids);
+    }
+    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
+    int members = 1;
+    while (members < e->W && loom_now_ms() < until) {
+        members += admit(o, step);
+        if (members < e->W) usleep(100000);
+    }
+    o->stats.bytes_step = 0.0;
+    return LOOM_OK;
+}
+
+/* The job's ranks: who contributes what (every rank), and the lead's copy of the group's
+ * round-start parameters. */
+static loom_status group_open(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    e->lead = o->group->rank == 0;
+    e->contrib = o->shards == 1 || o->dp->rank == 0;
+    const int size = o->group->size;
+    if (size > 1) e->job = o->group->mpi;
+    e->counts = calloc(2 * (size_t)size, sizeof(int));
+    if (!e->counts) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    e->displs = e->counts + size;
+    const int mine = e->contrib ? (int)o->total : 0;
+    if (e->job == MPI_COMM_NULL)
+        e->counts[0] = mine;
+    else if (MPI_Allgather(&mine, 1, MPI_INT, e->counts, 1, MPI_INT, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Allgather failed");
+    size_t at = 0;
+    for (int r = 0; r < size; r++) {
+        e->displs[r] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
+        at += (size_t)e->counts[r];
+    }
+    e->all = at;
+    if (e->all * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: the model is too large for one message (2 GiB)");
     return LOOM_OK;
 }
 
 loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     const loom_outer_config *c = &o->cfg;
-    if (o->total * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: the model is too large for one message (2 GiB)");
     int mpi_on = 0;
     MPI_Initialized(&mpi_on);
     if (!mpi_on) /* loom alone runs one rank without MPI */
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker %d: expected to run under mpirun -n 1 "
+                              "--elastic-worker %d: expected to run under mpirun "
                               "--ompi-server file:URI (docs/diloco.md)",
                               c->elastic_worker);
     elastic *e = calloc(1, sizeof *e);
@@ -366,38 +509,58 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     e->W = c->workers;
     e->coordinator = 0;
     e->timeout_ms = 1e3 * c->elastic_timeout;
+    e->job = MPI_COMM_NULL;
     for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
-    e->msg_bytes = sizeof(msg_head) + 2 * o->total * sizeof(float);
-    const size_t n1 = o->total ? o->total : 1;
+    loom_status st = group_open(o, err);
+    if (st) return st;
+    const size_t n1 = o->total ? o->total : 1, a1 = e->all ? e->all : 1;
     o->start = malloc(n1 * sizeof(float));
-    e->mom = calloc(n1, sizeof(float));
-    e->g = malloc(n1 * sizeof(float));
-    e->out = malloc(e->msg_bytes);
-    if (!o->start || !e->mom || !e->g || !e->out || !in_buf(e, 0))
+    e->mine = malloc(n1 * sizeof(float));
+    if (!o->start || !e->mine)
         return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     memcpy(o->start, o->params, o->total * sizeof(float));
+    if (e->lead) {
+        e->msg_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
+        e->start_all = malloc(a1 * sizeof(float));
+        e->mom = calloc(a1, sizeof(float));
+        e->g = malloc(a1 * sizeof(float));
+        e->out = malloc(e->msg_bytes);
+        if (!e->start_all || !e->mom || !e->g || !e->out || !in_buf(e, 0))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    }
     /* name look-ups and connects report failures instead of ending the job */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    if (e->me != 0 || c->elastic_join) return join(o, err);
-    /* the founder coordinates; the group starts with whoever joined by the deadline. Its
-     * own name, published and withdrawn at once, checks that the name server is there. */
-    char name[64], port[MPI_MAX_PORT_NAME];
-    const loom_status published = publish(e->me, name, port, err);
-    if (published) return published;
-    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
-    MPI_Close_port(port);
-    e->member[e->me] = 1;
-    fprintf(stderr, "loom: elastic: worker %d coordinates; waiting up to %g s for %d worker(s)\n",
-            e->me, LOOM_OUTER_ELASTIC_START_S, e->W - 1);
-    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
-    int members = 1;
-    while (members < e->W && loom_now_ms() < until) {
-        members += admit(o, 0);
-        if (members < e->W) usleep(100000);
-    }
-    o->stats.bytes_step = 0.0;
     return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err) {
+    elastic *e = o->elastic;
+    e->start_step = *step;
+    /* without a checkpoint the group's round-start parameters are its initial ones */
+    int loaded = e->loaded;
+    if (e->job != MPI_COMM_NULL && MPI_Bcast(&loaded, 1, MPI_INT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Bcast failed");
+    if (!loaded) {
+        if (e->job == MPI_COMM_NULL)
+            memcpy(e->start_all, o->params, o->total * sizeof(float));
+        else if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all,
+                             e->counts, e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
+    }
+    /* the lead founds or joins the group; every rank takes its part of the round-start
+     * parameters, and its parameters too unless they continue them (kept) */
+    const int founder = e->me == 0 && !o->cfg.elastic_join;
+    int keep = founder, v[2];
+    loom_status st = !e->lead  ? LOOM_OK
+                     : founder ? found(o, e->start_step, err)
+                               : join(o, &keep, err);
+    v[0] = e->start_step, v[1] = keep; /* a joiner's lead: the coordinator's step */
+    st = group_spread(o, st, v, err);
+    e->start_step = v[0];
+    o->stats.syncs = 0;
+    *step = e->start_step;
+    return st;
 }
 
 void loom_outer_elastic_free(loom_outer *o) {
@@ -407,22 +570,9 @@ void loom_outer_elastic_free(loom_outer *o) {
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
         free(e->in[w]);
     }
-    free(e->mom), free(e->g), free(e->out);
+    free(e->mom), free(e->g), free(e->out), free(e->start_all), free(e->mine), free(e->counts);
     free(e);
     o->elastic = NULL;
-}
-
-int loom_outer_elastic_start_step(const loom_outer *o) {
-    return o->elastic->start_step;
-}
-
-loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
-                                           loom_error *err) {
-    if (c->elastic_worker < 0 || world_size == 1) return LOOM_OK;
-    return loom_error_set(err, LOOM_ERR_INPUT,
-                          "--elastic-worker %d: expected one rank per worker job (this job has "
-                          "%d; worker groups of more ranks are not built yet: docs/diloco.md)",
-                          c->elastic_worker, world_size);
 }
 
 void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
@@ -430,4 +580,91 @@ void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
     m->worker = c->elastic_worker;
     m->workers = c->workers;
     m->data_rank += m->worker * m->layout.dp;
+}
+
+/* ---- checkpoints: the lead's DIR/outer/step_N/elastic.bin (parallel/outer.h) ---- */
+
+static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'E', 'L', 'A', '1'};
+
+typedef struct {
+    char magic[8];
+    int64_t step;
+    uint64_t all;
+    int32_t workers, worker, n_members;
+    int32_t members[MAX_W];
+} state_head;
+
+static void state_path(char *out, size_t n, const char *dir, int step) {
+    snprintf(out, n, "%s/outer/step_%08d/elastic.bin", dir, step);
+}
+
+loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    if (!e->lead) return LOOM_OK; /* the lead holds the group's outer state */
+    char path[1200], tmp[1216];
+    state_path(path, sizeof path, dir, step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    loom_mkdir_parent(path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return loom_error_set(err, LOOM_ERR_IO, "--ckpt-dir: cannot write %s: %s", tmp,
+                              strerror(errno));
+    state_head h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, MAGIC, 8);
+    h.step = step, h.all = e->all, h.workers = e->W, h.worker = e->me;
+    for (int w = 0; w < e->W; w++)
+        if (e->member[w]) h.members[h.n_members++] = w;
+    const size_t bytes = e->all * sizeof(float);
+    uint32_t crc = loom_crc32c(0, &h, sizeof h);
+    crc = loom_crc32c(crc, e->start_all, bytes);
+    crc = loom_crc32c(crc, e->mom, bytes);
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+             (!bytes || fwrite(e->start_all, bytes, 1, f) == 1) &&
+             (!bytes || fwrite(e->mom, bytes, 1, f) == 1) && fwrite(&crc, sizeof crc, 1, f) == 1;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return loom_error_set(err, LOOM_ERR_IO, "--ckpt-dir: writing %s failed: %s", path,
+                              strerror(errno));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    if (!e->lead) return LOOM_OK;
+    char path[1200];
+    state_path(path, sizeof path, dir, step);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: the elastic worker's outer state %s: cannot open: %s "
+                              "(saved by --elastic-worker with the same workers and layout)",
+                              path, strerror(errno));
+    state_head h;
+    const size_t bytes = e->all * sizeof(float);
+    int ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, MAGIC, 8) && h.step == step &&
+             h.all == e->all && h.workers == e->W && h.worker == e->me && h.n_members >= 0 &&
+             h.n_members <= MAX_W;
+    uint32_t crc = 0;
+    ok = ok && (!bytes || fread(e->start_all, bytes, 1, f) == 1) &&
+         (!bytes || fread(e->mom, bytes, 1, f) == 1) && fread(&crc, sizeof crc, 1, f) == 1;
+    fclose(f);
+    if (ok) {
+        uint32_t want = loom_crc32c(0, &h, sizeof h);
+        want = loom_crc32c(want, e->start_all, bytes);
+        ok = loom_crc32c(want, e->mom, bytes) == crc;
+    }
+    if (!ok) {
+        memset(e->mom, 0, bytes);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--resume: %s: not this worker's outer state (step, size or workers "
+                              "differ), truncated or corrupt",
+                              path);
+    }
+    e->loaded = 1;
+    e->n_saved_members = h.n_members;
+    memcpy(e->saved_members, h.members, sizeof h.members);
+    return LOOM_OK;
 }

@@ -1,5 +1,7 @@
-/* Elastic DiLoCo workers (--elastic-worker I): every worker is its own MPI job of one rank,
- * and the outer sync is point-to-point over intercommunicators made with
+/* Elastic DiLoCo workers (--elastic-worker I): every worker is its own MPI job (of any
+ * layout loom trains: dp/ZeRO, tp, pp inside it; its rank 0, the lead, speaks for the
+ * worker: it gathers the group's outer gradient, exchanges it and spreads the result), and
+ * the outer sync is point-to-point over intercommunicators made with
  * MPI_Comm_connect / MPI_Comm_accept (names through an ompi-server) instead of
  * collectives over one job's mesh->outer, so a worker that dies or is cut off is dropped
  * and the others go on; it rejoins later (docs/diloco.md, "Elastic workers").
@@ -17,11 +19,8 @@
 
 #include "parallel/outer.h"
 
-/* --elastic-worker: one rank per worker job (else one line, LOOM_ERR_INPUT). */
-loom_status loom_outer_elastic_check_world(const loom_outer_config *c, int world_size,
-                                           loom_error *err);
-/* --elastic-worker: the mesh of this one-rank job becomes worker I of W (its data slice and
- * output files). */
+/* --elastic-worker: the mesh of this job becomes worker I of W (its data slice and output
+ * files). */
 void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c);
 
 #endif

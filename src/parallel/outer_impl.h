@@ -42,14 +42,20 @@ static inline size_t loom_outer_chunk_len(const loom_outer_fragment *f, int j) {
 
 /* ---- --elastic-worker (parallel/outer_elastic.c; outer_elastic.h says what it does) ---- */
 /* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
- * when cfg->elastic_worker >= 0). Create connects the group: the founder waits (up to
- * LOOM_OUTER_ELASTIC_START_S) for the other workers, a joiner publishes its name and blocks
- * until the coordinator connects and sends it the state (its params are overwritten). */
+ * when cfg->elastic_worker >= 0). Create only allocates; begin connects the group: the
+ * founder waits (up to LOOM_OUTER_ELASTIC_START_S) for the other workers, a joiner publishes
+ * its name and blocks until the coordinator connects and sends it the state. */
 #define LOOM_OUTER_ELASTIC_START_S 60.0
 loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err);
 void loom_outer_elastic_free(loom_outer *o);
 loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err);
-/* The step this worker starts after (a joiner: the coordinator's; else 0). */
-int loom_outer_elastic_start_step(const loom_outer *o);
+/* After the checkpoint is loaded: the lead founds or joins the group (a founder waits up to
+ * LOOM_OUTER_ELASTIC_START_S for the others); *step becomes the step the run starts after
+ * (a joiner: the coordinator's). Collective over the worker's job. */
+loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err);
+/* The group's outer state (round-start parameters, momentum, members; the lead's) to and
+ * from DIR/outer/step_%08d/elastic.bin; the other ranks write and read nothing. */
+loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err);
+loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, loom_error *err);
 
 #endif

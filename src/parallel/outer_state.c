@@ -54,6 +54,7 @@ static size_t flight_words(const loom_outer *o, const loom_outer_fragment *f, fl
 }
 
 loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, loom_error *err) {
+    if (o->elastic) return loom_outer_elastic_save(o, dir, step, err);
     /* a fragment in flight: its data is waited for here (what arrives does not depend on
      * when), its processing stays where the schedule has it */
     loom_status st = loom_outer_wait_in_flight(o, err);
@@ -100,6 +101,7 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
 }
 
 loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err) {
+    if (o->elastic) return loom_outer_elastic_load(o, dir, step, err);
     char path[1200];
     path_of(path, sizeof path, dir, step, rank);
     stream s = {fopen(path, "rb"), 0, 1};

@@ -404,7 +404,7 @@ static loom_status resume_outer(loom_run *r, loom_error *err) {
     double v = r->start_step;
     loom_status st = loom_comm_allreduce_sum_f64(&r->mesh->outer, &v, 1, err);
     if (st) return st;
-    if (v != (double)r->start_step * r->mesh->workers)
+    if (v != (double)r->start_step * r->mesh->outer.size) /* elastic: this worker alone */
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--resume: the workers' newest checkpoints are of different steps "
                               "(worker %d: step %d); resume every worker from one step "
@@ -491,8 +491,8 @@ static loom_status setup(loom_run *r, loom_error *err) {
             return st;
         r->outer_on = 1;
         if ((st = resume_outer(r, err))) return st;
-        /* --elastic-worker joining a running group: from the coordinator's step */
-        r->start_step = loom_outer_start_step(&r->outer, r->start_step);
+        /* --elastic-worker: the group is founded or joined (a joiner: the coordinator's step) */
+        if ((st = loom_outer_begin(&r->outer, &r->start_step, err))) return st;
     }
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;

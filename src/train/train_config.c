@@ -81,11 +81,6 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
-    if (o->elastic_worker >= 0 && (tc->ckpt_dir[0] || tc->resume[0]))
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with %s yet (a returning worker takes the "
-                              "state from the coordinator; docs/diloco.md)",
-                              tc->ckpt_dir[0] ? "--ckpt-dir" : "--resume");
     const char *not_yet = tc->zero == 3                    ? "--zero 3"
                           : tc->overlap_param_gather       ? "--overlap-param-gather"
                           : tc->ckpt_fast_dir[0]           ? "--ckpt-fast-dir"

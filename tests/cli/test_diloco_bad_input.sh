@@ -48,12 +48,16 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
+# loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
+expect "elastic run: -n not a multiple of the workers" \
+    "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \
+    run --elastic -n 3 --run-dir "$TMP/run" -- "${E[@]:1}"
+expect "elastic run: --elastic-worker given" "leave --elastic-worker out" -- \
+    run --elastic -n 2 --run-dir "$TMP/run" -- "${E[@]:1}" --elastic-worker 1
 expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
-expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun -n 1" -- \
+expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun" -- \
     "${E[@]}" --elastic-worker 0
-expect "elastic checkpoints" "--elastic-worker: not with --ckpt-dir yet" -- \
-    "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck"
 
 # Under mpirun: 3 ranks do not split into 2 worker groups; rank 0 says so once, exit 2.
 # (no leak check there: OpenMPI's own allocations, as in test_plan.sh)
@@ -65,13 +69,14 @@ if command -v mpirun >/dev/null; then
     check "mpirun -n 3 --workers 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
 fi
 
-# Under mpirun: an elastic worker job of 2 ranks (groups of one rank only), exit 2.
+# Under mpirun: an elastic worker job is laid out by its own ranks (any layout inside the
+# worker): --dp 2 --tp 2 in a job of 2 ranks is refused, one line, exit 2.
 if command -v mpirun >/dev/null; then
     ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -n 2 "$LOOM" \
-        "${D[@]}" --workers 2 --elastic-worker 0 >"$TMP/out" 2>"$TMP/err"
+        "${D[@]}" --workers 2 --elastic-worker 0 --dp 2 --tp 2 >"$TMP/out" 2>"$TMP/err"
     rc=$?
-    n=$(grep -c "^loom train: --elastic-worker 0: expected one rank per worker job (this job has 2" "$TMP/err")
-    check "mpirun -n 2 --elastic-worker 0: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
+    n=$(grep -c "^loom train: --dp 2 x --tp 2 x --pp 1 = 4 ranks, but the job has 2" "$TMP/err")
+    check "mpirun -n 2 --elastic-worker 0 --dp 2 --tp 2: exit 2 (got $rc), one line (got $n)" [ "$rc" -eq 2 -a "$n" -eq 1 ]
 fi
 
 finish test_diloco_bad_input

@@ -26,8 +26,11 @@ same layout twice is bitwise; checkpoints hold the outer state (round-start para
 momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
 one-rank groups; streaming int4 twice is bitwise (also with the outer engine's thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
-(--elastic-worker, two one-rank jobs through an ompi-server) without faults: bitwise the
-weights of W = 2 groups of one rank in one job.
+(--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1) without
+faults: bitwise the weights of the same groups in one job; their checkpoints
+hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
+bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
+mpirun each), restarts worker 1 after it crashes, and it rejoins.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import argparse
@@ -56,10 +59,10 @@ def compare(name, got, ref, tol=TOL):
     return ok
 
 
-def elastic_pair(base, tmp):
-    """Two --elastic-worker jobs (mpirun -n 1 each) through a local ompi-server; worker 0's
-    Run (--dump-dir, --metrics), or None (the failure printed)."""
-    uri, out = os.path.join(tmp, "elastic.uri"), os.path.join(tmp, "elastic_w0")
+def elastic_pair(base, tmp, ranks=1, name="elastic"):
+    """Two --elastic-worker jobs (mpirun -n RANKS each) through a local ompi-server; worker
+    0's Run (--dump-dir, --metrics), or None (the failure printed)."""
+    uri, out = os.path.join(tmp, name + ".uri"), os.path.join(tmp, name + "_w0")
     server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jobs = []
@@ -67,8 +70,8 @@ def elastic_pair(base, tmp):
         until = time.time() + 10
         while time.time() < until and not (os.path.exists(uri) and open(uri).read().strip()):
             time.sleep(0.05)
-        mpirun = ["mpirun", "--allow-run-as-root", "--ompi-server", f"file:{uri}", "--mca",
-                  "mpi_yield_when_idle", "1", "-n", "1"]
+        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--ompi-server",
+                  f"file:{uri}", "--mca", "mpi_yield_when_idle", "1", "-n", str(ranks)]
         for w, extra in ((0, ["--metrics", out + ".jsonl", "--dump-dir", out]), (1, [])):
             jobs.append(subprocess.Popen(mpirun + base + ["--elastic-worker", str(w)] + extra,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -86,6 +89,34 @@ def elastic_pair(base, tmp):
                 p.wait()
         server.terminate()
         server.wait()
+
+
+def elastic_run(loom, model, tmp):
+    """loom run --elastic with --workers 2: an ompi-server and one mpirun per worker; worker
+    1 crashes at step 6, is dropped by worker 0, started again with --elastic-join, rejoins;
+    both end at the last sync with the same parameters (checksums), exit 0."""
+    run_dir = os.path.join(tmp, "elastic_run")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--run-dir", run_dir, "--"] + model[2:] + [
+        "--steps", "48", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "4", "--elastic-timeout", "2", "--inject", "crash@6:1",
+        "--inject", "slow@9:0:40+"]  # worker 0 slow after the crash: time to rejoin
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    logs = []
+    for w in (0, 1):
+        path = os.path.join(run_dir, f"worker_{w}.log")
+        logs.append(open(path).read() if os.path.exists(path) else "")
+    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
+             if "step 48: outer sync, members=2" in ln] for log in logs]
+    joined = [ln.split(": ")[2] for ln in logs[0].splitlines()  # "worker 0 step S"
+              if "worker 1 joined" in ln and "step 0:" not in ln]
+    ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
+          "worker 1 started again with --elastic-join" in p.stderr and
+          "worker 1 lost" in logs[0] and joined and last[0] and last[0] == last[1])
+    check(ok, f"  loom run --elastic --workers 2: worker 1 crashed, dropped, restarted, "
+              f"rejoined ({joined[0] if joined else 'NOT'}), "
+              f"last sync equal on both (exit {p.returncode})")
+    if not ok:
+        print(p.stderr[-2000:])
 
 
 def main():
@@ -141,15 +172,6 @@ def main():
         runs = Layouts(real + diloco, tmp, "layout_")
         ref = runs.run("w2_single", 2)
         print(f"W=2 H=3 groups of one rank, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
-        # elastic workers without faults (--elastic-worker: two one-rank jobs joined through
-        # an ompi-server, the outer sync through a coordinator): the weights of this run
-        if shutil.which("ompi-server"):
-            el = elastic_pair(real + diloco, tmp)
-            same = el is not None and same_tensors(el.params, ref.params)
-            check(same, f"  W=2 as two elastic worker jobs: "
-                        f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
-        else:
-            print("  (no ompi-server: elastic workers not checked)")
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
                             ("pp2", ["--pp", "2"])):
             compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)
@@ -159,7 +181,33 @@ def main():
         again = runs.run("dp2_zero1_again", 4, ["--dp", "2", "--zero", "1"])
         same = bitwise(again, runs.runs["dp2_zero1"])
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")
-
+        # elastic workers without faults (--elastic-worker: two jobs joined through an
+        # ompi-server, the outer sync through a coordinator; each job's rank 0 speaks for
+        # its group): the weights of the same groups in one job, bitwise; the dp2 pair
+        # writes checkpoints (the outer state beside them), and both workers resumed from
+        # step 4 (mid-round) end bitwise the same
+        if shutil.which("ompi-server"):
+            eck, saved = os.path.join(tmp, "elastic_ck"), None
+            # (pp 2 and tp 2 groups, whose ranks hold different buffers, were checked the
+            # same way by hand: bitwise; left out here for the suite's time)
+            for name, n, flags in (("dp2_zero1", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", eck,
+                                                     "--ckpt-every", "4"]),):
+                el = elastic_pair(real + diloco + flags, tmp, n, "elastic_" + name)
+                same = el is not None and same_tensors(el.params, runs.runs[name].params)
+                check(same, f"  W=2 {name} as two elastic worker jobs of {n} ranks: "
+                            f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
+                if name == "dp2_zero1":
+                    saved = el
+            step4 = ["--resume", os.path.join(eck, "step_00000004")]
+            el = elastic_pair(real + diloco + ["--dp", "2", "--zero", "1"] + step4, tmp, 2,
+                              "elastic_resume")
+            want = saved.losses[4:8] + saved.losses[9:] if saved else None
+            ok = (el is not None and saved is not None and "resumed from" in el.stderr and
+                  el.losses == want and same_tensors(el.params, saved.params))
+            check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
+            elastic_run(args.loom, model, tmp)
+        else:
+            print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
         moe = [a if a != "gpt2" else "llama" for a in real] + [
             "--n-kv-head", "2", "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0"]

@@ -1,0 +1,19 @@
+/* `loom run --elastic` with `--outer diloco --workers W`: elastic DiLoCo workers
+ * (docs/diloco.md, "Elastic workers"). An ompi-server for the workers' names, then one
+ * mpirun of -n / W ranks per worker, each `loom train ... --elastic-worker I`; a worker
+ * other than 0 that ends with an error is started again with --elastic-join (at most
+ * --max-restarts times in all); the run ends when worker 0, the coordinator, ends: its
+ * exit code is the run's, and the others get --grace s to end (a member ends at the same
+ * last sync; a joiner never admitted waits for ever and is stopped). */
+#ifndef LOOM_FT_ELASTIC_WORKERS_H
+#define LOOM_FT_ELASTIC_WORKERS_H
+
+#include "core/error.h"
+#include "ft/run_config.h"
+
+/* train_argv[0..train_argc): the loom train options (without "train"). This host only. */
+loom_status loom_elastic_workers_run(const loom_run_config *cfg, int workers, const char *loom_exe,
+                                     char **train_argv, int train_argc, int *exit_code,
+                                     loom_error *err);
+
+#endif
