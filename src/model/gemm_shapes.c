@@ -18,6 +18,12 @@ loom_status loom_model_prepare_gemms(const loom_backend *be, const loom_param_ta
                 if ((st = loom_backend_linear_prepare(be, rows[k], (int)p->shape[1], (int)oc, err)))
                     return loom_error_prefix(err, "--precision bf16: GEMM of %s", q->name);
         }
+        /* the language models' head (tied or not): its bf16 logits' GEMM over the tokens */
+        if (t->has_head && t->lm_head != LOOM_NO_PARAM && p->offset == t->lm_head && p->ndim == 2 &&
+            n_rows > 0 &&
+            (st = loom_backend_linear_prepare_out_bf16(be, rows[0], (int)p->shape[1],
+                                                       (int)p->shape[0], err)))
+            return loom_error_prefix(err, "--precision bf16: bf16 logits' GEMM of %s", p->name);
     }
     return LOOM_OK;
 }
