@@ -390,7 +390,8 @@ static loom_status prepare_gemms(loom_run *r, loom_error *err) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_FP32) return LOOM_OK;
     const int cp = r->mesh->layout.cp > 0 ? r->mesh->layout.cp : 1;
     const int rows[2] = {r->tc->micro_batch * r->mc->seq_len / cp, r->tc->micro_batch};
-    loom_status st = loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, err);
+    loom_status st =
+        loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, loom_run_bf16_logits(r), err);
     if (st) return st;
     if (r->mesh->rank == 0) {
         char line[256];

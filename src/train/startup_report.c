@@ -59,9 +59,7 @@ void loom_run_report_startup(const loom_run *r) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16) {
         const int acts =
             loom_backend_bf16_activations(r->be) && !(r->tp.size > 1 && r->tp.sequence_parallel);
-        /* model/tp_linear.c: loom_model_keep_bf16_logits */
-        const int logits = loom_backend_bf16_logits(r->be) && r->tp.size <= 1 && !mc->fp32_logits &&
-                           mc->family != LOOM_FAMILY_VLM && mc->family != LOOM_FAMILY_DIT;
+        const int logits = loom_run_bf16_logits(r);
         fprintf(stderr,
                 "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
                 "layer's input or output gradient and weight, rounded per call, and the weights' "

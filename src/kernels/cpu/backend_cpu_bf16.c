@@ -150,8 +150,6 @@ static void linear_backward_weight(const loom_backend *be, float *dweight, float
     if (IC <= 0 || b) linear_backward_weight_bf16(be, dweight, dbias, dout, b, N, IC, OC);
 }
 
-static loom_status linear_prepare(const loom_backend *be, int N, int IC, int OC, loom_error *err);
-
 /* ---- the LM head's logits in bf16 (docs/precision.md) ---- */
 static void linear_forward_out_bf16(const loom_backend *be, loom_bf16 *out, const float *inp,
                                     const loom_bf16 *inp16, const float *weight, int N, int IC,
@@ -180,12 +178,21 @@ static void linear_backward_weight_dbf16(const loom_backend *be, float *dweight,
     if (b) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_TN, OC, IC, N, dweight, dout, b);
 }
 
+/* The head's three GEMMs; its operand buffers hold only the input and the weight (the
+ * logits and dlogits are bf16 already: nothing of N x OC is rounded per call). */
 static loom_status linear_prepare_out_bf16(const loom_backend *be, int N, int IC, int OC,
                                            loom_error *err) {
     if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
-    loom_status st = linear_prepare(be, N, IC, OC, err); /* the backward's NN and TN */
-    return st ? st
-              : loom_gemm_bf16_prepare(ctx_of(be)->gemm, LOOM_GEMM_NT_OUT_BF16, N, OC, IC, err);
+    bf16_ctx *c = ctx_of(be);
+    loom_status st;
+    if ((st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NT_OUT_BF16, N, OC, IC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NN, N, IC, OC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_TN, OC, IC, N, err)))
+        return st;
+    size_t nw = (size_t)OC * IC, nb = (size_t)N * IC;
+    if (!ensure(&c->a, &c->a_cap, nb) || !ensure(&c->b, &c->b_cap, nw > nb ? nw : nb))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 operand buffers: out of memory");
+    return LOOM_OK;
 }
 
 static void crossentropy_forward_bf16(const loom_backend *be, float *losses,
