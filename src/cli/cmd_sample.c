@@ -270,7 +270,7 @@ int loom_cmd_sample(int argc, char **argv) {
     }
     if (be) { /* the GEMMs of one model call: its tokens and its samples (conditioning) */
         const int gemm_rows[2] = {per_call * cfg.seq_len, per_call};
-        if (loom_model_prepare_gemms(be, &m.table, gemm_rows, 2, &err)) {
+        if (loom_model_prepare_gemms(be, &m.table, gemm_rows, 2, 0, &err)) {
             rc = fail(err.msg);
             goto done;
         }

@@ -229,6 +229,32 @@ typedef struct {
     void (*linear_forward_in_bf16)(const loom_backend *be, float *out, const loom_bf16 *inp,
                                    const float *weight, const float *bias, int N, int IC, int OC);
     void (*round_bf16)(const loom_backend *be, loom_bf16 *dst, const float *src, size_t n);
+    /* The LM head's logits kept in bf16 (docs/precision.md; NULL where logits stay fp32:
+     * the fp32 CPU table, CUDA). out[N, OC] = round_bf16(inp @ weight^T), no bias, the
+     * fp32 accumulator rounded once (inp: fp32, rounded, or inp16 already bf16; exactly
+     * one is set); the linear backward ops with a bf16 output gradient (dinp += dout @ w,
+     * dweight += dout^T @ inp, no bias), which read the bits the fp32-signature ops would
+     * round an fp32 dout to; the cross-entropy over bf16 logits (kernels.h), dlogits
+     * rounded into their slot; and the prepare of the head's shape (before the step). */
+    void (*linear_forward_out_bf16)(const loom_backend *be, loom_bf16 *out, const float *inp,
+                                    const loom_bf16 *inp16, const float *weight, int N, int IC,
+                                    int OC);
+    void (*linear_backward_input_dbf16)(const loom_backend *be, float *dinp, const loom_bf16 *dout,
+                                        const float *weight, int N, int IC, int OC);
+    void (*linear_backward_weight_dbf16)(const loom_backend *be, float *dweight,
+                                         const loom_bf16 *dout, const float *inp,
+                                         const loom_bf16 *inp16, int N, int IC, int OC);
+    loom_status (*linear_prepare_out_bf16)(const loom_backend *be, int N, int IC, int OC,
+                                           loom_error *err);
+    void (*crossentropy_forward_bf16)(const loom_backend *be, float *losses,
+                                      const loom_bf16 *logits, const int32_t *targets, int N,
+                                      int V);
+    void (*crossentropy_forward_backward_bf16)(const loom_backend *be, float *losses,
+                                               loom_bf16 *logits, const int32_t *targets, int N,
+                                               int V, float dloss);
+    /* x = the fp32 value of round_bf16(x), in place: the vocabulary-parallel head's fp32
+     * logits rounded as the bf16 ones (the same function on every layout) */
+    void (*round_bf16_values)(const loom_backend *be, float *x, size_t n);
     /* Makes, before the step, what the linear ops of shape (N, IC, OC) will need (the
      * bf16 table: its oneDNN primitives); NULL: nothing to make. */
     loom_status (*linear_prepare)(const loom_backend *be, int N, int IC, int OC, loom_error *err);
@@ -265,6 +291,10 @@ const loom_backend *loom_backend_cpu(void);
  * without AVX512-BF16 or AMX-BF16. Freed by loom_backend_close. Prints nothing; see
  * loom_backend_cpu_bf16_describe for the start-up line. */
 loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag, loom_error *err);
+/* The bf16 table for sizing only (loom plan, loom_run_size): says which activations a bf16
+ * run keeps in bf16 (so a model's arena is planned as the run's) and runs nothing; needs
+ * no bf16 CPU. Static; loom_backend_close leaves it. */
+const loom_backend *loom_backend_cpu_bf16_sizing(void);
 /* "oneDNN bf16 matmul brg:avx512_core_bf16, 12 shapes prepared, 0 calls unprepared" */
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size);
 /* Bytes the backend holds for bf16 copies of operands (its conversion buffers). */
@@ -723,6 +753,49 @@ static inline void loom_backend_linear_backward_weight_bf16(const loom_backend *
                                                             const loom_bf16 *inp, int N, int IC,
                                                             int OC) {
     be->ops->linear_backward_weight_bf16(be, dweight, dbias, dout, inp, N, IC, OC);
+}
+
+/* 1 when the table keeps the LM head's logits in bf16 (the ops above set). */
+static inline int loom_backend_bf16_logits(const loom_backend *be) {
+    return be->ops->linear_forward_out_bf16 != NULL && be->ops->crossentropy_forward_bf16 != NULL;
+}
+static inline void loom_backend_linear_forward_out_bf16(const loom_backend *be, loom_bf16 *out,
+                                                        const float *inp, const loom_bf16 *inp16,
+                                                        const float *weight, int N, int IC,
+                                                        int OC) {
+    be->ops->linear_forward_out_bf16(be, out, inp, inp16, weight, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_input_dbf16(const loom_backend *be, float *dinp,
+                                                            const loom_bf16 *dout,
+                                                            const float *weight, int N, int IC,
+                                                            int OC) {
+    be->ops->linear_backward_input_dbf16(be, dinp, dout, weight, N, IC, OC);
+}
+static inline void loom_backend_linear_backward_weight_dbf16(const loom_backend *be, float *dweight,
+                                                             const loom_bf16 *dout,
+                                                             const float *inp,
+                                                             const loom_bf16 *inp16, int N, int IC,
+                                                             int OC) {
+    be->ops->linear_backward_weight_dbf16(be, dweight, dout, inp, inp16, N, IC, OC);
+}
+static inline loom_status loom_backend_linear_prepare_out_bf16(const loom_backend *be, int N,
+                                                               int IC, int OC, loom_error *err) {
+    return be->ops->linear_prepare_out_bf16 ? be->ops->linear_prepare_out_bf16(be, N, IC, OC, err)
+                                            : LOOM_OK;
+}
+static inline void loom_backend_round_bf16_values(const loom_backend *be, float *x, size_t n) {
+    be->ops->round_bf16_values(be, x, n);
+}
+static inline void loom_backend_crossentropy_forward_bf16(const loom_backend *be, float *losses,
+                                                          const loom_bf16 *logits,
+                                                          const int32_t *targets, int N, int V) {
+    be->ops->crossentropy_forward_bf16(be, losses, logits, targets, N, V);
+}
+static inline void loom_backend_crossentropy_forward_backward_bf16(const loom_backend *be,
+                                                                   float *losses, loom_bf16 *logits,
+                                                                   const int32_t *targets, int N,
+                                                                   int V, float dloss) {
+    be->ops->crossentropy_forward_backward_bf16(be, losses, logits, targets, N, V, dloss);
 }
 
 #endif

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/bf16.h" /* loom_bf16 */
+
 /* ---- linear: out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be NULL) ---- */
 void loom_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                          int N, int IC, int OC);
@@ -199,6 +201,13 @@ void loom_crossentropy_forward(float *losses, const float *logits, const int32_t
                                int V);
 void loom_crossentropy_forward_backward(float *losses, float *logits, const int32_t *targets, int N,
                                         int V, float dloss);
+/* The same over bf16 logits (--precision bf16's LM head, docs/precision.md): softmax and
+ * loss in fp32 from the widened logits (sums in double); dlogits overwrite them rounded to
+ * bf16 (nearest even: the bits a bf16 GEMM would round fp32 dlogits to). */
+void loom_crossentropy_forward_bf16(float *losses, const loom_bf16 *logits, const int32_t *targets,
+                                    int N, int V);
+void loom_crossentropy_forward_backward_bf16(float *losses, loom_bf16 *logits,
+                                             const int32_t *targets, int N, int V, float dloss);
 
 /* ---- mean squared error over P values per row (flow matching's velocity loss) ----
  * losses[n] = mean over j < P of (pred[n][j] - target[n][j])^2, accumulated in double.

@@ -46,6 +46,10 @@ typedef struct {
      * registry marks their tensors frozen, backward computes no gradients for them and the
      * optimizer leaves them as they are. Not part of the saved configuration. */
     int freeze;
+    /* 1: the language models' logits stay fp32 under --precision bf16 (loom rl reads them
+     * itself for its log-probabilities); 0: bf16 where the backend keeps them so
+     * (docs/precision.md). Not part of the saved configuration. */
+    int fp32_logits;
 } loom_model_config;
 
 /* Fills cfg from a preset name; LOOM_ERR_INPUT naming --model for unknown names. */

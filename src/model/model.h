@@ -111,8 +111,11 @@ struct loom_model {
     float *normf, *normf_mean, *normf_rstd;
     loom_bf16 *normf_bf16; /* normf kept in bf16 (normf then NULL), as the blocks' norms */
     float *logits;         /* [N,V]; holds dlogits after the loss */
-    float *losses;         /* [N] */
-    float *losses_host;    /* [N] host copy the loss sum reads (host memory) */
+    /* --precision bf16: the logits (and then dlogits) as bf16 [N,V] (logits then NULL):
+     * loom_model_bf16_logits */
+    loom_bf16 *logits_bf16;
+    float *losses;      /* [N] */
+    float *losses_host; /* [N] host copy the loss sum reads (host memory) */
     /* backward scratch, shared by all blocks */
     float *dres, *dnorm, *dqkv, *datt, *dfc, *dact, *att_scratch;
     int32_t *inputs, *targets; /* [N] each */

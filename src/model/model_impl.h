@@ -29,6 +29,14 @@ void loom_carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 *
  * backend's GEMMs are bf16 and the residual stream is not split (split: 1 under sequence
  * parallelism over tp > 1, whose gathers move fp32 rows). */
 int loom_model_bf16_activations(const loom_model *m, int split);
+/* 1 when the language model's logits are bf16 values (docs/precision.md): the backend has
+ * the bf16-logit ops, not a vlm (its loss weighs the rows in place) and not
+ * cfg.fp32_logits (loom rl). */
+int loom_model_bf16_logits(const loom_model *m);
+/* 1 when they are also kept as bf16 (with their gradient): loom_model_bf16_logits and one
+ * tensor-parallel rank (the vocabulary-parallel loss reads fp32 logits, which the head
+ * then rounds to bf16 values in place: the same function, fp32's bytes). */
+int loom_model_keep_bf16_logits(const loom_model *m);
 /* Sizes the arena with plan(m, sizing, sequence_parallel), allocates it on the backend
  * and carves it with the same plan. */
 loom_status loom_model_arena_allocate(loom_model *m, void (*plan)(loom_model *, loom_carver *, int),

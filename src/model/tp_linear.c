@@ -111,6 +111,14 @@ void loom_carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 *
     *h = bf16 ? loom_carve_bf16(cv, n) : NULL;
 }
 
+int loom_model_bf16_logits(const loom_model *m) {
+    return loom_backend_bf16_logits(m->be) && !m->cfg.fp32_logits && !m->vlm;
+}
+
+int loom_model_keep_bf16_logits(const loom_model *m) {
+    return loom_model_bf16_logits(m) && (!m->tp || m->tp->size == 1);
+}
+
 int loom_model_bf16_activations(const loom_model *m, int split) {
     return loom_backend_bf16_activations(m->be) && !split;
 }

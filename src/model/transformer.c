@@ -106,7 +106,8 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     loom_carve_kept(cv, keep_bf16(m, &d), Ns * C, &m->normf, &m->normf_bf16);
     m->normf_mean = loom_carve(cv, Ns);
     m->normf_rstd = loom_carve(cv, Ns);
-    m->logits = loom_carve(cv, N * (size_t)d.V);
+    loom_carve_kept(cv, loom_model_keep_bf16_logits(m), N * (size_t)d.V, &m->logits,
+                    &m->logits_bf16);
     m->losses = loom_carve(cv, N);
     m->dres = loom_carve(cv, Ns * C);
     m->dnorm = loom_carve(cv, N * C);
@@ -272,7 +273,13 @@ static loom_status head_forward(loom_model *m, const dims *d, const float *p, co
                  d->Ns);
     loom_model_keep_bf16(m, m->normf_bf16, nf, (size_t)d->Ns * d->C);
     loom_status st = loom_model_tp_gather_act(m, loom_act_of(m->normf, m->normf_bf16), &in);
-    if (!st) loom_model_linear_forward(m, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
+    if (!st && m->logits_bf16) /* kept in bf16: the GEMM rounds its fp32 sums once */
+        loom_backend_linear_forward_out_bf16(m->be, m->logits_bf16, in.f32, in.bf16, p + t->lm_head,
+                                             d->N, d->C, d->V);
+    else if (!st)
+        loom_model_linear_forward(m, m->logits, in, p + t->lm_head, NULL, d->N, d->C, d->V);
+    if (!st && !m->logits_bf16 && loom_model_bf16_logits(m)) /* vocabulary-parallel (tp > 1) */
+        loom_backend_round_bf16_values(m->be, m->logits, (size_t)d->N * d->V);
     return st;
 }
 
@@ -295,7 +302,13 @@ static loom_status lm_loss_sum(loom_model *m, float dloss, int backward, double 
     const dims d = dims_of(m, 0);
     const int N = d.N;
     loom_status st = LOOM_OK;
-    if (d.tp > 1)
+    if (m->logits_bf16 && backward) /* one rank (loom_model_keep_bf16_logits) */
+        loom_backend_crossentropy_forward_backward_bf16(m->be, m->losses, m->logits_bf16,
+                                                        m->targets, N, d.V, dloss);
+    else if (m->logits_bf16)
+        loom_backend_crossentropy_forward_bf16(m->be, m->losses, m->logits_bf16, m->targets, N,
+                                               d.V);
+    else if (d.tp > 1)
         st = loom_tp_crossentropy(m->tp, m->losses, m->logits, m->targets, d.V, d.v0, dloss,
                                   backward);
     else if (backward)
@@ -312,6 +325,19 @@ static loom_status lm_loss_sum(loom_model *m, float dloss, int backward, double 
     return st;
 }
 
+/* The head's linear backward from bf16 dlogits (loom_model_keep_bf16_logits: one rank, no
+ * sequence parallelism): d(normf) into m->dnorm, returned; dw += dlogits^T normf unless dw
+ * is NULL. The same GEMMs on the same bits as the fp32-dlogits path, which rounds them to
+ * bf16 inside (the head has no bias, whose gradient would read fp32 dlogits). */
+static const float *head_backward_bf16(loom_model *m, const dims *d, const float *w, float *dw) {
+    loom_backend_memset(m->be, m->dnorm, 0, (size_t)d->N * d->C * sizeof(float));
+    loom_backend_linear_backward_input_dbf16(m->be, m->dnorm, m->logits_bf16, w, d->N, d->C, d->V);
+    if (dw)
+        loom_backend_linear_backward_weight_dbf16(m->be, dw, m->logits_bf16, m->normf,
+                                                  m->normf_bf16, d->N, d->C, d->V);
+    return m->dnorm;
+}
+
 /* Head backward from dlogits: m->dres = d(x), the last block's output. With split backward
  * the head's weight gradient waits for head_backward_weight. */
 static loom_status head_backward(loom_model *m, const dims *d, const float *p, float *g,
@@ -319,8 +345,12 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
     const loom_param_table *t = &m->table;
     const float *dn;
     float *dw = m->head_weight_deferred ? NULL : g + t->lm_head; /* head_backward_rows */
-    loom_status st = loom_model_column_backward(m, m->logits, p + t->lm_head, dw, NULL,
-                                                loom_act_of(m->normf, m->normf_bf16), d->V, &dn);
+    loom_status st = LOOM_OK;
+    if (m->logits_bf16) /* one rank: the column-parallel layer is the plain one */
+        dn = head_backward_bf16(m, d, p + t->lm_head, m->split_backward ? NULL : dw);
+    else
+        st = loom_model_column_backward(m, m->logits, p + t->lm_head, dw, NULL,
+                                        loom_act_of(m->normf, m->normf_bf16), d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));
     if (!st)
         norm_backward(m, m->dres, g + t->normf_w, loom_at(g, t->normf_b), dn, x_last,
@@ -462,6 +492,11 @@ static loom_status lm_block_backward_weight(loom_model *m, const float *p, float
 
 static loom_status lm_head_backward_weight(loom_model *m, float *g) {
     const dims d = dims_of(m, loom_model_seq_parallel(m));
+    if (m->logits_bf16) {
+        loom_backend_linear_backward_weight_dbf16(m->be, g + m->table.lm_head, m->logits_bf16,
+                                                  m->normf, m->normf_bf16, d.N, d.C, d.V);
+        return LOOM_OK;
+    }
     return loom_model_column_weight(m, m->logits, g + m->table.lm_head, NULL,
                                     loom_act_of(m->normf, m->normf_bf16), d.V);
 }
@@ -471,6 +506,7 @@ static loom_status lm_head_backward_weight(loom_model *m, float *g) {
 static loom_status lm_head_backward_rows(loom_model *m, float *g, int v0, int v1) {
     const dims d = dims_of(m, 0);
     float *dw = g + m->table.lm_head + (size_t)v0 * d.C;
+    if (m->logits_bf16) return LOOM_ERR_STATE; /* not reached: the bf16 table has no _ld op */
     if (!loom_backend_linear_backward_weight_ld(m->be, dw, m->logits + v0, d.V, m->normf, d.N, d.C,
                                                 v1 - v0))
         return LOOM_ERR_STATE; /* not reached: loom_model_head_can_split checked the backend */

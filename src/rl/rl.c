@@ -791,7 +791,9 @@ static loom_status loop(rl_state *s, loom_error *err) {
 loom_status loom_rl_run(const loom_model_config *mc, const loom_train_config *tc,
                         const loom_rl_config *rc, loom_mesh *mesh, loom_error *err) {
     loom_run r;
-    loom_status st = loom_run_setup(&r, mc, tc, mesh, err);
+    loom_model_config own = *mc;
+    own.fp32_logits = 1; /* the log-probabilities read fp32 logits (forward, whole_logits) */
+    loom_status st = loom_run_setup(&r, &own, tc, mesh, err);
     if (st) return st;
     r.model.trace = NULL; /* --trace: the phases and the communication, not every layer */
     rl_state s;

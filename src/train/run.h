@@ -97,6 +97,10 @@ loom_status loom_run_size(loom_run *r, const loom_model_config *mc, const loom_t
 /* ZeRO-3 with --grad-accum sharded and a language model's untied head: the embedding and
  * the tail are handed back between their uses in a step too (parallel/fsdp.h release_ends). */
 int loom_run_fsdp_release_ends(const loom_run *r);
+/* 1 when the run's language model keeps its logits in bf16 (--precision bf16, one
+ * tensor-parallel rank, not a vlm or dit, not loom rl: model/tp_linear.c's
+ * loom_model_keep_bf16_logits from the run's side). */
+int loom_run_bf16_logits(const loom_run *r);
 
 /* What one rank holds, bytes: the start-up report's memory figures (train/run_memory.c). */
 typedef struct {

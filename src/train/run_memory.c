@@ -23,6 +23,12 @@ static size_t embed_split_end(const loom_run *r) {
     return loom_embed_grad_wte_end(z->table, z->dp->size);
 }
 
+int loom_run_bf16_logits(const loom_run *r) {
+    const loom_model_config *mc = r->mc;
+    return loom_backend_bf16_logits(r->be) && r->tp.size <= 1 && !mc->fp32_logits &&
+           mc->family != LOOM_FAMILY_VLM && mc->family != LOOM_FAMILY_DIT;
+}
+
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     memset(m, 0, sizeof *m);
     loom_zero_memory zm;

@@ -141,6 +141,11 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     const int T = mc->seq_len, cp = mesh->layout.cp;
     const int rows = tc->micro_batch * T / cp; /* tokens of a micro-batch on this rank */
     loom_status st;
+    loom_precision precision;
+    /* sizing a bf16 run (loom plan): its arena keeps the run's activations in bf16 */
+    if (r->size_only && !loom_precision_parse(tc->precision, "--precision", &precision, NULL) &&
+        precision == LOOM_PRECISION_BF16)
+        r->be = loom_backend_cpu_bf16_sizing();
     if ((!r->size_only && (st = open_data(r, err))) ||
         (st = loom_tp_validate(mc, mesh->layout.tp, tc->sequence_parallel, rows, err)) ||
         (st = loom_tp_create(&r->tp, &mesh->tp, tc->sequence_parallel, rows, mc->d_model, err)) ||
@@ -387,7 +392,8 @@ static loom_status prepare_gemms(loom_run *r, loom_error *err) {
     if (loom_backend_precision(r->be) == LOOM_PRECISION_FP32) return LOOM_OK;
     const int cp = r->mesh->layout.cp > 0 ? r->mesh->layout.cp : 1;
     const int rows[2] = {r->tc->micro_batch * r->mc->seq_len / cp, r->tc->micro_batch};
-    loom_status st = loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, err);
+    loom_status st =
+        loom_model_prepare_gemms(r->be, &r->model.table, rows, 2, loom_run_bf16_logits(r), err);
     if (st) return st;
     if (r->mesh->rank == 0) {
         char line[256];

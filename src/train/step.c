@@ -21,10 +21,13 @@ static loom_status dump_output(loom_step_runner *r, loom_error *err) {
         int64_t dims[3] = {M, T, c->vocab_size};
         const size_t n = (size_t)M * T * c->vocab_size;
         float *host = NULL; /* a device's logits are copied to the host first */
-        if (mod->be->device != LOOM_DEVICE_CPU) {
+        if (mod->be->device != LOOM_DEVICE_CPU || mod->logits_bf16) {
             if (!(host = malloc(n * sizeof *host)))
                 return loom_error_set(err, LOOM_ERR_NOMEM, "--dump-dir: out of memory");
-            loom_backend_copy_to_host(mod->be, host, mod->logits, n * sizeof *host);
+            if (mod->logits_bf16) /* kept in bf16 (CPU): widened exactly */
+                loom_bf16_to_f32_n(host, mod->logits_bf16, n);
+            else
+                loom_backend_copy_to_host(mod->be, host, mod->logits, n * sizeof *host);
         }
         loom_status st = loom_dump_tensor(r->dump_logits_dir, "logits_step1.safetensors", "logits",
                                           0, host ? host : mod->logits, 3, dims, err);

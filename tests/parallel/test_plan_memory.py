@@ -11,7 +11,8 @@ the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" 
 0) the same text of the "memory per rank: ..." line, the same "memory per rank in all"
 figure, and the same numbers in the pipeline (micro-batches in flight, activations,
 message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
-stage the plan checks against the budget holds the most of all stages. For the vlm the
+stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
+both with --precision bf16 (activations partly bf16). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -47,6 +48,14 @@ VLM_LAYOUTS = [  # the encoder and projector on every rank (dp, tp) or the first
     ("vlm_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("vlm_dp2_freeze", 2, ["--dp", "2", "--freeze", "vision,projector"]),
 ]
+# --precision bf16: the arena keeps the norms' outputs, the MLP's activation and (one tp
+# rank) the logits in bf16; the plan sizes the run's own arena, so its figures follow
+BF16_LAYOUTS = [
+    ("bf16_single", 1, []),
+    ("bf16_dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
+    ("bf16_pp2", 2, ["--pp", "2"]),
+    ("bf16_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
+]
 
 
 def layouts():
@@ -61,6 +70,7 @@ def layouts():
     out += [(n, r, e, "image") for n, r, e, *_ in test_layouts_dit.IMAGE_LAYOUTS]
     out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
+    out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     return out
 
 
@@ -118,6 +128,7 @@ def model_flags(kind, rng, tmp, seed):
     if not os.path.exists(data):
         write_text_shard(data, seed)
     family = "llama" if kind == "moe" else rng.choice(["gpt2", "llama"])
+    bf16 = ["--precision", "bf16"] if kind == "bf16" else []
     d = rng.choice([32, 48, 64])
     flags = ["--family", family, "--vocab-size", "256", "--seq-len", "24", "--n-layer", "8",
              "--d-model", str(d), "--n-head", "8", "--d-ff", str(d * rng.choice([2, 3])),
@@ -125,6 +136,7 @@ def model_flags(kind, rng, tmp, seed):
              "--bucket-mb", str(rng.choice([0.01, 0.05, 25]))]
     if family == "llama":
         flags += ["--n-kv-head", "4"]
+    flags += bf16
     if kind == "moe":
         flags += ["--n-experts", "4", "--top-k", "2", "--moe-every", "2", "--capacity-factor",
                   "0"]

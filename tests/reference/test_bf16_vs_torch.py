@@ -9,7 +9,12 @@ norms, attention, softmax, loss, the bias gradient from the fp32 output gradient
 fp32 master weights). The reference here is tests/reference/torch_model.py in float64
 with every linear (nn.Linear, and GPT-2's tied head) replaced by an autograd function
 that rounds the same operands (float64 -> fp32 -> bf16, as loom's operands are fp32) and
-multiplies in float64. So the only differences left are summation order and fp32 against
+multiplies in float64, and the head's output (the logits) rounded to bf16 once more: loom
+keeps the logits in bf16 as autocast does (the head's GEMM rounds its fp32 sums, the loss
+and softmax run in fp32 on the widened bf16 logits), and stores their gradient in bf16 in
+the same slot, which changes nothing further, since the head's backward GEMMs round that
+gradient to bf16 anyway (the head has no bias). The rounding's backward passes the
+gradient through unchanged (as autocast's cast does). So the only differences left are summation order and fp32 against
 float64 accumulation (~1e-7 relative), plus rounding decisions that flip where loom's fp32
 operand and the reference's lie on either side of a bf16 midpoint (each moving one product
 by 2^-8 of itself): the checks allow 1e-3 relative.
@@ -123,6 +128,18 @@ def bf16_linear(x, w, b=None):
     return BF16Linear.apply(x, w, b)
 
 
+class RoundOut(torch.autograd.Function):
+    """The head's output kept in bf16 (loom's logits): rounded forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return bf16(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
 def gpt2_forward_bf16(self, idx):
     """torch_model.GPT2.forward with the tied head through the rounding linear."""
     t = self.transformer
@@ -130,20 +147,31 @@ def gpt2_forward_bf16(self, idx):
     x = t.wte(idx) + t.wpe(pos)
     for block in t.h:
         x = block(x)
-    return bf16_linear(t.ln_f(x), t.wte.weight)
+    return RoundOut.apply(bf16_linear(t.ln_f(x), t.wte.weight))
+
+
+_llama_forward = tm.Llama.forward
+
+
+def llama_forward_bf16(self, idx):
+    """torch_model.Llama.forward with its head's output (the logits) rounded to bf16."""
+    return RoundOut.apply(_llama_forward(self, idx))
 
 
 class rounding:
-    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16."""
+    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16, and
+    the logits are rounded to bf16."""
 
     def __enter__(self):
         self.gpt2_forward = tm.GPT2.forward
         F.linear = bf16_linear
         tm.GPT2.forward = gpt2_forward_bf16
+        tm.Llama.forward = llama_forward_bf16
 
     def __exit__(self, *exc):
         F.linear = _plain_linear
         tm.GPT2.forward = self.gpt2_forward
+        tm.Llama.forward = _llama_forward
 
 
 def reference(m, t, init, tokens, emulate, dtype=torch.float64):
@@ -198,6 +226,9 @@ def run_config(args, m, t, seed, workdir):
     def tol(err32):
         return max(TOL, FP32_SLACK * err32)
 
+    lg = torch.from_numpy(np.asarray(logits_l, dtype=np.float32))
+    loomtest.check(torch.equal(lg.to(torch.bfloat16).to(torch.float32), lg),
+                   "the logits are kept in bf16 (every dumped logit a bf16 value)")
     e_logits = ref.rel_norm(logits_l, snap["logits"])
     t_logits = tol(ref.rel_norm(snap32["logits"], snap["logits"]))
     loomtest.check(e_logits <= t_logits, f"logits step 1: {e_logits:.2e} <= {t_logits:.1e}")

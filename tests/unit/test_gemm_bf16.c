@@ -171,6 +171,102 @@ static void test_backend_table(void **state) {
     loom_backend_close(be);
 }
 
+/* The LM head's logits in bf16 (docs/precision.md): the forward's bf16 output is the fp32
+ * sums of the bf16 operands rounded once (within u of float64 of those operands, plus
+ * fp32 accumulation's gamma); the cross-entropy over bf16 logits against float64 (loss;
+ * dlogits within one bf16 rounding); and the backward ops with a bf16 dout are bitwise the
+ * fp32-signature ops given that dout widened (which they round back to the same bits). */
+static void check_logits(const loom_backend *be, int N, int IC, int V, int prepare) {
+    loom_error err = {0};
+    if (prepare) assert_int_equal(loom_backend_linear_prepare_out_bf16(be, N, IC, V, &err), 0);
+    float *x = tk_rand((size_t)N * IC, 1), *w = tk_rand((size_t)V * IC, 1);
+    loom_bf16 *lg = malloc((size_t)N * V * 2), *xh = malloc((size_t)N * IC * 2);
+    float *wide = malloc((size_t)N * V * sizeof(float)), *losses = malloc(N * sizeof(float));
+    float *losses2 = malloc(N * sizeof(float));
+    int32_t *tg = malloc(N * sizeof(int32_t));
+    assert_true(lg && xh && wide && losses && losses2 && tg);
+    loom_bf16_from_f32_n(xh, x, (size_t)N * IC);
+    loom_backend_linear_forward_out_bf16(be, lg, x, NULL, w, N, IC, V);
+    const double u = 0x1p-8, gam = (IC + 1) * 0x1p-24 / (1.0 - (IC + 1) * 0x1p-24);
+    for (int n = 0; n < N; n++)
+        for (int v = 0; v < V; v++) {
+            double r64 = 0.0, mag = 0.0;
+            for (int k = 0; k < IC; k++) {
+                double p = rb(x[(size_t)n * IC + k]) * rb(w[(size_t)v * IC + k]);
+                r64 += p, mag += fabs(p);
+            }
+            double got = loom_bf16_to_f32(lg[(size_t)n * V + v]);
+            if (fabs(got - r64) > u * fabs(r64) + gam * mag * (1 + u))
+                fail_msg("bf16 logits %dx%dx%d (%d,%d): %.9g, float64 %.9g (LOOM_TEST_SEED=%llu)",
+                         N, IC, V, n, v, got, r64, (unsigned long long)tk_seed);
+        }
+    /* the same from the bf16 input: the same bits */
+    loom_bf16 *lg2 = malloc((size_t)N * V * 2);
+    assert_non_null(lg2);
+    loom_backend_linear_forward_out_bf16(be, lg2, NULL, xh, w, N, IC, V);
+    assert_memory_equal(lg, lg2, (size_t)N * V * 2);
+    for (int n = 0; n < N; n++) tg[n] = (int32_t)tk_randint(V);
+    loom_bf16_to_f32_n(wide, lg, (size_t)N * V);
+    const float dloss = 0.37f;
+    loom_backend_crossentropy_forward_bf16(be, losses2, lg, tg, N, V);
+    loom_backend_crossentropy_forward_backward_bf16(be, losses, lg, tg, N, V, dloss);
+    for (int n = 0; n < N; n++) {
+        const float *z = wide + (size_t)n * V;
+        double m = z[0], sum = 0.0;
+        for (int v = 1; v < V; v++) m = z[v] > m ? z[v] : m;
+        for (int v = 0; v < V; v++) sum += exp((double)z[v] - m);
+        const double loss = m + log(sum) - z[tg[n]];
+        assert_true(fabs(losses[n] - loss) <= 1e-6 * (1 + fabs(loss)));
+        assert_true(losses2[n] == losses[n]);
+        for (int v = 0; v < V; v++) {
+            double ref = (exp((double)z[v] - m) / sum - (v == tg[n])) * dloss;
+            double got = loom_bf16_to_f32(lg[(size_t)n * V + v]);
+            if (fabs(got - ref) > u * fabs(ref) + 1e-6 * dloss)
+                fail_msg("bf16 dlogits (%d,%d): %.9g, float64 %.9g (LOOM_TEST_SEED=%llu)", n, v,
+                         got, ref, (unsigned long long)tk_seed);
+        }
+    }
+    /* backward from bf16 dlogits = the fp32 signatures from them widened, bit for bit */
+    loom_bf16_to_f32_n(wide, lg, (size_t)N * V);
+    float *dx = tk_rand((size_t)N * IC, 1), *dw = tk_rand((size_t)V * IC, 1);
+    float *dx2 = tk_copy(dx, (size_t)N * IC), *dw2 = tk_copy(dw, (size_t)V * IC);
+    loom_backend_linear_backward_input(be, dx, wide, w, N, IC, V);
+    loom_backend_linear_backward_weight(be, dw, NULL, wide, x, N, IC, V);
+    loom_backend_linear_backward_input_dbf16(be, dx2, lg, w, N, IC, V);
+    loom_backend_linear_backward_weight_dbf16(be, dw2, lg, x, NULL, N, IC, V);
+    assert_memory_equal(dx, dx2, (size_t)N * IC * sizeof(float));
+    assert_memory_equal(dw, dw2, (size_t)V * IC * sizeof(float));
+    loom_backend_linear_backward_weight_dbf16(be, dw2, lg, NULL, xh, N, IC, V);
+    loom_backend_linear_backward_weight(be, dw, NULL, wide, x, N, IC, V);
+    assert_memory_equal(dw, dw2, (size_t)V * IC * sizeof(float));
+    /* the vocabulary-parallel head's in-place rounding: the bf16 values */
+    float *r = tk_rand((size_t)N * V, 1);
+    loom_bf16 *rh = malloc((size_t)N * V * 2);
+    assert_non_null(rh);
+    loom_bf16_from_f32_n(rh, r, (size_t)N * V);
+    loom_backend_round_bf16_values(be, r, (size_t)N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++) assert_true(r[i] == loom_bf16_to_f32(rh[i]));
+    free(x), free(w), free(lg), free(lg2), free(xh), free(wide), free(losses), free(losses2);
+    free(tg), free(dx), free(dw), free(dx2), free(dw2), free(r), free(rh);
+}
+
+static void test_bf16_logits(void **state) {
+    (void)state;
+    tk_reseed(4);
+    const loom_backend *be = NULL;
+    loom_error err = {0};
+    assert_int_equal(loom_backend_cpu_bf16_open(&be, "--precision", &err), LOOM_OK);
+    assert_true(loom_backend_bf16_logits(be));
+    assert_false(loom_backend_bf16_logits(loom_backend_cpu()));
+    check_logits(be, 7, 13, 300, 1);
+    check_logits(be, 33, 24, 517, 0);
+    char line[256];
+    loom_backend_cpu_bf16_describe(be, line, sizeof line);
+    /* 33 x 24 x 517 was not prepared: 2 forwards, 2 input and 4 weight gradients */
+    if (!strstr(line, ", 8 calls unprepared")) fail_msg("%s", line);
+    loom_backend_close(be);
+}
+
 /* A CPU without AVX512-BF16 / AMX-BF16 (pretended): one error naming the flag. */
 static void test_missing_cpu_feature(void **state) {
     (void)state;
@@ -189,6 +285,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kinds),
         cmocka_unit_test(test_backend_table),
+        cmocka_unit_test(test_bf16_logits),
         cmocka_unit_test(test_missing_cpu_feature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

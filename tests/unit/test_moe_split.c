@@ -47,6 +47,7 @@ static void check(loom_family family, int variant) {
                            0,
                            0,
                            0,
+                           0,
                            0};
     const int B = 2, chunks = 1 + (int)(seed_value % 3);
     loom_model whole, split;

@@ -150,6 +150,65 @@ static void linear_backward_weight(const loom_backend *be, float *dweight, float
     if (IC <= 0 || b) linear_backward_weight_bf16(be, dweight, dbias, dout, b, N, IC, OC);
 }
 
+/* ---- the LM head's logits in bf16 (docs/precision.md) ---- */
+static void linear_forward_out_bf16(const loom_backend *be, loom_bf16 *out, const float *inp,
+                                    const loom_bf16 *inp16, const float *weight, int N, int IC,
+                                    int OC) {
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *a = inp16 ? inp16 : round_into(&c->a, &c->a_cap, inp, (size_t)N * IC);
+    const loom_bf16 *b = weight_operand(c, weight, (size_t)OC * IC);
+    if (a && b) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_NT_OUT_BF16, N, OC, IC, out, a, b);
+}
+
+static void linear_backward_input_dbf16(const loom_backend *be, float *dinp, const loom_bf16 *dout,
+                                        const float *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *b = weight_operand(c, weight, (size_t)OC * IC);
+    if (b) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_NN, N, IC, OC, dinp, dout, b);
+}
+
+static void linear_backward_weight_dbf16(const loom_backend *be, float *dweight,
+                                         const loom_bf16 *dout, const float *inp,
+                                         const loom_bf16 *inp16, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    bf16_ctx *c = ctx_of(be);
+    const loom_bf16 *b = inp16 ? inp16 : round_into(&c->b, &c->b_cap, inp, (size_t)N * IC);
+    if (b) loom_gemm_bf16_run(c->gemm, LOOM_GEMM_TN, OC, IC, N, dweight, dout, b);
+}
+
+/* The head's three GEMMs; its operand buffers hold only the input and the weight (the
+ * logits and dlogits are bf16 already: nothing of N x OC is rounded per call). */
+static loom_status linear_prepare_out_bf16(const loom_backend *be, int N, int IC, int OC,
+                                           loom_error *err) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
+    bf16_ctx *c = ctx_of(be);
+    loom_status st;
+    if ((st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NT_OUT_BF16, N, OC, IC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_NN, N, IC, OC, err)) ||
+        (st = loom_gemm_bf16_prepare(c->gemm, LOOM_GEMM_TN, OC, IC, N, err)))
+        return st;
+    size_t nw = (size_t)OC * IC, nb = (size_t)N * IC;
+    if (!ensure(&c->a, &c->a_cap, nb) || !ensure(&c->b, &c->b_cap, nw > nb ? nw : nb))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 operand buffers: out of memory");
+    return LOOM_OK;
+}
+
+static void crossentropy_forward_bf16(const loom_backend *be, float *losses,
+                                      const loom_bf16 *logits, const int32_t *targets, int N,
+                                      int V) {
+    (void)be;
+    loom_crossentropy_forward_bf16(losses, logits, targets, N, V);
+}
+
+static void crossentropy_forward_backward_bf16(const loom_backend *be, float *losses,
+                                               loom_bf16 *logits, const int32_t *targets, int N,
+                                               int V, float dloss) {
+    (void)be;
+    loom_crossentropy_forward_backward_bf16(losses, logits, targets, N, V, dloss);
+}
+
 static loom_status linear_prepare(const loom_backend *be, int N, int IC, int OC, loom_error *err) {
     if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
     bf16_ctx *c = ctx_of(be);
@@ -168,7 +227,36 @@ static loom_status bf16_status(const loom_backend *be, loom_error *err) {
     return loom_gemm_bf16_status(ctx_of(be)->gemm, err);
 }
 
+static void round_bf16_values(const loom_backend *be, float *x, size_t n) {
+    (void)be;
+#pragma omp parallel for
+    for (size_t i0 = 0; i0 < n; i0 += 1024) {
+        loom_bf16 h[1024];
+        const size_t k = n - i0 < 1024 ? n - i0 : 1024;
+        loom_bf16_from_f32_n(h, x + i0, k);
+        loom_bf16_to_f32_n(x + i0, h, k);
+    }
+}
+
 static loom_backend_ops bf16_ops;
+
+/* The ops that decide which activations the model keeps in bf16 (loom_backend_bf16_
+ * activations, loom_backend_bf16_logits): LOOM_BF16_FP32_ACTIVATIONS=1 in the environment
+ * keeps the GEMM-only activations in fp32 as before they were bf16 (the tests' reference:
+ * the same bits, twice the bytes; docs/precision.md); the logits are bf16 either way. */
+static void set_activation_ops(loom_backend_ops *o) {
+    const char *fp32_acts = getenv("LOOM_BF16_FP32_ACTIVATIONS");
+    const int keep_fp32 = fp32_acts && fp32_acts[0] == '1';
+    o->linear_forward_in_bf16 = keep_fp32 ? NULL : linear_forward_in_bf16;
+    o->round_bf16 = keep_fp32 ? NULL : round_bf16;
+    o->linear_forward_out_bf16 = linear_forward_out_bf16;
+    o->linear_backward_input_dbf16 = linear_backward_input_dbf16;
+    o->linear_backward_weight_dbf16 = linear_backward_weight_dbf16;
+    o->linear_prepare_out_bf16 = linear_prepare_out_bf16;
+    o->crossentropy_forward_bf16 = crossentropy_forward_bf16;
+    o->crossentropy_forward_backward_bf16 = crossentropy_forward_backward_bf16;
+    o->round_bf16_values = round_bf16_values;
+}
 
 loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag,
                                        loom_error *err) {
@@ -193,12 +281,7 @@ loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *fla
     bf16_ops.linear_forward_bf16 = linear_forward_bf16;
     bf16_ops.linear_backward_input_bf16 = linear_backward_input_bf16;
     bf16_ops.linear_backward_weight_bf16 = linear_backward_weight_bf16;
-    /* LOOM_BF16_FP32_ACTIVATIONS=1: activations kept in fp32 as before they were bf16 (the
-     * tests' reference: the same bits, twice the bytes; docs/precision.md) */
-    const char *fp32_acts = getenv("LOOM_BF16_FP32_ACTIVATIONS");
-    const int keep_fp32 = fp32_acts && fp32_acts[0] == '1';
-    bf16_ops.linear_forward_in_bf16 = keep_fp32 ? NULL : linear_forward_in_bf16;
-    bf16_ops.round_bf16 = keep_fp32 ? NULL : round_bf16;
+    set_activation_ops(&bf16_ops);
     bf16_ops.linear_prepare = linear_prepare;
     bf16_ops.linear_precision = LOOM_PRECISION_BF16;
     c->gemm = gemm;
@@ -209,8 +292,23 @@ loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *fla
     return LOOM_OK;
 }
 
+static loom_backend_ops sizing_ops;
+static loom_backend sizing_backend;
+
+const loom_backend *loom_backend_cpu_bf16_sizing(void) {
+    const loom_backend *cpu = loom_backend_cpu();
+    sizing_ops = *cpu->ops; /* never run: the model only asks which activations are bf16 */
+    set_activation_ops(&sizing_ops);
+    sizing_ops.linear_precision = LOOM_PRECISION_BF16;
+    sizing_backend = *cpu;
+    sizing_backend.ops = &sizing_ops;
+    sizing_backend.ctx = NULL;
+    return &sizing_backend;
+}
+
 void loom_backend_cpu_bf16_close(const loom_backend *be) {
-    if (!be || loom_backend_precision(be) != LOOM_PRECISION_BF16 || be->device != LOOM_DEVICE_CPU)
+    if (!be || loom_backend_precision(be) != LOOM_PRECISION_BF16 || be->device != LOOM_DEVICE_CPU ||
+        !be->ctx) /* the sizing table: static, nothing to free */
         return;
     bf16_ctx *c = ctx_of(be);
     loom_gemm_bf16_destroy(c->gemm);

@@ -20,8 +20,8 @@ struct loom_gemm_bf16 {
     dnnl_stream_t stream;
     gemm_entry *entries;
     size_t n, cap;
-    gemm_entry dynamic[3]; /* one per kind, run-time dimensions */
-    void *scratch;         /* the user scratchpad every static primitive shares */
+    gemm_entry dynamic[LOOM_GEMM_KINDS]; /* one per kind, run-time dimensions */
+    void *scratch;                       /* the user scratchpad every static primitive shares */
     size_t scratch_bytes;
     size_t unprepared_calls;
     loom_status first_status;
@@ -42,6 +42,7 @@ static dnnl_status_t describe(loom_gemm_kind kind, int M, int N, int K, dnnl_mem
     memset(as, 0, sizeof as), memset(bs, 0, sizeof bs);
     switch (kind) {
     case LOOM_GEMM_NT: /* A [M,K]; B stored [N,K] */
+    case LOOM_GEMM_NT_OUT_BF16:
         as[0] = k, as[1] = 1, bs[0] = 1, bs[1] = k;
         break;
     case LOOM_GEMM_NN: /* A [M,K]; B [K,N] */
@@ -54,7 +55,8 @@ static dnnl_status_t describe(loom_gemm_kind kind, int M, int N, int K, dnnl_mem
     dnnl_status_t s;
     if ((s = dnnl_memory_desc_init_by_strides(a, 2, ad, dnnl_bf16, as))) return s;
     if ((s = dnnl_memory_desc_init_by_strides(b, 2, bd, dnnl_bf16, bs))) return s;
-    return dnnl_memory_desc_init_by_strides(c, 2, cd, dnnl_f32, cs);
+    const dnnl_data_type_t ct = kind == LOOM_GEMM_NT_OUT_BF16 ? dnnl_bf16 : dnnl_f32;
+    return dnnl_memory_desc_init_by_strides(c, 2, cd, ct, cs);
 }
 
 static loom_status make_entry(loom_gemm_bf16 *g, gemm_entry *e, loom_gemm_kind kind, int M, int N,
@@ -72,7 +74,7 @@ static loom_status make_entry(loom_gemm_bf16 *g, gemm_entry *e, loom_gemm_kind k
     dnnl_primitive_desc_t pd = NULL;
     loom_status st = LOOM_OK;
     if ((s = dnnl_primitive_attr_create(&attr)) || (s = dnnl_post_ops_create(&po)) ||
-        (s = dnnl_post_ops_append_sum(po, 1.0f)) ||
+        (kind != LOOM_GEMM_NT_OUT_BF16 && (s = dnnl_post_ops_append_sum(po, 1.0f))) ||
         (s = dnnl_primitive_attr_set_post_ops(attr, po)) ||
         (M >= 0 &&
          (s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user))) ||
@@ -139,7 +141,7 @@ loom_status loom_gemm_bf16_create(loom_gemm_bf16 **out, const char *flag, loom_e
     if ((s = dnnl_engine_create(&g->engine, dnnl_cpu, 0)) ||
         (s = dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags)))
         st = dnnl_fail(err, s, "CPU engine");
-    for (int k = 0; !st && k < 3; k++)
+    for (int k = 0; !st && k < LOOM_GEMM_KINDS; k++)
         st = make_entry(g, &g->dynamic[k], (loom_gemm_kind)k, -1, -1, -1, err);
     if (st) {
         loom_gemm_bf16_destroy(g);
@@ -152,7 +154,7 @@ loom_status loom_gemm_bf16_create(loom_gemm_bf16 **out, const char *flag, loom_e
 void loom_gemm_bf16_destroy(loom_gemm_bf16 *g) {
     if (!g) return;
     for (size_t i = 0; i < g->n; i++) free_entry(&g->entries[i]);
-    for (int k = 0; k < 3; k++) free_entry(&g->dynamic[k]);
+    for (int k = 0; k < LOOM_GEMM_KINDS; k++) free_entry(&g->dynamic[k]);
     free(g->entries);
     free(g->scratch);
     if (g->stream) dnnl_stream_destroy(g->stream);
@@ -192,7 +194,7 @@ static void note_failure(loom_gemm_bf16 *g, dnnl_status_t s, const char *what) {
     snprintf(g->first_error, sizeof g->first_error, "oneDNN %s failed (status %d)", what, (int)s);
 }
 
-static void run_dynamic(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, float *C,
+static void run_dynamic(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, void *C,
                         const loom_bf16 *A, const loom_bf16 *B) {
     dnnl_memory_desc_t a, b, c;
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
@@ -212,7 +214,7 @@ static void run_dynamic(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, in
     g->unprepared_calls++;
 }
 
-void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, float *C,
+void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, void *C,
                         const loom_bf16 *A, const loom_bf16 *B) {
     if (M <= 0 || N <= 0 || K <= 0) return;
     gemm_entry *e = find(g, kind, M, N, K);

@@ -2,14 +2,17 @@
  * C, always accumulating (C += A op B: oneDNN's sum post-op; a caller that wants C = A op B
  * clears or seeds C first). A primitive is made once per (kind, M, N, K) by
  * loom_gemm_bf16_prepare, at set-up; loom_gemm_bf16_run looks the shape up and only runs
- * it. A shape nobody prepared (MoE experts' token counts change every step) runs on one of
- * three primitives with run-time dimensions made at creation (oneDNN's gemm:jit, slower),
+ * it. A shape nobody prepared (MoE experts' token counts change every step) runs on its
+ * kind's primitive with run-time dimensions made at creation (oneDNN's gemm:jit, slower),
  * so no primitive is ever created inside a step; those calls are counted.
  *
  * Kinds (all row-major, leading dimensions the natural ones):
  *   NT  C[M,N] += A[M,K] @ B[N,K]^T   linear forward   (M tokens, N = OC, K = IC)
  *   NN  C[M,N] += A[M,K] @ B[K,N]     input gradient   (M tokens, N = IC, K = OC)
  *   TN  C[M,N] += A[K,M]^T @ B[K,N]   weight gradient  (M = OC, N = IC, K tokens)
+ *   NT_OUT_BF16  C[M,N] = A[M,K] @ B[N,K]^T with C bf16 (overwritten, not accumulated):
+ *       the LM head's logits under --precision bf16, the fp32 accumulator rounded to
+ *       nearest even once at the end (as autocast's bf16 linear output)
  *
  * Error bound (what tests/unit/test_gemm_bf16.c checks against float64 on the unrounded
  * fp32 inputs): each input rounded to bf16 has relative error <= u = 2^-8, so each product
@@ -24,7 +27,8 @@
 #include "core/error.h"
 #include "kernels/bf16.h"
 
-typedef enum { LOOM_GEMM_NT, LOOM_GEMM_NN, LOOM_GEMM_TN } loom_gemm_kind;
+typedef enum { LOOM_GEMM_NT, LOOM_GEMM_NN, LOOM_GEMM_TN, LOOM_GEMM_NT_OUT_BF16 } loom_gemm_kind;
+#define LOOM_GEMM_KINDS 4
 
 typedef struct loom_gemm_bf16 loom_gemm_bf16;
 
@@ -36,8 +40,9 @@ void loom_gemm_bf16_destroy(loom_gemm_bf16 *g); /* NULL: nothing */
 /* Makes the primitive of one shape (nothing if it exists); M, N, K >= 1. */
 loom_status loom_gemm_bf16_prepare(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K,
                                    loom_error *err);
-/* C += A op B (see the kinds); M, N or K <= 0: nothing. */
-void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, float *C,
+/* C += A op B (see the kinds; C is float, or loom_bf16 for NT_OUT_BF16); M, N or K <= 0:
+ * nothing. */
+void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, void *C,
                         const loom_bf16 *A, const loom_bf16 *B);
 /* The implementation oneDNN chose for the largest prepared shape ("brg:avx512_core_bf16"),
  * or of the run-time-shape primitive when none is prepared. */
