@@ -62,8 +62,9 @@ static void skip_list_text(const loom_batch_skip *k, char *out, size_t size) {
         n += (size_t)snprintf(out + n, size - n, "%s%lld", i ? "," : "", (long long)k->batches[i]);
 }
 
-/* Checkpoints the ranks of an attempt refused ("loom: rank R: checkpoint DIR not usable:
- * why", from the resume code), for summary.json. */
+/* Checkpoints the ranks of an attempt passed over, for summary.json: refused ("loom: rank R:
+ * checkpoint DIR not usable: why") or left unfinished by a crash ("loom: rank R: checkpoint
+ * DIR unfinished, ignored (...)"), both from the resume code (train/checkpointing.c). */
 static void scan_rejected(loom_sup *s, const char *attempt_dir) {
     for (int r = 0; r < s->world; r++) {
         char path[LOOM_RUN_PATH + 64], line[2048];
@@ -71,7 +72,8 @@ static void scan_rejected(loom_sup *s, const char *attempt_dir) {
         FILE *fp = fopen(path, "r");
         while (fp && fgets(line, sizeof line, fp)) {
             int rank;
-            if (!strstr(line, " not usable: ") || sscanf(line, "loom: rank %d:", &rank) != 1)
+            if ((!strstr(line, " not usable: ") && !strstr(line, " unfinished, ignored (")) ||
+                sscanf(line, "loom: rank %d:", &rank) != 1)
                 continue;
             line[strcspn(line, "\n")] = 0;
             json_t *o = json_object();

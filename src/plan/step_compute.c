@@ -246,10 +246,11 @@ cost loom_price_block_recompute(pricer *q, const shapes *d, int moe) {
     return c;
 }
 
-/* A linear's weight gradient (TN: M = OC, N = IC, K = tokens) and, for GPT-2's biased
- * linears, the bias gradient's column sums over d(out) (the profile's GEMM has none). */
-static double weight_grad(pricer *q, const shapes *d, double OC, double IC, int bias) {
-    return gemm(q, LOOM_GEMM_TN, OC, IC, d->N) + (bias && d->gpt2 ? bytes_ms(q, 4 * d->N * OC) : 0);
+/* A linear's weight gradient over `rows` input rows (TN: M = OC, N = IC, K = rows) and, for
+ * a biased linear (GPT-2's, the vlm encoder's and projector's), the bias gradient's column
+ * sums over d(out) (the profile's GEMM has none). */
+static double weight_grad(pricer *q, double rows, double OC, double IC, int bias) {
+    return gemm(q, LOOM_GEMM_TN, OC, IC, rows) + (bias ? bytes_ms(q, 4 * rows * OC) : 0);
 }
 
 /* A column-parallel linear's backward: input gradient (NN), weight gradient (TN, on the
@@ -262,7 +263,7 @@ static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int wei
         c.tp = tp_reduce(q, d);
     }
     if (weight) {
-        c.compute += weight_grad(q, d, OC, C, bias);
+        c.compute += weight_grad(q, N, OC, C, bias && d->gpt2);
         c.tp += sp_gather(q, d);
     }
     return c;
@@ -279,10 +280,10 @@ cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) 
             c.tp += sp_gather(q, d);
             add(&c, moe_bwd(q, d, 1));
         } else {
-            c.compute += weight_grad(q, d, C, d->F, 1);
+            c.compute += weight_grad(q, N, C, d->F, d->gpt2);
             add(&c, column_bwd(q, d, d->FC, 0, 1, 1));
         }
-        c.compute += weight_grad(q, d, C, d->A, 1);
+        c.compute += weight_grad(q, N, C, d->A, d->gpt2);
         add(&c, column_bwd(q, d, d->QKV, 0, 1, 1));
         return c;
     }
@@ -294,14 +295,16 @@ cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) 
         c.tp += sp_gather(q, d);
         c.compute +=
             memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
-            (w ? weight_grad(q, d, C, d->F, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->FC) +
+            (w ? weight_grad(q, N, C, d->F, d->gpt2) : copy_ms(q, N * C)) +
+            memset_ms(q, N * d->FC) +
             (d->gpt2 ? ew(q, LOOM_EW_GELU_BWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_BWD, N, d->F));
         add(&c, column_bwd(q, d, d->FC, 1, w, 1));
     }
     c.compute += norm_bwd(q, d);
     c.tp += sp_gather(q, d);
     c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
-                 (w ? weight_grad(q, d, C, d->A, 1) : copy_ms(q, N * C)) + memset_ms(q, N * d->QKV);
+                 (w ? weight_grad(q, N, C, d->A, d->gpt2) : copy_ms(q, N * C)) +
+                 memset_ms(q, N * d->QKV);
     add(&c, attention_cost(q, d, 1));
     c.compute += rope(q, d);
     add(&c, column_bwd(q, d, d->QKV, 1, w, 1));
@@ -310,11 +313,6 @@ cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) 
 }
 
 /* ---- vlm: the encoder and projector (model/vlm.c's encoder_forward, _backward) ---- */
-
-/* A biased linear's weight gradient over R rows: TN, and the bias's column sums. */
-static double vision_weight_grad(pricer *q, double R, double OC, double IC) {
-    return gemm(q, LOOM_GEMM_TN, OC, IC, R) + bytes_ms(q, 4 * R * OC);
-}
 
 /* Patch embedding, positions, the blocks, the final LayerNorm, the projector, and the
  * image rows copied into the residual stream. */
@@ -344,20 +342,19 @@ double loom_price_vision_bwd(pricer *q, const shapes *d) {
     if (!vision && !projector) return ms;
     ms += memset_ms(q, R * C) + gemm(q, LOOM_GEMM_NN, R, C, C) + memset_ms(q, R * C) +
           ew(q, LOOM_EW_GELU_BWD, R, C);
-    if (projector) ms += vision_weight_grad(q, R, C, C) + vision_weight_grad(q, R, C, Dv);
+    if (projector) ms += weight_grad(q, R, C, C, 1) + weight_grad(q, R, C, Dv, 1);
     if (!vision) return ms;
     const double block =
-        memset_ms(q, R * Fv) + gemm(q, LOOM_GEMM_NN, R, Fv, Dv) + vision_weight_grad(q, R, Dv, Fv) +
+        memset_ms(q, R * Fv) + gemm(q, LOOM_GEMM_NN, R, Fv, Dv) + weight_grad(q, R, Dv, Fv, 1) +
         memset_ms(q, R * Fv) + ew(q, LOOM_EW_GELU_BWD, R, Fv) + memset_ms(q, R * Dv) +
-        gemm(q, LOOM_GEMM_NN, R, Dv, Fv) + vision_weight_grad(q, R, Fv, Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, Fv) + weight_grad(q, R, Fv, Dv, 1) +
         ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + memset_ms(q, R * Dv) +
-        gemm(q, LOOM_GEMM_NN, R, Dv, Dv) + vision_weight_grad(q, R, Dv, Dv) +
-        memset_ms(q, 3 * R * Dv) + attention(q, LOOM_ATT_BIDIR_BWD, d->NI * d->Hv, d->P, d->vhd) +
-        memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, 3 * Dv) +
-        vision_weight_grad(q, R, 3 * Dv, Dv) + ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv);
+        gemm(q, LOOM_GEMM_NN, R, Dv, Dv) + weight_grad(q, R, Dv, Dv, 1) + memset_ms(q, 3 * R * Dv) +
+        attention(q, LOOM_ATT_BIDIR_BWD, d->NI * d->Hv, d->P, d->vhd) + memset_ms(q, R * Dv) +
+        gemm(q, LOOM_GEMM_NN, R, Dv, 3 * Dv) + weight_grad(q, R, 3 * Dv, Dv, 1) +
+        ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv);
     return ms + memset_ms(q, R * Dv) + gemm(q, LOOM_GEMM_NN, R, Dv, C) + memset_ms(q, R * Dv) +
-           ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + d->VL * block +
-           vision_weight_grad(q, R, Dv, d->Pin);
+           ew(q, LOOM_EW_LAYERNORM_BWD, R, Dv) + d->VL * block + weight_grad(q, R, Dv, d->Pin, 1);
 }
 
 cost loom_price_embed_fwd(pricer *q, const shapes *d) {

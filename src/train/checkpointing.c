@@ -1,5 +1,6 @@
 #include "train/checkpointing.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -163,12 +164,20 @@ static loom_status load_from(loom_checkpointing *c, const char *dir, const char 
 }
 
 /* One attempt from a checkpoint folder: its manifest, then load_from. */
+/* *unfinished: dir has no manifest.json, the commit's last file: its writer never completed
+ * it (a crash or a kill during the save), so it is passed over, not damaged. */
 static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *step, int *wrong_seed,
-                            loom_ckpt_load_stats *stats, loom_error *err) {
+                            int *unfinished, loom_ckpt_load_stats *stats, loom_error *err) {
     char path[LOOM_CKPT_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     loom_ckpt_manifest m;
     *wrong_seed = 0;
+    struct stat sb;
+    *unfinished = stat(path, &sb) != 0 && errno == ENOENT;
+    if (*unfinished)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "%s: unfinished (no manifest.json: its writer never completed it)",
+                              dir);
     loom_status st = loom_ckpt_manifest_load(&m, path, 0, err);
     if (st) return st;
     st = load_from(c, dir, path, &m, step, wrong_seed, stats, err);
@@ -292,11 +301,11 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
         if ((st = loom_comm_bcast(&c->mesh->world, dir, sizeof dir, 0, err))) break;
         int64_t step = 0;
-        int wrong_seed = 0;
+        int wrong_seed = 0, unfinished = 0;
         loom_error e = {0};
         loom_ckpt_load_stats stats = {0};
         const double t0 = loom_now_ms();
-        loom_status ls = try_load(c, dir, &step, &wrong_seed, &stats, &e);
+        loom_status ls = try_load(c, dir, &step, &wrong_seed, &unfinished, &stats, &e);
         double v[6] = {ls != LOOM_OK,     ls == LOOM_OK ? 0 : ls,
                        wrong_seed,        (double)stats.bytes_read,
                        stats.chunks_read, (loom_now_ms() - t0) / 1e3};
@@ -322,7 +331,12 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
             free(list);
             return LOOM_OK;
         }
-        if (ls)
+        if (unfinished) /* ft/supervisor.c's scan_rejected reads both lines */
+            fprintf(stderr,
+                    "loom: rank %d: checkpoint %s unfinished, ignored (no manifest.json: its "
+                    "writer never completed it)\n",
+                    c->mesh->rank, dir);
+        else if (ls)
             fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
                     e.msg);
         /* A failed load may have written part of the buffers; the next one that loads

@@ -18,7 +18,6 @@ For both families (Llama with grouped-query attention):
    must give the single-process import's losses to 1e-5.
 Usage: test_export.py --loom PATH [--seed S]
 """
-import argparse
 import json
 import os
 import subprocess
@@ -35,7 +34,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torch_model as tm  # noqa: E402
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, keep_or_remove, run, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, keep_or_remove, parse_test_args, run, run_test, write_text_shard  # noqa: E402
 
 TOL = 1e-5
 MASK32, MASK64 = (1 << 32) - 1, (1 << 64) - 1
@@ -84,12 +83,8 @@ def mean_loss(model, seqs):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_export_")
 
     def check(ok, what):

@@ -16,7 +16,6 @@
 4. Bad input: `--dtype fp16` is one line naming the flag and the choices, exit 2.
 Usage: test_export_bf16.py --loom PATH [--seed S]
 """
-import argparse
 import json
 import os
 import struct
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 import safetensors_io  # noqa: E402
 import torch  # noqa: E402
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check, check_loom, keep_or_remove, run, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, check, keep_or_remove, parse_test_args, run, run_test, write_text_shard  # noqa: E402
 
 TORCH_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}
 
@@ -57,12 +56,8 @@ def losses(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_export_bf16_")
     try:
         data = os.path.join(tmp, "train.bin")

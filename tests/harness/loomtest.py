@@ -22,6 +22,7 @@ tests/reference on the path for safetensors_io). What it holds:
 - check_resume(layouts, ...): the layout tests' checkpoint check: one layout saves at a
   step, resumes there bitwise, and other layouts resumed from it end as the reference.
 """
+import argparse
 import functools
 import json
 import os
@@ -173,6 +174,22 @@ def seed_of(args):
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"seed {seed}")
     return seed
+
+
+def parse_test_args(extra=None):
+    """The command line of a test that runs loom: --loom PATH (required, and checked at once
+    with check_loom: a broken loom fails the test, exit 1) and --seed S; extra(parser), when
+    given, adds the test's own flags. Returns the parsed arguments with args.seed resolved
+    (seed_of: --seed, or a random one, printed)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom", required=True)
+    ap.add_argument("--seed", type=int, default=None)
+    if extra:
+        extra(ap)
+    args = ap.parse_args()
+    check_loom(args.loom)
+    args.seed = seed_of(args)
+    return args
 
 
 def rel_err(a, b):

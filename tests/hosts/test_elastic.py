@@ -16,12 +16,10 @@ both hosts' links capped with tbf. The test is the launcher (no `loom run`):
 Skipped (77) without root, network namespaces, mpirun or ompi-server.
 Usage: test_elastic.py --loom PATH [--seed S]
 """
-import argparse
 import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,28 +28,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import Skip, check_loom, report, run_test, seed_of, write_text_shard  # noqa: E402
-from test_hosts import HOSTS_SH, SUBNET, hosts_down, sh, skip_unless_possible  # noqa: E402
+from loomtest import Skip, parse_test_args, report, run_test, write_text_shard  # noqa: E402
+from test_hosts import (HOSTS_SH, SUBNET, cap_link, hosts_down, kill_host_processes,  # noqa: E402
+                        netns_pids, sh, skip_unless_possible, wait_until)
 
 STEPS, H, TIMEOUT_S, MBIT = 300, 8, 3, 200
 SYNC = re.compile(r"worker (\d+) step (\d+): (outer sync|joined|worker \d+ joined), "
                   r"members=(\d+) \[([\d,]*)\], checksum ([0-9a-f]+)")
-
-
-def netns_pids(k):
-    out = subprocess.run(["ip", "netns", "pids", f"loomh{k}"], capture_output=True,
-                         text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def cap_link(k, mbit):
-    """A tbf rate cap on both ends of host k's link (None: removed)."""
-    for dev, ns in ((f"loomv{k}", None), ("eth0", f"loomh{k}")):
-        pre = ["ip", "netns", "exec", ns] if ns else []
-        subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
-        if mbit:  # the bucket holds two packets of the hosts' MTU (65535; test_host_faults)
-            subprocess.run(pre + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                                  f"{mbit}mbit", "burst", "128kb", "latency", "100ms"], check=True)
 
 
 def syncs(path):
@@ -60,25 +43,13 @@ def syncs(path):
     return [(int(m[2]), m[3], int(m[4]), m[6]) for m in SYNC.finditer(text)]
 
 
-def wait_until(pred, limit):
-    until = time.time() + limit
-    while time.time() < until:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    loom = os.path.abspath(check_loom(args.loom))
+    args = parse_test_args()
+    loom = os.path.abspath(args.loom)
+    seed = args.seed
     skip_unless_possible()
     if not shutil.which("ompi-server"):
         raise Skip("no ompi-server")
-    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_elastic_")
     data = os.path.join(tmp, "train.bin")
     write_text_shard(data, seed)
@@ -130,11 +101,7 @@ def main():
             return
         # 2. host 2 dies: every process in it (its mpirun too)
         killed_at = max(s[0] for s in syncs(w0))
-        for pid in netns_pids(2):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_host_processes(2)
         alone = wait_until(lambda: any(s[1] == "outer sync" and s[2] == 1 for s in syncs(w0)),
                            4 * TIMEOUT_S + 30)
         text0 = open(w0).read()

@@ -26,7 +26,6 @@ nothing of it is left running on the hosts. Last, `hosts.sh down`: nothing left.
 Skipped (77) without root, network namespaces or mpirun.
 Usage: test_host_faults.py --loom PATH [--seed S]
 """
-import argparse
 import fcntl
 import json
 import os
@@ -40,47 +39,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import (ADAM_EPS, TOL, check_loom, report, run_test, safetensors_io, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, parse_test_args, report, run_test, safetensors_io,  # noqa: E402
                       weights_error, write_text_shard)
-from test_hosts import AGENT, HOSTS, MCA, hosts_down, sh, skip_unless_possible  # noqa: E402
+from test_hosts import (AGENT, HOSTS, MCA, cap_link, hosts_down, kill_host_processes,  # noqa: E402
+                        netns_pids, sh, skip_unless_possible, wait_until)
 
 STEPS = 40  # long enough that a fault made at a step of 6..24 lands before the end
 
 
-def netns_pids(host):
-    out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def cap_link(k, mbit):
-    """A tbf rate cap on both ends of host k's link (None: removed)."""
-    for dev, ns in ((f"loomv{k}", None), ("eth0", f"loomh{k}")):
-        pre = ["ip", "netns", "exec", ns] if ns else []
-        subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
-        if mbit:
-            # the bucket holds two whole packets of the hosts' MTU (65535, hosts.sh): tbf
-            # drops a packet larger than its bucket, and a 16 KiB one hung every transfer
-            subprocess.run(pre + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                                  f"{mbit}mbit", "burst", "128kb", "latency", "100ms"], check=True)
-
-
-def wait_for(path, text, timeout):
-    t = time.time()
-    while time.time() - t < timeout:
-        if os.path.exists(path) and text in open(path).read():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
+    args = parse_test_args()
+    seed = args.seed
     skip_unless_possible()
-    seed = seed_of(args)
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="loom_hostfaults_")
     lock = open("/run/loom-hosts.lock", "w")  # one user of the test hosts at a time
@@ -135,13 +105,10 @@ def main():
         def at_step(errp, step, timeout=60):
             """Waits until the supervisor has printed a step >= step (it prints about every
             STEPS / 10 = 4 steps, some skipped when steps are fast)."""
-            t = time.time()
             pat = re.compile(rf"step (\d+)/{STEPS} ")
-            while time.time() - t < timeout:
-                done = [int(m.group(1)) for m in pat.finditer(open(errp).read())]
-                if done and max(done) >= step:
-                    return True
-                time.sleep(0.02)
+            if wait_until(lambda: any(int(m.group(1)) >= step
+                                      for m in pat.finditer(open(errp).read())), timeout, 0.02):
+                return True
             print(f"    step {step} not reached within {timeout} s")
             return False
 
@@ -153,10 +120,9 @@ def main():
             """This run's live processes on host 2, named. A killed process can take a
             moment to exit on a busy machine (its command line is empty while it does, and
             a zombie's too): waits up to 10 s for them to go before naming them."""
-            t = time.time()
-            while True:
+            def live():
                 left = []
-                for pid in netns_pids("loomh2"):
+                for pid in netns_pids(2):
                     try:
                         cmd = open(f"/proc/{pid}/cmdline", "rb").read()
                     except OSError:
@@ -164,11 +130,12 @@ def main():
                     cmd = cmd.replace(b"\0", b" ").decode(errors="replace")
                     if rdir in cmd:
                         left.append(f"{pid}: {cmd[:160]}")
-                if not left or time.time() - t > 10:
-                    if left:
-                        print(f"    left on loomh2: {left}")
-                    return left
-                time.sleep(0.2)
+                return left
+            wait_until(lambda: not live(), 10, 0.2)
+            left = live()
+            if left:
+                print(f"    left on loomh2: {left}")
+            return left
 
         # A slow rank on host 2 (10x slower from step 2): named with its host. (Both ranks
         # of a host slow is not seen: the rule compares a rank with the median of all.)
@@ -204,11 +171,7 @@ def main():
         step = rng.choice(range(6, STEPS - 14, 2))
         p, rdir, errp = start("host_death")
         if at_step(errp, step):
-            for pid in netns_pids("loomh2"):
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
+            kill_host_processes(2)
         rc, err = finish(p, "host_death", errp)
         d = diagnosis(rdir)
         line = next((x for x in err.splitlines() if "FAILURE" in x), "")
@@ -230,7 +193,7 @@ def main():
         if at_step(errp, step):
             subprocess.run(["ip", "link", "set", "loomv2", "down"], check=True)
             t = time.time()
-            wait_for(errp, "waiting up to", 30)
+            wait_until(lambda: "waiting up to" in open(errp).read(), 30)
             time.sleep(2)
             subprocess.run(["ip", "link", "set", "loomv2", "up"], check=True)
             down_s = time.time() - t
@@ -256,11 +219,7 @@ def main():
         p, rdir, errp = start("host_gone_elastic", ["--elastic", "--host-wait", "3"])
         if at_step(errp, step):
             subprocess.run(["ip", "link", "set", "loomv2", "down"], check=True)
-            for pid in netns_pids("loomh2"):
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
+            kill_host_processes(2)
         rc, err = finish(p, "host_gone_elastic", errp)
         subprocess.run(["ip", "link", "set", "loomv2", "up"], check=True)
         d = diagnosis(rdir)

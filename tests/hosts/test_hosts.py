@@ -23,11 +23,11 @@ ConnectTimeout). Last, `hosts.sh down`, and nothing is left (netns, bridge, veth
 holders). Skipped (77) when not root or when network namespaces cannot be made.
 Usage: test_hosts.py --loom PATH [--seed S]
 """
-import argparse
 import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,9 +36,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, Run, Skip, check_loom, failed, keep_or_remove,  # noqa: E402
-                      loss_error, report, run, run_test, seed_of, weights_error,
-                      write_text_shard)
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, Skip, failed, keep_or_remove, loss_error,  # noqa: E402
+                      parse_test_args, report, run, run_test, weights_error, write_text_shard)
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 AGENT = os.path.join(HERE, "agent.sh")
@@ -61,6 +60,48 @@ def sh(*args, check=True):
         print(f"FAIL: hosts.sh {' '.join(args)}: exit {p.returncode}\n{p.stdout}{p.stderr}")
         sys.exit(1)
     return p
+
+
+def wait_until(pred, limit, every=0.05):
+    """Polls pred every `every` seconds: True as soon as it holds, False once `limit`
+    seconds have passed without."""
+    until = time.time() + limit
+    while time.time() < until:
+        if pred():
+            return True
+        time.sleep(every)
+    return False
+
+
+def netns_pids(k):
+    """The processes in test host k's network namespace."""
+    out = subprocess.run(["ip", "netns", "pids", f"loomh{k}"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_host_processes(k):
+    """SIGKILLs every process in test host k (its mpirun daemon and ranks too); returns how
+    many there were."""
+    pids = netns_pids(k)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def cap_link(k, mbit):
+    """A tbf rate cap on both ends of host k's link (None: removed)."""
+    for dev, ns in ((f"loomv{k}", None), ("eth0", f"loomh{k}")):
+        pre = ["ip", "netns", "exec", ns] if ns else []
+        subprocess.run(pre + ["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        if mbit:
+            # the bucket holds two whole packets of the hosts' MTU (65535, hosts.sh): tbf
+            # drops a packet larger than its bucket, and a 16 KiB one hung every transfer
+            subprocess.run(pre + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                                  f"{mbit}mbit", "burst", "128kb", "latency", "100ms"], check=True)
 
 
 def skip_unless_possible():
@@ -140,13 +181,9 @@ def check_hosts():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
+    args = parse_test_args()
+    seed = args.seed
     skip_unless_possible()
-    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_hosts_")
 
     # One user of the test hosts at a time (another build's hosts_basic waits here).

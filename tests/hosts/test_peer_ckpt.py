@@ -23,36 +23,27 @@ bitwise the fault-free run's. Last, `hosts.sh down`: nothing left
 root, network namespaces or mpirun.
 Usage: test_peer_ckpt.py --loom PATH [--seed S]
 """
-import argparse
 import fcntl
 import glob
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
-from loomtest import (Layouts, Run, check_loom, report, run_test, same_tensors,  # noqa: E402
-                      seed_of, write_text_shard)
-from test_hosts import MCA, MPIRUN_HOSTS, HOSTS, hosts_down, sh, skip_unless_possible  # noqa: E402
+from loomtest import Layouts, Run, parse_test_args, report, run_test, same_tensors, write_text_shard  # noqa: E402
+from test_hosts import (MCA, MPIRUN_HOSTS, HOSTS, hosts_down, kill_host_processes, sh,  # noqa: E402
+                        skip_unless_possible, wait_until)
 
 def kill_host(k, mem):
     """Host k dies: every process in its network namespace, and what it held in memory."""
     segments = glob.glob(f"/dev/shm/vader_segment.loomh{k}.*")  # before any relaunch
-    pids = subprocess.run(["ip", "netns", "pids", f"loomh{k}"], capture_output=True,
-                          text=True).stdout.split()
-    for p in pids:
-        try:
-            os.kill(int(p), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    killed = kill_host_processes(k)
     shutil.rmtree(os.path.join(mem, f"loomh{k}"), ignore_errors=True)
     # and OpenMPI's shared-memory segments of the ranks that ran there (the test holds the
     # hosts' lock: no other job is on the host)
@@ -61,7 +52,7 @@ def kill_host(k, mem):
             os.unlink(f)
         except OSError:
             pass
-    return len(pids)
+    return killed
 
 
 def steps_in(mem, host):
@@ -79,13 +70,9 @@ def line_with(text, words):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
+    args = parse_test_args()
+    seed = args.seed
     skip_unless_possible()
-    seed = seed_of(args)
     tmp = tempfile.mkdtemp(prefix="loom_peer_")
     mem = f"/dev/shm/loom-peer-test-{os.getpid()}"
     lock = open("/run/loom-hosts.lock", "w")
@@ -116,11 +103,11 @@ def main():
                                    text=True)
             # step 8 complete: on disk (manifest) and in memory (every host holding its 2
             # shards and the other host's 2)
-            until, ready = time.time() + 60, False
-            while time.time() < until and job.poll() is None and not ready:
-                ready = (os.path.exists(os.path.join(ck, "step_00000008", "manifest.json")) and
-                         all(len(shards_in(mem, h, 8)) == 4 for h in ("loomh1", "loomh2")))
-                time.sleep(0.02)
+            def committed():
+                return (os.path.exists(os.path.join(ck, "step_00000008", "manifest.json")) and
+                        all(len(shards_in(mem, h, 8)) == 4 for h in ("loomh1", "loomh2")))
+            ready = (wait_until(lambda: job.poll() is not None or committed(), 60, 0.02)
+                     and committed())
             if not ready:
                 job.kill()
                 o, e = job.communicate()

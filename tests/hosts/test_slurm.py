@@ -22,7 +22,6 @@ real cluster): the test runs from any checkout. Skipped (77) without root, netwo
 namespaces, mpirun or Slurm/munge.
 Usage: test_slurm.py --loom PATH [--seed S]
 """
-import argparse
 import fcntl
 import json
 import os
@@ -36,9 +35,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-from loomtest import (Skip, check_loom, keep_or_remove, report, run_test, seed_of,  # noqa: E402
-                      write_text_shard)
-from test_hosts import net_leftovers  # noqa: E402
+from loomtest import Skip, keep_or_remove, parse_test_args, report, run_test, write_text_shard  # noqa: E402
+from test_hosts import net_leftovers, wait_until  # noqa: E402
 
 HOSTS_SH = os.path.join(HERE, "hosts.sh")
 SLURM_SH = os.path.join(HERE, "slurm.sh")
@@ -96,10 +94,8 @@ def leftovers():
     """What the teardown must not leave, checked independently of the scripts. A killed
     daemon can take a moment to finish exiting on a busy machine (its command line is
     already empty then): waits up to 10 s for such processes before naming them."""
-    t = time.time()
-    while (left := daemons_left()) and time.time() - t < 10:
-        time.sleep(0.2)
-    left += net_leftovers("loomh")
+    wait_until(lambda: not daemons_left(), 10, 0.2)
+    left = daemons_left() + net_leftovers("loomh")
     left += [p for p in (STATE, "/run/loom-hosts") if os.path.exists(p)]
     return left
 
@@ -123,26 +119,22 @@ def sbatch(script, out, timeout=150):
     if p.returncode != 0:
         return -1, f"sbatch failed: {p.stderr}"
     job = p.stdout.strip().split(";")[0]
-    t = time.time()
-    while time.time() - t < timeout:
-        state, code = job_state(job)
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            break
-        time.sleep(0.3)
-    else:
+    last = []  # the last (state, exit code) seen
+
+    def ended():
+        last[:] = job_state(job)
+        return last[0] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+    if not wait_until(ended, timeout, 0.3):
         subprocess.run(["scancel", job], env=ENV)
         return -1, f"job {job} did not end within {timeout} s"
+    code = last[1]
     return code, open(out).read() if os.path.exists(out) else ""
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
+    args = parse_test_args()
+    seed = args.seed
     skip_unless_possible()
-    seed = seed_of(args)
     rng = random.Random(seed)
     # Not under /tmp: each slurmd host has its own /tmp. Every host sees /var/tmp: the data,
     # the run folders, and the loom the nodes run (a copy: --loom may be under /tmp).
@@ -303,10 +295,7 @@ def main():
         # slurmctld either: `scontrol ping` says which.
         pid = open(f"{STATE}/munge/munged.pid").read().strip()
         os.kill(int(pid), 15)  # stopped (a killed one leaves its socket: clients retry long)
-        for _ in range(50):
-            if not os.path.exists(f"/proc/{pid}"):
-                break
-            time.sleep(0.1)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5, 0.1)
         time.sleep(0.3)
         rc, err, rdir, secs = srun_here("no_munged")
         refused("srun without munged", secs < 20, rc, err, rdir,

@@ -33,7 +33,6 @@ bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-ser
 mpirun each), restarts worker 1 after it crashes, and it rejoins.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -42,9 +41,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, Run, bitwise, loss_error, same_tensors,  # noqa: E402
-                      seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, Run, bitwise, loss_error, parse_test_args,  # noqa: E402
+                      same_tensors, weights_error, write_text_shard)
+from loomtest import check, keep_or_remove, run_test  # noqa: E402
 
 D = 48
 
@@ -120,12 +119,8 @@ def elastic_run(loom, model, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_diloco_")
     try:
         data = os.path.join(tmp, "train.bin")

@@ -12,14 +12,13 @@ tie between layouts (tests/parallel/test_layouts_moe.py explains), so a seed who
 differ is tried again with the next one, at most 3; a bug fails every seed.
 Usage: test_ema_experts.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, check, check_loom, loss_error, run_test, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, check, loss_error, parse_test_args, run_test,  # noqa: E402
                       weights_error, write_text_shard)
 
 D_MODEL = 32
@@ -58,12 +57,8 @@ def attempt(args, tmp, seed):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_ema_experts_")
     ok = False
     try:

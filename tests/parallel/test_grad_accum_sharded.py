@@ -14,7 +14,6 @@ local gradient pages resident at every range boundary (mincore) within the plann
 ranges. Bad input: --grad-accum sharded with --zero 1 or an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import re
 import subprocess
@@ -22,9 +21,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of,  # noqa: E402
-                      weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, weights_error,  # noqa: E402
+                      write_text_shard)
+from loomtest import check, keep_or_remove, run_test  # noqa: E402
 
 D = 32
 
@@ -60,12 +59,8 @@ def compare(got, ref):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_grad_accum_")
     try:
         data = os.path.join(tmp, "train.bin")

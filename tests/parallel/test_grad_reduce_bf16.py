@@ -68,7 +68,6 @@ quarter at ZeRO 2 (only the reduce-scatter half is needed there).
 
 Usage: test_grad_reduce_bf16.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import shutil
 import sys
@@ -77,9 +76,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (Layouts, bitwise, loss_error, rel_err, seed_of,  # noqa: E402
-                      weights_error, write_text_shard)
-from loomtest import check, check_loom, run_test  # noqa: E402
+from loomtest import (Layouts, bitwise, loss_error, parse_test_args, rel_err, weights_error,  # noqa: E402
+                      write_text_shard)
+from loomtest import check, run_test  # noqa: E402
 
 D_MODEL = 48
 U = 2.0 ** -9
@@ -130,12 +129,8 @@ def all_bf16(grads):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_grad_reduce_bf16_")
     try:
         data = os.path.join(tmp, "train.bin")

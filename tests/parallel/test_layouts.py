@@ -9,24 +9,19 @@ weights. Two more layouts run with LOOM_MPI_THREAD=funneled (MPI gives less than
 MPI_THREAD_MULTIPLE): the communication engine then has no thread and its collectives
 progress from the training thread; they must say so and compute the same function. Usage: test_layouts.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, keep_or_remove, run_test  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_")
     try:
         data = os.path.join(tmp, "train.bin")

@@ -58,16 +58,15 @@ bound (4.1e-4 at seed 592893038; 4.5e-5 with it): the bounds did not move.
 
 Usage: test_layouts_bf16.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, Layouts, bitwise, loss_error, seed_of, weights_error,  # noqa: E402
+from loomtest import (ADAM_EPS, Layouts, bitwise, loss_error, parse_test_args, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, check_loom, run_test  # noqa: E402
+from loomtest import check, run_test  # noqa: E402
 
 D_MODEL = 48
 LOSS_TOL, WHOLE_TOL, TENSOR_TOL = 1e-4, 4e-4, 5e-3
@@ -97,12 +96,8 @@ def compare(family, name, got, ref, what):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_bf16_")
     try:
         data = os.path.join(tmp, "train.bin")

@@ -27,7 +27,6 @@ routing dumps, so an MoE layout that fails while the single-process run had a ne
 most MAX_SEEDS), like test_layouts_moe.py's pipelined layouts.
 Usage: test_layouts_cp.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
 """
-import argparse
 import os
 import re
 import sys
@@ -36,9 +35,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, routes  # noqa: E402
 
 D_MODEL = 32
@@ -174,12 +173,8 @@ def check_twice_and_resume(args, tmp, layouts, ref_name="single"):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_cp_")
     try:
         text = os.path.join(tmp, "train.bin")

@@ -14,7 +14,6 @@ checkpoint and resumed in another layout ends with the uninterrupted run's weigh
 average. AdamW's epsilon is loomtest.ADAM_EPS (1e-6), which explains the seed of this
 test that failed with 1e-8. Usage: test_layouts_dit.py --loom PATH [--seed S] [--quick]
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -22,9 +21,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -109,12 +108,8 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_dit_")
     try:
         # (frames, patch_t, channels, height, width, patch, classes): 3 x 5 = 15 tokens of

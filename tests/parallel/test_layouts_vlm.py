@@ -25,7 +25,6 @@ a decoder stage's work, runs --vision-schedule bubbles at pp 2 (1f1b and zb: the
 pieces of some micro-batches on the second stage, on a replica of its weights): equal to one
 process, the plan moved pieces off the first stage, and 1f1b twice is bitwise. Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
-import argparse
 import json
 import os
 import random
@@ -36,9 +35,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error)
-from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
 
 D_MODEL = 16
 LAYOUTS = [
@@ -219,12 +218,8 @@ def frozen_case(layouts, ref, base, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_vlm_")
     try:
         data = os.path.join(tmp, "train_000000.bin")

@@ -18,7 +18,6 @@ encoded once, on stage 0 inside its F and embedding backward (F3+E) or on one la
 replayed with blocking receives terminate.
 Usage: test_pp_schedule.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import random
 import re
@@ -28,7 +27,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, run_test, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, parse_test_args, run_test, write_text_shard  # noqa: E402
 
 TOKEN = re.compile(r"^(F|B|W)(\d+)(?:\.(\d+))?$|^(sa|ra|sg|rg)(\d+)(?:\.(\d+))?([<>])(\d+)$")
 
@@ -243,14 +242,9 @@ def check_vision(loom, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    args = parse_test_args()
+    seed = args.seed
     rng = random.Random(seed)
-    print(f"seed {seed}")
     cases = [(k, p, m, 1) for k in ("gpipe", "1f1b", "zb") for p in (2, 4) for m in (4, 8, 16)]
     cases += [("interleaved", p, m, v) for p in (2, 4) for m in (4, 8, 16) for v in (2, 3)
               if m % p == 0]

@@ -12,7 +12,6 @@ recomputes attention (from the kept qkv and its log-sum-exp) and the MLP's activ
 function, so its run is the same kernels on the same inputs.
 Usage: test_recompute_selective.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import re
 import sys
@@ -21,8 +20,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import Layouts, bitwise, seed_of, write_text_shard  # noqa: E402
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import Layouts, bitwise, parse_test_args, write_text_shard  # noqa: E402
+from loomtest import check, keep_or_remove, run_test  # noqa: E402
 
 STEPS = 4
 LAYOUTS = [
@@ -69,12 +68,8 @@ def activations(run):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_recompute_selective_")
     try:
         text = os.path.join(tmp, "train.bin")

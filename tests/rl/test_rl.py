@@ -11,7 +11,6 @@ the pipeline's last stage), give the same rewards as one process and the same we
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
-import argparse
 import concurrent.futures
 import json
 import os
@@ -20,8 +19,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, MPIRUN, TOL, check, check_loom, run, run_test,  # noqa: E402
-                      safetensors_io, seed_of, weights_error)
+from loomtest import (ADAM_EPS, MPIRUN, TOL, check, parse_test_args, run, run_test, safetensors_io,  # noqa: E402
+                      weights_error)
 from rl_fixture import arith_and_sft  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
@@ -34,12 +33,8 @@ def metrics(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int)
-    a = ap.parse_args()
-    check_loom(a.loom)
-    seed = seed_of(a)
+    a = parse_test_args()
+    seed = a.seed
     with tempfile.TemporaryDirectory() as tmp:
         d, sft = arith_and_sft(a.loom, tmp, seed, 500, 16)
         base = ["rl", "--prompts", d + "/train_prompts.txt", "--eval-prompts",

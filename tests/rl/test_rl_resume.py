@@ -5,7 +5,6 @@ the same weights as the run without a crash, bitwise; one process and dp 2. Also
 checkpointed run's --resume from its middle checkpoint is bitwise, --trace holds the
 generation, reference, update and reshard spans, and a resume whose reference model is
 missing fails with one line. Usage: test_rl_resume.py --loom PATH [--seed S]"""
-import argparse
 import json
 import os
 import shutil
@@ -14,8 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, MPIRUN, check, check_loom, run, run_test,  # noqa: E402
-                      safetensors_io, seed_of)
+from loomtest import ADAM_EPS, MPIRUN, check, parse_test_args, run, run_test, safetensors_io  # noqa: E402
 from rl_fixture import arith_and_sft  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
@@ -26,12 +24,8 @@ def same(a, b):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int)
-    a = ap.parse_args()
-    check_loom(a.loom)
-    seed = seed_of(a)
+    a = parse_test_args()
+    seed = a.seed
     with tempfile.TemporaryDirectory() as tmp:
         d, sft = arith_and_sft(a.loom, tmp, seed, 300, 8)
         # 4 iterations of 2 PPO epochs: steps 1-8; iteration k (1-based) rolls out at the

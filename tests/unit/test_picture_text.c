@@ -32,11 +32,35 @@ static void random_text(char *s, int n) {
     s[n] = '\0';
 }
 
+/* The font at `pixels`, opened or the test failed. */
+static void open_font(loom_font *f, int pixels) {
+    loom_error err = {0};
+    if (loom_font_open(f, pixels, &err) != LOOM_OK) fail_msg("loom_font_open: %s", err.msg);
+}
+
+/* Inked (not white) pixels of a W-wide image in rows [r0, r1), columns [c0, c1). */
+static int ink_in(const uint8_t *img, int W, int r0, int r1, int c0, int c1) {
+    int ink = 0;
+    for (int r = r0; r < r1; r++)
+        for (int c = c0; c < c1; c++) ink += img[r * W + c] < 255;
+    return ink;
+}
+
+/* loom_font_open at `pixels` with $LOOM_FONT set to font (NULL: unset) fails as bad input,
+ * its message holding `says` (NULL: not checked). */
+static void expect_font_error(const char *font, int pixels, const char *says) {
+    loom_font f;
+    loom_error err = {0};
+    if (font) setenv("LOOM_FONT", font, 1);
+    assert_int_equal(loom_font_open(&f, pixels, &err), LOOM_ERR_INPUT);
+    if (says && !strstr(err.msg, says)) fail_msg("'%s' does not say '%s'", err.msg, says);
+    unsetenv("LOOM_FONT");
+}
+
 static void test_draw_marks_the_text_box(void **state) {
     (void)state;
     loom_font f;
-    loom_error err = {0};
-    assert_int_equal(loom_font_open(&f, 12, &err), LOOM_OK);
+    open_font(&f, 12);
     enum { H = 40, W = 160 };
     uint8_t img[H * W];
     memset(img, 255, sizeof img);
@@ -46,15 +70,10 @@ static void test_draw_marks_the_text_box(void **state) {
     const int w = loom_font_width(&f, text, len);
     assert_true(w > 0 && x + w < W);
     loom_font_draw(&f, img, H, W, x, y, text, len);
-    int inside = 0;
-    for (int r = 0; r < H; r++)
-        for (int c = 0; c < W; c++) {
-            const int in = r >= y && r < y + f.ascent + f.descent && c >= x - 2 && c <= x + w + 1;
-            if (img[r * W + c] < 255) {
-                if (!in) fail_msg("'%s': ink at (%d, %d), outside the text's box", text, r, c);
-                inside++;
-            }
-        }
+    const int bottom = y + f.ascent + f.descent < H ? y + f.ascent + f.descent : H;
+    const int inside = ink_in(img, W, y, bottom, x - 2, x + w + 2 < W ? x + w + 2 : W);
+    const int all = ink_in(img, W, 0, H, 0, W);
+    if (all != inside) fail_msg("'%s': %d inked pixels outside the text's box", text, all - inside);
     /* a lower-case letter at 12 pixels covers tens of pixels */
     if (inside < 10 * len) fail_msg("'%s': only %d pixels inked", text, inside);
     loom_font_close(&f);
@@ -64,7 +83,7 @@ static void test_captioned_sheet(void **state) {
     (void)state;
     loom_font f;
     loom_error err = {0};
-    assert_int_equal(loom_font_open(&f, 9, &err), LOOM_OK);
+    open_font(&f, 9);
     enum { N = 3, IH = 6, IW = 5, S = 2, LINES = 2 };
     uint8_t images[N * IH * IW];
     for (int i = 0; i < N * IH * IW; i++) images[i] = (uint8_t)(rnd() % 200);
@@ -95,9 +114,7 @@ static void test_captioned_sheet(void **state) {
             for (int x = 0; x < IW * S; x++)
                 assert_int_equal(g[(oy + pad + y) * W + ix + x],
                                  images[i * IH * IW + (y / S) * IW + x / S]);
-        int ink = 0;
-        for (int y = oy + pad + IH * S + pad; y < oy + ch; y++)
-            for (int x = ox; x < ox + cw; x++) ink += g[y * W + x] < 255;
+        const int ink = ink_in(g, W, oy + pad + IH * S + pad, oy + ch, ox, ox + cw);
         if ((i == 0 || i == 2) && ink < 50)
             fail_msg("cell %d: caption '%s' not drawn", i, texts[i]);
         if ((i == 1 || i == 3) && ink) fail_msg("cell %d: %d inked pixels, no caption", i, ink);
@@ -110,16 +127,9 @@ static void test_captioned_sheet(void **state) {
 
 static void test_font_errors(void **state) {
     (void)state;
-    loom_font f;
-    loom_error err = {0};
-    assert_int_equal(loom_font_open(&f, 2, &err), LOOM_ERR_INPUT);
-    setenv("LOOM_FONT", "/nonexistent/font.ttf", 1);
-    assert_int_equal(loom_font_open(&f, 10, &err), LOOM_ERR_INPUT);
-    assert_non_null(strstr(err.msg, "LOOM_FONT=/nonexistent/font.ttf"));
-    setenv("LOOM_FONT", "/etc/hostname", 1);
-    assert_int_equal(loom_font_open(&f, 10, &err), LOOM_ERR_INPUT);
-    assert_non_null(strstr(err.msg, "not a font"));
-    unsetenv("LOOM_FONT");
+    expect_font_error(NULL, 2, NULL);
+    expect_font_error("/nonexistent/font.ttf", 10, "LOOM_FONT=/nonexistent/font.ttf");
+    expect_font_error("/etc/hostname", 10, "not a font");
 }
 
 int main(void) {
