@@ -19,7 +19,6 @@ A pipelined side dumps no routes: if such a pair differs and the single process 
 tie by the first differing step, it runs again with another seed too.
 Usage: test_resume_layouts.py --loom PATH [--seed S]
 """
-import argparse
 import json
 import os
 import sys
@@ -29,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, Run, losses, safetensors_io, same_tensors,  # noqa: E402
-                      seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+                      weights_error, write_text_shard)
+from loomtest import check, keep_or_remove, parse_test_args, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 # (dp, zero, tp[, pp]): world size dp x tp x pp
@@ -89,12 +88,8 @@ def written_once(step_dir):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_ckpt_layouts_")
     try:
         data = os.path.join(tmp, "train.bin")

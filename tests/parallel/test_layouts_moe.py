@@ -42,16 +42,15 @@ seeds): each layout must pass the full comparison, weights included, at one seed
 Usage: test_layouts_moe.py --loom PATH [--seed S]
 (LOOM_LAYOUTS=name,name runs only those layouts, without the twice-bitwise check.)
 """
-import argparse
 import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, keep_or_remove, parse_test_args, run_test  # noqa: E402
 from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
 
 D_MODEL = 32
@@ -126,14 +125,10 @@ def moe_stats(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
+    args = parse_test_args()
     only = os.environ.get("LOOM_LAYOUTS")  # while developing: a comma-separated subset
     layouts = [x for x in LAYOUTS if not only or x[0] in only.split(",")]
-    seed = seed_of(args)
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_moe_")
     n_flips = 0
     try:

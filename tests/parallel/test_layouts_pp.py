@@ -15,15 +15,14 @@ rank 0 by --dump-dir and --save-weights) equal the single-process run: whole-mod
 relative error <= 1e-5, every tensor <= 1e-4 (the criterion of test_layouts_tp.py), and
 the initial weights bitwise. Usage: test_layouts_pp.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
-                      seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+                      weights_error, write_text_shard)
+from loomtest import check, keep_or_remove, parse_test_args, run_test  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -71,12 +70,8 @@ LAYOUTS = [
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_pp_")
     try:
         data = os.path.join(tmp, "train.bin")

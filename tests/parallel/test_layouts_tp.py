@@ -24,15 +24,14 @@ rounding noise of near-zero gradient coordinates into a whole-model difference o
 for the Llama (1.6e-4 in one v_proj); with 1e-6 the same seed gives at most 6.0e-7
 (3.2e-6 in that tensor), while any real error is as large as before.
 """
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, safetensors_io, same_tensors,  # noqa: E402
-                      seed_of, weights_error, write_text_shard)
-from loomtest import check, check_loom, keep_or_remove, run_test  # noqa: E402
+                      weights_error, write_text_shard)
+from loomtest import check, keep_or_remove, parse_test_args, run_test  # noqa: E402
 
 D_MODEL = 48
 # (name, ranks, extra flags)
@@ -48,12 +47,8 @@ LAYOUTS = [
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_tp_")
     try:
         data = os.path.join(tmp, "train.bin")

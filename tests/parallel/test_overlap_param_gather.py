@@ -14,15 +14,14 @@ ZeRO-2 run with the flag that saves a checkpoint at step 10 (the save waits for 
 gather) and one resumed from it must end bitwise as the uninterrupted run.
 Usage: test_overlap_param_gather.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, seed_of,  # noqa: E402
+from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error,  # noqa: E402
                       weights_error, write_text_shard)
-from loomtest import check, check_loom, check_resume, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, check_resume, keep_or_remove, parse_test_args, run_test  # noqa: E402
 
 FLAG = "--overlap-param-gather"
 # (dp, tp, zero) run with and without the flag, for both families
@@ -30,12 +29,8 @@ LAYOUTS = ((2, 1, 1), (2, 1, 2), (4, 1, 2), (2, 2, 2))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_overlap_pg_")
     try:
         data = os.path.join(tmp, "train.bin")

@@ -17,7 +17,6 @@ parameter count of the plan's headline and of the start-up report must both equa
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
 """
-import argparse
 import json
 import os
 import random
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, run_test, seed_of, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, parse_test_args, run_test, write_text_shard  # noqa: E402
 import test_layouts_cp  # noqa: E402
 import test_layouts_dit  # noqa: E402
 import test_layouts_moe  # noqa: E402
@@ -212,12 +211,8 @@ def check(loom, name, ranks, extra, flags, threads):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = seed_of(args)
+    args = parse_test_args()
+    seed = args.seed
     rng = random.Random(seed)
     only = os.environ.get("LOOM_LAYOUTS")
     with tempfile.TemporaryDirectory(prefix="loom_plan_memory_") as tmp:
