@@ -23,14 +23,11 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 import safetensors_io  # noqa: E402
 import torch  # noqa: E402
-import loomtest  # noqa: E402
 from loomtest import MPIRUN, check, keep_or_remove, parse_test_args, run, run_test, write_text_shard  # noqa: E402
 
 TORCH_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}

@@ -167,7 +167,7 @@ def main():
     cmd = list(base)
     for k, v in wide.items():
         cmd[cmd.index(k) + 1] = str(v)
-    print(f"dp 2 zero 3, d_model 384, d_ff 1536, 3 layers")
+    print("dp 2 zero 3, d_model 384, d_ff 1536, 3 layers")
     Pw, got = report(MPIRUN + ["-n", "2"] + cmd + ["--dp", "2", "--zero", "3"])
     want = zero3_gathered(family, Pw, 3, 384, V, T)
     check("gathered", got["gathered"], want, 0.0011 * MIB)
