@@ -392,6 +392,23 @@ static loom_status keep_shard(loom_zero *z, float *grads, int b, loom_error *err
     return LOOM_OK;
 }
 
+/* Where range i of backward's order begins: the head (or its n_head pieces, last first),
+ * blocks L-1 .. 0, then the embedding's range from tail_begin. */
+static size_t backward_range_begin(const loom_param_table *t, int i, int n_head,
+                                   size_t tail_begin) {
+    const int L = t->n_layer;
+    size_t b, e;
+    if (i < n_head && n_head > 1)
+        loom_model_head_piece(t, n_head - 1 - i, n_head, &b, &e);
+    else if (i < n_head)
+        b = t->head_begin;
+    else if (i < n_head + L)
+        b = t->blocks[L - 1 - (i - n_head)].begin;
+    else
+        b = tail_begin;
+    return b;
+}
+
 /* The largest part send_bucket cuts [begin, begin + n) into. */
 static size_t largest_part(size_t n, size_t bucket) {
     if (n == 0) return 0;
@@ -408,16 +425,9 @@ size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end) {
      * backward's order (head or its pieces, blocks L-1 .. 0, the embedding down to wte_end
      * or 0), merged until a run reaches bucket_floats (--grad-accum sharded: each alone),
      * the rest at loom_zero_finish_reduction */
-    size_t most = largest_part(wte_end, z->bucket_floats), end = z->total, b, e;
+    size_t most = largest_part(wte_end, z->bucket_floats), end = z->total;
     for (int i = 0; i <= n_head + L; i++) {
-        if (i < n_head && n_head > 1)
-            loom_model_head_piece(t, n_head - 1 - i, n_head, &b, &e);
-        else if (i < n_head)
-            b = t->head_begin;
-        else if (i < n_head + L)
-            b = t->blocks[L - 1 - (i - n_head)].begin;
-        else
-            b = wte_end;
+        const size_t b = backward_range_begin(t, i, n_head, wte_end);
         if (b > end) continue;
         if (i == n_head + L || end - b >= z->bucket_floats || z->accum_resident) {
             const size_t p = largest_part(end - b, z->bucket_floats);
@@ -600,17 +610,10 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, i
     if (tied_floats > r.M) tied_floats = r.M;
     /* The ranges in backward order, range i = [b_i, b_{i-1}) (b_{-1} = total) written
      * while range i - 1 is in flight: resident [low(b_i), b_{i-2}). */
-    size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total, e;
+    size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total;
     const int n_head = t->head_begin < t->total ? z->head_pieces : 0;
     for (int i = 0; i < n_head + L + (emb_end > 0); i++) {
-        if (i < n_head && n_head > 1) /* head piece n_head - 1 - i */
-            loom_model_head_piece(t, n_head - 1 - i, n_head, &b, &e);
-        else if (i < n_head)
-            b = t->head_begin;
-        else if (i < n_head + L)
-            b = t->blocks[L - 1 - (i - n_head)].begin;
-        else
-            b = 0;
+        b = backward_range_begin(t, i, n_head, 0);
         const size_t f = pair_floats(&r, b, prev_prev_b) + (b > 0 ? tied_floats : 0);
         if (f > most) most = f;
         prev_prev_b = prev_b;
