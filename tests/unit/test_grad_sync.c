@@ -62,6 +62,7 @@ static void sim_create(sim_rank *s, const loom_model_config *cfg, int dp_rank, i
     s->zero.stage = dp > 1 ? stage : 0;
     s->zero.table = &s->table;
     s->zero.total = s->table.total;
+    s->zero.span_lo = 0, s->zero.span_hi = s->table.total; /* no --freeze: the whole buffer */
     loom_shard_split_rows(&s->table, NULL, LOOM_SHARD_ALL, s->table.total, dp, s->counts,
                           s->displs);
     s->zero.lo = s->zero.stage ? s->displs[dp_rank] : 0;
