@@ -113,7 +113,7 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
     if (m->mpi_temp)
         fprintf(f,
                 "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffer for the largest "
-                "gradient partition, %zu floats; one collective in flight at a time)\n",
+                "gradient partition, %zu floats; more when several are in flight)\n",
                 m->mpi_temp / MiB, m->mpi_temp / sizeof(float));
     fprintf(f, "loom: memory per rank in all: %.3f MiB\n", m->total / MiB);
     if (m->pp_slots)

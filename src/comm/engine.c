@@ -14,18 +14,13 @@
 #define POLL_MIN_US 20
 #define POLL_MAX_US 400
 
-/* Operations on the wire at once. OpenMPI's libnbc mallocs a temporary of the whole
- * buffer for every MPI_Iallreduce (nbc_iallreduce.c: span = count x 4 bytes; the
- * reduce-scatter + all-gather schedule receives into half of it) and keeps it until the
- * operation completes; core/malloc_policy.c keeps freed heap memory resident. With every
- * posted bucket started at once, a rank that ran ahead held up to 8 such temporaries
- * (118 MiB, llama 512x8 at dp 2, measured with an LD_PRELOAD malloc tracer): resident
- * memory the start-up report could not predict, as it depends on timing. One at a time,
- * as a single NCCL stream runs them, bounds it by the largest partition
- * (parallel/zero.h loom_zero_largest_partition, which the start-up report counts); the
- * reductions, fixed by count and communicator size,
- * are the same bits. The next operation starts as soon as the previous completes. */
-#define LOOM_ENGINE_IN_FLIGHT 1
+/* Every posted operation starts at once. OpenMPI's libnbc mallocs a temporary of the whole
+ * buffer for each MPI_Iallreduce until it completes (nbc_iallreduce.c), so a rank that runs
+ * ahead holds several (docs/memory.md: up to 8, 118 MiB, llama 512x8 at dp 2); the report
+ * counts one. Bounding the operations in flight to 1 or 2 was tried and measured: one made
+ * a 4-rank run across two test hosts 3x slower (1.7 -> 5.0 s), and with either the capped
+ * link of hosts_faults no longer showed in the supervisor's round trips (its slow-link
+ * rule), so the engine does not bound them. */
 
 static loom_status start_op(loom_comm_engine *e, loom_comm_op *op, loom_error *err) {
     op->start_ms = loom_comm_now_ms();
@@ -81,9 +76,8 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->worker.mu);
     for (;;) {
         int progressed = 0;
-        /* Start what was posted, in posting order (the same order on every rank), one
-         * operation at a time (LOOM_ENGINE_IN_FLIGHT). */
-        while (e->q_head != e->q_tail && e->n_running < LOOM_ENGINE_IN_FLIGHT) {
+        /* Start everything posted, in posting order: the same order on every rank. */
+        while (e->q_head != e->q_tail) {
             loom_comm_op *op = e->queue[e->q_head];
             e->q_head = (e->q_head + 1) % e->q_cap;
             /* The compute thread sets the parent's trace before posting (under mu). */
