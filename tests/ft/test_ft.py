@@ -11,7 +11,6 @@ checkpoints exist), or of a fault-free run without the skipped batch (nan/spike 
 instance (the hung rank's tp group of the two, its culprit and its waiting rank); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
 the straggler report names the rank. Usage: test_ft.py --loom PATH --case NAME [--seed S]
 """
-import argparse
 import json
 import os
 import random
@@ -25,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, losses, run_test, safetensors_io, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, losses, parse_test_args, run_test, safetensors_io, write_text_shard  # noqa: E402
 
 STEPS = 24
 
@@ -406,14 +405,10 @@ CASES = {name[5:]: f for name, f in globals().items() if name.startswith("case_"
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--case", required=True, choices=sorted(CASES))
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"case {args.case}, seed {seed} (--seed {seed} repeats it)")
+    args = parse_test_args(lambda ap: ap.add_argument("--case", required=True,
+                                                      choices=sorted(CASES)))
+    seed = args.seed
+    print(f"case {args.case}")
     tmp = tempfile.mkdtemp(prefix=f"loom_ft_{args.case}_")
     done = False
     try:

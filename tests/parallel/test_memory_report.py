@@ -18,7 +18,6 @@ A shard is P/N snapped to whole rows, so "P/N" is allowed to be off by at most o
 of the widest tensor (or one whole 1-D tensor) plus the report's rounding (0.001 MiB).
 Usage: test_memory_report.py --loom PATH [--seed S]
 """
-import argparse
 import os
 import random
 import re
@@ -30,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, check_loom, run_test  # noqa: E402
+from loomtest import MPIRUN, parse_test_args, run_test  # noqa: E402
 
 MIB = 1 << 20
 RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
@@ -79,14 +78,9 @@ def report(cmd):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--loom", required=True)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
-    check_loom(args.loom)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    args = parse_test_args()
+    seed = args.seed
     rng = random.Random(seed)
-    print(f"seed {seed} (rerun with --seed {seed})")
     family = rng.choice(["gpt2", "llama"])
     heads = rng.choice([2, 4])
     C = heads * rng.choice([16, 24, 32])
