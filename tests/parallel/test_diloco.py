@@ -30,7 +30,8 @@ off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic 
 faults: bitwise the weights of the same groups in one job; their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
 bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
-mpirun each), restarts worker 1 after it crashes, and it rejoins.
+mpirun each), restarts worker 1 after it crashes, and it rejoins at the step the test names
+(--inject admit@16: worker 0 waits there for it, so the check does not depend on timing).
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -92,28 +93,31 @@ def elastic_pair(base, tmp, ranks=1, name="elastic"):
 
 def elastic_run(loom, model, tmp):
     """loom run --elastic with --workers 2: an ompi-server and one mpirun per worker; worker
-    1 crashes at step 6, is dropped by worker 0, started again with --elastic-join, rejoins;
-    both end at the last sync with the same parameters (checksums), exit 0."""
+    1 crashes at step 6, worker 0 drops it at the outer step of 8 and goes on alone (12);
+    loom run starts it again with --elastic-join; worker 0 admits it at step 16 (admit@16:
+    there it waits until the worker joined, so the rejoin's step does not depend on the
+    machine's load); both end at the last sync (24) with the same parameters, exit 0."""
     run_dir = os.path.join(tmp, "elastic_run")
     cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--run-dir", run_dir, "--"] + model[2:] + [
-        "--steps", "48", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
         "--inner-steps", "4", "--elastic-timeout", "2", "--inject", "crash@6:1",
-        "--inject", "slow@9:0:40+"]  # worker 0 slow after the crash: time to rejoin
+        "--inject", "admit@16"]
+    t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     logs = []
     for w in (0, 1):
         path = os.path.join(run_dir, f"worker_{w}.log")
         logs.append(open(path).read() if os.path.exists(path) else "")
     last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
-             if "step 48: outer sync, members=2" in ln] for log in logs]
-    joined = [ln.split(": ")[2] for ln in logs[0].splitlines()  # "worker 0 step S"
-              if "worker 1 joined" in ln and "step 0:" not in ln]
+             if "step 24: outer sync, members=2" in ln] for log in logs]
+    alone = "worker 0 step 12: outer sync, members=1 [0]" in logs[0]
+    joined = "worker 0 step 16: worker 1 joined, members=2" in logs[0]
     ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
           "worker 1 started again with --elastic-join" in p.stderr and
-          "worker 1 lost" in logs[0] and joined and last[0] and last[0] == last[1])
-    check(ok, f"  loom run --elastic --workers 2: worker 1 crashed, dropped, restarted, "
-              f"rejoined ({joined[0] if joined else 'NOT'}), "
-              f"last sync equal on both (exit {p.returncode})")
+          "worker 1 lost" in logs[0] and alone and joined and last[0] and last[0] == last[1])
+    check(ok, f"  loom run --elastic --workers 2: worker 1 crashed, dropped at 8, worker 0 "
+              f"alone at 12 ({alone}), rejoined at 16 ({joined}), last sync equal on both "
+              f"(exit {p.returncode}, {time.time() - t0:.1f} s)")
     if not ok:
         print(p.stderr[-2000:])
 
