@@ -36,9 +36,12 @@ static void tick(void) {
 }
 
 /* One worker's mpirun: its slots (LOOM_FT_SLOTS: --inject RANK counts over all workers'
- * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits. */
-static loom_status launch(worker *w, int id, int ranks, int join, const char *uri, const char *exe,
-                          char **train_argv, int train_argc, const char *dir, loom_error *err) {
+ * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits.
+ * resume: a restart also resumes from the worker's newest valid checkpoint (--resume auto:
+ * DIR/worker_I's, after the train options, so it overrides theirs). */
+static loom_status launch(worker *w, int id, int ranks, int join, int resume, const char *uri,
+                          const char *exe, char **train_argv, int train_argc, const char *dir,
+                          loom_error *err) {
     char words[OWN_ARGS][64], slots[1024], attempt[16], log[LOOM_RUN_PATH + 32];
     char **argv = calloc((size_t)train_argc + OWN_ARGS + 1, sizeof *argv);
     if (!argv) return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
@@ -62,6 +65,10 @@ static loom_status launch(worker *w, int id, int ranks, int join, const char *ur
     WORD("--elastic-worker");
     WORD("%d", id);
     if (join) WORD("--elastic-join");
+    if (join && resume) {
+        WORD("--resume");
+        WORD("auto");
+    }
 #undef WORD
     size_t at = 0;
     slots[0] = 0;
@@ -76,8 +83,9 @@ static loom_status launch(worker *w, int id, int ranks, int join, const char *ur
     unsetenv("LOOM_FT_ATTEMPT");
     free(argv);
     if (!st)
-        fprintf(stderr, "loom run: elastic: worker %d started%s (%d rank(s), log %s)\n", id,
-                join ? " again with --elastic-join" : "", ranks, log);
+        fprintf(stderr, "loom run: elastic: worker %d started%s%s (%d rank(s), log %s)\n", id,
+                join ? " again with --elastic-join" : "",
+                join && resume ? " --resume auto (its newest checkpoint)" : "", ranks, log);
     return st;
 }
 
@@ -107,8 +115,8 @@ static loom_status start_server(loom_launch *server, const char *dir, char *uri,
 }
 
 loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const char *exe,
-                                     char **train_argv, int train_argc, int *exit_code,
-                                     loom_error *err) {
+                                     char **train_argv, int train_argc, int checkpoints,
+                                     int *exit_code, loom_error *err) {
     *exit_code = 1;
     if (W < 2 || W > MAX_WORKERS || cfg->ranks % W != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
@@ -144,8 +152,8 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     memset(w, 0, sizeof w);
     int started = 0;
     for (; started < W && !st; started++)
-        st =
-            launch(&w[started], started, R, 0, uri, exe, train_argv, train_argc, cfg->run_dir, err);
+        st = launch(&w[started], started, R, 0, 0, uri, exe, train_argv, train_argc, cfg->run_dir,
+                    err);
     int restarts = 0;
     while (!st && !w[0].done && !interrupted) {
         tick();
@@ -163,7 +171,8 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
                 continue;
             }
             restarts++, w[i].restarts++;
-            st = launch(&w[i], i, R, 1, uri, exe, train_argv, train_argc, cfg->run_dir, err);
+            st = launch(&w[i], i, R, 1, checkpoints, uri, exe, train_argv, train_argc, cfg->run_dir,
+                        err);
         }
     }
     /* the coordinator ended: the members end at the same last sync; a joiner still waiting
