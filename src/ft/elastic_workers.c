@@ -117,7 +117,7 @@ static void tick(void) {
     nanosleep(&t, NULL);
 }
 
-/* Worker w's mpirun on host w->host ("": this host) through the rsh agent: `AGENT HOST
+/* Worker w's mpirun (argv[0..n)) in its host w->host through the rsh agent: `AGENT HOST
  * 'cd CWD && exec env LOOM_FT_...=... mpirun ...'` (each word quoted), so that all its
  * ranks are local to the mpirun, which runs in that host. */
 static loom_status launch_remote(worker *w, char **argv, int n, const char *slots,
