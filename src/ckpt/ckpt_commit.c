@@ -31,8 +31,24 @@ loom_status loom_ckpt_write_atomic(const char *path, const char *text, loom_erro
     return LOOM_OK;
 }
 
+/* The outer optimizer's state beside the step folders (--outer diloco, parallel/outer.h:
+ * TIER/outer/step_N/{rank_R,elastic}.bin): each folder of a step <= `step` whose step
+ * folder is gone (pruned, or never written) goes too. */
+static void prune_outer(const char *tier, int64_t step) {
+    char outer[LOOM_CKPT_PATH_MAX];
+    snprintf(outer, sizeof outer, "%s/outer", tier);
+    loom_ckpt_entry *list = NULL;
+    int n = loom_ckpt_list(outer, &list, 0);
+    for (int i = 0; i < n; i++) {
+        char own[LOOM_CKPT_PATH_MAX];
+        loom_ckpt_step_dir(own, sizeof own, tier, list[i].step);
+        if (list[i].step <= step && access(own, F_OK) != 0) loom_ckpt_remove_step(list[i].path);
+    }
+    free(list);
+}
+
 /* Removes all but the newest `keep` complete checkpoints older than or equal to `step`,
- * and incomplete folders older than the newest complete one. */
+ * and incomplete folders older than the newest complete one; the outer state with them. */
 static void prune(const char *tier, int keep, int64_t step) {
     loom_ckpt_entry *list = NULL;
     int n = loom_ckpt_list(tier, &list, 0);
@@ -47,6 +63,7 @@ static void prune(const char *tier, int keep, int64_t step) {
         loom_ckpt_remove_step(list[i].path);
     }
     free(list);
+    prune_outer(tier, step);
 }
 
 loom_status loom_ckpt_commit(const char *dir, const char *tier, int keep, int world_size,

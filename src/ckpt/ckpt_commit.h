@@ -2,7 +2,8 @@
  * durable): merge the indexes into the manifest, check that every tensor is covered
  * exactly once, write manifest.json through a .tmp file (fsync, atomic rename, fsync of
  * the folder), then point TIER/latest at it the same way, then remove all but the newest
- * `keep` complete checkpoints of the tier (older incomplete ones too). A folder without a
+ * `keep` complete checkpoints of the tier (older incomplete ones too, and the outer
+ * optimizer's state TIER/outer/step_N of every step folder removed). A folder without a
  * manifest is never a checkpoint, so a crash at any point leaves the previous one. */
 #ifndef LOOM_CKPT_CKPT_COMMIT_H
 #define LOOM_CKPT_CKPT_COMMIT_H

@@ -66,7 +66,7 @@ int loom_cmd_run(int argc, char **argv) {
             exe[n] = 0;
         if (!st)
             st = loom_elastic_workers_run(&cfg, o.train.outer.workers, exe, targv + 1, train_argc,
-                                          &code, &err);
+                                          o.train.ckpt_dir[0] != 0, &code, &err);
         free(targv);
         if (st) fprintf(stderr, "%s\n", err.msg);
         return st ? (st == LOOM_ERR_INPUT ? 2 : 1) : code;

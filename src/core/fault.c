@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 static const char *KINDS[LOOM_FAULT_KIND_COUNT] = {
-    "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike"};
+    "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike", "admit"};
 
 const char *loom_fault_kind_name(loom_fault_kind k) {
     return k >= 0 && k < LOOM_FAULT_KIND_COUNT ? KINDS[k] : "unknown";
@@ -19,7 +19,7 @@ static loom_status bad(loom_error *err, const char *what, const char *spec, cons
     return loom_error_set(
         err, LOOM_ERR_INPUT,
         "%s '%s': %s (expected KIND@STEP[:RANK[:ARG]][+|/ATTEMPT], KIND one of crash, "
-        "hang, slow, nan, spike, corrupt-ckpt, kill-during-save)",
+        "hang, slow, nan, spike, corrupt-ckpt, kill-during-save, admit)",
         what, spec, why);
 }
 
@@ -158,6 +158,12 @@ static const loom_fault *find(loom_fault_kind kind, int64_t step, int from_on) {
 
 int loom_fault_armed(loom_fault_kind kind, int64_t step) {
     return armed.n > 0 && find(kind, step, 0) != NULL;
+}
+
+int loom_fault_any(loom_fault_kind kind) {
+    for (int i = 0; i < armed.n; i++)
+        if (armed.items[i].kind == kind) return 1;
+    return 0;
 }
 
 void loom_fault_kill_self(const char *why) {

@@ -8,6 +8,9 @@
  *   spike@S             this rank's loss of step S is reported 100x (gradients untouched)
  *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
  *   kill-during-save@S  SIGKILL itself while the checkpoint of step S is being written
+ *   admit@S             elastic DiLoCo coordinator: returning workers are admitted at the
+ *                       outer step S only, where it waits (up to 60 s) until every missing
+ *                       worker joined (a rejoin at a known step, for tests)
  * The supervisor restarts jobs with the same command line, so a fault fires only on the
  * first attempt (LOOM_FT_ATTEMPT unset or 0) unless it ends with '+' (every attempt,
  * a rank that fails again and again) or '/A' (only attempt A: a later, different
@@ -27,6 +30,7 @@ typedef enum {
     LOOM_FAULT_CORRUPT_CKPT,
     LOOM_FAULT_KILL_DURING_SAVE,
     LOOM_FAULT_SPIKE,
+    LOOM_FAULT_ADMIT,
     LOOM_FAULT_KIND_COUNT
 } loom_fault_kind;
 
@@ -67,6 +71,8 @@ void loom_fault_on_step(int64_t step);                              /* a step st
 void loom_fault_at_collective(void);                                /* comm: hang */
 void loom_fault_after_compute(double *loss_sum, double compute_ms); /* slow, nan, spike */
 int loom_fault_armed(loom_fault_kind kind, int64_t step);
+/* Whether a fault of `kind` is armed at any step (0: none). */
+int loom_fault_any(loom_fault_kind kind);
 /* Checkpoint writer (its thread), after this rank's data file of step_dir is written:
  * kill-during-save (SIGKILL before the checkpoint can be committed) and corrupt-ckpt
  * (flips bytes inside the tensor data, so the checksums no longer match). The step is

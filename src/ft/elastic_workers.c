@@ -11,16 +11,98 @@
 
 #include "core/clock.h"
 #include "core/fs.h"
+#include "ft/hosts.h"
 #include "ft/launch.h"
 
 #define MAX_WORKERS 64
-#define OWN_ARGS 24 /* the launcher's words around the train options */
+#define OWN_ARGS 24  /* the launcher's words around the train options */
+#define MAX_EXTRA 64 /* --launcher-args words, and the rsh agent's */
+#define HOST_MAX 256
 
 typedef struct {
     loom_launch job;
-    int restarts; /* this worker's launches after the first */
-    int done;     /* ended (and not started again) */
+    int restarts;        /* this worker's launches after the first */
+    int done;            /* ended (and not started again) */
+    char host[HOST_MAX]; /* --hosts: the host its mpirun runs in ("": this one) */
 } worker;
+
+/* What every launch shares. */
+typedef struct {
+    const loom_run_config *cfg;
+    int ranks;       /* per worker */
+    int checkpoints; /* the train options have --ckpt-dir */
+    const char *uri; /* the ompi-server's URI file */
+    const char *exe;
+    char **train_argv;
+    int train_argc;
+    char cwd[LOOM_RUN_PATH];
+    char extra[LOOM_RUN_PATH]; /* --launcher-args, split in place */
+    char *extra_w[MAX_EXTRA];
+    int n_extra;
+    char agent[512]; /* the rsh agent, split in place */
+    char *agent_w[MAX_EXTRA];
+    int n_agent;
+} plan;
+
+static int split_words(char *text, char **words, int max) {
+    int n = 0;
+    for (char *save = NULL, *w = strtok_r(text, " \t\n", &save); w && n < max;
+         w = strtok_r(NULL, " \t\n", &save))
+        words[n++] = w;
+    return n;
+}
+
+/* Appends word to out as one single-quoted shell word (' as '\''); 0 when it does not fit. */
+static int quote_word(char *out, size_t size, size_t *at, const char *word) {
+    size_t n = *at;
+    if (n + 3 >= size) return 0;
+    if (n) out[n++] = ' ';
+    out[n++] = '\'';
+    for (const char *c = word; *c; c++) {
+        if (n + 6 >= size) return 0;
+        if (*c == '\'') {
+            memcpy(out + n, "'\\''", 4);
+            n += 4;
+        } else {
+            out[n++] = *c;
+        }
+    }
+    out[n++] = '\'';
+    out[n] = 0;
+    *at = n;
+    return 1;
+}
+
+/* --hosts: the host of each worker, its ranks I x R .. (I + 1) x R - 1 placed by slot in
+ * the list's order as mpirun would place one job's; a worker's ranks must share a host. */
+static loom_status worker_hosts(const char *hosts, worker *w, int W, int R, loom_error *err) {
+    char list[LOOM_RUN_PATH];
+    snprintf(list, sizeof list, "%s", hosts);
+    int rank = 0;
+    for (char *save = NULL, *e = strtok_r(list, ",", &save); e && rank < W * R;
+         e = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(e, ':');
+        const int slots = colon ? atoi(colon + 1) : 1;
+        if (colon) *colon = 0;
+        for (int k = 0; k < slots && rank < W * R; k++, rank++) {
+            worker *x = &w[rank / R];
+            if (rank % R == 0)
+                snprintf(x->host, sizeof x->host, "%s", e);
+            else if (strcmp(x->host, e) != 0)
+                return loom_error_set(err, LOOM_ERR_INPUT,
+                                      "loom run: --elastic --hosts: worker %d's %d ranks span "
+                                      "hosts %s and %s (expected each worker's ranks on one "
+                                      "host: its mpirun runs there)",
+                                      rank / R, R, x->host, e);
+        }
+    }
+    if (rank < W * R)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "loom run: --elastic --hosts %s: %d slot(s) for %d workers of %d "
+                              "rank(s) (expected at least %d)",
+                              hosts, rank, W, R, W * R);
+    return LOOM_OK;
+}
 
 /* SIGINT / SIGTERM to loom run: every worker is stopped (they run in their own sessions). */
 static volatile sig_atomic_t interrupted;
@@ -35,60 +117,133 @@ static void tick(void) {
     nanosleep(&t, NULL);
 }
 
+/* Worker w's mpirun (argv[0..n)) in its host w->host through the rsh agent: `AGENT HOST
+ * 'cd CWD && exec env LOOM_FT_...=... mpirun ...'` (each word quoted), so that all its
+ * ranks are local to the mpirun, which runs in that host. */
+static loom_status launch_remote(worker *w, char **argv, int n, const char *slots,
+                                 const char *attempt, const plan *p, const char *log,
+                                 loom_error *err) {
+    const size_t size = 65536;
+    char *cmd = malloc(size), env[1200];
+    char **rsh = calloc((size_t)p->n_agent + 3, sizeof *rsh);
+    if (!cmd || !rsh) {
+        free(cmd), free(rsh);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
+    }
+    size_t at = 0;
+    int ok = quote_word(cmd, size, &at, "cd");
+    ok = ok && quote_word(cmd, size, &at, p->cwd);
+    if (ok && at + 16 < size) at += (size_t)snprintf(cmd + at, size - at, " && exec");
+    ok = ok && quote_word(cmd, size, &at, "env");
+    snprintf(env, sizeof env, "LOOM_FT_SLOTS=%s", slots);
+    ok = ok && quote_word(cmd, size, &at, env);
+    snprintf(env, sizeof env, "LOOM_FT_ATTEMPT=%s", attempt);
+    ok = ok && quote_word(cmd, size, &at, env);
+    const char *inject = getenv("LOOM_INJECT");
+    snprintf(env, sizeof env, "LOOM_INJECT=%s", inject ? inject : "");
+    ok = ok && (!inject || quote_word(cmd, size, &at, env));
+    for (int i = 0; i < n && ok; i++) ok = quote_word(cmd, size, &at, argv[i]);
+    loom_status st = LOOM_OK;
+    if (!ok) {
+        st = loom_error_set(err, LOOM_ERR_INPUT,
+                            "loom run: --elastic --hosts: worker command longer than %zu bytes",
+                            size);
+    } else {
+        int m = 0;
+        for (int i = 0; i < p->n_agent; i++) rsh[m++] = p->agent_w[i];
+        rsh[m++] = w->host;
+        rsh[m++] = cmd;
+        rsh[m] = NULL;
+        st = loom_launch_start(&w->job, rsh, log, err);
+    }
+    free(cmd), free(rsh);
+    return st;
+}
+
 /* One worker's mpirun: its slots (LOOM_FT_SLOTS: --inject RANK counts over all workers'
- * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits. */
-static loom_status launch(worker *w, int id, int ranks, int join, const char *uri, const char *exe,
-                          char **train_argv, int train_argc, const char *dir, loom_error *err) {
+ * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits.
+ * join: a restart (--elastic-join), which also resumes from the worker's newest valid
+ * checkpoint when the job writes them (--resume auto: DIR/worker_I's, after the train
+ * options, so it overrides theirs). */
+static loom_status launch(worker *w, int id, int join, const plan *p, loom_error *err) {
+    const int resume = join && p->checkpoints, ranks = p->ranks;
     char words[OWN_ARGS][64], slots[1024], attempt[16], log[LOOM_RUN_PATH + 32];
-    char **argv = calloc((size_t)train_argc + OWN_ARGS + 1, sizeof *argv);
+    char **argv = calloc((size_t)p->train_argc + OWN_ARGS + MAX_EXTRA + 1, sizeof *argv);
     if (!argv) return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
     int n = 0, k = 0;
 #define WORD(...) (snprintf(words[k], sizeof words[k], __VA_ARGS__), argv[n++] = words[k++])
     WORD("mpirun");
     if (geteuid() == 0) WORD("--allow-run-as-root");
     WORD("--oversubscribe"); /* the workers share this host's cores */
-    WORD("--mca");
-    WORD("mpi_yield_when_idle");
-    WORD("1");
+    if (!w->host[0] || !strstr(p->cfg->launcher_args, "mpi_yield_when_idle")) {
+        WORD("--mca"); /* (an MCA parameter may be given once only) */
+        WORD("mpi_yield_when_idle");
+        WORD("1");
+    }
+    for (int i = 0; w->host[0] && i < p->n_extra; i++) argv[n++] = p->extra_w[i];
     argv[n++] = "--ompi-server";
     char server[LOOM_RUN_PATH + 8];
-    snprintf(server, sizeof server, "file:%s", uri);
+    snprintf(server, sizeof server, "file:%s", p->uri);
     argv[n++] = server;
     WORD("-n");
     WORD("%d", ranks);
-    argv[n++] = (char *)exe;
+    argv[n++] = (char *)p->exe;
     WORD("train");
-    for (int i = 0; i < train_argc; i++) argv[n++] = train_argv[i];
+    for (int i = 0; i < p->train_argc; i++) argv[n++] = p->train_argv[i];
     WORD("--elastic-worker");
     WORD("%d", id);
     if (join) WORD("--elastic-join");
+    if (resume) {
+        WORD("--resume");
+        WORD("auto");
+    }
 #undef WORD
     size_t at = 0;
     slots[0] = 0;
     for (int r = 0; r < ranks && at < sizeof slots; r++)
         at += (size_t)snprintf(slots + at, sizeof slots - at, "%s%d", r ? "," : "", id * ranks + r);
     snprintf(attempt, sizeof attempt, "%d", w->restarts);
-    setenv("LOOM_FT_SLOTS", slots, 1);
-    setenv("LOOM_FT_ATTEMPT", attempt, 1);
-    snprintf(log, sizeof log, "%s/worker_%d.log", dir, id);
-    loom_status st = loom_launch_start(&w->job, argv, log, err);
-    unsetenv("LOOM_FT_SLOTS");
-    unsetenv("LOOM_FT_ATTEMPT");
+    snprintf(log, sizeof log, "%s/worker_%d.log", p->cfg->run_dir, id);
+    loom_status st;
+    if (w->host[0]) {
+        st = launch_remote(w, argv, n, slots, attempt, p, log, err);
+    } else {
+        setenv("LOOM_FT_SLOTS", slots, 1);
+        setenv("LOOM_FT_ATTEMPT", attempt, 1);
+        st = loom_launch_start(&w->job, argv, log, err);
+        unsetenv("LOOM_FT_SLOTS");
+        unsetenv("LOOM_FT_ATTEMPT");
+    }
     free(argv);
     if (!st)
-        fprintf(stderr, "loom run: elastic: worker %d started%s (%d rank(s), log %s)\n", id,
-                join ? " again with --elastic-join" : "", ranks, log);
+        fprintf(stderr, "loom run: elastic: worker %d started%s%s%s%s (%d rank(s), log %s)\n", id,
+                join ? " again with --elastic-join" : "",
+                resume ? " --resume auto (its newest checkpoint)" : "", w->host[0] ? " on " : "",
+                w->host, ranks, log);
     return st;
 }
 
-/* The ompi-server the workers find each other through; its URI file in the run folder. */
-static loom_status start_server(loom_launch *server, const char *dir, char *uri, size_t size,
+/* The ompi-server the workers find each other through; its URI file in the run folder.
+ * With --hosts it takes the --launcher-args' `--mca oob_*` settings (the interfaces the
+ * hosts reach it on). */
+static loom_status start_server(loom_launch *server, const plan *p, char *uri, size_t size,
                                 loom_error *err) {
+    const char *dir = p->cfg->run_dir;
     snprintf(uri, size, "%s/ompi-server.uri", dir);
     remove(uri);
     char log[LOOM_RUN_PATH + 32];
     snprintf(log, sizeof log, "%s/ompi-server.log", dir);
-    char *argv[] = {"ompi-server", "--no-daemonize", "-r", uri, NULL};
+    char *argv[8 + MAX_EXTRA] = {"ompi-server", "--no-daemonize", "-r", uri};
+    int n = 4;
+    for (int i = 0; p->cfg->hosts[0] && i + 2 < p->n_extra; i++)
+        if ((!strcmp(p->extra_w[i], "--mca") || !strcmp(p->extra_w[i], "-mca")) &&
+            !strncmp(p->extra_w[i + 1], "oob_", 4)) {
+            argv[n++] = p->extra_w[i];
+            argv[n++] = p->extra_w[i + 1];
+            argv[n++] = p->extra_w[i + 2];
+            i += 2;
+        }
+    argv[n] = NULL;
     loom_status st = loom_launch_start(server, argv, log, err);
     if (st) return st;
     const double until = loom_now_ms() + 10e3;
@@ -107,18 +262,18 @@ static loom_status start_server(loom_launch *server, const char *dir, char *uri,
 }
 
 loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const char *exe,
-                                     char **train_argv, int train_argc, int *exit_code,
-                                     loom_error *err) {
+                                     char **train_argv, int train_argc, int checkpoints,
+                                     int *exit_code, loom_error *err) {
     *exit_code = 1;
     if (W < 2 || W > MAX_WORKERS || cfg->ranks % W != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "loom run: --elastic with --workers %d: -n %d must be a multiple of "
                               "the workers (each worker is one job of -n / W ranks; W <= %d)",
                               W, cfg->ranks, MAX_WORKERS);
-    if (cfg->hosts[0] || strcmp(cfg->launcher, "mpirun") != 0)
+    if (strcmp(cfg->launcher, "mpirun") != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "loom run: --elastic with --workers: this host only, through mpirun, "
-                              "in this version (start one mpirun per host yourself: "
+                              "loom run: --elastic with --workers: through mpirun only, in this "
+                              "version (--launcher srun: start one job per worker yourself: "
                               "docs/diloco.md)");
     for (int i = 0; i < train_argc; i++)
         if (!strcmp(train_argv[i], "--elastic-worker") || !strcmp(train_argv[i], "--elastic-join"))
@@ -130,6 +285,32 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         return loom_error_set(err, LOOM_ERR_IO, "loom run: --run-dir %s: %s", cfg->run_dir,
                               strerror(errno));
     const int R = cfg->ranks / W;
+    worker w[MAX_WORKERS];
+    memset(w, 0, sizeof w);
+    plan *p = calloc(1, sizeof *p);
+    if (!p) return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
+    p->cfg = cfg, p->ranks = R, p->checkpoints = checkpoints, p->exe = exe;
+    p->train_argv = train_argv, p->train_argc = train_argc;
+    snprintf(p->extra, sizeof p->extra, "%s", cfg->launcher_args);
+    p->n_extra = split_words(p->extra, p->extra_w, MAX_EXTRA);
+    loom_hosts_agent(cfg->launcher_args, p->agent, sizeof p->agent);
+    p->n_agent = split_words(p->agent, p->agent_w, MAX_EXTRA);
+    if (!getcwd(p->cwd, sizeof p->cwd)) snprintf(p->cwd, sizeof p->cwd, ".");
+    loom_status st = LOOM_OK;
+    if (cfg->hosts[0]) { /* each host answers the agent; each worker's ranks on one host */
+        char source[LOOM_RUN_PATH + 16], agent[512];
+        snprintf(source, sizeof source, "%s%s", cfg->hostfile[0] ? "--hostfile " : "--hosts",
+                 cfg->hostfile);
+        loom_hosts_agent(cfg->launcher_args, agent, sizeof agent);
+        const int over = strstr(cfg->launcher_args, "-oversubscribe") != NULL;
+        if (!(st = loom_hosts_check(cfg->hosts, source, cfg->ranks, over, agent, LOOM_HOSTS_PROBE_S,
+                                    err)))
+            st = worker_hosts(cfg->hosts, w, W, R, err);
+        if (st) {
+            free(p);
+            return st;
+        }
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -137,15 +318,14 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     sigaction(SIGTERM, &sa, NULL);
     loom_launch server;
     char uri[LOOM_RUN_PATH + 32];
-    loom_status st = start_server(&server, cfg->run_dir, uri, sizeof uri, err);
-    if (st) return st;
+    p->uri = uri;
+    if ((st = start_server(&server, p, uri, sizeof uri, err))) {
+        free(p);
+        return st;
+    }
     fprintf(stderr, "loom run: elastic: %d workers of %d rank(s), names through %s\n", W, R, uri);
-    worker w[MAX_WORKERS];
-    memset(w, 0, sizeof w);
     int started = 0;
-    for (; started < W && !st; started++)
-        st =
-            launch(&w[started], started, R, 0, uri, exe, train_argv, train_argc, cfg->run_dir, err);
+    for (; started < W && !st; started++) st = launch(&w[started], started, 0, p, err);
     int restarts = 0;
     while (!st && !w[0].done && !interrupted) {
         tick();
@@ -163,7 +343,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
                 continue;
             }
             restarts++, w[i].restarts++;
-            st = launch(&w[i], i, R, 1, uri, exe, train_argv, train_argc, cfg->run_dir, err);
+            st = launch(&w[i], i, 1, p, err);
         }
     }
     /* the coordinator ended: the members end at the same last sync; a joiner still waiting
@@ -179,6 +359,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     }
     if (w[0].job.running) loom_launch_stop(&w[0].job, cfg->grace_s, NULL, 0);
     loom_launch_stop(&server, 1.0, NULL, 0);
+    free(p);
     if (interrupted && !st)
         st = loom_error_set(err, LOOM_ERR_IO,
                             "loom run: elastic: interrupted; every worker stopped");

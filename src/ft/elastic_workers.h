@@ -1,7 +1,8 @@
 /* `loom run --elastic` with `--outer diloco --workers W`: elastic DiLoCo workers
  * (docs/diloco.md, "Elastic workers"). An ompi-server for the workers' names, then one
  * mpirun of -n / W ranks per worker, each `loom train ... --elastic-worker I`; a worker
- * other than 0 that ends with an error is started again with --elastic-join (at most
+ * other than 0 that ends with an error is started again with --elastic-join (and
+ * --resume auto when the job writes checkpoints; at most
  * --max-restarts times in all); the run ends when worker 0, the coordinator, ends: its
  * exit code is the run's, and the others get --grace s to end (a member ends at the same
  * last sync; a joiner never admitted waits for ever and is stopped). */
@@ -11,9 +12,11 @@
 #include "core/error.h"
 #include "ft/run_config.h"
 
-/* train_argv[0..train_argc): the loom train options (without "train"). This host only. */
+/* train_argv[0..train_argc): the loom train options (without "train"). This host only.
+ * checkpoints: the options have --ckpt-dir; a restarted worker then also gets --resume auto
+ * (its newest valid checkpoint in DIR/worker_I, or a fresh start when it has none). */
 loom_status loom_elastic_workers_run(const loom_run_config *cfg, int workers, const char *loom_exe,
-                                     char **train_argv, int train_argc, int *exit_code,
-                                     loom_error *err);
+                                     char **train_argv, int train_argc, int checkpoints,
+                                     int *exit_code, loom_error *err);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/crc32c.h"
+#include "core/fault.h"
 #include "core/fs.h"
 #include "parallel/outer_impl.h"
 
@@ -264,6 +265,29 @@ static int admit(loom_outer *o, int step) {
     return joined;
 }
 
+/* Coordinator, after an outer step: admits the workers waiting to join. With the fault
+ * admit@S (core/fault.h: a rejoin at a known step, for tests) only at step S, and there it
+ * waits until every worker is a member (up to LOOM_OUTER_ELASTIC_START_S). */
+static void admit_now(loom_outer *o, int step) {
+    elastic *e = o->elastic;
+    if (!loom_fault_any(LOOM_FAULT_ADMIT)) {
+        admit(o, step);
+        return;
+    }
+    if (!loom_fault_armed(LOOM_FAULT_ADMIT, step)) return;
+    int members = 0;
+    for (int w = 0; w < e->W; w++) members += e->member[w];
+    fprintf(stderr,
+            "loom: elastic: worker %d step %d: fault injection admit@%d: waiting up to %g s for "
+            "%d worker(s) to join\n",
+            e->me, step, step, LOOM_OUTER_ELASTIC_START_S, e->W - members);
+    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
+    while (members < e->W && loom_now_ms() < until) {
+        members += admit(o, step);
+        if (members < e->W) usleep(50000);
+    }
+}
+
 /* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
 static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
@@ -326,7 +350,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     memcpy(e->g, mean, n * sizeof(float)); /* admit() below reuses out */
     apply(o, e->g);
     say(o, step, "outer sync");
-    if (step < o->steps) admit(o, step);
+    if (step < o->steps) admit_now(o, step);
     return LOOM_OK;
 }
 

@@ -54,6 +54,8 @@ expect "elastic run: -n not a multiple of the workers" \
     run --elastic -n 3 --run-dir "$TMP/run" -- "${E[@]:1}"
 expect "elastic run: --elastic-worker given" "leave --elastic-worker out" -- \
     run --elastic -n 2 --run-dir "$TMP/run" -- "${E[@]:1}" --elastic-worker 1
+expect "elastic run: a worker across hosts" "worker 1's 2 ranks span hosts localhost and 127.0.0.1" -- \
+    run --elastic -n 4 --hosts localhost:3,127.0.0.1:1 --run-dir "$TMP/run" -- "${E[@]:1}"
 expect "elastic timeout" "--elastic-timeout 0: expected > 0" -- \
     "${E[@]}" --elastic-worker 1 --elastic-timeout 0
 expect "elastic worker without mpirun" "--elastic-worker 0: expected to run under mpirun" -- \

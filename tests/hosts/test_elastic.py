@@ -2,7 +2,7 @@
 """Elastic DiLoCo workers across two test hosts (docs/diloco.md, "Elastic workers"): two
 workers, each its own one-rank mpirun job inside its own test host (worker 0 on host 1,
 the coordinator; worker 1 on host 2), joined through an ompi-server on the hosts' bridge,
-both hosts' links capped with tbf. The test is the launcher (no `loom run`):
+both hosts' links capped with tbf. In parts 1-4 the test is the launcher (no `loom run`):
 
 1. both train and sync (an outer sync with members=2 in both logs, the same checksum);
 2. every process of host 2 is SIGKILLed (its mpirun too) after worker 1's first outer
@@ -12,7 +12,9 @@ both hosts' links capped with tbf. The test is the launcher (no `loom run`):
    outer step and sends the state; at the next outer sync both print members=2 and the
    same checksum of the round-start parameters (identical parameters);
 4. the run ends: both jobs exit 0, worker 0 writes its weights, and nothing is left running
-   in either host; then hosts.sh down (nothing left).
+   in either host;
+5. `loom run --elastic --hosts` as the launcher (loom_run_across below): a crashed worker
+   is restarted in its host and rejoins at a known step; then hosts.sh down (nothing left).
 Skipped (77) without root, network namespaces, mpirun or ompi-server.
 Usage: test_elastic.py --loom PATH [--seed S]
 """
@@ -29,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
 from loomtest import Skip, parse_test_args, report, run_test, write_text_shard  # noqa: E402
-from test_hosts import (HOSTS_SH, SUBNET, cap_link, hosts_down, kill_host_processes,  # noqa: E402
-                        netns_pids, sh, skip_unless_possible, wait_until)
+from test_hosts import (HOSTS_SH, MCA, SUBNET, cap_link, hosts_down,  # noqa: E402
+                        kill_host_processes, netns_pids, sh, skip_unless_possible, wait_until)
 
 STEPS, H, TIMEOUT_S, MBIT = 300, 8, 3, 200
 SYNC = re.compile(r"worker (\d+) step (\d+): (outer sync|joined|worker \d+ joined), "
@@ -41,6 +43,35 @@ def syncs(path):
     """The log's elastic lines: (step, what, members, checksum)."""
     text = open(path).read() if os.path.exists(path) else ""
     return [(int(m[2]), m[3], int(m[4]), m[6]) for m in SYNC.finditer(text)]
+
+
+def loom_run_across(loom, tmp, train):
+    """5. `loom run --elastic --hosts 10.231.0.1:1,10.231.0.2:1`: loom run is the launcher
+    (an ompi-server on the hosts' subnet, each worker's mpirun run inside its host through
+    the rsh agent); worker 1 crashes at step 6 and is restarted in host 2 with
+    --elastic-join; worker 0 admits it at step 16 (admit@16: a known step), the last sync
+    (24) is equal on both, exit 0, nothing left in the hosts."""
+    run_dir = os.path.join(tmp, "loom_run")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
+           "--run-dir", run_dir, "--grace", "5", "--launcher-args", " ".join(MCA), "--"] + train + [
+        "--steps", "24", "--inner-steps", "4", "--elastic-timeout", str(TIMEOUT_S),
+        "--inject", "crash@6:1", "--inject", "admit@16"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    logs = [os.path.join(run_dir, f"worker_{w}.log") for w in (0, 1)]
+    s0, s1 = syncs(logs[0]), syncs(logs[1])
+    joined = [s for s in s0 if s[1] == "worker 1 joined"]
+    end = [[s for s in x if s[0] == 24 and s[1] == "outer sync" and s[2] == 2] for x in (s0, s1)]
+    ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
+          "worker 1 started again with --elastic-join on 10.231.0.2" in p.stderr and
+          [s[0] for s in joined] == [0, 16] and end[0] and end[1] and end[0][0][3] == end[1][0][3])
+    report("loom run --elastic --hosts", ok,
+           f"exit {p.returncode}, worker 1 restarted in host 2, joined at steps "
+           f"{[s[0] for s in joined]}, last sync equal on both ({time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-3000:])
+    left = {k: netns_pids(k) for k in (1, 2)}
+    report("nothing left in the hosts after loom run", not any(left.values()), f"{left}")
 
 
 def main():
@@ -148,6 +179,7 @@ def main():
                f"exit codes {codes}, last sync step {last[-1][0] if last else '?'} equal on both")
         left = {k: netns_pids(k) for k in (1, 2)}
         report("nothing left in the hosts", not any(left.values()), f"{left}")
+        loom_run_across(loom, tmp, train[2:-2])  # without the slow steps
     finally:
         for tag, p in jobs:
             if p.poll() is None:

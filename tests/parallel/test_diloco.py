@@ -30,7 +30,10 @@ off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic 
 faults: bitwise the weights of the same groups in one job; their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
 bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
-mpirun each), restarts worker 1 after it crashes, and it rejoins.
+mpirun each), restarts worker 1 after it dies, and it rejoins at the step the test names
+(--inject admit@16: worker 0 waits there for it, so the check does not depend on timing);
+restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
+takes the coordinator's newer state; --ckpt-keep prunes the outer state with the step folders.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -90,32 +93,78 @@ def elastic_pair(base, tmp, ranks=1, name="elastic"):
         server.wait()
 
 
-def elastic_run(loom, model, tmp):
+def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1"):
     """loom run --elastic with --workers 2: an ompi-server and one mpirun per worker; worker
-    1 crashes at step 6, is dropped by worker 0, started again with --elastic-join, rejoins;
-    both end at the last sync with the same parameters (checksums), exit 0."""
-    run_dir = os.path.join(tmp, "elastic_run")
+    1 dies before step 6 (`death`), worker 0 drops it at the outer step of 8 and goes on
+    alone (12); loom run starts it again with --elastic-join; worker 0 admits it at step 16
+    (admit@16: there it waits until the worker joined, so the rejoin's step does not depend
+    on the machine's load); both end at the last sync (24) with the same parameters, exit
+    0. Returns (loom run's result, the two workers' logs, worker 0's Run) when it did."""
+    run_dir = os.path.join(tmp, name)
+    out = os.path.join(run_dir, "w0")
     cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--run-dir", run_dir, "--"] + model[2:] + [
-        "--steps", "48", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
-        "--inner-steps", "4", "--elastic-timeout", "2", "--inject", "crash@6:1",
-        "--inject", "slow@9:0:40+"]  # worker 0 slow after the crash: time to rejoin
+        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "4", "--elastic-timeout", "2", "--inject", death,
+        "--inject", "admit@16", "--metrics", out + ".jsonl", "--dump-dir", out] + list(extra)
+    t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     logs = []
     for w in (0, 1):
         path = os.path.join(run_dir, f"worker_{w}.log")
         logs.append(open(path).read() if os.path.exists(path) else "")
     last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
-             if "step 48: outer sync, members=2" in ln] for log in logs]
-    joined = [ln.split(": ")[2] for ln in logs[0].splitlines()  # "worker 0 step S"
-              if "worker 1 joined" in ln and "step 0:" not in ln]
+             if "step 24: outer sync, members=2" in ln] for log in logs]
+    alone = "worker 0 step 12: outer sync, members=1 [0]" in logs[0]
+    joined = "worker 0 step 16: worker 1 joined, members=2" in logs[0]
     ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
           "worker 1 started again with --elastic-join" in p.stderr and
-          "worker 1 lost" in logs[0] and joined and last[0] and last[0] == last[1])
-    check(ok, f"  loom run --elastic --workers 2: worker 1 crashed, dropped, restarted, "
-              f"rejoined ({joined[0] if joined else 'NOT'}), "
-              f"last sync equal on both (exit {p.returncode})")
+          "worker 1 lost" in logs[0] and alone and joined and last[0] and last[0] == last[1])
+    check(ok, f"  loom run --elastic --workers 2{' ' + ' '.join(extra) if extra else ''}: "
+              f"worker 1 died, dropped at 8, worker 0 alone at 12 ({alone}), rejoined at 16 "
+              f"({joined}), last sync equal on both (exit {p.returncode}, "
+              f"{time.time() - t0:.1f} s)")
     if not ok:
         print(p.stderr[-2000:])
+        return None
+    return p, logs, Run(out, logs[0])
+
+
+def join_checksum(log, who):
+    """The checksum of the state worker 1 took when it joined at step 16 (`who`'s line)."""
+    lines = [ln for ln in log.splitlines() if f"worker {who} step 16:" in ln and "join" in ln]
+    return lines[-1].split("checksum ")[-1] if lines else None
+
+
+def elastic_run_resumed(loom, model, tmp):
+    """elastic_run with --ckpt-dir: loom run restarts worker 1 with --resume auto; it loads
+    its newest complete checkpoint (step 2: its save of step 4 is killed half-written), then
+    takes the coordinator's newer state at step 16 (the checksum worker 0 sent, not its
+    own) and keeps only the checkpoint's AdamW moments. --ckpt-keep 2: two step folders per
+    worker remain, and the outer state of those two only. (The final weights differ from a
+    restart without a checkpoint, whose joiner's moments start at zero: docs/diloco.md.)"""
+    ck = os.path.join(tmp, "elastic_run_ck")
+    got = elastic_run(loom, model, tmp, "elastic_run",
+                      ["--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "2"],
+                      death="kill-during-save@4:1")
+    if not got:
+        return
+    p, logs, _ = got
+    again = logs[1][logs[1].rfind("elastic-join = 1"):]  # the restarted worker's part
+    resumed = f"resumed from {os.path.join(ck, 'worker_1')}/step_00000002 (step 2)" in again
+    took, sent = join_checksum(again, 1), join_checksum(logs[0], 0)
+    kept = "kept" in again
+    check("--resume auto" in p.stderr and resumed and took and took == sent and not kept,
+          f"  restarted with --resume auto: resumed from its step 2 ({resumed}), took the "
+          f"coordinator's state of step 16 ({took} = {sent}), not its own ({not kept})")
+    left = {}
+    for w in (0, 1):
+        d = os.path.join(ck, f"worker_{w}")
+        steps = sorted(x for x in os.listdir(d) if x.startswith("step_"))
+        outer = sorted(os.listdir(os.path.join(d, "outer")))
+        left[w] = (steps, outer)
+    want = ["step_00000022", "step_00000024"]
+    check(all(s == want and o == want for s, o in left.values()),
+          f"  --ckpt-keep 2: step folders and outer state left {left}")
 
 
 def main():
@@ -200,7 +249,7 @@ def main():
             ok = (el is not None and saved is not None and "resumed from" in el.stderr and
                   el.losses == want and same_tensors(el.params, saved.params))
             check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
-            elastic_run(args.loom, model, tmp)
+            elastic_run_resumed(args.loom, model, tmp)
         else:
             print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
