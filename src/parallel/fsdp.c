@@ -26,19 +26,26 @@ static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t beg
     return LOOM_OK;
 }
 
-/* --freeze: what this rank's parameter shard [f->lo, f->hi) gives each rank's span shard,
- * and what its span shard [z->lo, z->hi) takes from each rank's parameter shard (parallel
+/* --freeze: the part of this rank's span shard [z->lo, z->hi) that its parameter shard
+ * holds is updated there, in place: [f->own_lo, f->own_hi); the rest (below it, then above
+ * it) is fetched into `train`. What this rank's parameter shard gives each other rank's span
+ * shard, and what its span shard takes from each other rank's parameter shard (parallel
  * lists of counts and displacements, relative to the shard and to `train`). */
 static loom_status plan_transfer(loom_fsdp *f) {
     const loom_zero *z = f->zero;
-    const int R = z->dp->size;
+    const int R = z->dp->size, me = z->dp->rank;
     if (z->hi - z->lo > (size_t)INT_MAX || f->hi - f->lo > (size_t)INT_MAX) return LOOM_ERR_INPUT;
+    const size_t below = f->lo < z->hi ? f->lo : z->hi, above = f->hi < z->hi ? f->hi : z->hi;
+    f->own_lo = below > z->lo ? below : z->lo;
+    f->own_hi = above > f->own_lo ? above : f->own_lo;
+    const size_t own = f->own_hi - f->own_lo;
     f->xfer = calloc(4 * (size_t)R, sizeof(int));
-    f->train = calloc(z->hi > z->lo ? z->hi - z->lo : 1, sizeof(float));
+    f->train = calloc(z->hi - z->lo - own ? z->hi - z->lo - own : 1, sizeof(float));
     if (!f->xfer || !f->train) return LOOM_ERR_NOMEM;
     int *give = f->xfer, *give_at = f->xfer + R, *take = f->xfer + 2 * R,
         *take_at = f->xfer + 3 * R;
     for (int q = 0; q < R; q++) {
+        if (q == me) continue; /* its own part is updated in place */
         size_t slo, shi, plo, phi;
         loom_zero_shard_of(z, q, &slo, &shi);       /* q's span shard */
         loom_zero_param_shard_of(z, q, &plo, &phi); /* q's parameter shard */
@@ -47,7 +54,7 @@ static loom_status plan_transfer(loom_fsdp *f) {
         give_at[q] = a < e ? (int)(a - f->lo) : 0;
         a = plo > z->lo ? plo : z->lo, e = phi < z->hi ? phi : z->hi;
         take[q] = a < e ? (int)(e - a) : 0;
-        take_at[q] = a < e ? (int)(a - z->lo) : 0;
+        take_at[q] = a < e ? (int)(a - z->lo - (a < f->own_lo ? 0 : own)) : 0;
     }
     return LOOM_OK;
 }
@@ -145,9 +152,23 @@ loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, fl
     loom_status st =
         loom_comm_alltoallv(z->dp, f->shard, give, give_at, f->train, take, take_at, err);
     const double fetch_ms = loom_now_ms() - t0;
-    if (!st) st = loom_zero_optimizer_step(z, f->view, f->train, grads, norm, lr, cfg, step, err);
+    if (st) return st;
+    /* clipping and AdamW as loom_zero_optimizer_step, on the three pieces of [lo, hi) */
+    float *g = loom_zero_reduced_grads(z, grads);
     t0 = loom_now_ms();
-    if (!st) st = loom_comm_alltoallv(z->dp, f->train, take, take_at, f->shard, give, give_at, err);
+    const double c0 = loom_thread_cpu_ms();
+    loom_grad_clip(z->be, g, z->hi - z->lo, norm, cfg->grad_clip);
+    const size_t cut[4] = {z->lo, f->own_lo, f->own_hi, z->hi};
+    float *at[3] = {f->train, f->shard + (f->own_lo - f->lo), f->train + (f->own_lo - z->lo)};
+    for (int k = 0; k < 3; k++) {
+        const size_t a = cut[k], e = cut[k + 1], o = a - z->lo;
+        if (a < e)
+            loom_adamw_step(z->be, z->table, at[k], g + o, z->m + o, z->v + o, a, e, lr, cfg, step);
+    }
+    z->times.optimizer_ms = loom_now_ms() - t0;
+    z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
+    t0 = loom_now_ms();
+    st = loom_comm_alltoallv(z->dp, f->train, take, take_at, f->shard, give, give_at, err);
     z->times.param_gather_ms = fetch_ms + (loom_now_ms() - t0); /* the two exchanges */
     return st;
 }

@@ -37,12 +37,15 @@ typedef struct {
     /* --freeze (zero->span_on): the optimizer's shard [zero->lo, zero->hi) is the trainable
      * span's (balanced over the replicas, as at ZeRO 1-2) while the parameter shards stay
      * those of the whole buffer (loom_zero_param_shard_of), so the frozen weights stay
-     * sharded as before. Around AdamW the span shard's weights are fetched from their
-     * owners into `train` and sent back updated (one all-to-all each way). xfer: 4 R ints,
-     * what this rank's shard gives each rank's span shard (counts, displs) and what its span
-     * shard takes from each rank's (counts, displs). */
+     * sharded as before. AdamW updates the part of its span shard that its parameter
+     * shard holds, [own_lo, own_hi), in place; the rest of the span shard's weights is
+     * fetched from their owners into `train` (below own_lo, then above own_hi) and sent back
+     * updated (one all-to-all each way). xfer: 4 R ints, what this rank's shard gives each
+     * other rank's span shard (counts, displs) and what its span shard takes from each
+     * other rank's (counts, displs). */
     float *train;
     int *xfer;
+    size_t own_lo, own_hi;
     loom_fsdp_range *ranges; /* 0: head, 1..L: blocks, L+1: tail */
     int n_ranges;
     /* 1: a gathered block stays until loom_fsdp_invalidate (the optimizer step): pipeline

@@ -179,9 +179,12 @@ void loom_zero_free(loom_zero *z) {
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     const size_t n = z->shard_floats, f = sizeof(float);
     m->shard_floats = n;
-    size_t plo, phi; /* ZeRO-3 with --freeze: the parameter shard and AdamW's copy of n */
+    size_t plo, phi; /* ZeRO-3 with --freeze: the parameter shard, and AdamW's copy of the
+                      * span shard's weights held by other ranks */
     loom_zero_own_param_shard(z, &plo, &phi);
-    m->params = (z->stage < 3 ? z->total : z->span_on ? phi - plo + n : n) * f;
+    const size_t a = plo > z->lo ? plo : z->lo, e = phi < z->hi ? phi : z->hi;
+    const size_t fetched = n - (a < e ? e - a : 0); /* not in the parameter shard */
+    m->params = (z->stage < 3 ? z->total : z->span_on ? phi - plo + fetched : n) * f;
     m->grads_local = (z->span_hi - z->span_lo) * f; /* --freeze: the trainable span */
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
