@@ -16,7 +16,8 @@ cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks 
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
 encoder (--freeze vision): one process against dp 2 ZeRO-1 and ZeRO-3, the encoder's weights
 must end bitwise as they started, the report's gradient and AdamW bytes drop by the
-encoder's size (at ZeRO-3 AdamW's by its shard), a ZeRO-3 checkpoint resumes bitwise and,
+encoder's size (at ZeRO-3 AdamW's by its shard), a ZeRO-3 checkpoint resumes bitwise (from
+disk and from peers' memory) and,
 resumed with the encoder trainable (LLaVA's stage 2), one process and dp 2 ZeRO-2 agree;
 --freeze vision,llm at dp 2 ZeRO-3 equals one process and is bitwise twice. A third case trains on samples with 0 to 3 images with
 --balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
@@ -190,7 +191,8 @@ def report_drop(name, before, after, frozen_mib, shard_mib):
 def frozen_case(layouts, ref, base, tmp):
     """--freeze vision: one process against dp 2 ZeRO-1 and ZeRO-3 (the encoder's weights end
     bitwise as they started); the report's gradient and AdamW bytes drop by the encoder's
-    size (ZeRO-3: AdamW by its shard); a ZeRO-3 checkpoint resumes bitwise, and resumed with
+    size (ZeRO-3: AdamW by its shard); a ZeRO-3 checkpoint resumes bitwise (also from peers'
+    memory, --ckpt-peer), and resumed with
     the encoder trainable (LLaVA's stage 1 -> stage 2: its moments start at zero) one process
     and dp 2 ZeRO-2 agree. --freeze vision,llm at dp 2 ZeRO-3: equal to one process, twice
     bitwise, AdamW's state only the projector's shard."""
@@ -214,6 +216,17 @@ def frozen_case(layouts, ref, base, tmp):
     check(ok)
     print(f"  dp2 ZeRO-3 (the saving run) against one process: losses {loss_err:.2e} weights "
           f"{all_err:.2e}, encoder unchanged {still}  {'ok' if ok else 'FAIL'}")
+    # the same through peers' memory (--ckpt-peer): 3 steps saved, then resumed from memory
+    z3_flags = ["--dp", "2", "--zero", "3"]
+    ck = ["--ckpt-dir", frozen.path("ckpt_peer"), "--ckpt-every", "3", "--ckpt-peer",
+          "--ckpt-peer-dir", frozen.path("peer")]
+    frozen.run("peer_first", 2, z3_flags + ck + ["--steps", "3"])
+    peer = frozen.run("peer_resumed", 2, z3_flags + ck + ["--resume", "auto"])
+    ok = ("resume source: peer memory, step 3" in peer.stderr
+          and peer.losses == saver.losses_after(3) and same_tensors(peer.params, saver.params))
+    check(ok)
+    print(f"  resumed at step 3 from peers' memory (dp2 ZeRO-3): "
+          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
     total = sum(a.size for a in fref.params.values()) * 4 / 2**20
     z3 = layouts.runs["dp2_zero3"]
     # the optimizer's shards: half of everything before, half of the trained span after
@@ -233,7 +246,6 @@ def frozen_case(layouts, ref, base, tmp):
           f"{'ok' if ok else 'FAIL'}")
     both = Layouts(base + ["--freeze", "vision,llm"], tmp, "vlm_frozen2_")
     bref = both.run("single", 1)
-    z3_flags = ["--dp", "2", "--zero", "3"]
     got = compare(both, bref, "dp2_zero3", 2, z3_flags)
     again = both.run("dp2_zero3_again", 2, z3_flags)
     same = bitwise(again, got)
