@@ -1,8 +1,10 @@
 #include "parallel/fsdp.h"
 
+#include "core/clock.h"
 #include "parallel/ep_zero.h"
 #include "parallel/shard_geometry.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,7 +18,44 @@ static loom_status range_init(loom_fsdp_range *r, const loom_zero *z, size_t beg
     r->counts = calloc((size_t)R, sizeof(int));
     r->displs = calloc((size_t)R, sizeof(int));
     if (!r->counts || !r->displs) return LOOM_ERR_NOMEM;
-    loom_shard_layout_parts(&z->shards, begin, end, r->counts, r->displs);
+    if (z->span_on) /* --freeze: the parameter shards are the whole buffer's */
+        loom_shard_range_parts(z->param_counts, z->param_displs, R, begin, end, r->counts,
+                               r->displs);
+    else
+        loom_shard_layout_parts(&z->shards, begin, end, r->counts, r->displs);
+    return LOOM_OK;
+}
+
+/* --freeze: the part of this rank's span shard [z->lo, z->hi) that its parameter shard
+ * holds is updated there, in place: [f->own_lo, f->own_hi); the rest (below it, then above
+ * it) is fetched into `train`. What this rank's parameter shard gives each other rank's span
+ * shard, and what its span shard takes from each other rank's parameter shard (parallel
+ * lists of counts and displacements, relative to the shard and to `train`). */
+static loom_status plan_transfer(loom_fsdp *f) {
+    const loom_zero *z = f->zero;
+    const int R = z->dp->size, me = z->dp->rank;
+    if (z->hi - z->lo > (size_t)INT_MAX || f->hi - f->lo > (size_t)INT_MAX) return LOOM_ERR_INPUT;
+    const size_t below = f->lo < z->hi ? f->lo : z->hi, above = f->hi < z->hi ? f->hi : z->hi;
+    f->own_lo = below > z->lo ? below : z->lo;
+    f->own_hi = above > f->own_lo ? above : f->own_lo;
+    const size_t own = f->own_hi - f->own_lo;
+    f->xfer = calloc(4 * (size_t)R, sizeof(int));
+    f->train = calloc(z->hi - z->lo - own ? z->hi - z->lo - own : 1, sizeof(float));
+    if (!f->xfer || !f->train) return LOOM_ERR_NOMEM;
+    int *give = f->xfer, *give_at = f->xfer + R, *take = f->xfer + 2 * R,
+        *take_at = f->xfer + 3 * R;
+    for (int q = 0; q < R; q++) {
+        if (q == me) continue; /* its own part is updated in place */
+        size_t slo, shi, plo, phi;
+        loom_zero_shard_of(z, q, &slo, &shi);       /* q's span shard */
+        loom_zero_param_shard_of(z, q, &plo, &phi); /* q's parameter shard */
+        size_t a = slo > f->lo ? slo : f->lo, e = shi < f->hi ? shi : f->hi;
+        give[q] = a < e ? (int)(e - a) : 0;
+        give_at[q] = a < e ? (int)(a - f->lo) : 0;
+        a = plo > z->lo ? plo : z->lo, e = phi < z->hi ? phi : z->hi;
+        take[q] = a < e ? (int)(e - a) : 0;
+        take_at[q] = a < e ? (int)(a - z->lo - (a < f->own_lo ? 0 : own)) : 0;
+    }
     return LOOM_OK;
 }
 
@@ -27,7 +66,8 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
     const int L = t->n_layer;
     f->n_ranges = L + 2;
     f->ranges = calloc((size_t)f->n_ranges, sizeof *f->ranges);
-    f->shard = calloc(z->hi - z->lo ? z->hi - z->lo : 1, sizeof(float));
+    loom_zero_own_param_shard(z, &f->lo, &f->hi);
+    f->shard = calloc(f->hi - f->lo ? f->hi - f->lo : 1, sizeof(float));
     long page = sysconf(_SC_PAGESIZE);
     f->view_bytes = (t->total * sizeof(float) + (size_t)page - 1) / (size_t)page * (size_t)page;
     /* Anonymous mapping: untouched pages cost nothing, released ones go back; huge pages
@@ -44,14 +84,19 @@ loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *z, uint64_t seed, loom_err
                               : t->total;
         st = range_init(&f->ranges[i], z, begin, end);
     }
+    if (!st && z->span_on) st = plan_transfer(f);
     if (st) {
         loom_fsdp_free(f);
-        return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO-3: out of memory");
+        return st == LOOM_ERR_INPUT
+                   ? loom_error_set(err, st,
+                                    "ZeRO-3 with --freeze: a shard of more than 2^31 parameters "
+                                    "(expected fewer: more --dp ranks)")
+                   : loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO-3: out of memory");
     }
     if (z->experts) /* --ep: the shard is full-layout, valid on its ranges (parallel/ep_zero.h) */
         loom_ep_zero_init_shard(z, f->shard, seed);
     else
-        loom_params_init_range(t, f->shard, z->lo, z->hi, seed);
+        loom_params_init_range(t, f->shard, f->lo, f->hi, seed);
     return LOOM_OK;
 }
 
@@ -63,6 +108,8 @@ void loom_fsdp_free(loom_fsdp *f) {
         }
     free(f->ranges);
     free(f->shard);
+    free(f->train);
+    free(f->xfer);
     if (f->view) munmap(f->view, f->view_bytes);
     memset(f, 0, sizeof *f);
 }
@@ -75,9 +122,8 @@ static loom_status start(loom_fsdp *f, int i, loom_error *err) {
         r->state = 2;
         return loom_ep_zero_gather_range(f->zero, f->shard, f->view, r->begin, r->end, err);
     }
-    const loom_zero *z = f->zero;
-    size_t a = z->lo > r->begin ? z->lo : r->begin, e = z->hi < r->end ? z->hi : r->end;
-    if (a < e) memcpy(f->view + a, f->shard + (a - z->lo), (e - a) * sizeof(float));
+    size_t a = f->lo > r->begin ? f->lo : r->begin, e = f->hi < r->end ? f->hi : r->end;
+    if (a < e) memcpy(f->view + a, f->shard + (a - f->lo), (e - a) * sizeof(float));
     r->state = 1;
     r->op.kind = LOOM_OP_ALLGATHERV;
     r->op.buf = f->view + r->begin;
@@ -91,6 +137,39 @@ static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
     if (!st && f->ranges[i].state == 1)
         st = loom_comm_engine_wait(&f->zero->engine, &f->ranges[i].op, err);
     if (!st) f->ranges[i].state = 2;
+    return st;
+}
+
+loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, float lr,
+                                     const loom_adamw_config *cfg, int step, loom_error *err) {
+    loom_zero *z = f->zero;
+    if (!z->span_on)
+        return loom_zero_optimizer_step(z, f->view, f->shard, grads, norm, lr, cfg, step, err);
+    const int R = z->dp->size;
+    int *give = f->xfer, *give_at = f->xfer + R, *take = f->xfer + 2 * R,
+        *take_at = f->xfer + 3 * R;
+    double t0 = loom_now_ms();
+    loom_status st =
+        loom_comm_alltoallv(z->dp, f->shard, give, give_at, f->train, take, take_at, err);
+    const double fetch_ms = loom_now_ms() - t0;
+    if (st) return st;
+    /* clipping and AdamW as loom_zero_optimizer_step, on the three pieces of [lo, hi) */
+    float *g = loom_zero_reduced_grads(z, grads);
+    t0 = loom_now_ms();
+    const double c0 = loom_thread_cpu_ms();
+    loom_grad_clip(z->be, g, z->hi - z->lo, norm, cfg->grad_clip);
+    const size_t cut[4] = {z->lo, f->own_lo, f->own_hi, z->hi};
+    float *at[3] = {f->train, f->shard + (f->own_lo - f->lo), f->train + (f->own_lo - z->lo)};
+    for (int k = 0; k < 3; k++) {
+        const size_t a = cut[k], e = cut[k + 1], o = a - z->lo;
+        if (a < e)
+            loom_adamw_step(z->be, z->table, at[k], g + o, z->m + o, z->v + o, a, e, lr, cfg, step);
+    }
+    z->times.optimizer_ms = loom_now_ms() - t0;
+    z->times.optimizer_cpu_ms = loom_thread_cpu_ms() - c0;
+    t0 = loom_now_ms();
+    st = loom_comm_alltoallv(z->dp, f->train, take, take_at, f->shard, give, give_at, err);
+    z->times.param_gather_ms = fetch_ms + (loom_now_ms() - t0); /* the two exchanges */
     return st;
 }
 
@@ -178,6 +257,6 @@ size_t loom_fsdp_resident_bytes_of(const loom_param_table *t, size_t shard_float
 }
 
 size_t loom_fsdp_resident_bytes(const loom_fsdp *f) {
-    return loom_fsdp_resident_bytes_of(f->zero->table, f->zero->shard_floats, f->keep_blocks,
-                                       f->release_ends);
+    const size_t n = f->zero->span_on ? f->hi - f->lo : f->zero->shard_floats;
+    return loom_fsdp_resident_bytes_of(f->zero->table, n, f->keep_blocks, f->release_ends);
 }

@@ -1,5 +1,6 @@
 /* ZeRO stage 3 (fully sharded data parallelism): each rank keeps only its shard of the
- * parameters (the same row-aligned ranges as the optimizer state, parallel/zero.h).
+ * parameters (the same row-aligned ranges as the optimizer state, parallel/zero.h; with
+ * --freeze the optimizer's shards cut the trainable span only: see `train` below).
  * The model still reads one flat parameter buffer, a *view* mapped at start-up whose
  * physical pages exist only while a range is gathered: a block's parameters are
  * all-gathered just before its forward or backward, the next block's gather is started
@@ -31,7 +32,20 @@ typedef struct {
     loom_zero *zero;
     float *view; /* the flat parameter buffer the model reads (mmap'd) */
     size_t view_bytes;
-    float *shard;            /* this rank's parameters [zero->lo, zero->hi) */
+    float *shard;  /* this rank's parameters [lo, hi) */
+    size_t lo, hi; /* ... its parameter shard: zero->lo, zero->hi without --freeze */
+    /* --freeze (zero->span_on): the optimizer's shard [zero->lo, zero->hi) is the trainable
+     * span's (balanced over the replicas, as at ZeRO 1-2) while the parameter shards stay
+     * those of the whole buffer (loom_zero_param_shard_of), so the frozen weights stay
+     * sharded as before. AdamW updates the part of its span shard that its parameter
+     * shard holds, [own_lo, own_hi), in place; the rest of the span shard's weights is
+     * fetched from their owners into `train` (below own_lo, then above own_hi) and sent back
+     * updated (one all-to-all each way). xfer: 4 R ints, what this rank's shard gives each
+     * other rank's span shard (counts, displs) and what its span shard takes from each
+     * other rank's (counts, displs). */
+    float *train;
+    int *xfer;
+    size_t own_lo, own_hi;
     loom_fsdp_range *ranges; /* 0: head, 1..L: blocks, L+1: tail */
     int n_ranges;
     /* 1: a gathered block stays until loom_fsdp_invalidate (the optimizer step): pipeline
@@ -50,6 +64,11 @@ typedef struct {
 /* Allocates the view and the shard and initialises the shard from the seed. */
 loom_status loom_fsdp_create(loom_fsdp *f, loom_zero *zero, uint64_t seed, loom_error *err);
 void loom_fsdp_free(loom_fsdp *f);
+
+/* Clipping and AdamW on this rank's part of the reduced gradients, updating its shard
+ * (with --freeze through `train`, above); nothing is gathered (the next use gathers). */
+loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, float lr,
+                                     const loom_adamw_config *cfg, int step, loom_error *err);
 
 /* Hooks for loom_model (ctx = the loom_fsdp). */
 loom_status loom_fsdp_before_block(void *ctx, int layer, int backward);

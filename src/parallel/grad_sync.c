@@ -38,8 +38,8 @@ static const loom_grad_sync_ops experts_ops = {LOOM_GRAD_SYNC_EXPERTS, "experts"
 
 static loom_status zero_update(loom_grad_sync *s, double norm, float lr,
                                const loom_adamw_config *cfg, int step, loom_error *err) {
-    return loom_zero_optimizer_step(s->zero, s->params, s->fsdp ? s->fsdp->shard : NULL, s->grads,
-                                    norm, lr, cfg, step, err);
+    if (s->fsdp) return loom_fsdp_optimizer_step(s->fsdp, s->grads, norm, lr, cfg, step, err);
+    return loom_zero_optimizer_step(s->zero, s->params, NULL, s->grads, norm, lr, cfg, step, err);
 }
 
 static loom_status overlapped_update(loom_grad_sync *s, double norm, float lr,

@@ -47,11 +47,11 @@ static loom_status shape(loom_zero *z, loom_comm *dp, int stage, const loom_para
                               "than 2^31: a larger --bucket-mb)",
                               bucket_mb, max_buckets, z->total);
     z->max_buckets = (int)max_buckets;
-    /* --freeze: only the trainable span is sharded (not at ZeRO-3, not with experts) */
+    /* --freeze: only the trainable span is sharded (not with experts; ZeRO-3's parameter
+     * shards stay the whole buffer's, param_counts: parallel/fsdp.h) */
     int experts = 0;
     for (int i = 0; i < table->n_params; i++) experts |= table->params[i].expert >= 0;
-    z->span_on =
-        loom_params_train_span(table, &z->span_lo, &z->span_hi) && z->stage < 3 && !experts;
+    z->span_on = loom_params_train_span(table, &z->span_lo, &z->span_hi) && !experts;
     if (!z->span_on) z->span_lo = 0, z->span_hi = z->total;
     loom_status st =
         z->span_on ? loom_shard_layout_init_span(&z->shards, table, dp, z->span_lo, z->span_hi, err)
@@ -179,7 +179,12 @@ void loom_zero_free(loom_zero *z) {
 void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m) {
     const size_t n = z->shard_floats, f = sizeof(float);
     m->shard_floats = n;
-    m->params = (z->stage == 3 ? n : z->total) * f;
+    size_t plo, phi; /* ZeRO-3 with --freeze: the parameter shard, and AdamW's copy of the
+                      * span shard's weights held by other ranks */
+    loom_zero_own_param_shard(z, &plo, &phi);
+    const size_t a = plo > z->lo ? plo : z->lo, e = phi < z->hi ? phi : z->hi;
+    const size_t fetched = n - (a < e ? e - a : 0); /* not in the parameter shard */
+    m->params = (z->stage < 3 ? z->total : z->span_on ? phi - plo + fetched : n) * f;
     m->grads_local = (z->span_hi - z->span_lo) * f; /* --freeze: the trainable span */
     /* stages 2, 3: the shard's reduced gradient, kept inside the local buffer (--ep: in
      * place as well, counted with the optimizer's shard) */
@@ -666,8 +671,10 @@ loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err) 
 
 void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shard,
                             loom_ckpt_buffer b[LOOM_CKPT_KINDS]) {
+    size_t plo, phi; /* ZeRO-3: the parameter shard (--freeze: not the state's) */
+    loom_zero_own_param_shard(z, &plo, &phi);
     if (param_shard)
-        b[0] = (loom_ckpt_buffer){param_shard, z->lo, z->lo, z->hi};
+        b[0] = (loom_ckpt_buffer){param_shard, plo, plo, phi};
     else
         b[0] = (loom_ckpt_buffer){params, 0, 0, z->total};
     const size_t base = z->lo; /* stage 0: [span_lo, span_hi), else the shard */
@@ -726,6 +733,15 @@ void loom_zero_param_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi)
     }
     *lo = z->param_displs[r];
     *hi = *lo + z->param_counts[r];
+}
+
+void loom_zero_own_param_shard(const loom_zero *z, size_t *lo, size_t *hi) {
+    if (z->span_on) {
+        loom_zero_param_shard_of(z, z->dp->rank, lo, hi);
+    } else { /* the state's (--ep: the full-layout range its segments lie in) */
+        *lo = z->lo;
+        *hi = z->hi;
+    }
 }
 
 void loom_zero_clear_state(loom_zero *z) {

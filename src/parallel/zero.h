@@ -248,6 +248,9 @@ void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shar
  * loom_zero_param_shard_of of the whole parameters (the same unless --freeze). */
 void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi);
 void loom_zero_param_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi);
+/* This rank's ZeRO-3 parameter shard (parallel/fsdp.h): [lo, hi) of the optimizer state, or
+ * with --freeze its loom_zero_param_shard_of. */
+void loom_zero_own_param_shard(const loom_zero *z, size_t *lo, size_t *hi);
 /* Zero moments for a fresh start (the rank's part of m and v). */
 void loom_zero_clear_state(loom_zero *z);
 static inline int loom_zero_stage(const loom_zero *z) {

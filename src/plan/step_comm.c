@@ -76,7 +76,7 @@ void loom_price_buckets_init(step_pricing *x) {
     if (bucket > table->total) bucket = table->total ? table->total : 1;
     bk->total = table->total, bk->bucket = bucket, bk->q = x->q, bk->e = &x->eng;
     bk->span_lo = 0, bk->span_hi = table->total;
-    if (x->zero < 3 && !x->ep_sync && loom_price_expert_floats(table) == 0)
+    if (!x->ep_sync && loom_price_expert_floats(table) == 0)
         loom_params_train_span(table, &bk->span_lo, &bk->span_hi);
     bk->pending_begin = bk->pending_end = bk->span_hi;
     bk->group = x->ep_sync ? 1 : x->replicas;
@@ -169,7 +169,7 @@ void loom_price_after_backward(step_pricing *x) {
     const int zero = x->zero, replicas = x->replicas;
     price_reduction(x);
     /* the loss over dp, MoE statistics, the norm (sum of squares, all-reduce over the world) */
-    /* --freeze: only the trainable span (stages 0-2; parallel/zero.h) */
+    /* --freeze: only the trainable span (parallel/zero.h) */
     const size_t span = x->bk.span_hi - x->bk.span_lo;
     const size_t shard = zero >= 1 ? (span + replicas - 1) / replicas : span;
     /* the norm's runs: the shard (stages 2, 3), else all of it on the first replica */
@@ -200,6 +200,8 @@ void loom_price_after_backward(step_pricing *x) {
         price_overlapped_gathers(x);
     else if (zero == 1 || zero == 2) /* the updated shards to every replica */
         P->param_gather = coll(q, LOOM_COLL_ALLGATHER, replicas, q->tp, 4.0 * (double)span);
+    else if (zero == 3 && span < table->total) /* --freeze: AdamW's weights fetched, sent back */
+        P->param_gather = 2.0 * coll(q, LOOM_COLL_ALLTOALL, replicas, q->tp, 4.0 * (double)shard);
 
     /* the engine thread's CPU competes with compute on a CPU node */
     if (q->cpu) {

@@ -35,11 +35,14 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     loom_zero_memory_of(&r->zero, &zm);
     m->params = zm.params;
     /* ZeRO-3 holds gathered blocks beyond its shard (once per step in a pipeline) */
-    if (r->zero.stage == 3)
-        m->gathered =
-            loom_fsdp_resident_bytes_of(&r->model.table, r->zero.shard_floats, r->pipelined != NULL,
-                                        loom_run_fsdp_release_ends(r)) -
-            zm.params;
+    if (r->zero.stage == 3) {
+        size_t lo, hi; /* the parameter shard (with --freeze not the optimizer's) */
+        loom_zero_own_param_shard(&r->zero, &lo, &hi);
+        const size_t n = r->zero.span_on ? hi - lo : r->zero.shard_floats;
+        m->gathered = loom_fsdp_resident_bytes_of(&r->model.table, n, r->pipelined != NULL,
+                                                  loom_run_fsdp_release_ends(r)) -
+                      n * sizeof(float);
+    }
     m->grads_local = zm.grads_local;
     m->grads_shard = zm.grads_shard;
     m->optimizer = zm.optimizer;

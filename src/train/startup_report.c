@@ -107,7 +107,9 @@ void loom_run_report_startup(const loom_run *r) {
                 mc->freeze & LOOM_VLM_PART_LLM ? " llm" : "", frozen, P, outside, z->span_lo,
                 z->span_hi, (double)outside * sizeof(float) / MiB,
                 2.0 * (double)outside * sizeof(float) / MiB,
-                z->stage == 3 ? " (not with ZeRO-3 yet: gradients and state still cover them)"
+                z->stage == 3 ? " (ZeRO-3: their weights stay in the parameter shards; AdamW "
+                                "fetches its span shard's weights from them and sends them back "
+                                "each step)"
                               : "");
     }
     if (r->tp.size > 1)

@@ -14,10 +14,12 @@ tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sha
 the masked loss vocabulary-parallel. Under context parallelism (cp 2 ring and Ulysses, and
 cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks and an
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
-encoder (--freeze vision): one process against dp 2 ZeRO-1 and ZeRO-2, the encoder's weights
+encoder (--freeze vision): one process against dp 2 ZeRO-1 and ZeRO-3, the encoder's weights
 must end bitwise as they started, the report's gradient and AdamW bytes drop by the
-encoder's size, a checkpoint resumes bitwise and, resumed with the encoder trainable (LLaVA's
-stage 2), one process and dp 2 ZeRO-2 agree. A third case trains on samples with 0 to 3 images with
+encoder's size (at ZeRO-3 AdamW's by its shard), a ZeRO-3 checkpoint resumes bitwise (from
+disk and from peers' memory) and,
+resumed with the encoder trainable (LLaVA's stage 2), one process and dp 2 ZeRO-2 agree;
+--freeze vision,llm at dp 2 ZeRO-3 equals one process and is bitwise twice. A third case trains on samples with 0 to 3 images with
 --balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
 compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
 usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
@@ -170,38 +172,65 @@ def report_mib(stderr):
     return (float(m.group(1)), float(m.group(2))) if m else (None, None)
 
 
+def unchanged(run, prefix):
+    """Whether every tensor of run whose name starts with prefix ends bitwise as it started."""
+    return all(np.array_equal(run.params[n], run.init[n]) for n in run.params
+               if n.startswith(prefix))
+
+
+def report_drop(name, before, after, frozen_mib, shard_mib):
+    """The report's local gradients drop by the frozen part, AdamW by its dp shard (2 x)."""
+    (g0, o0), (g1, o1) = report_mib(before.stderr), report_mib(after.stderr)
+    ok = (g0 is not None and g1 is not None and abs(g0 - g1 - frozen_mib) <= 2e-3
+          and abs(o0 - o1 - 2 * shard_mib) <= 2e-3)
+    check(ok)
+    print(f"  report {name}: grads {g0} -> {g1} MiB, optimizer {o0} -> {o1} MiB; frozen "
+          f"{frozen_mib:.3f} MiB (a shard {shard_mib:.3f})  {'ok' if ok else 'FAIL'}")
+
+
 def frozen_case(layouts, ref, base, tmp):
-    """--freeze vision: one process against dp 2 ZeRO-1 and ZeRO-2 (the encoder's weights end
+    """--freeze vision: one process against dp 2 ZeRO-1 and ZeRO-3 (the encoder's weights end
     bitwise as they started); the report's gradient and AdamW bytes drop by the encoder's
-    size; a checkpoint resumes bitwise, and resumed with the encoder trainable (LLaVA's stage 1
-    -> stage 2: its moments start at zero) one process and dp 2 ZeRO-2 agree."""
+    size (ZeRO-3: AdamW by its shard); a ZeRO-3 checkpoint resumes bitwise (also from peers'
+    memory, --ckpt-peer), and resumed with
+    the encoder trainable (LLaVA's stage 1 -> stage 2: its moments start at zero) one process
+    and dp 2 ZeRO-2 agree. --freeze vision,llm at dp 2 ZeRO-3: equal to one process, twice
+    bitwise, AdamW's state only the projector's shard."""
     frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
     fref = frozen.run("single", 1)
     print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
           f"{fref.losses[-1]:.4f}")
     got = compare(frozen, fref, "dp2_zero1", 2, ["--dp", "2", "--zero", "1"])
-    still = all(np.array_equal(got.params[n], got.init[n]) for n in got.params
-                if n.startswith("vision."))
-    moved = any(not np.array_equal(got.params[n], got.init[n]) for n in got.params
-                if n.startswith("projector."))
+    still = unchanged(got, "vision.")
+    moved = not unchanged(got, "projector.")
     check(still and moved)
     print(f"    frozen encoder unchanged: {still}, projector trained: {moved}")
-    vision_mib = sum(a.size for n, a in fref.params.items() if n.startswith("vision.")) * 4 / 2**20
-    (g0, o0), (g1, o1) = report_mib(ref.stderr), report_mib(fref.stderr)
-    ok = (g0 is not None and g1 is not None and abs(g0 - g1 - vision_mib) <= 2e-3
-          and abs(o0 - o1 - 2 * vision_mib) <= 2e-3)
-    check(ok)
-    print(f"  report: grads {g0} -> {g1} MiB, optimizer {o0} -> {o1} MiB; the encoder is "
-          f"{vision_mib:.3f} MiB  {'ok' if ok else 'FAIL'}")
-    saver = check_resume(frozen, "--freeze vision, dp2 ZeRO-2", 2, ["--dp", "2", "--zero", "2"], 3)
+    mib = {part: sum(a.size for n, a in fref.params.items() if n.startswith(part)) * 4 / 2**20
+           for part in ("vision.", "projector.")}
+    report_drop("one process", ref, fref, mib["vision."], mib["vision."])
+    saver = check_resume(frozen, "--freeze vision, dp2 ZeRO-3", 2, ["--dp", "2", "--zero", "3"], 3)
     all_err, w_err, _ = weights_error(saver.params, fref.params, D_MODEL)
     loss_err = loss_error(saver.losses, fref.losses)
-    still = all(np.array_equal(saver.params[n], saver.init[n]) for n in saver.params
-                if n.startswith("vision."))
+    still = unchanged(saver, "vision.")
     ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and still
     check(ok)
-    print(f"  dp2 ZeRO-2 (the saving run) against one process: losses {loss_err:.2e} weights "
+    print(f"  dp2 ZeRO-3 (the saving run) against one process: losses {loss_err:.2e} weights "
           f"{all_err:.2e}, encoder unchanged {still}  {'ok' if ok else 'FAIL'}")
+    # the same through peers' memory (--ckpt-peer): 3 steps saved, then resumed from memory
+    z3_flags = ["--dp", "2", "--zero", "3"]
+    ck = ["--ckpt-dir", frozen.path("ckpt_peer"), "--ckpt-every", "3", "--ckpt-peer",
+          "--ckpt-peer-dir", frozen.path("peer")]
+    frozen.run("peer_first", 2, z3_flags + ck + ["--steps", "3"])
+    peer = frozen.run("peer_resumed", 2, z3_flags + ck + ["--resume", "auto"])
+    ok = ("resume source: peer memory, step 3" in peer.stderr
+          and peer.losses == saver.losses_after(3) and same_tensors(peer.params, saver.params))
+    check(ok)
+    print(f"  resumed at step 3 from peers' memory (dp2 ZeRO-3): "
+          f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
+    total = sum(a.size for a in fref.params.values()) * 4 / 2**20
+    z3 = layouts.runs["dp2_zero3"]
+    # the optimizer's shards: half of everything before, half of the trained span after
+    report_drop("dp2 ZeRO-3", z3, saver, mib["vision."], mib["vision."] / 2)
     at = ["--resume", os.path.join(frozen.path("ckpt"), "step_00000003")]
     u1 = layouts.run("unfrozen_single", 1, at)
     u2 = layouts.run("unfrozen_dp2_zero2", 2, ["--dp", "2", "--zero", "2"] + at)
@@ -215,6 +244,17 @@ def frozen_case(layouts, ref, base, tmp):
     print(f"  frozen checkpoint resumed with the encoder trainable: encoder trained {moved}, "
           f"dp2 ZeRO-2 vs one process losses {loss_err:.2e} weights {all_err:.2e}  "
           f"{'ok' if ok else 'FAIL'}")
+    both = Layouts(base + ["--freeze", "vision,llm"], tmp, "vlm_frozen2_")
+    bref = both.run("single", 1)
+    got = compare(both, bref, "dp2_zero3", 2, z3_flags)
+    again = both.run("dp2_zero3_again", 2, z3_flags)
+    same = bitwise(again, got)
+    still = unchanged(got, "vision.") and unchanged(got, "model.") and unchanged(got, "lm_head.")
+    check(same and still)
+    print(f"    --freeze vision,llm dp2 ZeRO-3: only the projector trained {still}, twice "
+          f"{'bitwise identical' if same else 'FAIL: runs differ'}")
+    report_drop("dp2 ZeRO-3 --freeze vision,llm", z3, got, total - mib["projector."],
+                (total - mib["projector."]) / 2)
 
 
 def main():
