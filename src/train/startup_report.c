@@ -154,6 +154,12 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
         fprintf(stderr,
                 "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
                 (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if (r->tp.size > 1) /* what rank 0 sent to the others (tp/tp.h's count) */
+        fprintf(stderr,
+                "loom: tensor-parallel messages: %.0f bytes sent per step by rank 0 (%.0f in bf16, "
+                "%.0f in fp32)\n",
+                (r->tp.bytes_bf16 + r->tp.bytes_f32) / steps_run, r->tp.bytes_bf16 / steps_run,
+                r->tp.bytes_f32 / steps_run);
     if (r->pipelined) /* the stage boundary's activations and gradients this rank sent */
         fprintf(stderr,
                 "loom: pipeline messages: %.3f MiB (%.0f bytes) sent per step by rank 0 (%s)\n",
