@@ -144,6 +144,8 @@ def main():
                 finally:
                     del os.environ["LOOM_BF16_ROUND_TP"]
                 got = layouts.run(name, 2, extra)
+                check("the linears' sums and gathers sent as bf16" in got.stderr,
+                      f"{family} {name}: the messages' start-up line")
                 compare(family, name, got, rounded,
                         f"one process rounding the partial sums as tp 2 (LOOM_BF16_ROUND_TP={emulate})")
                 whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
