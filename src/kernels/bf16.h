@@ -70,6 +70,12 @@ int loom_cpu_has_amx_bf16(void);
 void loom_bf16_from_f32_n(loom_bf16 *dst, const float *src, size_t n);
 /* dst[i] = widen(src[i]) (exact). */
 void loom_bf16_to_f32_n(float *dst, const loom_bf16 *src, size_t n);
+/* dst[i] = widen(pieces[i]) + widen(pieces[n + i]) + ... + widen(pieces[(count-1) n + i]),
+ * added in fp32 in piece order (count >= 1): the sum of bf16 messages from `count` ranks,
+ * received in rank order, that does not depend on which arrived first or on the collective's
+ * algorithm (the gradient reduction with --grad-reduce-dtype bf16, parallel/zero_bf16.c; the
+ * tensor-parallel sums under --precision bf16, tp/tp.c). */
+void loom_bf16_sum_pieces(float *dst, const loom_bf16 *pieces, size_t n, int count);
 /* The two paths of loom_bf16_from_f32_n, for the tests; _avx512 returns 0 without doing
  * anything where the CPU has no AVX512-BF16, 1 otherwise. */
 void loom_bf16_from_f32_n_scalar(loom_bf16 *dst, const float *src, size_t n);

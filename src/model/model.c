@@ -102,6 +102,7 @@ loom_status loom_model_create(loom_model *m, const loom_model_options *o, loom_e
     st = cfg->family == LOOM_FAMILY_DIT   ? loom_dit_attach(m, err)
          : cfg->family == LOOM_FAMILY_VLM ? loom_vlm_attach(m, err)
                                           : loom_model_arena_allocate(m, m->ops->plan, err);
+    if (!st) st = loom_model_round_tp_open(m, err);
     if (st) loom_model_destroy(m);
     return st;
 }
@@ -132,6 +133,7 @@ void loom_model_destroy(loom_model *m) {
     }
     free(m->blocks);
     free(m->losses_host);
+    loom_model_round_tp_close(m);
     loom_params_free(&m->table);
     memset(m, 0, sizeof *m);
 }

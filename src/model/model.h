@@ -139,6 +139,11 @@ struct loom_model {
      * to bf16 in place inside a blocks_forward/backward range (where a pipeline's bf16
      * message would round them), so one process computes what a pipeline split there does. */
     uint64_t round_stream;
+    /* bf16 only, the tests' reference for tensor parallelism (LOOM_BF16_ROUND_TP=R or R,sum,
+     * model/tp_round.c): one process rounds the linears' partial sums over R ranks as tp
+     * R's bf16 messages do (round_tp_sum: and their sum, as tp without sequence parallelism) */
+    int round_tp, round_tp_sum;
+    float *round_tp_scratch;
     /* 1: a backward with a `ready` callback leaves the embeddings' gradients (wte, wpe)
      * to the caller: d(embedding output) stays in dres (parallel/embed_grad.h) */
     int defer_embedding_grad;

@@ -51,7 +51,20 @@ int loom_model_seq_parallel(const loom_model *m);
 /* The residual stream's local rows gathered into m->full (sequence parallelism; else
  * *inp = local). */
 loom_status loom_model_tp_gather(const loom_model *m, const float *local, const float **inp);
-/* The same for a loom_act (a bf16 one is never split: it is its own gathered input). */
+/* LOOM_BF16_ROUND_TP (model/tp_round.c): parsed at creation (LOOM_ERR_INPUT for a value or
+ * model it cannot emulate), the row-parallel forward out[N, C] and the column-parallel input
+ * gradient dx[N, C] as tp's rounded partial sums. */
+loom_status loom_model_round_tp_open(loom_model *m, loom_error *err);
+void loom_model_round_tp_close(loom_model *m);
+loom_status loom_model_round_tp_row_forward(loom_model *m, float *out, loom_act inp, const float *w,
+                                            const float *b, int IC);
+loom_status loom_model_round_tp_column_input(loom_model *m, float *dx, loom_act dy, const float *w,
+                                             int OC);
+/* The same for an input whose only readers are bf16 GEMMs: under --precision bf16 it
+ * travels as bf16 (loom_tp_gather_linear), which the GEMMs read unchanged. */
+loom_status loom_model_tp_gather_gemm(const loom_model *m, const float *local, const float **inp);
+/* The same for a loom_act (GEMM inputs: loom_model_tp_gather_gemm) (a bf16 one is never split: it
+ * is its own gathered input). */
 loom_status loom_model_tp_gather_act(const loom_model *m, loom_act local, loom_act *inp);
 /* Partial sums over tp: all-reduced (out = partial) or reduce-scattered to this rank's
  * rows (sequence parallelism); nothing on one rank. */

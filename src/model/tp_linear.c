@@ -18,6 +18,14 @@ loom_status loom_model_tp_gather(const loom_model *m, const float *local, const 
     return loom_tp_gather(m->tp, local, m->full, inp);
 }
 
+loom_status loom_model_tp_gather_gemm(const loom_model *m, const float *local, const float **inp) {
+    if (!loom_model_seq_parallel(m)) {
+        *inp = local;
+        return LOOM_OK;
+    }
+    return loom_tp_gather_linear(m->tp, local, m->full, inp);
+}
+
 /* A bf16 activation is kept only where nothing is gathered (sequence parallelism keeps
  * fp32: transformer.c's plan), so it is its own gathered input. */
 loom_status loom_model_tp_gather_act(const loom_model *m, loom_act local, loom_act *inp) {
@@ -26,7 +34,7 @@ loom_status loom_model_tp_gather_act(const loom_model *m, loom_act local, loom_a
         return LOOM_OK;
     }
     inp->bf16 = NULL;
-    return loom_model_tp_gather(m, local.f32, &inp->f32);
+    return loom_model_tp_gather_gemm(m, local.f32, &inp->f32);
 }
 
 void loom_model_linear_forward(const loom_model *m, float *out, loom_act inp, const float *w,
@@ -45,16 +53,22 @@ loom_status loom_model_tp_reduce(const loom_model *m, float *partial, float *out
     return m->tp && m->tp->size > 1 ? loom_tp_reduce(m->tp, partial, out) : LOOM_OK;
 }
 
+/* A linear's partial sums (row-parallel output, column-parallel input gradient). */
+static loom_status tp_reduce_linear(const loom_model *m, float *partial, float *out) {
+    return m->tp && m->tp->size > 1 ? loom_tp_reduce_linear(m->tp, partial, out) : LOOM_OK;
+}
+
 static int tp_rank(const loom_model *m) {
     return m->tp ? m->tp->rank : 0;
 }
 
 loom_status loom_model_row_forward(loom_model *m, float *out, loom_act inp, const float *w,
                                    const float *b, int IC) {
+    if (m->round_tp) return loom_model_round_tp_row_forward(m, out, inp, w, b, IC);
     float *part = loom_model_seq_parallel(m) ? m->dnorm : out;
     loom_model_linear_forward(m, part, inp, w, tp_rank(m) == 0 ? b : NULL, m->B * m->T, IC,
                               m->cfg.d_model);
-    return loom_model_tp_reduce(m, part, out);
+    return tp_reduce_linear(m, part, out);
 }
 
 loom_status loom_model_column_backward(loom_model *m, const float *dout, const float *w, float *dw,
@@ -63,11 +77,17 @@ loom_status loom_model_column_backward(loom_model *m, const float *dout, const f
     loom_act inp = {NULL, NULL};
     loom_status st = m->split_backward ? LOOM_OK : loom_model_tp_gather_act(m, inp_local, &inp);
     if (st) return st;
+    if (m->round_tp) { /* the tests' reference (model/tp_round.c) */
+        loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, dout, w, m->split_backward ? NULL : dw,
+                                 db, inp, N, C, OC);
+        *dinp = m->dnorm;
+        return loom_model_round_tp_column_input(m, m->dnorm, loom_act_f32(dout), w, OC);
+    }
     loom_linear_backward_act(m->be, m->dnorm, LOOM_DX_SET, dout, w, m->split_backward ? NULL : dw,
                              db, inp, N, C, OC);
     float *out = loom_model_seq_parallel(m) ? m->full : m->dnorm;
     *dinp = out;
-    return loom_model_tp_reduce(m, m->dnorm, out);
+    return tp_reduce_linear(m, m->dnorm, out);
 }
 
 loom_status loom_model_column_weight(loom_model *m, const float *dout, float *dw, float *db,
@@ -85,7 +105,10 @@ loom_status loom_model_row_backward(loom_model *m, const float *dout_local, cons
                                     float *keep) {
     const int N = m->B * m->T, C = m->cfg.d_model;
     const float *dy;
-    loom_status st = loom_model_tp_gather(m, dout_local, &dy);
+    /* without a bias every reader of the gathered d(out) is a GEMM (bf16 may carry it); the
+     * bias gradient sums the fp32 d(out) */
+    loom_status st = db ? loom_model_tp_gather(m, dout_local, &dy)
+                        : loom_model_tp_gather_gemm(m, dout_local, &dy);
     if (st) return st;
     loom_linear_backward_act(m->be, dinp, LOOM_DX_SET, dy, w, m->split_backward ? NULL : dw, db,
                              inp, N, IC, C);

@@ -223,7 +223,9 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
             loom_trace_end(m->trace);
             return st;
         }
-        if (!a->norm2_bf16) st = loom_model_tp_gather(m, a->norm2, &in);
+        if (!a->norm2_bf16) /* the dense MLP's fc GEMM reads it, the MoE block more */
+            st = k->moe ? loom_model_tp_gather(m, a->norm2, &in)
+                        : loom_model_tp_gather_gemm(m, a->norm2, &in);
     }
     if (!st && k->moe && m->moe_full) {
         st = loom_moe_forward(m->moe, l, p, in, m->moe_full);
@@ -346,9 +348,12 @@ static loom_status head_backward(loom_model *m, const dims *d, const float *p, f
     const float *dn;
     float *dw = m->head_weight_deferred ? NULL : g + t->lm_head; /* head_backward_rows */
     loom_status st = LOOM_OK;
-    if (m->logits_bf16) /* one rank: the column-parallel layer is the plain one */
+    if (m->logits_bf16) { /* one rank: the column-parallel layer is the plain one */
         dn = head_backward_bf16(m, d, p + t->lm_head, m->split_backward ? NULL : dw);
-    else
+        if (m->round_tp) /* the tests' reference for tp's rounded sums (model/tp_round.c) */
+            st = loom_model_round_tp_column_input(m, m->dnorm, loom_act_of(NULL, m->logits_bf16),
+                                                  p + t->lm_head, d->V);
+    } else
         st = loom_model_column_backward(m, m->logits, p + t->lm_head, dw, NULL,
                                         loom_act_of(m->normf, m->normf_bf16), d->V, &dn);
     loom_backend_memset(m->be, m->dres, 0, (size_t)d->Ns * d->C * sizeof(float));

@@ -67,13 +67,7 @@ loom_status loom_zero_bf16_received(loom_zero *z, float *grads, loom_zero_bucket
     const size_t c = (size_t)b->counts[me], at = b->begin + (size_t)b->displs[me];
     const loom_bf16 *in = z->recv16 + b->recv_at;
     float *g = grads + at;
-    /* rank order, whatever arrived first: the same sum on every run */
-#pragma omp parallel for schedule(static) if (c > 65536)
-    for (size_t i = 0; i < c; i++) {
-        float s = loom_bf16_to_f32(in[i]);
-        for (int k = 1; k < R; k++) s += loom_bf16_to_f32(in[(size_t)k * c + i]);
-        g[i] = s;
-    }
+    loom_bf16_sum_pieces(g, in, c, R); /* rank order: the same sum on every run */
     b->bf16_phase = LOOM_ZERO_BF16_SUMMED;
     if (z->stage >= 2) return LOOM_OK;
     /* stages 0, 1: every replica needs the sums; the owner's rounded ones go out */

@@ -100,6 +100,21 @@ static double tp_reduce(pricer *q, const shapes *d) {
                 4 * d->N * d->C);
 }
 
+/* The linears' messages under --precision bf16 (tp/tp.h's _linear calls): sequence
+ * parallelism's all-gather of a bf16 GEMM's input in bf16 (d(out) of a biased linear stays
+ * fp32: its bias gradient reads it), and the sums as a bf16 all-to-all, plus a bf16
+ * all-gather of the summed rows without sequence parallelism. */
+static double sp_gather_gemm(pricer *q, const shapes *d, int bias) {
+    if (!q->bf16 || bias) return sp_gather(q, d);
+    return d->sp ? coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, 2 * d->N * d->C) : 0;
+}
+static double tp_reduce_linear(pricer *q, const shapes *d) {
+    if (d->tp < 2 || !q->bf16) return tp_reduce(q, d);
+    const double bytes = 2 * d->N * d->C;
+    return coll(q, LOOM_COLL_ALLTOALL, d->tp, 1, bytes) +
+           (d->sp ? 0 : coll(q, LOOM_COLL_ALLGATHER, d->tp, 1, bytes));
+}
+
 static double rope(pricer *q, const shapes *d) {
     return d->gpt2 ? 0 : bytes_ms(q, 8 * d->N * (d->H + d->KV) * d->hd);
 }
@@ -214,10 +229,10 @@ cost loom_price_block_fwd(pricer *q, const shapes *d, int moe) {
     cost c = {0, 0, 0, 0};
     const double N = d->N, Ns = d->Ns, C = d->C;
     c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, N, d->QKV, C) + rope(q, d);
-    c.tp = sp_gather(q, d);
+    c.tp = sp_gather_gemm(q, d, 0);
     add(&c, attention_cost(q, d, 0));
     c.compute += gemm(q, LOOM_GEMM_NT, N, C, d->A) + ew(q, LOOM_EW_ADD, Ns, C) + norm_fwd(q, d);
-    c.tp += tp_reduce(q, d) + sp_gather(q, d);
+    c.tp += tp_reduce_linear(q, d) + (moe ? sp_gather(q, d) : sp_gather_gemm(q, d, 0));
     if (moe) {
         add(&c, moe_fwd(q, d));
         if (d->sp) c.compute += copy_ms(q, Ns * C);
@@ -226,7 +241,7 @@ cost loom_price_block_fwd(pricer *q, const shapes *d, int moe) {
             gemm(q, LOOM_GEMM_NT, N, d->FC, C) +
             (d->gpt2 ? ew(q, LOOM_EW_GELU_FWD, N, d->F) : ew(q, LOOM_EW_SWIGLU_FWD, N, d->F)) +
             gemm(q, LOOM_GEMM_NT, N, C, d->F);
-        c.tp += tp_reduce(q, d);
+        c.tp += tp_reduce_linear(q, d);
     }
     c.compute += ew(q, LOOM_EW_ADD, Ns, C);
     return c;
@@ -260,11 +275,11 @@ static cost column_bwd(pricer *q, const shapes *d, double OC, int input, int wei
     const double N = d->N, C = d->C;
     if (input) {
         c.compute = memset_ms(q, N * C) + gemm(q, LOOM_GEMM_NN, N, C, OC);
-        c.tp = tp_reduce(q, d);
+        c.tp = tp_reduce_linear(q, d);
     }
     if (weight) {
         c.compute += weight_grad(q, N, OC, C, bias && d->gpt2);
-        c.tp += sp_gather(q, d);
+        c.tp += sp_gather_gemm(q, d, 0);
     }
     return c;
 }
@@ -292,7 +307,7 @@ cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) 
         if (d->sp) c.tp += 2 * sp_gather(q, d), c.compute += copy_ms(q, N * C);
         add(&c, moe_bwd(q, d, 0));
     } else {
-        c.tp += sp_gather(q, d);
+        c.tp += sp_gather_gemm(q, d, d->gpt2);
         c.compute +=
             memset_ms(q, N * d->F) + gemm(q, LOOM_GEMM_NN, N, d->F, C) +
             (w ? weight_grad(q, N, C, d->F, d->gpt2) : copy_ms(q, N * C)) +
@@ -301,7 +316,7 @@ cost loom_price_block_bwd(pricer *q, const shapes *d, int moe, int weight_part) 
         add(&c, column_bwd(q, d, d->FC, 1, w, 1));
     }
     c.compute += norm_bwd(q, d);
-    c.tp += sp_gather(q, d);
+    c.tp += sp_gather_gemm(q, d, d->gpt2);
     c.compute += memset_ms(q, N * d->A) + gemm(q, LOOM_GEMM_NN, N, d->A, C) +
                  (w ? weight_grad(q, N, C, d->A, d->gpt2) : copy_ms(q, N * C)) +
                  memset_ms(q, N * d->QKV);
@@ -379,7 +394,7 @@ cost loom_price_head_fwd(pricer *q, const shapes *d) {
     cost c = {0, 0, 0, 0};
     c.compute = norm_fwd(q, d) + gemm(q, LOOM_GEMM_NT, d->N, d->V, d->C) +
                 ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) + bytes_ms(q, 8 * d->N);
-    c.tp = sp_gather(q, d);
+    c.tp = sp_gather_gemm(q, d, 0);
     if (d->tp > 1) {
         /* the shard's maximum pass, then exp/sum and the gradient (a third pass) */
         c.compute += ew(q, LOOM_EW_CROSSENTROPY, d->N, d->V) / 2;

@@ -13,6 +13,19 @@ static void set_rows(loom_tp *tp, int rows) {
         tp->row_counts[r] = rows;
         tp->row_displs[r] = r * rows;
     }
+    if (!tp->chunk_counts) return;
+    /* the all-reduce's rows: rows / size each, the first rows % size one more */
+    const int S = tp->size, base = rows / S, extra = rows % S;
+    for (int r = 0, at = 0; r < S; r++) {
+        tp->chunk_counts[r] = (base + (r < extra)) * tp->width;
+        tp->chunk_displs[r] = at;
+        at += tp->chunk_counts[r];
+    }
+    const int mine = tp->sequence_parallel ? tp->counts[tp->rank] : tp->chunk_counts[tp->rank];
+    for (int r = 0; r < S; r++) {
+        tp->piece_counts[r] = mine;
+        tp->piece_displs[r] = r * mine;
+    }
 }
 
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
@@ -50,7 +63,31 @@ loom_status loom_tp_set_rows(loom_tp *tp, int rows, loom_error *err) {
     return LOOM_OK;
 }
 
+loom_status loom_tp_wire_bf16(loom_tp *tp, loom_error *err) {
+    if (tp->size == 1 || tp->comm->device != LOOM_COMM_HOST) return LOOM_OK;
+    const size_t S = (size_t)tp->size, W = (size_t)tp->width, R = (size_t)tp->max_rows;
+    tp->send16 = malloc(R * W * sizeof *tp->send16);
+    tp->recv16 = malloc((R + S) * W * sizeof *tp->recv16);
+    tp->chunk_counts = calloc(S, sizeof(int));
+    tp->chunk_displs = calloc(S, sizeof(int));
+    tp->piece_counts = calloc(S, sizeof(int));
+    tp->piece_displs = calloc(S, sizeof(int));
+    if (!tp->send16 || !tp->recv16 || !tp->chunk_counts || !tp->chunk_displs || !tp->piece_counts ||
+        !tp->piece_displs)
+        return loom_error_set(err, LOOM_ERR_NOMEM,
+                              "tensor parallelism: out of memory for the bf16 messages");
+    tp->wire_bf16 = 1;
+    set_rows(tp, tp->rows);
+    return LOOM_OK;
+}
+
 void loom_tp_free(loom_tp *tp) {
+    free(tp->send16);
+    free(tp->recv16);
+    free(tp->chunk_counts);
+    free(tp->chunk_displs);
+    free(tp->piece_counts);
+    free(tp->piece_displs);
     free(tp->counts);
     free(tp->displs);
     free(tp->row_counts);
@@ -60,23 +97,81 @@ void loom_tp_free(loom_tp *tp) {
     memset(tp, 0, sizeof *tp);
 }
 
-loom_status loom_tp_reduce(loom_tp *tp, float *partial, float *out) {
+/* What one rank sends of n elements of `bytes` each: the (size - 1) / size of them that go to
+ * the other ranks (a reduce-scatter's or an all-gather's share, with equal pieces). */
+static double share(const loom_tp *tp, double n, double bytes) {
+    return n * bytes * (tp->size - 1) / tp->size;
+}
+
+static loom_status reduce_f32(loom_tp *tp, float *partial, float *out) {
     if (tp->size == 1) return LOOM_OK;
-    if (!tp->sequence_parallel)
+    const double n = (double)tp->rows * tp->width;
+    if (!tp->sequence_parallel) {
+        tp->bytes_f32 += 2 * share(tp, n, 4); /* a reduce-scatter and an all-gather */
         return loom_comm_allreduce_sum(tp->comm, partial, (size_t)tp->rows * tp->width, tp->err);
+    }
+    tp->bytes_f32 += share(tp, n, 4);
     loom_comm_handle h;
     loom_status st = loom_comm_ireduce_scatter_sum(tp->comm, partial, out, tp->counts, &h, tp->err);
     return st ? st : loom_comm_wait(&h, tp->err);
 }
 
-loom_status loom_tp_gather(loom_tp *tp, const float *local, float *full, const float **inp) {
+static loom_status gather_f32(loom_tp *tp, const float *local, float *full, const float **inp) {
     if (!tp->sequence_parallel) {
         *inp = local;
         return LOOM_OK;
     }
+    tp->bytes_f32 += (double)tp->counts[tp->rank] * 4 * (tp->size - 1);
     memcpy(full + tp->displs[tp->rank], local, (size_t)tp->counts[tp->rank] * sizeof(float));
     *inp = full;
     return loom_comm_allgatherv(tp->comm, full, tp->counts, tp->displs, tp->err);
+}
+
+loom_status loom_tp_reduce(loom_tp *tp, float *partial, float *out) {
+    return reduce_f32(tp, partial, out);
+}
+
+loom_status loom_tp_gather(loom_tp *tp, const float *local, float *full, const float **inp) {
+    return gather_f32(tp, local, full, inp);
+}
+
+loom_status loom_tp_reduce_linear(loom_tp *tp, float *partial, float *out) {
+    if (!tp->wire_bf16) return reduce_f32(tp, partial, out);
+    const int S = tp->size, me = tp->rank, sp = tp->sequence_parallel;
+    const int *counts = sp ? tp->counts : tp->chunk_counts;
+    const int *displs = sp ? tp->displs : tp->chunk_displs;
+    const size_t n = (size_t)tp->rows * tp->width, mine = (size_t)counts[me];
+    loom_bf16_from_f32_n(tp->send16, partial, n);
+    tp->bytes_bf16 += (double)(n - mine) * 2;
+    loom_comm_handle h;
+    loom_status st = loom_comm_ialltoallv_bf16(tp->comm, tp->send16, counts, displs, tp->recv16,
+                                               tp->piece_counts, tp->piece_displs, &h, tp->err);
+    if (st || (st = loom_comm_wait(&h, tp->err))) return st;
+    float *sum = sp ? out : partial + displs[me];
+    loom_bf16_sum_pieces(sum, tp->recv16, mine, S); /* rank order */
+    if (sp) return LOOM_OK;
+    /* every rank needs every row: the owners' sums, rounded once more, all-gathered */
+    loom_bf16_from_f32_n(tp->send16 + displs[me], sum, mine);
+    tp->bytes_bf16 += (double)mine * 2 * (S - 1);
+    st = loom_comm_iallgatherv_bf16(tp->comm, tp->send16, counts, displs, &h, tp->err);
+    if (st || (st = loom_comm_wait(&h, tp->err))) return st;
+    loom_bf16_to_f32_n(partial, tp->send16, n);
+    return LOOM_OK;
+}
+
+loom_status loom_tp_gather_linear(loom_tp *tp, const float *local, float *full, const float **inp) {
+    if (!tp->wire_bf16 || !tp->sequence_parallel) return gather_f32(tp, local, full, inp);
+    const int me = tp->rank;
+    const size_t mine = (size_t)tp->counts[me];
+    loom_bf16_from_f32_n(tp->send16 + tp->displs[me], local, mine);
+    tp->bytes_bf16 += (double)mine * 2 * (tp->size - 1);
+    loom_comm_handle h;
+    loom_status st =
+        loom_comm_iallgatherv_bf16(tp->comm, tp->send16, tp->counts, tp->displs, &h, tp->err);
+    if (st || (st = loom_comm_wait(&h, tp->err))) return st;
+    loom_bf16_to_f32_n(full, tp->send16, (size_t)tp->rows * tp->width);
+    *inp = full;
+    return LOOM_OK;
 }
 
 loom_status loom_tp_crossentropy(loom_tp *tp, float *losses, float *logits, const int32_t *targets,
@@ -84,6 +179,7 @@ loom_status loom_tp_crossentropy(loom_tp *tp, float *losses, float *logits, cons
     const int N = tp->rows;
     float *mine = tp->maxes + (size_t)tp->rank * N;
     loom_backend_crossentropy_shard_max(tp->be, mine, logits, N, V);
+    tp->bytes_f32 += (double)N * 4 * (tp->size - 1) + 2 * share(tp, 2.0 * N, 8);
     loom_status st =
         loom_comm_allgatherv(tp->comm, tp->maxes, tp->row_counts, tp->row_displs, tp->err);
     if (st) return st;

@@ -22,6 +22,7 @@
 
 #include "comm/comm.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 #include "core/error.h"
 
 typedef struct {
@@ -37,6 +38,16 @@ typedef struct {
     float *maxes;                 /* [size * rows] */
     double *sums;                 /* [2 * rows]: sum of exponentials, target logit */
     loom_error *err;              /* where failures inside forward/backward are reported */
+    /* --precision bf16 (loom_tp_wire_bf16): the linears' collectives move bf16 */
+    int wire_bf16;
+    loom_bf16 *send16, *recv16;       /* [max_rows * width], [(max_rows + size) * width] */
+    int *chunk_counts, *chunk_displs; /* per rank: its rows of an all-reduce's sum (elements) */
+    int *piece_counts, *piece_displs; /* per rank: what this rank receives of each rank */
+    /* Bytes this rank sent to the others through the calls below since creation, counted
+     * per collective as its schedule sends them (an all-reduce as a reduce-scatter and an
+     * all-gather; a reduce-scatter or all-gather of equal pieces: (size-1)/size of it). */
+    double bytes_bf16; /* the linears' messages under --precision bf16 */
+    double bytes_f32;  /* everything else (fp32; the loss's sums are f64) */
 } loom_tp;
 
 loom_status loom_tp_create(loom_tp *tp, loom_comm *comm, int sequence_parallel, int rows, int width,
@@ -54,6 +65,24 @@ loom_status loom_tp_reduce(loom_tp *tp, float *partial, float *out);
 /* Column-parallel input: with sequence parallelism all-gathers every rank's local rows
  * into full [rows, width] and sets *inp = full; else *inp = local. */
 loom_status loom_tp_gather(loom_tp *tp, const float *local, float *full, const float **inp);
+
+/* --precision bf16: the linears' collectives below move bf16 from now on (a host group of
+ * two or more ranks; nothing to do otherwise). LOOM_ERR_NOMEM. */
+loom_status loom_tp_wire_bf16(loom_tp *tp, loom_error *err);
+
+/* The linear layers' collectives (model/tp_linear.c). In fp32 loom_tp_reduce and
+ * loom_tp_gather. With wire_bf16 (docs/precision.md):
+ *  - reduce: each rank rounds its partial sums to bf16 (nearest even) and sends every other
+ *    rank its rows (one all-to-all of bf16: MPI adds nothing); each rank adds the pieces of
+ *    its rows in fp32 in rank order (loom_bf16_sum_pieces), so the sum is the same whatever
+ *    algorithm MPI uses and whenever the pieces arrive. With sequence parallelism that is the
+ *    reduce-scatter; without, the summed rows are rounded to bf16 once more and all-gathered
+ *    in bf16 (every rank widens the same bits), half the bytes of the fp32 all-reduce;
+ *  - gather: every rank's rows rounded to bf16 and all-gathered in bf16, widened into full
+ *    (the own rows too, so every rank reads the same values): for inputs whose only readers
+ *    are bf16 GEMMs, which round them anyway, so no bit of the run changes. */
+loom_status loom_tp_reduce_linear(loom_tp *tp, float *partial, float *out);
+loom_status loom_tp_gather_linear(loom_tp *tp, const float *local, float *full, const float **inp);
 
 /* Vocabulary-parallel softmax-cross-entropy over logits [rows, V] (columns
  * [v0, v0 + V) of the full logits), without gathering the logits: the row maxima are

@@ -154,6 +154,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = build_cp(r, err)))
         return st;
     r->tp.err = err;
+    /* --precision bf16: the linears' tensor-parallel sums and gathers travel as bf16 */
+    if (!r->size_only && loom_backend_precision(r->be) == LOOM_PRECISION_BF16 &&
+        (st = loom_tp_wire_bf16(&r->tp, err)))
+        return st;
     /* --freeze llm: the decoder's backward runs its input-gradient half only (B of split
      * backward, never followed by W), so it computes no weight gradients */
     const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM)

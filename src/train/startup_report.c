@@ -115,9 +115,13 @@ void loom_run_report_startup(const loom_run *r) {
     if (r->tp.size > 1)
         fprintf(stderr,
                 "loom: tensor parallel %d ranks%s: activations per rank %.1f MiB with sequence "
-                "parallelism, %.1f MiB without\n",
+                "parallelism, %.1f MiB without%s\n",
                 r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "", rm.act_sp / MiB,
-                rm.act_nosp / MiB);
+                rm.act_nosp / MiB,
+                r->tp.wire_bf16 ? "; the linears' sums and gathers sent as bf16" : "");
+    if (r->tp.wire_bf16) /* tp/tp.h's two bf16 message buffers */
+        fprintf(stderr, "loom: tensor-parallel bf16 message buffers: %.3f MiB\n",
+                (2.0 * r->tp.max_rows + r->tp.size) * r->tp.width * sizeof(loom_bf16) / MiB);
     if (r->cped) {
         const int sp = r->tp.sequence_parallel;
         fprintf(stderr,
@@ -156,6 +160,12 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
         fprintf(stderr,
                 "loom: tensor-parallel communication: %.2f MiB (%.0f bytes) per step per rank\n",
                 (double)mesh->tp.bytes / tc->steps / (1 << 20), (double)mesh->tp.bytes / tc->steps);
+    if (r->tp.size > 1) /* what rank 0 sent to the others (tp/tp.h's count) */
+        fprintf(stderr,
+                "loom: tensor-parallel messages: %.0f bytes sent per step by rank 0 (%.0f in bf16, "
+                "%.0f in fp32)\n",
+                (r->tp.bytes_bf16 + r->tp.bytes_f32) / steps_run, r->tp.bytes_bf16 / steps_run,
+                r->tp.bytes_f32 / steps_run);
     if (r->pipelined) /* the stage boundary's activations and gradients this rank sent */
         fprintf(stderr,
                 "loom: pipeline messages: %.3f MiB (%.0f bytes) sent per step by rank 0 (%s)\n",

@@ -83,6 +83,37 @@ want = 12 * a["memory"]["pp_slots"] * a_bytes + 4 * a_bytes
 sys.exit(0 if 0 < send[1] < send[0] and msg[1] == want else 1)
 PY
 
+# tp under bf16: the linears' tensor-parallel sums and gathers at 2 bytes an element
+# (tp/tp.h: a bf16 all-to-all, plus a bf16 all-gather without sequence parallelism; the
+# gathers of GEMM inputs in bf16). On a profile whose collectives are bytes only (no
+# latency, one bus bandwidth for every kind) llama's tp comm term is then half of fp32's
+# but for what stays fp32: the embedding's all-reduce (one N x C message besides the 4 a
+# block and the head's 1: 38/72 = 0.528 here without sequence parallelism) and the loss's
+# pieces (N x tp maxima, 2N sums).
+python3 - "$TMP/bf16.json" "$TMP/bytes.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for c in p["collectives"]:
+    c["alpha_us"], c["busbw_gbs"] = 0.0, 100.0
+json.dump(p, open(sys.argv[2], "w"))
+PY
+for sp in "" "--sequence-parallel"; do
+    for p in fp32 bf16; do
+        "$LOOM" plan --family llama --n-layer 4 --d-model 512 --n-head 8 --n-kv-head 4 \
+            --d-ff 1024 --vocab-size 300 --seq-len 256 --global-batch 16 --micro-batch 4 \
+            --profile "$TMP/bytes.json" --explain "--tp 2 $sp" --precision $p --json \
+            >"$TMP/tp_$p.json" 2>>"$TMP/err"
+    done
+    check "tp 2 $sp bf16: the tp messages priced at about half" python3 - "$TMP/tp_fp32.json" \
+        "$TMP/tp_bf16.json" <<'PY'
+import json, sys
+tp = [{t["name"]: t["ms"] for t in json.load(open(f))["time"]["terms"]}["tp comm"]
+      for f in sys.argv[1:3]]
+print("tp comm ms (fp32, bf16):", tp)
+sys.exit(0 if 0.5 * tp[0] < tp[1] < 0.55 * tp[0] else 1)
+PY
+done
+
 # the search: the top layouts are ones loom train accepts
 "$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --json >"$TMP/top.json" 2>"$TMP/err"
 check "search runs" test $? -eq 0

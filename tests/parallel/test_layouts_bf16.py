@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""--precision bf16 in every kind of layout: dp 2 (ZeRO 1 and 3), tp 2, pp 2 (gpt2 1f1b,
-llama zb and interleaved) against one bf16 process, 8 steps, both families; one layout
-twice bitwise.
+"""--precision bf16 in every kind of layout: dp 2 (ZeRO 1 and 3), tp 2 with and without
+sequence parallelism, pp 2 (gpt2 1f1b, llama zb and interleaved) against one bf16 process,
+8 steps, both families; dp2_zero3 (and gpt2's tp2_sp) twice bitwise.
 
 Why the tolerance is not fp32's 1e-5. In fp32 the layouts differ from one process only by
 summation order: operands of the GEMMs differ by delta ~ 1e-7 relative. In bf16 those
@@ -11,11 +11,28 @@ fraction ~ delta / 2^-8 of them) moves by ~2^-8 of itself, the others not at all
 tensor that is a relative 2-norm difference of about sqrt(delta / 2^-8) * 2^-8 =
 sqrt(delta) * 2^-4 ~ 2e-5 per GEMM (instead of 1e-7), which backward, AdamW and 8 steps
 carry on. dp keeps every GEMM's operands and sums as one process has them, so it stays at
-fp32's level (measured 0 to 3e-7); tp splits the row-parallel GEMMs' sums over the ranks,
-so it sees the flips: measured over 3 seeds, losses 2.9e-6 to 1.2e-5, the whole model's
-weights 2.0e-5 to 1.3e-4, the worst single tensor 1.2e-4 to 1.2e-3. Bounds: losses 1e-4,
-whole model 4e-4 (3x the worst measured), worst tensor 5e-3 (a small tensor whose few
-elements flip, as fp32's per-tensor bound is 10x its whole-model one).
+fp32's level (measured 0 to 3e-7); tp with fp32 messages split the row-parallel GEMMs' sums
+over the ranks, so it saw the flips: measured over 3 seeds, losses 2.9e-6 to 1.2e-5, the
+whole model's weights 2.0e-5 to 1.3e-4, the worst single tensor 1.2e-4 to 1.2e-3. Bounds:
+losses 1e-4, whole model 4e-4 (3x the worst measured), worst tensor 5e-3 (a small tensor
+whose few elements flip, as fp32's per-tensor bound is 10x its whole-model one).
+
+Tensor parallelism. Under bf16 its linears' messages are bf16 (tp/tp.h): each rank's partial
+sum of a row-parallel output or a column-parallel input gradient is rounded to bf16 and the
+pieces added in fp32 in rank order (without sequence parallelism the sum is rounded once more
+for the bf16 all-gather); the gathers of GEMM inputs move bf16, which the GEMMs read unchanged.
+Those roundings are full bf16 steps, not reorderings: against the plain process tp 2 measured
+(seeds 1-2) whole weights 5.4e-4 to 1.3e-3, worst tensor 3.6e-3 to 3.2e-2, as far as fp32 is
+from bf16 (above). So, as for pipelines, tp is compared with one bf16 process that rounds the
+same values at the same places: LOOM_BF16_ROUND_TP=2 (model/tp_round.c) computes each of those
+sums as tp's two partial GEMMs (the same shapes, prepared as tp prepares them), rounds each and
+adds them in rank order (`2,sum`: and rounds the sum, for tp without sequence parallelism).
+Measured (seed 1): llama tp 2 and tp 2 + sp and gpt2 tp 2 bitwise equal to it, gpt2 tp 2 + sp
+within 1.1e-10 of the whole weights (its norm gradients are summed over the ranks' rows in
+another order). Bounds: the same three. Each tp run must also be more than 1e-5 from the plain
+process (its messages were rounded: measured 5.8e-4 and up). And the bytes: rank 0's count of
+what it sent (the run's end line) in bf16 is exactly half of what the fp32 tp 2 run sent for
+the same messages (llama: every linear's message is bf16, the rest fp32 in both).
 
 Pipelines. Under bf16 the stage boundary's messages are bf16 (docs/precision.md): the
 residual stream entering the next stage is rounded to nearest even once per boundary in
@@ -51,14 +68,14 @@ which moves fp32 runs far above 1e-5 and bf16 runs as far.
 
 The logits: one process (and dp, pp) keeps them in bf16, the head's fp32 sums rounded once;
 tp 2's vocabulary-parallel loss reads fp32 logits, which its head rounds to the same bf16
-values in place, so tp computes the same function and the bounds above still hold (the
-rounding's flips are the GEMMs' kind: fp32 sums split differently, then rounded). Without
-that rounding tp 2 computes another function (unrounded logits) and exceeded the weight
-bound (4.1e-4 at seed 592893038; 4.5e-5 with it): the bounds did not move.
+values in place, so tp computes the same function. Without that rounding tp 2 computed another
+function (unrounded logits) and exceeded the weight bound (4.1e-4 at seed 592893038, when tp
+was compared with the plain process; 4.5e-5 with it).
 
 Usage: test_layouts_bf16.py --loom PATH [--seed S]
 """
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -74,8 +91,11 @@ PP_MIN = 1e-5  # a pp run's distance from the plain process: above it, its messa
 LAYOUTS = [
     ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"]),
     ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
-    ("tp2", 2, ["--tp", "2"]),
 ]
+# (name, flags, LOOM_BF16_ROUND_TP of the one process that rounds as it does)
+TENSOR = [("tp2_sp", ["--tp", "2", "--sequence-parallel"], "2"), ("tp2", ["--tp", "2"], "2,sum")]
+TP_BYTES = re.compile(r"tensor-parallel messages: (\d+) bytes sent per step by rank 0 "
+                      r"\((\d+) in bf16, (\d+) in fp32\)")
 # (name, layers, the layers whose input is a stage boundary, flags): against the rounded process
 # (gpipe runs 1f1b's code in another order: measured the same bits as 1f1b)
 PIPELINES = {
@@ -117,6 +137,29 @@ def main():
             print(f"{family}: one bf16 process, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
             for name, ranks, extra in LAYOUTS:
                 compare(family, name, layouts.run(name, ranks, extra), ref, "one process")
+            for name, extra, emulate in TENSOR:
+                os.environ["LOOM_BF16_ROUND_TP"] = emulate
+                try:
+                    rounded = layouts.run(f"rounded_tp_{emulate}", 1)
+                finally:
+                    del os.environ["LOOM_BF16_ROUND_TP"]
+                got = layouts.run(name, 2, extra)
+                check("the linears' sums and gathers sent as bf16" in got.stderr,
+                      f"{family} {name}: the messages' start-up line")
+                compare(family, name, got, rounded,
+                        f"one process rounding the partial sums as tp 2 (LOOM_BF16_ROUND_TP={emulate})")
+                whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
+                check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the weights "
+                      f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
+            if family == "llama":  # the bytes: every linear's message at 2 bytes an element
+                tp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run(
+                    "tp2", 2, ["--tp", "2"])
+                b16, b32 = (TP_BYTES.search(r.stderr) for r in (layouts.runs["tp2"], tp32))
+                check(b16 and b32 and int(b32.group(2)) == 0 and int(b16.group(2)) > 0 and
+                      2 * int(b16.group(2)) + int(b16.group(3)) == int(b32.group(1)),
+                      f"{family} tp2 bytes sent per step by rank 0: bf16 run "
+                      f"{b16.group(0) if b16 else None}; fp32 run {b32.group(0) if b32 else None}: "
+                      f"the bf16 messages half of what fp32 sent for them")
             for name, n_layer, bounds, extra in PIPELINES[family]:
                 lay = layouts if n_layer == 2 else Layouts(
                     base + ["--n-layer", str(n_layer), "--precision", "bf16"], tmp,
@@ -139,6 +182,10 @@ def main():
             again = layouts.run("dp2_zero3_again", 2, LAYOUTS[1][2])
             check(bitwise(again, layouts.runs["dp2_zero3"]),
                   f"{family} bf16 dp2_zero3 twice: bitwise the same losses and weights")
+            if family == "gpt2":  # its sp run is not bitwise its reference (norm sums' order)
+                again = layouts.run("tp2_sp_again", 2, TENSOR[0][1])
+                check(bitwise(again, layouts.runs["tp2_sp"]),
+                      f"{family} bf16 tp2_sp twice: bitwise the same losses and weights")
             fp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run("single", 1)
             whole, _, _ = weights_error(fp32.params, ref.params, D_MODEL)
             l_err = loss_error(fp32.losses, ref.losses)

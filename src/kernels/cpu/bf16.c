@@ -113,6 +113,16 @@ void loom_bf16_to_f32_n(float *dst, const loom_bf16 *src, size_t n) {
     }
 }
 
+void loom_bf16_sum_pieces(float *dst, const loom_bf16 *pieces, size_t n, int count) {
+    /* piece order, whatever arrived first: the same sum on every run */
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float s = loom_bf16_to_f32(pieces[i]);
+        for (int k = 1; k < count; k++) s += loom_bf16_to_f32(pieces[(size_t)k * n + i]);
+        dst[i] = s;
+    }
+}
+
 /* One Philox block gives 8 16-bit draws: elements 8k .. 8k+7 share counter k. */
 static loom_philox_block sr_block(uint64_t seed, uint32_t stream, uint64_t k) {
     const uint32_t counter[4] = {(uint32_t)k, (uint32_t)(k >> 32), stream, 0x62663136u /* bf16 */};
