@@ -87,7 +87,8 @@ def main():
               "(train, gen) = (1, 1) given explicitly: bitwise the one-process run")
         layouts = (("dp2", ["--dp", "2"], 2),
                    ("train_dp2z3_gen_dp2",
-                    ["--train-layout", "--dp 2 --zero 3", "--gen-layout", "--dp 2"], 2),
+                    ["--train-layout", "--dp 2 --zero 3", "--gen-layout", "--dp 2", "--trace",
+                     os.path.join(tmp, "z3_trace.json")], 2),
                    ("train_tp2_gen_dp2", ["--train-layout", "--tp 2", "--gen-layout", "--dp 2"], 2),
                    ("train_tp2dp2z1_gen_dp4",
                     ["--train-layout", "--tp 2 --dp 2 --zero 1", "--gen-layout", "--dp 4"], 4),
@@ -151,6 +152,11 @@ def main():
             its = [r for r in m if "reward_mean" in r]
             check(its[0].get("ratio_not_one_first_epoch") == 0,
                   f"{name}: first-epoch ratio exactly 1")
+        # --trace: a span per phase, reshard included (ZeRO-3 keeps a generation copy)
+        names = {e.get("name") for e in json.load(open(os.path.join(tmp, "z3_trace.json")))
+                 ["traceEvents"]}
+        want = {"generation", "reward", "logprob", "reference", "update", "reshard"}
+        check(want <= names, f"--trace (ZeRO-3 training, dp 2 generation): {sorted(want & names)}")
         m, w = results["train_cp2_gen_dp2"]
         m_again, w_again = results["train_cp2_gen_dp2_again"]
         check(m_again == m and all((w_again[k] == w[k]).all() for k in w),
