@@ -219,7 +219,7 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
                     "256, as loom data arith writes)");
     /* MoE routes dropless: generation routes one token at a time and never drops, so the
      * update's forward must not either (its log-probabilities are then the sampler's) */
-    rc->capacity_ignored = o->model.capacity_factor;
+    rc->capacity_ignored = moe ? o->model.capacity_factor : 0.0f;
     o->model.capacity_factor = 0.0f;
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");

@@ -5,7 +5,7 @@
  * coefficient, under the frozen initial model; (4) GRPO updates (rl/grpo.h) through the
  * trainer's own run: its model (or pipeline stage), gradient sync and AdamW step
  * (train/run.h); (5) the weights resharded into the generation layout (every rank whole)
- * when the training layout shards them (tp, pp, ZeRO-3). Each rank generates its slice of
+ * when the training layout shards them (tp, pp, ZeRO-3, ep). Each rank generates its slice of
  * the iteration's sequences; each data rank of the training layout trains its slice. */
 #ifndef LOOM_RL_RL_H
 #define LOOM_RL_RL_H
