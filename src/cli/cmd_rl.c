@@ -87,7 +87,7 @@ static loom_flag_spec rl_spec(loom_flag (*flags)[RL_N_FLAGS], loom_rl_config *rc
                          0, 1e9, "minutes >= 0"),
         LOOM_FLAG_FN(2, "train-layout", train_layout, set_path, "\"FLAGS\"",
                      "loom train's layout flags for the update (--tp, --dp, --pp,\n"
-                     "--zero, --cp, --sequence-parallel)"),
+                     "--zero, --cp, --sequence-parallel, --ep with --n-experts)"),
         LOOM_FLAG_FN(2, "gen-layout", gen_layout, set_path, "\"--dp N\"",
                      "the generation layout: N = the world, each rank whole weights\n"
                      "(the default), or \"--tp T\": world / T replicas of T tensor-\n"
@@ -174,9 +174,12 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     }
     const loom_layout *l = &tc->layout;
     char msg[512];
-    if (l->ep > 1)
-        return fail("--train-layout: loom rl trains with --dp, --tp (--sequence-parallel), --cp, "
-                    "--pp and --zero; not --ep (dense models only)");
+    const int moe = o->model.n_experts > 0;
+    if (l->ep > 1 && !moe)
+        return fail("--train-layout: --ep needs a mixture-of-experts model (--n-experts)");
+    if (moe && l->pp > 1)
+        return fail("--train-layout: loom rl trains a mixture-of-experts model without --pp "
+                    "(its auxiliary losses are not weighted in the pipeline's GRPO loss)");
     const struct {
         const char *flag, *value;
     } unsupported[] = {{"--dump-dir", tc->dump_dir},
@@ -208,9 +211,16 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
         return fail(msg);
     }
     rc->gen_tp = gtp;
-    if (o->model.family == LOOM_FAMILY_DIT || o->model.n_experts > 0 || o->model.vocab_size != 256)
-        return fail("model: loom rl trains dense language models on byte tokens (--vocab-size "
+    if (moe && gtp > 1)
+        return fail("--gen-layout: a mixture-of-experts model generates on whole replicas "
+                    "(\"--dp N\"), not --tp");
+    if (o->model.family == LOOM_FAMILY_DIT || o->model.vocab_size != 256)
+        return fail("model: loom rl trains language models on byte tokens (--vocab-size "
                     "256, as loom data arith writes)");
+    /* MoE routes dropless: generation routes one token at a time and never drops, so the
+     * update's forward must not either (its log-probabilities are then the sampler's) */
+    rc->capacity_ignored = moe ? o->model.capacity_factor : 0.0f;
+    o->model.capacity_factor = 0.0f;
     if (strcmp(tc->device, "cpu") != 0 && tc->device[0])
         return fail("--device: loom rl runs on the CPU");
     const int n = rc->prompts_per_iter * rc->group_size, dp = l->dp > 0 ? l->dp : 1;
@@ -282,6 +292,11 @@ int loom_cmd_rl(int argc, char **argv) {
     if ((st = loom_heartbeat_start(world.rank, world.size, &err))) /* under loom run */
         fprintf(stderr, "loom rl: rank %d: no heartbeats: %s\n", world.rank, err.msg);
     loom_mesh mesh;
+    if (rc.capacity_ignored > 0 && world.rank == 0)
+        fprintf(stderr,
+                "loom rl: the MoE routes dropless (capacity factor %g not applied: generation "
+                "routes one token at a time and drops none, so the update drops none)\n",
+                (double)rc.capacity_ignored);
     if ((st = loom_mesh_create(&mesh, &world, tc->layout, &err))) {
         if (world.rank == 0) fprintf(stderr, "loom rl: %s\n", err.msg);
         loom_heartbeat_stop(1, err.msg);

@@ -11,13 +11,13 @@
 #include "core/trace.h"
 #include "core/fs.h"
 #include "core/philox.h"
+#include "model/moe.h"
 #include "model/weights.h"
 #include "rl/prompts.h"
 #include "rl/reference.h"
 #include "rl/reward.h"
-#include "parallel/reshard.h"
+#include "rl/gen_layout.h"
 #include "rl/rollout.h"
-#include "train/ckpt_tensors.h"
 #include "train/run.h"
 #include "train/schedule.h"
 
@@ -37,51 +37,6 @@ void loom_rl_config_defaults(loom_rl_config *rc) {
     rc->gen_tp = 1;
 }
 
-/* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
- * k x G + sample over the iteration; the generation layout gives its replica w (world
- * rank / gen tp) the slice [g0, g0 + gper), the training layout gives data rank d
- * [q0, q0 + per). */
-typedef struct {
-    const loom_rl_config *rc;
-    loom_run *run;
-    int n_global, per, q0, gper, g0;
-    int T, W, V, Vl; /* positions, record words, vocabulary, its part on this tp rank */
-    int Tm;          /* positions a sample the model is planned for here (--cp: T / cp) */
-    loom_prompt_set train, eval;
-    loom_batch_generator gen;
-    uint8_t *stop; /* [V]: the newline ends a completion */
-    /* the generation layout's own copy of the weights (training with --tp > 1): every
-     * rank whole, filled from the training shards by reshard */
-    loom_param_table gen_table;
-    float *gen_params; /* NULL: generation reads the training buffer (tp 1) */
-    loom_ckpt_descs train_descs, gen_descs;
-    loom_reshard to_gen;
-    /* --gen-layout "--tp T": the generation mesh (tp T x dp world / T); gdp replicas, this
-     * rank's replica grank, glead: its tp rank 0 (scores and counts for the replica) */
-    loom_mesh gmesh;
-    int gmesh_on, gdp, grank, glead;
-    double reshard_ms, reshard_bytes;
-    /* every sequence of the iteration ([n_global]) */
-    const int32_t **pptr;
-    int *plen, *clen, *pidx;    /* pidx: the prompt (a line of --prompts) of each sequence */
-    int32_t *comp;              /* [n_global, max_new] */
-    uint64_t *stream;           /* [gper] */
-    float *reward;              /* [n_global] */
-    double *sums;               /* [n_global (2 + max_new)]: exchange of the gen slices */
-    float *adv, *weight;        /* [per T] per token */
-    float *old_logp, *ref_logp; /* [per T] */
-    /* the first PPO epoch's own forward writes old_logp (the policy before the update:
-     * the same forward, so the same numbers as the separate pass of a checked iteration) */
-    int old_from_update;
-    float *ref_params;   /* kl_coef > 0: the initial weights (this rank's shard) */
-    float *full, *parts; /* --tp > 1: a micro-batch's whole-vocabulary logits */
-    char **ctext;        /* [gper] completion bytes for the reward */
-    size_t *ctext_len, *ptext_len;
-    /* --pp > 1: where the last stage's log-probabilities and update statistics go */
-    float *stage_logp;
-    loom_grpo_stats *stage_stats;
-} rl_state;
-
 static void state_free(rl_state *s) {
     loom_batch_generator_free(&s->gen);
     loom_reshard_free(&s->to_gen);
@@ -96,87 +51,6 @@ static void state_free(rl_state *s) {
     free(s->stream), free(s->reward), free(s->sums), free(s->adv), free(s->weight);
     free(s->old_logp), free(s->ref_logp), free(s->ref_params), free(s->ctext);
     free(s->ctext_len), free(s->ptext_len), free(s->gen_params), free(s->full), free(s->parts);
-}
-
-/* Training layout -> generation layout (the generator's copy), timed. */
-static loom_status reshard(rl_state *s, loom_error *err) {
-    if (!s->gen_params) return LOOM_OK;
-    loom_run *r = s->run;
-    double t0 = loom_now_ms();
-    loom_trace_begin(r->trace, "reshard", "rl");
-    loom_status st;
-    if (r->sharded) { /* ZeRO-3: the shards gathered whole on every rank, then copied */
-        if (!(st = loom_fsdp_gather_all(r->sharded, err))) {
-            if (s->to_gen.comm) /* a generation tp shard, or from pipeline stages */
-                st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
-            else
-                memcpy(s->gen_params, r->params, s->gen_table.total * sizeof(float));
-        }
-        loom_fsdp_invalidate(r->sharded);
-    } else
-        st = loom_reshard_run(&s->to_gen, r->params, s->gen_params, err);
-    loom_trace_end(r->trace);
-    s->reshard_ms = loom_now_ms() - t0;
-    return st;
-}
-
-/* With --tp > 1, --pp > 1 or ZeRO-3 in training, or --tp in generation, the generator
- * gets its own copy (whole, or its generation tp shard), and the move that fills it: tp
- * shards and pipeline stages through parallel/reshard.h's plan (a stage's tensors
- * described in the whole model's order); ZeRO-3's flat shards through the trainer's own
- * all-gather (parallel/fsdp.h), then copied (a tp shard: the plan's local copies). */
-static loom_status open_gen_layout(rl_state *s, loom_error *err) {
-    loom_run *r = s->run;
-    loom_mesh *mesh = r->mesh;
-    if (mesh->layout.tp == 1 && !r->sharded && !r->pipelined && !s->gmesh_on) return LOOM_OK;
-    const int gtp = s->gmesh_on ? s->gmesh.tp.size : 1;
-    loom_status st = loom_params_build(
-        &s->gen_table, r->mc,
-        &(loom_params_options){.tp_rank = s->gmesh_on ? s->gmesh.tp_rank : 0, .tp_size = gtp}, err);
-    if (st) return st;
-    if (!(s->gen_params = malloc(s->gen_table.total * sizeof(float))))
-        return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the weights");
-    size_t train_floats = r->model.table.total;
-    if (r->sharded) {
-        train_floats = r->zero.shard_floats;
-        s->reshard_bytes = (double)(r->model.table.total - train_floats) * 4.0 * mesh->size;
-    }
-    /* ZeRO-3 (tp 1, no stages) to whole replicas: the gathered whole copied; else a plan
-     * (ZeRO-3: from the gathered stage or tp shard, the data-parallel ranks its replicas) */
-    if (!r->sharded || s->gmesh_on || r->pipelined || mesh->layout.tp > 1) {
-        if ((st = loom_ckpt_tensors_describe(&s->gen_descs, &s->gen_table, err)) ||
-            (st = r->pipelined ? loom_ckpt_tensors_describe_as(&s->train_descs, &r->model.table,
-                                                               &s->gen_descs, err)
-                               : loom_ckpt_tensors_describe(&s->train_descs, &r->model.table, err)))
-            return st;
-        /* the replicas of a training piece: dp x cp ranks (cp ranks hold the same weights) */
-        loom_reshard_side train = {&s->train_descs, r->model.table.total, mesh->dp_rank,
-                                   loom_layout_replicas(mesh->layout)};
-        loom_reshard_side gen = {&s->gen_descs, s->gen_table.total, mesh->rank, mesh->size};
-        if ((st = loom_reshard_plan(&s->to_gen, &mesh->world, &train, &gen, err))) return st;
-        s->reshard_bytes += s->to_gen.bytes_moved;
-    }
-    if (mesh->layout.tp > 1) {
-        const size_t N = (size_t)s->rc->ppo_micro_batch * s->T * s->V;
-        s->full = malloc(N * sizeof(float));
-        s->parts = malloc(N * sizeof(float));
-        if (!s->full || !s->parts)
-            return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory for the logits");
-    }
-    char pp[32] = "", gen[64] = "", cp[32] = "";
-    if (r->pipelined) snprintf(pp, sizeof pp, "pp %d x ", mesh->layout.pp);
-    if (mesh->layout.cp > 1) snprintf(cp, sizeof cp, " x cp %d", mesh->layout.cp);
-    if (gtp > 1) snprintf(gen, sizeof gen, "tp %d x ", gtp);
-    if (mesh->rank == 0)
-        fprintf(stderr,
-                "loom rl: generation layout %sdp %d (%s on every rank, %.3f MiB); "
-                "training layout %stp %d x dp %d%s%s (%.3f MiB of weights on rank 0); reshard "
-                "moves %.3f MiB between ranks\n",
-                gen, s->gdp, gtp > 1 ? "a tp shard" : "whole weights",
-                s->gen_table.total * 4.0 / 1048576.0, pp, mesh->layout.tp, mesh->layout.dp, cp,
-                r->sharded ? " ZeRO-3" : "", train_floats * 4.0 / 1048576.0,
-                s->reshard_bytes / 1048576.0);
-    return reshard(s, err);
 }
 
 static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc, loom_error *err) {
@@ -204,6 +78,7 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     s->W = mc->seq_len + 1;
     s->V = mc->vocab_size;
     s->Vl = mc->vocab_size / mesh->layout.tp;
+    s->aux_dloss = 1.0f / (float)((size_t)s->n_global * s->T); /* as loom train's */
     if ((st = loom_prompts_load(&s->train, "--prompts", rc->prompts, s->T, err)) ||
         (rc->eval_prompts[0] &&
          (st = loom_prompts_load(&s->eval, "--eval-prompts", rc->eval_prompts, s->T, err))))
@@ -241,7 +116,7 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     }
     if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
     if (s->V > '\n') s->stop['\n'] = 1;
-    if ((st = open_gen_layout(s, err))) return st;
+    if ((st = loom_rl_gen_layout_open(s, err))) return st;
     const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
     if ((st = loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
                                           s->gper, err)))
@@ -522,9 +397,11 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
                                             stage_loss, s, &unused, err);
     }
     float *x;
-    for (int k = 0; !st && k < s->per / M; k++)
+    for (int k = 0; !st && k < s->per / M; k++) {
         if (!(st = forward(s, k, params, err)) && !(st = whole_logits(s, m, &x, err)))
             micro_batch_rows(s, m, k, x, out, NULL);
+        loom_moe_loss_sum(m->moe, 0.0f, 0); /* MoE: no auxiliary losses outside the update */
+    }
     if (!st) st = loom_model_set_tokens(m, s->Tm, err); /* the model's whole length again */
     return st;
 }
@@ -553,6 +430,9 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
             (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
         *loss += micro_batch_rows(s, m, k, x, NULL, stats);
+        /* MoE: the auxiliary losses weighted as loom train weights them (1 / the batch's
+         * positions a token: --aux-loss-coef x their mean over micro-batches) */
+        if (m->moe) *loss += s->aux_dloss * loom_moe_loss_sum(m->moe, s->aux_dloss, 1);
         own_dlogits(s, m);
         const size_t n = (size_t)s->rc->ppo_micro_batch * m->T * s->Vl;
         if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
@@ -754,7 +634,7 @@ static loom_status loop(rl_state *s, loom_error *err) {
             s->old_from_update = 0; /* later epochs: the log-probabilities before the update */
             loom_progress_step_done(step + 1, m.loss, loom_now_ms() - m.t0);
         }
-        if ((st = reshard(s, err))) return st;
+        if ((st = loom_rl_reshard(s, err))) return st;
         m.t4 = loom_now_ms();
         double *sums = m.sums;
         sums[0] = first.tokens, sums[1] = first.kl, sums[2] = first.clipped;

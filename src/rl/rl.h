@@ -5,7 +5,7 @@
  * coefficient, under the frozen initial model; (4) GRPO updates (rl/grpo.h) through the
  * trainer's own run: its model (or pipeline stage), gradient sync and AdamW step
  * (train/run.h); (5) the weights resharded into the generation layout (every rank whole)
- * when the training layout shards them (tp, pp, ZeRO-3). Each rank generates its slice of
+ * when the training layout shards them (tp, pp, ZeRO-3, ep). Each rank generates its slice of
  * the iteration's sequences; each data rank of the training layout trains its slice. */
 #ifndef LOOM_RL_RL_H
 #define LOOM_RL_RL_H
@@ -15,27 +15,8 @@
 #include "model/generate.h"
 #include "parallel/mesh.h"
 #include "rl/grpo.h"
+#include "rl/rl_config.h"
 #include "train/train_config.h"
-
-typedef struct {
-    char prompts[LOOM_PATH_MAX];      /* --prompts: one prompt a line */
-    char eval_prompts[LOOM_PATH_MAX]; /* --eval-prompts: held-out, greedy, exact match */
-    int eval_every;                   /* iterations between evaluations (0: start and end) */
-    int iterations;                   /* --iterations */
-    int prompts_per_iter;             /* --prompts-per-iter P */
-    int group_size;                   /* --group-size G >= 2 */
-    loom_sampling sampling;           /* --temperature (> 0), --top-p */
-    int max_new;                      /* --max-new-tokens */
-    loom_grpo_config grpo;            /* --clip-eps, --kl-coef */
-    loom_grpo_norm norm;              /* --loss-norm sequence | token */
-    int ppo_epochs;                   /* --ppo-epochs: optimizer steps per iteration */
-    int ppo_micro_batch;              /* --ppo-micro-batch: sequences per forward/backward */
-    char reward_cmd[LOOM_PATH_MAX];   /* --reward-cmd; "" = the arithmetic verifier */
-    float time_limit_min;             /* --time-limit: no iteration starts after (0: none) */
-    int gen_tp;                       /* --gen-layout "--tp T": generation's tp group (1) */
-} loom_rl_config;
-
-void loom_rl_config_defaults(loom_rl_config *rc);
 
 /* Runs the loop on the mesh (every rank calls it). tc is loom train's configuration of
  * the run: the model's initial weights (--init-from), the optimizer, the seed, --metrics

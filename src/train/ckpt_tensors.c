@@ -53,6 +53,10 @@ loom_status loom_ckpt_tensors_describe_as(loom_ckpt_descs *out, const loom_param
         while (j < own.n && strcmp(own.items[j].name, o->name) != 0) j++;
         if (j < own.n) {
             out->items[i] = own.items[j];
+            /* expert parallelism: the ep group is one replica of the whole model, its
+             * experts split over its ranks; its dense tensors are written by ep rank 0 */
+            if (t->ep_size > 1 && t->ep_rank != 0 && t->params[j].expert < 0)
+                out->items[i].written = 0;
             found++;
             continue;
         }

@@ -4,7 +4,8 @@
  * tied embedding a replica on the last stage; each stage's tensors described in the whole
  * model's order, train/ckpt_tensors.h), and back. loom rl's tensor-parallel generation
  * layout: the batched KV-cache decoder on the resharded tp 2 shards (2 ranks) gives the
- * whole model's logits (<= 1e-5 of their scale) at every step. Every destination element
+ * whole model's logits (<= 1e-5 of their scale) at every step. Expert parallelism: a MoE
+ * llama's ep 2 ranks (each its own experts) -> whole replicas -> ep 2. Every destination element
  * must be the source's bit for bit, and the round trip train -> gen -> train gives the
  * training buffer back bitwise. A random seed each run (printed). Run under mpirun -n N. */
 #include <math.h>
@@ -191,6 +192,60 @@ static void round_trip_pp(loom_comm *c, const loom_model_config *cfg, uint64_t s
     drop(&whole), drop(&want);
 }
 
+/* Expert parallelism (loom rl's --ep in training): ep 2 x dp world/2, each ep rank's
+ * experts registered alone (its tensors described in the whole model's order; the ep
+ * group one replica, its dense tensors written by ep rank 0) -> whole replicas (dp world)
+ * -> ep ranks again: both bitwise. */
+static void round_trip_ep(loom_comm *c, const loom_model_config *cfg, uint64_t seed,
+                          const char *what) {
+    const int ep = 2, groups = c->size / ep;
+    view whole, want;
+    loom_param_table et[2];
+    loom_ckpt_descs ed[2];
+    float *buf[2];
+    loom_error err = {0};
+    if (make(&whole, cfg, c->size, c->rank, 1, seed, 0) ||
+        make(&want, cfg, c->size, c->rank, 1, seed, 1)) {
+        failures++;
+        return;
+    }
+    whole.side = (loom_reshard_side){&whole.descs, whole.table.total, c->rank, c->size};
+    const loom_params_options o = {.ep_rank = c->rank % ep, .ep_size = ep};
+    for (int k = 0; k < 2; k++) {
+        if (loom_params_build(&et[k], cfg, &o, &err) ||
+            loom_ckpt_tensors_describe_as(&ed[k], &et[k], &whole.descs, &err)) {
+            CHECK(0, "%s: %s", what, err.msg);
+            return;
+        }
+        buf[k] = calloc(et[k].total, sizeof(float));
+    }
+    loom_params_init(&et[0], buf[0], seed);
+    loom_reshard_side src = {&ed[0], et[0].total, c->rank / ep, groups};
+    loom_reshard_side back = {&ed[1], et[1].total, c->rank / ep, groups};
+    loom_reshard there, home;
+    if (loom_reshard_plan(&there, c, &src, &whole.side, &err) ||
+        loom_reshard_run(&there, buf[0], whole.buf, &err) ||
+        loom_reshard_plan(&home, c, &whole.side, &back, &err) ||
+        loom_reshard_run(&home, whole.buf, buf[1], &err)) {
+        CHECK(0, "%s: %s", what, err.msg);
+        return;
+    }
+    CHECK(memcmp(whole.buf, want.buf, want.table.total * sizeof(float)) == 0,
+          "%s: rank %d: ep 2 -> dp %d differs from the whole model's initialisation", what, c->rank,
+          c->size);
+    CHECK(memcmp(buf[1], buf[0], et[0].total * sizeof(float)) == 0,
+          "%s: rank %d: the round trip ep 2 -> dp %d -> ep 2 is not bitwise", what, c->rank,
+          c->size);
+    if (c->rank == 0)
+        printf("%s: dp %d ep 2 -> dp %d -> dp %d ep 2: %.0f bytes moved between ranks\n", what,
+               c->size, c->size, c->size, there.bytes_moved);
+    loom_reshard_free(&there);
+    loom_reshard_free(&home);
+    for (int k = 0; k < 2; k++)
+        loom_params_free(&et[k]), loom_ckpt_descs_free(&ed[k]), free(buf[k]);
+    drop(&whole), drop(&want);
+}
+
 int main(int argc, char **argv) {
     loom_world w;
     loom_comm world;
@@ -223,6 +278,12 @@ int main(int argc, char **argv) {
         /* GPT-2 (its tied embedding a replica on the last stage); loom rl's layout test
          * reshards a llama's stages every iteration */
         if (world.size >= 2 && !fam) round_trip_pp(&world, &cfg, (uint64_t)seed + 99, what);
+        /* a MoE llama (4 experts and a shared one, replicated like the dense tensors) */
+        if (world.size >= 2 && fam) {
+            loom_model_config moe = cfg;
+            moe.n_experts = 4, moe.top_k = 2, moe.shared_expert = 1;
+            round_trip_ep(&world, &moe, (uint64_t)seed + 77, "llama MoE");
+        }
     }
     double total = failures;
     if (loom_comm_allreduce_sum_f64(&world, &total, 1, &err)) total += 1;

@@ -2,8 +2,9 @@
 injection, crash@S) is restarted from the newest checkpoint (the policy, AdamW's state, the
 iteration, which is the sampler's state, and the reference model beside it) and ends with
 the same weights as the run without a crash, bitwise; one process and dp 2. Also: a
-checkpointed run's --resume from its middle checkpoint is bitwise, --trace holds the
-generation, reference, update and reshard spans, and a resume whose reference model is
+checkpointed run training in Ulysses context parallelism (cp 2) equals one process
+(<= 1e-5) and its --resume from its iteration 3 checkpoint is bitwise, --trace holds the
+generation, reward, logprob, reference and update spans, and a resume whose reference model is
 missing fails with one line. Usage: test_rl_resume.py --loom PATH [--seed S]"""
 import json
 import os
@@ -13,7 +14,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import ADAM_EPS, MPIRUN, check, parse_test_args, run, run_test, safetensors_io  # noqa: E402
+from loomtest import (ADAM_EPS, MPIRUN, TOL, check, parse_test_args, run, run_test,  # noqa: E402
+                      safetensors_io, weights_error)
 from rl_fixture import arith_and_sft  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
@@ -76,26 +78,30 @@ def main():
               "checkpoint is committed: the restart starts fresh from --init-from): final "
               "weights bitwise the same as dp 2 without a crash")
 
-        # --resume from the middle checkpoint, and --trace
+        # --resume from the middle checkpoint, and --trace, training in Ulysses cp 2
+        # (generation: 2 whole replicas)
+        lay = ["--train-layout", "--cp 2 --cp-mode ulysses"]
         ck = os.path.join(tmp, "ck")
-        direct("full", ["--ckpt-dir", ck, "--ckpt-every", "2"])
+        full = safetensors_io.load(direct("full", lay + ["--ckpt-dir", ck, "--ckpt-every", "1"],
+                                          ranks=2))
+        whole, worst, tensor = weights_error(full, ref1, 32)
+        check(whole <= TOL and worst <= 10 * TOL,
+              f"Ulysses cp 2: weights after 4 iterations against one process: "
+              f"{whole:.2e} (worst {tensor} {worst:.2e})")
         steps = sorted(x for x in os.listdir(ck) if x.startswith("step_"))
-        check(steps and steps[0].endswith("4"), f"checkpoints at iterations 2 and 4: {steps}")
-        shutil.rmtree(os.path.join(ck, steps[-1]))
+        check(steps and steps[-2].endswith("6"), f"checkpoints up to iteration 4: {steps}")
+        shutil.rmtree(os.path.join(ck, steps[-1]))  # resumes at iteration 3 (step 6)
         trace = os.path.join(tmp, "trace.json")
-        w = direct("resumed", ["--ckpt-dir", ck, "--resume", "auto", "--trace", trace])
-        check(same(safetensors_io.load(w), ref1),
-              "--resume auto from iteration 2's checkpoint: final weights bitwise")
+        w = direct("resumed", lay + ["--ckpt-dir", ck, "--resume", "auto", "--trace", trace],
+                   ranks=2)
+        check(same(safetensors_io.load(w), full),
+              "--resume auto from iteration 3's checkpoint (Ulysses cp 2): final "
+              "weights bitwise")
         names = {e.get("name") for e in json.load(open(trace))["traceEvents"]}
         want = {"generation", "reward", "logprob", "reference", "update", "reshard"}
-        # reshard spans exist when a generation copy is kept (tp > 1 or ZeRO-3)
+        # reshard spans exist when a generation copy is kept (tp > 1 or ZeRO-3: test_rl.py
+        # checks them in its ZeRO-3 layout's trace)
         check(want - {"reshard"} <= names, f"--trace: phase spans {sorted(want & names)}")
-        tz = os.path.join(tmp, "trace_z3.json")
-        MP = MPIRUN + ["-n", "2"]
-        run(MP + [a.loom, "rl"] + base + ["--iterations", "1", "--train-layout", "--dp 2 --zero 3",
-                                         "--trace", tz], "ZeRO-3 with --trace")
-        names = {e.get("name") for e in json.load(open(tz))["traceEvents"]}
-        check(want <= names, f"--trace (ZeRO-3 training, dp 2 generation): {sorted(want & names)}")
 
         os.remove(os.path.join(ck, "rl_reference.safetensors"))
         p = subprocess.run([a.loom, "rl"] + base + ["--ckpt-dir", ck, "--resume", "auto"],
