@@ -13,8 +13,12 @@ multiplies in float64, and the head's output (the logits) rounded to bf16 once m
 keeps the logits in bf16 as autocast does (the head's GEMM rounds its fp32 sums, the loss
 and softmax run in fp32 on the widened bf16 logits), and stores their gradient in bf16 in
 the same slot, which changes nothing further, since the head's backward GEMMs round that
-gradient to bf16 anyway (the head has no bias). The rounding's backward passes the
-gradient through unchanged (as autocast's cast does). So the only differences left are summation order and fp32 against
+gradient to bf16 anyway (the head has no bias). loom also keeps attention's q, k and v
+(after RoPE) and the MLP's pre-activation (GPT-2's c_fc output, Llama's gate and up
+outputs) in bf16, where autocast's linear outputs are bf16: attention, GELU and SwiGLU
+(and their backward) read the rounded values, so the reference rounds the inputs of its
+causal_attention, of GELU and of SiLU(gate) * up once more. Each rounding's backward passes
+the gradient through unchanged (as autocast's cast does; loom's gradients stay fp32). So the only differences left are summation order and fp32 against
 float64 accumulation (~1e-7 relative), plus rounding decisions that flip where loom's fp32
 operand and the reference's lie on either side of a bf16 midpoint (each moving one product
 by 2^-8 of itself): the checks allow 1e-3 relative.
@@ -158,18 +162,45 @@ def llama_forward_bf16(self, idx):
     return RoundOut.apply(_llama_forward(self, idx))
 
 
+_plain_attention = tm.causal_attention
+_plain_gelu = F.gelu
+_llama_mlp_forward = tm.LlamaMLP.forward
+
+
+def attention_bf16(q, k, v):
+    """loom keeps qkv (after RoPE) in bf16: attention reads the rounded values."""
+    return _plain_attention(RoundOut.apply(q), RoundOut.apply(k), RoundOut.apply(v))
+
+
+def gelu_bf16(x, approximate="none"):
+    """loom keeps GPT-2's pre-activation (c_fc's output) in bf16: GELU reads it rounded."""
+    return _plain_gelu(RoundOut.apply(x), approximate=approximate)
+
+
+def llama_mlp_forward_bf16(self, x):
+    """loom keeps Llama's pre-activation [gate | up] in bf16: SwiGLU reads it rounded."""
+    gate, up = RoundOut.apply(self.gate_proj(x)), RoundOut.apply(self.up_proj(x))
+    return self.down_proj(F.silu(gate) * up)
+
+
 class rounding:
-    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16, and
-    the logits are rounded to bf16."""
+    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16, the
+    logits, attention's q, k, v and the MLP's pre-activation are rounded to bf16."""
 
     def __enter__(self):
         self.gpt2_forward = tm.GPT2.forward
         F.linear = bf16_linear
+        F.gelu = gelu_bf16
+        tm.causal_attention = attention_bf16
+        tm.LlamaMLP.forward = llama_mlp_forward_bf16
         tm.GPT2.forward = gpt2_forward_bf16
         tm.Llama.forward = llama_forward_bf16
 
     def __exit__(self, *exc):
         F.linear = _plain_linear
+        F.gelu = _plain_gelu
+        tm.causal_attention = _plain_attention
+        tm.LlamaMLP.forward = _llama_mlp_forward
         tm.GPT2.forward = self.gpt2_forward
         tm.Llama.forward = _llama_forward
 
