@@ -57,7 +57,10 @@ static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loo
     a->norm1_rstd = loom_carve(cv, Ns);
     loom_carve_kept(cv, hp, N * d->QKV, &a->qkv, &a->qkv_bf16);
     /* selective recomputation: attention's output and the activation are sel's */
-    a->att = sel ? sel->att : loom_carve(cv, N * d->A);
+    if (sel) /* fp32 (one block's worth), holding the rounded values */
+        a->att = sel->att, a->att_bf16 = NULL;
+    else
+        loom_carve_kept(cv, hp, N * d->A, &a->att, &a->att_bf16);
     a->lse = sel ? sel->lse : loom_carve(cv, (size_t)m->B * d->H * m->T);
     a->res1 = loom_carve(cv, Ns * C);
     loom_carve_kept(cv, h && mlp && !norm2_fp32, Ns * C, &a->norm2, &a->norm2_bf16);
@@ -115,7 +118,8 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->datt = loom_carve(cv, N * A);
     /* qkv kept in bf16: attention's backward reads it widened into dfc (free by then) */
     m->dfc = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && QKV > FC ? QKV : FC));
-    m->dact = loom_carve(cv, N * F);
+    /* att kept in bf16: attention's backward reads it widened into dact (free by then) */
+    m->dact = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && A > F ? A : F));
     m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
     m->moe_full =
         sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
@@ -217,10 +221,12 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
         loom_model_linear_forward(m, qkv, in1, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
         if (!is_gpt2(m)) loom_model_rope(m, qkv, d.H, d.KV, hd, 0);
         loom_model_round_pre(m, a->qkv_bf16, qkv, (size_t)N * d.QKV, 1);
-        st = loom_model_attention_forward(m, a->att, a->lse, qkv, d.H, d.KV, hd, 1);
+        float *att = a->att ? a->att : m->datt; /* kept in bf16: through datt, rounded */
+        st = loom_model_attention_forward(m, att, a->lse, qkv, d.H, d.KV, hd, 1);
+        if (!st) loom_model_round_pre(m, a->att_bf16, att, (size_t)N * d.A, 0);
     }
     if (!st) {
-        st = loom_model_row_forward(m, a->res1, loom_act_f32(a->att), p + k->attn_out_w,
+        st = loom_model_row_forward(m, a->res1, loom_act_of(a->att, a->att_bf16), p + k->attn_out_w,
                                     loom_cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
@@ -275,6 +281,7 @@ static loom_status block_recompute_selective(loom_model *m, const dims *d, int l
         qkv = m->dqkv;
     }
     loom_status st = loom_model_attention_forward(m, a->att, a->lse, qkv, d->H, d->KV, d->hd, 1);
+    if (!st) loom_model_round_pre(m, NULL, a->att, (size_t)d->N * d->A, 0); /* as forward's */
     if (!st && !k->moe) mlp_activation(m, d, a);
     loom_trace_end(m->trace);
     return st;
@@ -424,17 +431,23 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
                       p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
         st = loom_model_row_backward(m, m->dres, p + k->attn_out_w, g + k->attn_out_w,
-                                     loom_at(g, k->attn_out_b), loom_act_f32(a->att), d.A, m->datt,
-                                     a->d_res1);
+                                     loom_at(g, k->attn_out_b), loom_act_of(a->att, a->att_bf16),
+                                     d.A, m->datt, a->d_res1);
     }
     if (!st) {
-        const float *qkv = a->qkv;
-        if (a->qkv_bf16) { /* widened into dfc: the MLP's backward is done with it */
+        /* kept in bf16: qkv widened into dfc and att into dact (the MLP's backward is done
+         * with both) */
+        const float *qkv = a->qkv, *att = a->att;
+        if (a->qkv_bf16) {
             loom_backend_widen_bf16(m->be, m->dfc, a->qkv_bf16, (size_t)N * d.QKV);
             qkv = m->dfc;
         }
+        if (a->att_bf16) {
+            loom_backend_widen_bf16(m->be, m->dact, a->att_bf16, (size_t)N * d.A);
+            att = m->dact;
+        }
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-        st = loom_model_attention_backward(m, dqkv, m->datt, qkv, a->att, a->lse, d.H, d.KV, hd, 1);
+        st = loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d.H, d.KV, hd, 1);
     }
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
@@ -469,8 +482,8 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     }
     if (!st)
         st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1,
-                                      loom_act_f32(a->att), d->A, k->qkv_w, k->qkv_b, a->d_qkv,
-                                      loom_act_of(a->norm1, a->norm1_bf16), d->QKV);
+                                      loom_act_of(a->att, a->att_bf16), d->A, k->qkv_w, k->qkv_b,
+                                      a->d_qkv, loom_act_of(a->norm1, a->norm1_bf16), d->QKV);
     loom_trace_end(m->trace);
     return st;
 }
