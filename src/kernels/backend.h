@@ -255,6 +255,20 @@ typedef struct {
     /* x = the fp32 value of round_bf16(x), in place: the vocabulary-parallel head's fp32
      * logits rounded as the bf16 ones (the same function on every layout) */
     void (*round_bf16_values)(const loom_backend *be, float *x, size_t n);
+    /* The MLP's pre-activation and attention's qkv kept in bf16 (docs/precision.md; NULL
+     * where they stay fp32: the fp32 CPU table, CUDA, LOOM_BF16_FP32_ACTIVATIONS=1): GELU
+     * and SwiGLU reading a bf16 input (each value widened exactly, then the fp32 kernels'
+     * arithmetic: bit for bit the fp32 ops on the widened input), and the exact widening
+     * of n bf16 values into fp32 (attention reads its qkv widened). */
+    void (*gelu_forward_in_bf16)(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                 size_t n);
+    void (*gelu_backward_in_bf16)(const loom_backend *be, float *dinp, const loom_bf16 *inp,
+                                  const float *dout, size_t n);
+    void (*swiglu_forward_in_bf16)(const loom_backend *be, float *out, const loom_bf16 *inp, int N,
+                                   int F);
+    void (*swiglu_backward_in_bf16)(const loom_backend *be, float *dinp, const float *dout,
+                                    const loom_bf16 *inp, int N, int F);
+    void (*widen_bf16)(const loom_backend *be, float *dst, const loom_bf16 *src, size_t n);
     /* Makes, before the step, what the linear ops of shape (N, IC, OC) will need (the
      * bf16 table: its oneDNN primitives); NULL: nothing to make. */
     loom_status (*linear_prepare)(const loom_backend *be, int N, int IC, int OC, loom_error *err);
@@ -785,6 +799,35 @@ static inline loom_status loom_backend_linear_prepare_out_bf16(const loom_backen
 }
 static inline void loom_backend_round_bf16_values(const loom_backend *be, float *x, size_t n) {
     be->ops->round_bf16_values(be, x, n);
+}
+/* 1 when the table keeps the MLP's pre-activation and attention's qkv in bf16 (the ops
+ * below set). */
+static inline int loom_backend_bf16_pre_activations(const loom_backend *be) {
+    return be->ops->gelu_forward_in_bf16 != NULL && be->ops->gelu_backward_in_bf16 != NULL &&
+           be->ops->swiglu_forward_in_bf16 != NULL && be->ops->swiglu_backward_in_bf16 != NULL &&
+           be->ops->widen_bf16 != NULL && be->ops->round_bf16 != NULL;
+}
+static inline void loom_backend_gelu_forward_in_bf16(const loom_backend *be, float *out,
+                                                     const loom_bf16 *inp, size_t n) {
+    be->ops->gelu_forward_in_bf16(be, out, inp, n);
+}
+static inline void loom_backend_gelu_backward_in_bf16(const loom_backend *be, float *dinp,
+                                                      const loom_bf16 *inp, const float *dout,
+                                                      size_t n) {
+    be->ops->gelu_backward_in_bf16(be, dinp, inp, dout, n);
+}
+static inline void loom_backend_swiglu_forward_in_bf16(const loom_backend *be, float *out,
+                                                       const loom_bf16 *inp, int N, int F) {
+    be->ops->swiglu_forward_in_bf16(be, out, inp, N, F);
+}
+static inline void loom_backend_swiglu_backward_in_bf16(const loom_backend *be, float *dinp,
+                                                        const float *dout, const loom_bf16 *inp,
+                                                        int N, int F) {
+    be->ops->swiglu_backward_in_bf16(be, dinp, dout, inp, N, F);
+}
+static inline void loom_backend_widen_bf16(const loom_backend *be, float *dst, const loom_bf16 *src,
+                                           size_t n) {
+    be->ops->widen_bf16(be, dst, src, n);
 }
 static inline void loom_backend_crossentropy_forward_bf16(const loom_backend *be, float *losses,
                                                           const loom_bf16 *logits,

@@ -65,10 +65,18 @@ void loom_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const
 /* ---- GELU, tanh approximation (GPT-2), elementwise over n values ---- */
 void loom_gelu_forward(float *out, const float *inp, size_t n);
 void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* The same from a bf16 input (--precision bf16's pre-activation kept in bf16): each value
+ * widened exactly and the fp32 arithmetic above, bit for bit the fp32 kernel on the
+ * widened input. */
+void loom_gelu_forward_bf16(float *out, const loom_bf16 *inp, size_t n);
+void loom_gelu_backward_bf16(float *dinp, const loom_bf16 *inp, const float *dout, size_t n);
 
 /* ---- SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up ---- */
 void loom_swiglu_forward(float *out, const float *inp, int N, int F);
 void loom_swiglu_backward(float *dinp, const float *dout, const float *inp, int N, int F);
+/* The same from a bf16 inp (bit for bit the fp32 kernel on the widened input). */
+void loom_swiglu_forward_bf16(float *out, const loom_bf16 *inp, int N, int F);
+void loom_swiglu_backward_bf16(float *dinp, const float *dout, const loom_bf16 *inp, int N, int F);
 
 /* ---- SiLU: out = inp * sigmoid(inp), elementwise over n values ---- */
 void loom_silu_forward(float *out, const float *inp, size_t n);

@@ -32,6 +32,11 @@ typedef struct {
      * GEMMs kept as the bf16 bits those GEMMs read (norm1, norm2 and act then NULL: their
      * fp32 values pass through the model's backward scratch); NULL: kept in fp32 */
     loom_bf16 *norm1_bf16, *norm2_bf16, *act_bf16;
+    /* --precision bf16: attention's qkv (after RoPE), its output att and the MLP's
+     * pre-activation fc rounded to bf16 where autocast's outputs are, kept as those bits
+     * (qkv, att and fc then NULL; their readers load bf16 or widen them:
+     * loom_model_bf16_pre_activations) */
+    loom_bf16 *qkv_bf16, *att_bf16, *fc_bf16;
     /* split backward only (else NULL): output gradients of proj, fc, attn_out, qkv */
     float *d_res2, *d_fc, *d_res1, *d_qkv;
 } loom_block_acts;

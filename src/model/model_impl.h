@@ -29,6 +29,16 @@ void loom_carve_kept(loom_carver *cv, int bf16, size_t n, float **f, loom_bf16 *
  * backend's GEMMs are bf16 and the residual stream is not split (split: 1 under sequence
  * parallelism over tp > 1, whose gathers move fp32 rows). */
 int loom_model_bf16_activations(const loom_model *m, int split);
+/* --precision bf16 (docs/precision.md): 1 when the language models' qkv (after RoPE) and
+ * MLP pre-activation are rounded to bf16 values (every layout: the function of a bf16
+ * run); loom_model_keep_bf16_pre: 1 when they are also kept as bf16 (else as fp32 values,
+ * LOOM_BF16_FP32_ACTIVATIONS=1). */
+int loom_model_bf16_pre_activations(const loom_model *m);
+int loom_model_keep_bf16_pre(const loom_model *m);
+/* x[n], the fp32 output of qkv's or fc's GEMM, rounded as loom_model_bf16_pre_activations
+ * says: into kept (when not NULL; then x keeps its fp32 value unless widen, which writes
+ * the rounded values back), else in place when the model rounds them, else untouched. */
+void loom_model_round_pre(const loom_model *m, loom_bf16 *kept, float *x, size_t n, int widen);
 /* 1 when the language model's logits are bf16 values (docs/precision.md): the backend has
  * the bf16-logit ops, not a vlm (its loss weighs the rows in place) and not
  * cfg.fp32_logits (loom rl). */

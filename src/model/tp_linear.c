@@ -146,6 +146,24 @@ int loom_model_bf16_activations(const loom_model *m, int split) {
     return loom_backend_bf16_activations(m->be) && !split;
 }
 
+int loom_model_bf16_pre_activations(const loom_model *m) {
+    return loom_backend_precision(m->be) == LOOM_PRECISION_BF16 &&
+           m->be->ops->round_bf16_values != NULL;
+}
+
+int loom_model_keep_bf16_pre(const loom_model *m) {
+    return loom_model_bf16_pre_activations(m) && loom_backend_bf16_pre_activations(m->be);
+}
+
+void loom_model_round_pre(const loom_model *m, loom_bf16 *kept, float *x, size_t n, int widen) {
+    if (kept) {
+        loom_backend_round_bf16(m->be, kept, x, n);
+        if (widen) loom_backend_widen_bf16(m->be, x, kept, n);
+    } else if (loom_model_bf16_pre_activations(m)) {
+        loom_backend_round_bf16_values(m->be, x, n);
+    }
+}
+
 float *loom_carve(loom_carver *cv, size_t floats) {
     const size_t bytes = loom_backend_piece_bytes(cv->be, floats * sizeof(float));
     /* the arena was sized by the same pieces: the allocation cannot fail */

@@ -51,19 +51,22 @@ static int keep_bf16(const loom_model *m, const dims *d) {
 static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loom_block_acts *a,
                         size_t mlp, const loom_block_acts *sel, int norm2_fp32) {
     const size_t N = (size_t)d->N, Ns = (size_t)d->Ns, C = d->C;
-    const int h = keep_bf16(m, d);
+    const int h = keep_bf16(m, d), hp = loom_model_keep_bf16_pre(m);
     loom_carve_kept(cv, h, Ns * C, &a->norm1, &a->norm1_bf16);
     a->norm1_mean = loom_carve(cv, Ns);
     a->norm1_rstd = loom_carve(cv, Ns);
-    a->qkv = loom_carve(cv, N * d->QKV);
+    loom_carve_kept(cv, hp, N * d->QKV, &a->qkv, &a->qkv_bf16);
     /* selective recomputation: attention's output and the activation are sel's */
-    a->att = sel ? sel->att : loom_carve(cv, N * d->A);
+    if (sel) /* fp32 (one block's worth), holding the rounded values */
+        a->att = sel->att, a->att_bf16 = NULL;
+    else
+        loom_carve_kept(cv, hp, N * d->A, &a->att, &a->att_bf16);
     a->lse = sel ? sel->lse : loom_carve(cv, (size_t)m->B * d->H * m->T);
     a->res1 = loom_carve(cv, Ns * C);
     loom_carve_kept(cv, h && mlp && !norm2_fp32, Ns * C, &a->norm2, &a->norm2_bf16);
     a->norm2_mean = loom_carve(cv, Ns);
     a->norm2_rstd = loom_carve(cv, Ns);
-    a->fc = loom_carve(cv, mlp * d->FC);
+    loom_carve_kept(cv, hp && mlp, mlp * d->FC, &a->fc, &a->fc_bf16);
     if (sel)
         a->act = sel->act, a->act_bf16 = sel->act_bf16;
     else
@@ -113,8 +116,10 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->dnorm = loom_carve(cv, N * C);
     m->dqkv = loom_carve(cv, N * QKV);
     m->datt = loom_carve(cv, N * A);
-    m->dfc = loom_carve(cv, N * FC);
-    m->dact = loom_carve(cv, N * F);
+    /* qkv kept in bf16: attention's backward reads it widened into dfc (free by then) */
+    m->dfc = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && QKV > FC ? QKV : FC));
+    /* att kept in bf16: attention's backward reads it widened into dact (free by then) */
+    m->dact = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && A > F ? A : F));
     m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
     m->moe_full =
         sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
@@ -177,7 +182,11 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
  * dact (free until backward) rounded into a->act_bf16. */
 static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
     float *act = a->act ? a->act : m->dact;
-    if (is_gpt2(m))
+    if (a->fc_bf16 && is_gpt2(m)) /* the pre-activation kept in bf16 */
+        loom_backend_gelu_forward_in_bf16(m->be, act, a->fc_bf16, (size_t)d->N * d->F);
+    else if (a->fc_bf16)
+        loom_backend_swiglu_forward_in_bf16(m->be, act, a->fc_bf16, d->N, d->F);
+    else if (is_gpt2(m))
         loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
     else
         loom_backend_swiglu_forward(m->be, act, a->fc, d->N, d->F);
@@ -205,13 +214,19 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
                  Ns);
     loom_model_keep_bf16(m, a->norm1_bf16, n1, (size_t)Ns * C);
     loom_act in1;
+    /* qkv kept in bf16: through dqkv (free until backward), rounded after RoPE; attention
+     * reads the rounded values */
+    float *qkv = a->qkv ? a->qkv : m->dqkv;
     if (!(st = loom_model_tp_gather_act(m, loom_act_of(a->norm1, a->norm1_bf16), &in1))) {
-        loom_model_linear_forward(m, a->qkv, in1, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
-        if (!is_gpt2(m)) loom_model_rope(m, a->qkv, d.H, d.KV, hd, 0);
-        st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d.H, d.KV, hd, 1);
+        loom_model_linear_forward(m, qkv, in1, p + k->qkv_w, loom_cat(p, k->qkv_b), N, C, d.QKV);
+        if (!is_gpt2(m)) loom_model_rope(m, qkv, d.H, d.KV, hd, 0);
+        loom_model_round_pre(m, a->qkv_bf16, qkv, (size_t)N * d.QKV, 1);
+        float *att = a->att ? a->att : m->datt; /* kept in bf16: through datt, rounded */
+        st = loom_model_attention_forward(m, att, a->lse, qkv, d.H, d.KV, hd, 1);
+        if (!st) loom_model_round_pre(m, a->att_bf16, att, (size_t)N * d.A, 0);
     }
     if (!st) {
-        st = loom_model_row_forward(m, a->res1, loom_act_f32(a->att), p + k->attn_out_w,
+        st = loom_model_row_forward(m, a->res1, loom_act_of(a->att, a->att_bf16), p + k->attn_out_w,
                                     loom_cat(p, k->attn_out_b), d.A);
     }
     if (!st) {
@@ -234,9 +249,11 @@ static loom_status block_forward_body(loom_model *m, const dims *dd, const float
     } else if (!st && k->moe) {
         st = loom_moe_forward(m->moe, l, p, in, a->res2);
     } else if (!st) {
+        float *fc = a->fc ? a->fc : m->dfc; /* kept in bf16: through dfc, rounded */
         loom_model_linear_forward(
-            m, a->fc, a->norm2_bf16 ? loom_act_of(NULL, a->norm2_bf16) : loom_act_f32(in),
-            p + k->fc_w, loom_cat(p, k->fc_b), N, C, d.FC);
+            m, fc, a->norm2_bf16 ? loom_act_of(NULL, a->norm2_bf16) : loom_act_f32(in), p + k->fc_w,
+            loom_cat(p, k->fc_b), N, C, d.FC);
+        loom_model_round_pre(m, a->fc_bf16, fc, (size_t)N * d.FC, 0);
         mlp_activation(m, dd, a);
         st = loom_model_row_forward(m, a->res2, loom_act_of(a->act, a->act_bf16), p + k->proj_w,
                                     loom_cat(p, k->proj_b), d.F);
@@ -260,7 +277,13 @@ static loom_status block_recompute_selective(loom_model *m, const dims *d, int l
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
-    loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->KV, d->hd, 1);
+    const float *qkv = a->qkv;
+    if (a->qkv_bf16) { /* widened into dqkv (free until the block's attention backward) */
+        loom_backend_widen_bf16(m->be, m->dqkv, a->qkv_bf16, (size_t)d->N * d->QKV);
+        qkv = m->dqkv;
+    }
+    loom_status st = loom_model_attention_forward(m, a->att, a->lse, qkv, d->H, d->KV, d->hd, 1);
+    if (!st) loom_model_round_pre(m, NULL, a->att, (size_t)d->N * d->A, 0); /* as forward's */
     if (!st && !k->moe) mlp_activation(m, d, a);
     loom_trace_end(m->trace);
     return st;
@@ -397,7 +420,11 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
                      m, m->dres, p + k->proj_w, g + k->proj_w, loom_at(g, k->proj_b),
                      loom_act_of(a->act, a->act_bf16), d.F, m->dact, a->d_res2))) {
         loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
-        if (is_gpt2(m))
+        if (a->fc_bf16 && is_gpt2(m))
+            loom_backend_gelu_backward_in_bf16(m->be, dfc, a->fc_bf16, m->dact, (size_t)N * d.F);
+        else if (a->fc_bf16)
+            loom_backend_swiglu_backward_in_bf16(m->be, dfc, m->dact, a->fc_bf16, N, d.F);
+        else if (is_gpt2(m))
             loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
         else
             loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
@@ -409,13 +436,23 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
                       p + k->norm2_w, a->norm2_mean, a->norm2_rstd, Ns);
         /* m->dres is now d(res1); res1 = x + att @ attn_out^T */
         st = loom_model_row_backward(m, m->dres, p + k->attn_out_w, g + k->attn_out_w,
-                                     loom_at(g, k->attn_out_b), loom_act_f32(a->att), d.A, m->datt,
-                                     a->d_res1);
+                                     loom_at(g, k->attn_out_b), loom_act_of(a->att, a->att_bf16),
+                                     d.A, m->datt, a->d_res1);
     }
     if (!st) {
+        /* kept in bf16: qkv widened into dfc and att into dact (the MLP's backward is done
+         * with both) */
+        const float *qkv = a->qkv, *att = a->att;
+        if (a->qkv_bf16) {
+            loom_backend_widen_bf16(m->be, m->dfc, a->qkv_bf16, (size_t)N * d.QKV);
+            qkv = m->dfc;
+        }
+        if (a->att_bf16) {
+            loom_backend_widen_bf16(m->be, m->dact, a->att_bf16, (size_t)N * d.A);
+            att = m->dact;
+        }
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
-        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d.H, d.KV, hd,
-                                           1);
+        st = loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d.H, d.KV, hd, 1);
     }
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
@@ -450,8 +487,8 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
     }
     if (!st)
         st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, a->d_res1,
-                                      loom_act_f32(a->att), d->A, k->qkv_w, k->qkv_b, a->d_qkv,
-                                      loom_act_of(a->norm1, a->norm1_bf16), d->QKV);
+                                      loom_act_of(a->att, a->att_bf16), d->A, k->qkv_w, k->qkv_b,
+                                      a->d_qkv, loom_act_of(a->norm1, a->norm1_bf16), d->QKV);
     loom_trace_end(m->trace);
     return st;
 }

@@ -65,19 +65,23 @@ void loom_run_report_startup(const loom_run *r) {
         const int acts =
             loom_backend_bf16_activations(r->be) && !(r->tp.size > 1 && r->tp.sequence_parallel);
         const int logits = loom_run_bf16_logits(r);
+        const int pre = loom_backend_bf16_pre_activations(r->be);
         fprintf(stderr,
                 "loom: precision bf16: %.3f MiB more for the GEMMs' bf16 operands (the largest "
                 "layer's input or output gradient and weight, rounded per call, and the weights' "
                 "bf16 copy where one is kept); master weights, gradients and optimizer state stay "
-                "fp32 as above; activations as above, %s%s%s\n",
+                "fp32 as above; activations as above, %s%s%s%s\n",
                 (double)loom_backend_cpu_bf16_bytes(r->be) / MiB,
                 acts ? "those only bf16 GEMMs read (the norms' outputs, the MLP's activation) in "
                        "bf16, "
                      : "",
+                pre ? "the language models' attention qkv and MLP pre-activation in bf16 "
+                      "(rounded where autocast rounds those linears' outputs), "
+                    : "",
                 logits ? "the logits and their gradient in bf16 (softmax and loss in fp32 from "
                          "them), "
                        : "",
-                acts || logits ? "the rest fp32" : "fp32");
+                acts || logits || pre ? "the rest fp32" : "fp32");
     }
     if (r->zero.reduce_bf16) { /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c) */
         const loom_zero *z = &r->zero;

@@ -13,8 +13,16 @@ multiplies in float64, and the head's output (the logits) rounded to bf16 once m
 keeps the logits in bf16 as autocast does (the head's GEMM rounds its fp32 sums, the loss
 and softmax run in fp32 on the widened bf16 logits), and stores their gradient in bf16 in
 the same slot, which changes nothing further, since the head's backward GEMMs round that
-gradient to bf16 anyway (the head has no bias). The rounding's backward passes the
-gradient through unchanged (as autocast's cast does). So the only differences left are summation order and fp32 against
+gradient to bf16 anyway (the head has no bias). loom also keeps attention's q, k and v
+(after RoPE), attention's output and the MLP's pre-activation (GPT-2's c_fc output,
+Llama's gate and up outputs) in bf16, where autocast's outputs are bf16: attention, GELU
+and SwiGLU (and their backward) read the rounded values, so the reference rounds the
+inputs of its causal_attention, of GELU and of SiLU(gate) * up once more; attention's
+output is read by the output projection (which rounds it anyway) and by attention's
+backward, whose softmax term D = rowsum(dO * O) (flash attention's, from the kept output)
+then uses the rounded O: the reference's attention has that backward written out
+(AttentionBF16). Each rounding's backward passes the gradient through unchanged (as
+autocast's cast does; loom's gradients stay fp32). So the only differences left are summation order and fp32 against
 float64 accumulation (~1e-7 relative), plus rounding decisions that flip where loom's fp32
 operand and the reference's lie on either side of a bf16 midpoint (each moving one product
 by 2^-8 of itself): the checks allow 1e-3 relative.
@@ -66,6 +74,7 @@ Usage: /usr/bin/python3 tests/reference/test_bf16_vs_torch.py --loom build/loom 
 """
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -158,18 +167,70 @@ def llama_forward_bf16(self, idx):
     return RoundOut.apply(_llama_forward(self, idx))
 
 
+_plain_attention = tm.causal_attention
+_plain_gelu = F.gelu
+_llama_mlp_forward = tm.LlamaMLP.forward
+
+
+class AttentionBF16(torch.autograd.Function):
+    """Causal attention of bf16-rounded q, k, v (loom keeps them in bf16 after RoPE) whose
+    backward takes D = rowsum(dO * O) from the output rounded to bf16 (loom keeps it in
+    bf16); the rest of the backward is the exact one (dV = P^T dO, dS = P (dO V^T - D))."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        q, k, v = bf16(q), bf16(k), bf16(v)
+        T, hd = q.shape[-2], q.shape[-1]
+        scale = 1.0 / math.sqrt(hd)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        p = ((q @ k.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf")).softmax(dim=-1)
+        o = p @ v
+        ctx.save_for_backward(q, k, v, p, o)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p, o = ctx.saved_tensors
+        dv = p.transpose(-2, -1) @ do
+        d = (do * bf16(o)).sum(dim=-1, keepdim=True)
+        ds = p * (do @ v.transpose(-2, -1) - d)
+        return (ds @ k) * ctx.scale, (ds.transpose(-2, -1) @ q) * ctx.scale, dv
+
+
+def attention_bf16(q, k, v):
+    return AttentionBF16.apply(q, k, v)
+
+
+def gelu_bf16(x, approximate="none"):
+    """loom keeps GPT-2's pre-activation (c_fc's output) in bf16: GELU reads it rounded."""
+    return _plain_gelu(RoundOut.apply(x), approximate=approximate)
+
+
+def llama_mlp_forward_bf16(self, x):
+    """loom keeps Llama's pre-activation [gate | up] in bf16: SwiGLU reads it rounded."""
+    gate, up = RoundOut.apply(self.gate_proj(x)), RoundOut.apply(self.up_proj(x))
+    return self.down_proj(F.silu(gate) * up)
+
+
 class rounding:
-    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16, and
-    the logits are rounded to bf16."""
+    """Inside: every nn.Linear and GPT-2's head round their operands like loom bf16, the
+    logits, attention's q, k, v and the MLP's pre-activation are rounded to bf16."""
 
     def __enter__(self):
         self.gpt2_forward = tm.GPT2.forward
         F.linear = bf16_linear
+        F.gelu = gelu_bf16
+        tm.causal_attention = attention_bf16
+        tm.LlamaMLP.forward = llama_mlp_forward_bf16
         tm.GPT2.forward = gpt2_forward_bf16
         tm.Llama.forward = llama_forward_bf16
 
     def __exit__(self, *exc):
         F.linear = _plain_linear
+        F.gelu = _plain_gelu
+        tm.causal_attention = _plain_attention
+        tm.LlamaMLP.forward = _llama_mlp_forward
         tm.GPT2.forward = self.gpt2_forward
         tm.Llama.forward = _llama_forward
 

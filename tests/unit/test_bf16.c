@@ -2,12 +2,15 @@
  * ties to even, decided in double from the two bf16 neighbours of each value, never from
  * the bit trick under test; the corner cases (ties, subnormals, inf, NaN, the largest
  * finite, overflow); AVX512-BF16 against the scalar path bit for bit (where the CPU has
- * it); stochastic rounding: always a neighbour, unbiased, the same bits for any split. */
+ * it); stochastic rounding: always a neighbour, unbiased, the same bits for any split.
+ * The bf16-input GELU and SwiGLU (the pre-activation kept in bf16): against float64 of the
+ * widened input, and bit for bit the fp32 kernels on it. */
 #include "test_kernels_util.h"
 
 #include <float.h>
 
 #include "kernels/bf16.h"
+#include "kernels/kernels.h"
 
 /* The value of a finite bf16 in double (exact). */
 static double bf16_value(uint16_t h) {
@@ -164,12 +167,74 @@ static void test_stochastic(void **state) {
     free(x), free(a), free(b);
 }
 
+/* n random values of scale s rounded to bf16: h, and their exact widening (returned). */
+static float *rand_bf16(loom_bf16 **h, size_t n, float s) {
+    float *x = tk_rand(n, s);
+    *h = malloc(n * sizeof **h);
+    assert_non_null(*h);
+    loom_bf16_from_f32_n(*h, x, n);
+    loom_bf16_to_f32_n(x, *h, n);
+    return x;
+}
+
+static void test_gelu_bf16_input(void **state) {
+    (void)state;
+    tk_reseed(31);
+    const size_t n = 1003; /* a tail past any vector width */
+    loom_bf16 *h;
+    float *x = rand_bf16(&h, n, 6), *out = tk_alloc(n), *out32 = tk_alloc(n);
+    float *dy = tk_rand(n, 1), *dx = tk_rand(n, 1), *dx32 = tk_copy(dx, n);
+    double *rout = tk_dalloc(n), *rdx = tk_widen(dx, n);
+    const double s = sqrt(2.0 / M_PI), k = 0.044715;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i], th = tanh(s * (v + k * v * v * v));
+        rout[i] = 0.5 * v * (1 + th);
+        rdx[i] += dy[i] * (0.5 * (1 + th) + 0.5 * v * (1 - th * th) * s * (1 + 3 * k * v * v));
+    }
+    loom_gelu_forward_bf16(out, h, n);
+    loom_gelu_backward_bf16(dx, h, dy, n);
+    tk_check("gelu bf16 out", out, rout, n, 1e-5, 1e-6);
+    tk_check("gelu bf16 dinp", dx, rdx, n, 1e-5, 1e-6);
+    loom_gelu_forward(out32, x, n);
+    loom_gelu_backward(dx32, x, dy, n);
+    assert_memory_equal(out, out32, n * sizeof *out);
+    assert_memory_equal(dx, dx32, n * sizeof *dx);
+    free(x), free(h), free(out), free(out32), free(dy), free(dx), free(dx32), free(rout), free(rdx);
+}
+
+static void test_swiglu_bf16_input(void **state) {
+    (void)state;
+    tk_reseed(32);
+    const int N = 9, F = 37;
+    const size_t nf = (size_t)N * F, n2 = 2 * nf;
+    loom_bf16 *h;
+    float *x = rand_bf16(&h, n2, 5), *out = tk_alloc(nf), *out32 = tk_alloc(nf);
+    float *dy = tk_rand(nf, 1), *dx = tk_rand(n2, 1), *dx32 = tk_copy(dx, n2);
+    double *rout = tk_dalloc(nf), *rdx = tk_widen(dx, n2);
+    for (int r = 0; r < N; r++)
+        for (int f = 0; f < F; f++) {
+            double g = x[r * 2 * F + f], u = x[r * 2 * F + F + f], sig = 1 / (1 + exp(-g));
+            rout[r * F + f] = g * sig * u;
+            rdx[r * 2 * F + f] += dy[r * F + f] * u * (sig + g * sig * (1 - sig));
+            rdx[r * 2 * F + F + f] += dy[r * F + f] * g * sig;
+        }
+    loom_swiglu_forward_bf16(out, h, N, F);
+    loom_swiglu_backward_bf16(dx, dy, h, N, F);
+    tk_check("swiglu bf16 out", out, rout, nf, 1e-5, 1e-6);
+    tk_check("swiglu bf16 dinp", dx, rdx, n2, 1e-5, 1e-6);
+    loom_swiglu_forward(out32, x, N, F);
+    loom_swiglu_backward(dx32, dy, x, N, F);
+    assert_memory_equal(out, out32, nf * sizeof *out);
+    assert_memory_equal(dx, dx32, n2 * sizeof *dx);
+    free(x), free(h), free(out), free(out32), free(dy), free(dx), free(dx32), free(rout), free(rdx);
+}
+
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_corner_cases),
-        cmocka_unit_test(test_random_against_float64),
-        cmocka_unit_test(test_stochastic),
+        cmocka_unit_test(test_corner_cases),      cmocka_unit_test(test_random_against_float64),
+        cmocka_unit_test(test_stochastic),        cmocka_unit_test(test_gelu_bf16_input),
+        cmocka_unit_test(test_swiglu_bf16_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

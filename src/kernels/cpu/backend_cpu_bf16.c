@@ -238,6 +238,36 @@ static void round_bf16_values(const loom_backend *be, float *x, size_t n) {
     }
 }
 
+/* ---- the MLP's pre-activation and attention's qkv in bf16 (docs/precision.md) ---- */
+static void gelu_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                 size_t n) {
+    (void)be;
+    loom_gelu_forward_bf16(out, inp, n);
+}
+
+static void gelu_backward_in_bf16(const loom_backend *be, float *dinp, const loom_bf16 *inp,
+                                  const float *dout, size_t n) {
+    (void)be;
+    loom_gelu_backward_bf16(dinp, inp, dout, n);
+}
+
+static void swiglu_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp, int N,
+                                   int F) {
+    (void)be;
+    loom_swiglu_forward_bf16(out, inp, N, F);
+}
+
+static void swiglu_backward_in_bf16(const loom_backend *be, float *dinp, const float *dout,
+                                    const loom_bf16 *inp, int N, int F) {
+    (void)be;
+    loom_swiglu_backward_bf16(dinp, dout, inp, N, F);
+}
+
+static void widen_bf16(const loom_backend *be, float *dst, const loom_bf16 *src, size_t n) {
+    (void)be;
+    loom_bf16_to_f32_n(dst, src, n);
+}
+
 static loom_backend_ops bf16_ops;
 
 /* The ops that decide which activations the model keeps in bf16 (loom_backend_bf16_
@@ -249,6 +279,11 @@ static void set_activation_ops(loom_backend_ops *o) {
     const int keep_fp32 = fp32_acts && fp32_acts[0] == '1';
     o->linear_forward_in_bf16 = keep_fp32 ? NULL : linear_forward_in_bf16;
     o->round_bf16 = keep_fp32 ? NULL : round_bf16;
+    o->gelu_forward_in_bf16 = keep_fp32 ? NULL : gelu_forward_in_bf16;
+    o->gelu_backward_in_bf16 = keep_fp32 ? NULL : gelu_backward_in_bf16;
+    o->swiglu_forward_in_bf16 = keep_fp32 ? NULL : swiglu_forward_in_bf16;
+    o->swiglu_backward_in_bf16 = keep_fp32 ? NULL : swiglu_backward_in_bf16;
+    o->widen_bf16 = keep_fp32 ? NULL : widen_bf16;
     o->linear_forward_out_bf16 = linear_forward_out_bf16;
     o->linear_backward_input_dbf16 = linear_backward_input_dbf16;
     o->linear_backward_weight_dbf16 = linear_backward_weight_dbf16;
