@@ -11,7 +11,12 @@ the test says whether it happened to be), the same sharded layout twice (bitwise
 the start-up report's gradient bytes (two adjacent ranges + the shard's sum, below local's
 whole model for Llama, whose untied head of 1024 rows is handed over in 4 ranges), and the
 local gradient pages resident at every range boundary (mincore) within the planned two
-ranges. Bad input: --grad-accum sharded with --zero 1 or an unknown value: exit 2.
+ranges. Pipelines (pp 2 x dp 2, 1f1b with ZeRO-2 and zb with ZeRO-3, 8 micro-batches per
+rank; every action completing a micro-batch's backward of a chunk, B or zb's W, reduces
+its ranges): against one process and the same layout with local accumulation (the usual
+criterion; the test says whether bitwise), the zb layout twice bitwise, and its resident
+local gradient within the plan. Bad input: --grad-accum sharded with --zero 1, --ep 2
+or an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
 import os
@@ -58,6 +63,28 @@ def compare(got, ref):
     return ok, f"losses {le:.2e}  weights {we:.2e} (worst {worst:.2e} {name})"
 
 
+def pipelines(lay, ref):
+    """pp 2 x dp 2, 8 micro-batches per rank: 1f1b ZeRO-2 and zb ZeRO-3 (split backward:
+    a block's ranges go with its W)."""
+    pp = ["--pp", "2", "--dp", "2", "--micro-batch", "2", "--global-batch", "32"]
+    for zero, schedule in (("2", "1f1b"), ("3", "zb")):
+        flags = pp + ["--zero", zero, "--pp-schedule", schedule]
+        name = f"pp2_dp2_z{zero}_{schedule}"
+        local = lay.run(name + "_local", 4, flags)
+        sharded = lay.run(name + "_sharded", 4, flags + ["--grad-accum", "sharded"])
+        ok, text = compare(sharded, ref)
+        check(ok, f"  pp2 dp2 ZeRO-{zero} {schedule} sharded vs one process: {text}")
+        ok, text = compare(sharded, local)
+        check(ok, f"  pp2 dp2 ZeRO-{zero} {schedule} sharded vs local: {text} "
+              f"({'bitwise' if bitwise(sharded, local) else 'not bitwise: the sum order differs'})")
+        got_mib, plan_mib, _ = resident(sharded)
+        check(got_mib <= plan_mib, f"  pp2 dp2 ZeRO-{zero} {schedule} resident local gradient "
+              f"(mincore, stage 0): {got_mib:.3f} <= {plan_mib:.3f} MiB planned")
+    again = lay.run("pp2_dp2_z3_zb_sharded_again", 4,
+                    flags + ["--grad-accum", "sharded"])
+    check(bitwise(again, sharded), "  pp2 dp2 ZeRO-3 zb sharded twice: bitwise")
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -99,8 +126,12 @@ def main():
             check(got_mib <= plan_mib and pieces == want,
                   f"  resident local gradient (mincore): {got_mib:.3f} <= {plan_mib:.3f} MiB "
                   f"planned, the head in {pieces} range(s) (expected {want})")
+            pipelines(lay, ref)
         for bad, want in ((["--zero", "1", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
                            "--grad-accum", "sharded"], "--grad-accum sharded"),
+                          (["--zero", "2", "--dp", "2", "--ep", "2", "--micro-batch", "1",
+                            "--global-batch", "2", "--grad-accum", "sharded"],
+                           "--grad-accum sharded: needs --zero 2 or 3, without --ep"),
                           (["--grad-accum", "both"], "--grad-accum 'both'")):
             p = subprocess.run([args.loom, "train", "--data", data, "--steps", "1"] + bad,
                                capture_output=True, text=True, timeout=60)
