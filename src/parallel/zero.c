@@ -236,6 +236,7 @@ float *loom_zero_grads_alloc(loom_zero *z) {
      * scatter makes only the micro-batch's rows resident (loom_zero_accum_enable) */
     if (grads && z->accum && z->emb_nohuge)
         madvise(grads, z->emb_nohuge * sizeof(float), MADV_NOHUGEPAGE);
+    if (grads && z->accum && z->norms_nohuge) loom_zero_norm_pages(z, grads);
 #endif
     return grads;
 }
@@ -571,29 +572,6 @@ static size_t pair_floats(const span_rules *r, size_t b, size_t u) {
     return hi - lo;
 }
 
-/* Split backward (zero-bubble W): B writes each block's norm gradients (a by-product of
- * their input gradients) for micro-batches whose W comes later, so the pages holding every
- * block's norms, and the final norm's, can be resident beside the pair (floats). */
-static size_t split_norm_floats(const loom_param_table *t, const span_rules *r) {
-    size_t most = 0, last_page = (size_t)-1;
-    for (int l = 0; l <= t->n_layer; l++) {
-        const size_t at[4] = {l < t->n_layer ? t->blocks[l].norm1_w : t->normf_w,
-                              l < t->n_layer ? t->blocks[l].norm1_b : t->normf_b,
-                              l < t->n_layer ? t->blocks[l].norm2_w : LOOM_NO_PARAM,
-                              l < t->n_layer ? t->blocks[l].norm2_b : LOOM_NO_PARAM};
-        for (int j = 0; j < 4; j++) {
-            if (at[j] == LOOM_NO_PARAM) continue;
-            const size_t lo = range_low(r, at[j]), huge = at[j] / r->H * r->H;
-            const size_t page =
-                lo == huge && huge + r->H <= r->M && huge >= r->emb_end ? r->H : r->pg;
-            if (lo == last_page) continue; /* norms of one page counted once */
-            last_page = lo;
-            most += page;
-        }
-    }
-    return most;
-}
-
 loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int n_tokens,
                                    int size_only, loom_error *err) {
     if (z->stage < 2 || z->experts)
@@ -646,44 +624,14 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
         prev_b = b;
     }
     if (keep_embed && tied_floats > most) most = tied_floats; /* the swap's own reduction */
-    if (flags & LOOM_ZERO_ACCUM_SPLIT) most += split_norm_floats(t, &r);
+    if (flags & LOOM_ZERO_ACCUM_SPLIT) most += loom_zero_norm_pages(z, 0) * r.pg;
+    z->norms_nohuge = (flags & LOOM_ZERO_ACCUM_SPLIT) != 0;
     z->accum_resident = most * sizeof(float);
     z->emb_nohuge = r.emb_end;
     if (size_only) return LOOM_OK;
     z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->accum ? LOOM_OK
                     : loom_error_set(err, LOOM_ERR_NOMEM, "--grad-accum sharded: out of memory");
-}
-
-void loom_zero_begin_ranges(loom_zero *z, size_t top, int first) {
-    const double waited = z->step_wait_ms; /* the step's, over all its actions */
-    loom_zero_begin_reduction(z);
-    z->step_wait_ms = waited;
-    z->pending_begin = z->pending_end = z->consumed_from = top;
-    /* the page that top shares with the ranges above stays (they may hold a later
-     * micro-batch's part: split backward's norms) */
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
-    if (top < z->total) z->released_from = top / pg * pg;
-    z->accum_n = first ? 0 : 1;
-}
-
-loom_status loom_zero_finish_ranges(loom_zero *z, float *grads, size_t bottom, size_t top,
-                                    loom_error *err) {
-    loom_status st = loom_zero_finish_reduction(z, grads, err);
-    if (st || bottom >= top) return st;
-    /* Every value of [bottom, top) was added to the sum: zero for the next micro-batch
-     * (backward adds into it), whole pages handed back, the edges shared with the ranges
-     * around it cleared by hand. */
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
-    const size_t a = (bottom + pg - 1) / pg * pg, e = top / pg * pg;
-    if (a >= e) {
-        memset(grads + bottom, 0, (top - bottom) * sizeof(float));
-        return LOOM_OK;
-    }
-    memset(grads + bottom, 0, (a - bottom) * sizeof(float));
-    memset(grads + e, 0, (top - e) * sizeof(float));
-    loom_zero_release_pages(grads, a, e);
-    return LOOM_OK;
 }
 
 void loom_zero_accum_micro_batch(loom_zero *z, float *grads) {

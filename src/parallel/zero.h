@@ -110,6 +110,7 @@ typedef struct {
     size_t accum_resident; /* the local bytes such a step may hold: two adjacent ranges */
     int head_pieces;       /* an untied head handed over in this many ranges (model.h) */
     size_t emb_nohuge;     /* [0, emb_nohuge) of the local buffer: 4 KiB pages (embedding) */
+    int norms_nohuge;      /* split backward: the norms' pages are 4 KiB (loom_zero_norm_pages) */
     size_t consumed_from;  /* this micro-batch: [consumed_from, total) reduced and summed */
     size_t released_from;  /* ... and its pages from here up handed back */
     /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c): 0, or bf16 on the wire */
@@ -219,6 +220,9 @@ void loom_zero_accum_micro_batch(loom_zero *z, float *grads);
 void loom_zero_begin_ranges(loom_zero *z, size_t top, int first);
 loom_status loom_zero_finish_ranges(loom_zero *z, float *grads, size_t bottom, size_t top,
                                     loom_error *err);
+/* LOOM_ZERO_ACCUM_SPLIT: the 4 KiB pages the norms' gradients span (parallel/zero_ranges.c);
+ * with grads, those pages of the mapping are also marked MADV_NOHUGEPAGE. */
+size_t loom_zero_norm_pages(const loom_zero *z, float *grads);
 /* After the step's last reduction: the sum is complete where grad_shard points. */
 void loom_zero_accum_finish(loom_zero *z);
 
