@@ -13,7 +13,7 @@ figure, and the same numbers in the pipeline (micro-batches in flight, activatio
 message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
-sharded (dp, and pp 2 x dp 2 under 1f1b and zb). For the vlm the
+sharded (pp 2 x dp 2 under 1f1b and zb). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -60,7 +60,6 @@ BF16_LAYOUTS = [
 # --grad-accum sharded: the local gradient as the largest pair of adjacent ranges (plus a
 # pipeline stage's tied embedding, and under zb every block's norm pages) and the shard's sum
 SHARDED_LAYOUTS = [
-    ("dp2_zero3_sharded", 2, ["--dp", "2", "--zero", "3", "--grad-accum", "sharded"]),
     ("pp2_dp2_zero2_1f1b_sharded", 4, ["--pp", "2", "--dp", "2", "--zero", "2", "--pp-schedule",
                                        "1f1b", "--grad-accum", "sharded"]),
     ("pp2_dp2_zero3_zb_sharded", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--pp-schedule",
