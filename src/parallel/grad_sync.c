@@ -198,6 +198,15 @@ loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err
     return st;
 }
 
+void loom_grad_sync_begin_ranges(loom_grad_sync *s, size_t top, int first) {
+    loom_zero_begin_ranges(s->zero, top, first);
+}
+
+loom_status loom_grad_sync_finish_ranges(loom_grad_sync *s, size_t bottom, size_t top,
+                                         loom_error *err) {
+    return loom_zero_finish_ranges(s->zero, s->grads, bottom, top, err);
+}
+
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {
     double sq = 0.0;
     const loom_zero *z = s->zero; /* --grad-accum sharded: the shard's sum, [lo, hi) */

@@ -109,6 +109,12 @@ loom_status loom_grad_sync_finish(loom_grad_sync *s, loom_error *err);
  * gradients cleared); loom_grad_sync_finish then adds the sum to the last one's. */
 int loom_grad_sync_sharded_accum(const loom_grad_sync *s);
 loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err);
+/* ... and in a pipeline stage, around each backward action that completes a micro-batch
+ * of a chunk: its ranges [bottom, top) handed to ready from the top down, reduced into the
+ * sum (first: copied) and cleared (loom_zero_begin_ranges, loom_zero_finish_ranges). */
+void loom_grad_sync_begin_ranges(loom_grad_sync *s, size_t top, int first);
+loom_status loom_grad_sync_finish_ranges(loom_grad_sync *s, size_t bottom, size_t top,
+                                         loom_error *err);
 /* The global gradient norm, the same on every rank. */
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err);
 /* Clipping to cfg->grad_clip with that norm, AdamW (step: 1-based) on this rank's part,

@@ -241,6 +241,7 @@ float *loom_zero_grads_alloc(loom_zero *z) {
      * scatter makes only the micro-batch's rows resident (loom_zero_accum_enable) */
     if (grads && z->accum && z->emb_nohuge)
         madvise(grads, z->emb_nohuge * sizeof(float), MADV_NOHUGEPAGE);
+    if (grads && z->accum && z->norms_nohuge) loom_zero_norm_pages(z, grads);
 #endif
     return grads;
 }
@@ -576,8 +577,8 @@ static size_t pair_floats(const span_rules *r, size_t b, size_t u) {
     return hi - lo;
 }
 
-loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, int size_only,
-                                   loom_error *err) {
+loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int n_tokens,
+                                   int size_only, loom_error *err) {
     if (z->stage < 2 || z->experts)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
@@ -599,7 +600,10 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, i
                     .H = LOOM_HUGE_PAGE_BYTES / sizeof(float)};
     r.M = (t->total + r.pg - 1) / r.pg * r.pg;
     const size_t emb_end = L > 0 ? t->blocks[0].begin : t->head_begin;
-    const int tied = t->lm_head != LOOM_NO_PARAM && t->lm_head == t->wte;
+    /* a pipeline stage's tied embedding (GPT-2's first and last stage) is summed locally
+     * over the step and reduced once after the stages' swap: resident all step */
+    const int keep_embed = (flags & LOOM_ZERO_ACCUM_KEEP_EMBED) && emb_end > 0;
+    const int tied = keep_embed || (t->lm_head != LOOM_NO_PARAM && t->lm_head == t->wte);
     const loom_param *wte = NULL;
     for (int i = 0; i < t->n_params && t->wte != LOOM_NO_PARAM; i++)
         if (t->params[i].offset == t->wte) wte = &t->params[i];
@@ -617,13 +621,16 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, i
      * while range i - 1 is in flight: resident [low(b_i), b_{i-2}). */
     size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total;
     const int n_head = t->head_begin < t->total ? z->head_pieces : 0;
-    for (int i = 0; i < n_head + L + (emb_end > 0); i++) {
+    for (int i = 0; i < n_head + L + (emb_end > 0 && !keep_embed); i++) {
         b = backward_range_begin(t, i, n_head, 0);
         const size_t f = pair_floats(&r, b, prev_prev_b) + (b > 0 ? tied_floats : 0);
         if (f > most) most = f;
         prev_prev_b = prev_b;
         prev_b = b;
     }
+    if (keep_embed && tied_floats > most) most = tied_floats; /* the swap's own reduction */
+    if (flags & LOOM_ZERO_ACCUM_SPLIT) most += loom_zero_norm_pages(z, 0) * r.pg;
+    z->norms_nohuge = (flags & LOOM_ZERO_ACCUM_SPLIT) != 0;
     z->accum_resident = most * sizeof(float);
     z->emb_nohuge = r.emb_end;
     if (size_only) return LOOM_OK;

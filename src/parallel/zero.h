@@ -110,6 +110,7 @@ typedef struct {
     size_t accum_resident; /* the local bytes such a step may hold: two adjacent ranges */
     int head_pieces;       /* an untied head handed over in this many ranges (model.h) */
     size_t emb_nohuge;     /* [0, emb_nohuge) of the local buffer: 4 KiB pages (embedding) */
+    int norms_nohuge;      /* split backward: the norms' pages are 4 KiB (loom_zero_norm_pages) */
     size_t consumed_from;  /* this micro-batch: [consumed_from, total) reduced and summed */
     size_t released_from;  /* ... and its pages from here up handed back */
     /* --grad-reduce-dtype bf16 (parallel/zero_bf16.c): 0, or bf16 on the wire */
@@ -200,13 +201,28 @@ loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *e
  * loom_zero_grads_alloc and loom_zero_plan_embedding (no embedding split then). Sized
  * only (size_only): the memory report's figures, no buffer. split_head: the model can
  * hand an untied head over in pieces (loom_model_head_can_split); z->head_pieces is how
- * many it should (model.head_pieces). n_tokens: a micro-batch's tokens on this rank. */
-loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int n_tokens, int size_only,
-                                   loom_error *err);
+ * many it should (model.head_pieces). n_tokens: a micro-batch's tokens on this rank.
+ * flags: LOOM_ZERO_ACCUM_* below (0 without a pipeline). */
+loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int n_tokens,
+                                   int size_only, loom_error *err);
+/* loom_zero_accum_enable's flags, for pipeline stages: */
+#define LOOM_ZERO_ACCUM_KEEP_EMBED 1 /* the embedding range reduced once a step (tied copy) */
+#define LOOM_ZERO_ACCUM_SPLIT 2      /* split backward: B writes norms ahead of W */
 /* After a micro-batch's reduction (not the step's last): counted (its buckets were added
  * to the accumulator as they completed, micro-batches in order: ((g1 + g2) + ...) + gM)
  * and the local buffer cleared (its last pages handed back). */
 void loom_zero_accum_micro_batch(loom_zero *z, float *grads);
+/* --grad-accum sharded in a pipeline (pipeline/executor.c): each backward action that
+ * completes a micro-batch's gradients of a chunk (B, or W under split backward) reduces
+ * that chunk's ranges on its own, from `top` down (first: the step's first micro-batch
+ * of these ranges, whose shard part is copied into the sum, else added). Finishing waits
+ * for every range, then zeroes [bottom, top) of the local buffer (pages handed back). */
+void loom_zero_begin_ranges(loom_zero *z, size_t top, int first);
+loom_status loom_zero_finish_ranges(loom_zero *z, float *grads, size_t bottom, size_t top,
+                                    loom_error *err);
+/* LOOM_ZERO_ACCUM_SPLIT: the 4 KiB pages the norms' gradients span (parallel/zero_ranges.c);
+ * with grads, those pages of the mapping are also marked MADV_NOHUGEPAGE. */
+size_t loom_zero_norm_pages(const loom_zero *z, float *grads);
 /* After the step's last reduction: the sum is complete where grad_shard points. */
 void loom_zero_accum_finish(loom_zero *z);
 

@@ -37,6 +37,10 @@ typedef struct {
     int left[LOOM_MAX_CHUNKS];  /* final B/W still to run per chunk */
     int early[LOOM_MAX_CHUNKS]; /* head and layers reported during the chunk's last B/W */
     int next_report;            /* chunks report in decreasing order */
+    /* --grad-accum sharded: every micro-batch's ranges reduced by the action completing
+     * them (B, or W under split backward), each action on its own (run_compute) */
+    loom_grad_sync *sync;
+    int sharded;
     loom_error *err;
 } step_ctx;
 
@@ -56,6 +60,27 @@ static loom_status reduce_tied(step_ctx *x) {
     return st;
 }
 
+/* --grad-accum sharded: the flat ranges [bottom, top) an action completing a micro-batch
+ * of chunk c reports: its blocks, the head's with the last virtual stage, the embedding's
+ * with the first (not a tied copy: it is summed over the step and reduced after the
+ * stages' swap, report_chunk). */
+static void chunk_span(const step_ctx *x, int c, size_t *bottom, size_t *top) {
+    const loom_pipeline *pl = x->pl;
+    const loom_param_table *t = &pl->slots[0]->table;
+    const int lo = pl->chunk_lo[c], hi = pl->chunk_hi[c], vs = c * pl->pp + pl->rank;
+    *top = c == pl->v - 1 && t->has_head ? t->total : loom_model_block_range_end(t, hi - 1);
+    *bottom = lo > 0 || vs > 0 || pl->tied_peer >= 0 ? t->blocks[lo].begin : 0;
+}
+
+/* ... after the action: the embedding's range (first virtual stage), then every range is
+ * reduced into the shard's sum and [bottom, top) cleared for the next micro-batch. */
+static loom_status sharded_end(step_ctx *x, size_t bottom, size_t top) {
+    const loom_param_table *t = &x->pl->slots[0]->table;
+    loom_status st = LOOM_OK;
+    if (bottom == 0 && t->blocks[0].begin > 0) st = x->ready(x->ready_ctx, 0, t->blocks[0].begin);
+    return st ? st : loom_grad_sync_finish_ranges(x->sync, bottom, top, x->err);
+}
+
 /* Chunk c's gradients are final: its flat ranges, from the top down (the head's and the
  * layers' unless its last backward reported them already). */
 static loom_status report_chunk(step_ctx *x, int c) {
@@ -68,7 +93,12 @@ static loom_status report_chunk(step_ctx *x, int c) {
     if (c == 0 && !st) {
         if (x->pl->tied_peer >= 0) st = reduce_tied(x);
         if (!st && x->vision) st = loom_pp_vision_add_grads(x->pl, x->grads, x->err);
-        if (!st) st = x->ready(x->ready_ctx, 0, t->blocks[0].begin);
+        const size_t emb = t->blocks[0].begin; /* sharded: only a tied copy is left */
+        if (!st && x->sharded && x->pl->tied_peer >= 0)
+            loom_grad_sync_begin_ranges(x->sync, emb, 1);
+        if (!st && (!x->sharded || x->pl->tied_peer >= 0)) st = x->ready(x->ready_ctx, 0, emb);
+        if (!st && x->sharded && x->pl->tied_peer >= 0)
+            st = loom_grad_sync_finish_ranges(x->sync, 0, emb, x->err);
     }
     return st;
 }
@@ -147,15 +177,20 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         }
         return st;
     }
-    const int split = x->s->split;
+    const int split = x->s->split, completes = (a->op == LOOM_PP_W) == split;
     /* The chunk's last backward (W when split), every higher chunk reported: the head's
      * and each layer's range go to data parallelism as soon as they are final, so the
      * reduction overlaps the rest of this backward (the embedding's waits: the tied
-     * swap blocks, never before a send). */
-    const int final = x->ready && x->left[a->chunk] == 1 && x->next_report == a->chunk &&
-                      (a->op == LOOM_PP_W) == split;
+     * swap blocks, never before a send). --grad-accum sharded: every micro-batch's. */
+    const int final = x->ready && completes &&
+                      (x->sharded || (x->left[a->chunk] == 1 && x->next_report == a->chunk));
     loom_grads_ready_fn ready = final ? x->ready : NULL;
     const loom_param_table *t = &mod->table;
+    size_t bottom = 0, top = 0;
+    if (final && x->sharded) {
+        chunk_span(x, a->chunk, &bottom, &top);
+        loom_grad_sync_begin_ranges(x->sync, top, x->left[a->chunk] == pl->m);
+    }
     if (a->op == LOOM_PP_B) {
         if (vs == pl->S - 1)
             st = loom_model_head_backward(mod, x->params, x->grads, out);
@@ -172,6 +207,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->params, x->grads);
         if (!st && vs == 0 && !split && pl->vision)
             st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
+        if (!st && final && x->sharded) st = sharded_end(x, bottom, top);
         x->early[a->chunk] |= final;
         return st || split ? st : chunk_done(x, a->chunk);
     }
@@ -183,6 +219,7 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
                                                x->ready_ctx);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->params, x->grads);
     if (!st && vs == 0 && pl->vision) st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
+    if (!st && final && x->sharded) st = sharded_end(x, bottom, top);
     x->early[a->chunk] |= final;
     return st ? st : chunk_done(x, a->chunk);
 }
@@ -326,6 +363,8 @@ static loom_status step_run(loom_pipeline *pl, const float *params, float *grads
                   .loss_ctx = ctx,
                   .ready = loom_grad_sync_ready,
                   .ready_ctx = sync,
+                  .sync = sync,
+                  .sharded = loom_grad_sync_sharded_accum(sync),
                   .next_report = pl->v - 1,
                   .err = err};
     for (int c = 0; c < pl->v; c++) x.left[c] = pl->m;

@@ -134,6 +134,27 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
 }
 
 /* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
+/* --grad-accum sharded in a pipeline (pipeline/executor.c): language models only (a dit's
+ * or a vlm's stage ranges are not reported per micro-batch). */
+static loom_status sharded_accum_layout(const loom_run *r, loom_error *err) {
+    const int family = r->mc->family;
+    if (r->pipelined && family != LOOM_FAMILY_GPT2 && family != LOOM_FAMILY_LLAMA)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum sharded: with --pp only for --family gpt2 or llama "
+                              "(got a %s model)",
+                              loom_family_name(family));
+    return LOOM_OK;
+}
+
+/* loom_zero_accum_enable's flags for this stage: GPT-2's tied embedding on its first and
+ * last stage (reduced once a step, after the stages' swap), split backward (zb). */
+static int sharded_accum_flags(const loom_run *r) {
+    if (!r->pipelined) return 0;
+    const loom_pipeline *pl = r->pipelined;
+    const int tied = r->mc->family == LOOM_FAMILY_GPT2 && (pl->layers.first || pl->layers.last);
+    return (tied ? LOOM_ZERO_ACCUM_KEEP_EMBED : 0) | (pl->train.split ? LOOM_ZERO_ACCUM_SPLIT : 0);
+}
+
 static loom_status build_model(loom_run *r, loom_error *err) {
     const loom_model_config *mc = r->mc;
     const loom_train_config *tc = r->tc;
@@ -201,8 +222,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))) ||
         (strcmp(tc->grad_accum, "sharded") == 0 && r->zero.stage >= 2 &&
-         (st = loom_zero_accum_enable(&r->zero, loom_model_head_can_split(&r->model),
-                                      tc->micro_batch * T, r->size_only, err))))
+         ((st = sharded_accum_layout(r, err)) ||
+          (st = loom_zero_accum_enable(
+               &r->zero, !r->pipelined && loom_model_head_can_split(&r->model),
+               sharded_accum_flags(r), tc->micro_batch * T, r->size_only, err)))))
         return st;
     r->model.head_pieces = r->zero.head_pieces; /* --grad-accum sharded: 0 otherwise */
     if (r->size_only) return LOOM_OK;

@@ -188,11 +188,11 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (!sharded && strcmp(tc->grad_accum, "local") != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--grad-accum '%s': expected local or sharded",
                               tc->grad_accum);
-    if (sharded && (tc->zero < 2 || tc->layout.pp > 1 || tc->layout.ep > 1))
+    if (sharded && (tc->zero < 2 || tc->layout.ep > 1))
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: needs --zero 2 or 3, without --pp or --ep "
-                              "(got --zero %d --pp %d --ep %d)",
-                              tc->zero, tc->layout.pp, tc->layout.ep);
+                              "--grad-accum sharded: needs --zero 2 or 3, without --ep "
+                              "(got --zero %d --ep %d)",
+                              tc->zero, tc->layout.ep);
     if (!(tc->memory_per_rank >= 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--memory-per-rank %g: expected GiB >= 0",
                               (double)tc->memory_per_rank);

@@ -3,7 +3,7 @@
 shard as backward produces them (no whole local gradient kept across micro-batches).
 
 Llama and GPT-2 (tiny), 8 micro-batches per step on every rank: dp 4 with ZeRO-3 and
-dp 2 with ZeRO-2 and ZeRO-3 (sharded) against one process (losses and final weights
+dp 2 with ZeRO-2 (sharded) against one process (losses and final weights
 within 1e-5, the layouts criterion, tests/harness/loomtest.py), against today's ZeRO-3
 with local accumulation (the same criterion; the sum's order differs: micro-batches are
 summed after the reduction over ranks instead of before it, so it is not bitwise, and
@@ -11,7 +11,12 @@ the test says whether it happened to be), the same sharded layout twice (bitwise
 the start-up report's gradient bytes (two adjacent ranges + the shard's sum, below local's
 whole model for Llama, whose untied head of 1024 rows is handed over in 4 ranges), and the
 local gradient pages resident at every range boundary (mincore) within the planned two
-ranges. Bad input: --grad-accum sharded with --zero 1 or an unknown value: exit 2.
+ranges. Pipelines (pp 2 x dp 2, 8 micro-batches per rank, 2 steps, Llama 1f1b ZeRO-2
+and zb ZeRO-3, GPT-2 zb ZeRO-2; every action completing a micro-batch's backward of a
+chunk, B or zb's W, reduces its ranges): against one process and the same layout with
+local accumulation (the usual criterion; the test says whether bitwise), Llama's zb
+layout twice bitwise, and the resident local gradient within the plan. Bad input:
+--grad-accum sharded with --zero 1, --ep 2 or an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
 import os
@@ -58,6 +63,36 @@ def compare(got, ref):
     return ok, f"losses {le:.2e}  weights {we:.2e} (worst {worst:.2e} {name})"
 
 
+def pipelines(loom, family, data, seed, tmp):
+    """pp 2 x dp 2, 8 micro-batches per rank: Llama 1f1b ZeRO-2 and zb ZeRO-3 (split
+    backward: a block's ranges go with its W), zb twice; GPT-2 (its tied embedding reduced
+    once a step, after the stages' swap) zb ZeRO-2."""
+    flags = base(loom, family, data, seed)
+    flags[flags.index("--steps") + 1] = "2"  # two steps: the sum is cleared between them
+    lay = Layouts(flags, tmp, family + "_pp_")
+    ref = lay.run("single", 1, ["--micro-batch", "4", "--global-batch", "32"])
+    pp = ["--pp", "2", "--dp", "2", "--micro-batch", "2", "--global-batch", "32"]
+    cases = (("2", "1f1b"), ("3", "zb")) if family == "llama" else (("2", "zb"),)
+    for zero, schedule in cases:
+        flags = pp + ["--zero", zero, "--pp-schedule", schedule]
+        name = f"pp2_dp2_z{zero}_{schedule}"
+        local = lay.run(name + "_local", 4, flags)
+        sharded = lay.run(name + "_sharded", 4, flags + ["--grad-accum", "sharded"])
+        ok, text = compare(sharded, ref)
+        check(ok, f"  pp2 dp2 ZeRO-{zero} {schedule} sharded vs one process: {text}")
+        ok, text = compare(sharded, local)
+        check(ok, f"  pp2 dp2 ZeRO-{zero} {schedule} sharded vs local: {text} "
+              f"({'bitwise' if bitwise(sharded, local) else 'not bitwise: the sum order differs'})")
+        got_mib, plan_mib, _ = resident(sharded)
+        check(got_mib <= plan_mib, f"  pp2 dp2 ZeRO-{zero} {schedule} resident local gradient "
+              f"(mincore, stage 0): {got_mib:.3f} <= {plan_mib:.3f} MiB planned")
+    if family != "llama":
+        return
+    again = lay.run("pp2_dp2_z3_zb_sharded_again", 4,
+                    flags + ["--grad-accum", "sharded"])
+    check(bitwise(again, sharded), "  pp2 dp2 ZeRO-3 zb sharded twice: bitwise")
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -81,11 +116,10 @@ def main():
             same = bitwise(sharded, local)
             check(ok, f"  sharded vs today's ZeRO-3: {text} "
                   f"({'bitwise' if same else 'not bitwise: the sum order differs'})")
-            for zero in ("2", "3"):
-                got = lay.run(f"dp2_z{zero}_sharded", 2, dp2 + ["--zero", zero, "--grad-accum",
-                                                                "sharded"])
-                ok, text = compare(got, ref)
-                check(ok, f"  dp2 ZeRO-{zero} sharded vs one process: {text}")
+            # ZeRO-3 at dp 2 is dp 4's code path; ZeRO-2 here (and in the pipelines)
+            got = lay.run("dp2_z2_sharded", 2, dp2 + ["--zero", "2", "--grad-accum", "sharded"])
+            ok, text = compare(got, ref)
+            check(ok, f"  dp2 ZeRO-2 sharded vs one process: {text}")
             again = lay.run("dp4_z3_sharded_again", 4, dp4 + ["--zero", "3", "--grad-accum",
                                                              "sharded"])
             check(bitwise(again, sharded), "  dp4 ZeRO-3 sharded twice: bitwise")
@@ -99,8 +133,12 @@ def main():
             check(got_mib <= plan_mib and pieces == want,
                   f"  resident local gradient (mincore): {got_mib:.3f} <= {plan_mib:.3f} MiB "
                   f"planned, the head in {pieces} range(s) (expected {want})")
+            pipelines(args.loom, family, data, seed, tmp)
         for bad, want in ((["--zero", "1", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
                            "--grad-accum", "sharded"], "--grad-accum sharded"),
+                          (["--zero", "2", "--dp", "2", "--ep", "2", "--micro-batch", "1",
+                            "--global-batch", "2", "--grad-accum", "sharded"],
+                           "--grad-accum sharded: needs --zero 2 or 3, without --ep"),
                           (["--grad-accum", "both"], "--grad-accum 'both'")):
             p = subprocess.run([args.loom, "train", "--data", data, "--steps", "1"] + bad,
                                capture_output=True, text=True, timeout=60)

@@ -12,7 +12,8 @@ the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" 
 figure, and the same numbers in the pipeline (micro-batches in flight, activations,
 message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
-both with --precision bf16 (activations partly bf16). For the vlm the
+both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
+sharded (pp 2 x dp 2 under 1f1b and zb). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -57,6 +58,15 @@ BF16_LAYOUTS = [
     ("bf16_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
 ]
 
+# --grad-accum sharded: the local gradient as the largest pair of adjacent ranges (plus a
+# pipeline stage's tied embedding, and under zb every block's norm pages) and the shard's sum
+SHARDED_LAYOUTS = [
+    ("pp2_dp2_zero2_1f1b_sharded", 4, ["--pp", "2", "--dp", "2", "--zero", "2", "--pp-schedule",
+                                       "1f1b", "--grad-accum", "sharded"]),
+    ("pp2_dp2_zero3_zb_sharded", 4, ["--pp", "2", "--dp", "2", "--zero", "3", "--pp-schedule",
+                                     "zb", "--grad-accum", "sharded"]),
+]
+
 
 def layouts():
     """(name, ranks, extra flags, model kind) of every layout test."""
@@ -71,6 +81,7 @@ def layouts():
     out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
     out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
+    out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
     return out
 
 
