@@ -112,8 +112,9 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
     fprintf(f, "loom: %s\n", line);
     if (m->mpi_temp)
         fprintf(f,
-                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffer for the largest "
-                "gradient partition, %zu floats; more when several are in flight)\n",
+                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffers of the all-reduces "
+                "in flight, %zu floats: the largest gradient partition, or up to 4 MiB of "
+                "smaller ones)\n",
                 m->mpi_temp / MiB, m->mpi_temp / sizeof(float));
     fprintf(f, "loom: memory per rank in all: %.3f MiB\n", m->total / MiB);
     if (m->pp_slots)

@@ -14,13 +14,45 @@
 #define POLL_MIN_US 20
 #define POLL_MAX_US 400
 
-/* Every posted operation starts at once. OpenMPI's libnbc mallocs a temporary of the whole
- * buffer for each MPI_Iallreduce until it completes (nbc_iallreduce.c), so a rank that runs
- * ahead holds several (docs/memory.md: up to 8, 118 MiB, llama 512x8 at dp 2); the report
- * counts one. Bounding the operations in flight to 1 or 2 was tried and measured: one made
- * a 4-rank run across two test hosts 3x slower (1.7 -> 5.0 s), and with either the capped
- * link of hosts_faults no longer showed in the supervisor's round trips (its slow-link
- * rule), so the engine does not bound them. */
+/* Operations start in posting order while the bytes in flight stay within
+ * LOOM_COMM_ENGINE_INFLIGHT_BYTES; one larger than that runs alone. Why: OpenMPI's libnbc
+ * mallocs a temporary of the whole buffer for each MPI_Iallreduce until it completes
+ * (nbc_iallreduce.c), so with every posted bucket started at once a rank that ran ahead
+ * held several (docs/memory.md: up to 8, 118 MiB, llama 512x8 at dp 2) where the memory
+ * report counts one. Why bytes and not a count: a count of 1 or 2 in flight was tried;
+ * with hosts_faults' 10 KB buckets (latency-bound: each waits several polls for its
+ * rounds) one in flight made the 4-rank run across two test hosts 3x slower (1.7 -> 5.0
+ * s), and with either count its capped link no longer showed in the supervisor's round
+ * trips (the slow-link rule sees the link's queue, and two 10 KB buckets never fill its
+ * tbf bucket of 128 KB). Small operations still go many at once; a large one alone still
+ * fills a slow link's queue. The decision depends only on the sizes posted, the same on
+ * every rank, and never reorders: the collectives match whatever the timing. */
+
+/* The bytes an operation hands MPI: its (send) buffer. */
+static size_t op_bytes(const loom_comm_engine *e, const loom_comm_op *op) {
+    size_t n = 0;
+    switch (op->kind) {
+    case LOOM_OP_ALLREDUCE:
+        return op->count * sizeof(float);
+    case LOOM_OP_REDUCE_SCATTER:
+    case LOOM_OP_ALLGATHERV:
+    case LOOM_OP_ALLGATHERV_BF16:
+        for (int r = 0; r < e->comm.size; r++) n += (size_t)op->counts[r];
+        break;
+    case LOOM_OP_ALLTOALLV:
+    case LOOM_OP_ALLTOALLV_BF16: {
+        size_t in = 0;
+        for (int r = 0; r < e->comm.size; r++) {
+            n += (size_t)op->counts[r];
+            in += (size_t)op->rcounts[r];
+        }
+        if (in > n) n = in;
+        break;
+    }
+    }
+    const int half = op->kind == LOOM_OP_ALLGATHERV_BF16 || op->kind == LOOM_OP_ALLTOALLV_BF16;
+    return n * (half ? sizeof(uint16_t) : sizeof(float));
+}
 
 static loom_status start_op(loom_comm_engine *e, loom_comm_op *op, loom_error *err) {
     op->start_ms = loom_comm_now_ms();
@@ -76,19 +108,27 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->worker.mu);
     for (;;) {
         int progressed = 0;
-        /* Start everything posted, in posting order: the same order on every rank. */
+        /* Start what was posted, in posting order (the same order on every rank), while
+         * the bytes in flight stay within that (or nothing is in flight). */
         while (e->q_head != e->q_tail) {
             loom_comm_op *op = e->queue[e->q_head];
+            const size_t bytes = op_bytes(e, op);
+            if (e->n_running > 0 && e->inflight_bytes + bytes > LOOM_COMM_ENGINE_INFLIGHT_BYTES)
+                break;
             e->q_head = (e->q_head + 1) % e->q_cap;
             /* The compute thread sets the parent's trace before posting (under mu). */
             e->comm.trace = e->parent->trace;
             pthread_mutex_unlock(&e->worker.mu);
             atomic_store_explicit(&op->state, LOOM_OP_RUNNING, memory_order_relaxed);
             loom_status st = start_op(e, op, &e->err);
-            if (st || !op->h.active)
+            if (st || !op->h.active) {
                 finish_op(op, st);
-            else
+            } else {
+                e->running_bytes[e->n_running] = bytes;
                 e->running[e->n_running++] = op;
+                e->inflight_bytes += bytes;
+                if (e->inflight_bytes > e->inflight_peak) e->inflight_peak = e->inflight_bytes;
+            }
             progressed = 1;
             shown = 0; /* starting an operation clears what was shown */
             pthread_mutex_lock(&e->worker.mu);
@@ -107,7 +147,9 @@ static void *engine_main(void *arg) {
             loom_status st = loom_comm_test(&op->h, &done, &e->err);
             if (st || done) {
                 finish_op(op, st);
-                e->running[i] = e->running[--e->n_running];
+                e->inflight_bytes -= e->running_bytes[i];
+                e->running_bytes[i] = e->running_bytes[--e->n_running];
+                e->running[i] = e->running[e->n_running];
                 progressed = 1;
             } else {
                 i++;
@@ -144,7 +186,8 @@ loom_status loom_comm_engine_start(loom_comm_engine *e, loom_comm *parent, int q
     e->q_cap = queue_cap + 1;
     e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
     e->running = calloc((size_t)e->q_cap, sizeof *e->running);
-    if (!e->queue || !e->running) {
+    e->running_bytes = calloc((size_t)e->q_cap, sizeof *e->running_bytes);
+    if (!e->queue || !e->running || !e->running_bytes) {
         loom_comm_engine_stop(e);
         return loom_error_set(err, LOOM_ERR_NOMEM, "communication engine: out of memory");
     }
@@ -166,6 +209,7 @@ void loom_comm_engine_stop(loom_comm_engine *e) {
     }
     free(e->queue);
     free(e->running);
+    free(e->running_bytes);
     loom_comm_free(&e->comm);
     memset(e, 0, sizeof *e);
 }

@@ -5,8 +5,9 @@
  * much of MPI_Iallreduce's / MPI_Ireduce_scatter's work inside the starting call. Issued
  * from the compute thread, both block backward. Here the compute thread only appends an
  * operation to a queue (no MPI call); the engine thread starts operations in the order
- * they were posted (every rank posts in the same program order, so the collectives
- * match on every rank whatever the timing) and polls them with MPI_Test, sleeping with
+ * they were posted, while their bytes in flight stay within LOOM_COMM_ENGINE_INFLIGHT_BYTES
+ * (every rank posts in the same program order, so the collectives match on every rank
+ * whatever the timing) and polls them with MPI_Test, sleeping with
  * a short backoff between polls so it costs the compute threads little CPU.
  *
  * Determinism: the reduction of each operation is MPI's (fixed by count and
@@ -30,6 +31,11 @@
 
 #include "comm/comm.h"
 #include "core/worker.h"
+
+/* The engine starts operations while the bytes in flight stay within this; an operation
+ * larger runs alone (comm/engine.c says why). So OpenMPI's temporaries of the all-reduces
+ * in flight take at most the larger of this and the largest all-reduce's buffer. */
+#define LOOM_COMM_ENGINE_INFLIGHT_BYTES ((size_t)4 << 20)
 
 typedef enum {
     LOOM_OP_ALLREDUCE,      /* in place: buf[count] summed */
@@ -68,10 +74,13 @@ typedef struct {
     loom_comm_op **queue;      /* posted, not yet started (FIFO) */
     int q_head, q_tail, q_cap; /* ring indices, under worker.mu */
     loom_comm_op **running;    /* engine thread only */
+    size_t *running_bytes;     /* ... each one's bytes (op_bytes) */
     int n_running;
-    loom_error err;      /* the engine thread's failures */
-    loom_worker worker;  /* the thread; its mu guards the queue, its cv signals work posted */
-    pthread_cond_t done; /* operations completed */
+    size_t inflight_bytes; /* the running operations' bytes together */
+    size_t inflight_peak;  /* the most of them at once so far */
+    loom_error err;        /* the engine thread's failures */
+    loom_worker worker;    /* the thread; its mu guards the queue, its cv signals work posted */
+    pthread_cond_t done;   /* operations completed */
 } loom_comm_engine;
 
 /* Duplicates parent's communicator and, when MPI provides MPI_THREAD_MULTIPLE and the

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "comm/engine.h"
 #include "train/run.h"
 
 int loom_run_fsdp_release_ends(const loom_run *r) {
@@ -64,12 +65,22 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
         m->vision = loom_pp_vision_bytes(pl);
     }
     /* OpenMPI's MPI_Iallreduce (coll/libnbc, nbc_iallreduce.c) mallocs a temporary of its
-     * whole buffer; the engine runs one collective at a time (comm/engine.c) and the heap
-     * keeps freed memory (core/malloc_policy.h), so the largest partition's stays resident.
-     * (--grad-reduce-dtype bf16 moves its buckets with all-to-alls instead: not counted.) */
+     * whole buffer until it completes, and the heap keeps freed memory (core/malloc_policy.h).
+     * The engine keeps at most LOOM_COMM_ENGINE_INFLIGHT_BYTES in flight, one larger
+     * partition alone (comm/engine.c): the temporaries live at once take the largest
+     * partition's bytes, or up to that budget of smaller ones (no more than all the
+     * partitions together). (--grad-reduce-dtype bf16 moves its buckets with all-to-alls
+     * instead: not counted.) */
     const int bf16_wire = strcmp(r->tc->grad_reduce_dtype, "bf16") == 0;
-    if (r->zero.dp && !bf16_wire && r->zero.table)
-        m->mpi_temp = loom_zero_largest_partition(&r->zero, embed_split_end(r)) * sizeof(float);
+    if (r->zero.dp && !bf16_wire && r->zero.table) {
+        const size_t largest =
+            loom_zero_largest_partition(&r->zero, embed_split_end(r)) * sizeof(float);
+        const size_t all =
+            (r->zero.span_on ? r->zero.span_hi - r->zero.span_lo : r->zero.total) * sizeof(float);
+        const size_t small =
+            all < LOOM_COMM_ENGINE_INFLIGHT_BYTES ? all : LOOM_COMM_ENGINE_INFLIGHT_BYTES;
+        m->mpi_temp = largest == 0 ? 0 : largest > small ? largest : small;
+    }
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages +
                m->vision + m->mpi_temp;

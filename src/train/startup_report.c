@@ -56,8 +56,9 @@ void loom_run_report_startup(const loom_run *r) {
     fprintf(stderr, "loom: %s\n", line);
     if (rm.mpi_temp)
         fprintf(stderr,
-                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffer for the largest "
-                "gradient partition, %zu floats; more when several are in flight)\n",
+                "loom: MPI all-reduce temporary: %.3f MiB (OpenMPI's buffers of the all-reduces "
+                "in flight, %zu floats: the largest gradient partition, or up to 4 MiB of "
+                "smaller ones)\n",
                 rm.mpi_temp / MiB, rm.mpi_temp / sizeof(float));
     fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
             rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");

@@ -3,7 +3,9 @@
  * rank, completed in a different random order on each rank (waits and test loops), while
  * the compute thread makes blocking calls on the parent communicator; every result is
  * checked against sums computed locally in double, the same operation run twice must give
- * bitwise-identical results, and the books (sequence numbers, bytes, timers) must add up.
+ * bitwise-identical results, and the books (sequence numbers, bytes, timers) must add up;
+ * the bytes in flight at once never pass LOOM_COMM_ENGINE_INFLIGHT_BYTES unless one
+ * operation alone is larger (1200007 floats: 4.6 MiB).
  *
  *   mpirun -n R test_engine    (R = 2, 3, ...: the engine thread)
  *   test_engine                (one process, no MPI: no thread, local no-ops)
@@ -62,7 +64,7 @@ static void check_item(const item *it, int R, int me) {
 static void prepare(item *it, int k, int R, int me) {
     memset(&it->op, 0, sizeof it->op);
     it->kind = (int)(plan((uint64_t)k, 1) % 3);
-    static const size_t SIZES[] = {0, 1, 5, 1000, 40007, 300001};
+    static const size_t SIZES[] = {0, 1, 5, 1000, 40007, 300001, 1200007};
     it->n = SIZES[plan((uint64_t)k, 2) % (sizeof SIZES / sizeof SIZES[0])];
     it->tag = 1000 + (uint64_t)k;
     it->counts = xmalloc((size_t)R * sizeof(int));
@@ -101,6 +103,8 @@ static int gcd(int a, int b) {
     return b ? gcd(b, a % b) : a;
 }
 
+static size_t g_largest; /* bytes of the largest operation posted so far */
+
 static void run_round(loom_comm *world, loom_comm_engine *e, int round) {
     const int R = world->size, me = world->rank;
     const int K = 4 + (int)(plan((uint64_t)round, 99) % (MAX_OPS - 4));
@@ -108,6 +112,7 @@ static void run_round(loom_comm *world, loom_comm_engine *e, int round) {
     uint64_t seq0 = e->comm.seq, parent_seq0 = world->seq;
     for (int k = 0; k < K; k++) {
         prepare(&items[k], round * MAX_OPS + k, R, me);
+        if (items[k].n * sizeof(float) > g_largest) g_largest = items[k].n * sizeof(float);
         OK(loom_comm_engine_post(e, &items[k].op, &err_));
         if (k % 5 == 2) { /* the compute thread talks MPI on the parent meanwhile */
             float x = (float)(me + 1);
@@ -135,6 +140,11 @@ static void run_round(loom_comm *world, loom_comm_engine *e, int round) {
         CHECK(items[k].op.state == LOOM_OP_IDLE, "operation %d still active after its wait", k);
         check_item(&items[k], R, me);
     }
+    const size_t bound =
+        g_largest > LOOM_COMM_ENGINE_INFLIGHT_BYTES ? g_largest : LOOM_COMM_ENGINE_INFLIGHT_BYTES;
+    CHECK(e->inflight_peak <= bound && (R == 1 || e->inflight_peak > 0),
+          "bytes in flight at once: %zu, bound %zu (largest operation %zu)", e->inflight_peak,
+          bound, g_largest);
     if (R > 1)
         CHECK(e->comm.seq == seq0 + (uint64_t)K, "engine seq %llu -> %llu for %d operations",
               (unsigned long long)seq0, (unsigned long long)e->comm.seq, K);
