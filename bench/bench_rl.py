@@ -61,7 +61,6 @@ def torch_iteration(w, prompts, L, C, P, G, new, M, iterations, temperature=1.0,
     exact-match reward, old log-probabilities, one clipped-ratio update over micro-batches
     of M sequences, AdamW. Returns the mean iteration time (ms) and each phase's."""
     import torch
-    import torch.nn.functional as F
     sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
     import safetensors_io
     import torch_model as tm
