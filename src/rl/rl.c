@@ -674,7 +674,8 @@ static loom_status loop(rl_state *s, loom_error *err) {
         (st = loom_checkpointing_finish(&r->ckpt, it * E, err)))
         return st;
     if (stop) return LOOM_OK; /* asked to stop (a signal): no final outputs */
-    if (s->routes.idx && r->mesh->tp_rank == 0) { /* one file a data rank (tp ranks alike) */
+    /* --dump-dir (MoE): one file a data rank, from its tp rank 0 (tp ranks route alike) */
+    if (s->routes.idx && r->mesh->tp_rank == 0) {
         if (loom_mkdir_p(rc->dump_dir) != 0)
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
                                   rc->dump_dir, strerror(errno));

@@ -9,7 +9,9 @@ generation: its tp shard) after every update (pp: the log-probabilities and the 
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); so does a mixture-of-experts policy trained expert parallel (dp 4 with ep 2: two
 ep groups, each rank 2 of the 4 experts; generation on 4 whole replicas) against its own
-one-process run, whose saved capacity limit rl does not apply (one line says so); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
+one-process run, whose saved capacity limit rl does not apply (one line says so), a
+difference accepted (and the pair run again with the next seed) only when both runs'
+router dumps (--dump-dir) show a near-tie routing flip before which they agree; GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
