@@ -180,10 +180,13 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     if (moe && l->pp > 1)
         return fail("--train-layout: loom rl trains a mixture-of-experts model without --pp "
                     "(its auxiliary losses are not weighted in the pipeline's GRPO loss)");
+    /* --dump-dir: rl's own (the MoE router decisions of the updates, rl/state.h), not
+     * loom train's reference dumps */
+    snprintf(rc->dump_dir, sizeof rc->dump_dir, "%s", tc->dump_dir);
+    tc->dump_dir[0] = 0;
     const struct {
         const char *flag, *value;
-    } unsupported[] = {{"--dump-dir", tc->dump_dir},
-                       {"--val-data", tc->val_data},
+    } unsupported[] = {{"--val-data", tc->val_data},
                        {"--tensorboard", tc->tensorboard},
                        {"--ckpt-fast-dir", tc->ckpt_fast_dir},
                        {"--ckpt-peer", tc->ckpt_peer ? "on" : ""}};

@@ -1,5 +1,6 @@
 #include "rl/rl.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,7 @@ static void state_free(rl_state *s) {
     free(s->stream), free(s->reward), free(s->sums), free(s->adv), free(s->weight);
     free(s->old_logp), free(s->ref_logp), free(s->ref_params), free(s->ctext);
     free(s->ctext_len), free(s->ptext_len), free(s->gen_params), free(s->full), free(s->parts);
+    loom_route_dump_free(&s->routes);
 }
 
 static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc, loom_error *err) {
@@ -116,6 +118,12 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     }
     if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
     if (s->V > '\n') s->stop['\n'] = 1;
+    /* --dump-dir (MoE): whole sequences of the whole model only (not --pp, not --cp) */
+    if (rc->dump_dir[0] && !r->pipelined && !r->cped &&
+        (st = loom_route_dump_open(&s->routes, mc, rc->ppo_micro_batch * s->Tm,
+                                   rc->iterations * rc->ppo_epochs, s->per / rc->ppo_micro_batch,
+                                   err)))
+        return st;
     if ((st = loom_rl_gen_layout_open(s, err))) return st;
     const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
     if ((st = loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
@@ -429,6 +437,7 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
         if ((st = loom_param_gather_begin_micro_batch(&r->pg, err)) ||
             (st = forward(s, k, r->params, err)) || (st = whole_logits(s, m, &x, err)))
             return st;
+        loom_route_dump_record(&s->routes, m->moe, step, accum, k); /* --dump-dir, MoE */
         *loss += micro_batch_rows(s, m, k, x, NULL, stats);
         /* MoE: the auxiliary losses weighted as loom train weights them (1 / the batch's
          * positions a token: --aux-loss-coef x their mean over micro-batches) */
@@ -665,6 +674,14 @@ static loom_status loop(rl_state *s, loom_error *err) {
         (st = loom_checkpointing_finish(&r->ckpt, it * E, err)))
         return st;
     if (stop) return LOOM_OK; /* asked to stop (a signal): no final outputs */
+    /* --dump-dir (MoE): one file a data rank, from its tp rank 0 (tp ranks route alike) */
+    if (s->routes.idx && r->mesh->tp_rank == 0) {
+        if (loom_mkdir_p(rc->dump_dir) != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
+                                  rc->dump_dir, strerror(errno));
+        if ((st = loom_route_dump_write(&s->routes, rc->dump_dir, r->mesh->data_rank, err)))
+            return st;
+    }
     return r->tc->save_weights[0] ? save_weights(r, err) : LOOM_OK;
 }
 

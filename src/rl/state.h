@@ -58,6 +58,9 @@ typedef struct {
     /* --pp > 1: where the last stage's log-probabilities and update statistics go */
     float *stage_logp;
     loom_grpo_stats *stage_stats;
+    /* --dump-dir with MoE: the router decisions of every update micro-batch, row step x
+     * accum + k (step = iteration x --ppo-epochs + epoch; train/route_dump.h) */
+    loom_route_dump routes;
 } rl_state;
 
 #endif

@@ -9,7 +9,9 @@ generation: its tp shard) after every update (pp: the log-probabilities and the 
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); so does a mixture-of-experts policy trained expert parallel (dp 4 with ep 2: two
 ep groups, each rank 2 of the 4 experts; generation on 4 whole replicas) against its own
-one-process run, whose saved capacity limit rl does not apply (one line says so); GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
+one-process run, whose saved capacity limit rl does not apply (one line says so), a
+difference accepted (and the pair run again with the next seed) only when both runs'
+router dumps (--dump-dir) show a near-tie routing flip before which they agree; GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
@@ -23,9 +25,11 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, MPIRUN, TOL, check, parse_test_args, run, run_test, safetensors_io,  # noqa: E402
                       weights_error)
+from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
 from rl_fixture import arith_and_sft, sft_model  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
+MOE_SEEDS = 3  # seeds tried for a MoE pair without a (near-tie) routing flip
 TIMING = ("rollout_ms", "reward_ms", "logprob_ms", "update_ms", "iteration_ms")
 
 
@@ -111,9 +115,12 @@ def main():
         # these tiny runs mostly wait on each other: the suite's time, not the checks)
         cp2 = next(j for j in layouts if j[0] == "train_cp2_gen_dp2")
         # the MoE policy: one process, and expert parallel training (2 ep groups of 2)
-        moe_jobs = (("moe_one", [], 1),
+        # (--dump-dir: each update micro-batch's router decisions, for the flip test below)
+        dumps = {n: os.path.join(tmp, n + "_routes") for n in ("moe_one", "moe_train_dp4ep2_gen_dp4")}
+        moe_jobs = (("moe_one", ["--dump-dir", dumps["moe_one"]], 1),
                     ("moe_train_dp4ep2_gen_dp4",
-                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4"], 4))
+                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4", "--dump-dir",
+                      dumps["moe_train_dp4ep2_gen_dp4"]], 4))
         jobs = list(layouts) + [(cp2[0] + "_again",) + cp2[1:]] + [j + (moe,) for j in moe_jobs]
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             done = list(pool.map(lambda j: rl(j[0], j[1], ranks=j[2], init=j[3] if len(j) > 3
@@ -128,19 +135,48 @@ def main():
         # A MoE's top-k is discrete: the ~1e-7 differences between layouts can flip a token
         # whose router probabilities tie within rounding, and AdamW then moves that expert
         # far apart (docs/moe.md, "Routing flips"; seen once in about 30 seeds here, 4e-2).
-        # rl keeps no route dumps to tell a flip from a bug, so a differing pair is run
-        # again with the next two seeds (printed), as the MoE layout test does.
+        # Both runs dump every update micro-batch's router decisions (--dump-dir): a pair
+        # whose decisions differ is accepted, and run again with the next seed, only when the
+        # first differing decision is a near tie on both sides and the runs agree before it
+        # (as test_layouts_moe.py); any other difference fails.
         moe_name = moe_jobs[1][0]
-        for retry in (1, 2):
-            whole = weights_error(results[moe_name][1], w_moe, 32)[0]
-            if whole <= TOL:
+        steps = 3 * 2  # iterations x --ppo-epochs: the dump's update steps
+        for retry in range(1, MOE_SEEDS + 1):
+            flip = first_flip(routes(dumps["moe_one"], 1, steps), routes(dumps[moe_name], 4, steps))
+            if flip is None:
+                print(f"{moe_name}: the same router decisions as one process in every update "
+                      f"(--seed {seed + retry - 1})")
                 break
-            print(f"{moe_name}: {whole:.2e} from one process with --seed {seed + retry - 1}; "
-                  f"both runs again with --seed {seed + retry}")
+            s, flips = flip
+            it = s // 2  # the flip's iteration: its rollout, and the updates before it, agree
+            m_got, w_got = results[moe_name]
+            its_ref = [r for r in m_moe if "reward_mean" in r]
+            its_got = [r for r in m_got if "reward_mean" in r]
+            before = all(its_ref[i][k] == its_got[i][k] for i in range(it + 1)
+                         for k in ("reward_mean", "completion_len")) and \
+                all(abs(its_got[i][k] - its_ref[i][k]) <= TOL * abs(its_ref[i][k])
+                    for i in range(it) for k in ("loss", "grad_norm"))
+            near = near_tie(flips)
+            check(near and before,
+                  f"{moe_name} (--seed {seed + retry - 1}): routing differs first at update "
+                  f"{s + 1} ({len(flips)} token(s)): {describe(flips)}; "
+                  f"{'near tie' if near else 'NOT A NEAR TIE'}; iterations 1..{it + 1} "
+                  f"{'agree' if before else 'DIFFER'} before it")
+            if not (near and before):
+                break
+            if retry == MOE_SEEDS:
+                check(False, f"{moe_name}: a near-tie routing flip at each of {MOE_SEEDS} seeds, "
+                      "the weights were never compared")
+                break
+            print(f"{moe_name}: both runs again with --seed {seed + retry}")
             again = ["--seed", str(seed + retry)]
-            m_moe, w_moe = rl("moe_one", again, init=moe)
+            m_moe, w_moe = rl("moe_one", again + moe_jobs[0][1], init=moe)
             results[moe_name] = rl(moe_name, moe_jobs[1][1] + again, ranks=4, init=moe)
+        if flip is not None:  # checked (failed) above: the weights are not compared
+            results.pop(moe_name)
         for name, extra, ranks, *init in list(layouts) + [moe_jobs[1] + (moe,)]:
+            if name not in results:
+                continue
             m, w = results[name]
             m1_, w1_ = (m_moe, w_moe) if init else (m1, w1)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1_] and \
