@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "kernels/bf16.h"
 #include "model/model_impl.h"
 

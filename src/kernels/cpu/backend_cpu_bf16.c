@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_bf16.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/kernels.h"
 
