@@ -320,6 +320,11 @@ size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);
  * any other weight (ZeRO-3's gathered view, a temporary) is still rounded per call. */
 loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n);
 void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid);
+/* The copy's values of the weights [w, w + n) when the copy is valid and holds them, else
+ * NULL: for a reference that slices a weight (model/tp_round.c) to read what a linear op
+ * given the whole weight reads. */
+const loom_bf16 *loom_backend_cpu_bf16_weight_copy_of(const loom_backend *be, const float *w,
+                                                      size_t n);
 
 /* ---- choosing the device (--device cpu|cuda) ----
  * A device backend other than the CPU is linked only into builds that have it (CUDA:
