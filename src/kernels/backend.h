@@ -320,6 +320,11 @@ size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);
  * any other weight (ZeRO-3's gathered view, a temporary) is still rounded per call. */
 loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n);
 void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid);
+/* The copy's values of the weights [w, w + n) when the copy is valid and holds them, else
+ * NULL: for a reference that slices a weight (model/tp_round.c) to read what a linear op
+ * given the whole weight reads. */
+const loom_bf16 *loom_backend_cpu_bf16_weight_copy_of(const loom_backend *be, const float *w,
+                                                      size_t n);
 
 /* ---- choosing the device (--device cpu|cuda) ----
  * A device backend other than the CPU is linked only into builds that have it (CUDA:
@@ -736,109 +741,6 @@ static inline void loom_backend_scale(const loom_backend *be, float *x, float s,
 static inline loom_status loom_backend_linear_prepare(const loom_backend *be, int N, int IC, int OC,
                                                       loom_error *err) {
     return be->ops->linear_prepare ? be->ops->linear_prepare(be, N, IC, OC, err) : LOOM_OK;
-}
-/* 1 when the table keeps GEMM-only activations in bf16 (linear_forward_in_bf16 and
- * round_bf16 set). */
-static inline int loom_backend_bf16_activations(const loom_backend *be) {
-    return be->ops->linear_forward_in_bf16 != NULL && be->ops->round_bf16 != NULL;
-}
-static inline void loom_backend_linear_forward_in_bf16(const loom_backend *be, float *out,
-                                                       const loom_bf16 *inp, const float *weight,
-                                                       const float *bias, int N, int IC, int OC) {
-    be->ops->linear_forward_in_bf16(be, out, inp, weight, bias, N, IC, OC);
-}
-static inline void loom_backend_round_bf16(const loom_backend *be, loom_bf16 *dst, const float *src,
-                                           size_t n) {
-    be->ops->round_bf16(be, dst, src, n);
-}
-static inline void loom_backend_linear_forward_bf16(const loom_backend *be, float *out,
-                                                    const loom_bf16 *inp, const loom_bf16 *weight,
-                                                    const float *bias, int N, int IC, int OC) {
-    be->ops->linear_forward_bf16(be, out, inp, weight, bias, N, IC, OC);
-}
-static inline void loom_backend_linear_backward_input_bf16(const loom_backend *be, float *dinp,
-                                                           const float *dout,
-                                                           const loom_bf16 *weight, int N, int IC,
-                                                           int OC) {
-    be->ops->linear_backward_input_bf16(be, dinp, dout, weight, N, IC, OC);
-}
-static inline void loom_backend_linear_backward_weight_bf16(const loom_backend *be, float *dweight,
-                                                            float *dbias, const float *dout,
-                                                            const loom_bf16 *inp, int N, int IC,
-                                                            int OC) {
-    be->ops->linear_backward_weight_bf16(be, dweight, dbias, dout, inp, N, IC, OC);
-}
-
-/* 1 when the table keeps the LM head's logits in bf16 (the ops above set). */
-static inline int loom_backend_bf16_logits(const loom_backend *be) {
-    return be->ops->linear_forward_out_bf16 != NULL && be->ops->crossentropy_forward_bf16 != NULL;
-}
-static inline void loom_backend_linear_forward_out_bf16(const loom_backend *be, loom_bf16 *out,
-                                                        const float *inp, const loom_bf16 *inp16,
-                                                        const float *weight, int N, int IC,
-                                                        int OC) {
-    be->ops->linear_forward_out_bf16(be, out, inp, inp16, weight, N, IC, OC);
-}
-static inline void loom_backend_linear_backward_input_dbf16(const loom_backend *be, float *dinp,
-                                                            const loom_bf16 *dout,
-                                                            const float *weight, int N, int IC,
-                                                            int OC) {
-    be->ops->linear_backward_input_dbf16(be, dinp, dout, weight, N, IC, OC);
-}
-static inline void loom_backend_linear_backward_weight_dbf16(const loom_backend *be, float *dweight,
-                                                             const loom_bf16 *dout,
-                                                             const float *inp,
-                                                             const loom_bf16 *inp16, int N, int IC,
-                                                             int OC) {
-    be->ops->linear_backward_weight_dbf16(be, dweight, dout, inp, inp16, N, IC, OC);
-}
-static inline loom_status loom_backend_linear_prepare_out_bf16(const loom_backend *be, int N,
-                                                               int IC, int OC, loom_error *err) {
-    return be->ops->linear_prepare_out_bf16 ? be->ops->linear_prepare_out_bf16(be, N, IC, OC, err)
-                                            : LOOM_OK;
-}
-static inline void loom_backend_round_bf16_values(const loom_backend *be, float *x, size_t n) {
-    be->ops->round_bf16_values(be, x, n);
-}
-/* 1 when the table keeps the MLP's pre-activation and attention's qkv in bf16 (the ops
- * below set). */
-static inline int loom_backend_bf16_pre_activations(const loom_backend *be) {
-    return be->ops->gelu_forward_in_bf16 != NULL && be->ops->gelu_backward_in_bf16 != NULL &&
-           be->ops->swiglu_forward_in_bf16 != NULL && be->ops->swiglu_backward_in_bf16 != NULL &&
-           be->ops->widen_bf16 != NULL && be->ops->round_bf16 != NULL;
-}
-static inline void loom_backend_gelu_forward_in_bf16(const loom_backend *be, float *out,
-                                                     const loom_bf16 *inp, size_t n) {
-    be->ops->gelu_forward_in_bf16(be, out, inp, n);
-}
-static inline void loom_backend_gelu_backward_in_bf16(const loom_backend *be, float *dinp,
-                                                      const loom_bf16 *inp, const float *dout,
-                                                      size_t n) {
-    be->ops->gelu_backward_in_bf16(be, dinp, inp, dout, n);
-}
-static inline void loom_backend_swiglu_forward_in_bf16(const loom_backend *be, float *out,
-                                                       const loom_bf16 *inp, int N, int F) {
-    be->ops->swiglu_forward_in_bf16(be, out, inp, N, F);
-}
-static inline void loom_backend_swiglu_backward_in_bf16(const loom_backend *be, float *dinp,
-                                                        const float *dout, const loom_bf16 *inp,
-                                                        int N, int F) {
-    be->ops->swiglu_backward_in_bf16(be, dinp, dout, inp, N, F);
-}
-static inline void loom_backend_widen_bf16(const loom_backend *be, float *dst, const loom_bf16 *src,
-                                           size_t n) {
-    be->ops->widen_bf16(be, dst, src, n);
-}
-static inline void loom_backend_crossentropy_forward_bf16(const loom_backend *be, float *losses,
-                                                          const loom_bf16 *logits,
-                                                          const int32_t *targets, int N, int V) {
-    be->ops->crossentropy_forward_bf16(be, losses, logits, targets, N, V);
-}
-static inline void loom_backend_crossentropy_forward_backward_bf16(const loom_backend *be,
-                                                                   float *losses, loom_bf16 *logits,
-                                                                   const int32_t *targets, int N,
-                                                                   int V, float dloss) {
-    be->ops->crossentropy_forward_backward_bf16(be, losses, logits, targets, N, V, dloss);
 }
 
 #endif

@@ -1,6 +1,8 @@
 /* The linear layers' GEMM shapes from the registry (gemm_shapes.h). */
 #include "model/gemm_shapes.h"
 
+#include "kernels/backend_bf16.h"
+
 loom_status loom_model_prepare_gemms(const loom_backend *be, const loom_param_table *t,
                                      const int *rows, int n_rows, int bf16_logits,
                                      loom_error *err) {

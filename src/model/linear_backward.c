@@ -1,6 +1,8 @@
 /* One linear layer's backward (model/linear_backward.h). */
 #include "model/linear_backward.h"
 
+#include "kernels/backend_bf16.h"
+
 void loom_linear_backward(const loom_backend *be, float *dx, loom_dx_mode mode, const float *dy,
                           const float *w, float *dw, float *db, const float *x, int N, int IC,
                           int OC) {

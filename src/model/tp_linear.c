@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "model/model_impl.h"
 
 int loom_model_seq_parallel(const loom_model *m) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "kernels/bf16.h"
 #include "model/model_impl.h"
 
@@ -22,15 +23,16 @@ loom_status loom_model_round_tp_open(loom_model *m, loom_error *err) {
     const int hd = c->d_model / c->n_head, gpt2 = c->family == LOOM_FAMILY_GPT2;
     const int A = c->n_head * hd, QKV = gpt2 ? 3 * c->d_model : (c->n_head + 2 * c->n_kv_head) * hd;
     const int FC = gpt2 ? c->d_ff : 2 * c->d_ff;
-    if (end == s || R < 2 || (*end && strcmp(end, ",sum")) ||
+    if (end == s || R < 2 || (*end && strcmp(end, ",sum")) || m->be->device != LOOM_DEVICE_CPU ||
         (c->family != LOOM_FAMILY_GPT2 && c->family != LOOM_FAMILY_LLAMA) || c->n_experts > 0 ||
         (m->tp && m->tp->size > 1) || c->n_head % R || c->n_kv_head % R || c->d_ff % R ||
         c->vocab_size % R || QKV == FC || QKV == c->vocab_size || FC == c->vocab_size)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "LOOM_BF16_ROUND_TP '%s': expected R or R,sum (R >= 2 dividing the "
-                              "heads, d_ff and the vocabulary), one process, dense gpt2 or llama "
-                              "with distinct qkv, fc and vocabulary widths",
-                              s);
+        return loom_error_set(
+            err, LOOM_ERR_INPUT,
+            "LOOM_BF16_ROUND_TP '%s': expected R or R,sum (R >= 2 dividing the "
+            "heads, d_ff and the vocabulary), one CPU process, dense gpt2 or llama "
+            "with distinct qkv, fc and vocabulary widths",
+            s);
     m->round_tp = (int)R;
     m->round_tp_sum = *end != 0;
     int widest = A > FC ? A : FC;
@@ -48,6 +50,18 @@ void loom_model_round_tp_close(loom_model *m) {
     free(m->round_tp_scratch);
     m->round_tp_scratch = NULL;
     m->round_tp = 0;
+}
+
+/* dst = src's n weights as the linear ops read them: from the step's bf16 copy when it holds
+ * them (--bf16-rounding stochastic rounds there; a slice copied here would be rounded per
+ * call, to nearest), else the fp32 master (rounded per call, as the whole weight is). */
+static void weight_slice(const loom_model *m, float *dst, const float *src, size_t n) {
+    const loom_bf16 *copy = loom_backend_cpu_bf16_weight_copy_of(m->be, src, n);
+    if (!copy) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dst[i] = loom_bf16_to_f32(copy[i]);
 }
 
 /* sum (+)= round(part): the rank-order sum of the rounded partial sums */
@@ -78,8 +92,7 @@ loom_status loom_model_round_tp_row_forward(loom_model *m, float *out, loom_act 
                        (size_t)K * sizeof(float));
         }
         for (int o = 0; o < C; o++)
-            memcpy(ws + (size_t)o * K, w + (size_t)o * IC + (size_t)r * K,
-                   (size_t)K * sizeof(float));
+            weight_slice(m, ws + (size_t)o * K, w + (size_t)o * IC + (size_t)r * K, (size_t)K);
         const float *bias = r == 0 ? b : NULL;
         if (inp.bf16)
             loom_backend_linear_forward_in_bf16(m->be, part, (const loom_bf16 *)xs, ws, bias, N, K,
@@ -128,7 +141,7 @@ loom_status loom_model_round_tp_column_input(loom_model *m, float *dx, loom_act 
                     memcpy(ys + (size_t)n * K + col, dy.f32 + (size_t)n * OC + from,
                            (size_t)k * sizeof(float));
             }
-            memcpy(ws + (size_t)col * C, w + (size_t)from * C, (size_t)k * C * sizeof(float));
+            weight_slice(m, ws + (size_t)col * C, w + (size_t)from * C, (size_t)k * C);
             col += k;
         }
         loom_backend_memset(m->be, part, 0, (size_t)N * C * sizeof(float));

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "model/model_impl.h"
 
 static int is_gpt2(const loom_model *m) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm/engine.h"
+#include "kernels/backend_bf16.h"
 #include "train/run.h"
 
 int loom_run_fsdp_release_ends(const loom_run *r) {

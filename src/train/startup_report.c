@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include "comm/world.h"
+#include "kernels/backend_bf16.h"
 #include "model/vlm.h"
 #include "train/run.h"
 

@@ -11,6 +11,7 @@
 #include "test_kernels_util.h"
 
 #include "kernels/backend.h"
+#include "kernels/backend_bf16.h"
 #include "kernels/cpu/gemm_bf16.h"
 
 /* element (i, k) of A and (k, j) of B for each kind's storage */

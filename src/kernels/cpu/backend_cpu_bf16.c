@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_bf16.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/kernels.h"
 
@@ -372,6 +373,13 @@ loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float
         c->w_valid = 0;
     }
     return c->w_copy;
+}
+
+const loom_bf16 *loom_backend_cpu_bf16_weight_copy_of(const loom_backend *be, const float *w,
+                                                      size_t n) {
+    const bf16_ctx *c = ctx_of(be);
+    if (!c || !c->w_copy || !c->w_valid || w < c->w_base || w + n > c->w_base + c->w_n) return NULL;
+    return c->w_copy + (w - c->w_base);
 }
 
 void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid) {
