@@ -180,7 +180,7 @@ static int generate_file(const char *weights, const char *path, const char *tok_
         rc = fail(err.msg);
         goto done;
     }
-    loom_rollout_options ro = {*s, max_new, stop, seed};
+    loom_rollout_options ro = {*s, max_new, stop, seed, NULL};
     if (max_tokens > 0 &&
         loom_rollout_run(&g, &ro, n, (const int32_t *const *)ids, plen, stream, comp, clen, &err)) {
         rc = fail(err.msg);
@@ -331,7 +331,7 @@ int loom_cmd_generate(int argc, char **argv) {
     for (; pos < (int)ids.n; pos++) loom_generator_step(&g, ids.ids[pos], pos);
     for (int i = 0; i < max_tokens; i++) {
         double u = loom_philox_uniform((uint32_t)loom_philox_u64(seed, GEN_STREAM, (uint64_t)i, 0));
-        int32_t next = loom_sample(g.logits, cfg.vocab_size, &s, u);
+        int32_t next = loom_sample(g.logits, cfg.vocab_size, &s, u, NULL);
         if (next >= vocab) break; /* a padding id the tokenizer cannot print */
         emit(tok, next);
         if (pos == cfg.seq_len) break; /* the context is full */

@@ -180,8 +180,8 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     if (moe && l->pp > 1)
         return fail("--train-layout: loom rl trains a mixture-of-experts model without --pp "
                     "(its auxiliary losses are not weighted in the pipeline's GRPO loss)");
-    /* --dump-dir: rl's own (the MoE router decisions of the updates, rl/state.h), not
-     * loom train's reference dumps */
+    /* --dump-dir: rl's own (the rollouts' draws and the MoE router decisions of the updates,
+     * rl/state.h), not loom train's reference dumps */
     snprintf(rc->dump_dir, sizeof rc->dump_dir, "%s", tc->dump_dir);
     tc->dump_dir[0] = 0;
     const struct {

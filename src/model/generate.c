@@ -168,11 +168,24 @@ static int by_logit_desc(const void *a, const void *b, void *ctx) {
     return (x < y) - (x > y);
 }
 
-int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u) {
+/* Relative gap of two probabilities (or logits), 0 for a tie. */
+static double rel_gap(double a, double b) {
+    const double big = fmax(fabs(a), fabs(b));
+    return big > 0.0 ? fabs(a - b) / big : 0.0;
+}
+
+int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, double *margin) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
-    if (s->temperature <= 0.0f) return best;
+    double gap = INFINITY; /* the draw's margin (generate.h) */
+    if (s->temperature <= 0.0f) {
+        for (int i = 0; margin && i < V; i++)
+            if (i != best)
+                gap = fmin(gap, (logits[best] - logits[i]) / fmax(1.0, fabs(logits[best])));
+        if (margin) *margin = gap;
+        return best;
+    }
     /* Softmax at the temperature, then keep the top-k and the smallest set whose mass
      * reaches top-p (both over the sorted order), renormalise and draw. */
     int *order = malloc((size_t)V * sizeof *order);
@@ -185,10 +198,15 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u) {
     }
     qsort_r(order, (size_t)V, sizeof *order, by_logit_desc, logits);
     int keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    if (keep < V) /* the k-th and the next: a tie moves the top-k cut */
+        gap = rel_gap(logits[order[keep - 1]], logits[order[keep]]);
     double mass = 0.0;
     for (int i = 0; i < keep; i++) {
         mass += logits[order[i]] / sum;
         if (s->top_p < 1.0f && mass >= s->top_p) {
+            /* the mass crosses top-p at this token: how far from it on either side */
+            gap = fmin(gap, fmin(mass - s->top_p, s->top_p - (mass - logits[order[i]] / sum)) /
+                                s->top_p);
             keep = i + 1;
             break;
         }
@@ -196,14 +214,26 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u) {
     double kept = 0.0;
     for (int i = 0; i < keep; i++) kept += logits[order[i]];
     double target = u * kept, acc = 0.0;
-    int32_t tok = order[keep - 1];
+    int at = keep - 1;
     for (int i = 0; i < keep; i++) {
         acc += logits[order[i]];
         if (acc > target) {
-            tok = order[i];
+            at = i;
             break;
         }
     }
+    if (margin) {
+        /* u's distance to the chosen token's interval ends, and the token's gap to its
+         * neighbours in the order (two near-equal tokens swap places under rounding) */
+        double lo = 0.0;
+        for (int i = 0; i < at; i++) lo += logits[order[i]];
+        const double hi = lo + logits[order[at]];
+        gap = fmin(gap, fmin(target - lo, hi - target) / kept);
+        if (at > 0) gap = fmin(gap, rel_gap(logits[order[at - 1]], logits[order[at]]));
+        if (at + 1 < V) gap = fmin(gap, rel_gap(logits[order[at]], logits[order[at + 1]]));
+        *margin = fmax(gap, 0.0);
+    }
+    const int32_t tok = order[at];
     free(order);
     return tok;
 }

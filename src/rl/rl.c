@@ -53,6 +53,7 @@ static void state_free(rl_state *s) {
     free(s->old_logp), free(s->ref_logp), free(s->ref_params), free(s->ctext);
     free(s->ctext_len), free(s->ptext_len), free(s->gen_params), free(s->full), free(s->parts);
     loom_route_dump_free(&s->routes);
+    loom_sample_dump_free(&s->samples);
 }
 
 static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc, loom_error *err) {
@@ -125,6 +126,10 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
                                    err)))
         return st;
     if ((st = loom_rl_gen_layout_open(s, err))) return st;
+    /* --dump-dir: the rollouts' draws (any model and layout; gper is known now) */
+    if (rc->dump_dir[0] &&
+        (st = loom_sample_dump_open(&s->samples, rc->iterations, s->gper, rc->max_new, err)))
+        return st;
     const loom_param_table *t = s->gen_params ? &s->gen_table : &r->model.table;
     if ((st = loom_batch_generator_create(&s->gen, mc, t, s->gen_params ? s->gen_params : r->params,
                                           s->gper, err)))
@@ -139,7 +144,7 @@ static loom_status evaluate(rl_state *s, double *accuracy, loom_error *err) {
     const int W = s->gdp, n = s->eval.n; /* each generation replica its slice */
     const int lo = (int)((int64_t)n * s->grank / W);
     const int hi = (int)((int64_t)n * (s->grank + 1) / W);
-    loom_rollout_options ro = {{0.0f, 0, 1.0f}, rc->max_new, s->stop, 0};
+    loom_rollout_options ro = {{0.0f, 0, 1.0f}, rc->max_new, s->stop, 0, NULL};
     double correct = 0.0;
     loom_status st;
     for (int first = lo; first < hi; first += s->gper) {
@@ -176,9 +181,13 @@ static loom_status rollout(rl_state *s, int it, uint64_t seed, loom_error *err) 
     }
     for (int i = 0; i < s->gper; i++)
         s->stream[i] = (uint64_t)it * (uint64_t)s->n_global + (uint64_t)(s->g0 + i);
-    loom_rollout_options ro = {rc->sampling, rc->max_new, s->stop, seed};
-    return loom_rollout_run(&s->gen, &ro, s->gper, s->pptr + s->g0, s->plen + s->g0, s->stream,
-                            s->comp + (size_t)s->g0 * rc->max_new, s->clen + s->g0, err);
+    loom_rollout_options ro = {rc->sampling, rc->max_new, s->stop, seed,
+                               loom_sample_dump_margins(&s->samples, it)};
+    int32_t *comp = s->comp + (size_t)s->g0 * rc->max_new;
+    loom_status st = loom_rollout_run(&s->gen, &ro, s->gper, s->pptr + s->g0, s->plen + s->g0,
+                                      s->stream, comp, s->clen + s->g0, err);
+    if (!st) loom_sample_dump_record(&s->samples, it, s->n_global, s->g0, comp, s->clen + s->g0);
+    return st;
 }
 
 /* (2) Rewards of this rank's generation slice, then every rank gets every sequence's
@@ -681,6 +690,12 @@ static loom_status loop(rl_state *s, loom_error *err) {
                                   rc->dump_dir, strerror(errno));
         if ((st = loom_route_dump_write(&s->routes, rc->dump_dir, r->mesh->data_rank, err)))
             return st;
+    }
+    if (s->samples.seq && s->glead) { /* the rollouts' draws: one file a generation replica */
+        if (loom_mkdir_p(rc->dump_dir) != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
+                                  rc->dump_dir, strerror(errno));
+        if ((st = loom_sample_dump_write(&s->samples, rc->dump_dir, s->grank, err))) return st;
     }
     return r->tc->save_weights[0] ? save_weights(r, err) : LOOM_OK;
 }

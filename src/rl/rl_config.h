@@ -23,7 +23,7 @@ typedef struct {
     float time_limit_min;             /* --time-limit: no iteration starts after (0: none) */
     int gen_tp;                       /* --gen-layout "--tp T": generation's tp group (1) */
     float capacity_ignored;           /* MoE: the model's capacity factor, not applied (rl) */
-    char dump_dir[LOOM_PATH_MAX];     /* --dump-dir: MoE router decisions of the updates */
+    char dump_dir[LOOM_PATH_MAX];     /* --dump-dir: the rollouts' draws, MoE router decisions */
 } loom_rl_config;
 
 void loom_rl_config_defaults(loom_rl_config *rc);

@@ -35,8 +35,11 @@ static loom_status run_batch(loom_batch_generator *g, const loom_rollout_options
                 const int i = p + 1 - plen[s]; /* the completion token drawn now */
                 const double u = loom_philox_uniform(
                     (uint32_t)loom_philox_u64(o->seed, ROLLOUT_STREAM, stream[s], (uint32_t)i));
-                const int32_t t = loom_sample(g->logits + (size_t)r * V, V, &o->sampling, u);
+                double margin;
+                const int32_t t = loom_sample(g->logits + (size_t)r * V, V, &o->sampling, u,
+                                              o->margin ? &margin : NULL);
                 comp[(size_t)s * o->max_new + i] = t;
+                if (o->margin) o->margin[(size_t)s * o->max_new + i] = (float)margin;
                 clen[s] = i + 1;
                 done = (o->stop && o->stop[t]) || i + 1 == o->max_new || p + 1 == g->max_len;
             }

@@ -17,6 +17,7 @@ typedef struct {
     const uint8_t *stop; /* [vocab]: 1 for tokens that end a completion (kept as its last
                             token: a newline, an end-of-text); NULL: none */
     uint64_t seed;
+    float *margin; /* NULL, or [n, max_new]: each draw's margin (loom_sample) */
 } loom_rollout_options;
 
 /* Sequences s < n: prompt[s][0 .. plen[s]) with 1 <= plen[s] <= g->max_len. Writes the

@@ -12,6 +12,7 @@
 #include "rl/grpo.h"
 #include "rl/prompts.h"
 #include "rl/rl_config.h"
+#include "rl/sample_dump.h"
 #include "train/run.h"
 
 /* Everything one loop owns besides the trainer's run. Sequences are numbered q = prompt
@@ -61,6 +62,8 @@ typedef struct {
     /* --dump-dir with MoE: the router decisions of every update micro-batch, row step x
      * accum + k (step = iteration x --ppo-epochs + epoch; train/route_dump.h) */
     loom_route_dump routes;
+    /* --dump-dir: every training rollout's draws on this replica (rl/sample_dump.h) */
+    loom_sample_dump samples;
 } rl_state;
 
 #endif

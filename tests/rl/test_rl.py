@@ -9,9 +9,10 @@ generation: its tp shard) after every update (pp: the log-probabilities and the 
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); so does a mixture-of-experts policy trained expert parallel (dp 4 with ep 2: two
 ep groups, each rank 2 of the 4 experts; generation on 4 whole replicas) against its own
-one-process run, whose saved capacity limit rl does not apply (one line says so), a
-difference accepted (and the pair run again with the next seed) only when both runs'
-router dumps (--dump-dir) show a near-tie routing flip before which they agree; GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
+one-process run, whose saved capacity limit rl does not apply (one line says so); a
+difference from one process is accepted (and the pair run again with the next seed) only
+when both runs' dumps (--dump-dir: every draw with its margin, a MoE's router decisions)
+show a near-tie sampling or routing flip before which they agree; GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
 input is one line and exit 2. The reward is a command (awk over
 the JSON lines: a number from the completion's length) so that a weak model still gets
 varied rewards, and the KL term is on. Usage: test_rl.py --loom PATH [--seed S]"""
@@ -25,11 +26,12 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, MPIRUN, TOL, check, parse_test_args, run, run_test, safetensors_io,  # noqa: E402
                       weights_error)
-from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
+import moe_routes  # noqa: E402
+import sample_flips  # noqa: E402
 from rl_fixture import arith_and_sft, sft_model  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
-MOE_SEEDS = 3  # seeds tried for a MoE pair without a (near-tie) routing flip
+SEEDS = 3  # seeds tried for a pair without a (near-tie) sampling or routing flip
 TIMING = ("rollout_ms", "reward_ms", "logprob_ms", "update_ms", "iteration_ms")
 
 
@@ -56,11 +58,17 @@ def main():
 
         logs = {}
 
-        def rl(name, extra=(), ranks=1, init=sft):
+        def dump(name):
+            return os.path.join(tmp, name + "_dump")
+
+        def rl(name, extra=(), ranks=1, init=sft, run_seed=seed):
+            """One run; every run dumps its draws (and a MoE its router decisions)."""
             m, w = os.path.join(tmp, name + ".jsonl"), os.path.join(tmp, name + ".safetensors")
             args = list(base)
             args[args.index("--init-from") + 1] = init
-            cmd = [a.loom] + args + list(extra) + ["--metrics", m, "--save-weights", w]
+            args[args.index("--seed") + 1] = str(run_seed)
+            cmd = [a.loom] + args + list(extra) + ["--metrics", m, "--save-weights", w,
+                                                   "--dump-dir", dump(name)]
             if ranks > 1:
                 cmd = MPIRUN + ["-n", str(ranks)] + cmd
             logs[name] = run(cmd, name)
@@ -115,12 +123,9 @@ def main():
         # these tiny runs mostly wait on each other: the suite's time, not the checks)
         cp2 = next(j for j in layouts if j[0] == "train_cp2_gen_dp2")
         # the MoE policy: one process, and expert parallel training (2 ep groups of 2)
-        # (--dump-dir: each update micro-batch's router decisions, for the flip test below)
-        dumps = {n: os.path.join(tmp, n + "_routes") for n in ("moe_one", "moe_train_dp4ep2_gen_dp4")}
-        moe_jobs = (("moe_one", ["--dump-dir", dumps["moe_one"]], 1),
+        moe_jobs = (("moe_one", [], 1),
                     ("moe_train_dp4ep2_gen_dp4",
-                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4", "--dump-dir",
-                      dumps["moe_train_dp4ep2_gen_dp4"]], 4))
+                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4"], 4))
         jobs = list(layouts) + [(cp2[0] + "_again",) + cp2[1:]] + [j + (moe,) for j in moe_jobs]
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             done = list(pool.map(lambda j: rl(j[0], j[1], ranks=j[2], init=j[3] if len(j) > 3
@@ -132,53 +137,81 @@ def main():
               "MoE, one process: first-epoch ratio exactly 1, a gradient every iteration")
         check("routes dropless (capacity factor 1.25 not applied" in logs["moe_one"],
               "MoE: the model's capacity limit is not applied in rl (one line says so)")
-        # A MoE's top-k is discrete: the ~1e-7 differences between layouts can flip a token
-        # whose router probabilities tie within rounding, and AdamW then moves that expert
-        # far apart (docs/moe.md, "Routing flips"; seen once in about 30 seeds here, 4e-2).
-        # Both runs dump every update micro-batch's router decisions (--dump-dir): a pair
-        # whose decisions differ is accepted, and run again with the next seed, only when the
-        # first differing decision is a near tie on both sides and the runs agree before it
-        # (as test_layouts_moe.py); any other difference fails.
-        moe_name = moe_jobs[1][0]
-        steps = 3 * 2  # iterations x --ppo-epochs: the dump's update steps
-        for retry in range(1, MOE_SEEDS + 1):
-            flip = first_flip(routes(dumps["moe_one"], 1, steps), routes(dumps[moe_name], 4, steps))
-            if flip is None:
-                print(f"{moe_name}: the same router decisions as one process in every update "
-                      f"(--seed {seed + retry - 1})")
-                break
-            s, flips = flip
-            it = s // 2  # the flip's iteration: its rollout, and the updates before it, agree
-            m_got, w_got = results[moe_name]
-            its_ref = [r for r in m_moe if "reward_mean" in r]
-            its_got = [r for r in m_got if "reward_mean" in r]
-            before = all(its_ref[i][k] == its_got[i][k] for i in range(it + 1)
-                         for k in ("reward_mean", "completion_len")) and \
-                all(abs(its_got[i][k] - its_ref[i][k]) <= TOL * abs(its_ref[i][k])
-                    for i in range(it) for k in ("loss", "grad_norm"))
-            near = near_tie(flips)
-            check(near and before,
-                  f"{moe_name} (--seed {seed + retry - 1}): routing differs first at update "
-                  f"{s + 1} ({len(flips)} token(s)): {describe(flips)}; "
-                  f"{'near tie' if near else 'NOT A NEAR TIE'}; iterations 1..{it + 1} "
-                  f"{'agree' if before else 'DIFFER'} before it")
-            if not (near and before):
-                break
-            if retry == MOE_SEEDS:
-                check(False, f"{moe_name}: a near-tie routing flip at each of {MOE_SEEDS} seeds, "
-                      "the weights were never compared")
-                break
-            print(f"{moe_name}: both runs again with --seed {seed + retry}")
-            again = ["--seed", str(seed + retry)]
-            m_moe, w_moe = rl("moe_one", again + moe_jobs[0][1], init=moe)
-            results[moe_name] = rl(moe_name, moe_jobs[1][1] + again, ranks=4, init=moe)
-        if flip is not None:  # checked (failed) above: the weights are not compared
-            results.pop(moe_name)
+
+        # A layout's weights differ from one process's by rounding (~1e-7), and two things
+        # are discrete: a sampled token whose uniform draw lies within that much of its
+        # interval's end (or that nearly ties a neighbour, or a top-k/top-p cut), and a MoE's
+        # top-k routing of a token whose router probabilities tie within rounding (docs/
+        # moe.md, "Routing flips"). Either moves the run far apart (a flip seen once in
+        # about 30 seeds each). Every run dumps its draws with their margins, and a MoE its
+        # router decisions (--dump-dir): a pair that differs is accepted, and run again with
+        # the next seed, only when its first difference is a near tie on both sides and the
+        # runs agree before it; any other difference fails.
+        n_seq, epochs = 4 * 4, 2  # a rollout's sequences (prompts x group), --ppo-epochs
+        refs = {(sft, seed): (m1, w1, dump("one")), (moe, seed): (m_moe, w_moe, dump("moe_one"))}
+
+        def earliest_flip(d_ref, d_got, dp, is_moe):
+            """(iteration, how many iterations' rewards must agree, its description, near
+            tie) of the first difference, None if none."""
+            found = []
+            f = sample_flips.first_flip(sample_flips.samples(d_ref), sample_flips.samples(d_got),
+                                        n_seq)
+            if f is not None:  # a rollout: before the iteration's updates
+                it, flips = f
+                found.append(((it, 0), it, "draws differ first in iteration "
+                              f"{it + 1} ({len(flips)} sequence(s)): {sample_flips.describe(flips)}",
+                              sample_flips.near_tie(flips)))
+            if is_moe:
+                steps = 3 * epochs
+                f = moe_routes.first_flip(moe_routes.routes(d_ref, 1, steps),
+                                          moe_routes.routes(d_got, dp, steps))
+                if f is not None:  # an update: after the iteration's rollout
+                    s, flips = f
+                    found.append(((s // epochs, 1), s // epochs + 1, f"routing differs first at "
+                                  f"update {s + 1} ({len(flips)} token(s)): "
+                                  f"{moe_routes.describe(flips)}", moe_routes.near_tie(flips)))
+            return min(found) if found else None
+
+        def settle(name, extra, ranks, init):
+            """(one process's run, the layout's run) at the first seed without a flip; None
+            after a failed check."""
+            got, run_seed = results[name], seed
+            for retry in range(SEEDS):
+                m_ref, w_ref, d_ref = refs[(init, run_seed)]
+                suffix = "" if run_seed == seed else f"_s{run_seed}"
+                flip = earliest_flip(d_ref, dump(name + suffix), ranks, init == moe)
+                if flip is None:
+                    if retry:
+                        print(f"{name}: no flip with --seed {run_seed}")
+                    return (m_ref, w_ref), got
+                (it, _), agree, what, near = flip
+                its_ref = [r for r in m_ref if "reward_mean" in r]
+                its_got = [r for r in got[0] if "reward_mean" in r]
+                before = all(its_ref[i][k] == its_got[i][k] for i in range(agree)
+                             for k in ("reward_mean", "completion_len")) and \
+                    all(abs(its_got[i][k] - its_ref[i][k]) <= TOL * abs(its_ref[i][k])
+                        for i in range(it) for k in ("loss", "grad_norm"))
+                check(near and before, f"{name} (--seed {run_seed}): {what}; "
+                      f"{'near tie' if near else 'NOT A NEAR TIE'}; the iterations before "
+                      f"{'agree' if before else 'DIFFER'}")
+                if not (near and before):
+                    return None
+                run_seed += 1
+                print(f"{name}: both runs again with --seed {run_seed}")
+                if (init, run_seed) not in refs:
+                    ref_name = ("moe_one" if init == moe else "one") + f"_s{run_seed}"
+                    refs[(init, run_seed)] = rl(ref_name, init=init, run_seed=run_seed) + \
+                        (dump(ref_name),)
+                got = rl(name + f"_s{run_seed}", extra, ranks, init, run_seed)
+            check(False, f"{name}: a near-tie flip at each of {SEEDS} seeds, the weights were "
+                  "never compared")
+            return None
+
         for name, extra, ranks, *init in list(layouts) + [moe_jobs[1] + (moe,)]:
-            if name not in results:
+            pair = settle(name, extra, ranks, init[0] if init else sft)
+            if pair is None:
                 continue
-            m, w = results[name]
-            m1_, w1_ = (m_moe, w_moe) if init else (m1, w1)
+            (m1_, w1_), (m, w) = pair
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1_] and \
                 [r.get("completion_len") for r in m] == [r.get("completion_len") for r in m1_]
             check(same, f"{name}: the same rewards and completion lengths as one process")

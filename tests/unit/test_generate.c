@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -108,16 +109,73 @@ static void test_sampling(void **state) {
     for (int trial = 0; trial < 20; trial++) {
         double u = (double)rand() / ((double)RAND_MAX + 1.0);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &greedy, u), best);
+        assert_int_equal(loom_sample(l, V, &greedy, u, NULL), best);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &top1, u), best);
+        assert_int_equal(loom_sample(l, V, &top1, u, NULL), best);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &nucleus, u), best);
+        assert_int_equal(loom_sample(l, V, &nucleus, u, NULL), best);
     }
     /* Full sampling follows the softmax: u near 0 picks the most likely token. */
     loom_sampling full = {1.0f, 0, 1.0f};
     for (int i = 0; i < V; i++) l[i] = base[i];
-    assert_int_equal(loom_sample(l, V, &full, 0.0), best);
+    assert_int_equal(loom_sample(l, V, &full, 0.0, NULL), best);
+}
+
+/* The draw's margin: perturbing the logits by relative delta changes the token only where
+ * the unperturbed draw's margin is within a few delta x |logit| / temperature (the
+ * probabilities' relative change); draws with u placed next to an interval's end make
+ * such flips happen, so the check is not vacuous. Every sampling mode. */
+static void test_sampling_margin(void **state) {
+    (void)state;
+    enum { V = 9, TRIALS = 4000 };
+    const double delta = 1e-5;
+    const loom_sampling modes[] = {
+        {1.0f, 0, 1.0f}, {0.7f, 4, 1.0f}, {1.3f, 0, 0.8f}, {0.0f, 0, 1.0f}};
+    srand(seed_value + 1);
+    int flips = 0, wide = 0; /* wide: margins far above delta (not everything a tie) */
+    for (int trial = 0; trial < TRIALS; trial++) {
+        const loom_sampling *s = &modes[trial % 4];
+        float base[V], l[V], p[V];
+        double big = 0.0;
+        for (int i = 0; i < V; i++) {
+            /* a few near-equal logits now and then (ties in the order, at the cuts) */
+            base[i] = trial % 7 == 0 && i > 0 ? base[i - 1] * (float)(1.0 + delta * (rand() % 3))
+                                              : (float)(rand() % 2000) / 200.0f - 5.0f;
+            big = fmax(big, fabs(base[i]));
+        }
+        double u = (double)rand() / ((double)RAND_MAX + 1.0);
+        if (trial % 2 && s->temperature > 0.0f) { /* u next to the end of a random prefix */
+            double mx = base[0], sum = 0.0, pre = 0.0;
+            for (int i = 1; i < V; i++) mx = fmax(mx, base[i]);
+            for (int i = 0; i < V; i++) sum += exp((base[i] - mx) / s->temperature);
+            for (int i = 0; i <= rand() % V; i++) pre += exp((base[i] - mx) / s->temperature);
+            u = fmin(fmax(pre / sum + delta * ((rand() % 3) - 1), 0.0), 0.999999);
+        }
+        double margin = -1.0;
+        memcpy(l, base, sizeof l);
+        const int32_t tok = loom_sample(l, V, s, u, &margin);
+        assert_true(margin >= 0.0);
+        wide += margin > 1e3 * delta;
+        for (int i = 0; i < V; i++)
+            p[i] = base[i] * (float)(1.0 + delta * (2.0 * rand() / (double)RAND_MAX - 1.0));
+        double ignored;
+        const int32_t moved = loom_sample(p, V, s, u, &ignored);
+        memcpy(l, base, sizeof l);
+        assert_int_equal(loom_sample(l, V, s, u, NULL), tok); /* the margin changes nothing */
+        if (moved != tok) {
+            flips++;
+            const double bound =
+                4.0 * delta * big / (s->temperature > 0.0f ? s->temperature : 1.0f);
+            if (margin > bound)
+                fail_msg("seed %u trial %d: token %d -> %d with margin %.3e > %.3e", seed_value,
+                         trial, tok, moved, margin, bound);
+        }
+    }
+    printf("test_sampling_margin: %d of %d draws flipped, each within its margin; %d margins above "
+           "1e-2\n",
+           flips, TRIALS, wide);
+    assert_true(flips > 0);
+    assert_true(wide > TRIALS / 4);
 }
 
 int main(void) {
@@ -129,6 +187,7 @@ int main(void) {
         cmocka_unit_test(test_decode_matches_forward_llama),
         cmocka_unit_test(test_decode_matches_forward_moe),
         cmocka_unit_test(test_sampling),
+        cmocka_unit_test(test_sampling_margin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
