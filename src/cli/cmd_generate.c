@@ -284,6 +284,7 @@ int loom_cmd_generate(int argc, char **argv) {
     loom_token_buf ids = {0};
     int rc = 0;
     loom_generator g = {0};
+    int *order = NULL; /* the sampler's scratch */
     if (strcmp(tok_name, "bytes") == 0) {
         size_t n = strlen(prompt);
         ids.ids = malloc((n ? n : 1) * sizeof(int32_t));
@@ -326,12 +327,16 @@ int loom_cmd_generate(int argc, char **argv) {
         rc = fail(err.msg);
         goto done;
     }
+    if (!(order = malloc((size_t)cfg.vocab_size * sizeof *order))) {
+        rc = fail("out of memory");
+        goto done;
+    }
     fwrite(prompt, 1, strlen(prompt), stdout);
     int pos = 0; /* the next position to feed */
     for (; pos < (int)ids.n; pos++) loom_generator_step(&g, ids.ids[pos], pos);
     for (int i = 0; i < max_tokens; i++) {
         double u = loom_philox_uniform((uint32_t)loom_philox_u64(seed, GEN_STREAM, (uint64_t)i, 0));
-        int32_t next = loom_sample(g.logits, cfg.vocab_size, &s, u, NULL);
+        int32_t next = loom_sample(g.logits, cfg.vocab_size, &s, u, order, NULL);
         if (next >= vocab) break; /* a padding id the tokenizer cannot print */
         emit(tok, next);
         if (pos == cfg.seq_len) break; /* the context is full */
@@ -339,6 +344,7 @@ int loom_cmd_generate(int argc, char **argv) {
     }
     fputc('\n', stdout);
 done:
+    free(order);
     loom_generator_free(&g);
     loom_backend_close(be);
     free(ids.ids);

@@ -174,7 +174,8 @@ static double rel_gap(double a, double b) {
     return big > 0.0 ? fabs(a - b) / big : 0.0;
 }
 
-int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, double *margin) {
+int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, int *order,
+                    double *margin) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
@@ -188,8 +189,6 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, doub
     }
     /* Softmax at the temperature, then keep the top-k and the smallest set whose mass
      * reaches top-p (both over the sorted order), renormalise and draw. */
-    int *order = malloc((size_t)V * sizeof *order);
-    if (!order) return best;
     double m = logits[best], sum = 0.0;
     for (int i = 0; i < V; i++) {
         logits[i] = (float)exp((logits[i] - m) / s->temperature);
@@ -233,7 +232,5 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, doub
         if (at + 1 < V) gap = fmin(gap, rel_gap(logits[order[at]], logits[order[at + 1]]));
         *margin = fmax(gap, 0.0);
     }
-    const int32_t tok = order[at];
-    free(order);
-    return tok;
+    return order[at];
 }

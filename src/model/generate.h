@@ -52,13 +52,15 @@ typedef struct {
     float top_p;       /* 1: off */
 } loom_sampling;
 
-/* Draws a token from logits (overwritten: used as scratch) with uniform u in [0, 1).
+/* Draws a token from logits (overwritten: used as scratch) with uniform u in [0, 1);
+ * order: V ints of scratch (the caller's, so that a decoding loop does not allocate).
  * margin (NULL: not computed) gets the draw's margin: the smallest relative change of its
  * inputs that could change the token (u's distance to the ends of the token's interval of
  * the kept mass; the token's gap to its neighbours in the sorted order; the gaps at the
  * top-k and top-p cuts; greedy: the best logit's lead over the next). Two layouts whose
  * logits differ by rounding can draw different tokens only where it is that small (the
  * layout tests' near-tie rule, tests/harness/sample_flips.py). */
-int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, double *margin);
+int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, int *order,
+                    double *margin);
 
 #endif

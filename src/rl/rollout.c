@@ -11,7 +11,7 @@
 static loom_status run_batch(loom_batch_generator *g, const loom_rollout_options *o, int first,
                              int m, const int32_t *const *prompt, const int *plen,
                              const uint64_t *stream, int32_t *comp, int *clen, int *seq,
-                             int32_t *tok, int *pos, int *live, loom_error *err) {
+                             int32_t *tok, int *pos, int *live, int *order, loom_error *err) {
     const int V = g->cfg.vocab_size;
     int n_live = 0;
     for (int i = 0; i < m; i++) {
@@ -36,7 +36,7 @@ static loom_status run_batch(loom_batch_generator *g, const loom_rollout_options
                 const double u = loom_philox_uniform(
                     (uint32_t)loom_philox_u64(o->seed, ROLLOUT_STREAM, stream[s], (uint32_t)i));
                 double margin;
-                const int32_t t = loom_sample(g->logits + (size_t)r * V, V, &o->sampling, u,
+                const int32_t t = loom_sample(g->logits + (size_t)r * V, V, &o->sampling, u, order,
                                               o->margin ? &margin : NULL);
                 comp[(size_t)s * o->max_new + i] = t;
                 if (o->margin) o->margin[(size_t)s * o->max_new + i] = (float)margin;
@@ -54,14 +54,17 @@ loom_status loom_rollout_run(loom_batch_generator *g, const loom_rollout_options
                              const int32_t *const *prompt, const int *plen, const uint64_t *stream,
                              int32_t *comp, int *clen, loom_error *err) {
     const int B = g->max_batch;
-    int *seq = malloc((size_t)B * 3 * sizeof(int) + (size_t)B * sizeof(int32_t));
+    const int V = g->cfg.vocab_size;
+    int *seq = malloc((size_t)(B * 3 + V) * sizeof(int) + (size_t)B * sizeof(int32_t));
     if (!seq) return loom_error_set(err, LOOM_ERR_NOMEM, "rollout: out of memory");
     int *pos = seq + B, *live = pos + B;
-    int32_t *tok = (int32_t *)(live + B);
+    int *order = live + B; /* the sampler's scratch */
+    int32_t *tok = (int32_t *)(order + V);
     loom_status st = LOOM_OK;
     for (int first = 0; first < n && !st; first += B) {
         const int m = n - first < B ? n - first : B;
-        st = run_batch(g, o, first, m, prompt, plen, stream, comp, clen, seq, tok, pos, live, err);
+        st = run_batch(g, o, first, m, prompt, plen, stream, comp, clen, seq, tok, pos, live, order,
+                       err);
     }
     free(seq);
     return st;

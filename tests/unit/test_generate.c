@@ -105,20 +105,21 @@ static void test_sampling(void **state) {
     for (int i = 1; i < V; i++)
         if (base[i] > base[best]) best = i;
     float l[V];
+    int order[V];
     loom_sampling greedy = {0.0f, 0, 1.0f}, top1 = {1.0f, 1, 1.0f}, nucleus = {1.0f, 0, 1e-6f};
     for (int trial = 0; trial < 20; trial++) {
         double u = (double)rand() / ((double)RAND_MAX + 1.0);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &greedy, u, NULL), best);
+        assert_int_equal(loom_sample(l, V, &greedy, u, order, NULL), best);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &top1, u, NULL), best);
+        assert_int_equal(loom_sample(l, V, &top1, u, order, NULL), best);
         for (int i = 0; i < V; i++) l[i] = base[i];
-        assert_int_equal(loom_sample(l, V, &nucleus, u, NULL), best);
+        assert_int_equal(loom_sample(l, V, &nucleus, u, order, NULL), best);
     }
     /* Full sampling follows the softmax: u near 0 picks the most likely token. */
     loom_sampling full = {1.0f, 0, 1.0f};
     for (int i = 0; i < V; i++) l[i] = base[i];
-    assert_int_equal(loom_sample(l, V, &full, 0.0, NULL), best);
+    assert_int_equal(loom_sample(l, V, &full, 0.0, order, NULL), best);
 }
 
 /* The draw's margin: perturbing the logits by relative delta changes the token only where
@@ -136,6 +137,7 @@ static void test_sampling_margin(void **state) {
     for (int trial = 0; trial < TRIALS; trial++) {
         const loom_sampling *s = &modes[trial % 4];
         float base[V], l[V], p[V];
+        int order[V];
         double big = 0.0;
         for (int i = 0; i < V; i++) {
             /* a few near-equal logits now and then (ties in the order, at the cuts) */
@@ -153,15 +155,16 @@ static void test_sampling_margin(void **state) {
         }
         double margin = -1.0;
         memcpy(l, base, sizeof l);
-        const int32_t tok = loom_sample(l, V, s, u, &margin);
+        const int32_t tok = loom_sample(l, V, s, u, order, &margin);
         assert_true(margin >= 0.0);
         wide += margin > 1e3 * delta;
         for (int i = 0; i < V; i++)
             p[i] = base[i] * (float)(1.0 + delta * (2.0 * rand() / (double)RAND_MAX - 1.0));
         double ignored;
-        const int32_t moved = loom_sample(p, V, s, u, &ignored);
+        const int32_t moved = loom_sample(p, V, s, u, order, &ignored);
         memcpy(l, base, sizeof l);
-        assert_int_equal(loom_sample(l, V, s, u, NULL), tok); /* the margin changes nothing */
+        assert_int_equal(loom_sample(l, V, s, u, order, NULL),
+                         tok); /* the margin changes nothing */
         if (moved != tok) {
             flips++;
             const double bound =
