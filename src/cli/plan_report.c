@@ -58,6 +58,7 @@ static json_t *memory_json(const loom_plan_memory *m, int stage) {
     B(cp_buffers);
     B(moe_buffers);
     B(pp_messages);
+    B(tp_messages);
     if (m->vision) B(vision);
     B(mpi_temp);
     B(total);
@@ -128,6 +129,8 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
                 "  tensor parallel: activations per rank %.1f MiB with sequence parallelism, "
                 "%.1f MiB without\n",
                 m->act_sp / MiB, m->act_nosp / MiB);
+    if (m->tp_messages)
+        fprintf(f, "  tensor-parallel bf16 message buffers: %.3f MiB\n", m->tp_messages / MiB);
     if (tc->layout.cp > 1)
         fprintf(f,
                 "  context parallel: %.3f MiB holding whole sequences; attention buffers %.3f "

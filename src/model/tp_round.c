@@ -6,7 +6,11 @@
  * slice of each of the output's sections, i.e. its rows of the weight), each partial sum
  * rounded to bf16 and the pieces added in fp32 in rank order; `R,sum` also rounds the sum
  * (tp without sequence parallelism all-gathers it in bf16). The partial GEMMs' shapes are
- * prepared on first use, so they run the primitives the tp ranks run. */
+ * prepared on first use, so they run the primitives the tp ranks run. Every family whose
+ * blocks use model/tp_linear.c's linears: gpt2 and the dit (qkv as three sections of
+ * d_model, one fc), llama and the vlm's Llama decoder (q, k, v sections, gate and up); the
+ * dit's other linears and the vlm's encoder and projector are replicated over tp (no
+ * message), and a dit has no vocabulary-parallel head. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,30 +18,36 @@
 #include "kernels/bf16.h"
 #include "model/model_impl.h"
 
+/* gpt2 and the dit: qkv as three sections of d_model and one fc; llama and the vlm: q, k, v
+ * sections of heads and the fc's gate and up */
+static int fused_qkv(const loom_model_config *c) {
+    return c->family == LOOM_FAMILY_GPT2 || c->family == LOOM_FAMILY_DIT;
+}
+
 loom_status loom_model_round_tp_open(loom_model *m, loom_error *err) {
     const char *s = getenv("LOOM_BF16_ROUND_TP");
     if (!s || loom_backend_precision(m->be) != LOOM_PRECISION_BF16) return LOOM_OK;
     char *end;
     const long R = strtol(s, &end, 10);
     const loom_model_config *c = &m->cfg;
-    const int hd = c->d_model / c->n_head, gpt2 = c->family == LOOM_FAMILY_GPT2;
+    const int hd = c->d_model / c->n_head, gpt2 = fused_qkv(c);
     const int A = c->n_head * hd, QKV = gpt2 ? 3 * c->d_model : (c->n_head + 2 * c->n_kv_head) * hd;
     const int FC = gpt2 ? c->d_ff : 2 * c->d_ff;
+    const int V = c->family == LOOM_FAMILY_DIT ? 0 : c->vocab_size; /* the head's width */
     if (end == s || R < 2 || (*end && strcmp(end, ",sum")) || m->be->device != LOOM_DEVICE_CPU ||
-        (c->family != LOOM_FAMILY_GPT2 && c->family != LOOM_FAMILY_LLAMA) || c->n_experts > 0 ||
-        (m->tp && m->tp->size > 1) || c->n_head % R || c->n_kv_head % R || c->d_ff % R ||
-        c->vocab_size % R || QKV == FC || QKV == c->vocab_size || FC == c->vocab_size)
+        c->n_experts > 0 || (m->tp && m->tp->size > 1) || c->n_head % R || c->n_kv_head % R ||
+        c->d_ff % R || V % R || QKV == FC || QKV == V || FC == V)
         return loom_error_set(
             err, LOOM_ERR_INPUT,
-            "LOOM_BF16_ROUND_TP '%s': expected R or R,sum (R >= 2 dividing the "
-            "heads, d_ff and the vocabulary), one CPU process, dense gpt2 or llama "
-            "with distinct qkv, fc and vocabulary widths",
+            "LOOM_BF16_ROUND_TP '%s': expected R or R,sum (R >= 2 dividing the heads, d_ff and "
+            "the vocabulary), one CPU process, a model without experts (gpt2, llama, dit or "
+            "vlm) with distinct qkv, fc and vocabulary widths",
             s);
     m->round_tp = (int)R;
     m->round_tp_sum = *end != 0;
     int widest = A > FC ? A : FC;
     if (QKV > widest) widest = QKV;
-    if (c->vocab_size > widest) widest = c->vocab_size;
+    if (V > widest) widest = V;
     const size_t N = (size_t)m->B * m->T, C = (size_t)c->d_model, W = (size_t)widest;
     /* a partial input [N, W] (fp32 or bf16), a partial weight [W, C], a partial sum [N, C] */
     m->round_tp_scratch = malloc((N * W + W * C + N * C) * sizeof(float));
@@ -108,7 +118,7 @@ loom_status loom_model_round_tp_row_forward(loom_model *m, float *out, loom_act 
 /* The output's sections of a column-parallel linear of width OC (each split over the ranks). */
 static int sections(const loom_model *m, int OC, int sec[3]) {
     const loom_model_config *c = &m->cfg;
-    const int hd = c->d_model / c->n_head, gpt2 = c->family == LOOM_FAMILY_GPT2;
+    const int hd = c->d_model / c->n_head, gpt2 = fused_qkv(c);
     if (OC == (gpt2 ? 3 * c->d_model : (c->n_head + 2 * c->n_kv_head) * hd)) {
         sec[0] = gpt2 ? c->d_model : c->n_head * hd;
         sec[1] = sec[2] = gpt2 ? c->d_model : c->n_kv_head * hd;
@@ -118,7 +128,7 @@ static int sections(const loom_model *m, int OC, int sec[3]) {
         sec[0] = sec[1] = c->d_ff;
         return 2;
     }
-    sec[0] = OC; /* gpt2's fc, the head */
+    sec[0] = OC; /* gpt2's and the dit's fc, the head */
     return 1;
 }
 

@@ -63,9 +63,19 @@ loom_status loom_tp_set_rows(loom_tp *tp, int rows, loom_error *err) {
     return LOOM_OK;
 }
 
+static int wire_bf16_here(const loom_tp *tp) {
+    return tp->size > 1 && tp->comm && tp->comm->device == LOOM_COMM_HOST;
+}
+
+size_t loom_tp_wire_bf16_bytes(const loom_tp *tp) {
+    if (!wire_bf16_here(tp)) return 0;
+    return (2 * (size_t)tp->max_rows + (size_t)tp->size) * (size_t)tp->width * sizeof(loom_bf16);
+}
+
 loom_status loom_tp_wire_bf16(loom_tp *tp, loom_error *err) {
-    if (tp->size == 1 || tp->comm->device != LOOM_COMM_HOST) return LOOM_OK;
+    if (!wire_bf16_here(tp)) return LOOM_OK;
     const size_t S = (size_t)tp->size, W = (size_t)tp->width, R = (size_t)tp->max_rows;
+    /* loom_tp_wire_bf16_bytes: these two */
     tp->send16 = malloc(R * W * sizeof *tp->send16);
     tp->recv16 = malloc((R + S) * W * sizeof *tp->recv16);
     tp->chunk_counts = calloc(S, sizeof(int));

@@ -69,6 +69,10 @@ loom_status loom_tp_gather(loom_tp *tp, const float *local, float *full, const f
 /* --precision bf16: the linears' collectives below move bf16 from now on (a host group of
  * two or more ranks; nothing to do otherwise). LOOM_ERR_NOMEM. */
 loom_status loom_tp_wire_bf16(loom_tp *tp, loom_error *err);
+/* The bytes of the bf16 send and receive buffers loom_tp_wire_bf16 allocates for tp (or
+ * would: the same for a sized run that never calls it), (2 x max_rows + size) x width bf16
+ * values; 0 where it allocates none (one rank, a device group). */
+size_t loom_tp_wire_bf16_bytes(const loom_tp *tp);
 
 /* The linear layers' collectives (model/tp_linear.c). In fp32 loom_tp_reduce and
  * loom_tp_gather. With wire_bf16 (docs/precision.md):

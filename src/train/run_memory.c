@@ -82,9 +82,13 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
             all < LOOM_COMM_ENGINE_INFLIGHT_BYTES ? all : LOOM_COMM_ENGINE_INFLIGHT_BYTES;
         m->mpi_temp = largest == 0 ? 0 : largest > small ? largest : small;
     }
+    /* --precision bf16: the tp linears' messages (setup's loom_tp_wire_bf16; a sized run's
+     * backend is the bf16 sizing one, so loom plan counts them as the run holds them) */
+    if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)
+        m->tp_messages = loom_tp_wire_bf16_bytes(&r->tp);
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages +
-               m->vision + m->mpi_temp;
+               m->vision + m->mpi_temp + m->tp_messages;
 }
 
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,

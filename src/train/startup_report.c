@@ -125,9 +125,9 @@ void loom_run_report_startup(const loom_run *r) {
                 r->tp.size, r->tp.sequence_parallel ? " (sequence parallel)" : "", rm.act_sp / MiB,
                 rm.act_nosp / MiB,
                 r->tp.wire_bf16 ? "; the linears' sums and gathers sent as bf16" : "");
-    if (r->tp.wire_bf16) /* tp/tp.h's two bf16 message buffers */
+    if (rm.tp_messages) /* tp/tp.h's two bf16 message buffers (in the total above) */
         fprintf(stderr, "loom: tensor-parallel bf16 message buffers: %.3f MiB\n",
-                (2.0 * r->tp.max_rows + r->tp.size) * r->tp.width * sizeof(loom_bf16) / MiB);
+                rm.tp_messages / MiB);
     if (r->cped) {
         const int sp = r->tp.sequence_parallel;
         fprintf(stderr,

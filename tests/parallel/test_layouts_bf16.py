@@ -106,6 +106,40 @@ PIPELINES = {
 }
 
 
+def check_tp_rounded(family, base, tmp, d_model):
+    """The dit and vlm tp 2 in bf16 (test_layouts_dit.py, test_layouts_vlm.py call this on
+    their own base command, fp32 flags without --precision): their blocks use the same
+    linears (model/tp_linear.c), whose partial sums tp 2 sends as bf16 and, without sequence
+    parallelism, rounds once more. One process with LOOM_BF16_ROUND_TP=2,sum rounds the same
+    sums (model/tp_round.c); everything else tp 2 computes on the same operands in the same
+    order as one process (the replicated parts, the dit's conditioning and the vlm's encoder,
+    are each rank's whole computation; the vlm's vocabulary-parallel loss as gpt2's and
+    llama's above, which are bitwise), so the bound is bitwise (measured seeds 1-5: bitwise,
+    dit and vlm). The rounding is real: tp 2 differs from the plain bf16 process by more
+    than PP_MIN (measured seeds 1-5: dit 4.3e-5 to 1.4e-4, vlm 4.4e-4 to 9.8e-4), and rank 0
+    sent bf16 bytes. About 4 s a family on this machine (three small runs)."""
+    lay = Layouts(base + ["--precision", "bf16"], tmp, f"{family}_bf16_")
+    plain = lay.run("single", 1)
+    os.environ["LOOM_BF16_ROUND_TP"] = "2,sum"
+    try:
+        rounded = lay.run("rounded_tp_2_sum", 1)
+    finally:
+        del os.environ["LOOM_BF16_ROUND_TP"]
+    got = lay.run("tp2", 2, ["--tp", "2"])
+    sent = TP_BYTES.search(got.stderr)
+    check("the linears' sums and gathers sent as bf16" in got.stderr and sent and
+          int(sent.group(2)) > 0, f"{family} bf16 tp2: the messages' start-up line and "
+          f"{sent.group(0) if sent else 'no bytes line'}")
+    l_err = loss_error(got.losses, rounded.losses)
+    whole, worst, w_name = weights_error(got.params, rounded.params, d_model)
+    check(bitwise(got, rounded), f"{family} bf16 tp2 against one process rounding the partial "
+          f"sums as tp 2 (LOOM_BF16_ROUND_TP=2,sum): bitwise (losses {l_err:.1e}, weights "
+          f"{whole:.1e}, worst tensor {worst:.1e} {w_name})")
+    whole, _, _ = weights_error(got.params, plain.params, d_model)
+    check(whole > PP_MIN, f"{family} bf16 tp2: its bf16 messages move the weights {whole:.1e} "
+          f"from the plain process (> {PP_MIN:.0e})")
+
+
 def compare(family, name, got, ref, what):
     l_err = loss_error(got.losses, ref.losses)
     whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)

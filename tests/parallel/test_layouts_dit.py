@@ -11,7 +11,9 @@ moving-average weight equal the single-process run (whole model <= 1e-5, worst t
 <= 1e-4, as tests/harness/loomtest.py explains), that the initial weights are bitwise the
 unsharded ones, that one layout twice is bitwise identical, and that a run stopped at a
 checkpoint and resumed in another layout ends with the uninterrupted run's weights and
-average. AdamW's epsilon is loomtest.ADAM_EPS (1e-6), which explains the seed of this
+average. The image case also runs tp 2 under --precision bf16 against the one process that
+rounds the partial sums as its bf16 messages do: bitwise (test_layouts_bf16.check_tp_rounded
+says why). AdamW's epsilon is loomtest.ADAM_EPS (1e-6), which explains the seed of this
 test that failed with 1e-8. Usage: test_layouts_dit.py --loom PATH [--seed S] [--quick]
 """
 import os
@@ -24,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error)
 from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
+from test_layouts_bf16 import check_tp_rounded  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -62,7 +65,7 @@ def write_image_shard(path, rng, n, frames, channels, height, width, classes):
         f.write(pixels.tobytes())
 
 
-def check_case(args, tmp, seed, case, shape, layouts_list):
+def check_case(args, tmp, seed, case, shape, layouts_list, tp_bf16=False):
     rng = np.random.default_rng(seed)
     frames, patch_t, channels, height, width, patch, classes = shape
     data = os.path.join(tmp, f"{case}_train_000000.bin")
@@ -105,6 +108,8 @@ def check_case(args, tmp, seed, case, shape, layouts_list):
                  [("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
                   ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"])],
                  ref, D_MODEL, also=["ema_final.safetensors"])
+    if tp_bf16:
+        check_tp_rounded("dit", base, tmp, D_MODEL)
 
 
 def main():
@@ -116,7 +121,7 @@ def main():
         # 4 x 4 gray patches; clips of 4 frames in 2-frame patches, 2 x 2 x 3 = 12 tokens
         for case, shape, lay in (("image", (1, 1, 1, 12, 20, 4, 5), IMAGE_LAYOUTS),
                                  ("video", (4, 2, 3, 8, 12, 4, 3), VIDEO_LAYOUTS)):
-            check_case(args, tmp, seed, case, shape, lay)
+            check_case(args, tmp, seed, case, shape, lay, tp_bf16=case == "image")
     finally:
         keep_or_remove(tmp, seed)
 

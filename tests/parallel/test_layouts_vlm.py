@@ -25,7 +25,10 @@ compute): equal to one process, bitwise twice, and the plan's slowest rank over 
 usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
 a decoder stage's work, runs --vision-schedule bubbles at pp 2 (1f1b and zb: the encoder's
 pieces of some micro-batches on the second stage, on a replica of its weights): equal to one
-process, the plan moved pieces off the first stage, and 1f1b twice is bitwise. Usage: test_layouts_vlm.py --loom PATH [--seed S]
+process, the plan moved pieces off the first stage, and 1f1b twice is bitwise. tp 2 under
+--precision bf16 equals, bitwise, the one process that rounds the partial sums as its bf16
+messages do (test_layouts_bf16.check_tp_rounded says why).
+Usage: test_layouts_vlm.py --loom PATH [--seed S]
 """
 import json
 import os
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error)
 from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
+from test_layouts_bf16 import check_tp_rounded  # noqa: E402
 
 D_MODEL = 16
 LAYOUTS = [
@@ -286,6 +290,7 @@ def main():
         # saved at step 3 in one layout, resumed from there: the same end
         check_resume(layouts, "dp2 ZeRO-1", 2, ["--dp", "2", "--zero", "1"], 3,
                      [("pp2", 2, ["--pp", "2"])], ref, D_MODEL)
+        check_tp_rounded("vlm", base, tmp, D_MODEL)
         frozen_case(layouts, ref, base, tmp)
         balance_dp(args, base, tmp, seed)
         vision_bubbles(base, tmp)

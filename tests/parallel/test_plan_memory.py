@@ -10,7 +10,8 @@ the start-up report of rank 0, no step) and `loom plan ... --explain "<layout>" 
 (no MPI: the layout's objects sized on shapes), and requires for rank 0 (pipeline stage
 0) the same text of the "memory per rank: ..." line, the same "memory per rank in all"
 figure, and the same numbers in the pipeline (micro-batches in flight, activations,
-message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
+message buffers), tensor-parallel (under bf16 also its message buffers, whose bytes must be
+tp/tp.c's (2 x rows + tp) x d_model bf16 values), context-parallel and MoE-buffer lines; and that the
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
 sharded (pp 2 x dp 2 under 1f1b and zb). For the vlm the
@@ -172,6 +173,8 @@ FIGURES = {  # start-up report line -> the plan's JSON fields (rank 0's)
             lambda m: [m["moe_buffers_bytes"] / MIB], [1]),
     "mpi_temp": (re.compile(r"MPI all-reduce temporary: " + NUM + " MiB"),
                  lambda m: [m["mpi_temp_bytes"] / MIB], [3]),
+    "tp_bf16": (re.compile(r"tensor-parallel bf16 message buffers: " + NUM + " MiB"),
+                lambda m: [m["tp_messages_bytes"] / MIB], [3]),
     "total": (re.compile(r"memory per rank in all: " + NUM + " MiB"),
               lambda m: [m["total_bytes"] / MIB], [3]),
 }
@@ -211,6 +214,21 @@ def check(loom, name, ranks, extra, flags, threads):
     if line.group(1) != stage0["line"]:
         problems.append(f"memory line differs:\n    report: {line.group(1)}\n    plan:   "
                         f"{stage0['line']}")
+    # --precision bf16 with tp: the linears' bf16 message buffers (tp/tp.c's send and
+    # receive buffers, (2 x rows + tp) x d_model bf16 values) are in both totals, and the
+    # report's line of them is there
+    bf16_tp = "bf16" in flags and "--tp" in extra
+    want_tp = 0
+    if bf16_tp:  # (the bf16 layouts: a language model, no cp)
+        def flag(f, a):
+            return int(a[a.index(f) + 1])
+        rows = flag("--micro-batch", flags) * flag("--seq-len", flags)
+        want_tp = (2 * rows + flag("--tp", extra)) * flag("--d-model", flags) * 2
+    if stage0["tp_messages_bytes"] != want_tp or (
+            bf16_tp and not FIGURES["tp_bf16"][0].search(p.stderr)):
+        problems.append(f"tp bf16 message buffers: plan {stage0['tp_messages_bytes']:.0f} bytes, "
+                        f"expected {want_tp}; report line "
+                        f"{'present' if FIGURES['tp_bf16'][0].search(p.stderr) else 'absent'}")
     for what, (rx, plan_values, digits) in FIGURES.items():
         m = rx.search(p.stderr)
         if not m:
