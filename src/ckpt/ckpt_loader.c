@@ -261,16 +261,19 @@ static void want_huge_pages(void *p, size_t n) {
 }
 
 /* A tensor frozen (--freeze) in the run that saved m: its weights are there, neither of
- * its AdamW moments is (a checkpoint holds no optimizer state for frozen tensors). */
-static int frozen_when_saved(const loom_ckpt_manifest *m, const char *param, loom_ckpt_kind kind) {
-    if (kind != LOOM_CKPT_ADAM_M && kind != LOOM_CKPT_ADAM_V) return 0;
+ * its AdamW moments nor its moving average is (a checkpoint holds no optimizer state for
+ * frozen tensors). Returns its weights' entry, or NULL. */
+static const loom_ckpt_tensor *frozen_when_saved(const loom_ckpt_manifest *m, const char *param,
+                                                 loom_ckpt_kind kind) {
+    if (kind != LOOM_CKPT_ADAM_M && kind != LOOM_CKPT_ADAM_V && kind != LOOM_CKPT_EMA) return NULL;
     char name[224];
+    static const loom_ckpt_kind state[3] = {LOOM_CKPT_ADAM_M, LOOM_CKPT_ADAM_V, LOOM_CKPT_EMA};
+    for (int k = 0; k < 3; k++) {
+        loom_ckpt_tensor_name(name, sizeof name, state[k], param);
+        if (loom_ckpt_manifest_find(m, name)) return NULL;
+    }
     loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_PARAMS, param);
-    if (!loom_ckpt_manifest_find(m, name)) return 0;
-    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_ADAM_M, param);
-    if (loom_ckpt_manifest_find(m, name)) return 0;
-    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_ADAM_V, param);
-    return !loom_ckpt_manifest_find(m, name);
+    return loom_ckpt_manifest_find(m, name);
 }
 
 /* Zeros into piece q's place in its buffer. */
@@ -307,7 +310,9 @@ loom_status loom_ckpt_load(const char *dir, const loom_ckpt_manifest *m, const l
         loom_ckpt_tensor_name(name, sizeof name, plan.items[i].kind, p->name);
         const loom_ckpt_tensor *ct = loom_ckpt_manifest_find(m, name);
         int64_t gs1 = p->ndim == 2 ? p->global_shape[1] : 0;
-        if (!ct && frozen_when_saved(m, p->name, plan.items[i].kind)) {
+        const loom_ckpt_tensor *w = ct ? NULL : frozen_when_saved(m, p->name, plan.items[i].kind);
+        if (w && plan.items[i].kind == LOOM_CKPT_EMA) ct = w; /* the average from its weights */
+        if (!ct && w) {
             zero_piece(&plan.items[i], dst); /* its moments start at zero */
             ptensor[i] = -1;
             covered[i] = loom_ckpt_box_volume(&plan.items[i].box);

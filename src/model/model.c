@@ -229,14 +229,15 @@ loom_status loom_model_blocks_backward_weight(loom_model *m, const float *p, flo
     const loom_param_table *t = &m->table;
     loom_status st = LOOM_OK;
     for (int l = hi - 1; l >= lo && !st; l--) {
-        st = m->ops->block_backward_weight(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
+        if (!m->no_weight_grads) /* a frozen decoder: nothing to compute, the range reported */
+            st = m->ops->block_backward_weight(m, p, g, l, l > lo ? m->blocks[l - 1].res2 : x);
         if (!st && ready) st = ready(ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     }
     return st;
 }
 
 loom_status loom_model_head_backward_weight(loom_model *m, float *g) {
-    return m->ops->head_backward_weight(m, g);
+    return m->no_weight_grads ? LOOM_OK : m->ops->head_backward_weight(m, g);
 }
 
 loom_status loom_model_embed_backward(loom_model *m, const float *p, float *g) {

@@ -140,6 +140,26 @@ static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
     return st;
 }
 
+loom_status loom_fsdp_fetch_span(loom_fsdp *f, loom_error *err) {
+    const loom_zero *z = f->zero;
+    const int R = z->dp->size;
+    int *give = f->xfer, *give_at = f->xfer + R, *take = f->xfer + 2 * R,
+        *take_at = f->xfer + 3 * R;
+    return loom_comm_alltoallv(z->dp, f->shard, give, give_at, f->train, take, take_at, err);
+}
+
+void loom_fsdp_span_weights(const loom_fsdp *f, loom_zero_weights *w) {
+    const loom_zero *z = f->zero;
+    if (!z->span_on) {
+        *w = (loom_zero_weights){.at = {f->shard}, .cut = {z->lo, z->hi}, .n = 1};
+        return;
+    }
+    *w = (loom_zero_weights){
+        .at = {f->train, f->shard + (f->own_lo - f->lo), f->train + (f->own_lo - z->lo)},
+        .cut = {z->lo, f->own_lo, f->own_hi, z->hi},
+        .n = 3};
+}
+
 loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, float lr,
                                      const loom_adamw_config *cfg, int step, loom_error *err) {
     loom_zero *z = f->zero;
@@ -149,8 +169,7 @@ loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, fl
     int *give = f->xfer, *give_at = f->xfer + R, *take = f->xfer + 2 * R,
         *take_at = f->xfer + 3 * R;
     double t0 = loom_now_ms();
-    loom_status st =
-        loom_comm_alltoallv(z->dp, f->shard, give, give_at, f->train, take, take_at, err);
+    loom_status st = loom_fsdp_fetch_span(f, err);
     const double fetch_ms = loom_now_ms() - t0;
     if (st) return st;
     /* clipping and AdamW as loom_zero_optimizer_step, on the three pieces of [lo, hi) */

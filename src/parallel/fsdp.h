@@ -70,6 +70,13 @@ void loom_fsdp_free(loom_fsdp *f);
 loom_status loom_fsdp_optimizer_step(loom_fsdp *f, float *grads, double norm, float lr,
                                      const loom_adamw_config *cfg, int step, loom_error *err);
 
+/* --freeze: fetches the weights of this rank's span shard that other ranks' parameter
+ * shards hold into `train` (the optimizer step's first exchange; collective over dp). */
+loom_status loom_fsdp_fetch_span(loom_fsdp *f, loom_error *err);
+/* Where this rank's weights of its optimizer range [zero->lo, zero->hi) are: the shard, or
+ * with --freeze its three pieces (`train` valid after a fetch or an optimizer step). */
+void loom_fsdp_span_weights(const loom_fsdp *f, loom_zero_weights *w);
+
 /* Hooks for loom_model (ctx = the loom_fsdp). */
 loom_status loom_fsdp_before_block(void *ctx, int layer, int backward);
 loom_status loom_fsdp_after_block(void *ctx, int layer, int backward);

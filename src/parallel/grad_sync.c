@@ -220,14 +220,27 @@ loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err
     return st;
 }
 
+/* Where this rank's weights of its optimizer range are (ZeRO-3: in the shard; with
+ * --freeze partly in `train`, parallel/fsdp.h). */
+static void owned_weights(const loom_grad_sync *s, loom_zero_weights *w) {
+    const loom_zero *z = s->zero;
+    if (s->fsdp)
+        loom_fsdp_span_weights(s->fsdp, w);
+    else
+        *w = (loom_zero_weights){.at = {s->params + z->lo}, .cut = {z->lo, z->hi}, .n = 1};
+}
+
 loom_status loom_grad_sync_step(loom_grad_sync *s, double norm, float lr,
                                 const loom_adamw_config *cfg, int step, loom_error *err) {
     loom_status st = s->update(s, norm, lr, cfg, step, err);
     const float *shard = s->fsdp ? s->fsdp->shard : NULL;
-    if (!st && s->zero->experts)
+    loom_zero_weights w;
+    if (!st && s->zero->experts) {
         loom_ep_zero_ema_update(s->zero, s->params, shard);
-    else if (!st)
-        loom_zero_ema_update(s->zero, s->params, shard);
+    } else if (!st && s->zero->ema) {
+        owned_weights(s, &w);
+        loom_zero_ema_update(s->zero, &w);
+    }
     if (s->fsdp) loom_fsdp_invalidate(s->fsdp);
     return st;
 }
@@ -250,16 +263,25 @@ loom_status loom_grad_sync_ema_enable(loom_grad_sync *s, float decay, loom_error
                             : loom_zero_ema_enable(s->zero, decay, err);
 }
 
-void loom_grad_sync_ema_reset(loom_grad_sync *s) {
+loom_status loom_grad_sync_ema_reset(loom_grad_sync *s, loom_error *err) {
     const float *shard = s->fsdp ? s->fsdp->shard : NULL;
-    if (!s->zero->ema) return;
-    if (s->zero->experts)
+    if (!s->zero->ema) return LOOM_OK;
+    if (s->zero->experts) {
         loom_ep_zero_ema_reset(s->zero, s->params, shard);
-    else
-        loom_zero_ema_reset(s->zero, s->params, shard);
+        return LOOM_OK;
+    }
+    /* ZeRO-3 with --freeze: the span shard's weights held elsewhere, fetched first */
+    loom_status st = s->fsdp && s->zero->span_on ? loom_fsdp_fetch_span(s->fsdp, err) : LOOM_OK;
+    loom_zero_weights w;
+    owned_weights(s, &w);
+    if (!st) loom_zero_ema_reset(s->zero, &w);
+    return st;
 }
 
 loom_status loom_grad_sync_ema_gather(loom_grad_sync *s, float *full, loom_error *err) {
-    return s->zero->experts ? loom_ep_zero_ema_gather(s->zero, full, err)
-                            : loom_zero_ema_gather(s->zero, full, err);
+    if (s->zero->experts) return loom_ep_zero_ema_gather(s->zero, full, err);
+    /* --freeze: the frozen weights outside the span are their own average (ZeRO-3: the
+     * weights gathered whole first) */
+    loom_status st = s->zero->span_on ? loom_grad_sync_params_whole(s, err) : LOOM_OK;
+    return st ? st : loom_zero_ema_gather(s->zero, full, s->params, err);
 }

@@ -154,7 +154,7 @@ const loom_flat_run *loom_grad_sync_norm_runs(const loom_grad_sync *s, int *n);
  * parameters by reset, updated by loom_grad_sync_step after each optimizer step, and made
  * whole in full [total] by gather (collective over the data-parallel group). */
 loom_status loom_grad_sync_ema_enable(loom_grad_sync *s, float decay, loom_error *err);
-void loom_grad_sync_ema_reset(loom_grad_sync *s);
+loom_status loom_grad_sync_ema_reset(loom_grad_sync *s, loom_error *err);
 loom_status loom_grad_sync_ema_gather(loom_grad_sync *s, float *full, loom_error *err);
 
 #endif

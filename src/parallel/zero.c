@@ -690,44 +690,6 @@ void loom_zero_held_buffers(const loom_zero *z, float *params, float *param_shar
     b[3] = (loom_ckpt_buffer){z->ema, base, z->lo, z->hi};
 }
 
-loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err) {
-    if (z->experts)
-        return loom_error_set(
-            err, LOOM_ERR_INPUT,
-            "--ema-decay: not available with --ep and ZeRO 1-3 (expert segments)");
-    if (z->span_on)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--ema-decay: not with --freeze yet (the average is kept for the "
-                              "trainable tensors only)");
-    z->ema_decay = decay;
-    z->ema = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
-    return z->ema ? LOOM_OK : loom_error_set(err, LOOM_ERR_NOMEM, "--ema-decay: out of memory");
-}
-
-/* The owned range of the parameters: [lo, hi) of the whole buffer, or the ZeRO-3 shard. */
-static const float *owned_params(const loom_zero *z, const float *params, const float *shard) {
-    return shard ? shard : params + z->lo;
-}
-
-void loom_zero_ema_reset(loom_zero *z, const float *params, const float *shard) {
-    if (z->ema) memcpy(z->ema, owned_params(z, params, shard), (z->hi - z->lo) * sizeof(float));
-}
-
-void loom_zero_ema_update(loom_zero *z, const float *params, const float *shard) {
-    if (!z->ema) return;
-    const float *p = owned_params(z, params, shard);
-    const float d = z->ema_decay, e = 1.0f - d;
-    const size_t n = z->hi - z->lo;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) z->ema[i] = d * z->ema[i] + e * p[i];
-}
-
-loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err) {
-    memcpy(full + z->lo, z->ema, (z->hi - z->lo) * sizeof(float));
-    if (z->stage == 0) return LOOM_OK;
-    return loom_comm_allgatherv_large(z->dp, full, z->shards.counts, z->shards.displs, 0, err);
-}
-
 void loom_zero_shard_of(const loom_zero *z, int r, size_t *lo, size_t *hi) {
     *lo = z->shards.displs[r];
     *hi = *lo + z->shards.counts[r];

@@ -82,6 +82,7 @@ typedef struct {
     float *m, *v;        /* AdamW state: whole buffer (stage 0) or the shard */
     float *ema;          /* --ema-decay: the weights' moving average, laid out as m */
     float ema_decay;
+    int ema_frozen;    /* --freeze: some tensor is frozen (its average stays its weight) */
     float *grad_shard; /* stage >= 2: the shard's reduced gradient, [lo, hi) of the local
                           buffer (set by loom_zero_grads_alloc; --ep: its own buffer) */
     size_t bucket_floats;
@@ -241,17 +242,27 @@ loom_status loom_zero_optimizer_step(loom_zero *z, float *params, float *shard, 
 loom_status loom_zero_gather_grads(loom_zero *z, float *grads, loom_error *err);
 
 /* ---- the exponential moving average of the weights (--ema-decay; DiT's EMA) ----
- * Held like AdamW's moments: the whole buffer at stage 0, this rank's shard at 1-3, so
- * checkpoints save and reshard it as they do m and v. With --ep's expert segments
- * (ZeRO 1-3) parallel/ep_zero.h's functions of the same names hold it instead; the
- * gradient-sync strategy (parallel/grad_sync.h) picks the pair. */
+ * Held like AdamW's moments: the whole buffer (the trainable span with --freeze) at stage
+ * 0, this rank's shard of it at 1-3, so checkpoints save and reshard it as they do m and
+ * v (parallel/zero_ema.c). With --ep's expert segments (ZeRO 1-3) parallel/ep_zero.h's
+ * functions of the same names hold it instead; the gradient-sync strategy
+ * (parallel/grad_sync.h) picks the pair. */
 loom_status loom_zero_ema_enable(loom_zero *z, float decay, loom_error *err);
-/* ema = the parameters this rank owns (params: the whole buffer, or shard at ZeRO-3). */
-void loom_zero_ema_reset(loom_zero *z, const float *params, const float *shard);
-/* After each optimizer step: ema = decay * ema + (1 - decay) * params on the owned range. */
-void loom_zero_ema_update(loom_zero *z, const float *params, const float *shard);
-/* The whole average into full [total] on every data-parallel rank (collective over dp). */
-loom_status loom_zero_ema_gather(loom_zero *z, float *full, loom_error *err);
+/* Where this rank's weights of [lo, hi) are: piece k, [cut[k], cut[k + 1]), at at[k]
+ * (cut[0] = lo, cut[n] = hi; one piece but at ZeRO-3 with --freeze: parallel/fsdp.h). */
+typedef struct {
+    const float *at[3];
+    size_t cut[4];
+    int n;
+} loom_zero_weights;
+/* ema = the weights this rank owns. */
+void loom_zero_ema_reset(loom_zero *z, const loom_zero_weights *w);
+/* After each optimizer step: ema = decay * ema + (1 - decay) * weights on the owned range
+ * (--freeze: frozen tensors inside the span keep their average, their weight). */
+void loom_zero_ema_update(loom_zero *z, const loom_zero_weights *w);
+/* The whole average into full [total] on every data-parallel rank (collective over dp);
+ * with --freeze the part outside the span is params' (the whole weights). */
+loom_status loom_zero_ema_gather(loom_zero *z, float *full, const float *params, loom_error *err);
 
 /* ---- what checkpoints see of ZeRO (train/checkpointing.c): accessors, not fields ---- */
 /* The buffers this rank holds, each with the range it owns: the parameters (whole, or

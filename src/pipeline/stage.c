@@ -6,6 +6,7 @@
 
 #include "parallel/ep.h"
 #include "parallel/ep_zero.h"
+#include "model/vlm_parts.h"
 #include "pipeline/pipeline.h"
 
 /* Multiply-adds per token of a block's forward and of the head's (final norm, logits and
@@ -185,6 +186,14 @@ static int recompute_flags(int mode) {
                                               : 0;
 }
 
+/* Split backward for the schedules that run W apart (zb); a frozen decoder (--freeze llm)
+ * runs B only under every schedule, and W (zb) keeps only its embedding's part. */
+static int backward_flags(const loom_model_config *mc, int split) {
+    if (mc->freeze & LOOM_VLM_PART_LLM)
+        return LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_NO_WEIGHT_GRADS;
+    return split ? LOOM_MODEL_SPLIT_BACKWARD : 0;
+}
+
 loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                  const loom_pp_config *pc, loom_mesh *mesh, loom_tp *tp,
                                  loom_cp *cp, loom_model *model, loom_error *err) {
@@ -240,7 +249,7 @@ loom_status loom_pipeline_create(loom_pipeline *pl, const loom_model_config *mc,
                                        .ep = &mesh->ep,
                                        .layers = &pl->layers,
                                        .backend = pc->backend,
-                                       .flags = (pl->train.split ? LOOM_MODEL_SPLIT_BACKWARD : 0) |
+                                       .flags = backward_flags(mc, pl->train.split) |
                                                 recompute_flags(pc->recompute) |
                                                 (pc->size_only ? LOOM_MODEL_SIZE_ONLY : 0)},
                  err)))

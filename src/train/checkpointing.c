@@ -104,10 +104,12 @@ static int same_model(const loom_model_config *a, const loom_model_config *b) {
 
 /* 1 when the checkpoint holds the weights' moving average (saved with --ema-decay). */
 static int has_ema(const loom_checkpointing *c, const loom_ckpt_manifest *m) {
-    char name[224];
-    if (c->tensors.n == 0) return 0;
-    loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_EMA, c->tensors.items[0].name);
-    return loom_ckpt_manifest_find(m, name) != NULL;
+    char name[224]; /* any tensor's: a frozen one (--freeze) has no average of its own */
+    for (int i = 0; i < c->tensors.n; i++) {
+        loom_ckpt_tensor_name(name, sizeof name, LOOM_CKPT_EMA, c->tensors.items[i].name);
+        if (loom_ckpt_manifest_find(m, name)) return 1;
+    }
+    return 0;
 }
 
 /* One attempt: model check, load from the files of dir that manifest m names (origin

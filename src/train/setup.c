@@ -180,15 +180,11 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = loom_tp_wire_bf16(&r->tp, err)))
         return st;
     /* --freeze llm: the decoder's backward runs its input-gradient half only (B of split
-     * backward, never followed by W), so it computes no weight gradients */
+     * backward, never followed by W), so it computes no weight gradients (the pipeline's
+     * stages the same: pipeline/stage.c) */
     const int frozen_llm = (mc->freeze & LOOM_VLM_PART_LLM)
                                ? LOOM_MODEL_SPLIT_BACKWARD | LOOM_MODEL_NO_WEIGHT_GRADS
                                : 0;
-    if (frozen_llm && mesh->layout.pp > 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--freeze llm: not with --pp %d yet (the pipeline's schedules run "
-                              "the decoder's weight gradients; expected --pp 1)",
-                              mesh->layout.pp);
     if (mesh->layout.pp > 1) {
         loom_pp_config pc;
         loom_train_config_pipeline(tc, &pc);
@@ -515,7 +511,7 @@ static loom_status setup(loom_run *r, loom_error *err) {
     if (init_later && !r->ckpt.loaded && !r->ckpt.reset)
         loom_params_init(&r->model.table, r->params, tc->seed);
     /* The moving average starts at the weights the run starts from, unless it was loaded. */
-    if (!r->ckpt.ema_loaded) loom_grad_sync_ema_reset(&r->sync);
+    if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
     /* --outer diloco: the round starts from the parameters the run starts from */
     if (loom_outer_enabled(&tc->outer)) {

@@ -69,6 +69,7 @@ quarter at ZeRO 2 (only the reduce-scatter half is needed there).
 Usage: test_grad_reduce_bf16.py --loom PATH [--seed S]
 """
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -76,9 +77,11 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loomtest import (Layouts, bitwise, loss_error, parse_test_args, rel_err, weights_error,  # noqa: E402
                       write_text_shard)
 from loomtest import check, run_test  # noqa: E402
+import test_layouts_vlm  # noqa: E402
 
 D_MODEL = 48
 U = 2.0 ** -9
@@ -126,6 +129,50 @@ def grad_error(got, ref):
 
 def all_bf16(grads):
     return all(not np.any(g.astype(np.float32).view(np.uint32) & 0xFFFF) for g in grads.values())
+
+
+def vlm_frozen_zero3(args, tmp, seed):
+    """--freeze with the bf16 reduction at ZeRO-3: a vlm with its encoder frozen
+    (test_layouts_vlm's shard and shapes), dp 2 ZeRO-3 against one bf16 process, the same
+    bounds as above (the frozen encoder sends nothing: no gradient, its weights unchanged).
+    The vlm's step-1 gradients have larger elements than the language models' (measured
+    0.3-0.9 over three seeds: its loss weights scale the answer rows by T / answers), so
+    AdamW's epsilon is 1.0 here: clipping at 1.0 keeps every element within 1, so A <= 2 <=
+    2.05 eps and the docstring's bound holds whatever the draw."""
+    vl = test_layouts_vlm
+    data = os.path.join(tmp, "vlm_train_000000.bin")
+    vl.write_shard(data, random.Random(seed), 48)
+    base = [args.loom, "train", "--family", "vlm", "--n-layer", "2", "--n-head", "4",
+            "--n-kv-head", "2", "--d-model", "16", "--d-ff", "40", "--vocab-size", "260",
+            "--seq-len", str(vl.T), "--vit-layers", "2", "--vit-d-model", "16", "--vit-n-head",
+            "2", "--vit-d-ff", "24", "--vit-patch", str(vl.P), "--height", str(vl.H), "--width",
+            str(vl.W), "--channels", "1", "--max-images", str(vl.MAX_IMAGES), "--micro-batch",
+            "2", "--global-batch", "8", "--steps", str(STEPS), "--lr", str(LR),
+            "--warmup-steps", "2", "--grad-clip", "1.0", "--seed", str(seed), "--log-every",
+            "0", "--threads", "1", "--data", data, "--bucket-mb", "0.01", "--adam-eps", "1.0",
+            "--precision", "bf16", "--freeze", "vision"]
+    layouts = Layouts(base, tmp, "vlm_")
+    ref = layouts.run("single", 1)
+    got = layouts.run("dp2_zero3", 2, ["--dp", "2", "--zero", "3"] + REDUCE)
+    g_ref, g = ref.load("grads_step1.safetensors"), got.load("grads_step1.safetensors")
+    g_err, g_name = grad_error(g, g_ref)
+    frozen = [k for k in g if k.startswith("vision.")]
+    still = all(not np.any(g[k]) and np.array_equal(got.params[k], got.init[k]) for k in frozen)
+    check("gradient reduction in bf16" in got.stderr and 1e-5 < g_err <= GRAD_TOL and still,
+          f"vlm --freeze vision zero 3: step-1 gradient, worst tensor {g_err:.1e} {g_name} "
+          f"(rounded: > 1e-5, <= 3u = {GRAD_TOL:.1e}); the encoder's {len(frozen)} tensors "
+          f"without gradient and unchanged: {still}")
+    l_err = loss_error(got.losses, ref.losses)
+    whole, _, _ = weights_error(got.params, ref.params, 16)
+    whole_tol = WHOLE_TOL + aligned_bound(ref.params)
+    over = [(rel_err(got.params[k], ref.params[k]), TENSOR_TOL + aligned_bound(ref.params, [k]),
+             k) for k in ref.params]
+    worst = max(over, key=lambda x: x[0] / x[1])
+    check(l_err <= LOSS_TOL and whole <= whole_tol and worst[0] <= worst[1],
+          f"vlm --freeze vision zero 3, {STEPS} steps: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), "
+          f"weights {whole:.1e} (<= {whole_tol:.1e}), nearest its bound: {worst[2]} "
+          f"{worst[0]:.1e} (<= {worst[1]:.1e}); largest step-1 gradient element before "
+          f"clipping {max(float(np.max(np.abs(x))) for x in g_ref.values()):.2f}")
 
 
 def main():
@@ -193,6 +240,7 @@ def main():
                 "grads_step1.safetensors"), g_ref)[0],
                 "sensitivity: the fp32 reduction's step-1 gradient is within 1e-5 of one "
                 "process, the bf16 reduction's is not")
+        vlm_frozen_zero3(args, tmp, seed)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -14,12 +14,14 @@ tp rank runs the (replicated) encoder and projector, the decoder is Megatron-sha
 the masked loss vocabulary-parallel. Under context parallelism (cp 2 ring and Ulysses, and
 cp 2 x tp 2 + sp x pp 2) a rank encodes the images with slot rows in its chunks and an
 image cut by a chunk boundary runs on both ranks. A second case freezes the vision
-encoder (--freeze vision): one process against dp 2 ZeRO-1 and ZeRO-3, the encoder's weights
-must end bitwise as they started, the report's gradient and AdamW bytes drop by the
-encoder's size (at ZeRO-3 AdamW's by its shard), a ZeRO-3 checkpoint resumes bitwise (from
-disk and from peers' memory) and,
-resumed with the encoder trainable (LLaVA's stage 2), one process and dp 2 ZeRO-2 agree;
---freeze vision,llm at dp 2 ZeRO-3 equals one process and is bitwise twice. A third case trains on samples with 0 to 3 images with
+encoder (--freeze vision, with --ema-decay): one process against dp 2 ZeRO-1 and ZeRO-3 (the
+weights and their moving average), the encoder's weights and average must end bitwise as
+they started, the report's gradient and AdamW bytes drop by the encoder's size (at ZeRO-3
+AdamW's by its shard), a ZeRO-3 checkpoint resumes bitwise, average included (from disk and
+from peers' memory) and, resumed with the encoder trainable (LLaVA's stage 2), one process
+and dp 2 ZeRO-2 agree and the encoder's average starts at its weights; --freeze vision,llm
+(with --ema-decay) at dp 2 ZeRO-3 and at pp 2 (1f1b and zb: a frozen decoder in the
+pipeline) equals one process, ZeRO-3 twice bitwise. A third case trains on samples with 0 to 3 images with
 --balance-dp at dp 2 and at pp 2 x dp 2 (the global batch's samples assigned by predicted
 compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
 usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
@@ -90,16 +92,31 @@ def write_shard(path, rng, n, max_images=MAX_IMAGES):
         f.write(b"".join(s[2] for s in samples))
 
 
+EMA = "ema_final.safetensors"  # --ema-decay's average of the weights (--dump-dir)
+
+
+def has_ema(run):
+    return os.path.exists(os.path.join(run.out, EMA))
+
+
 def compare(layouts, ref, name, ranks, extra):
+    """One layout against one process: losses, final weights and (with --ema-decay) the
+    weights' moving average within the layout criterion, initial weights bitwise."""
     got = layouts.run(name, ranks, extra)
     loss_err = loss_error(got.losses, ref.losses)
     all_err, w_err, w_name = weights_error(got.params, ref.params, D_MODEL)
     init_same = same_tensors(got.init, ref.init)
+    ema = ""
     ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
           and w_err <= 10 * TOL and init_same)
+    if has_ema(ref):
+        e_all, e_worst, _ = weights_error(got.load(EMA), ref.load(EMA), D_MODEL)
+        ok = ok and e_all <= TOL and e_worst <= 10 * TOL
+        ema = f"  ema {e_all:.2e}"
     check(ok)
     print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
-          f"{w_name})  init {'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
+          f"{w_name}){ema}  init {'identical' if init_same else 'DIFFERS'}  "
+          f"{'ok' if ok else 'FAIL'}")
     return got
 
 
@@ -177,8 +194,10 @@ def report_mib(stderr):
 
 
 def unchanged(run, prefix):
-    """Whether every tensor of run whose name starts with prefix ends bitwise as it started."""
-    return all(np.array_equal(run.params[n], run.init[n]) for n in run.params
+    """Whether every tensor of run whose name starts with prefix ends bitwise as it started
+    (with --ema-decay its moving average too: a frozen tensor's average is its weight)."""
+    final = [run.params] + ([run.load(EMA)] if has_ema(run) else [])
+    return all(np.array_equal(w[n], run.init[n]) for w in final for n in w
                if n.startswith(prefix))
 
 
@@ -200,7 +219,7 @@ def frozen_case(layouts, ref, base, tmp):
     the encoder trainable (LLaVA's stage 1 -> stage 2: its moments start at zero) one process
     and dp 2 ZeRO-2 agree. --freeze vision,llm at dp 2 ZeRO-3: equal to one process, twice
     bitwise, AdamW's state only the projector's shard."""
-    frozen = Layouts(base + ["--freeze", "vision"], tmp, "vlm_frozen_")
+    frozen = Layouts(base + ["--freeze", "vision", "--ema-decay", "0.8"], tmp, "vlm_frozen_")
     fref = frozen.run("single", 1)
     print(f"vlm --freeze vision: single process, loss {fref.losses[0]:.4f} -> "
           f"{fref.losses[-1]:.4f}")
@@ -212,14 +231,16 @@ def frozen_case(layouts, ref, base, tmp):
     mib = {part: sum(a.size for n, a in fref.params.items() if n.startswith(part)) * 4 / 2**20
            for part in ("vision.", "projector.")}
     report_drop("one process", ref, fref, mib["vision."], mib["vision."])
-    saver = check_resume(frozen, "--freeze vision, dp2 ZeRO-3", 2, ["--dp", "2", "--zero", "3"], 3)
+    saver = check_resume(frozen, "--freeze vision, dp2 ZeRO-3", 2, ["--dp", "2", "--zero", "3"], 3,
+                         also=[EMA])
     all_err, w_err, _ = weights_error(saver.params, fref.params, D_MODEL)
     loss_err = loss_error(saver.losses, fref.losses)
+    ema_err = weights_error(saver.load(EMA), fref.load(EMA), D_MODEL)[0]
     still = unchanged(saver, "vision.")
-    ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and still
+    ok = loss_err <= TOL and all_err <= TOL and w_err <= 10 * TOL and ema_err <= TOL and still
     check(ok)
     print(f"  dp2 ZeRO-3 (the saving run) against one process: losses {loss_err:.2e} weights "
-          f"{all_err:.2e}, encoder unchanged {still}  {'ok' if ok else 'FAIL'}")
+          f"{all_err:.2e} ema {ema_err:.2e}, encoder unchanged {still}  {'ok' if ok else 'FAIL'}")
     # the same through peers' memory (--ckpt-peer): 3 steps saved, then resumed from memory
     z3_flags = ["--dp", "2", "--zero", "3"]
     ck = ["--ckpt-dir", frozen.path("ckpt_peer"), "--ckpt-every", "3", "--ckpt-peer",
@@ -227,7 +248,8 @@ def frozen_case(layouts, ref, base, tmp):
     frozen.run("peer_first", 2, z3_flags + ck + ["--steps", "3"])
     peer = frozen.run("peer_resumed", 2, z3_flags + ck + ["--resume", "auto"])
     ok = ("resume source: peer memory, step 3" in peer.stderr
-          and peer.losses == saver.losses_after(3) and same_tensors(peer.params, saver.params))
+          and peer.losses == saver.losses_after(3) and same_tensors(peer.params, saver.params)
+          and same_tensors(peer.load(EMA), saver.load(EMA)))
     check(ok)
     print(f"  resumed at step 3 from peers' memory (dp2 ZeRO-3): "
           f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
@@ -235,28 +257,45 @@ def frozen_case(layouts, ref, base, tmp):
     z3 = layouts.runs["dp2_zero3"]
     # the optimizer's shards: half of everything before, half of the trained span after
     report_drop("dp2 ZeRO-3", z3, saver, mib["vision."], mib["vision."] / 2)
-    at = ["--resume", os.path.join(frozen.path("ckpt"), "step_00000003")]
+    at = ["--resume", os.path.join(frozen.path("ckpt"), "step_00000003"), "--ema-decay", "0.8"]
     u1 = layouts.run("unfrozen_single", 1, at)
     u2 = layouts.run("unfrozen_dp2_zero2", 2, ["--dp", "2", "--zero", "2"] + at)
     all_err, w_err, _ = weights_error(u2.params, u1.params, D_MODEL)
     loss_err = loss_error(u2.losses, u1.losses)
+    ema_err = weights_error(u2.load(EMA), u1.load(EMA), D_MODEL)[0]
     moved = any(not np.array_equal(u1.params[n], saver.init[n]) for n in u1.params
                 if n.startswith("vision."))
     ok = ("resumed from" in u1.stderr and moved and loss_err <= TOL and all_err <= TOL
-          and w_err <= 10 * TOL)
+          and w_err <= 10 * TOL and ema_err <= TOL)
     check(ok)
     print(f"  frozen checkpoint resumed with the encoder trainable: encoder trained {moved}, "
-          f"dp2 ZeRO-2 vs one process losses {loss_err:.2e} weights {all_err:.2e}  "
-          f"{'ok' if ok else 'FAIL'}")
-    both = Layouts(base + ["--freeze", "vision,llm"], tmp, "vlm_frozen2_")
+          f"dp2 ZeRO-2 vs one process losses {loss_err:.2e} weights {all_err:.2e} ema "
+          f"{ema_err:.2e}  {'ok' if ok else 'FAIL'}")
+    # the encoder's average starts at its (still initial) weights: one step later it is
+    # 0.8 x initial + 0.2 x trained; the others' averages are the checkpoint's
+    one = layouts.run("unfrozen_one_step", 1, at + ["--steps", "4"])
+    ema, w = one.load(EMA), one.params
+    err = max(float(np.max(np.abs(ema[n] - (np.float32(0.8) * saver.init[n]
+                                             + np.float32(0.2) * w[n]))))
+              / float(np.max(np.abs(w[n]))) for n in w if n.startswith("vision."))
+    check(err <= 1e-6)
+    print(f"  the encoder's average started at its weights: {err:.1e}  "
+          f"{'ok' if err <= 1e-6 else 'FAIL'}")
+    both = Layouts(base + ["--freeze", "vision,llm", "--ema-decay", "0.8"], tmp, "vlm_frozen2_")
     bref = both.run("single", 1)
     got = compare(both, bref, "dp2_zero3", 2, z3_flags)
     again = both.run("dp2_zero3_again", 2, z3_flags)
-    same = bitwise(again, got)
+    same = bitwise(again, got) and same_tensors(again.load(EMA), got.load(EMA))
     still = unchanged(got, "vision.") and unchanged(got, "model.") and unchanged(got, "lm_head.")
     check(same and still)
     print(f"    --freeze vision,llm dp2 ZeRO-3: only the projector trained {still}, twice "
           f"{'bitwise identical' if same else 'FAIL: runs differ'}")
+    # a frozen decoder in the pipeline: every stage runs B only (zb: W keeps the embedding's)
+    for schedule in ("1f1b", "zb"):
+        got = compare(both, bref, f"pp2_{schedule}", 2, ["--pp", "2", "--pp-schedule", schedule])
+        still = unchanged(got, "model.") and unchanged(got, "lm_head.")
+        check(still)
+        print(f"    decoder unchanged {still}")
     report_drop("dp2 ZeRO-3 --freeze vision,llm", z3, got, total - mib["projector."],
                 (total - mib["projector."]) / 2)
 

@@ -49,6 +49,7 @@ VLM_LAYOUTS = [  # the encoder and projector on every rank (dp, tp) or the first
     ("vlm_tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("vlm_dp2_freeze", 2, ["--dp", "2", "--freeze", "vision,projector"]),
     ("vlm_dp2_zero3_freeze", 2, ["--dp", "2", "--zero", "3", "--freeze", "vision,llm"]),
+    ("vlm_pp2_zb_freeze_llm", 2, ["--pp", "2", "--pp-schedule", "zb", "--freeze", "llm"]),
 ]
 # --precision bf16: the arena keeps the norms' outputs, the MLP's activation and (one tp
 # rank) the logits in bf16; the plan sizes the run's own arena, so its figures follow
