@@ -398,10 +398,8 @@ static loom_status keep_shard(loom_zero *z, float *grads, int b, loom_error *err
     return LOOM_OK;
 }
 
-/* Where range i of backward's order begins: the head (or its n_head pieces, last first),
- * blocks L-1 .. 0, then the embedding's range from tail_begin. */
-static size_t backward_range_begin(const loom_param_table *t, int i, int n_head,
-                                   size_t tail_begin) {
+size_t loom_zero_backward_range_begin(const loom_param_table *t, int i, int n_head,
+                                      size_t tail_begin) {
     const int L = t->n_layer;
     size_t b, e;
     if (i < n_head && n_head > 1)
@@ -433,7 +431,7 @@ size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end) {
      * the rest at loom_zero_finish_reduction */
     size_t most = largest_part(wte_end, z->bucket_floats), end = z->total;
     for (int i = 0; i <= n_head + L; i++) {
-        const size_t b = backward_range_begin(t, i, n_head, wte_end);
+        const size_t b = loom_zero_backward_range_begin(t, i, n_head, wte_end);
         if (b > end) continue;
         if (i == n_head + L || end - b >= z->bucket_floats || z->accum_resident) {
             const size_t p = largest_part(end - b, z->bucket_floats);
@@ -622,7 +620,7 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
     size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total;
     const int n_head = t->head_begin < t->total ? z->head_pieces : 0;
     for (int i = 0; i < n_head + L + (emb_end > 0 && !keep_embed); i++) {
-        b = backward_range_begin(t, i, n_head, 0);
+        b = loom_zero_backward_range_begin(t, i, n_head, 0);
         const size_t f = pair_floats(&r, b, prev_prev_b) + (b > 0 ? tied_floats : 0);
         if (f > most) most = f;
         prev_prev_b = prev_b;

@@ -152,6 +152,19 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
  * dense range (parallel/embed_grad.h), 0 without it. Shapes only (loom plan too). */
 size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end);
 
+/* Where range i of backward's order begins: the head (or its n_head pieces, last first),
+ * blocks L-1 .. 0, then the embedding's range from tail_begin. */
+size_t loom_zero_backward_range_begin(const loom_param_table *t, int i, int n_head,
+                                      size_t tail_begin);
+/* ZeRO-2/3, local accumulation, one micro-batch a step (parallel/zero_resident.c): the
+ * most local gradient bytes resident at once, over every layer boundary of backward and
+ * every data-parallel rank, with the last LOOM_ZERO_LAG_PARTITIONS partitions posted not
+ * yet reduced; wte_end as in loom_zero_largest_partition. 0 where this does not apply
+ * (stages 0-1, --ep, --freeze, --grad-accum sharded: loom_zero_memory_of's figure holds).
+ * Shapes only (loom plan too). */
+#define LOOM_ZERO_LAG_PARTITIONS 2
+size_t loom_zero_grads_peak_local(const loom_zero *z, size_t wte_end);
+
 /* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
  * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
  * reduction completes, except the shard's own [lo, hi), where the reduced values stay

@@ -13,7 +13,8 @@ figure, and the same numbers in the pipeline (micro-batches in flight, activatio
 message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and that the
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
-sharded (pp 2 x dp 2 under 1f1b and zb). For the vlm the
+sharded (pp 2 x dp 2 under 1f1b and zb), ONE_MICRO_LAYOUTS with one micro-batch a step at
+ZeRO 2/3 (the local gradient's resident peak, not the whole buffer). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -67,6 +68,15 @@ SHARDED_LAYOUTS = [
                                      "zb", "--grad-accum", "sharded"]),
 ]
 
+# one micro-batch a step (--global-batch = dp x --micro-batch) at ZeRO 2/3: the local
+# gradient counted as resident at the worst layer boundary (parallel/zero_resident.c)
+ONE_MICRO_LAYOUTS = [
+    ("dp2_zero2_one_micro_batch", 2, ["--dp", "2", "--zero", "2", "--global-batch", "4",
+                                    "--bucket-mb", "0.01"]),
+    ("dp4_zero3_one_micro_batch", 4, ["--dp", "4", "--zero", "3", "--global-batch", "8",
+                                    "--bucket-mb", "0.01"]),
+]
+
 
 def layouts():
     """(name, ranks, extra flags, model kind) of every layout test."""
@@ -82,6 +92,7 @@ def layouts():
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
     out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
+    out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
     return out
 
 
