@@ -210,7 +210,8 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
-/* --grad-accum sharded: the shard's accumulator (stage >= 2, no --ep), before
+/* --grad-accum sharded: the shard's accumulator (stage >= 2; with --ep a full-layout
+ * mapping of which only the rank's segments are touched, parallel/ep_zero.h), before
  * loom_zero_grads_alloc and loom_zero_plan_embedding (no embedding split then). Sized
  * only (size_only): the memory report's figures, no buffer. split_head: the model can
  * hand an untied head over in pieces (loom_model_head_can_split); z->head_pieces is how
@@ -221,6 +222,7 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
 /* loom_zero_accum_enable's flags, for pipeline stages: */
 #define LOOM_ZERO_ACCUM_KEEP_EMBED 1 /* the embedding range reduced once a step (tied copy) */
 #define LOOM_ZERO_ACCUM_SPLIT 2      /* split backward: B writes norms ahead of W */
+#define LOOM_ZERO_ACCUM_BLOCKING 4   /* each range reduced before the next is written (--ep) */
 /* After a micro-batch's reduction (not the step's last): counted (its buckets were added
  * to the accumulator as they completed, micro-batches in order: ((g1 + g2) + ...) + gM)
  * and the local buffer cleared (its last pages handed back). */

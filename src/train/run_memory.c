@@ -10,7 +10,7 @@
 
 int loom_run_fsdp_release_ends(const loom_run *r) {
     return r->zero.stage == 3 && strcmp(r->tc->grad_accum, "sharded") == 0 && !r->pipelined &&
-           loom_model_head_can_split(&r->model);
+           r->mesh->ep.size == 1 && loom_model_head_can_split(&r->model);
 }
 
 /* Where the embedding split's dense wte range ends (0: no split): the run's own, or in
