@@ -14,7 +14,8 @@ message buffers), tensor-parallel, context-parallel and MoE-buffer lines; and th
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
 sharded (pp 2 x dp 2 under 1f1b and zb), ONE_MICRO_LAYOUTS with one micro-batch a step at
-ZeRO 2/3 (the local gradient's resident peak, not the whole buffer). For the vlm the
+ZeRO 2/3 (the local gradient's resident peak, not the whole buffer), and a MoE layout
+with --ep 2 and --grad-accum sharded. For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -93,6 +94,9 @@ def layouts():
     out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
+    # --grad-accum sharded with --ep: one range of local gradient (reduced before the next)
+    out += [("ep2_dp4_zero3_sharded", 4, ["--dp", "4", "--ep", "2", "--zero", "3",
+                                          "--grad-accum", "sharded"], "moe")]
     return out
 
 
