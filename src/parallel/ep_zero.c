@@ -23,6 +23,25 @@ static void copy_segment(const loom_ep_zero *e, int k, size_t a, size_t b, float
                            to_flat ? LOOM_SHARD_UNPACK : LOOM_SHARD_PACK);
 }
 
+/* The elements of kind k in the flat range [begin, end) (whole tensors, or a piece of one:
+ * an untied head's rows) are one piece [*kb, *ke) of the kind's sequence (empty: *kb >=
+ * *ke; the same on every rank). */
+static void kind_piece(const loom_ep_zero *e, int k, size_t begin, size_t end, size_t *kb,
+                       size_t *ke) {
+    const loom_param_table *t = e->table;
+    const loom_shard_layout *l = &e->seg[k];
+    *kb = l->total, *ke = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        const size_t a = p->offset > begin ? p->offset : begin;
+        const size_t b = p->offset + p->numel < end ? p->offset + p->numel : end;
+        if (kind_of(p) != k || a >= b) continue;
+        const size_t s = loom_shard_layout_start(l, i) - p->offset; /* + a flat offset */
+        *kb = s + a < *kb ? s + a : *kb;
+        *ke = s + b > *ke ? s + b : *ke;
+    }
+}
+
 static void ep_free(loom_ep_zero *e) {
     if (!e) return;
     for (int k = 0; k < 2; k++) loom_shard_layout_free(&e->seg[k]);
@@ -114,6 +133,8 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
 void loom_ep_zero_detach(loom_zero *z) {
     loom_ep_zero *e = z->experts;
     if (!e) return;
+    if (z->accum) munmap(z->accum, e->map_bytes);
+    z->accum = NULL;
     if (z->m) munmap(z->m, e->map_bytes);
     if (z->v) munmap(z->v, e->map_bytes);
     if (z->ema) munmap(z->ema, e->map_bytes);
@@ -145,6 +166,57 @@ loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err) {
     return st;
 }
 
+loom_status loom_ep_zero_reduce_range(loom_zero *z, float *grads, size_t begin, size_t end,
+                                      loom_error *err) {
+    loom_ep_zero *e = z->experts;
+    const size_t resident = loom_zero_grads_resident(z, grads); /* the end line's peak */
+    if (resident > z->grads_peak) z->grads_peak = resident;
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < 2 && !st; k++) {
+        const loom_shard_layout *l = &e->seg[k];
+        size_t kb, ke;
+        kind_piece(e, k, begin, end, &kb, &ke);
+        if (kb >= ke) continue;
+        loom_comm *g = l->group;
+        if (ke - kb > (size_t)INT_MAX)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--grad-accum sharded with --ep: %zu elements in one range (at "
+                                  "most 2^31)",
+                                  ke - kb);
+        /* every group rank's part of the piece; this rank's is [a, a + n) of the sequence */
+        loom_shard_layout_parts(l, kb, ke, e->gcounts, e->gdispls);
+        const size_t a = kb + (size_t)e->gdispls[g->rank], n = (size_t)e->gcounts[g->rank];
+        float *mine = e->recv;
+        if (g->size > 1) {
+            loom_comm_handle h;
+            copy_segment(e, k, kb, ke, grads, e->pack, 0);
+            if ((st = loom_comm_ireduce_scatter_sum(g, e->pack, mine, e->gcounts, &h, err)) ||
+                (st = loom_comm_wait(&h, err)))
+                break;
+        } else {
+            copy_segment(e, k, a, a + n, grads, mine, 0);
+        }
+        if (n == 0) continue;
+        if (z->accum_n == 0) { /* the step's first micro-batch: copied */
+            copy_segment(e, k, a, a + n, z->accum, mine, 1);
+            continue;
+        }
+        copy_segment(e, k, a, a + n, z->accum, e->pack, 0); /* sum += this micro-batch's */
+        for (size_t i = 0; i < n; i++) e->pack[i] += mine[i];
+        copy_segment(e, k, a, a + n, z->accum, e->pack, 1);
+    }
+    /* Added to the sum: the range and everything above it (ranges come from the top down)
+     * is not needed this micro-batch; from begin's page up, so that the page it shares with
+     * the range above goes back too. */
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);
+    const size_t from = (begin + pg - 1) / pg * pg;
+    if (!st && from < z->released_from) {
+        loom_zero_release_pages(grads, from, z->released_from);
+        z->released_from = from;
+    }
+    return st;
+}
+
 loom_status loom_ep_zero_gather(loom_zero *z, float *flat, loom_error *err) {
     loom_ep_zero *e = z->experts;
     loom_status st = LOOM_OK;
@@ -164,10 +236,11 @@ loom_status loom_ep_zero_step(loom_zero *z, float *params, float *shard, float *
                               float lr, const loom_adamw_config *cfg, int step, loom_error *err) {
     const loom_ep_zero *e = z->experts;
     float *w = shard ? shard : params;
+    float *g = z->accum ? z->accum : grads; /* --grad-accum sharded: the segments' sum */
     for (int i = 0; i < e->n_own; i++) {
         const size_t lo = e->own[i].lo, hi = e->own[i].hi;
-        loom_grad_clip(z->be, grads + lo, hi - lo, norm, cfg->grad_clip);
-        loom_adamw_step(z->be, e->table, w + lo, grads + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg,
+        loom_grad_clip(z->be, g + lo, hi - lo, norm, cfg->grad_clip);
+        loom_adamw_step(z->be, e->table, w + lo, g + lo, z->m + lo, z->v + lo, lo, hi, lr, cfg,
                         step);
     }
     return shard ? LOOM_OK : loom_ep_zero_gather(z, params, err); /* ZeRO-3: before use */
@@ -182,19 +255,12 @@ void loom_ep_zero_init_shard(const loom_zero *z, float *shard, uint64_t seed) {
 loom_status loom_ep_zero_gather_range(loom_zero *z, float *shard, float *view, size_t begin,
                                       size_t end, loom_error *err) {
     loom_ep_zero *e = z->experts;
-    const loom_param_table *t = e->table;
     loom_status st = LOOM_OK;
     for (int k = 0; k < 2 && !st; k++) {
         /* The range's elements of kind k are one piece [kb, ke) of the kind's sequence. */
         const loom_shard_layout *l = &e->seg[k];
-        size_t kb = l->total, ke = 0;
-        for (int i = 0; i < t->n_params; i++) {
-            const loom_param *p = &t->params[i];
-            if (kind_of(p) != k || p->offset < begin || p->offset >= end) continue;
-            const size_t s = loom_shard_layout_start(l, i);
-            kb = s < kb ? s : kb;
-            ke = s + p->numel > ke ? s + p->numel : ke;
-        }
+        size_t kb, ke;
+        kind_piece(e, k, begin, end, &kb, &ke);
         if (kb >= ke) continue; /* the same on every rank: equal layouts */
         loom_comm *g = l->group;
         loom_shard_layout_parts(l, kb, ke, e->gcounts, e->gdispls);

@@ -14,7 +14,10 @@
  *   stage 2: gradients reduce-scattered per kind: each kind's gradients are packed in
  *     flat order (a rank's segment is then one contiguous piece), reduce-scattered over
  *     the kind's group, and the rank's reduced segment written back in place into the
- *     local gradient buffer (no separate shard buffer).
+ *     local gradient buffer (no separate shard buffer). With --grad-accum sharded (stages
+ *     2, 3) every micro-batch's ranges are reduce-scattered per kind as backward finishes
+ *     them and summed into z->accum (loom_ep_zero_reduce_range), so that the local buffer
+ *     holds one range at a time instead of a whole gradient across micro-batches.
  *   step: clipping and AdamW on the shard's ranges, then each kind's updated segments
  *     all-gathered over its group (packed, then unpacked into the flat parameters).
  *   norm: squares of the rank's segments, summed over dp (every element once).
@@ -58,6 +61,14 @@ loom_status loom_ep_zero_size(loom_zero *z, loom_comm *edp, loom_error *err);
 /* Called by loom_zero_free: unmaps z->m and z->v. */
 void loom_ep_zero_detach(loom_zero *z);
 
+/* --grad-accum sharded: the flat range [begin, end) that backward just finished, of every
+ * micro-batch: each kind's piece of it reduce-scattered over the kind's group (dense over
+ * dp, experts over edp; blocking, before backward goes on) and this rank's part copied
+ * (the step's first micro-batch, z->accum_n 0) or added into z->accum; the range's whole
+ * pages of grads are then handed back. Every rank of a group reduces the same pieces in
+ * the same order (backward's), so the collectives match. */
+loom_status loom_ep_zero_reduce_range(loom_zero *z, float *grads, size_t begin, size_t end,
+                                      loom_error *err);
 /* After backward (all micro-batches): the shard's gradients summed over their replicas
  * (stage 1: every gradient). */
 loom_status loom_ep_zero_reduce(loom_zero *z, float *grads, loom_error *err);

@@ -29,10 +29,24 @@ static loom_status experts_after_backward(loom_grad_sync *s) {
     return loom_ep_reduce_grads(s->table, s->grads, &s->mesh->dp, &s->mesh->edp, s->err);
 }
 
+/* --grad-accum sharded with --ep: each range of every micro-batch reduced per kind into
+ * the segments' sum as backward finishes it (parallel/ep_zero.h); nothing after. */
+static loom_status experts_sharded_range_ready(loom_grad_sync *s, size_t begin, size_t end) {
+    return loom_ep_zero_reduce_range(s->zero, s->grads, begin, end, s->err);
+}
+
+static loom_status experts_sharded_after_backward(loom_grad_sync *s) {
+    (void)s;
+    return LOOM_OK;
+}
+
 static const loom_grad_sync_ops dense_ops = {LOOM_GRAD_SYNC_DENSE, "dense", dense_range_ready,
                                              dense_after_backward};
 static const loom_grad_sync_ops experts_ops = {LOOM_GRAD_SYNC_EXPERTS, "experts",
                                                experts_range_ready, experts_after_backward};
+static const loom_grad_sync_ops experts_sharded_ops = {
+    LOOM_GRAD_SYNC_EXPERTS, "experts, sharded accumulation", experts_sharded_range_ready,
+    experts_sharded_after_backward};
 
 /* ---- the optimizer update and the gradient gather ---- */
 
@@ -58,6 +72,11 @@ static loom_status zero_gather(loom_grad_sync *s, loom_error *err) {
 }
 
 static loom_status segments_gather(loom_grad_sync *s, loom_error *err) {
+    const loom_zero *z = s->zero;
+    const loom_ep_zero *e = z->experts;
+    for (int i = 0; z->accum && i < e->n_own; i++) /* --grad-accum sharded: the sum */
+        memcpy(s->grads + e->own[i].lo, z->accum + e->own[i].lo,
+               (e->own[i].hi - e->own[i].lo) * sizeof(float));
     return loom_ep_zero_gather(s->zero, s->grads, err);
 }
 
@@ -129,7 +148,9 @@ static loom_status plan_norm(loom_grad_sync *s, loom_error *err) {
 loom_status loom_grad_sync_create(loom_grad_sync *s, const loom_grad_sync_options *o,
                                   loom_error *err) {
     memset(s, 0, sizeof *s);
-    s->ops = o->mesh->ep.size > 1 ? &experts_ops : &dense_ops;
+    s->ops = o->mesh->ep.size == 1                ? &dense_ops
+             : o->zero->experts && o->zero->accum ? &experts_sharded_ops
+                                                  : &experts_ops;
     s->table = o->table;
     s->mesh = o->mesh;
     s->zero = o->zero;

@@ -39,7 +39,9 @@ void loom_grad_sync_report_end(const loom_grad_sync *s, int rank, size_t total_f
     if (rank == 0 && z->accum) /* the start-up report's two ranges, against what happened */
         fprintf(stderr,
                 "loom: --grad-accum sharded: local gradients resident at every range boundary of "
-                "every micro-batch: at most %.3f MiB measured, %.3f MiB planned (two ranges; "
-                "the head in %d range(s))\n",
-                z->grads_peak / 1048576.0, z->accum_resident / 1048576.0, z->head_pieces);
+                "every micro-batch: at most %.3f MiB measured, %.3f MiB planned (%s; the head "
+                "in %d range(s))\n",
+                z->grads_peak / 1048576.0, z->accum_resident / 1048576.0,
+                z->experts ? "one range: --ep reduces each before the next" : "two ranges",
+                z->head_pieces);
 }

@@ -398,10 +398,8 @@ static loom_status keep_shard(loom_zero *z, float *grads, int b, loom_error *err
     return LOOM_OK;
 }
 
-/* Where range i of backward's order begins: the head (or its n_head pieces, last first),
- * blocks L-1 .. 0, then the embedding's range from tail_begin. */
-static size_t backward_range_begin(const loom_param_table *t, int i, int n_head,
-                                   size_t tail_begin) {
+size_t loom_zero_backward_range_begin(const loom_param_table *t, int i, int n_head,
+                                      size_t tail_begin) {
     const int L = t->n_layer;
     size_t b, e;
     if (i < n_head && n_head > 1)
@@ -433,7 +431,7 @@ size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end) {
      * the rest at loom_zero_finish_reduction */
     size_t most = largest_part(wte_end, z->bucket_floats), end = z->total;
     for (int i = 0; i <= n_head + L; i++) {
-        const size_t b = backward_range_begin(t, i, n_head, wte_end);
+        const size_t b = loom_zero_backward_range_begin(t, i, n_head, wte_end);
         if (b > end) continue;
         if (i == n_head + L || end - b >= z->bucket_floats || z->accum_resident) {
             const size_t p = largest_part(end - b, z->bucket_floats);
@@ -579,11 +577,10 @@ static size_t pair_floats(const span_rules *r, size_t b, size_t u) {
 
 loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int n_tokens,
                                    int size_only, loom_error *err) {
-    if (z->stage < 2 || z->experts)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1, without "
-                              "--ep (got ZeRO-%d%s)",
-                              z->stage, z->experts ? " with --ep" : "");
+    if (z->stage < 2)
+        return loom_error_set(
+            err, LOOM_ERR_INPUT,
+            "--grad-accum sharded: needs --zero 2 or 3 over --dp > 1 (got ZeRO-%d)", z->stage);
     /* The local bytes a micro-batch holds at most (loom_zero_grads_ready): one range in
      * flight and the one below it being written, backward's order being the head (in
      * head_pieces pieces of vocabulary rows, model/model.h), blocks L-1 .. 0, the
@@ -622,8 +619,10 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
     size_t most = 0, b = t->total, prev_b = t->total, prev_prev_b = t->total;
     const int n_head = t->head_begin < t->total ? z->head_pieces : 0;
     for (int i = 0; i < n_head + L + (emb_end > 0 && !keep_embed); i++) {
-        b = backward_range_begin(t, i, n_head, 0);
-        const size_t f = pair_floats(&r, b, prev_prev_b) + (b > 0 ? tied_floats : 0);
+        b = loom_zero_backward_range_begin(t, i, n_head, 0);
+        /* --ep (LOOM_ZERO_ACCUM_BLOCKING): the range being written alone */
+        const size_t top = flags & LOOM_ZERO_ACCUM_BLOCKING ? prev_b : prev_prev_b;
+        const size_t f = pair_floats(&r, b, top) + (b > 0 ? tied_floats : 0);
         if (f > most) most = f;
         prev_prev_b = prev_b;
         prev_b = b;
@@ -634,6 +633,15 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
     z->accum_resident = most * sizeof(float);
     z->emb_nohuge = r.emb_end;
     if (size_only) return LOOM_OK;
+    if (z->experts) { /* --ep: laid out as the moments (parallel/ep_zero.h), which unmaps it */
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        void *p = mmap(NULL, (z->total * sizeof(float) + page - 1) / page * page,
+                       PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        z->accum = p == MAP_FAILED ? NULL : p;
+        return z->accum ? LOOM_OK
+                        : loom_error_set(err, LOOM_ERR_NOMEM,
+                                         "--grad-accum sharded with --ep: out of memory");
+    }
     z->accum = calloc(z->shard_floats ? z->shard_floats : 1, sizeof(float));
     return z->accum ? LOOM_OK
                     : loom_error_set(err, LOOM_ERR_NOMEM, "--grad-accum sharded: out of memory");

@@ -153,6 +153,19 @@ void loom_zero_memory_of(const loom_zero *z, loom_zero_memory *m);
  * dense range (parallel/embed_grad.h), 0 without it. Shapes only (loom plan too). */
 size_t loom_zero_largest_partition(const loom_zero *z, size_t wte_end);
 
+/* Where range i of backward's order begins: the head (or its n_head pieces, last first),
+ * blocks L-1 .. 0, then the embedding's range from tail_begin. */
+size_t loom_zero_backward_range_begin(const loom_param_table *t, int i, int n_head,
+                                      size_t tail_begin);
+/* ZeRO-2/3, local accumulation, one micro-batch a step (parallel/zero_resident.c): the
+ * most local gradient bytes resident at once, over every layer boundary of backward and
+ * every data-parallel rank, with the last LOOM_ZERO_LAG_PARTITIONS partitions posted not
+ * yet reduced; wte_end as in loom_zero_largest_partition. 0 where this does not apply
+ * (stages 0-1, --ep, --freeze, --grad-accum sharded: loom_zero_memory_of's figure holds).
+ * Shapes only (loom plan too). */
+#define LOOM_ZERO_LAG_PARTITIONS 2
+size_t loom_zero_grads_peak_local(const loom_zero *z, size_t wte_end);
+
 /* The local gradient buffer (total floats, zeroed). Stages 2, 3: an anonymous mapping
  * whose pages are handed back (madvise MADV_DONTNEED) as soon as their bucket's
  * reduction completes, except the shard's own [lo, hi), where the reduced values stay
@@ -198,7 +211,8 @@ loom_status loom_zero_plan_embedding(loom_zero *z, int n_tokens, int seq_len, lo
 loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end);
 /* After backward: sends what is left and waits for every bucket. */
 loom_status loom_zero_finish_reduction(loom_zero *z, float *grads, loom_error *err);
-/* --grad-accum sharded: the shard's accumulator (stage >= 2, no --ep), before
+/* --grad-accum sharded: the shard's accumulator (stage >= 2; with --ep a full-layout
+ * mapping of which only the rank's segments are touched, parallel/ep_zero.h), before
  * loom_zero_grads_alloc and loom_zero_plan_embedding (no embedding split then). Sized
  * only (size_only): the memory report's figures, no buffer. split_head: the model can
  * hand an untied head over in pieces (loom_model_head_can_split); z->head_pieces is how
@@ -209,6 +223,7 @@ loom_status loom_zero_accum_enable(loom_zero *z, int split_head, int flags, int 
 /* loom_zero_accum_enable's flags, for pipeline stages: */
 #define LOOM_ZERO_ACCUM_KEEP_EMBED 1 /* the embedding range reduced once a step (tied copy) */
 #define LOOM_ZERO_ACCUM_SPLIT 2      /* split backward: B writes norms ahead of W */
+#define LOOM_ZERO_ACCUM_BLOCKING 4   /* each range reduced before the next is written (--ep) */
 /* After a micro-batch's reduction (not the step's last): counted (its buckets were added
  * to the accumulator as they completed, micro-batches in order: ((g1 + g2) + ...) + gM)
  * and the local buffer cleared (its last pages handed back). */

@@ -10,7 +10,7 @@
 
 int loom_run_fsdp_release_ends(const loom_run *r) {
     return r->zero.stage == 3 && strcmp(r->tc->grad_accum, "sharded") == 0 && !r->pipelined &&
-           loom_model_head_can_split(&r->model);
+           r->mesh->ep.size == 1 && loom_model_head_can_split(&r->model);
 }
 
 /* Where the embedding split's dense wte range ends (0: no split): the run's own, or in
@@ -46,6 +46,15 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
                       n * sizeof(float);
     }
     m->grads_local = zm.grads_local;
+    /* ZeRO-2/3 with one micro-batch a step: buckets hand their pages back during backward,
+     * so the whole local gradient is never resident at once (parallel/zero_resident.c).
+     * With more micro-batches the earlier ones fill all of it before the last backward. */
+    const loom_layout *l = &r->mesh->layout;
+    const size_t peak =
+        !r->pipelined && r->zero.table && r->tc->global_batch == l->dp * r->tc->micro_batch
+            ? loom_zero_grads_peak_local(&r->zero, embed_split_end(r))
+            : 0;
+    if (peak) m->grads_local = peak;
     m->grads_shard = zm.grads_shard;
     m->optimizer = zm.optimizer;
     m->activations = loom_model_activation_bytes(&r->model);

@@ -147,8 +147,10 @@ static loom_status sharded_accum_layout(const loom_run *r, loom_error *err) {
 }
 
 /* loom_zero_accum_enable's flags for this stage: GPT-2's tied embedding on its first and
- * last stage (reduced once a step, after the stages' swap), split backward (zb). */
+ * last stage (reduced once a step, after the stages' swap), split backward (zb); with --ep
+ * each range is reduced before backward goes on. */
 static int sharded_accum_flags(const loom_run *r) {
+    if (r->mesh->ep.size > 1) return LOOM_ZERO_ACCUM_BLOCKING; /* parallel/ep_zero.h */
     if (!r->pipelined) return 0;
     const loom_pipeline *pl = r->pipelined;
     const int tied = r->mc->family == LOOM_FAMILY_GPT2 && (pl->layers.first || pl->layers.last);

@@ -188,11 +188,15 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (!sharded && strcmp(tc->grad_accum, "local") != 0)
         return loom_error_set(err, LOOM_ERR_INPUT, "--grad-accum '%s': expected local or sharded",
                               tc->grad_accum);
-    if (sharded && (tc->zero < 2 || tc->layout.ep > 1))
+    if (sharded && tc->zero < 2)
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: needs --zero 2 or 3, without --ep "
-                              "(got --zero %d --ep %d)",
-                              tc->zero, tc->layout.ep);
+                              "--grad-accum sharded: needs --zero 2 or 3 (got --zero %d)",
+                              tc->zero);
+    if (sharded && tc->layout.ep > 1 && tc->layout.pp > 1) /* parallel/ep_zero.h: no pipeline */
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum sharded: with --ep not with --pp yet (got --ep %d "
+                              "--pp %d)",
+                              tc->layout.ep, tc->layout.pp);
     if (!(tc->memory_per_rank >= 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--memory-per-rank %g: expected GiB >= 0",
                               (double)tc->memory_per_rank);

@@ -15,8 +15,11 @@ ranges. Pipelines (pp 2 x dp 2, 8 micro-batches per rank, 2 steps, Llama 1f1b Ze
 and zb ZeRO-3, GPT-2 zb ZeRO-2; every action completing a micro-batch's backward of a
 chunk, B or zb's W, reduces its ranges): against one process and the same layout with
 local accumulation (the usual criterion; the test says whether bitwise), Llama's zb
-layout twice bitwise, and the resident local gradient within the plan. Bad input:
---grad-accum sharded with --zero 1, --ep 2 or an unknown value: exit 2.
+layout twice bitwise, and the resident local gradient within the plan. Experts (a Llama
+MoE, dp 4 x ep 2, ZeRO-2 and ZeRO-3, 8 micro-batches per rank): against one process with
+the same micro-batches, ZeRO-3 twice bitwise, the resident local gradient within the plan
+(one range). Bad input: --grad-accum sharded with --zero 1, with --ep and --pp together or
+an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
 import os
@@ -51,8 +54,8 @@ def grads_mib(run):
 
 def resident(run):
     """(measured MiB, planned MiB, head ranges) of --grad-accum sharded's end line."""
-    m = re.search(r"at most ([\d.]+) MiB measured, ([\d.]+) MiB planned \(two ranges; the "
-                  r"head in (\d+) range", run.stderr)
+    m = re.search(r"at most ([\d.]+) MiB measured, ([\d.]+) MiB planned \((?:two ranges|one "
+                  r"range[^;]*); the head in (\d+) range", run.stderr)
     return float(m.group(1)), float(m.group(2)), int(m.group(3))
 
 
@@ -91,6 +94,29 @@ def pipelines(loom, family, data, seed, tmp):
     again = lay.run("pp2_dp2_z3_zb_sharded_again", 4,
                     flags + ["--grad-accum", "sharded"])
     check(bitwise(again, sharded), "  pp2 dp2 ZeRO-3 zb sharded twice: bitwise")
+
+
+def experts(loom, data, seed, tmp):
+    """--ep 2: a Llama MoE at dp 4 (expert replicas over edp 2), 8 micro-batches per rank;
+    every range of every micro-batch reduce-scattered per kind (dense over dp, experts over
+    edp) into the segments' sum. The aux losses depend on the micro-batch's tokens, so the
+    one process runs the same micro-batches (1 x 32 tokens)."""
+    flags = base(loom, "llama", data, seed)
+    flags[flags.index("--steps") + 1] = "2"
+    flags += ["--n-experts", "8", "--top-k", "2", "--capacity-factor", "0", "--moe-every", "1"]
+    lay = Layouts(flags, tmp, "moe_")
+    mb = ["--micro-batch", "1", "--global-batch", "32"]
+    ref = lay.run("single", 1, mb)
+    lay4 = mb + ["--dp", "4", "--ep", "2", "--grad-accum", "sharded"]
+    for zero in ("2", "3"):
+        got = lay.run(f"dp4_ep2_z{zero}_sharded", 4, lay4 + ["--zero", zero])
+        ok, text = compare(got, ref)
+        check(ok, f"  MoE dp4 x ep2 ZeRO-{zero} sharded vs one process: {text}")
+        got_mib, plan_mib, _ = resident(got)
+        check(got_mib <= plan_mib, f"  MoE dp4 x ep2 ZeRO-{zero} resident local gradient "
+              f"(mincore): {got_mib:.3f} <= {plan_mib:.3f} MiB planned (one range)")
+    again = lay.run("dp4_ep2_z3_sharded_again", 4, lay4 + ["--zero", "3"])
+    check(bitwise(again, got), "  MoE dp4 x ep2 ZeRO-3 sharded twice: bitwise")
 
 
 def main():
@@ -134,11 +160,12 @@ def main():
                   f"  resident local gradient (mincore): {got_mib:.3f} <= {plan_mib:.3f} MiB "
                   f"planned, the head in {pieces} range(s) (expected {want})")
             pipelines(args.loom, family, data, seed, tmp)
+        experts(args.loom, data, seed, tmp)
         for bad, want in ((["--zero", "1", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
                            "--grad-accum", "sharded"], "--grad-accum sharded"),
-                          (["--zero", "2", "--dp", "2", "--ep", "2", "--micro-batch", "1",
-                            "--global-batch", "2", "--grad-accum", "sharded"],
-                           "--grad-accum sharded: needs --zero 2 or 3, without --ep"),
+                          (["--zero", "2", "--dp", "2", "--ep", "2", "--pp", "2", "--micro-batch",
+                            "1", "--global-batch", "2", "--grad-accum", "sharded"],
+                           "--grad-accum sharded: with --ep not with --pp yet"),
                           (["--grad-accum", "both"], "--grad-accum 'both'")):
             p = subprocess.run([args.loom, "train", "--data", data, "--steps", "1"] + bad,
                                capture_output=True, text=True, timeout=60)

@@ -8,7 +8,8 @@ checks, with P the parameter count the run prints and N the data-parallel size:
   grads       4P local accumulation buffer (every stage), of which 4P/N stays after the
               reduction (the reduced shard, stages 2, 3)
   optimizer   8P (stage 0), 8P/N (stages 1-3)
-and, for stages 2 and 3, that the end-of-run line on resident local gradients (mincore
+(with one micro-batch a step at ZeRO-2, grads between the shard and 4P: what the buckets
+leave resident at the worst layer boundary), and, for stages 2 and 3, that the end-of-run line on resident local gradients (mincore
 high-water mark) shows what accumulation wrote: 4P, less the rows of an untied
 embedding (Llama) that no token touched; for stage 3, that "gathered at most" is every
 range of the parameter view less the whole 2 MiB pages inside the blocks not in use (all
@@ -156,6 +157,18 @@ def main():
             if zero == 3:
                 check("gathered", got["gathered"], zero3_gathered(family, P, L, C, V, T),
                       0.0011 * MIB)
+    # One micro-batch a step: nothing accumulated before the only backward, whose buckets
+    # hand their pages back as they reduce, so the report counts the worst layer boundary
+    # (parallel/zero_resident.c; loom plan's own figure: test_plan_memory): at least the
+    # shard, less than the whole buffer.
+    print("dp 2 zero 2, one micro-batch a step, --bucket-mb 0.01")
+    gb = base.index("--global-batch") + 1
+    one_mb = base[:gb] + ["2"] + base[gb + 1:] + ["--bucket-mb", "0.01"]
+    _, got = report(MPIRUN + ["-n", "2"] + one_mb + ["--dp", "2", "--zero", "2"])
+    ok = loomtest.check(2 * P - slack <= got["grads"] < 4 * P)
+    print(f"  grads: reported {got['grads'] / MIB:.3f} MiB, expected in [the shard "
+          f"{2 * P / MIB:.3f}, the whole buffer {4 * P / MIB:.3f})"
+          f"{'' if ok else '  <-- MISMATCH'}")
     # ZeRO-3 with blocks of ~6.8 MiB: each hands back whole huge pages after its use
     wide = {"--d-model": 384, "--d-ff": 4 * 384, "--n-layer": 3}
     cmd = list(base)

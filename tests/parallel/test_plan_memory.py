@@ -14,7 +14,9 @@ message buffers), tensor-parallel (under bf16 also its message buffers, whose by
 tp/tp.c's (2 x rows + tp) x d_model bf16 values), context-parallel and MoE-buffer lines; and that the
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
-sharded (pp 2 x dp 2 under 1f1b and zb). For the vlm the
+sharded (pp 2 x dp 2 under 1f1b and zb), ONE_MICRO_LAYOUTS with one micro-batch a step at
+ZeRO 2/3 (the local gradient's resident peak, not the whole buffer), and a MoE layout
+with --ep 2 and --grad-accum sharded. For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -69,6 +71,15 @@ SHARDED_LAYOUTS = [
                                      "zb", "--grad-accum", "sharded"]),
 ]
 
+# one micro-batch a step (--global-batch = dp x --micro-batch) at ZeRO 2/3: the local
+# gradient counted as resident at the worst layer boundary (parallel/zero_resident.c)
+ONE_MICRO_LAYOUTS = [
+    ("dp2_zero2_one_micro_batch", 2, ["--dp", "2", "--zero", "2", "--global-batch", "4",
+                                    "--bucket-mb", "0.01"]),
+    ("dp4_zero3_one_micro_batch", 4, ["--dp", "4", "--zero", "3", "--global-batch", "8",
+                                    "--bucket-mb", "0.01"]),
+]
+
 
 def layouts():
     """(name, ranks, extra flags, model kind) of every layout test."""
@@ -84,6 +95,10 @@ def layouts():
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
     out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
+    out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
+    # --grad-accum sharded with --ep: one range of local gradient (reduced before the next)
+    out += [("ep2_dp4_zero3_sharded", 4, ["--dp", "4", "--ep", "2", "--zero", "3",
+                                          "--grad-accum", "sharded"], "moe")]
     return out
 
 
