@@ -8,7 +8,8 @@ the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (t
 generation: its tp shard) after every update (pp: the log-probabilities and the GRPO loss on
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); so does a mixture-of-experts policy trained expert parallel (dp 4 with ep 2: two
-ep groups, each rank 2 of the 4 experts; generation on 4 whole replicas) against its own
+ep groups, each rank 2 of the 4 experts; and pp 2 x dp 2 with ep 2, the auxiliary losses of
+both stages in the GRPO loss; generation on 4 whole replicas) against its own
 one-process run, whose saved capacity limit rl does not apply (one line says so), a
 difference accepted (and the pair run again with the next seed) only when both runs'
 router dumps (--dump-dir) show a near-tie routing flip before which they agree; GRPO raises a dense reward (a digit count) several-fold in 20 iterations; bad
@@ -114,13 +115,17 @@ def main():
         # the (cp 2, dp 2) layout runs twice (bitwise); two runs at a time (the ranks of
         # these tiny runs mostly wait on each other: the suite's time, not the checks)
         cp2 = next(j for j in layouts if j[0] == "train_cp2_gen_dp2")
-        # the MoE policy: one process, and expert parallel training (2 ep groups of 2)
+        # the MoE policy: one process, expert parallel training (2 ep groups of 2), and a
+        # pipeline (pp 2 x dp 2 with ep 2: each stage one MoE layer, its auxiliary losses
+        # weighted in the GRPO loss; a stage dumps its own layers' decisions)
         # (--dump-dir: each update micro-batch's router decisions, for the flip test below)
-        dumps = {n: os.path.join(tmp, n + "_routes") for n in ("moe_one", "moe_train_dp4ep2_gen_dp4")}
-        moe_jobs = (("moe_one", ["--dump-dir", dumps["moe_one"]], 1),
-                    ("moe_train_dp4ep2_gen_dp4",
-                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4", "--dump-dir",
-                      dumps["moe_train_dp4ep2_gen_dp4"]], 4))
+        moe_layouts = (("moe_train_dp4ep2_gen_dp4", "--dp 4 --ep 2", 4),
+                       ("moe_train_pp2dp2ep2_gen_dp4", "--pp 2 --dp 2 --ep 2", 2))
+        dumps = {n: os.path.join(tmp, n + "_routes") for n in ["moe_one"] + [x[0] for x in moe_layouts]}
+        moe_dp = {name: dp for name, _, dp in moe_layouts}  # data ranks: one dump each
+        moe_jobs = (("moe_one", ["--dump-dir", dumps["moe_one"]], 1),) + tuple(
+            (name, ["--train-layout", train, "--gen-layout", "--dp 4", "--dump-dir", dumps[name]], 4)
+            for name, train, _ in moe_layouts)
         jobs = list(layouts) + [(cp2[0] + "_again",) + cp2[1:]] + [j + (moe,) for j in moe_jobs]
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             done = list(pool.map(lambda j: rl(j[0], j[1], ranks=j[2], init=j[3] if len(j) > 3
@@ -139,46 +144,54 @@ def main():
         # whose decisions differ is accepted, and run again with the next seed, only when the
         # first differing decision is a near tie on both sides and the runs agree before it
         # (as test_layouts_moe.py); any other difference fails.
-        moe_name = moe_jobs[1][0]
         steps = 3 * 2  # iterations x --ppo-epochs: the dump's update steps
-        for retry in range(1, MOE_SEEDS + 1):
-            flip = first_flip(routes(dumps["moe_one"], 1, steps), routes(dumps[moe_name], 4, steps))
-            if flip is None:
-                print(f"{moe_name}: the same router decisions as one process in every update "
-                      f"(--seed {seed + retry - 1})")
-                break
-            s, flips = flip
-            it = s // 2  # the flip's iteration: its rollout, and the updates before it, agree
-            m_got, w_got = results[moe_name]
-            its_ref = [r for r in m_moe if "reward_mean" in r]
-            its_got = [r for r in m_got if "reward_mean" in r]
-            before = all(its_ref[i][k] == its_got[i][k] for i in range(it + 1)
-                         for k in ("reward_mean", "completion_len")) and \
-                all(abs(its_got[i][k] - its_ref[i][k]) <= TOL * abs(its_ref[i][k])
-                    for i in range(it) for k in ("loss", "grad_norm"))
-            near = near_tie(flips)
-            check(near and before,
-                  f"{moe_name} (--seed {seed + retry - 1}): routing differs first at update "
-                  f"{s + 1} ({len(flips)} token(s)): {describe(flips)}; "
-                  f"{'near tie' if near else 'NOT A NEAR TIE'}; iterations 1..{it + 1} "
-                  f"{'agree' if before else 'DIFFER'} before it")
-            if not (near and before):
-                break
-            if retry == MOE_SEEDS:
-                check(False, f"{moe_name}: a near-tie routing flip at each of {MOE_SEEDS} seeds, "
-                      "the weights were never compared")
-                break
-            print(f"{moe_name}: both runs again with --seed {seed + retry}")
-            again = ["--seed", str(seed + retry)]
-            m_moe, w_moe = rl("moe_one", again + moe_jobs[0][1], init=moe)
-            results[moe_name] = rl(moe_name, moe_jobs[1][1] + again, ranks=4, init=moe)
-        if flip is not None:  # checked (failed) above: the weights are not compared
-            results.pop(moe_name)
-        for name, extra, ranks, *init in list(layouts) + [moe_jobs[1] + (moe,)]:
+        moe_refs = {0: (m_moe, w_moe, dumps["moe_one"])}  # retry -> the one-process run
+        moe_ref = {}  # a MoE layout -> the one-process run its weights are compared with
+        for moe_name, extra, ranks in moe_jobs[1:]:
+            for retry in range(1, MOE_SEEDS + 1):
+                m_ref, w_ref, ref_dump = moe_refs[retry - 1]
+                flip = first_flip(routes(ref_dump, 1, steps),
+                                  routes(dumps[moe_name], moe_dp[moe_name], steps))
+                if flip is None:
+                    print(f"{moe_name}: the same router decisions as one process in every update "
+                          f"(--seed {seed + retry - 1})")
+                    moe_ref[moe_name] = (m_ref, w_ref)
+                    break
+                s, flips = flip
+                it = s // 2  # the flip's iteration: its rollout, and the updates before it, agree
+                m_got, w_got = results[moe_name]
+                its_ref = [r for r in m_ref if "reward_mean" in r]
+                its_got = [r for r in m_got if "reward_mean" in r]
+                before = all(its_ref[i][k] == its_got[i][k] for i in range(it + 1)
+                             for k in ("reward_mean", "completion_len")) and \
+                    all(abs(its_got[i][k] - its_ref[i][k]) <= TOL * abs(its_ref[i][k])
+                        for i in range(it) for k in ("loss", "grad_norm"))
+                near = near_tie(flips)
+                check(near and before,
+                      f"{moe_name} (--seed {seed + retry - 1}): routing differs first at update "
+                      f"{s + 1} ({len(flips)} token(s)): {describe(flips)}; "
+                      f"{'near tie' if near else 'NOT A NEAR TIE'}; iterations 1..{it + 1} "
+                      f"{'agree' if before else 'DIFFER'} before it")
+                if not (near and before):
+                    break
+                if retry == MOE_SEEDS:
+                    check(False, f"{moe_name}: a near-tie routing flip at each of {MOE_SEEDS} "
+                          "seeds, the weights were never compared")
+                    break
+                print(f"{moe_name}: both runs again with --seed {seed + retry}")
+                again = ["--seed", str(seed + retry)]
+                if retry not in moe_refs:
+                    name = f"moe_one_s{retry}"
+                    d_ref = os.path.join(tmp, name + "_routes")
+                    moe_refs[retry] = rl(name, again + ["--dump-dir", d_ref], init=moe) + (d_ref,)
+                results[moe_name] = rl(moe_name, extra + again, ranks=ranks, init=moe)
+            if moe_name not in moe_ref:  # checked (failed) above: the weights are not compared
+                results.pop(moe_name)
+        for name, extra, ranks, *init in list(layouts) + [j + (moe,) for j in moe_jobs[1:]]:
             if name not in results:
                 continue
             m, w = results[name]
-            m1_, w1_ = (m_moe, w_moe) if init else (m1, w1)
+            m1_, w1_ = moe_ref[name] if init else (m1, w1)
             same = [r.get("reward_mean") for r in m] == [r.get("reward_mean") for r in m1_] and \
                 [r.get("completion_len") for r in m] == [r.get("completion_len") for r in m1_]
             check(same, f"{name}: the same rewards and completion lengths as one process")
@@ -240,7 +253,6 @@ def main():
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
         bad("expert parallel, a dense model", ["--train-layout", "--ep 2"], "--n-experts")
-        bad("MoE with --pp", ["--init-from", moe, "--train-layout", "--pp 2"], "--pp")
         bad("MoE with a tp generation layout", ["--init-from", moe, "--gen-layout", "--tp 2"],
             "--gen-layout")
         bad("tp generation layout does not fit", ["--gen-layout", "--tp 2"], "--gen-layout")
