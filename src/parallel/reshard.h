@@ -17,12 +17,12 @@
  * is a span, else staged in a send buffer (a span in one copy); what it receives is
  * written in place when every message is one gapless run of the destination buffer,
  * else received and unpacked. The rank's own copies (what it keeps) run while the
- * all-to-all is in flight, so the peers read from it meanwhile. MPI moves a contiguous message between processes
- * of one machine with a single copy (CMA); a derived datatype of the rows instead
- * (tried: MPI_Type_create_hindexed + MPI_Alltoallw) goes through 32 KB shared-memory
- * fragments, and measured 1.6-2.2x slower here (docs/rl.md). A rank holds its source and
- * destination buffers plus the bytes it packs and receives staged. Every buffer is F32;
- * the copies are exact (the round trip is bitwise). */
+ * all-to-all is in flight, so the peers read from it meanwhile. MPI moves a contiguous
+ * message between processes of one machine with a single copy (CMA); a derived datatype
+ * of the rows instead (tried: MPI_Type_create_hindexed + MPI_Alltoallw) goes through 32 KB
+ * shared-memory fragments, and measured 1.6-2.2x slower here (docs/rl.md). A rank holds
+ * its source and destination buffers plus the bytes it packs and receives staged. Every
+ * buffer is F32; the copies are exact (the round trip is bitwise). */
 #ifndef LOOM_PARALLEL_RESHARD_H
 #define LOOM_PARALLEL_RESHARD_H
 
