@@ -177,9 +177,6 @@ int loom_cmd_rl_options(int argc, char **argv, loom_rl_config *rc, loom_train_op
     const int moe = o->model.n_experts > 0;
     if (l->ep > 1 && !moe)
         return fail("--train-layout: --ep needs a mixture-of-experts model (--n-experts)");
-    if (moe && l->pp > 1)
-        return fail("--train-layout: loom rl trains a mixture-of-experts model without --pp "
-                    "(its auxiliary losses are not weighted in the pipeline's GRPO loss)");
     /* --dump-dir: rl's own (the rollouts' draws and the MoE router decisions of the updates,
      * rl/state.h), not loom train's reference dumps */
     snprintf(rc->dump_dir, sizeof rc->dump_dir, "%s", tc->dump_dir);

@@ -94,7 +94,9 @@ void loom_moe_stats_clear(loom_moe *moe);
  * across layouts): idx[n_moe][N][K] the chosen experts in choice order, gap[n_moe][N]
  * each token's margin, the smallest relative gap (p_j - p_{j+1}) / p_j between
  * consecutive router probabilities of its top K+1 (how close a choice, or the order of
- * two, is to flipping under rounding). Returns n_moe (MoE layers). */
+ * two, is to flipping under rounding), n_moe the whole model's MoE layers: a pipeline
+ * stage writes its own layers' entries at their places (the others untouched). Returns
+ * the number of layers written. */
 int loom_moe_routes(const loom_moe *moe, int32_t *idx, float *gap);
 /* The step's statistics summed over `dp` (collective; with pipelining the world, so every
  * stage's layers count), then reset. */

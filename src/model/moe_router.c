@@ -64,10 +64,12 @@ void loom_moe_router_backward_into(loom_moe *m, moe_layer *L, const loom_block_p
 
 int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
     const int N = m->N, E = m->E, K = m->K;
-    int n = 0;
+    int count = 0;
     for (int l = 0; l < m->table->n_layer; l++) {
         if (!m->table->blocks[l].moe) continue;
         const moe_layer *L = &m->layers[l];
+        int n = 0; /* the layer's place among the whole model's MoE layers */
+        for (int j = 0; j < m->table->layer_ids[l]; j++) n += loom_model_layer_is_moe(&m->cfg, j);
         if (idx) /* to the caller's host buffer */
             loom_backend_copy_to_host(m->be, idx + (size_t)n * N * K, L->idx,
                                       (size_t)N * K * sizeof(int32_t));
@@ -87,7 +89,7 @@ int loom_moe_routes(const loom_moe *m, int32_t *idx, float *gap) {
             }
             gap[(size_t)n * N + t] = (float)g;
         }
-        n++;
+        count++;
     }
-    return n;
+    return count;
 }

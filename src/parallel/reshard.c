@@ -1,6 +1,7 @@
 #include "parallel/reshard.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,22 +161,45 @@ static int64_t walk(const all_pieces *src, const all_pieces *dst, int P, int me,
     return missing;
 }
 
-/* Whether this rank's copies to (sending) or from `peer`, in the planned order, are one
- * contiguous run of its source (destination) buffer that an int displacement reaches;
- * its start into *start. */
-static int one_run(const loom_reshard *r, int peer, int sending, int *start) {
+/* The message from rank s to rank d (this rank one of them) as a span of s's source
+ * buffer: where the rows of their copies, in the planned order, lie in increasing order
+ * with gaps of at most an eighth of their floats in all (a tp rank's replicated tensors,
+ * which another rank's copy supplies, between its shards), the message is the source from
+ * the first row to the end of the last (*start, *len; the gaps travel unused), sent in
+ * place or copied in one piece. 0: the rows packed back to back. Both ends decide alike
+ * (they hold the same copies). */
+static int span_of(const loom_reshard *r, int s, int d, size_t *start, size_t *len) {
+    size_t next = 0, rows = 0, first = 0;
+    int n = 0;
+    for (int i = 0; i < r->n_copies; i++) {
+        const loom_reshard_copy *c = &r->copies[i];
+        if (c->src_rank != s || c->dst_rank != d) continue;
+        for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
+            const size_t off = c->src_local + (size_t)(row * c->src_stride);
+            if (n == 0) first = off;
+            if (n > 0 && off < next) return 0;
+            next = off + (size_t)c->box.len[1];
+            rows += (size_t)c->box.len[1];
+        }
+    }
+    if (n == 0 || first > (size_t)INT_MAX || next - first > (size_t)INT_MAX ||
+        (next - first - rows) * 8 > rows)
+        return 0;
+    *start = first, *len = next - first;
+    return 1;
+}
+
+/* Whether this rank's copies from `peer`, in the planned order, are one contiguous run of
+ * its destination buffer that an int displacement reaches; its start into *start. */
+static int one_run(const loom_reshard *r, int peer, int *start) {
     const int me = r->comm->rank;
     size_t next = 0;
     int n = 0;
     for (int i = 0; i < r->n_copies; i++) {
         const loom_reshard_copy *c = &r->copies[i];
-        if (sending ? c->src_rank != me || c->dst_rank != peer
-                    : c->dst_rank != me || c->src_rank != peer)
-            continue;
-        const size_t local = sending ? c->src_local : c->dst_local;
-        const int64_t stride = sending ? c->src_stride : c->dst_stride;
+        if (c->dst_rank != me || c->src_rank != peer) continue;
         for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
-            const size_t off = local + (size_t)(row * stride);
+            const size_t off = c->dst_local + (size_t)(row * c->dst_stride);
             if (n == 0) {
                 if (off > (size_t)INT_MAX) return 0;
                 *start = (int)off;
@@ -188,18 +212,42 @@ static int one_run(const loom_reshard *r, int peer, int sending, int *start) {
     return 1;
 }
 
-/* Each peer's run in place of a side, if every peer's is one run. */
-static loom_status direct_displs(loom_reshard *r, int sending, int **out, loom_error *err) {
-    const int P = r->comm->size;
-    const int *counts = sending ? r->send_counts : r->recv_counts;
-    int *d = calloc((size_t)P, sizeof *d);
-    if (!d) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
-    for (int p = 0; p < P; p++)
-        if (counts[p] && !one_run(r, p, sending, &d[p])) {
-            free(d);
-            return LOOM_OK; /* staged */
+/* The messages' sizes and formats: each peer's span (span_of) or its packed rows; the
+ * source read in place when every message this rank sends is a span, the destination
+ * written in place when every message it receives is one run of it without gaps. */
+static loom_status plan_messages(loom_reshard *r, loom_error *err) {
+    const int P = r->comm->size, me = r->comm->rank;
+    r->span_to = malloc((size_t)P * sizeof *r->span_to);
+    r->span_from = malloc((size_t)P * sizeof *r->span_from);
+    r->src_displs = calloc((size_t)P, sizeof *r->src_displs);
+    r->dst_displs = calloc((size_t)P, sizeof *r->dst_displs);
+    if (!r->span_to || !r->span_from || !r->src_displs || !r->dst_displs)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    int send_direct = 1, recv_direct = 1;
+    for (int p = 0; p < P; p++) {
+        size_t start, len;
+        r->span_to[p] = r->span_from[p] = SIZE_MAX;
+        if (p == me) continue;
+        if (r->send_counts[p] && span_of(r, me, p, &start, &len)) {
+            r->span_to[p] = start, r->send_counts[p] = (int)len, r->src_displs[p] = (int)start;
+        } else if (r->send_counts[p]) {
+            send_direct = 0;
         }
-    *out = d;
+        if (r->recv_counts[p] && span_of(r, p, me, &start, &len)) {
+            recv_direct &= len == (size_t)r->recv_counts[p] && one_run(r, p, &r->dst_displs[p]);
+            r->span_from[p] = start, r->recv_counts[p] = (int)len;
+        } else if (r->recv_counts[p]) {
+            recv_direct &= one_run(r, p, &r->dst_displs[p]);
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        r->send_displs[p] = (int)r->send_floats;
+        r->recv_displs[p] = (int)r->recv_floats;
+        r->send_floats += (size_t)r->send_counts[p];
+        r->recv_floats += (size_t)r->recv_counts[p];
+    }
+    if (!send_direct) free(r->src_displs), r->src_displs = NULL;
+    if (!recv_direct) free(r->dst_displs), r->dst_displs = NULL;
     return LOOM_OK;
 }
 
@@ -243,18 +291,10 @@ loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_resha
         if (c->src_rank == me && c->dst_rank != me) r->send_counts[c->dst_rank] += v;
         if (c->dst_rank == me && c->src_rank != me) r->recv_counts[c->src_rank] += v;
     }
-    for (int p = 0; p < P; p++) {
-        r->send_displs[p] = (int)r->send_floats;
-        r->recv_displs[p] = (int)r->recv_floats;
-        r->send_floats += (size_t)r->send_counts[p];
-        r->recv_floats += (size_t)r->recv_counts[p];
-    }
     for (int i = 0; i < r->n_copies; i++)
         if (r->copies[i].src_rank == me && r->copies[i].dst_rank == me)
             r->local_floats += (size_t)loom_ckpt_box_volume(&r->copies[i].box);
-    if ((st = direct_displs(r, 1, &r->src_displs, err)) ||
-        (st = direct_displs(r, 0, &r->dst_displs, err)))
-        goto done;
+    if ((st = plan_messages(r, err))) goto done;
     if (!r->src_displs) r->send_buf = malloc((r->send_floats ? r->send_floats : 1) * sizeof(float));
     if (!r->dst_displs) r->recv_buf = malloc((r->recv_floats ? r->recv_floats : 1) * sizeof(float));
     if ((!r->src_displs && !r->send_buf) || (!r->dst_displs && !r->recv_buf))
@@ -279,30 +319,45 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
     int *cur = calloc((size_t)P, sizeof *cur);
     if (!cur) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
     const double t0 = loom_now_ms();
-    for (int i = 0; i < r->n_copies; i++) { /* pack, in the planned order */
+    for (int p = 0; !r->src_displs && p < P; p++) /* a span: one copy */
+        if (r->span_to[p] != SIZE_MAX)
+            memcpy(r->send_buf + r->send_displs[p], src + r->span_to[p],
+                   (size_t)r->send_counts[p] * sizeof(float));
+    for (int i = 0; !r->src_displs && i < r->n_copies; i++) { /* pack, in the planned order */
         const loom_reshard_copy *c = &r->copies[i];
-        if (c->src_rank != me) continue;
-        if (c->dst_rank == me) {
-            copy_box(dst + c->dst_local, c->dst_stride, src + c->src_local, c->src_stride, &c->box);
-            continue;
-        }
-        if (r->src_displs) continue; /* sent in place */
+        if (c->src_rank != me || c->dst_rank == me || r->span_to[c->dst_rank] != SIZE_MAX) continue;
         float *to = r->send_buf + r->send_displs[c->dst_rank] + cur[c->dst_rank];
         copy_box(to, c->box.len[1], src + c->src_local, c->src_stride, &c->box);
         cur[c->dst_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
     const double t1 = loom_now_ms();
-    loom_status st = loom_comm_alltoallv(r->comm, r->src_displs ? src : r->send_buf, r->send_counts,
-                                         r->src_displs ? r->src_displs : r->send_displs,
-                                         r->dst_displs ? dst : r->recv_buf, r->recv_counts,
-                                         r->dst_displs ? r->dst_displs : r->recv_displs, err);
+    /* the all-to-all in flight (the peers read what this rank sends) while the rank copies
+     * what it keeps: the destination's parts that nothing is received into */
+    loom_comm_handle h;
+    loom_status st = loom_comm_ialltoallv(
+        r->comm, r->src_displs ? src : r->send_buf, r->send_counts,
+        r->src_displs ? r->src_displs : r->send_displs, r->dst_displs ? dst : r->recv_buf,
+        r->recv_counts, r->dst_displs ? r->dst_displs : r->recv_displs, &h, err);
+    for (int i = 0; !st && i < r->n_copies; i++) {
+        const loom_reshard_copy *c = &r->copies[i];
+        if (c->src_rank == me && c->dst_rank == me)
+            copy_box(dst + c->dst_local, c->dst_stride, src + c->src_local, c->src_stride, &c->box);
+    }
+    if (!st) st = loom_comm_wait(&h, err);
     const double t2 = loom_now_ms();
     memset(cur, 0, (size_t)P * sizeof *cur);
     for (int i = 0; !st && !r->dst_displs && i < r->n_copies; i++) { /* unpack, same order */
         const loom_reshard_copy *c = &r->copies[i];
         if (c->dst_rank != me || c->src_rank == me) continue;
-        const float *from = r->recv_buf + r->recv_displs[c->src_rank] + cur[c->src_rank];
-        copy_box(dst + c->dst_local, c->dst_stride, from, c->box.len[1], &c->box);
+        const size_t span = r->span_from[c->src_rank];
+        const float *from = r->recv_buf + r->recv_displs[c->src_rank];
+        if (span != SIZE_MAX) { /* the rows where the sender holds them */
+            copy_box(dst + c->dst_local, c->dst_stride, from + (c->src_local - span), c->src_stride,
+                     &c->box);
+            continue;
+        }
+        copy_box(dst + c->dst_local, c->dst_stride, from + cur[c->src_rank], c->box.len[1],
+                 &c->box);
         cur[c->src_rank] += (int)loom_ckpt_box_volume(&c->box);
     }
     r->pack_ms = t1 - t0, r->move_ms = t2 - t1, r->unpack_ms = loom_now_ms() - t2;
@@ -313,6 +368,6 @@ loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom
 void loom_reshard_free(loom_reshard *r) {
     free(r->copies), free(r->send_counts), free(r->send_displs), free(r->recv_counts);
     free(r->recv_displs), free(r->send_buf), free(r->recv_buf), free(r->src_displs);
-    free(r->dst_displs);
+    free(r->dst_displs), free(r->span_to), free(r->span_from);
     memset(r, 0, sizeof *r);
 }

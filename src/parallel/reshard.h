@@ -10,15 +10,19 @@
  * replica index when it holds source pieces itself (what it holds is copied locally),
  * else rank % n_replicas (data-parallel replicas share the sending). The transfers are
  * computed once (every rank knows every rank's pieces) and run as one all-to-all per
- * move. What a rank sends to each peer is packed into a send buffer, unless for every
- * peer it is one contiguous run of the source buffer: then MPI reads it in place; the
- * same for what it receives (one run of the destination buffer per peer: written in
- * place, else received and unpacked). MPI moves a contiguous message between processes
- * of one machine with a single copy (CMA); a derived datatype of the rows instead
- * (tried: MPI_Type_create_hindexed + MPI_Alltoallw) goes through 32 KB shared-memory
- * fragments, and measured 1.6-2.2x slower here (docs/rl.md). A rank holds its source and
- * destination buffers plus the bytes it packs and receives staged. Every buffer is F32;
- * the copies are exact (the round trip is bitwise). */
+ * move. A message is a span of the sender's source buffer when its rows lie there in
+ * order with few gaps (at most an eighth of its floats: a tp rank's replicated tensors,
+ * which tp rank 0 supplies, between its shards; the gaps travel unused), else the rows
+ * packed back to back. What a rank sends is read in place when every message it sends
+ * is a span, else staged in a send buffer (a span in one copy); what it receives is
+ * written in place when every message is one gapless run of the destination buffer,
+ * else received and unpacked. The rank's own copies (what it keeps) run while the
+ * all-to-all is in flight, so the peers read from it meanwhile. MPI moves a contiguous
+ * message between processes of one machine with a single copy (CMA); a derived datatype
+ * of the rows instead (tried: MPI_Type_create_hindexed + MPI_Alltoallw) goes through 32 KB
+ * shared-memory fragments, and measured 1.6-2.2x slower here (docs/rl.md). A rank holds
+ * its source and destination buffers plus the bytes it packs and receives staged. Every
+ * buffer is F32; the copies are exact (the round trip is bitwise). */
 #ifndef LOOM_PARALLEL_RESHARD_H
 #define LOOM_PARALLEL_RESHARD_H
 
@@ -51,13 +55,19 @@ typedef struct {
     int n_copies;
     int *send_counts, *send_displs, *recv_counts, *recv_displs; /* [comm size] */
     float *send_buf, *recv_buf; /* NULL where that side moves in place */
-    /* [comm size] or NULL: each peer's run as a flat index of the source / destination
-     * buffer, where every peer's is one run (the all-to-all reads / writes in place) */
+    /* [comm size] or NULL: each peer's message as a flat index of the source /
+     * destination buffer, where every peer's is in place (the all-to-all reads / writes
+     * the buffers themselves) */
     int *src_displs, *dst_displs;
+    /* [comm size]: where the message to / from each peer starts in the sender's source
+     * buffer when it is a span of it (rows with small gaps, sent whole: the gaps unused);
+     * SIZE_MAX: the rows packed back to back */
+    size_t *span_to, *span_from;
     size_t send_floats, recv_floats, local_floats; /* local: copied within the rank */
     double bytes_moved; /* over all ranks: floats sent between different ranks x 4 */
-    double pack_ms, move_ms, unpack_ms; /* the last run: local copies and packing, the
-                                           all-to-all, unpacking */
+    double pack_ms, move_ms, unpack_ms; /* the last run: packing, the all-to-all (the
+                                           rank's local copies run while it is in
+                                           flight), unpacking */
 } loom_reshard;
 
 /* Plans the move from side `src` to side `dst` over comm (every rank of comm calls it).

@@ -31,6 +31,7 @@ typedef struct {
     double loss_sum;
     loom_pp_loss_fn loss_fn; /* NULL: the model's cross-entropy */
     void *loss_ctx;
+    loom_pp_forward_fn forwarded; /* NULL, or called after each forward action */
     /* gradient readiness (training) */
     loom_grads_ready_fn ready;
     void *ready_ctx;
@@ -169,12 +170,14 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         } else if (!st && !(st = send_buffer(x, 0, slot, a->chunk, &send))) {
             /* MoE layers of this chunk: their aux/z terms in training (the last stage's
              * come with the loss; evaluation is cross-entropy only); the sum over stages
-             * is the pipeline group's all-reduce at the end. */
+             * is the pipeline group's all-reduce at the end. A custom loss is weighted:
+             * the terms too (loom_pp_custom). */
             const double aux = loom_moe_loss_sum(mod->moe, x->dloss, x->backward);
-            if (x->backward) x->loss_sum += aux;
+            if (x->backward) x->loss_sum += x->loss_fn ? (double)x->dloss * aux : aux;
             loom_model_stream_send(mod, out, send);
             send_written(x, 0, slot, a->chunk);
         }
+        if (!st && x->forwarded) x->forwarded(x->loss_ctx, mod, a->mb);
         return st;
     }
     const int split = x->s->split, completes = (a->op == LOOM_PP_W) == split;
@@ -346,7 +349,7 @@ static loom_status run_list(step_ctx *x, loom_grad_sync *sync) {
 
 static loom_status step_run(loom_pipeline *pl, const float *params, float *grads,
                             const int32_t *batch, float dloss, loom_grad_sync *sync,
-                            loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum, loom_error *err) {
+                            const loom_pp_custom *c, double *loss_sum, loom_error *err) {
     /* Gradients go to the gradient sync as each chunk finishes (every chunk is reported,
      * also where the strategy reduces after backward: the tied-embedding swap). */
     step_ctx x = {.pl = pl,
@@ -359,8 +362,9 @@ static loom_status step_run(loom_pipeline *pl, const float *params, float *grads
                   .dloss = dloss,
                   .backward = 1,
                   .vision = pl->vision != NULL,
-                  .loss_fn = loss_fn,
-                  .loss_ctx = ctx,
+                  .loss_fn = c ? c->loss : NULL,
+                  .loss_ctx = c ? c->ctx : NULL,
+                  .forwarded = c ? c->forwarded : NULL,
                   .ready = loom_grad_sync_ready,
                   .ready_ctx = sync,
                   .sync = sync,
@@ -380,16 +384,17 @@ static loom_status step_run(loom_pipeline *pl, const float *params, float *grads
 }
 
 static loom_status forward_run(loom_pipeline *pl, const float *params, const int32_t *batch,
-                               loom_grad_sync *sync, loom_pp_loss_fn loss_fn, void *ctx,
-                               double *loss_sum, loom_error *err) {
+                               loom_grad_sync *sync, const loom_pp_custom *c, double *loss_sum,
+                               loom_error *err) {
     step_ctx x = {.pl = pl,
                   .s = &pl->eval,
                   .slot_of = pl->slot_eval,
                   .post_after = pl->post_eval,
                   .params = params,
                   .batch = batch,
-                  .loss_fn = loss_fn,
-                  .loss_ctx = ctx,
+                  .loss_fn = c ? c->loss : NULL,
+                  .loss_ctx = c ? c->ctx : NULL,
+                  .forwarded = c ? c->forwarded : NULL,
                   .err = err};
     loom_status st = run_list(&x, sync);
     if (!st) st = loom_comm_allreduce_sum_f64(pl->comm, &x.loss_sum, 1, err);
@@ -400,24 +405,23 @@ static loom_status forward_run(loom_pipeline *pl, const float *params, const int
 loom_status loom_pipeline_step(loom_pipeline *pl, const float *params, float *grads,
                                const int32_t *batch, float dloss, loom_grad_sync *sync,
                                double *loss_sum, loom_error *err) {
-    return step_run(pl, params, grads, batch, dloss, sync, NULL, NULL, loss_sum, err);
+    return step_run(pl, params, grads, batch, dloss, sync, NULL, loss_sum, err);
 }
 
 loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, const int32_t *batch,
                                        loom_grad_sync *sync, double *loss_sum, loom_error *err) {
-    return forward_run(pl, params, batch, sync, NULL, NULL, loss_sum, err);
+    return forward_run(pl, params, batch, sync, NULL, loss_sum, err);
 }
 
 loom_status loom_pipeline_step_custom(loom_pipeline *pl, const float *params, float *grads,
                                       const int32_t *batch, loom_grad_sync *sync,
-                                      loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
-                                      loom_error *err) {
-    return step_run(pl, params, grads, batch, 0.0f, sync, loss_fn, ctx, loss_sum, err);
+                                      const loom_pp_custom *c, double *loss_sum, loom_error *err) {
+    return step_run(pl, params, grads, batch, c->aux_dloss, sync, c, loss_sum, err);
 }
 
 loom_status loom_pipeline_forward_custom(loom_pipeline *pl, const float *params,
                                          const int32_t *batch, loom_grad_sync *sync,
-                                         loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                         const loom_pp_custom *c, double *loss_sum,
                                          loom_error *err) {
-    return forward_run(pl, params, batch, sync, loss_fn, ctx, loss_sum, err);
+    return forward_run(pl, params, batch, sync, c, loss_sum, err);
 }

@@ -119,18 +119,33 @@ loom_status loom_pipeline_forward_loss(loom_pipeline *pl, const float *params, c
 /* A loss the caller computes on the last stage in place of cross-entropy (loom rl's
  * policy-gradient loss): called after the head's forward of micro-batch mb (m: its slot,
  * with m->logits [micro-batch x seq, vocabulary] and m->targets); adds the micro-batch's
- * loss to *loss and, when backward, leaves d loss / d logits in m->logits. */
+ * loss to *loss and, when backward, leaves d loss / d logits in m->logits. The MoE layers
+ * of the last chunk are the loss function's: it consumes their auxiliary losses
+ * (loom_moe_loss_sum) and weighs them as it wants. */
 typedef loom_status (*loom_pp_loss_fn)(void *ctx, loom_model *m, int mb, int backward, double *loss,
                                        loom_error *err);
-/* loom_pipeline_step with loss_fn (ctx its argument) as the last stage's loss. */
+/* Called after every forward action (F) of micro-batch mb with its slot m (the router
+ * decisions of the chunk's MoE layers are then m's latest; loom rl's --dump-dir). */
+typedef void (*loom_pp_forward_fn)(void *ctx, loom_model *m, int mb);
+typedef struct {
+    loom_pp_loss_fn loss; /* the last stage's loss (required) */
+    void *ctx;            /* the argument of both functions */
+    /* training: the weight of one token's MoE auxiliary losses (load balancing, z) on the
+     * chunks before the last stage's loss: their gradient reaches the routers with it and
+     * *loss_sum gains aux_dloss x their sum (loom_pipeline_step's dloss, where the sum is
+     * added unweighted beside the unweighted cross-entropy) */
+    float aux_dloss;
+    loom_pp_forward_fn forwarded; /* NULL: none */
+} loom_pp_custom;
+/* loom_pipeline_step with c->loss as the last stage's loss. */
 loom_status loom_pipeline_step_custom(loom_pipeline *pl, const float *params, float *grads,
                                       const int32_t *batch, loom_grad_sync *sync,
-                                      loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
-                                      loom_error *err);
-/* loom_pipeline_forward_loss with loss_fn (backward 0) as the last stage's loss. */
+                                      const loom_pp_custom *c, double *loss_sum, loom_error *err);
+/* loom_pipeline_forward_loss with c->loss (backward 0) as the last stage's loss (no
+ * auxiliary losses: c->aux_dloss is not used). */
 loom_status loom_pipeline_forward_custom(loom_pipeline *pl, const float *params,
                                          const int32_t *batch, loom_grad_sync *sync,
-                                         loom_pp_loss_fn loss_fn, void *ctx, double *loss_sum,
+                                         const loom_pp_custom *c, double *loss_sum,
                                          loom_error *err);
 /* Gathers the stages' unsharded tensors (stage table `st`, flat `sflat`: valid on the
  * stage's TP rank 0) into the whole model on world rank 0 (*out_t, *out_f; NULL

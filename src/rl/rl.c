@@ -119,8 +119,8 @@ static loom_status state_init(rl_state *s, loom_run *r, const loom_rl_config *rc
     }
     if (!ok) return loom_error_set(err, LOOM_ERR_NOMEM, "loom rl: out of memory");
     if (s->V > '\n') s->stop['\n'] = 1;
-    /* --dump-dir (MoE): whole sequences of the whole model only (not --pp, not --cp) */
-    if (rc->dump_dir[0] && !r->pipelined && !r->cped &&
+    /* --dump-dir (MoE): whole sequences only (not --cp); a stage records its layers */
+    if (rc->dump_dir[0] && !r->cped &&
         (st = loom_route_dump_open(&s->routes, mc, rc->ppo_micro_batch * s->Tm,
                                    rc->iterations * rc->ppo_epochs, s->per / rc->ppo_micro_batch,
                                    err)))
@@ -377,6 +377,10 @@ static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, do
     rl_state *s = ctx;
     const int N = s->rc->ppo_micro_batch * m->T; /* m->T: s->T, or its part under --cp */
     const size_t row = (size_t)mb * N, n = (size_t)N * s->Vl;
+    /* MoE: the last chunk's auxiliary losses (the other chunks': the executor's, with the
+     * same weight), in the update only, as without stages */
+    const double aux = loom_moe_loss_sum(m->moe, backward ? s->aux_dloss : 0.0f, backward);
+    if (backward && m->moe) *loss += s->aux_dloss * aux;
     const float temp = s->rc->sampling.temperature, inv_t = 1.0f / temp;
     if (temp != 1.0f)
         for (size_t i = 0; i < n; i++) m->logits[i] /= temp;
@@ -402,6 +406,13 @@ static loom_status stage_loss(void *ctx, loom_model *m, int mb, int backward, do
     return LOOM_OK;
 }
 
+/* --pp > 1 with --dump-dir: after each forward action of the update, the stage's router
+ * decisions of micro-batch mb (its layers at their places in the whole model's rows). */
+static void stage_routes(void *ctx, loom_model *m, int mb) {
+    rl_state *s = ctx;
+    loom_route_dump_record(&s->routes, m->moe, s->route_step, s->per / s->rc->ppo_micro_batch, mb);
+}
+
 /* (3) Log-probabilities of the completions under params, every micro-batch. */
 static loom_status logprobs(rl_state *s, const float *params, float *out, loom_error *err) {
     const int M = s->rc->ppo_micro_batch;
@@ -410,8 +421,9 @@ static loom_status logprobs(rl_state *s, const float *params, float *out, loom_e
     if (s->run->pipelined) { /* the last stage's; the others keep theirs unused */
         double unused;
         s->stage_logp = out;
+        const loom_pp_custom c = {.loss = stage_loss, .ctx = s};
         return loom_pipeline_forward_custom(s->run->pipelined, params, s->run->batch, &s->run->sync,
-                                            stage_loss, s, &unused, err);
+                                            &c, &unused, err);
     }
     float *x;
     for (int k = 0; !st && k < s->per / M; k++) {
@@ -438,8 +450,14 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
     float *x;
     if (r->pipelined) { /* the pipeline's schedule, the GRPO loss on the last stage */
         s->stage_stats = stats;
+        s->route_step = step;
+        /* MoE: every chunk's auxiliary losses weighted as below (stage_loss: the last's) */
+        const loom_pp_custom c = {.loss = stage_loss,
+                                  .ctx = s,
+                                  .aux_dloss = s->aux_dloss,
+                                  .forwarded = s->routes.idx ? stage_routes : NULL};
         if ((st = loom_pipeline_step_custom(r->pipelined, r->params, r->grads, r->batch, &r->sync,
-                                            stage_loss, s, loss, err)))
+                                            &c, loss, err)))
             return st;
     }
     for (int k = 0; k < accum && !r->pipelined; k++) {
@@ -683,8 +701,12 @@ static loom_status loop(rl_state *s, loom_error *err) {
         (st = loom_checkpointing_finish(&r->ckpt, it * E, err)))
         return st;
     if (stop) return LOOM_OK; /* asked to stop (a signal): no final outputs */
-    /* --dump-dir (MoE): one file a data rank, from its tp rank 0 (tp ranks route alike) */
-    if (s->routes.idx && r->mesh->tp_rank == 0) {
+    /* --dump-dir (MoE): one file a data rank, from its tp rank 0 (tp ranks route alike)
+     * and first stage (--pp: the stages' layers summed over the pipeline group first) */
+    if (s->routes.idx && r->pipelined &&
+        (st = loom_route_dump_sum(&s->routes, r->pipelined->comm, err)))
+        return st;
+    if (s->routes.idx && r->mesh->tp_rank == 0 && r->mesh->pp_rank == 0) {
         if (loom_mkdir_p(rc->dump_dir) != 0)
             return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
                                   rc->dump_dir, strerror(errno));

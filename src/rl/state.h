@@ -60,10 +60,12 @@ typedef struct {
     float *stage_logp;
     loom_grpo_stats *stage_stats;
     /* --dump-dir with MoE: the router decisions of every update micro-batch, row step x
-     * accum + k (step = iteration x --ppo-epochs + epoch; train/route_dump.h) */
+     * accum + k (step = iteration x --ppo-epochs + epoch; train/route_dump.h); with --pp
+     * each stage its own layers' (summed over the pipeline group before writing) */
     loom_route_dump routes;
     /* --dump-dir: every training rollout's draws on this replica (rl/sample_dump.h) */
     loom_sample_dump samples;
+    int route_step; /* --pp: the update step the pipeline's forwards record */
 } rl_state;
 
 #endif

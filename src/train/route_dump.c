@@ -28,6 +28,18 @@ void loom_route_dump_record(loom_route_dump *d, const loom_moe *moe, int step, i
     loom_moe_routes(moe, d->idx + row * tokens * d->K, d->gap + row * tokens);
 }
 
+loom_status loom_route_dump_sum(loom_route_dump *d, loom_comm *c, loom_error *err) {
+    if (!d->idx) return LOOM_OK;
+    const size_t tokens = (size_t)d->rows * d->n_moe * d->N, n = tokens * d->K;
+    float *f = malloc(n * sizeof *f); /* expert indices < 2^24: exact as floats */
+    if (!f) return loom_error_set(err, LOOM_ERR_NOMEM, "--dump-dir: no memory for the routes");
+    for (size_t i = 0; i < n; i++) f[i] = (float)d->idx[i];
+    loom_status st = loom_comm_allreduce_sum(c, f, n, err);
+    for (size_t i = 0; i < n && !st; i++) d->idx[i] = (int32_t)f[i];
+    free(f);
+    return st ? st : loom_comm_allreduce_sum(c, d->gap, tokens, err);
+}
+
 loom_status loom_route_dump_write(const loom_route_dump *d, const char *dir, int dp_rank,
                                   loom_error *err) {
     if (!d->idx) return LOOM_OK;

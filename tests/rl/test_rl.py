@@ -8,7 +8,8 @@ the ZeRO-3, tp and pp ones moving the weights into the generator's whole copy (t
 generation: its tp shard) after every update (pp: the log-probabilities and the GRPO loss on
 the pipeline's last stage), give the same rewards as one process and the same weights after 3 iterations
 (<= 1e-5); so does a mixture-of-experts policy trained expert parallel (dp 4 with ep 2: two
-ep groups, each rank 2 of the 4 experts; generation on 4 whole replicas) against its own
+ep groups, each rank 2 of the 4 experts; and pp 2 x dp 2 with ep 2, the auxiliary losses of
+both stages in the GRPO loss; generation on 4 whole replicas) against its own
 one-process run, whose saved capacity limit rl does not apply (one line says so); a
 difference from one process is accepted (and the pair run again with the next seed) only
 when both runs' dumps (--dump-dir: every draw with its margin, a MoE's router decisions)
@@ -122,10 +123,15 @@ def main():
         # the (cp 2, dp 2) layout runs twice (bitwise); two runs at a time (the ranks of
         # these tiny runs mostly wait on each other: the suite's time, not the checks)
         cp2 = next(j for j in layouts if j[0] == "train_cp2_gen_dp2")
-        # the MoE policy: one process, and expert parallel training (2 ep groups of 2)
-        moe_jobs = (("moe_one", [], 1),
-                    ("moe_train_dp4ep2_gen_dp4",
-                     ["--train-layout", "--dp 4 --ep 2", "--gen-layout", "--dp 4"], 4))
+        # the MoE policy: one process, expert parallel training (2 ep groups of 2), and a
+        # pipeline (pp 2 x dp 2 with ep 2: each stage one MoE layer, its auxiliary losses
+        # weighted in the GRPO loss; a stage dumps its own layers' decisions)
+        moe_layouts = (("moe_train_dp4ep2_gen_dp4", "--dp 4 --ep 2", 4),
+                       ("moe_train_pp2dp2ep2_gen_dp4", "--pp 2 --dp 2 --ep 2", 2))
+        moe_dp = {name: dp for name, _, dp in moe_layouts}  # data ranks: one route dump each
+        moe_jobs = (("moe_one", [], 1),) + tuple(
+            (name, ["--train-layout", train, "--gen-layout", "--dp 4"], 4)
+            for name, train, _ in moe_layouts)
         jobs = list(layouts) + [(cp2[0] + "_again",) + cp2[1:]] + [j + (moe,) for j in moe_jobs]
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             done = list(pool.map(lambda j: rl(j[0], j[1], ranks=j[2], init=j[3] if len(j) > 3
@@ -179,7 +185,7 @@ def main():
             for retry in range(SEEDS):
                 m_ref, w_ref, d_ref = refs[(init, run_seed)]
                 suffix = "" if run_seed == seed else f"_s{run_seed}"
-                flip = earliest_flip(d_ref, dump(name + suffix), ranks, init == moe)
+                flip = earliest_flip(d_ref, dump(name + suffix), moe_dp.get(name), init == moe)
                 if flip is None:
                     if retry:
                         print(f"{name}: no flip with --seed {run_seed}")
@@ -207,7 +213,7 @@ def main():
                   "never compared")
             return None
 
-        for name, extra, ranks, *init in list(layouts) + [moe_jobs[1] + (moe,)]:
+        for name, extra, ranks, *init in list(layouts) + [j + (moe,) for j in moe_jobs[1:]]:
             pair = settle(name, extra, ranks, init[0] if init else sft)
             if pair is None:
                 continue
@@ -273,7 +279,6 @@ def main():
             f.write("1+2=\n\n")
         bad("empty prompt line", [], empty + ":2: empty line", prompts=empty)
         bad("expert parallel, a dense model", ["--train-layout", "--ep 2"], "--n-experts")
-        bad("MoE with --pp", ["--init-from", moe, "--train-layout", "--pp 2"], "--pp")
         bad("MoE with a tp generation layout", ["--init-from", moe, "--gen-layout", "--tp 2"],
             "--gen-layout")
         bad("tp generation layout does not fit", ["--gen-layout", "--tp 2"], "--gen-layout")
