@@ -41,7 +41,7 @@ configuration and cap; bytes on the wire per token (DiLoCo: loom's count; sync d
 (that + wire_ms_per_step): what the link alone costs, without overlap, free of the machine's
 load (on a shared 2-core machine the measured ratios move more than the link's effect).
 The recipe (one host): --lr (inner AdamW peak, cosine to a tenth), --warmup-steps,
---outer-lr, --outer-momentum, --no-nesterov, --global-batch, --micro-batch, and
+--outer-lr, --outer-momentum, --no-nesterov, --outer-warmup, --global-batch, --micro-batch, and
 --streaming-inner-steps (the streaming run's H; default --inner-steps); the JSON's "recipe"
 and "loadavg" (os.getloadavg() before the runs and after each) record them.
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
@@ -199,6 +199,8 @@ def main():
     ap.add_argument("--outer-lr", type=float, default=0.7, help="the DiLoCo paper's 0.7")
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--no-nesterov", action="store_true", help="plain outer momentum")
+    ap.add_argument("--outer-warmup", type=int, default=0,
+                    help="the first R outer syncs only average (loom's --outer-warmup)")
     ap.add_argument("--streaming-inner-steps", type=int, default=0,
                     help="H of the streaming run (0: --inner-steps)")
     ap.add_argument("--rounds", type=int, default=3,
@@ -250,7 +252,8 @@ def main():
                 "--val-data", os.path.join(data, "val_*.bin"),
                 "--eval-every", str(args.eval_every), "--eval-batches", "8"]
         outer = ["--outer", "diloco", "--workers", str(W), "--outer-lr", f"{args.outer_lr:g}",
-                 "--outer-momentum", f"{args.outer_momentum:g}"]
+                 "--outer-momentum", f"{args.outer_momentum:g}",
+                 "--outer-warmup", str(args.outer_warmup)]
         outer += [] if args.no_nesterov else ["--outer-nesterov"]
         configs = {
             "sync_dp": ["--dp", str(W)],
@@ -265,7 +268,8 @@ def main():
                   "recipe": {"lr": args.lr, "min_lr": args.lr / 10,
                              "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
                              "outer_momentum": args.outer_momentum,
-                             "outer_nesterov": not args.no_nesterov},
+                             "outer_nesterov": not args.no_nesterov,
+                             "outer_warmup": args.outer_warmup},
                   "runs": {}}
         params = None
         for name, flags in configs.items():
