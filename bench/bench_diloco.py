@@ -40,8 +40,14 @@ configuration and cap; bytes on the wire per token (DiLoCo: loom's count; sync d
 (a rank's bytes per step over the cap) and model_ratio_no_overlap = one-host median step /
 (that + wire_ms_per_step): what the link alone costs, without overlap, free of the machine's
 load (on a shared 2-core machine the measured ratios move more than the link's effect).
+The recipe (one host): --lr (inner AdamW peak, cosine to a tenth), --warmup-steps,
+--outer-lr, --outer-momentum, --no-nesterov, --outer-warmup, --global-batch, --micro-batch, and
+--streaming-inner-steps (the streaming run's H; default --inner-steps); the JSON's "recipe"
+and "loadavg" (os.getloadavg() before the runs and after each) record them.
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
+                       [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
+                       [--streaming-inner-steps H]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
 """
@@ -187,6 +193,16 @@ def main():
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=2e-3, help="inner (AdamW) peak learning rate")
+    ap.add_argument("--warmup-steps", type=int, default=20)
+    ap.add_argument("--outer-lr", type=float, default=0.7, help="the DiLoCo paper's 0.7")
+    ap.add_argument("--outer-momentum", type=float, default=0.9)
+    ap.add_argument("--no-nesterov", action="store_true", help="plain outer momentum")
+    ap.add_argument("--outer-warmup", type=int, default=0,
+                    help="the first R outer syncs only average (loom's --outer-warmup)")
+    ap.add_argument("--streaming-inner-steps", type=int, default=0,
+                    help="H of the streaming run (0: --inner-steps)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved speed rounds (every config once per round, no eval)")
     ap.add_argument("--speed-outer-rounds", type=int, default=2,
@@ -224,25 +240,36 @@ def main():
             print(json.dumps(hosts_bench(args, data)))
             return
         W, H, F, G, T = args.workers, args.inner_steps, args.fragments, args.global_batch, 64
+        HS = args.streaming_inner_steps or H
+        load = [list(os.getloadavg())]
         base = [args.loom, "train", "--family", "gpt2", "--n-layer", "4", "--n-head", "4",
                 "--d-model", "128", "--d-ff", "512", "--vocab-size", "4096", "--seq-len", str(T),
-                "--micro-batch", "4", "--global-batch", str(G), "--steps", str(args.steps),
-                "--lr", "2e-3", "--min-lr", "2e-4", "--warmup-steps", "20", "--threads", "1",
+                "--micro-batch", str(args.micro_batch), "--global-batch", str(G),
+                "--steps", str(args.steps), "--lr", f"{args.lr:g}", "--min-lr",
+                f"{args.lr / 10:g}", "--warmup-steps", str(args.warmup_steps), "--threads", "1",
                 "--log-every", "0", "--seed", "1337",
                 "--data", os.path.join(data, "train_*.bin"),
                 "--val-data", os.path.join(data, "val_*.bin"),
                 "--eval-every", str(args.eval_every), "--eval-batches", "8"]
-        outer = ["--outer", "diloco", "--workers", str(W), "--inner-steps", str(H),
-                 "--outer-lr", "0.7", "--outer-momentum", "0.9", "--outer-nesterov"]
+        outer = ["--outer", "diloco", "--workers", str(W), "--outer-lr", f"{args.outer_lr:g}",
+                 "--outer-momentum", f"{args.outer_momentum:g}",
+                 "--outer-warmup", str(args.outer_warmup)]
+        outer += [] if args.no_nesterov else ["--outer-nesterov"]
         configs = {
             "sync_dp": ["--dp", str(W)],
-            "diloco": outer,
-            "streaming": outer + ["--outer-fragments", str(F), "--outer-dtype", "int4",
-                                  "--outer-block", "64"],
+            "diloco": outer + ["--inner-steps", str(H)],
+            "streaming": outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
+                                  "--outer-dtype", "int4", "--outer-block", "64"],
         }
         result = {"bench": "bench_diloco", "host": "one host (shared memory)", "workers": W,
-                  "inner_steps": H, "fragments": F, "steps": args.steps, "global_batch": G,
+                  "inner_steps": H, "streaming_inner_steps": HS, "fragments": F,
+                  "steps": args.steps, "global_batch": G, "micro_batch": args.micro_batch,
                   "seq_len": T, "model": "gpt2 4 layers d_model 128 vocab 4096 (KJV BPE)",
+                  "recipe": {"lr": args.lr, "min_lr": args.lr / 10,
+                             "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
+                             "outer_momentum": args.outer_momentum,
+                             "outer_nesterov": not args.no_nesterov,
+                             "outer_warmup": args.outer_warmup},
                   "runs": {}}
         params = None
         for name, flags in configs.items():
@@ -268,11 +295,12 @@ def main():
                 run["outer_hidden_ms_total"] = sum(r["outer"]["hidden_ms"] for r in rows)
                 run["outer_grad_norm_last"] = o["grad_norm"]
             result["runs"][name] = run
+            load.append(list(os.getloadavg()))
             shutil.copy(metrics, os.path.join(work, "keep_" + name + ".jsonl"))
         # speed: every config in turn, --rounds times (the machine's load drifts), each run
         # as long as two outer rounds; tokens/s over the steps after the first round
         speed = {name: [] for name in configs}
-        sp_steps = max(args.speed_outer_rounds, 2) * H
+        sp_steps = max(args.speed_outer_rounds, 2) * max(H, HS)
         for _ in range(args.rounds):
             for name, flags in configs.items():
                 metrics = os.path.join(work, "speed_" + name + ".jsonl")
@@ -295,6 +323,7 @@ def main():
         sync["bytes_per_token"] = W * 2 * (W - 1) / W * 4 * params / (G * T)
         sync["bytes_note"] = "ring all-reduce: 2 (n-1)/n x 4P bytes per rank per step"
         result["params"] = params
+        result["loadavg"] = load + [list(os.getloadavg())]
         for name in ("diloco", "streaming"):
             r = result["runs"][name]
             r["fewer_bytes_than_sync"] = sync["bytes_per_token"] / r["bytes_per_token"]

@@ -188,6 +188,8 @@ static const opt_def OPTS[] = {
      "DiLoCo: values per scale for --outer-dtype int8/int4 (int4: even)"},
     {"outer-merge", OPT_FLOAT, TR(outer.merge), 0,
      "streaming DiLoCo: local weight alpha when a fragment's global params land"},
+    {"outer-warmup", OPT_INT, TR(outer.warmup), 0,
+     "DiLoCo: a fragment's first R outer syncs only average (outer lr 1, momentum untouched)"},
     {"elastic-worker", OPT_INT, TR(outer.elastic_worker), 0,
      "elastic DiLoCo: this mpirun job is worker I of --workers (-1: off)"},
     {"elastic-join", OPT_BOOL, TR(outer.elastic_join), 0,
@@ -251,7 +253,7 @@ static const opt_group GROUPS[] = {
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
      "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "
-     "outer-dtype outer-block outer-merge"},
+     "outer-dtype outer-block outer-merge outer-warmup"},
     {"Device", "docs/gpu.md", "device"},
 };
 #define N_GROUPS (int)(sizeof GROUPS / sizeof GROUPS[0])

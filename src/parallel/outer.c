@@ -62,6 +62,10 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--workers %d: expected <= %d with --elastic-worker", c->workers,
                               LOOM_OUTER_MAX_FRAGMENTS);
+    if (c->warmup != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: not with --outer-warmup %d yet (docs/diloco.md)",
+                              c->warmup);
     if (c->fragments != 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
@@ -106,6 +110,10 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
     if (!(c->momentum >= 0.0f && c->momentum < 1.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--outer-momentum %g: expected in [0, 1)",
                               (double)c->momentum);
+    if (c->warmup < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-warmup %d: expected >= 0 (outer syncs that only average)",
+                              c->warmup);
     if (!(c->merge >= 0.0f && c->merge < 1.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--outer-merge %g: expected in [0, 1)",
                               (double)c->merge);
@@ -326,6 +334,11 @@ static loom_status wait(loom_outer *o, loom_outer_fragment *f, loom_error *err) 
 static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_error *err) {
     const int W = o->comm->size, me = o->comm->rank;
     const size_t own = loom_outer_chunk_len(f, me), base = f->part_lo + (size_t)me * f->chunk;
+    /* --outer-warmup: the fragment's first syncs (by the round of the send, a function of
+     * the step) average the workers (start += -g) and leave the momentum at zero */
+    const int H = o->cfg.inner_steps;
+    const int round = f->last_sent >= f->offset ? (f->last_sent - f->offset) / H : 0;
+    const int warm = round < o->cfg.warmup;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
     float *g = f->delta + base; /* scratch: this chunk of delta is rewritten below */
     for (int i = 0; i < W; i++) {
@@ -337,6 +350,10 @@ static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_e
     for (size_t k = 0; k < own; k++) {
         const float gk = f->acc[k] / (float)W;
         if (f->counted[base + k]) sq += (double)gk * gk;
+        if (warm) {
+            g[k] = -gk;
+            continue;
+        }
         f->mom[k] = mu * f->mom[k] + gk;
         const float u = o->cfg.nesterov ? gk + mu * f->mom[k] : f->mom[k];
         g[k] = -(lr * u); /* the update of the round-start parameters */

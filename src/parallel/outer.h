@@ -54,6 +54,7 @@ typedef struct {
     char dtype[8];      /* --outer-dtype fp32 | bf16 | int8 | int4 */
     int block;          /* --outer-block: values per scale (int8, int4) */
     float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
+    int warmup;         /* --outer-warmup R: a fragment's first R syncs only average */
     int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
     int elastic_worker; /* --elastic-worker I: this job is worker I (-1: off) */
     int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */

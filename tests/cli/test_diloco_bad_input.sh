@@ -33,6 +33,7 @@ expect "batch over workers" "--global-batch 4: must be a multiple of --workers 3
 expect "fragments need inner steps" "--inner-steps 4 with --outer-fragments 2" -- \
     "${D[@]}" --outer-fragments 2 --inner-steps 4
 expect "outer momentum" "--outer-momentum 1: expected in [0, 1)" -- "${D[@]}" --outer-momentum 1
+expect "outer warm-up" "--outer-warmup -1: expected >= 0" -- "${D[@]}" --outer-warmup -1
 expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" -- \
     "${D[@]}" --ckpt-fast-dir "$TMP/fast"
 expect "not with ZeRO-3 yet" "--outer diloco: not with --zero 3" -- "${D[@]}" --zero 3
@@ -48,6 +49,8 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
+expect "elastic warm-up" "--elastic-worker: not with --outer-warmup 2 yet" -- \
+    "${E[@]}" --elastic-worker 1 --outer-warmup 2
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

@@ -103,11 +103,14 @@ static double rel_diff(const float *a, const double *b, size_t n) {
     return sqrt(d / (s > 0 ? s : 1));
 }
 
-/* The reference's outer step on fragment f: momentum, (Nesterov) update. */
+/* The reference's outer step on fragment f: momentum, (Nesterov) update; a warm-up sync
+ * (--outer-warmup) is the plain average: start += -g, the momentum untouched. */
 static void outer_step(size_t P, const int *frag, int f, const double *g, double *mom, double *upd,
-                       float lr, float mu, int nesterov) {
+                       float lr, float mu, int nesterov, int warm) {
     for (size_t i = 0; i < P; i++)
-        if (frag[i] == f) {
+        if (frag[i] == f && warm) {
+            upd[i] = -g[i];
+        } else if (frag[i] == f) {
             mom[i] = mu * mom[i] + g[i];
             upd[i] = -(double)lr * (nesterov ? g[i] + mu * mom[i] : mom[i]);
         }
@@ -123,7 +126,14 @@ static void land(size_t P, const int *frag, int f, const double *upd, double *st
         }
 }
 
-static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, float alpha) {
+/* Whether the sync of fragment f sent after `sent` is one of its first R (warm-up). */
+static int warm_at(int sent, int f, int F, int H, int R) {
+    const int offset = F == 1 ? H : (f + 1) * H / F;
+    return (sent >= offset ? (sent - offset) / H : 0) < R;
+}
+
+static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, float alpha,
+                     int R) {
     rig r;
     rig_create(&r);
     const size_t P = r.table.total;
@@ -141,6 +151,7 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
     snprintf(c.kind, sizeof c.kind, "diloco");
     c.inner_steps = H, c.fragments = F, c.nesterov = nesterov, c.lr = lr, c.momentum = mu;
     c.merge = alpha;
+    c.warmup = R;
     assert_int_equal(loom_outer_config_validate(&c, r.cfg.n_layer, NULL), LOOM_OK);
     loom_outer o;
     assert_int_equal(loom_outer_create(&o, &c, &r.mesh, &r.table, r.cfg.n_layer, p, steps, NULL),
@@ -158,7 +169,9 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
             const int offset = F == 1 ? H : (f + 1) * H / F;
             const int sends = s >= offset && (s - offset) % H == 0, last = s == steps;
             if (F > 1) {
-                if (sent[f] == s - 1) outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov);
+                if (sent[f] == s - 1)
+                    outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov,
+                               warm_at(s - 1, f, F, H, R));
                 if (sent[f] == s - 2 || (last && sent[f] == s - 1)) {
                     land(P, frag, f, upd, start, rp, alpha);
                     sent[f] = -100;
@@ -170,7 +183,7 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
                 }
                 if (!last) continue;
                 if (sent[f] == s) {
-                    outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov);
+                    outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov, warm_at(s, f, F, H, R));
                     land(P, frag, f, upd, start, rp, alpha);
                 }
             } else if (!sends && !last) {
@@ -179,7 +192,7 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
             /* a blocking sync: plain DiLoCo's rounds, and every fragment at the last step */
             for (size_t i = 0; i < P; i++)
                 if (frag[i] == f) g[i] = start[i] - rp[i];
-            outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov);
+            outer_step(P, frag, f, g, mom, upd, lr, mu, nesterov, warm_at(s, f, F, H, R));
             land(P, frag, f, upd, start, rp, 0.0);
             sent[f] = -100;
         }
@@ -198,16 +211,18 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
 
 static void test_plain_diloco(void **state) {
     (void)state;
-    run_case(1, 3, 10, 1, 0.7f, 0.9f, 0.5f); /* a last round of 1 step */
-    run_case(1, 4, 12, 0, 0.5f, 0.6f, 0.5f);
-    run_case(1, 1, 5, 1, 1.0f, 0.0f, 0.5f);
+    run_case(1, 3, 10, 1, 0.7f, 0.9f, 0.5f, 0); /* a last round of 1 step */
+    run_case(1, 4, 12, 0, 0.5f, 0.6f, 0.5f, 0);
+    run_case(1, 1, 5, 1, 1.0f, 0.0f, 0.5f, 0);
+    run_case(1, 3, 14, 1, 0.7f, 0.9f, 0.5f, 2); /* --outer-warmup 2, then Nesterov */
 }
 
 static void test_streaming(void **state) {
     (void)state;
-    run_case(2, 6, 20, 1, 0.7f, 0.9f, 0.5f);
-    run_case(4, 12, 30, 0, 0.6f, 0.8f, 0.25f);
-    run_case(2, 7, 13, 1, 0.7f, 0.9f, 0.0f); /* the last step lands a send of the step before */
+    run_case(2, 6, 20, 1, 0.7f, 0.9f, 0.5f, 0);
+    run_case(4, 12, 30, 0, 0.6f, 0.8f, 0.25f, 0);
+    run_case(2, 7, 13, 1, 0.7f, 0.9f, 0.0f, 0); /* the last step lands a send of the step before */
+    run_case(2, 6, 26, 1, 0.7f, 0.9f, 0.5f, 1); /* --outer-warmup 1 */
 }
 
 int main(void) {
