@@ -68,7 +68,9 @@ int loom_cp_local_row(const loom_cp *cp, int b, int t) {
 /* Floats of every buffer create() makes (one plan for create and buffer_bytes). */
 typedef struct {
     size_t kv, part_out, lse, scratch; /* ring: kv is one block (5 of them) */
+    size_t kv16;                       /* ring, bf16_qkv: one block's bf16 (2 of them) */
     size_t msg, full_qkv, full_out;    /* ulysses */
+    size_t msg16;                      /* ulysses, bf16_qkv: bf16 send and receive (2 of them) */
     int Hn, KVr;
 } cp_plan;
 
@@ -79,6 +81,7 @@ static cp_plan plan(int N, const loom_cp_options *o, const loom_backend *be) {
     const size_t Nl = (size_t)o->B * Tl;
     if (o->mode == LOOM_CP_RING) {
         p.kv = Nl * 2 * o->KV * o->hd;
+        p.kv16 = o->bf16_qkv ? p.kv : 0;
         p.part_out = Nl * o->H * o->hd;
         p.lse = Nl * o->H;
         p.scratch = loom_backend_attention_block_scratch_floats(be, chunk, n_chunks);
@@ -88,6 +91,7 @@ static cp_plan plan(int N, const loom_cp_options *o, const loom_backend *be) {
         const size_t Rr = (size_t)(p.Hn + 2 * p.KVr) * o->hd;
         p.msg = (size_t)o->B * o->T * Rr; /* all N messages of one exchange */
         p.full_qkv = p.msg;
+        p.msg16 = o->bf16_qkv ? p.msg : 0;
         p.full_out = (size_t)o->B * o->T * p.Hn * o->hd;
         p.scratch = loom_backend_attention_scratch_floats(be, o->B, o->T, p.Hn);
     }
@@ -95,8 +99,8 @@ static cp_plan plan(int N, const loom_cp_options *o, const loom_backend *be) {
 }
 
 static size_t plan_floats(const cp_plan *p) {
-    return 5 * p->kv + p->part_out + 2 * p->lse + p->scratch + 2 * p->msg + 2 * p->full_qkv +
-           2 * p->full_out;
+    return 5 * p->kv + p->kv16 + p->msg16 + p->part_out + 2 * p->lse + p->scratch + 2 * p->msg +
+           2 * p->full_qkv + 2 * p->full_out; /* two bf16 blocks: one block's floats */
 }
 
 size_t loom_cp_buffer_bytes(int cp, const loom_cp_options *o) {
@@ -164,6 +168,7 @@ static loom_status create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o
     for (int i = 0; i < 2; i++) {
         cp->kv[i] = alloc_floats(cp, p.kv, &failed);
         cp->dkv_send[i] = alloc_floats(cp, p.kv, &failed);
+        cp->kv16[i] = (loom_bf16 *)alloc_floats(cp, (p.kv16 + 1) / 2, &failed);
     }
     cp->dkv_recv = alloc_floats(cp, p.kv, &failed);
     cp->part_out = alloc_floats(cp, p.part_out, &failed);
@@ -173,6 +178,8 @@ static loom_status create(loom_cp *cp, loom_comm *comm, const loom_cp_options *o
     cp->scratch = alloc_floats(cp, p.scratch, &failed);
     cp->send = alloc_floats(cp, p.msg, &failed);
     cp->recv = alloc_floats(cp, p.msg, &failed);
+    cp->send16 = (loom_bf16 *)alloc_floats(cp, (p.msg16 + 1) / 2, &failed);
+    cp->recv16 = (loom_bf16 *)alloc_floats(cp, (p.msg16 + 1) / 2, &failed);
     cp->qkv_full = alloc_floats(cp, p.full_qkv, &failed);
     cp->dqkv_full = alloc_floats(cp, p.full_qkv, &failed);
     cp->out_full = alloc_floats(cp, p.full_out, &failed);
@@ -226,6 +233,9 @@ void loom_cp_free(loom_cp *cp) {
                      cp->part_out, cp->part_lse, cp->delta,       cp->scratch,     cp->send,
                      cp->recv,     cp->qkv_full, cp->dqkv_full,   cp->out_full,    cp->dout_full};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) loom_backend_free(cp->be, bufs[i]);
+    for (int i = 0; i < 2; i++) loom_backend_free(cp->be, cp->kv16[i]);
+    loom_backend_free(cp->be, cp->send16);
+    loom_backend_free(cp->be, cp->recv16);
     free(cp->counts);
     free(cp->displs);
     free(cp->labels);

@@ -28,6 +28,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "kernels/backend.h"
+#include "kernels/bf16.h"
 
 typedef enum { LOOM_CP_RING = 0, LOOM_CP_ULYSSES = 1 } loom_cp_mode;
 #define LOOM_CP_LABEL 16 /* a transfer's name (core/progress.h keeps 16 characters) */
@@ -41,6 +42,12 @@ typedef struct {
     int no_zigzag; /* 1: ring + causal with the plain contiguous split (benchmark only) */
     int B, T;      /* samples per micro-batch, GLOBAL tokens per sample */
     int H, KV, hd; /* query heads, kv heads on this rank; head width */
+    /* 1: every qkv value passed in is a bf16 value and the caller rounds the output to bf16
+     * (round to nearest even) before anything reads it: the language models under
+     * --precision bf16 (model/tp_linear.c loom_model_round_pre). Then the ring's key/value
+     * blocks and Ulysses' qkv and output exchanges travel as bf16 bits: the same function,
+     * half their bytes (docs/precision.md). Gradients stay fp32. */
+    int bf16_qkv;
 } loom_cp_options;
 
 typedef struct loom_cp {
@@ -55,10 +62,12 @@ typedef struct loom_cp {
     /* ring: the key/value block (2*KV*hd per token) double-buffered, dK/dV travel buffers
      * (two outgoing, one incoming), a partial result, D, the block kernels' scratch */
     float *kv[2], *dkv_send[2], *dkv_recv, *part_out, *part_lse, *delta, *scratch;
+    loom_bf16 *kv16[2]; /* o.bf16_qkv: the blocks on the wire (widened into kv[] on arrival) */
     loom_attention_blocks blocks; /* geometry of the kernel calls (kpos set per step) */
     /* ulysses: heads per rank, all-to-all buffers, full-sequence head-sharded arrays */
     int Hn, KVr;                 /* query heads, key/value heads per rank after the exchange */
     float *send, *recv;          /* [N * B*Tl * (Hn + 2*KVr)*hd] */
+    loom_bf16 *send16, *recv16;  /* o.bf16_qkv: the same, bf16 on the wire */
     float *qkv_full, *dqkv_full; /* [B, T, (Hn + 2*KVr)*hd] */
     float *out_full, *dout_full; /* [B, T, Hn*hd] */
     int *counts, *displs; /* [2][N]: qkv-wide messages, then out-wide ones (same both ways) */
@@ -66,6 +75,7 @@ typedef struct loom_cp {
      * i of N forward ("ring kv i/N") and backward ("ring dkv i/N"), Ulysses' exchanges */
     char (*labels)[LOOM_CP_LABEL];
     size_t scratch_floats;
+    double bytes_bf16, bytes_f32; /* bytes this rank sent so far, by wire type */
 } loom_cp;
 
 /* No MPI: checks the layout, every message names the flag. cp: --cp value; T: --seq-len;

@@ -5,7 +5,10 @@
  * again, each block's dK/dV travelling one step behind it: rank r computes its share
  * into a zeroed buffer while the share so far is on its way from r-1, adds the two, and
  * passes the sum on; after N steps it reaches the block's owner (N-1 block transfers,
- * N dK/dV transfers). The order of every sum is fixed, so a run repeats bitwise. */
+ * N dK/dV transfers). The order of every sum is fixed, so a run repeats bitwise.
+ * With o.bf16_qkv the blocks travel as bf16 bits (rounded once when packed, widened into
+ * kv[] on arrival): qkv's values are bf16 values then, so both are exact and the kernels
+ * read the same floats; dK/dV (fp32 sums) stay fp32. */
 #include <string.h>
 
 #include "cp/cp_impl.h"
@@ -38,18 +41,38 @@ static size_t row_width(const loom_cp *cp) {
     return (size_t)(cp->o.H + 2 * cp->o.KV) * cp->o.hd;
 }
 
-/* Packs this rank's key and value heads (the contiguous tail of each qkv row) into buf. */
-static void pack_kv(loom_cp *cp, float *buf, const float *qkv) {
-    loom_backend_copy_2d(cp->be, buf, kv_width(cp), qkv + (size_t)cp->o.H * cp->o.hd, row_width(cp),
-                         local_rows(cp), kv_width(cp));
+/* Packs this rank's key and value heads (the contiguous tail of each qkv row) into kv[0]
+ * (and, bf16 on the wire, its bf16 bits into kv16[0]). */
+static void pack_kv(loom_cp *cp, const float *qkv) {
+    loom_backend_copy_2d(cp->be, cp->kv[0], kv_width(cp), qkv + (size_t)cp->o.H * cp->o.hd,
+                         row_width(cp), local_rows(cp), kv_width(cp));
+    if (cp->o.bf16_qkv) loom_bf16_from_f32_n(cp->kv16[0], cp->kv[0], local_rows(cp) * kv_width(cp));
 }
 
-/* Posts step i's transfer of the next block: receive into kv[(i+1)%2], send kv[i%2]. */
+/* Posts step i's transfer of the next block: receive into kv[(i+1)%2], send kv[i%2] (bf16
+ * on the wire: their kv16 twins). */
 static loom_status post_block(loom_cp *cp, int i, loom_comm_handle *hr, loom_comm_handle *hs) {
     const size_t n = local_rows(cp) * kv_width(cp);
     const int next = (cp->rank + 1) % cp->size, prev = (cp->rank + cp->size - 1) % cp->size;
-    loom_status st = loom_comm_irecv(cp->comm, cp->kv[(i + 1) % 2], n, prev, TAG_KV, hr, cp->err);
-    return st ? st : loom_comm_isend(cp->comm, cp->kv[i % 2], n, next, TAG_KV, hs, cp->err);
+    loom_status st;
+    if (cp->o.bf16_qkv) {
+        st = loom_comm_irecv_bf16(cp->comm, cp->kv16[(i + 1) % 2], n, prev, TAG_KV, hr, cp->err);
+        if (!st) st = loom_comm_isend_bf16(cp->comm, cp->kv16[i % 2], n, next, TAG_KV, hs, cp->err);
+        cp->bytes_bf16 += (double)n * sizeof(loom_bf16);
+        return st;
+    }
+    st = loom_comm_irecv(cp->comm, cp->kv[(i + 1) % 2], n, prev, TAG_KV, hr, cp->err);
+    if (!st) st = loom_comm_isend(cp->comm, cp->kv[i % 2], n, next, TAG_KV, hs, cp->err);
+    cp->bytes_f32 += (double)n * sizeof(float);
+    return st;
+}
+
+/* Step i's block transfer done: a bf16 block is widened into kv[(i+1)%2] (exact). */
+static void block_arrived(loom_cp *cp, int i) {
+    if (!cp->o.bf16_qkv) return;
+    double t0 = loom_comm_now_ms();
+    loom_bf16_to_f32_n(cp->kv[(i + 1) % 2], cp->kv16[(i + 1) % 2], local_rows(cp) * kv_width(cp));
+    cp->compute_ms += loom_comm_now_ms() - t0;
 }
 
 static loom_status wait2(loom_cp *cp, loom_comm_handle *a, loom_comm_handle *b) {
@@ -60,7 +83,7 @@ static loom_status wait2(loom_cp *cp, loom_comm_handle *a, loom_comm_handle *b) 
 loom_status loom_cp_ring_forward(loom_cp *cp, float *out, float *lse, const float *qkv) {
     const int N = cp->size, r = cp->rank;
     double t0 = loom_comm_now_ms();
-    pack_kv(cp, cp->kv[0], qkv);
+    pack_kv(cp, qkv);
     cp->compute_ms += loom_comm_now_ms() - t0;
     loom_comm_handle hr = {0}, hs = {0};
     for (int i = 0; i < N; i++) {
@@ -81,6 +104,7 @@ loom_status loom_cp_ring_forward(loom_cp *cp, float *out, float *lse, const floa
         }
         cp->compute_ms += loom_comm_now_ms() - t0;
         if (i + 1 < N && (st = wait2(cp, &hr, &hs))) return st;
+        if (i + 1 < N) block_arrived(cp, i);
     }
     return LOOM_OK;
 }
@@ -92,7 +116,7 @@ loom_status loom_cp_ring_backward(loom_cp *cp, float *dqkv, const float *dout, c
     const size_t n = local_rows(cp) * kv_width(cp);
     double t0 = loom_comm_now_ms();
     loom_backend_attention_block_delta(cp->be, cp->delta, dout, out, &cp->blocks);
-    pack_kv(cp, cp->kv[0], qkv);
+    pack_kv(cp, qkv);
     cp->compute_ms += loom_comm_now_ms() - t0;
     loom_comm_handle hr = {0}, hs = {0}, dr = {0}, ds[2] = {{0}, {0}};
     loom_status st = LOOM_OK;
@@ -121,11 +145,13 @@ loom_status loom_cp_ring_backward(loom_cp *cp, float *dqkv, const float *dout, c
         if (N > 1) { /* pass it on; receive the next block's (at the end: our own block's) */
             cp->comm->label = loom_cp_label(cp, 1, i);
             st = loom_comm_isend(cp->comm, dkv, n, next, TAG_DKV, &ds[i % 2], cp->err);
+            cp->bytes_f32 += (double)n * sizeof(float);
             if (!st) st = loom_comm_irecv(cp->comm, cp->dkv_recv, n, prev, TAG_DKV, &dr, cp->err);
             cp->comm->label = NULL;
             if (st) return st;
         }
         if (i + 1 < N && (st = wait2(cp, &hr, &hs))) return st;
+        if (i + 1 < N) block_arrived(cp, i);
     }
     const float *own = cp->dkv_send[0]; /* N = 1: nothing travelled */
     if (N > 1) {

@@ -10,7 +10,14 @@
  *
  * A message to or from rank s is its B samples' Tl tokens, [B][Tl][width]; in the full
  * sequence they sit at tokens [s*Tl, (s+1)*Tl) of each sample, so one 2-D copy per rank
- * (B rows of Tl*width floats) moves them between the two layouts. */
+ * (B rows of Tl*width floats) moves them between the two layouts.
+ *
+ * With o.bf16_qkv (a language model under --precision bf16, cp.h) the exchanges of values
+ * that are, or are only read as, bf16 values travel as bf16 bits (rounded to nearest even
+ * before sending, widened on arrival): qkv both ways (bf16 values: exact), forward's
+ * output (the model rounds it to bf16 right after attention, and rounding a rounded value
+ * changes nothing) and backward's re-gathered output (the rounded one). d(out) and dqkv
+ * are fp32 sums: they stay fp32. */
 #include "cp/cp_impl.h"
 
 /* First key/value head rank p holds. */
@@ -47,11 +54,30 @@ static void full_to_messages(loom_cp *cp, float *msg, const float *full, size_t 
                              Tl * w);
 }
 
-static loom_status exchange(loom_cp *cp, int out_wide) {
-    const int *c = cp->counts + (out_wide ? cp->size : 0);
-    const int *d = cp->displs + (out_wide ? cp->size : 0);
+/* send -> recv, qkv-wide or out-wide messages; bf16 (with o.bf16_qkv, for values that are
+ * bf16 values or only read rounded to them) through send16/recv16. */
+static loom_status exchange(loom_cp *cp, int out_wide, int bf16) {
+    const int N = cp->size, *c = cp->counts + (out_wide ? N : 0);
+    const int *d = cp->displs + (out_wide ? N : 0);
+    const size_t n = (size_t)d[N - 1] + (size_t)c[N - 1], others = n - (size_t)c[cp->rank];
+    bf16 = bf16 && cp->o.bf16_qkv;
     cp->comm->label = loom_cp_label(cp, 0, out_wide); /* heartbeats, hang diagnoses */
-    loom_status st = loom_comm_alltoallv(cp->comm, cp->send, c, d, cp->recv, c, d, cp->err);
+    loom_status st;
+    if (bf16) {
+        double t0 = loom_comm_now_ms();
+        loom_bf16_from_f32_n(cp->send16, cp->send, n);
+        cp->compute_ms += loom_comm_now_ms() - t0;
+        loom_comm_handle h = {0};
+        st = loom_comm_ialltoallv_bf16(cp->comm, cp->send16, c, d, cp->recv16, c, d, &h, cp->err);
+        if (!st) st = loom_comm_wait(&h, cp->err);
+        t0 = loom_comm_now_ms();
+        if (!st) loom_bf16_to_f32_n(cp->recv, cp->recv16, n);
+        cp->compute_ms += loom_comm_now_ms() - t0;
+        cp->bytes_bf16 += (double)others * sizeof(loom_bf16);
+    } else {
+        st = loom_comm_alltoallv(cp->comm, cp->send, c, d, cp->recv, c, d, cp->err);
+        cp->bytes_f32 += (double)others * sizeof(float);
+    }
     cp->comm->label = NULL;
     return st;
 }
@@ -70,7 +96,7 @@ static loom_status gather_qkv(loom_cp *cp, const float *qkv) {
                              kvc);
     }
     cp->compute_ms += loom_comm_now_ms() - t0;
-    loom_status st = exchange(cp, 0);
+    loom_status st = exchange(cp, 0, 1);
     if (st) return st;
     t0 = loom_comm_now_ms();
     messages_to_full(cp, cp->qkv_full, cp->recv, d.Rr);
@@ -78,15 +104,16 @@ static loom_status gather_qkv(loom_cp *cp, const float *qkv) {
     return LOOM_OK;
 }
 
-/* Local out-shaped rows [Nl, H*hd] -> full [B, T, Hn*hd] of this rank's heads. */
-static loom_status gather_out(loom_cp *cp, float *full, const float *local) {
+/* Local out-shaped rows [Nl, H*hd] -> full [B, T, Hn*hd] of this rank's heads (bf16: values
+ * the wire may carry as bf16). */
+static loom_status gather_out(loom_cp *cp, float *full, const float *local, int bf16) {
     const dims d = dims_of(cp);
     double t0 = loom_comm_now_ms();
     for (int p = 0; p < cp->size; p++)
         loom_backend_copy_2d(cp->be, cp->send + (size_t)p * d.Nl * d.OCn, d.OCn, local + p * d.OCn,
                              d.OC, d.Nl, d.OCn);
     cp->compute_ms += loom_comm_now_ms() - t0;
-    loom_status st = exchange(cp, 1);
+    loom_status st = exchange(cp, 1, bf16);
     if (st) return st;
     t0 = loom_comm_now_ms();
     messages_to_full(cp, full, cp->recv, d.OCn);
@@ -108,7 +135,7 @@ loom_status loom_cp_ulysses_forward(loom_cp *cp, float *out, float *lse, const f
                                              B, T, cp->Hn, cp->KVr, hd);
     full_to_messages(cp, cp->send, cp->out_full, d.OCn);
     cp->compute_ms += loom_comm_now_ms() - t0;
-    if ((st = exchange(cp, 1))) return st;
+    if ((st = exchange(cp, 1, 1))) return st; /* the model rounds it to bf16 next */
     t0 = loom_comm_now_ms();
     for (int p = 0; p < cp->size; p++)
         loom_backend_copy_2d(cp->be, out + p * d.OCn, d.OC, cp->recv + (size_t)p * d.Nl * d.OCn,
@@ -121,8 +148,8 @@ loom_status loom_cp_ulysses_backward(loom_cp *cp, float *dqkv, const float *dout
                                      const float *out, const float *lse) {
     const dims d = dims_of(cp);
     loom_status st;
-    if ((st = gather_qkv(cp, qkv)) || (st = gather_out(cp, cp->out_full, out)) ||
-        (st = gather_out(cp, cp->dout_full, dout)))
+    if ((st = gather_qkv(cp, qkv)) || (st = gather_out(cp, cp->out_full, out, 1)) ||
+        (st = gather_out(cp, cp->dout_full, dout, 0)))
         return st;
     const int B = cp->o.B, T = cp->o.T, hd = cp->o.hd;
     double t0 = loom_comm_now_ms();
@@ -136,7 +163,7 @@ loom_status loom_cp_ulysses_backward(loom_cp *cp, float *dqkv, const float *dout
                                               cp->KVr, hd);
     full_to_messages(cp, cp->send, cp->dqkv_full, d.Rr);
     cp->compute_ms += loom_comm_now_ms() - t0;
-    if ((st = exchange(cp, 0))) return st;
+    if ((st = exchange(cp, 0, 0))) return st;
     t0 = loom_comm_now_ms();
     const size_t H = (size_t)cp->o.H, KV = (size_t)cp->o.KV, kvc = (size_t)cp->KVr * d.hd;
     for (int p = 0; p < cp->size; p++) { /* rank order: replicated heads sum the same way */

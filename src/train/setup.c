@@ -124,7 +124,12 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
                                .T = mc->seq_len,
                                .H = mc->n_head / tp,
                                .KV = mc->n_kv_head / tp,
-                               .hd = mc->d_model / mc->n_head};
+                               .hd = mc->d_model / mc->n_head,
+                               /* the language models round qkv after RoPE under bf16 (the
+                                * condition of loom_model_bf16_pre_activations); the DiT not */
+                               .bf16_qkv = mc->family != LOOM_FAMILY_DIT && r->be &&
+                                           loom_backend_precision(r->be) == LOOM_PRECISION_BF16 &&
+                                           r->be->ops->round_bf16_values != NULL};
     loom_status (*make)(loom_cp *, loom_comm *, const loom_cp_options *, const loom_backend *,
                         loom_error *) = r->size_only ? loom_cp_size : loom_cp_create;
     if ((st = make(&r->cp, &r->mesh->cp, &o, loom_backend_cpu(), err))) return st;

@@ -172,6 +172,12 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
                 "%.0f in fp32)\n",
                 (r->tp.bytes_bf16 + r->tp.bytes_f32) / steps_run, r->tp.bytes_bf16 / steps_run,
                 r->tp.bytes_f32 / steps_run);
+    if (r->cped && r->cp.size > 1) /* what rank 0 sent to its ring or all-to-all peers */
+        fprintf(stderr,
+                "loom: context-parallel messages: %.0f bytes sent per step by rank 0 (%.0f in "
+                "bf16, %.0f in fp32)\n",
+                (r->cp.bytes_bf16 + r->cp.bytes_f32) / steps_run, r->cp.bytes_bf16 / steps_run,
+                r->cp.bytes_f32 / steps_run);
     if (r->pipelined) /* the stage boundary's activations and gradients this rank sent */
         fprintf(stderr,
                 "loom: pipeline messages: %.3f MiB (%.0f bytes) sent per step by rank 0 (%s)\n",

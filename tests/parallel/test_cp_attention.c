@@ -5,7 +5,9 @@
  * bidirectional, GQA) and compares with the whole-sequence loom_attention_forward /
  * backward on the global arrays: |got - ref| <= 1e-5 |ref| + 1e-6 max|ref| per element.
  * The same layout run twice must be bitwise equal, backward must add to dqkv, and
- * loom_cp_validate / loom_cp_create must refuse bad layouts naming the flags.
+ * loom_cp_validate / loom_cp_create must refuse bad layouts naming the flags. With
+ * bf16_qkv (qkv of bf16 values, --precision bf16) the bf16 messages give bitwise the fp32
+ * wire's results in half their bytes (test_bf16_wire).
  *
  *   mpirun -n R test_cp_attention      (R = 2, 3, 4; also 1 without mpirun)
  *
@@ -22,6 +24,7 @@
 #include "comm/comm.h"
 #include "comm/world.h"
 #include "cp/cp.h"
+#include "kernels/bf16.h"
 #include "kernels/kernels.h"
 #include "comm_check.h"
 
@@ -74,7 +77,7 @@ static void run_case(loom_comm *world, const cp_case *c, uint64_t tag) {
     free(scr);
 
     loom_cp cp;
-    loom_cp_options o = {c->mode, c->causal, c->no_zigzag, B, T, c->H, c->KV, c->hd};
+    loom_cp_options o = {c->mode, c->causal, c->no_zigzag, B, T, c->H, c->KV, c->hd, 0};
     loom_error err = {0};
     OK(loom_cp_create(&cp, world, &o, loom_backend_cpu(), &err_));
     cp.err = &err;
@@ -174,6 +177,75 @@ static void run_case(loom_comm *world, const cp_case *c, uint64_t tag) {
     free(ldout), free(refo), free(refd), free(out), free(lse), free(dqkv);
 }
 
+/* bf16_qkv on qkv rounded to bf16 values (what the language models pass under --precision
+ * bf16, then rounding the output to bf16 values as they do): bitwise the fp32 wire's out
+ * (ring: before rounding too), lse and dqkv. What travels as bf16 is exactly half its fp32
+ * bytes: the ring's key/value blocks (2 (N-1) of them; dK/dV's N stay fp32), Ulysses' qkv and
+ * output exchanges (forward and backward; d(out) and dqkv stay fp32). */
+static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
+    const int N = world->size, B = 2, T = 16 * N, H = 2 * N, KV = N, hd = 8;
+    const int R = (H + 2 * KV) * hd, OC = H * hd;
+    const char *name = loom_cp_mode_name(mode);
+    loom_cp cp[2];
+    float *res[2][3];
+    loom_error err = {0};
+    for (int w = 0; w < 2; w++) {
+        loom_cp_options o = {mode, 1, 0, B, T, H, KV, hd, w};
+        OK(loom_cp_create(&cp[w], world, &o, loom_backend_cpu(), &err_));
+        cp[w].err = &err;
+    }
+    const size_t Nl = (size_t)B * cp[0].Tl, nlse = (size_t)B * H * cp[0].Tl;
+    float *qkv = xmalloc(Nl * R * 4), *dout = xmalloc(Nl * OC * 4);
+    for (size_t i = 0; i < Nl * R; i++) /* this rank's rows, rounded to bf16 values */
+        qkv[i] = loom_bf16_to_f32(loom_bf16_from_f32(1.5f * rnd(g_rank, tag, i)));
+    fill(dout, Nl * OC, g_rank, tag + 1);
+    for (int w = 0; w < 2; w++) {
+        res[w][0] = xmalloc(Nl * OC * 4), res[w][1] = xmalloc(nlse * 4);
+        res[w][2] = calloc(Nl * R, 4);
+        OK(loom_cp_attention_forward(&cp[w], res[w][0], res[w][1], qkv));
+    }
+    if (mode == LOOM_CP_RING)
+        CHECK(memcmp(res[0][0], res[1][0], Nl * OC * 4) == 0,
+              "ring bf16 wire: out differs bitwise before rounding; LOOM_TEST_SEED=%llu",
+              (unsigned long long)g_seed);
+    for (int w = 0; w < 2; w++) { /* the model rounds the output, then runs backward */
+        for (size_t i = 0; i < Nl * OC; i++)
+            res[w][0][i] = loom_bf16_to_f32(loom_bf16_from_f32(res[w][0][i]));
+        OK(loom_cp_attention_backward(&cp[w], res[w][2], dout, qkv, res[w][0], res[w][1]));
+    }
+    CHECK(memcmp(res[0][0], res[1][0], Nl * OC * 4) == 0 &&
+              memcmp(res[0][1], res[1][1], nlse * 4) == 0 &&
+              memcmp(res[0][2], res[1][2], Nl * R * 4) == 0,
+          "%s bf16 wire: out, lse or dqkv differ bitwise from the fp32 wire; LOOM_TEST_SEED=%llu",
+          name, (unsigned long long)g_seed);
+    CHECK(cp[0].bytes_bf16 == 0 && cp[1].bytes_bf16 * 2 + cp[1].bytes_f32 == cp[0].bytes_f32 &&
+              (N == 1 || cp[1].bytes_bf16 > 0),
+          "%s bf16 wire: %g bytes bf16 + %g fp32 against the fp32 wire's %g", name,
+          cp[1].bytes_bf16, cp[1].bytes_f32, cp[0].bytes_f32);
+    const double block = (double)Nl * 2 * KV * hd; /* elements of one key/value block */
+    if (mode == LOOM_CP_RING)
+        CHECK(cp[1].bytes_bf16 == 2.0 * (N - 1) * block * 2 &&
+                  cp[1].bytes_f32 == (N > 1 ? N : 0) * block * 4,
+              "ring bf16 wire: %g bytes bf16 (want %g), %g fp32", cp[1].bytes_bf16,
+              2.0 * (N - 1) * block * 2, cp[1].bytes_f32);
+    loom_cp_options o = cp[0].o;
+    const size_t b32 = loom_cp_buffer_bytes(N, &o);
+    o.bf16_qkv = 1;
+    const size_t extra = mode == LOOM_CP_RING ? (size_t)block * 4 /* two bf16 blocks */
+                                              : (size_t)B * T * (H / N + 2 * (KV / N)) * hd * 4;
+    CHECK(loom_cp_buffer_bytes(N, &o) == b32 + extra, "%s bf16 wire: buffer bytes %zu, fp32 %zu",
+          name, loom_cp_buffer_bytes(N, &o), b32);
+    if (g_rank == 0)
+        printf("  %-7s bf16 wire: bitwise the fp32 wire; rank 0 sent %g bytes (%g bf16), fp32 "
+               "wire %g\n",
+               name, cp[1].bytes_bf16 + cp[1].bytes_f32, cp[1].bytes_bf16, cp[0].bytes_f32);
+    for (int w = 0; w < 2; w++) {
+        loom_cp_free(&cp[w]);
+        for (int k = 0; k < 3; k++) free(res[w][k]);
+    }
+    free(qkv), free(dout);
+}
+
 static void expect_refusal(loom_status st, const loom_error *e, const char *what, const char *need1,
                            const char *need2) {
     CHECK(st == LOOM_ERR_INPUT, "%s: status %d, expected LOOM_ERR_INPUT", what, (int)st);
@@ -218,7 +290,8 @@ static void test_refusals(loom_comm *world) {
     ops.copy_2d = NULL;
     loom_backend fake = {&ops, NULL, LOOM_DEVICE_CUDA, "cuda:0", 64};
     loom_cp cp;
-    loom_cp_options o = {LOOM_CP_RING, 1, 0, 1, 8 * world->size, 2 * world->size, world->size, 8};
+    loom_cp_options o = {LOOM_CP_RING,    1,           0, 1, 8 * world->size,
+                         2 * world->size, world->size, 8, 0};
     loom_status st = loom_cp_create(&cp, world, &o, &fake, &e);
     CHECK(st == LOOM_ERR_INPUT &&
               strcmp(e.msg, "--cp with --device cuda: ring attention has no CUDA kernels yet") == 0,
@@ -280,6 +353,8 @@ int main(int argc, char **argv) {
     cases[n++] = (cp_case){LOOM_CP_ULYSSES, 1, 0, 1, 33 * N, 2 * N, 2 * N, 8};
     for (int i = 0; i < n; i++) run_case(&world, &cases[i], 10 * (uint64_t)i);
     test_refusals(&world);
+    test_bf16_wire(&world, LOOM_CP_RING, 1000);
+    test_bf16_wire(&world, LOOM_CP_ULYSSES, 1010);
 
     long tot[2] = {g_passed, g_failed};
     if (w.mpi) MPI_Allreduce(MPI_IN_PLACE, tot, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

@@ -96,6 +96,13 @@ LAYOUTS = [
 TENSOR = [("tp2_sp", ["--tp", "2", "--sequence-parallel"], "2"), ("tp2", ["--tp", "2"], "2,sum")]
 TP_BYTES = re.compile(r"tensor-parallel messages: (\d+) bytes sent per step by rank 0 "
                       r"\((\d+) in bf16, (\d+) in fp32\)")
+CP_BYTES = re.compile(r"context-parallel messages: (\d+) bytes sent per step by rank 0 "
+                      r"\((\d+) in bf16, (\d+) in fp32\)")
+# cp 2 in bf16 (llama): its ring K/V blocks and Ulysses' qkv/output all-to-alls travel as bf16,
+# which changes no value (qkv are bf16 values, the output is rounded right after attention:
+# tests/parallel/test_cp_attention.c proves it bitwise); against one process it differs only
+# as fp32 cp does (attention summed in another order, then rounded), so the dp tolerances hold
+CONTEXT = [("cp2_ring", ["--cp", "2"]), ("cp2_ulysses", ["--cp", "2", "--cp-mode", "ulysses"])]
 # (name, layers, the layers whose input is a stage boundary, flags): against the rounded process
 # (gpipe runs 1f1b's code in another order: measured the same bits as 1f1b)
 PIPELINES = {
@@ -194,6 +201,20 @@ def main():
                       f"{family} tp2 bytes sent per step by rank 0: bf16 run "
                       f"{b16.group(0) if b16 else None}; fp32 run {b32.group(0) if b32 else None}: "
                       f"the bf16 messages half of what fp32 sent for them")
+            for name, extra in CONTEXT if family == "llama" else []:
+                got = layouts.run(name, 2, extra)
+                compare(family, name, got, ref, "one process")
+                b16 = CP_BYTES.search(got.stderr)
+                ok, fp32_line = b16 and int(b16.group(2)) > 0, ""
+                if name == "cp2_ring":  # the bytes: the K/V blocks at 2 bytes an element
+                    b32 = CP_BYTES.search(Layouts(base + ["--n-layer", "2"], tmp,
+                                                  f"{family}_fp32_").run(name, 2, extra).stderr)
+                    ok = ok and b32 and int(b32.group(2)) == 0 and \
+                        2 * int(b16.group(2)) + int(b16.group(3)) == int(b32.group(1))
+                    fp32_line = f"; fp32 run {b32.group(0) if b32 else None}"
+                check(ok, f"{family} {name} bytes sent per step by rank 0: bf16 run "
+                      f"{b16.group(0) if b16 else None}{fp32_line}: bf16 messages, half of what "
+                      f"fp32 sent for them")
             for name, n_layer, bounds, extra in PIPELINES[family]:
                 lay = layouts if n_layer == 2 else Layouts(
                     base + ["--n-layer", str(n_layer), "--precision", "bf16"], tmp,
