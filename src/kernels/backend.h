@@ -269,6 +269,18 @@ typedef struct {
     void (*swiglu_backward_in_bf16)(const loom_backend *be, float *dinp, const float *dout,
                                     const loom_bf16 *inp, int N, int F);
     void (*widen_bf16)(const loom_backend *be, float *dst, const loom_bf16 *src, size_t n);
+    /* The same, for the model's backward scratch shared between phases (docs/precision.md;
+     * NULL where the ops above are): GELU's backward in place (d = d(input) from
+     * d = d(output)), and the causal attention's backward reading bf16 qkv and out (each
+     * task widens its heads into its part of scratch, attention_scratch_floats_bf16 floats
+     * in all): bit for bit the fp32-signature ops on the widened tensors. */
+    void (*gelu_backward_in_bf16_inplace)(const loom_backend *be, float *d, const loom_bf16 *inp,
+                                          size_t n);
+    size_t (*attention_scratch_floats_bf16)(const loom_backend *be, int T, int hd);
+    void (*attention_backward_in_bf16)(const loom_backend *be, float *dqkv, float *scratch,
+                                       const float *dout, const loom_bf16 *qkv,
+                                       const loom_bf16 *out, const float *lse, int B, int T, int H,
+                                       int KV, int hd);
     /* Makes, before the step, what the linear ops of shape (N, IC, OC) will need (the
      * bf16 table: its oneDNN primitives); NULL: nothing to make. */
     loom_status (*linear_prepare)(const loom_backend *be, int N, int IC, int OC, loom_error *err);

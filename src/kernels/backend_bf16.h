@@ -104,6 +104,26 @@ static inline void loom_backend_widen_bf16(const loom_backend *be, float *dst, c
                                            size_t n) {
     be->ops->widen_bf16(be, dst, src, n);
 }
+/* 1 when the table has the ops the shared backward scratch needs (model/transformer.c). */
+static inline int loom_backend_bf16_shared_scratch(const loom_backend *be) {
+    return loom_backend_bf16_pre_activations(be) && be->ops->gelu_backward_in_bf16_inplace &&
+           be->ops->attention_scratch_floats_bf16 && be->ops->attention_backward_in_bf16;
+}
+static inline void loom_backend_gelu_backward_in_bf16_inplace(const loom_backend *be, float *d,
+                                                              const loom_bf16 *inp, size_t n) {
+    be->ops->gelu_backward_in_bf16_inplace(be, d, inp, n);
+}
+static inline size_t loom_backend_attention_scratch_floats_bf16(const loom_backend *be, int T,
+                                                                int hd) {
+    return be->ops->attention_scratch_floats_bf16(be, T, hd);
+}
+static inline void loom_backend_attention_backward_in_bf16(const loom_backend *be, float *dqkv,
+                                                           float *scratch, const float *dout,
+                                                           const loom_bf16 *qkv,
+                                                           const loom_bf16 *out, const float *lse,
+                                                           int B, int T, int H, int KV, int hd) {
+    be->ops->attention_backward_in_bf16(be, dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
 static inline void loom_backend_crossentropy_forward_bf16(const loom_backend *be, float *losses,
                                                           const loom_bf16 *logits,
                                                           const int32_t *targets, int N, int V) {

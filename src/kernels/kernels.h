@@ -70,6 +70,9 @@ void loom_gelu_backward(float *dinp, const float *inp, const float *dout, size_t
  * widened input. */
 void loom_gelu_forward_bf16(float *out, const loom_bf16 *inp, size_t n);
 void loom_gelu_backward_bf16(float *dinp, const loom_bf16 *inp, const float *dout, size_t n);
+/* In place: d = d(input) from d = d(output), bit for bit loom_gelu_backward_bf16 into a
+ * zeroed dinp (the MLP's backward of --precision bf16 needs no second buffer). */
+void loom_gelu_backward_bf16_inplace(float *d, const loom_bf16 *inp, size_t n);
 
 /* ---- SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up ---- */
 void loom_swiglu_forward(float *out, const float *inp, int N, int F);
@@ -143,6 +146,14 @@ void loom_attention_forward(float *out, float *lse, const float *qkv, float *scr
 void loom_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *out, const float *lse, int B, int T, int H, int KV,
                              int hd);
+/* The causal backward from a bf16 qkv and out (--precision bf16 keeps both in bf16): each
+ * (batch, key/value head) task widens its heads' columns into its part of scratch
+ * (loom_attention_scratch_floats_bf16(T, hd) floats) and runs the fp32 arithmetic: bit for
+ * bit loom_attention_backward on the widened tensors. */
+size_t loom_attention_scratch_floats_bf16(int T, int hd);
+void loom_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                  const loom_bf16 *qkv, const loom_bf16 *out, const float *lse,
+                                  int B, int T, int H, int KV, int hd);
 /* Bidirectional (non-causal) attention: the same layout, lse, scratch size
  * (loom_attention_scratch_floats(T)) and grouped-query rule, but every query attends
  * to all T keys of its sample (DiT). One implementation with the causal pair. */

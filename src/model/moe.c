@@ -7,7 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "model/moe_impl.h"
+
+/* A layer's expert activation from row offset off (fp32 or bf16, moe_impl.h). */
+static float *act_f32(const moe_layer *L, size_t off) {
+    return L->act ? L->act + off : NULL;
+}
+static loom_bf16 *act_bf16(const moe_layer *L, size_t off) {
+    return L->act16 ? L->act16 + off : NULL;
+}
+static loom_act act_at(const moe_layer *L, size_t off) {
+    return loom_act_of(act_f32(L, off), act_bf16(L, off));
+}
+static loom_act sh_act(const moe_layer *L) {
+    return loom_act_of(L->sh_act, L->sh_act16);
+}
 
 void *loom_moe_grab(loom_moe *m, size_t bytes) {
     m->bytes += bytes;
@@ -34,6 +49,7 @@ void loom_moe_destroy(loom_moe *m) {
             drop(m, L->row), drop(m, L->load), drop(m, L->kept), drop(m, L->ret);
             free(L->ccnt), free(L->rows);
             drop(m, L->xin), drop(m, L->h), drop(m, L->act), drop(m, L->sh_fc), drop(m, L->sh_act);
+            drop(m, L->act16), drop(m, L->sh_act16);
             drop(m, L->w_dy), drop(m, L->w_dh), drop(m, L->w_dlogits), drop(m, L->w_sh_dy);
             drop(m, L->w_sh_dh);
         }
@@ -116,6 +132,7 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     m->R = (int)R;
     const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
     const size_t Rs = (size_t)R;
+    const int a16 = loom_backend_bf16_activations(m->be); /* the experts' act in bf16 */
     /* Indexed by the table's blocks (a pipeline stage holds some layers). */
     m->layers = calloc((size_t)table->n_layer, sizeof *m->layers);
     int ok = m->layers != NULL;
@@ -129,13 +146,19 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         L->kept = loom_moe_grab(m, E * 4);
         L->ret = loom_moe_grab(m, NK * C * 4);
         L->xin = loom_moe_grab(m, Rs * C * 4), L->h = loom_moe_grab(m, Rs * FC * 4);
-        L->act = loom_moe_grab(m, Rs * F * 4);
+        if (a16)
+            L->act16 = loom_moe_grab(m, Rs * F * 2);
+        else
+            L->act = loom_moe_grab(m, Rs * F * 4);
         ok = L->idx && L->pos && L->w && L->probs && L->lse && L->row && L->load && L->kept &&
-             L->ret && L->xin && L->h && L->act;
+             L->ret && L->xin && L->h && (L->act || L->act16);
         if (ok && cfg->shared_expert) {
             L->sh_fc = loom_moe_grab(m, (size_t)N * FC * 4);
-            L->sh_act = loom_moe_grab(m, (size_t)N * F * 4);
-            ok = L->sh_fc && L->sh_act;
+            if (a16)
+                L->sh_act16 = loom_moe_grab(m, (size_t)N * F * 2);
+            else
+                L->sh_act = loom_moe_grab(m, (size_t)N * F * 4);
+            ok = L->sh_fc && (L->sh_act || L->sh_act16);
         }
     }
     if (ok) {
@@ -234,7 +257,8 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
             loom_moe_ffn_forward(m, &e, p, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
-                                 L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C, rows);
+                                 act_f32(L, (size_t)r0 * m->F), act_bf16(L, (size_t)r0 * m->F),
+                                 m->ex + (size_t)r0 * C, rows);
             st = loom_moe_poke(m, c);
         }
         if (!st) st = loom_moe_combine_start(m, L, c, m->ex, L->ret);
@@ -243,7 +267,7 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     if (st || (st = fin)) return st;
     loom_backend_moe_combine(m->be, out, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     if (m->cfg.shared_expert) {
-        loom_moe_ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, m->send, N);
+        loom_moe_ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, L->sh_act16, m->send, N);
         loom_backend_add(m->be, out, out, m->send, (size_t)N * C);
     }
     return loom_moe_router_losses(m, L);
@@ -270,7 +294,7 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
             loom_moe_ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
-                                  L->act + (size_t)r0 * m->F, m->ex + (size_t)r0 * C,
+                                  act_at(L, (size_t)r0 * m->F), m->ex + (size_t)r0 * C,
                                   m->exd + (size_t)r0 * C, rows,
                                   m->split ? L->w_dy + (size_t)r0 * C : NULL,
                                   m->split ? L->w_dh + (size_t)r0 * m->FC : NULL);
@@ -284,7 +308,7 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
     loom_backend_moe_unpermute_add(m->be, dx, m->send, L->idx, L->row, m->zoffs, N, K, C);
     loom_moe_router_backward_into(m, L, k, p, g, x, dx);
     if (m->cfg.shared_expert)
-        loom_moe_ffn_backward(m, &k->shared, p, g, x, L->sh_fc, L->sh_act, dy, dx, N, L->w_sh_dy,
+        loom_moe_ffn_backward(m, &k->shared, p, g, x, L->sh_fc, sh_act(L), dy, dx, N, L->w_sh_dy,
                               L->w_sh_dh);
     return LOOM_OK;
 }
@@ -300,13 +324,13 @@ void loom_moe_backward_weight(loom_moe *m, int layer, float *g, const float *x) 
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
-            loom_moe_ffn_weight(m, &e, g, L->xin + (size_t)r0 * C, L->act + (size_t)r0 * F,
+            loom_moe_ffn_weight(m, &e, g, L->xin + (size_t)r0 * C, act_at(L, (size_t)r0 * F),
                                 L->w_dy + (size_t)r0 * C, L->w_dh + (size_t)r0 * FC, rows);
         }
     loom_linear_backward(m->be, NULL, LOOM_DX_SET, L->w_dlogits, NULL, g + k->gate_w, NULL, x, m->N,
                          m->C, m->E);
     if (m->cfg.shared_expert)
-        loom_moe_ffn_weight(m, &k->shared, g, x, L->sh_act, L->w_sh_dy, L->w_sh_dh, m->N);
+        loom_moe_ffn_weight(m, &k->shared, g, x, sh_act(L), L->w_sh_dy, L->w_sh_dh, m->N);
 }
 
 double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {

@@ -32,6 +32,10 @@ typedef struct {
     int32_t *rows;         /* [chunks][ep][EL] rows received from source s for local expert j */
     float *xin, *h, *act;  /* expert side, expert-major: [R, C], [R, FC], [R, F] */
     float *sh_fc, *sh_act; /* shared expert: [N, FC], [N, F] */
+    /* act and sh_act kept in bf16 instead (then those two are NULL) when the backend keeps
+     * the activations only bf16 GEMMs read in bf16 (loom_backend_bf16_activations): the proj
+     * GEMM and its weight gradient are their only readers (docs/precision.md) */
+    loom_bf16 *act16, *sh_act16;
     double aux, zsum;
     double *gload; /* context parallelism: [2E] loads and probability sums over the cp group */
     int dropped;
@@ -97,12 +101,14 @@ int loom_moe_expert_rows(const loom_moe *m, const moe_layer *L, int c, int j, in
 
 /* ---- moe_experts.c: the feed-forward experts ---- */
 loom_expert_params loom_moe_local_expert(const loom_block_params *k, int j);
+/* act: the activation kept in fp32, or (act NULL) in bf16 in act16, computed through the
+ * backward scratch m->dact (free in forward) and rounded once. */
 void loom_moe_ffn_forward(const loom_moe *m, const loom_expert_params *e, const float *p,
-                          const float *x, float *h, float *act, float *y, int n);
+                          const float *x, float *h, float *act, loom_bf16 *act16, float *y, int n);
 void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, const float *x,
-                         const float *act, const float *dy, const float *dh, int n);
+                         loom_act act, const float *dy, const float *dh, int n);
 void loom_moe_ffn_backward(loom_moe *m, const loom_expert_params *e, const float *p, float *g,
-                           const float *x, const float *h, const float *act, const float *dy,
-                           float *dx, int n, float *keep_dy, float *keep_dh);
+                           const float *x, const float *h, loom_act act, const float *dy, float *dx,
+                           int n, float *keep_dy, float *keep_dh);
 
 #endif

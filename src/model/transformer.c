@@ -74,6 +74,19 @@ static void carve_block(const loom_model *m, const dims *d, loom_carver *cv, loo
         loom_carve_kept(cv, h && mlp, mlp * d->F, &a->act, &a->act_bf16);
 }
 
+/* --precision bf16 with qkv, attention's output and the MLP's pre-activation kept in bf16
+ * (docs/precision.md): the fp32 scratch dqkv, datt, dfc and dact is one region, each
+ * phase's pieces at their own offsets. Forward: qkv's and att's fp32 values before their
+ * rounding (dqkv at 0, datt after it), then fc's, then the activation's (at 0: fc is read
+ * from its bf16 copy). The MLP's backward: d(act) at 0, d(fc) after it, or in place for
+ * GELU. Attention's backward: d(att) and d(qkv) where forward had them, reading the kept
+ * bf16 qkv and att directly (no widened copies). Not with context parallelism (its
+ * attention reads fp32 qkv), nor selective recomputation (att is one fp32 buffer there). */
+static int shared_scratch(const loom_model *m) {
+    return loom_model_keep_bf16_pre(m) && !loom_model_cp_on(m) && !m->recompute_selective &&
+           loom_backend_bf16_shared_scratch(m->be);
+}
+
 static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     const dims d = dims_of(m, sequence_parallel);
     const size_t N = (size_t)d.N, Ns = (size_t)d.Ns, C = d.C, F = d.F;
@@ -115,16 +128,26 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->losses = loom_carve(cv, N);
     m->dres = loom_carve(cv, Ns * C);
     m->dnorm = loom_carve(cv, N * C);
-    m->dqkv = loom_carve(cv, N * QKV);
-    m->datt = loom_carve(cv, N * A);
-    /* qkv kept in bf16: attention's backward reads it widened into dfc (free by then) */
-    m->dfc = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && QKV > FC ? QKV : FC));
-    /* att kept in bf16: attention's backward reads it widened into dact (free by then) */
-    m->dact = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && A > F ? A : F));
+    if (shared_scratch(m)) { /* one region, phase by phase (shared_scratch) */
+        const int inplace = is_gpt2(m) && FC == F && !m->split_backward;
+        const size_t mlp = inplace ? F : F + FC, att = QKV + A;
+        float *u = loom_carve(cv, N * (mlp > att ? mlp : att));
+        m->dqkv = u, m->datt = u ? u + N * QKV : NULL;
+        m->dact = u, m->dfc = u ? (inplace ? u : u + N * F) : NULL;
+    } else {
+        m->dqkv = loom_carve(cv, N * QKV);
+        m->datt = loom_carve(cv, N * A);
+        /* qkv kept in bf16: attention's backward reads it widened into dfc (free by then) */
+        m->dfc = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && QKV > FC ? QKV : FC));
+        /* att kept in bf16: attention's backward reads it widened into dact (free by then) */
+        m->dact = loom_carve(cv, N * (loom_model_keep_bf16_pre(m) && A > F ? A : F));
+    }
     m->full = sequence_parallel && d.tp > 1 ? loom_carve(cv, N * C) : NULL;
     m->moe_full =
         sequence_parallel && d.tp > 1 && m->cfg.n_experts > 0 ? loom_carve(cv, N * C) : NULL;
-    m->att_scratch = loom_carve(cv, loom_model_attention_scratch_floats(m, d.H));
+    m->att_scratch = loom_carve(
+        cv, shared_scratch(m) ? loom_backend_attention_scratch_floats_bf16(m->be, m->T, d.hd)
+                              : loom_model_attention_scratch_floats(m, d.H));
 }
 
 static size_t lm_plan_bytes(const loom_model *m, int sequence_parallel) {
@@ -192,6 +215,26 @@ static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
     else
         loom_backend_swiglu_forward(m->be, act, a->fc, d->N, d->F);
     loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
+}
+
+/* d(fc) into dfc from d(act) in m->dact: GELU or SwiGLU backward (in place for GELU in the
+ * shared scratch, where dfc is m->dact: shared_scratch). */
+static void mlp_activation_backward(loom_model *m, const dims *d, const loom_block_acts *a,
+                                    float *dfc) {
+    const size_t n = (size_t)d->N * d->F;
+    if (dfc == m->dact) {
+        loom_backend_gelu_backward_in_bf16_inplace(m->be, dfc, a->fc_bf16, n);
+        return;
+    }
+    loom_backend_memset(m->be, dfc, 0, (size_t)d->N * d->FC * sizeof(float));
+    if (a->fc_bf16 && is_gpt2(m))
+        loom_backend_gelu_backward_in_bf16(m->be, dfc, a->fc_bf16, m->dact, n);
+    else if (a->fc_bf16)
+        loom_backend_swiglu_backward_in_bf16(m->be, dfc, m->dact, a->fc_bf16, d->N, d->F);
+    else if (is_gpt2(m))
+        loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, n);
+    else
+        loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, d->N, d->F);
 }
 
 /* Block l (local index) from input x; its output is m->blocks[l].res2. No hooks: the
@@ -420,15 +463,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     } else if (!(st = loom_model_row_backward(
                      m, m->dres, p + k->proj_w, g + k->proj_w, loom_at(g, k->proj_b),
                      loom_act_of(a->act, a->act_bf16), d.F, m->dact, a->d_res2))) {
-        loom_backend_memset(m->be, dfc, 0, (size_t)N * d.FC * sizeof(float));
-        if (a->fc_bf16 && is_gpt2(m))
-            loom_backend_gelu_backward_in_bf16(m->be, dfc, a->fc_bf16, m->dact, (size_t)N * d.F);
-        else if (a->fc_bf16)
-            loom_backend_swiglu_backward_in_bf16(m->be, dfc, m->dact, a->fc_bf16, N, d.F);
-        else if (is_gpt2(m))
-            loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, (size_t)N * d.F);
-        else
-            loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, N, d.F);
+        mlp_activation_backward(m, &d, a, dfc);
         st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, loom_at(g, k->fc_b),
                                         loom_act_of(a->norm2, a->norm2_bf16), d.FC, &dn);
     }
@@ -440,7 +475,11 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
                                      loom_at(g, k->attn_out_b), loom_act_of(a->att, a->att_bf16),
                                      d.A, m->datt, a->d_res1);
     }
-    if (!st) {
+    if (!st && shared_scratch(m)) { /* reading the kept bf16 qkv and att */
+        loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
+        loom_backend_attention_backward_in_bf16(m->be, dqkv, m->att_scratch, m->datt, a->qkv_bf16,
+                                                a->att_bf16, a->lse, m->B, m->T, d.H, d.KV, hd);
+    } else if (!st) {
         /* kept in bf16: qkv widened into dfc and att into dact (the MLP's backward is done
          * with both) */
         const float *qkv = a->qkv, *att = a->att;

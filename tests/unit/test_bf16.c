@@ -229,12 +229,58 @@ static void test_swiglu_bf16_input(void **state) {
     free(x), free(h), free(out), free(out32), free(dy), free(dx), free(dx32), free(rout), free(rdx);
 }
 
+/* In place: d = d(input) from d = d(output), bit for bit the accumulation into zero (signed
+ * zeros included). */
+static void test_gelu_bf16_inplace(void **state) {
+    (void)state;
+    tk_reseed(33);
+    const size_t n = 1003;
+    loom_bf16 *h;
+    float *x = rand_bf16(&h, n, 6), *dy = tk_rand(n, 1), *ref = tk_alloc(n);
+    dy[0] = -0.0f, dy[1] = 0.0f, x[2] = 0.0f;
+    h[2] = 0x8000; /* -0 input */
+    float *d = tk_copy(dy, n);
+    memset(ref, 0, n * sizeof *ref);
+    loom_gelu_backward_bf16(ref, h, dy, n);
+    loom_gelu_backward_bf16_inplace(d, h, n);
+    assert_memory_equal(d, ref, n * sizeof *d);
+    free(x), free(h), free(dy), free(ref), free(d);
+}
+
+/* The causal backward from bf16 qkv and out: bit for bit the fp32 kernel on the widened
+ * tensors (which tests/unit/test_kernels_attention.c checks against float64), with GQA, a tail
+ * past the 64-row block and accumulation into a non-zero dqkv. */
+static void test_attention_backward_bf16(void **state) {
+    (void)state;
+    tk_reseed(34);
+    const int B = 2, T = 70, H = 4, KV = 2, hd = 8;
+    const size_t nq = (size_t)B * T * (H + 2 * KV) * hd, no = (size_t)B * T * H * hd;
+    loom_bf16 *hq, *ho = malloc(no * sizeof *ho);
+    float *qkv = rand_bf16(&hq, nq, 1), *out = tk_alloc(no), *lse = tk_alloc((size_t)B * H * T);
+    float *s32 = tk_alloc(loom_attention_scratch_floats(T));
+    float *s16 = tk_alloc(loom_attention_scratch_floats_bf16(T, hd));
+    assert_non_null(ho);
+    loom_attention_forward(out, lse, qkv, s32, B, T, H, KV, hd);
+    loom_bf16_from_f32_n(ho, out, no); /* out kept in bf16, as the model does */
+    loom_bf16_to_f32_n(out, ho, no);
+    float *dout = tk_rand(no, 1), *d32 = tk_rand(nq, 1), *d16 = tk_copy(d32, nq);
+    loom_attention_backward(d32, s32, dout, qkv, out, lse, B, T, H, KV, hd);
+    loom_attention_backward_bf16(d16, s16, dout, hq, ho, lse, B, T, H, KV, hd);
+    assert_memory_equal(d16, d32, nq * sizeof *d16);
+    free(hq), free(ho), free(qkv), free(out), free(lse), free(s32), free(s16), free(dout),
+        free(d32), free(d16);
+}
+
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_corner_cases),      cmocka_unit_test(test_random_against_float64),
-        cmocka_unit_test(test_stochastic),        cmocka_unit_test(test_gelu_bf16_input),
+        cmocka_unit_test(test_corner_cases),
+        cmocka_unit_test(test_random_against_float64),
+        cmocka_unit_test(test_stochastic),
+        cmocka_unit_test(test_gelu_bf16_input),
         cmocka_unit_test(test_swiglu_bf16_input),
+        cmocka_unit_test(test_gelu_bf16_inplace),
+        cmocka_unit_test(test_attention_backward_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,14 +117,15 @@ void loom_attention_bidir_forward(float *out, float *lse, const float *qkv, floa
 }
 
 /* Given S (scaled scores) in P and dP = dO V^T: P = exp(S - lse) and
- * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian). */
+ * dS = scale * P * (dP - D) with D_i = dot(dO_i, O_i) (the softmax Jacobian); dO's rows
+ * have stride dOC, O's stride OC. */
 LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *lse,
-                                            const float *dout, const float *out, size_t OC, int T,
-                                            int hd, float scale, int causal) {
+                                            const float *dout, size_t dOC, const float *out,
+                                            size_t OC, int T, int hd, float scale, int causal) {
     for (int i = 0; i < T; i++) {
         float *restrict p = P + (size_t)i * T;
         float *restrict dp = dP + (size_t)i * T;
-        const float *restrict dy = dout + i * OC;
+        const float *restrict dy = dout + i * dOC;
         const float *restrict y = out + i * OC;
         double D = 0.0;
         for (int c = 0; c < hd; c++) D += (double)dy[c] * y[c];
@@ -138,37 +139,57 @@ LOOM_SIMD static void softmax_backward_rows(float *P, float *dP, const float *ls
     }
 }
 
+/* What backward of one (batch, query head) writes and reads besides Q, K, V: its dQ and its
+ * group's dK, dV (rows of stride dR), dO (stride dOC) and O (stride OC). */
+typedef struct {
+    float *dq, *dk, *dv;
+    size_t dR;
+    const float *dy, *y;
+    size_t dOC, OC;
+} grad_view;
+
+/* Backward of one (batch, query head) on views; accumulates into dQ, dK, dV. */
+static void backward_head_view(const attn_view *a, const grad_view *g, float *P, float *dS,
+                               const float *lse, int T, int hd, float scale, int causal) {
+    const int R = (int)a->R, dR = (int)g->dR, dOC = (int)g->dOC;
+    scores(P, a, T, hd, scale, causal);
+    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) { /* dP = dO V^T */
+        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, c1, hd, 1.0f,
+                    g->dy + r0 * g->dOC, dOC, a->v, R, 0.0f, dS + (size_t)r0 * T, T);
+    }
+    softmax_backward_rows(P, dS, lse, g->dy, g->dOC, g->y, g->OC, T, hd, scale, causal);
+    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) {
+        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal), rb = r1 - r0;
+        const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
+        /* dV[0:c1] += P_blk^T dO_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, Pb, T,
+                    g->dy + r0 * g->dOC, dOC, 1.0f, g->dv, dR);
+        /* dQ_blk += dS_blk K[0:c1] (scale already folded into dS) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, c1, 1.0f, dSb, T, a->k, R,
+                    1.0f, g->dq + r0 * g->dR, dR);
+        /* dK[0:c1] += dS_blk^T Q_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, dSb, T,
+                    a->q + r0 * a->R, R, 1.0f, g->dk, dR);
+    }
+}
+
 /* Backward of one (batch, query head); accumulates into its dQ and its group's dK, dV. */
 static void backward_head(float *dqkv, float *P, float *dS, const float *dout, const float *qkv,
                           const float *out, const float *lse, int b, int h, int T, int H, int KV,
                           int hd, float scale, int causal) {
     attn_view a = attn_view_make(qkv, b, h, T, H, KV, hd);
     /* The same offsets applied to dqkv give the gradient slices. */
-    float *dq = dqkv + (a.q - qkv), *dk = dqkv + (a.k - qkv), *dv = dqkv + (a.v - qkv);
     size_t ooff = (size_t)b * T * a.OC + (size_t)h * hd;
-    const float *dy = dout + ooff;
-    int R = (int)a.R, OC = (int)a.OC;
-    scores(P, &a, T, hd, scale, causal);
-    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) { /* dP = dO V^T */
-        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, c1, hd, 1.0f, dy + r0 * a.OC,
-                    OC, a.v, R, 0.0f, dS + (size_t)r0 * T, T);
-    }
-    softmax_backward_rows(P, dS, lse + ((size_t)b * H + h) * T, dy, out + ooff, a.OC, T, hd, scale,
-                          causal);
-    for (int r0 = 0; r0 < T; r0 += row_block(T, causal)) {
-        int r1 = block_rows_end(r0, T, causal), c1 = block_end(r0, T, causal), rb = r1 - r0;
-        const float *Pb = P + (size_t)r0 * T, *dSb = dS + (size_t)r0 * T;
-        /* dV[0:c1] += P_blk^T dO_blk */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, Pb, T,
-                    dy + r0 * a.OC, OC, 1.0f, dv, R);
-        /* dQ_blk += dS_blk K[0:c1] (scale already folded into dS) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hd, c1, 1.0f, dSb, T, a.k, R,
-                    1.0f, dq + r0 * a.R, R);
-        /* dK[0:c1] += dS_blk^T Q_blk */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1, hd, rb, 1.0f, dSb, T,
-                    a.q + r0 * a.R, R, 1.0f, dk, R);
-    }
+    grad_view g = {.dq = dqkv + (a.q - qkv),
+                   .dk = dqkv + (a.k - qkv),
+                   .dv = dqkv + (a.v - qkv),
+                   .dR = a.R,
+                   .dy = dout + ooff,
+                   .y = out + ooff,
+                   .dOC = a.OC,
+                   .OC = a.OC};
+    backward_head_view(&a, &g, P, dS, lse + ((size_t)b * H + h) * T, T, hd, scale, causal);
 }
 
 static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -195,4 +216,49 @@ void loom_attention_bidir_backward(float *dqkv, float *scratch, const float *dou
                                    const float *out, const float *lse, int B, int T, int H, int KV,
                                    int hd) {
     attention_backward(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd, 0);
+}
+
+/* ---- bf16 qkv and output (--precision bf16 keeps them in bf16: docs/precision.md) ---- */
+
+size_t loom_attention_scratch_floats_bf16(int T, int hd) {
+    return ((size_t)2 * T * T + (size_t)4 * T * hd) * (size_t)omp_get_max_threads();
+}
+
+/* cols [c0, c0 + hd) of T rows of stride R (bf16) into dst[T, ld] at column d0, widened. */
+static void widen_cols(float *dst, size_t ld, int d0, const loom_bf16 *src, size_t R, int c0, int T,
+                       int hd) {
+    for (int t = 0; t < T; t++) loom_bf16_to_f32_n(dst + t * ld + d0, src + t * R + c0, (size_t)hd);
+}
+
+void loom_attention_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                  const loom_bf16 *qkv, const loom_bf16 *out, const float *lse,
+                                  int B, int T, int H, int KV, int hd) {
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    const int group = H / KV;
+    const size_t R = (size_t)(H + 2 * KV) * hd, OC = (size_t)H * hd, W = (size_t)4 * hd;
+    const size_t per_thread = (size_t)2 * T * T + (size_t)4 * T * hd;
+#pragma omp parallel for schedule(dynamic)
+    for (int bg = 0; bg < B * KV; bg++) {
+        const int b = bg / KV, kv = bg % KV;
+        float *P = scratch + per_thread * omp_get_thread_num(), *dS = P + (size_t)T * T;
+        float *w = dS + (size_t)T * T; /* [T, 4 hd]: q | k | v | o of one query head */
+        const loom_bf16 *base = qkv + (size_t)b * T * R;
+        float *dbase = dqkv + (size_t)b * T * R;
+        widen_cols(w, W, hd, base, R, (H + kv) * hd, T, hd);
+        widen_cols(w, W, 2 * hd, base, R, (H + KV + kv) * hd, T, hd);
+        const attn_view a = {.q = w, .k = w + hd, .v = w + 2 * hd, .R = W, .OC = W};
+        for (int h = kv * group; h < (kv + 1) * group; h++) {
+            widen_cols(w, W, 0, base, R, h * hd, T, hd);
+            widen_cols(w, W, 3 * hd, out + (size_t)b * T * OC, OC, h * hd, T, hd);
+            const grad_view g = {.dq = dbase + (size_t)h * hd,
+                                 .dk = dbase + (size_t)(H + kv) * hd,
+                                 .dv = dbase + (size_t)(H + KV + kv) * hd,
+                                 .dR = R,
+                                 .dy = dout + (size_t)b * T * OC + (size_t)h * hd,
+                                 .y = w + 3 * hd,
+                                 .dOC = OC,
+                                 .OC = W};
+            backward_head_view(&a, &g, P, dS, lse + ((size_t)b * H + h) * T, T, hd, scale, 1);
+        }
+    }
 }

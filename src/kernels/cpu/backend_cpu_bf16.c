@@ -269,6 +269,25 @@ static void widen_bf16(const loom_backend *be, float *dst, const loom_bf16 *src,
     loom_bf16_to_f32_n(dst, src, n);
 }
 
+static void gelu_backward_in_bf16_inplace(const loom_backend *be, float *d, const loom_bf16 *inp,
+                                          size_t n) {
+    (void)be;
+    loom_gelu_backward_bf16_inplace(d, inp, n);
+}
+
+static size_t attention_scratch_floats_bf16(const loom_backend *be, int T, int hd) {
+    (void)be;
+    return loom_attention_scratch_floats_bf16(T, hd);
+}
+
+static void attention_backward_in_bf16(const loom_backend *be, float *dqkv, float *scratch,
+                                       const float *dout, const loom_bf16 *qkv,
+                                       const loom_bf16 *out, const float *lse, int B, int T, int H,
+                                       int KV, int hd) {
+    (void)be;
+    loom_attention_backward_bf16(dqkv, scratch, dout, qkv, out, lse, B, T, H, KV, hd);
+}
+
 static loom_backend_ops bf16_ops;
 
 /* The ops that decide which activations the model keeps in bf16 (loom_backend_bf16_
@@ -285,6 +304,9 @@ static void set_activation_ops(loom_backend_ops *o) {
     o->swiglu_forward_in_bf16 = keep_fp32 ? NULL : swiglu_forward_in_bf16;
     o->swiglu_backward_in_bf16 = keep_fp32 ? NULL : swiglu_backward_in_bf16;
     o->widen_bf16 = keep_fp32 ? NULL : widen_bf16;
+    o->gelu_backward_in_bf16_inplace = keep_fp32 ? NULL : gelu_backward_in_bf16_inplace;
+    o->attention_scratch_floats_bf16 = keep_fp32 ? NULL : attention_scratch_floats_bf16;
+    o->attention_backward_in_bf16 = keep_fp32 ? NULL : attention_backward_in_bf16;
     o->linear_forward_out_bf16 = linear_forward_out_bf16;
     o->linear_backward_input_dbf16 = linear_backward_input_dbf16;
     o->linear_backward_weight_dbf16 = linear_backward_weight_dbf16;

@@ -19,18 +19,22 @@
 
 /* d/dx: 0.5 (1 + tanh u) + 0.5 x sech^2(u) u', with 1 - tanh^2 = 4 sig (1 - sig); e * sig
  * is 1 - sig without cancellation */
-#define GELU_BACKWARD_BODY(LOAD)                                                                   \
+#define GELU_BACKWARD_BODY(LOAD, STORE)                                                            \
     for (size_t i = lo; i < hi; i++) {                                                             \
         float x = LOAD(i);                                                                         \
         float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);                                     \
         float e = loom_expf(-2.0f * u);                                                            \
         float sig = 1.0f / (1.0f + e), one_minus_sig = e * sig;                                    \
         float du = LOOM_GELU_S * (1.0f + 3.0f * LOOM_GELU_K * x * x);                              \
-        dinp[i] += (sig + 2.0f * x * sig * one_minus_sig * du) * dout[i];                          \
+        STORE(i, sig + 2.0f * x * sig * one_minus_sig * du);                                       \
     }
 
 #define LOAD_F32(i) inp[i]
 #define LOAD_BF16(i) loom_bf16_to_f32(inp[i])
+/* dinp += local * dout, or in place on a zeroed dinp: d = 0 + local * d (the same
+ * expression as the accumulation into zero, so the same bits) */
+#define STORE_ADD(i, local) dinp[i] += (local)*dout[i]
+#define STORE_SET(i, local) d[i] = 0.0f + (local)*d[i]
 
 LOOM_SIMD static void gelu_forward_range(float *restrict out, const float *restrict inp, size_t lo,
                                          size_t hi) {
@@ -39,7 +43,7 @@ LOOM_SIMD static void gelu_forward_range(float *restrict out, const float *restr
 
 LOOM_SIMD static void gelu_backward_range(float *restrict dinp, const float *restrict inp,
                                           const float *restrict dout, size_t lo, size_t hi) {
-    GELU_BACKWARD_BODY(LOAD_F32);
+    GELU_BACKWARD_BODY(LOAD_F32, STORE_ADD);
 }
 
 LOOM_SIMD static void gelu_forward_range_bf16(float *restrict out, const loom_bf16 *restrict inp,
@@ -49,7 +53,13 @@ LOOM_SIMD static void gelu_forward_range_bf16(float *restrict out, const loom_bf
 
 LOOM_SIMD static void gelu_backward_range_bf16(float *restrict dinp, const loom_bf16 *restrict inp,
                                                const float *restrict dout, size_t lo, size_t hi) {
-    GELU_BACKWARD_BODY(LOAD_BF16);
+    GELU_BACKWARD_BODY(LOAD_BF16, STORE_ADD);
+}
+
+LOOM_SIMD static void gelu_backward_range_bf16_inplace(float *restrict d,
+                                                       const loom_bf16 *restrict inp, size_t lo,
+                                                       size_t hi) {
+    GELU_BACKWARD_BODY(LOAD_BF16, STORE_SET);
 }
 
 void loom_gelu_forward(float *out, const float *inp, size_t n) {
@@ -85,5 +95,14 @@ void loom_gelu_backward_bf16(float *dinp, const loom_bf16 *inp, const float *dou
         size_t lo, hi;
         loom_thread_range(n, &lo, &hi);
         gelu_backward_range_bf16(dinp, inp, dout, lo, hi);
+    }
+}
+
+void loom_gelu_backward_bf16_inplace(float *d, const loom_bf16 *inp, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        loom_thread_range(n, &lo, &hi);
+        gelu_backward_range_bf16_inplace(d, inp, lo, hi);
     }
 }
