@@ -210,6 +210,10 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
     if (p && (st = loom_plan_step_time(mc, tc, p, &place, &c.time, err))) return st;
     char flags[512];
     loom_plan_layout_flags(tc, flags, sizeof flags);
+    /* what cp sends per step (a GPU profile: its backend sends fp32) */
+    double cp16 = 0, cp32 = 0;
+    const int gpu = p && loom_profile_memory_bytes(p, 2) >= loom_profile_memory_bytes(p, 1);
+    if ((st = loom_plan_cp_messages(mc, tc, gpu, &cp16, &cp32, err))) return st;
     if (json) {
         json_t *o = loom_plan_candidate_json(mc, &c, p != NULL), *stages = json_array();
         for (int s = 0; s < tc->layout.pp && !st; s++) {
@@ -222,6 +226,11 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
             json_array_append_new(stages, x);
         }
         json_object_set_new(o, "stages", stages);
+        if (tc->layout.cp > 1) {
+            json_object_set_new(o, "cp_message_bytes", json_real(cp16 + cp32));
+            json_object_set_new(o, "cp_message_bytes_bf16", json_real(cp16));
+            json_object_set_new(o, "cp_message_bytes_fp32", json_real(cp32));
+        }
         if (p && mc->family == LOOM_FAMILY_VLM && tc->layout.pp > 1)
             json_object_set_new(o, "vision_schedule",
                                 vision_placements(mc, tc, p, &place, &c.time, 0));
@@ -239,6 +248,10 @@ loom_status loom_plan_explain(const loom_model_config *mc, const loom_train_conf
                loom_family_name(mc->family), parameters_of(mc), flags, world, place.ranks_per_node,
                p ? ", profile '" : "", p ? loom_profile_name(p) : "", p ? "'" : "");
         print_memory(mc, tc, &c.mem, c.mem_stage, stdout);
+        if (tc->layout.cp > 1)
+            printf("  context-parallel messages: %.0f bytes sent per step by rank 0 (%.0f in bf16, "
+                   "%.0f in fp32)\n",
+                   cp16 + cp32, cp16, cp32);
         if (p && mc->n_experts > 0)
             printf("routing: the busiest expert at %.3fx the mean load%s\n",
                    moe_load_max > 1 ? moe_load_max : 1.0,

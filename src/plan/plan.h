@@ -85,6 +85,15 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
                                 const loom_profile *p, const loom_plan_placement *place,
                                 loom_plan_time *out, loom_error *err);
 
+/* Context parallelism's messages per training step (plan/cp_messages.c): the bytes rank 0
+ * sends (the ring's K/V blocks and dK/dV shares, Ulysses' all-to-alls' shares for the other
+ * ranks), as the run's end line counts them, by wire type: the K/V blocks, qkv and the
+ * attention output in bf16 under --precision bf16 (not the DiT; gpu: a GPU backend, which
+ * sends fp32), the rest fp32. Zeros without --cp. Evaluation passes (the run's line counts
+ * them too) are not included. */
+loom_status loom_plan_cp_messages(const loom_model_config *mc, const loom_train_config *tc, int gpu,
+                                  double *bf16, double *fp32, loom_error *err);
+
 /* ---- the search (plan/search.c) ---- */
 
 /* One layout and what the planner says of it. */

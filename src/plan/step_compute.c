@@ -61,6 +61,7 @@ shapes loom_price_shapes(const loom_model_config *mc, const loom_train_config *t
         d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
         d.cp_chunks = d.cp_ring ? 2 : 1; /* the ring's zigzag split */
         d.cp_chunk = d.T / d.cp_chunks;
+        d.cp_bf16 = strcmp(tc->precision, "bf16") == 0 && mc->family != LOOM_FAMILY_DIT;
     }
     if (mc->family == LOOM_FAMILY_VLM) {
         d.vlm = 1;
@@ -119,6 +120,14 @@ static double rope(pricer *q, const shapes *d) {
     return d->gpt2 ? 0 : bytes_ms(q, 8 * d->N * (d->H + d->KV) * d->hd);
 }
 
+/* Bytes an element of the cp messages that carry bf16 values (the ring's K/V blocks,
+ * Ulysses' qkv and output all-to-alls): 2 under --precision bf16 on the CPU's bf16 backend
+ * (the one that rounds qkv: cp/cp.h's bf16_qkv), 4 otherwise; dK/dV, d(out) and dqkv are
+ * fp32. */
+static double cp_wire(const pricer *q, const shapes *d) {
+    return d->cp_bf16 && q->cpu ? 2 : 4;
+}
+
 /* Attention on this rank: the causal kernel, or context parallelism's (ring: the zigzag
  * blocks, each step's key/value transfer hidden behind the block it overlaps; Ulysses:
  * all-to-alls around the whole-sequence kernel on H/cp heads). */
@@ -133,9 +142,11 @@ static cost attention_cost(pricer *q, const shapes *d, int backward) {
     if (!d->cp_ring) {
         const double T = d->T * d->cp, h = d->B * d->H / d->cp;
         c.compute = attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, h, T, d->hd);
-        /* qkv to heads, the output back (backward: the gradients the same way) */
-        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->QKV) +
-               coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, 4 * d->N * d->A);
+        /* qkv to heads, the output back (backward: the gradients the same way, fp32;
+         * forward's qkv and output travel as bf16 under --precision bf16) */
+        const double w = backward ? 4 : cp_wire(q, d);
+        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, w * d->N * d->QKV) +
+               coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, w * d->N * d->A);
         return c;
     }
     /* The ring's zigzag: of the 2cp chunks' causal (chunk x chunk) blocks, each rank holds
@@ -148,8 +159,9 @@ static cost attention_cost(pricer *q, const shapes *d, int backward) {
     const double merge = backward ? 0 : ew(q, LOOM_EW_BLOCK_MERGE, d->N, d->H * d->hd);
     c.compute = full_blocks * block + 2 * diag + (n - 1) * merge;
     /* per step: the next key/value block (backward: and the dK/dV share) in flight */
-    const double kv = 4 * d->N * 2 * d->KV * d->hd;
-    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, d->tp, kv) * (backward ? 2 : 1);
+    const double kv = d->N * 2 * d->KV * d->hd;
+    const double xfer = coll(q, LOOM_COLL_SENDRECV, d->cp, d->tp, cp_wire(q, d) * kv) +
+                        (backward ? coll(q, LOOM_COLL_SENDRECV, d->cp, d->tp, 4 * kv) : 0);
     const double step_compute = c.compute / n;
     c.cp = (n - 1) * (xfer > step_compute ? xfer - step_compute : 0);
     if (backward) c.cp += xfer; /* the last dK/dV share to its owner */

@@ -124,6 +124,7 @@ typedef struct {
     int shared_expert, chunks;
     /* context parallelism */
     int cp_ring, cp_chunks;
+    int cp_bf16; /* --precision bf16, not the DiT: K/V blocks, qkv and out sent as bf16 */
     double cp_chunk;
     /* vlm (model/vlm.c): the encoder and projector run in the first stage's embedding,
      * whole on every tp rank, over NI images of P patch tokens; `freeze` its parts */

@@ -74,9 +74,11 @@ was compared with the plain process; 4.5e-5 with it).
 
 Usage: test_layouts_bf16.py --loom PATH [--seed S]
 """
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -156,6 +158,18 @@ def compare(family, name, got, ref, what):
           f"(<= {TENSOR_TOL:.0e})")
 
 
+def plan_cp_bytes(base, precision, extra):
+    """loom plan --explain's cp_message_bytes (total, bf16, fp32) for the run base + extra."""
+    p = subprocess.run([base[0], "plan"] + base[2:] + ["--n-layer", "2", "--precision", precision,
+                                                       "--explain", " ".join(extra), "--json"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"loom plan exit {p.returncode}: {p.stderr[-500:]}"
+    j = json.loads(p.stdout)
+    return [int(j.get(k, -1)) for k in ("cp_message_bytes", "cp_message_bytes_bf16",
+                                         "cp_message_bytes_fp32")]
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -215,6 +229,12 @@ def main():
                 check(ok, f"{family} {name} bytes sent per step by rank 0: bf16 run "
                       f"{b16.group(0) if b16 else None}{fp32_line}: bf16 messages, half of what "
                       f"fp32 sent for them")
+                # loom plan prices what the run sent: its cp_message_bytes are the line's
+                for prec, line in [("bf16", b16)] + ([("fp32", b32)] if name == "cp2_ring" else []):
+                    planned = plan_cp_bytes(base, prec, extra)
+                    check(line and planned == [int(line.group(i)) for i in (1, 2, 3)],
+                          f"{family} {name} {prec}: loom plan's cp_message_bytes (total, bf16, "
+                          f"fp32) {planned}, the run's line {line.group(0) if line else None}")
             for name, n_layer, bounds, extra in PIPELINES[family]:
                 lay = layouts if n_layer == 2 else Layouts(
                     base + ["--n-layer", str(n_layer), "--precision", "bf16"], tmp,
