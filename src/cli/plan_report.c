@@ -61,6 +61,7 @@ static json_t *memory_json(const loom_plan_memory *m, int stage) {
     B(tp_messages);
     if (m->vision) B(vision);
     B(mpi_temp);
+    B(dp_buffers);
     B(total);
 #undef B
     json_object_set_new(o, "pp_slots", json_integer(m->pp_slots));
@@ -117,6 +118,11 @@ static void print_memory(const loom_model_config *mc, const loom_train_config *t
                 "in flight, %zu floats: the largest gradient partition, or up to 4 MiB of "
                 "smaller ones)\n",
                 m->mpi_temp / MiB, m->mpi_temp / sizeof(float));
+    if (m->dp_buffers)
+        fprintf(f,
+                "loom: data-parallel buffers: %.3f MiB (the embedding gradient's rows gathered "
+                "from every rank; --ep ZeRO's pack and receive buffers)\n",
+                m->dp_buffers / MiB);
     fprintf(f, "loom: memory per rank in all: %.3f MiB\n", m->total / MiB);
     if (m->pp_slots)
         fprintf(f,

@@ -20,6 +20,13 @@ size_t loom_embed_grad_wte_end(const loom_param_table *t, int ranks) {
     return w < 0 ? 0 : t->params[w].numel;
 }
 
+size_t loom_embed_grad_buffer_bytes(const loom_param_table *t, int ranks, int n_tokens) {
+    const int w = split_wte(t, ranks);
+    if (w < 0) return 0;
+    const size_t slot = (size_t)n_tokens * ((size_t)t->params[w].shape[1] + 1);
+    return (size_t)ranks * (slot * sizeof(float) + 2 * sizeof(int));
+}
+
 loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,
                                  int n_tokens, int seq_len, loom_error *err) {
     memset(eg, 0, sizeof *eg);

@@ -36,6 +36,10 @@ typedef struct {
 /* The dense wte range's end [0, wte_end) loom_embed_grad_plan would set for this table
  * over `ranks` (0: no split), without allocating (sizing). */
 size_t loom_embed_grad_wte_end(const loom_param_table *t, int ranks);
+/* The bytes loom_embed_grad_plan allocates for this table over `ranks` with micro-batches of
+ * n_tokens (0: no split): every rank's token ids and d(embedding) rows, gathered in one
+ * buffer, and the all-gather's counts and displacements. */
+size_t loom_embed_grad_buffer_bytes(const loom_param_table *t, int ranks, int n_tokens);
 /* Enables the split when it applies (ranks > 1, wte first in the flat buffer and not
  * split by tensor parallelism, vocabulary < 2^24); otherwise leaves eg disabled. */
 loom_status loom_embed_grad_plan(loom_embed_grad *eg, const loom_param_table *t, int ranks,

@@ -94,20 +94,35 @@ loom_status loom_ep_zero_size(loom_zero *z, loom_comm *edp, loom_error *err) {
     return LOOM_OK;
 }
 
+/* The pack buffer's floats: the larger segment's. */
+static size_t pack_floats(const loom_ep_zero *e) {
+    const size_t most = e->seg[0].total > e->seg[1].total ? e->seg[0].total : e->seg[1].total;
+    return most ? most : 1;
+}
+
+/* The receive buffer's floats (stages >= 2): the larger of this rank's two shards. */
+static size_t recv_floats(const loom_ep_zero *e) {
+    size_t mine = 0;
+    for (int k = 0; k < 2; k++)
+        mine = e->seg[k].hi - e->seg[k].lo > mine ? e->seg[k].hi - e->seg[k].lo : mine;
+    return mine ? mine : 1;
+}
+
+size_t loom_ep_zero_buffer_bytes(const loom_zero *z) {
+    const loom_ep_zero *e = z->experts;
+    if (!e) return 0;
+    return (pack_floats(e) + (e->stage >= 2 ? recv_floats(e) : 0)) * sizeof(float) +
+           2 * (size_t)z->dp->size * sizeof(int);
+}
+
 loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err) {
     const loom_param_table *t = z->table;
     loom_ep_zero *e = ep_shape(z, edp);
     if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "ZeRO with --ep: out of memory");
-    const size_t most = e->seg[0].total > e->seg[1].total ? e->seg[0].total : e->seg[1].total;
-    int ok = (e->pack = malloc((most ? most : 1) * sizeof(float))) &&
+    int ok = (e->pack = malloc(pack_floats(e) * sizeof(float))) &&
              (e->gcounts = calloc((size_t)z->dp->size, sizeof(int))) &&
              (e->gdispls = calloc((size_t)z->dp->size, sizeof(int)));
-    if (ok && e->stage >= 2) {
-        size_t mine = 0;
-        for (int k = 0; k < 2; k++)
-            mine = e->seg[k].hi - e->seg[k].lo > mine ? e->seg[k].hi - e->seg[k].lo : mine;
-        ok = (e->recv = malloc((mine ? mine : 1) * sizeof(float))) != NULL;
-    }
+    if (ok && e->stage >= 2) ok = (e->recv = malloc(recv_floats(e) * sizeof(float))) != NULL;
     /* Full-layout moments: untouched pages of an anonymous mapping are never resident. */
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     e->map_bytes = (t->total * sizeof(float) + page - 1) / page * page;

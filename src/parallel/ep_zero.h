@@ -58,6 +58,10 @@ loom_status loom_ep_zero_attach(loom_zero *z, loom_comm *edp, loom_error *err);
 /* Only the shape loom_ep_zero_attach gives z (the segments, shard_floats), no buffers:
  * for a z of loom_zero_size (sizing a layout: loom plan). */
 loom_status loom_ep_zero_size(loom_zero *z, loom_comm *edp, loom_error *err);
+/* The bytes loom_ep_zero_attach mallocs for z (0 without --ep): the pack buffer of the
+ * larger segment, stages >= 2 the receive buffer of the larger shard, the dp counts and
+ * displacements; the same for a z of loom_ep_zero_size. */
+size_t loom_ep_zero_buffer_bytes(const loom_zero *z);
 /* Called by loom_zero_free: unmaps z->m and z->v. */
 void loom_ep_zero_detach(loom_zero *z);
 

@@ -119,6 +119,8 @@ typedef struct {
     size_t vision;           /* --vision-schedule bubbles: loom_pp_vision_bytes */
     size_t mpi_temp;         /* dp > 1: OpenMPI's temporary of the largest gradient all-reduce */
     size_t tp_messages;      /* --precision bf16, tp > 1: tp/tp.h's bf16 message buffers */
+    size_t dp_buffers;       /* dp > 1: the embedding split's gathered rows, --ep ZeRO's
+                              * pack and receive buffers */
     size_t total;            /* all of the above that is allocated */
 } loom_run_memory;
 void loom_run_memory_collect(const loom_run *r, loom_run_memory *m);

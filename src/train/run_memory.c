@@ -6,6 +6,8 @@
 
 #include "comm/engine.h"
 #include "kernels/backend_bf16.h"
+#include "parallel/embed_grad.h"
+#include "parallel/ep_zero.h"
 #include "train/run.h"
 
 int loom_run_fsdp_release_ends(const loom_run *r) {
@@ -20,7 +22,7 @@ static size_t embed_split_end(const loom_run *r) {
     const loom_zero *z = &r->zero;
     if (r->pipelined || r->mesh->ep.size > 1 || r->mesh->layout.cp > 1 ||
         r->mc->family == LOOM_FAMILY_VLM || z->bucket_floats >= z->total || z->accum_resident ||
-        strcmp(r->tc->grad_reduce_dtype, "bf16") == 0)
+        z->span_on || strcmp(r->tc->grad_reduce_dtype, "bf16") == 0)
         return 0;
     return loom_embed_grad_wte_end(z->table, z->dp->size);
 }
@@ -95,9 +97,17 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
      * backend is the bf16 sizing one, so loom plan counts them as the run holds them) */
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16)
         m->tp_messages = loom_tp_wire_bf16_bytes(&r->tp);
+    /* dp > 1: the embedding split's buffer of every rank's token ids and d(embedding) rows
+     * (parallel/embed_grad.c), --ep ZeRO's pack and receive buffers (parallel/ep_zero.c) */
+    if (r->zero.dp && r->zero.table) {
+        if (embed_split_end(r))
+            m->dp_buffers = loom_embed_grad_buffer_bytes(r->zero.table, r->zero.dp->size,
+                                                         r->tc->micro_batch * r->mc->seq_len);
+        m->dp_buffers += loom_ep_zero_buffer_bytes(&r->zero);
+    }
     m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages +
-               m->vision + m->mpi_temp + m->tp_messages;
+               m->vision + m->mpi_temp + m->tp_messages + m->dp_buffers;
 }
 
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,

@@ -61,6 +61,11 @@ void loom_run_report_startup(const loom_run *r) {
                 "in flight, %zu floats: the largest gradient partition, or up to 4 MiB of "
                 "smaller ones)\n",
                 rm.mpi_temp / MiB, rm.mpi_temp / sizeof(float));
+    if (rm.dp_buffers)
+        fprintf(stderr,
+                "loom: data-parallel buffers: %.3f MiB (the embedding gradient's rows gathered "
+                "from every rank; --ep ZeRO's pack and receive buffers)\n",
+                rm.dp_buffers / MiB);
     fprintf(stderr, "loom: memory per rank in all: %.3f MiB%s\n", rm.total / MiB,
             rm.pp_slots ? " (every micro-batch in flight and the stage's message buffers)" : "");
     if (loom_backend_precision(r->be) == LOOM_PRECISION_BF16) {

@@ -75,6 +75,8 @@ def report(cmd):
     r = RESIDENT.search(p.stderr)
     got["resident"] = float(r.group(1)) * MIB if r else None
     got["after"] = float(r.group(3)) * MIB if r else None
+    b = re.search(r"loom: data-parallel buffers: ([\d.]+) MiB", p.stderr)
+    got["dp_buffers"] = float(b.group(1)) * MIB if b else 0.0
     return int(n.group(1)), got
 
 
@@ -169,6 +171,10 @@ def main():
     print(f"  grads: reported {got['grads'] / MIB:.3f} MiB, expected in [the shard "
           f"{2 * P / MIB:.3f}, the whole buffer {4 * P / MIB:.3f})"
           f"{'' if ok else '  <-- MISMATCH'}")
+    # Buckets below the model: the embedding gradient's split (parallel/embed_grad.c)
+    # gathers every rank's token ids and d(embedding) rows, N x (C + 1) floats per rank
+    # (N = micro-batch 1 x T), and its counts and displacements (2 ints per rank)
+    check("data-parallel buffers", got["dp_buffers"], 2 * (T * (C + 1) * 4 + 8), 0.0011 * MIB)
     # ZeRO-3 with blocks of ~6.8 MiB: each hands back whole huge pages after its use
     wide = {"--d-model": 384, "--d-ff": 4 * 384, "--n-layer": 3}
     cmd = list(base)

@@ -189,6 +189,8 @@ FIGURES = {  # start-up report line -> the plan's JSON fields (rank 0's)
             lambda m: [m["moe_buffers_bytes"] / MIB], [1]),
     "mpi_temp": (re.compile(r"MPI all-reduce temporary: " + NUM + " MiB"),
                  lambda m: [m["mpi_temp_bytes"] / MIB], [3]),
+    "dp_buffers": (re.compile(r"data-parallel buffers: " + NUM + " MiB"),
+                   lambda m: [m["dp_buffers_bytes"] / MIB], [3]),
     "tp_bf16": (re.compile(r"tensor-parallel bf16 message buffers: " + NUM + " MiB"),
                 lambda m: [m["tp_messages_bytes"] / MIB], [3]),
     "total": (re.compile(r"memory per rank in all: " + NUM + " MiB"),
