@@ -212,9 +212,10 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, int 
     }
     double kept = 0.0;
     for (int i = 0; i < keep; i++) kept += logits[order[i]];
-    double target = u * kept, acc = 0.0;
+    double target = u * kept, acc = 0.0, lo = 0.0; /* lo: the mass before the token */
     int at = keep - 1;
     for (int i = 0; i < keep; i++) {
+        lo = acc;
         acc += logits[order[i]];
         if (acc > target) {
             at = i;
@@ -224,8 +225,6 @@ int32_t loom_sample(float *logits, int V, const loom_sampling *s, double u, int 
     if (margin) {
         /* u's distance to the chosen token's interval ends, and the token's gap to its
          * neighbours in the order (two near-equal tokens swap places under rounding) */
-        double lo = 0.0;
-        for (int i = 0; i < at; i++) lo += logits[order[i]];
         const double hi = lo + logits[order[at]];
         gap = fmin(gap, fmin(target - lo, hi - target) / kept);
         if (at > 0) gap = fmin(gap, rel_gap(logits[order[at - 1]], logits[order[at]]));

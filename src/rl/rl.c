@@ -706,19 +706,16 @@ static loom_status loop(rl_state *s, loom_error *err) {
     if (s->routes.idx && r->pipelined &&
         (st = loom_route_dump_sum(&s->routes, r->pipelined->comm, err)))
         return st;
-    if (s->routes.idx && r->mesh->tp_rank == 0 && r->mesh->pp_rank == 0) {
-        if (loom_mkdir_p(rc->dump_dir) != 0)
-            return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
-                                  rc->dump_dir, strerror(errno));
-        if ((st = loom_route_dump_write(&s->routes, rc->dump_dir, r->mesh->data_rank, err)))
-            return st;
-    }
-    if (s->samples.seq && s->glead) { /* the rollouts' draws: one file a generation replica */
-        if (loom_mkdir_p(rc->dump_dir) != 0)
-            return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
-                                  rc->dump_dir, strerror(errno));
-        if ((st = loom_sample_dump_write(&s->samples, rc->dump_dir, s->grank, err))) return st;
-    }
+    /* the routes: one file a data rank; the rollouts' draws: one file a generation replica */
+    const int routes = s->routes.idx && r->mesh->tp_rank == 0 && r->mesh->pp_rank == 0;
+    const int samples = s->samples.seq && s->glead;
+    if ((routes || samples) && loom_mkdir_p(rc->dump_dir) != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT, "--dump-dir '%s': cannot create: %s",
+                              rc->dump_dir, strerror(errno));
+    if (routes && (st = loom_route_dump_write(&s->routes, rc->dump_dir, r->mesh->data_rank, err)))
+        return st;
+    if (samples && (st = loom_sample_dump_write(&s->samples, rc->dump_dir, s->grank, err)))
+        return st;
     return r->tc->save_weights[0] ? save_weights(r, err) : LOOM_OK;
 }
 
