@@ -51,6 +51,7 @@ static json_t *memory_json(const loom_plan_memory *m, int stage) {
     B(grads_local);
     B(grads_shard);
     B(optimizer);
+    B(ema);
     B(activations);
     B(act_sp);
     B(act_nosp);

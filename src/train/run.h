@@ -109,6 +109,7 @@ typedef struct {
     size_t grads_local;      /* the local accumulation buffer */
     size_t grads_shard;      /* ZeRO-2/3: the part of it that stays (inside grads_local) */
     size_t optimizer;        /* AdamW m and v */
+    size_t ema;              /* --ema-decay: the weights' moving average, laid out as m */
     size_t activations;      /* one micro-batch's arena (a pipeline stage: one slot) */
     size_t act_sp, act_nosp; /* --tp > 1: the arena with / without sequence parallelism */
     size_t act_whole;        /* --cp > 1: the arena holding whole sequences */

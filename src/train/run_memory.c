@@ -59,6 +59,8 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
     if (peak) m->grads_local = peak;
     m->grads_shard = zm.grads_shard;
     m->optimizer = zm.optimizer;
+    /* parallel/zero.h: the average is held like AdamW's m (also --ep's expert segments) */
+    if (r->tc->ema_decay > 0.0f) m->ema = zm.optimizer / 2;
     m->activations = loom_model_activation_bytes(&r->model);
     if (r->tp.size > 1) {
         m->act_sp = loom_model_plan_bytes(&r->model, 1);
@@ -105,7 +107,7 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
                                                          r->tc->micro_batch * r->mc->seq_len);
         m->dp_buffers += loom_ep_zero_buffer_bytes(&r->zero);
     }
-    m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->cp_buffers +
+    m->total = m->params + m->gathered + m->grads_local + m->optimizer + m->ema + m->cp_buffers +
                per_model * (size_t)(m->pp_slots > 0 ? m->pp_slots : 1) + m->pp_messages +
                m->vision + m->mpi_temp + m->tp_messages + m->dp_buffers;
 }
@@ -113,12 +115,13 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
 void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len, char *buf,
                           size_t n) {
     const double MiB = 1 << 20;
-    char held[64] = "";
+    char held[64] = "", ema[64] = "";
     if (m->gathered) snprintf(held, sizeof held, " + %.3f MiB gathered at most", m->gathered / MiB);
+    if (m->ema) snprintf(ema, sizeof ema, ", EMA of the weights %.3f MiB", m->ema / MiB);
     snprintf(buf, n,
              "memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) of which "
-             "%.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v), activations %.3f "
+             "%.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v)%s, activations %.3f "
              "MiB (micro-batch %d x %d)",
              m->params / MiB, held, m->grads_local / MiB, m->grads_shard / MiB, m->optimizer / MiB,
-             m->activations / MiB, micro_batch, seq_len);
+             ema, m->activations / MiB, micro_batch, seq_len);
 }

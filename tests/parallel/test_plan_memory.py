@@ -16,7 +16,8 @@ stage the plan checks against the budget holds the most of all stages; BF16_LAYO
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
 sharded (pp 2 x dp 2 under 1f1b and zb), ONE_MICRO_LAYOUTS with one micro-batch a step at
 ZeRO 2/3 (the local gradient's resident peak, not the whole buffer), and a MoE layout
-with --ep 2 and --grad-accum sharded. For the vlm the
+with --ep 2 and --grad-accum sharded; EMA_LAYOUTS with --ema-decay (the average, held like
+AdamW's m, is in the line and the totals: exactly half the optimizer's bytes). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -81,6 +82,13 @@ ONE_MICRO_LAYOUTS = [
 ]
 
 
+EMA_LAYOUTS = [  # --ema-decay: the weights' moving average, one per rank's optimizer range
+    ("dp2_zero1_ema", 2, ["--dp", "2", "--zero", "1", "--ema-decay", "0.9"], "lm"),
+    ("vlm_dp2_zero3_freeze_ema", 2,
+     ["--dp", "2", "--zero", "3", "--freeze", "vision", "--ema-decay", "0.9"], "vlm"),
+]
+
+
 def layouts():
     """(name, ranks, extra flags, model kind) of every layout test."""
     out = [(f"dp{dp}_zero{z}", dp, ["--dp", str(dp), "--zero", str(z)], "lm")
@@ -96,6 +104,7 @@ def layouts():
     out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
+    out += EMA_LAYOUTS
     # --grad-accum sharded with --ep: one range of local gradient (reduced before the next)
     out += [("ep2_dp4_zero3_sharded", 4, ["--dp", "4", "--ep", "2", "--zero", "3",
                                           "--grad-accum", "sharded"], "moe")]
@@ -232,6 +241,13 @@ def check(loom, name, ranks, extra, flags, threads):
     if line.group(1) != stage0["line"]:
         problems.append(f"memory line differs:\n    report: {line.group(1)}\n    plan:   "
                         f"{stage0['line']}")
+    ema = "--ema-decay" in extra
+    want_ema = stage0["optimizer_bytes"] / 2 if ema else 0
+    if (stage0["ema_bytes"] != want_ema or (ema and stage0["ema_bytes"] <= 0)
+            or ema != ("EMA of the weights" in line.group(1))):
+        problems.append(f"EMA: plan {stage0['ema_bytes']:.0f} bytes, expected {want_ema:.0f} "
+                        f"(half the optimizer's); in the report's line: "
+                        f"{'EMA of the weights' in line.group(1)}")
     # --precision bf16 with tp: the linears' bf16 message buffers (tp/tp.c's send and
     # receive buffers, (2 x rows + tp) x d_model bf16 values) are in both totals, and the
     # report's line of them is there
