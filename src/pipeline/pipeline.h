@@ -128,7 +128,8 @@ typedef loom_status (*loom_pp_loss_fn)(void *ctx, loom_model *m, int mb, int bac
  * decisions of the chunk's MoE layers are then m's latest; loom rl's --dump-dir). */
 typedef void (*loom_pp_forward_fn)(void *ctx, loom_model *m, int mb);
 typedef struct {
-    loom_pp_loss_fn loss; /* the last stage's loss (required) */
+    loom_pp_loss_fn loss; /* the last stage's loss (NULL: the model's cross-entropy, with
+                           * aux_dloss as loom_pipeline_step's dloss) */
     void *ctx;            /* the argument of both functions */
     /* training: the weight of one token's MoE auxiliary losses (load balancing, z) on the
      * chunks before the last stage's loss: their gradient reaches the routers with it and

@@ -107,10 +107,30 @@ static const loom_step_runner_ops whole_ops = {"whole model", whole_forward_back
 
 /* ---- a pipeline stage ---- */
 
+/* --dump-dir (MoE): after each forward action, the stage's router decisions of micro-batch
+ * mb (its layers at their places among the whole model's; summed over the stages at the
+ * end, train/route_dump.h). */
+typedef struct {
+    loom_step_runner *r;
+    int step;
+} stage_routes_ctx;
+
+static void stage_routes(void *ctx, loom_model *m, int mb) {
+    const stage_routes_ctx *x = ctx;
+    loom_route_dump_record(x->r->routes, m->moe, x->step, x->r->accum, mb);
+}
+
 static loom_status stage_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
                                           int step, int early, double *loss_sum, loom_error *err) {
-    (void)step, (void)early; /* a stage's parts are timed per action (--pp-stats) */
-    return loom_pipeline_step(r->pipe, r->params, r->grads, batch, dloss, r->sync, loss_sum, err);
+    (void)early; /* a stage's parts are timed per action (--pp-stats) */
+    if (!r->routes || !r->routes->idx)
+        return loom_pipeline_step(r->pipe, r->params, r->grads, batch, dloss, r->sync, loss_sum,
+                                  err);
+    /* the model's own loss (loss NULL, aux_dloss as dloss): loom_pipeline_step's step */
+    stage_routes_ctx x = {r, step};
+    const loom_pp_custom c = {.ctx = &x, .aux_dloss = dloss, .forwarded = stage_routes};
+    return loom_pipeline_step_custom(r->pipe, r->params, r->grads, batch, r->sync, &c, loss_sum,
+                                     err);
 }
 
 static loom_status stage_forward_loss(loom_step_runner *r, const int32_t *batch, double *loss_sum,

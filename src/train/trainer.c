@@ -200,8 +200,12 @@ static loom_status write_outputs(loom_run *r, loom_error *err) {
             (st = loom_dump_flat(tc->dump_dir, "params_final.safetensors", et, ep, err)))
             return st;
     }
-    /* one file per dp rank: its tp ranks route alike (MoE blocks replicated over tp) */
-    if (dumping && r->mesh->tp_rank == 0 &&
+    /* one file per dp rank: its tp ranks route alike (MoE blocks replicated over tp);
+     * --pp: the stages' layers summed over the pipeline group, written by the first stage */
+    if (dumping && r->pipelined &&
+        (st = loom_route_dump_sum(&r->routes, r->pipelined->comm, err)))
+        return st;
+    if (dumping && r->mesh->tp_rank == 0 && r->mesh->pp_rank == 0 &&
         (st = loom_route_dump_write(&r->routes, tc->dump_dir, r->mesh->dp_rank, err)))
         return st;
     return LOOM_OK;

@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, TOL, Layouts, losses, safetensors_io, same_tensors,  # noqa: E402
                       weights_error, write_text_shard)
 from loomtest import check, keep_or_remove, parse_test_args, run_test  # noqa: E402
-from moe_routes import FLIP_MARGIN, describe, first_flip, near_tie, routes  # noqa: E402
+from moe_routes import describe, first_flip, near_tie, routes  # noqa: E402
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -71,7 +71,7 @@ LAYOUTS = [
     ("ep2_dp4_z3", 4, ["--dp", "4", "--ep", "2", "--zero", "3"]),
     ("ep2_dp2_z3", 2, ["--dp", "2", "--ep", "2", "--zero", "3"]),
     # MoE blocks inside pipeline stages (every expert on every rank); Llama's stage 0 has
-    # no MoE layer (--moe-every 2). No route dumps with --pp: see PP_NOTE.
+    # no MoE layer (--moe-every 2); each stage dumps its own layers' routes.
     ("pp2", 2, ["--pp", "2"]),
     ("pp2_dp2_z1_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "1", "--pp-schedule", "zb"]),
     # expert parallelism inside pipeline stages: ep groups carved out of each stage's dp
@@ -108,12 +108,6 @@ LAYOUTS = [
      "pp2_ep2_dp2"),
     ("tp2_sp_recompute", 2, ["--tp", "2", "--sequence-parallel", "--recompute"], "tp2_sp"),
 ]
-# PP_NOTE: with --pp loom dumps no routing decisions (train/route_dump.h records the
-# whole-model loop), so a pipelined layout is compared strictly; if it fails and the
-# single-process run had a near tie (margin < FLIP_MARGIN) at or before the first step
-# whose loss differs, the flip cannot be ruled out from one side: it is reported as such
-# and the layout runs again with another seed, like a verified flip.
-
 
 STEPS = 20
 MAX_SEEDS = 4       # seeds tried per layout and configuration for a flip-free run
@@ -155,7 +149,7 @@ def main():
                                                                    extra)
                 dp = int(extra[extra.index("--dp") + 1]) if "--dp" in extra else 1
                 return (got.losses, got.params, got.init, moe_stats(got.out + ".jsonl"),
-                        None if "--pp" in extra else routes(got.out, dp, STEPS))
+                        routes(got.out, dp, STEPS))
 
             pending = layouts
             for attempt in range(MAX_SEEDS):
@@ -190,7 +184,7 @@ def main():
                     # Routing of step 1 starts from identical weights: identical statistics.
                     stats_same = got_stats[0]["dropped"] == ref_stats[0]["dropped"] and abs(
                         got_stats[0]["load_max"] - ref_stats[0]["load_max"]) < 1e-12
-                    flip = None if got_routes is None else first_flip(ref_routes, got_routes)
+                    flip = first_flip(ref_routes, got_routes)
                     if flip is not None:
                         s, flips = flip
                         near = near_tie(flips)
@@ -212,20 +206,8 @@ def main():
                     ok = (len(got_losses) == len(ref_losses) and loss_err <= TOL
                           and all_err <= TOL and w_err <= 10 * TOL
                           and set(got_params) == set(ref_params) and init_same and stats_same)
-                    if not ok and got_routes is None:  # PP_NOTE
-                        bad = [i for i, e in enumerate(errs) if e > TOL]
-                        upto = bad[0] + 1 if bad else STEPS
-                        margin = float(ref_routes[1][:upto].min())
-                        if margin < FLIP_MARGIN and init_same:
-                            print(f"  {name:10s} differs (losses rel err {loss_err:.2e}, first "
-                                  f"step {upto}); the single process had a near tie (margin "
-                                  f"{margin:.1e}) by then: a possible flip, again with another "
-                                  "seed")
-                            n_flips += 1
-                            flipped.append(entry)
-                            continue
                     check(ok)
-                    print(f"  {name:10s} routing {'same' if got_routes is not None else 'n/a '}"
+                    print(f"  {name:10s} routing same"
                           f"  losses rel err {loss_err:.2e}  weights "
                           f"rel err {all_err:.2e}, worst tensor {w_err:.2e} ({w_name})  init "
                           f"{'identical' if init_same else 'DIFFERS'}  router stats "
