@@ -355,9 +355,8 @@ static loom_status open_dumps(loom_run *r, loom_error *err) {
     if ((st = loom_run_export_flat(r, r->params, &it, &ip, err))) return st;
     /* Routes are recorded for whole sequences (not with --cp: a rank holds parts of them);
      * a pipeline stage records its own layers (train/step.c). */
-    if (!r->cped &&
-        (st = loom_route_dump_open(&r->routes, r->mc, tc->micro_batch * r->mc->seq_len, tc->steps,
-                                   per_rank / tc->micro_batch, err)))
+    if (!r->cped && (st = loom_route_dump_open(&r->routes, r->mc, tc->micro_batch * r->mc->seq_len,
+                                               tc->steps, per_rank / tc->micro_batch, err)))
         return st;
     if (lead && (st = loom_dump_flat(tc->dump_dir, "params_init.safetensors", it, ip, err)))
         return st;
