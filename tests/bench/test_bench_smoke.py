@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "hosts"))
-from loomtest import Skip, check, check_loom, run_test  # noqa: E402
+from loomtest import Skip, check, check_loom, cpu_has_bf16, run_test  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 TOKENIZER = os.path.join(ROOT, "third_party", "gpt2")
@@ -65,12 +65,6 @@ def benches(build):
         "bench_tokenizer": ([], ("tokenizer",)),
         "bf16_autocast": (["--quick"], ("torch", "bf16")),
     }
-
-
-def cpu_has_bf16():
-    with open("/proc/cpuinfo") as f:
-        flags = set(f.read().split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def skip_unless(needs):

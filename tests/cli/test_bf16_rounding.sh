@@ -27,6 +27,7 @@ expect "stochastic needs bf16" "--bf16-rounding stochastic: needs --precision bf
     "${LM[@]:0:${#LM[@]}-2}" --bf16-rounding stochastic
 expect "a bad rounding" "--bf16-rounding 'sr': expected nearest or stochastic" -- "${LM[@]}" \
     --bf16-rounding sr
+skip_rest_without_bf16 test_bf16_rounding # (the flags below are read after the CPU check)
 expect "stochastic with --overlap-param-gather" \
     "--bf16-rounding stochastic: not with --overlap-param-gather" -- "${LM[@]}" \
     --bf16-rounding stochastic --zero 1 --overlap-param-gather

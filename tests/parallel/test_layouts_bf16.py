@@ -85,7 +85,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, Layouts, bitwise, loss_error, parse_test_args, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, run_test  # noqa: E402
+from loomtest import check, cpu_has_bf16, require_bf16, run_test  # noqa: E402
 
 D_MODEL = 48
 LOSS_TOL, WHOLE_TOL, TENSOR_TOL = 1e-4, 4e-4, 5e-3
@@ -116,37 +116,44 @@ PIPELINES = {
 
 
 def check_tp_rounded(family, base, tmp, d_model):
-    """The dit and vlm tp 2 in bf16 (test_layouts_dit.py, test_layouts_vlm.py call this on
-    their own base command, fp32 flags without --precision): their blocks use the same
-    linears (model/tp_linear.c), whose partial sums tp 2 sends as bf16 and, without sequence
-    parallelism, rounds once more. One process with LOOM_BF16_ROUND_TP=2,sum rounds the same
-    sums (model/tp_round.c); everything else tp 2 computes on the same operands in the same
-    order as one process (the replicated parts, the dit's conditioning and the vlm's encoder,
-    are each rank's whole computation; the vlm's vocabulary-parallel loss as gpt2's and
-    llama's above, which are bitwise), so the bound is bitwise (measured seeds 1-5: bitwise,
-    dit and vlm). The rounding is real: tp 2 differs from the plain bf16 process by more
-    than PP_MIN (measured seeds 1-5: dit 4.3e-5 to 1.4e-4, vlm 4.4e-4 to 9.8e-4), and rank 0
-    sent bf16 bytes. About 4 s a family on this machine (three small runs)."""
+    """The dit and vlm tp 2 in bf16, with and without sequence parallelism
+    (test_layouts_dit.py, test_layouts_vlm.py call this on their own base command, fp32
+    flags without --precision): their blocks use the same linears (model/tp_linear.c), whose
+    partial sums tp 2 sends as bf16 and, without sequence parallelism, rounds once more (the
+    TENSOR list's rounding flags, as for gpt2 and llama). One process with
+    LOOM_BF16_ROUND_TP set so rounds the same sums (model/tp_round.c); everything else tp 2
+    computes on the same operands in the same order as one process (the replicated parts,
+    the dit's conditioning and the vlm's encoder, are each rank's whole computation; the
+    vlm's vocabulary-parallel loss as gpt2's and llama's above, which are bitwise), so the
+    bound is bitwise (measured seeds 1-5: bitwise, dit and vlm). The rounding is real: tp 2
+    differs from the plain bf16 process by more than PP_MIN (measured seeds 1-5: dit 4.3e-5
+    to 1.4e-4, vlm 4.4e-4 to 9.8e-4), and rank 0 sent bf16 bytes. About 6 s a family on
+    this machine (five small runs). Where the CPU has no bf16 GEMMs this part is left out,
+    with a line saying so (the caller's fp32 layouts still count)."""
+    if not cpu_has_bf16():
+        print(f"{family} bf16 tp 2: not run (this CPU has neither AVX512-BF16 nor AMX-BF16)")
+        return
     lay = Layouts(base + ["--precision", "bf16"], tmp, f"{family}_bf16_")
     plain = lay.run("single", 1)
-    os.environ["LOOM_BF16_ROUND_TP"] = "2,sum"
-    try:
-        rounded = lay.run("rounded_tp_2_sum", 1)
-    finally:
-        del os.environ["LOOM_BF16_ROUND_TP"]
-    got = lay.run("tp2", 2, ["--tp", "2"])
-    sent = TP_BYTES.search(got.stderr)
-    check("the linears' sums and gathers sent as bf16" in got.stderr and sent and
-          int(sent.group(2)) > 0, f"{family} bf16 tp2: the messages' start-up line and "
-          f"{sent.group(0) if sent else 'no bytes line'}")
-    l_err = loss_error(got.losses, rounded.losses)
-    whole, worst, w_name = weights_error(got.params, rounded.params, d_model)
-    check(bitwise(got, rounded), f"{family} bf16 tp2 against one process rounding the partial "
-          f"sums as tp 2 (LOOM_BF16_ROUND_TP=2,sum): bitwise (losses {l_err:.1e}, weights "
-          f"{whole:.1e}, worst tensor {worst:.1e} {w_name})")
-    whole, _, _ = weights_error(got.params, plain.params, d_model)
-    check(whole > PP_MIN, f"{family} bf16 tp2: its bf16 messages move the weights {whole:.1e} "
-          f"from the plain process (> {PP_MIN:.0e})")
+    for name, extra, rounding in TENSOR:
+        os.environ["LOOM_BF16_ROUND_TP"] = rounding
+        try:
+            rounded = lay.run(f"rounded_tp_{rounding.replace(',', '_')}", 1)
+        finally:
+            del os.environ["LOOM_BF16_ROUND_TP"]
+        got = lay.run(name, 2, extra)
+        sent = TP_BYTES.search(got.stderr)
+        check("the linears' sums and gathers sent as bf16" in got.stderr and sent and
+              int(sent.group(2)) > 0, f"{family} bf16 {name}: the messages' start-up line and "
+              f"{sent.group(0) if sent else 'no bytes line'}")
+        l_err = loss_error(got.losses, rounded.losses)
+        whole, worst, w_name = weights_error(got.params, rounded.params, d_model)
+        check(bitwise(got, rounded), f"{family} bf16 {name} against one process rounding the "
+              f"partial sums as it does (LOOM_BF16_ROUND_TP={rounding}): bitwise (losses "
+              f"{l_err:.1e}, weights {whole:.1e}, worst tensor {worst:.1e} {w_name})")
+        whole, _, _ = weights_error(got.params, plain.params, d_model)
+        check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the weights "
+              f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
 
 
 def compare(family, name, got, ref, what):
@@ -172,6 +179,7 @@ def plan_cp_bytes(base, precision, extra):
 
 def main():
     args = parse_test_args()
+    require_bf16("the bf16 layouts")
     seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_layouts_bf16_")
     try:
