@@ -224,7 +224,10 @@ def elastic_run_coordinator_dies(loom, model, tmp):
                  "worker 0 started again (the coordinator) --resume auto" in p.stderr and
                  "worker 1 started again with --elastic-join" in p.stderr)
     one = "coordinates" not in logs[1] and logs[0].count("coordinates from step") == 2
-    left = alive_with(run_dir)
+    left, until = alive_with(run_dir), time.time() + 10  # (a process still ending)
+    while left and time.time() < until:
+        time.sleep(0.5)
+        left = alive_with(run_dir)
     ok = (p.returncode == 0 and restarted and resumed and rejoined and one and last[0] and
           last[0] == last[1] and not left)
     check(ok, f"  loom run --elastic, worker 0 (the coordinator) killed at step 10: started "
