@@ -189,8 +189,8 @@ def alive_with(text):
 def elastic_run_coordinator_dies(loom, model, tmp):
     """Worker 0, the coordinator, SIGKILLed at the start of step 10 (crash@10:0, --ckpt-dir,
     --ckpt-every 2): loom run starts it again with --resume auto and without --elastic-join,
-    so it founds the group again from its newest complete checkpoint (step 8, or earlier
-    when the asynchronous save of 8 had not landed); worker 1 hears no outer update at its next outer step within 3 x
+    so it founds the group again from its newest complete checkpoint (before step 10: 6 when
+    the asynchronous save of 8 was not committed yet); worker 1 hears no outer update at its next outer step within 3 x
     --elastic-timeout, ends, is started again with --elastic-join --resume auto and joins
     the new coordinator (taking its state); both train to step 24 and end with the same
     checksum at the last sync with members=2, exit 0; worker 1 never coordinates (one
