@@ -162,11 +162,12 @@ static loom_status launch_remote(worker *w, char **argv, int n, const char *slot
 
 /* One worker's mpirun: its slots (LOOM_FT_SLOTS: --inject RANK counts over all workers'
  * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits.
- * join: a restart (--elastic-join), which also resumes from the worker's newest valid
- * checkpoint when the job writes them (--resume auto: DIR/worker_I's, after the train
- * options, so it overrides theirs). */
-static loom_status launch(worker *w, int id, int join, const plan *p, loom_error *err) {
-    const int resume = join && p->checkpoints, ranks = p->ranks;
+ * again: a restart, which resumes from the worker's newest valid checkpoint when the job
+ * writes them (--resume auto: DIR/worker_I's, after the train options, so it overrides
+ * theirs); a worker other than 0 joins the running group (--elastic-join), worker 0 founds
+ * it again from that checkpoint (it is the one coordinator; docs/diloco.md). */
+static loom_status launch(worker *w, int id, int again, const plan *p, loom_error *err) {
+    const int join = again && id != 0, resume = again && p->checkpoints, ranks = p->ranks;
     char words[OWN_ARGS][64], slots[1024], attempt[16], log[LOOM_RUN_PATH + 32];
     char **argv = calloc((size_t)p->train_argc + OWN_ARGS + MAX_EXTRA + 1, sizeof *argv);
     if (!argv) return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
@@ -215,11 +216,14 @@ static loom_status launch(worker *w, int id, int join, const plan *p, loom_error
         unsetenv("LOOM_FT_ATTEMPT");
     }
     free(argv);
+    const char *how = join ? " again with --elastic-join" : again ? " again (the coordinator)" : "";
+    const char *from = resume             ? " --resume auto (its newest checkpoint)"
+                       : again && id == 0 ? " without checkpoints (no --ckpt-dir: the run "
+                                            "starts over from step 0)"
+                                          : "";
     if (!st)
         fprintf(stderr, "loom run: elastic: worker %d started%s%s%s%s (%d rank(s), log %s)\n", id,
-                join ? " again with --elastic-join" : "",
-                resume ? " --resume auto (its newest checkpoint)" : "", w->host[0] ? " on " : "",
-                w->host, ranks, log);
+                how, from, w->host[0] ? " on " : "", w->host, ranks, log);
     return st;
 }
 
@@ -333,12 +337,14 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
             if (w[i].done || !loom_launch_poll(&w[i].job)) continue;
             const int code = w[i].job.status;
             fprintf(stderr, "loom run: elastic: worker %d ended (exit %d)\n", i, code);
-            if (i == 0 || code == 0 || restarts >= cfg->max_restarts) {
-                if (i != 0 && code != 0)
+            /* worker 0 too: started again, it founds the group from its newest checkpoint,
+             * and the members, which hear nothing from it, leave and rejoin it */
+            if (code == 0 || restarts >= cfg->max_restarts) {
+                if (code != 0)
                     fprintf(stderr,
                             "loom run: elastic: no restarts left (--max-restarts %d): "
-                            "worker %d stays out\n",
-                            cfg->max_restarts, i);
+                            "worker %d stays out%s\n",
+                            cfg->max_restarts, i, i == 0 ? " (the run ends)" : "");
                 w[i].done = 1;
                 continue;
             }

@@ -88,7 +88,8 @@ static loom_flag_spec run_spec(loom_flag (*flags)[RUN_N_FLAGS], loom_run_config 
         LOOM_FLAG_SW(2, "elastic", &c->elastic,
                      "exclude a rank after repeated failures, shrink --dp\n"
                      "(with --outer diloco --workers W: one job per worker,\n"
-                     "a lost worker restarted with --elastic-join)"),
+                     "a lost worker restarted with --elastic-join, a lost\n"
+                     "worker 0 from its newest checkpoint)"),
         RUN_INT(2, "min-ranks", &c->min_ranks, "K", "never shrink below K ranks (default 1)", 1),
         RUN_INT(2, "exclude-after", &c->exclude_after, "N",
                 "failures of one rank before exclusion (default 2)", 1),

@@ -62,10 +62,6 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--workers %d: expected <= %d with --elastic-worker", c->workers,
                               LOOM_OUTER_MAX_FRAGMENTS);
-    if (c->warmup != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with --outer-warmup %d yet (docs/diloco.md)",
-                              c->warmup);
     if (c->fragments != 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "

@@ -139,17 +139,25 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
     }
 }
 
-/* The outer SGD step with the mean outer gradient g on the group's round-start parameters,
- * the same on every member (lead). */
-static void apply(loom_outer *o, const float *g) {
+/* The outer SGD step of `step` with the mean outer gradient g on the group's round-start
+ * parameters, the same on every member (lead). --outer-warmup R: the first R syncs (by the
+ * round, a function of the step, as in the one-job mode: outer.c) only average the workers
+ * (start += -g) and leave the momentum untouched. */
+static void apply(loom_outer *o, int step, const float *g) {
     elastic *e = o->elastic;
     const float mu = o->cfg.momentum, lr = o->cfg.lr;
+    const int H = o->cfg.inner_steps, round = step >= H ? (step - H) / H : 0;
+    const int warm = round < o->cfg.warmup;
     double sq = 0.0;
     for (size_t i = 0; i < e->all; i++) {
+        sq += (double)g[i] * g[i];
+        if (warm) {
+            e->start_all[i] += -g[i];
+            continue;
+        }
         e->mom[i] = mu * e->mom[i] + g[i];
         const float u = o->cfg.nesterov ? g[i] + mu * e->mom[i] : e->mom[i];
         e->start_all[i] += -(lr * u);
-        sq += (double)g[i] * g[i];
     }
     o->stats.grad_norm = sqrt(sq);
 }
@@ -348,7 +356,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                     e->me, step, w, e->timeout_ms / 1e3);
         }
     memcpy(e->g, mean, n * sizeof(float)); /* admit() below reuses out */
-    apply(o, e->g);
+    apply(o, step, e->g);
     say(o, step, "outer sync");
     if (step < o->steps) admit_now(o, step);
     return LOOM_OK;
@@ -383,7 +391,7 @@ static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     }
     memset(e->member, 0, sizeof e->member);
     for (int k = 0; k < r->n_members && k < MAX_W; k++) e->member[r->members[k]] = 1;
-    apply(o, (const float *)(e->in[0] + sizeof(msg_head)));
+    apply(o, step, (const float *)(e->in[0] + sizeof(msg_head)));
     say(o, step, "outer sync");
     return LOOM_OK;
 }

@@ -11,7 +11,9 @@
  * order, its own included), and sends the mean and the member list back; every member
  * (the coordinator too) applies the same outer step to the same round-start parameters
  * with the same momentum, so the members stay bitwise identical. A member that does not
- * hear back in time ends (its launcher restarts it as a joiner). After an outer step the
+ * hear back in time ends (its launcher restarts it as a joiner). The coordinator has no
+ * successor: when it dies its launcher starts it again, without --elastic-join, from its
+ * newest checkpoint, and it founds the group again (one authority). After an outer step the
  * coordinator looks up the names of the workers not in the group and connects to the
  * ones published: each gets the round-start parameters, the outer momentum and the step. */
 #ifndef LOOM_PARALLEL_OUTER_ELASTIC_H

@@ -14,7 +14,10 @@ both hosts' links capped with tbf. In parts 1-4 the test is the launcher (no `lo
 4. the run ends: both jobs exit 0, worker 0 writes its weights, and nothing is left running
    in either host;
 5. `loom run --elastic --hosts` as the launcher (loom_run_across below): a crashed worker
-   is restarted in its host and rejoins at a known step; then hosts.sh down (nothing left).
+   is restarted in its host and rejoins at a known step;
+6. the same with worker 0, the coordinator, killed: loom run starts it again in its host
+   from its newest checkpoint, worker 1 leaves and rejoins it, the run ends with both at
+   the last sync; then hosts.sh down (nothing left).
 Skipped (77) without root, network namespaces, mpirun or ompi-server.
 Usage: test_elastic.py --loom PATH [--seed S]
 """
@@ -72,6 +75,45 @@ def loom_run_across(loom, tmp, train):
         print(p.stderr[-3000:])
     left = {k: netns_pids(k) for k in (1, 2)}
     report("nothing left in the hosts after loom run", not any(left.values()), f"{left}")
+
+
+def coordinator_dies_across(loom, tmp, train):
+    """6. `loom run --elastic --hosts` with worker 0, the coordinator, SIGKILLed in host 1 at
+    the start of step 10 (crash@10:0; checkpoints every 2 steps on the shared folder): loom
+    run starts it again in host 1 with --resume auto, it founds the group again from its
+    newest checkpoint, worker 1 hears no update, leaves, is started again in host 2 with
+    --elastic-join and joins it; the last sync (24) has members=2 and is equal on both,
+    exit 0, one coordinator (worker 1 never coordinates), nothing left in the hosts."""
+    run_dir = os.path.join(tmp, "loom_run_w0")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
+           "--run-dir", run_dir, "--grace", "5", "--max-restarts", "6",
+           "--launcher-args", " ".join(MCA), "--"] + train + [
+        "--steps", "24", "--inner-steps", "4", "--elastic-timeout", str(TIMEOUT_S),
+        "--inject", "crash@10:0", "--ckpt-dir", os.path.join(tmp, "ck_w0"), "--ckpt-every", "2"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    logs = [os.path.join(run_dir, f"worker_{w}.log") for w in (0, 1)]
+    s0, s1 = syncs(logs[0]), syncs(logs[1])
+    texts = [open(x).read() if os.path.exists(x) else "" for x in logs]
+    end = [[s for s in x if s[0] == 24 and s[1] == "outer sync" and s[2] == 2] for x in (s0, s1)]
+    founded = re.findall(r"worker 0 coordinates from step (\d+)", texts[0])
+    ok = (p.returncode == 0 and "worker 0 ended (exit 137)" in p.stderr and
+          "worker 0 started again (the coordinator) --resume auto (its newest checkpoint) on "
+          "10.231.0.1" in p.stderr and
+          "worker 1 started again with --elastic-join --resume auto (its newest checkpoint) on "
+          "10.231.0.2" in p.stderr and
+          len(founded) == 2 and 0 < int(founded[1]) < 10 and "coordinates" not in texts[1] and
+          end[0] and end[1] and end[0][0][3] == end[1][0][3])
+    report("loom run --elastic --hosts, worker 0 killed", ok,
+           f"exit {p.returncode}, worker 0 restarted in host 1 from its step "
+           f"{founded[1] if len(founded) > 1 else '?'}, worker 1 rejoined it, one coordinator, "
+           f"last sync members=2 equal on both ({time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-3000:])
+        print(texts[0][-2000:])
+        print(texts[1][-2000:])
+    left = {k: netns_pids(k) for k in (1, 2)}
+    report("nothing left in the hosts after it", not any(left.values()), f"{left}")
 
 
 def main():
@@ -180,6 +222,7 @@ def main():
         left = {k: netns_pids(k) for k in (1, 2)}
         report("nothing left in the hosts", not any(left.values()), f"{left}")
         loom_run_across(loom, tmp, train[2:-2])  # without the slow steps
+        coordinator_dies_across(loom, tmp, train[2:-2])
     finally:
         for tag, p in jobs:
             if p.poll() is None:

@@ -34,6 +34,10 @@ mpirun each), restarts worker 1 after it dies, and it rejoins at the step the te
 (--inject admit@16: worker 0 waits there for it, so the check does not depend on timing);
 restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
 takes the coordinator's newer state; --ckpt-keep prunes the outer state with the step folders.
+The coordinator (worker 0) killed mid-run: loom run starts it again from its newest
+checkpoint, worker 1 leaves and rejoins it, both end at the last sync with the same
+parameters and nothing is left running. --outer-warmup in elastic workers: bitwise the
+one-job run.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -167,6 +171,80 @@ def elastic_run_resumed(loom, model, tmp):
           f"  --ckpt-keep 2: step folders and outer state left {left}")
 
 
+def alive_with(text):
+    """The pids of the processes whose command line holds `text` (this one's excepted)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(d))
+        except OSError:
+            pass
+    return pids
+
+
+def elastic_run_coordinator_dies(loom, model, tmp):
+    """Worker 0, the coordinator, SIGKILLed at the start of step 10 (crash@10:0, --ckpt-dir,
+    --ckpt-every 2): loom run starts it again with --resume auto and without --elastic-join,
+    so it founds the group again from its newest complete checkpoint (before step 10: 6 when
+    the asynchronous save of 8 was not committed yet); worker 1 hears no outer update at its next outer step within 3 x
+    --elastic-timeout, ends, is started again with --elastic-join --resume auto and joins
+    the new coordinator (taking its state); both train to step 24 and end with the same
+    checksum at the last sync with members=2, exit 0; worker 1 never coordinates (one
+    authority: a new coordinator only after the old one's job ended) and nothing is left
+    running. The timeouts are generous (a join waits up to 60 s), and the checks do not
+    depend on when worker 1 noticed or rejoined."""
+    run_dir = os.path.join(tmp, "elastic_w0")
+    ck, out = os.path.join(tmp, "elastic_w0_ck"), os.path.join(run_dir, "w0")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--max-restarts", "6",
+           "--run-dir", run_dir, "--"] + model[2:] + [
+        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "4", "--elastic-timeout", "3", "--inject", "crash@10:0",
+        "--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "2",
+        "--metrics", out + ".jsonl", "--dump-dir", out]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    logs = []
+    for w in (0, 1):
+        path = os.path.join(run_dir, f"worker_{w}.log")
+        logs.append(open(path).read() if os.path.exists(path) else "")
+    # worker 0's second life: the last founding, from the checkpoint it resumed
+    again = logs[0][logs[0].rfind("coordinates from step"):]
+    words = again.split()
+    founded = int(words[3].rstrip(";")) if len(words) > 3 and words[3].rstrip(";").isdigit() else -1
+    resumed = (0 < founded < 10 and
+               f"resumed from {os.path.join(ck, 'worker_0')}/step_{founded:08d}" in logs[0])
+    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
+             if "step 24: outer sync, members=2" in ln] for log in logs]
+    rejoined = "worker 1 joined" in again and "no outer update from the coordinator" in logs[1]
+    restarted = ("worker 0 ended (exit 137)" in p.stderr and
+                 "worker 0 started again (the coordinator) --resume auto" in p.stderr and
+                 "worker 1 started again with --elastic-join" in p.stderr)
+    one = "coordinates" not in logs[1] and logs[0].count("coordinates from step") == 2
+    left, until = alive_with(run_dir), time.time() + 10  # (a process still ending)
+    while left and time.time() < until:
+        time.sleep(0.5)
+        left = alive_with(run_dir)
+    ok = (p.returncode == 0 and restarted and resumed and rejoined and one and last[0] and
+          last[0] == last[1] and not left)
+    check(ok, f"  loom run --elastic, worker 0 (the coordinator) killed at step 10: started "
+              f"again ({restarted}) from its step {founded} ({resumed}), worker 1 left and "
+              f"rejoined it ({rejoined}), one coordinator ({one}), last sync members=2 equal "
+              f"on both ({bool(last[0]) and last[0] == last[1]}), left running {left} "
+              f"(exit {p.returncode}, {time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-3000:])
+        print(logs[0][-3000:])
+        print(logs[1][-3000:])
+        return
+    run = Run(out, logs[0])
+    check(run.losses and all(x == x for x in run.losses) and run.losses[-1] < run.losses[0],
+          f"  trained to the end: worker 0's loss {run.losses[0]:.4f} -> {run.losses[-1]:.4f}")
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -250,6 +328,16 @@ def main():
                   el.losses == want and same_tensors(el.params, saved.params))
             check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
             elastic_run_resumed(args.loom, model, tmp)
+            elastic_run_coordinator_dies(args.loom, model, tmp)
+            # --outer-warmup 1 (the first sync only averages) in one-rank elastic workers:
+            # bitwise the one-job run, which differs from the run without warm-up
+            warm = ["--outer-warmup", "1"]
+            w_ref = runs.run("w2_warmup", 2, warm)
+            el = elastic_pair(real + diloco + warm, tmp, 1, "elastic_warmup")
+            same = el is not None and same_tensors(el.params, w_ref.params)
+            differs = not same_tensors(w_ref.params, ref.params)
+            check(same and differs, f"  --outer-warmup 1 in elastic workers: bitwise the one-job "
+                                    f"run ({same}), which differs from no warm-up ({differs})")
         else:
             print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
