@@ -152,9 +152,9 @@ def main():
                     help="measured steps per run (default: 3 for 124M, 5 for the small one)")
     ap.add_argument("--only", choices=sorted(CONFIGS), action="append",
                     help="run only this configuration (repeatable)")
-    ap.add_argument("--coretype", default="SkylakeX",
-                    help="OPENBLAS_CORETYPE for loom, PyTorch and sgemm_peak alike (default "
-                         "SkylakeX: the fast kernel of this CPU)")
+    ap.add_argument("--coretype", default=torch_peer.default_coretype(),
+                    help="OPENBLAS_CORETYPE for loom, PyTorch and sgemm_peak alike (default: "
+                         "loom's own choice for this CPU, SkylakeX with AVX-512, else Haswell)")
     ap.add_argument("--bf16-peak", help="path to the bf16_peak binary: adds the bf16 cell")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runs")
     args = torch_peer.parse_args(ap, torch_worker, required=("loom", "sgemm_peak"))
