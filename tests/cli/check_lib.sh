@@ -27,3 +27,14 @@ expect() { # NAME EXPECTED_SUBSTRING -- loom args...: exit 2, the last stderr li
         echo "FAIL: $name: exit $rc, last stderr line: '$last' (expected exit 2 and '$want')"
     fi
 }
+skip_without_bf16_cpu() { # NAME_OF_TEST: exit 77 (after the checks so far) on a CPU where
+    # loom refuses --precision bf16 (neither AVX512-BF16 nor AMX-BF16); 1 if one failed
+    grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo && return 0
+    if [ "$fail" -ne 0 ]; then
+        finish "$1"
+        exit 1
+    fi
+    echo "SKIP: $1: this CPU has neither AVX512-BF16 nor AMX-BF16, which loom's bf16 runs need" \
+        "($pass check(s) before passed)"
+    exit 77
+}

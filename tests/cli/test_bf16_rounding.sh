@@ -27,6 +27,7 @@ expect "stochastic needs bf16" "--bf16-rounding stochastic: needs --precision bf
     "${LM[@]:0:${#LM[@]}-2}" --bf16-rounding stochastic
 expect "a bad rounding" "--bf16-rounding 'sr': expected nearest or stochastic" -- "${LM[@]}" \
     --bf16-rounding sr
+skip_without_bf16_cpu test_bf16_rounding # (the next refusal comes after the CPU check)
 expect "stochastic with --overlap-param-gather" \
     "--bf16-rounding stochastic: not with --overlap-param-gather" -- "${LM[@]}" \
     --bf16-rounding stochastic --zero 1 --overlap-param-gather

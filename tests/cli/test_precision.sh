@@ -35,6 +35,8 @@ expect "bf16 reduction with --ep" "--grad-reduce-dtype bf16: not with --ep 2" --
 expect "loom run passes it to train's check" "--grad-reduce-dtype bf16: needs --precision bf16" \
     -- run -n 1 -- "${LM[@]:1}" --grad-reduce-dtype bf16
 
+skip_without_bf16_cpu test_precision
+
 # a bf16 run: the start-up line, every shape prepared, twice the same bits
 for k in 1 2; do
     "$LOOM" "${LM[@]}" --steps 3 --precision bf16 --metrics "$TMP/m$k.jsonl" \

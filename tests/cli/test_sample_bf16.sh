@@ -32,6 +32,12 @@ S=(sample --weights "$TMP/dit.safetensors" --class 1 --n 3 --batch 2 --steps 8 -
 "$LOOM" "${S[@]}" -o "$TMP/f.png" --raw "$TMP/f.safetensors" >/dev/null 2>"$TMP/ef"
 check "fp32 sample exits 0" test $? -eq 0
 check "fp32 is the default (no bf16 line)" test -z "$(grep 'precision bf16' "$TMP/ef")"
+expect "fp16 is not supported" "--precision 'fp16': expected fp32 or bf16" -- "${S[@]}" \
+    --precision fp16 -o "$TMP/x.png"
+LOOM_BF16_PRETEND_NO_CPU=1 expect "CPU without AVX512-BF16" \
+    "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16" -- "${S[@]}" \
+    --precision bf16 -o "$TMP/x.png"
+skip_without_bf16_cpu test_sample_bf16
 for k in 1 2; do
     "$LOOM" "${S[@]}" --precision bf16 -o "$TMP/b$k.png" --raw "$TMP/b$k.safetensors" \
         >/dev/null 2>"$TMP/eb$k"
@@ -62,11 +68,5 @@ PY
 )
 echo "  $cmp_out"
 check "bf16 samples close to fp32's, not equal ($cmp_out)" test "${cmp_out%% *}" = ok
-
-expect "fp16 is not supported" "--precision 'fp16': expected fp32 or bf16" -- "${S[@]}" \
-    --precision fp16 -o "$TMP/x.png"
-LOOM_BF16_PRETEND_NO_CPU=1 expect "CPU without AVX512-BF16" \
-    "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16" -- "${S[@]}" \
-    --precision bf16 -o "$TMP/x.png"
 
 finish test_sample_bf16

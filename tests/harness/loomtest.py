@@ -58,6 +58,21 @@ class Skip(Exception):
     namespaces): run_test exits 77 with the reason. Never for a failure of loom's."""
 
 
+NO_BF16_CPU = "this CPU has neither AVX512-BF16 nor AMX-BF16, which loom's bf16 runs need"
+
+
+def cpu_has_bf16():
+    """False on a CPU where loom refuses --precision bf16 (docs/precision.md)."""
+    with open("/proc/cpuinfo") as f:
+        return bool(set(f.read().split()) & {"avx512_bf16", "amx_bf16"})
+
+
+def require_bf16_cpu():
+    """Raises Skip on a CPU where loom refuses --precision bf16."""
+    if not cpu_has_bf16():
+        raise Skip(NO_BF16_CPU)
+
+
 _checks = {"ran": 0, "failed": 0}
 
 

@@ -93,7 +93,10 @@ def layouts():
     out += [(n, r, e, "image") for n, r, e, *_ in test_layouts_dit.IMAGE_LAYOUTS]
     out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
-    out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
+    if loomtest.cpu_has_bf16():
+        out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
+    else:
+        print(f"the bf16 layouts: not run: {loomtest.NO_BF16_CPU}", flush=True)
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
     # --grad-accum sharded with --ep: one range of local gradient (reduced before the next)

@@ -342,6 +342,7 @@ def main():
     args = ap.parse_args()
     args.loom = os.path.abspath(args.loom)
     loomtest.check_loom(args.loom)
+    loomtest.require_bf16_cpu()
     seed = loomtest.seed_of(args)
     torch.set_num_threads(2)
     rng = random.Random(seed)
