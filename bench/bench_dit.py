@@ -233,8 +233,9 @@ def main():
                     help="images per model evaluation (loom --batch; torch's batch)")
     ap.add_argument("--sample-steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=1.0, help="guidance scale of both samplers")
-    ap.add_argument("--coretype", default="SkylakeX",
-                    help="OPENBLAS_CORETYPE for loom and PyTorch alike (default SkylakeX)")
+    ap.add_argument("--coretype", default=torch_peer.default_coretype(),
+                    help="OPENBLAS_CORETYPE for loom and PyTorch alike (default: loom's own "
+                         "choice for this CPU, SkylakeX with AVX-512, else Haswell)")
     args = torch_peer.parse_args(ap, torch_worker)
     check_loom(args)
     t_start = time.time()

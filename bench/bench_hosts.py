@@ -37,11 +37,19 @@ first_step_after_restart (the restarted job's first step done); kill_to_first_st
 detect_to_first_step_s per source, the restarted attempt's phases (launch_to_loading_s,
 load_s: every rank up to every rank past the load, training_to_first_step_s), the resume line (bytes from memory / disk), and
 speedup = disk / peer for both spans (target: peer >= 2x faster to the first new step).
+The bf16 cell (--bf16, or --only bf16 for it alone: one host, the cap's fp32 runs and the
+cell): at --bf16-cap (default 1 Gbit/s) the same model and layout with `--precision bf16`,
+once with fp32 gradient reduction and once with `--grad-reduce-dtype bf16`, both with
+overlap, against the same two ranks on one host in bf16; per run grad_bytes (the median of
+rank 0's `dp.grad_bytes`, loom's own count of the gradient bytes it moved over dp in a
+step), grad_bytes_bf16_over_fp32_reduce (0.5 expected at ZeRO-0), the tokens/s ratios to
+one host and tokens_per_s_bf16_over_fp32_reduce. Skipped (and exit 77 with --only bf16)
+on a CPU without AVX512-BF16 or AMX-BF16, where loom refuses --precision bf16.
 Needs root and network namespaces (exit 77 otherwise). The machine is shared: the load
 average goes into the JSON. Prints one JSON object last.
 Usage: bench_hosts.py --loom build/loom [--caps 1,2.5,10] [--steps 6] [--warmup 2]
-                      [--only all|throughput|recovery] [--recovery-model gpt2-small]
-                      [--smoke]
+                      [--only all|throughput|recovery|bf16] [--recovery-model gpt2-small]
+                      [--bf16] [--bf16-cap 1] [--smoke]
 --smoke: a tiny model (2 layers, d_model 64, vocabulary 256) everywhere, one cap (10
 Gbit/s), 3 steps, the recovery's first attempt slowed (--inject slow): that the bench runs
 end to end, in seconds (its figures mean nothing).
@@ -104,6 +112,11 @@ def cap_links(gbit):
                 burst = max(rate * 1000 // 8 // 100, 128 * 1024)
                 sh(*pre, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}mbit",
                    "burst", str(burst), "latency", "100ms")
+
+
+def cpu_has_bf16():
+    with open("/proc/cpuinfo") as f:
+        return bool(set(f.read().split()) & {"avx512_bf16", "amx_bf16"})
 
 
 def drop_pages(folder):
@@ -241,7 +254,7 @@ def link_reduce_s(args, exe, nbytes):
     return nbytes / (r["median_MBps"] * 1e6)
 
 
-def run(args, data, tmp, name, hosts, bucket_mb):
+def run(args, data, tmp, name, hosts, bucket_mb, extra=()):
     metrics = os.path.join(tmp, f"{name}.jsonl")
     cmd = ["mpirun", "--allow-run-as-root", "--host", hosts] + MCA + [
         "-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", "-n", "2",
@@ -249,7 +262,8 @@ def run(args, data, tmp, name, hosts, bucket_mb):
         "--seq-len", str(args.seq_len),
         "--micro-batch", str(args.micro_batch), "--global-batch", str(2 * args.micro_batch),
         "--steps", str(args.steps), "--threads", "1", "--data", data, "--log-every", "0",
-        "--seed", "1234", "--dp", "2", "--bucket-mb", f"{bucket_mb:g}", "--metrics", metrics]
+        "--seed", "1234", "--dp", "2", "--bucket-mb", f"{bucket_mb:g}", "--metrics", metrics
+        ] + list(extra)
     print(f"$ {shlex.join(cmd)}", flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
     if p.returncode != 0:
@@ -262,7 +276,11 @@ def run(args, data, tmp, name, hosts, bucket_mb):
     res = {"step_ms": round(step_ms, 1),
            "tokens_per_s": round(rows[0]["tokens"] / (step_ms * 1e-3), 1),
            "exposed_ms": round(statistics.median(r["grad_wait_ms"] for r in measured), 1),
-           "compute_ms": med("compute_ms"), "steps_ms": [round(r["step_ms"]) for r in rows]}
+           "compute_ms": med("compute_ms"),
+           # loom's own count of the gradient bytes this rank moved over dp in a step
+           "grad_bytes": int(statistics.median(r["dp"]["grad_bytes"] for r in measured
+                                               if "dp" in r)) if "dp" in measured[0] else None,
+           "steps_ms": [round(r["step_ms"]) for r in rows]}
     print(f"  {name}: {res}", flush=True)
     return res
 
@@ -276,7 +294,12 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--run-timeout", type=float, default=600.0)
-    ap.add_argument("--only", choices=("all", "throughput", "recovery"), default="all")
+    ap.add_argument("--only", choices=("all", "throughput", "recovery", "bf16"), default="all",
+                    help="bf16: only the bf16 cell's cap (--bf16-cap), with the bf16 cell")
+    ap.add_argument("--bf16", action="store_true",
+                    help="add the bf16 cell at --bf16-cap: --precision bf16 with fp32 and with "
+                         "bf16 gradient reduction, and bf16 on one host")
+    ap.add_argument("--bf16-cap", type=float, default=1.0, help="the bf16 cell's cap, Gbit/s")
     ap.add_argument("--recovery-model", default="gpt2-small")
     ap.add_argument("--recovery-seq-len", type=int, default=32)
     ap.add_argument("--smoke", action="store_true", help="a tiny model, one cap (seconds)")
@@ -284,31 +307,49 @@ def main():
     global WIRE_BYTES
     if args.smoke:
         args.caps, args.steps, args.warmup = "10", 3, 1
+        args.bf16_cap = 10.0
         WIRE_BYTES = 4 << 20
+    if args.only == "bf16":
+        args.bf16, args.caps = True, f"{args.bf16_cap:g}"
     if os.geteuid() != 0:
         print("SKIP: needs root for network namespaces")
         sys.exit(77)
+    bf16_skip = None
+    if args.bf16 and not cpu_has_bf16():
+        # loom refuses --precision bf16 there (docs/precision.md): no cell to measure
+        bf16_skip = "this CPU has neither AVX512-BF16 nor AMX-BF16 (loom's bf16 needs one)"
+        print(f"SKIP: the bf16 cell: {bf16_skip}", flush=True)
+        if args.only == "bf16":
+            sys.exit(77)
+        args.bf16 = False
     loom = os.path.abspath(args.loom)
     args.loom = loom
     caps = [float(c) for c in args.caps.split(",")]
+    if args.bf16 and args.bf16_cap not in caps:
+        print(f"--bf16-cap {args.bf16_cap:g}: expected one of --caps {args.caps}")
+        sys.exit(2)
     tmp = tempfile.mkdtemp(prefix="loom_bench_hosts_")
     data = os.path.join(tmp, "random.bin")
     write_random_shard(data, 1 << 18, 256 if args.smoke else 50257, 7)
     lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
     fcntl.flock(lock, fcntl.LOCK_EX)
     load = [os.getloadavg()[0]]
-    results, rec, one, link_s = {}, {}, None, {}
+    results, rec, one, link_s, bf = {}, {}, None, {}, {}
+    bf16 = ["--precision", "bf16"]
     if args.only == "recovery":
         caps = []
     try:
         sh(HOSTS_SH, "up", "2")
         cap_links(None)
-        if args.only != "throughput":
+        if args.only not in ("throughput", "bf16"):
             for source in ("peer", "disk"):
                 rec[source] = recovery(args, data, tmp, source)
                 load.append(os.getloadavg()[0])
         if args.only != "recovery":
             one = run(args, data, tmp, "one_host", "10.231.0.1:2", OVERLAP_MB)
+        if args.bf16:  # the same two ranks on one host, bf16 (the cell's baseline)
+            bf["one_host"] = run(args, data, tmp, "one_host_bf16", "10.231.0.1:2", OVERLAP_MB,
+                                 bf16)
         if caps:
             probe = os.path.join(tmp, "mpi_tcp_probe")
             sh("mpicc", "-O2", "-o", probe, os.path.join(HERE, "mpi_tcp_probe.c"))
@@ -320,6 +361,11 @@ def main():
                                "10.231.0.1:1,10.231.0.2:1", OVERLAP_MB),
                 "no_overlap": run(args, data, tmp, f"cap{gbit:g}_no_overlap",
                                   "10.231.0.1:1,10.231.0.2:1", NO_OVERLAP_MB)}
+            if args.bf16 and gbit == args.bf16_cap:
+                for red in ("fp32", "bf16"):
+                    bf[red] = run(args, data, tmp, f"cap{gbit:g}_bf16_reduce_{red}",
+                                  "10.231.0.1:1,10.231.0.2:1", OVERLAP_MB,
+                                  bf16 + ["--grad-reduce-dtype", red])
             load.append(os.getloadavg()[0])
     finally:
         cap_links(None)
@@ -362,7 +408,34 @@ def main():
             "model_link_exposed_ms": {k: round(v, 1) for k, v in model_link.items()},
             "model_link_error": err_link,
             "runs": r}
+    if bf:
+        out["bf16"] = bf16_cell(args, one, results, bf)
+    elif bf16_skip:
+        out["bf16"] = {"skipped": bf16_skip}
     print(json.dumps(out))
+
+
+def bf16_cell(args, one, results, bf):
+    """The bf16 cell: bf16 compute with fp32 and with bf16 gradient reduction at the cap,
+    against the same two ranks on one host in bf16 (and the fp32 run at the cap)."""
+    base, f32, b16 = bf["one_host"], bf["fp32"], bf["bf16"]
+    fp = results[args.bf16_cap]["overlap"]
+    cell = {"cap_gbit": args.bf16_cap, "bucket_mb": OVERLAP_MB,
+            "one_host_bf16": base, "fp32_compute_fp32_reduce": fp,
+            "bf16_compute_fp32_reduce": f32, "bf16_compute_bf16_reduce": b16,
+            "one_host_fp32_tokens_per_s": one["tokens_per_s"]}
+    for k, r in (("fp32_reduce", f32), ("bf16_reduce", b16)):
+        cell[f"ratio_to_one_host_{k}"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+    cell["ratio_to_one_host_fp32_compute"] = round(fp["tokens_per_s"] / one["tokens_per_s"], 3)
+    if f32["grad_bytes"] and b16["grad_bytes"] is not None:
+        cell["grad_bytes_bf16_over_fp32_reduce"] = round(b16["grad_bytes"] / f32["grad_bytes"], 4)
+    cell["tokens_per_s_bf16_over_fp32_reduce"] = round(b16["tokens_per_s"] / f32["tokens_per_s"], 3)
+    # the wire alone: loom's count / the cap (with 2 ranks the bytes a rank sends: its
+    # reduce-scatter's out plus its all-gather's in, which equals its all-gather's out)
+    cell["wire_ms"] = {k: round(r["grad_bytes"] * 8 / (args.bf16_cap * 1e9) * 1e3, 1)
+                       for k, r in (("fp32_reduce", f32), ("bf16_reduce", b16))
+                       if r["grad_bytes"]}
+    return cell
 
 
 if __name__ == "__main__":

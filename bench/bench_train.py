@@ -13,6 +13,9 @@ The bf16 cell (--bf16-peak build/bf16_peak): each configuration also runs `loom 
 ratio is the ceiling of bf16 over fp32. Per configuration: loom_bf16_tokens_per_s,
 bf16_vs_fp32, loom_bf16_gflops and loom_bf16_frac_bf16_peak (MFU against that peak).
 
+On a CPU without AVX512-BF16 or AMX-BF16 (where loom refuses --precision bf16) the bf16
+cell is not run and the JSON says so ("bf16_skipped").
+
 Usage: /usr/bin/python3 bench/bench_train.py --loom build/loom --sgemm-peak build/sgemm_peak
        [--bf16-peak build/bf16_peak] [--no-torch]
 """
@@ -123,6 +126,11 @@ def torch_worker(spec_json):
     print(json.dumps({"step_seconds": secs, "n_params": n_params}))
 
 
+def cpu_has_bf16():
+    with open("/proc/cpuinfo") as f:
+        return bool(set(f.read().split()) & {"avx512_bf16", "amx_bf16"})
+
+
 def sgemm_peak(args):
     out = subprocess.run([os.path.abspath(args.sgemm_peak)], capture_output=True, text=True,
                          env=torch_peer.blas_env(args.threads, args.coretype), check=True).stdout
@@ -152,14 +160,19 @@ def main():
                     help="measured steps per run (default: 3 for 124M, 5 for the small one)")
     ap.add_argument("--only", choices=sorted(CONFIGS), action="append",
                     help="run only this configuration (repeatable)")
-    ap.add_argument("--coretype", default="SkylakeX",
-                    help="OPENBLAS_CORETYPE for loom, PyTorch and sgemm_peak alike (default "
-                         "SkylakeX: the fast kernel of this CPU)")
+    ap.add_argument("--coretype", default=torch_peer.default_coretype(),
+                    help="OPENBLAS_CORETYPE for loom, PyTorch and sgemm_peak alike (default: "
+                         "loom's own choice for this CPU, SkylakeX with AVX-512, else Haswell)")
     ap.add_argument("--bf16-peak", help="path to the bf16_peak binary: adds the bf16 cell")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runs")
     args = torch_peer.parse_args(ap, torch_worker, required=("loom", "sgemm_peak"))
 
     t_start = time.time()
+    bf16_skipped = None
+    if args.bf16_peak and not cpu_has_bf16():  # loom refuses --precision bf16 there
+        bf16_skipped = "this CPU has neither AVX512-BF16 nor AMX-BF16 (loom's bf16 needs one)"
+        print(f"the bf16 cell: not run: {bf16_skipped}", flush=True)
+        args.bf16_peak = None
     peak = sgemm_peak(args)
     bpeak = bf16_peak(args) if args.bf16_peak else None
 
@@ -167,6 +180,8 @@ def main():
               "openblas_coretype": args.coretype, "configs": {}}
     if bpeak:
         result["bf16_gflops"], result["bf16_impl"] = bpeak["bf16_gflops"], bpeak["impl"]
+    if bf16_skipped:
+        result["bf16_skipped"] = bf16_skipped
     for name, (preset, m, micro, glob_batch, measured) in CONFIGS.items():
         if args.only and name not in args.only:
             continue

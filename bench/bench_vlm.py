@@ -292,8 +292,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="samples a step (one process)")
     ap.add_argument("--mixed-batch", type=int, default=8, help="samples a step (dp 2)")
     ap.add_argument("--mixed-micro", type=int, default=2, help="micro-batch (dp 2)")
-    ap.add_argument("--coretype", default="SkylakeX",
-                    help="OPENBLAS_CORETYPE for loom and PyTorch alike")
+    ap.add_argument("--coretype", default=torch_peer.default_coretype(),
+                    help="OPENBLAS_CORETYPE for loom and PyTorch alike (default: loom's own "
+                         "choice for this CPU)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="--vision-schedule: alternating runs of each")
     ap.add_argument("--only", choices=["speed", "balance", "bubbles"], help="run one part")

@@ -39,6 +39,24 @@ def worker_command(script, spec):
     return [sys.executable, os.path.abspath(script), WORKER_FLAG, json.dumps(spec)]
 
 
+def default_coretype():
+    """The OpenBLAS kernel loom itself picks on this CPU (src/core/cpu_boot.c): SkylakeX
+    where the CPU has AVX-512 F, BW, DQ and VL, Haswell where it has AVX2 and FMA, else
+    None (OpenBLAS's own choice). A forced SkylakeX on a CPU without AVX-512 dies of an
+    illegal instruction (measured: sgemm_peak on an AMD EPYC with AVX2 only, exit 132)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return None
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(flags):
+        return "SkylakeX"
+    if {"avx2", "fma"} <= set(flags):
+        return "Haswell"
+    return None
+
+
 def blas_env(threads, coretype=None):
     """The environment of every process a benchmark starts (loom, the PyTorch child, the
     peak probes): `threads` OpenBLAS/OpenMP threads that do not spin when idle, and one
