@@ -6,7 +6,8 @@ A100s, torchtitan's Llama 3.1 8B on 8 H100s) this runs
 
     build/loom plan --explain "<layout flags>" --profile P --world N --json <model>
 
-with the layout as published, reads the predicted step (step_ms, tokens_per_s, mfu and
+with the layout and the precision as published (PREC_*: all three trained with 2-byte
+floats, priced as `--precision bf16`), reads the predicted step (step_ms, tokens_per_s, mfu and
 the terms), converts it to the metric the publication reports (TFLOP/s per GPU in
 Megatron's accounting, MFU, tokens/s per GPU) and prints predicted vs published, the
 relative error and whether it is within 15%. The model's parameters come from the GPU
@@ -50,11 +51,37 @@ SRC_TITAN = ("torchtitan docs/performance.md Table 1 (commit 9dec370, 2024-12): 
              "8 H100 (96 GB HBM2e, 500 W), FSDP, local batch 2, global 16, seq 8192, "
              "selective (op) AC: 5,762 TPS/GPU, 82.4 GiB")
 
-# name, config, profile, world, --explain flags, the published metric and its value,
+# The precision each publication trained in, as loom's --precision (the plan prices the
+# linear GEMMs from the profile's gemm_bf16, which on these GPU profiles is the same dense
+# BF16 tensor-core rate as gemm, and the tp/pp messages at 2 bytes an element; gradients
+# are reduced in fp32 as Megatron and torchtitan's FSDP default do). Megatron-LM (SC'21)
+# trained in fp16 mixed precision: loom has no fp16; bf16 has the same 2-byte messages
+# and, on the A100, the same 312 TFLOP/s tensor-core peak.
+PREC_MEGATRON = ("bf16", "fp16 mixed precision (SC'21 section 5); priced as loom's bf16: "
+                 "the same bytes and A100 tensor-core rate")
+PREC_MEGASCALE = ("bf16", "bf16 mixed precision (MegaScale section 3)")
+PREC_TITAN = ("bf16", "bf16 parameters (FSDP2 MixedPrecisionPolicy param_dtype bf16, "
+              "reduce_dtype fp32: torchtitan's default)")
+
+# What the plan leaves out for each publication that moves its prediction most (docs/PLAN.md,
+# "Why it is where it is"), named before the comparison; the summary lists it for each
+# primary row outside 15%.
+TERM_MEGATRON = ("compute priced at FlashAttention-2's attention rate and the best shape's "
+                 "matmul rate (MAMF); Megatron-LM (2021) ran unfused attention, its score "
+                 "matrices through memory")
+TERM_MEGASCALE = ("tp/sp and dp communication exposed on the critical path; MegaScale "
+                  "overlaps both with compute")
+TERM_TITAN = ("compute priced at the 700 W SXM H100's matmul rate (MAMF, 80.3% of the "
+              "dense peak); torchtitan's H100s run at 500 W, in eager PyTorch "
+              "(torch.compile alone adds 15.7%)")
+
+# name, config, profile, world, precision, --explain flags, the published metric and its value,
 # flags of what is assumed where the publication does not say, sensitivity: not a
 # published layout (a variant to show which term moves the prediction).
 CASES = [
     dict(name="megatron-175b-384", config=MEGATRON, profile=A100, world=384,
+         precision=PREC_MEGATRON,
+         term=TERM_MEGATRON,
          flags="--dp 4 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=153.0, source=SRC_MEGATRON,
@@ -62,37 +89,51 @@ CASES = [
                  "paper's end-to-end runs use it; the stored sources do not give Table 2's "
                  "micro-batch or schedule)"),
     dict(name="megatron-175b-768", config=MEGATRON, profile=A100, world=768,
+         precision=PREC_MEGATRON,
+         term=TERM_MEGATRON,
          flags="--dp 8 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=149.0, source=SRC_MEGATRON,
          assumed="micro-batch and schedule as above"),
     dict(name="megatron-175b-1536", config=MEGATRON, profile=A100, world=1536,
+         precision=PREC_MEGATRON,
+         term=TERM_MEGATRON,
          flags="--dp 16 --tp 8 --pp 12 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=141.0, source=SRC_MEGATRON,
          assumed="micro-batch and schedule as above"),
     dict(name="megatron-175b-1024", config=MEGATRON, profile=A100, world=1024,
+         precision=PREC_MEGATRON,
+         term=TERM_MEGATRON,
          flags="--dp 8 --tp 8 --pp 16 --pp-schedule interleaved --virtual-stages 2 "
                "--micro-batch 1 --global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=140.0, source=SRC_MEGATRON_1024,
          assumed="layout tp 8 x pp 16 x dp 8 and the schedule (1024 is not a multiple of "
                  "the published tp 8 x pp 12)"),
     dict(name="megascale-175b-12288", config=MEGASCALE, profile=A100, world=12288,
+         precision=PREC_MEGASCALE,
+         term=TERM_MEGASCALE,
          flags="--dp 192 --tp 8 --pp 8 --sequence-parallel --pp-schedule interleaved "
                "--virtual-stages 2 --micro-batch 1 --global-batch 6144",
          metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
          assumed="micro-batch 1, interleaved schedule with 2 chunks, sequence parallelism, "
                  "no full recomputation"),
     dict(name="torchtitan-llama3-8b-8xh100", config=TITAN, profile=H100, world=8,
+         precision=PREC_TITAN,
+         term=TERM_TITAN,
          flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="no recomputation (torchtitan's selective 'op' AC recomputes every second "
                  "matmul of the forward: between this run and the next)"),
     dict(name="torchtitan-llama3-8b-8xh100-recompute", config=TITAN, profile=H100, world=8,
+         precision=PREC_TITAN,
+         term=TERM_TITAN,
          flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16 --recompute",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="full recomputation (the other bound of selective AC)"),
     dict(name="torchtitan-llama3-8b-8xh100-selective", config=TITAN, profile=H100, world=8,
+         precision=PREC_TITAN,
+         term=TERM_TITAN,
          flags="--dp 8 --zero 3 --micro-batch 2 --global-batch 16 --recompute selective",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="loom's selective recomputation (attention and activations again; "
@@ -101,27 +142,37 @@ CASES = [
     # sensitivity (not the published layouts): which term moves the prediction, and
     # layouts next to the published ones (loom refused these before 64-bit shards)
     dict(name="megatron-175b-1536-1f1b", config=MEGATRON, profile=A100, world=1536,
+         precision=PREC_MEGATRON,
+         term=TERM_MEGATRON,
          flags="--dp 16 --tp 8 --pp 12 --pp-schedule 1f1b --micro-batch 1 "
                "--global-batch 1536 --recompute",
          metric="tflops_per_gpu", published=141.0, source=SRC_MEGATRON,
          assumed="1F1B instead of interleaved", sensitivity=True),
     dict(name="megascale-175b-12288-pp16", config=MEGASCALE, profile=A100, world=12288,
+         precision=PREC_MEGASCALE,
+         term=TERM_MEGASCALE,
          flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule interleaved "
                "--virtual-stages 2 --micro-batch 1 --global-batch 6144",
          metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
          assumed="pp 16 x dp 96 instead of the published pp 8 x dp 192 (2.8e9 parameters "
                  "per rank at pp 8)", sensitivity=True),
     dict(name="megascale-175b-12288-pp16-1f1b", config=MEGASCALE, profile=A100, world=12288,
+         precision=PREC_MEGASCALE,
+         term=TERM_MEGASCALE,
          flags="--dp 96 --tp 8 --pp 16 --sequence-parallel --pp-schedule 1f1b "
                "--micro-batch 1 --global-batch 6144",
          metric="mfu", published=0.552, published_step_ms=6340.0, source=SRC_MEGASCALE,
          assumed="as above with 1F1B", sensitivity=True),
     dict(name="torchtitan-llama3-8b-tp4-dp2", config=TITAN, profile=H100, world=8,
+         precision=PREC_TITAN,
+         term=TERM_TITAN,
          flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
          assumed="tp 4 (sequence parallel) x dp 2 ZeRO-3 instead of FSDP over 8; same "
                  "GPUs, batch and sequence, no recomputation", sensitivity=True),
     dict(name="torchtitan-llama3-8b-tp4-dp2-recompute", config=TITAN, profile=H100, world=8,
+         precision=PREC_TITAN,
+         term=TERM_TITAN,
          flags="--dp 2 --tp 4 --sequence-parallel --zero 3 --micro-batch 2 --global-batch 16 "
                "--recompute",
          metric="tokens_per_s_per_gpu", published=5762.0, source=SRC_TITAN,
@@ -168,7 +219,8 @@ def run_plan(loom, case, timeout):
     """Runs loom plan for one case: the model as --config FILE, falling back to the
     [model] keys as flags if the CLI does not take --config."""
     mflags, _ = model_flags(case["config"])
-    base = [loom, "plan", "--explain", case["flags"], "--profile", case["profile"],
+    flags = case["flags"] + " --precision " + case["precision"][0]
+    base = [loom, "plan", "--explain", flags, "--profile", case["profile"],
             "--world", str(case["world"]), "--json"]
     tries = [base + ["--config", case["config"]], base + mflags]
     last = None
@@ -225,7 +277,8 @@ def main():
         _, cp = model_flags(c["config"])
         out, info = run_plan(args.loom, c, args.timeout)
         r = {"name": c["name"], "config": c["config"], "profile": c["profile"],
-             "world": c["world"], "flags": c["flags"], "metric": c["metric"],
+             "world": c["world"], "flags": c["flags"] + " --precision " + c["precision"][0],
+             "precision": c["precision"][1], "term": c["term"], "metric": c["metric"],
              "published": c["published"], "source": c["source"], "assumed": c["assumed"],
              "sensitivity": bool(c.get("sensitivity")), "plan": info}
         if out is None:
@@ -261,7 +314,8 @@ def main():
         print("    " + ", ".join(f"{x['name']} {x['ms']:.1f} ms" for x in terms)
               + f" = step {t['step_ms']:.1f} ms; loom's MFU {100 * t.get('mfu', 0):.1f}% "
               + "(of the datasheet peak); "
-              + f"memory {r['memory_gib'] or 0:.1f} GiB per rank (fp32)")
+              + f"memory {r['memory_gib'] or 0:.1f} GiB per rank (--precision "
+              + f"{c['precision'][0]})")
     primary = [r for r in runs if not r["sensitivity"] and r["rel_err"] is not None]
     errs = [abs(r["rel_err"]) for r in primary]
     sens = [r for r in runs if r["sensitivity"] and r["rel_err"] is not None]
@@ -273,6 +327,7 @@ def main():
         "median_abs_err": round(statistics.median(errs), 4) if errs else None,
         "worst_abs_err": round(max(errs), 4) if errs else None,
         "refused": [r["name"] for r in runs if r["predicted"] is None],
+        "outside_15pct": {r["name"]: r["term"] for r in primary if not r["within_15pct"]},
         "sensitivity_within_15pct": {r["name"]: r["within_15pct"] for r in sens},
         "table": [{"name": r["name"], "published": r["published"],
                    "predicted": r["predicted"], "rel_err": r["rel_err"],

@@ -17,4 +17,22 @@
  * the policy. */
 int loom_malloc_keep_pages(void);
 
+/* The small-block reserve's bytes (1 MiB). */
+#define LOOM_MALLOC_SMALL_RESERVE ((size_t)1 << 20)
+
+/* Keeps small blocks away from the large temporaries that OpenMPI's collectives malloc
+ * and free every call. glibc serves a block from the smallest free chunk that fits and
+ * from the heap's top only when none does; with the heap kept, a large temporary comes
+ * from the top and, freed, merges back into it. A small block allocated while a large
+ * temporary is live (libnbc's schedule, grown by realloc; libgomp's team of a
+ * one-thread parallel region) then lands right above the temporary, and one that
+ * outlives it splits the freed space: the next temporary that is larger than the part
+ * below does not fit and the heap grows by a whole temporary (traced in
+ * docs/memory.md, "Heap fragmentation"). This leaves a free chunk of
+ * LOOM_MALLOC_SMALL_RESERVE bytes between live blocks, so that such small blocks are
+ * served from it and the large temporaries always from the top. Call it once after the
+ * run's buffers are allocated, before the first step. Returns 1 if the reserve was made
+ * (only after loom_malloc_keep_pages set the policy). */
+int loom_malloc_reserve_small(void);
+
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/malloc_policy.h"
 #include "core/fs.h"
 #include "core/progress.h"
 #include "model/weights.h"
@@ -258,6 +259,7 @@ loom_status loom_train_run(const loom_model_config *mc, const loom_train_config 
         return LOOM_OK;
     }
     int stopped = 0;
+    loom_malloc_reserve_small(); /* small blocks away from MPI's large temporaries */
     st = train_loop(&r, &stopped, err);
     if (!st && !stopped) st = write_outputs(&r, err);
     if (!st) loom_grad_sync_report_end(&r.sync, mesh->rank, r.model.table.total);

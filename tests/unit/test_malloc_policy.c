@@ -2,7 +2,9 @@
  * faults its pages in again; with loom_malloc_keep_pages it does not, also for a block
  * larger than a thread arena's heap (64 MiB) allocated in a thread other than main.
  * Measured as the minor page faults of touching the block (getrusage), with random block
- * sizes. */
+ * sizes. With loom_malloc_reserve_small, a small block allocated while a large one is live
+ * does not keep the large one's freed space from a larger block next: the heap grows by
+ * the difference only, not by the larger block (sbrk(0) before and after). */
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -107,7 +109,63 @@ static long faults_in_thread_child(size_t n, int all) {
     if (pid > 0) waitpid(pid, NULL, 0);
     return f;
 }
+
+/* In a child process: the policy (and the reserve if `reserve`), then a large block A, a
+ * small block allocated while A is live and kept, A freed, a block larger than A by
+ * `more` bytes: the heap's growth (sbrk) over those last steps, -1 if anything failed. */
+static long growth_child(size_t a_bytes, size_t more, size_t small, int reserve) {
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        long g = -1;
+        if (loom_malloc_keep_pages() == 1 && (!reserve || loom_malloc_reserve_small() == 1)) {
+            char *top0 = sbrk(0);
+            char *a = malloc(a_bytes);
+            char *s = malloc(small); /* e.g. libnbc's schedule, grown while A is in flight */
+            if (a && s) {
+                touch(a, a_bytes);
+                s[0] = 1;
+                free(a);
+                char *b = malloc(a_bytes + more);
+                if (b) {
+                    touch(b, a_bytes + more);
+                    g = (long)((char *)sbrk(0) - top0);
+                    free(b);
+                }
+            }
+            free(s);
+        }
+        ssize_t w = write(fd[1], &g, sizeof g);
+        _exit(w == (ssize_t)sizeof g ? 0 : 1);
+    }
+    close(fd[1]);
+    long g = -1;
+    if (pid < 0 || read(fd[0], &g, sizeof g) != (ssize_t)sizeof g) g = -1;
+    close(fd[0]);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return g;
+}
 #endif
+
+static void test_reserve_small(void **state) {
+    (void)state;
+#ifdef LOOM_ASAN
+    skip();
+#else
+    const size_t a = ((size_t)16 << 20) + (rnd() % 16) * ((size_t)1 << 20) + (rnd() % 4096);
+    const size_t more = ((size_t)2 << 20) + rnd() % ((size_t)1 << 20);
+    const size_t small = 1100 + rnd() % 3000; /* above the tcache's largest (1032 bytes) */
+    const long without = growth_child(a, more, small, 0);
+    const long with = growth_child(a, more, small, 1);
+    printf("A %zu bytes, then a %zu-byte block, A freed, %zu bytes more: the heap grew %ld "
+           "bytes without the reserve, %ld with it\n",
+           a, small, more, without, with);
+    assert_true(without > (long)(a + more)); /* the test means something: A's space lost */
+    assert_true(with >= 0 && with < (long)(a + more + a / 4)); /* reused: A + more + slack */
+#endif
+}
 
 /* Runs first: the children must not inherit the settings test_keep_pages makes. */
 static void test_keep_pages_in_threads(void **state) {
@@ -156,6 +214,7 @@ int main(void) {
     printf("test_malloc_policy: seed %u (LOOM_TEST_SEED to repeat)\n", seed);
     g_rng = seed;
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_keep_pages_in_threads),
+                                       cmocka_unit_test(test_reserve_small),
                                        cmocka_unit_test(test_keep_pages)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
