@@ -203,8 +203,7 @@ static loom_status write_outputs(loom_run *r, loom_error *err) {
     }
     /* one file per dp rank: its tp ranks route alike (MoE blocks replicated over tp);
      * --pp: the stages' layers summed over the pipeline group, written by the first stage */
-    if (dumping && r->pipelined &&
-        (st = loom_route_dump_sum(&r->routes, r->pipelined->comm, err)))
+    if (dumping && r->pipelined && (st = loom_route_dump_sum(&r->routes, r->pipelined->comm, err)))
         return st;
     if (dumping && r->mesh->tp_rank == 0 && r->mesh->pp_rank == 0 &&
         (st = loom_route_dump_write(&r->routes, tc->dump_dir, r->mesh->dp_rank, err)))
