@@ -68,9 +68,8 @@ typedef struct {
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
-    char grad_accum[16];   /* local | sharded (ZeRO 2, 3: reduced per micro-batch) | auto (the
-                            * default: sharded at ZeRO-3 where the layout has it, else local) */
-    float memory_per_rank; /* GiB a rank may hold (0: no limit; cli/memory_budget.h) */
+    char grad_accum[16];            /* local | sharded | auto (ZeRO-3: sharded; else local) */
+    float memory_per_rank;          /* GiB a rank may hold (0: no limit; cli/memory_budget.h) */
     /* diffusion transformers (family dit) */
     loom_flow_options flow;       /* --t-sampling, --class-dropout */
     float ema_decay;              /* --ema-decay: moving average of the weights (0 = off) */
