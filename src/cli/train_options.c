@@ -200,7 +200,7 @@ static const opt_def OPTS[] = {
      "GiB a rank may hold: a layout needing more is refused, naming the smallest that fits"},
     {"grad-accum", OPT_STRING, TR(grad_accum), 16,
      "local (sum micro-batches, reduce once) | sharded (ZeRO 2, 3: reduce each micro-batch "
-     "into the shard; no whole gradient kept)"},
+     "into the shard; no whole gradient kept) | auto (default: sharded at --zero 3, else local)"},
 };
 #define N_OPTS (int)(sizeof OPTS / sizeof OPTS[0])
 

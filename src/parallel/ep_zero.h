@@ -70,7 +70,9 @@ void loom_ep_zero_detach(loom_zero *z);
  * dp, experts over edp; blocking, before backward goes on) and this rank's part copied
  * (the step's first micro-batch, z->accum_n 0) or added into z->accum; the range's whole
  * pages of grads are then handed back. Every rank of a group reduces the same pieces in
- * the same order (backward's), so the collectives match. */
+ * the same order (backward's), so the collectives match. In a pipeline stage the action
+ * completing a chunk's micro-batch reduces the chunk's ranges after loom_zero_begin_ranges
+ * (pages from its top's page down only: the ranges above may hold a later micro-batch). */
 loom_status loom_ep_zero_reduce_range(loom_zero *z, float *grads, size_t begin, size_t end,
                                       loom_error *err);
 /* After backward (all micro-batches): the shard's gradients summed over their replicas

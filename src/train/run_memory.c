@@ -11,7 +11,7 @@
 #include "train/run.h"
 
 int loom_run_fsdp_release_ends(const loom_run *r) {
-    return r->zero.stage == 3 && strcmp(r->tc->grad_accum, "sharded") == 0 && !r->pipelined &&
+    return r->zero.stage == 3 && r->zero.accum_resident > 0 && !r->pipelined && /* sharded */
            r->mesh->ep.size == 1 && loom_model_head_can_split(&r->model);
 }
 

@@ -141,25 +141,42 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
 /* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
 /* --grad-accum sharded in a pipeline (pipeline/executor.c): language models only (a dit's
  * or a vlm's stage ranges are not reported per micro-batch). */
-static loom_status sharded_accum_layout(const loom_run *r, loom_error *err) {
+static int sharded_accum_family(const loom_run *r) {
     const int family = r->mc->family;
-    if (r->pipelined && family != LOOM_FAMILY_GPT2 && family != LOOM_FAMILY_LLAMA)
+    return !r->pipelined || family == LOOM_FAMILY_GPT2 || family == LOOM_FAMILY_LLAMA;
+}
+
+/* Whether this run reduces every micro-batch into the shard (--grad-accum sharded, stages
+ * 2, 3): asked for, or the default (auto) at ZeRO-3, FSDP's behaviour, where the layout
+ * has it (else local, as at ZeRO-2: Megatron-LM's; docs/memory.md says why). */
+static loom_status sharded_accum_wanted(const loom_run *r, int *sharded, loom_error *err) {
+    const char *mode = r->tc->grad_accum;
+    *sharded = 0;
+    if (r->zero.stage < 2) return LOOM_OK; /* one replica: ZeRO, and this, are no-ops */
+    if (strcmp(mode, "auto") == 0) {
+        *sharded = r->zero.stage == 3 && sharded_accum_family(r);
+        return LOOM_OK;
+    }
+    if (strcmp(mode, "sharded") != 0) return LOOM_OK;
+    if (!sharded_accum_family(r))
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--grad-accum sharded: with --pp only for --family gpt2 or llama "
                               "(got a %s model)",
-                              loom_family_name(family));
+                              loom_family_name(r->mc->family));
+    *sharded = 1;
     return LOOM_OK;
 }
 
 /* loom_zero_accum_enable's flags for this stage: GPT-2's tied embedding on its first and
  * last stage (reduced once a step, after the stages' swap), split backward (zb); with --ep
- * each range is reduced before backward goes on. */
+ * each range is reduced before backward goes on (parallel/ep_zero.h), also in a stage. */
 static int sharded_accum_flags(const loom_run *r) {
-    if (r->mesh->ep.size > 1) return LOOM_ZERO_ACCUM_BLOCKING; /* parallel/ep_zero.h */
-    if (!r->pipelined) return 0;
+    const int blocking = r->mesh->ep.size > 1 ? LOOM_ZERO_ACCUM_BLOCKING : 0;
+    if (!r->pipelined) return blocking;
     const loom_pipeline *pl = r->pipelined;
     const int tied = r->mc->family == LOOM_FAMILY_GPT2 && (pl->layers.first || pl->layers.last);
-    return (tied ? LOOM_ZERO_ACCUM_KEEP_EMBED : 0) | (pl->train.split ? LOOM_ZERO_ACCUM_SPLIT : 0);
+    return blocking | (tied ? LOOM_ZERO_ACCUM_KEEP_EMBED : 0) |
+           (pl->train.split ? LOOM_ZERO_ACCUM_SPLIT : 0);
 }
 
 static loom_status build_model(loom_run *r, loom_error *err) {
@@ -169,6 +186,7 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     const int T = mc->seq_len, cp = mesh->layout.cp;
     const int rows = tc->micro_batch * T / cp; /* tokens of a micro-batch on this rank */
     loom_status st;
+    int sharded; /* --grad-accum */
     loom_precision precision;
     /* sizing a bf16 run (loom plan): its arena keeps the run's activations in bf16 */
     if (r->size_only && !loom_precision_parse(tc->precision, "--precision", &precision, NULL) &&
@@ -224,11 +242,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
         (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))) ||
-        (strcmp(tc->grad_accum, "sharded") == 0 && r->zero.stage >= 2 &&
-         ((st = sharded_accum_layout(r, err)) ||
-          (st = loom_zero_accum_enable(
-               &r->zero, !r->pipelined && loom_model_head_can_split(&r->model),
-               sharded_accum_flags(r), tc->micro_batch * T, r->size_only, err)))))
+        (st = sharded_accum_wanted(r, &sharded, err)) ||
+        (sharded && (st = loom_zero_accum_enable(
+                         &r->zero, !r->pipelined && loom_model_head_can_split(&r->model),
+                         sharded_accum_flags(r), tc->micro_batch * T, r->size_only, err))))
         return st;
     r->model.head_pieces = r->zero.head_pieces; /* --grad-accum sharded: 0 otherwise */
     if (r->size_only) return LOOM_OK;

@@ -64,7 +64,7 @@ void loom_train_config_defaults(loom_train_config *tc) {
     tc->eval_batches = 4;
     snprintf(tc->pp_schedule, sizeof tc->pp_schedule, "1f1b");
     snprintf(tc->vision_schedule, sizeof tc->vision_schedule, "first");
-    snprintf(tc->grad_accum, sizeof tc->grad_accum, "local");
+    snprintf(tc->grad_accum, sizeof tc->grad_accum, "auto"); /* sharded at --zero 3 */
     tc->virtual_stages = 1;
     tc->flow = (loom_flow_options){LOOM_T_LOGIT_NORMAL, 0.1f, 0}; /* n_classes: the model's */
     loom_outer_config_defaults(&tc->outer);
@@ -185,18 +185,13 @@ loom_status loom_train_config_validate(const loom_train_config *tc, loom_error *
     if (tc->zero < 0 || tc->zero > 3)
         return loom_error_set(err, LOOM_ERR_INPUT, "--zero %d: expected 0, 1, 2 or 3", tc->zero);
     const int sharded = strcmp(tc->grad_accum, "sharded") == 0;
-    if (!sharded && strcmp(tc->grad_accum, "local") != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT, "--grad-accum '%s': expected local or sharded",
-                              tc->grad_accum);
+    if (!sharded && strcmp(tc->grad_accum, "local") != 0 && strcmp(tc->grad_accum, "auto") != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--grad-accum '%s': expected local, sharded or auto", tc->grad_accum);
     if (sharded && tc->zero < 2)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--grad-accum sharded: needs --zero 2 or 3 (got --zero %d)",
                               tc->zero);
-    if (sharded && tc->layout.ep > 1 && tc->layout.pp > 1) /* parallel/ep_zero.h: no pipeline */
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: with --ep not with --pp yet (got --ep %d "
-                              "--pp %d)",
-                              tc->layout.ep, tc->layout.pp);
     if (!(tc->memory_per_rank >= 0))
         return loom_error_set(err, LOOM_ERR_INPUT, "--memory-per-rank %g: expected GiB >= 0",
                               (double)tc->memory_per_rank);

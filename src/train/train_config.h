@@ -68,7 +68,7 @@ typedef struct {
     char skip_steps[LOOM_PATH_MAX]; /* batches never trained on (train/batch_skip.h) */
     char inject[LOOM_PATH_MAX];     /* faults to inject (core/fault.h); cli arms them */
     int resume_ignore_seed;         /* resume a checkpoint saved with another --seed */
-    char grad_accum[16];            /* local | sharded (ZeRO 2, 3: reduced per micro-batch) */
+    char grad_accum[16];            /* local | sharded | auto (ZeRO-3: sharded; else local) */
     float memory_per_rank;          /* GiB a rank may hold (0: no limit; cli/memory_budget.h) */
     /* diffusion transformers (family dit) */
     loom_flow_options flow;       /* --t-sampling, --class-dropout */

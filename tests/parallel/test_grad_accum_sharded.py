@@ -18,8 +18,10 @@ local accumulation (the usual criterion; the test says whether bitwise), Llama's
 layout twice bitwise, and the resident local gradient within the plan. Experts (a Llama
 MoE, dp 4 x ep 2, ZeRO-2 and ZeRO-3, 8 micro-batches per rank): against one process with
 the same micro-batches, ZeRO-3 twice bitwise, the resident local gradient within the plan
-(one range). Bad input: --grad-accum sharded with --zero 1, with --ep and --pp together or
-an unknown value: exit 2.
+(one range); with a pipeline too (pp 2 x dp 2 x ep 2, ZeRO-2 1f1b sharded, ZeRO-3 zb by
+default), against one process, zb twice bitwise. ZeRO-3 without --grad-accum (auto, the
+default) is sharded: bitwise the run with --grad-accum sharded; the local runs name
+--grad-accum local. Bad input: --grad-accum sharded with --zero 1, an unknown value: exit 2.
 Usage: test_grad_accum_sharded.py --loom PATH [--seed S]
 """
 import os
@@ -79,7 +81,7 @@ def pipelines(loom, family, data, seed, tmp):
     for zero, schedule in cases:
         flags = pp + ["--zero", zero, "--pp-schedule", schedule]
         name = f"pp2_dp2_z{zero}_{schedule}"
-        local = lay.run(name + "_local", 4, flags)
+        local = lay.run(name + "_local", 4, flags + ["--grad-accum", "local"])
         sharded = lay.run(name + "_sharded", 4, flags + ["--grad-accum", "sharded"])
         ok, text = compare(sharded, ref)
         check(ok, f"  pp2 dp2 ZeRO-{zero} {schedule} sharded vs one process: {text}")
@@ -117,6 +119,19 @@ def experts(loom, data, seed, tmp):
               f"(mincore): {got_mib:.3f} <= {plan_mib:.3f} MiB planned (one range)")
     again = lay.run("dp4_ep2_z3_sharded_again", 4, lay4 + ["--zero", "3"])
     check(bitwise(again, got), "  MoE dp4 x ep2 ZeRO-3 sharded twice: bitwise")
+    # with a pipeline: each action completing a chunk's micro-batch reduces its ranges per
+    # kind (blocking); ZeRO-3's default (no --grad-accum) is sharded
+    pp = mb + ["--pp", "2", "--dp", "2", "--ep", "2"]
+    for zero, schedule, extra in (("2", "1f1b", ["--grad-accum", "sharded"]), ("3", "zb", [])):
+        name = f"pp2_dp2_ep2_z{zero}_{schedule}"
+        got = lay.run(name, 4, pp + ["--zero", zero, "--pp-schedule", schedule] + extra)
+        ok, text = compare(got, ref)
+        check(ok, f"  MoE pp2 x dp2 x ep2 ZeRO-{zero} {schedule} sharded vs one process: {text}")
+        got_mib, plan_mib, _ = resident(got)
+        check(got_mib <= plan_mib, f"  MoE pp2 x dp2 x ep2 ZeRO-{zero} {schedule} resident local "
+              f"gradient (mincore, stage 0): {got_mib:.3f} <= {plan_mib:.3f} MiB planned")
+    again = lay.run(name + "_again", 4, pp + ["--zero", zero, "--pp-schedule", schedule])
+    check(bitwise(again, got), f"  MoE pp2 x dp2 x ep2 ZeRO-{zero} {schedule} twice: bitwise")
 
 
 def main():
@@ -132,7 +147,7 @@ def main():
             ref = lay.run("single", 1, ["--micro-batch", "4", "--global-batch", "32"])
             dp4 = ["--dp", "4", "--micro-batch", "1", "--global-batch", "32"]
             dp2 = ["--dp", "2", "--micro-batch", "2", "--global-batch", "32"]
-            local = lay.run("dp4_z3_local", 4, dp4 + ["--zero", "3"])
+            local = lay.run("dp4_z3_local", 4, dp4 + ["--zero", "3", "--grad-accum", "local"])
             sharded = lay.run("dp4_z3_sharded", 4, dp4 + ["--zero", "3", "--grad-accum",
                                                          "sharded"])
             for name, run in (("dp4 ZeRO-3 local", local), ("dp4 ZeRO-3 sharded", sharded)):
@@ -146,9 +161,10 @@ def main():
             got = lay.run("dp2_z2_sharded", 2, dp2 + ["--zero", "2", "--grad-accum", "sharded"])
             ok, text = compare(got, ref)
             check(ok, f"  dp2 ZeRO-2 sharded vs one process: {text}")
-            again = lay.run("dp4_z3_sharded_again", 4, dp4 + ["--zero", "3", "--grad-accum",
-                                                             "sharded"])
-            check(bitwise(again, sharded), "  dp4 ZeRO-3 sharded twice: bitwise")
+            # ZeRO-3's default (auto) is sharded: the same run without the flag
+            again = lay.run("dp4_z3_default", 4, dp4 + ["--zero", "3"])
+            check(bitwise(again, sharded), "  dp4 ZeRO-3 sharded twice (the second by default, "
+                  "no --grad-accum): bitwise")
             g_local, g_sharded = grads_mib(local), grads_mib(sharded)
             if family == "llama":  # gpt2's tied embedding is written whole by the head's
                 # backward and stays beside the two ranges: at this size not below local's
@@ -163,9 +179,6 @@ def main():
         experts(args.loom, data, seed, tmp)
         for bad, want in ((["--zero", "1", "--dp", "2", "--micro-batch", "1", "--global-batch", "2",
                            "--grad-accum", "sharded"], "--grad-accum sharded"),
-                          (["--zero", "2", "--dp", "2", "--ep", "2", "--pp", "2", "--micro-batch",
-                            "1", "--global-batch", "2", "--grad-accum", "sharded"],
-                           "--grad-accum sharded: with --ep not with --pp yet"),
                           (["--grad-accum", "both"], "--grad-accum 'both'")):
             p = subprocess.run([args.loom, "train", "--data", data, "--steps", "1"] + bad,
                                capture_output=True, text=True, timeout=60)

@@ -36,14 +36,16 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
+import types
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
-                      weights_error)
+from loomtest import (ADAM_EPS, MPIRUN, TOL, Layouts, bitwise, loss_error, parse_test_args,  # noqa: E402
+                      same_tensors, weights_error)
 from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
 from test_layouts_bf16 import check_tp_rounded  # noqa: E402
 
@@ -201,6 +203,15 @@ def unchanged(run, prefix):
                if n.startswith(prefix))
 
 
+def dry_report(base, ranks, extra):
+    """The start-up report of `base + extra` under --dry-run (set up, no step), standing in
+    for a run in report_drop; ZeRO-3 with --grad-accum local, whose report counts the whole
+    local gradient (its default, sharded, counts the shard's sum and two ranges)."""
+    cmd = MPIRUN + ["-n", str(ranks)] + base + extra + ["--grad-accum", "local", "--dry-run"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return types.SimpleNamespace(stderr=p.stderr)
+
+
 def report_drop(name, before, after, frozen_mib, shard_mib):
     """The report's local gradients drop by the frozen part, AdamW by its dp shard (2 x)."""
     (g0, o0), (g1, o1) = report_mib(before.stderr), report_mib(after.stderr)
@@ -214,7 +225,8 @@ def report_drop(name, before, after, frozen_mib, shard_mib):
 def frozen_case(layouts, ref, base, tmp):
     """--freeze vision: one process against dp 2 ZeRO-1 and ZeRO-3 (the encoder's weights end
     bitwise as they started); the report's gradient and AdamW bytes drop by the encoder's
-    size (ZeRO-3: AdamW by its shard); a ZeRO-3 checkpoint resumes bitwise (also from peers'
+    size (ZeRO-3: AdamW by its shard; the reports of --dry-run with --grad-accum local, whose
+    gradient is the whole buffer); a ZeRO-3 checkpoint resumes bitwise (also from peers'
     memory, --ckpt-peer), and resumed with
     the encoder trainable (LLaVA's stage 1 -> stage 2: its moments start at zero) one process
     and dp 2 ZeRO-2 agree. --freeze vision,llm at dp 2 ZeRO-3: equal to one process, twice
@@ -254,9 +266,10 @@ def frozen_case(layouts, ref, base, tmp):
     print(f"  resumed at step 3 from peers' memory (dp2 ZeRO-3): "
           f"{'bitwise identical' if ok else 'FAIL: differs from the uninterrupted run'}")
     total = sum(a.size for a in fref.params.values()) * 4 / 2**20
-    z3 = layouts.runs["dp2_zero3"]
+    z3 = dry_report(base, 2, z3_flags)
     # the optimizer's shards: half of everything before, half of the trained span after
-    report_drop("dp2 ZeRO-3", z3, saver, mib["vision."], mib["vision."] / 2)
+    report_drop("dp2 ZeRO-3", z3, dry_report(base + ["--freeze", "vision"], 2, z3_flags),
+                mib["vision."], mib["vision."] / 2)
     at = ["--resume", os.path.join(frozen.path("ckpt"), "step_00000003"), "--ema-decay", "0.8"]
     u1 = layouts.run("unfrozen_single", 1, at)
     u2 = layouts.run("unfrozen_dp2_zero2", 2, ["--dp", "2", "--zero", "2"] + at)
@@ -296,8 +309,9 @@ def frozen_case(layouts, ref, base, tmp):
         still = unchanged(got, "model.") and unchanged(got, "lm_head.")
         check(still)
         print(f"    decoder unchanged {still}")
-    report_drop("dp2 ZeRO-3 --freeze vision,llm", z3, got, total - mib["projector."],
-                (total - mib["projector."]) / 2)
+    report_drop("dp2 ZeRO-3 --freeze vision,llm", z3,
+                dry_report(base + ["--freeze", "vision,llm"], 2, z3_flags),
+                total - mib["projector."], (total - mib["projector."]) / 2)
 
 
 def main():

@@ -8,13 +8,16 @@ checks, with P the parameter count the run prints and N the data-parallel size:
   grads       4P local accumulation buffer (every stage), of which 4P/N stays after the
               reduction (the reduced shard, stages 2, 3)
   optimizer   8P (stage 0), 8P/N (stages 1-3)
-(with one micro-batch a step at ZeRO-2, grads between the shard and 4P: what the buckets
+(ZeRO-3 with --grad-accum local: its default, sharded, last; with one micro-batch a step
+at ZeRO-2, grads between the shard and 4P: what the buckets
 leave resident at the worst layer boundary), and, for stages 2 and 3, that the end-of-run line on resident local gradients (mincore
 high-water mark) shows what accumulation wrote: 4P, less the rows of an untied
 embedding (Llama) that no token touched; for stage 3, that "gathered at most" is every
 range of the parameter view less the whole 2 MiB pages inside the blocks not in use (all
 but two adjacent blocks), computed here from the model's shape, in the drawn shape and in
-a wider one whose blocks hold whole huge pages.
+a wider one whose blocks hold whole huge pages. ZeRO-3's default (--grad-accum sharded),
+in both shapes: grads = the shard's sum 4P/N + the end line's planned pair of ranges, the
+pair at most twice the largest range widened to huge pages (+ GPT-2's tied embedding).
 A shard is P/N snapped to whole rows, so "P/N" is allowed to be off by at most one row
 of the widest tensor (or one whole 1-D tensor) plus the report's rounding (0.001 MiB).
 Usage: test_memory_report.py --loom PATH [--seed S]
@@ -60,7 +63,7 @@ def zero3_gathered(family, P, L, C, V, T):
     return 4 * (P - sum(spans) + in_use)
 
 
-def report(cmd):
+def report(cmd, planned=False):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         print(f"FAIL: exit {p.returncode}\n$ {' '.join(cmd)}\n{p.stderr[-2000:]}")
@@ -77,7 +80,11 @@ def report(cmd):
     got["after"] = float(r.group(3)) * MIB if r else None
     b = re.search(r"loom: data-parallel buffers: ([\d.]+) MiB", p.stderr)
     got["dp_buffers"] = float(b.group(1)) * MIB if b else 0.0
-    return int(n.group(1)), got
+    if not planned:
+        return int(n.group(1)), got
+    # --grad-accum sharded's end line: the report's pair of ranges (0 when not sharded)
+    q = re.search(r"--grad-accum sharded: .* ([\d.]+) MiB planned", p.stderr)
+    return int(n.group(1)), got, float(q.group(1)) * MIB if q else 0.0
 
 
 def main():
@@ -120,8 +127,10 @@ def main():
     for dp in (2, 3):
         for zero in (0, 1, 2, 3):
             print(f"dp {dp} zero {zero}")
+            # ZeRO-3's default is --grad-accum sharded (checked below): local named here
+            local = ["--grad-accum", "local"] if zero == 3 else []
             _, got = report(MPIRUN + ["-n", str(dp)] + base + ["--dp", str(dp), "--zero",
-                                                               str(zero)])
+                                                               str(zero)] + local)
             shard = 4 * P / dp
             want = {"params": 4 * P if zero < 3 else shard, "grads": 4 * P,
                     "grad_shard": shard if zero >= 2 else 0,
@@ -180,12 +189,34 @@ def main():
     cmd = list(base)
     for k, v in wide.items():
         cmd[cmd.index(k) + 1] = str(v)
-    print("dp 2 zero 3, d_model 384, d_ff 1536, 3 layers")
-    Pw, got = report(MPIRUN + ["-n", "2"] + cmd + ["--dp", "2", "--zero", "3"])
+    print("dp 2 zero 3, d_model 384, d_ff 1536, 3 layers, --grad-accum local")
+    Pw, got = report(MPIRUN + ["-n", "2"] + cmd + ["--dp", "2", "--zero", "3", "--grad-accum",
+                                                   "local"])
     want = zero3_gathered(family, Pw, 3, 384, V, T)
     check("gathered", got["gathered"], want, 0.0011 * MIB)
     if not loomtest.check(want < 4 * Pw):
         print(f"  nothing handed back: {want} bytes of {4 * Pw}")
+    # ZeRO-3's default, --grad-accum sharded (FSDP's): grads = the shard's sum (4P/N) + the
+    # local gradient of two adjacent ranges (the end line's "planned", the report's own
+    # figure), at most two of the largest range (a block, the head's piece, the embedding)
+    # each widened to the 2 MiB huge page below it, plus GPT-2's tied embedding (written
+    # whole by the head's backward): O(P/N) + O(a block). (Below local's 4P only where the
+    # sum and two ranges are: not for 3 blocks of 6.8 MiB at dp 2, 16.0 + 18.6 > 32.0 MiB)
+    for name, shape, Ls, Cs in (("drawn", base, L, C), ("wide", cmd, 3, 384)):
+        print(f"dp 2 zero 3 default (sharded), {name} shape")
+        Pd, got, planned = report(MPIRUN + ["-n", "2"] + shape + ["--dp", "2", "--zero", "3"],
+                                  planned=True)
+        shard = 4 * Pd / 2
+        check("grad_shard (the sum)", got["grad_shard"], shard, slack)
+        check("grads = the sum + the planned pair", got["grads"], shard + planned, 0.0021 * MIB)
+        emb = V * Cs + (T * Cs if family == "gpt2" else 0)
+        tail = 2 * Cs if family == "gpt2" else Cs + V * Cs
+        largest = max((Pd - emb - tail) // Ls, emb, tail)
+        bound = 4 * (2 * largest + 2 * HUGE) + (4 * emb if family == "gpt2" else 0) + 8192
+        ok = loomtest.check(planned <= bound)
+        print(f"  planned pair {planned / MIB:.3f} MiB <= 2 x the largest range + 2 huge pages"
+              f"{' + the tied embedding' if family == 'gpt2' else ''} {bound / MIB:.3f} MiB"
+              f"{'' if ok else '  <-- MISMATCH'}")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ tp/tp.c's (2 x rows + tp) x d_model bf16 values), context-parallel and MoE-buffe
 stage the plan checks against the budget holds the most of all stages; BF16_LAYOUTS run
 both with --precision bf16 (activations partly bf16); SHARDED_LAYOUTS with --grad-accum
 sharded (pp 2 x dp 2 under 1f1b and zb), ONE_MICRO_LAYOUTS with one micro-batch a step at
-ZeRO 2/3 (the local gradient's resident peak, not the whole buffer), and a MoE layout
-with --ep 2 and --grad-accum sharded; EMA_LAYOUTS with --ema-decay (the average, held like
-AdamW's m, is in the line and the totals: exactly half the optimizer's bytes). For the vlm the
+ZeRO 2/3 with local accumulation (the local gradient's resident peak, not the whole
+buffer), and a MoE layout with --ep 2 and --grad-accum sharded; EMA_LAYOUTS with --ema-decay
+(the average, held like AdamW's m, is in the line and the totals: exactly half the
+optimizer's bytes). Every other ZeRO-3 layout runs ZeRO-3's default, --grad-accum sharded
+(with --ep and --pp too: pp2_ep2_dp2_z3). For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -72,13 +74,14 @@ SHARDED_LAYOUTS = [
                                      "zb", "--grad-accum", "sharded"]),
 ]
 
-# one micro-batch a step (--global-batch = dp x --micro-batch) at ZeRO 2/3: the local
-# gradient counted as resident at the worst layer boundary (parallel/zero_resident.c)
+# one micro-batch a step (--global-batch = dp x --micro-batch) at ZeRO 2/3 with local
+# accumulation (ZeRO-3's default is sharded: asked for here): the local gradient counted
+# as resident at the worst layer boundary (parallel/zero_resident.c)
 ONE_MICRO_LAYOUTS = [
     ("dp2_zero2_one_micro_batch", 2, ["--dp", "2", "--zero", "2", "--global-batch", "4",
                                     "--bucket-mb", "0.01"]),
     ("dp4_zero3_one_micro_batch", 4, ["--dp", "4", "--zero", "3", "--global-batch", "8",
-                                    "--bucket-mb", "0.01"]),
+                                    "--bucket-mb", "0.01", "--grad-accum", "local"]),
 ]
 
 
