@@ -23,6 +23,8 @@
  *   allgather_over_predicted  the all-gather's time over that: the most the reshard could
  *                       beat the all-gather by at these bandwidths.
  * phases_ms: the slowest rank's pack, local, wait and unpack in the best iteration.
+ * median: the same comparisons from the medians over the timed iterations (the best of a
+ * short operation is luckier than the best of a long one on a loaded machine).
  *
  *   mpirun -n N reshard_cmp --dir DIR [--tp-train N | --pp-train N] [--tp-gen 1]
  *                           [--n-layer 8] [--d-model 512] [--vocab 4096] [--iters 5]
@@ -83,6 +85,11 @@ static void view_free(view *v) {
     loom_params_free(&v->table);
     loom_ckpt_descs_free(&v->descs);
     free(v->buf);
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* The largest over ranks (the slowest rank's time). */
@@ -175,11 +182,11 @@ int main(int argc, char **argv) {
     cfg.vocab_size = arg_int(argc, argv, "--vocab", 4096), cfg.seq_len = 64;
     if (!dir || c.size > 64 || tpa < 1 || tpb < 1 || ppa < 1 || (ppa > 1 && tpa > 1) ||
         c.size % tpa || c.size % tpb || c.size % ppa || cfg.n_layer % ppa || cfg.n_head % tpa ||
-        cfg.n_head % tpb || iters < 1 || min_msg < 1) {
+        cfg.n_head % tpb || iters < 1 || iters > 64 || min_msg < 1) {
         if (c.rank == 0)
             fprintf(stderr, "reshard_cmp: --dir DIR needed; --tp-train (or --pp-train, not both) "
                             "and --tp-gen must divide the world and 8 heads (--pp-train: the "
-                            "layers); --iters >= 1; --min-message >= 1\n");
+                            "layers); --iters 1-64; --min-message >= 1\n");
         return 2;
     }
     view whole, src, dst, want;
@@ -205,7 +212,7 @@ int main(int argc, char **argv) {
     float *scratch = malloc(src.table.total * sizeof(float));
     if (!all || !p2p_send || !p2p_recv || !scratch) return 1;
     double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, p2p_best = 1e30;
-    double phase[4] = {0};
+    double phase[4] = {0}, runs[4][64]; /* each timed iteration: reshard, p2p, all-gather, memcpy */
     for (int it = 0; it < iters + 1; it++) { /* the first is a warm-up */
         double t[3];
         loom_comm_barrier(&c, &err);
@@ -233,9 +240,7 @@ int main(int argc, char **argv) {
         t0 = loom_now_ms();
         memcpy(scratch, src.buf, src.table.total * sizeof(float));
         const double cp = slowest(&c, loom_now_ms() - t0);
-        cp_best = cp < cp_best ? cp : cp_best;
         const double pt = slowest(&c, t[1]);
-        p2p_best = pt < p2p_best ? pt : p2p_best;
         /* the slowest rank of the reshard: its phases */
         double all_t[64] = {0}, who = 0;
         all_t[c.rank] = t[0];
@@ -244,11 +249,22 @@ int main(int argc, char **argv) {
         double phw[4];
         for (int k = 0; k < 4; k++) phw[k] = c.rank == (int)who ? ph[k] : 0.0;
         loom_comm_allreduce_sum_f64(&c, phw, 4, &err);
+        const double ag = slowest(&c, t[2]);
+        if (it == 0) continue;
         if (all_t[(int)who] < best[0])
             for (int k = 0; k < 4; k++) phase[k] = phw[k];
         best[0] = all_t[(int)who] < best[0] ? all_t[(int)who] : best[0];
-        const double ag = slowest(&c, t[2]);
         best[2] = ag < best[2] ? ag : best[2];
+        cp_best = cp < cp_best ? cp : cp_best;
+        p2p_best = pt < p2p_best ? pt : p2p_best;
+        runs[0][it - 1] = all_t[(int)who], runs[1][it - 1] = pt, runs[2][it - 1] = ag;
+        runs[3][it - 1] = cp;
+    }
+    double med[4]; /* the medians over the timed iterations */
+    for (int k = 0; k < 4; k++) {
+        qsort(runs[k], (size_t)iters, sizeof(double), by_value);
+        med[k] =
+            iters % 2 ? runs[k][iters / 2] : 0.5 * (runs[k][iters / 2 - 1] + runs[k][iters / 2]);
     }
     int bad = memcmp(dst.buf, want.buf, want.table.total * sizeof(float)) != 0;
     for (int it = 0; it < (iters < ckpt_iters ? iters : ckpt_iters); it++) {
@@ -272,6 +288,13 @@ int main(int argc, char **argv) {
     double v[7 * 64] = {0};
     double *mine = v + 7 * c.rank;
     mine[0] = recv, mine[1] = copied, mine[2] = (recv / bw + copied / mem_bw) * 1e3;
+    /* the same at the median bandwidths (folded into the slot of its own below) */
+    double vm[64] = {0};
+    vm[c.rank] =
+        (recv * med[1] / ((double)p2p * 4.0) + copied * med[3] / ((double)src.table.total * 4.0));
+    loom_comm_allreduce_sum_f64(&c, vm, c.size, &err);
+    double pred_med = 0;
+    for (int p = 0; p < c.size; p++) pred_med = vm[p] > pred_med ? vm[p] : pred_med;
     mine[3] = (double)r.direct_floats * 4.0, mine[4] = (double)r.local_floats * 4.0;
     mine[5] = (double)r.unpacked_floats * 4.0, mine[6] = (double)r.packed_floats * 4.0;
     loom_comm_allreduce_sum_f64(&c, v, 7 * c.size, &err);
@@ -300,12 +323,16 @@ int main(int argc, char **argv) {
                "\"reshard_over_predicted\": %.3f, \"allgather_over_reshard\": %.3f, "
                "\"allgather_over_predicted\": %.3f, \"ckpt_over_reshard\": %.3f, "
                "\"phases_ms\": {\"pack\": %.3f, \"local\": %.3f, \"wait\": %.3f, "
-               "\"unpack\": %.3f}, \"bitwise\": %s}\n",
+               "\"unpack\": %.3f}, \"median\": {\"reshard_ms\": %.3f, \"allgather_ms\": %.3f, "
+               "\"predicted_ms\": %.3f, \"reshard_over_predicted\": %.3f, "
+               "\"allgather_over_reshard\": %.3f, \"allgather_over_predicted\": %.3f}, "
+               "\"iters\": %d, \"bitwise\": %s}\n",
                c.size, ppa, tpa, tpb, (double)whole.table.total * 4.0, r.bytes_moved, recv_max,
                ag_bytes, ag_bytes / (recv_max > 0 ? recv_max : 1), nm, min_msg, best[0], best[2],
                ck, bw, mem_bw, crit, cr[0], cr[3], cr[1], cr[4], cr[5], cr[6], pred, best[0] / pred,
                best[2] / best[0], best[2] / pred, ck / best[0], phase[0], phase[1], phase[2],
-               phase[3], nbad ? "false" : "true");
+               phase[3], med[0], med[2], pred_med, med[0] / pred_med, med[2] / med[0],
+               med[2] / pred_med, iters, nbad ? "false" : "true");
     loom_reshard_free(&r);
     view_free(&whole), view_free(&src), view_free(&dst), view_free(&want);
     free(all), free(p2p_send), free(p2p_recv), free(scratch);
