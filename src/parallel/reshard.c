@@ -387,6 +387,9 @@ loom_status loom_reshard_plan_with(loom_reshard *r, loom_comm *comm, const loom_
                                    loom_error *err) {
     memset(r, 0, sizeof *r);
     r->comm = comm;
+    if (comm->device != LOOM_COMM_HOST) /* host copies; NCCL would match sends in order */
+        return loom_error_set(err, LOOM_ERR_STATE, "reshard on %s: host communicators only",
+                              comm->name);
     loom_status st = check_sides(src, dst, err);
     if (st) return st;
     all_pieces sp, dp;

@@ -84,7 +84,8 @@ typedef struct {
 
 /* Plans the move from side `src` to side `dst` over comm (every rank of comm calls it).
  * Fails (LOOM_ERR_INPUT) when the two sides do not describe the same tensors, or when a
- * destination element has no source. */
+ * destination element has no source; on a device communicator (LOOM_ERR_STATE: the
+ * buffers are host memory, and the messages are matched by tag). */
 loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
                               const loom_reshard_side *dst, loom_error *err);
 /* The same with another threshold for a run's own message (LOOM_RESHARD_MIN_MESSAGE above;
