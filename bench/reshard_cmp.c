@@ -22,7 +22,9 @@
  *                       receives and its copies both run on its own core, in turn);
  *   allgather_over_predicted  the all-gather's time over that: the most the reshard could
  *                       beat the all-gather by at these bandwidths.
- * phases_ms: the slowest rank's pack, local, wait and unpack in the best iteration.
+ * phases_ms: the slowest rank's pack, local, wait and unpack in the best iteration;
+ * messages: sends and receives posted over all ranks (each message counted at both ends);
+ * critical_*: the bytes of the rank the model predicts slowest.
  * median: the same comparisons from the medians over the timed iterations (the best of a
  * short operation is luckier than the best of a long one on a loaded machine).
  *
