@@ -14,14 +14,27 @@
    weights, the same P x G sequences, its own batched KV-cache sampling, the same
    micro-batches, AdamW; one thread each): the mean iteration time of loom rl's metrics
    against the PyTorch loop's, both over the same number of iterations. Target: loom >= 2x.
-5. Reshard against the alternatives (bench/reshard_cmp.c, 4 ranks, the issue's layouts:
-   train tp 2 x dp 2 -> gen dp 4, a larger model so that fixed costs do not dominate:
-   8 layers, d_model 512, vocab 4096, 151 MB): loom's in-memory reshard, the bare
-   all-to-all of the same counts, an all-gather of every rank's training buffer on every
-   rank (the transfer only), and saving a checkpoint of the training layout and loading
-   it into the generation layout (loom's ckpt writer and loader, fsync included, in the
-   temporary folder); the bandwidth of the prediction is the same run's all-gather's
-   (bytes a rank receives / its time). Best of 5 (checkpoint: 2), slowest rank.
+5. Reshard against the alternatives (bench/reshard_cmp.c, 4 ranks, a larger model so that
+   fixed costs do not dominate: 8 layers, d_model 512, vocab 4096, 151 MB), two layout
+   pairs: the issue's train tp 2 x dp 2 -> gen dp 4 (`reshard_compare`), and two with a
+   sharded generation layout: train pp 2 x dp 2 -> gen tp 2 x dp 2
+   (`reshard_compare_pp_tp`) and train tp 2 x dp 2 -> gen tp 4 (`reshard_compare_tp_tp4`;
+   their checkpoint comparison: one round, not two). Each:
+   loom's in-memory reshard, an all-gather of every rank's training buffer on every rank
+   (the transfer only), and saving a checkpoint of the training layout and loading it
+   into the generation layout (loom's ckpt writer and loader, fsync included, in the
+   temporary folder); the time predicted from what the reshard moves: the bytes a rank
+   receives over MPI / the point-to-point bandwidth + the bytes it copies in memory (what
+   it keeps, packs, unpacks) / the memcpy bandwidth, both measured in the same run, the
+   slowest rank's. Best of 5 (checkpoint: 2), slowest rank. `reshard_bounds` says per
+   pair whether 3x over the all-gather is reachable at all: the all-gather's measured
+   time over the reshard's predicted time (at most that ratio, were the reshard exactly
+   as fast as its bytes). With whole replicas in generation each rank must receive what
+   it lacks and copy what it keeps, so the first pair's bound is below 3 whatever the
+   bandwidths (its byte ratio is 3.0 and the copies come on top); pp -> tp receives a
+   sixth of the all-gather's bytes but copies what it keeps and packs half rows (on one
+   machine, where a message is a memory copy too, about 2.6x at equal bandwidths); tp 2 ->
+   tp 4 receives a sixth and copies almost nothing.
 Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke]"""
 import argparse
 import json
@@ -166,7 +179,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens (seconds)")
     a = ap.parse_args()
     L, C, new = (2, 32, 8) if a.smoke else (4, 128, 32)
-    out = {"bench": "rl", "smoke": a.smoke}
+    out = {"bench": "rl", "smoke": a.smoke, "load_start": list(os.getloadavg())}
     with tempfile.TemporaryDirectory() as tmp:
         d = os.path.join(tmp, "d")
         run([a.loom, "data", "arith", "--out", d, "--digits", "3", "--train", "2000", "--val",
@@ -235,15 +248,29 @@ def main():
             size = (["--n-layer", "2", "--d-model", "128", "--vocab", "512", "--iters", "2"]
                     if a.smoke else ["--n-layer", "8", "--d-model", "512", "--vocab", "4096",
                                      "--iters", "5"])
-            p = run(MPIRUN + ["-n", "4", cmp_bin, "--dir", os.path.join(tmp, "ck"),
-                              "--tp-train", "2", "--tp-gen", "1"] + size)
-            out["reshard_compare"] = json.loads(p.stdout.strip().split("\n")[-1])
-            rc = out["reshard_compare"]
-            print(f"reshard: {rc['reshard_ms']:.1f} ms (predicted {rc['predicted_ms']:.1f}), "
-                  f"all-gather {rc['allgather_ms']:.1f} ms, checkpoint {rc['ckpt_ms']:.1f} ms",
-                  file=sys.stderr)
+            bounds, load = {}, list(os.getloadavg())
+            for key, pair in (("reshard_compare", ["--tp-train", "2", "--tp-gen", "1"]),
+                              ("reshard_compare_pp_tp", ["--pp-train", "2", "--tp-gen", "2",
+                                                         "--ckpt-iters", "1"]),
+                              ("reshard_compare_tp_tp4", ["--tp-train", "2", "--tp-gen", "4",
+                                                          "--ckpt-iters", "1"])):
+                p = run(MPIRUN + ["-n", "4", cmp_bin, "--dir", os.path.join(tmp, "ck_" + key)] +
+                        pair + size)
+                rc = json.loads(p.stdout.strip().split("\n")[-1])
+                rc["load_before"] = load
+                out[key] = rc
+                bounds[key] = {"allgather_over_predicted": rc["allgather_over_predicted"],
+                               "allgather_over_reshard": rc["allgather_over_reshard"],
+                               "ideal_bytes": rc["ideal_allgather_over_reshard_bytes"],
+                               "3x_reachable": rc["allgather_over_predicted"] >= 3.0}
+                print(f"{key}: reshard {rc['reshard_ms']:.1f} ms (predicted "
+                      f"{rc['predicted_ms']:.1f}), all-gather {rc['allgather_ms']:.1f} ms, "
+                      f"checkpoint {rc['ckpt_ms']:.1f} ms", file=sys.stderr)
+                load = list(os.getloadavg())
+            out["reshard_bounds"] = bounds
         else:
             out["reshard_compare"] = None  # reshard_cmp not built next to loom
+        out["load"] = list(os.getloadavg())
     print(json.dumps(out))
 
 

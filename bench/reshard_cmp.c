@@ -1,28 +1,36 @@
-/* reshard_cmp: the same weights moved from a training layout (tensor parallel --tp-train
- * over all ranks) into a generation layout (--tp-gen, data-parallel replicas over the
- * rest) three ways, each timed (the best of --iters, slowest rank), and checked bit for
- * bit against the generation layout's own initialisation:
- *   reshard_ms    loom_reshard_run (parallel/reshard.h: one all-to-all of the pieces
- *                 each rank lacks, plus the packing and unpacking where a side is not
- *                 moved in place: send_in_place / recv_in_place say which, for rank 0);
- *   alltoall_ms   the bare all-to-all of the same counts (the transfer without packing);
+/* reshard_cmp: the same weights moved from a training layout (tensor parallel --tp-train,
+ * or --pp-train pipeline stages, data-parallel replicas over the rest) into a generation
+ * layout (--tp-gen, data-parallel replicas over the rest) three ways, each timed (the best
+ * of --iters, slowest rank), and checked bit for bit against the generation layout's own
+ * initialisation:
+ *   reshard_ms    loom_reshard_run (parallel/reshard.h: point-to-point messages of the
+ *                 pieces each rank lacks, straight between the buffers where the rows lie
+ *                 in order, else staged and unpacked or packed, plus the rank's own copies);
  *   allgather_ms  gathering everything on every rank: an all-gather of every rank's
  *                 training buffer (only the transfer: assembling the generation layout
  *                 from it would come on top, so this favours the all-gather);
  *   ckpt_ms       saving a checkpoint of the training layout (ckpt/ckpt_writer.h, fsync,
  *                 the commit) into --dir and loading it into the generation layout
- *                 (ckpt/ckpt_loader.h), what a system without in-memory resharding does;
- *   bandwidth     bytes each rank receives in the all-gather / its time; predicted_ms =
- *                 the largest bytes a rank receives in the reshard / that bandwidth;
- *   predicted_with_copies_ms  adds the rank's copies in memory (what it keeps, packs and
- *                 unpacks: copied_bytes) at the memcpy bandwidth (a copy of the training
- *                 buffer, timed the same way); rank0_*_ms: where rank 0's best reshard
- *                 spent its time; ideal_allgather_over_reshard: the all-gather's bytes
- *                 received a rank over the reshard's (the all-gather's time over the
- *                 reshard's cannot exceed it at equal bandwidth, even with no copies).
+ *                 (ckpt/ckpt_loader.h), what a system without in-memory resharding does.
+ * The model of the reshard's time, both bandwidths measured in the same run:
+ *   p2p_bytes_per_s     one contiguous message of the reshard's largest received size,
+ *                       every rank sending to the next and receiving from the previous at
+ *                       once (MPI_Isend / MPI_Irecv), slowest rank;
+ *   memcpy_bytes_per_s  every rank copying its training buffer at once, slowest rank;
+ *   predicted_ms        the largest over ranks of what the rank receives / p2p + what it
+ *                       copies in memory (keeps, packs, unpacks) / memcpy (a rank's MPI
+ *                       receives and its copies both run on its own core, in turn);
+ *   allgather_over_predicted  the all-gather's time over that: the most the reshard could
+ *                       beat the all-gather by at these bandwidths.
+ * phases_ms: the slowest rank's pack, local, wait and unpack in the best iteration;
+ * messages: sends and receives posted over all ranks (each message counted at both ends);
+ * critical_*: the bytes of the rank the model predicts slowest.
+ * median: the same comparisons from the medians over the timed iterations (the best of a
+ * short operation is luckier than the best of a long one on a loaded machine).
  *
- *   mpirun -n N reshard_cmp --dir DIR [--tp-train N] [--tp-gen 1] [--n-layer 8]
- *                           [--d-model 512] [--vocab 4096] [--iters 5]
+ *   mpirun -n N reshard_cmp --dir DIR [--tp-train N | --pp-train N] [--tp-gen 1]
+ *                           [--n-layer 8] [--d-model 512] [--vocab 4096] [--iters 5]
+ *                           [--min-message FLOATS] [--ckpt-iters 2 (0: none)]
  *
  * Prints ONE JSON line (rank 0). Exit status 2 on bad arguments, 1 on a failure. */
 #include <mpi.h>
@@ -50,23 +58,43 @@ typedef struct {
     loom_reshard_side side;
 } view;
 
-static int make(view *v, const loom_model_config *cfg, int world, int rank, int tp, int init) {
+/* tp > 1: a tensor-parallel shard (tp rank rank % tp, replica rank / tp); pp > 1: the
+ * pipeline stage rank / (world / pp) (its replica rank % (world / pp)), its tensors
+ * described in the whole model's order (whole: that model's descriptors). */
+static int make(view *v, const loom_model_config *cfg, int world, int rank, int tp, int pp,
+                const view *whole, int init) {
     loom_error err = {0};
     memset(v, 0, sizeof *v);
-    loom_params_options o = {.tp_rank = rank % tp, .tp_size = tp};
+    const int dp = world / pp, stage = rank / dp;
+    loom_layer_set ls = {.n_chunks = 1, .first = stage == 0, .last = stage == pp - 1};
+    ls.lo[0] = stage * cfg->n_layer / pp, ls.hi[0] = (stage + 1) * cfg->n_layer / pp;
+    loom_params_options o = {.tp_rank = rank % tp, .tp_size = tp, .layers = pp > 1 ? &ls : NULL};
     if (loom_params_build(&v->table, cfg, &o, &err) ||
-        loom_ckpt_tensors_describe(&v->descs, &v->table, &err)) {
+        (pp > 1 ? loom_ckpt_tensors_describe_as(&v->descs, &v->table, &whole->descs, &err)
+                : loom_ckpt_tensors_describe(&v->descs, &v->table, &err))) {
         fprintf(stderr, "reshard_cmp: %s\n", err.msg);
         return 1;
     }
     v->buf = calloc(v->table.total, sizeof(float));
     if (!v->buf) return 1;
     if (init) loom_params_init(&v->table, v->buf, 1234);
-    v->side = (loom_reshard_side){&v->descs, v->table.total, rank / tp, world / tp};
+    v->side = pp > 1 ? (loom_reshard_side){&v->descs, v->table.total, rank % dp, dp}
+                     : (loom_reshard_side){&v->descs, v->table.total, rank / tp, world / tp};
     return 0;
 }
 
-/* The slowest rank's time of the best iteration. */
+static void view_free(view *v) {
+    loom_params_free(&v->table);
+    loom_ckpt_descs_free(&v->descs);
+    free(v->buf);
+}
+
+static int by_value(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The largest over ranks (the slowest rank's time). */
 static double slowest(loom_comm *c, double ms) {
     loom_error err = {0};
     double all[64] = {0};
@@ -142,59 +170,70 @@ int main(int argc, char **argv) {
     }
     if (loom_comm_from_mpi(&c, MPI_COMM_WORLD, "world", &err)) return fail(&c, "comm", &err);
     const char *dir = arg_str(argc, argv, "--dir");
-    const int tpa = arg_int(argc, argv, "--tp-train", c.size);
+    const int ppa = arg_int(argc, argv, "--pp-train", 1);
+    const int tpa = arg_int(argc, argv, "--tp-train", ppa > 1 ? 1 : c.size);
     const int tpb = arg_int(argc, argv, "--tp-gen", 1);
     const int iters = arg_int(argc, argv, "--iters", 5);
+    const int ckpt_iters = arg_int(argc, argv, "--ckpt-iters", 2); /* a checkpoint is slow */
+    const long min_msg = (long)arg_int(argc, argv, "--min-message", (int)LOOM_RESHARD_MIN_MESSAGE);
     loom_model_config cfg;
     loom_model_preset(&cfg, "llama-tiny", &err);
     cfg.n_layer = arg_int(argc, argv, "--n-layer", 8);
     cfg.d_model = arg_int(argc, argv, "--d-model", 512);
     cfg.n_head = 8, cfg.n_kv_head = 8, cfg.d_ff = 4 * cfg.d_model;
     cfg.vocab_size = arg_int(argc, argv, "--vocab", 4096), cfg.seq_len = 64;
-    if (!dir || c.size > 64 || tpa < 1 || tpb < 1 || c.size % tpa || c.size % tpb ||
-        cfg.n_head % tpa || cfg.n_head % tpb || iters < 1) {
+    if (!dir || c.size > 64 || tpa < 1 || tpb < 1 || ppa < 1 || (ppa > 1 && tpa > 1) ||
+        c.size % tpa || c.size % tpb || c.size % ppa || cfg.n_layer % ppa || cfg.n_head % tpa ||
+        cfg.n_head % tpb || iters < 1 || iters > 64 || min_msg < 1) {
         if (c.rank == 0)
-            fprintf(stderr, "reshard_cmp: --dir DIR needed; --tp-train and --tp-gen must divide "
-                            "the world and 8 heads; --iters >= 1\n");
+            fprintf(stderr, "reshard_cmp: --dir DIR needed; --tp-train (or --pp-train, not both) "
+                            "and --tp-gen must divide the world and 8 heads (--pp-train: the "
+                            "layers); --iters 1-64; --min-message >= 1\n");
         return 2;
     }
-    view src, dst, want;
-    if (make(&src, &cfg, c.size, c.rank, tpa, 1) || make(&dst, &cfg, c.size, c.rank, tpb, 0) ||
-        make(&want, &cfg, c.size, c.rank, tpb, 1))
+    view whole, src, dst, want;
+    if (make(&whole, &cfg, c.size, c.rank, 1, 1, NULL, 0) ||
+        make(&src, &cfg, c.size, c.rank, tpa, ppa, &whole, 1) ||
+        make(&dst, &cfg, c.size, c.rank, tpb, 1, NULL, 0) ||
+        make(&want, &cfg, c.size, c.rank, tpb, 1, NULL, 1))
         return 1;
     loom_reshard r;
-    if (loom_reshard_plan(&r, &c, &src.side, &dst.side, &err)) return fail(&c, "plan", &err);
-    /* the all-gather: every rank's whole training buffer to every rank */
+    if (loom_reshard_plan_with(&r, &c, &src.side, &dst.side, (size_t)min_msg, &err))
+        return fail(&c, "plan", &err);
+    /* the all-gather: every rank's whole training buffer to every rank (stages: the
+     * largest stage's size from each) */
+    double tmax = slowest(&c, (double)src.table.total);
+    const size_t per = (size_t)tmax;
     int counts[64], displs[64];
     for (int p = 0, off = 0; p < c.size; p++)
-        counts[p] = (int)src.table.total, displs[p] = off, off += counts[p];
-    float *all = malloc((size_t)c.size * src.table.total * sizeof(float));
-    float *raw_send = calloc(r.send_floats + 1, sizeof(float));
-    float *raw_recv = calloc(r.recv_floats + 1, sizeof(float));
-    if (!all || !raw_send || !raw_recv) return 1;
-    /* this rank's copies in memory: what it keeps, packs and unpacks */
-    double copied = (double)((r.src_displs ? 0 : r.send_floats) +
-                             (r.dst_displs ? 0 : r.recv_floats) + r.local_floats) *
-                    4.0;
+        counts[p] = (int)per, displs[p] = off, off += counts[p];
+    float *all = calloc((size_t)c.size * per, sizeof(float));
+    /* the point-to-point yardstick: one message of the reshard's largest received size */
+    const size_t p2p = (size_t)slowest(&c, (double)r.recv_floats) + 1;
+    float *p2p_send = calloc(p2p, sizeof(float)), *p2p_recv = calloc(p2p, sizeof(float));
     float *scratch = malloc(src.table.total * sizeof(float));
-    if (!scratch) return 1;
-    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, prof[3] = {0};
+    if (!all || !p2p_send || !p2p_recv || !scratch) return 1;
+    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, p2p_best = 1e30;
+    double phase[4] = {0}, runs[4][64]; /* each timed iteration: reshard, p2p, all-gather, memcpy */
     for (int it = 0; it < iters + 1; it++) { /* the first is a warm-up */
         double t[3];
         loom_comm_barrier(&c, &err);
         double t0 = loom_now_ms();
         if (loom_reshard_run(&r, src.buf, dst.buf, &err)) return fail(&c, "reshard", &err);
         t[0] = loom_now_ms() - t0;
-        if (c.rank == 0 && getenv("RESHARD_CMP_VERBOSE"))
-            fprintf(stderr, "rank 0: pack %.1f ms, all-to-all %.1f ms, unpack %.1f ms\n", r.pack_ms,
-                    r.move_ms, r.unpack_ms);
+        if (getenv("RESHARD_CMP_VERBOSE"))
+            fprintf(stderr, "rank %d: %.1f ms: pack %.1f, local %.1f, wait %.1f, unpack %.1f\n",
+                    c.rank, t[0], r.pack_ms, r.local_ms, r.wait_ms, r.unpack_ms);
+        const double ph[4] = {r.pack_ms, r.local_ms, r.wait_ms, r.unpack_ms};
         loom_comm_barrier(&c, &err);
         t0 = loom_now_ms();
-        if (loom_comm_alltoallv(&c, raw_send, r.send_counts, r.send_displs, raw_recv, r.recv_counts,
-                                r.recv_displs, &err))
-            return fail(&c, "alltoallv", &err);
+        loom_comm_handle hs, hr;
+        if (loom_comm_irecv(&c, p2p_recv, p2p, (c.rank + c.size - 1) % c.size, 5, &hr, &err) ||
+            loom_comm_isend(&c, p2p_send, p2p, (c.rank + 1) % c.size, 5, &hs, &err) ||
+            loom_comm_wait(&hr, &err) || loom_comm_wait(&hs, &err))
+            return fail(&c, "point-to-point", &err);
         t[1] = loom_now_ms() - t0;
-        memcpy(all + (size_t)c.rank * src.table.total, src.buf, src.table.total * sizeof(float));
+        memcpy(all + (size_t)c.rank * per, src.buf, src.table.total * sizeof(float));
         loom_comm_barrier(&c, &err);
         t0 = loom_now_ms();
         if (loom_comm_allgatherv(&c, all, counts, displs, &err)) return fail(&c, "allgather", &err);
@@ -203,16 +242,34 @@ int main(int argc, char **argv) {
         t0 = loom_now_ms();
         memcpy(scratch, src.buf, src.table.total * sizeof(float));
         const double cp = slowest(&c, loom_now_ms() - t0);
+        const double pt = slowest(&c, t[1]);
+        /* the slowest rank of the reshard: its phases */
+        double all_t[64] = {0}, who = 0;
+        all_t[c.rank] = t[0];
+        loom_comm_allreduce_sum_f64(&c, all_t, c.size, &err);
+        for (int p = 1; p < c.size; p++) who = all_t[p] > all_t[(int)who] ? p : who;
+        double phw[4];
+        for (int k = 0; k < 4; k++) phw[k] = c.rank == (int)who ? ph[k] : 0.0;
+        loom_comm_allreduce_sum_f64(&c, phw, 4, &err);
+        const double ag = slowest(&c, t[2]);
+        if (it == 0) continue;
+        if (all_t[(int)who] < best[0])
+            for (int k = 0; k < 4; k++) phase[k] = phw[k];
+        best[0] = all_t[(int)who] < best[0] ? all_t[(int)who] : best[0];
+        best[2] = ag < best[2] ? ag : best[2];
         cp_best = cp < cp_best ? cp : cp_best;
-        for (int k = 0; k < 3; k++) {
-            const double s = slowest(&c, t[k]);
-            if (k == 0 && s < best[0])
-                prof[0] = r.pack_ms, prof[1] = r.move_ms, prof[2] = r.unpack_ms;
-            best[k] = s < best[k] ? s : best[k];
-        }
+        p2p_best = pt < p2p_best ? pt : p2p_best;
+        runs[0][it - 1] = all_t[(int)who], runs[1][it - 1] = pt, runs[2][it - 1] = ag;
+        runs[3][it - 1] = cp;
+    }
+    double med[4]; /* the medians over the timed iterations */
+    for (int k = 0; k < 4; k++) {
+        qsort(runs[k], (size_t)iters, sizeof(double), by_value);
+        med[k] =
+            iters % 2 ? runs[k][iters / 2] : 0.5 * (runs[k][iters / 2 - 1] + runs[k][iters / 2]);
     }
     int bad = memcmp(dst.buf, want.buf, want.table.total * sizeof(float)) != 0;
-    for (int it = 0; it < (iters < 2 ? iters : 2); it++) { /* a checkpoint is slow: at most 2 */
+    for (int it = 0; it < (iters < ckpt_iters ? iters : ckpt_iters); it++) {
         memset(dst.buf, 0, dst.table.total * sizeof(float));
         char step[LOOM_CKPT_PATH_MAX];
         snprintf(step, sizeof step, "%s/step_%d", dir, it);
@@ -222,39 +279,65 @@ int main(int argc, char **argv) {
         ck = s < ck ? s : ck;
         bad |= memcmp(dst.buf, want.buf, want.table.total * sizeof(float)) != 0;
     }
-    double nbad = bad, recv_max = (double)r.recv_floats * 4.0;
+    if (ck == 1e30) ck = 0; /* --ckpt-iters 0 */
+    double nbad = bad;
     loom_comm_allreduce_sum_f64(&c, &nbad, 1, &err);
-    double rv[64] = {0};
-    rv[c.rank] = (double)r.recv_floats * 4.0;
-    loom_comm_allreduce_sum_f64(&c, rv, c.size, &err);
-    for (int p = 0; p < c.size; p++) recv_max = rv[p] > recv_max ? rv[p] : recv_max;
-    const double ag_bytes = (double)(c.size - 1) * (double)src.table.total * 4.0; /* per rank */
-    const double bw = ag_bytes / (best[2] * 1e-3);
+    const double bw = (double)p2p * 4.0 / (p2p_best * 1e-3);
     const double mem_bw = (double)src.table.total * 4.0 / (cp_best * 1e-3);
-    double cmax[64] = {0};
-    cmax[c.rank] = copied;
-    loom_comm_allreduce_sum_f64(&c, cmax, c.size, &err);
-    for (int p = 0; p < c.size; p++) copied = cmax[p] > copied ? cmax[p] : copied;
+    /* per rank: bytes received, copied in memory (kept, packed, unpacked), its prediction */
+    const double recv = (double)r.recv_floats * 4.0;
+    const double copied = (double)(r.local_floats + r.packed_floats + r.unpacked_floats) * 4.0;
+    double v[7 * 64] = {0};
+    double *mine = v + 7 * c.rank;
+    mine[0] = recv, mine[1] = copied, mine[2] = (recv / bw + copied / mem_bw) * 1e3;
+    /* the same at the median bandwidths (folded into the slot of its own below) */
+    double vm[64] = {0};
+    vm[c.rank] =
+        (recv * med[1] / ((double)p2p * 4.0) + copied * med[3] / ((double)src.table.total * 4.0));
+    loom_comm_allreduce_sum_f64(&c, vm, c.size, &err);
+    double pred_med = 0;
+    for (int p = 0; p < c.size; p++) pred_med = vm[p] > pred_med ? vm[p] : pred_med;
+    mine[3] = (double)r.direct_floats * 4.0, mine[4] = (double)r.local_floats * 4.0;
+    mine[5] = (double)r.unpacked_floats * 4.0, mine[6] = (double)r.packed_floats * 4.0;
+    loom_comm_allreduce_sum_f64(&c, v, 7 * c.size, &err);
+    int crit = 0; /* the rank the model predicts slowest */
+    double recv_max = 0;
+    for (int p = 0; p < c.size; p++) {
+        crit = v[7 * p + 2] > v[7 * crit + 2] ? p : crit;
+        recv_max = v[7 * p] > recv_max ? v[7 * p] : recv_max;
+    }
+    const double *cr = v + 7 * crit, pred = cr[2];
+    const double ag_bytes = (double)(c.size - 1) * (double)per * 4.0; /* per rank */
+    int msgs = r.n_sends + r.n_recvs;
+    double nm = msgs;
+    loom_comm_allreduce_sum_f64(&c, &nm, 1, &err);
     if (c.rank == 0)
-        printf("{\"ranks\": %d, \"tp_train\": %d, \"tp_gen\": %d, \"model_bytes\": %.0f, "
-               "\"reshard_bytes_moved\": %.0f, \"reshard_max_recv_bytes\": %.0f, "
-               "\"allgather_recv_bytes\": %.0f, \"reshard_ms\": %.3f, \"alltoall_ms\": %.3f, "
-               "\"allgather_ms\": %.3f, \"ckpt_ms\": %.3f, \"bandwidth_bytes_per_s\": %.4g, "
+        printf("{\"ranks\": %d, \"pp_train\": %d, \"tp_train\": %d, \"tp_gen\": %d, "
+               "\"model_bytes\": %.0f, \"reshard_bytes_moved\": %.0f, "
+               "\"reshard_max_recv_bytes\": %.0f, \"allgather_recv_bytes\": %.0f, "
+               "\"ideal_allgather_over_reshard_bytes\": %.3f, \"messages\": %.0f, "
+               "\"min_message_floats\": %ld, \"reshard_ms\": %.3f, \"allgather_ms\": %.3f, "
+               "\"ckpt_ms\": %.3f, \"p2p_bytes_per_s\": %.4g, \"memcpy_bytes_per_s\": %.4g, "
+               "\"critical_rank\": %d, \"critical_recv_bytes\": %.0f, "
+               "\"critical_direct_bytes\": %.0f, \"critical_copied_bytes\": %.0f, "
+               "\"critical_local_bytes\": %.0f, \"critical_unpacked_bytes\": %.0f, "
+               "\"critical_packed_bytes\": %.0f, \"predicted_ms\": %.3f, "
+               "\"reshard_over_predicted\": %.3f, \"allgather_over_reshard\": %.3f, "
+               "\"allgather_over_predicted\": %.3f, \"ckpt_over_reshard\": %.3f, "
+               "\"phases_ms\": {\"pack\": %.3f, \"local\": %.3f, \"wait\": %.3f, "
+               "\"unpack\": %.3f}, \"median\": {\"reshard_ms\": %.3f, \"allgather_ms\": %.3f, "
                "\"predicted_ms\": %.3f, \"reshard_over_predicted\": %.3f, "
-               "\"allgather_over_reshard\": %.3f, \"ckpt_over_reshard\": %.3f, "
-               "\"memcpy_bytes_per_s\": %.4g, \"copied_bytes\": %.0f, "
-               "\"predicted_with_copies_ms\": %.3f, \"rank0_pack_ms\": %.3f, "
-               "\"rank0_alltoall_ms\": %.3f, \"rank0_unpack_ms\": %.3f, "
-               "\"ideal_allgather_over_reshard\": %.3f, \"send_in_place\": %s, "
-               "\"recv_in_place\": %s, \"bitwise\": %s}\n",
-               c.size, tpa, tpb, (double)want.table.total * 4.0 * tpb, r.bytes_moved, recv_max,
-               ag_bytes, best[0], best[1], best[2], ck, bw, recv_max / bw * 1e3,
-               best[0] / (recv_max / bw * 1e3), best[2] / best[0], ck / best[0], mem_bw, copied,
-               (recv_max / bw + copied / mem_bw) * 1e3, prof[0], prof[1], prof[2],
-               ag_bytes / recv_max, r.src_displs ? "true" : "false",
-               r.dst_displs ? "true" : "false", nbad ? "false" : "true");
+               "\"allgather_over_reshard\": %.3f, \"allgather_over_predicted\": %.3f}, "
+               "\"iters\": %d, \"bitwise\": %s}\n",
+               c.size, ppa, tpa, tpb, (double)whole.table.total * 4.0, r.bytes_moved, recv_max,
+               ag_bytes, ag_bytes / (recv_max > 0 ? recv_max : 1), nm, min_msg, best[0], best[2],
+               ck, bw, mem_bw, crit, cr[0], cr[3], cr[1], cr[4], cr[5], cr[6], pred, best[0] / pred,
+               best[2] / best[0], best[2] / pred, ck / best[0], phase[0], phase[1], phase[2],
+               phase[3], med[0], med[2], pred_med, med[0] / pred_med, med[2] / med[0],
+               med[2] / pred_med, iters, nbad ? "false" : "true");
     loom_reshard_free(&r);
-    free(all), free(raw_send), free(raw_recv), free(scratch);
+    view_free(&whole), view_free(&src), view_free(&dst), view_free(&want);
+    free(all), free(p2p_send), free(p2p_recv), free(scratch);
     loom_comm_free(&c);
     loom_world_finalize(&wo);
     return nbad ? 1 : 0;

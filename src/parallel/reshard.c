@@ -1,11 +1,18 @@
 #include "parallel/reshard.h"
 
-#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/clock.h"
+
+/* One intersection of a destination piece with a source piece: a box of rows. */
+typedef struct {
+    int64_t tensor, src_rank, dst_rank;
+    loom_ckpt_box box;
+    size_t src_local, dst_local; /* flat indices of the box's first element */
+    int64_t src_stride, dst_stride;
+} loom_reshard_copy;
 
 /* A piece as every rank sees it: tensor, box, local index and stride, the replica. */
 enum {
@@ -161,100 +168,228 @@ static int64_t walk(const all_pieces *src, const all_pieces *dst, int P, int me,
     return missing;
 }
 
-/* The message from rank s to rank d (this rank one of them) as a span of s's source
- * buffer: where the rows of their copies, in the planned order, lie in increasing order
- * with gaps of at most an eighth of their floats in all (a tp rank's replicated tensors,
- * which another rank's copy supplies, between its shards), the message is the source from
- * the first row to the end of the last (*start, *len; the gaps travel unused), sent in
- * place or copied in one piece. 0: the rows packed back to back. Both ends decide alike
- * (they hold the same copies). */
-static int span_of(const loom_reshard *r, int s, int d, size_t *start, size_t *len) {
-    size_t next = 0, rows = 0, first = 0;
-    int n = 0;
-    for (int i = 0; i < r->n_copies; i++) {
-        const loom_reshard_copy *c = &r->copies[i];
-        if (c->src_rank != s || c->dst_rank != d) continue;
-        for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
-            const size_t off = c->src_local + (size_t)(row * c->src_stride);
-            if (n == 0) first = off;
-            if (n > 0 && off < next) return 0;
-            next = off + (size_t)c->box.len[1];
-            rows += (size_t)c->box.len[1];
-        }
-    }
-    if (n == 0 || first > (size_t)INT_MAX || next - first > (size_t)INT_MAX ||
-        (next - first - rows) * 8 > rows)
+/* The planning's growable lists (plan time only; the run allocates nothing). */
+typedef struct {
+    loom_reshard_seg *v;
+    int n, cap;
+} seg_list;
+typedef struct {
+    loom_reshard_msg *v;
+    int n, cap;
+} msg_list;
+
+static int grow(void **v, int *cap, int n, size_t size) {
+    if (n < *cap) return 0;
+    const int c = *cap ? 2 * *cap : 16;
+    void *p = realloc(*v, (size_t)c * size);
+    if (!p) return 1;
+    *v = p, *cap = c;
+    return 0;
+}
+
+/* Appends a copy of n floats (from -> to), merged into the last one when both continue it. */
+static int seg_push(seg_list *l, size_t to, size_t from, size_t n) {
+    loom_reshard_seg *last = l->n ? &l->v[l->n - 1] : NULL;
+    if (last && last->to + last->n == to && last->from + last->n == from) {
+        last->n += n;
         return 0;
-    *start = first, *len = next - first;
-    return 1;
+    }
+    if (grow((void **)&l->v, &l->cap, l->n, sizeof *l->v)) return 1;
+    l->v[l->n++] = (loom_reshard_seg){to, from, n};
+    return 0;
 }
 
-/* Whether this rank's copies from `peer`, in the planned order, are one contiguous run of
- * its destination buffer that an int displacement reaches; its start into *start. */
-static int one_run(const loom_reshard *r, int peer, int *start) {
-    const int me = r->comm->rank;
-    size_t next = 0;
-    int n = 0;
-    for (int i = 0; i < r->n_copies; i++) {
-        const loom_reshard_copy *c = &r->copies[i];
-        if (c->dst_rank != me || c->src_rank != peer) continue;
-        for (int64_t row = 0; row < c->box.len[0]; row++, n++) {
-            const size_t off = c->dst_local + (size_t)(row * c->dst_stride);
-            if (n == 0) {
-                if (off > (size_t)INT_MAX) return 0;
-                *start = (int)off;
-            } else if (off != next) {
-                return 0;
+/* Appends a message (split into pieces of at most LOOM_RESHARD_MSG_MAX floats: MPI counts
+ * are ints); both ends split alike. packed: the sender sends it from its staging buffer
+ * (the message's tag says so on both ends). */
+static int msg_push(msg_list *l, int peer, size_t at, size_t n, int staged, int packed) {
+    for (size_t done = 0; done < n; done += LOOM_RESHARD_MSG_MAX) {
+        if (grow((void **)&l->v, &l->cap, l->n, sizeof *l->v)) return 1;
+        const size_t k = n - done < LOOM_RESHARD_MSG_MAX ? n - done : LOOM_RESHARD_MSG_MAX;
+        l->v[l->n++] = (loom_reshard_msg){at + done, k, peer, staged, packed};
+    }
+    return 0;
+}
+
+/* Rows that lie one after the other in both the sender's source and the receiver's
+ * destination, merged. */
+typedef struct {
+    size_t src, dst, n;
+} run_t;
+
+/* A run's message: its own (DIRECT), a span of the source unpacked by the receiver
+ * (STAGED), a span of the destination packed by the sender (GATHERED), or the pair's last
+ * message, packed and unpacked (PACKED). */
+enum { RUN_DIRECT, RUN_STAGED, RUN_GATHERED, RUN_PACKED };
+
+typedef struct {
+    msg_list sends, recvs;
+    seg_list pack, unpack, local;
+    size_t send_at, recv_at; /* floats of send_buf / recv_buf handed out so far */
+    run_t *runs;
+    int *kind, *first; /* per run: its kind, and the first run of its span (staged) */
+    int cap;
+} builder;
+
+/* The runs of the rows rank s sends rank d, in the planned order (both ends hold the same
+ * copies of the pair, so both find the same runs). */
+static int pair_runs(builder *b, const loom_reshard_copy *copies, int n_copies, int s, int d,
+                     int *nr) {
+    *nr = 0;
+    for (int i = 0; i < n_copies; i++) {
+        const loom_reshard_copy *c = &copies[i];
+        if (c->src_rank != s || c->dst_rank != d) continue;
+        for (int64_t row = 0; row < c->box.len[0]; row++) {
+            const size_t src = c->src_local + (size_t)(row * c->src_stride);
+            const size_t dst = c->dst_local + (size_t)(row * c->dst_stride),
+                         n = (size_t)c->box.len[1];
+            run_t *last = *nr ? &b->runs[*nr - 1] : NULL;
+            if (last && last->src + last->n == src && last->dst + last->n == dst) {
+                last->n += n;
+                continue;
             }
-            next = off + (size_t)c->box.len[1];
+            if (*nr == b->cap) {
+                const int cap = b->cap ? 2 * b->cap : 64;
+                run_t *r = realloc(b->runs, (size_t)cap * sizeof *r);
+                int *k = r ? realloc(b->kind, (size_t)cap * sizeof *k) : NULL;
+                if (r) b->runs = r;
+                if (k) b->kind = k;
+                int *f = k ? realloc(b->first, (size_t)cap * sizeof *f) : NULL;
+                if (!f) return 1;
+                b->first = f, b->cap = cap;
+            }
+            b->runs[(*nr)++] = (run_t){src, dst, n};
         }
     }
-    return 1;
+    return 0;
 }
 
-/* The messages' sizes and formats: each peer's span (span_of) or its packed rows; the
- * source read in place when every message this rank sends is a span, the destination
- * written in place when every message it receives is one run of it without gaps. */
-static loom_status plan_messages(loom_reshard *r, loom_error *err) {
+/* The messages between this rank and peer in one direction (sending: this rank is the
+ * source), in an order both ends find alike: each run of at least min_floats moves on its
+ * own, straight from the source into the destination. Consecutive shorter runs whose rows
+ * lie in order in the source with few gaps (at most an eighth of their floats) form a
+ * source span, sent from the source in place into the receiver's staging buffer and
+ * unpacked there; those that follow one another in the destination without a gap form a
+ * destination span, packed by the sender and received in place; either when it holds at
+ * least min_floats (the longer of the two). The remaining rows are packed into one last
+ * message and unpacked. */
+static int plan_pair(builder *b, int nr, int peer, int sending, size_t min_floats) {
+    const run_t *R = b->runs;
+    for (int i = 0; i < nr;) {
+        if (R[i].n >= min_floats) {
+            b->kind[i] = RUN_DIRECT, b->first[i] = i, i++;
+            continue;
+        }
+        size_t rows = R[i].n, gaps = 0, end = R[i].src + R[i].n;
+        int j = i + 1;
+        for (; j < nr && R[j].n < min_floats && R[j].src >= end &&
+               (gaps + R[j].src - end) * 8 <= rows + R[j].n;
+             j++)
+            gaps += R[j].src - end, rows += R[j].n, end = R[j].src + R[j].n;
+        size_t drows = R[i].n;
+        int k = i + 1;
+        for (; k < nr && R[k].n < min_floats && R[k].dst == R[k - 1].dst + R[k - 1].n; k++)
+            drows += R[k].n;
+        int kind = RUN_PACKED;
+        if (rows >= min_floats && rows >= drows)
+            kind = RUN_STAGED;
+        else if (drows >= min_floats)
+            kind = RUN_GATHERED, j = k;
+        for (int q = i; q < j; q++) b->kind[q] = kind, b->first[q] = i;
+        i = j;
+    }
+    msg_list *ml = sending ? &b->sends : &b->recvs;
+    for (int i = 0; i < nr;) {
+        int j = i + 1;
+        while (j < nr && b->kind[j] == b->kind[i] && b->first[j] == i) j++;
+        size_t len = R[j - 1].src + R[j - 1].n - R[i].src, rows = 0;
+        for (int q = i; q < j; q++) rows += R[q].n;
+        int bad = 0;
+        if (b->kind[i] == RUN_DIRECT) {
+            bad = msg_push(ml, peer, sending ? R[i].src : R[i].dst, R[i].n, 0, 0);
+        } else if (b->kind[i] == RUN_STAGED && sending) {
+            bad = msg_push(ml, peer, R[i].src, len, 0, 0);
+        } else if (b->kind[i] == RUN_STAGED) {
+            bad = msg_push(ml, peer, b->recv_at, len, 1, 0);
+            for (int q = i; q < j && !bad; q++)
+                bad = seg_push(&b->unpack, R[q].dst, b->recv_at + (R[q].src - R[i].src), R[q].n);
+            b->recv_at += len;
+        } else if (b->kind[i] == RUN_GATHERED && sending) {
+            bad = msg_push(ml, peer, b->send_at, rows, 1, 1);
+            size_t cur = 0;
+            for (int q = i; q < j && !bad; cur += R[q].n, q++)
+                bad = seg_push(&b->pack, b->send_at + cur, R[q].src, R[q].n);
+            b->send_at += rows;
+        } else if (b->kind[i] == RUN_GATHERED) {
+            bad = msg_push(ml, peer, R[i].dst, rows, 0, 1);
+        }
+        if (bad) return 1;
+        i = j;
+    }
+    size_t packed = 0, *at = sending ? &b->send_at : &b->recv_at;
+    for (int i = 0; i < nr; i++) {
+        if (b->kind[i] != RUN_PACKED) continue;
+        if (sending ? seg_push(&b->pack, *at + packed, R[i].src, R[i].n)
+                    : seg_push(&b->unpack, R[i].dst, *at + packed, R[i].n))
+            return 1;
+        packed += R[i].n;
+    }
+    if (packed && msg_push(ml, peer, *at, packed, 1, 1)) return 1;
+    *at += packed;
+    return 0;
+}
+
+static loom_status plan_messages(loom_reshard *r, const loom_reshard_copy *copies, int n_copies,
+                                 size_t min_floats, loom_error *err) {
     const int P = r->comm->size, me = r->comm->rank;
-    r->span_to = malloc((size_t)P * sizeof *r->span_to);
-    r->span_from = malloc((size_t)P * sizeof *r->span_from);
-    r->src_displs = calloc((size_t)P, sizeof *r->src_displs);
-    r->dst_displs = calloc((size_t)P, sizeof *r->dst_displs);
-    if (!r->span_to || !r->span_from || !r->src_displs || !r->dst_displs)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
-    int send_direct = 1, recv_direct = 1;
-    for (int p = 0; p < P; p++) {
-        size_t start, len;
-        r->span_to[p] = r->span_from[p] = SIZE_MAX;
+    builder b = {0};
+    int bad = 0;
+    for (int i = 0; i < n_copies && !bad; i++) { /* what the rank keeps: one copy a span */
+        const loom_reshard_copy *c = &copies[i];
+        if (c->src_rank != me || c->dst_rank != me) continue;
+        for (int64_t row = 0; row < c->box.len[0] && !bad; row++)
+            bad = seg_push(&b.local, c->dst_local + (size_t)(row * c->dst_stride),
+                           c->src_local + (size_t)(row * c->src_stride), (size_t)c->box.len[1]);
+    }
+    for (int p = 0; p < P && !bad; p++) {
         if (p == me) continue;
-        if (r->send_counts[p] && span_of(r, me, p, &start, &len)) {
-            r->span_to[p] = start, r->send_counts[p] = (int)len, r->src_displs[p] = (int)start;
-        } else if (r->send_counts[p]) {
-            send_direct = 0;
-        }
-        if (r->recv_counts[p] && span_of(r, p, me, &start, &len)) {
-            recv_direct &= len == (size_t)r->recv_counts[p] && one_run(r, p, &r->dst_displs[p]);
-            r->span_from[p] = start, r->recv_counts[p] = (int)len;
-        } else if (r->recv_counts[p]) {
-            recv_direct &= one_run(r, p, &r->dst_displs[p]);
-        }
+        int nr;
+        bad = pair_runs(&b, copies, n_copies, p, me, &nr) || plan_pair(&b, nr, p, 0, min_floats) ||
+              pair_runs(&b, copies, n_copies, me, p, &nr) || plan_pair(&b, nr, p, 1, min_floats);
     }
-    for (int p = 0; p < P; p++) {
-        r->send_displs[p] = (int)r->send_floats;
-        r->recv_displs[p] = (int)r->recv_floats;
-        r->send_floats += (size_t)r->send_counts[p];
-        r->recv_floats += (size_t)r->recv_counts[p];
+    free(b.runs), free(b.kind), free(b.first);
+    r->sends = b.sends.v, r->n_sends = b.sends.n;
+    r->recvs = b.recvs.v, r->n_recvs = b.recvs.n;
+    r->pack = b.pack.v, r->n_pack = b.pack.n;
+    r->unpack = b.unpack.v, r->n_unpack = b.unpack.n;
+    r->local = b.local.v, r->n_local = b.local.n;
+    if (bad) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    for (int i = 0; i < r->n_sends; i++) r->send_floats += r->sends[i].n;
+    for (int i = 0; i < r->n_recvs; i++) {
+        r->recv_floats += r->recvs[i].n;
+        if (!r->recvs[i].staged) r->direct_floats += r->recvs[i].n;
     }
-    if (!send_direct) free(r->src_displs), r->src_displs = NULL;
-    if (!recv_direct) free(r->dst_displs), r->dst_displs = NULL;
+    for (int i = 0; i < r->n_pack; i++) r->packed_floats += r->pack[i].n;
+    for (int i = 0; i < r->n_unpack; i++) r->unpacked_floats += r->unpack[i].n;
+    for (int i = 0; i < r->n_local; i++) r->local_floats += r->local[i].n;
+    r->send_buf = malloc((b.send_at ? b.send_at : 1) * sizeof(float));
+    r->recv_buf = malloc((b.recv_at ? b.recv_at : 1) * sizeof(float));
+    r->handles = calloc((size_t)(r->n_sends + r->n_recvs + 1), sizeof *r->handles);
+    if (!r->send_buf || !r->recv_buf || !r->handles)
+        return loom_error_set(err, LOOM_ERR_NOMEM,
+                              "reshard: out of memory for %zu + %zu staged floats", b.send_at,
+                              b.recv_at);
     return LOOM_OK;
 }
 
-loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
-                              const loom_reshard_side *dst, loom_error *err) {
+loom_status loom_reshard_plan_with(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
+                                   const loom_reshard_side *dst, size_t min_message_floats,
+                                   loom_error *err) {
     memset(r, 0, sizeof *r);
     r->comm = comm;
+    if (comm->device != LOOM_COMM_HOST) /* host copies; NCCL would match sends in order */
+        return loom_error_set(err, LOOM_ERR_STATE, "reshard on %s: host communicators only",
+                              comm->name);
     loom_status st = check_sides(src, dst, err);
     if (st) return st;
     all_pieces sp, dp;
@@ -266,6 +401,7 @@ loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_resha
     const int P = comm->size, me = comm->rank;
     int n = 0;
     int64_t covered = 0;
+    loom_reshard_copy *copies = NULL;
     const int64_t missing = walk(&sp, &dp, P, me, NULL, &n, &r->bytes_moved, &covered);
     if (missing) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
@@ -274,100 +410,80 @@ loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_resha
                             (long long)missing);
         goto done;
     }
-    r->copies = calloc((size_t)(n ? n : 1), sizeof *r->copies);
-    r->send_counts = calloc((size_t)P, sizeof(int));
-    r->send_displs = calloc((size_t)P, sizeof(int));
-    r->recv_counts = calloc((size_t)P, sizeof(int));
-    r->recv_displs = calloc((size_t)P, sizeof(int));
-    if (!r->copies || !r->send_counts || !r->send_displs || !r->recv_counts || !r->recv_displs) {
+    if (!(copies = calloc((size_t)(n ? n : 1), sizeof *copies))) {
         st = loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
         goto done;
     }
     covered = 0;
-    walk(&sp, &dp, P, me, r->copies, &r->n_copies, &r->bytes_moved, &covered);
-    for (int i = 0; i < r->n_copies; i++) {
-        const loom_reshard_copy *c = &r->copies[i];
-        const int v = (int)loom_ckpt_box_volume(&c->box);
-        if (c->src_rank == me && c->dst_rank != me) r->send_counts[c->dst_rank] += v;
-        if (c->dst_rank == me && c->src_rank != me) r->recv_counts[c->src_rank] += v;
-    }
-    for (int i = 0; i < r->n_copies; i++)
-        if (r->copies[i].src_rank == me && r->copies[i].dst_rank == me)
-            r->local_floats += (size_t)loom_ckpt_box_volume(&r->copies[i].box);
-    if ((st = plan_messages(r, err))) goto done;
-    if (!r->src_displs) r->send_buf = malloc((r->send_floats ? r->send_floats : 1) * sizeof(float));
-    if (!r->dst_displs) r->recv_buf = malloc((r->recv_floats ? r->recv_floats : 1) * sizeof(float));
-    if ((!r->src_displs && !r->send_buf) || (!r->dst_displs && !r->recv_buf))
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory for %zu + %zu floats",
-                            r->send_floats, r->recv_floats);
+    walk(&sp, &dp, P, me, copies, &n, &r->bytes_moved, &covered);
+    st = plan_messages(r, copies, n, min_message_floats ? min_message_floats : 1, err);
 done:
+    free(copies);
     pieces_free(&sp);
     pieces_free(&dp);
     if (st) loom_reshard_free(r);
     return st;
 }
 
-/* Copies box rows between two strided places. */
-static void copy_box(float *to, int64_t to_stride, const float *from, int64_t from_stride,
-                     const loom_ckpt_box *b) {
-    for (int64_t row = 0; row < b->len[0]; row++)
-        memcpy(to + row * to_stride, from + row * from_stride, (size_t)b->len[1] * sizeof(float));
+loom_status loom_reshard_plan(loom_reshard *r, loom_comm *comm, const loom_reshard_side *src,
+                              const loom_reshard_side *dst, loom_error *err) {
+    return loom_reshard_plan_with(r, comm, src, dst, LOOM_RESHARD_MIN_MESSAGE, err);
+}
+
+static void copy_segs(float *to, const float *from, const loom_reshard_seg *s, int n) {
+    for (int i = 0; i < n; i++) memcpy(to + s[i].to, from + s[i].from, s[i].n * sizeof(float));
 }
 
 loom_status loom_reshard_run(loom_reshard *r, const float *src, float *dst, loom_error *err) {
-    const int P = r->comm->size, me = r->comm->rank;
-    int *cur = calloc((size_t)P, sizeof *cur);
-    if (!cur) return loom_error_set(err, LOOM_ERR_NOMEM, "reshard: out of memory");
+    /* one tag for the messages sent from the source in place, one for the packed ones:
+     * each class is posted in the planned order on both ends, so the receives match */
+    enum { TAG_IN_PLACE = 9200, TAG_PACKED = 9201 };
+    loom_comm *c = r->comm;
+    const char *label = c->label;
+    c->label = "reshard";
+    loom_status st = LOOM_OK;
+    loom_comm_handle *h = r->handles;
     const double t0 = loom_now_ms();
-    for (int p = 0; !r->src_displs && p < P; p++) /* a span: one copy */
-        if (r->span_to[p] != SIZE_MAX)
-            memcpy(r->send_buf + r->send_displs[p], src + r->span_to[p],
-                   (size_t)r->send_counts[p] * sizeof(float));
-    for (int i = 0; !r->src_displs && i < r->n_copies; i++) { /* pack, in the planned order */
-        const loom_reshard_copy *c = &r->copies[i];
-        if (c->src_rank != me || c->dst_rank == me || r->span_to[c->dst_rank] != SIZE_MAX) continue;
-        float *to = r->send_buf + r->send_displs[c->dst_rank] + cur[c->dst_rank];
-        copy_box(to, c->box.len[1], src + c->src_local, c->src_stride, &c->box);
-        cur[c->dst_rank] += (int)loom_ckpt_box_volume(&c->box);
+    /* every receive first (straight into the destination, or into the staging buffer),
+     * then every send from the source in place, then packing and the packed ones */
+    for (int i = 0; !st && i < r->n_recvs; i++) {
+        const loom_reshard_msg *m = &r->recvs[i];
+        st = loom_comm_irecv(c, (m->staged ? r->recv_buf : dst) + m->at, m->n, m->peer,
+                             m->packed ? TAG_PACKED : TAG_IN_PLACE, &h[i], err);
+    }
+    for (int i = 0; !st && i < r->n_sends; i++) {
+        const loom_reshard_msg *m = &r->sends[i];
+        if (!m->staged)
+            st = loom_comm_isend(c, src + m->at, m->n, m->peer, TAG_IN_PLACE, &h[r->n_recvs + i],
+                                 err);
     }
     const double t1 = loom_now_ms();
-    /* the all-to-all in flight (the peers read what this rank sends) while the rank copies
-     * what it keeps: the destination's parts that nothing is received into */
-    loom_comm_handle h;
-    loom_status st = loom_comm_ialltoallv(
-        r->comm, r->src_displs ? src : r->send_buf, r->send_counts,
-        r->src_displs ? r->src_displs : r->send_displs, r->dst_displs ? dst : r->recv_buf,
-        r->recv_counts, r->dst_displs ? r->dst_displs : r->recv_displs, &h, err);
-    for (int i = 0; !st && i < r->n_copies; i++) {
-        const loom_reshard_copy *c = &r->copies[i];
-        if (c->src_rank == me && c->dst_rank == me)
-            copy_box(dst + c->dst_local, c->dst_stride, src + c->src_local, c->src_stride, &c->box);
-    }
-    if (!st) st = loom_comm_wait(&h, err);
+    if (!st) copy_segs(r->send_buf, src, r->pack, r->n_pack);
     const double t2 = loom_now_ms();
-    memset(cur, 0, (size_t)P * sizeof *cur);
-    for (int i = 0; !st && !r->dst_displs && i < r->n_copies; i++) { /* unpack, same order */
-        const loom_reshard_copy *c = &r->copies[i];
-        if (c->dst_rank != me || c->src_rank == me) continue;
-        const size_t span = r->span_from[c->src_rank];
-        const float *from = r->recv_buf + r->recv_displs[c->src_rank];
-        if (span != SIZE_MAX) { /* the rows where the sender holds them */
-            copy_box(dst + c->dst_local, c->dst_stride, from + (c->src_local - span), c->src_stride,
-                     &c->box);
-            continue;
-        }
-        copy_box(dst + c->dst_local, c->dst_stride, from + cur[c->src_rank], c->box.len[1],
-                 &c->box);
-        cur[c->src_rank] += (int)loom_ckpt_box_volume(&c->box);
+    for (int i = 0; !st && i < r->n_sends; i++) {
+        const loom_reshard_msg *m = &r->sends[i];
+        if (m->staged)
+            st = loom_comm_isend(c, r->send_buf + m->at, m->n, m->peer, TAG_PACKED,
+                                 &h[r->n_recvs + i], err);
     }
-    r->pack_ms = t1 - t0, r->move_ms = t2 - t1, r->unpack_ms = loom_now_ms() - t2;
-    free(cur);
+    /* what the rank keeps, while the peers read what it sends */
+    if (!st) copy_segs(dst, src, r->local, r->n_local);
+    const double t3 = loom_now_ms();
+    for (int i = 0; i < r->n_recvs + r->n_sends; i++) { /* posted ones even after a failure */
+        loom_status w = loom_comm_wait(&h[i], err);
+        if (!st) st = w;
+    }
+    const double t4 = loom_now_ms();
+    if (!st) copy_segs(dst, r->recv_buf, r->unpack, r->n_unpack);
+    const double t5 = loom_now_ms();
+    r->pack_ms = t2 - t1, r->local_ms = t3 - t2, r->wait_ms = (t1 - t0) + (t4 - t3);
+    r->unpack_ms = t5 - t4;
+    c->label = label;
     return st;
 }
 
 void loom_reshard_free(loom_reshard *r) {
-    free(r->copies), free(r->send_counts), free(r->send_displs), free(r->recv_counts);
-    free(r->recv_displs), free(r->send_buf), free(r->recv_buf), free(r->src_displs);
-    free(r->dst_displs), free(r->span_to), free(r->span_from);
+    free(r->sends), free(r->recvs), free(r->pack), free(r->unpack), free(r->local);
+    free(r->send_buf), free(r->recv_buf), free(r->handles);
     memset(r, 0, sizeof *r);
 }
