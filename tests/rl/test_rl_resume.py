@@ -3,7 +3,8 @@ injection, crash@S) is restarted from the newest checkpoint (the policy, AdamW's
 iteration, which is the sampler's state, and the reference model beside it) and ends with
 the same weights as the run without a crash, bitwise; one process and dp 2. Also: a
 checkpointed run training in Ulysses context parallelism (cp 2) equals one process
-(<= 1e-5) and its --resume from its iteration 3 checkpoint is bitwise, --trace holds the
+(<= 1e-5; a differing draw is accepted only as a near tie, then both run again with the
+next seed) and its --resume from its iteration 3 checkpoint is bitwise, --trace holds the
 generation, reward, logprob, reference and update spans, and a resume whose reference model is
 missing fails with one line. Usage: test_rl_resume.py --loom PATH [--seed S]"""
 import json
@@ -17,8 +18,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, MPIRUN, TOL, check, parse_test_args, run, run_test,  # noqa: E402
                       safetensors_io, weights_error)
 from rl_fixture import arith_and_sft  # noqa: E402
+from sample_flips import describe, first_flip, near_tie, samples  # noqa: E402
 
 REWARD = "awk '{print length($0) % 5}'"
+SEEDS = 3  # seeds tried for the Ulysses comparison when a near-tie sampling flip is seen
 
 
 def same(a, b):
@@ -38,9 +41,13 @@ def main():
                 "--adam-eps", ADAM_EPS, "--threads", "1", "--seed", str(seed), "--reward-cmd",
                 REWARD]
 
-        def direct(name, extra=(), ranks=1):
+        def direct(name, extra=(), ranks=1, run_seed=seed):
+            """A run's weights file; its draws dumped in tmp/NAME_dump (rl/sample_dump.h)."""
             w = os.path.join(tmp, name + ".safetensors")
-            cmd = [a.loom, "rl"] + base + list(extra) + ["--save-weights", w]
+            seeded = base[:base.index("--seed") + 1] + [str(run_seed)] + \
+                base[base.index("--seed") + 2:]
+            cmd = [a.loom, "rl"] + seeded + list(extra) + [
+                "--save-weights", w, "--dump-dir", os.path.join(tmp, name + "_dump")]
             if ranks > 1:
                 cmd = MPIRUN + ["-n", str(ranks)] + cmd
             run(cmd, name)
@@ -80,20 +87,40 @@ def main():
 
         # --resume from the middle checkpoint, and --trace, training in Ulysses cp 2
         # (generation: 2 whole replicas)
+        # (a sampling flip: a draw within rounding of its token's edge can draw another token
+        # in another layout, test_rl.py; accepted only as a near tie on both sides, and then
+        # both runs again with the next seed, at most SEEDS)
         lay = ["--train-layout", "--cp 2 --cp-mode ulysses"]
-        ck = os.path.join(tmp, "ck")
-        full = safetensors_io.load(direct("full", lay + ["--ckpt-dir", ck, "--ckpt-every", "1"],
-                                          ranks=2))
-        whole, worst, tensor = weights_error(full, ref1, 32)
+        for attempt in range(SEEDS):
+            run_seed = seed + attempt
+            sfx = f"_s{run_seed}" if attempt else ""
+            one = ref1 if not attempt else safetensors_io.load(direct("one" + sfx,
+                                                                      run_seed=run_seed))
+            ck = os.path.join(tmp, "ck" + sfx)
+            full = safetensors_io.load(direct("full" + sfx, lay + ["--ckpt-dir", ck,
+                                                                   "--ckpt-every", "1"],
+                                              ranks=2, run_seed=run_seed))
+            whole, worst, tensor = weights_error(full, one, 32)
+            if whole <= TOL and worst <= 10 * TOL:
+                break
+            flip = first_flip(samples(os.path.join(tmp, "one" + sfx + "_dump")),
+                              samples(os.path.join(tmp, "full" + sfx + "_dump")), 16)
+            if flip is not None:
+                print(f"Ulysses cp 2 (--seed {run_seed}): draws differ first in iteration "
+                      f"{flip[0] + 1}: {describe(flip[1])}; "
+                      f"{'near tie' if near_tie(flip[1]) else 'NOT A NEAR TIE'}")
+            if flip is None or not near_tie(flip[1]) or attempt + 1 == SEEDS:
+                break
+            print(f"Ulysses cp 2: both again with --seed {run_seed + 1}")
         check(whole <= TOL and worst <= 10 * TOL,
-              f"Ulysses cp 2: weights after 4 iterations against one process: "
-              f"{whole:.2e} (worst {tensor} {worst:.2e})")
+              f"Ulysses cp 2 (--seed {run_seed}): weights after 4 iterations against one "
+              f"process: {whole:.2e} (worst {tensor} {worst:.2e})")
         steps = sorted(x for x in os.listdir(ck) if x.startswith("step_"))
         check(steps and steps[-2].endswith("6"), f"checkpoints up to iteration 4: {steps}")
         shutil.rmtree(os.path.join(ck, steps[-1]))  # resumes at iteration 3 (step 6)
         trace = os.path.join(tmp, "trace.json")
         w = direct("resumed", lay + ["--ckpt-dir", ck, "--resume", "auto", "--trace", trace],
-                   ranks=2)
+                   ranks=2, run_seed=run_seed)
         check(same(safetensors_io.load(w), full),
               "--resume auto from iteration 3's checkpoint (Ulysses cp 2): final "
               "weights bitwise")
