@@ -11,8 +11,10 @@ side by side in one invocation:
   streaming  the same with --outer-fragments F --outer-dtype int4 (one scale per 64 values)
 For each: tokens/s (all tokens over the summed step times), validation loss at the end (and
 every --eval-every steps: the curves, and a PNG through `loom plot` when gnuplot is there),
-and bytes on the wire per token. DiLoCo's bytes are counted by loom (the metrics' "outer"
-object: what each rank sends to the other workers, summed over ranks). Synchronous dp's are
+and bytes on the wire per token (with --outer-start-step S over the whole run, the S
+synchronous steps included, and over the steps after S alone). DiLoCo's bytes are counted
+by loom (the metrics' "outer" object: what each rank sends to the other workers, summed
+over ranks). Synchronous dp's are
 the ring all-reduce's (what MPI's ring and NCCL send): each of n ranks sends
 2 (n - 1) / n x 4 P bytes per step (P parameters), n times that over the ranks, divided by
 the step's tokens. The ratios are against sync_dp's, measured in the same invocation.
@@ -41,13 +43,17 @@ configuration and cap; bytes on the wire per token (DiLoCo: loom's count; sync d
 (that + wire_ms_per_step): what the link alone costs, without overlap, free of the machine's
 load (on a shared 2-core machine the measured ratios move more than the link's effect).
 The recipe (one host): --lr (inner AdamW peak, cosine to a tenth), --warmup-steps,
---outer-lr, --outer-momentum, --no-nesterov, --outer-warmup, --global-batch, --micro-batch, and
+--outer-lr, --outer-momentum, --no-nesterov, --outer-warmup, --outer-start-step (a warm
+start: synchronous dp over the W workers for the first S steps, then DiLoCo's rounds, as
+the DiLoCo paper starts from a synchronously trained model; the same tokens every step, so
+the runs still compare at equal tokens), --global-batch, --micro-batch, and
 --streaming-inner-steps (the streaming run's H; default --inner-steps); the JSON's "recipe"
-and "loadavg" (os.getloadavg() before the runs and after each) record them.
+and "loadavg" (os.getloadavg() before the runs and after each) record them. --rounds 0
+skips the speed rounds (quality only).
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
                        [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
-                       [--streaming-inner-steps H]
+                       [--streaming-inner-steps H] [--outer-start-step S]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
 """
@@ -201,6 +207,10 @@ def main():
     ap.add_argument("--no-nesterov", action="store_true", help="plain outer momentum")
     ap.add_argument("--outer-warmup", type=int, default=0,
                     help="the first R outer syncs only average (loom's --outer-warmup)")
+    ap.add_argument("--outer-start-step", type=int, default=0,
+                    help="warm start: synchronous dp for the first S steps, then DiLoCo "
+                         "(loom's --outer-start-step; the DiLoCo paper starts from a model "
+                         "trained synchronously)")
     ap.add_argument("--streaming-inner-steps", type=int, default=0,
                     help="H of the streaming run (0: --inner-steps)")
     ap.add_argument("--rounds", type=int, default=3,
@@ -253,7 +263,8 @@ def main():
                 "--eval-every", str(args.eval_every), "--eval-batches", "8"]
         outer = ["--outer", "diloco", "--workers", str(W), "--outer-lr", f"{args.outer_lr:g}",
                  "--outer-momentum", f"{args.outer_momentum:g}",
-                 "--outer-warmup", str(args.outer_warmup)]
+                 "--outer-warmup", str(args.outer_warmup),
+                 "--outer-start-step", str(args.outer_start_step)]
         outer += [] if args.no_nesterov else ["--outer-nesterov"]
         configs = {
             "sync_dp": ["--dp", str(W)],
@@ -269,7 +280,13 @@ def main():
                              "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
                              "outer_momentum": args.outer_momentum,
                              "outer_nesterov": not args.no_nesterov,
-                             "outer_warmup": args.outer_warmup},
+                             "outer_warmup": args.outer_warmup,
+                             "outer_start_step": args.outer_start_step,
+                             "start": ("from scratch" if args.outer_start_step == 0 else
+                                       f"warm start: synchronous dp over the {W} workers for "
+                                       f"steps 1-{args.outer_start_step} (tokens counted "
+                                       f"alike), then DiLoCo rounds, as the DiLoCo paper "
+                                       f"starts from a synchronously trained model")},
                   "runs": {}}
         params = None
         for name, flags in configs.items():
@@ -294,6 +311,11 @@ def main():
                 run["outer_exposed_ms_total"] = sum(r["outer"]["exposed_ms"] for r in rows)
                 run["outer_hidden_ms_total"] = sum(r["outer"]["hidden_ms"] for r in rows)
                 run["outer_grad_norm_last"] = o["grad_norm"]
+                S = args.outer_start_step
+                if 0 < S < len(rows):  # the DiLoCo phase alone (after the synchronous steps)
+                    run["bytes_per_token_after_start"] = (
+                        (o["bytes_total"] - rows[S - 1]["outer"]["bytes_total"]) /
+                        (tokens - rows[S - 1]["tokens"]))
             result["runs"][name] = run
             load.append(list(os.getloadavg()))
             shutil.copy(metrics, os.path.join(work, "keep_" + name + ".jsonl"))
@@ -318,7 +340,8 @@ def main():
                                                                / 1e3))
         for name in configs:
             result["runs"][name]["tokens_per_s_rounds"] = speed[name]
-            result["runs"][name]["tokens_per_s_speed"] = sorted(speed[name])[len(speed[name]) // 2]
+            result["runs"][name]["tokens_per_s_speed"] = (
+                sorted(speed[name])[len(speed[name]) // 2] if speed[name] else None)
         sync = result["runs"]["sync_dp"]
         sync["bytes_per_token"] = W * 2 * (W - 1) / W * 4 * params / (G * T)
         sync["bytes_note"] = "ring all-reduce: 2 (n-1)/n x 4P bytes per rank per step"
@@ -327,6 +350,9 @@ def main():
         for name in ("diloco", "streaming"):
             r = result["runs"][name]
             r["fewer_bytes_than_sync"] = sync["bytes_per_token"] / r["bytes_per_token"]
+            if "bytes_per_token_after_start" in r:
+                r["fewer_bytes_than_sync_after_start"] = (sync["bytes_per_token"] /
+                                                          r["bytes_per_token_after_start"])
             r["tokens_per_s_vs_sync"] = r["tokens_per_s"] / sync["tokens_per_s"]
             r["tokens_per_s_speed_vs_sync"] = [a / b for a, b in
                                                zip(r["tokens_per_s_rounds"],

@@ -190,6 +190,8 @@ static const opt_def OPTS[] = {
      "streaming DiLoCo: local weight alpha when a fragment's global params land"},
     {"outer-warmup", OPT_INT, TR(outer.warmup), 0,
      "DiLoCo: a fragment's first R outer syncs only average (outer lr 1, momentum untouched)"},
+    {"outer-start-step", OPT_INT, TR(outer.start_step), 0,
+     "DiLoCo: synchronous dp over all workers (gradients all-reduced) for the first S steps"},
     {"elastic-worker", OPT_INT, TR(outer.elastic_worker), 0,
      "elastic DiLoCo: this mpirun job is worker I of --workers (-1: off)"},
     {"elastic-join", OPT_BOOL, TR(outer.elastic_join), 0,
@@ -253,7 +255,7 @@ static const opt_group GROUPS[] = {
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
      "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "
-     "outer-dtype outer-block outer-merge outer-warmup"},
+     "outer-dtype outer-block outer-merge outer-warmup outer-start-step"},
     {"Device", "docs/gpu.md", "device"},
 };
 #define N_GROUPS (int)(sizeof GROUPS / sizeof GROUPS[0])

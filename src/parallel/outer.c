@@ -62,6 +62,11 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--workers %d: expected <= %d with --elastic-worker", c->workers,
                               LOOM_OUTER_MAX_FRAGMENTS);
+    if (c->start_step != 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: not with --outer-start-step %d yet "
+                              "(docs/diloco.md)",
+                              c->start_step);
     if (c->fragments != 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
@@ -87,6 +92,11 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
     loom_status est = validate_elastic(c, on, err);
     if (est) return est;
     if (!on) {
+        if (c->start_step != 0)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--outer-start-step %d: needs --outer diloco (the step where "
+                                  "DiLoCo's rounds start)",
+                                  c->start_step);
         if (c->workers != 1)
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "--workers %d: needs --outer diloco (worker groups)", c->workers);
@@ -110,6 +120,11 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer-warmup %d: expected >= 0 (outer syncs that only average)",
                               c->warmup);
+    if (c->start_step < 0)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-start-step %d: expected >= 0 (synchronous dp steps before "
+                              "DiLoCo's rounds)",
+                              c->start_step);
     if (!(c->merge >= 0.0f && c->merge < 1.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--outer-merge %g: expected in [0, 1)",
                               (double)c->merge);
@@ -175,7 +190,8 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
     }
     for (int k = 0; k < F; k++) {
         loom_outer_fragment *f = &o->frag[k];
-        f->offset = F == 1 ? H : (k + 1) * H / F;
+        /* --outer-start-step: the rounds count from the end of the synchronous steps */
+        f->offset = o->cfg.start_step + (F == 1 ? H : (k + 1) * H / F);
         if (f->n_runs) qsort(f->runs, (size_t)f->n_runs, sizeof *f->runs, by_offset);
         for (int r = 0; r < f->n_runs; r++) f->n += f->runs[r].numel;
         const size_t b = (size_t)o->cfg.block, R = (size_t)o->shards;
@@ -424,6 +440,15 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
     o->stats.bytes_step = 0.0;
     o->stats.hidden_ms = 0.0;
     o->stats.syncs = 0;
+    if (step <= o->cfg.start_step) { /* a synchronous step (loom_outer_sync_grads) */
+        for (int k = 0; k < o->n_frag; k++) o->frag[k].landed = 0;
+        o->stats.bytes_step = o->sync_bytes;
+        o->stats.exposed_ms = o->sync_ms;
+        o->sync_bytes = o->sync_ms = 0.0;
+        /* the workers hold the same parameters: DiLoCo's first round starts from them */
+        if (step == o->cfg.start_step) memcpy(o->start, o->params, o->total * sizeof(float));
+        return LOOM_OK;
+    }
     for (int k = 0; k < o->n_frag; k++) o->frag[k].landed = 0;
     /* fragments in flight move one phase (one inner step of overlap per phase) */
     for (int k = 0; k < o->n_frag && !st; k++)
@@ -452,6 +477,20 @@ loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
     for (int k = 0; k < o->n_frag && !st; k++)
         if (o->frag[k].ph != LOOM_OUTER_IDLE) st = wait(o, &o->frag[k], err);
     return st;
+}
+
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err) {
+    if (step > o->cfg.start_step) return LOOM_OK;
+    const double t0 = loom_now_ms();
+    const int W = o->comm->size;
+    loom_status st = loom_comm_allreduce_sum(o->comm, grads, o->total, err);
+    if (st) return st;
+    const float inv = 1.0f / (float)W; /* each group's gradient is the mean of its 1/W */
+    for (size_t i = 0; i < o->total; i++) grads[i] *= inv;
+    /* what a ring all-reduce sends per rank: 2 (W - 1) / W of the buffer */
+    o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)o->total;
+    o->sync_ms = loom_now_ms() - t0;
+    return LOOM_OK;
 }
 
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {

@@ -55,6 +55,7 @@ typedef struct {
     int block;          /* --outer-block: values per scale (int8, int4) */
     float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
     int warmup;         /* --outer-warmup R: a fragment's first R syncs only average */
+    int start_step;     /* --outer-start-step S: steps 1..S synchronous dp over all workers */
     int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
     int elastic_worker; /* --elastic-worker I: this job is worker I (-1: off) */
     int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */
@@ -98,6 +99,7 @@ typedef struct {
     int steps; /* the run's last step: every fragment is synced there */
     double norm_sq[LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
     loom_outer_step_stats stats;
+    double sync_bytes, sync_ms;         /* --outer-start-step: this step's gradient all-reduce */
     struct loom_outer_elastic *elastic; /* --elastic-worker (parallel/outer_elastic.h) */
 } loom_outer;
 
@@ -109,6 +111,14 @@ void loom_outer_free(loom_outer *o);
 /* After inner step `step` (1-based): starts, advances and lands this step's fragments; at
  * the run's last step every fragment is synced (blocking). Collective over the workers. */
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
+/* --outer-start-step S, a warm start: for steps 1..S (1-based `step`) the gradients this
+ * rank holds reduced in its group, grads[0..total), are averaged over the workers (one
+ * all-reduce of the whole buffer over mesh->outer, before the norm and AdamW), so every
+ * worker takes the same synchronous data-parallel step; after step S the round-start
+ * parameters are the parameters then and DiLoCo's rounds count from S. Collective over
+ * the workers; nothing after step S. */
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err);
+
 /* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
  * number: the loss). Collective over the workers. */
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);

@@ -13,7 +13,9 @@
 #include "parallel/outer.h"
 #include "parallel/outer_impl.h"
 
-static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'O', 'U', 'T', '1'};
+/* version 2 adds --outer-start-step after the header (version 1: none, so 0) */
+static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'O', 'U', 'T', '2'};
+static const char MAGIC1[8] = {'L', 'O', 'O', 'M', 'O', 'U', 'T', '1'};
 
 typedef struct {
     char magic[8];
@@ -73,6 +75,8 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
     h.step = step, h.total = o->total, h.n_frag = o->n_frag;
     h.workers = o->comm->size, h.worker = o->comm->rank, h.rank = rank;
     put(&s, &h, sizeof h);
+    const int32_t ext[2] = {o->cfg.start_step, 0};
+    put(&s, ext, sizeof ext);
     put(&s, o->start, o->total * sizeof(float));
     for (int k = 0; k < o->n_frag; k++) {
         const loom_outer_fragment *f = &o->frag[k];
@@ -113,7 +117,17 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
     header h;
     get(&s, &h, sizeof h);
     loom_status st = LOOM_OK;
-    if (!s.ok || memcmp(h.magic, MAGIC, 8) || h.step != step || h.total != o->total ||
+    const int v1 = s.ok && memcmp(h.magic, MAGIC1, 8) == 0;
+    int32_t ext[2] = {0, 0};
+    if (s.ok && !v1) get(&s, ext, sizeof ext);
+    if (s.ok && (v1 || !memcmp(h.magic, MAGIC, 8)) && ext[0] != o->cfg.start_step) {
+        fclose(s.f);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-start-step %d: %s was saved by a run with "
+                              "--outer-start-step %d (resume with the same value)",
+                              o->cfg.start_step, path, (int)ext[0]);
+    }
+    if (!s.ok || (!v1 && memcmp(h.magic, MAGIC, 8)) || h.step != step || h.total != o->total ||
         h.n_frag != o->n_frag || h.workers != o->comm->size || h.worker != o->comm->rank) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "--resume: %s: not this run's outer state (step, size, fragments or "

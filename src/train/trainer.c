@@ -79,6 +79,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         const double compute_cpu_ms = loom_thread_cpu_ms() - cpu_compute;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_FORWARD_BACKWARD, &s, err)) ||
             (st = loom_grad_sync_finish(&r->sync, err)) ||
+            /* --outer-start-step: synchronous dp over the workers until DiLoCo starts */
+            (r->outer_on && (st = loom_outer_sync_grads(&r->outer, r->grads, step + 1, err))) ||
             (st = loom_comm_allreduce_sum_f64(&mesh->dp, &s.loss_sum, 1, err)) ||
             (st = loom_dp_balance_measure(r, compute_ms, compute_cpu_ms, err)))
             return st;

@@ -37,7 +37,7 @@ def benches(build):
         "bench_dit": (["--batch", "8", "--micro-batch", "8", "--steps", "1", "--warmup", "1",
                        "--shard-images", "64", "--sample-n", "2", "--sample-batch", "2",
                        "--sample-steps", "2"], ("torch", "fashion")),
-        "bench_diloco": (["--smoke"], ("bible",)),
+        "bench_diloco": (["--smoke", "--outer-start-step", "6"], ("bible",)),
         "bench_diloco_hosts": (["--hosts", "--smoke"], ("bible", "hosts")),
         "bench_dp": (["--model", "gpt2-tiny", "--seq-len", "32", "--steps", "3", "--warmup", "1",
                       "--rounds", "1"], ()),

@@ -34,6 +34,12 @@ expect "fragments need inner steps" "--inner-steps 4 with --outer-fragments 2" -
     "${D[@]}" --outer-fragments 2 --inner-steps 4
 expect "outer momentum" "--outer-momentum 1: expected in [0, 1)" -- "${D[@]}" --outer-momentum 1
 expect "outer warm-up" "--outer-warmup -1: expected >= 0" -- "${D[@]}" --outer-warmup -1
+expect "outer start step" "--outer-start-step -1: expected >= 0" -- "${D[@]}" --outer-start-step -1
+expect "start step without diloco" "--outer-start-step 4: needs --outer diloco" -- \
+    "${LM[@]}" --outer-start-step 4
+expect "start step with sharded accumulation" \
+    "--outer-start-step 2: not with --grad-accum sharded yet" -- \
+    "${D[@]}" --outer-start-step 2 --zero 2 --grad-accum sharded
 expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" -- \
     "${D[@]}" --ckpt-fast-dir "$TMP/fast"
 expect "not with ZeRO-3 yet" "--outer diloco: not with --zero 3" -- "${D[@]}" --zero 3
@@ -49,6 +55,8 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int8
+expect "elastic start step" "--elastic-worker: not with --outer-start-step 2 yet" -- \
+    "${E[@]}" --elastic-worker 1 --outer-start-step 2
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

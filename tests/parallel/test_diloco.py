@@ -38,6 +38,11 @@ The coordinator (worker 0) killed mid-run: loom run starts it again from its new
 checkpoint, worker 1 leaves and rejoins it, both end at the last sync with the same
 parameters and nothing is left running. --outer-warmup in elastic workers: bitwise the
 one-job run.
+A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
+DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
+S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
+at S + H and the last step, resumes before, at and after the switch are bitwise, and a
+resume with another S is refused (exit 2).
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -48,7 +53,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
-from loomtest import (ADAM_EPS, TOL, Layouts, Run, bitwise, loss_error, parse_test_args,  # noqa: E402
+from loomtest import (ADAM_EPS, MPIRUN, TOL, Layouts, Run, bitwise, loss_error, parse_test_args,  # noqa: E402
                       same_tensors, weights_error, write_text_shard)
 from loomtest import check, keep_or_remove, run_test  # noqa: E402
 
@@ -285,6 +290,16 @@ def main():
         check(differs, f"  W=2 H=1 (AdamW) differs from --dp 2 by "
                        f"{loss_error(a_w2.losses, a_dp2.losses):.2e} (expected: not the same)")
 
+        # 3b. a warm start, --outer-start-step S: steps 1..S are synchronous dp over the
+        # workers (each group's gradient averaged over the workers before the norm and
+        # AdamW); with S >= steps the whole run is --dp 2 (<= TOL: the sums' order differs)
+        s6 = runs.run("w2_start6", 2, ["--outer", "diloco", "--workers", "2", "--inner-steps",
+                                       "3", "--outer-start-step", "6"])
+        compare("W=2 H=3 --outer-start-step 6 = --dp 2", s6, a_dp2)
+        first = s6.rows[0].get("outer", {})
+        check(first.get("bytes_step", 0) > 0 and all(r["outer"]["syncs"] == 0 for r in s6.rows),
+              f"  warm start: gradient bytes counted, no outer sync (step 1: {first})")
+
         # 4. layouts inside the workers
         real = model + ["--steps", "8", "--lr", "3e-3", "--warmup-steps", "2",
                         "--adam-eps", ADAM_EPS, "--grad-clip", "0.5", "--val-data", data,
@@ -370,6 +385,32 @@ def main():
             ok = ("resumed from" in b.stderr and b.losses == want and
                   bitwise((b.losses, b.params), (want, a.params)))
             check(ok, f"  resume mid-round ({name}): bitwise the uninterrupted run")
+
+        # 5b. --outer-start-step 4 with H = 3: synchronous steps 1-4, an outer sync at 7 and
+        # at the last step; checkpoints before, at and after the switch resume bitwise, and
+        # a resume with another S is refused (the switch is part of the run's configuration)
+        ws, ck3 = ["--outer-start-step", "4"], os.path.join(tmp, "ck_start")
+        sa = runs.run("start4", 2, ws + ["--ckpt-dir", ck3, "--ckpt-every", "2"])
+        syncs = [r["step"] for r in sa.rows if r["outer"]["syncs"]]
+        check(syncs == [7, 8] and loss_error(sa.losses, ref.losses) > 100 * TOL,
+              f"  W=2 H=3 --outer-start-step 4: outer syncs at {syncs} (expected [7, 8]), "
+              f"differs from S=0 by {loss_error(sa.losses, ref.losses):.2e}")
+        for at in (2, 4, 6):
+            sb = runs.run(f"start4_resume{at}", 2,
+                          ws + ["--resume", os.path.join(ck3, f"step_{at:08d}")])
+            want = sa.losses[at:8] + sa.losses[8 + at // 4:]  # validation at 4 and 8
+            ok = "resumed from" in sb.stderr and bitwise((sb.losses, sb.params), (want, sa.params))
+            check(ok, f"  --outer-start-step 4: resume at step {at}: bitwise")
+        bad = subprocess.run(MPIRUN + ["-n", "2"] + real + diloco + [
+            "--outer-start-step", "3", "--resume", os.path.join(ck3, "step_00000002")],
+            capture_output=True, text=True)
+        named = ("--outer-start-step 3: " in bad.stderr and
+                 "was saved by a run with --outer-start-step 4" in bad.stderr)
+        check(bad.returncode == 2 and named,
+              f"  resume with another --outer-start-step: exit {bad.returncode} (expected 2), "
+              f"the flag and both values named: {named}")
+        if not named:
+            print(bad.stderr[-1000:])
 
         # 6. streaming
         stream = real[:] + ["--outer", "diloco", "--workers", "2", "--inner-steps", "6",
