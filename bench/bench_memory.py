@@ -21,7 +21,9 @@ The machine is shared: os.getloadavg() goes into the JSON; only ratios of one ru
 anything. There is no peer here: the figures are loom's report against loom's own
 process. Prints one JSON object last.
 Usage: bench_memory.py --loom build/loom [--models llama:512:8,gpt2:512:8] [--steps 2]
-       [--seq-len 256] [--dps 1,2,4] [--smoke] [--only memory,accum,recompute]
+       [--seq-len 256] [--dps 1,2,4] [--zeros 0,1,2,3] [--smoke] [--only memory,accum,recompute]
+(--dps and --zeros select the memory section's cells: e.g. --dps 2,4 --zeros 2,3 runs
+ZeRO-2 and ZeRO-3 at dp 2 and 4; dp 1 runs only where --zeros has 0.)
 """
 import argparse
 import json
@@ -83,7 +85,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", default="build/loom")
     ap.add_argument("--models", default="llama:512:8,gpt2:512:8")
-    ap.add_argument("--dps", default="1,2,4")
+    ap.add_argument("--dps", default="1,2,4", help="the memory section's data-parallel "
+                    "sizes (default 1,2,4)")
+    ap.add_argument("--zeros", default="0,1,2,3", help="the memory section's ZeRO stages at "
+                    "dp > 1 (default 0,1,2,3); dp 1 runs ZeRO-0 only, and only if 0 is listed")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--time-steps", type=int, default=4)
@@ -93,6 +98,9 @@ def main():
                     "(default: the first of --models)")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="the --grad-accum runs'")
     args = ap.parse_args()
+    zeros = sorted({int(z) for z in args.zeros.split(",") if z.strip().isdigit()})
+    if len(zeros) != len(set(args.zeros.split(","))) or any(z > 3 for z in zeros):
+        ap.error(f"--zeros: expected ZeRO stages from 0-3, comma-separated, got '{args.zeros}'")
     if args.smoke:
         args.models, args.dps, args.steps, args.seq_len, args.time_steps = \
             "llama:128:2", "1,2", 1, 64, 2
@@ -104,7 +112,7 @@ def main():
     only = args.only.split(",")
     for spec in args.models.split(",") if "memory" in only else []:
         for dp in map(int, args.dps.split(",")):
-            for zero in ([0] if dp == 1 else [0, 1, 2, 3]):
+            for zero in ([0] if 0 in zeros else []) if dp == 1 else zeros:
                 lay = ["--dp", str(dp), "--zero", str(zero), "--global-batch", str(2 * dp)]
                 base_rss, base_rep = measure(args.loom, data, dp, tiny(spec, args.seq_len) + lay, 1)
                 rss, rep = measure(args.loom, data, dp,
