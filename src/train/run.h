@@ -106,7 +106,9 @@ int loom_run_bf16_logits(const loom_run *r);
 typedef struct {
     size_t params;           /* persistent parameters (ZeRO-3: the shard) */
     size_t gathered;         /* ZeRO-3: parameters gathered at most at once beyond the shard */
-    size_t grads_local;      /* the local accumulation buffer */
+    size_t grads_local;      /* the local accumulation buffer (sharded: the shard's sum and
+                              * the ranges in flight) */
+    int grads_sharded;       /* --grad-accum sharded (ZeRO-3's default) */
     size_t grads_shard;      /* ZeRO-2/3: the part of it that stays (inside grads_local) */
     size_t optimizer;        /* AdamW m and v */
     size_t ema;              /* --ema-decay: the weights' moving average, laid out as m */

@@ -58,6 +58,7 @@ void loom_run_memory_collect(const loom_run *r, loom_run_memory *m) {
             : 0;
     if (peak) m->grads_local = peak;
     m->grads_shard = zm.grads_shard;
+    m->grads_sharded = r->zero.accum_resident != 0;
     m->optimizer = zm.optimizer;
     /* parallel/zero.h: the average is held like AdamW's m (also --ep's expert segments) */
     if (r->tc->ema_decay > 0.0f) m->ema = zm.optimizer / 2;
@@ -119,9 +120,10 @@ void loom_run_memory_line(const loom_run_memory *m, int micro_batch, int seq_len
     if (m->gathered) snprintf(held, sizeof held, " + %.3f MiB gathered at most", m->gathered / MiB);
     if (m->ema) snprintf(ema, sizeof ema, ", EMA of the weights %.3f MiB", m->ema / MiB);
     snprintf(buf, n,
-             "memory per rank: params %.3f MiB%s, grads %.3f MiB (local accumulation) of which "
+             "memory per rank: params %.3f MiB%s, grads %.3f MiB (%s accumulation) of which "
              "%.3f MiB stay (reduced shard), optimizer %.3f MiB (AdamW m, v)%s, activations %.3f "
              "MiB (micro-batch %d x %d)",
-             m->params / MiB, held, m->grads_local / MiB, m->grads_shard / MiB, m->optimizer / MiB,
-             ema, m->activations / MiB, micro_batch, seq_len);
+             m->params / MiB, held, m->grads_local / MiB, m->grads_sharded ? "sharded" : "local",
+             m->grads_shard / MiB, m->optimizer / MiB, ema, m->activations / MiB, micro_batch,
+             seq_len);
 }

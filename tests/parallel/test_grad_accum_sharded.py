@@ -50,7 +50,7 @@ def base(loom, family, data, seed):
 
 
 def grads_mib(run):
-    m = re.search(r"grads ([\d.]+) MiB \(local accumulation\)", run.stderr)
+    m = re.search(r"grads ([\d.]+) MiB \((?:local|sharded) accumulation\)", run.stderr)
     return float(m.group(1))
 
 

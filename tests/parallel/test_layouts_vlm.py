@@ -191,7 +191,7 @@ def vision_bubbles(base, tmp):
 
 def report_mib(stderr):
     """The start-up report's local gradient and AdamW MiB."""
-    m = re.search(r"grads ([0-9.]+) MiB \(local accumulation\).*optimizer ([0-9.]+) MiB", stderr)
+    m = re.search(r"grads ([0-9.]+) MiB \((?:local|sharded) accumulation\).*optimizer ([0-9.]+) MiB", stderr)
     return (float(m.group(1)), float(m.group(2))) if m else (None, None)
 
 

@@ -39,7 +39,7 @@ MIB = 1 << 20
 RESIDENT = re.compile(r"local gradients resident at the last micro-batch's layer boundaries: at "
                       r"most ([\d.]+) of ([\d.]+) MiB, ([\d.]+) MiB after the reduction")
 LINE = re.compile(r"memory per rank: params ([\d.]+) MiB(?: \+ ([\d.]+) MiB gathered at most)?, "
-                  r"grads ([\d.]+) MiB \(local accumulation\) of which ([\d.]+) MiB stay "
+                  r"grads ([\d.]+) MiB \((?:local|sharded) accumulation\) of which ([\d.]+) MiB stay "
                   r"\(reduced shard\), "
                   r"optimizer ([\d.]+) MiB")
 
@@ -78,6 +78,8 @@ def report(cmd, planned=False):
     r = RESIDENT.search(p.stderr)
     got["resident"] = float(r.group(1)) * MIB if r else None
     got["after"] = float(r.group(3)) * MIB if r else None
+    a = re.search(r"grads [\d.]+ MiB \((local|sharded) accumulation\)", p.stderr)
+    got["accum"] = a.group(1)
     b = re.search(r"loom: data-parallel buffers: ([\d.]+) MiB", p.stderr)
     got["dp_buffers"] = float(b.group(1)) * MIB if b else 0.0
     if not planned:
@@ -207,6 +209,8 @@ def main():
         Pd, got, planned = report(MPIRUN + ["-n", "2"] + shape + ["--dp", "2", "--zero", "3"],
                                   planned=True)
         shard = 4 * Pd / 2
+        ok = loomtest.check(got["accum"] == "sharded")
+        print(f"  the line says \"{got['accum']} accumulation\"{'' if ok else '  <-- MISMATCH'}")
         check("grad_shard (the sum)", got["grad_shard"], shard, slack)
         check("grads = the sum + the planned pair", got["grads"], shard + planned, 0.0021 * MIB)
         emb = V * Cs + (T * Cs if family == "gpt2" else 0)
