@@ -152,7 +152,7 @@ static int sharded_accum_family(const loom_run *r) {
 static loom_status sharded_accum_wanted(const loom_run *r, int *sharded, loom_error *err) {
     const char *mode = r->tc->grad_accum;
     *sharded = 0;
-    if (r->zero.stage < 2) return LOOM_OK; /* one replica: ZeRO, and this, are no-ops */
+    if (r->zero.stage < 2) return LOOM_OK; /* ZeRO 0-1, or one replica (stage 0): local */
     if (strcmp(mode, "auto") == 0) {
         *sharded = r->zero.stage == 3 && sharded_accum_family(r);
         return LOOM_OK;
