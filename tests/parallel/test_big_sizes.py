@@ -53,7 +53,7 @@ def dry_run(loom, data, ranks, flags):
 
 def report(stderr):
     m = re.search(r"llama model, (\d+) parameters \((\d+) on this rank\)", stderr)
-    mem = re.search(r"memory per rank: params ([\d.]+) MiB.*?grads ([\d.]+) MiB \(local "
+    mem = re.search(r"memory per rank: params ([\d.]+) MiB.*?grads ([\d.]+) MiB \((?:local|sharded) "
                     r"accumulation\) of which ([\d.]+) MiB stay.*?optimizer ([\d.]+) MiB", stderr)
     if not m or not mem:
         return None
