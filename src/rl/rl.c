@@ -473,14 +473,8 @@ static loom_status update(rl_state *s, int step, loom_grpo_stats *stats, double 
         const size_t n = (size_t)s->rc->ppo_micro_batch * m->T * s->Vl;
         if (inv_t != 1.0f) /* d/d(logits) of logits / temperature */
             for (size_t i = 0; i < n; i++) m->logits[i] *= inv_t;
-        const int final = k + 1 == accum;
-        /* --grad-accum sharded (ZeRO-3's default): every micro-batch's, into the shard's sum */
-        const int sharded = loom_grad_sync_sharded_accum(&r->sync);
-        if (final || sharded) loom_grad_sync_begin(&r->sync);
-        if ((st = loom_model_backward(m, r->params, r->grads,
-                                      final || sharded ? loom_grad_sync_ready : NULL, &r->sync)))
+        if ((st = loom_step_backward(m, r->params, r->grads, &r->sync, k + 1 == accum, err)))
             return st;
-        if (sharded && !final && (st = loom_grad_sync_finish_micro_batch(&r->sync, err))) return st;
     }
     if ((st = loom_model_set_tokens(m, s->Tm, err)) || /* the model's whole length again */
         (st = loom_grad_sync_finish(&r->sync, err)) ||

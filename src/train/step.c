@@ -45,6 +45,17 @@ static loom_status dump_output(loom_step_runner *r, loom_error *err) {
     return st;
 }
 
+loom_status loom_step_backward(loom_model *m, const float *params, float *grads,
+                               loom_grad_sync *sync, int final, loom_error *err) {
+    /* --grad-accum sharded: every micro-batch's, reduced into the shard's sum */
+    const int sharded = sync && loom_grad_sync_sharded_accum(sync);
+    if (final || sharded) loom_grad_sync_begin(sync);
+    loom_status st =
+        loom_model_backward(m, params, grads, final || sharded ? loom_grad_sync_ready : NULL, sync);
+    if (!st && sharded && !final) st = loom_grad_sync_finish_micro_batch(sync, err);
+    return st;
+}
+
 static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *batch, float dloss,
                                           int step, int early, double *loss_sum, loom_error *err) {
     loom_model *mod = r->model;
@@ -63,17 +74,9 @@ static loom_status whole_forward_backward(loom_step_runner *r, const int32_t *ba
         if ((st = loom_model_loss_sum(mod, dloss, 1, &s))) return st;
         *loss_sum += s;
         loom_route_dump_record(r->routes, mod->moe, step, r->accum, k);
-        /* The last micro-batch's backward hands each range to the gradient sync as soon
-         * as it is final. */
-        const int final = k + 1 == r->accum;
-        /* --grad-accum sharded: every micro-batch's, reduced into the shard's sum */
-        const int sharded = r->sync && loom_grad_sync_sharded_accum(r->sync);
-        if (final || sharded) loom_grad_sync_begin(r->sync);
         loom_progress_phase(LOOM_PHASE_BACKWARD);
-        if ((st = loom_model_backward(mod, r->params, r->grads,
-                                      final || sharded ? loom_grad_sync_ready : NULL, r->sync)))
+        if ((st = loom_step_backward(mod, r->params, r->grads, r->sync, k + 1 == r->accum, err)))
             return st;
-        if (sharded && !final && (st = loom_grad_sync_finish_micro_batch(r->sync, err))) return st;
         if (early >= 0 && k == 0) LOOM_STEP_MARK(early, "backward");
     }
     return LOOM_OK;

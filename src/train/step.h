@@ -67,6 +67,14 @@ typedef struct {
 
 void loom_step_runner_init(loom_step_runner *r, const loom_step_runner_options *o);
 
+/* One micro-batch's backward on the whole model (its loss gradient set): the last one
+ * (final) hands each range to the gradient sync as soon as it is final; with --grad-accum
+ * sharded every one does, and the ranges are reduced into the shard's sum before the next
+ * micro-batch (loom_grad_sync_finish_micro_batch). Used by the whole-model runner and by
+ * loom rl's update. */
+loom_status loom_step_backward(loom_model *m, const float *params, float *grads,
+                               loom_grad_sync *sync, int final, loom_error *err);
+
 static inline loom_status loom_step_forward_backward(loom_step_runner *r, const int32_t *batch,
                                                      float dloss, int step, int early,
                                                      double *loss_sum, loom_error *err) {
