@@ -346,12 +346,8 @@ static loom_status wait(loom_outer *o, loom_outer_fragment *f, loom_error *err) 
 static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_error *err) {
     const int W = o->comm->size, me = o->comm->rank;
     const size_t own = loom_outer_chunk_len(f, me), base = f->part_lo + (size_t)me * f->chunk;
-    /* --outer-warmup: the fragment's first syncs (by the round of the send, a function of
-     * the step) average the workers (start += -g) and leave the momentum at zero */
-    const int H = o->cfg.inner_steps;
-    const int round = f->last_sent >= f->offset ? (f->last_sent - f->offset) / H : 0;
-    const int warm = round < o->cfg.warmup;
-    const float mu = o->cfg.momentum, lr = o->cfg.lr;
+    /* --outer-warmup: the fragment's first syncs (by the round of the send) only average */
+    const int warm = loom_outer_warm(&o->cfg, f->last_sent, f->offset);
     float *g = f->delta + base; /* scratch: this chunk of delta is rewritten below */
     for (int i = 0; i < W; i++) {
         loom_outer_dequantize(o->dtype, (const uint8_t *)(f->recv + f->rdispls[i]), own,
@@ -362,13 +358,7 @@ static loom_status reduce_and_step(loom_outer *o, loom_outer_fragment *f, loom_e
     for (size_t k = 0; k < own; k++) {
         const float gk = f->acc[k] / (float)W;
         if (f->counted[base + k]) sq += (double)gk * gk;
-        if (warm) {
-            g[k] = -gk;
-            continue;
-        }
-        f->mom[k] = mu * f->mom[k] + gk;
-        const float u = o->cfg.nesterov ? gk + mu * f->mom[k] : f->mom[k];
-        g[k] = -(lr * u); /* the update of the round-start parameters */
+        g[k] = loom_outer_update(&o->cfg, warm, &f->mom[k], gk); /* of the round-start value */
     }
     f->norm_sq = sq;
     f->landed = 1;

@@ -145,19 +145,12 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
  * (start += -g) and leave the momentum untouched. */
 static void apply(loom_outer *o, int step, const float *g) {
     elastic *e = o->elastic;
-    const float mu = o->cfg.momentum, lr = o->cfg.lr;
-    const int H = o->cfg.inner_steps, round = step >= H ? (step - H) / H : 0;
-    const int warm = round < o->cfg.warmup;
+    /* the first sync comes after inner step H (--outer-start-step is refused here) */
+    const int warm = loom_outer_warm(&o->cfg, step, o->cfg.inner_steps);
     double sq = 0.0;
     for (size_t i = 0; i < e->all; i++) {
         sq += (double)g[i] * g[i];
-        if (warm) {
-            e->start_all[i] += -g[i];
-            continue;
-        }
-        e->mom[i] = mu * e->mom[i] + g[i];
-        const float u = o->cfg.nesterov ? g[i] + mu * e->mom[i] : e->mom[i];
-        e->start_all[i] += -(lr * u);
+        e->start_all[i] += loom_outer_update(&o->cfg, warm, &e->mom[i], g[i]);
     }
     o->stats.grad_norm = sqrt(sq);
 }

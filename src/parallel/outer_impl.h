@@ -40,6 +40,24 @@ static inline size_t loom_outer_chunk_len(const loom_outer_fragment *f, int j) {
     return lo >= n ? 0 : (n - lo < f->chunk ? n - lo : f->chunk);
 }
 
+/* --outer-warmup R: whether the sync sent after inner step `step`, in a schedule whose
+ * first sync comes after step `first`, is among the first R rounds (a function of the step,
+ * so a resume keeps it); those only average the workers. */
+static inline int loom_outer_warm(const loom_outer_config *c, int step, int first) {
+    const int round = step >= first ? (step - first) / c->inner_steps : 0;
+    return round < c->warmup;
+}
+
+/* The outer step of one element: its mean outer gradient g in, the update of its
+ * round-start value out (warm: -g, the momentum untouched; else SGD with momentum mom,
+ * Nesterov's where asked, at the outer learning rate). */
+static inline float loom_outer_update(const loom_outer_config *c, int warm, float *mom, float g) {
+    if (warm) return -g;
+    *mom = c->momentum * *mom + g;
+    const float u = c->nesterov ? g + c->momentum * *mom : *mom;
+    return -(c->lr * u);
+}
+
 /* ---- --elastic-worker (parallel/outer_elastic.c; outer_elastic.h says what it does) ---- */
 /* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
  * when cfg->elastic_worker >= 0). Create only allocates; begin connects the group: the
