@@ -212,9 +212,10 @@ static int msg_push(msg_list *l, int peer, size_t at, size_t n, int staged, int 
 }
 
 /* Rows that lie one after the other in both the sender's source and the receiver's
- * destination, merged. */
+ * destination, merged; its kind (below) and the first run of its span, once planned. */
 typedef struct {
     size_t src, dst, n;
+    int kind, first;
 } run_t;
 
 /* A run's message: its own (DIRECT), a span of the source unpacked by the receiver
@@ -227,7 +228,6 @@ typedef struct {
     seg_list pack, unpack, local;
     size_t send_at, recv_at; /* floats of send_buf / recv_buf handed out so far */
     run_t *runs;
-    int *kind, *first; /* per run: its kind, and the first run of its span (staged) */
     int cap;
 } builder;
 
@@ -248,17 +248,8 @@ static int pair_runs(builder *b, const loom_reshard_copy *copies, int n_copies, 
                 last->n += n;
                 continue;
             }
-            if (*nr == b->cap) {
-                const int cap = b->cap ? 2 * b->cap : 64;
-                run_t *r = realloc(b->runs, (size_t)cap * sizeof *r);
-                int *k = r ? realloc(b->kind, (size_t)cap * sizeof *k) : NULL;
-                if (r) b->runs = r;
-                if (k) b->kind = k;
-                int *f = k ? realloc(b->first, (size_t)cap * sizeof *f) : NULL;
-                if (!f) return 1;
-                b->first = f, b->cap = cap;
-            }
-            b->runs[(*nr)++] = (run_t){src, dst, n};
+            if (grow((void **)&b->runs, &b->cap, *nr, sizeof *b->runs)) return 1;
+            b->runs[(*nr)++] = (run_t){src, dst, n, RUN_PACKED, 0};
         }
     }
     return 0;
@@ -277,7 +268,7 @@ static int plan_pair(builder *b, int nr, int peer, int sending, size_t min_float
     const run_t *R = b->runs;
     for (int i = 0; i < nr;) {
         if (R[i].n >= min_floats) {
-            b->kind[i] = RUN_DIRECT, b->first[i] = i, i++;
+            b->runs[i].kind = RUN_DIRECT, b->runs[i].first = i, i++;
             continue;
         }
         size_t rows = R[i].n, gaps = 0, end = R[i].src + R[i].n;
@@ -295,32 +286,32 @@ static int plan_pair(builder *b, int nr, int peer, int sending, size_t min_float
             kind = RUN_STAGED;
         else if (drows >= min_floats)
             kind = RUN_GATHERED, j = k;
-        for (int q = i; q < j; q++) b->kind[q] = kind, b->first[q] = i;
+        for (int q = i; q < j; q++) b->runs[q].kind = kind, b->runs[q].first = i;
         i = j;
     }
     msg_list *ml = sending ? &b->sends : &b->recvs;
     for (int i = 0; i < nr;) {
         int j = i + 1;
-        while (j < nr && b->kind[j] == b->kind[i] && b->first[j] == i) j++;
+        while (j < nr && b->runs[j].kind == b->runs[i].kind && b->runs[j].first == i) j++;
         size_t len = R[j - 1].src + R[j - 1].n - R[i].src, rows = 0;
         for (int q = i; q < j; q++) rows += R[q].n;
         int bad = 0;
-        if (b->kind[i] == RUN_DIRECT) {
+        if (b->runs[i].kind == RUN_DIRECT) {
             bad = msg_push(ml, peer, sending ? R[i].src : R[i].dst, R[i].n, 0, 0);
-        } else if (b->kind[i] == RUN_STAGED && sending) {
+        } else if (b->runs[i].kind == RUN_STAGED && sending) {
             bad = msg_push(ml, peer, R[i].src, len, 0, 0);
-        } else if (b->kind[i] == RUN_STAGED) {
+        } else if (b->runs[i].kind == RUN_STAGED) {
             bad = msg_push(ml, peer, b->recv_at, len, 1, 0);
             for (int q = i; q < j && !bad; q++)
                 bad = seg_push(&b->unpack, R[q].dst, b->recv_at + (R[q].src - R[i].src), R[q].n);
             b->recv_at += len;
-        } else if (b->kind[i] == RUN_GATHERED && sending) {
+        } else if (b->runs[i].kind == RUN_GATHERED && sending) {
             bad = msg_push(ml, peer, b->send_at, rows, 1, 1);
             size_t cur = 0;
             for (int q = i; q < j && !bad; cur += R[q].n, q++)
                 bad = seg_push(&b->pack, b->send_at + cur, R[q].src, R[q].n);
             b->send_at += rows;
-        } else if (b->kind[i] == RUN_GATHERED) {
+        } else if (b->runs[i].kind == RUN_GATHERED) {
             bad = msg_push(ml, peer, R[i].dst, rows, 0, 1);
         }
         if (bad) return 1;
@@ -328,7 +319,7 @@ static int plan_pair(builder *b, int nr, int peer, int sending, size_t min_float
     }
     size_t packed = 0, *at = sending ? &b->send_at : &b->recv_at;
     for (int i = 0; i < nr; i++) {
-        if (b->kind[i] != RUN_PACKED) continue;
+        if (b->runs[i].kind != RUN_PACKED) continue;
         if (sending ? seg_push(&b->pack, *at + packed, R[i].src, R[i].n)
                     : seg_push(&b->unpack, R[i].dst, *at + packed, R[i].n))
             return 1;
@@ -357,7 +348,7 @@ static loom_status plan_messages(loom_reshard *r, const loom_reshard_copy *copie
         bad = pair_runs(&b, copies, n_copies, p, me, &nr) || plan_pair(&b, nr, p, 0, min_floats) ||
               pair_runs(&b, copies, n_copies, me, p, &nr) || plan_pair(&b, nr, p, 1, min_floats);
     }
-    free(b.runs), free(b.kind), free(b.first);
+    free(b.runs);
     r->sends = b.sends.v, r->n_sends = b.sends.n;
     r->recvs = b.recvs.v, r->n_recvs = b.recvs.n;
     r->pack = b.pack.v, r->n_pack = b.pack.n;
