@@ -3,8 +3,9 @@
  * output) on an N x N x N product (default 2048), the primitive made before timing, best
  * of R repetitions after one warm-up call. Prints one JSON line:
  *   {"bf16_gflops": X, "impl": "brg:avx512_core_bf16", "n": N, "reps": R, "best_ms": t}
- * Usage: bf16_peak [N [R]]. Threads: OMP_NUM_THREADS (oneDNN runs on OpenMP). Exit 2 on a
- * CPU without AVX512-BF16 / AMX-BF16. bench/bench_train.py prints it beside sgemm_peak. */
+ * Usage: bf16_peak [N [R]]. Threads: OMP_NUM_THREADS (oneDNN runs on OpenMP). On a CPU
+ * without AVX512-BF16 / AMX-BF16 it measures what loom runs there, the GEMM widened to
+ * fp32 for OpenBLAS (impl says so). bench/bench_train.py prints it beside sgemm_peak. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -34,8 +35,7 @@ int main(int argc, char **argv) {
     const size_t count = (size_t)n * (size_t)n;
     loom_error err = {0};
     loom_gemm_bf16 *g = NULL;
-    if (loom_gemm_bf16_create(&g, "bf16_peak", &err) ||
-        loom_gemm_bf16_prepare(g, LOOM_GEMM_NT, n, n, n, &err)) {
+    if (loom_gemm_bf16_create(&g, &err) || loom_gemm_bf16_prepare(g, LOOM_GEMM_NT, n, n, n, &err)) {
         fprintf(stderr, "bf16_peak: %s\n", err.msg);
         return 2;
     }

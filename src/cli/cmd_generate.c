@@ -315,7 +315,7 @@ int loom_cmd_generate(int argc, char **argv) {
     }
     if (precision == LOOM_PRECISION_BF16) { /* the GEMMs of one token: 1 row each */
         const int one = 1;
-        if (loom_backend_cpu_bf16_open(&be, "--precision", &err) ||
+        if (loom_backend_cpu_bf16_open(&be, &err) ||
             loom_model_prepare_gemms(be, &table, &one, 1, 0, &err)) {
             rc = fail(err.msg);
             goto done;

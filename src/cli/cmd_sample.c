@@ -245,7 +245,7 @@ int loom_cmd_sample(int argc, char **argv) {
     loom_cpu_set_threads((int)threads);
     const int per_call = o.cfg != 1.0f ? 2 * o.n : o.n;
     if (precision == LOOM_PRECISION_BF16 &&
-        loom_backend_cpu_bf16_open(&be, "--precision", &err)) { /* before the model uses it */
+        loom_backend_cpu_bf16_open(&be, &err)) { /* before the model uses it */
         rc = fail(err.msg);
         goto done;
     }

@@ -310,18 +310,21 @@ struct loom_backend {
 /* The CPU backend (kernels/cpu/): one static object, never freed; its ops cannot fail. */
 const loom_backend *loom_backend_cpu(void);
 /* The CPU backend with bf16 GEMMs (kernels/cpu/backend_cpu_bf16.c): the CPU table with
- * the linear ops on oneDNN bf16 matmuls (every other op the fp32 CPU kernel). Each linear
- * op rounds its fp32 operands to bf16 (nearest even) into the backend's own buffers, so
- * every caller of the fp32 signature computes in bf16 unchanged; the _bf16 ops take
- * operands already in bf16. `flag` names the option in errors: LOOM_ERR_INPUT on a CPU
- * without AVX512-BF16 or AMX-BF16. Freed by loom_backend_close. Prints nothing; see
- * loom_backend_cpu_bf16_describe for the start-up line. */
-loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag, loom_error *err);
+ * the linear ops on oneDNN bf16 matmuls, or on a CPU without AVX512-BF16 and AMX-BF16
+ * widened to fp32 for OpenBLAS (kernels/cpu/gemm_widened.h: the same numerics, fp32's
+ * speed); every other op the fp32 CPU kernel. Each linear op rounds its fp32 operands to
+ * bf16 (nearest even) into the backend's own buffers, so every caller of the fp32
+ * signature computes in bf16 unchanged; the _bf16 ops take operands already in bf16.
+ * Freed by loom_backend_close. Prints nothing; see loom_backend_cpu_bf16_describe for the
+ * start-up line. */
+loom_status loom_backend_cpu_bf16_open(const loom_backend **out, loom_error *err);
 /* The bf16 table for sizing only (loom plan, loom_run_size): says which activations a bf16
  * run keeps in bf16 (so a model's arena is planned as the run's) and runs nothing; needs
  * no bf16 CPU. Static; loom_backend_close leaves it. */
 const loom_backend *loom_backend_cpu_bf16_sizing(void);
-/* "oneDNN bf16 matmul brg:avx512_core_bf16, 12 shapes prepared, 0 calls unprepared" */
+/* "oneDNN 2.6 bf16 matmul brg:avx512_core_bf16, 12 shapes prepared, 0 calls unprepared",
+ * or "bf16 matmul widened to fp32 for OpenBLAS sgemm (no AVX512-BF16 or AMX-BF16: bf16's
+ * numerics and bytes at fp32's speed), ..." */
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size);
 /* Bytes the backend holds for bf16 copies of operands (its conversion buffers). */
 size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);

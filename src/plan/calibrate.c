@@ -533,11 +533,11 @@ json_t *loom_calibrate_compute(int quick, int threads) {
         free_buffers(&b);
         return NULL;
     }
-    /* --precision bf16's GEMMs, where the CPU has them: the bf16 backend's linear ops, the
-     * weights read from a bf16 copy of their pool as a run reads them (compute_weights.h) */
+    /* --precision bf16's GEMMs as a run on this CPU does them (oneDNN, or widened to fp32
+     * without bf16 instructions): the bf16 backend's linear ops, the weights read from a
+     * bf16 copy of their pool as a run reads them (compute_weights.h) */
     loom_error berr;
-    if ((loom_cpu_has_avx512_bf16() || loom_cpu_has_amx_bf16()) &&
-        loom_backend_cpu_bf16_open(&b.bf16, "calibrate", &berr) == LOOM_OK) {
+    if (loom_backend_cpu_bf16_open(&b.bf16, &berr) == LOOM_OK) {
         size_t D = (size_t)g.gemm_dims[g.n_gemm - 1];
         const size_t pool = D * D > GEMM_POOL_FLOATS ? D * D : GEMM_POOL_FLOATS;
         loom_bf16 *copy = loom_backend_cpu_bf16_weight_copy(b.bf16, b.gemm[1], pool);
@@ -547,7 +547,7 @@ json_t *loom_calibrate_compute(int quick, int threads) {
         }
     } else {
         b.bf16 = NULL;
-        fprintf(stderr, "calibrate: no bf16 GEMMs on this CPU (no gemm_bf16 in the profile)\n");
+        fprintf(stderr, "calibrate: %s (no gemm_bf16 in the profile)\n", berr.msg);
     }
     json_t *compute = json_array();
     json_array_append_new(compute, measure_compute(&b, &g, 1));

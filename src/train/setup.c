@@ -426,7 +426,7 @@ static loom_status open_precision(loom_run *r, loom_error *err) {
     loom_status st = loom_precision_parse(r->tc->precision, "--precision", &p, err);
     if (st || p == LOOM_PRECISION_FP32) return st;
     const loom_backend *be = NULL;
-    if ((st = loom_backend_cpu_bf16_open(&be, "--precision", err))) return st;
+    if ((st = loom_backend_cpu_bf16_open(&be, err))) return st;
     r->be = be;
     return LOOM_OK;
 }

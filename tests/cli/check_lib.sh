@@ -27,11 +27,3 @@ expect() { # NAME EXPECTED_SUBSTRING -- loom args...: exit 2, the last stderr li
         echo "FAIL: $name: exit $rc, last stderr line: '$last' (expected exit 2 and '$want')"
     fi
 }
-skip_rest_without_bf16() { # NAME_OF_TEST: where the CPU has no bf16 GEMMs (loom --precision
-    # bf16 exits 2 there, docs/precision.md) the checks so far decide and the rest is skipped:
-    # exit 77 (ctest: skipped) when none failed, 1 otherwise
-    grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && return 0
-    echo "$1: $pass passed, $fail failed; SKIP: the rest needs AVX512-BF16 or AMX-BF16 (this CPU has neither)"
-    [ "$fail" -eq 0 ] && exit 77
-    exit 1
-}

@@ -27,7 +27,6 @@ expect "stochastic needs bf16" "--bf16-rounding stochastic: needs --precision bf
     "${LM[@]:0:${#LM[@]}-2}" --bf16-rounding stochastic
 expect "a bad rounding" "--bf16-rounding 'sr': expected nearest or stochastic" -- "${LM[@]}" \
     --bf16-rounding sr
-skip_rest_without_bf16 test_bf16_rounding # (the flags below are read after the CPU check)
 expect "stochastic with --overlap-param-gather" \
     "--bf16-rounding stochastic: not with --overlap-param-gather" -- "${LM[@]}" \
     --bf16-rounding stochastic --zero 1 --overlap-param-gather
@@ -74,7 +73,14 @@ check "another seed draws other roundings" test "$(losses "$TMP/sr_seed.jsonl")"
 "${MPI[@]}" "$LOOM" "${LM[@]}" --steps 6 --tp 2 --bf16-rounding stochastic \
     --metrics "$TMP/srtp.jsonl" >/dev/null 2>&1
 LOOM_BF16_ROUND_TP=2,sum run srtpref --bf16-rounding stochastic
-check "stochastic under tp 2: bitwise the one process rounding as tp 2 (nearest is not)" \
+# Where the GEMMs are widened to fp32 for OpenBLAS (a CPU without bf16 instructions: the
+# start-up line says so) a shard's GEMM may sum in another order than the whole (OpenBLAS's
+# order depends on the shape): there tp 2 is held to test_layouts_bf16.py's tp bound on the
+# losses (1e-4) and must be closer to its stochastic reference than nearest is to stochastic
+# (measured 6.7e-6 against 4.0e-5); on oneDNN's bf16 matmul, bitwise.
+WIDENED=0
+grep -q "precision bf16: bf16 matmul widened to fp32" "$TMP/near.err" && WIDENED=1
+check "stochastic under tp 2: the one process rounding as tp 2 (bitwise on oneDNN; nearest is not)" \
     /usr/bin/python3 -c "
 import json, sys
 a = [json.loads(l)['loss'] for l in open('$TMP/srtp.jsonl')]
@@ -83,7 +89,8 @@ c = [json.loads(l)['loss'] for l in open('$TMP/near.jsonl')]
 d = [json.loads(l)['loss'] for l in open('$TMP/sr1.jsonl')]
 e = max(abs(x / y - 1) for x, y in zip(a, b)); f = max(abs(x / y - 1) for x, y in zip(c, d))
 print(f'tp 2 against its one-process reference {e:.1e}; nearest against stochastic {f:.1e}')
-sys.exit(0 if len(a) == 6 and a == b and f > 0 else 1)"
+close = e <= 1e-4 and e < f if $WIDENED else a == b
+sys.exit(0 if len(a) == 6 and close and f > 0 else 1)"
 
 # resume: stopped after step 3 and resumed, bitwise the uninterrupted stochastic run
 "$LOOM" "${LM[@]}" --bf16-rounding stochastic --steps 3 --ckpt-dir "$TMP/ck" >/dev/null 2>&1

@@ -58,22 +58,18 @@ class Skip(Exception):
     namespaces): run_test exits 77 with the reason. Never for a failure of loom's."""
 
 
-def cpu_has_bf16():
-    """Whether this CPU has AVX512-BF16 or AMX-BF16 (/proc/cpuinfo's flags are cpuid's):
-    `loom ... --precision bf16` refuses to start without either (exit 2, docs/precision.md)."""
-    with open("/proc/cpuinfo") as f:
-        return bool(set(f.read().split()) & {"avx512_bf16", "amx_bf16"})
-
-
-def require_bf16(what):
-    """Skip (exit 77) the rest of a test that runs bf16 GEMMs on a CPU without them; the
-    checks already run still count (a failure among them fails the test)."""
-    if not cpu_has_bf16():
-        raise Skip(f"{what}: this CPU has neither AVX512-BF16 nor AMX-BF16, which loom "
-                   "--precision bf16 needs")
-
-
 _checks = {"ran": 0, "failed": 0}
+
+
+def bf16_gemms(stderr):
+    """Which bf16 GEMMs a loom run's start-up line names: "onednn", "widened" (widened to
+    fp32 for OpenBLAS on a CPU without AVX512-BF16 or AMX-BF16, docs/precision.md), or None
+    (no such line)."""
+    if "loom: precision bf16: oneDNN" in stderr:
+        return "onednn"
+    if "loom: precision bf16: bf16 matmul widened to fp32" in stderr:
+        return "widened"
+    return None
 
 
 def check(ok, line=None):

@@ -80,7 +80,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loomtest import (Layouts, bitwise, loss_error, parse_test_args, rel_err, weights_error,  # noqa: E402
                       write_text_shard)
-from loomtest import check, require_bf16, run_test  # noqa: E402
+from loomtest import check, run_test  # noqa: E402
 import test_layouts_vlm  # noqa: E402
 
 D_MODEL = 48
@@ -179,7 +179,6 @@ def vlm_frozen_zero3(args, tmp, seed):
 
 def main():
     args = parse_test_args()
-    require_bf16("--grad-reduce-dtype bf16")
     seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_grad_reduce_bf16_")
     try:

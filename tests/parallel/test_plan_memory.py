@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
 sys.path.insert(0, HERE)
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, cpu_has_bf16, parse_test_args, run_test, write_text_shard  # noqa: E402
+from loomtest import MPIRUN, parse_test_args, run_test, write_text_shard  # noqa: E402
 import test_layouts_cp  # noqa: E402
 import test_layouts_dit  # noqa: E402
 import test_layouts_moe  # noqa: E402
@@ -104,10 +104,7 @@ def layouts():
     out += [(n, r, e, "image") for n, r, e, *_ in test_layouts_dit.IMAGE_LAYOUTS]
     out += [(n, r, e, "video") for n, r, e, *_ in test_layouts_dit.VIDEO_LAYOUTS]
     out += [(n, r, e, "vlm") for n, r, e in VLM_LAYOUTS]
-    if cpu_has_bf16():  # (loom train --precision bf16 refuses to start without: not run)
-        out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
-    else:
-        print("the bf16 layouts: not run (this CPU has neither AVX512-BF16 nor AMX-BF16)")
+    out += [(n, r, e, "bf16") for n, r, e in BF16_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in SHARDED_LAYOUTS]
     out += [(n, r, e, "lm") for n, r, e in ONE_MICRO_LAYOUTS]
     out += EMA_LAYOUTS

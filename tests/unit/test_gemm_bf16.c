@@ -1,5 +1,7 @@
-/* bf16 GEMMs on oneDNN (kernels/cpu/gemm_bf16.h) against float64, every kind, prepared
- * and run-time shapes, accumulating into random C.
+/* bf16 GEMMs (kernels/cpu/gemm_bf16.h) against float64, every kind, prepared and run-time
+ * shapes, accumulating into random C: on oneDNN where the CPU has bf16 instructions, and
+ * widened to fp32 for OpenBLAS (gemm_widened.h: always tested, LOOM_BF16_PRETEND_NO_CPU
+ * forces it), also with small blocks so that every shape crosses block edges.
  *
  * The bound (derived in gemm_bf16.h): inputs rounded to bf16 (8-bit significand) carry a
  * relative error of at most u = 2^-8 each, so a product a*b is off by (2u + u^2)|ab|;
@@ -13,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/backend_bf16.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/gemm_widened.h"
 
 /* element (i, k) of A and (k, j) of B for each kind's storage */
 static size_t a_at(loom_gemm_kind kind, int M, int K, int i, int k) {
@@ -22,10 +25,11 @@ static size_t b_at(loom_gemm_kind kind, int N, int K, int k, int j) {
     return kind == LOOM_GEMM_NT ? (size_t)j * K + k : (size_t)k * N + j;
 }
 
-static void check(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, int prepare,
-                  int integers) {
+/* One kind and shape on g, or (g NULL) on the widened path w. */
+static void check(loom_gemm_bf16 *g, loom_gemm_widened *w, loom_gemm_kind kind, int M, int N, int K,
+                  int prepare, int integers) {
     loom_error err = {0};
-    if (prepare) assert_int_equal(loom_gemm_bf16_prepare(g, kind, M, N, K, &err), LOOM_OK);
+    if (g && prepare) assert_int_equal(loom_gemm_bf16_prepare(g, kind, M, N, K, &err), LOOM_OK);
     size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
     float *a = tk_rand(na, 1), *b = tk_rand(nb, 1), *c = tk_rand(nc, 1);
     if (integers)
@@ -38,10 +42,14 @@ static void check(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, i
     loom_bf16_from_f32_n(ah, a, na);
     loom_bf16_from_f32_n(bh, b, nb);
     float *out = tk_copy(c, nc);
-    size_t before = loom_gemm_bf16_unprepared_calls(g);
-    loom_gemm_bf16_run(g, kind, M, N, K, out, ah, bh);
-    assert_int_equal(loom_gemm_bf16_status(g, &err), LOOM_OK);
-    assert_int_equal(loom_gemm_bf16_unprepared_calls(g) - before, prepare ? 0 : 1);
+    if (g) {
+        size_t before = loom_gemm_bf16_unprepared_calls(g);
+        loom_gemm_bf16_run(g, kind, M, N, K, out, ah, bh);
+        assert_int_equal(loom_gemm_bf16_status(g, &err), LOOM_OK);
+        assert_int_equal(loom_gemm_bf16_unprepared_calls(g) - before, prepare ? 0 : 1);
+    } else {
+        loom_gemm_widened_run(w, kind, M, N, K, out, ah, bh);
+    }
     const double u = 0x1p-8, gam = (K + 1) * 0x1p-24 / (1.0 - (K + 1) * 0x1p-24);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
@@ -65,33 +73,76 @@ static void check(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, int K, i
     free(a), free(b), free(c), free(ah), free(bh), free(out);
 }
 
-/* bf16 GEMMs need AVX512-BF16 or AMX-BF16 (loom refuses bf16 without: docs/precision.md):
- * on another CPU the tests that run them are skipped (cmocka's skip, listed as SKIPPED). */
-static void need_bf16_cpu(void) {
-    if (loom_cpu_has_avx512_bf16() || loom_cpu_has_amx_bf16()) return;
-    print_message("this CPU has neither AVX512-BF16 nor AMX-BF16: skipped\n");
-    skip();
-}
+static const int shapes[][3] = {{7, 13, 5}, {33, 17, 37}, {1, 1, 1}, {64, 96, 128}, {67, 129, 71}};
 
-static void test_kinds(void **state) {
-    (void)state;
-    need_bf16_cpu();
-    tk_reseed(1);
-    loom_gemm_bf16 *g = NULL;
-    loom_error err = {0};
-    assert_int_equal(loom_gemm_bf16_create(&g, "--precision", &err), LOOM_OK);
-    const int shapes[][3] = {{7, 13, 5}, {33, 17, 37}, {1, 1, 1}, {64, 96, 128}, {67, 129, 71}};
+static void check_kinds(loom_gemm_bf16 *g, loom_gemm_widened *w) {
     for (int k = 0; k < 3; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int prep = 0; prep < 2; prep++) {
-                check(g, (loom_gemm_kind)k, shapes[s][0], shapes[s][1], shapes[s][2], prep, 0);
-                check(g, (loom_gemm_kind)k, shapes[s][0], shapes[s][1], shapes[s][2], prep, 1);
+                check(g, w, (loom_gemm_kind)k, shapes[s][0], shapes[s][1], shapes[s][2], prep, 0);
+                check(g, w, (loom_gemm_kind)k, shapes[s][0], shapes[s][1], shapes[s][2], prep, 1);
             }
     /* K = 1000: fp32 accumulation's share of the bound grows */
-    check(g, LOOM_GEMM_TN, 24, 40, 1000, 1, 0);
-    fprintf(stderr, "oneDNN bf16 matmul: %s (%zu shapes prepared)\n", loom_gemm_bf16_impl(g),
-            loom_gemm_bf16_prepared(g));
-    loom_gemm_bf16_destroy(g);
+    check(g, w, LOOM_GEMM_TN, 24, 40, 1000, 1, 0);
+}
+
+/* The path this CPU runs (oneDNN with AVX512-BF16 or AMX-BF16, else widened), then the
+ * widened one forced (LOOM_BF16_PRETEND_NO_CPU), then widened with blocks smaller than the
+ * shapes. */
+static void test_kinds(void **state) {
+    (void)state;
+    tk_reseed(1);
+    for (int pretend = 0; pretend < 2; pretend++) {
+        if (pretend) setenv("LOOM_BF16_PRETEND_NO_CPU", "1", 1);
+        loom_gemm_bf16 *g = NULL;
+        loom_error err = {0};
+        assert_int_equal(loom_gemm_bf16_create(&g, &err), LOOM_OK);
+        if (pretend) assert_true(loom_gemm_bf16_is_widened(g));
+        check_kinds(g, NULL);
+        fprintf(stderr, "bf16 matmul: %s (%zu shapes prepared)\n", loom_gemm_bf16_impl(g),
+                loom_gemm_bf16_prepared(g));
+        loom_gemm_bf16_destroy(g);
+        unsetenv("LOOM_BF16_PRETEND_NO_CPU");
+    }
+    loom_gemm_widened *w = NULL;
+    loom_error err = {0};
+    assert_int_equal(loom_gemm_widened_create(&w, 8, 16, 8, &err), LOOM_OK);
+    check_kinds(NULL, w);
+    loom_gemm_widened_destroy(w);
+}
+
+/* The widened path's NT_OUT_BF16 is NT's fp32 sums from zero rounded once to nearest
+ * even, bit for bit, with blocks smaller than the shapes and with the defaults. */
+static void test_widened_blocks(void **state) {
+    (void)state;
+    tk_reseed(5);
+    const int blocks[][3] = {{8, 16, 8}, {5, 7, 3}, {LOOM_WIDEN_MB, LOOM_WIDEN_NB, LOOM_WIDEN_KB}};
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+        loom_gemm_widened *w = NULL;
+        loom_error err = {0};
+        assert_int_equal(
+            loom_gemm_widened_create(&w, blocks[bi][0], blocks[bi][1], blocks[bi][2], &err),
+            LOOM_OK);
+        const int M = 19 + (int)tk_randint(20), N = 37 + (int)tk_randint(30);
+        const int K = 20 + (int)tk_randint(40);
+        float *a = tk_rand((size_t)M * K, 1), *b = tk_rand((size_t)N * K, 1);
+        loom_bf16 *ah = malloc((size_t)M * K * 2), *bh = malloc((size_t)N * K * 2);
+        loom_bf16 *ob = malloc((size_t)M * N * 2);
+        float *full = calloc((size_t)M * N, sizeof(float));
+        assert_true(ah && bh && ob && full);
+        loom_bf16_from_f32_n(ah, a, (size_t)M * K);
+        loom_bf16_from_f32_n(bh, b, (size_t)N * K);
+        loom_gemm_widened_run(w, LOOM_GEMM_NT, M, N, K, full, ah, bh);
+        loom_gemm_widened_run(w, LOOM_GEMM_NT_OUT_BF16, M, N, K, ob, ah, bh);
+        for (size_t i = 0; i < (size_t)M * N; i++)
+            if (ob[i] != loom_bf16_from_f32(full[i]))
+                fail_msg("widened %dx%dx%d blocks %dx%dx%d [%zu]: NT %.9g, bf16 out %#x "
+                         "(LOOM_TEST_SEED=%llu)",
+                         M, N, K, blocks[bi][0], blocks[bi][1], blocks[bi][2], i, full[i], ob[i],
+                         (unsigned long long)tk_seed);
+        free(a), free(b), free(ah), free(bh), free(ob), free(full);
+        loom_gemm_widened_destroy(w);
+    }
 }
 
 /* The bf16 backend table's linear ops keep kernels.h's contract: forward writes out
@@ -165,11 +216,10 @@ static void check_backend(const loom_backend *be, int N, int IC, int OC, int pre
 
 static void test_backend_table(void **state) {
     (void)state;
-    need_bf16_cpu();
     tk_reseed(3);
     const loom_backend *be = NULL;
     loom_error err = {0};
-    assert_int_equal(loom_backend_cpu_bf16_open(&be, "--precision", &err), LOOM_OK);
+    assert_int_equal(loom_backend_cpu_bf16_open(&be, &err), LOOM_OK);
     assert_int_equal(loom_backend_precision(be), LOOM_PRECISION_BF16);
     assert_int_equal(loom_backend_precision(loom_backend_cpu()), LOOM_PRECISION_FP32);
     check_backend(be, 7, 13, 5, 1);
@@ -263,11 +313,10 @@ static void check_logits(const loom_backend *be, int N, int IC, int V, int prepa
 
 static void test_bf16_logits(void **state) {
     (void)state;
-    need_bf16_cpu();
     tk_reseed(4);
     const loom_backend *be = NULL;
     loom_error err = {0};
-    assert_int_equal(loom_backend_cpu_bf16_open(&be, "--precision", &err), LOOM_OK);
+    assert_int_equal(loom_backend_cpu_bf16_open(&be, &err), LOOM_OK);
     assert_true(loom_backend_bf16_logits(be));
     assert_false(loom_backend_bf16_logits(loom_backend_cpu()));
     check_logits(be, 7, 13, 300, 1);
@@ -279,23 +328,29 @@ static void test_bf16_logits(void **state) {
     loom_backend_close(be);
 }
 
-/* A CPU without AVX512-BF16 / AMX-BF16 (pretended): one error naming the flag. */
+/* A CPU without AVX512-BF16 / AMX-BF16 (pretended): the backend runs widened and its
+ * start-up line says so; its linear ops keep the contract (check_backend, as above). */
 static void test_missing_cpu_feature(void **state) {
     (void)state;
+    tk_reseed(6);
     setenv("LOOM_BF16_PRETEND_NO_CPU", "1", 1);
-    loom_gemm_bf16 *g = NULL;
+    const loom_backend *be = NULL;
     loom_error err = {0};
-    assert_int_equal(loom_gemm_bf16_create(&g, "--precision", &err), LOOM_ERR_INPUT);
-    assert_null(g);
-    assert_non_null(strstr(err.msg, "--precision"));
-    assert_non_null(strstr(err.msg, "AVX512-BF16"));
+    assert_int_equal(loom_backend_cpu_bf16_open(&be, &err), LOOM_OK);
     unsetenv("LOOM_BF16_PRETEND_NO_CPU");
+    check_backend(be, 33, 17, 37, 1);
+    char line[256];
+    loom_backend_cpu_bf16_describe(be, line, sizeof line);
+    if (!strstr(line, "widened to fp32") || !strstr(line, "no AVX512-BF16 or AMX-BF16"))
+        fail_msg("%s", line);
+    loom_backend_close(be);
 }
 
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_widened_blocks),
         cmocka_unit_test(test_backend_table),
         cmocka_unit_test(test_bf16_logits),
         cmocka_unit_test(test_missing_cpu_feature),

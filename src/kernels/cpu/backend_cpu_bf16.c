@@ -316,11 +316,10 @@ static void set_activation_ops(loom_backend_ops *o) {
     o->round_bf16_values = round_bf16_values;
 }
 
-loom_status loom_backend_cpu_bf16_open(const loom_backend **out, const char *flag,
-                                       loom_error *err) {
+loom_status loom_backend_cpu_bf16_open(const loom_backend **out, loom_error *err) {
     *out = NULL;
     loom_gemm_bf16 *gemm = NULL;
-    loom_status st = loom_gemm_bf16_create(&gemm, flag, err);
+    loom_status st = loom_gemm_bf16_create(&gemm, err);
     if (st) return st;
     loom_backend *be = calloc(1, sizeof *be);
     bf16_ctx *c = calloc(1, sizeof *c);
@@ -376,10 +375,18 @@ void loom_backend_cpu_bf16_close(const loom_backend *be) {
 
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size) {
     bf16_ctx *c = ctx_of(be);
-    int k = snprintf(
-        buf, size, "oneDNN %d.%d bf16 matmul %s, %zu shapes prepared, %zu calls unprepared",
-        (int)dnnl_version()->major, (int)dnnl_version()->minor, loom_gemm_bf16_impl(c->gemm),
-        loom_gemm_bf16_prepared(c->gemm), loom_gemm_bf16_unprepared_calls(c->gemm));
+    int k =
+        loom_gemm_bf16_is_widened(c->gemm)
+            ? snprintf(buf, size,
+                       "bf16 matmul widened to fp32 for OpenBLAS sgemm (this CPU has no "
+                       "AVX512-BF16 or AMX-BF16: bf16's numerics and bytes at fp32's speed), "
+                       "%zu shapes prepared, %zu calls unprepared",
+                       loom_gemm_bf16_prepared(c->gemm), loom_gemm_bf16_unprepared_calls(c->gemm))
+            : snprintf(buf, size,
+                       "oneDNN %d.%d bf16 matmul %s, %zu shapes prepared, %zu calls unprepared",
+                       (int)dnnl_version()->major, (int)dnnl_version()->minor,
+                       loom_gemm_bf16_impl(c->gemm), loom_gemm_bf16_prepared(c->gemm),
+                       loom_gemm_bf16_unprepared_calls(c->gemm));
     if (c->w_copy && k > 0 && (size_t)k < size)
         snprintf(buf + k, size - (size_t)k,
                  "; weights: %zu reads of the step's bf16 copy, %zu rounded per call", c->w_copied,

@@ -1,10 +1,13 @@
-/* bf16 GEMMs on oneDNN's matmul (gemm_bf16.h). */
+/* bf16 GEMMs on oneDNN's matmul, or widened to fp32 where the CPU has no bf16 GEMM
+ * instructions (gemm_bf16.h). */
 #include "kernels/cpu/gemm_bf16.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels/cpu/gemm_widened.h"
 
 typedef struct {
     loom_gemm_kind kind;
@@ -16,6 +19,7 @@ typedef struct {
 } gemm_entry;
 
 struct loom_gemm_bf16 {
+    loom_gemm_widened *widened; /* non-NULL: no oneDNN, every call widened (gemm_widened.h) */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     gemm_entry *entries;
@@ -127,17 +131,20 @@ static void free_entry(gemm_entry *e) {
     memset(e, 0, sizeof *e);
 }
 
-loom_status loom_gemm_bf16_create(loom_gemm_bf16 **out, const char *flag, loom_error *err) {
+loom_status loom_gemm_bf16_create(loom_gemm_bf16 **out, loom_error *err) {
     *out = NULL;
-    if (!loom_cpu_has_avx512_bf16() && !loom_cpu_has_amx_bf16())
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "%s bf16: this CPU has neither AVX512-BF16 nor AMX-BF16 (cpuid), "
-                              "which bf16 GEMMs need; use %s fp32",
-                              flag, flag);
     loom_gemm_bf16 *g = calloc(1, sizeof *g);
     if (!g) return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 GEMM: out of memory");
-    dnnl_status_t s;
     loom_status st = LOOM_OK;
+    if (!loom_cpu_has_avx512_bf16() && !loom_cpu_has_amx_bf16()) {
+        if (!(st = loom_gemm_widened_create(&g->widened, LOOM_WIDEN_MB, LOOM_WIDEN_NB,
+                                            LOOM_WIDEN_KB, err)))
+            *out = g;
+        else
+            free(g);
+        return st;
+    }
+    dnnl_status_t s;
     if ((s = dnnl_engine_create(&g->engine, dnnl_cpu, 0)) ||
         (s = dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags)))
         st = dnnl_fail(err, s, "CPU engine");
@@ -157,6 +164,7 @@ void loom_gemm_bf16_destroy(loom_gemm_bf16 *g) {
     for (int k = 0; k < LOOM_GEMM_KINDS; k++) free_entry(&g->dynamic[k]);
     free(g->entries);
     free(g->scratch);
+    loom_gemm_widened_destroy(g->widened);
     if (g->stream) dnnl_stream_destroy(g->stream);
     if (g->engine) dnnl_engine_destroy(g->engine);
     free(g);
@@ -178,6 +186,10 @@ loom_status loom_gemm_bf16_prepare(loom_gemm_bf16 *g, loom_gemm_kind kind, int M
         gemm_entry *p = realloc(g->entries, cap * sizeof *p);
         if (!p) return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 GEMM cache: out of memory");
         g->entries = p, g->cap = cap;
+    }
+    if (g->widened) { /* nothing to make: the shape is only recorded */
+        g->entries[g->n++] = (gemm_entry){.kind = kind, .M = M, .N = N, .K = K};
+        return LOOM_OK;
     }
     loom_status st = make_entry(g, &g->entries[g->n], kind, M, N, K, err);
     if (st) {
@@ -218,6 +230,11 @@ void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, in
                         const loom_bf16 *A, const loom_bf16 *B) {
     if (M <= 0 || N <= 0 || K <= 0) return;
     gemm_entry *e = find(g, kind, M, N, K);
+    if (g->widened) {
+        if (!e) g->unprepared_calls++;
+        loom_gemm_widened_run(g->widened, kind, M, N, K, C, A, B);
+        return;
+    }
     if (!e) {
         run_dynamic(g, kind, M, N, K, C, A, B);
         return;
@@ -240,6 +257,7 @@ void loom_gemm_bf16_run(loom_gemm_bf16 *g, loom_gemm_kind kind, int M, int N, in
 }
 
 const char *loom_gemm_bf16_impl(const loom_gemm_bf16 *g) {
+    if (g->widened) return "widened to fp32 for OpenBLAS sgemm (no AVX512-BF16 or AMX-BF16)";
     const gemm_entry *best = &g->dynamic[0];
     for (size_t i = 0; i < g->n; i++)
         if (g->entries[i].flops_key > best->flops_key) best = &g->entries[i];
@@ -248,6 +266,10 @@ const char *loom_gemm_bf16_impl(const loom_gemm_bf16 *g) {
 
 size_t loom_gemm_bf16_prepared(const loom_gemm_bf16 *g) {
     return g->n;
+}
+
+int loom_gemm_bf16_is_widened(const loom_gemm_bf16 *g) {
+    return g->widened != NULL;
 }
 
 size_t loom_gemm_bf16_unprepared_calls(const loom_gemm_bf16 *g) {
