@@ -134,11 +134,7 @@ def check_tp_rounded(family, base, tmp, d_model):
     lay = Layouts(base + ["--precision", "bf16"], tmp, f"{family}_bf16_")
     plain = lay.run("single", 1)
     for name, extra, rounding in TENSOR:
-        os.environ["LOOM_BF16_ROUND_TP"] = rounding
-        try:
-            rounded = lay.run(f"rounded_tp_{rounding.replace(',', '_')}", 1)
-        finally:
-            del os.environ["LOOM_BF16_ROUND_TP"]
+        rounded = run_rounded_as_tp(lay, rounding)
         got = lay.run(name, 2, extra)
         sent = TP_BYTES.search(got.stderr)
         check("the linears' sums and gathers sent as bf16" in got.stderr and sent and
@@ -155,9 +151,24 @@ def check_tp_rounded(family, base, tmp, d_model):
               f"does (LOOM_BF16_ROUND_TP={rounding}): "
               f"{'within the layout bounds (GEMMs widened)' if widened else 'bitwise'} (losses "
               f"{l_err:.1e}, weights {whole:.1e}, worst tensor {worst:.1e} {w_name})")
-        whole, _, _ = weights_error(got.params, plain.params, d_model)
-        check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the weights "
-              f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
+        check_moved(family, name, got, plain, d_model)
+
+
+def run_rounded_as_tp(lay, rounding):
+    """One bf16 process that rounds the partial sums as tp 2 does (LOOM_BF16_ROUND_TP)."""
+    os.environ["LOOM_BF16_ROUND_TP"] = rounding
+    try:
+        return lay.run(f"rounded_tp_{rounding.replace(',', '_')}", 1)
+    finally:
+        del os.environ["LOOM_BF16_ROUND_TP"]
+
+
+def check_moved(family, name, got, plain, d_model):
+    """tp's bf16 messages are real roundings: the run is more than PP_MIN from the plain
+    bf16 process."""
+    whole, _, _ = weights_error(got.params, plain.params, d_model)
+    check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the weights "
+          f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
 
 
 def compare(family, name, got, ref, what):
@@ -205,19 +216,13 @@ def main():
             for name, ranks, extra in LAYOUTS:
                 compare(family, name, layouts.run(name, ranks, extra), ref, "one process")
             for name, extra, emulate in TENSOR:
-                os.environ["LOOM_BF16_ROUND_TP"] = emulate
-                try:
-                    rounded = layouts.run(f"rounded_tp_{emulate}", 1)
-                finally:
-                    del os.environ["LOOM_BF16_ROUND_TP"]
+                rounded = run_rounded_as_tp(layouts, emulate)
                 got = layouts.run(name, 2, extra)
                 check("the linears' sums and gathers sent as bf16" in got.stderr,
                       f"{family} {name}: the messages' start-up line")
                 compare(family, name, got, rounded,
                         f"one process rounding the partial sums as tp 2 (LOOM_BF16_ROUND_TP={emulate})")
-                whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
-                check(whole > PP_MIN, f"{family} bf16 {name}: its bf16 messages move the weights "
-                      f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
+                check_moved(family, name, got, ref, D_MODEL)
             if family == "llama":  # the bytes: every linear's message at 2 bytes an element
                 tp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run(
                     "tp2", 2, ["--tp", "2"])
