@@ -43,8 +43,8 @@ A warm start (--outer-start-step S: synchronous dp over the workers for steps 1.
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
 S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
 at S + H and the last step, resumes before, at and after the switch are bitwise, a
-resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1 with S = 4 equal
-groups of one rank.
+resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2 and of
+pp 2 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -369,9 +369,11 @@ def main():
         # the warm start inside the groups: its synchronous steps average each group's
         # gradient over the workers, whatever the group's layout
         ws = ["--outer-start-step", "4"]
-        compare("W=2 groups of dp2_zero1, --outer-start-step 4",
-                runs.run("dp2_zero1_start4", 4, ["--dp", "2", "--zero", "1"] + ws),
-                runs.run("w2_single_start4", 2, ws))
+        single4 = runs.run("w2_single_start4", 2, ws)
+        for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
+                            ("pp2", ["--pp", "2"])):
+            compare(f"W=2 groups of {name}, --outer-start-step 4",
+                    runs.run(name + "_start4", 4, flags + ws), single4)
         # the replicas of a dp-2 group sync half of the model each: the same bytes in all
         b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
         check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
