@@ -485,14 +485,18 @@ static loom_status join_reload(loom_outer *o, int step, loom_outer_reload_fn rel
         e->start_step = step;
         return LOOM_OK;
     }
-    if (e->lead)
-        fprintf(stderr,
-                "loom: elastic: worker %d: no checkpoint of the group's step %d in its folder: "
-                "it takes the group's parameters, and its AdamW moments are %s (not the "
-                "uninterrupted run's; docs/diloco.md)\n",
-                e->me, step, e->loaded ? "its checkpoint's" : "fresh");
     if (e->lead && e->loaded)
-        fprintf(stderr, "loom: elastic: worker %d: (its checkpoint is of step %d)\n", e->me, back);
+        fprintf(stderr,
+                "loom: elastic: worker %d: no usable checkpoint of the group's step %d in its "
+                "folder: it takes the group's parameters and keeps the AdamW moments of its "
+                "checkpoint of step %d (not the uninterrupted run's; docs/diloco.md)\n",
+                e->me, step, back);
+    else if (e->lead)
+        fprintf(stderr,
+                "loom: elastic: worker %d: no usable checkpoint of the group's step %d in its "
+                "folder: it takes the group's parameters, its AdamW moments start fresh "
+                "(docs/diloco.md)\n",
+                e->me, step);
     return LOOM_OK;
 }
 

@@ -166,7 +166,7 @@ def elastic_run_resumed(loom, model, tmp):
     took, sent = join_checksum(again, 1), join_checksum(logs[0], 0)
     kept = "kept" in again
     # it has no checkpoint of the group's step (16): today's rule, said in one line
-    said = "no checkpoint of the group's step 16 in its folder" in again
+    said = "no usable checkpoint of the group's step 16 in its folder" in again
     check("--resume auto" in p.stderr and resumed and took and took == sent and not kept and said,
           f"  restarted with --resume auto: resumed from its step 2 ({resumed}), took the "
           f"coordinator's state of step 16 ({took} = {sent}), not its own ({not kept}), "
