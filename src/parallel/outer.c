@@ -418,8 +418,9 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
     return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
 }
 
-loom_status loom_outer_begin(loom_outer *o, int *step, loom_error *err) {
-    return o->elastic ? loom_outer_elastic_begin(o, step, err) : LOOM_OK;
+loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn reload, void *ctx,
+                             loom_error *err) {
+    return o->elastic ? loom_outer_elastic_begin(o, step, reload, ctx, err) : LOOM_OK;
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {

@@ -123,10 +123,21 @@ loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_er
  * number: the loss). Collective over the workers. */
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err);
 
+/* An elastic joiner resumed from a checkpoint of step `back` learns that the group is at
+ * `step`: the caller loads its own checkpoint of `step` (parameters, AdamW moments) and the
+ * outer state saved beside it (loom_outer_load) when its checkpoint folder holds a complete
+ * one, and sets *loaded to 1; *loaded 0: none there, the state of `back` stays. Collective
+ * over the worker's ranks. */
+typedef loom_status (*loom_outer_reload_fn)(void *ctx, int step, int back, int *loaded,
+                                            loom_error *err);
+
 /* After the parameters and the outer state are loaded (a resume): an elastic worker
  * (parallel/outer_elastic.h) founds or joins its group here, and *step becomes the step the
- * run starts after (a joiner: the coordinator's); otherwise nothing. */
-loom_status loom_outer_begin(loom_outer *o, int *step, loom_error *err);
+ * run starts after (a joiner: the coordinator's; when that is not the step it resumed, it
+ * calls reload(ctx, ...) first, unless reload is NULL: a run without --resume); otherwise
+ * nothing. */
+loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn reload, void *ctx,
+                             loom_error *err);
 
 /* Checkpoints: this rank's outer state after step `step` to / from
  * DIR/outer/step_%08d/rank_%05d.bin (rank: the rank inside the worker group); an elastic

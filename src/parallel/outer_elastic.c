@@ -183,10 +183,8 @@ static loom_status group_gather(loom_outer *o, loom_error *err) {
 }
 
 /* The lead's verdict `st` and v[0..2) (a joiner's start step, and whether the ranks keep
- * their parameters) to every rank of the job; on success the group's round-start parameters
- * to every rank (a dp replica takes its replica's by broadcast), and params = start unless
- * kept. On the lead's failure every rank fails. */
-static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_error *err) {
+ * their parameters) to every rank of the job. On the lead's failure every rank fails. */
+static loom_status group_verdict(loom_outer *o, loom_status st, int v[2], loom_error *err) {
     elastic *e = o->elastic;
     int32_t w[3] = {(int32_t)st, (int32_t)v[0], (int32_t)v[1]};
     if (e->job != MPI_COMM_NULL && MPI_Bcast(w, 3, MPI_INT32_T, 0, e->job) != MPI_SUCCESS)
@@ -201,6 +199,14 @@ static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_er
                                         "(its line says why; restart the job with --elastic-join)",
                                         e->me);
     v[0] = w[1], v[1] = w[2];
+    return LOOM_OK;
+}
+
+/* group_verdict, then on success the group's round-start parameters to every rank (a dp
+ * replica takes its replica's by broadcast), and params = start unless kept (v[1]). */
+static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_error *err) {
+    elastic *e = o->elastic;
+    if ((st = group_verdict(o, st, v, err))) return st;
     const size_t bytes = o->total * sizeof(float);
     if (e->job == MPI_COMM_NULL) {
         memcpy(o->start, e->start_all, bytes);
@@ -409,9 +415,9 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
     return st;
 }
 
-/* A joiner's lead: publish the name, wait for the coordinator, take the state it sends;
- * *keep: its own parameters stay (they continue the state it was sent). */
-static loom_status join(loom_outer *o, int *keep, loom_error *err) {
+/* A joiner's lead: publish the name, wait for the coordinator and receive the state it
+ * sends (in[0]; join_take takes it). *step: the coordinator's step. */
+static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
@@ -439,20 +445,58 @@ static loom_status join(loom_outer *o, int *keep, loom_error *err) {
                               "(or the coordinator's worker has another layout)",
                               e->me, e->timeout_ms / 1e3);
     }
+    e->coordinator = h->from;
+    e->peer[e->coordinator] = ic;
+    *step = h->step;
+    return LOOM_OK;
+}
+
+/* A joiner's lead: takes the state join_receive received; *keep: its own parameters stay
+ * (they continue the state it was sent). */
+static void join_take(loom_outer *o, int *keep) {
+    elastic *e = o->elastic;
+    const msg_head *h = (const msg_head *)e->in[0];
     const size_t bytes = e->all * sizeof(float);
     const unsigned char *state = e->in[0] + sizeof *h;
     /* a worker resumed from its own checkpoint keeps its inner state (parameters mid-round)
      * when the group is exactly where that checkpoint was: the same step, round-start
-     * parameters and momentum (the whole run restarted); else it takes the copy */
+     * parameters and momentum (the whole run restarted, or the coordinator restarted from
+     * a step this worker has a checkpoint of); else it takes the copy */
     *keep = e->loaded && h->step == e->start_step && !memcmp(e->start_all, state, bytes) &&
             !memcmp(e->mom, state + bytes, bytes);
     memcpy(e->start_all, state, bytes);
     memcpy(e->mom, state + bytes, bytes);
-    e->coordinator = h->from;
-    e->peer[e->coordinator] = ic;
     e->start_step = h->step;
     for (int k = 0; k < h->n_members && k < MAX_W; k++) e->member[h->members[k]] = 1;
     say(o, h->step, *keep ? "joined (its checkpoint is the group's state: kept)" : "joined");
+}
+
+/* A joiner whose checkpoint is of another step than the group's (the coordinator restarted
+ * from an older one, or the group moved on): its own checkpoint of the group's step, when
+ * its folder holds one (reload: the caller's; collective over the job). */
+static loom_status join_reload(loom_outer *o, int step, loom_outer_reload_fn reload, void *ctx,
+                               loom_error *err) {
+    elastic *e = o->elastic;
+    const int back = e->start_step;
+    int loaded = 0;
+    loom_status st = reload(ctx, step, back, &loaded, err);
+    if (st) return st;
+    if (loaded) {
+        e->start_step = step;
+        return LOOM_OK;
+    }
+    if (e->lead && e->loaded)
+        fprintf(stderr,
+                "loom: elastic: worker %d: no usable checkpoint of the group's step %d in its "
+                "folder: it takes the group's parameters and keeps the AdamW moments of its "
+                "checkpoint of step %d (not the uninterrupted run's; docs/diloco.md)\n",
+                e->me, step, back);
+    else if (e->lead)
+        fprintf(stderr,
+                "loom: elastic: worker %d: no usable checkpoint of the group's step %d in its "
+                "folder: it takes the group's parameters, its AdamW moments start fresh "
+                "(docs/diloco.md)\n",
+                e->me, step);
     return LOOM_OK;
 }
 
@@ -559,7 +603,8 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     return LOOM_OK;
 }
 
-loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err) {
+loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload_fn reload,
+                                     void *ctx, loom_error *err) {
     elastic *e = o->elastic;
     e->start_step = *step;
     /* without a checkpoint the group's round-start parameters are its initial ones */
@@ -577,9 +622,19 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err) 
      * parameters, and its parameters too unless they continue them (kept) */
     const int founder = e->me == 0 && !o->cfg.elastic_join;
     int keep = founder, v[2];
-    loom_status st = !e->lead  ? LOOM_OK
-                     : founder ? found(o, e->start_step, err)
-                               : join(o, &keep, err);
+    loom_status st = LOOM_OK;
+    if (founder) {
+        if (e->lead) st = found(o, e->start_step, err);
+    } else {
+        /* the coordinator's step to every rank: a joiner resumed from a checkpoint of
+         * another step loads its own of that step first, when it has one */
+        int at = e->start_step;
+        if (e->lead) st = join_receive(o, &at, err);
+        v[0] = at, v[1] = 0;
+        st = group_verdict(o, st, v, err);
+        if (!st && reload && v[0] != e->start_step) st = join_reload(o, v[0], reload, ctx, err);
+        if (!st && e->lead) join_take(o, &keep);
+    }
     v[0] = e->start_step, v[1] = keep; /* a joiner's lead: the coordinator's step */
     st = group_spread(o, st, v, err);
     e->start_step = v[0];

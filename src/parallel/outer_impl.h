@@ -69,8 +69,10 @@ void loom_outer_elastic_free(loom_outer *o);
 loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err);
 /* After the checkpoint is loaded: the lead founds or joins the group (a founder waits up to
  * LOOM_OUTER_ELASTIC_START_S for the others); *step becomes the step the run starts after
- * (a joiner: the coordinator's). Collective over the worker's job. */
-loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_error *err);
+ * (a joiner: the coordinator's; reload, when not NULL, loads its own checkpoint of that step
+ * first: loom_outer_begin). Collective over the worker's job. */
+loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload_fn reload,
+                                     void *ctx, loom_error *err);
 /* The group's outer state (round-start parameters, momentum, members; the lead's) to and
  * from DIR/outer/step_%08d/elastic.bin; the other ranks write and read nothing. */
 loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err);

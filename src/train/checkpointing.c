@@ -466,6 +466,59 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
     return LOOM_OK;
 }
 
+/* One collective attempt at the step folder dir: 1 loaded, 0 not complete there (the
+ * buffers untouched), -1 the load failed (the buffers may be partly overwritten). */
+static loom_status load_dir(loom_checkpointing *c, const char *dir, int *loaded, loom_error *err) {
+    char path[LOOM_CKPT_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    struct stat sb;
+    double there = c->mesh->rank == 0 && stat(path, &sb) == 0;
+    loom_status st = loom_comm_bcast(&c->mesh->world, &there, sizeof there, 0, err);
+    *loaded = 0;
+    if (st || !there) return st;
+    int64_t step = 0;
+    int wrong_seed = 0, unfinished = 0;
+    loom_error e = {0};
+    loom_ckpt_load_stats stats = {0};
+    const loom_status ls = try_load(c, dir, &step, &wrong_seed, &unfinished, &stats, &e);
+    double bad = ls != LOOM_OK;
+    if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, &bad, 1, err))) return st;
+    if (ls)
+        fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir, e.msg);
+    *loaded = bad > 0 ? -1 : 1;
+    return LOOM_OK;
+}
+
+loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier, int step,
+                                         int back, int *loaded, loom_error *err) {
+    char dir[LOOM_CKPT_PATH_MAX];
+    loom_ckpt_step_dir(dir, sizeof dir, tier, step);
+    loom_status st = load_dir(c, dir, loaded, err);
+    if (st || *loaded >= 0) {
+        if (!st && *loaded == 1) {
+            c->last_saved = step;
+            if (c->mesh->rank == 0)
+                fprintf(stderr, "loom: resumed from %s (step %d) instead\n", dir, step);
+        }
+        return st;
+    }
+    /* the buffers were partly overwritten: the state before again (back 0: the fresh one) */
+    *loaded = 0;
+    if (back <= 0) {
+        reset_state(c);
+        return LOOM_OK;
+    }
+    int again = 0;
+    loom_ckpt_step_dir(dir, sizeof dir, tier, back);
+    if ((st = load_dir(c, dir, &again, err))) return st;
+    if (again == 1) return LOOM_OK;
+    reset_state(c);
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "--resume: the checkpoints of steps %d and %d failed to load (each "
+                          "rank's line says why)",
+                          step, back);
+}
+
 /* The run state of a save at `step` (a manifest without files or tensors). */
 static void run_state(const loom_checkpointing *c, int64_t step, loom_ckpt_manifest *run) {
     memset(run, 0, sizeof *run);

@@ -50,6 +50,14 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
                                     const loom_train_config *tc, loom_mesh *mesh, loom_zero *zero,
                                     float *params, float *param_shard, int *start_step,
                                     loom_error *err);
+/* An elastic joiner (parallel/outer.h's loom_outer_reload_fn): the checkpoint of `step` in
+ * the folder tier (tier/step_%08d) instead of the one loaded at the start (of step `back`).
+ * *loaded 1: loaded; 0: none complete there, or it failed to load and the checkpoint of
+ * `back` was loaded again (each rank's line says why; back 0: the initial state again); an
+ * error when that fails too (the state is then the initial one). Collective over the
+ * world. */
+loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier, int step,
+                                         int back, int *loaded, loom_error *err);
 /* After optimizer step `step` (1-based). *stop = 1 when a signal asked every rank to stop. */
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err);
 /* 1 when loom_checkpointing_step(c, step) starts a save (it reads the buffers). */

@@ -449,6 +449,17 @@ static loom_status prepare_gemms(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
+/* The folder --resume searched: --ckpt-dir (auto), the parent of a step folder, or DIR. */
+static void resume_tier(const loom_train_config *tc, char *tier, size_t n) {
+    const char *slash = strrchr(tc->resume, '/');
+    if (strcmp(tc->resume, "auto") == 0)
+        snprintf(tier, n, "%s", tc->ckpt_dir);
+    else if (strncmp(slash ? slash + 1 : tc->resume, "step_", 5) == 0)
+        snprintf(tier, n, "%.*s", slash ? (int)(slash - tc->resume) : 1, slash ? tc->resume : ".");
+    else
+        snprintf(tier, n, "%s", tc->resume);
+}
+
 /* --outer diloco: every worker resumed the same step, and the outer state of that step
  * (saved beside the checkpoint: parallel/outer.h) is loaded. */
 static loom_status resume_outer(loom_run *r, loom_error *err) {
@@ -464,15 +475,25 @@ static loom_status resume_outer(loom_run *r, loom_error *err) {
                               r->mesh->worker, r->start_step);
     if (!r->ckpt.loaded || r->start_step == 0) return LOOM_OK;
     char tier[LOOM_PATH_MAX];
-    const char *slash = strrchr(tc->resume, '/');
-    if (strcmp(tc->resume, "auto") == 0)
-        snprintf(tier, sizeof tier, "%s", tc->ckpt_dir);
-    else if (strncmp(slash ? slash + 1 : tc->resume, "step_", 5) == 0)
-        snprintf(tier, sizeof tier, "%.*s", slash ? (int)(slash - tc->resume) : 1,
-                 slash ? tc->resume : ".");
-    else
-        snprintf(tier, sizeof tier, "%s", tc->resume);
+    resume_tier(tc, tier, sizeof tier);
     return loom_outer_load(&r->outer, tier, r->start_step, r->mesh->rank, err);
+}
+
+/* loom_outer_reload_fn (parallel/outer.h): an elastic joiner's own checkpoint of the group's
+ * step, and the outer state beside it, from the folder it resumed from. */
+static loom_status reload_at(void *ctx, int step, int back, int *loaded, loom_error *err) {
+    loom_run *r = ctx;
+    char tier[LOOM_PATH_MAX];
+    resume_tier(r->tc, tier, sizeof tier);
+    loom_status st = loom_checkpointing_load_step(&r->ckpt, tier, step, back, loaded, err);
+    if (st || !*loaded) return st;
+    if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
+    /* without it (or unreadable) the outer state does not match the group's: the joiner
+     * then takes the group's parameters and keeps this step's AdamW moments */
+    loom_error e = {0};
+    if (loom_outer_load(&r->outer, tier, step, r->mesh->rank, &e))
+        fprintf(stderr, "loom: %s\n", e.msg);
+    return LOOM_OK;
 }
 
 /* --device: the backend every buffer of the run lives on (the CPU's unless asked). */
@@ -544,7 +565,9 @@ static loom_status setup(loom_run *r, loom_error *err) {
         r->outer_on = 1;
         if ((st = resume_outer(r, err))) return st;
         /* --elastic-worker: the group is founded or joined (a joiner: the coordinator's step) */
-        if ((st = loom_outer_begin(&r->outer, &r->start_step, err))) return st;
+        if ((st = loom_outer_begin(&r->outer, &r->start_step, tc->resume[0] ? reload_at : NULL, r,
+                                   err)))
+            return st;
     }
     loom_timeline_mark("ckpt_open");
     if ((st = open_outputs(r, err))) return st;

@@ -35,15 +35,16 @@ mpirun each), restarts worker 1 after it dies, and it rejoins at the step the te
 restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
 takes the coordinator's newer state; --ckpt-keep prunes the outer state with the step folders.
 The coordinator (worker 0) killed mid-run: loom run starts it again from its newest
-checkpoint, worker 1 leaves and rejoins it, both end at the last sync with the same
-parameters and nothing is left running. --outer-warmup in elastic workers: bitwise the
+checkpoint, worker 1 leaves and rejoins it from its own checkpoint of that step, both end at
+the last sync with the same parameters, nothing is left running, and the run is bitwise the
+same run without the kill. --outer-warmup in elastic workers: bitwise the
 one-job run.
 A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
 S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
 at S + H and the last step, resumes before, at and after the switch are bitwise, a
-resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1 with S = 4 equal
-groups of one rank.
+resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2 and of
+pp 2 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import os
@@ -149,7 +150,8 @@ def elastic_run_resumed(loom, model, tmp):
     """elastic_run with --ckpt-dir: loom run restarts worker 1 with --resume auto; it loads
     its newest complete checkpoint (step 2: its save of step 4 is killed half-written), then
     takes the coordinator's newer state at step 16 (the checksum worker 0 sent, not its
-    own) and keeps only the checkpoint's AdamW moments. --ckpt-keep 2: two step folders per
+    own; it has no checkpoint of step 16, and says so) and keeps only the checkpoint's
+    AdamW moments. --ckpt-keep 2: two step folders per
     worker remain, and the outer state of those two only. (The final weights differ from a
     restart without a checkpoint, whose joiner's moments start at zero: docs/diloco.md.)"""
     ck = os.path.join(tmp, "elastic_run_ck")
@@ -163,9 +165,12 @@ def elastic_run_resumed(loom, model, tmp):
     resumed = f"resumed from {os.path.join(ck, 'worker_1')}/step_00000002 (step 2)" in again
     took, sent = join_checksum(again, 1), join_checksum(logs[0], 0)
     kept = "kept" in again
-    check("--resume auto" in p.stderr and resumed and took and took == sent and not kept,
+    # it has no checkpoint of the group's step (16): today's rule, said in one line
+    said = "no usable checkpoint of the group's step 16 in its folder" in again
+    check("--resume auto" in p.stderr and resumed and took and took == sent and not kept and said,
           f"  restarted with --resume auto: resumed from its step 2 ({resumed}), took the "
-          f"coordinator's state of step 16 ({took} = {sent}), not its own ({not kept})")
+          f"coordinator's state of step 16 ({took} = {sent}), not its own ({not kept}), "
+          f"said it has no checkpoint of step 16 ({said})")
     left = {}
     for w in (0, 1):
         d = os.path.join(ck, f"worker_{w}")
@@ -192,31 +197,52 @@ def alive_with(text):
     return pids
 
 
+def sync_checksums(log):
+    """{step: checksum} of a worker log's outer syncs with members=2 (the last line per step)."""
+    out = {}
+    for ln in log.splitlines():
+        if ": outer sync, members=2" in ln and " step " in ln:
+            out[int(ln.split(" step ")[1].split(":")[0])] = ln.split("checksum ")[-1]
+    return out
+
+
+def coordinator_dies_run(loom, model, tmp, name, inject):
+    """loom run --elastic, --workers 2, H 4, --ckpt-dir, --ckpt-every 2 (every step folder
+    kept: --ckpt-keep's default), with the faults `inject`; (loom run's result, the two
+    workers' logs, the run folder, the checkpoint folder, worker 0's output prefix)."""
+    run_dir = os.path.join(tmp, name)
+    ck, out = os.path.join(tmp, name + "_ck"), os.path.join(run_dir, "w0")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--max-restarts", "6",
+           "--run-dir", run_dir, "--"] + model[2:] + [
+        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "4", "--elastic-timeout", "3", "--ckpt-dir", ck, "--ckpt-every", "2",
+        "--metrics", out + ".jsonl", "--dump-dir", out] + inject
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    logs = []
+    for w in (0, 1):
+        path = os.path.join(run_dir, f"worker_{w}.log")
+        logs.append(open(path).read() if os.path.exists(path) else "")
+    return p, logs, run_dir, ck, out
+
+
 def elastic_run_coordinator_dies(loom, model, tmp):
     """Worker 0, the coordinator, SIGKILLed at the start of step 10 (crash@10:0, --ckpt-dir,
     --ckpt-every 2): loom run starts it again with --resume auto and without --elastic-join,
     so it founds the group again from its newest complete checkpoint (before step 10: 6 when
     the asynchronous save of 8 was not committed yet); worker 1 hears no outer update at its next outer step within 3 x
     --elastic-timeout, ends, is started again with --elastic-join --resume auto and joins
-    the new coordinator (taking its state); both train to step 24 and end with the same
-    checksum at the last sync with members=2, exit 0; worker 1 never coordinates (one
-    authority: a new coordinator only after the old one's job ended) and nothing is left
-    running. The timeouts are generous (a join waits up to 60 s), and the checks do not
-    depend on when worker 1 noticed or rejoined."""
-    run_dir = os.path.join(tmp, "elastic_w0")
-    ck, out = os.path.join(tmp, "elastic_w0_ck"), os.path.join(run_dir, "w0")
-    cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--max-restarts", "6",
-           "--run-dir", run_dir, "--"] + model[2:] + [
-        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
-        "--inner-steps", "4", "--elastic-timeout", "3", "--inject", "crash@10:0",
-        "--ckpt-dir", ck, "--ckpt-every", "2", "--ckpt-keep", "2",
-        "--metrics", out + ".jsonl", "--dump-dir", out]
+    the new coordinator; it loads its own checkpoint of the coordinator's step (not its
+    newer newest one), finds it is the group's state and keeps it (its parameters and AdamW
+    moments); both train to step 24 and end with the same checksum at the last sync with
+    members=2, exit 0; worker 1 never coordinates (one authority: a new coordinator only
+    after the old one's job ended) and nothing is left running. The run is bitwise the
+    same run without the kill: every outer sync's checksum from the restart's step on,
+    worker 0's losses of every step and its final weights. The timeouts are generous (a
+    join waits up to 60 s), and the checks do not depend on when worker 1 noticed or
+    rejoined."""
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    logs = []
-    for w in (0, 1):
-        path = os.path.join(run_dir, f"worker_{w}.log")
-        logs.append(open(path).read() if os.path.exists(path) else "")
+    p, logs, run_dir, ck, out = coordinator_dies_run(loom, model, tmp, "elastic_w0",
+                                                     ["--inject", "crash@10:0"])
     # worker 0's second life: the last founding, from the checkpoint it resumed
     again = logs[0][logs[0].rfind("coordinates from step"):]
     words = again.split()
@@ -249,6 +275,33 @@ def elastic_run_coordinator_dies(loom, model, tmp):
     run = Run(out, logs[0])
     check(run.losses and all(x == x for x in run.losses) and run.losses[-1] < run.losses[0],
           f"  trained to the end: worker 0's loss {run.losses[0]:.4f} -> {run.losses[-1]:.4f}")
+    # worker 1's last life loaded its checkpoint of the founded step and kept it
+    w1 = logs[1][logs[1].rfind("elastic-join = 1"):]
+    own = f"resumed from {os.path.join(ck, 'worker_1')}/step_{founded:08d} (step {founded})" in w1
+    kept = f"step {founded}: joined (its checkpoint is the group's state: kept)" in w1
+    check(own and kept, f"  worker 1 rejoined from its own checkpoint of step {founded} ({own}) "
+                        f"and kept it ({kept})")
+    # the same run without the kill: bitwise
+    t1 = time.time()
+    q, qlogs, _, _, qout = coordinator_dies_run(loom, model, tmp, "elastic_w0_ref", [])
+    ref = Run(qout, qlogs[0])
+    if q.returncode != 0:
+        check(False, f"  the run without the kill: exit {q.returncode}")
+        print(q.stderr[-2000:])
+        return
+    got_sums, ref_sums = sync_checksums(logs[0]), sync_checksums(qlogs[0])
+    after = {s: c for s, c in got_sums.items() if s > founded}
+    sums = bool(after) and all(ref_sums.get(s) == c for s, c in after.items())
+    by_step = {}
+    for r in run.rows:  # the restarted life's rows after the first's (the last per step)
+        by_step[r["step"]] = r["loss"]
+    ref_steps = {r["step"]: r["loss"] for r in ref.rows}
+    losses = (set(range(founded + 1, 25)) <= set(by_step) and
+              all(ref_steps.get(s) == x for s, x in by_step.items()))
+    weights = same_tensors(run.params, ref.params)
+    check(sums and losses and weights,
+          f"  bitwise the run without the kill: outer syncs {sorted(after)} ({sums}), worker "
+          f"0's losses ({losses}), final weights ({weights}) ({time.time() - t1:.1f} s)")
 
 
 def main():
@@ -316,9 +369,11 @@ def main():
         # the warm start inside the groups: its synchronous steps average each group's
         # gradient over the workers, whatever the group's layout
         ws = ["--outer-start-step", "4"]
-        compare("W=2 groups of dp2_zero1, --outer-start-step 4",
-                runs.run("dp2_zero1_start4", 4, ["--dp", "2", "--zero", "1"] + ws),
-                runs.run("w2_single_start4", 2, ws))
+        single4 = runs.run("w2_single_start4", 2, ws)
+        for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
+                            ("pp2", ["--pp", "2"])):
+            compare(f"W=2 groups of {name}, --outer-start-step 4",
+                    runs.run(name + "_start4", 4, flags + ws), single4)
         # the replicas of a dp-2 group sync half of the model each: the same bytes in all
         b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
         check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
