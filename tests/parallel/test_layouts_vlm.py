@@ -29,7 +29,8 @@ a decoder stage's work, runs --vision-schedule bubbles at pp 2 (1f1b and zb: the
 pieces of some micro-batches on the second stage, on a replica of its weights), pp 2 x dp 2
 at ZeRO-3 (sharded accumulation, its default) and at ZeRO-2 with --grad-accum sharded (zb),
 pp 2 x cp 2, and interleaved (2 chunks a rank): equal to one process, the plan moved pieces
-off the first stage, and 1f1b and each of the other four twice is bitwise. tp 2 under
+off the first stage, and 1f1b and each of the other four twice is bitwise; the ZeRO-3 one's
+checkpoint resumes bitwise in its layout and equal in pp 2 x cp 2 with the pieces. tp 2 under
 --precision bf16 equals, bitwise, the one process that rounds the partial sums as its bf16
 messages do (test_layouts_bf16.check_tp_rounded says why).
 Usage: test_layouts_vlm.py --loom PATH [--seed S]
@@ -211,6 +212,9 @@ def vision_bubbles(base, tmp):
             check(sharded)
             print(f"    sharded accumulation: {sharded}")
         twice(lay, name, ranks, f)
+    # a ZeRO-3 bubbles checkpoint: resumed in its layout bitwise, in pp 2 x cp 2 bubbles equal
+    check_resume(lay, "pp2 dp2 ZeRO-3 bubbles", 4, more[0][2], 3,
+                 [("pp2_cp2_bubbles", 4, more[2][2])], bref, D_MODEL)
     il = list(wide)
     il[il.index("--n-layer") + 1] = "4"
     il[il.index("--steps") + 1] = "3"
