@@ -11,7 +11,11 @@ void loom_zero_begin_ranges(loom_zero *z, size_t top, int first) {
     const double waited = z->step_wait_ms; /* the step's, over all its actions */
     loom_zero_begin_reduction(z);
     z->step_wait_ms = waited;
-    z->pending_begin = z->pending_end = z->consumed_from = top;
+    /* --freeze: ranges are reduced only inside the trainable span (loom_zero_grads_ready
+     * clips them), so the first one ends at the span's end where top is above it (a vlm
+     * stage whose decoder is frozen) */
+    const size_t end = top < z->span_hi ? top : z->span_hi;
+    z->pending_begin = z->pending_end = z->consumed_from = end;
     /* the page that top shares with the ranges above stays (they may hold a later
      * micro-batch's part: split backward's norms) */
     const size_t pg = (size_t)sysconf(_SC_PAGESIZE) / sizeof(float);

@@ -93,7 +93,7 @@ static loom_status report_chunk(step_ctx *x, int c) {
         st = x->ready(x->ready_ctx, t->blocks[l].begin, loom_model_block_range_end(t, l));
     if (c == 0 && !st) {
         if (x->pl->tied_peer >= 0) st = reduce_tied(x);
-        if (!st && x->vision) st = loom_pp_vision_add_grads(x->pl, x->grads, x->err);
+        if (!st && x->vision && !x->sharded) st = loom_pp_vision_add_grads(x->pl, x->grads, x->err);
         const size_t emb = t->blocks[0].begin; /* sharded: only a tied copy is left */
         if (!st && x->sharded && x->pl->tied_peer >= 0)
             loom_grad_sync_begin_ranges(x->sync, emb, 1);
@@ -102,6 +102,16 @@ static loom_status report_chunk(step_ctx *x, int c) {
             st = loom_grad_sync_finish_ranges(x->sync, 0, emb, x->err);
     }
     return st;
+}
+
+/* --vision-schedule bubbles with --grad-accum sharded: the encoder replicas' gradients
+ * join the first stage's in its action completing the step's last micro-batch of chunk 0
+ * (after the embedding backward sent that micro-batch's image-row gradient), so they are
+ * reduced with that micro-batch's embedding range; every message the first stage sends
+ * the others is posted by then, so the owners' last pieces can run. */
+static loom_status vision_grads_sharded(step_ctx *x, int vs, int chunk) {
+    if (!x->vision || vs != 0 || x->left[chunk] != 1) return LOOM_OK;
+    return loom_pp_vision_add_grads(x->pl, x->grads, x->err);
 }
 
 static loom_status chunk_done(step_ctx *x, int c) {
@@ -210,7 +220,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
         if (!st && vs == 0 && !split) st = loom_model_embed_backward(mod, x->params, x->grads);
         if (!st && vs == 0 && !split && pl->vision)
             st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
-        if (!st && final && x->sharded) st = sharded_end(x, bottom, top);
+        if (!st && final && x->sharded && !(st = vision_grads_sharded(x, vs, a->chunk)))
+            st = sharded_end(x, bottom, top);
         x->early[a->chunk] |= final;
         return st || split ? st : chunk_done(x, a->chunk);
     }
@@ -222,7 +233,8 @@ static loom_status run_compute(step_ctx *x, const loom_pp_action *a, int rank) {
                                                x->ready_ctx);
     if (!st && vs == 0) st = loom_model_embed_backward(mod, x->params, x->grads);
     if (!st && vs == 0 && pl->vision) st = loom_pp_vision_after_embed_backward(pl, a->mb, x->err);
-    if (!st && final && x->sharded) st = sharded_end(x, bottom, top);
+    if (!st && final && x->sharded && !(st = vision_grads_sharded(x, vs, a->chunk)))
+        st = sharded_end(x, bottom, top);
     x->early[a->chunk] |= final;
     return st ? st : chunk_done(x, a->chunk);
 }

@@ -41,7 +41,7 @@ loom_status loom_pp_vision_setup(loom_pipeline *pl, loom_tp *tp, loom_cp *cp, lo
     if (!vs) return loom_error_set(err, LOOM_ERR_NOMEM, "--vision-schedule: out of memory");
     pl->vision = vs;
     double fwd[LOOM_PP_MAX_STAGES], enc;
-    loom_pp_vision_durations(pl->mc, pl->counts, pl->pp, pl->cfg.micro_batch, fwd, &enc);
+    loom_pp_vision_durations(pl->mc, pl->counts, pl->pp, pl->v, pl->cfg.micro_batch, fwd, &enc);
     loom_status st = loom_pp_vision_build(&vs->plan, &pl->train, fwd, enc, err);
     if (st) return st;
     const int m = pl->m, r = pl->rank;

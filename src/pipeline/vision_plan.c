@@ -74,7 +74,9 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
                     if (clock[r] + d > grads_at[r]) grads_at[r] = clock[r] + d;
                 } else {
                     const loom_pp_action *a = &s->acts[r][x.idx];
-                    const int remote = r == 0 && vp->owner[a->mb] != 0;
+                    /* the embedding's actions: the first virtual stage's (chunk 0) */
+                    const int first = r == 0 && a->chunk == 0;
+                    const int remote = first && vp->owner[a->mb] != 0;
                     if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
                         const double t = sent[loom_pp_message_tag(s, r, a)];
                         if (t < 0) break;
@@ -87,8 +89,8 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
                             if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
                         }
                         d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
-                        if (r == 0 && !remote && a->op == LOOM_PP_F) d += vp->enc;
-                        if (r == 0 && !remote && a->op == eb_op) d += 2 * vp->enc;
+                        if (first && !remote && a->op == LOOM_PP_F) d += vp->enc;
+                        if (first && !remote && a->op == eb_op) d += 2 * vp->enc;
                         if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
                     }
                 }
@@ -258,13 +260,19 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
     return LOOM_OK;
 }
 
-void loom_pp_vision_durations(const loom_model_config *mc, const int *counts, int pp,
+void loom_pp_vision_durations(const loom_model_config *mc, const int *counts, int pp, int v,
                               int micro_batch, double *fwd, double *enc) {
     const double C = mc->d_model, hd = C / mc->n_head, T = mc->seq_len, B = micro_batch;
     const double block =
         C * (mc->n_head + 2.0 * mc->n_kv_head) * hd + C * C + T * C + 3.0 * C * mc->d_ff;
     const double head = C * mc->vocab_size + 4.0 * mc->vocab_size;
-    for (int r = 0; r < pp; r++) fwd[r] = B * T * (counts[r] * block + (r == pp - 1 ? head : 0.0));
+    const int S = pp * v;
+    for (int r = 0; r < pp; r++) { /* the mean of the rank's chunks (virtual stage c pp + r) */
+        double sum = 0;
+        for (int c = 0; c < v; c++)
+            sum += counts[c * pp + r] * block + (c * pp + r == S - 1 ? head : 0.0);
+        fwd[r] = B * T * sum / v;
+    }
     *enc = B * mc->max_images * loom_vlm_image_flops(mc) / 6.0;
 }
 
@@ -302,11 +310,12 @@ void loom_pp_vision_print(const loom_pp_schedule *s, const loom_pp_vision *vp, F
                 continue;
             }
             const loom_pp_action *a = &s->acts[r][i];
-            const int remote = r == 0 && vp->owner[a->mb] != 0;
+            const int first = r == 0 && a->chunk == 0;
+            const int remote = first && vp->owner[a->mb] != 0;
             if (a->op <= LOOM_PP_W) {
                 if (remote && a->op == LOOM_PP_F) fprintf(out, " re%d<%d", a->mb, vp->owner[a->mb]);
                 fprintf(out, " %c%d%s", OPS[a->op], a->mb,
-                        r == 0 && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s))
+                        first && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s))
                             ? "+E"
                             : "");
                 if (remote && a->op == embed_backward_op(s))

@@ -37,9 +37,10 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
                                  double enc, loom_error *err);
 void loom_pp_vision_free(loom_pp_vision *vp);
 /* The durations the run plans with (loom plan prices the same placement): multiply-adds
- * of one micro-batch, fwd[r] stage r's forward (counts[r] layers, the head on the last)
- * and *enc the encoder's and projector's forward (every image slot filled). */
-void loom_pp_vision_durations(const loom_model_config *mc, const int *counts, int pp,
+ * of one micro-batch, fwd[r] stage r's forward of one model chunk (counts: layers per
+ * virtual stage, pp x v of them, the head on the last; with v > 1 the mean of the rank's
+ * chunks) and *enc the encoder's and projector's forward (every image slot filled). */
+void loom_pp_vision_durations(const loom_model_config *mc, const int *counts, int pp, int v,
                               int micro_batch, double *fwd, double *enc);
 /* The plan's step on the timeline (its makespan; idle[r] per stage, may be NULL); -1 if
  * the lists deadlock. */

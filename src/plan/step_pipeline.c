@@ -61,11 +61,16 @@ static loom_status price_bubbles(step_pricing *x, double s, double send, loom_pl
     dn.vlm = 0;
     loom_plan_vision_costs c;
     memset(&c, 0, sizeof c);
-    for (int r = 0, lo = 0; r < x->pp; lo += x->counts[r], r++) {
-        const fbw k =
-            loom_price_chunk(q, x->mc, &dn, lo, lo + x->counts[r], r == 0, r == x->pp - 1);
-        c.stage_ms[r] = (total(k.f) + total(k.b) + total(k.w) + 2 * send) * s;
-    }
+    const int S = x->pp * x->v;
+    for (int r = 0; r < x->pp; r++) /* one model chunk's: the mean of the rank's chunks */
+        for (int ch = 0; ch < x->v; ch++) {
+            const int vs = ch * x->pp + r;
+            int lo = 0;
+            for (int k = 0; k < vs; k++) lo += x->counts[k];
+            const fbw k =
+                loom_price_chunk(q, x->mc, &dn, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+            c.stage_ms[r] += (total(k.f) + total(k.b) + total(k.w) + 2 * send) * s / x->v;
+        }
     const double ef = loom_price_vision_fwd(q, d) * s, eb = loom_price_vision_bwd(q, d) * s;
     c.enc_ms = ef + eb;
     loom_status st =

@@ -13,7 +13,7 @@ loom_status loom_plan_vision_price(const loom_model_config *mc, const loom_pp_sc
     memset(out, 0, sizeof *out);
     /* the placement the run makes (pipeline/vision_exec.c): the same durations, the same call */
     double fwd[LOOM_PP_MAX_STAGES], enc;
-    loom_pp_vision_durations(mc, counts, s->pp, micro_batch, fwd, &enc);
+    loom_pp_vision_durations(mc, counts, s->pp, s->v, micro_batch, fwd, &enc);
     loom_pp_vision vp;
     loom_status st = loom_pp_vision_build(&vp, s, fwd, enc, err);
     if (st) return st;

@@ -11,8 +11,9 @@
 #include "pipeline/schedule.h"
 
 typedef struct {
-    double stage_ms[LOOM_PP_MAX_STAGES]; /* one micro-batch's F + B (+ W) on stage r, its
-                                            sends included, the encoder not counted */
+    double stage_ms[LOOM_PP_MAX_STAGES]; /* one micro-batch's F + B (+ W) of one model chunk
+                                            on stage r (interleaved: the mean of its chunks),
+                                            its sends included, the encoder not counted */
     double enc_ms; /* one micro-batch's encoder and projector, forward and backward */
 } loom_plan_vision_costs;
 
@@ -22,7 +23,8 @@ typedef struct {
     double idle_first[LOOM_PP_MAX_STAGES], idle[LOOM_PP_MAX_STAGES];
 } loom_plan_vision;
 
-/* The run's placement for schedule s (stage r holding counts[r] layers) priced with c. */
+/* The run's placement for schedule s (virtual stage k holding counts[k] layers) priced
+ * with c. */
 loom_status loom_plan_vision_price(const loom_model_config *mc, const loom_pp_schedule *s,
                                    const int *counts, int micro_batch,
                                    const loom_plan_vision_costs *c, loom_plan_vision *out,

@@ -139,11 +139,12 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
 }
 
 /* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
-/* --grad-accum sharded in a pipeline (pipeline/executor.c): language models only (a dit's
- * or a vlm's stage ranges are not reported per micro-batch). */
+/* --grad-accum sharded in a pipeline (pipeline/executor.c): language models and the vlm
+ * (its encoder and projector in the first stage's embedding range; --vision-schedule
+ * bubbles adds the replicas' gradients into the last micro-batch's), not a dit (its
+ * stage ranges are not reported per micro-batch). */
 static int sharded_accum_family(const loom_run *r) {
-    const int family = r->mc->family;
-    return !r->pipelined || family == LOOM_FAMILY_GPT2 || family == LOOM_FAMILY_LLAMA;
+    return !r->pipelined || r->mc->family != LOOM_FAMILY_DIT;
 }
 
 /* Whether this run reduces every micro-batch into the shard (--grad-accum sharded, stages
@@ -160,8 +161,8 @@ static loom_status sharded_accum_wanted(const loom_run *r, int *sharded, loom_er
     if (strcmp(mode, "sharded") != 0) return LOOM_OK;
     if (!sharded_accum_family(r))
         return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: with --pp only for --family gpt2 or llama "
-                              "(got a %s model)",
+                              "--grad-accum sharded: with --pp only for --family gpt2, llama "
+                              "or vlm (got a %s model)",
                               loom_family_name(r->mc->family));
     *sharded = 1;
     return LOOM_OK;

@@ -278,12 +278,8 @@ static loom_status validate_vision_schedule(const loom_train_config *tc,
                               "--vision-schedule '%s': expected first or bubbles", v);
     const char *why = mc->family != LOOM_FAMILY_VLM ? "needs --family vlm (a vision encoder)"
                       : tc->layout.pp < 2           ? "needs --pp >= 2 (pipeline stages to fill)"
-                      : tc->virtual_stages > 1      ? "not with --virtual-stages > 1 yet"
-                      : tc->layout.cp > 1           ? "not with --cp > 1 yet"
-                      : tc->zero >= 3               ? "not with --zero 3 yet"
-                      : strcmp(tc->grad_accum, "sharded") == 0 ? "not with --grad-accum sharded yet"
-                      : strcmp(tc->precision, "fp32") != 0     ? "only with --precision fp32 yet"
-                                                               : NULL;
+                      : strcmp(tc->precision, "fp32") != 0 ? "only with --precision fp32 yet"
+                                                           : NULL;
     if (why)
         return loom_error_set(err, LOOM_ERR_INPUT, "--vision-schedule bubbles: %s (docs/vlm.md)",
                               why);

@@ -26,8 +26,11 @@ pipeline) equals one process, ZeRO-3 twice bitwise. A third case trains on sampl
 compute): equal to one process, bitwise twice, and the plan's slowest rank over the mean no worse than the
 usual slices' on every step and better on the whole. A fourth case, with an encoder wider than
 a decoder stage's work, runs --vision-schedule bubbles at pp 2 (1f1b and zb: the encoder's
-pieces of some micro-batches on the second stage, on a replica of its weights): equal to one
-process, the plan moved pieces off the first stage, and 1f1b twice is bitwise. tp 2 under
+pieces of some micro-batches on the second stage, on a replica of its weights), pp 2 x dp 2
+at ZeRO-3 (sharded accumulation, its default) and at ZeRO-2 with --grad-accum sharded (zb),
+pp 2 x cp 2, and interleaved (2 chunks a rank): equal to one process, the plan moved pieces
+off the first stage, and 1f1b and each of the other four twice is bitwise; the ZeRO-3 one's
+checkpoint resumes bitwise in its layout and equal in pp 2 x cp 2 with the pieces. tp 2 under
 --precision bf16 equals, bitwise, the one process that rounds the partial sums as its bf16
 messages do (test_layouts_bf16.check_tp_rounded says why).
 Usage: test_layouts_vlm.py --loom PATH [--seed S]
@@ -156,6 +159,24 @@ def balance_dp(args, base, tmp, seed):
           f"{max(with_b):.3f}  {'ok' if ok else 'FAIL'}")
 
 
+def moved_off_first(run):
+    """The start-up line of --vision-schedule bubbles: some micro-batch encoded off stage 0."""
+    line = [x for x in run.stderr.splitlines() if "--vision-schedule bubbles:" in x]
+    per = line[0].split("per stage ")[1].split(" ")[0].split(",") if line else []
+    moved = any(n != "0" for n in per[1:])
+    check(moved)
+    print(f"    {line[0].split('loom: ')[-1] if line else 'no plan line'}  "
+          f"{'ok' if moved else 'FAIL: no piece off stage 0'}")
+
+
+def twice(lay, name, ranks, flags):
+    """The layout `name` (run already) again: bitwise the same."""
+    again = lay.run(name + "_again", ranks, flags)
+    same = bitwise(again, lay.runs[name])
+    check(same)
+    print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+
+
 def vision_bubbles(base, tmp):
     """--vision-schedule bubbles: an encoder of width 32 (about twice a decoder stage's
     forward) so that the plan moves pieces to stage 1; pp 2 1f1b and zb equal one process."""
@@ -168,17 +189,40 @@ def vision_bubbles(base, tmp):
     for schedule in ("1f1b", "zb"):
         name = f"pp2_{schedule}_bubbles"
         flags = ["--pp", "2", "--pp-schedule", schedule, "--vision-schedule", "bubbles"]
-        got = compare(lay, bref, name, 2, flags)
-        line = [x for x in got.stderr.splitlines() if "--vision-schedule bubbles:" in x]
-        moved = bool(line) and line[0].split("per stage ")[1].split(" ")[0].split(",")[1] != "0"
-        check(moved)
-        print(f"    {line[0].split('loom: ')[-1] if line else 'no plan line'}  "
-              f"{'ok' if moved else 'FAIL: no piece off stage 0'}")
+        moved_off_first(compare(lay, bref, name, 2, flags))
     flags = ["--pp", "2", "--pp-schedule", "1f1b", "--vision-schedule", "bubbles"]
-    again = lay.run("pp2_1f1b_bubbles_again", 2, flags)
-    same = bitwise(again, lay.runs["pp2_1f1b_bubbles"])
-    check(same)
-    print(f"  pp2_1f1b_bubbles twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+    twice(lay, "pp2_1f1b_bubbles", 2, flags)
+    # the decoder's other layouts with the pieces, each twice: pp 2 x dp 2 at ZeRO-3 (its
+    # default, sharded accumulation: the replicas' gradients join the last micro-batch's
+    # reduction) and ZeRO-2 --grad-accum sharded with zb (micro-batch 1: 4 a dp rank, so
+    # that pieces move), cp 2 (a replica encodes its cp rank's images), and interleaved
+    # (2 chunks a rank: 4 decoder layers, its own reference, 3 steps)
+    bb = ["--vision-schedule", "bubbles"]
+    more = [("pp2_dp2_zero3_bubbles", 4,
+             ["--pp", "2", "--dp", "2", "--zero", "3", "--micro-batch", "1"] + bb),
+            ("pp2_dp2_zero2_sharded_zb_bubbles", 4,
+             ["--pp", "2", "--dp", "2", "--zero", "2", "--grad-accum", "sharded",
+              "--pp-schedule", "zb", "--micro-batch", "1"] + bb),
+            ("pp2_cp2_bubbles", 4, ["--pp", "2", "--cp", "2"] + bb)]
+    for name, ranks, f in more:
+        got = compare(lay, bref, name, ranks, f)
+        moved_off_first(got)
+        if "--dp" in f:
+            sharded = "(sharded accumulation)" in got.stderr
+            check(sharded)
+            print(f"    sharded accumulation: {sharded}")
+        twice(lay, name, ranks, f)
+    # a ZeRO-3 bubbles checkpoint: resumed in its layout bitwise, in pp 2 x cp 2 bubbles equal
+    check_resume(lay, "pp2 dp2 ZeRO-3 bubbles", 4, more[0][2], 3,
+                 [("pp2_cp2_bubbles", 4, more[2][2])], bref, D_MODEL)
+    il = list(wide)
+    il[il.index("--n-layer") + 1] = "4"
+    il[il.index("--steps") + 1] = "3"
+    ilay = Layouts(il, tmp, "vlm_bubbles_il_")
+    iref = ilay.run("single", 1)
+    f = ["--pp", "2", "--virtual-stages", "2", "--pp-schedule", "interleaved"] + bb
+    moved_off_first(compare(ilay, iref, "pp2_interleaved_bubbles", 2, f))
+    twice(ilay, "pp2_interleaved_bubbles", 2, f)
     # a frozen encoder: the replica on stage 1 sends back the projector's gradients only
     fz = Layouts(wide + ["--freeze", "vision"], tmp, "vlm_bubbles_frozen_")
     fref = fz.run("single", 1)

@@ -1,11 +1,11 @@
 /* --vision-schedule bubbles' placement (pipeline/vision_plan.h) on random pipelines (pp 2
- * to 4, gpipe, 1f1b and zb, pp to 8 micro-batches, random stage and encoder durations):
- * every micro-batch has one owner, a later owner's EF comes before its EB within its
- * list, the pieces per stage and the encoder models per stage add up, the plan never
- * deadlocks and is never slower than the encoder on stage 0, the step is at least the
- * busiest stage's work and the whole work over pp, the simulation of the plan is its
- * recorded step, and with a free encoder nothing moves and the timeline is
- * loom_pp_schedule_simulate's. Random inputs per run; the seed is printed and
+ * to 4, gpipe, 1f1b, zb and interleaved with 2 chunks a rank, pp to 8 micro-batches,
+ * random stage and encoder durations): every micro-batch has one owner, a later owner's
+ * EF comes before its EB within its list, the pieces per stage and the encoder models
+ * per stage add up, the plan never deadlocks and is never slower than the encoder on
+ * stage 0, the step is at least the busiest stage's work and the whole work over pp, the
+ * simulation of the plan is its recorded step, and with a free encoder nothing moves and
+ * the timeline is loom_pp_schedule_simulate's. Random inputs per run; the seed is printed and
  * LOOM_TEST_SEED overrides it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,17 +30,20 @@ static double uniform(double lo, double hi) {
 
 static void test_random_plans(void **state) {
     (void)state;
-    static const loom_pp_kind KINDS[] = {LOOM_PP_GPIPE, LOOM_PP_1F1B, LOOM_PP_ZB};
-    for (int trial = 0; trial < 12; trial++) {
-        const int pp = 2 + (int)(rnd() % 3), m = pp + (int)(rnd() % (9 - pp));
-        const loom_pp_kind kind = KINDS[rnd() % 3];
+    static const loom_pp_kind KINDS[] = {LOOM_PP_GPIPE, LOOM_PP_1F1B, LOOM_PP_ZB,
+                                         LOOM_PP_INTERLEAVED};
+    for (int trial = 0; trial < 16; trial++) {
+        const loom_pp_kind kind = KINDS[rnd() % 4];
+        const int v = kind == LOOM_PP_INTERLEAVED ? 2 : 1, pp = 2 + (int)(rnd() % 3);
+        int m = pp + (int)(rnd() % (9 - pp));
+        if (v > 1) m = m / pp * pp; /* interleaved: a multiple of pp */
         double fwd[LOOM_PP_MAX_STAGES], total = 0, busiest = 0;
         const double enc = uniform(0.2, 3.0);
         for (int r = 0; r < pp; r++) fwd[r] = uniform(0.5, 2.0);
         loom_error err = {0};
         loom_pp_schedule s;
         loom_pp_vision vp;
-        assert_int_equal(loom_pp_schedule_build(&s, kind, pp, m, 1, &err), LOOM_OK);
+        assert_int_equal(loom_pp_schedule_build(&s, kind, pp, m, v, &err), LOOM_OK);
         assert_int_equal(loom_pp_vision_build(&vp, &s, fwd, enc, &err), LOOM_OK);
         int pieces[LOOM_PP_MAX_STAGES] = {0};
         for (int i = 0; i < m; i++) {
@@ -57,7 +60,7 @@ static void test_random_plans(void **state) {
             if (r > 0)
                 assert_true(vp.slots[r] <= vp.pieces[r] && (vp.slots[r] > 0) == (pieces[r] > 0));
             /* each stage's own work (its encoder pieces included) fits in the step */
-            const double own = 3.0 * m * fwd[r] + 3.0 * enc * pieces[r];
+            const double own = 3.0 * m * v * fwd[r] + 3.0 * enc * pieces[r];
             busiest = own > busiest ? own : busiest;
             total += own;
         }
