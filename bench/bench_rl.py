@@ -58,9 +58,12 @@
    run while its messages are in flight), and a checkpoint's were its storage behind the
    same link (a rank writes its shard, then reads the whole model: not measured, the
    checkpoint here goes to this machine's disk, which the test hosts share, so it crosses
-   no link); the ratios and `3x_over_allgather`.
+   no link); the ratios and `3x_over_allgather`. --host-pairs adds the other pairs of 5.
+   (`other_pairs`, the same figures; a checkpoint over the link then reads the model /
+   its generation tp).
 Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke] [--hosts | --only
-hosts] [--host-caps 1,0] [--host-transports default,no_put]"""
+hosts] [--host-caps 1,0] [--host-transports default,no_put] [--host-pairs
+reshard_compare,reshard_compare_pp_tp,reshard_compare_tp_tp4]"""
 import argparse
 import fcntl
 import json
@@ -207,6 +210,15 @@ def cmp_size(smoke):
                            "--iters", "5"])
 
 
+# reshard_cmp's layout pairs (5. above): the issue's, then two with a sharded generation
+# layout (their checkpoint comparison: one round)
+PAIRS = {"reshard_compare": ["--tp-train", "2", "--tp-gen", "1"],
+         "reshard_compare_pp_tp": ["--pp-train", "2", "--tp-gen", "2", "--ckpt-iters", "1"],
+         "reshard_compare_tp_tp4": ["--tp-train", "2", "--tp-gen", "4", "--ckpt-iters", "1"]}
+NAMES = {"reshard_compare": "train tp 2 x dp 2 -> gen dp 4",
+         "reshard_compare_pp_tp": "train pp 2 x dp 2 -> gen tp 2 x dp 2",
+         "reshard_compare_tp_tp4": "train tp 2 x dp 2 -> gen tp 4"}
+
 # OpenMPI's TCP transport without RDMA put (--host-transports no_put): a large message goes
 # as 128 KiB fragments of send/receive, not as one fragment of its whole remainder
 NO_PUT = ["--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum"]
@@ -221,7 +233,8 @@ def hosts_cell(a, cmp_bin, tmp):
     hosts = ",".join(f"10.231.0.{k}:1" for k in range(1, n_hosts + 1))
     caps = [float(c) for c in a.host_caps.split(",")]
     transports = a.host_transports.split(",")
-    cell = {"pair": "train tp 2 x dp 2 -> gen dp 4", "ranks": 4,
+    pairs = a.host_pairs.split(",")
+    cell = {"pair": NAMES["reshard_compare"], "ranks": 4,
             "placement": "4 test hosts x 1 rank (tests/hosts: network namespaces, veth, one "
                          "bridge; MPI over TCP; bench_hosts' MCA settings)",
             "hosts": hosts, "link_dev": "eth0",
@@ -237,10 +250,16 @@ def hosts_cell(a, cmp_bin, tmp):
         bench_hosts.sh(bench_hosts.HOSTS_SH, "up", str(n_hosts))
         for gbit in caps:
             bench_hosts.cap_links(gbit or None, n_hosts)
-            for tr in transports:
-                name = (f"{gbit:g}gbit" if gbit else "uncapped") + "_" + tr
-                cell["runs"][name] = hosts_run(a, cmp_bin, tmp, bench_hosts.MCA, hosts, gbit,
-                                               tr, name)
+            for key in pairs:
+                for tr in transports:
+                    name = (f"{gbit:g}gbit" if gbit else "uncapped") + "_" + tr
+                    if key != "reshard_compare":  # the other pairs: under their own key
+                        runs = cell.setdefault("other_pairs", {}).setdefault(
+                            key, {"pair": NAMES[key], "runs": {}})["runs"]
+                    else:
+                        runs = cell["runs"]
+                    runs[name] = hosts_run(a, cmp_bin, tmp, bench_hosts.MCA, hosts, gbit, tr,
+                                           key, name)
     finally:
         bench_hosts.cap_links(None, n_hosts)
         bench_hosts.sh(bench_hosts.HOSTS_SH, "down", check=False)
@@ -248,14 +267,15 @@ def hosts_cell(a, cmp_bin, tmp):
     return cell
 
 
-def hosts_run(a, cmp_bin, tmp, mca, hosts, gbit, transport, name):
-    """One reshard_cmp run across the hosts at link cap gbit (0: none); its figures."""
+def hosts_run(a, cmp_bin, tmp, mca, hosts, gbit, transport, key, name):
+    """One reshard_cmp run of PAIRS[key] across the hosts at link cap gbit (0: none); its
+    figures."""
     load = list(os.getloadavg())
     cmd = (["mpirun", "--allow-run-as-root", "--host", hosts] + mca +
            (NO_PUT if transport == "no_put" else []) +
            ["-x", "OMP_NUM_THREADS=1", "-n", "4", cmp_bin, "--dir",
-            os.path.join(tmp, "ck_hosts_" + name), "--tp-train", "2", "--tp-gen", "1",
-            "--link-dev", "eth0"] + cmp_size(a.smoke))
+            os.path.join(tmp, f"ck_hosts_{key}_{name}"), "--link-dev", "eth0"] + PAIRS[key] +
+           cmp_size(a.smoke))
     print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
     rc = json.loads(run(cmd, timeout=a.run_timeout).stdout.strip().split("\n")[-1])
     rc["load_before"], rc["load_after"] = load, list(os.getloadavg())
@@ -266,8 +286,9 @@ def hosts_run(a, cmp_bin, tmp, mca, hosts, gbit, transport, name):
     pred = {"reshard": rc["reshard_max_recv_bytes"] / bw * 1e3,
             "allgather": rc["allgather_recv_bytes"] / bw * 1e3,
             # were the checkpoint on storage behind the same link: a rank of replica 0
-            # writes its shard, then every rank reads the whole model (not measured here)
-            "ckpt_over_link": (shard + rc["model_bytes"]) / bw * 1e3}
+            # writes its shard, then every rank reads its generation copy (the model /
+            # tp_gen; not measured here)
+            "ckpt_over_link": (shard + rc["model_bytes"] / rc["tp_gen"]) / bw * 1e3}
     d = {"cap_gbit": gbit or None, "transport": transport,
          "link_gbit": round(bw * 8 / 1e9, 3), "pair_link_gbit": round(pair * 8 / 1e9, 3),
          "reshard_ms": rc["reshard_ms"], "allgather_ms": rc["allgather_ms"],
@@ -292,7 +313,7 @@ def hosts_run(a, cmp_bin, tmp, mca, hosts, gbit, transport, name):
         d["predicted_cap_ms"] = {
             "reshard": round(rc["reshard_max_recv_bytes"] * 8 / (gbit * 1e9) * 1e3, 3),
             "allgather": round(rc["allgather_recv_bytes"] * 8 / (gbit * 1e9) * 1e3, 3)}
-    print(f"hosts {name}: reshard {rc['reshard_ms']:.1f} ms (link-predicted "
+    print(f"hosts {key} {name}: reshard {rc['reshard_ms']:.1f} ms (link-predicted "
           f"{pred['reshard']:.1f}), all-gather {rc['allgather_ms']:.1f} ms "
           f"({rc['allgather_over_reshard']:.2f}x, median "
           f"{rc['median']['allgather_over_reshard']:.2f}x), checkpoint {rc['ckpt_ms']:.1f} ms, "
@@ -313,6 +334,8 @@ def main():
                     help="--hosts: link caps in Gbit/s, 0 for the veth uncapped")
     ap.add_argument("--host-transports", default="default,no_put",
                     help="--hosts: OpenMPI's TCP settings to run at each cap: default, no_put")
+    ap.add_argument("--host-pairs", default="reshard_compare",
+                    help="--hosts: layout pairs, of " + ", ".join(PAIRS))
     ap.add_argument("--run-timeout", type=float, default=600.0,
                     help="--hosts: seconds for one reshard_cmp run")
     a = ap.parse_args()
@@ -320,10 +343,16 @@ def main():
     out = {"bench": "rl", "smoke": a.smoke, "load_start": list(os.getloadavg())}
     cmp_bin = os.path.join(os.path.dirname(os.path.abspath(a.loom)), "reshard_cmp")
     if a.only == "hosts" or a.hosts:
+        if set(a.host_transports.split(",")) - {"default", "no_put"}:
+            print(f"--host-transports {a.host_transports}: expected default and/or no_put",
+                  file=sys.stderr)
+            sys.exit(2)
+        if set(a.host_pairs.split(",")) - set(PAIRS):
+            print(f"--host-pairs {a.host_pairs}: expected some of {', '.join(PAIRS)}",
+                  file=sys.stderr)
+            sys.exit(2)
         if a.smoke:
             a.host_caps, a.host_transports = "10", "default"
-        if set(a.host_transports.split(",")) - {"default", "no_put"}:
-            sys.exit(f"--host-transports {a.host_transports}: expected default and/or no_put")
         if os.geteuid() != 0:
             print("SKIP: --hosts needs root for network namespaces", file=sys.stderr)
             if a.only == "hosts":
@@ -405,11 +434,7 @@ def main():
         if os.path.exists(cmp_bin):
             size = cmp_size(a.smoke)
             bounds, load = {}, list(os.getloadavg())
-            for key, pair in (("reshard_compare", ["--tp-train", "2", "--tp-gen", "1"]),
-                              ("reshard_compare_pp_tp", ["--pp-train", "2", "--tp-gen", "2",
-                                                         "--ckpt-iters", "1"]),
-                              ("reshard_compare_tp_tp4", ["--tp-train", "2", "--tp-gen", "4",
-                                                          "--ckpt-iters", "1"])):
+            for key, pair in PAIRS.items():
                 p = run(MPIRUN + ["-n", "4", cmp_bin, "--dir", os.path.join(tmp, "ck_" + key)] +
                         pair + size)
                 rc = json.loads(p.stdout.strip().split("\n")[-1])
