@@ -100,9 +100,9 @@ def sh(*cmd, check=True):
     return p
 
 
-def cap_links(gbit):
-    """tbf at gbit on both ends of each host's link (None: remove the caps)."""
-    for k in (1, 2):
+def cap_links(gbit, hosts=2):
+    """tbf at gbit on both ends of the links of hosts 1..hosts (None: remove the caps)."""
+    for k in range(1, hosts + 1):
         for dev, ns in ((f"loomv{k}", None), ("eth0", f"loomh{k}")):
             pre = ["ip", "netns", "exec", ns] if ns else []
             sh(*pre, "tc", "qdisc", "del", "dev", dev, "root", check=False)

@@ -35,11 +35,41 @@
    sixth of the all-gather's bytes but copies what it keeps and packs half rows (on one
    machine, where a message is a memory copy too, about 2.6x at equal bandwidths); tp 2 ->
    tp 4 receives a sixth and copies almost nothing.
-Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke]"""
+6. The issue's pair across test hosts (--hosts, or --only hosts for it alone; root:
+   tests/hosts/hosts.sh network namespaces on one bridge, bench_hosts' MPI settings, TCP
+   between hosts): reshard_cmp as in 5., train tp 2 x dp 2 -> gen dp 4, its 4 ranks on 4
+   hosts, one each, each host's link (both ends of its veth) capped with tbf at each of
+   --host-caps Gbit/s (0: the veth uncapped). One rank a host because then every byte a
+   rank receives crosses its own link and its host's link counters are its own; with two
+   ranks a host (hosts.sh and mpirun allow it too) the tp pairs (ranks 0-1, 2-3) share a
+   host, the plan takes a rank's missing half from its own replica's other tp rank, on
+   the same host (OpenMPI's shared memory), and the reshard would cross no link at all.
+   At each cap, each of --host-transports: OpenMPI's TCP defaults (`default`) and
+   without RDMA put (`no_put`, NO_PUT below): by default the rest of a large message
+   after its first 128 KiB is one put fragment, and in an exchange both ways between two
+   ranks (a tp pair here) one side's rendezvous reply waits behind its own outgoing
+   message, so the two directions often run one after the other (reshard_cmp's
+   `pair_bytes_per_s`: one message each way between rank pairs, against
+   `p2p_bytes_per_s`: a ring, one direction a connection).
+   Per run (`reshard_compare_hosts.runs`): reshard_cmp's JSON (its `link`: each rank's
+   bytes received and sent on its host's eth0 per operation, the kernel's counters);
+   predicted_link_ms: the reshard's and the all-gather's largest bytes received by a rank
+   / the ring's point-to-point bandwidth of the same run (the rank's copies left out: they
+   run while its messages are in flight), and a checkpoint's were its storage behind the
+   same link (a rank writes its shard, then reads the whole model: not measured, the
+   checkpoint here goes to this machine's disk, which the test hosts share, so it crosses
+   no link); the ratios and `3x_over_allgather`. --host-pairs adds the other pairs of 5.
+   (`other_pairs`, the same figures; a checkpoint over the link then reads the model /
+   its generation tp).
+Prints one JSON object last. Usage: bench_rl.py --loom PATH [--smoke] [--hosts | --only
+hosts] [--host-caps 1,0] [--host-transports default,no_put] [--host-pairs
+reshard_compare,reshard_compare_pp_tp,reshard_compare_tp_tp4]"""
 import argparse
+import fcntl
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -173,13 +203,171 @@ def torch_iteration(w, prompts, L, C, P, G, new, M, iterations, temperature=1.0,
     return sum(phases.values()), phases
 
 
+def cmp_size(smoke):
+    """reshard_cmp's model: a tiny one for --smoke, else 151 MB (8 x 512, vocabulary 4096)."""
+    return (["--n-layer", "2", "--d-model", "128", "--vocab", "512", "--iters", "2"]
+            if smoke else ["--n-layer", "8", "--d-model", "512", "--vocab", "4096",
+                           "--iters", "5"])
+
+
+# reshard_cmp's layout pairs (5. above): the issue's, then two with a sharded generation
+# layout (their checkpoint comparison: one round)
+PAIRS = {"reshard_compare": ["--tp-train", "2", "--tp-gen", "1"],
+         "reshard_compare_pp_tp": ["--pp-train", "2", "--tp-gen", "2", "--ckpt-iters", "1"],
+         "reshard_compare_tp_tp4": ["--tp-train", "2", "--tp-gen", "4", "--ckpt-iters", "1"]}
+NAMES = {"reshard_compare": "train tp 2 x dp 2 -> gen dp 4",
+         "reshard_compare_pp_tp": "train pp 2 x dp 2 -> gen tp 2 x dp 2",
+         "reshard_compare_tp_tp4": "train tp 2 x dp 2 -> gen tp 4"}
+
+# OpenMPI's TCP transport without RDMA put (--host-transports no_put): a large message goes
+# as 128 KiB fragments of send/receive, not as one fragment of its whole remainder
+NO_PUT = ["--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum"]
+
+
+def hosts_cell(a, cmp_bin, tmp):
+    """The issue's pair (train tp 2 x dp 2 -> gen dp 4) across 4 test hosts, one rank each,
+    with capped links (6. above); the JSON object."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_hosts  # noqa: E402 (its MPI settings, link caps and hosts.sh)
+    n_hosts = 4
+    hosts = ",".join(f"10.231.0.{k}:1" for k in range(1, n_hosts + 1))
+    caps = [float(c) for c in a.host_caps.split(",")]
+    transports = a.host_transports.split(",")
+    pairs = a.host_pairs.split(",")
+    cell = {"pair": NAMES["reshard_compare"], "ranks": 4,
+            "placement": "4 test hosts x 1 rank (tests/hosts: network namespaces, veth, one "
+                         "bridge; MPI over TCP; bench_hosts' MCA settings)",
+            "hosts": hosts, "link_dev": "eth0",
+            "transports": {"default": "OpenMPI's btl_tcp_flags (send, put, ...)",
+                           "no_put": " ".join(NO_PUT)},
+            "ckpt_storage": "this machine's disk, shared by the test hosts (no link bytes)",
+            "runs": {}}
+    lock = open("/run/loom-hosts.lock", "w")  # the hosts are shared with the tests
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    # SIGTERM: the finally below (caps removed, hosts down)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        bench_hosts.sh(bench_hosts.HOSTS_SH, "up", str(n_hosts))
+        for gbit in caps:
+            bench_hosts.cap_links(gbit or None, n_hosts)
+            for key in pairs:
+                for tr in transports:
+                    name = (f"{gbit:g}gbit" if gbit else "uncapped") + "_" + tr
+                    if key != "reshard_compare":  # the other pairs: under their own key
+                        runs = cell.setdefault("other_pairs", {}).setdefault(
+                            key, {"pair": NAMES[key], "runs": {}})["runs"]
+                    else:
+                        runs = cell["runs"]
+                    runs[name] = hosts_run(a, cmp_bin, tmp, bench_hosts.MCA, hosts, gbit, tr,
+                                           key, name)
+    finally:
+        bench_hosts.cap_links(None, n_hosts)
+        bench_hosts.sh(bench_hosts.HOSTS_SH, "down", check=False)
+        lock.close()
+    return cell
+
+
+def hosts_run(a, cmp_bin, tmp, mca, hosts, gbit, transport, key, name):
+    """One reshard_cmp run of PAIRS[key] across the hosts at link cap gbit (0: none); its
+    figures."""
+    load = list(os.getloadavg())
+    cmd = (["mpirun", "--allow-run-as-root", "--host", hosts] + mca +
+           (NO_PUT if transport == "no_put" else []) +
+           ["-x", "OMP_NUM_THREADS=1", "-n", "4", cmp_bin, "--dir",
+            os.path.join(tmp, f"ck_hosts_{key}_{name}"), "--link-dev", "eth0"] + PAIRS[key] +
+           cmp_size(a.smoke))
+    print(f"$ {' '.join(cmd)}", file=sys.stderr, flush=True)
+    rc = json.loads(run(cmd, timeout=a.run_timeout).stdout.strip().split("\n")[-1])
+    rc["load_before"], rc["load_after"] = load, list(os.getloadavg())
+    bw, pair = rc["p2p_bytes_per_s"], rc["pair_bytes_per_s"]
+    rx = {k: max(v) for k, v in rc["link"]["rx_bytes"].items()}
+    tx = {k: max(v) for k, v in rc["link"]["tx_bytes"].items()}
+    shard = rc["allgather_recv_bytes"] / 3  # a rank's training buffer (4 ranks: 3 received)
+    pred = {"reshard": rc["reshard_max_recv_bytes"] / bw * 1e3,
+            "allgather": rc["allgather_recv_bytes"] / bw * 1e3,
+            # were the checkpoint on storage behind the same link: a rank of replica 0
+            # writes its shard, then every rank reads its generation copy (the model /
+            # tp_gen; not measured here)
+            "ckpt_over_link": (shard + rc["model_bytes"] / rc["tp_gen"]) / bw * 1e3}
+    d = {"cap_gbit": gbit or None, "transport": transport,
+         "link_gbit": round(bw * 8 / 1e9, 3), "pair_link_gbit": round(pair * 8 / 1e9, 3),
+         "reshard_ms": rc["reshard_ms"], "allgather_ms": rc["allgather_ms"],
+         "ckpt_ms": rc["ckpt_ms"],
+         "link_rx_bytes_max": rx, "link_tx_bytes_max": tx,
+         # what crossed a link over what the plan (or the all-gather) receives
+         "link_rx_over_planned": {
+             "reshard": round(rx["reshard"] / max(1, rc["reshard_max_recv_bytes"]), 4),
+             "allgather": round(rx["allgather"] / max(1, rc["allgather_recv_bytes"]), 4)},
+         "predicted_link_ms": {k: round(v, 3) for k, v in pred.items()},
+         "reshard_over_predicted_link": round(rc["reshard_ms"] / pred["reshard"], 3),
+         "allgather_over_predicted_link": round(rc["allgather_ms"] / pred["allgather"], 3),
+         "allgather_over_reshard": rc["allgather_over_reshard"],
+         "median_allgather_over_reshard": rc["median"]["allgather_over_reshard"],
+         "ckpt_over_reshard": rc["ckpt_over_reshard"],
+         "ckpt_over_link_predicted_over_reshard": round(pred["ckpt_over_link"] /
+                                                        rc["reshard_ms"], 3),
+         "ideal_bytes": rc["ideal_allgather_over_reshard_bytes"],
+         "3x_over_allgather": rc["allgather_over_reshard"] >= 3.0,
+         "reshard_cmp": rc}
+    if gbit:  # the same at the nominal cap
+        d["predicted_cap_ms"] = {
+            "reshard": round(rc["reshard_max_recv_bytes"] * 8 / (gbit * 1e9) * 1e3, 3),
+            "allgather": round(rc["allgather_recv_bytes"] * 8 / (gbit * 1e9) * 1e3, 3)}
+    print(f"hosts {key} {name}: reshard {rc['reshard_ms']:.1f} ms (link-predicted "
+          f"{pred['reshard']:.1f}), all-gather {rc['allgather_ms']:.1f} ms "
+          f"({rc['allgather_over_reshard']:.2f}x, median "
+          f"{rc['median']['allgather_over_reshard']:.2f}x), checkpoint {rc['ckpt_ms']:.1f} ms, "
+          f"link {bw * 8 / 1e9:.2f} Gbit/s (pair exchange {pair * 8 / 1e9:.2f})",
+          file=sys.stderr, flush=True)
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
     ap.add_argument("--smoke", action="store_true", help="a tiny model, few tokens (seconds)")
+    ap.add_argument("--hosts", action="store_true",
+                    help="add the issue's pair across test hosts with capped links (root)")
+    ap.add_argument("--only", choices=("all", "hosts"), default="all",
+                    help="hosts: only the cross-host cell")
+    ap.add_argument("--host-caps", default="1,0",
+                    help="--hosts: link caps in Gbit/s, 0 for the veth uncapped")
+    ap.add_argument("--host-transports", default="default,no_put",
+                    help="--hosts: OpenMPI's TCP settings to run at each cap: default, no_put")
+    ap.add_argument("--host-pairs", default="reshard_compare",
+                    help="--hosts: layout pairs, of " + ", ".join(PAIRS))
+    ap.add_argument("--run-timeout", type=float, default=600.0,
+                    help="--hosts: seconds for one reshard_cmp run")
     a = ap.parse_args()
     L, C, new = (2, 32, 8) if a.smoke else (4, 128, 32)
     out = {"bench": "rl", "smoke": a.smoke, "load_start": list(os.getloadavg())}
+    cmp_bin = os.path.join(os.path.dirname(os.path.abspath(a.loom)), "reshard_cmp")
+    if a.only == "hosts" or a.hosts:
+        if set(a.host_transports.split(",")) - {"default", "no_put"}:
+            print(f"--host-transports {a.host_transports}: expected default and/or no_put",
+                  file=sys.stderr)
+            sys.exit(2)
+        if set(a.host_pairs.split(",")) - set(PAIRS):
+            print(f"--host-pairs {a.host_pairs}: expected some of {', '.join(PAIRS)}",
+                  file=sys.stderr)
+            sys.exit(2)
+        if a.smoke:
+            a.host_caps, a.host_transports = "10", "default"
+        if os.geteuid() != 0:
+            print("SKIP: --hosts needs root for network namespaces", file=sys.stderr)
+            if a.only == "hosts":
+                sys.exit(77)
+            a.hosts = False
+            out["reshard_compare_hosts"] = {"skipped": "needs root"}
+        if not os.path.exists(cmp_bin):
+            sys.exit(f"FAIL: {cmp_bin}: reshard_cmp not built next to --loom")
+    if a.only == "hosts":
+        run([a.loom, "version"])  # a broken --loom fails here, as in the other cells
+        with tempfile.TemporaryDirectory() as tmp:
+            out["reshard_compare_hosts"] = hosts_cell(a, cmp_bin, tmp)
+        out["load"] = list(os.getloadavg())
+        print(json.dumps(out))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = os.path.join(tmp, "d")
         run([a.loom, "data", "arith", "--out", d, "--digits", "3", "--train", "2000", "--val",
@@ -243,17 +431,10 @@ def main():
             reshard[C2] = (mib * 1048576, ms)
         (b1, t1), (b2, t2) = reshard[C], reshard[2 * C]
         out["reshard_in_rl"] = {"bytes": b1, "ms": t1, "bytes_2x_model": b2, "ms_2x_model": t2}
-        cmp_bin = os.path.join(os.path.dirname(os.path.abspath(a.loom)), "reshard_cmp")
         if os.path.exists(cmp_bin):
-            size = (["--n-layer", "2", "--d-model", "128", "--vocab", "512", "--iters", "2"]
-                    if a.smoke else ["--n-layer", "8", "--d-model", "512", "--vocab", "4096",
-                                     "--iters", "5"])
+            size = cmp_size(a.smoke)
             bounds, load = {}, list(os.getloadavg())
-            for key, pair in (("reshard_compare", ["--tp-train", "2", "--tp-gen", "1"]),
-                              ("reshard_compare_pp_tp", ["--pp-train", "2", "--tp-gen", "2",
-                                                         "--ckpt-iters", "1"]),
-                              ("reshard_compare_tp_tp4", ["--tp-train", "2", "--tp-gen", "4",
-                                                          "--ckpt-iters", "1"])):
+            for key, pair in PAIRS.items():
                 p = run(MPIRUN + ["-n", "4", cmp_bin, "--dir", os.path.join(tmp, "ck_" + key)] +
                         pair + size)
                 rc = json.loads(p.stdout.strip().split("\n")[-1])
@@ -270,6 +451,8 @@ def main():
             out["reshard_bounds"] = bounds
         else:
             out["reshard_compare"] = None  # reshard_cmp not built next to loom
+        if a.hosts:
+            out["reshard_compare_hosts"] = hosts_cell(a, cmp_bin, tmp)
         out["load"] = list(os.getloadavg())
     print(json.dumps(out))
 

@@ -16,6 +16,9 @@
  *   p2p_bytes_per_s     one contiguous message of the reshard's largest received size,
  *                       every rank sending to the next and receiving from the previous at
  *                       once (MPI_Isend / MPI_Irecv), slowest rank;
+ *   pair_bytes_per_s    the same message exchanged both ways at once between rank pairs
+ *                       (rank ^ 1: each rank sends to the rank it receives from, as a
+ *                       tensor-parallel pair does in the reshard; 0 for a world of one);
  *   memcpy_bytes_per_s  every rank copying its training buffer at once, slowest rank;
  *   predicted_ms        the largest over ranks of what the rank receives / p2p + what it
  *                       copies in memory (keeps, packs, unpacks) / memcpy (a rank's MPI
@@ -27,10 +30,17 @@
  * critical_*: the bytes of the rank the model predicts slowest.
  * median: the same comparisons from the medians over the timed iterations (the best of a
  * short operation is luckier than the best of a long one on a loaded machine).
+ * --link-dev IFACE (one rank per host, e.g. eth0 of a test host, tests/hosts): each rank's
+ * bytes received and sent on that network device of its own network namespace
+ * (/proc/self/net/dev, read after the barrier that follows each operation, so what its
+ * peers sent it has arrived), per operation: the mean over the timed iterations of the
+ * reshard, the point-to-point message and the all-gather, the checkpoint's rounds' mean
+ * ("link": {"dev", "rx_bytes": {op: [per rank]}, "tx_bytes": {...}}).
  *
  *   mpirun -n N reshard_cmp --dir DIR [--tp-train N | --pp-train N] [--tp-gen 1]
  *                           [--n-layer 8] [--d-model 512] [--vocab 4096] [--iters 5]
  *                           [--min-message FLOATS] [--ckpt-iters 2 (0: none)]
+ *                           [--link-dev IFACE]
  *
  * Prints ONE JSON line (rank 0). Exit status 2 on bad arguments, 1 on a failure. */
 #include <mpi.h>
@@ -88,6 +98,30 @@ static void view_free(view *v) {
     loom_ckpt_descs_free(&v->descs);
     free(v->buf);
 }
+
+/* The bytes received (rx) and sent (tx) so far on device dev of this process's network
+ * namespace; 0 when it has no such device. */
+static void link_bytes(const char *dev, double *rx, double *tx) {
+    *rx = *tx = 0;
+    FILE *f = dev ? fopen("/proc/self/net/dev", "r") : NULL;
+    if (!f) return;
+    char line[512];
+    const size_t n = strlen(dev);
+    while (fgets(line, sizeof line, f)) {
+        const char *p = line;
+        while (*p == ' ') p++;
+        unsigned long long r = 0, t = 0;
+        if (!strncmp(p, dev, n) && p[n] == ':' &&
+            sscanf(p + n + 1, "%llu %*u %*u %*u %*u %*u %*u %*u %llu", &r, &t) == 2) {
+            *rx = (double)r, *tx = (double)t;
+            break;
+        }
+    }
+    fclose(f);
+}
+
+enum { LINK_RESHARD, LINK_P2P, LINK_PAIR, LINK_ALLGATHER, LINK_CKPT, LINK_OPS };
+static const char *const link_op[LINK_OPS] = {"reshard", "p2p", "pair", "allgather", "ckpt"};
 
 static int by_value(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -176,6 +210,7 @@ int main(int argc, char **argv) {
     const int iters = arg_int(argc, argv, "--iters", 5);
     const int ckpt_iters = arg_int(argc, argv, "--ckpt-iters", 2); /* a checkpoint is slow */
     const long min_msg = (long)arg_int(argc, argv, "--min-message", (int)LOOM_RESHARD_MIN_MESSAGE);
+    const char *dev = arg_str(argc, argv, "--link-dev");
     loom_model_config cfg;
     loom_model_preset(&cfg, "llama-tiny", &err);
     cfg.n_layer = arg_int(argc, argv, "--n-layer", 8);
@@ -184,11 +219,13 @@ int main(int argc, char **argv) {
     cfg.vocab_size = arg_int(argc, argv, "--vocab", 4096), cfg.seq_len = 64;
     if (!dir || c.size > 64 || tpa < 1 || tpb < 1 || ppa < 1 || (ppa > 1 && tpa > 1) ||
         c.size % tpa || c.size % tpb || c.size % ppa || cfg.n_layer % ppa || cfg.n_head % tpa ||
-        cfg.n_head % tpb || iters < 1 || iters > 64 || min_msg < 1) {
+        cfg.n_head % tpb || iters < 1 || iters > 64 || min_msg < 1 ||
+        (dev && (!*dev || strlen(dev) > 32))) {
         if (c.rank == 0)
             fprintf(stderr, "reshard_cmp: --dir DIR needed; --tp-train (or --pp-train, not both) "
                             "and --tp-gen must divide the world and 8 heads (--pp-train: the "
-                            "layers); --iters 1-64; --min-message >= 1\n");
+                            "layers); --iters 1-64; --min-message >= 1; --link-dev: a "
+                            "network device's name\n");
         return 2;
     }
     view whole, src, dst, want;
@@ -213,11 +250,17 @@ int main(int argc, char **argv) {
     float *p2p_send = calloc(p2p, sizeof(float)), *p2p_recv = calloc(p2p, sizeof(float));
     float *scratch = malloc(src.table.total * sizeof(float));
     if (!all || !p2p_send || !p2p_recv || !scratch) return 1;
-    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, p2p_best = 1e30;
+    double best[3] = {1e30, 1e30, 1e30}, ck = 1e30, cp_best = 1e30, p2p_best = 1e30,
+           pair_best = 1e30;
     double phase[4] = {0}, runs[4][64]; /* each timed iteration: reshard, p2p, all-gather, memcpy */
-    for (int it = 0; it < iters + 1; it++) { /* the first is a warm-up */
-        double t[3];
+    /* --link-dev: this rank's bytes on the link per operation (summed over the timed
+     * iterations; rx then tx), and the counters after each barrier */
+    double link[2][LINK_OPS] = {{0}}, lrx[5], ltx[5];
+    const int partner = (c.rank ^ 1) < c.size ? c.rank ^ 1 : c.rank; /* the pair exchange's */
+    for (int it = 0; it < iters + 1; it++) {                         /* the first is a warm-up */
+        double t[4];
         loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[0], &ltx[0]);
         double t0 = loom_now_ms();
         if (loom_reshard_run(&r, src.buf, dst.buf, &err)) return fail(&c, "reshard", &err);
         t[0] = loom_now_ms() - t0;
@@ -226,6 +269,7 @@ int main(int argc, char **argv) {
                     c.rank, t[0], r.pack_ms, r.local_ms, r.wait_ms, r.unpack_ms);
         const double ph[4] = {r.pack_ms, r.local_ms, r.wait_ms, r.unpack_ms};
         loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[1], &ltx[1]);
         t0 = loom_now_ms();
         loom_comm_handle hs, hr;
         if (loom_comm_irecv(&c, p2p_recv, p2p, (c.rank + c.size - 1) % c.size, 5, &hr, &err) ||
@@ -233,16 +277,29 @@ int main(int argc, char **argv) {
             loom_comm_wait(&hr, &err) || loom_comm_wait(&hs, &err))
             return fail(&c, "point-to-point", &err);
         t[1] = loom_now_ms() - t0;
+        loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[2], &ltx[2]);
+        t0 = loom_now_ms();
+        if (partner != c.rank && (loom_comm_irecv(&c, p2p_recv, p2p, partner, 6, &hr, &err) ||
+                                  loom_comm_isend(&c, p2p_send, p2p, partner, 6, &hs, &err) ||
+                                  loom_comm_wait(&hr, &err) || loom_comm_wait(&hs, &err)))
+            return fail(&c, "pair exchange", &err);
+        t[3] = loom_now_ms() - t0;
+        if (getenv("RESHARD_CMP_VERBOSE"))
+            fprintf(stderr, "rank %d: point-to-point %.1f ms, pair exchange %.1f ms\n", c.rank,
+                    t[1], t[3]);
         memcpy(all + (size_t)c.rank * per, src.buf, src.table.total * sizeof(float));
         loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[3], &ltx[3]);
         t0 = loom_now_ms();
         if (loom_comm_allgatherv(&c, all, counts, displs, &err)) return fail(&c, "allgather", &err);
         t[2] = loom_now_ms() - t0;
         loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[4], &ltx[4]);
         t0 = loom_now_ms();
         memcpy(scratch, src.buf, src.table.total * sizeof(float));
         const double cp = slowest(&c, loom_now_ms() - t0);
-        const double pt = slowest(&c, t[1]);
+        const double pt = slowest(&c, t[1]), pr = slowest(&c, t[3]);
         /* the slowest rank of the reshard: its phases */
         double all_t[64] = {0}, who = 0;
         all_t[c.rank] = t[0];
@@ -253,12 +310,15 @@ int main(int argc, char **argv) {
         loom_comm_allreduce_sum_f64(&c, phw, 4, &err);
         const double ag = slowest(&c, t[2]);
         if (it == 0) continue;
+        for (int k = 0; k < 4; k++) /* reshard, p2p, pair, all-gather: consecutive counters */
+            link[0][k] += lrx[k + 1] - lrx[k], link[1][k] += ltx[k + 1] - ltx[k];
         if (all_t[(int)who] < best[0])
             for (int k = 0; k < 4; k++) phase[k] = phw[k];
         best[0] = all_t[(int)who] < best[0] ? all_t[(int)who] : best[0];
         best[2] = ag < best[2] ? ag : best[2];
         cp_best = cp < cp_best ? cp : cp_best;
         p2p_best = pt < p2p_best ? pt : p2p_best;
+        pair_best = pr < pair_best ? pr : pair_best;
         runs[0][it - 1] = all_t[(int)who], runs[1][it - 1] = pt, runs[2][it - 1] = ag;
         runs[3][it - 1] = cp;
     }
@@ -269,12 +329,19 @@ int main(int argc, char **argv) {
             iters % 2 ? runs[k][iters / 2] : 0.5 * (runs[k][iters / 2 - 1] + runs[k][iters / 2]);
     }
     int bad = memcmp(dst.buf, want.buf, want.table.total * sizeof(float)) != 0;
-    for (int it = 0; it < (iters < ckpt_iters ? iters : ckpt_iters); it++) {
+    const int ck_n = iters < ckpt_iters ? iters : ckpt_iters;
+    for (int it = 0; it < ck_n; it++) {
         memset(dst.buf, 0, dst.table.total * sizeof(float));
         char step[LOOM_CKPT_PATH_MAX];
         snprintf(step, sizeof step, "%s/step_%d", dir, it);
         double ms;
+        loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[0], &ltx[0]);
         if (ckpt_round(&c, &cfg, &src, &dst, step, &ms)) return 1;
+        loom_comm_barrier(&c, &err);
+        link_bytes(dev, &lrx[1], &ltx[1]);
+        link[0][LINK_CKPT] += (lrx[1] - lrx[0]) / ck_n,
+            link[1][LINK_CKPT] += (ltx[1] - ltx[0]) / ck_n;
         const double s = slowest(&c, ms);
         ck = s < ck ? s : ck;
         bad |= memcmp(dst.buf, want.buf, want.table.total * sizeof(float)) != 0;
@@ -283,6 +350,7 @@ int main(int argc, char **argv) {
     double nbad = bad;
     loom_comm_allreduce_sum_f64(&c, &nbad, 1, &err);
     const double bw = (double)p2p * 4.0 / (p2p_best * 1e-3);
+    const double pair_bw = pair_best > 0 ? (double)p2p * 4.0 / (pair_best * 1e-3) : 0;
     const double mem_bw = (double)src.table.total * 4.0 / (cp_best * 1e-3);
     /* per rank: bytes received, copied in memory (kept, packed, unpacked), its prediction */
     const double recv = (double)r.recv_floats * 4.0;
@@ -311,13 +379,19 @@ int main(int argc, char **argv) {
     int msgs = r.n_sends + r.n_recvs;
     double nm = msgs;
     loom_comm_allreduce_sum_f64(&c, &nm, 1, &err);
+    double lk[2 * LINK_OPS * 64] = {0}; /* [rx|tx][op][rank], the timed iterations' mean */
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < LINK_OPS; k++)
+            lk[(d * LINK_OPS + k) * 64 + c.rank] = k == LINK_CKPT ? link[d][k] : link[d][k] / iters;
+    loom_comm_allreduce_sum_f64(&c, lk, 2 * LINK_OPS * 64, &err);
     if (c.rank == 0)
         printf("{\"ranks\": %d, \"pp_train\": %d, \"tp_train\": %d, \"tp_gen\": %d, "
                "\"model_bytes\": %.0f, \"reshard_bytes_moved\": %.0f, "
                "\"reshard_max_recv_bytes\": %.0f, \"allgather_recv_bytes\": %.0f, "
                "\"ideal_allgather_over_reshard_bytes\": %.3f, \"messages\": %.0f, "
                "\"min_message_floats\": %ld, \"reshard_ms\": %.3f, \"allgather_ms\": %.3f, "
-               "\"ckpt_ms\": %.3f, \"p2p_bytes_per_s\": %.4g, \"memcpy_bytes_per_s\": %.4g, "
+               "\"ckpt_ms\": %.3f, \"p2p_bytes_per_s\": %.4g, \"pair_bytes_per_s\": %.4g, "
+               "\"memcpy_bytes_per_s\": %.4g, "
                "\"critical_rank\": %d, \"critical_recv_bytes\": %.0f, "
                "\"critical_direct_bytes\": %.0f, \"critical_copied_bytes\": %.0f, "
                "\"critical_local_bytes\": %.0f, \"critical_unpacked_bytes\": %.0f, "
@@ -328,13 +402,28 @@ int main(int argc, char **argv) {
                "\"unpack\": %.3f}, \"median\": {\"reshard_ms\": %.3f, \"allgather_ms\": %.3f, "
                "\"predicted_ms\": %.3f, \"reshard_over_predicted\": %.3f, "
                "\"allgather_over_reshard\": %.3f, \"allgather_over_predicted\": %.3f}, "
-               "\"iters\": %d, \"bitwise\": %s}\n",
+               "\"iters\": %d, \"bitwise\": %s",
                c.size, ppa, tpa, tpb, (double)whole.table.total * 4.0, r.bytes_moved, recv_max,
                ag_bytes, ag_bytes / (recv_max > 0 ? recv_max : 1), nm, min_msg, best[0], best[2],
-               ck, bw, mem_bw, crit, cr[0], cr[3], cr[1], cr[4], cr[5], cr[6], pred, best[0] / pred,
-               best[2] / best[0], best[2] / pred, ck / best[0], phase[0], phase[1], phase[2],
-               phase[3], med[0], med[2], pred_med, med[0] / pred_med, med[2] / med[0],
+               ck, bw, pair_bw, mem_bw, crit, cr[0], cr[3], cr[1], cr[4], cr[5], cr[6], pred,
+               best[0] / pred, best[2] / best[0], best[2] / pred, ck / best[0], phase[0], phase[1],
+               phase[2], phase[3], med[0], med[2], pred_med, med[0] / pred_med, med[2] / med[0],
                med[2] / pred_med, iters, nbad ? "false" : "true");
+    if (c.rank == 0 && dev) {
+        printf(", \"link\": {\"dev\": \"%s\"", dev);
+        for (int d = 0; d < 2; d++) {
+            printf(", \"%s_bytes\": {", d ? "tx" : "rx");
+            for (int k = 0; k < LINK_OPS; k++) {
+                printf("%s\"%s\": [", k ? ", " : "", link_op[k]);
+                for (int p = 0; p < c.size; p++)
+                    printf("%s%.0f", p ? ", " : "", lk[(d * LINK_OPS + k) * 64 + p]);
+                printf("]");
+            }
+            printf("}");
+        }
+        printf("}");
+    }
+    if (c.rank == 0) printf("}\n");
     loom_reshard_free(&r);
     view_free(&whole), view_free(&src), view_free(&dst), view_free(&want);
     free(all), free(p2p_send), free(p2p_recv), free(scratch);

@@ -51,6 +51,7 @@ def benches(build):
         "bench_pp": (["--smoke"], ()),
         "bench_tp": (["--smoke"], ()),
         "bench_rl": (["--smoke"], ()),
+        "bench_rl_hosts": (["--only", "hosts", "--smoke"], ("hosts",)),
         "bench_vlm": (["--steps", "1", "--warmup", "1", "--batch", "2", "--mixed-batch", "4", "--rounds", "1",
                        "--mixed-micro", "2"], ("torch", "fashion")),
         "bench_train": (["--sgemm-peak", os.path.join(build, "sgemm_peak"), "--only",
@@ -102,7 +103,8 @@ def main():
     if args.bench == "bench_tokenizer":
         cmd = ["bash", os.path.join(ROOT, "bench", "bench_tokenizer.sh"), loom]
     else:
-        script = {"bench_diloco_hosts": "bench_diloco"}.get(args.bench, args.bench)
+        script = {"bench_diloco_hosts": "bench_diloco",
+                  "bench_rl_hosts": "bench_rl"}.get(args.bench, args.bench)
         cmd = ([sys.executable, os.path.join(ROOT, "bench", script + ".py")] +
                ([] if "no_loom" in needs else ["--loom", loom]) + words)
     print("$ " + " ".join(cmd), flush=True)
