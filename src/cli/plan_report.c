@@ -86,6 +86,9 @@ static json_t *time_json(const loom_plan_time *t) {
     json_object_set_new(o, "mfu", json_real(t->mfu));
     json_object_set_new(o, "dominant",
                         t->n_terms ? json_string(t->terms[t->dominant].name) : json_null());
+    json_object_set_new(o, "grad_accum", json_string(t->grad_sharded ? "sharded" : "local"));
+    json_object_set_new(o, "grad_reductions", json_integer(t->grad_reductions));
+    json_object_set_new(o, "grad_bytes", json_real(t->grad_bytes));
     json_object_set_new(o, "terms", terms);
     return o;
 }
@@ -197,6 +200,17 @@ static void print_time(const loom_plan_time *t, FILE *f) {
         fprintf(f, "  %-22s %10.3f ms  %5.1f%%  %s\n", t->terms[i].name, t->terms[i].ms,
                 t->step_ms > 0 ? 100 * t->terms[i].ms / t->step_ms : 0.0,
                 t->terms[i].metric ? t->terms[i].metric : "(step_ms only)");
+    if (t->grad_reductions > 1)
+        fprintf(f,
+                "gradient reduction: grad reduce-scatter x %d micro-batches (sharded "
+                "accumulation: each block's as backward produces it, 'dp sharded accum' the "
+                "waits), %.1f MB a step on this rank's wire\n",
+                t->grad_reductions, t->grad_bytes / 1e6);
+    else if (t->grad_reductions == 1)
+        fprintf(f,
+                "gradient reduction: once a step (%s accumulation), %.1f MB on this rank's "
+                "wire\n",
+                t->grad_sharded ? "sharded" : "local", t->grad_bytes / 1e6);
     fprintf(f, "predicted step: %.3f ms (%.1f tokens/s, MFU %.1f%%)\n", t->step_ms, t->tokens_per_s,
             100 * t->mfu);
 }

@@ -71,6 +71,14 @@ typedef struct {
     double model_flops;  /* per step, whole world: 6 N tokens + attention (PaLM's MFU) */
     double mfu;          /* model_flops / (step x world x the profile's peak) */
     int dominant;        /* index of the largest term */
+    /* the gradients' reduction over the replicas: the bytes this rank moves per step, as
+     * the run's metrics count them (dp.grad_bytes: 2 (n - c) x 4 an fp32 bucket of n
+     * elements of which it owns c; --grad-reduce-dtype bf16: parallel/zero_bf16.h), and
+     * how many times a step the whole gradient is reduced: 1 (local accumulation), the
+     * micro-batches (sharded accumulation, grad_sharded: --grad-accum sharded, the default
+     * at ZeRO-3), 0 (one replica) */
+    double grad_bytes;
+    int grad_reductions, grad_sharded;
     /* vlm with --vision-schedule bubbles (plan/vision_time.h): micro-batches each stage
      * encodes, the simulated pipeline with the pieces over with the encoder on the first
      * stage, the replicas' messages (weights, gradients, image rows; the term "vision

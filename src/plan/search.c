@@ -138,6 +138,7 @@ void loom_plan_layout_flags(const loom_train_config *tc, char *buf, size_t n) {
     if (l.cp > 1) PUT(" --cp %d --cp-mode %s", l.cp, tc->cp_mode);
     if (l.ep > 1) PUT(" --ep %d", l.ep);
     if (tc->zero > 0) PUT(" --zero %d", tc->zero);
+    if (strcmp(tc->grad_accum, "auto") != 0) PUT(" --grad-accum %s", tc->grad_accum);
     PUT(" --micro-batch %d", tc->micro_batch);
     if (tc->recompute == LOOM_RECOMPUTE_FULL) PUT(" --recompute");
     if (tc->recompute == LOOM_RECOMPUTE_SELECTIVE) PUT(" --recompute selective");

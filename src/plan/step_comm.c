@@ -5,18 +5,31 @@
  * the engine thread's CPU on a CPU node). */
 #include "plan/step_time_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "parallel/fsdp.h"
+#include "parallel/shard_geometry.h"
 
 /* ---- gradient buckets (parallel/zero.c's rules) ---- */
+
+/* The bytes the run counts for one partition [a, e) (parallel/zero_bf16.c's
+ * loom_zero_bf16_wire_bytes): of its n elements this rank owns c; fp32: the all-reduce's
+ * 2 (n - c) x 4 at every stage; bf16: (n - c) x 2 out at stages 2, 3, twice that at 0, 1. */
+static double wire_bytes(const buckets *b, size_t a, size_t e) {
+    const size_t lo = a > b->shard_lo ? a : b->shard_lo, hi = e < b->shard_hi ? e : b->shard_hi;
+    const double rest = (double)(e - a) - (double)(hi > lo ? hi - lo : 0);
+    return !b->reduce_bf16 ? 8.0 * rest : 2.0 * b->reduce_bf16 * rest;
+}
 
 static void post_range(buckets *b, double t, size_t lo, size_t hi) {
     if (hi <= lo || b->group < 2) return;
     pricer *q = b->q;
     const size_t n = hi - lo, parts = (n + b->bucket - 1) / b->bucket;
     for (size_t k = parts; k-- > 0;) {
-        const double floats = (double)(n * (k + 1) / parts - n * k / parts);
+        const size_t a = lo + n * k / parts, e = lo + n * (k + 1) / parts;
+        const double floats = (double)(e - a);
+        b->wire_bytes += wire_bytes(b, a, e);
         double ms;
         if (!b->reduce_bf16) {
             ms = engine_coll(q, LOOM_COLL_ALLREDUCE, b->group, q->tp, 4.0 * floats);
@@ -28,15 +41,34 @@ static void post_range(buckets *b, double t, size_t lo, size_t hi) {
             if (b->reduce_bf16 == 2)
                 ms += engine_coll(q, LOOM_COLL_ALLGATHER, b->group, q->tp, 2.0 * floats);
         }
-        engine_post(b->e, t, ms);
+        b->last_done = engine_post(b->e, t, ms);
     }
 }
 
-void loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi) {
+/* Sharded: the shard's part of [lo, hi) added to the sum (parallel/zero.c keep_shard),
+ * on the training thread. */
+static double add_shard_ms(buckets *b, size_t lo, size_t hi) {
+    const size_t a = lo > b->shard_lo ? lo : b->shard_lo, e = hi < b->shard_hi ? hi : b->shard_hi;
+    return e > a ? bytes_ms(b->q, 12.0 * (double)(e - a)) * b->share : 0;
+}
+
+double loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi) {
     const int first = hi == b->total;
     if (lo < b->span_lo) lo = b->span_lo < hi ? b->span_lo : hi; /* --freeze: as zero.c */
     if (hi > b->span_hi) hi = b->span_hi > lo ? b->span_hi : lo;
-    if (lo == hi && (b->span_lo > 0 || b->span_hi < b->total)) return;
+    if (lo == hi && (b->span_lo > 0 || b->span_hi < b->total)) return t;
+    if (b->sharded) {
+        /* --grad-accum sharded (loom_zero_grads_ready): the range goes out at once, alone
+         * (FSDP's reduce-scatter per block), then backward waits for the ranges posted
+         * before it (one in flight while the next is computed) and adds their shard's part
+         * to the sum */
+        if (b->group < 2 || hi <= lo) return t;
+        const double before = b->last_done;
+        post_range(b, t, lo, hi);
+        const double go = (before > t ? before : t) + add_shard_ms(b, lo, hi);
+        b->waited += go - t;
+        return go;
+    }
     if (b->embed_rows && lo == 0) {
         engine_post(b->e, t,
                     engine_coll(b->q, LOOM_COLL_ALLGATHER, b->group, b->q->tp, b->rows_bytes));
@@ -48,6 +80,13 @@ void loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi) {
         b->pending_end = b->pending_begin;
     }
     if (b->embed_rows && first) post_range(b, t, 0, b->wte_end);
+    return t;
+}
+
+double loom_price_reduction_wait(buckets *b, double t) {
+    const double go = b->last_done > t ? b->last_done : t;
+    b->waited += go - t;
+    return go;
 }
 
 /* Whether the embedding's gradient rows are gathered as data (parallel/embed_grad.h). */
@@ -82,7 +121,24 @@ void loom_price_buckets_init(step_pricing *x) {
     bk->group = x->ep_sync ? 1 : x->replicas;
     if (strcmp(x->tc->grad_reduce_dtype, "bf16") == 0 && !x->ep_sync)
         bk->reduce_bf16 = x->zero >= 2 ? 1 : 2;
-    bk->embed_rows = !x->ep_sync && !bk->reduce_bf16 && x->pp == 1 &&
+    bk->sharded = x->sharded && !x->ep_sync;
+    bk->share = x->share;
+    /* this rank's shard of the span (parallel/zero.c: the shard geometry over dp) */
+    bk->shard_lo = bk->span_lo, bk->shard_hi = bk->span_hi;
+    if (bk->group > 1) {
+        size_t *counts = calloc((size_t)bk->group, sizeof *counts);
+        size_t *displs = calloc((size_t)bk->group, sizeof *displs);
+        if (counts && displs) {
+            loom_shard_split_rows_span(table, NULL, LOOM_SHARD_ALL, bk->span_lo, bk->span_hi,
+                                       bk->group, counts, displs);
+            bk->shard_lo = displs[0], bk->shard_hi = displs[0] + counts[0];
+        } else if (!x->q->st) {
+            x->q->st = loom_error_set(x->q->err, LOOM_ERR_NOMEM, "plan: out of memory");
+        }
+        free(counts), free(displs);
+    }
+    /* the embedding's rows as data: not with sharded accumulation (parallel/zero.c) */
+    bk->embed_rows = !bk->sharded && !x->ep_sync && !bk->reduce_bf16 && x->pp == 1 &&
                      bk->span_hi - bk->span_lo == table->total &&
                      wte_rows_enabled(table, x->replicas, bucket);
     bk->wte_end = wte_numel(table);
@@ -126,7 +182,12 @@ static void price_reduction(step_pricing *x) {
         if (table->params[i].sp_partial)
             P->tp += coll(q, LOOM_COLL_ALLREDUCE, q->tp, 1, 4.0 * (double)table->params[i].numel);
     const double t = x->t_backward_end;
-    if (!x->ep_sync && x->replicas > 1) {
+    if (!x->ep_sync && x->replicas > 1 && x->bk.sharded) {
+        /* every range went out as backward finished it: the last ones are waited for */
+        const double waited = x->bk.waited;
+        P->dp_exposed = loom_price_reduction_wait(&x->bk, t) - t;
+        x->bk.waited = waited;
+    } else if (!x->ep_sync && x->replicas > 1) {
         buckets *bk = &x->bk;
         post_range(bk, t, bk->pending_begin, bk->pending_end);
         double end = x->eng.free_at > t ? x->eng.free_at : t;
@@ -134,10 +195,19 @@ static void price_reduction(step_pricing *x) {
             end += bytes_ms(q, 12.0 * x->replicas * x->d->N * x->d->C);
         P->dp_exposed = end - t;
     } else if (x->ep_sync) {
+        /* the all-reduces of the dense part over the replicas and of the experts' over the
+         * expert-data-parallel group (each rank's wire: 2 (n - n / G) x 4 bytes); sharded
+         * accumulation (--grad-accum sharded --zero 2): one of each per micro-batch,
+         * backward waiting for each (LOOM_ZERO_ACCUM_BLOCKING), the step's last one here */
         const size_t ex = loom_price_expert_floats(table), dense = table->total - ex;
         const int edp = x->replicas / x->ep;
         P->ep_reduce = coll(q, LOOM_COLL_ALLREDUCE, x->replicas, q->tp, 4.0 * (double)dense) +
                        coll(q, LOOM_COLL_ALLREDUCE, edp, x->ep * q->tp, 4.0 * (double)ex);
+        const double per = 8.0 * ((double)dense - (double)dense / x->replicas) +
+                           8.0 * ((double)ex - (double)ex / edp);
+        const int m = x->sharded ? x->accum : 1;
+        x->bk.wire_bytes += m * per;
+        if (m > 1) P->sharded += (m - 1) * P->ep_reduce;
     }
 }
 
@@ -184,6 +254,9 @@ void loom_price_after_backward(step_pricing *x) {
      * pages, as cheap as the memset; counted here: llama 6M dp 2 ZeRO-2 faults ~270 times a
      * step and rank, not the 5,900 4 KiB pages of its 23 MiB) */
     P->clear = memset_ms(q, (double)span) * share;
+    /* sharded accumulation hands the pages back after every micro-batch's reduction: each
+     * micro-batch's backward faults them in again */
+    if (x->sharded) P->clear *= x->accum;
     /* clipping and AdamW on this rank's part */
     double adam = 0;
     double updated = (double)shard;

@@ -44,7 +44,8 @@ static stage_actions slowest_stage(step_pricing *x) {
 }
 
 static double busy_ms(const parts *P) {
-    return P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send;
+    return P->forward + P->backward + P->recompute_share + P->tp + P->cp + P->moe + P->pp_send +
+           P->sharded;
 }
 
 /* --vision-schedule bubbles (plan/vision_time.h): the pipeline's span scaled by the
@@ -105,6 +106,43 @@ static void stage_buckets(step_pricing *x, double last_bwd_start, double span) {
     loom_price_range_ready(&x->bk, span, 0, L ? table->blocks[0].begin : table->head_begin);
 }
 
+/* --grad-accum sharded in a pipeline (pipeline/executor.c): every backward action that
+ * completes a micro-batch's gradients of a chunk (B, or W under split backward: `bwd` its
+ * duration) reduces the chunk's ranges, each posted as the layers finish (spread evenly
+ * over the action), backward waiting for the ones posted before it, and waits for all of
+ * them at its end: returns that action's extra time, the mean over this rank's chunks.
+ * The embedding's range goes with the first chunk, but GPT-2's tied copy once a step
+ * (LOOM_ZERO_ACCUM_KEEP_EMBED: after the last action). Counts the engine thread's CPU and
+ * the bytes of every micro-batch's. */
+static double stage_sharded_action(step_pricing *x, double bwd) {
+    const loom_param_table *table = x->table;
+    engine e = {0};
+    buckets b = x->bk;
+    b.e = &e, b.last_done = 0, b.waited = 0, b.wire_bytes = 0;
+    const double us0 = x->q->engine_us;
+    double extra = 0;
+    for (int c = 0, first = 0; c < x->v; first += x->counts[c * x->pp], c++) {
+        const int n = x->counts[c * x->pp], last = first + n;
+        const int head = c == x->v - 1 && table->head_begin < table->total;
+        const int emb = c == 0 && !x->d->gpt2 && n > 0 && table->blocks[0].begin > 0;
+        const double per = bwd / (n + head + emb > 0 ? n + head + emb : 1);
+        double t = 0;
+        e.free_at = b.last_done = 0;
+        if (head) t = loom_price_range_ready(&b, t + per, table->head_begin, table->total);
+        for (int i = last - 1; i >= first; i--) {
+            const size_t hi =
+                i + 1 < table->n_layer ? table->blocks[i + 1].begin : table->head_begin;
+            t = loom_price_range_ready(&b, t + per, table->blocks[i].begin, hi);
+        }
+        if (emb) t = loom_price_range_ready(&b, t + per, 0, table->blocks[0].begin);
+        t = loom_price_reduction_wait(&b, t);
+        extra += (t > bwd ? t - bwd : 0) / x->v;
+    }
+    x->q->engine_us += (x->accum - 1) * (x->q->engine_us - us0);
+    x->bk.wire_bytes += x->accum * b.wire_bytes;
+    return extra;
+}
+
 /* ZeRO-3 in a pipeline keeps the gathered blocks for the step (fsdp keep_blocks): each
  * range is gathered once, during the first forward, the next block's prefetched while one
  * computes (fb: one block's forward). */
@@ -138,6 +176,11 @@ loom_status loom_price_stage(step_pricing *x) {
     const loom_placement pp_place = place_of(q, pp, x->replicas * q->tp);
     const double send = coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
     dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
+    /* --grad-accum sharded: each backward action waits for its chunk's reduction (not
+     * slowed by the cores' sharing: it is the network's) */
+    const int bwd_kind = x->sched->split ? LOOM_PP_W : LOOM_PP_B;
+    const double extra = x->bk.sharded ? stage_sharded_action(x, dur[bwd_kind]) : 0;
+    dur[bwd_kind] += extra;
     double idle[LOOM_PP_MAX_STAGES];
     if (loom_pp_schedule_simulate(x->sched, dur, idle, NULL) < 0)
         return loom_error_set(q->err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
@@ -163,7 +206,9 @@ loom_status loom_price_stage(step_pricing *x) {
     P->cp = n_act * (a.f.cp + a.b.cp + a.w.cp);
     P->moe = n_act * (a.f.moe + a.b.moe + a.w.moe);
     P->pp_send = n_act * 2 * send;
-    const double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
+    P->sharded = n_act * extra;
+    double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
+    scaled[bwd_kind] -= extra * (s - 1);
     double span = loom_pp_schedule_simulate(x->sched, scaled, NULL, NULL);
     P->pp_bubble = span - busy_ms(P) > 0 ? span - busy_ms(P) : 0;
     if (x->bubbles) {
@@ -172,9 +217,11 @@ loom_status loom_price_stage(step_pricing *x) {
     }
     x->compute_base = n_act * (a.f.compute + a.b.compute + a.w.compute);
     x->t_backward_end = span;
-    if (!x->ep_sync) /* the last B (and W) action's start */
+    if (!x->ep_sync && !x->bk.sharded) /* the last B (and W) action's start */
         stage_buckets(x, span - scaled[LOOM_PP_B] - (x->sched->split ? scaled[LOOM_PP_W] : 0),
                       span);
+    else if (x->bk.sharded && x->d->gpt2 && x->table->n_layer > 0) /* the tied copy */
+        loom_price_range_ready(&x->bk, span, 0, x->table->blocks[0].begin);
     if (x->zero == 3) {
         const int L = x->table->n_layer;
         stage_zero3(x, L > 0 ? a.f.compute * s / (L + 1) : 0);

@@ -112,9 +112,10 @@ static loom_status price_whole(step_pricing *x) {
         }
         if (k == 0) x->need[L + 1] = t;
         t = run_piece(x, t, head_f, &P->forward, 0);
-        /* backward */
+        /* backward (sharded accumulation: every micro-batch's ranges reduced) */
+        const int post = reduce && (final || x->bk.sharded);
         t = run_piece(x, t, head_b, &P->backward, 0);
-        if (final && reduce) loom_price_range_ready(&x->bk, t, table->head_begin, table->total);
+        if (post) t = loom_price_range_ready(&x->bk, t, table->head_begin, table->total);
         for (int i = L - 1; i >= 0; i--) {
             if (z3) {
                 /* released after forward: gathered again, prefetched by the block above
@@ -127,11 +128,15 @@ static loom_status price_whole(step_pricing *x) {
                 loom_price_block_recompute(q, d, table->blocks[i].moe).compute * x->share;
             t = run_piece(x, t, bb[i], &P->backward, rc);
             const size_t hi = i + 1 < L ? table->blocks[i + 1].begin : table->head_begin;
-            if (final && reduce) loom_price_range_ready(&x->bk, t, table->blocks[i].begin, hi);
+            if (post) t = loom_price_range_ready(&x->bk, t, table->blocks[i].begin, hi);
         }
         t = run_piece(x, t, emb_b, &P->backward, 0);
-        if (final && reduce)
-            loom_price_range_ready(&x->bk, t, 0, L ? table->blocks[0].begin : table->head_begin);
+        if (post)
+            t = loom_price_range_ready(&x->bk, t, 0,
+                                       L ? table->blocks[0].begin : table->head_begin);
+        /* sharded: the micro-batch's reduction finished before the next one's forward (the
+         * step's last: price_reduction's) */
+        if (!final && x->bk.sharded) t = loom_price_reduction_wait(&x->bk, t);
     }
     x->t_backward_end = t;
     free(bf), free(bb), free(back), free(done);
@@ -158,6 +163,7 @@ static void write_terms(const parts *P, loom_plan_time *out) {
     term(out, "vision messages", "dp.compute_ms", P->vision_msgs);
     term(out, "engine cpu", "dp.compute_ms", P->engine_share);
     term(out, "grad clear", "dp.compute_ms", P->clear);
+    term(out, "dp sharded accum", "dp.compute_ms", P->sharded);
     term(out, "dp exposed", "grad_wait_ms", P->dp_exposed);
     term(out, "ep reduce", "grad_wait_ms", P->ep_reduce);
     term(out, "norm", NULL, P->norm);
@@ -284,9 +290,11 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     x.bubbles =
         pp > 1 && mc->family == LOOM_FAMILY_VLM && strcmp(tc->vision_schedule, "bubbles") == 0;
     x.share = cpu && (double)ranks * threads > cores ? (double)ranks * threads / cores : 1.0;
+    x.sharded = loom_train_config_sharded_accum(tc, x.zero, mc->family);
     loom_price_buckets_init(&x);
-    st = pp == 1 ? price_whole(&x) : loom_price_stage(&x);
+    st = q.st ? q.st : pp == 1 ? price_whole(&x) : loom_price_stage(&x);
     if (!st) loom_price_after_backward(&x);
+    x.P.sharded += x.bk.waited;
     free(x.g), free(x.need);
     loom_params_free(&table);
     loom_pp_schedule_free(&sched);
@@ -294,6 +302,9 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     if (q.st) return q.st;
 
     write_terms(&x.P, out);
+    out->grad_sharded = x.sharded;
+    out->grad_reductions = replicas < 2 ? 0 : x.sharded ? accum : 1;
+    out->grad_bytes = x.bk.wire_bytes;
     if (x.bubbles) {
         memcpy(out->vision_pieces, x.vis.pieces, sizeof out->vision_pieces);
         out->vision_ratio = x.vis.span / x.vis.span_first;

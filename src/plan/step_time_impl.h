@@ -196,12 +196,24 @@ typedef struct {
     int group;         /* replicas */
     int reduce_bf16;   /* --grad-reduce-dtype bf16: 1 (ZeRO 2, 3: the all-to-all only), 2 (and
                           the all-gather of the sums) */
+    /* --grad-accum sharded (train_config.h: loom_train_config_sharded_accum): every range
+     * posted alone as backward finishes it, every micro-batch, backward waiting for the
+     * ranges posted before it and adding its shard's part of each to the sum */
+    int sharded;
+    double share;              /* the compute slowdown (that sum is the training thread's work) */
+    double last_done;          /* when the last reduction posted completes */
+    double waited;             /* sharded: backward's time waiting for the ranges and adding them */
+    size_t shard_lo, shard_hi; /* this rank's (data rank 0's) shard of the span */
+    double wire_bytes;         /* the bytes this rank moves so far, as the run's grad_bytes */
     pricer *q;
     engine *e;
 } buckets;
 
-/* loom_zero_grads_ready: range [lo, hi) final at time t. */
-void loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi);
+/* loom_zero_grads_ready: range [lo, hi) final at time t; returns when backward goes on
+ * (sharded: after waiting for the ranges posted before it; else t). */
+double loom_price_range_ready(buckets *b, double t, size_t lo, size_t hi);
+/* Sharded: loom_zero_finish_reduction at time t, every range waited for; returns when. */
+double loom_price_reduction_wait(buckets *b, double t);
 
 /* ZeRO-3's all-gather of one range of `bytes` over `group` ranks, refaulting the `back`
  * bytes of it handed back after their last use (handed_back). */
@@ -216,6 +228,8 @@ size_t loom_price_expert_floats(const loom_param_table *t);
 typedef struct {
     double forward, backward, recompute_share, tp, cp, moe, zero3_wait, pp_bubble, pp_send;
     double dp_exposed, ep_reduce, norm, optimizer, param_gather, param_wait, clear, engine_share;
+    double sharded;     /* --grad-accum sharded: the micro-batches' reductions, less what the
+                           last one leaves after backward (dp_exposed) */
     double vision_msgs; /* --vision-schedule bubbles: the replicas' messages */
 } parts;
 
@@ -229,6 +243,7 @@ typedef struct {
     const loom_pp_schedule *sched;
     const int *counts; /* layers per pipeline stage (pp > 1) */
     int pp, ep, world, replicas, accum, v, zero;
+    int sharded;  /* --grad-accum sharded: one reduction per micro-batch */
     int ep_sync;  /* expert parallelism: the gradients reduced after backward */
     int bubbles;  /* --vision-schedule bubbles (vlm, pp > 1) */
     double share; /* the compute slowdown when the node's cores are shared */

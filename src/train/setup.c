@@ -138,33 +138,22 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
     return LOOM_OK;
 }
 
-/* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
-/* --grad-accum sharded in a pipeline (pipeline/executor.c): language models and the vlm
- * (its encoder and projector in the first stage's embedding range; --vision-schedule
- * bubbles adds the replicas' gradients into the last micro-batch's), not a dit (its
- * stage ranges are not reported per micro-batch). */
-static int sharded_accum_family(const loom_run *r) {
-    return !r->pipelined || r->mc->family != LOOM_FAMILY_DIT;
-}
-
 /* Whether this run reduces every micro-batch into the shard (--grad-accum sharded, stages
  * 2, 3): asked for, or the default (auto) at ZeRO-3, FSDP's behaviour, where the layout
- * has it (else local, as at ZeRO-2: Megatron-LM's; docs/memory.md says why). */
+ * has it (train_config.h: loom_train_config_sharded_accum, which loom plan prices too; else
+ * local, as at ZeRO-2: Megatron-LM's; docs/memory.md says why). In a pipeline
+ * (pipeline/executor.c) language models and the vlm (its encoder and projector in the
+ * first stage's embedding range; --vision-schedule bubbles adds the replicas' gradients
+ * into the last micro-batch's), not a dit (its stage ranges are not reported per
+ * micro-batch). */
 static loom_status sharded_accum_wanted(const loom_run *r, int *sharded, loom_error *err) {
-    const char *mode = r->tc->grad_accum;
-    *sharded = 0;
-    if (r->zero.stage < 2) return LOOM_OK; /* ZeRO 0-1, or one replica (stage 0): local */
-    if (strcmp(mode, "auto") == 0) {
-        *sharded = r->zero.stage == 3 && sharded_accum_family(r);
-        return LOOM_OK;
-    }
-    if (strcmp(mode, "sharded") != 0) return LOOM_OK;
-    if (!sharded_accum_family(r))
+    const int family = r->mc->family;
+    *sharded = loom_train_config_sharded_accum(r->tc, r->zero.stage, family);
+    if (*sharded && r->pipelined && family == LOOM_FAMILY_DIT)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--grad-accum sharded: with --pp only for --family gpt2, llama "
                               "or vlm (got a %s model)",
-                              loom_family_name(r->mc->family));
-    *sharded = 1;
+                              loom_family_name(family));
     return LOOM_OK;
 }
 
@@ -180,6 +169,7 @@ static int sharded_accum_flags(const loom_run *r) {
            (pl->train.split ? LOOM_ZERO_ACCUM_SPLIT : 0);
 }
 
+/* Data, the tensor-parallel group, the model (or the pipeline stage's slots) and ZeRO. */
 static loom_status build_model(loom_run *r, loom_error *err) {
     const loom_model_config *mc = r->mc;
     const loom_train_config *tc = r->tc;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # loom plan: bad input exits 2 with one line naming the flag, file or field; a layout the
 # plan proposes is one `loom train` accepts (its top layouts run `--dry-run` under mpirun);
-# --explain and the JSON agree; the picture is written; --check reads a run's metrics.
+# --explain and the JSON agree; the picture is written; --check reads a run's metrics;
+# sharded accumulation is priced at m reductions a step, the bytes a run counts.
 set -uo pipefail
 LOOM=$1
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 # MPI workers (see test_calibrate.sh)
@@ -172,6 +173,40 @@ r = json.load(open(sys.argv[1]))
 ok = r["layout"].startswith("--dp 2") and r["steps"] == 2 and r["measured_step_ms"] > 0
 ok = ok and r["predicted_step_ms"] > 0 and {t["metric"] for t in r["terms"]} >= {"dp.compute_ms"}
 sys.exit(0 if ok else 1)
+PY
+# --grad-accum sharded (ZeRO-3's default): every micro-batch's gradient reduced as backward
+# produces it, so m micro-batches move m times local accumulation's bytes, each reduction
+# 2 (P - c) x 4 on a rank's wire (P the parameters, c its shard: P / dp within a row);
+# --explain names the term, and a run's metrics (dp.grad_bytes) count the plan's bytes
+for ga in sharded local; do
+    "$LOOM" plan "${MODEL[@]}" --profile "$H100" --explain "--dp 2 --zero 3 --grad-accum $ga" \
+        --json >"$TMP/ga_$ga.json" 2>>"$TMP/err"
+done
+"$LOOM" plan "${MODEL[@]}" --profile "$H100" --explain "--dp 2 --zero 3" >"$TMP/ga.txt" 2>>"$TMP/err"
+check "explain names the sharded reductions" grep -q "grad reduce-scatter x 2 micro-batches" "$TMP/ga.txt"
+params=$(sed -n 's/^loom plan: llama model, \([0-9]*\) parameters.*/\1/p' "$TMP/ga.txt")
+check "sharded accumulation priced at m x local's gradient bytes" python3 - "$TMP/ga_sharded.json" \
+    "$TMP/ga_local.json" "${params:-0}" <<'PY'
+import json, sys
+s, l = (json.load(open(f))["time"] for f in sys.argv[1:3])
+P, m, dp, row = float(sys.argv[3]), 8 // (2 * 2), 2, 128  # --global-batch 8, --micro-batch 2
+terms = {t["name"] for t in s["terms"]}
+print("grad bytes: sharded", s["grad_bytes"], "local", l["grad_bytes"], "parameters", P)
+ok = P > 0 and s["grad_accum"] == "sharded" and l["grad_accum"] == "local"
+ok = ok and s["grad_reductions"] == m and l["grad_reductions"] == 1
+ok = ok and abs(l["grad_bytes"] - 8 * (P - P / dp)) <= 8 * row
+ok = ok and s["grad_bytes"] == m * l["grad_bytes"] and "dp sharded accum" in terms
+sys.exit(0 if ok else 1)
+PY
+"${MPIRUN[@]}" -n 2 "$LOOM" train "${MODEL[@]}" --data "$TMP/tokens.bin" --threads 1 --dp 2 --zero 3 \
+    --steps 2 --log-every 0 --metrics "$TMP/ga.jsonl" >/dev/null 2>"$TMP/ga_train.err"
+check "zero 3 training ran" test $? -eq 0
+check "a sharded run moves the plan's gradient bytes" python3 - "$TMP/ga.jsonl" "$TMP/ga_sharded.json" <<'PY'
+import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+want = json.load(open(sys.argv[2]))["time"]["grad_bytes"]
+print("measured dp.grad_bytes", [r["dp"]["grad_bytes"] for r in rows], "planned", want)
+sys.exit(0 if rows and all(r["dp"]["grad_bytes"] == want for r in rows) else 1)
 PY
 # an uneven router: every ep rank waits for the busiest expert's
 for r in 1 1.5; do

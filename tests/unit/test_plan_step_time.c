@@ -5,8 +5,10 @@
  * the GEMMs' FLOP count over the rate, within the calls' latency; the pipeline bubble is
  * the schedule simulator's for the same action durations, and ZB-H1's is below 1F1B's;
  * ZeRO 1 shards the optimizer; overlapped buckets expose no more than one bucket after
- * backward; the CPU-sharing rule slows oversubscribed compute by R t / c; a layout the
- * profile cannot price is refused naming the file. No timing. */
+ * backward; the CPU-sharing rule slows oversubscribed compute by R t / c; sharded
+ * accumulation reduces every micro-batch (m times local's gradient bytes, from the
+ * parameter count); a layout the profile cannot price is refused naming the file. No
+ * timing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -567,6 +569,83 @@ static void test_moe_routing(void **state) {
     loom_profile_free(gpu);
 }
 
+/* --grad-accum sharded (ZeRO-3's default, FSDP's): every micro-batch's gradient is
+ * reduced as backward produces it, so a step of m micro-batches moves m times the bytes of
+ * local accumulation's one reduction: 2 (P - c) x 4 on this rank's wire (P the parameters,
+ * c its shard, P / dp within a row of the shard geometry's snapping), priced as the run
+ * counts them (dp.grad_bytes). On a slow network that is a slower step, the extra waits in
+ * the term 'dp sharded accum'; auto is sharded at ZeRO-3 and local at ZeRO-2; a pipeline
+ * stage's reductions too (each backward action its chunk's; GPT-2's tied embedding once a
+ * step). */
+static size_t parameters_of(const loom_model_config *mc) {
+    loom_param_table t;
+    loom_error err = {0};
+    assert_int_equal(loom_params_build(&t, mc, NULL, &err), LOOM_OK);
+    const size_t n = t.total;
+    loom_params_free(&t);
+    return n;
+}
+
+static void test_sharded_accumulation(void **state) {
+    (void)state;
+    profile_spec slow_net = GPU;
+    slow_net.busbw = 0.5;
+    loom_profile *gpu = make_profile(&GPU, "gpu.json"),
+                 *slow = make_profile(&slow_net, "slow.json");
+    for (int it = 0; it < 12; it++) {
+        loom_model_config mc;
+        loom_train_config tc;
+        small_model(&mc, (int)(rnd() % 2), 64 << (rnd() % 3), 2 + (int)(rnd() % 4),
+                    32 << (rnd() % 2));
+        const int dp = 2 << (rnd() % 3), m = 2 + (int)(rnd() % 3), zero = 2 + (int)(rnd() % 2);
+        const int pp = it % 3 == 2 ? 2 : 1;
+        layout(&tc, dp, 1, pp, zero, 1 + (int)(rnd() % 2), pp * m);
+        const int micro = tc.global_batch / dp / tc.micro_batch; /* micro-batches a step */
+        tc.bucket_mb = (float)(0.05 * (1 + rnd() % 40));
+        const loom_profile *p = it % 2 ? slow : gpu;
+        strcpy(tc.grad_accum, "local");
+        const loom_plan_time local = predict(&mc, &tc, p, dp * pp);
+        strcpy(tc.grad_accum, "sharded");
+        const loom_plan_time sharded = predict(&mc, &tc, p, dp * pp);
+        strcpy(tc.grad_accum, "auto");
+        const loom_plan_time dflt = predict(&mc, &tc, p, dp * pp);
+        if (sharded.grad_bytes != micro * local.grad_bytes || sharded.grad_reductions != micro)
+            fprintf(stderr,
+                    "dp %d pp %d zero %d, %d micro-batches: %.0f bytes sharded, %.0f local\n", dp,
+                    pp, zero, micro, sharded.grad_bytes, local.grad_bytes);
+        assert_int_equal(local.grad_reductions, 1);
+        assert_int_equal(sharded.grad_reductions, micro);
+        assert_true(!local.grad_sharded && sharded.grad_sharded);
+        if (pp > 1 && mc.family == LOOM_FAMILY_GPT2) {
+            /* GPT-2's tied embedding on a pipeline's first stage: reduced once a step
+             * (LOOM_ZERO_ACCUM_KEEP_EMBED), the rest every micro-batch: sharded =
+             * m (local - E) + E, E this rank's wire bytes of the wte and wpe: at most
+             * 2 n x 4, none when its shard holds them whole */
+            const double E = (micro * local.grad_bytes - sharded.grad_bytes) / (micro - 1);
+            const double emb = (double)mc.d_model * (mc.vocab_size + mc.seq_len);
+            const int ok = E >= -1e-9 * local.grad_bytes && E <= 8.0 * emb;
+            if (!ok) fprintf(stderr, "tied embedding: %g bytes of %g\n", E, 8.0 * emb);
+            assert_true(ok);
+        } else {
+            assert_close(sharded.grad_bytes, micro * local.grad_bytes, 1e-12 * sharded.grad_bytes);
+        }
+        if (pp == 1) { /* the whole model on this rank: 2 (P - c) x 4, c about P / dp */
+            const double P = (double)parameters_of(&mc);
+            const double row = (double)(mc.d_ff > mc.d_model ? mc.d_ff : mc.d_model);
+            assert_close(local.grad_bytes, 8.0 * (P - P / dp), 8.0 * row);
+        }
+        assert_true(term_ms(&local, "dp sharded accum") == 0);
+        assert_true(term_ms(&sharded, "dp sharded accum") > 0);
+        if (p == slow) assert_true(sharded.step_ms > local.step_ms);
+        /* auto: ZeRO-3's sharded, ZeRO-2's local, priced the same */
+        const loom_plan_time *same = zero == 3 ? &sharded : &local;
+        assert_int_equal(dflt.grad_reductions, same->grad_reductions);
+        assert_close(dflt.step_ms, same->step_ms, 1e-12 * same->step_ms);
+    }
+    loom_profile_free(gpu);
+    loom_profile_free(slow);
+}
+
 static void test_missing_term_refused(void **state) {
     (void)state;
     profile_spec s = GPU;
@@ -600,6 +679,7 @@ int main(void) {
         cmocka_unit_test(test_group_placement),
         cmocka_unit_test(test_refault),
         cmocka_unit_test(test_moe_routing),
+        cmocka_unit_test(test_sharded_accumulation),
         cmocka_unit_test(test_missing_term_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
