@@ -278,8 +278,7 @@ static loom_status validate_vision_schedule(const loom_train_config *tc,
                               "--vision-schedule '%s': expected first or bubbles", v);
     const char *why = mc->family != LOOM_FAMILY_VLM ? "needs --family vlm (a vision encoder)"
                       : tc->layout.pp < 2           ? "needs --pp >= 2 (pipeline stages to fill)"
-                      : strcmp(tc->precision, "fp32") != 0 ? "only with --precision fp32 yet"
-                                                           : NULL;
+                                                    : NULL;
     if (why)
         return loom_error_set(err, LOOM_ERR_INPUT, "--vision-schedule bubbles: %s (docs/vlm.md)",
                               why);

@@ -30,7 +30,9 @@ pieces of some micro-batches on the second stage, on a replica of its weights), 
 at ZeRO-3 (sharded accumulation, its default) and at ZeRO-2 with --grad-accum sharded (zb),
 pp 2 x cp 2, and interleaved (2 chunks a rank): equal to one process, the plan moved pieces
 off the first stage, and 1f1b and each of the other four twice is bitwise; the ZeRO-3 one's
-checkpoint resumes bitwise in its layout and equal in pp 2 x cp 2 with the pieces. tp 2 under
+checkpoint resumes bitwise in its layout and equal in pp 2 x cp 2 with the pieces; under
+--precision bf16, pp 2 1f1b with the pieces against the encoder on stage 0 (bf16_bubbles says
+which bound and why; step 1's loss equal), twice bitwise. tp 2 under
 --precision bf16 equals, bitwise, the one process that rounds the partial sums as its bf16
 messages do (test_layouts_bf16.check_tp_rounded says why).
 Usage: test_layouts_vlm.py --loom PATH [--seed S]
@@ -50,6 +52,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, MPIRUN, TOL, Layouts, bitwise, loss_error, parse_test_args,  # noqa: E402
                       same_tensors, weights_error)
 from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
+from loomtest import bf16_gemms  # noqa: E402
+from test_layouts_bf16 import LOSS_TOL as BF16_LOSS_TOL  # noqa: E402
+from test_layouts_bf16 import TENSOR_TOL as BF16_TENSOR_TOL  # noqa: E402
+from test_layouts_bf16 import WHOLE_TOL as BF16_WHOLE_TOL  # noqa: E402
 from test_layouts_bf16 import check_tp_rounded  # noqa: E402
 
 D_MODEL = 16
@@ -233,6 +239,46 @@ def vision_bubbles(base, tmp):
     print(f"    --freeze vision: encoder unchanged {still}")
 
 
+def bf16_bubbles(base, tmp):
+    """--vision-schedule bubbles under --precision bf16: pp 2 1f1b with the pieces against
+    the same layout with the encoder on stage 0 (`first`), both bf16. The decoder's stage
+    boundary travels as bf16 in both; the encoder's messages stay fp32 (docs/vlm.md): the
+    weights (an exact copy: the replica's GEMMs round them to the same bf16 bits), the
+    projected image rows (the fp32 GEMM output `first` writes into the stream) and their
+    gradient (the fp32 d(rows) whose bias gradient reads it unrounded). So every encoder
+    GEMM has the operands, shapes and order of `first`'s; only the encoder's gradient is
+    summed in another order (each owner's micro-batches, then added in stage order), an fp32
+    reordering: the bound test_layouts_bf16.py derives for such a reordering under bf16
+    (losses 1e-4, whole model 4e-4, worst tensor 5e-3), not bitwise (measured seeds 1-4:
+    losses 0, whole 3.8e-9 to 8.1e-9, worst tensor 7.5e-8 to 1.0e-7). That bound would also
+    pass image rows rounded to bf16 (tried by hand: whole 1.3e-4 to 2.1e-4), so the first
+    step's loss must be equal as the metrics write it (10 digits): step 1's forward is the
+    same arithmetic in both (the same weights, rows and GEMMs; the reordered gradients act
+    from step 2), which bf16 rows would change (measured 3.5e-7 relative). Twice: bitwise."""
+    wide = list(base) + ["--precision", "bf16"]
+    wide[wide.index("--vit-d-model") + 1] = "32"
+    lay = Layouts(wide, tmp, "vlm_bf16_bubbles_")
+    pp = ["--pp", "2", "--pp-schedule", "1f1b"]
+    first = lay.run("pp2_1f1b_first", 2, pp)
+    flags = pp + ["--vision-schedule", "bubbles"]
+    got = lay.run("pp2_1f1b_bubbles", 2, flags)
+    check(bf16_gemms(got.stderr) is not None and "sent as bf16" in got.stderr,
+          f"vlm bf16 bubbles: the bf16 start-up line ({bf16_gemms(got.stderr)}) and the "
+          f"pipeline's bf16 messages")
+    moved_off_first(got)
+    l_err = loss_error(got.losses, first.losses)
+    whole, worst, w_name = weights_error(got.params, first.params, D_MODEL)
+    check(len(got.losses) == len(first.losses) and l_err <= BF16_LOSS_TOL
+          and whole <= BF16_WHOLE_TOL and worst <= BF16_TENSOR_TOL,
+          f"  vlm bf16 pp2_1f1b bubbles against the encoder on stage 0: losses {l_err:.1e} "
+          f"(<= {BF16_LOSS_TOL:.0e}), weights {whole:.1e} (<= {BF16_WHOLE_TOL:.0e}), worst "
+          f"tensor {worst:.1e} {w_name} (<= {BF16_TENSOR_TOL:.0e})")
+    check(got.losses[:1] == first.losses[:1],
+          f"  vlm bf16 pp2_1f1b bubbles: step 1's loss {got.losses[:1]} equal to the encoder on "
+          f"stage 0's {first.losses[:1]} (fp32 image rows)")
+    twice(lay, "pp2_1f1b_bubbles", 2, flags)
+
+
 def report_mib(stderr):
     """The start-up report's local gradient and AdamW MiB."""
     m = re.search(r"grads ([0-9.]+) MiB \((?:local|sharded) accumulation\).*optimizer ([0-9.]+) MiB", stderr)
@@ -391,6 +437,7 @@ def main():
         frozen_case(layouts, ref, base, tmp)
         balance_dp(args, base, tmp, seed)
         vision_bubbles(base, tmp)
+        bf16_bubbles(base, tmp)
     finally:
         keep_or_remove(tmp, seed)
 
