@@ -488,6 +488,19 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
     }
     /* The dense wte range is final once the head's backward is done (the first call). */
     if (!st && embed && first) st = send_bucket(z, c->grads, 0, z->embed.wte_end, c->err);
+    /* --grad-reduce-dtype bf16 at stages 0-1, when this call posted a bucket: the buckets
+     * posted before it are summed and their all-gathers posted now, behind it in the
+     * queue, so the gathers overlap the rest of backward instead of all waiting for its
+     * end. It waits for their all-to-alls (the new bucket's keeps the link busy): every
+     * rank must post its collectives in the same order, which acting on whichever test
+     * for completion came back done would not give. */
+    for (int b = 0;
+         b < posted_before && z->n_buckets > posted_before && z->reduce_bf16 && z->stage < 2 && !st;
+         b++) {
+        if (z->buckets[b].bf16_phase != LOOM_ZERO_BF16_SCATTER) continue;
+        st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err);
+        if (!st) st = keep_shard(z, c->grads, b, c->err);
+    }
     /* Without a thread, give MPI a chance to move the buckets while backward goes on;
      * stage >= 2 notes the buckets already reduced. */
     int reduced = 0;
