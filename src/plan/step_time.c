@@ -290,7 +290,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     x.bubbles =
         pp > 1 && mc->family == LOOM_FAMILY_VLM && strcmp(tc->vision_schedule, "bubbles") == 0;
     x.share = cpu && (double)ranks * threads > cores ? (double)ranks * threads / cores : 1.0;
-    x.sharded = loom_train_config_sharded_accum(tc, x.zero, mc->family);
+    x.sharded = loom_train_config_sharded_accum(tc, x.zero);
     loom_price_buckets_init(&x);
     st = q.st ? q.st : pp == 1 ? price_whole(&x) : loom_price_stage(&x);
     if (!st) loom_price_after_backward(&x);

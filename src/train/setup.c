@@ -139,22 +139,17 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
 }
 
 /* Whether this run reduces every micro-batch into the shard (--grad-accum sharded, stages
- * 2, 3): asked for, or the default (auto) at ZeRO-3, FSDP's behaviour, where the layout
- * has it (train_config.h: loom_train_config_sharded_accum, which loom plan prices too; else
- * local, as at ZeRO-2: Megatron-LM's; docs/memory.md says why). In a pipeline
- * (pipeline/executor.c) language models and the vlm (its encoder and projector in the
- * first stage's embedding range; --vision-schedule bubbles adds the replicas' gradients
- * into the last micro-batch's), not a dit (its stage ranges are not reported per
- * micro-batch). */
-static loom_status sharded_accum_wanted(const loom_run *r, int *sharded, loom_error *err) {
-    const int family = r->mc->family;
-    *sharded = loom_train_config_sharded_accum(r->tc, r->zero.stage, family);
-    if (*sharded && r->pipelined && family == LOOM_FAMILY_DIT)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--grad-accum sharded: with --pp only for --family gpt2, llama "
-                              "or vlm (got a %s model)",
-                              loom_family_name(family));
-    return LOOM_OK;
+ * 2, 3): asked for, or the default (auto) at ZeRO-3, FSDP's behaviour (train_config.h:
+ * loom_train_config_sharded_accum, which loom plan prices too; else local, as at ZeRO-2:
+ * Megatron-LM's; docs/memory.md says why). Every family, also in a pipeline
+ * (pipeline/executor.c: each action completing a micro-batch reduces its stage's ranges):
+ * a vlm's encoder and projector go with the first stage's embedding range (--vision-
+ * schedule bubbles adds the replicas' gradients into the last micro-batch's); a dit's
+ * embedders too, its final layer is the last stage's head range, and its conditioning's
+ * gradient travels back with the stream (dcond), so each stage's ranges are final when
+ * the action ends. */
+static int sharded_accum_wanted(const loom_run *r) {
+    return loom_train_config_sharded_accum(r->tc, r->zero.stage);
 }
 
 /* loom_zero_accum_enable's flags for this stage: GPT-2's tied embedding on its first and
@@ -177,7 +172,6 @@ static loom_status build_model(loom_run *r, loom_error *err) {
     const int T = mc->seq_len, cp = mesh->layout.cp;
     const int rows = tc->micro_batch * T / cp; /* tokens of a micro-batch on this rank */
     loom_status st;
-    int sharded; /* --grad-accum */
     loom_precision precision;
     /* sizing a bf16 run (loom plan): its arena keeps the run's activations in bf16 */
     if (r->size_only && !loom_precision_parse(tc->precision, "--precision", &precision, NULL) &&
@@ -233,10 +227,10 @@ static loom_status build_model(loom_run *r, loom_error *err) {
         (st = loom_moe_set_chunks(r->model.moe, tc->moe_chunks, err)) ||
         (st = zero(&r->zero, &mesh->dp, tc->zero, &r->model.table, tc->bucket_mb, err)) ||
         (mesh->ep.size > 1 && r->zero.stage > 0 && (st = ep_zero(&r->zero, &mesh->edp, err))) ||
-        (st = sharded_accum_wanted(r, &sharded, err)) ||
-        (sharded && (st = loom_zero_accum_enable(
-                         &r->zero, !r->pipelined && loom_model_head_can_split(&r->model),
-                         sharded_accum_flags(r), tc->micro_batch * T, r->size_only, err))))
+        (sharded_accum_wanted(r) &&
+         (st = loom_zero_accum_enable(
+              &r->zero, !r->pipelined && loom_model_head_can_split(&r->model),
+              sharded_accum_flags(r), tc->micro_batch * T, r->size_only, err))))
         return st;
     r->model.head_pieces = r->zero.head_pieces; /* --grad-accum sharded: 0 otherwise */
     if (r->size_only) return LOOM_OK;

@@ -340,9 +340,8 @@ loom_status loom_train_config_validate_device(const loom_train_config *tc,
                           loom_device_name(*kind), not_yet);
 }
 
-int loom_train_config_sharded_accum(const loom_train_config *tc, int stage, int family) {
+int loom_train_config_sharded_accum(const loom_train_config *tc, int stage) {
     if (stage < 2) return 0; /* ZeRO 0-1, or one replica (stage 0): local */
-    const int has = tc->layout.pp <= 1 || family != LOOM_FAMILY_DIT;
-    if (strcmp(tc->grad_accum, "auto") == 0) return stage == 3 && has;
+    if (strcmp(tc->grad_accum, "auto") == 0) return stage == 3;
     return strcmp(tc->grad_accum, "sharded") == 0;
 }

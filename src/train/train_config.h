@@ -104,10 +104,10 @@ void loom_train_config_for_worker(const loom_train_config *tc, int worker,
                                   loom_train_config *group);
 /* The pipeline's part of the configuration (--pp, --pp-schedule, ...). */
 void loom_train_config_pipeline(const loom_train_config *tc, loom_pp_config *pc);
-/* --grad-accum: whether a run of this layout reduces every micro-batch's gradient into the
- * rank's shard (sharded accumulation, FSDP's), given its ZeRO stage as run (0 over one
- * replica) and the model's family: asked for (stages 2, 3), or auto at stage 3 where the
- * layout has it (a pipeline: not a dit's); else local (one reduction a step). The
- * run (train/setup.c) and loom plan's step time (plan/step_comm.c) both decide by it. */
-int loom_train_config_sharded_accum(const loom_train_config *tc, int stage, int family);
+/* --grad-accum: whether a run reduces every micro-batch's gradient into the rank's shard
+ * (sharded accumulation, FSDP's), given its ZeRO stage as run (0 over one replica): asked
+ * for (stages 2, 3), or auto at stage 3 (every family and layout, pipelines included);
+ * else local (one reduction a step). The run (train/setup.c) and loom plan's step time
+ * (plan/step_comm.c) both decide by it. */
+int loom_train_config_sharded_accum(const loom_train_config *tc, int stage);
 #endif

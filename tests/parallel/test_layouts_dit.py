@@ -9,7 +9,9 @@ drawn from (seed, step, sample), so the same in every layout) and --ema-decay, o
 process and then in the layouts below. Checks that every loss and every final weight and
 moving-average weight equal the single-process run (whole model <= 1e-5, worst tensor
 <= 1e-4, as tests/harness/loomtest.py explains), that the initial weights are bitwise the
-unsharded ones, that one layout twice is bitwise identical, and that a run stopped at a
+unsharded ones, that one layout twice is bitwise identical (the image case also its pp 2 x
+dp 2 layouts with sharded accumulation: ZeRO-3's default and ZeRO-2 --grad-accum sharded
+under zb, whose start-up report must say "sharded accumulation"), and that a run stopped at a
 checkpoint and resumed in another layout ends with the uninterrupted run's weights and
 average. The image case also runs tp 2 under --precision bf16 against the one process that
 rounds the partial sums as its bf16 messages do: bitwise (test_layouts_bf16.check_tp_rounded
@@ -43,13 +45,22 @@ IMAGE_LAYOUTS = [
     ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
     ("pp2_interleaved", 2, ["--pp", "2", "--pp-schedule", "interleaved", "--virtual-stages", "2"]),
     ("recompute", 1, ["--recompute"]),
+    # sharded accumulation (every micro-batch's stage ranges reduced into the shard):
+    # ZeRO-3's default, and ZeRO-2 asked for it (zb: a block's reduction after its W)
+    ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"]),
+    ("pp2_dp2_zero2_sharded_zb", 4, ["--pp", "2", "--dp", "2", "--zero", "2", "--grad-accum",
+                                     "sharded", "--pp-schedule", "zb"]),
     ("pp2_dp2_tp2_sp", 8, ["--pp", "2", "--dp", "2", "--tp", "2", "--sequence-parallel",
                            "--zero", "1", "--recompute"]),
 ]
+# pipelines with sharded accumulation (the start-up report must say so; the image case
+# runs each twice: bitwise)
+SHARDED = {"pp2_dp2_zero3", "pp2_dp2_zero2_sharded_zb"}
 VIDEO_LAYOUTS = [
     ("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]),
     ("tp2_sp", 2, ["--tp", "2", "--sequence-parallel"]),
     ("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"]),
+    ("pp2_dp2_zero3", 4, ["--pp", "2", "--dp", "2", "--zero", "3"]),
 ]
 
 
@@ -91,17 +102,24 @@ def check_case(args, tmp, seed, case, shape, layouts_list, tp_bf16=False):
         init_same = same_tensors(got.init, ref.init)
         ok = (len(got.losses) == len(ref.losses) and loss_err <= TOL and all_err <= TOL
               and w_err <= 10 * TOL and ema_err <= TOL and ema_w <= 10 * TOL and init_same)
+        # ZeRO 2/3 pipelines asked for (or defaulting to) sharded accumulation: the
+        # start-up report says it is on (not fallen back to local)
+        sharded = name in SHARDED
+        if sharded:
+            ok = ok and "(sharded accumulation)" in got.stderr
         check(ok)
         print(f"  {name:16s} losses {loss_err:.2e}  weights {all_err:.2e} (worst {w_err:.2e} "
               f"{w_name})  ema {ema_err:.2e} (worst {ema_w:.2e} {ema_name})  init "
-              f"{'identical' if init_same else 'DIFFERS'}  {'ok' if ok else 'FAIL'}")
-    # the same layout twice: bitwise
-    name, ranks, extra = layouts_list[-1]
-    again = layouts.run(name + "_again", ranks, extra)
-    same = bitwise(again, layouts.runs[name]) and same_tensors(
-        again.load("ema_final.safetensors"), layouts.runs[name].load("ema_final.safetensors"))
-    check(same)
-    print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
+              f"{'identical' if init_same else 'DIFFERS'}"
+              f"{'  sharded accumulation' if sharded else ''}  {'ok' if ok else 'FAIL'}")
+    # the same layout twice: bitwise (the last one, and the image case's sharded ones)
+    twice = layouts_list[-1:] + [x for x in layouts_list if case == "image" and x[0] in SHARDED]
+    for name, ranks, extra in twice:
+        again = layouts.run(name + "_again", ranks, extra)
+        same = bitwise(again, layouts.runs[name]) and same_tensors(
+            again.load("ema_final.safetensors"), layouts.runs[name].load("ema_final.safetensors"))
+        check(same)
+        print(f"  {name} twice: {'bitwise identical' if same else 'FAIL: runs differ'}")
     # saved at step 4 in one layout, resumed from there: bitwise in it (weights and
     # average), the same end in others
     check_resume(layouts, "dp2 ZeRO-1", 2, ["--dp", "2", "--zero", "1"], 4,

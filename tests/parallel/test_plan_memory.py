@@ -19,7 +19,8 @@ ZeRO 2/3 with local accumulation (the local gradient's resident peak, not the wh
 buffer), and a MoE layout with --ep 2 and --grad-accum sharded; EMA_LAYOUTS with --ema-decay
 (the average, held like AdamW's m, is in the line and the totals: exactly half the
 optimizer's bytes). Every other ZeRO-3 layout runs ZeRO-3's default, --grad-accum sharded
-(with --ep and --pp too: pp2_ep2_dp2_z3). For the vlm the
+(with --ep and --pp too: pp2_ep2_dp2_z3; the dit's pp 2 x dp 2 too), and the report's line
+must say "sharded accumulation" exactly where a layout asks for it or defaults to it. For the vlm the
 parameter count of the plan's headline and of the start-up report must both equal the
 count written out here from the shapes (encoder, projector, Llama decoder).
 Usage: test_plan_memory.py --loom PATH [--seed S]   (LOOM_LAYOUTS=a,b: only those)
@@ -244,6 +245,16 @@ def check(loom, name, ranks, extra, flags, threads):
     if line.group(1) != stage0["line"]:
         problems.append(f"memory line differs:\n    report: {line.group(1)}\n    plan:   "
                         f"{stage0['line']}")
+    # the gradient's accumulation: ZeRO-3's default and --grad-accum sharded (data-parallel
+    # replicas at ZeRO 2/3) are sharded in every layout, pipelines of every family included
+    def value(f):
+        return extra[extra.index(f) + 1] if f in extra else None
+    want_sharded = (int(value("--dp") or 1) > 1 and value("--zero") in ("2", "3")
+                    and (value("--grad-accum") or ("sharded" if value("--zero") == "3"
+                                                   else "local")) == "sharded")
+    if want_sharded != ("(sharded accumulation)" in line.group(1)):
+        problems.append(f"accumulation: {'sharded' if want_sharded else 'local'} expected, the "
+                        f"report says {line.group(1)}")
     ema = "--ema-decay" in extra
     want_ema = stage0["optimizer_bytes"] / 2 if ema else 0
     if (stage0["ema_bytes"] != want_ema or (ema and stage0["ema_bytes"] <= 0)
