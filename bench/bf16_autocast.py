@@ -142,7 +142,8 @@ def run_loom(args, m, t, seed, data, workdir, precision):
     if [r["step"] for r in rows] != list(range(1, t.steps + 1)):
         sys.exit(f"loom {precision}: metrics has steps {[r['step'] for r in rows]}")
     kernel = re.search(r"OpenBLAS kernel ([^\s,]+)", proc.stderr)
-    impl = re.search(r"precision bf16: (oneDNN [^,]*),", proc.stderr)
+    impl = re.search(r"precision bf16: (oneDNN [^,]*|bf16 matmul widened to fp32[^)]*\)),",
+                     proc.stderr)
     res = {"losses": [float(r["loss"]) for r in rows], "lrs": [float(r["lr"]) for r in rows],
            "grad_norms": [float(r["grad_norm"]) for r in rows],
            "step_seconds": [float(r["step_ms"]) / 1000.0 for r in rows],

@@ -5,7 +5,7 @@ it prints is one JSON object; its figures are not judged (they mean nothing at t
 sizes). The C helpers the benchmarks run (sgemm_peak, cp_attention, moe_grouped) are taken
 from --loom's folder (the build). Skipped (77) where the benchmark's own precondition is
 missing: root and network namespaces (bench_hosts, bench_mpi_tcp), PyTorch, the
-Fashion-MNIST files, the GPT-2 tokenizer files, node. The GPU
+Fashion-MNIST files, the GPT-2 tokenizer files, node, Debian's bible-kjv. The GPU
 benchmarks (bench_gpu*.py) are not run here: they need a GPU.
 Usage: test_bench_smoke.py --loom PATH --bench NAME (NAME: a key of BENCHES)
 """
@@ -65,6 +65,9 @@ def benches(build):
         "probe_elastic": ([], ("hosts", "no_loom")),
         "bench_tokenizer": ([], ("tokenizer",)),
         "bf16_autocast": (["--quick"], ("torch",)),
+        "bf16_demo_quality": (["--quick", "--data", os.path.join(build, "smoke_bf16_demo", "kjv"),
+                               "--out", os.path.join(build, "smoke_bf16_demo", "runs")],
+                              ("bible",)),
     }
 
 
