@@ -13,8 +13,8 @@
  * value rounds up with probability (distance to the lower bf16) / ulp; the bits come from
  * Philox keyed by (seed, stream) at counter (element index / 8), so any split of a buffer
  * over threads or shards draws the same bits for the same element (bitwise reproducible).
- * The _n functions pick AVX512-BF16 at run time where the CPU has it (cpuid), a scalar
- * loop otherwise; both give the same bits (tests/unit/test_bf16.c). */
+ * The _n functions pick AVX512-BF16 at run time where the CPU has it (cpuid), else AVX2,
+ * else a scalar loop; all give the same bits (tests/unit/test_bf16.c). */
 #ifndef LOOM_KERNELS_BF16_H
 #define LOOM_KERNELS_BF16_H
 
@@ -80,6 +80,8 @@ void loom_bf16_sum_pieces(float *dst, const loom_bf16 *pieces, size_t n, int cou
  * anything where the CPU has no AVX512-BF16, 1 otherwise. */
 void loom_bf16_from_f32_n_scalar(loom_bf16 *dst, const float *src, size_t n);
 int loom_bf16_from_f32_n_avx512(loom_bf16 *dst, const float *src, size_t n);
+/* The same rule in AVX2 integer operations (CPUs without AVX512-BF16): 0 without AVX2. */
+int loom_bf16_from_f32_n_avx2(loom_bf16 *dst, const float *src, size_t n);
 /* Stochastic rounding of elements index0 .. index0 + n - 1 of stream (seed, stream). */
 void loom_bf16_from_f32_stochastic_n(loom_bf16 *dst, const float *src, size_t n, uint64_t seed,
                                      uint32_t stream, uint64_t index0);

@@ -1,5 +1,6 @@
-/* bf16 conversions (kernels/bf16.h): a scalar path and AVX512-BF16's VCVTNE2PS2BF16,
- * chosen at run time by cpuid, equal bit for bit. */
+/* bf16 conversions (kernels/bf16.h): a scalar path, AVX512-BF16's VCVTNE2PS2BF16 and an
+ * AVX2 version of the scalar rule (CPUs without AVX-512), chosen at run time by cpuid,
+ * equal bit for bit. */
 #include "kernels/bf16.h"
 
 #include <cpuid.h>
@@ -76,7 +77,53 @@ from_f32_avx512(loom_bf16 *dst, const float *src, size_t n) {
         _mm512_mask_storeu_epi16((void *)(dst + i), m, (__m512i)r);
     }
 }
+
+/* The scalar rule (bf16.h) on 8 values at a time: round to nearest even by integer
+ * addition; inf and NaN (quieted) and zero/subnormal (signed zero) blended in. */
+__attribute__((target("avx2"))) static void from_f32_avx2(loom_bf16 *dst, const float *src,
+                                                          size_t n) {
+    const __m256i exp_mask = _mm256_set1_epi32(0x7F800000), one = _mm256_set1_epi32(1);
+    const __m256i bias = _mm256_set1_epi32(0x7FFF), mant = _mm256_set1_epi32(0x007FFFFF);
+    const __m256i quiet = _mm256_set1_epi32(0x40), sign = _mm256_set1_epi32(0x8000);
+    const __m256i zero = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i e = _mm256_and_si256(u, exp_mask), hi = _mm256_srli_epi32(u, 16);
+        __m256i lsb = _mm256_and_si256(hi, one);
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+        __m256i nan = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(u, mant), zero),
+                                          quiet); /* 0x40 where the mantissa is not 0 */
+        __m256i special = _mm256_or_si256(hi, nan);
+        r = _mm256_blendv_epi8(r, special, _mm256_cmpeq_epi32(e, exp_mask));
+        r = _mm256_blendv_epi8(r, _mm256_and_si256(hi, sign), _mm256_cmpeq_epi32(e, zero));
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(packed));
+    }
+    for (; i < n; i++) dst[i] = loom_bf16_from_f32(src[i]);
+}
 #endif
+
+static int have_avx2(void) {
+#ifdef LOOM_BF16_X86
+    static int cached = -1;
+    if (cached < 0) cached = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+int loom_bf16_from_f32_n_avx2(loom_bf16 *dst, const float *src, size_t n) {
+#ifdef LOOM_BF16_X86
+    if (!have_avx2()) return 0;
+    from_f32_avx2(dst, src, n);
+    return 1;
+#else
+    (void)dst, (void)src, (void)n;
+    return 0;
+#endif
+}
 
 int loom_bf16_from_f32_n_avx512(loom_bf16 *dst, const float *src, size_t n) {
 #ifdef LOOM_BF16_X86
@@ -99,7 +146,8 @@ void loom_bf16_from_f32_n(loom_bf16 *dst, const float *src, size_t n) {
 #pragma omp parallel for if (nb > 1)
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * LOOM_BF16_BLOCK, len = n - lo < LOOM_BF16_BLOCK ? n - lo : LOOM_BF16_BLOCK;
-        if (!fast || !loom_bf16_from_f32_n_avx512(dst + lo, src + lo, len))
+        if ((!fast || !loom_bf16_from_f32_n_avx512(dst + lo, src + lo, len)) &&
+            !loom_bf16_from_f32_n_avx2(dst + lo, src + lo, len))
             loom_bf16_from_f32_n_scalar(dst + lo, src + lo, len);
     }
 }
