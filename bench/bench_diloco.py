@@ -46,14 +46,21 @@ The recipe (one host): --lr (inner AdamW peak, cosine to a tenth), --warmup-step
 --outer-lr, --outer-momentum, --no-nesterov, --outer-warmup, --outer-start-step (a warm
 start: synchronous dp over the W workers for the first S steps, then DiLoCo's rounds, as
 the DiLoCo paper starts from a synchronously trained model; the same tokens every step, so
-the runs still compare at equal tokens), --global-batch, --micro-batch, and
---streaming-inner-steps (the streaming run's H; default --inner-steps); the JSON's "recipe"
-and "loadavg" (os.getloadavg() before the runs and after each) record them. --rounds 0
-skips the speed rounds (quality only).
+the runs still compare at equal tokens), --global-batch, --micro-batch,
+--streaming-inner-steps (the streaming run's H; default --inner-steps) and --inner-lr (the
+DiLoCo runs' own AdamW peak, cosine to a tenth, for the whole run, the warm start's
+synchronous steps included: loom has one schedule per run; sync dp keeps --lr); the JSON's
+"recipe" and "loadavg" (os.getloadavg() before the runs and after each) record them.
+--rounds 0 skips the speed rounds (quality only); --no-streaming leaves the streaming run
+out (sync dp and DiLoCo only).
+The quality recipe that ends within 2% of sync dp (docs/diloco.md, "Outer momentum after a
+warm start"; +1.96% on 2026-12-06): --steps 300 --rounds 0 --no-streaming
+--outer-start-step 150 --outer-lr 0.8 --outer-momentum 0.5.
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
                        [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
                        [--streaming-inner-steps H] [--outer-start-step S]
+                       [--inner-lr LR] [--no-streaming]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
 """
@@ -190,6 +197,18 @@ def hosts_bench(args, data):
     return out
 
 
+def own_lr(base, flags):
+    """base + flags, where flags' own --lr / --min-lr (the DiLoCo runs' --inner-lr) replace
+    base's instead of repeating them."""
+    cmd, flags = list(base), list(flags)
+    for f in ("--lr", "--min-lr"):
+        if f in flags:
+            i = flags.index(f)
+            cmd[cmd.index(f) + 1] = flags[i + 1]
+            del flags[i:i + 2]
+    return cmd + flags
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
@@ -201,6 +220,11 @@ def main():
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3, help="inner (AdamW) peak learning rate")
+    ap.add_argument("--inner-lr", type=float, default=0.0,
+                    help="the DiLoCo runs' inner AdamW peak lr (cosine to a tenth; 0: --lr); "
+                         "sync dp keeps --lr")
+    ap.add_argument("--no-streaming", action="store_true",
+                    help="leave the streaming run out (sync dp and DiLoCo only)")
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--outer-lr", type=float, default=0.7, help="the DiLoCo paper's 0.7")
     ap.add_argument("--outer-momentum", type=float, default=0.9)
@@ -266,17 +290,23 @@ def main():
                  "--outer-warmup", str(args.outer_warmup),
                  "--outer-start-step", str(args.outer_start_step)]
         outer += [] if args.no_nesterov else ["--outer-nesterov"]
+        ilr = args.inner_lr or args.lr
+        if args.inner_lr:  # the DiLoCo runs' own inner lr in place of base's --lr / --min-lr
+            outer += ["--lr", f"{ilr:g}", "--min-lr", f"{ilr / 10:g}"]
         configs = {
             "sync_dp": ["--dp", str(W)],
             "diloco": outer + ["--inner-steps", str(H)],
             "streaming": outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
                                   "--outer-dtype", "int4", "--outer-block", "64"],
         }
+        if args.no_streaming:
+            del configs["streaming"]
         result = {"bench": "bench_diloco", "host": "one host (shared memory)", "workers": W,
                   "inner_steps": H, "streaming_inner_steps": HS, "fragments": F,
                   "steps": args.steps, "global_batch": G, "micro_batch": args.micro_batch,
                   "seq_len": T, "model": "gpt2 4 layers d_model 128 vocab 4096 (KJV BPE)",
-                  "recipe": {"lr": args.lr, "min_lr": args.lr / 10,
+                  "recipe": {"lr": args.lr, "min_lr": args.lr / 10, "inner_lr": ilr,
+                             "inner_min_lr": ilr / 10,
                              "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
                              "outer_momentum": args.outer_momentum,
                              "outer_nesterov": not args.no_nesterov,
@@ -291,8 +321,8 @@ def main():
         params = None
         for name, flags in configs.items():
             metrics = os.path.join(work, name + ".jsonl")
-            p = subprocess.run(MPIRUN + ["-n", str(W)] + base + flags + ["--metrics", metrics],
-                               capture_output=True, text=True)
+            p = subprocess.run(MPIRUN + ["-n", str(W)] + own_lr(base, flags) +
+                               ["--metrics", metrics], capture_output=True, text=True)
             if p.returncode != 0:
                 print(f"bench_diloco: {name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
                 sys.exit(1)
@@ -330,8 +360,8 @@ def main():
                 cmd[cmd.index("--steps") + 1] = str(sp_steps)
                 i = cmd.index("--eval-every")
                 del cmd[i:i + 2]
-                p = subprocess.run(MPIRUN + ["-n", str(W)] + cmd + flags + ["--metrics", metrics],
-                                   capture_output=True, text=True)
+                p = subprocess.run(MPIRUN + ["-n", str(W)] + own_lr(cmd, flags) +
+                                   ["--metrics", metrics], capture_output=True, text=True)
                 if p.returncode != 0:
                     print(f"bench_diloco: speed {name} failed:\n{p.stderr[-2000:]}")
                     sys.exit(1)
@@ -347,7 +377,7 @@ def main():
         sync["bytes_note"] = "ring all-reduce: 2 (n-1)/n x 4P bytes per rank per step"
         result["params"] = params
         result["loadavg"] = load + [list(os.getloadavg())]
-        for name in ("diloco", "streaming"):
+        for name in (n for n in configs if n != "sync_dp"):
             r = result["runs"][name]
             r["fewer_bytes_than_sync"] = sync["bytes_per_token"] / r["bytes_per_token"]
             if "bytes_per_token_after_start" in r:
