@@ -41,12 +41,15 @@ def main():
                 "--adam-eps", ADAM_EPS, "--threads", "1", "--seed", str(seed), "--reward-cmd",
                 REWARD]
 
+        def seeded(run_seed):
+            """base with --seed run_seed."""
+            i = base.index("--seed")
+            return base[:i + 1] + [str(run_seed)] + base[i + 2:]
+
         def direct(name, extra=(), ranks=1, run_seed=seed):
             """A run's weights file; its draws dumped in tmp/NAME_dump (rl/sample_dump.h)."""
             w = os.path.join(tmp, name + ".safetensors")
-            seeded = base[:base.index("--seed") + 1] + [str(run_seed)] + \
-                base[base.index("--seed") + 2:]
-            cmd = [a.loom, "rl"] + seeded + list(extra) + [
+            cmd = [a.loom, "rl"] + seeded(run_seed) + list(extra) + [
                 "--save-weights", w, "--dump-dir", os.path.join(tmp, name + "_dump")]
             if ranks > 1:
                 cmd = MPIRUN + ["-n", str(ranks)] + cmd
@@ -131,7 +134,9 @@ def main():
         check(want - {"reshard"} <= names, f"--trace: phase spans {sorted(want & names)}")
 
         os.remove(os.path.join(ck, "rl_reference.safetensors"))
-        p = subprocess.run([a.loom, "rl"] + base + ["--ckpt-dir", ck, "--resume", "auto"],
+        # (the seed the checkpoints were saved with: a retried Ulysses comparison's)
+        p = subprocess.run([a.loom, "rl"] + seeded(run_seed) + ["--ckpt-dir", ck, "--resume",
+                                                                "auto"],
                            capture_output=True, text=True)
         last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
         check(p.returncode == 2 and "rl_reference.safetensors" in last,
