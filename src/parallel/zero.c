@@ -494,9 +494,8 @@ loom_status loom_zero_grads_ready(void *ctx, size_t begin, size_t end) {
      * end. It waits for their all-to-alls (the new bucket's keeps the link busy): every
      * rank must post its collectives in the same order, which acting on whichever test
      * for completion came back done would not give. */
-    for (int b = 0;
-         b < posted_before && z->n_buckets > posted_before && z->reduce_bf16 && z->stage < 2 && !st;
-         b++) {
+    const int gather_earlier = z->reduce_bf16 && z->stage < 2 && z->n_buckets > posted_before;
+    for (int b = 0; gather_earlier && b < posted_before && !st; b++) {
         if (z->buckets[b].bf16_phase != LOOM_ZERO_BF16_SCATTER) continue;
         st = loom_comm_engine_wait(&z->engine, &z->buckets[b].op, c->err);
         if (!st) st = keep_shard(z, c->grads, b, c->err);

@@ -352,5 +352,9 @@ void loom_zero_bf16_gathered(loom_zero *z, float *grads, loom_zero_bucket *b);
 /* Bytes this rank moves for a bucket of n elements of which it owns c: out in the
  * reduce-scatter, in from the all-gather (the fp32 all-reduce: both at 4 bytes). */
 double loom_zero_bf16_wire_bytes(const loom_zero *z, size_t n, size_t c);
+/* The same from the count of bf16 collectives a bucket takes (0: the fp32 all-reduce,
+ * 2 (n - c) x 4; 1: ZeRO 2-3's all-to-all, (n - c) x 2; 2: and ZeRO 0-1's all-gather):
+ * what loom plan counts for the run (plan/step_comm.c). */
+double loom_zero_wire_bytes(int bf16_collectives, size_t n, size_t c);
 
 #endif

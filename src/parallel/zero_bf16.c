@@ -31,9 +31,13 @@ void loom_zero_bf16_free(loom_zero *z) {
     z->reduce_bf16 = 0;
 }
 
+double loom_zero_wire_bytes(int bf16_collectives, size_t n, size_t c) {
+    if (!bf16_collectives) return 2.0 * (double)(n - c) * 4.0;
+    return (double)bf16_collectives * (double)(n - c) * 2.0;
+}
+
 double loom_zero_bf16_wire_bytes(const loom_zero *z, size_t n, size_t c) {
-    if (!z->reduce_bf16) return 2.0 * (double)(n - c) * 4.0;
-    return (z->stage >= 2 ? 1.0 : 2.0) * (double)(n - c) * 2.0;
+    return loom_zero_wire_bytes(!z->reduce_bf16 ? 0 : z->stage >= 2 ? 1 : 2, n, c);
 }
 
 loom_status loom_zero_bf16_post(loom_zero *z, const float *grads, loom_zero_bucket *b,

@@ -10,16 +10,15 @@
 
 #include "parallel/fsdp.h"
 #include "parallel/shard_geometry.h"
+#include "parallel/zero.h"
 
 /* ---- gradient buckets (parallel/zero.c's rules) ---- */
 
-/* The bytes the run counts for one partition [a, e) (parallel/zero_bf16.c's
- * loom_zero_bf16_wire_bytes): of its n elements this rank owns c; fp32: the all-reduce's
- * 2 (n - c) x 4 at every stage; bf16: (n - c) x 2 out at stages 2, 3, twice that at 0, 1. */
+/* The bytes the run counts for one partition [a, e) (parallel/zero.h's
+ * loom_zero_wire_bytes), this rank owning its part inside the shard. */
 static double wire_bytes(const buckets *b, size_t a, size_t e) {
     const size_t lo = a > b->shard_lo ? a : b->shard_lo, hi = e < b->shard_hi ? e : b->shard_hi;
-    const double rest = (double)(e - a) - (double)(hi > lo ? hi - lo : 0);
-    return !b->reduce_bf16 ? 8.0 * rest : 2.0 * b->reduce_bf16 * rest;
+    return loom_zero_wire_bytes(b->reduce_bf16, e - a, hi > lo ? hi - lo : 0);
 }
 
 static void post_range(buckets *b, double t, size_t lo, size_t hi) {

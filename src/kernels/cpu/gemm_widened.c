@@ -50,7 +50,7 @@ static void widen_block(float *dst, const loom_bf16 *src, size_t ld, int rows, i
     for (int r = 0; r < rows; r++) {
         const loom_bf16 *s = src + (size_t)r * ld;
         float *d = dst + (size_t)r * (size_t)cols;
-        for (int c = 0; c < cols; c++) d[c] = loom_f32_from_bits((uint32_t)s[c] << 16);
+        for (int c = 0; c < cols; c++) d[c] = loom_bf16_to_f32(s[c]);
     }
 }
 
