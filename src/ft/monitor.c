@@ -115,6 +115,13 @@ int loom_monitor_drain(loom_monitor *m, double now_ms) {
     return got;
 }
 
+void loom_monitor_excuse_gap(loom_monitor *m, double gap_ms) {
+    for (int r = 0; r < m->world; r++) {
+        m->ranks[r].last_beat_ms += gap_ms;
+        m->ranks[r].steps_changed_ms += gap_ms;
+    }
+}
+
 int64_t loom_monitor_step(const loom_monitor *m) {
     int64_t s = 0;
     for (int r = 0; r < m->world; r++)

@@ -49,6 +49,9 @@ void loom_monitor_close(loom_monitor *m);
 loom_status loom_monitor_reset(loom_monitor *m, int world, int attempt, loom_error *err);
 /* Reads every pending datagram (non-blocking); returns how many beats were accepted. */
 int loom_monitor_drain(loom_monitor *m, double now_ms);
+/* The supervisor was not scheduled for gap_ms (the machine paused or starved it): every
+ * rank's clocks of silence move on by the gap, which nobody's beats could fill. */
+void loom_monitor_excuse_gap(loom_monitor *m, double gap_ms);
 /* Largest steps_done over the ranks (0 before any beat). */
 int64_t loom_monitor_step(const loom_monitor *m);
 

@@ -75,6 +75,7 @@ typedef struct {
     loom_launch *l;
     const char *attempt_dir;
     double launch_ms, last_print, dead_since;
+    double last_round, hangs_judged_from; /* this supervisor's own stalls (excuse_own_stall) */
     int64_t straggler_step, spike_checked, printed_step, print_every;
     int all_seen, loading, training; /* the attempt's milestones, said once each */
     loom_failure_log *pending;       /* the previous failure, until a step is done after it */
@@ -236,7 +237,8 @@ static loom_attempt_outcome check_timeouts(loom_sup *s, watch_state *w, double n
         partition_or_lost(s, f);
         return LOOM_ATTEMPT_FAILED;
     }
-    if (loom_detect_hang(&s->mon, hb_ms, f)) return LOOM_ATTEMPT_FAILED;
+    if (now >= w->hangs_judged_from && loom_detect_hang(&s->mon, hb_ms, f))
+        return LOOM_ATTEMPT_FAILED;
     if (loom_detect_silence(&s->mon, now, w->launch_ms, hb_ms, c->startup_timeout_s * 1e3, f)) {
         silent_host_cut(s, f);
         return LOOM_ATTEMPT_FAILED;
@@ -267,6 +269,30 @@ static void check_stragglers(loom_sup *s, watch_state *w) {
                        st[i].slowdown);
 }
 
+/* A round comes every 50 ms or beat; one that came a second or more late means this
+ * process was not scheduled (the machine paused, or starved it). The ranks' beats of that
+ * time may never have been sent (they were paused too, and the first to resume are heard
+ * first): silence during the gap is nobody's, so its clocks move on by the gap. The ranks'
+ * own clocks of a wait in a collective counted the gap too: hangs are judged again one
+ * heartbeat timeout later. Without this a healthy job restarts after the machine stalls. */
+#define LOOM_SUP_STALL_MS 1000.0
+
+static void excuse_own_stall(loom_sup *s, watch_state *w, double now) {
+    const double gap = now - w->last_round;
+    w->last_round = now;
+    if (gap < LOOM_SUP_STALL_MS) return;
+    loom_monitor_excuse_gap(&s->mon, gap);
+    w->launch_ms += gap;
+    if (w->dead_since >= 0) w->dead_since += gap;
+    w->hangs_judged_from = now + s->cfg->heartbeat_timeout_s * 1e3;
+    fprintf(stderr,
+            "loom run: this supervisor was not scheduled for %.1f s (the machine paused or "
+            "starved it): the ranks' silence in that time is not counted, and hangs are judged "
+            "again after %.0f s\n",
+            gap * 1e-3, s->cfg->heartbeat_timeout_s);
+    loom_sup_event(s, "supervisor_stall", "\"gap_s\": %.3f", gap * 1e-3);
+}
+
 /* The progress line: every tenth of the steps, or every 30 s. */
 static void print_progress(loom_sup *s, watch_state *w, int64_t step, double now) {
     if (step < w->printed_step + w->print_every && (now - w->last_print <= 30e3 || step <= 0))
@@ -283,7 +309,7 @@ static void print_progress(loom_sup *s, watch_state *w, int64_t step, double now
 loom_attempt_outcome loom_sup_watch(loom_sup *s, loom_launch *l, const char *attempt_dir,
                                     loom_failure *f) {
     watch_state w = {.l = l, .attempt_dir = attempt_dir, .launch_ms = loom_now_ms()};
-    w.last_print = w.launch_ms;
+    w.last_print = w.last_round = w.launch_ms;
     w.dead_since = -1;
     w.pending = s->n_log && !s->log[s->n_log - 1].recovered ? &s->log[s->n_log - 1] : NULL;
     w.print_every = s->job->steps >= 10 ? s->job->steps / 10 : 1;
@@ -291,6 +317,7 @@ loom_attempt_outcome loom_sup_watch(loom_sup *s, loom_launch *l, const char *att
     for (;;) {
         poll(&pfd, 1, 50);
         const double now = loom_now_ms();
+        excuse_own_stall(s, &w, now);
         loom_monitor_drain(&s->mon, now);
         if (*s->stop) return LOOM_ATTEMPT_INTERRUPTED;
         note_milestones(s, &w, now);

@@ -9,12 +9,14 @@ run of the same layout (crash, hang, nan; kill-during-save and corrupt-ckpt once
 checkpoints exist), or of a fault-free run without the skipped batch (nan/spike with
 --skip-bad-batches); a hang under --tp 2 --dp 2: the diagnosis names the communicator
 instance (the hung rank's tp group of the two, its culprit and its waiting rank); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
-the straggler report names the rank. Usage: test_ft.py --loom PATH --case NAME [--seed S]
+the straggler report names the rank; pause (every process of the job stopped, the
+supervisor woken first): no restart, bitwise the fault-free run. Usage: test_ft.py --loom PATH --case NAME [--seed S]
 """
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -293,6 +295,60 @@ def case_slow2(c, rng):
     """Two ranks: no third one to take a median over; the slow rank computes more and
     waits less than the other, which waits for it."""
     case_slow(c, rng, ranks=2)
+
+
+def descendants(pid):
+    """pid's children, their children, ... (from /proc)."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except (OSError, ValueError):
+            continue
+        if d.isdigit():
+            kids.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def case_pause(c, rng):
+    """The whole machine pauses mid-run (every process of the job SIGSTOPped for 2.5x the
+    heartbeat timeout); the supervisor wakes first and hears nobody yet. It must see its
+    own stall and not blame the ranks: one attempt, weights bitwise the fault-free run's."""
+    c.train[c.train.index("--steps") + 1] = "40"
+    at = rng.randint(4, 20)
+    ref, _ = c.reference(4)
+    run_dir = os.path.join(c.tmp, "run_pause")
+    weights = os.path.join(run_dir, "weights.safetensors")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    cmd = [c.loom, "run", "-n", "4", "--run-dir", run_dir, "--heartbeat-timeout", "2", "--grace",
+           "1", "--"] + c.train + ["--save-weights", weights, "--metrics", metrics]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows = lambda: sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0  # noqa: E731
+    t0 = time.time()
+    while job.poll() is None and rows() < at and time.time() - t0 < 120:
+        time.sleep(0.01)
+    check(job.poll() is None, f"the run ended before step {at}")
+    procs = descendants(job.pid)
+    os.kill(job.pid, signal.SIGSTOP)  # the supervisor first: it must not see anyone stop
+    for p in procs:
+        os.kill(p, signal.SIGSTOP)
+    time.sleep(5.0)
+    os.kill(job.pid, signal.SIGCONT)  # wakes first, hears nobody for 0.5 s
+    time.sleep(0.5)
+    for p in procs:
+        os.kill(p, signal.SIGCONT)
+    _, err = job.communicate(timeout=240)
+    print(f"  paused {len(procs)} process(es) and the supervisor for 5 s at step {at}; "
+          f"exit {job.returncode}")
+    check(job.returncode == 0, f"loom run exited {job.returncode}:\n{err[-3000:]}")
+    check("this supervisor was not scheduled for" in err, f"no stall notice:\n{err[-2000:]}")
+    check(summary(run_dir)["attempts"] == 1, f"the pause caused a restart:\n{err[-3000:]}")
+    check(same_bits(weights, ref), "final weights differ from the fault-free run")
 
 
 def case_elastic(c, rng):
