@@ -72,11 +72,6 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
                               "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
                               "only; docs/diloco.md)",
                               c->fragments);
-    if (strcmp(c->dtype, "fp32") != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with --outer-dtype %s yet (fp32 only; "
-                              "docs/diloco.md)",
-                              c->dtype);
     if (!(c->elastic_timeout > 0.0f) || !isfinite(c->elastic_timeout))
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-timeout %g: expected > 0 (seconds an outer exchange may "

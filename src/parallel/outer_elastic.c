@@ -49,9 +49,11 @@ struct loom_outer_elastic {
     int member[MAX_W];        /* the last membership this worker knows */
     float *mom;               /* lead: the outer momentum, whole (every member holds the same) */
     float *g;                 /* lead: the group's outer gradient, then the members' mean */
+    float *acc, *wide;        /* coordinator: the mean being added up; a member's, widened */
     unsigned char *out;       /* lead: a message being sent */
     unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
     size_t msg_bytes;         /* head + 2 x all floats (the largest message) */
+    size_t wire_bytes;        /* an outer gradient or mean in --outer-dtype */
     int start_step;           /* the step the run starts after (a joiner: the coordinator's) */
     int loaded;               /* lead: start_all and mom came from this worker's checkpoint */
     int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
@@ -298,7 +300,11 @@ static void admit_now(loom_outer *o, int step) {
 /* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
 static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + e->wire_bytes;
+    unsigned char *payload = e->out + sizeof(msg_head);
+    /* its own contribution as the others' arrive: through --outer-dtype and back */
+    loom_outer_quantize(o->dtype, e->g, n, o->cfg.block, payload);
+    loom_outer_dequantize(o->dtype, payload, n, o->cfg.block, e->g);
     MPI_Request rq[2 * MAX_W];
     ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
@@ -322,16 +328,24 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                 "dropped\n",
                 e->me, step, w, e->timeout_ms / 1e3);
     }
-    /* the members' mean, added in worker order, into g (which holds this worker's own) */
-    float *mean = (float *)(e->out + sizeof(msg_head));
+    /* the members' mean, added in worker order, widened from --outer-dtype */
+    float *mean = e->acc;
     int count = 0;
     for (int w = 0; w < e->W; w++) {
         if (w != e->me && !e->member[w]) continue;
-        const float *d = w == e->me ? e->g : (const float *)(e->in[w] + sizeof(msg_head));
+        const float *d = e->g;
+        if (w != e->me) {
+            loom_outer_dequantize(o->dtype, e->in[w] + sizeof(msg_head), n, o->cfg.block, e->wide);
+            d = e->wide;
+        }
         for (size_t i = 0; i < n; i++) mean[i] = count ? mean[i] + d[i] : d[i];
         count++;
     }
     for (size_t i = 0; i < n; i++) mean[i] /= (float)count;
+    /* the mean on the wire in --outer-dtype: every member, this one too, applies what the
+     * wire carries */
+    loom_outer_quantize(o->dtype, mean, n, o->cfg.block, payload);
+    loom_outer_dequantize(o->dtype, payload, n, o->cfg.block, mean);
     msg_head h;
     head_fill(e, &h, MSG_UPDATE, step);
     memcpy(e->out, &h, sizeof h);
@@ -354,8 +368,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
                     "dropped\n",
                     e->me, step, w, e->timeout_ms / 1e3);
         }
-    memcpy(e->g, mean, n * sizeof(float)); /* admit() below reuses out */
-    apply(o, step, e->g);
+    apply(o, step, mean);
     say(o, step, "outer sync");
     if (step < o->steps) admit_now(o, step);
     return LOOM_OK;
@@ -364,12 +377,12 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
 /* A member's outer step: its outer gradient to the coordinator, the mean back, applied. */
 static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = e->all, dbytes = sizeof(msg_head) + n * sizeof(float);
+    const size_t n = e->all, dbytes = sizeof(msg_head) + e->wire_bytes;
     const int c = e->coordinator;
     msg_head h;
     head_fill(e, &h, MSG_DELTA, step);
     memcpy(e->out, &h, sizeof h);
-    memcpy(e->out + sizeof h, e->g, n * sizeof(float));
+    loom_outer_quantize(o->dtype, e->g, n, o->cfg.block, e->out + sizeof h);
     MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     ex_state st = EX_PENDING;
     if (MPI_Irecv(e->in[0], (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[0]) != MPI_SUCCESS ||
@@ -390,7 +403,8 @@ static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
     }
     memset(e->member, 0, sizeof e->member);
     for (int k = 0; k < r->n_members && k < MAX_W; k++) e->member[r->members[k]] = 1;
-    apply(o, step, (const float *)(e->in[0] + sizeof(msg_head)));
+    loom_outer_dequantize(o->dtype, e->in[0] + sizeof(msg_head), n, o->cfg.block, e->g);
+    apply(o, step, e->g);
     say(o, step, "outer sync");
     return LOOM_OK;
 }
@@ -590,11 +604,14 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     memcpy(o->start, o->params, o->total * sizeof(float));
     if (e->lead) {
         e->msg_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
+        e->wire_bytes = loom_outer_wire_bytes(o->dtype, e->all, c->block);
         e->start_all = malloc(a1 * sizeof(float));
         e->mom = calloc(a1, sizeof(float));
         e->g = malloc(a1 * sizeof(float));
+        e->acc = malloc(a1 * sizeof(float));
+        e->wide = malloc(a1 * sizeof(float));
         e->out = malloc(e->msg_bytes);
-        if (!e->start_all || !e->mom || !e->g || !e->out || !in_buf(e, 0))
+        if (!e->start_all || !e->mom || !e->g || !e->acc || !e->wide || !e->out || !in_buf(e, 0))
             return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     }
     /* name look-ups and connects report failures instead of ending the job */
@@ -650,7 +667,8 @@ void loom_outer_elastic_free(loom_outer *o) {
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
         free(e->in[w]);
     }
-    free(e->mom), free(e->g), free(e->out), free(e->start_all), free(e->mine), free(e->counts);
+    free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->out), free(e->start_all),
+        free(e->mine), free(e->counts);
     free(e);
     o->elastic = NULL;
 }

@@ -53,8 +53,8 @@ expect "elastic worker out of range" "--elastic-worker 2: expected 0..1" -- \
 expect "join without a worker" "--elastic-join: needs --elastic-worker I" -- "${E[@]}" --elastic-join
 expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
-expect "elastic int8" "--elastic-worker: not with --outer-dtype int8 yet" -- \
-    "${E[@]}" --elastic-worker 1 --outer-dtype int8
+expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
+    "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 expect "elastic start step" "--elastic-worker: not with --outer-start-step 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-start-step 2
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)

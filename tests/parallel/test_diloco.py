@@ -38,7 +38,8 @@ The coordinator (worker 0) killed mid-run: loom run starts it again from its new
 checkpoint, worker 1 leaves and rejoins it from its own checkpoint of that step, both end at
 the last sync with the same parameters, nothing is left running, and the run is bitwise the
 same run without the kill. --outer-warmup in elastic workers: bitwise the
-one-job run.
+one-job run. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
+bitwise the one-job run, and the bytes fall by the wire format's ratio.
 A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
 S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
@@ -415,6 +416,28 @@ def main():
             differs = not same_tensors(w_ref.params, ref.params)
             check(same and differs, f"  --outer-warmup 1 in elastic workers: bitwise the one-job "
                                     f"run ({same}), which differs from no warm-up ({differs})")
+            # --outer-dtype in one-rank elastic workers: the outer gradients and the mean
+            # cross in the wire format. With outer lr 1 and no momentum the update is minus
+            # the mean, so the one-job run (whose wire carries the update) does the same
+            # arithmetic: bitwise. Bytes fall by the format's ratio (the 272-byte message
+            # head keeps them a little above it): bf16 2x, int8 with 32-value blocks 3.56x.
+            plain = real + ["--outer", "diloco", "--workers", "2", "--inner-steps", "3",
+                            "--outer-lr", "1", "--outer-momentum", "0"]
+            el32 = elastic_pair(plain, tmp, 1, "elastic_fp32")
+            q_runs = Layouts(plain, tmp, "wire_")
+            for dt, lo, hi in ((["bf16"], 1.9, 2.0), (["int8", "--outer-block", "32"], 3.3, 3.56)):
+                flags = ["--outer-dtype"] + dt
+                one = q_runs.run("w2_" + dt[0], 2, flags)
+                el = elastic_pair(plain + flags, tmp, 1, "elastic_" + dt[0])
+                same = el is not None and same_tensors(el.params, one.params)
+                differs = el32 is not None and el is not None and not same_tensors(el32.params,
+                                                                                   el.params)
+                ratio = (el32.rows[-1]["outer"]["bytes_total"] / el.rows[-1]["outer"]["bytes_total"]
+                         if el32 is not None and el is not None else 0)
+                check(same and differs and lo < ratio <= hi,
+                      f"  --outer-dtype {dt[0]} in elastic workers: bitwise the one-job run "
+                      f"({same}), differs from fp32 ({differs}), {ratio:.3f}x fewer bytes than "
+                      f"fp32 (expected {lo}-{hi})")
         else:
             print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
