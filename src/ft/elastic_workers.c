@@ -2,6 +2,7 @@
 #include "ft/elastic_workers.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +20,14 @@
 #define MAX_EXTRA 64 /* --launcher-args words, and the rsh agent's */
 #define HOST_MAX 256
 
+#define MAX_EXITS 64 /* the exit codes summary.json lists per worker */
+
 typedef struct {
     loom_launch job;
-    int restarts;        /* this worker's launches after the first */
-    int done;            /* ended (and not started again) */
-    char host[HOST_MAX]; /* --hosts: the host its mpirun runs in ("": this one) */
+    int restarts;                  /* this worker's launches after the first */
+    int exits[MAX_EXITS], n_exits; /* each launch's exit code, in order */
+    int done;                      /* ended (and not started again) */
+    char host[HOST_MAX];           /* --hosts: the host its mpirun runs in ("": this one) */
 } worker;
 
 /* What every launch shares. */
@@ -227,6 +231,54 @@ static loom_status launch(worker *w, int id, int again, const plan *p, loom_erro
     return st;
 }
 
+/* A worker's last outer sync, from the last "outer sync, members=" line of its log
+ * (parallel/outer_elastic.c's say()): into o as step, members and checksum. */
+static void last_sync(const char *run_dir, int id, json_t *o) {
+    char path[LOOM_RUN_PATH + 32], line[1024], last[1024] = "";
+    snprintf(path, sizeof path, "%s/worker_%d.log", run_dir, id);
+    FILE *fp = fopen(path, "r");
+    while (fp && fgets(line, sizeof line, fp))
+        if (strstr(line, ": outer sync, members=")) snprintf(last, sizeof last, "%s", line);
+    if (fp) fclose(fp);
+    const char *at = strstr(last, " step "), *m = strstr(last, "members="),
+               *c = strstr(last, "checksum ");
+    int step = 0, members = 0;
+    char sum[32] = "";
+    if (!at || !m || !c || sscanf(at, " step %d", &step) != 1 ||
+        sscanf(m, "members=%d", &members) != 1 || sscanf(c, "checksum %31s", sum) != 1) {
+        json_object_set_new(o, "last_sync", json_null());
+        return;
+    }
+    json_object_set_new(
+        o, "last_sync",
+        json_pack("{s:i, s:i, s:s}", "step", step, "members", members, "checksum", sum));
+}
+
+/* summary.json of an elastic run: the outcome, and per worker its launches, their exit
+ * codes and its last outer sync (equal checksums: the members ended with the same
+ * parameters). */
+static void write_summary(const loom_run_config *cfg, const worker *w, int started,
+                          const char *outcome, int exit_code, int restarts, double t0) {
+    json_t *workers = json_array();
+    for (int i = 0; i < started; i++) {
+        json_t *exits = json_array();
+        for (int k = 0; k < w[i].n_exits; k++)
+            json_array_append_new(exits, json_integer(w[i].exits[k]));
+        json_t *o = json_pack("{s:i, s:i, s:o, s:s}", "worker", i, "launches", w[i].restarts + 1,
+                              "exits", exits, "host", w[i].host[0] ? w[i].host : "localhost");
+        last_sync(cfg->run_dir, i, o);
+        json_array_append_new(workers, o);
+    }
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:f, s:o}", "mode", "elastic_workers", "outcome",
+                          outcome, "exit_code", exit_code, "restarts", restarts, "wall_s",
+                          (loom_now_ms() - t0) * 1e-3, "workers", workers);
+    char path[LOOM_RUN_PATH + 32];
+    snprintf(path, sizeof path, "%s/summary.json", cfg->run_dir);
+    if (json_dump_file(j, path, JSON_INDENT(2)) != 0)
+        fprintf(stderr, "loom run: elastic: cannot write %s\n", path);
+    json_decref(j);
+}
+
 /* The ompi-server the workers find each other through; its URI file in the run folder.
  * With --hosts it takes the --launcher-args' `--mca oob_*` settings (the interfaces the
  * hosts reach it on). */
@@ -289,6 +341,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         return loom_error_set(err, LOOM_ERR_IO, "loom run: --run-dir %s: %s", cfg->run_dir,
                               strerror(errno));
     const int R = cfg->ranks / W;
+    const double t0 = loom_now_ms();
     worker w[MAX_WORKERS];
     memset(w, 0, sizeof w);
     plan *p = calloc(1, sizeof *p);
@@ -336,6 +389,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         for (int i = 0; i < started; i++) {
             if (w[i].done || !loom_launch_poll(&w[i].job)) continue;
             const int code = w[i].job.status;
+            if (w[i].n_exits < MAX_EXITS) w[i].exits[w[i].n_exits++] = code;
             fprintf(stderr, "loom run: elastic: worker %d ended (exit %d)\n", i, code);
             /* worker 0 too: started again, it founds the group from its newest checkpoint,
              * and the members, which hear nothing from it, leave and rejoin it */
@@ -362,8 +416,12 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
                     interrupted ? " (interrupted)" : " after worker 0 ended");
             loom_launch_stop(&w[i].job, cfg->grace_s, NULL, 0);
         }
+        if (!w[i].done && w[i].n_exits < MAX_EXITS) w[i].exits[w[i].n_exits++] = w[i].job.status;
     }
-    if (w[0].job.running) loom_launch_stop(&w[0].job, cfg->grace_s, NULL, 0);
+    if (w[0].job.running) {
+        loom_launch_stop(&w[0].job, cfg->grace_s, NULL, 0);
+        if (w[0].n_exits < MAX_EXITS) w[0].exits[w[0].n_exits++] = w[0].job.status;
+    }
     loom_launch_stop(&server, 1.0, NULL, 0);
     free(p);
     if (interrupted && !st)
@@ -374,5 +432,11 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         fprintf(stderr, "loom run: elastic: worker 0 (the coordinator) exit %d; %d restart(s)\n",
                 *exit_code, restarts);
     }
+    write_summary(cfg, w, started,
+                  interrupted       ? "interrupted"
+                  : st              ? "failed"
+                  : *exit_code == 0 ? "finished"
+                                    : "gave_up",
+                  st ? 1 : *exit_code, restarts, t0);
     return st;
 }

@@ -48,6 +48,7 @@ resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 
 pp 2 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
+import json
 import os
 import shutil
 import subprocess
@@ -128,13 +129,24 @@ def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1
              if "step 24: outer sync, members=2" in ln] for log in logs]
     alone = "worker 0 step 12: outer sync, members=1 [0]" in logs[0]
     joined = "worker 0 step 16: worker 1 joined, members=2" in logs[0]
+    # summary.json: the outcome, each worker's launches and exit codes, its last sync
+    path = os.path.join(run_dir, "summary.json")
+    summ = json.load(open(path)) if os.path.exists(path) else {}
+    ws = summ.get("workers", [{}, {}])
+    syncs = [w.get("last_sync") or {} for w in ws]
+    summed = (summ.get("outcome") == "finished" and summ.get("exit_code") == 0 and
+              summ.get("restarts") == 1 and [w.get("launches") for w in ws] == [1, 2] and
+              ws[0].get("exits") == [0] and ws[1].get("exits") == [137, 0] and
+              all(x.get("step") == 24 and x.get("members") == 2 for x in syncs) and
+              last[0] and [x.get("checksum") for x in syncs] == [last[0][-1], last[1][-1]])
     ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
           "worker 1 started again with --elastic-join" in p.stderr and
-          "worker 1 lost" in logs[0] and alone and joined and last[0] and last[0] == last[1])
+          "worker 1 lost" in logs[0] and alone and joined and last[0] and last[0] == last[1] and
+          summed)
     check(ok, f"  loom run --elastic --workers 2{' ' + ' '.join(extra) if extra else ''}: "
               f"worker 1 died, dropped at 8, worker 0 alone at 12 ({alone}), rejoined at 16 "
-              f"({joined}), last sync equal on both (exit {p.returncode}, "
-              f"{time.time() - t0:.1f} s)")
+              f"({joined}), last sync equal on both, summary.json says so ({summed}) (exit "
+              f"{p.returncode}, {time.time() - t0:.1f} s)")
     if not ok:
         print(p.stderr[-2000:])
         return None
