@@ -120,10 +120,16 @@ static void abandon(elastic *e, int w) {
     e->in[w] = NULL;
 }
 
+/* A gap this long between two rounds of poll (each sleeps 0.5 ms) means this process was
+ * not scheduled: the machine paused or starved it. */
+#define STALL_MS 1000.0
+
 /* Polls n exchanges (requests rq[2 i], rq[2 i + 1]; MPI_REQUEST_NULL allowed) until all are
- * done or failed, or the deadline passes (the pending ones then stay EX_PENDING). */
+ * done or failed, or the deadline passes (the pending ones then stay EX_PENDING). The time
+ * this process was not scheduled does not count against the peer: after a whole machine
+ * paused, the first process to wake would otherwise drop peers that had no chance to run. */
 static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
-    const double until = loom_now_ms() + timeout_ms;
+    double last = loom_now_ms(), until = last + timeout_ms;
     for (;;) {
         int pending = 0;
         for (int i = 0; i < n; i++) {
@@ -136,7 +142,10 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
             else
                 pending++;
         }
-        if (!pending || loom_now_ms() > until) return;
+        const double now = loom_now_ms();
+        if (now - last >= STALL_MS) until += now - last;
+        last = now;
+        if (!pending || now > until) return;
         usleep(500);
     }
 }

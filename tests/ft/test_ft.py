@@ -300,13 +300,12 @@ def case_slow2(c, rng):
 def descendants(pid):
     """pid's children, their children, ... (from /proc)."""
     kids = {}
-    for d in os.listdir("/proc"):
+    for d in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = open(f"/proc/{d}/stat").read()
-        except (OSError, ValueError):
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if d.isdigit():
-            kids.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(d))
+        kids.setdefault(ppid, []).append(int(d))
     out, todo = [], [pid]
     while todo:
         for k in kids.get(todo.pop(), []):

@@ -38,7 +38,8 @@ The coordinator (worker 0) killed mid-run: loom run starts it again from its new
 checkpoint, worker 1 leaves and rejoins it from its own checkpoint of that step, both end at
 the last sync with the same parameters, nothing is left running, and the run is bitwise the
 same run without the kill. --outer-warmup in elastic workers: bitwise the
-one-job run. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
+one-job run. A whole machine paused (both workers and the ompi-server stopped for longer
+than the deadline): nobody is dropped. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
 bitwise the one-job run, and the bytes fall by the wire format's ratio.
 A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
@@ -51,6 +52,7 @@ Usage: test_diloco.py --loom PATH [--seed S]
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -238,6 +240,77 @@ def coordinator_dies_run(loom, model, tmp, name, inject):
     return p, logs, run_dir, ck, out
 
 
+def descendants(pid):
+    """pid's children, their children, ... (from /proc)."""
+    kids = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def elastic_pause(loom, model, tmp):
+    """Two elastic workers, worker 0 (the coordinator) 6x slower, so worker 1 spends most of
+    its time waiting for the outer update (a deadline of 3 x --elastic-timeout 1 = 3 s). The
+    whole machine pauses: every process of both jobs and the ompi-server SIGSTOPped for 5 s,
+    worker 1 woken 0.5 s before worker 0. Nobody is dropped (the time a process was not
+    scheduled does not count against its peer): both end at the last sync with members=2
+    and the same checksum."""
+    uri = os.path.join(tmp, "pause.uri")
+    server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    until = time.time() + 10
+    while time.time() < until and not (os.path.exists(uri) and open(uri).read().strip()):
+        time.sleep(0.05)
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--ompi-server", f"file:{uri}",
+              "--mca", "mpi_yield_when_idle", "1", "-n", "1"]
+    metrics = os.path.join(tmp, "pause_w0.jsonl")
+    args = model + ["--steps", "30", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+                    "--inner-steps", "3", "--elastic-timeout", "1"]
+    jobs = [subprocess.Popen(mpirun + args + ["--elastic-worker", str(w)] + extra,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for w, extra in ((0, ["--inject", "slow@1:0:6", "--metrics", metrics]), (1, []))]
+    try:
+        t0 = time.time()
+        rows = lambda: sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0  # noqa: E731
+        while rows() < 8 and time.time() - t0 < 60 and all(j.poll() is None for j in jobs):
+            time.sleep(0.02)
+        at = rows()
+        procs = [[j.pid] + descendants(j.pid) for j in jobs]
+        for p in [server.pid] + procs[0] + procs[1]:
+            os.kill(p, signal.SIGSTOP)
+        time.sleep(5.0)
+        for group in ([server.pid], procs[1], procs[0]):
+            for p in group:
+                os.kill(p, signal.SIGCONT)
+            time.sleep(0.5)
+        errs = [j.communicate(timeout=120)[1] for j in jobs]
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                j.kill()
+                j.wait()
+        server.terminate()
+        server.wait()
+    last = [[ln.split("checksum ")[-1] for ln in e.splitlines()
+             if "step 30: outer sync, members=2" in ln] for e in errs]
+    dropped = any("lost" in e or "leaves the group" in e for e in errs)
+    ok = [j.returncode for j in jobs] == [0, 0] and not dropped and last[0] and last[0] == last[1]
+    check(ok, f"  elastic workers, the machine paused 5 s at step {at} of worker 0 (deadline "
+              f"3 s): nobody dropped ({not dropped}), last sync members=2 equal on both (exit "
+              f"{[j.returncode for j in jobs]})")
+    if not ok:
+        print(errs[0][-1500:] + "\n" + errs[1][-1500:])
+
+
 def elastic_run_coordinator_dies(loom, model, tmp):
     """Worker 0, the coordinator, SIGKILLed at the start of step 10 (crash@10:0, --ckpt-dir,
     --ckpt-every 2): loom run starts it again with --resume auto and without --elastic-join,
@@ -419,6 +492,7 @@ def main():
             check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
+            elastic_pause(args.loom, model, tmp)
             # --outer-warmup 1 (the first sync only averages) in one-rank elastic workers:
             # bitwise the one-job run, which differs from the run without warm-up
             warm = ["--outer-warmup", "1"]
