@@ -45,25 +45,35 @@ static loom_pp_op embed_backward_op(const loom_pp_schedule *s) {
     return s->split ? LOOM_PP_W : LOOM_PP_B;
 }
 
-/* Whether stage r's action a runs the encoder inline (stage 0's own micro-batch: the first
- * virtual stage's F and embedding backward), and whether its image rows come from a later
- * stage (*remote). */
-static int runs_encoder(const loom_pp_schedule *s, const loom_pp_vision *vp, int r,
-                        const loom_pp_action *a, int *remote) {
-    const int first = r == 0 && a->chunk == 0; /* the embedding's actions: chunk 0's */
+/* Whether stage r's action a belongs to the first virtual stage (chunk 0 of stage 0: the
+ * embedding's, where the encoder joins) and, if so, whether its micro-batch's image rows
+ * come from a later stage (*remote). */
+static int first_virtual(const loom_pp_vision *vp, int r, const loom_pp_action *a, int *remote) {
+    const int first = r == 0 && a->chunk == 0;
     *remote = first && vp->owner[a->mb] != 0;
-    return first && !*remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s));
+    return first;
 }
 
-/* An item's duration on stage r (moves: 0). */
+/* Compute action a's duration on stage r (moves: 0); inline: the first stage encodes the
+ * micro-batch itself (first virtual stage, not remote), inside its F and embedding
+ * backward. */
+static double action_duration(const loom_pp_schedule *s, const loom_pp_vision *vp, int r,
+                              const loom_pp_action *a, int inline_enc) {
+    if (a->op > LOOM_PP_W) return 0;
+    const double d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
+    if (inline_enc && a->op == LOOM_PP_F) return d + vp->enc;
+    if (inline_enc && a->op == embed_backward_op(s)) return d + 2 * vp->enc;
+    return d;
+}
+
+/* An item's duration on stage r (the timeline's; simulate's own). */
 static double duration(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, item x) {
     if (x.kind == ITEM_EF) return vp->enc;
     if (x.kind == ITEM_EB) return 2 * vp->enc;
     const loom_pp_action *a = &s->acts[r][x.idx];
-    if (a->op > LOOM_PP_W) return 0;
     int remote;
-    const double d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
-    return d + (runs_encoder(s, vp, r, a, &remote) ? (a->op == LOOM_PP_F ? 1 : 2) * vp->enc : 0);
+    const int first = first_virtual(vp, r, a, &remote);
+    return action_duration(s, vp, r, a, first && !remote);
 }
 
 /* The plan's timeline: the step (-1: deadlock), each stage's idle share (idle may be
@@ -93,30 +103,31 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
         for (int r = 0; r < pp; r++)
             while (ptr[r] < ni[r]) {
                 const item x = it[(size_t)r * cap + ptr[r]];
-                const double d = duration(s, vp, r, x);
+                double d;
                 if (x.kind == ITEM_EF) {
+                    d = vp->enc;
                     emb[x.idx] = clock[r] + d;
                 } else if (x.kind == ITEM_EB) {
                     if (demb[x.idx] < 0) break;
                     if (demb[x.idx] > clock[r]) clock[r] = demb[x.idx];
+                    d = 2 * vp->enc;
                     if (clock[r] + d > grads_at[r]) grads_at[r] = clock[r] + d;
                 } else {
                     const loom_pp_action *a = &s->acts[r][x.idx];
                     int remote;
-                    runs_encoder(s, vp, r, a, &remote);
+                    const int first = first_virtual(vp, r, a, &remote);
                     if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
                         const double t = sent[loom_pp_message_tag(s, r, a)];
                         if (t < 0) break;
                         if (t > clock[r]) clock[r] = t;
                     } else if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD) {
                         sent[loom_pp_message_tag(s, r, a)] = clock[r];
-                    } else {
-                        if (a->op == LOOM_PP_F && remote) {
-                            if (emb[a->mb] < 0) break;
-                            if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
-                        }
-                        if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
+                    } else if (a->op == LOOM_PP_F && remote) {
+                        if (emb[a->mb] < 0) break;
+                        if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
                     }
+                    d = action_duration(s, vp, r, a, first && !remote);
+                    if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
                 }
                 if (start) start[(size_t)r * cap + ptr[r]] = clock[r];
                 clock[r] += d;
@@ -307,7 +318,7 @@ void loom_pp_vision_free(loom_pp_vision *vp) {
     memset(vp, 0, sizeof *vp);
 }
 
-/* Stage r's k-th item as the listing names it (NULL text for a piece's move): F3.1, F3.0+E
+/* Stage r's item x as the listing names it: F3.1 (the schedule's own name), F3.0+E
  * (stage 0 encodes micro-batch 3 inside it), E3 / e3 (a later stage's encoder forward /
  * backward), with the image rows' moves in *pre (before) and *post (after). */
 static void item_text(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, item x, char *t,
@@ -327,7 +338,8 @@ static void item_text(const loom_pp_schedule *s, const loom_pp_vision *vp, int r
      * the first virtual stage's (chunk 0 of stage 0) */
     const loom_pp_action *a = &s->acts[r][x.idx];
     int remote;
-    const int own = runs_encoder(s, vp, r, a, &remote);
+    const int first = first_virtual(vp, r, a, &remote);
+    const int own = first && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s));
     loom_pp_format_action(s, a, t, n);
     if (own) strncat(t, "+E", n - strlen(t) - 1);
     if (remote && a->op == LOOM_PP_F) snprintf(pre, n, "re%d<%d", a->mb, vp->owner[a->mb]);
