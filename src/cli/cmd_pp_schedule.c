@@ -17,8 +17,9 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
         LOOM_FLAG_STR(0, "schedule", &name, "NAME", "gpipe, 1f1b (default), interleaved, zb"),
         LOOM_FLAG_STR(0, "virtual-stages", &v_s, "V", "model chunks per rank (interleaved)"),
         LOOM_FLAG_STR(0, "vision-encoder", &enc_s, "R",
-                      "a vlm's encoder forward costing R x a stage's forward, placed as\n"
-                      "--vision-schedule bubbles does (docs/vlm.md)"),
+                      "a vlm's encoder forward costing R x a stage's forward (of one chunk\n"
+                      "with --virtual-stages), placed as --vision-schedule bubbles does\n"
+                      "(the encoder on chunk 0 of stage 0; docs/vlm.md)"),
     };
     const loom_flag_spec spec = {
         .usage = "usage: loom pp-schedule --pp N --micro-batches M [--schedule "
@@ -30,16 +31,16 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
     if (fo != LOOM_FLAGS_GO) return fo;
     loom_error err = {0};
     const int pp = atoi(pp_s), m = atoi(m_s), v = atoi(v_s);
-    const double enc = enc_s ? atof(enc_s) : -1;
+    char *enc_end = NULL;
+    const double enc = enc_s ? strtod(enc_s, &enc_end) : -1;
     loom_pp_kind kind;
     loom_pp_schedule s;
     loom_status st = loom_pp_kind_parse(name, &kind, &err);
     if (!st && pp < 2) st = loom_error_set(&err, LOOM_ERR_INPUT, "--pp %d: expected >= 2", pp);
-    if (!st && enc != -1 && (!(enc > 0) || v != 1))
+    if (!st && enc_s && (enc_end == enc_s || *enc_end || !(enc > 0) || enc > 1e12))
         st = loom_error_set(&err, LOOM_ERR_INPUT,
-                            "--vision-encoder '%g': expected a positive cost ratio (with "
-                            "--virtual-stages 1)",
-                            enc);
+                            "--vision-encoder '%s': expected a positive cost ratio (at most 1e12)",
+                            enc_s);
     if (!st) st = loom_pp_schedule_build(&s, kind, pp, m, v, &err);
     if (st) {
         fprintf(stderr, "loom pp-schedule: %s\n", err.msg);
@@ -47,6 +48,7 @@ int loom_cmd_pp_schedule(int argc, char **argv) {
     }
     st = loom_pp_schedule_print(&s, stdout, &err);
     if (!st && enc > 0) {
+        /* every chunk's forward 1 (the run's fwd[r]: the mean of stage r's chunks) */
         double fwd[LOOM_PP_MAX_STAGES];
         for (int r = 0; r < pp; r++) fwd[r] = 1.0;
         loom_pp_vision vp;

@@ -233,9 +233,8 @@ double loom_pp_schedule_simulate(const loom_pp_schedule *s, const double dur[3],
 
 static const char OP_CHAR[] = {'F', 'B', 'W'};
 
-/* One action as text: F3 (v = 1) or F3.1 (micro-batch 3 on chunk 1); moves as
- * sa3>1 (send activation of micro-batch 3 to rank 1), ra3<0, sg3>0, rg3<1. */
-static void action_text(const loom_pp_schedule *s, const loom_pp_action *a, char *buf, size_t n) {
+void loom_pp_format_action(const loom_pp_schedule *s, const loom_pp_action *a, char *buf,
+                           size_t n) {
     static const char *const MOVE[] = {"sa", "ra", "sg", "rg"};
     char chunk[16] = "";
     if (s->v > 1) snprintf(chunk, sizeof chunk, ".%d", a->chunk);
@@ -275,7 +274,7 @@ loom_status loom_pp_schedule_print(const loom_pp_schedule *s, FILE *out, loom_er
             if (a->op > LOOM_PP_W) continue;
             const int len = a->op == LOOM_PP_B && !s->split ? 2 : 1;
             char t[32];
-            action_text(s, a, t, sizeof t);
+            loom_pp_format_action(s, a, t, sizeof t);
             for (int u = 0; u < len; u++)
                 memcpy(row + (size_t)(starts[o + j] + u) * (size_t)width, t, strlen(t));
         }
@@ -292,7 +291,7 @@ loom_status loom_pp_schedule_print(const loom_pp_schedule *s, FILE *out, loom_er
         fprintf(out, "stage %d:", r);
         for (int j = 0; j < s->n[r]; j++) {
             char t[32];
-            action_text(s, &s->acts[r][j], t, sizeof t);
+            loom_pp_format_action(s, &s->acts[r][j], t, sizeof t);
             fprintf(out, " %s", t);
         }
         fprintf(out, "\n");

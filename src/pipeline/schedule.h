@@ -64,6 +64,10 @@ int loom_pp_schedule_max_in_flight(const loom_pp_schedule *s, int stage);
 /* Timeline by simulation (F = 1, B = 2 or B = W = 1 when split, moves free) and the
  * action lists; fails if the lists deadlock (a bug). */
 loom_status loom_pp_schedule_print(const loom_pp_schedule *s, FILE *out, loom_error *err);
+/* One action as loom pp-schedule prints it: F3 (v = 1) or F3.1 (micro-batch 3 on chunk 1);
+ * moves as sa3>1 (send activation of micro-batch 3 to rank 1), ra3<0, sg3>0, rg3<1 (with
+ * .chunk before the direction when v > 1). */
+void loom_pp_format_action(const loom_pp_schedule *s, const loom_pp_action *a, char *buf, size_t n);
 /* Replays the lists with the given durations (dur[op] per action kind), returns the
  * step's makespan and each stage's idle fraction; -1 if they deadlock. */
 double loom_pp_schedule_simulate(const loom_pp_schedule *s, const double dur[3], double *idle,

@@ -2,6 +2,7 @@
  * (pipeline/vision_plan.h). */
 #include "pipeline/vision_plan.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,19 +32,58 @@ static int items_of(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, 
     return k;
 }
 
+/* Items a stage's list can hold: its actions and the pieces of every micro-batch. */
+static int items_cap(const loom_pp_schedule *s) {
+    int cap = 0;
+    for (int r = 0; r < s->pp; r++)
+        cap = s->n[r] + 2 * s->m + 1 > cap ? s->n[r] + 2 * s->m + 1 : cap;
+    return cap;
+}
+
 /* The first stage's action that runs the embedding's backward. */
 static loom_pp_op embed_backward_op(const loom_pp_schedule *s) {
     return s->split ? LOOM_PP_W : LOOM_PP_B;
 }
 
+/* Whether stage r's action a belongs to the first virtual stage (chunk 0 of stage 0: the
+ * embedding's, where the encoder joins) and, if so, whether its micro-batch's image rows
+ * come from a later stage (*remote). */
+static int first_virtual(const loom_pp_vision *vp, int r, const loom_pp_action *a, int *remote) {
+    const int first = r == 0 && a->chunk == 0;
+    *remote = first && vp->owner[a->mb] != 0;
+    return first;
+}
+
+/* Compute action a's duration on stage r (moves: 0); inline: the first stage encodes the
+ * micro-batch itself (first virtual stage, not remote), inside its F and embedding
+ * backward. */
+static double action_duration(const loom_pp_schedule *s, const loom_pp_vision *vp, int r,
+                              const loom_pp_action *a, int inline_enc) {
+    if (a->op > LOOM_PP_W) return 0;
+    const double d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
+    if (inline_enc && a->op == LOOM_PP_F) return d + vp->enc;
+    if (inline_enc && a->op == embed_backward_op(s)) return d + 2 * vp->enc;
+    return d;
+}
+
+/* An item's duration on stage r (the timeline's; simulate's own). */
+static double duration(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, item x) {
+    if (x.kind == ITEM_EF) return vp->enc;
+    if (x.kind == ITEM_EB) return 2 * vp->enc;
+    const loom_pp_action *a = &s->acts[r][x.idx];
+    int remote;
+    const int first = first_virtual(vp, r, a, &remote);
+    return action_duration(s, vp, r, a, first && !remote);
+}
+
 /* The plan's timeline: the step (-1: deadlock), each stage's idle share (idle may be
- * NULL) and in *first_done the first stage's end of its own list (before it waits for
- * the other stages' encoder gradients). */
+ * NULL), in *first_done the first stage's end of its own list (before it waits for the
+ * other stages' encoder gradients) and, where start is not NULL, each item's start
+ * (stage r's k-th item of items_of at start[r * items_cap + k]). */
 static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle,
-                       double *first_done) {
-    const int pp = s->pp, m = s->m, keys = 2 * s->pp * s->v * s->m;
-    int total = 0, cap = 0;
-    for (int r = 0; r < pp; r++) cap = s->n[r] + 2 * m + 1 > cap ? s->n[r] + 2 * m + 1 : cap;
+                       double *first_done, double *start) {
+    const int pp = s->pp, m = s->m, keys = 2 * s->pp * s->v * s->m, cap = items_cap(s);
+    int total = 0;
     item *it = malloc(sizeof(item) * (size_t)cap * (size_t)pp);
     double *sent = malloc(sizeof(double) * (size_t)(keys + 2 * m));
     if (!it || !sent) {
@@ -63,7 +103,7 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
         for (int r = 0; r < pp; r++)
             while (ptr[r] < ni[r]) {
                 const item x = it[(size_t)r * cap + ptr[r]];
-                double d = 0;
+                double d;
                 if (x.kind == ITEM_EF) {
                     d = vp->enc;
                     emb[x.idx] = clock[r] + d;
@@ -74,26 +114,22 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
                     if (clock[r] + d > grads_at[r]) grads_at[r] = clock[r] + d;
                 } else {
                     const loom_pp_action *a = &s->acts[r][x.idx];
-                    /* the embedding's actions: the first virtual stage's (chunk 0) */
-                    const int first = r == 0 && a->chunk == 0;
-                    const int remote = first && vp->owner[a->mb] != 0;
+                    int remote;
+                    const int first = first_virtual(vp, r, a, &remote);
                     if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
                         const double t = sent[loom_pp_message_tag(s, r, a)];
                         if (t < 0) break;
                         if (t > clock[r]) clock[r] = t;
                     } else if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD) {
                         sent[loom_pp_message_tag(s, r, a)] = clock[r];
-                    } else {
-                        if (a->op == LOOM_PP_F && remote) {
-                            if (emb[a->mb] < 0) break;
-                            if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
-                        }
-                        d = a->op == LOOM_PP_B && !s->split ? 2 * vp->fwd[r] : vp->fwd[r];
-                        if (first && !remote && a->op == LOOM_PP_F) d += vp->enc;
-                        if (first && !remote && a->op == eb_op) d += 2 * vp->enc;
-                        if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
+                    } else if (a->op == LOOM_PP_F && remote) {
+                        if (emb[a->mb] < 0) break;
+                        if (emb[a->mb] > clock[r]) clock[r] = emb[a->mb];
                     }
+                    d = action_duration(s, vp, r, a, first && !remote);
+                    if (remote && a->op == eb_op) demb[a->mb] = clock[r] + d;
                 }
+                if (start) start[(size_t)r * cap + ptr[r]] = clock[r];
                 clock[r] += d;
                 busy[r] += d;
                 ptr[r]++;
@@ -116,7 +152,7 @@ static double simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, doub
 
 double loom_pp_vision_simulate(const loom_pp_schedule *s, const loom_pp_vision *vp, double *idle) {
     double first_done;
-    return simulate(s, vp, idle, &first_done);
+    return simulate(s, vp, idle, &first_done, NULL);
 }
 
 /* A placement's worth: the step, then (ties) the first stage's end, so that pieces do not
@@ -128,7 +164,7 @@ typedef struct {
 
 static score score_of(const loom_pp_schedule *s, const loom_pp_vision *vp) {
     score x;
-    x.span = simulate(s, vp, NULL, &x.first_done);
+    x.span = simulate(s, vp, NULL, &x.first_done, NULL);
     return x;
 }
 
@@ -224,9 +260,7 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
     vp->ef_at = calloc((size_t)m, sizeof(int));
     vp->eb_at = calloc((size_t)m, sizeof(int));
     vp->enc_slot = calloc((size_t)m, sizeof(int));
-    int cap = 0;
-    for (int r = 0; r < pp; r++) cap = s->n[r] + 2 * m + 1 > cap ? s->n[r] + 2 * m + 1 : cap;
-    item *buf = malloc(sizeof(item) * (size_t)cap);
+    item *buf = malloc(sizeof(item) * (size_t)items_cap(s));
     if (!vp->owner || !vp->ef_at || !vp->eb_at || !vp->enc_slot || !buf) {
         free(buf);
         loom_pp_vision_free(vp);
@@ -284,47 +318,103 @@ void loom_pp_vision_free(loom_pp_vision *vp) {
     memset(vp, 0, sizeof *vp);
 }
 
+/* Stage r's item x as the listing names it: F3.1 (the schedule's own name), F3.0+E
+ * (stage 0 encodes micro-batch 3 inside it), E3 / e3 (a later stage's encoder forward /
+ * backward), with the image rows' moves in *pre (before) and *post (after). */
+static void item_text(const loom_pp_schedule *s, const loom_pp_vision *vp, int r, item x, char *t,
+                      size_t n, char *pre, char *post) {
+    pre[0] = post[0] = 0;
+    if (x.kind == ITEM_EF) {
+        snprintf(t, n, "E%d", x.idx);
+        snprintf(post, n, "se%d>0", x.idx);
+        return;
+    }
+    if (x.kind == ITEM_EB) {
+        snprintf(pre, n, "rd%d<0", x.idx);
+        snprintf(t, n, "e%d", x.idx);
+        return;
+    }
+    /* the decoder's action as the schedule's listing names it; the encoder's work joins
+     * the first virtual stage's (chunk 0 of stage 0) */
+    const loom_pp_action *a = &s->acts[r][x.idx];
+    int remote;
+    const int first = first_virtual(vp, r, a, &remote);
+    const int own = first && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s));
+    loom_pp_format_action(s, a, t, n);
+    if (own) strncat(t, "+E", n - strlen(t) - 1);
+    if (remote && a->op == LOOM_PP_F) snprintf(pre, n, "re%d<%d", a->mb, vp->owner[a->mb]);
+    if (remote && a->op == embed_backward_op(s))
+        snprintf(post, n, "sd%d>%d", a->mb, vp->owner[a->mb]);
+}
+
+/* The timeline with the pieces: q cells a unit (stage 0's forward), enough that the
+ * shortest compute covers a cell (at most 8); an item from t to t + d fills the cells
+ * round(t q) to round((t + d) q) - 1 with its name. */
+static void print_timeline(const loom_pp_schedule *s, const loom_pp_vision *vp, item *buf,
+                           FILE *out) {
+    const int cap = items_cap(s);
+    double first_done, shortest = vp->enc;
+    for (int r = 0; r < s->pp; r++) shortest = vp->fwd[r] < shortest ? vp->fwd[r] : shortest;
+    const double unit = vp->fwd[0];
+    if (!(unit > 0) || !(shortest > 0)) return;
+    int q = (int)ceil(unit / shortest - 1e-9);
+    q = q < 1 ? 1 : q > 8 ? 8 : q;
+    double *start = malloc(sizeof(double) * (size_t)cap * (size_t)s->pp);
+    const double span = start ? simulate(s, vp, NULL, &first_done, start) : -1;
+    const long cells = lround(span * q / unit);
+    if (span < 0 || cells > 4096) {
+        fprintf(out, "timeline with the pieces: not drawn (%ld cells)\n", cells);
+        free(start);
+        return;
+    }
+    char t[32], pre[32], post[32];
+    size_t width = 2;
+    for (int r = 0; r < s->pp; r++) {
+        const int n = items_of(s, vp, r, buf);
+        for (int k = 0; k < n; k++) {
+            item_text(s, vp, r, buf[k], t, sizeof t, pre, post);
+            if (duration(s, vp, r, buf[k]) > 0 && strlen(t) + 1 > width) width = strlen(t) + 1;
+        }
+    }
+    char *row = malloc((size_t)cells * width + 1);
+    fprintf(out, "timeline with the pieces (%d cell(s) per stage 0's forward%s; '.' idle):\n", q,
+            s->v > 1 ? " of one chunk" : "");
+    for (int r = 0; r < s->pp && row; r++) {
+        memset(row, ' ', (size_t)cells * width);
+        row[(size_t)cells * width] = 0;
+        for (long c = 0; c < cells; c++) row[(size_t)c * width] = '.';
+        const int n = items_of(s, vp, r, buf);
+        for (int k = 0; k < n; k++) {
+            const double d = duration(s, vp, r, buf[k]), t0 = start[(size_t)r * cap + k];
+            if (!(d > 0)) continue;
+            item_text(s, vp, r, buf[k], t, sizeof t, pre, post);
+            long c0 = lround(t0 * q / unit), c1 = lround((t0 + d) * q / unit);
+            if (c1 <= c0) c1 = c0 + 1;
+            for (long c = c0; c < c1 && c < cells; c++)
+                memcpy(row + (size_t)c * width, t, strlen(t));
+        }
+        fprintf(out, "stage %2d |%s\n", r, row);
+    }
+    free(row);
+    free(start);
+}
+
 void loom_pp_vision_print(const loom_pp_schedule *s, const loom_pp_vision *vp, FILE *out) {
-    static const char OPS[] = {'F', 'B', 'W'};
-    static const char *const MOVE[] = {"sa", "ra", "sg", "rg"};
     fprintf(out,
             "vision encoder pieces (--vision-schedule bubbles; encoder forward = %.3g x stage 0's "
-            "forward, backward 2x; E = encoder forward, e = its backward on that stage, "
-            "se/re image rows sent/received, sd/rd their gradient):\n",
-            vp->fwd[0] > 0 ? vp->enc / vp->fwd[0] : 0.0);
-    int cap = 0;
-    for (int r = 0; r < s->pp; r++)
-        cap = s->n[r] + 2 * s->m + 1 > cap ? s->n[r] + 2 * s->m + 1 : cap;
-    item *buf = malloc(sizeof(item) * (size_t)cap);
+            "forward%s, backward 2x; E = encoder forward, e = its backward on that stage, "
+            "se/re image rows sent/received, sd/rd their gradient%s):\n",
+            vp->fwd[0] > 0 ? vp->enc / vp->fwd[0] : 0.0, s->v > 1 ? " of one chunk" : "",
+            s->v > 1 ? "; the encoder belongs to chunk 0 of stage 0" : "");
+    item *buf = malloc(sizeof(item) * (size_t)items_cap(s));
+    if (buf) print_timeline(s, vp, buf, out);
     for (int r = 0; r < s->pp && buf; r++) {
         const int n = items_of(s, vp, r, buf);
         fprintf(out, "stage %d:", r);
         for (int k = 0; k < n; k++) {
-            const int i = buf[k].idx;
-            if (buf[k].kind == ITEM_EF) {
-                fprintf(out, " E%d se%d>0", i, i);
-                continue;
-            }
-            if (buf[k].kind == ITEM_EB) {
-                fprintf(out, " rd%d<0 e%d", i, i);
-                continue;
-            }
-            const loom_pp_action *a = &s->acts[r][i];
-            const int first = r == 0 && a->chunk == 0;
-            const int remote = first && vp->owner[a->mb] != 0;
-            if (a->op <= LOOM_PP_W) {
-                if (remote && a->op == LOOM_PP_F) fprintf(out, " re%d<%d", a->mb, vp->owner[a->mb]);
-                fprintf(out, " %c%d%s", OPS[a->op], a->mb,
-                        first && !remote && (a->op == LOOM_PP_F || a->op == embed_backward_op(s))
-                            ? "+E"
-                            : "");
-                if (remote && a->op == embed_backward_op(s))
-                    fprintf(out, " sd%d>%d", a->mb, vp->owner[a->mb]);
-            } else {
-                fprintf(out, " %s%d%c%d", MOVE[a->op - LOOM_PP_SEND_ACT], a->mb,
-                        a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD ? '>' : '<',
-                        a->peer);
-            }
+            char t[32], pre[32], post[32];
+            item_text(s, vp, r, buf[k], t, sizeof t, pre, post);
+            fprintf(out, "%s%s %s%s%s", pre[0] ? " " : "", pre, t, post[0] ? " " : "", post);
         }
         fprintf(out, "\n");
     }

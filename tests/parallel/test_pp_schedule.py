@@ -12,12 +12,19 @@ replay here) is the theoretical one for gpipe/1f1b, (p-1)/(3m+p-1) for zb (F = B
 below 1F1B's; and `loom train` allocates on stage 0 exactly the activation slots the
 schedule holds in flight (pp for 1f1b and zb, m for gpipe), as its start-up line says.
 Bad input (micro-batches < pp, virtual stages without interleaved) exits 2 naming the flag.
-With --vision-encoder R (a vlm's --vision-schedule bubbles plan): every micro-batch is
-encoded once, on stage 0 inside its F and embedding backward (F3+E) or on one later stage
-(E3 before e3), and the lists with the image rows and their gradients (se/re, sd/rd)
-replayed with blocking receives terminate.
+With --vision-encoder R (a vlm's --vision-schedule bubbles plan), on every schedule and
+interleaved with 2-3 virtual stages: the output before the pieces is the plain listing's
+byte for byte, and the lists with the pieces hold the plain decoder actions in the same
+order; every micro-batch is encoded once forward and once backward, where the run does
+it: on stage 0 inside the first virtual stage's F and embedding backward (F3+E, F3.0+E
+with chunks; B or W when split) or on one later stage (E3 se3>0 ... rd3<0 e3, with re3<o
+right before stage 0's F3.0 and sd3>o right after its embedding backward); the lists
+replay without deadlock and their step, replayed here with the encoder's durations, is
+the printed one. --virtual-stages > 1 with a schedule other than interleaved keeps its
+error with --vision-encoder too.
 Usage: test_pp_schedule.py --loom PATH [--seed S]
 """
+import math
 import os
 import random
 import re
@@ -185,59 +192,199 @@ def check_trainer_slots(loom, seed):
     return errs
 
 
-VTOKEN = re.compile(r"^(F|B|W)(\d+)(\+E)?$|^(E|e)(\d+)$|^(sa|ra|sg|rg|se|re|sd|rd)(\d+)([<>])(\d+)$")
+VTOKEN = re.compile(r"^(F|B|W)(\d+)(?:\.(\d+))?(\+E)?$|^(E|e)(\d+)$"
+                    r"|^(sa|ra|sg|rg|se|re|sd|rd)(\d+)(?:\.(\d+))?([<>])(\d+)$")
+PIECE_MOVES = ("se", "re", "sd", "rd")
+
+
+def vision_tokens(rest):
+    """A stage's list with the encoder's pieces: (op, mb, chunk, peer, +E) per token, None
+    for one that does not parse."""
+    out = []
+    for t in rest.split():
+        x = VTOKEN.match(t)
+        if x is None:
+            out.append(None)
+        elif x.group(1):
+            out.append((x.group(1), int(x.group(2)), int(x.group(3) or 0), None, bool(x.group(4))))
+        elif x.group(5):
+            out.append((x.group(5), int(x.group(6)), 0, None, False))
+        else:
+            out.append((x.group(7), int(x.group(8)), int(x.group(9) or 0), int(x.group(11)),
+                        False))
+    return out
+
+
+def vision_placement(lists, m, v, eb_op):
+    """Where the run encodes each micro-batch (pipeline/executor.c, vision_exec.c): on stage
+    0 inside the first virtual stage's F (F3+E, F3.0+E with chunks) and its embedding
+    backward (B, W when split), or on one later stage o: E3 se3>0 before e3 (after rd3<0),
+    with re3<o right before stage 0's F of chunk 0 and sd3>o right after its embedding
+    backward. Returns the errors and each micro-batch's owner."""
+    errs, owner = [], {}
+    enc_f, enc_b = {i: [] for i in range(m)}, {i: [] for i in range(m)}
+    for st, acts in lists.items():
+        for k, (op, mb, ch, peer, plus) in enumerate(acts):
+            if plus:
+                if st != 0 or ch != 0 or op not in ("F", eb_op):
+                    errs.append(f"encoder inside {op}{mb}.{ch} on stage {st} (expected chunk 0 of "
+                                f"stage 0, F or {eb_op})")
+                (enc_f if op == "F" else enc_b)[mb].append((st, k))
+            elif op in ("E", "e"):
+                if st == 0:
+                    errs.append(f"piece {op}{mb} on stage 0 (expected inline, +E)")
+                (enc_f if op == "E" else enc_b)[mb].append((st, k))
+    for i in range(m):
+        # count: the run encodes each micro-batch once forward and once backward
+        if len(enc_f[i]) != 1 or len(enc_b[i]) != 1:
+            errs.append(f"micro-batch {i}: encoder forward at {enc_f[i]}, backward at {enc_b[i]}")
+            continue
+        (sf, kf), (sb, kb) = enc_f[i][0], enc_b[i][0]
+        owner[i] = sf
+        if sf != sb:
+            errs.append(f"micro-batch {i}: forward on stage {sf}, backward on {sb}")
+            continue
+        if sf == 0:
+            continue
+        acts, first = lists[sf], lists[0]
+        if kb < kf or acts[kf + 1][:2] != ("se", i) or acts[kf + 1][3] != 0 or \
+                acts[kb - 1][:2] != ("rd", i) or acts[kb - 1][3] != 0:
+            errs.append(f"micro-batch {i} on stage {sf}: not E{i} se{i}>0 ... rd{i}<0 e{i}")
+        f0 = [k for k, a in enumerate(first) if a[:3] == ("F", i, 0)]
+        b0 = [k for k, a in enumerate(first) if a[:3] == (eb_op, i, 0)]
+        if len(f0) != 1 or len(b0) != 1 or first[f0[0] - 1][:2] != ("re", i) or \
+                first[f0[0] - 1][3] != sf or first[b0[0] + 1][:2] != ("sd", i) or \
+                first[b0[0] + 1][3] != sf:
+            errs.append(f"micro-batch {i} on stage {sf}: stage 0 lacks re{i}<{sf} before "
+                        f"F{i}.0 or sd{i}>{sf} after {eb_op}{i}.0")
+    return errs, owner
+
+
+def vision_span(lists, pp, r, split):
+    """The step of the lists with the pieces, replayed here: a chunk's F = 1, B = 2 (B = W =
+    1 when split), the encoder's forward r and backward 2r (inside +E actions too), moves
+    free, receives wait for their send; stage 0 ends after the owners' last e (it adds
+    their encoder gradients). Returns the step and per stage the (name, start, duration)
+    of each compute; (None, None) on deadlock."""
+    clock = {st: 0.0 for st in lists}
+    ptr = {st: 0 for st in lists}
+    runs = {st: [] for st in lists}
+    sent, last_e, progress = {}, {}, True
+    while progress:
+        progress = False
+        for st, acts in lists.items():
+            while ptr[st] < len(acts):
+                op, mb, ch, peer, plus = acts[ptr[st]]
+                if op[0] in "sr" and len(op) == 2:
+                    src, dst = (st, peer) if op[0] == "s" else (peer, st)
+                    vs = ch * pp + st
+                    if op in ("sa", "ra"):
+                        vs = vs + 1 if op == "sa" else vs
+                    elif op in ("sg", "rg"):
+                        vs = vs - 1 if op == "sg" else vs
+                    key = (op[1], mb, src, dst, vs if op in ("sa", "ra", "sg", "rg") else 0)
+                    if op[0] == "r":
+                        if key not in sent:
+                            break
+                        clock[st] = max(clock[st], sent[key])
+                    else:
+                        sent[key] = clock[st]
+                else:
+                    d = {"F": 1.0, "B": 1.0 if split else 2.0, "W": 1.0, "E": r, "e": 2 * r}[op]
+                    if plus:
+                        d += r if op == "F" else 2 * r
+                    runs[st].append((op, mb, ch, plus, clock[st], d))
+                    clock[st] += d
+                    if op == "e":
+                        last_e[st] = clock[st]
+                ptr[st] += 1
+                progress = True
+    if any(ptr[st] < len(acts) for st, acts in lists.items()):
+        return None, None
+    clock[0] = max([clock[0]] + list(last_e.values()))
+    return max(clock.values()), runs
+
+
+def cell_of(t, q):
+    """The timeline's cell of time t (C's lround), allowing for the last bit of rounding."""
+    return {math.floor(t * q + 0.5 - 1e-9), math.floor(t * q + 0.5 + 1e-9)}
+
+
+def check_vision_timeline(text, runs, span, v):
+    """The timeline with the pieces: each stage's row names its computes in list order
+    (F3.1, F3.0+E, E3, e3), each from the cell of its replayed start to that of its end."""
+    errs = []
+    head = re.search(r"timeline with the pieces \((\d+) cell\(s\) per", text)
+    rows = {int(x[1]): x[2].split() for x in re.finditer(r"^stage +(\d+) \|(.*)$", text, re.M)}
+    if not head or sorted(rows) != sorted(runs):
+        return ["no timeline with the pieces"]
+    q = int(head[1])
+    for st, cells in rows.items():
+        if len(cells) not in cell_of(span, q):
+            errs.append(f"stage {st}: {len(cells)} cells for a step of {span} x {q}")
+        for op, mb, ch, plus, t0, d in runs[st]:
+            name = f"{op}{mb}" + (f".{ch}" if v > 1 and op in "FBW" else "") + ("+E" if plus else "")
+            at = [c for c, x in enumerate(cells) if x == name]
+            if not at or at[0] not in cell_of(t0, q) or at[-1] + 1 not in cell_of(t0 + d, q) or \
+                    len(at) != at[-1] - at[0] + 1:
+                errs.append(f"stage {st}: {name} at cells {at}, replayed {t0} to {t0 + d} (x {q})")
+        names = [x for k, x in enumerate(cells) if x != "." and (k == 0 or cells[k - 1] != x)]
+        if len(names) != len(runs[st]):
+            errs.append(f"stage {st}: the timeline names {len(names)} computes, the list "
+                        f"{len(runs[st])}")
+    return errs
 
 
 def check_vision(loom, rng):
-    """--vision-encoder R on gpipe/1f1b/zb, pp 2-3: each micro-batch encoded once, EF before
-    EB, and the lists with the encoder's messages replay without deadlock."""
+    """--vision-encoder R on every schedule (interleaved with 2-3 virtual stages), pp 2-3:
+    the placement the run makes (vision_placement), the decoder's lists and everything
+    before the pieces exactly the plain listing's, the lists with the encoder's messages
+    replay without deadlock, and their step replayed here is the printed one."""
     errs = []
-    for _ in range(6):
-        kind, pp = rng.choice(["gpipe", "1f1b", "zb"]), rng.randint(2, 3)
-        m, r = rng.randint(pp, 8), round(rng.uniform(0.3, 3.0), 2)
-        cmd = [loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m), "--schedule",
-               kind, "--vision-encoder", str(r)]
+    for _ in range(8):
+        kind, pp = rng.choice(["gpipe", "1f1b", "zb", "interleaved", "interleaved"]), rng.randint(2, 3)
+        v = rng.randint(2, 3) if kind == "interleaved" else 1
+        m = pp * rng.randint(1, 8 // pp) if kind == "interleaved" else rng.randint(pp, 8)
+        r = round(rng.uniform(0.3, 3.0), 2)
+        base = [loom, "pp-schedule", "--pp", str(pp), "--micro-batches", str(m), "--schedule",
+                kind, "--virtual-stages", str(v)]
+        cmd = base + ["--vision-encoder", str(r)]
+        name = " ".join(cmd[1:])
         p = subprocess.run(cmd, capture_output=True, text=True)
+        plain = subprocess.run(base, capture_output=True, text=True)
         text = p.stdout.split("vision encoder pieces", 1)
-        if p.returncode != 0 or len(text) != 2:
-            errs.append(f"{' '.join(cmd)}: exit {p.returncode}, no pieces section")
+        if p.returncode != 0 or len(text) != 2 or plain.returncode != 0:
+            errs.append(f"{name}: exit {p.returncode}, no pieces section: {p.stderr}")
             continue
+        if text[0] != plain.stdout:  # the plain listing (and timeline) unchanged
+            errs.append(f"{name}: the listing before the pieces differs from the plain one")
         lists = {}
-        for line in text[1].splitlines():
-            if line.startswith("stage"):
-                head, rest = line.split(":", 1)
-                lists[int(head.split()[1])] = [VTOKEN.match(t) for t in rest.split()]
+        for x in re.finditer(r"^stage (\d+):(.*)$", text[1], re.M):
+            lists[int(x[1])] = vision_tokens(x[2])
         if len(lists) != pp or any(x is None for acts in lists.values() for x in acts):
-            errs.append(f"{' '.join(cmd)}: unparsable lists")
+            errs.append(f"{name}: unparsable lists")
             continue
-        where = {i: [] for i in range(m)}
+        # the decoder's actions are the plain list's, in its order, with the same names
+        stages = parse(plain.stdout)[0]
         for st, acts in lists.items():
-            for x in acts:
-                if x.group(1) == "F" and x.group(3):
-                    where[int(x.group(2))].append((st, "F+E"))
-                if x.group(4):
-                    where[int(x.group(5))].append((st, x.group(4)))
-        for i, w in where.items():
-            later = len(w) == 2 and w[0][0] > 0 and w == [(w[0][0], "E"), (w[0][0], "e")]
-            if w != [(0, "F+E")] and not later:
-                errs.append(f"{' '.join(cmd)}: micro-batch {i} encoded as {w}")
-        # replay: sends post at once, receives block until posted
-        posted, ptr, progress = set(), {st: 0 for st in lists}, True
-        while progress:
-            progress = False
-            for st, acts in lists.items():
-                while ptr[st] < len(acts):
-                    x = acts[ptr[st]]
-                    if x.group(6):
-                        op, mb, peer = x.group(6), int(x.group(7)), int(x.group(9))
-                        key = (op[1], mb, st if op[0] == "s" else peer, peer if op[0] == "s" else st)
-                        if op[0] == "r" and key not in posted:
-                            break
-                        posted.add(key)
-                    ptr[st] += 1
-                    progress = True
-        if any(ptr[st] < len(acts) for st, acts in lists.items()):
-            errs.append(f"{' '.join(cmd)}: the lists deadlock at {ptr}")
+            mine = [(op, mb, ch, peer) for op, mb, ch, peer, _ in acts
+                    if op not in ("E", "e") + PIECE_MOVES]
+            if mine != stages.get(st):
+                errs.append(f"{name}: stage {st}'s decoder actions differ from the plain list")
+        eb_op = "W" if kind == "zb" else "B"
+        e, _ = vision_placement(lists, m, v, eb_op)
+        errs += [f"{name}: {x}" for x in e]
+        span, runs = vision_span(lists, pp, r, kind == "zb")
+        printed = re.search(r"with the encoder on stage 0, ([\d.]+) with the pieces", text[1])
+        if span is None:
+            errs.append(f"{name}: the lists deadlock")
+            continue
+        if not printed or abs(float(printed[1]) - span) > 6e-4 + 1e-9 * span:
+            errs.append(f"{name}: step replayed {span}, printed "
+                        f"{printed[1] if printed else None}")
+        timeline = text[1].split("timeline with the pieces", 1)[-1].split("\nstage 0:", 1)[0]
+        errs += [f"{name}: {x}" for x in check_vision_timeline("timeline with the pieces" +
+                                                               timeline, runs, span, v)]
     return errs
 
 
@@ -294,7 +441,22 @@ def main():
                         "--virtual-stages", "2"], "--virtual-stages"),
                       (["--pp", "2", "--micro-batches", "3", "--schedule", "interleaved",
                         "--virtual-stages", "2"], "--pp"),
-                      (["--pp", "2", "--micro-batches", "4", "--schedule", "zbx"], "--pp-schedule")):
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "zbx"], "--pp-schedule"),
+                      # virtual stages without interleaved: the same error with the encoder
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b",
+                        "--virtual-stages", "2", "--vision-encoder", "1.5"],
+                       "--virtual-stages 2: only with --pp-schedule interleaved"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "zb",
+                        "--virtual-stages", "3", "--vision-encoder", "1"],
+                       "--virtual-stages 3: only with --pp-schedule interleaved"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "interleaved",
+                        "--virtual-stages", "2", "--vision-encoder", "0"], "--vision-encoder"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "1f1b",
+                        "--vision-encoder", "x"], "--vision-encoder"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "interleaved",
+                        "--virtual-stages", "2", "--vision-encoder", "-1"], "--vision-encoder"),
+                      (["--pp", "2", "--micro-batches", "4", "--schedule", "zb",
+                        "--vision-encoder", "2x"], "--vision-encoder")):
         p = subprocess.run([args.loom, "pp-schedule"] + bad, capture_output=True, text=True)
         lines = p.stderr.strip().splitlines()
         if not loomtest.check(p.returncode == 2 and len(lines) == 1 and flag in lines[0]):
