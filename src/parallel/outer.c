@@ -413,6 +413,15 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
     return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
 }
 
+int loom_outer_touches_params(const loom_outer *o, int step) {
+    if (o->elastic) return step % o->cfg.inner_steps == 0 || step == o->steps;
+    if (step <= o->cfg.start_step) return step == o->cfg.start_step;
+    if (step == o->steps) return 1;
+    for (int k = 0; k < o->n_frag; k++)
+        if (o->frag[k].ph != LOOM_OUTER_IDLE || sends_at(o, &o->frag[k], step)) return 1;
+    return 0;
+}
+
 loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn reload, void *ctx,
                              loom_error *err) {
     return o->elastic ? loom_outer_elastic_begin(o, step, reload, ctx, err) : LOOM_OK;

@@ -111,6 +111,10 @@ void loom_outer_free(loom_outer *o);
 /* After inner step `step` (1-based): starts, advances and lands this step's fragments; at
  * the run's last step every fragment is synced (blocking). Collective over the workers. */
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
+/* 1 when loom_outer_after_step(o, step) reads or writes the parameters (a fragment sent,
+ * in flight or landing, an elastic sync, the warm start's end): with
+ * --overlap-param-gather every gather into them must be complete first. */
+int loom_outer_touches_params(const loom_outer *o, int step);
 /* --outer-start-step S, a warm start: for steps 1..S (1-based `step`) the gradients this
  * rank holds reduced in its group, grads[0..total), are averaged over the workers (one
  * all-reduce of the whole buffer over mesh->outer, before the norm and AdamW), so every

@@ -82,7 +82,6 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
     const char *not_yet = tc->zero == 3                    ? "--zero 3"
-                          : tc->overlap_param_gather       ? "--overlap-param-gather"
                           : tc->ckpt_fast_dir[0]           ? "--ckpt-fast-dir"
                           : tc->ckpt_peer                  ? "--ckpt-peer"
                           : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"

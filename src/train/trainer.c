@@ -104,6 +104,9 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if ((st = loom_backend_status(r->be, err))) return st;
         loom_grad_sync_step_end(&r->sync);
         /* --outer diloco: this step's share of the outer sync (parallel/outer.h) */
+        if (r->outer_on && loom_outer_touches_params(&r->outer, step + 1) &&
+            (st = loom_grad_sync_params_complete(&r->sync, err))) /* --overlap-param-gather */
+            return st;
         if (r->outer_on && (st = loom_outer_after_step(&r->outer, step + 1, err))) return st;
         s.ms = loom_now_ms() - s.t0;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_UPDATE, &s, err))) return st;
