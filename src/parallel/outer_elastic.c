@@ -676,8 +676,8 @@ void loom_outer_elastic_free(loom_outer *o) {
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
         free(e->in[w]);
     }
-    free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->out), free(e->start_all),
-        free(e->mine), free(e->counts);
+    free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->out);
+    free(e->start_all), free(e->mine), free(e->counts);
     free(e);
     o->elastic = NULL;
 }

@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import loomtest  # noqa: E402
-from loomtest import MPIRUN, losses, parse_test_args, run_test, safetensors_io, write_text_shard  # noqa: E402
+from loomtest import (MPIRUN, descendants, losses, parse_test_args, run_test, safetensors_io,  # noqa: E402
+                      write_text_shard)
 
 STEPS = 24
 
@@ -295,23 +296,6 @@ def case_slow2(c, rng):
     """Two ranks: no third one to take a median over; the slow rank computes more and
     waits less than the other, which waits for it."""
     case_slow(c, rng, ranks=2)
-
-
-def descendants(pid):
-    """pid's children, their children, ... (from /proc)."""
-    kids = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def case_pause(c, rng):

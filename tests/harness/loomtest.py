@@ -151,6 +151,23 @@ def run_test(main, expect=None):
     sys.exit(code)
 
 
+def descendants(pid):
+    """pid's children, their children, ... (from /proc): a job's processes, to pause them."""
+    kids = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
 def write_text_shard(path, seed):
     """Byte tokens of English-like text (words drawn from a fixed list), llm.c format."""
     rng = random.Random(seed)

@@ -62,7 +62,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 from loomtest import (ADAM_EPS, MPIRUN, TOL, Layouts, Run, bitwise, loss_error, parse_test_args,  # noqa: E402
                       same_tensors, weights_error, write_text_shard)
-from loomtest import check, keep_or_remove, run_test  # noqa: E402
+from loomtest import check, descendants, keep_or_remove, run_test  # noqa: E402
 
 D = 48
 
@@ -240,22 +240,6 @@ def coordinator_dies_run(loom, model, tmp, name, inject):
         logs.append(open(path).read() if os.path.exists(path) else "")
     return p, logs, run_dir, ck, out
 
-
-def descendants(pid):
-    """pid's children, their children, ... (from /proc)."""
-    kids = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def elastic_pause(loom, model, tmp):
