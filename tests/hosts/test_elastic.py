@@ -18,8 +18,11 @@ both hosts' links capped with tbf. In parts 1-4 the test is the launcher (no `lo
 6. the same with worker 0, the coordinator, killed: loom run starts it again in its host
    from its newest checkpoint, worker 1 leaves and rejoins it, the run ends with both at
    the last sync; then hosts.sh down (nothing left).
+7. With --cut, instead of 1-6: host 2's link cut for 12 s under `loom run --elastic
+   --hosts` (link_cut_across; label large: about 2 minutes, and its timing depends on TCP's
+   retransmissions after the cut).
 Skipped (77) without root, network namespaces, mpirun or ompi-server.
-Usage: test_elastic.py --loom PATH [--seed S]
+Usage: test_elastic.py --loom PATH [--seed S] [--cut]
 """
 import fcntl
 import os
@@ -116,8 +119,62 @@ def coordinator_dies_across(loom, tmp, train):
     report("nothing left in the hosts after it", not any(left.values()), f"{left}")
 
 
+def link_cut_across(loom, tmp, train, cut_s=12):
+    """7. (--cut alone: ctest hosts_elastic_cut, label large, not in CI) `loom run --elastic
+    --hosts` with host 2's link cut (its veth down on the bridge) for cut_s seconds once
+    both workers have synced: worker 0 drops worker 1 at its deadline and goes on alone;
+    worker 1 hears no update for 3 deadlines and leaves the group (exit 1); loom run starts
+    it again in host 2 with --elastic-join (again, if that fails while the link is down), and
+    once the link is back it rejoins; the last sync has members=2 and is equal on both,
+    exit 0, nothing left in the hosts."""
+    run_dir = os.path.join(tmp, "loom_run_cut")
+    steps = 400
+    cmd = [loom, "run", "--elastic", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
+           "--run-dir", run_dir, "--grace", "5", "--max-restarts", "10",
+           "--launcher-args", " ".join(MCA), "--"] + train + [
+        "--steps", str(steps), "--inner-steps", "4", "--elastic-timeout", str(TIMEOUT_S),
+        "--inject", "slow@1:0:6+"]
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    logs = [os.path.join(run_dir, f"worker_{w}.log") for w in (0, 1)]
+    synced = wait_until(lambda: p.poll() is not None or
+                        any(s[1] == "outer sync" and s[2] == 2 for s in syncs(logs[0])), 120)
+    cut_at = max((s[0] for s in syncs(logs[0])), default=0)
+    if synced and p.poll() is None:
+        subprocess.run(["ip", "link", "set", "dev", "loomv2", "down"], check=True)
+        time.sleep(cut_s)
+        subprocess.run(["ip", "link", "set", "dev", "loomv2", "up"], check=True)
+    back_at = max((s[0] for s in syncs(logs[0])), default=0)
+    try:
+        _, err = p.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    s0, s1 = syncs(logs[0]), syncs(logs[1])
+    text0 = open(logs[0]).read() if os.path.exists(logs[0]) else ""
+    alone = [s[0] for s in s0 if s[1] == "outer sync" and s[2] == 1 and s[0] > cut_at]
+    rejoined = [s[0] for s in s0 if s[1] == "worker 1 joined" and s[0] > cut_at]
+    end = [[s for s in x if s[0] == steps and s[1] == "outer sync" and s[2] == 2]
+           for x in (s0, s1)]
+    ok = (p.returncode == 0 and "worker 1 lost" in text0 and alone and rejoined and
+          "worker 1 started again with --elastic-join on 10.231.0.2" in err and
+          end[0] and end[1] and end[0][0][3] == end[1][0][3])
+    report("loom run --elastic --hosts, host 2 cut off", ok,
+           f"cut {cut_s} s after step {cut_at} (worker 0 at step {back_at} when it came back): "
+           f"worker 0 alone at steps {alone[:3]}{'...' if len(alone) > 3 else ''}, worker 1 "
+           f"rejoined at {rejoined}, last sync members=2 equal on both (exit {p.returncode}, "
+           f"{time.time() - t0:.1f} s; launches: "
+           f"{err.count('worker 1 started again')} restart(s) of worker 1)")
+    if not ok:
+        print(err[-3000:])
+        print(text0[-1500:])
+    left = {k: netns_pids(k) for k in (1, 2)}
+    report("nothing left in the hosts after it", not any(left.values()), f"{left}")
+
+
 def main():
-    args = parse_test_args()
+    args = parse_test_args(lambda ap: ap.add_argument(
+        "--cut", action="store_true", help="part 7 alone: host 2's link cut mid-run"))
     loom = os.path.abspath(args.loom)
     seed = args.seed
     skip_unless_possible()
@@ -160,6 +217,9 @@ def main():
                                                    stderr=subprocess.STDOUT)))
             return log
 
+        if args.cut:
+            link_cut_across(loom, tmp, train[2:-2])
+            return
         w0 = start(1, "worker0", ["--elastic-worker", "0", "--save-weights",
                                   os.path.join(tmp, "final.safetensors")])
         w1 = start(2, "worker1", ["--elastic-worker", "1"])
