@@ -52,7 +52,11 @@ DiLoCo runs' own AdamW peak, cosine to a tenth, for the whole run, the warm star
 synchronous steps included: loom has one schedule per run; sync dp keeps --lr); the JSON's
 "recipe" and "loadavg" (os.getloadavg() before the runs and after each) record them.
 --rounds 0 skips the speed rounds (quality only); --no-streaming leaves the streaming run
-out (sync dp and DiLoCo only).
+out (sync dp and DiLoCo only). --diloco-dtypes fp32,bf16 runs the DiLoCo configuration once
+per outer dtype on the wire (--outer-dtype; runs "diloco" for fp32, "diloco_bf16" ...), each
+with its bytes per token, fewer_bytes_than_sync and, beside an fp32 run,
+val_loss_vs_diloco_fp32 and fewer_bytes_than_diloco_fp32 (bf16: 100x fewer than sync dp at
+H = 50, docs/diloco.md "bf16 on the wire").
 The quality recipe that ends within 2% of sync dp (docs/diloco.md, "Outer momentum after a
 warm start"; +1.96% on 2026-12-06): --steps 300 --rounds 0 --no-streaming
 --outer-start-step 150 --outer-lr 0.8 --outer-momentum 0.5.
@@ -60,7 +64,7 @@ Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--wor
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
                        [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
                        [--streaming-inner-steps H] [--outer-start-step S]
-                       [--inner-lr LR] [--no-streaming]
+                       [--inner-lr LR] [--no-streaming] [--diloco-dtypes fp32,bf16]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
 """
@@ -225,6 +229,10 @@ def main():
                          "sync dp keeps --lr")
     ap.add_argument("--no-streaming", action="store_true",
                     help="leave the streaming run out (sync dp and DiLoCo only)")
+    ap.add_argument("--diloco-dtypes", default="fp32",
+                    help="the DiLoCo (H) runs' outer gradient on the wire, comma-separated "
+                         "(fp32, bf16, int8, int4; one run each: diloco for fp32, diloco_DTYPE "
+                         "for the others; int8/int4 with one scale per 64 values)")
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--outer-lr", type=float, default=0.7, help="the DiLoCo paper's 0.7")
     ap.add_argument("--outer-momentum", type=float, default=0.9)
@@ -293,16 +301,24 @@ def main():
         ilr = args.inner_lr or args.lr
         if args.inner_lr:  # the DiLoCo runs' own inner lr in place of base's --lr / --min-lr
             outer += ["--lr", f"{ilr:g}", "--min-lr", f"{ilr / 10:g}"]
-        configs = {
-            "sync_dp": ["--dp", str(W)],
-            "diloco": outer + ["--inner-steps", str(H)],
-            "streaming": outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
-                                  "--outer-dtype", "int4", "--outer-block", "64"],
-        }
+        dtypes = [d.strip() for d in args.diloco_dtypes.split(",") if d.strip()]
+        bad = [d for d in dtypes if d not in ("fp32", "bf16", "int8", "int4")]
+        if bad or not dtypes or len(set(dtypes)) != len(dtypes):
+            print(f"--diloco-dtypes {args.diloco_dtypes}: expected distinct fp32, bf16, int8 "
+                  f"or int4, comma-separated")
+            sys.exit(2)
+        configs = {"sync_dp": ["--dp", str(W)]}
+        for d in dtypes:
+            configs["diloco" if d == "fp32" else "diloco_" + d] = (
+                outer + ["--inner-steps", str(H), "--outer-dtype", d] +
+                (["--outer-block", "64"] if d in ("int8", "int4") else []))
+        configs["streaming"] = outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
+                                        "--outer-dtype", "int4", "--outer-block", "64"]
         if args.no_streaming:
             del configs["streaming"]
         result = {"bench": "bench_diloco", "host": "one host (shared memory)", "workers": W,
                   "inner_steps": H, "streaming_inner_steps": HS, "fragments": F,
+                  "diloco_dtypes": dtypes,
                   "steps": args.steps, "global_batch": G, "micro_batch": args.micro_batch,
                   "seq_len": T, "model": "gpt2 4 layers d_model 128 vocab 4096 (KJV BPE)",
                   "recipe": {"lr": args.lr, "min_lr": args.lr / 10, "inner_lr": ilr,
@@ -388,6 +404,11 @@ def main():
                                                zip(r["tokens_per_s_rounds"],
                                                    sync["tokens_per_s_rounds"])]
             r["val_loss_vs_sync"] = r["val_loss"] / sync["val_loss"] - 1.0
+            if name.startswith("diloco_") and "diloco" in result["runs"]:
+                r["val_loss_vs_diloco_fp32"] = (r["val_loss"] /
+                                                result["runs"]["diloco"]["val_loss"] - 1.0)
+                r["fewer_bytes_than_diloco_fp32"] = (result["runs"]["diloco"]["bytes_per_token"]
+                                                     / r["bytes_per_token"])
         png = os.path.join(os.getcwd(), "bench_diloco.png")
         if shutil.which("gnuplot") and not args.smoke:
             q = subprocess.run([args.loom, "plot"] +

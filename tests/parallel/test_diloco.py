@@ -25,7 +25,10 @@ W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*
 same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
 momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
 one-rank groups, and with --overlap-param-gather in dp 2 ZeRO-1 groups bitwise the run
-without it; streaming int4 twice is bitwise (also with the outer engine's thread
+without it; bf16 on the wire (plain DiLoCo) sends half of fp32's bytes, differs from
+fp32, and in dp 2 ZeRO-1 groups equals one-rank groups within a bound derived from the
+bf16-vs-fp32 difference (the comment at the check); streaming int4 twice is bitwise (also
+with the outer engine's thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1) without
 faults: bitwise the weights of the same groups in one job; their checkpoints
@@ -448,6 +451,31 @@ def main():
         # the replicas of a dp-2 group sync half of the model each: the same bytes in all
         b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
         check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
+        # bf16 on the wire (--outer-dtype bf16; test_outer.c checks its rounding bitwise):
+        # half the bytes of fp32 (each chunk's 2n bytes padded to whole 4-byte words), a
+        # different run from fp32, and dp-2 groups equal one-rank groups within a bf16
+        # bound. The bound: the layouts' fp32 outer gradients and updates differ in their
+        # last bits (<= ~1e-7 relative, the fp32 checks above), so their bf16 roundings
+        # differ only for values that close to a rounding boundary, a fraction
+        # p ~ 1e-7 / 2^-8 ~ 3e-5, each by one bf16 ulp. Rounding every value moves the run
+        # by d_round (bf16 against fp32, measured here), an rms of ulp / sqrt(12) per value;
+        # p of the values moved by an ulp move it by sqrt(12 p) d_round ~ 2% of d_round
+        # (9 seeds: up to 5% of d_round, the inner steps after a sync carry it on; the worst
+        # tensor, a small bias, up to 0.75 d_round against its 10x bound). The bound is
+        # d_round / 3 (weights and losses; the worst tensor 10x, as in fp32): a dp-2 group
+        # that rounded nothing (fp32) or the wrong part would be d_round or more apart.
+        bf16 = ["--outer-dtype", "bf16"]
+        ref16 = runs.run("w2_single_bf16", 2, bf16)
+        b16 = ref16.rows[-1]["outer"]["bytes_total"]
+        check(b1 / 2 <= b16 <= b1 / 2 * 1.01,
+              f"  bf16 on the wire: {b16:.0f} bytes, fp32 {b1:.0f} ({b1 / b16:.3f}x fewer, "
+              f"expected 2x up to word padding)")
+        d_round = weights_error(ref16.params, ref.params, D)[0]
+        check(d_round > 10 * TOL, f"  bf16 differs from fp32 by {d_round:.2e} (weights rel; "
+                                  f"expected: not the same)")
+        bound = max(TOL, d_round / 3)
+        compare(f"W=2 groups of dp2_zero1, bf16 (<= {bound:.1e})",
+                runs.run("dp2_zero1_bf16", 4, ["--dp", "2", "--zero", "1"] + bf16), ref16, bound)
         again = runs.run("dp2_zero1_again", 4, ["--dp", "2", "--zero", "1"])
         same = bitwise(again, runs.runs["dp2_zero1"])
         check(same, f"  W=2 dp2_zero1 twice: {'bitwise identical' if same else 'runs differ'}")

@@ -8,7 +8,11 @@
  *    computed from the outer gradient of the send step and applied two steps later, the
  *    local parameters mixed alpha : 1 - alpha with the new global ones; at the last step
  *    whatever is in flight lands and every fragment is synced and replaced.
- * The parameters between syncs are moved by random "inner steps". */
+ * The parameters between syncs are moved by random "inner steps".
+ * bf16 on the wire is checked bitwise: every decoded value is its fp32 value rounded to the
+ * nearest bf16, ties to even (bf16_reference: frexp and nearbyint, not kernels/bf16.h's bit
+ * arithmetic), so a bf16 outer sync sends exactly the fp32 outer gradient rounded. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +28,43 @@
 
 static float uniform(void) {
     return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* x rounded to the nearest bf16 (8 significant bits), ties to even (nearbyint in the
+ * default rounding mode); loom flushes subnormals to signed zero. */
+static float bf16_reference(float x) {
+    if (fabsf(x) < FLT_MIN) return copysignf(0.0f, x);
+    int k;
+    (void)frexp((double)x, &k); /* |x| = m 2^k, m in [0.5, 1) */
+    return (float)ldexp(nearbyint(ldexp((double)x, 8 - k)), k - 8);
+}
+
+/* bf16 at the rounding boundaries: random normal bf16 values h with the 16 dropped bits
+ * 0x8000 (a tie: to the even neighbour), 0x7FFF and 0x8001 (either side of it), 0xFFFF
+ * (carries into the exponent at a full significand), both signs, and subnormals. */
+static void test_bf16_boundaries(void **state) {
+    (void)state;
+    enum { N = 4096 };
+    static const uint32_t low[] = {0x8000u, 0x7FFFu, 0x8001u, 0xFFFFu, 0x0001u};
+    float x[N], y[N];
+    uint8_t w[2 * N];
+    for (int i = 0; i < N; i++) {
+        uint32_t hi = (uint32_t)(rnd() % 0xFE) + 1; /* biased exponent 1..254 */
+        if (i % 7 == 0) hi = 0;                     /* subnormal or zero */
+        uint32_t u = (uint32_t)(rnd() & 0x8000u) << 16 | hi << 23 | (uint32_t)(rnd() & 0x7Fu) << 16;
+        u |= i % 9 == 0 ? 0x007F0000u : 0; /* a full significand */
+        u |= low[i % 5];
+        memcpy(&x[i], &u, sizeof u);
+    }
+    loom_outer_quantize(LOOM_OUTER_BF16, x, N, 64, w);
+    loom_outer_dequantize(LOOM_OUTER_BF16, w, N, 64, y);
+    for (int i = 0; i < N; i++) {
+        const float want = bf16_reference(x[i]);
+        if (memcmp(&y[i], &want, sizeof want) != 0)
+            print_error("bf16 wire: %a decoded as %a, expected %a\n", (double)x[i], (double)y[i],
+                        (double)want);
+        assert_memory_equal(&y[i], &want, sizeof want);
+    }
 }
 
 static void test_wire_formats(void **state) {
@@ -54,7 +95,14 @@ static void test_wire_formats(void **state) {
                 for (size_t i = lo; i < hi; i++) {
                     const double e = fabs((double)y[i] - x[i]);
                     if (dt == LOOM_OUTER_FP32) assert_true(y[i] == x[i]);
-                    if (dt == LOOM_OUTER_BF16) assert_true(e <= fabs(x[i]) / 256.0);
+                    if (dt == LOOM_OUTER_BF16) {
+                        const float want = bf16_reference(x[i]);
+                        if (memcmp(&y[i], &want, sizeof want) != 0)
+                            print_error("bf16 wire: %a decoded as %a, expected %a\n", (double)x[i],
+                                        (double)y[i], (double)want);
+                        assert_memory_equal(&y[i], &want, sizeof want);
+                        assert_true(e <= fabs(x[i]) / 256.0);
+                    }
                     if (dt == LOOM_OUTER_INT8) assert_true(e <= amax / 127 * 0.5001 + 1e-30);
                     if (dt == LOOM_OUTER_INT4) assert_true(e <= amax / 7 * 0.5001 + 1e-30);
                     if (x[i] == 0.0f && amax == 0.0) assert_true(y[i] == 0.0f);
@@ -232,6 +280,7 @@ int main(void) {
     printf("test_outer seed %llu (LOOM_TEST_SEED to repeat)\n", (unsigned long long)seed);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wire_formats),
+        cmocka_unit_test(test_bf16_boundaries),
         cmocka_unit_test(test_plain_diloco),
         cmocka_unit_test(test_streaming),
     };
