@@ -105,6 +105,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         loom_grad_sync_step_end(&r->sync);
         /* --outer diloco: this step's share of the outer sync (parallel/outer.h) */
         if (r->outer_on && (st = loom_outer_after_step(&r->outer, step + 1, err))) return st;
+        /* ZeRO-3: the outer step moved the shard, every gathered copy is stale */
+        if (r->outer_on && r->outer.moved && r->sharded) loom_fsdp_invalidate(r->sharded);
         s.ms = loom_now_ms() - s.t0;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_UPDATE, &s, err))) return st;
         tokens_seen += (long long)G * T * W;
