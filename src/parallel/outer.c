@@ -482,18 +482,17 @@ loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
     return st;
 }
 
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err) {
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step,
+                                  loom_error *err) {
     if (step > o->cfg.start_step) return LOOM_OK;
-    if (o->owned) /* the reduced gradients are not where o->params is (train_config.c refuses) */
-        return loom_error_set(err, LOOM_ERR_STATE, "--outer-start-step: not with --zero 3");
     const double t0 = loom_now_ms();
     const int W = o->comm->size;
-    loom_status st = loom_comm_allreduce_sum(o->comm, grads, o->total, err);
+    loom_status st = loom_comm_allreduce_sum(o->comm, grads, n, err);
     if (st) return st;
     const float inv = 1.0f / (float)W; /* each group's gradient is the mean of its 1/W */
-    for (size_t i = 0; i < o->total; i++) grads[i] *= inv;
+    for (size_t i = 0; i < n; i++) grads[i] *= inv;
     /* what a ring all-reduce sends per rank: 2 (W - 1) / W of the buffer */
-    o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)o->total;
+    o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)n;
     o->sync_ms = loom_now_ms() - t0;
     return LOOM_OK;
 }

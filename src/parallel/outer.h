@@ -129,12 +129,13 @@ void loom_outer_free(loom_outer *o);
  * the workers. */
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
 /* --outer-start-step S, a warm start: for steps 1..S (1-based `step`) the gradients this
- * rank holds reduced in its group, grads[0..total), are averaged over the workers (one
- * all-reduce of the whole buffer over mesh->outer, before the norm and AdamW), so every
- * worker takes the same synchronous data-parallel step; after step S the round-start
- * parameters are the parameters then and DiLoCo's rounds count from S. Collective over
- * the workers; nothing after step S. Not with an owned buffer (ZeRO-3): LOOM_ERR_STATE. */
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err);
+ * rank holds reduced in its group, grads[0..n) (the whole flat buffer, or with ZeRO-3 its
+ * reduced shard: the ranks of the same place in the other groups pass the same range),
+ * are averaged over the workers (one all-reduce over mesh->outer, before the norm and
+ * AdamW), so every worker takes the same synchronous data-parallel step; after step S the
+ * round-start parameters are the parameters then and DiLoCo's rounds count from S.
+ * Collective over the workers; nothing after step S. */
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step, loom_error *err);
 
 /* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
  * number: the loss). Collective over the workers. */

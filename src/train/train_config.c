@@ -93,13 +93,13 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);
-    /* the warm start averages the gradients where the group reduced them, the flat buffer:
-     * --ep, --grad-accum sharded and ZeRO-3 (its outer state is the parameter shard's) keep
-     * theirs elsewhere */
-    const char *no_start = tc->layout.ep > 1                        ? "--ep > 1"
-                           : tc->zero == 3                          ? "--zero 3"
-                           : strcmp(tc->grad_accum, "sharded") == 0 ? "--grad-accum sharded"
-                                                                    : NULL;
+    /* the warm start averages the gradients where the group reduced them: ZeRO-3 the
+     * rank's reduced shard, else the flat buffer (--ep and --grad-accum sharded below
+     * ZeRO-3 keep theirs elsewhere) */
+    const char *no_start = tc->layout.ep > 1 ? "--ep > 1"
+                           : tc->zero != 3 && strcmp(tc->grad_accum, "sharded") == 0
+                               ? "--grad-accum sharded"
+                               : NULL;
     if (o->start_step > 0 && no_start)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer-start-step %d: not with %s yet (docs/diloco.md: limits)",

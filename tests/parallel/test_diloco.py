@@ -48,8 +48,8 @@ A warm start (--outer-start-step S: synchronous dp over the workers for steps 1.
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
 S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
 at S + H and the last step, resumes before, at and after the switch are bitwise, a
-resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2 and of
-pp 2 with S = 4 equal groups of one rank.
+resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2, of
+pp 2 and of dp 2 ZeRO-3 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import json
@@ -460,8 +460,9 @@ def main():
         # gradient over the workers, whatever the group's layout
         ws = ["--outer-start-step", "4"]
         single4 = runs.run("w2_single_start4", 2, ws)
+        # (ZeRO-3: each rank averages its reduced gradient shard)
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
-                            ("pp2", ["--pp", "2"])):
+                            ("pp2", ["--pp", "2"]), ("dp2_zero3", ["--dp", "2", "--zero", "3"])):
             compare(f"W=2 groups of {name}, --outer-start-step 4",
                     runs.run(name + "_start4", 4, flags + ws), single4)
         # the replicas of a dp-2 group sync half of the model each: the same bytes in all
