@@ -173,15 +173,19 @@ static int by_offset(const void *a, const void *b) {
 static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int L,
                                    loom_error *err) {
     const int F = o->n_frag, W = o->comm->size, me = o->comm->rank, H = o->cfg.inner_steps;
+    const size_t lo = o->lo, hi = o->lo + o->total;
     for (int i = 0; i < t->n_params; i++) {
         const loom_param *p = &t->params[i];
-        if (p->numel == 0) continue;
+        /* the part of the tensor in this rank's range (ZeRO-3: its shard), in the tensor's
+         * fragment (by where the tensor starts: the same on every rank) */
+        const size_t a = p->offset > lo ? p->offset : lo;
+        const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (e <= a) continue;
         loom_outer_fragment *f = &o->frag[fragment_of(t, p->offset, F, L)];
         loom_outer_run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
         if (!grown) return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
         f->runs = grown;
-        f->runs[f->n_runs++] =
-            (loom_outer_run){p->offset, p->numel, p->counted_in_norm && !p->replica};
+        f->runs[f->n_runs++] = (loom_outer_run){a - lo, e - a, p->counted_in_norm && !p->replica};
     }
     for (int k = 0; k < F; k++) {
         loom_outer_fragment *f = &o->frag[k];
@@ -236,9 +240,15 @@ static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int
 }
 
 loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_mesh *mesh,
-                              const loom_param_table *table, int n_layer_global, float *params,
-                              int steps, loom_error *err) {
+                              const loom_param_table *table, int n_layer_global,
+                              const loom_outer_buffer *buf, int steps, loom_error *err) {
     memset(o, 0, sizeof *o);
+    if (buf->lo > buf->hi || buf->hi > table->total)
+        return loom_error_set(err, LOOM_ERR_STATE, "--outer: range [%zu, %zu) of %zu parameters",
+                              buf->lo, buf->hi, table->total);
+    if (buf->owned && cfg->elastic_worker >= 0) /* its exchanges send the whole buffer */
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--elastic-worker: not with --zero 3 yet (docs/diloco.md: limits)");
     o->cfg = *cfg;
     loom_status st = loom_outer_dtype_parse(cfg->dtype, &o->dtype, err);
     if (st) return st;
@@ -246,10 +256,12 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->group = &mesh->world;
     o->replicas = loom_layout_replicas(mesh->layout);
     o->dp = &mesh->dp;
-    o->shards = o->replicas > 1 && mesh->layout.ep == 1 ? o->replicas : 1;
+    o->owned = buf->owned;
+    o->shards = !o->owned && o->replicas > 1 && mesh->layout.ep == 1 ? o->replicas : 1;
     o->shard = o->shards > 1 ? mesh->dp.rank : 0;
-    o->params = params;
-    o->total = table->total;
+    o->params = buf->params;
+    o->lo = buf->lo;
+    o->total = buf->hi - buf->lo;
     o->steps = steps;
     if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine, no fragments */
         if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
@@ -271,7 +283,7 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
         loom_outer_free(o);
         return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
     }
-    memcpy(o->start, params, o->total * sizeof(float));
+    memcpy(o->start, o->params, o->total * sizeof(float));
     if ((st = build_fragments(o, table, n_layer_global, err))) loom_outer_free(o);
     return st;
 }
@@ -390,6 +402,7 @@ static loom_status land(loom_outer *o, loom_outer_fragment *f, int replace, loom
         }
         at += u->numel;
     }
+    o->moved |= f->n_runs > 0;
     f->ph = LOOM_OUTER_IDLE;
     return LOOM_OK;
 }
@@ -428,13 +441,17 @@ loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn relo
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
-    if (o->elastic) return loom_outer_elastic_after_step(o, step, err);
+    if (o->elastic) {
+        o->moved = 1; /* (its syncs are not reported here) */
+        return loom_outer_elastic_after_step(o, step, err);
+    }
     const double t0 = loom_now_ms();
     const int streaming = o->n_frag > 1;
     loom_status st = LOOM_OK;
     o->stats.bytes_step = 0.0;
     o->stats.hidden_ms = 0.0;
     o->stats.syncs = 0;
+    o->moved = 0;
     if (step <= o->cfg.start_step) { /* a synchronous step (loom_outer_sync_grads) */
         for (int k = 0; k < o->n_frag; k++) o->frag[k].landed = 0;
         o->stats.bytes_step = o->sync_bytes;
@@ -474,16 +491,17 @@ loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
     return st;
 }
 
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err) {
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step,
+                                  loom_error *err) {
     if (step > o->cfg.start_step) return LOOM_OK;
     const double t0 = loom_now_ms();
     const int W = o->comm->size;
-    loom_status st = loom_comm_allreduce_sum(o->comm, grads, o->total, err);
+    loom_status st = loom_comm_allreduce_sum(o->comm, grads, n, err);
     if (st) return st;
     const float inv = 1.0f / (float)W; /* each group's gradient is the mean of its 1/W */
-    for (size_t i = 0; i < o->total; i++) grads[i] *= inv;
+    for (size_t i = 0; i < n; i++) grads[i] *= inv;
     /* what a ring all-reduce sends per rank: 2 (W - 1) / W of the buffer */
-    o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)o->total;
+    o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)n;
     o->sync_ms = loom_now_ms() - t0;
     return LOOM_OK;
 }
@@ -512,7 +530,7 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     double sq = 0.0;
     for (int k = 0; k < F; k++) {
         if (buf[n + 1 + F + k] > 0)
-            o->norm_sq[k] = buf[n + 1 + k] / (o->shards > 1 ? 1 : o->replicas);
+            o->norm_sq[k] = buf[n + 1 + k] / (o->shards > 1 || o->owned ? 1 : o->replicas);
         sq += o->norm_sq[k];
     }
     o->stats.grad_norm = sqrt(sq);

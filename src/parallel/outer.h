@@ -4,9 +4,11 @@
  * the workers and SGD with (Nesterov) momentum moves the round-start parameters; every
  * worker goes on from the result. Each rank syncs its own flat buffer with the ranks of
  * the same place in the other worker groups (mesh->outer): its tp shard, its pipeline
- * stage, its experts; dp replicas inside a group each send the whole buffer (the outer
- * state is replicated over them), and the outer momentum is sharded over the workers
- * (each owns 1/W of every fragment, like ZeRO-1).
+ * stage, its experts; dp replicas inside a group each sync 1/replicas of every fragment
+ * and all-gather the update inside the group (ZeRO-0/1/2: every replica holds the whole
+ * buffer), or with ZeRO-3 each syncs its own parameter shard (the replicas hold disjoint
+ * ranges: nothing is gathered, and no rank ever holds the whole buffer); the outer
+ * momentum is sharded over the workers (each owns 1/W of every fragment, like ZeRO-1).
  *
  * The wire: an all-to-all of the workers' outer gradients in --outer-dtype (each worker
  * receives the W contributions to the chunk it owns, summed in worker order, so every
@@ -91,9 +93,11 @@ typedef struct {
     loom_comm *dp;                    /* those replicas (mesh->dp) */
     int shards, shard; /* replicas > 1 without --ep: each syncs its 1/replicas of every fragment,
                           then the update is all-gathered over dp (fp32, inside the group) */
-    float *params;     /* this rank's flat buffer (trained in place) */
-    size_t total;
-    float *start; /* the round-start (global) parameters, flat like params */
+    int owned;         /* ZeRO-3: params is this rank's parameter shard (loom_outer_buffer) */
+    float *params;     /* [lo, lo + total) of this rank's flat buffer (trained in place) */
+    size_t lo, total;
+    float *start; /* the round-start (global) parameters, like params */
+    int moved;    /* the last loom_outer_after_step changed params (a fragment landed) */
     int n_frag;
     loom_outer_fragment *frag;
     int steps; /* the run's last step: every fragment is synced there */
@@ -103,25 +107,39 @@ typedef struct {
     struct loom_outer_elastic *elastic; /* --elastic-worker (parallel/outer_elastic.h) */
 } loom_outer;
 
+/* Where this rank's parameters are: params holds [lo, hi) of the flat buffer the registry
+ * describes, the whole buffer (0, total), or with owned = 1 ZeRO-3's parameter shard
+ * (parallel/fsdp.h), which no other replica of the group holds: the rank syncs that range
+ * only, with the ranks of the same place in the other worker groups (whose shards are the
+ * same ranges: the groups have one layout), and nothing is gathered inside the group. */
+typedef struct {
+    float *params;
+    size_t lo, hi;
+    int owned;
+} loom_outer_buffer;
+
 /* After the parameters are set (initial or loaded): start = params. */
 loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_mesh *mesh,
-                              const loom_param_table *table, int n_layer_global, float *params,
-                              int steps, loom_error *err);
+                              const loom_param_table *table, int n_layer_global,
+                              const loom_outer_buffer *buf, int steps, loom_error *err);
 void loom_outer_free(loom_outer *o);
 /* After inner step `step` (1-based): starts, advances and lands this step's fragments; at
- * the run's last step every fragment is synced (blocking). Collective over the workers. */
+ * the run's last step every fragment is synced (blocking); o->moved says whether the
+ * parameters changed (ZeRO-3: the caller invalidates its gathered view). Collective over
+ * the workers. */
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
 /* 1 when loom_outer_after_step(o, step) reads or writes the parameters (a fragment sent,
  * in flight or landing, an elastic sync, the warm start's end): with
  * --overlap-param-gather every gather into them must be complete first. */
 int loom_outer_touches_params(const loom_outer *o, int step);
 /* --outer-start-step S, a warm start: for steps 1..S (1-based `step`) the gradients this
- * rank holds reduced in its group, grads[0..total), are averaged over the workers (one
- * all-reduce of the whole buffer over mesh->outer, before the norm and AdamW), so every
- * worker takes the same synchronous data-parallel step; after step S the round-start
- * parameters are the parameters then and DiLoCo's rounds count from S. Collective over
- * the workers; nothing after step S. */
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, int step, loom_error *err);
+ * rank holds reduced in its group, grads[0..n) (the whole flat buffer, or with ZeRO-3 its
+ * reduced shard: the ranks of the same place in the other groups pass the same range),
+ * are averaged over the workers (one all-reduce over mesh->outer, before the norm and
+ * AdamW), so every worker takes the same synchronous data-parallel step; after step S the
+ * round-start parameters are the parameters then and DiLoCo's rounds count from S.
+ * Collective over the workers; nothing after step S. */
+loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step, loom_error *err);
 
 /* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
  * number: the loss). Collective over the workers. */

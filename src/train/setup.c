@@ -542,10 +542,14 @@ static loom_status setup(loom_run *r, loom_error *err) {
     /* The moving average starts at the weights the run starts from, unless it was loaded. */
     if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
-    /* --outer diloco: the round starts from the parameters the run starts from */
+    /* --outer diloco: the round starts from the parameters the run starts from (ZeRO-3:
+     * this rank's parameter shard, the only place they are) */
     if (loom_outer_enabled(&tc->outer)) {
+        const loom_outer_buffer ob =
+            r->sharded ? (loom_outer_buffer){r->sharded->shard, r->sharded->lo, r->sharded->hi, 1}
+                       : (loom_outer_buffer){r->params, 0, r->model.table.total, 0};
         if ((st = loom_outer_create(&r->outer, &tc->outer, r->mesh, &r->model.table, r->mc->n_layer,
-                                    r->params, tc->steps, err)))
+                                    &ob, tc->steps, err)))
             return st;
         r->outer_on = 1;
         if ((st = resume_outer(r, err))) return st;

@@ -44,6 +44,16 @@ static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
     return LOOM_OK;
 }
 
+/* --outer-start-step: the gradients this rank holds reduced, averaged over the workers
+ * (ZeRO-3: its reduced shard, so no page of the whole buffer becomes resident; else the
+ * flat buffer). */
+static loom_status outer_sync_grads(loom_run *r, int step, loom_error *err) {
+    if (r->sharded)
+        return loom_outer_sync_grads(&r->outer, loom_zero_reduced_grads(&r->zero, r->grads),
+                                     r->zero.hi - r->zero.lo, step, err);
+    return loom_outer_sync_grads(&r->outer, r->grads, r->model.table.total, step, err);
+}
+
 static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_mesh *mesh = r->mesh;
@@ -80,7 +90,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_FORWARD_BACKWARD, &s, err)) ||
             (st = loom_grad_sync_finish(&r->sync, err)) ||
             /* --outer-start-step: synchronous dp over the workers until DiLoCo starts */
-            (r->outer_on && (st = loom_outer_sync_grads(&r->outer, r->grads, step + 1, err))) ||
+            (r->outer_on && (st = outer_sync_grads(r, step + 1, err))) ||
             (st = loom_comm_allreduce_sum_f64(&mesh->dp, &s.loss_sum, 1, err)) ||
             (st = loom_dp_balance_measure(r, compute_ms, compute_cpu_ms, err)))
             return st;
@@ -108,6 +118,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
             (st = loom_grad_sync_params_complete(&r->sync, err))) /* --overlap-param-gather */
             return st;
         if (r->outer_on && (st = loom_outer_after_step(&r->outer, step + 1, err))) return st;
+        /* ZeRO-3: the outer step moved the shard, every gathered copy is stale */
+        if (r->outer_on && r->outer.moved && r->sharded) loom_fsdp_invalidate(r->sharded);
         s.ms = loom_now_ms() - s.t0;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_UPDATE, &s, err))) return st;
         tokens_seen += (long long)G * T * W;

@@ -42,7 +42,9 @@ expect "start step with sharded accumulation" \
     "${D[@]}" --outer-start-step 2 --zero 2 --grad-accum sharded
 expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" -- \
     "${D[@]}" --ckpt-fast-dir "$TMP/fast"
-expect "not with ZeRO-3 yet" "--outer diloco: not with --zero 3" -- "${D[@]}" --zero 3
+# ZeRO-3 inside the groups works (each rank syncs its parameter shard), not with --ep yet
+expect "ZeRO-3 with experts" "--outer diloco: not with --zero 3 and --ep > 1 yet" -- \
+    "${D[@]}" --zero 3 --ep 2 --n-experts 2 --top-k 1
 
 # --elastic-worker (parallel/outer_elastic.c): checked before MPI starts
 E=("${D[@]}" --workers 2)
@@ -57,6 +59,8 @@ expect "elastic int4 with an odd block" "--outer-block 33: expected an even numb
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 expect "elastic start step" "--elastic-worker: not with --outer-start-step 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-start-step 2
+expect "elastic ZeRO-3" "--outer diloco: not with --zero 3 and --elastic-worker yet" -- \
+    "${E[@]}" --elastic-worker 1 --zero 3
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

@@ -20,15 +20,18 @@ steps m_w / sqrt(v_w) is not m / sqrt(v) of the mean gradient. So the test check
    the mean and the outer step against an independent code path.
 3. W = 2 with ordinary AdamW differs from --dp 2 (the check above can fail).
 Then the layouts inside the workers (H = 3, Nesterov momentum, evaluation, a last round
-cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2 give the losses and weights of
-W = 2 groups of one rank (<= TOL; the worst tensor <= 10 TOL as in test_layouts*.py); the
-same layout twice is bitwise; checkpoints hold the outer state (round-start parameters,
-momentum): a resume mid-round (from DIR/step_N, and --resume auto) is bitwise; streaming (F = 2) in fp32 in a dp 2 group equals it in
-one-rank groups, and with --overlap-param-gather in dp 2 ZeRO-1 groups bitwise the run
-without it; bf16 on the wire (plain DiLoCo) sends half of fp32's bytes, differs from
-fp32, and in dp 2 ZeRO-1 groups equals one-rank groups within a bound derived from the
-bf16-vs-fp32 difference (the comment at the check); streaming int4 twice is bitwise (also
-with the outer engine's thread
+cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2, of dp 2 ZeRO-3 (each rank syncs
+its parameter shard) give the losses and weights of W = 2 groups of one rank (<= TOL; the
+worst tensor <= 10 TOL as in test_layouts*.py); the same layout twice is bitwise (ZeRO-1,
+ZeRO-3); checkpoints hold the outer state (round-start parameters, momentum): a resume
+mid-round (from DIR/step_N, and --resume auto; ZeRO-3 groups, whose ranks save their
+shard's state, about half a ZeRO-1 rank's) is bitwise; streaming (F = 2) in fp32 in a dp 2
+group (ZeRO-1, ZeRO-3) equals it in one-rank groups, and with --overlap-param-gather in
+dp 2 ZeRO-1 groups bitwise the run without it; int4 in ZeRO-3 groups trains; bf16 on the
+wire (plain DiLoCo) sends half of fp32's bytes, differs from fp32, and in dp 2 ZeRO-1
+groups equals one-rank groups within a bound derived from the bf16-vs-fp32 difference
+(the comment at the check); streaming int4 twice is bitwise (also with the outer engine's
+thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1) without
 faults: bitwise the weights of the same groups in one job; their checkpoints
@@ -49,8 +52,8 @@ A warm start (--outer-start-step S: synchronous dp over the workers for steps 1.
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
 S >= steps it is --dp 2 with ordinary AdamW (<= TOL); with S = 4 of 8 the outer syncs come
 at S + H and the last step, resumes before, at and after the switch are bitwise, a
-resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2 and of
-pp 2 with S = 4 equal groups of one rank.
+resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 2, of
+pp 2 and of dp 2 ZeRO-3 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
 import json
@@ -437,20 +440,24 @@ def main():
         runs = Layouts(real + diloco, tmp, "layout_")
         ref = runs.run("w2_single", 2)
         print(f"W=2 H=3 groups of one rank, loss {ref.losses[0]:.4f} -> {ref.losses[-1]:.4f}")
+        # (ZeRO-3: each rank syncs its own parameter shard with its peers in the other group)
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
-                            ("pp2", ["--pp", "2"])):
+                            ("pp2", ["--pp", "2"]), ("dp2_zero3", ["--dp", "2", "--zero", "3"])):
             compare(f"W=2 groups of {name}", runs.run(name, 4, flags), ref)
         # the warm start inside the groups: its synchronous steps average each group's
         # gradient over the workers, whatever the group's layout
         ws = ["--outer-start-step", "4"]
         single4 = runs.run("w2_single_start4", 2, ws)
+        # (ZeRO-3: each rank averages its reduced gradient shard)
         for name, flags in (("dp2_zero1", ["--dp", "2", "--zero", "1"]), ("tp2", ["--tp", "2"]),
-                            ("pp2", ["--pp", "2"])):
+                            ("pp2", ["--pp", "2"]), ("dp2_zero3", ["--dp", "2", "--zero", "3"])):
             compare(f"W=2 groups of {name}, --outer-start-step 4",
                     runs.run(name + "_start4", 4, flags + ws), single4)
         # the replicas of a dp-2 group sync half of the model each: the same bytes in all
-        b1, b2 = (r.rows[-1]["outer"]["bytes_total"] for r in (ref, runs.runs["dp2_zero1"]))
-        check(b2 == b1, f"  dp2 groups send the bytes of one-rank groups ({b2:.0f} vs {b1:.0f})")
+        b1, b2, b3 = (r.rows[-1]["outer"]["bytes_total"]
+                      for r in (ref, runs.runs["dp2_zero1"], runs.runs["dp2_zero3"]))
+        check(b2 == b1 and b3 == b1, f"  dp2 groups (ZeRO-1, ZeRO-3) send the bytes of one-rank "
+                                     f"groups ({b2:.0f}, {b3:.0f} vs {b1:.0f})")
         # bf16 on the wire (--outer-dtype bf16; test_outer.c checks its rounding bitwise):
         # half the bytes of fp32 (each chunk's 2n bytes padded to whole 4-byte words), a
         # different run from fp32, and dp-2 groups equal one-rank groups within a bf16
@@ -569,6 +576,23 @@ def main():
             ok = ("resumed from" in b.stderr and b.losses == want and
                   bitwise((b.losses, b.params), (want, a.params)))
             check(ok, f"  resume mid-round ({name}): bitwise the uninterrupted run")
+        # ZeRO-3 groups: the same run twice (the second writes checkpoints) is bitwise, each
+        # rank's outer state is its shard's (a ZeRO-1 rank of P parameters saves the whole
+        # buffer's round-start values, 4P bytes, and its quarter of the momentum, P; a ZeRO-3
+        # rank its half's, 2P, and the same quarter, P: 3/5), and a resume mid-round is bitwise
+        z3, ckz = ["--dp", "2", "--zero", "3"], os.path.join(tmp, "ck_zero3")
+        za = runs.run("ckpt_zero3", 4, z3 + ["--ckpt-dir", ckz, "--ckpt-every", "4"])
+        check(bitwise(za, runs.runs["dp2_zero3"]), "  W=2 dp2_zero3 twice (with checkpoints): "
+                                                   "bitwise")
+        size = [os.path.getsize(os.path.join(d, "worker_1", "outer", "step_00000004",
+                                             f"rank_{r:05d}.bin")) for d in (ck, ckz) for r in (0, 1)]
+        check(max(size[2:]) < 0.65 * min(size[:2]),
+              f"  ZeRO-3 outer state per rank {size[2:]} bytes (ZeRO-1: {size[:2]}; expected "
+              f"about 3/5)")
+        zb = runs.run("ckpt_zero3_resume", 4, z3 + ["--resume", os.path.join(ckz, "step_00000004")])
+        want = za.losses[4:8] + za.losses[9:]
+        ok = "resumed from" in zb.stderr and bitwise((zb.losses, zb.params), (want, za.params))
+        check(ok, "  ZeRO-3 groups: resume mid-round bitwise the uninterrupted run")
 
         # 5b. --outer-start-step 4 with H = 3: synchronous steps 1-4, an outer sync at 7 and
         # at the last step; checkpoints before, at and after the switch resume bitwise, and
@@ -603,8 +627,9 @@ def main():
         stream[stream.index("--steps") + 1] = "14"
         runs = Layouts(stream, tmp, "stream_")
         s_ref = runs.run("fp32_single", 2)
-        s_dp2 = runs.run("fp32_dp2", 4, ["--dp", "2"])
-        compare("streaming F=2 fp32, groups of dp2", s_dp2, s_ref)
+        compare("streaming F=2 fp32, groups of dp2", runs.run("fp32_dp2", 4, ["--dp", "2"]), s_ref)
+        compare("streaming F=2 fp32, groups of dp2 ZeRO-3",
+                runs.run("fp32_dp2_zero3", 4, ["--dp", "2", "--zero", "3"]), s_ref)
         # --overlap-param-gather (ZeRO-1: the next forward gathers the parameters): the
         # outer sync waits for the gathers on the steps it reads or writes the parameters
         # (a fragment sent, in flight or landing), so the run is the same, bitwise
@@ -637,6 +662,13 @@ def main():
                             f"({b32 / b4:.1f}x fewer)")
         check(q.losses[13] < q.losses[0] - 0.3,
               f"  int4 trains: loss {q.losses[0]:.4f} -> {q.losses[13]:.4f}")
+        # int4 in ZeRO-3 groups (each rank's shard quantized in its own blocks): trains, and
+        # sends about the bytes of one-rank groups (a few more partial blocks' scales)
+        qz = runs.run("int4_dp2_zero3", 4, ["--dp", "2", "--zero", "3"] + int4)
+        bz = qz.rows[-1]["outer"]["bytes_total"]
+        check(qz.losses[13] < qz.losses[0] - 0.3 and bz < b32 / 5,
+              f"  int4 in ZeRO-3 groups trains: loss {qz.losses[0]:.4f} -> {qz.losses[13]:.4f}, "
+              f"{bz:.0f} bytes (one-rank groups {b4:.0f})")
     finally:
         keep_or_remove(tmp, seed)
 

@@ -202,7 +202,8 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
     c.warmup = R;
     assert_int_equal(loom_outer_config_validate(&c, r.cfg.n_layer, NULL), LOOM_OK);
     loom_outer o;
-    assert_int_equal(loom_outer_create(&o, &c, &r.mesh, &r.table, r.cfg.n_layer, p, steps, NULL),
+    assert_int_equal(loom_outer_create(&o, &c, &r.mesh, &r.table, r.cfg.n_layer,
+                                       &(loom_outer_buffer){p, 0, r.table.total, 0}, steps, NULL),
                      LOOM_OK);
     int sent[LOOM_OUTER_MAX_FRAGMENTS];
     for (int f = 0; f < F; f++) sent[f] = -100;
