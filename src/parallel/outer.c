@@ -246,9 +246,6 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     if (buf->lo > buf->hi || buf->hi > table->total)
         return loom_error_set(err, LOOM_ERR_STATE, "--outer: range [%zu, %zu) of %zu parameters",
                               buf->lo, buf->hi, table->total);
-    if (buf->owned && cfg->elastic_worker >= 0) /* its exchanges send the whole buffer */
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with --zero 3 yet (docs/diloco.md: limits)");
     o->cfg = *cfg;
     loom_status st = loom_outer_dtype_parse(cfg->dtype, &o->dtype, err);
     if (st) return st;

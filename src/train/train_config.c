@@ -81,14 +81,13 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
-    /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h), but elastic workers'
-     * exchanges and --ep's full-layout shards (valid on their ranges only) need more */
-    const char *not_yet = tc->zero == 3 && o->elastic_worker >= 0 ? "--zero 3 and --elastic-worker"
-                          : tc->zero == 3 && tc->layout.ep > 1    ? "--zero 3 and --ep > 1"
-                          : tc->ckpt_fast_dir[0]                  ? "--ckpt-fast-dir"
-                          : tc->ckpt_peer                         ? "--ckpt-peer"
-                          : strcmp(tc->device, "cpu") != 0        ? "--device other than cpu"
-                                                                  : NULL;
+    /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
+     * lead gathers the shards), but --ep's full-layout shards are valid on parts only */
+    const char *not_yet = tc->zero == 3 && tc->layout.ep > 1 ? "--zero 3 and --ep > 1"
+                          : tc->ckpt_fast_dir[0]             ? "--ckpt-fast-dir"
+                          : tc->ckpt_peer                    ? "--ckpt-peer"
+                          : strcmp(tc->device, "cpu") != 0   ? "--device other than cpu"
+                                                             : NULL;
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);

@@ -59,8 +59,6 @@ expect "elastic int4 with an odd block" "--outer-block 33: expected an even numb
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 expect "elastic start step" "--elastic-worker: not with --outer-start-step 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-start-step 2
-expect "elastic ZeRO-3" "--outer diloco: not with --zero 3 and --elastic-worker yet" -- \
-    "${E[@]}" --elastic-worker 1 --zero 3
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

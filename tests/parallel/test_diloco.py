@@ -33,8 +33,8 @@ groups equals one-rank groups within a bound derived from the bf16-vs-fp32 diffe
 (the comment at the check); streaming int4 twice is bitwise (also with the outer engine's
 thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
-(--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1) without
-faults: bitwise the weights of the same groups in one job; their checkpoints
+(--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, or of dp 2
+ZeRO-3) without faults: bitwise the weights of the same groups in one job; their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
 bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
 mpirun each), restarts worker 1 after it dies, and it rejoins at the step the test names
@@ -492,24 +492,29 @@ def main():
         # writes checkpoints (the outer state beside them), and both workers resumed from
         # step 4 (mid-round) end bitwise the same
         if shutil.which("ompi-server"):
-            eck, saved = os.path.join(tmp, "elastic_ck"), None
+            eck, saved = os.path.join(tmp, "elastic_ck"), {}
             # (pp 2 and tp 2 groups, whose ranks hold different buffers, were checked the
             # same way by hand: bitwise; left out here for the suite's time)
-            for name, n, flags in (("dp2_zero1", 2, ["--dp", "2", "--zero", "1", "--ckpt-dir", eck,
-                                                     "--ckpt-every", "4"]),):
-                el = elastic_pair(real + diloco + flags, tmp, n, "elastic_" + name)
+            # dp 2 ZeRO-3 workers: each rank holds its parameter shard, the lead gathers the
+            # shards for the exchange and scatters the result back
+            for name, zero in (("dp2_zero1", "1"), ("dp2_zero3", "3")):
+                group = ["--dp", "2", "--zero", zero]
+                ck = ["--ckpt-dir", eck + zero, "--ckpt-every", "4"]
+                el = elastic_pair(real + diloco + group + ck, tmp, 2, "elastic_" + name)
                 same = el is not None and same_tensors(el.params, runs.runs[name].params)
-                check(same, f"  W=2 {name} as two elastic worker jobs of {n} ranks: "
+                check(same, f"  W=2 {name} as two elastic worker jobs of 2 ranks: "
                             f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
-                if name == "dp2_zero1":
-                    saved = el
-            step4 = ["--resume", os.path.join(eck, "step_00000004")]
-            el = elastic_pair(real + diloco + ["--dp", "2", "--zero", "1"] + step4, tmp, 2,
-                              "elastic_resume")
-            want = saved.losses[4:8] + saved.losses[9:] if saved else None
-            ok = (el is not None and saved is not None and "resumed from" in el.stderr and
-                  el.losses == want and same_tensors(el.params, saved.params))
-            check(ok, "  elastic workers resumed mid-round from their checkpoints: bitwise")
+                saved[zero] = el
+            for zero in ("1", "3"):
+                step4 = ["--resume", os.path.join(eck + zero, "step_00000004")]
+                el = elastic_pair(real + diloco + ["--dp", "2", "--zero", zero] + step4, tmp, 2,
+                                  "elastic_resume" + zero)
+                sv = saved[zero]
+                want = sv.losses[4:8] + sv.losses[9:] if sv else None
+                ok = (el is not None and sv is not None and "resumed from" in el.stderr and
+                      el.losses == want and same_tensors(el.params, sv.params))
+                check(ok, f"  elastic workers of dp2 ZeRO-{zero} resumed mid-round from their "
+                          f"checkpoints: bitwise")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
             elastic_pause(args.loom, model, tmp)
