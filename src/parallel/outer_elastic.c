@@ -21,7 +21,13 @@
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
 #define TAG 71
 
-typedef enum { MSG_DELTA = 1, MSG_UPDATE = 2, MSG_STATE = 3 } msg_kind;
+typedef enum {
+    MSG_DELTA = 1,  /* a member's outer gradient */
+    MSG_UPDATE = 2, /* the coordinator's mean of them */
+    MSG_STATE = 3,  /* the group's state, to a joiner */
+    MSG_GRADS = 4,  /* a member's gradients of a warm-start step */
+    MSG_MEAN = 5    /* the coordinator's mean of them */
+} msg_kind;
 
 /* What heads every message: its kind, the step, the sender, the members (UPDATE, STATE). */
 typedef struct {
@@ -306,14 +312,27 @@ static void admit_now(loom_outer *o, int step) {
     }
 }
 
-/* Coordinator's outer step: collect, average in worker order, send the mean back, apply. */
-static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
+/* One exchange through the coordinator: an outer sync (each member's outer gradient up,
+ * the mean down), or a warm-start step's gradients (--outer-start-step). */
+typedef struct {
+    msg_kind up, down; /* a member's message, the coordinator's answer */
+    float *v;          /* lead: this worker's vector in, the members' mean out */
+    size_t n;
+    loom_outer_dtype dtype; /* on the wire, both ways */
+    const char *what;       /* the member's vector, for the lines */
+    const char *answer;     /* the coordinator's, for the lines */
+} exchange;
+
+/* Coordinator: every member's `up` of this step, widened from the wire format, added with
+ * its own (passed through the format and back, as the others') in worker order into
+ * e->acc; a member whose message does not come within the deadline is dropped. Returns
+ * how many vectors were added (-1: out of memory). */
+static int collect(loom_outer *o, int step, const exchange *x) {
     elastic *e = o->elastic;
-    const size_t n = e->all, dbytes = sizeof(msg_head) + e->wire_bytes;
+    const size_t dbytes = sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
     unsigned char *payload = e->out + sizeof(msg_head);
-    /* its own contribution as the others' arrive: through --outer-dtype and back */
-    loom_outer_quantize(o->dtype, e->g, n, o->cfg.block, payload);
-    loom_outer_dequantize(o->dtype, payload, n, o->cfg.block, e->g);
+    loom_outer_quantize(x->dtype, x->v, x->n, o->cfg.block, payload);
+    loom_outer_dequantize(x->dtype, payload, x->n, o->cfg.block, x->v);
     MPI_Request rq[2 * MAX_W];
     ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
@@ -321,7 +340,7 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
         st[w] = EX_DONE;
         if (w == e->me || !e->member[w]) continue;
         unsigned char *b = in_buf(e, w);
-        if (!b) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        if (!b) return -1;
         st[w] = MPI_Irecv(b, (int)dbytes, MPI_BYTE, 0, TAG, e->peer[w], &rq[2 * w]) == MPI_SUCCESS
                     ? EX_PENDING
                     : EX_FAILED;
@@ -330,34 +349,41 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
     for (int w = 0; w < e->W; w++) {
         if (w == e->me || !e->member[w]) continue;
         const msg_head *h = (const msg_head *)e->in[w];
-        if (st[w] == EX_DONE && h->kind == MSG_DELTA && h->step == step) continue;
+        if (st[w] == EX_DONE && h->kind == (int32_t)x->up && h->step == step) continue;
         abandon(e, w);
         fprintf(stderr,
-                "loom: elastic: worker %d step %d: worker %d lost (no outer gradient in %g s): "
-                "dropped\n",
-                e->me, step, w, e->timeout_ms / 1e3);
+                "loom: elastic: worker %d step %d: worker %d lost (no %s in %g s): dropped\n",
+                e->me, step, w, x->what, e->timeout_ms / 1e3);
     }
-    /* the members' mean, added in worker order, widened from --outer-dtype */
-    float *mean = e->acc;
     int count = 0;
     for (int w = 0; w < e->W; w++) {
         if (w != e->me && !e->member[w]) continue;
-        const float *d = e->g;
+        const float *d = x->v;
         if (w != e->me) {
-            loom_outer_dequantize(o->dtype, e->in[w] + sizeof(msg_head), n, o->cfg.block, e->wide);
+            loom_outer_dequantize(x->dtype, e->in[w] + sizeof(msg_head), x->n, o->cfg.block,
+                                  e->wide);
             d = e->wide;
         }
-        for (size_t i = 0; i < n; i++) mean[i] = count ? mean[i] + d[i] : d[i];
+        for (size_t i = 0; i < x->n; i++) e->acc[i] = count ? e->acc[i] + d[i] : d[i];
         count++;
     }
-    for (size_t i = 0; i < n; i++) mean[i] /= (float)count;
-    /* the mean on the wire in --outer-dtype: every member, this one too, applies what the
-     * wire carries */
-    loom_outer_quantize(o->dtype, mean, n, o->cfg.block, payload);
-    loom_outer_dequantize(o->dtype, payload, n, o->cfg.block, mean);
+    return count;
+}
+
+/* Coordinator: the mean in e->acc as `down` to every member (one whose send does not
+ * complete in time is dropped); x->v becomes what the wire carries, which every member,
+ * this one too, goes on with. */
+static void answer(loom_outer *o, int step, const exchange *x) {
+    elastic *e = o->elastic;
+    const size_t dbytes = sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
+    unsigned char *payload = e->out + sizeof(msg_head);
+    loom_outer_quantize(x->dtype, e->acc, x->n, o->cfg.block, payload);
+    loom_outer_dequantize(x->dtype, payload, x->n, o->cfg.block, x->v);
     msg_head h;
-    head_fill(e, &h, MSG_UPDATE, step);
+    head_fill(e, &h, x->down, step);
     memcpy(e->out, &h, sizeof h);
+    MPI_Request rq[2 * MAX_W];
+    ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
         rq[2 * w] = rq[2 * w + 1] = MPI_REQUEST_NULL;
         st[w] = EX_DONE;
@@ -373,25 +399,22 @@ static loom_status sync_coordinator(loom_outer *o, int step, loom_error *err) {
         if (st[w] != EX_DONE) {
             abandon(e, w);
             fprintf(stderr,
-                    "loom: elastic: worker %d step %d: worker %d lost (took no update in %g s): "
+                    "loom: elastic: worker %d step %d: worker %d lost (took no %s in %g s): "
                     "dropped\n",
-                    e->me, step, w, e->timeout_ms / 1e3);
+                    e->me, step, w, x->answer, e->timeout_ms / 1e3);
         }
-    apply(o, step, mean);
-    say(o, step, "outer sync");
-    if (step < o->steps) admit_now(o, step);
-    return LOOM_OK;
 }
 
-/* A member's outer step: its outer gradient to the coordinator, the mean back, applied. */
-static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
+/* Member: its vector up to the coordinator, the mean back into x->v (widened) and the
+ * membership from its head. */
+static loom_status ask(loom_outer *o, int step, const exchange *x, loom_error *err) {
     elastic *e = o->elastic;
-    const size_t n = e->all, dbytes = sizeof(msg_head) + e->wire_bytes;
+    const size_t dbytes = sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
     const int c = e->coordinator;
     msg_head h;
-    head_fill(e, &h, MSG_DELTA, step);
+    head_fill(e, &h, x->up, step);
     memcpy(e->out, &h, sizeof h);
-    loom_outer_quantize(o->dtype, e->g, n, o->cfg.block, e->out + sizeof h);
+    loom_outer_quantize(x->dtype, x->v, x->n, o->cfg.block, e->out + sizeof h);
     MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     ex_state st = EX_PENDING;
     if (MPI_Irecv(e->in[0], (int)dbytes, MPI_BYTE, 0, TAG, e->peer[c], &rq[0]) != MPI_SUCCESS ||
@@ -401,20 +424,41 @@ static loom_status sync_member(loom_outer *o, int step, loom_error *err) {
         poll(rq, 1, &st, 3 * e->timeout_ms);
     o->stats.bytes_step += (double)dbytes;
     const msg_head *r = (const msg_head *)e->in[0];
-    if (st != EX_DONE || r->kind != MSG_UPDATE || r->step != step) {
+    if (st != EX_DONE || r->kind != (int32_t)x->down || r->step != step) {
         e->peer[c] = MPI_COMM_NULL; /* abandoned, with its buffer (a late message) */
         e->in[0] = NULL;
         return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: step %d: no outer update from the coordinator "
-                              "(worker %d) in %g s: this worker leaves the group (restart it with "
+                              "--elastic-worker %d: step %d: no %s from the coordinator (worker "
+                              "%d) in %g s: this worker leaves the group (restart it with "
                               "--elastic-join; docs/diloco.md)",
-                              e->me, step, c, 3 * e->timeout_ms / 1e3);
+                              e->me, step, x->answer, c, 3 * e->timeout_ms / 1e3);
     }
     memset(e->member, 0, sizeof e->member);
     for (int k = 0; k < r->n_members && k < MAX_W; k++) e->member[r->members[k]] = 1;
-    loom_outer_dequantize(o->dtype, e->in[0] + sizeof(msg_head), n, o->cfg.block, e->g);
+    loom_outer_dequantize(x->dtype, e->in[0] + sizeof(msg_head), x->n, o->cfg.block, x->v);
+    return LOOM_OK;
+}
+
+/* The lead's outer step: the members' mean outer gradient (added in worker order, divided
+ * by their number, as the one-job mode's owner of a chunk does), then the outer step,
+ * the same on every member. */
+static loom_status sync_outer(loom_outer *o, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          e->all,
+                        o->dtype,  "outer gradient", "outer update"};
+    if (e->me == e->coordinator) {
+        const int count = collect(o, step, &x);
+        if (count < 0)
+            return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        for (size_t i = 0; i < x.n; i++) e->acc[i] /= (float)count;
+        answer(o, step, &x);
+    } else {
+        loom_status st = ask(o, step, &x, err);
+        if (st) return st;
+    }
     apply(o, step, e->g);
     say(o, step, "outer sync");
+    if (e->me == e->coordinator && step < o->steps) admit_now(o, step);
     return LOOM_OK;
 }
 
@@ -427,9 +471,7 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
     loom_status st = LOOM_OK;
     if (step % o->cfg.inner_steps == 0 || step == o->steps) {
         st = group_gather(o, err);
-        if (!st && e->lead)
-            st = e->me == e->coordinator ? sync_coordinator(o, step, err)
-                                         : sync_member(o, step, err);
+        if (!st && e->lead) st = sync_outer(o, step, err);
         int v[2] = {step, 0};
         st = group_spread(o, st, v, err);
     }
