@@ -62,11 +62,6 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--workers %d: expected <= %d with --elastic-worker", c->workers,
                               LOOM_OUTER_MAX_FRAGMENTS);
-    if (c->start_step != 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with --outer-start-step %d yet "
-                              "(docs/diloco.md)",
-                              c->start_step);
     if (c->fragments != 1)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
@@ -424,7 +419,10 @@ static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step)
 }
 
 int loom_outer_touches_params(const loom_outer *o, int step) {
-    if (o->elastic) return step % o->cfg.inner_steps == 0 || step == o->steps;
+    if (o->elastic)
+        return step <= o->cfg.start_step
+                   ? step == o->cfg.start_step
+                   : (step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps;
     if (step <= o->cfg.start_step) return step == o->cfg.start_step;
     if (step == o->steps) return 1;
     for (int k = 0; k < o->n_frag; k++)
@@ -491,6 +489,7 @@ loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
 loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step,
                                   loom_error *err) {
     if (step > o->cfg.start_step) return LOOM_OK;
+    if (o->elastic) return loom_outer_elastic_sync_grads(o, grads, n, step, err);
     const double t0 = loom_now_ms();
     const int W = o->comm->size;
     loom_status st = loom_comm_allreduce_sum(o->comm, grads, n, err);

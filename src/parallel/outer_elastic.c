@@ -45,23 +45,28 @@ struct loom_outer_elastic {
      * exchange with the other workers for the whole group; the arrays below marked "lead"
      * exist only there. The group's buffers are its ranks' flat buffers back to back in rank
      * order, each once (a dp replica of another rank's buffer contributes nothing). */
-    MPI_Comm job;             /* MPI_COMM_NULL: a job of one rank */
-    int lead, contrib;        /* this rank is the job's rank 0; contributes its buffer */
-    int *counts, *displs;     /* lead: floats each job rank contributes, and where */
-    size_t all;               /* the group's floats (the counts' sum) */
-    float *start_all;         /* lead: the group's round-start parameters */
-    float *mine;              /* this rank's outer gradient start - params */
-    MPI_Comm peer[MAX_W];     /* coordinator: one per member; member: peer[coordinator] */
-    int member[MAX_W];        /* the last membership this worker knows */
-    float *mom;               /* lead: the outer momentum, whole (every member holds the same) */
-    float *g;                 /* lead: the group's outer gradient, then the members' mean */
-    float *acc, *wide;        /* coordinator: the mean being added up; a member's, widened */
-    unsigned char *out;       /* lead: a message being sent */
-    unsigned char *in[MAX_W]; /* coordinator: each member's message; member: [0] */
-    size_t msg_bytes;         /* head + 2 x all floats (the largest message) */
-    size_t wire_bytes;        /* an outer gradient or mean in --outer-dtype */
-    int start_step;           /* the step the run starts after (a joiner: the coordinator's) */
-    int loaded;               /* lead: start_all and mom came from this worker's checkpoint */
+    MPI_Comm job;           /* MPI_COMM_NULL: a job of one rank */
+    int lead, contrib;      /* this rank is the job's rank 0; contributes its buffer */
+    int *counts, *displs;   /* lead: floats each job rank contributes, and where */
+    size_t all;             /* the group's floats (the counts' sum) */
+    int *gcounts, *gdispls; /* --outer-start-step: the same for gradients (every rank's) */
+    size_t gall;
+    float *gbuf;          /* lead: the group's gradients of a warm-start step, then their mean */
+    float *start_all;     /* lead: the group's round-start parameters */
+    float *mine;          /* this rank's outer gradient start - params */
+    MPI_Comm peer[MAX_W]; /* coordinator: one per member; member: peer[coordinator] */
+    int member[MAX_W];    /* the last membership this worker knows */
+    float *mom;           /* lead: the outer momentum, whole (every member holds the same) */
+    float *g;             /* lead: the group's outer gradient, then the members' mean */
+    float *acc,
+        *wide; /* coordinator: the mean being added up; a member's, widened (max(all, gall)) */
+    unsigned char *out;           /* lead: a message being sent */
+    unsigned char *in[MAX_W];     /* coordinator: each member's message; member: [0] */
+    size_t state_bytes;           /* head + 2 x all floats: the state a joiner takes */
+    size_t msg_bytes;             /* the largest message: the state, or a warm start's gradients */
+    size_t wire_bytes;            /* an outer gradient or mean in --outer-dtype */
+    int start_step;               /* the step the run starts after (a joiner: the coordinator's) */
+    int loaded;                   /* lead: start_all and mom came from this worker's checkpoint */
     int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
     int n_saved_members;
     int finished; /* the last step's sync is done: disconnect at the end */
@@ -162,8 +167,8 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
  * (start += -g) and leave the momentum untouched. */
 static void apply(loom_outer *o, int step, const float *g) {
     elastic *e = o->elastic;
-    /* the first sync comes after inner step H (--outer-start-step is refused here) */
-    const int warm = loom_outer_warm(&o->cfg, step, o->cfg.inner_steps);
+    /* the first sync comes H inner steps after the warm start's S (0 without one) */
+    const int warm = loom_outer_warm(&o->cfg, step, o->cfg.start_step + o->cfg.inner_steps);
     double sq = 0.0;
     for (size_t i = 0; i < e->all; i++) {
         sq += (double)g[i] * g[i];
@@ -269,11 +274,11 @@ static int admit(loom_outer *o, int step) {
         memcpy(e->out + sizeof h + e->all * sizeof(float), e->mom, e->all * sizeof(float));
         MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         ex_state st = EX_PENDING;
-        if (MPI_Isend(e->out, (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
+        if (MPI_Isend(e->out, (int)e->state_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
             st = EX_FAILED;
         else
             poll(rq, 1, &st, e->timeout_ms);
-        o->stats.bytes_step += (double)e->msg_bytes;
+        o->stats.bytes_step += (double)e->state_bytes;
         if (st != EX_DONE) {
             abandon(e, w);
             fprintf(stderr, "loom: elastic: worker %d step %d: worker %d did not take the state\n",
@@ -462,6 +467,71 @@ static loom_status sync_outer(loom_outer *o, int step, loom_error *err) {
     return LOOM_OK;
 }
 
+/* The lead's e->start_all from the ranks' parameters (params, each rank's contribution). */
+static loom_status gather_params(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(e->start_all, o->params, o->total * sizeof(float));
+        return LOOM_OK;
+    }
+    if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all, e->counts,
+                    e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
+    return LOOM_OK;
+}
+
+/* The warm start's end (step S): the round-start parameters are the parameters now. */
+static loom_status take_start(loom_outer *o, loom_error *err) {
+    memcpy(o->start, o->params, o->total * sizeof(float));
+    return gather_params(o, err);
+}
+
+loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n, int step,
+                                          loom_error *err) {
+    elastic *e = o->elastic;
+    const double t0 = loom_now_ms();
+    if (n != o->total)
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-start-step with --elastic-worker: this rank's gradient "
+                              "(%zu values) is not the part of the parameters it syncs (%zu; "
+                              "--freeze): not supported",
+                              n, o->total);
+    /* every rank's gradients to the lead: each replica holds its own reduced part */
+    loom_status st = LOOM_OK;
+    if (e->job == MPI_COMM_NULL)
+        memcpy(e->gbuf, grads, n * sizeof(float));
+    else if (MPI_Gatherv(grads, (int)n, MPI_FLOAT, e->gbuf, e->gcounts, e->gdispls, MPI_FLOAT, 0,
+                         e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
+    o->stats.bytes_step = 0.0;
+    if (e->lead) {
+        /* summed in worker order and scaled by 1/members, as the one-job mode's all-reduce
+         * then 1/W; fp32 on the wire, as there */
+        const exchange x = {MSG_GRADS,       MSG_MEAN,   e->gbuf,        e->gall,
+                            LOOM_OUTER_FP32, "gradient", "gradient mean"};
+        if (e->me == e->coordinator) {
+            const int count = collect(o, step, &x);
+            if (count < 0)
+                st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+            const float inv = 1.0f / (float)(count > 0 ? count : 1);
+            for (size_t i = 0; !st && i < x.n; i++) e->acc[i] *= inv;
+            if (!st) answer(o, step, &x);
+        } else {
+            st = ask(o, step, &x, err);
+        }
+    }
+    int v[2] = {step, 0};
+    if ((st = group_verdict(o, st, v, err))) return st;
+    if (e->job == MPI_COMM_NULL)
+        memcpy(grads, e->gbuf, n * sizeof(float));
+    else if (MPI_Scatterv(e->gbuf, e->gcounts, e->gdispls, MPI_FLOAT, grads, (int)n, MPI_FLOAT, 0,
+                          e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Scatterv failed");
+    o->sync_bytes = o->stats.bytes_step;
+    o->sync_ms = loom_now_ms() - t0;
+    return LOOM_OK;
+}
+
 loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err) {
     const double t0 = loom_now_ms();
     elastic *e = o->elastic;
@@ -469,14 +539,22 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
     o->stats.hidden_ms = 0.0;
     o->stats.syncs = 0;
     loom_status st = LOOM_OK;
-    if (step % o->cfg.inner_steps == 0 || step == o->steps) {
-        st = group_gather(o, err);
-        if (!st && e->lead) st = sync_outer(o, step, err);
-        int v[2] = {step, 0};
-        st = group_spread(o, st, v, err);
+    if (step <= o->cfg.start_step) { /* a synchronous step: loom_outer_elastic_sync_grads */
+        o->stats.bytes_step = o->sync_bytes;
+        /* the members hold the same parameters: DiLoCo's first round starts from them */
+        if (step == o->cfg.start_step) st = take_start(o, err);
+        o->stats.exposed_ms = o->sync_ms + (loom_now_ms() - t0);
+        o->sync_bytes = o->sync_ms = 0.0;
+    } else {
+        if ((step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps) {
+            st = group_gather(o, err);
+            if (!st && e->lead) st = sync_outer(o, step, err);
+            int v[2] = {step, 0};
+            st = group_spread(o, st, v, err);
+        }
+        o->stats.exposed_ms = loom_now_ms() - t0;
     }
     if (!st && step == o->steps) e->finished = 1;
-    o->stats.exposed_ms = loom_now_ms() - t0;
     return st;
 }
 
@@ -607,21 +685,31 @@ static loom_status group_open(loom_outer *o, loom_error *err) {
     e->contrib = o->shards == 1 || o->dp->rank == 0;
     const int size = o->group->size;
     if (size > 1) e->job = o->group->mpi;
-    e->counts = calloc(2 * (size_t)size, sizeof(int));
+    e->counts = calloc(4 * (size_t)size, sizeof(int));
     if (!e->counts) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     e->displs = e->counts + size;
-    const int mine = e->contrib ? (int)o->total : 0;
+    e->gcounts = e->counts + 2 * size, e->gdispls = e->counts + 3 * size;
+    /* the parameters: a dp replica's buffer once; gradients (a warm start): every rank's */
+    const int mine[2] = {e->contrib ? (int)o->total : 0, (int)o->total};
+    int *both = calloc(2 * (size_t)size, sizeof(int));
+    if (!both) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     if (e->job == MPI_COMM_NULL)
-        e->counts[0] = mine;
-    else if (MPI_Allgather(&mine, 1, MPI_INT, e->counts, 1, MPI_INT, e->job) != MPI_SUCCESS)
+        both[0] = mine[0], both[1] = mine[1];
+    else if (MPI_Allgather(mine, 2, MPI_INT, both, 2, MPI_INT, e->job) != MPI_SUCCESS) {
+        free(both);
         return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Allgather failed");
-    size_t at = 0;
-    for (int r = 0; r < size; r++) {
-        e->displs[r] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
-        at += (size_t)e->counts[r];
     }
-    e->all = at;
-    if (e->all * 2 * sizeof(float) + sizeof(msg_head) > (size_t)0x7fffffff)
+    size_t at = 0, gat = 0;
+    for (int r = 0; r < size; r++) {
+        e->counts[r] = both[2 * r], e->gcounts[r] = both[2 * r + 1];
+        e->displs[r] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
+        e->gdispls[r] = (int)(gat < 0x7fffffff ? gat : 0x7fffffff);
+        at += (size_t)e->counts[r], gat += (size_t)e->gcounts[r];
+    }
+    free(both);
+    e->all = at, e->gall = gat;
+    if ((e->all * 2 > e->gall ? e->all * 2 : e->gall) * sizeof(float) + sizeof(msg_head) >
+        (size_t)0x7fffffff)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-worker: the model is too large for one message (2 GiB)");
     return LOOM_OK;
@@ -648,21 +736,26 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     loom_status st = group_open(o, err);
     if (st) return st;
     const size_t n1 = o->total ? o->total : 1, a1 = e->all ? e->all : 1;
+    const size_t g1 = e->gall > a1 ? e->gall : a1; /* a warm start's gradients, or all */
     o->start = malloc(n1 * sizeof(float));
     e->mine = malloc(n1 * sizeof(float));
     if (!o->start || !e->mine)
         return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     memcpy(o->start, o->params, o->total * sizeof(float));
     if (e->lead) {
-        e->msg_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
+        e->state_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
+        e->msg_bytes =
+            sizeof(msg_head) + (2 * e->all > e->gall ? 2 * e->all : e->gall) * sizeof(float);
         e->wire_bytes = loom_outer_wire_bytes(o->dtype, e->all, c->block);
         e->start_all = malloc(a1 * sizeof(float));
         e->mom = calloc(a1, sizeof(float));
         e->g = malloc(a1 * sizeof(float));
-        e->acc = malloc(a1 * sizeof(float));
-        e->wide = malloc(a1 * sizeof(float));
+        e->acc = malloc(g1 * sizeof(float));
+        e->wide = malloc(g1 * sizeof(float));
+        e->gbuf = o->cfg.start_step > 0 ? malloc(g1 * sizeof(float)) : NULL;
         e->out = malloc(e->msg_bytes);
-        if (!e->start_all || !e->mom || !e->g || !e->acc || !e->wide || !e->out || !in_buf(e, 0))
+        if (!e->start_all || !e->mom || !e->g || !e->acc || !e->wide || !e->out || !in_buf(e, 0) ||
+            (o->cfg.start_step > 0 && !e->gbuf))
             return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     }
     /* name look-ups and connects report failures instead of ending the job */
@@ -679,13 +772,8 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload
     int loaded = e->loaded;
     if (e->job != MPI_COMM_NULL && MPI_Bcast(&loaded, 1, MPI_INT, 0, e->job) != MPI_SUCCESS)
         return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Bcast failed");
-    if (!loaded) {
-        if (e->job == MPI_COMM_NULL)
-            memcpy(e->start_all, o->params, o->total * sizeof(float));
-        else if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all,
-                             e->counts, e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
-            return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
-    }
+    loom_status gs;
+    if (!loaded && (gs = gather_params(o, err))) return gs;
     /* the lead founds or joins the group; every rank takes its part of the round-start
      * parameters, and its parameters too unless they continue them (kept) */
     const int founder = e->me == 0 && !o->cfg.elastic_join;
@@ -718,7 +806,7 @@ void loom_outer_elastic_free(loom_outer *o) {
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
         free(e->in[w]);
     }
-    free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->out);
+    free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->gbuf), free(e->out);
     free(e->start_all), free(e->mine), free(e->counts);
     free(e);
     o->elastic = NULL;

@@ -67,6 +67,10 @@ static inline float loom_outer_update(const loom_outer_config *c, int warm, floa
 loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err);
 void loom_outer_elastic_free(loom_outer *o);
 loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err);
+/* --outer-start-step: a synchronous step's gradients averaged over the members through the
+ * coordinator (loom_outer_sync_grads' elastic side; every rank's part, fp32). */
+loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n, int step,
+                                          loom_error *err);
 /* After the checkpoint is loaded: the lead founds or joins the group (a founder waits up to
  * LOOM_OUTER_ELASTIC_START_S for the others); *step becomes the step the run starts after
  * (a joiner: the coordinator's; reload, when not NULL, loads its own checkpoint of that step

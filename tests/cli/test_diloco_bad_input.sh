@@ -57,8 +57,6 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
-expect "elastic start step" "--elastic-worker: not with --outer-start-step 2 yet" -- \
-    "${E[@]}" --elastic-worker 1 --outer-start-step 2
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

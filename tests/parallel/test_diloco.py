@@ -46,7 +46,8 @@ checkpoint, worker 1 leaves and rejoins it from its own checkpoint of that step,
 the last sync with the same parameters, nothing is left running, and the run is bitwise the
 same run without the kill. --outer-warmup in elastic workers: bitwise the
 one-job run. A whole machine paused (both workers and the ompi-server stopped for longer
-than the deadline): nobody is dropped. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
+than the deadline): nobody is dropped. --outer-start-step 4 in elastic workers (one rank,
+dp 2 ZeRO-1): bitwise the one-job run. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
 bitwise the one-job run, and the bytes fall by the wire format's ratio.
 A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
@@ -515,6 +516,16 @@ def main():
                       el.losses == want and same_tensors(el.params, sv.params))
                 check(ok, f"  elastic workers of dp2 ZeRO-{zero} resumed mid-round from their "
                           f"checkpoints: bitwise")
+            # the warm start in elastic workers (--outer-start-step 4: each synchronous step's
+            # gradients, every rank's part, averaged through the coordinator; DiLoCo's rounds
+            # from step 4): bitwise the one-job runs, in one-rank and dp 2 ZeRO-1 workers
+            for name, n, flags, want in (("single", 1, [], single4),
+                                         ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"],
+                                          runs.runs["dp2_zero1_start4"])):
+                el = elastic_pair(real + diloco + flags + ws, tmp, n, "elastic_start4_" + name)
+                same = el is not None and same_tensors(el.params, want.params)
+                check(same, f"  --outer-start-step 4 in elastic workers ({name}): bitwise the "
+                            f"one-job run's weights")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
             elastic_pause(args.loom, model, tmp)
