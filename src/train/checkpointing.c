@@ -187,6 +187,46 @@ static loom_status try_load(loom_checkpointing *c, const char *dir, int64_t *ste
     return st;
 }
 
+/* One collective attempt at a checkpoint: this rank's load, and the verdict summed over
+ * the ranks, so that every rank takes the same branch after it. */
+typedef struct {
+    loom_status ls; /* this rank's load; e says why it failed */
+    loom_error e;
+    int64_t step;
+    int wrong_seed, unfinished;    /* this rank's, as try_load sets them */
+    double failed;                 /* ranks whose load failed (the refusing ones too) */
+    double refused;                /* ranks that refused its settings: no older one is tried */
+    double bytes, chunks, seconds; /* read and spent loading, summed over the ranks */
+} load_verdict;
+
+/* Every rank calls it with the same dir. m: a manifest already in memory (peer memory),
+ * named origin in messages; NULL: dir's own manifest.json (try_load). */
+static loom_status load_all_ranks(loom_checkpointing *c, const char *dir, const char *origin,
+                                  const loom_ckpt_manifest *m, load_verdict *v, loom_error *err) {
+    memset(v, 0, sizeof *v);
+    loom_ckpt_load_stats stats = {0};
+    const double t0 = loom_now_ms();
+    v->ls = m ? load_from(c, dir, origin, m, &v->step, &v->wrong_seed, &stats, &v->e)
+              : try_load(c, dir, &v->step, &v->wrong_seed, &v->unfinished, &stats, &v->e);
+    double sum[5] = {v->ls != LOOM_OK, v->wrong_seed, (double)stats.bytes_read, stats.chunks_read,
+                     (loom_now_ms() - t0) / 1e3};
+    loom_status st = loom_comm_allreduce_sum_f64(&c->mesh->world, sum, 5, err);
+    v->failed = sum[0];
+    v->refused = sum[1];
+    v->bytes = sum[2];
+    v->chunks = sum[3];
+    v->seconds = sum[4];
+    return st;
+}
+
+/* The error of a refused checkpoint: this rank's reason, or that another rank refused. */
+static loom_status refused(const load_verdict *v, loom_error *err) {
+    return v->wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", v->e.msg)
+                         : loom_error_set(err, LOOM_ERR_INPUT,
+                                          "--resume: another rank refused the checkpoint's "
+                                          "settings");
+}
+
 /* Candidates newest first: a step folder itself, or the step folders of tier folders. */
 static int candidates(const loom_train_config *tc, loom_ckpt_entry **list) {
     int n = 0;
@@ -228,32 +268,22 @@ static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest,
     const double t_restored = loom_now_ms();
     snprintf(why, 512, "%s", found.why);
     if (!found.use) return LOOM_OK;
-    int64_t step = 0;
-    int wrong_seed = 0;
-    loom_error e = {0};
-    loom_ckpt_load_stats stats = {0};
     char origin[LOOM_PATH_MAX + 200];
     snprintf(origin, sizeof origin, "%s (peer memory)", found.dir);
-    loom_status ls = load_from(c, found.dir, origin, &m, &step, &wrong_seed, &stats, &e);
+    load_verdict v;
+    st = load_all_ranks(c, found.dir, origin, &m, &v, err);
     loom_ckpt_manifest_free(&m);
-    /* v[4]: this rank's load seconds, summed (the line gives their mean) */
-    double v[5] = {ls != LOOM_OK, wrong_seed, (double)stats.bytes_read, stats.chunks_read,
-                   (loom_now_ms() - t_restored) / 1e3};
-    if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 5, err))) return st;
-    if (v[1] > 0)
-        return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
-                          : loom_error_set(err, LOOM_ERR_INPUT,
-                                           "--resume: another rank refused the checkpoint's "
-                                           "settings");
-    if (v[0] > 0) {
-        if (ls)
+    if (st) return st;
+    if (v.refused > 0) return refused(&v, err);
+    if (v.failed > 0) {
+        if (v.ls)
             fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, origin,
-                    e.msg);
+                    v.e.msg);
         snprintf(why, 512, "step %lld in peer memory failed to load", (long long)found.step);
         *tried = 1;
         return LOOM_OK;
     }
-    *start_step = (int)step;
+    *start_step = (int)v.step;
     *loaded = 1;
     c->loaded = 1;
     if (c->mesh->rank == 0) {
@@ -262,11 +292,12 @@ static loom_status resume_from_peers(loom_checkpointing *c, int64_t disk_newest,
                 "memory on %d host(s) by %d rank(s), 0 bytes (0 chunks) from disk; %d shard "
                 "cop%s (%llu bytes) sent between hosts over MPI to complete each host's set of "
                 "%d; the copies took %.2f s, the load %.2f s (mean over the ranks)\n",
-                (long long)step, v[2], v[3], c->peer.n_hosts, c->mesh->size, found.shards_copied,
-                found.shards_copied == 1 ? "y" : "ies", (unsigned long long)found.bytes_copied,
-                found.world, (t_restored - t0) / 1e3, v[4] / c->mesh->size);
+                (long long)v.step, v.bytes, v.chunks, c->peer.n_hosts, c->mesh->size,
+                found.shards_copied, found.shards_copied == 1 ? "y" : "ies",
+                (unsigned long long)found.bytes_copied, found.world, (t_restored - t0) / 1e3,
+                v.seconds / c->mesh->size);
         fprintf(stderr, "loom: resumed from peer memory %s (step %lld)\n", found.dir,
-                (long long)step);
+                (long long)v.step);
     }
     return LOOM_OK;
 }
@@ -302,53 +333,44 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         char dir[LOOM_CKPT_PATH_MAX] = "";
         if (lead) snprintf(dir, sizeof dir, "%s", list[i].path);
         if ((st = loom_comm_bcast(&c->mesh->world, dir, sizeof dir, 0, err))) break;
-        int64_t step = 0;
-        int wrong_seed = 0, unfinished = 0;
-        loom_error e = {0};
-        loom_ckpt_load_stats stats = {0};
-        const double t0 = loom_now_ms();
-        loom_status ls = try_load(c, dir, &step, &wrong_seed, &unfinished, &stats, &e);
-        double v[6] = {ls != LOOM_OK,     ls == LOOM_OK ? 0 : ls,
-                       wrong_seed,        (double)stats.bytes_read,
-                       stats.chunks_read, (loom_now_ms() - t0) / 1e3};
-        if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, v, 6, err))) break;
-        if (v[2] > 0) { /* not a damaged checkpoint: no older one is tried */
+        load_verdict v;
+        if ((st = load_all_ranks(c, dir, NULL, NULL, &v, err))) break;
+        if (v.refused > 0) { /* not a damaged checkpoint: no older one is tried */
             free(list);
-            return wrong_seed ? loom_error_set(err, LOOM_ERR_INPUT, "%s", e.msg)
-                              : loom_error_set(err, LOOM_ERR_INPUT,
-                                               "--resume: another rank refused the checkpoint's "
-                                               "settings");
+            return refused(&v, err);
         }
-        if (v[0] == 0) {
-            *start_step = (int)step;
+        if (v.failed == 0) {
+            *start_step = (int)v.step;
             c->loaded = 1;
             if (lead && c->peer.enabled)
                 fprintf(stderr,
                         "loom: resume source: disk, step %lld: %.0f bytes (%.0f chunks) read from "
                         "%s by %d rank(s), 0 bytes from peer memory%s%s%s; the load took %.2f s "
                         "(mean over the ranks)\n",
-                        (long long)step, v[3], v[4], dir, c->mesh->size, peer_why[0] ? " (" : "",
-                        peer_why, peer_why[0] ? ")" : "", v[5] / c->mesh->size);
-            if (lead) fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)step);
+                        (long long)v.step, v.bytes, v.chunks, dir, c->mesh->size,
+                        peer_why[0] ? " (" : "", peer_why, peer_why[0] ? ")" : "",
+                        v.seconds / c->mesh->size);
+            if (lead)
+                fprintf(stderr, "loom: resumed from %s (step %lld)\n", dir, (long long)v.step);
             free(list);
             return LOOM_OK;
         }
-        if (unfinished) /* ft/supervisor.c's scan_rejected reads both lines */
+        if (v.unfinished) /* ft/supervisor.c's scan_rejected reads both lines */
             fprintf(stderr,
                     "loom: rank %d: checkpoint %s unfinished, ignored (no manifest.json: its "
                     "writer never completed it)\n",
                     c->mesh->rank, dir);
-        else if (ls)
+        else if (v.ls)
             fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
-                    e.msg);
+                    v.e.msg);
         /* A failed load may have written part of the buffers; the next one that loads
          * overwrites all of them, so the fresh state is made only if none does (below). */
         tried = 1;
         if (explicit_path && n == 1) {
             reset_state(c);
             free(list);
-            return loom_error_set(err, ls ? ls : LOOM_ERR_INPUT, "--resume %s: %s", c->tc->resume,
-                                  ls ? e.msg : "another rank could not load it");
+            return loom_error_set(err, v.ls ? v.ls : LOOM_ERR_INPUT, "--resume %s: %s",
+                                  c->tc->resume, v.ls ? v.e.msg : "another rank could not load it");
         }
     }
     free(list);
@@ -476,16 +498,13 @@ static loom_status load_dir(loom_checkpointing *c, const char *dir, int *loaded,
     loom_status st = loom_comm_bcast(&c->mesh->world, &there, sizeof there, 0, err);
     *loaded = 0;
     if (st || !there) return st;
-    int64_t step = 0;
-    int wrong_seed = 0, unfinished = 0;
-    loom_error e = {0};
-    loom_ckpt_load_stats stats = {0};
-    const loom_status ls = try_load(c, dir, &step, &wrong_seed, &unfinished, &stats, &e);
-    double bad = ls != LOOM_OK;
-    if ((st = loom_comm_allreduce_sum_f64(&c->mesh->world, &bad, 1, err))) return st;
-    if (ls)
-        fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir, e.msg);
-    *loaded = bad > 0 ? -1 : 1;
+    load_verdict v;
+    if ((st = load_all_ranks(c, dir, NULL, NULL, &v, err))) return st;
+    /* a refused one counts as failed here: load_step goes back to the state before it */
+    if (v.ls)
+        fprintf(stderr, "loom: rank %d: checkpoint %s not usable: %s\n", c->mesh->rank, dir,
+                v.e.msg);
+    *loaded = v.failed > 0 ? -1 : 1;
     return LOOM_OK;
 }
 
