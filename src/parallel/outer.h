@@ -168,6 +168,10 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
 /* Waits until the operations in flight have arrived (their processing stays scheduled). */
 loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err);
 loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
+/* 1 when DIR holds the file loom_outer_load(o, dir, step, rank) reads (a complete save:
+ * files are renamed into place whole), else 0. Not for an elastic worker (its lead's
+ * file). */
+int loom_outer_saved(const loom_outer *o, const char *dir, int step, int rank);
 
 /* ---- the wire format (parallel/outer_quant.c) ---- */
 /* Bytes n values take in dtype with one scale per `block` values (int8, int4). */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/crc32c.h"
 #include "core/fs.h"
@@ -102,6 +103,13 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
                               strerror(errno));
     }
     return LOOM_OK;
+}
+
+int loom_outer_saved(const loom_outer *o, const char *dir, int step, int rank) {
+    (void)o;
+    char path[1200];
+    path_of(path, sizeof path, dir, step, rank);
+    return access(path, F_OK) == 0;
 }
 
 loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err) {

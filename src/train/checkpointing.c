@@ -725,12 +725,17 @@ int loom_checkpointing_saves_at(const loom_checkpointing *c, int step) {
     return c->enabled && periodic_dir(c, step) != NULL;
 }
 
+const char *loom_checkpointing_tier(const loom_checkpointing *c, int step, int final) {
+    if (!c->enabled) return NULL;
+    if (!final) return periodic_dir(c, step);
+    return c->tc->ckpt_dir[0] ? c->tc->ckpt_dir : c->tc->ckpt_fast_dir;
+}
+
 loom_status loom_checkpointing_finish(loom_checkpointing *c, int step, loom_error *err) {
     if (!c->enabled) return LOOM_OK;
     loom_status st = LOOM_OK;
     const int failures = c->failures;
-    if (c->last_saved != step)
-        st = save(c, step, c->tc->ckpt_dir[0] ? c->tc->ckpt_dir : c->tc->ckpt_fast_dir, err);
+    if (c->last_saved != step) st = save(c, step, loom_checkpointing_tier(c, step, 1), err);
     if (!st) st = drain_write(c, err);
     if (st) return st;
     report_commit(c);

@@ -62,6 +62,11 @@ loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier
 loom_status loom_checkpointing_step(loom_checkpointing *c, int step, int *stop, loom_error *err);
 /* 1 when loom_checkpointing_step(c, step) starts a save (it reads the buffers). */
 int loom_checkpointing_saves_at(const loom_checkpointing *c, int step);
+/* The tier folder (--ckpt-dir or --ckpt-fast-dir) that the save after step `step` goes to:
+ * final 0, the periodic save loom_checkpointing_step starts (NULL: none); final 1, the final
+ * save loom_checkpointing_finish makes (NULL: checkpointing is off). State saved beside a
+ * checkpoint (--outer diloco) goes to the same folder, so it is pruned with it. */
+const char *loom_checkpointing_tier(const loom_checkpointing *c, int step, int final);
 /* Before the buffers change (the optimizer step): waits until a save started at the
  * previous step has copied them (the copy overlaps this step's forward and backward). */
 void loom_checkpointing_before_update(loom_checkpointing *c);

@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ckpt/ckpt_dir.h"
 #include "comm/world.h"
 #include "core/fs.h"
 #include "core/progress.h"
@@ -445,6 +447,57 @@ static void resume_tier(const loom_train_config *tc, char *tier, size_t n) {
         snprintf(tier, n, "%s", tc->resume);
 }
 
+/* --resume auto with --ckpt-fast-dir: the step came from either tier (or, with --ckpt-peer,
+ * from the hosts' memory), and its outer state lies beside the step folder its save wrote
+ * (trainer.c saves it to loom_checkpointing_tier). The tiers are tried in the order the
+ * search takes a step's folders: complete ones (a manifest) first, --ckpt-dir before
+ * --ckpt-fast-dir, then the others (a step restored from memory may have no complete folder
+ * on disk yet: its outer state was renamed into place before its save began). A tier is
+ * taken when every rank of the worker holds its file there and every rank loads it. */
+static loom_status load_outer_tiers(loom_run *r, loom_error *err) {
+    const loom_train_config *tc = r->tc;
+    const int step = r->start_step, rank = r->mesh->rank;
+    const char *dirs[2] = {tc->ckpt_dir, tc->ckpt_fast_dir};
+    double order[2] = {0, 1}; /* rank 0's view of the folders, so every rank agrees */
+    if (rank == 0) {
+        int complete[2] = {0, 0};
+        for (int t = 0; t < 2; t++) {
+            char m[LOOM_CKPT_PATH_MAX + 16];
+            loom_ckpt_step_dir(m, LOOM_CKPT_PATH_MAX, dirs[t], step);
+            strcat(m, "/manifest.json");
+            complete[t] = dirs[t][0] && access(m, F_OK) == 0;
+        }
+        if (complete[1] && !complete[0]) order[0] = 1, order[1] = 0;
+    }
+    loom_status st = loom_comm_bcast(&r->mesh->world, order, sizeof order, 0, err);
+    int tried = 0;
+    for (int i = 0; i < 2 && !st; i++) {
+        const char *dir = dirs[(int)order[i]];
+        double v = !dir[0] || !loom_outer_saved(&r->outer, dir, step, rank);
+        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->world, &v, 1, err)) || v > 0) continue;
+        loom_error e = {0};
+        const loom_status ls = loom_outer_load(&r->outer, dir, step, rank, &e);
+        double bad = ls != LOOM_OK;
+        if ((st = loom_comm_allreduce_sum_f64(&r->mesh->world, &bad, 1, err))) break;
+        if (bad == 0) {
+            if (rank == 0)
+                fprintf(stderr, "loom: worker %d: the outer state of step %d from %s/outer\n",
+                        r->mesh->worker, step, dir);
+            return LOOM_OK;
+        }
+        if (ls) fprintf(stderr, "loom: rank %d of worker %d: %s\n", rank, r->mesh->worker, e.msg);
+        tried = 1;
+    }
+    if (st) return st;
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          tried ? "--resume: worker %d: the outer optimizer's state of step %d "
+                                  "failed to load from %s and %s (each rank's line says why)"
+                                : "--resume: worker %d: the outer optimizer's state of step %d is "
+                                  "in neither %s/outer nor %s/outer (--outer diloco saves it "
+                                  "beside each checkpoint; every rank's file is needed)",
+                          r->mesh->worker, step, dirs[0][0] ? dirs[0] : "(no --ckpt-dir)", dirs[1]);
+}
+
 /* --outer diloco: every worker resumed the same step, and the outer state of that step
  * (saved beside the checkpoint: parallel/outer.h) is loaded. */
 static loom_status resume_outer(loom_run *r, loom_error *err) {
@@ -459,6 +512,7 @@ static loom_status resume_outer(loom_run *r, loom_error *err) {
                               "(--resume DIR/step_N)",
                               r->mesh->worker, r->start_step);
     if (!r->ckpt.loaded || r->start_step == 0) return LOOM_OK;
+    if (strcmp(tc->resume, "auto") == 0 && tc->ckpt_fast_dir[0]) return load_outer_tiers(r, err);
     char tier[LOOM_PATH_MAX];
     resume_tier(tc, tier, sizeof tier);
     return loom_outer_load(&r->outer, tier, r->start_step, r->mesh->rank, err);

@@ -83,11 +83,14 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               tc->global_batch, W, dp, tc->micro_batch);
     /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
      * lead gathers the shards), but --ep's full-layout shards are valid on parts only */
+    /* the checkpoint tiers keep the outer state beside each step (trainer.c, setup.c's
+     * resume_outer); an elastic joiner reloads the group's step from --ckpt-dir only */
+    const int elastic = o->elastic_worker >= 0;
     const char *not_yet = tc->zero == 3 && tc->layout.ep > 1 ? "--zero 3 and --ep > 1"
-                          : tc->ckpt_fast_dir[0]             ? "--ckpt-fast-dir"
-                          : tc->ckpt_peer                    ? "--ckpt-peer"
-                          : strcmp(tc->device, "cpu") != 0   ? "--device other than cpu"
-                                                             : NULL;
+                          : elastic && tc->ckpt_fast_dir[0] ? "--elastic-worker and --ckpt-fast-dir"
+                          : elastic && tc->ckpt_peer        ? "--elastic-worker and --ckpt-peer"
+                          : strcmp(tc->device, "cpu") != 0  ? "--device other than cpu"
+                                                            : NULL;
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);
@@ -115,6 +118,9 @@ void loom_train_config_for_worker(const loom_train_config *tc, int worker,
     /* each worker's inner state in its own checkpoint folder: DIR/worker_W */
     if (tc->ckpt_dir[0])
         snprintf(group->ckpt_dir, sizeof group->ckpt_dir, "%.900s/worker_%d", tc->ckpt_dir, worker);
+    if (tc->ckpt_fast_dir[0])
+        snprintf(group->ckpt_fast_dir, sizeof group->ckpt_fast_dir, "%.900s/worker_%d",
+                 tc->ckpt_fast_dir, worker);
     if (tc->resume[0] && strcmp(tc->resume, "auto") != 0) { /* DIR/step_N, or DIR */
         const char *slash = strrchr(tc->resume, '/');
         const char *leaf = slash ? slash + 1 : tc->resume;

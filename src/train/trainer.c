@@ -152,9 +152,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         s.metrics = &sm;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_METRICS, &s, err))) return st;
         /* --outer diloco: the outer state beside each checkpoint (parallel/outer.h) */
-        if (r->outer_on && loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
-            (st = loom_outer_save(&r->outer, tc->ckpt_dir, step + 1, mesh->rank, err)))
-            return st;
+        const char *tier = r->outer_on ? loom_checkpointing_tier(&r->ckpt, step + 1, 0) : NULL;
+        if (tier && (st = loom_outer_save(&r->outer, tier, step + 1, mesh->rank, err))) return st;
         if ((loom_checkpointing_saves_at(&r->ckpt, step + 1) &&
              (st = loom_grad_sync_params_complete(&r->sync, err))) ||
             (st = loom_checkpointing_step(&r->ckpt, step + 1, &stop, err)) ||
@@ -165,7 +164,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     *stopped = stop; /* asked to stop (checkpointing.h): no final outputs */
     if ((st = loom_grad_sync_params_complete(&r->sync, err))) return st;
     if (r->outer_on && r->ckpt.enabled && r->ckpt.last_saved != step &&
-        (st = loom_outer_save(&r->outer, tc->ckpt_dir, step, mesh->rank, err)))
+        (st = loom_outer_save(&r->outer, loom_checkpointing_tier(&r->ckpt, step, 1), step,
+                              mesh->rank, err)))
         return st;
     return loom_checkpointing_finish(&r->ckpt, step, err);
 }

@@ -40,8 +40,6 @@ expect "start step without diloco" "--outer-start-step 4: needs --outer diloco" 
 expect "start step with sharded accumulation" \
     "--outer-start-step 2: not with --grad-accum sharded yet" -- \
     "${D[@]}" --outer-start-step 2 --zero 2 --grad-accum sharded
-expect "no fast checkpoint tier yet" "--outer diloco: not with --ckpt-fast-dir" -- \
-    "${D[@]}" --ckpt-fast-dir "$TMP/fast"
 # ZeRO-3 inside the groups works (each rank syncs its parameter shard), not with --ep yet
 expect "ZeRO-3 with experts" "--outer diloco: not with --zero 3 and --ep > 1 yet" -- \
     "${D[@]}" --zero 3 --ep 2 --n-experts 2 --top-k 1
@@ -57,6 +55,11 @@ expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" 
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
+# the checkpoint tiers keep the outer state (test_diloco), but a joiner reloads from --ckpt-dir
+expect "elastic fast tier" "--outer diloco: not with --elastic-worker and --ckpt-fast-dir yet" \
+    -- "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck" --ckpt-fast-dir "$TMP/fast"
+expect "elastic peer memory" "--outer diloco: not with --elastic-worker and --ckpt-peer yet" -- \
+    "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck" --ckpt-peer
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)
 expect "elastic run: -n not a multiple of the workers" \
     "loom run: --elastic with --workers 2: -n 3 must be a multiple of the workers" -- \

@@ -25,7 +25,10 @@ its parameter shard) give the losses and weights of W = 2 groups of one rank (<=
 worst tensor <= 10 TOL as in test_layouts*.py); the same layout twice is bitwise (ZeRO-1,
 ZeRO-3); checkpoints hold the outer state (round-start parameters, momentum): a resume
 mid-round (from DIR/step_N, and --resume auto; ZeRO-3 groups, whose ranks save their
-shard's state, about half a ZeRO-1 rank's) is bitwise; streaming (F = 2) in fp32 in a dp 2
+shard's state, about half a ZeRO-1 rank's) is bitwise; with --ckpt-fast-dir too, each
+tier keeping (and pruning) the outer state of its own steps, a resume from the fast tier
+mid-round (--resume auto across the tiers, and FAST/step_N) and one from the hosts' memory
+(--ckpt-peer, a job killed mid-run) bitwise; streaming (F = 2) in fp32 in a dp 2
 group (ZeRO-1, ZeRO-3) equals it in one-rank groups, and with --overlap-param-gather in
 dp 2 ZeRO-1 groups bitwise the run without it; int4 in ZeRO-3 groups trains; bf16 on the
 wire (plain DiLoCo) sends half of fp32's bytes, differs from fp32, and in dp 2 ZeRO-1
@@ -382,6 +385,56 @@ def elastic_run_coordinator_dies(loom, model, tmp):
           f"0's losses ({losses}), final weights ({weights}) ({time.time() - t1:.1f} s)")
 
 
+def ckpt_tiers(runs, ref, tmp):
+    """W = 2 one-rank groups (H = 3, 8 steps) with both checkpoint tiers: --ckpt-dir every 4
+    steps and --ckpt-fast-dir every step, --ckpt-keep 3. Bitwise the run without them; each
+    tier's outer state is kept and pruned with that tier's step folders (fast: 5, 6, 7; disk:
+    4, 8); --resume auto (disk's step 8 removed) takes the fast tier's step 7 and its outer
+    state, and --resume FAST/step_5 (mid-round) the same: bitwise the uninterrupted run. Then
+    --ckpt-peer: a job killed at the start of step 8 (its one save: step 4, in the hosts'
+    memory and on disk) resumes from memory at step 4 (mid-round), the outer state from beside
+    its disk folder, bitwise the uninterrupted run."""
+    ck, fast = os.path.join(tmp, "tiers_ck"), os.path.join(tmp, "tiers_fast")
+    both = ["--ckpt-dir", ck, "--ckpt-every", "4", "--ckpt-fast-dir", fast, "--ckpt-fast-every",
+            "1", "--ckpt-keep", "3"]
+    a = runs.run("tiers", 2, both)
+    check(bitwise(a, ref), "  --ckpt-fast-dir with --ckpt-dir changes nothing (bitwise)")
+
+    def steps(d):
+        return sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step_")) \
+            if os.path.isdir(d) else []
+    held = [(steps(os.path.join(t, f"worker_{w}")), steps(os.path.join(t, f"worker_{w}", "outer")))
+            for t in (fast, ck) for w in (0, 1)]
+    want = [([5, 6, 7], [5, 6, 7])] * 2 + [([4, 8], [4, 8])] * 2
+    check(held == want, f"  --ckpt-keep 3 per tier, the outer state with its step folders "
+                        f"(fast, disk; per worker: steps, outer): {held}")
+    for w in (0, 1):  # disk's newest gone: the fast tier's step 7 is the newest
+        for sub in ("", "outer"):
+            shutil.rmtree(os.path.join(ck, f"worker_{w}", sub, "step_00000008"))
+    for name, at, flags in (("auto", 7, ["--resume", "auto", "--ckpt-dir", ck, "--ckpt-fast-dir",
+                                         fast]),
+                            ("step", 5, ["--resume", os.path.join(fast, "step_00000005")])):
+        b = runs.run("tiers_" + name, 2, flags)
+        got = f"the outer state of step {at} from {os.path.join(fast, 'worker_0')}/outer"
+        ok = ((name == "step" or got in b.stderr) and
+              f"resumed from {os.path.join(fast, 'worker_1')}/step_{at:08d}" in b.stderr and
+              bitwise((b.losses, b.params), (a.losses_after(at), a.params)))
+        check(ok, f"  resume from the fast tier at step {at} ({name}): bitwise the "
+                  f"uninterrupted run")
+    # --ckpt-peer: killed at step 8's start (rank 0), the save of step 4 in memory
+    ckp, peer = os.path.join(tmp, "tiers_peer_ck"), os.path.join(tmp, "tiers_peer_mem")
+    pf = ["--ckpt-dir", ckp, "--ckpt-every", "4", "--ckpt-peer", "--ckpt-peer-dir", peer]
+    cmd = MPIRUN + ["-n", "2"] + runs.base + pf + ["--inject", "crash@8:0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    check(p.returncode != 0 and "crash at step 8" in p.stderr,
+          f"  --ckpt-peer run killed at step 8: exit {p.returncode}")
+    c = runs.run("tiers_peer", 2, pf + ["--resume", "auto"])
+    ok = ("resume source: peer memory, step 4" in c.stderr and
+          bitwise((c.losses, c.params), (a.losses_after(4), a.params)))
+    check(ok, "  --ckpt-peer: resumed from memory at step 4 (mid-round), the outer state from "
+              "disk: bitwise the uninterrupted run")
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -609,6 +662,8 @@ def main():
         want = za.losses[4:8] + za.losses[9:]
         ok = "resumed from" in zb.stderr and bitwise((zb.losses, zb.params), (want, za.params))
         check(ok, "  ZeRO-3 groups: resume mid-round bitwise the uninterrupted run")
+        # 5a. both checkpoint tiers and --ckpt-peer keep the outer state with each step
+        ckpt_tiers(runs, ref, tmp)
 
         # 5b. --outer-start-step 4 with H = 3: synchronous steps 1-4, an outer sync at 7 and
         # at the last step; checkpoints before, at and after the switch resume bitwise, and
