@@ -82,9 +82,9 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
     /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
-     * lead gathers the shards), but --ep's full-layout shards are valid on parts only */
-    /* the checkpoint tiers keep the outer state beside each step (trainer.c, setup.c's
-     * resume_outer); an elastic joiner reloads the group's step from --ckpt-dir only */
+     * lead gathers the shards), but --ep's full-layout shards are valid on parts only. The
+     * checkpoint tiers keep the outer state beside each step (trainer.c, setup.c's
+     * resume_outer), but an elastic joiner reloads the group's step from --ckpt-dir only. */
     const int elastic = o->elastic_worker >= 0;
     const char *not_yet = tc->zero == 3 && tc->layout.ep > 1 ? "--zero 3 and --ep > 1"
                           : elastic && tc->ckpt_fast_dir[0] ? "--elastic-worker and --ckpt-fast-dir"
