@@ -75,8 +75,10 @@ int loom_cmd_run(int argc, char **argv) {
     snprintf(job.command, sizeof job.command, "%s", rl ? "rl" : "train");
     job.dp = o.train.layout.dp;
     job.model_ranks = o.train.layout.tp * o.train.layout.pp * o.train.layout.cp;
-    if (loom_outer_enabled(&o.train.outer)) /* --workers: --dp is per worker group */
+    if (loom_outer_enabled(&o.train.outer)) { /* --workers: --dp is per worker group */
         job.model_ranks *= o.train.outer.workers;
+        job.workers = o.train.outer.workers;
+    }
     snprintf(job.data, sizeof job.data, "%s", o.train.data);
     job.vocab_size = o.model.vocab_size;
     job.seq_len = o.model.seq_len;

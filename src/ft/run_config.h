@@ -42,7 +42,8 @@ typedef struct {
     uint64_t seed;
     char skip_steps[LOOM_RUN_PATH];
     char ckpt_dirs[2][LOOM_RUN_PATH]; /* --ckpt-dir, --ckpt-fast-dir ("" = none) */
-    char command[8];                  /* the loom command the ranks run: "train" or "rl" */
+    int workers;     /* --outer diloco --workers W: checkpoints in DIR/worker_I (0: none) */
+    char command[8]; /* the loom command the ranks run: "train" or "rl" */
 } loom_run_job;
 
 /* Parses argv up to "--" (argv[0] = "run"); *child_index = the index after "--".

@@ -113,20 +113,34 @@ static void build_argv(loom_sup *s, const char *loom_exe, char **train_argv, int
 
 /* Rolling back past a bad step: checkpoints of that step or later hold its update, so
  * they are set aside (renamed, kept for inspection) and --resume auto finds an older one. */
+static int set_aside_in(const char *dir, int64_t from_step, int attempt) {
+    int moved = 0;
+    loom_ckpt_entry *list = NULL;
+    int n = loom_ckpt_list(dir, &list, 0);
+    for (int i = 0; i < n; i++) {
+        if (list[i].step < from_step) continue;
+        char to[sizeof list[i].path + 64];
+        snprintf(to, sizeof to, "%s/rolled_back_a%d_step_%08lld", dir, attempt,
+                 (long long)list[i].step);
+        if (rename(list[i].path, to) == 0) moved++;
+    }
+    free(list);
+    return moved;
+}
+
+/* (--outer diloco --workers W: each worker's checkpoints are in DIR/worker_I.) */
 static int set_aside_checkpoints(const loom_run_job *j, int64_t from_step, int attempt) {
     int moved = 0;
     for (int t = 0; t < 2; t++) {
         if (!j->ckpt_dirs[t][0]) continue;
-        loom_ckpt_entry *list = NULL;
-        int n = loom_ckpt_list(j->ckpt_dirs[t], &list, 0);
-        for (int i = 0; i < n; i++) {
-            if (list[i].step < from_step) continue;
-            char to[sizeof list[i].path + 64];
-            snprintf(to, sizeof to, "%s/rolled_back_a%d_step_%08lld", j->ckpt_dirs[t], attempt,
-                     (long long)list[i].step);
-            if (rename(list[i].path, to) == 0) moved++;
+        for (int w = 0; w < (j->workers ? j->workers : 1); w++) {
+            char dir[LOOM_RUN_PATH + 32];
+            if (j->workers)
+                snprintf(dir, sizeof dir, "%s/worker_%d", j->ckpt_dirs[t], w);
+            else
+                snprintf(dir, sizeof dir, "%s", j->ckpt_dirs[t]);
+            moved += set_aside_in(dir, from_step, attempt);
         }
-        free(list);
     }
     return moved;
 }

@@ -41,7 +41,12 @@ static loom_status progress_observe(void *ctx, loom_step_point at, loom_step_sta
         loom_progress_phase(LOOM_PHASE_OPTIMIZER);
         break;
     case LOOM_STEP_AT_UPDATE:
-        loom_progress_step_done(s->step + 1, s->loss, s->ms);
+        if (!r->outer_on) loom_progress_step_done(s->step + 1, s->loss, s->ms);
+        break;
+    case LOOM_STEP_AT_METRICS:
+        /* --outer diloco: a worker's own loss differs from another's; the supervisor judges
+         * spikes on the step's loss, the workers' mean, which every rank reports alike */
+        if (r->outer_on) loom_progress_step_done(s->step + 1, s->metrics->loss, s->ms);
         break;
     default:
         break;

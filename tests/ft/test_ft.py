@@ -271,6 +271,34 @@ def case_spike(c, rng):
               f"sequence {q}: not the tokens step {step} trained on")
 
 
+def case_spike_diloco(c, rng):
+    """DiLoCo (--outer diloco --workers 2, one rank each): rank 0's loss of step S reported
+    100x. Each worker's own loss differs, so the ranks report the workers' mean (the step's
+    loss) to the supervisor, which must see the spike; the checkpoints of step S or later,
+    in each worker's folder DIR/worker_I, are set aside; the restart resumes before S and
+    ends bitwise the fault-free run (the spike touches no gradient)."""
+    step = rng.randint(8, STEPS - 2)
+    diloco = ["--outer", "diloco", "--workers", "2", "--inner-steps", "3"]
+    ref = os.path.join(c.tmp, "ref_diloco.safetensors")
+    p = subprocess.run(MPIRUN + ["-n", "2", c.loom, "train"] + c.train + diloco + [
+        "--save-weights", ref], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"reference run failed:\n{p.stderr[-2000:]}")
+    run_dir, w, err = c.supervised(["--loss-spike-factor", "3"],
+                                   diloco + ["--inject", f"spike@{step}:0"], ckpt_every=1, ranks=2)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "loss_spike" and d["step"] == step,
+          f"diagnosis {d['kind']} step {d['step']}, expected loss_spike at {step}")
+    f = summary(run_dir)["failures"][0]
+    aside = sorted(x for wk in (0, 1)
+                   for x in os.listdir(os.path.join(run_dir, "ckpt", f"worker_{wk}"))
+                   if x.startswith("rolled_back_"))
+    check(f["resumed_at_step"] < step and all(int(x[-8:]) >= step for x in aside),
+          f"resumed at step {f['resumed_at_step']} (spike at {step}); set aside: {aside}")
+    check(same_bits(w, ref), "final weights differ from the fault-free DiLoCo run")
+    print(f"  spike at step {step} seen, {len(aside)} checkpoint(s) of both workers set aside, "
+          f"resumed at {f['resumed_at_step']}: bitwise the fault-free run")
+
+
 def case_slow(c, rng, ranks=4):
     """One rank sleeps 9x its own compute time each step from step 2. With more ranks than
     cores the others' compute time grows while they share the cores and the slow rank's
