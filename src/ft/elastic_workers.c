@@ -12,15 +12,24 @@
 
 #include "core/clock.h"
 #include "core/fs.h"
+#include "ft/detect.h"
 #include "ft/hosts.h"
 #include "ft/launch.h"
+#include "ft/monitor.h"
+#include "ft/rank_addr.h"
 
 #define MAX_WORKERS 64
 #define OWN_ARGS 24  /* the launcher's words around the train options */
 #define MAX_EXTRA 64 /* --launcher-args words, and the rsh agent's */
 #define HOST_MAX 256
+#define MAX_PIDS 256 /* a stopped worker's ranks on this host, SIGKILLed after --grace */
 
 #define MAX_EXITS 64 /* the exit codes summary.json lists per worker */
+
+/* A round of the watch comes every 50 ms; one that came a second or more late means this
+ * process was not scheduled (ft/watch.c's rule): the ranks' silence in the gap is not
+ * counted, and hangs are judged again one heartbeat timeout later. */
+#define STALL_MS 1000.0
 
 typedef struct {
     loom_launch job;
@@ -28,6 +37,11 @@ typedef struct {
     int exits[MAX_EXITS], n_exits; /* each launch's exit code, in order */
     int done;                      /* ended (and not started again) */
     char host[HOST_MAX];           /* --hosts: the host its mpirun runs in ("": this one) */
+    loom_monitor mon;              /* its ranks' heartbeats (LOOM_FT_ATTEMPT: its restarts) */
+    int mon_open;
+    double launch_ms;   /* the current launch (the start-up rule's clock) */
+    int training;       /* every rank of the current launch past start-up and loading */
+    json_t *detections; /* what the heartbeat watch found, one object per detection */
 } worker;
 
 /* What every launch shares. */
@@ -46,6 +60,7 @@ typedef struct {
     char agent[512]; /* the rsh agent, split in place */
     char *agent_w[MAX_EXTRA];
     int n_agent;
+    char host[64]; /* this host's name (the ranks' beats name theirs) */
 } plan;
 
 static int split_words(char *text, char **words, int max) {
@@ -143,6 +158,12 @@ static loom_status launch_remote(worker *w, char **argv, int n, const char *slot
     ok = ok && quote_word(cmd, size, &at, env);
     snprintf(env, sizeof env, "LOOM_FT_ATTEMPT=%s", attempt);
     ok = ok && quote_word(cmd, size, &at, env);
+    char token[33];
+    loom_beat_token_hex(w->mon.token, token);
+    snprintf(env, sizeof env, "LOOM_FT_ADDR=%s", w->mon.addr);
+    ok = ok && quote_word(cmd, size, &at, env);
+    snprintf(env, sizeof env, "LOOM_FT_TOKEN=%s", token);
+    ok = ok && quote_word(cmd, size, &at, env);
     const char *inject = getenv("LOOM_INJECT");
     snprintf(env, sizeof env, "LOOM_INJECT=%s", inject ? inject : "");
     ok = ok && (!inject || quote_word(cmd, size, &at, env));
@@ -165,7 +186,8 @@ static loom_status launch_remote(worker *w, char **argv, int n, const char *slot
 }
 
 /* One worker's mpirun: its slots (LOOM_FT_SLOTS: --inject RANK counts over all workers'
- * ranks) and attempt (LOOM_FT_ATTEMPT: its restarts) in the environment it inherits.
+ * ranks), attempt (LOOM_FT_ATTEMPT: its restarts) and heartbeat socket (LOOM_FT_ADDR,
+ * LOOM_FT_TOKEN: its own monitor's) in the environment it inherits.
  * again: a restart, which resumes from the worker's newest valid checkpoint when the job
  * writes them (--resume auto: DIR/worker_I's, after the train options, so it overrides
  * theirs); a worker other than 0 joins the running group (--elastic-join), worker 0 founds
@@ -209,15 +231,24 @@ static loom_status launch(worker *w, int id, int again, const plan *p, loom_erro
         at += (size_t)snprintf(slots + at, sizeof slots - at, "%s%d", r ? "," : "", id * ranks + r);
     snprintf(attempt, sizeof attempt, "%d", w->restarts);
     snprintf(log, sizeof log, "%s/worker_%d.log", p->cfg->run_dir, id);
-    loom_status st;
-    if (w->host[0]) {
+    /* the monitor takes this launch's beats only (their attempt is its restarts) */
+    loom_status st = loom_monitor_reset(&w->mon, ranks, w->restarts, err);
+    w->launch_ms = loom_now_ms();
+    w->training = 0;
+    if (!st && w->host[0]) {
         st = launch_remote(w, argv, n, slots, attempt, p, log, err);
-    } else {
+    } else if (!st) {
+        char token[33];
+        loom_beat_token_hex(w->mon.token, token);
         setenv("LOOM_FT_SLOTS", slots, 1);
         setenv("LOOM_FT_ATTEMPT", attempt, 1);
+        setenv("LOOM_FT_ADDR", w->mon.addr, 1);
+        setenv("LOOM_FT_TOKEN", token, 1);
         st = loom_launch_start(&w->job, argv, log, err);
         unsetenv("LOOM_FT_SLOTS");
         unsetenv("LOOM_FT_ATTEMPT");
+        unsetenv("LOOM_FT_ADDR");
+        unsetenv("LOOM_FT_TOKEN");
     }
     free(argv);
     const char *how = join ? " again with --elastic-join" : again ? " again (the coordinator)" : "";
@@ -229,6 +260,55 @@ static loom_status launch(worker *w, int id, int again, const plan *p, loom_erro
         fprintf(stderr, "loom run: elastic: worker %d started%s%s%s%s (%d rank(s), log %s)\n", id,
                 how, from, w->host[0] ? " on " : "", w->host, ranks, log);
     return st;
+}
+
+/* Every rank of worker w's launch past start-up and loading (the stall rule's start). */
+static int all_training(const loom_monitor *m) {
+    int n = 0;
+    for (int r = 0; r < m->world; r++)
+        n += m->ranks[r].seen && m->ranks[r].beat.phase != LOOM_PHASE_INIT &&
+             m->ranks[r].beat.phase != LOOM_PHASE_CKPT;
+    return n == m->world;
+}
+
+/* The one-job supervisor's heartbeat rules (ft/detect.h) on one worker's ranks: a
+ * collective waited in for --heartbeat-timeout (from hangs_from on), a rank silent for
+ * --heartbeat-timeout or never heard of within --startup-timeout, no step for
+ * --step-timeout once every rank trains: 1 and f filled. */
+static int watch_worker(worker *w, const loom_run_config *cfg, double now, double hangs_from,
+                        loom_failure *f) {
+    const double hb_ms = cfg->heartbeat_timeout_s * 1e3;
+    if (!w->training) w->training = all_training(&w->mon);
+    if (now >= hangs_from && loom_detect_hang(&w->mon, hb_ms, f)) return 1;
+    if (loom_detect_silence(&w->mon, now, w->launch_ms, hb_ms, cfg->startup_timeout_s * 1e3, f))
+        return 1;
+    return cfg->step_timeout_s > 0 && w->training &&
+           loom_detect_stall(&w->mon, now, cfg->step_timeout_s * 1e3, f);
+}
+
+/* A detection on worker id: one line naming the worker, the rank (and its slot: --inject
+ * counts those) and what was seen, the detection into its summary.json entry, and its job
+ * stopped (SIGTERM, then SIGKILL to its process group and its ranks here after --grace). */
+static void stop_detected(worker *w, int id, const plan *p, loom_failure *f, double now) {
+    if (f->rank < 0 && w->mon.world == 1) f->rank = 0; /* a stall of a one-rank worker */
+    const int slot = f->rank >= 0 ? id * p->ranks + f->rank : -1;
+    char who[96] = "";
+    if (f->rank >= 0)
+        snprintf(who, sizeof who, " rank %d (slot %d%s%s)", f->rank, slot, f->host[0] ? ", " : "",
+                 f->host);
+    fprintf(stderr, "loom run: elastic: worker %d:%s %s detected: %s; its job is stopped\n", id,
+            who, loom_fail_kind_name(f->kind), f->detail);
+    json_t *d =
+        json_pack("{s:i, s:s, s:i, s:i, s:I, s:f, s:s}", "launch", w->restarts + 1, "kind",
+                  loom_fail_kind_name(f->kind), "rank", f->rank, "slot", slot, "step",
+                  (json_int_t)f->step, "after_s", (now - w->launch_ms) * 1e-3, "detail", f->detail);
+    if (d) json_array_append_new(w->detections, d);
+    pid_t pids[MAX_PIDS];
+    int np = 0;
+    for (int r = 0; r < w->mon.world && np < MAX_PIDS; r++)
+        if (w->mon.ranks[r].seen && !strcmp(w->mon.ranks[r].beat.host, p->host))
+            pids[np++] = w->mon.ranks[r].beat.pid;
+    loom_launch_stop(&w->job, p->cfg->grace_s, pids, np);
 }
 
 /* A worker's last outer sync, from the last "outer sync, members=" line of its log
@@ -255,8 +335,8 @@ static void last_sync(const char *run_dir, int id, json_t *o) {
 }
 
 /* summary.json of an elastic run: the outcome, and per worker its launches, their exit
- * codes and its last outer sync (equal checksums: the members ended with the same
- * parameters). */
+ * codes, what the heartbeat watch detected and its last outer sync (equal checksums: the
+ * members ended with the same parameters). */
 static void write_summary(const loom_run_config *cfg, const worker *w, int started,
                           const char *outcome, int exit_code, int restarts, double t0) {
     json_t *workers = json_array();
@@ -264,8 +344,9 @@ static void write_summary(const loom_run_config *cfg, const worker *w, int start
         json_t *exits = json_array();
         for (int k = 0; k < w[i].n_exits; k++)
             json_array_append_new(exits, json_integer(w[i].exits[k]));
-        json_t *o = json_pack("{s:i, s:i, s:o, s:s}", "worker", i, "launches", w[i].restarts + 1,
-                              "exits", exits, "host", w[i].host[0] ? w[i].host : "localhost");
+        json_t *o = json_pack(
+            "{s:i, s:i, s:o, s:s, s:O}", "worker", i, "launches", w[i].restarts + 1, "exits", exits,
+            "host", w[i].host[0] ? w[i].host : "localhost", "detections", w[i].detections);
         last_sync(cfg->run_dir, i, o);
         json_array_append_new(workers, o);
     }
@@ -317,6 +398,87 @@ static loom_status start_server(loom_launch *server, const plan *p, char *uri, s
                           uri, dir);
 }
 
+/* Open one heartbeat monitor per worker (its own socket and token) on --bind, at the address
+ * the ranks reach it by (ft/rank_addr.h). */
+static loom_status open_monitors(worker *w, int W, plan *p, loom_error *err) {
+    char addr[256];
+    if (gethostname(p->host, sizeof p->host) != 0) snprintf(p->host, sizeof p->host, "?");
+    p->host[sizeof p->host - 1] = 0;
+    loom_status st = loom_rank_addr(p->cfg->bind, p->cfg->hosts, addr, sizeof addr, err);
+    for (int i = 0; i < W && !st; i++) {
+        if (!(w[i].detections = json_array()))
+            return loom_error_set(err, LOOM_ERR_NOMEM, "loom run: out of memory");
+        st = loom_monitor_open(&w[i].mon, p->cfg->bind, addr, 0, err);
+        w[i].mon_open = !st;
+    }
+    return st;
+}
+
+static void close_monitors(worker *w, int W) {
+    for (int i = 0; i < W; i++) {
+        if (w[i].mon_open) loom_monitor_close(&w[i].mon);
+        json_decref(w[i].detections);
+        w[i].mon_open = 0, w[i].detections = NULL;
+    }
+}
+
+/* The run: every 50 ms each worker's beats are read and its heartbeat rules applied; a
+ * worker whose job ended with an error, or whose ranks were found silent or hung (its job
+ * then stopped), is started again while restarts are left, until worker 0 is done. */
+static loom_status watch(worker *w, int started, const plan *p, int *restarts, loom_error *err) {
+    const loom_run_config *cfg = p->cfg;
+    double last_round = loom_now_ms(), hangs_from = 0;
+    loom_status st = LOOM_OK;
+    while (!st && !w[0].done && !interrupted) {
+        tick();
+        const double now = loom_now_ms(), gap = now - last_round;
+        last_round = now;
+        if (gap >= STALL_MS) { /* ft/watch.c's rule */
+            for (int i = 0; i < started; i++) {
+                loom_monitor_excuse_gap(&w[i].mon, gap);
+                w[i].launch_ms += gap;
+            }
+            hangs_from = now + cfg->heartbeat_timeout_s * 1e3;
+            fprintf(stderr,
+                    "loom run: elastic: this process was not scheduled for %.1f s (the machine "
+                    "paused or starved it): the ranks' silence in that time is not counted, and "
+                    "hangs are judged again after %.0f s\n",
+                    gap * 1e-3, cfg->heartbeat_timeout_s);
+        }
+        for (int i = 0; i < started && !st; i++) {
+            if (w[i].done) continue;
+            loom_monitor_drain(&w[i].mon, now);
+            loom_failure f;
+            const int ended = loom_launch_poll(&w[i].job);
+            if (ended) {
+                fprintf(stderr, "loom run: elastic: worker %d ended (exit %d)\n", i,
+                        w[i].job.status);
+            } else if (watch_worker(&w[i], cfg, now, hangs_from, &f)) {
+                stop_detected(&w[i], i, p, &f, now);
+            } else {
+                continue;
+            }
+            const int code = w[i].job.status;
+            if (w[i].n_exits < MAX_EXITS) w[i].exits[w[i].n_exits++] = code;
+            /* worker 0 too: started again, it founds the group from its newest checkpoint,
+             * and the members, which hear nothing from it, leave and rejoin it */
+            if ((ended && code == 0) || *restarts >= cfg->max_restarts) {
+                if (!ended || code != 0)
+                    fprintf(stderr,
+                            "loom run: elastic: no restarts left (--max-restarts %d): "
+                            "worker %d stays out%s\n",
+                            cfg->max_restarts, i, i == 0 ? " (the run ends)" : "");
+                w[i].done = 1;
+            } else {
+                ++*restarts, w[i].restarts++;
+                st = launch(&w[i], i, 1, p, err);
+            }
+            last_round = loom_now_ms(); /* a stop's grace is not a stall of this process */
+        }
+    }
+    return st;
+}
+
 loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const char *exe,
                                      char **train_argv, int train_argc, int checkpoints,
                                      int *exit_code, loom_error *err) {
@@ -363,10 +525,12 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
         if (!(st = loom_hosts_check(cfg->hosts, source, cfg->ranks, over, agent, LOOM_HOSTS_PROBE_S,
                                     err)))
             st = worker_hosts(cfg->hosts, w, W, R, err);
-        if (st) {
-            free(p);
-            return st;
-        }
+    }
+    if (!st) st = open_monitors(w, W, p, err);
+    if (st) {
+        close_monitors(w, W);
+        free(p);
+        return st;
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -377,6 +541,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     char uri[LOOM_RUN_PATH + 32];
     p->uri = uri;
     if ((st = start_server(&server, p, uri, sizeof uri, err))) {
+        close_monitors(w, W);
         free(p);
         return st;
     }
@@ -384,28 +549,7 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
     int started = 0;
     for (; started < W && !st; started++) st = launch(&w[started], started, 0, p, err);
     int restarts = 0;
-    while (!st && !w[0].done && !interrupted) {
-        tick();
-        for (int i = 0; i < started; i++) {
-            if (w[i].done || !loom_launch_poll(&w[i].job)) continue;
-            const int code = w[i].job.status;
-            if (w[i].n_exits < MAX_EXITS) w[i].exits[w[i].n_exits++] = code;
-            fprintf(stderr, "loom run: elastic: worker %d ended (exit %d)\n", i, code);
-            /* worker 0 too: started again, it founds the group from its newest checkpoint,
-             * and the members, which hear nothing from it, leave and rejoin it */
-            if (code == 0 || restarts >= cfg->max_restarts) {
-                if (code != 0)
-                    fprintf(stderr,
-                            "loom run: elastic: no restarts left (--max-restarts %d): "
-                            "worker %d stays out%s\n",
-                            cfg->max_restarts, i, i == 0 ? " (the run ends)" : "");
-                w[i].done = 1;
-                continue;
-            }
-            restarts++, w[i].restarts++;
-            st = launch(&w[i], i, 1, p, err);
-        }
-    }
+    if (!st) st = watch(w, started, p, &restarts, err);
     /* the coordinator ended: the members end at the same last sync; a joiner still waiting
      * for admission never will */
     const double until = loom_now_ms() + (st || interrupted ? 0.0 : 1e3 * cfg->grace_s);
@@ -438,5 +582,6 @@ loom_status loom_elastic_workers_run(const loom_run_config *cfg, int W, const ch
                   : *exit_code == 0 ? "finished"
                                     : "gave_up",
                   st ? 1 : *exit_code, restarts, t0);
+    close_monitors(w, W);
     return st;
 }

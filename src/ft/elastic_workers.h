@@ -7,7 +7,10 @@
  * group again from its newest checkpoint; the members that hear nothing from it leave and
  * are started again as joiners). The run ends when worker 0 ends with exit 0 or with no
  * restarts left: its exit code is the run's, and the others get --grace s to end (a member
- * ends at the same last sync; a joiner never admitted waits for ever and is stopped). */
+ * ends at the same last sync; a joiner never admitted waits for ever and is stopped).
+ * Each worker's ranks beat to a heartbeat monitor of its own (ft/monitor.h): one found
+ * hung, silent or stalled by the one-job supervisor's rules (ft/detect.h) is stopped and
+ * restarted like one that died, the detection in its summary.json entry. */
 #ifndef LOOM_FT_ELASTIC_WORKERS_H
 #define LOOM_FT_ELASTIC_WORKERS_H
 

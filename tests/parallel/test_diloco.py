@@ -435,6 +435,58 @@ def ckpt_tiers(runs, ref, tmp):
               "disk: bitwise the uninterrupted run")
 
 
+def elastic_run_hang(loom, model, tmp):
+    """loom run --elastic -n 4, --workers 2 of dp 2: worker 1's rank 1 (slot 3) hangs at step
+    6 (hang@6:3: it stops before the step's first collective and keeps beating), its rank 0
+    waits in the dp all-reduce. loom run's heartbeat watch sees the wait pass
+    --heartbeat-timeout 5 with rank 1 never in it, names worker 1, rank 1 and the hang in one
+    line, stops the job and starts it again with --elastic-join; worker 0 dropped it at 8 and
+    admits it at 16 (admit@16); both end at the last sync (24) with the same checksum, exit
+    0, and summary.json holds the detection in worker 1's entry (none in worker 0's)."""
+    run_dir = os.path.join(tmp, "elastic_hang")
+    cmd = [loom, "run", "--elastic", "-n", "4", "--grace", "2", "--heartbeat-timeout", "5",
+           "--run-dir", run_dir, "--"] + model[2:] + [
+        "--dp", "2", "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "4", "--elastic-timeout", "2", "--inject", "hang@6:3",
+        "--inject", "admit@16"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    logs = []
+    for w in (0, 1):
+        path = os.path.join(run_dir, f"worker_{w}.log")
+        logs.append(open(path).read() if os.path.exists(path) else "")
+    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
+             if "step 24: outer sync, members=2" in ln] for log in logs]
+    said = [ln for ln in p.stderr.splitlines() if "hang detected" in ln]
+    named = (len(said) == 1 and "worker 1: rank 1 (slot 3" in said[0] and
+             "rank 1 never entered it" in said[0] and "its job is stopped" in said[0])
+    hung = "fault injection: hang at step 6" in logs[1]
+    rejoined = ("worker 1 lost" in logs[0] and
+                "worker 0 step 16: worker 1 joined, members=2" in logs[0] and
+                "worker 1 started again with --elastic-join" in p.stderr)
+    path = os.path.join(run_dir, "summary.json")
+    summ = json.load(open(path)) if os.path.exists(path) else {}
+    ws = summ.get("workers", [{}, {}])
+    det = ws[1].get("detections") or [{}]
+    exits = ws[1].get("exits") or [0, 1]
+    summed = (summ.get("outcome") == "finished" and summ.get("restarts") == 1 and
+              [w.get("launches") for w in ws] == [1, 2] and ws[0].get("detections") == [] and
+              len(det) == 1 and det[0].get("kind") == "hang" and det[0].get("rank") == 1 and
+              det[0].get("slot") == 3 and det[0].get("launch") == 1 and
+              det[0].get("step") == 6 and exits[0] != 0 and exits[1:] == [0] and
+              bool(last[0]) and [(w.get("last_sync") or {}).get("checksum") for w in ws] ==
+              [last[0][-1], last[1][-1]])
+    ok = (p.returncode == 0 and named and hung and rejoined and bool(last[0]) and
+          last[0] == last[1] and summed)
+    check(ok, f"  loom run --elastic, worker 1's rank 1 hung at step 6: detected and named "
+              f"({named}), restarted and rejoined at 16 ({rejoined}), last sync equal on both "
+              f"({bool(last[0]) and last[0] == last[1]}), summary.json holds the detection "
+              f"({summed}) (exit {p.returncode}, {time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-3000:])
+        print(logs[1][-2000:])
+
+
 def main():
     args = parse_test_args()
     seed = args.seed
@@ -581,6 +633,7 @@ def main():
                             f"one-job run's weights")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
+            elastic_run_hang(args.loom, model, tmp)
             elastic_pause(args.loom, model, tmp)
             # --outer-warmup 1 (the first sync only averages) in one-rank elastic workers:
             # bitwise the one-job run, which differs from the run without warm-up
