@@ -123,9 +123,10 @@ def link_cut_across(loom, tmp, train, cut_s=12):
     """7. (--cut alone: ctest hosts_elastic_cut, label large, not in CI) `loom run --elastic
     --hosts` with host 2's link cut (its veth down on the bridge) for cut_s seconds once
     both workers have synced: worker 0 drops worker 1 at its deadline and goes on alone;
-    worker 1 hears no update for 3 deadlines and leaves the group (exit 1); loom run starts
-    it again in host 2 with --elastic-join (again, if that fails while the link is down), and
-    once the link is back it rejoins; the last sync has members=2 and is equal on both,
+    worker 1 hears no update for 3 deadlines and leaves the group (exit 1), or loom run's
+    heartbeat watch, hearing nothing from it for --heartbeat-timeout, stops it first; loom
+    run starts it again in host 2 with --elastic-join (again, if that fails while the link
+    is down), and once the link is back it rejoins; the last sync has members=2 and is equal on both,
     exit 0, nothing left in the hosts."""
     run_dir = os.path.join(tmp, "loom_run_cut")
     steps = 400
