@@ -328,16 +328,23 @@ typedef struct {
     const char *answer;     /* the coordinator's, for the lines */
 } exchange;
 
+/* The coordinator's own vector `from` through the wire format into the outgoing message's
+ * payload and back into x->v, as a member receives it; returns the message's bytes. */
+static size_t through_wire(loom_outer *o, const exchange *x, const float *from) {
+    elastic *e = o->elastic;
+    unsigned char *payload = e->out + sizeof(msg_head);
+    loom_outer_quantize(x->dtype, from, x->n, o->cfg.block, payload);
+    loom_outer_dequantize(x->dtype, payload, x->n, o->cfg.block, x->v);
+    return sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
+}
+
 /* Coordinator: every member's `up` of this step, widened from the wire format, added with
  * its own (passed through the format and back, as the others') in worker order into
  * e->acc; a member whose message does not come within the deadline is dropped. Returns
  * how many vectors were added (-1: out of memory). */
 static int collect(loom_outer *o, int step, const exchange *x) {
     elastic *e = o->elastic;
-    const size_t dbytes = sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
-    unsigned char *payload = e->out + sizeof(msg_head);
-    loom_outer_quantize(x->dtype, x->v, x->n, o->cfg.block, payload);
-    loom_outer_dequantize(x->dtype, payload, x->n, o->cfg.block, x->v);
+    const size_t dbytes = through_wire(o, x, x->v);
     MPI_Request rq[2 * MAX_W];
     ex_state st[MAX_W];
     for (int w = 0; w < e->W; w++) {
@@ -380,10 +387,7 @@ static int collect(loom_outer *o, int step, const exchange *x) {
  * this one too, goes on with. */
 static void answer(loom_outer *o, int step, const exchange *x) {
     elastic *e = o->elastic;
-    const size_t dbytes = sizeof(msg_head) + loom_outer_wire_bytes(x->dtype, x->n, o->cfg.block);
-    unsigned char *payload = e->out + sizeof(msg_head);
-    loom_outer_quantize(x->dtype, e->acc, x->n, o->cfg.block, payload);
-    loom_outer_dequantize(x->dtype, payload, x->n, o->cfg.block, x->v);
+    const size_t dbytes = through_wire(o, x, e->acc);
     msg_head h;
     head_fill(e, &h, x->down, step);
     memcpy(e->out, &h, sizeof h);

@@ -87,6 +87,16 @@ def compare(name, got, ref, tol=TOL):
     return ok
 
 
+def stop(jobs, server):
+    """Kills the worker jobs still running, then the ompi-server."""
+    for j in jobs:
+        if j.poll() is None:
+            j.kill()
+            j.wait()
+    server.terminate()
+    server.wait()
+
+
 def elastic_pair(base, tmp, ranks=1, name="elastic"):
     """Two --elastic-worker jobs (mpirun -n RANKS each) through a local ompi-server; worker
     0's Run (--dump-dir, --metrics), or None (the failure printed)."""
@@ -111,12 +121,19 @@ def elastic_pair(base, tmp, ranks=1, name="elastic"):
             return None
         return Run(out, errs[0])
     finally:
-        for p in jobs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        server.terminate()
-        server.wait()
+        stop(jobs, server)
+
+
+def worker_logs(run_dir, step=24):
+    """loom run --elastic's two worker logs (RUN_DIR/worker_I.log, "" when missing), and each
+    one's checksums of its outer syncs of two members at `step` (the last)."""
+    logs = []
+    for w in (0, 1):
+        path = os.path.join(run_dir, f"worker_{w}.log")
+        logs.append(open(path).read() if os.path.exists(path) else "")
+    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
+             if f"step {step}: outer sync, members=2" in ln] for log in logs]
+    return logs, last
 
 
 def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1"):
@@ -134,12 +151,7 @@ def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1
         "--inject", "admit@16", "--metrics", out + ".jsonl", "--dump-dir", out] + list(extra)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    logs = []
-    for w in (0, 1):
-        path = os.path.join(run_dir, f"worker_{w}.log")
-        logs.append(open(path).read() if os.path.exists(path) else "")
-    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
-             if "step 24: outer sync, members=2" in ln] for log in logs]
+    logs, last = worker_logs(run_dir)
     alone = "worker 0 step 12: outer sync, members=1 [0]" in logs[0]
     joined = "worker 0 step 16: worker 1 joined, members=2" in logs[0]
     # summary.json: the outcome, each worker's launches and exit codes, its last sync
@@ -289,12 +301,7 @@ def elastic_pause(loom, model, tmp):
             time.sleep(0.5)
         errs = [j.communicate(timeout=120)[1] for j in jobs]
     finally:
-        for j in jobs:
-            if j.poll() is None:
-                j.kill()
-                j.wait()
-        server.terminate()
-        server.wait()
+        stop(jobs, server)
     last = [[ln.split("checksum ")[-1] for ln in e.splitlines()
              if "step 30: outer sync, members=2" in ln] for e in errs]
     dropped = any("lost" in e or "leaves the group" in e for e in errs)
@@ -451,12 +458,7 @@ def elastic_run_hang(loom, model, tmp):
         "--inject", "admit@16"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    logs = []
-    for w in (0, 1):
-        path = os.path.join(run_dir, f"worker_{w}.log")
-        logs.append(open(path).read() if os.path.exists(path) else "")
-    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
-             if "step 24: outer sync, members=2" in ln] for log in logs]
+    logs, last = worker_logs(run_dir)
     said = [ln for ln in p.stderr.splitlines() if "hang detected" in ln]
     named = (len(said) == 1 and "worker 1: rank 1 (slot 3" in said[0] and
              "rank 1 never entered it" in said[0] and "its job is stopped" in said[0])
