@@ -4,6 +4,11 @@
 
 /* CLOCK_MONOTONIC in milliseconds. */
 double loom_now_ms(void);
+
+/* A polling loop whose rounds come every few ms (or 50 ms) and sees a gap this long between
+ * two of them was not scheduled: the machine paused or starved it. Time in such a gap is
+ * nobody's silence (ft/watch.c, ft/elastic_workers.c, parallel/outer_elastic.c). */
+#define LOOM_STALL_MS 1000.0
 /* CPU time of the calling thread in milliseconds (CLOCK_THREAD_CPUTIME_ID). */
 double loom_thread_cpu_ms(void);
 

@@ -26,11 +26,6 @@
 
 #define MAX_EXITS 64 /* the exit codes summary.json lists per worker */
 
-/* A round of the watch comes every 50 ms; one that came a second or more late means this
- * process was not scheduled (ft/watch.c's rule): the ranks' silence in the gap is not
- * counted, and hangs are judged again one heartbeat timeout later. */
-#define STALL_MS 1000.0
-
 typedef struct {
     loom_launch job;
     int restarts;                  /* this worker's launches after the first */
@@ -433,7 +428,8 @@ static loom_status watch(worker *w, int started, const plan *p, int *restarts, l
         tick();
         const double now = loom_now_ms(), gap = now - last_round;
         last_round = now;
-        if (gap >= STALL_MS) { /* ft/watch.c's rule */
+        if (gap >= LOOM_STALL_MS) { /* ft/watch.c's rule: the gap's silence is nobody's, and
+                                     * hangs are judged again one heartbeat timeout later */
             for (int i = 0; i < started; i++) {
                 loom_monitor_excuse_gap(&w[i].mon, gap);
                 w[i].launch_ms += gap;

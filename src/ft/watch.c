@@ -275,12 +275,10 @@ static void check_stragglers(loom_sup *s, watch_state *w) {
  * first): silence during the gap is nobody's, so its clocks move on by the gap. The ranks'
  * own clocks of a wait in a collective counted the gap too: hangs are judged again one
  * heartbeat timeout later. Without this a healthy job restarts after the machine stalls. */
-#define LOOM_SUP_STALL_MS 1000.0
-
 static void excuse_own_stall(loom_sup *s, watch_state *w, double now) {
     const double gap = now - w->last_round;
     w->last_round = now;
-    if (gap < LOOM_SUP_STALL_MS) return;
+    if (gap < LOOM_STALL_MS) return;
     loom_monitor_excuse_gap(&s->mon, gap);
     w->launch_ms += gap;
     if (w->dead_since >= 0) w->dead_since += gap;

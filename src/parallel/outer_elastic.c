@@ -131,10 +131,6 @@ static void abandon(elastic *e, int w) {
     e->in[w] = NULL;
 }
 
-/* A gap this long between two rounds of poll (each sleeps 0.5 ms) means this process was
- * not scheduled: the machine paused or starved it. */
-#define STALL_MS 1000.0
-
 /* Polls n exchanges (requests rq[2 i], rq[2 i + 1]; MPI_REQUEST_NULL allowed) until all are
  * done or failed, or the deadline passes (the pending ones then stay EX_PENDING). The time
  * this process was not scheduled does not count against the peer: after a whole machine
@@ -154,7 +150,7 @@ static void poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms) {
                 pending++;
         }
         const double now = loom_now_ms();
-        if (now - last >= STALL_MS) until += now - last;
+        if (now - last >= LOOM_STALL_MS) until += now - last;
         last = now;
         if (!pending || now > until) return;
         usleep(500);
