@@ -490,7 +490,10 @@ def elastic_run_hang(loom, model, tmp):
 
 
 def main():
-    args = parse_test_args()
+    args = parse_test_args(lambda ap: ap.add_argument(
+        "--elastic-hang", action="store_true",
+        help="also loom run --elastic with a hung worker (ctest diloco_elastic_hang, label large: "
+             "once, in CI, the restarted worker was never admitted within 60 s; not understood)"))
     seed = args.seed
     tmp = tempfile.mkdtemp(prefix="loom_diloco_")
     try:
@@ -635,7 +638,8 @@ def main():
                             f"one-job run's weights")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
-            elastic_run_hang(args.loom, model, tmp)
+            if args.elastic_hang:
+                elastic_run_hang(args.loom, model, tmp)
             elastic_pause(args.loom, model, tmp)
             # --outer-warmup 1 (the first sync only averages) in one-rank elastic workers:
             # bitwise the one-job run, which differs from the run without warm-up
