@@ -1,7 +1,9 @@
 /* The CUDA backend table (kernels/cuda/backend_cuda.h): every op of kernels/backend.h
  * on the context's stream, the kernels of kernels_cuda.h underneath. Failures (CUDA
  * calls, cuBLAS, ops not implemented here) are kept as the context's sticky first error
- * and reported by the table's status op. */
+ * and reported by the table's status op. The bf16 table (loom_backend_cuda_bf16_create)
+ * is this one with the ops of kernels/backend_bf16.h set and the fp32-signature linear
+ * ops rounding their operands to bf16, as kernels/cpu/backend_cpu_bf16.c does. */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <limits.h>
@@ -17,6 +19,11 @@ typedef struct {
     loom_backend be; /* first: the backend is the state */
     loom_cuda_ctx cuda;
     double *sumsq; /* device: the result, then LOOM_CUDA_SUMSQ_BLOCKS partial sums */
+    /* The bf16 table's operand scratch: the bf16 roundings of a GEMM's fp32 operands (A,
+     * then B), carved afresh by each call (stream order keeps calls apart). Sized by
+     * linear_prepare before the step; a call that needs more grows it (counted). */
+    loom_cuda_arena scratch;
+    size_t scratch_grown, prepared; /* calls that grew it; linear_prepare calls */
     char name[32];
 } cuda_state;
 
@@ -434,6 +441,220 @@ static void scale(const loom_backend *be, float *x, float s, size_t n) {
     loom_cuda_scale(x, s, n, stream(be));
 }
 
+/* ---- --precision bf16 (kernels/backend_bf16.h, docs/precision.md): the ops of
+ * kernels/cpu/backend_cpu_bf16.c, the same shapes, += rules and rounding points ---- */
+static size_t pad(size_t bytes) {
+    return (bytes + LOOM_CUDA_ALIGN - 1) / LOOM_CUDA_ALIGN * LOOM_CUDA_ALIGN;
+}
+/* Scratch bytes of na + nb bf16 values carved as two pieces. */
+static size_t operand_bytes(size_t na, size_t nb) {
+    return pad(na * sizeof(loom_bf16)) + pad(nb * sizeof(loom_bf16));
+}
+/* Makes the scratch at least `bytes` (a new cudaMalloc only when it grows: after the
+ * stream's work that may still read the old one). */
+static loom_status scratch_reserve(const loom_backend *be, size_t bytes, loom_error *err) {
+    cuda_state *S = state(be);
+    if (bytes <= S->scratch.size) return LOOM_OK;
+    cudaError_t e = cudaStreamSynchronize(stream(be));
+    if (e != cudaSuccess)
+        return loom_error_set(err, LOOM_ERR_STATE, "cudaStreamSynchronize: %s",
+                              cudaGetErrorString(e));
+    loom_cuda_arena_destroy(&S->scratch);
+    return loom_cuda_arena_create(&S->scratch, bytes, err);
+}
+/* Pieces A (na values) and B (nb values) of the scratch; NULL (and a sticky error) when it
+ * cannot grow. */
+static loom_bf16 *operands(const loom_backend *be, size_t na, size_t nb, loom_bf16 **b) {
+    cuda_state *S = state(be);
+    const size_t bytes = operand_bytes(na, nb);
+    if (bytes > S->scratch.size) {
+        loom_error e = {0};
+        if (scratch_reserve(be, bytes, &e)) {
+            fail(be, e.code, "%s: %s", "cuda bf16 operand scratch", e.msg);
+            return NULL;
+        }
+        S->scratch_grown++;
+    }
+    loom_cuda_arena_release(&S->scratch, 0);
+    loom_error e = {0};
+    loom_bf16 *a = loom_cuda_arena_alloc(&S->scratch, na * sizeof(loom_bf16), "bf16 A", &e);
+    *b = loom_cuda_arena_alloc(&S->scratch, nb * sizeof(loom_bf16), "bf16 B", &e);
+    return a && *b ? a : NULL; /* both fit: bytes <= size */
+}
+static const loom_bf16 *rounded(const loom_backend *be, loom_bf16 *dst, const float *src,
+                                size_t n) {
+    loom_cuda_f32_to_bf16(dst, src, n, stream(be));
+    return dst;
+}
+
+static void linear_forward_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                const loom_bf16 *weight, const float *bias, int N, int IC, int OC) {
+    loom_cuda_linear_forward_bf16_f32(&state(be)->cuda, out, inp, weight, bias, N, IC, OC);
+}
+/* dout rounded into A */
+static void linear_backward_input_bf16(const loom_backend *be, float *dinp, const float *dout,
+                                       const loom_bf16 *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    loom_bf16 *b, *a = operands(be, (size_t)N * OC, 0, &b);
+    if (!a) return;
+    loom_cuda_linear_backward_input_bf16_f32(
+        &state(be)->cuda, dinp, rounded(be, a, dout, (size_t)N * OC), weight, N, IC, OC);
+}
+/* dout rounded into A for the GEMM; the bias gradient is the fp32 op's (column sums of the
+ * fp32 dout, in double), as on the CPU */
+static void linear_backward_weight_bf16(const loom_backend *be, float *dweight, float *dbias,
+                                        const float *dout, const loom_bf16 *inp, int N, int IC,
+                                        int OC) {
+    if (N <= 0 || OC <= 0) return;
+    loom_cuda_ctx *c = &state(be)->cuda;
+    if (IC > 0) {
+        loom_bf16 *b, *a = operands(be, (size_t)N * OC, 0, &b);
+        if (!a) return;
+        loom_cuda_linear_backward_weight_bf16(c, dweight, NULL,
+                                              rounded(be, a, dout, (size_t)N * OC), inp, N, IC, OC);
+    }
+    if (dbias) loom_cuda_linear_backward_weight(c, NULL, dbias, dout, NULL, N, 0, OC);
+}
+/* The fp32 signatures: inp (or dout) rounded into A, the weight (or inp) into B. */
+static void linear_forward_r(const loom_backend *be, float *out, const float *inp,
+                             const float *weight, const float *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (IC <= 0) { /* no product: out = bias or 0 */
+        linear_forward_bf16(be, out, NULL, NULL, bias, N, IC, OC);
+        return;
+    }
+    loom_bf16 *b, *a = operands(be, (size_t)N * IC, (size_t)OC * IC, &b);
+    if (!a) return;
+    linear_forward_bf16(be, out, rounded(be, a, inp, (size_t)N * IC),
+                        rounded(be, b, weight, (size_t)OC * IC), bias, N, IC, OC);
+}
+static void linear_backward_input_r(const loom_backend *be, float *dinp, const float *dout,
+                                    const float *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    loom_bf16 *b, *a = operands(be, (size_t)N * OC, (size_t)OC * IC, &b);
+    if (!a) return;
+    loom_cuda_linear_backward_input_bf16_f32(&state(be)->cuda, dinp,
+                                             rounded(be, a, dout, (size_t)N * OC),
+                                             rounded(be, b, weight, (size_t)OC * IC), N, IC, OC);
+}
+static void linear_backward_weight_r(const loom_backend *be, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    loom_cuda_ctx *c = &state(be)->cuda;
+    if (IC > 0) {
+        loom_bf16 *b, *a = operands(be, (size_t)N * OC, (size_t)N * IC, &b);
+        if (!a) return;
+        loom_cuda_linear_backward_weight_bf16(c, dweight, NULL,
+                                              rounded(be, a, dout, (size_t)N * OC),
+                                              rounded(be, b, inp, (size_t)N * IC), N, IC, OC);
+    }
+    if (dbias) loom_cuda_linear_backward_weight(c, NULL, dbias, dout, NULL, N, 0, OC);
+}
+/* A bf16 activation as the input; the weight rounded into B. */
+static void linear_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                   const float *weight, const float *bias, int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (IC <= 0) {
+        linear_forward_bf16(be, out, NULL, NULL, bias, N, IC, OC);
+        return;
+    }
+    loom_bf16 *b, *a = operands(be, 0, (size_t)OC * IC, &b);
+    if (!a) return;
+    linear_forward_bf16(be, out, inp, rounded(be, b, weight, (size_t)OC * IC), bias, N, IC, OC);
+}
+static void round_bf16(const loom_backend *be, loom_bf16 *dst, const float *src, size_t n) {
+    loom_cuda_f32_to_bf16(dst, src, n, stream(be));
+}
+static void widen_bf16(const loom_backend *be, float *dst, const loom_bf16 *src, size_t n) {
+    loom_cuda_bf16_to_f32(dst, src, n, stream(be));
+}
+static void round_bf16_values(const loom_backend *be, float *x, size_t n) {
+    loom_cuda_bf16_round_values(x, n, stream(be));
+}
+/* The LM head's logits in bf16: out = the fp32 accumulator rounded once, by cuBLAS's
+ * bf16 output (round to nearest even); the input (unless inp16) into A, the weight into B. */
+static void linear_forward_out_bf16(const loom_backend *be, loom_bf16 *out, const float *inp,
+                                    const loom_bf16 *inp16, const float *weight, int N, int IC,
+                                    int OC) {
+    if (N <= 0 || OC <= 0 || IC <= 0) return;
+    loom_bf16 *b, *a = operands(be, inp16 ? 0 : (size_t)N * IC, (size_t)OC * IC, &b);
+    if (!a) return;
+    const loom_bf16 *x = inp16 ? inp16 : rounded(be, a, inp, (size_t)N * IC);
+    loom_cuda_linear_forward_bf16(&state(be)->cuda, out, x, rounded(be, b, weight, (size_t)OC * IC),
+                                  NULL, N, IC, OC);
+}
+static void linear_backward_input_dbf16(const loom_backend *be, float *dinp, const loom_bf16 *dout,
+                                        const float *weight, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    loom_bf16 *b, *a = operands(be, 0, (size_t)OC * IC, &b);
+    if (!a) return;
+    loom_cuda_linear_backward_input_bf16_f32(&state(be)->cuda, dinp, dout,
+                                             rounded(be, b, weight, (size_t)OC * IC), N, IC, OC);
+}
+static void linear_backward_weight_dbf16(const loom_backend *be, float *dweight,
+                                         const loom_bf16 *dout, const float *inp,
+                                         const loom_bf16 *inp16, int N, int IC, int OC) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    loom_bf16 *b, *a = operands(be, 0, inp16 ? 0 : (size_t)N * IC, &b);
+    if (!a) return;
+    const loom_bf16 *x = inp16 ? inp16 : rounded(be, b, inp, (size_t)N * IC);
+    loom_cuda_linear_backward_weight_bf16(&state(be)->cuda, dweight, NULL, dout, x, N, IC, OC);
+}
+/* Before the step: the scratch the ops of shape (N, IC, OC) carve (the largest of them). */
+static loom_status reserve_for(const loom_backend *be, const size_t (*ab)[2], int n,
+                               loom_error *err) {
+    size_t most = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = operand_bytes(ab[i][0], ab[i][1]);
+        most = bytes > most ? bytes : most;
+    }
+    state(be)->prepared++;
+    return scratch_reserve(be, most, err);
+}
+static loom_status linear_prepare(const loom_backend *be, int N, int IC, int OC, loom_error *err) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
+    const size_t x = (size_t)N * IC, w = (size_t)OC * IC, d = (size_t)N * OC;
+    const size_t ab[3][2] = {{x, w}, {d, w}, {d, x}}; /* forward, input grad, weight grad */
+    return reserve_for(be, ab, 3, err);
+}
+static loom_status linear_prepare_out_bf16(const loom_backend *be, int N, int IC, int OC,
+                                           loom_error *err) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
+    const size_t x = (size_t)N * IC, w = (size_t)OC * IC;
+    const size_t ab[2][2] = {{x, w}, {0, x}}; /* the logits, their weight gradient */
+    return reserve_for(be, ab, 2, err);
+}
+static void crossentropy_forward_bf16(const loom_backend *be, float *losses,
+                                      const loom_bf16 *logits, const int32_t *targets, int N,
+                                      int V) {
+    loom_cuda_crossentropy_forward_bf16(losses, logits, targets, N, V, stream(be));
+}
+static void crossentropy_forward_backward_bf16(const loom_backend *be, float *losses,
+                                               loom_bf16 *logits, const int32_t *targets, int N,
+                                               int V, float dloss) {
+    loom_cuda_crossentropy_forward_backward_bf16(losses, logits, targets, N, V, dloss, stream(be));
+}
+static void gelu_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp,
+                                 size_t n) {
+    loom_cuda_gelu_forward_in_bf16(out, inp, n, stream(be));
+}
+static void gelu_backward_in_bf16(const loom_backend *be, float *dinp, const loom_bf16 *inp,
+                                  const float *dout, size_t n) {
+    loom_cuda_gelu_backward_in_bf16(dinp, inp, dout, n, stream(be));
+}
+static void gelu_backward_in_bf16_inplace(const loom_backend *be, float *d, const loom_bf16 *inp,
+                                          size_t n) {
+    loom_cuda_gelu_backward_in_bf16_inplace(d, inp, n, stream(be));
+}
+static void swiglu_forward_in_bf16(const loom_backend *be, float *out, const loom_bf16 *inp, int N,
+                                   int F) {
+    loom_cuda_swiglu_forward_in_bf16(out, inp, N, F, stream(be));
+}
+static void swiglu_backward_in_bf16(const loom_backend *be, float *dinp, const float *dout,
+                                    const loom_bf16 *inp, int N, int F) {
+    loom_cuda_swiglu_backward_in_bf16(dinp, dout, inp, N, F, stream(be));
+}
+
 static const loom_backend_ops cuda_ops = {
     .mem_alloc = cu_alloc,
     .mem_free = cu_free,
@@ -538,6 +759,55 @@ void loom_backend_cuda_destroy(loom_backend *be) {
     if (!be) return;
     cuda_state *S = state(be);
     if (S->sumsq) cudaFree(S->sumsq);
+    loom_cuda_arena_destroy(&S->scratch);
     loom_cuda_ctx_destroy(&S->cuda);
     free(S);
+}
+
+/* The fp32 table with the bf16 ops set (the CPU bf16 table's set, but the causal
+ * attention's bf16 backward and its scratch size: NULL, so the model keeps its shared
+ * backward scratch off on CUDA). Filled once; every bf16 backend points at it. */
+static loom_backend_ops cuda_bf16_ops;
+
+loom_status loom_backend_cuda_bf16_create(loom_backend **out, int device, loom_error *err) {
+    loom_status st = loom_backend_cuda_create(out, device, err);
+    if (st) return st;
+    loom_backend_ops *o = &cuda_bf16_ops;
+    *o = cuda_ops;
+    o->linear_forward = linear_forward_r;
+    o->linear_backward_input = linear_backward_input_r;
+    o->linear_backward_weight = linear_backward_weight_r;
+    o->linear_backward_weight_ld = NULL; /* as the CPU's bf16 table: computed whole */
+    o->linear_forward_bf16 = linear_forward_bf16;
+    o->linear_backward_input_bf16 = linear_backward_input_bf16;
+    o->linear_backward_weight_bf16 = linear_backward_weight_bf16;
+    o->linear_forward_in_bf16 = linear_forward_in_bf16;
+    o->round_bf16 = round_bf16;
+    o->linear_forward_out_bf16 = linear_forward_out_bf16;
+    o->linear_backward_input_dbf16 = linear_backward_input_dbf16;
+    o->linear_backward_weight_dbf16 = linear_backward_weight_dbf16;
+    o->linear_prepare_out_bf16 = linear_prepare_out_bf16;
+    o->crossentropy_forward_bf16 = crossentropy_forward_bf16;
+    o->crossentropy_forward_backward_bf16 = crossentropy_forward_backward_bf16;
+    o->round_bf16_values = round_bf16_values;
+    o->gelu_forward_in_bf16 = gelu_forward_in_bf16;
+    o->gelu_backward_in_bf16 = gelu_backward_in_bf16;
+    o->swiglu_forward_in_bf16 = swiglu_forward_in_bf16;
+    o->swiglu_backward_in_bf16 = swiglu_backward_in_bf16;
+    o->widen_bf16 = widen_bf16;
+    o->gelu_backward_in_bf16_inplace = gelu_backward_in_bf16_inplace;
+    o->linear_prepare = linear_prepare;
+    o->linear_precision = LOOM_PRECISION_BF16;
+    cuda_state *S = state(*out);
+    snprintf(S->name, sizeof S->name, "cuda:%d:bf16", device);
+    S->be.ops = o;
+    return LOOM_OK;
+}
+
+void loom_backend_cuda_bf16_describe(const loom_backend *be, char *buf, size_t size) {
+    const cuda_state *S = state(be);
+    snprintf(buf, size,
+             "cuBLAS bf16 GEMMs (fp32 accumulation), %zu linear_prepare calls, operand "
+             "scratch %.1f MiB, grown %zu times in calls",
+             S->prepared, (double)S->scratch.size / (1024.0 * 1024.0), S->scratch_grown);
 }

@@ -21,8 +21,21 @@ __device__ __forceinline__ float ld(const bf16 *p) {
 __device__ __forceinline__ void st(float *p, float x) {
     *p = x;
 }
+/* fp32 -> bf16 bits by loom's rule (kernels/bf16.h: loom_bf16_from_f32), bit for bit the
+ * CPU's: round to nearest even by integer addition; +-inf kept; NaN kept and made quiet
+ * (top bits, quiet bit 0x0040 set); fp32 zeros and subnormals to a zero of the same sign
+ * (where __float2bfloat16_rn would keep a bf16 subnormal and return one canonical NaN). */
+__device__ __forceinline__ unsigned short bf16_bits_rne(float x) {
+    unsigned u = __float_as_uint(x);
+    const unsigned e = u & 0x7F800000u;
+    if (e == 0x7F800000u) return (unsigned short)((u >> 16) | ((u & 0x007FFFFFu) ? 0x0040u : 0u));
+    if (e == 0) return (unsigned short)((u >> 16) & 0x8000u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+/* Every bf16 store of these kernels rounds by that rule. */
 __device__ __forceinline__ void st(bf16 *p, float x) {
-    *p = __float2bfloat16_rn(x);
+    *p = __ushort_as_bfloat16(bf16_bits_rne(x));
 }
 
 /* loom_bf16 (the public bit pattern) as the device type. */

@@ -1,5 +1,9 @@
 /* Elementwise kernels: fp32 <-> bf16, GELU (tanh), SwiGLU, residual add, scaling and the
- * sum of squares for gradient clipping. Formulas follow kernels/cpu/ term by term. */
+ * sum of squares for gradient clipping. Formulas follow kernels/cpu/ term by term. The
+ * GELU and SwiGLU kernels take the input's type (TI) apart from the output's (TO): the
+ * fp32 ops, the all-bf16 ones, and the bf16-input fp32-output ones of the backend table's
+ * --precision bf16 (kernels/backend_bf16.h), which run the fp32 instantiation's arithmetic
+ * on the exactly widened input. */
 #include "kernels/cuda/common.cuh"
 
 #define LOOM_GELU_S 0.7978845608028654f /* sqrt(2/pi) */
@@ -14,7 +18,13 @@ template <typename A, typename B> __global__ void convert_kernel(A *out, const B
     GRID_STRIDE(i, n) st(out + i, ld(inp + i));
 }
 
-template <typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t n) {
+/* x = widen(round_bf16(x)): the fp32 value of x's bf16 (loom's rule, common.cuh). */
+__global__ void round_values_kernel(float *x, size_t n) {
+    GRID_STRIDE(i, n) x[i] = __uint_as_float((unsigned)bf16_bits_rne(x[i]) << 16);
+}
+
+template <typename TO, typename TI>
+__global__ void gelu_forward_kernel(TO *out, const TI *inp, size_t n) {
     GRID_STRIDE(i, n) {
         float x = ld(inp + i);
         float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);
@@ -22,19 +32,27 @@ template <typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, 
     }
 }
 
-template <typename T>
-__global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = ld(inp + i);
-        float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);
-        float e = expf(-2.0f * u);
-        float sig = 1.0f / (1.0f + e), one_minus_sig = e * sig;
-        float du = LOOM_GELU_S * (1.0f + 3.0f * LOOM_GELU_K * x * x);
-        st(dinp + i, ld(dinp + i) + (sig + 2.0f * x * sig * one_minus_sig * du) * ld(dout + i));
-    }
+/* d gelu / dx at x (the CPU's GELU_BACKWARD_BODY) */
+__device__ __forceinline__ float gelu_local_grad(float x) {
+    float u = LOOM_GELU_S * (x + LOOM_GELU_K * x * x * x);
+    float e = expf(-2.0f * u);
+    float sig = 1.0f / (1.0f + e), one_minus_sig = e * sig;
+    float du = LOOM_GELU_S * (1.0f + 3.0f * LOOM_GELU_K * x * x);
+    return sig + 2.0f * x * sig * one_minus_sig * du;
 }
 
-template <typename T> __global__ void swiglu_forward_kernel(T *out, const T *inp, int N, int F) {
+template <typename TO, typename TI>
+__global__ void gelu_backward_kernel(TO *dinp, const TI *inp, const TO *dout, size_t n) {
+    GRID_STRIDE(i, n) st(dinp + i, ld(dinp + i) + gelu_local_grad(ld(inp + i)) * ld(dout + i));
+}
+
+/* In place: d = 0 + local * d, the accumulation into a zeroed dinp (kernels.h). */
+__global__ void gelu_backward_inplace_kernel(float *d, const bf16 *inp, size_t n) {
+    GRID_STRIDE(i, n) d[i] = 0.0f + gelu_local_grad(ld(inp + i)) * d[i];
+}
+
+template <typename TO, typename TI>
+__global__ void swiglu_forward_kernel(TO *out, const TI *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, f = i % F;
@@ -43,8 +61,8 @@ template <typename T> __global__ void swiglu_forward_kernel(T *out, const T *inp
     }
 }
 
-template <typename T>
-__global__ void swiglu_backward_kernel(T *dinp, const T *dout, const T *inp, int N, int F) {
+template <typename TO, typename TI>
+__global__ void swiglu_backward_kernel(TO *dinp, const TO *dout, const TI *inp, int N, int F) {
     size_t n = (size_t)N * F;
     GRID_STRIDE(i, n) {
         size_t r = i / F, f = i % F;
@@ -127,6 +145,32 @@ void loom_cuda_swiglu_backward_bf16(loom_bf16 *dinp, const loom_bf16 *dout, cons
                                     int N, int F, cudaStream_t s) {
     swiglu_backward_kernel<<<grid_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, s>>>(
         as_bf16(dinp), as_bf16(dout), as_bf16(inp), N, F);
+}
+
+/* The bf16-input, fp32-output variants (kernels/backend.h's *_in_bf16 ops). */
+void loom_cuda_gelu_forward_in_bf16(float *out, const loom_bf16 *inp, size_t n, cudaStream_t s) {
+    gelu_forward_kernel<<<grid_for(n, EW_BLOCK), EW_BLOCK, 0, s>>>(out, as_bf16(inp), n);
+}
+void loom_cuda_gelu_backward_in_bf16(float *dinp, const loom_bf16 *inp, const float *dout, size_t n,
+                                     cudaStream_t s) {
+    gelu_backward_kernel<<<grid_for(n, EW_BLOCK), EW_BLOCK, 0, s>>>(dinp, as_bf16(inp), dout, n);
+}
+void loom_cuda_gelu_backward_in_bf16_inplace(float *d, const loom_bf16 *inp, size_t n,
+                                             cudaStream_t s) {
+    gelu_backward_inplace_kernel<<<grid_for(n, EW_BLOCK), EW_BLOCK, 0, s>>>(d, as_bf16(inp), n);
+}
+void loom_cuda_swiglu_forward_in_bf16(float *out, const loom_bf16 *inp, int N, int F,
+                                      cudaStream_t s) {
+    swiglu_forward_kernel<<<grid_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, s>>>(out, as_bf16(inp),
+                                                                                 N, F);
+}
+void loom_cuda_swiglu_backward_in_bf16(float *dinp, const float *dout, const loom_bf16 *inp, int N,
+                                       int F, cudaStream_t s) {
+    swiglu_backward_kernel<<<grid_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, s>>>(
+        dinp, dout, as_bf16(inp), N, F);
+}
+void loom_cuda_bf16_round_values(float *x, size_t n, cudaStream_t s) {
+    round_values_kernel<<<grid_for(n, EW_BLOCK), EW_BLOCK, 0, s>>>(x, n);
 }
 
 void loom_cuda_add(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {

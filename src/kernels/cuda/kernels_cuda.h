@@ -77,9 +77,13 @@ void loom_cuda_arena_release(loom_cuda_arena *a, size_t mark);
 /* "arena 1.50 GiB: peak 1.20 GiB used; device 139.8 GiB total, 120.1 GiB free" */
 void loom_cuda_arena_report(const loom_cuda_arena *a, char *buf, size_t len);
 
-/* ---- conversions ---- */
+/* ---- conversions ----
+ * fp32 -> bf16 by loom's rule, bit for bit kernels/bf16.h's loom_bf16_from_f32 (nearest
+ * even; NaN kept quiet; fp32 subnormals to signed zero): every bf16 these kernels store is
+ * rounded so. bf16 -> fp32 is exact. round_values: x = widen(round(x)) in place. */
 void loom_cuda_f32_to_bf16(loom_bf16 *out, const float *inp, size_t n, cudaStream_t s);
 void loom_cuda_bf16_to_f32(float *out, const loom_bf16 *inp, size_t n, cudaStream_t s);
+void loom_cuda_bf16_round_values(float *x, size_t n, cudaStream_t s);
 
 /* ---- linear (cuBLAS / cuBLASLt): weight [OC, IC]; shapes as kernels.h ----
  * The first cuBLAS failure is kept in ctx (sticky: loom_cuda_ctx_status). */
@@ -100,6 +104,16 @@ void loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
 void loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
                                            const loom_bf16 *dout, const loom_bf16 *inp, int N,
                                            int IC, int OC);
+/* bf16 operands, fp32 accumulation and fp32 results (the backend table's bf16 GEMMs,
+ * kernels/backend.h): out[N, OC] = bias (fp32, may be NULL) + inp @ weight^T (overwritten);
+ * dinp[N, IC] += dout @ weight. The weight gradient with fp32 dweight is
+ * loom_cuda_linear_backward_weight_bf16 above. */
+void loom_cuda_linear_forward_bf16_f32(loom_cuda_ctx *ctx, float *out, const loom_bf16 *inp,
+                                       const loom_bf16 *weight, const float *bias, int N, int IC,
+                                       int OC);
+void loom_cuda_linear_backward_input_bf16_f32(loom_cuda_ctx *ctx, float *dinp,
+                                              const loom_bf16 *dout, const loom_bf16 *weight, int N,
+                                              int IC, int OC);
 
 /* ---- embedding (vocabulary shard [v0, v0 + V); v0 = 0, V = vocab: unsharded) ---- */
 void loom_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte,
@@ -157,6 +171,17 @@ void loom_cuda_swiglu_backward_bf16(loom_bf16 *dinp, const loom_bf16 *dout, cons
                                     int N, int F, cudaStream_t s);
 void loom_cuda_add_bf16(loom_bf16 *out, const loom_bf16 *a, const loom_bf16 *b, size_t n,
                         cudaStream_t s);
+/* bf16 input, fp32 output and gradients (kernels.h's loom_gelu_forward_bf16 ...): each
+ * value widened exactly, then the fp32 kernels' arithmetic. _inplace: d = 0 + gelu'(x) d. */
+void loom_cuda_gelu_forward_in_bf16(float *out, const loom_bf16 *inp, size_t n, cudaStream_t s);
+void loom_cuda_gelu_backward_in_bf16(float *dinp, const loom_bf16 *inp, const float *dout, size_t n,
+                                     cudaStream_t s);
+void loom_cuda_gelu_backward_in_bf16_inplace(float *d, const loom_bf16 *inp, size_t n,
+                                             cudaStream_t s);
+void loom_cuda_swiglu_forward_in_bf16(float *out, const loom_bf16 *inp, int N, int F,
+                                      cudaStream_t s);
+void loom_cuda_swiglu_backward_in_bf16(float *dinp, const float *dout, const loom_bf16 *inp, int N,
+                                       int F, cudaStream_t s);
 
 /* ---- RoPE (HF rotate_half), in place on the query and key heads of qkv ---- */
 void loom_cuda_rope_forward(float *qkv, int B, int T, int H, int KV, int hd, float theta, int pos0,

@@ -2,8 +2,12 @@
  * column-major product out^T = W^T(op T) x inp^T, so no transposes are materialised.
  * Forward: cuBLASLt with the bias fused as an epilogue. Backward: cublasGemmEx with
  * beta = 1 (the += contract). fp32 uses CUBLAS_COMPUTE_32F (TF32 off, the math mode is
- * CUBLAS_DEFAULT_MATH); bf16 inputs use CUBLAS_COMPUTE_32F too (fp32 accumulation).
- * The bias gradient is a fixed-order column reduction (deterministic). */
+ * CUBLAS_DEFAULT_MATH); bf16 inputs use CUBLAS_COMPUTE_32F too (fp32 accumulation), with
+ * a bf16 output (the all-bf16 variants) or an fp32 one (the _bf16_f32 variants: the
+ * backend table's bf16 GEMMs, kernels/backend.h). The operands' type (in_type) and the
+ * output's (out_type) are the helpers' two cudaDataType_t arguments; the transposes are
+ * the fp32 path's in every precision. The bias gradient is a fixed-order column reduction
+ * (deterministic). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdio.h>
@@ -38,10 +42,11 @@ template <typename T> __global__ void fill_bias_kernel(T *out, const T *bias, in
         st(out + i, bias ? ld(bias + i % OC) : 0.0f);
 }
 
-/* D[OC x N] = op_T(W)[OC x IC] x inp[IC x N] (+ bias per row of D), column-major. */
+/* D[OC x N] = op_T(W)[OC x IC] x inp[IC x N] (+ bias per row of D), column-major. A, B
+ * in in_type; D (and the bias: cuBLASLt's default bias type is D's) in out_type. */
 static loom_status lt_forward(loom_cuda_ctx *ctx, void *out, const void *inp, const void *weight,
-                              const void *bias, int N, int IC, int OC, cudaDataType_t type,
-                              loom_error *err) {
+                              const void *bias, int N, int IC, int OC, cudaDataType_t in_type,
+                              cudaDataType_t out_type, loom_error *err) {
     cublasLtHandle_t lt = (cublasLtHandle_t)ctx->blaslt;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld_ = NULL;
@@ -58,9 +63,9 @@ static loom_status lt_forward(loom_cuda_ctx *ctx, void *out, const void *inp, co
     if (st == CUBLAS_STATUS_SUCCESS && bias)
         st = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                             sizeof bias);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&la, type, IC, OC, IC);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&lb, type, IC, N, IC);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&ld_, type, OC, N, OC);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&la, in_type, IC, OC, IC);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&lb, in_type, IC, N, IC);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&ld_, out_type, OC, N, OC);
     if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
     size_t ws = ctx->workspace_bytes;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -83,34 +88,38 @@ static loom_status lt_forward(loom_cuda_ctx *ctx, void *out, const void *inp, co
     return st == CUBLAS_STATUS_SUCCESS ? LOOM_OK : blas_fail(err, "Lt forward", (int)st, N, IC, OC);
 }
 
-template <typename T>
-static loom_status forward(loom_cuda_ctx *ctx, T *out, const T *inp, const T *weight, const T *bias,
-                           int N, int IC, int OC, cudaDataType_t type, loom_error *err) {
+/* out (TO, out_type) = bias (TO) + inp @ weight^T (TI, in_type). */
+template <typename TI, typename TO>
+static loom_status forward(loom_cuda_ctx *ctx, TO *out, const TI *inp, const TI *weight,
+                           const TO *bias, int N, int IC, int OC, cudaDataType_t in_type,
+                           cudaDataType_t out_type, loom_error *err) {
     if (N <= 0 || OC <= 0) return LOOM_OK;
     if (IC <= 0) {
         fill_bias_kernel<<<grid_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
         return LOOM_OK;
     }
-    if (lt_forward(ctx, out, inp, weight, bias, N, IC, OC, type, err) == LOOM_OK) return LOOM_OK;
+    if (lt_forward(ctx, out, inp, weight, bias, N, IC, OC, in_type, out_type, err) == LOOM_OK)
+        return LOOM_OK;
     /* No Lt algorithm for this shape/type (e.g. odd leading dimensions in bf16): seed out
      * with the bias and accumulate one cublasGemmEx onto it, as the CPU kernel does. */
     fill_bias_kernel<<<grid_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
     const float one = 1.0f;
     cublasStatus_t st = cublasGemmEx((cublasHandle_t)ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC,
-                                     &one, weight, type, IC, inp, type, IC, &one, out, type, OC,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                     &one, weight, in_type, IC, inp, in_type, IC, &one, out,
+                                     out_type, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? LOOM_OK : blas_fail(err, "forward", (int)st, N, IC, OC);
 }
 
-/* dinp[IC x N] += W[IC x OC] x dout[OC x N] (column-major views). */
+/* dinp[IC x N] += W[IC x OC] x dout[OC x N] (column-major views); W, dout in in_type,
+ * dinp in out_type. */
 static loom_status backward_input(loom_cuda_ctx *ctx, void *dinp, const void *dout,
-                                  const void *weight, int N, int IC, int OC, cudaDataType_t type,
-                                  loom_error *err) {
+                                  const void *weight, int N, int IC, int OC, cudaDataType_t in_type,
+                                  cudaDataType_t out_type, loom_error *err) {
     if (N <= 0 || IC <= 0 || OC <= 0) return LOOM_OK;
     const float one = 1.0f;
     cublasStatus_t st = cublasGemmEx((cublasHandle_t)ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC,
-                                     &one, weight, type, IC, dout, type, OC, &one, dinp, type, IC,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                     &one, weight, in_type, IC, dout, in_type, OC, &one, dinp,
+                                     out_type, IC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return st == CUBLAS_STATUS_SUCCESS ? LOOM_OK
                                        : blas_fail(err, "backward input", (int)st, N, IC, OC);
 }
@@ -145,15 +154,15 @@ static void keep(loom_cuda_ctx *ctx, loom_status st, const loom_error *e) {
 
 extern "C" {
 
-void loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp,
-                              const float *weight, const float *bias, int N, int IC, int OC) {
+void loom_cuda_linear_forward(loom_cuda_ctx *ctx, float *out, const float *inp, const float *weight,
+                              const float *bias, int N, int IC, int OC) {
     loom_error e;
-    keep(ctx, forward(ctx, out, inp, weight, bias, N, IC, OC, CUDA_R_32F, &e), &e);
+    keep(ctx, forward(ctx, out, inp, weight, bias, N, IC, OC, CUDA_R_32F, CUDA_R_32F, &e), &e);
 }
 void loom_cuda_linear_backward_input(loom_cuda_ctx *ctx, float *dinp, const float *dout,
                                      const float *weight, int N, int IC, int OC) {
     loom_error e;
-    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_32F, &e), &e);
+    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_32F, CUDA_R_32F, &e), &e);
 }
 void loom_cuda_linear_backward_weight(loom_cuda_ctx *ctx, float *dweight, float *dbias,
                                       const float *dout, const float *inp, int N, int IC, int OC) {
@@ -166,14 +175,14 @@ void loom_cuda_linear_forward_bf16(loom_cuda_ctx *ctx, loom_bf16 *out, const loo
     loom_error e;
     keep(ctx,
          forward(ctx, as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), N, IC, OC,
-                 CUDA_R_16BF, &e),
+                 CUDA_R_16BF, CUDA_R_16BF, &e),
          &e);
 }
 void loom_cuda_linear_backward_input_bf16(loom_cuda_ctx *ctx, loom_bf16 *dinp,
                                           const loom_bf16 *dout, const loom_bf16 *weight, int N,
                                           int IC, int OC) {
     loom_error e;
-    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_16BF, &e), &e);
+    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_16BF, CUDA_R_16BF, &e), &e);
 }
 void loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, float *dbias,
                                            const loom_bf16 *dout, const loom_bf16 *inp, int N,
@@ -183,6 +192,21 @@ void loom_cuda_linear_backward_weight_bf16(loom_cuda_ctx *ctx, float *dweight, f
          backward_weight(ctx, dweight, dbias, as_bf16(dout), as_bf16(inp), N, IC, OC, CUDA_R_16BF,
                          &e),
          &e);
+}
+void loom_cuda_linear_forward_bf16_f32(loom_cuda_ctx *ctx, float *out, const loom_bf16 *inp,
+                                       const loom_bf16 *weight, const float *bias, int N, int IC,
+                                       int OC) {
+    loom_error e;
+    keep(ctx,
+         forward(ctx, out, as_bf16(inp), as_bf16(weight), bias, N, IC, OC, CUDA_R_16BF, CUDA_R_32F,
+                 &e),
+         &e);
+}
+void loom_cuda_linear_backward_input_bf16_f32(loom_cuda_ctx *ctx, float *dinp,
+                                              const loom_bf16 *dout, const loom_bf16 *weight, int N,
+                                              int IC, int OC) {
+    loom_error e;
+    keep(ctx, backward_input(ctx, dinp, dout, weight, N, IC, OC, CUDA_R_16BF, CUDA_R_32F, &e), &e);
 }
 
 } /* extern "C" */
