@@ -6,6 +6,10 @@
  * the CPU kernel (same operation order; built with LOOM_TEST_CPU_KERNELS). The backend
  * table (kernels/backend.h): the CUDA backend's memory functions, streams and events, a
  * few ops against the CPU backend's, and the sticky error of an op it does not implement.
+ * The bf16 table (loom_backend_cuda_bf16_create, --precision bf16's ops): its rounding
+ * bitwise against the CPU's (kernels/bf16.h) on ties, subnormals, inf, NaN and random bit
+ * patterns; its GEMMs within a bound derived per element (see test_bf16_table's comment);
+ * GELU/SwiGLU from bf16 bit for bit the fp32 kernels on the widened input.
  *
  * Error measure: max |gpu - ref| / max |ref| over the tensor (NaN fails). Tolerances:
  * fp32 2e-5 (1e-4 for attention), bf16 2e-2.
@@ -21,6 +25,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_bf16.h"
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #ifdef LOOM_TEST_CPU_KERNELS
@@ -889,6 +894,503 @@ static void test_backend_table(void) {
 }
 #endif
 
+/* ------------------------------------------------------------------ the bf16 table */
+/* --precision bf16's ops on CUDA (loom_backend_cuda_bf16_create; kernels/backend_bf16.h),
+ * against the CPU's rounding (kernels/bf16.h, bitwise) and float64 references computed
+ * here from the same bf16-rounded operands.
+ *
+ * GEMM tolerance, per element: the operands are bf16 (8 significant bits), so every
+ * product a_i b_i is exact in fp32 (16 bits); the only error is the fp32 accumulation of
+ * K products plus the accumulated-into value (or bias) and the final add: K + 2 terms.
+ * In any summation order, with round-to-nearest, |C - C64| <= gamma_{K+2} S with
+ * S = |C0| + sum_i |a_i b_i| and gamma_k = k 2^-24 / (1 - k 2^-24) (Higham, Accuracy and
+ * Stability, 3.1). Tensor cores align and truncate instead of rounding (Fasi, Higham,
+ * Mikaitis, Pranesh 2021): at most 2^-23 per addition, twice that; and a factor 2 margin:
+ * bound = 4 (K + 2) 2^-24 S. A wrong transpose or operand gives O(1) errors, far above.
+ * Where the output is bf16 (the logits), the rounding adds 2^-8 |C64| (half an ulp); 2^-7
+ * is allowed (a tie moved by the accumulation error). */
+static double gemm_bound(int K, double S, double ref, double round_rel) {
+    return round_rel * fabs(ref) + (1.0 + round_rel) * 4.0 * (K + 2) * ldexp(1.0, -24) * S;
+}
+
+static void check_bound(const char *name, const float *got, const double *ref, const double *S,
+                        size_t n, int K, double round_rel) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= gemm_bound(K, S[i], ref[i], round_rel))) { /* catches NaN */
+            if (!bad) first = i;
+            bad++;
+        }
+    }
+    if (!bad) {
+        g_passed++;
+        return;
+    }
+    g_failed++;
+    fprintf(stderr,
+            "FAIL %s: %zu of %zu elements beyond the bound (element %zu: got %.9g, want %.9g, "
+            "bound %.3g) seed %llu\n",
+            name, bad, n, first, (double)got[first], ref[first],
+            gemm_bound(K, S[first], ref[first], round_rel), (unsigned long long)g_seed);
+}
+
+/* Raw device buffers of 16- and 32-bit patterns (no conversion: NaN payloads kept). */
+static void *up_raw(const void *x, size_t bytes) {
+    void *d = dalloc(bytes);
+    cuda_ok(cudaMemcpy(d, x, bytes, cudaMemcpyHostToDevice), "upload");
+    return d;
+}
+static void down_raw(void *x, const void *d, size_t bytes) {
+    loom_error err = {0};
+    if (loom_cuda_check("kernel", 1, &err) != LOOM_OK) fatal("kernel launch", &err);
+    cuda_ok(cudaMemcpy(x, d, bytes, cudaMemcpyDeviceToHost), "download");
+}
+static float f32_of_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static uint32_t bits_of_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+/* x rounded by loom's rule (kernels/bf16.h), as a float */
+static float loom_round(float x) {
+    return loom_bf16_to_f32(loom_bf16_from_f32(x));
+}
+
+/* The rounding corner cases, then random bit patterns of every exponent. */
+static size_t rounding_inputs(uint32_t *u, size_t n) {
+    static const uint32_t fixed[] = {
+        0x00000000u, 0x80000000u,                            /* signed zeros */
+        0x00000001u, 0x807FFFFFu, 0x00400000u, 0x80008000u,  /* subnormals: signed zero */
+        0x00800000u, 0x80800000u,                            /* smallest normals */
+        0x7F800000u, 0xFF800000u,                            /* +-inf */
+        0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu,  /* NaNs: quiet, signalling */
+        0x7FFF0000u, 0xFF810000u,                            /* NaN payload in the top bits */
+        0x7F7FFFFFu, 0xFF7FFFFFu,                            /* largest finite: to inf */
+        0x7F7F7FFFu, 0x7F7F8000u, 0x7F7E8000u,               /* below, at the tie to inf */
+        0x3F808000u, 0x3F818000u, 0xBF808000u, 0xBF818000u,  /* ties: to even, both ways */
+        0x3F807FFFu, 0x3F808001u, 0x3F80FFFFu, 0x3FFF8000u,  /* around ties; carry out */
+        0x3F800000u, 0x3FC00000u, 0x00808000u, 0x00818000u}; /* exact; ties at tiny normals */
+    size_t k = 0;
+    for (; k < sizeof fixed / sizeof fixed[0] && k < n; k++) u[k] = fixed[k];
+    for (; k < n; k++) {
+        uint32_t r = (uint32_t)rnd();
+        switch (k % 4) {
+        case 0:
+            u[k] = r;
+            break; /* any pattern */
+        case 1:
+            u[k] = (r & 0xFFFF0000u) | 0x8000u;
+            break; /* an exact tie */
+        case 2:
+            u[k] = r & 0x807FFFFFu;
+            break; /* zero or subnormal */
+        default:
+            u[k] = (r & 0xFFFF0000u) | (r & 1u ? 0x7FFFu : 0x8001u); /* next to a tie */
+        }
+    }
+    return k;
+}
+
+static void test_bf16_rounding(const loom_backend *be, size_t n) {
+    uint32_t *u = malloc(n * 4), *back = malloc(n * 4);
+    uint16_t *h = malloc(n * 2), *g16 = malloc(n * 2);
+    rounding_inputs(u, n);
+    SCOPE {
+        float *dX = up_raw(u, n * 4), *dV = up_raw(u, n * 4), *dW = poisoned(n, 0);
+        loom_bf16 *dH = poisoned(n, 1);
+        loom_backend_round_bf16(be, dH, dX, n);
+        loom_backend_round_bf16_values(be, dV, n);
+        loom_backend_synchronize(be);
+        down_raw(g16, dH, n * 2);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++) {
+            h[i] = loom_bf16_from_f32(f32_of_bits(u[i]));
+            if (g16[i] != h[i] && !bad++) first = i;
+        }
+        if (bad)
+            fprintf(stderr, "round_bf16: %zu of %zu differ; first %08x -> %04x, cpu %04x\n", bad, n,
+                    u[first], g16[first], h[first]);
+        check_true("bf16 table: round_bf16 bitwise the CPU's loom_bf16_from_f32", bad == 0);
+        down_raw(back, dV, n * 4);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (back[i] != (uint32_t)h[i] << 16 && !bad++) first = i;
+        if (bad)
+            fprintf(stderr, "round_bf16_values: %zu of %zu differ; first %08x -> %08x\n", bad, n,
+                    u[first], back[first]);
+        check_true("bf16 table: round_bf16_values bitwise widen(round(x))", bad == 0);
+        /* widen: every one of the 65536 patterns (NaNs included) */
+        for (size_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+        loom_bf16 *dAll = up_raw(h, 65536 * 2);
+        loom_backend_widen_bf16(be, dW, dAll, 65536);
+        loom_backend_synchronize(be);
+        down_raw(back, dW, 65536 * 4);
+        bad = 0;
+        for (size_t i = 0; i < 65536; i++) bad += back[i] != (uint32_t)i << 16;
+        check_true("bf16 table: widen_bf16 exact on all 65536 patterns", bad == 0);
+    }
+    free(u), free(back), free(h), free(g16);
+}
+
+/* fp32 values and their bf16 roundings (loom's rule), uniform in [lo, hi). */
+static float *hrand_pair(size_t n, float lo, float hi, float **rounded_out) {
+    float *x = hrand(n, lo, hi, 0), *r = malloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) r[i] = loom_round(x[i]);
+    *rounded_out = r;
+    return x;
+}
+
+/* Every bf16 GEMM op of the table, and the fp32-signature ops that round inside. */
+static void test_bf16_linear(const loom_backend *be, int N, int IC, int OC, int with_bias) {
+    char nm[160];
+    const size_t nx = (size_t)N * IC, nw = (size_t)OC * IC, ny = (size_t)N * OC;
+    float *x16, *w16, *dy16;
+    float *x = hrand_pair(nx, -1, 1, &x16), *w = hrand_pair(nw, -1, 1, &w16);
+    float *dy = hrand_pair(ny, -1, 1, &dy16), *b = hrand(OC, -1, 1, 0);
+    float *dx0 = hrand(nx, -1, 1, 0), *dw0 = hrand(nw, -1, 1, 0), *db0 = hrand(OC, -1, 1, 0);
+    double *out = dzeros(ny), *Sout = dzeros(ny), *logit = dzeros(ny), *Slogit = dzeros(ny);
+    double *dx = dzeros(nx), *Sdx = dzeros(nx), *dw = dzeros(nw), *Sdw = dzeros(nw);
+    double *dwnb = dzeros(nw), *db = dzeros(OC), *Sdb = dzeros(OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double acc = 0.0, s = 0.0;
+            for (int i = 0; i < IC; i++) {
+                const double p = (double)x16[(size_t)n * IC + i] * w16[(size_t)o * IC + i];
+                acc += p, s += fabs(p);
+            }
+            logit[(size_t)n * OC + o] = acc, Slogit[(size_t)n * OC + o] = s;
+            out[(size_t)n * OC + o] = acc + (with_bias ? b[o] : 0.0);
+            Sout[(size_t)n * OC + o] = s + (with_bias ? fabs(b[o]) : 0.0);
+        }
+    for (int n = 0; n < N; n++) /* dinp += round(dout) @ w */
+        for (int i = 0; i < IC; i++) {
+            double acc = dx0[(size_t)n * IC + i], s = fabs(acc);
+            for (int o = 0; o < OC; o++) {
+                const double p = (double)dy16[(size_t)n * OC + o] * w16[(size_t)o * IC + i];
+                acc += p, s += fabs(p);
+            }
+            dx[(size_t)n * IC + i] = acc, Sdx[(size_t)n * IC + i] = s;
+        }
+    for (int o = 0; o < OC; o++) /* dweight += round(dout)^T @ inp; dbias += sum of fp32 dout */
+        for (int i = 0; i < IC; i++) {
+            double acc = dw0[(size_t)o * IC + i], s = fabs(acc);
+            for (int n = 0; n < N; n++) {
+                const double p = (double)dy16[(size_t)n * OC + o] * x16[(size_t)n * IC + i];
+                acc += p, s += fabs(p);
+            }
+            dw[(size_t)o * IC + i] = acc, Sdw[(size_t)o * IC + i] = s;
+        }
+    for (int o = 0; o < OC; o++) {
+        double acc = db0[o], s = fabs(acc);
+        for (int n = 0; n < N; n++)
+            acc += dy[(size_t)n * OC + o], s += fabs(dy[(size_t)n * OC + o]);
+        db[o] = acc, Sdb[o] = s;
+    }
+    float *g;
+    SCOPE {
+        float *dX = up(x, nx, 0), *dW = up(w, nw, 0), *dDy = up(dy, ny, 0), *dB = up(b, OC, 0);
+        void *dX16 = up(x16, nx, 1), *dW16 = up(w16, nw, 1), *dDy16 = up(dy16, ny, 1);
+        const float *bias = with_bias ? dB : NULL;
+        /* the _bf16 ops: operands already bf16 (dout fp32, rounded inside) */
+        float *dOut = poisoned(ny, 0), *dDx = up(dx0, nx, 0), *dDw = up(dw0, nw, 0);
+        float *dDb = up(db0, OC, 0);
+        loom_backend_linear_forward_bf16(be, dOut, dX16, dW16, bias, N, IC, OC);
+        loom_backend_linear_backward_input_bf16(be, dDx, dDy, dW16, N, IC, OC);
+        loom_backend_linear_backward_weight_bf16(be, dDw, dDb, dDy, dX16, N, IC, OC);
+        loom_backend_synchronize(be);
+        snprintf(nm, sizeof nm, "bf16 table: linear_forward_bf16 N%d IC%d OC%d%s", N, IC, OC,
+                 with_bias ? " bias" : "");
+        check_bound(nm, g = down(dOut, ny, 0), out, Sout, ny, IC, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_input_bf16 N%d IC%d OC%d", N, IC, OC);
+        check_bound(nm, g = down(dDx, nx, 0), dx, Sdx, nx, OC, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_weight_bf16 N%d IC%d OC%d", N, IC, OC);
+        check_bound(nm, g = down(dDw, nw, 0), dw, Sdw, nw, N, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_weight_bf16 dbias N%d OC%d", N, OC);
+        check_bound(nm, g = down(dDb, OC, 0), db, Sdb, OC, N, 0.0);
+        free(g);
+
+        /* the fp32 signatures: every operand rounded inside; the same references */
+        float *dOut2 = poisoned(ny, 0), *dDx2 = up(dx0, nx, 0), *dDw2 = up(dw0, nw, 0);
+        float *dDb2 = up(db0, OC, 0), *dOut3 = poisoned(ny, 0);
+        loom_backend_linear_forward(be, dOut2, dX, dW, bias, N, IC, OC);
+        loom_backend_linear_backward_input(be, dDx2, dDy, dW, N, IC, OC);
+        loom_backend_linear_backward_weight(be, dDw2, dDb2, dDy, dX, N, IC, OC);
+        loom_backend_linear_forward_in_bf16(be, dOut3, dX16, dW, bias, N, IC, OC);
+        loom_backend_synchronize(be);
+        snprintf(nm, sizeof nm, "bf16 table: linear_forward (rounds) N%d IC%d OC%d", N, IC, OC);
+        check_bound(nm, g = down(dOut2, ny, 0), out, Sout, ny, IC, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_input (rounds) N%d IC%d OC%d", N, IC,
+                 OC);
+        check_bound(nm, g = down(dDx2, nx, 0), dx, Sdx, nx, OC, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_weight (rounds) N%d IC%d OC%d", N, IC,
+                 OC);
+        check_bound(nm, g = down(dDw2, nw, 0), dw, Sdw, nw, N, 0.0);
+        free(g);
+        check_bound("bf16 table: linear_backward_weight (rounds) dbias", g = down(dDb2, OC, 0), db,
+                    Sdb, OC, N, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_forward_in_bf16 N%d IC%d OC%d", N, IC, OC);
+        check_bound(nm, g = down(dOut3, ny, 0), out, Sout, ny, IC, 0.0);
+        free(g);
+
+        /* the logits' ops: bf16 output; bf16 output gradient; no bias */
+        void *dL1 = poisoned(ny, 1), *dL2 = poisoned(ny, 1);
+        float *dDx3 = up(dx0, nx, 0), *dDw3 = up(dw0, nw, 0), *dDw4 = up(dw0, nw, 0);
+        loom_backend_linear_forward_out_bf16(be, dL1, dX, NULL, dW, N, IC, OC);
+        loom_backend_linear_forward_out_bf16(be, dL2, NULL, dX16, dW, N, IC, OC);
+        loom_backend_linear_backward_input_dbf16(be, dDx3, dDy16, dW, N, IC, OC);
+        loom_backend_linear_backward_weight_dbf16(be, dDw3, dDy16, dX, NULL, N, IC, OC);
+        loom_backend_linear_backward_weight_dbf16(be, dDw4, dDy16, NULL, dX16, N, IC, OC);
+        loom_backend_synchronize(be);
+        snprintf(nm, sizeof nm, "bf16 table: linear_forward_out_bf16 (fp32 inp) N%d IC%d OC%d", N,
+                 IC, OC);
+        check_bound(nm, g = down(dL1, ny, 1), logit, Slogit, ny, IC, ldexp(1.0, -7));
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_forward_out_bf16 (bf16 inp) N%d IC%d OC%d", N,
+                 IC, OC);
+        check_bound(nm, g = down(dL2, ny, 1), logit, Slogit, ny, IC, ldexp(1.0, -7));
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_input_dbf16 N%d IC%d OC%d", N, IC, OC);
+        check_bound(nm, g = down(dDx3, nx, 0), dx, Sdx, nx, OC, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_weight_dbf16 (fp32 inp) N%d IC%d OC%d",
+                 N, IC, OC);
+        check_bound(nm, g = down(dDw3, nw, 0), dw, Sdw, nw, N, 0.0);
+        free(g);
+        snprintf(nm, sizeof nm, "bf16 table: linear_backward_weight_dbf16 (bf16 inp) N%d IC%d OC%d",
+                 N, IC, OC);
+        check_bound(nm, g = down(dDw4, nw, 0), dw, Sdw, nw, N, 0.0);
+        free(g);
+    }
+    (void)dwnb;
+    free(x), free(w), free(dy), free(b), free(x16), free(w16), free(dy16);
+    free(dx0), free(dw0), free(db0), free(out), free(Sout), free(logit), free(Slogit);
+    free(dx), free(Sdx), free(dw), free(Sdw), free(dwnb), free(db), free(Sdb);
+}
+
+/* No product (IC == 0): out is the bias, or zeros, exactly. */
+static void test_bf16_linear_empty(const loom_backend *be, int N, int OC) {
+    float *b = hrand(OC, -1, 1, 0);
+    double *ref = dzeros((size_t)N * OC), *zero = dzeros((size_t)N * OC);
+    for (size_t i = 0; i < (size_t)N * OC; i++) ref[i] = b[i % OC];
+    SCOPE {
+        float *dB = up(b, OC, 0), *dO = poisoned((size_t)N * OC, 0);
+        float *dO2 = poisoned((size_t)N * OC, 0), *dX = poisoned(1, 0), *dW = poisoned(1, 0);
+        loom_backend_linear_forward(be, dO, dX, dW, dB, N, 0, OC);
+        loom_backend_linear_forward_bf16(be, dO2, NULL, NULL, NULL, N, 0, OC);
+        loom_backend_synchronize(be);
+        float *g;
+        check("bf16 table: linear_forward IC=0 is the bias", g = down(dO, (size_t)N * OC, 0), ref,
+              (size_t)N * OC, 0.0);
+        free(g);
+        check("bf16 table: linear_forward_bf16 IC=0 without bias is 0",
+              g = down(dO2, (size_t)N * OC, 0), zero, (size_t)N * OC, 0.0);
+        free(g);
+    }
+    free(b), free(ref), free(zero);
+}
+
+/* Cross-entropy over bf16 logits. Losses: fp32 from the same bf16 values (TOL32). dlogits
+ * rounded to bf16: half an ulp, 2^-8 |ref|, plus the fp32 error of p = exp(x - m) s (a few
+ * ulps of p <= dloss) and of p - dloss at the target: bound 2^-7 |ref| + 2^-20 dloss. */
+static void test_bf16_crossentropy(const loom_backend *be, int N, int V) {
+    const size_t n = (size_t)N * V;
+    float *x = hrand(n, -8, 8, 0);
+    for (size_t i = 0; i < n; i++) x[i] = loom_round(x[i]);
+    int32_t *tgt = malloc((size_t)N * 4);
+    for (int r = 0; r < N; r++) tgt[r] = randint(V);
+    const float dloss = 1.0f / (float)N;
+    double *loss = dzeros(N), *dl = dzeros(n);
+    for (int r = 0; r < N; r++) {
+        const float *xr = x + (size_t)r * V;
+        double m = xr[0], sum = 0.0;
+        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        for (int j = 0; j < V; j++) sum += exp(xr[j] - m);
+        loss[r] = m + log(sum) - xr[tgt[r]];
+        for (int j = 0; j < V; j++)
+            dl[(size_t)r * V + j] = (exp(xr[j] - m) / sum - (j == tgt[r])) * dloss;
+    }
+    SCOPE {
+        void *dX = up(x, n, 1), *dX2 = up(x, n, 1), *dT = up_i32(tgt, N);
+        float *dL = poisoned(N, 0), *dL2 = poisoned(N, 0);
+        loom_backend_crossentropy_forward_bf16(be, dL, dX, dT, N, V);
+        loom_backend_crossentropy_forward_backward_bf16(be, dL2, dX2, dT, N, V, dloss);
+        loom_backend_synchronize(be);
+        float *g;
+        check("bf16 table: crossentropy_forward_bf16", g = down(dL, N, 0), loss, N, TOL32);
+        free(g);
+        check("bf16 table: crossentropy_forward_backward_bf16 loss", g = down(dL2, N, 0), loss, N,
+              TOL32);
+        free(g);
+        g = down(dX2, n, 1);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < n; i++) {
+            const double bound = ldexp(fabs(dl[i]), -7) + ldexp((double)dloss, -20);
+            if (!(fabs((double)g[i] - dl[i]) <= bound) && !bad++) first = i;
+        }
+        if (bad)
+            fprintf(stderr,
+                    "dlogits: %zu of %zu beyond the bound; element %zu got %.9g want %.9g\n", bad,
+                    n, first, (double)g[first], dl[first]);
+        check_true("bf16 table: crossentropy dlogits in bf16 within half an ulp", bad == 0);
+        free(g);
+    }
+    free(x), free(tgt), free(loss), free(dl);
+}
+
+static double gelu64(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+static double gelu64_grad(double x) {
+    const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) +
+           0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+static double silu64(double g) {
+    return g / (1.0 + exp(-g));
+}
+static size_t bit_diffs(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += bits_of_f32(a[i]) != bits_of_f32(b[i]);
+    return d;
+}
+
+/* GELU and SwiGLU from a bf16 input: float64 within TOL32, and bit for bit the fp32
+ * kernels on the widened input (the contract of kernels.h's _bf16 variants). */
+static void test_bf16_activations(const loom_backend *be, size_t n, int N, int F) {
+    float *x = hrand(n, -4, 4, 0), *dy = hrand(n, -1, 1, 0), *dx0 = hrand(n, -1, 1, 0);
+    for (size_t i = 0; i < n; i++) x[i] = loom_round(x[i]);
+    double *fw = dzeros(n), *bw = dzeros(n), *bw0 = dzeros(n);
+    for (size_t i = 0; i < n; i++) {
+        fw[i] = gelu64(x[i]);
+        bw[i] = dx0[i] + gelu64_grad(x[i]) * dy[i];
+        bw0[i] = gelu64_grad(x[i]) * dy[i];
+    }
+    const size_t ns = (size_t)N * F;
+    float *s = hrand(2 * ns, -4, 4, 0), *sdy = hrand(ns, -1, 1, 0), *sdx0 = hrand(2 * ns, -1, 1, 0);
+    for (size_t i = 0; i < 2 * ns; i++) s[i] = loom_round(s[i]);
+    double *sfw = dzeros(ns), *sbw = dzeros(2 * ns);
+    for (int r = 0; r < N; r++)
+        for (int f = 0; f < F; f++) {
+            const size_t gi = (size_t)r * 2 * F + f, ui = gi + F, o = (size_t)r * F + f;
+            const double g = s[gi], u = s[ui], sig = 1.0 / (1.0 + exp(-g));
+            sfw[o] = silu64(g) * u;
+            sbw[gi] = sdx0[gi] + sdy[o] * u * sig * (1.0 + g * (1.0 - sig));
+            sbw[ui] = sdx0[ui] + sdy[o] * silu64(g);
+        }
+    SCOPE {
+        void *dX16 = up(x, n, 1);
+        float *dX = up(x, n, 0), *dDy = up(dy, n, 0), *dOut = poisoned(n, 0),
+              *dRef = poisoned(n, 0);
+        float *dDx = up(dx0, n, 0), *dDxRef = up(dx0, n, 0), *dIn = up(dy, n, 0);
+        float *dZero = poisoned(n, 0);
+        loom_backend_gelu_forward_in_bf16(be, dOut, dX16, n);
+        loom_backend_gelu_backward_in_bf16(be, dDx, dX16, dDy, n);
+        loom_backend_memset(be, dZero, 0, n * 4);
+        loom_backend_gelu_backward_in_bf16(be, dZero, dX16, dDy, n);
+        loom_backend_gelu_backward_in_bf16_inplace(be, dIn, dX16, n);
+        loom_backend_synchronize(be);
+        loom_cuda_gelu_forward(dRef, dX, n, g_s); /* the fp32 kernels on the widened input */
+        loom_cuda_gelu_backward(dDxRef, dX, dDy, n, g_s);
+        float *g = down(dOut, n, 0), *gr = down(dRef, n, 0);
+        check("bf16 table: gelu_forward_in_bf16", g, fw, n, TOL32);
+        check_true("bf16 table: gelu_forward_in_bf16 bitwise the fp32 kernel",
+                   !bit_diffs(g, gr, n));
+        free(g), free(gr);
+        g = down(dDx, n, 0), gr = down(dDxRef, n, 0);
+        check("bf16 table: gelu_backward_in_bf16 (+=)", g, bw, n, TOL32);
+        check_true("bf16 table: gelu_backward_in_bf16 bitwise the fp32 kernel",
+                   !bit_diffs(g, gr, n));
+        free(g), free(gr);
+        g = down(dIn, n, 0), gr = down(dZero, n, 0);
+        check("bf16 table: gelu_backward_in_bf16_inplace", g, bw0, n, TOL32);
+        check_true("bf16 table: gelu_backward_in_bf16_inplace bitwise into zeros",
+                   !bit_diffs(g, gr, n));
+        free(g), free(gr);
+
+        void *dS16 = up(s, 2 * ns, 1);
+        float *dS = up(s, 2 * ns, 0), *dSdy = up(sdy, ns, 0), *dSo = poisoned(ns, 0);
+        float *dSoRef = poisoned(ns, 0), *dSdx = up(sdx0, 2 * ns, 0),
+              *dSdxRef = up(sdx0, 2 * ns, 0);
+        loom_backend_swiglu_forward_in_bf16(be, dSo, dS16, N, F);
+        loom_backend_swiglu_backward_in_bf16(be, dSdx, dSdy, dS16, N, F);
+        loom_backend_synchronize(be);
+        loom_cuda_swiglu_forward(dSoRef, dS, N, F, g_s);
+        loom_cuda_swiglu_backward(dSdxRef, dSdy, dS, N, F, g_s);
+        g = down(dSo, ns, 0), gr = down(dSoRef, ns, 0);
+        check("bf16 table: swiglu_forward_in_bf16", g, sfw, ns, TOL32);
+        check_true("bf16 table: swiglu_forward_in_bf16 bitwise the fp32 kernel",
+                   !bit_diffs(g, gr, ns));
+        free(g), free(gr);
+        g = down(dSdx, 2 * ns, 0), gr = down(dSdxRef, 2 * ns, 0);
+        check("bf16 table: swiglu_backward_in_bf16 (+=)", g, sbw, 2 * ns, TOL32);
+        check_true("bf16 table: swiglu_backward_in_bf16 bitwise the fp32 kernel",
+                   !bit_diffs(g, gr, 2 * ns));
+        free(g), free(gr);
+    }
+    free(x), free(dy), free(dx0), free(fw), free(bw), free(bw0);
+    free(s), free(sdy), free(sdx0), free(sfw), free(sbw);
+}
+
+static void test_bf16_table(void) {
+    loom_backend *cu = NULL, *cu16 = NULL;
+    loom_error err = {0};
+    if (loom_backend_cuda_create(&cu, 0, &err) != LOOM_OK) fatal("cuda backend", &err);
+    if (loom_backend_cuda_bf16_create(&cu16, 0, &err) != LOOM_OK) fatal("cuda bf16 backend", &err);
+    check_true("bf16 table: the fp32 table keeps every tensor fp32",
+               loom_backend_precision(cu) == LOOM_PRECISION_FP32 &&
+                   !loom_backend_bf16_activations(cu) && !loom_backend_bf16_logits(cu) &&
+                   !loom_backend_bf16_pre_activations(cu));
+    check_true("bf16 table: precision bf16, activations, logits, pre-activations in bf16; "
+               "attention's shared scratch not (fp32 fallback)",
+               loom_backend_precision(cu16) == LOOM_PRECISION_BF16 &&
+                   loom_backend_bf16_activations(cu16) && loom_backend_bf16_logits(cu16) &&
+                   loom_backend_bf16_pre_activations(cu16) &&
+                   !loom_backend_bf16_shared_scratch(cu16));
+    /* the scratch sized before the calls: no growth in them */
+    const int shapes[][3] = {{37, 53, 29}, {130, 257, 67}, {5, 768, 2304}, {64, 96, 1000}};
+    for (int i = 0; i < 4; i++) {
+        const int N = shapes[i][0], IC = shapes[i][1], OC = shapes[i][2];
+        if (loom_backend_linear_prepare(cu16, N, IC, OC, &err) ||
+            loom_backend_linear_prepare_out_bf16(cu16, N, IC, OC, &err))
+            fatal("linear_prepare", &err);
+    }
+    test_bf16_rounding(cu16, 1 << 20);
+    test_bf16_linear(cu16, 37, 53, 29, 1);
+    test_bf16_linear(cu16, 130, 257, 67, 0);
+    test_bf16_linear(cu16, 5, 768, 2304, 1); /* GPT-2 qkv shape, few rows */
+    test_bf16_linear(cu16, 64, 96, 1000, 0); /* a head: wide output */
+    test_bf16_linear_empty(cu16, 3, 7);
+    char line[256];
+    loom_backend_cuda_bf16_describe(cu16, line, sizeof line);
+    printf("bf16 table: %s\n", line);
+    check_true("bf16 table: prepared scratch never grown in a call", strstr(line, "grown 0 ") != 0);
+    test_bf16_linear(cu16, 1500, 1200, 300, 1); /* unprepared, larger: grows in the call */
+    loom_backend_cuda_bf16_describe(cu16, line, sizeof line);
+    printf("bf16 table: %s\n", line);
+    check_true("bf16 table: an unprepared larger shape grew the scratch",
+               strstr(line, "grown 0 ") == NULL);
+    test_bf16_crossentropy(cu16, 13, 997);
+    test_bf16_crossentropy(cu16, 3, 50257);
+    test_bf16_activations(cu16, 100003, 13, 171);
+    loom_error e2 = {0};
+    const loom_status st = loom_backend_status(cu16, &e2);
+    if (st) fprintf(stderr, "bf16 table status: %s\n", e2.msg);
+    check_true("bf16 table: no sticky error", st == LOOM_OK);
+    loom_backend_cuda_destroy(cu16);
+    loom_backend_cuda_destroy(cu);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void) {
@@ -945,6 +1447,7 @@ int main(void) {
 #ifdef LOOM_TEST_CPU_KERNELS
     test_backend_table();
 #endif
+    test_bf16_table();
 
     char line[256];
     loom_cuda_arena_report(&g_arena, line, sizeof line);
