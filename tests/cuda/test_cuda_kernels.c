@@ -8,7 +8,7 @@
  * few ops against the CPU backend's, and the sticky error of an op it does not implement.
  * The bf16 table (loom_backend_cuda_bf16_create, --precision bf16's ops): its rounding
  * bitwise against the CPU's (kernels/bf16.h) on ties, subnormals, inf, NaN and random bit
- * patterns; its GEMMs within a bound derived per element (see test_bf16_table's comment);
+ * patterns; its GEMMs within a bound derived per element (see gemm_bound's comment);
  * GELU/SwiGLU from bf16 bit for bit the fp32 kernels on the widened input.
  *
  * Error measure: max |gpu - ref| / max |ref| over the tensor (NaN fails). Tolerances:
