@@ -1,5 +1,6 @@
 /* GPU kernel timings for bench/bench_gpu.py (CUDA builds only): loom's bf16 GEMM (the
- * linear forward through cuBLASLt) at M = N = K = --gemm, and loom's fused attention
+ * linear forward through cuBLASLt) at M = N = K = --gemm, with a bf16 output and with the
+ * fp32 output of --precision bf16's backend table (gemm_f32out_*), and loom's fused attention
  * forward and forward + backward at (B, T, H, hd). CUDA events, after warm-up; prints one
  * JSON line. Exit 77 without a CUDA device. Inputs are random (their values do not
  * change the timing), buffers come from one device arena. */
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
     }
     loom_cuda_ctx ctx;
     loom_cuda_arena arena;
-    size_t gemm_bytes = 3 * (size_t)G * G * 2;
+    size_t gemm_bytes = 3 * (size_t)G * G * 2 + (size_t)G * G * 4 + 256;
     size_t attn = (size_t)B * T * 3 * H * hd * 2 * 2 + (size_t)B * T * H * hd * 2 * 2 +
                   (size_t)B * H * T * 4 * 2;
     /* the fp32 cuBLAS path (attention_gemm.cu): its own fp32 buffers and T x T scratch */
@@ -53,6 +54,7 @@ int main(int argc, char **argv) {
     }
     loom_bf16 *A = carve(&arena, (size_t)G * G * 2), *W = carve(&arena, (size_t)G * G * 2);
     loom_bf16 *C = carve(&arena, (size_t)G * G * 2);
+    float *C32 = carve(&arena, (size_t)G * G * 4);
     loom_bf16 *qkv = carve(&arena, (size_t)B * T * 3 * H * hd * 2);
     loom_bf16 *dqkv = carve(&arena, (size_t)B * T * 3 * H * hd * 2);
     loom_bf16 *out = carve(&arena, (size_t)B * T * H * hd * 2);
@@ -66,18 +68,21 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    float ms_gemm = 0, ms_fwd = 0, ms_fb = 0, ms_gfwd = 0, ms_gfb = 0;
-    for (int phase = 0; phase < 5; phase++) {
+    float ms_gemm = 0, ms_fwd = 0, ms_fb = 0, ms_gfwd = 0, ms_gfb = 0, ms_gemm32 = 0;
+    for (int phase = 0; phase < 6; phase++) {
         for (int warm = 0; warm < 2; warm++) {
             cudaEventRecord(e0, ctx.stream);
             for (int r = 0; r < (warm ? reps : 2); r++) {
-                if (phase == 0) {
-                    loom_cuda_linear_forward_bf16(&ctx, C, A, W, NULL, G, G, G);
+                if (phase == 0 || phase == 5) {
+                    if (phase == 0)
+                        loom_cuda_linear_forward_bf16(&ctx, C, A, W, NULL, G, G, G);
+                    else
+                        loom_cuda_linear_forward_bf16_f32(&ctx, C32, A, W, NULL, G, G, G);
                     if (loom_cuda_ctx_status(&ctx, 0, &err) != LOOM_OK) {
                         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
                         return 1;
                     }
-                } else if (phase >= 3) {
+                } else if (phase >= 3) { /* 3, 4 */
                     loom_cuda_attention_gemm_forward(&ctx, out32, lse, qkv32, scratch32, B, T, H, H,
                                                      hd, 1);
                     if (phase == 4)
@@ -101,6 +106,7 @@ int main(int argc, char **argv) {
         if (phase == 2) ms_fb = ms;
         if (phase == 3) ms_gfwd = ms;
         if (phase == 4) ms_gfb = ms;
+        if (phase == 5) ms_gemm32 = ms;
     }
     if (loom_cuda_check("bench", 1, &err) != LOOM_OK) {
         fprintf(stderr, "bench_gpu_kernels: %s\n", err.msg);
@@ -112,10 +118,11 @@ int main(int argc, char **argv) {
         "{\"device\": \"%s\", \"gemm\": %d, \"gemm_ms\": %.4f, \"gemm_tflops\": %.2f, "
         "\"attn\": [%d, %d, %d, %d], \"attn_fwd_ms\": %.4f, \"attn_fwd_tflops\": %.2f, "
         "\"attn_fwdbwd_ms\": %.4f, \"attn_fwdbwd_tflops\": %.2f, \"attn_gemm_fp32_fwd_ms\": %.4f, "
-        "\"attn_gemm_fp32_fwdbwd_ms\": %.4f}\n",
+        "\"attn_gemm_fp32_fwdbwd_ms\": %.4f, \"gemm_f32out_ms\": %.4f, "
+        "\"gemm_f32out_tflops\": %.2f}\n",
         dev[0].name, G, ms_gemm, 2.0 * G * G * (double)G / (ms_gemm * 1e9), B, T, H, hd, ms_fwd,
-        attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9), ms_gfwd,
-        ms_gfb);
+        attn_fwd_flop / (ms_fwd * 1e9), ms_fb, 3.5 * attn_fwd_flop / (ms_fb * 1e9), ms_gfwd, ms_gfb,
+        ms_gemm32, 2.0 * G * G * (double)G / (ms_gemm32 * 1e9));
     loom_cuda_arena_destroy(&arena);
     loom_cuda_ctx_destroy(&ctx);
     return 0;
