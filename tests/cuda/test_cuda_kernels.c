@@ -935,6 +935,12 @@ static void check_bound(const char *name, const float *got, const double *ref, c
             gemm_bound(K, S[first], ref[first], round_rel), (unsigned long long)g_seed);
 }
 
+/* The uploads and poisonings (cudaMemcpy, cudaMemset: the legacy stream) done before a
+ * table op runs on the backend's own non-blocking stream. */
+static void settle(void) {
+    cuda_ok(cudaDeviceSynchronize(), "uploads");
+}
+
 /* Raw device buffers of 16- and 32-bit patterns (no conversion: NaN payloads kept). */
 static void *up_raw(const void *x, size_t bytes) {
     void *d = dalloc(bytes);
@@ -1003,6 +1009,7 @@ static void test_bf16_rounding(const loom_backend *be, size_t n) {
     SCOPE {
         float *dX = up_raw(u, n * 4), *dV = up_raw(u, n * 4), *dW = poisoned(n, 0);
         loom_bf16 *dH = poisoned(n, 1);
+        settle();
         loom_backend_round_bf16(be, dH, dX, n);
         loom_backend_round_bf16_values(be, dV, n);
         loom_backend_synchronize(be);
@@ -1027,6 +1034,7 @@ static void test_bf16_rounding(const loom_backend *be, size_t n) {
         /* widen: every one of the 65536 patterns (NaNs included) */
         for (size_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
         loom_bf16 *dAll = up_raw(h, 65536 * 2);
+        settle();
         loom_backend_widen_bf16(be, dW, dAll, 65536);
         loom_backend_synchronize(be);
         down_raw(back, dW, 65536 * 4);
@@ -1099,6 +1107,7 @@ static void test_bf16_linear(const loom_backend *be, int N, int IC, int OC, int 
         /* the _bf16 ops: operands already bf16 (dout fp32, rounded inside) */
         float *dOut = poisoned(ny, 0), *dDx = up(dx0, nx, 0), *dDw = up(dw0, nw, 0);
         float *dDb = up(db0, OC, 0);
+        settle();
         loom_backend_linear_forward_bf16(be, dOut, dX16, dW16, bias, N, IC, OC);
         loom_backend_linear_backward_input_bf16(be, dDx, dDy, dW16, N, IC, OC);
         loom_backend_linear_backward_weight_bf16(be, dDw, dDb, dDy, dX16, N, IC, OC);
@@ -1120,6 +1129,7 @@ static void test_bf16_linear(const loom_backend *be, int N, int IC, int OC, int 
         /* the fp32 signatures: every operand rounded inside; the same references */
         float *dOut2 = poisoned(ny, 0), *dDx2 = up(dx0, nx, 0), *dDw2 = up(dw0, nw, 0);
         float *dDb2 = up(db0, OC, 0), *dOut3 = poisoned(ny, 0);
+        settle();
         loom_backend_linear_forward(be, dOut2, dX, dW, bias, N, IC, OC);
         loom_backend_linear_backward_input(be, dDx2, dDy, dW, N, IC, OC);
         loom_backend_linear_backward_weight(be, dDw2, dDb2, dDy, dX, N, IC, OC);
@@ -1146,6 +1156,7 @@ static void test_bf16_linear(const loom_backend *be, int N, int IC, int OC, int 
         /* the logits' ops: bf16 output; bf16 output gradient; no bias */
         void *dL1 = poisoned(ny, 1), *dL2 = poisoned(ny, 1);
         float *dDx3 = up(dx0, nx, 0), *dDw3 = up(dw0, nw, 0), *dDw4 = up(dw0, nw, 0);
+        settle();
         loom_backend_linear_forward_out_bf16(be, dL1, dX, NULL, dW, N, IC, OC);
         loom_backend_linear_forward_out_bf16(be, dL2, NULL, dX16, dW, N, IC, OC);
         loom_backend_linear_backward_input_dbf16(be, dDx3, dDy16, dW, N, IC, OC);
@@ -1186,6 +1197,7 @@ static void test_bf16_linear_empty(const loom_backend *be, int N, int OC) {
     SCOPE {
         float *dB = up(b, OC, 0), *dO = poisoned((size_t)N * OC, 0);
         float *dO2 = poisoned((size_t)N * OC, 0), *dX = poisoned(1, 0), *dW = poisoned(1, 0);
+        settle();
         loom_backend_linear_forward(be, dO, dX, dW, dB, N, 0, OC);
         loom_backend_linear_forward_bf16(be, dO2, NULL, NULL, NULL, N, 0, OC);
         loom_backend_synchronize(be);
@@ -1223,6 +1235,7 @@ static void test_bf16_crossentropy(const loom_backend *be, int N, int V) {
     SCOPE {
         void *dX = up(x, n, 1), *dX2 = up(x, n, 1), *dT = up_i32(tgt, N);
         float *dL = poisoned(N, 0), *dL2 = poisoned(N, 0);
+        settle();
         loom_backend_crossentropy_forward_bf16(be, dL, dX, dT, N, V);
         loom_backend_crossentropy_forward_backward_bf16(be, dL2, dX2, dT, N, V, dloss);
         loom_backend_synchronize(be);
@@ -1294,6 +1307,7 @@ static void test_bf16_activations(const loom_backend *be, size_t n, int N, int F
               *dRef = poisoned(n, 0);
         float *dDx = up(dx0, n, 0), *dDxRef = up(dx0, n, 0), *dIn = up(dy, n, 0);
         float *dZero = poisoned(n, 0);
+        settle();
         loom_backend_gelu_forward_in_bf16(be, dOut, dX16, n);
         loom_backend_gelu_backward_in_bf16(be, dDx, dX16, dDy, n);
         loom_backend_memset(be, dZero, 0, n * 4);
@@ -1322,6 +1336,7 @@ static void test_bf16_activations(const loom_backend *be, size_t n, int N, int F
         float *dS = up(s, 2 * ns, 0), *dSdy = up(sdy, ns, 0), *dSo = poisoned(ns, 0);
         float *dSoRef = poisoned(ns, 0), *dSdx = up(sdx0, 2 * ns, 0),
               *dSdxRef = up(sdx0, 2 * ns, 0);
+        settle();
         loom_backend_swiglu_forward_in_bf16(be, dSo, dS16, N, F);
         loom_backend_swiglu_backward_in_bf16(be, dSdx, dSdy, dS16, N, F);
         loom_backend_synchronize(be);

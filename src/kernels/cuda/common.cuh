@@ -15,8 +15,10 @@ typedef __nv_bfloat16 bf16;
 __device__ __forceinline__ float ld(const float *p) {
     return *p;
 }
+/* bf16 -> fp32 by a shift (kernels/bf16.h's loom_bf16_to_f32): exact for every pattern,
+ * NaN payloads included (sm_90's __bfloat162float is a cvt, which need not keep them). */
 __device__ __forceinline__ float ld(const bf16 *p) {
-    return __bfloat162float(*p);
+    return __uint_as_float((unsigned)__bfloat16_as_ushort(*p) << 16);
 }
 __device__ __forceinline__ void st(float *p, float x) {
     *p = x;
