@@ -3,6 +3,7 @@
 #include "pipeline/vision_plan.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,10 @@
 #define LONG_LIST 48
 /* Passes that re-place each micro-batch after the greedy one. */
 #define REFINE_PASSES 3
+/* The iterated local search's kicks at most, and its budget: placements simulated, as a
+ * multiple of what the first local search simulated (so that large plans stay quick). */
+#define KICKS 64
+#define KICK_BUDGET 16
 
 typedef enum { ITEM_ACT = 0, ITEM_EF = 1, ITEM_EB = 2 } item_kind;
 typedef struct {
@@ -162,8 +167,10 @@ typedef struct {
     double span, first_done;
 } score;
 
-static score score_of(const loom_pp_schedule *s, const loom_pp_vision *vp) {
+/* Placements simulated so far (the search's budget). */
+static score score_of(const loom_pp_schedule *s, const loom_pp_vision *vp, long *evals) {
     score x;
+    ++*evals;
     x.span = simulate(s, vp, NULL, &x.first_done, NULL);
     return x;
 }
@@ -202,12 +209,13 @@ static void count_pieces(const loom_pp_schedule *s, loom_pp_vision *vp, item *bu
 /* Micro-batch i's best placement with the others fixed (its current one, worth
  * `current`, unless another is better): stage 0, or a later stage and its two positions.
  * Returns the chosen placement's worth. */
-static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score current) {
+static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score current,
+                   long *evals) {
     const int keep_o = vp->owner[i], keep_a = vp->ef_at[i], keep_b = vp->eb_at[i];
     vp->pieces[keep_o]--;
     vp->owner[i] = 0;
     vp->pieces[0]++;
-    score best = score_of(s, vp);
+    score best = score_of(s, vp, evals);
     vp->pieces[0]--;
     int bo = 0, ba = 0, bb = 0;
     if (keep_o != 0 && !better(best, current)) {
@@ -227,7 +235,7 @@ static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score c
                     vp->ef_at[i] = a;
                     vp->eb_at[i] = b;
                     vp->pieces[r]++;
-                    const score x = score_of(s, vp);
+                    const score x = score_of(s, vp, evals);
                     vp->pieces[r]--;
                     if (!quadratic && !pass && better(x, best_a)) {
                         a_best = a;
@@ -245,6 +253,61 @@ static score place(const loom_pp_schedule *s, loom_pp_vision *vp, int i, score c
     vp->ef_at[i] = ba;
     vp->eb_at[i] = bb;
     vp->pieces[bo]++;
+    return best;
+}
+
+/* Re-places each micro-batch with the others fixed, pass after pass while the plan gets
+ * better (the first pass from all on the first stage is the greedy one). */
+static score local_search(const loom_pp_schedule *s, loom_pp_vision *vp, score best, long *evals) {
+    for (int pass = 0; pass < 1 + REFINE_PASSES && best.span >= 0; pass++) {
+        const score before = best;
+        for (int i = 0; i < s->m; i++) best = place(s, vp, i, best, evals);
+        if (!better(best, before)) break;
+    }
+    return best;
+}
+
+static int draw(uint64_t *rng, int n) { /* 0 .. n - 1 (a fixed LCG: every rank plans the same) */
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((*rng >> 33) % (uint64_t)n);
+}
+
+/* Iterated local search: the greedy one stops in a local optimum (at pp 2 with 8
+ * micro-batches about 5-10% above the balanced step), so up to KICKS times two micro-batches
+ * move to random places and the local search runs again; the result is kept where it is
+ * better. */
+static score kick_and_search(const loom_pp_schedule *s, loom_pp_vision *vp, score best,
+                             long *evals) {
+    const int m = s->m;
+    const long budget = KICK_BUDGET * *evals;
+    int *keep = malloc(sizeof(int) * 3 * (size_t)m);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int kick = 0; kick < KICKS && keep && best.span >= 0 && *evals < budget; kick++) {
+        int pieces[LOOM_PP_MAX_STAGES];
+        memcpy(pieces, vp->pieces, sizeof pieces);
+        memcpy(keep, vp->owner, sizeof(int) * (size_t)m);
+        memcpy(keep + m, vp->ef_at, sizeof(int) * (size_t)m);
+        memcpy(keep + 2 * m, vp->eb_at, sizeof(int) * (size_t)m);
+        for (int t = 0; t < 2; t++) {
+            const int i = draw(&rng, m), r = draw(&rng, s->pp), a = draw(&rng, s->n[r] + 1);
+            const int b = a + draw(&rng, s->n[r] + 1 - a);
+            vp->pieces[vp->owner[i]]--;
+            vp->owner[i] = r;
+            vp->ef_at[i] = r ? a : 0;
+            vp->eb_at[i] = r ? b : 0;
+            vp->pieces[r]++;
+        }
+        const score x = local_search(s, vp, score_of(s, vp, evals), evals);
+        if (better(x, best)) {
+            best = x;
+            continue;
+        }
+        memcpy(vp->pieces, pieces, sizeof pieces);
+        memcpy(vp->owner, keep, sizeof(int) * (size_t)m);
+        memcpy(vp->ef_at, keep + m, sizeof(int) * (size_t)m);
+        memcpy(vp->eb_at, keep + 2 * m, sizeof(int) * (size_t)m);
+    }
+    free(keep);
     return best;
 }
 
@@ -268,14 +331,9 @@ loom_status loom_pp_vision_build(loom_pp_vision *vp, const loom_pp_schedule *s, 
     }
     vp->pieces[0] = m;
     vp->span_first = loom_pp_vision_simulate(s, vp, vp->idle_first);
-    score best = score_of(s, vp);
-    /* greedy over the micro-batches in order, then passes that re-place each one with the
-     * others fixed, while the plan gets better */
-    for (int pass = 0; pass < 1 + REFINE_PASSES && best.span >= 0; pass++) {
-        const score before = best;
-        for (int i = 0; i < m; i++) best = place(s, vp, i, best);
-        if (!better(best, before)) break;
-    }
+    long evals = 0;
+    score best = local_search(s, vp, score_of(s, vp, &evals), &evals);
+    best = kick_and_search(s, vp, best, &evals);
     count_pieces(s, vp, buf);
     free(buf);
     for (int r = 1; r < pp; r++)

@@ -11,7 +11,8 @@
  * (simulated like loom_pp_schedule_simulate, moves free): each micro-batch takes the
  * owner and positions that give the shortest step (ties: the first stage, then the
  * earliest positions), with the stages' forward times and the encoder's from the model's
- * cost (backward = 2 x forward). */
+ * cost (backward = 2 x forward); then re-placing passes and an iterated local search
+ * (random moves from a fixed seed, so every rank plans the same). */
 #ifndef LOOM_PIPELINE_VISION_PLAN_H
 #define LOOM_PIPELINE_VISION_PLAN_H
 
