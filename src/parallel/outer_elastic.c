@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -70,12 +71,29 @@ struct loom_outer_elastic {
     int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
     int n_saved_members;
     int finished; /* the last step's sync is done: disconnect at the end */
+    /* coordinator: what an admission window saw of each missing worker (its closing line) */
+    int lookups[MAX_W], lookups_failed[MAX_W], lookup_rc[MAX_W], connects_failed[MAX_W];
+    char last_port[MAX_W][96];
+    /* coordinator: each worker's port whose connect or state transfer failed. The name
+     * server may still list it (the joiner withdraws its name only after taking the state,
+     * and a joiner that died never does); a connect to a port nobody accepts on any more
+     * blocks in MPI_Comm_connect (OpenMPI 4.1 waits 600 s), so it is never tried again: a
+     * joiner started again publishes a new port (its new job's). */
+    char failed_port[MAX_W][MPI_MAX_PORT_NAME];
 };
 
 typedef struct loom_outer_elastic elastic;
 
 static void service_of(int worker, char *name, size_t n) {
     snprintf(name, n, "loom-elastic-w%d", worker);
+}
+
+/* Seconds since the epoch: the join and admission lines carry it, so that a joiner's and
+ * the coordinator's logs can be laid side by side (the fault lines carry the same). */
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Opens a port and publishes it under worker's service name (through ompi-server). */
@@ -254,11 +272,23 @@ static int admit(loom_outer *o, int step) {
         if (w == e->me || e->member[w]) continue;
         char name[64], port[MPI_MAX_PORT_NAME];
         service_of(w, name, sizeof name);
-        if (MPI_Lookup_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS) continue;
+        e->lookups[w]++;
+        const int rc = MPI_Lookup_name(name, MPI_INFO_NULL, port);
+        if (rc != MPI_SUCCESS) {
+            e->lookups_failed[w]++;
+            e->lookup_rc[w] = rc;
+            continue;
+        }
+        snprintf(e->last_port[w], sizeof e->last_port[w], "%s", port);
+        if (!strcmp(port, e->failed_port[w])) continue; /* still listed, nobody accepts */
         MPI_Comm ic = MPI_COMM_NULL;
         if (MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic) != MPI_SUCCESS) {
-            fprintf(stderr, "loom: elastic: worker %d step %d: connecting to worker %d failed\n",
-                    e->me, step, w);
+            e->connects_failed[w]++;
+            snprintf(e->failed_port[w], sizeof e->failed_port[w], "%s", port);
+            fprintf(stderr,
+                    "loom: elastic: worker %d step %d: connecting to worker %d failed (%s "
+                    "looked up: port %s, at %.3f)\n",
+                    e->me, step, w, name, port, wall_s());
             continue;
         }
         MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
@@ -277,8 +307,11 @@ static int admit(loom_outer *o, int step) {
         o->stats.bytes_step += (double)e->state_bytes;
         if (st != EX_DONE) {
             abandon(e, w);
-            fprintf(stderr, "loom: elastic: worker %d step %d: worker %d did not take the state\n",
-                    e->me, step, w);
+            snprintf(e->failed_port[w], sizeof e->failed_port[w], "%s", port);
+            fprintf(stderr,
+                    "loom: elastic: worker %d step %d: worker %d did not take the state in %g s "
+                    "(port %s, not tried again; at %.3f)\n",
+                    e->me, step, w, e->timeout_ms / 1e3, port, wall_s());
             continue;
         }
         e->peer[w] = ic;
@@ -288,6 +321,34 @@ static int admit(loom_outer *o, int step) {
         say(o, step, what);
     }
     return joined;
+}
+
+/* Coordinator: an admission window opens (its counts start from nothing). */
+static void window_open(elastic *e) {
+    memset(e->lookups, 0, sizeof e->lookups);
+    memset(e->lookups_failed, 0, sizeof e->lookups_failed);
+    memset(e->lookup_rc, 0, sizeof e->lookup_rc);
+    memset(e->connects_failed, 0, sizeof e->connects_failed);
+    memset(e->last_port, 0, sizeof e->last_port);
+}
+
+/* Coordinator: an admission window of `waited_s` closed; one line per worker still
+ * missing, naming what was looked for and what the look-ups and connects gave. */
+static void window_close(const elastic *e, int step, const char *what, double waited_s) {
+    for (int w = 0; w < e->W; w++) {
+        if (w == e->me || e->member[w]) continue;
+        char name[64], why[MPI_MAX_ERROR_STRING] = "";
+        int len = 0;
+        service_of(w, name, sizeof name);
+        if (e->lookups_failed[w]) MPI_Error_string(e->lookup_rc[w], why, &len);
+        fprintf(stderr,
+                "loom: elastic: worker %d step %d: %s: worker %d not admitted in %.1f s: %d "
+                "look-up(s) of %s on the name server, %d found nothing (last error: %s), %d "
+                "connect(s) failed%s%s (at %.3f)\n",
+                e->me, step, what, w, waited_s, e->lookups[w], name, e->lookups_failed[w],
+                e->lookups_failed[w] ? why : "none", e->connects_failed[w],
+                e->last_port[w][0] ? ", last port found " : "", e->last_port[w], wall_s());
+    }
 }
 
 /* Coordinator, after an outer step: admits the workers waiting to join. With the fault
@@ -304,13 +365,17 @@ static void admit_now(loom_outer *o, int step) {
     for (int w = 0; w < e->W; w++) members += e->member[w];
     fprintf(stderr,
             "loom: elastic: worker %d step %d: fault injection admit@%d: waiting up to %g s for "
-            "%d worker(s) to join\n",
-            e->me, step, step, LOOM_OUTER_ELASTIC_START_S, e->W - members);
-    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
+            "%d worker(s) to join (at %.3f)\n",
+            e->me, step, step, LOOM_OUTER_ELASTIC_START_S, e->W - members, wall_s());
+    window_open(e);
+    const double t0 = loom_now_ms(), until = t0 + 1e3 * LOOM_OUTER_ELASTIC_START_S;
     while (members < e->W && loom_now_ms() < until) {
         members += admit(o, step);
         if (members < e->W) usleep(50000);
     }
+    char what[32];
+    snprintf(what, sizeof what, "admit@%d", step);
+    if (members < e->W) window_close(e, step, what, (loom_now_ms() - t0) * 1e-3);
 }
 
 /* One exchange through the coordinator: an outer sync (each member's outer gradient up,
@@ -565,21 +630,30 @@ static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     char name[64], port[MPI_MAX_PORT_NAME];
     const loom_status published = publish(e->me, name, port, err);
     if (published) return published;
-    fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published)\n", e->me, name);
+    fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published at %.3f)\n", e->me,
+            name, wall_s());
     MPI_Comm ic = MPI_COMM_NULL;
     const int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
-    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
-    MPI_Close_port(port);
-    if (rc != MPI_SUCCESS)
+    if (rc != MPI_SUCCESS) {
+        MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+        MPI_Close_port(port);
         return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker %d: MPI_Comm_accept failed",
                               e->me);
+    }
     MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
+    /* The state first, the name withdrawn after: the coordinator sends the state as soon as
+     * its connect returns and waits --elastic-timeout for it to be taken, and withdrawing
+     * the name is a round trip through this job's mpirun and the name server, which a
+     * loaded machine can stretch past that deadline (and during which this process makes no
+     * MPI progress, so the transfer would not move either). */
     MPI_Request rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     ex_state st = EX_PENDING;
     if (MPI_Irecv(e->in[0], (int)e->msg_bytes, MPI_BYTE, 0, TAG, ic, &rq[0]) != MPI_SUCCESS)
         st = EX_FAILED;
     else
         poll(rq, 1, &st, e->timeout_ms);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
+    MPI_Close_port(port);
     const msg_head *h = (const msg_head *)e->in[0];
     if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
         e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
@@ -667,12 +741,14 @@ static loom_status found(loom_outer *o, int step, loom_error *err) {
         fprintf(stderr, "loom: elastic: worker %d: its checkpoint of step %d had members [%s]\n",
                 e->me, step, ids);
     }
-    const double until = loom_now_ms() + 1e3 * LOOM_OUTER_ELASTIC_START_S;
+    window_open(e);
+    const double t0 = loom_now_ms(), until = t0 + 1e3 * LOOM_OUTER_ELASTIC_START_S;
     int members = 1;
     while (members < e->W && loom_now_ms() < until) {
         members += admit(o, step);
         if (members < e->W) usleep(100000);
     }
+    if (members < e->W) window_close(e, step, "founding", (loom_now_ms() - t0) * 1e-3);
     o->stats.bytes_step = 0.0;
     return LOOM_OK;
 }
