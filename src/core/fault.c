@@ -139,6 +139,7 @@ int loom_fault_slot_of(int rank) {
 /* The armed faults of this process (set once before training starts). */
 static loom_fault_list armed;
 static int64_t current_step;
+static double last_ms; /* slow: the last step's compute */
 
 void loom_fault_arm(const loom_fault_list *list, int rank, int attempt) {
     armed.n = 0;
@@ -225,8 +226,13 @@ void loom_fault_at_collective(void) {
 void loom_fault_after_compute(double *loss_sum, double compute_ms) {
     if (armed.n == 0) return;
     const loom_fault *slow = find(LOOM_FAULT_SLOW, current_step, 1);
-    if (slow && compute_ms > 0) {
-        double ms = (slow->arg - 1.0) * compute_ms;
+    /* the stretch is priced on the shorter of this step's compute and the last one's, so
+     * that a step the whole process was stopped in (SIGSTOP, a stalled machine) is not
+     * stretched by the stop as well */
+    const double base = last_ms > 0 && last_ms < compute_ms ? last_ms : compute_ms;
+    last_ms = compute_ms;
+    if (slow && base > 0) {
+        double ms = (slow->arg - 1.0) * base;
         struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
         nanosleep(&ts, NULL);
     }

@@ -4,6 +4,7 @@
  *   crash@S             SIGKILL itself at the start of step S
  *   hang@S              stop forever in the first collective of step S (keeps beating)
  *   slow@S[:R[:F]]      from step S on, stretch each step's compute to F times (default 3)
+ *                       (priced on the shorter of this step's compute and the last one's)
  *   nan@S               the loss of step S becomes NaN
  *   spike@S             this rank's loss of step S is reported 100x (gradients untouched)
  *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
