@@ -6,7 +6,8 @@ one thread a rank; pp 2 with 1f1b and zb also with --vision-schedule bubbles):
 `loom plan --explain LAYOUT --json` on a profile (calibrated with
 `loom calibrate --quick` at the start unless --profile), then `loom train` under mpirun
 with --metrics; the measurement is the median step_ms over the steps after the first
---warmup. With --control, each layout is also run, right after the vlm, as a Llama of the
+--warmup (default 24 steps, 4 left out: with 10 a single 2-rank layout swung by up to 39%
+between passes on a quiet machine). With --control, each layout is also run, right after the vlm, as a Llama of the
 vlm decoder's shape on a text shard (no encoder): the planner's error on the same machine
 at the same moment, to tell the encoder's modelling from the machine's load. Prints each
 layout's predicted and measured ms and relative error, then one JSON object (median and
@@ -51,8 +52,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
     ap.add_argument("--profile")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--only")
