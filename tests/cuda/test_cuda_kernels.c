@@ -85,6 +85,20 @@ static double *dzeros(size_t n) {
     return calloc(n + 1, sizeof(double));
 }
 
+/* Cross-entropy in float64: loss[r] and dl = (softmax - onehot) x dloss over rows of V. */
+static void ref_crossentropy(const float *x, const int32_t *tgt, int N, int V, float dloss,
+                             double *loss, double *dl) {
+    for (int r = 0; r < N; r++) {
+        const float *xr = x + (size_t)r * V;
+        double m = xr[0], sum = 0.0;
+        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
+        for (int j = 0; j < V; j++) sum += exp(xr[j] - m);
+        loss[r] = m + log(sum) - xr[tgt[r]];
+        for (int j = 0; j < V; j++)
+            dl[(size_t)r * V + j] = (exp(xr[j] - m) / sum - (j == tgt[r])) * dloss;
+    }
+}
+
 static void fatal(const char *what, loom_error *err) {
     fprintf(stderr, "FATAL (seed %llu): %s: %s\n", (unsigned long long)g_seed, what,
             err ? err->msg : "");
@@ -681,15 +695,7 @@ static void test_crossentropy(int N, int V, int bf) {
     for (int r = 0; r < N; r++) tgt[r] = randint(V);
     const float dloss = 1.0f / (float)N;
     double *loss = dzeros(N), *dl = dzeros(n);
-    for (int r = 0; r < N; r++) {
-        const float *xr = x + (size_t)r * V;
-        double m = xr[0], sum = 0.0;
-        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
-        for (int j = 0; j < V; j++) sum += exp(xr[j] - m);
-        loss[r] = m + log(sum) - xr[tgt[r]];
-        for (int j = 0; j < V; j++)
-            dl[(size_t)r * V + j] = (exp(xr[j] - m) / sum - (j == tgt[r])) * dloss;
-    }
+    ref_crossentropy(x, tgt, N, V, dloss, loss, dl);
     SCOPE {
         void *dX = up(x, n, bf), *dX2 = up(x, n, bf), *dT = up_i32(tgt, N);
         float *dL = poisoned(N, 0), *dL2 = poisoned(N, 0);
@@ -1223,15 +1229,7 @@ static void test_bf16_crossentropy(const loom_backend *be, int N, int V) {
     for (int r = 0; r < N; r++) tgt[r] = randint(V);
     const float dloss = 1.0f / (float)N;
     double *loss = dzeros(N), *dl = dzeros(n);
-    for (int r = 0; r < N; r++) {
-        const float *xr = x + (size_t)r * V;
-        double m = xr[0], sum = 0.0;
-        for (int j = 1; j < V; j++) m = xr[j] > m ? xr[j] : m;
-        for (int j = 0; j < V; j++) sum += exp(xr[j] - m);
-        loss[r] = m + log(sum) - xr[tgt[r]];
-        for (int j = 0; j < V; j++)
-            dl[(size_t)r * V + j] = (exp(xr[j] - m) / sum - (j == tgt[r])) * dloss;
-    }
+    ref_crossentropy(x, tgt, N, V, dloss, loss, dl);
     SCOPE {
         void *dX = up(x, n, 1), *dX2 = up(x, n, 1), *dT = up_i32(tgt, N);
         float *dL = poisoned(N, 0), *dL2 = poisoned(N, 0);
