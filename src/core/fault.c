@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
+
 static const char *KINDS[LOOM_FAULT_KIND_COUNT] = {
     "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike", "admit"};
 
@@ -168,10 +170,8 @@ int loom_fault_any(loom_fault_kind kind) {
 }
 
 void loom_fault_kill_self(const char *why) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     fprintf(stderr, "loom: fault injection: %s (pid %d, at %.6f)\n", why, (int)getpid(),
-            ts.tv_sec + ts.tv_nsec * 1e-9);
+            loom_wall_s());
     fflush(stderr);
     kill(getpid(), SIGKILL);
 }
@@ -215,10 +215,8 @@ void loom_fault_on_step(int64_t step) {
 
 void loom_fault_at_collective(void) {
     if (armed.n == 0 || !find(LOOM_FAULT_HANG, current_step, 0)) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     fprintf(stderr, "loom: fault injection: hang at step %lld (pid %d, at %.6f)\n",
-            (long long)current_step, (int)getpid(), ts.tv_sec + ts.tv_nsec * 1e-9);
+            (long long)current_step, (int)getpid(), loom_wall_s());
     fflush(stderr);
     for (;;) pause(); /* the heartbeat thread keeps beating; only a signal ends this */
 }

@@ -1,7 +1,5 @@
 #include "core/timeline.h"
 
-#include <time.h>
-
 #include "core/clock.h"
 
 #define MAX_MARKS 48
@@ -15,11 +13,7 @@ static struct {
 
 void loom_timeline_mark(const char *name) {
     if (tl.closed || tl.n == MAX_MARKS) return;
-    if (tl.n == 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        tl.wall0 = ts.tv_sec + ts.tv_nsec * 1e-9;
-    }
+    if (tl.n == 0) tl.wall0 = loom_wall_s();
     tl.name[tl.n] = name;
     tl.ms[tl.n++] = loom_now_ms();
 }

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -30,16 +29,10 @@ static void on_signal(int sig) {
     interrupted = sig;
 }
 
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void loom_sup_event(loom_sup *s, const char *what, const char *fmt, ...) {
     if (!s->events) return;
-    fprintf(s->events, "{\"t\": %.6f, \"attempt\": %d, \"event\": \"%s\"", wall_s(), s->attempt,
-            what);
+    fprintf(s->events, "{\"t\": %.6f, \"attempt\": %d, \"event\": \"%s\"", loom_wall_s(),
+            s->attempt, what);
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -86,14 +85,6 @@ typedef struct loom_outer_elastic elastic;
 
 static void service_of(int worker, char *name, size_t n) {
     snprintf(name, n, "loom-elastic-w%d", worker);
-}
-
-/* Seconds since the epoch: the join and admission lines carry it, so that a joiner's and
- * the coordinator's logs can be laid side by side (the fault lines carry the same). */
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Opens a port and publishes it under worker's service name (through ompi-server). */
@@ -288,7 +279,7 @@ static int admit(loom_outer *o, int step) {
             fprintf(stderr,
                     "loom: elastic: worker %d step %d: connecting to worker %d failed (%s "
                     "looked up: port %s, at %.3f)\n",
-                    e->me, step, w, name, port, wall_s());
+                    e->me, step, w, name, port, loom_wall_s());
             continue;
         }
         MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
@@ -311,7 +302,7 @@ static int admit(loom_outer *o, int step) {
             fprintf(stderr,
                     "loom: elastic: worker %d step %d: worker %d did not take the state in %g s "
                     "(port %s, not tried again; at %.3f)\n",
-                    e->me, step, w, e->timeout_ms / 1e3, port, wall_s());
+                    e->me, step, w, e->timeout_ms / 1e3, port, loom_wall_s());
             continue;
         }
         e->peer[w] = ic;
@@ -347,7 +338,7 @@ static void window_close(const elastic *e, int step, const char *what, double wa
                 "connect(s) failed%s%s (at %.3f)\n",
                 e->me, step, what, w, waited_s, e->lookups[w], name, e->lookups_failed[w],
                 e->lookups_failed[w] ? why : "none", e->connects_failed[w],
-                e->last_port[w][0] ? ", last port found " : "", e->last_port[w], wall_s());
+                e->last_port[w][0] ? ", last port found " : "", e->last_port[w], loom_wall_s());
     }
 }
 
@@ -366,7 +357,7 @@ static void admit_now(loom_outer *o, int step) {
     fprintf(stderr,
             "loom: elastic: worker %d step %d: fault injection admit@%d: waiting up to %g s for "
             "%d worker(s) to join (at %.3f)\n",
-            e->me, step, step, LOOM_OUTER_ELASTIC_START_S, e->W - members, wall_s());
+            e->me, step, step, LOOM_OUTER_ELASTIC_START_S, e->W - members, loom_wall_s());
     window_open(e);
     const double t0 = loom_now_ms(), until = t0 + 1e3 * LOOM_OUTER_ELASTIC_START_S;
     while (members < e->W && loom_now_ms() < until) {
@@ -631,7 +622,7 @@ static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     const loom_status published = publish(e->me, name, port, err);
     if (published) return published;
     fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published at %.3f)\n", e->me,
-            name, wall_s());
+            name, loom_wall_s());
     MPI_Comm ic = MPI_COMM_NULL;
     const int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
     if (rc != MPI_SUCCESS) {

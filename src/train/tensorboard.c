@@ -1,6 +1,7 @@
 /* TensorBoard event writer: hand-encoded protobuf inside TFRecord framing. */
 #include "train/tensorboard.h"
 
+#include "core/clock.h"
 #include "core/crc32c.h"
 #include "core/fs.h"
 
@@ -64,12 +65,6 @@ static float to_float(double v) {
     if (v > FLT_MAX) return INFINITY;
     if (v < -FLT_MAX) return -INFINITY;
     return (float)v; /* NaN stays NaN */
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Writes one record around the n bytes of an Event. */
@@ -148,7 +143,7 @@ loom_status loom_tb_open(loom_tb_writer **out, const char *dir, loom_error *err)
     static const char version[] = "brain.Event:2";
     unsigned char buf[64], *p = buf;
     *p++ = EVENT_WALL_TIME;
-    p = put_double(p, now_seconds());
+    p = put_double(p, loom_wall_s());
     *p++ = EVENT_FILE_VERSION;
     p = put_varint(p, sizeof version - 1);
     memcpy(p, version, sizeof version - 1);
@@ -179,7 +174,7 @@ loom_status loom_tb_scalar(loom_tb_writer *w, const char *tag, int64_t step, dou
     if (!buf) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", w->path);
     unsigned char *p = buf;
     *p++ = EVENT_WALL_TIME;
-    p = put_double(p, now_seconds());
+    p = put_double(p, loom_wall_s());
     *p++ = EVENT_STEP;
     p = put_varint(p, (uint64_t)step); /* int64: negatives take ten bytes */
     *p++ = EVENT_SUMMARY;
