@@ -27,8 +27,10 @@ each round's ratios are against that round's sync_dp), tokens/s over the steps a
 first H.
 Across two test hosts (--hosts, needs root; tests/hosts/hosts.sh, bench_hosts.py's MPI
 settings): W = 2 ranks, one per host, each rank a worker (or a dp replica for sync_dp), the
-same three configurations on the KJV data (--hosts-model: the GPT-2 model's n_layer x
-d_model, T 128, micro-batch 2, global batch 4 as bench_hosts), each run at every placement:
+same configurations on the KJV data (--hosts-model: the GPT-2 model's n_layer x d_model;
+--hosts-seq-len T, default 64, and --hosts-micro-batch sequences per rank, default 1;
+bench_hosts' 124M runs T 128 and 2; --diloco-dtypes, --streaming-inner-steps, --no-streaming
+and --hosts-no-sync choose the runs as on one host), each run at every placement:
   one_host   both ranks on test host 1 (shared memory, no cap): the yardstick
   capG       one rank on each host, both ends of each host's link capped with tbf at G Gbit/s
              (--caps, bench_hosts' cap_links)
@@ -67,6 +69,9 @@ Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--wor
                        [--inner-lr LR] [--no-streaming] [--diloco-dtypes fp32,bf16]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
+                       [--hosts-seq-len 64] [--hosts-micro-batch 1] [--diloco-dtypes fp32]
+                       [--streaming-inner-steps H] [--no-streaming] [--hosts-no-sync]
+Every run: --seed (default 1337).
 """
 import argparse
 import fcntl
@@ -110,15 +115,21 @@ def hosts_bench(args, data):
             "--seq-len", str(T), "--micro-batch", str(args.hosts_micro_batch),
             "--global-batch", str(G),
             "--steps", str(S), "--lr", "2e-3", "--min-lr", "2e-4", "--warmup-steps", "10",
-            "--threads", "1", "--log-every", "0", "--seed", "1337",
+            "--threads", "1", "--log-every", "0", "--seed", str(args.seed),
             "--data", os.path.join(data, "train_*.bin"),
             "--val-data", os.path.join(data, "val_*.bin"),
             "--eval-every", str(S), "--eval-batches", "8"]
-    outer = ["--outer", "diloco", "--workers", "2", "--inner-steps", str(H),
-             "--outer-lr", "0.7", "--outer-momentum", "0.9", "--outer-nesterov"]
-    configs = {"sync_dp": ["--dp", "2"], "diloco": outer,
-               "streaming": outer + ["--outer-fragments", str(F), "--outer-dtype", "int4",
-                                     "--outer-block", "64"]}
+    HS = args.streaming_inner_steps or H
+    outer = ["--outer", "diloco", "--workers", "2", "--outer-lr", "0.7", "--outer-momentum",
+             "0.9", "--outer-nesterov"]
+    configs = {} if args.no_sync else {"sync_dp": ["--dp", "2"]}
+    for d in args.dtypes:
+        configs["diloco" if d == "fp32" else "diloco_" + d] = (
+            outer + ["--inner-steps", str(H), "--outer-dtype", d] +
+            (["--outer-block", "64"] if d in ("int8", "int4") else []))
+    if not args.no_streaming:
+        configs["streaming"] = outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
+                                        "--outer-dtype", "int4", "--outer-block", "64"]
     caps = [float(c) for c in args.caps.split(",")]
     places = [("one_host", "10.231.0.1:2", None)] + [
         (f"cap{g:g}", "10.231.0.1:1,10.231.0.2:1", g) for g in caps]
@@ -170,6 +181,7 @@ def hosts_bench(args, data):
     out = {"bench": "bench_diloco", "host": "two test hosts (tests/hosts), 1 rank each",
            "model": f"gpt2 {L} layers d_model {D} vocab 4096 (KJV BPE)", "params": params,
            "seq_len": T, "global_batch": G, "steps": S, "inner_steps": H, "fragments": F,
+           "streaming_inner_steps": HS, "diloco_dtypes": args.dtypes, "seed": args.seed,
            "outer_dtype_streaming": "int4 (block 64)", "warmup_steps_excluded": args.hosts_warmup,
            "loadavg": load, "runs": {}}
     for name, per in runs.items():
@@ -193,7 +205,7 @@ def hosts_bench(args, data):
                                                 (one["step_ms_median"] + wire_ms), 3),
                 "val_loss": r["val_loss"], "val_loss_equal_one_host":
                 r["val_loss"] == one["val_loss"]}
-        if name != "sync_dp":
+        if name != "sync_dp" and "sync_dp" in runs:
             o["val_loss_vs_sync"] = round(one["val_loss"] / runs["sync_dp"]["one_host"]
                                           ["val_loss"] - 1.0, 4)
         o["detail"] = per
@@ -260,6 +272,10 @@ def main():
     ap.add_argument("--hosts-steps", type=int, default=100, help="--hosts: steps per run")
     ap.add_argument("--hosts-warmup", type=int, default=2,
                     help="--hosts: first steps left out of tokens/s")
+    ap.add_argument("--hosts-no-sync", dest="no_sync", action="store_true",
+                    help="--hosts: leave the synchronous dp runs out (its bytes per token "
+                         "are still computed: 4P per rank and step)")
+    ap.add_argument("--seed", type=int, default=1337, help="every run's --seed")
     ap.add_argument("--run-timeout", type=float, default=900.0)
     args = ap.parse_args()
     args.loom = os.path.abspath(args.loom)
@@ -272,6 +288,12 @@ def main():
     if args.hosts and os.geteuid() != 0:
         print("SKIP: --hosts needs root for network namespaces")
         sys.exit(77)
+    args.dtypes = [d.strip() for d in args.diloco_dtypes.split(",") if d.strip()]
+    bad = [d for d in args.dtypes if d not in ("fp32", "bf16", "int8", "int4")]
+    if bad or not args.dtypes or len(set(args.dtypes)) != len(args.dtypes):
+        print(f"--diloco-dtypes {args.diloco_dtypes}: expected distinct fp32, bf16, int8 "
+              f"or int4, comma-separated")
+        sys.exit(2)
     work = tempfile.mkdtemp(prefix="loom_bench_diloco_")
     try:
         data = prepare(args.loom, work)
@@ -289,7 +311,7 @@ def main():
                 "--micro-batch", str(args.micro_batch), "--global-batch", str(G),
                 "--steps", str(args.steps), "--lr", f"{args.lr:g}", "--min-lr",
                 f"{args.lr / 10:g}", "--warmup-steps", str(args.warmup_steps), "--threads", "1",
-                "--log-every", "0", "--seed", "1337",
+                "--log-every", "0", "--seed", str(args.seed),
                 "--data", os.path.join(data, "train_*.bin"),
                 "--val-data", os.path.join(data, "val_*.bin"),
                 "--eval-every", str(args.eval_every), "--eval-batches", "8"]
@@ -301,12 +323,7 @@ def main():
         ilr = args.inner_lr or args.lr
         if args.inner_lr:  # the DiLoCo runs' own inner lr in place of base's --lr / --min-lr
             outer += ["--lr", f"{ilr:g}", "--min-lr", f"{ilr / 10:g}"]
-        dtypes = [d.strip() for d in args.diloco_dtypes.split(",") if d.strip()]
-        bad = [d for d in dtypes if d not in ("fp32", "bf16", "int8", "int4")]
-        if bad or not dtypes or len(set(dtypes)) != len(dtypes):
-            print(f"--diloco-dtypes {args.diloco_dtypes}: expected distinct fp32, bf16, int8 "
-                  f"or int4, comma-separated")
-            sys.exit(2)
+        dtypes = args.dtypes
         configs = {"sync_dp": ["--dp", str(W)]}
         for d in dtypes:
             configs["diloco" if d == "fp32" else "diloco_" + d] = (
