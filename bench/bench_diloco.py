@@ -30,7 +30,9 @@ settings): W = 2 ranks, one per host, each rank a worker (or a dp replica for sy
 same configurations on the KJV data (--hosts-model: the GPT-2 model's n_layer x d_model;
 --hosts-seq-len T, default 64, and --hosts-micro-batch sequences per rank, default 1;
 bench_hosts' 124M runs T 128 and 2; --diloco-dtypes, --streaming-inner-steps, --no-streaming
-and --hosts-no-sync choose the runs as on one host), each run at every placement:
+and --hosts-no-sync choose the runs as on one host), each run at every placement
+(--hosts-repeats R: the placements R times in turn, each capped run's ratio against the
+one-host run just before it, the JSON's ratio the median):
   one_host   both ranks on test host 1 (shared memory, no cap): the yardstick
   capG       one rank on each host, both ends of each host's link capped with tbf at G Gbit/s
              (--caps, bench_hosts' cap_links)
@@ -71,6 +73,7 @@ Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--wor
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
                        [--hosts-seq-len 64] [--hosts-micro-batch 1] [--diloco-dtypes fp32]
                        [--streaming-inner-steps H] [--no-streaming] [--hosts-no-sync]
+                       [--hosts-repeats R]
 Every run: --seed (default 1337).
 """
 import argparse
@@ -140,8 +143,10 @@ def hosts_bench(args, data):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         bench_hosts.sh(bench_hosts.HOSTS_SH, "up", "2")
-        for name, flags in configs.items():  # each configuration's placements back to back
-            for place, hosts, gbit in places:
+        # each configuration's placements back to back, --hosts-repeats times in turn (the
+        # ratios pair each repeat's capped run with the one-host run just before it)
+        for name, flags in configs.items():
+            for place, hosts, gbit in [p for _ in range(args.hosts_repeats) for p in places]:
                 bench_hosts.cap_links(gbit)
                 metrics = os.path.join(os.path.dirname(data), f"{place}_{name}.jsonl")
                 cmd = (["mpirun", "--allow-run-as-root", "--host", hosts] + bench_hosts.MCA +
@@ -170,7 +175,7 @@ def hosts_bench(args, data):
                                                             for x in rows), 1)
                     r["outer_hidden_ms_total"] = round(sum(x["outer"]["hidden_ms"]
                                                            for x in rows), 1)
-                runs.setdefault(name, {})[place] = r
+                runs.setdefault(name, {}).setdefault(place, []).append(r)
                 print(f"  {place} {name}: {r}", flush=True)
                 load.append(os.getloadavg()[0])
     finally:
@@ -182,11 +187,17 @@ def hosts_bench(args, data):
            "model": f"gpt2 {L} layers d_model {D} vocab 4096 (KJV BPE)", "params": params,
            "seq_len": T, "global_batch": G, "steps": S, "inner_steps": H, "fragments": F,
            "streaming_inner_steps": HS, "diloco_dtypes": args.dtypes, "seed": args.seed,
+           "repeats": args.hosts_repeats,
            "outer_dtype_streaming": "int4 (block 64)", "warmup_steps_excluded": args.hosts_warmup,
            "loadavg": load, "runs": {}}
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
     for name, per in runs.items():
-        one = per["one_host"]
-        o = {"one_host_tokens_per_s": one["tokens_per_s"], "val_loss": one["val_loss"],
+        one = per["one_host"][0]
+        ones = [x["tokens_per_s"] for x in per["one_host"]]
+        o = {"one_host_tokens_per_s": median(ones), "val_loss": one["val_loss"],
              "bytes_per_token": one.get("bytes_per_token", round(sync_bpt, 2)),
              "caps": {}}
         o["fewer_bytes_than_sync"] = round(sync_bpt / o["bytes_per_token"], 1)
@@ -195,18 +206,21 @@ def hosts_bench(args, data):
         # loaded shared machine move more than this)
         rank_bytes_step = o["bytes_per_token"] * G * T / 2
         for place, _, gbit in places[1:]:
-            r = per[place]
+            rs = per[place]
             wire_ms = rank_bytes_step * 8 / (gbit * 1e9) * 1e3
+            ratios = [round(r["tokens_per_s"] / u, 3) for r, u in zip(rs, ones)]
+            step_ms = median([x["step_ms_median"] for x in per["one_host"]])
             o["caps"][f"{gbit:g}gbit"] = {
-                "tokens_per_s": r["tokens_per_s"],
-                "ratio_to_one_host": round(r["tokens_per_s"] / one["tokens_per_s"], 3),
+                "tokens_per_s": median([r["tokens_per_s"] for r in rs]),
+                "ratio_to_one_host": median(ratios),
                 "wire_ms_per_step": round(wire_ms, 2),
-                "model_ratio_no_overlap": round(one["step_ms_median"] /
-                                                (one["step_ms_median"] + wire_ms), 3),
-                "val_loss": r["val_loss"], "val_loss_equal_one_host":
-                r["val_loss"] == one["val_loss"]}
+                "model_ratio_no_overlap": round(step_ms / (step_ms + wire_ms), 3),
+                "val_loss": rs[0]["val_loss"], "val_loss_equal_one_host":
+                all(r["val_loss"] == one["val_loss"] for r in rs + per["one_host"])}
+            if len(rs) > 1:
+                o["caps"][f"{gbit:g}gbit"]["ratios_per_repeat"] = ratios
         if name != "sync_dp" and "sync_dp" in runs:
-            o["val_loss_vs_sync"] = round(one["val_loss"] / runs["sync_dp"]["one_host"]
+            o["val_loss_vs_sync"] = round(one["val_loss"] / runs["sync_dp"]["one_host"][0]
                                           ["val_loss"] - 1.0, 4)
         o["detail"] = per
         out["runs"][name] = o
@@ -275,6 +289,9 @@ def main():
     ap.add_argument("--hosts-no-sync", dest="no_sync", action="store_true",
                     help="--hosts: leave the synchronous dp runs out (its bytes per token "
                          "are still computed: 4P per rank and step)")
+    ap.add_argument("--hosts-repeats", type=int, default=1,
+                    help="--hosts: every placement this many times in turn (the JSON: the "
+                         "median ratio and each repeat's)")
     ap.add_argument("--seed", type=int, default=1337, help="every run's --seed")
     ap.add_argument("--run-timeout", type=float, default=900.0)
     args = ap.parse_args()
