@@ -888,7 +888,9 @@ void loom_outer_elastic_mesh(loom_mesh *m, const loom_outer_config *c) {
 
 /* ---- checkpoints: the lead's DIR/outer/step_N/elastic.bin (parallel/outer.h) ---- */
 
-static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'E', 'L', 'A', '1'};
+/* Version 2 adds the run's --outer-start-step after the head (version 1 files: 0). */
+static const char MAGIC1[8] = {'L', 'O', 'O', 'M', 'E', 'L', 'A', '1'};
+static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'E', 'L', 'A', '2'};
 
 typedef struct {
     char magic[8];
@@ -920,10 +922,12 @@ loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, lo
     for (int w = 0; w < e->W; w++)
         if (e->member[w]) h.members[h.n_members++] = w;
     const size_t bytes = e->all * sizeof(float);
+    const int32_t ext[2] = {o->cfg.start_step, 0};
     uint32_t crc = loom_crc32c(0, &h, sizeof h);
+    crc = loom_crc32c(crc, ext, sizeof ext);
     crc = loom_crc32c(crc, e->start_all, bytes);
     crc = loom_crc32c(crc, e->mom, bytes);
-    int ok = fwrite(&h, sizeof h, 1, f) == 1 &&
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(ext, sizeof ext, 1, f) == 1 &&
              (!bytes || fwrite(e->start_all, bytes, 1, f) == 1) &&
              (!bytes || fwrite(e->mom, bytes, 1, f) == 1) && fwrite(&crc, sizeof crc, 1, f) == 1;
     ok = fclose(f) == 0 && ok;
@@ -948,15 +952,26 @@ loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, lo
                               path, strerror(errno));
     state_head h;
     const size_t bytes = e->all * sizeof(float);
-    int ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, MAGIC, 8) && h.step == step &&
-             h.all == e->all && h.workers == e->W && h.worker == e->me && h.n_members >= 0 &&
-             h.n_members <= MAX_W;
+    int ok = fread(&h, sizeof h, 1, f) == 1;
+    const int v1 = ok && !memcmp(h.magic, MAGIC1, 8);
+    int32_t ext[2] = {0, 0};
+    ok = ok && (v1 || (!memcmp(h.magic, MAGIC, 8) && fread(ext, sizeof ext, 1, f) == 1));
+    if (ok && ext[0] != o->cfg.start_step) {
+        fclose(f);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-start-step %d: %s was saved by a run with "
+                              "--outer-start-step %d (resume with the same value)",
+                              o->cfg.start_step, path, (int)ext[0]);
+    }
+    ok = ok && h.step == step && h.all == e->all && h.workers == e->W && h.worker == e->me &&
+         h.n_members >= 0 && h.n_members <= MAX_W;
     uint32_t crc = 0;
     ok = ok && (!bytes || fread(e->start_all, bytes, 1, f) == 1) &&
          (!bytes || fread(e->mom, bytes, 1, f) == 1) && fread(&crc, sizeof crc, 1, f) == 1;
     fclose(f);
     if (ok) {
         uint32_t want = loom_crc32c(0, &h, sizeof h);
+        if (!v1) want = loom_crc32c(want, ext, sizeof ext);
         want = loom_crc32c(want, e->start_all, bytes);
         ok = loom_crc32c(want, e->mom, bytes) == crc;
     }

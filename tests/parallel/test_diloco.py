@@ -53,7 +53,8 @@ its name (its MPI_Unpublish_name delayed 3 s by an LD_PRELOADed shim against a 2
 is still admitted: it takes the state before it withdraws the name. --outer-warmup in elastic
 workers: bitwise the one-job run. A whole machine paused (both workers and the ompi-server stopped for longer
 than the deadline): nobody is dropped. --outer-start-step 4 in elastic workers (one rank,
-dp 2 ZeRO-1): bitwise the one-job run. --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
+dp 2 ZeRO-1): bitwise the one-job run; resumed from its checkpoint with --outer-start-step 3
+both workers refuse (exit 2, the flag and both values named). --outer-dtype bf16 and int8 in elastic workers (outer lr 1, no momentum):
 bitwise the one-job run, and the bytes fall by the wire format's ratio.
 A warm start (--outer-start-step S: synchronous dp over the workers for steps 1..S, then
 DiLoCo's rounds from S, the DiLoCo paper's set-up of a synchronously trained start): with
@@ -103,6 +104,15 @@ def stop(jobs, server):
 def elastic_pair(base, tmp, ranks=1, name="elastic"):
     """Two --elastic-worker jobs (mpirun -n RANKS each) through a local ompi-server; worker
     0's Run (--dump-dir, --metrics), or None (the failure printed)."""
+    codes, errs, out = elastic_jobs(base, tmp, ranks, name)
+    if any(codes):
+        print(f"  elastic workers: exit {codes}\n{errs[0][-2000:]}\n{errs[1][-2000:]}")
+        return None
+    return Run(out, errs[0])
+
+
+def elastic_jobs(base, tmp, ranks, name):
+    """elastic_pair's two jobs: their exit codes, their stderr and worker 0's output path."""
     uri, out = os.path.join(tmp, name + ".uri"), os.path.join(tmp, name + "_w0")
     server = subprocess.Popen(["ompi-server", "--no-daemonize", "-r", uri],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -118,11 +128,7 @@ def elastic_pair(base, tmp, ranks=1, name="elastic"):
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                          text=True))
         errs = [p.communicate(timeout=120)[1] for p in jobs]
-        if any(p.returncode for p in jobs):
-            print(f"  elastic workers: exit {[p.returncode for p in jobs]}\n{errs[0][-2000:]}"
-                  f"\n{errs[1][-2000:]}")
-            return None
-        return Run(out, errs[0])
+        return [p.returncode for p in jobs], errs, out
     finally:
         stop(jobs, server)
 
@@ -696,13 +702,27 @@ def main():
             # the warm start in elastic workers (--outer-start-step 4: each synchronous step's
             # gradients, every rank's part, averaged through the coordinator; DiLoCo's rounds
             # from step 4): bitwise the one-job runs, in one-rank and dp 2 ZeRO-1 workers
-            for name, n, flags, want in (("single", 1, [], single4),
+            sck = os.path.join(tmp, "elastic_start4_ck")
+            for name, n, flags, want in (("single", 1, ["--ckpt-dir", sck, "--ckpt-every", "6"],
+                                          single4),
                                          ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"],
                                           runs.runs["dp2_zero1_start4"])):
                 el = elastic_pair(real + diloco + flags + ws, tmp, n, "elastic_start4_" + name)
                 same = el is not None and same_tensors(el.params, want.params)
                 check(same, f"  --outer-start-step 4 in elastic workers ({name}): bitwise the "
                             f"one-job run's weights")
+            # the outer state an elastic lead saves records S: a resume with another is
+            # refused by both workers before they meet
+            codes, errs, _ = elastic_jobs(real + diloco + [
+                "--outer-start-step", "3", "--resume", os.path.join(sck, "step_00000006")],
+                tmp, 1, "elastic_start3")
+            named = all("--outer-start-step 3: " in e and
+                        "was saved by a run with --outer-start-step 4" in e for e in errs)
+            check(codes == [2, 2] and named,
+                  f"  elastic workers resumed with another --outer-start-step: exit {codes} "
+                  f"(expected [2, 2]), the flag and both values named: {named}")
+            if not named:
+                print(errs[0][-1000:])
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
             elastic_run_hang(args.loom, model, tmp)
