@@ -83,6 +83,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,21 @@ def prepare(loom, work):
                     "--doc-separator", "blank-line", "--val-fraction", "0.02"], check=True,
                    capture_output=True)
     return os.path.join(work, "bpe")
+
+
+def outer_configs(outer, dtypes, H, HS, F, streaming):
+    """The DiLoCo runs' flags by name: one per outer dtype ("diloco" for fp32, "diloco_DTYPE"
+    for the others; int8/int4 with one scale per 64 values), then streaming int4 (F
+    fragments, H = HS) unless streaming is off."""
+    configs = {}
+    for d in dtypes:
+        configs["diloco" if d == "fp32" else "diloco_" + d] = (
+            outer + ["--inner-steps", str(H), "--outer-dtype", d] +
+            (["--outer-block", "64"] if d in ("int8", "int4") else []))
+    if streaming:
+        configs["streaming"] = outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
+                                        "--outer-dtype", "int4", "--outer-block", "64"]
+    return configs
 
 
 def hosts_bench(args, data):
@@ -126,13 +142,7 @@ def hosts_bench(args, data):
     outer = ["--outer", "diloco", "--workers", "2", "--outer-lr", "0.7", "--outer-momentum",
              "0.9", "--outer-nesterov"]
     configs = {} if args.no_sync else {"sync_dp": ["--dp", "2"]}
-    for d in args.dtypes:
-        configs["diloco" if d == "fp32" else "diloco_" + d] = (
-            outer + ["--inner-steps", str(H), "--outer-dtype", d] +
-            (["--outer-block", "64"] if d in ("int8", "int4") else []))
-    if not args.no_streaming:
-        configs["streaming"] = outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
-                                        "--outer-dtype", "int4", "--outer-block", "64"]
+    configs.update(outer_configs(outer, args.dtypes, H, HS, F, not args.no_streaming))
     caps = [float(c) for c in args.caps.split(",")]
     places = [("one_host", "10.231.0.1:2", None)] + [
         (f"cap{g:g}", "10.231.0.1:1,10.231.0.2:1", g) for g in caps]
@@ -190,14 +200,10 @@ def hosts_bench(args, data):
            "repeats": args.hosts_repeats,
            "outer_dtype_streaming": "int4 (block 64)", "warmup_steps_excluded": args.hosts_warmup,
            "loadavg": load, "runs": {}}
-    def median(xs):
-        xs = sorted(xs)
-        return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
-
     for name, per in runs.items():
         one = per["one_host"][0]
         ones = [x["tokens_per_s"] for x in per["one_host"]]
-        o = {"one_host_tokens_per_s": median(ones), "val_loss": one["val_loss"],
+        o = {"one_host_tokens_per_s": statistics.median(ones), "val_loss": one["val_loss"],
              "bytes_per_token": one.get("bytes_per_token", round(sync_bpt, 2)),
              "caps": {}}
         o["fewer_bytes_than_sync"] = round(sync_bpt / o["bytes_per_token"], 1)
@@ -209,10 +215,10 @@ def hosts_bench(args, data):
             rs = per[place]
             wire_ms = rank_bytes_step * 8 / (gbit * 1e9) * 1e3
             ratios = [round(r["tokens_per_s"] / u, 3) for r, u in zip(rs, ones)]
-            step_ms = median([x["step_ms_median"] for x in per["one_host"]])
+            step_ms = statistics.median([x["step_ms_median"] for x in per["one_host"]])
             o["caps"][f"{gbit:g}gbit"] = {
-                "tokens_per_s": median([r["tokens_per_s"] for r in rs]),
-                "ratio_to_one_host": median(ratios),
+                "tokens_per_s": statistics.median([r["tokens_per_s"] for r in rs]),
+                "ratio_to_one_host": statistics.median(ratios),
                 "wire_ms_per_step": round(wire_ms, 2),
                 "model_ratio_no_overlap": round(step_ms / (step_ms + wire_ms), 3),
                 "val_loss": rs[0]["val_loss"], "val_loss_equal_one_host":
@@ -342,14 +348,7 @@ def main():
             outer += ["--lr", f"{ilr:g}", "--min-lr", f"{ilr / 10:g}"]
         dtypes = args.dtypes
         configs = {"sync_dp": ["--dp", str(W)]}
-        for d in dtypes:
-            configs["diloco" if d == "fp32" else "diloco_" + d] = (
-                outer + ["--inner-steps", str(H), "--outer-dtype", d] +
-                (["--outer-block", "64"] if d in ("int8", "int4") else []))
-        configs["streaming"] = outer + ["--inner-steps", str(HS), "--outer-fragments", str(F),
-                                        "--outer-dtype", "int4", "--outer-block", "64"]
-        if args.no_streaming:
-            del configs["streaming"]
+        configs.update(outer_configs(outer, dtypes, H, HS, F, not args.no_streaming))
         result = {"bench": "bench_diloco", "host": "one host (shared memory)", "workers": W,
                   "inner_steps": H, "streaming_inner_steps": HS, "fragments": F,
                   "diloco_dtypes": dtypes,
