@@ -956,13 +956,6 @@ loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, lo
     const int v1 = ok && !memcmp(h.magic, MAGIC1, 8);
     int32_t ext[2] = {0, 0};
     ok = ok && (v1 || (!memcmp(h.magic, MAGIC, 8) && fread(ext, sizeof ext, 1, f) == 1));
-    if (ok && ext[0] != o->cfg.start_step) {
-        fclose(f);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--outer-start-step %d: %s was saved by a run with "
-                              "--outer-start-step %d (resume with the same value)",
-                              o->cfg.start_step, path, (int)ext[0]);
-    }
     ok = ok && h.step == step && h.all == e->all && h.workers == e->W && h.worker == e->me &&
          h.n_members >= 0 && h.n_members <= MAX_W;
     uint32_t crc = 0;
@@ -981,6 +974,13 @@ loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, lo
                               "--resume: %s: not this worker's outer state (step, size or workers "
                               "differ), truncated or corrupt",
                               path);
+    }
+    if (ext[0] != o->cfg.start_step) { /* named only once the CRC holds */
+        memset(e->mom, 0, bytes);
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--outer-start-step %d: %s was saved by a run with "
+                              "--outer-start-step %d (resume with the same value)",
+                              o->cfg.start_step, path, (int)ext[0]);
     }
     e->loaded = 1;
     e->n_saved_members = h.n_members;

@@ -128,13 +128,8 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
     const int v1 = s.ok && memcmp(h.magic, MAGIC1, 8) == 0;
     int32_t ext[2] = {0, 0};
     if (s.ok && !v1) get(&s, ext, sizeof ext);
-    if (s.ok && (v1 || !memcmp(h.magic, MAGIC, 8)) && ext[0] != o->cfg.start_step) {
-        fclose(s.f);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--outer-start-step %d: %s was saved by a run with "
-                              "--outer-start-step %d (resume with the same value)",
-                              o->cfg.start_step, path, (int)ext[0]);
-    }
+    /* another S is named only once the CRC holds: a flipped bit there reads as corrupt */
+    const int other_start = ext[0] != o->cfg.start_step;
     if (!s.ok || (!v1 && memcmp(h.magic, MAGIC, 8)) || h.step != step || h.total != o->total ||
         h.n_frag != o->n_frag || h.workers != o->comm->size || h.worker != o->comm->rank) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
@@ -169,6 +164,11 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
         if (s.ok && fread(&crc, sizeof crc, 1, s.f) != 1) s.ok = 0;
         if (!s.ok || crc != want)
             st = loom_error_set(err, LOOM_ERR_INPUT, "--resume: %s: truncated or corrupt", path);
+        else if (other_start)
+            st = loom_error_set(err, LOOM_ERR_INPUT,
+                                "--outer-start-step %d: %s was saved by a run with "
+                                "--outer-start-step %d (resume with the same value)",
+                                o->cfg.start_step, path, (int)ext[0]);
     }
     fclose(s.f);
     return st;

@@ -64,6 +64,7 @@ resume with another S is refused (exit 2), and W=2 groups of dp 2 ZeRO-1, of tp 
 pp 2 and of dp 2 ZeRO-3 with S = 4 equal groups of one rank.
 Usage: test_diloco.py --loom PATH [--seed S]
 """
+import glob
 import json
 import os
 import shutil
@@ -109,6 +110,19 @@ def elastic_pair(base, tmp, ranks=1, name="elastic"):
         print(f"  elastic workers: exit {codes}\n{errs[0][-2000:]}\n{errs[1][-2000:]}")
         return None
     return Run(out, errs[0])
+
+
+def flip_saved_start(ckpt_dir, pattern, offset):
+    """Flips the low bit of the --outer-start-step field at `offset` in the outer-state
+    files `pattern` under `ckpt_dir` (the test's S is 4: the files then say 5)."""
+    paths = glob.glob(os.path.join(ckpt_dir, pattern), recursive=True)
+    assert paths, f"no outer state {pattern} in {ckpt_dir}"
+    for path in paths:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            b = f.read(1)
+            f.seek(offset)
+            f.write(bytes([b[0] ^ 1]))
 
 
 def elastic_jobs(base, tmp, ranks, name):
@@ -723,6 +737,17 @@ def main():
                   f"(expected [2, 2]), the flag and both values named: {named}")
             if not named:
                 print(errs[0][-1000:])
+            # each worker's file with a bit flipped in S (after the 296-byte head): corrupt
+            flip = sck + "_flip"
+            shutil.copytree(sck, flip)
+            flip_saved_start(flip, "worker_*/outer/step_00000006/elastic.bin", 296)
+            codes, errs, _ = elastic_jobs(real + diloco + ws + [
+                "--resume", os.path.join(flip, "step_00000006")], tmp, 1, "elastic_flip")
+            corrupt = any("truncated or corrupt" in e for e in errs) and not any(
+                "saved by a run with" in e for e in errs)
+            check(2 in codes and all(c != 0 for c in codes) and corrupt,
+                  f"  elastic: a bit flipped in the saved --outer-start-step: exit {codes}, "
+                  f"reported as corrupt: {corrupt}")
             elastic_run_resumed(args.loom, model, tmp)
             elastic_run_coordinator_dies(args.loom, model, tmp)
             elastic_run_hang(args.loom, model, tmp)
@@ -836,6 +861,16 @@ def main():
               f"the flag and both values named: {named}")
         if not named:
             print(bad.stderr[-1000:])
+        # a flipped bit in the saved S is corruption, not another S: the CRC is checked first
+        flip = os.path.join(tmp, "ck_start_flip")
+        shutil.copytree(ck3, flip)
+        flip_saved_start(flip, "**/outer/step_00000002/rank_*.bin", 40)
+        bad = subprocess.run(MPIRUN + ["-n", "2"] + real + diloco + ws + [
+            "--resume", os.path.join(flip, "step_00000002")], capture_output=True, text=True)
+        corrupt = "truncated or corrupt" in bad.stderr and "saved by a run with" not in bad.stderr
+        check(bad.returncode == 2 and corrupt,
+              f"  a bit flipped in the saved --outer-start-step: exit {bad.returncode} "
+              f"(expected 2), reported as corrupt: {corrupt}")
 
         # 6. streaming
         stream = real[:] + ["--outer", "diloco", "--workers", "2", "--inner-steps", "6",
