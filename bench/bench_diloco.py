@@ -53,7 +53,8 @@ the DiLoCo paper starts from a synchronously trained model; the same tokens ever
 the runs still compare at equal tokens), --global-batch, --micro-batch,
 --streaming-inner-steps (the streaming run's H; default --inner-steps) and --inner-lr (the
 DiLoCo runs' own AdamW peak, cosine to a tenth, for the whole run, the warm start's
-synchronous steps included: loom has one schedule per run; sync dp keeps --lr); the JSON's
+synchronous steps included; sync dp keeps --lr) and --inner-lr-scale F (the DiLoCo runs'
+schedule times F after --outer-start-step only: loom's --inner-lr-scale); the JSON's
 "recipe" and "loadavg" (os.getloadavg() before the runs and after each) record them.
 --rounds 0 skips the speed rounds (quality only); --no-streaming leaves the streaming run
 out (sync dp and DiLoCo only). --diloco-dtypes fp32,bf16 runs the DiLoCo configuration once
@@ -68,7 +69,7 @@ Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--wor
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
                        [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
                        [--streaming-inner-steps H] [--outer-start-step S]
-                       [--inner-lr LR] [--no-streaming] [--diloco-dtypes fp32,bf16]
+                       [--inner-lr LR] [--inner-lr-scale F] [--no-streaming] [--diloco-dtypes fp32,bf16]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
                        [--hosts-seq-len 64] [--hosts-micro-batch 1] [--diloco-dtypes fp32]
@@ -259,6 +260,9 @@ def main():
     ap.add_argument("--inner-lr", type=float, default=0.0,
                     help="the DiLoCo runs' inner AdamW peak lr (cosine to a tenth; 0: --lr); "
                          "sync dp keeps --lr")
+    ap.add_argument("--inner-lr-scale", type=float, default=1.0,
+                    help="the DiLoCo runs' inner lr schedule times F after --outer-start-step "
+                         "(loom's --inner-lr-scale; the warm start's steps keep --lr)")
     ap.add_argument("--no-streaming", action="store_true",
                     help="leave the streaming run out (sync dp and DiLoCo only)")
     ap.add_argument("--diloco-dtypes", default="fp32",
@@ -341,7 +345,8 @@ def main():
         outer = ["--outer", "diloco", "--workers", str(W), "--outer-lr", f"{args.outer_lr:g}",
                  "--outer-momentum", f"{args.outer_momentum:g}",
                  "--outer-warmup", str(args.outer_warmup),
-                 "--outer-start-step", str(args.outer_start_step)]
+                 "--outer-start-step", str(args.outer_start_step),
+                 "--inner-lr-scale", f"{args.inner_lr_scale:g}"]
         outer += [] if args.no_nesterov else ["--outer-nesterov"]
         ilr = args.inner_lr or args.lr
         if args.inner_lr:  # the DiLoCo runs' own inner lr in place of base's --lr / --min-lr
@@ -355,7 +360,7 @@ def main():
                   "steps": args.steps, "global_batch": G, "micro_batch": args.micro_batch,
                   "seq_len": T, "model": "gpt2 4 layers d_model 128 vocab 4096 (KJV BPE)",
                   "recipe": {"lr": args.lr, "min_lr": args.lr / 10, "inner_lr": ilr,
-                             "inner_min_lr": ilr / 10,
+                             "inner_min_lr": ilr / 10, "inner_lr_scale": args.inner_lr_scale,
                              "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
                              "outer_momentum": args.outer_momentum,
                              "outer_nesterov": not args.no_nesterov,

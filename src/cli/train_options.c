@@ -192,6 +192,8 @@ static const opt_def OPTS[] = {
      "DiLoCo: a fragment's first R outer syncs only average (outer lr 1, momentum untouched)"},
     {"outer-start-step", OPT_INT, TR(outer.start_step), 0,
      "DiLoCo: synchronous dp over all workers (gradients all-reduced) for the first S steps"},
+    {"inner-lr-scale", OPT_FLOAT, TR(outer.inner_lr_scale), 0,
+     "DiLoCo: the inner AdamW's lr schedule times F in the rounds (after --outer-start-step)"},
     {"elastic-worker", OPT_INT, TR(outer.elastic_worker), 0,
      "elastic DiLoCo: this mpirun job is worker I of --workers (-1: off)"},
     {"elastic-join", OPT_BOOL, TR(outer.elastic_join), 0,
@@ -255,7 +257,7 @@ static const opt_group GROUPS[] = {
     {"Large models: memory", "docs/memory.md", "memory-per-rank grad-accum"},
     {"DiLoCo: worker groups and an outer optimizer", "docs/diloco.md",
      "outer workers inner-steps outer-lr outer-momentum outer-nesterov outer-fragments "
-     "outer-dtype outer-block outer-merge outer-warmup outer-start-step"},
+     "outer-dtype outer-block outer-merge outer-warmup outer-start-step inner-lr-scale"},
     {"Device", "docs/gpu.md", "device"},
 };
 #define N_GROUPS (int)(sizeof GROUPS / sizeof GROUPS[0])

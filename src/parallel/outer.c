@@ -25,6 +25,7 @@ void loom_outer_config_defaults(loom_outer_config *c) {
     snprintf(c->dtype, sizeof c->dtype, "fp32");
     c->block = 64;
     c->merge = 0.5f;
+    c->inner_lr_scale = 1.0f;
     c->elastic_worker = -1;
     c->elastic_timeout = 10.0f;
 }
@@ -90,6 +91,11 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
         if (c->workers != 1)
             return loom_error_set(err, LOOM_ERR_INPUT,
                                   "--workers %d: needs --outer diloco (worker groups)", c->workers);
+        if (c->inner_lr_scale != 1.0f)
+            return loom_error_set(err, LOOM_ERR_INPUT,
+                                  "--inner-lr-scale %g: needs --outer diloco (it scales the inner "
+                                  "steps' learning rate in DiLoCo's rounds)",
+                                  (double)c->inner_lr_scale);
         return LOOM_OK;
     }
     loom_outer_dtype dt = LOOM_OUTER_FP32;
@@ -115,6 +121,11 @@ loom_status loom_outer_config_validate(const loom_outer_config *c, int n_layer, 
                               "--outer-start-step %d: expected >= 0 (synchronous dp steps before "
                               "DiLoCo's rounds)",
                               c->start_step);
+    if (!(c->inner_lr_scale > 0.0f) || !isfinite(c->inner_lr_scale))
+        return loom_error_set(err, LOOM_ERR_INPUT,
+                              "--inner-lr-scale %g: expected > 0 (the factor on the learning rate "
+                              "schedule after --outer-start-step)",
+                              (double)c->inner_lr_scale);
     if (!(c->merge >= 0.0f && c->merge < 1.0f))
         return loom_error_set(err, LOOM_ERR_INPUT, "--outer-merge %g: expected in [0, 1)",
                               (double)c->merge);

@@ -46,21 +46,22 @@ typedef enum {
 
 /* The flags (--outer ...), as parsed. */
 typedef struct {
-    char kind[16];      /* --outer: "" or none | diloco */
-    int workers;        /* --workers W: worker groups (the world's outermost dimension) */
-    int inner_steps;    /* --inner-steps H */
-    float lr;           /* --outer-lr */
-    float momentum;     /* --outer-momentum */
-    int nesterov;       /* --outer-nesterov */
-    int fragments;      /* --outer-fragments F (1: plain DiLoCo, blocking) */
-    char dtype[8];      /* --outer-dtype fp32 | bf16 | int8 | int4 */
-    int block;          /* --outer-block: values per scale (int8, int4) */
-    float merge;        /* --outer-merge: streaming, the local weight alpha when a fragment lands */
-    int warmup;         /* --outer-warmup R: a fragment's first R syncs only average */
-    int start_step;     /* --outer-start-step S: steps 1..S synchronous dp over all workers */
-    int total_batch;    /* set when split per worker: --global-batch over all workers (0: not) */
-    int elastic_worker; /* --elastic-worker I: this job is worker I (-1: off) */
-    int elastic_join;   /* --elastic-join: join a running group (a restarted worker) */
+    char kind[16];   /* --outer: "" or none | diloco */
+    int workers;     /* --workers W: worker groups (the world's outermost dimension) */
+    int inner_steps; /* --inner-steps H */
+    float lr;        /* --outer-lr */
+    float momentum;  /* --outer-momentum */
+    int nesterov;    /* --outer-nesterov */
+    int fragments;   /* --outer-fragments F (1: plain DiLoCo, blocking) */
+    char dtype[8];   /* --outer-dtype fp32 | bf16 | int8 | int4 */
+    int block;       /* --outer-block: values per scale (int8, int4) */
+    float merge;     /* --outer-merge: streaming, the local weight alpha when a fragment lands */
+    int warmup;      /* --outer-warmup R: a fragment's first R syncs only average */
+    int start_step;  /* --outer-start-step S: steps 1..S synchronous dp over all workers */
+    float inner_lr_scale; /* --inner-lr-scale: the lr schedule's factor after S (DiLoCo's rounds) */
+    int total_batch;      /* set when split per worker: --global-batch over all workers (0: not) */
+    int elastic_worker;   /* --elastic-worker I: this job is worker I (-1: off) */
+    int elastic_join;     /* --elastic-join: join a running group (a restarted worker) */
     float elastic_timeout; /* --elastic-timeout S: the deadline of every outer exchange */
 } loom_outer_config;
 

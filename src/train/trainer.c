@@ -103,6 +103,8 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
             (st = loom_grad_sync_norm(&r->sync, &norm, err)))
             return st;
         float lr = loom_lr_at(step, tc->steps, tc->warmup_steps, tc->lr, tc->min_lr);
+        /* --inner-lr-scale: DiLoCo's inner steps (after the warm start's synchronous ones) */
+        if (r->outer_on && step >= tc->outer.start_step) lr *= tc->outer.inner_lr_scale;
         loom_checkpointing_before_update(&r->ckpt); /* a save's copy of the weights is done */
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_BEFORE_UPDATE, &s, err)) ||
             (st = loom_grad_sync_step(&r->sync, norm, lr, &tc->adamw, step + 1, err)))

@@ -37,6 +37,10 @@ expect "outer warm-up" "--outer-warmup -1: expected >= 0" -- "${D[@]}" --outer-w
 expect "outer start step" "--outer-start-step -1: expected >= 0" -- "${D[@]}" --outer-start-step -1
 expect "start step without diloco" "--outer-start-step 4: needs --outer diloco" -- \
     "${LM[@]}" --outer-start-step 4
+expect "inner lr scale 0" "--inner-lr-scale 0: expected > 0" -- "${D[@]}" --inner-lr-scale 0
+expect "inner lr scale nan" "--inner-lr-scale nan: expected > 0" -- "${D[@]}" --inner-lr-scale nan
+expect "inner lr scale without diloco" "--inner-lr-scale 0.5: needs --outer diloco" -- \
+    "${LM[@]}" --inner-lr-scale 0.5
 expect "start step with sharded accumulation" \
     "--outer-start-step 2: not with --grad-accum sharded yet" -- \
     "${D[@]}" --outer-start-step 2 --zero 2 --grad-accum sharded

@@ -610,6 +610,17 @@ def main():
         outer = w2.rows[-1].get("outer", {})
         check(outer.get("bytes_step", 0) > 0 and outer.get("syncs") == 1,
               f"  metrics: outer {outer}")
+        # 2b. --inner-lr-scale F multiplies the inner schedule in DiLoCo's rounds (here all
+        # of them): W=2 H=1 at F 0.5 is --dp 2 at half the --lr and --min-lr (6e-5, the
+        # default), the schedule being linear in both
+        half = Layouts(model + ["--steps", "6", "--lr", "1.5e5", "--min-lr", "3e-5",
+                                "--warmup-steps", "2", "--adam-eps", "1e8", "--weight-decay",
+                                "0", "--grad-clip", "0"], tmp, "linear_half_")
+        w2h = runs.run("w2_scale05", 2, h1 + ["--workers", "2", "--inner-lr-scale", "0.5"])
+        compare("W=2 H=1 --inner-lr-scale 0.5 = --dp 2 at lr/2", w2h,
+                half.run("dp2", 2, ["--dp", "2"]))
+        check(loss_error(w2h.losses, w2.losses) > 100 * TOL,
+              f"  --inner-lr-scale 0.5 differs from 1 by {loss_error(w2h.losses, w2.losses):.2e}")
 
         # 3. W = 2 with AdamW is not synchronous dp (the mean of two AdamW steps)
         runs = Layouts(adam, tmp, "adam2_")
@@ -625,6 +636,9 @@ def main():
         s6 = runs.run("w2_start6", 2, ["--outer", "diloco", "--workers", "2", "--inner-steps",
                                        "3", "--outer-start-step", "6"])
         compare("W=2 H=3 --outer-start-step 6 = --dp 2", s6, a_dp2)
+        compare("  ... and with --inner-lr-scale 0.5 (no round)", runs.run(
+            "w2_start6_scale05", 2, ["--outer", "diloco", "--workers", "2", "--inner-steps", "3",
+                                     "--outer-start-step", "6", "--inner-lr-scale", "0.5"]), a_dp2)
         first = s6.rows[0].get("outer", {})
         check(first.get("bytes_step", 0) > 0 and all(r["outer"]["syncs"] == 0 for r in s6.rows),
               f"  warm start: gradient bytes counted, no outer sync (step 1: {first})")
