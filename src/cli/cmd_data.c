@@ -278,13 +278,14 @@ static const struct {
     {{"vlm", "Image-text for a vlm", "docs/vlm.md",
       "loom data vlm --input fashion-mnist --out DIR [--grid 2|3] [--samples N]\n"
       "                     [--val-samples N] [--questions F] [--mixed-images K]\n"
-      "                     [--seed S]\n"
-      "       loom data vlm --input DIR --out DIR [--val-samples N]",
+      "                     [--seed S] [--tokenizer DIR]\n"
+      "       loom data vlm --input DIR --out DIR [--val-samples N] [--tokenizer DIR]",
       "  Image-text shards for --family vlm (docs/vlm.md): each sample a grid of Fashion-MNIST\n"
       "  items (2: 56 x 56, 3: 84 x 84) named by position, \"top left: sneaker; top right: bag;\n"
       "  ...\", or with probability F a question (\"how many bags?\", \"where is the coat?\") and\n"
       "  its answer. DIR/train_000000.bin from the training images (--samples, default\n"
-      "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens.\n"
+      "  20000), DIR/val_000000.bin from t10k (--val-samples, default 1000). Byte tokens, or\n"
+      "  --tokenizer DIR's BPE (loom tokenizer train; <image> one past its last token).\n"
       "  --mixed-images K: each sample 0 to K grids, each <image> and its caption (--balance-dp's\n"
       "  mixed workload).\n"
       "  --input DIR: your own NAME.png with NAME.txt beside each (a caption, or a prompt line\n"

@@ -1,7 +1,7 @@
 /* loom data vlm (cmd_data_vlm.h): each sample a g x g grid of Fashion-MNIST items (28 x 28
  * each) and a text naming each item by position, or (a share --questions of the samples) a
  * question about the grid and its answer. Tokens are bytes (0..255) plus <image> (256) and
- * <|endoftext|> (257):
+ * <|endoftext|> (257), or with --tokenizer DIR a BPE's (data/vlm_text.h):
  *   caption:  <image> "top left: sneaker; top right: bag; ..." <|endoftext|>
  *   question: <image> "how many bags?\n" "2" <|endoftext|>
  * the answer (the caption, or the text after the question's newline) and the end-of-text
@@ -24,6 +24,7 @@
 #include "data/idx.h"
 #include "data/vlm_folder.h"
 #include "data/vlm_shard.h"
+#include "data/vlm_text.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 #define ITEM 28
@@ -39,15 +40,23 @@ static const char *const POS3[9] = {"top left",    "top middle",    "top right",
                                     "middle left", "center",        "middle right",
                                     "bottom left", "bottom middle", "bottom right"};
 
+/* One sample's tokens and loss mask, built piece by piece (each piece's text encoded on
+ * its own, so a mask boundary is a token boundary). */
 typedef struct {
     int32_t tokens[1024];
     uint8_t mask[1024];
     int n;
+    loom_vlm_text *vt;      /* bytes or the --tokenizer's BPE */
+    loom_token_buf scratch; /* one piece's tokens */
+    loom_status st;         /* the first encoding failure, in err */
+    loom_error err;
 } text;
 
 static void put(text *t, const char *s, int answer) {
-    for (; *s && t->n < 1024; s++) {
-        t->tokens[t->n] = (unsigned char)*s;
+    t->scratch.n = 0;
+    if (t->st || (t->st = loom_vlm_text_encode(t->vt, s, strlen(s), &t->scratch, &t->err))) return;
+    for (size_t i = 0; i < t->scratch.n && t->n < 1024; i++) {
+        t->tokens[t->n] = t->scratch.ids[i];
         t->mask[t->n++] = (uint8_t)answer;
     }
 }
@@ -104,7 +113,8 @@ static int split_failed(loom_status st, const loom_error *err) {
  * holds 0..mixed grids (Philox (seed, split, s, 200)), each `<image>` and its caption, a
  * newline between them; none: "name the items\n" and the answer "none". */
 static int make_split(const char *dir, const char *split, const char *images, const char *labels,
-                      int g, int64_t n, double questions, int mixed, uint64_t seed) {
+                      int g, int64_t n, double questions, int mixed, uint64_t seed,
+                      loom_vlm_text *vt) {
     loom_error err = {0};
     loom_idx_images img;
     uint8_t *lab = NULL;
@@ -126,11 +136,12 @@ static int make_split(const char *dir, const char *split, const char *images, co
     const uint32_t stream = STREAM + (strcmp(split, "val") == 0);
     uint8_t *grid = malloc(grid_bytes * max_grids);
     loom_vlm_writer w;
-    loom_vlm_writer_init(&w, 1, side, side, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT);
+    loom_vlm_writer_init(&w, 1, side, side, vt->image, vt->eot);
     loom_status st = grid ? LOOM_OK : LOOM_ERR_NOMEM;
+    text t = {.vt = vt};
     for (int64_t s = 0; s < n && !st; s++) {
         int cls[9] = {0};
-        text t = {.n = 0};
+        t.n = 0;
         char buf[256];
         if (mixed > 0) {
             const int k =
@@ -138,21 +149,21 @@ static int make_split(const char *dir, const char *split, const char *images, co
             for (int i = 0; i < k; i++) {
                 draw_grid(&img, lab, g, seed, stream, s, i, grid + i * grid_bytes, cls);
                 if (i) put(&t, "\n", 1);
-                put_token(&t, LOOM_VLM_BYTE_IMAGE, 0);
+                put_token(&t, vt->image, 0);
                 put_caption(&t, pos, cls, cells);
             }
             if (k == 0) {
                 put(&t, "name the items\n", 0);
                 put(&t, "none", 1);
             }
-            put_token(&t, LOOM_VLM_BYTE_EOT, 1);
-            st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, k, &err);
+            put_token(&t, vt->eot, 1);
+            st = t.st ? t.st : loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, k, &err);
             continue;
         }
         draw_grid(&img, lab, g, seed, stream, s, 0, grid, cls);
         const uint64_t r = loom_philox_u64(seed, stream, (uint64_t)s, 100);
         const double u = (double)(r >> 11) * 0x1.0p-53;
-        put_token(&t, LOOM_VLM_BYTE_IMAGE, 0);
+        put_token(&t, vt->image, 0);
         if (u < questions) {
             const int pick = (int)((r & 0xffff) % (uint64_t)cells), x = cls[pick];
             int count = 0;
@@ -170,9 +181,11 @@ static int make_split(const char *dir, const char *split, const char *images, co
         } else {
             put_caption(&t, pos, cls, cells);
         }
-        put_token(&t, LOOM_VLM_BYTE_EOT, 1);
-        st = loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, 1, &err);
+        put_token(&t, vt->eot, 1);
+        st = t.st ? t.st : loom_vlm_writer_put(&w, t.tokens, t.mask, t.n, grid, 1, &err);
     }
+    if (t.st) err = t.err;
+    free(t.scratch.ids);
     char path[4096];
     st = finish_split(&w, dir, split, st, path, sizeof path, &err);
     free(grid);
@@ -189,29 +202,38 @@ static int make_split(const char *dir, const char *split, const char *images, co
 
 /* Samples [lo, hi) of a folder into DIR/SPLIT_000000.bin. */
 static int folder_split(const char *dir, const char *split, const loom_vlm_folder *f, int lo,
-                        int hi) {
+                        int hi, loom_vlm_text *vt) {
     loom_error err = {0};
     const size_t S = (size_t)f->channels * f->height * f->width;
+    /* a token is at least one byte: the text's bytes + <image> + <|endoftext|> bound it */
     int32_t *tok = malloc((LOOM_VLM_FOLDER_MAX_TEXT + 2) * sizeof *tok);
     uint8_t *mask = malloc(LOOM_VLM_FOLDER_MAX_TEXT + 2);
+    loom_token_buf piece = {0};
     loom_vlm_writer w;
-    loom_vlm_writer_init(&w, f->channels, f->height, f->width, LOOM_VLM_BYTE_IMAGE,
-                         LOOM_VLM_BYTE_EOT);
+    loom_vlm_writer_init(&w, f->channels, f->height, f->width, vt->image, vt->eot);
     loom_status st = tok && mask ? LOOM_OK : LOOM_ERR_NOMEM;
     for (int i = lo; i < hi && !st; i++) {
         int n = 0;
-        tok[n] = LOOM_VLM_BYTE_IMAGE;
+        tok[n] = vt->image;
         mask[n++] = 0;
-        for (const char *c = f->texts[i]; *c; c++) {
-            mask[n] = (uint8_t)(c - f->texts[i] >= f->prompt_len[i]);
-            tok[n++] = (unsigned char)*c;
+        const char *txt = f->texts[i];
+        const size_t len = strlen(txt), prompt = (size_t)f->prompt_len[i];
+        for (int answer = 0; answer < 2 && !st; answer++) { /* the prompt, then the answer */
+            piece.n = 0;
+            st = answer ? loom_vlm_text_encode(vt, txt + prompt, len - prompt, &piece, &err)
+                        : loom_vlm_text_encode(vt, txt, prompt, &piece, &err);
+            for (size_t k = 0; k < piece.n && !st; k++) {
+                tok[n] = piece.ids[k];
+                mask[n++] = (uint8_t)answer;
+            }
         }
-        tok[n] = LOOM_VLM_BYTE_EOT;
+        tok[n] = vt->eot;
         mask[n++] = 1;
-        st = loom_vlm_writer_put(&w, tok, mask, n, f->pixels + S * i, 1, &err);
+        if (!st) st = loom_vlm_writer_put(&w, tok, mask, n, f->pixels + S * i, 1, &err);
     }
     char path[4096];
     st = finish_split(&w, dir, split, st, path, sizeof path, &err);
+    free(piece.ids);
     free(tok);
     free(mask);
     if (st) return split_failed(st, &err);
@@ -221,7 +243,7 @@ static int folder_split(const char *dir, const char *split, const loom_vlm_folde
 }
 
 /* --input DIR: the folder's pairs, the last val_samples (-1: a tenth) as val. */
-static int make_folder(const char *input, const char *out, int64_t val_samples) {
+static int make_folder(const char *input, const char *out, int64_t val_samples, loom_vlm_text *vt) {
     loom_error err = {0};
     loom_vlm_folder f;
     if (loom_vlm_folder_read(input, &f, &err)) {
@@ -237,14 +259,14 @@ static int make_folder(const char *input, const char *out, int64_t val_samples) 
                 (long long)v, input, f.n);
         rc = 2;
     }
-    if (!rc) rc = folder_split(out, "train", &f, 0, f.n - (int)v);
-    if (!rc && v > 0) rc = folder_split(out, "val", &f, f.n - (int)v, f.n);
+    if (!rc) rc = folder_split(out, "train", &f, 0, f.n - (int)v, vt);
+    if (!rc && v > 0) rc = folder_split(out, "val", &f, f.n - (int)v, f.n, vt);
     loom_vlm_folder_free(&f);
     return rc;
 }
 
 int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
-    const char *input = NULL, *out = NULL;
+    const char *input = NULL, *out = NULL, *tokenizer = NULL;
     /* -1: not given (the defaults below depend on --input) */
     int64_t grid = -1, samples = -1, val_samples = -1, seed = 1, mixed = -1;
     double questions = -1.0;
@@ -257,6 +279,7 @@ int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
         {"questions", LOOM_DATA_FLAG_FRACTION, .f64 = &questions},
         {"mixed-images", LOOM_DATA_FLAG_INT, .i64 = &mixed, .lo = 0, .hi = 8},
         {"seed", LOOM_DATA_FLAG_INT, .i64 = &seed, .lo = 0, .hi = INT64_MAX},
+        {"tokenizer", LOOM_DATA_FLAG_STR, .str = &tokenizer},
     };
     int rc = loom_data_parse_flags(argc, argv, flags, LOOM_DATA_N_FLAGS(flags), help);
     if (rc >= 0) return rc;
@@ -288,7 +311,15 @@ int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
                     strerror(errno));
             return 2;
         }
-        return make_folder(input, out, val_samples);
+        loom_vlm_text vt;
+        loom_error err = {0};
+        if (loom_vlm_text_open(&vt, tokenizer, &err)) {
+            fprintf(stderr, "loom data: %s\n", err.msg);
+            return 2;
+        }
+        rc = make_folder(input, out, val_samples, &vt);
+        loom_vlm_text_close(&vt);
+        return rc;
     }
     if (grid < 0) grid = 2;
     if (samples < 0) samples = 20000;
@@ -305,12 +336,19 @@ int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
                 strerror(errno));
         return 2;
     }
+    loom_vlm_text vt;
+    loom_error err = {0};
+    if (loom_vlm_text_open(&vt, tokenizer, &err)) {
+        fprintf(stderr, "loom data: %s\n", err.msg);
+        return 2;
+    }
     rc = make_split(out, "train", FMNIST "/train-images-idx3-ubyte.gz",
                     FMNIST "/train-labels-idx1-ubyte.gz", (int)grid, samples, questions, (int)mixed,
-                    (uint64_t)seed);
+                    (uint64_t)seed, &vt);
     if (!rc && val_samples > 0)
         rc = make_split(out, "val", FMNIST "/t10k-images-idx3-ubyte.gz",
                         FMNIST "/t10k-labels-idx1-ubyte.gz", (int)grid, val_samples, questions,
-                        (int)mixed, (uint64_t)seed);
+                        (int)mixed, (uint64_t)seed, &vt);
+    loom_vlm_text_close(&vt);
     return rc;
 }

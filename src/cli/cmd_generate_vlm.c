@@ -1,6 +1,7 @@
 /* loom generate --weights W --image FILE.png|DIR [--prompt TEXT] [--max-tokens N]
- * [--temperature T] [--seed S] [--threads N] [--sheet OUT.png] [--no-kv-cache]: the text a vlm
- * (family vlm, model/vlm.h) writes for an image, byte tokens; for a folder, each .png's
+ * [--temperature T] [--seed S] [--threads N] [--sheet OUT.png] [--no-kv-cache] [--tokenizer DIR]:
+ * the text a vlm (family vlm, model/vlm.h) writes for an image, in byte tokens or the BPE it
+ * was trained on (data/vlm_text.h); for a folder, each .png's
  * "NAME<tab>TEXT" line in name order (the model loaded once); --sheet draws the images with
  * their texts under them (data/picture_text.h). The sequence is <image> then the prompt and a
  * newline (none without a prompt: the caption), as loom data vlm writes its samples; each new token
@@ -27,6 +28,7 @@
 #include "data/picture_text.h"
 #include "data/png_folder.h"
 #include "data/vlm_shard.h"
+#include "data/vlm_text.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/vlm.h"
@@ -38,6 +40,34 @@
 static int fail(const char *msg) {
     fprintf(stderr, "loom generate: %s\n", msg);
     return 2;
+}
+
+/* Generated text: bytes, NUL-terminated. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} text_buf;
+
+static int text_add(text_buf *b, const unsigned char *bytes, size_t len) {
+    if (b->n + len + 1 > b->cap) {
+        const size_t cap = 2 * (b->n + len + 1) + 64;
+        char *s = realloc(b->s, cap);
+        if (!s) return -1;
+        b->s = s, b->cap = cap;
+    }
+    memcpy(b->s + b->n, bytes, len);
+    b->n += len;
+    b->s[b->n] = '\0';
+    return 0;
+}
+
+/* Appends token next's bytes to out: 0, or 1 where the text ends (<image>, <|endoftext|>,
+ * an id past the vocabulary's text tokens), -1 out of memory. */
+static int emit(const loom_vlm_text *vt, int32_t next, text_buf *out) {
+    size_t len = 0;
+    const unsigned char *bytes = loom_vlm_text_bytes(vt, next, &len);
+    if (!bytes) return 1;
+    return text_add(out, bytes, len);
 }
 
 /* The next token from logits[V]: the arg max at temperature 0, else a softmax draw. */
@@ -60,9 +90,8 @@ static int32_t pick(const float *logits, int V, float temperature, uint64_t seed
 /* Without a cache: the whole record (image, prompt, the tokens so far) through the
  * training forward for every new token. tokens holds room for T + 2. */
 static int generate_uncached(loom_model *m, const loom_vlm_record_shape *shape, const float *params,
-                             int32_t *tokens, int n, const uint8_t *px, int max_tokens,
-                             float temperature, uint64_t seed, char *out) {
-    int n_out = 0;
+                             const loom_vlm_text *vt, int32_t *tokens, int n, const uint8_t *px,
+                             int max_tokens, float temperature, uint64_t seed, text_buf *out) {
     const int T = shape->seq_len, V = m->cfg.vocab_size;
     loom_error err = {0};
     int32_t *rec = malloc((size_t)loom_vlm_record_size(shape) * sizeof *rec);
@@ -71,8 +100,8 @@ static int generate_uncached(loom_model *m, const loom_vlm_record_shape *shape, 
     if (!rec || !row) rc = fail("out of memory");
     for (int step = 0; !rc && step < max_tokens; step++) {
         int len = 0;
-        if (loom_vlm_record_build(shape, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT, tokens, NULL, n,
-                                  px, 1, rec, &len, &err)) {
+        if (loom_vlm_record_build(shape, vt->image, vt->eot, tokens, NULL, n, px, 1, rec, &len,
+                                  &err)) {
             if (step == 0) rc = fail("--prompt: too long for the model's context with the image");
             break; /* the context is full */
         }
@@ -88,11 +117,13 @@ static int generate_uncached(loom_model *m, const loom_vlm_record_shape *shape, 
         loom_backend_copy_to_host(m->be, row, m->logits + (size_t)(len - 1) * V,
                                   (size_t)V * sizeof(float));
         const int32_t next = pick(row, V, temperature, seed, step);
-        if (next == LOOM_VLM_BYTE_EOT || next == LOOM_VLM_BYTE_IMAGE || next > 255) break;
-        out[n_out++] = (char)next;
+        const int end = emit(vt, next, out);
+        if (end) {
+            if (end < 0) rc = fail("out of memory");
+            break;
+        }
         tokens[n++] = next;
     }
-    out[n_out] = '\0';
     free(rec);
     free(row);
     return rc;
@@ -103,18 +134,18 @@ static int generate_uncached(loom_model *m, const loom_vlm_record_shape *shape, 
  * per new token. Stops where the uncached loop does: the context full at T positions. */
 static int generate_cached(loom_model *m, const loom_vlm_record_shape *shape,
                            const loom_param_table *table, const float *params,
-                           const int32_t *tokens, int n, const uint8_t *px, int max_tokens,
-                           float temperature, uint64_t seed, char *out) {
+                           const loom_vlm_text *vt, const int32_t *tokens, int n, const uint8_t *px,
+                           int max_tokens, float temperature, uint64_t seed, text_buf *out) {
     const int T = shape->seq_len, V = m->cfg.vocab_size, C = m->cfg.d_model;
     loom_error err = {0};
     loom_generator g = {0};
     int32_t *rec = malloc((size_t)loom_vlm_record_size(shape) * sizeof *rec);
     float *emb = malloc(loom_vlm_image_rows_floats(m) * sizeof *emb);
     float *row = malloc((size_t)V * sizeof *row);
-    int rc = 0, len = 0, n_out = 0;
+    int rc = 0, len = 0;
     if (!rec || !emb || !row) rc = fail("out of memory");
-    if (!rc && (loom_vlm_record_build(shape, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT, tokens, NULL,
-                                      n, px, 1, rec, &len, &err) ||
+    if (!rc && (loom_vlm_record_build(shape, vt->image, vt->eot, tokens, NULL, n, px, 1, rec, &len,
+                                      &err) ||
                 len > T))
         rc = fail("--prompt: too long for the model's context with the image");
     if (!rc && loom_generator_create(&g, &m->cfg, table, params, &err)) rc = fail(err.msg);
@@ -130,12 +161,14 @@ static int generate_cached(loom_model *m, const loom_vlm_record_shape *shape,
     for (int step = 0, pos = len; !rc && step < max_tokens; step++, pos++) {
         memcpy(row, g.logits, (size_t)V * sizeof *row);
         const int32_t next = pick(row, V, temperature, seed, step);
-        if (next == LOOM_VLM_BYTE_EOT || next == LOOM_VLM_BYTE_IMAGE || next > 255) break;
-        out[n_out++] = (char)next;
+        const int end = emit(vt, next, out);
+        if (end) {
+            if (end < 0) rc = fail("out of memory");
+            break;
+        }
         if (pos >= T) break; /* the context is full */
         loom_generator_step(&g, next, pos);
     }
-    out[n_out] = '\0';
     if (g.be) loom_generator_free(&g);
     free(rec);
     free(emb);
@@ -188,7 +221,7 @@ static int list_images(const char *image, char ***files, int *n, int *is_dir, ch
 }
 
 int loom_cmd_generate_vlm(int argc, char **argv) {
-    const char *weights = NULL, *image = NULL, *prompt = NULL, *sheet = NULL;
+    const char *weights = NULL, *image = NULL, *prompt = NULL, *sheet = NULL, *tokenizer = NULL;
     int max_tokens = 200, threads = 1, no_cache = 0;
     float temperature = 0.0f;
     unsigned long long seed = 1337;
@@ -208,6 +241,8 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
         LOOM_FLAG_STR(0, "sheet", &sheet, "OUT.png", "also draw the images with their texts"),
         LOOM_FLAG_SW(0, "no-kv-cache", &no_cache,
                      "run the whole sequence again for each token (the cache's reference)"),
+        LOOM_FLAG_STR(0, "tokenizer", &tokenizer, "DIR",
+                      "the BPE of the model's data (loom data vlm --tokenizer; default bytes)"),
     };
     static const loom_flag_group groups[] = {{"A vision-language model", "docs/vlm.md"}};
     const loom_flag_spec spec = {
@@ -231,12 +266,42 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
     uint8_t *all = NULL;
     loom_model m = {0};
     loom_font font = {0};
+    loom_vlm_text vt = {0};
+    loom_token_buf asked = {0}; /* the prompt's tokens */
     int rc = 0, h = 0, w = 0, n_files = 0, is_dir = 0;
     if (cfg.family != LOOM_FAMILY_VLM) {
         snprintf(msg, sizeof msg, "--image: %s is a %s model (expected family vlm)", weights,
                  loom_family_name(cfg.family));
         rc = fail(msg);
         goto done;
+    }
+    if (loom_vlm_text_open(&vt, tokenizer, &err)) {
+        rc = fail(err.msg);
+        goto done;
+    }
+    if (vt.vocab > cfg.vocab_size) {
+        snprintf(msg, sizeof msg,
+                 "--tokenizer %s: its tokens and <image> need a vocabulary of %d, %s has one of "
+                 "%d (expected the tokenizer of the model's data)",
+                 tokenizer ? tokenizer : "bytes", vt.vocab, weights, cfg.vocab_size);
+        rc = fail(msg);
+        goto done;
+    }
+    if (prompt) { /* as loom data vlm writes a question: its line, then the answer */
+        const size_t len = strlen(prompt);
+        char *line = malloc(len + 1);
+        if (!line) {
+            rc = fail("out of memory");
+            goto done;
+        }
+        memcpy(line, prompt, len);
+        line[len] = '\n';
+        const loom_status st = loom_vlm_text_encode(&vt, line, len + 1, &asked, &err);
+        free(line);
+        if (st) {
+            rc = fail(err.msg);
+            goto done;
+        }
     }
     if (list_images(image, &files, &n_files, &is_dir, msg, sizeof msg)) {
         rc = fail(msg);
@@ -275,21 +340,18 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
             break;
         }
         int n = 0;
-        tokens[n++] = LOOM_VLM_BYTE_IMAGE;
-        if (prompt) {
-            for (const char *q = prompt; *q && n < T; q++) tokens[n++] = (unsigned char)*q;
-            if (n < T) tokens[n++] = '\n';
-        }
-        if (!(texts[i] = malloc((size_t)T + 2))) {
-            rc = fail("out of memory");
-            break;
-        }
+        tokens[n++] = vt.image;
+        for (size_t k = 0; k < asked.n && n < T; k++) tokens[n++] = asked.ids[k];
+        text_buf out = {0};
         if (no_cache)
-            rc = generate_uncached(&m, &shape, params, tokens, n, px, max_tokens, temperature, seed,
-                                   texts[i]);
+            rc = generate_uncached(&m, &shape, params, &vt, tokens, n, px, max_tokens, temperature,
+                                   seed, &out);
         else
-            rc = generate_cached(&m, &shape, &table, params, tokens, n, px, max_tokens, temperature,
-                                 seed, texts[i]);
+            rc = generate_cached(&m, &shape, &table, params, &vt, tokens, n, px, max_tokens,
+                                 temperature, seed, &out);
+        if (!rc && !out.s && text_add(&out, (const unsigned char *)"", 0))
+            rc = fail("out of memory");
+        texts[i] = out.s;
         if (rc) break;
         if (is_dir)
             printf("%s\t%s\n", strrchr(files[i], '/') + 1, texts[i]);
@@ -311,6 +373,8 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
         rc = fail(msg);
     }
 done:
+    loom_vlm_text_close(&vt);
+    free(asked.ids);
     if (font.face) loom_font_close(&font);
     if (m.ops) loom_model_destroy(&m);
     for (int i = 0; i < n_files; i++) {

@@ -278,14 +278,11 @@ static loom_status check_options(loom_tokenizer *tok, const loom_prepare_options
                               (long long)o->shard_tokens, INT32_MAX);
     if (o->doc_sep != LOOM_DOC_SEP_FILE && o->doc_sep != LOOM_DOC_SEP_BLANK_LINE)
         return loom_error_set(err, LOOM_ERR_INPUT, "--doc-separator: expected blank-line or file");
-    int32_t v = loom_tokenizer_vocab_size(tok);
-    size_t len = 0;
-    const unsigned char *last = v > 0 ? loom_tokenizer_token(tok, v - 1, &len) : NULL;
-    if (!last || len != 13 || memcmp(last, "<|endoftext|>", 13) != 0)
+    if (loom_tokenizer_eot_id(tok) < 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--tokenizer: the last token (id %d) is not <|endoftext|> (expected "
                               "the end-of-text token last, as in GPT-2's encoder.json)",
-                              v - 1);
+                              loom_tokenizer_vocab_size(tok) - 1);
     return LOOM_OK;
 }
 

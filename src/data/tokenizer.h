@@ -52,6 +52,9 @@ void loom_tokenizer_free(loom_tokenizer *tok);
 
 int32_t loom_tokenizer_vocab_size(const loom_tokenizer *tok);
 int32_t loom_tokenizer_merge_count(const loom_tokenizer *tok);
+/* The end-of-text token's id: the last one when its bytes are <|endoftext|> (as in GPT-2's
+ * encoder.json and loom tokenizer train's), else -1. */
+int32_t loom_tokenizer_eot_id(const loom_tokenizer *tok);
 /* The bytes of token id (NULL if id is out of range). */
 const unsigned char *loom_tokenizer_token(const loom_tokenizer *tok, int32_t id, size_t *len);
 

@@ -79,6 +79,13 @@ const unsigned char *loom_tokenizer_token(const loom_tokenizer *t, int32_t id, s
     return t->tok_bytes + t->tok_off[id];
 }
 
+int32_t loom_tokenizer_eot_id(const loom_tokenizer *t) {
+    static const char eot[] = "<|endoftext|>";
+    size_t len = 0;
+    const unsigned char *last = loom_tokenizer_token(t, t->n_tokens - 1, &len);
+    return last && len == sizeof eot - 1 && memcmp(last, eot, len) == 0 ? t->n_tokens - 1 : -1;
+}
+
 /* encoder.json -> tokens (bytes by id) and a map bytes -> id. */
 static loom_status load_encoder(loom_tokenizer *t, loom_strmap *ids, const char *path,
                                 loom_error *err) {
