@@ -241,7 +241,7 @@ int loom_cmd_generate_vlm(int argc, char **argv) {
         LOOM_FLAG_STR(0, "sheet", &sheet, "OUT.png", "also draw the images with their texts"),
         LOOM_FLAG_SW(0, "no-kv-cache", &no_cache,
                      "run the whole sequence again for each token (the cache's reference)"),
-        LOOM_FLAG_STR(0, "tokenizer", &tokenizer, "DIR",
+        LOOM_FLAG_STR(0, "tokenizer", &tokenizer, "DIR|bytes",
                       "the BPE of the model's data (loom data vlm --tokenizer; default bytes)"),
     };
     static const loom_flag_group groups[] = {{"A vision-language model", "docs/vlm.md"}};

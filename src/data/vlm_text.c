@@ -2,12 +2,13 @@
 #include "data/vlm_text.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "data/vlm_shard.h"
 
 loom_status loom_vlm_text_open(loom_vlm_text *t, const char *tokenizer, loom_error *err) {
     *t = (loom_vlm_text){NULL, LOOM_VLM_BYTE_IMAGE, LOOM_VLM_BYTE_EOT, LOOM_VLM_BYTE_EOT + 1};
-    if (!tokenizer) return LOOM_OK;
+    if (!tokenizer || strcmp(tokenizer, "bytes") == 0) return LOOM_OK;
     loom_tokenizer *bpe = NULL;
     loom_error e = {0};
     if (loom_tokenizer_load(&bpe, tokenizer, &e))

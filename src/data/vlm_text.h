@@ -21,8 +21,8 @@ typedef struct {
     int32_t vocab;       /* every id < vocab */
 } loom_vlm_text;
 
-/* tokenizer NULL: bytes; else a tokenizer's name or folder (loom_tokenizer_load). Errors
- * name --tokenizer and what was expected. */
+/* tokenizer NULL or "bytes": bytes; else a tokenizer's name or folder (loom_tokenizer_load).
+ * Errors name --tokenizer and what was expected. */
 loom_status loom_vlm_text_open(loom_vlm_text *t, const char *tokenizer, loom_error *err);
 void loom_vlm_text_close(loom_vlm_text *t);
 

@@ -126,6 +126,11 @@ same_text() { # ARGS...: cached and uncached outputs equal; the texts kept in $T
 check "generate --tokenizer: KV cache = whole sequence" same_text --image "$TMP/pairs"
 check "generate --tokenizer: KV cache = whole sequence, prompt" same_text \
     --image "$TMP/pairs/0.png" --prompt "how many bags?"
+bytes_named() { # --tokenizer bytes is the default's byte vocabulary
+    "$LOOM" generate --weights "$TMP/bytes.safetensors" --image "$TMP/pairs" >"$TMP/b1" 2>/dev/null &&
+        "$LOOM" generate --weights "$TMP/bytes.safetensors" --image "$TMP/pairs" \
+            --tokenizer bytes >"$TMP/b2" 2>/dev/null && cmp -s "$TMP/b1" "$TMP/b2"
+}
 check "generate --tokenizer: not every text empty" test -n "$(tr -d '\n' <"$TMP/texts")"
 echo "texts: $(head -c 300 "$TMP/texts" | tr '\n' '|')"
 # bad tokenizers
@@ -143,6 +148,7 @@ expect "data vlm: no tokenizer there" "--tokenizer $TMP/none" -- \
     data vlm --input fashion-mnist --samples 4 --val-samples 0 --out "$TMP/x" --tokenizer "$TMP/none"
 check "byte shards train" trains --vocab-size 264 --data "$TMP/bytes/train_*.bin" --steps 1 \
     --save-weights "$TMP/bytes.safetensors"
+check "generate --tokenizer bytes = without it" bytes_named
 expect "generate: a tokenizer larger than the model's vocabulary" \
     "--tokenizer $TMP/tok: its tokens and <image> need a vocabulary of 321, $TMP/bytes.safetensors has one of 264" -- \
     generate --weights "$TMP/bytes.safetensors" --image "$TMP/pairs/0.png" --tokenizer "$TMP/tok"
