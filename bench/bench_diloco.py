@@ -3,7 +3,7 @@
 
 The KJV demo data (scripts/demo.sh's preparation: Debian's bible-kjv, a 4096-token
 byte-level BPE, 2% of the paragraphs for validation), a small GPT-2 (4 layers, d_model 128,
-T 64), --workers W ranks, the same global batch and steps (so the same tokens), three runs
+T 64; --model LxD for another), --workers W ranks, the same global batch and steps (so the same tokens), three runs
 side by side in one invocation:
   sync_dp    --dp W: every step all-reduces every gradient
   diloco     --outer diloco --workers W --inner-steps H (fp32 outer gradients, Nesterov
@@ -69,7 +69,8 @@ Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--wor
                        [--fragments 4] [--global-batch 16] [--rounds 3] [--smoke]
                        [--lr 2e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
                        [--streaming-inner-steps H] [--outer-start-step S]
-                       [--inner-lr LR] [--inner-lr-scale F] [--no-streaming] [--diloco-dtypes fp32,bf16]
+                       [--inner-lr LR] [--inner-lr-scale F] [--model 4x128]
+                       [--no-streaming] [--diloco-dtypes fp32,bf16]
        bench_diloco.py --loom build/loom --hosts [--caps 1,2.5] [--hosts-model 6x384]
                        [--hosts-steps 100] [--inner-steps 50] [--fragments 4]
                        [--hosts-seq-len 64] [--hosts-micro-batch 1] [--diloco-dtypes fp32]
@@ -290,6 +291,8 @@ def main():
                     help="2 ranks across two test hosts with capped links (root)")
     ap.add_argument("--caps", default="1,2.5", help="--hosts: link caps in Gbit/s")
     ap.add_argument("--hosts-model", default="6x384", help="--hosts: n_layer x d_model")
+    ap.add_argument("--model", default="4x128",
+                    help="one host: the GPT-2 model's n_layer x d_model (4 heads, d_ff 4 x)")
     ap.add_argument("--hosts-seq-len", type=int, default=64)
     ap.add_argument("--hosts-micro-batch", type=int, default=1,
                     help="--hosts: sequences per rank and step (global batch: twice this)")
@@ -333,8 +336,10 @@ def main():
         W, H, F, G, T = args.workers, args.inner_steps, args.fragments, args.global_batch, 64
         HS = args.streaming_inner_steps or H
         load = [list(os.getloadavg())]
-        base = [args.loom, "train", "--family", "gpt2", "--n-layer", "4", "--n-head", "4",
-                "--d-model", "128", "--d-ff", "512", "--vocab-size", "4096", "--seq-len", str(T),
+        L, D = (int(x) for x in args.model.split("x"))
+        base = [args.loom, "train", "--family", "gpt2", "--n-layer", str(L), "--n-head", "4",
+                "--d-model", str(D), "--d-ff", str(4 * D), "--vocab-size", "4096",
+                "--seq-len", str(T),
                 "--micro-batch", str(args.micro_batch), "--global-batch", str(G),
                 "--steps", str(args.steps), "--lr", f"{args.lr:g}", "--min-lr",
                 f"{args.lr / 10:g}", "--warmup-steps", str(args.warmup_steps), "--threads", "1",
@@ -358,7 +363,7 @@ def main():
                   "inner_steps": H, "streaming_inner_steps": HS, "fragments": F,
                   "diloco_dtypes": dtypes,
                   "steps": args.steps, "global_batch": G, "micro_batch": args.micro_batch,
-                  "seq_len": T, "model": "gpt2 4 layers d_model 128 vocab 4096 (KJV BPE)",
+                  "seq_len": T, "model": f"gpt2 {L} layers d_model {D} vocab 4096 (KJV BPE)",
                   "recipe": {"lr": args.lr, "min_lr": args.lr / 10, "inner_lr": ilr,
                              "inner_min_lr": ilr / 10, "inner_lr_scale": args.inner_lr_scale,
                              "warmup_steps": args.warmup_steps, "outer_lr": args.outer_lr,
