@@ -458,7 +458,10 @@ def main():
         if shutil.which("gnuplot") and not args.smoke:
             q = subprocess.run([args.loom, "plot"] +
                                [os.path.join(work, n + ".jsonl") for n in configs] +
-                               ["-o", png, "--title", "sync dp vs DiLoCo vs streaming int4"],
+                               ["-o", png, "--title", " vs ".join(
+                                   {"sync_dp": "sync dp", "diloco": "DiLoCo",
+                                    "streaming": "streaming int4"}.get(
+                                       n, n.replace("diloco_", "DiLoCo ")) for n in configs)],
                                capture_output=True, text=True)
             if q.returncode == 0:
                 result["plot"] = png
