@@ -40,11 +40,16 @@ static const char *const POS3[9] = {"top left",    "top middle",    "top right",
                                     "middle left", "center",        "middle right",
                                     "bottom left", "bottom middle", "bottom right"};
 
+/* The longest sample: --mixed-images' 8 grids of 9 cells, each at most "bottom middle:
+ * t-shirt/top; " (28 bytes), with markers, newlines and end-of-text about 2,040 tokens.
+ * A longer text is an error, never a cut one. */
+enum { SAMPLE_TOKENS = 4096 };
+
 /* One sample's tokens and loss mask, built piece by piece (each piece's text encoded on
  * its own, so a mask boundary is a token boundary). */
 typedef struct {
-    int32_t tokens[1024];
-    uint8_t mask[1024];
+    int32_t tokens[SAMPLE_TOKENS];
+    uint8_t mask[SAMPLE_TOKENS];
     int n;
     loom_vlm_text *vt;      /* bytes or the --tokenizer's BPE */
     loom_token_buf scratch; /* one piece's tokens */
@@ -52,19 +57,21 @@ typedef struct {
     loom_error err;
 } text;
 
+static void put_token(text *t, int32_t tok, int answer) {
+    if (t->st) return;
+    if (t->n == SAMPLE_TOKENS) {
+        t->st = loom_error_set(&t->err, LOOM_ERR_STATE, "a sample's text over %d tokens",
+                               SAMPLE_TOKENS);
+        return;
+    }
+    t->tokens[t->n] = tok;
+    t->mask[t->n++] = (uint8_t)answer;
+}
+
 static void put(text *t, const char *s, int answer) {
     t->scratch.n = 0;
     if (t->st || (t->st = loom_vlm_text_encode(t->vt, s, strlen(s), &t->scratch, &t->err))) return;
-    for (size_t i = 0; i < t->scratch.n && t->n < 1024; i++) {
-        t->tokens[t->n] = t->scratch.ids[i];
-        t->mask[t->n++] = (uint8_t)answer;
-    }
-}
-
-static void put_token(text *t, int32_t tok, int answer) {
-    if (t->n >= 1024) return;
-    t->tokens[t->n] = tok;
-    t->mask[t->n++] = (uint8_t)answer;
+    for (size_t i = 0; i < t->scratch.n; i++) put_token(t, t->scratch.ids[i], answer);
 }
 
 /* Grid i of sample s (cells keyed c + 16 i: grid 0 is the one-image samples' grid) into

@@ -3,7 +3,8 @@
 # BPE (data/vlm_text.h). The BPE shards hold the byte-level shards' samples exactly: their
 # text tokens decode (through encoder.json, in Python) to the same bytes, the loss mask
 # covers the same bytes, the images and the <image> markers' places are the same, and the
-# header names <image> V and <|endoftext|> V - 1 of a V-token tokenizer; the shards train,
+# header names <image> V and <|endoftext|> V - 1 of a V-token tokenizer; every sample ends
+# with <|endoftext|>, the longest ones (8 grids of 3 x 3) too, never cut; the shards train,
 # generation with the KV cache writes the text the whole-sequence forward writes, and bad
 # tokenizers are one line, exit 2.
 # Usage: test_vlm_tokenizer.sh PATH_TO_LOOM
@@ -87,6 +88,8 @@ hb, sb, pb = shard(sys.argv[2])
 ht, st, pt = shard(sys.argv[3])
 bad = []
 if (hb[6], hb[7], hb[8]) != (256, 257, 258): bad.append(f"bytes header ids {hb[6:9]}")
+cut = [i for i, x in enumerate(sb) if x[0][-1] != 257] + [i for i, x in enumerate(st) if x[0][-1] != V - 1]
+if cut: bad.append(f"samples {cut[:5]} do not end with <|endoftext|> (a text cut short)")
 if (ht[6], ht[7], ht[8]) != (V, V - 1, V + 1):
     bad.append(f"BPE header ids {ht[6:9]} (expected <image> {V}, eot {V - 1}, vocab {V + 1})")
 if pb != pt: bad.append("images differ")
@@ -103,6 +106,13 @@ print(f"{len(st)} samples, {nb} byte tokens, {nt} BPE tokens; " + ("; ".join(bad
 sys.exit(1 if bad else 0)
 PY
 }
+# the longest samples loom data vlm writes: up to 8 grids of 3 x 3, each with its caption
+M=(data vlm --input fashion-mnist --grid 3 --mixed-images 8 --samples 30 --val-samples 0 --seed "$SEED")
+check "data vlm: 8 mixed 3 x 3 grids in bytes" "$LOOM" "${M[@]}" --out "$TMP/mbytes"
+check "data vlm: 8 mixed 3 x 3 grids --tokenizer" "$LOOM" "${M[@]}" --out "$TMP/mbpe" \
+    --tokenizer "$TMP/tok"
+check "8 mixed 3 x 3 grids: whole texts, same samples" same_samples \
+    "$TMP/mbytes/train_000000.bin" "$TMP/mbpe/train_000000.bin"
 check "train split: same samples" same_samples "$TMP/bytes/train_000000.bin" "$TMP/bpe/train_000000.bin"
 check "val split: same samples" same_samples "$TMP/bytes/val_000000.bin" "$TMP/bpe/val_000000.bin"
 check "a folder: same samples" same_samples "$TMP/fbytes/train_000000.bin" "$TMP/fbpe/train_000000.bin"
