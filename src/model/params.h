@@ -130,6 +130,16 @@ typedef struct {
     int expert_first, n_local_experts;
 } loom_param_table;
 
+/* A range [lo, hi) of a table's flat buffers, and a piece of such a buffer in memory (a
+ * rank's part of it may be spread over several ranges: --ep's segments). */
+typedef struct {
+    size_t lo, hi;
+} loom_flat_range;
+typedef struct {
+    float *at;
+    size_t n;
+} loom_flat_piece;
+
 /* The blocks a pipeline rank holds: n_chunks ranges [lo[c], hi[c]) of global layers (one
  * per model chunk, increasing), and whether it holds the embedding and the head. */
 #define LOOM_MAX_CHUNKS 16

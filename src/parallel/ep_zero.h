@@ -36,9 +36,7 @@
 #include "parallel/zero.h"
 #include "optim/optimizer.h"
 
-typedef struct {
-    size_t lo, hi; /* flat range */
-} loom_ep_range;
+typedef loom_flat_range loom_ep_range;
 
 typedef struct loom_ep_zero {
     const loom_param_table *table;

@@ -228,6 +228,26 @@ loom_status loom_grad_sync_finish_ranges(loom_grad_sync *s, size_t bottom, size_
     return loom_zero_finish_ranges(s->zero, s->grads, bottom, top, err);
 }
 
+loom_status loom_grad_sync_reduced_pieces(const loom_grad_sync *s, loom_flat_piece **out, int *n,
+                                          loom_error *err) {
+    loom_zero *z = s->zero;
+    const loom_ep_zero *e = z->experts;
+    const int count = e ? e->n_own : 1;
+    loom_flat_piece *p = calloc((size_t)count + 1, sizeof *p);
+    if (!p) return loom_error_set(err, LOOM_ERR_NOMEM, "gradient pieces: out of memory");
+    if (e) { /* full-layout buffers (parallel/ep_zero.h) */
+        float *base = z->accum ? z->accum : s->grads;
+        for (int i = 0; i < count; i++)
+            p[i] = (loom_flat_piece){base + e->own[i].lo, e->own[i].hi - e->own[i].lo};
+    } else if (z->stage >= 2) {
+        p[0] = (loom_flat_piece){loom_zero_reduced_grads(z, s->grads), z->hi - z->lo};
+    } else {
+        p[0] = (loom_flat_piece){s->grads, s->table->total};
+    }
+    *out = p, *n = count;
+    return LOOM_OK;
+}
+
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err) {
     double sq = 0.0;
     const loom_zero *z = s->zero; /* --grad-accum sharded: the shard's sum, [lo, hi) */

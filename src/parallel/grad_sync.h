@@ -115,6 +115,14 @@ loom_status loom_grad_sync_finish_micro_batch(loom_grad_sync *s, loom_error *err
 void loom_grad_sync_begin_ranges(loom_grad_sync *s, size_t top, int first);
 loom_status loom_grad_sync_finish_ranges(loom_grad_sync *s, size_t bottom, size_t top,
                                          loom_error *err);
+/* Where this rank's reduced gradients are that its norm and AdamW read, as *n pieces in
+ * flat order (malloc'd; the caller frees): the whole buffer at ZeRO 0-1 (every replica
+ * holds it all), the rank's shard at ZeRO 2-3 (grads + lo, or --grad-accum sharded's sum),
+ * and with --ep at ZeRO 1-3 the rank's dense and expert segments (in grads, or in the
+ * sharded sum). The replicas of this rank's place in another group of the same layout
+ * hold the same pieces. */
+loom_status loom_grad_sync_reduced_pieces(const loom_grad_sync *s, loom_flat_piece **out, int *n,
+                                          loom_error *err);
 /* The global gradient norm, the same on every rank. */
 loom_status loom_grad_sync_norm(loom_grad_sync *s, double *norm, loom_error *err);
 /* Clipping to cfg->grad_clip with that norm, AdamW (step: 1-based) on this rank's part,

@@ -176,23 +176,69 @@ static int by_offset(const void *a, const void *b) {
     return x->flat < y->flat ? -1 : x->flat > y->flat;
 }
 
+/* Adds tensor p's part [a, e) of the flat buffer to its fragment (by where the tensor
+ * starts: the same on every rank); its round-start values go at *packed in o->start. */
+static loom_status add_run(loom_outer *o, const loom_param_table *t, const loom_param *p, size_t a,
+                           size_t e, size_t *packed, int L, loom_error *err) {
+    loom_outer_fragment *f = &o->frag[fragment_of(t, p->offset, o->n_frag, L)];
+    loom_outer_run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
+    if (!grown) return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
+    f->runs = grown;
+    /* the whole range [lo, hi): start mirrors params; own ranges: start packs them */
+    const size_t at = o->own ? *packed : a - o->lo;
+    f->runs[f->n_runs++] =
+        (loom_outer_run){a - o->lo, e - a, at, p->counted_in_norm && !p->replica};
+    *packed += e - a;
+    return LOOM_OK;
+}
+
+/* Every tensor's part in this rank's range (ZeRO-3: its shard; with --ep only the shard's
+ * own ranges, in flat order like the tensors) as runs of the fragments; o->n_start: the
+ * round-start values they need. */
+static loom_status collect_runs(loom_outer *o, const loom_param_table *t, int L, loom_error *err) {
+    const size_t lo = o->lo, hi = o->lo + o->total;
+    size_t packed = 0;
+    int k = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        const loom_param *p = &t->params[i];
+        const size_t pa = p->offset > lo ? p->offset : lo;
+        const size_t pe = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (pe <= pa) continue;
+        if (!o->own) {
+            loom_status st = add_run(o, t, p, pa, pe, &packed, L, err);
+            if (st) return st;
+            continue;
+        }
+        while (k < o->n_own && o->own[k].hi <= pa) k++;
+        for (int j = k; j < o->n_own && o->own[j].lo < pe; j++) {
+            const size_t a = o->own[j].lo > pa ? o->own[j].lo : pa;
+            const size_t e = o->own[j].hi < pe ? o->own[j].hi : pe;
+            loom_status st = e > a ? add_run(o, t, p, a, e, &packed, L, err) : LOOM_OK;
+            if (st) return st;
+        }
+    }
+    o->n_start = o->own ? packed : o->total;
+    return LOOM_OK;
+}
+
+/* The round-start values become the parameters now, over every run. */
+static void start_from_params(loom_outer *o) {
+    if (!o->own) { /* start mirrors [lo, hi) */
+        memcpy(o->start, o->params, o->total * sizeof(float));
+        return;
+    }
+    for (int k = 0; k < o->n_frag; k++)
+        for (int r = 0; r < o->frag[k].n_runs; r++) {
+            const loom_outer_run *u = &o->frag[k].runs[r];
+            memcpy(o->start + u->packed, o->params + u->flat, u->numel * sizeof(float));
+        }
+}
+
 static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int L,
                                    loom_error *err) {
     const int F = o->n_frag, W = o->comm->size, me = o->comm->rank, H = o->cfg.inner_steps;
-    const size_t lo = o->lo, hi = o->lo + o->total;
-    for (int i = 0; i < t->n_params; i++) {
-        const loom_param *p = &t->params[i];
-        /* the part of the tensor in this rank's range (ZeRO-3: its shard), in the tensor's
-         * fragment (by where the tensor starts: the same on every rank) */
-        const size_t a = p->offset > lo ? p->offset : lo;
-        const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (e <= a) continue;
-        loom_outer_fragment *f = &o->frag[fragment_of(t, p->offset, F, L)];
-        loom_outer_run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
-        if (!grown) return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
-        f->runs = grown;
-        f->runs[f->n_runs++] = (loom_outer_run){a - lo, e - a, p->counted_in_norm && !p->replica};
-    }
+    loom_status st = collect_runs(o, t, L, err);
+    if (st) return st;
     for (int k = 0; k < F; k++) {
         loom_outer_fragment *f = &o->frag[k];
         /* --outer-start-step: the rounds count from the end of the synchronous steps */
@@ -265,7 +311,11 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->params = buf->params;
     o->lo = buf->lo;
     o->total = buf->hi - buf->lo;
+    o->n_start = o->total;
+    o->own = buf->own, o->n_own = buf->n_own;
     o->steps = steps;
+    if (cfg->elastic_worker >= 0 && o->own) /* refused by the flags' checks (train_config.c) */
+        return loom_error_set(err, LOOM_ERR_STATE, "--elastic-worker: a shard of several ranges");
     if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine, no fragments */
         if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
         return st;
@@ -280,15 +330,21 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
         o->engine = NULL;
         return st;
     }
-    o->start = malloc((o->total ? o->total : 1) * sizeof(float));
     o->frag = calloc((size_t)o->n_frag, sizeof *o->frag);
-    if (!o->start || !o->frag) {
+    if (!o->frag) {
         loom_outer_free(o);
         return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
     }
-    memcpy(o->start, o->params, o->total * sizeof(float));
-    if ((st = build_fragments(o, table, n_layer_global, err))) loom_outer_free(o);
-    return st;
+    if ((st = build_fragments(o, table, n_layer_global, err))) {
+        loom_outer_free(o);
+        return st;
+    }
+    if (!(o->start = malloc((o->n_start ? o->n_start : 1) * sizeof(float)))) {
+        loom_outer_free(o);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
+    }
+    start_from_params(o);
+    return LOOM_OK;
 }
 
 void loom_outer_free(loom_outer *o) {
@@ -302,6 +358,7 @@ void loom_outer_free(loom_outer *o) {
     }
     free(o->frag);
     free(o->start);
+    free(o->grads), free(o->grads_pack);
     memset(o, 0, sizeof *o);
 }
 
@@ -321,7 +378,7 @@ static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_er
     for (int r = 0; r < f->n_runs; r++) {
         const loom_outer_run *u = &f->runs[r];
         for (size_t i = 0; i < u->numel; i++)
-            f->delta[at + i] = o->start[u->flat + i] - o->params[u->flat + i];
+            f->delta[at + i] = o->start[u->packed + i] - o->params[u->flat + i];
         at += u->numel;
     }
     for (int j = 0; j < W; j++)
@@ -397,7 +454,7 @@ static loom_status land(loom_outer *o, loom_outer_fragment *f, int replace, loom
     size_t at = 0;
     for (int r = 0; r < f->n_runs; r++) {
         const loom_outer_run *u = &f->runs[r];
-        float *s = o->start + u->flat, *p = o->params + u->flat;
+        float *s = o->start + u->packed, *p = o->params + u->flat;
         const float *d = f->delta + at;
         for (size_t i = 0; i < u->numel; i++) {
             s[i] += d[i];
@@ -464,7 +521,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
         o->stats.exposed_ms = o->sync_ms;
         o->sync_bytes = o->sync_ms = 0.0;
         /* the workers hold the same parameters: DiLoCo's first round starts from them */
-        if (step == o->cfg.start_step) memcpy(o->start, o->params, o->total * sizeof(float));
+        if (step == o->cfg.start_step) start_from_params(o);
         return LOOM_OK;
     }
     for (int k = 0; k < o->n_frag; k++) o->frag[k].landed = 0;
@@ -497,10 +554,18 @@ loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err) {
     return st;
 }
 
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step,
-                                  loom_error *err) {
-    if (step > o->cfg.start_step) return LOOM_OK;
-    if (o->elastic) return loom_outer_elastic_sync_grads(o, grads, n, step, err);
+loom_status loom_outer_set_grads(loom_outer *o, loom_flat_piece *pieces, int n, loom_error *err) {
+    free(o->grads), free(o->grads_pack);
+    o->grads = pieces, o->n_grads = n, o->grads_pack = NULL, o->grads_n = 0;
+    for (int i = 0; i < n; i++) o->grads_n += pieces[i].n;
+    if (n > 1 && o->cfg.start_step > 0 &&
+        !(o->grads_pack = malloc((o->grads_n ? o->grads_n : 1) * sizeof(float))))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "--outer-start-step: out of memory");
+    return LOOM_OK;
+}
+
+/* The workers' mean of grads[0..n) (one all-reduce). */
+static loom_status mean_over_workers(loom_outer *o, float *grads, size_t n, loom_error *err) {
     const double t0 = loom_now_ms();
     const int W = o->comm->size;
     loom_status st = loom_comm_allreduce_sum(o->comm, grads, n, err);
@@ -511,6 +576,21 @@ loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int ste
     o->sync_bytes = 2.0 * (W - 1) / W * 4.0 * (double)n;
     o->sync_ms = loom_now_ms() - t0;
     return LOOM_OK;
+}
+
+loom_status loom_outer_sync_grads(loom_outer *o, int step, loom_error *err) {
+    if (step > o->cfg.start_step) return LOOM_OK;
+    const int packed = o->n_grads > 1;
+    float *g = packed ? o->grads_pack : o->n_grads ? o->grads[0].at : NULL;
+    size_t at = 0;
+    for (int i = 0; packed && i < o->n_grads; i++, at += o->grads[i - 1].n)
+        memcpy(g + at, o->grads[i].at, o->grads[i].n * sizeof(float));
+    loom_status st = o->elastic ? loom_outer_elastic_sync_grads(o, g, o->grads_n, step, err)
+                                : mean_over_workers(o, g, o->grads_n, err);
+    at = 0;
+    for (int i = 0; !st && packed && i < o->n_grads; i++, at += o->grads[i - 1].n)
+        memcpy(o->grads[i].at, g + at, o->grads[i].n * sizeof(float));
+    return st;
 }
 
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {

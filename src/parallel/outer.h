@@ -97,14 +97,21 @@ typedef struct {
     int owned;         /* ZeRO-3: params is this rank's parameter shard (loom_outer_buffer) */
     float *params;     /* [lo, lo + total) of this rank's flat buffer (trained in place) */
     size_t lo, total;
-    float *start; /* the round-start (global) parameters, like params */
-    int moved;    /* the last loom_outer_after_step changed params (a fragment landed) */
+    const loom_flat_range *own; /* ZeRO-3 with --ep: params is valid on these only (or NULL) */
+    int n_own;
+    float *start;   /* the round-start (global) parameters: like params, or own's packed */
+    size_t n_start; /* its floats: total, or own's */
+    int moved;      /* the last loom_outer_after_step changed params (a fragment landed) */
     int n_frag;
     loom_outer_fragment *frag;
     int steps; /* the run's last step: every fragment is synced there */
     double norm_sq[LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
     loom_outer_step_stats stats;
-    double sync_bytes, sync_ms;         /* --outer-start-step: this step's gradient all-reduce */
+    double sync_bytes, sync_ms; /* --outer-start-step: this step's gradient all-reduce */
+    loom_flat_piece *grads;     /* ... where the reduced gradients are (set_grads) */
+    int n_grads;
+    float *grads_pack; /* ... several pieces packed for one all-reduce */
+    size_t grads_n;
     struct loom_outer_elastic *elastic; /* --elastic-worker (parallel/outer_elastic.h) */
 } loom_outer;
 
@@ -112,11 +119,16 @@ typedef struct {
  * describes, the whole buffer (0, total), or with owned = 1 ZeRO-3's parameter shard
  * (parallel/fsdp.h), which no other replica of the group holds: the rank syncs that range
  * only, with the ranks of the same place in the other worker groups (whose shards are the
- * same ranges: the groups have one layout), and nothing is gathered inside the group. */
+ * same ranges: the groups have one layout), and nothing is gathered inside the group.
+ * With --ep, ZeRO-3's shard is full-layout and valid on its own ranges only (parallel/
+ * ep_zero.h): own lists them (flat order, within [lo, hi)), and the rank syncs and keeps
+ * round-start values for them alone; NULL: all of [lo, hi). */
 typedef struct {
     float *params;
     size_t lo, hi;
     int owned;
+    const loom_flat_range *own;
+    int n_own;
 } loom_outer_buffer;
 
 /* After the parameters are set (initial or loaded): start = params. */
@@ -133,14 +145,17 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err);
  * in flight or landing, an elastic sync, the warm start's end): with
  * --overlap-param-gather every gather into them must be complete first. */
 int loom_outer_touches_params(const loom_outer *o, int step);
-/* --outer-start-step S, a warm start: for steps 1..S (1-based `step`) the gradients this
- * rank holds reduced in its group, grads[0..n) (the whole flat buffer, or with ZeRO-3 its
- * reduced shard: the ranks of the same place in the other groups pass the same range),
- * are averaged over the workers (one all-reduce over mesh->outer, before the norm and
- * AdamW), so every worker takes the same synchronous data-parallel step; after step S the
+/* --outer-start-step S, a warm start: where the gradients this rank holds reduced in its
+ * group are (parallel/grad_sync.h: loom_grad_sync_reduced_pieces; the ranks of the same
+ * place in the other groups hold the same ranges). o takes the array (loom_outer_free
+ * frees it); with several pieces a buffer for their sum is allocated here, once. */
+loom_status loom_outer_set_grads(loom_outer *o, loom_flat_piece *pieces, int n, loom_error *err);
+/* For steps 1..S (1-based `step`) those gradients are averaged over the workers (one
+ * all-reduce over mesh->outer, before the norm and AdamW; several pieces packed into one),
+ * so every worker takes the same synchronous data-parallel step; after step S the
  * round-start parameters are the parameters then and DiLoCo's rounds count from S.
  * Collective over the workers; nothing after step S. */
-loom_status loom_outer_sync_grads(loom_outer *o, float *grads, size_t n, int step, loom_error *err);
+loom_status loom_outer_sync_grads(loom_outer *o, int step, loom_error *err);
 
 /* v[0..n) summed over the workers and divided by W (the workers' mean of a per-worker
  * number: the loss). Collective over the workers. */

@@ -6,7 +6,8 @@
 #include "parallel/outer.h"
 
 typedef struct {
-    size_t flat, numel; /* a tensor: [flat, flat + numel) of the flat buffer */
+    size_t flat, numel; /* a tensor's part: [flat, flat + numel) of params (from o->lo) */
+    size_t packed;      /* where its round-start values are in o->start */
     int counted;        /* counted in the outer gradient's norm */
 } loom_outer_run;
 

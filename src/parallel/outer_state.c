@@ -73,12 +73,12 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
     header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, MAGIC, 8);
-    h.step = step, h.total = o->total, h.n_frag = o->n_frag;
+    h.step = step, h.total = o->n_start, h.n_frag = o->n_frag;
     h.workers = o->comm->size, h.worker = o->comm->rank, h.rank = rank;
     put(&s, &h, sizeof h);
     const int32_t ext[2] = {o->cfg.start_step, 0};
     put(&s, ext, sizeof ext);
-    put(&s, o->start, o->total * sizeof(float));
+    put(&s, o->start, o->n_start * sizeof(float));
     for (int k = 0; k < o->n_frag; k++) {
         const loom_outer_fragment *f = &o->frag[k];
         const int32_t last = f->last_sent;
@@ -130,14 +130,14 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
     if (s.ok && !v1) get(&s, ext, sizeof ext);
     /* another S is named only once the CRC holds: a flipped bit there reads as corrupt */
     const int other_start = ext[0] != o->cfg.start_step;
-    if (!s.ok || (!v1 && memcmp(h.magic, MAGIC, 8)) || h.step != step || h.total != o->total ||
+    if (!s.ok || (!v1 && memcmp(h.magic, MAGIC, 8)) || h.step != step || h.total != o->n_start ||
         h.n_frag != o->n_frag || h.workers != o->comm->size || h.worker != o->comm->rank) {
         st = loom_error_set(err, LOOM_ERR_INPUT,
                             "--resume: %s: not this run's outer state (step, size, fragments or "
                             "workers differ)",
                             path);
     } else {
-        get(&s, o->start, o->total * sizeof(float));
+        get(&s, o->start, o->n_start * sizeof(float));
         for (int k = 0; k < o->n_frag && s.ok; k++) {
             loom_outer_fragment *f = &o->frag[k];
             int32_t last = 0;

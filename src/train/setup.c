@@ -597,15 +597,23 @@ static loom_status setup(loom_run *r, loom_error *err) {
     if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
     if (r->sharded) loom_fsdp_invalidate(r->sharded);
     /* --outer diloco: the round starts from the parameters the run starts from (ZeRO-3:
-     * this rank's parameter shard, the only place they are) */
+     * this rank's parameter shard, the only place they are; with --ep its own ranges) */
     if (loom_outer_enabled(&tc->outer)) {
+        const loom_ep_zero *e = r->zero.experts;
         const loom_outer_buffer ob =
-            r->sharded ? (loom_outer_buffer){r->sharded->shard, r->sharded->lo, r->sharded->hi, 1}
-                       : (loom_outer_buffer){r->params, 0, r->model.table.total, 0};
+            r->sharded ? (loom_outer_buffer){r->sharded->shard, r->sharded->lo,  r->sharded->hi, 1,
+                                             e ? e->own : NULL, e ? e->n_own : 0}
+                       : (loom_outer_buffer){r->params, 0, r->model.table.total, 0, NULL, 0};
         if ((st = loom_outer_create(&r->outer, &tc->outer, r->mesh, &r->model.table, r->mc->n_layer,
                                     &ob, tc->steps, err)))
             return st;
         r->outer_on = 1;
+        /* --outer-start-step: the gradients the warm start averages over the workers */
+        loom_flat_piece *pieces;
+        int n_pieces;
+        if ((st = loom_grad_sync_reduced_pieces(&r->sync, &pieces, &n_pieces, err)) ||
+            (st = loom_outer_set_grads(&r->outer, pieces, n_pieces, err)))
+            return st;
         if ((st = resume_outer(r, err))) return st;
         /* --elastic-worker: the group is founded or joined (a joiner: the coordinator's step) */
         if ((st = loom_outer_begin(&r->outer, &r->start_step, tc->resume[0] ? reload_at : NULL, r,

@@ -82,11 +82,12 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
     /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
-     * lead gathers the shards), but --ep's full-layout shards are valid on parts only. The
-     * checkpoint tiers keep the outer state beside each step (trainer.c, setup.c's
-     * resume_outer), but an elastic joiner reloads the group's step from --ckpt-dir only. */
+     * lead gathers the shards, which --ep spreads over ranges). The checkpoint tiers keep
+     * the outer state beside each step (trainer.c, setup.c's resume_outer), but an elastic
+     * joiner reloads the group's step from --ckpt-dir only. */
     const int elastic = o->elastic_worker >= 0;
-    const char *not_yet = tc->zero == 3 && tc->layout.ep > 1 ? "--zero 3 and --ep > 1"
+    const char *not_yet = elastic && tc->zero == 3 && tc->layout.ep > 1
+                              ? "--elastic-worker, --zero 3 and --ep > 1"
                           : elastic && tc->ckpt_fast_dir[0] ? "--elastic-worker and --ckpt-fast-dir"
                           : elastic && tc->ckpt_peer        ? "--elastic-worker and --ckpt-peer"
                           : strcmp(tc->device, "cpu") != 0  ? "--device other than cpu"
@@ -94,17 +95,6 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);
-    /* the warm start averages the gradients where the group reduced them: ZeRO-3 the
-     * rank's reduced shard, else the flat buffer (--ep and --grad-accum sharded below
-     * ZeRO-3 keep theirs elsewhere) */
-    const char *no_start = tc->layout.ep > 1 ? "--ep > 1"
-                           : tc->zero != 3 && strcmp(tc->grad_accum, "sharded") == 0
-                               ? "--grad-accum sharded"
-                               : NULL;
-    if (o->start_step > 0 && no_start)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--outer-start-step %d: not with %s yet (docs/diloco.md: limits)",
-                              o->start_step, no_start);
     return LOOM_OK;
 }
 

@@ -44,16 +44,6 @@ static loom_status evaluate(loom_run *r, double *val_loss, loom_error *err) {
     return LOOM_OK;
 }
 
-/* --outer-start-step: the gradients this rank holds reduced, averaged over the workers
- * (ZeRO-3: its reduced shard, so no page of the whole buffer becomes resident; else the
- * flat buffer). */
-static loom_status outer_sync_grads(loom_run *r, int step, loom_error *err) {
-    if (r->sharded)
-        return loom_outer_sync_grads(&r->outer, loom_zero_reduced_grads(&r->zero, r->grads),
-                                     r->zero.hi - r->zero.lo, step, err);
-    return loom_outer_sync_grads(&r->outer, r->grads, r->model.table.total, step, err);
-}
-
 static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     const loom_train_config *tc = r->tc;
     loom_mesh *mesh = r->mesh;
@@ -90,7 +80,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_FORWARD_BACKWARD, &s, err)) ||
             (st = loom_grad_sync_finish(&r->sync, err)) ||
             /* --outer-start-step: synchronous dp over the workers until DiLoCo starts */
-            (r->outer_on && (st = outer_sync_grads(r, step + 1, err))) ||
+            (r->outer_on && (st = loom_outer_sync_grads(&r->outer, step + 1, err))) ||
             (st = loom_comm_allreduce_sum_f64(&mesh->dp, &s.loss_sum, 1, err)) ||
             (st = loom_dp_balance_measure(r, compute_ms, compute_cpu_ms, err)))
             return st;

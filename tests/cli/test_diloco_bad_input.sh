@@ -41,12 +41,6 @@ expect "inner lr scale 0" "--inner-lr-scale 0: expected > 0" -- "${D[@]}" --inne
 expect "inner lr scale nan" "--inner-lr-scale nan: expected > 0" -- "${D[@]}" --inner-lr-scale nan
 expect "inner lr scale without diloco" "--inner-lr-scale 0.5: needs --outer diloco" -- \
     "${LM[@]}" --inner-lr-scale 0.5
-expect "start step with sharded accumulation" \
-    "--outer-start-step 2: not with --grad-accum sharded yet" -- \
-    "${D[@]}" --outer-start-step 2 --zero 2 --grad-accum sharded
-# ZeRO-3 inside the groups works (each rank syncs its parameter shard), not with --ep yet
-expect "ZeRO-3 with experts" "--outer diloco: not with --zero 3 and --ep > 1 yet" -- \
-    "${D[@]}" --zero 3 --ep 2 --n-experts 2 --top-k 1
 
 # --elastic-worker (parallel/outer_elastic.c): checked before MPI starts
 E=("${D[@]}" --workers 2)
@@ -57,6 +51,11 @@ expect "elastic worker out of range" "--elastic-worker 2: expected 0..1" -- \
 expect "join without a worker" "--elastic-join: needs --elastic-worker I" -- "${E[@]}" --elastic-join
 expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
+# ZeRO-3 with --ep inside one-job groups works (each rank syncs its shard's ranges); an
+# elastic lead gathers one range per rank
+expect "elastic ZeRO-3 with experts" \
+    "--outer diloco: not with --elastic-worker, --zero 3 and --ep > 1 yet" -- \
+    "${E[@]}" --elastic-worker 1 --zero 3 --ep 2 --n-experts 2 --top-k 1
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 # the checkpoint tiers keep the outer state (test_diloco), but a joiner reloads from --ckpt-dir

@@ -22,7 +22,10 @@ steps m_w / sqrt(v_w) is not m / sqrt(v) of the mean gradient. So the test check
 Then the layouts inside the workers (H = 3, Nesterov momentum, evaluation, a last round
 cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2, of dp 2 ZeRO-3 (each rank syncs
 its parameter shard) give the losses and weights of W = 2 groups of one rank (<= TOL; the
-worst tensor <= 10 TOL as in test_layouts*.py); the same layout twice is bitwise (ZeRO-1,
+worst tensor <= 10 TOL as in test_layouts*.py), and so do MoE groups of dp 2 x ep 2 (ZeRO-0,
+and ZeRO-3, whose ranks sync their shard's own ranges only and save outer state for them
+alone), also with the warm start (ZeRO-1, ZeRO-2 with --grad-accum sharded, ZeRO-3; and dp 2
+ZeRO-2 with --grad-accum sharded without ep); the same layout twice is bitwise (ZeRO-1,
 ZeRO-3); checkpoints hold the outer state (round-start parameters, momentum): a resume
 mid-round (from DIR/step_N, and --resume auto; ZeRO-3 groups, whose ranks save their
 shard's state, about half a ZeRO-1 rank's) is bitwise; with --ckpt-fast-dir too, each
@@ -800,15 +803,54 @@ def main():
                       f"fp32 (expected {lo}-{hi})")
         else:
             print("  (no ompi-server: elastic workers not checked)")
-        # experts inside the workers (each rank syncs its own buffer): runs, bitwise twice
+        # experts inside the workers: each rank syncs its own buffer (its experts), with
+        # ZeRO-3 only its shard's ranges (the dense half and its experts); the warm start
+        # averages the gradients where the group reduced them (ZeRO-2's sharded sum, the
+        # segments of --ep): all equal to groups of one rank holding every expert
         moe = [a if a != "gpt2" else "llama" for a in real] + [
             "--n-kv-head", "2", "--n-experts", "4", "--top-k", "2", "--capacity-factor", "0"]
         m_runs = Layouts(moe + diloco, tmp, "moe_")
-        m1 = m_runs.run("dp2_ep2", 4, ["--dp", "2", "--ep", "2"])
-        m2 = m_runs.run("dp2_ep2_again", 4, ["--dp", "2", "--ep", "2"])
+        m_ref = m_runs.run("single", 2)
+        m_ep = [("dp2_ep2", ["--dp", "2", "--ep", "2"]),
+                ("dp2_ep2_zero3", ["--dp", "2", "--ep", "2", "--zero", "3"])]
+        for name, flags in m_ep:
+            compare(f"W=2 groups of {name} (MoE)", m_runs.run(name, 4, flags), m_ref)
+        m1 = m_runs.runs["dp2_ep2_zero3"]
+        m2 = m_runs.run("dp2_ep2_zero3_again", 4, m_ep[1][1])
         check(bitwise(m1, m2) and m1.losses[7] < m1.losses[0],
-              f"  W=2 groups of dp2 ep2 (MoE): trains {m1.losses[0]:.4f} -> {m1.losses[7]:.4f}, "
-              f"bitwise twice")
+              f"  W=2 groups of dp2 ep2 ZeRO-3 (MoE): trains {m1.losses[0]:.4f} -> "
+              f"{m1.losses[7]:.4f}, bitwise twice")
+        m_ref4 = m_runs.run("single_start4", 2, ws)
+        for name, flags in (("dp2_ep2_zero1", ["--dp", "2", "--ep", "2", "--zero", "1"]),
+                            ("dp2_ep2_zero2_sharded", ["--dp", "2", "--ep", "2", "--zero", "2",
+                                                       "--grad-accum", "sharded"]),
+                            ("dp2_ep2_zero3", ["--dp", "2", "--ep", "2", "--zero", "3"]),
+                            ("dp2_zero2_sharded", ["--dp", "2", "--zero", "2", "--grad-accum",
+                                                   "sharded"])):
+            compare(f"W=2 groups of {name} (MoE), --outer-start-step 4",
+                    m_runs.run(name + "_start4", 4, flags + ws), m_ref4)
+        # a ZeRO-3 rank with --ep keeps round-start values and momentum for its own ranges
+        # only: its outer state is (dense / 2 + experts / 2) / (dense + experts / 2) of a
+        # ZeRO-1 rank's, which holds its whole buffer (header and block padding: < 1%);
+        # resumed mid-round bitwise
+        sizes, ckm = {}, os.path.join(tmp, "ck_moe")
+        for z in ("1", "3"):
+            flags = ["--dp", "2", "--ep", "2", "--zero", z]
+            ma = m_runs.run("ckpt_zero" + z, 4, flags + ["--ckpt-dir", ckm + z, "--ckpt-every", "4"])
+            sizes[z] = [os.path.getsize(f) for f in sorted(glob.glob(os.path.join(
+                ckm + z, "worker_1", "outer", "step_00000004", "rank_*.bin")))]
+            mb = m_runs.run("ckpt_zero" + z + "_resume", 4,
+                            flags + ["--resume", os.path.join(ckm + z, "step_00000004")])
+            want = ma.losses[4:8] + ma.losses[9:]
+            ok = "resumed from" in mb.stderr and bitwise((mb.losses, mb.params), (want, ma.params))
+            check(ok, f"  dp2 ep2 ZeRO-{z} groups (MoE): resume mid-round bitwise")
+        dense = sum(v.size for k, v in m_ref.params.items() if "experts" not in k)
+        experts = sum(v.size for k, v in m_ref.params.items() if "experts" in k)
+        want = (dense / 2 + experts / 2) / (dense + experts / 2)
+        got = [b / a for a, b in zip(sizes["1"], sizes["3"])]
+        check(len(got) == 2 and all(abs(g / want - 1) < 0.01 for g in got),
+              f"  dp2 ep2 ZeRO-3 outer state per rank {sizes['3']} bytes, ZeRO-1 {sizes['1']}: "
+              f"ratios {[round(g, 4) for g in got]} (expected {want:.4f})")
 
         # 5. checkpoints hold the outer state: a resume mid-round (step 4 of the round
         # 3..6) is bitwise the uninterrupted run, from DIR/step_N and from --resume auto

@@ -7,7 +7,8 @@
  *  - streaming (F fragments): fragment f sent after steps (f + 1) H / F + k H, its update
  *    computed from the outer gradient of the send step and applied two steps later, the
  *    local parameters mixed alpha : 1 - alpha with the new global ones; at the last step
- *    whatever is in flight lands and every fragment is synced and replaced.
+ *    whatever is in flight lands and every fragment is synced and replaced;
+ *  - a buffer valid on some ranges only (ZeRO-3's shard with --ep): those alone are synced.
  * The parameters between syncs are moved by random "inner steps".
  * bf16 on the wire is checked bitwise: every decoded value is its fp32 value rounded to the
  * nearest bf16, ties to even (bf16_reference: frexp and nearbyint, not kernels/bf16.h's bit
@@ -180,8 +181,10 @@ static int warm_at(int sent, int f, int F, int H, int R) {
     return (sent >= offset ? (sent - offset) / H : 0) < R;
 }
 
-static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, float alpha,
-                     int R) {
+/* n_own > 0: the buffer is valid on n_own random ranges only (ZeRO-3's shard with --ep,
+ * loom_outer_buffer.own): the rest is never synced (fragment -1 in the reference). */
+static void run_case_own(int F, int H, int steps, int nesterov, float lr, float mu, float alpha,
+                         int R, int n_own) {
     rig r;
     rig_create(&r);
     const size_t P = r.table.total;
@@ -189,10 +192,23 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
     double *rp = malloc(P * sizeof *rp), *start = malloc(P * sizeof *start);
     double *mom = calloc(P, sizeof *mom), *g = calloc(P, sizeof *g), *upd = calloc(P, sizeof *upd);
     int *frag = malloc(P * sizeof *frag);
+    loom_flat_range own[8];
+    size_t cut[16], owned = 0;
+    for (int k = 0; k < 2 * n_own; k++) cut[k] = (size_t)(rnd() % (P + 1));
+    for (int a = 0; a < 2 * n_own; a++) /* sorted cut points: ranges in flat order */
+        for (int b = a + 1; b < 2 * n_own; b++)
+            if (cut[b] < cut[a]) {
+                const size_t t = cut[a];
+                cut[a] = cut[b], cut[b] = t;
+            }
+    for (int k = 0; k < n_own; k++) own[k] = (loom_flat_range){cut[2 * k], cut[2 * k + 1]};
     for (size_t i = 0; i < P; i++) {
         p[i] = uniform();
         rp[i] = start[i] = p[i];
-        frag[i] = fragment_of_element(&r.table, i, F);
+        int in = n_own == 0;
+        for (int k = 0; k < n_own; k++) in |= own[k].lo <= i && i < own[k].hi;
+        frag[i] = in ? fragment_of_element(&r.table, i, F) : -1;
+        owned += in;
     }
     loom_outer_config c;
     loom_outer_config_defaults(&c);
@@ -202,9 +218,10 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
     c.warmup = R;
     assert_int_equal(loom_outer_config_validate(&c, r.cfg.n_layer, NULL), LOOM_OK);
     loom_outer o;
-    assert_int_equal(loom_outer_create(&o, &c, &r.mesh, &r.table, r.cfg.n_layer,
-                                       &(loom_outer_buffer){p, 0, r.table.total, 0}, steps, NULL),
+    const loom_outer_buffer buf = {p, 0, r.table.total, n_own > 0, n_own ? own : NULL, n_own};
+    assert_int_equal(loom_outer_create(&o, &c, &r.mesh, &r.table, r.cfg.n_layer, &buf, steps, NULL),
                      LOOM_OK);
+    assert_true(o.n_start == (n_own ? owned : P)); /* round-start values of its ranges only */
     int sent[LOOM_OUTER_MAX_FRAGMENTS];
     for (int f = 0; f < F; f++) sent[f] = -100;
     for (int s = 1; s <= steps; s++) {
@@ -258,6 +275,11 @@ static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, 
     rig_free(&r);
 }
 
+static void run_case(int F, int H, int steps, int nesterov, float lr, float mu, float alpha,
+                     int R) {
+    run_case_own(F, H, steps, nesterov, lr, mu, alpha, R, 0);
+}
+
 static void test_plain_diloco(void **state) {
     (void)state;
     run_case(1, 3, 10, 1, 0.7f, 0.9f, 0.5f, 0); /* a last round of 1 step */
@@ -274,16 +296,25 @@ static void test_streaming(void **state) {
     run_case(2, 6, 26, 1, 0.7f, 0.9f, 0.5f, 1); /* --outer-warmup 1 */
 }
 
+/* A shard spread over ranges (ZeRO-3 with --ep): only they are synced, the rest is left
+ * as the inner steps moved it; plain and streaming, 1 to 8 random ranges (empty ones too). */
+static void test_own_ranges(void **state) {
+    (void)state;
+    for (int k = 1; k <= 8; k++) {
+        run_case_own(1, 3, 10, 1, 0.7f, 0.9f, 0.5f, 0, k);
+        run_case_own(2, 6, 20, 1, 0.7f, 0.9f, 0.5f, 1, k);
+    }
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL);
     if (getenv("LOOM_TEST_SEED")) seed = strtoull(getenv("LOOM_TEST_SEED"), NULL, 10);
     g_rng = seed;
     printf("test_outer seed %llu (LOOM_TEST_SEED to repeat)\n", (unsigned long long)seed);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wire_formats),
-        cmocka_unit_test(test_bf16_boundaries),
-        cmocka_unit_test(test_plain_diloco),
-        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_wire_formats), cmocka_unit_test(test_bf16_boundaries),
+        cmocka_unit_test(test_plain_diloco), cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_own_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
