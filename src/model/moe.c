@@ -20,6 +20,10 @@ static loom_bf16 *act_bf16(const moe_layer *L, size_t off) {
 static loom_act act_at(const moe_layer *L, size_t off) {
     return loom_act_of(act_f32(L, off), act_bf16(L, off));
 }
+/* A layer's dispatched rows from row offset off (fp32 or bf16, moe_impl.h). */
+static loom_act xin_at(const moe_layer *L, size_t off) {
+    return loom_act_of(L->xin ? L->xin + off : NULL, L->xin16 ? L->xin16 + off : NULL);
+}
 static loom_act sh_act(const moe_layer *L) {
     return loom_act_of(L->sh_act, L->sh_act16);
 }
@@ -49,13 +53,14 @@ void loom_moe_destroy(loom_moe *m) {
             drop(m, L->row), drop(m, L->load), drop(m, L->kept), drop(m, L->ret);
             free(L->ccnt), free(L->rows);
             drop(m, L->xin), drop(m, L->h), drop(m, L->act), drop(m, L->sh_fc), drop(m, L->sh_act);
-            drop(m, L->act16), drop(m, L->sh_act16);
+            drop(m, L->act16), drop(m, L->sh_act16), drop(m, L->xin16);
             drop(m, L->w_dy), drop(m, L->w_dh), drop(m, L->w_dlogits), drop(m, L->w_sh_dy);
             drop(m, L->w_sh_dh);
         }
     free(m->layers);
     drop(m, m->logits), drop(m, m->dw), drop(m, m->send), drop(m, m->recv), drop(m, m->ex);
     drop(m, m->exd), drop(m, m->dact), drop(m, m->dh), drop(m, m->zoffs);
+    drop(m, m->send16), drop(m, m->recv16);
     free(m->cnt_send), free(m->cnt_recv);
     free(m->sc), free(m->sd), free(m->rc), free(m->rd), free(m->step_load);
     free(m->chunk_of), free(m->sb), free(m->rb), free(m->hd), free(m->hc);
@@ -145,13 +150,13 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         L->row = loom_moe_grab(m, NK * 4), L->load = loom_moe_grab(m, E * 4);
         L->kept = loom_moe_grab(m, E * 4);
         L->ret = loom_moe_grab(m, NK * C * 4);
-        L->xin = loom_moe_grab(m, Rs * C * 4), L->h = loom_moe_grab(m, Rs * FC * 4);
+        L->h = loom_moe_grab(m, Rs * FC * 4);
         if (a16)
-            L->act16 = loom_moe_grab(m, Rs * F * 2);
+            L->act16 = loom_moe_grab(m, Rs * F * 2), L->xin16 = loom_moe_grab(m, Rs * C * 2);
         else
-            L->act = loom_moe_grab(m, Rs * F * 4);
+            L->act = loom_moe_grab(m, Rs * F * 4), L->xin = loom_moe_grab(m, Rs * C * 4);
         ok = L->idx && L->pos && L->w && L->probs && L->lse && L->row && L->load && L->kept &&
-             L->ret && L->xin && L->h && (L->act || L->act16);
+             L->ret && (L->xin || L->xin16) && L->h && (L->act || L->act16);
         if (ok && cfg->shared_expert) {
             L->sh_fc = loom_moe_grab(m, (size_t)N * FC * 4);
             if (a16)
@@ -166,10 +171,12 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
         m->send = loom_moe_grab(m, NK * C * 4), m->recv = loom_moe_grab(m, Rs * C * 4);
         m->ex = loom_moe_grab(m, Rs * C * 4), m->exd = loom_moe_grab(m, Rs * C * 4);
         m->dact = loom_moe_grab(m, Rs * F * 4), m->dh = loom_moe_grab(m, Rs * FC * 4);
+        if (a16) m->send16 = loom_moe_grab(m, NK * C * 2), m->recv16 = loom_moe_grab(m, Rs * C * 2);
         m->step_load = loom_moe_grab_host(m, (E + 4) * 8);
         m->chunk_of = loom_moe_grab_host(m, (size_t)N * 4), m->zoffs = loom_moe_grab(m, E * 4);
         ok = m->logits && m->dw && m->send && m->recv && m->ex && m->exd && m->dact && m->dh &&
-             m->step_load && m->chunk_of && m->zoffs && alloc_chunks(m, 1);
+             m->step_load && m->chunk_of && m->zoffs && (!a16 || (m->send16 && m->recv16)) &&
+             alloc_chunks(m, 1);
     }
     if (!ok) {
         double mib = (double)m->bytes / (1 << 20);
@@ -228,6 +235,12 @@ loom_status loom_moe_set_split(loom_moe *m, loom_error *err) {
     return LOOM_OK;
 }
 
+void loom_moe_sent_bytes(const loom_moe *m, double sent[3]) {
+    sent[0] = m ? m->sent_dispatch16 : 0.0;
+    sent[1] = m ? m->sent_dispatch32 : 0.0;
+    sent[2] = m ? m->sent_combine : 0.0;
+}
+
 size_t loom_moe_bytes(const loom_moe *m) {
     return m ? m->bytes : 0;
 }
@@ -245,18 +258,26 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     loom_status st = loom_moe_exchange_counts(m, L);
     if (st) return st;
     loom_moe_set_counts(m, L);
+    /* bf16: the rows rounded once (what the fc GEMM reads) and sent as bf16 */
+    const int x16 = L->xin16 != NULL;
+    if (x16) loom_backend_round_bf16(m->be, m->send16, m->send, (size_t)m->sb[m->chunks] * C);
     /* Chunk c + 1's dispatch and chunk c - 1's combine are in flight while chunk c's
      * experts run: one GEMM per local expert and projection (grouped computation). The
      * collectives start in the same order on every rank. */
-    if ((st = loom_moe_dispatch_start(m, 0, m->send))) return st;
+    if ((st = x16 ? loom_moe_dispatch_start16(m, 0) : loom_moe_dispatch_start(m, 0, m->send)))
+        return st;
     for (int c = 0; c < m->chunks && !st; c++) {
-        if ((st = loom_moe_dispatch_finish(m, L, c, L->xin))) break;
-        if (c + 1 < m->chunks && (st = loom_moe_dispatch_start(m, c + 1, m->send))) break;
+        if ((st = x16 ? loom_moe_dispatch_finish16(m, L, c, L->xin16)
+                      : loom_moe_dispatch_finish(m, L, c, L->xin)))
+            break;
+        if (c + 1 < m->chunks && (st = x16 ? loom_moe_dispatch_start16(m, c + 1)
+                                           : loom_moe_dispatch_start(m, c + 1, m->send)))
+            break;
         for (int j = 0; j < m->EL && !st; j++) {
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
-            loom_moe_ffn_forward(m, &e, p, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+            loom_moe_ffn_forward(m, &e, p, xin_at(L, (size_t)r0 * C), L->h + (size_t)r0 * m->FC,
                                  act_f32(L, (size_t)r0 * m->F), act_bf16(L, (size_t)r0 * m->F),
                                  m->ex + (size_t)r0 * C, rows);
             st = loom_moe_poke(m, c);
@@ -267,7 +288,8 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     if (st || (st = fin)) return st;
     loom_backend_moe_combine(m->be, out, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     if (m->cfg.shared_expert) {
-        loom_moe_ffn_forward(m, &k->shared, p, x, L->sh_fc, L->sh_act, L->sh_act16, m->send, N);
+        loom_moe_ffn_forward(m, &k->shared, p, loom_act_f32(x), L->sh_fc, L->sh_act, L->sh_act16,
+                             m->send, N);
         loom_backend_add(m->be, out, out, m->send, (size_t)N * C);
     }
     return loom_moe_router_losses(m, L);
@@ -293,7 +315,7 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
-            loom_moe_ffn_backward(m, &e, p, g, L->xin + (size_t)r0 * C, L->h + (size_t)r0 * m->FC,
+            loom_moe_ffn_backward(m, &e, p, g, xin_at(L, (size_t)r0 * C), L->h + (size_t)r0 * m->FC,
                                   act_at(L, (size_t)r0 * m->F), m->ex + (size_t)r0 * C,
                                   m->exd + (size_t)r0 * C, rows,
                                   m->split ? L->w_dy + (size_t)r0 * C : NULL,
@@ -308,8 +330,8 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
     loom_backend_moe_unpermute_add(m->be, dx, m->send, L->idx, L->row, m->zoffs, N, K, C);
     loom_moe_router_backward_into(m, L, k, p, g, x, dx);
     if (m->cfg.shared_expert)
-        loom_moe_ffn_backward(m, &k->shared, p, g, x, L->sh_fc, sh_act(L), dy, dx, N, L->w_sh_dy,
-                              L->w_sh_dh);
+        loom_moe_ffn_backward(m, &k->shared, p, g, loom_act_f32(x), L->sh_fc, sh_act(L), dy, dx, N,
+                              L->w_sh_dy, L->w_sh_dh);
     return LOOM_OK;
 }
 
@@ -324,13 +346,14 @@ void loom_moe_backward_weight(loom_moe *m, int layer, float *g, const float *x) 
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);
             const loom_expert_params e = loom_moe_local_expert(k, j);
-            loom_moe_ffn_weight(m, &e, g, L->xin + (size_t)r0 * C, act_at(L, (size_t)r0 * F),
+            loom_moe_ffn_weight(m, &e, g, xin_at(L, (size_t)r0 * C), act_at(L, (size_t)r0 * F),
                                 L->w_dy + (size_t)r0 * C, L->w_dh + (size_t)r0 * FC, rows);
         }
     loom_linear_backward(m->be, NULL, LOOM_DX_SET, L->w_dlogits, NULL, g + k->gate_w, NULL, x, m->N,
                          m->C, m->E);
     if (m->cfg.shared_expert)
-        loom_moe_ffn_weight(m, &k->shared, g, x, sh_act(L), L->w_sh_dy, L->w_sh_dh, m->N);
+        loom_moe_ffn_weight(m, &k->shared, g, loom_act_f32(x), sh_act(L), L->w_sh_dy, L->w_sh_dh,
+                            m->N);
 }
 
 double loom_moe_loss_sum(loom_moe *m, float dloss, int training) {

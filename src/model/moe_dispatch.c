@@ -5,10 +5,13 @@
 
 #include "model/moe_impl.h"
 
-/* Source-major [s][j][rows] <-> expert-major [j][s][rows] of one chunk (rows[s * EL + j]). */
-static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const float *src,
-                    int to_expert_major) {
-    const size_t C = (size_t)m->C;
+/* Source-major [s][j][rows] <-> expert-major [j][s][rows] of one chunk (rows[s * EL + j]);
+ * rows of C elements of es bytes (fp32 or bf16). */
+static void reorder(const loom_moe *m, const int32_t *rows, void *dst_rows, const void *src_rows,
+                    int to_expert_major, size_t es) {
+    const size_t C = (size_t)m->C * es; /* bytes of a row */
+    char *dst = dst_rows;
+    const char *src = src_rows;
     size_t src_row = 0;
     for (int s = 0; s < m->ep; s++)
         for (int j = 0; j < m->EL; j++) {
@@ -19,9 +22,9 @@ static void reorder(const loom_moe *m, const int32_t *rows, float *dst, const fl
                     if (jj < j || (jj == j && ss < s)) em += (size_t)rows[ss * m->EL + jj];
             const size_t n = (size_t)rows[s * m->EL + j] * C;
             if (to_expert_major)
-                loom_backend_copy(m->be, dst + em * C, src + src_row * C, n * sizeof(float));
+                loom_backend_copy(m->be, dst + em * C, src + src_row * C, n);
             else
-                loom_backend_copy(m->be, dst + src_row * C, src + em * C, n * sizeof(float));
+                loom_backend_copy(m->be, dst + src_row * C, src + em * C, n);
             src_row += (size_t)rows[s * m->EL + j];
         }
 }
@@ -89,26 +92,59 @@ loom_status loom_moe_exchange_counts(loom_moe *m, moe_layer *L) {
     return st;
 }
 
+/* What this rank sends to the other ep ranks of chunk c, in elements (count: sc or rc). */
+static double sent_elements(const loom_moe *m, const int *counts) {
+    double n = 0;
+    for (int r = 0; r < m->ep; r++)
+        if (r != m->comm->rank) n += counts[r];
+    return n;
+}
+
 /* Starts chunk c's rows in dispatch order (send) towards their experts' owners (into
- * m->recv, source-major). */
-loom_status loom_moe_dispatch_start(loom_moe *m, int c, const float *send) {
-    const size_t C = (size_t)m->C;
+ * recv, source-major); rows of es-byte elements (4: fp32, 2: bf16). */
+static loom_status start_rows(loom_moe *m, int c, const void *send, void *recv, size_t es) {
+    const size_t C = (size_t)m->C * es;
+    const char *from = (const char *)send + m->sb[c] * C;
+    char *to = (char *)recv + m->rb[c] * C;
     if (!m->comm) {
-        loom_backend_copy(m->be, m->recv + m->rb[c] * C, send + m->sb[c] * C,
-                          (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
+        loom_backend_copy(m->be, to, from, (size_t)(m->sb[c + 1] - m->sb[c]) * C);
         return LOOM_OK;
     }
     const int o = c * m->ep;
-    return loom_comm_ialltoallv(m->comm, send + m->sb[c] * C, m->sc + o, m->sd + o,
-                                m->recv + m->rb[c] * C, m->rc + o, m->rd + o, &m->hd[c], m->err);
+    if (es == sizeof(float)) {
+        m->sent_dispatch32 += 4.0 * sent_elements(m, m->sc + o);
+        return loom_comm_ialltoallv(m->comm, (const float *)from, m->sc + o, m->sd + o, (float *)to,
+                                    m->rc + o, m->rd + o, &m->hd[c], m->err);
+    }
+    m->sent_dispatch16 += 2.0 * sent_elements(m, m->sc + o);
+    return loom_comm_ialltoallv_bf16(m->comm, (const loom_bf16 *)from, m->sc + o, m->sd + o,
+                                     (loom_bf16 *)to, m->rc + o, m->rd + o, &m->hd[c], m->err);
 }
 
-/* Completes chunk c's dispatch and places its rows expert-major into dst. */
-loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, float *dst) {
+loom_status loom_moe_dispatch_start(loom_moe *m, int c, const float *send) {
+    return start_rows(m, c, send, m->recv, sizeof(float));
+}
+
+loom_status loom_moe_dispatch_start16(loom_moe *m, int c) {
+    return start_rows(m, c, m->send16, m->recv16, sizeof(loom_bf16));
+}
+
+/* Completes chunk c's dispatch and places its rows (recv) expert-major into dst. */
+static loom_status finish_rows(loom_moe *m, const moe_layer *L, int c, void *dst, const void *recv,
+                               size_t es) {
     loom_status st = m->comm ? loom_comm_wait(&m->hd[c], m->err) : LOOM_OK;
-    const size_t off = (size_t)m->rb[c] * m->C;
-    if (!st) reorder(m, L->rows + c * m->ep * m->EL, dst + off, m->recv + off, 1);
+    const size_t off = (size_t)m->rb[c] * m->C * es;
+    if (!st)
+        reorder(m, L->rows + c * m->ep * m->EL, (char *)dst + off, (const char *)recv + off, 1, es);
     return st;
+}
+
+loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, float *dst) {
+    return finish_rows(m, L, c, dst, m->recv, sizeof(float));
+}
+
+loom_status loom_moe_dispatch_finish16(loom_moe *m, const moe_layer *L, int c, loom_bf16 *dst) {
+    return finish_rows(m, L, c, dst, m->recv16, sizeof(loom_bf16));
 }
 
 /* Starts chunk c's expert-major rows (src) back to the tokens' ranks, dispatch order
@@ -116,13 +152,14 @@ loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, flo
 loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,
                                    float *out) {
     const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
-    reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0);
+    reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0, sizeof(float));
     if (!m->comm) {
         loom_backend_copy(m->be, out + m->sb[c] * C, m->recv + off,
                           (size_t)(m->sb[c + 1] - m->sb[c]) * C * sizeof(float));
         return LOOM_OK;
     }
     const int o = c * m->ep;
+    m->sent_combine += 4.0 * sent_elements(m, m->rc + o);
     return loom_comm_ialltoallv(m->comm, m->recv + off, m->rc + o, m->rd + o, out + m->sb[c] * C,
                                 m->sc + o, m->sd + o, &m->hc[c], m->err);
 }

@@ -13,10 +13,14 @@ static float *gp(float *flat, size_t off) {
 
 /* One feed-forward expert over n rows: h = x @ fc^T (+b), act, y = act @ proj^T (+b). */
 void loom_moe_ffn_forward(const loom_moe *m, const loom_expert_params *e, const float *p,
-                          const float *x, float *h, float *act, loom_bf16 *act16, float *y, int n) {
+                          loom_act x, float *h, float *act, loom_bf16 *act16, float *y, int n) {
     if (n == 0) return;
     float *a = act ? act : m->dact; /* kept in bf16: through the scratch, rounded */
-    loom_backend_linear_forward(m->be, h, x, p + e->fc_w, cp(p, e->fc_b), n, m->C, m->FC);
+    if (x.bf16)
+        loom_backend_linear_forward_in_bf16(m->be, h, x.bf16, p + e->fc_w, cp(p, e->fc_b), n, m->C,
+                                            m->FC);
+    else
+        loom_backend_linear_forward(m->be, h, x.f32, p + e->fc_w, cp(p, e->fc_b), n, m->C, m->FC);
     if (m->gpt2)
         loom_backend_gelu_forward(m->be, a, h, (size_t)n * m->F);
     else
@@ -31,19 +35,19 @@ void loom_moe_ffn_forward(const loom_moe *m, const loom_expert_params *e, const 
 }
 
 /* The weight gradients of ffn_forward from its output gradient dy and hidden one dh. */
-void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, const float *x,
+void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, loom_act x,
                          loom_act act, const float *dy, const float *dh, int n) {
     if (n == 0) return;
     loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, dy, NULL, g + e->proj_w, gp(g, e->proj_b),
                              act, n, m->F, m->C);
-    loom_linear_backward(m->be, NULL, LOOM_DX_SET, dh, NULL, g + e->fc_w, gp(g, e->fc_b), x, n,
-                         m->C, m->FC);
+    loom_linear_backward_act(m->be, NULL, LOOM_DX_SET, dh, NULL, g + e->fc_w, gp(g, e->fc_b), x, n,
+                             m->C, m->FC);
 }
 
 /* Backward of ffn_forward: dx += d/dx; weight gradients accumulate, or with keep_dy /
  * keep_dh (split backward) dy and the hidden gradient are kept there for W. */
 void loom_moe_ffn_backward(loom_moe *m, const loom_expert_params *e, const float *p, float *g,
-                           const float *x, const float *h, loom_act act, const float *dy, float *dx,
+                           loom_act x, const float *h, loom_act act, const float *dy, float *dx,
                            int n, float *keep_dy, float *keep_dh) {
     if (n == 0) return;
     const int keep = keep_dy != NULL;
@@ -56,8 +60,8 @@ void loom_moe_ffn_backward(loom_moe *m, const loom_expert_params *e, const float
     else
         loom_backend_swiglu_backward(m->be, dh, m->dact, h, n, m->F);
     if (keep) loom_backend_copy(m->be, keep_dy, dy, (size_t)n * m->C * sizeof(float));
-    loom_linear_backward(m->be, dx, LOOM_DX_ADD, dh, p + e->fc_w, keep ? NULL : g + e->fc_w,
-                         gp(g, e->fc_b), x, n, m->C, m->FC);
+    loom_linear_backward_act(m->be, dx, LOOM_DX_ADD, dh, p + e->fc_w, keep ? NULL : g + e->fc_w,
+                             gp(g, e->fc_b), x, n, m->C, m->FC);
 }
 
 loom_expert_params loom_moe_local_expert(const loom_block_params *k, int j) {

@@ -36,6 +36,10 @@ typedef struct {
      * the activations only bf16 GEMMs read in bf16 (loom_backend_bf16_activations): the proj
      * GEMM and its weight gradient are their only readers (docs/precision.md) */
     loom_bf16 *act16, *sh_act16;
+    /* xin kept in bf16 instead (then xin is NULL) under the same condition: the fc GEMM and
+     * its weight gradient are its only readers, so the rows are rounded once before the
+     * dispatch and travel as bf16 (half the forward all-to-all's bytes, the same function) */
+    loom_bf16 *xin16;
     double aux, zsum;
     double *gload; /* context parallelism: [2E] loads and probability sums over the cp group */
     int dropped;
@@ -64,6 +68,9 @@ struct loom_moe {
     size_t bytes, chunk_bytes;
     /* scratch shared by all layers */
     float *logits, *dw, *send, *recv, *ex, *exd, *dact, *dh;
+    loom_bf16 *send16, *recv16; /* the forward dispatch's rows in bf16 (xin16), or NULL */
+    /* all-to-all bytes this rank sent to the other ep ranks: dispatches by wire type, combines */
+    double sent_dispatch16, sent_dispatch32, sent_combine;
     float *cnt_send, *cnt_recv; /* [ep][chunks][EL] row counts as floats, sent and received */
     int *sc, *sd, *rc, *rd;     /* all-to-all-v counts and displacements, [chunks][ep] each */
     float dloss;
@@ -93,6 +100,10 @@ void loom_moe_set_counts(loom_moe *m, const moe_layer *L);
 loom_status loom_moe_exchange_counts(loom_moe *m, moe_layer *L);
 loom_status loom_moe_dispatch_start(loom_moe *m, int c, const float *send);
 loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, float *dst);
+/* The same for the forward's rows in bf16: m->send16 (dispatch order) to m->recv16, then
+ * expert-major into dst. */
+loom_status loom_moe_dispatch_start16(loom_moe *m, int c);
+loom_status loom_moe_dispatch_finish16(loom_moe *m, const moe_layer *L, int c, loom_bf16 *dst);
 loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,
                                    float *out);
 loom_status loom_moe_poke(loom_moe *m, int c);
@@ -103,12 +114,13 @@ int loom_moe_expert_rows(const loom_moe *m, const moe_layer *L, int c, int j, in
 loom_expert_params loom_moe_local_expert(const loom_block_params *k, int j);
 /* act: the activation kept in fp32, or (act NULL) in bf16 in act16, computed through the
  * backward scratch m->dact (free in forward) and rounded once. */
+/* x: the rows, fp32 or bf16 (loom_act). */
 void loom_moe_ffn_forward(const loom_moe *m, const loom_expert_params *e, const float *p,
-                          const float *x, float *h, float *act, loom_bf16 *act16, float *y, int n);
-void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, const float *x,
+                          loom_act x, float *h, float *act, loom_bf16 *act16, float *y, int n);
+void loom_moe_ffn_weight(const loom_moe *m, const loom_expert_params *e, float *g, loom_act x,
                          loom_act act, const float *dy, const float *dh, int n);
 void loom_moe_ffn_backward(loom_moe *m, const loom_expert_params *e, const float *p, float *g,
-                           const float *x, const float *h, loom_act act, const float *dy, float *dx,
+                           loom_act x, const float *h, loom_act act, const float *dy, float *dx,
                            int n, float *keep_dy, float *keep_dh);
 
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """--precision bf16 in every kind of layout: dp 2 (ZeRO 1 and 3), tp 2 with and without
-sequence parallelism, pp 2 (gpt2 1f1b, llama zb and interleaved) against one bf16 process,
-8 steps, both families; dp2_zero3 (and gpt2's tp2_sp) twice bitwise.
+sequence parallelism, pp 2 (gpt2 1f1b, llama zb and interleaved), cp 2 (llama), dp 2 x ep 2
+(llama MoE) against one bf16 process, 8 steps, both families; dp2_zero3 (and gpt2's tp2_sp,
+the MoE's ZeRO-3) twice bitwise.
 
 Why the tolerance is not fp32's 1e-5. In fp32 the layouts differ from one process only by
 summation order: operands of the GEMMs differ by delta ~ 1e-7 relative. In bf16 those
@@ -66,6 +67,20 @@ model's weights, above the bound), a pipeline whose messages are not rounded, or
 elsewhere than at the boundary (the plain/rounded pair), or any real error of the layout,
 which moves fp32 runs far above 1e-5 and bf16 runs as far.
 
+Experts (llama MoE, 4 experts, top-2, dp 2 x ep 2 at ZeRO 1 and 3). The forward dispatch
+sends the experts' rows as bf16, rounded once where the fc GEMM would round them: the same
+function (checked bitwise against the build before by hand), half its bytes: every forward
+dispatch is followed by one backward dispatch of the same rows in fp32, so rank 0's bf16
+dispatch bytes are exactly half its fp32 ones (no evaluation here). Against one process the
+dp argument holds, plus routing: a token whose top-k margin is within the flips' reach picks
+another expert, which changes that expert's whole gradient (AdamW then moves it by ~lr per
+element). Measured over 12 seeds (2026-12-07, ZeRO-3): losses 3.5e-6 to 6.4e-5, whole
+weights 3.5e-6 to 6.4e-4, worst tensor (an expert's w2) up to 5.0e-3, while fp32 against
+bf16 is 1.9e-3 to 8.1e-3 whole. Bounds: losses 2e-4, whole 1.5e-3, worst tensor 1.5e-2
+(about 3x, 2.3x and 3x the worst measured); a wrong expert placement or a dispatch that
+moved the wrong rows is far outside them, and the whole-weights bound stays below every
+measured fp32-against-bf16 distance.
+
 The logits: one process (and dp, pp) keeps them in bf16, the head's fp32 sums rounded once;
 tp 2's vocabulary-parallel loss reads fp32 logits, which its head rounds to the same bf16
 values in place, so tp computes the same function. Without that rounding tp 2 computed another
@@ -98,6 +113,11 @@ LAYOUTS = [
 TENSOR = [("tp2_sp", ["--tp", "2", "--sequence-parallel"], "2"), ("tp2", ["--tp", "2"], "2,sum")]
 TP_BYTES = re.compile(r"tensor-parallel messages: (\d+) bytes sent per step by rank 0 "
                       r"\((\d+) in bf16, (\d+) in fp32\)")
+EP_BYTES = re.compile(r"expert-parallel messages: \d+ bytes sent per step by rank 0 .*: dispatch "
+                      r"(\d+) bf16 \+ (\d+) fp32, combine (\d+) fp32")
+MOE_LOSS_TOL, MOE_WHOLE_TOL, MOE_TENSOR_TOL = 2e-4, 1.5e-3, 1.5e-2
+EXPERTS = [("dp2_ep2_zero1", ["--dp", "2", "--ep", "2", "--zero", "1"]),
+           ("dp2_ep2_zero3", ["--dp", "2", "--ep", "2", "--zero", "3"])]
 CP_BYTES = re.compile(r"context-parallel messages: (\d+) bytes sent per step by rank 0 "
                       r"\((\d+) in bf16, (\d+) in fp32\)")
 # cp 2 in bf16 (llama): its ring K/V blocks and Ulysses' qkv/output all-to-alls travel as bf16,
@@ -178,6 +198,31 @@ def compare(family, name, got, ref, what):
           f"{family} bf16 {name} against {what}: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), "
           f"weights {whole:.1e} (<= {WHOLE_TOL:.0e}), worst tensor {worst:.1e} {w_name} "
           f"(<= {TENSOR_TOL:.0e})")
+
+
+def check_experts(base, tmp):
+    """llama MoE in bf16: dp 2 x ep 2 (ZeRO 1, 3) against one bf16 process within the
+    routing bounds (docstring), the forward dispatch in bf16 at half the backward's bytes,
+    ZeRO-3 twice bitwise."""
+    lay = Layouts(base + ["--n-layer", "2", "--precision", "bf16", "--n-experts", "4",
+                          "--top-k", "2", "--capacity-factor", "0"], tmp, "moe_")
+    ref = lay.run("single", 1)
+    for name, extra in EXPERTS:
+        got = lay.run(name, 2, extra)
+        l_err = loss_error(got.losses, ref.losses)
+        whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
+        check(l_err <= MOE_LOSS_TOL and whole <= MOE_WHOLE_TOL and worst <= MOE_TENSOR_TOL,
+              f"llama MoE bf16 {name} against one process: losses {l_err:.1e} (<= "
+              f"{MOE_LOSS_TOL:.1e}), weights {whole:.1e} (<= {MOE_WHOLE_TOL:.1e}), worst tensor "
+              f"{worst:.1e} {w_name} (<= {MOE_TENSOR_TOL:.1e})")
+        sent = EP_BYTES.search(got.stderr)
+        d16, d32 = (int(sent.group(i)) for i in (1, 2)) if sent else (0, 0)
+        check(sent and d16 > 0 and 2 * d16 == d32,
+              f"llama MoE bf16 {name}: {sent.group(0) if sent else 'no bytes line'}: the forward "
+              f"dispatch in bf16, half the backward's fp32 bytes")
+    again = lay.run("dp2_ep2_zero3_again", 2, EXPERTS[1][1])
+    check(bitwise(again, lay.runs["dp2_ep2_zero3"]),
+          "llama MoE bf16 dp2_ep2_zero3 twice: bitwise the same losses and weights")
 
 
 def plan_cp_bytes(base, precision, extra):
@@ -278,6 +323,8 @@ def main():
                 again = layouts.run("tp2_sp_again", 2, TENSOR[0][1])
                 check(bitwise(again, layouts.runs["tp2_sp"]),
                       f"{family} bf16 tp2_sp twice: bitwise the same losses and weights")
+            if family == "llama":
+                check_experts(base, tmp)
             fp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run("single", 1)
             whole, _, _ = weights_error(fp32.params, ref.params, D_MODEL)
             l_err = loss_error(fp32.losses, ref.losses)
