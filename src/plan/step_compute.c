@@ -56,6 +56,7 @@ shapes loom_price_shapes(const loom_model_config *mc, const loom_train_config *t
         d.rows_other = other * d.ep;
         d.shared_expert = mc->shared_expert;
         d.chunks = tc->moe_chunks > 1 ? tc->moe_chunks : 1;
+        d.moe_bf16 = strcmp(tc->precision, "bf16") == 0;
     }
     if (d.cp > 1) {
         d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
@@ -188,14 +189,18 @@ static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
 }
 
 /* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
- * combine in flight while chunk c's experts run. */
-static double moe_exchange(pricer *q, const shapes *d, double experts_ms) {
+ * combine in flight while chunk c's experts run. dispatch_bytes: of an element of the
+ * dispatched rows (2: the forward's under --precision bf16 on the CPU's bf16 backend,
+ * model/moe_dispatch.c; else 4); the combine is fp32. */
+static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double dispatch_bytes) {
     if (d->ep < 2) return 0;
     const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
-    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * rows * d->C / d->chunks);
+    const double chunk = rows * d->C / d->chunks;
+    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, dispatch_bytes * chunk) +
+                       coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * chunk);
     const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * d->E);
-    const double per_chunk = experts_ms / d->chunks, hidden = 2 * a2a - per_chunk;
-    return counts + 2 * a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
+    const double per_chunk = experts_ms / d->chunks, hidden = a2a - per_chunk;
+    return counts + a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
 }
 
 static cost moe_fwd(pricer *q, const shapes *d) {
@@ -207,7 +212,7 @@ static cost moe_fwd(pricer *q, const shapes *d) {
                 copy_ms(q, NK * C) /* permute */ + experts + copy_ms(q, NK * C) /* combine */;
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C); /* dispatch and combine in place */
     if (d->shared_expert) c.compute += ffn_fwd(q, d, N) + ew(q, LOOM_EW_ADD, N, C);
-    c.moe = moe_exchange(q, d, experts);
+    c.moe = moe_exchange(q, d, experts, d->moe_bf16 && q->cpu ? 2 : 4);
     return c;
 }
 
@@ -231,7 +236,7 @@ static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
     if (d->shared_expert)
         c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
-    c.moe = moe_exchange(q, d, experts);
+    c.moe = moe_exchange(q, d, experts, 4);
     return c;
 }
 

@@ -122,6 +122,7 @@ typedef struct {
      * each of its EL - 1 others' (balanced routing: both N K / E from each ep rank) */
     double rows_busiest, rows_other;
     int shared_expert, chunks;
+    int moe_bf16; /* --precision bf16: the forward dispatch sent as bf16 (on the CPU) */
     /* context parallelism */
     int cp_ring, cp_chunks;
     int cp_bf16; /* --precision bf16, not the DiT: K/V blocks, qkv and out sent as bf16 */

@@ -122,6 +122,35 @@ sys.exit(0 if 0.5 * tp[0] < tp[1] < 0.55 * tp[0] else 1)
 PY
 done
 
+# ep under bf16 on a CPU (a profile with memory_shared: the ranks' cores): the forward's
+# dispatch at 2 bytes an element (model/moe_dispatch.c), its combine and backward's two
+# exchanges at 4. On the bytes-only profile that is (2 + 4) / 8 of forward's exchange and
+# all of backward's: the moe all-to-all term 0.875 of fp32's (the routing counts' small
+# all-to-alls aside); on a GPU profile (memory_shared false) unchanged
+python3 - "$TMP/bytes.json" "$TMP/bytes_cpu.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["machine"]["memory_shared"] = True
+json.dump(p, open(sys.argv[2], "w"))
+PY
+for prof in bytes bytes_cpu; do
+    for p in fp32 bf16; do
+        "$LOOM" plan --family llama --n-layer 4 --d-model 512 --n-head 8 --n-kv-head 4 \
+            --d-ff 1024 --vocab-size 300 --seq-len 256 --global-batch 16 --micro-batch 4 \
+            --n-experts 8 --top-k 2 --profile "$TMP/$prof.json" --explain "--dp 4 --ep 4" \
+            --precision $p --json >"$TMP/ep_${prof}_$p.json" 2>>"$TMP/err"
+    done
+done
+check "ep 4 bf16: the forward dispatch priced at 2 bytes on a CPU, 4 on a GPU" python3 - \
+    "$TMP"/ep_bytes_cpu_fp32.json "$TMP"/ep_bytes_cpu_bf16.json "$TMP"/ep_bytes_fp32.json \
+    "$TMP"/ep_bytes_bf16.json <<'PY'
+import json, sys
+moe = [{t["name"]: t["ms"] for t in json.load(open(f))["time"]["terms"]}["moe all-to-all"]
+       for f in sys.argv[1:5]]
+print("moe all-to-all ms (cpu fp32, cpu bf16, gpu fp32, gpu bf16):", moe)
+sys.exit(0 if moe[0] > 0 and 0.87 < moe[1] / moe[0] < 0.88 and moe[3] == moe[2] else 1)
+PY
+
 # the search: the top layouts are ones loom train accepts
 "$LOOM" plan "${MODEL[@]}" --world 4 --profile "$H100" --top 4 --json >"$TMP/top.json" 2>"$TMP/err"
 check "search runs" test $? -eq 0
