@@ -180,7 +180,10 @@ static int by_offset(const void *a, const void *b) {
  * starts: the same on every rank); its round-start values go at *packed in o->start. */
 static loom_status add_run(loom_outer *o, const loom_param_table *t, const loom_param *p, size_t a,
                            size_t e, size_t *packed, int L, loom_error *err) {
-    loom_outer_fragment *f = &o->frag[fragment_of(t, p->offset, o->n_frag, L)];
+    /* with --ep below ZeRO-3 the expert tensors of a fragment go to a fragment of their own */
+    const int k = fragment_of(t, p->offset, o->cfg.fragments, L) * o->kinds +
+                  (o->kinds == 2 && p->expert >= 0);
+    loom_outer_fragment *f = &o->frag[k];
     loom_outer_run *grown = realloc(f->runs, (size_t)(f->n_runs + 1) * sizeof *grown);
     if (!grown) return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
     f->runs = grown;
@@ -236,18 +239,24 @@ static void start_from_params(loom_outer *o) {
 
 static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int L,
                                    loom_error *err) {
-    const int F = o->n_frag, W = o->comm->size, me = o->comm->rank, H = o->cfg.inner_steps;
+    const int F = o->cfg.fragments, W = o->comm->size, me = o->comm->rank, H = o->cfg.inner_steps;
     loom_status st = collect_runs(o, t, L, err);
     if (st) return st;
-    for (int k = 0; k < F; k++) {
+    for (int k = 0; k < o->n_frag; k++) {
         loom_outer_fragment *f = &o->frag[k];
+        const int user = k / o->kinds; /* the --outer-fragments fragment it is (part of) */
         /* --outer-start-step: the rounds count from the end of the synchronous steps */
-        f->offset = o->cfg.start_step + (F == 1 ? H : (k + 1) * H / F);
+        f->offset = o->cfg.start_step + (F == 1 ? H : (user + 1) * H / F);
+        /* the replicas of its values inside the group each sync 1/shards of it (ZeRO-3:
+         * the shard is the rank's alone) */
+        f->reps = o->kinds == 2 && k % 2 ? o->edp : o->dp;
+        f->shards = o->owned ? 1 : f->reps->size;
+        f->shard = f->shards > 1 ? f->reps->rank : 0;
         if (f->n_runs) qsort(f->runs, (size_t)f->n_runs, sizeof *f->runs, by_offset);
         for (int r = 0; r < f->n_runs; r++) f->n += f->runs[r].numel;
-        const size_t b = (size_t)o->cfg.block, R = (size_t)o->shards;
+        const size_t b = (size_t)o->cfg.block, R = (size_t)f->shards;
         const size_t pn = ((f->n + R - 1) / R + b - 1) / b * b; /* a replica's part */
-        f->part_lo = (size_t)o->shard * pn < f->n ? (size_t)o->shard * pn : f->n;
+        f->part_lo = (size_t)f->shard * pn < f->n ? (size_t)f->shard * pn : f->n;
         f->part_n = f->part_lo + pn < f->n ? pn : f->n - f->part_lo;
         const size_t per = (f->part_n + W - 1) / W;
         f->chunk = (per + b - 1) / b * b;
@@ -308,6 +317,8 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->owned = buf->owned;
     o->shards = !o->owned && o->replicas > 1 && mesh->layout.ep == 1 ? o->replicas : 1;
     o->shard = o->shards > 1 ? mesh->dp.rank : 0;
+    o->kinds = !o->owned && mesh->layout.ep > 1 ? 2 : 1;
+    o->edp = &mesh->edp;
     o->params = buf->params;
     o->lo = buf->lo;
     o->total = buf->hi - buf->lo;
@@ -320,7 +331,7 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
         if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
         return st;
     }
-    o->n_frag = cfg->fragments;
+    o->n_frag = cfg->fragments * o->kinds;
     if (!(o->engine = calloc(1, sizeof *o->engine)))
         return loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
     /* its own thread drives the transfers while the inner steps compute (MPI's
@@ -448,7 +459,8 @@ static loom_status land(loom_outer *o, loom_outer_fragment *f, int replace, loom
                               f->delta + f->part_lo + (size_t)j * f->chunk);
     /* the replicas' parts to every replica (inside the group: fast links, fp32) */
     loom_status st;
-    if (o->shards > 1 && (st = loom_comm_allgatherv(o->dp, f->delta, f->dcounts, f->ddispls, err)))
+    if (f->shards > 1 &&
+        (st = loom_comm_allgatherv(f->reps, f->delta, f->dcounts, f->ddispls, err)))
         return st;
     const float a = o->cfg.merge, b = 1.0f - a;
     size_t at = 0;
@@ -509,7 +521,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
         return loom_outer_elastic_after_step(o, step, err);
     }
     const double t0 = loom_now_ms();
-    const int streaming = o->n_frag > 1;
+    const int streaming = o->cfg.fragments > 1;
     loom_status st = LOOM_OK;
     o->stats.bytes_step = 0.0;
     o->stats.hidden_ms = 0.0;
@@ -542,7 +554,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
         if (f->last_sent == step && !streaming) continue;
         if (!(st = send(o, f, step, err))) st = advance(o, f, 1, 1, err);
     }
-    for (int k = 0; k < o->n_frag; k++) o->stats.syncs += o->frag[k].landed;
+    for (int k = 0; k < o->n_frag; k += o->kinds) o->stats.syncs += o->frag[k].landed;
     o->stats.exposed_ms = loom_now_ms() - t0;
     return st;
 }
@@ -595,7 +607,7 @@ loom_status loom_outer_sync_grads(loom_outer *o, int step, loom_error *err) {
 
 loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     /* [v..., bytes, landed norms...] over the workers, then bytes and norms over the group */
-    double buf[8 + 2 * LOOM_OUTER_MAX_FRAGMENTS];
+    double buf[8 + 4 * LOOM_OUTER_MAX_FRAGMENTS]; /* n_frag <= 2 x the flag's maximum */
     const int F = o->n_frag;
     if (o->elastic) { /* no per-step exchange between workers: this worker's own numbers */
         o->stats.bytes_total += o->stats.bytes_step;
@@ -617,7 +629,7 @@ loom_status loom_outer_mean(loom_outer *o, double *v, int n, loom_error *err) {
     double sq = 0.0;
     for (int k = 0; k < F; k++) {
         if (buf[n + 1 + F + k] > 0)
-            o->norm_sq[k] = buf[n + 1 + k] / (o->shards > 1 || o->owned ? 1 : o->replicas);
+            o->norm_sq[k] = buf[n + 1 + k]; /* every value synced by one rank of the group */
         sq += o->norm_sq[k];
     }
     o->stats.grad_norm = sqrt(sq);

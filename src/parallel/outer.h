@@ -92,8 +92,11 @@ typedef struct {
     int replicas;                     /* dp x cp: copies of this rank's buffer inside the group */
     struct loom_outer_engine *engine; /* drives the operations (comm/engine.h) */
     loom_comm *dp;                    /* those replicas (mesh->dp) */
-    int shards, shard; /* replicas > 1 without --ep: each syncs its 1/replicas of every fragment,
-                          then the update is all-gathered over dp (fp32, inside the group) */
+    int shards, shard; /* elastic workers: replicas > 1 without --ep, each dp replica holds
+                          the whole buffer (its lead gathers one copy) */
+    int kinds;         /* 2 with --ep below ZeRO-3: each fragment's dense and expert tensors
+                          are two (their replicas differ: dp, edp); else 1 */
+    loom_comm *edp;    /* the experts' replicas (mesh->edp) */
     int owned;         /* ZeRO-3: params is this rank's parameter shard (loom_outer_buffer) */
     float *params;     /* [lo, lo + total) of this rank's flat buffer (trained in place) */
     size_t lo, total;
@@ -102,10 +105,10 @@ typedef struct {
     float *start;   /* the round-start (global) parameters: like params, or own's packed */
     size_t n_start; /* its floats: total, or own's */
     int moved;      /* the last loom_outer_after_step changed params (a fragment landed) */
-    int n_frag;
+    int n_frag;     /* --outer-fragments x kinds */
     loom_outer_fragment *frag;
     int steps; /* the run's last step: every fragment is synced there */
-    double norm_sq[LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
+    double norm_sq[2 * LOOM_OUTER_MAX_FRAGMENTS]; /* each fragment's last outer gradient */
     loom_outer_step_stats stats;
     double sync_bytes, sync_ms; /* --outer-start-step: this step's gradient all-reduce */
     loom_flat_piece *grads;     /* ... where the reduced gradients are (set_grads) */

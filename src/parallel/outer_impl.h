@@ -18,7 +18,9 @@ struct loom_outer_fragment {
     loom_outer_run *runs;
     int n_runs;
     size_t n;               /* payload floats (the runs back to back) */
-    size_t part_lo, part_n; /* this dp replica's part of the payload (all of it unsharded) */
+    loom_comm *reps;        /* the group's replicas of these values (dp; edp for experts) */
+    int shards, shard;      /* their number (1: unsharded) and this rank's place among them */
+    size_t part_lo, part_n; /* this replica's part of the payload (all of it unsharded) */
     size_t chunk;           /* floats of the part per worker chunk (a multiple of the block) */
     int *dcounts, *ddispls; /* the replicas' parts (the in-group all-gather of the update) */
     float *delta;           /* [n]: the outer gradient, then the update */

@@ -23,8 +23,9 @@ Then the layouts inside the workers (H = 3, Nesterov momentum, evaluation, a las
 cut short): W = 2 groups of dp 2 ZeRO-1, of tp 2, of pp 2, of dp 2 ZeRO-3 (each rank syncs
 its parameter shard) give the losses and weights of W = 2 groups of one rank (<= TOL; the
 worst tensor <= 10 TOL as in test_layouts*.py), and so do MoE groups of dp 2 x ep 2 (ZeRO-0,
-and ZeRO-3, whose ranks sync their shard's own ranges only and save outer state for them
-alone), also with the warm start (ZeRO-1, ZeRO-2 with --grad-accum sharded, ZeRO-3; and dp 2
+whose dense and expert tensors sync over their own replicas: the bytes and outer gradient
+norm of one-rank groups; streaming F = 2; and ZeRO-3, whose ranks sync their shard's own
+ranges only and save outer state for them alone), also with the warm start (ZeRO-1, ZeRO-2 with --grad-accum sharded, ZeRO-3; and dp 2
 ZeRO-2 with --grad-accum sharded without ep); the same layout twice is bitwise (ZeRO-1,
 ZeRO-3); checkpoints hold the outer state (round-start parameters, momentum): a resume
 mid-round (from DIR/step_N, and --resume auto; ZeRO-3 groups, whose ranks save their
@@ -815,6 +816,19 @@ def main():
                 ("dp2_ep2_zero3", ["--dp", "2", "--ep", "2", "--zero", "3"])]
         for name, flags in m_ep:
             compare(f"W=2 groups of {name} (MoE)", m_runs.run(name, 4, flags), m_ref)
+        # the dense tensors' replicas (dp) and the experts' (edp) each sync their part: the
+        # group sends the bytes of one-rank groups and reports the same outer gradient norm
+        for name, _ in m_ep:
+            o, o1 = m_runs.runs[name].rows[-1]["outer"], m_ref.rows[-1]["outer"]
+            check(o["bytes_total"] == o1["bytes_total"] and
+                  abs(o["grad_norm"] / o1["grad_norm"] - 1) < TOL,
+                  f"  W=2 groups of {name} (MoE): {o['bytes_total']:.0f} bytes, outer gradient "
+                  f"norm {o['grad_norm']:.7g} (one-rank groups: {o1['bytes_total']:.0f}, "
+                  f"{o1['grad_norm']:.7g})")
+        m_stream = Layouts(moe + diloco[:5] + ["6", "--outer-fragments", "2", "--steps", "14"] +
+                           diloco[6:], tmp, "moe_stream_")
+        compare("W=2 groups of dp2_ep2 (MoE), streaming F=2 H=6",
+                m_stream.run("dp2_ep2", 4, m_ep[0][1]), m_stream.run("single", 2))
         m1 = m_runs.runs["dp2_ep2_zero3"]
         m2 = m_runs.run("dp2_ep2_zero3_again", 4, m_ep[1][1])
         check(bitwise(m1, m2) and m1.losses[7] < m1.losses[0],
@@ -829,10 +843,12 @@ def main():
                                                    "sharded"])):
             compare(f"W=2 groups of {name} (MoE), --outer-start-step 4",
                     m_runs.run(name + "_start4", 4, flags + ws), m_ref4)
-        # a ZeRO-3 rank with --ep keeps round-start values and momentum for its own ranges
-        # only: its outer state is (dense / 2 + experts / 2) / (dense + experts / 2) of a
-        # ZeRO-1 rank's, which holds its whole buffer (header and block padding: < 1%);
-        # resumed mid-round bitwise
+        # a ZeRO-3 rank with --ep keeps round-start values for its own ranges only, D / 2 +
+        # X / 2 (D dense, X expert values in the model), and its worker's half of their
+        # momentum; a ZeRO-1 rank the round-start values of its whole buffer, D + X / 2, and
+        # its worker's half of its replica's half of the dense momentum and of its experts',
+        # D / 4 + X / 4: a ratio of 0.75 (D + X) / (1.25 D + 0.75 X) (header and block
+        # padding: < 1%); resumed mid-round bitwise
         sizes, ckm = {}, os.path.join(tmp, "ck_moe")
         for z in ("1", "3"):
             flags = ["--dp", "2", "--ep", "2", "--zero", z]
@@ -846,7 +862,7 @@ def main():
             check(ok, f"  dp2 ep2 ZeRO-{z} groups (MoE): resume mid-round bitwise")
         dense = sum(v.size for k, v in m_ref.params.items() if "experts" not in k)
         experts = sum(v.size for k, v in m_ref.params.items() if "experts" in k)
-        want = (dense / 2 + experts / 2) / (dense + experts / 2)
+        want = 0.75 * (dense + experts) / (1.25 * dense + 0.75 * experts)
         got = [b / a for a, b in zip(sizes["1"], sizes["3"])]
         check(len(got) == 2 and all(abs(g / want - 1) < 0.01 for g in got),
               f"  dp2 ep2 ZeRO-3 outer state per rank {sizes['3']} bytes, ZeRO-1 {sizes['1']}: "
