@@ -188,8 +188,8 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
 loom_status loom_outer_wait_in_flight(loom_outer *o, loom_error *err);
 loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, loom_error *err);
 /* 1 when DIR holds the file loom_outer_load(o, dir, step, rank) reads (a complete save:
- * files are renamed into place whole), else 0. Not for an elastic worker (its lead's
- * file). */
+ * files are renamed into place whole), else 0. An elastic worker's lead: its group's file
+ * (elastic.bin); its other ranks read nothing: 1. */
 int loom_outer_saved(const loom_outer *o, const char *dir, int step, int rank);
 
 /* ---- the wire format (parallel/outer_quant.c) ---- */

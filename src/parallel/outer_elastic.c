@@ -904,6 +904,13 @@ static void state_path(char *out, size_t n, const char *dir, int step) {
     snprintf(out, n, "%s/outer/step_%08d/elastic.bin", dir, step);
 }
 
+int loom_outer_elastic_saved(const loom_outer *o, const char *dir, int step) {
+    if (!o->elastic->lead) return 1;
+    char path[1200];
+    state_path(path, sizeof path, dir, step);
+    return access(path, F_OK) == 0;
+}
+
 loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err) {
     elastic *e = o->elastic;
     if (!e->lead) return LOOM_OK; /* the lead holds the group's outer state */

@@ -84,5 +84,7 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload
  * from DIR/outer/step_%08d/elastic.bin; the other ranks write and read nothing. */
 loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err);
 loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, loom_error *err);
+/* 1 when the lead's file is there (the other ranks: 1, they read nothing). */
+int loom_outer_elastic_saved(const loom_outer *o, const char *dir, int step);
 
 #endif

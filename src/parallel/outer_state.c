@@ -106,7 +106,7 @@ loom_status loom_outer_save(loom_outer *o, const char *dir, int step, int rank, 
 }
 
 int loom_outer_saved(const loom_outer *o, const char *dir, int step, int rank) {
-    (void)o;
+    if (o->elastic) return loom_outer_elastic_saved(o, dir, step);
     char path[1200];
     path_of(path, sizeof path, dir, step, rank);
     return access(path, F_OK) == 0;

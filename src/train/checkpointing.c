@@ -342,6 +342,7 @@ static loom_status resume(loom_checkpointing *c, int *start_step, loom_error *er
         if (v.failed == 0) {
             *start_step = (int)v.step;
             c->loaded = 1;
+            snprintf(c->loaded_dir, sizeof c->loaded_dir, "%s", dir);
             if (lead && c->peer.enabled)
                 fprintf(stderr,
                         "loom: resume source: disk, step %lld: %.0f bytes (%.0f chunks) read from "
@@ -516,6 +517,7 @@ loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier
     if (st || *loaded >= 0) {
         if (!st && *loaded == 1) {
             c->last_saved = step;
+            snprintf(c->loaded_dir, sizeof c->loaded_dir, "%s", dir);
             if (c->mesh->rank == 0)
                 fprintf(stderr, "loom: resumed from %s (step %d) instead\n", dir, step);
         }
@@ -528,7 +530,10 @@ loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier
         return LOOM_OK;
     }
     int again = 0;
-    loom_ckpt_step_dir(dir, sizeof dir, tier, back);
+    if (c->loaded_dir[0]) /* the folder the state came from (either tier) */
+        snprintf(dir, sizeof dir, "%s", c->loaded_dir);
+    else
+        loom_ckpt_step_dir(dir, sizeof dir, tier, back);
     if ((st = load_dir(c, dir, &again, err))) return st;
     if (again == 1) return LOOM_OK;
     reset_state(c);

@@ -30,6 +30,7 @@ typedef struct {
     int loaded;         /* the training state came from a checkpoint (--resume) */
     int reset;          /* a failed load was undone: the state is the initial one */
     int ema_loaded;     /* the moving average came from the checkpoint too */
+    char loaded_dir[LOOM_CKPT_PATH_MAX]; /* the step folder it came from ("": memory, none) */
     /* the registry as ckpt/ sees it (train/ckpt_tensors.h) */
     loom_ckpt_descs tensors;
     loom_ckpt_writer writer;
@@ -51,11 +52,11 @@ loom_status loom_checkpointing_open(loom_checkpointing *c, const loom_model_conf
                                     float *params, float *param_shard, int *start_step,
                                     loom_error *err);
 /* An elastic joiner (parallel/outer.h's loom_outer_reload_fn): the checkpoint of `step` in
- * the folder tier (tier/step_%08d) instead of the one loaded at the start (of step `back`).
- * *loaded 1: loaded; 0: none complete there, or it failed to load and the checkpoint of
- * `back` was loaded again (each rank's line says why; back 0: the initial state again); an
- * error when that fails too (the state is then the initial one). Collective over the
- * world. */
+ * the folder tier (tier/step_%08d) instead of the one loaded at the start (of step `back`,
+ * from loaded_dir, whichever tier that was). *loaded 1: loaded; 0: none complete there, or
+ * it failed to load and the checkpoint of `back` was loaded again (each rank's line says
+ * why; back 0: the initial state again); an error when that fails too (the state is then
+ * the initial one). Collective over the world. */
 loom_status loom_checkpointing_load_step(loom_checkpointing *c, const char *tier, int step,
                                          int back, int *loaded, loom_error *err);
 /* After optimizer step `step` (1-based). *stop = 1 when a signal asked every rank to stop. */

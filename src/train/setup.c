@@ -519,20 +519,29 @@ static loom_status resume_outer(loom_run *r, loom_error *err) {
 }
 
 /* loom_outer_reload_fn (parallel/outer.h): an elastic joiner's own checkpoint of the group's
- * step, and the outer state beside it, from the folder it resumed from. */
+ * step, and the outer state beside it, from the folder it resumed from; with --resume auto
+ * and --ckpt-fast-dir from either tier (--ckpt-dir first, as the resume searches). */
 static loom_status reload_at(void *ctx, int step, int back, int *loaded, loom_error *err) {
     loom_run *r = ctx;
-    char tier[LOOM_PATH_MAX];
-    resume_tier(r->tc, tier, sizeof tier);
-    loom_status st = loom_checkpointing_load_step(&r->ckpt, tier, step, back, loaded, err);
-    if (st || !*loaded) return st;
-    if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
-    /* without it (or unreadable) the outer state does not match the group's: the joiner
-     * then takes the group's parameters and keeps this step's AdamW moments */
-    loom_error e = {0};
-    if (loom_outer_load(&r->outer, tier, step, r->mesh->rank, &e))
-        fprintf(stderr, "loom: %s\n", e.msg);
-    return LOOM_OK;
+    const loom_train_config *tc = r->tc;
+    char tiers[2][LOOM_PATH_MAX];
+    int n = 1;
+    resume_tier(tc, tiers[0], sizeof tiers[0]);
+    if (strcmp(tc->resume, "auto") == 0 && tc->ckpt_fast_dir[0])
+        snprintf(tiers[n++], sizeof tiers[1], "%s", tc->ckpt_fast_dir);
+    loom_status st = LOOM_OK;
+    *loaded = 0;
+    for (int i = 0; i < n && !*loaded && !st; i++) {
+        st = loom_checkpointing_load_step(&r->ckpt, tiers[i], step, back, loaded, err);
+        if (st || !*loaded) continue;
+        if (!r->ckpt.ema_loaded && (st = loom_grad_sync_ema_reset(&r->sync, err))) return st;
+        /* without it (or unreadable) the outer state does not match the group's: the joiner
+         * then takes the group's parameters and keeps this step's AdamW moments */
+        loom_error e = {0};
+        if (loom_outer_load(&r->outer, tiers[i], step, r->mesh->rank, &e))
+            fprintf(stderr, "loom: %s\n", e.msg);
+    }
+    return st;
 }
 
 /* --device: the backend every buffer of the run lives on (the CPU's unless asked). */

@@ -83,15 +83,14 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               tc->global_batch, W, dp, tc->micro_batch);
     /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
      * lead gathers the shards, which --ep spreads over ranges). The checkpoint tiers keep
-     * the outer state beside each step (trainer.c, setup.c's resume_outer), but an elastic
-     * joiner reloads the group's step from --ckpt-dir only. */
+     * the outer state beside each step (trainer.c, setup.c's resume_outer and reload_at);
+     * --ckpt-peer's copies live in the worker job's own hosts (docs/diloco.md). */
     const int elastic = o->elastic_worker >= 0;
     const char *not_yet = elastic && tc->zero == 3 && tc->layout.ep > 1
                               ? "--elastic-worker, --zero 3 and --ep > 1"
-                          : elastic && tc->ckpt_fast_dir[0] ? "--elastic-worker and --ckpt-fast-dir"
-                          : elastic && tc->ckpt_peer        ? "--elastic-worker and --ckpt-peer"
-                          : strcmp(tc->device, "cpu") != 0  ? "--device other than cpu"
-                                                            : NULL;
+                          : elastic && tc->ckpt_peer       ? "--elastic-worker and --ckpt-peer"
+                          : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"
+                                                           : NULL;
     if (not_yet)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer diloco: not with %s yet (docs/diloco.md: limits)", not_yet);

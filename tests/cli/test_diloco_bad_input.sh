@@ -58,9 +58,7 @@ expect "elastic ZeRO-3 with experts" \
     "${E[@]}" --elastic-worker 1 --zero 3 --ep 2 --n-experts 2 --top-k 1
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
-# the checkpoint tiers keep the outer state (test_diloco), but a joiner reloads from --ckpt-dir
-expect "elastic fast tier" "--outer diloco: not with --elastic-worker and --ckpt-fast-dir yet" \
-    -- "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck" --ckpt-fast-dir "$TMP/fast"
+# --ckpt-peer's memory copies live in the worker job's own hosts (docs/diloco.md)
 expect "elastic peer memory" "--outer diloco: not with --elastic-worker and --ckpt-peer yet" -- \
     "${E[@]}" --elastic-worker 1 --ckpt-dir "$TMP/ck" --ckpt-peer
 # loom run --elastic with --workers: one mpirun per worker (ft/elastic_workers.c)

@@ -43,7 +43,8 @@ off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic 
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, or of dp 2
 ZeRO-3) without faults: bitwise the weights of the same groups in one job; their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
-bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
+bitwise the same; with --ckpt-fast-dir too, a coordinator resumed from its fast step 5 and a
+worker resumed from its fast step 7 that reloads its own step 5 there end bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
 mpirun each), restarts worker 1 after it dies, and it rejoins at the step the test names
 (--inject admit@16: worker 0 waits there for it, so the check does not depend on timing);
 restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
@@ -469,6 +470,39 @@ def ckpt_tiers(runs, ref, tmp):
               "disk: bitwise the uninterrupted run")
 
 
+def elastic_tiers(base, ref, tmp):
+    """Elastic workers (one rank each, H = 3, 8 steps) with both checkpoint tiers (--ckpt-dir
+    every 4 steps, --ckpt-fast-dir every step, --ckpt-keep 3): bitwise the one-job run `ref`.
+    Then both workers' disk step 8 and worker 0's fast steps 6 and 7 are removed: with
+    --resume auto the coordinator resumes its fast step 5 (the outer state beside it, in the
+    fast tier) and worker 1 its fast step 7; worker 1 learns the group's step 5 when it joins
+    and loads its own fast step 5 with the outer state there: bitwise the uninterrupted run."""
+    ck, fast = os.path.join(tmp, "el_tiers_ck"), os.path.join(tmp, "el_tiers_fast")
+    both = ["--ckpt-dir", ck, "--ckpt-every", "4", "--ckpt-fast-dir", fast, "--ckpt-fast-every",
+            "1", "--ckpt-keep", "3"]
+    a = elastic_pair(base + both, tmp, 1, "elastic_tiers")
+    ok = a is not None and same_tensors(a.params, ref.params)
+    check(ok, "  elastic workers with --ckpt-fast-dir and --ckpt-dir: bitwise the one-job run")
+    if a is None:
+        return
+    gone = [(ck, w, 8) for w in (0, 1)] + [(fast, 0, 6), (fast, 0, 7)]
+    for tier, w, n in gone:
+        for sub in ("", "outer"):
+            shutil.rmtree(os.path.join(tier, f"worker_{w}", sub, f"step_{n:08d}"))
+    codes, errs, out = elastic_jobs(base + ["--resume", "auto", "--ckpt-dir", ck,
+                                            "--ckpt-fast-dir", fast], tmp, 1, "elastic_tiers_b")
+    b = Run(out, errs[0]) if not any(codes) else None
+    w0 = f"resumed from {os.path.join(fast, 'worker_0')}/step_00000005 (step 5)"
+    w1 = (f"resumed from {os.path.join(fast, 'worker_1')}/step_00000007 (step 7)",
+          f"resumed from {os.path.join(fast, 'worker_1')}/step_00000005 (step 5) instead")
+    ok = (b is not None and w0 in errs[0] and all(x in errs[1] for x in w1) and
+          bitwise((b.losses, b.params), (a.losses_after(5), a.params)))
+    check(ok, f"  elastic workers resumed from the fast tier (coordinator at 5, worker 1 at 7, "
+              f"reloading its step 5 there): bitwise the uninterrupted run (exit {codes})")
+    if not ok:
+        print(errs[0][-1500:], errs[1][-1500:])
+
+
 def elastic_run_hang(loom, model, tmp):
     """loom run --elastic -n 4, --workers 2 of dp 2: worker 1's rank 1 (slot 3) hangs at step
     6 (hang@6:3: it stops before the step's first collective and keeps beating), its rank 0
@@ -731,6 +765,7 @@ def main():
                       el.losses == want and same_tensors(el.params, sv.params))
                 check(ok, f"  elastic workers of dp2 ZeRO-{zero} resumed mid-round from their "
                           f"checkpoints: bitwise")
+            elastic_tiers(real + diloco, ref, tmp)
             # the warm start in elastic workers (--outer-start-step 4: each synchronous step's
             # gradients, every rank's part, averaged through the coordinator; DiLoCo's rounds
             # from step 4): bitwise the one-job runs, in one-rank and dp 2 ZeRO-1 workers
