@@ -191,13 +191,14 @@ def check_moved(family, name, got, plain, d_model):
           f"{whole:.1e} from the plain process (> {PP_MIN:.0e})")
 
 
-def compare(family, name, got, ref, what):
+def compare(family, name, got, ref, what, tol=(LOSS_TOL, WHOLE_TOL, TENSOR_TOL)):
+    """got against ref within tol: (losses, whole model's weights, worst tensor)."""
     l_err = loss_error(got.losses, ref.losses)
     whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
-    check(l_err <= LOSS_TOL and whole <= WHOLE_TOL and worst <= TENSOR_TOL,
-          f"{family} bf16 {name} against {what}: losses {l_err:.1e} (<= {LOSS_TOL:.0e}), "
-          f"weights {whole:.1e} (<= {WHOLE_TOL:.0e}), worst tensor {worst:.1e} {w_name} "
-          f"(<= {TENSOR_TOL:.0e})")
+    check(l_err <= tol[0] and whole <= tol[1] and worst <= tol[2],
+          f"{family} bf16 {name} against {what}: losses {l_err:.1e} (<= {tol[0]:.1e}), "
+          f"weights {whole:.1e} (<= {tol[1]:.1e}), worst tensor {worst:.1e} {w_name} "
+          f"(<= {tol[2]:.1e})")
 
 
 def check_experts(base, tmp):
@@ -209,12 +210,8 @@ def check_experts(base, tmp):
     ref = lay.run("single", 1)
     for name, extra in EXPERTS:
         got = lay.run(name, 2, extra)
-        l_err = loss_error(got.losses, ref.losses)
-        whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
-        check(l_err <= MOE_LOSS_TOL and whole <= MOE_WHOLE_TOL and worst <= MOE_TENSOR_TOL,
-              f"llama MoE bf16 {name} against one process: losses {l_err:.1e} (<= "
-              f"{MOE_LOSS_TOL:.1e}), weights {whole:.1e} (<= {MOE_WHOLE_TOL:.1e}), worst tensor "
-              f"{worst:.1e} {w_name} (<= {MOE_TENSOR_TOL:.1e})")
+        compare("llama MoE", name, got, ref, "one process",
+                (MOE_LOSS_TOL, MOE_WHOLE_TOL, MOE_TENSOR_TOL))
         sent = EP_BYTES.search(got.stderr)
         d16, d32 = (int(sent.group(i)) for i in (1, 2)) if sent else (0, 0)
         check(sent and d16 > 0 and 2 * d16 == d32,
