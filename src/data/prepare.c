@@ -278,12 +278,8 @@ static loom_status check_options(loom_tokenizer *tok, const loom_prepare_options
                               (long long)o->shard_tokens, INT32_MAX);
     if (o->doc_sep != LOOM_DOC_SEP_FILE && o->doc_sep != LOOM_DOC_SEP_BLANK_LINE)
         return loom_error_set(err, LOOM_ERR_INPUT, "--doc-separator: expected blank-line or file");
-    if (loom_tokenizer_eot_id(tok) < 0)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tokenizer: the last token (id %d) is not <|endoftext|> (expected "
-                              "the end-of-text token last, as in GPT-2's encoder.json)",
-                              loom_tokenizer_vocab_size(tok) - 1);
-    return LOOM_OK;
+    int32_t eot;
+    return loom_tokenizer_require_eot(tok, "--tokenizer", &eot, err);
 }
 
 /* Removes DIR/SPLIT_NNNNNN.bin from index `first` on, up to the first missing one. */

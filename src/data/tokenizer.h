@@ -55,6 +55,10 @@ int32_t loom_tokenizer_merge_count(const loom_tokenizer *tok);
 /* The end-of-text token's id: the last one when its bytes are <|endoftext|> (as in GPT-2's
  * encoder.json and loom tokenizer train's), else -1. */
 int32_t loom_tokenizer_eot_id(const loom_tokenizer *tok);
+/* The same, or LOOM_ERR_INPUT naming `flag` (the tokenizer's folder: "--tokenizer DIR")
+ * and the last token when it is not <|endoftext|>. */
+loom_status loom_tokenizer_require_eot(const loom_tokenizer *tok, const char *flag, int32_t *eot,
+                                       loom_error *err);
 /* The bytes of token id (NULL if id is out of range). */
 const unsigned char *loom_tokenizer_token(const loom_tokenizer *tok, int32_t id, size_t *len);
 

@@ -86,6 +86,17 @@ int32_t loom_tokenizer_eot_id(const loom_tokenizer *t) {
     return last && len == sizeof eot - 1 && memcmp(last, eot, len) == 0 ? t->n_tokens - 1 : -1;
 }
 
+loom_status loom_tokenizer_require_eot(const loom_tokenizer *t, const char *flag, int32_t *eot,
+                                       loom_error *err) {
+    *eot = loom_tokenizer_eot_id(t);
+    if (*eot >= 0) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "%s: the last token (id %d) is not <|endoftext|> (expected the "
+                          "end-of-text token last, as GPT-2's encoder.json and loom tokenizer "
+                          "train have it)",
+                          flag, t->n_tokens - 1);
+}
+
 /* encoder.json -> tokens (bytes by id) and a map bytes -> id. */
 static loom_status load_encoder(loom_tokenizer *t, loom_strmap *ids, const char *path,
                                 loom_error *err) {

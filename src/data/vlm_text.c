@@ -1,6 +1,7 @@
 /* The tokens of a vlm's text: bytes or a BPE (data/vlm_text.h). */
 #include "data/vlm_text.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,15 +14,13 @@ loom_status loom_vlm_text_open(loom_vlm_text *t, const char *tokenizer, loom_err
     loom_error e = {0};
     if (loom_tokenizer_load(&bpe, tokenizer, &e))
         return loom_error_set(err, e.code, "--tokenizer %s: %s", tokenizer, e.msg);
-    const int32_t eot = loom_tokenizer_eot_id(bpe);
-    if (eot < 0) {
-        const int32_t last = loom_tokenizer_vocab_size(bpe) - 1;
+    char flag[1100];
+    snprintf(flag, sizeof flag, "--tokenizer %.1000s", tokenizer);
+    int32_t eot;
+    const loom_status st = loom_tokenizer_require_eot(bpe, flag, &eot, err);
+    if (st) {
         loom_tokenizer_free(bpe);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--tokenizer %s: the last token (id %d) is not <|endoftext|> "
-                              "(expected the end-of-text token last, as loom tokenizer train "
-                              "writes it)",
-                              tokenizer, last);
+        return st;
     }
     *t = (loom_vlm_text){bpe, eot + 1, eot, eot + 2};
     return LOOM_OK;

@@ -984,10 +984,7 @@ loom_status loom_outer_elastic_load(loom_outer *o, const char *dir, int step, lo
     }
     if (ext[0] != o->cfg.start_step) { /* named only once the CRC holds */
         memset(e->mom, 0, bytes);
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--outer-start-step %d: %s was saved by a run with "
-                              "--outer-start-step %d (resume with the same value)",
-                              o->cfg.start_step, path, (int)ext[0]);
+        return loom_outer_other_start(o, path, (int)ext[0], err);
     }
     e->loaded = 1;
     e->n_saved_members = h.n_members;

@@ -61,6 +61,16 @@ static inline float loom_outer_update(const loom_outer_config *c, int warm, floa
     return -(c->lr * u);
 }
 
+/* A checkpoint's outer state (at path) saved with another --outer-start-step than this
+ * run's: the error both loaders give (outer_state.c, outer_elastic.c), once its CRC held. */
+static inline loom_status loom_outer_other_start(const loom_outer *o, const char *path, int saved,
+                                                 loom_error *err) {
+    return loom_error_set(err, LOOM_ERR_INPUT,
+                          "--outer-start-step %d: %s was saved by a run with "
+                          "--outer-start-step %d (resume with the same value)",
+                          o->cfg.start_step, path, saved);
+}
+
 /* ---- --elastic-worker (parallel/outer_elastic.c; outer_elastic.h says what it does) ---- */
 /* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
  * when cfg->elastic_worker >= 0). Create only allocates; begin connects the group: the

@@ -165,10 +165,7 @@ loom_status loom_outer_load(loom_outer *o, const char *dir, int step, int rank, 
         if (!s.ok || crc != want)
             st = loom_error_set(err, LOOM_ERR_INPUT, "--resume: %s: truncated or corrupt", path);
         else if (other_start)
-            st = loom_error_set(err, LOOM_ERR_INPUT,
-                                "--outer-start-step %d: %s was saved by a run with "
-                                "--outer-start-step %d (resume with the same value)",
-                                o->cfg.start_step, path, (int)ext[0]);
+            st = loom_outer_other_start(o, path, (int)ext[0], err);
     }
     fclose(s.f);
     return st;
