@@ -516,8 +516,9 @@ loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn relo
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
-    if (o->elastic) {
-        o->moved = 1; /* (its syncs are not reported here) */
+    if (o->elastic) { /* its outer steps move the parameters */
+        o->moved = step > o->cfg.start_step &&
+                   ((step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps);
         return loom_outer_elastic_after_step(o, step, err);
     }
     const double t0 = loom_now_ms();

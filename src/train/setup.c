@@ -566,11 +566,11 @@ static loom_status open_compute_weights(loom_run *r, loom_error *err) {
     loom_bf16_rounding rounding;
     loom_status st = loom_bf16_rounding_parse(tc->bf16_rounding, "--bf16-rounding", &rounding, err);
     if (st) return st;
-    const char *why_not = r->sharded                       ? "--zero 3"
-                          : tc->overlap_param_gather       ? "--overlap-param-gather"
-                          : loom_outer_enabled(&tc->outer) ? "--outer"
-                          : loom_run_on_device(r)          ? "--device"
-                                                           : NULL;
+    /* (--outer moves the parameters after some updates: trainer.c rounds the copy again) */
+    const char *why_not = r->sharded                 ? "--zero 3"
+                          : tc->overlap_param_gather ? "--overlap-param-gather"
+                          : loom_run_on_device(r)    ? "--device"
+                                                     : NULL;
     return loom_compute_weights_open(&r->cw, r->be, &r->model.table, r->params, rounding, tc->seed,
                                      why_not, err);
 }

@@ -110,8 +110,10 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
             (st = loom_grad_sync_params_complete(&r->sync, err))) /* --overlap-param-gather */
             return st;
         if (r->outer_on && (st = loom_outer_after_step(&r->outer, step + 1, err))) return st;
-        /* ZeRO-3: the outer step moved the shard, every gathered copy is stale */
+        /* the outer step moved the parameters: ZeRO-3's gathered copies are stale, and the
+         * weights' bf16 copy is rounded again (with the step's key: --bf16-rounding) */
         if (r->outer_on && r->outer.moved && r->sharded) loom_fsdp_invalidate(r->sharded);
+        if (r->outer_on && r->outer.moved) loom_compute_weights_refresh(&r->cw, step + 1);
         s.ms = loom_now_ms() - s.t0;
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_UPDATE, &s, err))) return st;
         tokens_seen += (long long)G * T * W;

@@ -5,7 +5,8 @@
 # the same master: checked against --zero 3, which rounds per call); stochastic: twice
 # bitwise, resumed bitwise (the copy is rebuilt with the step's key), different from
 # nearest yet as good (losses within 2%: the rounding is unbiased, tests/unit/test_bf16.c
-# checks its mean against the fp32 value); bad input exits 2 naming the flag.
+# checks its mean against the fp32 value); the same with --outer diloco, whose syncs move the
+# weights (the copy is rounded again); bad input exits 2 naming the flag.
 # Usage: test_bf16_rounding.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_bf16_rounding.sh PATH_TO_LOOM}
@@ -64,6 +65,45 @@ sys.exit(0 if len(a) == 6 and all(abs(x - y) <= 0.02 * y for x, y in zip(a, b)) 
 run sr_seed --bf16-rounding stochastic --seed 9
 run near_seed --seed 9
 check "another seed draws other roundings" test "$(losses "$TMP/sr_seed.jsonl")" != "$(losses "$TMP/sr1.jsonl")"
+
+# --outer diloco moves the weights after some updates (each outer sync, a streaming
+# fragment's merge): the copy is rounded again there with the step's key. W = 2 groups of
+# dp 2: ZeRO-1 (the copy) bitwise ZeRO-3 (per call; its groups sync their shards, the same
+# elementwise outer step) in plain and streaming DiLoCo, every operand from the copy;
+# stochastic twice bitwise, not nearest, as good
+MPI4=("${MPI[@]:0:${#MPI[@]}-1}" 4)
+DL=(--steps 8 --global-batch 8 --dp 2 --outer diloco --workers 2 --inner-steps 3 --outer-lr 0.7
+    --outer-momentum 0.5)
+ST=(--steps 14 --inner-steps 6 --outer-fragments 2)
+outer_run() { # NAME FLAGS...: under mpirun -n 4, weights NAME.st, metrics NAME.jsonl, log NAME.err
+    local name=$1
+    shift
+    "${MPI4[@]}" "$LOOM" "${LM[@]}" "${DL[@]}" --metrics "$TMP/$name.jsonl" \
+        --save-weights "$TMP/$name.st" "$@" >/dev/null 2>"$TMP/$name.err"
+}
+outer_run dl_z1 --zero 1 &
+outer_run dl_z3 --zero 3 --grad-accum local &
+wait
+outer_run dl_s_z1 --zero 1 "${ST[@]}" &
+outer_run dl_s_z3 --zero 3 --grad-accum local "${ST[@]}" &
+wait
+outer_run dl_sr1 --zero 1 --bf16-rounding stochastic &
+outer_run dl_sr2 --zero 1 --bf16-rounding stochastic &
+wait
+check "--outer, nearest: every weight operand from the step's copy" \
+    grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
+    "$TMP/dl_z1.err"
+check "--outer, nearest from the copy (ZeRO 1 groups) is bitwise per-call rounding (ZeRO 3)" \
+    cmp -s "$TMP/dl_z1.st" "$TMP/dl_z3.st"
+check "--outer streaming, nearest from the copy is bitwise per-call rounding" \
+    cmp -s "$TMP/dl_s_z1.st" "$TMP/dl_s_z3.st"
+check "--outer, stochastic twice: the same weights" cmp -s "$TMP/dl_sr1.st" "$TMP/dl_sr2.st"
+check "--outer, stochastic is not nearest, losses within 2%" /usr/bin/python3 -c "
+import json, sys
+a = [json.loads(l)['loss'] for l in open('$TMP/dl_sr1.jsonl')]
+b = [json.loads(l)['loss'] for l in open('$TMP/dl_z1.jsonl')]
+print('--outer stochastic', a[-1], 'nearest', b[-1])
+sys.exit(0 if len(a) == 8 and a != b and all(abs(x - y) <= 0.02 * y for x, y in zip(a, b)) else 1)"
 
 # tensor parallelism: a shard's elements draw what one process draws for them (keyed by the
 # global index). tp 2 also sends its linears' partial sums in bf16 (added in fp32 in rank
