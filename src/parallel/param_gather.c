@@ -59,6 +59,7 @@ nomem:
 }
 
 void loom_param_gather_free(loom_param_gather *g) {
+    g->landed = NULL; /* an exit path: nothing reads the values any more */
     if (g->zero) {
         loom_error ignored;
         loom_param_gather_wait_all(g, &ignored); /* no buffer stays in MPI's hands */
@@ -95,6 +96,12 @@ loom_status loom_param_gather_post(loom_param_gather *g, int i, loom_error *err)
     return st ? st : progress(g, err);
 }
 
+/* Range r's gather waited for: no longer in flight, and its values are complete. */
+static void landed(loom_param_gather *g, loom_param_gather_range *r) {
+    r->in_flight = 0;
+    if (g->landed) g->landed(g->landed_ctx, r->begin, r->end);
+}
+
 /* Range i complete; the time counts as the step's exposed parameter wait. */
 static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
     if (!g->zero || i >= g->n_ranges) return LOOM_OK;
@@ -103,7 +110,7 @@ static loom_status ensure(loom_param_gather *g, int i, loom_error *err) {
     double t0 = loom_now_ms();
     loom_status st = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
     if (!st) {
-        r->in_flight = 0;
+        landed(g, r);
         st = progress(g, err);
     }
     const double waited = loom_now_ms() - t0;
@@ -149,7 +156,10 @@ loom_status loom_param_gather_wait_all(loom_param_gather *g, loom_error *err) {
         if (!r->in_flight) continue;
         loom_status w = loom_comm_engine_wait(&g->zero->engine, &r->op, err);
         if (!st) st = w; /* wait for all, so no buffer stays in MPI's hands */
-        r->in_flight = 0;
+        if (w)
+            r->in_flight = 0;
+        else
+            landed(g, r);
     }
     return st;
 }

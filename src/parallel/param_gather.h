@@ -41,6 +41,10 @@ typedef struct loom_param_gather {
     double wait_ms;  /* the forwards' waits so far (every rank: rank 0's are in --metrics) */
     double wait_max_ms;
     int steps; /* optimizer steps that posted the ranges */
+    /* NULL, or called with a range's flat bounds once its gather is complete (the weights'
+     * bf16 copy rounds it then: train/compute_weights.h) */
+    void (*landed)(void *ctx, size_t begin, size_t end);
+    void *landed_ctx;
 } loom_param_gather;
 
 /* Refuses --overlap-param-gather where it does not apply (messages name the flags):

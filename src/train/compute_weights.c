@@ -32,8 +32,8 @@ loom_status loom_compute_weights_open(loom_compute_weights *cw, const loom_backe
     if (why_not) {
         if (rounding == LOOM_BF16_ROUND_STOCHASTIC)
             return loom_error_set(err, LOOM_ERR_INPUT,
-                                  "--bf16-rounding stochastic: not with %s yet (the weights "
-                                  "change between updates there; docs/precision.md)",
+                                  "--bf16-rounding stochastic: not with %s yet (no bf16 copy "
+                                  "of the weights there; docs/precision.md)",
                                   why_not);
         return LOOM_OK; /* nearest: the backend rounds per call, the same bits */
     }
@@ -50,37 +50,63 @@ loom_status loom_compute_weights_open(loom_compute_weights *cw, const loom_backe
     return LOOM_OK;
 }
 
-/* Tensor p stochastically, with the step's seed s. */
-static void round_tensor_sr(loom_bf16 *dst, const float *src, const loom_param *p, uint64_t s) {
+/* Elements [a, e) of tensor p stochastically, with the step's seed s (each element's bits
+ * depend on its index only, so any cut of the tensor gives the whole's). */
+static void round_tensor_sr(loom_bf16 *dst, const float *src, const loom_param *p, size_t a,
+                            size_t e, uint64_t s) {
     const uint32_t stream = loom_hash_name(p->name);
-    const size_t n = p->numel;
     if (p->tp_dim < 0) { /* local index == global index */
 #pragma omp parallel for schedule(static)
-        for (size_t c = 0; c < n; c += CHUNK)
-            loom_bf16_from_f32_stochastic_n(dst + c, src + c, n - c < CHUNK ? n - c : CHUNK, s,
+        for (size_t c = a; c < e; c += CHUNK)
+            loom_bf16_from_f32_stochastic_n(dst + c, src + c, e - c < CHUNK ? e - c : CHUNK, s,
                                             stream, c);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = a; j < e; j++) {
         const uint64_t g = (uint64_t)loom_param_global_index(p, (int64_t)j);
         dst[j] = loom_bf16_from_f32_sr(src[j], loom_bf16_sr_bits(s, stream, g));
     }
 }
 
-void loom_compute_weights_refresh(loom_compute_weights *cw, int step) {
-    if (!cw->copy) return;
-    const size_t n = cw->table->total;
+/* [lo, hi) of the flat buffer into the copy, with step's key. */
+static void round_range(loom_compute_weights *cw, int step, size_t lo, size_t hi) {
     if (cw->rounding == LOOM_BF16_ROUND_NEAREST) {
 #pragma omp parallel for schedule(static)
-        for (size_t c = 0; c < n; c += CHUNK)
-            loom_bf16_from_f32_n(cw->copy + c, cw->params + c, n - c < CHUNK ? n - c : CHUNK);
-    } else {
-        const uint64_t s = loom_philox_u64(cw->seed, SR_STREAM, (uint64_t)step, 0);
-        for (int i = 0; i < cw->table->n_params; i++) {
-            const loom_param *p = &cw->table->params[i];
-            round_tensor_sr(cw->copy + p->offset, cw->params + p->offset, p, s);
-        }
+        for (size_t c = lo; c < hi; c += CHUNK)
+            loom_bf16_from_f32_n(cw->copy + c, cw->params + c, hi - c < CHUNK ? hi - c : CHUNK);
+        return;
     }
+    const uint64_t s = loom_philox_u64(cw->seed, SR_STREAM, (uint64_t)step, 0);
+    for (int i = 0; i < cw->table->n_params; i++) {
+        const loom_param *p = &cw->table->params[i];
+        const size_t a = p->offset > lo ? p->offset : lo;
+        const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (a < e)
+            round_tensor_sr(cw->copy + p->offset, cw->params + p->offset, p, a - p->offset,
+                            e - p->offset, s);
+    }
+}
+
+void loom_compute_weights_refresh(loom_compute_weights *cw, int step) {
+    if (!cw->copy) return;
+    cw->step = step;
+    round_range(cw, step, 0, cw->table->total);
     loom_backend_cpu_bf16_weight_copy_valid(cw->be, 1);
+}
+
+void loom_compute_weights_after_update(loom_compute_weights *cw, int step) {
+    if (cw->by_range)
+        cw->step = step; /* each range rounds when its gather lands */
+    else
+        loom_compute_weights_refresh(cw, step);
+}
+
+void loom_compute_weights_by_range(loom_compute_weights *cw) {
+    cw->by_range = cw->copy != NULL;
+}
+
+void loom_compute_weights_land(void *ctx, size_t begin, size_t end) {
+    loom_compute_weights *cw = ctx;
+    if (cw->copy) round_range(cw, cw->step, begin, end);
 }

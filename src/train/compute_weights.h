@@ -12,9 +12,11 @@
  *    s), the hash of t's name) at t's global element index (tensor-parallel shards draw
  *    what one process draws for the same element). A run is a function of (seed, step):
  *    bitwise reproducible, also across resume (the copy is rebuilt with the step's key).
- * Only where the weights stay put between updates: ZeRO 0-2 without
- * --overlap-param-gather and without --outer (a copy is never read while stale). Elsewhere
- * the backend rounds per call (nearest), and stochastic is refused at setup. */
+ * Kept at ZeRO 0-2: with --outer diloco the copy is rounded again after an outer sync moved
+ * the weights (trainer.c), and with --overlap-param-gather each range of it when that
+ * range's gather lands (loom_compute_weights_by_range), so a copy is never read while
+ * stale. ZeRO-3 has no whole parameter buffer: there the backend rounds per call (nearest),
+ * and stochastic is refused at setup. */
 #ifndef LOOM_TRAIN_COMPUTE_WEIGHTS_H
 #define LOOM_TRAIN_COMPUTE_WEIGHTS_H
 
@@ -37,6 +39,8 @@ typedef struct {
     loom_bf16 *copy; /* NULL: not kept (fp32, or a layout that rounds per call) */
     loom_bf16_rounding rounding;
     uint64_t seed;
+    int by_range; /* the weights arrive range by range after an update (loom_..._by_range) */
+    int step;     /* the key of the last update's rounding (by_range) */
 } loom_compute_weights;
 
 /* Keeps the copy of params [table->total] on be (a bf16 backend) when `why_not` is NULL;
@@ -49,5 +53,15 @@ loom_status loom_compute_weights_open(loom_compute_weights *cw, const loom_backe
 /* Rounds the copy from the master for the weights of step `step` (0-based: the step about
  * to run); a no-op without a copy. */
 void loom_compute_weights_refresh(loom_compute_weights *cw, int step);
+/* After an optimizer update (the weights of step `step`): the refresh, or with by_range
+ * only the step's key, each range rounding when it lands. */
+void loom_compute_weights_after_update(loom_compute_weights *cw, int step);
+/* --overlap-param-gather (parallel/param_gather.h): the updated weights arrive range by
+ * range while the next forward runs; the gather calls loom_compute_weights_land(cw, begin,
+ * end) as each range completes, which rounds [begin, end) of the copy with the step's key
+ * (the same bits as the whole refresh: the stochastic bits depend on the element's index
+ * only). */
+void loom_compute_weights_by_range(loom_compute_weights *cw);
+void loom_compute_weights_land(void *cw, size_t begin, size_t end);
 
 #endif

@@ -567,12 +567,16 @@ static loom_status open_compute_weights(loom_run *r, loom_error *err) {
     loom_status st = loom_bf16_rounding_parse(tc->bf16_rounding, "--bf16-rounding", &rounding, err);
     if (st) return st;
     /* (--outer moves the parameters after some updates: trainer.c rounds the copy again) */
-    const char *why_not = r->sharded                 ? "--zero 3"
-                          : tc->overlap_param_gather ? "--overlap-param-gather"
-                          : loom_run_on_device(r)    ? "--device"
-                                                     : NULL;
-    return loom_compute_weights_open(&r->cw, r->be, &r->model.table, r->params, rounding, tc->seed,
-                                     why_not, err);
+    const char *why_not = r->sharded ? "--zero 3" : loom_run_on_device(r) ? "--device" : NULL;
+    if ((st = loom_compute_weights_open(&r->cw, r->be, &r->model.table, r->params, rounding,
+                                        tc->seed, why_not, err)))
+        return st;
+    if (r->pg.zero) { /* --overlap-param-gather: each range rounds when its gather lands */
+        loom_compute_weights_by_range(&r->cw);
+        r->pg.landed = loom_compute_weights_land;
+        r->pg.landed_ctx = &r->cw;
+    }
+    return LOOM_OK;
 }
 
 static loom_status setup(loom_run *r, loom_error *err) {

@@ -99,7 +99,7 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
         if ((st = loom_step_observers_notify(&obs, LOOM_STEP_AT_BEFORE_UPDATE, &s, err)) ||
             (st = loom_grad_sync_step(&r->sync, norm, lr, &tc->adamw, step + 1, err)))
             return st;
-        loom_compute_weights_refresh(&r->cw, step + 1);
+        loom_compute_weights_after_update(&r->cw, step + 1);
         /* A device works asynchronously: the step's time includes its work, and its first
          * failure (kernels/backend.h: sticky) stops the run here. */
         loom_backend_synchronize(r->be);

@@ -6,7 +6,8 @@
 # bitwise, resumed bitwise (the copy is rebuilt with the step's key), different from
 # nearest yet as good (losses within 2%: the rounding is unbiased, tests/unit/test_bf16.c
 # checks its mean against the fp32 value); the same with --outer diloco, whose syncs move the
-# weights (the copy is rounded again); bad input exits 2 naming the flag.
+# weights (the copy is rounded again), and with --overlap-param-gather (each range rounded as
+# its gather lands); bad input exits 2 naming the flag.
 # Usage: test_bf16_rounding.sh PATH_TO_LOOM
 set -u
 LOOM=${1:?usage: test_bf16_rounding.sh PATH_TO_LOOM}
@@ -28,9 +29,11 @@ expect "stochastic needs bf16" "--bf16-rounding stochastic: needs --precision bf
     "${LM[@]:0:${#LM[@]}-2}" --bf16-rounding stochastic
 expect "a bad rounding" "--bf16-rounding 'sr': expected nearest or stochastic" -- "${LM[@]}" \
     --bf16-rounding sr
-expect "stochastic with --overlap-param-gather" \
-    "--bf16-rounding stochastic: not with --overlap-param-gather" -- "${LM[@]}" \
-    --bf16-rounding stochastic --zero 1 --overlap-param-gather
+# ZeRO-3 (sharded over dp 2) keeps no whole parameter buffer, so no copy: refused, exit 2
+"${MPI[@]}" "$LOOM" "${LM[@]}" --bf16-rounding stochastic --dp 2 --zero 3 --steps 1 \
+    >/dev/null 2>"$TMP/z3sr.err"
+check "stochastic with ZeRO-3: refused naming --zero 3" \
+    grep -q "^loom train: rank 0: --bf16-rounding stochastic: not with --zero 3" "$TMP/z3sr.err"
 
 losses() { grep -o '"step":[0-9]*,"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1" | tail -n "${2:-100}"; }
 run() { # NAME FLAGS...: a 6-step run, metrics NAME.jsonl, weights NAME.st, log NAME.err
@@ -104,6 +107,36 @@ a = [json.loads(l)['loss'] for l in open('$TMP/dl_sr1.jsonl')]
 b = [json.loads(l)['loss'] for l in open('$TMP/dl_z1.jsonl')]
 print('--outer stochastic', a[-1], 'nearest', b[-1])
 sys.exit(0 if len(a) == 8 and a != b and all(abs(x - y) <= 0.02 * y for x, y in zip(a, b)) else 1)"
+
+# --overlap-param-gather: the updated weights arrive range by range during the next forward,
+# and each range of the copy is rounded as its gather lands (with the step's key): dp 2
+# ZeRO-1 with it bitwise without it, nearest and stochastic (evaluation reads them too), and
+# in streaming DiLoCo groups with stochastic rounding (the outer syncs wait for the gathers)
+ov_run() { # NAME LAUNCH... -- FLAGS...: weights NAME.st, log NAME.err
+    local name=$1 launch=()
+    shift
+    while [ "$1" != "--" ]; do launch+=("$1"); shift; done
+    shift
+    "${launch[@]}" "$LOOM" "${LM[@]}" --save-weights "$TMP/$name.st" "$@" >/dev/null \
+        2>"$TMP/$name.err"
+}
+OV=(--steps 6 --dp 2 --zero 1 --val-data "$TMP/tokens.bin" --eval-every 3 --eval-batches 1)
+for r in nearest stochastic; do
+    ov_run "ov_$r" "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r &
+    ov_run "ovx_$r" "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r --overlap-param-gather &
+    wait
+    check "--overlap-param-gather, $r: bitwise the run without it" \
+        cmp -s "$TMP/ov_$r.st" "$TMP/ovx_$r.st"
+done
+check "--overlap-param-gather: every weight operand from the step's copy" \
+    grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
+    "$TMP/ovx_stochastic.err"
+OS=("${DL[@]}" "${ST[@]}" --zero 1 --bf16-rounding stochastic)
+ov_run os1 "${MPI4[@]}" -- "${OS[@]}" &
+ov_run os2 "${MPI4[@]}" -- "${OS[@]}" --overlap-param-gather &
+wait
+check "--outer streaming, stochastic, --overlap-param-gather: bitwise without it" \
+    cmp -s "$TMP/os1.st" "$TMP/os2.st"
 
 # tensor parallelism: a shard's elements draw what one process draws for them (keyed by the
 # global index). tp 2 also sends its linears' partial sums in bf16 (added in fp32 in rank
