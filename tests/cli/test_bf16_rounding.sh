@@ -112,18 +112,20 @@ sys.exit(0 if len(a) == 8 and a != b and all(abs(x - y) <= 0.02 * y for x, y in 
 # and each range of the copy is rounded as its gather lands (with the step's key): dp 2
 # ZeRO-1 with it bitwise without it, nearest and stochastic (evaluation reads them too), and
 # in streaming DiLoCo groups with stochastic rounding (the outer syncs wait for the gathers)
-ov_run() { # NAME LAUNCH... -- FLAGS...: weights NAME.st, log NAME.err
+saved_run() { # NAME ARRAY LAUNCH... -- FLAGS...: $LOOM ARRAY[@] FLAGS under LAUNCH (may be
+    # empty), weights NAME.st, log NAME.err
     local name=$1 launch=()
-    shift
+    local -n cmd=$2
+    shift 2
     while [ "$1" != "--" ]; do launch+=("$1"); shift; done
     shift
-    "${launch[@]}" "$LOOM" "${LM[@]}" --save-weights "$TMP/$name.st" "$@" >/dev/null \
+    "${launch[@]}" "$LOOM" "${cmd[@]}" --save-weights "$TMP/$name.st" "$@" >/dev/null \
         2>"$TMP/$name.err"
 }
 OV=(--steps 6 --dp 2 --zero 1 --val-data "$TMP/tokens.bin" --eval-every 3 --eval-batches 1)
 for r in nearest stochastic; do
-    ov_run "ov_$r" "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r &
-    ov_run "ovx_$r" "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r --overlap-param-gather &
+    saved_run "ov_$r" LM "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r &
+    saved_run "ovx_$r" LM "${MPI[@]}" -- "${OV[@]}" --bf16-rounding $r --overlap-param-gather &
     wait
     check "--overlap-param-gather, $r: bitwise the run without it" \
         cmp -s "$TMP/ov_$r.st" "$TMP/ovx_$r.st"
@@ -132,8 +134,8 @@ check "--overlap-param-gather: every weight operand from the step's copy" \
     grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
     "$TMP/ovx_stochastic.err"
 OS=("${DL[@]}" "${ST[@]}" --zero 1 --bf16-rounding stochastic)
-ov_run os1 "${MPI4[@]}" -- "${OS[@]}" &
-ov_run os2 "${MPI4[@]}" -- "${OS[@]}" --overlap-param-gather &
+saved_run os1 LM "${MPI4[@]}" -- "${OS[@]}" &
+saved_run os2 LM "${MPI4[@]}" -- "${OS[@]}" --overlap-param-gather &
 wait
 check "--outer streaming, stochastic, --overlap-param-gather: bitwise without it" \
     cmp -s "$TMP/os1.st" "$TMP/os2.st"
@@ -182,18 +184,10 @@ printf '12+34=\n5+67=\n' >"$TMP/prompts.txt"
 RL=(rl "${LM[@]:1:14}" --threads 1 --precision bf16 --prompts "$TMP/prompts.txt" --iterations 2
     --prompts-per-iter 2 --group-size 2 --ppo-micro-batch 2 --max-new-tokens 4 --lr 3e-3
     --reward-cmd "awk '{print length(\$0) % 5}'")
-rl_run() { # NAME [mpirun...] -- FLAGS...: weights NAME.st, log NAME.err
-    local name=$1 launch=()
-    shift
-    while [ "$1" != "--" ]; do launch+=("$1"); shift; done
-    shift
-    "${launch[@]}" "$LOOM" "${RL[@]}" --save-weights "$TMP/$name.st" "$@" >/dev/null \
-        2>"$TMP/$name.err"
-}
 # the three runs side by side (tiny ranks that mostly wait on each other)
-rl_run rl_z1 "${MPI[@]}" -- --dp 2 --zero 1 &
-rl_run rl_z3 "${MPI[@]}" -- --dp 2 --zero 3 --grad-accum local &
-rl_run rl_sr "${MPI[@]}" -- --dp 2 --zero 1 --bf16-rounding stochastic &
+saved_run rl_z1 RL "${MPI[@]}" -- --dp 2 --zero 1 &
+saved_run rl_z3 RL "${MPI[@]}" -- --dp 2 --zero 3 --grad-accum local &
+saved_run rl_sr RL "${MPI[@]}" -- --dp 2 --zero 1 --bf16-rounding stochastic &
 wait
 # (the weights written, not the exit status: under ASan, OpenMPI's own leaks fail mpirun)
 for name in rl_z1 rl_z3 rl_sr; do check "rl $name wrote its weights" test -s "$TMP/$name.st"; done
