@@ -224,6 +224,18 @@ static loom_status collect_runs(loom_outer *o, const loom_param_table *t, int L,
     return LOOM_OK;
 }
 
+void loom_outer_params_pack(const loom_outer *o, float *out) {
+    for (int k = 0; k < o->n_own; k++, out += o->own[k - 1].hi - o->own[k - 1].lo)
+        memcpy(out, o->params + (o->own[k].lo - o->lo),
+               (o->own[k].hi - o->own[k].lo) * sizeof(float));
+}
+
+void loom_outer_params_unpack(loom_outer *o, const float *in) {
+    for (int k = 0; k < o->n_own; k++, in += o->own[k - 1].hi - o->own[k - 1].lo)
+        memcpy(o->params + (o->own[k].lo - o->lo), in,
+               (o->own[k].hi - o->own[k].lo) * sizeof(float));
+}
+
 /* The round-start values become the parameters now, over every run. */
 static void start_from_params(loom_outer *o) {
     if (!o->own) { /* start mirrors [lo, hi) */
@@ -325,9 +337,11 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->n_start = o->total;
     o->own = buf->own, o->n_own = buf->n_own;
     o->steps = steps;
-    if (cfg->elastic_worker >= 0 && o->own) /* refused by the flags' checks (train_config.c) */
-        return loom_error_set(err, LOOM_ERR_STATE, "--elastic-worker: a shard of several ranges");
     if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine, no fragments */
+        if (o->own) {               /* its view packs the own ranges whole (outer_elastic.c) */
+            o->n_start = 0;
+            for (int k = 0; k < o->n_own; k++) o->n_start += o->own[k].hi - o->own[k].lo;
+        }
         if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
         return st;
     }

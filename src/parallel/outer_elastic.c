@@ -54,6 +54,7 @@ struct loom_outer_elastic {
     float *gbuf;          /* lead: the group's gradients of a warm-start step, then their mean */
     float *start_all;     /* lead: the group's round-start parameters */
     float *mine;          /* this rank's outer gradient start - params */
+    float *view;          /* ZeRO-3 with --ep: its own ranges' parameters, packed (o->own) */
     MPI_Comm peer[MAX_W]; /* coordinator: one per member; member: peer[coordinator] */
     int member[MAX_W];    /* the last membership this worker knows */
     float *mom;           /* lead: the outer momentum, whole (every member holds the same) */
@@ -192,16 +193,33 @@ static void say(const loom_outer *o, int step, const char *what) {
 
 /* ---- inside the worker's job: the lead gathers and spreads ---- */
 
+/* This rank's parameters as one run of o->n_start values: params itself, or with own ranges
+ * (ZeRO-3 with --ep) their values packed into e->view. */
+static const float *params_view(const loom_outer *o) {
+    if (!o->own) return o->params;
+    loom_outer_params_pack(o, o->elastic->view);
+    return o->elastic->view;
+}
+
+/* params = src (n_start values, packed like params_view). */
+static void params_set(loom_outer *o, const float *src) {
+    if (o->own)
+        loom_outer_params_unpack(o, src);
+    else
+        memcpy(o->params, src, o->n_start * sizeof(float));
+}
+
 /* Every rank's outer gradient start - params into the lead's g (the group's, rank order). */
 static loom_status group_gather(loom_outer *o, loom_error *err) {
     elastic *e = o->elastic;
-    for (size_t i = 0; i < o->total; i++) e->mine[i] = o->start[i] - o->params[i];
+    const float *p = params_view(o);
+    for (size_t i = 0; i < o->n_start; i++) e->mine[i] = o->start[i] - p[i];
     if (e->job == MPI_COMM_NULL) {
-        memcpy(e->g, e->mine, o->total * sizeof(float));
+        memcpy(e->g, e->mine, o->n_start * sizeof(float));
         return LOOM_OK;
     }
-    if (MPI_Gatherv(e->mine, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->g, e->counts, e->displs,
-                    MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+    if (MPI_Gatherv(e->mine, e->contrib ? (int)o->n_start : 0, MPI_FLOAT, e->g, e->counts,
+                    e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
         return loom_error_set(err, LOOM_ERR_IO,
                               "--elastic-worker %d: gathering the outer "
                               "gradient inside the worker's job failed",
@@ -234,12 +252,12 @@ static loom_status group_verdict(loom_outer *o, loom_status st, int v[2], loom_e
 static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_error *err) {
     elastic *e = o->elastic;
     if ((st = group_verdict(o, st, v, err))) return st;
-    const size_t bytes = o->total * sizeof(float);
+    const size_t bytes = o->n_start * sizeof(float);
     if (e->job == MPI_COMM_NULL) {
         memcpy(o->start, e->start_all, bytes);
     } else {
         if (MPI_Scatterv(e->start_all, e->counts, e->displs, MPI_FLOAT, o->start,
-                         e->contrib ? (int)o->total : 0, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+                         e->contrib ? (int)o->n_start : 0, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
             return loom_error_set(err, LOOM_ERR_IO,
                                   "--elastic-worker %d: scattering the "
                                   "parameters inside the worker's job failed",
@@ -247,7 +265,7 @@ static loom_status group_spread(loom_outer *o, loom_status st, int v[2], loom_er
         loom_status bs;
         if (o->shards > 1 && (bs = loom_comm_bcast(o->dp, o->start, bytes, 0, err))) return bs;
     }
-    if (!v[1]) memcpy(o->params, o->start, bytes);
+    if (!v[1]) params_set(o, o->start);
     o->stats.syncs = 1;
     return LOOM_OK;
 }
@@ -526,11 +544,12 @@ static loom_status sync_outer(loom_outer *o, int step, loom_error *err) {
 /* The lead's e->start_all from the ranks' parameters (params, each rank's contribution). */
 static loom_status gather_params(loom_outer *o, loom_error *err) {
     elastic *e = o->elastic;
+    const float *p = params_view(o);
     if (e->job == MPI_COMM_NULL) {
-        memcpy(e->start_all, o->params, o->total * sizeof(float));
+        memcpy(e->start_all, p, o->n_start * sizeof(float));
         return LOOM_OK;
     }
-    if (MPI_Gatherv(o->params, e->contrib ? (int)o->total : 0, MPI_FLOAT, e->start_all, e->counts,
+    if (MPI_Gatherv(p, e->contrib ? (int)o->n_start : 0, MPI_FLOAT, e->start_all, e->counts,
                     e->displs, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
         return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
     return LOOM_OK;
@@ -538,7 +557,7 @@ static loom_status gather_params(loom_outer *o, loom_error *err) {
 
 /* The warm start's end (step S): the round-start parameters are the parameters now. */
 static loom_status take_start(loom_outer *o, loom_error *err) {
-    memcpy(o->start, o->params, o->total * sizeof(float));
+    memcpy(o->start, params_view(o), o->n_start * sizeof(float));
     return gather_params(o, err);
 }
 
@@ -546,12 +565,12 @@ loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n,
                                           loom_error *err) {
     elastic *e = o->elastic;
     const double t0 = loom_now_ms();
-    if (n != o->total)
+    if (n != o->n_start)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--outer-start-step with --elastic-worker: this rank's gradient "
                               "(%zu values) is not the part of the parameters it syncs (%zu; "
                               "--freeze): not supported",
-                              n, o->total);
+                              n, o->n_start);
     /* every rank's gradients to the lead: each replica holds its own reduced part */
     loom_status st = LOOM_OK;
     if (e->job == MPI_COMM_NULL)
@@ -757,7 +776,7 @@ static loom_status group_open(loom_outer *o, loom_error *err) {
     e->displs = e->counts + size;
     e->gcounts = e->counts + 2 * size, e->gdispls = e->counts + 3 * size;
     /* the parameters: a dp replica's buffer once; gradients (a warm start): every rank's */
-    const int mine[2] = {e->contrib ? (int)o->total : 0, (int)o->total};
+    const int mine[2] = {e->contrib ? (int)o->n_start : 0, (int)o->n_start};
     int *both = calloc(2 * (size_t)size, sizeof(int));
     if (!both) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
     if (e->job == MPI_COMM_NULL)
@@ -802,13 +821,14 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
     loom_status st = group_open(o, err);
     if (st) return st;
-    const size_t n1 = o->total ? o->total : 1, a1 = e->all ? e->all : 1;
+    const size_t n1 = o->n_start ? o->n_start : 1, a1 = e->all ? e->all : 1;
     const size_t g1 = e->gall > a1 ? e->gall : a1; /* a warm start's gradients, or all */
     o->start = malloc(n1 * sizeof(float));
     e->mine = malloc(n1 * sizeof(float));
-    if (!o->start || !e->mine)
+    if (o->own) e->view = malloc(n1 * sizeof(float));
+    if (!o->start || !e->mine || (o->own && !e->view))
         return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
-    memcpy(o->start, o->params, o->total * sizeof(float));
+    memcpy(o->start, params_view(o), o->n_start * sizeof(float));
     if (e->lead) {
         e->state_bytes = sizeof(msg_head) + 2 * e->all * sizeof(float);
         e->msg_bytes =
@@ -874,7 +894,7 @@ void loom_outer_elastic_free(loom_outer *o) {
         free(e->in[w]);
     }
     free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->gbuf), free(e->out);
-    free(e->start_all), free(e->mine), free(e->counts);
+    free(e->start_all), free(e->mine), free(e->view), free(e->counts);
     free(e);
     o->elastic = NULL;
 }

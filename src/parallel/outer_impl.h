@@ -61,6 +61,11 @@ static inline float loom_outer_update(const loom_outer_config *c, int warm, floa
     return -(c->lr * u);
 }
 
+/* ZeRO-3 with --ep (o->own): the own ranges' parameters packed into out[n_start], in flat
+ * order, or set from such a packing (outer.c; the elastic workers' view of them). */
+void loom_outer_params_pack(const loom_outer *o, float *out);
+void loom_outer_params_unpack(loom_outer *o, const float *in);
+
 /* A checkpoint's outer state (at path) saved with another --outer-start-step than this
  * run's: the error both loaders give (outer_state.c, outer_elastic.c), once its CRC held. */
 static inline loom_status loom_outer_other_start(const loom_outer *o, const char *path, int saved,

@@ -81,14 +81,11 @@ static loom_status validate_outer(const loom_train_config *tc, loom_error *err) 
                               "--global-batch %d: must be a multiple of --workers %d x --dp %d x "
                               "--micro-batch %d (each worker takes an equal slice of every step)",
                               tc->global_batch, W, dp, tc->micro_batch);
-    /* ZeRO-3: each rank syncs its parameter shard (parallel/outer.h; an elastic worker's
-     * lead gathers the shards, which --ep spreads over ranges). The checkpoint tiers keep
-     * the outer state beside each step (trainer.c, setup.c's resume_outer and reload_at);
-     * --ckpt-peer's copies live in the worker job's own hosts (docs/diloco.md). */
+    /* The checkpoint tiers keep the outer state beside each step (trainer.c, setup.c's
+     * resume_outer and reload_at); --ckpt-peer's copies live in the worker job's own hosts
+     * (docs/diloco.md). */
     const int elastic = o->elastic_worker >= 0;
-    const char *not_yet = elastic && tc->zero == 3 && tc->layout.ep > 1
-                              ? "--elastic-worker, --zero 3 and --ep > 1"
-                          : elastic && tc->ckpt_peer       ? "--elastic-worker and --ckpt-peer"
+    const char *not_yet = elastic && tc->ckpt_peer         ? "--elastic-worker and --ckpt-peer"
                           : strcmp(tc->device, "cpu") != 0 ? "--device other than cpu"
                                                            : NULL;
     if (not_yet)

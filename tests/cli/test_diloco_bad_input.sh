@@ -51,11 +51,6 @@ expect "elastic worker out of range" "--elastic-worker 2: expected 0..1" -- \
 expect "join without a worker" "--elastic-join: needs --elastic-worker I" -- "${E[@]}" --elastic-join
 expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" -- \
     "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
-# ZeRO-3 with --ep inside one-job groups works (each rank syncs its shard's ranges); an
-# elastic lead gathers one range per rank
-expect "elastic ZeRO-3 with experts" \
-    "--outer diloco: not with --elastic-worker, --zero 3 and --ep > 1 yet" -- \
-    "${E[@]}" --elastic-worker 1 --zero 3 --ep 2 --n-experts 2 --top-k 1
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 # --ckpt-peer's memory copies live in the worker job's own hosts (docs/diloco.md)

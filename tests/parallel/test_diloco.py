@@ -41,7 +41,8 @@ groups equals one-rank groups within a bound derived from the bf16-vs-fp32 diffe
 thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, or of dp 2
-ZeRO-3) without faults: bitwise the weights of the same groups in one job; their checkpoints
+ZeRO-3, and of dp 2 x ep 2 ZeRO-3 with a MoE) without faults: bitwise the weights of the same
+groups in one job; their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
 bitwise the same; with --ckpt-fast-dir too, a coordinator resumed from its fast step 5 and a
 worker resumed from its fast step 7 that reloads its own step 5 there end bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
@@ -864,6 +865,12 @@ def main():
                            diloco[6:], tmp, "moe_stream_")
         compare("W=2 groups of dp2_ep2 (MoE), streaming F=2 H=6",
                 m_stream.run("dp2_ep2", 4, m_ep[0][1]), m_stream.run("single", 2))
+        if shutil.which("ompi-server"):  # two elastic worker jobs of dp 2 x ep 2 ZeRO-3: each
+            # rank's own ranges packed into the lead's exchange, bitwise the one-job run
+            el = elastic_pair(moe + diloco + m_ep[1][1], tmp, 2, "elastic_moe_zero3")
+            same = el is not None and same_tensors(el.params, m_runs.runs["dp2_ep2_zero3"].params)
+            check(same, "  W=2 dp2_ep2_zero3 (MoE) as two elastic worker jobs of 2 ranks: "
+                        f"{'bitwise the one-job run' if same else 'FAIL: differs or failed'}")
         m1 = m_runs.runs["dp2_ep2_zero3"]
         m2 = m_runs.run("dp2_ep2_zero3_again", 4, m_ep[1][1])
         check(bitwise(m1, m2) and m1.losses[7] < m1.losses[0],
