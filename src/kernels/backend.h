@@ -326,15 +326,19 @@ const loom_backend *loom_backend_cpu_bf16_sizing(void);
  * or "bf16 matmul widened to fp32 for OpenBLAS sgemm (no AVX512-BF16 or AMX-BF16: bf16's
  * numerics and bytes at fp32's speed), ..." */
 void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t size);
-/* Bytes the backend holds for bf16 copies of operands (its conversion buffers). */
+/* Bytes the backend holds for bf16 copies of operands (its conversion buffers, and the
+ * weights' copy as far as it is resident). */
 size_t loom_backend_cpu_bf16_bytes(const loom_backend *be);
 /* The bf16 compute copy of the flat parameter buffer [base, base + n) (train/
  * compute_weights.c, --bf16-rounding): returns it for the caller to fill (NULL: out of
  * memory; the same one on later calls). While marked valid, a linear op whose weight
  * lies inside [base, base + n) reads the copy instead of rounding the weight per call;
- * any other weight (ZeRO-3's gathered view, a temporary) is still rounded per call. */
+ * any other weight (a temporary) is still rounded per call. */
 loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n);
 void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid);
+/* How many of the copy's elements are resident at most (n by default; ZeRO-3: those of the
+ * gathered blocks), for loom_backend_cpu_bf16_bytes. */
+void loom_backend_cpu_bf16_weight_copy_resident(const loom_backend *be, size_t n);
 /* The copy's values of the weights [w, w + n) when the copy is valid and holds them, else
  * NULL: for a reference that slices a weight (model/tp_round.c) to read what a linear op
  * given the whole weight reads. */

@@ -120,7 +120,10 @@ static loom_status start(loom_fsdp *f, int i, loom_error *err) {
     if (r->state != 0) return LOOM_OK;
     if (f->zero->experts) { /* dense part over dp, experts over edp: blocking, no prefetch */
         r->state = 2;
-        return loom_ep_zero_gather_range(f->zero, f->shard, f->view, r->begin, r->end, err);
+        loom_status st =
+            loom_ep_zero_gather_range(f->zero, f->shard, f->view, r->begin, r->end, err);
+        if (!st && f->landed) f->landed(f->cb_ctx, r->begin, r->end);
+        return st;
     }
     size_t a = f->lo > r->begin ? f->lo : r->begin, e = f->hi < r->end ? f->hi : r->end;
     if (a < e) memcpy(f->view + a, f->shard + (a - f->lo), (e - a) * sizeof(float));
@@ -133,10 +136,12 @@ static loom_status start(loom_fsdp *f, int i, loom_error *err) {
 }
 
 static loom_status ensure(loom_fsdp *f, int i, loom_error *err) {
+    loom_fsdp_range *r = &f->ranges[i];
     loom_status st = start(f, i, err);
-    if (!st && f->ranges[i].state == 1)
-        st = loom_comm_engine_wait(&f->zero->engine, &f->ranges[i].op, err);
-    if (!st) f->ranges[i].state = 2;
+    const int in_flight = !st && r->state == 1;
+    if (in_flight) st = loom_comm_engine_wait(&f->zero->engine, &r->op, err);
+    if (!st) r->state = 2;
+    if (!st && in_flight && f->landed) f->landed(f->cb_ctx, r->begin, r->end);
     return st;
 }
 
@@ -205,6 +210,7 @@ static void release(loom_fsdp *f, int i) {
     size_t lo, hi;
     loom_fsdp_release_span(r->begin, r->end, &lo, &hi);
     loom_zero_release_pages(f->view, lo, hi);
+    if (f->released && r->state != 0) f->released(f->cb_ctx, lo, hi);
     r->state = 0;
 }
 

@@ -57,7 +57,13 @@ typedef struct {
      * the head's backward is done (block L-1's backward starts), so the step never holds
      * both beside the blocks; both are gathered again by the next micro-batch */
     int release_ends;
-    int armed;       /* release_ends in effect: set by begin_micro_batch, cleared by gather_all */
+    int armed; /* release_ends in effect: set by begin_micro_batch, cleared by gather_all */
+    /* NULL, or called with a range's flat bounds once its gather is complete (landed), and
+     * with the span whose pages are handed back (released): the weights' bf16 copy follows
+     * the view (train/compute_weights.h) */
+    void (*landed)(void *ctx, size_t begin, size_t end);
+    void (*released)(void *ctx, size_t begin, size_t end);
+    void *cb_ctx;
     loom_error *err; /* where hook failures are described */
 } loom_fsdp;
 

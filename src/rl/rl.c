@@ -586,6 +586,7 @@ static loom_status loop(rl_state *s, loom_error *err) {
     loom_progress_set_step(r->start_step);
     /* --precision bf16: the GEMMs read the weights' bf16 copy (train/compute_weights.h),
      * rounded here from the initial (or resumed) weights and after every update */
+    if (r->sharded) loom_fsdp_invalidate(r->sharded); /* ZeRO-3: gathers round from here */
     loom_compute_weights_refresh(&r->cw, r->start_step);
     double acc = NAN;
     if (first_it == 0 && s->eval.n) {

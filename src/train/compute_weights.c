@@ -1,6 +1,8 @@
 #include "train/compute_weights.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/philox.h"
 #include "kernels/bf16.h"
@@ -41,7 +43,6 @@ loom_status loom_compute_weights_open(loom_compute_weights *cw, const loom_backe
     if (!cw->copy)
         return loom_error_set(err, LOOM_ERR_NOMEM, "bf16 weights' copy: out of memory (%.1f MiB)",
                               (double)table->total * 2.0 / (1 << 20));
-    memset(cw->copy, 0, table->total * sizeof(loom_bf16)); /* gaps between tensors: defined */
     cw->be = be;
     cw->table = table;
     cw->params = params;
@@ -91,7 +92,8 @@ static void round_range(loom_compute_weights *cw, int step, size_t lo, size_t hi
 void loom_compute_weights_refresh(loom_compute_weights *cw, int step) {
     if (!cw->copy) return;
     cw->step = step;
-    round_range(cw, step, 0, cw->table->total);
+    /* ZeRO-3: the weights exist only while gathered; each gather rounds its range */
+    if (cw->by_range != LOOM_CW_GATHERED) round_range(cw, step, 0, cw->table->total);
     loom_backend_cpu_bf16_weight_copy_valid(cw->be, 1);
 }
 
@@ -102,11 +104,23 @@ void loom_compute_weights_after_update(loom_compute_weights *cw, int step) {
         loom_compute_weights_refresh(cw, step);
 }
 
-void loom_compute_weights_by_range(loom_compute_weights *cw) {
-    cw->by_range = cw->copy != NULL;
+void loom_compute_weights_by_range(loom_compute_weights *cw, loom_cw_ranges mode, size_t resident) {
+    if (!cw->copy) return;
+    cw->by_range = mode;
+    if (mode == LOOM_CW_GATHERED) loom_backend_cpu_bf16_weight_copy_resident(cw->be, resident);
 }
 
 void loom_compute_weights_land(void *ctx, size_t begin, size_t end) {
     loom_compute_weights *cw = ctx;
     if (cw->copy) round_range(cw, cw->step, begin, end);
+}
+
+void loom_compute_weights_release(void *ctx, size_t begin, size_t end) {
+    loom_compute_weights *cw = ctx;
+    if (!cw->copy) return;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t base = (uintptr_t)cw->copy;
+    const uintptr_t lo = (base + begin * sizeof(loom_bf16) + page - 1) / page * page;
+    const uintptr_t hi = (base + end * sizeof(loom_bf16)) / page * page;
+    if (lo < hi) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* reads as zero until landed */
 }

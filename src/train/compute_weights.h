@@ -12,11 +12,10 @@
  *    s), the hash of t's name) at t's global element index (tensor-parallel shards draw
  *    what one process draws for the same element). A run is a function of (seed, step):
  *    bitwise reproducible, also across resume (the copy is rebuilt with the step's key).
- * Kept at ZeRO 0-2: with --outer diloco the copy is rounded again after an outer sync moved
- * the weights (trainer.c), and with --overlap-param-gather each range of it when that
- * range's gather lands (loom_compute_weights_by_range), so a copy is never read while
- * stale. ZeRO-3 has no whole parameter buffer: there the backend rounds per call (nearest),
- * and stochastic is refused at setup. */
+ * With --outer diloco the copy is rounded again after an outer sync moved the weights
+ * (trainer.c); with --overlap-param-gather and at ZeRO-3 range by range as the gathers land
+ * (loom_compute_weights_by_range), so a copy is never read while stale. Without a copy (a
+ * device backend) the backend rounds per call (nearest) and stochastic is refused. */
 #ifndef LOOM_TRAIN_COMPUTE_WEIGHTS_H
 #define LOOM_TRAIN_COMPUTE_WEIGHTS_H
 
@@ -39,7 +38,7 @@ typedef struct {
     loom_bf16 *copy; /* NULL: not kept (fp32, or a layout that rounds per call) */
     loom_bf16_rounding rounding;
     uint64_t seed;
-    int by_range; /* the weights arrive range by range after an update (loom_..._by_range) */
+    int by_range; /* loom_cw_ranges: whole, or range by range as gathers land */
     int step;     /* the key of the last update's rounding (by_range) */
 } loom_compute_weights;
 
@@ -56,12 +55,18 @@ void loom_compute_weights_refresh(loom_compute_weights *cw, int step);
 /* After an optimizer update (the weights of step `step`): the refresh, or with by_range
  * only the step's key, each range rounding when it lands. */
 void loom_compute_weights_after_update(loom_compute_weights *cw, int step);
-/* --overlap-param-gather (parallel/param_gather.h): the updated weights arrive range by
- * range while the next forward runs; the gather calls loom_compute_weights_land(cw, begin,
- * end) as each range completes, which rounds [begin, end) of the copy with the step's key
- * (the same bits as the whole refresh: the stochastic bits depend on the element's index
- * only). */
-void loom_compute_weights_by_range(loom_compute_weights *cw);
+/* How the copy follows the weights, range by range (the gathers call
+ * loom_compute_weights_land(cw, begin, end) as each range completes, which rounds [begin,
+ * end) of the copy with the step's key: the same bits as the whole refresh, the stochastic
+ * bits depending on the element's index only):
+ *  - LOOM_CW_UPDATES: --overlap-param-gather (parallel/param_gather.h): complete at the
+ *    start; after an update the weights arrive range by range during the next forward;
+ *  - LOOM_CW_GATHERED: ZeRO-3 (parallel/fsdp.h): the weights exist only while gathered,
+ *    so the copy is written at each gather and its pages handed back with the range's
+ *    (loom_compute_weights_release); resident: the elements it holds at most (the report). */
+typedef enum { LOOM_CW_WHOLE = 0, LOOM_CW_UPDATES, LOOM_CW_GATHERED } loom_cw_ranges;
+void loom_compute_weights_by_range(loom_compute_weights *cw, loom_cw_ranges mode, size_t resident);
 void loom_compute_weights_land(void *cw, size_t begin, size_t end);
+void loom_compute_weights_release(void *cw, size_t begin, size_t end);
 
 #endif

@@ -566,15 +566,25 @@ static loom_status open_compute_weights(loom_run *r, loom_error *err) {
     loom_bf16_rounding rounding;
     loom_status st = loom_bf16_rounding_parse(tc->bf16_rounding, "--bf16-rounding", &rounding, err);
     if (st) return st;
+    /* the flat buffer the model reads: ZeRO-3's view (its pages exist while gathered) */
+    const float *params = r->sharded ? r->sharded->view : r->params;
     /* (--outer moves the parameters after some updates: trainer.c rounds the copy again) */
-    const char *why_not = r->sharded ? "--zero 3" : loom_run_on_device(r) ? "--device" : NULL;
-    if ((st = loom_compute_weights_open(&r->cw, r->be, &r->model.table, r->params, rounding,
-                                        tc->seed, why_not, err)))
+    if ((st = loom_compute_weights_open(&r->cw, r->be, &r->model.table, params, rounding, tc->seed,
+                                        loom_run_on_device(r) ? "--device" : NULL, err)))
         return st;
     if (r->pg.zero) { /* --overlap-param-gather: each range rounds when its gather lands */
-        loom_compute_weights_by_range(&r->cw);
+        loom_compute_weights_by_range(&r->cw, LOOM_CW_UPDATES, 0);
         r->pg.landed = loom_compute_weights_land;
         r->pg.landed_ctx = &r->cw;
+    }
+    if (r->sharded) { /* ZeRO-3: the copy follows the view, gather by gather */
+        loom_fsdp *f = r->sharded;
+        const size_t shard = f->zero->span_on ? f->hi - f->lo : f->zero->shard_floats;
+        loom_compute_weights_by_range(&r->cw, LOOM_CW_GATHERED,
+                                      loom_fsdp_resident_bytes(f) / sizeof(float) - shard);
+        f->landed = loom_compute_weights_land;
+        f->released = loom_compute_weights_release;
+        f->cb_ctx = &r->cw;
     }
     return LOOM_OK;
 }

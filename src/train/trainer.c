@@ -61,7 +61,10 @@ static loom_status train_loop(loom_run *r, int *stopped, loom_error *err) {
     if ((st = loom_batch_skip_parse(&skip, tc->skip_steps, err))) return st;
     int step = r->start_step, stop = 0;
     loom_progress_set_step(step);
-    loom_compute_weights_refresh(&r->cw, step); /* --precision bf16: the weights' copy */
+    /* --precision bf16: the weights' copy (ZeRO-3: each gather rounds its range from here
+     * on with this step's key, so none stays gathered from before) */
+    if (r->sharded) loom_fsdp_invalidate(r->sharded);
+    loom_compute_weights_refresh(&r->cw, step);
     for (; step < tc->steps && !stop; step++) {
         s.step = step;
         s.t0 = loom_now_ms();

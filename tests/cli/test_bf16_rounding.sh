@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # --bf16-rounding (train/compute_weights.h, docs/precision.md): the weights' bf16 copy,
 # rounded from the fp32 master once per step. nearest: every weight operand read from the
-# copy (0 rounded per call) and bitwise the run rounding per call gives (the same rule on
-# the same master: checked against --zero 3, which rounds per call); stochastic: twice
+# copy (0 rounded per call); ZeRO-3's copy, which follows its gathers, bitwise ZeRO-1's whole
+# copy (nearest and stochastic, with tp, pp, ep beside dp); stochastic: twice
 # bitwise, resumed bitwise (the copy is rebuilt with the step's key), different from
 # nearest yet as good (losses within 2%: the rounding is unbiased, tests/unit/test_bf16.c
 # checks its mean against the fp32 value); the same with --outer diloco, whose syncs move the
@@ -29,11 +29,6 @@ expect "stochastic needs bf16" "--bf16-rounding stochastic: needs --precision bf
     "${LM[@]:0:${#LM[@]}-2}" --bf16-rounding stochastic
 expect "a bad rounding" "--bf16-rounding 'sr': expected nearest or stochastic" -- "${LM[@]}" \
     --bf16-rounding sr
-# ZeRO-3 (sharded over dp 2) keeps no whole parameter buffer, so no copy: refused, exit 2
-"${MPI[@]}" "$LOOM" "${LM[@]}" --bf16-rounding stochastic --dp 2 --zero 3 --steps 1 \
-    >/dev/null 2>"$TMP/z3sr.err"
-check "stochastic with ZeRO-3: refused naming --zero 3" \
-    grep -q "^loom train: rank 0: --bf16-rounding stochastic: not with --zero 3" "$TMP/z3sr.err"
 
 losses() { grep -o '"step":[0-9]*,"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$1" | tail -n "${2:-100}"; }
 run() { # NAME FLAGS...: a 6-step run, metrics NAME.jsonl, weights NAME.st, log NAME.err
@@ -47,13 +42,31 @@ run near
 check "nearest: every weight operand from the step's copy" \
     grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
     "$TMP/near.err"
-# (ZeRO-3 with local accumulation, as ZeRO-1's: its default, sharded, sums in another order)
-"${MPI[@]}" "$LOOM" "${LM[@]}" --steps 6 --dp 2 --zero 3 --grad-accum local \
-    --metrics "$TMP/z3.jsonl" --save-weights "$TMP/z3.st" >/dev/null 2>&1
-"${MPI[@]}" "$LOOM" "${LM[@]}" --steps 6 --dp 2 --zero 1 --metrics "$TMP/z1.jsonl" \
-    --save-weights "$TMP/z1.st" >/dev/null 2>&1
-check "nearest from the copy (ZeRO 1) is bitwise per-call rounding (ZeRO 3)" \
-    cmp -s "$TMP/z1.st" "$TMP/z3.st"
+# ZeRO-3 keeps the copy too, following its view: each gathered range rounded as it lands
+# (with the step's key), its pages handed back with the range's. With local accumulation, as
+# ZeRO-1's (its default, sharded, sums in another order), it is bitwise ZeRO-1's whole copy,
+# nearest and stochastic, also with tp 2, pp 2 and ep 2 (a MoE) beside dp 2. (Before the
+# copy followed the gathers, ZeRO-3 rounded per call and this check was bitwise too.)
+z3_pair() { # NAME RANKS FLAGS...: ZeRO-1 and ZeRO-3 (local accumulation) runs, weights compared
+    local name=$1 n=$2
+    shift 2
+    "${MPI[@]:0:${#MPI[@]}-1}" "$n" "$LOOM" "${LM[@]}" --steps 6 --dp 2 --zero 1 "$@" \
+        --save-weights "$TMP/${name}_z1.st" >/dev/null 2>"$TMP/${name}_z1.err" &
+    "${MPI[@]:0:${#MPI[@]}-1}" "$n" "$LOOM" "${LM[@]}" --steps 6 --dp 2 --zero 3 \
+        --grad-accum local "$@" --save-weights "$TMP/${name}_z3.st" >/dev/null \
+        2>"$TMP/${name}_z3.err" &
+    wait
+    check "$name: ZeRO-3's gathered copy bitwise ZeRO-1's whole copy" \
+        cmp -s "$TMP/${name}_z1.st" "$TMP/${name}_z3.st"
+}
+z3_pair z3_near 2
+check "ZeRO-3, nearest: every weight operand from the copy" \
+    grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
+    "$TMP/z3_near_z3.err"
+z3_pair z3_sr 2 --bf16-rounding stochastic
+z3_pair z3_sr_tp 4 --bf16-rounding stochastic --tp 2
+z3_pair z3_sr_pp 4 --bf16-rounding stochastic --pp 2 --global-batch 8
+z3_pair z3_sr_ep 2 --bf16-rounding stochastic --ep 2 --n-experts 4 --top-k 2
 run sr1 --bf16-rounding stochastic
 run sr2 --bf16-rounding stochastic
 check "stochastic twice: the same losses" test "$(losses "$TMP/sr1.jsonl")" = "$(losses "$TMP/sr2.jsonl")"
@@ -71,9 +84,9 @@ check "another seed draws other roundings" test "$(losses "$TMP/sr_seed.jsonl")"
 
 # --outer diloco moves the weights after some updates (each outer sync, a streaming
 # fragment's merge): the copy is rounded again there with the step's key. W = 2 groups of
-# dp 2: ZeRO-1 (the copy) bitwise ZeRO-3 (per call; its groups sync their shards, the same
-# elementwise outer step) in plain and streaming DiLoCo, every operand from the copy;
-# stochastic twice bitwise, not nearest, as good
+# dp 2: ZeRO-1 bitwise ZeRO-3 (its groups sync their shards, the same elementwise outer step,
+# and its copy follows the gathers) in plain and streaming DiLoCo, every operand from the
+# copy; stochastic twice bitwise, not nearest, as good
 MPI4=("${MPI[@]:0:${#MPI[@]}-1}" 4)
 DL=(--steps 8 --global-batch 8 --dp 2 --outer diloco --workers 2 --inner-steps 3 --outer-lr 0.7
     --outer-momentum 0.5)
@@ -96,9 +109,9 @@ wait
 check "--outer, nearest: every weight operand from the step's copy" \
     grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
     "$TMP/dl_z1.err"
-check "--outer, nearest from the copy (ZeRO 1 groups) is bitwise per-call rounding (ZeRO 3)" \
+check "--outer, nearest: ZeRO-1 groups bitwise ZeRO-3 groups" \
     cmp -s "$TMP/dl_z1.st" "$TMP/dl_z3.st"
-check "--outer streaming, nearest from the copy is bitwise per-call rounding" \
+check "--outer streaming, nearest: ZeRO-1 groups bitwise ZeRO-3 groups" \
     cmp -s "$TMP/dl_s_z1.st" "$TMP/dl_s_z3.st"
 check "--outer, stochastic twice: the same weights" cmp -s "$TMP/dl_sr1.st" "$TMP/dl_sr2.st"
 check "--outer, stochastic is not nearest, losses within 2%" /usr/bin/python3 -c "
@@ -178,7 +191,7 @@ check "stochastic resumed: bitwise the uninterrupted weights" cmp -s "$TMP/res.s
 
 # loom rl keeps the copy too: rounded at the start and after every update, every weight
 # operand of the policy read from it (no KL reference here: its weights, another buffer,
-# would be rounded per call), nearest bitwise the per-call rounding of ZeRO-3 (no copy),
+# would be rounded per call), nearest bitwise ZeRO-3's gathered copy,
 # stochastic rounding used (before, rl allocated the copy and never filled it)
 printf '12+34=\n5+67=\n' >"$TMP/prompts.txt"
 RL=(rl "${LM[@]:1:14}" --threads 1 --precision bf16 --prompts "$TMP/prompts.txt" --iterations 2
@@ -194,7 +207,7 @@ for name in rl_z1 rl_z3 rl_sr; do check "rl $name wrote its weights" test -s "$T
 check "rl, nearest: every weight operand of the policy from the copy" \
     grep -q "at the end: .*weights: [1-9][0-9]* reads of the step's bf16 copy, 0 rounded per call" \
     "$TMP/rl_z1.err"
-check "rl, nearest from the copy (ZeRO 1) is bitwise per-call rounding (ZeRO 3)" \
+check "rl, nearest: ZeRO-1's copy bitwise ZeRO-3's gathered copy" \
     cmp -s "$TMP/rl_z1.st" "$TMP/rl_z3.st"
 check "rl, stochastic rounding is used (not nearest's weights)" /usr/bin/python3 -c \
     "import sys; sys.exit(open('$TMP/rl_sr.st', 'rb').read() == open('$TMP/rl_z1.st', 'rb').read())"

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -24,6 +25,7 @@ typedef struct {
     const float *w_base;
     loom_bf16 *w_copy;
     size_t w_n, w_copied, w_rounded;
+    size_t w_bytes, w_resident; /* its mapping; the elements expected resident */
     int w_valid;
 } bf16_ctx;
 
@@ -369,7 +371,8 @@ void loom_backend_cpu_bf16_close(const loom_backend *be) {
         return;
     bf16_ctx *c = ctx_of(be);
     loom_gemm_bf16_destroy(c->gemm);
-    free(c->a), free(c->b), free(c->w_copy), free(c);
+    if (c->w_copy) munmap(c->w_copy, c->w_bytes);
+    free(c->a), free(c->b), free(c);
     free((loom_backend *)be);
 }
 
@@ -396,9 +399,15 @@ void loom_backend_cpu_bf16_describe(const loom_backend *be, char *buf, size_t si
 loom_bf16 *loom_backend_cpu_bf16_weight_copy(const loom_backend *be, const float *base, size_t n) {
     bf16_ctx *c = ctx_of(be);
     if (!c->w_copy) {
-        c->w_copy = aligned_alloc(64, ((n ? n : 1) * sizeof(loom_bf16) + 63) / 64 * 64);
+        /* anonymous pages: zero, and resident only where written (ZeRO-3 writes the
+         * gathered blocks' part and hands it back with them: train/compute_weights.h) */
+        const size_t bytes = (n ? n : 1) * sizeof(loom_bf16);
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        c->w_copy = p;
+        c->w_bytes = bytes;
         c->w_base = base;
-        c->w_n = n;
+        c->w_n = c->w_resident = n;
         c->w_valid = 0;
     }
     return c->w_copy;
@@ -415,7 +424,11 @@ void loom_backend_cpu_bf16_weight_copy_valid(const loom_backend *be, int valid) 
     ctx_of(be)->w_valid = valid;
 }
 
+void loom_backend_cpu_bf16_weight_copy_resident(const loom_backend *be, size_t n) {
+    ctx_of(be)->w_resident = n;
+}
+
 size_t loom_backend_cpu_bf16_bytes(const loom_backend *be) {
     bf16_ctx *c = ctx_of(be);
-    return (c->a_cap + c->b_cap + (c->w_copy ? c->w_n : 0)) * sizeof(loom_bf16);
+    return (c->a_cap + c->b_cap + (c->w_copy ? c->w_resident : 0)) * sizeof(loom_bf16);
 }
