@@ -24,6 +24,15 @@ static loom_act act_at(const moe_layer *L, size_t off) {
 static loom_act xin_at(const moe_layer *L, size_t off) {
     return loom_act_of(L->xin ? L->xin + off : NULL, L->xin16 ? L->xin16 + off : NULL);
 }
+/* Forward's dispatch of chunk c: its rows as bf16 when the layer keeps them so (xin16),
+ * else fp32 (m->send); finish places them expert-major into the layer's rows. */
+static loom_status forward_dispatch_start(loom_moe *m, const moe_layer *L, int c) {
+    return L->xin16 ? loom_moe_dispatch_start16(m, c) : loom_moe_dispatch_start(m, c, m->send);
+}
+static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int c) {
+    return L->xin16 ? loom_moe_dispatch_finish16(m, L, c, L->xin16)
+                    : loom_moe_dispatch_finish(m, L, c, L->xin);
+}
 static loom_act sh_act(const moe_layer *L) {
     return loom_act_of(L->sh_act, L->sh_act16);
 }
@@ -259,20 +268,14 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
     if (st) return st;
     loom_moe_set_counts(m, L);
     /* bf16: the rows rounded once (what the fc GEMM reads) and sent as bf16 */
-    const int x16 = L->xin16 != NULL;
-    if (x16) loom_backend_round_bf16(m->be, m->send16, m->send, (size_t)m->sb[m->chunks] * C);
+    if (L->xin16) loom_backend_round_bf16(m->be, m->send16, m->send, (size_t)m->sb[m->chunks] * C);
     /* Chunk c + 1's dispatch and chunk c - 1's combine are in flight while chunk c's
      * experts run: one GEMM per local expert and projection (grouped computation). The
      * collectives start in the same order on every rank. */
-    if ((st = x16 ? loom_moe_dispatch_start16(m, 0) : loom_moe_dispatch_start(m, 0, m->send)))
-        return st;
+    if ((st = forward_dispatch_start(m, L, 0))) return st;
     for (int c = 0; c < m->chunks && !st; c++) {
-        if ((st = x16 ? loom_moe_dispatch_finish16(m, L, c, L->xin16)
-                      : loom_moe_dispatch_finish(m, L, c, L->xin)))
-            break;
-        if (c + 1 < m->chunks && (st = x16 ? loom_moe_dispatch_start16(m, c + 1)
-                                           : loom_moe_dispatch_start(m, c + 1, m->send)))
-            break;
+        if ((st = forward_dispatch_finish(m, L, c))) break;
+        if (c + 1 < m->chunks && (st = forward_dispatch_start(m, L, c + 1))) break;
         for (int j = 0; j < m->EL && !st; j++) {
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);

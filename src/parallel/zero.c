@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/pages.h"
 #include "model/model.h"
 #include "parallel/shard_geometry.h"
 
@@ -260,11 +261,7 @@ void loom_zero_grads_free(loom_zero *z, float *grads) {
 }
 
 void loom_zero_release_pages(float *base, size_t begin, size_t end) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(base + begin), e = (uintptr_t)(base + end);
-    a = (a + page - 1) / page * page;
-    e = e / page * page;
-    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    loom_pages_release(base, begin * sizeof(float), end * sizeof(float));
 }
 
 void loom_zero_grads_clear(loom_zero *z, float *grads) {

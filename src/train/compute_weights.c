@@ -1,9 +1,8 @@
 #include "train/compute_weights.h"
 
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
+#include "core/pages.h"
 #include "core/philox.h"
 #include "kernels/bf16.h"
 
@@ -117,10 +116,6 @@ void loom_compute_weights_land(void *ctx, size_t begin, size_t end) {
 
 void loom_compute_weights_release(void *ctx, size_t begin, size_t end) {
     loom_compute_weights *cw = ctx;
-    if (!cw->copy) return;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t base = (uintptr_t)cw->copy;
-    const uintptr_t lo = (base + begin * sizeof(loom_bf16) + page - 1) / page * page;
-    const uintptr_t hi = (base + end * sizeof(loom_bf16)) / page * page;
-    if (lo < hi) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* reads as zero until landed */
+    /* the pages read as zero until their range lands again */
+    if (cw->copy) loom_pages_release(cw->copy, begin * sizeof(loom_bf16), end * sizeof(loom_bf16));
 }
