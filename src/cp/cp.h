@@ -43,7 +43,7 @@ typedef struct {
     int B, T;      /* samples per micro-batch, GLOBAL tokens per sample */
     int H, KV, hd; /* query heads, kv heads on this rank; head width */
     /* 1: every qkv value passed in is a bf16 value and the caller rounds the output to bf16
-     * (round to nearest even) before anything reads it: the language models under
+     * (round to nearest even) before anything reads it: every family under
      * --precision bf16 (model/tp_linear.c loom_model_round_pre). Then the ring's key/value
      * blocks and Ulysses' qkv and output exchanges travel as bf16 bits: the same function,
      * half their bytes (docs/precision.md). Gradients stay fp32. */

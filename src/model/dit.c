@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "model/model_impl.h"
 
 /* A DiT block's activations beyond the LM block's (those live in m->blocks[l]: norm1/2
@@ -146,6 +147,10 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     const size_t N = d.N, Ns = d.Ns, C = d.C, B = d.B, P = d.P, F = d.F;
     const int split = m->split_backward;
     const int h = loom_model_bf16_activations(m, Ns != N); /* model_impl.h */
+    /* qkv, attention's output and the MLP's pre-activation kept in bf16, as the language
+     * models keep them (model_impl.h: loom_model_keep_bf16_pre); under selective
+     * recomputation layer 0's attention output serves every layer: fp32, rounded in place */
+    const int hp = loom_model_keep_bf16_pre(m);
     s->patches = loom_carve(cv, N * P);
     s->target = loom_carve(cv, N * P);
     s->t = loom_carve(cv, B);
@@ -175,11 +180,14 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm1_mean = loom_carve(cv, Ns);
             a->norm1_rstd = loom_carve(cv, Ns);
             loom_carve_kept(cv, h, Ns * C, &b->xm1, &b->xm1_bf16);
-            a->qkv = loom_carve(cv, N * d.QKV);
+            loom_carve_kept(cv, hp, N * d.QKV, &a->qkv, &a->qkv_bf16);
             /* selective recomputation: layer 0's attention output, log-sum-exp and
              * activation serve every layer (recomputed before each block's backward) */
             const int sel = m->recompute_selective && !m->recompute && l > 0;
-            a->att = sel ? shared_acts.att : loom_carve(cv, N * d.A);
+            if (sel)
+                a->att = shared_acts.att, a->att_bf16 = NULL;
+            else
+                loom_carve_kept(cv, hp && !m->recompute_selective, N * d.A, &a->att, &a->att_bf16);
             a->lse = sel ? shared_acts.lse : loom_carve(cv, B * d.H * d.T);
             b->y1 = loom_carve(cv, Ns * C);
             a->res1 = loom_carve(cv, Ns * C);
@@ -187,7 +195,7 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
             a->norm2_mean = loom_carve(cv, Ns);
             a->norm2_rstd = loom_carve(cv, Ns);
             loom_carve_kept(cv, h, Ns * C, &b->xm2, &b->xm2_bf16);
-            a->fc = loom_carve(cv, N * F);
+            loom_carve_kept(cv, hp, N * F, &a->fc, &a->fc_bf16);
             if (sel)
                 a->act = shared_acts.act, a->act_bf16 = shared_acts.act_bf16;
             else
@@ -220,8 +228,10 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     m->dnorm = loom_carve(cv, N * C);
     m->dqkv = loom_carve(cv, N * d.QKV);
     m->datt = loom_carve(cv, N * d.A);
-    m->dfc = loom_carve(cv, N * F);
-    m->dact = loom_carve(cv, N * F);
+    /* qkv and att kept in bf16: attention's backward reads them widened into dfc and dact
+     * (the MLP's backward is done with both by then) */
+    m->dfc = loom_carve(cv, N * (hp && (size_t)d.QKV > F ? (size_t)d.QKV : F));
+    m->dact = loom_carve(cv, N * (hp && (size_t)d.A > F ? (size_t)d.A : F));
     s->dmod = loom_carve(cv, B * 6 * C);
     s->dyl = loom_carve(cv, Ns * C);
     s->dxn = loom_carve(cv, Ns * C);
@@ -305,11 +315,14 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
     return LOOM_OK;
 }
 
-/* GELU of a->fc into a->act, or kept in bf16: through dact (free until backward) rounded
- * into a->act_bf16. */
+/* GELU of a->fc (or of its bf16 copy) into a->act, or kept in bf16: through dact (free
+ * until backward) rounded into a->act_bf16. */
 static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
     float *act = a->act ? a->act : m->dact;
-    loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
+    if (a->fc_bf16)
+        loom_backend_gelu_forward_in_bf16(m->be, act, a->fc_bf16, (size_t)d->N * d->F);
+    else
+        loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
     loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
 }
 
@@ -318,7 +331,13 @@ static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
 static loom_status block_recompute_selective(loom_model *m, const dims *d, int l) {
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
-    loom_status st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
+    const float *qkv = a->qkv;
+    if (a->qkv_bf16) { /* widened into dqkv (free until the block's attention backward) */
+        loom_backend_widen_bf16(m->be, m->dqkv, a->qkv_bf16, (size_t)d->N * d->QKV);
+        qkv = m->dqkv;
+    }
+    loom_status st = loom_model_attention_forward(m, a->att, a->lse, qkv, d->H, d->H, d->hd, 0);
+    if (!st) loom_model_round_pre(m, NULL, a->att, (size_t)d->N * d->A, 0); /* as forward's */
     if (!st) mlp_activation(m, d, a);
     loom_trace_end(m->trace);
     return st;
@@ -343,12 +362,15 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
     loom_backend_modulate_forward(be, xm1, a->norm1, mod, mod + C, ld, Ns, C, T, r0);
     loom_model_keep_bf16(m, b->xm1_bf16, xm1, (size_t)Ns * C);
     loom_status st = loom_model_tp_gather_act(m, loom_act_of(b->xm1, b->xm1_bf16), &in);
-    if (!st) {
-        loom_model_linear_forward(m, a->qkv, in, p + k->qkv_w, p + k->qkv_b, N, C, d->QKV);
-        st = loom_model_attention_forward(m, a->att, a->lse, a->qkv, d->H, d->H, d->hd, 0);
+    if (!st) { /* qkv and att kept in bf16: through dqkv and datt (free until backward) */
+        float *qkv = a->qkv ? a->qkv : m->dqkv, *att = a->att ? a->att : m->datt;
+        loom_model_linear_forward(m, qkv, in, p + k->qkv_w, p + k->qkv_b, N, C, d->QKV);
+        loom_model_round_pre(m, a->qkv_bf16, qkv, (size_t)N * d->QKV, 1);
+        st = loom_model_attention_forward(m, att, a->lse, qkv, d->H, d->H, d->hd, 0);
+        if (!st) loom_model_round_pre(m, a->att_bf16, att, (size_t)N * d->A, 0);
     }
     if (!st) {
-        st = loom_model_row_forward(m, b->y1, loom_act_f32(a->att), p + k->attn_out_w,
+        st = loom_model_row_forward(m, b->y1, loom_act_of(a->att, a->att_bf16), p + k->attn_out_w,
                                     p + k->attn_out_b, d->A);
     }
     if (!st) {
@@ -360,8 +382,10 @@ static loom_status block_forward_body(loom_model *m, const dims *d, const float 
         loom_model_keep_bf16(m, b->xm2_bf16, xm2, (size_t)Ns * C);
         st = loom_model_tp_gather_act(m, loom_act_of(b->xm2, b->xm2_bf16), &in);
     }
-    if (!st) {
-        loom_model_linear_forward(m, a->fc, in, p + k->fc_w, p + k->fc_b, N, C, d->F);
+    if (!st) { /* fc kept in bf16: through dfc (free until backward) */
+        float *fc = a->fc ? a->fc : m->dfc;
+        loom_model_linear_forward(m, fc, in, p + k->fc_w, p + k->fc_b, N, C, d->F);
+        loom_model_round_pre(m, a->fc_bf16, fc, (size_t)N * d->F, 0);
         mlp_activation(m, d, a);
         st = loom_model_row_forward(m, b->y2, loom_act_of(a->act, a->act_bf16), p + k->proj_w,
                                     p + k->proj_b, d->F);
@@ -507,7 +531,10 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                            loom_act_of(a->act, a->act_bf16), d->F, m->dact, split ? b->d_y2 : NULL);
     if (!st) {
         loom_backend_memset(be, dfc, 0, (size_t)d->N * d->F * sizeof(float));
-        loom_backend_gelu_backward(be, dfc, a->fc, m->dact, (size_t)d->N * d->F);
+        if (a->fc_bf16)
+            loom_backend_gelu_backward_in_bf16(be, dfc, a->fc_bf16, m->dact, (size_t)d->N * d->F);
+        else
+            loom_backend_gelu_backward(be, dfc, a->fc, m->dact, (size_t)d->N * d->F);
         st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
                                         loom_act_of(b->xm2, b->xm2_bf16), d->F, &dn);
     }
@@ -516,13 +543,22 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                                 mod + 4 * C, dmod + 3 * C, dmod + 4 * C);
         /* attention branch: res1 = x + gate_msa * proj(attention(qkv(xm1))) */
         st = gated_row_backward(m, d, p, g, b->y1, mod + 2 * C, dmod + 2 * C, k->attn_out_w,
-                                k->attn_out_b, loom_act_f32(a->att), d->A, m->datt,
+                                k->attn_out_b, loom_act_of(a->att, a->att_bf16), d->A, m->datt,
                                 split ? b->d_y1 : NULL);
     }
-    if (!st) {
+    if (!st) { /* kept in bf16: qkv widened into m->dfc, att into m->dact (both free now) */
+        const float *qkv = a->qkv, *att = a->att;
+        if (a->qkv_bf16) {
+            loom_backend_widen_bf16(be, m->dfc, a->qkv_bf16, (size_t)d->N * d->QKV);
+            qkv = m->dfc;
+        }
+        if (a->att_bf16) {
+            loom_backend_widen_bf16(be, m->dact, a->att_bf16, (size_t)d->N * d->A);
+            att = m->dact;
+        }
         loom_backend_memset(be, dqkv, 0, (size_t)d->N * d->QKV * sizeof(float));
-        st = loom_model_attention_backward(m, dqkv, m->datt, a->qkv, a->att, a->lse, d->H, d->H,
-                                           d->hd, 0);
+        st =
+            loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d->H, d->H, d->hd, 0);
     }
     if (!st) {
         st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, g + k->qkv_b,
@@ -555,8 +591,8 @@ static loom_status block_backward_weight(loom_model *m, const dims *d, const flo
                                   loom_act_of(b->xm2, b->xm2_bf16), d->F);
     if (!st)
         st = loom_model_branch_weight(m, g, k->attn_out_w, k->attn_out_b, b->d_y1,
-                                      loom_act_f32(a->att), d->A, k->qkv_w, k->qkv_b, a->d_qkv,
-                                      loom_act_of(b->xm1, b->xm1_bf16), d->QKV);
+                                      loom_act_of(a->att, a->att_bf16), d->A, k->qkv_w, k->qkv_b,
+                                      a->d_qkv, loom_act_of(b->xm1, b->xm1_bf16), d->QKV);
     if (!st)
         loom_linear_backward(m->be, NULL, LOOM_DX_SET, b->d_mod, NULL, g + k->ada_w, g + k->ada_b,
                              m->cond, d->B, C, 6 * C);

@@ -7,13 +7,18 @@
 #include <string.h>
 
 #include "data/vlm_shard.h"
+#include "kernels/backend_bf16.h"
 #include "model/dit.h"
 #include "model/model_impl.h"
 #include "model/vlm_pieces.h"
 
-/* One encoder block's activations. */
+/* One encoder block's activations. --precision bf16 (docs/precision.md): the norms' outputs
+ * and the activation (only GEMMs read them) and qkv, attention's output and the MLP's
+ * pre-activation (rounded, as the language models' blocks round them) are kept in bf16:
+ * the *16 pointer set, the fp32 one NULL. */
 typedef struct {
     float *ln1, *mean1, *rstd1, *qkv, *att, *lse, *x1, *ln2, *mean2, *rstd2, *fc, *act, *x2;
+    loom_bf16 *ln1_16, *qkv16, *att16, *ln2_16, *fc16, *act16;
 } vit_acts;
 
 struct loom_vlm {
@@ -35,7 +40,8 @@ struct loom_vlm {
     float *patches, *x0; /* [R, Pin], [R, Dv] */
     vit_acts *blk;       /* vit_layers */
     float *lnf, *lnf_mean, *lnf_rstd;
-    float *h1, *a1, *out; /* projector [R, C] */
+    float *h1, *a1, *out;     /* projector [R, C] */
+    loom_bf16 *lnf16, *a1_16; /* bf16: lnf and a1 (only GEMMs read them) kept so */
     float *dx, *dln, *dqkv, *datt, *dfc, *dact, *dh, *da, *scratch;
 };
 
@@ -75,36 +81,41 @@ static void plan(loom_model *m, loom_carver *cv, int sequence_parallel) {
     v->lm->plan(m, cv, sequence_parallel);
     if (!v->encoder) return;
     const size_t R = (size_t)v->NI * v->P, Dv = v->Dv, Fv = v->Fv, C = v->C;
+    /* bf16 (vit_acts): the encoder is whole on every rank, never split by sp */
+    const int h = loom_model_bf16_activations(m, 0), hp = loom_model_keep_bf16_pre(m);
     v->patches = loom_carve(cv, R * v->Pin);
     v->x0 = loom_carve(cv, R * Dv);
     for (int l = 0; l < m->cfg.vit_layers; l++) {
         vit_acts *a = &v->blk[l];
-        a->ln1 = loom_carve(cv, R * Dv);
+        loom_carve_kept(cv, h, R * Dv, &a->ln1, &a->ln1_16);
         a->mean1 = loom_carve(cv, R);
         a->rstd1 = loom_carve(cv, R);
-        a->qkv = loom_carve(cv, R * 3 * Dv);
-        a->att = loom_carve(cv, R * Dv);
+        loom_carve_kept(cv, hp, R * 3 * Dv, &a->qkv, &a->qkv16);
+        loom_carve_kept(cv, hp, R * Dv, &a->att, &a->att16);
         a->lse = loom_carve(cv, (size_t)v->NI * v->Hv * v->P);
         a->x1 = loom_carve(cv, R * Dv);
-        a->ln2 = loom_carve(cv, R * Dv);
+        loom_carve_kept(cv, h, R * Dv, &a->ln2, &a->ln2_16);
         a->mean2 = loom_carve(cv, R);
         a->rstd2 = loom_carve(cv, R);
-        a->fc = loom_carve(cv, R * Fv);
-        a->act = loom_carve(cv, R * Fv);
+        loom_carve_kept(cv, hp, R * Fv, &a->fc, &a->fc16);
+        loom_carve_kept(cv, h, R * Fv, &a->act, &a->act16);
         a->x2 = loom_carve(cv, R * Dv);
     }
-    v->lnf = loom_carve(cv, R * Dv);
+    loom_carve_kept(cv, h, R * Dv, &v->lnf, &v->lnf16);
     v->lnf_mean = loom_carve(cv, R);
     v->lnf_rstd = loom_carve(cv, R);
     v->h1 = loom_carve(cv, R * C);
-    v->a1 = loom_carve(cv, R * C);
+    loom_carve_kept(cv, h, R * C, &v->a1, &v->a1_16);
     v->out = loom_carve(cv, R * C);
     v->dx = loom_carve(cv, R * Dv);
     v->dln = loom_carve(cv, R * Dv);
     v->dqkv = loom_carve(cv, R * 3 * Dv);
     v->datt = loom_carve(cv, R * Dv);
-    v->dfc = loom_carve(cv, R * Fv);
-    v->dact = loom_carve(cv, R * Fv);
+    /* forward: the fp32 values of what is kept in bf16 pass through the backward's scratch
+     * (free then); backward: attention reads qkv and att widened into dfc and dact (the
+     * MLP's backward is done with both) */
+    v->dfc = loom_carve(cv, R * (hp && 3 * Dv > Fv ? 3 * Dv : Fv));
+    v->dact = loom_carve(cv, R * (hp && Dv > Fv ? Dv : Fv));
     v->dh = loom_carve(cv, R * C);
     v->da = loom_carve(cv, R * C);
     v->scratch = loom_carve(cv, loom_backend_attention_scratch_floats(m->be, v->NI, v->P, v->Hv));
@@ -218,27 +229,48 @@ static void encoder_forward(loom_model *m, const float *p) {
     for (int l = 0; l < q->n_layer; l++) {
         const loom_block_params *k = &q->blocks[l];
         vit_acts *a = &v->blk[l];
-        loom_backend_layernorm_forward(be, a->ln1, a->mean1, a->rstd1, x, p + k->norm1_w,
+        /* what is kept in bf16 passes through the backward's scratch (free in forward) */
+        float *ln1 = a->ln1 ? a->ln1 : v->dln, *qkv = a->qkv ? a->qkv : v->dqkv;
+        float *att = a->att ? a->att : v->datt, *ln2 = a->ln2 ? a->ln2 : v->dln;
+        float *fc = a->fc ? a->fc : v->dfc, *act = a->act ? a->act : v->dact;
+        loom_backend_layernorm_forward(be, ln1, a->mean1, a->rstd1, x, p + k->norm1_w,
                                        p + k->norm1_b, R, Dv, eps);
-        loom_backend_linear_forward(be, a->qkv, a->ln1, p + k->qkv_w, p + k->qkv_b, R, Dv, 3 * Dv);
-        loom_backend_attention_bidir_forward(be, a->att, a->lse, a->qkv, v->scratch, v->n_img, v->P,
+        loom_model_keep_bf16(m, a->ln1_16, ln1, (size_t)R * Dv);
+        loom_model_linear_forward(m, qkv, loom_act_of(a->ln1, a->ln1_16), p + k->qkv_w,
+                                  p + k->qkv_b, R, Dv, 3 * Dv);
+        loom_model_round_pre(m, a->qkv16, qkv, (size_t)R * 3 * Dv, 1);
+        loom_backend_attention_bidir_forward(be, att, a->lse, qkv, v->scratch, v->n_img, v->P,
                                              v->Hv, v->Hv, hd);
-        loom_backend_linear_forward(be, a->x1, a->att, p + k->attn_out_w, p + k->attn_out_b, R, Dv,
-                                    Dv);
+        loom_model_round_pre(m, a->att16, att, (size_t)R * Dv, 0);
+        loom_model_linear_forward(m, a->x1, loom_act_of(a->att, a->att16), p + k->attn_out_w,
+                                  p + k->attn_out_b, R, Dv, Dv);
         loom_backend_add(be, a->x1, a->x1, x, (size_t)R * Dv);
-        loom_backend_layernorm_forward(be, a->ln2, a->mean2, a->rstd2, a->x1, p + k->norm2_w,
+        loom_backend_layernorm_forward(be, ln2, a->mean2, a->rstd2, a->x1, p + k->norm2_w,
                                        p + k->norm2_b, R, Dv, eps);
-        loom_backend_linear_forward(be, a->fc, a->ln2, p + k->fc_w, p + k->fc_b, R, Dv, Fv);
-        loom_backend_gelu_forward(be, a->act, a->fc, (size_t)R * Fv);
-        loom_backend_linear_forward(be, a->x2, a->act, p + k->proj_w, p + k->proj_b, R, Fv, Dv);
+        loom_model_keep_bf16(m, a->ln2_16, ln2, (size_t)R * Dv);
+        loom_model_linear_forward(m, fc, loom_act_of(a->ln2, a->ln2_16), p + k->fc_w, p + k->fc_b,
+                                  R, Dv, Fv);
+        loom_model_round_pre(m, a->fc16, fc, (size_t)R * Fv, 0);
+        if (a->fc16)
+            loom_backend_gelu_forward_in_bf16(be, act, a->fc16, (size_t)R * Fv);
+        else
+            loom_backend_gelu_forward(be, act, a->fc, (size_t)R * Fv);
+        loom_model_keep_bf16(m, a->act16, act, (size_t)R * Fv);
+        loom_model_linear_forward(m, a->x2, loom_act_of(a->act, a->act16), p + k->proj_w,
+                                  p + k->proj_b, R, Fv, Dv);
         loom_backend_add(be, a->x2, a->x2, a->x1, (size_t)R * Dv);
         x = a->x2;
     }
-    loom_backend_layernorm_forward(be, v->lnf, v->lnf_mean, v->lnf_rstd, x, p + q->norm_w,
+    float *lnf = v->lnf ? v->lnf : v->dln, *a1 = v->a1 ? v->a1 : v->da;
+    loom_backend_layernorm_forward(be, lnf, v->lnf_mean, v->lnf_rstd, x, p + q->norm_w,
                                    p + q->norm_b, R, Dv, eps);
-    loom_backend_linear_forward(be, v->h1, v->lnf, p + q->fc1_w, p + q->fc1_b, R, Dv, C);
-    loom_backend_gelu_forward(be, v->a1, v->h1, (size_t)R * C);
-    loom_backend_linear_forward(be, v->out, v->a1, p + q->fc2_w, p + q->fc2_b, R, C, C);
+    loom_model_keep_bf16(m, v->lnf16, lnf, (size_t)R * Dv);
+    loom_model_linear_forward(m, v->h1, loom_act_of(v->lnf, v->lnf16), p + q->fc1_w, p + q->fc1_b,
+                              R, Dv, C);
+    loom_backend_gelu_forward(be, a1, v->h1, (size_t)R * C);
+    loom_model_keep_bf16(m, v->a1_16, a1, (size_t)R * C);
+    loom_model_linear_forward(m, v->out, loom_act_of(v->a1, v->a1_16), p + q->fc2_w, p + q->fc2_b,
+                              R, C, C);
     loom_trace_end(m->trace);
 }
 
@@ -288,12 +320,14 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
     if (!vision && !projector) return;
     loom_trace_begin(m->trace, "vision", "backward");
     /* projector: out = fc2(gelu(h1)), h1 = fc1(lnf) */
-    loom_linear_backward(be, v->da, LOOM_DX_SET, v->dh, p + q->fc2_w,
-                         projector ? g + q->fc2_w : NULL, g + q->fc2_b, v->a1, R, C, C);
+    loom_linear_backward_act(be, v->da, LOOM_DX_SET, v->dh, p + q->fc2_w,
+                             projector ? g + q->fc2_w : NULL, g + q->fc2_b,
+                             loom_act_of(v->a1, v->a1_16), R, C, C);
     loom_backend_memset(be, v->dh, 0, (size_t)R * C * sizeof(float));
     loom_backend_gelu_backward(be, v->dh, v->h1, v->da, (size_t)R * C);
-    loom_linear_backward(be, vision ? v->dln : NULL, LOOM_DX_SET, v->dh, p + q->fc1_w,
-                         projector ? g + q->fc1_w : NULL, g + q->fc1_b, v->lnf, R, Dv, C);
+    loom_linear_backward_act(be, vision ? v->dln : NULL, LOOM_DX_SET, v->dh, p + q->fc1_w,
+                             projector ? g + q->fc1_w : NULL, g + q->fc1_b,
+                             loom_act_of(v->lnf, v->lnf16), R, Dv, C);
     if (!vision) {
         loom_trace_end(m->trace);
         return;
@@ -308,22 +342,36 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
         const vit_acts *a = &v->blk[l];
         const float *x = l > 0 ? v->blk[l - 1].x2 : v->x0;
         /* x2 = x1 + fc2(gelu(fc1(LN2(x1)))); v->dx = d(x2) */
-        loom_linear_backward(be, v->dact, LOOM_DX_SET, v->dx, p + k->proj_w, g + k->proj_w,
-                             g + k->proj_b, a->act, R, Fv, Dv);
+        loom_linear_backward_act(be, v->dact, LOOM_DX_SET, v->dx, p + k->proj_w, g + k->proj_w,
+                                 g + k->proj_b, loom_act_of(a->act, a->act16), R, Fv, Dv);
         loom_backend_memset(be, v->dfc, 0, (size_t)R * Fv * sizeof(float));
-        loom_backend_gelu_backward(be, v->dfc, a->fc, v->dact, (size_t)R * Fv);
-        loom_linear_backward(be, v->dln, LOOM_DX_SET, v->dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
-                             a->ln2, R, Dv, Fv);
+        if (a->fc16)
+            loom_backend_gelu_backward_in_bf16(be, v->dfc, a->fc16, v->dact, (size_t)R * Fv);
+        else
+            loom_backend_gelu_backward(be, v->dfc, a->fc, v->dact, (size_t)R * Fv);
+        loom_linear_backward_act(be, v->dln, LOOM_DX_SET, v->dfc, p + k->fc_w, g + k->fc_w,
+                                 g + k->fc_b, loom_act_of(a->ln2, a->ln2_16), R, Dv, Fv);
         loom_backend_layernorm_backward(be, v->dx, g + k->norm2_w, g + k->norm2_b, v->dln, a->x1,
                                         p + k->norm2_w, a->mean2, a->rstd2, R, Dv);
         /* x1 = x + proj(attention(qkv(LN1(x)))); v->dx = d(x1) */
-        loom_linear_backward(be, v->datt, LOOM_DX_SET, v->dx, p + k->attn_out_w, g + k->attn_out_w,
-                             g + k->attn_out_b, a->att, R, Dv, Dv);
+        loom_linear_backward_act(be, v->datt, LOOM_DX_SET, v->dx, p + k->attn_out_w,
+                                 g + k->attn_out_w, g + k->attn_out_b,
+                                 loom_act_of(a->att, a->att16), R, Dv, Dv);
+        /* kept in bf16: qkv widened into dfc, att into dact (both free now) */
+        const float *qkv = a->qkv, *att = a->att;
+        if (a->qkv16) {
+            loom_backend_widen_bf16(be, v->dfc, a->qkv16, (size_t)R * 3 * Dv);
+            qkv = v->dfc;
+        }
+        if (a->att16) {
+            loom_backend_widen_bf16(be, v->dact, a->att16, (size_t)R * Dv);
+            att = v->dact;
+        }
         loom_backend_memset(be, v->dqkv, 0, (size_t)R * 3 * Dv * sizeof(float));
-        loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, a->qkv, a->att,
-                                              a->lse, v->n_img, v->P, v->Hv, v->Hv, hd);
-        loom_linear_backward(be, v->dln, LOOM_DX_SET, v->dqkv, p + k->qkv_w, g + k->qkv_w,
-                             g + k->qkv_b, a->ln1, R, Dv, 3 * Dv);
+        loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, qkv, att, a->lse,
+                                              v->n_img, v->P, v->Hv, v->Hv, hd);
+        loom_linear_backward_act(be, v->dln, LOOM_DX_SET, v->dqkv, p + k->qkv_w, g + k->qkv_w,
+                                 g + k->qkv_b, loom_act_of(a->ln1, a->ln1_16), R, Dv, 3 * Dv);
         loom_backend_layernorm_backward(be, v->dx, g + k->norm1_w, g + k->norm1_b, v->dln, x,
                                         p + k->norm1_w, a->mean1, a->rstd1, R, Dv);
     }

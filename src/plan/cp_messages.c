@@ -29,8 +29,8 @@ loom_status loom_plan_cp_messages(const loom_model_config *mc, const loom_train_
     /* cp/cp.h's options: whole sequences of seq_len rows, B T / cp of them on each rank */
     const double rows = (double)tc->micro_batch * mc->seq_len / n;
     const double H = mc->n_head / tp, KV = mc->n_kv_head / tp, hd = mc->d_model / mc->n_head;
-    /* bf16_qkv: the language models on the CPU's bf16 backend (the one rounding qkv) */
-    const int wire16 = strcmp(tc->precision, "bf16") == 0 && mc->family != LOOM_FAMILY_DIT && !gpu;
+    /* bf16_qkv: every family on the CPU's bf16 backend (the one rounding qkv) */
+    const int wire16 = strcmp(tc->precision, "bf16") == 0 && !gpu;
     double fwd, bwd16, bwd32; /* elements of one layer's attention, one micro-batch */
     if (strcmp(tc->cp_mode, "ulysses") != 0) {
         /* the ring: cp - 1 key/value blocks forward and again backward, and cp dK/dV shares */

@@ -62,7 +62,7 @@ shapes loom_price_shapes(const loom_model_config *mc, const loom_train_config *t
         d.cp_ring = strcmp(tc->cp_mode, "ulysses") != 0;
         d.cp_chunks = d.cp_ring ? 2 : 1; /* the ring's zigzag split */
         d.cp_chunk = d.T / d.cp_chunks;
-        d.cp_bf16 = strcmp(tc->precision, "bf16") == 0 && mc->family != LOOM_FAMILY_DIT;
+        d.cp_bf16 = strcmp(tc->precision, "bf16") == 0;
     }
     if (mc->family == LOOM_FAMILY_VLM) {
         d.vlm = 1;

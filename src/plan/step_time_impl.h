@@ -125,7 +125,7 @@ typedef struct {
     int moe_bf16; /* --precision bf16: the forward dispatch sent as bf16 (on the CPU) */
     /* context parallelism */
     int cp_ring, cp_chunks;
-    int cp_bf16; /* --precision bf16, not the DiT: K/V blocks, qkv and out sent as bf16 */
+    int cp_bf16; /* --precision bf16: K/V blocks, qkv and out sent as bf16 */
     double cp_chunk;
     /* vlm (model/vlm.c): the encoder and projector run in the first stage's embedding,
      * whole on every tp rank, over NI images of P patch tokens; `freeze` its parts */

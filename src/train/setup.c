@@ -127,9 +127,9 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
                                .H = mc->n_head / tp,
                                .KV = mc->n_kv_head / tp,
                                .hd = mc->d_model / mc->n_head,
-                               /* the language models round qkv after RoPE under bf16 (the
-                                * condition of loom_model_bf16_pre_activations); the DiT not */
-                               .bf16_qkv = mc->family != LOOM_FAMILY_DIT && r->be &&
+                               /* every family rounds qkv (after RoPE) under bf16: the
+                                * condition of loom_model_bf16_pre_activations */
+                               .bf16_qkv = r->be &&
                                            loom_backend_precision(r->be) == LOOM_PRECISION_BF16 &&
                                            r->be->ops->round_bf16_values != NULL};
     loom_status (*make)(loom_cp *, loom_comm *, const loom_cp_options *, const loom_backend *,

@@ -18,7 +18,10 @@ rounds the partial sums as its bf16 messages do: bitwise (test_layouts_bf16.chec
 says why). AdamW's epsilon is loomtest.ADAM_EPS (1e-6), which explains the seed of this
 test that failed with 1e-8. Usage: test_layouts_dit.py --loom PATH [--seed S] [--quick]
 """
+import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 
@@ -28,7 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from loomtest import (ADAM_EPS, TOL, Layouts, bitwise, loss_error, parse_test_args, same_tensors,  # noqa: E402
                       weights_error)
 from loomtest import check, check_resume, keep_or_remove, run_test  # noqa: E402
-from test_layouts_bf16 import check_tp_rounded  # noqa: E402
+from test_layouts_bf16 import (CP_BYTES, LOSS_TOL, PP_MIN, TENSOR_TOL, WHOLE_TOL,  # noqa: E402
+                               check_tp_rounded)
 
 D_MODEL = 32
 # (name, ranks, extra flags)
@@ -128,6 +132,92 @@ def check_case(args, tmp, seed, case, shape, layouts_list, tp_bf16=False):
                  ref, D_MODEL, also=["ema_final.safetensors"])
     if tp_bf16:
         check_tp_rounded("dit", base, tmp, D_MODEL)
+    check_bf16_layouts(base, tmp, case)
+
+
+ACTIVATIONS = re.compile(r"activations ([0-9.]+) MiB")
+
+
+def check_bf16_layouts(base, tmp, case):
+    """The dit under --precision bf16 (docs/precision.md): qkv, attention's output and the
+    MLP's pre-activation are rounded to bf16 values and kept as bf16 (as the language models
+    keep them; the modulated norms and the activation, which only GEMMs read, too). Keeping
+    them in bf16 is the same function as keeping the rounded values in fp32
+    (LOOM_BF16_FP32_ACTIVATIONS=1): bitwise, with fewer activation bytes in the start-up
+    report, also under selective recomputation (layer 0's fp32 attention output serves every
+    layer, rounded in place). Full and selective recomputation run the same kernels on the
+    same bits: bitwise the plain run. dp 2 (ZeRO 1, 3) and cp 2 against one bf16 process
+    within test_layouts_bf16.py's layout bounds (its docstring derives them: dp keeps every
+    GEMM's operands, cp sums attention in another order before the rounding). cp has one
+    more difference, a rounding's place: each rank's adaLN weight gradient is its tokens'
+    part of d(mod), which the bf16 GEMM rounds before the ranks' parts are summed (one
+    process rounds the whole sum), a relative change up to 2^-8 of that gradient each step;
+    measured over 34 seeds (2026-12-07) the worst tensor, always an adaLN weight, 1.7e-3 to
+    2.5e-3, inside the worst-tensor bound, and the whole model 1.3e-5 to 1.6e-5; pp 2 zb (split
+    backward: attention's backward reads the kept qkv and output widened into the MLP's free
+    scratch) against one process that rounds the residual stream at the stage boundary as
+    its bf16 messages do (LOOM_BF16_ROUND_STREAM), and more than PP_MIN from the plain one.
+    The image case (15 tokens) runs all but cp; the video case (12) the fp32-activation
+    pair, dp 2 ZeRO-3 and cp 2."""
+    image = case == "image"
+    bf = base + ["--precision", "bf16"]
+    lay = Layouts(bf, tmp, f"{case}_bf16_")
+    ref = lay.run("single", 1)
+    wide = Layouts(bf, tmp, f"{case}_bf16_fp32acts_")
+    os.environ["LOOM_BF16_FP32_ACTIVATIONS"] = "1"
+    try:
+        f32 = wide.run("single", 1)
+        f32_sel = wide.run("selective", 1, ["--recompute", "selective"]) if image else None
+    finally:
+        del os.environ["LOOM_BF16_FP32_ACTIVATIONS"]
+    a16, a32 = (ACTIVATIONS.search(r.stderr) for r in (ref, f32))
+    check(bitwise(ref, f32) and a16 and a32 and float(a16.group(1)) < float(a32.group(1)),
+          f"dit {case} bf16: activations kept in bf16 bitwise the run keeping the rounded values in "
+          f"fp32, activations {a16.group(1) if a16 else None} MiB against "
+          f"{a32.group(1) if a32 else None}")
+    dp = [("dp2_zero3", 2, ["--dp", "2", "--zero", "3"])]
+    if not image:
+        for name, ranks, extra in dp + [("cp2", 2, ["--cp", "2"])]:
+            compare_bf16(f"{case} {name}", lay.run(name, ranks, extra), ref, "one bf16 process")
+        # qkv and the output are bf16 values, so cp's ring sends its K/V blocks as bf16, and
+        # loom plan prices the bytes the run's end line counts
+        line = CP_BYTES.search(lay.runs["cp2"].stderr)
+        p = subprocess.run([bf[0], "plan"] + bf[2:] + ["--explain", "--cp 2", "--json"],
+                           capture_output=True, text=True)
+        planned = ([int(json.loads(p.stdout).get(k, -1)) for k in
+                    ("cp_message_bytes", "cp_message_bytes_bf16", "cp_message_bytes_fp32")]
+                   if p.returncode == 0 else f"loom plan exit {p.returncode}: {p.stderr[-300:]}")
+        check(line and int(line.group(2)) > 0 and planned == [int(line.group(i)) for i in (1, 2, 3)],
+              f"dit video bf16 cp2: {line.group(0) if line else 'no bytes line'}; loom plan's "
+              f"cp_message_bytes (total, bf16, fp32) {planned}")
+        return
+    for name, flags in (("recompute", ["--recompute"]),
+                        ("selective", ["--recompute", "selective"])):
+        check(bitwise(lay.run(name, 1, flags), ref),
+              f"dit bf16 --{' '.join(flags)[2:]}: bitwise the plain bf16 run")
+    check(bitwise(lay.runs["selective"], f32_sel), "dit bf16 selective recomputation: bitwise "
+          "with the rounded values kept in fp32")
+    for name, ranks, extra in [("dp2_zero1", 2, ["--dp", "2", "--zero", "1"])] + dp:
+        compare_bf16(name, lay.run(name, ranks, extra), ref, "one bf16 process")
+    os.environ["LOOM_BF16_ROUND_STREAM"] = "2"
+    try:
+        rounded = lay.run("rounded_stream_2", 1)
+    finally:
+        del os.environ["LOOM_BF16_ROUND_STREAM"]
+    got = lay.run("pp2_zb", 2, ["--pp", "2", "--pp-schedule", "zb"])
+    compare_bf16("pp2_zb", got, rounded, "one process rounding the stream entering layer 2")
+    whole, _, _ = weights_error(got.params, ref.params, D_MODEL)
+    check(whole > PP_MIN, f"dit bf16 pp2_zb: its bf16 messages move the weights {whole:.1e} "
+          f"from the plain process (> {PP_MIN:.0e})")
+
+
+def compare_bf16(name, got, ref, what):
+    l_err = loss_error(got.losses, ref.losses)
+    whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
+    check(l_err <= LOSS_TOL and whole <= WHOLE_TOL and worst <= TENSOR_TOL,
+          f"dit bf16 {name} against {what}: losses {l_err:.1e} (<= {LOSS_TOL:.1e}), weights "
+          f"{whole:.1e} (<= {WHOLE_TOL:.1e}), worst tensor {worst:.1e} {w_name} "
+          f"(<= {TENSOR_TOL:.1e})")
 
 
 def main():

@@ -279,6 +279,38 @@ def bf16_bubbles(base, tmp):
     twice(lay, "pp2_1f1b_bubbles", 2, flags)
 
 
+def bf16_kept(base, tmp):
+    """The encoder's activations under --precision bf16 (docs/precision.md): its norms'
+    outputs and the activation (only GEMMs read them) and, rounded as the decoder's blocks
+    round them, qkv, attention's output and the MLP's pre-activation are kept in bf16, as
+    are the projector's norm output and activation. That is the same function as keeping
+    the same values in fp32 (LOOM_BF16_FP32_ACTIVATIONS=1, which rounds qkv, att and fc in
+    place): bitwise, with fewer activation bytes in the start-up report. dp 2 ZeRO-3 against
+    one bf16 process within test_layouts_bf16.py's layout bounds (dp keeps every GEMM's
+    operands: its docstring)."""
+    bf = list(base) + ["--precision", "bf16"]
+    lay = Layouts(bf, tmp, "vlm_bf16_kept_")
+    ref = lay.run("single", 1)
+    os.environ["LOOM_BF16_FP32_ACTIVATIONS"] = "1"
+    try:
+        f32 = Layouts(bf, tmp, "vlm_bf16_fp32acts_").run("single", 1)
+    finally:
+        del os.environ["LOOM_BF16_FP32_ACTIVATIONS"]
+    a16, a32 = (re.search(r"activations ([0-9.]+) MiB", r.stderr) for r in (ref, f32))
+    check(bitwise(ref, f32) and a16 and a32 and float(a16.group(1)) < float(a32.group(1)),
+          f"  vlm bf16: the encoder's activations kept in bf16 bitwise the run keeping the same "
+          f"values in fp32, activations {a16.group(1) if a16 else None} MiB against "
+          f"{a32.group(1) if a32 else None}")
+    got = lay.run("dp2_zero3", 2, ["--dp", "2", "--zero", "3"])
+    l_err = loss_error(got.losses, ref.losses)
+    whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
+    check(len(got.losses) == len(ref.losses) and l_err <= BF16_LOSS_TOL
+          and whole <= BF16_WHOLE_TOL and worst <= BF16_TENSOR_TOL,
+          f"  vlm bf16 dp2_zero3 against one bf16 process: losses {l_err:.1e} "
+          f"(<= {BF16_LOSS_TOL:.0e}), weights {whole:.1e} (<= {BF16_WHOLE_TOL:.0e}), worst "
+          f"tensor {worst:.1e} {w_name} (<= {BF16_TENSOR_TOL:.0e})")
+
+
 def report_mib(stderr):
     """The start-up report's local gradient and AdamW MiB."""
     m = re.search(r"grads ([0-9.]+) MiB \((?:local|sharded) accumulation\).*optimizer ([0-9.]+) MiB", stderr)
@@ -438,6 +470,7 @@ def main():
         balance_dp(args, base, tmp, seed)
         vision_bubbles(base, tmp)
         bf16_bubbles(base, tmp)
+        bf16_kept(base, tmp)
     finally:
         keep_or_remove(tmp, seed)
 
