@@ -33,6 +33,11 @@ static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int 
     return L->xin16 ? loom_moe_dispatch_finish16(m, L, c, L->xin16)
                     : loom_moe_dispatch_finish(m, L, c, L->xin);
 }
+/* The forward combine carries bf16 (the outputs are bf16 values, the bf16 buffers exist,
+ * and there are other ranks: one rank copies its own rows). */
+static int combine16(const loom_moe *m, const moe_layer *L) {
+    return m->round_out && L->xin16 && m->comm;
+}
 static loom_act sh_act(const moe_layer *L) {
     return loom_act_of(L->sh_act, L->sh_act16);
 }
@@ -147,6 +152,8 @@ loom_status loom_moe_create(loom_moe **out, const loom_model_config *cfg,
     const size_t NK = (size_t)N * m->K, C = m->C, E = m->E, F = m->F, FC = m->FC;
     const size_t Rs = (size_t)R;
     const int a16 = loom_backend_bf16_activations(m->be); /* the experts' act in bf16 */
+    m->round_out = loom_backend_precision(m->be) == LOOM_PRECISION_BF16 &&
+                   m->be->ops->round_bf16_values != NULL;
     /* Indexed by the table's blocks (a pipeline stage holds some layers). */
     m->layers = calloc((size_t)table->n_layer, sizeof *m->layers);
     int ok = m->layers != NULL;
@@ -244,10 +251,11 @@ loom_status loom_moe_set_split(loom_moe *m, loom_error *err) {
     return LOOM_OK;
 }
 
-void loom_moe_sent_bytes(const loom_moe *m, double sent[3]) {
+void loom_moe_sent_bytes(const loom_moe *m, double sent[4]) {
     sent[0] = m ? m->sent_dispatch16 : 0.0;
     sent[1] = m ? m->sent_dispatch32 : 0.0;
-    sent[2] = m ? m->sent_combine : 0.0;
+    sent[2] = m ? m->sent_combine16 : 0.0;
+    sent[3] = m ? m->sent_combine32 : 0.0;
 }
 
 size_t loom_moe_bytes(const loom_moe *m) {
@@ -285,9 +293,15 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
                                  m->ex + (size_t)r0 * C, rows);
             st = loom_moe_poke(m, c);
         }
-        if (!st) st = loom_moe_combine_start(m, L, c, m->ex, L->ret);
+        if (!st && m->round_out) /* chunk c's outputs as bf16 values, in every layout */
+            loom_backend_round_bf16_values(m->be, m->ex + (size_t)m->rb[c] * C,
+                                           (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+        if (!st)
+            st = combine16(m, L) ? loom_moe_combine_start16(m, L, c, m->ex)
+                                 : loom_moe_combine_start(m, L, c, m->ex, L->ret);
     }
-    loom_status fin = loom_moe_combines_finish(m);
+    loom_status fin =
+        combine16(m, L) ? loom_moe_combines_finish16(m, L->ret) : loom_moe_combines_finish(m);
     if (st || (st = fin)) return st;
     loom_backend_moe_combine(m->be, out, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     if (m->cfg.shared_expert) {

@@ -101,8 +101,9 @@ int loom_moe_routes(const loom_moe *moe, int32_t *idx, float *gap);
 /* The expert-parallel all-to-alls' bytes this rank has sent to the other ep ranks so far:
  * sent[0] dispatches in bf16 (the forward's rows under --precision bf16), sent[1]
  * dispatches in fp32 (backward's output gradients; the forward's in fp32 runs), sent[2]
- * combines (fp32). */
-void loom_moe_sent_bytes(const loom_moe *moe, double sent[3]);
+ * combines in bf16 (the forward's outputs under --precision bf16), sent[3] combines in
+ * fp32 (backward's input gradients; the forward's in fp32 runs). */
+void loom_moe_sent_bytes(const loom_moe *moe, double sent[4]);
 /* The step's statistics summed over `dp` (collective; with pipelining the world, so every
  * stage's layers count), then reset. */
 loom_status loom_moe_step_stats(loom_moe *moe, loom_comm *dp, loom_moe_stats *out, loom_error *err);

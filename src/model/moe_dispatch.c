@@ -3,6 +3,7 @@
  * experts run while the next chunk travels), and the source/expert-major reorder. */
 #include <string.h>
 
+#include "kernels/backend_bf16.h"
 #include "model/moe_impl.h"
 
 /* Source-major [s][j][rows] <-> expert-major [j][s][rows] of one chunk (rows[s * EL + j]);
@@ -159,9 +160,31 @@ loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const
         return LOOM_OK;
     }
     const int o = c * m->ep;
-    m->sent_combine += 4.0 * sent_elements(m, m->rc + o);
+    m->sent_combine32 += 4.0 * sent_elements(m, m->rc + o);
     return loom_comm_ialltoallv(m->comm, m->recv + off, m->rc + o, m->rd + o, out + m->sb[c] * C,
                                 m->sc + o, m->sd + o, &m->hc[c], m->err);
+}
+
+/* m->recv's chunk c region is free in a bf16 forward (its dispatch used recv16), as are
+ * recv16's (reordered into xin16) and send16's (sent, and the send completed). */
+loom_status loom_moe_combine_start16(loom_moe *m, const moe_layer *L, int c, const float *src) {
+    const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
+    reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0, sizeof(float));
+    /* bf16 values already: this rounding is exact */
+    loom_backend_round_bf16(m->be, m->recv16 + off, m->recv + off,
+                            (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+    const int o = c * m->ep;
+    m->sent_combine16 += 2.0 * sent_elements(m, m->rc + o);
+    return loom_comm_ialltoallv_bf16(m->comm, m->recv16 + off, m->rc + o, m->rd + o,
+                                     m->send16 + m->sb[c] * C, m->sc + o, m->sd + o, &m->hc[c],
+                                     m->err);
+}
+
+loom_status loom_moe_combines_finish16(loom_moe *m, float *out) {
+    loom_status st = loom_moe_combines_finish(m);
+    if (!st)
+        loom_backend_widen_bf16(m->be, out, m->send16, (size_t)m->sb[m->chunks] * (size_t)m->C);
+    return st;
 }
 
 /* Lets MPI progress the exchanges in flight (between expert GEMMs). */

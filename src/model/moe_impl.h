@@ -68,9 +68,13 @@ struct loom_moe {
     size_t bytes, chunk_bytes;
     /* scratch shared by all layers */
     float *logits, *dw, *send, *recv, *ex, *exd, *dact, *dh;
-    loom_bf16 *send16, *recv16; /* the forward dispatch's rows in bf16 (xin16), or NULL */
-    /* all-to-all bytes this rank sent to the other ep ranks: dispatches by wire type, combines */
-    double sent_dispatch16, sent_dispatch32, sent_combine;
+    loom_bf16 *send16, *recv16; /* the forward dispatch's rows in bf16 (xin16), or NULL; the
+                                 * forward combine's on the way back (recv16 to send16) */
+    /* --precision bf16: the experts' outputs are rounded to bf16 values (every layout), so
+     * the forward combine can carry them as bf16 (docs/precision.md) */
+    int round_out;
+    /* all-to-all bytes this rank sent to the other ep ranks, by exchange and wire type */
+    double sent_dispatch16, sent_dispatch32, sent_combine16, sent_combine32;
     float *cnt_send, *cnt_recv; /* [ep][chunks][EL] row counts as floats, sent and received */
     int *sc, *sd, *rc, *rd;     /* all-to-all-v counts and displacements, [chunks][ep] each */
     float dloss;
@@ -106,6 +110,11 @@ loom_status loom_moe_dispatch_start16(loom_moe *m, int c);
 loom_status loom_moe_dispatch_finish16(loom_moe *m, const moe_layer *L, int c, loom_bf16 *dst);
 loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,
                                    float *out);
+/* The forward's combine of chunk c with bf16 on the wire (the forward dispatch in bf16 and
+ * the experts' outputs src rounded to bf16 values): src's rows back as bf16 into m->send16
+ * (dispatch order); loom_moe_combines_finish16 widens them into out. */
+loom_status loom_moe_combine_start16(loom_moe *m, const moe_layer *L, int c, const float *src);
+loom_status loom_moe_combines_finish16(loom_moe *m, float *out);
 loom_status loom_moe_poke(loom_moe *m, int c);
 loom_status loom_moe_combines_finish(loom_moe *m);
 int loom_moe_expert_rows(const loom_moe *m, const moe_layer *L, int c, int j, int *r0);

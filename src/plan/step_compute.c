@@ -189,15 +189,14 @@ static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
 }
 
 /* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
- * combine in flight while chunk c's experts run. dispatch_bytes: of an element of the
- * dispatched rows (2: the forward's under --precision bf16 on the CPU's bf16 backend,
- * model/moe_dispatch.c; else 4); the combine is fp32. */
-static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double dispatch_bytes) {
+ * combine in flight while chunk c's experts run. wire_bytes: of an element of the rows
+ * both exchanges move (2: the forward's under --precision bf16 on the CPU's bf16 backend,
+ * model/moe_dispatch.c; else 4: backward's gradients, fp32 runs, the GPU). */
+static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double wire_bytes) {
     if (d->ep < 2) return 0;
     const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
     const double chunk = rows * d->C / d->chunks;
-    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, dispatch_bytes * chunk) +
-                       coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * chunk);
+    const double a2a = 2 * coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, wire_bytes * chunk);
     const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * d->E);
     const double per_chunk = experts_ms / d->chunks, hidden = a2a - per_chunk;
     return counts + a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);

@@ -189,14 +189,16 @@ void loom_run_report_end(const loom_run *r, int steps_run) {
                 (double)r->pipelined->sent_bytes / steps_run / (1 << 20),
                 (double)r->pipelined->sent_bytes / steps_run,
                 r->pipelined->wire_send ? "bf16" : "fp32");
-    double ep[3]; /* what rank 0 sent to the other ranks of its ep group */
+    double ep[4]; /* what rank 0 sent to the other ranks of its ep group */
     loom_moe_sent_bytes(r->model.moe, ep);
     if (mesh->ep.size > 1 && r->model.moe)
         fprintf(stderr,
                 "loom: expert-parallel messages: %.0f bytes sent per step by rank 0 (%.0f in "
-                "bf16, %.0f in fp32): dispatch %.0f bf16 + %.0f fp32, combine %.0f fp32\n",
-                (ep[0] + ep[1] + ep[2]) / steps_run, ep[0] / steps_run, (ep[1] + ep[2]) / steps_run,
-                ep[0] / steps_run, ep[1] / steps_run, ep[2] / steps_run);
+                "bf16, %.0f in fp32): dispatch %.0f bf16 + %.0f fp32, combine %.0f bf16 + %.0f "
+                "fp32\n",
+                (ep[0] + ep[1] + ep[2] + ep[3]) / steps_run, (ep[0] + ep[2]) / steps_run,
+                (ep[1] + ep[3]) / steps_run, ep[0] / steps_run, ep[1] / steps_run,
+                ep[2] / steps_run, ep[3] / steps_run);
     if (mesh->ep.size > 1) /* the all-to-all time not hidden behind expert compute */
         fprintf(stderr,
                 "loom: expert-parallel all-to-all: %.3f ms blocked per step (%.3f ms in flight), "

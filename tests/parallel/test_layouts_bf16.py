@@ -71,7 +71,10 @@ Experts (llama MoE, 4 experts, dp 2 x ep 2 at ZeRO 1 and 3). The forward dispatc
 experts' rows as bf16, rounded once where the fc GEMM would round them: the same function
 (checked bitwise against the build before by hand), half its bytes: every forward dispatch
 is followed by one backward dispatch of the same rows in fp32, so rank 0's bf16 dispatch
-bytes are exactly half its fp32 ones (no evaluation here). Against one process the dp
+bytes are exactly half its fp32 ones (no evaluation here). The experts' outputs are rounded
+to bf16 values in every layout (one process too: a rounding of its own, where autocast's
+down-projection output is bf16) and the forward combine carries them as bf16, again
+exactly half of backward's fp32 combine of the same rows. Against one process the dp
 argument holds as long as routing is continuous, so the check routes every token to every
 expert (top-4 of 4: the choice cannot flip, each token's rows still cross the ranks):
 measured over 16 seeds (2026-12-07, ZeRO-3) losses up to 2.1e-5, whole weights 9.6e-5,
@@ -114,7 +117,7 @@ TENSOR = [("tp2_sp", ["--tp", "2", "--sequence-parallel"], "2"), ("tp2", ["--tp"
 TP_BYTES = re.compile(r"tensor-parallel messages: (\d+) bytes sent per step by rank 0 "
                       r"\((\d+) in bf16, (\d+) in fp32\)")
 EP_BYTES = re.compile(r"expert-parallel messages: \d+ bytes sent per step by rank 0 .*: dispatch "
-                      r"(\d+) bf16 \+ (\d+) fp32, combine (\d+) fp32")
+                      r"(\d+) bf16 \+ (\d+) fp32, combine (\d+) bf16 \+ (\d+) fp32")
 EXPERTS = [("dp2_ep2_zero1", ["--dp", "2", "--ep", "2", "--zero", "1"]),
            ("dp2_ep2_zero3", ["--dp", "2", "--ep", "2", "--zero", "3"])]
 CP_BYTES = re.compile(r"context-parallel messages: (\d+) bytes sent per step by rank 0 "
@@ -211,10 +214,10 @@ def check_experts(base, tmp):
         got = lay.run(name, 2, extra)
         compare("llama MoE", name, got, ref, "one process")
         sent = EP_BYTES.search(got.stderr)
-        d16, d32 = (int(sent.group(i)) for i in (1, 2)) if sent else (0, 0)
-        check(sent and d16 > 0 and 2 * d16 == d32,
+        d16, d32, c16, c32 = (int(sent.group(i)) for i in (1, 2, 3, 4)) if sent else (0,) * 4
+        check(sent and d16 > 0 and 2 * d16 == d32 and c16 > 0 and 2 * c16 == c32,
               f"llama MoE bf16 {name}: {sent.group(0) if sent else 'no bytes line'}: the forward "
-              f"dispatch in bf16, half the backward's fp32 bytes")
+              f"dispatch and combine in bf16, each half the backward's fp32 bytes")
     again = lay.run("dp2_ep2_zero3_again", 2, EXPERTS[1][1])
     check(bitwise(again, lay.runs["dp2_ep2_zero3"]),
           "llama MoE bf16 dp2_ep2_zero3 twice: bitwise the same losses and weights")
