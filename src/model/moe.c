@@ -38,6 +38,22 @@ static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int 
 static int combine16(const loom_moe *m, const moe_layer *L) {
     return m->round_out && L->xin16 && m->comm;
 }
+/* Backward's dispatch carries bf16: the output gradients' only readers on the experts'
+ * side are the proj GEMMs (input and weight gradient), which round them anyway, unless a
+ * proj bias sums them unrounded (gpt2's experts). */
+static int backward_dispatch16(const loom_moe *m, const moe_layer *L, const loom_block_params *k) {
+    return L->xin16 && m->comm && k->expert0.proj_b == LOOM_NO_PARAM;
+}
+static loom_status backward_dispatch_start(loom_moe *m, const moe_layer *L,
+                                           const loom_block_params *k, int c) {
+    return backward_dispatch16(m, L, k) ? loom_moe_dispatch_start_rounded(m, c, m->send)
+                                        : loom_moe_dispatch_start(m, c, m->send);
+}
+static loom_status backward_dispatch_finish(loom_moe *m, const moe_layer *L,
+                                            const loom_block_params *k, int c) {
+    return backward_dispatch16(m, L, k) ? loom_moe_dispatch_finish_widened(m, L, c, m->ex)
+                                        : loom_moe_dispatch_finish(m, L, c, m->ex);
+}
 static loom_act sh_act(const moe_layer *L) {
     return loom_act_of(L->sh_act, L->sh_act16);
 }
@@ -323,11 +339,11 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
     loom_backend_memset(m->be, m->exd, 0, (size_t)m->R * C * sizeof(float));
     /* The same pipeline as forward: the output gradients go to the experts, the input
      * gradients come back (into m->send, whose chunk c was sent before). */
-    loom_status st = loom_moe_dispatch_start(m, 0, m->send);
+    loom_status st = backward_dispatch_start(m, L, k, 0);
     if (st) return st;
     for (int c = 0; c < m->chunks && !st; c++) {
-        if ((st = loom_moe_dispatch_finish(m, L, c, m->ex))) break;
-        if (c + 1 < m->chunks && (st = loom_moe_dispatch_start(m, c + 1, m->send))) break;
+        if ((st = backward_dispatch_finish(m, L, k, c))) break;
+        if (c + 1 < m->chunks && (st = backward_dispatch_start(m, L, k, c + 1))) break;
         for (int j = 0; j < m->EL && !st; j++) {
             int r0;
             const int rows = loom_moe_expert_rows(m, L, c, j, &r0);

@@ -148,6 +148,25 @@ loom_status loom_moe_dispatch_finish16(loom_moe *m, const moe_layer *L, int c, l
     return finish_rows(m, L, c, dst, m->recv16, sizeof(loom_bf16));
 }
 
+/* Backward's bf16 dispatch: send16 and recv16 are free in backward (forward's rows live in
+ * xin16, its combine was widened into ret). */
+loom_status loom_moe_dispatch_start_rounded(loom_moe *m, int c, const float *send) {
+    const size_t C = (size_t)m->C;
+    loom_backend_round_bf16(m->be, m->send16 + m->sb[c] * C, send + m->sb[c] * C,
+                            (size_t)(m->sb[c + 1] - m->sb[c]) * C);
+    return start_rows(m, c, m->send16, m->recv16, sizeof(loom_bf16));
+}
+
+loom_status loom_moe_dispatch_finish_widened(loom_moe *m, const moe_layer *L, int c, float *dst) {
+    loom_status st = loom_comm_wait(&m->hd[c], m->err);
+    const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
+    if (st) return st;
+    loom_backend_widen_bf16(m->be, m->recv + off, m->recv16 + off,
+                            (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+    reorder(m, L->rows + c * m->ep * m->EL, dst + off, m->recv + off, 1, sizeof(float));
+    return LOOM_OK;
+}
+
 /* Starts chunk c's expert-major rows (src) back to the tokens' ranks, dispatch order
  * (out); m->recv's chunk c region (consumed by finish_dispatch) is the send buffer. */
 loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,

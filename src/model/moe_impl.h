@@ -108,6 +108,11 @@ loom_status loom_moe_dispatch_finish(loom_moe *m, const moe_layer *L, int c, flo
  * expert-major into dst. */
 loom_status loom_moe_dispatch_start16(loom_moe *m, int c);
 loom_status loom_moe_dispatch_finish16(loom_moe *m, const moe_layer *L, int c, loom_bf16 *dst);
+/* Backward's dispatch with bf16 on the wire (the experts' output gradients, which only
+ * bf16 GEMMs read when the experts have no bias): send's rows rounded into m->send16 and
+ * sent; the finish widens them and places them expert-major into dst, as the fp32 pair. */
+loom_status loom_moe_dispatch_start_rounded(loom_moe *m, int c, const float *send);
+loom_status loom_moe_dispatch_finish_widened(loom_moe *m, const moe_layer *L, int c, float *dst);
 loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const float *src,
                                    float *out);
 /* The forward's combine of chunk c with bf16 on the wire (the forward dispatch in bf16 and

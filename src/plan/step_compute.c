@@ -189,14 +189,17 @@ static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
 }
 
 /* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
- * combine in flight while chunk c's experts run. wire_bytes: of an element of the rows
- * both exchanges move (2: the forward's under --precision bf16 on the CPU's bf16 backend,
- * model/moe_dispatch.c; else 4: backward's gradients, fp32 runs, the GPU). */
-static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double wire_bytes) {
+ * combine in flight while chunk c's experts run. dispatch_bytes, combine_bytes: of an
+ * element of the rows each exchange moves (model/moe_dispatch.c: 2 for the forward's two
+ * and, with bias-free experts, backward's dispatch under --precision bf16 on the CPU's
+ * bf16 backend; else 4). */
+static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double dispatch_bytes,
+                           double combine_bytes) {
     if (d->ep < 2) return 0;
     const double rows = d->N * d->K; /* one rank's send buffer: its tokens' K rows */
     const double chunk = rows * d->C / d->chunks;
-    const double a2a = 2 * coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, wire_bytes * chunk);
+    const double a2a = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, dispatch_bytes * chunk) +
+                       coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, combine_bytes * chunk);
     const double counts = coll(q, LOOM_COLL_ALLTOALL, d->ep, d->tp, 4 * d->E);
     const double per_chunk = experts_ms / d->chunks, hidden = a2a - per_chunk;
     return counts + a2a + (d->chunks - 1) * (hidden > 0 ? hidden : 0);
@@ -211,7 +214,8 @@ static cost moe_fwd(pricer *q, const shapes *d) {
                 copy_ms(q, NK * C) /* permute */ + experts + copy_ms(q, NK * C) /* combine */;
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C); /* dispatch and combine in place */
     if (d->shared_expert) c.compute += ffn_fwd(q, d, N) + ew(q, LOOM_EW_ADD, N, C);
-    c.moe = moe_exchange(q, d, experts, d->moe_bf16 && q->cpu ? 2 : 4);
+    const double wire = d->moe_bf16 && q->cpu ? 2 : 4;
+    c.moe = moe_exchange(q, d, experts, wire, wire);
     return c;
 }
 
@@ -235,7 +239,8 @@ static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
     if (d->shared_expert)
         c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
-    c.moe = moe_exchange(q, d, experts, 4);
+    /* the output gradients as bf16 when the experts have no bias (Llama's) */
+    c.moe = moe_exchange(q, d, experts, d->moe_bf16 && q->cpu && !d->gpt2 ? 2 : 4, 4);
     return c;
 }
 
