@@ -187,6 +187,33 @@ static float *rand_bf16(loom_bf16 **h, size_t n, float s) {
     return x;
 }
 
+/* The threaded conversions over several blocks (kernels/cpu/bf16.c: 65536 values a block;
+ * one block or less runs without an OpenMP region) against the one-value functions, for
+ * lengths on both sides of the block and split anywhere. */
+static void test_blocks(void **state) {
+    (void)state;
+    tk_reseed(4);
+    const size_t n = 3 * 65536 + 4321, lens[] = {n, 65536, 65537, 1, 70000};
+    float *x = tk_alloc(n), *w = malloc(n * sizeof(float));
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    assert_non_null(w), assert_non_null(a), assert_non_null(b);
+    for (size_t i = 0; i < n; i++) x[i] = (float)tk_uniform(-5, 5);
+    const uint64_t seed = tk_next();
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        const size_t len = lens[k];
+        loom_bf16_from_f32_n(a, x, len);
+        loom_bf16_to_f32_n(w, a, len);
+        for (size_t i = 0; i < len; i++) {
+            assert_int_equal(a[i], loom_bf16_from_f32(x[i]));
+            assert_true(loom_f32_bits(w[i]) == (uint32_t)a[i] << 16);
+        }
+        loom_bf16_from_f32_stochastic_n(b, x, len, seed, 3, 77);
+        for (size_t i = 0; i < len; i++)
+            assert_int_equal(b[i], loom_bf16_from_f32_sr(x[i], loom_bf16_sr_bits(seed, 3, 77 + i)));
+    }
+    free(x), free(w), free(a), free(b);
+}
+
 static void test_gelu_bf16_input(void **state) {
     (void)state;
     tk_reseed(31);
@@ -284,13 +311,10 @@ static void test_attention_backward_bf16(void **state) {
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_corner_cases),
-        cmocka_unit_test(test_random_against_float64),
-        cmocka_unit_test(test_stochastic),
-        cmocka_unit_test(test_gelu_bf16_input),
-        cmocka_unit_test(test_swiglu_bf16_input),
-        cmocka_unit_test(test_gelu_bf16_inplace),
-        cmocka_unit_test(test_attention_backward_bf16),
+        cmocka_unit_test(test_corner_cases),      cmocka_unit_test(test_random_against_float64),
+        cmocka_unit_test(test_stochastic),        cmocka_unit_test(test_blocks),
+        cmocka_unit_test(test_gelu_bf16_input),   cmocka_unit_test(test_swiglu_bf16_input),
+        cmocka_unit_test(test_gelu_bf16_inplace), cmocka_unit_test(test_attention_backward_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -137,38 +137,69 @@ int loom_bf16_from_f32_n_avx512(loom_bf16 *dst, const float *src, size_t n) {
 }
 
 /* Blocks of this many values per OpenMP task: big enough to amortise, small enough that
- * a weight matrix spreads over the threads. */
+ * a weight matrix spreads over the threads. A conversion of one block or less runs on the
+ * calling thread without entering an OpenMP region: many callers convert a row at a time
+ * (GEMM output rows, attention's columns, the cross-entropy's blocks), and each region,
+ * even one an if clause keeps to one thread, costs libgomp a team and a futex wake
+ * (measured 2026-12-07: 158,000 regions a step in a bf16 llama, 40% of its step time). */
 #define LOOM_BF16_BLOCK 65536
+
+static size_t block_len(size_t n, size_t b) {
+    const size_t lo = b * LOOM_BF16_BLOCK;
+    return n - lo < LOOM_BF16_BLOCK ? n - lo : LOOM_BF16_BLOCK;
+}
+
+static void from_f32_block(loom_bf16 *dst, const float *src, size_t len, int fast) {
+    if ((!fast || !loom_bf16_from_f32_n_avx512(dst, src, len)) &&
+        !loom_bf16_from_f32_n_avx2(dst, src, len))
+        loom_bf16_from_f32_n_scalar(dst, src, len);
+}
 
 void loom_bf16_from_f32_n(loom_bf16 *dst, const float *src, size_t n) {
     const int fast = have_bf16_insn();
     const size_t nb = (n + LOOM_BF16_BLOCK - 1) / LOOM_BF16_BLOCK;
-#pragma omp parallel for if (nb > 1)
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * LOOM_BF16_BLOCK, len = n - lo < LOOM_BF16_BLOCK ? n - lo : LOOM_BF16_BLOCK;
-        if ((!fast || !loom_bf16_from_f32_n_avx512(dst + lo, src + lo, len)) &&
-            !loom_bf16_from_f32_n_avx2(dst + lo, src + lo, len))
-            loom_bf16_from_f32_n_scalar(dst + lo, src + lo, len);
+    if (nb <= 1) {
+        from_f32_block(dst, src, n, fast);
+        return;
     }
+#pragma omp parallel for
+    for (size_t b = 0; b < nb; b++) {
+        const size_t lo = b * LOOM_BF16_BLOCK;
+        from_f32_block(dst + lo, src + lo, block_len(n, b), fast);
+    }
+}
+
+static void to_f32_block(float *dst, const loom_bf16 *src, size_t len) {
+    for (size_t i = 0; i < len; i++) dst[i] = loom_bf16_to_f32(src[i]);
 }
 
 void loom_bf16_to_f32_n(float *dst, const loom_bf16 *src, size_t n) {
     const size_t nb = (n + LOOM_BF16_BLOCK - 1) / LOOM_BF16_BLOCK;
-#pragma omp parallel for if (nb > 1)
-    for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * LOOM_BF16_BLOCK, hi = n - lo < LOOM_BF16_BLOCK ? n : lo + LOOM_BF16_BLOCK;
-        for (size_t i = lo; i < hi; i++) dst[i] = loom_bf16_to_f32(src[i]);
+    if (nb <= 1) {
+        to_f32_block(dst, src, n);
+        return;
     }
+#pragma omp parallel for
+    for (size_t b = 0; b < nb; b++) {
+        const size_t lo = b * LOOM_BF16_BLOCK;
+        to_f32_block(dst + lo, src + lo, block_len(n, b));
+    }
+}
+
+static float sum_piece(const loom_bf16 *pieces, size_t n, int count, size_t i) {
+    float s = loom_bf16_to_f32(pieces[i]);
+    for (int k = 1; k < count; k++) s += loom_bf16_to_f32(pieces[(size_t)k * n + i]);
+    return s;
 }
 
 void loom_bf16_sum_pieces(float *dst, const loom_bf16 *pieces, size_t n, int count) {
     /* piece order, whatever arrived first: the same sum on every run */
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float s = loom_bf16_to_f32(pieces[i]);
-        for (int k = 1; k < count; k++) s += loom_bf16_to_f32(pieces[(size_t)k * n + i]);
-        dst[i] = s;
+    if (n <= LOOM_BF16_BLOCK) {
+        for (size_t i = 0; i < n; i++) dst[i] = sum_piece(pieces, n, count, i);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] = sum_piece(pieces, n, count, i);
 }
 
 /* One Philox block gives 8 16-bit draws: elements 8k .. 8k+7 share counter k. */
@@ -187,18 +218,28 @@ uint32_t loom_bf16_sr_bits(uint64_t seed, uint32_t stream, uint64_t index) {
     return sr_lane(&r, (unsigned)(index & 7u));
 }
 
+/* Elements [lo, hi) of loom_bf16_from_f32_stochastic_n. */
+static void stochastic_range(loom_bf16 *dst, const float *src, size_t lo, size_t hi, uint64_t seed,
+                             uint32_t stream, uint64_t index0) {
+    size_t i = lo;
+    while (i < hi) {
+        uint64_t g = index0 + i, k = g >> 3;
+        loom_philox_block r = sr_block(seed, stream, k);
+        for (unsigned lane = (unsigned)(g & 7u); lane < 8 && i < hi; lane++, i++)
+            dst[i] = loom_bf16_from_f32_sr(src[i], sr_lane(&r, lane));
+    }
+}
+
 void loom_bf16_from_f32_stochastic_n(loom_bf16 *dst, const float *src, size_t n, uint64_t seed,
                                      uint32_t stream, uint64_t index0) {
     const size_t nb = (n + LOOM_BF16_BLOCK - 1) / LOOM_BF16_BLOCK;
-#pragma omp parallel for if (nb > 1)
+    if (nb <= 1) { /* one block: no OpenMP region (above) */
+        stochastic_range(dst, src, 0, n, seed, stream, index0);
+        return;
+    }
+#pragma omp parallel for
     for (size_t b = 0; b < nb; b++) {
-        size_t lo = b * LOOM_BF16_BLOCK, hi = n - lo < LOOM_BF16_BLOCK ? n : lo + LOOM_BF16_BLOCK;
-        size_t i = lo;
-        while (i < hi) {
-            uint64_t g = index0 + i, k = g >> 3;
-            loom_philox_block r = sr_block(seed, stream, k);
-            for (unsigned lane = (unsigned)(g & 7u); lane < 8 && i < hi; lane++, i++)
-                dst[i] = loom_bf16_from_f32_sr(src[i], sr_lane(&r, lane));
-        }
+        const size_t lo = b * LOOM_BF16_BLOCK;
+        stochastic_range(dst, src, lo, lo + block_len(n, b), seed, stream, index0);
     }
 }

@@ -44,14 +44,21 @@ void loom_gemm_widened_destroy(loom_gemm_widened *w) {
     free(w);
 }
 
-/* dst[r * cols + c] = widen(src[r * ld + c]) for r < rows, c < cols. */
+static void widen_row(float *dst, const loom_bf16 *src, size_t ld, int cols, int r) {
+    const loom_bf16 *s = src + (size_t)r * ld;
+    float *d = dst + (size_t)r * (size_t)cols;
+    for (int c = 0; c < cols; c++) d[c] = loom_bf16_to_f32(s[c]);
+}
+
+/* dst[r * cols + c] = widen(src[r * ld + c]) for r < rows, c < cols; small blocks on the
+ * calling thread, outside any OpenMP region (kernels/cpu/bf16.c says why). */
 static void widen_block(float *dst, const loom_bf16 *src, size_t ld, int rows, int cols) {
-#pragma omp parallel for if ((size_t)rows * (size_t)cols > 65536)
-    for (int r = 0; r < rows; r++) {
-        const loom_bf16 *s = src + (size_t)r * ld;
-        float *d = dst + (size_t)r * (size_t)cols;
-        for (int c = 0; c < cols; c++) d[c] = loom_bf16_to_f32(s[c]);
+    if ((size_t)rows * (size_t)cols <= 65536) {
+        for (int r = 0; r < rows; r++) widen_row(dst, src, ld, cols, r);
+        return;
     }
+#pragma omp parallel for
+    for (int r = 0; r < rows; r++) widen_row(dst, src, ld, cols, r);
 }
 
 static int min_int(int a, int b) {
