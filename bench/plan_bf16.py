@@ -18,15 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "harness"))
 from loomtest import write_text_shard  # noqa: E402
-
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
+from plan_vlm import MPIRUN, run  # noqa: E402
 LAYOUTS = [  # name, layout flags (4 ranks each)
     ("dp4_zero1", "--dp 4 --zero 1"),
     ("dp2_tp2", "--dp 2 --tp 2"),
@@ -35,13 +33,6 @@ LAYOUTS = [  # name, layout flags (4 ranks each)
 ]
 MODEL = ["--model", "llama-tiny", "--n-layer", 8, "--d-model", 128, "--seq-len", 64,
          "--global-batch", 16, "--micro-batch", 2, "--threads", 1]
-
-
-def run(cmd, what):
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{what}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    return p
 
 
 def main():

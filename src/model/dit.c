@@ -331,11 +331,9 @@ static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
 static loom_status block_recompute_selective(loom_model *m, const dims *d, int l) {
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
-    const float *qkv = a->qkv;
-    if (a->qkv_bf16) { /* widened into dqkv (free until the block's attention backward) */
-        loom_backend_widen_bf16(m->be, m->dqkv, a->qkv_bf16, (size_t)d->N * d->QKV);
-        qkv = m->dqkv;
-    }
+    /* kept in bf16: widened into dqkv (free until the block's attention backward) */
+    const float *qkv =
+        loom_model_widen_kept(m, a->qkv, a->qkv_bf16, m->dqkv, (size_t)d->N * d->QKV);
     loom_status st = loom_model_attention_forward(m, a->att, a->lse, qkv, d->H, d->H, d->hd, 0);
     if (!st) loom_model_round_pre(m, NULL, a->att, (size_t)d->N * d->A, 0); /* as forward's */
     if (!st) mlp_activation(m, d, a);
@@ -547,15 +545,10 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                                 split ? b->d_y1 : NULL);
     }
     if (!st) { /* kept in bf16: qkv widened into m->dfc, att into m->dact (both free now) */
-        const float *qkv = a->qkv, *att = a->att;
-        if (a->qkv_bf16) {
-            loom_backend_widen_bf16(be, m->dfc, a->qkv_bf16, (size_t)d->N * d->QKV);
-            qkv = m->dfc;
-        }
-        if (a->att_bf16) {
-            loom_backend_widen_bf16(be, m->dact, a->att_bf16, (size_t)d->N * d->A);
-            att = m->dact;
-        }
+        const float *qkv =
+            loom_model_widen_kept(m, a->qkv, a->qkv_bf16, m->dfc, (size_t)d->N * d->QKV);
+        const float *att =
+            loom_model_widen_kept(m, a->att, a->att_bf16, m->dact, (size_t)d->N * d->A);
         loom_backend_memset(be, dqkv, 0, (size_t)d->N * d->QKV * sizeof(float));
         st =
             loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d->H, d->H, d->hd, 0);

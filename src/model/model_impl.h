@@ -35,6 +35,10 @@ int loom_model_bf16_activations(const loom_model *m, int split);
  * LOOM_BF16_FP32_ACTIVATIONS=1). */
 int loom_model_bf16_pre_activations(const loom_model *m);
 int loom_model_keep_bf16_pre(const loom_model *m);
+/* An activation kept for backward, for a kernel that reads fp32: x itself, or (kept in
+ * bf16: x NULL) its copy x16 widened into scratch (n values). */
+const float *loom_model_widen_kept(const loom_model *m, const float *x, const loom_bf16 *x16,
+                                   float *scratch, size_t n);
 /* x[n], the fp32 output of qkv's or fc's GEMM, rounded as loom_model_bf16_pre_activations
  * says: into kept (when not NULL; then x keeps its fp32 value unless widen, which writes
  * the rounded values back), else in place when the model rounds them, else untouched. */

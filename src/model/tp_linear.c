@@ -156,6 +156,13 @@ int loom_model_keep_bf16_pre(const loom_model *m) {
     return loom_model_bf16_pre_activations(m) && loom_backend_bf16_pre_activations(m->be);
 }
 
+const float *loom_model_widen_kept(const loom_model *m, const float *x, const loom_bf16 *x16,
+                                   float *scratch, size_t n) {
+    if (!x16) return x;
+    loom_backend_widen_bf16(m->be, scratch, x16, n);
+    return scratch;
+}
+
 void loom_model_round_pre(const loom_model *m, loom_bf16 *kept, float *x, size_t n, int widen) {
     if (kept) {
         loom_backend_round_bf16(m->be, kept, x, n);

@@ -321,11 +321,9 @@ static loom_status block_recompute_selective(loom_model *m, const dims *d, int l
     const loom_block_params *k = &m->table.blocks[l];
     loom_block_acts *a = &m->blocks[l];
     loom_trace_begin(m->trace, "block", "recompute");
-    const float *qkv = a->qkv;
-    if (a->qkv_bf16) { /* widened into dqkv (free until the block's attention backward) */
-        loom_backend_widen_bf16(m->be, m->dqkv, a->qkv_bf16, (size_t)d->N * d->QKV);
-        qkv = m->dqkv;
-    }
+    /* kept in bf16: widened into dqkv (free until the block's attention backward) */
+    const float *qkv =
+        loom_model_widen_kept(m, a->qkv, a->qkv_bf16, m->dqkv, (size_t)d->N * d->QKV);
     loom_status st = loom_model_attention_forward(m, a->att, a->lse, qkv, d->H, d->KV, d->hd, 1);
     if (!st) loom_model_round_pre(m, NULL, a->att, (size_t)d->N * d->A, 0); /* as forward's */
     if (!st && !k->moe) mlp_activation(m, d, a);
@@ -482,15 +480,8 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
     } else if (!st) {
         /* kept in bf16: qkv widened into dfc and att into dact (the MLP's backward is done
          * with both) */
-        const float *qkv = a->qkv, *att = a->att;
-        if (a->qkv_bf16) {
-            loom_backend_widen_bf16(m->be, m->dfc, a->qkv_bf16, (size_t)N * d.QKV);
-            qkv = m->dfc;
-        }
-        if (a->att_bf16) {
-            loom_backend_widen_bf16(m->be, m->dact, a->att_bf16, (size_t)N * d.A);
-            att = m->dact;
-        }
+        const float *qkv = loom_model_widen_kept(m, a->qkv, a->qkv_bf16, m->dfc, (size_t)N * d.QKV);
+        const float *att = loom_model_widen_kept(m, a->att, a->att_bf16, m->dact, (size_t)N * d.A);
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         st = loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d.H, d.KV, hd, 1);
     }

@@ -358,15 +358,8 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
                                  g + k->attn_out_w, g + k->attn_out_b,
                                  loom_act_of(a->att, a->att16), R, Dv, Dv);
         /* kept in bf16: qkv widened into dfc, att into dact (both free now) */
-        const float *qkv = a->qkv, *att = a->att;
-        if (a->qkv16) {
-            loom_backend_widen_bf16(be, v->dfc, a->qkv16, (size_t)R * 3 * Dv);
-            qkv = v->dfc;
-        }
-        if (a->att16) {
-            loom_backend_widen_bf16(be, v->dact, a->att16, (size_t)R * Dv);
-            att = v->dact;
-        }
+        const float *qkv = loom_model_widen_kept(m, a->qkv, a->qkv16, v->dfc, (size_t)R * 3 * Dv);
+        const float *att = loom_model_widen_kept(m, a->att, a->att16, v->dact, (size_t)R * Dv);
         loom_backend_memset(be, v->dqkv, 0, (size_t)R * 3 * Dv * sizeof(float));
         loom_backend_attention_bidir_backward(be, v->dqkv, v->scratch, v->datt, qkv, att, a->lse,
                                               v->n_img, v->P, v->Hv, v->Hv, hd);

@@ -266,13 +266,7 @@ def bf16_bubbles(base, tmp):
           f"vlm bf16 bubbles: the bf16 start-up line ({bf16_gemms(got.stderr)}) and the "
           f"pipeline's bf16 messages")
     moved_off_first(got)
-    l_err = loss_error(got.losses, first.losses)
-    whole, worst, w_name = weights_error(got.params, first.params, D_MODEL)
-    check(len(got.losses) == len(first.losses) and l_err <= BF16_LOSS_TOL
-          and whole <= BF16_WHOLE_TOL and worst <= BF16_TENSOR_TOL,
-          f"  vlm bf16 pp2_1f1b bubbles against the encoder on stage 0: losses {l_err:.1e} "
-          f"(<= {BF16_LOSS_TOL:.0e}), weights {whole:.1e} (<= {BF16_WHOLE_TOL:.0e}), worst "
-          f"tensor {worst:.1e} {w_name} (<= {BF16_TENSOR_TOL:.0e})")
+    within_bf16_bounds(got, first, "pp2_1f1b bubbles against the encoder on stage 0")
     check(got.losses[:1] == first.losses[:1],
           f"  vlm bf16 pp2_1f1b bubbles: step 1's loss {got.losses[:1]} equal to the encoder on "
           f"stage 0's {first.losses[:1]} (fp32 image rows)")
@@ -301,14 +295,19 @@ def bf16_kept(base, tmp):
           f"  vlm bf16: the encoder's activations kept in bf16 bitwise the run keeping the same "
           f"values in fp32, activations {a16.group(1) if a16 else None} MiB against "
           f"{a32.group(1) if a32 else None}")
-    got = lay.run("dp2_zero3", 2, ["--dp", "2", "--zero", "3"])
+    within_bf16_bounds(lay.run("dp2_zero3", 2, ["--dp", "2", "--zero", "3"]), ref,
+                       "dp2_zero3 against one bf16 process")
+
+
+def within_bf16_bounds(got, ref, what):
+    """got against ref within test_layouts_bf16.py's layout bounds under bf16."""
     l_err = loss_error(got.losses, ref.losses)
     whole, worst, w_name = weights_error(got.params, ref.params, D_MODEL)
     check(len(got.losses) == len(ref.losses) and l_err <= BF16_LOSS_TOL
           and whole <= BF16_WHOLE_TOL and worst <= BF16_TENSOR_TOL,
-          f"  vlm bf16 dp2_zero3 against one bf16 process: losses {l_err:.1e} "
-          f"(<= {BF16_LOSS_TOL:.0e}), weights {whole:.1e} (<= {BF16_WHOLE_TOL:.0e}), worst "
-          f"tensor {worst:.1e} {w_name} (<= {BF16_TENSOR_TOL:.0e})")
+          f"  vlm bf16 {what}: losses {l_err:.1e} (<= {BF16_LOSS_TOL:.0e}), weights "
+          f"{whole:.1e} (<= {BF16_WHOLE_TOL:.0e}), worst tensor {worst:.1e} {w_name} "
+          f"(<= {BF16_TENSOR_TOL:.0e})")
 
 
 def report_mib(stderr):

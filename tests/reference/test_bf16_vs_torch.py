@@ -198,6 +198,28 @@ class AttentionBF16(torch.autograd.Function):
         return (ds @ k) * ctx.scale, (ds.transpose(-2, -1) @ q) * ctx.scale, dv
 
 
+def bidir_forward(ctx, q, k, v, round_qkv=True):
+    """The forward of non-causal attention (the DiT's, the vlm encoder's) on q, k, v rounded
+    to bf16 (unless round_qkv is False), saving what AttentionBF16.backward reads."""
+    if round_qkv:
+        q, k, v = bf16(q), bf16(k), bf16(v)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    p = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)
+    o = p @ v
+    ctx.save_for_backward(q, k, v, p, o)
+    ctx.scale = scale
+    return o
+
+
+class BidirAttentionBF16(AttentionBF16):
+    """Non-causal attention of bf16-rounded q, k, v; the backward is AttentionBF16's
+    (D = rowsum(dO * bf16(O)), the rest exact), which reads only what forward saves."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return bidir_forward(ctx, q, k, v)
+
+
 def attention_bf16(q, k, v):
     return AttentionBF16.apply(q, k, v)
 

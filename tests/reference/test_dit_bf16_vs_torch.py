@@ -152,14 +152,7 @@ class BidirAttentionBF16(b16.AttentionBF16):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        if ROUND["qkv"]:
-            q, k, v = b16.bf16(q), b16.bf16(k), b16.bf16(v)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        p = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)
-        o = p @ v
-        ctx.save_for_backward(q, k, v, p, o)
-        ctx.scale = scale
-        return o
+        return b16.bidir_forward(ctx, q, k, v, ROUND["qkv"])
 
     @staticmethod
     def backward(ctx, do):

@@ -133,27 +133,12 @@ LOOM_TIMEOUT = 300
 
 # ---------------------------------------------------------------- the rounding reference
 
-class BidirAttentionBF16(b16.AttentionBF16):
-    """Bidirectional attention of bf16-rounded q, k, v; the backward is AttentionBF16's
-    (D = rowsum(dO * bf16(O)), the rest exact), which reads only what forward saves."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        q, k, v = b16.bf16(q), b16.bf16(k), b16.bf16(v)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        p = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)
-        o = p @ v
-        ctx.save_for_backward(q, k, v, p, o)
-        ctx.scale = scale
-        return o
-
-
 def vit_attention_bf16(self, x):
     """vlm_torch.ViTAttention.forward with attention through BidirAttentionBF16."""
     n, P, D = x.shape
     q, k, v = self.qkv(x).split(D, dim=-1)
     q, k, v = (t.reshape(n, P, self.H, self.hd).transpose(1, 2) for t in (q, k, v))
-    y = BidirAttentionBF16.apply(q, k, v)
+    y = b16.BidirAttentionBF16.apply(q, k, v)
     return self.proj(y.transpose(1, 2).reshape(n, P, D))
 
 
