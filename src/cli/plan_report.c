@@ -90,6 +90,13 @@ static json_t *time_json(const loom_plan_time *t) {
     json_object_set_new(o, "grad_reductions", json_integer(t->grad_reductions));
     json_object_set_new(o, "grad_bytes", json_real(t->grad_bytes));
     json_object_set_new(o, "terms", terms);
+    if (t->pp_action_ms[0][0] > 0) { /* pp > 1 */
+        json_t *stages = json_array();
+        for (int r = 0; r < LOOM_PP_MAX_STAGES && t->pp_action_ms[r][0] > 0; r++)
+            json_array_append_new(stages, json_pack("[f, f, f]", t->pp_action_ms[r][0],
+                                                    t->pp_action_ms[r][1], t->pp_action_ms[r][2]));
+        json_object_set_new(o, "pp_actions_ms", stages);
+    }
     return o;
 }
 
@@ -211,6 +218,16 @@ static void print_time(const loom_plan_time *t, FILE *f) {
                 "gradient reduction: once a step (%s accumulation), %.1f MB on this rank's "
                 "wire\n",
                 t->grad_sharded ? "sharded" : "local", t->grad_bytes / 1e6);
+    if (t->pp_action_ms[0][0] > 0) { /* pp > 1: the stages are uneven; the slowest paces */
+        int slow = 0;
+        fprintf(f, "pipeline stages, one micro-batch's F / B / W (ms, cores unshared):");
+        for (int r = 0; r < LOOM_PP_MAX_STAGES && t->pp_action_ms[r][0] > 0; r++) {
+            const double *a = t->pp_action_ms[r], *b = t->pp_action_ms[slow];
+            fprintf(f, "%s %d: %.3f / %.3f / %.3f", r ? ";" : "", r, a[0], a[1], a[2]);
+            if (a[0] + a[1] + a[2] > b[0] + b[1] + b[2]) slow = r;
+        }
+        fprintf(f, " (stage %d the slowest)\n", slow);
+    }
     fprintf(f, "predicted step: %.3f ms (%.1f tokens/s, MFU %.1f%%)\n", t->step_ms, t->tokens_per_s,
             100 * t->mfu);
 }

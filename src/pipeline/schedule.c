@@ -187,47 +187,77 @@ int loom_pp_message_tag(const loom_pp_schedule *s, int rank, const loom_pp_actio
     return ((grad * S + to_vs) * s->m) + a->mb;
 }
 
-double loom_pp_schedule_simulate(const loom_pp_schedule *s, const double dur[3], double *idle,
-                                 int *start_out) {
+/* The simulation as events: a rank runs its list until an input it waits for has not
+ * been sent or it starts a computation; then time moves to the next computation's end,
+ * the running ranks progressing at the shared rate. A message is sent when its SEND is
+ * reached, so a RECV passes once the sender's clock has reached that point. */
+double loom_pp_schedule_simulate_shared(const loom_pp_schedule *s, const double (*dur)[3],
+                                        double slots, double *idle, double *busy_out,
+                                        int *start_out) {
     const int keys = 2 * s->pp * s->v * s->m;
-    double *sent = malloc(sizeof(double) * (size_t)keys), clock[LOOM_PP_MAX_STAGES] = {0},
-           busy[LOOM_PP_MAX_STAGES] = {0};
-    int ptr[LOOM_PP_MAX_STAGES] = {0}, done = 0, total = 0, progress = 1;
+    char *sent = calloc((size_t)keys, 1);
+    double left[LOOM_PP_MAX_STAGES] = {0}, busy[LOOM_PP_MAX_STAGES] = {0}, now = 0;
+    int ptr[LOOM_PP_MAX_STAGES] = {0}, running[LOOM_PP_MAX_STAGES] = {0}, off[LOOM_PP_MAX_STAGES];
     if (!sent) return -1;
-    for (int i = 0; i < keys; i++) sent[i] = -1;
-    for (int r = 0; r < s->pp; r++) total += s->n[r];
-    int *starts = start_out; /* per stage: start time of each action, concatenated */
-    int off[LOOM_PP_MAX_STAGES];
     for (int r = 0, o = 0; r < s->pp; o += s->n[r], r++) off[r] = o;
-    while (done < total && progress) {
-        progress = 0;
-        for (int r = 0; r < s->pp; r++)
-            while (ptr[r] < s->n[r]) {
-                const loom_pp_action *a = &s->acts[r][ptr[r]];
-                if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
-                    double t = sent[loom_pp_message_tag(s, r, a)];
-                    if (t < 0) break;
-                    if (t > clock[r]) clock[r] = t;
-                } else if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD) {
-                    sent[loom_pp_message_tag(s, r, a)] = clock[r];
-                } else {
-                    if (starts) starts[off[r] + ptr[r]] = (int)(clock[r] + 0.5);
-                    double d = dur[a->op];
-                    if (a->op == LOOM_PP_B && !s->split) d += dur[LOOM_PP_W];
-                    clock[r] += d;
-                    busy[r] += d;
+    for (;;) {
+        /* every idle rank goes as far as it can at `now` (a SEND may free another's RECV) */
+        for (int moved = 1; moved;) {
+            moved = 0;
+            for (int r = 0; r < s->pp; r++)
+                while (!running[r] && ptr[r] < s->n[r]) {
+                    const loom_pp_action *a = &s->acts[r][ptr[r]];
+                    if (a->op == LOOM_PP_RECV_ACT || a->op == LOOM_PP_RECV_GRAD) {
+                        if (!sent[loom_pp_message_tag(s, r, a)]) break;
+                    } else if (a->op == LOOM_PP_SEND_ACT || a->op == LOOM_PP_SEND_GRAD) {
+                        sent[loom_pp_message_tag(s, r, a)] = 1;
+                    } else {
+                        const double *d = dur[a->chunk * s->pp + r];
+                        if (start_out) start_out[off[r] + ptr[r]] = (int)(now + 0.5);
+                        left[r] = d[a->op] + (a->op == LOOM_PP_B && !s->split ? d[LOOM_PP_W] : 0);
+                        if (left[r] > 0) {
+                            running[r] = 1;
+                            break;
+                        }
+                    }
+                    ptr[r]++;
+                    moved = 1;
                 }
-                ptr[r]++;
-                done++;
-                progress = 1;
-            }
+        }
+        int n_run = 0, first = -1;
+        for (int r = 0; r < s->pp; r++)
+            if (running[r] && (first < 0 || left[r] < left[first]))
+                first = r, n_run++;
+            else if (running[r])
+                n_run++;
+        if (first < 0) break; /* all done, or stuck */
+        const double rate = slots > 0 && n_run > slots ? slots / n_run : 1.0;
+        const double dt = left[first] / rate, step = left[first];
+        now += dt;
+        for (int r = 0; r < s->pp; r++) {
+            if (!running[r]) continue;
+            busy[r] += dt;
+            left[r] -= step;
+            if (r == first || left[r] <= 1e-12 * step) running[r] = 0, ptr[r]++;
+        }
     }
     free(sent);
-    if (done < total) return -1;
-    double span = 0;
     for (int r = 0; r < s->pp; r++)
-        if (clock[r] > span) span = clock[r];
-    for (int r = 0; r < s->pp && idle; r++) idle[r] = span > 0 ? 1.0 - busy[r] / span : 0;
+        if (ptr[r] < s->n[r]) return -1;
+    for (int r = 0; r < s->pp && idle; r++) idle[r] = now > 0 ? 1.0 - busy[r] / now : 0;
+    for (int r = 0; r < s->pp && busy_out; r++) busy_out[r] = busy[r];
+    return now;
+}
+
+double loom_pp_schedule_simulate(const loom_pp_schedule *s, const double dur[3], double *idle,
+                                 int *start_out) {
+    const int S = s->pp * s->v;
+    double(*each)[3] = malloc(sizeof(double[3]) * (size_t)S);
+    if (!each) return -1;
+    for (int k = 0; k < S; k++) memcpy(each[k], dur, sizeof(double[3]));
+    const double span =
+        loom_pp_schedule_simulate_shared(s, (const double(*)[3])each, 0, idle, NULL, start_out);
+    free(each);
     return span;
 }
 

@@ -72,6 +72,13 @@ void loom_pp_format_action(const loom_pp_schedule *s, const loom_pp_action *a, c
  * step's makespan and each stage's idle fraction; -1 if they deadlock. */
 double loom_pp_schedule_simulate(const loom_pp_schedule *s, const double dur[3], double *idle,
                                  int *start_out);
+/* The same with each virtual stage's own durations (dur[chunk * pp + rank][op]) on ranks
+ * that share `slots` processors: n computing at once each progress at min(1, slots / n)
+ * of full speed (slots <= 0: a processor each). busy_out[r]: the wall time rank r's
+ * computations took (their work, stretched by the sharing). */
+double loom_pp_schedule_simulate_shared(const loom_pp_schedule *s, const double (*dur)[3],
+                                        double slots, double *idle, double *busy_out,
+                                        int *start_out);
 
 /* The MPI tag of a move (unique within a step): (gradient?, receiving virtual stage, mb). */
 int loom_pp_message_tag(const loom_pp_schedule *s, int rank, const loom_pp_action *a);

@@ -85,6 +85,11 @@ typedef struct {
      * messages"); zeros otherwise */
     int vision_pieces[LOOM_PP_MAX_STAGES];
     double vision_ratio, vision_messages_ms;
+    /* pp > 1: each pipeline rank's actions, one of each kind (F, B, W: the mean of its
+     * chunks; the stage's sends included), unslowed by the cores' sharing: the stages are
+     * uneven (the first holds the embedding, the last the head and the loss), and the
+     * pipeline's span is simulated from each one's own; zeros otherwise */
+    double pp_action_ms[LOOM_PP_MAX_STAGES][3];
 } loom_plan_time;
 
 /* Predicted step of layout tc (valid: loom_plan_validate) on profile p. LOOM_ERR_INPUT

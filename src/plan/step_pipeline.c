@@ -1,12 +1,13 @@
 /* loom plan's step-time model, a pipeline stage (plan/step_time_impl.h): the pipeline's
- * actions replayed by the schedule simulator (pipeline/schedule.h) with the slowest
- * stage's costs, the bubble what the span holds beyond them; the gradients' buckets
- * during the last backward, ZeRO-3's gathers kept for the step, and --vision-schedule
- * bubbles (plan/vision_time.h). In a pipeline a stage waiting for its input yields its
- * core: on a CPU node the busy ranks share them, slowed by max(1, R t busy / c) with busy
- * the simulated busy fraction. */
+ * actions replayed by the schedule simulator (pipeline/schedule.h) with every stage's own
+ * costs (the last stage's head makes them uneven), the terms the slowest stage's and the
+ * bubble what the span holds beyond them; the gradients' buckets during the last
+ * backward, ZeRO-3's gathers kept for the step, and --vision-schedule bubbles
+ * (plan/vision_time.h). In a pipeline a stage waiting for its input yields its core: on a
+ * CPU node the computing ranks share the cores, as the simulator shares them. */
 #include "plan/step_time_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* One micro-batch's actions on the slowest stage (its chunks' mean: interleaved ranks
@@ -167,27 +168,49 @@ loom_status loom_price_stage(step_pricing *x) {
     parts *P = &x->P;
     const int pp = x->pp;
     const stage_actions a = slowest_stage(x);
-    double dur[3]; /* one action of each kind (pipeline/schedule.h) */
-    dur[LOOM_PP_F] = total(a.f), dur[LOOM_PP_B] = total(a.b), dur[LOOM_PP_W] = total(a.w);
     /* each F and B sends its output to the next stage (the activations, the gradient):
      * bf16 under --precision bf16 (pipeline/executor.c), 2 bytes an element */
     const double msg = (q->bf16 ? 2.0 : 4.0) * d->Ns * d->C;
     /* neighbouring stages: a pair of the pipeline group (stride replicas x tp) */
     const loom_placement pp_place = place_of(q, pp, x->replicas * q->tp);
     const double send = coll_placed(q, LOOM_COLL_SENDRECV, 2, pp_place, msg);
-    dur[LOOM_PP_F] += send, dur[LOOM_PP_B] += send;
+    double dur[3]; /* the slowest stage's actions, one of each kind (pipeline/schedule.h) */
+    dur[LOOM_PP_F] = total(a.f) + send, dur[LOOM_PP_B] = total(a.b) + send;
+    dur[LOOM_PP_W] = total(a.w);
     /* --grad-accum sharded: each backward action waits for its chunk's reduction (not
      * slowed by the cores' sharing: it is the network's) */
     const int bwd_kind = x->sched->split ? LOOM_PP_W : LOOM_PP_B;
     const double extra = x->bk.sharded ? stage_sharded_action(x, dur[bwd_kind]) : 0;
     dur[bwd_kind] += extra;
-    double idle[LOOM_PP_MAX_STAGES];
-    if (loom_pp_schedule_simulate(x->sched, dur, idle, NULL) < 0)
+    /* every virtual stage's own actions: the last stage's head (and the first's embedding)
+     * make the stages uneven, and the even ones wait for the slow one */
+    const int S = pp * x->v;
+    double(*each)[3] = malloc(sizeof(double[3]) * (size_t)S);
+    if (!each) return loom_error_set(q->err, LOOM_ERR_NOMEM, "plan: out of memory");
+    for (int vs = 0, lo = 0; vs < S; lo += x->counts[vs], vs++) {
+        const fbw k = loom_price_chunk(q, x->mc, d, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+        each[vs][LOOM_PP_F] = total(k.f) + send, each[vs][LOOM_PP_B] = total(k.b) + send;
+        each[vs][LOOM_PP_W] = total(k.w);
+        each[vs][bwd_kind] += extra;
+        for (int o = 0; o < 3; o++) x->stage_ms[vs % pp][o] += each[vs][o] / x->v;
+    }
+    /* on a CPU node the computing ranks share the cores (a waiting stage yields its core):
+     * this pipeline's share is the cores over the node's copies of it */
+    const double copies = (double)q->ranks / pp;
+    const double slots = q->cpu ? q->cores / (q->threads * (copies > 1 ? copies : 1.0)) : 0;
+    double busy[LOOM_PP_MAX_STAGES];
+    double span = loom_pp_schedule_simulate_shared(x->sched, (const double(*)[3])each, slots, NULL,
+                                                   busy, NULL);
+    double work = 0; /* the slowest rank's actions unshared */
+    for (int c = 0; c < x->v; c++) {
+        const double *e = each[c * pp + a.rank];
+        work += x->accum * (e[LOOM_PP_F] + e[LOOM_PP_B] + e[LOOM_PP_W]);
+    }
+    free(each);
+    if (span < 0)
         return loom_error_set(q->err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
-    double mean_idle = 0;
-    for (int r = 0; r < pp; r++) mean_idle += idle[r] / pp;
-    /* idle stages yield their cores: the busy ones share them */
-    double s = q->cpu ? (double)q->ranks * q->threads * (1 - mean_idle) / q->cores : 1.0;
+    /* that rank's slowdown by the sharing, over its whole step */
+    double s = work > 0 ? busy[a.rank] / work : 1.0;
     if (s < 1) s = 1;
     const double n_act = (double)x->accum * x->v;
     const double fw = a.f.compute * s, bw = (a.b.compute + a.w.compute) * s;
@@ -209,7 +232,6 @@ loom_status loom_price_stage(step_pricing *x) {
     P->sharded = n_act * extra;
     double scaled[3] = {dur[0] * s, dur[1] * s, dur[2] * s};
     scaled[bwd_kind] -= extra * (s - 1);
-    double span = loom_pp_schedule_simulate(x->sched, scaled, NULL, NULL);
     P->pp_bubble = span - busy_ms(P) > 0 ? span - busy_ms(P) : 0;
     if (x->bubbles) {
         loom_status st = price_bubbles(x, s, send, pp_place, a.rank, &span);

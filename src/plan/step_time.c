@@ -14,8 +14,8 @@
  * c cores; the compute of a step takes max(base, R (t base + engine) / c) (engine: the
  * engine thread's CPU for the step's collectives), and a collective's profile time,
  * measured with its group alone on the node, is scaled by max(1, R/c) / max(1, G/c). In
- * a pipeline a stage waiting for its input yields its core: the busy ranks share them,
- * slowed by max(1, R t busy / c) with busy the simulated busy fraction. */
+ * a pipeline a stage waiting for its input yields its core: the ranks computing at each
+ * moment share them (the schedule simulator shares them: step_pipeline.c). */
 #include "plan/step_time_impl.h"
 
 #include <stdlib.h>
@@ -305,6 +305,7 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     out->grad_sharded = x.sharded;
     out->grad_reductions = replicas < 2 ? 0 : x.sharded ? accum : 1;
     out->grad_bytes = x.bk.wire_bytes;
+    if (pp > 1) memcpy(out->pp_action_ms, x.stage_ms, sizeof out->pp_action_ms);
     if (x.bubbles) {
         memcpy(out->vision_pieces, x.vis.pieces, sizeof out->vision_pieces);
         out->vision_ratio = x.vis.span / x.vis.span_first;

@@ -255,14 +255,15 @@ typedef struct {
     loom_plan_vision vis;  /* --vision-schedule bubbles: its placement on the plan's costs */
     double compute_base;   /* this rank's compute (unslowed), for the sharing rule */
     double t_backward_end; /* when this rank's backward ends */
-    double *g, *need;      /* pp 1: each range's bytes and forward's first use of it */
+    double stage_ms[LOOM_PP_MAX_STAGES][3]; /* pp > 1: each rank's F, B, W (its chunks' mean) */
+    double *g, *need; /* pp 1: each range's bytes and forward's first use of it */
     int n_ranges;
 } step_pricing;
 
 /* The gradient buckets of the step (x->bk), from the fields above the line. */
 void loom_price_buckets_init(step_pricing *x);
-/* A pipeline stage: the schedule simulator over the slowest stage's actions
- * (step_pipeline.c). */
+/* A pipeline: the schedule simulator over every stage's own actions, the terms the
+ * slowest stage's (step_pipeline.c). */
 loom_status loom_price_stage(step_pricing *x);
 /* After backward: the rest of the gradients' reduction, the norm, the clearing, the
  * optimizer and the parameters' gathers, and the engine thread's CPU (step_comm.c). */

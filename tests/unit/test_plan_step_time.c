@@ -290,22 +290,29 @@ static void test_forward_is_flops_over_rate(void **state) {
     loom_profile_free(p);
 }
 
-/* The bubble is what pipeline/schedule.h's simulator gives for the predicted actions:
- * makespan minus the stage's own work. */
+/* The bubble is what pipeline/schedule.h's simulator gives for every stage's own action
+ * durations (the plan reports them): the makespan minus the slowest stage's own work; the
+ * slowest stage's actions are the terms' per micro-batch; the stages are uneven (the
+ * first holds the embedding, the last the head), and the even stages' bubble (every
+ * stage priced as the slowest) is never below it. On the 2-core CPU node the pipeline's
+ * ranks share the cores (slots: cores over the node's copies of the pipeline), and a
+ * stage's terms are its actions slowed as the simulation slowed them. */
 static void test_bubble_is_the_simulators(void **state) {
     (void)state;
-    loom_profile *gpu = make_profile(&GPU, "gpu.json");
+    loom_profile *gpu = make_profile(&GPU, "gpu.json"), *cpu = make_profile(&CPU, "cpu.json");
     static const char *kinds[] = {"gpipe", "1f1b", "interleaved"};
-    for (int it = 0; it < 24; it++) {
+    for (int it = 0; it < 36; it++) {
         loom_model_config mc;
         loom_train_config tc;
         small_model(&mc, it % 2, 64, 8, 64);
-        const int pp = 2 << (it % 2), m = pp * (1 + it % 3);
-        layout(&tc, 1, 1, pp, 0, 1, m);
+        mc.vocab_size = 256 << (rnd() % 6); /* the head: from lighter than a block to heavier */
+        const int pp = 2 << (it % 2), m = pp * (1 + it % 3), on_cpu = it % 4 == 3;
+        const int dp = on_cpu ? 1 + (int)(rnd() % 2) : 1;
+        layout(&tc, dp, 1, pp, 0, 1, m);
         strcpy(tc.pp_schedule, kinds[it % 3]);
         const int v = it % 3 == 2 ? 2 : 1;
         tc.virtual_stages = v;
-        const loom_plan_time t = predict(&mc, &tc, gpu, pp);
+        const loom_plan_time t = predict(&mc, &tc, on_cpu ? cpu : gpu, dp * pp);
         const double acts = (double)m * v;
         const double send = term_ms(&t, "pp sends");
         const double F = term_ms(&t, "forward") / acts, B = term_ms(&t, "backward") / acts;
@@ -321,17 +328,47 @@ static void test_bubble_is_the_simulators(void **state) {
                 loom_profile_collective_ms(gpu, LOOM_COLL_SENDRECV, 2, LOOM_PLACE_INTRA,
                                            4.0 * mc.vocab_size * mc.d_model, &tied, &err),
                 LOOM_OK);
-        const double hop = (send - loss - tied) / (2 * acts);
         loom_pp_kind kind;
         assert_int_equal(loom_pp_kind_parse(tc.pp_schedule, &kind, &err), LOOM_OK);
         loom_pp_schedule sched;
         assert_int_equal(loom_pp_schedule_build(&sched, kind, pp, m, v, &err), LOOM_OK);
-        const double dur[3] = {F + hop, B + hop, 0};
-        const double span = loom_pp_schedule_simulate(&sched, dur, NULL, NULL);
+        /* the slowest stage (most work) and how uneven they are */
+        int slow = 0;
+        double lo = 1e300, hi = 0;
+        for (int r = 0; r < pp; r++) {
+            const double *a = t.pp_action_ms[r], w = a[0] + a[1] + a[2];
+            if (w > hi) hi = w, slow = r;
+            if (w < lo) lo = w;
+        }
+        assert_true(hi > lo * (1 + 1e-6));
+        const double *a = t.pp_action_ms[slow];
+        const double slots = on_cpu ? 2.0 / dp : 0;
+        double busy[LOOM_PP_MAX_STAGES];
+        if (v == 1) { /* a rank's actions are its one chunk's: the simulation exactly */
+            double each[LOOM_PP_MAX_STAGES][3];
+            memcpy(each, t.pp_action_ms, sizeof(double[3]) * (size_t)pp);
+            const double span = loom_pp_schedule_simulate_shared(&sched, (const double(*)[3])each,
+                                                                 slots, NULL, busy, NULL);
+            double s = busy[slow] / (acts * (a[0] + a[1] + a[2]));
+            assert_true(s > 1 - 1e-12 && (on_cpu || s < 1 + 1e-12));
+            if (s < 1) s = 1;
+            const double hop = a[0] - F / s;
+            if (!on_cpu) { /* the hops from the terms: two per action pair */
+                const double hops = (send - loss - tied) / (2 * acts);
+                assert_true(fabs(hop - hops) <= 1e-9 * (a[0] + a[1]));
+                assert_true(fabs(a[1] - B - hop) <= 1e-9 * (a[0] + a[1]));
+            }
+            const double bubble = span - acts * (F + B + 2 * hop);
+            if (fabs(term_ms(&t, "pp bubble") - bubble) > 1e-6 * span)
+                fail_msg("it %d: bubble %g, simulated %g", it, term_ms(&t, "pp bubble"), bubble);
+        }
+        if (!on_cpu) { /* every stage priced as the slowest: never a smaller bubble */
+            const double span = loom_pp_schedule_simulate(&sched, a, NULL, NULL);
+            assert_true(term_ms(&t, "pp bubble") <= span - acts * (a[0] + a[1] + a[2]) + 1e-9);
+        }
         loom_pp_schedule_free(&sched);
-        const double bubble = span - acts * (F + B + 2 * hop);
-        assert_true(fabs(term_ms(&t, "pp bubble") - bubble) <= 1e-6 * span);
     }
+    loom_profile_free(cpu);
     /* ZB-H1 fills 1F1B's bubble with the deferred weight gradients */
     loom_model_config mc;
     loom_train_config tc;
