@@ -3,6 +3,8 @@
  * kernels start from random gradients to check that they accumulate (+=). */
 #include "test_kernels_util.h"
 
+#include <omp.h>
+
 #include "kernels/kernels.h"
 
 /* ---- linear ---- */
@@ -251,13 +253,44 @@ static void test_elementwise(void **state) {
     free(a), free(b), free(out), free(ref);
 }
 
+/* The sum of squares (gradient clipping's norm): within float64 rounding of the naive
+ * sum, and the same bits at any thread count (its parts depend on n only), on sizes
+ * below and above its parallel cut and around the lanes' remainder. */
+static void test_sum_squares_threads(void **state) {
+    (void)state;
+    tk_reseed(8);
+    const size_t sizes[] = {1, 7, 8, 9, 1000, 64 * 16384 - 1, 64 * 16384 + 13, 3000017};
+    const int max_threads = omp_get_max_threads();
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        const size_t n = sizes[k];
+        float *x = tk_rand(n, (float)tk_uniform(0.5, 100));
+        double ss = 0;
+        for (size_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double first = 0;
+        for (int t = 1; t <= 5; t++) {
+            omp_set_num_threads(t);
+            const double got = loom_sum_squares(x, n);
+            if (!(fabs(got - ss) <= 1e-12 * ss) || (t > 1 && got != first)) {
+                fprintf(stderr,
+                        "sum_squares n %zu threads %d: %.17g, naive %.17g, 1 thread %.17g; "
+                        "LOOM_TEST_SEED=%llu\n",
+                        n, t, got, ss, first, (unsigned long long)tk_seed);
+                fail();
+            }
+            if (t == 1) first = got;
+        }
+        free(x);
+    }
+    omp_set_num_threads(max_threads);
+}
+
 int main(void) {
     tk_init_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),      cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_gelu),        cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_sum_squares_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
