@@ -319,10 +319,7 @@ static loom_status dit_embed_forward(loom_model *m, const float *p) {
  * until backward) rounded into a->act_bf16. */
 static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
     float *act = a->act ? a->act : m->dact;
-    if (a->fc_bf16)
-        loom_backend_gelu_forward_in_bf16(m->be, act, a->fc_bf16, (size_t)d->N * d->F);
-    else
-        loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
+    loom_model_gelu_forward_kept(m->be, act, a->fc, a->fc_bf16, (size_t)d->N * d->F);
     loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
 }
 
@@ -529,10 +526,7 @@ static loom_status block_backward(loom_model *m, const dims *d, const float *p, 
                            loom_act_of(a->act, a->act_bf16), d->F, m->dact, split ? b->d_y2 : NULL);
     if (!st) {
         loom_backend_memset(be, dfc, 0, (size_t)d->N * d->F * sizeof(float));
-        if (a->fc_bf16)
-            loom_backend_gelu_backward_in_bf16(be, dfc, a->fc_bf16, m->dact, (size_t)d->N * d->F);
-        else
-            loom_backend_gelu_backward(be, dfc, a->fc, m->dact, (size_t)d->N * d->F);
+        loom_model_gelu_backward_kept(be, dfc, a->fc, a->fc_bf16, m->dact, (size_t)d->N * d->F);
         st = loom_model_column_backward(m, dfc, p + k->fc_w, g + k->fc_w, g + k->fc_b,
                                         loom_act_of(b->xm2, b->xm2_bf16), d->F, &dn);
     }

@@ -39,6 +39,12 @@ int loom_model_keep_bf16_pre(const loom_model *m);
  * bf16: x NULL) its copy x16 widened into scratch (n values). */
 const float *loom_model_widen_kept(const loom_model *m, const float *x, const loom_bf16 *x16,
                                    float *scratch, size_t n);
+/* GELU of a pre-activation kept for backward (n values): from its bf16 copy x16 when
+ * there is one, else from x; backward adds d(x) into dx. */
+void loom_model_gelu_forward_kept(const loom_backend *be, float *out, const float *x,
+                                  const loom_bf16 *x16, size_t n);
+void loom_model_gelu_backward_kept(const loom_backend *be, float *dx, const float *x,
+                                   const loom_bf16 *x16, const float *dout, size_t n);
 /* x[n], the fp32 output of qkv's or fc's GEMM, rounded as loom_model_bf16_pre_activations
  * says: into kept (when not NULL; then x keeps its fp32 value unless widen, which writes
  * the rounded values back), else in place when the model rounds them, else untouched. */

@@ -163,6 +163,22 @@ const float *loom_model_widen_kept(const loom_model *m, const float *x, const lo
     return scratch;
 }
 
+void loom_model_gelu_forward_kept(const loom_backend *be, float *out, const float *x,
+                                  const loom_bf16 *x16, size_t n) {
+    if (x16)
+        loom_backend_gelu_forward_in_bf16(be, out, x16, n);
+    else
+        loom_backend_gelu_forward(be, out, x, n);
+}
+
+void loom_model_gelu_backward_kept(const loom_backend *be, float *dx, const float *x,
+                                   const loom_bf16 *x16, const float *dout, size_t n) {
+    if (x16)
+        loom_backend_gelu_backward_in_bf16(be, dx, x16, dout, n);
+    else
+        loom_backend_gelu_backward(be, dx, x, dout, n);
+}
+
 void loom_model_round_pre(const loom_model *m, loom_bf16 *kept, float *x, size_t n, int widen) {
     if (kept) {
         loom_backend_round_bf16(m->be, kept, x, n);

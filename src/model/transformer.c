@@ -206,12 +206,10 @@ static loom_status embed_forward(loom_model *m, const dims *d, const float *p) {
  * dact (free until backward) rounded into a->act_bf16. */
 static void mlp_activation(loom_model *m, const dims *d, loom_block_acts *a) {
     float *act = a->act ? a->act : m->dact;
-    if (a->fc_bf16 && is_gpt2(m)) /* the pre-activation kept in bf16 */
-        loom_backend_gelu_forward_in_bf16(m->be, act, a->fc_bf16, (size_t)d->N * d->F);
+    if (is_gpt2(m)) /* from the pre-activation's bf16 copy when it is kept in bf16 */
+        loom_model_gelu_forward_kept(m->be, act, a->fc, a->fc_bf16, (size_t)d->N * d->F);
     else if (a->fc_bf16)
         loom_backend_swiglu_forward_in_bf16(m->be, act, a->fc_bf16, d->N, d->F);
-    else if (is_gpt2(m))
-        loom_backend_gelu_forward(m->be, act, a->fc, (size_t)d->N * d->F);
     else
         loom_backend_swiglu_forward(m->be, act, a->fc, d->N, d->F);
     loom_model_keep_bf16(m, a->act_bf16, act, (size_t)d->N * d->F);
@@ -227,12 +225,10 @@ static void mlp_activation_backward(loom_model *m, const dims *d, const loom_blo
         return;
     }
     loom_backend_memset(m->be, dfc, 0, (size_t)d->N * d->FC * sizeof(float));
-    if (a->fc_bf16 && is_gpt2(m))
-        loom_backend_gelu_backward_in_bf16(m->be, dfc, a->fc_bf16, m->dact, n);
+    if (is_gpt2(m))
+        loom_model_gelu_backward_kept(m->be, dfc, a->fc, a->fc_bf16, m->dact, n);
     else if (a->fc_bf16)
         loom_backend_swiglu_backward_in_bf16(m->be, dfc, m->dact, a->fc_bf16, d->N, d->F);
-    else if (is_gpt2(m))
-        loom_backend_gelu_backward(m->be, dfc, a->fc, m->dact, n);
     else
         loom_backend_swiglu_backward(m->be, dfc, m->dact, a->fc, d->N, d->F);
 }

@@ -251,10 +251,7 @@ static void encoder_forward(loom_model *m, const float *p) {
         loom_model_linear_forward(m, fc, loom_act_of(a->ln2, a->ln2_16), p + k->fc_w, p + k->fc_b,
                                   R, Dv, Fv);
         loom_model_round_pre(m, a->fc16, fc, (size_t)R * Fv, 0);
-        if (a->fc16)
-            loom_backend_gelu_forward_in_bf16(be, act, a->fc16, (size_t)R * Fv);
-        else
-            loom_backend_gelu_forward(be, act, a->fc, (size_t)R * Fv);
+        loom_model_gelu_forward_kept(be, act, a->fc, a->fc16, (size_t)R * Fv);
         loom_model_keep_bf16(m, a->act16, act, (size_t)R * Fv);
         loom_model_linear_forward(m, a->x2, loom_act_of(a->act, a->act16), p + k->proj_w,
                                   p + k->proj_b, R, Fv, Dv);
@@ -345,10 +342,7 @@ static void encoder_backward(loom_model *m, const float *p, float *g) {
         loom_linear_backward_act(be, v->dact, LOOM_DX_SET, v->dx, p + k->proj_w, g + k->proj_w,
                                  g + k->proj_b, loom_act_of(a->act, a->act16), R, Fv, Dv);
         loom_backend_memset(be, v->dfc, 0, (size_t)R * Fv * sizeof(float));
-        if (a->fc16)
-            loom_backend_gelu_backward_in_bf16(be, v->dfc, a->fc16, v->dact, (size_t)R * Fv);
-        else
-            loom_backend_gelu_backward(be, v->dfc, a->fc, v->dact, (size_t)R * Fv);
+        loom_model_gelu_backward_kept(be, v->dfc, a->fc, a->fc16, v->dact, (size_t)R * Fv);
         loom_linear_backward_act(be, v->dln, LOOM_DX_SET, v->dfc, p + k->fc_w, g + k->fc_w,
                                  g + k->fc_b, loom_act_of(a->ln2, a->ln2_16), R, Dv, Fv);
         loom_backend_layernorm_backward(be, v->dx, g + k->norm2_w, g + k->norm2_b, v->dln, a->x1,
