@@ -252,8 +252,9 @@ static loom_status launch(worker *w, int id, int again, const plan *p, loom_erro
                                             "starts over from step 0)"
                                           : "";
     if (!st)
-        fprintf(stderr, "loom run: elastic: worker %d started%s%s%s%s (%d rank(s), log %s)\n", id,
-                how, from, w->host[0] ? " on " : "", w->host, ranks, log);
+        fprintf(stderr,
+                "loom run: elastic: worker %d started%s%s%s%s (%d rank(s), log %s; at %.3f)\n", id,
+                how, from, w->host[0] ? " on " : "", w->host, ranks, log, loom_wall_s());
     return st;
 }
 
@@ -291,8 +292,9 @@ static void stop_detected(worker *w, int id, const plan *p, loom_failure *f, dou
     if (f->rank >= 0)
         snprintf(who, sizeof who, " rank %d (slot %d%s%s)", f->rank, slot, f->host[0] ? ", " : "",
                  f->host);
-    fprintf(stderr, "loom run: elastic: worker %d:%s %s detected: %s; its job is stopped\n", id,
-            who, loom_fail_kind_name(f->kind), f->detail);
+    fprintf(stderr,
+            "loom run: elastic: worker %d:%s %s detected: %s; its job is stopped (at %.3f)\n", id,
+            who, loom_fail_kind_name(f->kind), f->detail, loom_wall_s());
     json_t *d =
         json_pack("{s:i, s:s, s:i, s:i, s:I, s:f, s:s}", "launch", w->restarts + 1, "kind",
                   loom_fail_kind_name(f->kind), "rank", f->rank, "slot", slot, "step",
@@ -303,7 +305,10 @@ static void stop_detected(worker *w, int id, const plan *p, loom_failure *f, dou
     for (int r = 0; r < w->mon.world && np < MAX_PIDS; r++)
         if (w->mon.ranks[r].seen && !strcmp(w->mon.ranks[r].beat.host, p->host))
             pids[np++] = w->mon.ranks[r].beat.pid;
+    const double t0 = loom_now_ms();
     loom_launch_stop(&w->job, p->cfg->grace_s, pids, np);
+    fprintf(stderr, "loom run: elastic: worker %d's job stopped in %.1f s\n", id,
+            (loom_now_ms() - t0) * 1e-3);
 }
 
 /* A worker's last outer sync, from the last "outer sync, members=" line of its log

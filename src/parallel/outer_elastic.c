@@ -638,6 +638,9 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
 static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
+    /* with the supervisor's "started" line and the next one: where a slow join's time went */
+    fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
+            loom_wall_s());
     const loom_status published = publish(e->me, name, port, err);
     if (published) return published;
     fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published at %.3f)\n", e->me,
@@ -732,6 +735,9 @@ static loom_status join_reload(loom_outer *o, int step, loom_outer_reload_fn rel
 static loom_status found(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
+    /* with the supervisor's "started" line and the next one: where a slow join's time went */
+    fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
+            loom_wall_s());
     const loom_status published = publish(e->me, name, port, err);
     if (published) return published;
     MPI_Unpublish_name(name, MPI_INFO_NULL, port);
