@@ -35,6 +35,9 @@ static int comm_worker(const cal_opts *o, int argc, char **argv) {
     loom_status st = loom_comm_from_mpi(&c, MPI_COMM_WORLD, "world", &err);
     json_t *root = NULL;
     if (!st) st = loom_calibrate_comm(&c, o->quick, &root, &err);
+    json_t *corun = NULL;
+    if (!st) st = loom_calibrate_corun(&c, o->quick, &corun, &err);
+    if (root && corun) json_object_set_new(root, "corun", corun);
     int rc = 0;
     if (st) {
         fprintf(stderr, "loom calibrate --comm-worker (rank %d): %s\n", w.rank, err.msg);
@@ -145,6 +148,12 @@ static int validate(const char *path) {
                    64.0 * 1048576 / (ms * 1e6));
         if (!st) st = loom_profile_adamw_ms(p, 124e6, threads[i], &ms, &err);
         if (!st) printf("  adamw 124M parameters, %s: %.4g ms\n", who, ms);
+    }
+    for (int k = 2; k <= loom_profile_devices_per_node(p) && k <= 8 && !st; k *= 2) {
+        double g, m;
+        loom_profile_corun(p, k, &g, &m);
+        printf("  %d one-thread processes at once: GEMMs x%.3g, memory-bound kernels x%.3g\n", k, g,
+               m);
     }
     for (int k = 0; k < LOOM_COLL_KINDS && !st; k++)
         for (int G = 2; G <= 8 && !st; G *= 2) {
@@ -268,7 +277,7 @@ int loom_cmd_calibrate(int argc, char **argv) {
         return 1;
     }
 
-    json_t *colls = json_array(), *engine = NULL;
+    json_t *colls = json_array(), *engine = NULL, *corun = json_array();
     char dir[] = "/tmp/loom_calibrate_XXXXXX";
     int rc = mkdtemp(dir) ? 0 : 1;
     if (rc) fprintf(stderr, "loom calibrate: cannot create a folder in /tmp\n");
@@ -286,6 +295,13 @@ int loom_cmd_calibrate(int argc, char **argv) {
         if (part) {
             json_array_extend(colls, json_object_get(part, "collectives"));
             if (!engine) engine = json_incref(json_object_get(part, "engine"));
+            json_t *cr = json_object_get(part, "corun"); /* kept by processes, increasing */
+            const json_int_t k = json_integer_value(json_object_get(cr, "processes"));
+            size_t at = 0;
+            while (cr && at < json_array_size(corun) &&
+                   json_integer_value(json_object_get(json_array_get(corun, at), "processes")) < k)
+                at++;
+            if (cr) json_array_insert(corun, at, cr);
             json_decref(part);
         }
         remove(path);
@@ -293,8 +309,11 @@ int loom_cmd_calibrate(int argc, char **argv) {
     rmdir(dir);
     if (rc) {
         json_decref(compute), json_decref(colls), json_decref(engine), json_decref(machine);
+        json_decref(corun);
         return 1;
     }
+    if (json_array_size(corun) > 0) json_object_set(machine, "corun", corun);
+    json_decref(corun);
     char name[64];
     snprintf(name, sizeof name, "measured on this machine%s", o.quick ? " (--quick)" : "");
     json_t *root = json_pack("{s:s, s:i, s:s, s:s, s:o, s:o, s:o, s:o}", "format", "loom-profile",

@@ -687,6 +687,106 @@ loom_status loom_calibrate_comm(loom_comm *c, int quick, json_t **out, loom_erro
     return st;
 }
 
+/* ---- cores busy at once: one one-thread process a core ---- */
+
+/* The co-run workload: GEMMs as the compute grid times them (nt, 256 x 256 x 256, cold
+ * operands from the pools), or memory-bound kernels (an add over 4 M floats, AdamW over
+ * 2 M parameters). */
+typedef struct {
+    gemm_arg g;
+    float *x, *y, *z, *p, *gr, *m, *v;
+    size_t n, np;
+} corun_arg;
+
+static void corun_gemm(const void *p) {
+    gemm_run(&((const corun_arg *)p)->g);
+}
+
+static void corun_memory(const void *p) {
+    const corun_arg *a = p;
+    loom_backend_add(a->g.be, a->z, a->x, a->y, a->n);
+    loom_backend_adamw_update(a->g.be, a->p, a->gr, a->m, a->v, a->np, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                              0.1f, 10);
+}
+
+static double run_ms(bench_fn f, const void *arg, int reps) {
+    const double t0 = loom_now_ms();
+    for (int r = 0; r < reps; r++) f(arg);
+    return loom_now_ms() - t0;
+}
+
+/* A barrier that waits without keeping a core busy (an MPI_Ibarrier tested every 2 ms):
+ * the other processes' cores stay idle while one measures alone. */
+static void quiet_barrier(MPI_Comm comm) {
+    MPI_Request rq;
+    int done = 0;
+    MPI_Ibarrier(comm, &rq);
+    while (!done) {
+        MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
+        if (!done) nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+}
+
+/* Per call of f, ms: rank 0 alone (the others wait quietly), then every rank at once (the
+ * mean over the ranks); the median of three rounds each. */
+static void corun_times(loom_comm *c, bench_fn f, const void *arg, double target_ms, double *alone,
+                        double *together) {
+    int reps = 1;
+    double t[3];
+    f(arg);
+    if (c->rank == 0) {
+        reps = (int)fmax(2, fmin(1000, target_ms / fmax(run_ms(f, arg, 1), 1e-3)));
+        for (int r = 0; r < 3; r++) t[r] = run_ms(f, arg, reps) / reps;
+        *alone = loom_median(t, 3);
+    }
+    quiet_barrier(c->mpi);
+    MPI_Bcast(&reps, 1, MPI_INT, 0, c->mpi);
+    for (int r = 0; r < 3; r++) {
+        MPI_Barrier(c->mpi);
+        t[r] = run_ms(f, arg, reps) / reps;
+        MPI_Allreduce(MPI_IN_PLACE, &t[r], 1, MPI_DOUBLE, MPI_SUM, c->mpi);
+        t[r] /= c->size;
+    }
+    *together = loom_median(t, 3);
+}
+
+loom_status loom_calibrate_corun(loom_comm *c, int quick, json_t **out, loom_error *err) {
+    *out = NULL;
+    if (c->size < 2 || c->size > sysconf(_SC_NPROCESSORS_ONLN)) return LOOM_OK;
+    const loom_backend *be = loom_backend_cpu();
+    size_t slot = 0;
+    corun_arg a = {.g = {be, LOOM_GEMM_NT, 256, 256, 256, NULL, NULL, NULL, &slot},
+                   .n = (size_t)4 << 20,
+                   .np = (size_t)2 << 20};
+    float **bufs[] = {&a.g.a, &a.g.b, &a.g.c, &a.x, &a.y, &a.z, &a.p, &a.gr, &a.m, &a.v};
+    int ok = 1;
+    for (int i = 0; i < 10; i++) {
+        const size_t n = i < 3 ? GEMM_POOL_FLOATS : i < 6 ? a.n : a.np;
+        *bufs[i] = malloc(n * sizeof(float));
+        if (*bufs[i]) fill(*bufs[i], n, i == 9 ? 0.01f : 1.0f);
+        ok = ok && *bufs[i];
+    }
+    if (!ok) {
+        for (int i = 0; i < 10; i++) free(*bufs[i]);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "calibrate: co-run buffers");
+    }
+    for (size_t i = 0; i < a.np; i++) a.v[i] = fabsf(a.v[i]); /* a second moment: >= 0 */
+    const double target = quick ? 100.0 : 400.0;
+    double alone[2] = {0}, together[2] = {0};
+    corun_times(c, corun_gemm, &a, target, &alone[0], &together[0]);
+    corun_times(c, corun_memory, &a, target, &alone[1], &together[1]);
+    for (int i = 0; i < 10; i++) free(*bufs[i]);
+    if (c->rank == 0) {
+        const double g = together[0] / alone[0], m = together[1] / alone[1];
+        fprintf(stderr,
+                "calibrate: %d one-thread processes at once: GEMMs %.2fx, memory-bound "
+                "kernels %.2fx their time alone\n",
+                c->size, g, m);
+        *out = json_pack("{s:i, s:f, s:f}", "processes", c->size, "gemm", g, "memory", m);
+    }
+    return LOOM_OK;
+}
+
 /* GB/s of touching pages handed back to the kernel: ZeRO-3 hands back the whole huge
  * pages of each gathered block after its use (loom_fsdp_release_span) and the next gather
  * faults them in again, zero-filled (plan/step_time.c prices that). Handed back one huge

@@ -21,5 +21,10 @@ json_t *loom_calibrate_compute(int quick, int threads);
  * the communication engine's cost; *out (rank 0): {"group", "thread_level",
  * "collectives", "engine"}. */
 loom_status loom_calibrate_comm(loom_comm *c, int quick, json_t **out, loom_error *err);
+/* Cores busy at once, with c's ranks one one-thread process a core (c no larger than the
+ * cores; else *out stays NULL): the time of GEMMs and of memory-bound kernels when every
+ * rank runs them at once over rank 0's alone; *out (rank 0): {"processes", "gemm",
+ * "memory"}, an entry of the profile's machine.corun. */
+loom_status loom_calibrate_corun(loom_comm *c, int quick, json_t **out, loom_error *err);
 
 #endif

@@ -53,6 +53,12 @@ struct loom_profile {
     collective_entry *coll;
     double engine_cpu_us, engine_cpu_us_per_mib, engine_post_us;
     double refault_gbps; /* 0: pages handed back cost nothing to touch again */
+    /* machine.corun: the kernels' slowdown with k one-thread processes busy at once */
+    int n_corun;
+    struct {
+        int processes;
+        double gemm, memory;
+    } corun[8];
 };
 
 static const char *gemm_names[LOOM_GEMM_OPS] = {"nt", "nn", "tn"};
@@ -166,6 +172,32 @@ static loom_status get_number(ctx *c, const json_t *obj, const char *key, const 
     if (!isfinite(x) || x < 0 || (positive && x == 0))
         return bad(c, p, positive ? "expected a positive number" : "expected a number >= 0");
     *out = x;
+    return LOOM_OK;
+}
+
+/* machine.corun (optional): [{"processes": k, "gemm": f, "memory": f}], k increasing. */
+static loom_status parse_corun(ctx *c, const json_t *machine, loom_profile *p) {
+    const json_t *a = json_object_get(machine, "corun");
+    if (!a) return LOOM_OK;
+    const int n = json_is_array(a) ? (int)json_array_size(a) : -1;
+    if (n < 0 || n > 8) return bad(c, "machine.corun", "expected an array of at most 8 entries");
+    for (int i = 0; i < n; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "machine.corun[%d]", i);
+        const json_t *e = json_array_get(a, (size_t)i);
+        int64_t k = 0;
+        if (!json_is_object(e)) return bad(c, path, "expected an object");
+        if (!loom_json_int_in(json_object_get(e, "processes"), 2, 4096, &k) ||
+            (i > 0 && k <= p->corun[i - 1].processes))
+            return bad(c, path, "processes: expected an integer >= 2, increasing");
+        p->corun[i].processes = (int)k;
+        loom_status st = get_number(c, e, "gemm", path, 1, -1, &p->corun[i].gemm);
+        if (!st) st = get_number(c, e, "memory", path, 1, -1, &p->corun[i].memory);
+        if (st) return st;
+        if (p->corun[i].gemm > 16 || p->corun[i].memory > 16)
+            return bad(c, path, "gemm and memory: expected slowdowns in (0, 16]");
+    }
+    p->n_corun = n;
     return LOOM_OK;
 }
 
@@ -443,6 +475,7 @@ static loom_status parse_root(ctx *c, const json_t *root, loom_profile *p) {
         return bad(c, "machine.memory_shared", "expected true or false");
     p->memory_shared = shared && json_is_true(shared);
     st = get_number(c, machine, "refault_gbps", "machine", 0, 0.0, &p->refault_gbps);
+    if (!st) st = parse_corun(c, machine, p);
     if (st) return st;
 
     const json_t *compute = json_object_get(root, "compute");
@@ -594,6 +627,18 @@ int loom_profile_devices_per_node(const loom_profile *p) {
 double loom_profile_engine_cpu_us(const loom_profile *p, double bytes) {
     return p->engine_cpu_us + (bytes > 0 ? bytes / 1048576.0 * p->engine_cpu_us_per_mib : 0);
 }
+void loom_profile_corun(const loom_profile *p, double busy, double *gemm, double *memory) {
+    /* linear in the busy processes from (1, 1) through the measured points, flat after */
+    double k0 = 1, g0 = 1, m0 = 1;
+    *gemm = *memory = 1;
+    for (int i = 0; i < p->n_corun && busy > k0; i++) {
+        const double k1 = p->corun[i].processes, g1 = p->corun[i].gemm, m1 = p->corun[i].memory;
+        const double w = busy >= k1 ? 1.0 : (busy - k0) / (k1 - k0);
+        *gemm = g0 + w * (g1 - g0), *memory = m0 + w * (m1 - m0);
+        k0 = k1, g0 = g1, m0 = m1;
+    }
+}
+
 double loom_profile_refault_ms(const loom_profile *p, double bytes) {
     return p->refault_gbps > 0 && bytes > 0 ? bytes / (p->refault_gbps * 1e6) : 0;
 }

@@ -126,5 +126,10 @@ double loom_profile_engine_post_us(const loom_profile *p);
 /* Milliseconds to write `bytes` into pages handed back to the kernel (MADV_DONTNEED) and
  * faulted in again, zero-filled (machine.refault_gbps; 0 ms when the profile has none). */
 double loom_profile_refault_ms(const loom_profile *p, double bytes);
+/* The slowdown of a one-thread process's GEMMs (and attention) and of its memory-bound
+ * kernels when `busy` such processes run at once, one a core (machine.corun, measured by
+ * loom calibrate: the cores share the memory bandwidth and the last-level cache): linear
+ * from 1 at one process through the measured points; 1 without measurements. */
+void loom_profile_corun(const loom_profile *p, double busy, double *gemm, double *memory);
 
 #endif

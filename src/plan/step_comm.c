@@ -267,7 +267,7 @@ void loom_price_after_backward(step_pricing *x) {
     }
     if (!q->st && updated > 0)
         q->st = loom_profile_adamw_ms(q->p, updated, q->threads, &adam, q->err);
-    P->optimizer = (bytes_ms(q, 8.0 * (double)shard) + adam) * share;
+    P->optimizer = (bytes_ms(q, 8.0 * (double)shard) + adam * q->corun_mem) * share;
     if ((zero == 1 || zero == 2) && x->tc->overlap_param_gather && x->g)
         price_overlapped_gathers(x);
     else if (zero == 1 || zero == 2) /* the updated shards to every replica */

@@ -15,7 +15,10 @@
  * engine thread's CPU for the step's collectives), and a collective's profile time,
  * measured with its group alone on the node, is scaled by max(1, R/c) / max(1, G/c). In
  * a pipeline a stage waiting for its input yields its core: the ranks computing at each
- * moment share them (the schedule simulator shares them: step_pipeline.c). */
+ * moment share them (the schedule simulator shares them: step_pipeline.c). And the
+ * kernels themselves slow down with min(c, R t) cores busy at once, the cores sharing the
+ * memory bandwidth and the last-level cache (the profile's machine.corun: GEMMs and
+ * attention by one factor, memory-bound kernels by another). */
 #include "plan/step_time_impl.h"
 
 #include <stdlib.h>
@@ -253,7 +256,15 @@ loom_status loom_plan_step_time(const loom_model_config *mc, const loom_train_co
     if (threads < 1) threads = 1;
     const int cpu = loom_profile_memory_bytes(p, 2) < loom_profile_memory_bytes(p, 1);
     pricer q = {p,   threads, ranks, tp, cores,
-                cpu, LOOM_OK, err,   0,  strcmp(tc->precision, "bf16") == 0};
+                cpu, LOOM_OK, err,   0,  strcmp(tc->precision, "bf16") == 0,
+                1.0, 1.0};
+    if (cpu) { /* the cores busy at once, against the threads the kernels were timed on */
+        const double busy = ranks * threads < cores ? ranks * threads : cores;
+        double g, m, g1, m1;
+        loom_profile_corun(p, busy, &g, &m);
+        loom_profile_corun(p, threads, &g1, &m1);
+        q.corun_gemm = g / g1, q.corun_mem = m / m1;
+    }
     if (tc->micro_batch < 1 || tc->global_batch % (tc->micro_batch * dp) != 0)
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "plan: --global-batch %d is not a multiple of --micro-batch %d x "

@@ -31,6 +31,10 @@ typedef struct {
     loom_error *err;
     double engine_us; /* the engine thread's CPU so far (collectives posted to it) */
     int bf16;         /* --precision bf16: the linear GEMMs from the profile's gemm_bf16 */
+    /* the kernels' slowdown with the node's other ranks computing at once (the cores share
+     * the memory bandwidth and the last-level cache: loom_profile_corun): GEMMs and
+     * attention, memory-bound kernels */
+    double corun_gemm, corun_mem;
 } pricer;
 
 static inline double gemm(pricer *q, loom_gemm_op op, double M, double N, double K) {
@@ -38,7 +42,7 @@ static inline double gemm(pricer *q, loom_gemm_op op, double M, double N, double
     if (q->st || M <= 0 || N <= 0 || K <= 0) return 0;
     q->st = q->bf16 ? loom_profile_gemm_bf16_ms(q->p, op, M, N, K, q->threads, &ms, q->err)
                     : loom_profile_gemm_ms(q->p, op, M, N, K, q->threads, &ms, q->err);
-    return q->st ? 0 : ms;
+    return q->st ? 0 : ms * q->corun_gemm;
 }
 
 static inline double attention(pricer *q, loom_attention_kind k, double heads, double T,
@@ -46,7 +50,7 @@ static inline double attention(pricer *q, loom_attention_kind k, double heads, d
     double ms = 0;
     if (q->st || heads <= 0 || T <= 0) return 0;
     q->st = loom_profile_attention_ms(q->p, k, heads, T, hd, q->threads, &ms, q->err);
-    return q->st ? 0 : ms;
+    return q->st ? 0 : ms * q->corun_gemm;
 }
 
 /* A memory-bound kernel over rows x width fp32 values (its nominal bytes). */
@@ -55,7 +59,7 @@ static inline double ew(pricer *q, loom_elementwise_kind k, double rows, double 
     if (q->st || rows <= 0 || width <= 0) return 0;
     q->st = loom_profile_elementwise_ms(q->p, k, loom_profile_elementwise_bytes(k, rows, width),
                                         q->threads, &ms, q->err);
-    return q->st ? 0 : ms;
+    return q->st ? 0 : ms * q->corun_mem;
 }
 
 /* Memory traffic of kernels the profile has no entry of their own for (memset, copy,
@@ -64,7 +68,7 @@ static inline double bytes_ms(pricer *q, double bytes) {
     double ms = 0;
     if (q->st || bytes <= 0) return 0;
     q->st = loom_profile_elementwise_ms(q->p, LOOM_EW_ADD, bytes, q->threads, &ms, q->err);
-    return q->st ? 0 : ms;
+    return q->st ? 0 : ms * q->corun_mem;
 }
 static inline double memset_ms(pricer *q, double floats) {
     return bytes_ms(q, 4 * floats);

@@ -5,7 +5,8 @@
 # above 1 GFLOP/s and below what the cores could do, collectives with alpha >= 0 and a
 # positive bandwidth, times growing with bytes; the checked-in GPU profiles (profiles/)
 # load; a profile missing a term or a published one missing a source is refused (exit 2,
-# the field named).
+# the field named); on 2 cores or more the profile holds the cores-busy-at-once slowdown
+# (machine.corun) of 2 one-thread processes.
 set -uo pipefail
 LOOM=$1
 # Under the sanitizer build (CI runs the cli tests again there) the MPI workers' exit
@@ -95,6 +96,12 @@ for x in p["collectives"]:
 e = p["engine"]
 if not (e["cpu_us_per_op"] >= 0 and e["post_us"] >= 0):
     bad.append(f"engine {e}")
+# the cores busy at once: measured with the 2-rank group where it fits one process a core
+# (a slowdown, so >= 1 up to noise; below 5: a shared machine can make it large)
+corun = p["machine"].get("corun")
+if cores >= 2 and not (corun and corun[0]["processes"] == 2 and
+                       all(0.8 <= corun[0][k] <= 5 for k in ("gemm", "memory"))):
+    bad.append(f"machine.corun {corun}")
 for b in bad:
     print("  implausible:", b)
 sys.exit(1 if bad else 0)

@@ -76,6 +76,7 @@ static void cite(json_t *v, int root) {
 }
 
 static double g_refault_gbps; /* machine.refault_gbps of the next profile (0: none) */
+static double g_corun[2];     /* machine.corun at 2 processes: gemm, memory (0: none) */
 
 static loom_profile *make_profile(const profile_spec *s, const char *name) {
     json_t *coll = json_array();
@@ -104,6 +105,10 @@ static loom_profile *make_profile(const profile_spec *s, const char *name) {
     if (g_refault_gbps > 0)
         json_object_set_new(json_object_get(root, "machine"), "refault_gbps",
                             json_real(g_refault_gbps));
+    if (g_corun[0] > 0)
+        json_object_set_new(json_object_get(root, "machine"), "corun",
+                            json_pack("[{s:i, s:f, s:f}]", "processes", 2, "gemm", g_corun[0],
+                                      "memory", g_corun[1]));
     if (s->published) {
         json_object_set_new(root, "source", json_string("published"));
         cite(root, 1);
@@ -472,6 +477,43 @@ static void test_cpu_sharing(void **state) {
     loom_profile_free(cpu);
 }
 
+/* machine.corun: with both cores busy the kernels take the measured slowdown (GEMMs and
+ * attention by one factor, memory-bound kernels by the other), with one rank of one
+ * thread nothing changes, and with one rank of two threads (the 2-thread timings include
+ * it) nothing either. */
+static void test_corun(void **state) {
+    (void)state;
+    loom_profile *plain = make_profile(&CPU, "cpu.json");
+    g_corun[0] = g_corun[1] = 1.3;
+    loom_profile *even = make_profile(&CPU, "cpu_corun.json");
+    g_corun[0] = 1.1, g_corun[1] = 1.6;
+    loom_profile *mixed = make_profile(&CPU, "cpu_corun2.json");
+    g_corun[0] = g_corun[1] = 0;
+    loom_model_config mc;
+    loom_train_config tc;
+    small_model(&mc, 1, 128, 4, 64);
+    const int dps[] = {1, 2, 8};
+    for (int i = 0; i < 3; i++) {
+        layout(&tc, dps[i], 1, 1, 0, 2, 2);
+        const loom_plan_time tp = predict(&mc, &tc, plain, dps[i]);
+        const double f = term_ms(&tp, "forward");
+        const loom_plan_time te = predict(&mc, &tc, even, dps[i]);
+        const loom_plan_time tm = predict(&mc, &tc, mixed, dps[i]);
+        const double want = dps[i] == 1 ? 1.0 : 1.3;
+        if (fabs(term_ms(&te, "forward") / f - want) > 1e-9)
+            fail_msg("dp %d: forward %g against %g alone, want x%g", dps[i],
+                     term_ms(&te, "forward"), f, want);
+        const double r = term_ms(&tm, "forward") / f;
+        if (dps[i] == 1 ? fabs(r - 1) > 1e-9 : !(r > 1.1 && r < 1.6))
+            fail_msg("dp %d, gemm x1.1, memory x1.6: forward x%g", dps[i], r);
+    }
+    layout(&tc, 1, 1, 1, 0, 2, 2);
+    tc.threads = 2; /* one rank on both cores */
+    const loom_plan_time a = predict(&mc, &tc, plain, 1), b = predict(&mc, &tc, even, 1);
+    assert_true(fabs(term_ms(&b, "forward") / term_ms(&a, "forward") - 1) < 1e-9);
+    loom_profile_free(plain), loom_profile_free(even), loom_profile_free(mixed);
+}
+
 /* A layout over two nodes on a profile without inter-node collectives. */
 /* A group is inside a node only when its ranks are: tensor parallelism is the mesh's
  * fastest dimension, so with tp filling a node the replicas (stride tp) and the pipeline's
@@ -713,6 +755,7 @@ int main(void) {
         cmocka_unit_test(test_zero_and_buckets),
         cmocka_unit_test(test_recompute_and_gathers),
         cmocka_unit_test(test_cpu_sharing),
+        cmocka_unit_test(test_corun),
         cmocka_unit_test(test_group_placement),
         cmocka_unit_test(test_refault),
         cmocka_unit_test(test_moe_routing),

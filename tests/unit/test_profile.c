@@ -275,6 +275,22 @@ static void test_refusals(void **state) {
         {"source", json_string("guessed"), "f.json: source: expected"},
         {"version", json_integer(2), "f.json: version: expected 1"},
         {"format", NULL, "f.json: format"},
+        {"machine.corun", json_string("x"), "f.json: machine.corun: expected an array"},
+        {"machine.corun",
+         json_pack("[{s:i, s:f, s:f}]", "processes", 1, "gemm", 1.1, "memory", 1.2),
+         "f.json: machine.corun[0]: processes: expected an integer >= 2"},
+        {"machine.corun",
+         json_pack("[{s:i, s:f, s:f}, {s:i, s:f, s:f}]", "processes", 4, "gemm", 1.1, "memory", 1.2,
+                   "processes", 2, "gemm", 1.1, "memory", 1.2),
+         "f.json: machine.corun[1]: processes: expected an integer >= 2, increasing"},
+        {"machine.corun",
+         json_pack("[{s:i, s:f, s:f}]", "processes", 2, "gemm", 0.0, "memory", 1.2),
+         "f.json: machine.corun[0].gemm: expected a positive number"},
+        {"machine.corun", json_pack("[{s:i, s:f}]", "processes", 2, "gemm", 1.1),
+         "f.json: machine.corun[0].memory: missing"},
+        {"machine.corun",
+         json_pack("[{s:i, s:f, s:f}]", "processes", 2, "gemm", 20.0, "memory", 1.2),
+         "f.json: machine.corun[0]: gemm and memory: expected slowdowns in (0, 16]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *root = base();
@@ -326,6 +342,30 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(err.msg, "/nonexistent/p.json"));
 }
 
+/* machine.corun: linear in the busy processes from 1 at one through the measured points,
+ * flat after the last; 1 without it. */
+static void test_corun(void **state) {
+    (void)state;
+    double g, m;
+    loom_profile *none = parse_ok(base());
+    loom_profile_corun(none, 8, &g, &m);
+    near(g, 1), near(m, 1);
+    loom_profile_free(none);
+    json_t *root = base();
+    set(root, "machine.corun",
+        json_pack("[{s:i, s:f, s:f}, {s:i, s:f, s:f}]", "processes", 2, "gemm", 1.1, "memory", 1.5,
+                  "processes", 4, "gemm", 1.3, "memory", 2.5));
+    loom_profile *p = parse_ok(root);
+    const double busy[] = {0.5, 1, 1.5, 2, 3, 4, 16};
+    const double want_g[] = {1, 1, 1.05, 1.1, 1.2, 1.3, 1.3};
+    const double want_m[] = {1, 1, 1.25, 1.5, 2.0, 2.5, 2.5};
+    for (int i = 0; i < 7; i++) {
+        loom_profile_corun(p, busy[i], &g, &m);
+        near(g, want_g[i]), near(m, want_m[i]);
+    }
+    loom_profile_free(p);
+}
+
 static void test_bus_factors(void **state) {
     (void)state;
     near(loom_collective_bus_factor(LOOM_COLL_ALLREDUCE, 8), 2.0 * 7 / 8);
@@ -342,6 +382,7 @@ int main(void) {
         cmocka_unit_test(test_grids),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_bus_factors),
+        cmocka_unit_test(test_corun),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
