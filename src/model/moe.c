@@ -33,8 +33,9 @@ static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int 
     return L->xin16 ? loom_moe_dispatch_finish16(m, L, c, L->xin16)
                     : loom_moe_dispatch_finish(m, L, c, L->xin);
 }
-/* The forward combine carries bf16 (the outputs are bf16 values, the bf16 buffers exist,
- * and there are other ranks: one rank copies its own rows). */
+/* The combines carry bf16 (forward's outputs and backward's input gradients are bf16
+ * values, the bf16 buffers exist, and there are other ranks: one rank copies its own
+ * rows). */
 static int combine16(const loom_moe *m, const moe_layer *L) {
     return m->round_out && L->xin16 && m->comm;
 }
@@ -355,9 +356,17 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
                                   m->split ? L->w_dh + (size_t)r0 * m->FC : NULL);
             st = loom_moe_poke(m, c);
         }
-        if (!st) st = loom_moe_combine_start(m, L, c, m->exd, m->send);
+        /* chunk c's input gradients as bf16 values, in every layout (as autocast's fc GEMM
+         * gives them), so that they travel as bf16 */
+        if (!st && m->round_out)
+            loom_backend_round_bf16_values(m->be, m->exd + (size_t)m->rb[c] * C,
+                                           (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+        if (!st)
+            st = combine16(m, L) ? loom_moe_combine_start16(m, L, c, m->exd)
+                                 : loom_moe_combine_start(m, L, c, m->exd, m->send);
     }
-    loom_status fin = loom_moe_combines_finish(m);
+    loom_status fin =
+        combine16(m, L) ? loom_moe_combines_finish16(m, m->send) : loom_moe_combines_finish(m);
     if (st || (st = fin)) return st;
     loom_backend_memset(m->be, dx, 0, (size_t)N * C * sizeof(float));
     loom_backend_moe_unpermute_add(m->be, dx, m->send, L->idx, L->row, m->zoffs, N, K, C);

@@ -185,7 +185,8 @@ loom_status loom_moe_combine_start(loom_moe *m, const moe_layer *L, int c, const
 }
 
 /* m->recv's chunk c region is free in a bf16 forward (its dispatch used recv16), as are
- * recv16's (reordered into xin16) and send16's (sent, and the send completed). */
+ * recv16's (reordered into xin16) and send16's (sent, and the send completed); in
+ * backward the same (its dispatch's rows, fp32 or widened, were reordered out of recv). */
 loom_status loom_moe_combine_start16(loom_moe *m, const moe_layer *L, int c, const float *src) {
     const size_t C = (size_t)m->C, off = (size_t)m->rb[c] * C;
     reorder(m, L->rows + c * m->ep * m->EL, m->recv + off, src + off, 0, sizeof(float));

@@ -122,11 +122,11 @@ sys.exit(0 if 0.5 * tp[0] < tp[1] < 0.55 * tp[0] else 1)
 PY
 done
 
-# ep under bf16 on a CPU (a profile with memory_shared: the ranks' cores): the forward's
-# dispatch and combine and (Llama's bias-free experts) backward's dispatch at 2 bytes an
-# element (model/moe_dispatch.c), backward's combine at 4. On the bytes-only profile that is
-# (2 + 2 + 2 + 4) / 16: the moe all-to-all term 0.625 of fp32's (the routing counts' small
-# all-to-alls aside); on a GPU profile (memory_shared false) unchanged
+# ep under bf16 on a CPU (a profile with memory_shared: the ranks' cores): both dispatches
+# (backward's: Llama's bias-free experts) and both combines at 2 bytes an element
+# (model/moe_dispatch.c). On the bytes-only profile that is (2 + 2 + 2 + 2) / 16: the moe
+# all-to-all term 0.5 of fp32's (the routing counts' small all-to-alls aside); on a GPU
+# profile (memory_shared false) unchanged
 python3 - "$TMP/bytes.json" "$TMP/bytes_cpu.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
@@ -141,14 +141,14 @@ for prof in bytes bytes_cpu; do
             --precision $p --json >"$TMP/ep_${prof}_$p.json" 2>>"$TMP/err"
     done
 done
-check "ep 4 bf16: three of the four exchanges priced at 2 bytes on a CPU, 4 on a GPU" python3 - \
+check "ep 4 bf16: the four exchanges priced at 2 bytes on a CPU, 4 on a GPU" python3 - \
     "$TMP"/ep_bytes_cpu_fp32.json "$TMP"/ep_bytes_cpu_bf16.json "$TMP"/ep_bytes_fp32.json \
     "$TMP"/ep_bytes_bf16.json <<'PY'
 import json, sys
 moe = [{t["name"]: t["ms"] for t in json.load(open(f))["time"]["terms"]}["moe all-to-all"]
        for f in sys.argv[1:5]]
 print("moe all-to-all ms (cpu fp32, cpu bf16, gpu fp32, gpu bf16):", moe)
-sys.exit(0 if moe[0] > 0 and 0.62 < moe[1] / moe[0] < 0.63 and moe[3] == moe[2] else 1)
+sys.exit(0 if moe[0] > 0 and 0.49 < moe[1] / moe[0] < 0.51 and moe[3] == moe[2] else 1)
 PY
 
 # the search: the top layouts are ones loom train accepts
