@@ -41,7 +41,7 @@ loom_status loom_plan_validate(const loom_model_config *mc, const loom_train_con
 
 /* ---- step time (plan/step_time.c) ---- */
 
-#define LOOM_PLAN_MAX_TERMS 16
+#define LOOM_PLAN_MAX_TERMS 24
 
 /* One part of the step's predicted time: its exposed (critical-path) milliseconds. */
 typedef struct {

@@ -268,6 +268,10 @@ void loom_price_after_backward(step_pricing *x) {
     if (!q->st && updated > 0)
         q->st = loom_profile_adamw_ms(q->p, updated, q->threads, &adam, q->err);
     P->optimizer = (bytes_ms(q, 8.0 * (double)shard) + adam * q->corun_mem) * share;
+    /* --precision bf16: the weights' bf16 copy rounded again from the updated weights, this
+     * rank's tensors (train/compute_weights.c: 4 bytes read and 2 written a parameter; at
+     * ZeRO-3 each gathered range as it lands) */
+    if (q->bf16) P->weights_copy = bytes_ms(q, 6.0 * (double)table->total) * share;
     if ((zero == 1 || zero == 2) && x->tc->overlap_param_gather && x->g)
         price_overlapped_gathers(x);
     else if (zero == 1 || zero == 2) /* the updated shards to every replica */

@@ -171,6 +171,7 @@ static void write_terms(const parts *P, loom_plan_time *out) {
     term(out, "ep reduce", "grad_wait_ms", P->ep_reduce);
     term(out, "norm", NULL, P->norm);
     term(out, "optimizer", "dp.optimizer_ms", P->optimizer);
+    term(out, "bf16 weights copy", NULL, P->weights_copy);
     term(out, "param gather", "dp.param_gather_ms", P->param_gather);
     term(out, "param wait", "dp.param_wait_ms", P->param_wait);
     double step = 0;

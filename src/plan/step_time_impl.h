@@ -233,9 +233,10 @@ size_t loom_price_expert_floats(const loom_param_table *t);
 typedef struct {
     double forward, backward, recompute_share, tp, cp, moe, zero3_wait, pp_bubble, pp_send;
     double dp_exposed, ep_reduce, norm, optimizer, param_gather, param_wait, clear, engine_share;
-    double sharded;     /* --grad-accum sharded: the micro-batches' reductions, less what the
-                           last one leaves after backward (dp_exposed) */
-    double vision_msgs; /* --vision-schedule bubbles: the replicas' messages */
+    double sharded;      /* --grad-accum sharded: the micro-batches' reductions, less what the
+                            last one leaves after backward (dp_exposed) */
+    double vision_msgs;  /* --vision-schedule bubbles: the replicas' messages */
+    double weights_copy; /* --precision bf16: the weights' bf16 copy, once a step */
 } parts;
 
 /* One step's pricing: what each phase reads (above the line), and what it fills. */

@@ -71,6 +71,19 @@ p32=$(predicted) p16=$(predicted --precision bf16) r16=$(predicted --precision b
 echo "plan, dp 4 ZeRO 2: fp32 $p32 ms, bf16 $p16 ms, bf16 + bf16 reduction $r16 ms"
 check "bf16 GEMMs predict a shorter step" python3 -c "import sys; sys.exit(0 if 0 < float('$p16') < float('$p32') else 1)"
 check "the bf16 reduction predicts no longer a step" python3 -c "import sys; sys.exit(0 if 0 < float('$r16') <= float('$p16') else 1)"
+# bf16: the weights' bf16 copy, rounded again once a step (4 bytes read, 2 written a
+# parameter at the add kernel's rate), a term of its own; none in fp32
+for p in fp32 bf16; do
+    "$LOOM" plan "${MODEL[@]}" --profile "$TMP/bf16.json" --explain "--dp 4 --zero 2" \
+        --precision $p --json >"$TMP/copy_$p.json" 2>>"$TMP/err"
+done
+check "bf16: the weights' copy priced once a step, not in fp32" python3 - "$TMP/copy_fp32.json" \
+    "$TMP/copy_bf16.json" <<'PY'
+import json, sys
+terms = [{t["name"]: t["ms"] for t in json.load(open(f))["time"]["terms"]} for f in sys.argv[1:3]]
+print("bf16 weights copy ms (fp32, bf16):", [t.get("bf16 weights copy") for t in terms])
+sys.exit(0 if "bf16 weights copy" not in terms[0] and terms[1].get("bf16 weights copy", 0) > 0 else 1)
+PY
 # pp under bf16: the stage boundary's messages at 2 bytes an element (pipeline/executor.c): the
 # sends priced at half the bytes (a model whose messages are past the link's latency), the
 # message buffers smaller (bf16 wire and an fp32 activation half: 12 of fp32's 16 parts and
