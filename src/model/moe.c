@@ -39,6 +39,21 @@ static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int 
 static int combine16(const loom_moe *m, const moe_layer *L) {
     return m->round_out && L->xin16 && m->comm;
 }
+/* Chunk c's expert-major rows (src: forward's outputs, backward's input gradients) back to
+ * the tokens' ranks, into dst: under bf16 first rounded to bf16 values in every layout (as
+ * autocast's down-projection and fc GEMMs give them), so that they travel as bf16. */
+static loom_status combine_chunk_start(loom_moe *m, const moe_layer *L, int c, float *src,
+                                       float *dst) {
+    const size_t C = (size_t)m->C;
+    if (m->round_out)
+        loom_backend_round_bf16_values(m->be, src + (size_t)m->rb[c] * C,
+                                       (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+    return combine16(m, L) ? loom_moe_combine_start16(m, L, c, src)
+                           : loom_moe_combine_start(m, L, c, src, dst);
+}
+static loom_status combines_finish(loom_moe *m, const moe_layer *L, float *dst) {
+    return combine16(m, L) ? loom_moe_combines_finish16(m, dst) : loom_moe_combines_finish(m);
+}
 /* Backward's dispatch carries bf16: the output gradients' only readers on the experts'
  * side are the proj GEMMs (input and weight gradient), which round them anyway, unless a
  * proj bias sums them unrounded (gpt2's experts). */
@@ -310,15 +325,9 @@ loom_status loom_moe_forward(loom_moe *m, int layer, const float *p, const float
                                  m->ex + (size_t)r0 * C, rows);
             st = loom_moe_poke(m, c);
         }
-        if (!st && m->round_out) /* chunk c's outputs as bf16 values, in every layout */
-            loom_backend_round_bf16_values(m->be, m->ex + (size_t)m->rb[c] * C,
-                                           (size_t)(m->rb[c + 1] - m->rb[c]) * C);
-        if (!st)
-            st = combine16(m, L) ? loom_moe_combine_start16(m, L, c, m->ex)
-                                 : loom_moe_combine_start(m, L, c, m->ex, L->ret);
+        if (!st) st = combine_chunk_start(m, L, c, m->ex, L->ret);
     }
-    loom_status fin =
-        combine16(m, L) ? loom_moe_combines_finish16(m, L->ret) : loom_moe_combines_finish(m);
+    loom_status fin = combines_finish(m, L, L->ret);
     if (st || (st = fin)) return st;
     loom_backend_moe_combine(m->be, out, L->ret, L->w, L->idx, L->row, m->zoffs, N, K, C);
     if (m->cfg.shared_expert) {
@@ -356,17 +365,9 @@ loom_status loom_moe_backward(loom_moe *m, int layer, const float *p, float *g, 
                                   m->split ? L->w_dh + (size_t)r0 * m->FC : NULL);
             st = loom_moe_poke(m, c);
         }
-        /* chunk c's input gradients as bf16 values, in every layout (as autocast's fc GEMM
-         * gives them), so that they travel as bf16 */
-        if (!st && m->round_out)
-            loom_backend_round_bf16_values(m->be, m->exd + (size_t)m->rb[c] * C,
-                                           (size_t)(m->rb[c + 1] - m->rb[c]) * C);
-        if (!st)
-            st = combine16(m, L) ? loom_moe_combine_start16(m, L, c, m->exd)
-                                 : loom_moe_combine_start(m, L, c, m->exd, m->send);
+        if (!st) st = combine_chunk_start(m, L, c, m->exd, m->send);
     }
-    loom_status fin =
-        combine16(m, L) ? loom_moe_combines_finish16(m, m->send) : loom_moe_combines_finish(m);
+    loom_status fin = combines_finish(m, L, m->send);
     if (st || (st = fin)) return st;
     loom_backend_memset(m->be, dx, 0, (size_t)N * C * sizeof(float));
     loom_backend_moe_unpermute_add(m->be, dx, m->send, L->idx, L->row, m->zoffs, N, K, C);
