@@ -734,6 +734,7 @@ static void corun_times(loom_comm *c, bench_fn f, const void *arg, double target
     int reps = 1;
     double t[3];
     f(arg);
+    quiet_barrier(c->mpi); /* every warm-up done before rank 0 times alone */
     if (c->rank == 0) {
         reps = (int)fmax(2, fmin(1000, target_ms / fmax(run_ms(f, arg, 1), 1e-3)));
         for (int r = 0; r < 3; r++) t[r] = run_ms(f, arg, reps) / reps;
