@@ -4,15 +4,17 @@
 The issue's four layouts, which bench_plan.py does not run, as a new user would run them:
 llama-tiny with 8 layers, d_model 128, T 64, global batch 16, micro-batch 2, 4 ranks of one
 thread (dp 4 ZeRO-1, dp 2 x tp 2, pp 4 1f1b, dp 2 x pp 2 zb). A profile is made first with
-`loom calibrate --quick` (unless --profile): it measures `gemm_bf16` as this CPU runs bf16
-GEMMs (oneDNN's, or widened to fp32 without AVX512-BF16 or AMX: docs/precision.md), so the
-plan prices the path the run takes. Then for each layout, fp32 and bf16 in turn (the
-machine's drift hits both alike): `loom plan --explain LAYOUT --precision P --json` and
-`loom train` under mpirun, the median step_ms over the steps after --warmup. Prints each
-pair, then one JSON object: per precision every layout's predicted and measured ms and
-error, the median and worst absolute error, and the load average before and after (the
-issue's figures are for a quiet machine: 2.4-5.5%, median 4.6%, in fp32).
-Usage: plan_bf16.py --loom build/loom [--profile P] [--steps 24] [--warmup 4] [--only a,b]
+`loom calibrate` (unless --profile; --quick: its small grid, whose GEMM sizes 4x apart price
+the blocks' 128-wide GEMMs 15-80% slow here, bench/results/plan_bf16.md): it measures
+`gemm_bf16` as this CPU runs bf16 GEMMs (oneDNN's, or widened to fp32 without AVX512-BF16 or
+AMX: docs/precision.md), so the plan prices the path the run takes. Then for each layout,
+fp32 and bf16 in turn (the machine's drift hits both alike): `loom plan --explain LAYOUT
+--precision P --json` and `loom train` under mpirun, the median step_ms over the steps after
+--warmup. Prints each pair, then one JSON object: per precision every layout's predicted and
+measured ms and error, the median and worst absolute error, and the load average before and
+after (the issue's figures are for a quiet machine: 2.4-5.5%, median 4.6%, in fp32).
+Usage: plan_bf16.py --loom build/loom [--profile P | --quick] [--steps 24] [--warmup 4]
+                    [--only a,b]
 """
 import argparse
 import json
@@ -39,6 +41,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom", required=True)
     ap.add_argument("--profile")
+    ap.add_argument("--quick", action="store_true",
+                    help="calibrate with --quick's small grid (default: the full one)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--only", help="comma-separated layout names")
@@ -50,7 +54,8 @@ def main():
         profile = args.profile
         if not profile:
             profile = os.path.join(work, "profile.json")
-            run([loom, "calibrate", "--quick", "-o", profile], "loom calibrate --quick")
+            quick = ["--quick"] if args.quick else []
+            run([loom, "calibrate"] + quick + ["-o", profile], "loom calibrate")
         data = os.path.join(work, "text.bin")
         write_text_shard(data, 1)
         for name, layout in LAYOUTS:

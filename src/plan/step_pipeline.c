@@ -17,19 +17,15 @@ typedef struct {
     int rank;
 } stage_actions;
 
-static stage_actions slowest_stage(step_pricing *x) {
+static stage_actions slowest_stage(const step_pricing *x, const fbw *chunk) {
     stage_actions a;
     memset(&a, 0, sizeof a);
-    const int pp = x->pp, v = x->v, S = pp * v;
+    const int pp = x->pp, v = x->v;
     double slowest = -1;
     for (int r = 0; r < pp; r++) {
         cost f = {0, 0, 0, 0}, b = {0, 0, 0, 0}, w = {0, 0, 0, 0};
         for (int c = 0; c < v; c++) {
-            const int vs = c * pp + r;
-            int lo = 0;
-            for (int k = 0; k < vs; k++) lo += x->counts[k];
-            const fbw k =
-                loom_price_chunk(x->q, x->mc, x->d, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+            const fbw k = chunk[c * pp + r];
             add(&f, k.f), add(&b, k.b), add(&w, k.w);
         }
         const double busy_r = total(f) + total(b) + total(w);
@@ -166,8 +162,18 @@ loom_status loom_price_stage(step_pricing *x) {
     pricer *q = x->q;
     const shapes *d = x->d;
     parts *P = &x->P;
-    const int pp = x->pp;
-    const stage_actions a = slowest_stage(x);
+    const int pp = x->pp, S = pp * x->v;
+    /* every virtual stage's one micro-batch, priced once: the last stage's head (and the
+     * first's embedding) make the stages uneven, and the even ones wait for the slow one */
+    fbw *chunk = malloc(sizeof *chunk * (size_t)S);
+    double(*each)[3] = malloc(sizeof(double[3]) * (size_t)S);
+    if (!chunk || !each) {
+        free(chunk), free(each);
+        return loom_error_set(q->err, LOOM_ERR_NOMEM, "plan: out of memory");
+    }
+    for (int vs = 0, lo = 0; vs < S; lo += x->counts[vs], vs++)
+        chunk[vs] = loom_price_chunk(q, x->mc, d, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+    const stage_actions a = slowest_stage(x, chunk);
     /* each F and B sends its output to the next stage (the activations, the gradient):
      * bf16 under --precision bf16 (pipeline/executor.c), 2 bytes an element */
     const double msg = (q->bf16 ? 2.0 : 4.0) * d->Ns * d->C;
@@ -182,13 +188,8 @@ loom_status loom_price_stage(step_pricing *x) {
     const int bwd_kind = x->sched->split ? LOOM_PP_W : LOOM_PP_B;
     const double extra = x->bk.sharded ? stage_sharded_action(x, dur[bwd_kind]) : 0;
     dur[bwd_kind] += extra;
-    /* every virtual stage's own actions: the last stage's head (and the first's embedding)
-     * make the stages uneven, and the even ones wait for the slow one */
-    const int S = pp * x->v;
-    double(*each)[3] = malloc(sizeof(double[3]) * (size_t)S);
-    if (!each) return loom_error_set(q->err, LOOM_ERR_NOMEM, "plan: out of memory");
-    for (int vs = 0, lo = 0; vs < S; lo += x->counts[vs], vs++) {
-        const fbw k = loom_price_chunk(q, x->mc, d, lo, lo + x->counts[vs], vs == 0, vs == S - 1);
+    for (int vs = 0; vs < S; vs++) { /* every virtual stage's own actions */
+        const fbw k = chunk[vs];
         each[vs][LOOM_PP_F] = total(k.f) + send, each[vs][LOOM_PP_B] = total(k.b) + send;
         each[vs][LOOM_PP_W] = total(k.w);
         each[vs][bwd_kind] += extra;
@@ -206,7 +207,7 @@ loom_status loom_price_stage(step_pricing *x) {
         const double *e = each[c * pp + a.rank];
         work += x->accum * (e[LOOM_PP_F] + e[LOOM_PP_B] + e[LOOM_PP_W]);
     }
-    free(each);
+    free(each), free(chunk);
     if (span < 0)
         return loom_error_set(q->err, LOOM_ERR_STATE, "plan: the pipeline schedule deadlocks");
     /* that rank's slowdown by the sharing, over its whole step */

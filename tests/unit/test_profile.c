@@ -215,8 +215,24 @@ static void test_grids(void **state) {
     /* the centre (M, K) = (128, 128): the geometric mean of the four rates */
     loom_profile_gemm_ms(p, LOOM_GEMM_NT, 128, 64, 128, 1, &ms, &err);
     near(ms, 2.0 * 128 * 64 * 128 / (pow(10.0 * 40 * 20 * 80, 0.25) * 1e6));
-    /* outside the grid: the curve (N = 32 < 64) */
+    /* outside the grid: the curve's shape (latency 10 us, half_dim 64) through the nearest
+     * grid shape, each dimension clamped into the grid. N = 32 < 64: from (128, 64, 128),
+     * stretched by the smaller N's shortfall (1 + 64/32 against 1 + 64/64). */
+    const double at_centre = 2.0 * 128 * 64 * 128 / (pow(10.0 * 40 * 20 * 80, 0.25) * 1e6);
     loom_profile_gemm_ms(p, LOOM_GEMM_NT, 128, 32, 128, 1, &ms, &err);
+    near(ms, 0.01 + (at_centre - 0.01) * (32.0 * 3) / (64.0 * 2));
+    /* M = 1,024 > 256 with N = 64 the smallest: the rate measured at M = 256 (time x 4 less
+     * the latency), not the curve's peak x efficiency (which would be 25 GFLOP/s here) */
+    const double at_edge = 2.0 * 256 * 64 * 128 / (pow(20.0 * 80, 0.5) * 1e6);
+    loom_profile_gemm_ms(p, LOOM_GEMM_NT, 1024, 64, 128, 1, &ms, &err);
+    near(ms, 0.01 + (at_edge - 0.01) * 4);
+    /* every dimension beyond the grid: never more than the curve's (1 + h/64)/(1 + h/d) */
+    loom_profile_gemm_ms(p, LOOM_GEMM_NT, 4096, 4096, 4096, 1, &ms, &err);
+    const double at_corner = 2.0 * 256 * 64 * 256 / (80.0 * 1e6);
+    near(ms, 0.01 + (at_corner - 0.01) * (4096.0 * 4096 * 4096 * (1 + 64.0 / 4096)) /
+                        (256.0 * 64 * 256 * 2));
+    /* a GEMM without a grid: the curve */
+    loom_profile_gemm_ms(p, LOOM_GEMM_NN, 128, 32, 128, 1, &ms, &err);
     near(ms, 0.01 + 2.0 * 128 * 32 * 128 / (100 * 0.5 * 32.0 / 96.0 * 1e6));
     /* attention: T = sqrt(128 * 256) -> 200 us; T = 512 extrapolates T^2 -> 1600 us */
     loom_profile_attention_ms(p, LOOM_ATT_CAUSAL_FWD, 3, sqrt(128.0 * 256), 64, 1, &ms, &err);
