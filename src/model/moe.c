@@ -54,14 +54,22 @@ static loom_status combine_chunk_start(loom_moe *m, const moe_layer *L, int c, f
 static loom_status combines_finish(loom_moe *m, const moe_layer *L, float *dst) {
     return combine16(m, L) ? loom_moe_combines_finish16(m, dst) : loom_moe_combines_finish(m);
 }
-/* Backward's dispatch carries bf16: the output gradients' only readers on the experts'
- * side are the proj GEMMs (input and weight gradient), which round them anyway, unless a
- * proj bias sums them unrounded (gpt2's experts). */
+/* Backward's dispatch carries bf16. The output gradients' readers on the experts' side are
+ * the proj GEMMs, which round them anyway, and a proj bias (gpt2's experts), whose
+ * gradient sums them: for those they are first rounded to bf16 values, in every layout
+ * (autocast's down-projection output gradient is bf16), so that they may travel as bf16. */
+static int backward_round(const loom_moe *m, const loom_block_params *k) {
+    return m->round_out && k->expert0.proj_b != LOOM_NO_PARAM;
+}
 static int backward_dispatch16(const loom_moe *m, const moe_layer *L, const loom_block_params *k) {
-    return L->xin16 && m->comm && k->expert0.proj_b == LOOM_NO_PARAM;
+    return L->xin16 && m->comm && (k->expert0.proj_b == LOOM_NO_PARAM || backward_round(m, k));
 }
 static loom_status backward_dispatch_start(loom_moe *m, const moe_layer *L,
                                            const loom_block_params *k, int c) {
+    const size_t C = (size_t)m->C;
+    if (backward_round(m, k))
+        loom_backend_round_bf16_values(m->be, m->send + (size_t)m->sb[c] * C,
+                                       (size_t)(m->sb[c + 1] - m->sb[c]) * C);
     return backward_dispatch16(m, L, k) ? loom_moe_dispatch_start_rounded(m, c, m->send)
                                         : loom_moe_dispatch_start(m, c, m->send);
 }

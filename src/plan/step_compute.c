@@ -190,9 +190,8 @@ static double ffn_bwd_weight(pricer *q, const shapes *d, double n) {
 
 /* The chunked dispatch / experts / combine pipeline: chunk c + 1's dispatch and c - 1's
  * combine in flight while chunk c's experts run. dispatch_bytes, combine_bytes: of an
- * element of the rows each exchange moves (model/moe_dispatch.c: 2 for both combines, the
- * forward's dispatch and, with bias-free experts, backward's dispatch under --precision
- * bf16 on the CPU's bf16 backend; else 4). */
+ * element of the rows each exchange moves (model/moe_dispatch.c: 2 for every dispatch and
+ * combine under --precision bf16 on the CPU's bf16 backend; else 4). */
 static double moe_exchange(pricer *q, const shapes *d, double experts_ms, double dispatch_bytes,
                            double combine_bytes) {
     if (d->ep < 2) return 0;
@@ -239,9 +238,9 @@ static cost moe_bwd(pricer *q, const shapes *d, int weight_part) {
     if (d->ep < 2) c.compute += 2 * copy_ms(q, NK * C);
     if (d->shared_expert)
         c.compute += ffn_bwd_input(q, d, N) + (d->split ? 0 : ffn_bwd_weight(q, d, N));
-    /* the output gradients as bf16 when the experts have no bias (Llama's) */
-    c.moe = moe_exchange(q, d, experts, d->moe_bf16 && q->cpu && !d->gpt2 ? 2 : 4,
-                         d->moe_bf16 && q->cpu ? 2 : 4);
+    /* the output gradients and the input gradients as bf16 (model/moe.c) */
+    const double wire = d->moe_bf16 && q->cpu ? 2 : 4;
+    c.moe = moe_exchange(q, d, experts, wire, wire);
     return c;
 }
 

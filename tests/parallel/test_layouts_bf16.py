@@ -67,7 +67,7 @@ model's weights, above the bound), a pipeline whose messages are not rounded, or
 elsewhere than at the boundary (the plain/rounded pair), or any real error of the layout,
 which moves fp32 runs far above 1e-5 and bf16 runs as far.
 
-Experts (llama MoE, 4 experts, dp 2 x ep 2 at ZeRO 1 and 3). The forward dispatch sends the
+Experts (llama MoE, 4 experts, dp 2 x ep 2 at ZeRO 1 and 3; gpt2 MoE at ZeRO 1). The forward dispatch sends the
 experts' rows as bf16, rounded once where the fc GEMM would round them: the same function
 (checked bitwise against the build before by hand), half its bytes: every forward dispatch
 is followed by one backward dispatch of the same rows in fp32, so rank 0's bf16 dispatch
@@ -76,8 +76,10 @@ to bf16 values in every layout (one process too: a rounding of its own, where au
 down-projection output is bf16) and the forward combine carries them as bf16; the
 experts' input gradients likewise (rounded in every layout, where autocast's fc GEMM gives
 them in bf16) for backward's combine. Backward's dispatch of the output gradients travels
-as bf16 too when the experts have no bias (llama's): their only readers there are the proj
-GEMMs, which round them anyway (the same function); so no exchange is fp32 and rank 0's
+as bf16 too: with llama's bias-free experts their only readers there are the proj GEMMs,
+which round them anyway (the same function); gpt2's experts' proj bias sums them, so they
+are rounded to bf16 values first in every layout (where autocast's output gradient is
+bf16; gpt2 MoE dp 2 x ep 2 at ZeRO 1 is checked too). So no exchange is fp32 and rank 0's
 dispatch bytes equal its combine bytes (with every token routed to every expert each rank
 receives as many rows as it sends). Against one process the dp
 argument holds as long as routing is continuous, so the check routes every token to every
@@ -208,25 +210,25 @@ def compare(family, name, got, ref, what, tol=(LOSS_TOL, WHOLE_TOL, TENSOR_TOL))
           f"(<= {tol[2]:.1e})")
 
 
-def check_experts(base, tmp):
-    """llama MoE in bf16, every token to every expert (top-4 of 4: routing cannot flip): dp
-    2 x ep 2 (ZeRO 1, 3) against one bf16 process within the dp bounds (docstring), every
-    exchange in bf16, ZeRO-3 twice bitwise."""
+def check_experts(family, base, tmp):
+    """MoE in bf16, every token to every expert (top-4 of 4: routing cannot flip): dp 2 x ep
+    2 (llama: ZeRO 1 and 3, ZeRO-3 twice bitwise; gpt2, whose experts have biases: ZeRO 1)
+    against one bf16 process within the dp bounds (docstring), every exchange in bf16."""
     lay = Layouts(base + ["--n-layer", "2", "--precision", "bf16", "--n-experts", "4",
-                          "--top-k", "4", "--capacity-factor", "0"], tmp, "moe_")
+                          "--top-k", "4", "--capacity-factor", "0"], tmp, f"{family}_moe_")
     ref = lay.run("single", 1)
-    for name, extra in EXPERTS:
+    for name, extra in EXPERTS if family == "llama" else EXPERTS[:1]:
         got = lay.run(name, 2, extra)
-        compare("llama MoE", name, got, ref, "one process")
+        compare(f"{family} MoE", name, got, ref, "one process")
         sent = EP_BYTES.search(got.stderr)
         d16, d32, c16, c32 = (int(sent.group(i)) for i in (1, 2, 3, 4)) if sent else (0,) * 4
         check(sent and c16 > 0 and d32 == 0 and c32 == 0 and d16 == c16,
-              f"llama MoE bf16 {name}: {sent.group(0) if sent else 'no bytes line'}: both "
-              f"dispatches (llama's experts have no bias) and both combines in bf16, the "
-              f"same rows each way")
-    again = lay.run("dp2_ep2_zero3_again", 2, EXPERTS[1][1])
-    check(bitwise(again, lay.runs["dp2_ep2_zero3"]),
-          "llama MoE bf16 dp2_ep2_zero3 twice: bitwise the same losses and weights")
+              f"{family} MoE bf16 {name}: {sent.group(0) if sent else 'no bytes line'}: both "
+              f"dispatches and both combines in bf16, the same rows each way")
+    if family == "llama":
+        again = lay.run("dp2_ep2_zero3_again", 2, EXPERTS[1][1])
+        check(bitwise(again, lay.runs["dp2_ep2_zero3"]),
+              "llama MoE bf16 dp2_ep2_zero3 twice: bitwise the same losses and weights")
 
 
 def plan_cp_bytes(base, precision, extra):
@@ -327,8 +329,7 @@ def main():
                 again = layouts.run("tp2_sp_again", 2, TENSOR[0][1])
                 check(bitwise(again, layouts.runs["tp2_sp"]),
                       f"{family} bf16 tp2_sp twice: bitwise the same losses and weights")
-            if family == "llama":
-                check_experts(base, tmp)
+            check_experts(family, base, tmp)
             fp32 = Layouts(base + ["--n-layer", "2"], tmp, f"{family}_fp32_").run("single", 1)
             whole, _, _ = weights_error(fp32.params, ref.params, D_MODEL)
             l_err = loss_error(fp32.losses, ref.losses)
