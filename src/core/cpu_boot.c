@@ -36,9 +36,34 @@ int loom_cpu_default_threads(void) {
     return t < 1 ? 1 : (int)t;
 }
 
+/* OpenBLAS packs a GEMM's operands into a buffer it maps on its first call (one per
+ * thread), in 4 KiB pages where transparent huge pages are madvise-only (Debian's
+ * default): which physical pages back it follows the order that first call touched it
+ * in, and a small first call leaves a layout on which later GEMMs run several times
+ * slower, for the life of the process. Measured here (AMD EPYC, OpenBLAS 0.3.21 Haswell,
+ * one thread): 512 x 128 x 256 took 3.27 ms after a small first call, 0.84 ms after a
+ * 512^3 one, 0.84 ms with the buffer on huge pages; the 32,000-token head's 128 x 32,000
+ * x 128 35.5 against 29.0 ms; a GPT-2 tp 2 step (8 x 128, bench_plan's) 1,819-1,875 ms
+ * against 964-972 (bench/blas_first_call.c). So one 512^3 product runs first, at each
+ * thread count used, and touches the buffer as large calls do. */
+static void warm_blas(int threads) {
+    static unsigned long long warmed; /* bit t-1: warmed at t threads (t <= 64) */
+    const unsigned long long bit = threads >= 1 && threads <= 64 ? 1ull << (threads - 1) : 0;
+    if (!bit || (warmed & bit)) return;
+    enum { N = 512 };
+    float *m = calloc((size_t)3 * N * N, sizeof *m);
+    if (!m) return; /* only slower */
+    for (size_t i = 0; i < (size_t)2 * N * N; i++) m[i] = (float)(i % 7) * 0.125f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, m, N, m + N * N, N, 0.0f,
+                m + 2 * N * N, N);
+    free(m);
+    warmed |= bit;
+}
+
 void loom_cpu_set_threads(int threads) {
     openblas_set_num_threads(threads);
     omp_set_num_threads(threads);
+    warm_blas(threads);
 }
 
 const char *loom_cpu_blas_corename(void) {

@@ -23,7 +23,8 @@ void loom_cpu_boot(char **argv);
 int loom_cpu_default_threads(void);
 /* The kernel OpenBLAS is running ("SkylakeX", "Prescott", ...). */
 const char *loom_cpu_blas_corename(void);
-/* Applies the thread count to OpenBLAS and OpenMP. */
+/* Applies the thread count to OpenBLAS and OpenMP (and, once per count, lays out
+ * OpenBLAS's packing buffer with one large GEMM: src/core/cpu_boot.c). */
 void loom_cpu_set_threads(int threads);
 
 #endif
