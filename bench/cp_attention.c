@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
         loom_comm_self(&comm, "cp");
     }
     const int N = comm.size;
-    loom_cp_options o = {a.mode, a.causal, a.no_zigzag, a.B, a.T, a.H, a.KV, a.hd, 0};
+    loom_cp_options o = {a.mode, a.causal, a.no_zigzag, a.B, a.T, a.H, a.KV, a.hd, 0, 0};
     loom_cp cp;
     if (loom_cp_create(&cp, &comm, &o, loom_backend_cpu(), &err) != LOOM_OK) {
         if (w.rank == 0) fprintf(stderr, "cp_attention: %s\n", err.msg);

@@ -46,8 +46,14 @@ typedef struct {
      * (round to nearest even) before anything reads it: every family under
      * --precision bf16 (model/tp_linear.c loom_model_round_pre). Then the ring's key/value
      * blocks and Ulysses' qkv and output exchanges travel as bf16 bits: the same function,
-     * half their bytes (docs/precision.md). Gradients stay fp32. */
+     * half their bytes (docs/precision.md). */
     int bf16_qkv;
+    /* 1: also d(out) passed to backward is bf16 values and the caller rounds the dqkv it
+     * gets to bf16 values before anything reads it (the language models' blocks under
+     * --precision bf16: model/transformer.c). Then Ulysses' d(out) and, with no key/value
+     * head shared by ranks, its dqkv travel as bf16 too; the ring's dK/dV, sums across the
+     * ranks, stay fp32. */
+    int bf16_grads;
 } loom_cp_options;
 
 typedef struct loom_cp {

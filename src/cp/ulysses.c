@@ -16,8 +16,11 @@
  * that are, or are only read as, bf16 values travel as bf16 bits (rounded to nearest even
  * before sending, widened on arrival): qkv both ways (bf16 values: exact), forward's
  * output (the model rounds it to bf16 right after attention, and rounding a rounded value
- * changes nothing) and backward's re-gathered output (the rounded one). d(out) and dqkv
- * are fp32 sums: they stay fp32. */
+ * changes nothing) and backward's re-gathered output (the rounded one). With o.bf16_grads
+ * (a language model: its blocks round d(out) before and dqkv after, in every layout)
+ * d(out) travels as bf16 too, and dqkv when no key/value head is replicated: a replicated
+ * head's dK/dV are partial sums, added here in rank order and rounded by the model after,
+ * so they stay fp32 (as the ring's dK/dV). */
 #include "cp/cp_impl.h"
 
 /* First key/value head rank p holds. */
@@ -149,7 +152,7 @@ loom_status loom_cp_ulysses_backward(loom_cp *cp, float *dqkv, const float *dout
     const dims d = dims_of(cp);
     loom_status st;
     if ((st = gather_qkv(cp, qkv)) || (st = gather_out(cp, cp->out_full, out, 1)) ||
-        (st = gather_out(cp, cp->dout_full, dout, 0)))
+        (st = gather_out(cp, cp->dout_full, dout, cp->o.bf16_grads)))
         return st;
     const int B = cp->o.B, T = cp->o.T, hd = cp->o.hd;
     double t0 = loom_comm_now_ms();
@@ -163,7 +166,7 @@ loom_status loom_cp_ulysses_backward(loom_cp *cp, float *dqkv, const float *dout
                                               cp->KVr, hd);
     full_to_messages(cp, cp->send, cp->dqkv_full, d.Rr);
     cp->compute_ms += loom_comm_now_ms() - t0;
-    if ((st = exchange(cp, 0, 0))) return st;
+    if ((st = exchange(cp, 0, cp->o.bf16_grads && cp->o.KV >= cp->size))) return st;
     t0 = loom_comm_now_ms();
     const size_t H = (size_t)cp->o.H, KV = (size_t)cp->o.KV, kvc = (size_t)cp->KVr * d.hd;
     for (int p = 0; p < cp->size; p++) { /* rank order: replicated heads sum the same way */

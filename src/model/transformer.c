@@ -469,6 +469,11 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
                                      loom_at(g, k->attn_out_b), loom_act_of(a->att, a->att_bf16),
                                      d.A, m->datt, a->d_res1);
     }
+    /* bf16: attention's output gradient, and below its input gradients (dq, dk, dv, the
+     * query heads' sums made), are rounded to bf16 values in every layout, where
+     * autocast's are bf16; context parallelism sends them as bf16 (cp/ulysses.c) */
+    const int round_grads = loom_model_bf16_pre_activations(m);
+    if (!st && round_grads) loom_backend_round_bf16_values(m->be, m->datt, (size_t)N * d.A);
     if (!st && shared_scratch(m)) { /* reading the kept bf16 qkv and att */
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         loom_backend_attention_backward_in_bf16(m->be, dqkv, m->att_scratch, m->datt, a->qkv_bf16,
@@ -481,6 +486,7 @@ static loom_status block_backward(loom_model *m, const dims *dd, const float *p,
         loom_backend_memset(m->be, dqkv, 0, (size_t)N * d.QKV * sizeof(float));
         st = loom_model_attention_backward(m, dqkv, m->datt, qkv, att, a->lse, d.H, d.KV, hd, 1);
     }
+    if (!st && round_grads) loom_backend_round_bf16_values(m->be, dqkv, (size_t)N * d.QKV);
     if (!st) {
         if (!is_gpt2(m)) loom_model_rope(m, dqkv, d.H, d.KV, hd, 1);
         st = loom_model_column_backward(m, dqkv, p + k->qkv_w, g + k->qkv_w, loom_at(g, k->qkv_b),

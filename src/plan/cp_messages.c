@@ -29,8 +29,10 @@ loom_status loom_plan_cp_messages(const loom_model_config *mc, const loom_train_
     /* cp/cp.h's options: whole sequences of seq_len rows, B T / cp of them on each rank */
     const double rows = (double)tc->micro_batch * mc->seq_len / n;
     const double H = mc->n_head / tp, KV = mc->n_kv_head / tp, hd = mc->d_model / mc->n_head;
-    /* bf16_qkv: every family on the CPU's bf16 backend (the one rounding qkv) */
+    /* bf16_qkv: every family on the CPU's bf16 backend (the one rounding qkv); bf16_grads:
+     * the language models there (their blocks round attention's gradients) */
     const int wire16 = strcmp(tc->precision, "bf16") == 0 && !gpu;
+    const int grads16 = wire16 && mc->family != LOOM_FAMILY_DIT;
     double fwd, bwd16, bwd32; /* elements of one layer's attention, one micro-batch */
     if (strcmp(tc->cp_mode, "ulysses") != 0) {
         /* the ring: cp - 1 key/value blocks forward and again backward, and cp dK/dV shares */
@@ -39,10 +41,13 @@ loom_status loom_plan_cp_messages(const loom_model_config *mc, const loom_train_
     } else {
         /* Ulysses: each all-to-all keeps 1/cp of its message; qkv (KV heads replicated
          * when fewer than cp) and the output forward; backward qkv and the output again
-         * (bf16) and d(out) and dqkv (fp32) */
+         * (bf16), d(out) (bf16 with grads16) and dqkv (bf16 with grads16 and no replicated
+         * head, else fp32 sums) */
         const double Hn = H / n, KVr = KV >= n ? KV / n : 1;
         const double qkv = (n - 1) * rows * (Hn + 2 * KVr) * hd, out = (n - 1) * rows * Hn * hd;
-        fwd = qkv + out, bwd16 = qkv + out, bwd32 = out + qkv;
+        const int dqkv16 = grads16 && KV >= n;
+        fwd = qkv + out, bwd16 = qkv + out + (grads16 ? out : 0) + (dqkv16 ? qkv : 0);
+        bwd32 = (grads16 ? 0 : out) + (dqkv16 ? 0 : qkv);
     }
     if (tc->recompute) fwd *= 2; /* full and selective recomputation rerun attention */
     const double each = layers * micro;

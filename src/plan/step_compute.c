@@ -122,9 +122,9 @@ static double rope(pricer *q, const shapes *d) {
 }
 
 /* Bytes an element of the cp messages that carry bf16 values (the ring's K/V blocks,
- * Ulysses' qkv and output all-to-alls): 2 under --precision bf16 on the CPU's bf16 backend
- * (the one that rounds qkv: cp/cp.h's bf16_qkv), 4 otherwise; dK/dV, d(out) and dqkv are
- * fp32. */
+ * Ulysses' qkv and output all-to-alls, and its d(out) and dqkv: the language models' blocks
+ * round them, cp/cp.h's bf16_grads): 2 under --precision bf16 on the CPU's bf16 backend
+ * (the one that rounds qkv: cp/cp.h's bf16_qkv), 4 otherwise; the ring's dK/dV are fp32. */
 static double cp_wire(const pricer *q, const shapes *d) {
     return d->cp_bf16 && q->cpu ? 2 : 4;
 }
@@ -143,10 +143,11 @@ static cost attention_cost(pricer *q, const shapes *d, int backward) {
     if (!d->cp_ring) {
         const double T = d->T * d->cp, h = d->B * d->H / d->cp;
         c.compute = attention(q, backward ? LOOM_ATT_CAUSAL_BWD : LOOM_ATT_CAUSAL_FWD, h, T, d->hd);
-        /* qkv to heads, the output back (backward: the gradients the same way, fp32;
-         * forward's qkv and output travel as bf16 under --precision bf16) */
-        const double w = backward ? 4 : cp_wire(q, d);
-        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, w * d->N * d->QKV) +
+        /* qkv to heads, the output back (backward: the gradients the same way); bf16 under
+         * --precision bf16, but dqkv with key/value heads replicated (fewer than cp):
+         * partial sums, fp32 */
+        const double w = cp_wire(q, d), wq = backward && d->KV < d->cp ? 4 : w;
+        c.cp = coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, wq * d->N * d->QKV) +
                coll(q, LOOM_COLL_ALLTOALL, d->cp, d->tp, w * d->N * d->A);
         return c;
     }

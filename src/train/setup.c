@@ -120,6 +120,11 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
     if ((st = loom_train_config_validate_cp(tc, mc, err)) ||
         (st = loom_cp_mode_parse(tc->cp_mode, &mode, err)))
         return st;
+    /* every family rounds qkv (after RoPE) under bf16: the condition of
+     * loom_model_bf16_pre_activations; the language models' blocks also round attention's
+     * gradients (model/transformer.c), the DiT's do not */
+    const int bf16 = r->be && loom_backend_precision(r->be) == LOOM_PRECISION_BF16 &&
+                     r->be->ops->round_bf16_values != NULL;
     const loom_cp_options o = {.mode = mode,
                                .causal = mc->family != LOOM_FAMILY_DIT,
                                .B = tc->micro_batch,
@@ -127,11 +132,8 @@ static loom_status build_cp(loom_run *r, loom_error *err) {
                                .H = mc->n_head / tp,
                                .KV = mc->n_kv_head / tp,
                                .hd = mc->d_model / mc->n_head,
-                               /* every family rounds qkv (after RoPE) under bf16: the
-                                * condition of loom_model_bf16_pre_activations */
-                               .bf16_qkv = r->be &&
-                                           loom_backend_precision(r->be) == LOOM_PRECISION_BF16 &&
-                                           r->be->ops->round_bf16_values != NULL};
+                               .bf16_qkv = bf16,
+                               .bf16_grads = bf16 && mc->family != LOOM_FAMILY_DIT};
     loom_status (*make)(loom_cp *, loom_comm *, const loom_cp_options *, const loom_backend *,
                         loom_error *) = r->size_only ? loom_cp_size : loom_cp_create;
     if ((st = make(&r->cp, &r->mesh->cp, &o, loom_backend_cpu(), err))) return st;

@@ -77,7 +77,7 @@ static void run_case(loom_comm *world, const cp_case *c, uint64_t tag) {
     free(scr);
 
     loom_cp cp;
-    loom_cp_options o = {c->mode, c->causal, c->no_zigzag, B, T, c->H, c->KV, c->hd, 0};
+    loom_cp_options o = {c->mode, c->causal, c->no_zigzag, B, T, c->H, c->KV, c->hd, 0, 0};
     loom_error err = {0};
     OK(loom_cp_create(&cp, world, &o, loom_backend_cpu(), &err_));
     cp.err = &err;
@@ -181,16 +181,19 @@ static void run_case(loom_comm *world, const cp_case *c, uint64_t tag) {
  * bf16, then rounding the output to bf16 values as they do): bitwise the fp32 wire's out
  * (ring: before rounding too), lse and dqkv. What travels as bf16 is exactly half its fp32
  * bytes: the ring's key/value blocks (2 (N-1) of them; dK/dV's N stay fp32), Ulysses' qkv and
- * output exchanges (forward and backward; d(out) and dqkv stay fp32). */
+ * output exchanges (forward and backward). With bf16_grads too (d(out) of bf16 values, dqkv
+ * rounded after, as the language models' blocks do) also Ulysses' d(out) and dqkv (no key/
+ * value head replicated here): its rounded dqkv bitwise the fp32 wire's rounded, nothing
+ * fp32 on its wire. */
 static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
     const int N = world->size, B = 2, T = 16 * N, H = 2 * N, KV = N, hd = 8;
     const int R = (H + 2 * KV) * hd, OC = H * hd;
     const char *name = loom_cp_mode_name(mode);
-    loom_cp cp[2];
-    float *res[2][3];
+    loom_cp cp[3]; /* the fp32 wire, bf16_qkv, bf16_qkv + bf16_grads */
+    float *res[3][3];
     loom_error err = {0};
-    for (int w = 0; w < 2; w++) {
-        loom_cp_options o = {mode, 1, 0, B, T, H, KV, hd, w};
+    for (int w = 0; w < 3; w++) {
+        loom_cp_options o = {mode, 1, 0, B, T, H, KV, hd, w > 0, w > 1};
         OK(loom_cp_create(&cp[w], world, &o, loom_backend_cpu(), &err_));
         cp[w].err = &err;
     }
@@ -199,7 +202,8 @@ static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
     for (size_t i = 0; i < Nl * R; i++) /* this rank's rows, rounded to bf16 values */
         qkv[i] = loom_bf16_to_f32(loom_bf16_from_f32(1.5f * rnd(g_rank, tag, i)));
     fill(dout, Nl * OC, g_rank, tag + 1);
-    for (int w = 0; w < 2; w++) {
+    for (size_t i = 0; i < Nl * OC; i++) dout[i] = loom_bf16_to_f32(loom_bf16_from_f32(dout[i]));
+    for (int w = 0; w < 3; w++) {
         res[w][0] = xmalloc(Nl * OC * 4), res[w][1] = xmalloc(nlse * 4);
         res[w][2] = calloc(Nl * R, 4);
         OK(loom_cp_attention_forward(&cp[w], res[w][0], res[w][1], qkv));
@@ -208,7 +212,7 @@ static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
         CHECK(memcmp(res[0][0], res[1][0], Nl * OC * 4) == 0,
               "ring bf16 wire: out differs bitwise before rounding; LOOM_TEST_SEED=%llu",
               (unsigned long long)g_seed);
-    for (int w = 0; w < 2; w++) { /* the model rounds the output, then runs backward */
+    for (int w = 0; w < 3; w++) { /* the model rounds the output, then runs backward */
         for (size_t i = 0; i < Nl * OC; i++)
             res[w][0][i] = loom_bf16_to_f32(loom_bf16_from_f32(res[w][0][i]));
         OK(loom_cp_attention_backward(&cp[w], res[w][2], dout, qkv, res[w][0], res[w][1]));
@@ -222,6 +226,17 @@ static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
               (N == 1 || cp[1].bytes_bf16 > 0),
           "%s bf16 wire: %g bytes bf16 + %g fp32 against the fp32 wire's %g", name,
           cp[1].bytes_bf16, cp[1].bytes_f32, cp[0].bytes_f32);
+    /* bf16_grads: the model rounds dqkv next; then the fp32 wire's and this one's agree */
+    size_t bad = 0;
+    for (size_t i = 0; i < Nl * R; i++)
+        bad += loom_bf16_from_f32(res[0][2][i]) != loom_bf16_from_f32(res[2][2][i]);
+    CHECK(memcmp(res[0][0], res[2][0], Nl * OC * 4) == 0 && bad == 0 &&
+              cp[2].bytes_bf16 * 2 + cp[2].bytes_f32 == cp[0].bytes_f32 &&
+              (mode == LOOM_CP_RING ? cp[2].bytes_f32 == cp[1].bytes_f32 : cp[2].bytes_f32 == 0),
+          "%s bf16 gradients: out or rounded dqkv differ from the fp32 wire's (%zu elements), "
+          "or %g bytes bf16 + %g fp32 against %g; LOOM_TEST_SEED=%llu",
+          name, bad, cp[2].bytes_bf16, cp[2].bytes_f32, cp[0].bytes_f32,
+          (unsigned long long)g_seed);
     const double block = (double)Nl * 2 * KV * hd; /* elements of one key/value block */
     if (mode == LOOM_CP_RING)
         CHECK(cp[1].bytes_bf16 == 2.0 * (N - 1) * block * 2 &&
@@ -239,7 +254,7 @@ static void test_bf16_wire(loom_comm *world, loom_cp_mode mode, uint64_t tag) {
         printf("  %-7s bf16 wire: bitwise the fp32 wire; rank 0 sent %g bytes (%g bf16), fp32 "
                "wire %g\n",
                name, cp[1].bytes_bf16 + cp[1].bytes_f32, cp[1].bytes_bf16, cp[0].bytes_f32);
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < 3; w++) {
         loom_cp_free(&cp[w]);
         for (int k = 0; k < 3; k++) free(res[w][k]);
     }
@@ -291,7 +306,7 @@ static void test_refusals(loom_comm *world) {
     loom_backend fake = {&ops, NULL, LOOM_DEVICE_CUDA, "cuda:0", 64};
     loom_cp cp;
     loom_cp_options o = {LOOM_CP_RING,    1,           0, 1, 8 * world->size,
-                         2 * world->size, world->size, 8, 0};
+                         2 * world->size, world->size, 8, 0, 0};
     loom_status st = loom_cp_create(&cp, world, &o, &fake, &e);
     CHECK(st == LOOM_ERR_INPUT &&
               strcmp(e.msg, "--cp with --device cuda: ring attention has no CUDA kernels yet") == 0,

@@ -294,6 +294,8 @@ def main():
                     ok = ok and b32 and int(b32.group(2)) == 0 and \
                         2 * int(b16.group(2)) + int(b16.group(3)) == int(b32.group(1))
                     fp32_line = f"; fp32 run {b32.group(0) if b32 else None}"
+                else:  # Ulysses: d(out) and dqkv too (no key/value head replicated here)
+                    ok = ok and int(b16.group(3)) == 0
                 check(ok, f"{family} {name} bytes sent per step by rank 0: bf16 run "
                       f"{b16.group(0) if b16 else None}{fp32_line}: bf16 messages, half of what "
                       f"fp32 sent for them")

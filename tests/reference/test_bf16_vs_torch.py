@@ -22,7 +22,10 @@ output is read by the output projection (which rounds it anyway) and by attentio
 backward, whose softmax term D = rowsum(dO * O) (flash attention's, from the kept output)
 then uses the rounded O: the reference's attention has that backward written out
 (AttentionBF16). Each rounding's backward passes the gradient through unchanged (as
-autocast's cast does; loom's gradients stay fp32). So the only differences left are summation order and fp32 against
+autocast's cast does), except attention's: loom rounds its output gradient and its input
+gradients dq, dk, dv to bf16 values, as autocast's are (GradBF16 in attention_bf16; dk and
+dv of Llama's grouped key/value heads after their query heads' sum, as loom's kernel sums
+them before the block rounds: llama_attention_forward_bf16). So the only differences left are summation order and fp32 against
 float64 accumulation (~1e-7 relative), plus rounding decisions that flip where loom's fp32
 operand and the reference's lie on either side of a bf16 midpoint (each moving one product
 by 2^-8 of itself): the checks allow 1e-3 relative.
@@ -220,8 +223,48 @@ class BidirAttentionBF16(AttentionBF16):
         return bidir_forward(ctx, q, k, v)
 
 
-def attention_bf16(q, k, v):
-    return AttentionBF16.apply(q, k, v)
+class GradBF16(torch.autograd.Function):
+    """Identity forward; backward rounds the gradient to bf16 (loom's blocks round
+    attention's output gradient and dq, dk, dv to bf16 values: model/transformer.c)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return bf16(g)
+
+
+def attention_bf16(q, k, v, kv_grads=True):
+    """AttentionBF16 with loom's rounded gradients: d(out) and dq, and dk, dv when k and v
+    are the model's own heads (Llama's grouped heads round theirs after the query heads'
+    sum: llama_attention_forward_bf16)."""
+    if kv_grads:
+        k, v = GradBF16.apply(k), GradBF16.apply(v)
+    return GradBF16.apply(AttentionBF16.apply(GradBF16.apply(q), k, v))
+
+
+_llama_attention_forward = tm.LlamaAttention.forward
+
+
+def llama_attention_forward_bf16(self, x, cos, sin):
+    """torch_model.LlamaAttention.forward through attention_bf16, with dk and dv rounded
+    after the repeat's backward has summed each key/value head's query heads (loom's kernel
+    sums them, then the block rounds)."""
+    B, T, _ = x.shape
+    q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+    k = self.k_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)
+    v = self.v_proj(x).view(B, T, self.n_kv_head, self.hd).transpose(1, 2)
+    q = q * cos + tm.rotate_half(q) * sin
+    k = k * cos + tm.rotate_half(k) * sin
+    k, v = GradBF16.apply(k), GradBF16.apply(v)
+    rep = self.n_head // self.n_kv_head
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    y = attention_bf16(q, k, v, kv_grads=False).transpose(1, 2)
+    y = y.reshape(B, T, self.n_head * self.hd)
+    return self.o_proj(y)
 
 
 def gelu_bf16(x, approximate="none"):
@@ -244,6 +287,7 @@ class rounding:
         F.linear = bf16_linear
         F.gelu = gelu_bf16
         tm.causal_attention = attention_bf16
+        tm.LlamaAttention.forward = llama_attention_forward_bf16
         tm.LlamaMLP.forward = llama_mlp_forward_bf16
         tm.GPT2.forward = gpt2_forward_bf16
         tm.Llama.forward = llama_forward_bf16
@@ -252,6 +296,7 @@ class rounding:
         F.linear = _plain_linear
         F.gelu = _plain_gelu
         tm.causal_attention = _plain_attention
+        tm.LlamaAttention.forward = _llama_attention_forward
         tm.LlamaMLP.forward = _llama_mlp_forward
         tm.GPT2.forward = self.gpt2_forward
         tm.Llama.forward = _llama_forward

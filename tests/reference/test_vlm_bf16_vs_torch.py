@@ -162,6 +162,7 @@ def encode_round_projector(self, images):
 
 
 _plain = {"linear": F.linear, "attention": tm.causal_attention,
+          "llama_attention": tm.LlamaAttention.forward,
           "llama_mlp": tm.LlamaMLP.forward, "vit_attention": vt.ViTAttention.forward,
           "vit_mlp": vt.ViTMLP.forward, "encode": vt.VLM.encode}
 
@@ -177,6 +178,7 @@ class rounding:
     def __enter__(self):
         F.linear = b16.bf16_linear
         tm.causal_attention = b16.attention_bf16
+        tm.LlamaAttention.forward = b16.llama_attention_forward_bf16
         tm.LlamaMLP.forward = b16.llama_mlp_forward_bf16
         if self.encoder:
             vt.ViTAttention.forward = vit_attention_bf16
@@ -187,6 +189,7 @@ class rounding:
     def __exit__(self, *exc):
         F.linear = _plain["linear"]
         tm.causal_attention = _plain["attention"]
+        tm.LlamaAttention.forward = _plain["llama_attention"]
         tm.LlamaMLP.forward = _plain["llama_mlp"]
         vt.ViTAttention.forward = _plain["vit_attention"]
         vt.ViTMLP.forward = _plain["vit_mlp"]
