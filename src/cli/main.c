@@ -16,6 +16,7 @@
 #include "cli/cmd_tokenizer.h"
 #include "cli/cmd_train.h"
 #include "core/cpu_boot.h"
+#include "core/crash_report.h"
 #include "core/malloc_policy.h"
 #include "core/suggest.h"
 #include "core/version.h"
@@ -58,6 +59,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     loom_cpu_boot(argv);      /* may re-exec once with OPENBLAS_CORETYPE set */
     loom_malloc_keep_pages(); /* before MPI_Init: its collectives' buffers stay mapped */
+    loom_crash_report_install(NULL);
 #ifdef LOOM_CUDA
     loom_backend_register(LOOM_DEVICE_CUDA, loom_backend_cuda_create, loom_backend_cuda_destroy);
 #endif

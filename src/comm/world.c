@@ -1,8 +1,11 @@
 #include "comm/world.h"
 
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/crash_report.h"
 
 /* Launchers announce themselves in the environment; without one, skip MPI (an MPI
  * singleton would fork a runtime daemon for nothing). */
@@ -61,6 +64,9 @@ loom_status loom_world_init(loom_world *w, int *argc, char ***argv, loom_error *
     w->mpi = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &w->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &w->size);
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", w->rank);
+    loom_crash_report_install(who); /* over OpenMPI's handlers, which it then calls */
     return LOOM_OK;
 }
 

@@ -11,7 +11,7 @@
 #include "core/clock.h"
 
 static const char *KINDS[LOOM_FAULT_KIND_COUNT] = {
-    "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike", "admit"};
+    "crash", "hang", "slow", "nan", "corrupt-ckpt", "kill-during-save", "spike", "admit", "segv"};
 
 const char *loom_fault_kind_name(loom_fault_kind k) {
     return k >= 0 && k < LOOM_FAULT_KIND_COUNT ? KINDS[k] : "unknown";
@@ -21,7 +21,7 @@ static loom_status bad(loom_error *err, const char *what, const char *spec, cons
     return loom_error_set(
         err, LOOM_ERR_INPUT,
         "%s '%s': %s (expected KIND@STEP[:RANK[:ARG]][+|/ATTEMPT], KIND one of crash, "
-        "hang, slow, nan, spike, corrupt-ckpt, kill-during-save, admit)",
+        "hang, slow, nan, spike, corrupt-ckpt, kill-during-save, admit, segv)",
         what, spec, why);
 }
 
@@ -210,6 +210,15 @@ void loom_fault_on_step(int64_t step) {
         char why[64];
         snprintf(why, sizeof why, "crash at step %lld", (long long)step);
         loom_fault_kill_self(why);
+    }
+    if (find(LOOM_FAULT_SEGV, step, 0)) {
+        fprintf(stderr,
+                "loom: fault injection: a call through a NULL function pointer at step "
+                "%lld (pid %d, at %.6f)\n",
+                (long long)step, (int)getpid(), loom_wall_s());
+        fflush(stderr);
+        void (*volatile null_call)(void) = NULL; /* volatile: the call is made, not elided */
+        null_call();
     }
 }
 

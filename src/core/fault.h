@@ -9,6 +9,8 @@
  *   spike@S             this rank's loss of step S is reported 100x (gradients untouched)
  *   corrupt-ckpt@S      damage the checkpoint written at step S after it is complete
  *   kill-during-save@S  SIGKILL itself while the checkpoint of step S is being written
+ *   segv@S              call through a NULL function pointer at the start of step S
+ *                       (SIGSEGV: the crash report's path, core/crash_report.h)
  *   admit@S             elastic DiLoCo coordinator: returning workers are admitted at the
  *                       outer step S only, where it waits (up to 60 s) until every missing
  *                       worker joined (a rejoin at a known step, for tests)
@@ -32,6 +34,7 @@ typedef enum {
     LOOM_FAULT_KILL_DURING_SAVE,
     LOOM_FAULT_SPIKE,
     LOOM_FAULT_ADMIT,
+    LOOM_FAULT_SEGV,
     LOOM_FAULT_KIND_COUNT
 } loom_fault_kind;
 

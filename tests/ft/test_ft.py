@@ -5,7 +5,7 @@ Every case trains a tiny GPT-2 under `loom run -n 4` with a fault injected at a 
 step and rank (seed printed; --seed repeats), lets the supervisor detect, diagnose and
 recover, and checks: the job finishes on its own; the diagnosis names the injected rank
 (and, for a hang, the collective); the final weights are bitwise those of a fault-free
-run of the same layout (crash, hang, nan; kill-during-save and corrupt-ckpt once
+run of the same layout (crash, segv, hang, nan; kill-during-save and corrupt-ckpt once
 checkpoints exist), or of a fault-free run without the skipped batch (nan/spike with
 --skip-bad-batches); a hang under --tp 2 --dp 2: the diagnosis names the communicator
 instance (the hung rank's tp group of the two, its culprit and its waiting rank); elastic shrink: losses equal the fault-free run's to 1e-5; slow:
@@ -15,6 +15,7 @@ supervisor woken first): no restart, bitwise the fault-free run. Usage: test_ft.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,37 @@ def case_crash(c, rng):
     print(f"  resumed at step {f['resumed_at_step']}, {f['replayed_steps']} step(s) replayed")
     check(f["resumed_at_step"] >= step - 9, f"resumed at step {f['resumed_at_step']}: the "
           f"checkpoints (every 4 steps) were not used")
+
+
+def case_segv(c, rng):
+    """A rank dies of SIGSEGV (a call through a NULL function pointer): its log holds loom's
+    crash report, whose frame addr2line resolves to the function that made the call, the
+    diagnosis quotes it, and the run recovers to the fault-free weights."""
+    step, rank = rng.randint(2, STEPS - 2), rng.randrange(4)
+    ref, _ = c.reference(4)
+    run_dir, w, _ = c.supervised([], ["--inject", f"segv@{step}:{rank}"], ckpt_every=4)
+    d = diagnosis(run_dir)
+    check(d["kind"] == "crash" and d["rank"] == rank and d["step"] == step,
+          f"diagnosis {d['kind']} of rank {d['rank']} at step {d['step']}, expected a crash "
+          f"of rank {rank} at step {step}")
+    tail = d["log_tail"]
+    report = [i for i, line in enumerate(tail) if f"loom: rank {rank}: fatal signal SIGSEGV "
+              "at address 0x0, instruction 0x0: a call through a NULL function pointer" in line]
+    check(report and report[0] + 1 < len(tail), f"no crash report in the log tail: {tail}")
+    frame = tail[report[0] + 1]
+    m = re.match(r"(\S+)\(\+(0x[0-9a-f]+)\)\[0x[0-9a-f]+\]$", frame)
+    check(m is not None and os.path.samefile(m.group(1), c.loom),
+          f"the caller's frame is not loom(+OFFSET): {frame}")
+    # the return address minus one is inside the call instruction (the report prints that)
+    p = subprocess.run(["addr2line", "-f", "-e", c.loom, m.group(2)], capture_output=True,
+                       text=True, timeout=60)
+    function = p.stdout.split("\n")[0] if p.returncode == 0 else ""
+    print(f"  the report's caller {m.group(2)}: {function}")
+    # the injection's call site, or the observer it is inlined into (link-time optimisation)
+    check(function in ("loom_fault_on_step", "fault_observe"),
+          f"addr2line names {function!r} for {frame}, expected the injection's call site")
+    check(same_bits(w, ref), "final weights differ from the fault-free run")
+    check(summary(run_dir)["attempts"] == 2, "expected exactly one restart")
 
 
 def case_crash_dit(c, rng):
