@@ -60,9 +60,13 @@ static void warm_blas(int threads) {
     warmed |= bit;
 }
 
-void loom_cpu_set_threads(int threads) {
+void loom_cpu_set_thread_count(int threads) {
     openblas_set_num_threads(threads);
     omp_set_num_threads(threads);
+}
+
+void loom_cpu_set_threads(int threads) {
+    loom_cpu_set_thread_count(threads);
     warm_blas(threads);
 }
 

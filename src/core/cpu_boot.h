@@ -26,5 +26,8 @@ const char *loom_cpu_blas_corename(void);
 /* Applies the thread count to OpenBLAS and OpenMP (and, once per count, lays out
  * OpenBLAS's packing buffer with one large GEMM: src/core/cpu_boot.c). */
 void loom_cpu_set_threads(int threads);
+/* The thread count alone, without the warm-up: for code that only sizes per-thread
+ * scratch and runs no GEMM (loom plan's memory model). */
+void loom_cpu_set_thread_count(int threads);
 
 #endif

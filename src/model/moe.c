@@ -39,15 +39,19 @@ static loom_status forward_dispatch_finish(loom_moe *m, const moe_layer *L, int 
 static int combine16(const loom_moe *m, const moe_layer *L) {
     return m->round_out && L->xin16 && m->comm;
 }
+/* Chunk c's rows of buf ([rows[c], rows[c + 1]) of C floats) rounded to bf16 values in
+ * place. */
+static void round_chunk_rows(loom_moe *m, float *buf, const int *rows, int c) {
+    const size_t C = (size_t)m->C;
+    loom_backend_round_bf16_values(m->be, buf + (size_t)rows[c] * C,
+                                   (size_t)(rows[c + 1] - rows[c]) * C);
+}
 /* Chunk c's expert-major rows (src: forward's outputs, backward's input gradients) back to
  * the tokens' ranks, into dst: under bf16 first rounded to bf16 values in every layout (as
  * autocast's down-projection and fc GEMMs give them), so that they travel as bf16. */
 static loom_status combine_chunk_start(loom_moe *m, const moe_layer *L, int c, float *src,
                                        float *dst) {
-    const size_t C = (size_t)m->C;
-    if (m->round_out)
-        loom_backend_round_bf16_values(m->be, src + (size_t)m->rb[c] * C,
-                                       (size_t)(m->rb[c + 1] - m->rb[c]) * C);
+    if (m->round_out) round_chunk_rows(m, src, m->rb, c);
     return combine16(m, L) ? loom_moe_combine_start16(m, L, c, src)
                            : loom_moe_combine_start(m, L, c, src, dst);
 }
@@ -62,14 +66,11 @@ static int backward_round(const loom_moe *m, const loom_block_params *k) {
     return m->round_out && k->expert0.proj_b != LOOM_NO_PARAM;
 }
 static int backward_dispatch16(const loom_moe *m, const moe_layer *L, const loom_block_params *k) {
-    return L->xin16 && m->comm && (k->expert0.proj_b == LOOM_NO_PARAM || backward_round(m, k));
+    return L->xin16 && m->comm && (k->expert0.proj_b == LOOM_NO_PARAM || m->round_out);
 }
 static loom_status backward_dispatch_start(loom_moe *m, const moe_layer *L,
                                            const loom_block_params *k, int c) {
-    const size_t C = (size_t)m->C;
-    if (backward_round(m, k))
-        loom_backend_round_bf16_values(m->be, m->send + (size_t)m->sb[c] * C,
-                                       (size_t)(m->sb[c + 1] - m->sb[c]) * C);
+    if (backward_round(m, k)) round_chunk_rows(m, m->send, m->sb, c);
     return backward_dispatch16(m, L, k) ? loom_moe_dispatch_start_rounded(m, c, m->send)
                                         : loom_moe_dispatch_start(m, c, m->send);
 }

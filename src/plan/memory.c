@@ -22,9 +22,9 @@ loom_status loom_plan_memory_of(const loom_model_config *mc, const loom_train_co
     const int rank = stage * l.tp * loom_layout_replicas(l);
     /* the CPU kernels' scratch is per thread: size with the run's --threads */
     const int before = omp_get_max_threads();
-    loom_cpu_set_threads(tc->threads > 0 ? tc->threads : 1);
+    loom_cpu_set_thread_count(tc->threads > 0 ? tc->threads : 1);
     loom_status st = loom_run_memory_of(mc, tc, world_of(l), rank, out, err);
-    loom_cpu_set_threads(before);
+    loom_cpu_set_thread_count(before);
     return st;
 }
 
