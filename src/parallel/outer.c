@@ -63,11 +63,6 @@ static loom_status validate_elastic(const loom_outer_config *c, int on, loom_err
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--workers %d: expected <= %d with --elastic-worker", c->workers,
                               LOOM_OUTER_MAX_FRAGMENTS);
-    if (c->fragments != 1)
-        return loom_error_set(err, LOOM_ERR_INPUT,
-                              "--elastic-worker: not with --outer-fragments %d yet (plain DiLoCo "
-                              "only; docs/diloco.md)",
-                              c->fragments);
     if (!(c->elastic_timeout > 0.0f) || !isfinite(c->elastic_timeout))
         return loom_error_set(err, LOOM_ERR_INPUT,
                               "--elastic-timeout %g: expected > 0 (seconds an outer exchange may "
@@ -249,23 +244,33 @@ static void start_from_params(loom_outer *o) {
         }
 }
 
-static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int L,
-                                   loom_error *err) {
-    const int F = o->cfg.fragments, W = o->comm->size, me = o->comm->rank, H = o->cfg.inner_steps;
+/* Every fragment's runs (in flat order), floats and offset (its first send). */
+static loom_status fragment_runs(loom_outer *o, const loom_param_table *t, int L, loom_error *err) {
+    const int F = o->cfg.fragments, H = o->cfg.inner_steps;
     loom_status st = collect_runs(o, t, L, err);
-    if (st) return st;
-    for (int k = 0; k < o->n_frag; k++) {
+    for (int k = 0; !st && k < o->n_frag; k++) {
         loom_outer_fragment *f = &o->frag[k];
         const int user = k / o->kinds; /* the --outer-fragments fragment it is (part of) */
         /* --outer-start-step: the rounds count from the end of the synchronous steps */
         f->offset = o->cfg.start_step + (F == 1 ? H : (user + 1) * H / F);
+        if (f->n_runs) qsort(f->runs, (size_t)f->n_runs, sizeof *f->runs, by_offset);
+        for (int r = 0; r < f->n_runs; r++) f->n += f->runs[r].numel;
+    }
+    return st;
+}
+
+static loom_status build_fragments(loom_outer *o, const loom_param_table *t, int L,
+                                   loom_error *err) {
+    const int W = o->comm->size, me = o->comm->rank;
+    loom_status st = fragment_runs(o, t, L, err);
+    if (st) return st;
+    for (int k = 0; k < o->n_frag; k++) {
+        loom_outer_fragment *f = &o->frag[k];
         /* the replicas of its values inside the group each sync 1/shards of it (ZeRO-3:
          * the shard is the rank's alone) */
         f->reps = o->kinds == 2 && k % 2 ? o->edp : o->dp;
         f->shards = o->owned ? 1 : f->reps->size;
         f->shard = f->shards > 1 ? f->reps->rank : 0;
-        if (f->n_runs) qsort(f->runs, (size_t)f->n_runs, sizeof *f->runs, by_offset);
-        for (int r = 0; r < f->n_runs; r++) f->n += f->runs[r].numel;
         const size_t b = (size_t)o->cfg.block, R = (size_t)f->shards;
         const size_t pn = ((f->n + R - 1) / R + b - 1) / b * b; /* a replica's part */
         f->part_lo = (size_t)f->shard * pn < f->n ? (size_t)f->shard * pn : f->n;
@@ -337,12 +342,17 @@ loom_status loom_outer_create(loom_outer *o, const loom_outer_config *cfg, loom_
     o->n_start = o->total;
     o->own = buf->own, o->n_own = buf->n_own;
     o->steps = steps;
-    if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine, no fragments */
+    if (cfg->elastic_worker >= 0) { /* its own exchanges, no engine */
         if (o->own) {               /* its view packs the own ranges whole (outer_elastic.c) */
             o->n_start = 0;
             for (int k = 0; k < o->n_own; k++) o->n_start += o->own[k].hi - o->own[k].lo;
         }
-        if ((st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
+        /* streaming: the fragments' runs and offsets (no wire buffers: the lead exchanges) */
+        if (cfg->fragments > 1 &&
+            !(o->frag = calloc((size_t)(o->n_frag = cfg->fragments * o->kinds), sizeof *o->frag)))
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "--outer: out of memory");
+        if (!st && o->frag) st = fragment_runs(o, table, n_layer_global, err);
+        if (st || (st = loom_outer_elastic_create(o, err))) loom_outer_free(o);
         return st;
     }
     o->n_frag = cfg->fragments * o->kinds;
@@ -508,11 +518,19 @@ static loom_status advance(loom_outer *o, loom_outer_fragment *f, int through, i
     return LOOM_OK;
 }
 
-static int sends_at(const loom_outer *o, const loom_outer_fragment *f, int step) {
-    return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
+/* Elastic streaming: a fragment is synced (its outer gradient read) or lands (its
+ * parameters written) after `step`. */
+static int elastic_fragment_at(const loom_outer *o, int step, int lands) {
+    for (int k = 0; k < o->n_frag; k++)
+        if (loom_outer_sends_at(o, &o->frag[k], step - 2) ||
+            (!lands && loom_outer_sends_at(o, &o->frag[k], step)))
+            return 1;
+    return 0;
 }
 
 int loom_outer_touches_params(const loom_outer *o, int step) {
+    if (o->elastic && o->n_frag && step > o->cfg.start_step)
+        return step == o->steps || elastic_fragment_at(o, step, 0);
     if (o->elastic)
         return step <= o->cfg.start_step
                    ? step == o->cfg.start_step
@@ -520,7 +538,7 @@ int loom_outer_touches_params(const loom_outer *o, int step) {
     if (step <= o->cfg.start_step) return step == o->cfg.start_step;
     if (step == o->steps) return 1;
     for (int k = 0; k < o->n_frag; k++)
-        if (o->frag[k].ph != LOOM_OUTER_IDLE || sends_at(o, &o->frag[k], step)) return 1;
+        if (o->frag[k].ph != LOOM_OUTER_IDLE || loom_outer_sends_at(o, &o->frag[k], step)) return 1;
     return 0;
 }
 
@@ -530,9 +548,11 @@ loom_status loom_outer_begin(loom_outer *o, int *step, loom_outer_reload_fn relo
 }
 
 loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
-    if (o->elastic) { /* its outer steps move the parameters */
-        o->moved = step > o->cfg.start_step &&
-                   ((step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps);
+    if (o->elastic) { /* its outer steps move the parameters (streaming: its landings) */
+        o->moved =
+            step > o->cfg.start_step &&
+            (o->n_frag ? step == o->steps || elastic_fragment_at(o, step, 1)
+                       : (step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps);
         return loom_outer_elastic_after_step(o, step, err);
     }
     const double t0 = loom_now_ms();
@@ -557,7 +577,7 @@ loom_status loom_outer_after_step(loom_outer *o, int step, loom_error *err) {
         if (o->frag[k].ph != LOOM_OUTER_IDLE) st = advance(o, &o->frag[k], 0, 0, err);
     for (int k = 0; k < o->n_frag && !st; k++) {
         loom_outer_fragment *f = &o->frag[k];
-        if (!sends_at(o, f, step)) continue;
+        if (!loom_outer_sends_at(o, f, step)) continue;
         if ((st = send(o, f, step, err))) break;
         if (!streaming) st = advance(o, f, 1, 1, err); /* plain DiLoCo: blocking */
     }

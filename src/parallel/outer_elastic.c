@@ -29,11 +29,24 @@ typedef enum {
     MSG_MEAN = 5    /* the coordinator's mean of them */
 } msg_kind;
 
-/* What heads every message: its kind, the step, the sender, the members (UPDATE, STATE). */
+/* What heads every message: its kind, the step, the fragment (streaming; -1: the whole
+ * model), the sender, the members (UPDATE, STATE). */
 typedef struct {
-    int32_t kind, step, from, n_members;
+    int32_t kind, step, part, from, n_members;
     int32_t members[MAX_W];
 } msg_head;
+
+/* Streaming (--outer-fragments F > 1): where the group's values of one fragment are (lead;
+ * o->frag[k] holds this rank's runs of it). */
+typedef struct {
+    size_t at, n; /* a run of the fragment in start_all and mom */
+} span;
+typedef struct {
+    int *counts, *displs; /* floats of the fragment each job rank sends, and where */
+    size_t all;           /* the group's floats of the fragment */
+    span *map;            /* where they are in start_all, in that order */
+    int n_map;
+} frag_part;
 
 /* An exchange's progress (poll). */
 typedef enum { EX_PENDING, EX_DONE, EX_FAILED } ex_state;
@@ -70,7 +83,9 @@ struct loom_outer_elastic {
     int loaded;                   /* lead: start_all and mom came from this worker's checkpoint */
     int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
     int n_saved_members;
-    int finished; /* the last step's sync is done: disconnect at the end */
+    int finished;     /* the last step's sync is done: disconnect at the end */
+    int part;         /* the fragment being synced (msg_head.part; -1: the whole model) */
+    frag_part *parts; /* lead, streaming: o->n_frag of them */
     /* coordinator: what an admission window saw of each missing worker (its closing line) */
     int lookups[MAX_W], lookups_failed[MAX_W], lookup_rc[MAX_W], connects_failed[MAX_W];
     char last_port[MAX_W][96];
@@ -123,7 +138,7 @@ static int members_text(const elastic *e, char *buf, size_t n) {
 
 static void head_fill(const elastic *e, msg_head *h, msg_kind kind, int step) {
     memset(h, 0, sizeof *h);
-    h->kind = kind, h->step = step, h->from = e->me;
+    h->kind = kind, h->step = step, h->part = e->part, h->from = e->me;
     for (int w = 0; w < e->W; w++)
         if (e->member[w]) h->members[h->n_members++] = w;
 }
@@ -431,7 +446,8 @@ static int collect(loom_outer *o, int step, const exchange *x) {
     for (int w = 0; w < e->W; w++) {
         if (w == e->me || !e->member[w]) continue;
         const msg_head *h = (const msg_head *)e->in[w];
-        if (st[w] == EX_DONE && h->kind == (int32_t)x->up && h->step == step) continue;
+        if (st[w] == EX_DONE && h->kind == (int32_t)x->up && h->step == step && h->part == e->part)
+            continue;
         abandon(e, w);
         fprintf(stderr,
                 "loom: elastic: worker %d step %d: worker %d lost (no %s in %g s): dropped\n",
@@ -503,7 +519,7 @@ static loom_status ask(loom_outer *o, int step, const exchange *x, loom_error *e
         poll(rq, 1, &st, 3 * e->timeout_ms);
     o->stats.bytes_step += (double)dbytes;
     const msg_head *r = (const msg_head *)e->in[0];
-    if (st != EX_DONE || r->kind != (int32_t)x->down || r->step != step) {
+    if (st != EX_DONE || r->kind != (int32_t)x->down || r->step != step || r->part != e->part) {
         e->peer[c] = MPI_COMM_NULL; /* abandoned, with its buffer (a late message) */
         e->in[0] = NULL;
         return loom_error_set(err, LOOM_ERR_IO,
@@ -607,6 +623,139 @@ loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n,
     return LOOM_OK;
 }
 
+/* ---- streaming (--outer-fragments F > 1): one fragment at a time, as the one-job mode ----
+ * Fragment k's sync after its step s: every rank's outer gradient of it to the lead, the
+ * exchange through the coordinator, the outer step on the fragment's round-start values
+ * and momentum (lead), and the new round-start values back to every rank. The local
+ * parameters are mixed with them two steps later (the one-job mode overlaps the exchange
+ * with those two inner steps; here it blocks, so the same numbers come out): which
+ * fragments land is a function of the step, so a resume or a joiner lands the same ones. */
+
+/* The lead's outer step of fragment k (the mean outer gradient in e->g, the map's order). */
+static void fragment_apply(loom_outer *o, int k, int step) {
+    elastic *e = o->elastic;
+    const frag_part *fp = &e->parts[k];
+    const int warm = loom_outer_warm(&o->cfg, step, o->frag[k].offset);
+    double sq = 0.0, all = 0.0;
+    size_t j = 0;
+    for (int m = 0; m < fp->n_map; m++)
+        for (size_t i = fp->map[m].at; i < fp->map[m].at + fp->map[m].n; i++, j++) {
+            sq += (double)e->g[j] * e->g[j];
+            e->start_all[i] += loom_outer_update(&o->cfg, warm, &e->mom[i], e->g[j]);
+        }
+    o->norm_sq[k] = sq;
+    for (int m = 0; m < o->n_frag; m++) all += o->norm_sq[m];
+    o->stats.grad_norm = sqrt(all);
+}
+
+static loom_status fragment_sync(loom_outer *o, int k, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    const loom_outer_fragment *f = &o->frag[k];
+    const int n = e->contrib ? (int)f->n : 0;
+    size_t at = 0;
+    for (int r = 0; r < f->n_runs; r++) {
+        const loom_outer_run *u = &f->runs[r];
+        for (size_t i = 0; i < u->numel; i++)
+            e->mine[at + i] = o->start[u->packed + i] - o->params[u->flat + i];
+        at += u->numel;
+    }
+    loom_status st = LOOM_OK;
+    if (e->job == MPI_COMM_NULL)
+        memcpy(e->g, e->mine, f->n * sizeof(float));
+    else if (MPI_Gatherv(e->mine, n, MPI_FLOAT, e->g, e->lead ? e->parts[k].counts : NULL,
+                         e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+        st = loom_error_set(err, LOOM_ERR_IO,
+                            "--elastic-worker %d: gathering fragment %d's outer gradient "
+                            "inside the worker's job failed",
+                            e->me, k);
+    if (!st && e->lead) {
+        e->part = k;
+        const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          e->parts[k].all,
+                            o->dtype,  "outer gradient", "outer update"};
+        if (e->me == e->coordinator) {
+            const int count = collect(o, step, &x);
+            if (count < 0)
+                st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+            for (size_t i = 0; !st && i < x.n; i++) e->acc[i] /= (float)count;
+            if (!st) answer(o, step, &x);
+        } else {
+            st = ask(o, step, &x, err);
+        }
+        e->part = -1;
+        if (!st) {
+            fragment_apply(o, k, step);
+            char what[48];
+            snprintf(what, sizeof what, "outer sync of fragment %d", k);
+            say(o, step, what);
+        }
+    }
+    int v[2] = {step, 0};
+    if ((st = group_verdict(o, st, v, err))) return st;
+    /* the fragment's new round-start values to the ranks that hold it */
+    if (e->lead) {
+        const frag_part *fp = &e->parts[k];
+        size_t j = 0;
+        for (int m = 0; m < fp->n_map; m++) {
+            memcpy(e->g + j, e->start_all + fp->map[m].at, fp->map[m].n * sizeof(float));
+            j += fp->map[m].n;
+        }
+    }
+    if (e->job == MPI_COMM_NULL)
+        memcpy(e->mine, e->g, f->n * sizeof(float));
+    else if (MPI_Scatterv(e->g, e->lead ? e->parts[k].counts : NULL,
+                          e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, e->mine, n, MPI_FLOAT, 0,
+                          e->job) != MPI_SUCCESS)
+        return loom_error_set(err, LOOM_ERR_IO,
+                              "--elastic-worker %d: scattering fragment %d inside the worker's "
+                              "job failed",
+                              e->me, k);
+    if (o->shards > 1 && (st = loom_comm_bcast(o->dp, e->mine, f->n * sizeof(float), 0, err)))
+        return st;
+    at = 0;
+    for (int r = 0; r < f->n_runs; r++) {
+        const loom_outer_run *u = &f->runs[r];
+        memcpy(o->start + u->packed, e->mine + at, u->numel * sizeof(float));
+        at += u->numel;
+    }
+    o->stats.syncs += k % o->kinds == 0;
+    return LOOM_OK;
+}
+
+/* Fragment k's parameters mixed with its round-start values (replace: set to them). */
+static void fragment_land(loom_outer *o, int k, int replace) {
+    const loom_outer_fragment *f = &o->frag[k];
+    const float a = o->cfg.merge, b = 1.0f - a;
+    for (int r = 0; r < f->n_runs; r++) {
+        const loom_outer_run *u = &f->runs[r];
+        const float *s = o->start + u->packed;
+        float *p = o->params + u->flat;
+        for (size_t i = 0; i < u->numel; i++) p[i] = replace ? s[i] : a * p[i] + b * s[i];
+    }
+}
+
+/* After inner step `step`, in the one-job mode's order: the fragments synced two steps ago
+ * land, this step's are synced; at the last step whatever is pending lands, and every
+ * fragment is synced once more and replaces the parameters (one model). Then the
+ * coordinator admits the workers waiting to join (between steps: no fragment half done). */
+static loom_status streaming_step(loom_outer *o, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    loom_status st = LOOM_OK;
+    int synced = 0;
+    for (int k = 0; k < o->n_frag; k++)
+        if (loom_outer_sends_at(o, &o->frag[k], step - 2)) fragment_land(o, k, 0);
+    for (int k = 0; k < o->n_frag && !st; k++)
+        if (loom_outer_sends_at(o, &o->frag[k], step))
+            st = fragment_sync(o, k, step, err), synced = 1;
+    for (int k = 0; step == o->steps && k < o->n_frag && !st; k++) {
+        const loom_outer_fragment *f = &o->frag[k];
+        if (loom_outer_sends_at(o, f, step - 1) || loom_outer_sends_at(o, f, step))
+            fragment_land(o, k, 0);
+        if (!(st = fragment_sync(o, k, step, err))) fragment_land(o, k, 1);
+    }
+    if (!st && synced && e->lead && e->me == e->coordinator && step < o->steps) admit_now(o, step);
+    return st;
+}
+
 loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *err) {
     const double t0 = loom_now_ms();
     elastic *e = o->elastic;
@@ -620,6 +769,9 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
         if (step == o->cfg.start_step) st = take_start(o, err);
         o->stats.exposed_ms = o->sync_ms + (loom_now_ms() - t0);
         o->sync_bytes = o->sync_ms = 0.0;
+    } else if (o->n_frag) {
+        st = streaming_step(o, step, err);
+        o->stats.exposed_ms = loom_now_ms() - t0;
     } else {
         if ((step - o->cfg.start_step) % o->cfg.inner_steps == 0 || step == o->steps) {
             st = group_gather(o, err);
@@ -807,6 +959,86 @@ static loom_status group_open(loom_outer *o, loom_error *err) {
     return LOOM_OK;
 }
 
+/* Streaming: the lead learns where each rank's runs of every fragment are in start_all
+ * (the ranks' runs, gathered once: their place in the rank's buffer and their length). */
+static loom_status group_fragments(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    const int size = o->group->size, F = o->n_frag;
+    /* this rank's runs and floats of each fragment (nothing from a dp replica's copy) */
+    int *mine = calloc(2 * (size_t)F, sizeof(int)), n_runs = 0;
+    if (!mine) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+    for (int k = 0; k < F && e->contrib; k++) {
+        mine[2 * k] = o->frag[k].n_runs, mine[2 * k + 1] = (int)o->frag[k].n;
+        n_runs += o->frag[k].n_runs;
+    }
+    uint64_t *runs = malloc((2 * (size_t)n_runs + 1) * sizeof *runs), *all_runs = NULL;
+    /* lead: each rank's (runs, floats) of every fragment, then the runs' gather counts */
+    int *all = e->lead ? calloc(2 * (size_t)F * size + 2 * (size_t)size, sizeof(int)) : NULL;
+    int *rcounts = all ? all + 2 * (size_t)F * size : NULL,
+        *rdispls = rcounts ? rcounts + size : NULL;
+    size_t total = 0;
+    loom_status st = LOOM_OK;
+    if (!runs || (e->lead && !all)) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        goto done;
+    }
+    for (int k = 0, at = 0; k < F && e->contrib; k++)
+        for (int r = 0; r < o->frag[k].n_runs; r++, at += 2)
+            runs[at] = o->frag[k].runs[r].packed, runs[at + 1] = o->frag[k].runs[r].numel;
+    if (e->job == MPI_COMM_NULL) {
+        memcpy(all, mine, 2 * (size_t)F * sizeof(int));
+    } else if (MPI_Gather(mine, 2 * F, MPI_INT, all, 2 * F, MPI_INT, 0, e->job) != MPI_SUCCESS) {
+        st = loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gather failed");
+        goto done;
+    }
+    for (int r = 0; e->lead && r < size; r++) {
+        int n = 0;
+        for (int k = 0; k < F; k++) n += all[2 * ((size_t)r * F + k)];
+        rcounts[r] = 2 * n, rdispls[r] = (int)total;
+        total += 2 * (size_t)n;
+    }
+    if (e->lead && !(all_runs = malloc((total + 1) * sizeof *all_runs))) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        goto done;
+    }
+    if (e->job == MPI_COMM_NULL)
+        memcpy(all_runs, runs, 2 * (size_t)n_runs * sizeof *runs);
+    else if (MPI_Gatherv(runs, 2 * n_runs, MPI_UINT64_T, all_runs, rcounts, rdispls, MPI_UINT64_T,
+                         0, e->job) != MPI_SUCCESS) {
+        st = loom_error_set(err, LOOM_ERR_IO, "--elastic-worker: MPI_Gatherv failed");
+        goto done;
+    }
+    if (!e->lead) goto done;
+    if (!(e->parts = calloc((size_t)F, sizeof *e->parts))) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        goto done;
+    }
+    for (int k = 0; k < F && !st; k++) {
+        frag_part *fp = &e->parts[k];
+        int n_map = 0;
+        for (int r = 0; r < size; r++) n_map += all[2 * ((size_t)r * F + k)];
+        fp->counts = calloc(2 * (size_t)size, sizeof(int));
+        fp->map = malloc(((size_t)n_map + 1) * sizeof *fp->map);
+        if (!fp->counts || !fp->map) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+            break;
+        }
+        fp->displs = fp->counts + size;
+        for (int r = 0; r < size; r++) {
+            const int *rk = all + 2 * (size_t)r * F; /* rank r: runs and floats of each fragment */
+            const uint64_t *u = all_runs + rdispls[r];
+            for (int j = 0; j < k; j++) u += 2 * (size_t)rk[2 * j];
+            fp->counts[r] = rk[2 * k + 1], fp->displs[r] = (int)fp->all;
+            fp->all += (size_t)rk[2 * k + 1];
+            for (int j = 0; j < rk[2 * k]; j++)
+                fp->map[fp->n_map++] = (span){(size_t)e->displs[r] + u[2 * j], u[2 * j + 1]};
+        }
+    }
+done:
+    free(mine), free(runs), free(all), free(all_runs);
+    return st;
+}
+
 loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     const loom_outer_config *c = &o->cfg;
     int mpi_on = 0;
@@ -824,8 +1056,10 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     e->coordinator = 0;
     e->timeout_ms = 1e3 * c->elastic_timeout;
     e->job = MPI_COMM_NULL;
+    e->part = -1;
     for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
     loom_status st = group_open(o, err);
+    if (!st && o->n_frag) st = group_fragments(o, err);
     if (st) return st;
     const size_t n1 = o->n_start ? o->n_start : 1, a1 = e->all ? e->all : 1;
     const size_t g1 = e->gall > a1 ? e->gall : a1; /* a warm start's gradients, or all */
@@ -901,6 +1135,8 @@ void loom_outer_elastic_free(loom_outer *o) {
     }
     free(e->mom), free(e->g), free(e->acc), free(e->wide), free(e->gbuf), free(e->out);
     free(e->start_all), free(e->mine), free(e->view), free(e->counts);
+    for (int k = 0; e->parts && k < o->n_frag; k++) free(e->parts[k].counts), free(e->parts[k].map);
+    free(e->parts);
     free(e);
     o->elastic = NULL;
 }

@@ -15,7 +15,10 @@
  * successor: when it dies its launcher starts it again, without --elastic-join, from its
  * newest checkpoint, and it founds the group again (one authority). After an outer step the
  * coordinator looks up the names of the workers not in the group and connects to the
- * ones published: each gets the round-start parameters, the outer momentum and the step. */
+ * ones published: each gets the round-start parameters, the outer momentum and the step.
+ * Streaming (--outer-fragments F > 1): the same exchange for one fragment at a time, at the
+ * one-job mode's steps, and the parameters mixed with the fragment's new round-start values
+ * two steps later, where the one-job mode's overlapped exchange lands (here it blocks). */
 #ifndef LOOM_PARALLEL_OUTER_ELASTIC_H
 #define LOOM_PARALLEL_OUTER_ELASTIC_H
 

@@ -51,6 +51,11 @@ static inline int loom_outer_warm(const loom_outer_config *c, int step, int firs
     return round < c->warmup;
 }
 
+/* Whether fragment f is sent (synced) after inner step `step`: after its offset, every H. */
+static inline int loom_outer_sends_at(const loom_outer *o, const loom_outer_fragment *f, int step) {
+    return step >= f->offset && (step - f->offset) % o->cfg.inner_steps == 0;
+}
+
 /* The outer step of one element: its mean outer gradient g in, the update of its
  * round-start value out (warm: -g, the momentum untouched; else SGD with momentum mom,
  * Nesterov's where asked, at the outer learning rate). */

@@ -49,8 +49,9 @@ expect "elastic without diloco" "--elastic-worker 0: needs --outer diloco" -- \
 expect "elastic worker out of range" "--elastic-worker 2: expected 0..1" -- \
     "${E[@]}" --elastic-worker 2
 expect "join without a worker" "--elastic-join: needs --elastic-worker I" -- "${E[@]}" --elastic-join
-expect "elastic streaming" "--elastic-worker: not with --outer-fragments 2 yet" -- \
-    "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 6
+expect "elastic streaming, too few inner steps" \
+    "--inner-steps 4 with --outer-fragments 2: expected >= 3 x fragments" -- \
+    "${E[@]}" --elastic-worker 1 --outer-fragments 2 --inner-steps 4
 expect "elastic int4 with an odd block" "--outer-block 33: expected an even number" -- \
     "${E[@]}" --elastic-worker 1 --outer-dtype int4 --outer-block 33
 # --ckpt-peer's memory copies live in the worker job's own hosts (docs/diloco.md)

@@ -42,12 +42,14 @@ thread
 off: LOOM_MPI_THREAD=funneled), sends fewer bytes than fp32 and trains. Elastic workers
 (--elastic-worker, two jobs through an ompi-server, each a group of dp 2 ZeRO-1, or of dp 2
 ZeRO-3, and of dp 2 x ep 2 ZeRO-3 with a MoE) without faults: bitwise the weights of the same
-groups in one job; their checkpoints
+groups in one job (streaming F = 2 too, in one-rank and dp 2 ZeRO-1 workers, and resumed
+with a fragment about to land); their checkpoints
 hold the outer state (each worker's lead writes its group's) and both resumed mid-round end
 bitwise the same; with --ckpt-fast-dir too, a coordinator resumed from its fast step 5 and a
 worker resumed from its fast step 7 that reloads its own step 5 there end bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
 mpirun each), restarts worker 1 after it dies, and it rejoins at the step the test names
-(--inject admit@16: worker 0 waits there for it, so the check does not depend on timing);
+(--inject admit@16: worker 0 waits there for it, so the check does not depend on timing;
+the same with streaming F = 2, admitted after step 15's sync);
 restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
 takes the coordinator's newer state; --ckpt-keep prunes the outer state with the step folders.
 The coordinator (worker 0) killed mid-run: loom run starts it again from its newest
@@ -205,6 +207,37 @@ def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1
         print(p.stderr[-2000:])
         return None
     return p, logs, Run(out, logs[0])
+
+
+def elastic_run_streaming(loom, model, tmp):
+    """Streaming DiLoCo in elastic workers under loom run --elastic (F = 2, H = 6: fragment 0
+    synced after steps 3, 9, 15, 21, fragment 1 after 6, 12, 18, 24): worker 1 dies at step
+    5, worker 0 drops it at fragment 1's sync of step 6 and goes on alone (9), loom run
+    starts it again with --elastic-join, worker 0 admits it after step 15's sync (admit@15),
+    and both end at the last step's syncs with the same round-start parameters, exit 0."""
+    run_dir = os.path.join(tmp, "elastic_streaming")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--run-dir", run_dir, "--"] + model[2:] + [
+        "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
+        "--inner-steps", "6", "--outer-fragments", "2", "--outer-nesterov",
+        "--elastic-timeout", "2", "--inject", "crash@5:1", "--inject", "admit@15"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    logs, _ = worker_logs(run_dir)
+    last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
+             if "step 24: outer sync of fragment 1, members=2" in ln] for log in logs]
+    dropped = "worker 0 step 6: worker 1 lost" in logs[0]
+    alone = "worker 0 step 9: outer sync of fragment 0, members=1 [0]" in logs[0]
+    joined = "worker 0 step 15: worker 1 joined, members=2" in logs[0]
+    both = "worker 1 step 18: outer sync of fragment 1, members=2 [0,1]" in logs[1]
+    ok = (p.returncode == 0 and "worker 1 started again with --elastic-join" in p.stderr and
+          dropped and alone and joined and both and last[0] and last[0] == last[1])
+    check(ok, f"  loom run --elastic, streaming F=2 H=6: worker 1 died, dropped at 6 "
+              f"({dropped}), worker 0 alone at 9 ({alone}), rejoined at 15 ({joined}), both "
+              f"synced at 18 ({both}), the last syncs equal on both (exit {p.returncode}, "
+              f"{time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-2000:] + "\n" + "\n".join(elastic_lines(logs[0])[-12:]) + "\n" +
+              "\n".join(elastic_lines(logs[1])[-12:]))
 
 
 def join_checksum(log, who):
@@ -819,7 +852,7 @@ def main():
             # --outer-dtype in one-rank elastic workers: the outer gradients and the mean
             # cross in the wire format. With outer lr 1 and no momentum the update is minus
             # the mean, so the one-job run (whose wire carries the update) does the same
-            # arithmetic: bitwise. Bytes fall by the format's ratio (the 272-byte message
+            # arithmetic: bitwise. Bytes fall by the format's ratio (the 276-byte message
             # head keeps them a little above it): bf16 2x, int8 with 32-value blocks 3.56x.
             plain = real + ["--outer", "diloco", "--workers", "2", "--inner-steps", "3",
                             "--outer-lr", "1", "--outer-momentum", "0"]
@@ -838,6 +871,28 @@ def main():
                       f"  --outer-dtype {dt[0]} in elastic workers: bitwise the one-job run "
                       f"({same}), differs from fp32 ({differs}), {ratio:.3f}x fewer bytes than "
                       f"fp32 (expected {lo}-{hi})")
+            # streaming DiLoCo in elastic workers (F = 2, H = 6): each fragment synced through
+            # the coordinator at its step and landing two steps later, as the one-job mode's
+            # overlap has it: bitwise the one-job run in one-rank and dp 2 ZeRO-1 workers (tp 2,
+            # pp 2 and dp 2 ZeRO-3 by hand, 2026-12-07: bitwise too), and resumed from step 4,
+            # fragment 0 synced at 3 and landing at 5 (bitwise the run without the stop)
+            stream = real + diloco[:5] + ["6", "--outer-fragments", "2", "--steps", "14"] + \
+                diloco[6:]
+            s_runs = Layouts(stream, tmp, "stream_")
+            s_ck = os.path.join(tmp, "elastic_stream_ck")
+            for name, n, flags in (("single", 1, ["--ckpt-dir", s_ck, "--ckpt-every", "4"]),
+                                   ("dp2_zero1", 2, ["--dp", "2", "--zero", "1"])):
+                want = s_runs.run(name, 2 * n, flags if n == 2 else [])
+                el = elastic_pair(stream + flags, tmp, n, "elastic_stream_" + name)
+                same = el is not None and same_tensors(el.params, want.params)
+                check(same, f"  streaming F=2 in elastic workers ({name}): bitwise the one-job run")
+            el = elastic_pair(stream + ["--resume", os.path.join(s_ck, "step_00000004")], tmp, 1,
+                              "elastic_stream_resume")
+            same = (el is not None and "resumed from" in el.stderr and
+                    same_tensors(el.params, s_runs.runs["single"].params))
+            check(same, "  streaming elastic workers resumed from step 4, a fragment landing at "
+                        "5: bitwise the run without the stop")
+            elastic_run_streaming(args.loom, model, tmp)
         else:
             print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers: each rank syncs its own buffer (its experts), with
