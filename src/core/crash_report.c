@@ -16,6 +16,7 @@
 #endif
 #endif
 
+#ifndef LOOM_UNDER_ASAN
 static const int SIGNALS[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 enum { N_SIGNALS = sizeof SIGNALS / sizeof *SIGNALS };
 static struct sigaction previous[N_SIGNALS];
@@ -107,9 +108,6 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *context) {
 }
 
 void loom_crash_report_install(const char *name) {
-#ifdef LOOM_UNDER_ASAN
-    (void)name;
-#else
     snprintf(who, sizeof who, "%s", name ? name : "");
     static int ready;
     if (!ready) {
@@ -130,5 +128,9 @@ void loom_crash_report_install(const char *name) {
         if (sigaction(SIGNALS[i], &sa, &old) != 0) continue;
         if (old.sa_sigaction != on_fatal_signal) previous[i] = old; /* not our own again */
     }
-#endif
 }
+#else
+void loom_crash_report_install(const char *name) {
+    (void)name;
+}
+#endif
