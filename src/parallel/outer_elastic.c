@@ -16,6 +16,8 @@
 #include "core/crc32c.h"
 #include "core/fault.h"
 #include "core/fs.h"
+#include "core/worker.h"
+#include "comm/world.h"
 #include "parallel/outer_impl.h"
 
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
@@ -83,7 +85,16 @@ struct loom_outer_elastic {
     int loaded;                   /* lead: start_all and mom came from this worker's checkpoint */
     int32_t saved_members[MAX_W]; /* lead, loaded: the members at the save (reported) */
     int n_saved_members;
-    int finished;     /* the last step's sync is done: disconnect at the end */
+    int finished; /* the last step's sync is done: disconnect at the end */
+    double sent;  /* bytes the exchanges (answer, ask) sent, not yet in the step's count */
+    /* streaming: the lead's exchange thread (MPI_THREAD_MULTIPLE: overlap) and the
+     * fragment it works on; pending (every rank): a sync started, not yet landed */
+    int overlap, pending;
+    loom_worker xthread;
+    int flight_u, flight_step;
+    enum { FLIGHT_NONE, FLIGHT_RUNNING, FLIGHT_APPLIED } flight;
+    loom_status flight_st;
+    double flight_ms;
     int part;         /* the fragment being synced (msg_head.part; -1: the whole model) */
     frag_part *parts; /* lead, streaming: o->n_frag of them */
     /* coordinator: what an admission window saw of each missing worker (its closing line) */
@@ -196,6 +207,12 @@ static void apply(loom_outer *o, int step, const float *g) {
         e->start_all[i] += loom_outer_update(&o->cfg, warm, &e->mom[i], g[i]);
     }
     o->stats.grad_norm = sqrt(sq);
+}
+
+/* The bytes the exchanges sent (answer, ask: e->sent) into this step's count. */
+static void take_sent(loom_outer *o) {
+    o->stats.bytes_step += o->elastic->sent;
+    o->elastic->sent = 0.0;
 }
 
 static void say(const loom_outer *o, int step, const char *what) {
@@ -487,7 +504,7 @@ static void answer(loom_outer *o, int step, const exchange *x) {
             MPI_Isend(e->out, (int)dbytes, MPI_BYTE, 0, TAG, e->peer[w], &rq[2 * w]) == MPI_SUCCESS
                 ? EX_PENDING
                 : EX_FAILED;
-        o->stats.bytes_step += (double)dbytes;
+        e->sent += (double)dbytes;
     }
     poll(rq, e->W, st, e->timeout_ms);
     for (int w = 0; w < e->W; w++)
@@ -517,7 +534,7 @@ static loom_status ask(loom_outer *o, int step, const exchange *x, loom_error *e
         st = EX_FAILED;
     else /* the coordinator may still be training, then waits for the others: 3 deadlines */
         poll(rq, 1, &st, 3 * e->timeout_ms);
-    o->stats.bytes_step += (double)dbytes;
+    e->sent += (double)dbytes;
     const msg_head *r = (const msg_head *)e->in[0];
     if (st != EX_DONE || r->kind != (int32_t)x->down || r->step != step || r->part != e->part) {
         e->peer[c] = MPI_COMM_NULL; /* abandoned, with its buffer (a late message) */
@@ -549,8 +566,10 @@ static loom_status sync_outer(loom_outer *o, int step, loom_error *err) {
         answer(o, step, &x);
     } else {
         loom_status st = ask(o, step, &x, err);
+        take_sent(o);
         if (st) return st;
     }
+    take_sent(o);
     apply(o, step, e->g);
     say(o, step, "outer sync");
     if (e->me == e->coordinator && step < o->steps) admit_now(o, step);
@@ -610,6 +629,7 @@ loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n,
         } else {
             st = ask(o, step, &x, err);
         }
+        take_sent(o);
     }
     int v[2] = {step, 0};
     if ((st = group_verdict(o, st, v, err))) return st;
@@ -624,135 +644,241 @@ loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n,
 }
 
 /* ---- streaming (--outer-fragments F > 1): one fragment at a time, as the one-job mode ----
- * Fragment k's sync after its step s: every rank's outer gradient of it to the lead, the
- * exchange through the coordinator, the outer step on the fragment's round-start values
- * and momentum (lead), and the new round-start values back to every rank. The local
- * parameters are mixed with them two steps later (the one-job mode overlaps the exchange
- * with those two inner steps; here it blocks, so the same numbers come out): which
- * fragments land is a function of the step, so a resume or a joiner lands the same ones. */
+ * Fragment u's sync after its step s: every rank's outer gradient of it to the lead (A),
+ * the exchange through the coordinator (B, the lead), the outer step on the fragment's
+ * round-start values and momentum (C, the lead), and the new round-start values back to
+ * every rank (D). The local parameters are mixed with them two steps later, where the
+ * one-job mode's overlapped exchange lands. With MPI_THREAD_MULTIPLE the lead's exchange
+ * thread runs B while the next two inner steps compute, and C and D come at the landing;
+ * otherwise all of it runs at s. Either way the same numbers come out, and which fragments
+ * land at a step is a function of the step, so a resume or a joiner lands the same ones.
+ * With --ep below ZeRO-3 a fragment is two parts (its dense and its expert tensors:
+ * o->frag[u * kinds + j]), exchanged as one message. */
 
-/* The lead's outer step of fragment k (the mean outer gradient in e->g, the map's order). */
-static void fragment_apply(loom_outer *o, int k, int step) {
-    elastic *e = o->elastic;
-    const frag_part *fp = &e->parts[k];
-    const int warm = loom_outer_warm(&o->cfg, step, o->frag[k].offset);
-    double sq = 0.0, all = 0.0;
-    size_t j = 0;
-    for (int m = 0; m < fp->n_map; m++)
-        for (size_t i = fp->map[m].at; i < fp->map[m].at + fp->map[m].n; i++, j++) {
-            sq += (double)e->g[j] * e->g[j];
-            e->start_all[i] += loom_outer_update(&o->cfg, warm, &e->mom[i], e->g[j]);
-        }
-    o->norm_sq[k] = sq;
-    for (int m = 0; m < o->n_frag; m++) all += o->norm_sq[m];
-    o->stats.grad_norm = sqrt(all);
+/* Floats of fragment u's parts before part j in the group's message (lead). */
+static size_t part_offset(const loom_outer *o, int u, int j) {
+    size_t at = 0;
+    for (int i = 0; i < j; i++) at += o->elastic->parts[u * o->kinds + i].all;
+    return at;
 }
 
-static loom_status fragment_sync(loom_outer *o, int k, int step, loom_error *err) {
+/* C: the lead's outer step of fragment u (the members' mean outer gradient in e->g). */
+static void fragment_apply(loom_outer *o, int u, int step) {
     elastic *e = o->elastic;
-    const loom_outer_fragment *f = &o->frag[k];
-    const int n = e->contrib ? (int)f->n : 0;
-    size_t at = 0;
-    for (int r = 0; r < f->n_runs; r++) {
-        const loom_outer_run *u = &f->runs[r];
-        for (size_t i = 0; i < u->numel; i++)
-            e->mine[at + i] = o->start[u->packed + i] - o->params[u->flat + i];
-        at += u->numel;
-    }
-    loom_status st = LOOM_OK;
-    if (e->job == MPI_COMM_NULL)
-        memcpy(e->g, e->mine, f->n * sizeof(float));
-    else if (MPI_Gatherv(e->mine, n, MPI_FLOAT, e->g, e->lead ? e->parts[k].counts : NULL,
-                         e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
-        st = loom_error_set(err, LOOM_ERR_IO,
-                            "--elastic-worker %d: gathering fragment %d's outer gradient "
-                            "inside the worker's job failed",
-                            e->me, k);
-    if (!st && e->lead) {
-        e->part = k;
-        const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          e->parts[k].all,
-                            o->dtype,  "outer gradient", "outer update"};
-        if (e->me == e->coordinator) {
-            const int count = collect(o, step, &x);
-            if (count < 0)
-                st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
-            for (size_t i = 0; !st && i < x.n; i++) e->acc[i] /= (float)count;
-            if (!st) answer(o, step, &x);
-        } else {
-            st = ask(o, step, &x, err);
-        }
-        e->part = -1;
-        if (!st) {
-            fragment_apply(o, k, step);
-            char what[48];
-            snprintf(what, sizeof what, "outer sync of fragment %d", k);
-            say(o, step, what);
-        }
-    }
-    int v[2] = {step, 0};
-    if ((st = group_verdict(o, st, v, err))) return st;
-    /* the fragment's new round-start values to the ranks that hold it */
-    if (e->lead) {
+    for (int j = 0; j < o->kinds; j++) {
+        const int k = u * o->kinds + j;
         const frag_part *fp = &e->parts[k];
-        size_t j = 0;
-        for (int m = 0; m < fp->n_map; m++) {
-            memcpy(e->g + j, e->start_all + fp->map[m].at, fp->map[m].n * sizeof(float));
-            j += fp->map[m].n;
+        const float *g = e->g + part_offset(o, u, j);
+        const int warm = loom_outer_warm(&o->cfg, step, o->frag[k].offset);
+        double sq = 0.0;
+        size_t n = 0;
+        for (int m = 0; m < fp->n_map; m++)
+            for (size_t i = fp->map[m].at; i < fp->map[m].at + fp->map[m].n; i++, n++) {
+                sq += (double)g[n] * g[n];
+                e->start_all[i] += loom_outer_update(&o->cfg, warm, &e->mom[i], g[n]);
+            }
+        o->norm_sq[k] = sq;
+    }
+    double all = 0.0;
+    for (int k = 0; k < o->n_frag; k++) all += o->norm_sq[k];
+    o->stats.grad_norm = sqrt(all);
+    char what[48];
+    snprintf(what, sizeof what, "outer sync of fragment %d", u);
+    say(o, step, what);
+}
+
+/* B: the lead's exchange of fragment u's outer gradient (e->g) for the members' mean. */
+static loom_status fragment_exchange(loom_outer *o, int u, int step, loom_error *err) {
+    elastic *e = o->elastic;
+    const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          part_offset(o, u, o->kinds),
+                        o->dtype,  "outer gradient", "outer update"};
+    loom_status st = LOOM_OK;
+    e->part = u;
+    if (e->me == e->coordinator) {
+        const int count = collect(o, step, &x);
+        if (count < 0) st = loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
+        for (size_t i = 0; !st && i < x.n; i++) e->acc[i] /= (float)count;
+        if (!st) answer(o, step, &x);
+    } else {
+        st = ask(o, step, &x, err);
+    }
+    e->part = -1;
+    return st;
+}
+
+static void *exchange_thread(void *arg) {
+    loom_outer *o = arg;
+    elastic *e = o->elastic;
+    while (loom_worker_next(&e->xthread)) {
+        loom_error err = {0};
+        const double t0 = loom_now_ms();
+        const loom_status st = fragment_exchange(o, e->flight_u, e->flight_step, &err);
+        e->flight_ms = loom_now_ms() - t0;
+        loom_worker_done(&e->xthread, st, &err);
+    }
+    return NULL;
+}
+
+/* A: every rank's outer gradient of fragment u (start - params over its runs) into the
+ * lead's e->g, its parts back to back, each in rank order. */
+static loom_status fragment_gather(loom_outer *o, int u, loom_error *err) {
+    elastic *e = o->elastic;
+    for (int j = 0; j < o->kinds; j++) {
+        const int k = u * o->kinds + j;
+        const loom_outer_fragment *f = &o->frag[k];
+        size_t at = 0;
+        for (int r = 0; r < f->n_runs; r++) {
+            const loom_outer_run *w = &f->runs[r];
+            for (size_t i = 0; i < w->numel; i++)
+                e->mine[at + i] = o->start[w->packed + i] - o->params[w->flat + i];
+            at += w->numel;
         }
+        float *dst = e->lead ? e->g + part_offset(o, u, j) : NULL;
+        if (e->job == MPI_COMM_NULL)
+            memcpy(dst, e->mine, f->n * sizeof(float));
+        else if (MPI_Gatherv(e->mine, e->contrib ? (int)f->n : 0, MPI_FLOAT, dst,
+                             e->lead ? e->parts[k].counts : NULL,
+                             e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, 0,
+                             e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO,
+                                  "--elastic-worker %d: gathering fragment %d's outer gradient "
+                                  "inside the worker's job failed",
+                                  e->me, u);
     }
-    if (e->job == MPI_COMM_NULL)
-        memcpy(e->mine, e->g, f->n * sizeof(float));
-    else if (MPI_Scatterv(e->g, e->lead ? e->parts[k].counts : NULL,
-                          e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, e->mine, n, MPI_FLOAT, 0,
-                          e->job) != MPI_SUCCESS)
-        return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: scattering fragment %d inside the worker's "
-                              "job failed",
-                              e->me, k);
-    if (o->shards > 1 && (st = loom_comm_bcast(o->dp, e->mine, f->n * sizeof(float), 0, err)))
-        return st;
-    at = 0;
-    for (int r = 0; r < f->n_runs; r++) {
-        const loom_outer_run *u = &f->runs[r];
-        memcpy(o->start + u->packed, e->mine + at, u->numel * sizeof(float));
-        at += u->numel;
-    }
-    o->stats.syncs += k % o->kinds == 0;
     return LOOM_OK;
 }
 
-/* Fragment k's parameters mixed with its round-start values (replace: set to them). */
-static void fragment_land(loom_outer *o, int k, int replace) {
-    const loom_outer_fragment *f = &o->frag[k];
+/* D, after the lead's verdict st: fragment u's new round-start values to the ranks that
+ * hold them (a dp replica by broadcast). */
+static loom_status fragment_spread(loom_outer *o, int u, loom_status st, loom_error *err) {
+    elastic *e = o->elastic;
+    int v[2] = {0, 0};
+    if ((st = group_verdict(o, st, v, err))) return st;
+    for (int j = 0; j < o->kinds; j++) {
+        const int k = u * o->kinds + j;
+        const loom_outer_fragment *f = &o->frag[k];
+        if (e->lead) {
+            const frag_part *fp = &e->parts[k];
+            size_t n = 0;
+            for (int m = 0; m < fp->n_map; m++) {
+                memcpy(e->g + n, e->start_all + fp->map[m].at, fp->map[m].n * sizeof(float));
+                n += fp->map[m].n;
+            }
+        }
+        if (e->job == MPI_COMM_NULL)
+            memcpy(e->mine, e->g, f->n * sizeof(float));
+        else if (MPI_Scatterv(e->g, e->lead ? e->parts[k].counts : NULL,
+                              e->lead ? e->parts[k].displs : NULL, MPI_FLOAT, e->mine,
+                              e->contrib ? (int)f->n : 0, MPI_FLOAT, 0, e->job) != MPI_SUCCESS)
+            return loom_error_set(err, LOOM_ERR_IO,
+                                  "--elastic-worker %d: scattering fragment %d inside the "
+                                  "worker's job failed",
+                                  e->me, u);
+        if (o->shards > 1 && (st = loom_comm_bcast(o->dp, e->mine, f->n * sizeof(float), 0, err)))
+            return st;
+        size_t at = 0;
+        for (int r = 0; r < f->n_runs; r++) {
+            const loom_outer_run *w = &f->runs[r];
+            memcpy(o->start + w->packed, e->mine + at, w->numel * sizeof(float));
+            at += w->numel;
+        }
+    }
+    o->stats.syncs++;
+    return LOOM_OK;
+}
+
+/* The lead: fragment u's exchange thread joined (once; its time behind the inner steps
+ * counted as hidden) and its outer step taken. */
+static loom_status flight_apply(loom_outer *o, loom_error *err) {
+    elastic *e = o->elastic;
+    if (e->flight != FLIGHT_RUNNING) return e->flight_st;
+    const double t0 = loom_now_ms();
+    loom_status st = loom_worker_wait(&e->xthread, err);
+    const double waited = loom_now_ms() - t0;
+    o->stats.hidden_ms += e->flight_ms > waited ? e->flight_ms - waited : 0.0;
+    take_sent(o);
+    if (!st) fragment_apply(o, e->flight_u, e->flight_step);
+    e->flight = FLIGHT_APPLIED;
+    e->flight_st = st;
+    return st;
+}
+
+/* Fragment u's sync after step `step`: A, then B on the exchange thread (overlap) or B, C
+ * and D at once. */
+static loom_status fragment_start(loom_outer *o, int u, int step, int overlap, loom_error *err) {
+    elastic *e = o->elastic;
+    loom_status st = fragment_gather(o, u, err);
+    if (st) return st;
+    if (overlap && e->lead) {
+        e->flight_u = u, e->flight_step = step, e->flight = FLIGHT_RUNNING;
+        e->flight_st = LOOM_OK;
+        if (loom_worker_claim(&e->xthread)) loom_worker_post(&e->xthread);
+    }
+    if (overlap) {
+        e->pending = 1;
+        return LOOM_OK;
+    }
+    if (e->lead) {
+        st = fragment_exchange(o, u, step, err);
+        take_sent(o);
+        if (!st) fragment_apply(o, u, step);
+    }
+    return fragment_spread(o, u, st, err);
+}
+
+/* Fragment u's overlapped sync, at its landing: C (unless a save took it) and D. */
+static loom_status fragment_finish(loom_outer *o, int u, loom_error *err) {
+    elastic *e = o->elastic;
+    if (!e->pending) return LOOM_OK; /* resumed after the sync: C was saved, D done at start */
+    loom_status st = e->lead ? flight_apply(o, err) : LOOM_OK;
+    e->flight = FLIGHT_NONE;
+    e->pending = 0;
+    return fragment_spread(o, u, st, err);
+}
+
+/* Fragment u's parameters mixed with its round-start values (replace: set to them). */
+static void fragment_land(loom_outer *o, int u, int replace) {
     const float a = o->cfg.merge, b = 1.0f - a;
-    for (int r = 0; r < f->n_runs; r++) {
-        const loom_outer_run *u = &f->runs[r];
-        const float *s = o->start + u->packed;
-        float *p = o->params + u->flat;
-        for (size_t i = 0; i < u->numel; i++) p[i] = replace ? s[i] : a * p[i] + b * s[i];
+    for (int j = 0; j < o->kinds; j++) {
+        const loom_outer_fragment *f = &o->frag[u * o->kinds + j];
+        for (int r = 0; r < f->n_runs; r++) {
+            const loom_outer_run *w = &f->runs[r];
+            const float *s = o->start + w->packed;
+            float *p = o->params + w->flat;
+            for (size_t i = 0; i < w->numel; i++) p[i] = replace ? s[i] : a * p[i] + b * s[i];
+        }
     }
 }
 
-/* After inner step `step`, in the one-job mode's order: the fragments synced two steps ago
- * land, this step's are synced; at the last step whatever is pending lands, and every
- * fragment is synced once more and replaces the parameters (one model). Then the
- * coordinator admits the workers waiting to join (between steps: no fragment half done). */
+/* After inner step `step`, in the one-job mode's order: the fragment synced two steps ago
+ * lands, this step's is synced; at the last step whatever is pending lands, and every
+ * fragment is synced once more, at once, and replaces the parameters (one model). The
+ * coordinator admits the workers waiting to join when no exchange is under way: after a
+ * landing (overlapped), or after a sync. */
 static loom_status streaming_step(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
+    const int U = o->cfg.fragments, last = step == o->steps;
     loom_status st = LOOM_OK;
-    int synced = 0;
-    for (int k = 0; k < o->n_frag; k++)
-        if (loom_outer_sends_at(o, &o->frag[k], step - 2)) fragment_land(o, k, 0);
-    for (int k = 0; k < o->n_frag && !st; k++)
-        if (loom_outer_sends_at(o, &o->frag[k], step))
-            st = fragment_sync(o, k, step, err), synced = 1;
-    for (int k = 0; step == o->steps && k < o->n_frag && !st; k++) {
-        const loom_outer_fragment *f = &o->frag[k];
-        if (loom_outer_sends_at(o, f, step - 1) || loom_outer_sends_at(o, f, step))
-            fragment_land(o, k, 0);
-        if (!(st = fragment_sync(o, k, step, err))) fragment_land(o, k, 1);
+    int admit_here = 0;
+    for (int u = 0; u < U && !st; u++)
+        if (loom_outer_sends_at(o, &o->frag[u * o->kinds], step - 2)) {
+            if (!(st = fragment_finish(o, u, err))) fragment_land(o, u, 0);
+            admit_here = 1;
+        }
+    for (int u = 0; u < U && !st; u++)
+        if (loom_outer_sends_at(o, &o->frag[u * o->kinds], step)) {
+            st = fragment_start(o, u, step, e->overlap && !last, err);
+            admit_here |= !e->overlap;
+        }
+    for (int u = 0; last && u < U && !st; u++) {
+        const loom_outer_fragment *f = &o->frag[u * o->kinds];
+        const int in_flight =
+            loom_outer_sends_at(o, f, step - 1) || loom_outer_sends_at(o, f, step);
+        if (in_flight && !(st = fragment_finish(o, u, err))) fragment_land(o, u, 0);
+        if (!st && !(st = fragment_start(o, u, step, 0, err))) fragment_land(o, u, 1);
     }
-    if (!st && synced && e->lead && e->me == e->coordinator && step < o->steps) admit_now(o, step);
+    if (!st && admit_here && !e->pending && e->lead && e->me == e->coordinator && !last)
+        admit_now(o, step);
     return st;
 }
 
@@ -1061,6 +1187,11 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     loom_status st = group_open(o, err);
     if (!st && o->n_frag) st = group_fragments(o, err);
     if (st) return st;
+    /* streaming's exchanges overlap the inner steps where MPI may be called from a thread */
+    e->overlap = o->n_frag && loom_world_thread_level() >= MPI_THREAD_MULTIPLE;
+    if (e->overlap && e->lead && loom_worker_start(&e->xthread, exchange_thread, o) != 0)
+        return loom_error_set(err, LOOM_ERR_STATE,
+                              "--elastic-worker: starting the exchange thread failed");
     const size_t n1 = o->n_start ? o->n_start : 1, a1 = e->all ? e->all : 1;
     const size_t g1 = e->gall > a1 ? e->gall : a1; /* a warm start's gradients, or all */
     o->start = malloc(n1 * sizeof(float));
@@ -1128,6 +1259,7 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload
 
 void loom_outer_elastic_free(loom_outer *o) {
     elastic *e = o->elastic;
+    loom_worker_stop(&e->xthread); /* after a running exchange ends (its deadline at most) */
     for (int w = 0; w < MAX_W; w++) {
         /* after the last sync every live peer disconnects too; otherwise abandon */
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);
@@ -1176,6 +1308,10 @@ int loom_outer_elastic_saved(const loom_outer *o, const char *dir, int step) {
 loom_status loom_outer_elastic_save(loom_outer *o, const char *dir, int step, loom_error *err) {
     elastic *e = o->elastic;
     if (!e->lead) return LOOM_OK; /* the lead holds the group's outer state */
+    /* a streaming sync under way: its outer step is part of this step's state (the landing
+     * then only spreads it; a resume lands it from the saved round-start values) */
+    loom_status fs;
+    if (e->pending && (fs = flight_apply(o, err))) return fs;
     char path[1200], tmp[1216];
     state_path(path, sizeof path, dir, step);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

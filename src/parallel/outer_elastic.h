@@ -17,8 +17,9 @@
  * coordinator looks up the names of the workers not in the group and connects to the
  * ones published: each gets the round-start parameters, the outer momentum and the step.
  * Streaming (--outer-fragments F > 1): the same exchange for one fragment at a time, at the
- * one-job mode's steps, and the parameters mixed with the fragment's new round-start values
- * two steps later, where the one-job mode's overlapped exchange lands (here it blocks). */
+ * one-job mode's steps, run by the lead's exchange thread during the next two inner steps
+ * (MPI_THREAD_MULTIPLE; else at the sync), and the parameters mixed with the fragment's new
+ * round-start values two steps later, where the one-job mode's overlapped exchange lands. */
 #ifndef LOOM_PARALLEL_OUTER_ELASTIC_H
 #define LOOM_PARALLEL_OUTER_ELASTIC_H
 

@@ -211,28 +211,31 @@ def elastic_run(loom, model, tmp, name="elastic_run", extra=(), death="crash@6:1
 
 def elastic_run_streaming(loom, model, tmp):
     """Streaming DiLoCo in elastic workers under loom run --elastic (F = 2, H = 6: fragment 0
-    synced after steps 3, 9, 15, 21, fragment 1 after 6, 12, 18, 24): worker 1 dies at step
-    5, worker 0 drops it at fragment 1's sync of step 6 and goes on alone (9), loom run
-    starts it again with --elastic-join, worker 0 admits it after step 15's sync (admit@15),
-    and both end at the last step's syncs with the same round-start parameters, exit 0."""
+    synced after steps 3, 9, 15, 21, fragment 1 after 6, 12, 18, 24; with MPI_THREAD_MULTIPLE
+    each exchange runs during the two steps after its sync and lands then): worker 1 dies at
+    step 5, worker 0 drops it at the sync of step 6 (or of step 3, when its gradient was
+    still going out when it died) and goes on alone (9), loom run starts it again with
+    --elastic-join, worker 0 admits it when fragment 0's sync of step 15 has landed (17,
+    admit@17: no exchange under way), and both end at the last step's syncs with the same
+    round-start parameters, exit 0."""
     run_dir = os.path.join(tmp, "elastic_streaming")
     cmd = [loom, "run", "--elastic", "-n", "2", "--grace", "2", "--run-dir", run_dir, "--"] + model[2:] + [
         "--steps", "24", "--lr", "3e-3", "--outer", "diloco", "--workers", "2",
         "--inner-steps", "6", "--outer-fragments", "2", "--outer-nesterov",
-        "--elastic-timeout", "2", "--inject", "crash@5:1", "--inject", "admit@15"]
+        "--elastic-timeout", "2", "--inject", "crash@5:1", "--inject", "admit@17"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     logs, _ = worker_logs(run_dir)
     last = [[ln.split("checksum ")[-1] for ln in log.splitlines()
              if "step 24: outer sync of fragment 1, members=2" in ln] for log in logs]
-    dropped = "worker 0 step 6: worker 1 lost" in logs[0]
+    dropped = any(f"worker 0 step {s}: worker 1 lost" in logs[0] for s in (3, 6))
     alone = "worker 0 step 9: outer sync of fragment 0, members=1 [0]" in logs[0]
-    joined = "worker 0 step 15: worker 1 joined, members=2" in logs[0]
+    joined = "worker 0 step 17: worker 1 joined, members=2" in logs[0]
     both = "worker 1 step 18: outer sync of fragment 1, members=2 [0,1]" in logs[1]
     ok = (p.returncode == 0 and "worker 1 started again with --elastic-join" in p.stderr and
           dropped and alone and joined and both and last[0] and last[0] == last[1])
-    check(ok, f"  loom run --elastic, streaming F=2 H=6: worker 1 died, dropped at 6 "
-              f"({dropped}), worker 0 alone at 9 ({alone}), rejoined at 15 ({joined}), both "
+    check(ok, f"  loom run --elastic, streaming F=2 H=6: worker 1 died, dropped at 3 or 6 "
+              f"({dropped}), worker 0 alone at 9 ({alone}), rejoined at 17 ({joined}), both "
               f"synced at 18 ({both}), the last syncs equal on both (exit {p.returncode}, "
               f"{time.time() - t0:.1f} s)")
     if not ok:
@@ -871,9 +874,9 @@ def main():
                       f"  --outer-dtype {dt[0]} in elastic workers: bitwise the one-job run "
                       f"({same}), differs from fp32 ({differs}), {ratio:.3f}x fewer bytes than "
                       f"fp32 (expected {lo}-{hi})")
-            # streaming DiLoCo in elastic workers (F = 2, H = 6): each fragment synced through
-            # the coordinator at its step and landing two steps later, as the one-job mode's
-            # overlap has it: bitwise the one-job run in one-rank and dp 2 ZeRO-1 workers (tp 2,
+            # streaming DiLoCo in elastic workers (F = 2, H = 6): each fragment's exchange
+            # through the coordinator runs on the lead's thread during the two steps after its
+            # sync and lands then, as the one-job mode's overlap has it: bitwise the one-job run in one-rank and dp 2 ZeRO-1 workers (tp 2,
             # pp 2 and dp 2 ZeRO-3 by hand, 2026-12-07: bitwise too), and resumed from step 4,
             # fragment 0 synced at 3 and landing at 5 (bitwise the run without the stop)
             stream = real + diloco[:5] + ["6", "--outer-fragments", "2", "--steps", "14"] + \
@@ -886,6 +889,20 @@ def main():
                 el = elastic_pair(stream + flags, tmp, n, "elastic_stream_" + name)
                 same = el is not None and same_tensors(el.params, want.params)
                 check(same, f"  streaming F=2 in elastic workers ({name}): bitwise the one-job run")
+            # without MPI_THREAD_MULTIPLE every exchange runs at its sync (no overlap): the
+            # same numbers
+            before = os.environ.get("LOOM_MPI_THREAD")
+            os.environ["LOOM_MPI_THREAD"] = "funneled"
+            try:
+                el = elastic_pair(stream, tmp, 1, "elastic_stream_funneled")
+            finally:
+                if before is None:
+                    del os.environ["LOOM_MPI_THREAD"]
+                else:
+                    os.environ["LOOM_MPI_THREAD"] = before
+            same = el is not None and same_tensors(el.params, s_runs.runs["single"].params)
+            check(same, "  streaming F=2 in elastic workers, LOOM_MPI_THREAD=funneled (the "
+                        "exchanges not overlapped): bitwise the one-job run")
             el = elastic_pair(stream + ["--resume", os.path.join(s_ck, "step_00000004")], tmp, 1,
                               "elastic_stream_resume")
             same = (el is not None and "resumed from" in el.stderr and
