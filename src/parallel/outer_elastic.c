@@ -810,9 +810,14 @@ static loom_status fragment_start(loom_outer *o, int u, int step, int overlap, l
     loom_status st = fragment_gather(o, u, err);
     if (st) return st;
     if (overlap && e->lead) {
+        if (!loom_worker_claim(&e->xthread)) /* the last one is joined at its landing */
+            return loom_error_set(err, LOOM_ERR_STATE,
+                                  "--elastic-worker %d: step %d: fragment %d's exchange "
+                                  "started while another was under way",
+                                  e->me, step, u);
         e->flight_u = u, e->flight_step = step, e->flight = FLIGHT_RUNNING;
         e->flight_st = LOOM_OK;
-        if (loom_worker_claim(&e->xthread)) loom_worker_post(&e->xthread);
+        loom_worker_post(&e->xthread);
     }
     if (overlap) {
         e->pending = 1;
