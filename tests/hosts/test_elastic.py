@@ -17,8 +17,12 @@ both hosts' links capped with tbf. In parts 1-4 the test is the launcher (no `lo
    is restarted in its host and rejoins at a known step;
 6. the same with worker 0, the coordinator, killed: loom run starts it again in its host
    from its newest checkpoint, worker 1 leaves and rejoins it, the run ends with both at
-   the last sync; then hosts.sh down (nothing left).
-7. With --cut, instead of 1-6: host 2's link cut for 12 s under `loom run --elastic
+   the last sync;
+7. streaming DiLoCo (F = 2, H = 6) under `loom run --elastic --hosts` (streaming_across):
+   each fragment's exchange on the lead's thread over the capped link, a crashed worker
+   dropped, restarted in its host and admitted when no exchange is under way, the last
+   step's syncs equal on both; then hosts.sh down (nothing left).
+8. With --cut, instead of 1-7: host 2's link cut for 12 s under `loom run --elastic
    --hosts` (link_cut_across; label large, not in CI: about 35 s, and its timing depends on TCP's
    retransmissions after the cut).
 Skipped (77) without root, network namespaces, mpirun or ompi-server.
@@ -117,6 +121,43 @@ def coordinator_dies_across(loom, tmp, train):
         print(texts[1][-2000:])
     left = {k: netns_pids(k) for k in (1, 2)}
     report("nothing left in the hosts after it", not any(left.values()), f"{left}")
+
+
+STREAM = re.compile(r"worker (\d+) step (\d+): outer sync of fragment (\d+), members=(\d+) "
+                    r"\[([\d,]*)\], checksum ([0-9a-f]+)")
+
+
+def streaming_across(loom, tmp, train):
+    """7. `loom run --elastic --hosts` with streaming DiLoCo, F = 2 and H = 6 (fragment 0
+    synced after steps 3, 9, 15, 21, fragment 1 after 6, 12, 18, 24, each exchange during
+    the two steps after): worker 1 crashes at step 5 and is dropped (at the sync of 3 or
+    6), restarted in host 2 with --elastic-join and admitted at step 17 (admit@17: when
+    fragment 0's sync of 15 has landed); the last step's syncs have members=2 and equal
+    checksums on both, exit 0, nothing left in the hosts."""
+    run_dir = os.path.join(tmp, "loom_run_streaming")
+    cmd = [loom, "run", "--elastic", "-n", "2", "--hosts", "10.231.0.1:1,10.231.0.2:1",
+           "--run-dir", run_dir, "--grace", "5", "--launcher-args", " ".join(MCA), "--"] + train + [
+        "--steps", "24", "--inner-steps", "6", "--outer-fragments", "2", "--elastic-timeout",
+        str(TIMEOUT_S), "--inject", "crash@5:1", "--inject", "admit@17"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    logs = [os.path.join(run_dir, f"worker_{w}.log") for w in (0, 1)]
+    texts = [open(x).read() if os.path.exists(x) else "" for x in logs]
+    # the last step's syncs (fragment 1's own, then both fragments'), members=2, each worker
+    end = [[m for m in STREAM.findall(t) if m[1] == "24" and m[3] == "2"] for t in texts]
+    ok = (p.returncode == 0 and "worker 1 ended (exit 137)" in p.stderr and
+          "worker 1 started again with --elastic-join on 10.231.0.2" in p.stderr and
+          "worker 1 lost" in texts[0] and "worker 0 step 17: worker 1 joined, members=2" in texts[0]
+          and len(end[0]) == 3 and [m[5] for m in end[0]] == [m[5] for m in end[1]])
+    report("loom run --elastic --hosts, streaming", ok,
+           f"exit {p.returncode}, worker 1 dropped and restarted in host 2, admitted at 17, the "
+           f"last syncs equal on both ({time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-3000:])
+        print(texts[0][-2000:])
+        print(texts[1][-2000:])
+    left = {k: netns_pids(k) for k in (1, 2)}
+    report("nothing left in the hosts after streaming", not any(left.values()), f"{left}")
 
 
 def link_cut_across(loom, tmp, train, cut_s=12):
@@ -284,6 +325,7 @@ def main():
         report("nothing left in the hosts", not any(left.values()), f"{left}")
         loom_run_across(loom, tmp, train[2:-2])  # without the slow steps
         coordinator_dies_across(loom, tmp, train[2:-2])
+        streaming_across(loom, tmp, train[2:-2])
     finally:
         for tag, p in jobs:
             if p.poll() is None:
