@@ -49,7 +49,8 @@ bitwise the same; with --ckpt-fast-dir too, a coordinator resumed from its fast 
 worker resumed from its fast step 7 that reloads its own step 5 there end bitwise the same. `loom run --elastic` launches two elastic workers (an ompi-server, one
 mpirun each), restarts worker 1 after it dies, and it rejoins at the step the test names
 (--inject admit@16: worker 0 waits there for it, so the check does not depend on timing;
-the same with streaming F = 2, admitted after step 15's sync);
+the same with streaming F = 2, admitted when step 15's sync has landed; and streaming's
+coordinator killed and started again from its checkpoint: bitwise the run without the kill);
 restarted with --resume auto (the job has --ckpt-dir) it loads its own checkpoint and still
 takes the coordinator's newer state; --ckpt-keep prunes the outer state with the step folders.
 The coordinator (worker 0) killed mid-run: loom run starts it again from its newest
@@ -455,6 +456,34 @@ def elastic_run_coordinator_dies(loom, model, tmp):
     check(sums and losses and weights,
           f"  bitwise the run without the kill: outer syncs {sorted(after)} ({sums}), worker "
           f"0's losses ({losses}), final weights ({weights}) ({time.time() - t1:.1f} s)")
+
+
+def elastic_run_coordinator_dies_streaming(loom, model, tmp):
+    """Streaming (F = 2, H = 6) in elastic workers with the coordinator SIGKILLed at the start
+    of step 10 (fragment 0's exchange of step 9 under way): started again from its newest
+    checkpoint, worker 1 rejoins; worker 0's losses from the founded step on and its final
+    weights are bitwise the same run without the kill."""
+    t0 = time.time()
+    stream = ["--inner-steps", "6", "--outer-fragments", "2"]
+    p, logs, _, _, out = coordinator_dies_run(loom, model, tmp, "elastic_w0_stream",
+                                              stream + ["--inject", "crash@10:0"])
+    q, qlogs, _, _, qout = coordinator_dies_run(loom, model, tmp, "elastic_w0_stream_ref",
+                                                stream)
+    founded = [int(ln.split("coordinates from step ")[1].split(";")[0])
+               for ln in logs[0].splitlines() if "coordinates from step " in ln]
+    ok = p.returncode == 0 and q.returncode == 0 and len(founded) == 2 and 0 < founded[1] < 10
+    if ok:
+        run, ref = Run(out, logs[0]), Run(qout, qlogs[0])
+        by_step = {r["step"]: r["loss"] for r in run.rows}  # the last life's row per step
+        ref_steps = {r["step"]: r["loss"] for r in ref.rows}
+        ok = (set(range(founded[1] + 1, 25)) <= set(by_step) and
+              all(ref_steps.get(s) == x for s, x in by_step.items()) and
+              same_tensors(run.params, ref.params))
+    check(ok, f"  streaming elastic workers, the coordinator killed at step 10: started again "
+              f"from its step {founded[1] if len(founded) > 1 else '?'}, bitwise the run "
+              f"without the kill (exit {p.returncode}, {q.returncode}; {time.time() - t0:.1f} s)")
+    if not ok:
+        print(p.stderr[-2000:] + "\n" + "\n".join(elastic_lines(logs[0])[-12:]))
 
 
 def ckpt_tiers(runs, ref, tmp):
@@ -910,6 +939,7 @@ def main():
             check(same, "  streaming elastic workers resumed from step 4, a fragment landing at "
                         "5: bitwise the run without the stop")
             elastic_run_streaming(args.loom, model, tmp)
+            elastic_run_coordinator_dies_streaming(args.loom, model, tmp)
         else:
             print("  (no ompi-server: elastic workers not checked)")
         # experts inside the workers: each rank syncs its own buffer (its experts), with
