@@ -66,7 +66,7 @@ loom_status loom_world_init(loom_world *w, int *argc, char ***argv, loom_error *
     MPI_Comm_size(MPI_COMM_WORLD, &w->size);
     char who[32];
     snprintf(who, sizeof who, "rank %d", w->rank);
-    loom_crash_report_install(who); /* over OpenMPI's handlers, which it then calls */
+    loom_crash_report_install(who); /* again, naming the rank (core/crash_report.h) */
     return LOOM_OK;
 }
 

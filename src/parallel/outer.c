@@ -406,16 +406,20 @@ static double sent_bytes(int W, int me, const int *counts) {
     return b;
 }
 
-/* The outer gradient start - params into the all-to-all. */
-static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_error *err) {
-    const int W = o->comm->size;
+void loom_outer_fragment_delta(const loom_outer *o, const loom_outer_fragment *f, float *out) {
     size_t at = 0;
     for (int r = 0; r < f->n_runs; r++) {
         const loom_outer_run *u = &f->runs[r];
         for (size_t i = 0; i < u->numel; i++)
-            f->delta[at + i] = o->start[u->packed + i] - o->params[u->flat + i];
+            out[at + i] = o->start[u->packed + i] - o->params[u->flat + i];
         at += u->numel;
     }
+}
+
+/* The outer gradient start - params into the all-to-all. */
+static loom_status send(loom_outer *o, loom_outer_fragment *f, int step, loom_error *err) {
+    const int W = o->comm->size;
+    loom_outer_fragment_delta(o, f, f->delta);
     for (int j = 0; j < W; j++)
         loom_outer_quantize(o->dtype, f->delta + f->part_lo + (size_t)j * f->chunk,
                             loom_outer_chunk_len(f, j), o->cfg.block,

@@ -726,13 +726,7 @@ static loom_status fragment_gather(loom_outer *o, int u, loom_error *err) {
     for (int j = 0; j < o->kinds; j++) {
         const int k = u * o->kinds + j;
         const loom_outer_fragment *f = &o->frag[k];
-        size_t at = 0;
-        for (int r = 0; r < f->n_runs; r++) {
-            const loom_outer_run *w = &f->runs[r];
-            for (size_t i = 0; i < w->numel; i++)
-                e->mine[at + i] = o->start[w->packed + i] - o->params[w->flat + i];
-            at += w->numel;
-        }
+        loom_outer_fragment_delta(o, f, e->mine);
         float *dst = e->lead ? e->g + part_offset(o, u, j) : NULL;
         if (e->job == MPI_COMM_NULL)
             memcpy(dst, e->mine, f->n * sizeof(float));

@@ -66,6 +66,10 @@ static inline float loom_outer_update(const loom_outer_config *c, int warm, floa
     return -(c->lr * u);
 }
 
+/* Fragment f's outer gradient, start - params over its runs, back to back into out[f->n]
+ * (outer.c; both modes send it). */
+void loom_outer_fragment_delta(const loom_outer *o, const loom_outer_fragment *f, float *out);
+
 /* ZeRO-3 with --ep (o->own): the own ranges' parameters packed into out[n_start], in flat
  * order, or set from such a packing (outer.c; the elastic workers' view of them). */
 void loom_outer_params_pack(const loom_outer *o, float *out);
