@@ -45,7 +45,8 @@ int loom_ckpt_list(const char *dir, loom_ckpt_entry **list, int n) {
         n++;
     }
     closedir(d);
-    qsort(*list + first, (size_t)(n - first), sizeof **list, newest_first);
+    if (n > first) /* *list may be NULL when nothing was found: qsort wants a pointer */
+        qsort(*list + first, (size_t)(n - first), sizeof **list, newest_first);
     return n;
 }
 
