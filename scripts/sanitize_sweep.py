@@ -12,7 +12,8 @@ checks are off (OpenMPI's own allocations at exit would drown the report).
 
 Known to differ under the sanitizers, not defects: ft_segv (loom's crash report is not
 compiled under ASan, whose own report the test does not look for) and diloco's slow
-withdraw check (its LD_PRELOADed shim cannot load before the ASan runtime).
+withdraw check (its LD_PRELOADed shim cannot load before the ASan runtime); with
+--labels hosts, hosts_faults' slow-link detection (timed: the sanitized compute is slower).
 
 Usage: scripts/sanitize_sweep.py [--labels parallel|ckpt|ft] [--only NAME ...]
                                  [--logs DIR] [--timeout S]
