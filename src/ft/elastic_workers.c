@@ -312,7 +312,7 @@ static void stop_detected(worker *w, int id, const plan *p, loom_failure *f, dou
 }
 
 /* A worker's last outer sync, from the last "outer sync, members=" line of its log
- * (parallel/outer_elastic.c's say()): into o as step, members and checksum. */
+ * (parallel/outer_elastic_exchange.c's loom_elastic_say): into o as step, members and checksum. */
 static void last_sync(const char *run_dir, int id, json_t *o) {
     char path[LOOM_RUN_PATH + 32], line[1024], last[1024] = "";
     snprintf(path, sizeof path, "%s/worker_%d.log", run_dir, id);

@@ -76,7 +76,7 @@ void loom_outer_params_pack(const loom_outer *o, float *out);
 void loom_outer_params_unpack(loom_outer *o, const float *in);
 
 /* A checkpoint's outer state (at path) saved with another --outer-start-step than this
- * run's: the error both loaders give (outer_state.c, outer_elastic.c), once its CRC held. */
+ * run's: the error both loaders give (outer_state.c, outer_elastic_state.c), once its CRC held. */
 static inline loom_status loom_outer_other_start(const loom_outer *o, const char *path, int saved,
                                                  loom_error *err) {
     return loom_error_set(err, LOOM_ERR_INPUT,
@@ -85,7 +85,7 @@ static inline loom_status loom_outer_other_start(const loom_outer *o, const char
                           o->cfg.start_step, path, saved);
 }
 
-/* ---- --elastic-worker (parallel/outer_elastic.c; outer_elastic.h says what it does) ---- */
+/* ---- --elastic-worker (parallel/outer_elastic*.c; outer_elastic.h says what it does) ---- */
 /* The elastic part of loom_outer_create / _free / _after_step (parallel/outer.c calls them
  * when cfg->elastic_worker >= 0). Create only allocates; begin connects the group: the
  * founder waits (up to LOOM_OUTER_ELASTIC_START_S) for the other workers, a joiner publishes
