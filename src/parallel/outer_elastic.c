@@ -118,7 +118,7 @@ static loom_status sync_outer(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
     const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          e->all,
                         o->dtype,  "outer gradient", "outer update"};
-    const loom_status st = loom_elastic_mean(o, step, &x, 0, err);
+    const loom_status st = loom_elastic_mean(o, step, &x, MEAN_DIVIDE, err);
     loom_elastic_take_sent(o);
     if (st) return st;
     apply(o, step, e->g);
@@ -170,7 +170,7 @@ loom_status loom_outer_elastic_sync_grads(loom_outer *o, float *grads, size_t n,
          * then 1/W; fp32 on the wire, as there */
         const exchange x = {MSG_GRADS,       MSG_MEAN,   e->gbuf,        e->gall,
                             LOOM_OUTER_FP32, "gradient", "gradient mean"};
-        st = loom_elastic_mean(o, step, &x, 1, err);
+        st = loom_elastic_mean(o, step, &x, MEAN_TIMES_INVERSE, err);
         loom_elastic_take_sent(o);
     }
     int v[2] = {step, 0};

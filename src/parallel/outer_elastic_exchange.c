@@ -346,13 +346,13 @@ static loom_status ask(loom_outer *o, int step, const exchange *x, loom_error *e
     return LOOM_OK;
 }
 
-loom_status loom_elastic_mean(loom_outer *o, int step, const exchange *x, int by_inverse,
+loom_status loom_elastic_mean(loom_outer *o, int step, const exchange *x, mean_rule rule,
                               loom_error *err) {
     elastic *e = o->elastic;
     if (e->me != e->coordinator) return ask(o, step, x, err);
     const int count = collect(o, step, x); /* this worker's own vector included: >= 1 */
     if (count < 0) return loom_error_set(err, LOOM_ERR_NOMEM, "--elastic-worker: out of memory");
-    if (by_inverse) {
+    if (rule == MEAN_TIMES_INVERSE) {
         const float inv = 1.0f / (float)count;
         for (size_t i = 0; i < x->n; i++) e->acc[i] *= inv;
     } else {

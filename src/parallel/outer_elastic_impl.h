@@ -140,10 +140,14 @@ void loom_elastic_window_open(elastic *e);
 void loom_elastic_window_close(const elastic *e, int step, const char *what, double waited_s);
 /* Coordinator, after an outer step: admits the workers waiting to join (admit@S: there). */
 void loom_elastic_admit_now(loom_outer *o, int step);
-/* Lead: x->v becomes the members' mean through the coordinator (sum in worker order,
- * divided by the count, or times its inverse with by_inverse); a member that cannot reach
- * the coordinator in time fails, the coordinator drops members that do not answer. */
-loom_status loom_elastic_mean(loom_outer *o, int step, const exchange *x, int by_inverse,
+/* How the coordinator turns the members' sum into their mean: the rounding of the one-job
+ * mode's matching step (an outer gradient: its chunk owner divides; a warm start's
+ * gradients: its all-reduce is scaled by 1/W). */
+typedef enum { MEAN_DIVIDE, MEAN_TIMES_INVERSE } mean_rule;
+/* Lead: x->v becomes the members' mean through the coordinator (summed in worker order);
+ * a member that cannot reach the coordinator in time fails, the coordinator drops members
+ * that do not answer. */
+loom_status loom_elastic_mean(loom_outer *o, int step, const exchange *x, mean_rule rule,
                               loom_error *err);
 
 /* ---- outer_elastic.c: inside the worker's job ---- */

@@ -57,7 +57,7 @@ static loom_status fragment_exchange(loom_outer *o, int u, int step, loom_error 
     const exchange x = {MSG_DELTA, MSG_UPDATE,       e->g,          part_offset(o, u, o->kinds),
                         o->dtype,  "outer gradient", "outer update"};
     e->part = u;
-    const loom_status st = loom_elastic_mean(o, step, &x, 0, err);
+    const loom_status st = loom_elastic_mean(o, step, &x, MEAN_DIVIDE, err);
     e->part = -1;
     return st;
 }
