@@ -64,7 +64,7 @@ val_loss_vs_diloco_fp32 and fewer_bytes_than_diloco_fp32 (bf16: 100x fewer than 
 H = 50, docs/diloco.md "bf16 on the wire").
 The quality recipe (docs/diloco.md, "The inner lr in the rounds"; within 2% of sync dp for
 five seeds of seven on 2026-12-06/07: +1.93%, +1.98%, +1.91%, +2.09%, +1.94%, +2.20%,
-+1.95% with --seed 1337, 2, 3, 4, 5, 6, 7): --steps 300 --rounds 0 --no-streaming --outer-start-step 150 --outer-lr 0.8
++1.95% with --seed 1337, 2, 3, 4, 5, 6, 7; seeds 8, 9, 10: +2.04%, +1.94%, +2.02%): --steps 300 --rounds 0 --no-streaming --outer-start-step 150 --outer-lr 0.8
 --outer-momentum 0.5 --inner-lr-scale 2 (tests/parallel/test_diloco_quality.py runs it
 with --model 2x64).
 Usage: bench_diloco.py --loom build/loom [--steps 300] [--inner-steps 50] [--workers 4]
