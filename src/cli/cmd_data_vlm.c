@@ -272,6 +272,22 @@ static int make_folder(const char *input, const char *out, int64_t val_samples, 
     return rc;
 }
 
+/* The output folder created and the text encoder opened (byte-level, or --tokenizer's BPE);
+ * 0, or 2 after one line. */
+static int open_output(const char *out, const char *tokenizer, loom_vlm_text *vt) {
+    if (loom_mkdir_p(out) != 0) {
+        fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
+                strerror(errno));
+        return 2;
+    }
+    loom_error err = {0};
+    if (loom_vlm_text_open(vt, tokenizer, &err)) {
+        fprintf(stderr, "loom data: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
+}
+
 int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
     const char *input = NULL, *out = NULL, *tokenizer = NULL;
     /* -1: not given (the defaults below depend on --input) */
@@ -313,17 +329,8 @@ int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
                     fixed);
             return 2;
         }
-        if (loom_mkdir_p(out) != 0) {
-            fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
-                    strerror(errno));
-            return 2;
-        }
         loom_vlm_text vt;
-        loom_error err = {0};
-        if (loom_vlm_text_open(&vt, tokenizer, &err)) {
-            fprintf(stderr, "loom data: %s\n", err.msg);
-            return 2;
-        }
+        if ((rc = open_output(out, tokenizer, &vt))) return rc;
         rc = make_folder(input, out, val_samples, &vt);
         loom_vlm_text_close(&vt);
         return rc;
@@ -338,17 +345,8 @@ int loom_cmd_data_vlm(int argc, char **argv, const loom_data_help *help) {
                         "--questions with --mixed-images)\n");
         return 2;
     }
-    if (loom_mkdir_p(out) != 0) {
-        fprintf(stderr, "loom data: --out '%s': cannot create the folder: %s\n", out,
-                strerror(errno));
-        return 2;
-    }
     loom_vlm_text vt;
-    loom_error err = {0};
-    if (loom_vlm_text_open(&vt, tokenizer, &err)) {
-        fprintf(stderr, "loom data: %s\n", err.msg);
-        return 2;
-    }
+    if ((rc = open_output(out, tokenizer, &vt))) return rc;
     rc = make_split(out, "train", FMNIST "/train-images-idx3-ubyte.gz",
                     FMNIST "/train-labels-idx1-ubyte.gz", (int)grid, samples, questions, (int)mixed,
                     (uint64_t)seed, &vt);
