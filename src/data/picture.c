@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/png_error.h"
+
 #define PICTURE_MAX_SIDE 65535 /* PNG allows more, GIF does not */
 
 /* Checks the arguments and computes the grid size. */
@@ -49,20 +51,6 @@ static void compose(uint8_t *out, const uint8_t *base, int64_t stride, int n, in
     }
 }
 
-typedef struct {
-    char msg[256];
-} png_ctx;
-
-static void on_png_error(png_structp png, png_const_charp msg) {
-    png_ctx *ctx = png_get_error_ptr(png);
-    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-    png_longjmp(png, 1);
-}
-
-static void on_png_warning(png_structp png, png_const_charp msg) {
-    (void)png, (void)msg;
-}
-
 static char *tmp_name(const char *path) {
     size_t cap = strlen(path) + 8;
     char *tmp = malloc(cap);
@@ -83,9 +71,9 @@ static loom_status finish_file(loom_status st, char *tmp, const char *path, loom
 /* Writes pixels [h][w][C] (C 1 or 3) as an 8-bit PNG to the open file f. */
 static loom_status png_put(FILE *f, const char *path, const uint8_t *pixels, int C, int h, int w,
                            loom_error *err) {
-    png_ctx ctx = {{0}};
-    png_structp png =
-        png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
+    loom_png_ctx ctx = {{0}};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &ctx, loom_png_on_error,
+                                              loom_png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_write_struct(png ? &png : NULL, NULL);

@@ -12,20 +12,7 @@
 #include <sys/stat.h>
 
 #include "data/image_shard.h"
-
-typedef struct {
-    char msg[256];
-} png_ctx;
-
-static void on_png_error(png_structp png, png_const_charp msg) {
-    png_ctx *ctx = png_get_error_ptr(png);
-    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-    png_longjmp(png, 1);
-}
-
-static void on_png_warning(png_structp png, png_const_charp msg) {
-    (void)png, (void)msg;
-}
+#include "data/png_error.h"
 
 loom_status loom_png_read(const char *path, int channels, uint8_t **pixels, int *height, int *width,
                           loom_error *err) {
@@ -41,9 +28,9 @@ loom_status loom_png_read(const char *path, int channels, uint8_t **pixels, int 
         fclose(f);
         return loom_error_set(err, LOOM_ERR_INPUT, "%s: not a PNG file (bad signature)", path);
     }
-    png_ctx ctx = {{0}};
+    loom_png_ctx ctx = {{0}};
     png_structp png =
-        png_create_read_struct(PNG_LIBPNG_VER_STRING, &ctx, on_png_error, on_png_warning);
+        png_create_read_struct(PNG_LIBPNG_VER_STRING, &ctx, loom_png_on_error, loom_png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_read_struct(png ? &png : NULL, NULL, NULL);
