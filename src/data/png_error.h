@@ -1,5 +1,5 @@
 /* libpng's error and warning callbacks for loom's PNG reader and writer: an error's text is
- * kept for the caller's one line (png_ctx.msg) and libpng longjmps back to the setjmp around
+ * kept for the caller's one line (loom_png_ctx.msg) and libpng longjmps back to the setjmp around
  * the call; warnings are dropped (the result is checked instead). */
 #ifndef LOOM_DATA_PNG_ERROR_H
 #define LOOM_DATA_PNG_ERROR_H
