@@ -14,5 +14,10 @@ void loom_timeline_mark(const char *name);
  * since the previous mark, and the origin's wall clock (seconds since the epoch, to be
  * aligned with the supervisor's events). Later marks are ignored. */
 void loom_timeline_print(FILE *f, const char *who);
+/* The same line for the marks so far, with the wall clock now, and the timeline stays open:
+ * where a start-up that waits on something outside it (an elastic joiner) spent its time. */
+void loom_timeline_print_so_far(FILE *f, const char *who);
+/* Milliseconds since the first mark (0 before it). */
+double loom_timeline_elapsed_ms(void);
 
 #endif

@@ -13,8 +13,12 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/timeline.h"
 #include "comm/world.h"
 #include "parallel/outer_elastic_impl.h"
+
+/* A joiner's rank slower than this from its start to the join says where the time went */
+#define SLOW_START_MS 10e3
 
 /* The outer SGD step of `step` with the mean outer gradient g on the group's round-start
  * parameters, the same on every member (lead). --outer-warmup R: the first R syncs (by the
@@ -220,17 +224,19 @@ static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     /* with the supervisor's "started" line and the next one: where a slow join's time went */
+    char who[32];
+    snprintf(who, sizeof who, "elastic: worker %d", e->me);
+    loom_timeline_print_so_far(stderr, who);
     fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
             loom_wall_s());
-    const loom_status published = loom_elastic_publish(e->me, name, port, err);
+    const loom_status published = loom_elastic_publish(e, name, port, err);
     if (published) return published;
     fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published at %.3f)\n", e->me,
             name, loom_wall_s());
     MPI_Comm ic = MPI_COMM_NULL;
     const int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
     if (rc != MPI_SUCCESS) {
-        MPI_Unpublish_name(name, MPI_INFO_NULL, port);
-        MPI_Close_port(port);
+        loom_elastic_withdraw(e, name, port);
         return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker %d: MPI_Comm_accept failed",
                               e->me);
     }
@@ -246,8 +252,7 @@ static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
         st = EX_FAILED;
     else
         loom_elastic_poll(rq, 1, &st, e->timeout_ms);
-    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
-    MPI_Close_port(port);
+    loom_elastic_withdraw(e, name, port);
     const msg_head *h = (const msg_head *)e->in[0];
     if (st != EX_DONE || h->kind != MSG_STATE || h->from < 0 || h->from >= e->W) {
         e->in[0] = NULL; /* abandoned with the intercommunicator (a late message) */
@@ -318,12 +323,14 @@ static loom_status found(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
     /* with the supervisor's "started" line and the next one: where a slow join's time went */
+    char who[32];
+    snprintf(who, sizeof who, "elastic: worker %d", e->me);
+    loom_timeline_print_so_far(stderr, who);
     fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
             loom_wall_s());
-    const loom_status published = loom_elastic_publish(e->me, name, port, err);
+    const loom_status published = loom_elastic_publish(e, name, port, err);
     if (published) return published;
-    MPI_Unpublish_name(name, MPI_INFO_NULL, port);
-    MPI_Close_port(port);
+    loom_elastic_withdraw(e, name, port);
     e->member[e->me] = 1;
     fprintf(stderr,
             "loom: elastic: worker %d coordinates from step %d; waiting up to %g s for %d "
@@ -407,6 +414,7 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     e->timeout_ms = 1e3 * c->elastic_timeout;
     e->job = MPI_COMM_NULL;
     e->part = -1;
+    e->alive.fd = -1;
     for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
     loom_status st = group_open(o, err);
     if (!st && o->n_frag) st = loom_elastic_group_fragments(o, err);
@@ -468,6 +476,13 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload
         /* the coordinator's step to every rank: a joiner resumed from a checkpoint of
          * another step loads its own of that step first, when it has one */
         int at = e->start_step;
+        /* a rank other than the lead slow to get here (the lead waits for it in the job's
+         * collectives above) says where its start-up went; the lead says it in any case */
+        if (!e->lead && loom_timeline_elapsed_ms() > SLOW_START_MS) {
+            char who[48];
+            snprintf(who, sizeof who, "elastic: worker %d rank %d", e->me, o->group->rank);
+            loom_timeline_print_so_far(stderr, who);
+        }
         if (e->lead) st = join_receive(o, &at, err);
         v[0] = at, v[1] = 0;
         st = loom_elastic_group_verdict(o, st, v, err);
@@ -485,6 +500,7 @@ loom_status loom_outer_elastic_begin(loom_outer *o, int *step, loom_outer_reload
 void loom_outer_elastic_free(loom_outer *o) {
     elastic *e = o->elastic;
     loom_worker_stop(&e->xthread); /* after a running exchange ends (its deadline at most) */
+    loom_liveness_close(&e->alive);
     for (int w = 0; w < MAX_W; w++) {
         /* after the last sync every live peer disconnects too; otherwise abandon */
         if (e->finished && e->peer[w] != MPI_COMM_NULL) MPI_Comm_disconnect(&e->peer[w]);

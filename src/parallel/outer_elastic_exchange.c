@@ -11,29 +11,89 @@
 #include "core/fault.h"
 #include "parallel/outer_elastic_impl.h"
 
-static void service_of(int worker, char *name, size_t n) {
-    snprintf(name, n, "loom-elastic-w%d", worker);
+/* Worker's k-th name: loom-elastic-wI, loom-elastic-wI.1, ... */
+static void service_of(int worker, int k, char *name, size_t n) {
+    if (k)
+        snprintf(name, n, "loom-elastic-w%d.%d", worker, k);
+    else
+        snprintf(name, n, "loom-elastic-w%d", worker);
 }
 
-/* Opens a port and publishes it under worker's service name (through ompi-server). */
-loom_status loom_elastic_publish(int worker, char name[64], char port[MPI_MAX_PORT_NAME],
+#define ALIVE_TAG " alive="
+
+/* A published value "PORT alive=ENDPOINT" split: port into port (its own buffer), the
+ * endpoint returned (NULL: a value without one, connected to as it is). */
+static const char *split_value(const char *value, char port[MPI_MAX_PORT_NAME]) {
+    snprintf(port, MPI_MAX_PORT_NAME, "%s", value);
+    char *tag = strstr(port, ALIVE_TAG);
+    if (!tag) return NULL;
+    *tag = 0;
+    return value + (tag - port) + strlen(ALIVE_TAG);
+}
+
+loom_status loom_elastic_publish(elastic *e, char name[64], char port[MPI_MAX_PORT_NAME],
                                  loom_error *err) {
-    service_of(worker, name, 64);
-    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS ||
-        MPI_Publish_name(name, MPI_INFO_NULL, port) != MPI_SUCCESS)
-        return loom_error_set(err, LOOM_ERR_IO,
-                              "--elastic-worker %d: publishing %s failed (every worker's mpirun "
-                              "needs --ompi-server: docs/diloco.md)",
-                              worker, name);
-    return LOOM_OK;
+    loom_status st = loom_liveness_open(&e->alive, err);
+    if (st) return st;
+    if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS) {
+        loom_liveness_close(&e->alive);
+        return loom_error_set(err, LOOM_ERR_IO, "--elastic-worker %d: MPI_Open_port failed", e->me);
+    }
+    snprintf(e->published, sizeof e->published, "%s" ALIVE_TAG "%s", port, e->alive.endpoint);
+    /* the first of this worker's names that nobody alive holds: a predecessor killed
+     * while it waited to be admitted left its name, which nobody can withdraw */
+    for (int k = 0; k < MAX_NAMES; k++) {
+        char held[MPI_MAX_PORT_NAME], its_port[MPI_MAX_PORT_NAME];
+        service_of(e->me, k, name, 64);
+        if (MPI_Lookup_name(name, MPI_INFO_NULL, held) == MPI_SUCCESS) {
+            const char *endpoint = split_value(held, its_port);
+            if (!endpoint || loom_liveness_probe(endpoint, LIVENESS_TIMEOUT_MS)) {
+                st = loom_error_set(err, LOOM_ERR_STATE,
+                                    "--elastic-worker %d: its name %s is published by a process "
+                                    "that is alive (%s): is worker %d running twice?",
+                                    e->me, name, endpoint ? endpoint : "no liveness endpoint",
+                                    e->me);
+                break;
+            }
+            fprintf(stderr,
+                    "loom: elastic: worker %d: %s is held by a process that is gone (%s): "
+                    "trying the next name\n",
+                    e->me, name, endpoint);
+            continue;
+        }
+        if (MPI_Publish_name(name, MPI_INFO_NULL, e->published) == MPI_SUCCESS) return LOOM_OK;
+        st = loom_error_set(err, LOOM_ERR_IO,
+                            "--elastic-worker %d: publishing %s failed (every worker's mpirun "
+                            "needs --ompi-server: docs/diloco.md)",
+                            e->me, name);
+        break;
+    }
+    if (!st)
+        st = loom_error_set(err, LOOM_ERR_STATE,
+                            "--elastic-worker %d: its %d names are all held by processes that "
+                            "are gone (restart the run's ompi-server: docs/diloco.md)",
+                            e->me, MAX_NAMES);
+    MPI_Close_port(port);
+    loom_liveness_close(&e->alive);
+    return st;
 }
 
-/* FNV-1a over the round-start parameters: the log lines' check that members agree. */
-static unsigned long long checksum(const float *x, size_t n) {
-    const unsigned char *b = (const unsigned char *)x;
+void loom_elastic_withdraw(elastic *e, const char *name, const char *port) {
+    MPI_Unpublish_name(name, MPI_INFO_NULL, e->published);
+    MPI_Close_port(port);
+    loom_liveness_close(&e->alive);
+}
+
+static uint64_t fnv1a(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
-    return (unsigned long long)h;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The round-start parameters' hash: the log lines' check that members agree. */
+static unsigned long long checksum(const float *x, size_t n) {
+    return (unsigned long long)fnv1a(x, n * sizeof(float));
 }
 
 static int members_text(const elastic *e, char *buf, size_t n) {
@@ -110,6 +170,53 @@ void loom_elastic_say(const loom_outer *o, int step, const char *what) {
 
 /* ---- between the workers: the leads ---- */
 
+/* Coordinator: worker w's published port whose process is alive, if any (1; name and
+ * port filled). Its names are looked up in order (a gap of one allowed: a name withdrawn
+ * late by its job's mpirun); a value whose liveness endpoint does not answer is stale (the
+ * joiner is gone: connecting to its port would block for OpenMPI's 600 s) and skipped,
+ * probed again after STALE_RETRY_MS (a joiner cut off answers once its link is back); so
+ * is a port whose connect or transfer failed before. */
+static int find_live(elastic *e, int w, int step, char name[64], char port[MPI_MAX_PORT_NAME]) {
+    char value[MPI_MAX_PORT_NAME];
+    for (int k = 0, misses = 0; k < MAX_NAMES && misses < 2; k++) {
+        service_of(w, k, name, 64);
+        e->lookups[w]++;
+        const int rc = MPI_Lookup_name(name, MPI_INFO_NULL, value);
+        if (rc != MPI_SUCCESS) {
+            e->lookups_failed[w]++;
+            e->lookup_rc[w] = rc;
+            misses++;
+            continue;
+        }
+        misses = 0;
+        const char *endpoint = split_value(value, port);
+        snprintf(e->last_port[w], sizeof e->last_port[w], "%s", port);
+        if (!strcmp(port, e->failed_port[w])) continue; /* still listed, nobody accepts */
+        const uint64_t h = fnv1a(value, strlen(value));
+        int slot = -1;
+        for (int i = 0; i < MAX_NAMES; i++)
+            if (e->stale[w][i] == h) slot = i;
+        if (slot >= 0 && loom_now_ms() < e->stale_retry[w][slot]) continue;
+        if (endpoint && !loom_liveness_probe(endpoint, LIVENESS_TIMEOUT_MS)) {
+            if (slot < 0) {
+                slot = e->stale_next[w]++ % MAX_NAMES;
+                e->stale[w][slot] = h;
+                e->stale_found[w]++;
+                fprintf(stderr,
+                        "loom: elastic: worker %d step %d: %s is stale: worker %d's process that "
+                        "published it is gone or cut off (%s does not answer); not connected "
+                        "to (at %.3f)\n",
+                        e->me, step, name, w, endpoint, loom_wall_s());
+            }
+            e->stale_retry[w][slot] = loom_now_ms() + STALE_RETRY_MS;
+            continue;
+        }
+        if (slot >= 0) e->stale[w][slot] = 0; /* it answers again: a link back */
+        return 1;
+    }
+    return 0;
+}
+
 /* Coordinator: connects to every published worker not in the group and sends it the
  * state (round-start parameters, momentum, step). Returns how many joined. */
 int loom_elastic_admit(loom_outer *o, int step) {
@@ -118,16 +225,7 @@ int loom_elastic_admit(loom_outer *o, int step) {
     for (int w = 0; w < e->W; w++) {
         if (w == e->me || e->member[w]) continue;
         char name[64], port[MPI_MAX_PORT_NAME];
-        service_of(w, name, sizeof name);
-        e->lookups[w]++;
-        const int rc = MPI_Lookup_name(name, MPI_INFO_NULL, port);
-        if (rc != MPI_SUCCESS) {
-            e->lookups_failed[w]++;
-            e->lookup_rc[w] = rc;
-            continue;
-        }
-        snprintf(e->last_port[w], sizeof e->last_port[w], "%s", port);
-        if (!strcmp(port, e->failed_port[w])) continue; /* still listed, nobody accepts */
+        if (!find_live(e, w, step, name, port)) continue;
         MPI_Comm ic = MPI_COMM_NULL;
         if (MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic) != MPI_SUCCESS) {
             e->connects_failed[w]++;
@@ -176,6 +274,7 @@ void loom_elastic_window_open(elastic *e) {
     memset(e->lookups_failed, 0, sizeof e->lookups_failed);
     memset(e->lookup_rc, 0, sizeof e->lookup_rc);
     memset(e->connects_failed, 0, sizeof e->connects_failed);
+    memset(e->stale_found, 0, sizeof e->stale_found);
     memset(e->last_port, 0, sizeof e->last_port);
 }
 
@@ -186,14 +285,14 @@ void loom_elastic_window_close(const elastic *e, int step, const char *what, dou
         if (w == e->me || e->member[w]) continue;
         char name[64], why[MPI_MAX_ERROR_STRING] = "";
         int len = 0;
-        service_of(w, name, sizeof name);
+        service_of(w, 0, name, sizeof name);
         if (e->lookups_failed[w]) MPI_Error_string(e->lookup_rc[w], why, &len);
         fprintf(stderr,
                 "loom: elastic: worker %d step %d: %s: worker %d not admitted in %.1f s: %d "
-                "look-up(s) of %s on the name server, %d found nothing (last error: %s), %d "
-                "connect(s) failed%s%s (at %.3f)\n",
+                "look-up(s) of %s (and its next names) on the name server, %d found nothing "
+                "(last error: %s), %d stale, %d connect(s) failed%s%s (at %.3f)\n",
                 e->me, step, what, w, waited_s, e->lookups[w], name, e->lookups_failed[w],
-                e->lookups_failed[w] ? why : "none", e->connects_failed[w],
+                e->lookups_failed[w] ? why : "none", e->stale_found[w], e->connects_failed[w],
                 e->last_port[w][0] ? ", last port found " : "", e->last_port[w], loom_wall_s());
     }
 }

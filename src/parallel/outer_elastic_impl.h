@@ -15,12 +15,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/liveness.h"
 #include "core/worker.h"
 #include "parallel/outer_elastic.h"
 #include "parallel/outer_impl.h"
 
 #define MAX_W LOOM_OUTER_MAX_FRAGMENTS
 #define TAG 71
+/* A worker's names: loom-elastic-wI, then loom-elastic-wI.1 ... when the ones before are
+ * held by processes that are gone (a name outlives a SIGKILLed job: docs/diloco.md) */
+#define MAX_NAMES 8
+/* How long the coordinator waits for a joiner's liveness endpoint to answer */
+#define LIVENESS_TIMEOUT_MS 1000.0
+/* A value found stale is probed again after this long (its joiner may be cut off only) */
+#define STALE_RETRY_MS 10000.0
 
 typedef enum {
     MSG_DELTA = 1,  /* a member's outer gradient */
@@ -105,6 +113,15 @@ struct loom_outer_elastic {
      * blocks in MPI_Comm_connect (OpenMPI 4.1 waits 600 s), so it is never tried again: a
      * joiner started again publishes a new port (its new job's). */
     char failed_port[MAX_W][MPI_MAX_PORT_NAME];
+    /* coordinator: hashes of each worker's published values found stale (their process
+     * did not answer at its liveness endpoint): skipped until their retry time */
+    uint64_t stale[MAX_W][MAX_NAMES];
+    double stale_retry[MAX_W][MAX_NAMES];      /* not probed again before (loom_now_ms) */
+    int stale_next[MAX_W], stale_found[MAX_W]; /* the next slot; found in this window */
+    /* a joiner's lead: its proof of life (comm/liveness.h), open from publishing its name
+     * until it joined, and the value published: "PORT alive=ENDPOINT" */
+    loom_liveness alive;
+    char published[MPI_MAX_PORT_NAME];
 };
 
 typedef struct loom_outer_elastic elastic;
@@ -122,9 +139,12 @@ typedef struct {
 
 /* ---- outer_elastic_exchange.c: between the workers' leads ---- */
 
-/* Opens a port and publishes it under worker's service name (through ompi-server). */
-loom_status loom_elastic_publish(int worker, char name[64], char port[MPI_MAX_PORT_NAME],
+/* Opens a port and a liveness endpoint and publishes both (e->published) under this
+ * worker's first name not held by a live process (through ompi-server); name: the name. */
+loom_status loom_elastic_publish(elastic *e, char name[64], char port[MPI_MAX_PORT_NAME],
                                  loom_error *err);
+/* Withdraws the name and closes the port and the liveness endpoint. */
+void loom_elastic_withdraw(elastic *e, const char *name, const char *port);
 /* Polls n exchanges (requests rq[2 i], rq[2 i + 1]) until done, failed or the deadline. */
 void loom_elastic_poll(MPI_Request *rq, int n, ex_state *st, double timeout_ms);
 /* The receive buffer for worker w (allocated once; NULL when out of memory). */

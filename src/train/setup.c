@@ -632,6 +632,7 @@ static loom_status setup(loom_run *r, loom_error *err) {
         if ((st = loom_outer_create(&r->outer, &tc->outer, r->mesh, &r->model.table, r->mc->n_layer,
                                     &ob, tc->steps, err)))
             return st;
+        loom_timeline_mark("outer_create");
         r->outer_on = 1;
         /* --outer-start-step: the gradients the warm start averages over the workers */
         loom_flat_piece *pieces;
