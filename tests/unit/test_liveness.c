@@ -1,9 +1,10 @@
 /* The liveness endpoint (comm/liveness.h) an elastic joiner publishes beside its MPI port:
- * a probe of an open endpoint answers alive at once (also one that names an address that
- * does not answer first); once the socket is closed, or the process that opened it is
- * SIGKILLed, the probe answers dead, at once on this host; endpoints that do not parse are
- * dead; an endpoint that does not answer (a full accept queue drops the handshake, as a
- * host that is gone would) is dead after the timeout, not much later. */
+ * a probe of an open endpoint answers alive at once, many times over; once it is closed,
+ * or the process that opened it is SIGKILLed, the probe answers dead, at once on this
+ * host; endpoints that do not parse are dead; an endpoint that does not answer (a full
+ * accept queue drops the handshake, as a host that is gone would) is dead after the
+ * timeout, not much later; and another listener at the same address and port (one that
+ * never answers, or answers another token) is not taken for the process. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -22,6 +23,9 @@
 #include "core/clock.h"
 #include "test_common.h"
 
+#define TOKEN "0123456789abcdef0123456789abcdef"
+
+/* The endpoint's port and token ("PORT/TOKEN"). */
 static const char *port_of(const char *endpoint) {
     return strrchr(endpoint, ':') + 1;
 }
@@ -111,8 +115,8 @@ static void test_silent_address(void **state) {
     unsigned port;
     int clients[4];
     const int fd = full_listener(&port, clients);
-    char silent[64];
-    snprintf(silent, sizeof silent, "127.0.0.1:%u", port);
+    char silent[80];
+    snprintf(silent, sizeof silent, "127.0.0.1:%u/%s", port, TOKEN);
     const double t0 = loom_now_ms();
     assert_int_equal(loom_liveness_probe(silent, 300.0), 0);
     const double took = loom_now_ms() - t0;
@@ -129,12 +133,54 @@ static void test_silent_address(void **state) {
     close(fd);
 }
 
+/* A listener on 127.0.0.1 at a port the kernel picks (backlog 16); its port in *port. */
+static int plain_listener(unsigned *port) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void test_impostors(void **state) {
+    (void)state;
+    char endpoint[80];
+    unsigned port;
+    /* a process that listens there and never answers: its kernel completes the handshake,
+     * which is not the token */
+    int fd = plain_listener(&port);
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%u/%s", port, TOKEN);
+    double t0 = loom_now_ms();
+    assert_int_equal(loom_liveness_probe(endpoint, 300.0), 0);
+    assert_true(loom_now_ms() - t0 >= 250.0);
+    close(fd);
+    /* one that answers with another token, then closes: dead at once */
+    fd = plain_listener(&port);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const int c = accept(fd, NULL, NULL);
+        (void)!write(c, "fedcba9876543210fedcba9876543210", 32);
+        close(c);
+        _exit(0);
+    }
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%u/%s", port, TOKEN);
+    t0 = loom_now_ms();
+    assert_int_equal(loom_liveness_probe(endpoint, 2000.0), 0);
+    assert_true(loom_now_ms() - t0 < 1000.0);
+    waitpid(pid, NULL, 0);
+    close(fd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_open_close),
-        cmocka_unit_test(test_killed_process),
-        cmocka_unit_test(test_bad_endpoints),
-        cmocka_unit_test(test_silent_address),
+        cmocka_unit_test(test_open_close),    cmocka_unit_test(test_killed_process),
+        cmocka_unit_test(test_bad_endpoints), cmocka_unit_test(test_silent_address),
+        cmocka_unit_test(test_impostors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
