@@ -90,21 +90,30 @@ static void test_bad_endpoints(void **state) {
         assert_int_equal(loom_liveness_probe(bad[i], 500.0), 0);
 }
 
-/* A listening socket whose accept queue is full: Linux drops further SYNs, so a connect
- * there neither completes nor fails (as to a host that is gone) until the probe's time. */
-static int full_listener(unsigned *port, int clients[4]) {
+/* A listener on 127.0.0.1 at a port the kernel picks; its port in *port. */
+static int listener(unsigned *port, int backlog) {
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
     assert_true(fd >= 0);
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(fd, 0), 0);
+    assert_int_equal(listen(fd, backlog), 0);
     assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* A listening socket whose accept queue is full: Linux drops further SYNs, so a connect
+ * there neither completes nor fails (as to a host that is gone) until the probe's time. */
+static int full_listener(unsigned *port, int clients[4]) {
+    const int fd = listener(port, 0);
+    const struct sockaddr_in a = {.sin_family = AF_INET,
+                                  .sin_port = htons((uint16_t)*port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     for (int i = 0; i < 4; i++) { /* fill the queue (backlog 0 holds one); never accepted */
         clients[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         assert_true(clients[i] >= 0);
-        (void)!connect(clients[i], (struct sockaddr *)&a, sizeof a);
+        (void)!connect(clients[i], (const struct sockaddr *)&a, sizeof a);
     }
     usleep(200 * 1000);
     return fd;
@@ -133,33 +142,20 @@ static void test_silent_address(void **state) {
     close(fd);
 }
 
-/* A listener on 127.0.0.1 at a port the kernel picks (backlog 16); its port in *port. */
-static int plain_listener(unsigned *port) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(fd, 16), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    *port = ntohs(a.sin_port);
-    return fd;
-}
-
 static void test_impostors(void **state) {
     (void)state;
     char endpoint[80];
     unsigned port;
     /* a process that listens there and never answers: its kernel completes the handshake,
      * which is not the token */
-    int fd = plain_listener(&port);
+    int fd = listener(&port, 16);
     snprintf(endpoint, sizeof endpoint, "127.0.0.1:%u/%s", port, TOKEN);
     double t0 = loom_now_ms();
     assert_int_equal(loom_liveness_probe(endpoint, 300.0), 0);
     assert_true(loom_now_ms() - t0 >= 250.0);
     close(fd);
     /* one that answers with another token, then closes: dead at once */
-    fd = plain_listener(&port);
+    fd = listener(&port, 16);
     const pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
