@@ -94,20 +94,21 @@ loom_status loom_liveness_open(loom_liveness *l, loom_error *err) {
                  l->token);
         return LOOM_OK;
     }
-    loom_liveness_close(l);
+    if (l->fd >= 0) close(l->fd);
+    if (l->stop_fd >= 0) close(l->stop_fd);
+    l->fd = l->stop_fd = -1;
     return st;
 }
 
 void loom_liveness_close(loom_liveness *l) {
-    if (l->running) {
-        const uint64_t one = 1;
-        (void)!write(l->stop_fd, &one, sizeof one);
-        pthread_join(l->thread, NULL);
-        l->running = 0;
-    }
-    if (l->fd >= 0) close(l->fd);
-    if (l->stop_fd >= 0) close(l->stop_fd);
+    if (!l->running) return; /* its descriptors are this endpoint's only while it runs */
+    const uint64_t one = 1;
+    (void)!write(l->stop_fd, &one, sizeof one);
+    pthread_join(l->thread, NULL);
+    close(l->fd);
+    close(l->stop_fd);
     l->fd = l->stop_fd = -1;
+    l->running = 0;
 }
 
 /* A non-blocking connect to ip:port started: the socket, or -1 if it failed at once. */

@@ -19,7 +19,7 @@ typedef struct {
     int fd;      /* the listening socket; -1 when closed */
     int stop_fd; /* an eventfd that ends the answering thread */
     pthread_t thread;
-    int running;
+    int running; /* open: the descriptors and the thread are this endpoint's (0 when zeroed) */
     char token[LOOM_LIVENESS_TOKEN_CHARS + 1]; /* hex digits, from getrandom */
     char endpoint[256]; /* "ADDR[,ADDR...]:PORT/TOKEN": this host's IPv4 addresses */
 } loom_liveness;
@@ -28,7 +28,7 @@ typedef struct {
  * thread that answers; endpoint names the non-loopback addresses that are up (127.0.0.1
  * when there is none), the port and the token. */
 loom_status loom_liveness_open(loom_liveness *l, loom_error *err);
-/* Stops the thread and closes the socket (nothing when closed or never opened). */
+/* Stops the thread and closes the socket (nothing when closed, or never opened and zeroed). */
 void loom_liveness_close(loom_liveness *l);
 /* 1 if the process that made endpoint (a loom_liveness endpoint) still answers: one of its
  * addresses gives back its token within timeout_ms; 0 if every one is refused,

@@ -223,12 +223,6 @@ loom_status loom_outer_elastic_after_step(loom_outer *o, int step, loom_error *e
 static loom_status join_receive(loom_outer *o, int *step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
-    /* with the supervisor's "started" line and the next one: where a slow join's time went */
-    char who[32];
-    snprintf(who, sizeof who, "elastic: worker %d", e->me);
-    loom_timeline_print_so_far(stderr, who);
-    fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
-            loom_wall_s());
     const loom_status published = loom_elastic_publish(e, name, port, err);
     if (published) return published;
     fprintf(stderr, "loom: elastic: worker %d waiting to join (%s published at %.3f)\n", e->me,
@@ -322,12 +316,6 @@ static loom_status join_reload(loom_outer *o, int step, loom_outer_reload_fn rel
 static loom_status found(loom_outer *o, int step, loom_error *err) {
     elastic *e = o->elastic;
     char name[64], port[MPI_MAX_PORT_NAME];
-    /* with the supervisor's "started" line and the next one: where a slow join's time went */
-    char who[32];
-    snprintf(who, sizeof who, "elastic: worker %d", e->me);
-    loom_timeline_print_so_far(stderr, who);
-    fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
-            loom_wall_s());
     const loom_status published = loom_elastic_publish(e, name, port, err);
     if (published) return published;
     loom_elastic_withdraw(e, name, port);
@@ -414,7 +402,6 @@ loom_status loom_outer_elastic_create(loom_outer *o, loom_error *err) {
     e->timeout_ms = 1e3 * c->elastic_timeout;
     e->job = MPI_COMM_NULL;
     e->part = -1;
-    e->alive.fd = -1;
     for (int w = 0; w < MAX_W; w++) e->peer[w] = MPI_COMM_NULL;
     loom_status st = group_open(o, err);
     if (!st && o->n_frag) st = loom_elastic_group_fragments(o, err);

@@ -9,6 +9,7 @@
 
 #include "core/clock.h"
 #include "core/fault.h"
+#include "core/timeline.h"
 #include "parallel/outer_elastic_impl.h"
 
 /* Worker's k-th name: loom-elastic-wI, loom-elastic-wI.1, ... */
@@ -33,6 +34,12 @@ static const char *split_value(const char *value, char port[MPI_MAX_PORT_NAME]) 
 
 loom_status loom_elastic_publish(elastic *e, char name[64], char port[MPI_MAX_PORT_NAME],
                                  loom_error *err) {
+    /* with the supervisor's "started" line and the next one: where a slow join's time went */
+    char who[32];
+    snprintf(who, sizeof who, "elastic: worker %d", e->me);
+    loom_timeline_print_so_far(stderr, who);
+    fprintf(stderr, "loom: elastic: worker %d publishing its name (at %.3f)\n", e->me,
+            loom_wall_s());
     loom_status st = loom_liveness_open(&e->alive, err);
     if (st) return st;
     if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS) {

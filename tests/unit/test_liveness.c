@@ -1,10 +1,10 @@
 /* The liveness endpoint (comm/liveness.h) an elastic joiner publishes beside its MPI port:
- * a probe of an open endpoint answers alive at once, many times over; once it is closed,
- * or the process that opened it is SIGKILLed, the probe answers dead, at once on this
- * host; endpoints that do not parse are dead; an endpoint that does not answer (a full
- * accept queue drops the handshake, as a host that is gone would) is dead after the
- * timeout, not much later; and another listener at the same address and port (one that
- * never answers, or answers another token) is not taken for the process. */
+ * closing a zeroed one never opened touches no descriptor; a probe of an open endpoint
+ * answers alive at once, many times over; once it is closed, or the process that opened it
+ * is SIGKILLed, the probe answers dead, at once on this host; endpoints that do not parse are dead;
+ * an endpoint that does not answer (a full accept queue drops the handshake, as a host that is gone
+ * would) is dead after the timeout, not much later; and another listener at the same address and
+ * port (one that never answers, or answers another token) is not taken for the process. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,6 +33,11 @@ static const char *port_of(const char *endpoint) {
 
 static void test_open_close(void **state) {
     (void)state;
+    /* a zeroed endpoint never opened closes to nothing (its fd 0 is not its own) */
+    const int stdin_open = fcntl(0, F_GETFD) >= 0;
+    loom_liveness zeroed = {0};
+    loom_liveness_close(&zeroed);
+    assert_int_equal(fcntl(0, F_GETFD) >= 0, stdin_open);
     loom_liveness l;
     loom_error err = {0};
     assert_int_equal(loom_liveness_open(&l, &err), LOOM_OK);
